@@ -1,0 +1,210 @@
+"""
+Strict reading of one TOML table.
+
+The server config and every plugin's own section go through L{Section}, so
+that every mistake is reported the same way: one line naming the dotted key
+and what is wrong with it (DESIGN.md, Versioning).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+_REQUIRED: Any = object()
+
+_DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+_DURATION_UNITS = (86400, 3600, 60, 1)
+
+
+class ConfigError(Exception):
+    """
+    A config mistake: C{key} is the dotted path, C{problem} says what is wrong.
+    """
+
+    def __init__(self, key: str, problem: str):
+        super().__init__(f"{key}: {problem}" if key else problem)
+        self.key = key
+        self.problem = problem
+
+
+def parse_duration(value: str) -> int:
+    """
+    Seconds in a duration such as C{"90d"}, C{"1h30m"} or C{"45s"}; raises
+    L{ValueError} otherwise.
+    """
+    match = _DURATION.match(value.strip())
+    if not value.strip() or match is None:
+        raise ValueError(value)
+    return sum(int(n) * unit for n, unit in zip(match.groups(), _DURATION_UNITS) if n)
+
+
+def _typename(value: object) -> str:
+    return {
+        str: "a string",
+        int: "an integer",
+        bool: "a boolean",
+        float: "a number",
+        list: "an array",
+        dict: "a table",
+    }.get(type(value), type(value).__name__)
+
+
+class Section:
+    """
+    A TOML table being read: each getter pops its key, and L{done} reports
+    whatever is left as an unknown key.
+    """
+
+    def __init__(self, data: dict, path: str, base_dir: Path):
+        if not isinstance(data, dict):
+            raise ConfigError(path, f"must be a table, not {_typename(data)}")
+        self._data = dict(data)
+        self.path = path
+        self.base_dir = base_dir
+
+    def key(self, name: str) -> str:
+        """The dotted path of C{name} inside this section."""
+        return f"{self.path}.{name}" if self.path else name
+
+    def error(self, name: str, problem: str) -> ConfigError:
+        return ConfigError(self.key(name), problem)
+
+    def has(self, name: str) -> bool:
+        return name in self._data
+
+    def _get(self, name: str, default: Any, kind: type | tuple, what: str) -> Any:
+        if name not in self._data:
+            if default is _REQUIRED:
+                raise self.error(name, "is required")
+            return default
+        value = self._data.pop(name)
+        if isinstance(value, bool) and kind is not bool and kind != (bool,):
+            raise self.error(name, f"must be {what}, not a boolean")
+        if not isinstance(value, kind):
+            raise self.error(name, f"must be {what}, not {_typename(value)}")
+        return value
+
+    def str(self, name: str, default: Any = _REQUIRED, *, choices=None) -> Any:
+        value = self._get(name, default, str, "a string")
+        if value is default:
+            return value
+        if not value.strip():
+            raise self.error(name, "must not be empty")
+        if choices is not None and value not in choices:
+            raise self.error(
+                name, f"must be one of {', '.join(map(repr, choices))}, not {value!r}"
+            )
+        return value
+
+    def int(self, name: str, default: Any = _REQUIRED, *, minimum: int | None = None) -> Any:
+        value = self._get(name, default, int, "an integer")
+        if value is not default and minimum is not None and value < minimum:
+            raise self.error(name, f"must be at least {minimum}, not {value}")
+        return value
+
+    def bool(self, name: str, default: Any = _REQUIRED) -> Any:
+        return self._get(name, default, bool, "true or false")
+
+    def str_list(self, name: str, default: Any = _REQUIRED) -> Any:
+        """A list of non-empty strings; a single string is taken as a list of one."""
+        if isinstance(self._data.get(name), str):
+            return [self.str(name)]
+        value = self._get(name, default, list, "an array of strings")
+        if value is default:
+            return value
+        for index, item in enumerate(value):
+            if not isinstance(item, str) or not item.strip():
+                raise ConfigError(
+                    f"{self.key(name)}[{index}]",
+                    f"must be a non-empty string, not {_typename(item)}"
+                    if not isinstance(item, str)
+                    else "must not be empty",
+                )
+        return value
+
+    def duration(self, name: str, default: Any = _REQUIRED) -> Any:
+        """Seconds, given as an integer or a string such as C{"30d"} or C{"1h"}."""
+        value = self._get(name, default, (int, str), 'a duration such as "90s", "15m", "1h" or "30d"')
+        if value is default or isinstance(value, int) and not isinstance(value, bool):
+            if isinstance(value, int) and value < 0:
+                raise self.error(name, "must not be negative")
+            return value
+        try:
+            return parse_duration(value)
+        except ValueError:
+            raise self.error(
+                name, f'must be a duration such as "90s", "15m", "1h" or "30d", not {value!r}'
+            ) from None
+
+    def path_(self, name: str, default: Any = _REQUIRED) -> Any:
+        """A filesystem path, relative ones taken from the config file's folder."""
+        value = self.str(name, default)
+        if value is default or value is None:
+            return value
+        return (self.base_dir / Path(value).expanduser()).resolve()
+
+    def table(self, name: str, default: Any = _REQUIRED) -> Any:
+        """A nested L{Section}."""
+        value = self._get(name, default, dict, "a table")
+        if value is default:
+            return value
+        return Section(value, self.key(name), self.base_dir)
+
+    def tables(self, name: str) -> list["Section"]:
+        """An array of tables (C{[[name]]}), each a L{Section}."""
+        value = self._get(name, [], list, "an array of tables")
+        sections = []
+        for index, item in enumerate(value):
+            if not isinstance(item, dict):
+                raise ConfigError(f"{self.key(name)}[{index}]", f"must be a table, not {_typename(item)}")
+            sections.append(Section(item, f"{self.key(name)}[{index}]", self.base_dir))
+        return sections
+
+    def secret(self, name: str, *, required: bool = True, environ: Callable = os.environ.get) -> str | None:
+        """
+        A secret, read from an environment variable (C{NAME_env}) or a file
+        (C{NAME_file}); never from the config file itself, never from the
+        command line.
+        """
+        if name in self._data:
+            raise self.error(
+                name,
+                f"secrets are not written in the config file; use {name}_env"
+                f" (an environment variable) or {name}_file (a file)",
+            )
+        env_key, file_key = f"{name}_env", f"{name}_file"
+        if self.has(env_key) and self.has(file_key):
+            raise self.error(env_key, f"give either {env_key} or {file_key}, not both")
+        if self.has(env_key):
+            variable = self.str(env_key)
+            value = environ(variable)
+            if not value:
+                raise self.error(env_key, f"environment variable {variable} is not set or empty")
+            return value
+        if self.has(file_key):
+            path = self.path_(file_key)
+            try:
+                value = path.read_text(encoding="utf-8").strip()
+            except OSError as e:
+                raise self.error(file_key, f"cannot read {path}: {e.strerror}") from None
+            except UnicodeDecodeError:
+                raise self.error(file_key, f"{path} is not UTF-8 text") from None
+            if not value:
+                raise self.error(file_key, f"{path} is empty")
+            return value
+        if required:
+            raise self.error(env_key, f"is required (or {file_key})")
+        return None
+
+    def rest(self) -> dict:
+        """Take every remaining key (a plugin's own section)."""
+        data, self._data = self._data, {}
+        return data
+
+    def done(self) -> None:
+        """Raise for the first key nobody asked for."""
+        for name in self._data:
+            raise self.error(name, "unknown key")

@@ -1,0 +1,39 @@
+"""
+The L{IPluginContext} the server hands to plugin factories.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from twisted.python.threadpool import ThreadPool
+from zope.interface import implementer
+
+from authsrv.interfaces import IPluginContext
+
+
+@implementer(IPluginContext)
+class PluginContext:
+    """
+    Owns the thread pools plugins ask for: started at once (a plugin may need
+    them while the server starts) and stopped by L{stop}.
+    """
+
+    def __init__(self, reactor, base_dir: Path, max_token_lifetime: int = 3600):
+        self.reactor = reactor
+        self.base_dir = Path(base_dir)
+        self.max_token_lifetime = max_token_lifetime
+        self._pools: dict[str, ThreadPool] = {}
+
+    def threadpool(self, name: str, size: int) -> ThreadPool:
+        if name not in self._pools:
+            pool = ThreadPool(minthreads=0, maxthreads=size, name=f"authsrv-{name}")
+            pool.start()
+            self._pools[name] = pool
+        return self._pools[name]
+
+    def stop(self) -> None:
+        """Stop every pool, waiting for work in progress."""
+        pools, self._pools = self._pools, {}
+        for pool in pools.values():
+            pool.stop()

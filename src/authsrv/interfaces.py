@@ -1,0 +1,350 @@
+"""
+Every interface of authsrv in one place.
+
+Three roles are pluggable, each through a factory plugin found with
+L{twisted.plugin.getPlugins} and chosen by its C{name} in the config file:
+identity backends, stores and keystores. A third party ships a backend by
+shipping a dropin module whose factories provide one of the C{I*Factory}
+interfaces below; L{authsrv.testing} holds the conformance suites its
+implementation must pass.
+
+Store and identity methods return L{Deferred}s, so that backends doing
+network I/O (PostgreSQL, LDAP) and thread-pool work (SQLite, argon2) share one
+shape. Times are integer seconds since the epoch, given by the caller.
+"""
+
+from __future__ import annotations
+
+from twisted.cred.checkers import ICredentialsChecker
+from twisted.plugin import IPlugin
+from zope.interface import Attribute, Interface
+
+# --- plugin factories -------------------------------------------------------
+
+
+class IPluginContext(Interface):
+    """
+    What the server lends a plugin while it builds its object.
+    """
+
+    reactor = Attribute("The reactor (IReactorTime, IReactorThreads, ...).")
+    base_dir = Attribute(
+        "pathlib.Path against which relative paths in the config are resolved."
+    )
+    max_token_lifetime = Attribute(
+        "Seconds the longest-lived signed token stays valid: how long a"
+        " retired signing key must stay published."
+    )
+
+    def threadpool(name, size):
+        """
+        A bounded L{ThreadPool} owned, started and stopped by the server, for
+        blocking work that must stay off the reactor thread.
+        """
+
+
+class _IFactory(IPlugin):
+    name = Attribute("The name that selects this plugin in the config file.")
+    description = Attribute("One line saying what the plugin provides.")
+
+    def from_config(section, context):
+        """
+        Validate C{section} (a L{authsrv.configsection.Section} of the plugin's
+        own keys) and build the object, or raise
+        L{authsrv.configsection.ConfigError} naming the bad key.
+
+        @param context: an L{IPluginContext}.
+        """
+
+
+class IIdentityBackendFactory(_IFactory):
+    """Builds an L{IIdentityBackend}."""
+
+
+class IStoreFactory(_IFactory):
+    """Builds an L{IStore}."""
+
+
+class IKeystoreFactory(_IFactory):
+    """Builds an L{IKeystore}."""
+
+
+# --- identity ---------------------------------------------------------------
+
+
+class IUser(Interface):
+    """
+    The avatar interface: a portal login asks for it and gets a
+    L{authsrv.records.User}.
+    """
+
+
+class IIdentityBackend(ICredentialsChecker):
+    """
+    Where users and password checks come from.
+
+    C{requestAvatarId} takes L{twisted.cred.credentials.IUsernamePassword} and
+    fires with the user's C{sub} (a C{str}), or fails with
+    L{authsrv.identity.errors.UnknownUser} (no such login: a chain may try the
+    next backend), L{twisted.cred.error.UnauthorizedLogin} (wrong password:
+    stop) or L{authsrv.identity.errors.BackendUnavailable} (try later; never
+    reported to the user as a wrong password).
+    """
+
+    def user_by_id(sub):
+        """Fires with the L{authsrv.records.User} for C{sub}, or L{None}."""
+
+    def user_by_login(login):
+        """Fires with the L{authsrv.records.User} for a login name, or L{None}."""
+
+    def close():
+        """Release resources; fires when done."""
+
+
+# --- store roles ------------------------------------------------------------
+
+
+class IClientRegistry(Interface):
+    def add_client(client):
+        """
+        Insert a new L{authsrv.records.Client}; fails with
+        L{authsrv.store.errors.AlreadyExists} if the id is taken.
+        """
+
+    def put_client(client):
+        """Insert or replace a client (config-declared clients use this)."""
+
+    def get_client(client_id):
+        """Fires with the L{authsrv.records.Client} or L{None}."""
+
+    def list_clients():
+        """Fires with every client, ordered by client_id."""
+
+    def remove_client(client_id):
+        """Fires with True when a client was removed."""
+
+
+class IBrowserSessionStore(Interface):
+    def create_session(session):
+        """Store a new L{authsrv.records.BrowserSession}."""
+
+    def get_session(session_hash, now):
+        """Fires with the session if it exists and has not expired, else None."""
+
+    def end_session(session_hash):
+        """Delete a session; fires with the ended session or None."""
+
+    def end_user_sessions(sub):
+        """Delete every session of a user; fires with how many ended."""
+
+
+class IAuthorizationRequestStore(Interface):
+    def save_pending(pending):
+        """Store a L{authsrv.records.PendingAuthorization}."""
+
+    def get_pending(request_id, now):
+        """Fires with the pending request if it has not expired, else None."""
+
+    def delete_pending(request_id):
+        """Fires with True when it existed."""
+
+
+class IAuthorizationCodeStore(Interface):
+    def save_code(code, grant):
+        """
+        Store a code together with the (new) grant it will start, in one
+        transaction, so that a replayed code can revoke that grant even while
+        its first redemption is still issuing tokens.
+        """
+
+    def consume_code(code_hash, now):
+        """
+        Atomically mark a code used. Fires with
+        L{authsrv.records.CodeConsumed} (first use, not expired),
+        L{authsrv.records.CodeReused} (used before; the caller revokes its
+        grant) or L{authsrv.records.CodeNotFound} (unknown or expired).
+        """
+
+
+class IGrantStore(Interface):
+    def get_grant(grant_id):
+        """Fires with the L{authsrv.records.Grant} or None."""
+
+    def issue_tokens(access, refresh):
+        """
+        Store an L{authsrv.records.AccessToken} and an optional
+        L{authsrv.records.RefreshToken} of an existing grant in one transaction.
+        """
+
+    def find_access_token(token_hash, now):
+        """
+        Fires with the L{authsrv.records.AccessToken} if it is active (known,
+        unexpired, neither it nor its grant revoked), else None. One indexed
+        lookup: this is the introspection and UserInfo hot path.
+        """
+
+    def get_refresh_token(token_hash):
+        """
+        Fires with the L{authsrv.records.RefreshToken} in whatever state it is
+        (C{revoked} set when it or its grant is revoked), or None.
+        """
+
+    def rotate_refresh(old_hash, new_refresh, new_access, replay, grace_until, now):
+        """
+        The one compare-and-swap of refresh rotation. Fires with
+        L{authsrv.records.Rotated} (old token was active: it is now consumed,
+        carries C{replay} until C{grace_until}, and the new tokens are
+        stored), L{authsrv.records.Replayed} (consumed before, still inside
+        its grace window: here is the stored replay),
+        L{authsrv.records.Reused} (consumed before the window: the whole
+        grant is revoked in the same transaction) or
+        L{authsrv.records.RefreshNotFound}.
+        """
+
+    def revoke_token(token_hash, client_id, now):
+        """
+        RFC 7009 for a token of C{client_id}: a refresh token revokes its
+        grant (L{authsrv.records.RevokedRefresh}), an access token only itself
+        (L{authsrv.records.RevokedAccess}); a token of another client, or an
+        unknown one, revokes nothing (L{authsrv.records.NotRevoked}).
+        """
+
+    def revoke_grant(grant_id, now):
+        """Revoke a grant and so every token issued from it; fires True if it was live."""
+
+    def revoke_user_grants(sub, now):
+        """Revoke every live grant of a user; fires with how many."""
+
+    def has_active_grant(sub, now):
+        """
+        Fires True while a non-revoked, unexpired access or refresh token of
+        the user exists (the user-access C{hasActiveGrant}).
+        """
+
+    def save_consent(sub, client_id, scope, now):
+        """Remember that the user consented to C{scope} for the client."""
+
+    def get_consent(sub, client_id):
+        """Fires with the frozenset of consented scopes, or None."""
+
+    def revoke_consent(sub, client_id):
+        """Forget a consent; fires True if there was one."""
+
+
+class IBanStore(Interface):
+    def ban_user(ban):
+        """Store or replace the L{authsrv.records.Ban} of a user."""
+
+    def unban_user(sub):
+        """Lift a ban; fires True if there was one."""
+
+    def get_ban(sub, now):
+        """Fires with the user's ban in force at C{now}, or None."""
+
+    def list_bans(now):
+        """Fires with every ban in force at C{now}, ordered by sub."""
+
+
+class ILinkedAccountStore(Interface):
+    def link_account(account):
+        """
+        Store a L{authsrv.records.LinkedAccount}, replacing an earlier link of
+        the same user and provider.
+        """
+
+    def get_linked_account(sub, provider):
+        """Fires with the user's linked account at that provider, or None."""
+
+    def unlink_account(sub, provider):
+        """Fires True when a link was removed."""
+
+    def update_linked_tokens(
+        account_id, expected_version, access_token_enc, refresh_token_enc, scope,
+        expires_at, now,
+    ):
+        """
+        Compare-and-swap the provider tokens: fires with the updated
+        L{authsrv.records.LinkedAccount} (version + 1) when C{expected_version}
+        still matched, else None.
+        """
+
+    def acquire_link_lock(account_id, holder, now, ttl):
+        """
+        Take the account's refresh lease for C{ttl} seconds if it is free or
+        expired; fires True when C{holder} now holds it. Works across
+        processes sharing the store.
+        """
+
+    def release_link_lock(account_id, holder):
+        """Release the lease if C{holder} holds it."""
+
+
+class IStore(
+    IClientRegistry,
+    IBrowserSessionStore,
+    IAuthorizationRequestStore,
+    IAuthorizationCodeStore,
+    IGrantStore,
+    IBanStore,
+    ILinkedAccountStore,
+):
+    """
+    Every role in one backend object; flows depend only on the roles they use.
+    """
+
+    def ping():
+        """Fires when the store answers a trivial query (readiness)."""
+
+    def gc(now, batch_size):
+        """
+        Delete up to C{batch_size} rows of each kind that can no longer matter
+        (expired codes, pending requests, sessions, tokens, grants, bans) and
+        erase replay responses past their grace window; fires with the count.
+        """
+
+    def close():
+        """Release connections and threads; fires when done."""
+
+
+# --- keys -------------------------------------------------------------------
+
+
+class IKeystore(Interface):
+    """
+    Signing keys. Private keys never leave the keystore: callers get
+    signatures and public key sets.
+    """
+
+    algorithms = Attribute("Tuple of the JWS algorithms it can sign with.")
+
+    def sign(claims, alg="RS256", typ="JWT"):
+        """
+        Sign C{claims} (a dict) with the active key of C{alg}; returns the
+        compact JWS as C{str}, its header carrying C{kid}, C{alg} and C{typ}.
+        """
+
+    def jwks_bytes():
+        """
+        The public JWK set (next, active and retired keys, no private
+        member), serialized once per change: C{bytes} ready to serve.
+        """
+
+    def public_keyset():
+        """The same key set as a L{jwcrypto.jwk.JWKSet}, for verification."""
+
+    def keys():
+        """A list of L{authsrv.records.KeyInfo} for every key held."""
+
+    def rotate(now):
+        """
+        Promote each algorithm's next key to active, retire the active one
+        (kept published until C{now} plus the retention), generate a new next
+        key, drop retired keys whose retention has passed; fires with the new
+        list of L{authsrv.records.KeyInfo}.
+        """
+
+    def reload():
+        """
+        Pick up changes another process (the operator command, another
+        instance) made to the keys; fires True when something changed.
+        """

@@ -1,0 +1,299 @@
+"""
+Plain values passed between flows, stores, identity backends and keystores.
+
+Every record is frozen: a store hands out values, never live rows, so a flow
+cannot change state except through an explicit (atomic) store operation.
+Times are integer seconds since the epoch; tokens, codes and session ids are
+only ever present as SHA-256 hex digests (see L{authsrv.tokens.token_hash}).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from attrs import field, frozen
+
+
+def _tuple(value) -> tuple:
+    return tuple(value)
+
+
+def _frozenset(value) -> frozenset:
+    return frozenset(value)
+
+
+@frozen
+class Client:
+    """
+    A relying party provisioned by the operator.
+
+    C{secret_hash} is the SHA-256 hex digest of the client secret, or L{None}
+    for a public client, which authenticates by PKCE alone.
+    """
+
+    client_id: str
+    secret_hash: str | None
+    redirect_uris: tuple[str, ...] = field(converter=_tuple)
+    post_logout_redirect_uris: tuple[str, ...] = field(default=(), converter=_tuple)
+    name: str = ""
+    end_session_enabled: bool = False
+    first_party: bool = False
+    resources: tuple[str, ...] = field(default=(), converter=_tuple)
+    introspect_any: bool = False
+    backchannel_logout_uri: str | None = None
+    created_at: int = 0
+
+    @property
+    def is_public(self) -> bool:
+        return self.secret_hash is None
+
+
+@frozen
+class User:
+    """
+    A user as an identity backend knows them.
+
+    A backend's own disabled flag counts as a ban (DESIGN.md, Bans);
+    C{disabled_reason} is reported as the ban reason.
+    """
+
+    sub: str
+    login: str
+    name: str | None = None
+    picture: str | None = None
+    email: str | None = None
+    email_verified: bool = False
+    disabled: bool = False
+    disabled_reason: str | None = None
+    chat_user_id: str | None = None
+
+
+@frozen
+class BrowserSession:
+    """
+    A user's logged-in session at the service.
+
+    C{session_hash} is the hash of the opaque cookie value; C{sid} is the
+    public session id put in ID tokens and logout tokens.
+    """
+
+    session_hash: str
+    sid: str
+    sub: str
+    auth_time: int
+    created_at: int
+    expires_at: int
+
+
+@frozen
+class PendingAuthorization:
+    """
+    An authorization request waiting for login or consent, kept server-side so
+    that the browser's forms carry only C{request_id} and a CSRF token.
+    """
+
+    request_id: str
+    client_id: str
+    params: Mapping[str, str]
+    csrf_token: str
+    created_at: int
+    expires_at: int
+
+
+@frozen
+class Grant:
+    """
+    What a user granted a client: the family of every code, access token and
+    refresh token issued from one authorization. Revoking it revokes them all.
+    """
+
+    grant_id: str
+    client_id: str
+    sub: str
+    scope: frozenset[str] = field(converter=_frozenset)
+    resource: tuple[str, ...] = field(default=(), converter=_tuple)
+    auth_time: int = 0
+    sid: str | None = None
+    created_at: int = 0
+    expires_at: int = 0
+    revoked_at: int | None = None
+
+
+@frozen
+class AuthorizationCode:
+    """
+    A single-use authorization code, bound to everything the request said.
+    """
+
+    code_hash: str
+    grant_id: str
+    client_id: str
+    sub: str
+    redirect_uri: str
+    scope: frozenset[str] = field(converter=_frozenset)
+    code_challenge: str = ""
+    code_challenge_method: str = "S256"
+    nonce: str | None = None
+    resource: tuple[str, ...] = field(default=(), converter=_tuple)
+    auth_time: int = 0
+    sid: str | None = None
+    issued_at: int = 0
+    expires_at: int = 0
+
+
+@frozen
+class AccessToken:
+    """
+    An issued access token, opaque or JWT (RFC 9068); either way only the hash
+    of the exact string handed out is stored, so one indexed lookup answers
+    introspection for both kinds.
+    """
+
+    token_hash: str
+    grant_id: str
+    client_id: str
+    sub: str
+    scope: frozenset[str] = field(converter=_frozenset)
+    audience: tuple[str, ...] = field(default=(), converter=_tuple)
+    jti: str | None = None
+    issued_at: int = 0
+    expires_at: int = 0
+
+
+@frozen
+class RefreshToken:
+    """
+    An issued refresh token. C{consumed_at} is set when it was rotated;
+    C{grace_until} and C{replay} let a client that lost the rotation response
+    get the same (encrypted) response again within the grace window.
+    """
+
+    token_hash: str
+    grant_id: str
+    client_id: str
+    sub: str
+    scope: frozenset[str] = field(converter=_frozenset)
+    issued_at: int = 0
+    expires_at: int = 0
+    consumed_at: int | None = None
+    grace_until: int | None = None
+    replay: bytes | None = None
+    revoked: bool = False
+
+
+@frozen
+class Ban:
+    """
+    An operator's ban of a user; C{until} of L{None} means until lifted.
+    """
+
+    sub: str
+    reason: str | None
+    created_at: int
+    until: int | None = None
+
+
+@frozen
+class LinkedAccount:
+    """
+    A chat-platform account linked to a user. Provider tokens are held only in
+    encrypted form; C{version} supports compare-and-swap token updates.
+    """
+
+    account_id: str
+    sub: str
+    provider: str
+    provider_user_id: str
+    access_token_enc: bytes
+    refresh_token_enc: bytes | None
+    scope: str
+    expires_at: int
+    updated_at: int
+    version: int = 1
+
+
+@frozen
+class KeyInfo:
+    """
+    Public facts about one signing key: never its private part.
+
+    C{state} is one of C{"next"} (published, not yet signing), C{"active"}
+    (signing) or C{"retired"} (published until C{expires_at}, then removed).
+    """
+
+    kid: str
+    alg: str
+    state: str
+    created_at: int
+    activated_at: int | None = None
+    retired_at: int | None = None
+    expires_at: int | None = None
+
+
+# Results of the atomic store operations.
+
+
+@frozen
+class CodeConsumed:
+    code: AuthorizationCode
+
+
+@frozen
+class CodeReused:
+    """The code was redeemed before: what it issued must be revoked."""
+
+    grant_id: str
+
+
+@frozen
+class CodeNotFound:
+    """Unknown or expired code."""
+
+
+@frozen
+class Rotated:
+    """The refresh token was active; its successor is now stored."""
+
+
+@frozen
+class Replayed:
+    """
+    The token was rotated moments ago (inside the grace window): answer with
+    the same successor response again, never a new pair.
+    """
+
+    replay: bytes
+
+
+@frozen
+class Reused:
+    """
+    The token was rotated before the grace window: the whole family (grant)
+    has been revoked by the same atomic operation.
+    """
+
+    grant_id: str
+
+
+@frozen
+class RefreshNotFound:
+    """Unknown, expired or revoked refresh token."""
+
+
+@frozen
+class RevokedRefresh:
+    """A refresh token was revoked, and with it its grant."""
+
+    grant_id: str
+
+
+@frozen
+class RevokedAccess:
+    """An access token was revoked."""
+
+    grant_id: str
+
+
+@frozen
+class NotRevoked:
+    """No token of that client matched: nothing was revoked."""

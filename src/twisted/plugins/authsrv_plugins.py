@@ -1,0 +1,32 @@
+"""
+authsrv's dropin: the C{twist authsrv} service maker and the shipped identity
+backend, store and keystore factories. Scanned whenever anything looks for
+plugins, so it imports only L{authsrv.plugins} and names modules as strings.
+"""
+
+from twisted.application.service import ServiceMaker
+
+from authsrv.plugins import IdentityBackendFactory, KeystoreFactory, StoreFactory
+
+authsrv = ServiceMaker(
+    "authsrv",
+    "authsrv.tap",
+    "An OAuth 2.1 / OpenID Connect authorization server and identity provider.",
+    "authsrv",
+)
+
+static_identity = IdentityBackendFactory(
+    "static", "authsrv.identity.static", "Users from a TOML file with argon2id password hashes."
+)
+
+sqlite_store = StoreFactory(
+    "sqlite", "authsrv.store.sqlite", "SQLite file: the embedded single-instance store."
+)
+
+jwk_file_keystore = KeystoreFactory(
+    "jwk-file", "authsrv.keys.jwkfile", "Signing keys in a JWK-set file generated on first start."
+)
+
+pem_keystore = KeystoreFactory(
+    "pem", "authsrv.keys.pem", "Signing keys as PEM files in a folder, with a JSON index of their states."
+)
