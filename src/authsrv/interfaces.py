@@ -348,3 +348,10 @@ class IKeystore(Interface):
         Pick up changes another process (the operator command, another
         instance) made to the keys; fires True when something changed.
         """
+
+    def maintain(now):
+        """
+        Called by the server about once a minute: L{reload}, then rotate when
+        the configured schedule says the active key is due, and drop retired
+        keys whose retention has passed; fires when done.
+        """
