@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Everything the test suite needs, from a fresh Debian machine: the Debian
+# packages the tests start for real (slapd, PostgreSQL, Chromium), a virtualenv
+# with the project and its test extras, then pytest. Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(slapd ldap-utils postgresql chromium chromium-driver)
+missing=()
+for pkg in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+    echo "installing Debian packages: ${missing[*]}"
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+exec .venv/bin/python -m pytest "$@"

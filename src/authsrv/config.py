@@ -1,0 +1,212 @@
+"""
+The server's TOML config file, read strictly into frozen values.
+
+Plugin sections (C{[store]}, C{[keystore]}, C{[[identity]]}) are checked here
+only for their C{plugin} name; the rest of each is handed to that plugin's
+factory, which validates it with the same L{Section} rules.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from attrs import frozen
+
+from authsrv.configsection import ConfigError, Section
+from authsrv.protocol.clients import client_id_problem, is_loopback_host, redirect_uri_problem
+from authsrv.records import Client
+from authsrv.tokens import token_hash
+
+DEFAULT_LISTEN = "tcp:8080:interface=127.0.0.1"
+DEFAULT_PUBLIC_URL = "http://127.0.0.1:8080"
+ISSUER_PATH = "/api/auth"
+
+
+@frozen
+class Limits:
+    """Lifetimes and sizes (DESIGN.md, Limits), all in seconds or bytes."""
+
+    code_ttl: int = 60
+    access_token_ttl: int = 3600
+    id_token_ttl: int = 3600
+    refresh_token_idle_ttl: int = 30 * 86400
+    refresh_token_absolute_ttl: int = 90 * 86400
+    refresh_grace: int = 10
+    session_ttl: int = 14 * 86400
+    pending_request_ttl: int = 1800
+    max_body_bytes: int = 64 * 1024
+
+    @property
+    def max_token_lifetime(self) -> int:
+        """How long a retired signing key must stay published."""
+        return max(self.access_token_ttl, self.id_token_ttl)
+
+
+@frozen
+class PluginChoice:
+    """A configured plugin: its name and the rest of its section."""
+
+    name: str
+    section: Section
+
+
+@frozen
+class Config:
+    path: Path | None
+    public_url: str
+    listen: tuple[str, ...]
+    internal_secret: str | None
+    limits: Limits
+    store: PluginChoice
+    keystore: PluginChoice
+    identity: tuple[PluginChoice, ...]
+    clients: tuple[Client, ...]
+
+    @property
+    def issuer(self) -> str:
+        return self.public_url + ISSUER_PATH
+
+    @property
+    def base_dir(self) -> Path:
+        return self.path.parent if self.path else Path.cwd()
+
+
+def _public_url(section: Section) -> str:
+    url = section.str("public_url", DEFAULT_PUBLIC_URL).rstrip("/")
+    try:
+        parts = urlsplit(url)
+        parts.port
+    except ValueError as e:
+        raise section.error("public_url", f"{url!r} is not a valid URL ({e})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise section.error("public_url", f"{url!r} must be an absolute http(s) URL")
+    if parts.query or parts.fragment or "#" in url or "?" in url:
+        raise section.error("public_url", "must not have a query or fragment")
+    if parts.scheme == "http" and not is_loopback_host(parts.hostname):
+        raise section.error(
+            "public_url", "must use https (plain http is only for the loopback interface)"
+        )
+    return url
+
+
+def _limits(section: Section) -> Limits:
+    defaults = Limits()
+    values = {
+        name: section.duration(name, getattr(defaults, name))
+        for name in (
+            "code_ttl",
+            "access_token_ttl",
+            "id_token_ttl",
+            "refresh_token_idle_ttl",
+            "refresh_token_absolute_ttl",
+            "refresh_grace",
+            "session_ttl",
+            "pending_request_ttl",
+        )
+    }
+    values["max_body_bytes"] = section.int("max_body_bytes", defaults.max_body_bytes, minimum=1024)
+    section.done()
+    for name, value in values.items():
+        if value == 0 and name != "refresh_grace":
+            raise section.error(name, "must be longer than zero")
+    return Limits(**values)
+
+
+def _plugin(section: Section, default: str | None = None) -> PluginChoice:
+    return PluginChoice(section.str("plugin", default) if default else section.str("plugin"), section)
+
+
+def _uris(section: Section, name: str, required: bool) -> list[str]:
+    uris = section.str_list(name) if required else section.str_list(name, [])
+    for index, uri in enumerate(uris):
+        problem = redirect_uri_problem(uri)
+        if problem:
+            raise ConfigError(f"{section.key(name)}[{index}]", problem)
+    return uris
+
+
+def client_from_config(section: Section) -> Client:
+    """A client declared in the config file (C{[[clients]]})."""
+    client_id = section.str("client_id")
+    problem = client_id_problem(client_id)
+    if problem:
+        raise section.error("client_id", problem)
+    secret = section.secret("secret", required=False)
+    backchannel = section.str("backchannel_logout_uri", None)
+    if backchannel is not None and redirect_uri_problem(backchannel):
+        raise section.error("backchannel_logout_uri", redirect_uri_problem(backchannel))
+    client = Client(
+        client_id=client_id,
+        secret_hash=token_hash(secret) if secret is not None else None,
+        name=section.str("name", client_id),
+        redirect_uris=_uris(section, "redirect_uris", True),
+        post_logout_redirect_uris=_uris(section, "post_logout_redirect_uris", False),
+        end_session_enabled=section.bool("end_session_enabled", False),
+        first_party=section.bool("first_party", False),
+        resources=section.str_list("resources", []),
+        introspect_any=section.bool("introspect_any", False),
+        backchannel_logout_uri=backchannel,
+    )
+    section.done()
+    return client
+
+
+def parse_config(data: dict, path: Path | None) -> Config:
+    """Validate a parsed TOML document; raises L{ConfigError} naming the key."""
+    base_dir = path.parent if path else Path.cwd()
+    top = Section(data, "", base_dir)
+    server = top.table("server", None) or Section({}, "server", base_dir)
+    public_url = _public_url(server)
+    listen = tuple(server.str_list("listen", [DEFAULT_LISTEN]))
+    server.done()
+    internal = top.table("internal", None) or Section({}, "internal", base_dir)
+    internal_secret = internal.secret("secret", required=False)
+    internal.done()
+    limits = _limits(top.table("limits", None) or Section({}, "limits", base_dir))
+    store = _plugin(top.table("store", None) or Section({}, "store", base_dir), "sqlite")
+    keystore = _plugin(top.table("keystore", None) or Section({}, "keystore", base_dir), "jwk-file")
+    identity = tuple(_plugin(s) for s in top.tables("identity"))
+    if not identity:
+        identity = (PluginChoice("static", Section({}, "identity[0]", base_dir)),)
+    clients = tuple(client_from_config(s) for s in top.tables("clients"))
+    seen: set[str] = set()
+    for index, client in enumerate(clients):
+        if client.client_id in seen:
+            raise ConfigError(f"clients[{index}].client_id", f"{client.client_id!r} is declared twice")
+        seen.add(client.client_id)
+    top.done()
+    return Config(
+        path=path,
+        public_url=public_url,
+        listen=listen,
+        internal_secret=internal_secret,
+        limits=limits,
+        store=store,
+        keystore=keystore,
+        identity=identity,
+        clients=clients,
+    )
+
+
+class ConfigFileError(Exception):
+    """A config file that cannot be used, with a one-line explanation."""
+
+
+def load_config(path: Path) -> Config:
+    """Read and validate a config file; raises L{ConfigFileError} with one line."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as e:
+        raise ConfigFileError(f"cannot read config file {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigFileError(f"{path}: not UTF-8 text") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigFileError(f"{path}: invalid TOML: {e}") from None
+    try:
+        return parse_config(data, path.resolve())
+    except ConfigError as e:
+        raise ConfigFileError(f"{path}: {e}") from None

@@ -1,0 +1,179 @@
+"""
+Assembles the running server from a L{Config}: plugins, web site, listeners
+and periodic housekeeping, as one L{MultiService}.
+
+Everything that can fail because of the operator's input (config, plugin
+sections, files, ports) fails in L{build} before the reactor runs, so that
+C{twist authsrv} stops with one line and a non-zero status.
+"""
+
+from __future__ import annotations
+
+import json
+
+from twisted.application.internet import TimerService
+from twisted.application.service import MultiService
+from twisted.internet.defer import Deferred, gatherResults
+from twisted.internet.endpoints import serverFromString
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.server import Site
+
+from authsrv.config import Config
+from authsrv.configsection import ConfigError
+from authsrv.context import PluginContext
+from authsrv.plugins import UnknownPlugin, find_factory
+from authsrv.protocol.discovery import authorization_server_metadata, openid_configuration
+from authsrv.web.app import AuthServer
+from authsrv.web.root import Root
+from authsrv.web.static import StaticBytes
+
+MAINTENANCE_INTERVAL = 60.0
+GC_BATCH = 500
+
+
+class StartupError(Exception):
+    """Something the operator must fix before the server can start."""
+
+
+def build_plugin(role: str, choice, context):
+    """Build a configured plugin, turning its mistakes into L{StartupError}."""
+    try:
+        return find_factory(role, choice.name).from_config(choice.section, context)
+    except UnknownPlugin as e:
+        raise StartupError(f"{choice.section.key('plugin')}: {e}") from None
+    except ConfigError as e:
+        raise StartupError(str(e)) from None
+
+
+class AuthsrvService(MultiService):
+    """The server: owns the plugins and thread pools and closes them on stop."""
+
+    log = Logger()
+
+    def __init__(self, *, reactor, config: Config, context, store, keystore, identity, ports):
+        super().__init__()
+        self._reactor = reactor
+        self.config = config
+        self._context = context
+        self.store = store
+        self.keystore = keystore
+        self.identity = identity
+        self._ports = ports
+        self._started = False
+        timer = TimerService(MAINTENANCE_INTERVAL, self._maintain)
+        timer.clock = reactor
+        timer.setServiceParent(self)
+
+    def readiness_problem(self) -> str | None:
+        return None if self._started else "starting"
+
+    def startService(self):
+        super().startService()
+        d = gatherResults([self.store.put_client(c) for c in self.config.clients], consumeErrors=True)
+        d.addCallback(self._ready)
+        d.addErrback(self._startup_failed)
+
+    def _ready(self, _):
+        self._started = True
+        self.log.info(
+            "authsrv ready: issuer {issuer}, listening on {listen}",
+            issuer=self.config.issuer,
+            listen=", ".join(self.config.listen),
+        )
+
+    def _startup_failed(self, failure: Failure):
+        self.log.failure("could not store the clients declared in the config file", failure)
+
+    def _maintain(self):
+        """Key schedule and housekeeping; a failure is logged and retried next round."""
+        now = int(self._reactor.seconds())
+        d = gatherResults(
+            [self.keystore.maintain(now), self.store.gc(now, GC_BATCH)], consumeErrors=True
+        )
+        d.addErrback(lambda f: self.log.failure("maintenance failed", f))
+        return d
+
+    def stopService(self):
+        return Deferred.fromCoroutine(self._stop())
+
+    async def _stop(self):
+        await super().stopService()
+        await gatherResults([port.stopListening() for port in self._ports])
+        await self.store.close()
+        for backend in self.identity:
+            await backend.close()
+        self._context.stop()
+
+
+def _listen(reactor, descriptions, site):
+    """Bind every listener now, so a taken port is a start-up error."""
+    ports = []
+    for index, description in enumerate(descriptions):
+        try:
+            endpoint = serverFromString(reactor, description)
+        except (ValueError, KeyError, TypeError) as e:
+            raise StartupError(f"server.listen[{index}]: {description!r} is not a valid endpoint ({e})")
+        results: list = []
+        endpoint.listen(site).addBoth(results.append)
+        if results and isinstance(results[0], Failure):
+            for port in ports:
+                port.stopListening()
+            raise StartupError(
+                f"server.listen[{index}]: cannot listen on {description!r}: {results[0].getErrorMessage()}"
+            )
+        ports.extend(results)
+    return ports
+
+
+def _documents(config: Config, keystore) -> dict[bytes, StaticBytes]:
+    issuer_path = config.issuer[len(config.public_url):]
+    oidc = json.dumps(openid_configuration(config.issuer, keystore.algorithms)).encode()
+    oauth = json.dumps(authorization_server_metadata(config.issuer, keystore.algorithms)).encode()
+    long_lived = b"public, max-age=3600"
+    return {
+        f"{issuer_path}/.well-known/openid-configuration".encode(): StaticBytes(
+            lambda: oidc, b"application/json", long_lived
+        ),
+        f"{issuer_path}/.well-known/oauth-authorization-server".encode(): StaticBytes(
+            lambda: oauth, b"application/json", long_lived
+        ),
+        f"{issuer_path}/jwks".encode(): StaticBytes(
+            keystore.jwks_bytes, b"application/jwk-set+json", b"public, max-age=600"
+        ),
+    }
+
+
+def build(config: Config, reactor) -> AuthsrvService:
+    """Build every part of the server; raises L{StartupError} with one line."""
+    if len(config.identity) > 1:
+        raise StartupError("identity[1]: only one [[identity]] backend can be configured so far")
+    context = PluginContext(reactor, config.base_dir, config.limits.max_token_lifetime)
+    try:
+        store = build_plugin("store", config.store, context)
+        keystore = build_plugin("keystore", config.keystore, context)
+        identity = [build_plugin("identity", choice, context) for choice in config.identity]
+        holder: list[AuthsrvService] = []
+        app = AuthServer(
+            reactor=reactor,
+            issuer=config.issuer,
+            store=store,
+            readiness=lambda: holder[0].readiness_problem(),
+        )
+        site = Site(Root(_documents(config, keystore), app.resource()))
+        site.displayTracebacks = False
+        ports = _listen(reactor, config.listen, site)
+    except BaseException:
+        context.stop()
+        raise
+    service = AuthsrvService(
+        reactor=reactor,
+        config=config,
+        context=context,
+        store=store,
+        keystore=keystore,
+        identity=identity,
+        ports=ports,
+    )
+    holder.append(service)
+    return service

@@ -1,0 +1,28 @@
+"""Small response helpers shared by every resource."""
+
+from __future__ import annotations
+
+import json
+
+
+def allow_any_origin(request) -> None:
+    request.setHeader(b"access-control-allow-origin", b"*")
+
+
+def json_body(request, status: int, payload: dict, *, no_store: bool = False) -> bytes:
+    """Set status and JSON headers; return the encoded body."""
+    request.setResponseCode(status)
+    request.setHeader(b"content-type", b"application/json")
+    if no_store:
+        request.setHeader(b"cache-control", b"no-store")
+        request.setHeader(b"pragma", b"no-cache")
+    return json.dumps(payload, separators=(",", ":")).encode()
+
+
+def method_not_allowed(request, allow: bytes) -> bytes:
+    request.setHeader(b"allow", allow)
+    return json_body(
+        request,
+        405,
+        {"error": "method_not_allowed", "error_description": f"use {allow.decode()}"},
+    )

@@ -1,0 +1,27 @@
+"""
+The site's root: exact paths of static documents answer from a dict lookup,
+everything else goes to the Klein application.
+"""
+
+from __future__ import annotations
+
+from twisted.web.resource import Resource
+
+
+class Root(Resource):
+    """
+    Dispatches on the whole request path before any routing, so discovery and
+    JWKS cost one dict lookup (DESIGN.md, Speed targets).
+    """
+
+    def __init__(self, static: dict[bytes, Resource], app: Resource):
+        super().__init__()
+        self._static = static
+        self._app = app
+
+    def getChildWithDefault(self, name, request):
+        static = self._static.get(request.path)
+        if static is not None:
+            return static
+        request.postpath.insert(0, request.prepath.pop())
+        return self._app

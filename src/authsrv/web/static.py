@@ -1,0 +1,64 @@
+"""
+Documents that change rarely (discovery, JWKS) served as ready bytes, below
+Klein's router: no per-request serialization, ETag revalidation, and CORS for
+any origin because browsers of every relying party fetch them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Callable
+
+from twisted.web.resource import Resource
+
+from authsrv.web.headers import allow_any_origin, method_not_allowed
+
+
+class StaticBytes(Resource):
+    """
+    GET and HEAD of C{body()} (a callable, so a rotated JWKS is picked up;
+    the ETag is recomputed only when the bytes object changes).
+    """
+
+    isLeaf = True
+
+    def __init__(self, body: Callable[[], bytes], content_type: bytes, cache_control: bytes):
+        super().__init__()
+        self._body = body
+        self._content_type = content_type
+        self._cache_control = cache_control
+        self._etag_of: tuple[bytes, bytes] = (b"", b"")
+
+    def _etag(self, body: bytes) -> bytes:
+        cached_body, etag = self._etag_of
+        if cached_body is not body:
+            etag = b'"' + hashlib.sha256(body).hexdigest()[:32].encode() + b'"'
+            self._etag_of = (body, etag)
+        return etag
+
+    def render_GET(self, request):
+        body = self._body()
+        etag = self._etag(body)
+        allow_any_origin(request)
+        request.setHeader(b"content-type", self._content_type)
+        request.setHeader(b"cache-control", self._cache_control)
+        request.setHeader(b"etag", etag)
+        if etag in (request.getHeader(b"if-none-match") or b"").replace(b" ", b"").split(b","):
+            request.setResponseCode(304)
+            return b""
+        return body
+
+    render_HEAD = render_GET
+
+    def render_OPTIONS(self, request):
+        allow_any_origin(request)
+        request.setHeader(b"access-control-allow-methods", b"GET, HEAD, OPTIONS")
+        request.setHeader(b"access-control-max-age", b"86400")
+        request.setResponseCode(204)
+        return b""
+
+    def render(self, request):
+        handler = {b"GET": self.render_GET, b"HEAD": self.render_HEAD, b"OPTIONS": self.render_OPTIONS}
+        if request.method not in handler:
+            return method_not_allowed(request, b"GET, HEAD, OPTIONS")
+        return handler[request.method](request)

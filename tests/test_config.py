@@ -1,0 +1,164 @@
+"""
+The config file is validated strictly: every mistake is one ConfigError that
+names the dotted key.
+"""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from authsrv.config import ConfigFileError, Limits, load_config, parse_config
+from authsrv.configsection import ConfigError, Section, parse_duration
+from authsrv.tokens import token_hash
+
+CLIENT = {
+    "client_id": "app",
+    "redirect_uris": ["https://app.example/cb"],
+}
+
+
+def error_of(data: dict, tmp_path: Path = Path(".")) -> str:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(data, tmp_path / "authsrv.toml")
+    return str(caught.value)
+
+
+def test_defaults():
+    config = parse_config({}, None)
+    assert config.public_url == "http://127.0.0.1:8080"
+    assert config.issuer == "http://127.0.0.1:8080/api/auth"
+    assert config.listen == ("tcp:8080:interface=127.0.0.1",)
+    assert config.limits == Limits()
+    assert (config.store.name, config.keystore.name) == ("sqlite", "jwk-file")
+    assert [c.name for c in config.identity] == ["static"]
+    assert config.internal_secret is None
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"sever": {}}, "sever: unknown key"),
+        ({"server": {"lisen": "tcp:80"}}, "server.lisen: unknown key"),
+        ({"server": {"listen": 8080}}, "server.listen: must be an array of strings, not an integer"),
+        ({"server": {"listen": ["tcp:1", 2]}}, "server.listen[1]: must be a non-empty string, not an integer"),
+        ({"server": "x"}, "server: must be a table, not a string"),
+        ({"server": {"public_url": "ftp://x"}}, "server.public_url: 'ftp://x' must be an absolute http(s) URL"),
+        ({"server": {"public_url": "http://auth.example.com"}}, "server.public_url: must use https"),
+        ({"server": {"public_url": "https://a.example/?x=1"}}, "server.public_url: must not have a query"),
+        ({"limits": {"code_ttl": "soon"}}, 'limits.code_ttl: must be a duration such as "90s"'),
+        ({"limits": {"code_ttl": True}}, "limits.code_ttl: must be a duration"),
+        ({"limits": {"access_token_ttl": 0}}, "limits.access_token_ttl: must be longer than zero"),
+        ({"limits": {"max_body_bytes": "big"}}, "limits.max_body_bytes: must be an integer, not a string"),
+        ({"store": {"plugin": 3}}, "store.plugin: must be a string, not an integer"),
+        ({"identity": [{}]}, "identity[0].plugin: is required"),
+        ({"identity": {"plugin": "static"}}, "identity: must be an array of tables, not a table"),
+        ({"internal": {"secret": "hunter2"}}, "internal.secret: secrets are not written in the config file"),
+        ({"clients": [{"redirect_uris": []}]}, "clients[0].client_id: is required"),
+        ({"clients": [{**CLIENT, "redirect_uris": ["http://app.example/cb"]}]},
+         "clients[0].redirect_uris[0]: 'http://app.example/cb' must use https"),
+        ({"clients": [{**CLIENT, "redirect_uris": ["https://app.example/cb#x"]}]},
+         "clients[0].redirect_uris[0]: 'https://app.example/cb#x' must not contain a fragment"),
+        ({"clients": [{**CLIENT, "client_id": "a b"}]}, "clients[0].client_id: 'a b' may hold only printable ASCII"),
+        ({"clients": [CLIENT, CLIENT]}, "clients[1].client_id: 'app' is declared twice"),
+        ({"clients": [{**CLIENT, "first_party": "yes"}]}, "clients[0].first_party: must be true or false, not a string"),
+        ({"clients": [{**CLIENT, "secret": "s3cret"}]}, "clients[0].secret: secrets are not written"),
+        ({"clients": [{**CLIENT, "secret_env": "AUTHSRV_TEST_UNSET_VARIABLE"}]},
+         "clients[0].secret_env: environment variable AUTHSRV_TEST_UNSET_VARIABLE is not set or empty"),
+    ],
+)
+def test_mistakes_name_the_key(data, message):
+    assert error_of(data).startswith(message)
+
+
+def test_secrets_from_env_and_file(tmp_path, monkeypatch):
+    (tmp_path / "secret").write_text("from-a-file\n")
+    monkeypatch.setenv("AUTHSRV_TEST_SECRET", "from-the-env")
+    config = parse_config(
+        {
+            "internal": {"secret_env": "AUTHSRV_TEST_SECRET"},
+            "clients": [{**CLIENT, "secret_file": "secret"}],
+        },
+        tmp_path / "authsrv.toml",
+    )
+    assert config.internal_secret == "from-the-env"
+    assert config.clients[0].secret_hash == token_hash("from-a-file")
+    assert not config.clients[0].is_public
+
+
+def test_secret_file_problems(tmp_path):
+    assert "internal.secret_file: cannot read" in error_of({"internal": {"secret_file": "nope"}}, tmp_path)
+    (tmp_path / "empty").write_text("\n")
+    assert error_of({"internal": {"secret_file": "empty"}}, tmp_path).endswith("empty is empty")
+    (tmp_path / "s").write_text("x")
+    assert "not both" in error_of({"internal": {"secret_file": "s", "secret_env": "HOME"}}, tmp_path)
+
+
+def test_client_without_secret_is_public():
+    client = parse_config({"clients": [CLIENT]}, None).clients[0]
+    assert client.is_public
+    assert client.name == "app"
+
+
+def test_durations():
+    assert parse_duration("90d") == 90 * 86400
+    assert parse_duration("1h30m") == 5400
+    assert parse_duration("45s") == 45
+    for bad in ("", "1x", "h", "1.5h", "-3s"):
+        with pytest.raises(ValueError):
+            parse_duration(bad)
+    limits = parse_config({"limits": {"code_ttl": 30, "session_ttl": "1d"}}, None).limits
+    assert (limits.code_ttl, limits.session_ttl) == (30, 86400)
+
+
+@given(st.text(alphabet=string.ascii_lowercase + "_", min_size=1, max_size=20))
+def test_any_unknown_key_is_rejected_and_named(name):
+    known = {"code_ttl", "access_token_ttl", "id_token_ttl", "refresh_token_idle_ttl",
+             "refresh_token_absolute_ttl", "refresh_grace", "session_ttl",
+             "pending_request_ttl", "max_body_bytes"}
+    if name in known:
+        return
+    with pytest.raises(ConfigError) as caught:
+        parse_config({"limits": {name: 1}}, None)
+    assert str(caught.value) == f"limits.{name}: unknown key"
+
+
+def test_plugin_sections_are_kept_for_the_plugin(tmp_path):
+    config = parse_config({"store": {"plugin": "sqlite", "path": "x.db"}}, tmp_path / "a.toml")
+    section = config.store.section
+    assert isinstance(section, Section)
+    assert section.path_("path") == (tmp_path / "x.db").resolve()
+    section.done()
+
+
+def test_load_config_file_problems(tmp_path):
+    with pytest.raises(ConfigFileError, match=r"cannot read config file .*missing.toml: No such file"):
+        load_config(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[server\nlisten = 1\n")
+    with pytest.raises(ConfigFileError, match=r"bad.toml: invalid TOML: .*line 1"):
+        load_config(bad)
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text('[server]\nlisten = "tcp:1"\ncolour = "blue"\n')
+    with pytest.raises(ConfigFileError) as caught:
+        load_config(unknown)
+    assert str(caught.value) == f"{unknown}: server.colour: unknown key"
+    assert "\n" not in str(caught.value)
+
+
+def test_demo_config_is_valid():
+    demo = Path(__file__).parent.parent / "examples" / "demo.toml"
+    config = load_config(demo)
+    assert config.internal_secret == "demo-internal-secret"
+    clients = {c.client_id: c for c in config.clients}
+    assert clients["demo-app"].secret_hash == token_hash("demo-app-secret")
+    assert clients["demo-app"].first_party and clients["demo-app"].end_session_enabled
+    assert clients["demo-app"].resources == ("https://api.demo.test",)
+    assert not clients["partner-app"].first_party
+    assert clients["partner-app"].post_logout_redirect_uris == ("http://127.0.0.1:9001/",)
+    assert clients["demo-spa"].is_public
+    assert clients["api-gateway"].introspect_any
