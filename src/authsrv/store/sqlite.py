@@ -1,0 +1,617 @@
+"""
+The embedded store: one SQLite file, for a single server instance.
+
+The one connection lives on a one-thread pool, so the reactor never waits on
+the disk and the connection is never used by two threads at once. Every write
+is one C{BEGIN IMMEDIATE} transaction: SQLite takes its write lock up front,
+so racing steps (code redemption, refresh rotation, revocation, link leases)
+are decided one at a time, even against another process on the same file
+(the operator command), which waits up to the busy timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from contextlib import contextmanager
+from importlib import resources
+from pathlib import Path
+
+import attrs
+from twisted.internet.threads import deferToThreadPool
+from zope.interface import implementer
+
+from authsrv.interfaces import IStore
+from authsrv.records import (
+    AccessToken,
+    AuthorizationCode,
+    Ban,
+    BrowserSession,
+    Client,
+    CodeConsumed,
+    CodeNotFound,
+    CodeReused,
+    Grant,
+    LinkedAccount,
+    NotRevoked,
+    PendingAuthorization,
+    RefreshNotFound,
+    RefreshToken,
+    Replayed,
+    Reused,
+    RevokedAccess,
+    RevokedRefresh,
+    Rotated,
+)
+from authsrv.store.errors import AlreadyExists, StoreUnavailable
+
+_SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL"}
+_BUSY_TIMEOUT_SECONDS = 5.0
+_MIGRATION_NAME = re.compile(r"(\d{3})_\w+\.sql")
+
+
+def from_config(section, context) -> "SQLiteStore":
+    """
+    Open (creating it and its folder if needed) and migrate the database
+    now, at start-up, so that a bad path or a too-new file stops the server
+    with one line naming C{path}.
+    """
+    path = section.path_("path", "authsrv.sqlite3")
+    synchronous = section.str("synchronous", "full", choices=tuple(_SYNCHRONOUS))
+    section.done()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise section.error("path", f"cannot create folder {path.parent}: {e.strerror}") from None
+    try:
+        connection = _open(path, _SYNCHRONOUS[synchronous], int(context.reactor.seconds()))
+    except (sqlite3.Error, _SchemaTooNew) as e:
+        raise section.error("path", f"cannot use {path}: {e}") from None
+    return SQLiteStore(context.reactor, context.threadpool("sqlite", 1), connection)
+
+
+def _open(path: Path, synchronous: str, now: int) -> sqlite3.Connection:
+    # Autocommit: transactions are only the explicit ones below. The busy
+    # timeout lets another process (the operator command) finish its write.
+    connection = sqlite3.connect(
+        path, timeout=_BUSY_TIMEOUT_SECONDS, isolation_level=None, check_same_thread=False
+    )
+    try:
+        connection.row_factory = sqlite3.Row
+        connection.execute("PRAGMA journal_mode = WAL")
+        connection.execute(f"PRAGMA synchronous = {synchronous}")
+        connection.execute("PRAGMA foreign_keys = ON")
+        _migrate(connection, now)
+    except BaseException:
+        connection.close()
+        raise
+    return connection
+
+
+@contextmanager
+def _transaction(connection: sqlite3.Connection):
+    connection.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        # SQLite rolls back by itself after some errors (disk full, I/O).
+        if connection.in_transaction:
+            connection.execute("ROLLBACK")
+        raise
+    connection.execute("COMMIT")
+
+
+# --- schema -----------------------------------------------------------------
+
+
+def _migrations() -> list[tuple[int, str, str]]:
+    """(version, file name, SQL) of every shipped schema step, in order."""
+    folder = resources.files("authsrv.store").joinpath("schema", "sqlite")
+    steps = []
+    for entry in folder.iterdir():
+        match = _MIGRATION_NAME.fullmatch(entry.name)
+        if match:
+            steps.append((int(match[1]), entry.name, entry.read_text(encoding="utf-8")))
+    return sorted(steps)
+
+
+def _statements(script: str):
+    """
+    The statements of a script, one by one: C{executescript} would commit
+    on its own, outside the migration's transaction.
+    """
+    pending = ""
+    for line in script.splitlines(keepends=True):
+        pending += line
+        if sqlite3.complete_statement(pending):
+            yield pending
+            pending = ""
+
+
+class _SchemaTooNew(Exception):
+    """The file was migrated by a newer authsrv."""
+
+
+def _migrate(connection: sqlite3.Connection, now: int) -> None:
+    """
+    Apply every step newer than the file's version, each in its own
+    transaction that re-reads the version, so that two processes starting
+    together apply each step once.
+    """
+    steps = _migrations()
+    latest = steps[-1][0]
+    for version, name, script in steps:
+        with _transaction(connection):
+            connection.execute(
+                "CREATE TABLE IF NOT EXISTS schema_version ("
+                " version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)"
+            )
+            current = connection.execute("SELECT COALESCE(MAX(version), 0) FROM schema_version").fetchone()[0]
+            if current > latest:
+                raise _SchemaTooNew(
+                    f"its schema version {current} is newer than this authsrv knows ({latest});"
+                    " run a newer authsrv"
+                )
+            if current >= version:
+                continue
+            for statement in _statements(script):
+                connection.execute(statement)
+            connection.execute(
+                "INSERT INTO schema_version (version, name, applied_at) VALUES (?, ?, ?)",
+                (version, name, now),
+            )
+
+
+# --- records <-> rows -------------------------------------------------------
+
+_PLAIN = (lambda value: value, lambda value: value)
+# Scope tokens never hold spaces (RFC 6749 section 3.3); sorted so that equal
+# sets are equal strings.
+_SCOPE = (lambda scope: " ".join(sorted(scope)), str.split)
+_LIST = (lambda items: json.dumps(list(items)), json.loads)
+_MAP = (lambda mapping: json.dumps(dict(mapping), sort_keys=True), json.loads)
+_FLAG = (bool, bool)
+
+
+class _Rows:
+    """
+    How one record type maps onto the table columns of the same names;
+    C{derived} fields come from a query (a join), never from a column.
+    """
+
+    def __init__(self, record: type, table: str, derived: tuple[str, ...] = (), **codecs):
+        self.record = record
+        self.fields = [f.name for f in attrs.fields(record)]
+        self.codecs = codecs
+        self.written = [name for name in self.fields if name not in derived]
+        columns = f"{table} ({', '.join(self.written)}) VALUES ({', '.join('?' * len(self.written))})"
+        self.insert = f"INSERT INTO {columns}"
+        self.replace = f"INSERT OR REPLACE INTO {columns}"
+
+    def params(self, value) -> tuple:
+        return tuple(self.codecs.get(name, _PLAIN)[0](getattr(value, name)) for name in self.written)
+
+    def load(self, row):
+        if row is None:
+            return None
+        return self.record(**{name: self.codecs.get(name, _PLAIN)[1](row[name]) for name in self.fields})
+
+
+_CLIENTS = _Rows(
+    Client, "clients",
+    redirect_uris=_LIST, post_logout_redirect_uris=_LIST, resources=_LIST,
+    end_session_enabled=_FLAG, first_party=_FLAG, introspect_any=_FLAG,
+)
+_SESSIONS = _Rows(BrowserSession, "browser_sessions")
+_PENDING = _Rows(PendingAuthorization, "pending_authorizations", params=_MAP)
+_GRANTS = _Rows(Grant, "grants", scope=_SCOPE, resource=_LIST)
+_CODES = _Rows(AuthorizationCode, "authorization_codes", scope=_SCOPE, resource=_LIST)
+_ACCESS = _Rows(AccessToken, "access_tokens", scope=_SCOPE, audience=_LIST)
+_REFRESH = _Rows(RefreshToken, "refresh_tokens", derived=("revoked",), scope=_SCOPE, revoked=_FLAG)
+_BANS = _Rows(Ban, "bans")
+_LINKED = _Rows(LinkedAccount, "linked_accounts")
+
+_REVOKE_GRANT = "UPDATE grants SET revoked_at = ? WHERE grant_id = ? AND revoked_at IS NULL"
+
+
+def _first(cursor: sqlite3.Cursor):
+    """
+    The first row, reading them all: a RETURNING statement left half-read
+    would keep the transaction from committing.
+    """
+    rows = cursor.fetchall()
+    return rows[0] if rows else None
+
+
+# --- the store --------------------------------------------------------------
+
+
+@implementer(IStore)
+class SQLiteStore:
+    """
+    L{IStore} on one SQLite connection, used only from C{pool}, a thread
+    pool of one thread.
+    """
+
+    def __init__(self, reactor, pool, connection: sqlite3.Connection):
+        self._reactor = reactor
+        self._pool = pool
+        self._connection = connection
+
+    def _run(self, work, *args):
+        """Fire with C{work(connection, *args)}, run on the pool's thread."""
+        return deferToThreadPool(self._reactor, self._pool, self._call, work, args)
+
+    def _call(self, work, args):
+        try:
+            return work(self._connection, *args)
+        except sqlite3.IntegrityError as e:
+            if e.sqlite_errorname in ("SQLITE_CONSTRAINT_PRIMARYKEY", "SQLITE_CONSTRAINT_UNIQUE"):
+                raise AlreadyExists(str(e)) from e
+            raise
+        except sqlite3.OperationalError as e:
+            raise StoreUnavailable(str(e)) from e
+
+    def _write(self, work, *args):
+        """Like L{_run}, inside one write transaction."""
+
+        def in_transaction(connection, *args):
+            with _transaction(connection):
+                return work(connection, *args)
+
+        return self._run(in_transaction, *args)
+
+    def _execute(self, sql: str, params=()):
+        """Run one write statement; fire with how many rows it changed."""
+        return self._write(lambda db: db.execute(sql, params).rowcount)
+
+    def _changed(self, sql: str, params=()):
+        """Run one write statement; fire True when it changed a row."""
+        return self._execute(sql, params).addCallback(bool)
+
+    def _query(self, rows: _Rows, sql: str, params=()):
+        """Fire with the record of the first row, or None."""
+        return self._run(lambda db: rows.load(db.execute(sql, params).fetchone()))
+
+    def _query_all(self, rows: _Rows, sql: str, params=()):
+        return self._run(lambda db: [rows.load(row) for row in db.execute(sql, params)])
+
+    def _insert(self, rows: _Rows, value):
+        return self._execute(rows.insert, rows.params(value)).addCallback(lambda _: None)
+
+    def _replace(self, rows: _Rows, value):
+        return self._execute(rows.replace, rows.params(value)).addCallback(lambda _: None)
+
+    # IClientRegistry
+
+    def add_client(self, client):
+        return self._insert(_CLIENTS, client)
+
+    def put_client(self, client):
+        return self._replace(_CLIENTS, client)
+
+    def get_client(self, client_id):
+        return self._query(_CLIENTS, "SELECT * FROM clients WHERE client_id = ?", (client_id,))
+
+    def list_clients(self):
+        return self._query_all(_CLIENTS, "SELECT * FROM clients ORDER BY client_id")
+
+    def remove_client(self, client_id):
+        return self._changed("DELETE FROM clients WHERE client_id = ?", (client_id,))
+
+    # IBrowserSessionStore
+
+    def create_session(self, session):
+        return self._insert(_SESSIONS, session)
+
+    def get_session(self, session_hash, now):
+        return self._query(
+            _SESSIONS,
+            "SELECT * FROM browser_sessions WHERE session_hash = ? AND expires_at > ?",
+            (session_hash, now),
+        )
+
+    def end_session(self, session_hash):
+        return self._write(
+            lambda db: _SESSIONS.load(
+                _first(db.execute("DELETE FROM browser_sessions WHERE session_hash = ? RETURNING *", (session_hash,)))
+            )
+        )
+
+    def end_user_sessions(self, sub):
+        return self._execute("DELETE FROM browser_sessions WHERE sub = ?", (sub,))
+
+    # IAuthorizationRequestStore
+
+    def save_pending(self, pending):
+        return self._insert(_PENDING, pending)
+
+    def get_pending(self, request_id, now):
+        return self._query(
+            _PENDING,
+            "SELECT * FROM pending_authorizations WHERE request_id = ? AND expires_at > ?",
+            (request_id, now),
+        )
+
+    def delete_pending(self, request_id):
+        return self._changed("DELETE FROM pending_authorizations WHERE request_id = ?", (request_id,))
+
+    # IAuthorizationCodeStore
+
+    def save_code(self, code, grant):
+        def save(db):
+            db.execute(_GRANTS.insert, _GRANTS.params(grant))
+            db.execute(_CODES.insert, _CODES.params(code))
+
+        return self._write(save)
+
+    def consume_code(self, code_hash, now):
+        return self._write(_consume_code, code_hash, now)
+
+    # IGrantStore
+
+    def get_grant(self, grant_id):
+        return self._query(_GRANTS, "SELECT * FROM grants WHERE grant_id = ?", (grant_id,))
+
+    def issue_tokens(self, access, refresh):
+        return self._write(_issue_tokens, access, refresh)
+
+    def find_access_token(self, token_hash, now):
+        return self._query(
+            _ACCESS,
+            "SELECT a.* FROM access_tokens a JOIN grants g ON g.grant_id = a.grant_id"
+            " WHERE a.token_hash = ? AND a.revoked_at IS NULL AND a.expires_at > ?"
+            " AND g.revoked_at IS NULL",
+            (token_hash, now),
+        )
+
+    def get_refresh_token(self, token_hash):
+        return self._query(
+            _REFRESH,
+            "SELECT r.*, g.revoked_at IS NOT NULL AS revoked"
+            " FROM refresh_tokens r JOIN grants g ON g.grant_id = r.grant_id"
+            " WHERE r.token_hash = ?",
+            (token_hash,),
+        )
+
+    def rotate_refresh(self, old_hash, new_refresh, new_access, replay, grace_until, now):
+        return self._write(_rotate_refresh, old_hash, new_refresh, new_access, replay, grace_until, now)
+
+    def revoke_token(self, token_hash, client_id, now):
+        return self._write(_revoke_token, token_hash, client_id, now)
+
+    def revoke_grant(self, grant_id, now):
+        return self._changed(_REVOKE_GRANT, (now, grant_id))
+
+    def revoke_user_grants(self, sub, now):
+        return self._execute("UPDATE grants SET revoked_at = ? WHERE sub = ? AND revoked_at IS NULL", (now, sub))
+
+    def has_active_grant(self, sub, now):
+        return self._run(
+            lambda db: bool(
+                db.execute(
+                    "SELECT EXISTS (SELECT 1 FROM grants g WHERE g.sub = :sub AND g.revoked_at IS NULL AND ("
+                    " EXISTS (SELECT 1 FROM access_tokens a WHERE a.grant_id = g.grant_id"
+                    "  AND a.revoked_at IS NULL AND a.expires_at > :now)"
+                    " OR EXISTS (SELECT 1 FROM refresh_tokens r WHERE r.grant_id = g.grant_id"
+                    "  AND r.consumed_at IS NULL AND r.expires_at > :now)))",
+                    {"sub": sub, "now": now},
+                ).fetchone()[0]
+            )
+        )
+
+    def save_consent(self, sub, client_id, scope, now):
+        return self._execute(
+            "INSERT OR REPLACE INTO consents (sub, client_id, scope, created_at) VALUES (?, ?, ?, ?)",
+            (sub, client_id, _SCOPE[0](scope), now),
+        ).addCallback(lambda _: None)
+
+    def get_consent(self, sub, client_id):
+        def get(db):
+            row = db.execute("SELECT scope FROM consents WHERE sub = ? AND client_id = ?", (sub, client_id)).fetchone()
+            return None if row is None else frozenset(_SCOPE[1](row["scope"]))
+
+        return self._run(get)
+
+    def revoke_consent(self, sub, client_id):
+        return self._changed("DELETE FROM consents WHERE sub = ? AND client_id = ?", (sub, client_id))
+
+    # IBanStore
+
+    def ban_user(self, ban):
+        return self._replace(_BANS, ban)
+
+    def unban_user(self, sub):
+        return self._changed("DELETE FROM bans WHERE sub = ?", (sub,))
+
+    def get_ban(self, sub, now):
+        return self._query(
+            _BANS, "SELECT * FROM bans WHERE sub = ? AND (until IS NULL OR until > ?)", (sub, now)
+        )
+
+    def list_bans(self, now):
+        return self._query_all(
+            _BANS, "SELECT * FROM bans WHERE until IS NULL OR until > ? ORDER BY sub", (now,)
+        )
+
+    # ILinkedAccountStore
+
+    def link_account(self, account):
+        def link(db):
+            db.execute(
+                "DELETE FROM linked_accounts WHERE sub = ? AND provider = ?", (account.sub, account.provider)
+            )
+            db.execute(_LINKED.insert, _LINKED.params(account))
+
+        return self._write(link)
+
+    def get_linked_account(self, sub, provider):
+        return self._query(
+            _LINKED, "SELECT * FROM linked_accounts WHERE sub = ? AND provider = ?", (sub, provider)
+        )
+
+    def unlink_account(self, sub, provider):
+        return self._changed("DELETE FROM linked_accounts WHERE sub = ? AND provider = ?", (sub, provider))
+
+    def update_linked_tokens(
+        self, account_id, expected_version, access_token_enc, refresh_token_enc, scope, expires_at, now,
+    ):
+        return self._write(
+            lambda db: _LINKED.load(
+                _first(
+                    db.execute(
+                        "UPDATE linked_accounts SET access_token_enc = ?, refresh_token_enc = ?,"
+                        " scope = ?, expires_at = ?, updated_at = ?, version = version + 1"
+                        " WHERE account_id = ? AND version = ? RETURNING *",
+                        (access_token_enc, refresh_token_enc, scope, expires_at, now, account_id, expected_version),
+                    )
+                )
+            )
+        )
+
+    def acquire_link_lock(self, account_id, holder, now, ttl):
+        # Taken when there is no lease, it has run out, or the holder renews it.
+        return self._write(
+            lambda db: _first(
+                db.execute(
+                    "INSERT INTO link_locks (account_id, holder, until) VALUES (?, ?, ?)"
+                    " ON CONFLICT (account_id) DO UPDATE SET holder = excluded.holder, until = excluded.until"
+                    " WHERE link_locks.until <= ? OR link_locks.holder = excluded.holder"
+                    " RETURNING holder",
+                    (account_id, holder, now + ttl, now),
+                )
+            )
+            is not None
+        )
+
+    def release_link_lock(self, account_id, holder):
+        return self._execute(
+            "DELETE FROM link_locks WHERE account_id = ? AND holder = ?", (account_id, holder)
+        ).addCallback(lambda _: None)
+
+    # IStore
+
+    def ping(self):
+        return self._run(lambda db: db.execute("SELECT 1").fetchone()).addCallback(lambda _: None)
+
+    def gc(self, now, batch_size):
+        return self._run(_gc, now, batch_size)
+
+    def close(self):
+        return self._run(lambda db: db.close())
+
+
+# --- the atomic steps, each run inside one write transaction ----------------
+
+
+def _consume_code(db, code_hash, now):
+    row = _first(
+        db.execute(
+            "UPDATE authorization_codes SET used_at = ?"
+            " WHERE code_hash = ? AND used_at IS NULL AND expires_at > ?"
+            " AND EXISTS (SELECT 1 FROM grants g"
+            "  WHERE g.grant_id = authorization_codes.grant_id AND g.revoked_at IS NULL)"
+            " RETURNING *",
+            (now, code_hash, now),
+        )
+    )
+    if row is not None:
+        return CodeConsumed(_CODES.load(row))
+    used = db.execute(
+        "SELECT grant_id FROM authorization_codes WHERE code_hash = ? AND used_at IS NOT NULL", (code_hash,)
+    ).fetchone()
+    return CodeNotFound() if used is None else CodeReused(used["grant_id"])
+
+
+def _issue_tokens(db, access, refresh):
+    db.execute(_ACCESS.insert, _ACCESS.params(access))
+    if refresh is not None:
+        db.execute(_REFRESH.insert, _REFRESH.params(refresh))
+
+
+def _rotate_refresh(db, old_hash, new_refresh, new_access, replay, grace_until, now):
+    rotated = _first(
+        db.execute(
+            "UPDATE refresh_tokens SET consumed_at = ?, grace_until = ?, replay = ?"
+            " WHERE token_hash = ? AND consumed_at IS NULL AND expires_at > ?"
+            " AND EXISTS (SELECT 1 FROM grants g"
+            "  WHERE g.grant_id = refresh_tokens.grant_id AND g.revoked_at IS NULL)"
+            " RETURNING grant_id",
+            (now, grace_until, replay, old_hash, now),
+        )
+    )
+    if rotated is not None:
+        _issue_tokens(db, new_access, new_refresh)
+        return Rotated()
+    old = db.execute(
+        "SELECT r.grant_id, r.expires_at, r.grace_until, r.replay, g.revoked_at"
+        " FROM refresh_tokens r JOIN grants g ON g.grant_id = r.grant_id WHERE r.token_hash = ?",
+        (old_hash,),
+    ).fetchone()
+    if old is None or old["revoked_at"] is not None or old["expires_at"] <= now:
+        return RefreshNotFound()
+    # Live, unexpired, yet not rotated just now: it was consumed before.
+    if old["replay"] is not None and now < old["grace_until"]:
+        return Replayed(old["replay"])
+    db.execute(_REVOKE_GRANT, (now, old["grant_id"]))
+    return Reused(old["grant_id"])
+
+
+def _revoke_token(db, token_hash, client_id, now):
+    refresh = db.execute(
+        "SELECT grant_id FROM refresh_tokens WHERE token_hash = ? AND client_id = ?", (token_hash, client_id)
+    ).fetchone()
+    if refresh is not None:
+        db.execute(_REVOKE_GRANT, (now, refresh["grant_id"]))
+        return RevokedRefresh(refresh["grant_id"])
+    access = _first(
+        db.execute(
+            "UPDATE access_tokens SET revoked_at = COALESCE(revoked_at, ?)"
+            " WHERE token_hash = ? AND client_id = ? RETURNING grant_id",
+            (now, token_hash, client_id),
+        )
+    )
+    return NotRevoked() if access is None else RevokedAccess(access["grant_id"])
+
+
+# Each statement takes up to :limit rows of one kind. A grant goes once it is
+# revoked or expired, none of its codes could still be redeemed (a redemption
+# may still be issuing tokens into it) and, unless revoked, none of its
+# tokens is live; its codes and tokens go with it (ON DELETE CASCADE).
+_GC = tuple(
+    f"DELETE FROM {table} WHERE {key} IN (SELECT {key} FROM {table} AS old WHERE {expired} LIMIT :limit)"
+    for table, key, expired in (
+        ("authorization_codes", "code_hash", "expires_at <= :now"),
+        ("pending_authorizations", "request_id", "expires_at <= :now"),
+        ("browser_sessions", "session_hash", "expires_at <= :now"),
+        ("access_tokens", "token_hash", "expires_at <= :now"),
+        ("refresh_tokens", "token_hash", "expires_at <= :now"),
+        ("bans", "sub", "until <= :now"),
+        ("link_locks", "account_id", "until <= :now"),
+        (
+            "grants",
+            "grant_id",
+            "(old.revoked_at IS NOT NULL OR old.expires_at <= :now)"
+            " AND NOT EXISTS (SELECT 1 FROM authorization_codes c"
+            "  WHERE c.grant_id = old.grant_id AND c.expires_at > :now)"
+            " AND (old.revoked_at IS NOT NULL OR ("
+            "  NOT EXISTS (SELECT 1 FROM access_tokens a WHERE a.grant_id = old.grant_id"
+            "   AND a.revoked_at IS NULL AND a.expires_at > :now)"
+            "  AND NOT EXISTS (SELECT 1 FROM refresh_tokens r WHERE r.grant_id = old.grant_id"
+            "   AND r.consumed_at IS NULL AND r.expires_at > :now)))",
+        ),
+    )
+) + (
+    "UPDATE refresh_tokens SET replay = NULL WHERE token_hash IN (SELECT token_hash"
+    " FROM refresh_tokens AS old WHERE replay IS NOT NULL AND grace_until <= :now LIMIT :limit)",
+)
+
+
+def _gc(db, now, batch_size):
+    """One short transaction per kind, so that other writers wait little."""
+    count = 0
+    for statement in _GC:
+        with _transaction(db):
+            count += db.execute(statement, {"now": now, "limit": batch_size}).rowcount
+    return count
