@@ -144,6 +144,12 @@ def _documents(config: Config, keystore) -> dict[bytes, StaticBytes]:
     }
 
 
+def web_root(config: Config, reactor, store, keystore, readiness) -> Root:
+    """The whole HTTP surface; C{readiness()} returns a problem or None."""
+    app = AuthServer(reactor=reactor, issuer=config.issuer, store=store, readiness=readiness)
+    return Root(_documents(config, keystore), app.resource())
+
+
 def build(config: Config, reactor) -> AuthsrvService:
     """Build every part of the server; raises L{StartupError} with one line."""
     if len(config.identity) > 1:
@@ -154,13 +160,7 @@ def build(config: Config, reactor) -> AuthsrvService:
         keystore = build_plugin("keystore", config.keystore, context)
         identity = [build_plugin("identity", choice, context) for choice in config.identity]
         holder: list[AuthsrvService] = []
-        app = AuthServer(
-            reactor=reactor,
-            issuer=config.issuer,
-            store=store,
-            readiness=lambda: holder[0].readiness_problem(),
-        )
-        site = Site(Root(_documents(config, keystore), app.resource()))
+        site = Site(web_root(config, reactor, store, keystore, lambda: holder[0].readiness_problem()))
         site.displayTracebacks = False
         ports = _listen(reactor, config.listen, site)
     except BaseException:

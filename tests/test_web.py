@@ -1,0 +1,179 @@
+"""
+The HTTP surface of the foundation, in memory through StubTreq: discovery,
+JWKS, the root redirect, health, and the error answers around them.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from treq.testing import StubTreq
+from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.task import Clock
+
+from authsrv.config import parse_config
+from authsrv.service import web_root
+
+BASE = "https://auth.example.com"
+ISSUER = BASE + "/api/auth"
+
+
+class FakeKeystore:
+    algorithms = ("RS256", "ES256")
+
+    def __init__(self):
+        self.jwks = b'{"keys":[{"kty":"RSA","kid":"one"}]}'
+
+    def jwks_bytes(self):
+        return self.jwks
+
+
+class FakeStore:
+    def __init__(self):
+        self.answer = lambda: succeed(None)
+
+    def ping(self):
+        return self.answer()
+
+
+@pytest.fixture
+def server():
+    class Server:
+        clock = Clock()
+        store = FakeStore()
+        keystore = FakeKeystore()
+        problem = None
+
+    config = parse_config({"server": {"public_url": BASE}}, None)
+    server = Server()
+    root = web_root(config, server.clock, server.store, server.keystore, lambda: server.problem)
+    server.http = StubTreq(root)
+    return server
+
+
+def result(d):
+    results = []
+    d.addBoth(results.append)
+    assert results, "the request did not finish"
+    if hasattr(results[0], "raiseException"):
+        results[0].raiseException()
+    return results[0]
+
+
+def get(server, path, method="GET", **kwargs):
+    response = result(server.http.request(method, BASE + path, **kwargs))
+    body = result(response.content())
+    return response, body
+
+
+def test_discovery_lists_every_endpoint_and_what_is_supported(server):
+    response, body = get(server, "/api/auth/.well-known/openid-configuration")
+    assert response.code == 200
+    assert response.headers.getRawHeaders("content-type") == ["application/json"]
+    doc = json.loads(body)
+    assert doc["issuer"] == ISSUER
+    assert doc["authorization_endpoint"] == ISSUER + "/oauth2/authorize"
+    assert doc["token_endpoint"] == ISSUER + "/oauth2/token"
+    assert doc["userinfo_endpoint"] == ISSUER + "/oauth2/userinfo"
+    assert doc["jwks_uri"] == ISSUER + "/jwks"
+    assert doc["end_session_endpoint"] == ISSUER + "/oauth2/end-session"
+    assert doc["revocation_endpoint"] == ISSUER + "/oauth2/revoke"
+    assert doc["introspection_endpoint"] == ISSUER + "/oauth2/introspect"
+    assert doc["response_types_supported"] == ["code"]
+    assert doc["grant_types_supported"] == ["authorization_code", "refresh_token"]
+    assert doc["code_challenge_methods_supported"] == ["S256"]
+    assert doc["scopes_supported"] == ["openid", "profile", "email", "offline_access"]
+    assert {"sub", "name", "picture", "email", "email_verified", "chat_user_id"} <= set(doc["claims_supported"])
+    assert doc["token_endpoint_auth_methods_supported"] == ["client_secret_basic", "client_secret_post", "none"]
+    assert doc["id_token_signing_alg_values_supported"] == ["RS256", "ES256"]
+    assert doc["subject_types_supported"] == ["public"]
+    assert doc["authorization_response_iss_parameter_supported"] is True
+
+
+def test_oauth_metadata_matches_discovery(server):
+    _, oidc = get(server, "/api/auth/.well-known/openid-configuration")
+    response, body = get(server, "/api/auth/.well-known/oauth-authorization-server")
+    assert response.code == 200
+    oauth = json.loads(body)
+    assert oauth["issuer"] == ISSUER
+    assert {k: v for k, v in json.loads(oidc).items() if k in oauth} == oauth
+    assert "subject_types_supported" not in oauth
+
+
+@pytest.mark.parametrize(
+    "path, cache",
+    [
+        ("/api/auth/.well-known/openid-configuration", "public, max-age=3600"),
+        ("/api/auth/.well-known/oauth-authorization-server", "public, max-age=3600"),
+        ("/api/auth/jwks", "public, max-age=600"),
+    ],
+)
+def test_documents_allow_any_origin_and_cache(server, path, cache):
+    response, _ = get(server, path, headers={"Origin": "https://rp.example"})
+    assert response.headers.getRawHeaders("access-control-allow-origin") == ["*"]
+    assert response.headers.getRawHeaders("cache-control") == [cache]
+    etag = response.headers.getRawHeaders("etag")[0]
+    again, body = get(server, path, headers={"If-None-Match": etag})
+    assert (again.code, body) == (304, b"")
+    preflight, _ = get(server, path, method="OPTIONS", headers={"Origin": "https://rp.example"})
+    assert preflight.code == 204
+    assert preflight.headers.getRawHeaders("access-control-allow-origin") == ["*"]
+    head, body = get(server, path, method="HEAD")
+    assert (head.code, body) == (200, b"")
+    post, body = get(server, path, method="POST")
+    assert post.code == 405
+    assert post.headers.getRawHeaders("allow") == ["GET, HEAD, OPTIONS"]
+    assert json.loads(body)["error"] == "method_not_allowed"
+
+
+def test_jwks_follows_the_keystore(server):
+    response, body = get(server, "/api/auth/jwks")
+    assert response.headers.getRawHeaders("content-type") == ["application/jwk-set+json"]
+    assert body == server.keystore.jwks
+    etag = response.headers.getRawHeaders("etag")[0]
+    server.keystore.jwks = b'{"keys":[{"kty":"RSA","kid":"two"}]}'
+    response, body = get(server, "/api/auth/jwks", headers={"If-None-Match": etag})
+    assert (response.code, body) == (200, server.keystore.jwks)
+
+
+def test_root_discovery_redirects_to_the_issuer(server):
+    response, _ = get(server, "/.well-known/openid-configuration", allow_redirects=False)
+    assert response.code == 301
+    assert response.headers.getRawHeaders("location") == [ISSUER + "/.well-known/openid-configuration"]
+
+
+def test_health(server):
+    response, body = get(server, "/healthz")
+    assert (response.code, json.loads(body)) == (200, {"status": "ok"})
+    response, body = get(server, "/readyz")
+    assert (response.code, json.loads(body)) == (200, {"status": "ready"})
+
+
+def test_not_ready_while_starting(server):
+    server.problem = "starting"
+    response, body = get(server, "/readyz")
+    assert (response.code, json.loads(body)["reason"]) == (503, "starting")
+
+
+def test_not_ready_while_the_store_fails(server):
+    server.store.answer = lambda: fail(ConnectionError("down"))
+    response, body = get(server, "/readyz")
+    assert (response.code, json.loads(body)["reason"]) == (503, "store unreachable")
+
+
+def test_not_ready_while_the_store_hangs(server):
+    server.store.answer = Deferred
+    d = server.http.get(BASE + "/readyz")
+    server.clock.advance(2.0)
+    server.http.flush()
+    response = result(d)
+    assert response.code == 503
+
+
+def test_unknown_path_and_method(server):
+    response, body = get(server, "/nope")
+    assert (response.code, json.loads(body)["error"]) == (404, "not_found")
+    response, body = get(server, "/healthz", method="DELETE")
+    assert response.code == 405
+    assert json.loads(body)["error"] == "method_not_allowed"
