@@ -1,0 +1,110 @@
+"""
+argon2id password hashes, checked off the reactor thread.
+
+argon2 is slow on purpose (about 0.1 s and 64 MiB per check with the RFC 9106
+low-memory profile), so a check runs on a small bounded thread pool: a burst
+of logins queues instead of stalling every other request or exhausting
+memory. Any identity backend that stores password hashes (static file,
+PostgreSQL) checks them through L{PasswordVerifier}.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+
+from argon2 import PasswordHasher, Type, extract_parameters, profiles
+from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
+from twisted.internet.defer import Deferred
+from twisted.internet.threads import deferToThreadPool
+from twisted.logger import Logger
+
+DEFAULT_HASHER = PasswordHasher.from_parameters(profiles.RFC_9106_LOW_MEMORY)
+"""
+The production parameters. Tests pass a cheaper L{PasswordHasher} (for
+example built from C{argon2.profiles.CHEAPEST}) as the C{hasher} argument of
+L{hash_password} and L{PasswordVerifier} instead.
+"""
+
+POOL_NAME = "passwords"
+POOL_SIZE = 2
+
+_MATCH, _MISMATCH, _MALFORMED = "match", "mismatch", "malformed"
+
+
+def hash_password(password: str | bytes, hasher: PasswordHasher = DEFAULT_HASHER) -> str:
+    """An argon2id hash of C{password} in the PHC string format."""
+    return hasher.hash(password)
+
+
+def is_argon2id_hash(value: str) -> bool:
+    """Whether C{value} parses as an argon2id PHC string (a cheap check, no hashing)."""
+    try:
+        return extract_parameters(value).type is Type.ID
+    except InvalidHashError:
+        return False
+
+
+class PasswordVerifier:
+    """
+    Checks passwords against stored hashes on a bounded thread pool.
+
+    When there is no stored hash (unknown user), a dummy hash made with the
+    same parameters is checked anyway, so that an unknown login and a wrong
+    password cost the same time and cannot be told apart by timing.
+    """
+
+    log = Logger()
+
+    def __init__(self, reactor, pool, hasher: PasswordHasher = DEFAULT_HASHER):
+        self._reactor = reactor
+        self._pool = pool
+        self._hasher = hasher
+        self._dummy: str | None = None
+        self._dummy_lock = threading.Lock()
+
+    @classmethod
+    def for_context(cls, context, hasher: PasswordHasher = DEFAULT_HASHER) -> "PasswordVerifier":
+        """The verifier on the server's shared password pool of an L{IPluginContext}."""
+        return cls(context.reactor, context.threadpool(POOL_NAME, POOL_SIZE), hasher)
+
+    def warm_up(self) -> None:
+        """
+        Make the dummy hash now, in the pool, so that the first unknown login
+        costs no more than a wrong password; a backend calls this once its
+        configuration proved valid.
+        """
+        self._pool.callInThread(self._dummy_hash)
+
+    def verify(self, login: str, password: str | bytes, stored_hash: str | None) -> Deferred:
+        """
+        Fires with True when C{password} matches C{stored_hash}, else False;
+        always False when C{stored_hash} is None, after the same work.
+
+        A malformed stored hash is a failed check, logged with C{login} (never
+        the password or the hash), so one bad record cannot crash a login.
+        """
+        d = deferToThreadPool(self._reactor, self._pool, self._check, password, stored_hash)
+
+        def outcome(result: str) -> bool:
+            if result == _MALFORMED:
+                self.log.error("stored password hash of {login!r} is malformed", login=login)
+            return result == _MATCH and stored_hash is not None
+
+        return d.addCallback(outcome)
+
+    def _dummy_hash(self) -> str:
+        # Made once, in a pool thread, from a random password nobody knows.
+        with self._dummy_lock:
+            if self._dummy is None:
+                self._dummy = self._hasher.hash(secrets.token_urlsafe(32))
+            return self._dummy
+
+    def _check(self, password: str | bytes, stored_hash: str | None) -> str:
+        try:
+            self._hasher.verify(self._dummy_hash() if stored_hash is None else stored_hash, password)
+        except VerifyMismatchError:
+            return _MISMATCH
+        except (InvalidHashError, VerificationError):
+            return _MALFORMED
+        return _MATCH

@@ -1,0 +1,402 @@
+"""
+The static-file identity backend: users in a TOML file with argon2id hashes.
+
+The embedded default needs no database, so users live in a file the operator
+edits by hand or with C{authsrv-admin user add} (L{add_user}). The file is
+validated as strictly as the config, and re-read when it changes, so adding a
+user or disabling one needs no restart; a broken edit is logged and the users
+loaded before keep being served, since a typo must not lock everyone out.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+import tomllib
+import unicodedata
+import uuid
+from pathlib import Path
+
+from attrs import frozen
+from twisted.cred.credentials import IUsernamePassword
+from twisted.cred.error import UnauthorizedLogin
+from twisted.internet.defer import Deferred, succeed
+from twisted.logger import Logger
+from zope.interface import implementer
+
+from authsrv.configsection import ConfigError, Section
+from authsrv.identity.errors import UnknownUser
+from authsrv.identity.passwords import PasswordVerifier, is_argon2id_hash
+from authsrv.interfaces import IIdentityBackend
+from authsrv.records import User
+
+log = Logger()
+
+RELOAD_INTERVAL = 1.0
+"""Seconds between two looks at the users file for changes."""
+
+_HEADER = """\
+# authsrv users: one [[users]] table per user, for example
+#
+#   [[users]]
+#   sub = "f3c2..."          # stable id, never reused
+#   login = "alice"          # unique, case-insensitive
+#   password_hash = "$argon2id$..."
+#   name = "Alice"
+#
+# `authsrv-admin user add` appends users and hashes their passwords.
+"""
+
+_TOML_ESCAPES = {
+    '"': '\\"',
+    "\\": "\\\\",
+    "\b": "\\b",
+    "\t": "\\t",
+    "\n": "\\n",
+    "\f": "\\f",
+    "\r": "\\r",
+}
+
+
+def login_key(login: str) -> str:
+    """
+    The form in which logins are compared: NFC-normalized, then casefolded,
+    so that C{Alice}, C{ALICE} and a decomposed C{é} all find one user.
+    """
+    return unicodedata.normalize("NFC", unicodedata.normalize("NFC", login).casefold())
+
+
+@frozen
+class _Account:
+    user: User
+    password_hash: str
+
+
+@frozen
+class _Users:
+    by_sub: dict
+    by_login: dict
+
+    @classmethod
+    def of(cls, accounts: list[_Account]) -> "_Users":
+        return cls(
+            {a.user.sub: a for a in accounts},
+            {login_key(a.user.login): a for a in accounts},
+        )
+
+
+def _account(section: Section) -> _Account:
+    sub = section.str("sub")
+    if len(sub) > 255 or not (sub.isascii() and sub.isprintable()):
+        raise section.error("sub", "must be at most 255 printable ASCII characters (OIDC Core 2)")
+    login = section.str("login")
+    password_hash = section.str("password_hash")
+    if not is_argon2id_hash(password_hash):
+        raise section.error(
+            "password_hash", "must be an argon2id hash ($argon2id$v=19$...), as authsrv-admin makes"
+        )
+    user = User(
+        sub=sub,
+        login=login,
+        name=section.str("name", None),
+        picture=section.str("picture", None),
+        email=section.str("email", None),
+        email_verified=section.bool("email_verified", False),
+        disabled=section.bool("disabled", False),
+        disabled_reason=section.str("disabled_reason", None),
+        chat_user_id=section.str("chat_user_id", None),
+    )
+    section.done()
+    return _Account(user, password_hash)
+
+
+def _accounts(document: dict) -> list[_Account]:
+    top = Section(document, "", Path("."))
+    tables = top.tables("users")
+    top.done()
+    accounts: list[_Account] = []
+    subs: dict[str, int] = {}
+    logins: dict[str, int] = {}
+    for index, table in enumerate(tables):
+        account = _account(table)
+        sub, key = account.user.sub, login_key(account.user.login)
+        if sub in subs:
+            raise table.error("sub", f"{sub!r} is already the sub of users[{subs[sub]}]")
+        if key in logins:
+            raise table.error(
+                "login", f"{account.user.login!r} is already the login of users[{logins[key]}]"
+            )
+        subs[sub] = logins[key] = index
+        accounts.append(account)
+    return accounts
+
+
+def _parse(text: str, label: str) -> list[_Account]:
+    """
+    Every account in a users file's text, or a one-line L{ConfigError}
+    prefixed by C{label} (the file's name) and naming the dotted key.
+    """
+    try:
+        document = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(label, f"not valid TOML: {e}") from None
+    try:
+        return _accounts(document)
+    except ConfigError as e:
+        raise ConfigError(f"{label}: {e.key}", e.problem) from None
+
+
+def _read(path: Path) -> list[_Account]:
+    """Parse the users file; L{OSError} when it cannot be read."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(path.name, "not UTF-8 text") from None
+    return _parse(text, path.name)
+
+
+def _signature(path: Path) -> tuple[int, int, int]:
+    st = os.stat(path)
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+def _text(value: str | bytes) -> str | None:
+    """A credential's login as text; None when bytes are not UTF-8 (no user has it)."""
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    return value
+
+
+@implementer(IIdentityBackend)
+class StaticIdentityBackend:
+    """
+    Users from a TOML file, checked with L{PasswordVerifier}.
+
+    C{reactor} gives the time (L{IReactorTime}) that spaces out the looks at
+    the file for changes; building the backend reads the file and raises
+    L{ConfigError} or L{OSError}.
+    """
+
+    credentialInterfaces = (IUsernamePassword,)
+
+    def __init__(self, path: Path, reactor, verifier: PasswordVerifier):
+        self._path = Path(path)
+        self._reactor = reactor
+        self._verifier = verifier
+        self._signature: tuple | None = _signature(self._path)
+        self._users = _Users.of(_read(self._path))
+        self._checked_at = reactor.seconds()
+        verifier.warm_up()
+        log.info("{count} users loaded from {path}", count=len(self._users.by_sub), path=str(self._path))
+
+    def _refresh(self) -> None:
+        """Re-read the file if it changed, looking at most once per L{RELOAD_INTERVAL}."""
+        now = self._reactor.seconds()
+        if now - self._checked_at < RELOAD_INTERVAL:
+            return
+        self._checked_at = now
+        try:
+            signature = _signature(self._path)
+        except OSError as e:
+            signature, problem = None, f"cannot be read: {e.strerror}"
+        if signature == self._signature:
+            return
+        self._signature = signature
+        if signature is not None:
+            try:
+                self._users = _Users.of(_read(self._path))
+            except ConfigError as e:
+                problem = str(e)
+            except OSError as e:
+                problem = f"cannot be read: {e.strerror}"
+            else:
+                log.info(
+                    "{count} users reloaded from {path}",
+                    count=len(self._users.by_sub),
+                    path=str(self._path),
+                )
+                return
+        log.error(
+            "users file {path} not reloaded, still serving the {count} users read before: {problem}",
+            path=str(self._path),
+            count=len(self._users.by_sub),
+            problem=problem,
+        )
+
+    def _by_login(self, login: str | bytes) -> _Account | None:
+        self._refresh()
+        text = _text(login)
+        return None if text is None else self._users.by_login.get(login_key(text))
+
+    def requestAvatarId(self, credentials) -> Deferred:
+        """
+        Fires with the user's sub, or fails with L{UnknownUser} or
+        L{UnauthorizedLogin}; an unknown login costs the same hashing work
+        as a wrong password.
+        """
+        account = self._by_login(credentials.username)
+        d = self._verifier.verify(
+            account.user.login if account else "",
+            credentials.password,
+            account.password_hash if account else None,
+        )
+
+        def decide(matched: bool) -> str:
+            if account is None:
+                raise UnknownUser("unknown login")
+            if not matched:
+                raise UnauthorizedLogin("wrong password")
+            return account.user.sub
+
+        return d.addCallback(decide)
+
+    def user_by_id(self, sub: str) -> Deferred:
+        self._refresh()
+        account = self._users.by_sub.get(sub)
+        return succeed(account.user if account else None)
+
+    def user_by_login(self, login: str | bytes) -> Deferred:
+        account = self._by_login(login)
+        return succeed(account.user if account else None)
+
+    def close(self) -> Deferred:
+        return succeed(None)
+
+
+def from_config(section: Section, context) -> StaticIdentityBackend:
+    """
+    Build the backend from its config section: C{path} (default
+    C{users.toml}, relative to the config file's folder).
+    """
+    # Section.path_ returns a default as given, unresolved: resolve it here.
+    path = section.path_("path", None) or (section.base_dir / "users.toml").resolve()
+    section.done()
+    try:
+        return StaticIdentityBackend(path, context.reactor, PasswordVerifier.for_context(context))
+    except FileNotFoundError:
+        raise section.error(
+            "path", f"{path} does not exist (authsrv-admin user add creates it)"
+        ) from None
+    except OSError as e:
+        raise section.error("path", f"cannot read {path}: {e.strerror}") from None
+
+
+def toml_string(value: str) -> str:
+    """
+    C{value} as a TOML basic string that reads back as exactly C{value};
+    raises L{UnicodeEncodeError} (a L{ValueError}) for lone surrogates, which
+    no TOML file can hold.
+    """
+    value.encode("utf-8")
+    return '"' + "".join(
+        _TOML_ESCAPES.get(c) or (f"\\u{ord(c):04X}" if c < " " or c == "\x7f" else c)
+        for c in value
+    ) + '"'
+
+
+def _toml_table(fields: dict) -> str:
+    lines = ["[[users]]"]
+    for key, value in fields.items():
+        lines.append(f"{key} = {'true' if value is True else toml_string(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """
+    Replace C{path} with C{text} so that readers see the old or the new file,
+    never a partial one; keeps the old file's mode (a new file is 0600: it
+    holds password hashes).
+    """
+    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        if path.exists():
+            os.chmod(temporary, stat.S_IMODE(os.stat(path).st_mode))
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+def create_users_file(path: str | os.PathLike) -> bool:
+    """
+    Create a users file holding no user, only a header comment that explains
+    the format, unless the file exists; returns True when it was created.
+    """
+    path = Path(path)
+    if path.exists():
+        return False
+    _write_atomically(path, _HEADER)
+    return True
+
+
+def add_user(
+    path: str | os.PathLike,
+    *,
+    login: str,
+    password_hash: str,
+    sub: str | None = None,
+    name: str | None = None,
+    email: str | None = None,
+    email_verified: bool = False,
+    picture: str | None = None,
+    chat_user_id: str | None = None,
+    disabled: bool = False,
+    disabled_reason: str | None = None,
+) -> User:
+    """
+    Append a user to a users file (created if missing), keeping its existing
+    text and comments, and return the new L{User}; C{sub} defaults to a random
+    UUID. Raises L{ValueError} for a bad field or a login or sub already
+    taken, and L{ConfigError} if the existing file is invalid.
+    """
+    path = Path(path)
+    fields = {
+        "sub": str(uuid.uuid4()) if sub is None else sub,
+        "login": login,
+        "password_hash": password_hash,
+        "name": name,
+        "email": email,
+        "email_verified": email_verified,
+        "picture": picture,
+        "chat_user_id": chat_user_id,
+        "disabled": disabled,
+        "disabled_reason": disabled_reason,
+    }
+    fields = {k: v for k, v in fields.items() if v is not None and v is not False}
+    try:
+        new = _account(Section(dict(fields), "", path.parent))
+    except ConfigError as e:
+        raise ValueError(str(e)) from None
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        text = _HEADER
+    except UnicodeDecodeError:
+        raise ConfigError(path.name, "not UTF-8 text") from None
+    users = _Users.of(_parse(text, path.name))
+    taken = users.by_login.get(login_key(new.user.login))
+    if taken is not None:
+        raise ValueError(f"login {taken.user.login!r} is already taken by user {taken.user.sub!r}")
+    if new.user.sub in users.by_sub:
+        raise ValueError(f"sub {new.user.sub!r} is already taken by login {users.by_sub[new.user.sub].user.login!r}")
+    separator = "\n" if not text or text.endswith("\n") else "\n\n"
+    new_text = text + separator + _toml_table(fields)
+    try:
+        _parse(new_text, path.name)
+    except ConfigError as e:
+        raise ValueError(f"cannot append a [[users]] table to {path.name}: {e}") from None
+    _write_atomically(path, new_text)
+    return new.user

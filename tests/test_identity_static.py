@@ -1,0 +1,427 @@
+"""
+The static-file identity backend: the conformance suite, reloading, strict
+validation of the users file, L{add_user}, and password checks kept off the
+reactor thread.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+import threading
+import tomllib
+from pathlib import Path
+
+import pytest
+from attrs import asdict
+import pytest_twisted
+from argon2 import PasswordHasher, profiles
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from twisted.cred.credentials import UsernamePassword
+from twisted.cred.error import UnauthorizedLogin
+from twisted.cred.portal import Portal
+from twisted.internet.task import Clock
+from twisted.logger import LogLevel, capturedLogs, formatEvent
+from twisted.python.threadable import isInIOThread
+from twisted.python.threadpool import ThreadPool
+
+from authsrv.configsection import ConfigError, Section
+from authsrv.context import PluginContext
+from authsrv.identity.errors import UnknownUser
+from authsrv.identity.passwords import PasswordVerifier, hash_password
+from authsrv.identity.realm import UserRealm
+from authsrv.identity.static import (
+    StaticIdentityBackend,
+    add_user,
+    create_users_file,
+    from_config,
+    toml_string,
+)
+from authsrv.interfaces import IUser
+from authsrv.testing.identity import ALICE, PASSWORDS, IdentityBackendConformance
+
+CHEAP = PasswordHasher.from_parameters(profiles.CHEAPEST)
+CHEAP_HASH = hash_password("secret", CHEAP)
+
+
+class RecordingHasher(PasswordHasher):
+    """A cheap hasher that records the thread each check runs in."""
+
+    def __init__(self):
+        super().__init__(
+            time_cost=CHEAP.time_cost,
+            memory_cost=CHEAP.memory_cost,
+            parallelism=CHEAP.parallelism,
+            hash_len=CHEAP.hash_len,
+            salt_len=CHEAP.salt_len,
+        )
+        self.checks: list[tuple[threading.Thread, bool]] = []
+
+    def verify(self, hash, password):
+        self.checks.append((threading.current_thread(), isInIOThread()))
+        return super().verify(hash, password)
+
+
+@pytest.fixture
+def reactor():
+    from twisted.internet import reactor
+
+    return reactor
+
+
+@pytest.fixture
+def context(reactor, tmp_path):
+    context = PluginContext(reactor, tmp_path)
+    yield context
+    context.stop()
+
+
+@pytest.fixture
+def users_file(tmp_path) -> Path:
+    path = tmp_path / "users.toml"
+    add_user(path, login=ALICE.login, password_hash=hash_password(PASSWORDS[ALICE.sub], CHEAP), sub=ALICE.sub)
+    return path
+
+
+def seed_file(path: Path, users) -> None:
+    for user, password in users:
+        add_user(path, password_hash=hash_password(password, CHEAP), **asdict(user))
+
+
+def errors(events) -> list[str]:
+    return [formatEvent(e) for e in events if e["log_level"] == LogLevel.error]
+
+
+class TestStaticConformance(IdentityBackendConformance):
+    @pytest.fixture(autouse=True)
+    def _setup(self, tmp_path, context):
+        self.path = tmp_path / "users.toml"
+        self.context = context
+
+    def make_backend(self, users):
+        seed_file(self.path, users)
+        pool = self.context.threadpool("passwords", 2)
+        return StaticIdentityBackend(
+            self.path, self.context.reactor, PasswordVerifier(self.context.reactor, pool, CHEAP)
+        )
+
+
+# --- building from config -------------------------------------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_from_config(users_file, context):
+    section = Section({"path": "users.toml"}, "identity[0]", users_file.parent)
+    backend = from_config(section, context)
+    portal = Portal(UserRealm(backend), [backend])
+    _, user, _ = await portal.login(UsernamePassword("alice", PASSWORDS[ALICE.sub]), None, IUser)
+    assert user.sub == ALICE.sub
+    await backend.close()
+
+
+def test_from_config_default_path(users_file, context):
+    backend = from_config(Section({}, "identity[0]", users_file.parent), context)
+    assert backend.user_by_login("alice").result.sub == ALICE.sub
+
+
+def test_from_config_unknown_key(tmp_path, context):
+    with pytest.raises(ConfigError) as info:
+        from_config(Section({"file": "x"}, "identity[0]", tmp_path), context)
+    assert str(info.value) == "identity[0].file: unknown key"
+
+
+def test_missing_file_names_the_path_key(tmp_path, context):
+    section = Section({"path": "missing.toml"}, "identity[0]", tmp_path)
+    with pytest.raises(ConfigError) as info:
+        from_config(section, context)
+    assert info.value.key == "identity[0].path"
+    assert str(tmp_path / "missing.toml") in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+ALICE_TABLE = f'[[users]]\nsub = "a"\nlogin = "alice"\npassword_hash = "{CHEAP_HASH}"\n'
+BOB_TABLE = f'[[users]]\nsub = "b"\nlogin = "bob"\npassword_hash = "{CHEAP_HASH}"\n'
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (ALICE_TABLE + "nickname = 'al'\n", "users.toml: users[0].nickname: unknown key"),
+        (ALICE_TABLE + BOB_TABLE + "email = 5\n", "users.toml: users[1].email: must be a string, not an integer"),
+        (ALICE_TABLE + "email_verified = 'yes'\n", "users.toml: users[0].email_verified: must be true or false, not a string"),
+        (ALICE_TABLE + BOB_TABLE.replace('"bob"', '"ALICE"'), "users.toml: users[1].login: 'ALICE' is already the login of users[0]"),
+        (ALICE_TABLE + BOB_TABLE.replace('"b"', '"a"'), "users.toml: users[1].sub: 'a' is already the sub of users[0]"),
+        (ALICE_TABLE.replace('login = "alice"\n', ""), "users.toml: users[0].login: is required"),
+        (ALICE_TABLE.replace('login = "alice"', 'login = "  "'), "users.toml: users[0].login: must not be empty"),
+        (ALICE_TABLE + "[groups]\n", "users.toml: groups: unknown key"),
+        ("users = 1\n", "users.toml: users: must be an array of tables, not an integer"),
+        ("users = [1]\n", "users.toml: users[0]: must be a table, not an integer"),
+        (ALICE_TABLE.replace(CHEAP_HASH, "$2b$12$notargon"), "users.toml: users[0].password_hash: must be an argon2id hash ($argon2id$v=19$...), as authsrv-admin makes"),
+        (ALICE_TABLE.replace('sub = "a"', 'sub = "é"'), "users.toml: users[0].sub: must be at most 255 printable ASCII characters (OIDC Core 2)"),
+    ],
+)
+def test_validation_errors(tmp_path, context, text, message):
+    (tmp_path / "users.toml").write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        from_config(Section({}, "identity[0]", tmp_path), context)
+    assert str(info.value) == message
+
+
+def test_bad_toml_is_one_line(tmp_path, context):
+    (tmp_path / "users.toml").write_text(ALICE_TABLE + "name = \n", encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        from_config(Section({}, "identity[0]", tmp_path), context)
+    assert info.value.key == "users.toml"
+    assert str(info.value).startswith("users.toml: not valid TOML: ")
+    assert "line 5" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_errors_never_show_the_hash(tmp_path, context):
+    (tmp_path / "users.toml").write_text(ALICE_TABLE.replace(CHEAP_HASH, "$argon2id$v=19$broken"))
+    with pytest.raises(ConfigError) as info:
+        from_config(Section({}, "identity[0]", tmp_path), context)
+    assert "broken" not in str(info.value)
+
+
+def test_not_utf8(tmp_path, context):
+    (tmp_path / "users.toml").write_bytes(b"# \xff\n")
+    with pytest.raises(ConfigError, match=r"^users\.toml: not UTF-8 text$"):
+        from_config(Section({}, "identity[0]", tmp_path), context)
+
+
+def test_empty_file_has_no_users(tmp_path, context):
+    assert create_users_file(tmp_path / "users.toml")
+    assert not create_users_file(tmp_path / "users.toml")
+    backend = from_config(Section({}, "identity[0]", tmp_path), context)
+    assert backend.user_by_login("alice").result is None
+
+
+# --- reloading --------------------------------------------------------------
+
+
+def clocked_backend(path: Path, reactor, context) -> tuple[StaticIdentityBackend, Clock]:
+    clock = Clock()
+    verifier = PasswordVerifier(reactor, context.threadpool("passwords", 2), CHEAP)
+    return StaticIdentityBackend(path, clock, verifier), clock
+
+
+@pytest_twisted.ensureDeferred
+async def test_reload_after_change(users_file, reactor, context):
+    backend, clock = clocked_backend(users_file, reactor, context)
+    add_user(users_file, login="bob", password_hash=hash_password("bob's", CHEAP))
+    assert await backend.user_by_login("bob") is None
+    clock.advance(0.5)
+    assert await backend.user_by_login("bob") is None
+    clock.advance(0.5)
+    bob = await backend.user_by_login("bob")
+    assert bob.login == "bob"
+    portal = Portal(UserRealm(backend), [backend])
+    _, user, _ = await portal.login(UsernamePassword("BOB", "bob's"), None, IUser)
+    assert user == bob
+
+
+def test_reload_disable_in_place(users_file, reactor, context):
+    backend, clock = clocked_backend(users_file, reactor, context)
+    text = users_file.read_text()
+    users_file.write_text(text + 'disabled = true\ndisabled_reason = "left"\n')
+    clock.advance(1)
+    user = backend.user_by_id(ALICE.sub).result
+    assert (user.disabled, user.disabled_reason) == (True, "left")
+
+
+def test_invalid_edit_keeps_old_users(users_file, reactor, context):
+    backend, clock = clocked_backend(users_file, reactor, context)
+    good = users_file.read_text()
+    users_file.write_text(good + "nickname = 'al'\n")
+    clock.advance(1)
+    with capturedLogs() as events:
+        assert backend.user_by_login("alice").result.sub == ALICE.sub
+        clock.advance(1)
+        assert backend.user_by_login("alice").result.sub == ALICE.sub
+    [message] = errors(events)
+    assert "users.toml: users[0].nickname: unknown key" in message
+    assert "still serving the 1 users" in message
+
+    users_file.write_text(good.replace('login = "alice"', 'login = "alicia"'))
+    clock.advance(1)
+    assert backend.user_by_login("alice").result is None
+    assert backend.user_by_login("alicia").result.sub == ALICE.sub
+
+
+def test_removed_file_keeps_old_users(users_file, reactor, context):
+    backend, clock = clocked_backend(users_file, reactor, context)
+    users_file.unlink()
+    clock.advance(1)
+    with capturedLogs() as events:
+        assert backend.user_by_id(ALICE.sub).result.login == "alice"
+    [message] = errors(events)
+    assert "cannot be read" in message
+
+
+# --- add_user ---------------------------------------------------------------
+
+
+def test_add_user_creates_file(tmp_path):
+    path = tmp_path / "users.toml"
+    user = add_user(path, login="alice", password_hash=CHEAP_HASH, name="Alice", email_verified=True)
+    assert len(user.sub) == 36
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    text = path.read_text()
+    assert text.startswith("# authsrv users")
+    [table] = tomllib.loads(text)["users"]
+    assert table == {
+        "sub": user.sub,
+        "login": "alice",
+        "password_hash": CHEAP_HASH,
+        "name": "Alice",
+        "email_verified": True,
+    }
+
+
+def test_add_user_keeps_existing_text_and_mode(tmp_path):
+    path = tmp_path / "users.toml"
+    original = "# our staff\n" + ALICE_TABLE + "# end of staff"
+    path.write_text(original)
+    os.chmod(path, 0o640)
+    add_user(path, login="bob", password_hash=CHEAP_HASH, sub="b", disabled=True, disabled_reason="gone")
+    text = path.read_text()
+    assert text.startswith(original + "\n")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640
+    bob = tomllib.loads(text)["users"][1]
+    assert (bob["sub"], bob["disabled"], bob["disabled_reason"]) == ("b", True, "gone")
+    assert [p.name for p in tmp_path.iterdir()] == ["users.toml"]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"login": "ALICE"}, "login 'alice' is already taken by user 'a'"),
+        ({"login": "carol", "sub": "a"}, "sub 'a' is already taken by login 'alice'"),
+        ({"login": "carol", "password_hash": "plain"}, "password_hash: must be an argon2id hash"),
+        ({"login": "carol", "email": 5}, "email: must be a string, not an integer"),
+        ({"login": ""}, "login: must not be empty"),
+    ],
+)
+def test_add_user_refuses(tmp_path, kwargs, message):
+    path = tmp_path / "users.toml"
+    path.write_text(ALICE_TABLE)
+    with pytest.raises(ValueError, match="^" + message.replace("(", r"\(").replace("$", r"\$")):
+        add_user(path, **{"password_hash": CHEAP_HASH, **kwargs})
+    assert path.read_text() == ALICE_TABLE
+
+
+def test_add_user_refuses_inline_array(tmp_path):
+    path = tmp_path / "users.toml"
+    path.write_text(f'users = [{{sub = "a", login = "alice", password_hash = "{CHEAP_HASH}"}}]\n')
+    with pytest.raises(ValueError, match="cannot append a \\[\\[users\\]\\] table"):
+        add_user(path, login="bob", password_hash=CHEAP_HASH)
+
+
+def test_toml_string_refuses_lone_surrogates():
+    with pytest.raises(ValueError):
+        toml_string("a\ud800")
+
+
+@given(st.text())
+def test_toml_string_round_trips(value):
+    assert tomllib.loads(f"k = {toml_string(value)}")["k"] == value
+
+
+@settings(max_examples=40, deadline=None)
+@given(login=st.text(min_size=1), name=st.text(min_size=1), chat=st.text(min_size=1))
+def test_add_user_round_trips(login, name, chat):
+    assume(login.strip() and name.strip() and chat.strip())
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "users.toml"
+        add_user(path, login="first", password_hash=CHEAP_HASH)
+        user = add_user(path, login=login, name=name, chat_user_id=chat, password_hash=CHEAP_HASH)
+        assert (user.login, user.name, user.chat_user_id) == (login, name, chat)
+        backend = StaticIdentityBackend(path, Clock(), PasswordVerifier(None, ThreadPool(), CHEAP))
+        assert backend.user_by_id(user.sub).result == user
+
+
+# --- password checks ----------------------------------------------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_hashing_runs_off_the_reactor_thread(users_file, reactor, context):
+    hasher = RecordingHasher()
+    verifier = PasswordVerifier(reactor, context.threadpool("passwords", 2), hasher)
+    backend = StaticIdentityBackend(users_file, reactor, verifier)
+    portal = Portal(UserRealm(backend), [backend])
+    await portal.login(UsernamePassword("alice", PASSWORDS[ALICE.sub]), None, IUser)
+    for login in ("alice", "nobody"):
+        with pytest.raises(UnauthorizedLogin):
+            await portal.login(UsernamePassword(login, "wrong"), None, IUser)
+    assert len(hasher.checks) == 3
+    for thread, in_io_thread in hasher.checks:
+        assert thread is not threading.main_thread()
+        assert not in_io_thread
+
+
+@pytest_twisted.ensureDeferred
+async def test_unknown_user_checks_a_dummy_hash(users_file, reactor, context):
+    hasher = RecordingHasher()
+    verifier = PasswordVerifier(reactor, context.threadpool("passwords", 2), hasher)
+    backend = StaticIdentityBackend(users_file, reactor, verifier)
+    with pytest.raises(UnknownUser):
+        await backend.requestAvatarId(UsernamePassword("nobody", "secret"))
+    assert len(hasher.checks) == 1
+
+
+@pytest.mark.parametrize("stored", ["plain", "$argon2id$v=19$m=8,t=1,p=1$garbage", ""])
+@pytest_twisted.ensureDeferred
+async def test_malformed_hash_is_a_failed_check(reactor, context, stored):
+    verifier = PasswordVerifier(reactor, context.threadpool("passwords", 2), CHEAP)
+    with capturedLogs() as events:
+        assert await verifier.verify("alice", "the password", stored) is False
+    [message] = errors(events)
+    assert "'alice'" in message
+    assert "the password" not in message
+    assert not stored or stored not in message
+
+
+@pytest_twisted.ensureDeferred
+async def test_verify(reactor, context):
+    verifier = PasswordVerifier(reactor, context.threadpool("passwords", 2), CHEAP)
+    stored = hash_password("pässwörd", CHEAP)
+    assert await verifier.verify("alice", "pässwörd", stored) is True
+    assert await verifier.verify("alice", "pässwörd".encode(), stored) is True
+    assert await verifier.verify("alice", "passwörd", stored) is False
+    assert await verifier.verify("alice", "pässwörd", None) is False
+
+
+def test_production_parameters():
+    params = profiles.RFC_9106_LOW_MEMORY
+    assert hash_password("x").startswith(
+        f"$argon2id$v=19$m={params.memory_cost},t={params.time_cost},p={params.parallelism}$"
+    )
+
+
+# --- realm ------------------------------------------------------------------
+
+
+class _Backend:
+    def __init__(self, user):
+        self.user = user
+
+    def user_by_id(self, sub):
+        return self.user
+
+
+def test_realm_refuses_other_interfaces():
+    with pytest.raises(NotImplementedError):
+        UserRealm(_Backend(ALICE)).requestAvatar(ALICE.sub, None, object)
+
+
+def test_realm_avatar():
+    interface, avatar, logout = UserRealm(_Backend(ALICE)).requestAvatar(ALICE.sub, None, IUser).result
+    assert (interface, avatar, logout()) == (IUser, ALICE, None)
+
+
+def test_realm_user_removed_meanwhile():
+    failures = []
+    UserRealm(_Backend(None)).requestAvatar(ALICE.sub, None, IUser).addErrback(failures.append)
+    assert failures[0].check(UnknownUser)
