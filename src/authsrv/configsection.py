@@ -140,10 +140,13 @@ class Section:
             ) from None
 
     def path_(self, name: str, default: Any = _REQUIRED) -> Any:
-        """A filesystem path, relative ones taken from the config file's folder."""
+        """
+        A filesystem path (the default too), relative ones taken from the
+        config file's folder.
+        """
         value = self.str(name, default)
-        if value is default or value is None:
-            return value
+        if value is None:
+            return None
         return (self.base_dir / Path(value).expanduser()).resolve()
 
     def table(self, name: str, default: Any = _REQUIRED) -> Any:
