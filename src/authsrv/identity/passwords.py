@@ -101,6 +101,10 @@ class PasswordVerifier:
             return self._dummy
 
     def _check(self, password: str | bytes, stored_hash: str | None) -> str:
+        # surrogatepass: text that is not valid Unicode still costs a full
+        # check, and matches nothing, instead of failing as an outage.
+        if isinstance(password, str):
+            password = password.encode("utf-8", "surrogatepass")
         try:
             self._hasher.verify(self._dummy_hash() if stored_hash is None else stored_hash, password)
         except VerifyMismatchError:
