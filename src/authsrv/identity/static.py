@@ -272,8 +272,7 @@ def from_config(section: Section, context) -> StaticIdentityBackend:
     Build the backend from its config section: C{path} (default
     C{users.toml}, relative to the config file's folder).
     """
-    # Section.path_ returns a default as given, unresolved: resolve it here.
-    path = section.path_("path", None) or (section.base_dir / "users.toml").resolve()
+    path = section.path_("path", "users.toml")
     section.done()
     try:
         return StaticIdentityBackend(path, context.reactor, PasswordVerifier.for_context(context))
