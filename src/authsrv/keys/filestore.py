@@ -1,0 +1,257 @@
+"""
+What the file-backed keystores share: their config keys, private-file
+helpers, and L{FileKeystore}, which runs a L{KeyRing} over a storage (one
+JWK-set file, or a folder of PEM files).
+
+Every change is a locked read-modify-write of what is on disk, so the server,
+other instances on the same host and the operator command (C{authsrv-admin
+keys rotate}) can all change the keys, and each picks up the others' changes
+through L{FileKeystore.reload}.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import secrets
+import stat
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+from twisted.internet.threads import deferToThreadPool
+from twisted.logger import Logger
+from zope.interface import implementer
+
+from authsrv.configsection import ConfigError, Section
+from authsrv.interfaces import IKeystore
+from authsrv.keys.ring import ALGORITHMS, KeyRing
+
+CLOCK_SKEW = 300
+"""
+Seconds a retired key stays published beyond the longest token lifetime: for
+verifiers' clocks, and for instances still signing with the old key until their
+next L{FileKeystore.maintain} picks up a rotation.
+"""
+
+
+def read_options(section: Section) -> tuple[tuple[str, ...], int | None]:
+    """The C{algorithms} and C{rotate_every} keys every file keystore takes."""
+    algorithms = section.str_list("algorithms", ["RS256"])
+    for alg in algorithms:
+        if alg not in ALGORITHMS:
+            raise section.error(
+                "algorithms", f"unknown algorithm {alg!r}; choose among {', '.join(ALGORITHMS)}"
+            )
+    if "RS256" not in algorithms:
+        raise section.error("algorithms", "must include RS256 (OpenID Connect requires it)")
+    rotate_every = section.duration("rotate_every", None)
+    if rotate_every == 0:
+        raise section.error("rotate_every", "must be longer than zero")
+    return tuple(dict.fromkeys(algorithms)), rotate_every
+
+
+def check_private(path: Path, key: str) -> os.stat_result:
+    """Refuse a key file others could read: it holds private keys."""
+    try:
+        status = path.stat()
+    except OSError as e:
+        raise ConfigError(key, f"cannot read {path}: {e.strerror}") from None
+    if not stat.S_ISREG(status.st_mode):
+        raise ConfigError(key, f"{path} is not a regular file")
+    if status.st_mode & 0o077:
+        raise ConfigError(
+            key,
+            f"{path} holds private keys but is accessible to group or others"
+            f" (mode {stat.S_IMODE(status.st_mode):04o}); chmod 600 it",
+        )
+    return status
+
+
+def read_private(path: Path, key: str) -> bytes:
+    """The contents of a private key file, after L{check_private}."""
+    check_private(path, key)
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise ConfigError(key, f"cannot read {path}: {e.strerror}") from None
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """
+    Replace C{path} atomically with a file only its owner can read: write a
+    0600 temporary file in the same folder, fsync it, rename it over.
+    """
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    sync_folder(path.parent)
+
+
+def sync_folder(folder: Path) -> None:
+    """Make renames and removals in C{folder} durable."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def locked_folder(folder: Path) -> Iterator[None]:
+    """
+    Hold an exclusive lock on C{folder} (created 0700 if missing) against
+    other processes changing the keys in it.
+    """
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+@implementer(IKeystore)
+class FileKeystore:
+    """
+    An L{IKeystore} over a storage, which provides:
+      - C{locked()}: a context manager excluding other processes;
+      - C{signature()}: a cheap value that changes whenever the stored keys do;
+      - C{load(now, missing_ok)}: C{(ring, unsaved)}, the stored ring and
+        whether it differs from what is stored (keys adopted, or nothing
+        stored yet and C{missing_ok});
+      - C{save(ring, stored)}: store C{ring} in place of C{stored}.
+
+    Signing reads the in-memory ring on the reactor thread; every storage
+    access runs on the keystore's own thread pool.
+    """
+
+    _log = Logger()
+
+    def __init__(self, storage, algorithms, rotate_every, context):
+        self.algorithms = algorithms
+        self.rotate_every = rotate_every
+        self.retention = context.max_token_lifetime + CLOCK_SKEW
+        self._storage = storage
+        self._reactor = context.reactor
+        self._pool = context.threadpool("keys", 1)
+        self._lock = threading.Lock()
+        self._ring: KeyRing
+        self._signature = None
+
+    @classmethod
+    def open(cls, storage, algorithms, rotate_every, context) -> "FileKeystore":
+        """
+        Load the keys, creating or completing them on first start. Blocking,
+        once, before the server serves anything.
+        """
+        keystore = cls(storage, algorithms, rotate_every, context)
+        with keystore._lock:
+            keystore._apply(keystore._now(), missing_ok=True)
+        return keystore
+
+    def _now(self) -> int:
+        return int(self._reactor.seconds())
+
+    def _in_thread(self, function: Callable, *args):
+        return deferToThreadPool(self._reactor, self._pool, function, *args)
+
+    def _apply(self, now: int, change: Callable[[KeyRing], KeyRing] = lambda ring: ring, missing_ok: bool = False) -> KeyRing:
+        """
+        With C{self._lock} held: read the stored ring under the storage lock,
+        apply C{change}, complete it, store the result if it differs, keep it.
+        """
+        with self._storage.locked():
+            stored, unsaved = self._storage.load(now, missing_ok)
+            ring = change(stored).provision(self.algorithms, now)
+            if unsaved or ring is not stored:
+                self._storage.save(ring, stored)
+            self._ring, self._signature = ring, self._storage.signature()
+        return ring
+
+    def sign(self, claims, alg="RS256", typ="JWT"):
+        if alg not in self.algorithms:
+            raise ValueError(f"{alg} is not among the configured algorithms {', '.join(self.algorithms)}")
+        return self._ring.sign(claims, alg, typ)
+
+    def jwks_bytes(self):
+        return self._ring.jwks_bytes
+
+    def public_keyset(self):
+        """The current ring's key set, shared: verify with it, never change it."""
+        return self._ring.public_keyset
+
+    def keys(self):
+        return self._ring.infos()
+
+    def rotate(self, now):
+        def rotate():
+            with self._lock:
+                return self._apply(now, lambda ring: ring.rotate(now, self.retention, self.algorithms))
+
+        return self._in_thread(rotate).addCallback(self._rotated, self.algorithms)
+
+    def _rotated(self, ring: KeyRing, algorithms) -> list:
+        active = {info.alg: info.kid for info in ring.infos() if info.state == "active"}
+        self._log.info(
+            "Signing keys rotated; now signing with {active}",
+            event="key_rotated",
+            active={alg: active[alg] for alg in algorithms},
+        )
+        return ring.infos()
+
+    def reload(self):
+        now = self._now()
+
+        def reload():
+            with self._lock:
+                return self._reload(now)
+
+        return self._in_thread(reload)
+
+    def _reload(self, now: int) -> bool:
+        if self._storage.signature() == self._signature:
+            return False
+        before = self._ring.infos()
+        return self._apply(now).infos() != before
+
+    def maintain(self, now):
+        return self._in_thread(self._maintain, now).addCallback(
+            lambda rotated: rotated and self._rotated(*rotated)
+        )
+
+    def _maintain(self, now: int):
+        """
+        Reload, then rotate what is due and drop expired keys; C{(ring,
+        algorithms)} when something rotated. What is due is decided again on
+        the stored ring under the storage lock, so that instances sharing the
+        keys rotate once between them.
+        """
+        with self._lock:
+            self._reload(now)
+            if not self._due(self._ring, now) and self._ring.prune(now) is self._ring:
+                return None
+            due: list[str] = []
+
+            def change(ring: KeyRing) -> KeyRing:
+                due[:] = self._due(ring, now)
+                return ring.rotate(now, self.retention, due) if due else ring.prune(now)
+
+            ring = self._apply(now, change)
+            return (ring, tuple(due)) if due else None
+
+    def _due(self, ring: KeyRing, now: int) -> list[str]:
+        if self.rotate_every is None:
+            return []
+        return [alg for alg in ring.due(now, self.rotate_every) if alg in self.algorithms]

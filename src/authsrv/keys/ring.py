@@ -1,0 +1,286 @@
+"""
+The key ring: which signing keys exist and in which state, without any I/O.
+
+A ring is immutable: a rotation, a pruning or an adoption returns a new ring.
+So the reactor thread keeps signing with one ring while a thread builds the
+next one, and the public JWK set is serialized once per ring, never per
+request. Times are integer seconds given by the caller.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Callable, Iterable, Mapping
+
+from attrs import evolve, field, frozen
+from jwcrypto.common import JWException
+from jwcrypto.jwk import JWK, JWKSet
+from jwcrypto.jwt import JWT
+
+from authsrv.records import KeyInfo
+
+ALGORITHMS = ("RS256", "ES256", "EdDSA")
+
+_GENERATE = {
+    "RS256": {"kty": "RSA", "size": 2048},
+    "ES256": {"kty": "EC", "crv": "P-256"},
+    "EdDSA": {"kty": "OKP", "crv": "Ed25519"},
+}
+
+_STATE_ORDER = {"active": 0, "next": 1, "retired": 2}
+
+_TIMES = ("created_at", "activated_at", "retired_at", "expires_at")
+
+_REQUIRED_TIMES = {
+    "next": ("created_at",),
+    "active": ("created_at", "activated_at"),
+    "retired": ("created_at", "retired_at", "expires_at"),
+}
+
+META = "authsrv"
+"""
+The member of a persisted private JWK that holds its state and times (RFC 7517
+lets a JWK carry members others ignore, so the file stays a valid JWK set).
+"""
+
+
+class InvalidKeys(ValueError):
+    """Stored keys that cannot be used as they are; the message is one line."""
+
+
+def _one_line(error: Exception) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+def algorithm_of(jwk: JWK) -> str:
+    """
+    The JWS algorithm a key serves, from its type alone, so that a key can
+    never be used with an algorithm it was not made for.
+    """
+    kty, crv = jwk.get("kty"), jwk.get("crv")
+    if kty == "RSA":
+        if jwk.get_op_key("verify").key_size < 2048:
+            raise InvalidKeys("RSA keys must have at least 2048 bits")
+        return "RS256"
+    if kty == "EC" and crv == "P-256":
+        return "ES256"
+    if kty == "OKP" and crv == "Ed25519":
+        return "EdDSA"
+    raise InvalidKeys(
+        f"unsupported key type {kty}{' ' + crv if crv else ''};"
+        " use RSA (2048 bits or more), EC P-256 or Ed25519"
+    )
+
+
+def _labelled(jwk: JWK, alg: str) -> JWK:
+    """Stamp the members every published key carries: its thumbprint kid, use and alg."""
+    jwk.update(kid=jwk.thumbprint(), use="sig", alg=alg)
+    return jwk
+
+
+def generate(alg: str) -> JWK:
+    """A new private key for C{alg}; slow for RSA, so keep it off the reactor thread."""
+    return _labelled(JWK.generate(**_GENERATE[alg]), alg)
+
+
+@frozen
+class RingKey:
+    """One private key with its public facts."""
+
+    jwk: JWK = field(eq=False, repr=False)
+    info: KeyInfo
+
+    @classmethod
+    def new(cls, alg: str, state: str, now: int) -> "RingKey":
+        jwk = generate(alg)
+        activated = now if state == "active" else None
+        return cls(jwk, KeyInfo(jwk["kid"], alg, state, now, activated_at=activated))
+
+    @classmethod
+    def restore(cls, jwk: JWK, fields: Mapping, where: str) -> "RingKey":
+        """
+        A stored key, checked against its metadata C{fields} (state and times,
+        plus kid and alg where the JWK itself lacks them).
+        """
+        try:
+            if not jwk.has_private:
+                raise InvalidKeys("has no private part")
+            alg = algorithm_of(jwk)
+            kid = jwk.thumbprint()
+        except InvalidKeys as e:
+            raise InvalidKeys(f"{where}: {e}") from None
+        except (JWException, ValueError, TypeError) as e:
+            raise InvalidKeys(f"{where}: not a usable key ({_one_line(e)})") from None
+        for name, expected in (("kid", kid), ("alg", alg), ("use", "sig")):
+            for found in (fields.get(name), jwk.get(name)):
+                if found is not None and found != expected:
+                    raise InvalidKeys(f"{where}: {name} {found!r} does not match the key ({expected})")
+        state = fields.get("state")
+        if state not in _STATE_ORDER:
+            raise InvalidKeys(f"{where}: state must be next, active or retired, not {state!r}")
+        times = {name: fields.get(name) for name in _TIMES}
+        for name, value in times.items():
+            if value is None and name in _REQUIRED_TIMES[state]:
+                raise InvalidKeys(f"{where}: {name} is required for a key in state {state}")
+            if value is not None and (type(value) is not int or value < 0):
+                raise InvalidKeys(f"{where}: {name} must be seconds since the epoch")
+        return cls(_labelled(jwk, alg), KeyInfo(kid, alg, state, **times))
+
+    def metadata(self) -> dict:
+        """State and times, as persisted beside the key."""
+        info = self.info
+        return {"state": info.state} | {name: getattr(info, name) for name in _TIMES}
+
+
+def _order(key: RingKey):
+    return (_STATE_ORDER[key.info.state], key.info.alg, key.info.created_at, key.info.kid)
+
+
+class KeyRing:
+    """
+    Every key held, each alg with at most one active key. Built once per
+    change, with its public JWK set serialized and parsed right away.
+    """
+
+    def __init__(self, keys: Iterable[RingKey]):
+        self.keys = tuple(sorted(keys, key=_order))
+        kids = [key.info.kid for key in self.keys]
+        if len(set(kids)) != len(kids):
+            raise InvalidKeys("the same key is listed twice")
+        self._active: dict[str, RingKey] = {}
+        for key in self.keys:
+            if key.info.state == "active":
+                if key.info.alg in self._active:
+                    raise InvalidKeys(f"two {key.info.alg} keys are active")
+                self._active[key.info.alg] = key
+        public = [key.jwk.export_public(as_dict=True) for key in self.keys]
+        self.jwks_bytes = json.dumps({"keys": public}, separators=(",", ":")).encode()
+        self.public_keyset = JWKSet()
+        for key in self.keys:
+            self.public_keyset.add(key.jwk.public())
+
+    def infos(self) -> list[KeyInfo]:
+        return [key.info for key in self.keys]
+
+    def __contains__(self, kid: str) -> bool:
+        return any(key.info.kid == kid for key in self.keys)
+
+    def _of(self, alg: str, state: str) -> list[RingKey]:
+        found = [k for k in self.keys if k.info.alg == alg and k.info.state == state]
+        return sorted(found, key=lambda k: k.info.created_at)
+
+    def provision(self, algorithms: Iterable[str], now: int) -> "KeyRing":
+        """
+        Give each algorithm what it lacks: an active key (the oldest next key
+        when there is one, since it has already been published) and a next
+        key, published before it ever signs. Returns C{self} if none lacked.
+        """
+        keys = list(self.keys)
+        for alg in algorithms:
+            upcoming = self._of(alg, "next")
+            if alg not in self._active:
+                if upcoming:
+                    promoted = upcoming.pop(0)
+                    keys[keys.index(promoted)] = _activated(promoted, now)
+                else:
+                    keys.append(RingKey.new(alg, "active", now))
+            if not upcoming:
+                keys.append(RingKey.new(alg, "next", now))
+        return self if keys == list(self.keys) else KeyRing(keys)
+
+    def rotate(self, now: int, retention: int, algorithms: Iterable[str]) -> "KeyRing":
+        """
+        For each of C{algorithms}: retire the active key (published until
+        C{now + retention}), promote the oldest next key and generate a new
+        next key unless another one is waiting; drop expired retired keys.
+        """
+        keys = list(self.prune(now).keys)
+        for alg in algorithms:
+            keys = [
+                evolve(k, info=evolve(k.info, state="retired", retired_at=now, expires_at=now + retention))
+                if k.info.alg == alg and k.info.state == "active"
+                else k
+                for k in keys
+            ]
+        return KeyRing(keys).provision(algorithms, now)
+
+    def prune(self, now: int) -> "KeyRing":
+        """Drop retired keys whose last token has expired; C{self} if none."""
+        kept = [k for k in self.keys if k.info.state != "retired" or k.info.expires_at > now]
+        return self if len(kept) == len(self.keys) else KeyRing(kept)
+
+    def due(self, now: int, every: int) -> tuple[str, ...]:
+        """The algorithms whose active key has been signing for C{every} seconds."""
+        return tuple(alg for alg, key in self._active.items() if key.info.activated_at + every <= now)
+
+    def adopt(self, jwk: JWK, now: int) -> "KeyRing":
+        """
+        Take in a key an operator supplied: active when its algorithm has no
+        active key, else next. Returns C{self} for a key already held.
+        """
+        alg = algorithm_of(jwk)
+        if not jwk.has_private:
+            raise InvalidKeys("has no private part")
+        _labelled(jwk, alg)
+        if jwk["kid"] in self:
+            return self
+        active = alg not in self._active
+        info = KeyInfo(jwk["kid"], alg, "active" if active else "next", now, activated_at=now if active else None)
+        return KeyRing(self.keys + (RingKey(jwk, info),))
+
+    def sign(self, claims: dict, alg: str, typ: str) -> str:
+        """A compact JWS of C{claims} by the active key of C{alg}."""
+        key = self._active.get(alg)
+        if key is None:
+            raise ValueError(f"no active {alg} signing key")
+        token = JWT(header={"alg": alg, "kid": key.info.kid, "typ": typ}, claims=claims)
+        token.make_signed_token(key.jwk)
+        return token.serialize()
+
+    def to_jwks(self) -> dict:
+        """The private, persisted form: a JWK set whose keys carry their metadata."""
+        return {"keys": [key.jwk.export_private(as_dict=True) | {META: key.metadata()} for key in self.keys]}
+
+    @classmethod
+    def from_jwks(cls, document) -> "KeyRing":
+        """The inverse of L{to_jwks}; L{InvalidKeys} for anything else."""
+        entries = _entries(document)
+        keys = []
+        for index, entry in enumerate(entries):
+            where = f"key {index}"
+            if not isinstance(entry, dict) or not isinstance(entry.get(META), dict):
+                raise InvalidKeys(f"{where}: not a JWK with its {META!r} metadata")
+            members = {name: value for name, value in entry.items() if name != META}
+            try:
+                jwk = JWK(**members)
+            except (JWException, ValueError, TypeError, KeyError) as e:
+                raise InvalidKeys(f"{where}: not a valid JWK ({_one_line(e)})") from None
+            keys.append(RingKey.restore(jwk, entry[META], where))
+        return cls(keys)
+
+    def to_index(self) -> dict:
+        """The public metadata of every key, for storages keeping the keys elsewhere."""
+        return {"keys": [{"kid": k.info.kid, "alg": k.info.alg} | k.metadata() for k in self.keys]}
+
+    @classmethod
+    def from_index(cls, document, load: Callable[[str], JWK]) -> "KeyRing":
+        """
+        The inverse of L{to_index}, with C{load(kid)} giving each private key
+        (or raising L{InvalidKeys}).
+        """
+        keys = []
+        for index, entry in enumerate(_entries(document)):
+            if not isinstance(entry, dict) or not isinstance(entry.get("kid"), str):
+                raise InvalidKeys(f"entry {index}: needs a kid")
+            keys.append(RingKey.restore(load(entry["kid"]), entry, f"key {entry['kid']}"))
+        return cls(keys)
+
+
+def _activated(key: RingKey, now: int) -> RingKey:
+    return evolve(key, info=evolve(key.info, state="active", activated_at=now))
+
+
+def _entries(document) -> list:
+    if not isinstance(document, dict) or not isinstance(document.get("keys"), list):
+        raise InvalidKeys('expected a JSON object with a "keys" array')
+    return document["keys"]

@@ -1,0 +1,237 @@
+"""
+The keystore conformance suite.
+
+Every keystore (JWK file, PEM folder, PostgreSQL, a third party's dropin) must
+publish a key before it signs, keep a retired key published until the tokens
+it signed have expired, and never publish a private member. To run the suite,
+subclass L{KeystoreConformance} in a C{Test*} class and define:
+
+  - C{make_keystore(algorithms=("RS256",), rotate_every=None)}: a new,
+    empty keystore configured with those algorithms and that rotation period
+    in seconds (L{None}: no scheduled rotation), or a L{Deferred} of it;
+  - C{reopen_keystore()}: a second keystore object built from the same
+    config as the last C{make_keystore}, as another process would, or a
+    L{Deferred} of it.
+
+Times given to the keystore are derived from its own keys' times, so the
+suite never reads a clock.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+
+import pytest_twisted
+from jwcrypto.jwk import JWKSet
+from jwcrypto.jws import InvalidJWSSignature
+from jwcrypto.jwt import JWT, JWTMissingKey
+from zope.interface.verify import verifyObject
+
+from authsrv.interfaces import IKeystore
+from authsrv.records import KeyInfo
+
+ALL_ALGORITHMS = ("RS256", "ES256", "EdDSA")
+
+PRIVATE_MEMBERS = frozenset({"d", "p", "q", "dp", "dq", "qi", "oth", "k"})
+
+CLAIMS = {"iss": "https://issuer.example", "sub": "conformance", "aud": "client"}
+
+
+async def _resolved(value):
+    """Await what a test hook returned, if it is awaitable."""
+    return await value if inspect.isawaitable(value) else value
+
+
+def _header(token: str) -> dict:
+    return JWT(jwt=token).token.jose_header
+
+
+def _verified_claims(token: str, keyset: JWKSet) -> dict:
+    return json.loads(JWT(jwt=token, key=keyset).claims)
+
+
+def _by_state(keystore, alg: str, state: str) -> list[KeyInfo]:
+    return [k for k in keystore.keys() if k.alg == alg and k.state == state]
+
+
+def _active(keystore, alg: str = "RS256") -> KeyInfo:
+    (active,) = _by_state(keystore, alg, "active")
+    return active
+
+
+def _sorted(infos) -> list[KeyInfo]:
+    return sorted(infos, key=lambda info: info.kid)
+
+
+def _published(keystore) -> list[dict]:
+    return json.loads(keystore.jwks_bytes())["keys"]
+
+
+def _published_kids(keystore) -> set[str]:
+    return {key["kid"] for key in _published(keystore)}
+
+
+def _verifies(token: str, keystore) -> bool:
+    """Whether C{token} verifies against both forms of the published key set."""
+    keysets = (keystore.public_keyset(), JWKSet.from_json(keystore.jwks_bytes()))
+    for keyset in keysets:
+        try:
+            assert _verified_claims(token, keyset) == CLAIMS
+        except (JWTMissingKey, InvalidJWSSignature):
+            return False
+    return True
+
+
+class KeystoreConformance:
+    """The behaviour every L{IKeystore} must show; see the module docstring."""
+
+    async def _make(self, algorithms=("RS256",), rotate_every=None):
+        return await _resolved(self.make_keystore(algorithms=algorithms, rotate_every=rotate_every))
+
+    async def _reopen(self):
+        return await _resolved(self.reopen_keystore())
+
+    @pytest_twisted.ensureDeferred
+    async def test_provides_interface(self):
+        keystore = await self._make()
+        assert verifyObject(IKeystore, keystore)
+        assert keystore.algorithms == ("RS256",)
+        assert all(isinstance(info, KeyInfo) for info in keystore.keys())
+
+    @pytest_twisted.ensureDeferred
+    async def test_signs_with_every_algorithm(self):
+        keystore = await self._make(algorithms=ALL_ALGORITHMS)
+        assert set(keystore.algorithms) == set(ALL_ALGORITHMS)
+        for alg in ALL_ALGORITHMS:
+            token = keystore.sign(CLAIMS, alg=alg)
+            assert isinstance(token, str)
+            assert _header(token) == {"alg": alg, "kid": _active(keystore, alg).kid, "typ": "JWT"}
+            assert _verifies(token, keystore)
+
+    @pytest_twisted.ensureDeferred
+    async def test_sign_defaults_and_typ(self):
+        keystore = await self._make()
+        assert _header(keystore.sign(CLAIMS))["alg"] == "RS256"
+        token = keystore.sign(CLAIMS, typ="at+jwt")
+        assert _header(token)["typ"] == "at+jwt"
+        assert _verifies(token, keystore)
+
+    @pytest_twisted.ensureDeferred
+    async def test_jwks_has_no_private_member(self):
+        keystore = await self._make(algorithms=ALL_ALGORITHMS)
+        await keystore.rotate(_active(keystore).activated_at + 60)
+        assert isinstance(keystore.jwks_bytes(), bytes)
+        published = _published(keystore)
+        assert {key["kid"] for key in published} == {info.kid for info in keystore.keys()}
+        algs = {info.kid: info.alg for info in keystore.keys()}
+        for key in published:
+            assert not PRIVATE_MEMBERS & set(key), key["kid"]
+            assert key["use"] == "sig"
+            assert key["alg"] == algs[key["kid"]]
+        assert not any(key.has_private for key in keystore.public_keyset())
+
+    @pytest_twisted.ensureDeferred
+    async def test_next_key_published_before_it_signs(self):
+        keystore = await self._make(algorithms=ALL_ALGORITHMS)
+        for alg in ALL_ALGORITHMS:
+            upcoming = _by_state(keystore, alg, "next")
+            assert upcoming, f"no next {alg} key"
+            assert {info.kid for info in upcoming} <= _published_kids(keystore)
+            assert _active(keystore, alg).kid in _published_kids(keystore)
+            assert _header(keystore.sign(CLAIMS, alg=alg))["kid"] == _active(keystore, alg).kid
+
+    @pytest_twisted.ensureDeferred
+    async def test_rotate(self):
+        keystore = await self._make()
+        before = _active(keystore)
+        (upcoming,) = _by_state(keystore, "RS256", "next")
+        old_token = keystore.sign(CLAIMS)
+        now = before.activated_at + 60
+
+        infos = await keystore.rotate(now)
+
+        assert _sorted(infos) == _sorted(keystore.keys())
+        assert _active(keystore).kid == upcoming.kid
+        (retired,) = _by_state(keystore, "RS256", "retired")
+        assert retired.kid == before.kid
+        assert retired.expires_at > now
+        (new_next,) = _by_state(keystore, "RS256", "next")
+        assert new_next.kid not in (before.kid, upcoming.kid)
+        assert new_next.kid in _published_kids(keystore)
+        assert _header(keystore.sign(CLAIMS))["kid"] == upcoming.kid
+        assert _verifies(old_token, keystore)
+        assert _verifies(keystore.sign(CLAIMS), keystore)
+
+    @pytest_twisted.ensureDeferred
+    async def test_retired_key_dropped_after_retention(self):
+        keystore = await self._make()
+        old_token = keystore.sign(CLAIMS)
+        await keystore.rotate(_active(keystore).activated_at + 60)
+        (retired,) = _by_state(keystore, "RS256", "retired")
+
+        await keystore.maintain(retired.expires_at - 1)
+        assert _by_state(keystore, "RS256", "retired") == [retired]
+        assert _verifies(old_token, keystore)
+
+        await keystore.maintain(retired.expires_at + 1)
+        assert retired.kid not in {info.kid for info in keystore.keys()}
+        assert retired.kid not in _published_kids(keystore)
+        assert not _verifies(old_token, keystore)
+
+    @pytest_twisted.ensureDeferred
+    async def test_maintain_rotates_on_schedule(self):
+        keystore = await self._make(rotate_every=3600)
+        before = _active(keystore)
+        (upcoming,) = _by_state(keystore, "RS256", "next")
+
+        await keystore.maintain(before.activated_at + 3599)
+        assert _active(keystore) == before
+
+        await keystore.maintain(before.activated_at + 3600)
+        assert _active(keystore).kid == upcoming.kid
+        assert _header(keystore.sign(CLAIMS))["kid"] == upcoming.kid
+
+    @pytest_twisted.ensureDeferred
+    async def test_maintain_without_schedule_never_rotates(self):
+        keystore = await self._make()
+        before = _active(keystore)
+        await keystore.maintain(before.activated_at + 10 * 365 * 86400)
+        assert _active(keystore) == before
+
+    @pytest_twisted.ensureDeferred
+    async def test_reopen_keeps_keys(self):
+        keystore = await self._make(algorithms=ALL_ALGORITHMS)
+        await keystore.rotate(_active(keystore).activated_at + 60)
+        tokens = {alg: keystore.sign(CLAIMS, alg=alg) for alg in ALL_ALGORITHMS}
+
+        reopened = await self._reopen()
+
+        assert _sorted(reopened.keys()) == _sorted(keystore.keys())
+        assert reopened.jwks_bytes() == keystore.jwks_bytes()
+        for alg, token in tokens.items():
+            assert _verifies(token, reopened)
+            assert _header(reopened.sign(CLAIMS, alg=alg))["kid"] == _header(token)["kid"]
+
+    @pytest_twisted.ensureDeferred
+    async def test_kids_unique(self):
+        keystore = await self._make(algorithms=ALL_ALGORITHMS)
+        now = _active(keystore).activated_at
+        await keystore.rotate(now + 60)
+        await keystore.rotate(now + 120)
+        kids = [info.kid for info in keystore.keys()]
+        assert len(kids) == len(set(kids)) == len(_published(keystore))
+
+    @pytest_twisted.ensureDeferred
+    async def test_reload_picks_up_another_process_rotation(self):
+        keystore = await self._make()
+        assert await keystore.reload() is False
+        (upcoming,) = _by_state(keystore, "RS256", "next")
+        other = await self._reopen()
+
+        await other.rotate(_active(other).activated_at + 60)
+
+        assert await keystore.reload() is True
+        assert _sorted(keystore.keys()) == _sorted(other.keys())
+        assert _header(keystore.sign(CLAIMS))["kid"] == upcoming.kid
+        assert await keystore.reload() is False

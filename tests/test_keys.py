@@ -1,0 +1,228 @@
+"""
+The JWK-file and PEM-folder keystores: the conformance suite, and what is
+particular to keeping private keys in files.
+"""
+
+from __future__ import annotations
+
+import json
+import stat
+
+import pytest
+import pytest_twisted
+from jwcrypto.jwk import JWK
+
+from authsrv.configsection import ConfigError, Section
+from authsrv.context import PluginContext
+from authsrv.keys import jwkfile, pem
+from authsrv.testing.keystore import CLAIMS, KeystoreConformance
+
+MAX_TOKEN_LIFETIME = 3600
+
+
+@pytest.fixture
+def context(tmp_path):
+    from twisted.internet import reactor
+
+    context = PluginContext(reactor, tmp_path, max_token_lifetime=MAX_TOKEN_LIFETIME)
+    yield context
+    context.stop()
+
+
+def _section(data: dict, context) -> Section:
+    return Section(dict(data), "keystore", context.base_dir)
+
+
+class _Harness(KeystoreConformance):
+    """Builds keystores of C{module} from a config dict, as the server would."""
+
+    module = None
+
+    @pytest.fixture(autouse=True)
+    def _context(self, context):
+        self.context = context
+
+    def make_keystore(self, algorithms=("RS256",), rotate_every=None):
+        self.config = {"algorithms": list(algorithms)}
+        if rotate_every is not None:
+            self.config["rotate_every"] = rotate_every
+        return self.reopen_keystore()
+
+    def reopen_keystore(self):
+        return self.module.from_config(_section(self.config, self.context), self.context)
+
+
+class TestJwkFileConformance(_Harness):
+    module = jwkfile
+
+
+class TestPemConformance(_Harness):
+    module = pem
+
+
+def _mode(path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def _active_kid(keystore, alg="RS256") -> str:
+    (kid,) = [k.kid for k in keystore.keys() if k.alg == alg and k.state == "active"]
+    return kid
+
+
+def test_jwk_file_created_0600_with_active_and_next_keys(context, tmp_path):
+    keystore = jwkfile.from_config(_section({"algorithms": ["RS256", "EdDSA"]}, context), context)
+    path = tmp_path / "keys.jwks.json"
+    assert _mode(path) == 0o600
+    assert not list(tmp_path.glob(".*.tmp"))
+    stored = json.loads(path.read_text())
+    assert {key["kid"] for key in stored["keys"]} == {k.kid for k in keystore.keys()}
+    assert sorted((k.alg, k.state) for k in keystore.keys()) == [
+        ("EdDSA", "active"), ("EdDSA", "next"), ("RS256", "active"), ("RS256", "next"),
+    ]
+    assert all(k.kid == JWK(**key).thumbprint() for k, key in zip(keystore.keys(), json.loads(keystore.jwks_bytes())["keys"]))
+
+
+def test_jwk_file_path_is_configurable(context, tmp_path):
+    jwkfile.from_config(_section({"path": "data/signing.json"}, context), context)
+    assert _mode(tmp_path / "data" / "signing.json") == 0o600
+
+
+def test_jwk_file_readable_by_others_refused(context, tmp_path):
+    jwkfile.from_config(_section({}, context), context)
+    (tmp_path / "keys.jwks.json").chmod(0o644)
+    with pytest.raises(ConfigError) as raised:
+        jwkfile.from_config(_section({}, context), context)
+    assert raised.value.key == "keystore.path"
+    assert "0644" in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"{not json", b"[]", b'{"keys": [{"kty": "oct", "k": "c2VjcmV0", "authsrv": {"state": "active"}}]}'],
+)
+def test_corrupt_jwk_file_refused_in_one_line(context, tmp_path, content):
+    path = tmp_path / "keys.jwks.json"
+    path.write_bytes(content)
+    path.chmod(0o600)
+    with pytest.raises(ConfigError) as raised:
+        jwkfile.from_config(_section({}, context), context)
+    assert raised.value.key == "keystore.path"
+    assert "\n" not in str(raised.value)
+
+
+def test_tampered_metadata_refused(context, tmp_path):
+    jwkfile.from_config(_section({}, context), context)
+    path = tmp_path / "keys.jwks.json"
+    stored = json.loads(path.read_text())
+    for key in stored["keys"]:
+        key["authsrv"].update(state="active", activated_at=key["authsrv"]["created_at"])
+    path.write_text(json.dumps(stored))
+    with pytest.raises(ConfigError, match="two RS256 keys are active"):
+        jwkfile.from_config(_section({}, context), context)
+
+
+@pytest.mark.parametrize("module", [jwkfile, pem])
+@pytest.mark.parametrize(
+    "config, key",
+    [
+        ({"algorithms": ["ES256"]}, "keystore.algorithms"),
+        ({"algorithms": ["RS256", "HS256"]}, "keystore.algorithms"),
+        ({"rotate_every": "soon"}, "keystore.rotate_every"),
+        ({"rotate_every": 0}, "keystore.rotate_every"),
+        ({"colour": "blue"}, "keystore.colour"),
+    ],
+)
+def test_bad_config_refused(context, module, config, key):
+    with pytest.raises(ConfigError) as raised:
+        module.from_config(_section(config, context), context)
+    assert raised.value.key == key
+
+
+def test_algorithm_added_later_is_provisioned(context):
+    first = jwkfile.from_config(_section({}, context), context)
+    again = jwkfile.from_config(_section({"algorithms": ["RS256", "ES256"]}, context), context)
+    assert _active_kid(again) == _active_kid(first)
+    assert {(k.alg, k.state) for k in again.keys() if k.alg == "ES256"} == {("ES256", "active"), ("ES256", "next")}
+
+
+def test_sign_refuses_unconfigured_algorithm(context):
+    keystore = jwkfile.from_config(_section({}, context), context)
+    with pytest.raises(ValueError):
+        keystore.sign(CLAIMS, alg="ES256")
+
+
+def test_pem_folder_layout(context, tmp_path):
+    keystore = pem.from_config(_section({"algorithms": ["RS256", "ES256"]}, context), context)
+    folder = tmp_path / "keys"
+    kids = {k.kid for k in keystore.keys()}
+    assert {p.stem for p in folder.glob("*.pem")} == kids
+    assert all(_mode(p) == 0o600 for p in folder.glob("*.pem"))
+    assert all(p.read_bytes().startswith(b"-----BEGIN PRIVATE KEY-----") for p in folder.glob("*.pem"))
+    index = json.loads((folder / "index.json").read_text())
+    assert {entry["kid"] for entry in index["keys"]} == kids
+    assert "-----" not in (folder / "index.json").read_text()
+
+
+def _drop_pem(folder, name, jwk: JWK, mode=0o600):
+    path = folder / name
+    path.write_bytes(jwk.export_to_pem(private_key=True, password=None))
+    path.chmod(mode)
+    return path
+
+
+def test_pem_dropped_before_first_start_becomes_active(context, tmp_path):
+    folder = tmp_path / "keys"
+    folder.mkdir()
+    supplied = JWK.generate(kty="EC", crv="P-256")
+    _drop_pem(folder, "operator.pem", supplied)
+    keystore = pem.from_config(_section({"algorithms": ["RS256", "ES256"]}, context), context)
+    assert _active_kid(keystore, "ES256") == supplied.thumbprint()
+    assert not (folder / "operator.pem").exists()
+    assert (folder / f"{supplied.thumbprint()}.pem").exists()
+
+
+@pytest_twisted.ensureDeferred
+async def test_pem_dropped_while_running_is_adopted_as_next(context, tmp_path):
+    keystore = pem.from_config(_section({"algorithms": ["RS256", "ES256"]}, context), context)
+    active = _active_kid(keystore, "ES256")
+    supplied = JWK.generate(kty="EC", crv="P-256")
+    _drop_pem(tmp_path / "keys", "operator.pem", supplied)
+
+    assert await keystore.reload() is True
+
+    (adopted,) = [k for k in keystore.keys() if k.kid == supplied.thumbprint()]
+    assert (adopted.alg, adopted.state) == ("ES256", "next")
+    assert _active_kid(keystore, "ES256") == active
+    assert supplied.thumbprint().encode() in keystore.jwks_bytes()
+    reopened = pem.from_config(_section({"algorithms": ["RS256", "ES256"]}, context), context)
+    assert {k.kid: k.state for k in reopened.keys()} == {k.kid: k.state for k in keystore.keys()}
+    assert await keystore.reload() is False
+
+
+def test_pem_readable_by_others_refused(context, tmp_path):
+    folder = tmp_path / "keys"
+    folder.mkdir()
+    _drop_pem(folder, "operator.pem", JWK.generate(kty="OKP", crv="Ed25519"), mode=0o644)
+    with pytest.raises(ConfigError) as raised:
+        pem.from_config(_section({}, context), context)
+    assert raised.value.key == "keystore.directory"
+
+
+def test_pem_of_unsupported_key_type_refused(context, tmp_path):
+    folder = tmp_path / "keys"
+    folder.mkdir()
+    _drop_pem(folder, "operator.pem", JWK.generate(kty="EC", crv="P-384"))
+    with pytest.raises(ConfigError, match="unsupported key type EC P-384"):
+        pem.from_config(_section({}, context), context)
+
+
+@pytest_twisted.ensureDeferred
+async def test_pem_files_of_dropped_keys_removed(context, tmp_path):
+    keystore = pem.from_config(_section({}, context), context)
+    retired = _active_kid(keystore)
+    now = next(k.activated_at for k in keystore.keys() if k.kid == retired)
+    await keystore.rotate(now + 60)
+    assert (tmp_path / "keys" / f"{retired}.pem").exists()
+    await keystore.maintain(now + 60 + MAX_TOKEN_LIFETIME + 3600)
+    assert not (tmp_path / "keys" / f"{retired}.pem").exists()
+    assert {p.stem for p in (tmp_path / "keys").glob("*.pem")} == {k.kid for k in keystore.keys()}
