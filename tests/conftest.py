@@ -1,0 +1,114 @@
+"""Shared helpers for tests that run authsrv as a real process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def fetch(url: str, timeout: float = 5.0) -> tuple[int, dict, bytes]:
+    """A plain HTTP GET with the standard library: status, headers, body."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+class Server:
+    """A C{twist authsrv} child process, waited on until ready."""
+
+    def __init__(self, args: list[str], cwd: Path, port: int, env: dict | None = None):
+        self.port = port
+        self.base = f"http://127.0.0.1:{port}"
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "twisted", *args],
+            cwd=cwd,
+            env={**os.environ, **(env or {})},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                out, err = self.process.communicate()
+                raise AssertionError(f"server exited {self.process.returncode}:\n{out}\n{err}")
+            try:
+                if fetch(self.base + "/readyz", timeout=1)[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError("server not ready in time")
+
+    def get_json(self, path: str):
+        status, _, body = fetch(self.base + path)
+        assert status == 200, (path, status, body)
+        return json.loads(body)
+
+    def kill(self) -> tuple[str, str]:
+        """SIGKILL: no shutdown code runs."""
+        self.process.send_signal(signal.SIGKILL)
+        return self.process.communicate(timeout=10)
+
+    def stop(self) -> tuple[str, str]:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                return self.process.communicate(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        return self.process.communicate()
+
+
+@pytest.fixture
+def run_server():
+    """Start C{twist authsrv ...} processes; all are stopped after the test."""
+    servers: list[Server] = []
+
+    def start(args, cwd, *, port=None, env=None, ready=True):
+        server = Server(args, cwd, port or free_port(), env)
+        servers.append(server)
+        if ready:
+            server.wait_ready()
+        return server
+
+    yield start
+    for server in servers:
+        if server.process.poll() is None:
+            server.process.kill()
+            server.process.communicate()
+
+
+def admin(*args: str, cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess:
+    """Run the operator command as an operator would."""
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "authsrv-admin"), *args],
+        cwd=cwd,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
