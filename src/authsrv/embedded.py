@@ -13,6 +13,8 @@ from pathlib import Path
 
 from attrs import frozen
 
+from authsrv.identity.static import create_users_file
+
 DEFAULT_DATA_DIR = "authsrv-data"
 CONFIG_NAME = "authsrv.toml"
 
@@ -40,13 +42,6 @@ path = "keys.jwks.json"
 plugin = "static"
 path = "users.toml"
 """
-
-_USERS = """\
-# authsrv users. Add one with:
-#   authsrv-admin --config {config} user add LOGIN
-# which asks for the password and stores only its argon2id hash.
-"""
-
 
 def _write_private(path: Path, text: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -98,8 +93,6 @@ def prepare_data_dir(data_dir: Path) -> tuple[Path, Created | None]:
     secret = data_dir / "internal-api-secret"
     if not secret.exists():
         _write_private(secret, secrets.token_urlsafe(32) + "\n")
-    users = data_dir / "users.toml"
-    if not users.exists():
-        users.write_text(_USERS.format(config=config), encoding="utf-8")
+    create_users_file(data_dir / "users.toml")
     _write_private(config, _CONFIG)
     return config, Created(data_dir=data_dir, config=config)
