@@ -94,12 +94,12 @@ def _transaction(connection: sqlite3.Connection):
     connection.execute("BEGIN IMMEDIATE")
     try:
         yield
+        connection.execute("COMMIT")
     except BaseException:
         # SQLite rolls back by itself after some errors (disk full, I/O).
         if connection.in_transaction:
             connection.execute("ROLLBACK")
         raise
-    connection.execute("COMMIT")
 
 
 # --- schema -----------------------------------------------------------------

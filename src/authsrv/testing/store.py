@@ -1,0 +1,847 @@
+"""
+The store conformance suite.
+
+Every store (SQLite, PostgreSQL, a third party's dropin) must behave the
+same: the flows rely on the documented results of L{authsrv.interfaces.IStore}
+and above all on its atomic steps. To run the suite, subclass
+L{StoreConformance} in a C{Test*} class and define C{make_store()}, which
+returns a new, empty store or a L{Deferred} of it; each test closes the store
+it made. L{StoreConcurrencyConformance} races two stores on one database
+(two servers): define C{make_store_pair()} returning both, or a Deferred of
+the pair.
+
+Times are plain integers around L{NOW}; nothing sleeps. The suite hands the
+store only SHA-256 hashes, never a raw token, code or session id.
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+
+import attrs
+import pytest
+import pytest_twisted
+from twisted.internet.defer import gatherResults, maybeDeferred
+from zope.interface.verify import verifyObject
+
+from authsrv.interfaces import IStore
+from authsrv.records import (
+    AccessToken,
+    AuthorizationCode,
+    Ban,
+    BrowserSession,
+    Client,
+    CodeConsumed,
+    CodeNotFound,
+    CodeReused,
+    Grant,
+    LinkedAccount,
+    NotRevoked,
+    PendingAuthorization,
+    RefreshNotFound,
+    RefreshToken,
+    Replayed,
+    Reused,
+    RevokedAccess,
+    RevokedRefresh,
+    Rotated,
+)
+from authsrv.store.errors import AlreadyExists
+from authsrv.tokens import token_hash
+
+NOW = 1_700_000_000
+HOUR = 3600
+DAY = 86400
+ALICE = "3f0c2a52-alice"
+BOB = "3f0c2a52-bob"
+CLIENT = "demo-app"
+OTHER_CLIENT = "partner-app"
+
+
+def h(label: str) -> str:
+    """The hash standing for the token, code or session id C{label}."""
+    return token_hash(label)
+
+
+def make_grant(grant_id: str, sub: str = ALICE, client_id: str = CLIENT, **changes) -> Grant:
+    grant = Grant(
+        grant_id=grant_id,
+        client_id=client_id,
+        sub=sub,
+        scope={"openid", "profile", "offline_access"},
+        resource=("https://api.example/",),
+        auth_time=NOW - 30,
+        sid="sid-" + grant_id,
+        created_at=NOW,
+        expires_at=NOW + 90 * DAY,
+    )
+    return attrs.evolve(grant, **changes)
+
+
+def make_code(label: str, grant: Grant, expires_at: int = NOW + 60) -> AuthorizationCode:
+    return AuthorizationCode(
+        code_hash=h(label),
+        grant_id=grant.grant_id,
+        client_id=grant.client_id,
+        sub=grant.sub,
+        redirect_uri="https://app.example/callback?x=1",
+        scope=grant.scope,
+        code_challenge="E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM",
+        code_challenge_method="S256",
+        nonce="n-0S6_WzA2Mj",
+        resource=grant.resource,
+        auth_time=grant.auth_time,
+        sid=grant.sid,
+        issued_at=NOW,
+        expires_at=expires_at,
+    )
+
+
+def make_access(label: str, grant: Grant, expires_at: int = NOW + HOUR, **changes) -> AccessToken:
+    access = AccessToken(
+        token_hash=h(label),
+        grant_id=grant.grant_id,
+        client_id=grant.client_id,
+        sub=grant.sub,
+        scope=grant.scope,
+        audience=grant.resource,
+        issued_at=NOW,
+        expires_at=expires_at,
+    )
+    return attrs.evolve(access, **changes)
+
+
+def make_refresh(label: str, grant: Grant, expires_at: int = NOW + 30 * DAY) -> RefreshToken:
+    return RefreshToken(
+        token_hash=h(label),
+        grant_id=grant.grant_id,
+        client_id=grant.client_id,
+        sub=grant.sub,
+        scope=grant.scope,
+        issued_at=NOW,
+        expires_at=expires_at,
+    )
+
+
+def make_linked(account_id: str = "acct-1", sub: str = ALICE, provider: str = "discord", **changes) -> LinkedAccount:
+    account = LinkedAccount(
+        account_id=account_id,
+        sub=sub,
+        provider=provider,
+        provider_user_id="80351110224678912",
+        access_token_enc=b"\x00enc-access\xff",
+        refresh_token_enc=b"\x01enc-refresh\xfe",
+        scope="identify guilds.join",
+        expires_at=NOW + 7 * DAY,
+        updated_at=NOW,
+    )
+    return attrs.evolve(account, **changes)
+
+
+async def start_grant(store, grant_id: str, sub: str = ALICE, client_id: str = CLIENT, **changes) -> Grant:
+    """A grant as the authorize flow starts it: saved with its code (C{code-<id>})."""
+    grant = make_grant(grant_id, sub, client_id, **changes)
+    await store.save_code(make_code("code-" + grant_id, grant), grant)
+    return grant
+
+
+async def issue(
+    store, grant: Grant, label: str, refresh: bool = True,
+    access_expires_at: int = NOW + HOUR, refresh_expires_at: int = NOW + 30 * DAY,
+) -> tuple:
+    """
+    Issue access token C{access-<label>} and, with C{refresh}, refresh token
+    C{refresh-<label>}; fires with both records.
+    """
+    access = make_access("access-" + label, grant, access_expires_at)
+    refresh_token = make_refresh("refresh-" + label, grant, refresh_expires_at) if refresh else None
+    await store.issue_tokens(access, refresh_token)
+    return access, refresh_token
+
+
+class StoreConformance:
+    """
+    Mixin of tests every L{IStore} must pass; see the module docstring for
+    the C{make_store} hook.
+    """
+
+    def make_store(self):
+        raise NotImplementedError("a conformance test class defines make_store()")
+
+    @asynccontextmanager
+    async def store(self):
+        store = await maybeDeferred(self.make_store)
+        try:
+            yield store
+        finally:
+            await store.close()
+
+    @pytest_twisted.ensureDeferred
+    async def test_provides_interface(self):
+        async with self.store() as store:
+            assert verifyObject(IStore, store)
+            assert await store.ping() is None
+
+    # --- clients -----------------------------------------------------------
+
+    @pytest_twisted.ensureDeferred
+    async def test_client_round_trip(self):
+        client = Client(
+            client_id=CLIENT,
+            secret_hash=h("secret"),
+            redirect_uris=("https://app.example/callback", "http://127.0.0.1:9000/cb"),
+            post_logout_redirect_uris=("https://app.example/bye",),
+            name="Démo app",
+            end_session_enabled=True,
+            first_party=True,
+            resources=("https://api.example/", "urn:chat"),
+            introspect_any=True,
+            backchannel_logout_uri="https://app.example/logout",
+            created_at=NOW,
+        )
+        public = Client(client_id=OTHER_CLIENT, secret_hash=None, redirect_uris=["https://partner.example/cb"])
+        async with self.store() as store:
+            assert await store.get_client(CLIENT) is None
+            assert await store.add_client(client) is None
+            await store.add_client(public)
+            assert await store.get_client(CLIENT) == client
+            assert await store.get_client(OTHER_CLIENT) == public
+            assert (await store.get_client(OTHER_CLIENT)).is_public
+
+    @pytest_twisted.ensureDeferred
+    async def test_add_existing_client_fails(self):
+        first = Client(CLIENT, h("one"), ["https://app.example/cb"])
+        async with self.store() as store:
+            await store.add_client(first)
+            with pytest.raises(AlreadyExists):
+                await store.add_client(Client(CLIENT, h("two"), ["https://evil.example/cb"]))
+            assert await store.get_client(CLIENT) == first
+
+    @pytest_twisted.ensureDeferred
+    async def test_put_client_inserts_and_replaces(self):
+        async with self.store() as store:
+            await store.put_client(Client(CLIENT, h("one"), ["https://app.example/cb"]))
+            replacement = Client(CLIENT, None, ["https://app.example/new"], name="renamed")
+            await store.put_client(replacement)
+            assert await store.get_client(CLIENT) == replacement
+            assert await store.list_clients() == [replacement]
+
+    @pytest_twisted.ensureDeferred
+    async def test_list_and_remove_clients(self):
+        clients = [Client(name, None, [f"https://{name}.example/cb"]) for name in ("c", "a", "b")]
+        async with self.store() as store:
+            assert await store.list_clients() == []
+            for client in clients:
+                await store.add_client(client)
+            assert [c.client_id for c in await store.list_clients()] == ["a", "b", "c"]
+            assert await store.remove_client("b") is True
+            assert await store.remove_client("b") is False
+            assert await store.get_client("b") is None
+            assert [c.client_id for c in await store.list_clients()] == ["a", "c"]
+
+    # --- browser sessions and pending requests ------------------------------
+
+    @pytest_twisted.ensureDeferred
+    async def test_session_round_trip_and_expiry(self):
+        session = BrowserSession(h("cookie-1"), "sid-1", ALICE, NOW - 5, NOW, NOW + 14 * DAY)
+        async with self.store() as store:
+            await store.create_session(session)
+            assert await store.get_session(h("cookie-1"), NOW) == session
+            assert await store.get_session(h("cookie-1"), session.expires_at - 1) == session
+            assert await store.get_session(h("cookie-1"), session.expires_at) is None
+            assert await store.get_session(h("cookie-2"), NOW) is None
+
+    @pytest_twisted.ensureDeferred
+    async def test_end_session(self):
+        session = BrowserSession(h("cookie-1"), "sid-1", ALICE, NOW, NOW, NOW + DAY)
+        async with self.store() as store:
+            await store.create_session(session)
+            assert await store.end_session(h("cookie-1")) == session
+            assert await store.end_session(h("cookie-1")) is None
+            assert await store.get_session(h("cookie-1"), NOW) is None
+
+    @pytest_twisted.ensureDeferred
+    async def test_end_user_sessions(self):
+        async with self.store() as store:
+            for n, sub in enumerate((ALICE, ALICE, BOB)):
+                await store.create_session(BrowserSession(h(f"cookie-{n}"), f"sid-{n}", sub, NOW, NOW, NOW + DAY))
+            assert await store.end_user_sessions(ALICE) == 2
+            assert await store.end_user_sessions(ALICE) == 0
+            assert await store.get_session(h("cookie-0"), NOW) is None
+            assert (await store.get_session(h("cookie-2"), NOW)).sub == BOB
+
+    @pytest_twisted.ensureDeferred
+    async def test_pending_round_trip_expiry_and_delete(self):
+        pending = PendingAuthorization(
+            request_id="req-1",
+            client_id=CLIENT,
+            params={"response_type": "code", "state": "å&b=c", "scope": "openid profile"},
+            csrf_token="csrf-1",
+            created_at=NOW,
+            expires_at=NOW + 600,
+        )
+        async with self.store() as store:
+            await store.save_pending(pending)
+            assert await store.get_pending("req-1", NOW) == pending
+            assert await store.get_pending("req-1", NOW + 599) == pending
+            assert await store.get_pending("req-1", NOW + 600) is None
+            assert await store.get_pending("req-2", NOW) is None
+            assert await store.delete_pending("req-1") is True
+            assert await store.delete_pending("req-1") is False
+            assert await store.get_pending("req-1", NOW) is None
+
+    # --- codes ---------------------------------------------------------------
+
+    @pytest_twisted.ensureDeferred
+    async def test_code_is_single_use(self):
+        async with self.store() as store:
+            grant = make_grant("g1")
+            code = make_code("code-1", grant)
+            await store.save_code(code, grant)
+            assert await store.get_grant("g1") == grant
+            assert await store.consume_code(h("code-1"), NOW) == CodeConsumed(code)
+            assert await store.consume_code(h("code-1"), NOW + 1) == CodeReused("g1")
+            assert await store.consume_code(h("code-1"), NOW + 1) == CodeReused("g1")
+            assert await store.consume_code(h("code-2"), NOW) == CodeNotFound()
+
+    @pytest_twisted.ensureDeferred
+    async def test_code_expires_at_its_expiry(self):
+        async with self.store() as store:
+            grant = await start_grant(store, "g1")
+            assert await store.consume_code(h("code-g1"), NOW + 60) == CodeNotFound()
+            assert await store.consume_code(h("code-g1"), NOW + 59) == CodeConsumed(make_code("code-g1", grant))
+
+    @pytest_twisted.ensureDeferred
+    async def test_code_of_revoked_grant_is_not_found(self):
+        async with self.store() as store:
+            await start_grant(store, "g1")
+            assert await store.revoke_user_grants(ALICE, NOW) == 1
+            assert await store.consume_code(h("code-g1"), NOW) == CodeNotFound()
+
+    @pytest_twisted.ensureDeferred
+    async def test_save_code_of_existing_grant_fails_whole(self):
+        async with self.store() as store:
+            grant = await start_grant(store, "g1")
+            with pytest.raises(AlreadyExists):
+                await store.save_code(make_code("code-other", grant), grant)
+            assert await store.consume_code(h("code-other"), NOW) == CodeNotFound()
+
+    # --- grants and tokens ------------------------------------------------------
+
+    @pytest_twisted.ensureDeferred
+    async def test_access_token_round_trip_and_expiry(self):
+        async with self.store() as store:
+            grant = await start_grant(store, "g1")
+            assert await store.get_grant("g1") == grant
+            assert await store.get_grant("g2") is None
+            jwt = make_access("jwt-1", grant, jti="jti-1", audience=("https://api.example/", "urn:chat"))
+            await store.issue_tokens(jwt, None)
+            assert await store.find_access_token(h("jwt-1"), NOW) == jwt
+            assert await store.find_access_token(h("jwt-1"), jwt.expires_at - 1) == jwt
+            assert await store.find_access_token(h("jwt-1"), jwt.expires_at) is None
+            assert await store.find_access_token(h("jwt-2"), NOW) is None
+            assert await store.get_refresh_token(h("jwt-1")) is None
+
+    @pytest_twisted.ensureDeferred
+    async def test_refresh_token_round_trip(self):
+        async with self.store() as store:
+            grant = await start_grant(store, "g1", scope=())
+            access, refresh = await issue(store, grant, "1")
+            assert access.scope == frozenset()
+            assert await store.find_access_token(access.token_hash, NOW) == access
+            assert await store.get_refresh_token(refresh.token_hash) == refresh
+            assert await store.get_refresh_token(h("refresh-2")) is None
+            assert await store.revoke_grant("g1", NOW) is True
+            assert await store.get_refresh_token(refresh.token_hash) == attrs.evolve(refresh, revoked=True)
+
+    @pytest_twisted.ensureDeferred
+    async def test_rotate_refresh(self):
+        async with self.store() as store:
+            grant = await start_grant(store, "g1")
+            old_access, old = await issue(store, grant, "1")
+            new_refresh = make_refresh("refresh-2", grant)
+            new_access = make_access("access-2", grant)
+            result = await store.rotate_refresh(old.token_hash, new_refresh, new_access, b"\x00sealed", NOW + 10, NOW)
+            assert result == Rotated()
+            consumed = await store.get_refresh_token(old.token_hash)
+            assert (consumed.consumed_at, consumed.grace_until, consumed.replay) == (NOW, NOW + 10, b"\x00sealed")
+            assert consumed.revoked is False
+            assert await store.get_refresh_token(new_refresh.token_hash) == new_refresh
+            assert await store.find_access_token(new_access.token_hash, NOW) == new_access
+            assert await store.find_access_token(old_access.token_hash, NOW) == old_access
+            third = await store.rotate_refresh(
+                new_refresh.token_hash, make_refresh("refresh-3", grant), make_access("access-3", grant),
+                b"third", NOW + 20, NOW + 10,
+            )
+            assert third == Rotated()
+
+    @pytest_twisted.ensureDeferred
+    async def test_rotate_replay_inside_grace_window(self):
+        async with self.store() as store:
+            grant = await start_grant(store, "g1")
+            _, old = await issue(store, grant, "1")
+            await store.rotate_refresh(
+                old.token_hash, make_refresh("refresh-2", grant), make_access("access-2", grant), b"replay", NOW + 10, NOW
+            )
+            for now in (NOW, NOW + 9):
+                again = await store.rotate_refresh(
+                    old.token_hash, make_refresh("refresh-x", grant), make_access("access-x", grant), b"other",
+                    now + 10, now,
+                )
+                assert again == Replayed(b"replay")
+            assert await store.get_refresh_token(h("refresh-x")) is None
+            assert await store.find_access_token(h("access-x"), NOW) is None
+            assert await store.find_access_token(h("access-2"), NOW + 9) is not None
+
+    @pytest_twisted.ensureDeferred
+    async def test_reuse_after_grace_revokes_the_family(self):
+        async with self.store() as store:
+            grant = await start_grant(store, "g1")
+            other = await start_grant(store, "g2")
+            access_1, old = await issue(store, grant, "1")
+            other_access, _ = await issue(store, other, "other")
+            await store.rotate_refresh(
+                old.token_hash, make_refresh("refresh-2", grant), make_access("access-2", grant), b"replay", NOW + 10, NOW
+            )
+            reuse = await store.rotate_refresh(
+                old.token_hash, make_refresh("refresh-x", grant), make_access("access-x", grant), b"x", NOW + 20, NOW + 10,
+            )
+            assert reuse == Reused("g1")
+            assert (await store.get_grant("g1")).revoked_at == NOW + 10
+            for token in (access_1.token_hash, h("access-2"), h("access-x")):
+                assert await store.find_access_token(token, NOW + 10) is None
+            assert (await store.get_refresh_token(h("refresh-2"))).revoked is True
+            assert await store.get_refresh_token(h("refresh-x")) is None
+            successor = await store.rotate_refresh(
+                h("refresh-2"), make_refresh("refresh-3", grant), make_access("access-3", grant), b"3", NOW + 20, NOW + 10,
+            )
+            assert successor == RefreshNotFound()
+            assert await store.find_access_token(other_access.token_hash, NOW + 10) == other_access
+
+    @pytest_twisted.ensureDeferred
+    async def test_rotate_unknown_expired_or_revoked_is_not_found(self):
+        async with self.store() as store:
+            grant = await start_grant(store, "g1")
+            revoked = await start_grant(store, "g2")
+            _, expiring = await issue(store, grant, "1", refresh_expires_at=NOW + 100)
+            _, of_revoked = await issue(store, revoked, "2")
+            await store.revoke_grant("g2", NOW)
+
+            async def rotate(old_hash, now):
+                return await store.rotate_refresh(
+                    old_hash, make_refresh("refresh-new", grant), make_access("access-new", grant), b"r", now + 10, now
+                )
+
+            assert await rotate(h("refresh-unknown"), NOW) == RefreshNotFound()
+            assert await rotate(expiring.token_hash, NOW + 100) == RefreshNotFound()
+            assert await rotate(of_revoked.token_hash, NOW) == RefreshNotFound()
+            assert await store.get_refresh_token(h("refresh-new")) is None
+            assert (await store.get_refresh_token(expiring.token_hash)).consumed_at is None
+            assert await rotate(expiring.token_hash, NOW + 99) == Rotated()
+
+    @pytest_twisted.ensureDeferred
+    async def test_revoke_refresh_token_revokes_grant(self):
+        async with self.store() as store:
+            grant = await start_grant(store, "g1")
+            access_1, refresh = await issue(store, grant, "1")
+            access_2, _ = await issue(store, grant, "2", refresh=False)
+            assert await store.revoke_token(refresh.token_hash, CLIENT, NOW) == RevokedRefresh("g1")
+            assert await store.find_access_token(access_1.token_hash, NOW) is None
+            assert await store.find_access_token(access_2.token_hash, NOW) is None
+            assert (await store.get_refresh_token(refresh.token_hash)).revoked is True
+            assert (await store.get_grant("g1")).revoked_at == NOW
+            assert await store.revoke_grant("g1", NOW + 1) is False
+
+    @pytest_twisted.ensureDeferred
+    async def test_revoke_access_token_revokes_only_it(self):
+        async with self.store() as store:
+            grant = await start_grant(store, "g1")
+            access_1, refresh = await issue(store, grant, "1")
+            access_2, _ = await issue(store, grant, "2", refresh=False)
+            assert await store.revoke_token(access_1.token_hash, CLIENT, NOW) == RevokedAccess("g1")
+            assert await store.revoke_token(access_1.token_hash, CLIENT, NOW + 1) == RevokedAccess("g1")
+            assert await store.find_access_token(access_1.token_hash, NOW) is None
+            assert await store.find_access_token(access_2.token_hash, NOW) == access_2
+            assert (await store.get_refresh_token(refresh.token_hash)).revoked is False
+            assert (await store.get_grant("g1")).revoked_at is None
+
+    @pytest_twisted.ensureDeferred
+    async def test_revoke_token_of_another_client_revokes_nothing(self):
+        async with self.store() as store:
+            grant = await start_grant(store, "g1")
+            access, refresh = await issue(store, grant, "1")
+            for token in (access.token_hash, refresh.token_hash, h("unknown")):
+                assert await store.revoke_token(token, OTHER_CLIENT, NOW) == NotRevoked()
+            assert await store.revoke_token(h("unknown"), CLIENT, NOW) == NotRevoked()
+            assert await store.find_access_token(access.token_hash, NOW) == access
+            assert await store.get_refresh_token(refresh.token_hash) == refresh
+
+    @pytest_twisted.ensureDeferred
+    async def test_revoke_grant(self):
+        async with self.store() as store:
+            grant = await start_grant(store, "g1")
+            access, _ = await issue(store, grant, "1")
+            assert await store.revoke_grant("g1", NOW) is True
+            assert await store.revoke_grant("g1", NOW + 5) is False
+            assert await store.revoke_grant("g-unknown", NOW) is False
+            assert (await store.get_grant("g1")).revoked_at == NOW
+            assert await store.find_access_token(access.token_hash, NOW) is None
+
+    @pytest_twisted.ensureDeferred
+    async def test_revoke_user_grants(self):
+        async with self.store() as store:
+            grants = [await start_grant(store, f"g{n}") for n in range(3)]
+            bobs = await start_grant(store, "g-bob", sub=BOB)
+            tokens = [(await issue(store, grant, grant.grant_id))[0] for grant in grants]
+            bob_access, _ = await issue(store, bobs, "bob")
+            await store.revoke_grant("g0", NOW)
+            assert await store.revoke_user_grants(ALICE, NOW + 1) == 2
+            assert await store.revoke_user_grants(ALICE, NOW + 2) == 0
+            for token in tokens:
+                assert await store.find_access_token(token.token_hash, NOW + 2) is None
+            assert [(await store.get_grant(g.grant_id)).revoked_at for g in grants] == [NOW, NOW + 1, NOW + 1]
+            assert await store.find_access_token(bob_access.token_hash, NOW + 2) == bob_access
+            assert await store.has_active_grant(ALICE, NOW + 2) is False
+            assert await store.has_active_grant(BOB, NOW + 2) is True
+
+    @pytest_twisted.ensureDeferred
+    async def test_has_active_grant_follows_tokens(self):
+        async with self.store() as store:
+            assert await store.has_active_grant(ALICE, NOW) is False
+            grant = await start_grant(store, "g1")
+            assert await store.has_active_grant(ALICE, NOW) is False
+            access, refresh = await issue(
+                store, grant, "1", access_expires_at=NOW + 10, refresh_expires_at=NOW + 100
+            )
+            assert await store.has_active_grant(ALICE, NOW) is True
+            assert await store.has_active_grant(BOB, NOW) is False
+            assert await store.has_active_grant(ALICE, NOW + 10) is True
+            assert await store.revoke_token(access.token_hash, CLIENT, NOW) == RevokedAccess("g1")
+            assert await store.has_active_grant(ALICE, NOW + 99) is True
+            assert await store.has_active_grant(ALICE, NOW + 100) is False
+            assert await store.revoke_token(refresh.token_hash, CLIENT, NOW) == RevokedRefresh("g1")
+            assert await store.has_active_grant(ALICE, NOW) is False
+
+    @pytest_twisted.ensureDeferred
+    async def test_has_active_grant_without_refresh(self):
+        async with self.store() as store:
+            grant = await start_grant(store, "g1")
+            access, _ = await issue(store, grant, "1", refresh=False, access_expires_at=NOW + 10)
+            assert await store.has_active_grant(ALICE, NOW + 9) is True
+            assert await store.has_active_grant(ALICE, NOW + 10) is False
+            await store.revoke_token(access.token_hash, CLIENT, NOW)
+            assert await store.has_active_grant(ALICE, NOW) is False
+
+    @pytest_twisted.ensureDeferred
+    async def test_consumed_refresh_token_is_not_an_active_grant(self):
+        async with self.store() as store:
+            grant = await start_grant(store, "g1")
+            _, old = await issue(store, grant, "1", access_expires_at=NOW + 10)
+            await store.rotate_refresh(
+                old.token_hash,
+                make_refresh("refresh-2", grant, expires_at=NOW + 50),
+                make_access("access-2", grant, expires_at=NOW + 20),
+                b"r", NOW + 10, NOW,
+            )
+            assert await store.has_active_grant(ALICE, NOW + 49) is True
+            assert await store.has_active_grant(ALICE, NOW + 50) is False
+
+    # --- consents -----------------------------------------------------------------
+
+    @pytest_twisted.ensureDeferred
+    async def test_consents(self):
+        async with self.store() as store:
+            assert await store.get_consent(ALICE, CLIENT) is None
+            assert await store.save_consent(ALICE, CLIENT, {"openid", "profile"}, NOW) is None
+            assert await store.get_consent(ALICE, CLIENT) == frozenset({"openid", "profile"})
+            await store.save_consent(ALICE, CLIENT, frozenset({"openid", "email"}), NOW + 1)
+            assert await store.get_consent(ALICE, CLIENT) == frozenset({"openid", "email"})
+            await store.save_consent(ALICE, OTHER_CLIENT, frozenset(), NOW)
+            assert await store.get_consent(ALICE, OTHER_CLIENT) == frozenset()
+            assert await store.get_consent(BOB, CLIENT) is None
+            assert await store.revoke_consent(ALICE, CLIENT) is True
+            assert await store.revoke_consent(ALICE, CLIENT) is False
+            assert await store.get_consent(ALICE, CLIENT) is None
+            assert await store.get_consent(ALICE, OTHER_CLIENT) == frozenset()
+
+    # --- bans -------------------------------------------------------------------
+
+    @pytest_twisted.ensureDeferred
+    async def test_ban_without_until_stays(self):
+        ban = Ban(ALICE, "spam", NOW)
+        async with self.store() as store:
+            assert await store.get_ban(ALICE, NOW) is None
+            assert await store.ban_user(ban) is None
+            assert await store.get_ban(ALICE, NOW) == ban
+            assert await store.get_ban(ALICE, NOW + 3650 * DAY) == ban
+            assert await store.get_ban(BOB, NOW) is None
+            assert await store.unban_user(ALICE) is True
+            assert await store.unban_user(ALICE) is False
+            assert await store.get_ban(ALICE, NOW) is None
+
+    @pytest_twisted.ensureDeferred
+    async def test_ban_with_until_ends_then(self):
+        ban = Ban(ALICE, None, NOW, until=NOW + DAY)
+        async with self.store() as store:
+            await store.ban_user(ban)
+            assert await store.get_ban(ALICE, NOW + DAY - 1) == ban
+            assert await store.get_ban(ALICE, NOW + DAY) is None
+            longer = Ban(ALICE, "again", NOW + 1, until=NOW + 2 * DAY)
+            await store.ban_user(longer)
+            assert await store.get_ban(ALICE, NOW + DAY) == longer
+
+    @pytest_twisted.ensureDeferred
+    async def test_list_bans_in_force(self):
+        bans = [
+            Ban("carol", "c", NOW),
+            Ban(BOB, None, NOW, until=NOW + 10),
+            Ban(ALICE, "a", NOW, until=NOW + 20),
+        ]
+        async with self.store() as store:
+            assert await store.list_bans(NOW) == []
+            for ban in bans:
+                await store.ban_user(ban)
+            assert await store.list_bans(NOW) == sorted(bans, key=lambda b: b.sub)
+            assert await store.list_bans(NOW + 10) == [bans[2], bans[0]]
+            assert await store.list_bans(NOW + 20) == [bans[0]]
+
+    # --- linked accounts --------------------------------------------------------
+
+    @pytest_twisted.ensureDeferred
+    async def test_linked_account_round_trip_and_relink(self):
+        account = make_linked()
+        async with self.store() as store:
+            assert await store.get_linked_account(ALICE, "discord") is None
+            assert await store.link_account(account) is None
+            assert await store.get_linked_account(ALICE, "discord") == account
+            assert await store.get_linked_account(ALICE, "slack") is None
+            assert await store.get_linked_account(BOB, "discord") is None
+            relinked = make_linked("acct-2", provider_user_id="999", refresh_token_enc=None, version=1)
+            await store.link_account(relinked)
+            assert await store.get_linked_account(ALICE, "discord") == relinked
+            elsewhere = make_linked("acct-3", provider="slack")
+            await store.link_account(elsewhere)
+            assert await store.get_linked_account(ALICE, "discord") == relinked
+            assert await store.unlink_account(ALICE, "discord") is True
+            assert await store.unlink_account(ALICE, "discord") is False
+            assert await store.get_linked_account(ALICE, "discord") is None
+            assert await store.get_linked_account(ALICE, "slack") == elsewhere
+
+    @pytest_twisted.ensureDeferred
+    async def test_update_linked_tokens_compare_and_swap(self):
+        async with self.store() as store:
+            await store.link_account(make_linked())
+            updated = await store.update_linked_tokens(
+                "acct-1", 1, b"new-access", b"new-refresh", "identify", NOW + 2 * DAY, NOW + 5
+            )
+            expected = make_linked(
+                access_token_enc=b"new-access", refresh_token_enc=b"new-refresh", scope="identify",
+                expires_at=NOW + 2 * DAY, updated_at=NOW + 5, version=2,
+            )
+            assert updated == expected
+            assert await store.get_linked_account(ALICE, "discord") == expected
+            stale = await store.update_linked_tokens("acct-1", 1, b"lost", None, "x", NOW, NOW + 6)
+            assert stale is None
+            assert await store.get_linked_account(ALICE, "discord") == expected
+            assert await store.update_linked_tokens("acct-9", 1, b"a", None, "x", NOW, NOW) is None
+            third = await store.update_linked_tokens("acct-1", 2, b"third", None, "identify", NOW + DAY, NOW + 7)
+            assert (third.version, third.refresh_token_enc) == (3, None)
+
+    @pytest_twisted.ensureDeferred
+    async def test_link_lock_lease(self):
+        async with self.store() as store:
+            assert await store.acquire_link_lock("acct-1", "server-a", NOW, 30) is True
+            assert await store.acquire_link_lock("acct-1", "server-b", NOW + 29, 30) is False
+            assert await store.acquire_link_lock("acct-2", "server-b", NOW, 30) is True
+            assert await store.acquire_link_lock("acct-1", "server-a", NOW + 10, 30) is True
+            assert await store.acquire_link_lock("acct-1", "server-b", NOW + 39, 30) is False
+            assert await store.acquire_link_lock("acct-1", "server-b", NOW + 40, 30) is True
+            assert await store.acquire_link_lock("acct-1", "server-a", NOW + 41, 30) is False
+
+    @pytest_twisted.ensureDeferred
+    async def test_release_link_lock(self):
+        async with self.store() as store:
+            await store.acquire_link_lock("acct-1", "server-a", NOW, 30)
+            await store.release_link_lock("acct-1", "server-b")
+            assert await store.acquire_link_lock("acct-1", "server-b", NOW, 30) is False
+            await store.release_link_lock("acct-1", "server-a")
+            assert await store.acquire_link_lock("acct-1", "server-b", NOW, 30) is True
+            await store.release_link_lock("acct-unknown", "server-a")
+
+    # --- housekeeping -----------------------------------------------------------
+
+    @pytest_twisted.ensureDeferred
+    async def test_gc_removes_only_what_expired(self):
+        async with self.store() as store:
+            for n, expires_at in enumerate((NOW - 1, NOW, NOW + 1)):
+                await store.create_session(BrowserSession(h(f"cookie-{n}"), f"sid-{n}", ALICE, NOW, NOW, expires_at))
+                await store.save_pending(PendingAuthorization(f"req-{n}", CLIENT, {}, "csrf", NOW, expires_at))
+                await store.ban_user(Ban(f"user-{n}", None, NOW, until=expires_at))
+            await store.ban_user(Ban("user-forever", None, NOW))
+            grant = await start_grant(store, "g1")
+            expired_code = make_code("code-expired", grant, expires_at=NOW)
+            await store.save_code(expired_code, make_grant("g2"))
+            await issue(store, grant, "old", access_expires_at=NOW, refresh_expires_at=NOW)
+            live_access, live_refresh = await issue(store, grant, "live", access_expires_at=NOW + 1)
+            await store.acquire_link_lock("acct-1", "server-a", NOW - 30, 30)
+            await store.acquire_link_lock("acct-2", "server-a", NOW - 29, 30)
+
+            removed = await store.gc(NOW, 100)
+
+            assert removed == 2 + 2 + 2 + 1 + 1 + 1 + 1
+            assert [await store.get_session(h(f"cookie-{n}"), NOW - 2) is not None for n in range(3)] == [
+                False, False, True,
+            ]
+            assert [await store.get_pending(f"req-{n}", NOW - 2) is not None for n in range(3)] == [
+                False, False, True,
+            ]
+            assert await store.list_bans(NOW - 2) == [Ban("user-2", None, NOW, until=NOW + 1), Ban("user-forever", None, NOW)]
+            assert await store.get_refresh_token(h("refresh-old")) is None
+            assert await store.find_access_token(h("access-old"), NOW - 1) is None
+            assert await store.find_access_token(live_access.token_hash, NOW) == live_access
+            assert await store.get_refresh_token(live_refresh.token_hash) == live_refresh
+            assert await store.consume_code(h("code-expired"), NOW - 1) == CodeNotFound()
+            assert await store.consume_code(h("code-g1"), NOW) == CodeConsumed(make_code("code-g1", grant))
+            assert await store.get_grant("g1") == grant
+            assert await store.acquire_link_lock("acct-1", "server-b", NOW, 30) is True
+            assert await store.acquire_link_lock("acct-2", "server-b", NOW, 30) is False
+            assert await store.gc(NOW, 100) == 0
+
+    @pytest_twisted.ensureDeferred
+    async def test_gc_works_in_batches(self):
+        async with self.store() as store:
+            for n in range(5):
+                await store.create_session(BrowserSession(h(f"cookie-{n}"), f"sid-{n}", ALICE, NOW, NOW, NOW))
+            assert await store.gc(NOW, 2) == 2
+            assert await store.gc(NOW, 2) == 2
+            assert await store.gc(NOW, 2) == 1
+            assert await store.gc(NOW, 2) == 0
+
+    @pytest_twisted.ensureDeferred
+    async def test_gc_erases_replays_after_grace(self):
+        async with self.store() as store:
+            grant = await start_grant(store, "g1")
+            _, old = await issue(store, grant, "1")
+            await store.rotate_refresh(
+                old.token_hash, make_refresh("refresh-2", grant), make_access("access-2", grant), b"sealed", NOW + 10, NOW
+            )
+            await store.gc(NOW + 9, 100)
+            assert (await store.get_refresh_token(old.token_hash)).replay == b"sealed"
+            await store.gc(NOW + 10, 100)
+            consumed = await store.get_refresh_token(old.token_hash)
+            assert (consumed.replay, consumed.consumed_at) == (None, NOW)
+            assert await store.get_refresh_token(h("refresh-2")) is not None
+
+    @pytest_twisted.ensureDeferred
+    async def test_gc_drops_dead_grants_only(self):
+        async with self.store() as store:
+            revoked = await start_grant(store, "revoked")
+            revoked_access, _ = await issue(store, revoked, "revoked")
+            await store.revoke_grant("revoked", NOW)
+            expired_with_live_token = await start_grant(store, "expired-live", expires_at=NOW)
+            await issue(store, expired_with_live_token, "expired-live", refresh=False)
+            expired_idle = await start_grant(store, "expired-idle", expires_at=NOW)
+            await issue(store, expired_idle, "expired-idle", access_expires_at=NOW, refresh_expires_at=NOW)
+            live = await start_grant(store, "live")
+            await issue(store, live, "live")
+
+            # Their codes could still be redeemed until NOW + 60: every grant stays.
+            await store.gc(NOW, 100)
+            for grant in (revoked, expired_with_live_token, expired_idle, live):
+                assert (await store.get_grant(grant.grant_id)) is not None, grant.grant_id
+
+            await store.gc(NOW + 60, 100)
+            assert await store.get_grant("revoked") is None
+            assert await store.get_grant("expired-idle") is None
+            assert await store.get_grant("live") == live
+            assert (await store.get_grant("expired-live")) == expired_with_live_token
+            assert await store.find_access_token(revoked_access.token_hash, NOW) is None
+            assert await store.get_refresh_token(h("refresh-revoked")) is None
+
+            await store.gc(NOW + HOUR, 100)
+            assert await store.get_grant("expired-live") is None
+            assert await store.get_grant("live") == live
+
+
+class StoreConcurrencyConformance:
+    """
+    Races between two servers sharing one database: each atomic step must
+    have exactly one winner. See the module docstring for C{make_store_pair}.
+    """
+
+    rounds = 10
+
+    def make_store_pair(self):
+        raise NotImplementedError("a concurrency test class defines make_store_pair()")
+
+    @asynccontextmanager
+    async def store_pair(self):
+        first, second = await maybeDeferred(self.make_store_pair)
+        try:
+            yield first, second
+        finally:
+            await gatherResults([first.close(), second.close()])
+
+    @pytest_twisted.ensureDeferred
+    async def test_racing_code_redemptions(self):
+        async with self.store_pair() as (first, second):
+            for n in range(self.rounds):
+                grant = await start_grant(first, f"g{n}")
+                results = await gatherResults(
+                    [store.consume_code(h(f"code-g{n}"), NOW) for store in (first, second)]
+                )
+                assert sorted(type(r).__name__ for r in results) == ["CodeConsumed", "CodeReused"]
+                assert CodeReused(grant.grant_id) in results
+
+    @pytest_twisted.ensureDeferred
+    async def test_racing_refresh_rotations(self):
+        async with self.store_pair() as (first, second):
+            for n in range(self.rounds):
+                grant = await start_grant(first, f"g{n}")
+                _, old = await issue(first, grant, f"{n}")
+                results = await gatherResults(
+                    [
+                        store.rotate_refresh(
+                            old.token_hash,
+                            make_refresh(f"refresh-{n}-{side}", grant),
+                            make_access(f"access-{n}-{side}", grant),
+                            side.encode(),
+                            NOW + 10,
+                            NOW,
+                        )
+                        for side, store in (("a", first), ("b", second))
+                    ]
+                )
+                winner = "a" if results[0] == Rotated() else "b"
+                loser = "b" if winner == "a" else "a"
+                assert results == ([Rotated(), Replayed(b"a")] if winner == "a" else [Replayed(b"b"), Rotated()])
+                assert await second.get_refresh_token(h(f"refresh-{n}-{winner}")) is not None
+                assert await second.get_refresh_token(h(f"refresh-{n}-{loser}")) is None
+                assert await first.find_access_token(h(f"access-{n}-{loser}"), NOW) is None
+
+    @pytest_twisted.ensureDeferred
+    async def test_racing_link_locks(self):
+        async with self.store_pair() as (first, second):
+            for n in range(self.rounds):
+                results = await gatherResults(
+                    [
+                        store.acquire_link_lock(f"acct-{n}", holder, NOW, 30)
+                        for holder, store in (("server-a", first), ("server-b", second))
+                    ]
+                )
+                assert sorted(results) == [False, True]
+
+    @pytest_twisted.ensureDeferred
+    async def test_racing_linked_token_updates(self):
+        async with self.store_pair() as (first, second):
+            for n in range(self.rounds):
+                await first.link_account(make_linked(f"acct-{n}", sub=f"user-{n}"))
+                results = await gatherResults(
+                    [
+                        store.update_linked_tokens(f"acct-{n}", 1, side, side, "identify", NOW + DAY, NOW)
+                        for side, store in ((b"a", first), (b"b", second))
+                    ]
+                )
+                updated = [r for r in results if r is not None]
+                assert len(updated) == 1 and updated[0].version == 2
+                assert await second.get_linked_account(f"user-{n}", "discord") == updated[0]

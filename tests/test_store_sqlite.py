@@ -1,0 +1,226 @@
+"""
+The SQLite store: both conformance suites, then what only a file shows
+(schema versions, durability, the config section, a second process).
+"""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import subprocess
+import sys
+from importlib import resources
+
+import pytest
+import pytest_twisted
+from twisted.internet.defer import Deferred
+
+from authsrv.configsection import ConfigError, Section
+from authsrv.context import PluginContext
+from authsrv.plugins import find_factory
+from authsrv.records import Ban, Client
+from authsrv.store import sqlite
+from authsrv.testing.store import (
+    ALICE,
+    CLIENT,
+    NOW,
+    StoreConcurrencyConformance,
+    StoreConformance,
+    h,
+    issue,
+    start_grant,
+)
+
+LATEST_VERSION = max(
+    int(entry.name[:3])
+    for entry in resources.files("authsrv.store").joinpath("schema", "sqlite").iterdir()
+    if entry.name.endswith(".sql")
+)
+
+
+class SQLiteFolder:
+    """Opens stores on files in a fresh folder, each with its own thread pool."""
+
+    @pytest.fixture(autouse=True)
+    def _folder(self, tmp_path):
+        self.folder = tmp_path
+        self.contexts = []
+        yield
+        for context in self.contexts:
+            context.stop()
+
+    def open_store(self, **section):
+        from twisted.internet import reactor
+
+        context = PluginContext(reactor, self.folder)
+        self.contexts.append(context)
+        return sqlite.from_config(Section(section, "store", self.folder), context)
+
+
+class TestSQLiteStore(SQLiteFolder, StoreConformance):
+    def make_store(self):
+        return self.open_store()
+
+
+class TestSQLiteConcurrency(SQLiteFolder, StoreConcurrencyConformance):
+    def make_store_pair(self):
+        return self.open_store(), self.open_store()
+
+
+def _version(path) -> int:
+    with sqlite3.connect(path) as db:
+        return db.execute("SELECT MAX(version) FROM schema_version").fetchone()[0]
+
+
+class TestSQLiteFile(SQLiteFolder):
+    @pytest_twisted.ensureDeferred
+    async def test_plugin_creates_folder_and_current_schema(self):
+        from twisted.internet import reactor
+
+        context = PluginContext(reactor, self.folder)
+        self.contexts.append(context)
+        section = Section({"path": "data/store/authsrv.sqlite3"}, "store", self.folder)
+        store = find_factory("store", "sqlite").from_config(section, context)
+        await store.close()
+        path = self.folder / "data" / "store" / "authsrv.sqlite3"
+        assert _version(path) == LATEST_VERSION
+        with sqlite3.connect(path) as db:
+            assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+    @pytest_twisted.ensureDeferred
+    async def test_default_path_and_normal_synchronous(self):
+        store = self.open_store(synchronous="normal")
+        await store.ban_user(Ban(ALICE, None, NOW))
+        await store.close()
+        assert _version(self.folder / "authsrv.sqlite3") == LATEST_VERSION
+
+    @pytest_twisted.ensureDeferred
+    async def test_reopening_keeps_data_and_version(self):
+        client = Client(CLIENT, h("secret"), ["https://app.example/cb"], name="Demo")
+        store = self.open_store()
+        await store.add_client(client)
+        grant = await start_grant(store, "g1")
+        access, refresh = await issue(store, grant, "1")
+        await store.close()
+
+        store = self.open_store()
+        try:
+            assert await store.get_client(CLIENT) == client
+            assert await store.get_grant("g1") == grant
+            assert await store.find_access_token(access.token_hash, NOW) == access
+            assert await store.get_refresh_token(refresh.token_hash) == refresh
+        finally:
+            await store.close()
+        with sqlite3.connect(self.folder / "authsrv.sqlite3") as db:
+            assert db.execute("SELECT COUNT(*) FROM schema_version").fetchone()[0] == LATEST_VERSION
+
+    def test_newer_schema_is_refused(self):
+        self.open_store()
+        path = self.folder / "authsrv.sqlite3"
+        with sqlite3.connect(path) as db:
+            db.execute("INSERT INTO schema_version VALUES (?, 'from the future', 0)", (LATEST_VERSION + 1,))
+        with pytest.raises(ConfigError) as info:
+            self.open_store()
+        assert info.value.key == "store.path"
+        assert f"schema version {LATEST_VERSION + 1} is newer" in info.value.problem
+        assert str(path) in info.value.problem
+
+    def test_unknown_key_is_named(self):
+        with pytest.raises(ConfigError) as info:
+            self.open_store(path="authsrv.sqlite3", jounral_mode="wal")
+        assert (info.value.key, info.value.problem) == ("store.jounral_mode", "unknown key")
+        assert not (self.folder / "authsrv.sqlite3").exists()
+
+    def test_bad_synchronous_is_named(self):
+        with pytest.raises(ConfigError) as info:
+            self.open_store(synchronous="off")
+        assert info.value.key == "store.synchronous"
+
+    def test_file_that_is_not_a_database(self):
+        (self.folder / "notes.txt").write_text("not a database, " * 100)
+        with pytest.raises(ConfigError) as info:
+            self.open_store(path="notes.txt")
+        assert info.value.key == "store.path"
+        assert "notes.txt" in info.value.problem
+
+    def test_path_that_is_a_folder(self):
+        (self.folder / "taken").mkdir()
+        with pytest.raises(ConfigError) as info:
+            self.open_store(path="taken")
+        assert info.value.key == "store.path"
+
+    def test_parent_that_cannot_be_created(self):
+        (self.folder / "file").write_text("")
+        with pytest.raises(ConfigError) as info:
+            self.open_store(path="file/authsrv.sqlite3")
+        assert info.value.key == "store.path"
+
+    @pytest_twisted.ensureDeferred
+    async def test_waits_for_another_process_write(self):
+        """The operator command may hold the write lock: the store waits, not fails."""
+        from twisted.internet import reactor
+
+        store = self.open_store()
+        other = sqlite3.connect(self.folder / "authsrv.sqlite3", isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        other.execute("INSERT INTO bans (sub, reason, created_at) VALUES ('bob', 'cli', 1)")
+        written = store.ban_user(Ban(ALICE, None, NOW))
+        pause = Deferred()
+        reactor.callLater(0.2, pause.callback, None)
+        await pause
+        assert not written.called
+        other.execute("COMMIT")
+        other.close()
+        await written
+        try:
+            assert [ban.sub for ban in await store.list_bans(NOW)] == [ALICE, "bob"]
+        finally:
+            await store.close()
+
+
+_WRITE_THEN_DIE = """
+import os, signal, sys
+from pathlib import Path
+from twisted.internet import task
+from authsrv.configsection import Section
+from authsrv.context import PluginContext
+from authsrv.records import Ban
+from authsrv.store import sqlite
+from authsrv.testing.store import NOW, issue, start_grant
+
+async def write(store):
+    grant = await start_grant(store, "g1")
+    await issue(store, grant, "1")
+    await store.ban_user(Ban("alice", "kill -9", NOW))
+    print("written", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+def main(reactor, folder):
+    context = PluginContext(reactor, Path(folder))
+    store = sqlite.from_config(Section({}, "store", Path(folder)), context)
+    return task.Deferred.fromCoroutine(write(store))
+
+task.react(main, sys.argv[1:])
+"""
+
+
+class TestSQLiteDurability(SQLiteFolder):
+    @pytest_twisted.ensureDeferred
+    async def test_write_survives_kill_9(self):
+        """A write whose Deferred fired is on disk, even if the process dies at once."""
+        child = subprocess.run(
+            [sys.executable, "-c", _WRITE_THEN_DIE, str(self.folder)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert child.returncode == -signal.SIGKILL, child.stderr
+        assert child.stdout == "written\n"
+        store = self.open_store()
+        try:
+            assert (await store.get_ban("alice", NOW)).reason == "kill -9"
+            assert (await store.get_grant("g1")).sub == ALICE
+            assert await store.find_access_token(h("access-1"), NOW) is not None
+            assert await store.get_refresh_token(h("refresh-1")) is not None
+        finally:
+            await store.close()
