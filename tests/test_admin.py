@@ -1,0 +1,157 @@
+"""
+authsrv-admin as an operator uses it, against a real config, store, users
+file and keystore.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import tomllib
+
+import pytest
+from argon2 import PasswordHasher
+
+from authsrv.embedded import prepare_data_dir
+from authsrv.tokens import token_hash
+
+from conftest import admin
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def deployment(tmp_path):
+    config, _ = prepare_data_dir(tmp_path / "data")
+    return tmp_path, str(config)
+
+
+def ok(result):
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def refused(result, message):
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    line = result.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line
+    assert line.startswith("authsrv-admin: ") and message in line, line
+
+
+def test_client_lifecycle(deployment):
+    cwd, config = deployment
+    out = ok(admin("--config", config, "client", "add", "web", "--name", "Web Shop",
+                   "--redirect-uri", "https://shop.example/cb", "--redirect-uri", "http://127.0.0.1:9000/cb",
+                   "--post-logout-redirect-uri", "https://shop.example/", "--end-session",
+                   "--first-party", "--resource", "https://api.example", cwd=cwd))
+    secret = out.split("client_secret:")[1].strip()
+    assert len(secret) >= 43  # 256 bits, base64url
+    database = sqlite3.connect(cwd / "data" / "authsrv.sqlite3")
+    dump = "\n".join(database.iterdump())
+    assert secret not in dump and token_hash(secret) in dump
+
+    shown = json.loads(ok(admin("--config", config, "client", "show", "web", "--json", cwd=cwd)))
+    assert shown == {
+        "client_id": "web",
+        "name": "Web Shop",
+        "type": "confidential",
+        "redirect_uris": ["https://shop.example/cb", "http://127.0.0.1:9000/cb"],
+        "post_logout_redirect_uris": ["https://shop.example/"],
+        "end_session_enabled": True,
+        "first_party": True,
+        "resources": ["https://api.example"],
+        "introspect_any": False,
+        "backchannel_logout_uri": None,
+        "created_at": shown["created_at"],
+    }
+    assert "client_secret" not in ok(admin("--config", config, "client", "show", "web", cwd=cwd))
+    ok(admin("--config", config, "client", "add", "spa", "--public", "--redirect-uri", "https://spa.example/cb", cwd=cwd))
+    listed = ok(admin("--config", config, "client", "list", cwd=cwd)).splitlines()
+    assert listed == ["spa\tpublic\t-\tspa", "web\tconfidential\tfirst-party,end-session\tWeb Shop"]
+    refused(admin("--config", config, "client", "add", "web", "--redirect-uri", "https://x.example/cb", cwd=cwd),
+            "client 'web' exists already")
+    assert ok(admin("--config", config, "client", "remove", "web", cwd=cwd)) == "removed client web\n"
+    refused(admin("--config", config, "client", "show", "web", cwd=cwd), "no client 'web'")
+    refused(admin("--config", config, "client", "remove", "web", cwd=cwd), "no client 'web'")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--redirect-uri", "http://shop.example/cb"], "--redirect-uri: 'http://shop.example/cb' must use https"),
+        (["--redirect-uri", "https://shop.example/cb#frag"], "must not contain a fragment"),
+        (["--redirect-uri", "/relative"], "is not an absolute URI"),
+        (["--redirect-uri", "https://a.example/cb", "--post-logout-redirect-uri", "https://a.example/"],
+         "--post-logout-redirect-uri needs --end-session"),
+    ],
+)
+def test_client_add_refuses_bad_input(deployment, args, message):
+    cwd, config = deployment
+    refused(admin("--config", config, "client", "add", "app", *args, cwd=cwd), message)
+
+
+def test_client_add_bad_id_and_missing_option(deployment):
+    cwd, config = deployment
+    refused(admin("--config", config, "client", "add", "a b", "--redirect-uri", "https://a.example/cb", cwd=cwd),
+            "may hold only printable ASCII")
+    missing = admin("--config", config, "client", "add", "app", cwd=cwd)
+    assert missing.returncode == 2 and "--redirect-uri" in missing.stderr
+
+
+def test_clients_declared_in_the_config_are_edited_there(tmp_path):
+    (tmp_path / "users.toml").write_text("")
+    config = tmp_path / "authsrv.toml"
+    config.write_text('[[clients]]\nclient_id = "fixed"\nredirect_uris = ["https://a.example/cb"]\n')
+    refused(admin("--config", str(config), "client", "add", "fixed", "--redirect-uri", "https://b.example/cb",
+                  cwd=tmp_path), "is declared in")
+    refused(admin("--config", str(config), "client", "remove", "fixed", cwd=tmp_path), "is declared in")
+
+
+def test_user_add_hashes_the_password(deployment):
+    cwd, config = deployment
+    out = ok(admin("--config", config, "user", "add", "alice", "--name", "Alice", "--email", "alice@example.com",
+                   "--email-verified", "--chat-user-id", "80351110224678912", "--password-stdin",
+                   cwd=cwd, stdin="correct horse\n"))
+    assert out.startswith("added user alice (sub ")
+    users = tomllib.loads((cwd / "data" / "users.toml").read_text())["users"]
+    assert len(users) == 1
+    alice = users[0]
+    assert (alice["login"], alice["name"], alice["email"], alice["email_verified"], alice["chat_user_id"]) == (
+        "alice", "Alice", "alice@example.com", True, "80351110224678912")
+    assert alice["password_hash"].startswith("$argon2id$")
+    assert PasswordHasher().verify(alice["password_hash"], "correct horse")
+    assert "correct horse" not in (cwd / "data" / "users.toml").read_text()
+    refused(admin("--config", config, "user", "add", "ALICE", "--password-stdin", cwd=cwd, stdin="x\n"),
+            "already")
+    refused(admin("--config", config, "user", "add", "bob", "--password-stdin", cwd=cwd, stdin="\n"),
+            "the password must not be empty")
+    refused(admin("--config", config, "user", "add", "bob", cwd=cwd, stdin="pw\n"),
+            "no terminal to ask for the password")
+    refused(admin("--config", config, "user", "add", "bob", "--email", "nope", "--password-stdin", cwd=cwd,
+                  stdin="pw\n"), "is not an email address")
+
+
+def test_hash_password(tmp_path):
+    out = ok(admin("hash-password", "--password-stdin", cwd=tmp_path, stdin="s3cret\n")).strip()
+    assert PasswordHasher().verify(out, "s3cret")
+
+
+def test_keys_list_and_rotate(deployment):
+    cwd, config = deployment
+    before = [line.split("\t") for line in ok(admin("--config", config, "keys", "list", cwd=cwd)).splitlines()]
+    states = {state: kid for kid, alg, state in before}
+    assert set(states) == {"active", "next"}
+    after = [line.split("\t") for line in ok(admin("--config", config, "keys", "rotate", cwd=cwd)).splitlines()]
+    now = {kid: state for kid, alg, state in after}
+    assert now[states["next"]] == "active"
+    assert now[states["active"]] == "retired"
+    assert sorted(now.values()) == ["active", "next", "retired"]
+
+
+def test_check_config(deployment, tmp_path):
+    cwd, config = deployment
+    assert ok(admin("check-config", config, cwd=cwd)).endswith(": ok (issuer http://127.0.0.1:8080/api/auth)\n")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[limits]\nsession_ttl = []\n")
+    refused(admin("check-config", str(bad), cwd=cwd), "limits.session_ttl: must be a duration")
+    refused(admin("client", "list", cwd=tmp_path / "data"), "no config file: pass --config FILE")
