@@ -10,12 +10,15 @@ import stat
 
 import pytest
 import pytest_twisted
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jwcrypto.jwk import JWK
 
 from authsrv.configsection import ConfigError, Section
 from authsrv.context import PluginContext
 from authsrv.keys import jwkfile, pem
-from authsrv.testing.keystore import CLAIMS, KeystoreConformance
+from authsrv.keys.ring import InvalidKeys, KeyRing
+from authsrv.testing.keystore import CLAIMS, PRIVATE_MEMBERS, KeystoreConformance
 
 MAX_TOKEN_LIFETIME = 3600
 
@@ -226,3 +229,60 @@ async def test_pem_files_of_dropped_keys_removed(context, tmp_path):
     await keystore.maintain(now + 60 + MAX_TOKEN_LIFETIME + 3600)
     assert not (tmp_path / "keys" / f"{retired}.pem").exists()
     assert {p.stem for p in (tmp_path / "keys").glob("*.pem")} == {k.kid for k in keystore.keys()}
+
+
+def _states(ring: KeyRing, alg: str) -> dict[str, list[str]]:
+    found = {"active": [], "next": [], "retired": []}
+    for info in ring.infos():
+        if info.alg == alg:
+            found[info.state].append(info.kid)
+    return found
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["rotate", "prune"]), st.integers(0, 3000)), max_size=12))
+def test_ring_invariants(operations):
+    """
+    Whatever sequence of rotations and prunings: one active key, a published
+    next key, every key that signed kept until its retention has passed, and
+    the persisted form round-trips.
+    """
+    retention = 1000
+    now = 1_000_000
+    ring = KeyRing(()).provision(["EdDSA"], now)
+    signed_until: dict[str, int] = {}
+    for operation, step in operations:
+        before = ring
+        now += step
+        signed_until[_states(before, "EdDSA")["active"][0]] = now
+        ring = ring.rotate(now, retention, ["EdDSA"]) if operation == "rotate" else ring.prune(now)
+        states = _states(ring, "EdDSA")
+        assert len(states["active"]) == 1
+        assert states["next"]
+        if operation == "rotate":
+            assert states["active"][0] in before
+        for kid, last in signed_until.items():
+            if now < last + retention:
+                assert kid in ring
+        assert all(info.expires_at > now for info in ring.infos() if info.state == "retired")
+    published = json.loads(ring.jwks_bytes)["keys"]
+    assert [key["kid"] for key in published] == [info.kid for info in ring.infos()]
+    assert not any(PRIVATE_MEMBERS & set(key) for key in published)
+    assert KeyRing.from_jwks(json.loads(json.dumps(ring.to_jwks()))).infos() == ring.infos()
+
+
+def test_ring_promotes_oldest_next_key():
+    ring = KeyRing(()).provision(["EdDSA"], 100)
+    (first_next,) = _states(ring, "EdDSA")["next"]
+    supplied = JWK.generate(kty="OKP", crv="Ed25519")
+    ring = ring.adopt(supplied, 200)
+    assert sorted(_states(ring, "EdDSA")["next"]) == sorted([first_next, supplied.thumbprint()])
+    rotated = ring.rotate(300, 1000, ["EdDSA"])
+    assert _states(rotated, "EdDSA")["active"] == [first_next]
+    assert _states(rotated, "EdDSA")["next"] == [supplied.thumbprint()]
+    assert ring.adopt(supplied, 400) is ring
+
+
+def test_ring_refuses_public_only_key():
+    with pytest.raises(InvalidKeys):
+        KeyRing(()).adopt(JWK.generate(kty="OKP", crv="Ed25519").public(), 100)

@@ -52,28 +52,20 @@ def read_options(section: Section) -> tuple[tuple[str, ...], int | None]:
     return tuple(dict.fromkeys(algorithms)), rotate_every
 
 
-def check_private(path: Path, key: str) -> os.stat_result:
-    """Refuse a key file others could read: it holds private keys."""
-    try:
-        status = path.stat()
-    except OSError as e:
-        raise ConfigError(key, f"cannot read {path}: {e.strerror}") from None
-    if not stat.S_ISREG(status.st_mode):
-        raise ConfigError(key, f"{path} is not a regular file")
-    if status.st_mode & 0o077:
-        raise ConfigError(
-            key,
-            f"{path} holds private keys but is accessible to group or others"
-            f" (mode {stat.S_IMODE(status.st_mode):04o}); chmod 600 it",
-        )
-    return status
-
-
 def read_private(path: Path, key: str) -> bytes:
-    """The contents of a private key file, after L{check_private}."""
-    check_private(path, key)
+    """The contents of a private key file, refused when others could read it."""
     try:
-        return path.read_bytes()
+        with open(path, "rb") as file:
+            mode = os.fstat(file.fileno()).st_mode
+            if not stat.S_ISREG(mode):
+                raise ConfigError(key, f"{path} is not a regular file")
+            if mode & 0o077:
+                raise ConfigError(
+                    key,
+                    f"{path} holds private keys but is accessible to group or others"
+                    f" (mode {stat.S_IMODE(mode):04o}); chmod 600 it",
+                )
+            return file.read()
     except OSError as e:
         raise ConfigError(key, f"cannot read {path}: {e.strerror}") from None
 
@@ -86,8 +78,8 @@ def write_private(path: Path, data: bytes) -> None:
     temporary = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        os.fchmod(fd, 0o600)
         with os.fdopen(fd, "wb") as file:
+            os.fchmod(file.fileno(), 0o600)
             file.write(data)
             file.flush()
             os.fsync(file.fileno())
@@ -227,9 +219,11 @@ class FileKeystore:
         return self._apply(now).infos() != before
 
     def maintain(self, now):
-        return self._in_thread(self._maintain, now).addCallback(
-            lambda rotated: rotated and self._rotated(*rotated)
-        )
+        return self._in_thread(self._maintain, now).addCallback(self._maintained)
+
+    def _maintained(self, rotated) -> None:
+        if rotated is not None:
+            self._rotated(*rotated)
 
     def _maintain(self, now: int):
         """

@@ -55,16 +55,16 @@ class PemFolder:
         return locked_folder(self.directory)
 
     def signature(self):
+        """The index's and PEM files' names, inodes, sizes and times; None while they change."""
         try:
-            entries = list(os.scandir(self.directory))
+            return sorted(
+                (entry.name, status.st_ino, status.st_size, status.st_mtime_ns)
+                for entry in os.scandir(self.directory)
+                if entry.name == INDEX or entry.name.endswith(".pem")
+                for status in [entry.stat()]
+            )
         except FileNotFoundError:
             return None
-        return sorted(
-            (entry.name, status.st_ino, status.st_size, status.st_mtime_ns)
-            for entry in entries
-            if entry.name == INDEX or entry.name.endswith(".pem")
-            for status in [entry.stat()]
-        )
 
     def _pem(self, path: Path) -> JWK:
         try:

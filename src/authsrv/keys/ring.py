@@ -27,7 +27,7 @@ _GENERATE = {
     "EdDSA": {"kty": "OKP", "crv": "Ed25519"},
 }
 
-_STATE_ORDER = {"active": 0, "next": 1, "retired": 2}
+STATES = ("active", "next", "retired")
 
 _TIMES = ("created_at", "activated_at", "retired_at", "expires_at")
 
@@ -116,7 +116,7 @@ class RingKey:
                 if found is not None and found != expected:
                     raise InvalidKeys(f"{where}: {name} {found!r} does not match the key ({expected})")
         state = fields.get("state")
-        if state not in _STATE_ORDER:
+        if state not in STATES:
             raise InvalidKeys(f"{where}: state must be next, active or retired, not {state!r}")
         times = {name: fields.get(name) for name in _TIMES}
         for name, value in times.items():
@@ -133,7 +133,7 @@ class RingKey:
 
 
 def _order(key: RingKey):
-    return (_STATE_ORDER[key.info.state], key.info.alg, key.info.created_at, key.info.kid)
+    return (STATES.index(key.info.state), key.info.alg, key.info.created_at, key.info.kid)
 
 
 class KeyRing:

@@ -146,6 +146,7 @@ class KeystoreConformance:
         keystore = await self._make()
         before = _active(keystore)
         (upcoming,) = _by_state(keystore, "RS256", "next")
+        published_before = _published_kids(keystore)
         old_token = keystore.sign(CLAIMS)
         now = before.activated_at + 60
 
@@ -153,6 +154,7 @@ class KeystoreConformance:
 
         assert _sorted(infos) == _sorted(keystore.keys())
         assert _active(keystore).kid == upcoming.kid
+        assert upcoming.kid in published_before
         (retired,) = _by_state(keystore, "RS256", "retired")
         assert retired.kid == before.kid
         assert retired.expires_at > now
