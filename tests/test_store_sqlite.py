@@ -157,7 +157,7 @@ class TestSQLiteFile(SQLiteFolder):
 
     @pytest_twisted.ensureDeferred
     async def test_waits_for_another_process_write(self):
-        """The operator command may hold the write lock: the store waits, not fails."""
+        """Another connection (the operator command) may hold the write lock: the store waits, not fails."""
         from twisted.internet import reactor
 
         store = self.open_store()
@@ -182,6 +182,7 @@ _WRITE_THEN_DIE = """
 import os, signal, sys
 from pathlib import Path
 from twisted.internet import task
+from twisted.internet.defer import Deferred
 from authsrv.configsection import Section
 from authsrv.context import PluginContext
 from authsrv.records import Ban
@@ -198,7 +199,7 @@ async def write(store):
 def main(reactor, folder):
     context = PluginContext(reactor, Path(folder))
     store = sqlite.from_config(Section({}, "store", Path(folder)), context)
-    return task.Deferred.fromCoroutine(write(store))
+    return Deferred.fromCoroutine(write(store))
 
 task.react(main, sys.argv[1:])
 """
