@@ -576,9 +576,13 @@ def _revoke_token(db, token_hash, client_id, now):
 
 
 # Each statement takes up to :limit rows of one kind. A grant goes once it is
-# revoked or expired, none of its codes could still be redeemed (a redemption
-# may still be issuing tokens into it) and, unless revoked, none of its
-# tokens is live; its codes and tokens go with it (ON DELETE CASCADE).
+# revoked or expired and none of its codes could still be redeemed (a
+# redemption may still be issuing tokens into it); an expired one also waits
+# for its last live token. Its codes and tokens go with it (ON DELETE CASCADE).
+# Revoked and expired grants are two statements, so that each uses its index.
+_NO_LIVE_CODE = (
+    "NOT EXISTS (SELECT 1 FROM authorization_codes c WHERE c.grant_id = old.grant_id AND c.expires_at > :now)"
+)
 _GC = tuple(
     f"DELETE FROM {table} WHERE {key} IN (SELECT {key} FROM {table} AS old WHERE {expired} LIMIT :limit)"
     for table, key, expired in (
@@ -589,17 +593,15 @@ _GC = tuple(
         ("refresh_tokens", "token_hash", "expires_at <= :now"),
         ("bans", "sub", "until <= :now"),
         ("link_locks", "account_id", "until <= :now"),
+        ("grants", "grant_id", f"old.revoked_at IS NOT NULL AND {_NO_LIVE_CODE}"),
         (
             "grants",
             "grant_id",
-            "(old.revoked_at IS NOT NULL OR old.expires_at <= :now)"
-            " AND NOT EXISTS (SELECT 1 FROM authorization_codes c"
-            "  WHERE c.grant_id = old.grant_id AND c.expires_at > :now)"
-            " AND (old.revoked_at IS NOT NULL OR ("
-            "  NOT EXISTS (SELECT 1 FROM access_tokens a WHERE a.grant_id = old.grant_id"
-            "   AND a.revoked_at IS NULL AND a.expires_at > :now)"
-            "  AND NOT EXISTS (SELECT 1 FROM refresh_tokens r WHERE r.grant_id = old.grant_id"
-            "   AND r.consumed_at IS NULL AND r.expires_at > :now)))",
+            f"old.expires_at <= :now AND {_NO_LIVE_CODE}"
+            " AND NOT EXISTS (SELECT 1 FROM access_tokens a WHERE a.grant_id = old.grant_id"
+            "  AND a.revoked_at IS NULL AND a.expires_at > :now)"
+            " AND NOT EXISTS (SELECT 1 FROM refresh_tokens r WHERE r.grant_id = old.grant_id"
+            "  AND r.consumed_at IS NULL AND r.expires_at > :now)",
         ),
     )
 ) + (
