@@ -82,7 +82,8 @@ def test_jwk_file_created_0600_with_active_and_next_keys(context, tmp_path):
     assert sorted((k.alg, k.state) for k in keystore.keys()) == [
         ("EdDSA", "active"), ("EdDSA", "next"), ("RS256", "active"), ("RS256", "next"),
     ]
-    assert all(k.kid == JWK(**key).thumbprint() for k, key in zip(keystore.keys(), json.loads(keystore.jwks_bytes())["keys"]))
+    published = json.loads(keystore.jwks_bytes())["keys"]
+    assert [k.kid for k in keystore.keys()] == [JWK(**key).thumbprint() for key in published]
 
 
 def test_jwk_file_path_is_configurable(context, tmp_path):
@@ -101,7 +102,11 @@ def test_jwk_file_readable_by_others_refused(context, tmp_path):
 
 @pytest.mark.parametrize(
     "content",
-    [b"{not json", b"[]", b'{"keys": [{"kty": "oct", "k": "c2VjcmV0", "authsrv": {"state": "active"}}]}'],
+    [
+        b"{not json",
+        b"[]",
+        b'{"keys": [{"kty": "oct", "k": "c2VjcmV0", "authsrv": {"state": "active"}}]}',
+    ],
 )
 def test_corrupt_jwk_file_refused_in_one_line(context, tmp_path, content):
     path = tmp_path / "keys.jwks.json"
@@ -145,7 +150,8 @@ def test_algorithm_added_later_is_provisioned(context):
     first = jwkfile.from_config(_section({}, context), context)
     again = jwkfile.from_config(_section({"algorithms": ["RS256", "ES256"]}, context), context)
     assert _active_kid(again) == _active_kid(first)
-    assert {(k.alg, k.state) for k in again.keys() if k.alg == "ES256"} == {("ES256", "active"), ("ES256", "next")}
+    es256 = {(k.alg, k.state) for k in again.keys() if k.alg == "ES256"}
+    assert es256 == {("ES256", "active"), ("ES256", "next")}
 
 
 def test_sign_refuses_unconfigured_algorithm(context):
@@ -160,7 +166,8 @@ def test_pem_folder_layout(context, tmp_path):
     kids = {k.kid for k in keystore.keys()}
     assert {p.stem for p in folder.glob("*.pem")} == kids
     assert all(_mode(p) == 0o600 for p in folder.glob("*.pem"))
-    assert all(p.read_bytes().startswith(b"-----BEGIN PRIVATE KEY-----") for p in folder.glob("*.pem"))
+    for path in folder.glob("*.pem"):
+        assert path.read_bytes().startswith(b"-----BEGIN PRIVATE KEY-----")
     index = json.loads((folder / "index.json").read_text())
     assert {entry["kid"] for entry in index["keys"]} == kids
     assert "-----" not in (folder / "index.json").read_text()

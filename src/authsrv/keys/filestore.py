@@ -159,7 +159,12 @@ class FileKeystore:
     def _in_thread(self, function: Callable, *args):
         return deferToThreadPool(self._reactor, self._pool, function, *args)
 
-    def _apply(self, now: int, change: Callable[[KeyRing], KeyRing] = lambda ring: ring, missing_ok: bool = False) -> KeyRing:
+    def _apply(
+        self,
+        now: int,
+        change: Callable[[KeyRing], KeyRing] = lambda ring: ring,
+        missing_ok: bool = False,
+    ) -> KeyRing:
         """
         With C{self._lock} held: read the stored ring under the storage lock,
         apply C{change}, complete it, store the result if it differs, keep it.
@@ -174,7 +179,7 @@ class FileKeystore:
 
     def sign(self, claims, alg="RS256", typ="JWT"):
         if alg not in self.algorithms:
-            raise ValueError(f"{alg} is not among the configured algorithms {', '.join(self.algorithms)}")
+            raise ValueError(f"{alg} is not a configured algorithm ({', '.join(self.algorithms)})")
         return self._ring.sign(claims, alg, typ)
 
     def jwks_bytes(self):
@@ -190,7 +195,9 @@ class FileKeystore:
     def rotate(self, now):
         def rotate():
             with self._lock:
-                return self._apply(now, lambda ring: ring.rotate(now, self.retention, self.algorithms))
+                return self._apply(
+                    now, lambda ring: ring.rotate(now, self.retention, self.algorithms)
+                )
 
         return self._in_thread(rotate).addCallback(self._rotated, self.algorithms)
 

@@ -10,7 +10,13 @@ import os
 from pathlib import Path
 
 from authsrv.configsection import ConfigError
-from authsrv.keys.filestore import FileKeystore, locked_folder, read_options, read_private, write_private
+from authsrv.keys.filestore import (
+    FileKeystore,
+    locked_folder,
+    read_options,
+    read_private,
+    write_private,
+)
 from authsrv.keys.ring import InvalidKeys, KeyRing
 
 
@@ -51,7 +57,9 @@ class JwkFile:
             return KeyRing.from_jwks(json.loads(data)), False
         except (ValueError, RecursionError) as e:
             problem = e if isinstance(e, InvalidKeys) else f"not JSON ({' '.join(str(e).split())})"
-            raise ConfigError(self._key, f"{self.path} is not a valid key file: {problem}") from None
+            raise ConfigError(
+                self._key, f"{self.path} is not a valid key file: {problem}"
+            ) from None
 
     def save(self, ring: KeyRing, stored: KeyRing) -> None:
         write_private(self.path, json.dumps(ring.to_jwks(), indent=1).encode())

@@ -37,7 +37,8 @@ def from_config(section, context) -> FileKeystore:
     directory = section.path_("directory", "keys")
     algorithms, rotate_every = read_options(section)
     section.done()
-    return FileKeystore.open(PemFolder(directory, section.key("directory")), algorithms, rotate_every, context)
+    storage = PemFolder(directory, section.key("directory"))
+    return FileKeystore.open(storage, algorithms, rotate_every, context)
 
 
 class PemFolder:
@@ -70,7 +71,8 @@ class PemFolder:
         try:
             return JWK.from_pem(read_private(path, self._key))
         except (JWException, ValueError, TypeError) as e:
-            raise self._error(f"{path} is not an unencrypted PEM private key ({' '.join(str(e).split())})") from None
+            reason = " ".join(str(e).split())
+            raise self._error(f"{path} is not an unencrypted PEM private key ({reason})") from None
 
     def _load_kid(self, kid: str) -> JWK:
         path = self.directory / f"{kid}.pem"
@@ -84,7 +86,8 @@ class PemFolder:
             if missing_ok and not index.exists():
                 ring, unsaved = KeyRing(()), True
             else:
-                ring, unsaved = KeyRing.from_index(json.loads(index.read_bytes()), self._load_kid), False
+                document = json.loads(index.read_bytes())
+                ring, unsaved = KeyRing.from_index(document, self._load_kid), False
         except OSError as e:
             raise self._error(f"cannot read {index}: {e.strerror}") from None
         except (ValueError, RecursionError) as e:

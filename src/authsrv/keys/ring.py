@@ -10,7 +10,7 @@ request. Times are integer seconds given by the caller.
 from __future__ import annotations
 
 import json
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable, Mapping, Sequence
 
 from attrs import evolve, field, frozen
 from jwcrypto.common import JWException
@@ -114,7 +114,9 @@ class RingKey:
         for name, expected in (("kid", kid), ("alg", alg), ("use", "sig")):
             for found in (fields.get(name), jwk.get(name)):
                 if found is not None and found != expected:
-                    raise InvalidKeys(f"{where}: {name} {found!r} does not match the key ({expected})")
+                    raise InvalidKeys(
+                        f"{where}: {name} {found!r} does not match the key ({expected})"
+                    )
         state = fields.get("state")
         if state not in STATES:
             raise InvalidKeys(f"{where}: state must be next, active or retired, not {state!r}")
@@ -188,20 +190,19 @@ class KeyRing:
                 keys.append(RingKey.new(alg, "next", now))
         return self if keys == list(self.keys) else KeyRing(keys)
 
-    def rotate(self, now: int, retention: int, algorithms: Iterable[str]) -> "KeyRing":
+    def rotate(self, now: int, retention: int, algorithms: Sequence[str]) -> "KeyRing":
         """
         For each of C{algorithms}: retire the active key (published until
         C{now + retention}), promote the oldest next key and generate a new
         next key unless another one is waiting; drop expired retired keys.
         """
-        keys = list(self.prune(now).keys)
-        for alg in algorithms:
-            keys = [
-                evolve(k, info=evolve(k.info, state="retired", retired_at=now, expires_at=now + retention))
-                if k.info.alg == alg and k.info.state == "active"
-                else k
-                for k in keys
-            ]
+        retired = {"state": "retired", "retired_at": now, "expires_at": now + retention}
+        keys = [
+            evolve(k, info=evolve(k.info, **retired))
+            if k.info.alg in algorithms and k.info.state == "active"
+            else k
+            for k in self.prune(now).keys
+        ]
         return KeyRing(keys).provision(algorithms, now)
 
     def prune(self, now: int) -> "KeyRing":
@@ -211,7 +212,9 @@ class KeyRing:
 
     def due(self, now: int, every: int) -> tuple[str, ...]:
         """The algorithms whose active key has been signing for C{every} seconds."""
-        return tuple(alg for alg, key in self._active.items() if key.info.activated_at + every <= now)
+        return tuple(
+            alg for alg, key in self._active.items() if key.info.activated_at + every <= now
+        )
 
     def adopt(self, jwk: JWK, now: int) -> "KeyRing":
         """
@@ -224,8 +227,10 @@ class KeyRing:
         _labelled(jwk, alg)
         if jwk["kid"] in self:
             return self
-        active = alg not in self._active
-        info = KeyInfo(jwk["kid"], alg, "active" if active else "next", now, activated_at=now if active else None)
+        if alg in self._active:
+            info = KeyInfo(jwk["kid"], alg, "next", now)
+        else:
+            info = KeyInfo(jwk["kid"], alg, "active", now, activated_at=now)
         return KeyRing(self.keys + (RingKey(jwk, info),))
 
     def sign(self, claims: dict, alg: str, typ: str) -> str:
@@ -239,7 +244,12 @@ class KeyRing:
 
     def to_jwks(self) -> dict:
         """The private, persisted form: a JWK set whose keys carry their metadata."""
-        return {"keys": [key.jwk.export_private(as_dict=True) | {META: key.metadata()} for key in self.keys]}
+        return {
+            "keys": [
+                key.jwk.export_private(as_dict=True) | {META: key.metadata()}
+                for key in self.keys
+            ]
+        }
 
     @classmethod
     def from_jwks(cls, document) -> "KeyRing":
