@@ -164,11 +164,17 @@ def _migrate(connection: sqlite3.Connection, now: int) -> None:
 
 
 # --- records <-> rows -------------------------------------------------------
+# A codec is an (encode, decode) pair between a record field and its column.
 
 _PLAIN = (lambda value: value, lambda value: value)
-# Scope tokens never hold spaces (RFC 6749 section 3.3); sorted so that equal
-# sets are equal strings.
-_SCOPE = (lambda scope: " ".join(sorted(scope)), str.split)
+
+
+def _scope_text(scope) -> str:
+    """Scope tokens never hold spaces (RFC 6749 section 3.3); sorted, equal sets are equal strings."""
+    return " ".join(sorted(scope))
+
+
+_SCOPE = (_scope_text, str.split)
 _LIST = (lambda items: json.dumps(list(items)), json.loads)
 _MAP = (lambda mapping: json.dumps(dict(mapping), sort_keys=True), json.loads)
 _FLAG = (bool, bool)
@@ -404,13 +410,13 @@ class SQLiteStore:
     def save_consent(self, sub, client_id, scope, now):
         return self._execute(
             "INSERT OR REPLACE INTO consents (sub, client_id, scope, created_at) VALUES (?, ?, ?, ?)",
-            (sub, client_id, _SCOPE[0](scope), now),
+            (sub, client_id, _scope_text(scope), now),
         ).addCallback(lambda _: None)
 
     def get_consent(self, sub, client_id):
         def get(db):
             row = db.execute("SELECT scope FROM consents WHERE sub = ? AND client_id = ?", (sub, client_id)).fetchone()
-            return None if row is None else frozenset(_SCOPE[1](row["scope"]))
+            return None if row is None else frozenset(row["scope"].split())
 
         return self._run(get)
 
