@@ -155,3 +155,29 @@ def test_check_config(deployment, tmp_path):
     bad.write_text("[limits]\nsession_ttl = []\n")
     refused(admin("check-config", str(bad), cwd=cwd), "limits.session_ttl: must be a duration")
     refused(admin("client", "list", cwd=tmp_path / "data"), "no config file: pass --config FILE")
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('[store]\nplugin = "sqlite"\nsynchronous = "sometimes"\n', "store.synchronous: must be one of"),
+        ('[keystore]\nalgorithms = ["HS256"]\n', "keystore.algorithms"),
+        ('[keystore]\nplugin = "nope"\n', "keystore.plugin: no keystore plugin named 'nope'"),
+        ("[[identity]]\nplugin = \"static\"\npath = \"missing.toml\"\n", "identity[0].path:"),
+        ("", "users.toml: users[0].login: is required"),
+    ],
+)
+def test_check_config_checks_plugin_sections_without_creating_anything(tmp_path, text, message):
+    (tmp_path / "users.toml").write_text('[[users]]\nsub = "x"\n')
+    config = tmp_path / "authsrv.toml"
+    config.write_text(text)
+    refused(admin("check-config", str(config), cwd=tmp_path), message)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["authsrv.toml", "users.toml"]
+
+
+def test_check_config_of_a_new_deployment_creates_nothing(tmp_path):
+    (tmp_path / "users.toml").write_text("")
+    config = tmp_path / "authsrv.toml"
+    config.write_text('[keystore]\nplugin = "pem"\n')
+    ok(admin("check-config", str(config), cwd=tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["authsrv.toml", "users.toml"]

@@ -23,6 +23,7 @@ from authsrv.interfaces import (
     IIdentityBackendFactory,
     IKeystore,
     IKeystoreFactory,
+    IPluginContext,
     IStore,
     IStoreFactory,
 )
@@ -67,6 +68,14 @@ async def test_what_each_factory_builds_provides_its_interface(role, name, tmp_p
         if role != "keystore":
             await built.close()
         context.stop()
+
+
+def test_the_context_provides_its_interface(tmp_path):
+    from twisted.internet import reactor
+
+    context = PluginContext(reactor, tmp_path, check_only=True)
+    assert verifyObject(IPluginContext, context)
+    context.stop()
 
 
 def test_unknown_plugin_lists_what_is_installed():

@@ -19,10 +19,13 @@ class PluginContext:
     them while the server starts) and stopped by L{stop}.
     """
 
-    def __init__(self, reactor, base_dir: Path, max_token_lifetime: int = 3600):
+    def __init__(
+        self, reactor, base_dir: Path, max_token_lifetime: int = 3600, *, check_only: bool = False
+    ):
         self.reactor = reactor
         self.base_dir = Path(base_dir)
         self.max_token_lifetime = max_token_lifetime
+        self.check_only = check_only
         self._pools: dict[str, ThreadPool] = {}
 
     def threadpool(self, name: str, size: int) -> ThreadPool:

@@ -31,6 +31,11 @@ class IPluginContext(Interface):
     base_dir = Attribute(
         "pathlib.Path against which relative paths in the config are resolved."
     )
+    check_only = Attribute(
+        "True when the operator command only checks a config: the factory"
+        " validates its section (reading what exists, if it likes) without"
+        " creating or changing anything, and returns None."
+    )
     max_token_lifetime = Attribute(
         "Seconds the longest-lived signed token stays valid: how long a"
         " retired signing key must stay published."

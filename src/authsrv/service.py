@@ -152,8 +152,6 @@ def web_root(config: Config, reactor, store, keystore, readiness) -> Root:
 
 def build(config: Config, reactor) -> AuthsrvService:
     """Build every part of the server; raises L{StartupError} with one line."""
-    if len(config.identity) > 1:
-        raise StartupError("identity[1]: only one [[identity]] backend can be configured so far")
     context = PluginContext(reactor, config.base_dir, config.limits.max_token_lifetime)
     try:
         store = build_plugin("store", config.store, context)

@@ -255,9 +255,24 @@ async def keys_rotate(reactor, args):
 
 
 async def check_config(reactor, args):
+    """
+    Everything the server checks at start, plugin sections included, without
+    creating or changing any file (the plugins run in check-only mode).
+    """
     if args.file:
         args.config = args.file
     config = _config(args)
+    context = PluginContext(reactor, config.base_dir, config.limits.max_token_lifetime, check_only=True)
+    try:
+        build_plugin("keystore", config.keystore, context)
+        for role, choice in [("store", config.store), *(("identity", c) for c in config.identity)]:
+            plugin = build_plugin(role, choice, context)
+            if plugin is not None:
+                await plugin.close()
+    except StartupError as e:
+        raise AdminError(f"{config.path}: {e}") from None
+    finally:
+        context.stop()
     print(f"{config.path}: ok (issuer {config.issuer})")
 
 

@@ -29,6 +29,8 @@ def from_config(section, context) -> FileKeystore:
     path = section.path_("path", "keys.jwks.json")
     algorithms, rotate_every = read_options(section)
     section.done()
+    if context.check_only:
+        return None
     return FileKeystore.open(JwkFile(path, section.key("path")), algorithms, rotate_every, context)
 
 

@@ -37,6 +37,8 @@ def from_config(section, context) -> FileKeystore:
     directory = section.path_("directory", "keys")
     algorithms, rotate_every = read_options(section)
     section.done()
+    if context.check_only:
+        return None
     storage = PemFolder(directory, section.key("directory"))
     return FileKeystore.open(storage, algorithms, rotate_every, context)
 

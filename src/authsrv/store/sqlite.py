@@ -60,6 +60,8 @@ def from_config(section, context) -> "SQLiteStore":
     path = section.path_("path", "authsrv.sqlite3")
     synchronous = section.str("synchronous", "full", choices=tuple(_SYNCHRONOUS))
     section.done()
+    if context.check_only:
+        return None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
