@@ -270,7 +270,9 @@ class ILinkedAccountStore(Interface):
         """
         Compare-and-swap the provider tokens: fires with the updated
         L{authsrv.records.LinkedAccount} (version + 1) when C{expected_version}
-        still matched, else None.
+        still matched, else None. A C{refresh_token_enc} of None keeps the
+        stored refresh token: a provider that does not rotate it sends none,
+        and the one we hold must not be lost.
         """
 
     def acquire_link_lock(account_id, holder, now, ttl):
@@ -281,7 +283,7 @@ class ILinkedAccountStore(Interface):
         """
 
     def release_link_lock(account_id, holder):
-        """Release the lease if C{holder} holds it."""
+        """Release the lease if C{holder} holds it; fires with None."""
 
 
 class IStore(

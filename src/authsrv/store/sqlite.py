@@ -469,7 +469,8 @@ class SQLiteStore:
             lambda db: _LINKED.load(
                 _first(
                     db.execute(
-                        "UPDATE linked_accounts SET access_token_enc = ?, refresh_token_enc = ?,"
+                        "UPDATE linked_accounts SET access_token_enc = ?,"
+                        " refresh_token_enc = COALESCE(?, refresh_token_enc),"
                         " scope = ?, expires_at = ?, updated_at = ?, version = version + 1"
                         " WHERE account_id = ? AND version = ? RETURNING *",
                         (access_token_enc, refresh_token_enc, scope, expires_at, now, account_id, expected_version),

@@ -645,7 +645,7 @@ class StoreConformance:
             assert await store.get_linked_account(ALICE, "discord") == expected
             assert await store.update_linked_tokens("acct-9", 1, b"a", None, "x", NOW, NOW) is None
             third = await store.update_linked_tokens("acct-1", 2, b"third", None, "identify", NOW + DAY, NOW + 7)
-            assert (third.version, third.refresh_token_enc) == (3, None)
+            assert (third.version, third.access_token_enc, third.refresh_token_enc) == (3, b"third", b"new-refresh")
 
     @pytest_twisted.ensureDeferred
     async def test_link_lock_lease(self):
