@@ -141,7 +141,8 @@ def test_keys_list_and_rotate(deployment):
     before = [line.split("\t") for line in ok(admin("--config", config, "keys", "list", cwd=cwd)).splitlines()]
     states = {state: kid for kid, alg, state in before}
     assert set(states) == {"active", "next"}
-    after = [line.split("\t") for line in ok(admin("--config", config, "keys", "rotate", cwd=cwd)).splitlines()]
+    refused(admin("--config", config, "keys", "rotate", cwd=cwd), "relying parties cache the JWKS for 600 s")
+    after = [line.split("\t") for line in ok(admin("--config", config, "keys", "rotate", "--force", cwd=cwd)).splitlines()]
     now = {kid: state for kid, alg, state in after}
     assert now[states["next"]] == "active"
     assert now[states["active"]] == "retired"

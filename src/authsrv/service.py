@@ -29,6 +29,11 @@ from authsrv.web.root import Root
 from authsrv.web.static import StaticBytes
 
 MAINTENANCE_INTERVAL = 60.0
+JWKS_MAX_AGE = 600
+"""
+How long relying parties may cache the JWKS: a next key must have been
+published at least this long before it is promoted and signs.
+"""
 GC_BATCH = 500
 
 
@@ -139,7 +144,7 @@ def _documents(config: Config, keystore) -> dict[bytes, StaticBytes]:
             lambda: oauth, b"application/json", long_lived
         ),
         f"{issuer_path}/jwks".encode(): StaticBytes(
-            keystore.jwks_bytes, b"application/jwk-set+json", b"public, max-age=600"
+            keystore.jwks_bytes, b"application/jwk-set+json", f"public, max-age={JWKS_MAX_AGE}".encode()
         ),
     }
 

@@ -25,7 +25,7 @@ from authsrv.context import PluginContext
 from authsrv.embedded import CONFIG_NAME, DEFAULT_DATA_DIR
 from authsrv.protocol.clients import client_id_problem, redirect_uri_problem
 from authsrv.records import Client
-from authsrv.service import StartupError, build_plugin
+from authsrv.service import JWKS_MAX_AGE, StartupError, build_plugin
 from authsrv.store.errors import AlreadyExists
 from authsrv.tokens import new_token, token_hash
 
@@ -248,7 +248,16 @@ async def keys_list(reactor, args):
 
 async def keys_rotate(reactor, args):
     async def rotate(config, keystore):
-        _print_keys(await keystore.rotate(int(reactor.seconds())))
+        now = int(reactor.seconds())
+        for key in keystore.keys():
+            age = now - key.created_at
+            if key.state == "next" and age < JWKS_MAX_AGE and not args.force:
+                raise AdminError(
+                    f"the next {key.alg} key was published {age} s ago, and relying parties"
+                    f" cache the JWKS for {JWKS_MAX_AGE} s: rotate in {JWKS_MAX_AGE - age} s,"
+                    " or now with --force (tokens it signs may fail to verify meanwhile)"
+                )
+        _print_keys(await keystore.rotate(now))
         print("rotated: a running server picks the new keys up within a minute", file=sys.stderr)
 
     await _with_plugin(reactor, args, "keystore", rotate)
@@ -331,7 +340,9 @@ def _parser() -> argparse.ArgumentParser:
         dest="keys_command", required=True, metavar="ACTION"
     )
     keys.add_parser("list", help="list keys and their states").set_defaults(run=keys_list)
-    keys.add_parser("rotate", help="promote the next key, retire the active one").set_defaults(run=keys_rotate)
+    rotate = keys.add_parser("rotate", help="promote the next key, retire the active one")
+    rotate.add_argument("--force", action="store_true", help="even if the next key was published only just now")
+    rotate.set_defaults(run=keys_rotate)
 
     check = commands.add_parser("check-config", help="validate a config file")
     check.add_argument("file", nargs="?")
