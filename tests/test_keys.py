@@ -137,6 +137,7 @@ def test_tampered_metadata_refused(context, tmp_path):
         ({"algorithms": ["RS256", "HS256"]}, "keystore.algorithms"),
         ({"rotate_every": "soon"}, "keystore.rotate_every"),
         ({"rotate_every": 0}, "keystore.rotate_every"),
+        ({"rotate_every": "59m"}, "keystore.rotate_every: must be at least 1h"),
         ({"colour": "blue"}, "keystore.colour"),
     ],
 )

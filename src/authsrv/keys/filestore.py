@@ -36,6 +36,9 @@ next L{FileKeystore.maintain} picks up a rotation.
 """
 
 
+MIN_ROTATE_EVERY = 3600
+
+
 def read_options(section: Section) -> tuple[tuple[str, ...], int | None]:
     """The C{algorithms} and C{rotate_every} keys every file keystore takes."""
     algorithms = section.str_list("algorithms", ["RS256"])
@@ -47,8 +50,12 @@ def read_options(section: Section) -> tuple[tuple[str, ...], int | None]:
     if "RS256" not in algorithms:
         raise section.error("algorithms", "must include RS256 (OpenID Connect requires it)")
     rotate_every = section.duration("rotate_every", None)
-    if rotate_every == 0:
-        raise section.error("rotate_every", "must be longer than zero")
+    if rotate_every is not None and rotate_every < MIN_ROTATE_EVERY:
+        raise section.error(
+            "rotate_every",
+            "must be at least 1h: a next key must be published well before it"
+            " signs, and relying parties cache the JWKS for minutes",
+        )
     return tuple(dict.fromkeys(algorithms)), rotate_every
 
 
