@@ -9,8 +9,12 @@ import json
 
 import pytest
 from treq.testing import StubTreq
+from twisted.cred.checkers import ICredentialsChecker
+from twisted.cred.credentials import IUsernamePassword
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.task import Clock
+
+from zope.interface import implementer
 
 from authsrv.config import parse_config
 from authsrv.service import web_root
@@ -27,6 +31,11 @@ class FakeKeystore:
 
     def jwks_bytes(self):
         return self.jwks
+
+
+@implementer(ICredentialsChecker)
+class FakeIdentity:
+    credentialInterfaces = (IUsernamePassword,)
 
 
 class FakeStore:
@@ -47,7 +56,7 @@ def server():
 
     config = parse_config({"server": {"public_url": BASE}}, None)
     server = Server()
-    root = web_root(config, server.clock, server.store, server.keystore, lambda: server.problem)
+    root = web_root(config, server.clock, server.store, server.keystore, FakeIdentity(), lambda: server.problem)
     server.http = StubTreq(root)
     return server
 

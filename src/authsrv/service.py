@@ -25,6 +25,7 @@ from authsrv.context import PluginContext
 from authsrv.plugins import UnknownPlugin, find_factory
 from authsrv.protocol.discovery import authorization_server_metadata, openid_configuration
 from authsrv.web.app import AuthServer
+from authsrv.web.request import bounded_request_factory
 from authsrv.web.root import Root
 from authsrv.web.static import StaticBytes
 
@@ -149,9 +150,12 @@ def _documents(config: Config, keystore) -> dict[bytes, StaticBytes]:
     }
 
 
-def web_root(config: Config, reactor, store, keystore, readiness) -> Root:
+def web_root(config: Config, reactor, store, keystore, identity, readiness) -> Root:
     """The whole HTTP surface; C{readiness()} returns a problem or None."""
-    app = AuthServer(reactor=reactor, issuer=config.issuer, store=store, readiness=readiness)
+    app = AuthServer(
+        reactor=reactor, config=config, store=store, keystore=keystore, identity=identity,
+        readiness=readiness,
+    )
     return Root(_documents(config, keystore), app.resource())
 
 
@@ -163,7 +167,8 @@ def build(config: Config, reactor) -> AuthsrvService:
         keystore = build_plugin("keystore", config.keystore, context)
         identity = [build_plugin("identity", choice, context) for choice in config.identity]
         holder: list[AuthsrvService] = []
-        site = Site(web_root(config, reactor, store, keystore, lambda: holder[0].readiness_problem()))
+        root = web_root(config, reactor, store, keystore, identity[0], lambda: holder[0].readiness_problem())
+        site = Site(root, requestFactory=bounded_request_factory(config.limits.max_body_bytes))
         site.displayTracebacks = False
         ports = _listen(reactor, config.listen, site)
     except BaseException:

@@ -5,24 +5,46 @@ results. Collaborators come in through the constructor; no module-level state.
 
 from __future__ import annotations
 
-from klein import Klein
+from urllib.parse import urlsplit
+
+from twisted.cred.portal import Portal
 from twisted.logger import Logger
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
-from authsrv.web.headers import allow_any_origin, json_body
+from authsrv.identity.realm import UserRealm
+from authsrv.protocol.errors import OAuthError
+from authsrv.web.cookies import Cookies
+from authsrv.web.headers import allow_any_origin, json_body, oauth_error
+from authsrv.web.routing import app
 
 READINESS_TIMEOUT = 2.0
 
 
 class AuthServer:
-    app = Klein()
+    """
+    Every route's collaborators. Route handlers live in the C{routes_*}
+    modules, registered on the shared L{app}.
+    """
+
+    app = app
     log = Logger()
 
-    def __init__(self, *, reactor, issuer: str, store, readiness):
-        self._reactor = reactor
-        self._issuer = issuer
-        self._store = store
+    def __init__(self, *, reactor, config, store, keystore, identity, readiness):
+        self.reactor = reactor
+        self.config = config
+        self.limits = config.limits
+        self.issuer = config.issuer
+        self.store = store
+        self.keystore = keystore
+        self.identity = identity
+        self.portal = Portal(UserRealm(identity), [identity])
+        self.cookies = Cookies(
+            path=urlsplit(config.issuer).path or "/", secure=config.issuer.startswith("https:")
+        )
         self._readiness = readiness
+
+    def now(self) -> int:
+        return int(self.reactor.seconds())
 
     def resource(self):
         return self.app.resource()
@@ -32,7 +54,7 @@ class AuthServer:
         """The contract's redirect from the host root to the issuer's document."""
         allow_any_origin(request)
         request.setResponseCode(301)
-        request.setHeader(b"location", f"{self._issuer}/.well-known/openid-configuration".encode())
+        request.setHeader(b"location", f"{self.issuer}/.well-known/openid-configuration".encode())
         request.setHeader(b"cache-control", b"public, max-age=86400")
         return b""
 
@@ -53,13 +75,18 @@ class AuthServer:
         problem = self._readiness()
         if problem is None:
             try:
-                await self._store.ping().addTimeout(READINESS_TIMEOUT, self._reactor)
+                await self.store.ping().addTimeout(READINESS_TIMEOUT, self.reactor)
             except Exception as e:
                 self.log.warn("readiness: store unreachable: {error}", error=str(e) or type(e).__name__)
                 problem = "store unreachable"
         if problem:
             return json_body(request, 503, {"status": "unavailable", "reason": problem})
         return json_body(request, 200, {"status": "ready"})
+
+    @app.handle_errors(OAuthError)
+    def oauth_failure(self, request, failure):
+        """Any OAuth error a JSON endpoint raised, rendered per RFC 6749 section 5.2."""
+        return oauth_error(request, failure.value)
 
     @app.handle_errors(NotFound)
     def not_found(self, request, failure):

@@ -26,3 +26,20 @@ def method_not_allowed(request, allow: bytes) -> bytes:
         405,
         {"error": "method_not_allowed", "error_description": f"use {allow.decode()}"},
     )
+
+
+def oauth_error(request, error) -> bytes:
+    """
+    An L{authsrv.protocol.errors.OAuthError} as RFC 6749 section 5.2 JSON,
+    with the challenge RFC 6749 (invalid_client) or RFC 6750 (bearer token
+    errors) asks for, and no-store like every token endpoint answer.
+    """
+    if error.error == "invalid_client":
+        request.setHeader(b"www-authenticate", b'Basic realm="authsrv"')
+    elif error.error in ("invalid_token", "insufficient_scope"):
+        description = error.description.replace('"', "'")
+        request.setHeader(
+            b"www-authenticate",
+            f'Bearer realm="authsrv", error="{error.error}", error_description="{description}"'.encode(),
+        )
+    return json_body(request, error.status, error.body(), no_store=True)

@@ -7,6 +7,20 @@ from __future__ import annotations
 
 from twisted.web.resource import Resource
 
+from authsrv.web.headers import json_body
+
+
+class TooLarge(Resource):
+    """413 for a body over the limit (L{authsrv.web.request.BoundedRequest})."""
+
+    isLeaf = True
+
+    def render(self, request):
+        request.setHeader(b"connection", b"close")
+        return json_body(
+            request, 413, {"error": "invalid_request", "error_description": "the request body is too large"}
+        )
+
 
 class Root(Resource):
     """
@@ -20,6 +34,8 @@ class Root(Resource):
         self._app = app
 
     def getChildWithDefault(self, name, request):
+        if getattr(request, "body_too_large", False):
+            return TooLarge()
         static = self._static.get(request.path)
         if static is not None:
             return static

@@ -1,0 +1,70 @@
+"""
+Security events: every one a structured twisted.logger event in the
+C{authsrv.audit} namespace with an C{event} field for JSON consumers
+(C{twist --log-format json}). They never carry a secret, a password or a
+whole token: tokens are named by grant id, jti or an 8-hex fingerprint.
+"""
+
+from __future__ import annotations
+
+from twisted.logger import Logger
+
+log = Logger(namespace="authsrv.audit")
+
+
+def _emit(event: str, text: str, **fields) -> None:
+    log.info(text, event=event, **fields)
+
+
+def login_succeeded(*, sub: str, client_id: str, address: str) -> None:
+    _emit("login.succeeded", "login of {sub} for {client_id} from {address}", sub=sub,
+          client_id=client_id, address=address)
+
+
+def login_failed(*, login: str, reason: str, address: str) -> None:
+    _emit("login.failed", "failed login as {login!r} from {address}: {reason}", login=login,
+          reason=reason, address=address)
+
+
+def consent_given(*, sub: str, client_id: str, scope: str) -> None:
+    _emit("consent.given", "{sub} consented to {scope} for {client_id}", sub=sub,
+          client_id=client_id, scope=scope)
+
+
+def consent_denied(*, sub: str, client_id: str) -> None:
+    _emit("consent.denied", "{sub} denied consent to {client_id}", sub=sub, client_id=client_id)
+
+
+def code_issued(*, sub: str, client_id: str, grant_id: str) -> None:
+    _emit("code.issued", "code for {sub} to {client_id} (grant {grant_id})", sub=sub,
+          client_id=client_id, grant_id=grant_id)
+
+
+def token_issued(*, sub: str, client_id: str, grant_id: str, grant_type: str, token_fp: str) -> None:
+    _emit("token.issued", "{grant_type} tokens for {sub} to {client_id} (grant {grant_id}, {token_fp})",
+          sub=sub, client_id=client_id, grant_id=grant_id, grant_type=grant_type, token_fp=token_fp)
+
+
+def code_reused(*, client_id: str, grant_id: str) -> None:
+    _emit("code.reused", "authorization code replayed by {client_id}: grant {grant_id} revoked",
+          client_id=client_id, grant_id=grant_id)
+
+
+def refresh_reused(*, client_id: str, grant_id: str) -> None:
+    _emit("refresh.reused", "rotated refresh token reused by {client_id}: grant {grant_id} revoked",
+          client_id=client_id, grant_id=grant_id)
+
+
+def token_revoked(*, client_id: str, grant_id: str, kind: str) -> None:
+    _emit("token.revoked", "{kind} token of grant {grant_id} revoked by {client_id}",
+          client_id=client_id, grant_id=grant_id, kind=kind)
+
+
+def session_ended(*, sub: str, sid: str, reason: str) -> None:
+    _emit("session.ended", "browser session {sid} of {sub} ended: {reason}", sub=sub, sid=sid,
+          reason=reason)
+
+
+def backchannel_logout(*, client_id: str, sid: str, outcome: str) -> None:
+    _emit("logout.backchannel", "back-channel logout of {sid} to {client_id}: {outcome}",
+          client_id=client_id, sid=sid, outcome=outcome)

@@ -1,0 +1,33 @@
+"""
+Whether a user may still use the service: known to the identity backend,
+not disabled there, not banned in the store (DESIGN.md, Bans). Asked on
+login, refresh, UserInfo and introspection, so a ban takes effect at once.
+"""
+
+from __future__ import annotations
+
+from attrs import frozen
+
+from authsrv.records import User
+
+
+@frozen
+class Standing:
+    user: User | None
+    banned: bool
+    ban_reason: str | None
+
+    @property
+    def allowed(self) -> bool:
+        return self.user is not None and not self.banned
+
+
+async def standing(identity, store, sub: str, now: int) -> Standing:
+    """The user's record and ban state; a disabled account counts as banned."""
+    user = await identity.user_by_id(sub)
+    if user is not None and user.disabled:
+        return Standing(user, True, user.disabled_reason)
+    ban = await store.get_ban(sub, now)
+    if ban is not None:
+        return Standing(user, True, ban.reason)
+    return Standing(user, False, None)

@@ -1,0 +1,64 @@
+"""
+Client authentication at the token, introspection and revocation endpoints:
+client_secret_basic and client_secret_post (RFC 6749 section 2.3.1), and
+public clients identified by client_id alone (they prove possession with
+PKCE instead). Secrets are compared by SHA-256 in constant time.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from urllib.parse import unquote_plus
+
+from attrs import frozen
+
+from authsrv.protocol.errors import InvalidClient, InvalidRequest
+from authsrv.records import Client
+from authsrv.tokens import secret_matches
+
+
+@frozen
+class ClientCredentials:
+    client_id: str
+    secret: str | None
+    method: str
+
+
+def client_credentials(authorization: bytes | None, params: dict[str, str]) -> ClientCredentials:
+    """
+    What the client presented; raises L{InvalidClient} when it presented
+    nothing usable and L{InvalidRequest} when it mixed two methods.
+    """
+    if authorization and authorization[:6].lower() == b"basic ":
+        try:
+            decoded = base64.b64decode(authorization[6:].strip(), validate=True).decode("utf-8")
+            raw_id, raw_secret = decoded.split(":", 1)
+        except (binascii.Error, UnicodeDecodeError, ValueError):
+            raise InvalidClient("the Basic authorization header is malformed") from None
+        client_id, secret = unquote_plus(raw_id), unquote_plus(raw_secret)
+        if "client_secret" in params:
+            raise InvalidRequest("use one client authentication method, not Basic and client_secret both")
+        if params.get("client_id", client_id) != client_id:
+            raise InvalidRequest("client_id differs from the one in the Authorization header")
+        if not client_id:
+            raise InvalidClient("the Basic authorization header names no client")
+        return ClientCredentials(client_id, secret, "client_secret_basic")
+    client_id = params.get("client_id")
+    if not client_id:
+        raise InvalidClient("client authentication is required: send client_id (and client_secret)")
+    secret = params.get("client_secret")
+    return ClientCredentials(client_id, secret, "client_secret_post" if secret is not None else "none")
+
+
+def authenticate(client: Client | None, credentials: ClientCredentials) -> Client:
+    """The authenticated client, or L{InvalidClient} (one message for every failure)."""
+    if client is None:
+        raise InvalidClient("client authentication failed")
+    if client.is_public:
+        if credentials.secret is not None:
+            raise InvalidClient("client authentication failed: a public client has no secret")
+        return client
+    if credentials.secret is None or not secret_matches(credentials.secret, client.secret_hash):
+        raise InvalidClient("client authentication failed")
+    return client

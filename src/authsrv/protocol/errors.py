@@ -1,0 +1,101 @@
+"""
+OAuth and OpenID Connect errors as one class tree (RFC 6749 sections 4.1.2.1
+and 5.2, RFC 6750 section 3.1, OIDC Core 3.1.2.6), each knowing its wire code
+and HTTP status, so that routes render every failure the same way.
+"""
+
+from __future__ import annotations
+
+
+class OAuthError(Exception):
+    """
+    An error answered to a client. C{description} is for a developer reading
+    it: say what was wrong and how to fix it, never echo a secret.
+    """
+
+    error = "invalid_request"
+    status = 400
+
+    def __init__(self, description: str):
+        super().__init__(description)
+        self.description = description
+
+    def body(self) -> dict:
+        return {"error": self.error, "error_description": self.description}
+
+
+class InvalidRequest(OAuthError):
+    error = "invalid_request"
+
+
+class InvalidClient(OAuthError):
+    """401 with a WWW-Authenticate challenge (RFC 6749 section 5.2)."""
+
+    error = "invalid_client"
+    status = 401
+
+
+class InvalidGrant(OAuthError):
+    error = "invalid_grant"
+
+
+class UnauthorizedClient(OAuthError):
+    error = "unauthorized_client"
+
+
+class UnsupportedGrantType(OAuthError):
+    error = "unsupported_grant_type"
+
+
+class UnsupportedResponseType(OAuthError):
+    error = "unsupported_response_type"
+
+
+class InvalidScope(OAuthError):
+    error = "invalid_scope"
+
+
+class InvalidTarget(OAuthError):
+    """RFC 8707: a resource the client may not request."""
+
+    error = "invalid_target"
+
+
+class AccessDenied(OAuthError):
+    error = "access_denied"
+    status = 403
+
+
+class LoginRequired(OAuthError):
+    error = "login_required"
+
+
+class ConsentRequired(OAuthError):
+    error = "consent_required"
+
+
+class RequestNotSupported(OAuthError):
+    error = "request_not_supported"
+
+
+class RequestUriNotSupported(OAuthError):
+    error = "request_uri_not_supported"
+
+
+class TemporarilyUnavailable(OAuthError):
+    error = "temporarily_unavailable"
+    status = 503
+
+
+class InvalidToken(OAuthError):
+    """RFC 6750: a missing, unknown, expired or revoked bearer token."""
+
+    error = "invalid_token"
+    status = 401
+
+
+class InsufficientScope(OAuthError):
+    """RFC 6750: the token lacks a scope the resource requires."""
+
+    error = "insufficient_scope"
+    status = 403

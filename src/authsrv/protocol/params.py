@@ -1,0 +1,44 @@
+"""
+Reading OAuth parameters from a query string or a form body.
+
+RFC 6749 section 3.1: parameters sent without a value are treated as
+omitted, and request parameters must not be included more than once.
+"""
+
+from __future__ import annotations
+
+from authsrv.protocol.errors import InvalidRequest
+
+MAX_PARAM_LENGTH = 8192
+
+
+def single_params(args: dict[bytes, list[bytes]]) -> dict[str, str]:
+    """
+    C{request.args} as a dict of text, empty values dropped; raises
+    L{InvalidRequest} for a repeated parameter, text that is not UTF-8, or a
+    value longer than L{MAX_PARAM_LENGTH}.
+    """
+    params: dict[str, str] = {}
+    for raw_name, raw_values in args.items():
+        try:
+            name = raw_name.decode("utf-8")
+            values = [v.decode("utf-8") for v in raw_values if v]
+        except UnicodeDecodeError:
+            raise InvalidRequest("parameters must be UTF-8 text") from None
+        if len(values) > 1:
+            raise InvalidRequest(f"parameter {name} is repeated; send it once")
+        if values:
+            if len(values[0]) > MAX_PARAM_LENGTH:
+                raise InvalidRequest(f"parameter {name} is too long")
+            if "\x00" in values[0]:
+                raise InvalidRequest(f"parameter {name} holds a NUL character")
+            params[name] = values[0]
+    return params
+
+
+def require(params: dict[str, str], name: str) -> str:
+    """A required parameter, or L{InvalidRequest} naming it."""
+    value = params.get(name)
+    if value is None:
+        raise InvalidRequest(f"parameter {name} is required")
+    return value

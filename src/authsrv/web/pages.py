@@ -1,0 +1,69 @@
+"""
+Server-rendered HTML pages: no JavaScript, no external assets, readable on a
+phone, and never framed (DESIGN.md, Browser pages). Built with
+twisted.web.template tags, which escape every text and attribute.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+
+from twisted.web.template import flattenString, tags
+
+STYLE = """
+:root{color-scheme:light dark;font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif}
+body{margin:0;display:flex;justify-content:center;padding:2rem 1rem;line-height:1.5}
+main{width:100%;max-width:24rem}
+h1{font-size:1.4rem;margin:0 0 1rem}
+label{display:block;margin:.8rem 0 .2rem;font-weight:600}
+input[type=text],input[type=password]{width:100%;box-sizing:border-box;padding:.6rem;font-size:1rem;
+border:1px solid #888;border-radius:.4rem}
+button{margin-top:1.2rem;padding:.6rem 1.2rem;font-size:1rem;border-radius:.4rem;border:1px solid #555;cursor:pointer}
+button.primary{background:#1f5fbf;color:#fff;border-color:#1f5fbf}
+.row{display:flex;gap:.6rem;flex-wrap:wrap}
+.error{padding:.6rem .8rem;border-radius:.4rem;background:#fde8e8;color:#8a1c1c}
+ul{padding-left:1.2rem}
+small{color:#777}
+""".strip()
+
+_STYLE_HASH = base64.b64encode(hashlib.sha256(STYLE.encode()).digest()).decode()
+
+CONTENT_SECURITY_POLICY = (
+    f"default-src 'none'; style-src 'sha256-{_STYLE_HASH}'; img-src 'self' data:;"
+    " frame-ancestors 'none'; base-uri 'none'"
+).encode()
+
+
+def page_headers(request) -> None:
+    """The headers every HTML page carries."""
+    request.setHeader(b"content-type", b"text/html; charset=utf-8")
+    request.setHeader(b"x-frame-options", b"DENY")
+    request.setHeader(b"content-security-policy", CONTENT_SECURITY_POLICY)
+    request.setHeader(b"x-content-type-options", b"nosniff")
+    request.setHeader(b"referrer-policy", b"no-referrer")
+    request.setHeader(b"cache-control", b"no-store")
+
+
+def render_page(request, status: int, title: str, *content) -> bytes:
+    """A complete page; C{content} are twisted.web.template tags or text."""
+    request.setResponseCode(status)
+    page_headers(request)
+    document = tags.html(lang="en")(
+        tags.head(
+            tags.meta(charset="utf-8"),
+            tags.meta(name="viewport", content="width=device-width, initial-scale=1"),
+            tags.meta(name="robots", content="noindex"),
+            tags.title(title),
+            tags.style(STYLE),
+        ),
+        tags.body(tags.main(tags.h1(title), *content)),
+    )
+    results: list = []
+    flattenString(None, document).addBoth(results.append)
+    return b"<!DOCTYPE html>\n" + results[0]
+
+
+def error_page(request, status: int, title: str, message: str) -> bytes:
+    """A page for errors that must not go back to the client (an unknown client, a bad redirect URI)."""
+    return render_page(request, status, title, tags.p(class_="error")(message))

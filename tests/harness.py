@@ -1,0 +1,192 @@
+"""
+An authsrv in memory for flow tests: the real web root over a real SQLite
+store, a real JWK-file keystore and a real static users file, driven through
+StubTreq, with time from a L{Clock} so every expiry is a C{clock.advance}.
+
+The plugins still run their blocking work on thread pools of the real
+reactor, so tests using this are C{@pytest_twisted.ensureDeferred} and every
+request goes through L{Harness.request}, which keeps delivering the in-memory
+connection's bytes until the response is complete.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import secrets
+from pathlib import Path
+from urllib.parse import parse_qs, urlencode, urlsplit
+
+from argon2 import PasswordHasher, profiles
+from treq.testing import StubTreq
+from twisted.internet import reactor
+from twisted.internet.task import Clock, deferLater
+
+from authsrv.config import parse_config
+from authsrv.configsection import Section
+from authsrv.context import PluginContext
+from authsrv.identity.passwords import PasswordVerifier, hash_password
+from authsrv.identity.static import StaticIdentityBackend, add_user
+from authsrv.keys import jwkfile
+from authsrv.service import web_root
+from authsrv.store import sqlite
+from authsrv.testing.identity import ALICE, BOB, MALLORY, PASSWORDS, ZOE
+
+BASE = "http://127.0.0.1:8080"
+ISSUER = BASE + "/api/auth"
+NOW = 1_800_000_000
+CHEAP = PasswordHasher.from_parameters(profiles.CHEAPEST)
+
+CLIENTS = [
+    {
+        "client_id": "first",
+        "name": "First-Party App",
+        "secret_env": "AUTHSRV_TEST_FIRST_SECRET",
+        "first_party": True,
+        "redirect_uris": ["http://127.0.0.1:9000/callback"],
+        "post_logout_redirect_uris": ["http://127.0.0.1:9000/"],
+        "end_session_enabled": True,
+        "resources": ["https://api.example.test"],
+    },
+    {
+        "client_id": "partner",
+        "name": "Partner App",
+        "secret_env": "AUTHSRV_TEST_PARTNER_SECRET",
+        "redirect_uris": ["http://127.0.0.1:9001/callback"],
+        "post_logout_redirect_uris": ["http://127.0.0.1:9001/"],
+        "end_session_enabled": True,
+    },
+    {
+        "client_id": "spa",
+        "name": "Single-Page App",
+        "redirect_uris": ["http://127.0.0.1:9002/callback"],
+    },
+    {
+        "client_id": "gateway",
+        "name": "API Gateway",
+        "secret_env": "AUTHSRV_TEST_GATEWAY_SECRET",
+        "introspect_any": True,
+        "redirect_uris": ["http://127.0.0.1:9003/callback"],
+    },
+]
+SECRETS = {"first": "first-secret", "partner": "partner-secret", "gateway": "gateway-secret"}
+ENVIRON = {
+    "AUTHSRV_TEST_FIRST_SECRET": SECRETS["first"],
+    "AUTHSRV_TEST_PARTNER_SECRET": SECRETS["partner"],
+    "AUTHSRV_TEST_GATEWAY_SECRET": SECRETS["gateway"],
+}
+USERS = (ALICE, BOB, ZOE, MALLORY)
+
+
+def pkce_pair() -> tuple[str, str]:
+    """A fresh (verifier, S256 challenge), as a relying party makes one per attempt."""
+    verifier = base64.urlsafe_b64encode(secrets.token_bytes(32)).rstrip(b"=").decode()
+    challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
+    return verifier, challenge
+
+
+def query_of(location: str) -> dict[str, str]:
+    """The query parameters of a redirect's Location, one value each."""
+    return {k: v[0] for k, v in parse_qs(urlsplit(location).query).items()}
+
+
+class Harness:
+    """One server; see the module docstring."""
+
+    def __init__(self, tmp_path: Path, monkeypatch, config: dict | None = None):
+        for name, value in ENVIRON.items():
+            monkeypatch.setenv(name, value)
+        self.clock = Clock()
+        self.clock.advance(NOW)
+        users = tmp_path / "users.toml"
+        for user in USERS:
+            add_user(
+                users,
+                login=user.login,
+                password_hash=hash_password(PASSWORDS[user.sub], CHEAP),
+                sub=user.sub,
+                name=user.name,
+                email=user.email,
+                email_verified=user.email_verified,
+                picture=user.picture,
+                chat_user_id=user.chat_user_id,
+                disabled=user.disabled,
+                disabled_reason=user.disabled_reason,
+            )
+        self.config = parse_config({"clients": CLIENTS, **(config or {})}, tmp_path / "authsrv.toml")
+        self.context = PluginContext(reactor, tmp_path, self.config.limits.max_token_lifetime)
+        self.store = sqlite.from_config(Section({}, "store", tmp_path), self.context)
+        self.keystore = jwkfile.from_config(
+            Section({"algorithms": ["RS256", "ES256", "EdDSA"]}, "keystore", tmp_path), self.context
+        )
+        verifier = PasswordVerifier(reactor, self.context.threadpool("passwords", 2), CHEAP)
+        self.identity = StaticIdentityBackend(users, self.clock, verifier)
+        self.root = web_root(self.config, self.clock, self.store, self.keystore, self.identity, lambda: None)
+        self.http = StubTreq(self.root)
+
+    async def start(self) -> "Harness":
+        for client in self.config.clients:
+            await self.store.put_client(client)
+        return self
+
+    async def close(self) -> None:
+        await self.store.close()
+        await self.identity.close()
+        self.context.stop()
+
+    def now(self) -> int:
+        return int(self.clock.seconds())
+
+    async def request(self, method: str, path: str, **kwargs):
+        """
+        (response, body bytes) of a request to C{path} (relative to the base
+        URL, or absolute); redirects are not followed.
+        """
+        url = path if path.startswith("http") else BASE + path
+        kwargs.setdefault("allow_redirects", False)
+        d = self.http.request(method, url, **kwargs)
+        response = await self._settle(d)
+        body = await self._settle(response.content())
+        return response, body
+
+    async def _settle(self, d):
+        results: list = []
+        d.addBoth(results.append)
+        for _ in range(2000):
+            if results:
+                break
+            self.http.flush()
+            if not results:
+                await deferLater(reactor, 0.001, lambda: None)
+        else:
+            raise AssertionError("no response: the request hangs")
+        if hasattr(results[0], "raiseException"):
+            results[0].raiseException()
+        return results[0]
+
+    async def get(self, path: str, **kwargs):
+        return await self.request("GET", path, **kwargs)
+
+    async def post(self, path: str, data: dict | None = None, **kwargs):
+        return await self.request("POST", path, data=data, **kwargs)
+
+    async def json(self, method: str, path: str, **kwargs):
+        response, body = await self.request(method, path, **kwargs)
+        return response, json.loads(body) if body else None
+
+    def authorize_url(self, client_id="first", redirect_uri=None, scope="openid profile email offline_access",
+                      challenge=None, state="st4te", **extra) -> str:
+        """An authorization request as a relying party builds it."""
+        redirect_uri = redirect_uri or next(c["redirect_uris"][0] for c in CLIENTS if c["client_id"] == client_id)
+        params = {
+            "response_type": "code",
+            "client_id": client_id,
+            "redirect_uri": redirect_uri,
+            "scope": scope,
+            "state": state,
+            "code_challenge": challenge or pkce_pair()[1],
+            "code_challenge_method": "S256",
+            **extra,
+        }
+        return ISSUER + "/oauth2/authorize?" + urlencode({k: v for k, v in params.items() if v is not None})
