@@ -226,6 +226,13 @@ class IGrantStore(Interface):
         the user exists (the user-access C{hasActiveGrant}).
         """
 
+    def session_clients(sid):
+        """
+        Fires with the sorted ids of the clients holding a grant from the
+        browser session C{sid}, revoked or not: who gets a back-channel
+        logout when that session ends.
+        """
+
     def save_consent(sub, client_id, scope, now):
         """Remember that the user consented to C{scope} for the client."""
 

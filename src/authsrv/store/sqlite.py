@@ -409,6 +409,16 @@ class SQLiteStore:
             )
         )
 
+    def session_clients(self, sid):
+        return self._run(
+            lambda db: [
+                row["client_id"]
+                for row in db.execute(
+                    "SELECT DISTINCT client_id FROM grants WHERE sid = ? ORDER BY client_id", (sid,)
+                )
+            ]
+        )
+
     def save_consent(self, sub, client_id, scope, now):
         return self._execute(
             "INSERT OR REPLACE INTO consents (sub, client_id, scope, created_at) VALUES (?, ?, ?, ?)",

@@ -546,6 +546,29 @@ class StoreConformance:
             assert await store.has_active_grant(ALICE, NOW + 49) is True
             assert await store.has_active_grant(ALICE, NOW + 50) is False
 
+    @pytest_twisted.ensureDeferred
+    async def test_session_clients(self):
+        async with self.store() as store:
+            assert await store.session_clients("sid-1") == []
+            await start_grant(store, "g1", client_id="zeta-app", sid="sid-1")
+            await start_grant(store, "g2", client_id=CLIENT, sid="sid-1")
+            await start_grant(store, "g3", client_id=CLIENT, sid="sid-1")
+            await start_grant(store, "g4", client_id=OTHER_CLIENT, sid="sid-2")
+            await start_grant(store, "g5", client_id=OTHER_CLIENT, sid=None)
+            assert await store.session_clients("sid-1") == [CLIENT, "zeta-app"]
+            assert await store.session_clients("sid-2") == [OTHER_CLIENT]
+            assert await store.session_clients("sid-3") == []
+
+    @pytest_twisted.ensureDeferred
+    async def test_session_clients_include_revoked_grants(self):
+        """An RP keeps its own session after its tokens are revoked: it still hears of the logout."""
+        async with self.store() as store:
+            await start_grant(store, "g1", client_id=CLIENT, sid="sid-1")
+            await start_grant(store, "g2", client_id=OTHER_CLIENT, sid="sid-1")
+            await store.revoke_grant("g1", NOW)
+            await store.revoke_user_grants(ALICE, NOW)
+            assert await store.session_clients("sid-1") == [CLIENT, OTHER_CLIENT]
+
     # --- consents -----------------------------------------------------------------
 
     @pytest_twisted.ensureDeferred
