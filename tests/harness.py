@@ -32,6 +32,7 @@ from authsrv.keys import jwkfile
 from authsrv.service import web_root
 from authsrv.store import sqlite
 from authsrv.testing.identity import ALICE, BOB, MALLORY, PASSWORDS, ZOE
+from authsrv.web.internal import InternalAPI
 
 BASE = "http://127.0.0.1:8080"
 ISSUER = BASE + "/api/auth"
@@ -77,6 +78,7 @@ ENVIRON = {
     "AUTHSRV_TEST_GATEWAY_SECRET": SECRETS["gateway"],
 }
 USERS = (ALICE, BOB, ZOE, MALLORY)
+INTERNAL_SECRET = "internal-test-secret"
 
 
 def pkce_pair() -> tuple[str, str]:
@@ -122,7 +124,14 @@ class Harness:
         )
         verifier = PasswordVerifier(reactor, self.context.threadpool("passwords", 2), CHEAP)
         self.identity = StaticIdentityBackend(users, self.clock, verifier)
-        self.root = web_root(self.config, self.clock, self.store, self.keystore, self.identity, lambda: None)
+        self.internal = InternalAPI(
+            reactor=self.clock, secret=INTERNAL_SECRET, store=self.store, identity=self.identity,
+            chat_tokens=None,
+        )
+        self.root = web_root(
+            self.config, self.clock, self.store, self.keystore, self.identity, lambda: None,
+            self.internal.resource(),
+        )
         self.http = StubTreq(self.root)
 
     async def start(self) -> "Harness":

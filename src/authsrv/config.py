@@ -58,6 +58,8 @@ class Config:
     public_url: str
     listen: tuple[str, ...]
     internal_secret: str | None
+    internal_listen: tuple[str, ...]
+    internal_on_main: bool
     limits: Limits
     store: PluginChoice
     keystore: PluginChoice
@@ -163,6 +165,10 @@ def parse_config(data: dict, path: Path | None) -> Config:
     server.done()
     internal = top.table("internal", None) or Section({}, "internal", base_dir)
     internal_secret = internal.secret("secret", required=False)
+    internal_listen = tuple(internal.str_list("listen", []))
+    internal_on_main = internal.bool("serve_on_main", True)
+    if not internal_on_main and not internal_listen:
+        raise internal.error("serve_on_main", "is false but internal.listen is empty: the internal API would be served nowhere")
     internal.done()
     limits = _limits(top.table("limits", None) or Section({}, "limits", base_dir))
     store = _plugin(top.table("store", None) or Section({}, "store", base_dir), "sqlite")
@@ -184,6 +190,8 @@ def parse_config(data: dict, path: Path | None) -> Config:
         public_url=public_url,
         listen=listen,
         internal_secret=internal_secret,
+        internal_listen=internal_listen,
+        internal_on_main=internal_on_main,
         limits=limits,
         store=store,
         keystore=keystore,

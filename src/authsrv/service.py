@@ -25,6 +25,7 @@ from authsrv.context import PluginContext
 from authsrv.plugins import UnknownPlugin, find_factory
 from authsrv.protocol.discovery import authorization_server_metadata, openid_configuration
 from authsrv.web.app import AuthServer
+from authsrv.web.internal import InternalAPI
 from authsrv.web.request import bounded_request_factory
 from authsrv.web.root import Root
 from authsrv.web.static import StaticBytes
@@ -112,24 +113,22 @@ class AuthsrvService(MultiService):
         self._context.stop()
 
 
-def _listen(reactor, descriptions, site):
+def _listen(reactor, key, descriptions, site, ports):
     """Bind every listener now, so a taken port is a start-up error."""
-    ports = []
     for index, description in enumerate(descriptions):
         try:
             endpoint = serverFromString(reactor, description)
         except (ValueError, KeyError, TypeError) as e:
-            raise StartupError(f"server.listen[{index}]: {description!r} is not a valid endpoint ({e})")
+            raise StartupError(f"{key}[{index}]: {description!r} is not a valid endpoint ({e})")
         results: list = []
         endpoint.listen(site).addBoth(results.append)
         if results and isinstance(results[0], Failure):
             for port in ports:
                 port.stopListening()
             raise StartupError(
-                f"server.listen[{index}]: cannot listen on {description!r}: {results[0].getErrorMessage()}"
+                f"{key}[{index}]: cannot listen on {description!r}: {results[0].getErrorMessage()}"
             )
         ports.extend(results)
-    return ports
 
 
 def _documents(config: Config, keystore) -> dict[bytes, StaticBytes]:
@@ -150,13 +149,22 @@ def _documents(config: Config, keystore) -> dict[bytes, StaticBytes]:
     }
 
 
-def web_root(config: Config, reactor, store, keystore, identity, readiness) -> Root:
-    """The whole HTTP surface; C{readiness()} returns a problem or None."""
+def web_root(config: Config, reactor, store, keystore, identity, readiness, internal=None) -> Root:
+    """
+    The main site's HTTP surface; C{readiness()} returns a problem or None,
+    C{internal} is the internal API's resource when served here too.
+    """
     app = AuthServer(
         reactor=reactor, config=config, store=store, keystore=keystore, identity=identity,
         readiness=readiness,
     )
-    return Root(_documents(config, keystore), app.resource())
+    return Root(_documents(config, keystore), app.resource(), internal)
+
+
+def _site(root, config: Config) -> Site:
+    site = Site(root, requestFactory=bounded_request_factory(config.limits.max_body_bytes))
+    site.displayTracebacks = False
+    return site
 
 
 def build(config: Config, reactor) -> AuthsrvService:
@@ -167,10 +175,18 @@ def build(config: Config, reactor) -> AuthsrvService:
         keystore = build_plugin("keystore", config.keystore, context)
         identity = [build_plugin("identity", choice, context) for choice in config.identity]
         holder: list[AuthsrvService] = []
-        root = web_root(config, reactor, store, keystore, identity[0], lambda: holder[0].readiness_problem())
-        site = Site(root, requestFactory=bounded_request_factory(config.limits.max_body_bytes))
-        site.displayTracebacks = False
-        ports = _listen(reactor, config.listen, site)
+        internal = InternalAPI(
+            reactor=reactor, secret=config.internal_secret, store=store, identity=identity[0],
+            chat_tokens=None,
+        ).resource()
+        root = web_root(
+            config, reactor, store, keystore, identity[0], lambda: holder[0].readiness_problem(),
+            internal if config.internal_on_main else None,
+        )
+        ports: list = []
+        _listen(reactor, "server.listen", config.listen, _site(root, config), ports)
+        _listen(reactor, "internal.listen", config.internal_listen,
+                _site(Root({}, internal, internal), config), ports)
     except BaseException:
         context.stop()
         raise

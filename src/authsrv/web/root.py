@@ -8,6 +8,9 @@ from __future__ import annotations
 from twisted.web.resource import Resource
 
 from authsrv.web.headers import json_body
+from authsrv.web.internal import PREFIX
+
+INTERNAL_PREFIX = (PREFIX + "/").encode()
 
 
 class TooLarge(Resource):
@@ -28,10 +31,11 @@ class Root(Resource):
     JWKS cost one dict lookup (DESIGN.md, Speed targets).
     """
 
-    def __init__(self, static: dict[bytes, Resource], app: Resource):
+    def __init__(self, static: dict[bytes, Resource], app: Resource, internal: Resource | None = None):
         super().__init__()
         self._static = static
         self._app = app
+        self._internal = internal
 
     def getChildWithDefault(self, name, request):
         if getattr(request, "body_too_large", False):
@@ -40,4 +44,6 @@ class Root(Resource):
         if static is not None:
             return static
         request.postpath.insert(0, request.prepath.pop())
+        if self._internal is not None and request.path.startswith(INTERNAL_PREFIX):
+            return self._internal
         return self._app

@@ -1,0 +1,144 @@
+"""
+The internal API for first-party services (SERVICE-INTERFACE.md): JSON in
+and out, a bearer secret compared in constant time before anything else,
+no cookies, no CORS. Served on the main site, on a separate listener, or
+both (C{[internal] listen} and C{serve_on_main}).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from datetime import datetime, timezone
+from functools import wraps
+
+from klein import Klein
+from twisted.logger import Logger
+from werkzeug.exceptions import MethodNotAllowed, NotFound
+
+from authsrv.chat.errors import ChatError
+from authsrv.flows.user_access import user_access
+from authsrv.identity.errors import BackendUnavailable
+from authsrv.web.headers import json_body
+
+PREFIX = "/api/internal"
+
+
+class RequestProblem(Exception):
+    """An internal request that is answered with C{status} and C{code}."""
+
+    def __init__(self, status: int, code: str, message: str, **extra):
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.extra = extra
+
+
+def _answer(request, status: int, payload: dict) -> bytes:
+    return json_body(request, status, payload, no_store=True)
+
+
+def _problem(request, problem: RequestProblem) -> bytes:
+    if problem.status == 401:
+        request.setHeader(b"www-authenticate", b'Bearer realm="authsrv-internal"')
+    return _answer(request, problem.status, {"error": problem.code, "message": problem.message, **problem.extra})
+
+
+def _user_id(request) -> str:
+    """The userId (or its alias authUserId) of a JSON object body."""
+    content_type = (request.getHeader(b"content-type") or b"").split(b";")[0].strip().lower()
+    if content_type != b"application/json":
+        raise RequestProblem(415, "unsupported_media_type", "send the body as application/json")
+    try:
+        body = json.loads(request.content.read())
+    except ValueError:
+        raise RequestProblem(400, "invalid_request", "the body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise RequestProblem(400, "invalid_request", "the body must be a JSON object")
+    present = [body[k] for k in ("userId", "authUserId") if k in body]
+    if not present:
+        raise RequestProblem(400, "invalid_request", "userId is missing")
+    for value in present:
+        if not isinstance(value, str) or not value:
+            raise RequestProblem(400, "invalid_request", "userId must be a non-empty string")
+    if len(set(present)) > 1:
+        raise RequestProblem(400, "invalid_request", "userId and authUserId name different users")
+    return present[0]
+
+
+def _iso(seconds: int) -> str:
+    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _endpoint(handler):
+    """Secret first, then the body; every failure is a JSON problem, never a 500."""
+
+    @wraps(handler)
+    async def endpoint(self, request):
+        try:
+            self._authorize(request)
+            return await handler(self, request, _user_id(request))
+        except RequestProblem as problem:
+            return _problem(request, problem)
+        except BackendUnavailable:
+            return _problem(request, RequestProblem(
+                503, "temporarily_unavailable", "the identity backend is unavailable; try again"))
+
+    return endpoint
+
+
+class InternalAPI:
+    """The two internal endpoints; collaborators come from the constructor."""
+
+    app = Klein()
+    log = Logger()
+
+    def __init__(self, *, reactor, secret: str | None, store, identity, chat_tokens):
+        self._reactor = reactor
+        self._secret = secret.encode() if secret else None
+        self._store = store
+        self._identity = identity
+        self._chat_tokens = chat_tokens
+
+    def resource(self):
+        return self.app.resource()
+
+    def _authorize(self, request) -> None:
+        supplied = request.getHeader(b"authorization") or b""
+        scheme, _, token = supplied.partition(b" ")
+        if self._secret is None:
+            raise RequestProblem(401, "unauthorized", "the internal API has no secret configured")
+        if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self._secret):
+            raise RequestProblem(401, "unauthorized", "a valid Authorization: Bearer <internal API secret> is required")
+
+    @app.route(PREFIX + "/user-access", methods=["POST"])
+    @_endpoint
+    async def check_user_access(self, request, sub: str):
+        status = await user_access(self._identity, self._store, sub, int(self._reactor.seconds()))
+        if status is None:
+            raise RequestProblem(404, "user_not_found", "no user has that id", allowed=False)
+        return _answer(request, 200, status)
+
+    @app.route(PREFIX + "/chat-token", methods=["POST"])
+    @_endpoint
+    async def chat_token(self, request, sub: str):
+        try:
+            account = await self._chat_tokens.fresh_token(sub, int(self._reactor.seconds()))
+        except ChatError as e:
+            raise RequestProblem(e.status, e.code, str(e)) from None
+        return _answer(request, 200, {
+            "accountId": account.account_id,
+            "accessToken": account.access_token,
+            "scope": account.scope,
+            "accessTokenExpiresAt": _iso(account.expires_at),
+        })
+
+    @app.handle_errors(NotFound)
+    def not_found(self, request, failure):
+        return _problem(request, RequestProblem(404, "not_found", "no such internal endpoint"))
+
+    @app.handle_errors(MethodNotAllowed)
+    def wrong_method(self, request, failure):
+        request.setHeader(b"allow", b"POST")
+        return _problem(request, RequestProblem(405, "method_not_allowed", "use POST"))

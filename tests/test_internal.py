@@ -1,0 +1,154 @@
+"""
+The internal user-access endpoint, row by row of the contract's Errors
+table, and the ban and grant states it reports.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import pytest_twisted
+
+from authsrv.records import AccessToken, Ban, Grant, RefreshToken
+from authsrv.testing.identity import ALICE, BOB, MALLORY
+from authsrv.tokens import new_token, token_hash
+
+from harness import INTERNAL_SECRET, Harness
+
+PATH = "/api/internal/user-access"
+AUTH = {"Authorization": f"Bearer {INTERNAL_SECRET}", "Content-Type": "application/json"}
+
+
+@pytest.fixture
+def harness(tmp_path, monkeypatch):
+    return Harness(tmp_path, monkeypatch)
+
+
+async def call(h, body, headers=AUTH, method="POST", path=PATH):
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    response, raw = await h.request(method, path, data=data, headers=headers)
+    return response, json.loads(raw) if raw else None
+
+
+async def give_grant(h, sub, *, refresh=True, access=True, expires_in=3600):
+    now = h.now()
+    grant = Grant(grant_id=new_token(16), client_id="first", sub=sub, scope={"openid"},
+                  created_at=now, expires_at=now + 86400)
+    code_hash = token_hash(new_token())
+    from authsrv.records import AuthorizationCode
+
+    await h.store.save_code(AuthorizationCode(code_hash=code_hash, grant_id=grant.grant_id, client_id="first",
+                                              sub=sub, redirect_uri="http://127.0.0.1:9000/callback",
+                                              scope={"openid"}, issued_at=now, expires_at=now + 60), grant)
+    await h.store.consume_code(code_hash, now)
+    access_token = AccessToken(token_hash=token_hash(new_token()), grant_id=grant.grant_id, client_id="first",
+                               sub=sub, scope={"openid"}, issued_at=now, expires_at=now + expires_in)
+    refresh_token = RefreshToken(token_hash=token_hash(new_token()), grant_id=grant.grant_id, client_id="first",
+                                 sub=sub, scope={"openid"}, issued_at=now, expires_at=now + 86400)
+    await h.store.issue_tokens(access_token, refresh_token if refresh else None)
+    return grant
+
+
+@pytest_twisted.ensureDeferred
+async def test_user_access_states(harness):
+    h = await harness.start()
+    try:
+        response, body = await call(h, {"userId": ALICE.sub})
+        assert response.code == 200
+        assert body == {"allowed": False, "banned": False, "banReason": None, "hasActiveGrant": False}
+        assert response.headers.getRawHeaders("set-cookie") is None
+        assert response.headers.getRawHeaders("cache-control") == ["no-store"]
+
+        grant = await give_grant(h, ALICE.sub)
+        _, body = await call(h, {"authUserId": ALICE.sub})
+        assert body == {"allowed": True, "banned": False, "banReason": None, "hasActiveGrant": True}
+
+        await h.store.ban_user(Ban(sub=ALICE.sub, reason="spam", created_at=h.now()))
+        _, body = await call(h, {"userId": ALICE.sub})
+        assert body == {"allowed": False, "banned": True, "banReason": "spam", "hasActiveGrant": True}
+        await h.store.unban_user(ALICE.sub)
+
+        await h.store.revoke_grant(grant.grant_id, h.now())
+        _, body = await call(h, {"userId": ALICE.sub})
+        assert body == {"allowed": False, "banned": False, "banReason": None, "hasActiveGrant": False}
+
+        _, body = await call(h, {"userId": MALLORY.sub})
+        assert body["banned"] is True and body["banReason"] == MALLORY.disabled_reason
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_has_active_grant_ends_with_the_last_token(harness):
+    h = await harness.start()
+    try:
+        await give_grant(h, BOB.sub, refresh=False, expires_in=60)
+        _, body = await call(h, {"userId": BOB.sub})
+        assert body["hasActiveGrant"] is True and body["allowed"] is True
+        h.clock.advance(60)
+        _, body = await call(h, {"userId": BOB.sub})
+        assert body["hasActiveGrant"] is False and body["allowed"] is False
+    finally:
+        await h.close()
+
+
+@pytest.mark.parametrize(
+    "body, headers, status, error",
+    [
+        ({"userId": "nobody"}, AUTH, 404, "user_not_found"),
+        ({}, AUTH, 400, "invalid_request"),
+        ({"userId": ""}, AUTH, 400, "invalid_request"),
+        ({"userId": 42}, AUTH, 400, "invalid_request"),
+        ({"userId": None}, AUTH, 400, "invalid_request"),
+        ({"userId": ALICE.sub, "authUserId": BOB.sub}, AUTH, 400, "invalid_request"),
+        ([ALICE.sub], AUTH, 400, "invalid_request"),
+        (b"{not json", AUTH, 400, "invalid_request"),
+        (b"\xff\xfe", AUTH, 400, "invalid_request"),
+        ({"userId": ALICE.sub}, {"Content-Type": "application/json"}, 401, "unauthorized"),
+        ({"userId": ALICE.sub}, {**AUTH, "Authorization": "Bearer wrong"}, 401, "unauthorized"),
+        ({"userId": ALICE.sub}, {**AUTH, "Authorization": f"Basic {INTERNAL_SECRET}"}, 401, "unauthorized"),
+        ({}, {"Content-Type": "application/json"}, 401, "unauthorized"),
+        ({"userId": ALICE.sub}, {**AUTH, "Content-Type": "text/plain"}, 415, "unsupported_media_type"),
+        ({"userId": ALICE.sub}, {**AUTH, "Content-Type": "application/x-www-form-urlencoded"}, 415,
+         "unsupported_media_type"),
+    ],
+)
+@pytest_twisted.ensureDeferred
+async def test_errors_table(harness, body, headers, status, error):
+    h = await harness.start()
+    try:
+        response, answer = await call(h, body, headers)
+        assert response.code == status
+        assert answer["error"] == error and answer["message"]
+        if status == 404:
+            assert answer["allowed"] is False
+        if status == 401:
+            assert response.headers.getRawHeaders("www-authenticate") == ['Bearer realm="authsrv-internal"']
+    finally:
+        await h.close()
+
+
+@pytest.mark.parametrize("method", ["GET", "PUT", "DELETE", "OPTIONS"])
+@pytest_twisted.ensureDeferred
+async def test_other_methods_and_no_cors(harness, method):
+    h = await harness.start()
+    try:
+        response, answer = await call(h, {"userId": ALICE.sub}, {**AUTH, "Origin": "https://evil.example",
+                                                                 "Access-Control-Request-Method": "POST"},
+                                      method=method)
+        assert response.code == 405
+        assert answer["error"] == "method_not_allowed"
+        assert response.headers.getRawHeaders("access-control-allow-origin") is None
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_unknown_internal_path(harness):
+    h = await harness.start()
+    try:
+        response, answer = await call(h, {"userId": ALICE.sub}, path="/api/internal/nope")
+        assert (response.code, answer["error"]) == (404, "not_found")
+    finally:
+        await h.close()
