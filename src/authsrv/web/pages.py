@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import hashlib
 
-from twisted.web.template import flattenString, tags
+from twisted.web.template import Tag, flattenString, tags
 
 STYLE = """
 :root{color-scheme:light dark;font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif}
@@ -57,7 +57,7 @@ def render_page(request, status: int, title: str, *content) -> bytes:
             tags.title(title),
             tags.style(STYLE),
         ),
-        tags.body(tags.main(tags.h1(title), *content)),
+        tags.body(Tag("main")(tags.h1(title), *content)),
     )
     results: list = []
     flattenString(None, document).addBoth(results.append)
