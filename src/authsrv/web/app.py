@@ -99,3 +99,6 @@ class AuthServer:
         return json_body(
             request, 405, {"error": "method_not_allowed", "error_description": f"use {allowed}"}
         )
+
+
+from authsrv.web import routes_interaction  # noqa: E402,F401  (registers routes)

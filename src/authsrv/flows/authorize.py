@@ -1,0 +1,335 @@
+"""
+The authorization request (RFC 6749 section 4.1.1, RFC 7636, RFC 8707, OIDC
+Core 3.1.2.1): validated in the order that decides whether an error may go
+back to the client at all, then what the user must do before a code is
+issued, and the issuing of that code.
+
+Nothing here knows HTTP: values in, values (or a redirect URI) out.
+"""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import urlencode, urlsplit, urlunsplit
+
+from attrs import frozen
+
+from authsrv import events
+from authsrv.protocol import pkce
+from authsrv.protocol.clients import CLIENT_ID_MAX
+from authsrv.protocol.discovery import SCOPES
+from authsrv.protocol.errors import (
+    ConsentRequired,
+    InvalidRequest,
+    InvalidScope,
+    InvalidTarget,
+    LoginRequired,
+    OAuthError,
+    RequestNotSupported,
+    RequestUriNotSupported,
+    UnsupportedResponseType,
+)
+from authsrv.protocol.params import MAX_PARAM_LENGTH, single_params
+from authsrv.records import AuthorizationCode, BrowserSession, Client, Grant
+from authsrv.tokens import new_token, token_hash
+
+PROMPTS = frozenset({"none", "login", "consent"})
+MAX_AGE_DIGITS = 10
+
+
+class UnsafeRedirect(Exception):
+    """
+    The client or redirect URI cannot be trusted, so the error is shown to
+    the user and never sent anywhere (RFC 6749 section 4.1.2.1).
+    """
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class AuthorizeError(Exception):
+    """An error the client hears about by a redirect to its redirect URI."""
+
+    def __init__(self, error: OAuthError, redirect_uri: str, state: str | None):
+        super().__init__(error.description)
+        self.error = error
+        self.redirect_uri = redirect_uri
+        self.state = state
+
+
+@frozen
+class AuthorizationRequest:
+    """A validated request: everything a code will be bound to."""
+
+    client_id: str
+    redirect_uri: str
+    scope: tuple[str, ...]
+    state: str
+    code_challenge: str
+    nonce: str | None = None
+    resources: tuple[str, ...] = ()
+    prompt: frozenset[str] = frozenset()
+    max_age: int | None = None
+    login_hint: str | None = None
+
+    def to_params(self) -> dict[str, str]:
+        """The request as the text map a pending authorization keeps."""
+        params = {
+            "client_id": self.client_id,
+            "redirect_uri": self.redirect_uri,
+            "scope": " ".join(self.scope),
+            "state": self.state,
+            "code_challenge": self.code_challenge,
+            "resource": json.dumps(list(self.resources)),
+            "prompt": " ".join(sorted(self.prompt)),
+        }
+        if self.nonce is not None:
+            params["nonce"] = self.nonce
+        if self.max_age is not None:
+            params["max_age"] = str(self.max_age)
+        if self.login_hint is not None:
+            params["login_hint"] = self.login_hint
+        return params
+
+    @classmethod
+    def from_params(cls, params) -> "AuthorizationRequest":
+        """The inverse of L{to_params}, for values this module wrote."""
+        max_age = params.get("max_age")
+        return cls(
+            client_id=params["client_id"],
+            redirect_uri=params["redirect_uri"],
+            scope=tuple(params["scope"].split()),
+            state=params["state"],
+            code_challenge=params["code_challenge"],
+            nonce=params.get("nonce"),
+            resources=tuple(json.loads(params["resource"])),
+            prompt=frozenset(params["prompt"].split()),
+            max_age=None if max_age is None else int(max_age),
+            login_hint=params.get("login_hint"),
+        )
+
+
+def _one(args: dict[bytes, list[bytes]], name: bytes) -> str | None:
+    """A parameter sent exactly once as sane UTF-8 text, else None."""
+    values = [v for v in args.get(name, ()) if v]
+    if len(values) != 1 or len(values[0]) > MAX_PARAM_LENGTH or b"\x00" in values[0]:
+        return None
+    try:
+        return values[0].decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+async def trusted_client(store, args: dict[bytes, list[bytes]]) -> tuple[Client, str]:
+    """
+    The client and its redirect URI, or L{UnsafeRedirect}: the client must
+    exist and the URI must be one it registered, compared exactly (RFC 9700
+    section 4.1.3), each parameter sent once.
+    """
+    client_id = _one(args, b"client_id")
+    if client_id is None:
+        raise UnsafeRedirect("The application did not say who it is (client_id is missing or repeated).")
+    client = await store.get_client(client_id) if len(client_id) <= CLIENT_ID_MAX else None
+    if client is None:
+        raise UnsafeRedirect("The application that sent you here is not known to this service.")
+    redirect_uri = _one(args, b"redirect_uri")
+    if redirect_uri is None:
+        raise UnsafeRedirect("The application did not say where to return to (redirect_uri is missing or repeated).")
+    if redirect_uri not in client.redirect_uris:
+        raise UnsafeRedirect("The application asked to return to an address it has not registered.")
+    return client, redirect_uri
+
+
+def _resources(client: Client, args: dict[bytes, list[bytes]]) -> tuple[str, ...]:
+    """RFC 8707: absolute URIs without fragment, each one the client may ask for."""
+    resources: list[str] = []
+    for raw in args.get(b"resource", ()):
+        if not raw:
+            continue
+        try:
+            resource = raw.decode("utf-8")
+            parts = urlsplit(resource)
+        except (UnicodeDecodeError, ValueError):
+            raise InvalidTarget("resource must be an absolute URI") from None
+        if not parts.scheme or "#" in resource:
+            raise InvalidTarget("resource must be an absolute URI without a fragment")
+        if resource not in client.resources:
+            raise InvalidTarget(f"this client may not request the resource {resource!r}")
+        if resource not in resources:
+            resources.append(resource)
+    return tuple(resources)
+
+
+def _scope(params: dict[str, str]) -> tuple[str, ...]:
+    scope = params.get("scope")
+    if scope is None:
+        raise InvalidRequest("parameter scope is required")
+    requested = [s for s in scope.split(" ") if s]
+    if not requested:
+        raise InvalidScope("scope is empty; use space-separated values of " + ", ".join(SCOPES))
+    unknown = [s for s in requested if s not in SCOPES]
+    if unknown:
+        raise InvalidScope(f"unknown scope {unknown[0]!r}; use {', '.join(SCOPES)}")
+    return tuple(s for s in SCOPES if s in requested)
+
+
+def _prompt(params: dict[str, str]) -> frozenset[str]:
+    values = params.get("prompt", "").split()
+    unknown = [v for v in values if v not in PROMPTS]
+    if unknown:
+        raise InvalidRequest(f"unsupported prompt value {unknown[0]!r}; use none, login or consent")
+    prompt = frozenset(values)
+    if "none" in prompt and len(prompt) > 1:
+        raise InvalidRequest("prompt=none cannot be combined with another prompt value")
+    return prompt
+
+
+def _max_age(params: dict[str, str]) -> int | None:
+    value = params.get("max_age")
+    if value is None:
+        return None
+    if not (value.isascii() and value.isdigit()) or len(value) > MAX_AGE_DIGITS:
+        raise InvalidRequest("max_age must be a non-negative integer number of seconds")
+    return int(value)
+
+
+def _validate(client: Client, redirect_uri: str, params: dict[str, str], args) -> AuthorizationRequest:
+    if "request" in params:
+        raise RequestNotSupported("request objects are not supported; send the parameters in the query")
+    if "request_uri" in params:
+        raise RequestUriNotSupported("request_uri is not supported; send the parameters in the query")
+    response_type = params.get("response_type")
+    if response_type is None:
+        raise InvalidRequest("parameter response_type is required")
+    if response_type != "code":
+        raise UnsupportedResponseType("only response_type=code is supported")
+    if params.get("response_mode", "query") != "query":
+        raise InvalidRequest("only response_mode=query is supported")
+    state = params.get("state")
+    if state is None:
+        raise InvalidRequest("parameter state is required")
+    if params.get("code_challenge_method") != "S256":
+        raise InvalidRequest("PKCE is required with code_challenge_method=S256 (plain is not supported)")
+    challenge = params.get("code_challenge")
+    if challenge is None or not pkce.valid_challenge(challenge):
+        raise InvalidRequest("code_challenge must be the base64url SHA-256 of the verifier (43 characters)")
+    scope = _scope(params)
+    return AuthorizationRequest(
+        client_id=client.client_id,
+        redirect_uri=redirect_uri,
+        scope=scope,
+        state=state,
+        code_challenge=challenge,
+        nonce=params.get("nonce"),
+        resources=_resources(client, args),
+        prompt=_prompt(params),
+        max_age=_max_age(params),
+        login_hint=params.get("login_hint"),
+    )
+
+
+async def read_request(store, args: dict[bytes, list[bytes]]) -> tuple[Client, AuthorizationRequest]:
+    """
+    Validate raw request arguments (C{request.args}); raises L{UnsafeRedirect}
+    or L{AuthorizeError}. C{resource} may repeat (RFC 8707); any other
+    repeated parameter is invalid_request. Unknown parameters are ignored.
+    """
+    client, redirect_uri = await trusted_client(store, args)
+    try:
+        params = single_params({k: v for k, v in args.items() if k != b"resource"})
+    except InvalidRequest as e:
+        raise AuthorizeError(e, redirect_uri, _one(args, b"state")) from None
+    try:
+        return client, _validate(client, redirect_uri, params, args)
+    except OAuthError as e:
+        raise AuthorizeError(e, redirect_uri, params.get("state")) from None
+
+
+def login_needed(request: AuthorizationRequest, session: BrowserSession | None, now: int) -> bool:
+    """
+    No live session, prompt=login, or an authentication older than max_age
+    (OIDC Core 3.1.2.1: max_age=0 is equivalent to prompt=login).
+    """
+    if session is None or "login" in request.prompt:
+        return True
+    if request.max_age is None:
+        return False
+    return request.max_age == 0 or now - session.auth_time > request.max_age
+
+
+def consent_needed(client: Client, request: AuthorizationRequest, consented: frozenset | None) -> bool:
+    """First-party clients never ask; others when prompted or the consent does not cover the scopes."""
+    if client.first_party:
+        return False
+    return "consent" in request.prompt or consented is None or not set(request.scope) <= consented
+
+
+def refuse_silently(request: AuthorizationRequest, *, login: bool, consent: bool) -> None:
+    """prompt=none: the user must not be shown anything (OIDC Core 3.1.2.6)."""
+    if "none" not in request.prompt:
+        return
+    if login:
+        raise AuthorizeError(LoginRequired("the user must log in"), request.redirect_uri, request.state)
+    if consent:
+        raise AuthorizeError(ConsentRequired("the user must consent"), request.redirect_uri, request.state)
+
+
+def with_query(uri: str, params: dict[str, str]) -> str:
+    """C{uri} with C{params} appended, keeping the query it already has."""
+    parts = urlsplit(uri)
+    extra = urlencode(params)
+    query = f"{parts.query}&{extra}" if parts.query else extra
+    return urlunsplit(parts._replace(query=query))
+
+
+def error_location(issuer: str, redirect_uri: str, state: str | None, error: OAuthError) -> str:
+    """Where an error is sent: RFC 6749 section 4.1.2.1 plus iss (RFC 9207)."""
+    params = {"error": error.error, "error_description": error.description}
+    if state is not None:
+        params["state"] = state
+    params["iss"] = issuer
+    return with_query(redirect_uri, params)
+
+
+async def issue_code(store, limits, issuer: str, request: AuthorizationRequest, session: BrowserSession,
+                     now: int) -> str:
+    """
+    Store a new code with the grant it will start, bound to everything the
+    request said and to the session's authentication; returns the redirect
+    URI carrying code, state and iss. The code itself is never stored or logged.
+    """
+    code = new_token()
+    grant_id = new_token(16)
+    scope = frozenset(request.scope)
+    await store.save_code(
+        AuthorizationCode(
+            code_hash=token_hash(code),
+            grant_id=grant_id,
+            client_id=request.client_id,
+            sub=session.sub,
+            redirect_uri=request.redirect_uri,
+            scope=scope,
+            code_challenge=request.code_challenge,
+            code_challenge_method="S256",
+            nonce=request.nonce,
+            resource=request.resources,
+            auth_time=session.auth_time,
+            sid=session.sid,
+            issued_at=now,
+            expires_at=now + limits.code_ttl,
+        ),
+        Grant(
+            grant_id=grant_id,
+            client_id=request.client_id,
+            sub=session.sub,
+            scope=scope,
+            resource=request.resources,
+            auth_time=session.auth_time,
+            sid=session.sid,
+            created_at=now,
+            expires_at=now + limits.refresh_token_absolute_ttl,
+        ),
+    )
+    events.code_issued(sub=session.sub, client_id=request.client_id, grant_id=grant_id)
+    return with_query(request.redirect_uri, {"code": code, "state": request.state, "iss": issuer})

@@ -1,0 +1,32 @@
+"""
+CSRF tokens of the login and consent forms, bound to the browser: the token
+is an HMAC of the pending request id keyed by a random device cookie, so a
+form posted from another site (SameSite=Lax keeps the cookie away) or from
+another browser (a login CSRF planting the attacker's account) fails.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+
+_DEVICE = re.compile(r"^[A-Za-z0-9_-]{43}$")
+
+
+def valid_device_secret(value: str | None) -> bool:
+    """Whether a device cookie looks like one this service made (L{authsrv.tokens.new_token})."""
+    return value is not None and bool(_DEVICE.match(value))
+
+
+def form_token(device_secret: str, request_id: str) -> str:
+    return hmac.new(device_secret.encode(), request_id.encode(), hashlib.sha256).hexdigest()
+
+
+def form_token_valid(stored: str, sent: str | None, device_secret: str | None, request_id: str) -> bool:
+    """The form's token is the stored one and this browser's device cookie derives it (constant time)."""
+    if sent is None or not valid_device_secret(device_secret):
+        return False
+    sent_ok = hmac.compare_digest(stored.encode(), sent.encode())
+    device_ok = hmac.compare_digest(stored.encode(), form_token(device_secret, request_id).encode())
+    return sent_ok and device_ok

@@ -1,0 +1,53 @@
+"""
+Browser sessions at the service: an opaque random cookie value, stored only
+as its hash, and a check of the user's standing on every use so that a ban
+or a disabled account ends the session at once (DESIGN.md, Bans).
+"""
+
+from __future__ import annotations
+
+from authsrv import events
+from authsrv.flows.standing import standing
+from authsrv.records import BrowserSession
+from authsrv.tokens import new_token, token_hash
+
+
+async def start_session(store, limits, sub: str, now: int) -> tuple[str, BrowserSession]:
+    """A new session authenticated now: (cookie value, session)."""
+    value = new_token()
+    session = BrowserSession(
+        session_hash=token_hash(value),
+        sid=new_token(16),
+        sub=sub,
+        auth_time=now,
+        created_at=now,
+        expires_at=now + limits.session_ttl,
+    )
+    await store.create_session(session)
+    return value, session
+
+
+async def end_browser_session(store, cookie_value: str | None, reason: str) -> BrowserSession | None:
+    """End the session a cookie names, if any; fires with the ended session."""
+    if not cookie_value:
+        return None
+    session = await store.end_session(token_hash(cookie_value))
+    if session is not None:
+        events.session_ended(sub=session.sub, sid=session.sid, reason=reason)
+    return session
+
+
+async def live_session(store, identity, cookie_value: str | None, now: int) -> BrowserSession | None:
+    """
+    The unexpired session a cookie names, if its user may still use the
+    service; a banned, disabled or vanished user's session is ended here.
+    """
+    if not cookie_value:
+        return None
+    session = await store.get_session(token_hash(cookie_value), now)
+    if session is None:
+        return None
+    if not (await standing(identity, store, session.sub, now)).allowed:
+        await end_browser_session(store, cookie_value, "user banned, disabled or removed")
+        return None
+    return session
