@@ -182,3 +182,42 @@ def test_check_config_of_a_new_deployment_creates_nothing(tmp_path):
     config.write_text('[keystore]\nplugin = "pem"\n')
     ok(admin("check-config", str(config), cwd=tmp_path))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["authsrv.toml", "users.toml"]
+
+
+def add_alice(cwd, config):
+    out = ok(admin("--config", config, "user", "add", "alice", "--password-stdin", cwd=cwd, stdin="pw\n"))
+    return out.split("(sub ")[1].split(")")[0]
+
+
+def test_ban_unban_revoke(deployment):
+    cwd, config = deployment
+    sub = add_alice(cwd, config)
+    banned = admin("--config", config, "ban", "alice", "--reason", "spam", "--for", "7d", cwd=cwd)
+    assert ok(banned).startswith(f"banned {sub} until 20")
+    audit = [json.loads(line) for line in banned.stderr.splitlines()]
+    assert [e["event"] for e in audit] == ["user.banned"] and audit[0]["reason"] == "spam"
+    listed = ok(admin("--config", config, "bans", cwd=cwd)).split("\t")
+    assert listed[0] == sub and listed[2].strip() == "spam" and listed[1].endswith("Z")
+    assert ok(admin("--config", config, "unban", sub, cwd=cwd)) == f"unbanned {sub}\n"
+    refused(admin("--config", config, "unban", sub, cwd=cwd), "is not banned")
+    assert ok(admin("--config", config, "bans", cwd=cwd)) == ""
+    revoked = admin("--config", config, "revoke", "alice", cwd=cwd)
+    assert ok(revoked).startswith(f"revoked 0 grants of {sub}")
+    assert json.loads(revoked.stderr)["event"] == "user.grants_revoked"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["ban", "nobody", "--reason", "x"], "no user 'nobody' (by id or login)"),
+        (["ban", "alice", "--reason", "x", "--for", "soon"], "is not a duration"),
+        (["ban", "alice", "--reason", "x", "--until", "tomorrow"], "is not an ISO 8601 time"),
+        (["ban", "alice", "--reason", "x", "--until", "2001-01-01T00:00:00Z"], "is in the past"),
+        (["ban", "alice", "--reason", "x", "--until", "2099-01-01T00:00:00"], "needs a time zone"),
+        (["ban", "alice", "--reason", "x", "--for", "1d", "--until", "2099-01-01T00:00:00Z"], "not both"),
+    ],
+)
+def test_ban_refuses_bad_input(deployment, args, message):
+    cwd, config = deployment
+    add_alice(cwd, config)
+    refused(admin("--config", config, *args, cwd=cwd), message)

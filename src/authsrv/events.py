@@ -68,3 +68,20 @@ def session_ended(*, sub: str, sid: str, reason: str) -> None:
 def backchannel_logout(*, client_id: str, sid: str, outcome: str) -> None:
     _emit("logout.backchannel", "back-channel logout of {sid} to {client_id}: {outcome}",
           client_id=client_id, sid=sid, outcome=outcome)
+
+
+def grant_revoked(*, sub: str, client_id: str, grant_id: str, reason: str) -> None:
+    _emit("grant.revoked", "grant {grant_id} of {sub} for {client_id} revoked: {reason}",
+          sub=sub, client_id=client_id, grant_id=grant_id, reason=reason)
+
+
+def user_banned(*, sub: str, reason: str | None, until: int | None, by: str) -> None:
+    _emit("user.banned", "{sub} banned by {by}: {reason}", sub=sub, reason=reason, until=until, by=by)
+
+
+def user_unbanned(*, sub: str, by: str) -> None:
+    _emit("user.unbanned", "{sub} unbanned by {by}", sub=sub, by=by)
+
+
+def user_grants_revoked(*, sub: str, count: int, by: str) -> None:
+    _emit("user.grants_revoked", "{count} grants of {sub} revoked by {by}", sub=sub, count=count, by=by)

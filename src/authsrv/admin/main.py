@@ -14,17 +14,27 @@ import argparse
 import getpass
 import json
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 from attrs import asdict
 from twisted.internet.defer import Deferred
 from twisted.internet.task import react
+from twisted.logger import (
+    FilteringLogObserver,
+    LogLevel,
+    LogLevelFilterPredicate,
+    globalLogBeginner,
+    jsonFileLogObserver,
+)
 
+from authsrv import events
 from authsrv.config import Config, ConfigFileError, load_config
+from authsrv.configsection import parse_duration
 from authsrv.context import PluginContext
 from authsrv.embedded import CONFIG_NAME, DEFAULT_DATA_DIR
 from authsrv.protocol.clients import client_id_problem, redirect_uri_problem
-from authsrv.records import Client
+from authsrv.records import Ban, Client
 from authsrv.service import JWKS_MAX_AGE, StartupError, build_plugin
 from authsrv.store.errors import AlreadyExists
 from authsrv.tokens import new_token, token_hash
@@ -231,6 +241,98 @@ async def user_add(reactor, args):
     print(f"added user {user.login} (sub {user.sub}) to {path}")
 
 
+# --- bans and grants --------------------------------------------------------
+
+
+def _until(args, now: int) -> int | None:
+    """The end of a ban from --until (ISO 8601) or --for (a duration)."""
+    if args.until and args.for_:
+        raise AdminError("give --until or --for, not both")
+    if args.for_:
+        try:
+            return now + parse_duration(args.for_)
+        except ValueError:
+            raise AdminError(f"--for {args.for_!r} is not a duration such as 12h or 7d") from None
+    if args.until:
+        try:
+            moment = datetime.fromisoformat(args.until.replace("Z", "+00:00"))
+        except ValueError:
+            raise AdminError(f"--until {args.until!r} is not an ISO 8601 time such as 2030-01-31T12:00:00Z") from None
+        if moment.tzinfo is None:
+            raise AdminError("--until needs a time zone, e.g. 2030-01-31T12:00:00Z")
+        until = int(moment.timestamp())
+        if until <= now:
+            raise AdminError("--until is in the past")
+        return until
+    return None
+
+
+async def _with_user(reactor, args, act):
+    """Run C{act(store, sub, now)} for the user named by id or login."""
+    config = _config(args)
+    context = PluginContext(reactor, config.base_dir, config.limits.max_token_lifetime)
+    try:
+        identity = build_plugin("identity", config.identity[0], context)
+        store = build_plugin("store", config.store, context)
+        try:
+            user = await identity.user_by_id(args.user) or await identity.user_by_login(args.user)
+            if user is None:
+                raise AdminError(f"no user {args.user!r} (by id or login)")
+            await act(store, user.sub, int(reactor.seconds()))
+        finally:
+            await store.close()
+            await identity.close()
+    except StartupError as e:
+        raise AdminError(str(e)) from None
+    finally:
+        context.stop()
+
+
+async def ban(reactor, args):
+    async def act(store, sub, now):
+        until = _until(args, now)
+        await store.ban_user(Ban(sub=sub, reason=args.reason, created_at=now, until=until))
+        ended = await store.end_user_sessions(sub)
+        events.user_banned(sub=sub, reason=args.reason, until=until, by="operator")
+        print(f"banned {sub}" + (f" until {_iso(until)}" if until else "")
+              + f"; {ended} browser sessions ended")
+
+    await _with_user(reactor, args, act)
+
+
+async def unban(reactor, args):
+    async def act(store, sub, now):
+        if not await store.unban_user(sub):
+            raise AdminError(f"{sub} is not banned")
+        events.user_unbanned(sub=sub, by="operator")
+        print(f"unbanned {sub}")
+
+    await _with_user(reactor, args, act)
+
+
+async def revoke(reactor, args):
+    async def act(store, sub, now):
+        count = await store.revoke_user_grants(sub, now)
+        ended = await store.end_user_sessions(sub)
+        events.user_grants_revoked(sub=sub, count=count, by="operator")
+        print(f"revoked {count} grants of {sub}; {ended} browser sessions ended")
+
+    await _with_user(reactor, args, act)
+
+
+async def bans_list(reactor, args):
+    async def show(config, store):
+        for entry in await store.list_bans(int(reactor.seconds())):
+            until = _iso(entry.until) if entry.until else "-"
+            print(f"{entry.sub}\t{until}\t{entry.reason or '-'}")
+
+    await _with_plugin(reactor, args, "store", show)
+
+
+def _iso(seconds: int) -> str:
+    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 # --- keys and config --------------------------------------------------------
 
 
@@ -344,14 +446,40 @@ def _parser() -> argparse.ArgumentParser:
     rotate.add_argument("--force", action="store_true", help="even if the next key was published only just now")
     rotate.set_defaults(run=keys_rotate)
 
+    for name, run, help_text in (
+        ("ban", ban, "ban a user everywhere at once (ends their browser sessions)"),
+        ("unban", unban, "lift a user's ban"),
+        ("revoke", revoke, "revoke all of a user's grants and end their browser sessions"),
+    ):
+        command = commands.add_parser(name, help=help_text)
+        command.add_argument("user", help="the user's id (sub) or login")
+        if name == "ban":
+            command.add_argument("--reason", required=True, help="reported as banReason")
+            command.add_argument("--until", help="an ISO 8601 time, e.g. 2030-01-31T12:00:00Z")
+            command.add_argument("--for", dest="for_", metavar="DURATION", help="e.g. 12h or 7d")
+        command.set_defaults(run=run)
+    commands.add_parser("bans", help="list the bans in force").set_defaults(run=bans_list)
+
     check = commands.add_parser("check-config", help="validate a config file")
     check.add_argument("file", nargs="?")
     check.set_defaults(run=check_config)
     return parser
 
 
+def _audit_to_stderr() -> None:
+    """The operator's security actions as JSON lines on standard error, like the server's events."""
+    audit_only = LogLevelFilterPredicate()
+    audit_only.setLogLevelForNamespace("", LogLevel.critical)
+    audit_only.setLogLevelForNamespace(events.log.namespace, LogLevel.info)
+    globalLogBeginner.beginLoggingTo(
+        [FilteringLogObserver(jsonFileLogObserver(sys.stderr, recordSeparator=""), [audit_only])],
+        redirectStandardIO=False,
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
+    _audit_to_stderr()
 
     async def run(reactor):
         try:
