@@ -1,0 +1,84 @@
+"""
+Token introspection (RFC 7662, DESIGN.md Introspection fields): whether an
+access or refresh token is active and what it says, told only to the client
+it was issued to, a client its audience names, or a resource server the
+operator allowed to introspect any token. Revoked tokens and tokens of users
+who are banned, disabled or gone are inactive, JWT access tokens included.
+"""
+
+from __future__ import annotations
+
+from authsrv.flows.standing import standing
+from authsrv.protocol.errors import InvalidClient
+from authsrv.protocol.jwt_access import audience_claim
+from authsrv.protocol.params import require
+from authsrv.protocol.scope import scope_text
+from authsrv.records import AccessToken, Client, RefreshToken
+from authsrv.tokens import token_hash
+
+INACTIVE = {"active": False}
+
+
+async def _active_access(store, hashed: str, now: int) -> AccessToken | None:
+    return await store.find_access_token(hashed, now)
+
+
+async def _active_refresh(store, hashed: str, now: int) -> RefreshToken | None:
+    token = await store.get_refresh_token(hashed)
+    if token is None or token.consumed_at is not None or token.revoked or token.expires_at <= now:
+        return None
+    return token
+
+
+def _visible(client: Client, token: AccessToken | RefreshToken) -> bool:
+    if client.introspect_any or token.client_id == client.client_id:
+        return True
+    return isinstance(token, AccessToken) and client.client_id in token.audience
+
+
+def describe(token: AccessToken | RefreshToken, issuer: str) -> dict:
+    """The active response's fields for C{token}."""
+    answer = {
+        "active": True,
+        "scope": scope_text(token.scope),
+        "client_id": token.client_id,
+        "sub": token.sub,
+        "exp": token.expires_at,
+        "iat": token.issued_at,
+        "iss": issuer,
+    }
+    if isinstance(token, RefreshToken):
+        answer["token_type"] = "refresh_token"
+        return answer
+    answer["token_type"] = "Bearer"
+    if token.audience:
+        answer["aud"] = audience_claim(token.audience)
+    if token.jti is not None:
+        answer["jti"] = token.jti
+    return answer
+
+
+async def introspect(server, client: Client, params: dict[str, str], now: int) -> dict:
+    """
+    The introspection response for an authenticated C{client}; public
+    clients may not introspect (they could not keep the answer to themselves
+    anyway). token_type_hint only decides which lookup comes first.
+    """
+    if client.is_public:
+        raise InvalidClient("a public client may not introspect tokens")
+    hashed = token_hash(require(params, "token"))
+    lookups = (_active_access, _active_refresh)
+    if params.get("token_type_hint") == "refresh_token":
+        lookups = lookups[::-1]
+    for lookup in lookups:
+        token = await lookup(server.store, hashed, now)
+        if token is not None:
+            break
+    else:
+        return INACTIVE
+    if not _visible(client, token):
+        return INACTIVE
+    state = await standing(server.identity, server.store, token.sub, now)
+    if not state.allowed:
+        return INACTIVE
+    return describe(token, server.issuer)

@@ -1,0 +1,22 @@
+"""
+Token revocation (RFC 7009, DESIGN.md Revocation): a client ends one of its
+own tokens; a refresh token takes its whole grant with it. The answer never
+tells whether anything was revoked, so it reveals nothing about tokens of
+other clients.
+"""
+
+from __future__ import annotations
+
+from authsrv import events
+from authsrv.protocol.params import require
+from authsrv.records import Client, RevokedAccess, RevokedRefresh
+from authsrv.tokens import token_hash
+
+
+async def revoke(server, client: Client, params: dict[str, str], now: int) -> None:
+    """Revoke C{params["token"]} if it is C{client}'s; token_type_hint is not needed."""
+    result = await server.store.revoke_token(token_hash(require(params, "token")), client.client_id, now)
+    if isinstance(result, RevokedRefresh):
+        events.token_revoked(client_id=client.client_id, grant_id=result.grant_id, kind="refresh")
+    elif isinstance(result, RevokedAccess):
+        events.token_revoked(client_id=client.client_id, grant_id=result.grant_id, kind="access")

@@ -1,0 +1,42 @@
+"""
+RFC 9068 JWT access tokens, issued when the grant names a resource (RFC
+8707): the resource server verifies them locally with the JWKS. Pure: the
+claims only; the keystore signs them with typ C{at+jwt}.
+"""
+
+from __future__ import annotations
+
+from authsrv.protocol.scope import scope_text
+
+ACCESS_TOKEN_TYPE = "at+jwt"
+
+
+def audience_claim(audience: tuple[str, ...]) -> str | list[str]:
+    """C{aud} as RFC 7519 4.1.3 allows: a string for one audience, else a list."""
+    return audience[0] if len(audience) == 1 else list(audience)
+
+
+def access_token_claims(
+    *,
+    issuer: str,
+    sub: str,
+    client_id: str,
+    audience: tuple[str, ...],
+    scope: frozenset[str],
+    auth_time: int,
+    jti: str,
+    now: int,
+    ttl: int,
+) -> dict:
+    """The claims of RFC 9068 section 2.2."""
+    return {
+        "iss": issuer,
+        "sub": sub,
+        "aud": audience_claim(audience),
+        "client_id": client_id,
+        "iat": now,
+        "exp": now + ttl,
+        "jti": jti,
+        "scope": scope_text(scope),
+        "auth_time": auth_time,
+    }
