@@ -1,0 +1,471 @@
+"""
+RP-initiated logout at {issuer}/oauth2/end-session, in memory through the
+harness: the browser session ends and its cookie is cleared, the browser
+goes back to a registered URI with its state, and every request that cannot
+prove it comes from a client we issued an ID token to gets an error page,
+never a redirect and never a 500.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from contextlib import asynccontextmanager
+from urllib.parse import quote_from_bytes
+
+import pytest
+import pytest_twisted
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from jwcrypto.jwk import JWK
+from jwcrypto.jwt import JWT
+from twisted.internet.defer import Deferred
+from twisted.logger import globalLogPublisher
+
+from authsrv.records import BrowserSession
+from authsrv.testing.identity import ALICE, BOB
+from authsrv.tokens import new_token, token_hash
+
+from harness import ISSUER, Harness
+
+END_SESSION = ISSUER + "/oauth2/end-session"
+FIRST_LOGOUT_URI = "http://127.0.0.1:9000/"
+DAY = 86400
+
+
+@asynccontextmanager
+async def running(tmp_path, monkeypatch):
+    h = await Harness(tmp_path, monkeypatch).start()
+    try:
+        yield h
+    finally:
+        await h.close()
+
+
+@pytest.fixture
+def audit():
+    """The audit events emitted during the test."""
+    seen: list[dict] = []
+
+    def observe(event):
+        if event.get("log_namespace") == "authsrv.audit":
+            seen.append(event)
+
+    globalLogPublisher.addObserver(observe)
+    yield seen
+    globalLogPublisher.removeObserver(observe)
+
+
+def id_token(h: Harness, sub: str = ALICE.sub, aud="first", sid: str = "sid-1", **changes) -> str:
+    """An ID token signed the way the token endpoint signs one."""
+    now = h.now()
+    claims = {"iss": ISSUER, "sub": sub, "aud": aud, "iat": now, "exp": now + 3600, "auth_time": now, "sid": sid}
+    claims.update(changes)
+    return h.keystore.sign({k: v for k, v in claims.items() if v is not None}, "RS256", "JWT")
+
+
+async def browser_session(h: Harness, sub: str = ALICE.sub, sid: str = "sid-1") -> str:
+    """Log a browser in directly in the store; returns its cookie value."""
+    value = new_token()
+    now = h.now()
+    await h.store.create_session(BrowserSession(token_hash(value), sid, sub, now, now, now + 14 * DAY))
+    return value
+
+
+async def session_alive(h: Harness, value: str) -> bool:
+    return await h.store.get_session(token_hash(value), h.now()) is not None
+
+
+def cleared_cookie(response) -> str:
+    cookies = [c.decode() for c in response.headers.getRawHeaders(b"set-cookie", [])]
+    [cookie] = [c for c in cookies if c.startswith("authsrv_session=")]
+    return cookie
+
+
+def assert_page_headers(response) -> None:
+    assert response.headers.getRawHeaders(b"content-type") == [b"text/html; charset=utf-8"]
+    assert response.headers.getRawHeaders(b"x-frame-options") == [b"DENY"]
+    [csp] = response.headers.getRawHeaders(b"content-security-policy")
+    assert b"frame-ancestors 'none'" in csp
+    assert response.headers.getRawHeaders(b"cache-control") == [b"no-store"]
+
+
+def assert_refused(response, body: bytes, words: str) -> None:
+    """A 400 error page, no redirect, the session cookie left alone."""
+    assert response.code == 400, body
+    assert not response.headers.hasHeader(b"location")
+    assert not response.headers.hasHeader(b"set-cookie")
+    assert_page_headers(response)
+    assert words in body.decode()
+
+
+def b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+# --- success ------------------------------------------------------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_redirect_with_state_ends_the_session_and_clears_the_cookie(tmp_path, monkeypatch, audit):
+    async with running(tmp_path, monkeypatch) as h:
+        cookie = await browser_session(h)
+        other = await browser_session(h, sub=BOB.sub, sid="sid-bob")
+        response, body = await h.get(
+            END_SESSION,
+            params={"id_token_hint": id_token(h), "post_logout_redirect_uri": FIRST_LOGOUT_URI, "state": "a b&c=d"},
+            cookies={"authsrv_session": cookie},
+        )
+        assert response.code == 302, body
+        assert response.headers.getRawHeaders(b"location") == [b"http://127.0.0.1:9000/?state=a+b%26c%3Dd"]
+        assert response.headers.getRawHeaders(b"cache-control") == [b"no-store"]
+        set_cookie = cleared_cookie(response)
+        assert set_cookie.startswith("authsrv_session=;")
+        assert "Max-Age=0" in set_cookie and "Path=/api/auth" in set_cookie and "HttpOnly" in set_cookie
+        assert not await session_alive(h, cookie)
+        assert await session_alive(h, other)
+        [ended] = [e for e in audit if e["event"] == "session.ended"]
+        assert (ended["sub"], ended["sid"]) == (ALICE.sub, "sid-1")
+        assert "first" in ended["reason"]
+        assert cookie not in repr(audit)
+
+
+@pytest_twisted.ensureDeferred
+async def test_redirect_keeps_the_registered_query(tmp_path, monkeypatch):
+    clients = [
+        {
+            "client_id": "first",
+            "redirect_uris": ["http://127.0.0.1:9000/callback"],
+            "post_logout_redirect_uris": ["http://127.0.0.1:9000/bye?from=idp"],
+            "end_session_enabled": True,
+        }
+    ]
+    h = await Harness(tmp_path, monkeypatch, {"clients": clients}).start()
+    try:
+        response, _ = await h.get(
+            END_SESSION,
+            params={"id_token_hint": id_token(h), "post_logout_redirect_uri": "http://127.0.0.1:9000/bye?from=idp",
+                    "state": "s1"},
+        )
+        assert response.headers.getRawHeaders(b"location") == [b"http://127.0.0.1:9000/bye?from=idp&state=s1"]
+        response, _ = await h.get(
+            END_SESSION,
+            params={"id_token_hint": id_token(h), "post_logout_redirect_uri": "http://127.0.0.1:9000/bye?from=idp"},
+        )
+        assert response.headers.getRawHeaders(b"location") == [b"http://127.0.0.1:9000/bye?from=idp"]
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_without_redirect_uri_a_signed_out_page(tmp_path, monkeypatch):
+    async with running(tmp_path, monkeypatch) as h:
+        cookie = await browser_session(h)
+        response, body = await h.get(
+            END_SESSION, params={"id_token_hint": id_token(h), "state": "ignored"}, cookies={"authsrv_session": cookie}
+        )
+        assert response.code == 200
+        assert not response.headers.hasHeader(b"location")
+        assert_page_headers(response)
+        assert "You are signed out" in body.decode()
+        assert "Max-Age=0" in cleared_cookie(response)
+        assert not await session_alive(h, cookie)
+
+
+@pytest_twisted.ensureDeferred
+async def test_post_form(tmp_path, monkeypatch):
+    async with running(tmp_path, monkeypatch) as h:
+        cookie = await browser_session(h)
+        response, _ = await h.post(
+            END_SESSION,
+            data={"id_token_hint": id_token(h), "client_id": "first", "post_logout_redirect_uri": FIRST_LOGOUT_URI,
+                  "state": "xyz"},
+            cookies={"authsrv_session": cookie},
+        )
+        assert response.code == 302
+        assert response.headers.getRawHeaders(b"location") == [b"http://127.0.0.1:9000/?state=xyz"]
+        assert not await session_alive(h, cookie)
+
+
+@pytest_twisted.ensureDeferred
+async def test_expired_hint_is_accepted(tmp_path, monkeypatch):
+    async with running(tmp_path, monkeypatch) as h:
+        hint = id_token(h)
+        h.clock.advance(30 * DAY)
+        cookie = await browser_session(h)
+        response, body = await h.get(
+            END_SESSION,
+            params={"id_token_hint": hint, "post_logout_redirect_uri": FIRST_LOGOUT_URI},
+            cookies={"authsrv_session": cookie},
+        )
+        assert response.code == 302, body
+        assert not await session_alive(h, cookie)
+
+
+@pytest_twisted.ensureDeferred
+async def test_hint_with_a_one_client_audience_list(tmp_path, monkeypatch):
+    async with running(tmp_path, monkeypatch) as h:
+        response, _ = await h.get(
+            END_SESSION,
+            params={"id_token_hint": id_token(h, aud=["partner"]), "post_logout_redirect_uri": "http://127.0.0.1:9001/",
+                    "client_id": "partner"},
+        )
+        assert response.code == 302
+        assert response.headers.getRawHeaders(b"location") == [b"http://127.0.0.1:9001/"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_session_of_another_user_still_ends(tmp_path, monkeypatch):
+    """The person at this browser asked to sign out, whoever the hint names."""
+    async with running(tmp_path, monkeypatch) as h:
+        cookie = await browser_session(h, sub=BOB.sub, sid="sid-bob")
+        response, _ = await h.get(END_SESSION, params={"id_token_hint": id_token(h)}, cookies={"authsrv_session": cookie})
+        assert response.code == 200
+        assert not await session_alive(h, cookie)
+
+
+@pytest_twisted.ensureDeferred
+async def test_without_a_session_the_cookie_is_still_cleared(tmp_path, monkeypatch, audit):
+    async with running(tmp_path, monkeypatch) as h:
+        for cookies in ({}, {"authsrv_session": "unknown-session"}):
+            response, _ = await h.get(
+                END_SESSION,
+                params={"id_token_hint": id_token(h), "post_logout_redirect_uri": FIRST_LOGOUT_URI, "state": "s"},
+                cookies=cookies,
+            )
+            assert response.code == 302
+            assert "Max-Age=0" in cleared_cookie(response)
+        assert not [e for e in audit if e["event"] == "session.ended"]
+
+
+# --- refusals -------------------------------------------------------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_missing_hint_is_refused(tmp_path, monkeypatch):
+    async with running(tmp_path, monkeypatch) as h:
+        cookie = await browser_session(h)
+        for params in ({}, {"client_id": "first", "post_logout_redirect_uri": FIRST_LOGOUT_URI, "state": "s"}):
+            response, body = await h.get(END_SESSION, params=params, cookies={"authsrv_session": cookie})
+            assert_refused(response, body, "id_token_hint")
+        assert await session_alive(h, cookie)
+
+
+def _foreign_token(claims: dict, kid: str) -> str:
+    key = JWK.generate(kty="RSA", size=2048)
+    token = JWT(header={"alg": "RS256", "kid": kid, "typ": "JWT"}, claims=claims)
+    token.make_signed_token(key)
+    return token.serialize()
+
+
+def _tampered(hint: str, **changes) -> str:
+    header, payload, signature = hint.split(".")
+    claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    claims.update(changes)
+    return ".".join((header, b64(json.dumps(claims).encode()), signature))
+
+
+@pytest_twisted.ensureDeferred
+async def test_forged_hints_are_refused(tmp_path, monkeypatch):
+    async with running(tmp_path, monkeypatch) as h:
+        cookie = await browser_session(h)
+        genuine = id_token(h)
+        header = json.loads(base64.urlsafe_b64decode(genuine.split(".")[0] + "=="))
+        claims = {"iss": ISSUER, "sub": ALICE.sub, "aud": "first", "iat": h.now(), "exp": h.now() + 60, "sid": "sid-1"}
+        unsigned = b64(json.dumps({"alg": "none", "typ": "JWT"}).encode()) + "." + b64(json.dumps(claims).encode()) + "."
+        forgeries = {
+            "foreign key, our kid": _foreign_token(claims, header["kid"]),
+            "foreign key, its kid": _foreign_token(claims, "attacker"),
+            "tampered payload": _tampered(genuine, sub=BOB.sub),
+            "signature of another token": ".".join(genuine.split(".")[:2] + [id_token(h, sid="x").split(".")[2]]),
+            "alg none": unsigned,
+            "garbled": genuine[:40] + "!" + genuine[41:],
+            "not a JWS": "not-a-token",
+            "JSON serialization": json.dumps({"payload": "e30", "signature": "", "protected": "e30"}),
+        }
+        for name, hint in forgeries.items():
+            response, body = await h.get(
+                END_SESSION,
+                params={"id_token_hint": hint, "post_logout_redirect_uri": FIRST_LOGOUT_URI, "state": "s"},
+                cookies={"authsrv_session": cookie},
+            )
+            assert response.code == 400, name
+            assert_refused(response, body, "Sign-out failed")
+        assert await session_alive(h, cookie)
+
+
+@pytest_twisted.ensureDeferred
+async def test_our_signature_on_other_tokens_is_refused(tmp_path, monkeypatch):
+    """Genuine signatures, but not an ID token of this issuer for one client."""
+    async with running(tmp_path, monkeypatch) as h:
+        cookie = await browser_session(h)
+        now = h.now()
+        claims = {"iss": ISSUER, "sub": ALICE.sub, "aud": "first", "iat": now, "exp": now + 60, "sid": "sid-1"}
+        hints = {
+            "other issuer": id_token(h, iss="https://elsewhere.example"),
+            "no issuer": id_token(h, iss=None),
+            "no subject": id_token(h, sub=None),
+            "no audience": id_token(h, aud=None),
+            "two audiences": id_token(h, aud=["first", "partner"]),
+            "access token": h.keystore.sign(claims, "RS256", "at+jwt"),
+            "logout token": h.keystore.sign(claims, "RS256", "logout+jwt"),
+            "not an object": h.keystore.sign(claims, "RS256", "JWT").split(".")[0] + "." + b64(b"[1]") + ".x",
+        }
+        for name, hint in hints.items():
+            response, body = await h.get(
+                END_SESSION,
+                params={"id_token_hint": hint, "post_logout_redirect_uri": FIRST_LOGOUT_URI},
+                cookies={"authsrv_session": cookie},
+            )
+            assert response.code == 400, name
+            assert_refused(response, body, "Sign-out failed")
+        assert await session_alive(h, cookie)
+
+
+@pytest_twisted.ensureDeferred
+async def test_hint_signed_by_every_published_algorithm_is_accepted(tmp_path, monkeypatch):
+    async with running(tmp_path, monkeypatch) as h:
+        now = h.now()
+        claims = {"iss": ISSUER, "sub": ALICE.sub, "aud": "first", "iat": now, "exp": now + 60, "sid": "sid-1"}
+        for alg in h.keystore.algorithms:
+            response, _ = await h.get(END_SESSION, params={"id_token_hint": h.keystore.sign(claims, alg, "JWT")})
+            assert response.code == 200, alg
+
+
+@pytest_twisted.ensureDeferred
+async def test_client_without_end_session_is_refused(tmp_path, monkeypatch):
+    async with running(tmp_path, monkeypatch) as h:
+        cookie = await browser_session(h)
+        for aud in ("spa", "gateway", "unknown-client"):
+            response, body = await h.get(
+                END_SESSION,
+                params={"id_token_hint": id_token(h, aud=aud), "post_logout_redirect_uri": "http://127.0.0.1:9002/"},
+                cookies={"authsrv_session": cookie},
+            )
+            assert_refused(response, body, "may not sign users out")
+        assert await session_alive(h, cookie)
+
+
+@pytest_twisted.ensureDeferred
+async def test_unregistered_post_logout_redirect_uri_is_refused(tmp_path, monkeypatch):
+    async with running(tmp_path, monkeypatch) as h:
+        cookie = await browser_session(h)
+        for uri in (
+            "https://evil.example/",
+            "http://127.0.0.1:9000/evil",
+            "http://127.0.0.1:9000",
+            "http://127.0.0.1:9000/?x=1",
+            "HTTP://127.0.0.1:9000/",
+            "http://127.0.0.1:9001/",
+            "http://127.0.0.1:9000/callback",
+        ):
+            response, body = await h.get(
+                END_SESSION,
+                params={"id_token_hint": id_token(h), "post_logout_redirect_uri": uri, "state": "s"},
+                cookies={"authsrv_session": cookie},
+            )
+            assert_refused(response, body, "post_logout_redirect_uri is not registered")
+        assert await session_alive(h, cookie)
+
+
+@pytest_twisted.ensureDeferred
+async def test_client_id_must_match_the_hint(tmp_path, monkeypatch):
+    async with running(tmp_path, monkeypatch) as h:
+        cookie = await browser_session(h)
+        response, body = await h.get(
+            END_SESSION,
+            params={"id_token_hint": id_token(h), "client_id": "partner",
+                    "post_logout_redirect_uri": "http://127.0.0.1:9001/"},
+            cookies={"authsrv_session": cookie},
+        )
+        assert_refused(response, body, "client_id does not match")
+        assert await session_alive(h, cookie)
+        response, _ = await h.get(
+            END_SESSION,
+            params={"id_token_hint": id_token(h), "client_id": "first", "post_logout_redirect_uri": FIRST_LOGOUT_URI},
+            cookies={"authsrv_session": cookie},
+        )
+        assert response.code == 302
+        assert not await session_alive(h, cookie)
+
+
+@pytest_twisted.ensureDeferred
+async def test_malformed_parameters_get_an_error_page(tmp_path, monkeypatch):
+    async with running(tmp_path, monkeypatch) as h:
+        hint = id_token(h)
+        for query in (
+            f"id_token_hint={hint}&id_token_hint={hint}",
+            f"id_token_hint={hint}&state=a&state=b",
+            "id_token_hint=%ff%fe",
+            f"id_token_hint={hint}&state=%00",
+            "id_token_hint=" + "a" * 9000,
+        ):
+            response, body = await h.get(END_SESSION + "?" + query)
+            assert_refused(response, body, "Sign-out failed")
+
+
+@pytest_twisted.ensureDeferred
+async def test_other_methods_are_not_allowed(tmp_path, monkeypatch):
+    async with running(tmp_path, monkeypatch) as h:
+        response, _ = await h.request("PUT", END_SESSION, data={"id_token_hint": id_token(h)})
+        assert response.code == 405
+
+
+# --- fuzzing ----------------------------------------------------------------------
+
+_NAMES = st.sampled_from(["id_token_hint", "client_id", "post_logout_redirect_uri", "state", "ui_locales"])
+
+
+@pytest.fixture
+def started(tmp_path, monkeypatch):
+    """One harness for every example of a hypothesis test (a fixture cannot be async there)."""
+    h = Harness(tmp_path, monkeypatch)
+    pytest_twisted.blockon(Deferred.fromCoroutine(h.start()))
+    yield h
+    pytest_twisted.blockon(Deferred.fromCoroutine(h.close()))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    data=st.data(),
+    params=st.dictionaries(st.one_of(_NAMES, st.text(max_size=10)), st.text(max_size=200), max_size=5),
+    method=st.sampled_from(["GET", "POST"]),
+)
+@pytest_twisted.ensureDeferred
+async def test_arbitrary_parameters_never_give_a_server_error(started, data, params, method):
+    h = started
+    if data.draw(st.booleans()):
+        params["id_token_hint"] = id_token(h, aud=data.draw(st.sampled_from(["first", "partner", "spa", "nobody"])))
+    if data.draw(st.booleans()):
+        params["post_logout_redirect_uri"] = data.draw(st.sampled_from([FIRST_LOGOUT_URI, "http://127.0.0.1:9001/"]))
+    kwargs = {"params": params} if method == "GET" else {"data": params}
+    response, body = await h.request(method, END_SESSION, **kwargs)
+    assert response.code in (200, 302, 400), body
+    if response.code == 302:
+        assert response.headers.getRawHeaders(b"location")[0].decode().startswith(
+            (FIRST_LOGOUT_URI, "http://127.0.0.1:9001/")
+        )
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(raw=st.lists(st.tuples(st.binary(max_size=20), st.binary(max_size=200)), max_size=4))
+@pytest_twisted.ensureDeferred
+async def test_arbitrary_query_bytes_never_give_a_server_error(started, raw):
+    query = "&".join(f"{quote_from_bytes(k)}={quote_from_bytes(v)}" for k, v in raw)
+    response, body = await started.get(END_SESSION + "?" + query)
+    assert response.code in (200, 400), body
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+@pytest_twisted.ensureDeferred
+async def test_any_change_to_a_genuine_hint_is_refused(started, data):
+    hint = id_token(started)
+    # The last character of a segment may carry only padding bits; any other carries signed bits.
+    positions = [i for i, c in enumerate(hint) if c != "." and i + 1 < len(hint) and hint[i + 1] != "."]
+    position = data.draw(st.sampled_from(positions))
+    replacement = data.draw(st.sampled_from("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"))
+    assume(replacement != hint[position])
+    changed = hint[:position] + replacement + hint[position + 1:]
+    response, body = await started.get(END_SESSION, params={"id_token_hint": changed})
+    assert response.code == 400, body
