@@ -12,7 +12,7 @@ for servers only.
 
 from __future__ import annotations
 
-from urllib.parse import parse_qs
+from twisted.web.http import parse_qs
 
 from authsrv.config import ISSUER_PATH
 from authsrv.flows.introspect import introspect
