@@ -17,11 +17,12 @@ import pytest
 import pytest_twisted
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from jwcrypto.jwk import JWK
+from jwcrypto.jwk import JWK, JWKSet
 from jwcrypto.jwt import JWT
 from twisted.internet.defer import Deferred
 from twisted.logger import globalLogPublisher
 
+from authsrv.flows.end_session import LogoutRefused, hint_claims
 from authsrv.records import BrowserSession
 from authsrv.testing.identity import ALICE, BOB
 from authsrv.tokens import new_token, token_hash
@@ -469,3 +470,39 @@ async def test_any_change_to_a_genuine_hint_is_refused(started, data):
     changed = hint[:position] + replacement + hint[position + 1:]
     response, body = await started.get(END_SESSION, params={"id_token_hint": changed})
     assert response.code == 400, body
+
+
+class _OneKey:
+    """A keystore's verifying side, holding one published key."""
+
+    algorithms = ("RS256", "ES256", "EdDSA")
+
+    def __init__(self):
+        key = JWK.generate(kty="OKP", crv="Ed25519", kid="k1")
+        self._keyset = JWKSet()
+        self._keyset.add(JWK.from_json(key.export_public()))
+
+    def public_keyset(self):
+        return self._keyset
+
+
+_ONE_KEY = _OneKey()
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=8,
+)
+_HEADERS = _JSON | st.fixed_dictionaries(
+    {"alg": st.sampled_from(["EdDSA", "RS256", "none", "HS256", "PS256"]) | _JSON,
+     "kid": st.sampled_from(["k1", "other"]) | _JSON},
+    optional={"typ": _JSON, "crit": _JSON, "b64": _JSON, "jwk": _JSON, "zip": _JSON},
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(header=_HEADERS, payload=st.binary(max_size=60), signature=st.binary(max_size=80))
+def test_hint_parsing_refuses_any_structured_junk(header, payload, signature):
+    """jwcrypto's every complaint becomes a refusal, whatever the header holds."""
+    hint = ".".join((b64(json.dumps(header).encode()), b64(payload) or "e30", b64(signature) or "AA"))
+    with pytest.raises(LogoutRefused):
+        hint_claims(hint, _ONE_KEY, ISSUER)

@@ -110,10 +110,9 @@ class BackchannelNotifier:
         return outcome
 
     async def _attempt(self, uri: str, token: str) -> tuple[bool, str]:
-        d = self._http.post(uri, data={"logout_token": token}, allow_redirects=False)
-        d.addTimeout(self._attempt_timeout, self._reactor)
         try:
-            response = await d
+            d = self._http.post(uri, data={"logout_token": token}, allow_redirects=False)
+            response = await d.addTimeout(self._attempt_timeout, self._reactor)
         except Exception as e:
             # Whatever went wrong on the way (refused, reset, timed out) may pass.
             return False, type(e).__name__

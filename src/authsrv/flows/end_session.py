@@ -57,7 +57,7 @@ def hint_claims(hint: str, keystore, issuer: str) -> dict:
         token.verify(keystore.public_keyset())
         header = token.jose_header
         claims = json.loads(token.payload)
-    except (JWException, ValueError, TypeError, KeyError, AttributeError):
+    except (JWException, ValueError):
         raise LogoutRefused("The sign-out request carries an ID token this service did not issue.") from None
     typ = header.get("typ")
     if not isinstance(claims, dict) or (typ is not None and str(typ).lower() not in _ID_TOKEN_TYPES):
