@@ -85,3 +85,22 @@ def user_unbanned(*, sub: str, by: str) -> None:
 
 def user_grants_revoked(*, sub: str, count: int, by: str) -> None:
     _emit("user.grants_revoked", "{count} grants of {sub} revoked by {by}", sub=sub, count=count, by=by)
+
+
+def chat_linked(*, sub: str, provider: str, account_id: str, provider_user_id: str) -> None:
+    _emit("chat.linked", "{sub} linked {provider} account {provider_user_id} (link {account_id})",
+          sub=sub, provider=provider, account_id=account_id, provider_user_id=provider_user_id)
+
+
+def chat_unlinked(*, sub: str, provider: str) -> None:
+    _emit("chat.unlinked", "{sub} unlinked their {provider} account", sub=sub, provider=provider)
+
+
+def chat_refreshed(*, sub: str, provider: str, account_id: str, rotated: bool) -> None:
+    _emit("chat.refreshed", "{provider} token of {sub} refreshed (link {account_id}, refresh token rotated:"
+          " {rotated})", sub=sub, provider=provider, account_id=account_id, rotated=rotated)
+
+
+def chat_refresh_failed(*, sub: str, provider: str, account_id: str, reason: str) -> None:
+    _emit("chat.refresh_failed", "{provider} token of {sub} not refreshed (link {account_id}): {reason}",
+          sub=sub, provider=provider, account_id=account_id, reason=reason)

@@ -1,0 +1,239 @@
+"""
+The chat platform's OAuth 2 client: authorize URL, code exchange, refresh
+and the current user's id (Discord by default; any provider with the same
+endpoints works, such as L{authsrv.testing.fake_chat}).
+
+Every call is bounded by C{[chat] timeout} as a whole (connection, answer
+and body) and reads at most L{MAX_BODY} bytes. A provider that cannot be
+reached, times out, answers 5xx or 429, or answers something that is not
+the OAuth JSON it should, is L{ChatProviderUnavailable}; a refresh token it
+rejects is L{ChatRefreshRefused}. Tokens are never logged: only statuses and
+the provider's error codes.
+"""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import urlencode, urlsplit, urlunsplit
+
+import treq
+from attrs import field, frozen
+from treq.client import HTTPClient
+from twisted.internet import defer, error
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger
+from twisted.web.client import (
+    Agent,
+    HTTPConnectionPool,
+    RequestTransmissionFailed,
+    ResponseFailed,
+    ResponseNeverReceived,
+)
+
+from authsrv.chat.config import ChatConfig
+from authsrv.chat.errors import ChatError, ChatProviderUnavailable, ChatRefreshRefused
+
+MAX_BODY = 64 * 1024
+DEFAULT_EXPIRES_IN = 3600
+"""RFC 6749 makes expires_in optional; a provider that omits it is taken to mean an hour."""
+
+_NETWORK_ERRORS = (
+    error.ConnectError,
+    error.ConnectionLost,
+    error.DNSLookupError,
+    ResponseFailed,
+    ResponseNeverReceived,
+    RequestTransmissionFailed,
+    defer.TimeoutError,
+    defer.CancelledError,
+    OSError,
+)
+
+log = Logger()
+
+
+class ChatCodeRejected(ChatError):
+    """The provider refused the authorization code: the user starts linking again."""
+
+    code = "chat_code_rejected"
+    status = 400
+
+
+class _TooLarge(Exception):
+    pass
+
+
+@frozen
+class ProviderTokens:
+    """
+    A token response; C{refresh_token} is None when the provider sent none,
+    C{scope} when a refresh answer named none.
+    """
+
+    access_token: str = field(repr=False)
+    refresh_token: str | None = field(repr=False)
+    scope: str | None
+    expires_in: int
+
+
+def http_client(reactor, connect_timeout: float) -> tuple[HTTPClient, HTTPConnectionPool]:
+    """
+    A treq client for the provider with a persistent connection pool, and the
+    pool, whose C{closeCachedConnections()} the owner calls on stop. HTTPS
+    certificates are verified (Twisted's browser-like policy).
+    """
+    pool = HTTPConnectionPool(reactor, persistent=True)
+    return HTTPClient(Agent(reactor, connectTimeout=connect_timeout, pool=pool)), pool
+
+
+def _with_query(url: str, params: dict[str, str]) -> str:
+    parts = urlsplit(url)
+    extra = urlencode(params)
+    return urlunsplit(parts._replace(query=f"{parts.query}&{extra}" if parts.query else extra))
+
+
+class ChatProvider:
+    """
+    One provider's endpoints. C{http} is a L{treq.client.HTTPClient} (or
+    anything with its C{request} method, such as L{treq.testing.StubTreq});
+    the reactor times each call out.
+    """
+
+    def __init__(self, reactor, http, config: ChatConfig):
+        self._reactor = reactor
+        self._http = http
+        self._config = config
+
+    @property
+    def name(self) -> str:
+        return self._config.provider
+
+    def authorize_url(self, state: str, code_challenge: str | None, redirect_uri: str) -> str:
+        """Where the browser goes to approve the link; PKCE S256 when a challenge is given."""
+        params = {
+            "response_type": "code",
+            "client_id": self._config.client_id,
+            "redirect_uri": redirect_uri,
+            "scope": " ".join(self._config.scopes),
+            "state": state,
+        }
+        if code_challenge is not None:
+            params["code_challenge"] = code_challenge
+            params["code_challenge_method"] = "S256"
+        return _with_query(self._config.authorize_url, params)
+
+    async def exchange_code(self, code: str, code_verifier: str | None, redirect_uri: str) -> ProviderTokens:
+        """The tokens for an authorization code; L{ChatCodeRejected} if it is refused."""
+        form = {"grant_type": "authorization_code", "code": code, "redirect_uri": redirect_uri}
+        if code_verifier is not None:
+            form["code_verifier"] = code_verifier
+        status, body = await self._call("POST", self._config.token_url, data=self._client_form(form))
+        if status in (400, 401):
+            reason = _error_code(body)
+            log.warn("chat provider refused an authorization code: {status} {reason}", status=status, reason=reason)
+            raise ChatCodeRejected(f"the chat platform refused the authorization code ({reason})")
+        return self._tokens(status, body, " ".join(self._config.scopes))
+
+    async def refresh(self, refresh_token: str) -> ProviderTokens:
+        """
+        New tokens for a refresh token; their C{scope} is None when the
+        answer names none, meaning unchanged (RFC 6749 section 5.1).
+        """
+        form = {"grant_type": "refresh_token", "refresh_token": refresh_token}
+        status, body = await self._call("POST", self._config.token_url, data=self._client_form(form))
+        if status in (400, 401):
+            reason = _error_code(body)
+            log.warn("chat provider refused a refresh: {status} {reason}", status=status, reason=reason)
+            if reason == "invalid_grant":
+                raise ChatRefreshRefused("the chat platform refused the stored refresh token; link the account again")
+            raise ChatProviderUnavailable(f"the chat platform refused the refresh request ({reason})")
+        return self._tokens(status, body, None)
+
+    async def current_user(self, access_token: str) -> str:
+        """The provider's id of the user an access token belongs to."""
+        status, body = await self._call(
+            "GET", self._config.user_url, headers={"authorization": f"Bearer {access_token}"}
+        )
+        if status != 200:
+            log.warn("chat provider did not name the current user: {status}", status=status)
+            raise ChatProviderUnavailable(f"the chat platform answered {status} for the current user")
+        user_id = body.get("id")
+        if isinstance(user_id, int) and not isinstance(user_id, bool):
+            user_id = str(user_id)
+        if not isinstance(user_id, str) or not user_id or len(user_id) > 256:
+            raise ChatProviderUnavailable("the chat platform's user answer has no id")
+        return user_id
+
+    def _client_form(self, form: dict[str, str]) -> dict[str, str]:
+        """client_secret_post: the client's credentials in the form body."""
+        form["client_id"] = self._config.client_id
+        if self._config.client_secret is not None:
+            form["client_secret"] = self._config.client_secret
+        return form
+
+    def _tokens(self, status: int, body: dict, default_scope: str | None) -> ProviderTokens:
+        if status != 200:
+            log.warn("chat provider token endpoint answered {status}", status=status)
+            raise ChatProviderUnavailable(f"the chat platform's token endpoint answered {status}")
+        access, refresh = body.get("access_token"), body.get("refresh_token")
+        scope, expires_in = body.get("scope", default_scope), body.get("expires_in", DEFAULT_EXPIRES_IN)
+        if (
+            not isinstance(access, str) or not access
+            or not (refresh is None or isinstance(refresh, str) and refresh)
+            or not (scope is None or isinstance(scope, str))
+            or not isinstance(expires_in, int) or isinstance(expires_in, bool) or expires_in <= 0
+            or str(body.get("token_type", "bearer")).lower() != "bearer"
+        ):
+            raise ChatProviderUnavailable("the chat platform's token answer is malformed")
+        return ProviderTokens(access, refresh, scope, expires_in)
+
+    async def _call(self, method: str, url: str, **kwargs) -> tuple[int, dict]:
+        """(status, JSON object body) of one request, the whole of it within the timeout."""
+        d = Deferred.fromCoroutine(self._exchange(method, url, **kwargs))
+        d.addTimeout(self._config.timeout, self._reactor)
+        try:
+            status, raw = await d
+        except _NETWORK_ERRORS as e:
+            log.warn("chat provider unreachable at {url}: {error}", url=_origin(url), error=type(e).__name__)
+            raise ChatProviderUnavailable("the chat platform cannot be reached; try again") from None
+        except _TooLarge:
+            raise ChatProviderUnavailable("the chat platform's answer is too large") from None
+        if status >= 500 or status == 429:
+            log.warn("chat provider failed at {url}: {status}", url=_origin(url), status=status)
+            raise ChatProviderUnavailable(f"the chat platform answered {status}; try again")
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            log.warn("chat provider answered {status} without a JSON object at {url}", status=status, url=_origin(url))
+            raise ChatProviderUnavailable("the chat platform's answer is not JSON")
+        return status, body
+
+    async def _exchange(self, method: str, url: str, **kwargs) -> tuple[int, bytes]:
+        headers = {"accept": "application/json", "user-agent": "authsrv", **kwargs.pop("headers", {})}
+        response = await self._http.request(
+            method, url, headers=headers, allow_redirects=False, unbuffered=True, **kwargs
+        )
+        chunks: list[bytes] = []
+        received = [0]
+
+        def collect(data: bytes) -> None:
+            received[0] += len(data)
+            if received[0] > MAX_BODY:
+                raise _TooLarge()
+            chunks.append(data)
+
+        await treq.collect(response, collect)
+        return response.code, b"".join(chunks)
+
+
+def _error_code(body: dict) -> str:
+    """The OAuth error code of an error answer, safe to log (short, no token)."""
+    code = body.get("error")
+    return code[:64] if isinstance(code, str) else "no error code"
+
+
+def _origin(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}{parts.path}"

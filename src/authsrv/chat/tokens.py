@@ -1,0 +1,200 @@
+"""
+Fresh provider tokens for the internal chat-token endpoint (DESIGN.md,
+Linked chat accounts): a stored token that expires within C{refresh_margin}
+is refreshed at the provider before it is handed out, so first-party
+services never receive an expired token.
+
+Concurrent callers, on this instance or on others sharing the store, cause
+one upstream refresh: the refresh runs under the account's lease in the store
+(C{acquire_link_lock}), never a lock in process memory. A caller that finds
+the lease taken polls the store until the holder has saved the new token or
+the lease has run out. The new tokens are saved with a compare-and-swap on
+the link's version, and a provider that sends no new refresh token keeps the
+stored one, so a rotated upstream token is never lost.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from attrs import field, frozen
+from twisted.internet.task import deferLater
+from twisted.logger import Logger
+
+from authsrv import events
+from authsrv.chat.crypto import ACCESS, REFRESH, UndecryptableToken
+from authsrv.chat.errors import ChatError, ChatNotLinked, ChatProviderUnavailable, ChatRefreshRefused
+from authsrv.records import LinkedAccount, User
+from authsrv.tokens import new_token
+
+POLL_FIRST = 0.05
+POLL_MAX = 0.5
+"""Seconds between a waiting caller's looks at the store: doubling from the first to the max."""
+
+log = Logger()
+
+
+@frozen
+class ProviderToken:
+    """What the chat-token endpoint answers; the token itself is never in a repr."""
+
+    account_id: str
+    access_token: str = field(repr=False)
+    scope: str
+    expires_at: int
+
+
+class ChatTokens:
+    """
+    Serves a user's provider access token, refreshed when needed.
+
+    C{provider} (a L{authsrv.chat.provider.ChatProvider}) is None when no
+    provider client is configured: stored tokens are then served while fresh
+    and L{ChatProviderUnavailable} answers otherwise. C{cipher} and
+    C{config} are None when there is no C{[chat]} section at all.
+    """
+
+    def __init__(self, reactor, store, identity, provider, cipher, config):
+        self._reactor = reactor
+        self._store = store
+        self._identity = identity
+        self._provider = provider
+        self._cipher = cipher
+        self._config = config
+        self._holder = new_token(9)
+        self._calls = itertools.count(1)
+
+    @property
+    def provider_name(self) -> str:
+        return self._config.provider if self._config is not None else "discord"
+
+    def _now(self, floor: int) -> int:
+        return max(floor, int(self._reactor.seconds()))
+
+    async def fresh_token(self, sub: str, now: int) -> ProviderToken:
+        """
+        The user's provider token, valid for at least C{refresh_margin} unless
+        the provider itself grants less; raises L{ChatNotLinked},
+        L{ChatProviderUnavailable} or L{ChatRefreshRefused}.
+        """
+        link = await self._link(sub)
+        if await self._identity.user_by_id(sub) is None:
+            raise ChatNotLinked("the user has no linked chat-platform account")
+        if self._cipher is None:
+            raise ChatProviderUnavailable("no chat platform is configured on this server")
+        if self._fresh(link, now):
+            return self._token(link)
+        holder = f"{self._holder}:{next(self._calls)}"
+        seen = (link.account_id, link.version)
+        deadline = self._reactor.seconds() + self._config.lock_ttl + 1
+        delay = POLL_FIRST
+        while True:
+            if await self._store.acquire_link_lock(link.account_id, holder, now, self._config.lock_ttl):
+                try:
+                    return await self._refresh_held(sub, link, seen, now)
+                finally:
+                    await self._release(link.account_id, holder)
+            if self._reactor.seconds() >= deadline:
+                raise ChatProviderUnavailable("another refresh of this account is taking too long; try again")
+            await deferLater(self._reactor, delay, lambda: None)
+            delay = min(delay * 2, POLL_MAX)
+            now = self._now(now)
+            link = await self._link(sub)
+            if self._fresh(link, now) or self._replaced(link, seen, now):
+                return self._token(link)
+
+    async def _release(self, account_id: str, holder: str) -> None:
+        """Free the lease; if the store fails, it runs out by itself after C{lock_ttl}."""
+        try:
+            await self._store.release_link_lock(account_id, holder)
+        except Exception as e:
+            log.warn("could not release the refresh lease of chat link {account_id}: {error}",
+                     account_id=account_id, error=str(e) or type(e).__name__)
+
+    async def _link(self, sub: str) -> LinkedAccount:
+        link = await self._store.get_linked_account(sub, self.provider_name)
+        if link is None:
+            raise ChatNotLinked("the user has no linked chat-platform account")
+        return link
+
+    def _fresh(self, link: LinkedAccount, now: int) -> bool:
+        return link.expires_at > now + self._config.refresh_margin
+
+    @staticmethod
+    def _replaced(link: LinkedAccount, seen: tuple[str, int], now: int) -> bool:
+        """
+        Someone refreshed (or relinked) since we looked: take their token while
+        it is valid, even if the provider grants less than the margin, rather
+        than refreshing again.
+        """
+        return (link.account_id, link.version) != seen and link.expires_at > now
+
+    def _decrypt(self, link: LinkedAccount, blob: bytes, kind: str) -> str:
+        try:
+            return self._cipher.decrypt(blob, link.account_id, kind)
+        except UndecryptableToken as e:
+            log.error(
+                "stored {kind} token of chat link {account_id} cannot be decrypted ({problem}):"
+                " was [chat] encryption_key changed? The user must link again.",
+                kind=kind, account_id=link.account_id, problem=str(e),
+            )
+            raise ChatNotLinked("the stored chat-platform token is unusable; link the account again") from None
+
+    def _token(self, link: LinkedAccount) -> ProviderToken:
+        return ProviderToken(
+            link.account_id, self._decrypt(link, link.access_token_enc, ACCESS), link.scope, link.expires_at
+        )
+
+    async def _refresh_held(self, sub: str, link: LinkedAccount, seen: tuple[str, int], now: int) -> ProviderToken:
+        """Under the lease: look again, then refresh at the provider and save by compare-and-swap."""
+        current = await self._link(sub)
+        if self._fresh(current, now) or self._replaced(current, seen, now):
+            return self._token(current)
+        if current.account_id != link.account_id:
+            raise ChatProviderUnavailable("the account was linked again during the refresh; try again")
+        try:
+            tokens = await self._refresh_upstream(current)
+        except ChatError as e:
+            events.chat_refresh_failed(
+                sub=sub, provider=self.provider_name, account_id=current.account_id, reason=e.code
+            )
+            raise
+        updated = await self._store.update_linked_tokens(
+            current.account_id,
+            current.version,
+            self._cipher.encrypt(tokens.access_token, current.account_id, ACCESS),
+            None if tokens.refresh_token is None else self._cipher.encrypt(
+                tokens.refresh_token, current.account_id, REFRESH
+            ),
+            current.scope if tokens.scope is None else tokens.scope,
+            now + tokens.expires_in,
+            now,
+        )
+        if updated is None:
+            log.warn("chat link {account_id} changed during its refresh; serving the stored token",
+                     account_id=current.account_id)
+            latest = await self._link(sub)
+            if latest.expires_at > now:
+                return self._token(latest)
+            raise ChatProviderUnavailable("the account changed during the refresh; try again")
+        events.chat_refreshed(
+            sub=sub, provider=self.provider_name, account_id=current.account_id,
+            rotated=tokens.refresh_token is not None,
+        )
+        return ProviderToken(updated.account_id, tokens.access_token, updated.scope, updated.expires_at)
+
+    async def _refresh_upstream(self, link: LinkedAccount):
+        if self._provider is None:
+            raise ChatProviderUnavailable("no chat provider is configured to refresh the expiring token")
+        if link.refresh_token_enc is None:
+            raise ChatRefreshRefused("the stored link has no refresh token; link the account again")
+        return await self._provider.refresh(self._decrypt(link, link.refresh_token_enc, REFRESH))
+
+
+async def linked_chat_user_id(store, user: User, provider: str) -> str | None:
+    """
+    The C{chat_user_id} claim: the account linked through the link flow wins
+    over the one the identity backend knows (the user may have relinked).
+    """
+    link = await store.get_linked_account(user.sub, provider)
+    return link.provider_user_id if link is not None else user.chat_user_id

@@ -1,0 +1,478 @@
+"""
+Fresh chat-platform tokens: served as stored while fresh, refreshed once
+under the store's lease when expiring (however many callers, on however many
+instances), saved by compare-and-swap, never lost when the provider rotates
+the refresh token, and left untouched when the provider is down or refuses.
+Also the [chat] config section and the encryption at rest.
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+import pytest_twisted
+from attrs import evolve
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred, gatherResults, succeed
+from twisted.internet.task import Clock, deferLater
+from twisted.logger import formatEvent, globalLogPublisher
+
+from authsrv.chat.config import DEFAULT_SCOPES, ChatConfig, chat_config
+from authsrv.chat.crypto import ACCESS, REFRESH, TokenCipher, UndecryptableToken, key_from_text, new_key_text
+from authsrv.chat.errors import ChatNotLinked, ChatProviderUnavailable, ChatRefreshRefused
+from authsrv.chat.provider import ChatProvider
+from authsrv.chat.tokens import ChatTokens, ProviderToken, linked_chat_user_id
+from authsrv.configsection import ConfigError, Section
+from authsrv.context import PluginContext
+from authsrv.records import LinkedAccount, User
+from authsrv.store import sqlite
+from authsrv.testing.fake_chat import FakeChatProvider
+
+NOW = 1_800_000_000
+ALICE = User(sub="alice-sub", login="alice", chat_user_id="from-the-backend")
+ACCOUNT = "acct-alice"
+HOUR = 3600
+
+
+class Identity:
+    def __init__(self, *users):
+        self.users = {u.sub: u for u in users}
+
+    def user_by_id(self, sub):
+        return succeed(self.users.get(sub))
+
+
+@asynccontextmanager
+async def sqlite_store(path: Path):
+    """A store over a database file, with its own thread (one "instance")."""
+    context = PluginContext(reactor, path.parent)
+    store = sqlite.from_config(Section({"path": str(path)}, "store", path.parent), context)
+    try:
+        yield store
+    finally:
+        await store.close()
+        context.stop()
+
+
+class World:
+    """One fake provider, a cipher, and ChatTokens objects built on demand."""
+
+    def __init__(self, tmp_path: Path):
+        self.clock = Clock()
+        self.clock.advance(NOW)
+        self.path = tmp_path / "authsrv.sqlite3"
+        self.fake = FakeChatProvider(self.clock, expires_in=2 * HOUR)
+        self.config = ChatConfig(
+            encryption_key=key_from_text(new_key_text()), client_secret=self.fake.client_secret,
+            **self.fake.endpoints("https://chat.example.test"),
+        )
+        self.cipher = TokenCipher(self.config.encryption_key)
+        self.identity = Identity(ALICE)
+
+    def tokens(self, store, provider=True, config=None) -> ChatTokens:
+        config = config or self.config
+        chat = ChatProvider(self.clock, self.fake.memory_client(), config) if provider else None
+        return ChatTokens(self.clock, store, self.identity, chat, self.cipher, config)
+
+    async def link(self, store, expires_in: int) -> tuple[LinkedAccount, dict]:
+        """Alice's link holding a fresh grant of the fake, expiring in C{expires_in} seconds."""
+        grant = self.fake.grant()
+        account = LinkedAccount(
+            account_id=ACCOUNT, sub=ALICE.sub, provider="discord", provider_user_id=self.fake.user.id,
+            access_token_enc=self.cipher.encrypt(grant["access_token"], ACCOUNT, ACCESS),
+            refresh_token_enc=self.cipher.encrypt(grant["refresh_token"], ACCOUNT, REFRESH),
+            scope=grant["scope"], expires_at=NOW + expires_in, updated_at=NOW,
+        )
+        await store.link_account(account)
+        return account, grant
+
+    async def settle(self, deferreds):
+        """
+        Run calls to completion: the store answers on real threads, the
+        waiting callers poll on the clock, so both are moved along.
+        """
+        results: list = [None] * len(deferreds)
+        done = [False] * len(deferreds)
+        for index, d in enumerate(deferreds):
+            d.addBoth(lambda r, i=index: (results.__setitem__(i, r), done.__setitem__(i, True)))
+        for _ in range(5000):
+            if all(done):
+                return results
+            await deferLater(reactor, 0.001, lambda: None)
+            self.clock.advance(0.05)
+        raise AssertionError("calls did not finish")
+
+    async def call(self, tokens: ChatTokens, sub=ALICE.sub):
+        [result] = await self.settle([Deferred.fromCoroutine(tokens.fresh_token(sub, int(self.clock.seconds())))])
+        if hasattr(result, "raiseException"):
+            result.raiseException()
+        return result
+
+
+@pytest.fixture
+def world(tmp_path):
+    return World(tmp_path)
+
+
+@pytest.fixture
+def audit():
+    """Every log event during the test."""
+    seen: list[dict] = []
+    globalLogPublisher.addObserver(seen.append)
+    yield seen
+    globalLogPublisher.removeObserver(seen.append)
+
+
+def audit_events(seen, name):
+    return [e for e in seen if e.get("event") == name]
+
+
+def assert_no_token_logged(seen, *tokens):
+    text = "\n".join(f"{formatEvent(e)} {sorted(map(str, e.values()))}" for e in seen)
+    for token in tokens:
+        assert token not in text
+
+
+# --- fresh tokens ---------------------------------------------------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_fresh_token_is_returned_as_stored(world, audit):
+    async with sqlite_store(world.path) as store:
+        account, grant = await world.link(store, HOUR)
+        token = await world.call(world.tokens(store))
+        assert token == ProviderToken(ACCOUNT, grant["access_token"], "identify guilds.join", NOW + HOUR)
+        assert grant["access_token"] not in repr(token)
+        assert world.fake.refreshes == 0
+        assert await store.get_linked_account(ALICE.sub, "discord") == account
+        assert audit_events(audit, "chat.refreshed") == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_expiring_token_is_refreshed_and_saved_with_the_rotated_refresh_token(world, audit):
+    async with sqlite_store(world.path) as store:
+        account, grant = await world.link(store, 299)
+        token = await world.call(world.tokens(store))
+
+        assert world.fake.refreshes == 1
+        assert token.access_token != grant["access_token"] and world.fake.access_valid(token.access_token)
+        assert token.expires_at == NOW + 2 * HOUR
+        saved = await store.get_linked_account(ALICE.sub, "discord")
+        assert (saved.version, saved.expires_at, saved.updated_at) == (2, NOW + 2 * HOUR, NOW)
+        assert world.cipher.decrypt(saved.access_token_enc, ACCOUNT, ACCESS) == token.access_token
+        new_refresh = world.cipher.decrypt(saved.refresh_token_enc, ACCOUNT, REFRESH)
+        assert new_refresh != grant["refresh_token"]
+        [event] = audit_events(audit, "chat.refreshed")
+        assert (event["account_id"], event["rotated"]) == (ACCOUNT, True)
+        assert_no_token_logged(audit, token.access_token, new_refresh, grant["refresh_token"])
+
+        # The saved (rotated) refresh token is the one that works next time.
+        world.clock.advance(2 * HOUR)
+        again = await world.call(world.tokens(store))
+        assert world.fake.refreshes == 2 and world.fake.access_valid(again.access_token)
+        assert (await store.get_linked_account(ALICE.sub, "discord")).version == 3
+
+
+@pytest_twisted.ensureDeferred
+async def test_refresh_without_rotation_keeps_the_stored_refresh_token(world, audit):
+    world.fake.rotate_refresh = False
+    async with sqlite_store(world.path) as store:
+        account, grant = await world.link(store, 60)
+        token = await world.call(world.tokens(store))
+        saved = await store.get_linked_account(ALICE.sub, "discord")
+        assert saved.version == 2
+        assert saved.refresh_token_enc == account.refresh_token_enc
+        assert world.cipher.decrypt(saved.access_token_enc, ACCOUNT, ACCESS) == token.access_token
+        assert audit_events(audit, "chat.refreshed")[0]["rotated"] is False
+
+
+@pytest_twisted.ensureDeferred
+async def test_expired_token_is_refreshed_too(world):
+    async with sqlite_store(world.path) as store:
+        await world.link(store, -10)
+        token = await world.call(world.tokens(store))
+        assert token.expires_at > NOW and world.fake.refreshes == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_ten_concurrent_callers_cause_one_refresh(world):
+    async with sqlite_store(world.path) as store:
+        await world.link(store, 100)
+        tokens = world.tokens(store)
+        calls = [Deferred.fromCoroutine(tokens.fresh_token(ALICE.sub, NOW)) for _ in range(10)]
+        results = await world.settle(calls)
+
+        assert world.fake.refreshes == 1
+        assert all(isinstance(r, ProviderToken) for r in results), results
+        assert len({r.access_token for r in results}) == 1
+        assert world.fake.access_valid(results[0].access_token)
+        assert (await store.get_linked_account(ALICE.sub, "discord")).version == 2
+        assert await store.acquire_link_lock(ACCOUNT, "someone-else", NOW, 30) is True
+
+
+@pytest_twisted.ensureDeferred
+async def test_two_instances_on_one_database_cause_one_refresh(world):
+    async with sqlite_store(world.path) as first, sqlite_store(world.path) as second:
+        await world.link(first, 100)
+        instances = [world.tokens(first), world.tokens(second)]
+        calls = [
+            Deferred.fromCoroutine(instances[n % 2].fresh_token(ALICE.sub, NOW)) for n in range(8)
+        ]
+        results = await world.settle(calls)
+
+        assert world.fake.refreshes == 1
+        assert all(isinstance(r, ProviderToken) for r in results), results
+        assert len({r.access_token for r in results}) == 1
+        assert (await second.get_linked_account(ALICE.sub, "discord")).version == 2
+
+
+class LateLease:
+    """A store whose lease requests wait until C{go} fires: a caller that is slow to the lock."""
+
+    def __init__(self, store):
+        self._store = store
+        self.go = Deferred()
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    async def acquire_link_lock(self, *args):
+        await self.go
+        return await self._store.acquire_link_lock(*args)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_caller_that_read_before_another_refreshed_does_not_refresh_again(world):
+    async with sqlite_store(world.path) as store:
+        await world.link(store, 100)
+        late = LateLease(store)
+        slow_caller = Deferred.fromCoroutine(world.tokens(late).fresh_token(ALICE.sub, NOW))
+        first = await world.call(world.tokens(store))
+        assert world.fake.refreshes == 1
+        late.go.callback(None)
+        [second] = await world.settle([slow_caller])
+        assert world.fake.refreshes == 1
+        assert second == first
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_stuck_lease_delays_but_does_not_block(world):
+    async with sqlite_store(world.path) as store:
+        await world.link(store, 100)
+        assert await store.acquire_link_lock(ACCOUNT, "crashed-instance", NOW, world.config.lock_ttl)
+        token = await world.call(world.tokens(store))
+        assert world.fake.refreshes == 1 and world.fake.access_valid(token.access_token)
+        assert world.clock.seconds() >= NOW + world.config.lock_ttl
+
+
+@pytest.mark.parametrize("switch", ["down", "unavailable"])
+@pytest_twisted.ensureDeferred
+async def test_provider_down_leaves_the_record_untouched(world, audit, switch):
+    async with sqlite_store(world.path) as store:
+        account, _ = await world.link(store, 100)
+        tokens = world.tokens(store)
+        setattr(world.fake, switch, True)
+        with pytest.raises(ChatProviderUnavailable):
+            await world.call(tokens)
+        assert await store.get_linked_account(ALICE.sub, "discord") == account
+        [event] = audit_events(audit, "chat.refresh_failed")
+        assert event["reason"] == "chat_provider_unavailable"
+
+        setattr(world.fake, switch, False)
+        started = world.clock.seconds()
+        token = await world.call(tokens)
+        assert world.clock.seconds() - started < 1, "the lease was not released"
+        assert world.fake.access_valid(token.access_token)
+
+
+@pytest_twisted.ensureDeferred
+async def test_provider_timeout_is_unavailable(world):
+    async with sqlite_store(world.path) as store:
+        account, _ = await world.link(store, 100)
+        world.fake.slow = world.config.timeout + 5
+        with pytest.raises(ChatProviderUnavailable):
+            await world.call(world.tokens(store))
+        assert await store.get_linked_account(ALICE.sub, "discord") == account
+
+
+@pytest_twisted.ensureDeferred
+async def test_refused_refresh_leaves_the_record_untouched(world, audit):
+    async with sqlite_store(world.path) as store:
+        account, _ = await world.link(store, 100)
+        world.fake.refuse_refresh = True
+        with pytest.raises(ChatRefreshRefused):
+            await world.call(world.tokens(store))
+        assert await store.get_linked_account(ALICE.sub, "discord") == account
+        assert audit_events(audit, "chat.refresh_failed")[0]["reason"] == "chat_refresh_refused"
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_link_without_refresh_token_must_be_linked_again(world):
+    async with sqlite_store(world.path) as store:
+        account, _ = await world.link(store, 100)
+        await store.link_account(evolve(account, refresh_token_enc=None))
+        with pytest.raises(ChatRefreshRefused):
+            await world.call(world.tokens(store))
+        assert world.fake.refreshes == 0
+
+
+@pytest_twisted.ensureDeferred
+async def test_not_linked_or_unknown_user(world):
+    async with sqlite_store(world.path) as store:
+        with pytest.raises(ChatNotLinked):
+            await world.call(world.tokens(store))
+        await world.link(store, HOUR)
+        world.identity.users.clear()
+        with pytest.raises(ChatNotLinked):
+            await world.call(world.tokens(store))
+
+
+@pytest_twisted.ensureDeferred
+async def test_without_a_provider_fresh_links_are_still_served(world):
+    async with sqlite_store(world.path) as store:
+        _, grant = await world.link(store, HOUR)
+        tokens = world.tokens(store, provider=False)
+        assert (await world.call(tokens)).access_token == grant["access_token"]
+        world.clock.advance(HOUR - 200)
+        with pytest.raises(ChatProviderUnavailable):
+            await world.call(tokens)
+
+
+@pytest_twisted.ensureDeferred
+async def test_without_a_chat_section(world):
+    async with sqlite_store(world.path) as store:
+        tokens = ChatTokens(world.clock, store, world.identity, None, None, None)
+        with pytest.raises(ChatNotLinked):
+            await world.call(tokens)
+        await world.link(store, HOUR)
+        with pytest.raises(ChatProviderUnavailable):
+            await world.call(tokens)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_token_sealed_with_another_key_is_not_served(world):
+    async with sqlite_store(world.path) as store:
+        await world.link(store, HOUR)
+        world.cipher = TokenCipher(key_from_text(new_key_text()))
+        with pytest.raises(ChatNotLinked):
+            await world.call(world.tokens(store))
+
+
+@pytest_twisted.ensureDeferred
+async def test_raw_store_bytes_hold_no_token(world):
+    async with sqlite_store(world.path) as store:
+        _, grant = await world.link(store, 100)
+        token = await world.call(world.tokens(store))
+        saved = await store.get_linked_account(ALICE.sub, "discord")
+        refresh = world.cipher.decrypt(saved.refresh_token_enc, ACCOUNT, REFRESH)
+    raw = b"".join(p.read_bytes() for p in world.path.parent.glob(world.path.name + "*"))
+    assert saved.provider_user_id.encode() in raw
+    for secret in (grant["access_token"], grant["refresh_token"], token.access_token, refresh):
+        assert secret.encode() not in raw
+
+
+@pytest_twisted.ensureDeferred
+async def test_chat_user_id_prefers_the_stored_link(world):
+    async with sqlite_store(world.path) as store:
+        assert await linked_chat_user_id(store, ALICE, "discord") == "from-the-backend"
+        assert await linked_chat_user_id(store, User(sub="nobody", login="n"), "discord") is None
+        await world.link(store, HOUR)
+        assert await linked_chat_user_id(store, ALICE, "discord") == world.fake.user.id
+
+
+# --- encryption at rest -----------------------------------------------------------
+
+
+def test_cipher_binds_account_and_kind():
+    cipher = TokenCipher(key_from_text(new_key_text()))
+    sealed = cipher.encrypt("the-token", "acct-1", ACCESS)
+    assert b"the-token" not in sealed
+    assert cipher.encrypt("the-token", "acct-1", ACCESS) != sealed
+    assert cipher.decrypt(sealed, "acct-1", ACCESS) == "the-token"
+    for account, kind in (("acct-2", ACCESS), ("acct-1", REFRESH)):
+        with pytest.raises(UndecryptableToken):
+            cipher.decrypt(sealed, account, kind)
+    with pytest.raises(UndecryptableToken):
+        cipher.decrypt(sealed[:-1] + bytes([sealed[-1] ^ 1]), "acct-1", ACCESS)
+    with pytest.raises(UndecryptableToken):
+        cipher.decrypt(b"\x02" + sealed[1:], "acct-1", ACCESS)
+    with pytest.raises(UndecryptableToken):
+        TokenCipher(key_from_text(new_key_text())).decrypt(sealed, "acct-1", ACCESS)
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("c2hvcnQ", "must be 32 bytes encoded as base64url, not 5 bytes"),
+    ("!!!!", "must be base64url text"),
+])
+def test_key_text_errors(text, problem):
+    with pytest.raises(ValueError, match=problem):
+        key_from_text(text)
+
+
+# --- config ---------------------------------------------------------------------
+
+
+def section(data: dict, tmp_path: Path = Path(".")) -> Section:
+    return Section(data, "chat", tmp_path)
+
+
+def test_config_defaults(tmp_path, monkeypatch):
+    key = new_key_text()
+    monkeypatch.setenv("CHAT_KEY", key)
+    monkeypatch.setenv("CHAT_SECRET", "s3cret")
+    config = chat_config(section({"client_id": "123", "client_secret_env": "CHAT_SECRET",
+                                  "encryption_key_env": "CHAT_KEY"}))
+    assert config == ChatConfig(
+        encryption_key=key_from_text(key), provider="discord", client_id="123", client_secret="s3cret",
+        authorize_url="https://discord.com/oauth2/authorize", token_url="https://discord.com/api/oauth2/token",
+        user_url="https://discord.com/api/users/@me", scopes=DEFAULT_SCOPES, pkce=True,
+        refresh_margin=300, timeout=10, lock_ttl=30,
+    )
+    assert config.can_link
+    assert "s3cret" not in repr(config) and key not in repr(config)
+    assert chat_config(None) is None
+
+
+def test_config_everything_and_secrets_from_files(tmp_path):
+    (tmp_path / "key").write_text(new_key_text() + "\n")
+    (tmp_path / "secret").write_text("from-a-file\n")
+    config = chat_config(section({
+        "provider": "fakechat", "client_id": "abc", "client_secret_file": "secret", "encryption_key_file": "key",
+        "authorize_url": "http://127.0.0.1:9/authorize", "token_url": "http://localhost:9/token",
+        "user_url": "https://chat.example/me", "scopes": ["identify"], "pkce": False,
+        "refresh_margin": "1m", "timeout": "5s", "lock_ttl": 20,
+    }, tmp_path))
+    assert (config.provider, config.client_secret, config.scopes, config.pkce) == ("fakechat", "from-a-file", ("identify",), False)
+    assert (config.refresh_margin, config.timeout, config.lock_ttl) == (60, 5, 20)
+    assert config.authorize_url == "http://127.0.0.1:9/authorize"
+
+
+def test_config_without_client_serves_stored_links_only(monkeypatch):
+    monkeypatch.setenv("CHAT_KEY", new_key_text())
+    config = chat_config(section({"encryption_key_env": "CHAT_KEY"}))
+    assert (config.client_id, config.client_secret, config.can_link) == (None, None, False)
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({}, "chat.encryption_key_env: is required (or encryption_key_file)"),
+    ({"encryption_key": "x"}, "chat.encryption_key: secrets are not written in the config file"),
+    ({"encryption_key_env": "SHORT_KEY"}, "chat.encryption_key: must be 32 bytes encoded as base64url, not 16 bytes"),
+    ({"encryption_key_env": "CHAT_KEY", "client_id": "1"}, "chat.client_secret_env: is required"),
+    ({"encryption_key_env": "CHAT_KEY", "client_secret_env": "CHAT_KEY"}, "chat.client_id: is required when"),
+    ({"encryption_key_env": "CHAT_KEY", "token_url": "http://chat.example/token"}, "chat.token_url: must use https"),
+    ({"encryption_key_env": "CHAT_KEY", "user_url": "ftp://x/me"}, "chat.user_url: 'ftp://x/me' must be an absolute"),
+    ({"encryption_key_env": "CHAT_KEY", "scopes": "identify guilds.join"}, "chat.scopes: each scope is one word"),
+    ({"encryption_key_env": "CHAT_KEY", "pkce": "yes"}, "chat.pkce: must be true or false"),
+    ({"encryption_key_env": "CHAT_KEY", "timeout": 0}, "chat.timeout: must be longer than zero"),
+    ({"encryption_key_env": "CHAT_KEY", "timeout": "40s"}, "chat.lock_ttl: must be longer than timeout (40s)"),
+    ({"encryption_key_env": "CHAT_KEY", "refresh_margin": "soon"}, "chat.refresh_margin: must be a duration"),
+    ({"encryption_key_env": "CHAT_KEY", "secret": "x"}, "chat.secret: unknown key"),
+])
+def test_config_errors(monkeypatch, extra, message):
+    monkeypatch.setenv("CHAT_KEY", new_key_text())
+    monkeypatch.setenv("SHORT_KEY", "A" * 22)
+    with pytest.raises(ConfigError) as caught:
+        chat_config(section(extra))
+    assert str(caught.value).startswith(message), str(caught.value)
