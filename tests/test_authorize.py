@@ -1,0 +1,293 @@
+"""
+The authorization endpoint in memory: which mistakes stay on the service's
+own error page and which go back to the client, what a code is bound to,
+and when a user with a session is asked again (prompt, max_age).
+"""
+
+from __future__ import annotations
+
+from urllib.parse import quote_from_bytes, urlencode
+
+import pytest_twisted
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flow_client import Browser, fuzz, location, on_reactor
+from harness import CLIENTS, ISSUER, Harness, pkce_pair, query_of
+
+from authsrv.records import CodeConsumed
+from authsrv.testing.identity import ALICE, BOB
+from authsrv.tokens import token_hash
+
+FIRST_REDIRECT = "http://127.0.0.1:9000/callback"
+PARTNER_REDIRECT = "http://127.0.0.1:9001/callback"
+API = "https://api.example.test"
+
+
+async def started(tmp_path, monkeypatch, config=None) -> Harness:
+    return await Harness(tmp_path, monkeypatch, config).start()
+
+
+def assert_error_page(response, body, words: str):
+    assert response.code == 400, body
+    assert not response.headers.hasHeader(b"location")
+    assert response.headers.getRawHeaders(b"x-frame-options") == [b"DENY"]
+    assert b"frame-ancestors 'none'" in response.headers.getRawHeaders(b"content-security-policy")[0]
+    assert response.headers.getRawHeaders(b"content-type")[0].startswith(b"text/html")
+    assert words.encode() in body
+
+
+def assert_error_redirect(response, error: str, redirect_uri=FIRST_REDIRECT, state="st4te") -> dict:
+    assert response.code == 302
+    assert location(response).startswith(redirect_uri + "?")
+    assert response.headers.getRawHeaders(b"cache-control") == [b"no-store"]
+    query = query_of(location(response))
+    assert query["error"] == error
+    assert query["error_description"]
+    assert query["iss"] == ISSUER
+    assert query.get("state") == state
+    assert "code" not in query
+    return query
+
+
+@pytest_twisted.ensureDeferred
+async def test_unknown_client_or_unregistered_redirect_uri_is_a_page_never_a_redirect(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        valid = {
+            "response_type": "code", "scope": "openid", "state": "s",
+            "code_challenge": pkce_pair()[1], "code_challenge_method": "S256",
+        }
+        cases = [
+            ({"client_id": "nobody", "redirect_uri": FIRST_REDIRECT}, "not known"),
+            ({"redirect_uri": FIRST_REDIRECT}, "client_id is missing"),
+            ({"client_id": "x" * 500, "redirect_uri": FIRST_REDIRECT}, "not known"),
+            ({"client_id": "first"}, "redirect_uri is missing"),
+            ({"client_id": "first", "redirect_uri": "https://evil.example/callback"}, "has not registered"),
+            ({"client_id": "first", "redirect_uri": FIRST_REDIRECT + "/"}, "has not registered"),
+            ({"client_id": "first", "redirect_uri": FIRST_REDIRECT + "?x=1"}, "has not registered"),
+            ({"client_id": "first", "redirect_uri": PARTNER_REDIRECT}, "has not registered"),
+        ]
+        for params, words in cases:
+            response, body = await h.get(ISSUER + "/oauth2/authorize?" + urlencode({**valid, **params}))
+            assert_error_page(response, body, words)
+        repeated = [
+            "client_id=first&client_id=first&redirect_uri=" + quote_from_bytes(FIRST_REDIRECT.encode(), safe=""),
+            "client_id=first&redirect_uri=a&redirect_uri=" + quote_from_bytes(FIRST_REDIRECT.encode(), safe=""),
+            "client_id=%ff&redirect_uri=" + quote_from_bytes(FIRST_REDIRECT.encode(), safe=""),
+        ]
+        for query in repeated:
+            response, body = await h.get(ISSUER + "/oauth2/authorize?" + query + "&" + urlencode(valid))
+            assert_error_page(response, body, "")
+    finally:
+        await h.close()
+
+
+REDIRECTED_ERRORS = [
+    ({"response_type": "token"}, "unsupported_response_type"),
+    ({"response_type": "code id_token"}, "unsupported_response_type"),
+    ({"response_type": None}, "invalid_request"),
+    ({"code_challenge": None}, "invalid_request"),
+    ({"code_challenge": "too-short"}, "invalid_request"),
+    ({"code_challenge": "!" * 43}, "invalid_request"),
+    ({"code_challenge_method": "plain"}, "invalid_request"),
+    ({"code_challenge_method": None}, "invalid_request"),
+    ({"scope": None}, "invalid_request"),
+    ({"scope": "openid admin"}, "invalid_scope"),
+    ({"scope": "OPENID"}, "invalid_scope"),
+    ({"scope": " "}, "invalid_scope"),
+    ({"resource": "https://other.example.test"}, "invalid_target"),
+    ({"resource": "/relative"}, "invalid_target"),
+    ({"resource": API + "#frag"}, "invalid_target"),
+    ({"prompt": "none login"}, "invalid_request"),
+    ({"prompt": "select_account"}, "invalid_request"),
+    ({"max_age": "-1"}, "invalid_request"),
+    ({"max_age": "ten"}, "invalid_request"),
+    ({"max_age": "1" * 30}, "invalid_request"),
+    ({"request": "eyJhbGciOiJub25lIn0.e30."}, "request_not_supported"),
+    ({"request_uri": "https://client.example/request.jwt"}, "request_uri_not_supported"),
+    ({"response_mode": "fragment"}, "invalid_request"),
+    ({"response_mode": "form_post"}, "invalid_request"),
+]
+
+
+@pytest_twisted.ensureDeferred
+async def test_every_error_after_the_client_is_known_goes_back_with_state_and_iss(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        for params, error in REDIRECTED_ERRORS:
+            response, _ = await h.get(h.authorize_url("first", **params))
+            assert_error_redirect(response, error)
+        response, _ = await h.get(h.authorize_url("first", state=None))
+        assert_error_redirect(response, "invalid_request", state=None)
+        response, _ = await h.get(h.authorize_url("first") + "&scope=openid")
+        assert_error_redirect(response, "invalid_request")
+        response, _ = await h.get(h.authorize_url("first") + "&nonce=%ff")
+        assert_error_redirect(response, "invalid_request")
+        response, _ = await h.get(h.authorize_url("first", state=None) + "&state=a&state=b")
+        assert_error_redirect(response, "invalid_request", state=None)
+        response, _ = await h.get(h.authorize_url("first", resource=API) + "&resource=https://other.example.test")
+        assert_error_redirect(response, "invalid_target")
+        response, _ = await h.get(h.authorize_url("partner", resource=API))
+        assert_error_redirect(response, "invalid_target", redirect_uri=PARTNER_REDIRECT)
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_valid_requests_with_unknown_extras_go_on_to_the_login(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        for extra in ({}, {"ui_locales": "fr", "foo": "bar", "claims": "{}"}, {"scope": "email openid email"},
+                      {"resource": API}, {"prompt": "login consent"}, {"max_age": "0"}, {"nonce": ""}):
+            response, body = await h.get(h.authorize_url("first", **extra))
+            assert response.code == 303, (extra, body)
+            assert location(response).startswith(ISSUER + "/login?request=")
+            assert response.headers.getRawHeaders(b"cache-control") == [b"no-store"]
+        response, _ = await h.post(ISSUER + "/oauth2/authorize", query_of(h.authorize_url("first")))
+        assert response.code == 303 and "/login?" in location(response)
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_code_is_stored_bound_to_everything_the_request_said(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        _, challenge = pkce_pair()
+        query = await browser.sign_in(ALICE, "first", scope="openid email offline_access", challenge=challenge,
+                                      nonce="n-0S6", resource=API, state="xyz")
+        assert set(query) == {"code", "state", "iss"}
+        assert query["state"] == "xyz" and query["iss"] == ISSUER
+        session = await h.store.get_session(browser.session_hash, h.now())
+        result = await h.store.consume_code(token_hash(query["code"]), h.now())
+        assert isinstance(result, CodeConsumed)
+        code = result.code
+        assert (code.client_id, code.sub, code.redirect_uri) == ("first", ALICE.sub, FIRST_REDIRECT)
+        assert code.scope == {"openid", "email", "offline_access"}
+        assert (code.code_challenge, code.code_challenge_method) == (challenge, "S256")
+        assert code.nonce == "n-0S6" and code.resource == (API,)
+        assert (code.auth_time, code.sid) == (session.auth_time, session.sid)
+        assert code.issued_at == h.now() and code.expires_at == h.now() + h.config.limits.code_ttl
+        grant = await h.store.get_grant(code.grant_id)
+        assert (grant.client_id, grant.sub, grant.scope, grant.resource) == ("first", ALICE.sub, code.scope, (API,))
+        assert (grant.auth_time, grant.sid) == (session.auth_time, session.sid)
+        assert grant.expires_at == h.now() + h.config.limits.refresh_token_absolute_ttl
+        assert code.code_hash == token_hash(query["code"])
+        assert query["code"] not in repr(code)
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_live_session_skips_the_login_and_prompt_login_or_max_age_ask_again(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        await browser.sign_in(ALICE, "first")
+        first = await h.store.get_session(browser.session_hash, h.now())
+        h.clock.advance(100)
+        response, _ = await browser.authorize("first")
+        assert response.code == 302 and "code" in query_of(location(response))
+        again = await h.store.consume_code(token_hash(query_of(location(response))["code"]), h.now())
+        assert (again.code.sid, again.code.auth_time) == (first.sid, first.auth_time)
+        response, _ = await browser.authorize("first", max_age="500")
+        assert response.code == 302 and "code" in query_of(location(response))
+        for asking in ({"max_age": "50"}, {"max_age": "0"}, {"prompt": "login"}):
+            response, _ = await browser.authorize("first", **asking)
+            assert response.code == 303 and "/login?" in location(response), asking
+        query = await browser.sign_in(ALICE, "first", prompt="login")
+        relogged = await h.store.consume_code(token_hash(query["code"]), h.now())
+        assert relogged.code.auth_time == h.now() and relogged.code.sid != first.sid
+        assert await h.store.get_session(first.session_hash, h.now()) is None
+        response, _ = await browser.authorize("first", max_age="50")
+        assert response.code == 302
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_prompt_none_never_shows_a_page(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        response, _ = await browser.authorize("first", prompt="none")
+        assert_error_redirect(response, "login_required")
+        await browser.sign_in(BOB, "first")
+        response, _ = await browser.authorize("first", prompt="none", state="again")
+        query = query_of(location(response))
+        assert response.code == 302 and query["state"] == "again" and query["iss"] == ISSUER and "code" in query
+        response, _ = await browser.authorize("first", prompt="none", max_age="0")
+        assert_error_redirect(response, "login_required")
+        response, _ = await browser.authorize("partner", prompt="none")
+        assert_error_redirect(response, "consent_required", redirect_uri=PARTNER_REDIRECT)
+        await browser.sign_in(BOB, "partner", scope="openid profile")
+        response, _ = await browser.authorize("partner", prompt="none", scope="openid")
+        assert response.code == 302 and "code" in query_of(location(response))
+        response, _ = await browser.authorize("partner", prompt="none", scope="openid email")
+        assert_error_redirect(response, "consent_required", redirect_uri=PARTNER_REDIRECT)
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_redirects_keep_the_query_the_registered_uri_has(tmp_path, monkeypatch):
+    tenant = "http://127.0.0.1:9004/cb?tenant=a%20b"
+    clients = [*CLIENTS, {"client_id": "tenant", "first_party": True, "redirect_uris": [tenant]}]
+    h = await started(tmp_path, monkeypatch, {"clients": clients})
+    try:
+        browser = Browser(h)
+        query = await browser.sign_in(ALICE, "tenant", redirect_uri=tenant)
+        assert query["tenant"] == "a b" and "code" in query and query["iss"] == ISSUER
+        response, _ = await browser.authorize("tenant", redirect_uri=tenant, scope="nope")
+        assert location(response).startswith(tenant + "&")
+        assert query_of(location(response))["error"] == "invalid_scope"
+    finally:
+        await h.close()
+
+
+AUTHORIZE_NAMES = [
+    "response_type", "client_id", "redirect_uri", "scope", "state", "nonce", "code_challenge",
+    "code_challenge_method", "resource", "prompt", "max_age", "login_hint", "request", "request_uri",
+    "response_mode",
+]
+VALID = {
+    "response_type": "code", "client_id": "first", "redirect_uri": FIRST_REDIRECT, "scope": "openid",
+    "state": "s", "code_challenge": pkce_pair()[1], "code_challenge_method": "S256",
+}
+_values = st.one_of(
+    st.text(max_size=40).map(str.encode),
+    st.binary(max_size=20),
+    st.sampled_from([v.encode() for v in VALID.values()] + [b"none", b"login", b"0", API.encode(), b""]),
+)
+_pairs = st.lists(
+    st.tuples(st.one_of(st.sampled_from(AUTHORIZE_NAMES), st.text(max_size=8)).map(str.encode), _values),
+    max_size=10,
+)
+
+
+@pytest_twisted.ensureDeferred
+async def test_no_authorize_query_gets_a_server_error(tmp_path, monkeypatch):
+    """Hypothesis: arbitrary text and bytes, repeated and missing keys, on top of a valid request or not."""
+    h = await started(tmp_path, monkeypatch)
+
+    @settings(max_examples=150, deadline=None)
+    @given(base=st.booleans(), pairs=_pairs, method=st.sampled_from(["GET", "POST"]))
+    def check(base, pairs, method):
+        items = [(k.encode(), v.encode()) for k, v in VALID.items()] if base else []
+        query = "&".join(quote_from_bytes(k) + "=" + quote_from_bytes(v) for k, v in items + pairs)
+        if method == "GET":
+            response, body = on_reactor(lambda: h.get(ISSUER + "/oauth2/authorize?" + query))
+        else:
+            response, body = on_reactor(lambda: h.request(
+                "POST", ISSUER + "/oauth2/authorize", data=query.encode(),
+                headers={"content-type": ["application/x-www-form-urlencoded"]}))
+        assert response.code in (302, 303, 400), body
+        if response.code == 302:
+            assert "error" in query_of(location(response))
+
+    try:
+        await fuzz(check)
+    finally:
+        await h.close()
