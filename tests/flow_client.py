@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import html
 import re
+from http.cookiejar import CookieJar
 from http.cookies import SimpleCookie
 from urllib.parse import urlsplit
 
+from treq.client import HTTPClient
+from treq.testing import RequestTraversalAgent, _SynchronousProducer
 from twisted.internet import reactor
 from twisted.internet.defer import ensureDeferred
+from twisted.internet.task import deferLater
 from twisted.internet.threads import blockingCallFromThread, deferToThread
 
-from harness import ISSUER, Harness, query_of
+from harness import BASE, ISSUER, Harness, query_of
 
 from authsrv.testing.identity import PASSWORDS
 from authsrv.tokens import token_hash
@@ -45,12 +49,19 @@ def local(url: str) -> str:
 
 
 class Browser:
-    """One browser: its own cookie jar (name to value), so two of them are two devices."""
+    """
+    One browser: its own cookies (name to value, sent whatever their flags)
+    and its own client, since StubTreq's cookie jar is shared by every
+    request through it and two browsers must be two devices.
+    """
 
     def __init__(self, harness: Harness):
         self.h = harness
         self.cookies: dict[str, str] = {}
         self.set_cookie_headers: list[str] = []
+        self._agent = RequestTraversalAgent(harness.root)
+        self._jar = CookieJar()
+        self._client = HTTPClient(self._agent, cookiejar=self._jar, data_to_body_producer=_SynchronousProducer)
 
     def _keep(self, response) -> None:
         for header in response.headers.getRawHeaders(b"set-cookie", []):
@@ -62,15 +73,36 @@ class Browser:
                 else:
                     self.cookies[name] = morsel.value
 
-    async def get(self, url: str):
-        response, body = await self.h.get(local(url), cookies=dict(self.cookies))
+    async def _settle(self, d):
+        results: list = []
+        d.addBoth(results.append)
+        for _ in range(2000):
+            if results:
+                break
+            self._agent.flush()
+            if not results:
+                await deferLater(reactor, 0.001, lambda: None)
+        else:
+            raise AssertionError("no response: the request hangs")
+        if hasattr(results[0], "raiseException"):
+            results[0].raiseException()
+        return results[0]
+
+    async def request(self, method: str, url: str, **kwargs):
+        """(response, body) of a request to the service with this browser's cookies; no redirect followed."""
+        self._jar.clear()
+        d = self._client.request(method, BASE + local(url), cookies=dict(self.cookies),
+                                 allow_redirects=False, **kwargs)
+        response = await self._settle(d)
+        body = await self._settle(response.content())
         self._keep(response)
         return response, body
 
+    async def get(self, url: str):
+        return await self.request("GET", url)
+
     async def post(self, url: str, data: dict):
-        response, body = await self.h.post(local(url), data, cookies=dict(self.cookies))
-        self._keep(response)
-        return response, body
+        return await self.request("POST", url, data=data)
 
     @property
     def session_hash(self) -> str | None:

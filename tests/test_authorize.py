@@ -69,7 +69,7 @@ async def test_unknown_client_or_unregistered_redirect_uri_is_a_page_never_a_red
             ({"client_id": "first", "redirect_uri": PARTNER_REDIRECT}, "has not registered"),
         ]
         for params, words in cases:
-            response, body = await h.get(ISSUER + "/oauth2/authorize?" + urlencode({**valid, **params}))
+            response, body = await Browser(h).get(ISSUER + "/oauth2/authorize?" + urlencode({**valid, **params}))
             assert_error_page(response, body, words)
         repeated = [
             "client_id=first&client_id=first&redirect_uri=" + quote_from_bytes(FIRST_REDIRECT.encode(), safe=""),
@@ -77,7 +77,7 @@ async def test_unknown_client_or_unregistered_redirect_uri_is_a_page_never_a_red
             "client_id=%ff&redirect_uri=" + quote_from_bytes(FIRST_REDIRECT.encode(), safe=""),
         ]
         for query in repeated:
-            response, body = await h.get(ISSUER + "/oauth2/authorize?" + query + "&" + urlencode(valid))
+            response, body = await Browser(h).get(ISSUER + "/oauth2/authorize?" + query + "&" + urlencode(valid))
             assert_error_page(response, body, "")
     finally:
         await h.close()
@@ -116,19 +116,19 @@ async def test_every_error_after_the_client_is_known_goes_back_with_state_and_is
     h = await started(tmp_path, monkeypatch)
     try:
         for params, error in REDIRECTED_ERRORS:
-            response, _ = await h.get(h.authorize_url("first", **params))
+            response, _ = await Browser(h).get(h.authorize_url("first", **params))
             assert_error_redirect(response, error)
-        response, _ = await h.get(h.authorize_url("first", state=None))
+        response, _ = await Browser(h).get(h.authorize_url("first", state=None))
         assert_error_redirect(response, "invalid_request", state=None)
-        response, _ = await h.get(h.authorize_url("first") + "&scope=openid")
+        response, _ = await Browser(h).get(h.authorize_url("first") + "&scope=openid")
         assert_error_redirect(response, "invalid_request")
-        response, _ = await h.get(h.authorize_url("first") + "&nonce=%ff")
+        response, _ = await Browser(h).get(h.authorize_url("first") + "&nonce=%ff")
         assert_error_redirect(response, "invalid_request")
-        response, _ = await h.get(h.authorize_url("first", state=None) + "&state=a&state=b")
+        response, _ = await Browser(h).get(h.authorize_url("first", state=None) + "&state=a&state=b")
         assert_error_redirect(response, "invalid_request", state=None)
-        response, _ = await h.get(h.authorize_url("first", resource=API) + "&resource=https://other.example.test")
+        response, _ = await Browser(h).get(h.authorize_url("first", resource=API) + "&resource=https://other.example.test")
         assert_error_redirect(response, "invalid_target")
-        response, _ = await h.get(h.authorize_url("partner", resource=API))
+        response, _ = await Browser(h).get(h.authorize_url("partner", resource=API))
         assert_error_redirect(response, "invalid_target", redirect_uri=PARTNER_REDIRECT)
     finally:
         await h.close()
@@ -140,11 +140,11 @@ async def test_valid_requests_with_unknown_extras_go_on_to_the_login(tmp_path, m
     try:
         for extra in ({}, {"ui_locales": "fr", "foo": "bar", "claims": "{}"}, {"scope": "email openid email"},
                       {"resource": API}, {"prompt": "login consent"}, {"max_age": "0"}, {"nonce": ""}):
-            response, body = await h.get(h.authorize_url("first", **extra))
+            response, body = await Browser(h).get(h.authorize_url("first", **extra))
             assert response.code == 303, (extra, body)
             assert location(response).startswith(ISSUER + "/login?request=")
             assert response.headers.getRawHeaders(b"cache-control") == [b"no-store"]
-        response, _ = await h.post(ISSUER + "/oauth2/authorize", query_of(h.authorize_url("first")))
+        response, _ = await Browser(h).post(ISSUER + "/oauth2/authorize", query_of(h.authorize_url("first")))
         assert response.code == 303 and "/login?" in location(response)
     finally:
         await h.close()
@@ -261,26 +261,29 @@ _values = st.one_of(
     st.binary(max_size=20),
     st.sampled_from([v.encode() for v in VALID.values()] + [b"none", b"login", b"0", API.encode(), b""]),
 )
-_pairs = st.lists(
-    st.tuples(st.one_of(st.sampled_from(AUTHORIZE_NAMES), st.text(max_size=8)).map(str.encode), _values),
-    max_size=10,
-)
+_names = st.sampled_from(AUTHORIZE_NAMES).map(str.encode)
+_pairs = st.lists(st.tuples(_names | st.text(max_size=8).map(str.encode), _values), max_size=4)
 
 
 @pytest_twisted.ensureDeferred
 async def test_no_authorize_query_gets_a_server_error(tmp_path, monkeypatch):
-    """Hypothesis: arbitrary text and bytes, repeated and missing keys, on top of a valid request or not."""
+    """
+    Hypothesis: a valid request (or none) with some parameters replaced by
+    arbitrary text or bytes, plus repeated and unknown keys, by GET and POST.
+    """
     h = await started(tmp_path, monkeypatch)
 
-    @settings(max_examples=150, deadline=None)
-    @given(base=st.booleans(), pairs=_pairs, method=st.sampled_from(["GET", "POST"]))
-    def check(base, pairs, method):
-        items = [(k.encode(), v.encode()) for k, v in VALID.items()] if base else []
-        query = "&".join(quote_from_bytes(k) + "=" + quote_from_bytes(v) for k, v in items + pairs)
+    @settings(max_examples=200, deadline=None)
+    @given(base=st.booleans(), replaced=st.dictionaries(_names, _values, max_size=3), extra=_pairs,
+           method=st.sampled_from(["GET", "POST"]))
+    def check(base, replaced, extra, method):
+        items = {k.encode(): v.encode() for k, v in VALID.items()} if base else {}
+        items.update(replaced)
+        query = "&".join(quote_from_bytes(k) + "=" + quote_from_bytes(v) for k, v in [*items.items(), *extra])
         if method == "GET":
-            response, body = on_reactor(lambda: h.get(ISSUER + "/oauth2/authorize?" + query))
+            response, body = on_reactor(lambda: Browser(h).get(ISSUER + "/oauth2/authorize?" + query))
         else:
-            response, body = on_reactor(lambda: h.request(
+            response, body = on_reactor(lambda: Browser(h).request(
                 "POST", ISSUER + "/oauth2/authorize", data=query.encode(),
                 headers={"content-type": ["application/x-www-form-urlencoded"]}))
         assert response.code in (302, 303, 400), body

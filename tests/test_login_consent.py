@@ -1,0 +1,521 @@
+"""
+The login and consent pages in memory: one answer for every failed login,
+throttling, bans, sessions and their cookies, consent remembered per scope
+set, forms bound to the browser that was shown them, and expiry.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import quote_from_bytes
+
+import pytest
+import pytest_twisted
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from twisted.internet.defer import fail
+from twisted.logger import formatEvent, globalLogPublisher
+
+from flow_client import Browser, fuzz, hidden_fields, location, on_reactor
+from harness import CLIENTS, ISSUER, Harness, query_of
+
+from authsrv.identity.errors import BackendUnavailable
+from authsrv.records import Ban, CodeConsumed
+from authsrv.testing.identity import ALICE, BOB, MALLORY, PASSWORDS, ZOE
+from authsrv.tokens import token_hash
+
+PARTNER_REDIRECT = "http://127.0.0.1:9001/callback"
+INCORRECT = b"The username or password is incorrect."
+FORM_EXPIRED = b"This form expired or was not sent by this site; start again from the application."
+TOO_LONG = b"took too long"
+
+
+@pytest.fixture
+def audit():
+    """Every log event while the test runs; C{audit.of(kind)} the audit events of one kind."""
+
+    class Events(list):
+        def of(self, kind):
+            return [e for e in self if e.get("log_namespace") == "authsrv.audit" and e.get("event") == kind]
+
+    events = Events()
+    globalLogPublisher.addObserver(events.append)
+    yield events
+    globalLogPublisher.removeObserver(events.append)
+
+
+async def started(tmp_path, monkeypatch, config=None) -> Harness:
+    return await Harness(tmp_path, monkeypatch, config).start()
+
+
+async def login_page(browser, client_id="first", **params) -> str:
+    response, body = await browser.authorize(client_id, **params)
+    assert response.code == 303 and "/login?request=" in location(response), body
+    return location(response)
+
+
+async def consent_page(browser, user, client_id="partner", **params) -> str:
+    """Log in for a client that asks for consent; the consent page's URL."""
+    response, _ = await browser.submit_login(await login_page(browser, client_id, **params),
+                                             user.login, PASSWORDS[user.sub])
+    assert response.code == 303 and "/consent?request=" in location(response)
+    return location(response)
+
+
+def assert_page(response, body, status: int):
+    assert response.code == status, body
+    assert response.headers.getRawHeaders(b"x-frame-options") == [b"DENY"]
+    assert b"frame-ancestors 'none'" in response.headers.getRawHeaders(b"content-security-policy")[0]
+    assert response.headers.getRawHeaders(b"cache-control") == [b"no-store"]
+    assert not response.headers.hasHeader(b"location")
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_login_page_is_a_plain_form_naming_the_client(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        url = await login_page(browser, "partner", login_hint="bob@example")
+        response, body = await browser.get(url)
+        assert_page(response, body, 200)
+        page = body.decode()
+        assert "to continue to <strong>Partner App</strong>" in page
+        for field in ('name="username"', 'name="password"', 'type="password"', 'type="submit"'):
+            assert field in page
+        assert 'value="bob@example"' in page
+        assert set(hidden_fields(body)) == {"request", "csrf"}
+        assert hidden_fields(body)["request"] == query_of(url)["request"]
+        assert 'name="viewport"' in page
+        assert "<script" not in page and "src=" not in page and "<link" not in page
+        device = [c for c in browser.set_cookie_headers if c.startswith("authsrv_device=")]
+        assert len(device) == 1 and "HttpOnly" in device[0] and "SameSite=lax" in device[0]
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_client_names_are_escaped(tmp_path, monkeypatch):
+    clients = [*CLIENTS, {"client_id": "odd", "name": "<script>alert(1)</script>",
+                          "redirect_uris": ["http://127.0.0.1:9005/cb"]}]
+    h = await started(tmp_path, monkeypatch, {"clients": clients})
+    try:
+        browser = Browser(h)
+        response, body = await browser.get(await login_page(browser, "odd", redirect_uri="http://127.0.0.1:9005/cb",
+                                                              login_hint='"><script>'))
+        assert b"<script>" not in body and b"&lt;script&gt;alert(1)&lt;/script&gt;" in body
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_wrong_password_unknown_user_and_disabled_user_get_one_answer(tmp_path, monkeypatch, audit):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        answers = []
+        for login, password in [("alice", "wrong"), ("nobody", "wrong"), ("mallory", PASSWORDS[MALLORY.sub])]:
+            browser = Browser(h)
+            response, body = await browser.submit_login(await login_page(browser), login, password)
+            assert_page(response, body, 200)
+            assert INCORRECT in body
+            assert "authsrv_session" not in browser.cookies
+            fields = hidden_fields(body)
+            answers.append(body.replace(fields["request"].encode(), b"").replace(fields["csrf"].encode(), b"")
+                           .replace(f'value="{login}"'.encode(), b""))
+        assert answers[0] == answers[1] == answers[2]
+        reasons = [(e["login"], e["reason"]) for e in audit.of("login.failed")]
+        assert reasons == [("alice", "wrong password"), ("nobody", "unknown user"), ("mallory", "disabled")]
+        assert not audit.of("login.succeeded")
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_login_success_sets_the_session_cookie_and_goes_on(tmp_path, monkeypatch, audit):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        response, _ = await browser.submit_login(await login_page(browser, scope="openid"), "ZOË.ŁÓDŹ",
+                                                 PASSWORDS[ZOE.sub])
+        assert response.code == 303 and response.headers.getRawHeaders(b"cache-control") == [b"no-store"]
+        query = query_of(location(response))
+        assert location(response).startswith("http://127.0.0.1:9000/callback?")
+        assert query["state"] == "st4te" and query["iss"] == ISSUER and query["code"]
+        (cookie,) = [c for c in browser.set_cookie_headers if c.startswith("authsrv_session=")]
+        flags = [part.strip() for part in cookie.split(";")]
+        assert "HttpOnly" in flags and "SameSite=lax" in flags and "Path=/api/auth" in flags
+        assert f"Max-Age={h.config.limits.session_ttl}" in flags and "Secure" not in flags
+        session = await h.store.get_session(browser.session_hash, h.now())
+        assert (session.sub, session.auth_time, session.expires_at) == (
+            ZOE.sub, h.now(), h.now() + h.config.limits.session_ttl)
+        assert [e["sub"] for e in audit.of("login.succeeded")] == [ZOE.sub]
+        assert len(audit.of("code.issued")) == 1
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_cookies_are_secure_under_an_https_issuer(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch, {"server": {"public_url": "https://auth.example.test"}})
+    try:
+        browser = Browser(h)
+        response, _ = await browser.authorize("first")
+        assert location(response).startswith("https://auth.example.test/api/auth/login?request=")
+        response, _ = await browser.submit_login(location(response), "alice", PASSWORDS[ALICE.sub])
+        assert query_of(location(response))["iss"] == "https://auth.example.test/api/auth"
+        names = {c.split("=")[0]: c for c in browser.set_cookie_headers}
+        assert set(names) == {"authsrv_device", "authsrv_session"}
+        for cookie in names.values():
+            flags = [part.strip() for part in cookie.split(";")]
+            assert {"Secure", "HttpOnly", "SameSite=lax", "Path=/api/auth"} <= set(flags)
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_empty_fields_ask_again_and_an_unavailable_backend_is_not_a_wrong_password(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        url = await login_page(browser)
+        response, body = await browser.submit_login(url, "alice", None)
+        assert response.code == 200 and b"Enter your username and password." in body
+        monkeypatch.setattr(h.identity, "requestAvatarId", lambda credentials: fail(BackendUnavailable("down")))
+        response, body = await browser.submit_login(url, "alice", PASSWORDS[ALICE.sub])
+        assert_page(response, body, 503)
+        assert b"try again later" in body and INCORRECT not in body
+        monkeypatch.setattr(h.identity, "requestAvatarId", lambda credentials: fail(RuntimeError("bug")))
+        response, body = await browser.submit_login(url, "alice", PASSWORDS[ALICE.sub])
+        assert response.code == 503 and INCORRECT not in body
+        monkeypatch.undo()
+        response, _ = await browser.submit_login(url, "alice", PASSWORDS[ALICE.sub])
+        assert response.code == 303 and "code" in query_of(location(response))
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_failures_per_account_are_throttled_without_checking_the_password(tmp_path, monkeypatch, audit):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        url = await login_page(browser)
+        for _ in range(5):
+            response, body = await browser.submit_login(url, "alice", "guess")
+            assert response.code == 200 and INCORRECT in body
+        checks = []
+        real = h.identity.requestAvatarId
+        monkeypatch.setattr(h.identity, "requestAvatarId", lambda c: checks.append(c) or real(c))
+        response, body = await browser.submit_login(url, "ALICE", PASSWORDS[ALICE.sub])
+        assert_page(response, body, 429)
+        assert b"Too many attempts; try again in 15 minutes." in body
+        assert response.headers.getRawHeaders(b"retry-after") == [b"900"]
+        assert checks == []
+        response, _ = await browser.submit_login(url, "Bob", PASSWORDS[BOB.sub])
+        assert response.code == 303, "another account from the same address is not locked"
+        h.clock.advance(600)
+        response, body = await browser.submit_login(await login_page(browser, prompt="login"), "alice",
+                                                     PASSWORDS[ALICE.sub])
+        assert response.code == 429 and b"try again in 5 minutes." in body
+        h.clock.advance(301)
+        response, _ = await browser.submit_login(await login_page(browser, prompt="login"), "alice",
+                                                 PASSWORDS[ALICE.sub])
+        assert response.code == 303 and len(checks) == 2
+        assert [e["reason"] for e in audit.of("login.failed")].count("throttled") == 2
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_failures_per_address_are_throttled_across_accounts(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        url = await login_page(browser)
+        for index in range(20):
+            response, _ = await browser.submit_login(url, f"user{index}", "guess")
+            assert response.code == 200
+        response, body = await browser.submit_login(url, "alice", PASSWORDS[ALICE.sub])
+        assert response.code == 429 and b"Too many attempts" in body
+        h.clock.advance(15 * 60 + 1)
+        response, _ = await browser.submit_login(await login_page(browser), "alice", PASSWORDS[ALICE.sub])
+        assert response.code == 303
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_ban_refuses_the_login_and_ends_the_session(tmp_path, monkeypatch, audit):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        await browser.sign_in(ALICE)
+        session_hash = browser.session_hash
+        await h.store.ban_user(Ban(sub=ALICE.sub, reason="abuse", created_at=h.now()))
+        response, _ = await browser.authorize("first", prompt="none")
+        assert query_of(location(response))["error"] == "login_required"
+        assert await h.store.get_session(session_hash, h.now()) is None
+        assert [e["sub"] for e in audit.of("session.ended")] == [ALICE.sub]
+        response, body = await browser.submit_login(await login_page(browser), "alice", PASSWORDS[ALICE.sub])
+        assert response.code == 200 and INCORRECT in body
+        assert audit.of("login.failed")[-1]["reason"] == "banned"
+        await h.store.unban_user(ALICE.sub)
+        query = await browser.sign_in(ALICE)
+        assert "code" in query
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_ban_while_on_the_consent_page_stops_the_consent(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        url = await consent_page(browser, BOB)
+        await h.store.ban_user(Ban(sub=BOB.sub, reason=None, created_at=h.now()))
+        response, body = await browser.get(url)
+        assert_page(response, body, 400)
+        assert await h.store.get_consent(BOB.sub, "partner") is None
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_consent_names_the_client_and_scopes_and_is_remembered_per_scope_set(tmp_path, monkeypatch, audit):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        url = await consent_page(browser, ALICE, scope="openid profile email offline_access")
+        response, body = await browser.get(url)
+        assert_page(response, body, 200)
+        page = body.decode()
+        for words in ("Partner App", "Confirm who you are (your user id)", "Your name and picture",
+                      "Your email address and whether it is verified",
+                      "Stay signed in to Partner App when you are away (keeps access until you revoke it)",
+                      'name="action" value="approve"', 'name="action" value="deny"', "alice"):
+            assert words in page
+        response, _ = await browser.answer_consent(url, "approve")
+        assert response.code == 303 and location(response).startswith(PARTNER_REDIRECT + "?")
+        query = query_of(location(response))
+        assert query["state"] == "st4te" and query["iss"] == ISSUER
+        result = await h.store.consume_code(token_hash(query["code"]), h.now())
+        assert isinstance(result, CodeConsumed) and result.code.client_id == "partner"
+        assert await h.store.get_consent(ALICE.sub, "partner") == {"openid", "profile", "email", "offline_access"}
+        assert len(audit.of("consent.given")) == 1
+        response, _ = await browser.authorize("partner", scope="openid email")
+        assert response.code == 302 and "code" in query_of(location(response))
+        response, _ = await browser.authorize("partner", scope="openid", prompt="consent")
+        assert response.code == 303 and "/consent?" in location(response)
+        other = Browser(h)
+        response, _ = await other.submit_login(await login_page(other, "partner", scope="openid"), "Bob",
+                                               PASSWORDS[BOB.sub])
+        assert "/consent?" in location(response), "a consent belongs to one user"
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_wider_scope_asks_again_and_consents_add_up(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        await browser.sign_in(ALICE, "partner", scope="openid email")
+        response, _ = await browser.authorize("partner", scope="openid profile")
+        assert response.code == 303 and "/consent?" in location(response)
+        await browser.answer_consent(location(response), "approve")
+        assert await h.store.get_consent(ALICE.sub, "partner") == {"openid", "email", "profile"}
+        response, _ = await browser.authorize("partner", scope="email profile")
+        assert response.code == 302
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_deny_goes_back_with_access_denied_and_remembers_nothing(tmp_path, monkeypatch, audit):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        url = await consent_page(browser, ALICE, state="keep-me")
+        response, _ = await browser.answer_consent(url, "deny")
+        assert response.code == 303 and response.headers.getRawHeaders(b"cache-control") == [b"no-store"]
+        query = query_of(location(response))
+        assert location(response).startswith(PARTNER_REDIRECT + "?")
+        assert (query["error"], query["state"], query["iss"]) == ("access_denied", "keep-me", ISSUER)
+        assert "code" not in query
+        assert await h.store.get_consent(ALICE.sub, "partner") is None
+        assert len(audit.of("consent.denied")) == 1 and not audit.of("code.issued")
+        response, body = await browser.get(url)
+        assert response.code == 400 and TOO_LONG in body
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_first_party_clients_never_show_the_consent_page(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        query = await browser.sign_in(ALICE, "first", prompt="consent")
+        assert "code" in query
+        assert await h.store.get_consent(ALICE.sub, "first") is None
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_login_forms_are_bound_to_the_browser_they_were_shown_to(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        victim, attacker = Browser(h), Browser(h)
+        url = await login_page(attacker)
+        _, body = await attacker.get(url)
+        fields = {**hidden_fields(body), "username": "mallory-attacker", "password": "x"}
+        for who, form in [
+            (attacker, {**fields, "csrf": None}),
+            (attacker, {**fields, "csrf": "0" * 64}),
+            (attacker, {**fields, "csrf": fields["csrf"][:-1]}),
+            (victim, fields),
+        ]:
+            response, body = await who.post(ISSUER + "/login", {k: v for k, v in form.items() if v is not None})
+            assert_page(response, body, 400)
+            assert FORM_EXPIRED in body
+        await login_page(victim)
+        response, body = await victim.post(ISSUER + "/login", {**fields, "username": "alice",
+                                                               "password": PASSWORDS[ALICE.sub]})
+        assert response.code == 400 and FORM_EXPIRED in body, "another device cookie derives another token"
+        assert "authsrv_session" not in victim.cookies
+        attacker.cookies.pop("authsrv_device")
+        response, body = await attacker.post(ISSUER + "/login", {**fields, "username": "alice",
+                                                                 "password": PASSWORDS[ALICE.sub]})
+        assert response.code == 400 and FORM_EXPIRED in body
+        response, body = await attacker.post(ISSUER + "/login", {**fields, "request": "unknown"})
+        assert response.code == 400 and TOO_LONG in body
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_consent_forms_need_the_csrf_token_and_the_session_that_saw_them(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        url = await consent_page(browser, ALICE)
+        _, body = await browser.get(url)
+        fields = {**hidden_fields(body), "action": "approve"}
+        for form in ({**fields, "csrf": None}, {**fields, "csrf": "f" * 64}, {**fields, "action": "maybe"},
+                     {**fields, "action": None}):
+            response, body = await browser.post(ISSUER + "/consent", {k: v for k, v in form.items() if v})
+            assert response.code == 400 and FORM_EXPIRED in body
+        stranger = Browser(h)
+        stranger.cookies = {"authsrv_device": browser.cookies["authsrv_device"]}
+        response, body = await stranger.post(ISSUER + "/consent", fields)
+        assert response.code == 400 and b"no longer signed in" in body
+        await browser.submit_login(await login_page(browser, "first", prompt="login"), "Bob", PASSWORDS[BOB.sub])
+        response, body = await browser.post(ISSUER + "/consent", fields)
+        assert response.code == 400 and b"no longer signed in" in body, "another user's session cannot approve"
+        assert await h.store.get_consent(ALICE.sub, "partner") is None
+        assert await h.store.get_consent(BOB.sub, "partner") is None
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_pending_requests_expire_and_are_used_once(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        url = await login_page(browser)
+        _, body = await browser.get(url)
+        fields = {**hidden_fields(body), "username": "alice", "password": PASSWORDS[ALICE.sub]}
+        h.clock.advance(h.config.limits.pending_request_ttl + 1)
+        for response, body in [await browser.get(url), await browser.post(ISSUER + "/login", fields)]:
+            assert_page(response, body, 400)
+            assert b"The sign-in took too long and has expired; start again from the application." in body
+        url = await login_page(browser)
+        _, body = await browser.get(url)
+        fields = {**hidden_fields(body), "username": "alice", "password": PASSWORDS[ALICE.sub]}
+        response, _ = await browser.post(ISSUER + "/login", fields)
+        assert response.code == 303 and "code" in query_of(location(response))
+        response, body = await browser.post(ISSUER + "/login", fields)
+        assert response.code == 400 and TOO_LONG in body
+        for path in ("/login", "/login?request=", "/consent?request=nope", "/consent"):
+            response, body = await browser.get(ISSUER + path)
+            assert response.code == 400 and TOO_LONG in body
+        consent_url = await consent_page(Browser(h), ALICE)
+        response, body = await browser.get(ISSUER + "/login?" + consent_url.split("?")[1])
+        assert response.code == 400, "a request waiting for consent is not a login form"
+        h.clock.advance(h.config.limits.pending_request_ttl + 1)
+        response, body = await browser.get(consent_url)
+        assert response.code == 400 and TOO_LONG in body
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_expired_session_means_logging_in_again(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        await browser.sign_in(ALICE)
+        h.clock.advance(h.config.limits.session_ttl + 1)
+        response, _ = await browser.authorize("first")
+        assert response.code == 303 and "/login?" in location(response)
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_no_password_code_or_cookie_value_is_logged(tmp_path, monkeypatch, audit):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        response, _ = await browser.submit_login(await login_page(browser), "alice", "wrong-Password-1")
+        query = await browser.sign_in(ALICE, "partner")
+        secrets = ["wrong-Password-1", PASSWORDS[ALICE.sub], query["code"], *browser.cookies.values()]
+        logged = "\n".join(formatEvent(e) + repr(e) for e in audit)
+        assert audit.of("login.failed") and audit.of("code.issued")
+        for secret in secrets:
+            assert secret not in logged
+    finally:
+        await h.close()
+
+
+_field_values = st.one_of(st.text(max_size=30), st.sampled_from(["approve", "deny", "alice", ""]))
+_field_names = st.one_of(st.sampled_from(["request", "csrf", "username", "password", "action"]),
+                         st.text(max_size=6))
+
+
+@pytest_twisted.ensureDeferred
+async def test_no_login_or_consent_form_gets_a_server_error(tmp_path, monkeypatch):
+    """Hypothesis: fields dropped, repeated, replaced by arbitrary text or bytes, on GET and POST."""
+    h = await started(tmp_path, monkeypatch)
+    browser = Browser(h)
+    login_fields = hidden_fields((await browser.get(await login_page(browser)))[1])
+    consent_fields = hidden_fields((await browser.get(await consent_page(browser, ZOE)))[1])
+
+    @settings(max_examples=200, deadline=None)
+    @given(
+        path=st.sampled_from(["/login", "/consent"]),
+        keep=st.sets(st.sampled_from(["request", "csrf"])),
+        extra=st.lists(st.tuples(_field_names.map(str.encode), _field_values.map(str.encode) | st.binary(max_size=12)),
+                       max_size=6),
+        method=st.sampled_from(["GET", "POST"]),
+        with_cookies=st.booleans(),
+    )
+    def check(path, keep, extra, method, with_cookies):
+        fields = login_fields if path == "/login" else consent_fields
+        items = [(k.encode(), v.encode()) for k, v in fields.items() if k in keep] + extra
+        encoded = "&".join(quote_from_bytes(k) + "=" + quote_from_bytes(v) for k, v in items)
+        sender = Browser(h)
+        sender.cookies = dict(browser.cookies) if with_cookies else {}
+        if method == "GET":
+            response, body = on_reactor(lambda: sender.get(ISSUER + path + "?" + encoded))
+        else:
+            response, body = on_reactor(lambda: sender.request(
+                "POST", ISSUER + path, data=encoded.encode(),
+                headers={"content-type": ["application/x-www-form-urlencoded"]}))
+        assert response.code in (200, 303, 400, 429), body
+
+    try:
+        await fuzz(check)
+    finally:
+        await h.close()
+
