@@ -1,0 +1,165 @@
+"""
+The login and consent pages in a real browser: Debian's chromium, headless,
+driven by selenium against a real `twist authsrv` process. A user signs in
+(after one wrong password), consents, and lands on the client's redirect URI
+with code, state and iss; the session cookie has the flags DESIGN.md asks.
+
+Chromium and chromedriver are required, not optional: CI installs them
+(scripts/test.sh), so their absence is a failure, not a skip.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import urlencode
+
+import pytest
+from argon2 import PasswordHasher, profiles
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.ui import WebDriverWait
+
+from conftest import free_port
+from harness import pkce_pair, query_of
+
+from authsrv.identity.passwords import hash_password
+from authsrv.identity.static import add_user
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+WAIT = 10
+PASSWORD = "a long and correct passphrase"
+CHEAP = PasswordHasher.from_parameters(profiles.CHEAPEST)
+
+
+class _Callback(BaseHTTPRequestHandler):
+    """The client's redirect URI: answers anything with a small page."""
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("content-type", "text/html")
+        self.end_headers()
+        self.wfile.write(b"<!DOCTYPE html><title>callback</title><p>back at the client</p>")
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def callback():
+    """A local HTTP server standing in for the client; yields its base URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Callback)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def server(run_server, tmp_path, callback):
+    port = free_port()
+    add_user(tmp_path / "users.toml", login="carol", password_hash=hash_password(PASSWORD, CHEAP),
+             sub="c0ffee00-0000-4000-8000-000000000001", name="Carol")
+    clients = [
+        {"client_id": "web", "name": "First Web", "first_party": True,
+         "redirect_uris": [callback + "/first"]},
+        {"client_id": "partner", "name": "Partner Site", "redirect_uris": [callback + "/partner"]},
+    ]
+    config = {
+        "server": {"public_url": f"http://127.0.0.1:{port}", "listen": [f"tcp:{port}:interface=127.0.0.1"]},
+        "store": {"plugin": "sqlite", "path": "authsrv.sqlite3"},
+        "keystore": {"plugin": "jwk-file", "path": "keys.jwks.json"},
+        "identity": [{"plugin": "static", "path": "users.toml"}],
+        "clients": clients,
+    }
+    (tmp_path / "authsrv.toml").write_text(_toml(config))
+    return run_server(["authsrv", "--config", str(tmp_path / "authsrv.toml")], tmp_path, port=port)
+
+
+def _toml(config: dict) -> str:
+    """
+    The little TOML this test needs: tables and arrays of tables whose values
+    are strings, booleans and lists of strings, which JSON writes as TOML does.
+    """
+    lines = []
+    for name, section in config.items():
+        for table in section if isinstance(section, list) else [section]:
+            lines.append(f"[[{name}]]" if isinstance(section, list) else f"[{name}]")
+            lines += [f"{k} = {json.dumps(v)}" for k, v in table.items()]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture
+def driver(tmp_path):
+    assert CHROMIUM.exists() and CHROMEDRIVER.exists(), "install Debian's chromium and chromium-driver"
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                     "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                     "--no-first-run", f"--user-data-dir={tmp_path / 'chromium-profile'}"):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(options=options, service=Service(str(CHROMEDRIVER)))
+    driver.set_page_load_timeout(WAIT)
+    yield driver
+    driver.quit()
+
+
+def authorize_url(server, client_id: str, redirect_uri: str, state: str) -> str:
+    return f"{server.base}/api/auth/oauth2/authorize?" + urlencode({
+        "response_type": "code", "client_id": client_id, "redirect_uri": redirect_uri,
+        "scope": "openid profile offline_access", "state": state, "code_challenge": pkce_pair()[1],
+        "code_challenge_method": "S256",
+    })
+
+
+def sign_in(driver, username: str, password: str) -> None:
+    WebDriverWait(driver, WAIT).until(expected_conditions.presence_of_element_located((By.NAME, "username")))
+    field = driver.find_element(By.NAME, "username")
+    field.clear()
+    field.send_keys(username)
+    driver.find_element(By.NAME, "password").send_keys(password)
+    driver.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+
+
+def landed(driver, url: str) -> dict[str, str]:
+    WebDriverWait(driver, WAIT).until(lambda d: d.current_url.startswith(url + "?"))
+    return query_of(driver.current_url)
+
+
+def test_a_person_signs_in_consents_and_lands_back_at_the_client(server, driver, callback):
+    issuer = server.base + "/api/auth"
+    driver.get(authorize_url(server, "partner", callback + "/partner", "st-1"))
+    assert "to continue to Partner Site" in driver.find_element(By.TAG_NAME, "main").text
+
+    sign_in(driver, "carol", "not the password")
+    WebDriverWait(driver, WAIT).until(expected_conditions.presence_of_element_located((By.CLASS_NAME, "error")))
+    assert driver.find_element(By.CLASS_NAME, "error").text == "The username or password is incorrect."
+    assert driver.current_url.startswith(issuer + "/login")
+
+    sign_in(driver, "carol", PASSWORD)
+    WebDriverWait(driver, WAIT).until(lambda d: d.current_url.startswith(issuer + "/consent?"))
+    page = driver.find_element(By.TAG_NAME, "main").text
+    assert "Partner Site" in page and "Your name and picture" in page
+    driver.find_element(By.CSS_SELECTOR, "button[value=approve]").click()
+    query = landed(driver, callback + "/partner")
+    assert query["state"] == "st-1" and query["iss"] == issuer and len(query["code"]) >= 43
+
+    driver.get(authorize_url(server, "web", callback + "/first", "st-2"))
+    query = landed(driver, callback + "/first")
+    assert query["state"] == "st-2" and query["code"], "the live session skips the login"
+
+    driver.get(issuer + "/login")
+    cookies = {c["name"]: c for c in driver.get_cookies()}
+    for name in ("authsrv_session", "authsrv_device"):
+        assert cookies[name]["httpOnly"] is True
+        assert cookies[name]["sameSite"] == "Lax"
+        assert cookies[name]["path"] == "/api/auth"
+        assert cookies[name]["secure"] is False
