@@ -48,6 +48,20 @@ DEVICE_COOKIE_TTL = 400 * 86400
 _throttles: WeakKeyDictionary = WeakKeyDictionary()
 
 
+def _route(path: str, *methods: str):
+    """
+    Register on the shared app under an endpoint name of this module: Klein
+    keys handlers by endpoint, which defaults to the bare function name that
+    another route module could also use.
+    """
+
+    def register(handler):
+        endpoint = f"{__name__}.{handler.__name__}"
+        return app.route(ISSUER_PATH + path, methods=list(methods), endpoint=endpoint)(handler)
+
+    return register
+
+
 def _throttle(server) -> LoginThrottle:
     """One throttle per server object, living as long as it does."""
     throttle = _throttles.get(server)
@@ -97,7 +111,7 @@ async def _continue(server, request, client, authz, session, status: int) -> byt
     return _redirect(request, status, location)
 
 
-@app.route(f"{ISSUER_PATH}/oauth2/authorize", methods=["GET", "POST"])
+@_route("/oauth2/authorize", "GET", "POST")
 async def authorize(server, request):
     """RFC 6749 section 4.1.1 (GET, and POST as OIDC Core 3.1.2.1 allows)."""
     now = server.now()
@@ -137,7 +151,7 @@ def _checked_form(server, request, form, pending) -> bool:
     )
 
 
-@app.route(f"{ISSUER_PATH}/login", methods=["GET"])
+@_route("/login", "GET")
 async def login(server, request):
     form = _form(request) or {}
     pending, client = await _pending_and_client(server, form.get("request"), consent_stage=False)
@@ -146,7 +160,7 @@ async def login(server, request):
     return _login_form(server, request, 200, pending, client, username=pending.request.login_hint or "")
 
 
-@app.route(f"{ISSUER_PATH}/login", methods=["POST"])
+@_route("/login", "POST")
 async def login_submitted(server, request):
     form = _form(request)
     if form is None:
@@ -178,10 +192,7 @@ async def login_submitted(server, request):
     value, session = await start_session(server.store, server.limits, outcome.user.sub, now)
     server.cookies.set(request, SESSION_COOKIE, value, server.limits.session_ttl)
     events.login_succeeded(sub=outcome.user.sub, client_id=client.client_id, address=address)
-    try:
-        return await _continue(server, request, client, pending.request, session, 303)
-    except AuthorizeError as e:
-        return _redirect(request, 303, error_location(server.issuer, e.redirect_uri, e.state, e.error))
+    return await _continue(server, request, client, pending.request, session, 303)
 
 
 async def _consent_context(server, request, form):
@@ -196,7 +207,7 @@ async def _consent_context(server, request, form):
     return (pending, client, session), None
 
 
-@app.route(f"{ISSUER_PATH}/consent", methods=["GET"])
+@_route("/consent", "GET")
 async def consent(server, request):
     context, problem = await _consent_context(server, request, _form(request) or {})
     if problem is not None:
@@ -210,7 +221,7 @@ async def consent(server, request):
     )
 
 
-@app.route(f"{ISSUER_PATH}/consent", methods=["POST"])
+@_route("/consent", "POST")
 async def consent_submitted(server, request):
     form = _form(request)
     if form is None:
