@@ -137,6 +137,12 @@ async def test_without_openid_no_id_token(tmp_path, monkeypatch):
         await h.close()
 
 
+async def _grant_revoked(h, code: str) -> bool:
+    """Whether the grant of a code that was used is revoked."""
+    used = await h.store.consume_code(token_hash(code), h.now())
+    return (await h.store.get_grant(used.grant_id)).revoked_at is not None
+
+
 async def _refused_code(h, code, verifier, **exchange_options):
     response, body = await exchange(h, code, verifier, **exchange_options)
     assert_error(response, body, 400, "invalid_grant")
@@ -149,8 +155,9 @@ async def test_every_invalid_grant_of_a_code(tmp_path, monkeypatch):
     try:
         code, verifier = await save_code(h)
         await _refused_code(h, code, verifier[:-1] + ("A" if verifier[-1] != "A" else "B"))
-        # A refused attempt used the code up: the right verifier is now too late.
+        # A refused attempt used the code up and ended the grant it would have started.
         await _refused_code(h, code, verifier)
+        assert await _grant_revoked(h, code)
 
         code, verifier = await save_code(h)
         body = await _refused_code(h, code, verifier, redirect_uri=redirect_uri_of("first") + "/")
@@ -446,6 +453,11 @@ async def test_several_resources_give_a_list_audience(tmp_path, monkeypatch):
         assert response.code == 200, narrowed
         _, claims = verify_jwt(h, narrowed["access_token"], typ="at+jwt", aud=resources[1])
         assert claims["aud"] == resources[1]
+        assert not await _grant_revoked(h, code)
+        code, verifier = await save_code(h, resource=resources)
+        response, body = await exchange(h, code, verifier, resource="https://evil.example")
+        assert_error(response, body, 400, "invalid_target")
+        assert await _grant_revoked(h, code)
     finally:
         await h.close()
 

@@ -21,6 +21,7 @@ from authsrv.protocol.errors import (
     InvalidGrant,
     InvalidScope,
     InvalidTarget,
+    OAuthError,
     UnsupportedGrantType,
 )
 from authsrv.protocol.jwt_access import ACCESS_TOKEN_TYPE, access_token_claims
@@ -72,14 +73,13 @@ async def token_response(server, authorization: bytes | None, params: dict[str, 
     return await refresh(server, client, params, now)
 
 
-def _code_problem(code: AuthorizationCode, client: Client, redirect_uri: str, verifier: str) -> str | None:
+def _check_code(code: AuthorizationCode, client: Client, redirect_uri: str, verifier: str) -> None:
     if code.client_id != client.client_id:
-        return "the authorization code was issued to another client"
+        raise InvalidGrant("the authorization code was issued to another client")
     if code.redirect_uri != redirect_uri:
-        return "redirect_uri differs from the one of the authorization request"
+        raise InvalidGrant("redirect_uri differs from the one of the authorization request")
     if not pkce.verify(verifier, code.code_challenge):
-        return "code_verifier does not match the code_challenge of the authorization request"
-    return None
+        raise InvalidGrant("code_verifier does not match the code_challenge of the authorization request")
 
 
 async def redeem_code(server, client: Client, params: dict[str, str], now: int) -> dict:
@@ -101,10 +101,12 @@ async def redeem_code(server, client: Client, params: dict[str, str], now: int) 
     if isinstance(result, CodeNotFound):
         raise InvalidGrant("the authorization code is unknown or expired")
     code = result.code
-    problem = _code_problem(code, client, redirect_uri, verifier)
-    if problem is not None:
+    try:
+        _check_code(code, client, redirect_uri, verifier)
+        audience = _audience(params, code.resource)
+    except OAuthError:
         await store.revoke_grant(code.grant_id, now)
-        raise InvalidGrant(problem)
+        raise
     user = await _allowed_user(server, code.grant_id, code.sub, client.client_id, now)
     grant = await store.get_grant(code.grant_id)
     if grant is None:
@@ -112,7 +114,7 @@ async def redeem_code(server, client: Client, params: dict[str, str], now: int) 
     issued = mint(
         server, grant, client.client_id, user,
         scope=code.scope,
-        audience=_audience(params, code.resource),
+        audience=audience,
         nonce=code.nonce,
         refresh_scope=code.scope if "offline_access" in code.scope else None,
         now=now,
