@@ -12,14 +12,13 @@ from urllib.parse import quote
 
 from hypothesis import given
 from hypothesis import strategies as st
-from jwcrypto.jwk import JWKSet
 
 from authsrv.flows.userinfo import bearer_token
 from authsrv.protocol import pkce
 from authsrv.protocol.clientauth import ClientCredentials, client_credentials
 from authsrv.protocol.errors import InvalidClient, InvalidRequest, InvalidScope, InvalidToken
 from authsrv.protocol.jwt_access import audience_claim
-from authsrv.protocol.oidc import at_hash, id_token_hint_claims
+from authsrv.protocol.oidc import at_hash
 from authsrv.protocol.params import MAX_PARAM_LENGTH, single_params
 from authsrv.protocol.replay import seal, unseal
 from authsrv.protocol.scope import parse_scope, scope_text
@@ -141,11 +140,6 @@ def test_replay_opens_only_with_the_presented_token(response, token):
     assert unseal(blob[:-1], token) is None
     assert unseal(blob[:5], token) is None
     assert seal(response, token) != blob
-
-
-@given(st.text(max_size=300))
-def test_id_token_hint_of_garbage_is_none(text):
-    assert id_token_hint_claims(text, JWKSet(), "https://issuer.example") is None
 
 
 @given(st.text(alphabet=UNRESERVED, min_size=1, max_size=80))

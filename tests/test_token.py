@@ -15,11 +15,9 @@ import urllib.request
 
 import pytest
 import pytest_twisted
-from jwcrypto.jwk import JWK
-from jwcrypto.jwt import JWT
 from twisted.internet.defer import Deferred, gatherResults
 
-from authsrv.protocol.oidc import at_hash, id_token_hint_claims
+from authsrv.protocol.oidc import at_hash
 from authsrv.records import Ban
 from authsrv.testing.identity import ALICE, BOB, MALLORY
 from authsrv.tokens import token_hash
@@ -462,10 +460,6 @@ async def test_several_resources_give_a_list_audience(tmp_path, monkeypatch):
         await h.close()
 
 
-def _b64url(document: dict) -> str:
-    return base64.urlsafe_b64encode(json.dumps(document).encode()).rstrip(b"=").decode()
-
-
 def _concurrently(*coroutines):
     """Start every request before any is answered."""
     return gatherResults([Deferred.fromCoroutine(c) for c in coroutines])
@@ -537,32 +531,6 @@ def test_oversized_token_request_gets_413(run_server, tmp_path):
     assert (status, body["error"]) == (413, "invalid_request")
     status, body = post(b"grant_type=refresh_token&client_id=demo-spa&refresh_token=unknown")
     assert (status, body["error"]) == (400, "invalid_grant")
-
-
-@pytest_twisted.ensureDeferred
-async def test_id_token_hint_claims(tmp_path, monkeypatch):
-    h = await Harness(tmp_path, monkeypatch).start()
-    try:
-        body = await tokens(h, resource=(API,))
-        keyset = h.keystore.public_keyset()
-        claims = id_token_hint_claims(body["id_token"], keyset, ISSUER)
-        assert (claims["sub"], claims["aud"], claims["sid"]) == (ALICE.sub, "first", "sid-1")
-        # Expiry does not matter for a hint; the issuer, signature and type do.
-        expired = h.keystore.sign({**claims, "exp": h.now() - 86400}, alg="RS256", typ="JWT")
-        assert id_token_hint_claims(expired, keyset, ISSUER)["exp"] == h.now() - 86400
-        assert id_token_hint_claims(body["id_token"], keyset, "https://other.example") is None
-        assert id_token_hint_claims(body["access_token"], keyset, ISSUER) is None
-        head, payload, signature = body["id_token"].split(".")
-        forged = _b64url({**claims, "sub": BOB.sub})
-        assert id_token_hint_claims(f"{head}.{forged}.{signature}", keyset, ISSUER) is None
-        assert id_token_hint_claims(f"{_b64url({'alg': 'none', 'typ': 'JWT'})}.{payload}.", keyset, ISSUER) is None
-        kid = json.loads(base64.urlsafe_b64decode(head + "=="))["kid"]
-        stranger = JWK.generate(kty="RSA", size=2048, kid=kid)
-        foreign = JWT(header={"alg": "RS256", "kid": kid, "typ": "JWT"}, claims=claims)
-        foreign.make_signed_token(stranger)
-        assert id_token_hint_claims(foreign.serialize(), keyset, ISSUER) is None
-    finally:
-        await h.close()
 
 
 @pytest_twisted.ensureDeferred

@@ -1,18 +1,13 @@
 """
 OpenID Connect Core claims: what the ID token and UserInfo say about a user
-for a set of scopes (DESIGN.md, UserInfo fields), at_hash (OIDC Core
-3.1.3.6), and the check of an ID token a client hands back as id_token_hint.
-Pure: values in, values out.
+for a set of scopes (DESIGN.md, UserInfo fields), and at_hash (OIDC Core
+3.1.3.6). Pure: values in, values out.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
-import json
-
-from jwcrypto.common import JWException
-from jwcrypto.jws import JWS
 
 from authsrv.records import User
 
@@ -78,27 +73,3 @@ def id_token_claims(
     claims.update(user_claims(user, scope))
     return claims
 
-
-def id_token_hint_claims(token: str, keyset, issuer: str) -> dict | None:
-    """
-    The claims of an ID token this issuer signed, expired or not (an
-    id_token_hint at end-session may be old: OIDC RP-Initiated Logout 2), or
-    None for anything else: a bad signature, an unknown key, another issuer,
-    a JWT access token (typ at+jwt), a payload that is not a claims object.
-    The caller still checks C{aud} against the client it expects.
-    """
-    jws = JWS()
-    try:
-        jws.deserialize(token)
-        header = jws.jose_header
-        if not isinstance(header, dict) or header.get("typ", ID_TOKEN_TYPE) != ID_TOKEN_TYPE:
-            return None
-        if header.get("alg") not in _HASHES:
-            return None
-        jws.verify(keyset)
-        claims = json.loads(jws.payload)
-    except (JWException, ValueError, TypeError, KeyError):
-        return None
-    if not isinstance(claims, dict) or claims.get("iss") != issuer or not isinstance(claims.get("sub"), str):
-        return None
-    return claims
