@@ -184,14 +184,16 @@ class IGrantStore(Interface):
     def find_access_token(token_hash, now):
         """
         Fires with the L{authsrv.records.AccessToken} if it is active (known,
-        unexpired, neither it nor its grant revoked), else None. One indexed
-        lookup: this is the introspection and UserInfo hot path.
+        unexpired, neither it nor its grant revoked), else None; its
+        C{user_ban} is the user's ban record, if any (in force or not). One
+        indexed lookup: this is the introspection and UserInfo hot path.
         """
 
     def get_refresh_token(token_hash):
         """
         Fires with the L{authsrv.records.RefreshToken} in whatever state it is
-        (C{revoked} set when it or its grant is revoked), or None.
+        (C{revoked} set when it or its grant is revoked), with C{user_ban} as
+        for L{find_access_token}, or None.
         """
 
     def rotate_refresh(old_hash, new_refresh, new_access, replay, grace_until, now):
@@ -220,10 +222,11 @@ class IGrantStore(Interface):
     def revoke_user_grants(sub, now):
         """Revoke every live grant of a user; fires with how many."""
 
-    def has_active_grant(sub, now):
+    def access_state(sub, now):
         """
-        Fires True while a non-revoked, unexpired access or refresh token of
-        the user exists (the user-access C{hasActiveGrant}).
+        Fires with an L{authsrv.records.AccessState}: the user's ban in force
+        at C{now} (or None), and whether a non-revoked, unexpired access or
+        refresh token of the user exists (the user-access C{hasActiveGrant}).
         """
 
     def session_clients(sid):

@@ -146,7 +146,9 @@ class AccessToken:
     """
     An issued access token, opaque or JWT (RFC 9068); either way only the hash
     of the exact string handed out is stored, so one indexed lookup answers
-    introspection for both kinds.
+    introspection for both kinds. C{user_ban} is never stored: a lookup
+    fills in the user's ban record, if any, so that the same round trip
+    answers whether the user is banned.
     """
 
     token_hash: str
@@ -158,6 +160,7 @@ class AccessToken:
     jti: str | None = None
     issued_at: int = 0
     expires_at: int = 0
+    user_ban: "Ban | None" = None
 
 
 @frozen
@@ -166,6 +169,7 @@ class RefreshToken:
     An issued refresh token. C{consumed_at} is set when it was rotated;
     C{grace_until} and C{replay} let a client that lost the rotation response
     get the same (encrypted) response again within the grace window.
+    C{user_ban}, as for L{AccessToken}, is filled in by lookups only.
     """
 
     token_hash: str
@@ -179,6 +183,7 @@ class RefreshToken:
     grace_until: int | None = None
     replay: bytes | None = None
     revoked: bool = False
+    user_ban: "Ban | None" = None
 
 
 @frozen
@@ -191,6 +196,9 @@ class Ban:
     reason: str | None
     created_at: int
     until: int | None = None
+
+    def in_force(self, now: int) -> bool:
+        return self.until is None or self.until > now
 
 
 @frozen
@@ -228,6 +236,14 @@ class KeyInfo:
     activated_at: int | None = None
     retired_at: int | None = None
     expires_at: int | None = None
+
+
+@frozen
+class AccessState:
+    """What user-access needs from the store, in one round trip."""
+
+    ban: Ban | None
+    has_active_grant: bool
 
 
 # Results of the atomic store operations.

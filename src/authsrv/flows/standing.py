@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from attrs import frozen
 
-from authsrv.records import User
+from authsrv.records import Ban, User
+
+_ASK_THE_STORE = object()
 
 
 @frozen
@@ -22,12 +24,17 @@ class Standing:
         return self.user is not None and not self.banned
 
 
-async def standing(identity, store, sub: str, now: int) -> Standing:
-    """The user's record and ban state; a disabled account counts as banned."""
+async def standing(identity, store, sub: str, now: int, ban: Ban | None = _ASK_THE_STORE) -> Standing:
+    """
+    The user's record and ban state; a disabled account counts as banned.
+    Pass C{ban} when a store lookup already read it (a token's C{user_ban}),
+    to save the round trip.
+    """
     user = await identity.user_by_id(sub)
     if user is not None and user.disabled:
         return Standing(user, True, user.disabled_reason)
-    ban = await store.get_ban(sub, now)
-    if ban is not None:
+    if ban is _ASK_THE_STORE:
+        ban = await store.get_ban(sub, now)
+    if ban is not None and ban.in_force(now):
         return Standing(user, True, ban.reason)
     return Standing(user, False, None)

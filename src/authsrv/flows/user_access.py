@@ -10,13 +10,13 @@ from authsrv.flows.standing import standing
 
 async def user_access(identity, store, sub: str, now: int) -> dict | None:
     """The status payload, or None when the identity backend has no such user."""
-    state = await standing(identity, store, sub, now)
-    if state.user is None:
+    state = await store.access_state(sub, now)
+    user = await standing(identity, store, sub, now, ban=state.ban)
+    if user.user is None:
         return None
-    has_grant = await store.has_active_grant(sub, now)
     return {
-        "allowed": not state.banned and has_grant,
-        "banned": state.banned,
-        "banReason": state.ban_reason,
-        "hasActiveGrant": has_grant,
+        "allowed": not user.banned and state.has_active_grant,
+        "banned": user.banned,
+        "banReason": user.ban_reason,
+        "hasActiveGrant": state.has_active_grant,
     }

@@ -24,6 +24,7 @@ from zope.interface import implementer
 
 from authsrv.interfaces import IStore
 from authsrv.records import (
+    AccessState,
     AccessToken,
     AuthorizationCode,
     Ban,
@@ -203,7 +204,11 @@ class _Rows:
     def load(self, row):
         if row is None:
             return None
-        return self.record(**{name: self.codecs.get(name, _PLAIN)[1](row[name]) for name in self.fields})
+        keys = row.keys()
+        return self.record(**{
+            name: self.codecs.get(name, _PLAIN)[1](row[name])
+            for name in self.fields if name in keys
+        }, **({"user_ban": _ban_of(row)} if "ban_created_at" in keys else {}))
 
 
 _CLIENTS = _Rows(
@@ -215,10 +220,25 @@ _SESSIONS = _Rows(BrowserSession, "browser_sessions")
 _PENDING = _Rows(PendingAuthorization, "pending_authorizations", params=_MAP)
 _GRANTS = _Rows(Grant, "grants", scope=_SCOPE, resource=_LIST)
 _CODES = _Rows(AuthorizationCode, "authorization_codes", scope=_SCOPE, resource=_LIST)
-_ACCESS = _Rows(AccessToken, "access_tokens", scope=_SCOPE, audience=_LIST)
-_REFRESH = _Rows(RefreshToken, "refresh_tokens", derived=("revoked",), scope=_SCOPE, revoked=_FLAG)
+_ACCESS = _Rows(AccessToken, "access_tokens", derived=("user_ban",), scope=_SCOPE, audience=_LIST)
+_REFRESH = _Rows(
+    RefreshToken, "refresh_tokens", derived=("revoked", "user_ban"), scope=_SCOPE, revoked=_FLAG
+)
 _BANS = _Rows(Ban, "bans")
 _LINKED = _Rows(LinkedAccount, "linked_accounts")
+
+# A token lookup also reads its user's ban, so one round trip tells both.
+_WITH_BAN = (
+    ", b.reason AS ban_reason, b.created_at AS ban_created_at, b.until AS ban_until"
+)
+_JOIN_BAN = " LEFT JOIN bans b ON b.sub = {table}.sub"
+
+
+def _ban_of(row) -> Ban | None:
+    if row["ban_created_at"] is None:
+        return None
+    return Ban(sub=row["sub"], reason=row["ban_reason"], created_at=row["ban_created_at"], until=row["ban_until"])
+
 
 _REVOKE_GRANT = "UPDATE grants SET revoked_at = ? WHERE grant_id = ? AND revoked_at IS NULL"
 
@@ -368,8 +388,9 @@ class SQLiteStore:
     def find_access_token(self, token_hash, now):
         return self._query(
             _ACCESS,
-            "SELECT a.* FROM access_tokens a JOIN grants g ON g.grant_id = a.grant_id"
-            " WHERE a.token_hash = ? AND a.revoked_at IS NULL AND a.expires_at > ?"
+            "SELECT a.*" + _WITH_BAN + " FROM access_tokens a JOIN grants g ON g.grant_id = a.grant_id"
+            + _JOIN_BAN.format(table="a")
+            + " WHERE a.token_hash = ? AND a.revoked_at IS NULL AND a.expires_at > ?"
             " AND g.revoked_at IS NULL",
             (token_hash, now),
         )
@@ -377,9 +398,10 @@ class SQLiteStore:
     def get_refresh_token(self, token_hash):
         return self._query(
             _REFRESH,
-            "SELECT r.*, g.revoked_at IS NOT NULL AS revoked"
-            " FROM refresh_tokens r JOIN grants g ON g.grant_id = r.grant_id"
-            " WHERE r.token_hash = ?",
+            "SELECT r.*, g.revoked_at IS NOT NULL AS revoked" + _WITH_BAN
+            + " FROM refresh_tokens r JOIN grants g ON g.grant_id = r.grant_id"
+            + _JOIN_BAN.format(table="r")
+            + " WHERE r.token_hash = ?",
             (token_hash,),
         )
 
@@ -395,19 +417,22 @@ class SQLiteStore:
     def revoke_user_grants(self, sub, now):
         return self._execute("UPDATE grants SET revoked_at = ? WHERE sub = ? AND revoked_at IS NULL", (now, sub))
 
-    def has_active_grant(self, sub, now):
-        return self._run(
-            lambda db: bool(
-                db.execute(
-                    "SELECT EXISTS (SELECT 1 FROM grants g WHERE g.sub = :sub AND g.revoked_at IS NULL AND ("
-                    " EXISTS (SELECT 1 FROM access_tokens a WHERE a.grant_id = g.grant_id"
-                    "  AND a.revoked_at IS NULL AND a.expires_at > :now)"
-                    " OR EXISTS (SELECT 1 FROM refresh_tokens r WHERE r.grant_id = g.grant_id"
-                    "  AND r.consumed_at IS NULL AND r.expires_at > :now)))",
-                    {"sub": sub, "now": now},
-                ).fetchone()[0]
-            )
-        )
+    def access_state(self, sub, now):
+        def state(db):
+            row = db.execute(
+                "SELECT EXISTS (SELECT 1 FROM grants g WHERE g.sub = :sub AND g.revoked_at IS NULL AND ("
+                " EXISTS (SELECT 1 FROM access_tokens a WHERE a.grant_id = g.grant_id"
+                "  AND a.revoked_at IS NULL AND a.expires_at > :now)"
+                " OR EXISTS (SELECT 1 FROM refresh_tokens r WHERE r.grant_id = g.grant_id"
+                "  AND r.consumed_at IS NULL AND r.expires_at > :now))) AS has_grant,"
+                " b.reason AS ban_reason, b.created_at AS ban_created_at, b.until AS ban_until,"
+                " :sub AS sub"
+                " FROM (SELECT 1) LEFT JOIN bans b ON b.sub = :sub AND (b.until IS NULL OR b.until > :now)",
+                {"sub": sub, "now": now},
+            ).fetchone()
+            return AccessState(ban=_ban_of(row), has_active_grant=bool(row["has_grant"]))
+
+        return self._run(state)
 
     def session_clients(self, sid):
         return self._run(

@@ -26,6 +26,7 @@ from zope.interface.verify import verifyObject
 
 from authsrv.interfaces import IStore
 from authsrv.records import (
+    AccessState,
     AccessToken,
     AuthorizationCode,
     Ban,
@@ -501,36 +502,53 @@ class StoreConformance:
                 assert await store.find_access_token(token.token_hash, NOW + 2) is None
             assert [(await store.get_grant(g.grant_id)).revoked_at for g in grants] == [NOW, NOW + 1, NOW + 1]
             assert await store.find_access_token(bob_access.token_hash, NOW + 2) == bob_access
-            assert await store.has_active_grant(ALICE, NOW + 2) is False
-            assert await store.has_active_grant(BOB, NOW + 2) is True
+            assert (await store.access_state(ALICE, NOW + 2)).has_active_grant is False
+            assert (await store.access_state(BOB, NOW + 2)).has_active_grant is True
+
+    @pytest_twisted.ensureDeferred
+    async def test_token_lookups_and_access_state_carry_the_ban(self):
+        async with self.store() as store:
+            grant = await start_grant(store, "g1")
+            access, refresh = await issue(store, grant, "1")
+            assert (await store.access_state(ALICE, NOW)) == AccessState(ban=None, has_active_grant=True)
+            ban = Ban(sub=ALICE, reason="spam", created_at=NOW, until=NOW + 10)
+            await store.ban_user(ban)
+            assert await store.find_access_token(access.token_hash, NOW) == attrs.evolve(access, user_ban=ban)
+            assert await store.get_refresh_token(refresh.token_hash) == attrs.evolve(refresh, user_ban=ban)
+            assert await store.access_state(ALICE, NOW + 9) == AccessState(ban=ban, has_active_grant=True)
+            assert await store.access_state(ALICE, NOW + 10) == AccessState(ban=None, has_active_grant=True)
+            assert await store.access_state(BOB, NOW) == AccessState(ban=None, has_active_grant=False)
+            assert ban.in_force(NOW + 9) and not ban.in_force(NOW + 10)
+            await store.unban_user(ALICE)
+            assert (await store.find_access_token(access.token_hash, NOW)).user_ban is None
 
     @pytest_twisted.ensureDeferred
     async def test_has_active_grant_follows_tokens(self):
         async with self.store() as store:
-            assert await store.has_active_grant(ALICE, NOW) is False
+            assert (await store.access_state(ALICE, NOW)).has_active_grant is False
             grant = await start_grant(store, "g1")
-            assert await store.has_active_grant(ALICE, NOW) is False
+            assert (await store.access_state(ALICE, NOW)).has_active_grant is False
             access, refresh = await issue(
                 store, grant, "1", access_expires_at=NOW + 10, refresh_expires_at=NOW + 100
             )
-            assert await store.has_active_grant(ALICE, NOW) is True
-            assert await store.has_active_grant(BOB, NOW) is False
-            assert await store.has_active_grant(ALICE, NOW + 10) is True
+            assert (await store.access_state(ALICE, NOW)).has_active_grant is True
+            assert (await store.access_state(BOB, NOW)).has_active_grant is False
+            assert (await store.access_state(ALICE, NOW + 10)).has_active_grant is True
             assert await store.revoke_token(access.token_hash, CLIENT, NOW) == RevokedAccess("g1")
-            assert await store.has_active_grant(ALICE, NOW + 99) is True
-            assert await store.has_active_grant(ALICE, NOW + 100) is False
+            assert (await store.access_state(ALICE, NOW + 99)).has_active_grant is True
+            assert (await store.access_state(ALICE, NOW + 100)).has_active_grant is False
             assert await store.revoke_token(refresh.token_hash, CLIENT, NOW) == RevokedRefresh("g1")
-            assert await store.has_active_grant(ALICE, NOW) is False
+            assert (await store.access_state(ALICE, NOW)).has_active_grant is False
 
     @pytest_twisted.ensureDeferred
     async def test_has_active_grant_without_refresh(self):
         async with self.store() as store:
             grant = await start_grant(store, "g1")
             access, _ = await issue(store, grant, "1", refresh=False, access_expires_at=NOW + 10)
-            assert await store.has_active_grant(ALICE, NOW + 9) is True
-            assert await store.has_active_grant(ALICE, NOW + 10) is False
+            assert (await store.access_state(ALICE, NOW + 9)).has_active_grant is True
+            assert (await store.access_state(ALICE, NOW + 10)).has_active_grant is False
             await store.revoke_token(access.token_hash, CLIENT, NOW)
-            assert await store.has_active_grant(ALICE, NOW) is False
+            assert (await store.access_state(ALICE, NOW)).has_active_grant is False
 
     @pytest_twisted.ensureDeferred
     async def test_consumed_refresh_token_is_not_an_active_grant(self):
@@ -543,8 +561,8 @@ class StoreConformance:
                 make_access("access-2", grant, expires_at=NOW + 20),
                 b"r", NOW + 10, NOW,
             )
-            assert await store.has_active_grant(ALICE, NOW + 49) is True
-            assert await store.has_active_grant(ALICE, NOW + 50) is False
+            assert (await store.access_state(ALICE, NOW + 49)).has_active_grant is True
+            assert (await store.access_state(ALICE, NOW + 50)).has_active_grant is False
 
     @pytest_twisted.ensureDeferred
     async def test_session_clients(self):
