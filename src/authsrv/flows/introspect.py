@@ -78,7 +78,7 @@ async def introspect(server, client: Client, params: dict[str, str], now: int) -
         return INACTIVE
     if not _visible(client, token):
         return INACTIVE
-    state = await standing(server.identity, server.store, token.sub, now)
+    state = await standing(server.identity, server.store, token.sub, now, token.user_ban)
     if not state.allowed:
         return INACTIVE
     return describe(token, server.issuer)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from attrs import frozen
 
 from authsrv import events
-from authsrv.flows.standing import standing
+from authsrv.flows.standing import Standing, standing
 from authsrv.protocol import pkce
 from authsrv.protocol.clientauth import authenticate, client_credentials
 from authsrv.protocol.errors import (
@@ -107,7 +107,8 @@ async def redeem_code(server, client: Client, params: dict[str, str], now: int) 
     except OAuthError:
         await store.revoke_grant(code.grant_id, now)
         raise
-    user = await _allowed_user(server, code.grant_id, code.sub, client.client_id, now)
+    state = await standing(server.identity, store, code.sub, now)
+    user = await _allowed_user(server, state, code.grant_id, code.sub, client.client_id, now)
     grant = await store.get_grant(code.grant_id)
     if grant is None:
         raise InvalidGrant("the authorization code is unknown or expired")
@@ -140,7 +141,8 @@ async def refresh(server, client: Client, params: dict[str, str], now: int) -> d
         scope = parse_scope(params["scope"]) or old.scope
         if not scope <= old.scope:
             raise InvalidScope("a refresh may narrow the granted scope but never widen it")
-    user = await _allowed_user(server, old.grant_id, old.sub, client.client_id, now)
+    state = await standing(server.identity, store, old.sub, now, old.user_ban)
+    user = await _allowed_user(server, state, old.grant_id, old.sub, client.client_id, now)
     grant = await store.get_grant(old.grant_id)
     if grant is None:
         raise InvalidGrant("the refresh token is unknown, expired, revoked or was issued to another client")
@@ -169,12 +171,11 @@ async def refresh(server, client: Client, params: dict[str, str], now: int) -> d
     raise InvalidGrant("the refresh token is unknown, expired, revoked or was issued to another client")
 
 
-async def _allowed_user(server, grant_id: str, sub: str, client_id: str, now: int) -> User:
+async def _allowed_user(server, state: Standing, grant_id: str, sub: str, client_id: str, now: int) -> User:
     """
     The user, as the identity backend knows them now; a user who is gone,
     disabled or banned ends the grant instead.
     """
-    state = await standing(server.identity, server.store, sub, now)
     if not state.allowed:
         if await server.store.revoke_grant(grant_id, now):
             events.grant_revoked(sub=sub, client_id=client_id, grant_id=grant_id, reason="user not allowed")

@@ -1,8 +1,8 @@
 """
 UserInfo (OIDC Core 5.3) with RFC 6750 bearer tokens: the claims the access
 token's scopes release about a user who may still use the service. One
-indexed lookup of the token plus the standing check (DESIGN.md, Speed
-targets).
+indexed lookup of the token, which brings its user's ban along, and the
+identity backend's record (DESIGN.md, Speed targets).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ async def userinfo(server, access_token: str, now: int) -> dict:
         raise InvalidToken("the access token is unknown, expired or revoked")
     if "openid" not in access.scope:
         raise InsufficientScope("UserInfo needs an access token with the scope openid")
-    state = await standing(server.identity, server.store, access.sub, now)
+    state = await standing(server.identity, server.store, access.sub, now, access.user_ban)
     if not state.allowed:
         raise InvalidToken("the access token is unknown, expired or revoked")
     return {"sub": access.sub, **user_claims(state.user, access.scope)}
