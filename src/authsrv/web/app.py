@@ -104,3 +104,4 @@ class AuthServer:
 from authsrv.web import routes_logout  # noqa: E402,F401  (registers routes)
 from authsrv.web import routes_interaction  # noqa: E402,F401  (registers routes)
 from authsrv.web import routes_tokens  # noqa: E402,F401  (registers routes)
+from authsrv.web import routes_link  # noqa: E402,F401  (registers routes)

@@ -1,0 +1,309 @@
+"""
+Linking a chat account through the service's pages, in memory: the real web
+app over a real store, the fake provider reached through its in-memory
+client. A signed-in browser is a session created in the store and its
+cookie; every bad input is a page, never a 500.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+
+import pytest
+import pytest_twisted
+from treq.testing import StubTreq
+
+from harness import ISSUER, Harness, query_of
+
+from authsrv.chat.config import ChatConfig
+from authsrv.chat.crypto import ACCESS, REFRESH, TokenCipher, key_from_text, new_key_text
+from authsrv.chat.provider import ChatProvider
+from authsrv.chat.tokens import ChatTokens
+from authsrv.flows.link import LINK_CLIENT_ID, ChatLinking, unlink_token
+from authsrv.protocol import pkce
+from authsrv.records import Ban, BrowserSession
+from authsrv.testing.fake_chat import FakeChatProvider
+from authsrv.testing.identity import ALICE, BOB, MALLORY
+from authsrv.tokens import new_token, token_hash
+from authsrv.web.app import AuthServer
+from authsrv.web.root import Root
+
+LINK = "/api/auth/link/chat"
+CALLBACK = ISSUER + "/link/chat/callback"
+CHAT = "https://chat.example.test"
+
+
+class LinkWorld:
+    """The harness's server with chat linking wired in, and the fake provider."""
+
+    def __init__(self, harness: Harness, *, pkce_enabled=True, linking=True):
+        self.h = harness
+        self.fake = FakeChatProvider(harness.clock)
+        self.config = ChatConfig(
+            encryption_key=key_from_text(new_key_text()), client_secret=self.fake.client_secret,
+            pkce=pkce_enabled, **self.fake.endpoints(CHAT),
+        )
+        self.cipher = TokenCipher(self.config.encryption_key)
+        self.provider = ChatProvider(harness.clock, self.fake.memory_client(), self.config)
+        self.server = AuthServer(
+            reactor=harness.clock, config=harness.config, store=harness.store, keystore=harness.keystore,
+            identity=harness.identity, readiness=lambda: None,
+        )
+        self.server.chat_link = ChatLinking(
+            store=harness.store, identity=harness.identity, provider=self.provider, cipher=self.cipher,
+            issuer=ISSUER, pkce_enabled=pkce_enabled,
+        ) if linking else None
+        harness.http = StubTreq(Root({}, self.server.resource()))
+        self.provider_browser = self.fake.memory_client()
+
+    async def sign_in(self, sub=ALICE.sub, ttl=3600) -> str:
+        cookie = new_token()
+        now = self.h.now()
+        await self.h.store.create_session(BrowserSession(token_hash(cookie), new_token(16), sub, now, now, now + ttl))
+        return cookie
+
+    async def get(self, path, cookie=None):
+        return await self.h.get(path, headers=session_header(cookie))
+
+    async def start(self, cookie) -> str:
+        """GET the link page; returns the provider authorize URL it redirects to."""
+        response, body = await self.get(LINK, cookie)
+        assert response.code == 302, body
+        return response.headers.getRawHeaders(b"location")[0].decode()
+
+    async def approve(self, authorize_url: str) -> str:
+        """The provider's side: the browser follows the authorize URL and is sent back."""
+        response = await self.provider_browser.get(authorize_url, allow_redirects=False)
+        assert response.code == 302
+        return response.headers.getRawHeaders(b"location")[0].decode()
+
+    async def callback(self, url: str, cookie):
+        assert url.startswith(CALLBACK)
+        return await self.get(url[len("http://127.0.0.1:8080"):], cookie)
+
+
+@pytest_twisted.async_yield_fixture
+async def world(tmp_path, monkeypatch):
+    harness = await Harness(tmp_path, monkeypatch).start()
+    yield LinkWorld(harness)
+    await harness.close()
+
+
+def session_header(cookie) -> dict:
+    """The browser's cookie, sent as a header so that no cookie jar carries it to the next request."""
+    return {"cookie": f"authsrv_session={cookie}"} if cookie else {}
+
+
+def assert_page(response, body, status, words):
+    assert response.code == status, body
+    assert response.headers.getRawHeaders(b"content-type")[0].startswith(b"text/html")
+    assert response.headers.getRawHeaders(b"x-frame-options") == [b"DENY"]
+    assert words.encode() in body, body
+
+
+def csrf_of(body: bytes) -> str:
+    return html.unescape(re.search(rb'name="csrf" value="([^"]*)"', body).group(1).decode())
+
+
+@pytest_twisted.ensureDeferred
+async def test_link_end_to_end(world, tmp_path):
+    cookie = await world.sign_in()
+    authorize_url = await world.start(cookie)
+
+    assert authorize_url.startswith(CHAT + "/oauth2/authorize?")
+    query = query_of(authorize_url)
+    assert {k: query[k] for k in ("response_type", "client_id", "redirect_uri", "scope", "code_challenge_method")} == {
+        "response_type": "code", "client_id": world.fake.client_id, "redirect_uri": CALLBACK,
+        "scope": "identify guilds.join", "code_challenge_method": "S256",
+    }
+    pending = await world.h.store.get_pending(token_hash(query["state"]), world.h.now())
+    assert pending.client_id == LINK_CLIENT_ID and pending.params["sub"] == ALICE.sub
+    assert pkce.s256(pending.params["verifier"]) == query["code_challenge"]
+
+    response, body = await world.callback(await world.approve(authorize_url), cookie)
+    assert_page(response, body, 200, "Chat account linked")
+    assert world.fake.user.id.encode() in body
+    assert world.fake.exchanges == 1
+
+    link = await world.h.store.get_linked_account(ALICE.sub, "discord")
+    assert (link.provider_user_id, link.scope, link.version) == (world.fake.user.id, "identify guilds.join", 1)
+    assert link.expires_at == world.h.now() + world.fake.expires_in
+    access = world.cipher.decrypt(link.access_token_enc, link.account_id, ACCESS)
+    assert world.fake.access_valid(access)
+    assert world.cipher.decrypt(link.refresh_token_enc, link.account_id, REFRESH)
+    assert await world.h.store.get_pending(token_hash(query["state"]), world.h.now()) is None
+
+    tokens = ChatTokens(world.h.clock, world.h.store, world.h.identity, world.provider, world.cipher, world.config)
+    served = await tokens.fresh_token(ALICE.sub, world.h.now())
+    assert (served.account_id, served.access_token) == (link.account_id, access)
+
+    # Linking again replaces the earlier link.
+    response, _ = await world.callback(await world.approve(await world.start(cookie)), cookie)
+    assert response.code == 200
+    relinked = await world.h.store.get_linked_account(ALICE.sub, "discord")
+    assert relinked.account_id != link.account_id
+
+
+@pytest_twisted.ensureDeferred
+async def test_link_without_pkce(tmp_path, monkeypatch):
+    harness = await Harness(tmp_path, monkeypatch).start()
+    try:
+        world = LinkWorld(harness, pkce_enabled=False)
+        cookie = await world.sign_in()
+        authorize_url = await world.start(cookie)
+        assert "code_challenge" not in query_of(authorize_url)
+        response, body = await world.callback(await world.approve(authorize_url), cookie)
+        assert_page(response, body, 200, "Chat account linked")
+    finally:
+        await harness.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_no_session_no_link(world):
+    response, body = await world.get(LINK)
+    assert_page(response, body, 401, "Sign in at the application first")
+    response, body = await world.get(LINK, "not-a-session")
+    assert_page(response, body, 401, "Sign in")
+    expired = await world.sign_in(ttl=10)
+    world.h.clock.advance(10)
+    response, body = await world.get(LINK, expired)
+    assert_page(response, body, 401, "Sign in")
+    assert await world.h.store.get_linked_account(ALICE.sub, "discord") is None
+
+
+@pytest_twisted.ensureDeferred
+async def test_banned_or_disabled_users_cannot_link(world):
+    disabled = await world.sign_in(MALLORY.sub)
+    response, body = await world.get(LINK, disabled)
+    assert_page(response, body, 403, "may not link")
+    bob = await world.sign_in(BOB.sub)
+    await world.h.store.ban_user(Ban(BOB.sub, "spam", world.h.now()))
+    response, body = await world.get(LINK, bob)
+    assert_page(response, body, 403, "may not link")
+
+
+@pytest_twisted.ensureDeferred
+async def test_callback_needs_the_same_session(world):
+    cookie = await world.sign_in()
+    back = await world.approve(await world.start(cookie))
+
+    response, body = await world.callback(back, None)
+    assert_page(response, body, 401, "Sign in")
+    other = await world.sign_in()
+    response, body = await world.callback(back, other)
+    assert_page(response, body, 400, "started in another browser")
+    bob = await world.sign_in(BOB.sub)
+    response, body = await world.callback(back, bob)
+    assert_page(response, body, 400, "started in another browser")
+    assert world.fake.exchanges == 0
+
+    # The rightful browser can still finish, once.
+    response, body = await world.callback(back, cookie)
+    assert_page(response, body, 200, "linked")
+    response, body = await world.callback(back, cookie)
+    assert_page(response, body, 400, "already used")
+    assert world.fake.exchanges == 1
+    assert await world.h.store.get_linked_account(BOB.sub, "discord") is None
+
+
+@pytest.mark.parametrize("query, status, words", [
+    ("", 400, "without the link attempt"),
+    ("?code=abc", 400, "without the link attempt"),
+    ("?code=abc&state=forged", 400, "has expired"),
+    ("?code=abc&state=%FF", 400, "UTF-8"),
+    ("?code=a&code=b&state=x", 400, "repeated"),
+    ("?state=x&error=access_denied", 200, "Linking was cancelled"),
+    ("?error=server_error", 502, "linking was cancelled"),
+    ("?state=" + "x" * 10000, 400, "too long"),
+])
+@pytest_twisted.ensureDeferred
+async def test_bad_callbacks_are_pages(world, query, status, words):
+    cookie = await world.sign_in()
+    response, body = await world.get(LINK + "/callback" + query, cookie)
+    assert_page(response, body, status, words)
+
+
+@pytest_twisted.ensureDeferred
+async def test_provider_denial_cancels_the_attempt(world):
+    cookie = await world.sign_in()
+    world.fake.deny = True
+    authorize_url = await world.start(cookie)
+    response, body = await world.callback(await world.approve(authorize_url), cookie)
+    assert_page(response, body, 200, "Linking cancelled")
+    state = query_of(authorize_url)["state"]
+    assert await world.h.store.get_pending(token_hash(state), world.h.now()) is None
+    assert await world.h.store.get_linked_account(ALICE.sub, "discord") is None
+
+
+@pytest_twisted.ensureDeferred
+async def test_missing_code_and_expired_attempt(world):
+    cookie = await world.sign_in()
+    state = query_of(await world.start(cookie))["state"]
+    response, body = await world.get(f"{LINK}/callback?state={state}", cookie)
+    assert_page(response, body, 400, "without a code")
+
+    back = await world.approve(await world.start(cookie))
+    world.h.clock.advance(601)
+    response, body = await world.callback(back, await world.sign_in())
+    assert_page(response, body, 400, "has expired")
+
+
+@pytest.mark.parametrize("switch, status, words", [
+    ("down", 503, "cannot be reached"),
+    ("unavailable", 503, "cannot be reached"),
+])
+@pytest_twisted.ensureDeferred
+async def test_provider_down_at_callback(world, switch, status, words):
+    cookie = await world.sign_in()
+    back = await world.approve(await world.start(cookie))
+    setattr(world.fake, switch, True)
+    response, body = await world.callback(back, cookie)
+    assert_page(response, body, status, words)
+    assert await world.h.store.get_linked_account(ALICE.sub, "discord") is None
+
+
+@pytest_twisted.ensureDeferred
+async def test_rejected_code(world):
+    cookie = await world.sign_in()
+    back = await world.approve(await world.start(cookie))
+    code = query_of(back)["code"]
+    forged = back.replace(code, "forged-code")
+    response, body = await world.callback(forged, cookie)
+    assert_page(response, body, 400, "did not accept")
+
+
+@pytest_twisted.ensureDeferred
+async def test_unlink(world, tmp_path):
+    cookie = await world.sign_in()
+    response, body = await world.callback(await world.approve(await world.start(cookie)), cookie)
+    token = csrf_of(body)
+    assert token == unlink_token(cookie)
+    assert f'action="{ISSUER}/link/chat/unlink"'.encode() in body
+
+    response, body = await world.h.post(LINK + "/unlink", {"csrf": token})
+    assert_page(response, body, 401, "Sign in")
+    other = await world.sign_in()
+    for forged in ({}, {"csrf": "0" * 64}, {"csrf": unlink_token(other)}):
+        response, body = await world.h.post(LINK + "/unlink", forged, headers=session_header(cookie))
+        assert_page(response, body, 403, "This form has expired")
+    assert await world.h.store.get_linked_account(ALICE.sub, "discord") is not None
+
+    response, body = await world.h.post(LINK + "/unlink", {"csrf": token}, headers=session_header(cookie))
+    assert_page(response, body, 200, "no longer linked")
+    assert await world.h.store.get_linked_account(ALICE.sub, "discord") is None
+    response, body = await world.h.post(LINK + "/unlink", {"csrf": token}, headers=session_header(cookie))
+    assert_page(response, body, 200, "No chat account was linked")
+
+
+@pytest_twisted.ensureDeferred
+async def test_link_pages_when_linking_is_not_configured(tmp_path, monkeypatch):
+    harness = await Harness(tmp_path, monkeypatch).start()
+    try:
+        world = LinkWorld(harness, linking=False)
+        cookie = await world.sign_in()
+        for path in (LINK, LINK + "/callback?code=a&state=b"):
+            response, body = await world.get(path, cookie)
+            assert_page(response, body, 404, "does not link chat accounts")
+    finally:
+        await harness.close()
