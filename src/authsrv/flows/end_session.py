@@ -17,9 +17,7 @@ from attrs import frozen
 from jwcrypto.common import JWException
 from jwcrypto.jws import JWS
 
-from authsrv import events
-from authsrv.records import BrowserSession, Client
-from authsrv.tokens import token_hash
+from authsrv.records import Client
 
 _COMPACT_JWS = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
 _ID_TOKEN_TYPES = ("jwt", "application/jwt")
@@ -105,16 +103,3 @@ async def check_request(store, keystore, issuer: str, params: dict[str, str]) ->
         raise LogoutRefused("The post_logout_redirect_uri is not registered for this application.")
     location = None if uri is None else post_logout_location(uri, params.get("state"))
     return Logout(client, location)
-
-
-async def end_browser_session(store, session_value: str | None, client_id: str) -> BrowserSession | None:
-    """
-    End the session the browser's cookie names, whoever the hint was about:
-    the person at this browser asked to be signed out.
-    """
-    if session_value is None:
-        return None
-    session = await store.end_session(token_hash(session_value))
-    if session is not None:
-        events.session_ended(sub=session.sub, sid=session.sid, reason=f"end-session from {client_id}")
-    return session

@@ -9,7 +9,8 @@ from twisted.web.template import tags
 
 from authsrv.config import ISSUER_PATH
 from authsrv.flows import backchannel
-from authsrv.flows.end_session import LogoutRefused, check_request, end_browser_session
+from authsrv.flows.end_session import LogoutRefused, check_request
+from authsrv.flows.sessions import end_browser_session
 from authsrv.protocol.errors import InvalidRequest
 from authsrv.protocol.params import single_params
 from authsrv.web.cookies import SESSION_COOKIE
@@ -17,7 +18,7 @@ from authsrv.web.pages import error_page, render_page
 from authsrv.web.routing import app
 
 
-@app.route(ISSUER_PATH + "/oauth2/end-session", methods=["GET", "POST"])
+@app.route(ISSUER_PATH + "/oauth2/end-session", methods=["GET", "POST"], endpoint="logout.end_session")
 async def end_session(server, request):
     """
     End the browser's session, start the back-channel notices without
@@ -31,7 +32,7 @@ async def end_session(server, request):
     except LogoutRefused as e:
         return error_page(request, 400, "Sign-out failed", e.message)
     session = await end_browser_session(
-        server.store, server.cookies.get(request, SESSION_COOKIE), logout.client.client_id
+        server.store, server.cookies.get(request, SESSION_COOKIE), f"end-session from {logout.client.client_id}"
     )
     server.cookies.clear(request, SESSION_COOKIE)
     if session is not None:
