@@ -19,7 +19,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock, deferLater
 from twisted.logger import globalLogPublisher
 from twisted.web.resource import Resource
-from twisted.web.server import NOT_DONE_YET
+from twisted.web.server import NOT_DONE_YET, Site
 
 from authsrv.flows import backchannel
 from authsrv.flows.backchannel import LOGOUT_EVENT, BackchannelNotifier
@@ -180,6 +180,31 @@ def test_an_unreachable_party_is_given_up():
     clock.advance(5)
     assert http.calls == 3
     assert d.result == "gave up after 3 attempts, last: ConnectionRefusedError"
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_default_client_delivers_over_real_http():
+    rp = FakeRelyingParty([503])
+    port = reactor.listenTCP(0, Site(rp), interface="127.0.0.1")
+    try:
+        notifier = BackchannelNotifier(reactor, backchannel.default_http_client(reactor), retry_delays=(0.01,))
+        uri = f"http://127.0.0.1:{port.getHost().port}/backchannel"
+        outcome = await Deferred.fromCoroutine(notifier.deliver(uri, "the-logout-token", "first", "sid-1"))
+    finally:
+        await port.stopListening()
+    assert outcome == "delivered (HTTP 200) at attempt 2"
+    assert rp.received[1]["content_type"] == b"application/x-www-form-urlencoded"
+    assert rp.received[1]["form"] == {"logout_token": ["the-logout-token"]}
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_default_client_gives_up_on_a_closed_port():
+    port = reactor.listenTCP(0, Site(FakeRelyingParty()), interface="127.0.0.1")
+    closed = port.getHost().port
+    await port.stopListening()
+    notifier = BackchannelNotifier(reactor, backchannel.default_http_client(reactor), retry_delays=(0.01, 0.01))
+    outcome = await Deferred.fromCoroutine(notifier.deliver(f"http://127.0.0.1:{closed}/", "t", "first", "sid-1"))
+    assert outcome == "gave up after 3 attempts, last: ConnectionRefusedError"
 
 
 # --- through end-session ------------------------------------------------------------------
