@@ -15,14 +15,14 @@ import pytest
 import pytest_twisted
 from attrs import evolve
 from twisted.internet import reactor
-from twisted.internet.defer import Deferred, gatherResults, succeed
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock, deferLater
 from twisted.logger import formatEvent, globalLogPublisher
 
 from authsrv.chat.config import DEFAULT_SCOPES, ChatConfig, chat_config
 from authsrv.chat.crypto import ACCESS, REFRESH, TokenCipher, UndecryptableToken, key_from_text, new_key_text
 from authsrv.chat.errors import ChatNotLinked, ChatProviderUnavailable, ChatRefreshRefused
-from authsrv.chat.provider import ChatProvider
+from authsrv.chat.provider import ChatProvider, http_client
 from authsrv.chat.tokens import ChatTokens, ProviderToken, linked_chat_user_id
 from authsrv.configsection import ConfigError, Section
 from authsrv.context import PluginContext
@@ -382,6 +382,38 @@ async def test_chat_user_id_prefers_the_stored_link(world):
         assert await linked_chat_user_id(store, ALICE, "discord") == world.fake.user.id
 
 
+# --- the provider client over real connections -------------------------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_provider_client_over_tcp():
+    fake = FakeChatProvider(reactor)
+    port = fake.listen(reactor)
+    client, pool = http_client(reactor, 2)
+    base = f"http://127.0.0.1:{port.getHost().port}"
+    config = ChatConfig(encryption_key=key_from_text(new_key_text()), client_secret=fake.client_secret,
+                        timeout=2, lock_ttl=5, **fake.endpoints(base))
+    provider = ChatProvider(reactor, client, config)
+    try:
+        tokens = await provider.refresh(fake.grant()["refresh_token"])
+        assert fake.refreshes == 1 and tokens.expires_in == fake.expires_in
+        assert await provider.current_user(tokens.access_token) == fake.user.id
+        fake.refuse_refresh = True
+        with pytest.raises(ChatRefreshRefused):
+            await provider.refresh(tokens.refresh_token)
+        fake.down = True
+        with pytest.raises(ChatProviderUnavailable):
+            await provider.refresh(tokens.refresh_token)
+        fake.down, fake.slow = False, 3
+        with pytest.raises(ChatProviderUnavailable):
+            await provider.current_user(tokens.access_token)
+    finally:
+        await pool.closeCachedConnections()
+        await port.stopListening()
+    with pytest.raises(ChatProviderUnavailable):
+        await provider.current_user(tokens.access_token)
+
+
 # --- encryption at rest -----------------------------------------------------------
 
 
@@ -418,7 +450,7 @@ def section(data: dict, tmp_path: Path = Path(".")) -> Section:
     return Section(data, "chat", tmp_path)
 
 
-def test_config_defaults(tmp_path, monkeypatch):
+def test_config_defaults(monkeypatch):
     key = new_key_text()
     monkeypatch.setenv("CHAT_KEY", key)
     monkeypatch.setenv("CHAT_SECRET", "s3cret")
@@ -444,7 +476,8 @@ def test_config_everything_and_secrets_from_files(tmp_path):
         "user_url": "https://chat.example/me", "scopes": ["identify"], "pkce": False,
         "refresh_margin": "1m", "timeout": "5s", "lock_ttl": 20,
     }, tmp_path))
-    assert (config.provider, config.client_secret, config.scopes, config.pkce) == ("fakechat", "from-a-file", ("identify",), False)
+    assert (config.provider, config.client_secret) == ("fakechat", "from-a-file")
+    assert (config.scopes, config.pkce) == (("identify",), False)
     assert (config.refresh_margin, config.timeout, config.lock_ttl) == (60, 5, 20)
     assert config.authorize_url == "http://127.0.0.1:9/authorize"
 

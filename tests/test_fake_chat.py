@@ -77,7 +77,8 @@ async def test_code_flow_with_pkce(fake):
         fake, grant_type="authorization_code", code=code, redirect_uri=REDIRECT, code_verifier=verifier)))
     assert again[0] == 400 and again[1]["error"] == "invalid_grant"
 
-    status, user, _ = await answer(http.get(BASE + USER_PATH, headers={"authorization": "Bearer " + tokens["access_token"]}))
+    bearer = {"authorization": "Bearer " + tokens["access_token"]}
+    status, user, _ = await answer(http.get(BASE + USER_PATH, headers=bearer))
     assert (status, user) == (200, {"id": "80351110224678912", "username": "alice"})
 
 

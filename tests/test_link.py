@@ -107,7 +107,7 @@ def csrf_of(body: bytes) -> str:
 
 
 @pytest_twisted.ensureDeferred
-async def test_link_end_to_end(world, tmp_path):
+async def test_link_end_to_end(world):
     cookie = await world.sign_in()
     authorize_url = await world.start(cookie)
 
@@ -274,7 +274,7 @@ async def test_rejected_code(world):
 
 
 @pytest_twisted.ensureDeferred
-async def test_unlink(world, tmp_path):
+async def test_unlink(world):
     cookie = await world.sign_in()
     response, body = await world.callback(await world.approve(await world.start(cookie)), cookie)
     token = csrf_of(body)

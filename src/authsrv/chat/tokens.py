@@ -24,6 +24,7 @@ from twisted.logger import Logger
 from authsrv import events
 from authsrv.chat.crypto import ACCESS, REFRESH, UndecryptableToken
 from authsrv.chat.errors import ChatError, ChatNotLinked, ChatProviderUnavailable, ChatRefreshRefused
+from authsrv.chat.provider import ProviderTokens
 from authsrv.records import LinkedAccount, User
 from authsrv.tokens import new_token
 
@@ -183,7 +184,7 @@ class ChatTokens:
         )
         return ProviderToken(updated.account_id, tokens.access_token, updated.scope, updated.expires_at)
 
-    async def _refresh_upstream(self, link: LinkedAccount):
+    async def _refresh_upstream(self, link: LinkedAccount) -> ProviderTokens:
         if self._provider is None:
             raise ChatProviderUnavailable("no chat provider is configured to refresh the expiring token")
         if link.refresh_token_enc is None:

@@ -44,9 +44,10 @@ class LinkProblem(Exception):
         self.message = message
 
 
-SIGN_IN_FIRST = LinkProblem(
-    401, "Sign in first", "Sign in at the application first, then link your chat account from there."
-)
+def sign_in_first() -> LinkProblem:
+    return LinkProblem(
+        401, "Sign in first", "Sign in at the application first, then link your chat account from there."
+    )
 
 
 def unlink_token(cookie_value: str) -> str:
@@ -78,7 +79,7 @@ class ChatLinking:
         """The live session of a user in good standing, else L{LinkProblem}."""
         session = await self._store.get_session(token_hash(cookie_value), now) if cookie_value else None
         if session is None:
-            raise SIGN_IN_FIRST
+            raise sign_in_first()
         if not (await standing(self._identity, self._store, session.sub, now)).allowed:
             raise LinkProblem(403, "Account not allowed", "This account may not link a chat account.")
         return session
@@ -100,7 +101,9 @@ class ChatLinking:
     async def _take_attempt(self, session: BrowserSession, state: str | None, now: int) -> PendingAuthorization:
         """The attempt C{state} names, started in this session; consumed so it works once."""
         if state is None:
-            raise LinkProblem(400, "Link not completed", "The chat platform sent you back without the link attempt's state.")
+            raise LinkProblem(
+                400, "Link not completed", "The chat platform sent you back without the link attempt's state."
+            )
         pending = await self._store.get_pending(token_hash(state), now)
         if (
             pending is None
@@ -140,7 +143,9 @@ class ChatLinking:
             tokens = await self._provider.exchange_code(code, pending.params.get("verifier"), self.redirect_uri)
             provider_user_id = await self._provider.current_user(tokens.access_token)
         except ChatCodeRejected:
-            raise LinkProblem(400, "Link not completed", "The chat platform did not accept the link. Start again.") from None
+            raise LinkProblem(
+                400, "Link not completed", "The chat platform did not accept the link. Start again."
+            ) from None
         except ChatProviderUnavailable:
             raise LinkProblem(
                 503, "Chat platform unavailable", "The chat platform cannot be reached right now. Try again later."

@@ -212,7 +212,9 @@ class FakeChatProvider:
         if code is None or code.redirect_uri != _first(request, b"redirect_uri"):
             return 400, {"error": "invalid_grant", "error_description": "unknown code or redirect_uri"}
         verifier = _first(request, b"code_verifier")
-        if code.challenge is not None and (verifier is None or not hmac.compare_digest(_s256(verifier), code.challenge)):
+        if code.challenge is not None and (
+            verifier is None or not hmac.compare_digest(_s256(verifier), code.challenge)
+        ):
             return 400, {"error": "invalid_grant", "error_description": "PKCE verification failed"}
         self.exchanges += 1
         return 200, self._issue(code.user, code.scope, with_refresh=True)

@@ -24,8 +24,6 @@ from authsrv.web.routing import app
 
 LINK_PATH = ISSUER_PATH + "/link/chat"
 
-UNAVAILABLE = LinkProblem(404, "Chat linking unavailable", "This service does not link chat accounts.")
-
 
 def _problem_page(request, problem: LinkProblem) -> bytes:
     return error_page(request, problem.status, problem.title, problem.message)
@@ -35,7 +33,7 @@ async def _linking_session(server, request):
     """The flow and the live session of this browser, or L{LinkProblem}."""
     linking = getattr(server, "chat_link", None)
     if linking is None:
-        raise UNAVAILABLE
+        raise LinkProblem(404, "Chat linking unavailable", "This service does not link chat accounts.")
     cookie = server.cookies.get(request, SESSION_COOKIE)
     return linking, cookie, await linking.session(cookie, server.now())
 
@@ -52,7 +50,7 @@ async def _page(request, step):
         return error_page(request, 503, "Try again later", "The service cannot check your account right now.")
 
 
-@app.route(LINK_PATH, methods=["GET"])
+@app.route(LINK_PATH, methods=["GET"], endpoint="link.start")
 async def link_chat(self, request):
     async def step():
         linking, _, session = await _linking_session(self, request)
@@ -66,7 +64,7 @@ async def link_chat(self, request):
     return await _page(request, step)
 
 
-@app.route(LINK_PATH + "/callback", methods=["GET"])
+@app.route(LINK_PATH + "/callback", methods=["GET"], endpoint="link.callback")
 async def link_chat_callback(self, request):
     async def step():
         linking, cookie, session = await _linking_session(self, request)
@@ -81,7 +79,7 @@ async def link_chat_callback(self, request):
     return await _page(request, step)
 
 
-@app.route(LINK_PATH + "/unlink", methods=["POST"])
+@app.route(LINK_PATH + "/unlink", methods=["POST"], endpoint="link.unlink")
 async def unlink_chat(self, request):
     async def step():
         linking, cookie, session = await _linking_session(self, request)
