@@ -121,7 +121,7 @@ def _one(args: dict[bytes, list[bytes]], name: bytes) -> str | None:
         return None
 
 
-async def trusted_client(store, args: dict[bytes, list[bytes]]) -> tuple[Client, str]:
+async def trusted_client(clients, args: dict[bytes, list[bytes]]) -> tuple[Client, str]:
     """
     The client and its redirect URI, or L{UnsafeRedirect}: the client must
     exist and the URI must be one it registered, compared exactly (RFC 9700
@@ -130,7 +130,7 @@ async def trusted_client(store, args: dict[bytes, list[bytes]]) -> tuple[Client,
     client_id = _one(args, b"client_id")
     if client_id is None:
         raise UnsafeRedirect("The application did not say who it is (client_id is missing or repeated).")
-    client = await store.get_client(client_id) if len(client_id) <= CLIENT_ID_MAX else None
+    client = await clients.get_client(client_id) if len(client_id) <= CLIENT_ID_MAX else None
     if client is None:
         raise UnsafeRedirect("The application that sent you here is not known to this service.")
     redirect_uri = _one(args, b"redirect_uri")
@@ -229,13 +229,13 @@ def _validate(client: Client, redirect_uri: str, params: dict[str, str], args) -
     )
 
 
-async def read_request(store, args: dict[bytes, list[bytes]]) -> tuple[Client, AuthorizationRequest]:
+async def read_request(clients, args: dict[bytes, list[bytes]]) -> tuple[Client, AuthorizationRequest]:
     """
     Validate raw request arguments (C{request.args}); raises L{UnsafeRedirect}
     or L{AuthorizeError}. C{resource} may repeat (RFC 8707); any other
     repeated parameter is invalid_request. Unknown parameters are ignored.
     """
-    client, redirect_uri = await trusted_client(store, args)
+    client, redirect_uri = await trusted_client(clients, args)
     try:
         params = single_params({k: v for k, v in args.items() if k != b"resource"})
     except InvalidRequest as e:

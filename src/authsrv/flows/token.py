@@ -48,14 +48,14 @@ SIGNING_ALG = "RS256"
 GRANT_TYPES = ("authorization_code", "refresh_token")
 
 
-async def authenticate_client(store, authorization: bytes | None, params: dict[str, str]) -> Client:
+async def authenticate_client(clients, authorization: bytes | None, params: dict[str, str]) -> Client:
     """
     The client a token, introspection or revocation request comes from
     (client_secret_basic, client_secret_post, or a public client by its
     client_id), or L{authsrv.protocol.errors.InvalidClient}.
     """
     credentials = client_credentials(authorization, params)
-    return authenticate(await store.get_client(credentials.client_id), credentials)
+    return authenticate(await clients.get_client(credentials.client_id), credentials)
 
 
 async def token_response(server, authorization: bytes | None, params: dict[str, str], now: int) -> dict:
@@ -67,7 +67,7 @@ async def token_response(server, authorization: bytes | None, params: dict[str, 
     grant_type = require(params, "grant_type")
     if grant_type not in GRANT_TYPES:
         raise UnsupportedGrantType(f"grant_type must be one of {', '.join(GRANT_TYPES)}")
-    client = await authenticate_client(server.store, authorization, params)
+    client = await authenticate_client(server.clients, authorization, params)
     if grant_type == "authorization_code":
         return await redeem_code(server, client, params, now)
     return await refresh(server, client, params, now)

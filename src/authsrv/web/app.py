@@ -11,6 +11,7 @@ from twisted.cred.portal import Portal
 from twisted.logger import Logger
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
+from authsrv.flows.clients import ClientCache
 from authsrv.identity.realm import UserRealm
 from authsrv.protocol.errors import OAuthError
 from authsrv.web.cookies import Cookies
@@ -35,6 +36,7 @@ class AuthServer:
         self.limits = config.limits
         self.issuer = config.issuer
         self.store = store
+        self.clients = ClientCache(store, reactor)
         self.keystore = keystore
         self.identity = identity
         self.portal = Portal(UserRealm(identity), [identity])

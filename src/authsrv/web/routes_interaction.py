@@ -116,7 +116,7 @@ async def authorize(server, request):
     """RFC 6749 section 4.1.1 (GET, and POST as OIDC Core 3.1.2.1 allows)."""
     now = server.now()
     try:
-        client, authz = await read_request(server.store, request.args)
+        client, authz = await read_request(server.clients, request.args)
         cookie = server.cookies.get(request, SESSION_COOKIE)
         session = await live_session(server.store, server.identity, cookie, now)
         if login_needed(authz, session, now):
@@ -134,7 +134,7 @@ async def _pending_and_client(server, request_id, *, consent_stage: bool):
     pending = await load_pending(server.store, request_id, server.now())
     if pending is None or (pending.sid is not None) != consent_stage:
         return None, None
-    client = await server.store.get_client(pending.request.client_id)
+    client = await server.clients.get_client(pending.request.client_id)
     return (pending, client) if client is not None else (None, None)
 
 

@@ -93,7 +93,7 @@ def userinfo_preflight(server, request):
 @app.route(ISSUER_PATH + "/oauth2/introspect", methods=["POST"], endpoint="tokens.introspect")
 async def introspection(server, request):
     params = form_params(request)
-    client = await authenticate_client(server.store, request.getHeader(b"authorization"), params)
+    client = await authenticate_client(server.clients, request.getHeader(b"authorization"), params)
     answer = await introspect(server, client, params, server.now())
     return json_body(request, 200, answer, no_store=True)
 
@@ -102,7 +102,7 @@ async def introspection(server, request):
 async def revocation(server, request):
     _cors(request)
     params = form_params(request)
-    client = await authenticate_client(server.store, request.getHeader(b"authorization"), params)
+    client = await authenticate_client(server.clients, request.getHeader(b"authorization"), params)
     await revoke(server, client, params, server.now())
     request.setHeader(b"cache-control", b"no-store")
     return b""

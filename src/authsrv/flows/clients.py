@@ -1,0 +1,34 @@
+"""
+Clients are read on every token, introspection and revocation request and
+change rarely, so each lookup is kept for a couple of seconds: an operator's
+change reaches every instance within that time, and the hot paths save a
+trip through the store.
+"""
+
+from __future__ import annotations
+
+from authsrv.records import Client
+
+TTL = 2.0
+MAX_ENTRIES = 10_000
+
+
+class ClientCache:
+    """Provides C{get_client} like the store, answering recent lookups from memory."""
+
+    def __init__(self, store, clock, ttl: float = TTL):
+        self._store = store
+        self._clock = clock
+        self._ttl = ttl
+        self._entries: dict[str, tuple[float, Client | None]] = {}
+
+    async def get_client(self, client_id: str) -> Client | None:
+        now = self._clock.seconds()
+        entry = self._entries.get(client_id)
+        if entry is not None and entry[0] > now:
+            return entry[1]
+        client = await self._store.get_client(client_id)
+        if len(self._entries) >= MAX_ENTRIES:
+            self._entries.clear()
+        self._entries[client_id] = (now + self._ttl, client)
+        return client
