@@ -31,6 +31,11 @@ from authsrv.identity.static import StaticIdentityBackend, add_user
 from authsrv.keys import jwkfile
 from authsrv.service import web_root
 from authsrv.store import sqlite
+from authsrv.chat.config import ChatConfig
+from authsrv.chat.crypto import TokenCipher, key_from_text, new_key_text
+from authsrv.chat.provider import ChatProvider
+from authsrv.chat.tokens import ChatTokens
+from authsrv.testing.fake_chat import FakeChatProvider
 from authsrv.testing.identity import ALICE, BOB, MALLORY, PASSWORDS, ZOE
 from authsrv.web.internal import InternalAPI
 
@@ -79,6 +84,7 @@ ENVIRON = {
 }
 USERS = (ALICE, BOB, ZOE, MALLORY)
 INTERNAL_SECRET = "internal-test-secret"
+CHAT_BASE = "https://chat.example.test"
 
 
 def pkce_pair() -> tuple[str, str]:
@@ -124,9 +130,19 @@ class Harness:
         )
         verifier = PasswordVerifier(reactor, self.context.threadpool("passwords", 2), CHEAP)
         self.identity = StaticIdentityBackend(users, self.clock, verifier)
+        self.chat_fake = FakeChatProvider(self.clock)
+        self.chat_config = ChatConfig(
+            encryption_key=key_from_text(new_key_text()), client_secret=self.chat_fake.client_secret,
+            **self.chat_fake.endpoints(CHAT_BASE),
+        )
+        self.chat_cipher = TokenCipher(self.chat_config.encryption_key)
+        provider = ChatProvider(self.clock, self.chat_fake.memory_client(), self.chat_config)
+        self.chat_tokens = ChatTokens(
+            self.clock, self.store, self.identity, provider, self.chat_cipher, self.chat_config
+        )
         self.internal = InternalAPI(
             reactor=self.clock, secret=INTERNAL_SECRET, store=self.store, identity=self.identity,
-            chat_tokens=None,
+            chat_tokens=self.chat_tokens,
         )
         self.root = web_root(
             self.config, self.clock, self.store, self.keystore, self.identity, lambda: None,

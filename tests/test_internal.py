@@ -152,3 +152,80 @@ async def test_unknown_internal_path(harness):
         assert (response.code, answer["error"]) == (404, "not_found")
     finally:
         await h.close()
+
+
+CHAT = "/api/internal/chat-token"
+
+
+async def link_alice(h, expires_in: int):
+    from authsrv.chat.crypto import ACCESS, REFRESH
+    from authsrv.records import LinkedAccount
+
+    grant = h.chat_fake.grant()
+    account = LinkedAccount(
+        account_id="acct-alice", sub=ALICE.sub, provider="discord", provider_user_id=h.chat_fake.user.id,
+        access_token_enc=h.chat_cipher.encrypt(grant["access_token"], "acct-alice", ACCESS),
+        refresh_token_enc=h.chat_cipher.encrypt(grant["refresh_token"], "acct-alice", REFRESH),
+        scope=grant["scope"], expires_at=h.now() + expires_in, updated_at=h.now(),
+    )
+    await h.store.link_account(account)
+    return grant
+
+
+@pytest_twisted.ensureDeferred
+async def test_chat_token_fields_and_freshness(harness):
+    h = await harness.start()
+    try:
+        grant = await link_alice(h, expires_in=3600)
+        response, body = await call(h, {"userId": ALICE.sub}, path=CHAT)
+        assert response.code == 200
+        assert set(body) == {"accountId", "accessToken", "scope", "accessTokenExpiresAt"}
+        assert body["accountId"] == "acct-alice" and body["accessToken"] == grant["access_token"]
+        assert set(body["scope"].split()) == {"identify", "guilds.join"}
+        from datetime import datetime, timezone
+
+        assert body["accessTokenExpiresAt"].endswith("Z")
+        expires = datetime.strptime(body["accessTokenExpiresAt"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+        assert int(expires.timestamp()) == h.now() + 3600
+        assert h.chat_fake.refreshes == 0
+        assert response.headers.getRawHeaders("set-cookie") is None
+
+        h.clock.advance(3600 - 60)
+        response, body = await call(h, {"authUserId": ALICE.sub}, path=CHAT)
+        assert response.code == 200 and h.chat_fake.refreshes == 1
+        assert body["accessToken"] != grant["access_token"] and h.chat_fake.access_valid(body["accessToken"])
+    finally:
+        await h.close()
+
+
+@pytest.mark.parametrize(
+    "switch, status, error",
+    [("unavailable", 503, "chat_provider_unavailable"), ("refuse_refresh", 502, "chat_refresh_refused")],
+)
+@pytest_twisted.ensureDeferred
+async def test_chat_token_provider_failures(harness, switch, status, error):
+    h = await harness.start()
+    try:
+        await link_alice(h, expires_in=30)
+        before = await h.store.get_linked_account(ALICE.sub, "discord")
+        setattr(h.chat_fake, switch, True)
+        response, body = await call(h, {"userId": ALICE.sub}, path=CHAT)
+        assert (response.code, body["error"]) == (status, error) and body["message"]
+        assert await h.store.get_linked_account(ALICE.sub, "discord") == before
+    finally:
+        await h.close()
+
+
+@pytest.mark.parametrize("user", [BOB.sub, "nobody"])
+@pytest_twisted.ensureDeferred
+async def test_chat_token_not_linked(harness, user):
+    h = await harness.start()
+    try:
+        response, body = await call(h, {"userId": user}, path=CHAT)
+        assert (response.code, body["error"]) == (404, "chat_not_linked")
+        response, body = await call(h, {}, path=CHAT)
+        assert (response.code, body["error"]) == (400, "invalid_request")
+        response, body = await call(h, {"userId": user}, {"Content-Type": "application/json"}, path=CHAT)
+        assert (response.code, body["error"]) == (401, "unauthorized")
+    finally:
+        await h.close()

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 from attrs import frozen
 
+from authsrv.chat.config import ChatConfig, chat_config
 from authsrv.configsection import ConfigError, Section
 from authsrv.protocol.clients import client_id_problem, is_loopback_host, redirect_uri_problem
 from authsrv.records import Client
@@ -65,6 +66,7 @@ class Config:
     keystore: PluginChoice
     identity: tuple[PluginChoice, ...]
     clients: tuple[Client, ...]
+    chat: ChatConfig | None = None
 
     @property
     def issuer(self) -> str:
@@ -179,6 +181,7 @@ def parse_config(data: dict, path: Path | None) -> Config:
     if len(identity) > 1:
         raise ConfigError("identity[1]", "only one [[identity]] backend can be configured so far")
     clients = tuple(client_from_config(s) for s in top.tables("clients"))
+    chat = chat_config(top.table("chat", None))
     seen: set[str] = set()
     for index, client in enumerate(clients):
         if client.client_id in seen:
@@ -197,6 +200,7 @@ def parse_config(data: dict, path: Path | None) -> Config:
         keystore=keystore,
         identity=identity,
         clients=clients,
+        chat=chat,
     )
 
 

@@ -11,17 +11,23 @@ from __future__ import annotations
 
 import json
 
+from attrs import frozen
 from twisted.application.internet import TimerService
 from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+from twisted.web.client import HTTPConnectionPool
 from twisted.web.server import Site
 
+from authsrv.chat.crypto import TokenCipher
+from authsrv.chat.provider import ChatProvider, http_client
+from authsrv.chat.tokens import ChatTokens
 from authsrv.config import Config
 from authsrv.configsection import ConfigError
 from authsrv.context import PluginContext
+from authsrv.flows.link import ChatLinking
 from authsrv.plugins import UnknownPlugin, find_factory
 from authsrv.protocol.discovery import authorization_server_metadata, openid_configuration
 from authsrv.web.app import AuthServer
@@ -58,7 +64,7 @@ class AuthsrvService(MultiService):
 
     log = Logger()
 
-    def __init__(self, *, reactor, config: Config, context, store, keystore, identity, ports):
+    def __init__(self, *, reactor, config: Config, context, store, keystore, identity, ports, http_pool=None):
         super().__init__()
         self._reactor = reactor
         self.config = config
@@ -67,6 +73,7 @@ class AuthsrvService(MultiService):
         self.keystore = keystore
         self.identity = identity
         self._ports = ports
+        self._http_pool = http_pool
         self._started = False
         timer = TimerService(MAINTENANCE_INTERVAL, self._maintain)
         timer.clock = reactor
@@ -107,6 +114,8 @@ class AuthsrvService(MultiService):
     async def _stop(self):
         await super().stopService()
         await gatherResults([port.stopListening() for port in self._ports])
+        if self._http_pool is not None:
+            await self._http_pool.closeCachedConnections()
         await self.store.close()
         for backend in self.identity:
             await backend.close()
@@ -149,16 +158,46 @@ def _documents(config: Config, keystore) -> dict[bytes, StaticBytes]:
     }
 
 
-def web_root(config: Config, reactor, store, keystore, identity, readiness, internal=None) -> Root:
+def web_root(
+    config: Config, reactor, store, keystore, identity, readiness, internal=None, chat_link=None
+) -> Root:
     """
     The main site's HTTP surface; C{readiness()} returns a problem or None,
-    C{internal} is the internal API's resource when served here too.
+    C{internal} is the internal API's resource when served here too, and
+    C{chat_link} the chat-platform link flow when one is configured.
     """
     app = AuthServer(
         reactor=reactor, config=config, store=store, keystore=keystore, identity=identity,
-        readiness=readiness,
+        readiness=readiness, chat_link=chat_link,
     )
     return Root(_documents(config, keystore), app.resource(), internal)
+
+
+@frozen
+class Chat:
+    """The chat-platform parts; C{pool} is the provider's HTTP connection pool, if any."""
+
+    tokens: ChatTokens
+    linking: ChatLinking | None
+    pool: HTTPConnectionPool | None
+
+
+def chat_parts(config: Config, reactor, store, identity) -> Chat:
+    """
+    Fresh provider tokens for the internal API and, when a provider client
+    is configured, the link flow.
+    """
+    chat = config.chat
+    cipher = TokenCipher(chat.encryption_key) if chat else None
+    if chat is None or not chat.can_link:
+        return Chat(ChatTokens(reactor, store, identity, None, cipher, chat), None, None)
+    http, pool = http_client(reactor, chat.timeout)
+    provider = ChatProvider(reactor, http, chat)
+    linking = ChatLinking(
+        store=store, identity=identity, provider=provider, cipher=cipher, issuer=config.issuer,
+        pkce_enabled=chat.pkce,
+    )
+    return Chat(ChatTokens(reactor, store, identity, provider, cipher, chat), linking, pool)
 
 
 def _site(root, config: Config) -> Site:
@@ -175,13 +214,14 @@ def build(config: Config, reactor) -> AuthsrvService:
         keystore = build_plugin("keystore", config.keystore, context)
         identity = [build_plugin("identity", choice, context) for choice in config.identity]
         holder: list[AuthsrvService] = []
+        chat = chat_parts(config, reactor, store, identity[0])
         internal = InternalAPI(
             reactor=reactor, secret=config.internal_secret, store=store, identity=identity[0],
-            chat_tokens=None,
+            chat_tokens=chat.tokens,
         ).resource()
         root = web_root(
             config, reactor, store, keystore, identity[0], lambda: holder[0].readiness_problem(),
-            internal if config.internal_on_main else None,
+            internal if config.internal_on_main else None, chat.linking,
         )
         ports: list = []
         _listen(reactor, "server.listen", config.listen, _site(root, config), ports)
@@ -198,6 +238,7 @@ def build(config: Config, reactor) -> AuthsrvService:
         keystore=keystore,
         identity=identity,
         ports=ports,
+        http_pool=chat.pool,
     )
     holder.append(service)
     return service

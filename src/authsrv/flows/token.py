@@ -108,7 +108,7 @@ async def redeem_code(server, client: Client, params: dict[str, str], now: int) 
         await store.revoke_grant(code.grant_id, now)
         raise
     state = await standing(server.identity, store, code.sub, now)
-    user = await _allowed_user(server, state, code.grant_id, code.sub, client.client_id, now)
+    user = await server.claims_user(await _allowed_user(server, state, code.grant_id, code.sub, client.client_id, now))
     grant = await store.get_grant(code.grant_id)
     if grant is None:
         raise InvalidGrant("the authorization code is unknown or expired")
@@ -142,7 +142,7 @@ async def refresh(server, client: Client, params: dict[str, str], now: int) -> d
         if not scope <= old.scope:
             raise InvalidScope("a refresh may narrow the granted scope but never widen it")
     state = await standing(server.identity, store, old.sub, now, old.user_ban)
-    user = await _allowed_user(server, state, old.grant_id, old.sub, client.client_id, now)
+    user = await server.claims_user(await _allowed_user(server, state, old.grant_id, old.sub, client.client_id, now))
     grant = await store.get_grant(old.grant_id)
     if grant is None:
         raise InvalidGrant("the refresh token is unknown, expired, revoked or was issued to another client")

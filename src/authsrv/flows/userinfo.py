@@ -45,4 +45,4 @@ async def userinfo(server, access_token: str, now: int) -> dict:
     state = await standing(server.identity, server.store, access.sub, now, access.user_ban)
     if not state.allowed:
         raise InvalidToken("the access token is unknown, expired or revoked")
-    return {"sub": access.sub, **user_claims(state.user, access.scope)}
+    return {"sub": access.sub, **user_claims(await server.claims_user(state.user), access.scope)}

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
+from attrs import evolve
 from twisted.cred.portal import Portal
 from twisted.logger import Logger
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
+from authsrv.chat.tokens import linked_chat_user_id
 from authsrv.flows.clients import ClientCache
 from authsrv.identity.realm import UserRealm
 from authsrv.protocol.errors import OAuthError
@@ -30,7 +32,7 @@ class AuthServer:
     app = app
     log = Logger()
 
-    def __init__(self, *, reactor, config, store, keystore, identity, readiness):
+    def __init__(self, *, reactor, config, store, keystore, identity, readiness, chat_link=None):
         self.reactor = reactor
         self.config = config
         self.limits = config.limits
@@ -44,6 +46,17 @@ class AuthServer:
             path=urlsplit(config.issuer).path or "/", secure=config.issuer.startswith("https:")
         )
         self._readiness = readiness
+        self.chat_link = chat_link
+        self._chat_provider = config.chat.provider if config.chat else None
+
+    async def claims_user(self, user):
+        """
+        The user as tokens and UserInfo describe them: a chat account linked
+        at this service wins over the one the identity backend knows.
+        """
+        if self._chat_provider is None:
+            return user
+        return evolve(user, chat_user_id=await linked_chat_user_id(self.store, user, self._chat_provider))
 
     def now(self) -> int:
         return int(self.reactor.seconds())

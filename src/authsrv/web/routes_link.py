@@ -31,7 +31,7 @@ def _problem_page(request, problem: LinkProblem) -> bytes:
 
 async def _linking_session(server, request):
     """The flow and the live session of this browser, or L{LinkProblem}."""
-    linking = getattr(server, "chat_link", None)
+    linking = server.chat_link
     if linking is None:
         raise LinkProblem(404, "Chat linking unavailable", "This service does not link chat accounts.")
     cookie = server.cookies.get(request, SESSION_COOKIE)
