@@ -112,3 +112,19 @@ def admin(*args: str, cwd: Path, stdin: str | None = None) -> subprocess.Complet
         text=True,
         timeout=60,
     )
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """The tests' own PostgreSQL (see tests/pgcluster.py), for the whole session."""
+    from pgcluster import Cluster
+
+    cluster = Cluster()
+    yield cluster
+    cluster.destroy()
+
+
+@pytest.fixture
+def pg_dsn(postgres):
+    """A fresh, empty database on the tests' PostgreSQL."""
+    return postgres.database()

@@ -58,6 +58,7 @@ class Config:
     path: Path | None
     public_url: str
     listen: tuple[str, ...]
+    access_log: bool
     internal_secret: str | None
     internal_listen: tuple[str, ...]
     internal_on_main: bool
@@ -164,6 +165,7 @@ def parse_config(data: dict, path: Path | None) -> Config:
     server = top.table("server", None) or Section({}, "server", base_dir)
     public_url = _public_url(server)
     listen = tuple(server.str_list("listen", [DEFAULT_LISTEN]))
+    access_log = server.bool("access_log", False)
     server.done()
     internal = top.table("internal", None) or Section({}, "internal", base_dir)
     internal_secret = internal.secret("secret", required=False)
@@ -192,6 +194,7 @@ def parse_config(data: dict, path: Path | None) -> Config:
         path=path,
         public_url=public_url,
         listen=listen,
+        access_log=access_log,
         internal_secret=internal_secret,
         internal_listen=internal_listen,
         internal_on_main=internal_on_main,

@@ -1,0 +1,101 @@
+"""
+A throwaway PostgreSQL for the tests: a cluster of its own in a temporary
+folder on a free port, started from Debian's `postgresql` binaries, or the
+server named by AUTHSRV_TEST_POSTGRES_DSN. Never a server that merely
+happens to be running on the machine.
+
+PostgreSQL refuses to run as root, so under root (CI) the cluster belongs to
+the `postgres` system user that Debian's package creates.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import secrets
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import psycopg2
+
+from conftest import free_port
+
+DSN_VARIABLE = "AUTHSRV_TEST_POSTGRES_DSN"
+
+
+def _binaries() -> Path:
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    if not found:
+        raise RuntimeError(
+            "PostgreSQL binaries not found: install Debian's postgresql package"
+            f" (scripts/test.sh does), or name a server in {DSN_VARIABLE}"
+        )
+    return Path(found[-1]).parent
+
+
+class Cluster:
+    """A running PostgreSQL; L{database} makes a fresh empty database on it."""
+
+    def __init__(self):
+        self._folder: Path | None = None
+        self._as_postgres = os.geteuid() == 0
+        given = os.environ.get(DSN_VARIABLE)
+        if given:
+            self.admin_dsn = given
+            return
+        self._bin = _binaries()
+        self._folder = Path(tempfile.mkdtemp(prefix="authsrv-pg-"))
+        self.port = free_port()
+        data = self._folder / "data"
+        if self._as_postgres:
+            user = pwd.getpwnam("postgres")
+            os.chown(self._folder, user.pw_uid, user.pw_gid)
+        self._run(str(self._bin / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres",
+                  "--no-sync", "-E", "UTF8")
+        self.start()
+        self.admin_dsn = f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres"
+
+    def _run(self, *command: str) -> None:
+        if self._as_postgres:
+            command = ("runuser", "-u", "postgres", "--", *command)
+        subprocess.run(command, check=True, capture_output=True, cwd="/")
+
+    def database(self) -> str:
+        """The DSN of a new, empty database."""
+        name = "authsrv_test_" + secrets.token_hex(6)
+        connection = psycopg2.connect(self.admin_dsn)
+        connection.autocommit = True
+        with connection.cursor() as cursor:
+            cursor.execute(f"CREATE DATABASE {name}")
+        connection.close()
+        base = dict(item.split("=", 1) for item in self.admin_dsn.split())
+        base["dbname"] = name
+        return " ".join(f"{k}={v}" for k, v in base.items())
+
+    def stop(self) -> None:
+        """Stop at once, as a crash would (outage tests)."""
+        if self._folder is None:
+            return
+        self._run(str(self._bin / "pg_ctl"), "-D", str(self._folder / "data"), "-m", "immediate", "-w", "stop")
+
+    def start(self) -> None:
+        """Start the cluster (again, after L{stop}: outage tests)."""
+        self._run(
+            str(self._bin / "pg_ctl"), "-D", str(self._folder / "data"), "-w", "-t", "60",
+            "-l", str(self._folder / "log"),
+            "-o", f"-p {self.port} -k {self._folder} -c listen_addresses=127.0.0.1 -c fsync=off"
+                  " -c max_connections=200",
+            "start",
+        )
+
+    def destroy(self) -> None:
+        if self._folder is None:
+            return
+        try:
+            self.stop()
+        except subprocess.CalledProcessError:
+            pass
+        shutil.rmtree(self._folder, ignore_errors=True)
