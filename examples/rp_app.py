@@ -160,6 +160,11 @@ def arg(request, name: str) -> str | None:
     return values[0].decode("utf-8", "replace") if values else None
 
 
+def same(given: str, expected: str) -> bool:
+    """Constant-time equality that also takes non-ASCII input (compare_digest refuses such str)."""
+    return hmac.compare_digest(given.encode(), expected.encode())
+
+
 def cookie(request, name: str) -> str | None:
     value = request.getCookie(name.encode())
     return value.decode("ascii", "replace") if value else None
@@ -363,9 +368,15 @@ class App:
         sid = cookie(request, SESSION_COOKIE)
         return sid, self._sessions.get(sid) if sid else None
 
-    def _end_session(self, request, sid: str) -> None:
-        self._sessions.pop(sid, None)
+    async def _end_session(self, request, sid: str) -> bool:
+        """
+        Forget the session, clear its cookie and revoke its tokens, so that
+        they cannot outlive it (an unban would make them valid again); True
+        when authsrv accepted every revocation.
+        """
+        session = self._sessions.pop(sid, None)
         self._clear_cookie(request, SESSION_COOKIE)
+        return session is not None and await self._revoke(session)
 
     @app.route("/", methods=["GET"])
     async def home(self, request):
@@ -383,14 +394,14 @@ class App:
             return await self._start_login(request)
         revoked = await self._access_refusal(session.sub)
         if revoked is not None:
-            self._end_session(request, sid)
+            await self._end_session(request, sid)
             log.info("user {sub} no longer allowed; session dropped", sub=session.sub)
             return page(request, 403, "Your access was revoked", tags.p(revoked),
                         tags.p(tags.a("Sign in again", href="/")))
         await self._fresh(request, sid, session)
         status, profile = await self._provider.userinfo(session.access_token)
         if status != 200:
-            self._end_session(request, sid)
+            await self._end_session(request, sid)
             raise Problem(401, "Your session ended",
                           f"The sign-in service refused this session's access token ({profile.get('error', status)}).")
         return page(
@@ -432,20 +443,20 @@ class App:
             if session.expires_at - self._now() > self._refresh_margin:
                 return
             if session.refresh_token is None:
-                self._end_session(request, sid)
+                await self._end_session(request, sid)
                 raise Problem(401, "Your session ended", "The access token expired; please sign in again.")
             try:
                 answer = await self._provider.token(
                     {"grant_type": "refresh_token", "refresh_token": session.refresh_token})
             except TokenRefused as e:
-                self._end_session(request, sid)
+                await self._end_session(request, sid)
                 log.info("refresh refused for {sub}: {code}", sub=session.sub, code=e.code)
                 raise Problem(401, "Your session ended",
                               f"The sign-in service refused to renew it ({e.code}); please sign in again.") from None
             if isinstance(answer.get("id_token"), str):
                 claims = await self._provider.verify_id_token(answer["id_token"], None)
                 if claims["sub"] != session.sub:
-                    self._end_session(request, sid)
+                    await self._end_session(request, sid)
                     raise Problem(502, "Your session ended", "The renewed ID token names another user.")
                 session.id_token = answer["id_token"]
             session.access_token = answer["access_token"]
@@ -494,7 +505,7 @@ class App:
         state = arg(request, "state")
         attempt = self._attempts.pop(state, None) if state else None
         browser = cookie(request, LOGIN_COOKIE) or ""
-        if attempt is None or attempt.expires_at < self._now() or not hmac.compare_digest(attempt.browser, browser):
+        if attempt is None or attempt.expires_at < self._now() or not same(browser, attempt.browser):
             raise Problem(400, "Sign-in failed", "This sign-in was not started here, expired or was already used.")
         iss = arg(request, "iss")
         if (iss is not None or metadata.get("authorization_response_iss_parameter_supported")) and iss != self._provider.issuer:
@@ -540,10 +551,10 @@ class App:
             if sid:
                 self._clear_cookie(request, SESSION_COOKIE)
             return page(request, 200, "You are signed out", tags.p(tags.a("Sign in", href="/")))
-        if not hmac.compare_digest(arg(request, "csrf") or "", session.csrf):
+        if not same(arg(request, "csrf") or "", session.csrf):
             raise Problem(403, "Sign-out failed", "The sign-out form is out of date; go back, reload and try again.")
         metadata = await self._provider.metadata()
-        self._end_session(request, sid)
+        revoked = await self._end_session(request, sid)
         state = secrets.token_urlsafe(32)
         self._remember(self._logouts, state, SignedOut(self._now() + ATTEMPT_TTL))
         end_session = metadata["end_session_endpoint"] + "?" + urlencode({
@@ -552,7 +563,6 @@ class App:
             "post_logout_redirect_uri": self._public_url + "/",
             "state": state,
         })
-        revoked = await self._revoke(session)
         log.info("signed out {sub}", sub=session.sub)
         if not revoked:
             return page(request, 502, "Signed out here only",
@@ -571,6 +581,8 @@ class App:
         except Unavailable as e:
             log.warn("revocation failed: {why}", why=str(e))
             return False
+        if not all(results):
+            log.warn("revocation refused for {sub}", sub=session.sub)
         return all(results)
 
     @app.handle_errors(Problem)
