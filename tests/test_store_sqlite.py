@@ -225,3 +225,40 @@ class TestSQLiteDurability(SQLiteFolder):
             assert await store.get_refresh_token(h("refresh-1")) is not None
         finally:
             await store.close()
+
+
+class TestGroupCommit(SQLiteFolder):
+    """Writes queued together commit together, each still all-or-nothing."""
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_failing_write_rolls_back_alone(self):
+        from twisted.internet.defer import DeferredList
+
+        from authsrv.records import Client
+        from authsrv.store.errors import AlreadyExists
+
+        store = self.open_store()
+        clients = [Client(client_id=f"c{n}", secret_hash=None, redirect_uris=["https://a.example/cb"])
+                   for n in range(30)]
+        await store.add_client(clients[7])
+        results = await DeferredList([store.add_client(c) for c in clients], consumeErrors=True)
+        failed = [n for n, (ok, _) in enumerate(results) if not ok]
+        assert failed == [7]
+        assert results[7][1].check(AlreadyExists)
+        assert [c.client_id for c in await store.list_clients()] == sorted(c.client_id for c in clients)
+        await store.close()
+        reopened = self.open_store()
+        assert len(await reopened.list_clients()) == 30
+        await reopened.close()
+
+    @pytest_twisted.ensureDeferred
+    async def test_reads_after_writes_see_them(self):
+        from authsrv.records import Client
+
+        store = self.open_store()
+        client = Client(client_id="c", secret_hash=None, redirect_uris=["https://a.example/cb"])
+        write = store.add_client(client)
+        read = store.get_client("c")
+        await write
+        assert await read == client
+        await store.close()

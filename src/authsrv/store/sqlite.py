@@ -1,12 +1,14 @@
 """
 The embedded store: one SQLite file, for a single server instance.
 
-The one connection lives on a one-thread pool, so the reactor never waits on
-the disk and the connection is never used by two threads at once. Every write
-is one C{BEGIN IMMEDIATE} transaction: SQLite takes its write lock up front,
-so racing steps (code redemption, refresh rotation, revocation, link leases)
-are decided one at a time, even against another process on the same file
-(the operator command), which waits up to the busy timeout.
+The one connection lives on one worker thread (L{SQLiteWorker}), so the
+reactor never waits on the disk and the connection is never used by two
+threads at once. Writes run in C{BEGIN IMMEDIATE} transactions, several
+queued writes group-committed together, each in its own savepoint: SQLite
+takes its write lock up front, so racing steps (code redemption, refresh
+rotation, revocation, link leases) are decided one at a time, even against
+another process on the same file (the operator command), which waits up to
+the busy timeout.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from importlib import resources
 from pathlib import Path
 
 import attrs
-from twisted.internet.threads import deferToThreadPool
 from zope.interface import implementer
 
 from authsrv.interfaces import IStore
@@ -46,6 +47,7 @@ from authsrv.records import (
     Rotated,
 )
 from authsrv.store.errors import AlreadyExists, StoreUnavailable
+from authsrv.store.sqlite_worker import SQLiteWorker
 
 _SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL"}
 _BUSY_TIMEOUT_SECONDS = 5.0
@@ -71,7 +73,7 @@ def from_config(section, context) -> "SQLiteStore":
         connection = _open(path, _SYNCHRONOUS[synchronous], int(context.reactor.seconds()))
     except (sqlite3.Error, _SchemaTooNew) as e:
         raise section.error("path", f"cannot use {path}: {e}") from None
-    return SQLiteStore(context.reactor, context.threadpool("sqlite", 1), connection)
+    return SQLiteStore(SQLiteWorker(context.reactor, connection, _store_error, f"authsrv-sqlite-{path.name}"))
 
 
 def _open(path: Path, synchronous: str, now: int) -> sqlite3.Connection:
@@ -255,40 +257,31 @@ def _first(cursor: sqlite3.Cursor):
 # --- the store --------------------------------------------------------------
 
 
+def _store_error(error: BaseException) -> BaseException:
+    """The store's own exception for an SQLite one, or C{error} itself."""
+    if isinstance(error, sqlite3.IntegrityError) and error.sqlite_errorname in (
+        "SQLITE_CONSTRAINT_PRIMARYKEY", "SQLITE_CONSTRAINT_UNIQUE",
+    ):
+        return AlreadyExists(str(error))
+    if isinstance(error, sqlite3.OperationalError):
+        return StoreUnavailable(str(error))
+    return error
+
+
 @implementer(IStore)
 class SQLiteStore:
-    """
-    L{IStore} on one SQLite connection, used only from C{pool}, a thread
-    pool of one thread.
-    """
+    """L{IStore} on one SQLite connection, owned by one L{SQLiteWorker} thread."""
 
-    def __init__(self, reactor, pool, connection: sqlite3.Connection):
-        self._reactor = reactor
-        self._pool = pool
-        self._connection = connection
+    def __init__(self, worker: SQLiteWorker):
+        self._worker = worker
 
     def _run(self, work, *args):
-        """Fire with C{work(connection, *args)}, run on the pool's thread."""
-        return deferToThreadPool(self._reactor, self._pool, self._call, work, args)
-
-    def _call(self, work, args):
-        try:
-            return work(self._connection, *args)
-        except sqlite3.IntegrityError as e:
-            if e.sqlite_errorname in ("SQLITE_CONSTRAINT_PRIMARYKEY", "SQLITE_CONSTRAINT_UNIQUE"):
-                raise AlreadyExists(str(e)) from e
-            raise
-        except sqlite3.OperationalError as e:
-            raise StoreUnavailable(str(e)) from e
+        """Fire with C{work(connection, *args)}, run on the worker's thread."""
+        return self._worker.run(work, *args)
 
     def _write(self, work, *args):
-        """Like L{_run}, inside one write transaction."""
-
-        def in_transaction(connection, *args):
-            with _transaction(connection):
-                return work(connection, *args)
-
-        return self._run(in_transaction, *args)
+        """Like L{_run}, inside a (group-committed) write transaction."""
+        return self._worker.write(work, *args)
 
     def _execute(self, sql: str, params=()):
         """Run one write statement; fire with how many rows it changed."""
@@ -543,7 +536,7 @@ class SQLiteStore:
         return self._run(_gc, now, batch_size)
 
     def close(self):
-        return self._run(lambda db: db.close())
+        return self._worker.stop()
 
 
 # --- the atomic steps, each run inside one write transaction ----------------

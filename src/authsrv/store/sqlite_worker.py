@@ -1,0 +1,129 @@
+"""
+The one thread that owns an SQLite connection, with group commit.
+
+SQLite allows one writer at a time and each durable COMMIT waits for the
+disk. Writes that queue up while one commits are therefore run together in
+the next transaction, each inside its own SAVEPOINT: a write that fails is
+rolled back alone, and every write's result is delivered only after the
+single COMMIT that made it durable. Under concurrent token requests this
+turns one disk sync per write into one per batch.
+
+A plain queue and thread, rather than Twisted's thread pool, because every
+store call crosses threads twice and the pool's coordination costs twice as
+much per crossing; it is still bounded: one thread.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from queue import Empty, SimpleQueue
+from typing import Callable
+
+from twisted.internet.defer import Deferred
+from twisted.python.failure import Failure
+
+MAX_BATCH = 64
+
+_STOP = object()
+
+
+class SQLiteWorker:
+    """
+    Runs C{work(connection, *args)} callables on its thread: L{run} one at a
+    time outside any transaction (reads, or work that manages its own
+    transactions), L{write} inside a group-committed transaction.
+    """
+
+    def __init__(self, reactor, connection: sqlite3.Connection, map_error: Callable, name: str):
+        """C{map_error} turns an SQLite exception into the store's own (or returns it)."""
+        self._reactor = reactor
+        self._connection = connection
+        self._map_error = map_error
+        self._queue: SimpleQueue = SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    def run(self, work, *args) -> Deferred:
+        return self._submit(False, work, args)
+
+    def write(self, work, *args) -> Deferred:
+        return self._submit(True, work, args)
+
+    def stop(self) -> Deferred:
+        """Finish what is queued, close the connection; fires when done."""
+        d = Deferred()
+        self._queue.put((_STOP, d))
+        return d
+
+    def _submit(self, transactional: bool, work, args) -> Deferred:
+        d = Deferred()
+        self._queue.put((d, transactional, work, args))
+        return d
+
+    def _deliver(self, outcomes) -> None:
+        for d, result in outcomes:
+            if isinstance(result, Failure):
+                d.errback(result)
+            else:
+                d.callback(result)
+
+    def _call(self, work, args):
+        try:
+            return work(self._connection, *args)
+        except BaseException as e:
+            return self._failure(e)
+
+    def _failure(self, error: BaseException) -> Failure:
+        mapped = self._map_error(error)
+        return Failure(mapped) if mapped is not error else Failure(error)
+
+    def _serve(self) -> None:
+        waiting = None
+        while True:
+            item = waiting if waiting is not None else self._queue.get()
+            waiting = None
+            if item[0] is _STOP:
+                self._connection.close()
+                self._reactor.callFromThread(item[1].callback, None)
+                return
+            d, transactional, work, args = item
+            if not transactional:
+                outcome = self._call(work, args)
+                self._reactor.callFromThread(self._deliver, [(d, outcome)])
+                continue
+            batch = [item]
+            while len(batch) < MAX_BATCH:
+                try:
+                    following = self._queue.get_nowait()
+                except Empty:
+                    break
+                if following[0] is _STOP or not following[1]:
+                    waiting = following
+                    break
+                batch.append(following)
+            self._reactor.callFromThread(self._deliver, self._commit(batch))
+
+    def _commit(self, batch) -> list:
+        """Run a batch of writes in one transaction; each write's outcome."""
+        db = self._connection
+        outcomes = []
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            for index, (d, _, work, args) in enumerate(batch):
+                db.execute(f"SAVEPOINT write_{index}")
+                outcome = self._call(work, args)
+                if isinstance(outcome, Failure):
+                    if not db.in_transaction:
+                        # SQLite gave up the whole transaction (I/O error, disk full).
+                        raise outcome.value
+                    db.execute(f"ROLLBACK TO write_{index}")
+                db.execute(f"RELEASE write_{index}")
+                outcomes.append((d, outcome))
+            db.execute("COMMIT")
+        except BaseException as e:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            failure = self._failure(e)
+            return [(item[0], failure) for item in batch]
+        return outcomes
