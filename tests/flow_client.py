@@ -16,10 +16,9 @@ from treq.client import HTTPClient
 from treq.testing import RequestTraversalAgent, _SynchronousProducer
 from twisted.internet import reactor
 from twisted.internet.defer import ensureDeferred
-from twisted.internet.task import deferLater
 from twisted.internet.threads import blockingCallFromThread, deferToThread
 
-from harness import BASE, ISSUER, Harness, query_of
+from harness import BASE, ISSUER, Harness, query_of, settle
 
 from authsrv.testing.identity import PASSWORDS
 from authsrv.tokens import token_hash
@@ -74,19 +73,7 @@ class Browser:
                     self.cookies[name] = morsel.value
 
     async def _settle(self, d):
-        results: list = []
-        d.addBoth(results.append)
-        for _ in range(2000):
-            if results:
-                break
-            self._agent.flush()
-            if not results:
-                await deferLater(reactor, 0.001, lambda: None)
-        else:
-            raise AssertionError("no response: the request hangs")
-        if hasattr(results[0], "raiseException"):
-            results[0].raiseException()
-        return results[0]
+        return await settle(self._agent, d)
 
     async def request(self, method: str, url: str, **kwargs):
         """(response, body) of a request to the service with this browser's cookies; no redirect followed."""

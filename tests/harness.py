@@ -99,6 +99,27 @@ def query_of(location: str) -> dict[str, str]:
     return {k: v[0] for k, v in parse_qs(urlsplit(location).query).items()}
 
 
+async def settle(transport, d):
+    """
+    The result of C{d}, delivering the in-memory connection's bytes
+    (C{transport.flush()}) until it fires, while the real reactor runs the
+    plugins' threads.
+    """
+    results: list = []
+    d.addBoth(results.append)
+    for _ in range(2000):
+        if results:
+            break
+        transport.flush()
+        if not results:
+            await deferLater(reactor, 0.001, lambda: None)
+    else:
+        raise AssertionError("no response: the request hangs")
+    if hasattr(results[0], "raiseException"):
+        results[0].raiseException()
+    return results[0]
+
+
 class Harness:
     """One server; see the module docstring."""
 
@@ -176,19 +197,7 @@ class Harness:
         return response, body
 
     async def _settle(self, d):
-        results: list = []
-        d.addBoth(results.append)
-        for _ in range(2000):
-            if results:
-                break
-            self.http.flush()
-            if not results:
-                await deferLater(reactor, 0.001, lambda: None)
-        else:
-            raise AssertionError("no response: the request hangs")
-        if hasattr(results[0], "raiseException"):
-            results[0].raiseException()
-        return results[0]
+        return await settle(self.http, d)
 
     async def get(self, path: str, **kwargs):
         return await self.request("GET", path, **kwargs)
