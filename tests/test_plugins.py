@@ -82,7 +82,7 @@ def test_unknown_plugin_lists_what_is_installed():
     config = parse_config({"store": {"plugin": "redis"}}, None)
     with pytest.raises(StartupError) as caught:
         build_plugin("store", config.store, None)
-    assert str(caught.value) == "store.plugin: no store plugin named 'redis'; available: sqlite"
+    assert str(caught.value) == "store.plugin: no store plugin named 'redis'; available: postgres, sqlite"
 
 
 HEAVY = ("authsrv.tap", "authsrv.service", "authsrv.store", "authsrv.keys", "authsrv.identity",

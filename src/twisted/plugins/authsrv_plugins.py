@@ -23,6 +23,8 @@ sqlite_store = StoreFactory(
     "sqlite", "authsrv.store.sqlite", "SQLite file: the embedded single-instance store."
 )
 
+postgres_store = StoreFactory("postgres", "authsrv.store.postgres", "PostgreSQL: the store several instances share.")
+
 jwk_file_keystore = KeystoreFactory(
     "jwk-file", "authsrv.keys.jwkfile", "Signing keys in a JWK-set file generated on first start."
 )
