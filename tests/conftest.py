@@ -128,3 +128,13 @@ def postgres():
 def pg_dsn(postgres):
     """A fresh, empty database on the tests' PostgreSQL."""
     return postgres.database()
+
+
+@pytest.fixture(scope="session")
+def slapd():
+    """The tests' own OpenLDAP server (see tests/slapd.py), for the whole session."""
+    from slapd import Slapd
+
+    server = Slapd()
+    yield server
+    server.destroy()
