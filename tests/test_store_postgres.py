@@ -7,17 +7,22 @@ section, and connection failures.
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 
 import psycopg2
 import pytest
 import pytest_twisted
+from twisted.logger import formatEvent, globalLogPublisher
 
 from authsrv.configsection import ConfigError, Section
 from authsrv.context import PluginContext
 from authsrv.plugins import find_factory
 from authsrv.store import postgres as postgres_store
-from authsrv.testing.store import StoreConcurrencyConformance, StoreConformance
+from authsrv.records import AccessState, Ban, NotRevoked
+from authsrv.store.errors import StoreUnavailable
+from authsrv.testing.store import ALICE, NOW, StoreConcurrencyConformance, StoreConformance, h
 
 LATEST_VERSION = postgres_store.migrations()[-1][0]
 
@@ -67,3 +72,283 @@ class TestPostgresStore(PostgresDatabase, StoreConformance):
 class TestPostgresConcurrency(PostgresDatabase, StoreConcurrencyConformance):
     def make_store_pair(self):
         return open_store(self.dsn), open_store(self.dsn)
+
+
+def _tables(dsn: str) -> set[str]:
+    with psycopg2.connect(dsn) as db, db.cursor() as cursor:
+        cursor.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+        return {row[0] for row in cursor.fetchall()}
+
+
+def _versions(dsn: str) -> list[tuple]:
+    with psycopg2.connect(dsn) as db, db.cursor() as cursor:
+        cursor.execute("SELECT component, version FROM schema_version ORDER BY component, version")
+        return cursor.fetchall()
+
+
+def _config_error(section: dict, check_only: bool = False) -> ConfigError:
+    from twisted.internet import reactor
+
+    with pytest.raises(ConfigError) as info:
+        postgres_store.from_config(Section(section, "store", "."), PluginContext(reactor, ".", check_only=check_only))
+    return info.value
+
+
+class TestSchema:
+    @pytest_twisted.ensureDeferred
+    async def test_plugin_creates_current_schema(self, pg_dsn):
+        from twisted.internet import reactor
+
+        store = find_factory("store", "postgres").from_config(
+            Section({"dsn": pg_dsn}, "store", "."), PluginContext(reactor, ".")
+        )
+        try:
+            assert await store.ping() is None
+        finally:
+            await store.close()
+        assert set(TABLES) | {"schema_version"} <= _tables(pg_dsn)
+        assert _versions(pg_dsn) == [("store", v) for v in range(1, LATEST_VERSION + 1)]
+
+    def test_instances_migrating_at_once_migrate_once(self, pg_dsn):
+        starting = threading.Barrier(4)
+        outcomes = []
+
+        def start():
+            starting.wait()
+            try:
+                outcomes.append(postgres_store.migrate(pg_dsn, 5, 1))
+            except Exception as e:
+                outcomes.append(e)
+
+        threads = [threading.Thread(target=start) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert outcomes == [LATEST_VERSION] * 4
+        assert _versions(pg_dsn) == [("store", v) for v in range(1, LATEST_VERSION + 1)]
+
+    @pytest_twisted.ensureDeferred
+    async def test_forward_migration_keeps_data(self, pg_dsn):
+        store = open_store(pg_dsn)
+        await store.ban_user(Ban(ALICE, "spam", NOW))
+        await store.close()
+        later = (LATEST_VERSION + 1, f"{LATEST_VERSION + 1:03}_ban_note.sql", "ALTER TABLE bans ADD COLUMN note TEXT;")
+        assert postgres_store.migrate(pg_dsn, 5, NOW, [*postgres_store.migrations(), later]) == LATEST_VERSION + 1
+        assert postgres_store.migrate(pg_dsn, 5, NOW, [*postgres_store.migrations(), later]) == LATEST_VERSION + 1
+        assert _versions(pg_dsn)[-1] == ("store", LATEST_VERSION + 1)
+        with psycopg2.connect(pg_dsn) as db, db.cursor() as cursor:
+            cursor.execute("SELECT sub, reason, note FROM bans")
+            assert cursor.fetchall() == [(ALICE, "spam", None)]
+
+    def test_newer_schema_is_refused(self, pg_dsn):
+        open_store(pg_dsn)
+        with psycopg2.connect(pg_dsn) as db, db.cursor() as cursor:
+            cursor.execute(
+                "INSERT INTO schema_version VALUES ('store', %s, 'from the future', 0)", (LATEST_VERSION + 1,)
+            )
+        error = _config_error({"dsn": pg_dsn})
+        assert error.key == "store.dsn"
+        assert f"schema version {LATEST_VERSION + 1} is newer" in error.problem
+        assert pg_dsn not in error.problem
+
+    def test_other_components_versions_do_not_count(self, pg_dsn):
+        """Other parts of authsrv may keep their versions in the same table."""
+        open_store(pg_dsn)
+        with psycopg2.connect(pg_dsn) as db, db.cursor() as cursor:
+            cursor.execute("INSERT INTO schema_version VALUES ('keystore', 99, 'not ours', 0)")
+        open_store(pg_dsn)
+
+
+class TestSection:
+    def test_unknown_key_is_named_and_nothing_is_created(self, pg_dsn):
+        error = _config_error({"dsn": pg_dsn, "pool_sise": 4})
+        assert (error.key, error.problem) == ("store.pool_sise", "unknown key")
+        assert _tables(pg_dsn) == set()
+
+    def test_check_only_validates_and_creates_nothing(self, pg_dsn):
+        from twisted.internet import reactor
+
+        context = PluginContext(reactor, ".", check_only=True)
+        section = {"dsn": pg_dsn, "pool_size": 2, "statement_timeout": "3s", "connect_timeout": 2}
+        assert postgres_store.from_config(Section(section, "store", "."), context) is None
+        assert _tables(pg_dsn) == set()
+        # Nothing is contacted: a server that is not there passes the check too.
+        unreachable = {"dsn": "host=127.0.0.1 port=1 dbname=none"}
+        assert postgres_store.from_config(Section(unreachable, "store", "."), context) is None
+        assert _config_error({"dsn": pg_dsn, "pool_size": 0}, check_only=True).key == "store.pool_size"
+
+    @pytest.mark.parametrize(
+        "section, key, problem",
+        [
+            ({}, "store.dsn", "is required"),
+            ({"dsn": "host=db password=hunter2"}, "store.dsn", "holds a password"),
+            ({"dsn": "postgresql://authsrv:hunter2@db/authsrv"}, "store.dsn", "holds a password"),
+            ({"dsn": "host=db", "dsn_env": "X"}, "store.dsn_env", "not several"),
+            ({"dsn": "host=db hunter2"}, "store.dsn", "is not a PostgreSQL connection string"),
+            ({"dsn": "host=db", "pool_size": 0}, "store.pool_size", "at least 1"),
+            ({"dsn": "host=db", "statement_timeout": "0s"}, "store.statement_timeout", "at least 1s"),
+            ({"dsn": "host=db", "connect_timeout": "soon"}, "store.connect_timeout", "duration"),
+        ],
+    )
+    def test_bad_sections(self, section, key, problem):
+        error = _config_error(section)
+        assert error.key == key
+        assert problem in error.problem
+        assert "hunter2" not in str(error)
+
+    @pytest_twisted.ensureDeferred
+    async def test_dsn_with_password_from_file_or_environment(self, postgres, tmp_path, monkeypatch):
+        """The test cluster trusts every login, so any password gets in: what counts is that it is read."""
+        dsn = postgres.database() + " password=hunter2"
+        (tmp_path / "dsn").write_text(dsn + "\n")
+        monkeypatch.setenv("AUTHSRV_TEST_STORE_DSN", dsn)
+        for section in ({"dsn_file": str(tmp_path / "dsn")}, {"dsn_env": "AUTHSRV_TEST_STORE_DSN"}):
+            from twisted.internet import reactor
+
+            store = postgres_store.from_config(Section(section, "store", tmp_path), PluginContext(reactor, tmp_path))
+            try:
+                assert await store.ping() is None
+            finally:
+                await store.close()
+        malformed = tmp_path / "bad"
+        malformed.write_text("host=db hunter2")
+        error = _config_error({"dsn_file": str(malformed)})
+        assert error.key == "store.dsn_file" and "hunter2" not in str(error)
+
+    def test_unreachable_database_stops_start_without_showing_the_dsn(self, monkeypatch):
+        monkeypatch.setenv("AUTHSRV_TEST_STORE_DSN", "host=127.0.0.1 port=1 user=authsrv password=hunter2")
+        error = _config_error({"dsn_env": "AUTHSRV_TEST_STORE_DSN", "connect_timeout": 2})
+        assert error.key == "store.dsn_env"
+        assert "cannot use the database" in error.problem
+        assert "hunter2" not in str(error)
+
+
+@pytest.fixture
+def log_events():
+    events: list[dict] = []
+    globalLogPublisher.addObserver(events.append)
+    yield events
+    globalLogPublisher.removeObserver(events.append)
+
+
+def _elapsed_since(start: float) -> float:
+    from twisted.internet import reactor
+
+    return reactor.seconds() - start
+
+
+class TestConnectionFailures(PostgresDatabase):
+    """Every failure is StoreUnavailable within the configured time, and the pool carries on."""
+
+    def store(self, **options):
+        from twisted.internet import reactor
+
+        settings = {"pool_size": 1, "statement_timeout": 1, "connect_timeout": 1, **options}
+        return postgres_store.PostgresStore(reactor, settings.pop("dsn", self.dsn), **settings)
+
+    @pytest_twisted.ensureDeferred
+    async def test_statement_timeout_then_the_connection_serves_again(self):
+        from twisted.internet import reactor
+
+        store = self.store()
+        await store.ban_user(Ban(ALICE, "first", NOW))
+        with psycopg2.connect(self.dsn) as locker, locker.cursor() as cursor:
+            cursor.execute("SELECT * FROM bans FOR UPDATE")
+            start = reactor.seconds()
+            with pytest.raises(StoreUnavailable):
+                await store.ban_user(Ban(ALICE, "second", NOW))
+            assert 1 <= _elapsed_since(start) < 1.9
+            assert (await store.get_ban(ALICE, NOW)).reason == "first"
+        await store.ban_user(Ban(ALICE, "third", NOW))
+        assert (await store.get_ban(ALICE, NOW)).reason == "third"
+        await store.close()
+
+    @pytest_twisted.ensureDeferred
+    async def test_server_that_stops_answering_mid_statement(self):
+        """A frozen backend cannot enforce statement_timeout: the client's deadline closes the connection."""
+        from twisted.internet import reactor
+
+        store = self.store(dsn=self.dsn + " application_name=frozen-test")
+        await store.ping()
+        with psycopg2.connect(self.dsn) as admin, admin.cursor() as cursor:
+            cursor.execute("SELECT pid FROM pg_stat_activity WHERE application_name = 'frozen-test'")
+            (backend,) = cursor.fetchone()
+        os.kill(backend, signal.SIGSTOP)
+        try:
+            start = reactor.seconds()
+            with pytest.raises(StoreUnavailable):
+                await store.get_ban(ALICE, NOW)
+            assert 2 <= _elapsed_since(start) < 2.9
+        finally:
+            os.kill(backend, signal.SIGCONT)
+        assert await store.get_ban(ALICE, NOW) is None
+        await store.close()
+
+    @pytest_twisted.ensureDeferred
+    async def test_server_that_never_answers_the_connection(self):
+        from twisted.internet import reactor
+        from twisted.internet.protocol import Factory, Protocol
+
+        silent = reactor.listenTCP(0, Factory.forProtocol(Protocol), interface="127.0.0.1")
+        store = self.store(dsn=f"host=127.0.0.1 port={silent.getHost().port} dbname=x connect_timeout=10")
+        try:
+            start = reactor.seconds()
+            with pytest.raises(StoreUnavailable):
+                await store.ping()
+            assert 1 <= _elapsed_since(start) < 1.9
+        finally:
+            await store.close()
+            await silent.stopListening()
+
+    @pytest_twisted.ensureDeferred
+    async def test_waiting_for_a_busy_pool_is_bounded(self):
+        from twisted.internet import reactor
+
+        store = self.store(statement_timeout=3)
+        await store.ban_user(Ban(ALICE, "first", NOW))
+        with psycopg2.connect(self.dsn) as locker, locker.cursor() as cursor:
+            cursor.execute("SELECT * FROM bans FOR UPDATE")
+            blocked = store.unban_user(ALICE)
+            start = reactor.seconds()
+            with pytest.raises(StoreUnavailable, match="no PostgreSQL connection became free"):
+                await store.ping()
+            assert 1 <= _elapsed_since(start) < 1.9
+        assert await blocked is True
+        await store.close()
+
+    @pytest_twisted.ensureDeferred
+    async def test_closed_store_is_unavailable(self):
+        store = self.store()
+        await store.ping()
+        await store.close()
+        with pytest.raises(StoreUnavailable):
+            await store.ping()
+
+    @pytest_twisted.ensureDeferred
+    async def test_refused_connection_logs_once_and_never_the_password(self, log_events):
+        store = self.store(dsn="host=127.0.0.1 port=1 dbname=x user=authsrv password=hunter2")
+        for _ in range(3):
+            with pytest.raises(StoreUnavailable) as info:
+                await store.ping()
+            assert "hunter2" not in str(info.value)
+        await store.close()
+        logged = [formatEvent(event) for event in log_events]
+        assert "hunter2" not in repr(log_events)
+        assert len([line for line in logged if "PostgreSQL unavailable" in line]) == 1
+
+    @pytest_twisted.ensureDeferred
+    async def test_keys_holding_nul_match_nothing(self):
+        """PostgreSQL text cannot hold U+0000: such an id from a request is unknown, never an error."""
+        store = self.store()
+        try:
+            assert await store.get_client("demo\x00") is None
+            assert await store.access_state("\x00", NOW) == AccessState(ban=None, has_active_grant=False)
+            assert await store.get_ban("a\x00", NOW) is None
+            assert await store.get_pending("req\x00", NOW) is None
+            assert await store.get_linked_account(ALICE, "discord\x00") is None
+            assert await store.session_clients("sid\x00") == []
+            assert await store.revoke_user_grants("\x00", NOW) == 0
+            assert await store.revoke_token(h("x"), "demo\x00", NOW) == NotRevoked()
+        finally:
+            await store.close()
