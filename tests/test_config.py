@@ -57,7 +57,7 @@ def test_defaults():
         ({"store": {"plugin": 3}}, "store.plugin: must be a string, not an integer"),
         ({"identity": [{}]}, "identity[0].plugin: is required"),
         ({"identity": {"plugin": "static"}}, "identity: must be an array of tables, not a table"),
-        ({"identity": [{"plugin": "static"}, {"plugin": "static"}]}, "identity[1]: only one [[identity]] backend"),
+        ({"identity": [{"plugin": "static"}, {"plugin": 3}]}, "identity[1].plugin: must be a string, not an integer"),
         ({"internal": {"secret": "hunter2"}}, "internal.secret: secrets are not written in the config file"),
         ({"clients": [{"redirect_uris": []}]}, "clients[0].client_id: is required"),
         ({"clients": [{**CLIENT, "redirect_uris": ["http://app.example/cb"]}]},

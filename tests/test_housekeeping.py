@@ -19,6 +19,7 @@ from authsrv import service
 from authsrv.config import parse_config
 from authsrv.configsection import Section
 from authsrv.context import PluginContext
+from authsrv.identity.chain import IdentityChain
 from authsrv.keys import jwkfile
 from authsrv.records import (
     AccessToken,
@@ -56,7 +57,7 @@ class Server:
         self.store.gc = self._gc
         self.service = AuthsrvService(
             reactor=self.clock, config=config, context=self.context, store=self.store, keystore=keystore,
-            identity=[], ports=[],
+            identity=IdentityChain([]), ports=[],
         )
 
     def _gc(self, now, batch_size):

@@ -180,8 +180,6 @@ def parse_config(data: dict, path: Path | None) -> Config:
     identity = tuple(_plugin(s) for s in top.tables("identity"))
     if not identity:
         identity = (PluginChoice("static", Section({}, "identity[0]", base_dir)),)
-    if len(identity) > 1:
-        raise ConfigError("identity[1]", "only one [[identity]] backend can be configured so far")
     clients = tuple(client_from_config(s) for s in top.tables("clients"))
     chat = chat_config(top.table("chat", None))
     seen: set[str] = set()

@@ -28,6 +28,7 @@ from authsrv.config import Config
 from authsrv.configsection import ConfigError
 from authsrv.context import PluginContext
 from authsrv.flows.link import ChatLinking
+from authsrv.identity.chain import IdentityChain
 from authsrv.plugins import UnknownPlugin, find_factory
 from authsrv.protocol.discovery import authorization_server_metadata, openid_configuration
 from authsrv.web.app import AuthServer
@@ -57,6 +58,14 @@ def build_plugin(role: str, choice, context):
         raise StartupError(f"{choice.section.key('plugin')}: {e}") from None
     except ConfigError as e:
         raise StartupError(str(e)) from None
+
+
+def build_identity(config: Config, context) -> IdentityChain:
+    """
+    Every C{[[identity]]} backend, in the configured order, as the one
+    chain that the portal checks passwords with and every flow asks.
+    """
+    return IdentityChain([build_plugin("identity", choice, context) for choice in config.identity])
 
 
 class AuthsrvService(MultiService):
@@ -117,8 +126,7 @@ class AuthsrvService(MultiService):
         if self._http_pool is not None:
             await self._http_pool.closeCachedConnections()
         await self.store.close()
-        for backend in self.identity:
-            await backend.close()
+        await self.identity.close()
         self._context.stop()
 
 
@@ -220,15 +228,15 @@ def build(config: Config, reactor) -> AuthsrvService:
     try:
         store = build_plugin("store", config.store, context)
         keystore = build_plugin("keystore", config.keystore, context)
-        identity = [build_plugin("identity", choice, context) for choice in config.identity]
+        identity = build_identity(config, context)
         holder: list[AuthsrvService] = []
-        chat = chat_parts(config, reactor, store, identity[0])
+        chat = chat_parts(config, reactor, store, identity)
         internal = InternalAPI(
-            reactor=reactor, secret=config.internal_secret, store=store, identity=identity[0],
+            reactor=reactor, secret=config.internal_secret, store=store, identity=identity,
             chat_tokens=chat.tokens,
         ).resource()
         root = web_root(
-            config, reactor, store, keystore, identity[0], lambda: holder[0].readiness_problem(),
+            config, reactor, store, keystore, identity, lambda: holder[0].readiness_problem(),
             internal if config.internal_on_main else None, chat.linking,
         )
         ports: list = []

@@ -1,0 +1,86 @@
+"""
+Several identity backends as one: the composite checker the server's portal
+holds (a L{Portal} keeps one checker per credentials interface), and the
+backend every flow asks about users.
+
+Backends are asked in the configured order (for example LDAP for staff,
+then the static file for service accounts); the first one that knows the
+user decides. The distinct failures of L{IIdentityBackend} drive it, as in
+Dex's connectors: an unknown user lets the next backend answer, a wrong
+password stops, and a backend that is down is skipped, but when no
+backend knew the user the outage is the answer: never "wrong password" and
+never "no such user", which would end that user's grants.
+"""
+
+from __future__ import annotations
+
+from twisted.cred.credentials import IUsernamePassword
+from twisted.cred.error import UnauthorizedLogin
+from twisted.internet.defer import Deferred, gatherResults, maybeDeferred
+from twisted.logger import Logger
+from zope.interface import implementer
+
+from authsrv.identity.errors import BackendUnavailable, UnknownUser
+from authsrv.interfaces import IIdentityBackend
+
+log = Logger()
+
+
+@implementer(IIdentityBackend)
+class IdentityChain:
+    """The backends in order, as one L{IIdentityBackend}."""
+
+    credentialInterfaces = (IUsernamePassword,)
+
+    def __init__(self, backends):
+        self.backends = tuple(backends)
+
+    def _unavailable(self, index: int, error: Exception) -> None:
+        log.warn(
+            "identity backend {index} ({backend}) unavailable: {error}",
+            index=index, backend=type(self.backends[index]).__name__, error=str(error) or type(error).__name__,
+        )
+
+    def requestAvatarId(self, credentials) -> Deferred:
+        return Deferred.fromCoroutine(self._check(credentials))
+
+    async def _check(self, credentials) -> str:
+        outage = None
+        for index, backend in enumerate(self.backends):
+            try:
+                return await maybeDeferred(backend.requestAvatarId, credentials)
+            except UnknownUser:
+                continue
+            except UnauthorizedLogin:
+                raise
+            except Exception as e:
+                self._unavailable(index, e)
+                outage = e
+        if outage is not None:
+            raise BackendUnavailable(f"no identity backend knew the login, and one was unavailable: {outage}")
+        raise UnknownUser("no identity backend knows this login")
+
+    async def _first(self, method: str, key):
+        outage = None
+        for index, backend in enumerate(self.backends):
+            try:
+                user = await maybeDeferred(getattr(backend, method), key)
+            except Exception as e:
+                self._unavailable(index, e)
+                outage = e
+                continue
+            if user is not None:
+                return user
+        if outage is not None:
+            raise BackendUnavailable(f"no identity backend knew the user, and one was unavailable: {outage}")
+        return None
+
+    def user_by_id(self, sub: str) -> Deferred:
+        return Deferred.fromCoroutine(self._first("user_by_id", sub))
+
+    def user_by_login(self, login) -> Deferred:
+        return Deferred.fromCoroutine(self._first("user_by_login", login))
+
+    def close(self) -> Deferred:
+        """Close every backend, even when one fails to."""
+        return gatherResults([maybeDeferred(b.close) for b in self.backends], consumeErrors=True)
