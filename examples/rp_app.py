@@ -37,8 +37,8 @@ from urllib.parse import quote, urlencode, urlsplit
 from jwcrypto import jwk, jwt
 from jwcrypto.common import JWException
 from klein import Klein
-from twisted.internet import error as net_error
 from treq.client import HTTPClient
+from twisted.internet import error as net_error
 from twisted.internet.defer import CancelledError, Deferred, DeferredLock, ensureDeferred
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.task import react
@@ -211,9 +211,9 @@ class Upstream:
 
 class Provider:
     """
-    authsrv as seen by this client: its discovery document (fetched once,
-    retried until it succeeds), its keys, and the calls that need the
-    client's credentials.
+    authsrv as seen by this client: its discovery document (kept once
+    fetched, asked again on the next request while it fails), its keys, and
+    the calls that need the client's credentials.
     """
 
     def __init__(self, reactor, upstream: Upstream, issuer: str, client_id: str, client_secret: str):
@@ -656,8 +656,10 @@ def options(argv: list[str]) -> argparse.Namespace:
     for name in ("issuer", "public_url"):
         if urlsplit(getattr(args, name)).scheme not in ("http", "https"):
             parser.error(f"--{name.replace('_', '-')} must be an http or https URL")
-    if args.refresh_margin < 0 or args.timeout <= 0:
-        parser.error("--refresh-margin and --timeout must be positive")
+    if args.refresh_margin < 0:
+        parser.error("--refresh-margin must not be negative")
+    if args.timeout <= 0:
+        parser.error("--timeout must be positive")
     return args
 
 
@@ -680,9 +682,12 @@ async def run(reactor, argv: list[str]) -> None:
         log.warn("discovery failed ({why}); retried on the first request", why=str(e))
     site = Site(SecurityHeaders(rp.resource(), origin(args.issuer)), logFormatter=access_line)
     site.displayTracebacks = False
-    await serverFromString(reactor, args.listen).listen(site)
+    try:
+        await serverFromString(reactor, args.listen).listen(site)
+    except (ValueError, net_error.CannotListenError) as e:
+        raise SystemExit(f"rp_app: cannot listen on {args.listen}: {e}") from None
     log.info("example app listening on {listen}; open {url}/", listen=args.listen, url=args.public_url)
-    await Deferred()
+    await Deferred()  # never fires: react exits when the reactor stops (Ctrl-C, SIGTERM)
 
 
 if __name__ == "__main__":
