@@ -1,0 +1,105 @@
+"""
+Two real C{twist authsrv} processes on one PostgreSQL database serve one
+user's flow interchangeably, as two instances behind a load balancer would:
+nothing a step needs lives in the memory of the instance that did the step
+before.
+
+Both have the same issuer (instance A's address) and the same signing keys
+(one jwk-file keystore file); the test talks to each directly.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from conftest import admin, free_port
+from pg_servers import (
+    ALICE,
+    Browser,
+    exchange,
+    introspect,
+    pg_config,
+    refresh,
+    user_access,
+    userinfo,
+)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def instances(run_server, pg_dsn, tmp_path):
+    """Instances A and B, and A's config file (the operator command uses it)."""
+    port_a, port_b = free_port(), free_port()
+    config_a = pg_config(tmp_path, pg_dsn, port_a, port_a)
+    config_b = pg_config(tmp_path, pg_dsn, port_b, port_a)
+    # A first: it creates the key file that B then reads.
+    a = run_server(["authsrv", "--config", str(config_a)], tmp_path, port=port_a)
+    b = run_server(["authsrv", "--config", str(config_b)], tmp_path, port=port_b)
+    assert a.get_json("/api/auth/jwks") == b.get_json("/api/auth/jwks")
+    return a, b, config_a
+
+
+def test_one_flow_across_two_instances(instances, tmp_path):
+    a, b, config_a = instances
+    browser = Browser()
+
+    code, verifier = browser.authorize(a.base)
+    issued = exchange(b.base, code, verifier)
+    assert issued.status_code == 200, issued.text
+    refreshed = refresh(a.base, issued.json()["refresh_token"])
+    assert refreshed.status_code == 200, refreshed.text
+    tokens = refreshed.json()
+    active = introspect(b.base, tokens["access_token"]).json()
+    assert active["active"] is True and active["sub"] == ALICE and active["client_id"] == "demo-app"
+    assert userinfo(b.base, tokens["access_token"]).json()["sub"] == ALICE
+    assert user_access(b.base, ALICE).json() == {
+        "allowed": True, "banned": False, "banReason": None, "hasActiveGrant": True,
+    }
+
+    # The code replayed at A ends the grant it started, seen at B at once.
+    assert exchange(a.base, code, verifier).json()["error"] == "invalid_grant"
+    assert introspect(b.base, tokens["access_token"]).json() == {"active": False}
+
+    # A's browser session gives a new code without a new login.
+    code, verifier = browser.authorize(a.base)
+    live = exchange(b.base, code, verifier).json()
+    banned = admin("--config", str(config_a), "ban", "alice", "--reason", "chargeback", cwd=tmp_path)
+    assert banned.returncode == 0, banned.stderr
+    assert introspect(b.base, live["access_token"]).json() == {"active": False}
+    assert user_access(b.base, ALICE).json() == {
+        "allowed": False, "banned": True, "banReason": "chargeback", "hasActiveGrant": True,
+    }
+    assert refresh(b.base, live["refresh_token"]).json()["error"] == "invalid_grant"
+    assert userinfo(a.base, live["access_token"]).status_code == 401
+
+
+def test_refresh_presented_to_both_at_once_keeps_one_chain(instances):
+    a, b, _ = instances
+    browser = Browser()
+    for _ in range(10):
+        code, verifier = browser.authorize(a.base)
+        current = exchange(b.base, code, verifier).json()["refresh_token"]
+        both = threading.Barrier(2)
+        answers: dict[str, object] = {}
+
+        def present(name, base):
+            both.wait()
+            answers[name] = refresh(base, current)
+
+        threads = [threading.Thread(target=present, args=pair) for pair in (("a", a.base), ("b", b.base))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        winners = {name: answer.json() for name, answer in answers.items() if answer.status_code == 200}
+        losers = [answer.json()["error"] for answer in answers.values() if answer.status_code != 200]
+        assert winners, losers
+        assert losers in ([], ["invalid_grant"])
+        successors = {tokens["refresh_token"] for tokens in winners.values()}
+        assert len(successors) == 1, "two live refresh chains"
+        (successor,) = successors
+        # The one successor lives on; the token both were shown is spent.
+        assert refresh(a.base, successor).status_code == 200
