@@ -17,6 +17,7 @@ import datetime
 import hashlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -243,6 +244,7 @@ class Slapd:
     def stop(self) -> None:
         """Stop slapd; its data stays for the next L{start}."""
         if self.process is not None and self.process.poll() is None:
+            self.resume()
             self.process.terminate()
             try:
                 self.process.wait(10)
@@ -250,6 +252,13 @@ class Slapd:
                 self.process.kill()
                 self.process.wait()
         self.process = None
+
+    def pause(self) -> None:
+        """Freeze slapd (SIGSTOP): connections are accepted by the kernel and never answered."""
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.process.send_signal(signal.SIGCONT)
 
     def destroy(self) -> None:
         self.stop()

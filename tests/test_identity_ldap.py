@@ -4,12 +4,33 @@ The LDAP identity backend against the tests' own slapd (tests/slapd.py).
 
 from __future__ import annotations
 
-import pytest
+import socket
+import time
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
 
-from authsrv.configsection import Section
+import pytest
+import pytest_twisted
+from twisted.cred.credentials import UsernamePassword
+from twisted.cred.error import UnauthorizedLogin
+from twisted.cred.portal import Portal
+from twisted.internet.defer import gatherResults
+from twisted.logger import capturedLogs, formatEvent
+from twisted.python.threadable import isInIOThread
+
+from conftest import free_port
+from slapd import CORP_GROUPS, CORP_USERS, GROUPS, PEOPLE, SERVICE_DN, SERVICE_PASSWORD, user_attributes, user_dn
+
+from authsrv.configsection import ConfigError, Section
 from authsrv.context import PluginContext
 from authsrv.identity import ldap
-from authsrv.testing.identity import IdentityBackendConformance
+from authsrv.identity.errors import BackendUnavailable, UnknownUser
+from authsrv.identity.realm import UserRealm
+from authsrv.interfaces import IUser
+from authsrv.records import User
+from authsrv.testing.identity import INJECTION_LOGINS, MALLORY, IdentityBackendConformance
+
+CAROL_SUB = "sub-carol"
 
 
 @pytest.fixture
@@ -39,3 +60,458 @@ class TestLdapConformance(IdentityBackendConformance):
     def make_backend(self, users):
         self.slapd.seed(users)
         return backend(self.context, self.slapd.backend_config())
+
+
+# --- helpers ----------------------------------------------------------------------
+
+
+async def log_in(backend, login: str, password: str) -> User:
+    portal = Portal(UserRealm(backend), [backend])
+    _, user, _ = await portal.login(UsernamePassword(login.encode(), password.encode()), None, IUser)
+    return user
+
+
+async def refused(backend, login: str, password: str) -> Exception:
+    with pytest.raises(UnauthorizedLogin) as info:
+        await log_in(backend, login, password)
+    return info.value
+
+
+@asynccontextmanager
+async def opened(context, config: dict):
+    directory = backend(context, config)
+    try:
+        yield directory
+    finally:
+        await directory.close()
+
+
+def ad_config(slapd_server, **overrides) -> dict:
+    """The Active Directory flavour over the directory's corp subtree, with AD's defaults."""
+    return slapd_server.backend_config(**{
+        "flavour": "active_directory",
+        "user_base_dn": CORP_USERS,
+        "user_filter": "(&(objectClass=inetOrgPerson)(sAMAccountName={login}))",
+        "subject_attribute": None, "name_attribute": None, "picture_attribute": None,
+        "chat_user_id_attribute": None, "email_verified": None, "email_verified_attribute": None,
+        "disabled_reason_attribute": None,
+        **overrides,
+    })
+
+
+@contextmanager
+def directory_down(slapd_server):
+    slapd_server.stop()
+    try:
+        yield
+    finally:
+        slapd_server.start()
+
+
+class Recorder:
+    """Wraps a backend's directory, noting every bind it opens."""
+
+    def __init__(self, directory):
+        self._directory = directory
+        self.binds: list[tuple[str | None, bytes | None]] = []
+        self.threads: list[bool] = []
+
+    def open(self, user, password, timeout):
+        self.binds.append((user, password))
+        self.threads.append(isInIOThread())
+        return self._directory.open(user, password, timeout)
+
+    def run(self, operation):
+        self.threads.append(isInIOThread())
+        return self._directory.run(operation)
+
+    def close(self):
+        self._directory.close()
+
+
+def recorded(directory) -> Recorder:
+    recorder = Recorder(directory._directory)
+    directory._directory = recorder
+    return recorder
+
+
+# --- configuration -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"urls": []}, "identity[0].urls: must name at least one directory server"),
+        ({"urls": ["http://127.0.0.1"]}, "identity[0].urls[0]: 'http://127.0.0.1' is not an ldap://host[:port]"),
+        ({"urls": ["ldap://"]}, "identity[0].urls[0]: 'ldap://' is not an ldap://host[:port]"),
+        ({"urls": ["ldap://h:99999"]}, "identity[0].urls[0]: 'ldap://h:99999' has a bad port"),
+        ({"urls": ["ldap://h/dc=x"]}, "identity[0].urls[0]: 'ldap://h/dc=x' is not an ldap://host[:port]"),
+        ({"urls": ["ldaps://h"], "start_tls": True}, "identity[0].start_tls: applies to ldap:// URLs"),
+        ({"start_tls": False}, "identity[0].ca_file: is only used with TLS"),
+        ({"ca_file": "/nonexistent/ca.pem"}, "identity[0].ca_file: /nonexistent/ca.pem is not a readable file"),
+        ({"bind_password_file": None}, "identity[0].bind_password_env: is required with bind_dn"),
+        ({"bind_dn": None}, "identity[0].bind_dn: is required with a bind password"),
+        ({"bind_password": "x"}, "identity[0].bind_password: secrets are not written in the config file"),
+        ({"bind_dn": "not a dn"}, "identity[0].bind_dn: 'not a dn' is not a DN"),
+        ({"user_base_dn": None}, "identity[0].user_base_dn: is required"),
+        ({"user_filter": "(uid=alice)"}, "identity[0].user_filter: must contain {login}"),
+        ({"user_filter": "(uid={login}"}, "identity[0].user_filter: '(uid={login}' is not an LDAP filter"),
+        ({"email_verified": "sometimes"}, "identity[0].email_verified: must be one of 'always', 'never', 'attribute'"),
+        ({"email_verified_attribute": None}, "identity[0].email_verified_attribute: is required with"),
+        ({"email_verified": "always"}, "identity[0].email_verified_attribute: is required with"),
+        ({"name_attribute": "cn)(uid=*"}, "identity[0].name_attribute: 'cn)(uid=*' is not an attribute name"),
+        ({"required_groups": [GROUPS, "nope"]}, "identity[0].required_groups[1]: 'nope' is not a DN"),
+        ({"required_groups": [f"cn=staff,{GROUPS}"]}, "identity[0].group_base_dn: is required to find groups by member"),
+        ({"group_membership": "members"}, "identity[0].group_membership: must be one of 'member', 'uniqueMember', 'memberOf'"),
+        ({"group_nesting_depth": 0}, "identity[0].group_nesting_depth: must be at least 1"),
+        ({"disabled_rule": ["nsAccountLock", "locked"]}, "identity[0].disabled_rule[1]: must be one of 'nsAccountLock'"),
+        ({"search_timeout": 0}, "identity[0].search_timeout: must be at least 1 second"),
+        ({"pool_size": 0}, "identity[0].pool_size: must be at least 1"),
+        ({"flavour": "novell"}, "identity[0].flavour: must be one of 'openldap', 'active_directory'"),
+        ({"password_attribute": "userPassword"}, "identity[0].password_attribute: unknown key"),
+    ],
+)
+def test_config_mistakes_name_the_key(slapd, context, overrides, message):
+    with pytest.raises(ConfigError) as info:
+        backend(context, slapd.backend_config(**overrides))
+    assert str(info.value).startswith(message)
+    assert SERVICE_PASSWORD not in str(info.value)
+
+
+def test_flavour_defaults(slapd):
+    minimal = {"urls": [slapd.url], "user_base_dn": PEOPLE}
+    openldap = ldap.settings_from_config(Section(dict(minimal), "identity[0]", Path(".")))
+    assert (openldap.login_attribute, openldap.subject_attribute, openldap.group_membership) == (
+        "uid", "entryUUID", "member")
+    assert openldap.disabled_rules == ("nsAccountLock", "pwdAccountLockedTime")
+    assert openldap.email_verified == "never" and openldap.bind_dn is None
+    ad = ldap.settings_from_config(Section({**minimal, "flavour": "active_directory"}, "identity[0]", Path(".")))
+    assert (ad.login_attribute, ad.subject_attribute, ad.name_attribute, ad.group_membership) == (
+        "sAMAccountName", "objectGUID", "displayName", "memberOf")
+    assert ad.disabled_rules == ("userAccountControl",)
+    assert "sAMAccountName={login}" in ad.user_filter
+
+
+def test_check_only_builds_nothing(slapd, tmp_path, reactor):
+    context = PluginContext(reactor, tmp_path, check_only=True)
+    assert backend(context, slapd.backend_config()) is None
+    with pytest.raises(ConfigError):
+        backend(context, slapd.backend_config(user_filter="(uid=x)"))
+
+
+def test_bind_password_never_in_repr(slapd, context):
+    settings = ldap.settings_from_config(Section(slapd.backend_config(), "identity[0]", context.base_dir))
+    assert settings.bind_password == SERVICE_PASSWORD
+    assert SERVICE_PASSWORD not in repr(settings)
+
+
+# --- logins ---------------------------------------------------------------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_injection_shaped_logins_match_nobody(slapd, context):
+    """Each is escaped: none matches a user, even with a filter that uses {login} twice."""
+    config = slapd.backend_config(user_filter="(&(objectClass=inetOrgPerson)(|(uid={login})(mail={login})))",
+                                  login_attribute="uid")
+    async with opened(context, config) as directory:
+        assert (await log_in(directory, "carol", "carol-password")).sub == CAROL_SUB
+        for login in (*INJECTION_LOGINS, "car*", "*)(objectClass=*", "carol)(uid=dave", "c\\2arol", "carol\x00x"):
+            failure = await refused(directory, login, "carol-password")
+            assert isinstance(failure, UnknownUser), login
+            assert await directory.user_by_login(login) is None, login
+        for sub in ("*", "sub-*", "sub-carol)(uid=*", CAROL_SUB.upper(), ""):
+            assert await directory.user_by_id(sub) is None, sub
+
+
+@pytest_twisted.ensureDeferred
+async def test_empty_password_is_never_sent(slapd, context):
+    """An empty simple bind is an anonymous bind, which the directory would accept."""
+    for config in (slapd.backend_config(), slapd.backend_config(bind_dn=None, bind_password_file=None)):
+        async with opened(context, config) as directory:
+            recorder = recorded(directory)
+            for login in ("carol", "alice"):
+                failure = await refused(directory, login, "")
+                assert not isinstance(failure, UnknownUser)
+            assert [user for user, _ in recorder.binds if user and user != SERVICE_DN] == []
+            assert isinstance(await refused(directory, "nobody", ""), UnknownUser)
+
+
+@pytest_twisted.ensureDeferred
+async def test_anonymous_search(slapd, context):
+    """Without bind_dn the search is anonymous; the password is still checked by a bind."""
+    async with opened(context, slapd.backend_config(bind_dn=None, bind_password_file=None)) as directory:
+        assert (await log_in(directory, "carol", "carol-password")).email == "carol@example.org"
+        assert not isinstance(await refused(directory, "carol", "wrong"), UnknownUser)
+
+
+@pytest_twisted.ensureDeferred
+async def test_every_directory_operation_runs_off_the_reactor_thread(slapd, context):
+    async with opened(context, slapd.backend_config()) as directory:
+        recorder = recorded(directory)
+        await log_in(directory, "carol", "carol-password")
+        await directory.user_by_login("carol")
+        await refused(directory, "carol", "wrong")
+        assert recorder.threads and not any(recorder.threads)
+
+
+@pytest_twisted.ensureDeferred
+async def test_passwords_are_never_logged(slapd, context, tmp_path):
+    wrong_service_password = tmp_path / "wrong"
+    wrong_service_password.write_text("not-the-service-password")
+    with capturedLogs() as events:
+        async with opened(context, slapd.backend_config()) as directory:
+            await refused(directory, "carol", "a wrong pässword")
+            await log_in(directory, "carol", "carol-password")
+        async with opened(context, slapd.backend_config(bind_password_file=str(wrong_service_password))) as directory:
+            with pytest.raises(BackendUnavailable):
+                await log_in(directory, "carol", "carol-password")
+    text = "\n".join(formatEvent(e) for e in events)
+    assert "refused the bind of bind_dn" in text and SERVICE_DN in text
+    for secret in ("a wrong pässword", "carol-password", SERVICE_PASSWORD, "not-the-service-password"):
+        assert secret not in text
+
+
+# --- groups -----------------------------------------------------------------------------
+
+
+def staff_config(slapd_server, depth: int, group: str = "staff", **overrides) -> dict:
+    return slapd_server.backend_config(
+        required_groups=[f"cn={group},{GROUPS}"], group_base_dn=GROUPS, group_nesting_depth=depth, **overrides
+    )
+
+
+async def disabled_reasons(directory, *logins) -> dict:
+    return {login: (await directory.user_by_login(login)).disabled_reason for login in logins}
+
+
+@pytest_twisted.ensureDeferred
+async def test_nested_groups_up_to_the_bound(slapd, context):
+    """carol is in staff directly, dave through team-a (depth 2), erin through team-b and squad (depth 3)."""
+    async with opened(context, staff_config(slapd, 2)) as directory:
+        assert await disabled_reasons(directory, "carol", "dave", "erin", "frank") == {
+            "carol": None, "dave": None, "erin": ldap.NOT_IN_GROUPS, "frank": ldap.NOT_IN_GROUPS,
+        }
+        erin = await log_in(directory, "erin", "erin-password")
+        assert (erin.disabled, erin.disabled_reason) == (True, ldap.NOT_IN_GROUPS)
+        assert (await directory.user_by_id("sub-dave")).disabled is False
+    async with opened(context, staff_config(slapd, 3)) as directory:
+        assert await disabled_reasons(directory, "erin") == {"erin": None}
+    async with opened(context, staff_config(slapd, 1)) as directory:
+        assert await disabled_reasons(directory, "carol", "dave") == {"carol": None, "dave": ldap.NOT_IN_GROUPS}
+
+
+@pytest_twisted.ensureDeferred
+async def test_group_cycles_end(slapd, context):
+    """loop-a and loop-b contain each other; heidi is in loop-b."""
+    async with opened(context, staff_config(slapd, 50, "loop-a")) as directory:
+        assert await disabled_reasons(directory, "heidi", "carol") == {"heidi": None, "carol": ldap.NOT_IN_GROUPS}
+    async with opened(context, staff_config(slapd, 50)) as directory:
+        assert await disabled_reasons(directory, "heidi") == {"heidi": ldap.NOT_IN_GROUPS}
+
+
+@pytest_twisted.ensureDeferred
+async def test_unique_member_groups(slapd, context):
+    async with opened(context, staff_config(slapd, 5, "auditors", group_membership="uniqueMember")) as directory:
+        assert await disabled_reasons(directory, "ivan", "carol") == {"ivan": None, "carol": ldap.NOT_IN_GROUPS}
+
+
+@pytest_twisted.ensureDeferred
+async def test_several_required_groups_any_suffices(slapd, context):
+    config = slapd.backend_config(required_groups=[f"cn=auditors,{GROUPS}", f"CN=Team-A, {GROUPS.upper()}"],
+                                  group_base_dn=GROUPS, group_membership="member")
+    async with opened(context, config) as directory:
+        assert await disabled_reasons(directory, "dave", "ivan", "carol") == {
+            "dave": None, "ivan": ldap.NOT_IN_GROUPS, "carol": ldap.NOT_IN_GROUPS,
+        }
+
+
+# --- disabled accounts --------------------------------------------------------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_password_policy_lock(slapd, context):
+    """gina is locked by ppolicy: her bind fails, and the backend reports her disabled."""
+    async with opened(context, slapd.backend_config()) as directory:
+        failure = await refused(directory, "gina", "gina-password")
+        assert not isinstance(failure, UnknownUser)
+        gina = await directory.user_by_id("sub-gina")
+        assert (gina.disabled, gina.disabled_reason) == (True, ldap.DISABLED_REASON)
+    async with opened(context, slapd.backend_config(disabled_rule=[])) as directory:
+        assert (await directory.user_by_id("sub-gina")).disabled is False
+        assert (await directory.user_by_id(MALLORY.sub)).disabled is False
+
+
+@pytest_twisted.ensureDeferred
+async def test_disabled_in_the_directory_shows_at_the_next_lookup(slapd, context):
+    user = User(sub="sub-oscar", login="oscar", name="Oscar")
+    dn = user_dn("oscar")
+    slapd.put(dn, user_attributes(user, "oscar-password"))
+    try:
+        async with opened(context, slapd.backend_config()) as directory:
+            assert await log_in(directory, "oscar", "oscar-password") == user
+            slapd.modify(dn, nsAccountLock="TRUE", description="left the company")
+            oscar = await directory.user_by_id(user.sub)
+            assert (oscar.disabled, oscar.disabled_reason) == (True, "left the company")
+            slapd.modify(dn, nsAccountLock=[], description=[])
+            assert await directory.user_by_id(user.sub) == user
+            slapd.delete(dn)
+            assert await directory.user_by_id(user.sub) is None
+            assert isinstance(await refused(directory, "oscar", "oscar-password"), UnknownUser)
+    finally:
+        slapd.delete(dn)
+
+
+# --- Active Directory --------------------------------------------------------------------
+
+
+ANN_GUID = "3cb72409-f5fa-44a1-80f0-6142a002c488"
+
+
+@pytest_twisted.ensureDeferred
+async def test_active_directory_flavour(slapd, context):
+    async with opened(context, ad_config(slapd)) as directory:
+        ann = await log_in(directory, "ANN", "ann-password")
+        assert ann == User(sub=ANN_GUID, login="ann", name="Ann Admin", email="ann@corp.example")
+        assert await directory.user_by_id(ANN_GUID) == ann
+        for sub in (ANN_GUID.upper(), "not-a-guid", "3cb72409f5fa44a180f06142a002c488"):
+            assert await directory.user_by_id(sub) is None, sub
+        ben = await directory.user_by_login("ben")
+        assert (ben.disabled, ben.disabled_reason) == (True, ldap.DISABLED_REASON)
+        assert (await directory.user_by_login("cid")).disabled is False
+        assert not isinstance(await refused(directory, "ann", "wrong"), UnknownUser)
+
+
+@pytest.mark.parametrize("membership", ["memberOf", "member"])
+@pytest_twisted.ensureDeferred
+async def test_active_directory_nested_groups(slapd, context, membership):
+    """all-staff holds engineers, which holds ann (whose DN has an escaped comma) and ben."""
+    config = ad_config(slapd, required_groups=[f"cn=all-staff,{CORP_GROUPS}"], group_membership=membership,
+                       group_base_dn=CORP_GROUPS if membership == "member" else None, group_nesting_depth=2)
+    async with opened(context, config) as directory:
+        assert await disabled_reasons(directory, "ann", "ben", "cid") == {
+            "ann": None, "ben": ldap.DISABLED_REASON, "cid": ldap.NOT_IN_GROUPS,
+        }
+    async with opened(context, {**config, "group_nesting_depth": 1}) as directory:
+        assert await disabled_reasons(directory, "ann") == {"ann": ldap.NOT_IN_GROUPS}
+
+
+def test_dn_key():
+    assert ldap.dn_key("cn=Admin\\2C Ann,ou=Users, DC=x") == ldap.dn_key("CN=admin\\, ann,ou=users,dc=X")
+    assert ldap.dn_key("cn=a,dc=x") != ldap.dn_key("cn=b,dc=x")
+
+
+# --- TLS and servers -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tls", ["ldaps", "start_tls", "plain"])
+@pytest_twisted.ensureDeferred
+async def test_transports(slapd, context, tls):
+    config = {
+        "ldaps": slapd.backend_config(urls=[slapd.ldaps_url], start_tls=False),
+        "start_tls": slapd.backend_config(),
+        "plain": slapd.backend_config(start_tls=False, ca_file=None),
+    }[tls]
+    async with opened(context, config) as directory:
+        assert (await log_in(directory, "carol", "carol-password")).sub == CAROL_SUB
+
+
+@pytest.mark.parametrize("urls", ["ldaps", "start_tls"])
+@pytest_twisted.ensureDeferred
+async def test_untrusted_certificate_is_an_outage(slapd, context, urls):
+    overrides = {"ca_file": str(slapd.other_ca_file)}
+    if urls == "ldaps":
+        overrides.update(urls=[slapd.ldaps_url], start_tls=False)
+    async with opened(context, slapd.backend_config(**overrides)) as directory:
+        with pytest.raises(BackendUnavailable):
+            await log_in(directory, "carol", "carol-password")
+        with pytest.raises(BackendUnavailable):
+            await directory.user_by_id(CAROL_SUB)
+
+
+@pytest_twisted.ensureDeferred
+async def test_servers_are_tried_in_order(slapd, context):
+    dead = f"ldap://127.0.0.1:{free_port()}"
+    async with opened(context, slapd.backend_config(urls=[dead, slapd.url])) as directory:
+        assert (await log_in(directory, "carol", "carol-password")).sub == CAROL_SUB
+
+
+# --- outages ---------------------------------------------------------------------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_directory_down_then_back(slapd, context):
+    """Down: an outage at once, never a wrong password or a removed user. Back: pooled connections are replaced."""
+    async with opened(context, slapd.backend_config()) as directory:
+        assert (await directory.user_by_id(CAROL_SUB)).login == "carol"
+        with directory_down(slapd):
+            started = time.monotonic()
+            for attempt in (
+                log_in(directory, "carol", "carol-password"),
+                log_in(directory, "carol", "wrong"),
+                directory.user_by_id(CAROL_SUB),
+                directory.user_by_login("carol"),
+            ):
+                with pytest.raises(BackendUnavailable):
+                    await attempt
+            assert time.monotonic() - started < 2
+        assert (await log_in(directory, "carol", "carol-password")).sub == CAROL_SUB
+
+
+@pytest_twisted.ensureDeferred
+async def test_restart_between_two_lookups(slapd, context):
+    """The pooled connection died with the old slapd: the lookup reconnects instead of failing."""
+    async with opened(context, slapd.backend_config(pool_size=1)) as directory:
+        assert (await directory.user_by_id(CAROL_SUB)).login == "carol"
+        with directory_down(slapd):
+            pass
+        assert (await directory.user_by_id(CAROL_SUB)).login == "carol"
+        assert (await log_in(directory, "dave", "dave-password")).sub == "sub-dave"
+
+
+@pytest_twisted.ensureDeferred
+async def test_hung_directory_times_out(slapd, context):
+    """
+    A server that accepts connections and never answers (StartTLS, or the
+    bind) costs the timeouts, then is an outage.
+    """
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(16)
+        url = f"ldap://127.0.0.1:{hung.getsockname()[1]}"
+        for start_tls, attempt in ((True, "login"), (False, "lookup")):
+            config = slapd.backend_config(urls=[url], start_tls=start_tls,
+                                          ca_file=str(slapd.ca_file) if start_tls else None,
+                                          connect_timeout=1, bind_timeout=1, search_timeout=1)
+            async with opened(context, config) as directory:
+                started = time.monotonic()
+                with pytest.raises(BackendUnavailable):
+                    if attempt == "login":
+                        await log_in(directory, "carol", "carol-password")
+                    else:
+                        await directory.user_by_id(CAROL_SUB)
+                assert time.monotonic() - started < 3
+
+
+@pytest_twisted.ensureDeferred
+async def test_frozen_directory_times_out_without_retrying(slapd, context):
+    """A search that times out is not tried again on a new connection: that would double the wait."""
+    async with opened(context, slapd.backend_config(search_timeout=1, bind_timeout=1)) as directory:
+        assert (await directory.user_by_id(CAROL_SUB)).login == "carol"
+        slapd.pause()
+        try:
+            started = time.monotonic()
+            with pytest.raises(BackendUnavailable):
+                await directory.user_by_id(CAROL_SUB)
+            assert 0.9 < time.monotonic() - started < 1.8
+        finally:
+            slapd.resume()
+        assert (await directory.user_by_id(CAROL_SUB)).login == "carol"
+
+
+@pytest_twisted.ensureDeferred
+async def test_connection_pool_is_bounded(slapd, context):
+    async with opened(context, slapd.backend_config(pool_size=2)) as directory:
+        users = await gatherResults([directory.user_by_id(CAROL_SUB) for _ in range(20)])
+        assert {u.login for u in users} == {"carol"}
+        assert len(directory._directory._idle) <= 2
+        assert context.threadpool(ldap.POOL_NAME, 2).max == 2
