@@ -4,13 +4,22 @@ The LDAP identity backend against the tests' own slapd (tests/slapd.py).
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import json
+import re
+import secrets
 import socket
 import time
+import tomllib
 from contextlib import asynccontextmanager, contextmanager
+from html import unescape as html_unescape
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import pytest_twisted
+import requests
 from twisted.cred.credentials import UsernamePassword
 from twisted.cred.error import UnauthorizedLogin
 from twisted.cred.portal import Portal
@@ -190,6 +199,22 @@ def test_flavour_defaults(slapd):
         "sAMAccountName", "objectGUID", "displayName", "memberOf")
     assert ad.disabled_rules == ("userAccountControl",)
     assert "sAMAccountName={login}" in ad.user_filter
+
+
+def test_readme_examples_are_valid(slapd, tmp_path, monkeypatch):
+    """The README's OpenLDAP and Active Directory examples pass validation as written (secrets aside)."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    part = readme[readme.index("## LDAP and Active Directory"):readme.index("## Backend chains")]
+    examples = [tomllib.loads(block)["identity"][0] for block in re.findall(r"```toml\n(.*?)```", part, re.S)]
+    assert [e["flavour"] for e in examples] == ["openldap", "active_directory"]
+    monkeypatch.setenv("AUTHSRV_LDAP_BIND_PASSWORD", "x")
+    (tmp_path / "bind").write_text("x")
+    for example in examples:
+        assert example.pop("plugin") == "ldap"
+        example.update(ca_file=str(slapd.ca_file), **({"bind_password_file": str(tmp_path / "bind")}
+                                                       if "bind_password_file" in example else {}))
+        settings = ldap.settings_from_config(Section(example, "identity[0]", tmp_path))
+        assert settings.required_groups and settings.bind_password == "x"
 
 
 def test_check_only_builds_nothing(slapd, tmp_path, reactor):
@@ -515,3 +540,141 @@ async def test_connection_pool_is_bounded(slapd, context):
         assert {u.login for u in users} == {"carol"}
         assert len(directory._directory._idle) <= 2
         assert context.threadpool(ldap.POOL_NAME, 2).max == 2
+
+
+# --- end to end: a real server on the directory -------------------------------------------
+
+
+E2E_USER = User(sub="sub-e2e-pat", login="pat", name="Pat Enduser", email="pat@example.org", email_verified=True)
+E2E_PASSWORD = "pat's directory password"
+REDIRECT_URI = "http://127.0.0.1:9000/callback"
+CLIENT_SECRET = "ldap-app-secret"
+INTERNAL_SECRET = "ldap-internal-secret"
+
+
+def _toml(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return json.dumps(value) if isinstance(value, str) else str(value)
+
+
+@pytest.fixture
+def ldap_server(run_server, slapd, tmp_path):
+    """C{twist authsrv} with the directory as its only identity backend, and pat in the directory."""
+    slapd.put(user_dn(E2E_USER.login), user_attributes(E2E_USER, E2E_PASSWORD))
+    port = free_port()
+    (tmp_path / "app-secret").write_text(CLIENT_SECRET + "\n")
+    (tmp_path / "internal-secret").write_text(INTERNAL_SECRET + "\n")
+    identity = "\n".join(f"{k} = {_toml(v)}" for k, v in slapd.backend_config(
+        connect_timeout=1, bind_timeout=2, search_timeout=2).items())
+    (tmp_path / "authsrv.toml").write_text(f"""
+[server]
+public_url = "http://127.0.0.1:{port}"
+listen = ["tcp:{port}:interface=127.0.0.1"]
+
+[internal]
+secret_file = "internal-secret"
+
+[store]
+plugin = "sqlite"
+path = "authsrv.sqlite3"
+
+[keystore]
+plugin = "jwk-file"
+path = "keys.jwks.json"
+
+[[identity]]
+plugin = "ldap"
+{identity}
+
+[[clients]]
+client_id = "app"
+secret_file = "app-secret"
+first_party = true
+redirect_uris = ["{REDIRECT_URI}"]
+""")
+    yield run_server(["authsrv", "--config", str(tmp_path / "authsrv.toml")], tmp_path, port=port)
+    slapd.delete(user_dn(E2E_USER.login))
+
+
+def _form(html: str) -> tuple[str, dict]:
+    action = re.search(r'<form [^>]*action="([^"]*)"', html).group(1)
+    fields = dict(re.findall(r'<input type="hidden" name="([^"]*)" value="([^"]*)"', html))
+    return html_unescape(action), {k: html_unescape(v) for k, v in fields.items()}
+
+
+def _login(server, login: str, password: str) -> tuple[requests.Response, str]:
+    """Authorize, then submit the login form as a browser would: the answer and the PKCE verifier."""
+    verifier = secrets.token_urlsafe(48)
+    challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
+    browser = requests.Session()
+    page = browser.get(f"{server.base}/api/auth/oauth2/authorize", params={
+        "response_type": "code", "client_id": "app", "redirect_uri": REDIRECT_URI,
+        "scope": "openid profile email offline_access", "state": "s", "code_challenge": challenge,
+        "code_challenge_method": "S256",
+    }, timeout=10)
+    assert page.status_code == 200, page.text
+    action, fields = _form(page.text)
+    answer = browser.post(requests.compat.urljoin(page.url, action),
+                          data={**fields, "username": login, "password": password}, allow_redirects=False, timeout=10)
+    return answer, verifier
+
+
+def _token(server, **form) -> requests.Response:
+    return requests.post(f"{server.base}/api/auth/oauth2/token",
+                         data={"client_id": "app", "client_secret": CLIENT_SECRET, **form}, timeout=10)
+
+
+def _user_access(server, sub: str) -> dict:
+    answer = requests.post(f"{server.base}/api/internal/user-access", json={"userId": sub},
+                           headers={"authorization": f"Bearer {INTERNAL_SECRET}"}, timeout=10)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+@pytest.mark.slow
+def test_end_to_end_disabled_in_the_directory_and_outage(ldap_server, slapd):
+    answer, verifier = _login(ldap_server, "PAT", E2E_PASSWORD)
+    assert answer.status_code == 303, answer.text
+    code = parse_qs(urlsplit(answer.headers["location"]).query)["code"][0]
+    tokens = _token(ldap_server, grant_type="authorization_code", code=code, redirect_uri=REDIRECT_URI,
+                    code_verifier=verifier).json()
+    userinfo = requests.get(f"{ldap_server.base}/api/auth/oauth2/userinfo",
+                            headers={"authorization": f"Bearer {tokens['access_token']}"}, timeout=10).json()
+    assert userinfo == {"sub": E2E_USER.sub, "name": "Pat Enduser", "email": "pat@example.org",
+                        "email_verified": True}
+    refreshed = _token(ldap_server, grant_type="refresh_token", refresh_token=tokens["refresh_token"])
+    assert refreshed.status_code == 200, refreshed.text
+    assert _user_access(ldap_server, E2E_USER.sub)["allowed"] is True
+
+    slapd.modify(user_dn(E2E_USER.login), nsAccountLock="TRUE", description="left the company")
+    assert _user_access(ldap_server, E2E_USER.sub) == {
+        "allowed": False, "banned": True, "banReason": "left the company", "hasActiveGrant": True,
+    }
+    again = _token(ldap_server, grant_type="refresh_token", refresh_token=refreshed.json()["refresh_token"])
+    assert again.status_code == 400 and again.json()["error"] == "invalid_grant"
+    assert requests.get(f"{ldap_server.base}/api/auth/oauth2/userinfo", timeout=10,
+                        headers={"authorization": f"Bearer {refreshed.json()['access_token']}"}).status_code == 401
+    refused_login, _ = _login(ldap_server, "pat", E2E_PASSWORD)
+    assert refused_login.status_code == 200 and "incorrect" in refused_login.text
+
+    slapd.modify(user_dn(E2E_USER.login), nsAccountLock=[], description=[])
+    slapd.stop()
+    try:
+        started = time.monotonic()
+        outage, _ = _login(ldap_server, "pat", E2E_PASSWORD)
+        assert outage.status_code == 503 and "try again later" in outage.text
+        assert "incorrect" not in outage.text
+        assert time.monotonic() - started < 5
+        assert requests.get(f"{ldap_server.base}/healthz", timeout=5).status_code == 200
+        assert requests.get(f"{ldap_server.base}/readyz", timeout=5).status_code == 200
+    finally:
+        slapd.start()
+    back, _ = _login(ldap_server, "pat", E2E_PASSWORD)
+    assert back.status_code == 303 and back.headers["location"].startswith(REDIRECT_URI)
+    out, err = ldap_server.stop()
+    assert "identity backend unavailable" in out + err
+    for secret in (E2E_PASSWORD, SERVICE_PASSWORD):
+        assert secret not in out + err
