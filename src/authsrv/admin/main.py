@@ -35,7 +35,7 @@ from authsrv.context import PluginContext
 from authsrv.embedded import CONFIG_NAME, DEFAULT_DATA_DIR
 from authsrv.protocol.clients import client_id_problem, redirect_uri_problem
 from authsrv.records import Ban, Client
-from authsrv.service import JWKS_MAX_AGE, StartupError, build_plugin
+from authsrv.service import JWKS_MAX_AGE, StartupError, build_identity, build_plugin
 from authsrv.store.errors import AlreadyExists
 from authsrv.tokens import new_token, token_hash
 
@@ -272,7 +272,7 @@ async def _with_user(reactor, args, act):
     config = _config(args)
     context = PluginContext(reactor, config.base_dir, config.limits.max_token_lifetime)
     try:
-        identity = build_plugin("identity", config.identity[0], context)
+        identity = build_identity(config, context)
         store = build_plugin("store", config.store, context)
         try:
             user = await identity.user_by_id(args.user) or await identity.user_by_login(args.user)

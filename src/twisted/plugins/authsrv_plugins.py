@@ -19,6 +19,10 @@ static_identity = IdentityBackendFactory(
     "static", "authsrv.identity.static", "Users from a TOML file with argon2id password hashes."
 )
 
+ldap_identity = IdentityBackendFactory(
+    "ldap", "authsrv.identity.ldap", "Users from an LDAP directory (OpenLDAP, Active Directory): search, then bind."
+)
+
 sqlite_store = StoreFactory(
     "sqlite", "authsrv.store.sqlite", "SQLite file: the embedded single-instance store."
 )
