@@ -1,0 +1,788 @@
+"""
+The PostgreSQL identity backend: users, password hashes, disabled flags,
+profile claims and linked chat accounts read from tables.
+
+Two modes. C{own}: the project's table C{identity_users}, created and
+migrated at start under an advisory lock and managed with C{authsrv-admin
+user ...}. C{mapped}: an operator's existing tables, read through SQL
+queries from the config, checked at start and run in read-only
+transactions, so an existing user base moves over without copying it.
+
+Lookups run on txpostgres connections (asynchronous psycopg2, no thread);
+password checks on the bounded L{PasswordVerifier} pool. Start-up work
+(migrations, checking the mapped queries) is a blocking psycopg2 session, as
+the server builds its plugins before the reactor runs. Any database failure
+is L{BackendUnavailable}, never a wrong password.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from contextlib import closing
+from importlib import resources
+
+import bcrypt
+import psycopg2
+import psycopg2.extensions
+from attrs import field, frozen
+from twisted.cred.credentials import IUsernamePassword
+from twisted.cred.error import UnauthorizedLogin
+from twisted.internet.defer import CancelledError, Deferred, DeferredSemaphore, maybeDeferred, succeed
+from twisted.internet.defer import TimeoutError as DeferredTimeout
+from twisted.internet.error import ConnectionDone, ConnectionLost
+from twisted.internet.threads import deferToThreadPool
+from twisted.logger import Logger
+from txpostgres import txpostgres
+from zope.interface import implementer
+
+from authsrv.configsection import ConfigError, Section
+from authsrv.identity.errors import BackendUnavailable, UnknownUser
+from authsrv.identity.passwords import DEFAULT_HASHER, PasswordVerifier, is_argon2id_hash
+from authsrv.identity.static import login_key
+from authsrv.interfaces import IIdentityBackend
+from authsrv.records import User
+
+log = Logger()
+
+MODES = ("own", "mapped")
+
+BCRYPT_PREFIXES = ("$2a$", "$2b$", "$2y$")
+
+BCRYPT_MAX_PASSWORD = 72
+"""
+bcrypt only ever hashed a password's first 72 bytes; the bcrypt package now
+refuses longer input, so a check truncates as the hash's maker did.
+"""
+
+COLUMNS = (
+    "sub", "login", "password_hash", "name", "picture", "email", "email_verified",
+    "disabled", "disabled_reason", "chat_user_id",
+)
+"""What the lookup queries may return, named so (C{... AS name})."""
+
+_BOOLEAN_COLUMNS = frozenset({"email_verified", "disabled"})
+_TEXT_TYPES = frozenset({"text", "varchar", "bpchar", "name", "citext"})
+
+_OWN_COLUMNS = ", ".join(COLUMNS)
+
+
+def advisory_lock_id(name: str) -> int:
+    """A stable signed 64-bit advisory lock key for C{name}, clear of other users' small keys."""
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+
+
+SCHEMA_LOCK = advisory_lock_id("authsrv identity schema")
+
+CLIENT_DEADLINE_MARGIN = 1
+"""Seconds the client waits beyond the server's statement timeout before it closes a connection."""
+
+
+# --- connection settings, shared with the PostgreSQL keystore ---------------
+
+
+@frozen
+class ConnectionSettings:
+    """
+    Where and how to connect. C{key} is the config key the DSN came from,
+    named by start-up errors; the DSN itself is never shown (it may hold a
+    password).
+    """
+
+    dsn: str = field(repr=False)
+    key: str
+    connect_timeout: int
+    statement_timeout: int
+    application_name: str
+
+    def parameters(self, *, read_only: bool = False) -> dict:
+        """
+        libpq parameters: the DSN's own, plus a server-side statement
+        timeout, TCP keepalives and (C{read_only}) read-only transactions
+        by default, keeping any C{options} the DSN gives.
+        """
+        parameters = psycopg2.extensions.parse_dsn(self.dsn)
+        options = [parameters.get("options", ""), f"-c statement_timeout={self.statement_timeout * 1000}"]
+        if read_only:
+            options.append("-c default_transaction_read_only=on")
+        parameters["options"] = " ".join(option for option in options if option)
+        defaults = {
+            "application_name": self.application_name,
+            "connect_timeout": str(self.connect_timeout),
+            "keepalives_idle": "30",
+            "keepalives_interval": "10",
+            "keepalives_count": "3",
+        }
+        return defaults | parameters
+
+    def connect(self, *, read_only: bool = False):
+        """A blocking psycopg2 connection in autocommit mode (start-up work, the keystore)."""
+        connection = psycopg2.connect(**self.parameters(read_only=read_only))
+        connection.autocommit = True
+        return connection
+
+
+def read_settings(section: Section, application_name: str) -> ConnectionSettings:
+    """
+    The connection keys: C{dsn} (a libpq connection string or URI without a
+    password), or C{dsn_env}/C{dsn_file} (one that may hold a password);
+    C{connect_timeout} and C{statement_timeout} (durations, default 5 s).
+    """
+    given = [name for name in ("dsn", "dsn_env", "dsn_file") if section.has(name)]
+    if not given:
+        raise section.error("dsn", "is required (or dsn_env, dsn_file when it holds a password)")
+    if len(given) > 1:
+        raise section.error(given[1], f"give one of dsn, dsn_env, dsn_file, not {' and '.join(given)}")
+    key = section.key(given[0])
+    dsn = section.str("dsn") if given == ["dsn"] else section.secret("dsn")
+    try:
+        parameters = psycopg2.extensions.parse_dsn(dsn)
+    except psycopg2.ProgrammingError:
+        raise ConfigError(key, "is not a libpq connection string or postgresql:// URI") from None
+    if given == ["dsn"] and parameters.get("password"):
+        raise ConfigError(
+            key, "holds a password: put the DSN in dsn_env or dsn_file, never in the config file"
+        )
+    connect_timeout = section.duration("connect_timeout", 5)
+    statement_timeout = section.duration("statement_timeout", 5)
+    for name, value in (("connect_timeout", connect_timeout), ("statement_timeout", statement_timeout)):
+        if value < 1:
+            raise section.error(name, "must be at least 1s")
+    return ConnectionSettings(dsn, key, connect_timeout, statement_timeout, application_name)
+
+
+def problem_of(error: BaseException) -> str:
+    """An error as one short line for logs and messages; never holds a DSN."""
+    if isinstance(error, psycopg2.Error):
+        text = str(error).strip().splitlines()
+        return text[0] if text else type(error).__name__
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+def migrate(connection, package: str, table: str, lock: int) -> int:
+    """
+    Bring a schema up to date: apply the C{schema/postgres/NNN_*.sql} files
+    of C{package} above the version recorded in C{table}, in one transaction
+    under the advisory lock C{lock}, so that instances starting together
+    migrate once. Returns the version; L{ValueError} when the database's
+    schema is newer than this code.
+    """
+    migrations = _migrations(package)
+    latest = max(migrations, default=0)
+    with connection.cursor() as cursor:
+        cursor.execute("BEGIN")
+        try:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", (lock,))
+            cursor.execute(
+                f"CREATE TABLE IF NOT EXISTS {table} ("
+                " version integer PRIMARY KEY,"
+                " applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            cursor.execute(f"SELECT coalesce(max(version), 0) FROM {table}")
+            (current,) = cursor.fetchone()
+            if current > latest:
+                raise ValueError(
+                    f"the database schema is at version {current}, newer than this"
+                    f" authsrv knows ({latest}): upgrade authsrv"
+                )
+            for version in sorted(v for v in migrations if v > current):
+                cursor.execute(migrations[version])
+                cursor.execute(f"INSERT INTO {table} (version) VALUES (%s)", (version,))
+            cursor.execute("COMMIT")
+        except BaseException:
+            if not connection.closed:
+                cursor.execute("ROLLBACK")
+            raise
+    return max(current, latest)
+
+
+def _migrations(package: str) -> dict[int, str]:
+    folder = resources.files(package) / "schema" / "postgres"
+    return {
+        int(entry.name.split("_", 1)[0]): entry.read_text(encoding="utf-8")
+        for entry in folder.iterdir()
+        if entry.name.endswith(".sql")
+    }
+
+
+# --- the connection pool ----------------------------------------------------
+
+
+class _Connection(txpostgres.Connection):
+    """
+    A txpostgres connection that closes itself when the server drops it
+    while idle: txpostgres would raise from C{doRead}, and Twisted log it as
+    an unhandled error, on every database restart.
+    """
+
+    def doRead(self):
+        try:
+            super().doRead()
+        except psycopg2.Error:
+            self.close()
+
+
+class _TimedOut(Exception):
+    """No answer within the configured time; the connection was closed."""
+
+
+class ConnectionPool:
+    """
+    Up to C{size} txpostgres connections, each opened when first needed and
+    dropped as soon as it fails, with a deadline on connecting and on every
+    piece of work.
+
+    Not txpostgres's own ConnectionPool: it opens every connection at start
+    (so it cannot start while the database is down), keeps a connection the
+    server dropped forever (after a database restart every query fails with
+    "connection already closed"), and its asynchronous connect ignores
+    libpq's connect_timeout. A deadline here closes the socket, which ends
+    the wait at once, where cancelling a query would block the reactor. It
+    falls a second after the server's own statement timeout, which cancels
+    a slow query with a clearer error and keeps the connection.
+
+    An outage is logged when it starts and when it ends, not once per
+    request; a query the database refuses (a broken mapping) every time.
+    """
+
+    def __init__(self, reactor, settings: ConnectionSettings, size: int, *, read_only: bool = False):
+        self._reactor = reactor
+        self._parameters = settings.parameters(read_only=read_only)
+        self._connect_timeout = settings.connect_timeout
+        self._statement_timeout = settings.statement_timeout
+        self._slots = DeferredSemaphore(size)
+        self._idle: list[_Connection] = []
+        self._open: set[_Connection] = set()
+        self._closed = False
+        self._reachable = True
+
+    def run(self, label: str, work) -> Deferred:
+        """
+        Fires with the result of C{work(connection)} (a L{Deferred}), run on
+        one connection of the pool; fails with L{BackendUnavailable} naming
+        C{label} for any failure.
+        """
+        return Deferred.fromCoroutine(self._run(label, work))
+
+    async def _run(self, label: str, work):
+        slot = self._slots.acquire()
+        try:
+            await slot.addTimeout(self._connect_timeout, self._reactor)
+        except DeferredTimeout:
+            raise self._failed(label, f"no connection free within {self._connect_timeout} s", True) from None
+        try:
+            if self._closed:
+                raise BackendUnavailable(f"{label}: the connection pool is closed")
+            try:
+                connection = await self._checkout()
+            except Exception as e:
+                raise self._failed(label, f"cannot connect: {_reason(e, self._connect_timeout)}", True) from None
+            if not self._reachable:
+                self._reachable = True
+                log.info("identity database reachable again")
+            deadline = self._statement_timeout + CLIENT_DEADLINE_MARGIN
+            try:
+                result = await self._within(deadline, connection, maybeDeferred(work, connection))
+            except Exception as e:
+                self._checkin(connection)
+                raise self._failed(label, _reason(e, deadline), _is_outage(e)) from None
+            self._checkin(connection)
+            return result
+        finally:
+            self._slots.release()
+
+    def _failed(self, label: str, reason: str, outage: bool) -> BackendUnavailable:
+        if not outage:
+            log.error("identity query {label} failed: {reason}", label=label, reason=reason)
+        elif self._reachable:
+            self._reachable = False
+            log.warn(
+                "identity database unavailable ({label}: {reason}); logins and user lookups"
+                " fail until it is back", label=label, reason=reason,
+            )
+        return BackendUnavailable(f"{label}: {reason}")
+
+    async def _checkout(self) -> _Connection:
+        while self._idle:
+            connection = self._idle.pop()
+            if not connection.closed:
+                return connection
+            self._open.discard(connection)
+        connection = _Connection(self._reactor)
+        self._open.add(connection)
+        try:
+            await self._within(self._connect_timeout, connection, connection.connect(**self._parameters))
+        except BaseException:
+            self._drop(connection)
+            raise
+        return connection
+
+    def _checkin(self, connection: _Connection) -> None:
+        """Keep a connection that is open and outside any transaction; drop any other."""
+        if (
+            not self._closed
+            and not connection.closed
+            and connection.get_transaction_status() == psycopg2.extensions.TRANSACTION_STATUS_IDLE
+        ):
+            self._idle.append(connection)
+        else:
+            self._drop(connection)
+
+    def _drop(self, connection: _Connection) -> None:
+        self._open.discard(connection)
+        if connection.pollable() is not None:
+            connection.close()
+
+    def _within(self, seconds: int, connection: _Connection, d: Deferred) -> Deferred:
+        """
+        C{d}, or L{_TimedOut} after C{seconds}, when the connection is
+        closed so that the work under way ends too.
+        """
+        outer = Deferred()
+
+        def expire():
+            self._drop(connection)
+            outer.errback(_TimedOut())
+
+        timer = self._reactor.callLater(seconds, expire)
+
+        def finished(result) -> None:
+            if timer.active():
+                timer.cancel()
+                outer.callback(result)
+
+        d.addBoth(finished)
+        return outer
+
+    def close(self) -> Deferred:
+        """Close every connection; work under way fails."""
+        self._closed = True
+        for connection in list(self._open):
+            self._drop(connection)
+        self._idle.clear()
+        return succeed(None)
+
+
+def _is_outage(error: Exception) -> bool:
+    """Whether C{error} says the database cannot be reached, rather than that it refused a query."""
+    return isinstance(
+        error,
+        (_TimedOut, CancelledError, psycopg2.OperationalError, psycopg2.InterfaceError, ConnectionDone, ConnectionLost),
+    )
+
+
+def _reason(error: Exception, timeout: int) -> str:
+    if isinstance(error, _TimedOut):
+        return f"no answer within {timeout} s"
+    if isinstance(error, CancelledError):
+        # txpostgres turns the server's statement-timeout cancellation into this.
+        return "cancelled by the server (statement_timeout)"
+    return problem_of(error)
+
+
+async def _fetch(connection, query: str, parameters: dict) -> list[dict]:
+    cursor = connection.cursor()
+    await cursor.execute(query, parameters)
+    names = [column.name for column in cursor.description]
+    return [dict(zip(names, row)) for row in cursor.fetchall()]
+
+
+async def _write(connection, query: str, parameters: dict) -> int:
+    """One write in a read-write transaction (mapped mode's sessions default to read-only)."""
+    cursor = connection.cursor()
+    await cursor.execute("BEGIN READ WRITE")
+    await cursor.execute(query, parameters)
+    count = cursor.rowcount
+    await cursor.execute("COMMIT")
+    return count
+
+
+# --- passwords --------------------------------------------------------------
+
+
+def is_bcrypt_hash(value: str | None) -> bool:
+    return bool(value) and value.startswith(BCRYPT_PREFIXES)
+
+
+class MigratingVerifier(PasswordVerifier):
+    """
+    L{PasswordVerifier} that also accepts bcrypt hashes, so operators can
+    bring an existing user table, and makes the argon2id hash that replaces
+    one after a successful login.
+    """
+
+    def _check(self, password, stored_hash):
+        if not is_bcrypt_hash(stored_hash):
+            return super()._check(password, stored_hash)
+        if isinstance(password, str):
+            password = password.encode("utf-8", "surrogatepass")
+        try:
+            matched = bcrypt.checkpw(password[:BCRYPT_MAX_PASSWORD], stored_hash.encode("ascii"))
+        except (ValueError, UnicodeEncodeError):
+            return "malformed"
+        return "match" if matched else "mismatch"
+
+    def rehash(self, password: str | bytes) -> Deferred:
+        """Fires with a new argon2id hash of C{password}, made on the pool."""
+        return deferToThreadPool(self._reactor, self._pool, self._hasher.hash, password)
+
+
+# --- queries ----------------------------------------------------------------
+
+
+@frozen
+class Queries:
+    """
+    The SQL of each lookup, with named parameters: C{user_by_login} gets
+    C{login} (as typed) and C{login_key} (NFC, case-folded), C{user_by_id}
+    gets C{sub}, and C{update_password_hash} (optional) gets C{sub},
+    C{password_hash} (the new argon2id hash) and C{old_password_hash}.
+    """
+
+    user_by_login: str
+    user_by_id: str
+    update_password_hash: str | None
+
+
+OWN_QUERIES = Queries(
+    user_by_login=f"SELECT {_OWN_COLUMNS} FROM identity_users WHERE login_key = %(login_key)s",
+    user_by_id=f"SELECT {_OWN_COLUMNS} FROM identity_users WHERE sub = %(sub)s",
+    update_password_hash=(
+        "UPDATE identity_users SET password_hash = %(password_hash)s, updated_at = now()"
+        " WHERE sub = %(sub)s AND password_hash = %(old_password_hash)s"
+    ),
+)
+
+_PARAMETERS = {
+    "user_by_login": ("login", "login_key"),
+    "user_by_id": ("sub",),
+    "update_password_hash": ("sub", "password_hash", "old_password_hash"),
+}
+
+_REQUIRED_PARAMETERS = {
+    "user_by_login": (),
+    "user_by_id": ("sub",),
+    "update_password_hash": ("sub", "password_hash"),
+}
+
+_CHECK_PARAMETERS = {
+    "login": "authsrv config check",
+    "login_key": "authsrv config check",
+    "sub": "authsrv-config-check",
+    "password_hash": "$argon2id$v=19$m=8,t=1,p=1$Y2hlY2s$Y2hlY2s",
+    "old_password_hash": "$argon2id$v=19$m=8,t=1,p=1$Y2hlY2s$Y2hlY2s",
+}
+
+
+def _read_queries(section: Section) -> Queries:
+    return Queries(
+        user_by_login=section.str("user_by_login"),
+        user_by_id=section.str("user_by_id"),
+        update_password_hash=section.str("update_password_hash", None),
+    )
+
+
+def check_queries(connection, section: Section, queries: Queries) -> None:
+    """
+    Run each mapped query once with made-up parameters in a read-only
+    session (the update only through EXPLAIN, which writes nothing): a
+    query that does not parse, uses a parameter it does not get, or returns
+    columns the backend cannot use is a one-line L{ConfigError} naming it.
+    """
+    for name in ("user_by_login", "user_by_id", "update_password_hash"):
+        query = getattr(queries, name)
+        if query is None:
+            continue
+        expected = _PARAMETERS[name]
+        if name == "user_by_login" and not any(f"%({p})s" in query for p in expected):
+            raise section.error(name, "must use %(login)s or %(login_key)s")
+        for parameter in _REQUIRED_PARAMETERS[name]:
+            if f"%({parameter})s" not in query:
+                raise section.error(name, f"must use %({parameter})s")
+        parameters = {p: _CHECK_PARAMETERS[p] for p in expected}
+        statement = f"EXPLAIN {query}" if name == "update_password_hash" else query
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(statement, parameters)
+                if name != "update_password_hash":
+                    _check_columns(connection, section, name, cursor.description)
+        except KeyError as e:
+            raise section.error(
+                name,
+                f"uses %({e.args[0]})s, which it does not get; its parameters are "
+                + ", ".join(f"%({p})s" for p in expected),
+            ) from None
+        except (TypeError, ValueError, IndexError):
+            raise section.error(
+                name, "cannot take its parameters: write them %(name)s, and a literal % as %%"
+            ) from None
+        except psycopg2.extensions.QueryCanceledError:
+            raise section.error(name, "did not finish within statement_timeout") from None
+        except psycopg2.OperationalError:
+            raise
+        except psycopg2.Error as e:
+            raise section.error(name, f"does not run: {problem_of(e)}") from None
+
+
+def _check_columns(connection, section: Section, name: str, description) -> None:
+    if description is None:
+        raise section.error(name, "returns no rows: it must be a SELECT")
+    names = [column.name for column in description]
+    for column in names:
+        if column not in COLUMNS:
+            raise section.error(
+                name, f"returns a column {column!r}; name each one of: {', '.join(COLUMNS)}"
+            )
+        if names.count(column) > 1:
+            raise section.error(name, f"returns the column {column!r} twice")
+    required = ("sub", "login", "password_hash") if name == "user_by_login" else ("sub", "login")
+    for column in required:
+        if column not in names:
+            raise section.error(name, f"must return a column named {column} (... AS {column})")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT oid, typname FROM pg_type WHERE oid = ANY(%s)",
+            ([column.type_code for column in description],),
+        )
+        types = dict(cursor.fetchall())
+    for column in description:
+        kind = types.get(column.type_code)
+        if column.name in _BOOLEAN_COLUMNS and kind != "bool":
+            raise section.error(name, f"column {column.name} must be a boolean, not {kind}")
+        if column.name not in _BOOLEAN_COLUMNS and kind not in _TEXT_TYPES:
+            raise section.error(
+                name, f"column {column.name} must be text, not {kind} (cast it: ...::text AS {column.name})"
+            )
+
+
+# --- the backend ------------------------------------------------------------
+
+
+def _db_text(value: str | bytes) -> str | None:
+    """
+    C{value} as text PostgreSQL can take, or None for what no user can
+    have: bytes that are not UTF-8, lone surrogates, NUL characters (which
+    PostgreSQL text cannot hold, and psycopg2 refuses).
+    """
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+    return None if "\x00" in value else value
+
+
+@frozen
+class _Account:
+    user: User
+    password_hash: str | None
+
+
+def _account(row: dict) -> _Account | None:
+    if not row.get("sub") or not row.get("login"):
+        return None
+    return _Account(
+        User(
+            sub=row["sub"],
+            login=row["login"],
+            name=row.get("name"),
+            picture=row.get("picture"),
+            email=row.get("email"),
+            email_verified=bool(row.get("email_verified")),
+            disabled=bool(row.get("disabled")),
+            disabled_reason=row.get("disabled_reason"),
+            chat_user_id=row.get("chat_user_id"),
+        ),
+        row.get("password_hash"),
+    )
+
+
+@implementer(IIdentityBackend)
+class PostgresIdentityBackend:
+    """
+    Users from PostgreSQL through C{queries}, in C{mode} "own" (our table,
+    which L{add_user} and friends manage) or "mapped" (the operator's).
+    """
+
+    credentialInterfaces = (IUsernamePassword,)
+
+    def __init__(self, pool: ConnectionPool, verifier: MigratingVerifier, queries: Queries, mode: str):
+        self._pool = pool
+        self._verifier = verifier
+        self._queries = queries
+        self.mode = mode
+
+    def _one(self, label: str, query: str, parameters: dict) -> Deferred:
+        def pick(rows: list[dict]) -> _Account | None:
+            accounts = [a for a in map(_account, rows) if a is not None]
+            if len(rows) > 1:
+                log.error(
+                    "{query} found {count} users for one {what}: it must find at most one",
+                    query=label, count=len(rows), what="login" if "login" in parameters else "sub",
+                )
+                raise BackendUnavailable(f"{label} is ambiguous")
+            if rows and not accounts:
+                log.error("{query} found a user without sub or login", query=label)
+            return accounts[0] if accounts else None
+
+        return self._pool.run(label, lambda c: Deferred.fromCoroutine(_fetch(c, query, parameters))).addCallback(pick)
+
+    def _by_login(self, login: str | bytes) -> Deferred:
+        text = _db_text(login)
+        if text is None:
+            return succeed(None)
+        parameters = {"login": text, "login_key": login_key(text)}
+        return self._one("user_by_login", self._queries.user_by_login, parameters)
+
+    def user_by_login(self, login: str | bytes) -> Deferred:
+        return self._by_login(login).addCallback(lambda a: a.user if a else None)
+
+    def user_by_id(self, sub: str) -> Deferred:
+        text = _db_text(sub)
+        if text is None:
+            return succeed(None)
+        d = self._one("user_by_id", self._queries.user_by_id, {"sub": text})
+        return d.addCallback(lambda a: a.user if a else None)
+
+    def requestAvatarId(self, credentials) -> Deferred:
+        """
+        Fires with the user's sub, or fails with L{UnknownUser},
+        L{UnauthorizedLogin} or L{BackendUnavailable}; an unknown login
+        costs the same hashing work as a wrong password.
+        """
+        return Deferred.fromCoroutine(self._check(credentials.username, credentials.password))
+
+    async def _check(self, login, password) -> str:
+        account = await self._by_login(login)
+        stored = account.password_hash if account else None
+        matched = await self._verifier.verify(account.user.login if account else "", password, stored)
+        if account is None:
+            raise UnknownUser("unknown login")
+        if not matched:
+            raise UnauthorizedLogin("wrong password")
+        if is_bcrypt_hash(stored) and self._queries.update_password_hash:
+            await self._upgrade(account, password)
+        return account.user.sub
+
+    async def _upgrade(self, account: _Account, password) -> None:
+        """Replace a bcrypt hash by argon2id; a failure only leaves the old hash in place."""
+        new_hash = await self._verifier.rehash(password)
+        parameters = {
+            "sub": account.user.sub,
+            "password_hash": new_hash,
+            "old_password_hash": account.password_hash,
+        }
+        query = self._queries.update_password_hash
+        try:
+            await self._pool.run(
+                "update_password_hash", lambda c: Deferred.fromCoroutine(_write(c, query, parameters))
+            )
+        except BackendUnavailable:
+            return
+        log.info("password hash of {login!r} upgraded from bcrypt to argon2id", login=account.user.login)
+
+    # Own mode: what the operator command manages.
+
+    def _own(self) -> None:
+        if self.mode != "own":
+            raise ValueError("users are managed in the operator's own tables (mode = \"mapped\")")
+
+    async def add_user(self, user: User, password_hash: str) -> User:
+        """
+        Insert a user into C{identity_users}; L{ValueError} for a bad field
+        or a login or sub already taken.
+        """
+        self._own()
+        if len(user.sub) > 255 or not (user.sub.isascii() and user.sub.isprintable()) or not user.sub:
+            raise ValueError("sub must be 1 to 255 printable ASCII characters (OIDC Core 2)")
+        if _db_text(user.login) is None or not user.login.strip():
+            raise ValueError("login must be non-empty text without NUL characters")
+        if not is_argon2id_hash(password_hash):
+            raise ValueError("password_hash must be an argon2id hash")
+        row = {name: getattr(user, name) for name in COLUMNS if name != "password_hash"}
+        row |= {"password_hash": password_hash, "login_key": login_key(user.login)}
+        names = ", ".join(row)
+        values = ", ".join(f"%({name})s" for name in row)
+        query = f"INSERT INTO identity_users ({names}) VALUES ({values}) ON CONFLICT DO NOTHING"
+        if await self._pool.run("add_user", lambda c: Deferred.fromCoroutine(_write(c, query, row))):
+            return user
+        taken = await self.user_by_login(user.login)
+        if taken is not None:
+            raise ValueError(f"login {taken.login!r} is already taken by user {taken.sub!r}")
+        raise ValueError(f"sub {user.sub!r} is already taken")
+
+    async def _update(self, label: str, login: str, assignments: str, parameters: dict) -> None:
+        self._own()
+        text = _db_text(login)
+        if text is None:
+            raise ValueError(f"no user with login {login!r}")
+        query = f"UPDATE identity_users SET {assignments}, updated_at = now() WHERE login_key = %(login_key)s"
+        parameters = parameters | {"login_key": login_key(text)}
+        if not await self._pool.run(label, lambda c: Deferred.fromCoroutine(_write(c, query, parameters))):
+            raise ValueError(f"no user with login {login!r}")
+
+    async def set_password_hash(self, login: str, password_hash: str) -> None:
+        """Replace a user's password hash; L{ValueError} for an unknown login."""
+        if not is_argon2id_hash(password_hash):
+            raise ValueError("password_hash must be an argon2id hash")
+        await self._update("set_password_hash", login, "password_hash = %(hash)s", {"hash": password_hash})
+
+    async def set_disabled(self, login: str, disabled: bool, reason: str | None = None) -> None:
+        """Disable (with a reason, reported as the ban reason) or enable a user."""
+        await self._update(
+            "set_disabled", login, "disabled = %(disabled)s, disabled_reason = %(reason)s",
+            {"disabled": disabled, "reason": reason if disabled else None},
+        )
+
+    def close(self) -> Deferred:
+        return self._pool.close()
+
+
+# --- building from config ---------------------------------------------------
+
+
+def from_config(section: Section, context) -> PostgresIdentityBackend | None:
+    """
+    Keys: the connection keys of L{read_settings}; C{mode} ("own", the
+    default, or "mapped"); C{pool_size} (default 4); in mapped mode the
+    queries C{user_by_login}, C{user_by_id} and optionally
+    C{update_password_hash} (see L{Queries}).
+    """
+    return build(section, context)
+
+
+def build(section: Section, context, hasher=DEFAULT_HASHER) -> PostgresIdentityBackend | None:
+    """L{from_config} with the password hasher as a parameter (tests use a cheap one)."""
+    settings = read_settings(section, "authsrv-identity")
+    mode = section.str("mode", "own", choices=MODES)
+    pool_size = section.int("pool_size", 4, minimum=1)
+    if mode == "mapped":
+        queries = _read_queries(section)
+    else:
+        for name in _PARAMETERS:
+            if section.has(name):
+                raise section.error(name, 'is for mode = "mapped"; mode "own" has its own table')
+        queries = OWN_QUERIES
+    section.done()
+    read_only = mode == "mapped"
+    try:
+        with closing(settings.connect(read_only=read_only)) as connection:
+            if mode == "mapped":
+                check_queries(connection, section, queries)
+            elif not context.check_only:
+                migrate(connection, "authsrv.identity", "identity_schema_version", SCHEMA_LOCK)
+    except psycopg2.OperationalError as e:
+        raise ConfigError(settings.key, f"cannot use the database: {problem_of(e)}") from None
+    except ValueError as e:
+        raise ConfigError(settings.key, str(e)) from None
+    if context.check_only:
+        return None
+    verifier = MigratingVerifier.for_context(context, hasher)
+    pool = ConnectionPool(context.reactor, settings, pool_size, read_only=read_only)
+    backend = PostgresIdentityBackend(pool, verifier, queries, mode)
+    verifier.warm_up()
+    log.info("PostgreSQL identity backend ready ({mode} mode)", mode=mode)
+    return backend
