@@ -1,0 +1,226 @@
+"""
+Signing keys in PostgreSQL, shared by every instance of the server.
+
+The keys and their states live in one table, C{signing_keys}; the key ring
+logic and the read-modify-write cycle are the file keystores' own
+(L{KeyRing}, L{FileKeystore}), over a storage whose lock is a
+transaction-level advisory lock: two instances never change the keys at
+once, and each decides what is due on what is stored, so a rotation happens
+once between them. A next key is stored with the first active one, and
+every instance's L{FileKeystore.maintain} reloads the table each minute, so
+all of them publish a next key long before a rotation makes it sign.
+
+Private keys may be sealed at rest (AES-256-GCM, the key from
+C{encryption_key_env} or C{_file}). Storage work runs on the keystore's own
+thread, on a short blocking psycopg2 session each time; signing reads only
+memory.
+"""
+
+from __future__ import annotations
+
+from contextlib import closing, contextmanager
+from typing import Iterator
+
+import psycopg2
+from jwcrypto.common import JWException
+from jwcrypto.jwk import JWK
+
+from authsrv.chat.crypto import TokenCipher, UndecryptableToken, key_from_text
+from authsrv.configsection import ConfigError, Section
+from authsrv.identity.postgres import (
+    ConnectionSettings,
+    advisory_lock_id,
+    migrate,
+    problem_of,
+    read_settings,
+)
+from authsrv.keys.filestore import FileKeystore, read_options
+from authsrv.keys.ring import InvalidKeys, KeyRing, RingKey
+
+SCHEMA_LOCK = advisory_lock_id("authsrv keystore schema")
+KEYS_LOCK = advisory_lock_id("authsrv keystore keys")
+
+SEALED = "signing-key"
+"""What a sealed private key is bound to, besides its kid (the associated data)."""
+
+_FIELDS = ("kid", "alg", "state", "created_at", "activated_at", "retired_at", "expires_at")
+
+
+class KeystoreUnavailable(Exception):
+    """The keystore's database could not be used; the message is one line, without the DSN."""
+
+
+def from_config(section: Section, context) -> "PostgresKeystore | None":
+    """
+    Keys: the connection keys of L{authsrv.identity.postgres.read_settings}
+    (C{dsn}, or C{dsn_env}/C{dsn_file}; C{connect_timeout},
+    C{statement_timeout}); C{algorithms} and C{rotate_every} as for the file
+    keystores; optionally C{encryption_key_env} or C{encryption_key_file}
+    (base64url of 32 bytes) to seal private keys at rest.
+    """
+    settings = read_settings(section, "authsrv-keystore")
+    algorithms, rotate_every = read_options(section)
+    secret_key = section.key(
+        "encryption_key_file" if section.has("encryption_key_file") else "encryption_key_env"
+    )
+    text = section.secret("encryption_key", required=False)
+    try:
+        cipher = TokenCipher(key_from_text(text)) if text else None
+    except ValueError as e:
+        raise ConfigError(secret_key, str(e)) from None
+    section.done()
+    if context.check_only:
+        return None
+    table = KeyTable(settings, cipher, secret_key, section.path)
+    try:
+        table.prepare()
+        return PostgresKeystore.open(table, algorithms, rotate_every, context)
+    except KeystoreUnavailable as e:
+        raise ConfigError(settings.key, str(e)) from None
+
+
+class KeyTable:
+    """
+    The storage of a L{PostgresKeystore} (see L{FileKeystore}): the
+    C{signing_keys} table, changed only under the advisory lock.
+    """
+
+    def __init__(self, settings: ConnectionSettings, cipher: TokenCipher | None, secret_key: str, where: str):
+        self._settings = settings
+        self._cipher = cipher
+        self._secret_key = secret_key
+        self._where = where
+        self._transaction = None
+
+    @contextmanager
+    def _session(self) -> Iterator:
+        """A fresh connection, closed after use; database errors become L{KeystoreUnavailable}."""
+        try:
+            with closing(self._settings.connect()) as connection:
+                yield connection
+        except psycopg2.Error as e:
+            raise KeystoreUnavailable(f"keystore database: {problem_of(e)}") from None
+
+    def prepare(self) -> None:
+        """Create or migrate the table (once, when instances start together)."""
+        with self._session() as connection:
+            try:
+                migrate(connection, "authsrv.keys", "keystore_schema_version", SCHEMA_LOCK)
+            except ValueError as e:
+                raise KeystoreUnavailable(str(e)) from None
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """One transaction holding the keys' advisory lock; what it changed commits at the end."""
+        with self._session() as connection, connection.cursor() as cursor:
+            cursor.execute("BEGIN")
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", (KEYS_LOCK,))
+            self._transaction = connection
+            try:
+                yield
+            finally:
+                self._transaction = None
+            cursor.execute("COMMIT")
+
+    def signature(self):
+        """A digest of every key's kid, state and times: changes whenever the keys do."""
+        query = (
+            "SELECT md5(coalesce(string_agg(concat_ws(':', kid, state, created_at, activated_at,"
+            " retired_at, expires_at), ',' ORDER BY kid), '')) FROM signing_keys"
+        )
+        if self._transaction is not None:
+            return self._fetch(self._transaction, query)[0][0]
+        with self._session() as connection:
+            return self._fetch(connection, query)[0][0]
+
+    @staticmethod
+    def _fetch(connection, query: str, parameters=()) -> list[tuple]:
+        with connection.cursor() as cursor:
+            cursor.execute(query, parameters)
+            return cursor.fetchall()
+
+    def load(self, now: int, missing_ok: bool) -> tuple[KeyRing, bool]:
+        rows = self._fetch(
+            self._transaction,
+            f"SELECT {', '.join(_FIELDS)}, encrypted, private_jwk FROM signing_keys ORDER BY kid",
+        )
+        if not rows and not missing_ok:
+            raise self._invalid("the signing_keys table is empty")
+        try:
+            ring = KeyRing(
+                RingKey.restore(self._open(fields["kid"], encrypted, bytes(private)), fields, f"key {fields['kid']}")
+                for *values, encrypted, private in rows
+                for fields in [dict(zip(_FIELDS, values))]
+            )
+        except InvalidKeys as e:
+            raise self._invalid(str(e)) from None
+        resealed = self._cipher is not None and any(not row[-2] for row in rows)
+        return ring, not rows or resealed
+
+    def _open(self, kid: str, encrypted: bool, private: bytes) -> JWK:
+        if encrypted and self._cipher is None:
+            raise ConfigError(
+                self._secret_key,
+                "the stored signing keys are encrypted: give the key (encryption_key_env or _file)",
+            )
+        try:
+            text = self._cipher.decrypt(private, kid, SEALED) if encrypted else private.decode("utf-8")
+            return JWK.from_json(text)
+        except UndecryptableToken as e:
+            raise ConfigError(self._secret_key, f"cannot decrypt signing key {kid}: {e}") from None
+        except (JWException, ValueError, TypeError):
+            raise self._invalid(f"key {kid}: not a JWK") from None
+
+    def _invalid(self, problem: str) -> ConfigError:
+        return ConfigError(self._where, f"stored signing keys are not usable: {problem}")
+
+    def save(self, ring: KeyRing, stored: KeyRing) -> None:
+        """Replace the stored keys by C{ring}'s, sealing each private key when a cipher is set."""
+        with self._transaction.cursor() as cursor:
+            cursor.execute("DELETE FROM signing_keys")
+            for key in ring.keys:
+                private = key.jwk.export_private()
+                sealed = self._cipher.encrypt(private, key.info.kid, SEALED) if self._cipher else private.encode()
+                row = {name: getattr(key.info, name) for name in _FIELDS}
+                row |= {"encrypted": self._cipher is not None, "private_jwk": psycopg2.Binary(sealed)}
+                cursor.execute(
+                    f"INSERT INTO signing_keys ({', '.join(row)})"
+                    f" VALUES ({', '.join(f'%({name})s' for name in row)})",
+                    row,
+                )
+
+
+def _signing(ring: KeyRing) -> dict[str, str]:
+    return {info.alg: info.kid for info in ring.infos() if info.state == "active"}
+
+
+class PostgresKeystore(FileKeystore):
+    """
+    L{FileKeystore} over a L{KeyTable}, with one difference: L{rotate}
+    retires the key this instance signs with, so when several instances
+    (or the operator command) ask for a rotation at the same moment, the
+    first does it and the others adopt it, instead of each promoting the
+    next key another one generated only an instant before.
+    """
+
+    def rotate(self, now):
+        def rotate():
+            with self._lock:
+                signing = _signing(self._ring)
+                due: list[str] = []
+
+                def change(ring: KeyRing) -> KeyRing:
+                    stored = _signing(ring)
+                    due[:] = [alg for alg in self.algorithms if stored.get(alg) == signing.get(alg)]
+                    return ring.rotate(now, self.retention, due) if due else ring
+
+                return self._apply(now, change), tuple(due)
+
+        return self._in_thread(rotate).addCallback(self._after_rotate)
+
+    def _after_rotate(self, result) -> list:
+        ring, due = result
+        if due:
+            return self._rotated(ring, due)
+        self._log.info("Signing keys already rotated by another instance; adopted", event="key_rotation_adopted")
+        return ring.infos()
