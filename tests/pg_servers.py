@@ -64,6 +64,15 @@ def query_of(location: str) -> dict[str, str]:
     return {k: v[0] for k, v in parse_qs(urlsplit(location).query).items()}
 
 
+class NotRedirected(Exception):
+    """The authorization request ended elsewhere than at the client (an error page)."""
+
+    def __init__(self, status: int, body: str):
+        super().__init__(f"{status}: {body[:200]}")
+        self.status = status
+        self.body = body
+
+
 class Browser:
     """One user's browser: its own cookies, and it signs in when asked to."""
 
@@ -86,13 +95,15 @@ class Browser:
         )
         if response.status_code == 303 and "/login?" in response.headers["location"]:
             page = self.session.get(_on(base, response.headers["location"]), timeout=TIMEOUT)
-            assert page.status_code == 200, page.text
+            if page.status_code != 200:
+                raise NotRedirected(page.status_code, page.text)
             fields = {name: unescape(value) for name, value in _HIDDEN.findall(page.text)}
             response = self.session.post(
                 base + "/api/auth/login", data={**fields, "username": self.login, "password": self.password},
                 allow_redirects=False, timeout=TIMEOUT,
             )
-        assert response.status_code in (302, 303), (response.status_code, response.text)
+        if response.status_code not in (302, 303):
+            raise NotRedirected(response.status_code, response.text)
         location = response.headers["location"]
         assert location.startswith(REDIRECT_URI), location
         returned = query_of(location)

@@ -36,8 +36,9 @@ def instances(run_server, pg_dsn, tmp_path):
     config_a = pg_config(tmp_path, pg_dsn, port_a, port_a)
     config_b = pg_config(tmp_path, pg_dsn, port_b, port_a)
     # A first: it creates the key file that B then reads.
-    a = run_server(["authsrv", "--config", str(config_a)], tmp_path, port=port_a)
-    b = run_server(["authsrv", "--config", str(config_b)], tmp_path, port=port_b)
+    # Logs go to files: nobody reads the servers' pipes during the test.
+    a = run_server(["--log-file", str(tmp_path / "a.log"), "authsrv", "--config", str(config_a)], tmp_path, port=port_a)
+    b = run_server(["--log-file", str(tmp_path / "b.log"), "authsrv", "--config", str(config_b)], tmp_path, port=port_b)
     assert a.get_json("/api/auth/jwks") == b.get_json("/api/auth/jwks")
     return a, b, config_a
 

@@ -15,12 +15,17 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 from authsrv.chat.tokens import linked_chat_user_id
 from authsrv.flows.clients import ClientCache
 from authsrv.identity.realm import UserRealm
-from authsrv.protocol.errors import OAuthError
+from authsrv.protocol.errors import OAuthError, TemporarilyUnavailable
+from authsrv.store.errors import StoreUnavailable
 from authsrv.web.cookies import Cookies
 from authsrv.web.headers import allow_any_origin, json_body, oauth_error
+from authsrv.web.pages import error_page
 from authsrv.web.routing import app
 
 READINESS_TIMEOUT = 2.0
+RETRY_AFTER = b"5"
+JSON_ENDPOINTS = (b"/oauth2/token", b"/oauth2/userinfo", b"/oauth2/introspect", b"/oauth2/revoke")
+"""Paths whose callers read JSON; every other route that uses the store is a page."""
 
 
 class AuthServer:
@@ -102,6 +107,17 @@ class AuthServer:
     def oauth_failure(self, request, failure):
         """Any OAuth error a JSON endpoint raised, rendered per RFC 6749 section 5.2."""
         return oauth_error(request, failure.value)
+
+    @app.handle_errors(StoreUnavailable)
+    def store_unavailable(self, request, failure):
+        """The store is down or too slow: 503 and a retry hint, never a 500 or a hang."""
+        self.log.warn("store unavailable: {error}", error=str(failure.value))
+        request.setHeader(b"retry-after", RETRY_AFTER)
+        if request.path.endswith(JSON_ENDPOINTS):
+            return oauth_error(request, TemporarilyUnavailable("the service cannot reach its database; try again"))
+        return error_page(
+            request, 503, "Try again later", "The service is temporarily unavailable; please try again in a moment."
+        )
 
     @app.handle_errors(NotFound)
     def not_found(self, request, failure):

@@ -19,6 +19,7 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 from authsrv.chat.errors import ChatError
 from authsrv.flows.user_access import user_access
 from authsrv.identity.errors import BackendUnavailable
+from authsrv.store.errors import StoreUnavailable
 from authsrv.web.headers import json_body
 
 PREFIX = "/api/internal"
@@ -84,6 +85,9 @@ def _endpoint(handler):
         except BackendUnavailable:
             return _problem(request, RequestProblem(
                 503, "temporarily_unavailable", "the identity backend is unavailable; try again"))
+        except StoreUnavailable:
+            return _problem(request, RequestProblem(
+                503, "temporarily_unavailable", "the store is unavailable; try again"))
 
     return endpoint
 

@@ -1,0 +1,273 @@
+"""
+When the store is down: 503 with a clear error, never a 500 and never a
+hang past the configured timeouts; readiness false; recovery by itself when
+the database is back; and no grant that was acknowledged is lost, even when
+PostgreSQL restarts under load.
+
+The real-process tests stop and start a PostgreSQL cluster of their own, so
+that other tests on the session's cluster are unaffected.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import pytest_twisted
+import requests
+from twisted.internet.defer import fail
+from zope.interface import Interface
+
+from authsrv.interfaces import IStore
+from authsrv.store.errors import StoreUnavailable
+from conftest import fetch, free_port
+from harness import INTERNAL_SECRET, SECRETS, Harness
+from pg_servers import (
+    ALICE,
+    TIMEOUT,
+    Browser,
+    NotRedirected,
+    exchange,
+    introspect,
+    pg_config,
+    refresh,
+    user_access,
+    userinfo,
+)
+
+STATEMENT_TIMEOUT = CONNECT_TIMEOUT = 2
+ANSWER_WITHIN = STATEMENT_TIMEOUT + CONNECT_TIMEOUT + 1 + 1.5
+"""The longest a request may take while the store fails: both timeouts, the client's margin, slack."""
+
+
+# --- in memory: every route maps the store's failure --------------------------
+
+
+def _store_methods() -> set[str]:
+    names = set()
+    for interface in IStore.__iro__:
+        if interface is not Interface:
+            names |= set(interface.names())
+    return names - {"close"}
+
+
+@pytest_twisted.ensureDeferred
+async def test_every_route_answers_503_while_the_store_fails(tmp_path, monkeypatch):
+    h = await Harness(tmp_path, monkeypatch).start()
+    for name in _store_methods():
+        monkeypatch.setattr(h.store, name, lambda *args, **kwargs: fail(StoreUnavailable("connection refused")))
+    try:
+        first = {"client_id": "first", "client_secret": SECRETS["first"]}
+        json_calls = [
+            ("POST", "/api/auth/oauth2/token", {"data": {**first, "grant_type": "refresh_token",
+                                                         "refresh_token": "r"}}),
+            ("GET", "/api/auth/oauth2/userinfo", {"headers": {"Authorization": "Bearer a"}}),
+            ("POST", "/api/auth/oauth2/introspect", {"data": {**first, "token": "a"}}),
+            ("POST", "/api/auth/oauth2/revoke", {"data": {**first, "token": "a"}}),
+        ]
+        for method, path, options in json_calls:
+            response, body = await h.request(method, path, **options)
+            assert response.code == 503, (path, body)
+            assert json.loads(body)["error"] == "temporarily_unavailable", path
+            assert response.headers.getRawHeaders(b"retry-after") == [b"5"]
+            assert response.headers.getRawHeaders(b"cache-control") == [b"no-store"]
+
+        pages = [
+            "/api/auth/oauth2/authorize?client_id=first&response_type=code&scope=openid"
+            "&redirect_uri=http%3A%2F%2F127.0.0.1%3A9000%2Fcallback&code_challenge="
+            + "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM&code_challenge_method=S256",
+            "/api/auth/login?request=r",
+            "/api/auth/consent?request=r",
+        ]
+        for path in pages:
+            response, body = await h.request("GET", path)
+            assert response.code == 503, (path, body)
+            assert response.headers.getRawHeaders(b"content-type") == [b"text/html; charset=utf-8"]
+            assert b"Try again later" in body
+            assert response.headers.getRawHeaders(b"x-frame-options") == [b"DENY"]
+
+        response, body = await h.request(
+            "POST", "/api/internal/user-access", data=json.dumps({"userId": "u"}).encode(),
+            headers={"Authorization": f"Bearer {INTERNAL_SECRET}", "Content-Type": "application/json"},
+        )
+        assert (response.code, json.loads(body)["error"]) == (503, "temporarily_unavailable")
+
+        response, body = await h.request("GET", "/readyz")
+        assert (response.code, json.loads(body)["status"]) == (503, "unavailable")
+        response, _ = await h.request("GET", "/api/auth/.well-known/openid-configuration")
+        assert response.code == 200
+    finally:
+        monkeypatch.undo()
+        await h.close()
+
+
+# --- real processes on a cluster of their own ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def own_cluster():
+    """A local cluster this module may stop, whatever server the other tests use."""
+    from pgcluster import DSN_VARIABLE, Cluster
+
+    given = os.environ.pop(DSN_VARIABLE, None)
+    try:
+        cluster = Cluster()
+    finally:
+        if given is not None:
+            os.environ[DSN_VARIABLE] = given
+    yield cluster
+    cluster.destroy()
+
+
+@pytest.fixture
+def server(own_cluster, run_server, tmp_path):
+    port = free_port()
+    config = pg_config(tmp_path, own_cluster.database(), port, port)
+    # A log file, not a pipe nobody reads during the test: under load the pipe would fill and block the server.
+    return run_server(
+        ["--log-file", str(tmp_path / "authsrv.log"), "authsrv", "--config", str(config)], tmp_path, port=port
+    )
+
+
+def timed(call, *args):
+    start = time.monotonic()
+    answer = call(*args)
+    return answer, time.monotonic() - start
+
+
+def wait_ready(base: str, within: float = 30.0) -> None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if fetch(base + "/readyz", timeout=5)[0] == 200:
+            return
+        time.sleep(0.1)
+    raise AssertionError("the server did not become ready again")
+
+
+@pytest.mark.slow
+def test_outage_answers_503_then_the_server_recovers(own_cluster, server):
+    browser = Browser()
+    code, verifier = browser.authorize(server.base)
+    acknowledged = exchange(server.base, code, verifier).json()
+
+    own_cluster.stop()
+    try:
+        for call, args in (
+            (refresh, (server.base, acknowledged["refresh_token"])),
+            (introspect, (server.base, acknowledged["access_token"])),
+            (userinfo, (server.base, acknowledged["access_token"])),
+        ):
+            answer, took = timed(call, *args)
+            assert (answer.status_code, answer.json()["error"]) == (503, "temporarily_unavailable"), call
+            assert took < ANSWER_WITHIN
+        answer, took = timed(user_access, server.base, ALICE)
+        assert (answer.status_code, answer.json()["error"]) == (503, "temporarily_unavailable")
+        with pytest.raises(NotRedirected) as page:
+            browser.authorize(server.base)
+        assert page.value.status == 503 and "Try again later" in page.value.body
+        assert fetch(server.base + "/readyz")[0] == 503
+        assert fetch(server.base + "/api/auth/jwks")[0] == 200
+    finally:
+        own_cluster.start()
+
+    wait_ready(server.base)
+    assert introspect(server.base, acknowledged["access_token"]).json()["active"] is True
+    refreshed = refresh(server.base, acknowledged["refresh_token"])
+    assert refreshed.status_code == 200, refreshed.text
+    assert userinfo(server.base, refreshed.json()["access_token"]).json()["sub"] == ALICE
+    # The browser session outlived the outage too: a new code without a login.
+    code, verifier = browser.authorize(server.base)
+    assert exchange(server.base, code, verifier).status_code == 200
+
+
+class Chain:
+    """One grant's refresh chain; one request at a time, as one client would."""
+
+    def __init__(self, tokens: dict):
+        self.lock = threading.Lock()
+        self.refresh_token = tokens["refresh_token"]
+        self.access_tokens = [tokens["access_token"]]
+
+
+@pytest.mark.slow
+def test_restart_under_load_loses_no_acknowledged_grant(own_cluster, server):
+    """
+    200 requests paced over four seconds from eight threads (new grants,
+    refreshes, introspections) while PostgreSQL stops after one second and
+    starts again a second later: every answer is a success or a 503 in
+    time, and every success is still valid afterwards.
+    """
+    browser = Browser()
+    chains = []
+    for _ in range(8):
+        code, verifier = browser.authorize(server.base)
+        chains.append(Chain(exchange(server.base, code, verifier).json()))
+    chains_lock = threading.Lock()
+    statuses: list[tuple[float, int]] = []
+    start = time.monotonic()
+
+    def new_grant():
+        try:
+            code, verifier = browser.authorize(server.base)
+        except NotRedirected as e:
+            return e.status
+        answer = exchange(server.base, code, verifier)
+        if answer.status_code == 200:
+            with chains_lock:
+                chains.append(Chain(answer.json()))
+        return answer.status_code
+
+    def rotate(chain):
+        with chain.lock:
+            answer = refresh(server.base, chain.refresh_token)
+            if answer.status_code == 200:
+                tokens = answer.json()
+                chain.refresh_token = tokens["refresh_token"]
+                chain.access_tokens.append(tokens["access_token"])
+        return answer.status_code
+
+    def check(chain):
+        answer = introspect(server.base, chain.access_tokens[-1])
+        assert answer.status_code != 200 or answer.json()["active"] is True
+        return answer.status_code
+
+    def request(n):
+        time.sleep(max(0.0, start + n * 0.02 - time.monotonic()))
+        with chains_lock:
+            chain = chains[n % len(chains)]
+        sent = time.monotonic()
+        status = (new_grant, lambda: rotate(chain), lambda: rotate(chain), lambda: check(chain))[n % 4]()
+        took = time.monotonic() - sent
+        assert status in (200, 503), status
+        assert took < 2 * ANSWER_WITHIN, took
+        statuses.append((sent - start, status))
+
+    def restart():
+        time.sleep(1.0)
+        own_cluster.stop()
+        time.sleep(1.0)
+        own_cluster.start()
+
+    restarter = threading.Thread(target=restart)
+    restarter.start()
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(request, range(200)))
+    restarter.join()
+
+    outcomes = [status for _, status in statuses]
+    assert 503 in outcomes, "the restart did not happen under load"
+    assert 200 in [status for sent, status in statuses if sent > 3.5], "no success after the restart"
+
+    wait_ready(server.base)
+    for chain in chains:
+        for access_token in chain.access_tokens:
+            assert introspect(server.base, access_token).json()["active"] is True
+        # The last acknowledged refresh token still works: if a rotation
+        # committed but its answer was lost, this is its replay.
+        assert refresh(server.base, chain.refresh_token).status_code == 200
+    assert len(chains) > 8
+    assert requests.get(server.base + "/readyz", timeout=TIMEOUT).status_code == 200
