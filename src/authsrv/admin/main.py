@@ -14,6 +14,7 @@ import argparse
 import getpass
 import json
 import sys
+import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -34,7 +35,7 @@ from authsrv.configsection import parse_duration
 from authsrv.context import PluginContext
 from authsrv.embedded import CONFIG_NAME, DEFAULT_DATA_DIR
 from authsrv.protocol.clients import client_id_problem, redirect_uri_problem
-from authsrv.records import Ban, Client
+from authsrv.records import Ban, Client, User
 from authsrv.service import JWKS_MAX_AGE, StartupError, build_identity, build_plugin
 from authsrv.store.errors import AlreadyExists
 from authsrv.tokens import new_token, token_hash
@@ -216,12 +217,11 @@ async def user_add(reactor, args):
 
     config = _config(args)
     static = [c for c in config.identity if c.name == "static"]
+    if not static and any(c.name == "postgres" for c in config.identity):
+        return await _postgres_user_add(reactor, args)
     if not static:
         raise AdminError("no [[identity]] backend of plugin \"static\" in the config: users live elsewhere")
-    if args.email and "@" not in args.email:
-        raise AdminError(f"--email {args.email!r} is not an email address")
-    if args.picture and not args.picture.startswith(("https://", "http://")):
-        raise AdminError("--picture must be an http(s) URL")
+    _check_profile(args)
     path = static[0].section.path_("path", "users.toml")
     password_hash = hash_password(_read_password(args))
     try:
@@ -239,6 +239,89 @@ async def user_add(reactor, args):
     except (ValueError, OSError) as e:
         raise AdminError(f"{path}: {e}") from None
     print(f"added user {user.login} (sub {user.sub}) to {path}")
+
+
+def _check_profile(args) -> None:
+    if args.email and "@" not in args.email:
+        raise AdminError(f"--email {args.email!r} is not an email address")
+    if args.picture and not args.picture.startswith(("https://", "http://")):
+        raise AdminError("--picture must be an http(s) URL")
+
+
+# --- users in PostgreSQL (identity plugin "postgres", mode "own") -----------
+
+
+async def _with_own_users(reactor, args, act):
+    """Run C{act(backend)} on the configured PostgreSQL identity backend, in own-schema mode."""
+    config = _config(args)
+    choices = [c for c in config.identity if c.name == "postgres"]
+    if not choices:
+        raise AdminError("no [[identity]] backend of plugin \"postgres\" in the config: users live elsewhere")
+    context = PluginContext(reactor, config.base_dir, config.limits.max_token_lifetime)
+    try:
+        backend = build_plugin("identity", choices[0], context)
+        try:
+            if backend.mode != "own":
+                raise AdminError("the PostgreSQL identity backend maps the operator's own tables: manage users there")
+            await act(backend)
+        except ValueError as e:
+            raise AdminError(str(e)) from None
+        finally:
+            await backend.close()
+    except StartupError as e:
+        raise AdminError(str(e)) from None
+    finally:
+        context.stop()
+
+
+async def _postgres_user_add(reactor, args):
+    from authsrv.identity.passwords import hash_password
+
+    _check_profile(args)
+    user = User(
+        sub=args.sub or str(uuid.uuid4()),
+        login=args.login,
+        name=args.name,
+        email=args.email,
+        email_verified=args.email_verified,
+        picture=args.picture,
+        chat_user_id=args.chat_user_id,
+    )
+    password_hash = hash_password(_read_password(args))
+
+    async def add(backend):
+        await backend.add_user(user, password_hash)
+        print(f"added user {user.login} (sub {user.sub}) to the PostgreSQL identity backend")
+
+    await _with_own_users(reactor, args, add)
+
+
+async def user_passwd(reactor, args):
+    from authsrv.identity.passwords import hash_password
+
+    password_hash = hash_password(_read_password(args))
+
+    async def change(backend):
+        await backend.set_password_hash(args.login, password_hash)
+        print(f"password of {args.login} changed")
+
+    await _with_own_users(reactor, args, change)
+
+
+async def user_disable(reactor, args):
+    async def disable(backend):
+        await backend.set_disabled(args.login, True, args.reason)
+        print(f"disabled {args.login}")
+
+    await _with_own_users(reactor, args, disable)
+
+
+async def user_enable(reactor, args):
+    async def enable(backend):
+        await backend.set_disabled(args.login, False)
+        print(f"enabled {args.login}")
+
+    await _with_own_users(reactor, args, enable)
 
 
 # --- bans and grants --------------------------------------------------------
@@ -420,7 +503,7 @@ def _parser() -> argparse.ArgumentParser:
     remove.add_argument("client_id")
     remove.set_defaults(run=client_remove)
 
-    user = commands.add_parser("user", help="users of the static users file").add_subparsers(
+    user = commands.add_parser("user", help="users of the static users file or of PostgreSQL").add_subparsers(
         dest="user_command", required=True, metavar="ACTION"
     )
     uadd = user.add_parser("add", help="add a user; asks for the password")
@@ -433,6 +516,17 @@ def _parser() -> argparse.ArgumentParser:
     uadd.add_argument("--chat-user-id", help="linked chat-platform user id")
     uadd.add_argument("--password-stdin", action="store_true", help="read the password from standard input")
     uadd.set_defaults(run=user_add)
+    passwd = user.add_parser("passwd", help="PostgreSQL backend: set a user's password; asks for it")
+    passwd.add_argument("login")
+    passwd.add_argument("--password-stdin", action="store_true", help="read the password from standard input")
+    passwd.set_defaults(run=user_passwd)
+    disable = user.add_parser("disable", help="PostgreSQL backend: disable a user (counts as banned)")
+    disable.add_argument("login")
+    disable.add_argument("--reason", required=True, help="reported as banReason")
+    disable.set_defaults(run=user_disable)
+    enable = user.add_parser("enable", help="PostgreSQL backend: enable a disabled user")
+    enable.add_argument("login")
+    enable.set_defaults(run=user_enable)
 
     hasher = commands.add_parser("hash-password", help="print an argon2id hash for a users file")
     hasher.add_argument("--password-stdin", action="store_true")
