@@ -19,6 +19,11 @@ static_identity = IdentityBackendFactory(
     "static", "authsrv.identity.static", "Users from a TOML file with argon2id password hashes."
 )
 
+postgres_identity = IdentityBackendFactory(
+    "postgres", "authsrv.identity.postgres",
+    "Users from PostgreSQL: the project's own table, or the operator's mapped by SQL queries.",
+)
+
 ldap_identity = IdentityBackendFactory(
     "ldap", "authsrv.identity.ldap", "Users from an LDAP directory (OpenLDAP, Active Directory): search, then bind."
 )
@@ -35,4 +40,8 @@ jwk_file_keystore = KeystoreFactory(
 
 pem_keystore = KeystoreFactory(
     "pem", "authsrv.keys.pem", "Signing keys as PEM files in a folder, with a JSON index of their states."
+)
+
+postgres_keystore = KeystoreFactory(
+    "postgres", "authsrv.keys.postgres", "Signing keys in PostgreSQL, shared and rotated once by all instances."
 )
