@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import threading
 
 import psycopg2
@@ -241,10 +242,21 @@ def _elapsed_since(start: float) -> float:
 class TestConnectionFailures(PostgresDatabase):
     """Every failure is StoreUnavailable within the configured time, and the pool carries on."""
 
+    @pytest.fixture(autouse=True)
+    def _context(self):
+        from twisted.internet import reactor
+
+        self.context = PluginContext(reactor, ".")
+        yield
+        self.context.stop()
+
     def store(self, **options):
         from twisted.internet import reactor
 
-        settings = {"pool_size": 1, "statement_timeout": 1, "connect_timeout": 1, **options}
+        settings = {
+            "pool_size": 1, "statement_timeout": 1, "connect_timeout": 1,
+            "lookups": self.context.threadpool("lookups", 1), **options,
+        }
         return postgres_store.PostgresStore(reactor, settings.pop("dsn", self.dsn), **settings)
 
     @pytest_twisted.ensureDeferred
@@ -352,3 +364,39 @@ class TestConnectionFailures(PostgresDatabase):
             assert await store.revoke_token(h("x"), "demo\x00", NOW) == NotRevoked()
         finally:
             await store.close()
+
+    @pytest_twisted.ensureDeferred
+    async def test_host_names_are_looked_up_off_the_reactor_thread(self, monkeypatch):
+        """libpq would look names up itself, blocking every request while DNS is slow or down."""
+        looked_up = []
+        lookup = socket.getaddrinfo
+
+        def getaddrinfo(host, *args, **kwargs):
+            looked_up.append((host, threading.current_thread() is threading.main_thread()))
+            if host == "db.invalid":
+                raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+            return lookup("127.0.0.1", *args, **kwargs)
+
+        monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+        port = psycopg2.extensions.parse_dsn(self.dsn)["port"]
+        # Only this lookup knows db.test: libpq connects to the address it found.
+        store = self.store(dsn=self.dsn.replace("host=127.0.0.1", "host=db.test"))
+        try:
+            assert await store.ping() is None
+        finally:
+            await store.close()
+        store = self.store(dsn=f"host=db.invalid port={port} dbname=x")
+        try:
+            with pytest.raises(StoreUnavailable, match="cannot look up the PostgreSQL host"):
+                await store.ping()
+        finally:
+            await store.close()
+        assert looked_up == [("db.test", False), ("db.invalid", False)]
+
+    def test_which_dsns_need_a_lookup(self):
+        assert postgres_store.host_names("host=db.internal dbname=x") == ["db.internal"]
+        assert postgres_store.host_names("host=10.0.0.5,db2 port=5432,5432") == ["10.0.0.5", "db2"]
+        assert postgres_store.host_names("postgresql://db.internal/authsrv") == ["db.internal"]
+        for dsn in ("host=10.0.0.5", "host=::1", "host=/run/postgresql", "dbname=x",
+                    "host=db.internal hostaddr=10.0.0.5"):
+            assert postgres_store.host_names(dsn) is None, dsn

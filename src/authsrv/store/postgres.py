@@ -24,8 +24,10 @@ server recovers by itself when the database is back.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
+import socket
 from importlib import resources
 
 import attrs
@@ -42,6 +44,7 @@ from twisted.internet.defer import (
     succeed,
 )
 from twisted.internet.error import ConnectionDone, ConnectionLost
+from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from txpostgres import txpostgres
@@ -108,7 +111,7 @@ def from_config(section, context) -> "PostgresStore | None":
         raise section.error(dsn_key, f"cannot use the database: {_first_line(e)}") from None
     return PostgresStore(
         context.reactor, dsn, pool_size=pool_size, statement_timeout=statement_timeout,
-        connect_timeout=connect_timeout,
+        connect_timeout=connect_timeout, lookups=context.threadpool("postgres-lookups", 2),
     )
 
 
@@ -157,6 +160,39 @@ def _timeout(section, name: str) -> int:
 
 def _first_line(error: BaseException) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def host_names(dsn: str) -> list[str] | None:
+    """
+    The DSN's hosts when one of them is a name that libpq would look up
+    itself, blocking the reactor's thread while DNS answers (or not); None
+    when there is nothing to look up (addresses, socket folders, a
+    C{hostaddr} given).
+    """
+    params = psycopg2.extensions.parse_dsn(dsn)
+    if "hostaddr" in params or not params.get("host"):
+        return None
+    hosts = params["host"].split(",")
+    if all(not host or host.startswith("/") or _is_address(host) for host in hosts):
+        return None
+    return hosts
+
+
+def _address(host: str) -> str:
+    """C{host}'s item in C{hostaddr}: its first address; empty for a socket folder, which needs none."""
+    if not host or host.startswith("/"):
+        return ""
+    if _is_address(host):
+        return host
+    return socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0]
 
 
 # --- schema -------------------------------------------------------------------
@@ -260,6 +296,8 @@ def _store_error(error: BaseException) -> BaseException:
         return StoreUnavailable("PostgreSQL cancelled the statement (statement_timeout)")
     if isinstance(error, (ConnectionDone, ConnectionLost)):
         return StoreUnavailable("the connection to PostgreSQL was lost")
+    if isinstance(error, socket.gaierror):
+        return StoreUnavailable(f"cannot look up the PostgreSQL host: {error.strerror}")
     if isinstance(error, (psycopg2.OperationalError, psycopg2.InterfaceError)) or (
         isinstance(error, psycopg2.Error) and (error.pgcode or "")[:2] in _UNAVAILABLE_CLASSES
     ):
@@ -276,9 +314,11 @@ class Pool:
 
     log = Logger()
 
-    def __init__(self, reactor, dsn: str, *, size: int, connect_timeout: int, statement_timeout: int):
+    def __init__(self, reactor, dsn: str, *, size: int, connect_timeout: int, statement_timeout: int, lookups):
         self._reactor = reactor
         self._dsn = dsn
+        self._hosts = host_names(dsn)
+        self._lookups = lookups
         self._slots = DeferredSemaphore(size)
         self._idle: list[_Connection] = []
         self._connect_timeout = connect_timeout
@@ -316,6 +356,7 @@ class Pool:
                 self._put_back(connection)
                 raise error from None
             self._put_back(connection)
+            self._reached()
             return result
         finally:
             self._slots.release()
@@ -349,10 +390,13 @@ class Pool:
     async def _connect(self) -> _Connection:
         connection = _Connection(self._reactor)
         try:
-            await self._bounded(
-                connection.connect(self._dsn, cursor_factory=RealDictCursor, fallback_application_name="authsrv"),
-                self._connect_timeout, connection,
-            )
+            options = {"cursor_factory": RealDictCursor, "fallback_application_name": "authsrv"}
+            if self._hosts is not None:
+                options["hostaddr"] = await self._bounded(
+                    deferToThreadPool(self._reactor, self._lookups, lambda: ",".join(map(_address, self._hosts))),
+                    self._connect_timeout, connection,
+                )
+            await self._bounded(connection.connect(self._dsn, **options), self._connect_timeout, connection)
             await self._bounded(
                 Deferred.fromCoroutine(
                     _rowcount(connection, "SET statement_timeout = %s", (self._statement_timeout * 1000,))
@@ -365,10 +409,12 @@ class Pool:
             if isinstance(error, StoreUnavailable):
                 self._unreachable(error)
             raise error from None
+        return connection
+
+    def _reached(self) -> None:
         if not self._reachable:
             self._reachable = True
             self.log.info("PostgreSQL is reachable again")
-        return connection
 
     def _unreachable(self, error: StoreUnavailable) -> None:
         """Log the start of an outage once, not once per request."""
@@ -533,9 +579,13 @@ def _ban_of(row, sub: str) -> Ban | None:
 class PostgresStore:
     """L{IStore} on a L{Pool} of connections to one PostgreSQL database."""
 
-    def __init__(self, reactor, dsn: str, *, pool_size: int, statement_timeout: int, connect_timeout: int):
+    def __init__(
+        self, reactor, dsn: str, *, pool_size: int, statement_timeout: int, connect_timeout: int, lookups,
+    ):
+        """C{lookups} is a thread pool for host name lookups."""
         self._pool = Pool(
             reactor, dsn, size=pool_size, connect_timeout=connect_timeout, statement_timeout=statement_timeout,
+            lookups=lookups,
         )
 
     def _run(self, work, *args) -> Deferred:
