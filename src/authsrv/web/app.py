@@ -14,6 +14,7 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from authsrv.chat.tokens import linked_chat_user_id
 from authsrv.flows.clients import ClientCache
+from authsrv.identity.errors import BackendUnavailable
 from authsrv.identity.realm import UserRealm
 from authsrv.protocol.errors import OAuthError, TemporarilyUnavailable
 from authsrv.store.errors import StoreUnavailable
@@ -112,9 +113,22 @@ class AuthServer:
     def store_unavailable(self, request, failure):
         """The store is down or too slow: 503 and a retry hint, never a 500 or a hang."""
         self.log.warn("store unavailable: {error}", error=str(failure.value))
+        return self._try_later(request, "the service cannot reach its database; try again")
+
+    @app.handle_errors(BackendUnavailable)
+    def identity_unavailable(self, request, failure):
+        """
+        No identity backend could say who the user is (a directory or
+        database down) while checking their standing: 503 as for the store,
+        never a 500, and never a refusal that would end their grant.
+        """
+        self.log.warn("identity backend unavailable: {error}", error=str(failure.value))
+        return self._try_later(request, "the service cannot reach its user directory; try again")
+
+    def _try_later(self, request, description: str) -> bytes:
         request.setHeader(b"retry-after", RETRY_AFTER)
         if request.path.endswith(JSON_ENDPOINTS):
-            return oauth_error(request, TemporarilyUnavailable("the service cannot reach its database; try again"))
+            return oauth_error(request, TemporarilyUnavailable(description))
         return error_page(
             request, 503, "Try again later", "The service is temporarily unavailable; please try again in a moment."
         )
