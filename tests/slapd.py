@@ -5,9 +5,10 @@ ports of 127.0.0.1, loaded from tests/ldap/*.ldif with slapadd before it
 starts. Never a directory that merely happens to run on the machine.
 
 The conformance suite's users (L{authsrv.testing.identity.seed_users}) are
-written by L{Slapd.seed}: the sub in employeeNumber (entryUUID cannot hold
-the suite's values), the disabled flag in nsAccountLock with the reason in
-description, and claims in attributes of the tests' own schema below.
+written at start and again by L{Slapd.seed}: the sub in employeeNumber
+(entryUUID cannot hold the suite's values), the disabled flag in
+nsAccountLock with the reason in description, and claims in attributes of
+the tests' own schema below.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from ldap3 import MODIFY_REPLACE, Connection, Server
 from ldap3.utils.dn import escape_rdn
 
 from conftest import free_port
+
+from authsrv.testing.identity import seed_users
 
 SLAPD = "/usr/sbin/slapd"
 SLAPADD = "/usr/sbin/slapadd"
@@ -214,6 +217,7 @@ class Slapd:
         for ldif in sorted(LDIF.glob("*.ldif"), key=lambda p: p.name != "directory.ldif"):
             self._run(SLAPADD, "-q", "-f", str(self.config), "-l", str(ldif))
         self.start()
+        self.seed(seed_users())
 
     def _run(self, *command: str) -> None:
         done = subprocess.run(command, capture_output=True, text=True)

@@ -12,6 +12,7 @@ import secrets
 import socket
 import time
 import tomllib
+import uuid
 from contextlib import asynccontextmanager, contextmanager
 from html import unescape as html_unescape
 from pathlib import Path
@@ -231,6 +232,19 @@ def test_bind_password_never_in_repr(slapd, context):
 
 
 # --- logins ---------------------------------------------------------------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_openldap_defaults_on_stock_entries(slapd, context):
+    """Only the URL and base: entryUUID is the sub, uid the login, cn the name, mail unverified."""
+    async with opened(context, {"urls": [slapd.url], "user_base_dn": PEOPLE}) as directory:
+        carol = await log_in(directory, "carol", "carol-password")
+        assert uuid.UUID(carol.sub) and carol.sub == carol.sub.lower()
+        assert (carol.login, carol.name, carol.email, carol.email_verified) == (
+            "carol", "Carol Staff", "carol@example.org", False)
+        assert await directory.user_by_id(carol.sub) == carol
+        assert (await directory.user_by_login("gina")).disabled is True
+        assert (await directory.user_by_login("mallory")).disabled_reason == ldap.DISABLED_REASON
 
 
 @pytest_twisted.ensureDeferred
