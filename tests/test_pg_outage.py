@@ -20,9 +20,17 @@ import pytest
 import pytest_twisted
 import requests
 from twisted.internet.defer import fail
+from twisted.internet.task import Clock, deferLater
 from zope.interface import Interface
 
+from authsrv.config import parse_config
+from authsrv.configsection import Section
+from authsrv.context import PluginContext
+from authsrv.identity.chain import IdentityChain
 from authsrv.interfaces import IStore
+from authsrv.keys import jwkfile
+from authsrv.service import STARTUP_RETRY, AuthsrvService
+from authsrv.store import postgres as postgres_store
 from authsrv.store.errors import StoreUnavailable
 from conftest import fetch, free_port
 from harness import INTERNAL_SECRET, SECRETS, Harness
@@ -103,6 +111,37 @@ async def test_every_route_answers_503_while_the_store_fails(tmp_path, monkeypat
     finally:
         monkeypatch.undo()
         await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_store_down_at_start_is_retried_until_the_server_is_ready(pg_dsn, tmp_path):
+    """The database may be gone between the start-up check and storing the config's clients."""
+    from twisted.internet import reactor
+
+    clock = Clock()
+    config = parse_config({"clients": [{"client_id": "spa", "redirect_uris": ["http://127.0.0.1:9002/cb"]}]},
+                          tmp_path / "authsrv.toml")
+    context = PluginContext(reactor, tmp_path)
+    store = postgres_store.from_config(Section({"dsn": pg_dsn}, "store", tmp_path), context)
+    keystore = jwkfile.from_config(Section({}, "keystore", tmp_path), context)
+    refusals = [StoreUnavailable("PostgreSQL: Connection refused")] * 2
+    put_client = store.put_client
+    store.put_client = lambda client: fail(refusals.pop()) if refusals else put_client(client)
+    server = AuthsrvService(reactor=clock, config=config, context=context, store=store, keystore=keystore,
+                            identity=IdentityChain([]), ports=[])
+    server.startService()
+    try:
+        for _ in range(2):
+            assert server.readiness_problem() == "starting"
+            clock.advance(STARTUP_RETRY)
+        for _ in range(500):
+            if server.readiness_problem() is None:
+                break
+            await deferLater(reactor, 0.01, lambda: None)
+        assert server.readiness_problem() is None
+        assert (await store.get_client("spa")).redirect_uris == ("http://127.0.0.1:9002/cb",)
+    finally:
+        await server.stopService()
 
 
 # --- real processes on a cluster of their own ---------------------------------

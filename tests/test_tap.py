@@ -115,7 +115,7 @@ def write(tmp_path, text):
         ("[server\n", "invalid TOML"),
         ('[server]\nlisten = "tcp:1"\ncolor = "red"\n', "server.color: unknown key"),
         ("[limits]\ncode_ttl = true\n", "limits.code_ttl: must be a duration"),
-        ('[store]\nplugin = "redis"\n', "store.plugin: no store plugin named 'redis'; available: sqlite"),
+        ('[store]\nplugin = "redis"\n', "store.plugin: no store plugin named 'redis'; available: postgres, sqlite"),
         ('[keystore]\nplugin = "vault"\n', "keystore.plugin: no keystore plugin named 'vault'; available: jwk-file, pem"),
         ('[store]\nplugin = "sqlite"\nfile = "x"\n', "store.file: unknown key"),
         ('[internal]\nsecret_env = "AUTHSRV_TEST_NOT_SET"\n', "internal.secret_env: environment variable"),

@@ -44,6 +44,8 @@ How long relying parties may cache the JWKS: a next key must have been
 published at least this long before it is promoted and signs.
 """
 GC_BATCH = 500
+STARTUP_RETRY = 5.0
+"""Seconds between attempts to store the config's clients while the store is down at start."""
 
 
 class StartupError(Exception):
@@ -84,6 +86,7 @@ class AuthsrvService(MultiService):
         self._ports = ports
         self._http_pool = http_pool
         self._started = False
+        self._retry = None
         timer = TimerService(MAINTENANCE_INTERVAL, self._maintain)
         timer.clock = reactor
         timer.setServiceParent(self)
@@ -93,9 +96,13 @@ class AuthsrvService(MultiService):
 
     def startService(self):
         super().startService()
+        self._store_clients()
+
+    def _store_clients(self):
+        """Ready once the config's clients are stored; retried while the store is down."""
+        self._retry = None
         d = gatherResults([self.store.put_client(c) for c in self.config.clients], consumeErrors=True)
-        d.addCallback(self._ready)
-        d.addErrback(self._startup_failed)
+        d.addCallbacks(self._ready, self._startup_failed)
 
     def _ready(self, _):
         self._started = True
@@ -106,7 +113,12 @@ class AuthsrvService(MultiService):
         )
 
     def _startup_failed(self, failure: Failure):
-        self.log.failure("could not store the clients declared in the config file", failure)
+        self.log.failure(
+            "could not store the clients declared in the config file; trying again in {delay}s", failure,
+            delay=STARTUP_RETRY,
+        )
+        if self.running:
+            self._retry = self._reactor.callLater(STARTUP_RETRY, self._store_clients)
 
     def _maintain(self):
         """Key schedule and housekeeping; a failure is logged and retried next round."""
@@ -121,6 +133,9 @@ class AuthsrvService(MultiService):
         return Deferred.fromCoroutine(self._stop())
 
     async def _stop(self):
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
         await super().stopService()
         await gatherResults([port.stopListening() for port in self._ports])
         if self._http_pool is not None:
