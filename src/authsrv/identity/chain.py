@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from twisted.cred.credentials import IUsernamePassword
 from twisted.cred.error import UnauthorizedLogin
-from twisted.internet.defer import Deferred, gatherResults, maybeDeferred
+from twisted.internet.defer import Deferred, fail, gatherResults, maybeDeferred, succeed
 from twisted.logger import Logger
 from zope.interface import implementer
 
@@ -60,26 +60,31 @@ class IdentityChain:
             raise BackendUnavailable(f"no identity backend knew the login, and one was unavailable: {outage}")
         raise UnknownUser("no identity backend knows this login")
 
-    async def _first(self, method: str, key):
-        outage = None
-        for index, backend in enumerate(self.backends):
-            try:
-                user = await maybeDeferred(getattr(backend, method), key)
-            except Exception as e:
-                self._unavailable(index, e)
-                outage = e
-                continue
-            if user is not None:
-                return user
-        if outage is not None:
-            raise BackendUnavailable(f"no identity backend knew the user, and one was unavailable: {outage}")
-        return None
+    def _first(self, method: str, key, index: int = 0, outage: Exception | None = None) -> Deferred:
+        """
+        The first user a backend from C{index} on knows, or None; plain
+        callbacks rather than a coroutine, since refresh, UserInfo and
+        introspection all come through here.
+        """
+        if index == len(self.backends):
+            if outage is not None:
+                return fail(BackendUnavailable(f"no identity backend knew the user, and one was unavailable: {outage}"))
+            return succeed(None)
+
+        def failed(failure):
+            self._unavailable(index, failure.value)
+            return self._first(method, key, index + 1, failure.value)
+
+        def answered(user):
+            return self._first(method, key, index + 1, outage) if user is None else user
+
+        return maybeDeferred(getattr(self.backends[index], method), key).addCallbacks(answered, failed)
 
     def user_by_id(self, sub: str) -> Deferred:
-        return Deferred.fromCoroutine(self._first("user_by_id", sub))
+        return self._first("user_by_id", sub)
 
     def user_by_login(self, login) -> Deferred:
-        return Deferred.fromCoroutine(self._first("user_by_login", login))
+        return self._first("user_by_login", login)
 
     def close(self) -> Deferred:
         """Close every backend, even when one fails to."""
