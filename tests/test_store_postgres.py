@@ -393,10 +393,34 @@ class TestConnectionFailures(PostgresDatabase):
             await store.close()
         assert looked_up == [("db.test", False), ("db.invalid", False)]
 
-    def test_which_dsns_need_a_lookup(self):
-        assert postgres_store.host_names("host=db.internal dbname=x") == ["db.internal"]
-        assert postgres_store.host_names("host=10.0.0.5,db2 port=5432,5432") == ["10.0.0.5", "db2"]
-        assert postgres_store.host_names("postgresql://db.internal/authsrv") == ["db.internal"]
-        for dsn in ("host=10.0.0.5", "host=::1", "host=/run/postgresql", "dbname=x",
-                    "host=db.internal hostaddr=10.0.0.5"):
-            assert postgres_store.host_names(dsn) is None, dsn
+    def test_targets_of_a_dsn(self):
+        assert postgres_store.targets("dbname=x") == [{}]
+        assert postgres_store.targets("host=db.internal dbname=x") == [{"host": "db.internal"}]
+        assert postgres_store.targets("postgresql://db1:5433,db2/authsrv?target_session_attrs=read-write") == [
+            {"host": "db1", "port": "5433"}, {"host": "db2", "port": ""},
+        ]
+        assert postgres_store.targets("host=db1,db2 port=6432") == [
+            {"host": "db1", "port": "6432"}, {"host": "db2", "port": "6432"},
+        ]
+        assert postgres_store.targets("host=db1,/run/postgresql hostaddr=10.0.0.5, port=5432,5433") == [
+            {"host": "db1", "port": "5432", "hostaddr": "10.0.0.5"},
+            {"host": "/run/postgresql", "port": "5433", "hostaddr": ""},
+        ]
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_silent_first_host_costs_one_connect_timeout(self):
+        """A primary that went silent: the standby named next is still reached (libpq alone would wait)."""
+        from twisted.internet import reactor
+        from twisted.internet.protocol import Factory, Protocol
+
+        silent = reactor.listenTCP(0, Factory.forProtocol(Protocol), interface="127.0.0.1")
+        port = psycopg2.extensions.parse_dsn(self.dsn)["port"]
+        store = self.store(dsn=self.dsn.replace("host=127.0.0.1", "host=127.0.0.1,127.0.0.1").replace(
+            f"port={port}", f"port={silent.getHost().port},{port}"))
+        try:
+            start = reactor.seconds()
+            assert await store.ping() is None
+            assert 1 <= _elapsed_since(start) < 1.9
+        finally:
+            await store.close()
+            await silent.stopListening()

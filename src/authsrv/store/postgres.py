@@ -162,37 +162,39 @@ def _first_line(error: BaseException) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
-def _is_address(host: str) -> bool:
+def _needs_lookup(host: str) -> bool:
+    """A host name, as opposed to an address or a socket folder."""
+    if not host or host.startswith("/"):
+        return False
     try:
         ipaddress.ip_address(host)
     except ValueError:
-        return False
-    return True
+        return True
+    return False
 
 
-def host_names(dsn: str) -> list[str] | None:
+def targets(dsn: str) -> list[dict]:
     """
-    The DSN's hosts when one of them is a name that libpq would look up
-    itself, blocking the reactor's thread while DNS answers (or not); None
-    when there is nothing to look up (addresses, socket folders, a
-    C{hostaddr} given).
+    The libpq parameters that pick each server the DSN names, in order.
+    The pool tries them one by one, each within C{connect_timeout}: in
+    asynchronous mode libpq has no deadline per host, so a first host that
+    is powered off would use up the whole attempt and the next never be
+    tried (a primary and its standbys with C{target_session_attrs}).
     """
     params = psycopg2.extensions.parse_dsn(dsn)
-    if "hostaddr" in params or not params.get("host"):
-        return None
+    if not params.get("host"):
+        return [{}]
     hosts = params["host"].split(",")
-    if all(not host or host.startswith("/") or _is_address(host) for host in hosts):
-        return None
-    return hosts
-
-
-def _address(host: str) -> str:
-    """C{host}'s item in C{hostaddr}: its first address; empty for a socket folder, which needs none."""
-    if not host or host.startswith("/"):
-        return ""
-    if _is_address(host):
-        return host
-    return socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0]
+    ports = params.get("port", "").split(",")
+    addresses = params.get("hostaddr", "").split(",")
+    return [
+        {
+            "host": host,
+            **({"port": ports[index if len(ports) > 1 else 0]} if params.get("port") else {}),
+            **({"hostaddr": addresses[index]} if params.get("hostaddr") else {}),
+        }
+        for index, host in enumerate(hosts)
+    ]
 
 
 # --- schema -------------------------------------------------------------------
@@ -317,7 +319,7 @@ class Pool:
     def __init__(self, reactor, dsn: str, *, size: int, connect_timeout: int, statement_timeout: int, lookups):
         self._reactor = reactor
         self._dsn = dsn
-        self._hosts = host_names(dsn)
+        self._targets = targets(dsn)
         self._lookups = lookups
         self._slots = DeferredSemaphore(size)
         self._idle: list[_Connection] = []
@@ -388,12 +390,26 @@ class Pool:
             _abandon(connection)
 
     async def _connect(self) -> _Connection:
+        """A new connection to the first server the DSN names that answers in time."""
+        for target in self._targets[:-1]:
+            try:
+                return await self._connect_to(target)
+            except StoreUnavailable:
+                pass
+        try:
+            return await self._connect_to(self._targets[-1])
+        except StoreUnavailable as e:
+            self._unreachable(e)
+            raise
+
+    async def _connect_to(self, target: dict) -> _Connection:
         connection = _Connection(self._reactor)
         try:
-            options = {"cursor_factory": RealDictCursor, "fallback_application_name": "authsrv"}
-            if self._hosts is not None:
+            options = {"cursor_factory": RealDictCursor, "fallback_application_name": "authsrv", **target}
+            if "hostaddr" not in target and _needs_lookup(target.get("host", "")):
+                # libpq would look the name up on the reactor's thread.
                 options["hostaddr"] = await self._bounded(
-                    deferToThreadPool(self._reactor, self._lookups, lambda: ",".join(map(_address, self._hosts))),
+                    deferToThreadPool(self._reactor, self._lookups, _address, target["host"]),
                     self._connect_timeout, connection,
                 )
             await self._bounded(connection.connect(self._dsn, **options), self._connect_timeout, connection)
@@ -405,10 +421,7 @@ class Pool:
             )
         except BaseException as e:
             _abandon(connection)
-            error = _store_error(e)
-            if isinstance(error, StoreUnavailable):
-                self._unreachable(error)
-            raise error from None
+            raise _store_error(e) from None
         return connection
 
     def _reached(self) -> None:
@@ -453,6 +466,10 @@ class Pool:
 
         work.addBoth(finish)
         return result
+
+
+def _address(host: str) -> str:
+    return socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0]
 
 
 def _abandon(connection: _Connection) -> None:
