@@ -270,7 +270,7 @@ class TestConnectionFailures(PostgresDatabase):
             start = reactor.seconds()
             with pytest.raises(StoreUnavailable):
                 await store.ban_user(Ban(ALICE, "second", NOW))
-            assert 1 <= _elapsed_since(start) < 1.9
+            assert 1 <= _elapsed_since(start) < 2.5
             assert (await store.get_ban(ALICE, NOW)).reason == "first"
         await store.ban_user(Ban(ALICE, "third", NOW))
         assert (await store.get_ban(ALICE, NOW)).reason == "third"
@@ -291,7 +291,7 @@ class TestConnectionFailures(PostgresDatabase):
             start = reactor.seconds()
             with pytest.raises(StoreUnavailable):
                 await store.get_ban(ALICE, NOW)
-            assert 2 <= _elapsed_since(start) < 2.9
+            assert 2 <= _elapsed_since(start) < 3.5
         finally:
             os.kill(backend, signal.SIGCONT)
         assert await store.get_ban(ALICE, NOW) is None
@@ -308,7 +308,7 @@ class TestConnectionFailures(PostgresDatabase):
             start = reactor.seconds()
             with pytest.raises(StoreUnavailable):
                 await store.ping()
-            assert 1 <= _elapsed_since(start) < 1.9
+            assert 1 <= _elapsed_since(start) < 2.5
         finally:
             await store.close()
             await silent.stopListening()
@@ -325,7 +325,7 @@ class TestConnectionFailures(PostgresDatabase):
             start = reactor.seconds()
             with pytest.raises(StoreUnavailable, match="no PostgreSQL connection became free"):
                 await store.ping()
-            assert 1 <= _elapsed_since(start) < 1.9
+            assert 1 <= _elapsed_since(start) < 2.5
         assert await blocked is True
         await store.close()
 
@@ -420,7 +420,7 @@ class TestConnectionFailures(PostgresDatabase):
         try:
             start = reactor.seconds()
             assert await store.ping() is None
-            assert 1 <= _elapsed_since(start) < 1.9
+            assert 1 <= _elapsed_since(start) < 2.5
         finally:
             await store.close()
             await silent.stopListening()

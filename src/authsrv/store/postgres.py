@@ -19,7 +19,9 @@ most C{statement_timeout} (the server cancels it; a client-side deadline a
 second later closes a connection whose server went silent), and every such
 failure is L{StoreUnavailable}, which the web layer answers with 503. Broken
 connections are dropped and new ones opened by later requests, so the
-server recovers by itself when the database is back.
+server recovers by itself when the database is back. Two things libpq does
+not do in asynchronous mode are done here: host names are looked up on a
+thread, and each server a DSN names gets its own connect deadline.
 """
 
 from __future__ import annotations
