@@ -37,7 +37,14 @@ from zope.interface import implementer
 
 from authsrv.configsection import ConfigError, Section
 from authsrv.identity.errors import BackendUnavailable, UnknownUser
-from authsrv.identity.passwords import DEFAULT_HASHER, PasswordVerifier, is_argon2id_hash
+from authsrv.identity.passwords import (
+    _MALFORMED,
+    _MATCH,
+    _MISMATCH,
+    DEFAULT_HASHER,
+    PasswordVerifier,
+    is_argon2id_hash,
+)
 from authsrv.identity.static import login_key
 from authsrv.interfaces import IIdentityBackend
 from authsrv.records import User
@@ -418,8 +425,8 @@ class MigratingVerifier(PasswordVerifier):
         try:
             matched = bcrypt.checkpw(password[:BCRYPT_MAX_PASSWORD], stored_hash.encode("ascii"))
         except (ValueError, UnicodeEncodeError):
-            return "malformed"
-        return "match" if matched else "mismatch"
+            return _MALFORMED
+        return _MATCH if matched else _MISMATCH
 
     def rehash(self, password: str | bytes) -> Deferred:
         """Fires with a new argon2id hash of C{password}, made on the pool."""
