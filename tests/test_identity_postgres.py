@@ -439,6 +439,8 @@ def test_check_only_creates_nothing(pg_dsn, reactor, tmp_path):
     context = PluginContext(reactor, tmp_path, check_only=True)
     try:
         assert postgres.from_config(Section({"dsn": pg_dsn}, "identity[0]", tmp_path), context) is None
+        unreachable = f"host=127.0.0.1 port={free_port()}"
+        assert postgres.from_config(Section({"dsn": unreachable}, "identity[0]", tmp_path), context) is None
         seed_staff(pg_dsn, [])
         section = Section({"dsn": pg_dsn, **MAPPED, "user_by_id": "SELECT 1"}, "identity[0]", tmp_path)
         with pytest.raises(ConfigError, match="user_by_id: must use"):

@@ -762,7 +762,11 @@ def from_config(section: Section, context) -> PostgresIdentityBackend | None:
 
 
 def build(section: Section, context, hasher=DEFAULT_HASHER) -> PostgresIdentityBackend | None:
-    """L{from_config} with the password hasher as a parameter (tests use a cheap one)."""
+    """
+    L{from_config} with the password hasher as a parameter (tests use a
+    cheap one). Checking a config (C{context.check_only}) runs the mapped
+    queries, which read only, and leaves an own-mode database alone.
+    """
     settings = read_settings(section, "authsrv-identity")
     mode = section.str("mode", "own", choices=MODES)
     pool_size = section.int("pool_size", 4, minimum=1)
@@ -775,11 +779,13 @@ def build(section: Section, context, hasher=DEFAULT_HASHER) -> PostgresIdentityB
         queries = OWN_QUERIES
     section.done()
     read_only = mode == "mapped"
+    if context.check_only and not read_only:
+        return None
     try:
         with closing(settings.connect(read_only=read_only)) as connection:
-            if mode == "mapped":
+            if read_only:
                 check_queries(connection, section, queries)
-            elif not context.check_only:
+            else:
                 migrate(connection, "authsrv.identity", "identity_schema_version", SCHEMA_LOCK)
     except psycopg2.OperationalError as e:
         raise ConfigError(settings.key, f"cannot use the database: {problem_of(e)}") from None
