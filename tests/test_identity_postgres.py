@@ -127,11 +127,20 @@ def backends():
         backend.close()
 
 
-def direct_backend(dsn: str, reactor, verifier, *, connect_timeout=5, queries=postgres.OWN_QUERIES, mode="own"):
-    """A backend over a schema that exists, with a verifier of the test's own."""
+def direct_backend(dsn: str, context, verifier, *, connect_timeout=5):
+    """An own-mode backend over a schema that exists, with a verifier of the test's own."""
     section = Section({"dsn": dsn, "connect_timeout": connect_timeout}, "identity[0]", None)
-    pool = postgres.ConnectionPool(reactor, postgres.read_settings(section, "authsrv-identity"), 2)
-    return postgres.PostgresIdentityBackend(pool, verifier, queries, mode)
+    settings = postgres.read_settings(section, "authsrv-identity")
+    pool = postgres.ConnectionPool(context.reactor, settings, 2, lookups(context))
+    return postgres.PostgresIdentityBackend(pool, verifier, postgres.OWN_QUERIES, "own")
+
+
+def lookups(context):
+    return context.threadpool(postgres.LOOKUP_POOL_NAME, postgres.LOOKUP_POOL_SIZE)
+
+
+def cheap_verifier(context):
+    return postgres.MigratingVerifier(context.reactor, context.threadpool("passwords", 2), CHEAP)
 
 
 def open_backend(config: dict, context, backends=None):
@@ -231,7 +240,7 @@ async def test_upgrade_never_overwrites_a_hash_changed_meanwhile(pg_dsn, reactor
             execute(pg_dsn, "UPDATE identity_users SET password_hash = %s WHERE sub = %s", (changed, ALICE.sub))
             return super().rehash(password)
 
-    backend = direct_backend(pg_dsn, reactor, OperatorMeanwhile(reactor, context.threadpool("passwords", 2), CHEAP))
+    backend = direct_backend(pg_dsn, context, OperatorMeanwhile(reactor, context.threadpool("passwords", 2), CHEAP))
     backends.append(backend)
     assert await login(backend, "alice", PASSWORDS[ALICE.sub]) == ALICE.sub
     assert stored_hash(pg_dsn, "identity_users", ALICE.sub) == changed
@@ -352,19 +361,19 @@ def test_mapped_query_too_slow_on_start(pg_dsn, context):
 
 
 @pytest_twisted.ensureDeferred
-async def test_read_only_pool_refuses_writes(pg_dsn, reactor):
+async def test_read_only_pool_refuses_writes(pg_dsn, reactor, context):
     seed_staff(pg_dsn, seed_users())
     settings = postgres.read_settings(Section({"dsn": pg_dsn}, "identity[0]", None), "test")
 
     def write(connection):
         return connection.cursor().execute("DELETE FROM staff")
 
-    read_only = postgres.ConnectionPool(reactor, settings, 1, read_only=True)
+    read_only = postgres.ConnectionPool(reactor, settings, 1, lookups(context), read_only=True)
     with pytest.raises(BackendUnavailable, match="cannot execute DELETE in a read-only transaction"):
         await read_only.run("delete", write)
     await read_only.close()
     assert execute(pg_dsn, "SELECT count(*) FROM staff") == [(4,)]
-    writable = postgres.ConnectionPool(reactor, settings, 1)
+    writable = postgres.ConnectionPool(reactor, settings, 1, lookups(context))
     await writable.run("delete", write)
     await writable.close()
     assert execute(pg_dsn, "SELECT count(*) FROM staff") == [(0,)]
@@ -543,13 +552,32 @@ async def test_a_server_that_never_answers_times_out(reactor, context, backends)
     silent.listen(8)
     try:
         dsn = f"host=127.0.0.1 port={silent.getsockname()[1]} dbname=x"
-        verifier = postgres.MigratingVerifier(reactor, context.threadpool("passwords", 2), CHEAP)
-        backend = direct_backend(dsn, reactor, verifier, connect_timeout=1)
+        backend = direct_backend(dsn, context, cheap_verifier(context), connect_timeout=1)
         backends.append(backend)
         started = reactor.seconds()
         with pytest.raises(BackendUnavailable, match="cannot connect: no answer within 1 s"):
             await backend.user_by_id(ALICE.sub)
         assert reactor.seconds() - started < 3
+    finally:
+        silent.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_next_server_is_tried_when_the_first_is_silent(pg_dsn, reactor, context, backends):
+    """A powered-off primary named first leaves time for the standby named next, found by its name."""
+    await add_users(open_backend({"dsn": pg_dsn}, context, backends), [(ALICE, PASSWORDS[ALICE.sub])])
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    try:
+        parameters = dict(item.split("=", 1) for item in pg_dsn.split())
+        parameters |= {"host": "127.0.0.1,localhost", "port": f"{silent.getsockname()[1]},{parameters['port']}"}
+        dsn = " ".join(f"{key}={value}" for key, value in parameters.items())
+        backend = direct_backend(dsn, context, cheap_verifier(context), connect_timeout=1)
+        backends.append(backend)
+        started = reactor.seconds()
+        assert await login(backend, "alice", PASSWORDS[ALICE.sub]) == ALICE.sub
+        assert 1 <= reactor.seconds() - started < 3
     finally:
         silent.close()
 

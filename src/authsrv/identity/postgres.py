@@ -18,6 +18,8 @@ is L{BackendUnavailable}, never a wrong password.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
+import socket
 from contextlib import closing
 from importlib import resources
 
@@ -48,6 +50,7 @@ from authsrv.identity.passwords import (
 from authsrv.identity.static import login_key
 from authsrv.interfaces import IIdentityBackend
 from authsrv.records import User
+from authsrv.store.postgres import targets
 
 log = Logger()
 
@@ -79,6 +82,9 @@ def advisory_lock_id(name: str) -> int:
 
 
 SCHEMA_LOCK = advisory_lock_id("authsrv identity schema")
+
+LOOKUP_POOL_NAME, LOOKUP_POOL_SIZE = "postgres-lookups", 2
+"""The host name lookups' thread pool, shared with the PostgreSQL store."""
 
 CLIENT_DEADLINE_MARGIN = 1
 """Seconds the client waits beyond the server's statement timeout before it closes a connection."""
@@ -229,7 +235,7 @@ class _Connection(txpostgres.Connection):
 
 
 class _TimedOut(Exception):
-    """No answer within the configured time; the connection was closed."""
+    """No answer within the configured time; the connection under way, if any, was closed."""
 
 
 class ConnectionPool:
@@ -247,13 +253,21 @@ class ConnectionPool:
     falls a second after the server's own statement timeout, which cancels
     a slow query with a clearer error and keeps the connection.
 
+    Asynchronous libpq also has no deadline per server and looks host names
+    up on the calling thread, so each address of each server the DSN names
+    is tried in turn within C{connect_timeout} (a powered-off primary must
+    leave time for the standby named next), names looked up on C{lookups},
+    a thread pool.
+
     An outage is logged when it starts and when it ends, not once per
     request; a query the database refuses (a broken mapping) every time.
     """
 
-    def __init__(self, reactor, settings: ConnectionSettings, size: int, *, read_only: bool = False):
+    def __init__(self, reactor, settings: ConnectionSettings, size: int, lookups, *, read_only: bool = False):
         self._reactor = reactor
         self._parameters = settings.parameters(read_only=read_only)
+        self._targets = targets(settings.dsn)
+        self._lookups = lookups
         self._connect_timeout = settings.connect_timeout
         self._statement_timeout = settings.statement_timeout
         self._slots = DeferredSemaphore(size)
@@ -288,7 +302,7 @@ class ConnectionPool:
                 log.info("identity database reachable again")
             deadline = self._statement_timeout + CLIENT_DEADLINE_MARGIN
             try:
-                result = await self._within(deadline, connection, maybeDeferred(work, connection))
+                result = await self._within(deadline, maybeDeferred(work, connection), connection)
             except Exception as e:
                 self._checkin(connection)
                 raise self._failed(label, _reason(e, deadline), _is_outage(e)) from None
@@ -314,10 +328,34 @@ class ConnectionPool:
             if not connection.closed:
                 return connection
             self._open.discard(connection)
+        failure = None
+        for target in self._targets:
+            try:
+                for candidate in await self._candidates(target):
+                    try:
+                        return await self._connect(candidate)
+                    except Exception as e:
+                        failure = e
+            except Exception as e:
+                failure = e
+        raise failure
+
+    async def _candidates(self, target: dict) -> list[dict]:
+        """
+        The parameters of each address of one server the DSN names
+        (C{target}: its host, port, hostaddr), its name looked up off the
+        reactor's thread.
+        """
+        if "hostaddr" in target or not _needs_lookup(target.get("host", "")):
+            return [target]
+        lookup = deferToThreadPool(self._reactor, self._lookups, _addresses, target["host"])
+        return [target | {"hostaddr": address} for address in await self._within(self._connect_timeout, lookup)]
+
+    async def _connect(self, target: dict) -> _Connection:
         connection = _Connection(self._reactor)
         self._open.add(connection)
         try:
-            await self._within(self._connect_timeout, connection, connection.connect(**self._parameters))
+            await self._within(self._connect_timeout, connection.connect(**self._parameters | target), connection)
         except BaseException:
             self._drop(connection)
             raise
@@ -339,15 +377,16 @@ class ConnectionPool:
         if connection.pollable() is not None:
             connection.close()
 
-    def _within(self, seconds: int, connection: _Connection, d: Deferred) -> Deferred:
+    def _within(self, seconds: int, d: Deferred, connection: _Connection | None = None) -> Deferred:
         """
-        C{d}, or L{_TimedOut} after C{seconds}, when the connection is
-        closed so that the work under way ends too.
+        C{d}, or L{_TimedOut} after C{seconds}, when C{connection} is closed
+        so that the work under way on it ends too.
         """
         outer = Deferred()
 
         def expire():
-            self._drop(connection)
+            if connection is not None:
+                self._drop(connection)
             outer.errback(_TimedOut())
 
         timer = self._reactor.callLater(seconds, expire)
@@ -369,11 +408,31 @@ class ConnectionPool:
         return succeed(None)
 
 
+def _needs_lookup(host: str) -> bool:
+    """A host name, as opposed to an address or a socket folder."""
+    if not host or host.startswith("/"):
+        return False
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return True
+    return False
+
+
+def _addresses(host: str) -> list[str]:
+    """Every address of C{host}, in the resolver's order, as libpq itself would try them."""
+    found = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(address[4][0] for address in found))
+
+
 def _is_outage(error: Exception) -> bool:
     """Whether C{error} says the database cannot be reached, rather than that it refused a query."""
     return isinstance(
         error,
-        (_TimedOut, CancelledError, psycopg2.OperationalError, psycopg2.InterfaceError, ConnectionDone, ConnectionLost),
+        (
+            _TimedOut, CancelledError, OSError, psycopg2.OperationalError, psycopg2.InterfaceError,
+            ConnectionDone, ConnectionLost,
+        ),
     )
 
 
@@ -794,7 +853,8 @@ def build(section: Section, context, hasher=DEFAULT_HASHER) -> PostgresIdentityB
     if context.check_only:
         return None
     verifier = MigratingVerifier.for_context(context, hasher)
-    pool = ConnectionPool(context.reactor, settings, pool_size, read_only=read_only)
+    lookups = context.threadpool(LOOKUP_POOL_NAME, LOOKUP_POOL_SIZE)
+    pool = ConnectionPool(context.reactor, settings, pool_size, lookups, read_only=read_only)
     backend = PostgresIdentityBackend(pool, verifier, queries, mode)
     verifier.warm_up()
     log.info("PostgreSQL identity backend ready ({mode} mode)", mode=mode)
