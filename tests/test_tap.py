@@ -55,6 +55,8 @@ def test_embedded_default_first_start_restart_and_kill(run_server, tmp_path):
     out, _ = server.kill()
     assert "first start: created the data folder" in out
     assert "authsrv-admin --config" in out and "user add" in out and "client add" in out
+    command = next(line for line in out.splitlines() if "user add alice" in line).split()[0]
+    assert (tmp_path / command).exists() or shutil.which(command), f"{command} cannot be run from there"
 
     again = run_server(["authsrv", "--listen", f"tcp:{port}:interface=127.0.0.1"], tmp_path, port=port)
     assert again.get_json("/api/auth/jwks") == jwks_before

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
+import sys
 from pathlib import Path
 
 from attrs import frozen
@@ -72,13 +74,24 @@ class Created:
             + [f"  {str(path):<{width}}  {what}" for path, what in files]
             + [
                 "Add a user (asks for the password):",
-                f"  authsrv-admin --config {self.config} user add alice",
+                f"  {_admin_command()} --config {self.config} user add alice",
                 "Add a client (prints its secret once):",
-                f"  authsrv-admin --config {self.config} client add my-app"
+                f"  {_admin_command()} --config {self.config} client add my-app"
                 " --redirect-uri http://127.0.0.1:9000/callback",
                 f"Discovery: {issuer}/.well-known/openid-configuration",
             ]
         )
+
+
+def _admin_command() -> str:
+    """
+    How to call the operator command from here: the script beside this
+    Python (a virtualenv's bin folder) when it is not on the PATH.
+    """
+    beside = Path(sys.executable).parent / "authsrv-admin"
+    if shutil.which("authsrv-admin") == str(beside) or not beside.exists():
+        return "authsrv-admin"
+    return os.path.relpath(beside)
 
 
 def prepare_data_dir(data_dir: Path) -> tuple[Path, Created | None]:
