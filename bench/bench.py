@@ -110,6 +110,41 @@ def code_flow(browser: requests.Session, base: str, scope: str, resource: str | 
     return tokens.json()
 
 
+def fresh_codes(browser: requests.Session, base: str, count: int) -> tuple[list[str], str]:
+    """
+    C{count} authorization codes from the signed-in browser session (no login
+    page needed), all with one PKCE pair, and that pair's verifier.
+    """
+    verifier = secrets.token_urlsafe(32)
+    challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
+    params = {"response_type": "code", "client_id": DEMO_APP[0], "redirect_uri": REDIRECT_URI,
+              "scope": "openid profile email", "state": "bench", "code_challenge": challenge,
+              "code_challenge_method": "S256"}
+    codes = []
+    for _ in range(count):
+        answer = browser.get(base + "/api/auth/oauth2/authorize", params=params, allow_redirects=False)
+        codes.append(parse_qs(urlsplit(answer.headers["location"]).query)["code"][0])
+    return codes, verifier
+
+
+def code_script(codes: list[str], verifier: str) -> str:
+    """Each request redeems the next unused code."""
+    pool = ", ".join(json.dumps(c) for c in codes)
+    return f"""
+local pool = {{{pool}}}
+local verifier = {json.dumps(verifier)}
+local redirect = {json.dumps(REDIRECT_URI)}
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/x-www-form-urlencoded"
+wrk.headers["Authorization"] = {json.dumps(_basic(DEMO_APP))}
+request = function()
+  local code = table.remove(pool)
+  return wrk.format(nil, nil, nil, "grant_type=authorization_code&code=" .. code
+    .. "&redirect_uri=" .. redirect .. "&code_verifier=" .. verifier)
+end
+"""
+
+
 def wrk(url: str, script: str | None, duration: int, connections: int, folder: Path) -> tuple[float, str, str]:
     command = ["taskset", "-c", "1", "wrk", "-t1", f"-c{connections}", f"-d{duration}s", "--latency", url]
     if script:
@@ -188,11 +223,17 @@ def main() -> None:
                                                        "Authorization": "Bearer " + INTERNAL_SECRET})),
             ("refresh (rotation)", "/api/auth/oauth2/token", refresh_script(chains)),
         ]
+        # Codes live 60 s: made just before their run, more than it can use.
+        code_seconds = min(args.duration, 5)
         print(f"| endpoint | req/s | p50 | p99 |  (c={args.connections}, {args.duration} s each)")
         print("|---|---|---|---|")
         for name, path, script in scenarios:
             rate, p50, p99 = wrk(base + path, script, args.duration, args.connections, folder)
             print(f"| {name} | {rate:,.0f} | {p50} | {p99} |", flush=True)
+        codes, verifier = fresh_codes(browser, base, 2000 * code_seconds)
+        rate, p50, p99 = wrk(base + "/api/auth/oauth2/token", code_script(codes, verifier), code_seconds,
+                             args.connections, folder)
+        print(f"| code exchange ({code_seconds} s) | {rate:,.0f} | {p50} | {p99} |", flush=True)
     finally:
         server.terminate()
         server.wait(timeout=15)
