@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -35,25 +36,37 @@ def fetch(url: str, timeout: float = 5.0) -> tuple[int, dict, bytes]:
 
 
 class Server:
-    """A C{twist authsrv} child process, waited on until ready."""
+    """
+    A C{twist authsrv} child process, waited on until ready. Its output goes
+    to files, not pipes: a pipe nobody reads fills up and stalls the server.
+    """
 
     def __init__(self, args: list[str], cwd: Path, port: int, env: dict | None = None):
         self.port = port
         self.base = f"http://127.0.0.1:{port}"
+        self._out = tempfile.TemporaryFile("w+")
+        self._err = tempfile.TemporaryFile("w+")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "twisted", *args],
             cwd=cwd,
             env={**os.environ, **(env or {})},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stdout=self._out,
+            stderr=self._err,
             text=True,
         )
+
+    def output(self, timeout: float = 60) -> tuple[str, str]:
+        """Wait for the process to end; what it wrote to stdout and stderr."""
+        self.process.wait(timeout=timeout)
+        self._out.seek(0)
+        self._err.seek(0)
+        return self._out.read(), self._err.read()
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                out, err = self.process.communicate()
+                out, err = self.output()
                 raise AssertionError(f"server exited {self.process.returncode}:\n{out}\n{err}")
             try:
                 if fetch(self.base + "/readyz", timeout=1)[0] == 200:
@@ -71,16 +84,16 @@ class Server:
     def kill(self) -> tuple[str, str]:
         """SIGKILL: no shutdown code runs."""
         self.process.send_signal(signal.SIGKILL)
-        return self.process.communicate(timeout=10)
+        return self.output(timeout=10)
 
     def stop(self) -> tuple[str, str]:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
-                return self.process.communicate(timeout=15)
+                return self.output(timeout=15)
             except subprocess.TimeoutExpired:
                 self.process.kill()
-        return self.process.communicate()
+        return self.output()
 
 
 @pytest.fixture
@@ -99,7 +112,7 @@ def run_server():
     for server in servers:
         if server.process.poll() is None:
             server.process.kill()
-            server.process.communicate()
+            server.process.wait()
 
 
 def admin(*args: str, cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess:

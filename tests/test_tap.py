@@ -130,7 +130,7 @@ def test_config_mistakes_stop_with_one_line(run_server, tmp_path, text, expected
         (tmp_path / "users.toml").write_text("")
         path.write_text(text)
     server = run_server(["authsrv", "--config", str(path)], tmp_path, ready=False)
-    out, err = server.process.communicate(timeout=60)
+    out, err = server.output()
     assert server.process.returncode != 0
     assert "Traceback" not in err
     lines = err.strip().splitlines()
@@ -142,7 +142,7 @@ def test_taken_port_stops_with_one_line(run_server, tmp_path):
     port = free_port()
     first = run_server(["authsrv", "--listen", f"tcp:{port}:interface=127.0.0.1"], tmp_path, port=port)
     second = run_server(["authsrv", "--listen", f"tcp:{first.port}:interface=127.0.0.1"], tmp_path, ready=False)
-    out, err = second.process.communicate(timeout=60)
+    out, err = second.output()
     assert second.process.returncode != 0
     assert err.strip().startswith("authsrv: server.listen[0]: cannot listen on")
     assert "Traceback" not in err
