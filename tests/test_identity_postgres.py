@@ -22,6 +22,7 @@ from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 from twisted.logger import capturedLogs, formatEvent
 
+from authsrv import pg
 from authsrv.configsection import ConfigError, Section
 from authsrv.context import PluginContext
 from authsrv.identity import postgres
@@ -130,13 +131,13 @@ def backends():
 def direct_backend(dsn: str, context, verifier, *, connect_timeout=5):
     """An own-mode backend over a schema that exists, with a verifier of the test's own."""
     section = Section({"dsn": dsn, "connect_timeout": connect_timeout}, "identity[0]", None)
-    settings = postgres.read_settings(section, "authsrv-identity")
-    pool = postgres.ConnectionPool(context.reactor, settings, 2, lookups(context))
+    settings = pg.read_settings(section, "authsrv-identity")
+    pool = postgres.connection_pool(context.reactor, settings, 2, lookups(context))
     return postgres.PostgresIdentityBackend(pool, verifier, postgres.OWN_QUERIES, "own")
 
 
 def lookups(context):
-    return context.threadpool(postgres.LOOKUP_POOL_NAME, postgres.LOOKUP_POOL_SIZE)
+    return context.threadpool(pg.LOOKUP_POOL_NAME, pg.LOOKUP_POOL_SIZE)
 
 
 def cheap_verifier(context):
@@ -363,19 +364,19 @@ def test_mapped_query_too_slow_on_start(pg_dsn, context):
 @pytest_twisted.ensureDeferred
 async def test_read_only_pool_refuses_writes(pg_dsn, reactor, context):
     seed_staff(pg_dsn, seed_users())
-    settings = postgres.read_settings(Section({"dsn": pg_dsn}, "identity[0]", None), "test")
+    settings = pg.read_settings(Section({"dsn": pg_dsn}, "identity[0]", None), "test")
 
     def write(connection):
         return connection.cursor().execute("DELETE FROM staff")
 
-    read_only = postgres.ConnectionPool(reactor, settings, 1, lookups(context), read_only=True)
+    read_only = postgres.connection_pool(reactor, settings, 1, lookups(context), read_only=True)
     with pytest.raises(BackendUnavailable, match="cannot execute DELETE in a read-only transaction"):
-        await read_only.run("delete", write)
-    await read_only.close()
+        await read_only.run(write, "delete")
+    read_only.close()
     assert execute(pg_dsn, "SELECT count(*) FROM staff") == [(4,)]
-    writable = postgres.ConnectionPool(reactor, settings, 1, lookups(context))
-    await writable.run("delete", write)
-    await writable.close()
+    writable = postgres.connection_pool(reactor, settings, 1, lookups(context))
+    await writable.run(write, "delete")
+    writable.close()
     assert execute(pg_dsn, "SELECT count(*) FROM staff") == [(0,)]
 
 
@@ -412,7 +413,7 @@ async def test_dsn_from_a_file_or_the_environment(pg_dsn, context, backends, tmp
     monkeypatch.setenv("IDENTITY_DSN", pg_dsn)
     from_environment = open_backend({"dsn_env": "IDENTITY_DSN"}, context, backends)
     assert await from_environment.user_by_login("alice") == ALICE
-    settings = postgres.read_settings(Section({"dsn_file": "dsn"}, "identity[0]", tmp_path), "x")
+    settings = pg.read_settings(Section({"dsn_file": "dsn"}, "identity[0]", tmp_path), "x")
     assert "s3cret" not in repr(settings)
 
 

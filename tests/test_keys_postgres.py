@@ -16,6 +16,7 @@ from twisted.internet.defer import gatherResults
 from twisted.internet.threads import deferToThread
 from twisted.logger import capturedLogs
 
+from authsrv import pg
 from authsrv.chat.crypto import new_key_text
 from authsrv.configsection import ConfigError, Section
 from authsrv.context import PluginContext
@@ -303,13 +304,13 @@ def test_check_only_touches_nothing(pg_dsn, reactor, tmp_path):
 async def test_storage_work_stays_off_the_reactor_thread(pg_dsn, contexts, monkeypatch):
     keystore = _open(pg_dsn, contexts())
     threads = []
-    connect = postgres.ConnectionSettings.connect
+    connect = pg.ConnectionSettings.connect
 
     def recording(self, **kwargs):
         threads.append(threading.current_thread())
         return connect(self, **kwargs)
 
-    monkeypatch.setattr(postgres.ConnectionSettings, "connect", recording)
+    monkeypatch.setattr(pg.ConnectionSettings, "connect", recording)
     await keystore.maintain(_by_state(keystore, "active")[0].activated_at + 1)
     await keystore.rotate(_by_state(keystore, "active")[0].activated_at + 2)
     assert threads and threading.main_thread() not in threads

@@ -17,6 +17,7 @@ import pytest
 import pytest_twisted
 from twisted.logger import formatEvent, globalLogPublisher
 
+from authsrv import pg
 from authsrv.configsection import ConfigError, Section
 from authsrv.context import PluginContext
 from authsrv.plugins import find_factory
@@ -394,15 +395,15 @@ class TestConnectionFailures(PostgresDatabase):
         assert looked_up == [("db.test", False), ("db.invalid", False)]
 
     def test_targets_of_a_dsn(self):
-        assert postgres_store.targets("dbname=x") == [{}]
-        assert postgres_store.targets("host=db.internal dbname=x") == [{"host": "db.internal"}]
-        assert postgres_store.targets("postgresql://db1:5433,db2/authsrv?target_session_attrs=read-write") == [
+        assert pg.targets("dbname=x") == [{}]
+        assert pg.targets("host=db.internal dbname=x") == [{"host": "db.internal"}]
+        assert pg.targets("postgresql://db1:5433,db2/authsrv?target_session_attrs=read-write") == [
             {"host": "db1", "port": "5433"}, {"host": "db2", "port": ""},
         ]
-        assert postgres_store.targets("host=db1,db2 port=6432") == [
+        assert pg.targets("host=db1,db2 port=6432") == [
             {"host": "db1", "port": "6432"}, {"host": "db2", "port": "6432"},
         ]
-        assert postgres_store.targets("host=db1,/run/postgresql hostaddr=10.0.0.5, port=5432,5433") == [
+        assert pg.targets("host=db1,/run/postgresql hostaddr=10.0.0.5, port=5432,5433") == [
             {"host": "db1", "port": "5432", "hostaddr": "10.0.0.5"},
             {"host": "/run/postgresql", "port": "5433", "hostaddr": ""},
         ]

@@ -17,26 +17,20 @@ is L{BackendUnavailable}, never a wrong password.
 
 from __future__ import annotations
 
-import hashlib
-import ipaddress
-import socket
 from contextlib import closing
-from importlib import resources
 
 import bcrypt
 import psycopg2
 import psycopg2.extensions
-from attrs import field, frozen
+from attrs import frozen
 from twisted.cred.credentials import IUsernamePassword
 from twisted.cred.error import UnauthorizedLogin
-from twisted.internet.defer import CancelledError, Deferred, DeferredSemaphore, maybeDeferred, succeed
-from twisted.internet.defer import TimeoutError as DeferredTimeout
-from twisted.internet.error import ConnectionDone, ConnectionLost
+from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
-from txpostgres import txpostgres
 from zope.interface import implementer
 
+from authsrv import pg
 from authsrv.configsection import ConfigError, Section
 from authsrv.identity.errors import BackendUnavailable, UnknownUser
 from authsrv.identity.passwords import (
@@ -50,7 +44,6 @@ from authsrv.identity.passwords import (
 from authsrv.identity.static import login_key
 from authsrv.interfaces import IIdentityBackend
 from authsrv.records import User
-from authsrv.store.postgres import targets
 
 log = Logger()
 
@@ -76,380 +69,45 @@ _TEXT_TYPES = frozenset({"text", "varchar", "bpchar", "name", "citext"})
 _OWN_COLUMNS = ", ".join(COLUMNS)
 
 
-def advisory_lock_id(name: str) -> int:
-    """A stable signed 64-bit advisory lock key for C{name}, clear of other users' small keys."""
-    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+SCHEMA_LOCK = pg.advisory_lock_id("authsrv identity schema")
+LEDGER = pg.Ledger("identity_schema_version", "identity")
 
 
-SCHEMA_LOCK = advisory_lock_id("authsrv identity schema")
-
-LOOKUP_POOL_NAME, LOOKUP_POOL_SIZE = "postgres-lookups", 2
-"""The host name lookups' thread pool, shared with the PostgreSQL store."""
-
-CLIENT_DEADLINE_MARGIN = 1
-"""Seconds the client waits beyond the server's statement timeout before it closes a connection."""
-
-
-# --- connection settings, shared with the PostgreSQL keystore ---------------
-
-
-@frozen
-class ConnectionSettings:
-    """
-    Where and how to connect. C{key} is the config key the DSN came from,
-    named by start-up errors; the DSN itself is never shown (it may hold a
-    password).
-    """
-
-    dsn: str = field(repr=False)
-    key: str
-    connect_timeout: int
-    statement_timeout: int
-    application_name: str
-
-    def parameters(self, *, read_only: bool = False) -> dict:
-        """
-        libpq parameters: the DSN's own, plus a server-side statement
-        timeout, TCP keepalives and (C{read_only}) read-only transactions
-        by default, keeping any C{options} the DSN gives.
-        """
-        parameters = psycopg2.extensions.parse_dsn(self.dsn)
-        options = [parameters.get("options", ""), f"-c statement_timeout={self.statement_timeout * 1000}"]
-        if read_only:
-            options.append("-c default_transaction_read_only=on")
-        parameters["options"] = " ".join(option for option in options if option)
-        defaults = {
-            "application_name": self.application_name,
-            "connect_timeout": str(self.connect_timeout),
-            "keepalives_idle": "30",
-            "keepalives_interval": "10",
-            "keepalives_count": "3",
-        }
-        return defaults | parameters
-
-    def connect(self, *, read_only: bool = False):
-        """A blocking psycopg2 connection in autocommit mode (start-up work, the keystore)."""
-        connection = psycopg2.connect(**self.parameters(read_only=read_only))
-        connection.autocommit = True
-        return connection
-
-
-def read_settings(section: Section, application_name: str) -> ConnectionSettings:
-    """
-    The connection keys: C{dsn} (a libpq connection string or URI without a
-    password), or C{dsn_env}/C{dsn_file} (one that may hold a password);
-    C{connect_timeout} and C{statement_timeout} (durations, default 5 s).
-    """
-    given = [name for name in ("dsn", "dsn_env", "dsn_file") if section.has(name)]
-    if not given:
-        raise section.error("dsn", "is required (or dsn_env, dsn_file when it holds a password)")
-    if len(given) > 1:
-        raise section.error(given[1], f"give one of dsn, dsn_env, dsn_file, not {' and '.join(given)}")
-    key = section.key(given[0])
-    dsn = section.str("dsn") if given == ["dsn"] else section.secret("dsn")
-    try:
-        parameters = psycopg2.extensions.parse_dsn(dsn)
-    except psycopg2.ProgrammingError:
-        raise ConfigError(key, "is not a libpq connection string or postgresql:// URI") from None
-    if given == ["dsn"] and parameters.get("password"):
-        raise ConfigError(
-            key, "holds a password: put the DSN in dsn_env or dsn_file, never in the config file"
-        )
-    connect_timeout = section.duration("connect_timeout", 5)
-    statement_timeout = section.duration("statement_timeout", 5)
-    for name, value in (("connect_timeout", connect_timeout), ("statement_timeout", statement_timeout)):
-        if value < 1:
-            raise section.error(name, "must be at least 1s")
-    return ConnectionSettings(dsn, key, connect_timeout, statement_timeout, application_name)
-
-
-def problem_of(error: BaseException) -> str:
-    """An error as one short line for logs and messages; never holds a DSN."""
-    if isinstance(error, psycopg2.Error):
-        text = str(error).strip().splitlines()
-        return text[0] if text else type(error).__name__
-    return " ".join(str(error).split()) or type(error).__name__
-
-
-def migrate(connection, package: str, table: str, lock: int) -> int:
-    """
-    Bring a schema up to date: apply the C{schema/postgres/NNN_*.sql} files
-    of C{package} above the version recorded in C{table}, in one transaction
-    under the advisory lock C{lock}, so that instances starting together
-    migrate once. Returns the version; L{ValueError} when the database's
-    schema is newer than this code.
-    """
-    migrations = _migrations(package)
-    latest = max(migrations, default=0)
-    with connection.cursor() as cursor:
-        cursor.execute("BEGIN")
-        try:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", (lock,))
-            cursor.execute(
-                f"CREATE TABLE IF NOT EXISTS {table} ("
-                " version integer PRIMARY KEY,"
-                " applied_at timestamptz NOT NULL DEFAULT now())"
-            )
-            cursor.execute(f"SELECT coalesce(max(version), 0) FROM {table}")
-            (current,) = cursor.fetchone()
-            if current > latest:
-                raise ValueError(
-                    f"the database schema is at version {current}, newer than this"
-                    f" authsrv knows ({latest}): upgrade authsrv"
-                )
-            for version in sorted(v for v in migrations if v > current):
-                cursor.execute(migrations[version])
-                cursor.execute(f"INSERT INTO {table} (version) VALUES (%s)", (version,))
-            cursor.execute("COMMIT")
-        except BaseException:
-            if not connection.closed:
-                cursor.execute("ROLLBACK")
-            raise
-    return max(current, latest)
-
-
-def _migrations(package: str) -> dict[int, str]:
-    folder = resources.files(package) / "schema" / "postgres"
-    return {
-        int(entry.name.split("_", 1)[0]): entry.read_text(encoding="utf-8")
-        for entry in folder.iterdir()
-        if entry.name.endswith(".sql")
-    }
-
-
-# --- the connection pool ----------------------------------------------------
-
-
-class _Connection(txpostgres.Connection):
-    """
-    A txpostgres connection that closes itself when the server drops it
-    while idle: txpostgres would raise from C{doRead}, and Twisted log it as
-    an unhandled error, on every database restart.
-    """
-
-    def doRead(self):
-        try:
-            super().doRead()
-        except psycopg2.Error:
-            self.close()
-
-
-class _TimedOut(Exception):
-    """No answer within the configured time; the connection under way, if any, was closed."""
-
-
-class ConnectionPool:
-    """
-    Up to C{size} txpostgres connections, each opened when first needed and
-    dropped as soon as it fails, with a deadline on connecting and on every
-    piece of work.
-
-    Not txpostgres's own ConnectionPool: it opens every connection at start
-    (so it cannot start while the database is down), keeps a connection the
-    server dropped forever (after a database restart every query fails with
-    "connection already closed"), and its asynchronous connect ignores
-    libpq's connect_timeout. A deadline here closes the socket, which ends
-    the wait at once, where cancelling a query would block the reactor. It
-    falls a second after the server's own statement timeout, which cancels
-    a slow query with a clearer error and keeps the connection.
-
-    Asynchronous libpq also has no deadline per server and looks host names
-    up on the calling thread, so each address of each server the DSN names
-    is tried in turn within C{connect_timeout} (a powered-off primary must
-    leave time for the standby named next), names looked up on C{lookups},
-    a thread pool.
-
-    An outage is logged when it starts and when it ends, not once per
-    request; a query the database refuses (a broken mapping) every time.
-    """
-
-    def __init__(self, reactor, settings: ConnectionSettings, size: int, lookups, *, read_only: bool = False):
-        self._reactor = reactor
-        self._parameters = settings.parameters(read_only=read_only)
-        self._targets = targets(settings.dsn)
-        self._lookups = lookups
-        self._connect_timeout = settings.connect_timeout
-        self._statement_timeout = settings.statement_timeout
-        self._slots = DeferredSemaphore(size)
-        self._idle: list[_Connection] = []
-        self._open: set[_Connection] = set()
-        self._closed = False
-        self._reachable = True
-
-    def run(self, label: str, work) -> Deferred:
-        """
-        Fires with the result of C{work(connection)} (a L{Deferred}), run on
-        one connection of the pool; fails with L{BackendUnavailable} naming
-        C{label} for any failure.
-        """
-        return Deferred.fromCoroutine(self._run(label, work))
-
-    async def _run(self, label: str, work):
-        slot = self._slots.acquire()
-        try:
-            await slot.addTimeout(self._connect_timeout, self._reactor)
-        except DeferredTimeout:
-            raise self._failed(label, f"no connection free within {self._connect_timeout} s", True) from None
-        try:
-            if self._closed:
-                raise BackendUnavailable(f"{label}: the connection pool is closed")
-            try:
-                connection = await self._checkout()
-            except Exception as e:
-                raise self._failed(label, f"cannot connect: {_reason(e, self._connect_timeout)}", True) from None
-            if not self._reachable:
-                self._reachable = True
-                log.info("identity database reachable again")
-            deadline = self._statement_timeout + CLIENT_DEADLINE_MARGIN
-            try:
-                result = await self._within(deadline, maybeDeferred(work, connection), connection)
-            except Exception as e:
-                self._checkin(connection)
-                raise self._failed(label, _reason(e, deadline), _is_outage(e)) from None
-            self._checkin(connection)
-            return result
-        finally:
-            self._slots.release()
-
-    def _failed(self, label: str, reason: str, outage: bool) -> BackendUnavailable:
-        if not outage:
-            log.error("identity query {label} failed: {reason}", label=label, reason=reason)
-        elif self._reachable:
-            self._reachable = False
-            log.warn(
-                "identity database unavailable ({label}: {reason}); logins and user lookups"
-                " fail until it is back", label=label, reason=reason,
-            )
-        return BackendUnavailable(f"{label}: {reason}")
-
-    async def _checkout(self) -> _Connection:
-        while self._idle:
-            connection = self._idle.pop()
-            if not connection.closed:
-                return connection
-            self._open.discard(connection)
-        failure = None
-        for target in self._targets:
-            try:
-                for candidate in await self._candidates(target):
-                    try:
-                        return await self._connect(candidate)
-                    except Exception as e:
-                        failure = e
-            except Exception as e:
-                failure = e
-        raise failure
-
-    async def _candidates(self, target: dict) -> list[dict]:
-        """
-        The parameters of each address of one server the DSN names
-        (C{target}: its host, port, hostaddr), its name looked up off the
-        reactor's thread.
-        """
-        if "hostaddr" in target or not _needs_lookup(target.get("host", "")):
-            return [target]
-        lookup = deferToThreadPool(self._reactor, self._lookups, _addresses, target["host"])
-        return [target | {"hostaddr": address} for address in await self._within(self._connect_timeout, lookup)]
-
-    async def _connect(self, target: dict) -> _Connection:
-        connection = _Connection(self._reactor)
-        self._open.add(connection)
-        try:
-            await self._within(self._connect_timeout, connection.connect(**self._parameters | target), connection)
-        except BaseException:
-            self._drop(connection)
-            raise
-        return connection
-
-    def _checkin(self, connection: _Connection) -> None:
-        """Keep a connection that is open and outside any transaction; drop any other."""
-        if (
-            not self._closed
-            and not connection.closed
-            and connection.get_transaction_status() == psycopg2.extensions.TRANSACTION_STATUS_IDLE
-        ):
-            self._idle.append(connection)
-        else:
-            self._drop(connection)
-
-    def _drop(self, connection: _Connection) -> None:
-        self._open.discard(connection)
-        if connection.pollable() is not None:
-            connection.close()
-
-    def _within(self, seconds: int, d: Deferred, connection: _Connection | None = None) -> Deferred:
-        """
-        C{d}, or L{_TimedOut} after C{seconds}, when C{connection} is closed
-        so that the work under way on it ends too.
-        """
-        outer = Deferred()
-
-        def expire():
-            if connection is not None:
-                self._drop(connection)
-            outer.errback(_TimedOut())
-
-        timer = self._reactor.callLater(seconds, expire)
-
-        def finished(result) -> None:
-            if timer.active():
-                timer.cancel()
-                outer.callback(result)
-
-        d.addBoth(finished)
-        return outer
-
-    def close(self) -> Deferred:
-        """Close every connection; work under way fails."""
-        self._closed = True
-        for connection in list(self._open):
-            self._drop(connection)
-        self._idle.clear()
-        return succeed(None)
-
-
-def _needs_lookup(host: str) -> bool:
-    """A host name, as opposed to an address or a socket folder."""
-    if not host or host.startswith("/"):
-        return False
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return True
-    return False
-
-
-def _addresses(host: str) -> list[str]:
-    """Every address of C{host}, in the resolver's order, as libpq itself would try them."""
-    found = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    return list(dict.fromkeys(address[4][0] for address in found))
-
-
-def _is_outage(error: Exception) -> bool:
-    """Whether C{error} says the database cannot be reached, rather than that it refused a query."""
-    return isinstance(
-        error,
-        (
-            _TimedOut, CancelledError, OSError, psycopg2.OperationalError, psycopg2.InterfaceError,
-            ConnectionDone, ConnectionLost,
-        ),
+def connection_pool(reactor, settings: pg.ConnectionSettings, size: int, lookups, *, read_only: bool = False):
+    """A L{pg.Pool} whose every failure is L{BackendUnavailable}."""
+    return pg.Pool(
+        reactor, settings, size=size, lookups=lookups, translate=_translate, what="identity database",
+        consequence="logins and user lookups fail", read_only=read_only,
     )
 
 
-def _reason(error: Exception, timeout: int) -> str:
-    if isinstance(error, _TimedOut):
-        return f"no answer within {timeout} s"
+def _translate(error: BaseException, label: str) -> tuple[BackendUnavailable, bool]:
+    """
+    The pool's failure as L{BackendUnavailable} naming C{label}, and whether
+    it is an outage; a query the database refuses (a broken mapping) is
+    logged every time.
+    """
+    if isinstance(error, pg.PoolClosed):
+        return BackendUnavailable(f"{label}: the connection pool is closed"), False
+    if isinstance(error, pg.NoFreeConnection):
+        reason = f"no connection free within {error.seconds} s"
+    elif isinstance(error, pg.ConnectFailed):
+        reason = f"cannot connect: {_reason(error.cause)}"
+    else:
+        reason = _reason(error)
+    outage = pg.is_outage(error)
+    if not outage:
+        log.error("identity query {label} failed: {reason}", label=label, reason=reason)
+    return BackendUnavailable(f"{label}: {reason}"), outage
+
+
+def _reason(error: BaseException) -> str:
+    if isinstance(error, pg.TimedOut):
+        return f"no answer within {error.seconds} s"
     if isinstance(error, CancelledError):
         # txpostgres turns the server's statement-timeout cancellation into this.
         return "cancelled by the server (statement_timeout)"
-    return problem_of(error)
-
-
-async def _fetch(connection, query: str, parameters: dict) -> list[dict]:
-    cursor = connection.cursor()
-    await cursor.execute(query, parameters)
-    names = [column.name for column in cursor.description]
-    return [dict(zip(names, row)) for row in cursor.fetchall()]
+    return pg.first_line(error)
 
 
 async def _write(connection, query: str, parameters: dict) -> int:
@@ -586,7 +244,7 @@ def check_queries(connection, section: Section, queries: Queries) -> None:
         except psycopg2.OperationalError:
             raise
         except psycopg2.Error as e:
-            raise section.error(name, f"does not run: {problem_of(e)}") from None
+            raise section.error(name, f"does not run: {pg.first_line(e)}") from None
 
 
 def _check_columns(connection, section: Section, name: str, description) -> None:
@@ -675,7 +333,7 @@ class PostgresIdentityBackend:
 
     credentialInterfaces = (IUsernamePassword,)
 
-    def __init__(self, pool: ConnectionPool, verifier: MigratingVerifier, queries: Queries, mode: str):
+    def __init__(self, pool: pg.Pool, verifier: MigratingVerifier, queries: Queries, mode: str):
         self._pool = pool
         self._verifier = verifier
         self._queries = queries
@@ -694,7 +352,7 @@ class PostgresIdentityBackend:
                 log.error("{query} found a user without sub or login", query=label)
             return accounts[0] if accounts else None
 
-        return self._pool.run(label, lambda c: Deferred.fromCoroutine(_fetch(c, query, parameters))).addCallback(pick)
+        return self._pool.run(lambda c: pg.fetch(c, query, parameters), label).addCallback(pick)
 
     def _by_login(self, login: str | bytes) -> Deferred:
         text = _db_text(login)
@@ -743,9 +401,7 @@ class PostgresIdentityBackend:
         }
         query = self._queries.update_password_hash
         try:
-            await self._pool.run(
-                "update_password_hash", lambda c: Deferred.fromCoroutine(_write(c, query, parameters))
-            )
+            await self._pool.run(lambda c: _write(c, query, parameters), "update_password_hash")
         except BackendUnavailable:
             return
         log.info("password hash of {login!r} upgraded from bcrypt to argon2id", login=account.user.login)
@@ -773,7 +429,7 @@ class PostgresIdentityBackend:
         names = ", ".join(row)
         values = ", ".join(f"%({name})s" for name in row)
         query = f"INSERT INTO identity_users ({names}) VALUES ({values}) ON CONFLICT DO NOTHING"
-        if await self._pool.run("add_user", lambda c: Deferred.fromCoroutine(_write(c, query, row))):
+        if await self._pool.run(lambda c: _write(c, query, row), "add_user"):
             return user
         taken = await self.user_by_login(user.login)
         if taken is not None:
@@ -787,7 +443,7 @@ class PostgresIdentityBackend:
             raise ValueError(f"no user with login {login!r}")
         query = f"UPDATE identity_users SET {assignments}, updated_at = now() WHERE login_key = %(login_key)s"
         parameters = parameters | {"login_key": login_key(text)}
-        if not await self._pool.run(label, lambda c: Deferred.fromCoroutine(_write(c, query, parameters))):
+        if not await self._pool.run(lambda c: _write(c, query, parameters), label):
             raise ValueError(f"no user with login {login!r}")
 
     async def set_password_hash(self, login: str, password_hash: str) -> None:
@@ -804,7 +460,8 @@ class PostgresIdentityBackend:
         )
 
     def close(self) -> Deferred:
-        return self._pool.close()
+        self._pool.close()
+        return succeed(None)
 
 
 # --- building from config ---------------------------------------------------
@@ -812,7 +469,7 @@ class PostgresIdentityBackend:
 
 def from_config(section: Section, context) -> PostgresIdentityBackend | None:
     """
-    Keys: the connection keys of L{read_settings}; C{mode} ("own", the
+    Keys: the connection keys of L{pg.read_settings}; C{mode} ("own", the
     default, or "mapped"); C{pool_size} (default 4); in mapped mode the
     queries C{user_by_login}, C{user_by_id} and optionally
     C{update_password_hash} (see L{Queries}).
@@ -826,7 +483,7 @@ def build(section: Section, context, hasher=DEFAULT_HASHER) -> PostgresIdentityB
     cheap one). Checking a config (C{context.check_only}) runs the mapped
     queries, which read only, and leaves an own-mode database alone.
     """
-    settings = read_settings(section, "authsrv-identity")
+    settings = pg.read_settings(section, "authsrv-identity")
     mode = section.str("mode", "own", choices=MODES)
     pool_size = section.int("pool_size", 4, minimum=1)
     if mode == "mapped":
@@ -845,16 +502,16 @@ def build(section: Section, context, hasher=DEFAULT_HASHER) -> PostgresIdentityB
             if read_only:
                 check_queries(connection, section, queries)
             else:
-                migrate(connection, "authsrv.identity", "identity_schema_version", SCHEMA_LOCK)
+                pg.migrate(connection, pg.migrations("authsrv.identity"), LEDGER, SCHEMA_LOCK)
     except psycopg2.OperationalError as e:
-        raise ConfigError(settings.key, f"cannot use the database: {problem_of(e)}") from None
-    except ValueError as e:
+        raise ConfigError(settings.key, f"cannot use the database: {pg.first_line(e)}") from None
+    except pg.MigrationError as e:
         raise ConfigError(settings.key, str(e)) from None
     if context.check_only:
         return None
     verifier = MigratingVerifier.for_context(context, hasher)
-    lookups = context.threadpool(LOOKUP_POOL_NAME, LOOKUP_POOL_SIZE)
-    pool = ConnectionPool(context.reactor, settings, pool_size, lookups, read_only=read_only)
+    lookups = context.threadpool(pg.LOOKUP_POOL_NAME, pg.LOOKUP_POOL_SIZE)
+    pool = connection_pool(context.reactor, settings, pool_size, lookups, read_only=read_only)
     backend = PostgresIdentityBackend(pool, verifier, queries, mode)
     verifier.warm_up()
     log.info("PostgreSQL identity backend ready ({mode} mode)", mode=mode)

@@ -19,39 +19,27 @@ most C{statement_timeout} (the server cancels it; a client-side deadline a
 second later closes a connection whose server went silent), and every such
 failure is L{StoreUnavailable}, which the web layer answers with 503. Broken
 connections are dropped and new ones opened by later requests, so the
-server recovers by itself when the database is back. Two things libpq does
-not do in asynchronous mode are done here: host names are looked up on a
-thread, and each server a DSN names gets its own connect deadline.
+server recovers by itself when the database is back. The pool, the
+connection keys and the migration runner are L{authsrv.pg}'s, shared with
+the other PostgreSQL plugins; this module maps their failures to the store's
+errors.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import json
-import re
 import socket
-from importlib import resources
+from contextlib import closing
 
 import attrs
 import psycopg2
 import psycopg2.errorcodes
-import psycopg2.errors
-import psycopg2.extensions
-from psycopg2.extras import RealDictCursor
-from twisted.internet.defer import (
-    CancelledError,
-    Deferred,
-    DeferredSemaphore,
-    TimeoutError as DeferredTimeout,
-    succeed,
-)
+from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.internet.error import ConnectionDone, ConnectionLost
-from twisted.internet.threads import deferToThreadPool
-from twisted.logger import Logger
-from twisted.python.failure import Failure
-from txpostgres import txpostgres
 from zope.interface import implementer
 
+from authsrv import pg
+from authsrv.configsection import ConfigError
 from authsrv.interfaces import IStore
 from authsrv.records import (
     AccessState,
@@ -86,9 +74,7 @@ The advisory lock key every instance takes while it migrates, so that two
 instances starting at once never both migrate.
 """
 
-MIGRATION_LOCK_WAIT = "60s"
-_MIGRATION_NAME = re.compile(r"(\d{3})_\w+\.sql")
-_CLIENT_DEADLINE_MARGIN = 1
+LEDGER = pg.Ledger("schema_version", COMPONENT, COMPONENT)
 
 
 # --- configuration -----------------------------------------------------------
@@ -100,185 +86,42 @@ def from_config(section, context) -> "PostgresStore | None":
     so that an unreachable database or a too-new schema stops the server with
     one line naming the DSN's key (never the DSN: it may hold a password).
     """
-    dsn, dsn_key = _dsn(section)
+    settings = pg.read_settings(section, "authsrv")
     pool_size = section.int("pool_size", 8, minimum=1)
-    statement_timeout = _timeout(section, "statement_timeout")
-    connect_timeout = _timeout(section, "connect_timeout")
     section.done()
     if context.check_only:
         return None
     try:
-        migrate(dsn, connect_timeout, int(context.reactor.seconds()))
-    except (psycopg2.Error, MigrationError) as e:
-        raise section.error(dsn_key, f"cannot use the database: {_first_line(e)}") from None
+        migrate(settings.dsn, settings.connect_timeout, int(context.reactor.seconds()))
+    except (psycopg2.Error, pg.MigrationError) as e:
+        raise ConfigError(settings.key, f"cannot use the database: {pg.first_line(e)}") from None
     return PostgresStore(
-        context.reactor, dsn, pool_size=pool_size, statement_timeout=statement_timeout,
-        connect_timeout=connect_timeout, lookups=context.threadpool("postgres-lookups", 2),
+        context.reactor, settings.dsn, pool_size=pool_size, statement_timeout=settings.statement_timeout,
+        connect_timeout=settings.connect_timeout,
+        lookups=context.threadpool(pg.LOOKUP_POOL_NAME, pg.LOOKUP_POOL_SIZE),
     )
-
-
-def _dsn(section) -> tuple[str, str]:
-    """
-    The DSN and the key it came from. A plain C{dsn} may not hold a
-    password, since config files get copied and committed: such a DSN comes
-    from C{dsn_env} or C{dsn_file}, or libpq finds the password itself
-    (C{PGPASSWORD}, C{~/.pgpass}).
-    """
-    if section.has("dsn"):
-        for other in ("dsn_env", "dsn_file"):
-            if section.has(other):
-                raise section.error(other, "give either dsn, dsn_env or dsn_file, not several")
-        key, dsn = "dsn", section.str("dsn")
-        if "password" in _parsed(section, key, dsn):
-            raise section.error(
-                key, "holds a password; give the DSN in dsn_file or dsn_env, or the password"
-                " in a .pgpass file or PGPASSWORD, so that the config file holds no secret",
-            )
-        return dsn, key
-    if not (section.has("dsn_env") or section.has("dsn_file")):
-        raise section.error("dsn", "is required (or dsn_env, or dsn_file when it holds a password)")
-    key = "dsn_env" if section.has("dsn_env") else "dsn_file"
-    dsn = section.secret("dsn")
-    _parsed(section, key, dsn)
-    return dsn, key
-
-
-def _parsed(section, key: str, dsn: str) -> dict:
-    try:
-        return psycopg2.extensions.parse_dsn(dsn)
-    except psycopg2.ProgrammingError:
-        # libpq's message quotes the DSN, which may hold a password.
-        raise section.error(
-            key, "is not a PostgreSQL connection string (key=value pairs or a postgresql:// URI)"
-        ) from None
-
-
-def _timeout(section, name: str) -> int:
-    seconds = section.duration(name, 5)
-    if seconds < 1:
-        raise section.error(name, "must be at least 1s")
-    return seconds
-
-
-def _first_line(error: BaseException) -> str:
-    return (str(error).strip().splitlines() or [type(error).__name__])[0]
-
-
-def _needs_lookup(host: str) -> bool:
-    """A host name, as opposed to an address or a socket folder."""
-    if not host or host.startswith("/"):
-        return False
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return True
-    return False
-
-
-def targets(dsn: str) -> list[dict]:
-    """
-    The libpq parameters that pick each server the DSN names, in order.
-    The pool tries them one by one, each within C{connect_timeout}: in
-    asynchronous mode libpq has no deadline per host, so a first host that
-    is powered off would use up the whole attempt and the next never be
-    tried (a primary and its standbys with C{target_session_attrs}).
-    """
-    params = psycopg2.extensions.parse_dsn(dsn)
-    if not params.get("host"):
-        return [{}]
-    hosts = params["host"].split(",")
-    ports = params.get("port", "").split(",")
-    addresses = params.get("hostaddr", "").split(",")
-    return [
-        {
-            "host": host,
-            **({"port": ports[index if len(ports) > 1 else 0]} if params.get("port") else {}),
-            **({"hostaddr": addresses[index]} if params.get("hostaddr") else {}),
-        }
-        for index, host in enumerate(hosts)
-    ]
 
 
 # --- schema -------------------------------------------------------------------
 
 
-class MigrationError(Exception):
-    """The schema cannot be brought to this version (for example, it is newer)."""
-
-
 def migrations() -> list[tuple[int, str, str]]:
     """(version, file name, SQL) of every shipped schema step, in order."""
-    folder = resources.files("authsrv.store").joinpath("schema", "postgres")
-    steps = []
-    for entry in folder.iterdir():
-        match = _MIGRATION_NAME.fullmatch(entry.name)
-        if match:
-            steps.append((int(match[1]), entry.name, entry.read_text(encoding="utf-8")))
-    return sorted(steps)
+    return pg.migrations("authsrv.store")
 
 
 def migrate(dsn: str, connect_timeout: int, now: int, steps=None) -> int:
     """
     Bring the schema to the newest of C{steps} (the shipped ones by
-    default) in one transaction under an advisory lock: a second instance
-    starting at once waits, then finds nothing left to do. Returns the
-    version now in force.
+    default), see L{pg.migrate}. Returns the version now in force.
     """
-    steps = migrations() if steps is None else steps
-    latest = steps[-1][0]
-    connection = psycopg2.connect(dsn, connect_timeout=max(2, connect_timeout), fallback_application_name="authsrv")
-    try:
-        with connection, connection.cursor() as cursor:
-            cursor.execute(f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_WAIT}'")
-            try:
-                cursor.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
-            except psycopg2.errors.LockNotAvailable:
-                raise MigrationError(
-                    f"another instance has been migrating the schema for {MIGRATION_LOCK_WAIT}; try again"
-                ) from None
-            cursor.execute(
-                "CREATE TABLE IF NOT EXISTS schema_version ("
-                " component TEXT NOT NULL, version INTEGER NOT NULL, name TEXT NOT NULL,"
-                " applied_at BIGINT NOT NULL, PRIMARY KEY (component, version))"
-            )
-            cursor.execute(
-                "SELECT COALESCE(MAX(version), 0) FROM schema_version WHERE component = %s", (COMPONENT,)
-            )
-            current = cursor.fetchone()[0]
-            if current > latest:
-                raise MigrationError(
-                    f"its {COMPONENT} schema version {current} is newer than this authsrv knows"
-                    f" ({latest}); run a newer authsrv"
-                )
-            for version, name, script in steps:
-                if version > current:
-                    cursor.execute(script)
-                    cursor.execute(
-                        "INSERT INTO schema_version (component, version, name, applied_at)"
-                        " VALUES (%s, %s, %s, %s)",
-                        (COMPONENT, version, name, now),
-                    )
-        return max(current, latest)
-    finally:
-        connection.close()
+    # A statement timeout of 0 is none: steps may take long, and pg.migrate bounds its lock wait.
+    settings = pg.ConnectionSettings(dsn, "dsn", connect_timeout, 0, "authsrv")
+    with closing(settings.connect()) as connection:
+        return pg.migrate(connection, migrations() if steps is None else steps, LEDGER, MIGRATION_LOCK, now)
 
 
-# --- connections --------------------------------------------------------------
-
-
-class _Connection(txpostgres.Connection):
-    """
-    txpostgres's connection, for one change: when the server closes an idle
-    connection (a restart, an administrator), txpostgres lets psycopg2's
-    error escape from C{doRead} and the reactor logs it as an unhandled
-    error. Here the connection just closes; the pool drops it before use.
-    """
-
-    def doRead(self):
-        try:
-            super().doRead()
-        except psycopg2.Error:
-            self.close()
+# --- errors -------------------------------------------------------------------
 
 
 _UNAVAILABLE_CLASSES = ("08", "25", "40", "53", "57", "58")
@@ -291,11 +134,17 @@ errors.
 
 
 def _store_error(error: BaseException) -> BaseException:
-    """The store's own exception for a driver one, or C{error} itself."""
-    if isinstance(error, (StoreUnavailable, AlreadyExists)):
-        return error
+    """The store's own exception for a pool or driver one, or C{error} itself."""
+    if isinstance(error, pg.ConnectFailed):
+        return _store_error(error.cause)
+    if isinstance(error, pg.NoFreeConnection):
+        return StoreUnavailable(f"no PostgreSQL connection became free within {error.seconds}s")
+    if isinstance(error, pg.TimedOut):
+        return StoreUnavailable(f"PostgreSQL did not answer within {error.seconds}s")
+    if isinstance(error, pg.PoolClosed):
+        return StoreUnavailable("the store is closed")
     if isinstance(error, psycopg2.IntegrityError) and error.pgcode == psycopg2.errorcodes.UNIQUE_VIOLATION:
-        return AlreadyExists(_first_line(error))
+        return AlreadyExists(pg.first_line(error))
     if isinstance(error, CancelledError):
         return StoreUnavailable("PostgreSQL cancelled the statement (statement_timeout)")
     if isinstance(error, (ConnectionDone, ConnectionLost)):
@@ -305,195 +154,14 @@ def _store_error(error: BaseException) -> BaseException:
     if isinstance(error, (psycopg2.OperationalError, psycopg2.InterfaceError)) or (
         isinstance(error, psycopg2.Error) and (error.pgcode or "")[:2] in _UNAVAILABLE_CLASSES
     ):
-        return StoreUnavailable(f"PostgreSQL: {_first_line(error)}")
+        return StoreUnavailable(f"PostgreSQL: {pg.first_line(error)}")
     return error
 
 
-class Pool:
-    """
-    Up to C{size} txpostgres connections, opened when needed and kept while
-    they work. Each L{run} holds one connection to itself, so statements of
-    different requests never wait on one connection's lock.
-    """
-
-    log = Logger()
-
-    def __init__(self, reactor, dsn: str, *, size: int, connect_timeout: int, statement_timeout: int, lookups):
-        self._reactor = reactor
-        self._dsn = dsn
-        self._targets = targets(dsn)
-        self._lookups = lookups
-        self._slots = DeferredSemaphore(size)
-        self._idle: list[_Connection] = []
-        self._connect_timeout = connect_timeout
-        self._statement_timeout = statement_timeout
-        self._closed = False
-        self._reachable = True
-
-    async def run(self, work):
-        """
-        Fire with C{await work(connection)}, or fail with
-        L{StoreUnavailable} when no connection can be had or the database
-        does not answer in time.
-        """
-        slot = self._slots.acquire()
-        try:
-            if not slot.called:
-                await slot.addTimeout(self._connect_timeout, self._reactor)
-        except DeferredTimeout:
-            raise StoreUnavailable(
-                f"no PostgreSQL connection became free within {self._connect_timeout}s"
-            ) from None
-        try:
-            if self._closed:
-                raise StoreUnavailable("the store is closed")
-            connection = self._idle_connection() or await self._connect()
-            try:
-                result = await self._bounded(
-                    Deferred.fromCoroutine(work(connection)),
-                    self._statement_timeout + _CLIENT_DEADLINE_MARGIN, connection,
-                )
-            except BaseException as e:
-                error = _store_error(e)
-                if isinstance(error, StoreUnavailable):
-                    self._unreachable(error)
-                self._put_back(connection)
-                raise error from None
-            self._put_back(connection)
-            self._reached()
-            return result
-        finally:
-            self._slots.release()
-
-    def close(self) -> None:
-        """Close idle connections now and busy ones when their work ends."""
-        self._closed = True
-        idle, self._idle = self._idle, []
-        for connection in idle:
-            _abandon(connection)
-
-    def _idle_connection(self) -> _Connection | None:
-        while self._idle:
-            connection = self._idle.pop()
-            if not connection.closed:
-                return connection
-        return None
-
-    def _put_back(self, connection: _Connection) -> None:
-        """Keep a connection that is open and outside any transaction; close any other."""
-        usable = (
-            not self._closed
-            and not connection.closed
-            and connection.get_transaction_status() == psycopg2.extensions.TRANSACTION_STATUS_IDLE
-        )
-        if usable:
-            self._idle.append(connection)
-        else:
-            _abandon(connection)
-
-    async def _connect(self) -> _Connection:
-        """A new connection to the first server the DSN names that answers in time."""
-        for target in self._targets[:-1]:
-            try:
-                return await self._connect_to(target)
-            except StoreUnavailable:
-                pass
-        try:
-            return await self._connect_to(self._targets[-1])
-        except StoreUnavailable as e:
-            self._unreachable(e)
-            raise
-
-    async def _connect_to(self, target: dict) -> _Connection:
-        connection = _Connection(self._reactor)
-        try:
-            options = {"cursor_factory": RealDictCursor, "fallback_application_name": "authsrv", **target}
-            if "hostaddr" not in target and _needs_lookup(target.get("host", "")):
-                # libpq would look the name up on the reactor's thread.
-                options["hostaddr"] = await self._bounded(
-                    deferToThreadPool(self._reactor, self._lookups, _address, target["host"]),
-                    self._connect_timeout, connection,
-                )
-            await self._bounded(connection.connect(self._dsn, **options), self._connect_timeout, connection)
-            await self._bounded(
-                Deferred.fromCoroutine(
-                    _rowcount(connection, "SET statement_timeout = %s", (self._statement_timeout * 1000,))
-                ),
-                self._connect_timeout, connection,
-            )
-        except BaseException as e:
-            _abandon(connection)
-            raise _store_error(e) from None
-        return connection
-
-    def _reached(self) -> None:
-        if not self._reachable:
-            self._reachable = True
-            self.log.info("PostgreSQL is reachable again")
-
-    def _unreachable(self, error: StoreUnavailable) -> None:
-        """Log the start of an outage once, not once per request."""
-        if self._reachable:
-            self._reachable = False
-            self.log.warn(
-                "PostgreSQL unavailable ({error}); requests that need the store are answered 503"
-                " until it is back", error=str(error),
-            )
-
-    def _bounded(self, work: Deferred, seconds: int, connection: _Connection) -> Deferred:
-        """
-        C{work}'s result, or L{StoreUnavailable} after C{seconds}: then, or
-        when the caller cancels, the connection is closed, which also ends
-        C{work} (txpostgres cannot cancel a query on a silent server).
-        """
-        result = Deferred(lambda _: _abandon(connection))
-
-        def expire():
-            _abandon(connection)
-            if not result.called:
-                result.errback(StoreUnavailable(f"PostgreSQL did not answer within {seconds}s"))
-
-        timer = self._reactor.callLater(seconds, expire)
-
-        def finish(outcome):
-            if timer.active():
-                timer.cancel()
-            if result.called:
-                return None
-            if isinstance(outcome, Failure):
-                result.errback(outcome)
-            else:
-                result.callback(outcome)
-            return None
-
-        work.addBoth(finish)
-        return result
-
-
-def _address(host: str) -> str:
-    return socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0]
-
-
-def _abandon(connection: _Connection) -> None:
-    if connection.pollable() is not None:
-        connection.close()
-
-
-async def _fetch(db, sql: str, params=None) -> list:
-    cursor = db.cursor()
-    await cursor.execute(sql, params)
-    return cursor.fetchall()
-
-
-async def _first(db, sql: str, params=None):
-    rows = await _fetch(db, sql, params)
-    return rows[0] if rows else None
-
-
-async def _rowcount(db, sql: str, params=None) -> int:
-    cursor = db.cursor()
-    await cursor.execute(sql, params)
-    return cursor.rowcount
+def _translate(error: BaseException, _label: str) -> tuple[BaseException, bool]:
+    """The pool's failure as the store's exception; every unavailability but a closed store is an outage."""
+    translated = _store_error(error)
+    return translated, isinstance(translated, StoreUnavailable) and not isinstance(error, pg.PoolClosed)
 
 
 def _holds_nul(params: dict) -> bool:
@@ -596,20 +264,21 @@ def _ban_of(row, sub: str) -> Ban | None:
 
 @implementer(IStore)
 class PostgresStore:
-    """L{IStore} on a L{Pool} of connections to one PostgreSQL database."""
+    """L{IStore} on a L{pg.Pool} of connections to one PostgreSQL database."""
 
     def __init__(
         self, reactor, dsn: str, *, pool_size: int, statement_timeout: int, connect_timeout: int, lookups,
     ):
         """C{lookups} is a thread pool for host name lookups."""
-        self._pool = Pool(
-            reactor, dsn, size=pool_size, connect_timeout=connect_timeout, statement_timeout=statement_timeout,
-            lookups=lookups,
+        settings = pg.ConnectionSettings(dsn, "dsn", connect_timeout, statement_timeout, "authsrv")
+        self._pool = pg.Pool(
+            reactor, settings, size=pool_size, lookups=lookups, translate=_translate, what="PostgreSQL",
+            consequence="requests that need the store are answered 503",
         )
 
     def _run(self, work, *args) -> Deferred:
         """Fire with C{await work(connection, *args)} on a pooled connection."""
-        return Deferred.fromCoroutine(self._pool.run(lambda db: work(db, *args)))
+        return self._pool.run(lambda db: work(db, *args))
 
     def _one(self, rows: _Rows | None, sql: str, params: dict, **load) -> Deferred:
         """The record of the first row (the row itself without C{rows}), or None."""
@@ -617,7 +286,7 @@ class PostgresStore:
             return succeed(None)
 
         async def one(db):
-            row = await _first(db, sql, params)
+            row = await pg.first(db, sql, params)
             return row if rows is None else rows.load(row, **load)
 
         return self._run(one)
@@ -627,7 +296,7 @@ class PostgresStore:
             return succeed([])
 
         async def every(db):
-            return [rows.load(row) for row in await _fetch(db, sql, params)]
+            return [rows.load(row) for row in await pg.fetch(db, sql, params)]
 
         return self._run(every)
 
@@ -635,7 +304,7 @@ class PostgresStore:
         """Run one statement; fire with how many rows it changed."""
         if _holds_nul(params):
             return succeed(0)
-        return self._run(_rowcount, sql, params)
+        return self._run(pg.rowcount, sql, params)
 
     def _changed(self, sql: str, params: dict) -> Deferred:
         """Run one statement; fire True when it changed a row."""
@@ -643,7 +312,7 @@ class PostgresStore:
 
     def _write(self, sql: str, params: dict) -> Deferred:
         """Run one statement that stores a record; fire with None."""
-        return self._run(_rowcount, sql, params).addCallback(lambda _: None)
+        return self._run(pg.rowcount, sql, params).addCallback(lambda _: None)
 
     # IClientRegistry
 
@@ -780,7 +449,7 @@ class PostgresStore:
             return succeed([])
 
         async def clients(db):
-            rows = await _fetch(
+            rows = await pg.fetch(
                 db, 'SELECT DISTINCT client_id COLLATE "C" AS client_id FROM grants WHERE sid = %(sid)s ORDER BY 1',
                 {"sid": sid},
             )
@@ -881,7 +550,7 @@ class PostgresStore:
     # IStore
 
     def ping(self):
-        return self._run(_first, "SELECT 1").addCallback(lambda _: None)
+        return self._run(pg.first, "SELECT 1").addCallback(lambda _: None)
 
     def gc(self, now, batch_size):
         return self._run(_gc, now, batch_size)
@@ -900,7 +569,7 @@ async def _consume_code(db, code_hash, now):
     # A redemption that waited for a racing one's row lock re-checks used_at
     # on the committed row and changes nothing; the SELECT then sees it used.
     params = {"hash": code_hash, "now": now}
-    row = await _first(
+    row = await pg.first(
         db,
         "UPDATE authorization_codes SET used_at = %(now)s"
         " WHERE code_hash = %(hash)s AND used_at IS NULL AND expires_at > %(now)s"
@@ -911,7 +580,7 @@ async def _consume_code(db, code_hash, now):
     )
     if row is not None:
         return CodeConsumed(_CODES.load(row))
-    used = await _first(
+    used = await pg.first(
         db, "SELECT grant_id FROM authorization_codes WHERE code_hash = %(hash)s AND used_at IS NOT NULL", params
     )
     return CodeNotFound() if used is None else CodeReused(used["grant_id"])
@@ -948,7 +617,7 @@ _NOT_ROTATED = (
 
 async def _rotate_refresh(db, old_hash, new_refresh, new_access, replay, grace_until, now):
     params = {"old_hash": old_hash, "now": now}
-    rotated = await _first(
+    rotated = await pg.first(
         db, _ROTATE,
         {
             **params, "grace_until": grace_until, "replay": replay,
@@ -957,7 +626,7 @@ async def _rotate_refresh(db, old_hash, new_refresh, new_access, replay, grace_u
     )
     if rotated is not None:
         return Rotated()
-    old = await _first(db, _NOT_ROTATED, params)
+    old = await pg.first(db, _NOT_ROTATED, params)
     if old is None:
         return RefreshNotFound()
     if old["reused"]:
@@ -984,7 +653,7 @@ _REVOKE_TOKEN = (
 async def _revoke_token(db, token_hash, client_id, now):
     if _holds_nul({"client_id": client_id}):
         return NotRevoked()
-    row = await _first(db, _REVOKE_TOKEN, {"hash": token_hash, "client_id": client_id, "now": now})
+    row = await pg.first(db, _REVOKE_TOKEN, {"hash": token_hash, "client_id": client_id, "now": now})
     if row["refresh_grant"] is not None:
         return RevokedRefresh(row["refresh_grant"])
     if row["access_grant"] is not None:
@@ -1032,5 +701,5 @@ async def _gc(db, now, batch_size):
     """One short statement per kind, so that requests wait little for its locks."""
     count = 0
     for statement in _GC:
-        count += await _rowcount(db, statement, {"now": now, "limit": batch_size})
+        count += await pg.rowcount(db, statement, {"now": now, "limit": batch_size})
     return count
