@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
-import re
 import socket
-from importlib import resources
 
 import psycopg2
 import psycopg2.errors
@@ -31,6 +29,7 @@ from twisted.python.failure import Failure
 from txpostgres import txpostgres
 
 from authsrv.configsection import ConfigError, Section
+from authsrv.migrations import schema_steps
 
 LOOKUP_POOL_NAME, LOOKUP_POOL_SIZE = "postgres-lookups", 2
 """The host name lookups' thread pool, shared by every plugin's pool."""
@@ -43,7 +42,6 @@ keeps the connection, so it should come first.
 """
 
 MIGRATION_LOCK_WAIT = "60s"
-_MIGRATION_NAME = re.compile(r"(\d{3})_\w+\.sql")
 
 _KEEPALIVES = {"keepalives_idle": "30", "keepalives_interval": "10", "keepalives_count": "3"}
 """So that a server that vanished without closing the connection is noticed."""
@@ -186,13 +184,7 @@ class MigrationError(Exception):
 
 def migrations(package: str) -> list[tuple[int, str, str]]:
     """(version, file name, SQL) of every C{schema/postgres/NNN_*.sql} step of C{package}, in order."""
-    folder = resources.files(package).joinpath("schema", "postgres")
-    steps = []
-    for entry in folder.iterdir():
-        match = _MIGRATION_NAME.fullmatch(entry.name)
-        if match:
-            steps.append((int(match[1]), entry.name, entry.read_text(encoding="utf-8")))
-    return sorted(steps)
+    return schema_steps(package, "postgres")
 
 
 @frozen

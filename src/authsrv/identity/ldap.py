@@ -44,6 +44,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from authsrv.configsection import ConfigError, Section
+from authsrv.identity.credentials import credential_text
 from authsrv.identity.errors import BackendUnavailable, UnknownUser
 from authsrv.identity.static import login_key
 from authsrv.interfaces import IIdentityBackend
@@ -186,20 +187,6 @@ def _unescape_dn_value(value: str) -> str:
         raw.append(byte)
         index += 1
     return raw.decode("utf-8", "replace")
-
-
-def _text(value: str | bytes) -> str | None:
-    """A credential field as text; None when it is not valid UTF-8 text."""
-    if isinstance(value, bytes):
-        try:
-            return value.decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return None
-    return value
 
 
 @frozen
@@ -401,7 +388,7 @@ class LdapIdentityBackend:
         return self._in_thread(self._directory.run, lambda c: self._user_by_id(c, sub))
 
     def user_by_login(self, login: str | bytes) -> Deferred:
-        text = _text(login)
+        text = credential_text(login)
         if not text or len(text) > LOGIN_MAX:
             return succeed(None)
         return self._in_thread(self._directory.run, lambda c: self._user_by_login(c, text))
@@ -413,7 +400,7 @@ class LdapIdentityBackend:
     # -- in pool threads --
 
     def _check(self, username, password) -> str:
-        login = _text(username)
+        login = credential_text(username)
         if not login or len(login) > LOGIN_MAX:
             raise UnknownUser("unknown login")
         entry, sub = self._directory.run(lambda c: self._login_entry(c, login))

@@ -32,6 +32,7 @@ from zope.interface import implementer
 
 from authsrv import pg
 from authsrv.configsection import ConfigError, Section
+from authsrv.identity.credentials import credential_text
 from authsrv.identity.errors import BackendUnavailable, UnknownUser
 from authsrv.identity.passwords import (
     _MALFORMED,
@@ -287,16 +288,8 @@ def _db_text(value: str | bytes) -> str | None:
     have: bytes that are not UTF-8, lone surrogates, NUL characters (which
     PostgreSQL text cannot hold, and psycopg2 refuses).
     """
-    if isinstance(value, bytes):
-        try:
-            value = value.decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return None
-    return None if "\x00" in value else value
+    value = credential_text(value)
+    return None if value is None or "\x00" in value else value
 
 
 @frozen

@@ -26,6 +26,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from authsrv.configsection import ConfigError, Section
+from authsrv.identity.credentials import credential_text
 from authsrv.identity.errors import UnknownUser
 from authsrv.identity.passwords import PasswordVerifier, is_argon2id_hash
 from authsrv.interfaces import IIdentityBackend
@@ -161,16 +162,6 @@ def _signature(path: Path) -> tuple[int, int, int]:
     return (st.st_mtime_ns, st.st_size, st.st_ino)
 
 
-def _text(value: str | bytes) -> str | None:
-    """A credential's login as text; None when bytes are not UTF-8 (no user has it)."""
-    if isinstance(value, bytes):
-        try:
-            return value.decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-    return value
-
-
 @implementer(IIdentityBackend)
 class StaticIdentityBackend:
     """
@@ -229,7 +220,7 @@ class StaticIdentityBackend:
 
     def _by_login(self, login: str | bytes) -> _Account | None:
         self._refresh()
-        text = _text(login)
+        text = credential_text(login)
         return None if text is None else self._users.by_login.get(login_key(text))
 
     def requestAvatarId(self, credentials) -> Deferred:

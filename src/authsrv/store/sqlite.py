@@ -14,10 +14,8 @@ the busy timeout.
 from __future__ import annotations
 
 import json
-import re
 import sqlite3
 from contextlib import contextmanager
-from importlib import resources
 from pathlib import Path
 
 import attrs
@@ -46,12 +44,12 @@ from authsrv.records import (
     RevokedRefresh,
     Rotated,
 )
+from authsrv.migrations import schema_steps
 from authsrv.store.errors import AlreadyExists, StoreUnavailable
 from authsrv.store.sqlite_worker import SQLiteWorker
 
 _SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL"}
 _BUSY_TIMEOUT_SECONDS = 5.0
-_MIGRATION_NAME = re.compile(r"(\d{3})_\w+\.sql")
 
 
 def from_config(section, context) -> "SQLiteStore":
@@ -112,13 +110,7 @@ def _transaction(connection: sqlite3.Connection):
 
 def _migrations() -> list[tuple[int, str, str]]:
     """(version, file name, SQL) of every shipped schema step, in order."""
-    folder = resources.files("authsrv.store").joinpath("schema", "sqlite")
-    steps = []
-    for entry in folder.iterdir():
-        match = _MIGRATION_NAME.fullmatch(entry.name)
-        if match:
-            steps.append((int(match[1]), entry.name, entry.read_text(encoding="utf-8")))
-    return sorted(steps)
+    return schema_steps("authsrv.store", "sqlite")
 
 
 def _statements(script: str):
