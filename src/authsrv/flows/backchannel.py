@@ -11,7 +11,6 @@ reaches the user.
 
 from __future__ import annotations
 
-from weakref import WeakKeyDictionary
 
 from treq.client import HTTPClient
 from twisted.internet.defer import Deferred, gatherResults
@@ -28,9 +27,6 @@ LOGOUT_TOKEN_TTL = 120
 RETRY_DELAYS = (1.0, 5.0)
 """Seconds to wait before the second and third attempt; there is no fourth."""
 ATTEMPT_TIMEOUT = 5.0
-
-_notifiers: WeakKeyDictionary = WeakKeyDictionary()
-
 
 def logout_token(keystore, issuer: str, client_id: str, sub: str, sid: str, now: int) -> str:
     """
@@ -122,11 +118,3 @@ class BackchannelNotifier:
 def default_http_client(reactor) -> HTTPClient:
     """Plain HTTP(S) to relying parties, connecting within the attempt timeout."""
     return HTTPClient(Agent(reactor, connectTimeout=ATTEMPT_TIMEOUT))
-
-
-def notifier_for(server) -> BackchannelNotifier:
-    """The notifier of an L{authsrv.web.app.AuthServer}, made on first use and kept as long as it."""
-    notifier = _notifiers.get(server)
-    if notifier is None:
-        notifier = _notifiers[server] = BackchannelNotifier(server.reactor, default_http_client(server.reactor))
-    return notifier

@@ -13,7 +13,9 @@ from twisted.logger import Logger
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from authsrv.chat.tokens import linked_chat_user_id
+from authsrv.flows import backchannel
 from authsrv.flows.clients import ClientCache
+from authsrv.flows.throttle import LoginThrottle
 from authsrv.identity.errors import BackendUnavailable
 from authsrv.identity.realm import UserRealm
 from authsrv.protocol.errors import OAuthError, TemporarilyUnavailable
@@ -52,6 +54,8 @@ class AuthServer:
             path=urlsplit(config.issuer).path or "/", secure=config.issuer.startswith("https:")
         )
         self._readiness = readiness
+        self.throttle = LoginThrottle()
+        self.backchannel = backchannel.BackchannelNotifier(reactor, backchannel.default_http_client(reactor))
         self.chat_link = chat_link
         self._chat_provider = config.chat.provider if config.chat else None
 

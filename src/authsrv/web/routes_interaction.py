@@ -6,7 +6,6 @@ Routes read the request and render; L{authsrv.flows} decides.
 from __future__ import annotations
 
 from urllib.parse import urlencode
-from weakref import WeakKeyDictionary
 
 from authsrv import events
 from authsrv.config import ISSUER_PATH
@@ -32,7 +31,6 @@ from authsrv.flows.interaction import (
     remember_consent,
 )
 from authsrv.flows.sessions import end_browser_session, live_session, start_session
-from authsrv.flows.throttle import LoginThrottle
 from authsrv.protocol.errors import AccessDenied, InvalidRequest
 from authsrv.protocol.params import single_params
 from authsrv.tokens import new_token
@@ -44,9 +42,6 @@ from authsrv.web.routing import app
 
 DEVICE_COOKIE_TTL = 400 * 86400
 """The longest cookie life browsers keep; the device cookie only binds forms to this browser."""
-
-_throttles: WeakKeyDictionary = WeakKeyDictionary()
-
 
 def _route(path: str, *methods: str):
     """
@@ -60,14 +55,6 @@ def _route(path: str, *methods: str):
         return app.route(ISSUER_PATH + path, methods=list(methods), endpoint=endpoint)(handler)
 
     return register
-
-
-def _throttle(server) -> LoginThrottle:
-    """One throttle per server object, living as long as it does."""
-    throttle = _throttles.get(server)
-    if throttle is None:
-        throttle = _throttles[server] = LoginThrottle()
-    return throttle
 
 
 def _redirect(request, status: int, location: str) -> bytes:
@@ -174,7 +161,7 @@ async def login_submitted(server, request):
     if not username or not password:
         return _login_form(server, request, 200, pending, client, username=username, message=text.MISSING)
     address = _address(request)
-    outcome = await log_in(server.portal, server.identity, server.store, _throttle(server),
+    outcome = await log_in(server.portal, server.identity, server.store, server.throttle,
                            login=username, password=password, address=address,
                            now=server.reactor.seconds())
     if isinstance(outcome, Throttled):

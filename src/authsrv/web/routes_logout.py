@@ -8,7 +8,6 @@ from __future__ import annotations
 from twisted.web.template import tags
 
 from authsrv.config import ISSUER_PATH
-from authsrv.flows import backchannel
 from authsrv.flows.end_session import LogoutRefused, check_request
 from authsrv.flows.sessions import end_browser_session
 from authsrv.protocol.errors import InvalidRequest
@@ -36,7 +35,7 @@ async def end_session(server, request):
     )
     server.cookies.clear(request, SESSION_COOKIE)
     if session is not None:
-        backchannel.notifier_for(server).session_ended(server.store, server.keystore, server.issuer, session)
+        server.backchannel.session_ended(server.store, server.keystore, server.issuer, session)
     if logout.location is not None:
         request.setResponseCode(302)
         request.setHeader(b"location", logout.location.encode())
