@@ -15,6 +15,7 @@ import getpass
 import json
 import sys
 import uuid
+from contextlib import asynccontextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -57,20 +58,30 @@ def _config(args) -> Config:
         raise AdminError(str(e)) from None
 
 
+@asynccontextmanager
+async def _plugin_context(reactor, config: Config, *, check_only: bool = False, prefix: str = ""):
+    """
+    The context one command builds plugins in: its thread pools stop with
+    the command, and a plugin's start-up problem is one line.
+    """
+    context = PluginContext(reactor, config.base_dir, config.limits.max_token_lifetime, check_only=check_only)
+    try:
+        yield context
+    except StartupError as e:
+        raise AdminError(f"{prefix}{e}") from None
+    finally:
+        context.stop()
+
+
 async def _with_plugin(reactor, args, role: str, use):
     config = _config(args)
-    context = PluginContext(reactor, config.base_dir, config.limits.max_token_lifetime)
-    try:
+    async with _plugin_context(reactor, config) as context:
         plugin = build_plugin(role, getattr(config, role), context)
         try:
             return await use(config, plugin)
         finally:
             if role == "store":
                 await plugin.close()
-    except StartupError as e:
-        raise AdminError(str(e)) from None
-    finally:
-        context.stop()
 
 
 # --- clients ----------------------------------------------------------------
@@ -257,8 +268,7 @@ async def _with_own_users(reactor, args, act):
     choices = [c for c in config.identity if c.name == "postgres"]
     if not choices:
         raise AdminError("no [[identity]] backend of plugin \"postgres\" in the config: users live elsewhere")
-    context = PluginContext(reactor, config.base_dir, config.limits.max_token_lifetime)
-    try:
+    async with _plugin_context(reactor, config) as context:
         backend = build_plugin("identity", choices[0], context)
         try:
             if backend.mode != "own":
@@ -268,10 +278,6 @@ async def _with_own_users(reactor, args, act):
             raise AdminError(str(e)) from None
         finally:
             await backend.close()
-    except StartupError as e:
-        raise AdminError(str(e)) from None
-    finally:
-        context.stop()
 
 
 async def _postgres_user_add(reactor, args):
@@ -353,8 +359,7 @@ def _until(args, now: int) -> int | None:
 async def _with_user(reactor, args, act):
     """Run C{act(store, sub, now)} for the user named by id or login."""
     config = _config(args)
-    context = PluginContext(reactor, config.base_dir, config.limits.max_token_lifetime)
-    try:
+    async with _plugin_context(reactor, config) as context:
         identity = build_identity(config, context)
         store = build_plugin("store", config.store, context)
         try:
@@ -365,10 +370,6 @@ async def _with_user(reactor, args, act):
         finally:
             await store.close()
             await identity.close()
-    except StartupError as e:
-        raise AdminError(str(e)) from None
-    finally:
-        context.stop()
 
 
 async def ban(reactor, args):
@@ -456,17 +457,12 @@ async def check_config(reactor, args):
     if args.file:
         args.config = args.file
     config = _config(args)
-    context = PluginContext(reactor, config.base_dir, config.limits.max_token_lifetime, check_only=True)
-    try:
+    async with _plugin_context(reactor, config, check_only=True, prefix=f"{config.path}: ") as context:
         build_plugin("keystore", config.keystore, context)
         for role, choice in [("store", config.store), *(("identity", c) for c in config.identity)]:
             plugin = build_plugin(role, choice, context)
             if plugin is not None:
                 await plugin.close()
-    except StartupError as e:
-        raise AdminError(f"{config.path}: {e}") from None
-    finally:
-        context.stop()
     print(f"{config.path}: ok (issuer {config.issuer})")
 
 
