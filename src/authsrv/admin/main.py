@@ -16,7 +16,7 @@ import json
 import sys
 import uuid
 from contextlib import asynccontextmanager
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 
 from attrs import asdict
@@ -35,6 +35,7 @@ from authsrv.config import Config, ConfigFileError, load_config
 from authsrv.configsection import parse_duration
 from authsrv.context import PluginContext
 from authsrv.embedded import CONFIG_NAME, DEFAULT_DATA_DIR
+from authsrv.isotime import iso_utc
 from authsrv.protocol.clients import client_id_problem, redirect_uri_problem
 from authsrv.records import Ban, Client, User
 from authsrv.service import JWKS_MAX_AGE, StartupError, build_identity, build_plugin
@@ -378,7 +379,7 @@ async def ban(reactor, args):
         await store.ban_user(Ban(sub=sub, reason=args.reason, created_at=now, until=until))
         ended = await store.end_user_sessions(sub)
         events.user_banned(sub=sub, reason=args.reason, until=until, by="operator")
-        print(f"banned {sub}" + (f" until {_iso(until)}" if until else "")
+        print(f"banned {sub}" + (f" until {iso_utc(until)}" if until else "")
               + f"; {ended} browser sessions ended")
 
     await _with_user(reactor, args, act)
@@ -407,14 +408,10 @@ async def revoke(reactor, args):
 async def bans_list(reactor, args):
     async def show(config, store):
         for entry in await store.list_bans(int(reactor.seconds())):
-            until = _iso(entry.until) if entry.until else "-"
+            until = iso_utc(entry.until) if entry.until else "-"
             print(f"{entry.sub}\t{until}\t{entry.reason or '-'}")
 
     await _with_plugin(reactor, args, "store", show)
-
-
-def _iso(seconds: int) -> str:
-    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # --- keys and config --------------------------------------------------------

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hmac
 import json
-from datetime import datetime, timezone
 from functools import wraps
 
 from klein import Klein
@@ -19,6 +18,7 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 from authsrv.chat.errors import ChatError
 from authsrv.flows.user_access import user_access
 from authsrv.identity.errors import BackendUnavailable
+from authsrv.isotime import iso_utc
 from authsrv.store.errors import StoreUnavailable
 from authsrv.web.headers import json_body
 
@@ -66,10 +66,6 @@ def _user_id(request) -> str:
     if len(set(present)) > 1:
         raise RequestProblem(400, "invalid_request", "userId and authUserId name different users")
     return present[0]
-
-
-def _iso(seconds: int) -> str:
-    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _endpoint(handler):
@@ -135,7 +131,7 @@ class InternalAPI:
             "accountId": account.account_id,
             "accessToken": account.access_token,
             "scope": account.scope,
-            "accessTokenExpiresAt": _iso(account.expires_at),
+            "accessTokenExpiresAt": iso_utc(account.expires_at),
         })
 
     @app.handle_errors(NotFound)
