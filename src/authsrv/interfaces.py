@@ -143,15 +143,30 @@ class IBrowserSessionStore(Interface):
         """Delete every session of a user; fires with how many ended."""
 
 
-class IAuthorizationRequestStore(Interface):
-    def save_pending(pending):
-        """Store a L{authsrv.records.PendingAuthorization}."""
+class IInteractionStore(Interface):
+    def save_interaction(interaction):
+        """Store a new L{authsrv.records.Interaction}."""
 
-    def get_pending(request_id, now):
-        """Fires with the pending request if it has not expired, else None."""
+    def get_interaction(interaction_id, now):
+        """Fires with the interaction if it has not expired, else None."""
 
-    def delete_pending(request_id):
-        """Fires with True when it existed."""
+    def take_interaction(interaction_id, stage):
+        """
+        Delete the interaction if it is at C{stage}; fires with True for
+        exactly one of two racing submissions, False for the rest.
+        """
+
+
+class ILinkAttemptStore(Interface):
+    def save_link_attempt(attempt):
+        """Store a new L{authsrv.records.LinkAttempt}."""
+
+    def take_link_attempt(state_hash, session_hash, now):
+        """
+        Delete and fire with the unexpired attempt of that state started in
+        the session C{session_hash}, so it works once; else None (an attempt
+        of another session is left alone).
+        """
 
 
 class IAuthorizationCodeStore(Interface):
@@ -299,7 +314,8 @@ class ILinkedAccountStore(Interface):
 class IStore(
     IClientRegistry,
     IBrowserSessionStore,
-    IAuthorizationRequestStore,
+    IInteractionStore,
+    ILinkAttemptStore,
     IAuthorizationCodeStore,
     IGrantStore,
     IBanStore,

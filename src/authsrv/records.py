@@ -9,8 +9,6 @@ only ever present as SHA-256 hex digests (see L{authsrv.tokens.token_hash}).
 
 from __future__ import annotations
 
-from typing import Mapping
-
 from attrs import field, frozen
 
 
@@ -20,6 +18,10 @@ def _tuple(value) -> tuple:
 
 def _frozenset(value) -> frozenset:
     return frozenset(value)
+
+
+DEFAULT_GRANT_TYPES = ("authorization_code", "refresh_token")
+"""The grants a client may use unless its registration says otherwise."""
 
 
 @frozen
@@ -42,6 +44,7 @@ class Client:
     introspect_any: bool = False
     backchannel_logout_uri: str | None = None
     created_at: int = 0
+    grant_types: tuple[str, ...] = field(default=DEFAULT_GRANT_TYPES, converter=_tuple)
 
     @property
     def is_public(self) -> bool:
@@ -86,18 +89,59 @@ class BrowserSession:
 
 
 @frozen
-class PendingAuthorization:
+class AuthorizationRequest:
+    """A validated authorization request: everything a code will be bound to."""
+
+    client_id: str
+    redirect_uri: str
+    scope: tuple[str, ...] = field(converter=_tuple)
+    state: str
+    code_challenge: str
+    nonce: str | None = None
+    resources: tuple[str, ...] = field(default=(), converter=_tuple)
+    prompt: frozenset[str] = field(default=frozenset(), converter=_frozenset)
+    max_age: int | None = None
+    login_hint: str | None = None
+
+
+LOGIN_STAGE = "login"
+CONSENT_STAGE = "consent"
+
+
+@frozen
+class Interaction:
     """
-    An authorization request waiting for login or consent, kept server-side so
-    that the browser's forms carry only C{request_id} and a CSRF token.
+    A sign-in in progress between the authorization request and the code,
+    kept server-side so that the browser's forms carry only
+    C{interaction_id} and a CSRF token. C{stage} says what the user does
+    next (L{LOGIN_STAGE}, L{CONSENT_STAGE}); at the consent stage C{sid}
+    names the browser session that must give it, so a consent is never
+    given by a user other than the one who was shown the page.
     """
 
-    request_id: str
-    client_id: str
-    params: Mapping[str, str]
+    interaction_id: str
+    stage: str
+    request: AuthorizationRequest
     csrf_token: str
     created_at: int
     expires_at: int
+    sid: str | None = None
+
+
+@frozen
+class LinkAttempt:
+    """
+    A chat-account link in progress: kept under the hash of the random
+    C{state} sent to the provider, for the user and browser session that
+    started it, with the PKCE verifier when PKCE is used.
+    """
+
+    state_hash: str
+    sub: str
+    session_hash: str
+    created_at: int
+    expires_at: int
+    code_verifier: str | None = None
 
 
 @frozen
