@@ -20,14 +20,13 @@ from authsrv.chat.config import ChatConfig
 from authsrv.chat.crypto import ACCESS, REFRESH, TokenCipher, key_from_text, new_key_text
 from authsrv.chat.provider import ChatProvider
 from authsrv.chat.tokens import ChatTokens
-from authsrv.flows.link import LINK_CLIENT_ID, ChatLinking, unlink_token
+from authsrv.flows.link import ChatLinking, unlink_token
 from authsrv.protocol import pkce
 from authsrv.records import Ban, BrowserSession
 from authsrv.testing.fake_chat import FakeChatProvider
 from authsrv.testing.identity import ALICE, BOB, MALLORY
 from authsrv.tokens import new_token, token_hash
-from authsrv.web.app import AuthServer
-from authsrv.web.root import Root
+from authsrv.service import web_root
 
 LINK = "/api/auth/link/chat"
 CALLBACK = ISSUER + "/link/chat/callback"
@@ -46,15 +45,14 @@ class LinkWorld:
         )
         self.cipher = TokenCipher(self.config.encryption_key)
         self.provider = ChatProvider(harness.clock, self.fake.memory_client(), self.config)
-        self.server = AuthServer(
-            reactor=harness.clock, config=harness.config, store=harness.store, keystore=harness.keystore,
-            identity=harness.identity, readiness=lambda: None,
-        )
-        self.server.chat_link = ChatLinking(
+        linking_flow = ChatLinking(
             store=harness.store, identity=harness.identity, provider=self.provider, cipher=self.cipher,
             issuer=ISSUER, pkce_enabled=pkce_enabled,
         ) if linking else None
-        harness.http = StubTreq(Root({}, self.server.resource()))
+        harness.http = StubTreq(web_root(
+            harness.config, harness.clock, harness.store, harness.keystore, harness.identity, lambda: None,
+            chat_link=linking_flow,
+        ))
         self.provider_browser = self.fake.memory_client()
 
     async def sign_in(self, sub=ALICE.sub, ttl=3600) -> str:
@@ -117,9 +115,11 @@ async def test_link_end_to_end(world):
         "response_type": "code", "client_id": world.fake.client_id, "redirect_uri": CALLBACK,
         "scope": "identify guilds.join", "code_challenge_method": "S256",
     }
-    pending = await world.h.store.get_pending(token_hash(query["state"]), world.h.now())
-    assert pending.client_id == LINK_CLIENT_ID and pending.params["sub"] == ALICE.sub
-    assert pkce.s256(pending.params["verifier"]) == query["code_challenge"]
+    session_hash = token_hash(cookie)
+    attempt = await world.h.store.take_link_attempt(token_hash(query["state"]), session_hash, world.h.now())
+    assert attempt.sub == ALICE.sub and attempt.session_hash == session_hash
+    assert pkce.s256(attempt.code_verifier) == query["code_challenge"]
+    await world.h.store.save_link_attempt(attempt)
 
     response, body = await world.callback(await world.approve(authorize_url), cookie)
     assert_page(response, body, 200, "Chat account linked")

@@ -13,8 +13,8 @@ from urllib.parse import quote
 from hypothesis import given
 from hypothesis import strategies as st
 
-from authsrv.flows.userinfo import bearer_token
 from authsrv.protocol import pkce
+from authsrv.protocol.bearer import bearer_token
 from authsrv.protocol.clientauth import ClientCredentials, client_credentials
 from authsrv.protocol.errors import InvalidClient, InvalidRequest, InvalidScope, InvalidToken
 from authsrv.protocol.jwt_access import audience_claim

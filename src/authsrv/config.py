@@ -16,8 +16,9 @@ from attrs import frozen
 
 from authsrv.chat.config import ChatConfig, chat_config
 from authsrv.configsection import ConfigError, Section
+from authsrv.flows.grants import GRANT_TYPES
 from authsrv.protocol.clients import client_id_problem, is_loopback_host, redirect_uri_problem
-from authsrv.records import Client
+from authsrv.records import DEFAULT_GRANT_TYPES, Client
 from authsrv.tokens import token_hash
 
 DEFAULT_LISTEN = "tcp:8080:interface=127.0.0.1"
@@ -153,9 +154,24 @@ def client_from_config(section: Section) -> Client:
         resources=section.str_list("resources", []),
         introspect_any=section.bool("introspect_any", False),
         backchannel_logout_uri=backchannel,
+        grant_types=_grant_types(section),
     )
     section.done()
     return client
+
+
+def _grant_types(section: Section) -> list[str]:
+    """The grants a client may use: any the token endpoint offers, each once."""
+    names = section.str_list("grant_types", list(DEFAULT_GRANT_TYPES))
+    if not names:
+        raise section.error("grant_types", "must name at least one grant type")
+    for index, name in enumerate(names):
+        if name not in GRANT_TYPES:
+            raise ConfigError(f"{section.key('grant_types')}[{index}]",
+                              f"{name!r} is not a grant type this server offers; use {', '.join(GRANT_TYPES)}")
+        if names.index(name) != index:
+            raise ConfigError(f"{section.key('grant_types')}[{index}]", f"{name!r} is listed twice")
+    return names
 
 
 def parse_config(data: dict, path: Path | None) -> Config:

@@ -106,6 +106,22 @@ class IIdentityBackend(ICredentialsChecker):
         """Release resources; fires when done."""
 
 
+class ILoginThrottle(Interface):
+    """
+    Counts failed logins and says when the next attempt may be made; the
+    login flow asks before any password is checked.
+    """
+
+    def retry_after(login, address, now):
+        """Fires with the seconds until an attempt is allowed, or None when it is allowed now."""
+
+    def failed(login, address, now):
+        """Count a failed attempt for this login name (as typed) from this client address."""
+
+    def succeeded(login, address, now):
+        """A correct password: clear the account's count; the address keeps its own."""
+
+
 # --- store roles ------------------------------------------------------------
 
 

@@ -10,6 +10,7 @@ C{twist authsrv} stops with one line and a non-zero status.
 from __future__ import annotations
 
 import json
+from urllib.parse import urlsplit
 
 from attrs import frozen
 from twisted.application.internet import TimerService
@@ -27,12 +28,29 @@ from authsrv.chat.tokens import ChatTokens
 from authsrv.config import Config
 from authsrv.configsection import ConfigError
 from authsrv.context import PluginContext
+from authsrv.flows import backchannel
+from authsrv.flows.claims import ClaimsSource
+from authsrv.flows.clients import ClientCache
+from authsrv.flows.end_session import EndSessionFlow
+from authsrv.flows.grants import GrantRegistry
+from authsrv.flows.grants.authorization_code import AuthorizationCodeGrant
+from authsrv.flows.grants.refresh_token import RefreshTokenGrant
+from authsrv.flows.grants.users import GrantUsers
+from authsrv.flows.interaction import InteractionFlow
+from authsrv.flows.introspect import IntrospectionFlow
+from authsrv.flows.issue import TokenMinter
 from authsrv.flows.link import ChatLinking
+from authsrv.flows.login import PasswordLogin
+from authsrv.flows.revoke import RevocationFlow
+from authsrv.flows.throttle import MemoryLoginThrottle
+from authsrv.flows.token import TokenFlow
+from authsrv.flows.userinfo import UserInfoFlow
 from authsrv.identity.chain import IdentityChain
 from authsrv.plugins import UnknownPlugin, find_factory
 from authsrv.protocol.discovery import authorization_server_metadata, openid_configuration
-from authsrv.web.app import AuthServer
+from authsrv.web.cookies import Cookies
 from authsrv.web.internal import InternalAPI
+from authsrv.web.public import PublicSite
 from authsrv.web.request import bounded_request_factory
 from authsrv.web.root import Root
 from authsrv.web.static import StaticBytes
@@ -163,10 +181,24 @@ def _listen(reactor, key, descriptions, site, ports):
         ports.extend(results)
 
 
-def _documents(config: Config, keystore) -> dict[bytes, StaticBytes]:
+def grant_registry(config: Config, store, keystore, identity) -> GrantRegistry:
+    """Every grant type the token endpoint offers, with what each needs."""
+    users = GrantUsers(store=store, identity=identity, claims=_claims(config, store))
+    minter = TokenMinter(keystore=keystore, issuer=config.issuer, limits=config.limits)
+    return GrantRegistry([
+        AuthorizationCodeGrant(store=store, users=users, minter=minter),
+        RefreshTokenGrant(store=store, users=users, minter=minter, grace=config.limits.refresh_grace),
+    ])
+
+
+def _claims(config: Config, store) -> ClaimsSource:
+    return ClaimsSource(store, config.chat.provider if config.chat else None)
+
+
+def _documents(config: Config, keystore, grant_types: tuple[str, ...]) -> dict[bytes, StaticBytes]:
     issuer_path = config.issuer[len(config.public_url):]
-    oidc = json.dumps(openid_configuration(config.issuer, keystore.algorithms)).encode()
-    oauth = json.dumps(authorization_server_metadata(config.issuer, keystore.algorithms)).encode()
+    oidc = json.dumps(openid_configuration(config.issuer, keystore.algorithms, grant_types)).encode()
+    oauth = json.dumps(authorization_server_metadata(config.issuer, keystore.algorithms, grant_types)).encode()
     long_lived = b"public, max-age=3600"
     return {
         f"{issuer_path}/.well-known/openid-configuration".encode(): StaticBytes(
@@ -181,6 +213,39 @@ def _documents(config: Config, keystore) -> dict[bytes, StaticBytes]:
     }
 
 
+@frozen
+class PublicFlows:
+    """The flows behind the public site's routes."""
+
+    interaction: InteractionFlow
+    token: TokenFlow
+    userinfo: UserInfoFlow
+    introspection: IntrospectionFlow
+    revocation: RevocationFlow
+    end_session: EndSessionFlow
+    linking: ChatLinking | None
+
+
+def public_flows(config: Config, reactor, store, keystore, identity, grants: GrantRegistry,
+                 chat_link=None) -> PublicFlows:
+    """Each flow built with exactly the collaborators it uses (fosite's compose)."""
+    clients = ClientCache(store, reactor)
+    notifier = backchannel.BackchannelNotifier(reactor, backchannel.default_http_client(reactor))
+    login = PasswordLogin(identity=identity, store=store, throttle=MemoryLoginThrottle())
+    return PublicFlows(
+        interaction=InteractionFlow(
+            store=store, clients=clients, identity=identity, login=login, limits=config.limits,
+            issuer=config.issuer,
+        ),
+        token=TokenFlow(clients=clients, grants=grants),
+        userinfo=UserInfoFlow(store=store, identity=identity, claims=_claims(config, store)),
+        introspection=IntrospectionFlow(store=store, clients=clients, identity=identity, issuer=config.issuer),
+        revocation=RevocationFlow(store=store, clients=clients),
+        end_session=EndSessionFlow(store=store, keystore=keystore, issuer=config.issuer, backchannel=notifier),
+        linking=chat_link,
+    )
+
+
 def web_root(
     config: Config, reactor, store, keystore, identity, readiness, internal=None, chat_link=None
 ) -> Root:
@@ -189,11 +254,19 @@ def web_root(
     C{internal} is the internal API's resource when served here too, and
     C{chat_link} the chat-platform link flow when one is configured.
     """
-    app = AuthServer(
-        reactor=reactor, config=config, store=store, keystore=keystore, identity=identity,
-        readiness=readiness, chat_link=chat_link,
+    grants = grant_registry(config, store, keystore, identity)
+    site = PublicSite(
+        clock=reactor,
+        issuer=config.issuer,
+        cookies=Cookies(
+            path=urlsplit(config.issuer).path or "/", secure=config.issuer.startswith("https:"),
+            session_ttl=config.limits.session_ttl,
+        ),
+        flows=public_flows(config, reactor, store, keystore, identity, grants, chat_link),
+        ping=store.ping,
+        readiness=readiness,
     )
-    return Root(_documents(config, keystore), app.resource(), internal)
+    return Root(_documents(config, keystore, grants.grant_types), site.resource(), internal)
 
 
 @frozen

@@ -7,6 +7,7 @@ trip through the store.
 
 from __future__ import annotations
 
+from authsrv.protocol.clientauth import authenticate, client_credentials
 from authsrv.records import Client
 
 TTL = 2.0
@@ -32,3 +33,13 @@ class ClientCache:
             self._entries.clear()
         self._entries[client_id] = (now + self._ttl, client)
         return client
+
+
+async def authenticate_client(clients, authorization: bytes | None, params: dict[str, str]) -> Client:
+    """
+    The client a token, introspection or revocation request comes from
+    (client_secret_basic, client_secret_post, or a public client by its
+    client_id), or L{authsrv.protocol.errors.InvalidClient}.
+    """
+    credentials = client_credentials(authorization, params)
+    return authenticate(await clients.get_client(credentials.client_id), credentials)

@@ -1,145 +1,254 @@
 """
-What the user does between the authorization request and the code: the
-pending request kept server-side while they log in or consent, the password
-check with its throttle and standing check, and remembering a consent.
+The authorization endpoint's interaction (DESIGN.md, Authorize errors,
+Consent): authorize, then login when there is no live session or the
+request asks for one, then consent unless remembered or first-party, then
+the code. Every decision is made here; the web layer parses the request and
+renders the L{authsrv.flows.outcomes} this returns.
 
-Nothing here knows HTTP: routes pass values and render the outcomes.
+The request waits in the store as an L{Interaction} between the steps, so
+the browser's forms carry only its id and a CSRF token bound to the
+browser's device secret; each step uses it up, so one of two racing
+submissions goes on.
 """
 
 from __future__ import annotations
 
-from attrs import frozen
-from twisted.cred.credentials import UsernamePassword
-from twisted.cred.error import UnauthorizedLogin
-from twisted.logger import Logger
+from urllib.parse import urlencode
 
 from authsrv import events
-from authsrv.flows.authorize import AuthorizationRequest
-from authsrv.flows.csrf import form_token
-from authsrv.flows.standing import standing
-from authsrv.identity.errors import UnknownUser
-from authsrv.interfaces import IUser
-from authsrv.records import PendingAuthorization, User
-from authsrv.tokens import new_token
+from authsrv.flows.csrf import form_token, form_token_valid, valid_device_secret
+from authsrv.flows.login import LoggedIn, Refused, Throttled
+from authsrv.flows.outcomes import Browser, ConsentForm, CookieChanges, LoginForm, Redirect
+from authsrv.flows.sessions import end_browser_session, live_session, start_session
+from authsrv.protocol.authorize import (
+    AuthorizeError,
+    client_id_of,
+    code_location,
+    consent_needed,
+    error_location,
+    login_needed,
+    parse_request,
+    refuse_silently,
+)
+from authsrv.protocol.errors import AccessDenied, PageError
+from authsrv.records import (
+    CONSENT_STAGE,
+    LOGIN_STAGE,
+    AuthorizationCode,
+    AuthorizationRequest,
+    BrowserSession,
+    Client,
+    Grant,
+    Interaction,
+)
+from authsrv.tokens import new_token, token_hash
 
-log = Logger()
+INCORRECT = "The username or password is incorrect."
+MISSING = "Enter your username and password."
+UNAVAILABLE = "Signing in is not possible right now; please try again later."
+FORM_EXPIRED = "This form expired or was not sent by this site; start again from the application."
+TOO_LONG = "The sign-in took too long and has expired; start again from the application."
+SIGNED_OUT = "You are no longer signed in; start again from the application."
 
-SID_PARAM = "_sid"
-"""Pending-request key naming the session a consent-stage request waits on."""
-
-LOGGED_LOGIN_MAX = 64
-"""Logins are cut to this length in events: a mistyped password may sit in the username field."""
+_STAGE_PATHS = {LOGIN_STAGE: "/login", CONSENT_STAGE: "/consent"}
 
 
-@frozen
-class Pending:
+def too_many_attempts(retry_after: int) -> str:
+    minutes = max(1, -(-retry_after // 60))
+    return f"Too many attempts; try again in {minutes} minute{'s' if minutes != 1 else ''}."
+
+
+def _expired() -> PageError:
+    return PageError(400, "Sign-in expired", TOO_LONG)
+
+
+def _forged() -> PageError:
+    return PageError(400, "Sign-in cannot continue", FORM_EXPIRED)
+
+
+class InteractionFlow:
     """
-    A pending request: at the login stage (C{sid} None) or waiting for the
-    consent of the session C{sid}, so a consent is never given by a user
-    other than the one who was shown the page.
+    C{login} is an L{authsrv.flows.login.PasswordLogin}; C{clients} answers
+    C{get_client}; C{limits} gives the code, session and interaction lifetimes.
     """
 
-    request_id: str
-    csrf_token: str
-    request: AuthorizationRequest
-    sid: str | None
+    def __init__(self, *, store, clients, identity, login, limits, issuer: str):
+        self._store = store
+        self._clients = clients
+        self._identity = identity
+        self._login = login
+        self._limits = limits
+        self._issuer = issuer
 
+    async def authorize(self, args: dict[bytes, list[bytes]], browser: Browser, now: int) -> Redirect:
+        """An authorization request (RFC 6749 section 4.1.1): to login, consent, or the client."""
+        client_id = client_id_of(args)
+        client = await self._clients.get_client(client_id) if client_id is not None else None
+        try:
+            request = parse_request(client, args)
+            session = await live_session(self._store, self._identity, browser.session, now)
+            if login_needed(request, session, now):
+                refuse_silently(request, login=True, consent=False)
+                return await self._wait(request, LOGIN_STAGE, None, browser, now)
+            return await self._after_login(client, request, session, browser, now, 302)
+        except AuthorizeError as e:
+            return Redirect(error_location(self._issuer, e.redirect_uri, e.state, e.error))
 
-async def hold(store, limits, request: AuthorizationRequest, device_secret: str, now: int,
-               sid: str | None = None) -> Pending:
-    """Keep the request for L{limits.pending_request_ttl}; the browser gets only its id."""
-    request_id = new_token()
-    params = request.to_params()
-    if sid is not None:
-        params[SID_PARAM] = sid
-    pending = PendingAuthorization(
-        request_id=request_id,
-        client_id=request.client_id,
-        params=params,
-        csrf_token=form_token(device_secret, request_id),
-        created_at=now,
-        expires_at=now + limits.pending_request_ttl,
-    )
-    await store.save_pending(pending)
-    return Pending(request_id, pending.csrf_token, request, sid)
+    async def login_form(self, form: dict[str, str] | None, now: int) -> LoginForm:
+        interaction, client = await self._interaction(form, LOGIN_STAGE, now)
+        return self._login_form(200, interaction, client, username=interaction.request.login_hint or "")
 
+    async def submit_login(self, form: dict[str, str] | None, browser: Browser, address: str,
+                           now: float) -> LoginForm | Redirect:
+        """The sign-in form posted: the password checked, a new session, then consent or the code."""
+        if form is None:
+            raise _forged()
+        interaction, client = await self._interaction(form, LOGIN_STAGE, int(now))
+        self._check_csrf(form, browser, interaction)
+        username, password = form.get("username", ""), form.get("password", "")
+        if not username or not password:
+            return self._login_form(200, interaction, client, username=username, message=MISSING)
+        outcome = await self._login.log_in(username, password, address, now)
+        if isinstance(outcome, Throttled):
+            return self._login_form(429, interaction, client, username=username,
+                                    message=too_many_attempts(outcome.retry_after),
+                                    retry_after=outcome.retry_after)
+        if isinstance(outcome, Refused):
+            return self._login_form(200, interaction, client, username=username, message=INCORRECT)
+        if not isinstance(outcome, LoggedIn):
+            return self._login_form(503, interaction, client, username=username, message=UNAVAILABLE)
+        if not await self._store.take_interaction(interaction.interaction_id, LOGIN_STAGE):
+            raise _expired()
+        seconds = int(now)
+        await end_browser_session(self._store, browser.session, "logged in again")
+        value, session = await start_session(self._store, self._limits, outcome.user.sub, seconds)
+        events.login_succeeded(sub=outcome.user.sub, client_id=client.client_id, address=address)
+        answer = await self._after_login(client, interaction.request, session, browser, seconds, 303)
+        return Redirect(answer.location, answer.status, CookieChanges(session=value, device=answer.cookies.device))
 
-async def load_pending(store, request_id: str | None, now: int) -> Pending | None:
-    """The unexpired pending request of that id, or None."""
-    if not request_id:
-        return None
-    pending = await store.get_pending(request_id, now)
-    if pending is None:
-        return None
-    return Pending(
-        pending.request_id,
-        pending.csrf_token,
-        AuthorizationRequest.from_params(pending.params),
-        pending.params.get(SID_PARAM),
-    )
+    async def consent_form(self, form: dict[str, str] | None, browser: Browser, now: int) -> ConsentForm:
+        interaction, client, session = await self._consent_stage(form or {}, browser, now)
+        user = await self._identity.user_by_id(session.sub)
+        return ConsentForm(
+            client_name=client.name or client.client_id,
+            user_label=user.login if user else session.sub,
+            scope=interaction.request.scope,
+            interaction_id=interaction.interaction_id,
+            csrf=interaction.csrf_token,
+        )
 
+    async def submit_consent(self, form: dict[str, str] | None, browser: Browser, now: int) -> Redirect:
+        """Allow: the consent is remembered and the code issued; deny: access_denied to the client."""
+        if form is None:
+            raise _forged()
+        interaction, client, session = await self._consent_stage(form, browser, now)
+        action = form.get("action")
+        self._check_csrf(form, browser, interaction)
+        if action not in ("approve", "deny"):
+            raise _forged()
+        if not await self._store.take_interaction(interaction.interaction_id, CONSENT_STAGE):
+            raise _expired()
+        request = interaction.request
+        if action == "deny":
+            events.consent_denied(sub=session.sub, client_id=client.client_id)
+            denied = AccessDenied("the user denied the request")
+            return Redirect(error_location(self._issuer, request.redirect_uri, request.state, denied), 303)
+        await self._remember_consent(session.sub, client.client_id, request.scope, now)
+        return Redirect(await self._issue_code(request, session, now), 303)
 
-async def claim(store, pending: Pending) -> bool:
-    """Use a pending request up: True for exactly one of two racing submissions."""
-    return await store.delete_pending(pending.request_id)
+    async def _after_login(self, client: Client, request: AuthorizationRequest, session: BrowserSession,
+                           browser: Browser, now: int, status: int) -> Redirect:
+        """With a live session: the consent page or the code."""
+        consented = None if client.first_party else await self._store.get_consent(session.sub, client.client_id)
+        needed = consent_needed(client, request, consented)
+        refuse_silently(request, login=False, consent=needed)
+        if needed:
+            return await self._wait(request, CONSENT_STAGE, session.sid, browser, now)
+        return Redirect(await self._issue_code(request, session, now), status)
 
+    async def _wait(self, request: AuthorizationRequest, stage: str, sid: str | None, browser: Browser,
+                    now: int) -> Redirect:
+        """
+        Keep the request for the next stage, bound to this browser's device
+        secret (made now if it has none, or a forged one).
+        """
+        device = browser.device if valid_device_secret(browser.device) else None
+        new_device = None if device is not None else new_token()
+        interaction_id = new_token()
+        interaction = Interaction(
+            interaction_id=interaction_id,
+            stage=stage,
+            request=request,
+            csrf_token=form_token(device or new_device, interaction_id),
+            created_at=now,
+            expires_at=now + self._limits.pending_request_ttl,
+            sid=sid,
+        )
+        await self._store.save_interaction(interaction)
+        location = f"{self._issuer}{_STAGE_PATHS[stage]}?{urlencode({'request': interaction_id})}"
+        return Redirect(location, 303, CookieChanges(device=new_device))
 
-@frozen
-class LoggedIn:
-    user: User
+    async def _interaction(self, form: dict[str, str] | None, stage: str, now: int) -> tuple[Interaction, Client]:
+        interaction_id = (form or {}).get("request")
+        interaction = await self._store.get_interaction(interaction_id, now) if interaction_id else None
+        if interaction is None or interaction.stage != stage:
+            raise _expired()
+        client = await self._clients.get_client(interaction.request.client_id)
+        if client is None:
+            raise _expired()
+        return interaction, client
 
+    async def _consent_stage(self, form: dict[str, str], browser: Browser, now: int):
+        """The consent-stage interaction, its client and the session it waits on."""
+        interaction, client = await self._interaction(form, CONSENT_STAGE, now)
+        session = await live_session(self._store, self._identity, browser.session, now)
+        if session is None or session.sid != interaction.sid:
+            raise PageError(400, "Signed out", SIGNED_OUT)
+        return interaction, client, session
 
-@frozen
-class Refused:
-    """Wrong password, unknown user or a user who may not log in: one answer for all."""
+    @staticmethod
+    def _check_csrf(form: dict[str, str], browser: Browser, interaction: Interaction) -> None:
+        if not form_token_valid(interaction.csrf_token, form.get("csrf"), browser.device,
+                                interaction.interaction_id):
+            raise _forged()
 
+    def _login_form(self, status: int, interaction: Interaction, client: Client, *, username: str = "",
+                    message: str | None = None, retry_after: int | None = None) -> LoginForm:
+        return LoginForm(
+            status=status, client_name=client.name or client.client_id,
+            interaction_id=interaction.interaction_id, csrf=interaction.csrf_token,
+            username=username, message=message, retry_after=retry_after,
+        )
 
-@frozen
-class Throttled:
-    retry_after: int
+    async def _remember_consent(self, sub: str, client_id: str, scope, now: int) -> None:
+        """Add C{scope} to what the user consented to for the client, until revoked."""
+        earlier = await self._store.get_consent(sub, client_id) or frozenset()
+        granted = earlier | frozenset(scope)
+        await self._store.save_consent(sub, client_id, granted, now)
+        events.consent_given(sub=sub, client_id=client_id, scope=" ".join(sorted(granted)))
 
-
-@frozen
-class Unavailable:
-    """The identity backend could not answer: never reported as a wrong password."""
-
-
-async def log_in(portal, identity, store, throttle, *, login: str, password: str, address: str,
-                 now: float):
-    """
-    Check a password unless the account or address is throttled, then the
-    user's standing; fires with L{LoggedIn}, L{Refused}, L{Throttled} or
-    L{Unavailable}. The real reason of a refusal goes only to the audit log.
-    """
-    logged = login[:LOGGED_LOGIN_MAX]
-    wait = throttle.retry_after(login, address, now)
-    if wait is not None:
-        events.login_failed(login=logged, reason="throttled", address=address)
-        return Throttled(wait)
-    try:
-        _, user, _ = await portal.login(UsernamePassword(login.encode(), password.encode()), None, IUser)
-        user_standing = await standing(identity, store, user.sub, int(now))
-    except UnauthorizedLogin as e:
-        throttle.failed(login, address, now)
-        reason = "unknown user" if isinstance(e, UnknownUser) else "wrong password"
-        events.login_failed(login=logged, reason=reason, address=address)
-        return Refused()
-    except Exception as e:
-        log.warn("login impossible, identity backend failed: {error}", error=str(e) or type(e).__name__)
-        events.login_failed(login=logged, reason="identity backend unavailable", address=address)
-        return Unavailable()
-    if not user_standing.allowed:
-        throttle.failed(login, address, now)
-        reason = "disabled" if user.disabled else "banned"
-        events.login_failed(login=logged, reason=reason, address=address)
-        return Refused()
-    throttle.succeeded(login)
-    return LoggedIn(user)
-
-
-async def remember_consent(store, sub: str, client_id: str, scope, now: int) -> None:
-    """Add C{scope} to what the user consented to for the client, until revoked."""
-    earlier = await store.get_consent(sub, client_id) or frozenset()
-    granted = earlier | frozenset(scope)
-    await store.save_consent(sub, client_id, granted, now)
-    events.consent_given(sub=sub, client_id=client_id, scope=" ".join(sorted(granted)))
+    async def _issue_code(self, request: AuthorizationRequest, session: BrowserSession, now: int) -> str:
+        """
+        Store a new code with the grant it will start, bound to everything the
+        request said and to the session's authentication; returns the redirect
+        URI carrying it. The code itself is never stored or logged.
+        """
+        code = new_token()
+        grant_id = new_token(16)
+        scope = frozenset(request.scope)
+        limits = self._limits
+        await self._store.save_code(
+            AuthorizationCode(
+                code_hash=token_hash(code), grant_id=grant_id, client_id=request.client_id, sub=session.sub,
+                redirect_uri=request.redirect_uri, scope=scope, code_challenge=request.code_challenge,
+                code_challenge_method="S256", nonce=request.nonce, resource=request.resources,
+                auth_time=session.auth_time, sid=session.sid, issued_at=now, expires_at=now + limits.code_ttl,
+            ),
+            Grant(
+                grant_id=grant_id, client_id=request.client_id, sub=session.sub, scope=scope,
+                resource=request.resources, auth_time=session.auth_time, sid=session.sid, created_at=now,
+                expires_at=now + limits.refresh_token_absolute_ttl,
+            ),
+        )
+        events.code_issued(sub=session.sub, client_id=request.client_id, grant_id=grant_id)
+        return code_location(self._issuer, request, code)

@@ -8,6 +8,7 @@ who are banned, disabled or gone are inactive, JWT access tokens included.
 
 from __future__ import annotations
 
+from authsrv.flows.clients import authenticate_client
 from authsrv.flows.standing import standing
 from authsrv.protocol.errors import InvalidClient
 from authsrv.protocol.jwt_access import audience_claim
@@ -58,27 +59,36 @@ def describe(token: AccessToken | RefreshToken, issuer: str) -> dict:
     return answer
 
 
-async def introspect(server, client: Client, params: dict[str, str], now: int) -> dict:
-    """
-    The introspection response for an authenticated C{client}; public
-    clients may not introspect (they could not keep the answer to themselves
-    anyway). token_type_hint only decides which lookup comes first.
-    """
-    if client.is_public:
-        raise InvalidClient("a public client may not introspect tokens")
-    hashed = token_hash(require(params, "token"))
-    lookups = (_active_access, _active_refresh)
-    if params.get("token_type_hint") == "refresh_token":
-        lookups = lookups[::-1]
-    for lookup in lookups:
-        token = await lookup(server.store, hashed, now)
-        if token is not None:
-            break
-    else:
-        return INACTIVE
-    if not _visible(client, token):
-        return INACTIVE
-    state = await standing(server.identity, server.store, token.sub, now, token.user_ban)
-    if not state.allowed:
-        return INACTIVE
-    return describe(token, server.issuer)
+class IntrospectionFlow:
+    def __init__(self, *, store, clients, identity, issuer: str):
+        self._store = store
+        self._clients = clients
+        self._identity = identity
+        self._issuer = issuer
+
+    async def introspect(self, authorization: bytes | None, params: dict[str, str], now: int) -> dict:
+        """
+        The introspection response for the client the request authenticates;
+        public clients may not introspect (they could not keep the answer to
+        themselves anyway). token_type_hint only decides which lookup comes
+        first.
+        """
+        client = await authenticate_client(self._clients, authorization, params)
+        if client.is_public:
+            raise InvalidClient("a public client may not introspect tokens")
+        hashed = token_hash(require(params, "token"))
+        lookups = (_active_access, _active_refresh)
+        if params.get("token_type_hint") == "refresh_token":
+            lookups = lookups[::-1]
+        for lookup in lookups:
+            token = await lookup(self._store, hashed, now)
+            if token is not None:
+                break
+        else:
+            return INACTIVE
+        if not _visible(client, token):
+            return INACTIVE
+        state = await standing(self._identity, self._store, token.sub, now, token.user_ban)
+        if not state.allowed:
+            return INACTIVE
+        return describe(token, self._issuer)

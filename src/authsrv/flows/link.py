@@ -1,13 +1,13 @@
 """
 Linking a chat-platform account to the signed-in user (DESIGN.md, Linked
-chat accounts), HTTP-free: the routes in L{authsrv.web.routes_link} render
-what these return or raise.
+chat accounts), HTTP-free: the web layer renders what these return, and
+L{PageError} for what the user must be told instead.
 
 The attempt is kept server-side, so that it works across instances: a
-L{PendingAuthorization} under the hash of the random C{state}, with client
-id L{LINK_CLIENT_ID}, holding the user, the browser session that started it
-and the PKCE verifier, for L{LINK_TTL} seconds. The callback must come back
-in that same session and can be used once.
+L{LinkAttempt} under the hash of the random C{state}, holding the user, the
+browser session that started it and the PKCE verifier, for L{LINK_TTL}
+seconds. The callback must come back in that same session and can be used
+once.
 
 Unlinking is a POST whose CSRF token is an HMAC of the session cookie value
 keyed by that value itself (L{unlink_token}): only a page that knows the
@@ -26,26 +26,16 @@ from authsrv.chat.errors import ChatProviderUnavailable
 from authsrv.chat.provider import ChatCodeRejected
 from authsrv.flows.standing import standing
 from authsrv.protocol import pkce
-from authsrv.records import BrowserSession, LinkedAccount, PendingAuthorization
+from authsrv.protocol.errors import PageError
+from authsrv.records import BrowserSession, LinkAttempt, LinkedAccount
 from authsrv.tokens import new_token, token_hash
 
-LINK_CLIENT_ID = "chat-link"
 LINK_TTL = 600
 _UNLINK_PURPOSE = b"authsrv chat unlink"
 
 
-class LinkProblem(Exception):
-    """What the user sees instead: an HTTP status, a title and one sentence."""
-
-    def __init__(self, status: int, title: str, message: str):
-        super().__init__(message)
-        self.status = status
-        self.title = title
-        self.message = message
-
-
-def sign_in_first() -> LinkProblem:
-    return LinkProblem(
+def sign_in_first() -> PageError:
+    return PageError(
         401, "Sign in first", "Sign in at the application first, then link your chat account from there."
     )
 
@@ -76,47 +66,38 @@ class ChatLinking:
         return self._provider.name
 
     async def session(self, cookie_value: str | None, now: int) -> BrowserSession:
-        """The live session of a user in good standing, else L{LinkProblem}."""
+        """The live session of a user in good standing, else L{PageError}."""
         session = await self._store.get_session(token_hash(cookie_value), now) if cookie_value else None
         if session is None:
             raise sign_in_first()
         if not (await standing(self._identity, self._store, session.sub, now)).allowed:
-            raise LinkProblem(403, "Account not allowed", "This account may not link a chat account.")
+            raise PageError(403, "Account not allowed", "This account may not link a chat account.")
         return session
 
     async def start(self, session: BrowserSession, now: int) -> str:
         """Remember a new attempt; returns the provider's authorize URL to redirect to."""
         state = new_token()
-        params = {"sub": session.sub, "session": session.session_hash}
-        challenge = None
-        if self._pkce:
-            params["verifier"] = new_token()
-            challenge = pkce.s256(params["verifier"])
-        await self._store.save_pending(PendingAuthorization(
-            request_id=token_hash(state), client_id=LINK_CLIENT_ID, params=params, csrf_token="",
-            created_at=now, expires_at=now + LINK_TTL,
+        verifier = new_token() if self._pkce else None
+        await self._store.save_link_attempt(LinkAttempt(
+            state_hash=token_hash(state), sub=session.sub, session_hash=session.session_hash,
+            created_at=now, expires_at=now + LINK_TTL, code_verifier=verifier,
         ))
+        challenge = None if verifier is None else pkce.s256(verifier)
         return self._provider.authorize_url(state, challenge, self.redirect_uri)
 
-    async def _take_attempt(self, session: BrowserSession, state: str | None, now: int) -> PendingAuthorization:
+    async def _take_attempt(self, session: BrowserSession, state: str | None, now: int) -> LinkAttempt:
         """The attempt C{state} names, started in this session; consumed so it works once."""
         if state is None:
-            raise LinkProblem(
+            raise PageError(
                 400, "Link not completed", "The chat platform sent you back without the link attempt's state."
             )
-        pending = await self._store.get_pending(token_hash(state), now)
-        if (
-            pending is None
-            or pending.client_id != LINK_CLIENT_ID
-            or not hmac.compare_digest(pending.params.get("session", "").encode(), session.session_hash.encode())
-            or pending.params.get("sub") != session.sub
-            or not await self._store.delete_pending(pending.request_id)
-        ):
-            raise LinkProblem(
+        attempt = await self._store.take_link_attempt(token_hash(state), session.session_hash, now)
+        if attempt is None or attempt.sub != session.sub:
+            raise PageError(
                 400, "Link not completed",
                 "This link attempt has expired, was already used, or was started in another browser. Start again.",
             )
-        return pending
+        return attempt
 
     async def finish(self, session: BrowserSession, params: dict[str, str], now: int) -> LinkedAccount:
         """
@@ -127,27 +108,27 @@ class ChatLinking:
         if error is not None:
             try:
                 await self._take_attempt(session, params.get("state"), now)
-            except LinkProblem:
+            except PageError:
                 pass
             if error == "access_denied":
-                raise LinkProblem(200, "Linking cancelled", "Linking was cancelled: no chat account was linked.")
-            raise LinkProblem(
+                raise PageError(200, "Linking cancelled", "Linking was cancelled: no chat account was linked.")
+            raise PageError(
                 502, "Linking cancelled",
                 "The chat platform reported a problem, so linking was cancelled. Try again later.",
             )
-        pending = await self._take_attempt(session, params.get("state"), now)
+        attempt = await self._take_attempt(session, params.get("state"), now)
         code = params.get("code")
         if code is None:
-            raise LinkProblem(400, "Link not completed", "The chat platform sent you back without a code. Start again.")
+            raise PageError(400, "Link not completed", "The chat platform sent you back without a code. Start again.")
         try:
-            tokens = await self._provider.exchange_code(code, pending.params.get("verifier"), self.redirect_uri)
+            tokens = await self._provider.exchange_code(code, attempt.code_verifier, self.redirect_uri)
             provider_user_id = await self._provider.current_user(tokens.access_token)
         except ChatCodeRejected:
-            raise LinkProblem(
+            raise PageError(
                 400, "Link not completed", "The chat platform did not accept the link. Start again."
             ) from None
         except ChatProviderUnavailable:
-            raise LinkProblem(
+            raise PageError(
                 503, "Chat platform unavailable", "The chat platform cannot be reached right now. Try again later."
             ) from None
         account_id = new_token(16)

@@ -8,15 +8,22 @@ other clients.
 from __future__ import annotations
 
 from authsrv import events
+from authsrv.flows.clients import authenticate_client
 from authsrv.protocol.params import require
-from authsrv.records import Client, RevokedAccess, RevokedRefresh
+from authsrv.records import RevokedAccess, RevokedRefresh
 from authsrv.tokens import token_hash
 
 
-async def revoke(server, client: Client, params: dict[str, str], now: int) -> None:
-    """Revoke C{params["token"]} if it is C{client}'s; token_type_hint is not needed."""
-    result = await server.store.revoke_token(token_hash(require(params, "token")), client.client_id, now)
-    if isinstance(result, RevokedRefresh):
-        events.token_revoked(client_id=client.client_id, grant_id=result.grant_id, kind="refresh")
-    elif isinstance(result, RevokedAccess):
-        events.token_revoked(client_id=client.client_id, grant_id=result.grant_id, kind="access")
+class RevocationFlow:
+    def __init__(self, *, store, clients):
+        self._store = store
+        self._clients = clients
+
+    async def revoke(self, authorization: bytes | None, params: dict[str, str], now: int) -> None:
+        """Revoke C{params["token"]} if it is the authenticated client's; token_type_hint is not needed."""
+        client = await authenticate_client(self._clients, authorization, params)
+        result = await self._store.revoke_token(token_hash(require(params, "token")), client.client_id, now)
+        if isinstance(result, RevokedRefresh):
+            events.token_revoked(client_id=client.client_id, grant_id=result.grant_id, kind="refresh")
+        elif isinstance(result, RevokedAccess):
+            events.token_revoked(client_id=client.client_id, grant_id=result.grant_id, kind="access")

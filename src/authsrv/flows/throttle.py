@@ -1,8 +1,10 @@
 """
 Login throttling (DESIGN.md, Limits): failures are counted per account and
 per client address in a sliding window; past the limit, attempts are refused
-before any password is checked. Kept in process memory: a per-instance limit
-still bounds guessing, and losing it on restart costs an attacker little.
+before any password is checked. This implementation of
+L{authsrv.interfaces.ILoginThrottle} keeps the counts in process memory: a
+per-instance limit still bounds guessing, and losing it on restart costs an
+attacker little.
 """
 
 from __future__ import annotations
@@ -10,6 +12,11 @@ from __future__ import annotations
 import math
 import unicodedata
 from collections import OrderedDict, deque
+
+from twisted.internet.defer import succeed
+from zope.interface import implementer
+
+from authsrv.interfaces import ILoginThrottle
 
 ACCOUNT_FAILURES = 5
 ADDRESS_FAILURES = 20
@@ -23,7 +30,8 @@ def account_key(login: str) -> str:
     return "account:" + unicodedata.normalize("NFC", login).casefold()
 
 
-class LoginThrottle:
+@implementer(ILoginThrottle)
+class MemoryLoginThrottle:
     """Failure timestamps per key, with the times given by the caller."""
 
     def __init__(self, account_failures=ACCOUNT_FAILURES, address_failures=ADDRESS_FAILURES, window=WINDOW):
@@ -47,16 +55,15 @@ class LoginThrottle:
             ("address:" + address, self._limits["address"]),
         ]
 
-    def retry_after(self, login: str, address: str, now: float) -> int | None:
-        """Seconds until another attempt is allowed, or None when it is allowed now."""
+    def retry_after(self, login: str, address: str, now: float):
         waits = [
             max(1, math.ceil(failures[0] + self._window - now))
             for key, limit in self._keys(login, address)
             if len(failures := self._recent(key, now)) >= limit
         ]
-        return max(waits) if waits else None
+        return succeed(max(waits) if waits else None)
 
-    def failed(self, login: str, address: str, now: float) -> None:
+    def failed(self, login: str, address: str, now: float):
         for key, _ in self._keys(login, address):
             failures = self._recent(key, now)
             self._failures[key] = failures
@@ -64,7 +71,8 @@ class LoginThrottle:
             failures.append(now)
         while len(self._failures) > MAX_KEYS:
             self._failures.popitem(last=False)
+        return succeed(None)
 
-    def succeeded(self, login: str) -> None:
-        """A correct password clears the account's count; the address keeps its own."""
+    def succeeded(self, login: str, address: str, now: float):
         self._failures.pop(account_key(login), None)
+        return succeed(None)

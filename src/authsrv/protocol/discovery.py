@@ -29,15 +29,15 @@ def endpoints(issuer: str) -> dict[str, str]:
     }
 
 
-def authorization_server_metadata(issuer: str, algorithms: tuple[str, ...]) -> dict:
-    """RFC 8414 metadata; the OIDC document extends it."""
+def authorization_server_metadata(issuer: str, algorithms: tuple[str, ...], grant_types: tuple[str, ...]) -> dict:
+    """RFC 8414 metadata; the OIDC document extends it. C{grant_types} are the token endpoint's."""
     return {
         "issuer": issuer,
         **endpoints(issuer),
         "scopes_supported": list(SCOPES),
         "response_types_supported": ["code"],
         "response_modes_supported": ["query"],
-        "grant_types_supported": ["authorization_code", "refresh_token"],
+        "grant_types_supported": list(grant_types),
         "code_challenge_methods_supported": ["S256"],
         "token_endpoint_auth_methods_supported": [*CLIENT_AUTH_METHODS, "none"],
         "revocation_endpoint_auth_methods_supported": [*CLIENT_AUTH_METHODS, "none"],
@@ -47,10 +47,10 @@ def authorization_server_metadata(issuer: str, algorithms: tuple[str, ...]) -> d
     }
 
 
-def openid_configuration(issuer: str, algorithms: tuple[str, ...]) -> dict:
+def openid_configuration(issuer: str, algorithms: tuple[str, ...], grant_types: tuple[str, ...]) -> dict:
     """The OIDC discovery document."""
     return {
-        **authorization_server_metadata(issuer, algorithms),
+        **authorization_server_metadata(issuer, algorithms, grant_types),
         "subject_types_supported": ["public"],
         "claims_supported": list(CLAIMS),
         "prompt_values_supported": ["none", "login", "consent"],

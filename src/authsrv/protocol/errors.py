@@ -99,3 +99,17 @@ class InsufficientScope(OAuthError):
 
     error = "insufficient_scope"
     status = 403
+
+
+class PageError(Exception):
+    """
+    A refusal shown to the person in the browser as a page, never sent to a
+    client: an unknown client or redirect URI, an expired form, a forged
+    logout hint. C{title} heads the page, C{message} says what to do.
+    """
+
+    def __init__(self, status: int, title: str, message: str):
+        super().__init__(message)
+        self.status = status
+        self.title = title
+        self.message = message

@@ -5,16 +5,34 @@ the issuer is https, scoped to the issuer's path.
 
 from __future__ import annotations
 
+from authsrv.flows.outcomes import Browser, CookieChanges
+
 SESSION_COOKIE = b"authsrv_session"
 DEVICE_COOKIE = b"authsrv_device"
+DEVICE_COOKIE_TTL = 400 * 86400
+"""The longest cookie life browsers keep; the device cookie only binds forms to this browser."""
 
 
 class Cookies:
     """Reads and writes the service's cookies for one issuer."""
 
-    def __init__(self, *, path: str, secure: bool):
+    def __init__(self, *, path: str, secure: bool, session_ttl: int = 0):
         self._path = path.encode()
         self._secure = secure
+        self._session_ttl = session_ttl
+
+    def browser(self, request) -> Browser:
+        """The service's cookies this request carries."""
+        return Browser(session=self.get(request, SESSION_COOKIE), device=self.get(request, DEVICE_COOKIE))
+
+    def apply(self, request, changes: CookieChanges) -> None:
+        """Set what a flow's answer asks for."""
+        if changes.end_session:
+            self.clear(request, SESSION_COOKIE)
+        if changes.session is not None:
+            self.set(request, SESSION_COOKIE, changes.session, self._session_ttl)
+        if changes.device is not None:
+            self.set(request, DEVICE_COOKIE, changes.device, DEVICE_COOKIE_TTL)
 
     def get(self, request, name: bytes) -> str | None:
         value = request.getCookie(name)

@@ -7,19 +7,8 @@ from __future__ import annotations
 
 from twisted.web.template import tags
 
+from authsrv.flows.outcomes import ConsentForm, LoginForm
 from authsrv.web.pages import render_page
-
-INCORRECT = "The username or password is incorrect."
-MISSING = "Enter your username and password."
-UNAVAILABLE = "Signing in is not possible right now; please try again later."
-FORM_EXPIRED = "This form expired or was not sent by this site; start again from the application."
-TOO_LONG = "The sign-in took too long and has expired; start again from the application."
-SIGNED_OUT = "You are no longer signed in; start again from the application."
-
-
-def too_many_attempts(retry_after: int) -> str:
-    minutes = max(1, -(-retry_after // 60))
-    return f"Too many attempts; try again in {minutes} minute{'s' if minutes != 1 else ''}."
 
 
 def scope_words(scope: str, client_name: str) -> str:
@@ -40,41 +29,42 @@ def _hidden(request_id: str, csrf: str):
     )
 
 
-def login_page(request, status: int, *, action: str, client_name: str, request_id: str, csrf: str,
-               username: str = "", message: str | None = None) -> bytes:
-    """The sign-in form; C{message} says why it is shown again."""
+def login_page(request, action: str, form: LoginForm) -> bytes:
+    """The sign-in form; its C{message} says why it is shown again."""
+    if form.retry_after is not None:
+        request.setHeader(b"retry-after", str(form.retry_after).encode())
     return render_page(
         request,
-        status,
+        form.status,
         "Sign in",
-        tags.p("to continue to ", tags.strong(client_name)),
-        *([tags.p(class_="error", role="alert")(message)] if message else []),
+        tags.p("to continue to ", tags.strong(form.client_name)),
+        *([tags.p(class_="error", role="alert")(form.message)] if form.message else []),
         tags.form(method="post", action=action)(
             tags.label(for_="username")("Username"),
-            tags.input(type="text", id="username", name="username", value=username, required="",
+            tags.input(type="text", id="username", name="username", value=form.username, required="",
                        autocomplete="username", autocapitalize="none", spellcheck="false",
                        autofocus=""),
             tags.label(for_="password")("Password"),
             tags.input(type="password", id="password", name="password", required="",
                        autocomplete="current-password"),
-            *_hidden(request_id, csrf),
+            *_hidden(form.interaction_id, form.csrf),
             tags.button(type="submit", class_="primary")("Sign in"),
         ),
     )
 
 
-def consent_page(request, status: int, *, action: str, client_name: str, user_label: str,
-                 scope: tuple[str, ...], request_id: str, csrf: str) -> bytes:
+def consent_page(request, action: str, form: ConsentForm) -> bytes:
     """Names the client and what it asks for, with approve and deny buttons."""
+    name = form.client_name
     return render_page(
         request,
-        status,
-        f"Allow {client_name}?",
-        tags.p(tags.strong(client_name), " asks for:"),
-        tags.ul(*[tags.li(scope_words(s, client_name)) for s in scope]),
-        tags.p(tags.small("Signed in as ", user_label)),
+        200,
+        f"Allow {name}?",
+        tags.p(tags.strong(name), " asks for:"),
+        tags.ul(*[tags.li(scope_words(s, name)) for s in form.scope]),
+        tags.p(tags.small("Signed in as ", form.user_label)),
         tags.form(method="post", action=action)(
-            *_hidden(request_id, csrf),
+            *_hidden(form.interaction_id, form.csrf),
             tags.div(class_="row")(
                 tags.button(type="submit", name="action", value="approve", class_="primary")("Allow"),
                 tags.button(type="submit", name="action", value="deny")("Deny"),

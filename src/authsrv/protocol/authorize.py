@@ -1,20 +1,16 @@
 """
 The authorization request (RFC 6749 section 4.1.1, RFC 7636, RFC 8707, OIDC
-Core 3.1.2.1): validated in the order that decides whether an error may go
-back to the client at all, then what the user must do before a code is
-issued, and the issuing of that code.
+Core 3.1.2.1): its parameters validated in the order that decides whether
+an error may go back to the client at all, what the user must do before a
+code is issued, and where errors and codes are sent.
 
-Nothing here knows HTTP: values in, values (or a redirect URI) out.
+Pure: request arguments and records in, values or errors out.
 """
 
 from __future__ import annotations
 
-import json
-from urllib.parse import urlencode, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
-from attrs import frozen
-
-from authsrv import events
 from authsrv.protocol import pkce
 from authsrv.protocol.clients import CLIENT_ID_MAX
 from authsrv.protocol.discovery import SCOPES
@@ -25,27 +21,19 @@ from authsrv.protocol.errors import (
     InvalidTarget,
     LoginRequired,
     OAuthError,
+    PageError,
     RequestNotSupported,
     RequestUriNotSupported,
     UnsupportedResponseType,
 )
 from authsrv.protocol.params import MAX_PARAM_LENGTH, single_params
-from authsrv.records import AuthorizationCode, BrowserSession, Client, Grant
-from authsrv.tokens import new_token, token_hash
+from authsrv.protocol.scope import parse_scope
+from authsrv.protocol.urls import with_query
+from authsrv.records import AuthorizationRequest, BrowserSession, Client
 
 PROMPTS = frozenset({"none", "login", "consent"})
 MAX_AGE_DIGITS = 10
-
-
-class UnsafeRedirect(Exception):
-    """
-    The client or redirect URI cannot be trusted, so the error is shown to
-    the user and never sent anywhere (RFC 6749 section 4.1.2.1).
-    """
-
-    def __init__(self, message: str):
-        super().__init__(message)
-        self.message = message
+UNSAFE_TITLE = "Sign-in cannot continue"
 
 
 class AuthorizeError(Exception):
@@ -58,59 +46,15 @@ class AuthorizeError(Exception):
         self.state = state
 
 
-@frozen
-class AuthorizationRequest:
-    """A validated request: everything a code will be bound to."""
-
-    client_id: str
-    redirect_uri: str
-    scope: tuple[str, ...]
-    state: str
-    code_challenge: str
-    nonce: str | None = None
-    resources: tuple[str, ...] = ()
-    prompt: frozenset[str] = frozenset()
-    max_age: int | None = None
-    login_hint: str | None = None
-
-    def to_params(self) -> dict[str, str]:
-        """The request as the text map a pending authorization keeps."""
-        params = {
-            "client_id": self.client_id,
-            "redirect_uri": self.redirect_uri,
-            "scope": " ".join(self.scope),
-            "state": self.state,
-            "code_challenge": self.code_challenge,
-            "resource": json.dumps(list(self.resources)),
-            "prompt": " ".join(sorted(self.prompt)),
-        }
-        if self.nonce is not None:
-            params["nonce"] = self.nonce
-        if self.max_age is not None:
-            params["max_age"] = str(self.max_age)
-        if self.login_hint is not None:
-            params["login_hint"] = self.login_hint
-        return params
-
-    @classmethod
-    def from_params(cls, params) -> "AuthorizationRequest":
-        """The inverse of L{to_params}, for values this module wrote."""
-        max_age = params.get("max_age")
-        return cls(
-            client_id=params["client_id"],
-            redirect_uri=params["redirect_uri"],
-            scope=tuple(params["scope"].split()),
-            state=params["state"],
-            code_challenge=params["code_challenge"],
-            nonce=params.get("nonce"),
-            resources=tuple(json.loads(params["resource"])),
-            prompt=frozenset(params["prompt"].split()),
-            max_age=None if max_age is None else int(max_age),
-            login_hint=params.get("login_hint"),
-        )
+def unsafe(message: str) -> PageError:
+    """
+    The client or redirect URI cannot be trusted, so the error is shown to
+    the user and never sent anywhere (RFC 6749 section 4.1.2.1).
+    """
+    return PageError(400, UNSAFE_TITLE, message)
 
 
-def _one(args: dict[bytes, list[bytes]], name: bytes) -> str | None:
+def one_param(args: dict[bytes, list[bytes]], name: bytes) -> str | None:
     """A parameter sent exactly once as sane UTF-8 text, else None."""
     values = [v for v in args.get(name, ()) if v]
     if len(values) != 1 or len(values[0]) > MAX_PARAM_LENGTH or b"\x00" in values[0]:
@@ -121,24 +65,27 @@ def _one(args: dict[bytes, list[bytes]], name: bytes) -> str | None:
         return None
 
 
-async def trusted_client(clients, args: dict[bytes, list[bytes]]) -> tuple[Client, str]:
-    """
-    The client and its redirect URI, or L{UnsafeRedirect}: the client must
-    exist and the URI must be one it registered, compared exactly (RFC 9700
-    section 4.1.3), each parameter sent once.
-    """
-    client_id = _one(args, b"client_id")
+def client_id_of(args: dict[bytes, list[bytes]]) -> str | None:
+    """The client_id to look up, or L{PageError}; None when it is too long to be any client's."""
+    client_id = one_param(args, b"client_id")
     if client_id is None:
-        raise UnsafeRedirect("The application did not say who it is (client_id is missing or repeated).")
-    client = await clients.get_client(client_id) if len(client_id) <= CLIENT_ID_MAX else None
+        raise unsafe("The application did not say who it is (client_id is missing or repeated).")
+    return client_id if len(client_id) <= CLIENT_ID_MAX else None
+
+
+def trusted_redirect(client: Client | None, args: dict[bytes, list[bytes]]) -> str:
+    """
+    The redirect URI, or L{PageError}: the client must exist and the URI must
+    be one it registered, compared exactly (RFC 9700 section 4.1.3).
+    """
     if client is None:
-        raise UnsafeRedirect("The application that sent you here is not known to this service.")
-    redirect_uri = _one(args, b"redirect_uri")
+        raise unsafe("The application that sent you here is not known to this service.")
+    redirect_uri = one_param(args, b"redirect_uri")
     if redirect_uri is None:
-        raise UnsafeRedirect("The application did not say where to return to (redirect_uri is missing or repeated).")
+        raise unsafe("The application did not say where to return to (redirect_uri is missing or repeated).")
     if redirect_uri not in client.redirect_uris:
-        raise UnsafeRedirect("The application asked to return to an address it has not registered.")
-    return client, redirect_uri
+        raise unsafe("The application asked to return to an address it has not registered.")
+    return redirect_uri
 
 
 def _resources(client: Client, args: dict[bytes, list[bytes]]) -> tuple[str, ...]:
@@ -165,10 +112,10 @@ def _scope(params: dict[str, str]) -> tuple[str, ...]:
     scope = params.get("scope")
     if scope is None:
         raise InvalidRequest("parameter scope is required")
-    requested = [s for s in scope.split(" ") if s]
+    requested = parse_scope(scope)
     if not requested:
         raise InvalidScope("scope is empty; use space-separated values of " + ", ".join(SCOPES))
-    unknown = [s for s in requested if s not in SCOPES]
+    unknown = sorted(requested - frozenset(SCOPES))
     if unknown:
         raise InvalidScope(f"unknown scope {unknown[0]!r}; use {', '.join(SCOPES)}")
     return tuple(s for s in SCOPES if s in requested)
@@ -214,11 +161,10 @@ def _validate(client: Client, redirect_uri: str, params: dict[str, str], args) -
     challenge = params.get("code_challenge")
     if challenge is None or not pkce.valid_challenge(challenge):
         raise InvalidRequest("code_challenge must be the base64url SHA-256 of the verifier (43 characters)")
-    scope = _scope(params)
     return AuthorizationRequest(
         client_id=client.client_id,
         redirect_uri=redirect_uri,
-        scope=scope,
+        scope=_scope(params),
         state=state,
         code_challenge=challenge,
         nonce=params.get("nonce"),
@@ -229,19 +175,20 @@ def _validate(client: Client, redirect_uri: str, params: dict[str, str], args) -
     )
 
 
-async def read_request(clients, args: dict[bytes, list[bytes]]) -> tuple[Client, AuthorizationRequest]:
+def parse_request(client: Client | None, args: dict[bytes, list[bytes]]) -> AuthorizationRequest:
     """
-    Validate raw request arguments (C{request.args}); raises L{UnsafeRedirect}
-    or L{AuthorizeError}. C{resource} may repeat (RFC 8707); any other
-    repeated parameter is invalid_request. Unknown parameters are ignored.
+    Validate raw request arguments for the client their client_id named;
+    raises L{PageError} or L{AuthorizeError}. C{resource} may repeat (RFC
+    8707); any other repeated parameter is invalid_request. Unknown
+    parameters are ignored.
     """
-    client, redirect_uri = await trusted_client(clients, args)
+    redirect_uri = trusted_redirect(client, args)
     try:
         params = single_params({k: v for k, v in args.items() if k != b"resource"})
     except InvalidRequest as e:
-        raise AuthorizeError(e, redirect_uri, _one(args, b"state")) from None
+        raise AuthorizeError(e, redirect_uri, one_param(args, b"state")) from None
     try:
-        return client, _validate(client, redirect_uri, params, args)
+        return _validate(client, redirect_uri, params, args)
     except OAuthError as e:
         raise AuthorizeError(e, redirect_uri, params.get("state")) from None
 
@@ -275,14 +222,6 @@ def refuse_silently(request: AuthorizationRequest, *, login: bool, consent: bool
         raise AuthorizeError(ConsentRequired("the user must consent"), request.redirect_uri, request.state)
 
 
-def with_query(uri: str, params: dict[str, str]) -> str:
-    """C{uri} with C{params} appended, keeping the query it already has."""
-    parts = urlsplit(uri)
-    extra = urlencode(params)
-    query = f"{parts.query}&{extra}" if parts.query else extra
-    return urlunsplit(parts._replace(query=query))
-
-
 def error_location(issuer: str, redirect_uri: str, state: str | None, error: OAuthError) -> str:
     """Where an error is sent: RFC 6749 section 4.1.2.1 plus iss (RFC 9207)."""
     params = {"error": error.error, "error_description": error.description}
@@ -292,44 +231,6 @@ def error_location(issuer: str, redirect_uri: str, state: str | None, error: OAu
     return with_query(redirect_uri, params)
 
 
-async def issue_code(store, limits, issuer: str, request: AuthorizationRequest, session: BrowserSession,
-                     now: int) -> str:
-    """
-    Store a new code with the grant it will start, bound to everything the
-    request said and to the session's authentication; returns the redirect
-    URI carrying code, state and iss. The code itself is never stored or logged.
-    """
-    code = new_token()
-    grant_id = new_token(16)
-    scope = frozenset(request.scope)
-    await store.save_code(
-        AuthorizationCode(
-            code_hash=token_hash(code),
-            grant_id=grant_id,
-            client_id=request.client_id,
-            sub=session.sub,
-            redirect_uri=request.redirect_uri,
-            scope=scope,
-            code_challenge=request.code_challenge,
-            code_challenge_method="S256",
-            nonce=request.nonce,
-            resource=request.resources,
-            auth_time=session.auth_time,
-            sid=session.sid,
-            issued_at=now,
-            expires_at=now + limits.code_ttl,
-        ),
-        Grant(
-            grant_id=grant_id,
-            client_id=request.client_id,
-            sub=session.sub,
-            scope=scope,
-            resource=request.resources,
-            auth_time=session.auth_time,
-            sid=session.sid,
-            created_at=now,
-            expires_at=now + limits.refresh_token_absolute_ttl,
-        ),
-    )
-    events.code_issued(sub=session.sub, client_id=request.client_id, grant_id=grant_id)
+def code_location(issuer: str, request: AuthorizationRequest, code: str) -> str:
+    """Where a code is sent: with state and iss (RFC 9207)."""
     return with_query(request.redirect_uri, {"code": code, "state": request.state, "iss": issuer})

@@ -1,0 +1,74 @@
+"""
+grant_type=authorization_code (RFC 6749 section 4.1.3, RFC 7636): the code
+is consumed before it is checked, so that every attempt, failed or not,
+uses it up; a failed one also revokes the grant it would have started, and
+a second redemption revokes whatever the first one issued (DESIGN.md,
+Authorization codes). The one atomic store step is C{consume_code}.
+"""
+
+from __future__ import annotations
+
+from authsrv import events
+from authsrv.flows.grants.users import audience
+from authsrv.flows.issue import issued_event
+from authsrv.protocol import pkce
+from authsrv.protocol.errors import InvalidGrant, OAuthError
+from authsrv.protocol.params import require
+from authsrv.records import AuthorizationCode, Client, CodeNotFound, CodeReused
+from authsrv.tokens import token_hash
+
+
+def _check_code(code: AuthorizationCode, client: Client, redirect_uri: str, verifier: str) -> None:
+    if code.client_id != client.client_id:
+        raise InvalidGrant("the authorization code was issued to another client")
+    if code.redirect_uri != redirect_uri:
+        raise InvalidGrant("redirect_uri differs from the one of the authorization request")
+    if not pkce.verify(verifier, code.code_challenge):
+        raise InvalidGrant("code_verifier does not match the code_challenge of the authorization request")
+
+
+class AuthorizationCodeGrant:
+    """C{users} is a L{GrantUsers}, C{minter} a L{authsrv.flows.issue.TokenMinter}."""
+
+    grant_type = "authorization_code"
+
+    def __init__(self, *, store, users, minter):
+        self._store = store
+        self._users = users
+        self._minter = minter
+
+    async def exchange(self, client: Client, params: dict[str, str], now: int) -> dict:
+        store = self._store
+        value = require(params, "code")
+        redirect_uri = require(params, "redirect_uri")
+        verifier = require(params, "code_verifier")
+        result = await store.consume_code(token_hash(value), now)
+        if isinstance(result, CodeReused):
+            await store.revoke_grant(result.grant_id, now)
+            events.code_reused(client_id=client.client_id, grant_id=result.grant_id)
+            raise InvalidGrant("the authorization code was already used; the tokens issued for it are revoked")
+        if isinstance(result, CodeNotFound):
+            raise InvalidGrant("the authorization code is unknown or expired")
+        code = result.code
+        try:
+            _check_code(code, client, redirect_uri, verifier)
+            granted_audience = audience(params, code.resource)
+        except OAuthError:
+            await store.revoke_grant(code.grant_id, now)
+            raise
+        user = await self._users.allowed(code.grant_id, code.sub, client.client_id, now)
+        grant = await store.get_grant(code.grant_id)
+        if grant is None:
+            raise InvalidGrant("the authorization code is unknown or expired")
+        offline = "offline_access" in code.scope and "refresh_token" in client.grant_types
+        issued = self._minter.mint(
+            grant, client.client_id, user,
+            scope=code.scope,
+            audience=granted_audience,
+            nonce=code.nonce,
+            refresh_scope=code.scope if offline else None,
+            now=now,
+        )
+        await store.issue_tokens(issued.access, issued.refresh)
+        issued_event(issued, client.client_id, self.grant_type)
+        return issued.response

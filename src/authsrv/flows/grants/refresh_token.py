@@ -1,0 +1,71 @@
+"""
+grant_type=refresh_token (RFC 6749 section 6, DESIGN.md Refresh tokens):
+the user is asked for again and ban-checked, then one compare-and-swap in
+the store decides between a new pair, the same pair again (the client lost
+the answer inside the grace window), and reuse (the family is revoked).
+"""
+
+from __future__ import annotations
+
+from authsrv import events
+from authsrv.flows.grants.users import audience
+from authsrv.flows.issue import issued_event
+from authsrv.protocol.errors import InvalidGrant, InvalidScope
+from authsrv.protocol.params import require
+from authsrv.protocol.replay import seal, unseal
+from authsrv.protocol.scope import parse_scope
+from authsrv.records import Client, Replayed, Reused, Rotated
+from authsrv.tokens import token_hash
+
+UNKNOWN = "the refresh token is unknown, expired, revoked or was issued to another client"
+
+
+class RefreshTokenGrant:
+    """C{grace} is the replay window in seconds."""
+
+    grant_type = "refresh_token"
+
+    def __init__(self, *, store, users, minter, grace: int):
+        self._store = store
+        self._users = users
+        self._minter = minter
+        self._grace = grace
+
+    async def exchange(self, client: Client, params: dict[str, str], now: int) -> dict:
+        store = self._store
+        presented = require(params, "refresh_token")
+        old = await store.get_refresh_token(token_hash(presented))
+        if old is None or old.client_id != client.client_id or old.revoked or old.expires_at <= now:
+            raise InvalidGrant(UNKNOWN)
+        scope = old.scope
+        if "scope" in params:
+            scope = parse_scope(params["scope"]) or old.scope
+            if not scope <= old.scope:
+                raise InvalidScope("a refresh may narrow the granted scope but never widen it")
+        user = await self._users.allowed(old.grant_id, old.sub, client.client_id, now, ban=old.user_ban)
+        grant = await store.get_grant(old.grant_id)
+        if grant is None:
+            raise InvalidGrant(UNKNOWN)
+        issued = self._minter.mint(
+            grant, client.client_id, user,
+            scope=scope,
+            audience=audience(params, grant.resource),
+            nonce=None,
+            refresh_scope=old.scope,
+            now=now,
+        )
+        result = await store.rotate_refresh(
+            old.token_hash, issued.refresh, issued.access, seal(issued.response, presented),
+            now + self._grace, now,
+        )
+        if isinstance(result, Rotated):
+            issued_event(issued, client.client_id, self.grant_type)
+            return issued.response
+        if isinstance(result, Replayed):
+            response = unseal(result.replay, presented)
+            if response is not None:
+                return response
+        elif isinstance(result, Reused):
+            events.refresh_reused(client_id=client.client_id, grant_id=result.grant_id)
+            raise InvalidGrant("the refresh token was already used; every token of its grant is revoked")
+        raise InvalidGrant(UNKNOWN)

@@ -1,0 +1,42 @@
+"""
+The user a grant is for, asked for again at every token request: a user
+who is gone, disabled or banned ends the grant instead (DESIGN.md, Bans).
+"""
+
+from __future__ import annotations
+
+from authsrv import events
+from authsrv.flows.standing import standing
+from authsrv.protocol.errors import InvalidGrant, InvalidTarget
+from authsrv.records import User
+
+
+class GrantUsers:
+    """C{claims} is an L{authsrv.flows.claims.ClaimsSource}."""
+
+    def __init__(self, *, store, identity, claims):
+        self._store = store
+        self._identity = identity
+        self._claims = claims
+
+    async def allowed(self, grant_id: str, sub: str, client_id: str, now: int, **ban) -> User:
+        """
+        The user as tokens describe them, or L{InvalidGrant} after revoking
+        the grant. C{ban=} passes a ban record a token lookup already read.
+        """
+        state = await standing(self._identity, self._store, sub, now, **ban)
+        if not state.allowed:
+            if await self._store.revoke_grant(grant_id, now):
+                events.grant_revoked(sub=sub, client_id=client_id, grant_id=grant_id, reason="user not allowed")
+            raise InvalidGrant("the user may no longer use this service")
+        return await self._claims.user(state.user)
+
+
+def audience(params: dict[str, str], granted: tuple[str, ...]) -> tuple[str, ...]:
+    """The access token's audience: what the grant allows, or one of it (RFC 8707 section 2.2)."""
+    resource = params.get("resource")
+    if resource is None:
+        return granted
+    if resource not in granted:
+        raise InvalidTarget("resource was not granted in the authorization request")
+    return (resource,)

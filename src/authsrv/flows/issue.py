@@ -1,0 +1,92 @@
+"""
+Minting the tokens of a grant, in one place for every grant type: an opaque
+access token or an RFC 9068 JWT when it has an audience, a refresh token
+when asked for, an ID token when the scope has openid. The grant handlers
+decide what to mint and store it; nothing here touches the store.
+"""
+
+from __future__ import annotations
+
+from attrs import frozen
+
+from authsrv import events
+from authsrv.protocol.jwt_access import ACCESS_TOKEN_TYPE, access_token_claims
+from authsrv.protocol.oidc import ID_TOKEN_TYPE, id_token_claims
+from authsrv.protocol.scope import scope_text
+from authsrv.records import AccessToken, Grant, RefreshToken, User
+from authsrv.tokens import fingerprint, new_token, token_hash
+
+SIGNING_ALG = "RS256"
+
+
+@frozen
+class Issued:
+    """A token response and the records that make its tokens live."""
+
+    response: dict
+    access: AccessToken
+    refresh: RefreshToken | None
+
+
+class TokenMinter:
+    """C{limits} gives the token lifetimes; C{keystore} signs."""
+
+    def __init__(self, *, keystore, issuer: str, limits):
+        self._keystore = keystore
+        self._issuer = issuer
+        self._limits = limits
+
+    def mint(
+        self, grant: Grant, client_id: str, user: User, *,
+        scope: frozenset[str], audience: tuple[str, ...], nonce: str | None,
+        refresh_scope: frozenset[str] | None, now: int,
+    ) -> Issued:
+        """
+        New tokens of C{grant}; a refresh token of C{refresh_scope} unless
+        None, living the idle time but never past the grant's absolute end.
+        """
+        limits = self._limits
+        jti = None
+        if audience:
+            jti = new_token(16)
+            claims = access_token_claims(
+                issuer=self._issuer, sub=grant.sub, client_id=client_id, audience=audience, scope=scope,
+                auth_time=grant.auth_time, jti=jti, now=now, ttl=limits.access_token_ttl,
+            )
+            access_value = self._keystore.sign(claims, alg=SIGNING_ALG, typ=ACCESS_TOKEN_TYPE)
+        else:
+            access_value = new_token()
+        access = AccessToken(
+            token_hash=token_hash(access_value), grant_id=grant.grant_id, client_id=client_id, sub=grant.sub,
+            scope=scope, audience=audience, jti=jti, issued_at=now, expires_at=now + limits.access_token_ttl,
+        )
+        response = {
+            "access_token": access_value,
+            "token_type": "Bearer",
+            "expires_in": limits.access_token_ttl,
+            "scope": scope_text(scope),
+        }
+        refresh_token = None
+        if refresh_scope is not None:
+            refresh_value = new_token()
+            refresh_token = RefreshToken(
+                token_hash=token_hash(refresh_value), grant_id=grant.grant_id, client_id=client_id, sub=grant.sub,
+                scope=refresh_scope, issued_at=now,
+                expires_at=min(now + limits.refresh_token_idle_ttl, grant.expires_at),
+            )
+            response["refresh_token"] = refresh_value
+        if "openid" in scope:
+            claims = id_token_claims(
+                issuer=self._issuer, client_id=client_id, user=user, scope=scope, auth_time=grant.auth_time,
+                sid=grant.sid, nonce=nonce, access_token=access_value, now=now, ttl=limits.id_token_ttl,
+                alg=SIGNING_ALG,
+            )
+            response["id_token"] = self._keystore.sign(claims, alg=SIGNING_ALG, typ=ID_TOKEN_TYPE)
+        return Issued(response, access, refresh_token)
+
+
+def issued_event(issued: Issued, client_id: str, grant_type: str) -> None:
+    events.token_issued(
+        sub=issued.access.sub, client_id=client_id, grant_id=issued.access.grant_id, grant_type=grant_type,
+        token_fp=fingerprint(issued.response["access_token"]),
+    )

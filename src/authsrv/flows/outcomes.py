@@ -1,0 +1,68 @@
+"""
+What the browser-facing flows answer, as values: the web layer renders each
+one (a redirect, a form, a notice) and sets the cookies it names, and
+decides nothing itself. Refusals are L{authsrv.protocol.errors.PageError}.
+"""
+
+from __future__ import annotations
+
+from attrs import frozen
+
+
+@frozen
+class Browser:
+    """The service's cookies a browser sent: the session and the device secret."""
+
+    session: str | None = None
+    device: str | None = None
+
+
+@frozen
+class CookieChanges:
+    """
+    Cookies to set with the answer: a new session cookie value (or
+    C{end_session} to clear it) and a new device secret.
+    """
+
+    session: str | None = None
+    end_session: bool = False
+    device: str | None = None
+
+
+@frozen
+class Redirect:
+    location: str
+    status: int = 302
+    cookies: CookieChanges = CookieChanges()
+
+
+@frozen
+class LoginForm:
+    """The sign-in form; C{message} says why it is shown again, C{retry_after} when throttled."""
+
+    status: int
+    client_name: str
+    interaction_id: str
+    csrf: str
+    username: str = ""
+    message: str | None = None
+    retry_after: int | None = None
+
+
+@frozen
+class ConsentForm:
+    client_name: str
+    user_label: str
+    scope: tuple[str, ...]
+    interaction_id: str
+    csrf: str
+
+
+@frozen
+class Notice:
+    """A page that tells the user something and offers nothing to do."""
+
+    status: int
+    title: str
+    message: str
+    cookies: CookieChanges = CookieChanges()

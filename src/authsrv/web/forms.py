@@ -1,0 +1,51 @@
+"""
+Reading request parameters for the flows: back-channel forms strictly,
+browser forms leniently (a broken form is the flow's expired-form page).
+"""
+
+from __future__ import annotations
+
+from twisted.web.http import parse_qs
+
+from authsrv.protocol.errors import InvalidRequest
+from authsrv.protocol.params import single_params
+
+FORM = b"application/x-www-form-urlencoded"
+
+
+def is_form(request) -> bool:
+    content_type = request.getHeader(b"content-type") or b""
+    return content_type.split(b";", 1)[0].strip().lower() == FORM
+
+
+def form_params(request) -> dict[str, str]:
+    """
+    The parameters of a back-channel POST, from a form body only: a query
+    string would leave credentials and tokens in logs (OAuth 2.1 section 3.2).
+    """
+    if not is_form(request):
+        raise InvalidRequest("send the parameters as an application/x-www-form-urlencoded body")
+    if b"?" in request.uri:
+        raise InvalidRequest("send the parameters in the request body, not in the query string")
+    return single_params(request.args)
+
+
+def page_form(request) -> dict[str, str] | None:
+    """A browser form's fields, or None when they cannot be read (repeated, not UTF-8, too long)."""
+    try:
+        return single_params(request.args)
+    except InvalidRequest:
+        return None
+
+
+def userinfo_form_token(request) -> str | None:
+    """
+    The access token of a UserInfo form body (RFC 6750 section 2.2); one in
+    the URL is refused, since URLs end up in logs (section 2.3).
+    """
+    query = request.uri.partition(b"?")[2]
+    if query and b"access_token" in parse_qs(query):
+        raise InvalidRequest("send the access token in the Authorization header, not in the URL")
+    if request.method == b"POST" and is_form(request):
+        return single_params(request.args).get("access_token")
+    return None

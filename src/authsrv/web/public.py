@@ -1,0 +1,312 @@
+"""
+The public site: every endpoint relying parties and browsers reach, as one
+Klein object built with the flows it hands work to. Routes read the
+request, call one flow and render its answer; flows decide. Failures render
+in one place each: L{OAuthError} as RFC 6749 JSON, L{PageError} as a page,
+an outage as 503 in the shape the caller reads.
+
+Token, revocation and UserInfo allow any origin: single-page apps call them
+from the browser, and none of them relies on a cookie, so CORS grants a page
+nothing its client credentials or bearer token would not. Introspection is
+for servers only.
+"""
+
+from __future__ import annotations
+
+from klein import Klein
+from twisted.logger import Logger
+from twisted.web.template import tags
+from werkzeug.exceptions import MethodNotAllowed, NotFound
+
+from authsrv.config import ISSUER_PATH
+from authsrv.flows.link import unlink_token, unlink_token_valid
+from authsrv.flows.outcomes import Notice, Redirect
+from authsrv.identity.errors import BackendUnavailable
+from authsrv.protocol.bearer import bearer_token
+from authsrv.protocol.errors import InvalidRequest, OAuthError, PageError, TemporarilyUnavailable
+from authsrv.protocol.params import single_params
+from authsrv.store.errors import StoreUnavailable
+from authsrv.web.forms import form_params, page_form, userinfo_form_token
+from authsrv.web.headers import allow_any_origin, json_body, oauth_error
+from authsrv.web.interaction_pages import consent_page, login_page
+from authsrv.web.pages import error_page, render_page
+
+READINESS_TIMEOUT = 2.0
+RETRY_AFTER = b"5"
+JSON_ENDPOINTS = (b"/oauth2/token", b"/oauth2/userinfo", b"/oauth2/introspect", b"/oauth2/revoke")
+"""Paths whose callers read JSON; every other route that uses the store is a page."""
+LINK_PATH = ISSUER_PATH + "/link/chat"
+
+
+def _cors(request) -> None:
+    allow_any_origin(request)
+    request.setHeader(b"access-control-expose-headers", b"WWW-Authenticate")
+
+
+def _preflight(request, methods: bytes) -> bytes:
+    _cors(request)
+    request.setHeader(b"access-control-allow-methods", methods)
+    request.setHeader(b"access-control-allow-headers", b"Authorization, Content-Type")
+    request.setHeader(b"access-control-max-age", b"86400")
+    request.setResponseCode(204)
+    return b""
+
+
+class PublicSite:
+    """
+    C{flows} has the attributes C{interaction}, C{token}, C{userinfo},
+    C{introspection}, C{revocation}, C{end_session} and C{linking} (None when
+    no chat provider client is configured); C{ping()} checks the store and
+    C{readiness()} returns a start-up problem or None.
+    """
+
+    app = Klein()
+    log = Logger()
+
+    def __init__(self, *, clock, issuer: str, cookies, flows, ping, readiness):
+        self._clock = clock
+        self._issuer = issuer
+        self._cookies = cookies
+        self._flows = flows
+        self._ping = ping
+        self._readiness = readiness
+
+    def resource(self):
+        return self.app.resource()
+
+    def _now(self) -> int:
+        return int(self._clock.seconds())
+
+    def _answer(self, request, outcome: Redirect | Notice) -> bytes:
+        """A browser flow's redirect or notice, with the cookies it sets."""
+        self._cookies.apply(request, outcome.cookies)
+        if isinstance(outcome, Notice):
+            return render_page(request, outcome.status, outcome.title, tags.p(outcome.message))
+        request.setResponseCode(outcome.status)
+        request.setHeader(b"location", outcome.location.encode())
+        request.setHeader(b"cache-control", b"no-store")
+        return b""
+
+    # --- discovery and health ------------------------------------------------
+
+    @app.route("/.well-known/openid-configuration", methods=["GET", "HEAD"])
+    def root_discovery(self, request):
+        """The contract's redirect from the host root to the issuer's document."""
+        allow_any_origin(request)
+        request.setResponseCode(301)
+        request.setHeader(b"location", f"{self._issuer}/.well-known/openid-configuration".encode())
+        request.setHeader(b"cache-control", b"public, max-age=86400")
+        return b""
+
+    @app.route("/healthz", methods=["GET", "HEAD"])
+    def liveness(self, request):
+        """Alive: the process answers HTTP. Nothing else is checked."""
+        request.setHeader(b"cache-control", b"no-store")
+        return json_body(request, 200, {"status": "ok"})
+
+    @app.route("/readyz", methods=["GET", "HEAD"])
+    async def readiness(self, request):
+        """
+        Ready: start-up finished and the store answers within
+        L{READINESS_TIMEOUT} seconds; a load balancer takes the instance out
+        of rotation otherwise.
+        """
+        request.setHeader(b"cache-control", b"no-store")
+        problem = self._readiness()
+        if problem is None:
+            try:
+                await self._ping().addTimeout(READINESS_TIMEOUT, self._clock)
+            except Exception as e:
+                self.log.warn("readiness: store unreachable: {error}", error=str(e) or type(e).__name__)
+                problem = "store unreachable"
+        if problem:
+            return json_body(request, 503, {"status": "unavailable", "reason": problem})
+        return json_body(request, 200, {"status": "ready"})
+
+    # --- the relying parties' back channel -----------------------------------
+
+    @app.route(ISSUER_PATH + "/oauth2/token", methods=["POST"])
+    async def token(self, request):
+        _cors(request)
+        params = form_params(request)
+        response = await self._flows.token.token(request.getHeader(b"authorization"), params, self._now())
+        return json_body(request, 200, response, no_store=True)
+
+    @app.route(ISSUER_PATH + "/oauth2/token", methods=["OPTIONS"])
+    def token_preflight(self, request):
+        return _preflight(request, b"POST, OPTIONS")
+
+    @app.route(ISSUER_PATH + "/oauth2/userinfo", methods=["GET", "POST"])
+    async def userinfo(self, request):
+        _cors(request)
+        access_token = bearer_token(request.getHeader(b"authorization"), userinfo_form_token(request))
+        claims = await self._flows.userinfo.userinfo(access_token, self._now())
+        return json_body(request, 200, claims, no_store=True)
+
+    @app.route(ISSUER_PATH + "/oauth2/userinfo", methods=["OPTIONS"])
+    def userinfo_preflight(self, request):
+        return _preflight(request, b"GET, POST, OPTIONS")
+
+    @app.route(ISSUER_PATH + "/oauth2/introspect", methods=["POST"])
+    async def introspection(self, request):
+        params = form_params(request)
+        answer = await self._flows.introspection.introspect(request.getHeader(b"authorization"), params, self._now())
+        return json_body(request, 200, answer, no_store=True)
+
+    @app.route(ISSUER_PATH + "/oauth2/revoke", methods=["POST"])
+    async def revocation(self, request):
+        _cors(request)
+        params = form_params(request)
+        await self._flows.revocation.revoke(request.getHeader(b"authorization"), params, self._now())
+        request.setHeader(b"cache-control", b"no-store")
+        return b""
+
+    @app.route(ISSUER_PATH + "/oauth2/revoke", methods=["OPTIONS"])
+    def revocation_preflight(self, request):
+        return _preflight(request, b"POST, OPTIONS")
+
+    # --- the browser: authorize, login, consent, end-session ------------------
+
+    @app.route(ISSUER_PATH + "/oauth2/authorize", methods=["GET", "POST"])
+    async def authorize(self, request):
+        """RFC 6749 section 4.1.1 (GET, and POST as OIDC Core 3.1.2.1 allows)."""
+        outcome = await self._flows.interaction.authorize(
+            request.args, self._cookies.browser(request), self._now()
+        )
+        return self._answer(request, outcome)
+
+    @app.route(ISSUER_PATH + "/login", methods=["GET"])
+    async def login(self, request):
+        form = await self._flows.interaction.login_form(page_form(request), self._now())
+        return login_page(request, f"{self._issuer}/login", form)
+
+    @app.route(ISSUER_PATH + "/login", methods=["POST"])
+    async def login_submitted(self, request):
+        address = getattr(request.getClientAddress(), "host", None) or "unknown"
+        outcome = await self._flows.interaction.submit_login(
+            page_form(request), self._cookies.browser(request), address, self._clock.seconds()
+        )
+        if isinstance(outcome, Redirect):
+            return self._answer(request, outcome)
+        return login_page(request, f"{self._issuer}/login", outcome)
+
+    @app.route(ISSUER_PATH + "/consent", methods=["GET"])
+    async def consent(self, request):
+        form = await self._flows.interaction.consent_form(
+            page_form(request), self._cookies.browser(request), self._now()
+        )
+        return consent_page(request, f"{self._issuer}/consent", form)
+
+    @app.route(ISSUER_PATH + "/consent", methods=["POST"])
+    async def consent_submitted(self, request):
+        outcome = await self._flows.interaction.submit_consent(
+            page_form(request), self._cookies.browser(request), self._now()
+        )
+        return self._answer(request, outcome)
+
+    @app.route(ISSUER_PATH + "/oauth2/end-session", methods=["GET", "POST"])
+    async def end_session(self, request):
+        """
+        End the browser's session and send the browser back to the client or
+        show that the user is signed out; back-channel notices go out
+        without the user waiting.
+        """
+        outcome = await self._flows.end_session.end(request.args, self._cookies.browser(request))
+        return self._answer(request, outcome)
+
+    # --- linking a chat account ------------------------------------------------
+
+    async def _linking_session(self, request):
+        """The link flow and this browser's live session, or L{PageError}."""
+        linking = self._flows.linking
+        if linking is None:
+            raise PageError(404, "Chat linking unavailable", "This service does not link chat accounts.")
+        cookie = self._cookies.browser(request).session
+        try:
+            return linking, cookie, await linking.session(cookie, self._now())
+        except BackendUnavailable:
+            raise PageError(503, "Try again later", "The service cannot check your account right now.") from None
+
+    @app.route(LINK_PATH, methods=["GET"])
+    async def link_chat(self, request):
+        linking, _, session = await self._linking_session(request)
+        location = await linking.start(session, self._now())
+        request.setHeader(b"referrer-policy", b"no-referrer")
+        return self._answer(request, Redirect(location))
+
+    @app.route(LINK_PATH + "/callback", methods=["GET"])
+    async def link_chat_callback(self, request):
+        linking, cookie, session = await self._linking_session(request)
+        try:
+            params = single_params(request.args)
+        except InvalidRequest as e:
+            raise PageError(400, "Link not completed", e.description) from None
+        account = await linking.finish(session, params, self._now())
+        return render_page(
+            request, 200, "Chat account linked",
+            tags.p("Your ", linking.provider_name, " account ", tags.strong(account.provider_user_id),
+                   " is now linked."),
+            tags.form(method="post", action=linking.unlink_url)(
+                tags.input(type="hidden", name="csrf", value=unlink_token(cookie)),
+                tags.button(type="submit")("Unlink"),
+            ),
+        )
+
+    @app.route(LINK_PATH + "/unlink", methods=["POST"])
+    async def unlink_chat(self, request):
+        linking, cookie, session = await self._linking_session(request)
+        if not unlink_token_valid(cookie, (page_form(request) or {}).get("csrf")):
+            raise PageError(403, "Not unlinked", "This form has expired. Reload the page and try again.")
+        if await linking.unlink(session):
+            return render_page(request, 200, "Chat account unlinked",
+                               tags.p("Your ", linking.provider_name, " account is no longer linked."))
+        return render_page(request, 200, "Nothing to unlink", tags.p("No chat account was linked."))
+
+    # --- failures ----------------------------------------------------------------
+
+    @app.handle_errors(OAuthError)
+    def oauth_failure(self, request, failure):
+        """Any OAuth error a JSON endpoint raised, rendered per RFC 6749 section 5.2."""
+        return oauth_error(request, failure.value)
+
+    @app.handle_errors(PageError)
+    def page_failure(self, request, failure):
+        """A refusal a browser flow raised, shown to the user as a page."""
+        error = failure.value
+        return error_page(request, error.status, error.title, error.message)
+
+    @app.handle_errors(StoreUnavailable)
+    def store_unavailable(self, request, failure):
+        """The store is down or too slow: 503 and a retry hint, never a 500 or a hang."""
+        self.log.warn("store unavailable: {error}", error=str(failure.value))
+        return self._try_later(request, "the service cannot reach its database; try again")
+
+    @app.handle_errors(BackendUnavailable)
+    def identity_unavailable(self, request, failure):
+        """
+        No identity backend could say who the user is (a directory or
+        database down) while checking their standing: 503 as for the store,
+        never a 500, and never a refusal that would end their grant.
+        """
+        self.log.warn("identity backend unavailable: {error}", error=str(failure.value))
+        return self._try_later(request, "the service cannot reach its user directory; try again")
+
+    def _try_later(self, request, description: str) -> bytes:
+        request.setHeader(b"retry-after", RETRY_AFTER)
+        if request.path.endswith(JSON_ENDPOINTS):
+            return oauth_error(request, TemporarilyUnavailable(description))
+        return error_page(
+            request, 503, "Try again later", "The service is temporarily unavailable; please try again in a moment."
+        )
+
+    @app.handle_errors(NotFound)
+    def not_found(self, request, failure):
+        return json_body(request, 404, {"error": "not_found", "error_description": "no such endpoint"})
+
+    @app.handle_errors(MethodNotAllowed)
+    def wrong_method(self, request, failure):
+        allowed = ", ".join(failure.value.valid_methods or ())
+        request.setHeader(b"allow", allowed.encode())
+        return json_body(
+            request, 405, {"error": "method_not_allowed", "error_description": f"use {allowed}"}
+        )
