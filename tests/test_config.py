@@ -163,3 +163,23 @@ def test_demo_config_is_valid():
     assert clients["partner-app"].post_logout_redirect_uris == ("http://127.0.0.1:9001/",)
     assert clients["demo-spa"].is_public
     assert clients["api-gateway"].introspect_any
+
+
+@pytest.mark.parametrize(
+    "grant_types, message",
+    [
+        ([], "clients[0].grant_types: must name at least one grant type"),
+        (["password"], "clients[0].grant_types[0]: 'password' is not a grant type this server offers"),
+        (["authorization_code", "authorization_code"], "clients[0].grant_types[1]: 'authorization_code' is listed twice"),
+        ([3], "clients[0].grant_types[0]: must be a non-empty string, not an integer"),
+    ],
+)
+def test_client_grant_types_are_checked(grant_types, message):
+    assert message in error_of({"clients": [dict(CLIENT, grant_types=grant_types)]})
+
+
+def test_client_grant_types_default_to_code_and_refresh():
+    (default,) = parse_config({"clients": [CLIENT]}, None).clients
+    assert default.grant_types == ("authorization_code", "refresh_token")
+    (limited,) = parse_config({"clients": [dict(CLIENT, grant_types=["authorization_code"])]}, None).clients
+    assert limited.grant_types == ("authorization_code",)

@@ -22,7 +22,7 @@ from authsrv.records import Ban
 from authsrv.testing.identity import ALICE, BOB, MALLORY
 from authsrv.tokens import token_hash
 from conftest import free_port
-from harness import ISSUER, SECRETS, Harness
+from harness import CLIENTS, ISSUER, SECRETS, Harness
 from token_helpers import (
     API,
     INTROSPECT,
@@ -570,5 +570,29 @@ async def test_no_malformed_request_gets_a_server_error(tmp_path, monkeypatch):
             for method in ("GET", "HEAD", "PUT", "DELETE", "PATCH", "OPTIONS"):
                 response, _ = await h.request(method, path + "?token=%FF&access_token=%00")
                 assert response.code < 500, (path, method)
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_client_uses_only_the_grant_types_it_registered(tmp_path, monkeypatch):
+    """
+    A client limited to authorization_code gets no refresh token even with
+    offline_access, and its refresh attempts are unauthorized_client; discovery
+    lists what the token endpoint offers.
+    """
+    limited = [dict(c, grant_types=["authorization_code"]) if c["client_id"] == "first" else c for c in CLIENTS]
+    h = await Harness(tmp_path, monkeypatch, {"clients": limited}).start()
+    try:
+        body = await tokens(h)
+        assert "refresh_token" not in body and "access_token" in body
+        response, answer = await refresh(h, "any-refresh-token")
+        assert_error(response, answer, 400, "unauthorized_client")
+        assert "refresh_token" in answer["error_description"]
+
+        _, document = await h.json("GET", ISSUER + "/.well-known/openid-configuration")
+        assert document["grant_types_supported"] == ["authorization_code", "refresh_token"]
+        _, metadata = await h.json("GET", ISSUER + "/.well-known/oauth-authorization-server")
+        assert metadata["grant_types_supported"] == ["authorization_code", "refresh_token"]
     finally:
         await h.close()
