@@ -22,7 +22,7 @@ from authsrv.configsection import ConfigError, Section
 from authsrv.context import PluginContext
 from authsrv.plugins import find_factory
 from authsrv.store import postgres as postgres_store
-from authsrv.records import AccessState, Ban, NotRevoked
+from authsrv.records import DEFAULT_GRANT_TYPES, AccessState, Ban, NotRevoked
 from authsrv.store.errors import StoreUnavailable
 from authsrv.testing.store import ALICE, NOW, StoreConcurrencyConformance, StoreConformance, h
 
@@ -38,7 +38,7 @@ def open_store(dsn: str, **section):
 # Children before the grants they reference.
 TABLES = (
     "authorization_codes", "access_tokens", "refresh_tokens", "grants", "clients", "browser_sessions",
-    "pending_authorizations", "consents", "bans", "linked_accounts", "link_locks",
+    "interactions", "link_attempts", "consents", "bans", "linked_accounts", "link_locks",
 )
 
 
@@ -142,6 +142,20 @@ class TestSchema:
         with psycopg2.connect(pg_dsn) as db, db.cursor() as cursor:
             cursor.execute("SELECT sub, reason, note FROM bans")
             assert cursor.fetchall() == [(ALICE, "spam", None)]
+
+    @pytest_twisted.ensureDeferred
+    async def test_upgrade_gives_existing_clients_the_default_grant_types(self, pg_dsn):
+        postgres_store.migrate(pg_dsn, 5, NOW, postgres_store.migrations()[:1])
+        with psycopg2.connect(pg_dsn) as db, db.cursor() as cursor:
+            cursor.execute(
+                "INSERT INTO clients VALUES ('old-app', NULL, '{https://old.example/cb}', '{}', '', false, false,"
+                " '{}', false, NULL, 0)"
+            )
+        store = open_store(pg_dsn)
+        try:
+            assert (await store.get_client("old-app")).grant_types == DEFAULT_GRANT_TYPES
+        finally:
+            await store.close()
 
     def test_newer_schema_is_refused(self, pg_dsn):
         open_store(pg_dsn)
@@ -358,7 +372,9 @@ class TestConnectionFailures(PostgresDatabase):
             assert await store.get_client("demo\x00") is None
             assert await store.access_state("\x00", NOW) == AccessState(ban=None, has_active_grant=False)
             assert await store.get_ban("a\x00", NOW) is None
-            assert await store.get_pending("req\x00", NOW) is None
+            assert await store.get_interaction("ia\x00", NOW) is None
+            assert await store.take_interaction("ia\x00", "login") is False
+            assert await store.take_link_attempt(h("x"), "s\x00", NOW) is None
             assert await store.get_linked_account(ALICE, "discord\x00") is None
             assert await store.session_clients("sid\x00") == []
             assert await store.revoke_user_grants("\x00", NOW) == 0

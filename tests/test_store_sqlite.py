@@ -18,7 +18,8 @@ from twisted.internet.defer import Deferred
 from authsrv.configsection import ConfigError, Section
 from authsrv.context import PluginContext
 from authsrv.plugins import find_factory
-from authsrv.records import Ban, Client
+from authsrv.migrations import schema_steps
+from authsrv.records import DEFAULT_GRANT_TYPES, Ban, Client
 from authsrv.store import sqlite
 from authsrv.testing.store import (
     ALICE,
@@ -113,6 +114,24 @@ class TestSQLiteFile(SQLiteFolder):
             await store.close()
         with sqlite3.connect(self.folder / "authsrv.sqlite3") as db:
             assert db.execute("SELECT COUNT(*) FROM schema_version").fetchone()[0] == LATEST_VERSION
+
+    @pytest_twisted.ensureDeferred
+    async def test_upgrade_gives_existing_clients_the_default_grant_types(self):
+        with sqlite3.connect(self.folder / "authsrv.sqlite3") as db:
+            db.execute(
+                "CREATE TABLE schema_version (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)"
+            )
+            for version, name, script in schema_steps("authsrv.store", "sqlite")[:2]:
+                db.executescript(script)
+                db.execute("INSERT INTO schema_version VALUES (?, ?, 0)", (version, name))
+            db.execute(
+                "INSERT INTO clients VALUES ('old-app', NULL, '[\"https://old.example/cb\"]', '[]', '', 0, 0, '[]', 0, NULL, 0)"
+            )
+        store = self.open_store()
+        try:
+            assert (await store.get_client("old-app")).grant_types == DEFAULT_GRANT_TYPES
+        finally:
+            await store.close()
 
     def test_newer_schema_is_refused(self):
         self.open_store()

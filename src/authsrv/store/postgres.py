@@ -1,7 +1,7 @@
 """
 The production store: PostgreSQL, shared by any number of server instances.
 
-Nothing that matters lives in one process: sessions, pending requests, codes,
+Nothing that matters lives in one process: sessions, interactions, codes,
 grants, the grace-window replay of a rotated refresh token and the chat-link
 refresh lease are rows, so any instance can serve any step of a user's flow.
 
@@ -27,7 +27,6 @@ errors.
 
 from __future__ import annotations
 
-import json
 import socket
 from contextlib import closing
 
@@ -45,6 +44,7 @@ from authsrv.records import (
     AccessState,
     AccessToken,
     AuthorizationCode,
+    AuthorizationRequest,
     Ban,
     BrowserSession,
     Client,
@@ -52,9 +52,10 @@ from authsrv.records import (
     CodeNotFound,
     CodeReused,
     Grant,
+    Interaction,
+    LinkAttempt,
     LinkedAccount,
     NotRevoked,
-    PendingAuthorization,
     RefreshNotFound,
     RefreshToken,
     Replayed,
@@ -185,22 +186,30 @@ def _scope_text(scope) -> str:
 
 
 _SCOPE = (_scope_text, str.split)
+_WORDS = (" ".join, str.split)
+"""Space-separated words kept in their order (a request's scope as asked)."""
 _ARRAY = (list, tuple)
-_MAP = (lambda mapping: json.dumps(dict(mapping), sort_keys=True), json.loads)
 _BYTES = (lambda value: value, lambda value: None if value is None else bytes(value))
 
 
 class _Rows:
     """
     How one record type maps onto the table columns of the same names;
-    C{derived} fields come from a query (a join), never from a column.
+    C{derived} fields come from a query (a join), never from a column;
+    C{nested} records (field name -> their L{_Rows}) are stored flat, as
+    their own fields' columns in the same row.
     """
 
-    def __init__(self, record: type, table: str, key: str, derived: tuple[str, ...] = (), **codecs):
+    def __init__(
+        self, record: type, table: str, key: str, derived: tuple[str, ...] = (), nested=None, **codecs,
+    ):
         self.record = record
-        self.fields = [f.name for f in attrs.fields(record)]
+        self.nested = nested or {}
+        self.fields = [f.name for f in attrs.fields(record) if f.name not in self.nested]
         self.codecs = codecs
-        self.written = [name for name in self.fields if name not in derived]
+        self.written = [name for name in self.fields if name not in derived] + [
+            column for rows in self.nested.values() for column in rows.written
+        ]
         self.table = table
         self.insert = self.insert_as("")
         self.upsert = self.insert + f" ON CONFLICT ({key}) DO UPDATE SET " + ", ".join(
@@ -219,14 +228,19 @@ class _Rows:
         return f"INSERT INTO {self.table} ({columns}) VALUES ({values})"
 
     def params(self, value, prefix: str = "") -> dict:
-        return {
-            prefix + name: self.codecs.get(name, _PLAIN)[0](getattr(value, name)) for name in self.written
+        params = {
+            prefix + name: self.codecs.get(name, _PLAIN)[0](getattr(value, name))
+            for name in self.fields if name in self.written
         }
+        for name, rows in self.nested.items():
+            params.update(rows.params(getattr(value, name), prefix))
+        return params
 
     def load(self, row, user_ban: bool = False):
         if row is None:
             return None
         values = {name: self.codecs.get(name, _PLAIN)[1](row[name]) for name in self.fields if name in row}
+        values.update((name, rows.load(row)) for name, rows in self.nested.items())
         if user_ban:
             values["user_ban"] = _ban_of(row, row["sub"])
         return self.record(**values)
@@ -234,10 +248,18 @@ class _Rows:
 
 _CLIENTS = _Rows(
     Client, "clients", "client_id",
-    redirect_uris=_ARRAY, post_logout_redirect_uris=_ARRAY, resources=_ARRAY,
+    redirect_uris=_ARRAY, post_logout_redirect_uris=_ARRAY, resources=_ARRAY, grant_types=_ARRAY,
 )
 _SESSIONS = _Rows(BrowserSession, "browser_sessions", "session_hash")
-_PENDING = _Rows(PendingAuthorization, "pending_authorizations", "request_id", params=_MAP)
+_INTERACTIONS = _Rows(
+    Interaction, "interactions", "interaction_id",
+    nested={
+        "request": _Rows(
+            AuthorizationRequest, "interactions", "interaction_id", scope=_WORDS, resources=_ARRAY, prompt=_SCOPE,
+        ),
+    },
+)
+_LINK_ATTEMPTS = _Rows(LinkAttempt, "link_attempts", "state_hash")
 _GRANTS = _Rows(Grant, "grants", "grant_id", scope=_SCOPE, resource=_ARRAY)
 _CODES = _Rows(AuthorizationCode, "authorization_codes", "code_hash", scope=_SCOPE, resource=_ARRAY)
 _ACCESS = _Rows(AccessToken, "access_tokens", "token_hash", derived=("user_ban",), scope=_SCOPE, audience=_ARRAY)
@@ -352,20 +374,36 @@ class PostgresStore:
     def end_user_sessions(self, sub):
         return self._count("DELETE FROM browser_sessions WHERE sub = %(sub)s", {"sub": sub})
 
-    # IAuthorizationRequestStore
+    # IInteractionStore
 
-    def save_pending(self, pending):
-        return self._write(_PENDING.insert, _PENDING.params(pending))
+    def save_interaction(self, interaction):
+        return self._write(_INTERACTIONS.insert, _INTERACTIONS.params(interaction))
 
-    def get_pending(self, request_id, now):
+    def get_interaction(self, interaction_id, now):
         return self._one(
-            _PENDING,
-            "SELECT * FROM pending_authorizations WHERE request_id = %(id)s AND expires_at > %(now)s",
-            {"id": request_id, "now": now},
+            _INTERACTIONS,
+            "SELECT * FROM interactions WHERE interaction_id = %(id)s AND expires_at > %(now)s",
+            {"id": interaction_id, "now": now},
         )
 
-    def delete_pending(self, request_id):
-        return self._changed("DELETE FROM pending_authorizations WHERE request_id = %(id)s", {"id": request_id})
+    def take_interaction(self, interaction_id, stage):
+        return self._changed(
+            "DELETE FROM interactions WHERE interaction_id = %(id)s AND stage = %(stage)s",
+            {"id": interaction_id, "stage": stage},
+        )
+
+    # ILinkAttemptStore
+
+    def save_link_attempt(self, attempt):
+        return self._write(_LINK_ATTEMPTS.insert, _LINK_ATTEMPTS.params(attempt))
+
+    def take_link_attempt(self, state_hash, session_hash, now):
+        return self._one(
+            _LINK_ATTEMPTS,
+            "DELETE FROM link_attempts"
+            " WHERE state_hash = %(state)s AND session_hash = %(session)s AND expires_at > %(now)s RETURNING *",
+            {"state": state_hash, "session": session_hash, "now": now},
+        )
 
     # IAuthorizationCodeStore
 
@@ -674,7 +712,8 @@ _GC = tuple(
     " LIMIT %(limit)s FOR UPDATE SKIP LOCKED)"
     for table, key, expired in (
         ("authorization_codes", "code_hash", "expires_at <= %(now)s"),
-        ("pending_authorizations", "request_id", "expires_at <= %(now)s"),
+        ("interactions", "interaction_id", "expires_at <= %(now)s"),
+        ("link_attempts", "state_hash", "expires_at <= %(now)s"),
         ("browser_sessions", "session_hash", "expires_at <= %(now)s"),
         ("access_tokens", "token_hash", "expires_at <= %(now)s"),
         ("refresh_tokens", "token_hash", "expires_at <= %(now)s"),

@@ -26,6 +26,7 @@ from authsrv.records import (
     AccessState,
     AccessToken,
     AuthorizationCode,
+    AuthorizationRequest,
     Ban,
     BrowserSession,
     Client,
@@ -33,9 +34,10 @@ from authsrv.records import (
     CodeNotFound,
     CodeReused,
     Grant,
+    Interaction,
+    LinkAttempt,
     LinkedAccount,
     NotRevoked,
-    PendingAuthorization,
     RefreshNotFound,
     RefreshToken,
     Replayed,
@@ -172,28 +174,36 @@ def _scope_text(scope) -> str:
 
 
 _SCOPE = (_scope_text, str.split)
+_WORDS = (" ".join, str.split)
+"""Space-separated words kept in their order (a request's scope as asked)."""
 _LIST = (lambda items: json.dumps(list(items)), json.loads)
-_MAP = (lambda mapping: json.dumps(dict(mapping), sort_keys=True), json.loads)
 _FLAG = (bool, bool)
 
 
 class _Rows:
     """
     How one record type maps onto the table columns of the same names;
-    C{derived} fields come from a query (a join), never from a column.
+    C{derived} fields come from a query (a join), never from a column;
+    C{nested} records (field name -> their L{_Rows}) are stored flat, as
+    their own fields' columns in the same row.
     """
 
-    def __init__(self, record: type, table: str, derived: tuple[str, ...] = (), **codecs):
+    def __init__(self, record: type, table: str, derived: tuple[str, ...] = (), nested=None, **codecs):
         self.record = record
-        self.fields = [f.name for f in attrs.fields(record)]
+        self.nested = nested or {}
+        self.fields = [f.name for f in attrs.fields(record) if f.name not in self.nested]
         self.codecs = codecs
         self.written = [name for name in self.fields if name not in derived]
-        columns = f"{table} ({', '.join(self.written)}) VALUES ({', '.join('?' * len(self.written))})"
+        columns = self.written + [column for rows in self.nested.values() for column in rows.written]
+        columns = f"{table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
         self.insert = f"INSERT INTO {columns}"
         self.replace = f"INSERT OR REPLACE INTO {columns}"
 
     def params(self, value) -> tuple:
-        return tuple(self.codecs.get(name, _PLAIN)[0](getattr(value, name)) for name in self.written)
+        own = tuple(self.codecs.get(name, _PLAIN)[0](getattr(value, name)) for name in self.written)
+        return own + tuple(
+            param for name, rows in self.nested.items() for param in rows.params(getattr(value, name))
+        )
 
     def load(self, row):
         if row is None:
@@ -202,16 +212,21 @@ class _Rows:
         return self.record(**{
             name: self.codecs.get(name, _PLAIN)[1](row[name])
             for name in self.fields if name in keys
-        }, **({"user_ban": _ban_of(row)} if "ban_created_at" in keys else {}))
+        }, **{name: rows.load(row) for name, rows in self.nested.items()},
+           **({"user_ban": _ban_of(row)} if "ban_created_at" in keys else {}))
 
 
 _CLIENTS = _Rows(
     Client, "clients",
-    redirect_uris=_LIST, post_logout_redirect_uris=_LIST, resources=_LIST,
+    redirect_uris=_LIST, post_logout_redirect_uris=_LIST, resources=_LIST, grant_types=_LIST,
     end_session_enabled=_FLAG, first_party=_FLAG, introspect_any=_FLAG,
 )
 _SESSIONS = _Rows(BrowserSession, "browser_sessions")
-_PENDING = _Rows(PendingAuthorization, "pending_authorizations", params=_MAP)
+_INTERACTIONS = _Rows(
+    Interaction, "interactions",
+    nested={"request": _Rows(AuthorizationRequest, "interactions", scope=_WORDS, resources=_LIST, prompt=_SCOPE)},
+)
+_LINK_ATTEMPTS = _Rows(LinkAttempt, "link_attempts")
 _GRANTS = _Rows(Grant, "grants", scope=_SCOPE, resource=_LIST)
 _CODES = _Rows(AuthorizationCode, "authorization_codes", scope=_SCOPE, resource=_LIST)
 _ACCESS = _Rows(AccessToken, "access_tokens", derived=("user_ban",), scope=_SCOPE, audience=_LIST)
@@ -335,20 +350,40 @@ class SQLiteStore:
     def end_user_sessions(self, sub):
         return self._execute("DELETE FROM browser_sessions WHERE sub = ?", (sub,))
 
-    # IAuthorizationRequestStore
+    # IInteractionStore
 
-    def save_pending(self, pending):
-        return self._insert(_PENDING, pending)
+    def save_interaction(self, interaction):
+        return self._insert(_INTERACTIONS, interaction)
 
-    def get_pending(self, request_id, now):
+    def get_interaction(self, interaction_id, now):
         return self._query(
-            _PENDING,
-            "SELECT * FROM pending_authorizations WHERE request_id = ? AND expires_at > ?",
-            (request_id, now),
+            _INTERACTIONS,
+            "SELECT * FROM interactions WHERE interaction_id = ? AND expires_at > ?",
+            (interaction_id, now),
         )
 
-    def delete_pending(self, request_id):
-        return self._changed("DELETE FROM pending_authorizations WHERE request_id = ?", (request_id,))
+    def take_interaction(self, interaction_id, stage):
+        return self._changed(
+            "DELETE FROM interactions WHERE interaction_id = ? AND stage = ?", (interaction_id, stage)
+        )
+
+    # ILinkAttemptStore
+
+    def save_link_attempt(self, attempt):
+        return self._insert(_LINK_ATTEMPTS, attempt)
+
+    def take_link_attempt(self, state_hash, session_hash, now):
+        return self._write(
+            lambda db: _LINK_ATTEMPTS.load(
+                _first(
+                    db.execute(
+                        "DELETE FROM link_attempts WHERE state_hash = ? AND session_hash = ? AND expires_at > ?"
+                        " RETURNING *",
+                        (state_hash, session_hash, now),
+                    )
+                )
+            )
+        )
 
     # IAuthorizationCodeStore
 
@@ -616,7 +651,8 @@ _GC = tuple(
     f"DELETE FROM {table} WHERE {key} IN (SELECT {key} FROM {table} AS old WHERE {expired} LIMIT :limit)"
     for table, key, expired in (
         ("authorization_codes", "code_hash", "expires_at <= :now"),
-        ("pending_authorizations", "request_id", "expires_at <= :now"),
+        ("interactions", "interaction_id", "expires_at <= :now"),
+        ("link_attempts", "state_hash", "expires_at <= :now"),
         ("browser_sessions", "session_hash", "expires_at <= :now"),
         ("access_tokens", "token_hash", "expires_at <= :now"),
         ("refresh_tokens", "token_hash", "expires_at <= :now"),

@@ -26,9 +26,13 @@ from zope.interface.verify import verifyObject
 
 from authsrv.interfaces import IStore
 from authsrv.records import (
+    CONSENT_STAGE,
+    DEFAULT_GRANT_TYPES,
+    LOGIN_STAGE,
     AccessState,
     AccessToken,
     AuthorizationCode,
+    AuthorizationRequest,
     Ban,
     BrowserSession,
     Client,
@@ -36,9 +40,10 @@ from authsrv.records import (
     CodeNotFound,
     CodeReused,
     Grant,
+    Interaction,
+    LinkAttempt,
     LinkedAccount,
     NotRevoked,
-    PendingAuthorization,
     RefreshNotFound,
     RefreshToken,
     Replayed,
@@ -96,6 +101,44 @@ def make_code(label: str, grant: Grant, expires_at: int = NOW + 60) -> Authoriza
         issued_at=NOW,
         expires_at=expires_at,
     )
+
+
+def make_interaction(interaction_id: str, stage: str = LOGIN_STAGE, expires_at: int = NOW + 600, **changes) -> Interaction:
+    """An interaction whose request has every field set."""
+    request = AuthorizationRequest(
+        client_id=CLIENT,
+        redirect_uri="https://app.example/callback?x=1",
+        scope=("openid", "profile", "email"),
+        state="å&b=c d",
+        code_challenge="E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM",
+        nonce="n-0S6_WzA2Mj",
+        resources=("https://api.example/", "urn:chat"),
+        prompt={"login", "consent"},
+        max_age=0,
+        login_hint="alice@example.com",
+    )
+    interaction = Interaction(
+        interaction_id=interaction_id,
+        stage=stage,
+        request=request,
+        csrf_token="csrf-" + interaction_id,
+        created_at=NOW,
+        expires_at=expires_at,
+        sid="sid-1" if stage == CONSENT_STAGE else None,
+    )
+    return attrs.evolve(interaction, **changes)
+
+
+def make_link_attempt(label: str, session: str = "cookie-1", expires_at: int = NOW + 600, **changes) -> LinkAttempt:
+    attempt = LinkAttempt(
+        state_hash=h("state-" + label),
+        sub=ALICE,
+        session_hash=h(session),
+        created_at=NOW,
+        expires_at=expires_at,
+        code_verifier="dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk",
+    )
+    return attrs.evolve(attempt, **changes)
 
 
 def make_access(label: str, grant: Grant, expires_at: int = NOW + HOUR, **changes) -> AccessToken:
@@ -210,6 +253,19 @@ class StoreConformance:
             assert (await store.get_client(OTHER_CLIENT)).is_public
 
     @pytest_twisted.ensureDeferred
+    async def test_client_grant_types_round_trip_and_default(self):
+        limited = Client(CLIENT, h("secret"), ["https://app.example/cb"], grant_types=["authorization_code"])
+        default = Client(OTHER_CLIENT, None, ["https://partner.example/cb"])
+        async with self.store() as store:
+            await store.add_client(limited)
+            await store.put_client(default)
+            assert (await store.get_client(CLIENT)).grant_types == ("authorization_code",)
+            assert (await store.get_client(OTHER_CLIENT)).grant_types == DEFAULT_GRANT_TYPES
+            none = attrs.evolve(limited, grant_types=())
+            await store.put_client(none)
+            assert await store.get_client(CLIENT) == none
+
+    @pytest_twisted.ensureDeferred
     async def test_add_existing_client_fails(self):
         first = Client(CLIENT, h("one"), ["https://app.example/cb"])
         async with self.store() as store:
@@ -240,7 +296,7 @@ class StoreConformance:
             assert await store.get_client("b") is None
             assert [c.client_id for c in await store.list_clients()] == ["a", "c"]
 
-    # --- browser sessions and pending requests ------------------------------
+    # --- browser sessions, interactions and link attempts ---------------------
 
     @pytest_twisted.ensureDeferred
     async def test_session_round_trip_and_expiry(self):
@@ -272,24 +328,83 @@ class StoreConformance:
             assert (await store.get_session(h("cookie-2"), NOW)).sub == BOB
 
     @pytest_twisted.ensureDeferred
-    async def test_pending_round_trip_expiry_and_delete(self):
-        pending = PendingAuthorization(
-            request_id="req-1",
-            client_id=CLIENT,
-            params={"response_type": "code", "state": "å&b=c", "scope": "openid profile"},
-            csrf_token="csrf-1",
-            created_at=NOW,
-            expires_at=NOW + 600,
+    async def test_interaction_round_trip_and_expiry(self):
+        full = make_interaction("ia-1", CONSENT_STAGE)
+        bare = make_interaction(
+            "ia-2",
+            request=AuthorizationRequest(CLIENT, "https://app.example/cb", (), "", "challenge"),
         )
         async with self.store() as store:
-            await store.save_pending(pending)
-            assert await store.get_pending("req-1", NOW) == pending
-            assert await store.get_pending("req-1", NOW + 599) == pending
-            assert await store.get_pending("req-1", NOW + 600) is None
-            assert await store.get_pending("req-2", NOW) is None
-            assert await store.delete_pending("req-1") is True
-            assert await store.delete_pending("req-1") is False
-            assert await store.get_pending("req-1", NOW) is None
+            assert await store.save_interaction(full) is None
+            await store.save_interaction(bare)
+            assert await store.get_interaction("ia-1", NOW) == full
+            assert await store.get_interaction("ia-1", NOW + 599) == full
+            assert await store.get_interaction("ia-1", NOW + 600) is None
+            assert await store.get_interaction("ia-3", NOW) is None
+            got = await store.get_interaction("ia-2", NOW)
+            assert got == bare
+            assert (got.sid, got.request.nonce, got.request.max_age, got.request.login_hint) == (None,) * 4
+            assert (got.request.scope, got.request.resources, got.request.prompt) == ((), (), frozenset())
+
+    @pytest_twisted.ensureDeferred
+    async def test_interaction_keeps_scope_order(self):
+        interaction = make_interaction("ia-1")
+        reordered = attrs.evolve(interaction, request=attrs.evolve(interaction.request, scope=("profile", "openid")))
+        async with self.store() as store:
+            await store.save_interaction(reordered)
+            assert (await store.get_interaction("ia-1", NOW)).request.scope == ("profile", "openid")
+
+    @pytest_twisted.ensureDeferred
+    async def test_save_existing_interaction_fails(self):
+        async with self.store() as store:
+            await store.save_interaction(make_interaction("ia-1"))
+            with pytest.raises(AlreadyExists):
+                await store.save_interaction(make_interaction("ia-1", CONSENT_STAGE))
+            assert (await store.get_interaction("ia-1", NOW)).stage == LOGIN_STAGE
+
+    @pytest_twisted.ensureDeferred
+    async def test_take_interaction_only_at_its_stage(self):
+        async with self.store() as store:
+            await store.save_interaction(make_interaction("ia-1", LOGIN_STAGE))
+            assert await store.take_interaction("ia-1", CONSENT_STAGE) is False
+            assert await store.get_interaction("ia-1", NOW) == make_interaction("ia-1", LOGIN_STAGE)
+            assert await store.take_interaction("ia-1", LOGIN_STAGE) is True
+            assert await store.take_interaction("ia-1", LOGIN_STAGE) is False
+            assert await store.get_interaction("ia-1", NOW) is None
+            assert await store.take_interaction("ia-unknown", LOGIN_STAGE) is False
+
+    @pytest_twisted.ensureDeferred
+    async def test_racing_takes_of_an_interaction(self):
+        async with self.store() as store:
+            for n in range(5):
+                await store.save_interaction(make_interaction(f"ia-{n}", CONSENT_STAGE))
+                results = await gatherResults([store.take_interaction(f"ia-{n}", CONSENT_STAGE) for _ in range(2)])
+                assert sorted(results) == [False, True]
+
+    @pytest_twisted.ensureDeferred
+    async def test_link_attempt_is_taken_once(self):
+        attempt = make_link_attempt("1")
+        async with self.store() as store:
+            assert await store.save_link_attempt(attempt) is None
+            assert await store.take_link_attempt(h("state-1"), h("cookie-1"), NOW + 599) == attempt
+            assert await store.take_link_attempt(h("state-1"), h("cookie-1"), NOW) is None
+            assert await store.take_link_attempt(h("state-2"), h("cookie-1"), NOW) is None
+
+    @pytest_twisted.ensureDeferred
+    async def test_link_attempt_of_another_session_is_left_alone(self):
+        attempt = make_link_attempt("1", code_verifier=None)
+        async with self.store() as store:
+            await store.save_link_attempt(attempt)
+            assert await store.take_link_attempt(h("state-1"), h("cookie-2"), NOW) is None
+            assert await store.take_link_attempt(h("state-1"), h("cookie-1"), NOW) == attempt
+
+    @pytest_twisted.ensureDeferred
+    async def test_expired_link_attempt_is_not_taken(self):
+        async with self.store() as store:
+            await store.save_link_attempt(make_link_attempt("1", expires_at=NOW + 10))
+            assert await store.take_link_attempt(h("state-1"), h("cookie-1"), NOW + 10) is None
+            with pytest.raises(AlreadyExists):
+                await store.save_link_attempt(make_link_attempt("1"))
 
     # --- codes ---------------------------------------------------------------
 
@@ -716,7 +831,8 @@ class StoreConformance:
         async with self.store() as store:
             for n, expires_at in enumerate((NOW - 1, NOW, NOW + 1)):
                 await store.create_session(BrowserSession(h(f"cookie-{n}"), f"sid-{n}", ALICE, NOW, NOW, expires_at))
-                await store.save_pending(PendingAuthorization(f"req-{n}", CLIENT, {}, "csrf", NOW, expires_at))
+                await store.save_interaction(make_interaction(f"ia-{n}", expires_at=expires_at))
+                await store.save_link_attempt(make_link_attempt(f"{n}", expires_at=expires_at))
                 await store.ban_user(Ban(f"user-{n}", None, NOW, until=expires_at))
             await store.ban_user(Ban("user-forever", None, NOW))
             grant = await start_grant(store, "g1")
@@ -729,12 +845,15 @@ class StoreConformance:
 
             removed = await store.gc(NOW, 100)
 
-            assert removed == 2 + 2 + 2 + 1 + 1 + 1 + 1
+            assert removed == 2 + 2 + 2 + 2 + 1 + 1 + 1 + 1
             assert [await store.get_session(h(f"cookie-{n}"), NOW - 2) is not None for n in range(3)] == [
                 False, False, True,
             ]
-            assert [await store.get_pending(f"req-{n}", NOW - 2) is not None for n in range(3)] == [
+            assert [await store.get_interaction(f"ia-{n}", NOW - 2) is not None for n in range(3)] == [
                 False, False, True,
+            ]
+            assert [await store.take_link_attempt(h(f"state-{n}"), h("cookie-1"), NOW - 2) for n in range(3)] == [
+                None, None, make_link_attempt("2", expires_at=NOW + 1),
             ]
             assert await store.list_bans(NOW - 2) == [Ban("user-2", None, NOW, until=NOW + 1), Ban("user-forever", None, NOW)]
             assert await store.get_refresh_token(h("refresh-old")) is None
@@ -859,6 +978,27 @@ class StoreConcurrencyConformance:
                 assert await second.get_refresh_token(h(f"refresh-{n}-{winner}")) is not None
                 assert await second.get_refresh_token(h(f"refresh-{n}-{loser}")) is None
                 assert await first.find_access_token(h(f"access-{n}-{loser}"), NOW) is None
+
+    @pytest_twisted.ensureDeferred
+    async def test_racing_interaction_takes(self):
+        async with self.store_pair() as (first, second):
+            for n in range(self.rounds):
+                await first.save_interaction(make_interaction(f"ia-{n}", CONSENT_STAGE))
+                results = await gatherResults(
+                    [store.take_interaction(f"ia-{n}", CONSENT_STAGE) for store in (first, second)]
+                )
+                assert sorted(results) == [False, True]
+
+    @pytest_twisted.ensureDeferred
+    async def test_racing_link_attempt_takes(self):
+        async with self.store_pair() as (first, second):
+            for n in range(self.rounds):
+                attempt = make_link_attempt(f"{n}")
+                await first.save_link_attempt(attempt)
+                results = await gatherResults(
+                    [store.take_link_attempt(attempt.state_hash, attempt.session_hash, NOW) for store in (first, second)]
+                )
+                assert sorted(results, key=lambda r: r is None) == [attempt, None]
 
     @pytest_twisted.ensureDeferred
     async def test_racing_link_locks(self):

@@ -1,0 +1,446 @@
+"""
+A store in plain dictionaries, for fast tests of the HTTP layer (treq's
+StubTreq) that need no database.
+
+It answers every call with an already-fired L{Deferred} and keeps the SQLite
+store's semantics, which the conformance suites check: lookups of tokens
+carry the user's ban, refresh rotation knows grace-window replays and reuse,
+revoking a grant revokes its whole family, and L{MemoryStore.gc} removes in
+batches what expired. Every call runs to its end before the next starts, so
+each atomic step is atomic. Two stores made on the same L{MemoryTables}
+behave as two servers sharing one database.
+"""
+
+from __future__ import annotations
+
+from functools import wraps
+
+import attrs
+from twisted.internet.defer import maybeDeferred, succeed
+from zope.interface import implementer
+
+from authsrv.interfaces import IStore
+from authsrv.records import (
+    AccessState,
+    CodeConsumed,
+    CodeNotFound,
+    CodeReused,
+    NotRevoked,
+    RefreshNotFound,
+    Replayed,
+    Reused,
+    RevokedAccess,
+    RevokedRefresh,
+    Rotated,
+)
+from authsrv.store.errors import AlreadyExists
+
+
+@attrs.define
+class MemoryTables:
+    """
+    The rows, keyed as the SQL stores' primary keys. A code's C{used_at}
+    and an access token's C{revoked_at} are no fields of their records, so
+    they are kept beside them.
+    """
+
+    clients: dict = attrs.Factory(dict)
+    sessions: dict = attrs.Factory(dict)
+    interactions: dict = attrs.Factory(dict)
+    link_attempts: dict = attrs.Factory(dict)
+    grants: dict = attrs.Factory(dict)
+    codes: dict = attrs.Factory(dict)
+    code_used_at: dict = attrs.Factory(dict)
+    access: dict = attrs.Factory(dict)
+    access_revoked_at: dict = attrs.Factory(dict)
+    refresh: dict = attrs.Factory(dict)
+    consents: dict = attrs.Factory(dict)
+    bans: dict = attrs.Factory(dict)
+    linked: dict = attrs.Factory(dict)
+    link_locks: dict = attrs.Factory(dict)
+
+
+def _answered(method):
+    """The method's result, or its exception, as an already-fired Deferred."""
+
+    @wraps(method)
+    def answer(self, *args, **kwargs):
+        return maybeDeferred(method, self, *args, **kwargs)
+
+    return answer
+
+
+def _insert(table: dict, key, value) -> None:
+    if key in table:
+        raise AlreadyExists(f"{key!r} exists already")
+    table[key] = value
+
+
+@implementer(IStore)
+class MemoryStore:
+    """L{IStore} in memory; C{tables} shares another store's rows."""
+
+    def __init__(self, tables: MemoryTables | None = None):
+        self.tables = MemoryTables() if tables is None else tables
+
+    # IClientRegistry
+
+    @_answered
+    def add_client(self, client):
+        _insert(self.tables.clients, client.client_id, client)
+
+    @_answered
+    def put_client(self, client):
+        self.tables.clients[client.client_id] = client
+
+    @_answered
+    def get_client(self, client_id):
+        return self.tables.clients.get(client_id)
+
+    @_answered
+    def list_clients(self):
+        return [self.tables.clients[key] for key in sorted(self.tables.clients)]
+
+    @_answered
+    def remove_client(self, client_id):
+        return self.tables.clients.pop(client_id, None) is not None
+
+    # IBrowserSessionStore
+
+    @_answered
+    def create_session(self, session):
+        _insert(self.tables.sessions, session.session_hash, session)
+
+    @_answered
+    def get_session(self, session_hash, now):
+        session = self.tables.sessions.get(session_hash)
+        return session if session is not None and session.expires_at > now else None
+
+    @_answered
+    def end_session(self, session_hash):
+        return self.tables.sessions.pop(session_hash, None)
+
+    @_answered
+    def end_user_sessions(self, sub):
+        ended = [key for key, session in self.tables.sessions.items() if session.sub == sub]
+        for key in ended:
+            del self.tables.sessions[key]
+        return len(ended)
+
+    # IInteractionStore
+
+    @_answered
+    def save_interaction(self, interaction):
+        _insert(self.tables.interactions, interaction.interaction_id, interaction)
+
+    @_answered
+    def get_interaction(self, interaction_id, now):
+        interaction = self.tables.interactions.get(interaction_id)
+        return interaction if interaction is not None and interaction.expires_at > now else None
+
+    @_answered
+    def take_interaction(self, interaction_id, stage):
+        interaction = self.tables.interactions.get(interaction_id)
+        if interaction is None or interaction.stage != stage:
+            return False
+        del self.tables.interactions[interaction_id]
+        return True
+
+    # ILinkAttemptStore
+
+    @_answered
+    def save_link_attempt(self, attempt):
+        _insert(self.tables.link_attempts, attempt.state_hash, attempt)
+
+    @_answered
+    def take_link_attempt(self, state_hash, session_hash, now):
+        attempt = self.tables.link_attempts.get(state_hash)
+        if attempt is None or attempt.session_hash != session_hash or attempt.expires_at <= now:
+            return None
+        return self.tables.link_attempts.pop(state_hash)
+
+    # IAuthorizationCodeStore
+
+    @_answered
+    def save_code(self, code, grant):
+        if grant.grant_id in self.tables.grants or code.code_hash in self.tables.codes:
+            raise AlreadyExists(f"grant {grant.grant_id!r} or its code exists already")
+        self.tables.grants[grant.grant_id] = grant
+        self.tables.codes[code.code_hash] = code
+
+    @_answered
+    def consume_code(self, code_hash, now):
+        code = self.tables.codes.get(code_hash)
+        if code is None:
+            return CodeNotFound()
+        if code_hash in self.tables.code_used_at:
+            return CodeReused(code.grant_id)
+        if code.expires_at <= now or not self._live_grant(code.grant_id):
+            return CodeNotFound()
+        self.tables.code_used_at[code_hash] = now
+        return CodeConsumed(code)
+
+    # IGrantStore
+
+    @_answered
+    def get_grant(self, grant_id):
+        return self.tables.grants.get(grant_id)
+
+    @_answered
+    def issue_tokens(self, access, refresh):
+        self._issue(access, refresh)
+
+    def _issue(self, access, refresh) -> None:
+        if access.token_hash in self.tables.access or (
+            refresh is not None and refresh.token_hash in self.tables.refresh
+        ):
+            raise AlreadyExists("the token exists already")
+        self.tables.access[access.token_hash] = access
+        if refresh is not None:
+            self.tables.refresh[refresh.token_hash] = refresh
+
+    def _live_grant(self, grant_id) -> bool:
+        grant = self.tables.grants.get(grant_id)
+        return grant is not None and grant.revoked_at is None
+
+    @_answered
+    def find_access_token(self, token_hash, now):
+        access = self.tables.access.get(token_hash)
+        if (
+            access is None
+            or token_hash in self.tables.access_revoked_at
+            or access.expires_at <= now
+            or not self._live_grant(access.grant_id)
+        ):
+            return None
+        return attrs.evolve(access, user_ban=self.tables.bans.get(access.sub))
+
+    @_answered
+    def get_refresh_token(self, token_hash):
+        refresh = self.tables.refresh.get(token_hash)
+        grant = None if refresh is None else self.tables.grants.get(refresh.grant_id)
+        if grant is None:
+            return None
+        return attrs.evolve(
+            refresh,
+            revoked=grant.revoked_at is not None,
+            user_ban=self.tables.bans.get(refresh.sub),
+        )
+
+    @_answered
+    def rotate_refresh(self, old_hash, new_refresh, new_access, replay, grace_until, now):
+        old = self.tables.refresh.get(old_hash)
+        if old is None or old.expires_at <= now or not self._live_grant(old.grant_id):
+            return RefreshNotFound()
+        if old.consumed_at is None:
+            self._issue(new_access, new_refresh)
+            self.tables.refresh[old_hash] = attrs.evolve(
+                old, consumed_at=now, grace_until=grace_until, replay=replay
+            )
+            return Rotated()
+        if old.replay is not None and now < old.grace_until:
+            return Replayed(old.replay)
+        self._revoke_grant(old.grant_id, now)
+        return Reused(old.grant_id)
+
+    @_answered
+    def revoke_token(self, token_hash, client_id, now):
+        refresh = self.tables.refresh.get(token_hash)
+        if refresh is not None and refresh.client_id == client_id:
+            self._revoke_grant(refresh.grant_id, now)
+            return RevokedRefresh(refresh.grant_id)
+        access = self.tables.access.get(token_hash)
+        if access is None or access.client_id != client_id:
+            return NotRevoked()
+        self.tables.access_revoked_at.setdefault(token_hash, now)
+        return RevokedAccess(access.grant_id)
+
+    def _revoke_grant(self, grant_id, now) -> bool:
+        grant = self.tables.grants.get(grant_id)
+        if grant is None or grant.revoked_at is not None:
+            return False
+        self.tables.grants[grant_id] = attrs.evolve(grant, revoked_at=now)
+        return True
+
+    @_answered
+    def revoke_grant(self, grant_id, now):
+        return self._revoke_grant(grant_id, now)
+
+    @_answered
+    def revoke_user_grants(self, sub, now):
+        of_user = [grant.grant_id for grant in self.tables.grants.values() if grant.sub == sub]
+        return sum(self._revoke_grant(grant_id, now) for grant_id in of_user)
+
+    def _has_live_token(self, grant_id, now) -> bool:
+        return any(
+            access.grant_id == grant_id and access.expires_at > now and key not in self.tables.access_revoked_at
+            for key, access in self.tables.access.items()
+        ) or any(
+            refresh.grant_id == grant_id and refresh.consumed_at is None and refresh.expires_at > now
+            for refresh in self.tables.refresh.values()
+        )
+
+    def _ban_in_force(self, sub, now):
+        ban = self.tables.bans.get(sub)
+        return ban if ban is not None and ban.in_force(now) else None
+
+    @_answered
+    def access_state(self, sub, now):
+        has_grant = any(
+            grant.sub == sub and grant.revoked_at is None and self._has_live_token(grant.grant_id, now)
+            for grant in self.tables.grants.values()
+        )
+        return AccessState(ban=self._ban_in_force(sub, now), has_active_grant=has_grant)
+
+    @_answered
+    def session_clients(self, sid):
+        return sorted({grant.client_id for grant in self.tables.grants.values() if grant.sid == sid})
+
+    @_answered
+    def save_consent(self, sub, client_id, scope, now):
+        self.tables.consents[sub, client_id] = frozenset(scope)
+
+    @_answered
+    def get_consent(self, sub, client_id):
+        return self.tables.consents.get((sub, client_id))
+
+    @_answered
+    def revoke_consent(self, sub, client_id):
+        return self.tables.consents.pop((sub, client_id), None) is not None
+
+    # IBanStore
+
+    @_answered
+    def ban_user(self, ban):
+        self.tables.bans[ban.sub] = ban
+
+    @_answered
+    def unban_user(self, sub):
+        return self.tables.bans.pop(sub, None) is not None
+
+    @_answered
+    def get_ban(self, sub, now):
+        return self._ban_in_force(sub, now)
+
+    @_answered
+    def list_bans(self, now):
+        return [self.tables.bans[sub] for sub in sorted(self.tables.bans) if self.tables.bans[sub].in_force(now)]
+
+    # ILinkedAccountStore
+
+    def _linked_key(self, sub, provider):
+        return next(
+            (key for key, account in self.tables.linked.items() if (account.sub, account.provider) == (sub, provider)),
+            None,
+        )
+
+    @_answered
+    def link_account(self, account):
+        replaced = self._linked_key(account.sub, account.provider)
+        if account.account_id in self.tables.linked and account.account_id != replaced:
+            raise AlreadyExists(f"account {account.account_id!r} exists already")
+        self.tables.linked.pop(replaced, None)
+        self.tables.linked[account.account_id] = account
+
+    @_answered
+    def get_linked_account(self, sub, provider):
+        return self.tables.linked.get(self._linked_key(sub, provider))
+
+    @_answered
+    def unlink_account(self, sub, provider):
+        return self.tables.linked.pop(self._linked_key(sub, provider), None) is not None
+
+    @_answered
+    def update_linked_tokens(
+        self, account_id, expected_version, access_token_enc, refresh_token_enc, scope, expires_at, now,
+    ):
+        account = self.tables.linked.get(account_id)
+        if account is None or account.version != expected_version:
+            return None
+        updated = attrs.evolve(
+            account,
+            access_token_enc=access_token_enc,
+            refresh_token_enc=account.refresh_token_enc if refresh_token_enc is None else refresh_token_enc,
+            scope=scope, expires_at=expires_at, updated_at=now, version=account.version + 1,
+        )
+        self.tables.linked[account_id] = updated
+        return updated
+
+    @_answered
+    def acquire_link_lock(self, account_id, holder, now, ttl):
+        # Taken when there is no lease, it has run out, or the holder renews it.
+        lease = self.tables.link_locks.get(account_id)
+        if lease is not None and lease[1] > now and lease[0] != holder:
+            return False
+        self.tables.link_locks[account_id] = (holder, now + ttl)
+        return True
+
+    @_answered
+    def release_link_lock(self, account_id, holder):
+        lease = self.tables.link_locks.get(account_id)
+        if lease is not None and lease[0] == holder:
+            del self.tables.link_locks[account_id]
+
+    # IStore
+
+    @_answered
+    def ping(self):
+        return None
+
+    @_answered
+    def gc(self, now, batch_size):
+        """The SQL stores' housekeeping, kind by kind, each up to C{batch_size} rows."""
+        tables = self.tables
+
+        def expired(table: dict, is_expired) -> int:
+            keys = [key for key, row in table.items() if is_expired(row)][:batch_size]
+            for key in keys:
+                del table[key]
+            return len(keys)
+
+        def ended(until) -> bool:
+            return until is not None and until <= now
+
+        count = expired(tables.codes, lambda code: code.expires_at <= now)
+        count += expired(tables.interactions, lambda interaction: interaction.expires_at <= now)
+        count += expired(tables.link_attempts, lambda attempt: attempt.expires_at <= now)
+        count += expired(tables.sessions, lambda session: session.expires_at <= now)
+        count += expired(tables.access, lambda access: access.expires_at <= now)
+        count += expired(tables.refresh, lambda refresh: refresh.expires_at <= now)
+        count += expired(tables.bans, lambda ban: ended(ban.until))
+        count += expired(tables.link_locks, lambda lease: lease[1] <= now)
+
+        def live_code(grant) -> bool:
+            return any(c.grant_id == grant.grant_id and c.expires_at > now for c in tables.codes.values())
+
+        count += self._drop_grants(lambda grant: grant.revoked_at is not None and not live_code(grant), batch_size)
+        count += self._drop_grants(
+            lambda grant: grant.expires_at <= now
+            and not live_code(grant)
+            and not self._has_live_token(grant.grant_id, now),
+            batch_size,
+        )
+        spent = [
+            key for key, refresh in tables.refresh.items() if refresh.replay is not None and refresh.grace_until <= now
+        ][:batch_size]
+        for key in spent:
+            tables.refresh[key] = attrs.evolve(tables.refresh[key], replay=None)
+        for marks, rows in ((tables.code_used_at, tables.codes), (tables.access_revoked_at, tables.access)):
+            for key in set(marks) - set(rows):
+                del marks[key]
+        return count + len(spent)
+
+    def _drop_grants(self, dead, batch_size) -> int:
+        """Drop up to C{batch_size} grants for which C{dead} holds, with their codes and tokens."""
+        tables = self.tables
+        gone = {key for key, grant in tables.grants.items() if dead(grant)}
+        gone = set(sorted(gone)[:batch_size])
+        for key in gone:
+            del tables.grants[key]
+        for table in (tables.codes, tables.access, tables.refresh):
+            for key in [key for key, row in table.items() if row.grant_id in gone]:
+                del table[key]
+        return len(gone)
+
+    def close(self):
+        return succeed(None)
