@@ -22,11 +22,13 @@ from authsrv.context import PluginContext
 from authsrv.identity.chain import IdentityChain
 from authsrv.keys import jwkfile
 from authsrv.records import (
+    LOGIN_STAGE,
     AccessToken,
     AuthorizationCode,
+    AuthorizationRequest,
     BrowserSession,
     Grant,
-    PendingAuthorization,
+    Interaction,
     RefreshToken,
 )
 from authsrv.service import MAINTENANCE_INTERVAL, AuthsrvService
@@ -37,7 +39,7 @@ from authsrv.tokens import token_hash
 NOW = 1_800_000_000
 DAY = 86400
 BATCH = 2
-TABLES = ("browser_sessions", "pending_authorizations", "authorization_codes", "access_tokens", "refresh_tokens",
+TABLES = ("browser_sessions", "interactions", "authorization_codes", "access_tokens", "refresh_tokens",
           "grants")
 
 
@@ -120,9 +122,17 @@ def _refresh(label: str, grant: Grant, expires_at: int) -> RefreshToken:
                         issued_at=NOW, expires_at=expires_at)
 
 
+def _interaction(interaction_id: str, expires_at: int) -> Interaction:
+    request = AuthorizationRequest(
+        client_id="first", redirect_uri="http://127.0.0.1:9000/callback", scope=("openid",), state="s",
+        code_challenge="c" * 43,
+    )
+    return Interaction(interaction_id, LOGIN_STAGE, request, "csrf", NOW - 600, expires_at)
+
+
 async def _seed(store) -> None:
     """
-    Expired now: 5 sessions, 3 pending requests, 3 access and 3 refresh
+    Expired now: 5 sessions, 3 interactions, 3 access and 3 refresh
     tokens. Expiring within the minute: the live grant's code, and the code
     that keeps a revoked grant (and its live-looking token) until then.
     Live for days: one of each.
@@ -131,8 +141,8 @@ async def _seed(store) -> None:
         await store.create_session(BrowserSession(token_hash(f"old-{n}"), f"old-{n}", "alice", NOW, NOW - DAY, NOW - n))
     await store.create_session(BrowserSession(token_hash("live"), "live", "alice", NOW, NOW, NOW + DAY))
     for n in range(3):
-        await store.save_pending(PendingAuthorization(f"old-{n}", "first", {}, "csrf", NOW - 600, NOW - n))
-    await store.save_pending(PendingAuthorization("live", "first", {}, "csrf", NOW, NOW + 600))
+        await store.save_interaction(_interaction(f"old-{n}", NOW - n))
+    await store.save_interaction(_interaction("live", NOW + 600))
     live = _grant("live")
     await store.save_code(_code("code-live", live, NOW + 60), live)
     for n in range(3):
@@ -148,7 +158,7 @@ async def _seed(store) -> None:
 async def test_expired_rows_go_in_batches_each_minute_and_live_ones_stay(server):
     await _seed(server.store)
     assert server.counts() == {
-        "browser_sessions": 6, "pending_authorizations": 4, "authorization_codes": 2,
+        "browser_sessions": 6, "interactions": 4, "authorization_codes": 2,
         "access_tokens": 5, "refresh_tokens": 4, "grants": 2,
     }
 
@@ -156,7 +166,7 @@ async def test_expired_rows_go_in_batches_each_minute_and_live_ones_stay(server)
     await server.round_done()
     assert [(now, size) for now, size, _ in server.gc_results] == [(NOW, BATCH)]
     assert server.counts() == {
-        "browser_sessions": 4, "pending_authorizations": 2, "authorization_codes": 2,
+        "browser_sessions": 4, "interactions": 2, "authorization_codes": 2,
         "access_tokens": 3, "refresh_tokens": 2, "grants": 2,
     }
 
@@ -168,7 +178,7 @@ async def test_expired_rows_go_in_batches_each_minute_and_live_ones_stay(server)
     assert [(now, size) for now, size, _ in server.gc_results] == [(NOW, BATCH), (NOW + 60, BATCH)]
     # Both codes expired at NOW + 60: the revoked grant goes, with its token.
     assert server.counts() == {
-        "browser_sessions": 2, "pending_authorizations": 1, "authorization_codes": 0,
+        "browser_sessions": 2, "interactions": 1, "authorization_codes": 0,
         "access_tokens": 1, "refresh_tokens": 1, "grants": 1,
     }
 
@@ -176,12 +186,12 @@ async def test_expired_rows_go_in_batches_each_minute_and_live_ones_stay(server)
     await server.next_round()
     assert [result for _, _, result in server.gc_results][2:] == [1, 0]
     assert server.counts() == {
-        "browser_sessions": 1, "pending_authorizations": 1, "authorization_codes": 0,
+        "browser_sessions": 1, "interactions": 1, "authorization_codes": 0,
         "access_tokens": 1, "refresh_tokens": 1, "grants": 1,
     }
     store, now = server.store, server.clock.seconds()
     assert await store.get_session(token_hash("live"), now) is not None
-    assert await store.get_pending("live", now) is not None
+    assert await store.get_interaction("live", now) is not None
     assert await store.find_access_token(token_hash("access-live"), now) is not None
     assert await store.get_refresh_token(token_hash("refresh-live")) is not None
     assert await store.get_grant("live") is not None

@@ -132,7 +132,7 @@ async def test_link_end_to_end(world):
     access = world.cipher.decrypt(link.access_token_enc, link.account_id, ACCESS)
     assert world.fake.access_valid(access)
     assert world.cipher.decrypt(link.refresh_token_enc, link.account_id, REFRESH)
-    assert await world.h.store.get_pending(token_hash(query["state"]), world.h.now()) is None
+    assert await world.h.store.take_link_attempt(token_hash(query["state"]), token_hash(cookie), world.h.now()) is None
 
     tokens = ChatTokens(world.h.clock, world.h.store, world.h.identity, world.provider, world.cipher, world.config)
     served = await tokens.fresh_token(ALICE.sub, world.h.now())
@@ -232,7 +232,7 @@ async def test_provider_denial_cancels_the_attempt(world):
     response, body = await world.callback(await world.approve(authorize_url), cookie)
     assert_page(response, body, 200, "Linking cancelled")
     state = query_of(authorize_url)["state"]
-    assert await world.h.store.get_pending(token_hash(state), world.h.now()) is None
+    assert await world.h.store.take_link_attempt(token_hash(state), token_hash(cookie), world.h.now()) is None
     assert await world.h.store.get_linked_account(ALICE.sub, "discord") is None
 
 
