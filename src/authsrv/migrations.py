@@ -90,7 +90,8 @@ class Ledger:
     def record(self, cursor, mark: str, version: int, name: str, now: int) -> None:
         if self.component is not None:
             cursor.execute(
-                f"INSERT INTO {self.table} (component, version, name, applied_at) VALUES ({mark}, {mark}, {mark}, {mark})",
+                f"INSERT INTO {self.table} (component, version, name, applied_at)"
+                f" VALUES ({mark}, {mark}, {mark}, {mark})",
                 (self.component, version, name, now),
             )
         elif self.named:

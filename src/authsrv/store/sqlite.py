@@ -289,7 +289,9 @@ class SQLiteStore:
         )
 
     def rotate_refresh(self, old_hash, new_refresh, new_access, replay, grace_until, now):
-        return self._call("rotate_refresh", True, _rotate_refresh, old_hash, new_refresh, new_access, replay, grace_until, now)
+        return self._call(
+            "rotate_refresh", True, _rotate_refresh, old_hash, new_refresh, new_access, replay, grace_until, now
+        )
 
     def revoke_token(self, token_hash, client_id, now):
         return self._call("revoke_token", True, _revoke_token, token_hash, client_id, now)
@@ -298,7 +300,9 @@ class SQLiteStore:
         return self._changed("revoke_grant", _REVOKE_GRANT, (now, grant_id))
 
     def revoke_user_grants(self, sub, now):
-        return self._execute("revoke_user_grants", "UPDATE grants SET revoked_at = ? WHERE sub = ? AND revoked_at IS NULL", (now, sub))
+        return self._execute(
+            "revoke_user_grants", "UPDATE grants SET revoked_at = ? WHERE sub = ? AND revoked_at IS NULL", (now, sub)
+        )
 
     def access_state(self, sub, now):
         def state(db):
@@ -377,7 +381,9 @@ class SQLiteStore:
         )
 
     def unlink_account(self, sub, provider):
-        return self._changed("unlink_account", "DELETE FROM linked_accounts WHERE sub = ? AND provider = ?", (sub, provider))
+        return self._changed(
+            "unlink_account", "DELETE FROM linked_accounts WHERE sub = ? AND provider = ?", (sub, provider)
+        )
 
     def update_linked_tokens(
         self, account_id, expected_version, access_token_enc, refresh_token_enc, scope, expires_at, now,
