@@ -22,12 +22,13 @@ from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 from twisted.logger import capturedLogs, formatEvent
 
-from authsrv import pg
 from authsrv.configsection import ConfigError, Section
 from authsrv.context import PluginContext
 from authsrv.identity import postgres
 from authsrv.identity.errors import BackendUnavailable, UnknownUser
 from authsrv.identity.passwords import hash_password, is_argon2id_hash
+from authsrv.pg.pool import LOOKUP_POOL_NAME, LOOKUP_POOL_SIZE
+from authsrv.pg.settings import read_settings
 from authsrv.plugins import factories
 from authsrv.records import User
 from authsrv.testing.identity import ALICE, BOB, PASSWORDS, IdentityBackendConformance, seed_users
@@ -131,13 +132,13 @@ def backends():
 def direct_backend(dsn: str, context, verifier, *, connect_timeout=5):
     """An own-mode backend over a schema that exists, with a verifier of the test's own."""
     section = Section({"dsn": dsn, "connect_timeout": connect_timeout}, "identity[0]", None)
-    settings = pg.read_settings(section, "authsrv-identity")
+    settings = read_settings(section, "authsrv-identity")
     pool = postgres.connection_pool(context.reactor, settings, 2, lookups(context))
     return postgres.PostgresIdentityBackend(pool, verifier, postgres.OWN_QUERIES, "own")
 
 
 def lookups(context):
-    return context.threadpool(pg.LOOKUP_POOL_NAME, pg.LOOKUP_POOL_SIZE)
+    return context.threadpool(LOOKUP_POOL_NAME, LOOKUP_POOL_SIZE)
 
 
 def cheap_verifier(context):
@@ -364,7 +365,7 @@ def test_mapped_query_too_slow_on_start(pg_dsn, context):
 @pytest_twisted.ensureDeferred
 async def test_read_only_pool_refuses_writes(pg_dsn, reactor, context):
     seed_staff(pg_dsn, seed_users())
-    settings = pg.read_settings(Section({"dsn": pg_dsn}, "identity[0]", None), "test")
+    settings = read_settings(Section({"dsn": pg_dsn}, "identity[0]", None), "test")
 
     def write(connection):
         return connection.cursor().execute("DELETE FROM staff")
@@ -413,7 +414,7 @@ async def test_dsn_from_a_file_or_the_environment(pg_dsn, context, backends, tmp
     monkeypatch.setenv("IDENTITY_DSN", pg_dsn)
     from_environment = open_backend({"dsn_env": "IDENTITY_DSN"}, context, backends)
     assert await from_environment.user_by_login("alice") == ALICE
-    settings = pg.read_settings(Section({"dsn_file": "dsn"}, "identity[0]", tmp_path), "x")
+    settings = read_settings(Section({"dsn_file": "dsn"}, "identity[0]", tmp_path), "x")
     assert "s3cret" not in repr(settings)
 
 

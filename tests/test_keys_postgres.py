@@ -16,11 +16,11 @@ from twisted.internet.defer import gatherResults
 from twisted.internet.threads import deferToThread
 from twisted.logger import capturedLogs
 
-from authsrv import pg
 from authsrv.chat.crypto import new_key_text
 from authsrv.configsection import ConfigError, Section
 from authsrv.context import PluginContext
 from authsrv.keys import postgres
+from authsrv.pg.settings import ConnectionSettings
 from authsrv.testing.keystore import CLAIMS, PRIVATE_MEMBERS, KeystoreConformance
 
 MAX_TOKEN_LIFETIME = 3600
@@ -304,13 +304,13 @@ def test_check_only_touches_nothing(pg_dsn, reactor, tmp_path):
 async def test_storage_work_stays_off_the_reactor_thread(pg_dsn, contexts, monkeypatch):
     keystore = _open(pg_dsn, contexts())
     threads = []
-    connect = pg.ConnectionSettings.connect
+    connect = ConnectionSettings.connect
 
     def recording(self, **kwargs):
         threads.append(threading.current_thread())
         return connect(self, **kwargs)
 
-    monkeypatch.setattr(pg.ConnectionSettings, "connect", recording)
+    monkeypatch.setattr(ConnectionSettings, "connect", recording)
     await keystore.maintain(_by_state(keystore, "active")[0].activated_at + 1)
     await keystore.rotate(_by_state(keystore, "active")[0].activated_at + 2)
     assert threads and threading.main_thread() not in threads

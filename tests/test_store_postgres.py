@@ -17,9 +17,9 @@ import pytest
 import pytest_twisted
 from twisted.logger import formatEvent, globalLogPublisher
 
-from authsrv import pg
 from authsrv.configsection import ConfigError, Section
 from authsrv.context import PluginContext
+from authsrv.pg.settings import targets
 from authsrv.plugins import find_factory
 from authsrv.store import postgres as postgres_store
 from authsrv.records import DEFAULT_GRANT_TYPES, AccessState, Ban, NotRevoked
@@ -365,6 +365,20 @@ class TestConnectionFailures(PostgresDatabase):
         assert len([line for line in logged if "PostgreSQL unavailable" in line]) == 1
 
     @pytest_twisted.ensureDeferred
+    async def test_observer_hears_every_call_by_label(self):
+        heard = []
+        store = self.store(observer=lambda *call: heard.append(call))
+        await store.ban_user(Ban(ALICE, "spam", NOW))
+        await store.find_access_token(h("access-1"), NOW)
+        await store.close()
+        with pytest.raises(StoreUnavailable):
+            await store.ping()
+        assert [(label, failed) for label, _, failed in heard] == [
+            ("ban_user", False), ("find_access_token", False), ("ping", True),
+        ]
+        assert all(isinstance(seconds, float) and 0 <= seconds < 5 for _, seconds, _ in heard)
+
+    @pytest_twisted.ensureDeferred
     async def test_keys_holding_nul_match_nothing(self):
         """PostgreSQL text cannot hold U+0000: such an id from a request is unknown, never an error."""
         store = self.store()
@@ -411,15 +425,15 @@ class TestConnectionFailures(PostgresDatabase):
         assert looked_up == [("db.test", False), ("db.invalid", False)]
 
     def test_targets_of_a_dsn(self):
-        assert pg.targets("dbname=x") == [{}]
-        assert pg.targets("host=db.internal dbname=x") == [{"host": "db.internal"}]
-        assert pg.targets("postgresql://db1:5433,db2/authsrv?target_session_attrs=read-write") == [
+        assert targets("dbname=x") == [{}]
+        assert targets("host=db.internal dbname=x") == [{"host": "db.internal"}]
+        assert targets("postgresql://db1:5433,db2/authsrv?target_session_attrs=read-write") == [
             {"host": "db1", "port": "5433"}, {"host": "db2", "port": ""},
         ]
-        assert pg.targets("host=db1,db2 port=6432") == [
+        assert targets("host=db1,db2 port=6432") == [
             {"host": "db1", "port": "6432"}, {"host": "db2", "port": "6432"},
         ]
-        assert pg.targets("host=db1,/run/postgresql hostaddr=10.0.0.5, port=5432,5433") == [
+        assert targets("host=db1,/run/postgresql hostaddr=10.0.0.5, port=5432,5433") == [
             {"host": "db1", "port": "5432", "hostaddr": "10.0.0.5"},
             {"host": "/run/postgresql", "port": "5433", "hostaddr": ""},
         ]

@@ -17,10 +17,11 @@ from twisted.internet.defer import Deferred
 
 from authsrv.configsection import ConfigError, Section
 from authsrv.context import PluginContext
-from authsrv.plugins import find_factory
 from authsrv.migrations import schema_steps
+from authsrv.plugins import find_factory
 from authsrv.records import DEFAULT_GRANT_TYPES, Ban, Client
 from authsrv.store import sqlite
+from authsrv.store.errors import AlreadyExists
 from authsrv.testing.store import (
     ALICE,
     CLIENT,
@@ -244,6 +245,31 @@ class TestSQLiteDurability(SQLiteFolder):
             assert await store.get_refresh_token(h("refresh-1")) is not None
         finally:
             await store.close()
+
+
+class TestObserver(SQLiteFolder):
+    @pytest_twisted.ensureDeferred
+    async def test_observer_hears_every_call_by_label(self):
+        from twisted.internet import reactor
+
+        heard = []
+        store = sqlite.open_store(reactor, self.folder / "observed.sqlite3", observer=lambda *call: heard.append(call))
+        try:
+            grant = await start_grant(store, "g1")
+            await store.consume_code(h("code-g1"), NOW)
+            _, refresh = await issue(store, grant, "1")
+            await store.get_refresh_token(refresh.token_hash)
+            client = Client(CLIENT, None, ["https://app.example/cb"])
+            await store.add_client(client)
+            with pytest.raises(AlreadyExists):
+                await store.add_client(client)
+        finally:
+            await store.close()
+        assert [(label, failed) for label, _, failed in heard] == [
+            ("save_code", False), ("consume_code", False), ("issue_tokens", False), ("get_refresh_token", False),
+            ("add_client", False), ("add_client", True),
+        ]
+        assert all(isinstance(seconds, float) and 0 <= seconds < 5 for _, seconds, _ in heard)
 
 
 class TestGroupCommit(SQLiteFolder):

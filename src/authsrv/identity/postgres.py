@@ -30,7 +30,6 @@ from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from authsrv import pg
 from authsrv.configsection import ConfigError, Section
 from authsrv.identity.credentials import credential_text
 from authsrv.identity.errors import BackendUnavailable, UnknownUser
@@ -44,6 +43,20 @@ from authsrv.identity.passwords import (
 )
 from authsrv.identity.static import login_key
 from authsrv.interfaces import IIdentityBackend
+from authsrv.migrations import Ledger, MigrationError, PostgresMigration, advisory_lock_id, migrate, schema_steps
+from authsrv.pg.pool import (
+    LOOKUP_POOL_NAME,
+    LOOKUP_POOL_SIZE,
+    ConnectFailed,
+    NoFreeConnection,
+    Pool,
+    PoolClosed,
+    TimedOut,
+    fetch,
+    first_line,
+    is_outage,
+)
+from authsrv.pg.settings import ConnectionSettings, read_settings
 from authsrv.records import User
 
 log = Logger()
@@ -70,13 +83,13 @@ _TEXT_TYPES = frozenset({"text", "varchar", "bpchar", "name", "citext"})
 _OWN_COLUMNS = ", ".join(COLUMNS)
 
 
-SCHEMA_LOCK = pg.advisory_lock_id("authsrv identity schema")
-LEDGER = pg.Ledger("identity_schema_version", "identity")
+SCHEMA_LOCK = advisory_lock_id("authsrv identity schema")
+LEDGER = Ledger("identity_schema_version", "identity")
 
 
-def connection_pool(reactor, settings: pg.ConnectionSettings, size: int, lookups, *, read_only: bool = False):
-    """A L{pg.Pool} whose every failure is L{BackendUnavailable}."""
-    return pg.Pool(
+def connection_pool(reactor, settings: ConnectionSettings, size: int, lookups, *, read_only: bool = False):
+    """A L{Pool} whose every failure is L{BackendUnavailable}."""
+    return Pool(
         reactor, settings, size=size, lookups=lookups, translate=_translate, what="identity database",
         consequence="logins and user lookups fail", read_only=read_only,
     )
@@ -88,27 +101,27 @@ def _translate(error: BaseException, label: str) -> tuple[BackendUnavailable, bo
     it is an outage; a query the database refuses (a broken mapping) is
     logged every time.
     """
-    if isinstance(error, pg.PoolClosed):
+    if isinstance(error, PoolClosed):
         return BackendUnavailable(f"{label}: the connection pool is closed"), False
-    if isinstance(error, pg.NoFreeConnection):
+    if isinstance(error, NoFreeConnection):
         reason = f"no connection free within {error.seconds} s"
-    elif isinstance(error, pg.ConnectFailed):
+    elif isinstance(error, ConnectFailed):
         reason = f"cannot connect: {_reason(error.cause)}"
     else:
         reason = _reason(error)
-    outage = pg.is_outage(error)
+    outage = is_outage(error)
     if not outage:
         log.error("identity query {label} failed: {reason}", label=label, reason=reason)
     return BackendUnavailable(f"{label}: {reason}"), outage
 
 
 def _reason(error: BaseException) -> str:
-    if isinstance(error, pg.TimedOut):
+    if isinstance(error, TimedOut):
         return f"no answer within {error.seconds} s"
     if isinstance(error, CancelledError):
         # txpostgres turns the server's statement-timeout cancellation into this.
         return "cancelled by the server (statement_timeout)"
-    return pg.first_line(error)
+    return first_line(error)
 
 
 async def _write(connection, query: str, parameters: dict) -> int:
@@ -245,7 +258,7 @@ def check_queries(connection, section: Section, queries: Queries) -> None:
         except psycopg2.OperationalError:
             raise
         except psycopg2.Error as e:
-            raise section.error(name, f"does not run: {pg.first_line(e)}") from None
+            raise section.error(name, f"does not run: {first_line(e)}") from None
 
 
 def _check_columns(connection, section: Section, name: str, description) -> None:
@@ -326,7 +339,7 @@ class PostgresIdentityBackend:
 
     credentialInterfaces = (IUsernamePassword,)
 
-    def __init__(self, pool: pg.Pool, verifier: MigratingVerifier, queries: Queries, mode: str):
+    def __init__(self, pool: Pool, verifier: MigratingVerifier, queries: Queries, mode: str):
         self._pool = pool
         self._verifier = verifier
         self._queries = queries
@@ -345,7 +358,7 @@ class PostgresIdentityBackend:
                 log.error("{query} found a user without sub or login", query=label)
             return accounts[0] if accounts else None
 
-        return self._pool.run(lambda c: pg.fetch(c, query, parameters), label).addCallback(pick)
+        return self._pool.run(lambda c: fetch(c, query, parameters), label).addCallback(pick)
 
     def _by_login(self, login: str | bytes) -> Deferred:
         text = _db_text(login)
@@ -462,7 +475,7 @@ class PostgresIdentityBackend:
 
 def from_config(section: Section, context) -> PostgresIdentityBackend | None:
     """
-    Keys: the connection keys of L{pg.read_settings}; C{mode} ("own", the
+    Keys: the connection keys of L{read_settings}; C{mode} ("own", the
     default, or "mapped"); C{pool_size} (default 4); in mapped mode the
     queries C{user_by_login}, C{user_by_id} and optionally
     C{update_password_hash} (see L{Queries}).
@@ -476,7 +489,7 @@ def build(section: Section, context, hasher=DEFAULT_HASHER) -> PostgresIdentityB
     cheap one). Checking a config (C{context.check_only}) runs the mapped
     queries, which read only, and leaves an own-mode database alone.
     """
-    settings = pg.read_settings(section, "authsrv-identity")
+    settings = read_settings(section, "authsrv-identity")
     mode = section.str("mode", "own", choices=MODES)
     pool_size = section.int("pool_size", 4, minimum=1)
     if mode == "mapped":
@@ -495,15 +508,16 @@ def build(section: Section, context, hasher=DEFAULT_HASHER) -> PostgresIdentityB
             if read_only:
                 check_queries(connection, section, queries)
             else:
-                pg.migrate(connection, pg.migrations("authsrv.identity"), LEDGER, SCHEMA_LOCK)
+                steps = schema_steps("authsrv.identity", "postgres")
+                migrate(connection, PostgresMigration(SCHEMA_LOCK), steps, LEDGER)
     except psycopg2.OperationalError as e:
-        raise ConfigError(settings.key, f"cannot use the database: {pg.first_line(e)}") from None
-    except pg.MigrationError as e:
+        raise ConfigError(settings.key, f"cannot use the database: {first_line(e)}") from None
+    except MigrationError as e:
         raise ConfigError(settings.key, str(e)) from None
     if context.check_only:
         return None
     verifier = MigratingVerifier.for_context(context, hasher)
-    lookups = context.threadpool(pg.LOOKUP_POOL_NAME, pg.LOOKUP_POOL_SIZE)
+    lookups = context.threadpool(LOOKUP_POOL_NAME, LOOKUP_POOL_SIZE)
     pool = connection_pool(context.reactor, settings, pool_size, lookups, read_only=read_only)
     backend = PostgresIdentityBackend(pool, verifier, queries, mode)
     verifier.warm_up()

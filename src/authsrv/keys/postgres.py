@@ -25,15 +25,17 @@ import psycopg2
 from jwcrypto.common import JWException
 from jwcrypto.jwk import JWK
 
-from authsrv import pg
 from authsrv.chat.crypto import TokenCipher, UndecryptableToken, key_from_text
 from authsrv.configsection import ConfigError, Section
 from authsrv.keys.filestore import FileKeystore, read_options
 from authsrv.keys.ring import InvalidKeys, KeyRing, RingKey
+from authsrv.migrations import Ledger, MigrationError, PostgresMigration, advisory_lock_id, migrate, schema_steps
+from authsrv.pg.pool import first_line
+from authsrv.pg.settings import ConnectionSettings, read_settings
 
-SCHEMA_LOCK = pg.advisory_lock_id("authsrv keystore schema")
-KEYS_LOCK = pg.advisory_lock_id("authsrv keystore keys")
-LEDGER = pg.Ledger("keystore_schema_version", "keystore")
+SCHEMA_LOCK = advisory_lock_id("authsrv keystore schema")
+KEYS_LOCK = advisory_lock_id("authsrv keystore keys")
+LEDGER = Ledger("keystore_schema_version", "keystore")
 
 SEALED = "signing-key"
 """What a sealed private key is bound to, besides its kid (the associated data)."""
@@ -47,13 +49,13 @@ class KeystoreUnavailable(Exception):
 
 def from_config(section: Section, context) -> "PostgresKeystore | None":
     """
-    Keys: the connection keys of L{authsrv.pg.read_settings}
+    Keys: the connection keys of L{authsrv.pg.settings.read_settings}
     (C{dsn}, or C{dsn_env}/C{dsn_file}; C{connect_timeout},
     C{statement_timeout}); C{algorithms} and C{rotate_every} as for the file
     keystores; optionally C{encryption_key_env} or C{encryption_key_file}
     (base64url of 32 bytes) to seal private keys at rest.
     """
-    settings = pg.read_settings(section, "authsrv-keystore")
+    settings = read_settings(section, "authsrv-keystore")
     algorithms, rotate_every = read_options(section)
     secret_key = section.key(
         "encryption_key_file" if section.has("encryption_key_file") else "encryption_key_env"
@@ -80,7 +82,7 @@ class KeyTable:
     C{signing_keys} table, changed only under the advisory lock.
     """
 
-    def __init__(self, settings: pg.ConnectionSettings, cipher: TokenCipher | None, secret_key: str, where: str):
+    def __init__(self, settings: ConnectionSettings, cipher: TokenCipher | None, secret_key: str, where: str):
         self._settings = settings
         self._cipher = cipher
         self._secret_key = secret_key
@@ -94,14 +96,14 @@ class KeyTable:
             with closing(self._settings.connect()) as connection:
                 yield connection
         except psycopg2.Error as e:
-            raise KeystoreUnavailable(f"keystore database: {pg.first_line(e)}") from None
+            raise KeystoreUnavailable(f"keystore database: {first_line(e)}") from None
 
     def prepare(self) -> None:
         """Create or migrate the table (once, when instances start together)."""
         with self._session() as connection:
             try:
-                pg.migrate(connection, pg.migrations("authsrv.keys"), LEDGER, SCHEMA_LOCK)
-            except pg.MigrationError as e:
+                migrate(connection, PostgresMigration(SCHEMA_LOCK), schema_steps("authsrv.keys", "postgres"), LEDGER)
+            except MigrationError as e:
                 raise KeystoreUnavailable(str(e)) from None
 
     @contextmanager

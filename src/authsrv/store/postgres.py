@@ -19,45 +19,48 @@ most C{statement_timeout} (the server cancels it; a client-side deadline a
 second later closes a connection whose server went silent), and every such
 failure is L{StoreUnavailable}, which the web layer answers with 503. Broken
 connections are dropped and new ones opened by later requests, so the
-server recovers by itself when the database is back. The pool, the
-connection keys and the migration runner are L{authsrv.pg}'s, shared with
-the other PostgreSQL plugins; this module maps their failures to the store's
-errors.
+server recovers by itself when the database is back. The pool and the
+connection keys are L{authsrv.pg}'s, shared with the other PostgreSQL
+plugins, the migration runner and the row mapping are shared with the SQLite
+store; this module maps their failures to the store's errors.
 """
 
 from __future__ import annotations
 
 import socket
 from contextlib import closing
+from time import perf_counter
 
-import attrs
 import psycopg2
 import psycopg2.errorcodes
 from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.internet.error import ConnectionDone, ConnectionLost
 from zope.interface import implementer
 
-from authsrv import pg
 from authsrv.configsection import ConfigError
 from authsrv.interfaces import IStore
+from authsrv.migrations import Ledger, MigrationError, PostgresMigration, migrate as run_migrations, schema_steps
+from authsrv.pg.pool import (
+    LOOKUP_POOL_NAME,
+    LOOKUP_POOL_SIZE,
+    ConnectFailed,
+    NoFreeConnection,
+    Pool,
+    PoolClosed,
+    TimedOut,
+    fetch,
+    first,
+    first_line,
+    rowcount,
+)
+from authsrv.pg.settings import ConnectionSettings, read_settings
 from authsrv.records import (
     AccessState,
-    AccessToken,
-    AuthorizationCode,
-    AuthorizationRequest,
-    Ban,
-    BrowserSession,
-    Client,
     CodeConsumed,
     CodeNotFound,
     CodeReused,
-    Grant,
-    Interaction,
-    LinkAttempt,
-    LinkedAccount,
     NotRevoked,
     RefreshNotFound,
-    RefreshToken,
     Replayed,
     Reused,
     RevokedAccess,
@@ -65,6 +68,8 @@ from authsrv.records import (
     Rotated,
 )
 from authsrv.store.errors import AlreadyExists, StoreUnavailable
+from authsrv.store.observer import Observer, watched
+from authsrv.store.rows import POSTGRES, WITH_BAN, Rows, ban_of, scope_text, tables
 
 COMPONENT = "store"
 """This schema's name in C{schema_version}, which other components may share."""
@@ -75,7 +80,7 @@ The advisory lock key every instance takes while it migrates, so that two
 instances starting at once never both migrate.
 """
 
-LEDGER = pg.Ledger("schema_version", COMPONENT, COMPONENT)
+LEDGER = Ledger("schema_version", COMPONENT, COMPONENT)
 
 
 # --- configuration -----------------------------------------------------------
@@ -87,19 +92,19 @@ def from_config(section, context) -> "PostgresStore | None":
     so that an unreachable database or a too-new schema stops the server with
     one line naming the DSN's key (never the DSN: it may hold a password).
     """
-    settings = pg.read_settings(section, "authsrv")
+    settings = read_settings(section, "authsrv")
     pool_size = section.int("pool_size", 8, minimum=1)
     section.done()
     if context.check_only:
         return None
     try:
         migrate(settings.dsn, settings.connect_timeout, int(context.reactor.seconds()))
-    except (psycopg2.Error, pg.MigrationError) as e:
-        raise ConfigError(settings.key, f"cannot use the database: {pg.first_line(e)}") from None
+    except (psycopg2.Error, MigrationError) as e:
+        raise ConfigError(settings.key, f"cannot use the database: {first_line(e)}") from None
     return PostgresStore(
         context.reactor, settings.dsn, pool_size=pool_size, statement_timeout=settings.statement_timeout,
         connect_timeout=settings.connect_timeout,
-        lookups=context.threadpool(pg.LOOKUP_POOL_NAME, pg.LOOKUP_POOL_SIZE),
+        lookups=context.threadpool(LOOKUP_POOL_NAME, LOOKUP_POOL_SIZE),
     )
 
 
@@ -108,18 +113,20 @@ def from_config(section, context) -> "PostgresStore | None":
 
 def migrations() -> list[tuple[int, str, str]]:
     """(version, file name, SQL) of every shipped schema step, in order."""
-    return pg.migrations("authsrv.store")
+    return schema_steps("authsrv.store", "postgres")
 
 
 def migrate(dsn: str, connect_timeout: int, now: int, steps=None) -> int:
     """
     Bring the schema to the newest of C{steps} (the shipped ones by
-    default), see L{pg.migrate}. Returns the version now in force.
+    default), see L{authsrv.migrations.migrate}. Returns the version now in force.
     """
-    # A statement timeout of 0 is none: steps may take long, and pg.migrate bounds its lock wait.
-    settings = pg.ConnectionSettings(dsn, "dsn", connect_timeout, 0, "authsrv")
+    # A statement timeout of 0 is none: steps may take long, and the runner bounds its lock wait.
+    settings = ConnectionSettings(dsn, "dsn", connect_timeout, 0, "authsrv")
     with closing(settings.connect()) as connection:
-        return pg.migrate(connection, migrations() if steps is None else steps, LEDGER, MIGRATION_LOCK, now)
+        return run_migrations(
+            connection, PostgresMigration(MIGRATION_LOCK), migrations() if steps is None else steps, LEDGER, now
+        )
 
 
 # --- errors -------------------------------------------------------------------
@@ -136,16 +143,16 @@ errors.
 
 def _store_error(error: BaseException) -> BaseException:
     """The store's own exception for a pool or driver one, or C{error} itself."""
-    if isinstance(error, pg.ConnectFailed):
+    if isinstance(error, ConnectFailed):
         return _store_error(error.cause)
-    if isinstance(error, pg.NoFreeConnection):
+    if isinstance(error, NoFreeConnection):
         return StoreUnavailable(f"no PostgreSQL connection became free within {error.seconds}s")
-    if isinstance(error, pg.TimedOut):
+    if isinstance(error, TimedOut):
         return StoreUnavailable(f"PostgreSQL did not answer within {error.seconds}s")
-    if isinstance(error, pg.PoolClosed):
+    if isinstance(error, PoolClosed):
         return StoreUnavailable("the store is closed")
     if isinstance(error, psycopg2.IntegrityError) and error.pgcode == psycopg2.errorcodes.UNIQUE_VIOLATION:
-        return AlreadyExists(pg.first_line(error))
+        return AlreadyExists(first_line(error))
     if isinstance(error, CancelledError):
         return StoreUnavailable("PostgreSQL cancelled the statement (statement_timeout)")
     if isinstance(error, (ConnectionDone, ConnectionLost)):
@@ -155,14 +162,14 @@ def _store_error(error: BaseException) -> BaseException:
     if isinstance(error, (psycopg2.OperationalError, psycopg2.InterfaceError)) or (
         isinstance(error, psycopg2.Error) and (error.pgcode or "")[:2] in _UNAVAILABLE_CLASSES
     ):
-        return StoreUnavailable(f"PostgreSQL: {pg.first_line(error)}")
+        return StoreUnavailable(f"PostgreSQL: {first_line(error)}")
     return error
 
 
 def _translate(error: BaseException, _label: str) -> tuple[BaseException, bool]:
     """The pool's failure as the store's exception; every unavailability but a closed store is an outage."""
     translated = _store_error(error)
-    return translated, isinstance(translated, StoreUnavailable) and not isinstance(error, pg.PoolClosed)
+    return translated, isinstance(translated, StoreUnavailable) and not isinstance(error, PoolClosed)
 
 
 def _holds_nul(params: dict) -> bool:
@@ -174,111 +181,7 @@ def _holds_nul(params: dict) -> bool:
     return any(isinstance(value, str) and "\x00" in value for value in params.values())
 
 
-# --- records <-> rows -----------------------------------------------------------
-# A codec is an (encode, decode) pair between a record field and its column.
-
-_PLAIN = (lambda value: value, lambda value: value)
-
-
-def _scope_text(scope) -> str:
-    """Scope tokens never hold spaces (RFC 6749 section 3.3); sorted, equal sets are equal strings."""
-    return " ".join(sorted(scope))
-
-
-_SCOPE = (_scope_text, str.split)
-_WORDS = (" ".join, str.split)
-"""Space-separated words kept in their order (a request's scope as asked)."""
-_ARRAY = (list, tuple)
-_BYTES = (lambda value: value, lambda value: None if value is None else bytes(value))
-
-
-class _Rows:
-    """
-    How one record type maps onto the table columns of the same names;
-    C{derived} fields come from a query (a join), never from a column;
-    C{nested} records (field name -> their L{_Rows}) are stored flat, as
-    their own fields' columns in the same row.
-    """
-
-    def __init__(
-        self, record: type, table: str, key: str, derived: tuple[str, ...] = (), nested=None, **codecs,
-    ):
-        self.record = record
-        self.nested = nested or {}
-        self.fields = [f.name for f in attrs.fields(record) if f.name not in self.nested]
-        self.codecs = codecs
-        self.written = [name for name in self.fields if name not in derived] + [
-            column for rows in self.nested.values() for column in rows.written
-        ]
-        self.table = table
-        self.insert = self.insert_as("")
-        self.upsert = self.insert + f" ON CONFLICT ({key}) DO UPDATE SET " + ", ".join(
-            f"{name} = EXCLUDED.{name}" for name in self.written if name not in key.split(", ")
-        )
-
-    def insert_as(self, prefix: str, source: str = "") -> str:
-        """
-        The INSERT of one record whose parameters are named C{prefix} + field;
-        with C{source}, a row is inserted for each row of that query.
-        """
-        columns = ", ".join(self.written)
-        values = ", ".join(f"%({prefix}{name})s" for name in self.written)
-        if source:
-            return f"INSERT INTO {self.table} ({columns}) SELECT {values} FROM {source}"
-        return f"INSERT INTO {self.table} ({columns}) VALUES ({values})"
-
-    def params(self, value, prefix: str = "") -> dict:
-        params = {
-            prefix + name: self.codecs.get(name, _PLAIN)[0](getattr(value, name))
-            for name in self.fields if name in self.written
-        }
-        for name, rows in self.nested.items():
-            params.update(rows.params(getattr(value, name), prefix))
-        return params
-
-    def load(self, row, user_ban: bool = False):
-        if row is None:
-            return None
-        values = {name: self.codecs.get(name, _PLAIN)[1](row[name]) for name in self.fields if name in row}
-        values.update((name, rows.load(row)) for name, rows in self.nested.items())
-        if user_ban:
-            values["user_ban"] = _ban_of(row, row["sub"])
-        return self.record(**values)
-
-
-_CLIENTS = _Rows(
-    Client, "clients", "client_id",
-    redirect_uris=_ARRAY, post_logout_redirect_uris=_ARRAY, resources=_ARRAY, grant_types=_ARRAY,
-)
-_SESSIONS = _Rows(BrowserSession, "browser_sessions", "session_hash")
-_INTERACTIONS = _Rows(
-    Interaction, "interactions", "interaction_id",
-    nested={
-        "request": _Rows(
-            AuthorizationRequest, "interactions", "interaction_id", scope=_WORDS, resources=_ARRAY, prompt=_SCOPE,
-        ),
-    },
-)
-_LINK_ATTEMPTS = _Rows(LinkAttempt, "link_attempts", "state_hash")
-_GRANTS = _Rows(Grant, "grants", "grant_id", scope=_SCOPE, resource=_ARRAY)
-_CODES = _Rows(AuthorizationCode, "authorization_codes", "code_hash", scope=_SCOPE, resource=_ARRAY)
-_ACCESS = _Rows(AccessToken, "access_tokens", "token_hash", derived=("user_ban",), scope=_SCOPE, audience=_ARRAY)
-_REFRESH = _Rows(
-    RefreshToken, "refresh_tokens", "token_hash", derived=("revoked", "user_ban"), scope=_SCOPE, replay=_BYTES,
-)
-_BANS = _Rows(Ban, "bans", "sub")
-_LINKED = _Rows(
-    LinkedAccount, "linked_accounts", "sub, provider", access_token_enc=_BYTES, refresh_token_enc=_BYTES,
-)
-
-# A token lookup also reads its user's ban, so one round trip tells both.
-_WITH_BAN = ", b.reason AS ban_reason, b.created_at AS ban_created_at, b.until AS ban_until"
-
-
-def _ban_of(row, sub: str) -> Ban | None:
-    if row["ban_created_at"] is None:
-        return None
-    return Ban(sub=sub, reason=row["ban_reason"], created_at=row["ban_created_at"], until=row["ban_until"])
+_T = tables(POSTGRES)
 
 
 # --- the store ------------------------------------------------------------------
@@ -286,108 +189,118 @@ def _ban_of(row, sub: str) -> Ban | None:
 
 @implementer(IStore)
 class PostgresStore:
-    """L{IStore} on a L{pg.Pool} of connections to one PostgreSQL database."""
+    """L{IStore} on a L{Pool} of connections to one PostgreSQL database."""
 
     def __init__(
         self, reactor, dsn: str, *, pool_size: int, statement_timeout: int, connect_timeout: int, lookups,
+        observer: Observer | None = None,
     ):
-        """C{lookups} is a thread pool for host name lookups."""
-        settings = pg.ConnectionSettings(dsn, "dsn", connect_timeout, statement_timeout, "authsrv")
-        self._pool = pg.Pool(
+        """
+        C{lookups} is a thread pool for host name lookups; C{observer}, if
+        any, hears of every call (see L{authsrv.store.observer}).
+        """
+        settings = ConnectionSettings(dsn, "dsn", connect_timeout, statement_timeout, "authsrv")
+        self._pool = Pool(
             reactor, settings, size=pool_size, lookups=lookups, translate=_translate, what="PostgreSQL",
             consequence="requests that need the store are answered 503",
         )
+        self._observer = observer
 
-    def _run(self, work, *args) -> Deferred:
-        """Fire with C{await work(connection, *args)} on a pooled connection."""
-        return self._pool.run(lambda db: work(db, *args))
+    def _run(self, label: str, work, *args) -> Deferred:
+        """
+        Fire with C{await work(connection, *args)} on a pooled connection.
+        Every call passes here, named by C{label}.
+        """
+        if self._observer is None:
+            return self._pool.run(lambda db: work(db, *args), label)
+        return watched(self._observer, label, perf_counter(), self._pool.run(lambda db: work(db, *args), label))
 
-    def _one(self, rows: _Rows | None, sql: str, params: dict, **load) -> Deferred:
+    def _one(self, label: str, rows: Rows | None, sql: str, params: dict) -> Deferred:
         """The record of the first row (the row itself without C{rows}), or None."""
         if _holds_nul(params):
             return succeed(None)
 
         async def one(db):
-            row = await pg.first(db, sql, params)
-            return row if rows is None else rows.load(row, **load)
+            row = await first(db, sql, params)
+            return row if rows is None else rows.load(row)
 
-        return self._run(one)
+        return self._run(label, one)
 
-    def _all(self, rows: _Rows, sql: str, params: dict) -> Deferred:
+    def _all(self, label: str, rows: Rows, sql: str, params: dict) -> Deferred:
         if _holds_nul(params):
             return succeed([])
 
         async def every(db):
-            return [rows.load(row) for row in await pg.fetch(db, sql, params)]
+            return [rows.load(row) for row in await fetch(db, sql, params)]
 
-        return self._run(every)
+        return self._run(label, every)
 
-    def _count(self, sql: str, params: dict) -> Deferred:
+    def _count(self, label: str, sql: str, params: dict) -> Deferred:
         """Run one statement; fire with how many rows it changed."""
         if _holds_nul(params):
             return succeed(0)
-        return self._run(pg.rowcount, sql, params)
+        return self._run(label, rowcount, sql, params)
 
-    def _changed(self, sql: str, params: dict) -> Deferred:
+    def _changed(self, label: str, sql: str, params: dict) -> Deferred:
         """Run one statement; fire True when it changed a row."""
-        return self._count(sql, params).addCallback(bool)
+        return self._count(label, sql, params).addCallback(bool)
 
-    def _write(self, sql: str, params: dict) -> Deferred:
+    def _write(self, label: str, sql: str, params: dict) -> Deferred:
         """Run one statement that stores a record; fire with None."""
-        return self._run(pg.rowcount, sql, params).addCallback(lambda _: None)
+        return self._run(label, rowcount, sql, params).addCallback(lambda _: None)
 
     # IClientRegistry
 
     def add_client(self, client):
-        return self._write(_CLIENTS.insert, _CLIENTS.params(client))
+        return self._write("add_client", _T.clients.insert, _T.clients.params(client))
 
     def put_client(self, client):
-        return self._write(_CLIENTS.upsert, _CLIENTS.params(client))
+        return self._write("put_client", _T.clients.put, _T.clients.params(client))
 
     def get_client(self, client_id):
-        return self._one(_CLIENTS, "SELECT * FROM clients WHERE client_id = %(id)s", {"id": client_id})
+        return self._one("get_client", _T.clients, "SELECT * FROM clients WHERE client_id = %(id)s", {"id": client_id})
 
     def list_clients(self):
-        return self._all(_CLIENTS, 'SELECT * FROM clients ORDER BY client_id COLLATE "C"', {})
+        return self._all("list_clients", _T.clients, 'SELECT * FROM clients ORDER BY client_id COLLATE "C"', {})
 
     def remove_client(self, client_id):
-        return self._changed("DELETE FROM clients WHERE client_id = %(id)s", {"id": client_id})
+        return self._changed("remove_client", "DELETE FROM clients WHERE client_id = %(id)s", {"id": client_id})
 
     # IBrowserSessionStore
 
     def create_session(self, session):
-        return self._write(_SESSIONS.insert, _SESSIONS.params(session))
+        return self._write("create_session", _T.sessions.insert, _T.sessions.params(session))
 
     def get_session(self, session_hash, now):
-        return self._one(
-            _SESSIONS,
+        return self._one("get_session",
+            _T.sessions,
             "SELECT * FROM browser_sessions WHERE session_hash = %(hash)s AND expires_at > %(now)s",
             {"hash": session_hash, "now": now},
         )
 
     def end_session(self, session_hash):
-        return self._one(
-            _SESSIONS, "DELETE FROM browser_sessions WHERE session_hash = %(hash)s RETURNING *",
+        return self._one("end_session",
+            _T.sessions, "DELETE FROM browser_sessions WHERE session_hash = %(hash)s RETURNING *",
             {"hash": session_hash},
         )
 
     def end_user_sessions(self, sub):
-        return self._count("DELETE FROM browser_sessions WHERE sub = %(sub)s", {"sub": sub})
+        return self._count("end_user_sessions", "DELETE FROM browser_sessions WHERE sub = %(sub)s", {"sub": sub})
 
     # IInteractionStore
 
     def save_interaction(self, interaction):
-        return self._write(_INTERACTIONS.insert, _INTERACTIONS.params(interaction))
+        return self._write("save_interaction", _T.interactions.insert, _T.interactions.params(interaction))
 
     def get_interaction(self, interaction_id, now):
-        return self._one(
-            _INTERACTIONS,
+        return self._one("get_interaction",
+            _T.interactions,
             "SELECT * FROM interactions WHERE interaction_id = %(id)s AND expires_at > %(now)s",
             {"id": interaction_id, "now": now},
         )
 
     def take_interaction(self, interaction_id, stage):
-        return self._changed(
+        return self._changed("take_interaction",
             "DELETE FROM interactions WHERE interaction_id = %(id)s AND stage = %(stage)s",
             {"id": interaction_id, "stage": stage},
         )
@@ -395,11 +308,11 @@ class PostgresStore:
     # ILinkAttemptStore
 
     def save_link_attempt(self, attempt):
-        return self._write(_LINK_ATTEMPTS.insert, _LINK_ATTEMPTS.params(attempt))
+        return self._write("save_link_attempt", _T.link_attempts.insert, _T.link_attempts.params(attempt))
 
     def take_link_attempt(self, state_hash, session_hash, now):
-        return self._one(
-            _LINK_ATTEMPTS,
+        return self._one("take_link_attempt",
+            _T.link_attempts,
             "DELETE FROM link_attempts"
             " WHERE state_hash = %(state)s AND session_hash = %(session)s AND expires_at > %(now)s RETURNING *",
             {"state": state_hash, "session": session_hash, "now": now},
@@ -409,59 +322,57 @@ class PostgresStore:
 
     def save_code(self, code, grant):
         # One statement: the code's foreign key is checked at its end, when the grant exists.
-        return self._write(
-            f"WITH new_grant AS ({_GRANTS.insert_as('g_')}) {_CODES.insert_as('c_')}",
-            {**_GRANTS.params(grant, "g_"), **_CODES.params(code, "c_")},
+        return self._write("save_code",
+            f"WITH new_grant AS ({_T.grants.insert_as('g_')}) {_T.codes.insert_as('c_')}",
+            {**_T.grants.params(grant, "g_"), **_T.codes.params(code, "c_")},
         )
 
     def consume_code(self, code_hash, now):
-        return self._run(_consume_code, code_hash, now)
+        return self._run("consume_code", _consume_code, code_hash, now)
 
     # IGrantStore
 
     def get_grant(self, grant_id):
-        return self._one(_GRANTS, "SELECT * FROM grants WHERE grant_id = %(id)s", {"id": grant_id})
+        return self._one("get_grant", _T.grants, "SELECT * FROM grants WHERE grant_id = %(id)s", {"id": grant_id})
 
     def issue_tokens(self, access, refresh):
         if refresh is None:
-            return self._write(_ACCESS.insert, _ACCESS.params(access))
-        return self._write(
-            f"WITH new_access AS ({_ACCESS.insert_as('a_')}) {_REFRESH.insert_as('r_')}",
-            {**_ACCESS.params(access, "a_"), **_REFRESH.params(refresh, "r_")},
+            return self._write("issue_tokens", _T.access.insert, _T.access.params(access))
+        return self._write("issue_tokens",
+            f"WITH new_access AS ({_T.access.insert_as('a_')}) {_T.refresh.insert_as('r_')}",
+            {**_T.access.params(access, "a_"), **_T.refresh.params(refresh, "r_")},
         )
 
     def find_access_token(self, token_hash, now):
-        return self._one(
-            _ACCESS,
-            "SELECT a.*" + _WITH_BAN + " FROM access_tokens a JOIN grants g ON g.grant_id = a.grant_id"
+        return self._one("find_access_token",
+            _T.access,
+            "SELECT a.*" + WITH_BAN + " FROM access_tokens a JOIN grants g ON g.grant_id = a.grant_id"
             " LEFT JOIN bans b ON b.sub = a.sub"
             " WHERE a.token_hash = %(hash)s AND a.revoked_at IS NULL AND a.expires_at > %(now)s"
             " AND g.revoked_at IS NULL",
             {"hash": token_hash, "now": now},
-            user_ban=True,
         )
 
     def get_refresh_token(self, token_hash):
-        return self._one(
-            _REFRESH,
-            "SELECT r.*, g.revoked_at IS NOT NULL AS revoked" + _WITH_BAN
+        return self._one("get_refresh_token",
+            _T.refresh,
+            "SELECT r.*, g.revoked_at IS NOT NULL AS revoked" + WITH_BAN
             + " FROM refresh_tokens r JOIN grants g ON g.grant_id = r.grant_id"
             " LEFT JOIN bans b ON b.sub = r.sub WHERE r.token_hash = %(hash)s",
             {"hash": token_hash},
-            user_ban=True,
         )
 
     def rotate_refresh(self, old_hash, new_refresh, new_access, replay, grace_until, now):
-        return self._run(_rotate_refresh, old_hash, new_refresh, new_access, replay, grace_until, now)
+        return self._run("rotate_refresh", _rotate_refresh, old_hash, new_refresh, new_access, replay, grace_until, now)
 
     def revoke_token(self, token_hash, client_id, now):
-        return self._run(_revoke_token, token_hash, client_id, now)
+        return self._run("revoke_token", _revoke_token, token_hash, client_id, now)
 
     def revoke_grant(self, grant_id, now):
-        return self._changed(_REVOKE_GRANT, {"grant_id": grant_id, "now": now})
+        return self._changed("revoke_grant", _REVOKE_GRANT, {"grant_id": grant_id, "now": now})
 
     def revoke_user_grants(self, sub, now):
-        return self._count(
+        return self._count("revoke_user_grants",
             "UPDATE grants SET revoked_at = %(now)s WHERE sub = %(sub)s AND revoked_at IS NULL",
             {"sub": sub, "now": now},
         )
@@ -469,48 +380,48 @@ class PostgresStore:
     def access_state(self, sub, now):
         if _holds_nul({"sub": sub}):
             return succeed(AccessState(ban=None, has_active_grant=False))
-        return self._one(
+        return self._one("access_state",
             None,
             "SELECT EXISTS (SELECT 1 FROM grants g WHERE g.sub = %(sub)s AND g.revoked_at IS NULL AND ("
             " EXISTS (SELECT 1 FROM access_tokens a WHERE a.grant_id = g.grant_id"
             "  AND a.revoked_at IS NULL AND a.expires_at > %(now)s)"
             " OR EXISTS (SELECT 1 FROM refresh_tokens r WHERE r.grant_id = g.grant_id"
             "  AND r.consumed_at IS NULL AND r.expires_at > %(now)s))) AS has_grant"
-            + _WITH_BAN
+            + WITH_BAN
             + " FROM (SELECT 1) AS one"
             " LEFT JOIN bans b ON b.sub = %(sub)s AND (b.until IS NULL OR b.until > %(now)s)",
             {"sub": sub, "now": now},
-        ).addCallback(lambda row: AccessState(ban=_ban_of(row, sub), has_active_grant=row["has_grant"]))
+        ).addCallback(lambda row: AccessState(ban=ban_of(row, sub), has_active_grant=row["has_grant"]))
 
     def session_clients(self, sid):
         if _holds_nul({"sid": sid}):
             return succeed([])
 
         async def clients(db):
-            rows = await pg.fetch(
+            rows = await fetch(
                 db, 'SELECT DISTINCT client_id COLLATE "C" AS client_id FROM grants WHERE sid = %(sid)s ORDER BY 1',
                 {"sid": sid},
             )
             return [row["client_id"] for row in rows]
 
-        return self._run(clients)
+        return self._run("session_clients", clients)
 
     def save_consent(self, sub, client_id, scope, now):
-        return self._write(
+        return self._write("save_consent",
             "INSERT INTO consents (sub, client_id, scope, created_at)"
             " VALUES (%(sub)s, %(client_id)s, %(scope)s, %(now)s)"
             " ON CONFLICT (sub, client_id) DO UPDATE SET scope = EXCLUDED.scope, created_at = EXCLUDED.created_at",
-            {"sub": sub, "client_id": client_id, "scope": _scope_text(scope), "now": now},
+            {"sub": sub, "client_id": client_id, "scope": scope_text(scope), "now": now},
         )
 
     def get_consent(self, sub, client_id):
-        return self._one(
+        return self._one("get_consent",
             None, "SELECT scope FROM consents WHERE sub = %(sub)s AND client_id = %(client_id)s",
             {"sub": sub, "client_id": client_id},
         ).addCallback(lambda row: None if row is None else frozenset(row["scope"].split()))
 
     def revoke_consent(self, sub, client_id):
-        return self._changed(
+        return self._changed("revoke_consent",
             "DELETE FROM consents WHERE sub = %(sub)s AND client_id = %(client_id)s",
             {"sub": sub, "client_id": client_id},
         )
@@ -518,20 +429,20 @@ class PostgresStore:
     # IBanStore
 
     def ban_user(self, ban):
-        return self._write(_BANS.upsert, _BANS.params(ban))
+        return self._write("ban_user", _T.bans.put, _T.bans.params(ban))
 
     def unban_user(self, sub):
-        return self._changed("DELETE FROM bans WHERE sub = %(sub)s", {"sub": sub})
+        return self._changed("unban_user", "DELETE FROM bans WHERE sub = %(sub)s", {"sub": sub})
 
     def get_ban(self, sub, now):
-        return self._one(
-            _BANS, "SELECT * FROM bans WHERE sub = %(sub)s AND (until IS NULL OR until > %(now)s)",
+        return self._one("get_ban",
+            _T.bans, "SELECT * FROM bans WHERE sub = %(sub)s AND (until IS NULL OR until > %(now)s)",
             {"sub": sub, "now": now},
         )
 
     def list_bans(self, now):
-        return self._all(
-            _BANS, 'SELECT * FROM bans WHERE until IS NULL OR until > %(now)s ORDER BY sub COLLATE "C"',
+        return self._all("list_bans",
+            _T.bans, 'SELECT * FROM bans WHERE until IS NULL OR until > %(now)s ORDER BY sub COLLATE "C"',
             {"now": now},
         )
 
@@ -539,16 +450,16 @@ class PostgresStore:
 
     def link_account(self, account):
         # Replacing the user's earlier link at that provider is the upsert's conflict.
-        return self._write(_LINKED.upsert, _LINKED.params(account))
+        return self._write("link_account", _T.linked.put, _T.linked.params(account))
 
     def get_linked_account(self, sub, provider):
-        return self._one(
-            _LINKED, "SELECT * FROM linked_accounts WHERE sub = %(sub)s AND provider = %(provider)s",
+        return self._one("get_linked_account",
+            _T.linked, "SELECT * FROM linked_accounts WHERE sub = %(sub)s AND provider = %(provider)s",
             {"sub": sub, "provider": provider},
         )
 
     def unlink_account(self, sub, provider):
-        return self._changed(
+        return self._changed("unlink_account",
             "DELETE FROM linked_accounts WHERE sub = %(sub)s AND provider = %(provider)s",
             {"sub": sub, "provider": provider},
         )
@@ -556,8 +467,8 @@ class PostgresStore:
     def update_linked_tokens(
         self, account_id, expected_version, access_token_enc, refresh_token_enc, scope, expires_at, now,
     ):
-        return self._one(
-            _LINKED,
+        return self._one("update_linked_tokens",
+            _T.linked,
             "UPDATE linked_accounts SET access_token_enc = %(access)s,"
             " refresh_token_enc = COALESCE(%(refresh)s, refresh_token_enc),"
             " scope = %(scope)s, expires_at = %(expires_at)s, updated_at = %(now)s, version = version + 1"
@@ -570,7 +481,7 @@ class PostgresStore:
 
     def acquire_link_lock(self, account_id, holder, now, ttl):
         # Taken when there is no lease, it has run out, or the holder renews it.
-        return self._one(
+        return self._one("acquire_link_lock",
             None,
             "INSERT INTO link_locks (account_id, holder, until) VALUES (%(id)s, %(holder)s, %(until)s)"
             " ON CONFLICT (account_id) DO UPDATE SET holder = EXCLUDED.holder, until = EXCLUDED.until"
@@ -580,7 +491,7 @@ class PostgresStore:
         ).addCallback(lambda row: row is not None)
 
     def release_link_lock(self, account_id, holder):
-        return self._count(
+        return self._count("release_link_lock",
             "DELETE FROM link_locks WHERE account_id = %(id)s AND holder = %(holder)s",
             {"id": account_id, "holder": holder},
         ).addCallback(lambda _: None)
@@ -588,10 +499,10 @@ class PostgresStore:
     # IStore
 
     def ping(self):
-        return self._run(pg.first, "SELECT 1").addCallback(lambda _: None)
+        return self._run("ping", first, "SELECT 1").addCallback(lambda _: None)
 
     def gc(self, now, batch_size):
-        return self._run(_gc, now, batch_size)
+        return self._run("gc", _gc, now, batch_size)
 
     def close(self):
         self._pool.close()
@@ -607,7 +518,7 @@ async def _consume_code(db, code_hash, now):
     # A redemption that waited for a racing one's row lock re-checks used_at
     # on the committed row and changes nothing; the SELECT then sees it used.
     params = {"hash": code_hash, "now": now}
-    row = await pg.first(
+    row = await first(
         db,
         "UPDATE authorization_codes SET used_at = %(now)s"
         " WHERE code_hash = %(hash)s AND used_at IS NULL AND expires_at > %(now)s"
@@ -617,8 +528,8 @@ async def _consume_code(db, code_hash, now):
         params,
     )
     if row is not None:
-        return CodeConsumed(_CODES.load(row))
-    used = await pg.first(
+        return CodeConsumed(_T.codes.load(row))
+    used = await first(
         db, "SELECT grant_id FROM authorization_codes WHERE code_hash = %(hash)s AND used_at IS NOT NULL", params
     )
     return CodeNotFound() if used is None else CodeReused(used["grant_id"])
@@ -631,8 +542,8 @@ _ROTATE = (
     " AND EXISTS (SELECT 1 FROM grants g"
     "  WHERE g.grant_id = refresh_tokens.grant_id AND g.revoked_at IS NULL)"
     " RETURNING grant_id),"
-    f" new_access AS ({_ACCESS.insert_as('a_', 'rotated')}),"
-    f" new_refresh AS ({_REFRESH.insert_as('r_', 'rotated')})"
+    f" new_access AS ({_T.access.insert_as('a_', 'rotated')}),"
+    f" new_refresh AS ({_T.refresh.insert_as('r_', 'rotated')})"
     " SELECT grant_id FROM rotated"
 )
 
@@ -655,16 +566,16 @@ _NOT_ROTATED = (
 
 async def _rotate_refresh(db, old_hash, new_refresh, new_access, replay, grace_until, now):
     params = {"old_hash": old_hash, "now": now}
-    rotated = await pg.first(
+    rotated = await first(
         db, _ROTATE,
         {
             **params, "grace_until": grace_until, "replay": replay,
-            **_ACCESS.params(new_access, "a_"), **_REFRESH.params(new_refresh, "r_"),
+            **_T.access.params(new_access, "a_"), **_T.refresh.params(new_refresh, "r_"),
         },
     )
     if rotated is not None:
         return Rotated()
-    old = await pg.first(db, _NOT_ROTATED, params)
+    old = await first(db, _NOT_ROTATED, params)
     if old is None:
         return RefreshNotFound()
     if old["reused"]:
@@ -691,7 +602,7 @@ _REVOKE_TOKEN = (
 async def _revoke_token(db, token_hash, client_id, now):
     if _holds_nul({"client_id": client_id}):
         return NotRevoked()
-    row = await pg.first(db, _REVOKE_TOKEN, {"hash": token_hash, "client_id": client_id, "now": now})
+    row = await first(db, _REVOKE_TOKEN, {"hash": token_hash, "client_id": client_id, "now": now})
     if row["refresh_grant"] is not None:
         return RevokedRefresh(row["refresh_grant"])
     if row["access_grant"] is not None:
@@ -740,5 +651,5 @@ async def _gc(db, now, batch_size):
     """One short statement per kind, so that requests wait little for its locks."""
     count = 0
     for statement in _GC:
-        count += await pg.rowcount(db, statement, {"now": now, "limit": batch_size})
+        count += await rowcount(db, statement, {"now": now, "limit": batch_size})
     return count

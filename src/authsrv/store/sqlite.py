@@ -13,45 +13,37 @@ the busy timeout.
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from contextlib import contextmanager
 from pathlib import Path
+from time import perf_counter
 
-import attrs
 from zope.interface import implementer
 
 from authsrv.interfaces import IStore
+from authsrv.migrations import Ledger, MigrationError, SQLiteMigration, migrate, schema_steps
 from authsrv.records import (
     AccessState,
-    AccessToken,
-    AuthorizationCode,
-    AuthorizationRequest,
-    Ban,
-    BrowserSession,
-    Client,
     CodeConsumed,
     CodeNotFound,
     CodeReused,
-    Grant,
-    Interaction,
-    LinkAttempt,
-    LinkedAccount,
     NotRevoked,
     RefreshNotFound,
-    RefreshToken,
     Replayed,
     Reused,
     RevokedAccess,
     RevokedRefresh,
     Rotated,
 )
-from authsrv.migrations import schema_steps
 from authsrv.store.errors import AlreadyExists, StoreUnavailable
+from authsrv.store.observer import Observer, watched
+from authsrv.store.rows import SQLITE, WITH_BAN, Rows, ban_of, scope_text, tables
 from authsrv.store.sqlite_worker import SQLiteWorker
 
 _SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL"}
 _BUSY_TIMEOUT_SECONDS = 5.0
+
+LEDGER = Ledger("schema_version", "store", named=True)
 
 
 def from_config(section, context) -> "SQLiteStore":
@@ -70,10 +62,15 @@ def from_config(section, context) -> "SQLiteStore":
     except OSError as e:
         raise section.error("path", f"cannot create folder {path.parent}: {e.strerror}") from None
     try:
-        connection = _open(path, _SYNCHRONOUS[synchronous], int(context.reactor.seconds()))
-    except (sqlite3.Error, _SchemaTooNew) as e:
+        return open_store(context.reactor, path, _SYNCHRONOUS[synchronous])
+    except (sqlite3.Error, MigrationError) as e:
         raise section.error("path", f"cannot use {path}: {e}") from None
-    return SQLiteStore(SQLiteWorker(context.reactor, connection, _store_error, f"authsrv-sqlite-{path.name}"))
+
+
+def open_store(reactor, path: Path, synchronous: str = "FULL", observer: Observer | None = None) -> "SQLiteStore":
+    """The store on the file C{path}, opened and migrated now."""
+    connection = _open(path, synchronous, int(reactor.seconds()))
+    return SQLiteStore(SQLiteWorker(reactor, connection, _store_error, f"authsrv-sqlite-{path.name}"), observer)
 
 
 def _open(path: Path, synchronous: str, now: int) -> sqlite3.Connection:
@@ -87,7 +84,7 @@ def _open(path: Path, synchronous: str, now: int) -> sqlite3.Connection:
         connection.execute("PRAGMA journal_mode = WAL")
         connection.execute(f"PRAGMA synchronous = {synchronous}")
         connection.execute("PRAGMA foreign_keys = ON")
-        _migrate(connection, now)
+        migrate(connection, SQLiteMigration(), schema_steps("authsrv.store", "sqlite"), LEDGER, now)
     except BaseException:
         connection.close()
         raise
@@ -107,147 +104,9 @@ def _transaction(connection: sqlite3.Connection):
         raise
 
 
-# --- schema -----------------------------------------------------------------
+_T = tables(SQLITE)
 
-
-def _migrations() -> list[tuple[int, str, str]]:
-    """(version, file name, SQL) of every shipped schema step, in order."""
-    return schema_steps("authsrv.store", "sqlite")
-
-
-def _statements(script: str):
-    """
-    The statements of a script, one by one: C{executescript} would commit
-    on its own, outside the migration's transaction.
-    """
-    pending = ""
-    for line in script.splitlines(keepends=True):
-        pending += line
-        if sqlite3.complete_statement(pending):
-            yield pending
-            pending = ""
-
-
-class _SchemaTooNew(Exception):
-    """The file was migrated by a newer authsrv."""
-
-
-def _migrate(connection: sqlite3.Connection, now: int) -> None:
-    """
-    Apply every step newer than the file's version, each in its own
-    transaction that re-reads the version, so that two processes starting
-    together apply each step once.
-    """
-    steps = _migrations()
-    latest = steps[-1][0]
-    for version, name, script in steps:
-        with _transaction(connection):
-            connection.execute(
-                "CREATE TABLE IF NOT EXISTS schema_version ("
-                " version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)"
-            )
-            current = connection.execute("SELECT COALESCE(MAX(version), 0) FROM schema_version").fetchone()[0]
-            if current > latest:
-                raise _SchemaTooNew(
-                    f"its schema version {current} is newer than this authsrv knows ({latest});"
-                    " run a newer authsrv"
-                )
-            if current >= version:
-                continue
-            for statement in _statements(script):
-                connection.execute(statement)
-            connection.execute(
-                "INSERT INTO schema_version (version, name, applied_at) VALUES (?, ?, ?)",
-                (version, name, now),
-            )
-
-
-# --- records <-> rows -------------------------------------------------------
-# A codec is an (encode, decode) pair between a record field and its column.
-
-_PLAIN = (lambda value: value, lambda value: value)
-
-
-def _scope_text(scope) -> str:
-    """Scope tokens never hold spaces (RFC 6749 section 3.3); sorted, equal sets are equal strings."""
-    return " ".join(sorted(scope))
-
-
-_SCOPE = (_scope_text, str.split)
-_WORDS = (" ".join, str.split)
-"""Space-separated words kept in their order (a request's scope as asked)."""
-_LIST = (lambda items: json.dumps(list(items)), json.loads)
-_FLAG = (bool, bool)
-
-
-class _Rows:
-    """
-    How one record type maps onto the table columns of the same names;
-    C{derived} fields come from a query (a join), never from a column;
-    C{nested} records (field name -> their L{_Rows}) are stored flat, as
-    their own fields' columns in the same row.
-    """
-
-    def __init__(self, record: type, table: str, derived: tuple[str, ...] = (), nested=None, **codecs):
-        self.record = record
-        self.nested = nested or {}
-        self.fields = [f.name for f in attrs.fields(record) if f.name not in self.nested]
-        self.codecs = codecs
-        self.written = [name for name in self.fields if name not in derived]
-        columns = self.written + [column for rows in self.nested.values() for column in rows.written]
-        columns = f"{table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
-        self.insert = f"INSERT INTO {columns}"
-        self.replace = f"INSERT OR REPLACE INTO {columns}"
-
-    def params(self, value) -> tuple:
-        own = tuple(self.codecs.get(name, _PLAIN)[0](getattr(value, name)) for name in self.written)
-        return own + tuple(
-            param for name, rows in self.nested.items() for param in rows.params(getattr(value, name))
-        )
-
-    def load(self, row):
-        if row is None:
-            return None
-        keys = row.keys()
-        return self.record(**{
-            name: self.codecs.get(name, _PLAIN)[1](row[name])
-            for name in self.fields if name in keys
-        }, **{name: rows.load(row) for name, rows in self.nested.items()},
-           **({"user_ban": _ban_of(row)} if "ban_created_at" in keys else {}))
-
-
-_CLIENTS = _Rows(
-    Client, "clients",
-    redirect_uris=_LIST, post_logout_redirect_uris=_LIST, resources=_LIST, grant_types=_LIST,
-    end_session_enabled=_FLAG, first_party=_FLAG, introspect_any=_FLAG,
-)
-_SESSIONS = _Rows(BrowserSession, "browser_sessions")
-_INTERACTIONS = _Rows(
-    Interaction, "interactions",
-    nested={"request": _Rows(AuthorizationRequest, "interactions", scope=_WORDS, resources=_LIST, prompt=_SCOPE)},
-)
-_LINK_ATTEMPTS = _Rows(LinkAttempt, "link_attempts")
-_GRANTS = _Rows(Grant, "grants", scope=_SCOPE, resource=_LIST)
-_CODES = _Rows(AuthorizationCode, "authorization_codes", scope=_SCOPE, resource=_LIST)
-_ACCESS = _Rows(AccessToken, "access_tokens", derived=("user_ban",), scope=_SCOPE, audience=_LIST)
-_REFRESH = _Rows(
-    RefreshToken, "refresh_tokens", derived=("revoked", "user_ban"), scope=_SCOPE, revoked=_FLAG
-)
-_BANS = _Rows(Ban, "bans")
-_LINKED = _Rows(LinkedAccount, "linked_accounts")
-
-# A token lookup also reads its user's ban, so one round trip tells both.
-_WITH_BAN = (
-    ", b.reason AS ban_reason, b.created_at AS ban_created_at, b.until AS ban_until"
-)
 _JOIN_BAN = " LEFT JOIN bans b ON b.sub = {table}.sub"
-
-
-def _ban_of(row) -> Ban | None:
-    if row["ban_created_at"] is None:
-        return None
-    return Ban(sub=row["sub"], reason=row["ban_reason"], created_at=row["ban_created_at"], until=row["ban_until"])
-
 
 _REVOKE_GRANT = "UPDATE grants SET revoked_at = ? WHERE grant_id = ? AND revoked_at IS NULL"
 
@@ -279,102 +138,106 @@ def _store_error(error: BaseException) -> BaseException:
 class SQLiteStore:
     """L{IStore} on one SQLite connection, owned by one L{SQLiteWorker} thread."""
 
-    def __init__(self, worker: SQLiteWorker):
+    def __init__(self, worker: SQLiteWorker, observer: Observer | None = None):
+        """C{observer}, if any, hears of every call (see L{authsrv.store.observer})."""
         self._worker = worker
+        self._observer = observer
 
-    def _run(self, work, *args):
-        """Fire with C{work(connection, *args)}, run on the worker's thread."""
-        return self._worker.run(work, *args)
+    def _call(self, label: str, write: bool, work, *args):
+        """
+        Fire with C{work(connection, *args)}, run on the worker's thread:
+        with C{write}, inside a (group-committed) write transaction. Every
+        call passes here, named by C{label}.
+        """
+        if self._observer is None:
+            return self._worker.submit(write, work, args)
+        return watched(self._observer, label, perf_counter(), self._worker.submit(write, work, args))
 
-    def _write(self, work, *args):
-        """Like L{_run}, inside a (group-committed) write transaction."""
-        return self._worker.write(work, *args)
-
-    def _execute(self, sql: str, params=()):
+    def _execute(self, label: str, sql: str, params=()):
         """Run one write statement; fire with how many rows it changed."""
-        return self._write(lambda db: db.execute(sql, params).rowcount)
+        return self._call(label, True, lambda db: db.execute(sql, params).rowcount)
 
-    def _changed(self, sql: str, params=()):
+    def _changed(self, label: str, sql: str, params=()):
         """Run one write statement; fire True when it changed a row."""
-        return self._execute(sql, params).addCallback(bool)
+        return self._execute(label, sql, params).addCallback(bool)
 
-    def _query(self, rows: _Rows, sql: str, params=()):
+    def _query(self, label: str, rows: Rows, sql: str, params=()):
         """Fire with the record of the first row, or None."""
-        return self._run(lambda db: rows.load(db.execute(sql, params).fetchone()))
+        return self._call(label, False, lambda db: rows.load(db.execute(sql, params).fetchone()))
 
-    def _query_all(self, rows: _Rows, sql: str, params=()):
-        return self._run(lambda db: [rows.load(row) for row in db.execute(sql, params)])
+    def _query_all(self, label: str, rows: Rows, sql: str, params=()):
+        return self._call(label, False, lambda db: [rows.load(row) for row in db.execute(sql, params)])
 
-    def _insert(self, rows: _Rows, value):
-        return self._execute(rows.insert, rows.params(value)).addCallback(lambda _: None)
+    def _insert(self, label: str, rows: Rows, value):
+        return self._execute(label, rows.insert, rows.params(value)).addCallback(lambda _: None)
 
-    def _replace(self, rows: _Rows, value):
-        return self._execute(rows.replace, rows.params(value)).addCallback(lambda _: None)
+    def _put(self, label: str, rows: Rows, value):
+        return self._execute(label, rows.put, rows.params(value)).addCallback(lambda _: None)
 
     # IClientRegistry
 
     def add_client(self, client):
-        return self._insert(_CLIENTS, client)
+        return self._insert("add_client", _T.clients, client)
 
     def put_client(self, client):
-        return self._replace(_CLIENTS, client)
+        return self._put("put_client", _T.clients, client)
 
     def get_client(self, client_id):
-        return self._query(_CLIENTS, "SELECT * FROM clients WHERE client_id = ?", (client_id,))
+        return self._query("get_client", _T.clients, "SELECT * FROM clients WHERE client_id = ?", (client_id,))
 
     def list_clients(self):
-        return self._query_all(_CLIENTS, "SELECT * FROM clients ORDER BY client_id")
+        return self._query_all("list_clients", _T.clients, "SELECT * FROM clients ORDER BY client_id")
 
     def remove_client(self, client_id):
-        return self._changed("DELETE FROM clients WHERE client_id = ?", (client_id,))
+        return self._changed("remove_client", "DELETE FROM clients WHERE client_id = ?", (client_id,))
 
     # IBrowserSessionStore
 
     def create_session(self, session):
-        return self._insert(_SESSIONS, session)
+        return self._insert("create_session", _T.sessions, session)
 
     def get_session(self, session_hash, now):
-        return self._query(
-            _SESSIONS,
+        return self._query("get_session",
+            _T.sessions,
             "SELECT * FROM browser_sessions WHERE session_hash = ? AND expires_at > ?",
             (session_hash, now),
         )
 
     def end_session(self, session_hash):
-        return self._write(
-            lambda db: _SESSIONS.load(
+        return self._call("end_session", True,
+            lambda db: _T.sessions.load(
                 _first(db.execute("DELETE FROM browser_sessions WHERE session_hash = ? RETURNING *", (session_hash,)))
             )
         )
 
     def end_user_sessions(self, sub):
-        return self._execute("DELETE FROM browser_sessions WHERE sub = ?", (sub,))
+        return self._execute("end_user_sessions", "DELETE FROM browser_sessions WHERE sub = ?", (sub,))
 
     # IInteractionStore
 
     def save_interaction(self, interaction):
-        return self._insert(_INTERACTIONS, interaction)
+        return self._insert("save_interaction", _T.interactions, interaction)
 
     def get_interaction(self, interaction_id, now):
-        return self._query(
-            _INTERACTIONS,
+        return self._query("get_interaction",
+            _T.interactions,
             "SELECT * FROM interactions WHERE interaction_id = ? AND expires_at > ?",
             (interaction_id, now),
         )
 
     def take_interaction(self, interaction_id, stage):
-        return self._changed(
+        return self._changed("take_interaction",
             "DELETE FROM interactions WHERE interaction_id = ? AND stage = ?", (interaction_id, stage)
         )
 
     # ILinkAttemptStore
 
     def save_link_attempt(self, attempt):
-        return self._insert(_LINK_ATTEMPTS, attempt)
+        return self._insert("save_link_attempt", _T.link_attempts, attempt)
 
     def take_link_attempt(self, state_hash, session_hash, now):
-        return self._write(
-            lambda db: _LINK_ATTEMPTS.load(
+        return self._call("take_link_attempt", True,
+            lambda db: _T.link_attempts.load(
                 _first(
                     db.execute(
                         "DELETE FROM link_attempts WHERE state_hash = ? AND session_hash = ? AND expires_at > ?"
@@ -389,26 +252,26 @@ class SQLiteStore:
 
     def save_code(self, code, grant):
         def save(db):
-            db.execute(_GRANTS.insert, _GRANTS.params(grant))
-            db.execute(_CODES.insert, _CODES.params(code))
+            db.execute(_T.grants.insert, _T.grants.params(grant))
+            db.execute(_T.codes.insert, _T.codes.params(code))
 
-        return self._write(save)
+        return self._call("save_code", True, save)
 
     def consume_code(self, code_hash, now):
-        return self._write(_consume_code, code_hash, now)
+        return self._call("consume_code", True, _consume_code, code_hash, now)
 
     # IGrantStore
 
     def get_grant(self, grant_id):
-        return self._query(_GRANTS, "SELECT * FROM grants WHERE grant_id = ?", (grant_id,))
+        return self._query("get_grant", _T.grants, "SELECT * FROM grants WHERE grant_id = ?", (grant_id,))
 
     def issue_tokens(self, access, refresh):
-        return self._write(_issue_tokens, access, refresh)
+        return self._call("issue_tokens", True, _issue_tokens, access, refresh)
 
     def find_access_token(self, token_hash, now):
-        return self._query(
-            _ACCESS,
-            "SELECT a.*" + _WITH_BAN + " FROM access_tokens a JOIN grants g ON g.grant_id = a.grant_id"
+        return self._query("find_access_token",
+            _T.access,
+            "SELECT a.*" + WITH_BAN + " FROM access_tokens a JOIN grants g ON g.grant_id = a.grant_id"
             + _JOIN_BAN.format(table="a")
             + " WHERE a.token_hash = ? AND a.revoked_at IS NULL AND a.expires_at > ?"
             " AND g.revoked_at IS NULL",
@@ -416,9 +279,9 @@ class SQLiteStore:
         )
 
     def get_refresh_token(self, token_hash):
-        return self._query(
-            _REFRESH,
-            "SELECT r.*, g.revoked_at IS NOT NULL AS revoked" + _WITH_BAN
+        return self._query("get_refresh_token",
+            _T.refresh,
+            "SELECT r.*, g.revoked_at IS NOT NULL AS revoked" + WITH_BAN
             + " FROM refresh_tokens r JOIN grants g ON g.grant_id = r.grant_id"
             + _JOIN_BAN.format(table="r")
             + " WHERE r.token_hash = ?",
@@ -426,16 +289,20 @@ class SQLiteStore:
         )
 
     def rotate_refresh(self, old_hash, new_refresh, new_access, replay, grace_until, now):
-        return self._write(_rotate_refresh, old_hash, new_refresh, new_access, replay, grace_until, now)
+        return self._call(
+            "rotate_refresh", True, _rotate_refresh, old_hash, new_refresh, new_access, replay, grace_until, now
+        )
 
     def revoke_token(self, token_hash, client_id, now):
-        return self._write(_revoke_token, token_hash, client_id, now)
+        return self._call("revoke_token", True, _revoke_token, token_hash, client_id, now)
 
     def revoke_grant(self, grant_id, now):
-        return self._changed(_REVOKE_GRANT, (now, grant_id))
+        return self._changed("revoke_grant", _REVOKE_GRANT, (now, grant_id))
 
     def revoke_user_grants(self, sub, now):
-        return self._execute("UPDATE grants SET revoked_at = ? WHERE sub = ? AND revoked_at IS NULL", (now, sub))
+        return self._execute(
+            "revoke_user_grants", "UPDATE grants SET revoked_at = ? WHERE sub = ? AND revoked_at IS NULL", (now, sub)
+        )
 
     def access_state(self, sub, now):
         def state(db):
@@ -445,17 +312,16 @@ class SQLiteStore:
                 "  AND a.revoked_at IS NULL AND a.expires_at > :now)"
                 " OR EXISTS (SELECT 1 FROM refresh_tokens r WHERE r.grant_id = g.grant_id"
                 "  AND r.consumed_at IS NULL AND r.expires_at > :now))) AS has_grant,"
-                " b.reason AS ban_reason, b.created_at AS ban_created_at, b.until AS ban_until,"
-                " :sub AS sub"
+                " b.reason AS ban_reason, b.created_at AS ban_created_at, b.until AS ban_until"
                 " FROM (SELECT 1) LEFT JOIN bans b ON b.sub = :sub AND (b.until IS NULL OR b.until > :now)",
                 {"sub": sub, "now": now},
             ).fetchone()
-            return AccessState(ban=_ban_of(row), has_active_grant=bool(row["has_grant"]))
+            return AccessState(ban=ban_of(row, sub), has_active_grant=bool(row["has_grant"]))
 
-        return self._run(state)
+        return self._call("access_state", False, state)
 
     def session_clients(self, sid):
-        return self._run(
+        return self._call("session_clients", False,
             lambda db: [
                 row["client_id"]
                 for row in db.execute(
@@ -465,9 +331,9 @@ class SQLiteStore:
         )
 
     def save_consent(self, sub, client_id, scope, now):
-        return self._execute(
+        return self._execute("save_consent",
             "INSERT OR REPLACE INTO consents (sub, client_id, scope, created_at) VALUES (?, ?, ?, ?)",
-            (sub, client_id, _scope_text(scope), now),
+            (sub, client_id, scope_text(scope), now),
         ).addCallback(lambda _: None)
 
     def get_consent(self, sub, client_id):
@@ -475,27 +341,27 @@ class SQLiteStore:
             row = db.execute("SELECT scope FROM consents WHERE sub = ? AND client_id = ?", (sub, client_id)).fetchone()
             return None if row is None else frozenset(row["scope"].split())
 
-        return self._run(get)
+        return self._call("get_consent", False, get)
 
     def revoke_consent(self, sub, client_id):
-        return self._changed("DELETE FROM consents WHERE sub = ? AND client_id = ?", (sub, client_id))
+        return self._changed("revoke_consent", "DELETE FROM consents WHERE sub = ? AND client_id = ?", (sub, client_id))
 
     # IBanStore
 
     def ban_user(self, ban):
-        return self._replace(_BANS, ban)
+        return self._put("ban_user", _T.bans, ban)
 
     def unban_user(self, sub):
-        return self._changed("DELETE FROM bans WHERE sub = ?", (sub,))
+        return self._changed("unban_user", "DELETE FROM bans WHERE sub = ?", (sub,))
 
     def get_ban(self, sub, now):
-        return self._query(
-            _BANS, "SELECT * FROM bans WHERE sub = ? AND (until IS NULL OR until > ?)", (sub, now)
+        return self._query("get_ban",
+            _T.bans, "SELECT * FROM bans WHERE sub = ? AND (until IS NULL OR until > ?)", (sub, now)
         )
 
     def list_bans(self, now):
-        return self._query_all(
-            _BANS, "SELECT * FROM bans WHERE until IS NULL OR until > ? ORDER BY sub", (now,)
+        return self._query_all("list_bans",
+            _T.bans, "SELECT * FROM bans WHERE until IS NULL OR until > ? ORDER BY sub", (now,)
         )
 
     # ILinkedAccountStore
@@ -505,23 +371,25 @@ class SQLiteStore:
             db.execute(
                 "DELETE FROM linked_accounts WHERE sub = ? AND provider = ?", (account.sub, account.provider)
             )
-            db.execute(_LINKED.insert, _LINKED.params(account))
+            db.execute(_T.linked.insert, _T.linked.params(account))
 
-        return self._write(link)
+        return self._call("link_account", True, link)
 
     def get_linked_account(self, sub, provider):
-        return self._query(
-            _LINKED, "SELECT * FROM linked_accounts WHERE sub = ? AND provider = ?", (sub, provider)
+        return self._query("get_linked_account",
+            _T.linked, "SELECT * FROM linked_accounts WHERE sub = ? AND provider = ?", (sub, provider)
         )
 
     def unlink_account(self, sub, provider):
-        return self._changed("DELETE FROM linked_accounts WHERE sub = ? AND provider = ?", (sub, provider))
+        return self._changed(
+            "unlink_account", "DELETE FROM linked_accounts WHERE sub = ? AND provider = ?", (sub, provider)
+        )
 
     def update_linked_tokens(
         self, account_id, expected_version, access_token_enc, refresh_token_enc, scope, expires_at, now,
     ):
-        return self._write(
-            lambda db: _LINKED.load(
+        return self._call("update_linked_tokens", True,
+            lambda db: _T.linked.load(
                 _first(
                     db.execute(
                         "UPDATE linked_accounts SET access_token_enc = ?,"
@@ -536,7 +404,7 @@ class SQLiteStore:
 
     def acquire_link_lock(self, account_id, holder, now, ttl):
         # Taken when there is no lease, it has run out, or the holder renews it.
-        return self._write(
+        return self._call("acquire_link_lock", True,
             lambda db: _first(
                 db.execute(
                     "INSERT INTO link_locks (account_id, holder, until) VALUES (?, ?, ?)"
@@ -550,17 +418,17 @@ class SQLiteStore:
         )
 
     def release_link_lock(self, account_id, holder):
-        return self._execute(
+        return self._execute("release_link_lock",
             "DELETE FROM link_locks WHERE account_id = ? AND holder = ?", (account_id, holder)
         ).addCallback(lambda _: None)
 
     # IStore
 
     def ping(self):
-        return self._run(lambda db: db.execute("SELECT 1").fetchone()).addCallback(lambda _: None)
+        return self._call("ping", False, lambda db: db.execute("SELECT 1").fetchone()).addCallback(lambda _: None)
 
     def gc(self, now, batch_size):
-        return self._run(_gc, now, batch_size)
+        return self._call("gc", False, _gc, now, batch_size)
 
     def close(self):
         return self._worker.stop()
@@ -581,7 +449,7 @@ def _consume_code(db, code_hash, now):
         )
     )
     if row is not None:
-        return CodeConsumed(_CODES.load(row))
+        return CodeConsumed(_T.codes.load(row))
     used = db.execute(
         "SELECT grant_id FROM authorization_codes WHERE code_hash = ? AND used_at IS NOT NULL", (code_hash,)
     ).fetchone()
@@ -589,9 +457,9 @@ def _consume_code(db, code_hash, now):
 
 
 def _issue_tokens(db, access, refresh):
-    db.execute(_ACCESS.insert, _ACCESS.params(access))
+    db.execute(_T.access.insert, _T.access.params(access))
     if refresh is not None:
-        db.execute(_REFRESH.insert, _REFRESH.params(refresh))
+        db.execute(_T.refresh.insert, _T.refresh.params(refresh))
 
 
 def _rotate_refresh(db, old_hash, new_refresh, new_access, replay, grace_until, now):

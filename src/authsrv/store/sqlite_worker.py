@@ -30,9 +30,10 @@ _STOP = object()
 
 class SQLiteWorker:
     """
-    Runs C{work(connection, *args)} callables on its thread: L{run} one at a
-    time outside any transaction (reads, or work that manages its own
-    transactions), L{write} inside a group-committed transaction.
+    Runs C{work(connection, *args)} callables on its thread, L{submit}ted
+    either C{transactional}, inside a group-committed transaction, or not:
+    one at a time outside any transaction (reads, or work that manages its
+    own transactions).
     """
 
     def __init__(self, reactor, connection: sqlite3.Connection, map_error: Callable, name: str):
@@ -44,19 +45,13 @@ class SQLiteWorker:
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
 
-    def run(self, work, *args) -> Deferred:
-        return self._submit(False, work, args)
-
-    def write(self, work, *args) -> Deferred:
-        return self._submit(True, work, args)
-
     def stop(self) -> Deferred:
         """Finish what is queued, close the connection; fires when done."""
         d = Deferred()
         self._queue.put((_STOP, d))
         return d
 
-    def _submit(self, transactional: bool, work, args) -> Deferred:
+    def submit(self, transactional: bool, work, args) -> Deferred:
         d = Deferred()
         self._queue.put((d, transactional, work, args))
         return d

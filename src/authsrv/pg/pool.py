@@ -1,24 +1,17 @@
 """
-What the PostgreSQL plugins (store, identity backend, keystore) share: the
-connection keys of their config sections, blocking sessions for start-up
-work, schema migrations, and a pool of asynchronous txpostgres connections.
+A pool of asynchronous txpostgres connections, its neutral failures and the
+query helpers, shared by the PostgreSQL plugins (store, identity backend).
 
-Nothing here knows a plugin's own exceptions: the pool raises the neutral
-failures below (or the driver's), and each plugin turns them into its own
-error at its edge through the C{translate} function it gives the pool.
-Nothing here ever logs or raises with the DSN, which may hold a password.
+Nothing here knows a plugin's own exceptions: the pool raises the failures
+below (or the driver's), and each plugin turns them into its own error at
+its edge through the C{translate} function it gives the pool. Nothing here
+ever logs or raises with the DSN, which may hold a password.
 """
 
 from __future__ import annotations
 
-import hashlib
-import ipaddress
-import socket
-
 import psycopg2
-import psycopg2.errors
 import psycopg2.extensions
-from attrs import field, frozen
 from psycopg2.extras import RealDictCursor
 from twisted.internet.defer import CancelledError, Deferred, DeferredSemaphore, ensureDeferred
 from twisted.internet.defer import TimeoutError as DeferredTimeout
@@ -28,8 +21,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from txpostgres import txpostgres
 
-from authsrv.configsection import ConfigError, Section
-from authsrv.migrations import schema_steps
+from authsrv.pg.settings import ConnectionSettings, host_addresses, needs_lookup, targets
 
 LOOKUP_POOL_NAME, LOOKUP_POOL_SIZE = "postgres-lookups", 2
 """The host name lookups' thread pool, shared by every plugin's pool."""
@@ -41,16 +33,6 @@ closes a connection: the server's cancellation gives the clearer error and
 keeps the connection, so it should come first.
 """
 
-MIGRATION_LOCK_WAIT = "60s"
-
-_KEEPALIVES = {"keepalives_idle": "30", "keepalives_interval": "10", "keepalives_count": "3"}
-"""So that a server that vanished without closing the connection is noticed."""
-
-
-def advisory_lock_id(name: str) -> int:
-    """A stable signed 64-bit advisory lock key for C{name}, clear of other users' small keys."""
-    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
-
 
 def first_line(error: BaseException) -> str:
     """An error as one short line for logs and messages: libpq's messages never quote the DSN."""
@@ -58,218 +40,6 @@ def first_line(error: BaseException) -> str:
         return (str(error).strip().splitlines() or [type(error).__name__])[0]
     return " ".join(str(error).split()) or type(error).__name__
 
-
-# --- connection settings ----------------------------------------------------
-
-
-@frozen
-class ConnectionSettings:
-    """
-    Where and how to connect. C{key} is the config key the DSN came from,
-    named by start-up errors; the DSN itself is never shown.
-    """
-
-    dsn: str = field(repr=False)
-    key: str
-    connect_timeout: int
-    statement_timeout: int
-    application_name: str
-
-    def parameters(self, target: dict | None = None) -> dict:
-        """libpq keyword parameters: the DSN's, with C{target}'s host and address, and keepalives."""
-        return {
-            "dsn": self.dsn, "fallback_application_name": self.application_name, **_KEEPALIVES, **(target or {}),
-        }
-
-    def session_setup(self, *, read_only: bool = False) -> str:
-        """
-        The statement that sets a new session's statement timeout (and,
-        C{read_only}, read-only transactions by default). A statement rather
-        than libpq's C{options}, which PgBouncer refuses.
-        """
-        setup = f"SET statement_timeout = {self.statement_timeout * 1000}"
-        return setup + "; SET default_transaction_read_only = on" if read_only else setup
-
-    def connect(self, *, read_only: bool = False):
-        """A blocking psycopg2 connection in autocommit mode, for start-up work and the keystore."""
-        connection = psycopg2.connect(**self.parameters(), connect_timeout=max(2, self.connect_timeout))
-        connection.autocommit = True
-        with connection.cursor() as cursor:
-            cursor.execute(self.session_setup(read_only=read_only))
-        return connection
-
-
-def read_settings(section: Section, application_name: str) -> ConnectionSettings:
-    """
-    The connection keys: C{dsn} (a libpq connection string or URI without a
-    password, since config files get copied and committed), or
-    C{dsn_env}/C{dsn_file} (one that may hold a password; libpq also finds
-    one in C{PGPASSWORD} or C{~/.pgpass}); C{connect_timeout} and
-    C{statement_timeout} (durations, at least 1 s, default 5 s).
-    """
-    given = [name for name in ("dsn", "dsn_env", "dsn_file") if section.has(name)]
-    if not given:
-        raise section.error("dsn", "is required (or dsn_env, dsn_file when it holds a password)")
-    if len(given) > 1:
-        raise section.error(given[1], f"give one of dsn, dsn_env, dsn_file, not several ({' and '.join(given)})")
-    key = section.key(given[0])
-    dsn = section.str("dsn") if given == ["dsn"] else section.secret("dsn")
-    try:
-        parameters = psycopg2.extensions.parse_dsn(dsn)
-    except psycopg2.ProgrammingError:
-        # libpq's message quotes the DSN.
-        raise ConfigError(
-            key, "is not a PostgreSQL connection string: it is not a libpq connection string or postgresql:// URI"
-        ) from None
-    if given == ["dsn"] and "password" in parameters:
-        raise ConfigError(
-            key, "holds a password: put the DSN in dsn_env or dsn_file, or the password in a .pgpass file"
-            " or PGPASSWORD, never in the config file",
-        )
-    timeouts = {}
-    for name in ("connect_timeout", "statement_timeout"):
-        timeouts[name] = section.duration(name, 5)
-        if timeouts[name] < 1:
-            raise section.error(name, "must be at least 1s")
-    return ConnectionSettings(dsn, key, application_name=application_name, **timeouts)
-
-
-def targets(dsn: str) -> list[dict]:
-    """
-    The libpq parameters that pick each server the DSN names, in order.
-    The pool tries them one by one, each within C{connect_timeout}: in
-    asynchronous mode libpq has no deadline per host, so a first host that
-    is powered off would use up the whole attempt and the next never be
-    tried (a primary and its standbys with C{target_session_attrs}).
-    """
-    params = psycopg2.extensions.parse_dsn(dsn)
-    if not params.get("host"):
-        return [{}]
-    hosts = params["host"].split(",")
-    ports = params.get("port", "").split(",")
-    addresses = params.get("hostaddr", "").split(",")
-    return [
-        {
-            "host": host,
-            **({"port": ports[index if len(ports) > 1 else 0]} if params.get("port") else {}),
-            **({"hostaddr": addresses[index]} if params.get("hostaddr") else {}),
-        }
-        for index, host in enumerate(hosts)
-    ]
-
-
-def _needs_lookup(host: str) -> bool:
-    """A host name, as opposed to an address or a socket folder."""
-    if not host or host.startswith("/"):
-        return False
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return True
-    return False
-
-
-def _addresses(host: str) -> list[str]:
-    """Every address of C{host}, in the resolver's order, as libpq itself would try them."""
-    found = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    return list(dict.fromkeys(address[4][0] for address in found))
-
-
-# --- schema migrations --------------------------------------------------------
-
-
-class MigrationError(Exception):
-    """The schema cannot be brought to this version (for example, it is newer)."""
-
-
-def migrations(package: str) -> list[tuple[int, str, str]]:
-    """(version, file name, SQL) of every C{schema/postgres/NNN_*.sql} step of C{package}, in order."""
-    return schema_steps(package, "postgres")
-
-
-@frozen
-class Ledger:
-    """
-    Where a schema's applied versions are recorded: a table of its own, or,
-    with C{component}, rows of a table several components share. Both
-    layouts are in operators' databases, so both stay.
-    """
-
-    table: str
-    name: str
-    component: str | None = None
-
-    def create(self) -> str:
-        if self.component is None:
-            return (
-                f"CREATE TABLE IF NOT EXISTS {self.table} ("
-                " version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
-            )
-        return (
-            f"CREATE TABLE IF NOT EXISTS {self.table} ("
-            " component TEXT NOT NULL, version INTEGER NOT NULL, name TEXT NOT NULL,"
-            " applied_at BIGINT NOT NULL, PRIMARY KEY (component, version))"
-        )
-
-    def current(self, cursor) -> int:
-        if self.component is None:
-            cursor.execute(f"SELECT coalesce(max(version), 0) FROM {self.table}")
-        else:
-            cursor.execute(
-                f"SELECT coalesce(max(version), 0) FROM {self.table} WHERE component = %s", (self.component,)
-            )
-        return cursor.fetchone()[0]
-
-    def record(self, cursor, version: int, name: str, now: int) -> None:
-        if self.component is None:
-            cursor.execute(f"INSERT INTO {self.table} (version) VALUES (%s)", (version,))
-        else:
-            cursor.execute(
-                f"INSERT INTO {self.table} (component, version, name, applied_at) VALUES (%s, %s, %s, %s)",
-                (self.component, version, name, now),
-            )
-
-
-def migrate(connection, steps: list[tuple[int, str, str]], ledger: Ledger, lock: int, now: int = 0) -> int:
-    """
-    Bring a schema to the newest of C{steps} on C{connection} (autocommit),
-    in one transaction under the advisory lock C{lock}: a second instance
-    starting at once waits, then finds nothing left to do. A step may take
-    long, so no statement timeout applies; the wait for the lock is
-    bounded. Returns the version now in force; L{MigrationError} when the
-    database's schema is newer than this code or the lock is not had.
-    """
-    latest = steps[-1][0] if steps else 0
-    with connection.cursor() as cursor:
-        cursor.execute("BEGIN")
-        try:
-            cursor.execute(f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_WAIT}'; SET LOCAL statement_timeout = 0")
-            try:
-                cursor.execute("SELECT pg_advisory_xact_lock(%s)", (lock,))
-            except psycopg2.errors.LockNotAvailable:
-                raise MigrationError(
-                    f"another instance has been migrating the schema for {MIGRATION_LOCK_WAIT}; try again"
-                ) from None
-            cursor.execute(ledger.create())
-            current = ledger.current(cursor)
-            if current > latest:
-                raise MigrationError(
-                    f"its {ledger.name} schema version {current} is newer than this authsrv knows"
-                    f" ({latest}); run a newer authsrv"
-                )
-            for version, name, script in steps:
-                if version > current:
-                    cursor.execute(script)
-                    ledger.record(cursor, version, name, now)
-            cursor.execute("COMMIT")
-        except BaseException:
-            if not connection.closed:
-                cursor.execute("ROLLBACK")
-            raise
-    return max(current, latest)
-
-
-# --- the connection pool --------------------------------------------------------
 
 
 class NoFreeConnection(Exception):
@@ -447,9 +217,9 @@ class Pool:
         (C{target}: its host, port, hostaddr), its name looked up off the
         reactor's thread.
         """
-        if "hostaddr" in target or not _needs_lookup(target.get("host", "")):
+        if "hostaddr" in target or not needs_lookup(target.get("host", "")):
             return [target]
-        lookup = deferToThreadPool(self._reactor, self._lookups, _addresses, target["host"])
+        lookup = deferToThreadPool(self._reactor, self._lookups, host_addresses, target["host"])
         addresses = await self._within(self._settings.connect_timeout, lookup)
         return [target | {"hostaddr": address} for address in addresses]
 

@@ -1,0 +1,208 @@
+"""
+Records <-> rows, for both SQL stores.
+
+Each record type maps onto the table columns of its fields' names, the same
+in SQLite and PostgreSQL; a L{Dialect} says only what differs: how a
+parameter is written, how lists and bytes are kept, and how a row is put in
+place of the one with its key.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Callable
+
+import attrs
+from attrs import frozen
+
+from authsrv.records import (
+    AccessToken,
+    AuthorizationCode,
+    AuthorizationRequest,
+    Ban,
+    BrowserSession,
+    Client,
+    Grant,
+    Interaction,
+    LinkAttempt,
+    LinkedAccount,
+    RefreshToken,
+)
+
+# A codec is an (encode, decode) pair between a record field and its column;
+# None for either passes the value as it is.
+Codec = tuple[Callable | None, Callable | None]
+
+
+def scope_text(scope) -> str:
+    """Scope tokens never hold spaces (RFC 6749 section 3.3); sorted, equal sets are equal strings."""
+    return " ".join(sorted(scope))
+
+
+SCOPE: Codec = (scope_text, str.split)
+WORDS: Codec = (" ".join, str.split)
+"""Space-separated words kept in their order (a request's scope as asked)."""
+FLAG: Codec = (bool, bool)
+
+LIST = "list"
+"""A list of strings: a JSON array in SQLite, a text array in PostgreSQL."""
+BLOB = "blob"
+"""Bytes (already encrypted by the caller), or None."""
+
+
+@frozen
+class Dialect:
+    """What differs between the SQL stores' row statements."""
+
+    mark: str
+    """A named parameter, with C{{}} for its name."""
+    list: Codec
+    blob: Codec
+    upsert: bool
+    """Put a row with C{ON CONFLICT ... DO UPDATE}, else with C{INSERT OR REPLACE}."""
+
+    def codec(self, codec) -> Codec:
+        if codec == LIST:
+            return self.list
+        return self.blob if codec == BLOB else codec
+
+
+def _bytes(value) -> bytes | None:
+    """psycopg2 reads bytea as a memoryview."""
+    return None if value is None else bytes(value)
+
+
+SQLITE = Dialect(
+    mark=":{}", list=(lambda items: json.dumps(list(items)), json.loads), blob=(None, None), upsert=False,
+)
+POSTGRES = Dialect(mark="%({})s", list=(list, tuple), blob=(None, _bytes), upsert=True)
+
+
+class Rows:
+    """
+    How one record type maps onto its table. C{derived} fields come from a
+    query (a join), never from a column; C{nested} records (field name ->
+    their L{Rows}) are kept flat, as their own fields' columns in the same
+    row. A row that carries a user's ban (the C{ban_*} columns of a join)
+    fills in C{user_ban}.
+    """
+
+    def __init__(
+        self, dialect: Dialect, record: type, table: str, key: str, derived: tuple[str, ...] = (),
+        nested: dict | None = None, **codecs,
+    ):
+        self.record = record
+        self.table = table
+        self.mark = dialect.mark
+        self.nested = nested or {}
+        fields = [f.name for f in attrs.fields(record) if f.name not in self.nested]
+        codecs = {name: dialect.codec(codec) for name, codec in codecs.items()}
+        plain = (None, None)
+        self._encoders = [(name, codecs.get(name, plain)[0]) for name in fields if name not in derived]
+        self._decoders = [(name, codecs.get(name, plain)[1]) for name in fields]
+        self.written = [name for name, _ in self._encoders] + [
+            column for rows in self.nested.values() for column in rows.written
+        ]
+        self.insert = self.insert_as("")
+        if dialect.upsert:
+            keys = key.split(", ")
+            self.put = self.insert + f" ON CONFLICT ({key}) DO UPDATE SET " + ", ".join(
+                f"{name} = EXCLUDED.{name}" for name in self.written if name not in keys
+            )
+        else:
+            self.put = "INSERT OR REPLACE" + self.insert[len("INSERT"):]
+
+    def insert_as(self, prefix: str, source: str = "") -> str:
+        """
+        The INSERT of one record whose parameters are named C{prefix} + field;
+        with C{source}, a row is inserted for each row of that query.
+        """
+        columns = ", ".join(self.written)
+        values = ", ".join(self.mark.format(prefix + name) for name in self.written)
+        if source:
+            return f"INSERT INTO {self.table} ({columns}) SELECT {values} FROM {source}"
+        return f"INSERT INTO {self.table} ({columns}) VALUES ({values})"
+
+    def params(self, value, prefix: str = "") -> dict:
+        params = {
+            prefix + name: getattr(value, name) if encode is None else encode(getattr(value, name))
+            for name, encode in self._encoders
+        }
+        for name, rows in self.nested.items():
+            params.update(rows.params(getattr(value, name), prefix))
+        return params
+
+    def load(self, row):
+        if row is None:
+            return None
+        keys = row.keys()
+        values = {
+            name: row[name] if decode is None else decode(row[name])
+            for name, decode in self._decoders if name in keys
+        }
+        for name, rows in self.nested.items():
+            values[name] = rows.load(row)
+        if "ban_created_at" in keys:
+            values["user_ban"] = ban_of(row, row["sub"])
+        return self.record(**values)
+
+
+WITH_BAN = ", b.reason AS ban_reason, b.created_at AS ban_created_at, b.until AS ban_until"
+"""The columns by which a token lookup also reads its user's ban, so one round trip tells both."""
+
+
+def ban_of(row, sub: str) -> Ban | None:
+    if row["ban_created_at"] is None:
+        return None
+    return Ban(sub=sub, reason=row["ban_reason"], created_at=row["ban_created_at"], until=row["ban_until"])
+
+
+@frozen
+class Tables:
+    """The row mapping of every stored record, in one dialect."""
+
+    clients: Rows
+    sessions: Rows
+    interactions: Rows
+    link_attempts: Rows
+    grants: Rows
+    codes: Rows
+    access: Rows
+    refresh: Rows
+    bans: Rows
+    linked: Rows
+
+
+def tables(dialect: Dialect) -> Tables:
+    def rows(*args, **kwargs):
+        return Rows(dialect, *args, **kwargs)
+
+    return Tables(
+        clients=rows(
+            Client, "clients", "client_id",
+            redirect_uris=LIST, post_logout_redirect_uris=LIST, resources=LIST, grant_types=LIST,
+            end_session_enabled=FLAG, first_party=FLAG, introspect_any=FLAG,
+        ),
+        sessions=rows(BrowserSession, "browser_sessions", "session_hash"),
+        interactions=rows(
+            Interaction, "interactions", "interaction_id",
+            nested={
+                "request": rows(
+                    AuthorizationRequest, "interactions", "interaction_id",
+                    scope=WORDS, resources=LIST, prompt=SCOPE,
+                ),
+            },
+        ),
+        link_attempts=rows(LinkAttempt, "link_attempts", "state_hash"),
+        grants=rows(Grant, "grants", "grant_id", scope=SCOPE, resource=LIST),
+        codes=rows(AuthorizationCode, "authorization_codes", "code_hash", scope=SCOPE, resource=LIST),
+        access=rows(AccessToken, "access_tokens", "token_hash", derived=("user_ban",), scope=SCOPE, audience=LIST),
+        refresh=rows(
+            RefreshToken, "refresh_tokens", "token_hash", derived=("revoked", "user_ban"),
+            scope=SCOPE, revoked=FLAG, replay=BLOB,
+        ),
+        bans=rows(Ban, "bans", "sub"),
+        linked=rows(
+            LinkedAccount, "linked_accounts", "sub, provider", access_token_enc=BLOB, refresh_token_enc=BLOB,
+        ),
+    )
