@@ -22,7 +22,7 @@ from twisted.logger import formatEvent, globalLogPublisher
 from authsrv.chat.config import DEFAULT_SCOPES, ChatConfig, chat_config
 from authsrv.chat.crypto import ACCESS, REFRESH, TokenCipher, UndecryptableToken, key_from_text, new_key_text
 from authsrv.chat.errors import ChatNotLinked, ChatProviderUnavailable, ChatRefreshRefused
-from authsrv.chat.provider import ChatProvider, http_client
+from authsrv.chat.provider import ChatProvider
 from authsrv.chat.tokens import ChatTokens, ProviderToken, linked_chat_user_id
 from authsrv.configsection import ConfigError, Section
 from authsrv.context import PluginContext
@@ -288,16 +288,6 @@ async def test_provider_down_leaves_the_record_untouched(world, audit, switch):
 
 
 @pytest_twisted.ensureDeferred
-async def test_provider_timeout_is_unavailable(world):
-    async with sqlite_store(world.path) as store:
-        account, _ = await world.link(store, 100)
-        world.fake.slow = world.config.timeout + 5
-        with pytest.raises(ChatProviderUnavailable):
-            await world.call(world.tokens(store))
-        assert await store.get_linked_account(ALICE.sub, "discord") == account
-
-
-@pytest_twisted.ensureDeferred
 async def test_refused_refresh_leaves_the_record_untouched(world, audit):
     async with sqlite_store(world.path) as store:
         account, _ = await world.link(store, 100)
@@ -380,38 +370,6 @@ async def test_chat_user_id_prefers_the_stored_link(world):
         assert await linked_chat_user_id(store, User(sub="nobody", login="n"), "discord") is None
         await world.link(store, HOUR)
         assert await linked_chat_user_id(store, ALICE, "discord") == world.fake.user.id
-
-
-# --- the provider client over real connections -------------------------------------
-
-
-@pytest_twisted.ensureDeferred
-async def test_provider_client_over_tcp():
-    fake = FakeChatProvider(reactor)
-    port = fake.listen(reactor)
-    client, pool = http_client(reactor, 2)
-    base = f"http://127.0.0.1:{port.getHost().port}"
-    config = ChatConfig(encryption_key=key_from_text(new_key_text()), client_secret=fake.client_secret,
-                        timeout=2, lock_ttl=5, **fake.endpoints(base))
-    provider = ChatProvider(reactor, client, config)
-    try:
-        tokens = await provider.refresh(fake.grant()["refresh_token"])
-        assert fake.refreshes == 1 and tokens.expires_in == fake.expires_in
-        assert await provider.current_user(tokens.access_token) == fake.user.id
-        fake.refuse_refresh = True
-        with pytest.raises(ChatRefreshRefused):
-            await provider.refresh(tokens.refresh_token)
-        fake.down = True
-        with pytest.raises(ChatProviderUnavailable):
-            await provider.refresh(tokens.refresh_token)
-        fake.down, fake.slow = False, 3
-        with pytest.raises(ChatProviderUnavailable):
-            await provider.current_user(tokens.access_token)
-    finally:
-        await pool.closeCachedConnections()
-        await port.stopListening()
-    with pytest.raises(ChatProviderUnavailable):
-        await provider.current_user(tokens.access_token)
 
 
 # --- encryption at rest -----------------------------------------------------------

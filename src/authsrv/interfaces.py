@@ -404,3 +404,61 @@ class IKeystore(Interface):
         the configured schedule says the active key is due, and drop retired
         keys whose retention has passed; fires when done.
         """
+
+
+# --- chat platform ----------------------------------------------------------
+
+
+class IChatProvider(Interface):
+    """
+    The OAuth 2 client of one chat platform: the link flow sends the browser
+    to its authorize URL and redeems the code it brings back; the chat-token
+    endpoint refreshes the stored token through it. Its network calls
+    return awaitables (coroutines or L{Deferred}s).
+
+    Every call is bounded in time as a whole and in the size of the answer it
+    reads. A platform that cannot be reached, is too slow, answers 5xx or 429,
+    or answers something other than the OAuth JSON object it should, fails the
+    call with L{authsrv.chat.errors.ChatProviderUnavailable}: nothing was
+    decided, the caller keeps what it holds and may try again. Tokens are
+    never logged. L{authsrv.testing.chat} holds the conformance suite.
+    """
+
+    name = Attribute("The provider's name, under which linked accounts are stored (C{str}).")
+
+    def authorize_url(state, code_challenge, redirect_uri):
+        """
+        The URL the browser is sent to for the user's approval: the
+        configured authorize endpoint, its own query kept, with the
+        authorization-code request added (client id, scopes, C{state},
+        C{redirect_uri}, and the PKCE S256 C{code_challenge} unless it is
+        None).
+        """
+
+    def exchange_code(code, code_verifier, redirect_uri):
+        """
+        Redeem the code the browser came back with (C{code_verifier} None
+        when no challenge was sent); fires with an
+        L{authsrv.chat.provider.ProviderTokens}, or fails with
+        L{authsrv.chat.provider.ChatCodeRejected} when the provider refuses
+        the code (unknown, used, expired, wrong verifier or redirect URI: the
+        user starts again), or with C{ChatProviderUnavailable}.
+        """
+
+    def refresh(refresh_token):
+        """
+        Fires with new L{authsrv.chat.provider.ProviderTokens}: their
+        C{refresh_token} is None when the provider did not rotate it (the
+        caller keeps the one it holds) and their C{scope} None when the answer
+        named none (unchanged). Fails with
+        L{authsrv.chat.errors.ChatRefreshRefused} when the provider refuses
+        the refresh token (invalid_grant: the user must link again), or with
+        C{ChatProviderUnavailable}.
+        """
+
+    def current_user(access_token):
+        """
+        Fires with the provider's id (C{str}) of the user the access token
+        belongs to; any answer without one, a refused token included, is
+        C{ChatProviderUnavailable}.
+        """

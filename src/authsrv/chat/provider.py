@@ -29,9 +29,11 @@ from twisted.web.client import (
     ResponseFailed,
     ResponseNeverReceived,
 )
+from zope.interface import implementer
 
 from authsrv.chat.config import ChatConfig
 from authsrv.chat.errors import ChatError, ChatProviderUnavailable, ChatRefreshRefused
+from authsrv.interfaces import IChatProvider
 
 MAX_BODY = 64 * 1024
 DEFAULT_EXPIRES_IN = 3600
@@ -92,17 +94,22 @@ def _with_query(url: str, params: dict[str, str]) -> str:
     return urlunsplit(parts._replace(query=f"{parts.query}&{extra}" if parts.query else extra))
 
 
+@implementer(IChatProvider)
 class ChatProvider:
     """
     One provider's endpoints. C{http} is a L{treq.client.HTTPClient} (or
     anything with its C{request} method, such as L{treq.testing.StubTreq});
-    the reactor times each call out.
+    the reactor times each call out. The config must name a C{client_id}:
+    without one there is no client to speak for.
     """
 
     def __init__(self, reactor, http, config: ChatConfig):
+        if config.client_id is None:
+            raise ValueError("a chat provider client needs the [chat] client_id")
         self._reactor = reactor
         self._http = http
         self._config = config
+        self._client_id = config.client_id
 
     @property
     def name(self) -> str:
@@ -112,7 +119,7 @@ class ChatProvider:
         """Where the browser goes to approve the link; PKCE S256 when a challenge is given."""
         params = {
             "response_type": "code",
-            "client_id": self._config.client_id,
+            "client_id": self._client_id,
             "redirect_uri": redirect_uri,
             "scope": " ".join(self._config.scopes),
             "state": state,
@@ -157,16 +164,15 @@ class ChatProvider:
         if status != 200:
             log.warn("chat provider did not name the current user: {status}", status=status)
             raise ChatProviderUnavailable(f"the chat platform answered {status} for the current user")
-        user_id = body.get("id")
-        if isinstance(user_id, int) and not isinstance(user_id, bool):
-            user_id = str(user_id)
+        found = body.get("id")
+        user_id = str(found) if isinstance(found, int) and not isinstance(found, bool) else found
         if not isinstance(user_id, str) or not user_id or len(user_id) > 256:
             raise ChatProviderUnavailable("the chat platform's user answer has no id")
         return user_id
 
     def _client_form(self, form: dict[str, str]) -> dict[str, str]:
         """client_secret_post: the client's credentials in the form body."""
-        form["client_id"] = self._config.client_id
+        form["client_id"] = self._client_id
         if self._config.client_secret is not None:
             form["client_secret"] = self._config.client_secret
         return form

@@ -25,6 +25,7 @@ from authsrv import events
 from authsrv.chat.crypto import ACCESS, REFRESH, UndecryptableToken
 from authsrv.chat.errors import ChatError, ChatNotLinked, ChatProviderUnavailable, ChatRefreshRefused
 from authsrv.chat.provider import ProviderTokens
+from authsrv.interfaces import IChatProvider
 from authsrv.records import LinkedAccount, User
 from authsrv.tokens import new_token
 
@@ -49,13 +50,13 @@ class ChatTokens:
     """
     Serves a user's provider access token, refreshed when needed.
 
-    C{provider} (a L{authsrv.chat.provider.ChatProvider}) is None when no
-    provider client is configured: stored tokens are then served while fresh
-    and L{ChatProviderUnavailable} answers otherwise. C{cipher} and
-    C{config} are None when there is no C{[chat]} section at all.
+    C{provider} (an L{IChatProvider}) is None when no provider client is
+    configured: stored tokens are then served while fresh and
+    L{ChatProviderUnavailable} answers otherwise. C{cipher} and C{config} are
+    None when there is no C{[chat]} section at all.
     """
 
-    def __init__(self, reactor, store, identity, provider, cipher, config):
+    def __init__(self, reactor, store, identity, provider: IChatProvider | None, cipher, config):
         self._reactor = reactor
         self._store = store
         self._identity = identity

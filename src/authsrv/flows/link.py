@@ -25,6 +25,7 @@ from authsrv.chat.crypto import ACCESS, REFRESH
 from authsrv.chat.errors import ChatProviderUnavailable
 from authsrv.chat.provider import ChatCodeRejected
 from authsrv.flows.standing import standing
+from authsrv.interfaces import IChatProvider
 from authsrv.protocol import pkce
 from authsrv.protocol.errors import PageError
 from authsrv.records import BrowserSession, LinkAttempt, LinkedAccount
@@ -52,7 +53,7 @@ def unlink_token_valid(cookie_value: str, sent: str | None) -> bool:
 class ChatLinking:
     """The link flow for one provider; C{issuer} names the callback URL."""
 
-    def __init__(self, *, store, identity, provider, cipher, issuer: str, pkce_enabled: bool):
+    def __init__(self, *, store, identity, provider: IChatProvider, cipher, issuer: str, pkce_enabled: bool):
         self._store = store
         self._identity = identity
         self._provider = provider

@@ -13,13 +13,15 @@ user. Two ways to reach it:
    and returns it; C{fake.endpoints(base_url)} are the C{[chat]} URLs.
 
 Failure switches, changeable at any time: C{down} drops every connection
-without an answer; C{unavailable} answers 503; C{slow} delays every answer
-by that many seconds of the injected clock; C{refuse_refresh} answers
-invalid_grant to refreshes; C{rotate_refresh} (on by default) returns a new
-refresh token on each refresh and invalidates the old one, and when off the
-answer carries none and the old one stays valid; C{expires_in} is the
-lifetime of the access tokens it issues. C{refreshes} counts the refreshes
-it served, C{exchanges} the codes it redeemed.
+without an answer; C{unavailable} answers 503; C{not_json} answers an HTML
+page with status 200 instead; C{oversized} pads every JSON answer to over a
+mebibyte; C{slow} delays every answer by that many seconds
+of the injected clock (C{held} is how many answers it is holding back now);
+C{refuse_refresh} answers invalid_grant to refreshes; C{rotate_refresh} (on
+by default) returns a new refresh token on each refresh and invalidates the
+old one, and when off the answer carries none and the old one stays valid;
+C{expires_in} is the lifetime of the access tokens it issues. C{refreshes}
+counts the refreshes it served, C{exchanges} the codes it redeemed.
 """
 
 from __future__ import annotations
@@ -81,7 +83,10 @@ class FakeChatProvider:
         self.expires_in = expires_in
         self.down = False
         self.unavailable = False
+        self.oversized = False
+        self.not_json = False
         self.slow = 0
+        self.held = 0
         self.refuse_refresh = False
         self.rotate_refresh = True
         self.deny = False
@@ -132,16 +137,26 @@ class FakeChatProvider:
             request.transport.abortConnection()
             return await Deferred()
         if self.slow:
-            await deferLater(self.clock, self.slow, lambda: None)
+            self.held += 1
+            try:
+                await deferLater(self.clock, self.slow, lambda: None)
+            finally:
+                self.held -= 1
             self.clock.callLater(0, self._flush)
         if self.unavailable:
             return self._json(request, 503, {"message": "503: Service Unavailable", "code": 0})
+        if self.not_json:
+            request.setHeader(b"content-type", b"text/html; charset=utf-8")
+            return b"<html><body>Down for maintenance</body></html>"
         result = answer()
         if isinstance(result, str):
             request.setResponseCode(302)
             request.setHeader(b"location", result.encode())
             return b""
-        return self._json(request, *result)
+        status, body = result
+        if self.oversized:
+            body = {**body, "padding": "x" * 1024 * 1024}
+        return self._json(request, status, body)
 
     def _flush(self) -> None:
         for flush in self._flushes:
