@@ -63,6 +63,7 @@ def test_client_lifecycle(deployment):
         "introspect_any": False,
         "backchannel_logout_uri": None,
         "created_at": shown["created_at"],
+        "grant_types": ["authorization_code", "refresh_token"],
     }
     assert "client_secret" not in ok(admin("--config", config, "client", "show", "web", cwd=cwd))
     ok(admin("--config", config, "client", "add", "spa", "--public", "--redirect-uri", "https://spa.example/cb", cwd=cwd))
