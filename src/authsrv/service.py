@@ -263,7 +263,7 @@ def web_root(
             session_ttl=config.limits.session_ttl,
         ),
         flows=public_flows(config, reactor, store, keystore, identity, grants, chat_link),
-        ping=store.ping,
+        ping=lambda: store.ping(),
         readiness=readiness,
     )
     return Root(_documents(config, keystore, grants.grant_types), site.resource(), internal)
