@@ -711,16 +711,17 @@ def test_end_to_end_disabled_in_the_directory_and_outage(ldap_server, slapd):
 
 
 @pytest.mark.slow
-def test_operator_command_finds_users_through_the_chain(slapd, tmp_path):
+@pytest_twisted.ensureDeferred
+async def test_operator_command_finds_users_through_the_chain(slapd, tmp_path):
     """The operator names a directory user, or a static one behind it, by login or sub."""
     identity = "\n".join(f"{k} = {_toml(v)}" for k, v in slapd.backend_config().items())
     (tmp_path / "users.toml").write_text("")
     config = tmp_path / "authsrv.toml"
     config.write_text(f'[[identity]]\nplugin = "ldap"\n{identity}\n\n[[identity]]\nplugin = "static"\n')
-    assert admin("--config", str(config), "check-config", cwd=tmp_path).returncode == 0
-    added = admin("--config", str(config), "user", "add", "robot", "--sub", "svc-robot", "--password-stdin",
+    assert (await admin("--config", str(config), "check-config", cwd=tmp_path)).returncode == 0
+    added = await admin("--config", str(config), "user", "add", "robot", "--sub", "svc-robot", "--password-stdin",
                   cwd=tmp_path, stdin="robot password\n")
     assert added.returncode == 0, added.stderr
     for user, sub in (("carol", CAROL_SUB), ("svc-robot", "svc-robot")):
-        done = admin("--config", str(config), "ban", user, "--reason", "test", cwd=tmp_path)
+        done = await admin("--config", str(config), "ban", user, "--reason", "test", cwd=tmp_path)
         assert done.returncode == 0 and f"banned {sub}" in done.stdout, done.stderr

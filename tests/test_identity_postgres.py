@@ -7,6 +7,7 @@ outages, and the operator command in own mode.
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 
@@ -654,8 +655,8 @@ def test_unreachable_database_on_start(context, monkeypatch):
 # --- the operator command -----------------------------------------------------
 
 
-@pytest.mark.slow
-def test_operator_manages_users_in_own_mode(pg_dsn, tmp_path, monkeypatch):
+@pytest_twisted.ensureDeferred
+async def test_operator_manages_users_in_own_mode(pg_dsn, tmp_path, monkeypatch):
     from authsrv.embedded import prepare_data_dir
 
     config, _ = prepare_data_dir(tmp_path / "data")
@@ -666,12 +667,12 @@ def test_operator_manages_users_in_own_mode(pg_dsn, tmp_path, monkeypatch):
     config.write_text(text)
     monkeypatch.setenv("AUTHSRV_IDENTITY_DSN", pg_dsn)
 
-    def run(*args, stdin=None):
-        return admin("--config", str(config), *args, cwd=tmp_path, stdin=stdin)
+    async def run(*args, stdin=None):
+        return await admin("--config", str(config), *args, cwd=tmp_path, stdin=stdin)
 
-    added = run("user", "add", "alice", "--name", "Alice", "--email", "alice@example.com",
-                "--email-verified", "--chat-user-id", "80351110224678912", "--password-stdin",
-                stdin="correct horse\n")
+    added = await run("user", "add", "alice", "--name", "Alice", "--email", "alice@example.com",
+                      "--email-verified", "--chat-user-id", "80351110224678912", "--password-stdin",
+                      stdin="correct horse\n")
     assert added.returncode == 0, added.stderr
     assert added.stdout.startswith("added user alice (sub ")
     [(sub, login, password_hash, name, verified, chat)] = execute(
@@ -680,18 +681,31 @@ def test_operator_manages_users_in_own_mode(pg_dsn, tmp_path, monkeypatch):
     assert (login, name, verified, chat) == ("alice", "Alice", True, "80351110224678912")
     assert PasswordHasher().verify(password_hash, "correct horse")
 
-    again = run("user", "add", "ALICE", "--password-stdin", stdin="x\n")
+    again = await run("user", "add", "ALICE", "--password-stdin", stdin="x\n")
     assert again.returncode == 1 and "login 'alice' is already taken" in again.stderr
 
-    assert run("user", "disable", "alice", "--reason", "left").returncode == 0
+    assert (await run("user", "disable", "alice", "--reason", "left")).returncode == 0
     assert execute(pg_dsn, "SELECT disabled, disabled_reason FROM identity_users") == [(True, "left")]
-    assert run("user", "enable", "Alice").returncode == 0
-    assert run("user", "passwd", "alice", "--password-stdin", stdin="battery staple\n").returncode == 0
+    assert (await run("user", "enable", "Alice")).returncode == 0
+    assert (await run("user", "passwd", "alice", "--password-stdin", stdin="battery staple\n")).returncode == 0
     [(new_hash,)] = execute(pg_dsn, "SELECT password_hash FROM identity_users")
     assert PasswordHasher().verify(new_hash, "battery staple")
-    missing = run("user", "disable", "bob", "--reason", "x")
+    missing = await run("user", "disable", "bob", "--reason", "x")
     assert missing.returncode == 1 and "no user with login 'bob'" in missing.stderr
 
-    banned = run("ban", "alice", "--reason", "spam")
+    banned = await run("ban", "alice", "--reason", "spam")
     assert banned.returncode == 0, banned.stderr
     assert sub in banned.stdout
+
+
+@pytest_twisted.ensureDeferred
+async def test_operator_leaves_mapped_users_to_their_owner(pg_dsn, tmp_path):
+    seed_staff(pg_dsn, [(ALICE, PASSWORDS[ALICE.sub])])
+    config = tmp_path / "authsrv.toml"
+    mapped = "\n".join(f"{key} = {json.dumps(value)}" for key, value in MAPPED.items())
+    config.write_text(f'[[identity]]\nplugin = "postgres"\ndsn = {json.dumps(pg_dsn)}\n{mapped}\n')
+    for args in (["user", "add", "bob", "--password-stdin"], ["user", "disable", "alice", "--reason", "x"]):
+        refused = await admin("--config", str(config), *args, cwd=tmp_path, stdin="pw\n")
+        assert refused.returncode == 1
+        assert refused.stderr.startswith("authsrv-admin: no [[identity]] backend in the config can write users")
+    assert execute(pg_dsn, "SELECT locked_at FROM staff") == [(None,)]

@@ -116,6 +116,11 @@ class IUserManagement(Interface):
     whose text is for the operator.
     """
 
+    users_location = Attribute(
+        "Where the users are written, as the operator reads it: a file's path, or"
+        " 'the PostgreSQL identity backend'."
+    )
+
     def add_user(user, password_hash):
         """Add the L{authsrv.records.User} with an argon2id hash; fires with it."""
 

@@ -413,6 +413,8 @@ class OwnPostgresIdentityBackend(PostgresIdentityBackend):
     leaves to the operator's own tools.
     """
 
+    users_location = "the PostgreSQL identity backend"
+
     async def add_user(self, user: User, password_hash: str) -> User:
         """
         Insert a user into C{identity_users}; L{ValueError} for a bad field

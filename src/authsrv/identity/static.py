@@ -180,6 +180,7 @@ class StaticIdentityBackend:
 
     def __init__(self, path: Path, reactor, verifier: PasswordVerifier):
         self._path = Path(path)
+        self.users_location = str(self._path)
         self._reactor = reactor
         self._verifier = verifier
         self._signature: tuple | None = _signature(self._path)
@@ -271,6 +272,8 @@ class StaticIdentityBackend:
             added = add_user(self._path, password_hash=password_hash, **asdict(user))
         except ConfigError as e:
             raise ValueError(str(e)) from None
+        except ValueError as e:
+            raise ValueError(f"{self._path}: {e}") from None
         self._serve()
         return added
 
@@ -312,7 +315,7 @@ class StaticIdentityBackend:
         key = None if credential_text(login) is None else login_key(login)
         index = next((i for i, table in enumerate(users) if login_key(table["login"]) == key), None)
         if index is None:
-            raise ValueError(f"no user with login {login!r}")
+            raise ValueError(f"{self._path}: no user with login {login!r}")
         change(users, index)
         if not users:
             del document["users"]
