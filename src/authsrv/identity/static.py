@@ -307,9 +307,9 @@ class StaticIdentityBackend:
         """
         try:
             text = self._path.read_bytes().decode("utf-8")
-            _parse(text, self._path.name)
-        except (ConfigError, UnicodeDecodeError) as e:
-            raise ValueError(f"{self._path.name}: {e}") from None
+        except UnicodeDecodeError:
+            raise ValueError(f"{self._path.name}: not UTF-8 text") from None
+        self._check(text)
         document = tomlkit.parse(text)
         users = document.get("users", [])
         key = None if credential_text(login) is None else login_key(login)
@@ -320,12 +320,16 @@ class StaticIdentityBackend:
         if not users:
             del document["users"]
         new_text = tomlkit.dumps(document)
-        try:
-            _parse(new_text, self._path.name)
-        except ConfigError as e:
-            raise ValueError(str(e)) from None
+        self._check(new_text)
         _write_atomically(self._path, new_text)
         self._serve()
+
+
+    def _check(self, text: str) -> None:
+        try:
+            _parse(text, self._path.name)
+        except ConfigError as e:
+            raise ValueError(str(e)) from None
 
 
 def _detach_trailing(table) -> list:
