@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import signal
@@ -115,16 +117,21 @@ def run_server():
             server.process.wait()
 
 
-def admin(*args: str, cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess:
-    """Run the operator command as an operator would."""
-    return subprocess.run(
-        [str(Path(sys.executable).parent / "authsrv-admin"), *args],
-        cwd=cwd,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+async def admin(*args: str, cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess:
+    """
+    Run the operator command as an operator would, but in this process (a
+    child process costs a second each): in C{cwd}, on the tests' reactor,
+    with C{stdin} as standard input; returns its status and output. Every
+    test runs on the reactor, so a test awaits it.
+    """
+    from twisted.internet import reactor
+
+    from authsrv.admin.main import run
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.chdir(cwd):
+        status = await run(list(args), reactor, stdin=io.StringIO(stdin or ""), stdout=out, stderr=err)
+    return subprocess.CompletedProcess(["authsrv-admin", *args], status, out.getvalue(), err.getvalue())
 
 
 @pytest.fixture(scope="session")

@@ -1,23 +1,26 @@
 """
 authsrv-admin as an operator uses it, against a real config, store, users
-file and keystore.
+file and keystore: in the tests' process (see conftest.admin), and once as
+the installed script.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
+import subprocess
+import sys
 import tomllib
+from pathlib import Path
 
 import pytest
+import pytest_twisted
 from argon2 import PasswordHasher
 
 from authsrv.embedded import prepare_data_dir
 from authsrv.tokens import token_hash
 
 from conftest import admin
-
-pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
@@ -38,9 +41,10 @@ def refused(result, message):
     assert line.startswith("authsrv-admin: ") and message in line, line
 
 
-def test_client_lifecycle(deployment):
+@pytest_twisted.ensureDeferred
+async def test_client_lifecycle(deployment):
     cwd, config = deployment
-    out = ok(admin("--config", config, "client", "add", "web", "--name", "Web Shop",
+    out = ok(await admin("--config", config, "client", "add", "web", "--name", "Web Shop",
                    "--redirect-uri", "https://shop.example/cb", "--redirect-uri", "http://127.0.0.1:9000/cb",
                    "--post-logout-redirect-uri", "https://shop.example/", "--end-session",
                    "--first-party", "--resource", "https://api.example", cwd=cwd))
@@ -50,7 +54,7 @@ def test_client_lifecycle(deployment):
     dump = "\n".join(database.iterdump())
     assert secret not in dump and token_hash(secret) in dump
 
-    shown = json.loads(ok(admin("--config", config, "client", "show", "web", "--json", cwd=cwd)))
+    shown = json.loads(ok(await admin("--config", config, "client", "show", "web", "--json", cwd=cwd)))
     assert shown == {
         "client_id": "web",
         "name": "Web Shop",
@@ -65,15 +69,15 @@ def test_client_lifecycle(deployment):
         "created_at": shown["created_at"],
         "grant_types": ["authorization_code", "refresh_token"],
     }
-    assert "client_secret" not in ok(admin("--config", config, "client", "show", "web", cwd=cwd))
-    ok(admin("--config", config, "client", "add", "spa", "--public", "--redirect-uri", "https://spa.example/cb", cwd=cwd))
-    listed = ok(admin("--config", config, "client", "list", cwd=cwd)).splitlines()
+    assert "client_secret" not in ok(await admin("--config", config, "client", "show", "web", cwd=cwd))
+    ok(await admin("--config", config, "client", "add", "spa", "--public", "--redirect-uri", "https://spa.example/cb", cwd=cwd))
+    listed = ok(await admin("--config", config, "client", "list", cwd=cwd)).splitlines()
     assert listed == ["spa\tpublic\t-\tspa", "web\tconfidential\tfirst-party,end-session\tWeb Shop"]
-    refused(admin("--config", config, "client", "add", "web", "--redirect-uri", "https://x.example/cb", cwd=cwd),
+    refused(await admin("--config", config, "client", "add", "web", "--redirect-uri", "https://x.example/cb", cwd=cwd),
             "client 'web' exists already")
-    assert ok(admin("--config", config, "client", "remove", "web", cwd=cwd)) == "removed client web\n"
-    refused(admin("--config", config, "client", "show", "web", cwd=cwd), "no client 'web'")
-    refused(admin("--config", config, "client", "remove", "web", cwd=cwd), "no client 'web'")
+    assert ok(await admin("--config", config, "client", "remove", "web", cwd=cwd)) == "removed client web\n"
+    refused(await admin("--config", config, "client", "show", "web", cwd=cwd), "no client 'web'")
+    refused(await admin("--config", config, "client", "remove", "web", cwd=cwd), "no client 'web'")
 
 
 @pytest.mark.parametrize(
@@ -86,31 +90,35 @@ def test_client_lifecycle(deployment):
          "--post-logout-redirect-uri needs --end-session"),
     ],
 )
-def test_client_add_refuses_bad_input(deployment, args, message):
+@pytest_twisted.ensureDeferred
+async def test_client_add_refuses_bad_input(deployment, args, message):
     cwd, config = deployment
-    refused(admin("--config", config, "client", "add", "app", *args, cwd=cwd), message)
+    refused(await admin("--config", config, "client", "add", "app", *args, cwd=cwd), message)
 
 
-def test_client_add_bad_id_and_missing_option(deployment):
+@pytest_twisted.ensureDeferred
+async def test_client_add_bad_id_and_missing_option(deployment):
     cwd, config = deployment
-    refused(admin("--config", config, "client", "add", "a b", "--redirect-uri", "https://a.example/cb", cwd=cwd),
+    refused(await admin("--config", config, "client", "add", "a b", "--redirect-uri", "https://a.example/cb", cwd=cwd),
             "may hold only printable ASCII")
-    missing = admin("--config", config, "client", "add", "app", cwd=cwd)
+    missing = await admin("--config", config, "client", "add", "app", cwd=cwd)
     assert missing.returncode == 2 and "--redirect-uri" in missing.stderr
 
 
-def test_clients_declared_in_the_config_are_edited_there(tmp_path):
+@pytest_twisted.ensureDeferred
+async def test_clients_declared_in_the_config_are_edited_there(tmp_path):
     (tmp_path / "users.toml").write_text("")
     config = tmp_path / "authsrv.toml"
     config.write_text('[[clients]]\nclient_id = "fixed"\nredirect_uris = ["https://a.example/cb"]\n')
-    refused(admin("--config", str(config), "client", "add", "fixed", "--redirect-uri", "https://b.example/cb",
+    refused(await admin("--config", str(config), "client", "add", "fixed", "--redirect-uri", "https://b.example/cb",
                   cwd=tmp_path), "is declared in")
-    refused(admin("--config", str(config), "client", "remove", "fixed", cwd=tmp_path), "is declared in")
+    refused(await admin("--config", str(config), "client", "remove", "fixed", cwd=tmp_path), "is declared in")
 
 
-def test_user_add_hashes_the_password(deployment):
+@pytest_twisted.ensureDeferred
+async def test_user_add_hashes_the_password(deployment):
     cwd, config = deployment
-    out = ok(admin("--config", config, "user", "add", "alice", "--name", "Alice", "--email", "alice@example.com",
+    out = ok(await admin("--config", config, "user", "add", "alice", "--name", "Alice", "--email", "alice@example.com",
                    "--email-verified", "--chat-user-id", "80351110224678912", "--password-stdin",
                    cwd=cwd, stdin="correct horse\n"))
     assert out.startswith("added user alice (sub ")
@@ -122,41 +130,62 @@ def test_user_add_hashes_the_password(deployment):
     assert alice["password_hash"].startswith("$argon2id$")
     assert PasswordHasher().verify(alice["password_hash"], "correct horse")
     assert "correct horse" not in (cwd / "data" / "users.toml").read_text()
-    refused(admin("--config", config, "user", "add", "ALICE", "--password-stdin", cwd=cwd, stdin="x\n"),
+    refused(await admin("--config", config, "user", "add", "ALICE", "--password-stdin", cwd=cwd, stdin="x\n"),
             "already")
-    refused(admin("--config", config, "user", "add", "bob", "--password-stdin", cwd=cwd, stdin="\n"),
+    refused(await admin("--config", config, "user", "add", "bob", "--password-stdin", cwd=cwd, stdin="\n"),
             "the password must not be empty")
-    refused(admin("--config", config, "user", "add", "bob", cwd=cwd, stdin="pw\n"),
+    refused(await admin("--config", config, "user", "add", "bob", cwd=cwd, stdin="pw\n"),
             "no terminal to ask for the password")
-    refused(admin("--config", config, "user", "add", "bob", "--email", "nope", "--password-stdin", cwd=cwd,
+    refused(await admin("--config", config, "user", "add", "bob", "--email", "nope", "--password-stdin", cwd=cwd,
                   stdin="pw\n"), "is not an email address")
 
 
-def test_hash_password(tmp_path):
-    out = ok(admin("hash-password", "--password-stdin", cwd=tmp_path, stdin="s3cret\n")).strip()
+@pytest_twisted.ensureDeferred
+async def test_user_passwd_disable_enable_in_the_users_file(deployment):
+    cwd, config = deployment
+    users_file = cwd / "data" / "users.toml"
+    await add_alice(cwd, config)
+    assert ok(await admin("--config", config, "user", "passwd", "ALICE", "--password-stdin", cwd=cwd,
+                          stdin="new pw\n")) == "password of ALICE changed\n"
+    [alice] = tomllib.loads(users_file.read_text())["users"]
+    assert PasswordHasher().verify(alice["password_hash"], "new pw")
+    assert ok(await admin("--config", config, "user", "disable", "alice", "--reason", "left", cwd=cwd)) == "disabled alice\n"
+    [alice] = tomllib.loads(users_file.read_text())["users"]
+    assert (alice["disabled"], alice["disabled_reason"]) == (True, "left")
+    assert ok(await admin("--config", config, "user", "enable", "alice", cwd=cwd)) == "enabled alice\n"
+    assert "disabled" not in users_file.read_text().split("[[users]]")[1]
+    refused(await admin("--config", config, "user", "disable", "bob", "--reason", "x", cwd=cwd),
+            "no user with login 'bob'")
+
+
+@pytest_twisted.ensureDeferred
+async def test_hash_password(tmp_path):
+    out = ok(await admin("hash-password", "--password-stdin", cwd=tmp_path, stdin="s3cret\n")).strip()
     assert PasswordHasher().verify(out, "s3cret")
 
 
-def test_keys_list_and_rotate(deployment):
+@pytest_twisted.ensureDeferred
+async def test_keys_list_and_rotate(deployment):
     cwd, config = deployment
-    before = [line.split("\t") for line in ok(admin("--config", config, "keys", "list", cwd=cwd)).splitlines()]
+    before = [line.split("\t") for line in ok(await admin("--config", config, "keys", "list", cwd=cwd)).splitlines()]
     states = {state: kid for kid, alg, state in before}
     assert set(states) == {"active", "next"}
-    refused(admin("--config", config, "keys", "rotate", cwd=cwd), "relying parties cache the JWKS for 600 s")
-    after = [line.split("\t") for line in ok(admin("--config", config, "keys", "rotate", "--force", cwd=cwd)).splitlines()]
+    refused(await admin("--config", config, "keys", "rotate", cwd=cwd), "relying parties cache the JWKS for 600 s")
+    after = [line.split("\t") for line in ok(await admin("--config", config, "keys", "rotate", "--force", cwd=cwd)).splitlines()]
     now = {kid: state for kid, alg, state in after}
     assert now[states["next"]] == "active"
     assert now[states["active"]] == "retired"
     assert sorted(now.values()) == ["active", "next", "retired"]
 
 
-def test_check_config(deployment, tmp_path):
+@pytest_twisted.ensureDeferred
+async def test_check_config(deployment, tmp_path):
     cwd, config = deployment
-    assert ok(admin("check-config", config, cwd=cwd)).endswith(": ok (issuer http://127.0.0.1:8080/api/auth)\n")
+    assert ok(await admin("check-config", config, cwd=cwd)).endswith(": ok (issuer http://127.0.0.1:8080/api/auth)\n")
     bad = tmp_path / "bad.toml"
     bad.write_text("[limits]\nsession_ttl = []\n")
-    refused(admin("check-config", str(bad), cwd=cwd), "limits.session_ttl: must be a duration")
-    refused(admin("client", "list", cwd=tmp_path / "data"), "no config file: pass --config FILE")
+    refused(await admin("check-config", str(bad), cwd=cwd), "limits.session_ttl: must be a duration")
+    refused(await admin("client", "list", cwd=tmp_path / "data"), "no config file: pass --config FILE")
 
 
 @pytest.mark.parametrize(
@@ -169,40 +198,43 @@ def test_check_config(deployment, tmp_path):
         ("", "users.toml: users[0].login: is required"),
     ],
 )
-def test_check_config_checks_plugin_sections_without_creating_anything(tmp_path, text, message):
+@pytest_twisted.ensureDeferred
+async def test_check_config_checks_plugin_sections_without_creating_anything(tmp_path, text, message):
     (tmp_path / "users.toml").write_text('[[users]]\nsub = "x"\n')
     config = tmp_path / "authsrv.toml"
     config.write_text(text)
-    refused(admin("check-config", str(config), cwd=tmp_path), message)
+    refused(await admin("check-config", str(config), cwd=tmp_path), message)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["authsrv.toml", "users.toml"]
 
 
-def test_check_config_of_a_new_deployment_creates_nothing(tmp_path):
+@pytest_twisted.ensureDeferred
+async def test_check_config_of_a_new_deployment_creates_nothing(tmp_path):
     (tmp_path / "users.toml").write_text("")
     config = tmp_path / "authsrv.toml"
     config.write_text('[keystore]\nplugin = "pem"\n')
-    ok(admin("check-config", str(config), cwd=tmp_path))
+    ok(await admin("check-config", str(config), cwd=tmp_path))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["authsrv.toml", "users.toml"]
 
 
-def add_alice(cwd, config):
-    out = ok(admin("--config", config, "user", "add", "alice", "--password-stdin", cwd=cwd, stdin="pw\n"))
+async def add_alice(cwd, config):
+    out = ok(await admin("--config", config, "user", "add", "alice", "--password-stdin", cwd=cwd, stdin="pw\n"))
     return out.split("(sub ")[1].split(")")[0]
 
 
-def test_ban_unban_revoke(deployment):
+@pytest_twisted.ensureDeferred
+async def test_ban_unban_revoke(deployment):
     cwd, config = deployment
-    sub = add_alice(cwd, config)
-    banned = admin("--config", config, "ban", "alice", "--reason", "spam", "--for", "7d", cwd=cwd)
+    sub = await add_alice(cwd, config)
+    banned = await admin("--config", config, "ban", "alice", "--reason", "spam", "--for", "7d", cwd=cwd)
     assert ok(banned).startswith(f"banned {sub} until 20")
     audit = [json.loads(line) for line in banned.stderr.splitlines()]
     assert [e["event"] for e in audit] == ["user.banned"] and audit[0]["reason"] == "spam"
-    listed = ok(admin("--config", config, "bans", cwd=cwd)).split("\t")
+    listed = ok(await admin("--config", config, "bans", cwd=cwd)).split("\t")
     assert listed[0] == sub and listed[2].strip() == "spam" and listed[1].endswith("Z")
-    assert ok(admin("--config", config, "unban", sub, cwd=cwd)) == f"unbanned {sub}\n"
-    refused(admin("--config", config, "unban", sub, cwd=cwd), "is not banned")
-    assert ok(admin("--config", config, "bans", cwd=cwd)) == ""
-    revoked = admin("--config", config, "revoke", "alice", cwd=cwd)
+    assert ok(await admin("--config", config, "unban", sub, cwd=cwd)) == f"unbanned {sub}\n"
+    refused(await admin("--config", config, "unban", sub, cwd=cwd), "is not banned")
+    assert ok(await admin("--config", config, "bans", cwd=cwd)) == ""
+    revoked = await admin("--config", config, "revoke", "alice", cwd=cwd)
     assert ok(revoked).startswith(f"revoked 0 grants of {sub}")
     assert json.loads(revoked.stderr)["event"] == "user.grants_revoked"
 
@@ -218,7 +250,24 @@ def test_ban_unban_revoke(deployment):
         (["ban", "alice", "--reason", "x", "--for", "1d", "--until", "2099-01-01T00:00:00Z"], "not both"),
     ],
 )
-def test_ban_refuses_bad_input(deployment, args, message):
+@pytest_twisted.ensureDeferred
+async def test_ban_refuses_bad_input(deployment, args, message):
     cwd, config = deployment
-    add_alice(cwd, config)
-    refused(admin("--config", config, *args, cwd=cwd), message)
+    await add_alice(cwd, config)
+    refused(await admin("--config", config, *args, cwd=cwd), message)
+
+
+@pytest.mark.slow
+@pytest_twisted.ensureDeferred
+async def test_the_installed_script(deployment):
+    """The one run as a child process: the script, its exit status and its audit lines on stderr."""
+    cwd, config = deployment
+    sub = await add_alice(cwd, config)
+    script = Path(sys.executable).parent / "authsrv-admin"
+    banned = subprocess.run([str(script), "--config", config, "ban", "alice", "--reason", "spam"],
+                            cwd=cwd, capture_output=True, text=True, timeout=60)
+    assert banned.returncode == 0 and banned.stdout == f"banned {sub}; 0 browser sessions ended\n", banned
+    assert [json.loads(line)["event"] for line in banned.stderr.splitlines()] == ["user.banned"]
+    again = subprocess.run([str(script), "--config", config, "unban", "nobody"],
+                           cwd=cwd, capture_output=True, text=True, timeout=60)
+    assert (again.returncode, again.stderr) == (1, "authsrv-admin: no user 'nobody' (by id or login)\n")

@@ -15,6 +15,7 @@ import time
 from http.cookies import SimpleCookie
 
 import pytest
+import pytest_twisted
 import requests
 
 from conftest import EXAMPLES, ROOT, admin, free_port
@@ -131,7 +132,8 @@ def element(page: requests.Response, id_: str) -> str:
     return match.group(1)
 
 
-def test_sign_in_ban_locks_out_on_next_request_then_logout(start_stack):
+@pytest_twisted.ensureDeferred
+async def test_sign_in_ban_locks_out_on_next_request_then_logout(start_stack):
     stack = start_stack()
     page = stack.sign_in("alice", "alice-password")
     assert "Hello, Alice Liddell" in page.text and element(page, "email") == "alice@demo.test"
@@ -144,7 +146,7 @@ def test_sign_in_ban_locks_out_on_next_request_then_logout(start_stack):
     assert page.headers["cache-control"] == "no-store"
     assert stack.user_access(ALICE)["hasActiveGrant"] is True
 
-    banned = admin("--config", str(stack.config), "ban", "alice", "--reason", "spam", cwd=stack.cwd)
+    banned = await admin("--config", str(stack.config), "ban", "alice", "--reason", "spam", cwd=stack.cwd)
     assert banned.returncode == 0, banned.stderr
     revoked = stack.get()
     assert revoked.status_code == 403 and "Your access was revoked" in revoked.text
@@ -154,7 +156,7 @@ def test_sign_in_ban_locks_out_on_next_request_then_logout(start_stack):
     again = stack.get()
     assert again.url.startswith(stack.issuer + "/"), "a banned user's session survived"
 
-    unbanned = admin("--config", str(stack.config), "unban", "alice", cwd=stack.cwd)
+    unbanned = await admin("--config", str(stack.config), "unban", "alice", cwd=stack.cwd)
     assert unbanned.returncode == 0, unbanned.stderr
     page = stack.sign_in("alice", "alice-password")
     assert "Hello, Alice Liddell" in page.text

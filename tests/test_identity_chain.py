@@ -21,7 +21,7 @@ from zope.interface.verify import verifyObject
 from authsrv.config import parse_config
 from authsrv.configsection import Section
 from authsrv.context import PluginContext
-from authsrv.identity import ldap
+from authsrv.identity.ldap import backend as ldap
 from authsrv.identity.chain import IdentityChain
 from authsrv.identity.errors import BackendUnavailable, UnknownUser
 from authsrv.identity.passwords import PasswordVerifier, hash_password

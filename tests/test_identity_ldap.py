@@ -33,8 +33,9 @@ from slapd import CORP_GROUPS, CORP_USERS, GROUPS, PEOPLE, SERVICE_DN, SERVICE_P
 
 from authsrv.configsection import ConfigError, Section
 from authsrv.context import PluginContext
-from authsrv.identity import ldap
 from authsrv.identity.errors import BackendUnavailable, UnknownUser
+from authsrv.identity.ldap import backend as ldap
+from authsrv.identity.ldap.config import settings_from_config
 from authsrv.identity.realm import UserRealm
 from authsrv.interfaces import IUser
 from authsrv.records import User
@@ -190,12 +191,12 @@ def test_config_mistakes_name_the_key(slapd, context, overrides, message):
 
 def test_flavour_defaults(slapd):
     minimal = {"urls": [slapd.url], "user_base_dn": PEOPLE}
-    openldap = ldap.settings_from_config(Section(dict(minimal), "identity[0]", Path(".")))
+    openldap = settings_from_config(Section(dict(minimal), "identity[0]", Path(".")))
     assert (openldap.login_attribute, openldap.subject_attribute, openldap.group_membership) == (
         "uid", "entryUUID", "member")
     assert openldap.disabled_rules == ("nsAccountLock", "pwdAccountLockedTime")
     assert openldap.email_verified == "never" and openldap.bind_dn is None
-    ad = ldap.settings_from_config(Section({**minimal, "flavour": "active_directory"}, "identity[0]", Path(".")))
+    ad = settings_from_config(Section({**minimal, "flavour": "active_directory"}, "identity[0]", Path(".")))
     assert (ad.login_attribute, ad.subject_attribute, ad.name_attribute, ad.group_membership) == (
         "sAMAccountName", "objectGUID", "displayName", "memberOf")
     assert ad.disabled_rules == ("userAccountControl",)
@@ -214,7 +215,7 @@ def test_readme_examples_are_valid(slapd, tmp_path, monkeypatch):
         assert example.pop("plugin") == "ldap"
         example.update(ca_file=str(slapd.ca_file), **({"bind_password_file": str(tmp_path / "bind")}
                                                        if "bind_password_file" in example else {}))
-        settings = ldap.settings_from_config(Section(example, "identity[0]", tmp_path))
+        settings = settings_from_config(Section(example, "identity[0]", tmp_path))
         assert settings.required_groups and settings.bind_password == "x"
 
 
@@ -226,7 +227,7 @@ def test_check_only_builds_nothing(slapd, tmp_path, reactor):
 
 
 def test_bind_password_never_in_repr(slapd, context):
-    settings = ldap.settings_from_config(Section(slapd.backend_config(), "identity[0]", context.base_dir))
+    settings = settings_from_config(Section(slapd.backend_config(), "identity[0]", context.base_dir))
     assert settings.bind_password == SERVICE_PASSWORD
     assert SERVICE_PASSWORD not in repr(settings)
 
@@ -711,16 +712,17 @@ def test_end_to_end_disabled_in_the_directory_and_outage(ldap_server, slapd):
 
 
 @pytest.mark.slow
-def test_operator_command_finds_users_through_the_chain(slapd, tmp_path):
+@pytest_twisted.ensureDeferred
+async def test_operator_command_finds_users_through_the_chain(slapd, tmp_path):
     """The operator names a directory user, or a static one behind it, by login or sub."""
     identity = "\n".join(f"{k} = {_toml(v)}" for k, v in slapd.backend_config().items())
     (tmp_path / "users.toml").write_text("")
     config = tmp_path / "authsrv.toml"
     config.write_text(f'[[identity]]\nplugin = "ldap"\n{identity}\n\n[[identity]]\nplugin = "static"\n')
-    assert admin("--config", str(config), "check-config", cwd=tmp_path).returncode == 0
-    added = admin("--config", str(config), "user", "add", "robot", "--sub", "svc-robot", "--password-stdin",
+    assert (await admin("--config", str(config), "check-config", cwd=tmp_path)).returncode == 0
+    added = await admin("--config", str(config), "user", "add", "robot", "--sub", "svc-robot", "--password-stdin",
                   cwd=tmp_path, stdin="robot password\n")
     assert added.returncode == 0, added.stderr
     for user, sub in (("carol", CAROL_SUB), ("svc-robot", "svc-robot")):
-        done = admin("--config", str(config), "ban", user, "--reason", "test", cwd=tmp_path)
+        done = await admin("--config", str(config), "ban", user, "--reason", "test", cwd=tmp_path)
         assert done.returncode == 0 and f"banned {sub}" in done.stdout, done.stderr

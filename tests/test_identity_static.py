@@ -41,7 +41,7 @@ from authsrv.identity.static import (
     toml_string,
 )
 from authsrv.interfaces import IUser
-from authsrv.testing.identity import ALICE, PASSWORDS, IdentityBackendConformance
+from authsrv.testing.identity import ALICE, PASSWORDS, IdentityBackendConformance, UserManagementConformance
 
 CHEAP = PasswordHasher.from_parameters(profiles.CHEAPEST)
 CHEAP_HASH = hash_password("secret", CHEAP)
@@ -103,6 +103,20 @@ class TestStaticConformance(IdentityBackendConformance):
 
     def make_backend(self, users):
         seed_file(self.path, users)
+        pool = self.context.threadpool("passwords", 2)
+        return StaticIdentityBackend(
+            self.path, self.context.reactor, PasswordVerifier(self.context.reactor, pool, CHEAP)
+        )
+
+
+class TestStaticUserManagement(UserManagementConformance):
+    @pytest.fixture(autouse=True)
+    def _setup(self, tmp_path, context):
+        self.path = tmp_path / "users.toml"
+        self.context = context
+
+    def make_backend(self):
+        create_users_file(self.path)
         pool = self.context.threadpool("passwords", 2)
         return StaticIdentityBackend(
             self.path, self.context.reactor, PasswordVerifier(self.context.reactor, pool, CHEAP)
@@ -352,6 +366,45 @@ def test_add_user_round_trips(login, name, chat):
         assert (user.login, user.name, user.chat_user_id) == (login, name, chat)
         backend = StaticIdentityBackend(path, Clock(), PasswordVerifier(None, ThreadPool(), CHEAP))
         assert backend.user_by_id(user.sub).result == user
+
+
+# --- edits in place -----------------------------------------------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_edits_keep_the_operators_comments_order_and_mode(tmp_path, context):
+    path = tmp_path / "users.toml"
+    path.write_text("# our staff\n" + ALICE_TABLE.replace('login = "alice"', 'login = "alice"  # since 2019')
+                    + "\n# the night shift\n" + BOB_TABLE + "# end of staff\n")
+    os.chmod(path, 0o640)
+    backend = StaticIdentityBackend(path, context.reactor, PasswordVerifier(context.reactor, context.threadpool("passwords", 1), CHEAP))
+    await backend.set_disabled("ALICE", True, 'said "bye"')
+    text = path.read_text()
+    assert text == (
+        "# our staff\n" + ALICE_TABLE.replace('login = "alice"', 'login = "alice"  # since 2019')
+        + 'disabled = true\ndisabled_reason = "said \\"bye\\""\n'
+        + "\n# the night shift\n" + BOB_TABLE + "# end of staff\n"
+    )
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640
+    assert (await backend.user_by_login("alice")).disabled_reason == 'said "bye"'
+    await backend.set_disabled("alice", False)
+    await backend.remove_user("bob")
+    assert path.read_text() == (
+        "# our staff\n" + ALICE_TABLE.replace('login = "alice"', 'login = "alice"  # since 2019')
+        + "\n# the night shift\n# end of staff\n"
+    )
+    assert [p.name for p in tmp_path.iterdir()] == ["users.toml"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_edits_refuse_a_broken_file(tmp_path, context):
+    path = tmp_path / "users.toml"
+    path.write_text(ALICE_TABLE)
+    backend = StaticIdentityBackend(path, context.reactor, PasswordVerifier(context.reactor, context.threadpool("passwords", 1), CHEAP))
+    path.write_text(ALICE_TABLE + "login = 5\n")
+    with pytest.raises(ValueError, match="users.toml"):
+        await backend.set_disabled("alice", True, "x")
+    assert path.read_text() == ALICE_TABLE + "login = 5\n"
 
 
 # --- password checks ----------------------------------------------------------

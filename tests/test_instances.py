@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+import pytest_twisted
 
 from conftest import admin, free_port
 from pg_servers import (
@@ -43,7 +44,8 @@ def instances(run_server, pg_dsn, tmp_path):
     return a, b, config_a
 
 
-def test_one_flow_across_two_instances(instances, tmp_path):
+@pytest_twisted.ensureDeferred
+async def test_one_flow_across_two_instances(instances, tmp_path):
     a, b, config_a = instances
     browser = Browser()
 
@@ -67,7 +69,7 @@ def test_one_flow_across_two_instances(instances, tmp_path):
     # A's browser session gives a new code without a new login.
     code, verifier = browser.authorize(a.base)
     live = exchange(b.base, code, verifier).json()
-    banned = admin("--config", str(config_a), "ban", "alice", "--reason", "chargeback", cwd=tmp_path)
+    banned = await admin("--config", str(config_a), "ban", "alice", "--reason", "chargeback", cwd=tmp_path)
     assert banned.returncode == 0, banned.stderr
     assert introspect(b.base, live["access_token"]).json() == {"active": False}
     assert user_access(b.base, ALICE).json() == {

@@ -12,6 +12,7 @@ import shutil
 import stat
 
 import pytest
+import pytest_twisted
 from jwcrypto import jwk, jwt
 
 from authsrv.config import load_config
@@ -33,7 +34,8 @@ def sign_with_keystore(config_path, reactor, claims):
         context.stop()
 
 
-def test_embedded_default_first_start_restart_and_kill(run_server, tmp_path):
+@pytest_twisted.ensureDeferred
+async def test_embedded_default_first_start_restart_and_kill(run_server, tmp_path):
     port = free_port()
     server = run_server(["authsrv", "--listen", f"tcp:{port}:interface=127.0.0.1"], tmp_path, port=port)
     data = tmp_path / "authsrv-data"
@@ -49,7 +51,7 @@ def test_embedded_default_first_start_restart_and_kill(run_server, tmp_path):
     jwks_before = server.get_json("/api/auth/jwks")
     assert jwks_before["keys"]
 
-    added = admin("--config", str(data / "authsrv.toml"), "client", "add", "my-app",
+    added = await admin("--config", str(data / "authsrv.toml"), "client", "add", "my-app",
                   "--redirect-uri", "http://127.0.0.1:9000/callback", cwd=tmp_path)
     assert added.returncode == 0, added.stderr
     out, _ = server.kill()
@@ -60,7 +62,7 @@ def test_embedded_default_first_start_restart_and_kill(run_server, tmp_path):
 
     again = run_server(["authsrv", "--listen", f"tcp:{port}:interface=127.0.0.1"], tmp_path, port=port)
     assert again.get_json("/api/auth/jwks") == jwks_before
-    listed = admin("--config", str(data / "authsrv.toml"), "client", "list", cwd=tmp_path)
+    listed = await admin("--config", str(data / "authsrv.toml"), "client", "list", cwd=tmp_path)
     assert listed.stdout.startswith("my-app\tconfidential"), listed.stdout
     out, _ = again.stop()
     assert "first start" not in out

@@ -122,6 +122,37 @@ class ILoginThrottle(Interface):
         """A correct password: clear the account's count; the address keeps its own."""
 
 
+class IUserManagement(Interface):
+    """
+    An identity backend that can write its users (the static users file,
+    PostgreSQL in mode "own"), as the operator command and a later admin API
+    do. Logins are matched as the backend matches them at login
+    (case-insensitively). Each method returns an awaitable; a bad field, a
+    login or sub already taken, or an unknown login fails with L{ValueError},
+    whose text is for the operator.
+    """
+
+    users_location = Attribute(
+        "Where the users are written, as the operator reads it: a file's path, or"
+        " 'the PostgreSQL identity backend'."
+    )
+
+    def add_user(user, password_hash):
+        """Add the L{authsrv.records.User} with an argon2id hash; fires with it."""
+
+    def set_password_hash(login, password_hash):
+        """Replace a user's password hash with another argon2id hash."""
+
+    def set_disabled(login, disabled, reason=None):
+        """Disable a user (C{reason} is reported as the ban reason) or enable one."""
+
+    def remove_user(login):
+        """Remove a user and their password hash."""
+
+    def list_users():
+        """Fires with every L{authsrv.records.User}, ordered by login."""
+
+
 # --- store roles ------------------------------------------------------------
 
 

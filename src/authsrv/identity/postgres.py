@@ -42,7 +42,7 @@ from authsrv.identity.passwords import (
     is_argon2id_hash,
 )
 from authsrv.identity.static import login_key
-from authsrv.interfaces import IIdentityBackend
+from authsrv.interfaces import IIdentityBackend, IUserManagement
 from authsrv.migrations import Ledger, MigrationError, PostgresMigration, advisory_lock_id, migrate, schema_steps
 from authsrv.pg.pool import (
     LOOKUP_POOL_NAME,
@@ -333,8 +333,9 @@ def _account(row: dict) -> _Account | None:
 @implementer(IIdentityBackend)
 class PostgresIdentityBackend:
     """
-    Users from PostgreSQL through C{queries}, in C{mode} "own" (our table,
-    which L{add_user} and friends manage) or "mapped" (the operator's).
+    Users from PostgreSQL through C{queries}, in C{mode} "own" (our table:
+    see L{OwnPostgresIdentityBackend}) or "mapped" (the operator's, which
+    authsrv never writes but for upgrading a bcrypt hash).
     """
 
     credentialInterfaces = (IUsernamePassword,)
@@ -412,18 +413,26 @@ class PostgresIdentityBackend:
             return
         log.info("password hash of {login!r} upgraded from bcrypt to argon2id", login=account.user.login)
 
-    # Own mode: what the operator command manages.
+    def close(self) -> Deferred:
+        self._pool.close()
+        return succeed(None)
 
-    def _own(self) -> None:
-        if self.mode != "own":
-            raise ValueError("users are managed in the operator's own tables (mode = \"mapped\")")
+
+@implementer(IUserManagement)
+class OwnPostgresIdentityBackend(PostgresIdentityBackend):
+    """
+    The backend in mode "own": its table C{identity_users} is ours, so it
+    also manages the users (L{IUserManagement}), which a mapped backend
+    leaves to the operator's own tools.
+    """
+
+    users_location = "the PostgreSQL identity backend"
 
     async def add_user(self, user: User, password_hash: str) -> User:
         """
         Insert a user into C{identity_users}; L{ValueError} for a bad field
         or a login or sub already taken.
         """
-        self._own()
         if len(user.sub) > 255 or not (user.sub.isascii() and user.sub.isprintable()) or not user.sub:
             raise ValueError("sub must be 1 to 255 printable ASCII characters (OIDC Core 2)")
         if _db_text(user.login) is None or not user.login.strip():
@@ -442,15 +451,18 @@ class PostgresIdentityBackend:
             raise ValueError(f"login {taken.login!r} is already taken by user {taken.sub!r}")
         raise ValueError(f"sub {user.sub!r} is already taken")
 
-    async def _update(self, label: str, login: str, assignments: str, parameters: dict) -> None:
-        self._own()
+    async def _write_one(self, label: str, login: str, query: str, parameters: dict) -> None:
+        """Run C{query} on the user of C{login} (C{%(login_key)s}); L{ValueError} if there is none."""
         text = _db_text(login)
         if text is None:
             raise ValueError(f"no user with login {login!r}")
-        query = f"UPDATE identity_users SET {assignments}, updated_at = now() WHERE login_key = %(login_key)s"
         parameters = parameters | {"login_key": login_key(text)}
         if not await self._pool.run(lambda c: _write(c, query, parameters), label):
             raise ValueError(f"no user with login {login!r}")
+
+    async def _update(self, label: str, login: str, assignments: str, parameters: dict) -> None:
+        query = f"UPDATE identity_users SET {assignments}, updated_at = now() WHERE login_key = %(login_key)s"
+        await self._write_one(label, login, query, parameters)
 
     async def set_password_hash(self, login: str, password_hash: str) -> None:
         """Replace a user's password hash; L{ValueError} for an unknown login."""
@@ -465,9 +477,13 @@ class PostgresIdentityBackend:
             {"disabled": disabled, "reason": reason if disabled else None},
         )
 
-    def close(self) -> Deferred:
-        self._pool.close()
-        return succeed(None)
+    async def remove_user(self, login: str) -> None:
+        await self._write_one("remove_user", login, "DELETE FROM identity_users WHERE login_key = %(login_key)s", {})
+
+    async def list_users(self) -> list[User]:
+        query = f"SELECT {_OWN_COLUMNS} FROM identity_users ORDER BY login_key"
+        rows = await self._pool.run(lambda c: fetch(c, query, {}), "list_users")
+        return [_account(row).user for row in rows]
 
 
 # --- building from config ---------------------------------------------------
@@ -519,7 +535,8 @@ def build(section: Section, context, hasher=DEFAULT_HASHER) -> PostgresIdentityB
     verifier = MigratingVerifier.for_context(context, hasher)
     lookups = context.threadpool(LOOKUP_POOL_NAME, LOOKUP_POOL_SIZE)
     pool = connection_pool(context.reactor, settings, pool_size, lookups, read_only=read_only)
-    backend = PostgresIdentityBackend(pool, verifier, queries, mode)
+    kind = PostgresIdentityBackend if read_only else OwnPostgresIdentityBackend
+    backend = kind(pool, verifier, queries, mode)
     verifier.warm_up()
     log.info("PostgreSQL identity backend ready ({mode} mode)", mode=mode)
     return backend

@@ -2,7 +2,8 @@
 The static-file identity backend: users in a TOML file with argon2id hashes.
 
 The embedded default needs no database, so users live in a file the operator
-edits by hand or with C{authsrv-admin user add} (L{add_user}). The file is
+edits by hand or with C{authsrv-admin user ...} (L{add_user}, and the
+backend's L{IUserManagement} methods, which edit the file in place). The file is
 validated as strictly as the config, and re-read when it changes, so adding a
 user or disabling one needs no restart; a broken edit is logged and the users
 loaded before keep being served, since a typo must not lock everyone out.
@@ -18,7 +19,8 @@ import unicodedata
 import uuid
 from pathlib import Path
 
-from attrs import frozen
+import tomlkit
+from attrs import asdict, frozen
 from twisted.cred.credentials import IUsernamePassword
 from twisted.cred.error import UnauthorizedLogin
 from twisted.internet.defer import Deferred, succeed
@@ -29,7 +31,7 @@ from authsrv.configsection import ConfigError, Section
 from authsrv.identity.credentials import credential_text
 from authsrv.identity.errors import UnknownUser
 from authsrv.identity.passwords import PasswordVerifier, is_argon2id_hash
-from authsrv.interfaces import IIdentityBackend
+from authsrv.interfaces import IIdentityBackend, IUserManagement
 from authsrv.records import User
 
 log = Logger()
@@ -162,10 +164,12 @@ def _signature(path: Path) -> tuple[int, int, int]:
     return (st.st_mtime_ns, st.st_size, st.st_ino)
 
 
-@implementer(IIdentityBackend)
+@implementer(IIdentityBackend, IUserManagement)
 class StaticIdentityBackend:
     """
-    Users from a TOML file, checked with L{PasswordVerifier}.
+    Users from a TOML file, checked with L{PasswordVerifier}; the
+    L{IUserManagement} methods rewrite the file atomically and serve the
+    result at once.
 
     C{reactor} gives the time (L{IReactorTime}) that spaces out the looks at
     the file for changes; building the backend reads the file and raises
@@ -176,6 +180,7 @@ class StaticIdentityBackend:
 
     def __init__(self, path: Path, reactor, verifier: PasswordVerifier):
         self._path = Path(path)
+        self.users_location = str(self._path)
         self._reactor = reactor
         self._verifier = verifier
         self._signature: tuple | None = _signature(self._path)
@@ -256,6 +261,107 @@ class StaticIdentityBackend:
 
     def close(self) -> Deferred:
         return succeed(None)
+
+    def _serve(self) -> None:
+        """Serve the file as it is now, after this backend wrote it."""
+        self._users = _Users.of(_read(self._path))
+        self._signature = _signature(self._path)
+
+    async def add_user(self, user: User, password_hash: str) -> User:
+        try:
+            added = add_user(self._path, password_hash=password_hash, **asdict(user))
+        except ConfigError as e:
+            raise ValueError(str(e)) from None
+        except ValueError as e:
+            raise ValueError(f"{self._path}: {e}") from None
+        self._serve()
+        return added
+
+    async def set_password_hash(self, login: str, password_hash: str) -> None:
+        if not is_argon2id_hash(password_hash):
+            raise ValueError("password_hash must be an argon2id hash")
+        self._edit(login, lambda users, index: _set(users[index], "password_hash", password_hash))
+
+    async def set_disabled(self, login: str, disabled: bool, reason: str | None = None) -> None:
+        def change(users, index):
+            table = users[index]
+            for key, value in (("disabled", disabled), ("disabled_reason", reason if disabled else None)):
+                if value:
+                    _set(table, key, value)
+                elif key in table:
+                    del table[key]
+
+        self._edit(login, change)
+
+    async def remove_user(self, login: str) -> None:
+        self._edit(login, _remove)
+
+    async def list_users(self) -> list[User]:
+        return [a.user for a in sorted(_read(self._path), key=lambda a: login_key(a.user.login))]
+
+    def _edit(self, login: str, change) -> None:
+        """
+        Apply C{change(users, index)} to the C{[[users]]} table of C{login}
+        in the file's tomlkit document, so that the operator's comments and
+        order survive; the result is validated before it replaces the file.
+        """
+        try:
+            text = self._path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"{self._path.name}: not UTF-8 text") from None
+        self._check(text)
+        document = tomlkit.parse(text)
+        users = document.get("users", [])
+        key = None if credential_text(login) is None else login_key(login)
+        index = next((i for i, table in enumerate(users) if login_key(table["login"]) == key), None)
+        if index is None:
+            raise ValueError(f"{self._path}: no user with login {login!r}")
+        change(users, index)
+        if not users:
+            del document["users"]
+        new_text = tomlkit.dumps(document)
+        self._check(new_text)
+        _write_atomically(self._path, new_text)
+        self._serve()
+
+
+    def _check(self, text: str) -> None:
+        try:
+            _parse(text, self._path.name)
+        except ConfigError as e:
+            raise ValueError(str(e)) from None
+
+
+def _detach_trailing(table) -> list:
+    """
+    Take the blank lines and comments off the end of a tomlkit table: in the
+    file they come before the next table, and may be about it.
+    """
+    body = table.value.body
+    trailing = []
+    while body and body[-1][0] is None:
+        trailing.insert(0, body.pop())
+    return trailing
+
+
+def _set(table, key: str, value) -> None:
+    """Set C{key} in a tomlkit table; a new key goes after the table's last key."""
+    if key in table:
+        table[key] = value
+        return
+    trailing = _detach_trailing(table)
+    table.append(key, value)
+    for item in trailing:
+        table.raw_append(*item)
+
+
+def _remove(users, index: int) -> None:
+    """Remove a table; the comments after it move to the end of the table before it."""
+    trailing = _detach_trailing(users[index])
+    del users[index]
+    if index > 0:
+        for item in trailing:
+            users[index - 1].raw_append(*item)
 
 
 def from_config(section: Section, context) -> StaticIdentityBackend:

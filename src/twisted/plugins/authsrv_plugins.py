@@ -25,7 +25,7 @@ postgres_identity = IdentityBackendFactory(
 )
 
 ldap_identity = IdentityBackendFactory(
-    "ldap", "authsrv.identity.ldap", "Users from an LDAP directory (OpenLDAP, Active Directory): search, then bind."
+    "ldap", "authsrv.identity.ldap.backend", "Users from an LDAP directory (OpenLDAP, Active Directory): search, then bind."
 )
 
 sqlite_store = StoreFactory(

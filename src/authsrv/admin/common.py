@@ -1,0 +1,95 @@
+"""
+What every C{authsrv-admin} command uses: its error type, the streams it
+talks to, the config file and the context it builds plugins in.
+"""
+
+from __future__ import annotations
+
+import getpass
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import TextIO
+
+from attrs import frozen
+
+from authsrv.config import Config, ConfigFileError, load_config
+from authsrv.context import PluginContext
+from authsrv.embedded import CONFIG_NAME, DEFAULT_DATA_DIR
+from authsrv.service import StartupError, build_plugin
+
+
+class AdminError(Exception):
+    """A mistake the operator can fix; printed as one line, exit status 1."""
+
+
+@frozen
+class Console:
+    """
+    The streams of one command: the process's own when run as
+    C{authsrv-admin}, a test's when run in its process.
+    """
+
+    stdin: TextIO
+    stdout: TextIO
+    stderr: TextIO
+
+    def out(self, text: str) -> None:
+        print(text, file=self.stdout)
+
+    def err(self, text: str) -> None:
+        print(text, file=self.stderr)
+
+
+def config_of(args) -> Config:
+    """The config file named by C{--config}, or the default data folder's."""
+    path = Path(args.config) if args.config else Path(DEFAULT_DATA_DIR) / CONFIG_NAME
+    if not args.config and not path.exists():
+        raise AdminError(
+            f"no config file: pass --config FILE (or start `twist authsrv` once to create {path})"
+        )
+    try:
+        return load_config(path)
+    except ConfigFileError as e:
+        raise AdminError(str(e)) from None
+
+
+@asynccontextmanager
+async def plugin_context(reactor, config: Config, *, check_only: bool = False, prefix: str = ""):
+    """
+    The context one command builds plugins in: its thread pools stop with
+    the command, and a plugin's start-up problem is one line.
+    """
+    context = PluginContext(reactor, config.base_dir, config.limits.max_token_lifetime, check_only=check_only)
+    try:
+        yield context
+    except StartupError as e:
+        raise AdminError(f"{prefix}{e}") from None
+    finally:
+        context.stop()
+
+
+async def with_plugin(reactor, args, role: str, use):
+    """C{use(config, plugin)} with the configured plugin of C{role}, closed after."""
+    config = config_of(args)
+    async with plugin_context(reactor, config) as context:
+        plugin = build_plugin(role, getattr(config, role), context)
+        try:
+            return await use(config, plugin)
+        finally:
+            if role == "store":
+                await plugin.close()
+
+
+def read_password(args, console: Console) -> str:
+    """A new password from standard input (C{--password-stdin}) or, asked twice, the terminal."""
+    if args.password_stdin:
+        password = console.stdin.readline().rstrip("\r\n")
+    elif console.stdin.isatty():
+        password = getpass.getpass("Password: ")
+        if getpass.getpass("Password again: ") != password:
+            raise AdminError("the passwords differ")
+    else:
+        raise AdminError("no terminal to ask for the password: pipe it in with --password-stdin")
+    if not password:
+        raise AdminError("the password must not be empty")
+    return password

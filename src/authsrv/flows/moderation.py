@@ -1,0 +1,53 @@
+"""
+What an operator does to a user: ban, lift a ban, revoke every grant.
+
+Each function records the change in the store, ends what must end with it,
+emits the audit event and returns what happened, so the operator command
+and a later admin API share one behaviour and only word the result. The
+store plays L{IBanStore}, L{IBrowserSessionStore} and L{IGrantStore}.
+"""
+
+from __future__ import annotations
+
+from attrs import frozen
+
+from authsrv import events
+from authsrv.records import Ban
+
+
+@frozen
+class Banned:
+    sub: str
+    until: int | None
+    sessions_ended: int
+
+
+@frozen
+class Revoked:
+    sub: str
+    grants: int
+    sessions_ended: int
+
+
+async def ban_user(store, sub: str, *, reason: str, until: int | None, now: int, by: str) -> Banned:
+    """Ban C{sub} (until C{until}, or for good) and end their browser sessions at once."""
+    await store.ban_user(Ban(sub=sub, reason=reason, created_at=now, until=until))
+    ended = await store.end_user_sessions(sub)
+    events.user_banned(sub=sub, reason=reason, until=until, by=by)
+    return Banned(sub, until, ended)
+
+
+async def unban_user(store, sub: str, *, by: str) -> bool:
+    """Lift the ban of C{sub}; False if there was none."""
+    if not await store.unban_user(sub):
+        return False
+    events.user_unbanned(sub=sub, by=by)
+    return True
+
+
+async def revoke_user(store, sub: str, *, now: int, by: str) -> Revoked:
+    """Revoke every grant of C{sub} and end their browser sessions."""
+    count = await store.revoke_user_grants(sub, now)
+    ended = await store.end_user_sessions(sub)
+    events.user_grants_revoked(sub=sub, count=count, by=by)
+    return Revoked(sub, count, ended)

@@ -1,0 +1,156 @@
+"""
+Connections to the directory on ldap3, which blocks: every method runs in a
+thread of the backend's pool. Service connections are kept for reuse, each
+used by one thread at a time; a pooled connection the directory dropped is
+replaced and the operation tried once more; an unreachable, refusing or
+hung directory is L{BackendUnavailable} within the configured timeouts.
+"""
+
+from __future__ import annotations
+
+import ssl
+import threading
+from urllib.parse import urlsplit
+
+from ldap3 import ANONYMOUS, NONE, SIMPLE, SYNC, Connection, Server, Tls
+from ldap3.core.exceptions import LDAPException
+from twisted.cred.error import UnauthorizedLogin
+from twisted.logger import Logger
+
+from authsrv.identity.errors import BackendUnavailable
+from authsrv.identity.ldap.config import LdapSettings
+
+log = Logger()
+
+_BIND_REFUSED = {48, 49, 50, 53}
+"""Bind results that mean "not with this password": inappropriate authentication,
+invalid credentials, insufficient access, unwilling to perform (locked, expired)."""
+
+
+class _Dropped(Exception):
+    """A pooled connection failed in a way a new connection may not."""
+
+
+def close_connection(connection: Connection) -> None:
+    try:
+        connection.unbind()
+    except (LDAPException, OSError):
+        pass
+
+
+class Directory:
+    """
+    Connections to the directory, for use from pool threads: service
+    connections kept for reuse, each used by one thread at a time, and
+    short-lived connections that bind as a user to check a password.
+    """
+
+    def __init__(self, settings: LdapSettings):
+        self._settings = settings
+        self._idle: list[Connection] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def _tls(self, host: str) -> Tls:
+        ca_file = str(self._settings.ca_file) if self._settings.ca_file else None
+        return Tls(validate=ssl.CERT_REQUIRED, ca_certs_file=ca_file, sni=host)
+
+    def _connect(self, url: str, user: str | None, password: bytes | None, timeout: float) -> Connection:
+        """An open connection to C{url}, bound as C{user}; its result tells how the bind went."""
+        settings = self._settings
+        parts = urlsplit(url)
+        secure = parts.scheme.lower() == "ldaps"
+        server = Server(
+            parts.hostname, port=parts.port or (636 if secure else 389), use_ssl=secure,
+            tls=self._tls(parts.hostname) if secure or settings.start_tls else None,
+            get_info=NONE, connect_timeout=settings.connect_timeout,
+        )
+        connection = Connection(
+            server, user=user, password=password, authentication=SIMPLE if user else ANONYMOUS,
+            client_strategy=SYNC, receive_timeout=timeout, read_only=True, auto_referrals=False,
+            raise_exceptions=False, return_empty_attributes=False,
+        )
+        try:
+            connection.open()
+            if settings.start_tls and not secure:
+                connection.start_tls()
+            connection.bind()
+        except BaseException:
+            close_connection(connection)
+            raise
+        return connection
+
+    def open(self, user: str | None, password: bytes | None, timeout: float) -> Connection:
+        """
+        A connection to the first server, in the configured order, that
+        answers, bound as C{user} (anonymously for None); raises
+        L{UnauthorizedLogin} when a server refuses the password, else
+        L{BackendUnavailable} when none answers.
+        """
+        problems = []
+        for url in self._settings.urls:
+            try:
+                connection = self._connect(url, user, password, timeout)
+            except (LDAPException, OSError) as e:
+                problems.append(f"{url}: {e}")
+                continue
+            if connection.bound:
+                return connection
+            result = connection.result
+            close_connection(connection)
+            if result["result"] in _BIND_REFUSED:
+                raise UnauthorizedLogin(f"the directory refused the bind: {result['description']}")
+            problems.append(f"{url}: bind answered {result['description']} {result['message']}".strip())
+        raise BackendUnavailable("directory unavailable: " + "; ".join(problems))
+
+    def _service_connection(self) -> Connection:
+        settings = self._settings
+        password = settings.bind_password.encode("utf-8") if settings.bind_password else None
+        try:
+            connection = self.open(settings.bind_dn, password, settings.bind_timeout)
+        except UnauthorizedLogin as e:
+            log.error("the directory refused the bind of bind_dn {bind_dn!r}: check it and its password",
+                      bind_dn=settings.bind_dn)
+            raise BackendUnavailable(str(e)) from None
+        connection.socket.settimeout(settings.search_timeout)
+        return connection
+
+    def run(self, operation):
+        """
+        C{operation(connection)} on a service connection, taken from the
+        pool or new; a pooled connection the directory dropped is replaced
+        and the operation tried once more.
+        """
+        with self._lock:
+            pooled = self._idle.pop() if self._idle else None
+        if pooled is not None:
+            try:
+                return self._use(pooled, operation, retry=True)
+            except _Dropped:
+                pass
+        return self._use(self._service_connection(), operation, retry=False)
+
+    def _use(self, connection: Connection, operation, *, retry: bool):
+        try:
+            result = operation(connection)
+        except (LDAPException, OSError) as e:
+            close_connection(connection)
+            if retry and not isinstance(e, TimeoutError):
+                raise _Dropped() from e
+            raise BackendUnavailable(f"directory unavailable: {e}") from None
+        except BaseException:
+            close_connection(connection)
+            raise
+        with self._lock:
+            if not self._closed:
+                self._idle.append(connection)
+                return result
+        close_connection(connection)
+        return result
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for connection in idle:
+            close_connection(connection)
