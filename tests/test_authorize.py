@@ -134,6 +134,29 @@ async def test_every_error_after_the_client_is_known_goes_back_with_state_and_is
         await h.close()
 
 
+ATTACKER_TEXT = '<script>alert("x")</script>\u202e\u00e9'
+
+
+@pytest_twisted.ensureDeferred
+async def test_error_descriptions_never_echo_the_request(tmp_path, monkeypatch):
+    """Only the server's own text goes back, in the characters RFC 6749 section 4.1.2.1 allows."""
+    allowed = set(chr(c) for c in range(0x20, 0x7F)) - {'"', "\\"}
+    h = await started(tmp_path, monkeypatch)
+    try:
+        for params in ({"scope": "openid " + ATTACKER_TEXT}, {"prompt": ATTACKER_TEXT},
+                       {"resource": "https://x.example/" + ATTACKER_TEXT}):
+            response, _ = await Browser(h).get(h.authorize_url("first", **params))
+            query = query_of(location(response))
+            assert "script" not in query["error_description"] and "x.example" not in query["error_description"]
+            assert set(query["error_description"]) <= allowed
+        repeated = h.authorize_url("first") + "&" + "&".join(["%3Cscript%3E=1"] * 2)
+        response, _ = await Browser(h).get(repeated)
+        query = assert_error_redirect(response, "invalid_request")
+        assert "script" not in query["error_description"]
+    finally:
+        await h.close()
+
+
 @pytest_twisted.ensureDeferred
 async def test_valid_requests_with_unknown_extras_go_on_to_the_login(tmp_path, monkeypatch):
     h = await started(tmp_path, monkeypatch)

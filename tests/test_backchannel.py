@@ -28,6 +28,7 @@ from authsrv.testing.identity import ALICE
 from authsrv.testing.store import start_grant
 from authsrv.tokens import new_token, token_hash
 
+from flow_client import Browser
 from harness import CLIENTS, ISSUER, Harness
 
 END_SESSION = ISSUER + "/oauth2/end-session"
@@ -368,5 +369,26 @@ async def test_nothing_is_sent_without_a_session_or_a_uri(tmp_path, monkeypatch,
         await settle(rp)
         assert rp.received == []
         assert outcomes(audit) == {}
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_new_login_ends_the_earlier_session_and_tells_its_clients(tmp_path, monkeypatch, audit):
+    """Signing in again (prompt=login) replaces the browser's session: its clients hear of the old one's end."""
+    rp = FakeRelyingParty()
+    h = await _harness(tmp_path, monkeypatch, rp)
+    try:
+        browser = Browser(h)
+        await browser.sign_in(ALICE)
+        old = await h.store.get_session(browser.session_hash, h.now())
+        await browser.sign_in(ALICE, prompt="login")
+        assert browser.session_hash != old.session_hash
+        await until(rp, lambda: len(outcomes(audit)) == 1, "the delivery for the ended session")
+        [request] = rp.received
+        [token] = request["form"]["logout_token"]
+        claims = json.loads(JWT(jwt=token, key=JWKSet.from_json(h.keystore.jwks_bytes()), expected_type="JWS",
+                                algs=["RS256"], check_claims={"sid": old.sid}).claims)
+        assert (claims["aud"], claims["sub"]) == ("first", ALICE.sub)
     finally:
         await h.close()

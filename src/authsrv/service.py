@@ -42,6 +42,7 @@ from authsrv.flows.issue import TokenMinter
 from authsrv.flows.link import ChatLinking
 from authsrv.flows.login import PasswordLogin
 from authsrv.flows.revoke import RevocationFlow
+from authsrv.flows.sessions import SessionEnder
 from authsrv.flows.throttle import MemoryLoginThrottle
 from authsrv.flows.token import TokenFlow
 from authsrv.flows.userinfo import UserInfoFlow
@@ -231,17 +232,20 @@ def public_flows(config: Config, reactor, store, keystore, identity, grants: Gra
     """Each flow built with exactly the collaborators it uses (fosite's compose)."""
     clients = ClientCache(store, reactor)
     notifier = backchannel.BackchannelNotifier(reactor, backchannel.default_http_client(reactor))
+    sessions = SessionEnder(
+        store=store, notify=lambda session: notifier.session_ended(store, keystore, config.issuer, session)
+    )
     login = PasswordLogin(identity=identity, store=store, throttle=MemoryLoginThrottle())
     return PublicFlows(
         interaction=InteractionFlow(
-            store=store, clients=clients, identity=identity, login=login, limits=config.limits,
-            issuer=config.issuer,
+            store=store, clients=clients, identity=identity, login=login, sessions=sessions,
+            limits=config.limits, issuer=config.issuer,
         ),
         token=TokenFlow(clients=clients, grants=grants),
-        userinfo=UserInfoFlow(store=store, identity=identity, claims=_claims(config, store)),
+        userinfo=UserInfoFlow(store=store, identity=identity, claims=_claims(config, store), issuer=config.issuer),
         introspection=IntrospectionFlow(store=store, clients=clients, identity=identity, issuer=config.issuer),
         revocation=RevocationFlow(store=store, clients=clients),
-        end_session=EndSessionFlow(store=store, keystore=keystore, issuer=config.issuer, backchannel=notifier),
+        end_session=EndSessionFlow(store=store, keystore=keystore, issuer=config.issuer, sessions=sessions),
         linking=chat_link,
     )
 

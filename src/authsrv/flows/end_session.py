@@ -10,7 +10,6 @@ user waiting, and the browser goes back to the client or sees a notice.
 from __future__ import annotations
 
 from authsrv.flows.outcomes import Browser, CookieChanges, Notice, Redirect
-from authsrv.flows.sessions import end_browser_session
 from authsrv.protocol.errors import InvalidRequest
 from authsrv.protocol.logout import hint_audience, hint_claims, post_logout_location, refused
 from authsrv.protocol.params import single_params
@@ -20,19 +19,17 @@ SIGNED_OUT = CookieChanges(end_session=True)
 
 
 class EndSessionFlow:
-    """C{backchannel} is an L{authsrv.flows.backchannel.BackchannelNotifier}."""
+    """C{sessions} is an L{authsrv.flows.sessions.SessionEnder}."""
 
-    def __init__(self, *, store, keystore, issuer: str, backchannel):
+    def __init__(self, *, store, keystore, issuer: str, sessions):
         self._store = store
         self._keystore = keystore
         self._issuer = issuer
-        self._backchannel = backchannel
+        self._sessions = sessions
 
     async def end(self, args: dict[bytes, list[bytes]], browser: Browser) -> Redirect | Notice:
         client, location = await self._check(args)
-        session = await end_browser_session(self._store, browser.session, f"end-session from {client.client_id}")
-        if session is not None:
-            self._backchannel.session_ended(self._store, self._keystore, self._issuer, session)
+        await self._sessions.end(browser.session, f"end-session from {client.client_id}")
         if location is not None:
             return Redirect(location, 302, SIGNED_OUT)
         return Notice(200, "You are signed out", "Your session here has ended. You can close this page.",

@@ -19,7 +19,7 @@ from authsrv import events
 from authsrv.flows.csrf import form_token, form_token_valid, valid_device_secret
 from authsrv.flows.login import LoggedIn, Refused, Throttled
 from authsrv.flows.outcomes import Browser, ConsentForm, CookieChanges, LoginForm, Redirect
-from authsrv.flows.sessions import end_browser_session, live_session, start_session
+from authsrv.flows.sessions import live_session, start_session
 from authsrv.protocol.authorize import (
     AuthorizeError,
     client_id_of,
@@ -68,12 +68,15 @@ def _forged() -> PageError:
 
 class InteractionFlow:
     """
-    C{login} is an L{authsrv.flows.login.PasswordLogin}; C{clients} answers
+    C{login} is an L{authsrv.flows.login.PasswordLogin}; C{sessions} an
+    L{authsrv.flows.sessions.SessionEnder}, which ends the browser's earlier
+    session at a new login and tells its clients; C{clients} answers
     C{get_client}; C{limits} gives the code, session and interaction lifetimes.
     """
 
-    def __init__(self, *, store, clients, identity, login, limits, issuer: str):
+    def __init__(self, *, store, clients, identity, login, sessions, limits, issuer: str):
         self._store = store
+        self._sessions = sessions
         self._clients = clients
         self._identity = identity
         self._login = login
@@ -120,7 +123,7 @@ class InteractionFlow:
         if not await self._store.take_interaction(interaction.interaction_id, LOGIN_STAGE):
             raise _expired()
         seconds = int(now)
-        await end_browser_session(self._store, browser.session, "logged in again")
+        await self._sessions.end(browser.session, "logged in again")
         value, session = await start_session(self._store, self._limits, outcome.user.sub, seconds)
         events.login_succeeded(sub=outcome.user.sub, client_id=client.client_id, address=address)
         answer = await self._after_login(client, interaction.request, session, browser, seconds, 303)

@@ -51,3 +51,22 @@ async def live_session(store, identity, cookie_value: str | None, now: int) -> B
         await end_browser_session(store, cookie_value, "user banned, disabled or removed")
         return None
     return session
+
+
+class SessionEnder:
+    """
+    Ends browser sessions and tells the clients they signed in to, by
+    back-channel logout, without anyone waiting: C{notify(session)} starts
+    the notices (L{authsrv.flows.backchannel.BackchannelNotifier}).
+    """
+
+    def __init__(self, *, store, notify):
+        self._store = store
+        self._notify = notify
+
+    async def end(self, cookie_value: str | None, reason: str) -> BrowserSession | None:
+        """End the session a cookie names, if any; fires with the ended session."""
+        session = await end_browser_session(self._store, cookie_value, reason)
+        if session is not None:
+            self._notify(session)
+        return session

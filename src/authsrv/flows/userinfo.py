@@ -14,9 +14,14 @@ from authsrv.tokens import token_hash
 
 
 class UserInfoFlow:
-    """C{claims} is an L{authsrv.flows.claims.ClaimsSource}."""
+    """
+    C{claims} is an L{authsrv.flows.claims.ClaimsSource}. Only tokens meant
+    for UserInfo are accepted: opaque ones, or JWTs whose audience names
+    the issuer; a token for another resource server never reads the profile.
+    """
 
-    def __init__(self, *, store, identity, claims):
+    def __init__(self, *, store, identity, claims, issuer: str):
+        self._issuer = issuer
         self._store = store
         self._identity = identity
         self._claims = claims
@@ -26,6 +31,8 @@ class UserInfoFlow:
         access = await self._store.find_access_token(token_hash(access_token), now)
         if access is None:
             raise InvalidToken("the access token is unknown, expired or revoked")
+        if access.audience and self._issuer not in access.audience:
+            raise InvalidToken("the access token is meant for another resource server, not UserInfo")
         if "openid" not in access.scope:
             raise InsufficientScope("UserInfo needs an access token with the scope openid")
         state = await standing(self._identity, self._store, access.sub, now, access.user_ban)

@@ -9,6 +9,7 @@ Pure: request arguments and records in, values or errors out.
 
 from __future__ import annotations
 
+import re
 from urllib.parse import urlsplit
 
 from authsrv.protocol import pkce
@@ -31,6 +32,8 @@ from authsrv.protocol.scope import parse_scope
 from authsrv.protocol.urls import with_query
 from authsrv.records import AuthorizationRequest, BrowserSession, Client
 
+_DESCRIPTION_JUNK = re.compile(r'[^\x20-\x21\x23-\x5b\x5d-\x7e]')
+"""Characters outside what RFC 6749 section 4.1.2.1 allows in error_description."""
 PROMPTS = frozenset({"none", "login", "consent"})
 MAX_AGE_DIGITS = 10
 UNSAFE_TITLE = "Sign-in cannot continue"
@@ -102,7 +105,7 @@ def _resources(client: Client, args: dict[bytes, list[bytes]]) -> tuple[str, ...
         if not parts.scheme or "#" in resource:
             raise InvalidTarget("resource must be an absolute URI without a fragment")
         if resource not in client.resources:
-            raise InvalidTarget(f"this client may not request the resource {resource!r}")
+            raise InvalidTarget("this client may not request that resource")
         if resource not in resources:
             resources.append(resource)
     return tuple(resources)
@@ -117,7 +120,7 @@ def _scope(params: dict[str, str]) -> tuple[str, ...]:
         raise InvalidScope("scope is empty; use space-separated values of " + ", ".join(SCOPES))
     unknown = sorted(requested - frozenset(SCOPES))
     if unknown:
-        raise InvalidScope(f"unknown scope {unknown[0]!r}; use {', '.join(SCOPES)}")
+        raise InvalidScope(f"unknown scope; use {', '.join(SCOPES)}")
     return tuple(s for s in SCOPES if s in requested)
 
 
@@ -125,7 +128,7 @@ def _prompt(params: dict[str, str]) -> frozenset[str]:
     values = params.get("prompt", "").split()
     unknown = [v for v in values if v not in PROMPTS]
     if unknown:
-        raise InvalidRequest(f"unsupported prompt value {unknown[0]!r}; use none, login or consent")
+        raise InvalidRequest("unsupported prompt value; use none, login or consent")
     prompt = frozenset(values)
     if "none" in prompt and len(prompt) > 1:
         raise InvalidRequest("prompt=none cannot be combined with another prompt value")
@@ -185,8 +188,9 @@ def parse_request(client: Client | None, args: dict[bytes, list[bytes]]) -> Auth
     redirect_uri = trusted_redirect(client, args)
     try:
         params = single_params({k: v for k, v in args.items() if k != b"resource"})
-    except InvalidRequest as e:
-        raise AuthorizeError(e, redirect_uri, one_param(args, b"state")) from None
+    except InvalidRequest:
+        malformed = InvalidRequest("a parameter is repeated, too long, or not UTF-8 text; send each once")
+        raise AuthorizeError(malformed, redirect_uri, one_param(args, b"state")) from None
     try:
         return _validate(client, redirect_uri, params, args)
     except OAuthError as e:
@@ -223,8 +227,12 @@ def refuse_silently(request: AuthorizationRequest, *, login: bool, consent: bool
 
 
 def error_location(issuer: str, redirect_uri: str, state: str | None, error: OAuthError) -> str:
-    """Where an error is sent: RFC 6749 section 4.1.2.1 plus iss (RFC 9207)."""
-    params = {"error": error.error, "error_description": error.description}
+    """
+    Where an error is sent: RFC 6749 section 4.1.2.1 plus iss (RFC 9207).
+    Descriptions are the server's own fixed text, never the request's; the
+    few characters RFC 6749 forbids in them are dropped all the same.
+    """
+    params = {"error": error.error, "error_description": _DESCRIPTION_JUNK.sub("", error.description)}
     if state is not None:
         params["state"] = state
     params["iss"] = issuer

@@ -7,6 +7,7 @@ both (C{[internal] listen} and C{serve_on_main}).
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 from functools import wraps
@@ -36,6 +37,11 @@ class RequestProblem(Exception):
         self.extra = extra
 
 
+def _digest(secret: bytes) -> bytes:
+    """Secrets are compared as digests of equal length, so the comparison's time says nothing of the length."""
+    return hashlib.sha256(secret).digest()
+
+
 def _answer(request, status: int, payload: dict) -> bytes:
     return json_body(request, status, payload, no_store=True)
 
@@ -53,8 +59,8 @@ def _user_id(request) -> str:
         raise RequestProblem(415, "unsupported_media_type", "send the body as application/json")
     try:
         body = json.loads(request.content.read())
-    except ValueError:
-        raise RequestProblem(400, "invalid_request", "the body is not valid JSON") from None
+    except (ValueError, RecursionError):
+        raise RequestProblem(400, "invalid_request", "the body is not valid JSON (or nested too deeply)") from None
     if not isinstance(body, dict):
         raise RequestProblem(400, "invalid_request", "the body must be a JSON object")
     present = [body[k] for k in ("userId", "authUserId") if k in body]
@@ -96,7 +102,7 @@ class InternalAPI:
 
     def __init__(self, *, reactor, secret: str | None, store, identity, chat_tokens):
         self._reactor = reactor
-        self._secret = secret.encode() if secret else None
+        self._secret = _digest(secret.encode()) if secret else None
         self._store = store
         self._identity = identity
         self._chat_tokens = chat_tokens
@@ -109,7 +115,7 @@ class InternalAPI:
         scheme, _, token = supplied.partition(b" ")
         if self._secret is None:
             raise RequestProblem(401, "unauthorized", "the internal API has no secret configured")
-        if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self._secret):
+        if scheme.lower() != b"bearer" or not hmac.compare_digest(_digest(token.strip()), self._secret):
             raise RequestProblem(401, "unauthorized", "a valid Authorization: Bearer <internal API secret> is required")
 
     @app.route(PREFIX + "/user-access", methods=["POST"])

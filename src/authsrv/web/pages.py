@@ -31,7 +31,7 @@ _STYLE_HASH = base64.b64encode(hashlib.sha256(STYLE.encode()).digest()).decode()
 
 CONTENT_SECURITY_POLICY = (
     f"default-src 'none'; style-src 'sha256-{_STYLE_HASH}'; img-src 'self' data:;"
-    " frame-ancestors 'none'; base-uri 'none'"
+    " frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
 ).encode()
 
 
