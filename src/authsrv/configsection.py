@@ -147,7 +147,13 @@ class Section:
         value = self.str(name, default)
         if value is None:
             return None
-        return (self.base_dir / Path(value).expanduser()).resolve()
+        if "\x00" in value:
+            raise self.error(name, "must not contain a NUL character")
+        try:
+            expanded = Path(value).expanduser()
+        except RuntimeError:
+            raise self.error(name, f"{value!r} names the home folder of an unknown user") from None
+        return (self.base_dir / expanded).resolve()
 
     def table(self, name: str, default: Any = _REQUIRED) -> Any:
         """A nested L{Section}."""
