@@ -242,7 +242,7 @@ def chat_parts(config: Config, reactor, store, identity) -> Chat:
     return Chat(ChatTokens(reactor, store, identity, provider, cipher, chat), linking, pool)
 
 
-def _sites(root, config: Config, drain: Drain, reactor):
+def site_factory(root, config: Config, drain: Drain, reactor):
     """A new L{LimitedSite} for C{root} per call: connection caps are per listener."""
     headers = hsts_headers(config.public_url, config.hsts_max_age)
     request_factory = bounded_request_factory(config.limits.max_body_bytes, drain, headers)
@@ -277,9 +277,9 @@ def build(config: Config, reactor) -> AuthsrvService:
         )
         ports: list = []
         drain = Drain(reactor, config.shutdown.delay, config.shutdown.timeout)
-        _listen(reactor, "server.listen", config.listen, _sites(root, config, drain, reactor), ports, config.base_dir)
+        _listen(reactor, "server.listen", config.listen, site_factory(root, config, drain, reactor), ports, config.base_dir)
         _listen(reactor, "internal.listen", config.internal_listen,
-                _sites(Root({}, internal, internal, config.input_limits), config, drain, reactor), ports,
+                site_factory(Root({}, internal, internal, config.input_limits), config, drain, reactor), ports,
                 config.base_dir)
     except BaseException:
         context.stop()

@@ -40,6 +40,7 @@ from authsrv.protocol.clients import client_id_problem, redirect_uri_problem
 from authsrv.records import Ban, Client, User
 from authsrv.service import JWKS_MAX_AGE, StartupError, build_identity, build_plugin
 from authsrv.store.errors import AlreadyExists
+from authsrv.tls import config_tls_problem
 from authsrv.tokens import new_token, token_hash
 
 
@@ -454,6 +455,9 @@ async def check_config(reactor, args):
     if args.file:
         args.config = args.file
     config = _config(args)
+    tls_problem = config_tls_problem(config, reactor.seconds())
+    if tls_problem:
+        raise AdminError(f"{config.path}: {tls_problem}")
     async with _plugin_context(reactor, config, check_only=True, prefix=f"{config.path}: ") as context:
         build_plugin("keystore", config.keystore, context)
         for role, choice in [("store", config.store), *(("identity", c) for c in config.identity)]:

@@ -11,9 +11,10 @@ JSON, the internal API's JSON, or an HTML page), never a 500 or a hang.
 from __future__ import annotations
 
 from collections import Counter
+from http import HTTPStatus
 
 from twisted.internet.protocol import Protocol
-from twisted.web.http import RESPONSES, HTTPChannel
+from twisted.web.http import HTTPChannel
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
@@ -66,6 +67,7 @@ class Refused(Resource):
     def render(self, request):
         if self._close:
             request.setHeader(b"connection", b"close")
+            request.channel.persistent = False
         return render_refusal(request, self._status, self._description)
 
 
@@ -99,11 +101,17 @@ def raw_refusal(path: bytes, status: int, description: str, headers=()) -> bytes
     """A whole HTTP/1.1 response that closes the connection, for refusals below the request layer."""
     answer = _Answer(path)
     body = render_refusal(answer, status, description)
-    lines = [f"HTTP/1.1 {status} {RESPONSES[status].decode()}".encode()]
+    lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}".encode()]
     for name, value in [*answer.headers.items(), *headers]:
         lines.append(name + b": " + value)
     lines += [b"content-length: " + str(len(body)).encode(), b"connection: close", b"", b""]
     return b"\r\n".join(lines) + body
+
+
+def _target(request_line: bytes) -> bytes:
+    """The request target of a request line, or as much of it as arrived."""
+    parts = request_line.split(b" ", 2)
+    return parts[1] if len(parts) > 1 else b""
 
 
 class LimitedChannel(HTTPChannel):
@@ -162,7 +170,7 @@ class LimitedChannel(HTTPChannel):
         if self._head_lines == 0:
             if not line:
                 return super().lineReceived(line)
-            target = line.split(b" ")[1] if line.count(b" ") >= 2 else b""
+            target = _target(line)
             self._target, _, query = target.partition(b"?")
             if len(line) > self.limits.max_request_line:
                 return self._refuse(414, f"the request line is too long (at most {self.limits.max_request_line} bytes)")
@@ -181,9 +189,7 @@ class LimitedChannel(HTTPChannel):
 
     def lineLengthExceeded(self, line):
         if self._head_lines == 0:
-            first = line.split(b"\r\n", 1)[0]
-            target = first.split(b" ")[1] if first.count(b" ") >= 2 else b""
-            self._target = target.partition(b"?")[0]
+            self._target = _target(line.split(b"\r\n", 1)[0]).partition(b"?")[0]
             return self._refuse(414, f"the request line is too long (at most {self.limits.max_request_line} bytes)")
         return self._refuse(431, f"the header section is too large (at most {self.limits.max_header_bytes} bytes)")
 
