@@ -61,7 +61,7 @@ async def test_unknown_client_or_unregistered_redirect_uri_is_a_page_never_a_red
         cases = [
             ({"client_id": "nobody", "redirect_uri": FIRST_REDIRECT}, "not known"),
             ({"redirect_uri": FIRST_REDIRECT}, "client_id is missing"),
-            ({"client_id": "x" * 500, "redirect_uri": FIRST_REDIRECT}, "not known"),
+            ({"client_id": "x" * 500, "redirect_uri": FIRST_REDIRECT}, "client_id is too long"),
             ({"client_id": "first"}, "redirect_uri is missing"),
             ({"client_id": "first", "redirect_uri": "https://evil.example/callback"}, "has not registered"),
             ({"client_id": "first", "redirect_uri": FIRST_REDIRECT + "/"}, "has not registered"),

@@ -162,10 +162,11 @@ async def test_cookies_are_secure_under_an_https_issuer(tmp_path, monkeypatch):
         response, _ = await browser.submit_login(location(response), "alice", PASSWORDS[ALICE.sub])
         assert query_of(location(response))["iss"] == "https://auth.example.test/api/auth"
         names = {c.split("=")[0]: c for c in browser.set_cookie_headers}
-        assert set(names) == {"authsrv_device", "authsrv_session"}
+        assert set(names) == {"__Host-authsrv_device", "__Host-authsrv_session"}
         for cookie in names.values():
             flags = [part.strip() for part in cookie.split(";")]
-            assert {"Secure", "HttpOnly", "SameSite=lax", "Path=/api/auth"} <= set(flags)
+            assert {"Secure", "HttpOnly", "SameSite=lax", "Path=/"} <= set(flags)
+            assert not any(flag.lower().startswith("domain") for flag in flags)
     finally:
         await h.close()
 

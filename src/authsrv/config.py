@@ -12,18 +12,19 @@ import tomllib
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from attrs import frozen
+from attrs import field, frozen
 
 from authsrv.chat.config import ChatConfig, chat_config
 from authsrv.configsection import ConfigError, Section
 from authsrv.flows.grants import GRANT_TYPES
-from authsrv.protocol.clients import client_id_problem, is_loopback_host, redirect_uri_problem
+from authsrv.protocol.clients import CLIENT_ID_MAX, client_id_problem, is_loopback_host, redirect_uri_problem
 from authsrv.records import DEFAULT_GRANT_TYPES, Client
 from authsrv.tokens import token_hash
 
 DEFAULT_LISTEN = "tcp:8080:interface=127.0.0.1"
 DEFAULT_PUBLIC_URL = "http://127.0.0.1:8080"
 ISSUER_PATH = "/api/auth"
+HSTS_MAX_AGE = 365 * 86400
 
 
 @frozen
@@ -44,6 +45,48 @@ class Limits:
     def max_token_lifetime(self) -> int:
         """How long a retired signing key must stay published."""
         return max(self.access_token_ttl, self.id_token_ttl)
+
+
+PARAMETER_CAPS = {
+    "state": 512,
+    "nonce": 512,
+    "scope": 1024,
+    "redirect_uri": 2048,
+    "post_logout_redirect_uri": 2048,
+    "login_hint": 256,
+    "code_challenge": 128,
+    "code_verifier": 128,
+    "client_id": CLIENT_ID_MAX,
+}
+"""Default maximum length, in characters, of each OAuth parameter ([limits.parameters])."""
+
+
+@frozen
+class InputLimits:
+    """
+    What one client may send and how slowly (C{[limits]}, DESIGN.md, Limits):
+    sizes in bytes or counts, times in seconds, 0 for no cap on connections.
+    """
+
+    max_header_count: int = 100
+    max_header_bytes: int = 16 * 1024
+    max_request_line: int = 8 * 1024
+    max_query_bytes: int = 6 * 1024
+    max_form_fields: int = 64
+    header_timeout: int = 10
+    body_timeout: int = 30
+    idle_timeout: int = 60
+    max_connections: int = 1024
+    max_connections_per_address: int = 128
+    parameters: dict = field(factory=lambda: dict(PARAMETER_CAPS))
+
+
+@frozen
+class Shutdown:
+    """How a stopping server drains (C{[server] drain_delay}, C{drain_timeout}), in seconds."""
+
+    delay: int = 5
+    timeout: int = 30
 
 
 @frozen
@@ -69,6 +112,9 @@ class Config:
     identity: tuple[PluginChoice, ...]
     clients: tuple[Client, ...]
     chat: ChatConfig | None = None
+    input_limits: InputLimits = InputLimits()
+    shutdown: Shutdown = Shutdown()
+    hsts_max_age: int = HSTS_MAX_AGE
 
     @property
     def issuer(self) -> str:
@@ -118,6 +164,43 @@ def _limits(section: Section) -> Limits:
         if value == 0 and name != "refresh_grace":
             raise section.error(name, "must be longer than zero")
     return Limits(**values)
+
+
+def _input_limits(section: Section) -> InputLimits:
+    """Takes its own keys of C{[limits]}; L{_limits} reads the rest."""
+    defaults = InputLimits()
+    sizes = {
+        "max_header_count": 10,
+        "max_header_bytes": 1024,
+        "max_request_line": 256,
+        "max_query_bytes": 256,
+        "max_form_fields": 8,
+        "max_connections": 0,
+        "max_connections_per_address": 0,
+    }
+    values = {name: section.int(name, getattr(defaults, name), minimum=low) for name, low in sizes.items()}
+    for name in ("header_timeout", "body_timeout", "idle_timeout"):
+        values[name] = section.duration(name, getattr(defaults, name))
+        if values[name] == 0:
+            raise section.error(name, "must be longer than zero")
+    if values["max_query_bytes"] > values["max_request_line"]:
+        raise section.error("max_query_bytes", "must not exceed max_request_line")
+    caps = section.table("parameters", None)
+    parameters = dict(PARAMETER_CAPS)
+    if caps is not None:
+        for name in PARAMETER_CAPS:
+            parameters[name] = caps.int(name, PARAMETER_CAPS[name], minimum=16)
+        caps.done()
+    return InputLimits(**values, parameters=parameters)
+
+
+def _shutdown(section: Section) -> Shutdown:
+    """C{[server] drain_delay} and C{drain_timeout}."""
+    defaults = Shutdown()
+    return Shutdown(
+        delay=section.duration("drain_delay", defaults.delay),
+        timeout=section.duration("drain_timeout", defaults.timeout),
+    )
 
 
 def _plugin(section: Section, default: str | None = None) -> PluginChoice:
@@ -182,6 +265,8 @@ def parse_config(data: dict, path: Path | None) -> Config:
     public_url = _public_url(server)
     listen = tuple(server.str_list("listen", [DEFAULT_LISTEN]))
     access_log = server.bool("access_log", False)
+    shutdown = _shutdown(server)
+    hsts_max_age = server.duration("hsts_max_age", HSTS_MAX_AGE)
     server.done()
     internal = top.table("internal", None) or Section({}, "internal", base_dir)
     internal_secret = internal.secret("secret", required=False)
@@ -190,7 +275,9 @@ def parse_config(data: dict, path: Path | None) -> Config:
     if not internal_on_main and not internal_listen:
         raise internal.error("serve_on_main", "is false but internal.listen is empty: the internal API would be served nowhere")
     internal.done()
-    limits = _limits(top.table("limits", None) or Section({}, "limits", base_dir))
+    limits_section = top.table("limits", None) or Section({}, "limits", base_dir)
+    input_limits = _input_limits(limits_section)
+    limits = _limits(limits_section)
     store = _plugin(top.table("store", None) or Section({}, "store", base_dir), "sqlite")
     keystore = _plugin(top.table("keystore", None) or Section({}, "keystore", base_dir), "jwk-file")
     identity = tuple(_plugin(s) for s in top.tables("identity"))
@@ -218,6 +305,9 @@ def parse_config(data: dict, path: Path | None) -> Config:
         identity=identity,
         clients=clients,
         chat=chat,
+        input_limits=input_limits,
+        shutdown=shutdown,
+        hsts_max_age=hsts_max_age,
     )
 
 

@@ -20,7 +20,6 @@ from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.client import HTTPConnectionPool
-from twisted.web.server import Site
 
 from authsrv.chat.crypto import TokenCipher
 from authsrv.chat.provider import ChatProvider, http_client
@@ -28,6 +27,7 @@ from authsrv.chat.tokens import ChatTokens
 from authsrv.config import Config
 from authsrv.configsection import ConfigError
 from authsrv.context import PluginContext
+from authsrv.drain import Drain
 from authsrv.flows import backchannel
 from authsrv.flows.claims import ClaimsSource
 from authsrv.flows.clients import ClientCache
@@ -49,8 +49,10 @@ from authsrv.flows.userinfo import UserInfoFlow
 from authsrv.identity.chain import IdentityChain
 from authsrv.plugins import UnknownPlugin, find_factory
 from authsrv.protocol.discovery import authorization_server_metadata, openid_configuration
+from authsrv.tls import hsts_headers, listen_problem, resolve_tls_paths
 from authsrv.web.cookies import Cookies
 from authsrv.web.internal import InternalAPI
+from authsrv.web.limits import LimitedSite
 from authsrv.web.public import PublicSite
 from authsrv.web.request import bounded_request_factory
 from authsrv.web.root import Root
@@ -90,11 +92,16 @@ def build_identity(config: Config, context) -> IdentityChain:
 
 
 class AuthsrvService(MultiService):
-    """The server: owns the plugins and thread pools and closes them on stop."""
+    """
+    The server: owns the plugins and thread pools and closes them on stop,
+    after draining its listeners when given a L{Drain}.
+    """
 
     log = Logger()
 
-    def __init__(self, *, reactor, config: Config, context, store, keystore, identity, ports, http_pool=None):
+    def __init__(
+        self, *, reactor, config: Config, context, store, keystore, identity, ports, http_pool=None, drain=None
+    ):
         super().__init__()
         self._reactor = reactor
         self.config = config
@@ -104,6 +111,7 @@ class AuthsrvService(MultiService):
         self.identity = identity
         self._ports = ports
         self._http_pool = http_pool
+        self._drain = drain
         self._started = False
         self._retry = None
         timer = TimerService(MAINTENANCE_INTERVAL, self._maintain)
@@ -111,6 +119,8 @@ class AuthsrvService(MultiService):
         timer.setServiceParent(self)
 
     def readiness_problem(self) -> str | None:
+        if self._drain is not None and self._drain.draining:
+            return "draining"
         return None if self._started else "starting"
 
     def startService(self):
@@ -155,8 +165,11 @@ class AuthsrvService(MultiService):
         if self._retry is not None:
             self._retry.cancel()
             self._retry = None
+        if self._drain is not None:
+            await self._drain.run(self._ports)
+        else:
+            await gatherResults([port.stopListening() for port in self._ports])
         await super().stopService()
-        await gatherResults([port.stopListening() for port in self._ports])
         if self._http_pool is not None:
             await self._http_pool.closeCachedConnections()
         await self.store.close()
@@ -164,15 +177,21 @@ class AuthsrvService(MultiService):
         self._context.stop()
 
 
-def _listen(reactor, key, descriptions, site, ports):
-    """Bind every listener now, so a taken port is a start-up error."""
+def _listen(reactor, key, descriptions, site_for, ports, base_dir):
+    """
+    Bind every listener now, each with its own site from C{site_for()}, so
+    that a taken port or a bad TLS file is a start-up error.
+    """
     for index, description in enumerate(descriptions):
+        problem = listen_problem(f"{key}[{index}]", description, base_dir)
+        if problem:
+            raise StartupError(problem)
         try:
-            endpoint = serverFromString(reactor, description)
+            endpoint = serverFromString(reactor, resolve_tls_paths(description, base_dir))
         except (ValueError, KeyError, TypeError) as e:
             raise StartupError(f"{key}[{index}]: {description!r} is not a valid endpoint ({e})")
         results: list = []
-        endpoint.listen(site).addBoth(results.append)
+        endpoint.listen(site_for()).addBoth(results.append)
         if results and isinstance(results[0], Failure):
             for port in ports:
                 port.stopListening()
@@ -270,7 +289,7 @@ def web_root(
         ping=lambda: store.ping(),
         readiness=readiness,
     )
-    return Root(_documents(config, keystore, grants.grant_types), site.resource(), internal)
+    return Root(_documents(config, keystore, grants.grant_types), site.resource(), internal, config.input_limits)
 
 
 @frozen
@@ -300,17 +319,19 @@ def chat_parts(config: Config, reactor, store, identity) -> Chat:
     return Chat(ChatTokens(reactor, store, identity, provider, cipher, chat), linking, pool)
 
 
-class QuietSite(Site):
-    """A site without access log lines: the audit events say what matters, cheaper."""
+def site_factory(root, config: Config, drain: Drain, reactor):
+    """A new L{LimitedSite} for C{root} per call: connection caps are per listener."""
+    headers = hsts_headers(config.public_url, config.hsts_max_age)
+    request_factory = bounded_request_factory(config.limits.max_body_bytes, drain, headers)
 
-    def log(self, request):
-        pass
+    def site() -> LimitedSite:
+        made = LimitedSite(
+            root, limits=config.input_limits, access_log=config.access_log, headers=headers,
+            requestFactory=request_factory, reactor=reactor,
+        )
+        made.displayTracebacks = False
+        return made
 
-
-def _site(root, config: Config) -> Site:
-    factory = Site if config.access_log else QuietSite
-    site = factory(root, requestFactory=bounded_request_factory(config.limits.max_body_bytes))
-    site.displayTracebacks = False
     return site
 
 
@@ -332,9 +353,11 @@ def build(config: Config, reactor) -> AuthsrvService:
             internal if config.internal_on_main else None, chat.linking,
         )
         ports: list = []
-        _listen(reactor, "server.listen", config.listen, _site(root, config), ports)
+        drain = Drain(reactor, config.shutdown.delay, config.shutdown.timeout)
+        _listen(reactor, "server.listen", config.listen, site_factory(root, config, drain, reactor), ports, config.base_dir)
         _listen(reactor, "internal.listen", config.internal_listen,
-                _site(Root({}, internal, internal), config), ports)
+                site_factory(Root({}, internal, internal, config.input_limits), config, drain, reactor), ports,
+                config.base_dir)
     except BaseException:
         context.stop()
         raise
@@ -347,6 +370,7 @@ def build(config: Config, reactor) -> AuthsrvService:
         identity=identity,
         ports=ports,
         http_pool=chat.pool,
+        drain=drain,
     )
     holder.append(service)
     return service

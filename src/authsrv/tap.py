@@ -10,6 +10,7 @@ from attrs import evolve
 from twisted.python import usage
 
 from authsrv.config import ConfigFileError, load_config
+from authsrv.drain import stop_on_sigterm
 from authsrv.embedded import DEFAULT_DATA_DIR, prepare_data_dir
 from authsrv.service import StartupError, build
 
@@ -53,4 +54,5 @@ def makeService(options, reactor=None):
         raise SystemExit(f"authsrv: {e}") from None
     if created is not None:
         print(created.summary(config.issuer), flush=True)
+    reactor.callWhenRunning(stop_on_sigterm, reactor)
     return service

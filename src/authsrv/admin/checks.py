@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from authsrv.admin.common import Console, config_of, plugin_context
+from authsrv.admin.common import AdminError, Console, config_of, plugin_context
 from authsrv.service import build_plugin
+from authsrv.tls import config_tls_problem
 
 
 async def check_config(reactor, args, console: Console):
@@ -14,6 +15,9 @@ async def check_config(reactor, args, console: Console):
     if args.file:
         args.config = args.file
     config = config_of(args)
+    tls_problem = config_tls_problem(config, reactor.seconds())
+    if tls_problem:
+        raise AdminError(f"{config.path}: {tls_problem}")
     async with plugin_context(reactor, config, check_only=True, prefix=f"{config.path}: ") as context:
         build_plugin("keystore", config.keystore, context)
         for role, choice in [("store", config.store), *(("identity", c) for c in config.identity)]:

@@ -1,6 +1,9 @@
 """
-The service's cookies: opaque values, HttpOnly, SameSite=Lax, Secure when
-the issuer is https, scoped to the issuer's path.
+The service's cookies: opaque values, HttpOnly, SameSite=Lax. Under an
+https issuer they are Secure, named with the C{__Host-} prefix (which the
+browser accepts only with Secure, Path=/ and no Domain, so no other host or
+path can plant or shadow them) and so scoped to the whole host; under plain
+http (loopback) they keep their bare names, scoped to the issuer's path.
 """
 
 from __future__ import annotations
@@ -11,14 +14,16 @@ SESSION_COOKIE = b"authsrv_session"
 DEVICE_COOKIE = b"authsrv_device"
 DEVICE_COOKIE_TTL = 400 * 86400
 """The longest cookie life browsers keep; the device cookie only binds forms to this browser."""
+HOST_PREFIX = b"__Host-"
 
 
 class Cookies:
     """Reads and writes the service's cookies for one issuer."""
 
     def __init__(self, *, path: str, secure: bool, session_ttl: int = 0):
-        self._path = path.encode()
+        self._path = b"/" if secure else path.encode()
         self._secure = secure
+        self._prefix = HOST_PREFIX if secure else b""
         self._session_ttl = session_ttl
 
     def browser(self, request) -> Browser:
@@ -35,7 +40,7 @@ class Cookies:
             self.set(request, DEVICE_COOKIE, changes.device, DEVICE_COOKIE_TTL)
 
     def get(self, request, name: bytes) -> str | None:
-        value = request.getCookie(name)
+        value = request.getCookie(self._prefix + name)
         if not value:
             return None
         try:
@@ -45,7 +50,7 @@ class Cookies:
 
     def set(self, request, name: bytes, value: str, max_age: int) -> None:
         request.addCookie(
-            name,
+            self._prefix + name,
             value.encode("ascii"),
             path=self._path,
             max_age=str(max_age).encode(),
@@ -56,7 +61,7 @@ class Cookies:
 
     def clear(self, request, name: bytes) -> None:
         request.addCookie(
-            name,
+            self._prefix + name,
             b"",
             path=self._path,
             max_age=b"0",

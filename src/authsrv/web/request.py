@@ -1,5 +1,6 @@
 """
-The site's request class: bounded bodies.
+The site's request class: bounded bodies, counted while in flight, and the
+headers every response carries.
 
 Twisted reads a whole body before rendering; this request counts what
 arrives and keeps none past the limit, so that an oversized body costs no
@@ -30,14 +31,31 @@ _remember_content_types()
 
 
 class BoundedRequest(Request):
-    """A L{Request} that stops storing its body after C{max_body} bytes."""
+    """
+    A L{Request} that stops storing its body after C{max_body} bytes, is
+    counted by C{drain} (an L{authsrv.drain.Drain}) from its first byte to
+    its last, adds C{fixed_headers} to its response, and closes its
+    connection after answering while the server drains.
+    """
 
     max_body = 64 * 1024
+    drain = None
+    fixed_headers: tuple[tuple[bytes, bytes], ...] = ()
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.body_too_large = False
         self._received = 0
+        if self.drain is not None:
+            self.drain.track(self)
+
+    def process(self):
+        for name, value in self.fixed_headers:
+            self.setHeader(name, value)
+        if self.drain is not None and self.drain.draining:
+            self.setHeader(b"connection", b"close")
+            self.channel.persistent = False
+        super().process()
 
     def gotLength(self, length):
         if length is not None and length > self.max_body:
@@ -52,5 +70,8 @@ class BoundedRequest(Request):
             super().handleContentChunk(data)
 
 
-def bounded_request_factory(max_body: int) -> type[BoundedRequest]:
-    return type("BoundedRequest", (BoundedRequest,), {"max_body": max_body})
+def bounded_request_factory(max_body: int, drain=None, fixed_headers=()) -> type[BoundedRequest]:
+    return type(
+        "BoundedRequest", (BoundedRequest,),
+        {"max_body": max_body, "drain": drain, "fixed_headers": tuple(fixed_headers)},
+    )

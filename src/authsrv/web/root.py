@@ -7,39 +7,39 @@ from __future__ import annotations
 
 from twisted.web.resource import Resource
 
-from authsrv.web.headers import json_body
+from authsrv.config import InputLimits
 from authsrv.web.internal import PREFIX
+from authsrv.web.limits import Refused, parameter_problem
 
 INTERNAL_PREFIX = (PREFIX + "/").encode()
-
-
-class TooLarge(Resource):
-    """413 for a body over the limit (L{authsrv.web.request.BoundedRequest})."""
-
-    isLeaf = True
-
-    def render(self, request):
-        request.setHeader(b"connection", b"close")
-        return json_body(
-            request, 413, {"error": "invalid_request", "error_description": "the request body is too large"}
-        )
+TOO_LARGE = Refused(413, "the request body is too large", close=True)
+"""413 for a body over the limit (L{authsrv.web.request.BoundedRequest})."""
 
 
 class Root(Resource):
     """
     Dispatches on the whole request path before any routing, so discovery and
-    JWKS cost one dict lookup (DESIGN.md, Speed targets).
+    JWKS cost one dict lookup (DESIGN.md, Speed targets). Oversized bodies and
+    parameters over C{limits} are refused before any routing too.
     """
 
-    def __init__(self, static: dict[bytes, Resource], app: Resource, internal: Resource | None = None):
+    def __init__(
+        self, static: dict[bytes, Resource], app: Resource, internal: Resource | None = None,
+        limits: InputLimits = InputLimits(),
+    ):
         super().__init__()
         self._static = static
         self._app = app
         self._internal = internal
+        self._limits = limits
 
     def getChildWithDefault(self, name, request):
         if getattr(request, "body_too_large", False):
-            return TooLarge()
+            return TOO_LARGE
+        if request.args:
+            problem = parameter_problem(request.args, self._limits)
+            if problem is not None:
+                return Refused(400, problem)
         static = self._static.get(request.path)
         if static is not None:
             return static

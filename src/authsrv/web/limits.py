@@ -1,0 +1,268 @@
+"""
+Input and time limits on what one client may send (C{[limits]}): header
+count and size, request line and query length, form fields, each OAuth
+parameter's length, how long headers and a body may take to arrive, idle
+keep-alive connections, and open connections per listener and per address.
+
+Every refusal is a complete answer in the shape its endpoint uses (OAuth
+JSON, the internal API's JSON, or an HTML page), never a 500 or a hang.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from http import HTTPStatus
+
+from twisted.internet.protocol import Protocol
+from twisted.web.http import HTTPChannel
+from twisted.web.resource import Resource
+from twisted.web.server import Site
+
+from authsrv.config import ISSUER_PATH, InputLimits
+from authsrv.web.headers import json_body
+from authsrv.web.pages import error_page
+
+INTERNAL_PREFIX = b"/api/internal"
+PAGE_PREFIXES = tuple(
+    (ISSUER_PATH + p).encode() for p in ("/oauth2/authorize", "/oauth2/end-session", "/login", "/consent", "/link/")
+)
+"""Browser pages: their refusals are HTML; everything else reads JSON."""
+
+TITLES = {
+    400: "Bad request",
+    408: "Too slow",
+    413: "Request too large",
+    414: "Address too long",
+    429: "Too many connections",
+    431: "Request headers too large",
+    503: "Try again later",
+}
+
+
+def _payload(path: bytes, status: int, description: str) -> dict:
+    error = "temporarily_unavailable" if status == 503 else "invalid_request"
+    if path.startswith(INTERNAL_PREFIX):
+        return {"error": error, "message": description}
+    return {"error": error, "error_description": description}
+
+
+def render_refusal(request, status: int, description: str) -> bytes:
+    """A refused request's answer, shaped for the endpoint it was sent to."""
+    if request.path.startswith(PAGE_PREFIXES):
+        return error_page(request, status, TITLES.get(status, "Bad request"), description[:1].upper() + description[1:] + ".")
+    return json_body(request, status, _payload(request.path, status, description), no_store=True)
+
+
+class Refused(Resource):
+    """A leaf that answers every request with one refusal."""
+
+    isLeaf = True
+
+    def __init__(self, status: int, description: str, close: bool = False):
+        super().__init__()
+        self._status = status
+        self._description = description
+        self._close = close
+
+    def render(self, request):
+        if self._close:
+            request.setHeader(b"connection", b"close")
+            request.channel.persistent = False
+        return render_refusal(request, self._status, self._description)
+
+
+def parameter_problem(args: dict[bytes, list[bytes]], limits: InputLimits) -> str | None:
+    """What is wrong with a request's query and form parameters, or None."""
+    if sum(map(len, args.values())) > limits.max_form_fields:
+        return f"too many parameters (at most {limits.max_form_fields})"
+    for name, cap in limits.parameters.items():
+        for value in args.get(name.encode(), ()):
+            if len(value.decode("utf-8", "replace")) > cap:
+                return f"parameter {name} is too long (at most {cap} characters)"
+    return None
+
+
+class _Answer:
+    """Collects what L{render_refusal} sets, for an answer written before any request object can."""
+
+    def __init__(self, path: bytes):
+        self.path = path
+        self.code = 400
+        self.headers: dict[bytes, bytes] = {}
+
+    def setResponseCode(self, code):
+        self.code = code
+
+    def setHeader(self, name, value):
+        self.headers[name.lower()] = value
+
+
+def raw_refusal(path: bytes, status: int, description: str, headers=()) -> bytes:
+    """A whole HTTP/1.1 response that closes the connection, for refusals below the request layer."""
+    answer = _Answer(path)
+    body = render_refusal(answer, status, description)
+    lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}".encode()]
+    for name, value in [*answer.headers.items(), *headers]:
+        lines.append(name + b": " + value)
+    lines += [b"content-length: " + str(len(body)).encode(), b"connection: close", b"", b""]
+    return b"\r\n".join(lines) + body
+
+
+def _target(request_line: bytes) -> bytes:
+    """The request target of a request line, or as much of it as arrived."""
+    parts = request_line.split(b" ", 2)
+    return parts[1] if len(parts) > 1 else b""
+
+
+class LimitedChannel(HTTPChannel):
+    """
+    An L{HTTPChannel} that refuses, in the endpoint's shape, a request line
+    (414) or a header section (431) over the limits, and a client that takes
+    longer than the limits to send its headers or body (408). Twisted's own
+    idle timeout (C{timeOut}) closes idle keep-alive connections.
+    """
+
+    limits = InputLimits()
+    fixed_headers: tuple = ()
+
+    def connectionMade(self):
+        self.MAX_LENGTH = max(self.limits.max_request_line, self.limits.max_header_bytes)
+        self.maxHeaders = self.limits.max_header_count + 1
+        self.totalHeadersSize = self.limits.max_request_line + self.limits.max_header_bytes + 2 * self.maxHeaders
+        self._deadline = None
+        self._refused = False
+        self._new_head()
+        super().connectionMade()
+
+    def _new_head(self):
+        self._target = b""
+        self._head_lines = 0
+        self._header_count = 0
+        self._header_bytes = 0
+
+    def _start(self, seconds: int, what: str):
+        self._stop()
+        self._deadline = self.callLater(seconds, self._too_slow, what)
+
+    def _stop(self):
+        if self._deadline is not None and self._deadline.active():
+            self._deadline.cancel()
+        self._deadline = None
+
+    def _too_slow(self, what: str):
+        self._deadline = None
+        self._refuse(408, f"the request {what} did not arrive in time")
+
+    def _refuse(self, status: int, description: str):
+        self._stop()
+        self._refused = True
+        self.transport.write(raw_refusal(self._target, status, description, self.fixed_headers))
+        self.loseConnection()
+
+    def dataReceived(self, data):
+        if self._refused:
+            return
+        if self._deadline is None and self.line_mode and not self._handlingRequest:
+            self._start(self.limits.header_timeout, "headers")
+        super().dataReceived(data)
+
+    def lineReceived(self, line):
+        if self._head_lines == 0:
+            if not line:
+                return super().lineReceived(line)
+            target = _target(line)
+            self._target, _, query = target.partition(b"?")
+            if len(line) > self.limits.max_request_line:
+                return self._refuse(414, f"the request line is too long (at most {self.limits.max_request_line} bytes)")
+            if len(query) > self.limits.max_query_bytes:
+                return self._refuse(414, f"the query string is too long (at most {self.limits.max_query_bytes} bytes)")
+        elif line:
+            self._header_bytes += len(line)
+            if line[:1] not in (b" ", b"\t"):
+                self._header_count += 1
+            if self._header_count > self.limits.max_header_count:
+                return self._refuse(431, f"too many header fields (at most {self.limits.max_header_count})")
+            if self._header_bytes > self.limits.max_header_bytes:
+                return self._refuse(431, f"the header section is too large (at most {self.limits.max_header_bytes} bytes)")
+        self._head_lines += 1
+        return super().lineReceived(line)
+
+    def lineLengthExceeded(self, line):
+        if self._head_lines == 0:
+            self._target = _target(line.split(b"\r\n", 1)[0]).partition(b"?")[0]
+            return self._refuse(414, f"the request line is too long (at most {self.limits.max_request_line} bytes)")
+        return self._refuse(431, f"the header section is too large (at most {self.limits.max_header_bytes} bytes)")
+
+    def allHeadersReceived(self):
+        self._stop()
+        super().allHeadersReceived()
+        if self.length != 0 and not self._refused:
+            self._start(self.limits.body_timeout, "body")
+
+    def allContentReceived(self):
+        self._stop()
+        self._new_head()
+        super().allContentReceived()
+
+    def connectionLost(self, reason):
+        self._stop()
+        self.site.connection_closed(self)
+        super().connectionLost(reason)
+
+
+class _Refusal(Protocol):
+    """Answers a connection over a cap at once and closes it."""
+
+    def __init__(self, status: int, description: str, headers):
+        self._response = raw_refusal(b"", status, description, headers)
+
+    def connectionMade(self):
+        self.transport.write(self._response)
+        self.transport.loseConnection()
+
+
+class LimitedSite(Site):
+    """
+    A L{Site} with L{LimitedChannel}s, caps on its open connections (per
+    listener, since each listener gets its own site, and per client
+    address), headers on every response, and an optional access log.
+    """
+
+    protocol = LimitedChannel
+
+    def __init__(self, resource, *, limits: InputLimits, access_log: bool, headers=(), **kwargs):
+        super().__init__(resource, timeout=limits.idle_timeout, **kwargs)
+        self.limits = limits
+        self.fixed_headers = tuple(headers)
+        self._access_log = access_log
+        self.open_connections = 0
+        self._by_address: Counter = Counter()
+
+    def log(self, request):
+        """Access log lines only when configured: the audit events say what matters, cheaper."""
+        if self._access_log:
+            super().log(request)
+
+    def buildProtocol(self, addr):
+        address = getattr(addr, "host", None)
+        if self.limits.max_connections and self.open_connections >= self.limits.max_connections:
+            return _Refusal(503, "the server has too many open connections; try again", (*self.fixed_headers, (b"retry-after", b"1")))
+        if (
+            address is not None
+            and self.limits.max_connections_per_address
+            and self._by_address[address] >= self.limits.max_connections_per_address
+        ):
+            return _Refusal(429, "too many open connections from this address", self.fixed_headers)
+        channel = super().buildProtocol(addr)
+        channel.limits = self.limits
+        channel.fixed_headers = self.fixed_headers
+        channel.address = address
+        self.open_connections += 1
+        self._by_address[address] += 1
+        return channel
+
+    def connection_closed(self, channel) -> None:
+        self.open_connections -= 1
+        self._by_address[channel.address] -= 1
+        if self._by_address[channel.address] <= 0:
+            del self._by_address[channel.address]

@@ -1,0 +1,202 @@
+"""
+Graceful stop: the drain sequence on a Clock, the service and site around
+it, and a real C{twist authsrv} stopped by SIGTERM with 100 requests in
+flight.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import time
+from http.client import HTTPResponse
+from urllib.parse import urlencode
+
+import pytest
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.task import Clock
+
+from authsrv.config import parse_config
+from authsrv.drain import Drain
+from authsrv.embedded import prepare_data_dir
+from authsrv.identity.chain import IdentityChain
+from authsrv.service import AuthsrvService
+
+from conftest import fetch, free_port
+from test_limits import Listener, parse, request_head
+
+
+class FakeRequest:
+    def __init__(self):
+        self.finished = Deferred()
+
+    def notifyFinish(self):
+        return self.finished
+
+
+class FakePort:
+    def __init__(self, clock):
+        self._clock = clock
+        self.stopped_at = None
+
+    def stopListening(self):
+        self.stopped_at = self._clock.seconds()
+        return succeed(None)
+
+
+def outcome(d):
+    results = []
+    d.addBoth(results.append)
+    return results
+
+
+def test_drain_serves_for_the_delay_then_stops_accepting_and_waits_for_requests():
+    clock = Clock()
+    drain = Drain(clock, 5, 30)
+    requests = [FakeRequest(), FakeRequest()]
+    for request in requests:
+        drain.track(request)
+    port = FakePort(clock)
+    result = outcome(Deferred.fromCoroutine(drain.run([port])))
+    assert drain.draining and port.stopped_at is None
+    clock.advance(4.9)
+    assert port.stopped_at is None
+    clock.advance(0.1)
+    assert port.stopped_at == 5 and result == []
+    requests[0].finished.callback(None)
+    clock.advance(10)
+    assert result == [] and drain.in_flight == 1
+    requests[1].finished.errback(Exception("connection lost"))
+    assert result == [0] and drain.in_flight == 0
+
+
+def test_drain_gives_up_on_requests_after_its_timeout():
+    clock = Clock()
+    drain = Drain(clock, 5, 30)
+    drain.track(FakeRequest())
+    result = outcome(Deferred.fromCoroutine(drain.run([FakePort(clock)])))
+    clock.advance(5)
+    clock.advance(29.9)
+    assert result == []
+    clock.advance(0.1)
+    assert result == [1]
+
+
+def test_drain_with_nothing_in_flight_ends_when_the_ports_stop():
+    clock = Clock()
+    drain = Drain(clock, 2, 30)
+    result = outcome(Deferred.fromCoroutine(drain.run([FakePort(clock)])))
+    clock.advance(2)
+    assert result == [0]
+
+
+def test_the_site_counts_requests_from_their_first_byte_and_closes_connections_while_draining():
+    listener = Listener()
+    protocol, transport = listener.send(request_head("POST", "/api/auth/oauth2/token", {"Content-Length": 10}))
+    assert listener.drain.in_flight == 1
+    protocol.dataReceived(b"grant_type")
+    assert listener.drain.in_flight == 0
+    assert parse(transport)[0] == 400
+    assert not transport.disconnecting
+
+    listener.drain.draining = True
+    _, transport = listener.send(request_head("GET", "/healthz"))
+    status, headers, _ = parse(transport)
+    assert (status, headers["connection"]) == (200, "close")
+    assert transport.disconnecting
+
+
+class Parts:
+    """What the service owns, noting when each is closed."""
+
+    def __init__(self, clock):
+        self.clock = clock
+        self.closed: dict[str, float] = {}
+
+    def put_client(self, client):
+        return succeed(None)
+
+    def maintain(self, now):
+        return succeed(None)
+
+    def gc(self, now, batch):
+        return succeed(0)
+
+    def close(self):
+        self.closed["store"] = self.clock.seconds()
+        return succeed(None)
+
+    def stop(self):
+        self.closed["context"] = self.clock.seconds()
+
+
+def test_the_service_is_not_ready_at_once_and_closes_its_pools_after_draining():
+    clock = Clock()
+    parts = Parts(clock)
+    config = parse_config({"server": {"drain_delay": "3s", "drain_timeout": "10s"}}, None)
+    drain = Drain(clock, config.shutdown.delay, config.shutdown.timeout)
+    port = FakePort(clock)
+    service = AuthsrvService(
+        reactor=clock, config=config, context=parts, store=parts, keystore=parts, identity=IdentityChain([]),
+        ports=[port], drain=drain,
+    )
+    service.startService()
+    assert service.readiness_problem() is None
+    request = FakeRequest()
+    drain.track(request)
+    stopped = outcome(service.stopService())
+    assert service.readiness_problem() == "draining"
+    clock.advance(3)
+    assert port.stopped_at == 3 and parts.closed == {} and stopped == []
+    clock.advance(1)
+    request.finished.callback(None)
+    assert parts.closed == {"store": 4, "context": 4} and stopped == [None]
+
+
+@pytest.mark.slow
+def test_sigterm_with_100_slow_requests_in_flight_answers_every_one_and_exits_0(run_server, tmp_path):
+    config_path, _ = prepare_data_dir(tmp_path / "data")
+    text = config_path.read_text()
+    config_path.write_text(text.replace("[server]\n", '[server]\ndrain_delay = "1s"\ndrain_timeout = "20s"\n', 1))
+    port = free_port()
+    server = run_server(
+        ["authsrv", "--config", str(config_path), "--listen", f"tcp:{port}:interface=127.0.0.1"], tmp_path, port=port
+    )
+    body = urlencode({"grant_type": "authorization_code", "code": "c" * 40, "client_id": "nobody",
+                      "redirect_uri": "http://127.0.0.1:9000/callback", "code_verifier": "v" * 50}).encode()
+    head = request_head("POST", "/api/auth/oauth2/token", {
+        "Content-Type": "application/x-www-form-urlencoded", "Content-Length": len(body),
+    })
+    half = len(body) // 2
+    sockets = []
+    try:
+        for _ in range(100):
+            s = socket.create_connection(("127.0.0.1", port), timeout=30)
+            s.sendall(head + body[:half])
+            sockets.append(s)
+        time.sleep(0.5)
+        server.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 0.8
+        while (answer := fetch(server.base + "/readyz"))[0] != 503:
+            assert time.monotonic() < deadline, answer
+            time.sleep(0.02)
+        assert json.loads(answer[2]) == {"status": "unavailable", "reason": "draining"}
+        time.sleep(1.5)
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=5)
+        assert server.process.poll() is None, "stopped with requests in flight"
+        for s in sockets:
+            s.sendall(body[half:])
+        for s in sockets:
+            response = HTTPResponse(s)
+            response.begin()
+            payload = json.loads(response.read())
+            assert response.status == 401 and payload["error"] == "invalid_client", payload
+            assert response.getheader("connection") == "close"
+    finally:
+        for s in sockets:
+            s.close()
+    assert server.process.wait(timeout=30) == 0
+    out, err = server.output()
+    assert "draining" in out + err and "cut off" not in out + err

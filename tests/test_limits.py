@@ -1,0 +1,277 @@
+"""
+Input and time limits, in memory: the site a listener gets, fed bytes over a
+StringTransport with a Clock. Every refusal is a complete 4xx in the shape
+of its endpoint, and the site keeps serving new connections afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+from http.client import HTTPResponse
+from io import BytesIO
+from urllib.parse import urlencode
+
+import pytest
+from twisted.internet.address import IPv4Address
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+
+from authsrv.config import PARAMETER_CAPS, parse_config
+from authsrv.drain import Drain
+from authsrv.service import site_factory, web_root
+
+from test_web import FakeIdentity, FakeKeystore, FakeStore
+
+BASE = "http://127.0.0.1:8080"
+TOKEN = "/api/auth/oauth2/token"
+AUTHORIZE = "/api/auth/oauth2/authorize"
+INTERNAL = "/api/internal/user-access"
+
+
+class Listener:
+    """One listener's site over a fake store, driven by a Clock."""
+
+    def __init__(self, limits=None, server=None):
+        self.clock = Clock()
+        config = parse_config({"server": {"public_url": BASE, **(server or {})}, "limits": limits or {}}, None)
+        self.config = config
+        root = web_root(config, self.clock, FakeStore(), FakeKeystore(), FakeIdentity(), lambda: None)
+        self.drain = Drain(self.clock, config.shutdown.delay, config.shutdown.timeout)
+        self.site = site_factory(root, config, self.drain, self.clock)()
+
+    def connect(self, host="127.0.0.1", port=40000):
+        address = IPv4Address("TCP", host, port)
+        transport = StringTransport(peerAddress=address)
+        protocol = self.site.buildProtocol(address)
+        protocol.makeConnection(transport)
+        return protocol, transport
+
+    def send(self, data: bytes, host="127.0.0.1"):
+        protocol, transport = self.connect(host)
+        protocol.dataReceived(data)
+        return protocol, transport
+
+    def close(self, protocol, transport):
+        from twisted.internet.error import ConnectionDone
+        from twisted.python.failure import Failure
+
+        protocol.connectionLost(Failure(ConnectionDone()))
+
+    def assert_serves(self):
+        """The site still answers a new connection."""
+        protocol, transport = self.send(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        status, _, body = parse(transport)
+        assert (status, json.loads(body)) == (200, {"status": "ok"})
+        self.close(protocol, transport)
+
+
+def parse(transport) -> tuple[int, dict, bytes]:
+    """The first complete response written to C{transport}."""
+
+    class Sock:
+        def makefile(self, mode):
+            return BytesIO(transport.value())
+
+    response = HTTPResponse(Sock())
+    response.begin()
+    body = response.read()
+    return response.status, {k.lower(): v for k, v in response.getheaders()}, body
+
+
+def request_head(method: str, target: str, headers: dict | None = None) -> bytes:
+    lines = [f"{method} {target} HTTP/1.1", "Host: 127.0.0.1"]
+    lines += [f"{name}: {value}" for name, value in (headers or {}).items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def form(path: str, fields) -> bytes:
+    body = urlencode(fields).encode()
+    head = request_head("POST", path, {"Content-Type": "application/x-www-form-urlencoded",
+                                       "Content-Length": len(body)})
+    return head + body
+
+
+def assert_oauth(status, headers, body, expected_status, words):
+    assert status == expected_status
+    assert headers["content-type"] == "application/json"
+    payload = json.loads(body)
+    assert payload["error"] == "invalid_request" and words in payload["error_description"], payload
+
+
+def assert_internal(status, headers, body, expected_status, words):
+    assert status == expected_status
+    payload = json.loads(body)
+    assert payload["error"] == "invalid_request" and words in payload["message"], payload
+    assert "error_description" not in payload
+
+
+def assert_page(status, headers, body, expected_status, words):
+    assert status == expected_status
+    assert headers["content-type"].startswith("text/html")
+    assert b"<!DOCTYPE html>" in body and words.encode() in body.lower()
+    assert "content-security-policy" in headers
+
+
+def test_too_many_header_fields_get_431_in_the_token_endpoint_shape():
+    listener = Listener({"max_header_count": 20})
+    head = request_head("POST", TOKEN, {f"X-Filler-{n}": "x" for n in range(21)})
+    protocol, transport = listener.send(head)
+    assert_oauth(*parse(transport), 431, "too many header fields")
+    assert transport.disconnecting
+    listener.assert_serves()
+
+
+def test_a_header_section_over_the_size_limit_gets_431_as_a_page():
+    listener = Listener({"max_header_bytes": 2048})
+    head = request_head("GET", AUTHORIZE + "?client_id=x", {f"X-Filler-{n}": "y" * 200 for n in range(11)})
+    _, transport = listener.send(head)
+    assert_page(*parse(transport), 431, "header section is too large")
+    assert transport.disconnecting
+    listener.assert_serves()
+
+
+def test_one_header_line_longer_than_any_limit_gets_431():
+    listener = Listener()
+    _, transport = listener.send(b"POST " + TOKEN.encode() + b" HTTP/1.1\r\nX-Big: " + b"z" * 20000)
+    assert_oauth(*parse(transport), 431, "header section is too large")
+    listener.assert_serves()
+
+
+def test_a_request_line_too_long_gets_414_in_the_internal_shape():
+    listener = Listener({"max_request_line": 1024, "max_query_bytes": 512})
+    _, transport = listener.send(request_head("POST", INTERNAL + "/" + "a" * 1100))
+    assert_internal(*parse(transport), 414, "request line is too long")
+    listener.assert_serves()
+
+
+def test_a_request_line_longer_than_the_line_buffer_gets_414():
+    listener = Listener()
+    _, transport = listener.send(b"GET " + AUTHORIZE.encode() + b"?state=" + b"s" * 40000)
+    assert_page(*parse(transport), 414, "request line is too long")
+    listener.assert_serves()
+
+
+def test_a_query_too_long_gets_414():
+    listener = Listener({"max_query_bytes": 1024})
+    _, transport = listener.send(request_head("GET", AUTHORIZE + "?" + urlencode({"scope": "openid " * 300})))
+    assert_page(*parse(transport), 414, "query string is too long")
+    listener.assert_serves()
+
+
+def test_too_many_form_fields_get_400():
+    listener = Listener({"max_form_fields": 10})
+    _, transport = listener.send(form(TOKEN, [(f"f{n}", "v") for n in range(11)]))
+    assert_oauth(*parse(transport), 400, "too many parameters")
+    listener.assert_serves()
+
+
+def test_an_oversized_body_gets_413_and_the_connection_closes():
+    listener = Listener({"max_body_bytes": 2048})
+    protocol, transport = listener.send(form(TOKEN, {"grant_type": "x" * 3000}))
+    assert_oauth(*parse(transport), 413, "body is too large")
+    assert transport.disconnecting
+    listener.assert_serves()
+
+
+@pytest.mark.parametrize("name", sorted(PARAMETER_CAPS))
+def test_each_oauth_parameter_has_a_length_cap(name):
+    listener = Listener()
+    cap = PARAMETER_CAPS[name]
+    _, transport = listener.send(request_head("GET", AUTHORIZE + "?" + urlencode({name: "a" * (cap + 1)})))
+    assert_page(*parse(transport), 400, f"parameter {name} is too long")
+    _, transport = listener.send(form(TOKEN, {name: "a" * (cap + 1)}))
+    assert_oauth(*parse(transport), 400, f"parameter {name} is too long")
+    _, transport = listener.send(form(TOKEN, {name: "a" * cap}))
+    assert b"too long" not in parse(transport)[2]
+    listener.assert_serves()
+
+
+def test_parameter_caps_are_configurable():
+    listener = Listener({"parameters": {"state": 64}})
+    _, transport = listener.send(form(TOKEN, {"state": "s" * 65}))
+    assert_oauth(*parse(transport), 400, "parameter state is too long (at most 64 characters)")
+
+
+def test_headers_that_arrive_too_slowly_get_408():
+    listener = Listener({"header_timeout": "10s"})
+    protocol, transport = listener.connect()
+    for piece in (b"POST " + TOKEN.encode() + b" HTTP/1.1\r\n", b"Host: 127.0.0.1\r\n", b"X-Slow: 1"):
+        protocol.dataReceived(piece)
+        listener.clock.advance(3)
+        assert transport.value() == b""
+    listener.clock.advance(1)
+    assert_oauth(*parse(transport), 408, "headers did not arrive in time")
+    assert transport.disconnecting
+    listener.assert_serves()
+
+
+def test_a_body_that_arrives_too_slowly_gets_408():
+    listener = Listener({"body_timeout": "20s"})
+    protocol, transport = listener.connect()
+    protocol.dataReceived(request_head("POST", INTERNAL, {"Content-Type": "application/json", "Content-Length": 100}))
+    for _ in range(19):
+        protocol.dataReceived(b"{")
+        listener.clock.advance(1)
+    assert transport.value() == b""
+    listener.clock.advance(1)
+    assert_internal(*parse(transport), 408, "body did not arrive in time")
+    listener.assert_serves()
+
+
+def test_an_idle_keep_alive_connection_is_closed():
+    listener = Listener({"idle_timeout": "30s"})
+    protocol, transport = listener.send(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert parse(transport)[0] == 200
+    listener.clock.advance(29)
+    assert not transport.disconnecting
+    listener.clock.advance(1)
+    assert transport.disconnecting
+    listener.assert_serves()
+
+
+def test_open_connections_are_capped_per_address():
+    listener = Listener({"max_connections_per_address": 2})
+    first, second = listener.connect(), listener.connect()
+    _, refused = listener.connect()
+    status, headers, body = parse(refused)
+    assert status == 429 and json.loads(body)["error"] == "invalid_request"
+    assert refused.disconnecting
+    other, _ = listener.connect(host="192.0.2.7")
+    assert listener.site.open_connections == 3
+    listener.close(*first)
+    listener.assert_serves()
+
+
+def test_open_connections_are_capped_per_listener():
+    listener = Listener({"max_connections": 2})
+    first, _ = listener.connect(host="192.0.2.1"), listener.connect(host="192.0.2.2")
+    _, refused = listener.connect(host="192.0.2.3")
+    status, headers, body = parse(refused)
+    assert (status, headers["retry-after"]) == (503, "1")
+    assert json.loads(body)["error"] == "temporarily_unavailable"
+    listener.close(*first)
+    listener.assert_serves()
+
+
+def test_a_request_within_every_limit_is_served():
+    listener = Listener()
+    _, transport = listener.send(request_head("GET", "/readyz", {f"X-Ok-{n}": "v" * 100 for n in range(50)}))
+    assert parse(transport)[0] == 200
+
+
+@pytest.mark.parametrize(
+    "limits, problem",
+    [
+        ({"max_header_count": 5}, "limits.max_header_count: must be at least 10, not 5"),
+        ({"header_timeout": 0}, "limits.header_timeout: must be longer than zero"),
+        ({"max_query_bytes": 9000}, "limits.max_query_bytes: must not exceed max_request_line"),
+        ({"parameters": {"colour": 5}}, "limits.parameters.colour: unknown key"),
+        ({"max_connections": -1}, "limits.max_connections: must be at least 0, not -1"),
+    ],
+)
+def test_limits_are_checked_in_the_config(limits, problem):
+    from authsrv.configsection import ConfigError
+
+    with pytest.raises(ConfigError) as raised:
+        parse_config({"limits": limits}, None)
+    assert str(raised.value) == problem

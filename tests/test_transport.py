@@ -1,0 +1,213 @@
+"""
+Transport under an https public URL: HSTS on every response, __Host-
+cookies, TLS files in ssl: listen strings taken from the config file's
+folder, and check-config reporting what is wrong with them.
+"""
+
+from __future__ import annotations
+
+import datetime
+import http.client
+import ipaddress
+import ssl
+import time
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from twisted.web.server import Request
+from twisted.web.test.requesthelper import DummyChannel
+
+from authsrv.config import load_config
+from authsrv.identity.static import create_users_file
+from authsrv.tls import config_tls_problem, resolve_tls_paths
+from authsrv.web.cookies import SESSION_COOKIE, Cookies
+
+from conftest import admin, free_port
+from test_limits import Listener, parse, request_head
+
+DAY = datetime.timedelta(days=1)
+
+
+def write_pair(folder, *, valid_from=None, valid_days=30, name="server"):
+    """A fresh key and a self-signed certificate for 127.0.0.1 in C{folder}: (key, cert) paths."""
+    folder.mkdir(parents=True, exist_ok=True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    start = valid_from or datetime.datetime.now(datetime.timezone.utc) - DAY
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(start + valid_days * DAY)
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+        .sign(key, hashes.SHA256())
+    )
+    key_path, cert_path = folder / f"{name}.key", folder / f"{name}.crt"
+    key_path.write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ))
+    cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    return key_path, cert_path
+
+
+def config_file(folder, listen: str, public_url: str = "https://127.0.0.1:8443", extra: str = ""):
+    path = folder / "authsrv.toml"
+    create_users_file(folder / "users.toml")
+    path.write_text(
+        f'[server]\npublic_url = "{public_url}"\nlisten = [{listen!r}]\n{extra}\n'
+        '[internal]\nserve_on_main = true\n'
+    )
+    return path
+
+
+def test_relative_tls_paths_resolve_against_the_config_folder(tmp_path):
+    assert resolve_tls_paths("ssl:8443:privateKey=tls/k.pem:certKey=tls/c.pem", tmp_path) == (
+        f"ssl:8443:privateKey={tmp_path}/tls/k.pem:certKey={tmp_path}/tls/c.pem"
+    )
+    assert resolve_tls_paths("ssl:8443:privateKey=/etc/k.pem", tmp_path) == "ssl:8443:privateKey=/etc/k.pem"
+    assert resolve_tls_paths("ssl:8443", tmp_path) == f"ssl:8443:privateKey={tmp_path}/server.pem"
+    assert resolve_tls_paths("ssl:8443:privateKey=a\\:b.pem:extraCertChain=chain.pem", tmp_path) == (
+        f"ssl:8443:privateKey={tmp_path}/a\\:b.pem:extraCertChain={tmp_path}/chain.pem"
+    )
+    assert resolve_tls_paths("tcp:8080:interface=127.0.0.1", tmp_path) == "tcp:8080:interface=127.0.0.1"
+
+
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        ("missing key", "server.listen[0]: privateKey {folder}/tls/nothing.key: no such file"),
+        ("key not PEM", "server.listen[0]: privateKey {folder}/tls/server.crt: not an unencrypted PEM private key"),
+        ("cert not PEM", "server.listen[0]: certKey {folder}/tls/server.key: not a PEM certificate"),
+        ("mismatch", "server.listen[0]: privateKey {folder}/tls/other.key: does not match the certificate in"
+                     " {folder}/tls/server.crt"),
+        ("expired", "server.listen[0]: certKey {folder}/tls/old.crt: the certificate expired on 2020-01-31"),
+        ("bad chain", "server.listen[0]: extraCertChain {folder}/tls/server.key: not a PEM certificate"),
+        ("fine", None),
+    ],
+)
+def test_check_config_names_what_is_wrong_with_the_tls_files(tmp_path, case, expected):
+    write_pair(tmp_path / "tls")
+    write_pair(tmp_path / "tls", name="other")
+    write_pair(tmp_path / "tls", name="old", valid_from=datetime.datetime(2020, 1, 1, tzinfo=datetime.timezone.utc))
+    listen = {
+        "missing key": "ssl:8443:privateKey=tls/nothing.key:certKey=tls/server.crt",
+        "key not PEM": "ssl:8443:privateKey=tls/server.crt:certKey=tls/server.crt",
+        "cert not PEM": "ssl:8443:privateKey=tls/server.key:certKey=tls/server.key",
+        "mismatch": "ssl:8443:privateKey=tls/other.key:certKey=tls/server.crt",
+        "expired": "ssl:8443:privateKey=tls/old.key:certKey=tls/old.crt",
+        "bad chain": "ssl:8443:privateKey=tls/server.key:certKey=tls/server.crt:extraCertChain=tls/server.key",
+        "fine": "ssl:8443:privateKey=tls/server.key:certKey=tls/server.crt",
+    }[case]
+    config = load_config(config_file(tmp_path, listen))
+    problem = config_tls_problem(config, time.time())
+    assert problem == (expected.format(folder=tmp_path) if expected else None)
+
+
+@pytest.mark.slow
+def test_check_config_exits_1_with_one_line_for_an_expired_certificate(tmp_path):
+    write_pair(tmp_path / "tls", valid_from=datetime.datetime(2020, 1, 1, tzinfo=datetime.timezone.utc))
+    path = config_file(tmp_path, "ssl:8443:privateKey=tls/server.key:certKey=tls/server.crt")
+    result = admin("check-config", str(path), cwd=tmp_path.parent)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"authsrv-admin: {path}: server.listen[0]: certKey {tmp_path}/tls/server.crt:"
+        " the certificate expired on 2020-01-31"
+    ]
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/api/auth/jwks", "/nowhere", "/api/auth/oauth2/authorize"])
+def test_hsts_on_every_response_under_https(path):
+    listener = Listener(server={"public_url": "https://auth.example.com"})
+    _, transport = listener.send(request_head("GET", path))
+    assert parse(transport)[1]["strict-transport-security"] == "max-age=31536000"
+
+
+def test_hsts_on_refusals_below_the_request_layer_too():
+    listener = Listener({"max_header_count": 10}, server={"public_url": "https://auth.example.com", "hsts_max_age": "1d"})
+    _, transport = listener.send(request_head("GET", "/healthz", {f"X-{n}": "1" for n in range(11)}))
+    status, headers, _ = parse(transport)
+    assert (status, headers["strict-transport-security"]) == (431, "max-age=86400")
+
+
+@pytest.mark.parametrize("server", [{"public_url": "https://auth.example.com", "hsts_max_age": 0}, {}])
+def test_no_hsts_when_turned_off_or_under_plain_http(server):
+    listener = Listener(server=server)
+    _, transport = listener.send(request_head("GET", "/healthz"))
+    assert "strict-transport-security" not in parse(transport)[1]
+
+
+def cookie_header(secure: bool) -> tuple[str, Cookies]:
+    cookies = Cookies(path="/api/auth", secure=secure)
+    request = Request(DummyChannel())
+    cookies.set(request, SESSION_COOKIE, "value", 60)
+    return request.cookies[0].decode(), cookies
+
+
+def test_cookies_under_https_carry_the_host_prefix():
+    header, cookies = cookie_header(True)
+    flags = [part.strip() for part in header.split(";")]
+    assert flags[0] == "__Host-authsrv_session=value"
+    assert {"Secure", "Path=/", "HttpOnly", "SameSite=lax"} <= set(flags)
+    assert not [f for f in flags if f.lower().startswith("domain")]
+    request = Request(DummyChannel())
+    request.received_cookies = {b"authsrv_session": b"planted", b"__Host-authsrv_session": b"real"}
+    assert cookies.get(request, SESSION_COOKIE) == "real"
+
+
+def test_cookies_under_plain_http_keep_their_names_and_path():
+    header, cookies = cookie_header(False)
+    flags = [part.strip() for part in header.split(";")]
+    assert flags[0] == "authsrv_session=value" and "Path=/api/auth" in flags and "Secure" not in flags
+    request = Request(DummyChannel())
+    request.received_cookies = {b"authsrv_session": b"plain"}
+    assert cookies.get(request, SESSION_COOKIE) == "plain"
+
+
+@pytest.mark.slow
+def test_a_real_server_over_tls_with_relative_paths(run_server, tmp_path):
+    folder = tmp_path / "conf"
+    write_pair(folder / "tls")
+    port = free_port()
+    listen = f"ssl:{port}:interface=127.0.0.1:privateKey=tls/server.key:certKey=tls/server.crt"
+    path = config_file(folder, listen, public_url=f"https://127.0.0.1:{port}")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    server = run_server(["authsrv", "--config", str(path)], elsewhere, port=port, ready=False)
+    context = ssl.create_default_context(cafile=str(folder / "tls" / "server.crt"))
+    deadline = time.monotonic() + 30
+    while True:
+        assert server.process.poll() is None, server.output()
+        try:
+            connection = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=5)
+            connection.request("GET", "/readyz")
+            response = connection.getresponse()
+            response.read()
+            if response.status == 200:
+                break
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, "not ready over TLS"
+        time.sleep(0.2)
+    assert response.getheader("strict-transport-security") == "max-age=31536000"
+    connection.request("GET", "/api/auth/.well-known/openid-configuration")
+    response = connection.getresponse()
+    assert response.status == 200 and response.getheader("strict-transport-security") == "max-age=31536000"
+    response.read()
+    server.stop()
+
+
+@pytest.mark.slow
+def test_a_bad_tls_file_stops_the_start_with_one_line(run_server, tmp_path):
+    port = free_port()
+    path = config_file(tmp_path, f"ssl:{port}:interface=127.0.0.1:privateKey=missing.key")
+    server = run_server(["authsrv", "--config", str(path)], tmp_path, port=port, ready=False)
+    out, err = server.output(timeout=60)
+    assert server.process.returncode != 0
+    assert f"authsrv: server.listen[0]: privateKey {tmp_path}/missing.key: no such file" in out + err
+    assert "Traceback" not in out + err
