@@ -13,6 +13,7 @@ import ssl
 import time
 
 import pytest
+import pytest_twisted
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -109,11 +110,11 @@ def test_check_config_names_what_is_wrong_with_the_tls_files(tmp_path, case, exp
     assert problem == (expected.format(folder=tmp_path) if expected else None)
 
 
-@pytest.mark.slow
-def test_check_config_exits_1_with_one_line_for_an_expired_certificate(tmp_path):
+@pytest_twisted.ensureDeferred
+async def test_check_config_exits_1_with_one_line_for_an_expired_certificate(tmp_path):
     write_pair(tmp_path / "tls", valid_from=datetime.datetime(2020, 1, 1, tzinfo=datetime.timezone.utc))
     path = config_file(tmp_path, "ssl:8443:privateKey=tls/server.key:certKey=tls/server.crt")
-    result = admin("check-config", str(path), cwd=tmp_path.parent)
+    result = await admin("check-config", str(path), cwd=tmp_path.parent)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
         f"authsrv-admin: {path}: server.listen[0]: certKey {tmp_path}/tls/server.crt:"
