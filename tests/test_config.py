@@ -9,7 +9,7 @@ import string
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from authsrv.config import ConfigFileError, Limits, load_config, parse_config
@@ -116,6 +116,7 @@ def test_durations():
     assert (limits.code_ttl, limits.session_ttl) == (30, 86400)
 
 
+@settings(deadline=None)
 @given(st.text(alphabet=string.ascii_lowercase + "_", min_size=1, max_size=20))
 def test_any_unknown_key_is_rejected_and_named(name):
     known = {"code_ttl", "access_token_ttl", "id_token_ttl", "refresh_token_idle_ttl",

@@ -287,6 +287,8 @@ async def test_consent_names_the_client_and_scopes_and_is_remembered_per_scope_s
         url = await consent_page(browser, ALICE, scope="openid profile email offline_access")
         response, body = await browser.get(url)
         assert_page(response, body, 200)
+        [csp] = response.headers.getRawHeaders(b"content-security-policy")
+        assert csp.endswith(b"; form-action 'self' http://127.0.0.1:9001"), csp
         page = body.decode()
         for words in ("Partner App", "Confirm who you are (your user id)", "Your name and picture",
                       "Your email address and whether it is verified",

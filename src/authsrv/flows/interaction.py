@@ -31,6 +31,7 @@ from authsrv.protocol.authorize import (
     refuse_silently,
 )
 from authsrv.protocol.errors import AccessDenied, PageError
+from authsrv.protocol.urls import origin
 from authsrv.records import (
     CONSENT_STAGE,
     LOGIN_STAGE,
@@ -138,6 +139,7 @@ class InteractionFlow:
             scope=interaction.request.scope,
             interaction_id=interaction.interaction_id,
             csrf=interaction.csrf_token,
+            client_origin=origin(interaction.request.redirect_uri),
         )
 
     async def submit_consent(self, form: dict[str, str] | None, browser: Browser, now: int) -> Redirect:
@@ -220,6 +222,7 @@ class InteractionFlow:
         return LoginForm(
             status=status, client_name=client.name or client.client_id,
             interaction_id=interaction.interaction_id, csrf=interaction.csrf_token,
+            client_origin=origin(interaction.request.redirect_uri),
             username=username, message=message, retry_after=retry_after,
         )
 

@@ -38,12 +38,16 @@ class Redirect:
 
 @frozen
 class LoginForm:
-    """The sign-in form; C{message} says why it is shown again, C{retry_after} when throttled."""
+    """
+    The sign-in form; C{message} says why it is shown again, C{retry_after}
+    when throttled; C{client_origin} is where a successful sign-in may lead.
+    """
 
     status: int
     client_name: str
     interaction_id: str
     csrf: str
+    client_origin: str
     username: str = ""
     message: str | None = None
     retry_after: int | None = None
@@ -51,11 +55,14 @@ class LoginForm:
 
 @frozen
 class ConsentForm:
+    """C{client_origin} is where the answer sends the browser: the page's forms may lead there."""
+
     client_name: str
     user_label: str
     scope: tuple[str, ...]
     interaction_id: str
     csrf: str
+    client_origin: str
 
 
 @frozen

@@ -15,3 +15,9 @@ def with_query(uri: str, params: dict[str, str]) -> str:
     parts = urlsplit(uri)
     extra = urlencode(params)
     return urlunsplit(parts._replace(query=f"{parts.query}&{extra}" if parts.query else extra))
+
+
+def origin(uri: str) -> str:
+    """The scheme, host and port of an absolute URI (RFC 6454), as CSP source lists name them."""
+    parts = urlsplit(uri)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"

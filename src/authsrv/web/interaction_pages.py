@@ -50,6 +50,7 @@ def login_page(request, action: str, form: LoginForm) -> bytes:
             *_hidden(form.interaction_id, form.csrf),
             tags.button(type="submit", class_="primary")("Sign in"),
         ),
+        form_origin=form.client_origin,
     )
 
 
@@ -70,4 +71,5 @@ def consent_page(request, action: str, form: ConsentForm) -> bytes:
                 tags.button(type="submit", name="action", value="deny")("Deny"),
             ),
         ),
+        form_origin=form.client_origin,
     )

@@ -32,23 +32,28 @@ _STYLE_HASH = base64.b64encode(hashlib.sha256(STYLE.encode()).digest()).decode()
 CONTENT_SECURITY_POLICY = (
     f"default-src 'none'; style-src 'sha256-{_STYLE_HASH}'; img-src 'self' data:;"
     " frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
-).encode()
+)
 
 
-def page_headers(request) -> None:
-    """The headers every HTML page carries."""
+def page_headers(request, form_origin: str | None = None) -> None:
+    """
+    The headers every HTML page carries. Browsers apply form-action to the
+    redirects that follow a form's submission too, so a page whose form
+    ends at a client (login, consent, sign-out) names that client's origin.
+    """
+    policy = CONTENT_SECURITY_POLICY if form_origin is None else f"{CONTENT_SECURITY_POLICY} {form_origin}"
     request.setHeader(b"content-type", b"text/html; charset=utf-8")
     request.setHeader(b"x-frame-options", b"DENY")
-    request.setHeader(b"content-security-policy", CONTENT_SECURITY_POLICY)
+    request.setHeader(b"content-security-policy", policy.encode())
     request.setHeader(b"x-content-type-options", b"nosniff")
     request.setHeader(b"referrer-policy", b"no-referrer")
     request.setHeader(b"cache-control", b"no-store")
 
 
-def render_page(request, status: int, title: str, *content) -> bytes:
+def render_page(request, status: int, title: str, *content, form_origin: str | None = None) -> bytes:
     """A complete page; C{content} are twisted.web.template tags or text."""
     request.setResponseCode(status)
-    page_headers(request)
+    page_headers(request, form_origin)
     document = tags.html(lang="en")(
         tags.head(
             tags.meta(charset="utf-8"),
