@@ -26,6 +26,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from conftest import free_port
 from harness import pkce_pair, query_of
+from prepared_keys import write_key_file
 
 from authsrv.identity.passwords import hash_password
 from authsrv.identity.static import add_user
@@ -81,6 +82,7 @@ def server(run_server, tmp_path, callback):
         "clients": clients,
     }
     (tmp_path / "authsrv.toml").write_text(_toml(config))
+    write_key_file(tmp_path / "keys.jwks.json")
     return run_server(["authsrv", "--config", str(tmp_path / "authsrv.toml")], tmp_path, port=port)
 
 
