@@ -73,7 +73,7 @@ class Server:
                     return
             except OSError:
                 pass
-            time.sleep(0.1)
+            time.sleep(0.02)
         raise AssertionError("server not ready in time")
 
     def get_json(self, path: str):

@@ -195,7 +195,7 @@ def wait_ready(base: str, within: float = 30.0) -> None:
     while time.monotonic() < deadline:
         if fetch(base + "/readyz", timeout=5)[0] == 200:
             return
-        time.sleep(0.1)
+        time.sleep(0.02)
     raise AssertionError("the server did not become ready again")
 
 
