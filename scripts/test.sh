@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Everything the test suite needs, from a fresh Debian machine: the Debian
 # packages the tests start for real (slapd, PostgreSQL, Chromium), a virtualenv
-# with the project and its test extras, then pytest. Extra arguments go to pytest.
+# with the project and its test extras, then pytest on two workers (pytest-xdist)
+# that steal work from each other, so neither idles while the other finishes a long
+# file (each builds its own session fixtures: a PostgreSQL cluster, slapd).
+# Extra arguments go to pytest after these, so `-n 0` runs everything in one process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,4 +23,4 @@ fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
-exec .venv/bin/python -m pytest "$@"
+exec .venv/bin/python -m pytest -n 2 --dist worksteal "$@"

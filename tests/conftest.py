@@ -75,7 +75,7 @@ class Server:
                     return
             except OSError:
                 pass
-            time.sleep(0.1)
+            time.sleep(0.02)
         raise AssertionError("server not ready in time")
 
     def get_json(self, path: str):
@@ -142,6 +142,28 @@ def postgres():
     cluster = Cluster()
     yield cluster
     cluster.destroy()
+
+
+@pytest.fixture(scope="session")
+def _stoppable_cluster():
+    from pgcluster import DSN_VARIABLE, Cluster
+
+    cluster = Cluster(local=True)
+    assert cluster.admin_dsn != os.environ.get(DSN_VARIABLE), "an outage test must never stop an outside server"
+    yield cluster
+    cluster.destroy()
+
+
+@pytest.fixture
+def stoppable_postgres(_stoppable_cluster):
+    """
+    A throwaway PostgreSQL of the tests' own that a test may stop and start,
+    even when AUTHSRV_TEST_POSTGRES_DSN names the session's server; shared by
+    the session's outage tests, and running again after each.
+    """
+    yield _stoppable_cluster
+    if not _stoppable_cluster.running:
+        _stoppable_cluster.start()
 
 
 @pytest.fixture

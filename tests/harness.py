@@ -2,6 +2,7 @@
 An authsrv in memory for flow tests: the real web root over a real SQLite
 store, a real JWK-file keystore and a real static users file, driven through
 StubTreq, with time from a L{Clock} so every expiry is a C{clock.advance}.
+The keystore starts from the session's prepared keys (tests/prepared_keys.py).
 
 The plugins still run their blocking work on thread pools of the real
 reactor, so tests using this are C{@pytest_twisted.ensureDeferred} and every
@@ -38,6 +39,8 @@ from authsrv.chat.tokens import ChatTokens
 from authsrv.testing.fake_chat import FakeChatProvider
 from authsrv.testing.identity import ALICE, BOB, MALLORY, PASSWORDS, ZOE
 from authsrv.web.internal import InternalAPI
+
+from prepared_keys import write_key_file
 
 BASE = "http://127.0.0.1:8080"
 ISSUER = BASE + "/api/auth"
@@ -146,8 +149,10 @@ class Harness:
         self.config = parse_config({"clients": CLIENTS, **(config or {})}, tmp_path / "authsrv.toml")
         self.context = PluginContext(reactor, tmp_path, self.config.limits.max_token_lifetime)
         self.store = sqlite.from_config(Section({}, "store", tmp_path), self.context)
+        algorithms = ("RS256", "ES256", "EdDSA")
+        write_key_file(tmp_path / "keys.jwks.json", algorithms, NOW)
         self.keystore = jwkfile.from_config(
-            Section({"algorithms": ["RS256", "ES256", "EdDSA"]}, "keystore", tmp_path), self.context
+            Section({"algorithms": list(algorithms)}, "keystore", tmp_path), self.context
         )
         verifier = PasswordVerifier(reactor, self.context.threadpool("passwords", 2), CHEAP)
         self.identity = StaticIdentityBackend(users, self.clock, verifier)

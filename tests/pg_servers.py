@@ -18,6 +18,7 @@ from urllib.parse import parse_qs, urlsplit
 import requests
 
 from conftest import EXAMPLES
+from prepared_keys import write_key_file
 
 CLIENT = ("demo-app", "demo-app-secret")
 GATEWAY = ("api-gateway", "api-gateway-secret")
@@ -29,21 +30,23 @@ TIMEOUT = 15
 _HIDDEN = re.compile(r'<input type="hidden" name="(\w+)" value="([^"]*)"')
 
 
-def pg_config(folder: Path, dsn: str, port: int, public_port: int) -> Path:
+def pg_config(folder: Path, dsn: str, port: int, public_port: int, timeout: int = 2) -> Path:
     """
     The demo config in C{folder} on PostgreSQL, listening on C{port}, its
-    issuer on C{public_port}; every config made in one folder shares its
-    users file, secrets and key file.
+    issuer on C{public_port}, with C{timeout} seconds as the store's connect
+    and statement timeouts; every config made in one folder shares its
+    users file, secrets and key file (the session's prepared keys).
     """
     if not (folder / "demo-users.toml").exists():
         shutil.copytree(EXAMPLES, folder, ignore=shutil.ignore_patterns("demo-data"), dirs_exist_ok=True)
+        write_key_file(folder / "shared-keys" / "keys.jwks.json", ("RS256", "ES256", "EdDSA"))
     text = (EXAMPLES / "demo.toml").read_text()
     for old, new in (
         ('public_url = "http://127.0.0.1:8080"', f'public_url = "http://127.0.0.1:{public_port}"'),
         ("tcp:8080:", f"tcp:{port}:"),
         (
             'plugin = "sqlite"\npath = "demo-data/authsrv.sqlite3"',
-            f'plugin = "postgres"\ndsn = "{dsn}"\nstatement_timeout = "2s"\nconnect_timeout = "2s"',
+            f'plugin = "postgres"\ndsn = "{dsn}"\nstatement_timeout = "{timeout}s"\nconnect_timeout = "{timeout}s"',
         ),
         ('path = "demo-data/keys.jwks.json"', 'path = "shared-keys/keys.jwks.json"'),
     ):

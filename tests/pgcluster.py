@@ -2,7 +2,8 @@
 A throwaway PostgreSQL for the tests: a cluster of its own in a temporary
 folder on a free port, started from Debian's `postgresql` binaries, or the
 server named by AUTHSRV_TEST_POSTGRES_DSN. Never a server that merely
-happens to be running on the machine.
+happens to be running on the machine, and only a cluster started here is
+ever stopped: outage tests ask for a local one (C{Cluster(local=True)}).
 
 PostgreSQL refuses to run as root, so under root (CI) the cluster belongs to
 the `postgres` system user that Debian's package creates.
@@ -37,12 +38,17 @@ def _binaries() -> Path:
 
 
 class Cluster:
-    """A running PostgreSQL; L{database} makes a fresh empty database on it."""
+    """
+    A running PostgreSQL; L{database} makes a fresh empty database on it.
+    C{local}: a cluster of its own even when AUTHSRV_TEST_POSTGRES_DSN names
+    a server, for tests that stop and start it.
+    """
 
-    def __init__(self):
+    def __init__(self, *, local: bool = False):
         self._folder: Path | None = None
         self._as_postgres = os.geteuid() == 0
-        given = os.environ.get(DSN_VARIABLE)
+        self.running = False
+        given = None if local else os.environ.get(DSN_VARIABLE)
         if given:
             self.admin_dsn = given
             return
@@ -75,14 +81,22 @@ class Cluster:
         base["dbname"] = name
         return " ".join(f"{k}={v}" for k, v in base.items())
 
+    def _started_here(self) -> None:
+        if self._folder is None:
+            raise RuntimeError(
+                f"refusing to stop or start the PostgreSQL named by {DSN_VARIABLE}: the tests did not start"
+                " it; a test that stops its server uses a cluster of its own (Cluster(local=True))"
+            )
+
     def stop(self) -> None:
         """Stop at once, as a crash would (outage tests)."""
-        if self._folder is None:
-            return
+        self._started_here()
         self._run(str(self._bin / "pg_ctl"), "-D", str(self._folder / "data"), "-m", "immediate", "-w", "stop")
+        self.running = False
 
     def start(self) -> None:
         """Start the cluster (again, after L{stop}: outage tests)."""
+        self._started_here()
         self._run(
             str(self._bin / "pg_ctl"), "-D", str(self._folder / "data"), "-w", "-t", "60",
             "-l", str(self._folder / "log"),
@@ -90,12 +104,14 @@ class Cluster:
                   " -c max_connections=200",
             "start",
         )
+        self.running = True
 
     def destroy(self) -> None:
         if self._folder is None:
             return
-        try:
-            self.stop()
-        except subprocess.CalledProcessError:
-            pass
+        if self.running:
+            try:
+                self.stop()
+            except subprocess.CalledProcessError:
+                pass
         shutil.rmtree(self._folder, ignore_errors=True)

@@ -257,9 +257,30 @@ class Slapd:
                 self.process.wait()
         self.process = None
 
-    def pause(self) -> None:
-        """Freeze slapd (SIGSTOP): connections are accepted by the kernel and never answered."""
+    def pause(self, timeout: float = 10.0) -> None:
+        """
+        Freeze slapd (SIGSTOP): connections are accepted by the kernel and
+        never answered. Returns once every thread has stopped: the kernel
+        stops them one by one as each is scheduled, and under load a thread
+        still running could answer a request sent after the signal.
+        """
         self.process.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + timeout
+        while not self._stopped():
+            if time.monotonic() > deadline:
+                raise RuntimeError("slapd did not stop on SIGSTOP in time")
+            time.sleep(0.001)
+
+    def _stopped(self) -> bool:
+        """Whether every thread of slapd is stopped (state T in /proc)."""
+        states = []
+        for task in Path(f"/proc/{self.process.pid}/task").iterdir():
+            try:
+                stat = (task / "stat").read_text()
+            except FileNotFoundError:
+                continue
+            states.append(stat.rsplit(")", 1)[1].split()[0])
+        return all(state == "T" for state in states)
 
     def resume(self) -> None:
         self.process.send_signal(signal.SIGCONT)

@@ -520,7 +520,7 @@ async def test_a_login_matching_two_rows_is_an_outage_not_a_user(pg_dsn, context
 async def test_database_down_is_unavailable_never_a_wrong_password(reactor, context, backends, monkeypatch):
     from pgcluster import Cluster
 
-    cluster = Cluster()
+    cluster = Cluster(local=True)
     try:
         dsn = cluster.database()
         monkeypatch.setenv("IDENTITY_DSN", dsn + " password=hunter2-secret")

@@ -226,22 +226,15 @@ def test_schema_newer_than_the_code_refused(pg_dsn, contexts):
 
 
 @pytest_twisted.ensureDeferred
-async def test_database_down_keeps_signing_from_memory(contexts):
-    from pgcluster import Cluster
-
-    cluster = Cluster()
-    try:
-        dsn = cluster.database()
-        keystore = _open(dsn, contexts(), connect_timeout=2)
-        cluster.stop()
-        with pytest.raises(postgres.KeystoreUnavailable):
-            await keystore.reload()
-        token = keystore.sign(CLAIMS)
-        assert token.count(".") == 2
-        cluster.start()
-        assert await keystore.reload() is False
-    finally:
-        cluster.destroy()
+async def test_database_down_keeps_signing_from_memory(stoppable_postgres, contexts):
+    keystore = _open(stoppable_postgres.database(), contexts(), connect_timeout=1)
+    stoppable_postgres.stop()
+    with pytest.raises(postgres.KeystoreUnavailable):
+        await keystore.reload()
+    token = keystore.sign(CLAIMS)
+    assert token.count(".") == 2
+    stoppable_postgres.start()
+    assert await keystore.reload() is False
 
 
 def test_unreachable_database_names_the_dsn_key_without_the_dsn(contexts, tmp_path, monkeypatch):

@@ -4,18 +4,20 @@ hang past the configured timeouts; readiness false; recovery by itself when
 the database is back; and no grant that was acknowledged is lost, even when
 PostgreSQL restarts under load.
 
-The real-process tests stop and start a PostgreSQL cluster of their own, so
-that other tests on the session's cluster are unaffected.
+The real-process tests stop and start a PostgreSQL cluster of their own
+(C{stoppable_postgres}), so that other tests on the session's cluster are
+unaffected, and so that a server named by AUTHSRV_TEST_POSTGRES_DSN, which
+the tests did not start, is never stopped.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import psycopg2
 import pytest
 import pytest_twisted
 import requests
@@ -34,6 +36,7 @@ from authsrv.store import postgres as postgres_store
 from authsrv.store.errors import StoreUnavailable
 from conftest import fetch, free_port
 from harness import INTERNAL_SECRET, SECRETS, Harness
+from prepared_keys import write_key_file
 from pg_servers import (
     ALICE,
     TIMEOUT,
@@ -47,7 +50,7 @@ from pg_servers import (
     userinfo,
 )
 
-STATEMENT_TIMEOUT = CONNECT_TIMEOUT = 2
+STATEMENT_TIMEOUT = CONNECT_TIMEOUT = 1
 ANSWER_WITHIN = STATEMENT_TIMEOUT + CONNECT_TIMEOUT + 1 + 1.5
 """The longest a request may take while the store fails: both timeouts, the client's margin, slack."""
 
@@ -123,6 +126,7 @@ async def test_a_store_down_at_start_is_retried_until_the_server_is_ready(pg_dsn
                           tmp_path / "authsrv.toml")
     context = PluginContext(reactor, tmp_path)
     store = postgres_store.from_config(Section({"dsn": pg_dsn}, "store", tmp_path), context)
+    write_key_file(tmp_path / "keys.jwks.json")
     keystore = jwkfile.from_config(Section({}, "keystore", tmp_path), context)
     refusals = [StoreUnavailable("PostgreSQL: Connection refused")] * 2
     put_client = store.put_client
@@ -147,25 +151,33 @@ async def test_a_store_down_at_start_is_retried_until_the_server_is_ready(pg_dsn
 # --- real processes on a cluster of their own ---------------------------------
 
 
-@pytest.fixture(scope="module")
-def own_cluster():
-    """A local cluster this module may stop, whatever server the other tests use."""
+def test_a_server_the_tests_did_not_start_is_never_stopped(postgres, stoppable_postgres, monkeypatch):
+    """
+    With AUTHSRV_TEST_POSTGRES_DSN naming a server, the tests only connect to
+    it: stopping it is refused, and the cluster outage tests stop is another.
+    """
     from pgcluster import DSN_VARIABLE, Cluster
 
-    given = os.environ.pop(DSN_VARIABLE, None)
+    monkeypatch.setenv(DSN_VARIABLE, postgres.admin_dsn)
+    outside = Cluster()
+    for change in (outside.stop, outside.start):
+        with pytest.raises(RuntimeError, match="the tests did not start it"):
+            change()
+    outside.destroy()
+    assert stoppable_postgres.admin_dsn != postgres.admin_dsn
+    connection = psycopg2.connect(postgres.admin_dsn)
     try:
-        cluster = Cluster()
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+            assert cursor.fetchone() == (1,)
     finally:
-        if given is not None:
-            os.environ[DSN_VARIABLE] = given
-    yield cluster
-    cluster.destroy()
+        connection.close()
 
 
 @pytest.fixture
-def server(own_cluster, run_server, tmp_path):
+def server(stoppable_postgres, run_server, tmp_path):
     port = free_port()
-    config = pg_config(tmp_path, own_cluster.database(), port, port)
+    config = pg_config(tmp_path, stoppable_postgres.database(), port, port, timeout=STATEMENT_TIMEOUT)
     # A log file, not a pipe nobody reads during the test: under load the pipe would fill and block the server.
     return run_server(
         ["--log-file", str(tmp_path / "authsrv.log"), "authsrv", "--config", str(config)], tmp_path, port=port
@@ -183,17 +195,17 @@ def wait_ready(base: str, within: float = 30.0) -> None:
     while time.monotonic() < deadline:
         if fetch(base + "/readyz", timeout=5)[0] == 200:
             return
-        time.sleep(0.1)
+        time.sleep(0.02)
     raise AssertionError("the server did not become ready again")
 
 
 @pytest.mark.slow
-def test_outage_answers_503_then_the_server_recovers(own_cluster, server):
+def test_outage_answers_503_then_the_server_recovers(stoppable_postgres, server):
     browser = Browser()
     code, verifier = browser.authorize(server.base)
     acknowledged = exchange(server.base, code, verifier).json()
 
-    own_cluster.stop()
+    stoppable_postgres.stop()
     try:
         for call, args in (
             (refresh, (server.base, acknowledged["refresh_token"])),
@@ -211,7 +223,7 @@ def test_outage_answers_503_then_the_server_recovers(own_cluster, server):
         assert fetch(server.base + "/readyz")[0] == 503
         assert fetch(server.base + "/api/auth/jwks")[0] == 200
     finally:
-        own_cluster.start()
+        stoppable_postgres.start()
 
     wait_ready(server.base)
     assert introspect(server.base, acknowledged["access_token"]).json()["active"] is True
@@ -233,7 +245,7 @@ class Chain:
 
 
 @pytest.mark.slow
-def test_restart_under_load_loses_no_acknowledged_grant(own_cluster, server):
+def test_restart_under_load_loses_no_acknowledged_grant(stoppable_postgres, server):
     """
     200 requests paced over four seconds from eight threads (new grants,
     refreshes, introspections) while PostgreSQL stops after one second and
@@ -287,9 +299,9 @@ def test_restart_under_load_loses_no_acknowledged_grant(own_cluster, server):
 
     def restart():
         time.sleep(1.0)
-        own_cluster.stop()
+        stoppable_postgres.stop()
         time.sleep(1.0)
-        own_cluster.start()
+        stoppable_postgres.start()
 
     restarter = threading.Thread(target=restart)
     restarter.start()
