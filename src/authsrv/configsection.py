@@ -12,7 +12,7 @@ import builtins
 import os
 import re
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal, overload
 
 _REQUIRED: Any = object()
 
@@ -166,6 +166,24 @@ class Section:
                 raise ConfigError(f"{self.key(name)}[{index}]", f"must be a table, not {_typename(item)}")
             sections.append(Section(item, f"{self.key(name)}[{index}]", self.base_dir))
         return sections
+
+    @overload
+    def secret(
+        self,
+        name: builtins.str,
+        *,
+        required: Literal[True] = True,
+        environ: Callable = os.environ.get,
+    ) -> builtins.str: ...
+
+    @overload
+    def secret(
+        self,
+        name: builtins.str,
+        *,
+        required: builtins.bool,
+        environ: Callable = os.environ.get,
+    ) -> builtins.str | None: ...
 
     def secret(
         self,
