@@ -224,8 +224,8 @@ def client_from_config(section: Section) -> Client:
         raise section.error("client_id", problem)
     secret = section.secret("secret", required=False)
     backchannel = section.str("backchannel_logout_uri", None)
-    if backchannel is not None and redirect_uri_problem(backchannel):
-        raise section.error("backchannel_logout_uri", redirect_uri_problem(backchannel))
+    if backchannel is not None and (backchannel_problem := redirect_uri_problem(backchannel)):
+        raise section.error("backchannel_logout_uri", backchannel_problem)
     client = Client(
         client_id=client_id,
         secret_hash=token_hash(secret) if secret is not None else None,

@@ -8,10 +8,11 @@ and what is wrong with it (DESIGN.md, Versioning).
 
 from __future__ import annotations
 
+import builtins
 import os
 import re
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal, overload
 
 _REQUIRED: Any = object()
 
@@ -99,16 +100,16 @@ class Section:
             )
         return value
 
-    def int(self, name: str, default: Any = _REQUIRED, *, minimum: int | None = None) -> Any:
+    def int(self, name: builtins.str, default: Any = _REQUIRED, *, minimum: int | None = None) -> Any:
         value = self._get(name, default, int, "an integer")
         if value is not default and minimum is not None and value < minimum:
             raise self.error(name, f"must be at least {minimum}, not {value}")
         return value
 
-    def bool(self, name: str, default: Any = _REQUIRED) -> Any:
+    def bool(self, name: builtins.str, default: Any = _REQUIRED) -> Any:
         return self._get(name, default, bool, "true or false")
 
-    def str_list(self, name: str, default: Any = _REQUIRED) -> Any:
+    def str_list(self, name: builtins.str, default: Any = _REQUIRED) -> Any:
         """A list of non-empty strings; a single string is taken as a list of one."""
         if isinstance(self._data.get(name), str):
             return [self.str(name)]
@@ -125,7 +126,7 @@ class Section:
                 )
         return value
 
-    def duration(self, name: str, default: Any = _REQUIRED) -> Any:
+    def duration(self, name: builtins.str, default: Any = _REQUIRED) -> Any:
         """Seconds, given as an integer or a string such as C{"30d"} or C{"1h"}."""
         value = self._get(name, default, (int, str), 'a duration such as "90s", "15m", "1h" or "30d"')
         if value is default or isinstance(value, int) and not isinstance(value, bool):
@@ -139,7 +140,7 @@ class Section:
                 name, f'must be a duration such as "90s", "15m", "1h" or "30d", not {value!r}'
             ) from None
 
-    def path_(self, name: str, default: Any = _REQUIRED) -> Any:
+    def path_(self, name: builtins.str, default: Any = _REQUIRED) -> Any:
         """
         A filesystem path (the default too), relative ones taken from the
         config file's folder.
@@ -155,14 +156,14 @@ class Section:
             raise self.error(name, f"{value!r} names the home folder of an unknown user") from None
         return (self.base_dir / expanded).resolve()
 
-    def table(self, name: str, default: Any = _REQUIRED) -> Any:
+    def table(self, name: builtins.str, default: Any = _REQUIRED) -> Any:
         """A nested L{Section}."""
         value = self._get(name, default, dict, "a table")
         if value is default:
             return value
         return Section(value, self.key(name), self.base_dir)
 
-    def tables(self, name: str) -> list["Section"]:
+    def tables(self, name: builtins.str) -> list["Section"]:
         """An array of tables (C{[[name]]}), each a L{Section}."""
         value = self._get(name, [], list, "an array of tables")
         sections = []
@@ -172,7 +173,31 @@ class Section:
             sections.append(Section(item, f"{self.key(name)}[{index}]", self.base_dir))
         return sections
 
-    def secret(self, name: str, *, required: bool = True, environ: Callable = os.environ.get) -> str | None:
+    @overload
+    def secret(
+        self,
+        name: builtins.str,
+        *,
+        required: Literal[True] = True,
+        environ: Callable = os.environ.get,
+    ) -> builtins.str: ...
+
+    @overload
+    def secret(
+        self,
+        name: builtins.str,
+        *,
+        required: builtins.bool,
+        environ: Callable = os.environ.get,
+    ) -> builtins.str | None: ...
+
+    def secret(
+        self,
+        name: builtins.str,
+        *,
+        required: builtins.bool = True,
+        environ: Callable = os.environ.get,
+    ) -> builtins.str | None:
         """
         A secret, read from an environment variable (C{NAME_env}) or a file
         (C{NAME_file}); never from the config file itself, never from the

@@ -20,6 +20,7 @@ from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.client import HTTPConnectionPool
+from twisted.web.resource import Resource
 
 from authsrv.chat.crypto import TokenCipher
 from authsrv.chat.provider import ChatProvider, http_client
@@ -215,7 +216,7 @@ def _claims(config: Config, store) -> ClaimsSource:
     return ClaimsSource(store, config.chat.provider if config.chat else None)
 
 
-def _documents(config: Config, keystore, grant_types: tuple[str, ...]) -> dict[bytes, StaticBytes]:
+def _documents(config: Config, keystore, grant_types: tuple[str, ...]) -> dict[bytes, Resource]:
     issuer_path = config.issuer[len(config.public_url):]
     oidc = json.dumps(openid_configuration(config.issuer, keystore.algorithms, grant_types)).encode()
     oauth = json.dumps(authorization_server_metadata(config.issuer, keystore.algorithms, grant_types)).encode()

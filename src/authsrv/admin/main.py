@@ -66,7 +66,7 @@ async def run(argv: list[str], reactor, *, stdin=None, stdout=None, stderr=None)
         with redirect_stdout(console.stdout), redirect_stderr(console.stderr):
             args = _parser().parse_args(argv)
     except SystemExit as e:
-        return e.code
+        return e.code if isinstance(e.code, int) else 2
     observer = _audit_observer(console.stderr)
     globalLogPublisher.addObserver(observer)
     try:

@@ -10,11 +10,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
+from typing import TypeGuard
 
 _DEVICE = re.compile(r"^[A-Za-z0-9_-]{43}$")
 
 
-def valid_device_secret(value: str | None) -> bool:
+def valid_device_secret(value: str | None) -> TypeGuard[str]:
     """Whether a device cookie looks like one this service made (L{authsrv.tokens.new_token})."""
     return value is not None and bool(_DEVICE.match(value))
 

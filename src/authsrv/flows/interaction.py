@@ -90,8 +90,9 @@ class InteractionFlow:
         client = await self._clients.get_client(client_id) if client_id is not None else None
         try:
             request = parse_request(client, args)
+            assert client is not None, "parse_request refuses an unknown client"
             session = await live_session(self._store, self._identity, browser.session, now)
-            if login_needed(request, session, now):
+            if session is None or login_needed(request, session, now):
                 refuse_silently(request, login=True, consent=False)
                 return await self._wait(request, LOGIN_STAGE, None, browser, now)
             return await self._after_login(client, request, session, browser, now, 302)
@@ -177,14 +178,17 @@ class InteractionFlow:
         Keep the request for the next stage, bound to this browser's device
         secret (made now if it has none, or a forged one).
         """
-        device = browser.device if valid_device_secret(browser.device) else None
-        new_device = None if device is not None else new_token()
+        new_device: str | None
+        if valid_device_secret(browser.device):
+            device, new_device = browser.device, None
+        else:
+            device = new_device = new_token()
         interaction_id = new_token()
         interaction = Interaction(
             interaction_id=interaction_id,
             stage=stage,
             request=request,
-            csrf_token=form_token(device or new_device, interaction_id),
+            csrf_token=form_token(device, interaction_id),
             created_at=now,
             expires_at=now + self._limits.pending_request_ttl,
             sid=sid,

@@ -8,6 +8,9 @@ who are banned, disabled or gone are inactive, JWT access tokens included.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import Any
+
 from authsrv.flows.clients import authenticate_client
 from authsrv.flows.standing import standing
 from authsrv.protocol.errors import InvalidClient
@@ -18,6 +21,8 @@ from authsrv.records import AccessToken, Client, RefreshToken
 from authsrv.tokens import token_hash
 
 INACTIVE = {"active": False}
+
+_Lookup = Callable[[Any, str, int], Awaitable[AccessToken | RefreshToken | None]]
 
 
 async def _active_access(store, hashed: str, now: int) -> AccessToken | None:
@@ -77,7 +82,7 @@ class IntrospectionFlow:
         if client.is_public:
             raise InvalidClient("a public client may not introspect tokens")
         hashed = token_hash(require(params, "token"))
-        lookups = (_active_access, _active_refresh)
+        lookups: tuple[_Lookup, ...] = (_active_access, _active_refresh)
         if params.get("token_type_hint") == "refresh_token":
             lookups = lookups[::-1]
         for lookup in lookups:

@@ -6,11 +6,13 @@ login, refresh, UserInfo and introspection, so a ban takes effect at once.
 
 from __future__ import annotations
 
+from typing import Any
+
 from attrs import frozen
 
 from authsrv.records import Ban, User
 
-_ASK_THE_STORE = object()
+_ASK_THE_STORE: Any = object()
 
 
 @frozen

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import secrets
 import threading
+from typing import Self
 
 from argon2 import PasswordHasher, Type, extract_parameters, profiles
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
@@ -64,7 +65,7 @@ class PasswordVerifier:
         self._dummy_lock = threading.Lock()
 
     @classmethod
-    def for_context(cls, context, hasher: PasswordHasher = DEFAULT_HASHER) -> "PasswordVerifier":
+    def for_context(cls, context, hasher: PasswordHasher = DEFAULT_HASHER) -> Self:
         """The verifier on the server's shared password pool of an L{IPluginContext}."""
         return cls(context.reactor, context.threadpool(POOL_NAME, POOL_SIZE), hasher)
 

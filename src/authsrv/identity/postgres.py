@@ -138,7 +138,7 @@ async def _write(connection, query: str, parameters: dict) -> int:
 
 
 def is_bcrypt_hash(value: str | None) -> bool:
-    return bool(value) and value.startswith(BCRYPT_PREFIXES)
+    return value is not None and value.startswith(BCRYPT_PREFIXES)
 
 
 class MigratingVerifier(PasswordVerifier):
@@ -301,8 +301,8 @@ def _db_text(value: str | bytes) -> str | None:
     have: bytes that are not UTF-8, lone surrogates, NUL characters (which
     PostgreSQL text cannot hold, and psycopg2 refuses).
     """
-    value = credential_text(value)
-    return None if value is None or "\x00" in value else value
+    text = credential_text(value)
+    return None if text is None or "\x00" in text else text
 
 
 @frozen
@@ -394,11 +394,11 @@ class PostgresIdentityBackend:
             raise UnknownUser("unknown login")
         if not matched:
             raise UnauthorizedLogin("wrong password")
-        if is_bcrypt_hash(stored) and self._queries.update_password_hash:
-            await self._upgrade(account, password)
+        if is_bcrypt_hash(stored) and (query := self._queries.update_password_hash):
+            await self._upgrade(account, password, query)
         return account.user.sub
 
-    async def _upgrade(self, account: _Account, password) -> None:
+    async def _upgrade(self, account: _Account, password, query: str) -> None:
         """Replace a bcrypt hash by argon2id; a failure only leaves the old hash in place."""
         new_hash = await self._verifier.rehash(password)
         parameters = {
@@ -406,7 +406,6 @@ class PostgresIdentityBackend:
             "password_hash": new_hash,
             "old_password_hash": account.password_hash,
         }
-        query = self._queries.update_password_hash
         try:
             await self._pool.run(lambda c: _write(c, query, parameters), "update_password_hash")
         except BackendUnavailable:
@@ -483,7 +482,7 @@ class OwnPostgresIdentityBackend(PostgresIdentityBackend):
     async def list_users(self) -> list[User]:
         query = f"SELECT {_OWN_COLUMNS} FROM identity_users ORDER BY login_key"
         rows = await self._pool.run(lambda c: fetch(c, query, {}), "list_users")
-        return [_account(row).user for row in rows]
+        return [account.user for row in rows if (account := _account(row)) is not None]
 
 
 # --- building from config ---------------------------------------------------

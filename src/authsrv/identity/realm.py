@@ -29,7 +29,8 @@ class UserRealm:
     def __init__(self, backend):
         self._backend = backend
 
-    def requestAvatar(self, avatarId: str, mind, *interfaces) -> Deferred:
+    # Twisted annotates avatar ids as bytes; this portal's checkers give str subjects.
+    def requestAvatar(self, avatarId: str, mind, *interfaces) -> Deferred:  # type: ignore[override]
         if IUser not in interfaces:
             raise NotImplementedError("UserRealm only provides IUser avatars")
 

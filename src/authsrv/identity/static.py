@@ -338,7 +338,7 @@ def _detach_trailing(table) -> list:
     file they come before the next table, and may be about it.
     """
     body = table.value.body
-    trailing = []
+    trailing: list = []
     while body and body[-1][0] is None:
         trailing.insert(0, body.pop())
     return trailing

@@ -18,7 +18,7 @@ import stat
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Self
 
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
@@ -150,7 +150,7 @@ class FileKeystore:
         self._signature = None
 
     @classmethod
-    def open(cls, storage, algorithms, rotate_every, context) -> "FileKeystore":
+    def open(cls, storage, algorithms, rotate_every, context) -> Self:
         """
         Load the keys, creating or completing them on first start. Blocking,
         once, before the server serves anything.

@@ -20,7 +20,7 @@ from authsrv.keys.filestore import (
 from authsrv.keys.ring import InvalidKeys, KeyRing
 
 
-def from_config(section, context) -> FileKeystore:
+def from_config(section, context) -> FileKeystore | None:
     """
     Keys: C{path} (default C{keys.jwks.json}), C{algorithms} (default
     C{["RS256"]}), C{rotate_every} (a duration; no scheduled rotation when

@@ -28,7 +28,7 @@ from authsrv.keys.ring import InvalidKeys, KeyRing
 INDEX = "index.json"
 
 
-def from_config(section, context) -> FileKeystore:
+def from_config(section, context) -> FileKeystore | None:
     """
     Keys: C{directory} (default C{keys}), C{algorithms} (default
     C{["RS256"]}), C{rotate_every} (a duration; no scheduled rotation when

@@ -19,7 +19,7 @@ memory.
 from __future__ import annotations
 
 from contextlib import closing, contextmanager
-from typing import Iterator
+from typing import Any, Iterator
 
 import psycopg2
 from jwcrypto.common import JWException
@@ -87,7 +87,8 @@ class KeyTable:
         self._cipher = cipher
         self._secret_key = secret_key
         self._where = where
-        self._transaction = None
+        self._transaction: Any = None
+        """The connection of the transaction L{locked} holds open, else None."""
 
     @contextmanager
     def _session(self) -> Iterator:
@@ -155,13 +156,14 @@ class KeyTable:
         return ring, not rows or resealed
 
     def _open(self, kid: str, encrypted: bool, private: bytes) -> JWK:
-        if encrypted and self._cipher is None:
+        cipher = self._cipher if encrypted else None
+        if encrypted and cipher is None:
             raise ConfigError(
                 self._secret_key,
                 "the stored signing keys are encrypted: give the key (encryption_key_env or _file)",
             )
         try:
-            text = self._cipher.decrypt(private, kid, SEALED) if encrypted else private.decode("utf-8")
+            text = cipher.decrypt(private, kid, SEALED) if cipher is not None else private.decode("utf-8")
             return JWK.from_json(text)
         except UndecryptableToken as e:
             raise ConfigError(self._secret_key, f"cannot decrypt signing key {kid}: {e}") from None

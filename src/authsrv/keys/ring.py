@@ -10,7 +10,7 @@ request. Times are integer seconds given by the caller.
 from __future__ import annotations
 
 import json
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from attrs import evolve, field, frozen
 from jwcrypto.common import JWException
@@ -21,7 +21,7 @@ from authsrv.records import KeyInfo
 
 ALGORITHMS = ("RS256", "ES256", "EdDSA")
 
-_GENERATE = {
+_GENERATE: dict[str, dict[str, str | int]] = {
     "RS256": {"kty": "RSA", "size": 2048},
     "ES256": {"kty": "EC", "crv": "P-256"},
     "EdDSA": {"kty": "OKP", "crv": "Ed25519"},
@@ -120,7 +120,7 @@ class RingKey:
         state = fields.get("state")
         if state not in STATES:
             raise InvalidKeys(f"{where}: state must be next, active or retired, not {state!r}")
-        times = {name: fields.get(name) for name in _TIMES}
+        times: dict[str, Any] = {name: fields.get(name) for name in _TIMES}
         for name, value in times.items():
             if value is None and name in _REQUIRED_TIMES[state]:
                 raise InvalidKeys(f"{where}: {name} is required for a key in state {state}")
@@ -196,9 +196,8 @@ class KeyRing:
         C{now + retention}), promote the oldest next key and generate a new
         next key unless another one is waiting; drop expired retired keys.
         """
-        retired = {"state": "retired", "retired_at": now, "expires_at": now + retention}
         keys = [
-            evolve(k, info=evolve(k.info, **retired))
+            evolve(k, info=evolve(k.info, state="retired", retired_at=now, expires_at=now + retention))
             if k.info.alg in algorithms and k.info.state == "active"
             else k
             for k in self.prune(now).keys
@@ -207,13 +206,17 @@ class KeyRing:
 
     def prune(self, now: int) -> "KeyRing":
         """Drop retired keys whose last token has expired; C{self} if none."""
-        kept = [k for k in self.keys if k.info.state != "retired" or k.info.expires_at > now]
+        kept = [
+            k for k in self.keys
+            if k.info.state != "retired" or k.info.expires_at is None or k.info.expires_at > now
+        ]
         return self if len(kept) == len(self.keys) else KeyRing(kept)
 
     def due(self, now: int, every: int) -> tuple[str, ...]:
         """The algorithms whose active key has been signing for C{every} seconds."""
         return tuple(
-            alg for alg, key in self._active.items() if key.info.activated_at + every <= now
+            alg for alg, key in self._active.items()
+            if key.info.activated_at is not None and key.info.activated_at + every <= now
         )
 
     def adopt(self, jwk: JWK, now: int) -> "KeyRing":

@@ -10,6 +10,8 @@ ever logs or raises with the DSN, which may hold a password.
 
 from __future__ import annotations
 
+from typing import Any
+
 import psycopg2
 import psycopg2.extensions
 from psycopg2.extras import RealDictCursor
@@ -199,7 +201,7 @@ class Pool:
 
     async def _connect(self) -> _Connection:
         """A new connection to the first address of the first server the DSN names that answers in time."""
-        failure = None
+        failure: Exception = ConnectionError("the DSN names no address to connect to")
         for target in self._targets:
             try:
                 for candidate in await self._candidates(target):
@@ -263,7 +265,7 @@ class Pool:
             if connection is not None:
                 self._drop(connection)
 
-        result = Deferred(abandon)
+        result: Deferred[Any] = Deferred(abandon)
 
         def expire():
             # Failing first: closing the connection fails the work too, less clearly.

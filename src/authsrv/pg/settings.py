@@ -130,4 +130,4 @@ def needs_lookup(host: str) -> bool:
 def host_addresses(host: str) -> list[str]:
     """Every address of C{host}, in the resolver's order, as libpq itself would try them."""
     found = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    return list(dict.fromkeys(address[4][0] for address in found))
+    return list(dict.fromkeys(address[4][0] for address in found if isinstance(address[4][0], str)))

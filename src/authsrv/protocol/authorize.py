@@ -76,13 +76,11 @@ def client_id_of(args: dict[bytes, list[bytes]]) -> str | None:
     return client_id if len(client_id) <= CLIENT_ID_MAX else None
 
 
-def trusted_redirect(client: Client | None, args: dict[bytes, list[bytes]]) -> str:
+def trusted_redirect(client: Client, args: dict[bytes, list[bytes]]) -> str:
     """
-    The redirect URI, or L{PageError}: the client must exist and the URI must
-    be one it registered, compared exactly (RFC 9700 section 4.1.3).
+    The redirect URI, or L{PageError}: the URI must be one the client
+    registered, compared exactly (RFC 9700 section 4.1.3).
     """
-    if client is None:
-        raise unsafe("The application that sent you here is not known to this service.")
     redirect_uri = one_param(args, b"redirect_uri")
     if redirect_uri is None:
         raise unsafe("The application did not say where to return to (redirect_uri is missing or repeated).")
@@ -185,6 +183,8 @@ def parse_request(client: Client | None, args: dict[bytes, list[bytes]]) -> Auth
     8707); any other repeated parameter is invalid_request. Unknown
     parameters are ignored.
     """
+    if client is None:
+        raise unsafe("The application that sent you here is not known to this service.")
     redirect_uri = trusted_redirect(client, args)
     try:
         params = single_params({k: v for k, v in args.items() if k != b"resource"})

@@ -44,18 +44,18 @@ def client_credentials(authorization: bytes | None, params: dict[str, str]) -> C
         if not client_id:
             raise InvalidClient("the Basic authorization header names no client")
         return ClientCredentials(client_id, secret, "client_secret_basic")
-    client_id = params.get("client_id")
-    if not client_id:
+    posted_id = params.get("client_id")
+    if not posted_id:
         raise InvalidClient("client authentication is required: send client_id (and client_secret)")
-    secret = params.get("client_secret")
-    return ClientCredentials(client_id, secret, "client_secret_post" if secret is not None else "none")
+    posted_secret = params.get("client_secret")
+    return ClientCredentials(posted_id, posted_secret, "client_secret_post" if posted_secret is not None else "none")
 
 
 def authenticate(client: Client | None, credentials: ClientCredentials) -> Client:
     """The authenticated client, or L{InvalidClient} (one message for every failure)."""
     if client is None:
         raise InvalidClient("client authentication failed")
-    if client.is_public:
+    if client.secret_hash is None:  # a public client
         if credentials.secret is not None:
             raise InvalidClient("client authentication failed: a public client has no secret")
         return client

@@ -46,7 +46,7 @@ _BUSY_TIMEOUT_SECONDS = 5.0
 LEDGER = Ledger("schema_version", "store", named=True)
 
 
-def from_config(section, context) -> "SQLiteStore":
+def from_config(section, context) -> "SQLiteStore | None":
     """
     Open (creating it and its folder if needed) and migrate the database
     now, at start-up, so that a bad path or a too-new file stops the server

@@ -18,7 +18,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from queue import Empty, SimpleQueue
-from typing import Callable
+from typing import Any, Callable
 
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
@@ -47,12 +47,12 @@ class SQLiteWorker:
 
     def stop(self) -> Deferred:
         """Finish what is queued, close the connection; fires when done."""
-        d = Deferred()
+        d: Deferred[None] = Deferred()
         self._queue.put((_STOP, d))
         return d
 
     def submit(self, transactional: bool, work, args) -> Deferred:
-        d = Deferred()
+        d: Deferred[Any] = Deferred()
         self._queue.put((d, transactional, work, args))
         return d
 

@@ -96,6 +96,7 @@ async def portal_login(backend, username, password) -> User:
     portal = Portal(UserRealm(backend), [backend])
     interface, avatar, logout = await portal.login(UsernamePassword(username, password), None, IUser)
     assert interface is IUser
+    assert isinstance(avatar, User)
     logout()
     return avatar
 

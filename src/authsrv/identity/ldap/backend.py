@@ -171,8 +171,11 @@ class LdapIdentityBackend:
         return None if entry is None else self._user(connection, entry)
 
     def _user_by_id(self, connection, sub: str) -> User | None:
+        search_filter = self._subject_filter(sub)
+        if search_filter is None:
+            return None
         found = [
-            e for e in self._search(connection, self._subject_filter(sub), size_limit=2)
+            e for e in self._search(connection, search_filter, size_limit=2)
             if self._subject(e) == sub
         ]
         if len(found) != 1:
@@ -301,7 +304,7 @@ class LdapIdentityBackend:
             if depth == settings.group_nesting_depth or not level:
                 return False
             if settings.group_membership == "memberOf":
-                parents = {}
+                parents: dict[str, str] = {}
                 for group in level.values():
                     for found in self._search(connection, "(objectClass=*)", base=group, scope=BASE,
                                               attributes=["memberOf"]):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import ssl
 from pathlib import Path
+from typing import TypedDict, overload
 from urllib.parse import urlsplit
 
 from attrs import field, frozen
@@ -47,7 +48,16 @@ DISABLED_RULES = {
 }
 """Each rule is named after the attribute it reads."""
 
-FLAVOURS = {
+class _Flavour(TypedDict):
+    user_filter: str
+    login_attribute: str
+    subject_attribute: str
+    name_attribute: str
+    group_membership: str
+    disabled_rule: list[str]
+
+
+FLAVOURS: dict[str, _Flavour] = {
     "openldap": {
         "user_filter": "(&(objectClass=inetOrgPerson)(uid={login}))",
         "login_attribute": "uid",
@@ -107,7 +117,15 @@ class LdapSettings:
         return self.subject_attribute.lower() == "objectguid"
 
 
-def _attribute(section: Section, name: str, default) -> str | None:
+@overload
+def _attribute(section: Section, name: str, default: str) -> str: ...
+
+
+@overload
+def _attribute(section: Section, name: str, default: None) -> str | None: ...
+
+
+def _attribute(section: Section, name: str, default: str | None) -> str | None:
     value = section.str(name, default)
     if value is not None and not _ATTRIBUTE.match(value):
         raise section.error(name, f"{value!r} is not an attribute name")

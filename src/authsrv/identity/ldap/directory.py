@@ -51,7 +51,7 @@ class Directory:
         self._lock = threading.Lock()
         self._closed = False
 
-    def _tls(self, host: str) -> Tls:
+    def _tls(self, host: str | None) -> Tls:
         ca_file = str(self._settings.ca_file) if self._settings.ca_file else None
         return Tls(validate=ssl.CERT_REQUIRED, ca_certs_file=ca_file, sni=host)
 
