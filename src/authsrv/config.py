@@ -18,7 +18,7 @@ from authsrv.chat.config import ChatConfig, chat_config
 from authsrv.configsection import ConfigError, Section
 from authsrv.flows.grants import GRANT_TYPES
 from authsrv.protocol.clients import client_id_problem, is_loopback_host, redirect_uri_problem
-from authsrv.records import DEFAULT_GRANT_TYPES, Client
+from authsrv.records import DEFAULT_GRANT_TYPES, Client, ThrottlePolicy
 from authsrv.tokens import token_hash
 
 DEFAULT_LISTEN = "tcp:8080:interface=127.0.0.1"
@@ -69,6 +69,7 @@ class Config:
     identity: tuple[PluginChoice, ...]
     clients: tuple[Client, ...]
     chat: ChatConfig | None = None
+    throttle: ThrottlePolicy = ThrottlePolicy()
 
     @property
     def issuer(self) -> str:
@@ -118,6 +119,21 @@ def _limits(section: Section) -> Limits:
         if value == 0 and name != "refresh_grace":
             raise section.error(name, "must be longer than zero")
     return Limits(**values)
+
+
+def _throttle(section: Section) -> ThrottlePolicy:
+    """The login throttle's limits (C{[throttle]}); see L{ThrottlePolicy}."""
+    defaults = ThrottlePolicy()
+    values = {
+        name: section.int(name, getattr(defaults, name), minimum=1)
+        for name in ("failures_per_pair", "failures_per_address", "failures_per_account")
+    }
+    for name in ("window", "max_delay"):
+        values[name] = section.duration(name, getattr(defaults, name))
+        if values[name] == 0:
+            raise section.error(name, "must be longer than zero")
+    section.done()
+    return ThrottlePolicy(**values)
 
 
 def _plugin(section: Section, default: str | None = None) -> PluginChoice:
@@ -191,6 +207,7 @@ def parse_config(data: dict, path: Path | None) -> Config:
         raise internal.error("serve_on_main", "is false but internal.listen is empty: the internal API would be served nowhere")
     internal.done()
     limits = _limits(top.table("limits", None) or Section({}, "limits", base_dir))
+    throttle = _throttle(top.table("throttle", None) or Section({}, "throttle", base_dir))
     store = _plugin(top.table("store", None) or Section({}, "store", base_dir), "sqlite")
     keystore = _plugin(top.table("keystore", None) or Section({}, "keystore", base_dir), "jwk-file")
     identity = tuple(_plugin(s) for s in top.tables("identity"))
@@ -218,6 +235,7 @@ def parse_config(data: dict, path: Path | None) -> Config:
         identity=identity,
         clients=clients,
         chat=chat,
+        throttle=throttle,
     )
 
 
