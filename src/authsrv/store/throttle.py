@@ -65,6 +65,8 @@ def params(account: str, address: str, policy: ThrottlePolicy, now: int) -> dict
 
 @frozen
 class Statements:
+    """The throttle's and known devices' statements in one dialect."""
+
     counts: str
     """One row of L{Counts}' fields."""
     insert: str

@@ -441,7 +441,8 @@ class MemoryStore:
 
     @_answered
     def known_device(self, account, device_hash, now):
-        return self.tables.known_devices.get((account, device_hash), now) > now
+        expires_at = self.tables.known_devices.get((account, device_hash))
+        return expires_at is not None and expires_at > now
 
     # IStore
 
