@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from authsrv.config import ConfigFileError, Limits, load_config, parse_config
 from authsrv.configsection import ConfigError, Section, parse_duration
+from authsrv.records import ThrottlePolicy
 from authsrv.tokens import token_hash
 
 CLIENT = {
@@ -55,6 +56,11 @@ def test_defaults():
         ({"limits": {"access_token_ttl": 0}}, "limits.access_token_ttl: must be longer than zero"),
         ({"limits": {"max_body_bytes": "big"}}, "limits.max_body_bytes: must be an integer, not a string"),
         ({"store": {"plugin": 3}}, "store.plugin: must be a string, not an integer"),
+        ({"throttle": {"failures_per_pair": 0}}, "throttle.failures_per_pair: must be at least 1, not 0"),
+        ({"throttle": {"failures_per_account": "many"}}, "throttle.failures_per_account: must be an integer"),
+        ({"throttle": {"window": "soon"}}, 'throttle.window: must be a duration such as "90s"'),
+        ({"throttle": {"max_delay": 0}}, "throttle.max_delay: must be longer than zero"),
+        ({"throttle": {"failures": 5}}, "throttle.failures: unknown key"),
         ({"identity": [{}]}, "identity[0].plugin: is required"),
         ({"identity": {"plugin": "static"}}, "identity: must be an array of tables, not a table"),
         ({"identity": [{"plugin": "static"}, {"plugin": 3}]}, "identity[1].plugin: must be a string, not an integer"),
@@ -97,6 +103,18 @@ def test_secret_file_problems(tmp_path):
     assert error_of({"internal": {"secret_file": "empty"}}, tmp_path).endswith("empty is empty")
     (tmp_path / "s").write_text("x")
     assert "not both" in error_of({"internal": {"secret_file": "s", "secret_env": "HOME"}}, tmp_path)
+
+
+def test_throttle_defaults_and_settings():
+    assert parse_config({}, None).throttle == ThrottlePolicy(
+        failures_per_pair=5, failures_per_address=50, failures_per_account=100, window=900, max_delay=900,
+    )
+    throttle = parse_config(
+        {"throttle": {"failures_per_pair": 3, "failures_per_address": 20, "failures_per_account": 40,
+                      "window": "1h", "max_delay": "2m"}},
+        None,
+    ).throttle
+    assert throttle == ThrottlePolicy(3, 20, 40, 3600, 120)
 
 
 def test_client_without_secret_is_public():

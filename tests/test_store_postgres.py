@@ -38,7 +38,8 @@ def open_store(dsn: str, **section):
 # Children before the grants they reference.
 TABLES = (
     "authorization_codes", "access_tokens", "refresh_tokens", "grants", "clients", "browser_sessions",
-    "interactions", "link_attempts", "consents", "bans", "linked_accounts", "link_locks",
+    "interactions", "link_attempts", "consents", "bans", "linked_accounts", "link_locks", "login_attempts",
+    "known_devices",
 )
 
 

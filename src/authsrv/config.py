@@ -18,7 +18,7 @@ from authsrv.chat.config import ChatConfig, chat_config
 from authsrv.configsection import ConfigError, Section
 from authsrv.flows.grants import GRANT_TYPES
 from authsrv.protocol.clients import CLIENT_ID_MAX, client_id_problem, is_loopback_host, redirect_uri_problem
-from authsrv.records import DEFAULT_GRANT_TYPES, Client
+from authsrv.records import DEFAULT_GRANT_TYPES, Client, ThrottlePolicy
 from authsrv.tokens import token_hash
 
 DEFAULT_LISTEN = "tcp:8080:interface=127.0.0.1"
@@ -115,6 +115,7 @@ class Config:
     input_limits: InputLimits = InputLimits()
     shutdown: Shutdown = Shutdown()
     hsts_max_age: int = HSTS_MAX_AGE
+    throttle: ThrottlePolicy = ThrottlePolicy()
 
     @property
     def issuer(self) -> str:
@@ -203,6 +204,21 @@ def _shutdown(section: Section) -> Shutdown:
     )
 
 
+def _throttle(section: Section) -> ThrottlePolicy:
+    """The login throttle's limits (C{[throttle]}); see L{ThrottlePolicy}."""
+    defaults = ThrottlePolicy()
+    values = {
+        name: section.int(name, getattr(defaults, name), minimum=1)
+        for name in ("failures_per_pair", "failures_per_address", "failures_per_account")
+    }
+    for name in ("window", "max_delay"):
+        values[name] = section.duration(name, getattr(defaults, name))
+        if values[name] == 0:
+            raise section.error(name, "must be longer than zero")
+    section.done()
+    return ThrottlePolicy(**values)
+
+
 def _plugin(section: Section, default: str | None = None) -> PluginChoice:
     return PluginChoice(section.str("plugin", default) if default else section.str("plugin"), section)
 
@@ -278,6 +294,7 @@ def parse_config(data: dict, path: Path | None) -> Config:
     limits_section = top.table("limits", None) or Section({}, "limits", base_dir)
     input_limits = _input_limits(limits_section)
     limits = _limits(limits_section)
+    throttle = _throttle(top.table("throttle", None) or Section({}, "throttle", base_dir))
     store = _plugin(top.table("store", None) or Section({}, "store", base_dir), "sqlite")
     keystore = _plugin(top.table("keystore", None) or Section({}, "keystore", base_dir), "jwk-file")
     identity = tuple(_plugin(s) for s in top.tables("identity"))
@@ -308,6 +325,7 @@ def parse_config(data: dict, path: Path | None) -> Config:
         input_limits=input_limits,
         shutdown=shutdown,
         hsts_max_age=hsts_max_age,
+        throttle=throttle,
     )
 
 

@@ -106,22 +106,6 @@ class IIdentityBackend(ICredentialsChecker):
         """Release resources; fires when done."""
 
 
-class ILoginThrottle(Interface):
-    """
-    Counts failed logins and says when the next attempt may be made; the
-    login flow asks before any password is checked.
-    """
-
-    def retry_after(login, address, now):
-        """Fires with the seconds until an attempt is allowed, or None when it is allowed now."""
-
-    def failed(login, address, now):
-        """Count a failed attempt for this login name (as typed) from this client address."""
-
-    def succeeded(login, address, now):
-        """A correct password: clear the account's count; the address keeps its own."""
-
-
 class IUserManagement(Interface):
     """
     An identity backend that can write its users (the static users file,
@@ -358,6 +342,53 @@ class ILinkedAccountStore(Interface):
         """Release the lease if C{holder} holds it; fires with None."""
 
 
+class ILoginThrottle(Interface):
+    """
+    Login attempts counted in the store, so that every instance sees the
+    same numbers and a restart keeps them (DESIGN.md, Brute force). An
+    attempt is counted before its password is checked, in one atomic step:
+    however many requests race, no more passwords are checked than the
+    L{authsrv.records.ThrottlePolicy} allows. C{account} is the login name
+    as typed, normalised by the caller (NFC, casefolded), known or not, so
+    that an unknown name is throttled exactly like a known one.
+    """
+
+    def attempt(account, address, known_device, policy, now):
+        """
+        Fires with a L{authsrv.records.ThrottleDecision}: either the attempt
+        is counted as a failure (until forgiven or succeeded) and may go
+        ahead, or it must wait and is not counted. C{known_device} is True
+        when the browser signed in to C{account} before: the account-wide
+        limit does not apply to it.
+        """
+
+    def forgive(ticket):
+        """
+        Un-count the attempt of C{ticket} (a correct password for a
+        suspended account is no failure); fires True when it was counted.
+        """
+
+    def succeeded(account, address, now):
+        """
+        A correct password: clear the attempts of this (account, address)
+        pair, the one just counted included; other pairs keep theirs.
+        """
+
+
+class IKnownDeviceStore(Interface):
+    """
+    Browsers that signed in to an account before (OWASP device cookies),
+    shared by every instance; only the hash of a cookie's random value is
+    stored.
+    """
+
+    def remember_device(account, device_hash, expires_at):
+        """Remember (or keep longer) a device of the account, by the same C{account} key as the throttle."""
+
+    def known_device(account, device_hash, now):
+        """Fires True when the device signed in to the account and is still remembered at C{now}."""
+
+
 class IStore(
     IClientRegistry,
     IBrowserSessionStore,
@@ -367,6 +398,8 @@ class IStore(
     IGrantStore,
     IBanStore,
     ILinkedAccountStore,
+    ILoginThrottle,
+    IKnownDeviceStore,
 ):
     """
     Every role in one backend object; flows depend only on the roles they use.
@@ -378,7 +411,8 @@ class IStore(
     def gc(now, batch_size):
         """
         Delete up to C{batch_size} rows of each kind that can no longer matter
-        (expired codes, pending requests, sessions, tokens, grants, bans) and
+        (expired codes, pending requests, sessions, tokens, grants, bans,
+        counted login attempts, known devices) and
         erase replay responses past their grace window; fires with the count.
         """
 

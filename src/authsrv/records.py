@@ -357,3 +357,41 @@ class RevokedAccess:
 @frozen
 class NotRevoked:
     """No token of that client matched: nothing was revoked."""
+
+
+# Login throttling (DESIGN.md, Brute force).
+
+
+@frozen
+class ThrottlePolicy:
+    """
+    How many failed logins may be made in C{window} seconds: per (account,
+    client address) before each further attempt waits a delay doubling from
+    one second up to C{max_delay}; per address over all accounts and per
+    account from everywhere before attempts wait for the oldest failure to
+    leave the window. A known device is never held back by the account's
+    limit, so a distributed attack cannot keep the real user out.
+    """
+
+    failures_per_pair: int = 5
+    failures_per_address: int = 50
+    failures_per_account: int = 100
+    window: int = 15 * 60
+    max_delay: int = 15 * 60
+
+
+@frozen
+class ThrottleDecision:
+    """
+    The answer to a login attempt: C{wait} is None when the attempt may go
+    ahead (it is then counted as a failure, C{ticket} naming it, until the
+    caller forgives it or reports success), else the seconds to wait
+    (C{ticket} None: a refused attempt is not counted).
+    """
+
+    wait: int | None
+    ticket: int | None
+
+    @property
+    def allowed(self) -> bool:
+        return self.wait is None

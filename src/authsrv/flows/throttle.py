@@ -1,10 +1,10 @@
 """
 Login throttling (DESIGN.md, Limits): failures are counted per account and
 per client address in a sliding window; past the limit, attempts are refused
-before any password is checked. This implementation of
-L{authsrv.interfaces.ILoginThrottle} keeps the counts in process memory: a
-per-instance limit still bounds guessing, and losing it on restart costs an
-attacker little.
+before any password is checked. L{MemoryLoginThrottle} keeps the counts in
+process memory, for the login flow until it uses the store's
+L{authsrv.interfaces.ILoginThrottle}; L{account_key} is how both name an
+account.
 """
 
 from __future__ import annotations
@@ -14,9 +14,6 @@ import unicodedata
 from collections import OrderedDict, deque
 
 from twisted.internet.defer import succeed
-from zope.interface import implementer
-
-from authsrv.interfaces import ILoginThrottle
 
 ACCOUNT_FAILURES = 5
 ADDRESS_FAILURES = 20
@@ -30,7 +27,6 @@ def account_key(login: str) -> str:
     return "account:" + unicodedata.normalize("NFC", login).casefold()
 
 
-@implementer(ILoginThrottle)
 class MemoryLoginThrottle:
     """Failure timestamps per key, with the times given by the caller."""
 

@@ -66,7 +66,9 @@ from authsrv.records import (
     RevokedAccess,
     RevokedRefresh,
     Rotated,
+    ThrottleDecision,
 )
+from authsrv.store import throttle
 from authsrv.store.errors import AlreadyExists, StoreUnavailable
 from authsrv.store.observer import Observer, watched
 from authsrv.store.rows import POSTGRES, WITH_BAN, Rows, ban_of, scope_text, tables
@@ -81,6 +83,13 @@ instances starting at once never both migrate.
 """
 
 LEDGER = Ledger("schema_version", COMPONENT, COMPONENT)
+
+ACCOUNT_LOCKS, ADDRESS_LOCKS = 0x6174_6831, 0x6174_6832
+"""
+The classes of the advisory locks a login attempt takes, keyed by the hash
+of its account and of its address: attempts that could change each other's
+counts are decided one at a time, across instances.
+"""
 
 
 # --- configuration -----------------------------------------------------------
@@ -182,6 +191,15 @@ def _holds_nul(params: dict) -> bool:
 
 
 _T = tables(POSTGRES)
+_THROTTLE = throttle.statements(POSTGRES)
+
+
+def _text(value: str) -> str:
+    """
+    A login name as PostgreSQL text, which cannot hold U+0000: throttled under
+    U+FFFD in its place (a name no one signs in with either way).
+    """
+    return value.replace("\x00", "\ufffd")
 
 
 # --- the store ------------------------------------------------------------------
@@ -496,6 +514,37 @@ class PostgresStore:
             {"id": account_id, "holder": holder},
         ).addCallback(lambda _: None)
 
+    # ILoginThrottle
+
+    def attempt(self, account, address, known_device, policy, now):
+        return self._run("throttle_attempt", _attempt, _text(account), _text(address), known_device, policy, now)
+
+    def forgive(self, ticket):
+        return self._changed("throttle_forgive",
+            "DELETE FROM login_attempts WHERE attempt_id = %(ticket)s", {"ticket": ticket}
+        )
+
+    def succeeded(self, account, address, now):
+        return self._write("throttle_succeeded",
+            "DELETE FROM login_attempts WHERE account = %(account)s AND address = %(address)s",
+            {"account": _text(account), "address": _text(address)},
+        )
+
+    # IKnownDeviceStore
+
+    def remember_device(self, account, device_hash, expires_at):
+        return self._write("remember_device",
+            _THROTTLE.remember, {"account": _text(account), "device_hash": device_hash, "expires_at": expires_at}
+        )
+
+    def known_device(self, account, device_hash, now):
+        return self._one("known_device",
+            None,
+            "SELECT 1 AS known FROM known_devices"
+            " WHERE account = %(account)s AND device_hash = %(device_hash)s AND expires_at > %(now)s",
+            {"account": _text(account), "device_hash": device_hash, "now": now},
+        ).addCallback(lambda row: row is not None)
+
     # IStore
 
     def ping(self):
@@ -585,6 +634,24 @@ async def _rotate_refresh(db, old_hash, new_refresh, new_access, replay, grace_u
     return RefreshNotFound()
 
 
+async def _attempt(db, account, address, known_device, policy, now):
+    """
+    One transaction holding the account's lock, then the address's (always
+    in that order, so two attempts never wait for each other in a circle):
+    the counts it reads cannot change before it has counted its attempt.
+    """
+    params = throttle.params(account, address, policy, now)
+    await rowcount(db, "BEGIN")
+    await rowcount(db, "SELECT pg_advisory_xact_lock(%(class)s, hashtext(%(key)s))",
+                   {"class": ACCOUNT_LOCKS, "key": account})
+    await rowcount(db, "SELECT pg_advisory_xact_lock(%(class)s, hashtext(%(key)s))",
+                   {"class": ADDRESS_LOCKS, "key": address})
+    wait = throttle.wait(policy, throttle.Counts(**await first(db, _THROTTLE.counts, params)), known_device, now)
+    ticket = None if wait is not None else (await first(db, _THROTTLE.insert, params))["attempt_id"]
+    await rowcount(db, "COMMIT")
+    return ThrottleDecision(wait=wait, ticket=ticket)
+
+
 _REVOKE_TOKEN = (
     "WITH refresh AS ("
     " SELECT grant_id FROM refresh_tokens WHERE token_hash = %(hash)s AND client_id = %(client_id)s),"
@@ -619,7 +686,7 @@ _NO_LIVE_CODE = (
     "NOT EXISTS (SELECT 1 FROM authorization_codes c WHERE c.grant_id = old.grant_id AND c.expires_at > %(now)s)"
 )
 _GC = tuple(
-    f"DELETE FROM {table} WHERE {key} IN (SELECT {key} FROM {table} AS old WHERE {expired}"
+    f"DELETE FROM {table} WHERE ({key}) IN (SELECT {key} FROM {table} AS old WHERE {expired}"
     " LIMIT %(limit)s FOR UPDATE SKIP LOCKED)"
     for table, key, expired in (
         ("authorization_codes", "code_hash", "expires_at <= %(now)s"),
@@ -630,6 +697,8 @@ _GC = tuple(
         ("refresh_tokens", "token_hash", "expires_at <= %(now)s"),
         ("bans", "sub", "until <= %(now)s"),
         ("link_locks", "account_id", "until <= %(now)s"),
+        ("login_attempts", "attempt_id", "expires_at <= %(now)s"),
+        ("known_devices", "account, device_hash", "expires_at <= %(now)s"),
         ("grants", "grant_id", f"old.revoked_at IS NOT NULL AND {_NO_LIVE_CODE}"),
         (
             "grants",

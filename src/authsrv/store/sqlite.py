@@ -34,7 +34,9 @@ from authsrv.records import (
     RevokedAccess,
     RevokedRefresh,
     Rotated,
+    ThrottleDecision,
 )
+from authsrv.store import throttle
 from authsrv.store.errors import AlreadyExists, StoreUnavailable
 from authsrv.store.observer import Observer, watched
 from authsrv.store.rows import SQLITE, WITH_BAN, Rows, ban_of, scope_text, tables
@@ -105,6 +107,7 @@ def _transaction(connection: sqlite3.Connection):
 
 
 _T = tables(SQLITE)
+_THROTTLE = throttle.statements(SQLITE)
 
 _JOIN_BAN = " LEFT JOIN bans b ON b.sub = {table}.sub"
 
@@ -422,6 +425,35 @@ class SQLiteStore:
             "DELETE FROM link_locks WHERE account_id = ? AND holder = ?", (account_id, holder)
         ).addCallback(lambda _: None)
 
+    # ILoginThrottle
+
+    def attempt(self, account, address, known_device, policy, now):
+        return self._call("throttle_attempt", True, _attempt, account, address, known_device, policy, now)
+
+    def forgive(self, ticket):
+        return self._changed("throttle_forgive", "DELETE FROM login_attempts WHERE attempt_id = ?", (ticket,))
+
+    def succeeded(self, account, address, now):
+        return self._execute("throttle_succeeded",
+            "DELETE FROM login_attempts WHERE account = ? AND address = ?", (account, address)
+        ).addCallback(lambda _: None)
+
+    # IKnownDeviceStore
+
+    def remember_device(self, account, device_hash, expires_at):
+        return self._execute("remember_device",
+            _THROTTLE.remember, {"account": account, "device_hash": device_hash, "expires_at": expires_at}
+        ).addCallback(lambda _: None)
+
+    def known_device(self, account, device_hash, now):
+        return self._call("known_device", False,
+            lambda db: db.execute(
+                "SELECT 1 FROM known_devices WHERE account = ? AND device_hash = ? AND expires_at > ?",
+                (account, device_hash, now),
+            ).fetchone()
+            is not None
+        )
+
     # IStore
 
     def ping(self):
@@ -490,6 +522,15 @@ def _rotate_refresh(db, old_hash, new_refresh, new_access, replay, grace_until, 
     return Reused(old["grant_id"])
 
 
+def _attempt(db, account, address, known_device, policy, now):
+    params = throttle.params(account, address, policy, now)
+    counts = throttle.Counts(**dict(db.execute(_THROTTLE.counts, params).fetchone()))
+    wait = throttle.wait(policy, counts, known_device, now)
+    if wait is not None:
+        return ThrottleDecision(wait=wait, ticket=None)
+    return ThrottleDecision(wait=None, ticket=_first(db.execute(_THROTTLE.insert, params))["attempt_id"])
+
+
 def _revoke_token(db, token_hash, client_id, now):
     refresh = db.execute(
         "SELECT grant_id FROM refresh_tokens WHERE token_hash = ? AND client_id = ?", (token_hash, client_id)
@@ -516,7 +557,7 @@ _NO_LIVE_CODE = (
     "NOT EXISTS (SELECT 1 FROM authorization_codes c WHERE c.grant_id = old.grant_id AND c.expires_at > :now)"
 )
 _GC = tuple(
-    f"DELETE FROM {table} WHERE {key} IN (SELECT {key} FROM {table} AS old WHERE {expired} LIMIT :limit)"
+    f"DELETE FROM {table} WHERE ({key}) IN (SELECT {key} FROM {table} AS old WHERE {expired} LIMIT :limit)"
     for table, key, expired in (
         ("authorization_codes", "code_hash", "expires_at <= :now"),
         ("interactions", "interaction_id", "expires_at <= :now"),
@@ -526,6 +567,8 @@ _GC = tuple(
         ("refresh_tokens", "token_hash", "expires_at <= :now"),
         ("bans", "sub", "until <= :now"),
         ("link_locks", "account_id", "until <= :now"),
+        ("login_attempts", "attempt_id", "expires_at <= :now"),
+        ("known_devices", "account, device_hash", "expires_at <= :now"),
         ("grants", "grant_id", f"old.revoked_at IS NOT NULL AND {_NO_LIVE_CODE}"),
         (
             "grants",

@@ -14,6 +14,7 @@ behave as two servers sharing one database.
 from __future__ import annotations
 
 from functools import wraps
+from typing import NamedTuple
 
 import attrs
 from twisted.internet.defer import maybeDeferred, succeed
@@ -32,8 +33,19 @@ from authsrv.records import (
     RevokedAccess,
     RevokedRefresh,
     Rotated,
+    ThrottleDecision,
 )
+from authsrv.store import throttle
 from authsrv.store.errors import AlreadyExists
+
+
+class LoginAttempt(NamedTuple):
+    """A counted login attempt, as the SQL stores' C{login_attempts} rows."""
+
+    account: str
+    address: str
+    at: int
+    expires_at: int
 
 
 @attrs.define
@@ -58,6 +70,12 @@ class MemoryTables:
     bans: dict = attrs.Factory(dict)
     linked: dict = attrs.Factory(dict)
     link_locks: dict = attrs.Factory(dict)
+    login_attempts: dict = attrs.Factory(dict)
+    """Ticket -> L{LoginAttempt}."""
+    last_ticket: int = 0
+    """The latest ticket given: like the SQL stores' ids, none is given twice."""
+    known_devices: dict = attrs.Factory(dict)
+    """(account, device hash) -> expires_at."""
 
 
 def _answered(method):
@@ -381,6 +399,51 @@ class MemoryStore:
         if lease is not None and lease[0] == holder:
             del self.tables.link_locks[account_id]
 
+    # ILoginThrottle
+
+    @_answered
+    def attempt(self, account, address, known_device, policy, now):
+        live = [row for row in self.tables.login_attempts.values() if row.expires_at > now]
+        pair = [row for row in live if row.account == account and row.address == address]
+
+        def free_at(rows, limit):
+            expiries = sorted((row.expires_at for row in rows), reverse=True)
+            return expiries[limit - 1] if len(expiries) >= limit else None
+
+        counts = throttle.Counts(
+            pair=len(pair),
+            pair_last=max((row.at for row in pair), default=None),
+            address_free_at=free_at([row for row in live if row.address == address], policy.failures_per_address),
+            account_free_at=free_at([row for row in live if row.account == account], policy.failures_per_account),
+        )
+        wait = throttle.wait(policy, counts, known_device, now)
+        if wait is not None:
+            return ThrottleDecision(wait=wait, ticket=None)
+        self.tables.last_ticket += 1
+        self.tables.login_attempts[self.tables.last_ticket] = LoginAttempt(account, address, now, now + policy.window)
+        return ThrottleDecision(wait=None, ticket=self.tables.last_ticket)
+
+    @_answered
+    def forgive(self, ticket):
+        return self.tables.login_attempts.pop(ticket, None) is not None
+
+    @_answered
+    def succeeded(self, account, address, now):
+        attempts = self.tables.login_attempts
+        for ticket in [ticket for ticket, row in attempts.items() if (row.account, row.address) == (account, address)]:
+            del attempts[ticket]
+
+    # IKnownDeviceStore
+
+    @_answered
+    def remember_device(self, account, device_hash, expires_at):
+        self.tables.known_devices[account, device_hash] = expires_at
+
+    @_answered
+    def known_device(self, account, device_hash, now):
+        expires_at = self.tables.known_devices.get((account, device_hash))
+        return expires_at is not None and expires_at > now
+
     # IStore
 
     @_answered
@@ -409,6 +472,8 @@ class MemoryStore:
         count += expired(tables.refresh, lambda refresh: refresh.expires_at <= now)
         count += expired(tables.bans, lambda ban: ended(ban.until))
         count += expired(tables.link_locks, lambda lease: lease[1] <= now)
+        count += expired(tables.login_attempts, lambda attempt: attempt.expires_at <= now)
+        count += expired(tables.known_devices, lambda expires_at: expires_at <= now)
 
         def live_code(grant) -> bool:
             return any(c.grant_id == grant.grant_id and c.expires_at > now for c in tables.codes.values())

@@ -51,6 +51,8 @@ from authsrv.records import (
     RevokedAccess,
     RevokedRefresh,
     Rotated,
+    ThrottleDecision,
+    ThrottlePolicy,
 )
 from authsrv.store.errors import AlreadyExists
 from authsrv.tokens import token_hash
@@ -62,6 +64,8 @@ ALICE = "3f0c2a52-alice"
 BOB = "3f0c2a52-bob"
 CLIENT = "demo-app"
 OTHER_CLIENT = "partner-app"
+HERE, THERE = "192.0.2.1", "2001:db8::7"
+"""Two client addresses."""
 
 
 def h(label: str) -> str:
@@ -824,6 +828,149 @@ class StoreConformance:
             assert await store.acquire_link_lock("acct-1", "server-b", NOW, 30) is True
             await store.release_link_lock("acct-unknown", "server-a")
 
+    # --- login throttle and known devices ------------------------------------
+
+    @staticmethod
+    async def attempts(store, count, account="alice", address=HERE, now=NOW, policy=ThrottlePolicy(), known=False):
+        """Make C{count} attempts that must all be allowed; fires with their tickets."""
+        tickets = []
+        for _ in range(count):
+            decision = await store.attempt(account, address, known, policy, now)
+            assert decision.allowed and decision.wait is None and decision.ticket is not None, decision
+            tickets.append(decision.ticket)
+        return tickets
+
+    @pytest_twisted.ensureDeferred
+    async def test_throttle_pair_delay_doubles_up_to_the_maximum(self):
+        policy = ThrottlePolicy(failures_per_pair=3, max_delay=8)
+        async with self.store() as store:
+            tickets = await self.attempts(store, 3, policy=policy)
+            assert len(set(tickets)) == 3
+            timeline = [
+                (NOW, 1), (NOW, 1), (NOW + 1, None),
+                (NOW + 1, 2), (NOW + 2, 1), (NOW + 3, None),
+                (NOW + 3, 4), (NOW + 7, None),
+                (NOW + 7, 8), (NOW + 15, None),
+                (NOW + 15, 8), (NOW + 22, 1), (NOW + 23, None),
+            ]
+            for now, wait in timeline:
+                decision = await store.attempt("alice", HERE, False, policy, now)
+                assert decision.wait == wait, (now - NOW, decision)
+                assert (decision.ticket is None) == (wait is not None) == (not decision.allowed)
+            # The same account from another address, another account from this one: not held back.
+            await self.attempts(store, 3, address=THERE, now=NOW + 23, policy=policy)
+            await self.attempts(store, 3, account="bob", now=NOW + 23, policy=policy)
+
+    @pytest_twisted.ensureDeferred
+    async def test_throttle_default_policy_delay(self):
+        policy = ThrottlePolicy()
+        async with self.store() as store:
+            await self.attempts(store, 5, policy=policy)
+            assert await store.attempt("alice", HERE, True, policy, NOW) == ThrottleDecision(wait=1, ticket=None)
+
+    @pytest_twisted.ensureDeferred
+    async def test_throttle_address_limit_over_all_accounts(self):
+        policy = ThrottlePolicy(failures_per_address=5, window=600)
+        async with self.store() as store:
+            for n in range(5):
+                await self.attempts(store, 1, account=f"user-{n}", now=NOW + 10 * n, policy=policy)
+            for known in (False, True):
+                decision = await store.attempt("user-9", HERE, known, policy, NOW + 50)
+                assert decision == ThrottleDecision(wait=550, ticket=None)
+            assert (await store.attempt("user-0", HERE, False, policy, NOW + 599)).wait == 1
+            # The real user, elsewhere, is not held back.
+            await self.attempts(store, 1, account="user-9", address=THERE, now=NOW + 50, policy=policy)
+            # Once the oldest failure has left the window, one more may be made.
+            await self.attempts(store, 1, account="user-9", now=NOW + 600, policy=policy)
+            assert (await store.attempt("user-9", HERE, False, policy, NOW + 600)).wait == 10
+
+    @pytest_twisted.ensureDeferred
+    async def test_throttle_account_limit_spares_known_devices(self):
+        policy = ThrottlePolicy(failures_per_account=5, window=600)
+        async with self.store() as store:
+            for n in range(5):
+                await self.attempts(store, 1, address=f"198.51.100.{n}", now=NOW + n, policy=policy)
+            decision = await store.attempt("alice", "203.0.113.9", False, policy, NOW + 100)
+            assert decision == ThrottleDecision(wait=500, ticket=None)
+            await self.attempts(store, 2, address="203.0.113.9", now=NOW + 100, policy=policy, known=True)
+            # Known devices' attempts count too; the limit lifts as failures leave the window.
+            assert (await store.attempt("alice", "203.0.113.9", False, policy, NOW + 600)).wait == 2
+            await self.attempts(store, 1, account="bob", address="203.0.113.9", now=NOW + 100, policy=policy)
+            await self.attempts(store, 1, address="203.0.113.9", now=NOW + 602, policy=policy)
+
+    @pytest_twisted.ensureDeferred
+    async def test_throttle_counts_any_name_alike(self):
+        """The throttle knows no users: unknown names are counted exactly like known ones."""
+        policy = ThrottlePolicy(failures_per_pair=2)
+        names = ("alice", "no-such-user", "ßtraße", "名前", "nul\x00name", "x" * 300)
+        async with self.store() as store:
+            for name in names:
+                await self.attempts(store, 2, account=name, policy=policy)
+            for name in names:
+                assert await store.attempt(name, HERE, False, policy, NOW) == ThrottleDecision(wait=1, ticket=None)
+
+    @pytest_twisted.ensureDeferred
+    async def test_forgive_uncounts_one_attempt(self):
+        policy = ThrottlePolicy(failures_per_pair=3)
+        async with self.store() as store:
+            tickets = await self.attempts(store, 3, policy=policy)
+            assert (await store.attempt("alice", HERE, False, policy, NOW)).wait == 1
+            assert await store.forgive(tickets[1]) is True
+            assert await store.forgive(tickets[1]) is False
+            [fourth] = await self.attempts(store, 1, policy=policy)
+            assert fourth not in tickets
+            assert (await store.attempt("alice", HERE, False, policy, NOW)).wait == 1
+            assert await store.forgive(max(tickets + [fourth]) + 1000) is False
+
+    @pytest_twisted.ensureDeferred
+    async def test_succeeded_clears_only_the_pair(self):
+        policy = ThrottlePolicy(failures_per_pair=3)
+        async with self.store() as store:
+            cleared = await self.attempts(store, 3, policy=policy)
+            for account, address in (("alice", THERE), ("bob", HERE)):
+                await self.attempts(store, 3, account=account, address=address, policy=policy)
+            assert await store.succeeded("alice", HERE, NOW) is None
+            assert [await store.forgive(ticket) for ticket in cleared] == [False] * 3
+            await self.attempts(store, 3, policy=policy)
+            assert (await store.attempt("alice", HERE, False, policy, NOW)).wait == 1
+            assert (await store.attempt("alice", THERE, False, policy, NOW)).wait == 1
+            assert (await store.attempt("bob", HERE, False, policy, NOW)).wait == 1
+            await store.succeeded("carol", HERE, NOW)
+
+    @pytest_twisted.ensureDeferred
+    async def test_counted_attempts_expire_and_gc_removes_them(self):
+        policy = ThrottlePolicy(failures_per_address=3, window=600)
+        async with self.store() as store:
+            for account, now in (("a", NOW), ("b", NOW), ("c", NOW + 1)):
+                await self.attempts(store, 1, account=account, now=now, policy=policy)
+            assert (await store.attempt("d", HERE, False, policy, NOW + 599)).wait == 1
+            await self.attempts(store, 1, account="d", now=NOW + 600, policy=policy)
+            assert await store.gc(NOW + 600, 1) == 1
+            assert await store.gc(NOW + 600, 1) == 1
+            assert await store.gc(NOW + 600, 100) == 0
+            assert await store.gc(NOW + 601, 100) == 1
+            # Left: d's attempt, until NOW + 1200.
+            await self.attempts(store, 2, account="e", now=NOW + 601, policy=policy)
+            assert (await store.attempt("f", HERE, False, policy, NOW + 601)).wait == 599
+
+    @pytest_twisted.ensureDeferred
+    async def test_known_devices(self):
+        async with self.store() as store:
+            assert await store.known_device("alice", h("device-1"), NOW) is False
+            assert await store.remember_device("alice", h("device-1"), NOW + DAY) is None
+            await store.remember_device("alice", h("device-2"), NOW + HOUR)
+            assert await store.known_device("alice", h("device-1"), NOW + DAY - 1) is True
+            assert await store.known_device("alice", h("device-1"), NOW + DAY) is False
+            assert await store.known_device("bob", h("device-1"), NOW) is False
+            assert await store.known_device("alice", h("device-3"), NOW) is False
+            await store.remember_device("alice", h("device-1"), NOW + 2 * DAY)
+            assert await store.known_device("alice", h("device-1"), NOW + DAY) is True
+            assert await store.gc(NOW + HOUR, 100) == 1
+            assert await store.known_device("alice", h("device-2"), NOW) is False
+            assert await store.known_device("alice", h("device-1"), NOW) is True
+            assert await store.gc(NOW + 2 * DAY, 100) == 1
+            assert await store.known_device("alice", h("device-1"), NOW) is False
+
     # --- housekeeping -----------------------------------------------------------
 
     @pytest_twisted.ensureDeferred
@@ -1026,3 +1173,30 @@ class StoreConcurrencyConformance:
                 updated = [r for r in results if r is not None]
                 assert len(updated) == 1 and updated[0].version == 2
                 assert await second.get_linked_account(f"user-{n}", "discord") == updated[0]
+
+    async def race_attempts(self, policy, account_of, address_of, racers=12) -> None:
+        """Attempts C{n} of C{racers}, made at once on both servers, let exactly five through."""
+        async with self.store_pair() as (first, second):
+            results = await gatherResults(
+                [
+                    (first, second)[n % 2].attempt(account_of(n), address_of(n), False, policy, NOW)
+                    for n in range(racers)
+                ]
+            )
+        allowed = [result.ticket for result in results if result.allowed]
+        assert len(allowed) == len(set(allowed)) == 5, results
+        assert all(result.wait > 0 and result.ticket is None for result in results if not result.allowed)
+
+    @pytest_twisted.ensureDeferred
+    async def test_racing_login_attempts_of_one_pair(self):
+        await self.race_attempts(ThrottlePolicy(failures_per_pair=5), lambda n: "alice", lambda n: HERE)
+
+    @pytest_twisted.ensureDeferred
+    async def test_racing_login_attempts_from_one_address(self):
+        await self.race_attempts(ThrottlePolicy(failures_per_address=5), lambda n: f"user-{n}", lambda n: HERE)
+
+    @pytest_twisted.ensureDeferred
+    async def test_racing_login_attempts_on_one_account(self):
+        await self.race_attempts(
+            ThrottlePolicy(failures_per_account=5), lambda n: "alice", lambda n: f"198.51.100.{n}"
+        )
