@@ -56,7 +56,7 @@ class Drain:
         await gatherResults([port.stopListening() for port in ports])
         if self.in_flight == 0:
             return 0
-        idle = Deferred()
+        idle: Deferred[None] = Deferred()
         self._idle.append(idle)
         idle.addTimeout(self._timeout, self._clock)
         try:
@@ -75,7 +75,7 @@ def stop_on_sigterm(reactor) -> None:
     reactor runs (it installs its own handlers at start).
     """
     log = Logger(namespace="authsrv.drain")
-    stopping = []
+    stopping: list[bool] = []
 
     def stop():
         if stopping:

@@ -11,6 +11,7 @@ JSON, the internal API's JSON, or an HTML page), never a 500 or a hang.
 from __future__ import annotations
 
 from collections import Counter
+from functools import partial
 from http import HTTPStatus
 
 from twisted.internet.protocol import Protocol
@@ -142,7 +143,7 @@ class LimitedChannel(HTTPChannel):
 
     def _start(self, seconds: int, what: str):
         self._stop()
-        self._deadline = self.callLater(seconds, self._too_slow, what)
+        self._deadline = self.callLater(seconds, partial(self._too_slow, what))
 
     def _stop(self):
         if self._deadline is not None and self._deadline.active():
@@ -156,7 +157,8 @@ class LimitedChannel(HTTPChannel):
     def _refuse(self, status: int, description: str):
         self._stop()
         self._refused = True
-        self.transport.write(raw_refusal(self._target, status, description, self.fixed_headers))
+        if self.transport is not None:
+            self.transport.write(raw_refusal(self._target, status, description, self.fixed_headers))
         self.loseConnection()
 
     def dataReceived(self, data):
@@ -228,7 +230,7 @@ class LimitedSite(Site):
     address), headers on every response, and an optional access log.
     """
 
-    protocol = LimitedChannel
+    protocol = LimitedChannel  # type: ignore[assignment]  # Twisted types it as HTTPChannel's own factory
 
     def __init__(self, resource, *, limits: InputLimits, access_log: bool, headers=(), **kwargs):
         super().__init__(resource, timeout=limits.idle_timeout, **kwargs)
