@@ -116,6 +116,7 @@ class Config:
     shutdown: Shutdown = Shutdown()
     hsts_max_age: int = HSTS_MAX_AGE
     throttle: ThrottlePolicy = ThrottlePolicy()
+    show_ban_reason: bool = False
 
     @property
     def issuer(self) -> str:
@@ -209,7 +210,8 @@ def _throttle(section: Section) -> ThrottlePolicy:
     defaults = ThrottlePolicy()
     values = {
         name: section.int(name, getattr(defaults, name), minimum=1)
-        for name in ("failures_per_pair", "failures_per_address", "failures_per_account")
+        for name in ("failures_per_pair", "failures_per_address", "failures_per_account",
+                     "checks_in_flight", "checks_per_address")
     }
     for name in ("window", "max_delay"):
         values[name] = section.duration(name, getattr(defaults, name))
@@ -295,6 +297,9 @@ def parse_config(data: dict, path: Path | None) -> Config:
     input_limits = _input_limits(limits_section)
     limits = _limits(limits_section)
     throttle = _throttle(top.table("throttle", None) or Section({}, "throttle", base_dir))
+    ui = top.table("ui", None) or Section({}, "ui", base_dir)
+    show_ban_reason = ui.bool("show_ban_reason", False)
+    ui.done()
     store = _plugin(top.table("store", None) or Section({}, "store", base_dir), "sqlite")
     keystore = _plugin(top.table("keystore", None) or Section({}, "keystore", base_dir), "jwk-file")
     identity = tuple(_plugin(s) for s in top.tables("identity"))
@@ -326,6 +331,7 @@ def parse_config(data: dict, path: Path | None) -> Config:
         shutdown=shutdown,
         hsts_max_age=hsts_max_age,
         throttle=throttle,
+        show_ban_reason=show_ban_reason,
     )
 
 

@@ -26,6 +26,16 @@ def login_failed(*, login: str, reason: str, address: str) -> None:
           reason=reason, address=address)
 
 
+def login_throttled(*, login: str, address: str, retry_after: int) -> None:
+    _emit("login.throttled", "login as {login!r} from {address} throttled for {retry_after}s", login=login,
+          address=address, retry_after=retry_after)
+
+
+def login_suspended(*, sub: str, address: str, reason: str) -> None:
+    _emit("login.suspended", "correct password for suspended account {sub} from {address}: {reason}", sub=sub,
+          address=address, reason=reason)
+
+
 def consent_given(*, sub: str, client_id: str, scope: str) -> None:
     _emit("consent.given", "{sub} consented to {scope} for {client_id}", sub=sub,
           client_id=client_id, scope=scope)

@@ -378,6 +378,10 @@ class ThrottlePolicy:
     failures_per_account: int = 100
     window: int = 15 * 60
     max_delay: int = 15 * 60
+    checks_in_flight: int = 32
+    """Password checks one instance runs or queues at once; past it, logins answer 503 at once."""
+    checks_per_address: int = 4
+    """Password checks of one client address at once; past it, 429 at once."""
 
 
 @frozen

@@ -44,7 +44,6 @@ from authsrv.flows.link import ChatLinking
 from authsrv.flows.login import PasswordLogin
 from authsrv.flows.revoke import RevocationFlow
 from authsrv.flows.sessions import SessionEnder
-from authsrv.flows.throttle import MemoryLoginThrottle
 from authsrv.flows.token import TokenFlow
 from authsrv.flows.userinfo import UserInfoFlow
 from authsrv.identity.chain import IdentityChain
@@ -255,11 +254,11 @@ def public_flows(config: Config, reactor, store, keystore, identity, grants: Gra
     sessions = SessionEnder(
         store=store, notify=lambda session: notifier.session_ended(store, keystore, config.issuer, session)
     )
-    login = PasswordLogin(identity=identity, store=store, throttle=MemoryLoginThrottle())
+    login = PasswordLogin(identity=identity, store=store, policy=config.throttle)
     return PublicFlows(
         interaction=InteractionFlow(
             store=store, clients=clients, identity=identity, login=login, sessions=sessions,
-            limits=config.limits, issuer=config.issuer,
+            limits=config.limits, issuer=config.issuer, show_ban_reason=config.show_ban_reason,
         ),
         token=TokenFlow(clients=clients, grants=grants),
         userinfo=UserInfoFlow(store=store, identity=identity, claims=_claims(config, store), issuer=config.issuer),

@@ -17,7 +17,7 @@ from urllib.parse import urlencode
 
 from authsrv import events
 from authsrv.flows.csrf import form_token, form_token_valid, valid_device_secret
-from authsrv.flows.login import LoggedIn, Refused, Throttled
+from authsrv.flows.login import LoggedIn, Refused, Suspended, Throttled
 from authsrv.flows.outcomes import Browser, ConsentForm, CookieChanges, LoginForm, Redirect
 from authsrv.flows.sessions import live_session, start_session
 from authsrv.protocol.authorize import (
@@ -55,8 +55,15 @@ _STAGE_PATHS = {LOGIN_STAGE: "/login", CONSENT_STAGE: "/consent"}
 
 
 def too_many_attempts(retry_after: int) -> str:
-    minutes = max(1, -(-retry_after // 60))
-    return f"Too many attempts; try again in {minutes} minute{'s' if minutes != 1 else ''}."
+    return f"Too many attempts; try again in {retry_after} second{'s' if retry_after != 1 else ''}."
+
+
+def suspended(reason: str | None) -> PageError:
+    """A correct password for a banned or disabled account (DESIGN.md, Brute force)."""
+    message = "This account is suspended, so it cannot sign in here."
+    if reason:
+        message += f" Reason: {reason}"
+    return PageError(403, "Account suspended", message)
 
 
 def _expired() -> PageError:
@@ -75,7 +82,9 @@ class InteractionFlow:
     C{get_client}; C{limits} gives the code, session and interaction lifetimes.
     """
 
-    def __init__(self, *, store, clients, identity, login, sessions, limits, issuer: str):
+    def __init__(self, *, store, clients, identity, login, sessions, limits, issuer: str,
+                 show_ban_reason: bool = False):
+        self._show_ban_reason = show_ban_reason
         self._store = store
         self._sessions = sessions
         self._clients = clients
@@ -113,13 +122,15 @@ class InteractionFlow:
         username, password = form.get("username", ""), form.get("password", "")
         if not username or not password:
             return self._login_form(200, interaction, client, username=username, message=MISSING)
-        outcome = await self._login.log_in(username, password, address, now)
+        outcome = await self._login.log_in(username, password, address, browser.device, now)
         if isinstance(outcome, Throttled):
             return self._login_form(429, interaction, client, username=username,
                                     message=too_many_attempts(outcome.retry_after),
                                     retry_after=outcome.retry_after)
         if isinstance(outcome, Refused):
             return self._login_form(200, interaction, client, username=username, message=INCORRECT)
+        if isinstance(outcome, Suspended):
+            raise suspended(outcome.reason if self._show_ban_reason else None)
         if not isinstance(outcome, LoggedIn):
             return self._login_form(503, interaction, client, username=username, message=UNAVAILABLE)
         if not await self._store.take_interaction(interaction.interaction_id, LOGIN_STAGE):

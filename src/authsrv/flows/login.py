@@ -1,10 +1,16 @@
 """
-Checking a password: the throttle first, then the identity backends through
-the twisted.cred portal, then the user's standing. The real reason of a
-refusal goes only to the audit log; the person sees one answer for all.
+Checking a password (DESIGN.md, Brute force): the attempt is counted in
+the store before any password is checked, so every instance sees the same
+numbers and parallel requests cannot check more passwords than the limit
+allows; then the identity backends through the twisted.cred portal, then
+the user's standing. The person sees one answer for an unknown user and a
+wrong password; the real reason goes only to the audit log.
 """
 
 from __future__ import annotations
+
+import unicodedata
+from collections import Counter
 
 from attrs import frozen
 from twisted.cred.credentials import UsernamePassword
@@ -17,12 +23,21 @@ from authsrv.flows.standing import standing
 from authsrv.identity.errors import UnknownUser
 from authsrv.identity.realm import UserRealm
 from authsrv.interfaces import IUser
-from authsrv.records import User
+from authsrv.records import ThrottlePolicy, User
+from authsrv.tokens import token_hash
 
 log = Logger()
 
 LOGGED_LOGIN_MAX = 64
 """Logins are cut to this length in events: a mistyped password may sit in the username field."""
+KNOWN_DEVICE_TTL = 180 * 86400
+"""How long a browser that signed in to an account passes that account's limit."""
+BUSY_RETRY = 5
+
+
+def account_key(login: str) -> str:
+    """Logins counted as the identity backends compare them: NFC, casefolded; unknown ones alike."""
+    return unicodedata.normalize("NFC", login).casefold()
 
 
 @frozen
@@ -32,7 +47,7 @@ class LoggedIn:
 
 @frozen
 class Refused:
-    """Wrong password, unknown user or a user who may not log in: one answer for all."""
+    """Wrong password or unknown user: one answer for both."""
 
 
 @frozen
@@ -41,45 +56,79 @@ class Throttled:
 
 
 @frozen
+class Suspended:
+    """The right password for a banned or disabled account: not a failure."""
+
+    reason: str | None
+
+
+@frozen
 class Unavailable:
-    """The identity backend could not answer: never reported as a wrong password."""
+    """The identity backend could not answer, or too many checks are queued: never a wrong password."""
 
 
 class PasswordLogin:
     """
-    C{identity} is the identity chain, C{throttle} an
-    L{authsrv.interfaces.ILoginThrottle}.
+    C{identity} is the identity chain, C{store} provides
+    L{authsrv.interfaces.ILoginThrottle} and
+    L{authsrv.interfaces.IKnownDeviceStore}.
     """
 
-    def __init__(self, *, identity, store, throttle):
+    def __init__(self, *, identity, store, policy: ThrottlePolicy):
         self._portal = Portal(UserRealm(identity), [identity])
         self._identity = identity
         self._store = store
-        self._throttle = throttle
+        self._policy = policy
+        self._checks = Counter[str]()
 
-    async def log_in(self, login: str, password: str, address: str, now: float):
-        """Fires with L{LoggedIn}, L{Refused}, L{Throttled} or L{Unavailable}."""
+    async def log_in(self, login: str, password: str, address: str, device: str | None, now: float):
+        """
+        Fires with L{LoggedIn}, L{Refused}, L{Throttled}, L{Suspended} or
+        L{Unavailable}. C{device} is the browser's device secret: a browser
+        that signed in to this account before passes the account's limit.
+        """
         logged = login[:LOGGED_LOGIN_MAX]
-        wait = await self._throttle.retry_after(login, address, now)
-        if wait is not None:
-            events.login_failed(login=logged, reason="throttled", address=address)
-            return Throttled(wait)
+        if self._checks.total() >= self._policy.checks_in_flight:
+            events.login_failed(login=logged, reason="too many password checks in flight", address=address)
+            return Unavailable()
+        if self._checks[address] >= self._policy.checks_per_address:
+            events.login_throttled(login=logged, address=address, retry_after=BUSY_RETRY)
+            return Throttled(BUSY_RETRY)
+        self._checks[address] += 1
+        try:
+            return await self._log_in(login, password, address, device, now)
+        finally:
+            self._checks[address] -= 1
+            if not self._checks[address]:
+                del self._checks[address]
+
+    async def _log_in(self, login: str, password: str, address: str, device: str | None, now: float):
+        logged = login[:LOGGED_LOGIN_MAX]
+        account, seconds = account_key(login), int(now)
+        device_hash = token_hash(device) if device else None
+        known = device_hash is not None and await self._store.known_device(account, device_hash, seconds)
+        decision = await self._store.attempt(account, address, known, self._policy, seconds)
+        if decision.wait is not None:
+            events.login_throttled(login=logged, address=address, retry_after=decision.wait)
+            return Throttled(decision.wait)
         try:
             _, user, _ = await self._portal.login(UsernamePassword(login.encode(), password.encode()), None, IUser)
-            user_standing = await standing(self._identity, self._store, user.sub, int(now))
+            user_standing = await standing(self._identity, self._store, user.sub, seconds)
         except UnauthorizedLogin as e:
-            await self._throttle.failed(login, address, now)
             reason = "unknown user" if isinstance(e, UnknownUser) else "wrong password"
             events.login_failed(login=logged, reason=reason, address=address)
             return Refused()
         except Exception as e:
+            await self._store.forgive(decision.ticket)
             log.warn("login impossible, identity backend failed: {error}", error=str(e) or type(e).__name__)
             events.login_failed(login=logged, reason="identity backend unavailable", address=address)
             return Unavailable()
         if not user_standing.allowed:
-            await self._throttle.failed(login, address, now)
+            await self._store.forgive(decision.ticket)
             reason = "disabled" if user.disabled else "banned"
-            events.login_failed(login=logged, reason=reason, address=address)
-            return Refused()
-        await self._throttle.succeeded(login, address, now)
+            events.login_suspended(sub=user.sub, address=address, reason=reason)
+            return Suspended(user_standing.ban_reason)
+        await self._store.succeeded(account, address, seconds)
+        if device_hash is not None:
+            await self._store.remember_device(account, device_hash, seconds + KNOWN_DEVICE_TTL)
         return LoggedIn(user)

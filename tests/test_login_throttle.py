@@ -1,0 +1,80 @@
+"""
+The password check with the store's throttle (PasswordLogin), driven with
+client addresses of our choosing: a parallel burst checks no more passwords
+than the limit, a distributed attack on one account never keeps out a
+browser that signed in to it before, and the queue of checks is bounded.
+"""
+
+from __future__ import annotations
+
+import pytest_twisted
+from twisted.internet.defer import Deferred, gatherResults
+
+from authsrv.flows.login import LoggedIn, PasswordLogin, Refused, Throttled, Unavailable
+from authsrv.records import ThrottlePolicy
+from authsrv.testing.identity import ALICE, PASSWORDS
+
+from harness import Harness
+
+
+def counting(h: Harness, monkeypatch) -> list:
+    """The password checks the identity backend is asked for."""
+    checks: list = []
+    real = h.identity.requestAvatarId
+    monkeypatch.setattr(h.identity, "requestAvatarId", lambda c: checks.append(c) or real(c))
+    return checks
+
+
+def attempt(login: PasswordLogin, h: Harness, password: str, address: str, device: str | None = None):
+    return Deferred.fromCoroutine(login.log_in("alice", password, address, device, h.clock.seconds()))
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_parallel_burst_checks_no_more_passwords_than_the_limit(tmp_path, monkeypatch):
+    h = await Harness(tmp_path, monkeypatch).start()
+    try:
+        checks = counting(h, monkeypatch)
+        login = PasswordLogin(identity=h.identity, store=h.store, policy=ThrottlePolicy(checks_per_address=100))
+        outcomes = await gatherResults([attempt(login, h, "guess", "198.51.100.7") for _ in range(12)])
+        assert sum(isinstance(o, Refused) for o in outcomes) == 5
+        assert sum(isinstance(o, Throttled) for o in outcomes) == 7
+        assert len(checks) == 5
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_distributed_attack_never_keeps_out_a_known_browser(tmp_path, monkeypatch):
+    h = await Harness(tmp_path, monkeypatch).start()
+    try:
+        policy = ThrottlePolicy(failures_per_account=6)
+        login = PasswordLogin(identity=h.identity, store=h.store, policy=policy)
+        device = "d" * 43
+        assert isinstance(await attempt(login, h, PASSWORDS[ALICE.sub], "192.0.2.1", device), LoggedIn)
+        for n in range(6):
+            assert isinstance(await attempt(login, h, "guess", f"203.0.113.{n}"), Refused)
+        checks = counting(h, monkeypatch)
+        stranger = await attempt(login, h, PASSWORDS[ALICE.sub], "203.0.113.99", "e" * 43)
+        assert isinstance(stranger, Throttled) and stranger.retry_after == 15 * 60
+        assert checks == []
+        assert isinstance(await attempt(login, h, PASSWORDS[ALICE.sub], "192.0.2.1", device), LoggedIn)
+        assert isinstance(await attempt(login, h, PASSWORDS[ALICE.sub], "192.0.2.200", device), LoggedIn)
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_queue_of_password_checks_is_bounded(tmp_path, monkeypatch):
+    h = await Harness(tmp_path, monkeypatch).start()
+    try:
+        login = PasswordLogin(identity=h.identity, store=h.store,
+                              policy=ThrottlePolicy(checks_per_address=1, checks_in_flight=2))
+        first = attempt(login, h, "guess", "192.0.2.1")
+        same_address = await attempt(login, h, "guess", "192.0.2.1")
+        assert isinstance(same_address, Throttled)
+        second = attempt(login, h, "guess", "192.0.2.2")
+        assert isinstance(await attempt(login, h, "guess", "192.0.2.3"), Unavailable)
+        assert [type(o) for o in await gatherResults([first, second])] == [Refused, Refused]
+        assert isinstance(await attempt(login, h, "guess", "192.0.2.3"), Refused)
+    finally:
+        await h.close()
