@@ -682,7 +682,7 @@ def test_end_to_end_disabled_in_the_directory_and_outage(ldap_server, slapd):
     assert requests.get(f"{ldap_server.base}/api/auth/oauth2/userinfo", timeout=10,
                         headers={"authorization": f"Bearer {refreshed.json()['access_token']}"}).status_code == 401
     refused_login, _ = _login(ldap_server, "pat", E2E_PASSWORD)
-    assert refused_login.status_code == 200 and "incorrect" in refused_login.text
+    assert refused_login.status_code == 403 and "Account suspended" in refused_login.text
 
     slapd.modify(user_dn(E2E_USER.login), nsAccountLock=[], description=[])
     answer, verifier = _login(ldap_server, "pat", E2E_PASSWORD)
