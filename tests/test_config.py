@@ -8,11 +8,12 @@ from __future__ import annotations
 import string
 from pathlib import Path
 
+import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from authsrv.config import ConfigFileError, Limits, load_config, parse_config
+from authsrv.config import ConfigFileError, InputLimits, Limits, load_config, parse_config
 from authsrv.configsection import ConfigError, Section, parse_duration
 from authsrv.records import ThrottlePolicy
 from authsrv.tokens import token_hash
@@ -139,7 +140,8 @@ def test_durations():
 def test_any_unknown_key_is_rejected_and_named(name):
     known = {"code_ttl", "access_token_ttl", "id_token_ttl", "refresh_token_idle_ttl",
              "refresh_token_absolute_ttl", "refresh_grace", "session_ttl",
-             "pending_request_ttl", "max_body_bytes"}
+             "pending_request_ttl", "max_body_bytes", "parameters",
+             *(f.name for f in attrs.fields(InputLimits))}
     if name in known:
         return
     with pytest.raises(ConfigError) as caught:
@@ -202,3 +204,12 @@ def test_client_grant_types_default_to_code_and_refresh():
     assert default.grant_types == ("authorization_code", "refresh_token")
     (limited,) = parse_config({"clients": [dict(CLIENT, grant_types=["authorization_code"])]}, None).clients
     assert limited.grant_types == ("authorization_code",)
+
+
+def test_trusted_proxies_are_addresses_or_blocks():
+    config = parse_config({"server": {"trusted_proxies": ["127.0.0.1", "10.0.0.0/8", "::1"]}}, None)
+    assert [str(n) for n in config.trusted_proxies] == ["127.0.0.1/32", "10.0.0.0/8", "::1/128"]
+    assert error_of({"server": {"trusted_proxies": ["10.0.0.0/8", "proxy.local"]}}) == (
+        "server.trusted_proxies[1]: 'proxy.local' is not an IP address or CIDR block"
+    )
+    assert parse_config({}, None).trusted_proxies == ()

@@ -7,6 +7,7 @@ browser that signed in to it before, and the queue of checks is bounded.
 
 from __future__ import annotations
 
+import pytest
 import pytest_twisted
 from twisted.internet.defer import Deferred, gatherResults
 
@@ -14,7 +15,23 @@ from authsrv.flows.login import LoggedIn, PasswordLogin, Refused, Throttled, Una
 from authsrv.records import ThrottlePolicy
 from authsrv.testing.identity import ALICE, PASSWORDS
 
-from harness import Harness
+from flow_client import Browser, hidden_fields, location
+from harness import ISSUER, Harness
+
+
+@pytest.fixture
+def audit():
+    """Every audit event while the test runs; C{audit.of(kind)} those of one kind."""
+    from twisted.logger import globalLogPublisher
+
+    class Events(list):
+        def of(self, kind):
+            return [e for e in self if e.get("log_namespace") == "authsrv.audit" and e.get("event") == kind]
+
+    events = Events()
+    globalLogPublisher.addObserver(events.append)
+    yield events
+    globalLogPublisher.removeObserver(events.append)
 
 
 def counting(h: Harness, monkeypatch) -> list:
@@ -76,5 +93,44 @@ async def test_the_queue_of_password_checks_is_bounded(tmp_path, monkeypatch):
         assert isinstance(await attempt(login, h, "guess", "192.0.2.3"), Unavailable)
         assert [type(o) for o in await gatherResults([first, second])] == [Refused, Refused]
         assert isinstance(await attempt(login, h, "guess", "192.0.2.3"), Refused)
+    finally:
+        await h.close()
+
+
+async def _login_from(browser: Browser, address: str, login: str, password: str):
+    """Submit the login form as a request a trusted proxy forwarded for C{address}."""
+    response, body = await browser.authorize("first", prompt="login")
+    page = location(response)
+    response, body = await browser.get(page)
+    fields = {**hidden_fields(body), "username": login, "password": password}
+    return await browser.request("POST", ISSUER + "/login", data=fields,
+                                 headers={"X-Forwarded-For": f"{address}, 10.0.0.2"})
+
+
+@pytest_twisted.ensureDeferred
+async def test_behind_a_trusted_proxy_a_flood_from_one_client_keeps_no_one_else_out(tmp_path, monkeypatch, audit):
+    h = await Harness(tmp_path, monkeypatch,
+                      {"server": {"trusted_proxies": ["127.0.0.1", "10.0.0.0/8"]},
+                       "throttle": {"failures_per_address": 10}}).start()
+    try:
+        attacker = Browser(h)
+        for n in range(12):
+            response, _ = await _login_from(attacker, "203.0.113.9", f"user{n % 3}", "guess")
+        assert response.code == 429
+        response, _ = await _login_from(Browser(h), "198.51.100.20", "alice", PASSWORDS[ALICE.sub])
+        assert response.code == 303
+        addresses = {e["address"] for e in audit.of("login.failed") + audit.of("login.throttled")}
+        assert addresses == {"203.0.113.9"}
+        assert audit.of("login.succeeded")[-1]["address"] == "198.51.100.20"
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_forwarding_headers_from_an_untrusted_peer_are_ignored(tmp_path, monkeypatch, audit):
+    h = await Harness(tmp_path, monkeypatch).start()
+    try:
+        await _login_from(Browser(h), "203.0.113.9", "alice", "guess")
+        assert audit.of("login.failed")[-1]["address"] == "127.0.0.1"
     finally:
         await h.close()

@@ -18,6 +18,7 @@ from authsrv.chat.config import ChatConfig, chat_config
 from authsrv.configsection import ConfigError, Section
 from authsrv.flows.grants import GRANT_TYPES
 from authsrv.protocol.clients import CLIENT_ID_MAX, client_id_problem, is_loopback_host, redirect_uri_problem
+from authsrv.protocol.forwarded import Network, parse_networks
 from authsrv.records import DEFAULT_GRANT_TYPES, Client, ThrottlePolicy
 from authsrv.tokens import token_hash
 
@@ -115,6 +116,7 @@ class Config:
     input_limits: InputLimits = InputLimits()
     shutdown: Shutdown = Shutdown()
     hsts_max_age: int = HSTS_MAX_AGE
+    trusted_proxies: tuple[Network, ...] = ()
     throttle: ThrottlePolicy = ThrottlePolicy()
     show_ban_reason: bool = False
 
@@ -205,6 +207,17 @@ def _shutdown(section: Section) -> Shutdown:
     )
 
 
+def _trusted_proxies(server: Section) -> tuple[Network, ...]:
+    """C{[server] trusted_proxies}: the peers whose Forwarded and X-Forwarded-For headers are believed."""
+    values = server.str_list("trusted_proxies", [])
+    for index, value in enumerate(values):
+        try:
+            parse_networks([value])
+        except ValueError as e:
+            raise ConfigError(f"{server.key('trusted_proxies')}[{index}]", str(e)) from None
+    return parse_networks(values)
+
+
 def _throttle(section: Section) -> ThrottlePolicy:
     """The login throttle's limits (C{[throttle]}); see L{ThrottlePolicy}."""
     defaults = ThrottlePolicy()
@@ -285,6 +298,7 @@ def parse_config(data: dict, path: Path | None) -> Config:
     access_log = server.bool("access_log", False)
     shutdown = _shutdown(server)
     hsts_max_age = server.duration("hsts_max_age", HSTS_MAX_AGE)
+    trusted_proxies = _trusted_proxies(server)
     server.done()
     internal = top.table("internal", None) or Section({}, "internal", base_dir)
     internal_secret = internal.secret("secret", required=False)
@@ -332,6 +346,7 @@ def parse_config(data: dict, path: Path | None) -> Config:
         hsts_max_age=hsts_max_age,
         throttle=throttle,
         show_ban_reason=show_ban_reason,
+        trusted_proxies=trusted_proxies,
     )
 
 

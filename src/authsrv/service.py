@@ -288,6 +288,7 @@ def web_root(
         flows=public_flows(config, reactor, store, keystore, identity, grants, chat_link),
         ping=lambda: store.ping(),
         readiness=readiness,
+        trusted_proxies=config.trusted_proxies,
     )
     return Root(_documents(config, keystore, grants.grant_types), site.resource(), internal, config.input_limits)
 
@@ -327,7 +328,7 @@ def site_factory(root, config: Config, drain: Drain, reactor):
     def site() -> LimitedSite:
         made = LimitedSite(
             root, limits=config.input_limits, access_log=config.access_log, headers=headers,
-            requestFactory=request_factory, reactor=reactor,
+            trusted_proxies=config.trusted_proxies, requestFactory=request_factory, reactor=reactor,
         )
         made.displayTracebacks = False
         return made

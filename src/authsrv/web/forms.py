@@ -8,6 +8,7 @@ from __future__ import annotations
 from twisted.web.http import parse_qs
 
 from authsrv.protocol.errors import InvalidRequest
+from authsrv.protocol.forwarded import client_address
 from authsrv.protocol.params import single_params
 
 FORM = b"application/x-www-form-urlencoded"
@@ -49,3 +50,18 @@ def userinfo_form_token(request) -> str | None:
     if request.method == b"POST" and is_form(request):
         return single_params(request.args).get("access_token")
     return None
+
+
+def client_address_of(request, trusted_proxies) -> str:
+    """
+    The client's address: the TCP peer, or behind trusted proxies the
+    rightmost untrusted hop of Forwarded or X-Forwarded-For (DESIGN.md,
+    Client addresses). Throttling, events and limits all use this one.
+    """
+    peer = getattr(request.getClientAddress(), "host", None) or "unknown"
+    headers = request.requestHeaders
+    return client_address(
+        peer, trusted_proxies,
+        [v.decode("latin-1") for v in headers.getRawHeaders(b"forwarded", [])],
+        [v.decode("latin-1") for v in headers.getRawHeaders(b"x-forwarded-for", [])],
+    )

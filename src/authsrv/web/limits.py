@@ -20,6 +20,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import Site
 
 from authsrv.config import ISSUER_PATH, InputLimits
+from authsrv.protocol.forwarded import is_trusted
 from authsrv.web.headers import json_body
 from authsrv.web.pages import error_page
 
@@ -227,14 +228,17 @@ class LimitedSite(Site):
     """
     A L{Site} with L{LimitedChannel}s, caps on its open connections (per
     listener, since each listener gets its own site, and per client
-    address), headers on every response, and an optional access log.
+    address, trusted proxies excepted: everyone comes through them),
+    headers on every response, and an optional access log.
     """
 
     protocol = LimitedChannel  # type: ignore[assignment]  # Twisted types it as HTTPChannel's own factory
 
-    def __init__(self, resource, *, limits: InputLimits, access_log: bool, headers=(), **kwargs):
+    def __init__(self, resource, *, limits: InputLimits, access_log: bool, headers=(), trusted_proxies=(),
+                 **kwargs):
         super().__init__(resource, timeout=limits.idle_timeout, **kwargs)
         self.limits = limits
+        self._trusted_proxies = trusted_proxies
         self.fixed_headers = tuple(headers)
         self._access_log = access_log
         self.open_connections = 0
@@ -252,6 +256,7 @@ class LimitedSite(Site):
         if (
             address is not None
             and self.limits.max_connections_per_address
+            and not is_trusted(address, self._trusted_proxies)
             and self._by_address[address] >= self.limits.max_connections_per_address
         ):
             return _Refusal(429, "too many open connections from this address", self.fixed_headers)

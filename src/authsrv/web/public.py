@@ -26,7 +26,7 @@ from authsrv.protocol.bearer import bearer_token
 from authsrv.protocol.errors import InvalidRequest, OAuthError, PageError, TemporarilyUnavailable
 from authsrv.protocol.params import single_params
 from authsrv.store.errors import StoreUnavailable
-from authsrv.web.forms import form_params, page_form, userinfo_form_token
+from authsrv.web.forms import client_address_of, form_params, page_form, userinfo_form_token
 from authsrv.web.headers import allow_any_origin, json_body, oauth_error
 from authsrv.web.interaction_pages import consent_page, login_page
 from authsrv.web.pages import error_page, render_page
@@ -57,13 +57,15 @@ class PublicSite:
     C{flows} has the attributes C{interaction}, C{token}, C{userinfo},
     C{introspection}, C{revocation}, C{end_session} and C{linking} (None when
     no chat provider client is configured); C{ping()} checks the store and
-    C{readiness()} returns a start-up problem or None.
+    C{readiness()} returns a start-up problem or None; C{trusted_proxies}
+    are the peers whose forwarding headers name the client's address.
     """
 
     app = Klein()
     log = Logger()
 
-    def __init__(self, *, clock, issuer: str, cookies, flows, ping, readiness):
+    def __init__(self, *, clock, issuer: str, cookies, flows, ping, readiness, trusted_proxies=()):
+        self._trusted_proxies = trusted_proxies
         self._clock = clock
         self._issuer = issuer
         self._cookies = cookies
@@ -182,7 +184,7 @@ class PublicSite:
 
     @app.route(ISSUER_PATH + "/login", methods=["POST"])
     async def login_submitted(self, request):
-        address = getattr(request.getClientAddress(), "host", None) or "unknown"
+        address = client_address_of(request, self._trusted_proxies)
         outcome = await self._flows.interaction.submit_login(
             page_form(request), self._cookies.browser(request), address, self._clock.seconds()
         )

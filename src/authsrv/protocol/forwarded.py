@@ -1,0 +1,86 @@
+"""
+The client's address behind reverse proxies (RFC 7239 Forwarded, and the
+X-Forwarded-For convention): the hops are read right to left, starting at
+the TCP peer, skipping every hop that is a trusted proxy; the first
+untrusted hop is the client. Headers are read only when the peer itself is
+trusted, since anyone else can write them.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Iterable
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+_FOR = re.compile(r'(?:^|;)\s*for\s*=\s*("[^"]*"|[^;,\s]*)', re.IGNORECASE)
+
+
+def parse_networks(values: Iterable[str]) -> tuple[Network, ...]:
+    """Addresses and CIDR blocks; L{ValueError} names the first that is neither."""
+    networks = []
+    for value in values:
+        try:
+            networks.append(ipaddress.ip_network(value.strip(), strict=False))
+        except ValueError:
+            raise ValueError(f"{value!r} is not an IP address or CIDR block") from None
+    return tuple(networks)
+
+
+def _address(node: str) -> str | None:
+    """An RFC 7239 node (or X-Forwarded-For item) as an address, port dropped; None when not an IP."""
+    node = node.strip().strip('"').strip()
+    if node.startswith("["):
+        node = node[1:].partition("]")[0]
+    elif node.count(":") == 1:
+        node = node.partition(":")[0]
+    try:
+        return str(ipaddress.ip_address(node))
+    except ValueError:
+        return None
+
+
+def is_trusted(address: str | None, trusted: tuple[Network, ...]) -> bool:
+    """Whether C{address} is one of the trusted proxies."""
+    if address is None or not trusted:
+        return False
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return any(ip in network for network in trusted)
+
+
+def forwarded_hops(forwarded: Iterable[str]) -> list[str | None]:
+    """The C{for=} nodes of Forwarded header lines, in order; None for one that is no IP address."""
+    hops: list[str | None] = []
+    for line in forwarded:
+        for element in line.split(","):
+            match = _FOR.search(element)
+            hops.append(_address(match.group(1)) if match else None)
+    return hops
+
+
+def client_address(peer: str, trusted: tuple[Network, ...], forwarded: Iterable[str] = (),
+                   x_forwarded_for: Iterable[str] = ()) -> str:
+    """
+    The client's address: the peer itself unless it is a trusted proxy;
+    then the rightmost untrusted hop of Forwarded (or, without it,
+    X-Forwarded-For). A hop that is not an address, or a list that runs out
+    while every hop is trusted, leaves the last trusted hop as the answer.
+    """
+    if not trusted or not is_trusted(peer, trusted):
+        return peer
+    forwarded = list(forwarded)
+    hops = forwarded_hops(forwarded) if forwarded else [
+        _address(item) for line in x_forwarded_for for item in line.split(",")
+    ]
+    current = peer
+    for hop in reversed(hops):
+        if hop is None:
+            return current
+        current = hop
+        if not is_trusted(hop, trusted):
+            return hop
+    return current

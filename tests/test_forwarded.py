@@ -1,0 +1,52 @@
+"""The client address behind trusted proxies (RFC 7239 and X-Forwarded-For), as a pure function."""
+
+from __future__ import annotations
+
+import ipaddress
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from authsrv.protocol.forwarded import client_address, parse_networks
+
+PROXIES = parse_networks(["127.0.0.1/32", "10.0.0.0/8", "2001:db8:1::/48"])
+
+
+@pytest.mark.parametrize(
+    "peer, forwarded, xff, client",
+    [
+        ("198.51.100.1", ["for=192.0.2.9"], [], "198.51.100.1"),
+        ("198.51.100.1", [], ["192.0.2.9"], "198.51.100.1"),
+        ("127.0.0.1", [], [], "127.0.0.1"),
+        ("127.0.0.1", ["for=192.0.2.60;proto=https;by=127.0.0.1"], [], "192.0.2.60"),
+        ("127.0.0.1", ['for="192.0.2.60:4711"'], [], "192.0.2.60"),
+        ("127.0.0.1", ['For="[2001:db8:cafe::17]:4711"'], [], "2001:db8:cafe::17"),
+        ("127.0.0.1", ["for=203.0.113.5, for=192.0.2.60, for=10.1.2.3"], [], "192.0.2.60"),
+        ("127.0.0.1", ["for=203.0.113.5", "for=10.9.9.9"], [], "203.0.113.5"),
+        ("127.0.0.1", [], ["203.0.113.5, 192.0.2.60, 10.1.2.3"], "192.0.2.60"),
+        ("127.0.0.1", [], ["10.1.1.1, 10.1.2.3"], "10.1.1.1"),
+        ("127.0.0.1", ["for=_hidden, for=10.1.2.3"], [], "10.1.2.3"),
+        ("127.0.0.1", ["for=unknown"], [], "127.0.0.1"),
+        ("127.0.0.1", ["for=192.0.2.60"], ["203.0.113.5"], "192.0.2.60"),
+        ("127.0.0.1", ["by=10.0.0.1"], [], "127.0.0.1"),
+        ("2001:db8:1::5", [], ["192.0.2.1"], "192.0.2.1"),
+    ],
+)
+def test_rightmost_untrusted_hop(peer, forwarded, xff, client):
+    assert client_address(peer, PROXIES, forwarded, xff) == client
+
+
+def test_no_trusted_proxies_reads_no_header():
+    assert client_address("127.0.0.1", (), ["for=192.0.2.60"], ["192.0.2.60"]) == "127.0.0.1"
+
+
+def test_networks_are_checked():
+    with pytest.raises(ValueError, match="'10.0.0.0/33' is not an IP address or CIDR block"):
+        parse_networks(["10.0.0.0/33"])
+
+
+@given(forwarded=st.lists(st.text(max_size=40), max_size=3), xff=st.lists(st.text(max_size=40), max_size=3))
+def test_any_header_text_gives_an_ip_address(forwarded, xff):
+    """Whatever the headers say, the answer is an address, never their text."""
+    ipaddress.ip_address(client_address("127.0.0.1", PROXIES, forwarded, xff))
