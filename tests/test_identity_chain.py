@@ -135,10 +135,19 @@ def test_first_backend_that_knows_the_user_decides():
 
 
 def test_wrong_password_stops():
+    """
+    The later backends are still asked, for equal timing, but about a random
+    login and never the real one; their answer (here a success) is dropped.
+    """
     first, second = Scripted(check=UnauthorizedLogin("wrong")), Scripted(check="sub-2")
-    failure = check(IdentityChain([first, second]))
+    third = Scripted(check=BackendUnavailable("down"))
+    failure = check(IdentityChain([first, second, third]))
     assert type(failure) is UnauthorizedLogin
-    assert second.asked == []
+    [(_, decoy)] = second.asked
+    assert third.asked == second.asked
+    assert decoy != b"alice" and len(decoy) == 32
+    failure = check(IdentityChain([first, second, third]))
+    assert second.asked[1] != second.asked[0]
 
 
 def test_nobody_knows_the_user():
