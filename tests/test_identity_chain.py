@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import pytest_twisted
-from argon2 import PasswordHasher, profiles
+from argon2 import PasswordHasher, extract_parameters, profiles
 from attrs import asdict
 from twisted.cred.credentials import UsernamePassword
 from twisted.cred.error import UnauthorizedLogin
@@ -30,7 +30,7 @@ from authsrv.identity.static import StaticIdentityBackend, add_user, create_user
 from authsrv.interfaces import IIdentityBackend, IUser
 from authsrv.records import User
 from authsrv.service import build_identity
-from authsrv.testing.identity import ALICE, BOB, IdentityBackendConformance
+from authsrv.testing.identity import ALICE, BOB, PASSWORDS, IdentityBackendConformance, portal_login_fails
 
 CHEAP = PasswordHasher.from_parameters(profiles.CHEAPEST)
 CAROL_SUB = "sub-carol"
@@ -135,10 +135,19 @@ def test_first_backend_that_knows_the_user_decides():
 
 
 def test_wrong_password_stops():
+    """
+    The later backends are still asked, for equal timing, but about a random
+    login and never the real one; their answer (here a success) is dropped.
+    """
     first, second = Scripted(check=UnauthorizedLogin("wrong")), Scripted(check="sub-2")
-    failure = check(IdentityChain([first, second]))
+    third = Scripted(check=BackendUnavailable("down"))
+    failure = check(IdentityChain([first, second, third]))
     assert type(failure) is UnauthorizedLogin
-    assert second.asked == []
+    [(_, decoy)] = second.asked
+    assert third.asked == second.asked
+    assert decoy != b"alice" and len(decoy) == 32
+    failure = check(IdentityChain([first, second, third]))
+    assert second.asked[1] != second.asked[0]
 
 
 def test_nobody_knows_the_user():
@@ -245,6 +254,68 @@ class TestLdapThenStaticConformance(IdentityBackendConformance):
             email_verified=None, email_verified_attribute=None, disabled_reason_attribute=None,
         ))
         return IdentityChain([directory, static_backend(self.context, self.path, users)])
+
+
+class DirectoryWork:
+    """Wraps a backend's directory, noting its lookups on service connections and its user binds."""
+
+    def __init__(self, directory):
+        self._directory = directory
+        self.done: list[str] = []
+
+    def open(self, user, password, timeout):
+        self.done.append("bind")
+        return self._directory.open(user, password, timeout)
+
+    def run(self, operation):
+        self.done.append("lookup")
+        return self._directory.run(operation)
+
+    def close(self):
+        self._directory.close()
+
+
+class CountingVerifier(PasswordVerifier):
+    """Notes the argon2 parameters of every hash a password is checked against."""
+
+    def __init__(self, context):
+        super().__init__(context.reactor, context.threadpool("passwords", 2), CHEAP)
+        self.checked: list = []
+
+    def _check(self, password, stored_hash):
+        self.checked.append(extract_parameters(self._dummy if stored_hash is None else stored_hash))
+        return super()._check(password, stored_hash)
+
+
+@pytest_twisted.ensureDeferred
+async def test_refusals_cost_every_backends_work(slapd, context, tmp_path):
+    """
+    LDAP for staff, then the file for a service account: an unknown login,
+    a wrong password at the directory and one at the file each cost one
+    directory lookup, one bind and one password check, as chain.py's rule
+    says.
+    """
+    path = tmp_path / "users.toml"
+    create_users_file(path)
+    add_user(path, login="robot", sub="sub-robot", password_hash=hash_password("robot-pw", CHEAP))
+    verifier = CountingVerifier(context)
+    users = StaticIdentityBackend(path, context.reactor, verifier)
+    directory = ldap_backend(context, slapd.backend_config())
+    work = DirectoryWork(directory._directory)
+    directory._directory = work
+    chain = IdentityChain([directory, users])
+    await portal_login_fails(chain, "alice", "warming up the service connection")
+    cases = {"nobody": UnknownUser, "alice": UnauthorizedLogin, "robot": UnauthorizedLogin}
+    costs = {}
+    for login, failure in cases.items():
+        work.done.clear()
+        verifier.checked.clear()
+        assert type(await portal_login_fails(chain, login, "wrong")) is failure
+        costs[login] = (work.done[:], verifier.checked[:])
+    assert costs["nobody"] == costs["alice"] == costs["robot"] == (
+        ["lookup", "bind"], [extract_parameters(hash_password("x", CHEAP))]
+    )
+    await directory.close()
 
 
 @pytest_twisted.ensureDeferred

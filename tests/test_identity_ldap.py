@@ -33,13 +33,14 @@ from slapd import CORP_GROUPS, CORP_USERS, GROUPS, PEOPLE, SERVICE_DN, SERVICE_P
 
 from authsrv.configsection import ConfigError, Section
 from authsrv.context import PluginContext
+from authsrv.identity.chain import IdentityChain
 from authsrv.identity.errors import BackendUnavailable, UnknownUser
 from authsrv.identity.ldap import backend as ldap
 from authsrv.identity.ldap.config import settings_from_config
 from authsrv.identity.realm import UserRealm
 from authsrv.interfaces import IUser
 from authsrv.records import User
-from authsrv.testing.identity import INJECTION_LOGINS, MALLORY, IdentityBackendConformance
+from authsrv.testing.identity import ALICE, INJECTION_LOGINS, MALLORY, PASSWORDS, IdentityBackendConformance
 
 CAROL_SUB = "sub-carol"
 
@@ -144,6 +145,46 @@ def recorded(directory) -> Recorder:
     recorder = Recorder(directory._directory)
     directory._directory = recorder
     return recorder
+
+
+class Operations:
+    """
+    Wraps a backend's directory, noting each directory operation the backend
+    makes, in order: searches on service connections, and user binds (each
+    on a new connection) with the DN and password sent.
+    """
+
+    def __init__(self, directory):
+        self._directory = directory
+        self.done: list[str] = []
+        self.binds: list[tuple[str, bytes]] = []
+
+    def open(self, user, password, timeout):
+        self.done.append("bind")
+        self.binds.append((user, password))
+        return self._directory.open(user, password, timeout)
+
+    def run(self, operation):
+        return self._directory.run(lambda connection: operation(_CountingConnection(connection, self.done)))
+
+    def close(self):
+        self._directory.close()
+
+    def take(self) -> list[str]:
+        done, self.done = self.done, []
+        return done
+
+
+class _CountingConnection:
+    def __init__(self, connection, done: list[str]):
+        self._connection, self._done = connection, done
+
+    def search(self, *args, **kwargs):
+        self._done.append("search")
+        return self._connection.search(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._connection, name)
 
 
 # --- configuration -------------------------------------------------------------------
@@ -274,6 +315,38 @@ async def test_empty_password_is_never_sent(slapd, context):
                 assert not isinstance(failure, UnknownUser)
             assert [user for user, _ in recorder.binds if user and user != SERVICE_DN] == []
             assert isinstance(await refused(directory, "nobody", ""), UnknownUser)
+
+
+@pytest.mark.parametrize("password", ["wrong", ""])
+@pytest_twisted.ensureDeferred
+async def test_unknown_user_and_wrong_password_do_the_same_operations(slapd, context, password):
+    """
+    Through the login path (a portal over the identity chain): a search,
+    then a bind on a new connection (as a DN no entry has, with a random
+    password, for the unknown login), or only the search for an empty
+    password; the failures stay distinct for the chain.
+    """
+    async with opened(context, slapd.backend_config()) as directory:
+        chain = IdentityChain([directory])
+        operations = recorded_operations(directory)
+        await log_in(chain, "alice", PASSWORDS[ALICE.sub])
+        operations.take()
+        assert type(await refused(chain, "nobody", password)) is UnknownUser
+        unknown = operations.take()
+        assert type(await refused(chain, "alice", password)) is UnauthorizedLogin
+        wrong = operations.take()
+    assert unknown == wrong == (["search", "bind"] if password else ["search"])
+    if password:
+        (decoy_dn, decoy_password), (dn, sent) = operations.binds[1:]
+        assert dn == user_dn("alice") and sent == b"wrong"
+        assert decoy_dn.endswith("," + PEOPLE) and decoy_dn != dn
+        assert decoy_password != b"wrong" and len(decoy_password) == len(b"wrong")
+
+
+def recorded_operations(directory) -> Operations:
+    operations = Operations(directory._directory)
+    directory._directory = operations
+    return operations
 
 
 @pytest_twisted.ensureDeferred

@@ -15,7 +15,7 @@ import bcrypt
 import psycopg2
 import pytest
 import pytest_twisted
-from argon2 import PasswordHasher, profiles
+from argon2 import PasswordHasher, extract_parameters, profiles
 from twisted.cred.credentials import UsernamePassword
 from twisted.cred.error import UnauthorizedLogin
 from twisted.internet.defer import Deferred, gatherResults
@@ -26,6 +26,7 @@ from twisted.logger import capturedLogs, formatEvent
 from authsrv.configsection import ConfigError, Section
 from authsrv.context import PluginContext
 from authsrv.identity import postgres
+from authsrv.identity.chain import IdentityChain
 from authsrv.identity.errors import BackendUnavailable, UnknownUser
 from authsrv.identity.passwords import hash_password, is_argon2id_hash
 from authsrv.pg.pool import LOOKUP_POOL_NAME, LOOKUP_POOL_SIZE
@@ -39,6 +40,7 @@ from authsrv.testing.identity import (
     PASSWORDS,
     IdentityBackendConformance,
     UserManagementConformance,
+    portal_login_fails,
     seed_users,
 )
 
@@ -710,3 +712,90 @@ async def test_operator_leaves_mapped_users_to_their_owner(pg_dsn, tmp_path):
         assert refused.returncode == 1
         assert refused.stderr.startswith("authsrv-admin: no [[identity]] backend in the config can write users")
     assert execute(pg_dsn, "SELECT locked_at FROM staff") == [(None,)]
+
+
+# --- equal work for unknown users and wrong passwords --------------------------
+
+
+class CountingPool:
+    """The backend's pool, noting each statement sent to the database under the label of its call."""
+
+    def __init__(self, pool):
+        self._pool = pool
+        self.statements: list[str] = []
+
+    def run(self, work, label=""):
+        return self._pool.run(lambda connection: work(_CountingConnection(connection, self, label)), label)
+
+    def close(self):
+        self._pool.close()
+
+
+class _CountingConnection:
+    def __init__(self, connection, pool: CountingPool, label: str):
+        self._connection, self._pool, self._label = connection, pool, label
+
+    def cursor(self):
+        return _CountingCursor(self._connection.cursor(), self._pool, self._label)
+
+
+class _CountingCursor:
+    def __init__(self, cursor, pool: CountingPool, label: str):
+        self._cursor, self._pool, self._label = cursor, pool, label
+
+    def execute(self, *args, **kwargs):
+        self._pool.statements.append(self._label)
+        return self._cursor.execute(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._cursor, name)
+
+
+class CountingVerifier(postgres.MigratingVerifier):
+    """Notes the pool thread and the argon2 parameters of every hash a password is checked against."""
+
+    def __init__(self, context, hasher):
+        super().__init__(context.reactor, context.threadpool("passwords", 2), hasher)
+        self.checks: list[tuple] = []
+
+    def _check(self, password, stored_hash):
+        checked = self._dummy if stored_hash is None else stored_hash
+        self.checks.append((threading.current_thread().name.rstrip("0123456789"), extract_parameters(checked)))
+        return super()._check(password, stored_hash)
+
+
+@pytest_twisted.ensureDeferred
+async def test_unknown_user_and_wrong_password_do_the_same_work(pg_dsn, context, backends):
+    """
+    Through the login path (a portal over the identity chain): one
+    statement, then one check on the password pool against a hash of the
+    configured parameters, either way.
+    """
+    await add_users(open_backend({"dsn": pg_dsn}, context, backends), seed_users())
+    settings = read_settings(Section({"dsn": pg_dsn}, "identity[0]", None), "authsrv-identity")
+    pool = CountingPool(postgres.connection_pool(context.reactor, settings, 2, lookups(context)))
+    verifier = CountingVerifier(context, CHEAP)
+    backend = postgres.PostgresIdentityBackend(pool, verifier, postgres.OWN_QUERIES, "own")
+    backends.append(backend)
+    chain = IdentityChain([backend])
+    work = {}
+    for login, failure in (("nobody", UnknownUser), ("alice", UnauthorizedLogin)):
+        assert type(await portal_login_fails(chain, login, "wrong")) is failure
+        work[login] = (pool.statements[:], verifier.checks[:])
+        pool.statements.clear()
+        verifier.checks.clear()
+    assert work["nobody"] == work["alice"] == (
+        ["user_by_login"],
+        [("PoolThread-authsrv-passwords-", extract_parameters(hash_password("x", CHEAP)))],
+    )
+
+
+@pytest_twisted.ensureDeferred
+async def test_hash_of_other_parameters_upgraded_at_login(pg_dsn, context, backends):
+    """Its wrong passwords would cost another time than an unknown login, until replaced."""
+    other = PasswordHasher(time_cost=2, memory_cost=16, parallelism=1)
+    backend = open_backend({"dsn": pg_dsn}, context, backends)
+    await backend.add_user(ALICE, hash_password(PASSWORDS[ALICE.sub], other))
+    assert CHEAP.check_needs_rehash(stored_hash(pg_dsn, "identity_users", ALICE.sub))
+    assert await login(backend, b"alice", PASSWORDS[ALICE.sub].encode()) == ALICE.sub
+    assert not CHEAP.check_needs_rehash(stored_hash(pg_dsn, "identity_users", ALICE.sub))

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from attrs import asdict
 import pytest_twisted
-from argon2 import PasswordHasher, profiles
+from argon2 import PasswordHasher, extract_parameters, profiles
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from twisted.cred.credentials import UsernamePassword
@@ -29,8 +29,9 @@ from twisted.python.threadpool import ThreadPool
 
 from authsrv.configsection import ConfigError, Section
 from authsrv.context import PluginContext
+from authsrv.identity.chain import IdentityChain
 from authsrv.identity.errors import UnknownUser
-from authsrv.identity.passwords import PasswordVerifier, hash_password
+from authsrv.identity.passwords import DEFAULT_HASHER, PasswordVerifier, dummy_hash, hash_password
 from authsrv.identity.realm import UserRealm
 from authsrv.identity.static import (
     StaticIdentityBackend,
@@ -41,15 +42,21 @@ from authsrv.identity.static import (
     toml_string,
 )
 from authsrv.interfaces import IUser
-from authsrv.testing.identity import ALICE, PASSWORDS, IdentityBackendConformance, UserManagementConformance
+from authsrv.testing.identity import (
+    ALICE,
+    PASSWORDS,
+    IdentityBackendConformance,
+    UserManagementConformance,
+    portal_login_fails,
+)
 
 CHEAP = PasswordHasher.from_parameters(profiles.CHEAPEST)
 # A fixed salt: the hash is part of parametrized test ids, which every pytest-xdist worker must agree on.
-CHEAP_HASH = CHEAP.hash("secret", salt=b"stable test salt")
+CHEAP_HASH = CHEAP.hash("secret", salt=b"testsalt")
 
 
 class RecordingHasher(PasswordHasher):
-    """A cheap hasher that records the thread each check runs in."""
+    """A cheap hasher that records the thread each check runs in, and the hash it checks against."""
 
     def __init__(self):
         super().__init__(
@@ -60,9 +67,11 @@ class RecordingHasher(PasswordHasher):
             salt_len=CHEAP.salt_len,
         )
         self.checks: list[tuple[threading.Thread, bool]] = []
+        self.hashes: list[str] = []
 
     def verify(self, hash, password):
         self.checks.append((threading.current_thread(), isInIOThread()))
+        self.hashes.append(hash)
         return super().verify(hash, password)
 
 
@@ -435,6 +444,51 @@ async def test_unknown_user_checks_a_dummy_hash(users_file, reactor, context):
     with pytest.raises(UnknownUser):
         await backend.requestAvatarId(UsernamePassword("nobody", "secret"))
     assert len(hasher.checks) == 1
+
+
+def password_work(hasher: RecordingHasher) -> list[tuple]:
+    """What the checks recorded so far cost: each one's pool and argon2 parameters."""
+    work = [
+        (thread.name.rstrip("0123456789"), extract_parameters(stored))
+        for (thread, _), stored in zip(hasher.checks, hasher.hashes)
+    ]
+    hasher.checks.clear()
+    hasher.hashes.clear()
+    return work
+
+
+@pytest_twisted.ensureDeferred
+async def test_unknown_user_and_wrong_password_do_the_same_work(users_file, reactor, context):
+    """
+    Through the login path (a portal over the identity chain): one check
+    each, on the same pool, against a hash of the configured parameters.
+    """
+    hasher = RecordingHasher()
+    verifier = PasswordVerifier(reactor, context.threadpool("passwords", 2), hasher)
+    chain = IdentityChain([StaticIdentityBackend(users_file, reactor, verifier)])
+    assert type(await portal_login_fails(chain, "nobody", "wrong")) is UnknownUser
+    unknown = password_work(hasher)
+    assert type(await portal_login_fails(chain, "alice", "wrong")) is UnauthorizedLogin
+    wrong = password_work(hasher)
+    assert unknown == wrong == [("PoolThread-authsrv-passwords-", extract_parameters(CHEAP_HASH))]
+
+
+@pytest.mark.parametrize("hasher", [CHEAP, DEFAULT_HASHER, PasswordHasher(time_cost=2, memory_cost=32, parallelism=3, hash_len=24, salt_len=12)])
+def test_the_dummy_hash_has_exactly_the_hashers_parameters(hasher):
+    dummy = dummy_hash(hasher)
+    assert not hasher.check_needs_rehash(dummy)
+    assert extract_parameters(dummy) == extract_parameters(hash_password("x", hasher))
+    assert dummy != dummy_hash(hasher)
+
+
+def test_hashes_of_other_parameters_are_named(users_file, reactor, context):
+    pool = context.threadpool("passwords", 2)
+    with capturedLogs() as events:
+        StaticIdentityBackend(users_file, reactor, PasswordVerifier(reactor, pool, CHEAP))
+        assert not [e for e in events if e["log_level"] >= LogLevel.warn]
+        StaticIdentityBackend(users_file, reactor, PasswordVerifier(reactor, pool, DEFAULT_HASHER))
+    [warning] = [formatEvent(e) for e in events if e["log_level"] >= LogLevel.warn]
+    assert "'alice'" in warning and "other argon2 parameters" in warning
 
 
 @pytest.mark.parametrize("stored", ["plain", "$argon2id$v=19$m=8,t=1,p=1$garbage", ""])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import unicodedata
 from collections import Counter
+from typing import cast
 
 from attrs import frozen
 from twisted.cred.credentials import UsernamePassword
@@ -112,7 +113,8 @@ class PasswordLogin:
             events.login_throttled(login=logged, address=address, retry_after=decision.wait)
             return Throttled(decision.wait)
         try:
-            _, user, _ = await self._portal.login(UsernamePassword(login.encode(), password.encode()), None, IUser)
+            _, avatar, _ = await self._portal.login(UsernamePassword(login.encode(), password.encode()), None, IUser)
+            user = cast(User, avatar)
             user_standing = await standing(self._identity, self._store, user.sub, seconds)
         except UnauthorizedLogin as e:
             reason = "unknown user" if isinstance(e, UnknownUser) else "wrong password"

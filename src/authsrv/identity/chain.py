@@ -10,11 +10,25 @@ Dex's connectors: an unknown user lets the next backend answer, a wrong
 password stops, and a backend that is down is skipped, but when no
 backend knew the user the outage is the answer: never "wrong password" and
 never "no such user", which would end that user's grants.
+
+Timing must not tell an unknown login from a wrong password. Each backend
+gives both the same work (a dummy hash, a decoy bind), so an unknown login
+costs the unknown-user work of every backend, in order. The rule that
+keeps a wrong password at the same cost: after the backend that refuses the
+password, every later backend is still asked, about a random login no one
+has and with the typed password, and its answer (whatever it is, an outage
+too) is dropped; the real login never reaches them, so a same-named account
+elsewhere is neither tried nor locked. Then a refusal at backend i costs
+the unknown-user work of the backends before it, its own wrong-password
+work, and the unknown-user work of those after it: the same sum. A success
+skips the rest, since it tells the person the password was right anyway.
 """
 
 from __future__ import annotations
 
-from twisted.cred.credentials import IUsernamePassword
+import secrets
+
+from twisted.cred.credentials import IUsernamePassword, UsernamePassword
 from twisted.cred.error import UnauthorizedLogin
 from twisted.internet.defer import Deferred, fail, gatherResults, maybeDeferred, succeed
 from twisted.logger import Logger
@@ -52,6 +66,7 @@ class IdentityChain:
             except UnknownUser:
                 continue
             except UnauthorizedLogin:
+                await self._decoy(index + 1, credentials.password)
                 raise
             except Exception as e:
                 self._unavailable(index, e)
@@ -59,6 +74,17 @@ class IdentityChain:
         if outage is not None:
             raise BackendUnavailable(f"no identity backend knew the login, and one was unavailable: {outage}")
         raise UnknownUser("no identity backend knows this login")
+
+    async def _decoy(self, start: int, password) -> None:
+        """Ask the backends from C{start} on about a login no one has, as the module docstring says."""
+        decoy = UsernamePassword(secrets.token_hex(16).encode("ascii"), password)
+        for index in range(start, len(self.backends)):
+            try:
+                await maybeDeferred(self.backends[index].requestAvatarId, decoy)
+            except UnauthorizedLogin:
+                pass
+            except Exception as e:
+                self._unavailable(index, e)
 
     def _first(self, method: str, key, index: int = 0, outage: Exception | None = None) -> Deferred:
         """

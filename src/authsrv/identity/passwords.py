@@ -10,12 +10,13 @@ PostgreSQL) checks them through L{PasswordVerifier}.
 
 from __future__ import annotations
 
+import base64
 import secrets
-import threading
 from typing import Self
 
 from argon2 import PasswordHasher, Type, extract_parameters, profiles
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
+from argon2.low_level import ARGON2_VERSION
 from twisted.internet.defer import Deferred
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
@@ -46,13 +47,36 @@ def is_argon2id_hash(value: str) -> bool:
         return False
 
 
+def dummy_hash(hasher: PasswordHasher) -> str:
+    """
+    A PHC string with exactly C{hasher}'s parameters (type, version, memory,
+    time, lanes, salt and tag length) and a random salt and tag: checking a
+    password against it runs the full argon2 computation, as a real hash of
+    those parameters does, and matches nothing. Made without hashing, so it
+    is ready at once and costs no start-up time.
+    """
+    salt, tag = secrets.token_bytes(hasher.salt_len), secrets.token_bytes(hasher.hash_len)
+    return (
+        f"$argon2{hasher.type.name.lower()}$v={ARGON2_VERSION}"
+        f"$m={hasher.memory_cost},t={hasher.time_cost},p={hasher.parallelism}"
+        f"${_b64(salt)}${_b64(tag)}"
+    )
+
+
+def _b64(raw: bytes) -> str:
+    return base64.b64encode(raw).rstrip(b"=").decode("ascii")
+
+
 class PasswordVerifier:
     """
     Checks passwords against stored hashes on a bounded thread pool.
 
-    When there is no stored hash (unknown user), a dummy hash made with the
-    same parameters is checked anyway, so that an unknown login and a wrong
-    password cost the same time and cannot be told apart by timing.
+    When there is no stored hash (unknown user), the password is checked
+    against L{dummy_hash} of the configured hasher, on the same pool in the
+    same number of steps, so that an unknown login and a wrong password
+    cost the same time and cannot be told apart by timing. A stored hash
+    made with other parameters costs what its own parameters cost: see
+    L{needs_rehash}.
     """
 
     log = Logger()
@@ -61,21 +85,23 @@ class PasswordVerifier:
         self._reactor = reactor
         self._pool = pool
         self._hasher = hasher
-        self._dummy: str | None = None
-        self._dummy_lock = threading.Lock()
+        self._dummy = dummy_hash(hasher)
 
     @classmethod
     def for_context(cls, context, hasher: PasswordHasher = DEFAULT_HASHER) -> Self:
         """The verifier on the server's shared password pool of an L{IPluginContext}."""
         return cls(context.reactor, context.threadpool(POOL_NAME, POOL_SIZE), hasher)
 
-    def warm_up(self) -> None:
+    def needs_rehash(self, stored_hash: str) -> bool:
         """
-        Make the dummy hash now, in the pool, so that the first unknown login
-        costs no more than a wrong password; a backend calls this once its
-        configuration proved valid.
+        Whether C{stored_hash} was made with other parameters than the
+        configured hasher's: a wrong password for its user then costs a
+        different time than an unknown login, until the hash is replaced.
         """
-        self._pool.callInThread(self._dummy_hash)
+        try:
+            return self._hasher.check_needs_rehash(stored_hash)
+        except InvalidHashError:
+            return True
 
     def verify(self, login: str, password: str | bytes, stored_hash: str | None) -> Deferred:
         """
@@ -94,20 +120,13 @@ class PasswordVerifier:
 
         return d.addCallback(outcome)
 
-    def _dummy_hash(self) -> str:
-        # Made once, in a pool thread, from a random password nobody knows.
-        with self._dummy_lock:
-            if self._dummy is None:
-                self._dummy = self._hasher.hash(secrets.token_urlsafe(32))
-            return self._dummy
-
     def _check(self, password: str | bytes, stored_hash: str | None) -> str:
         # surrogatepass: text that is not valid Unicode still costs a full
         # check, and matches nothing, instead of failing as an outage.
         if isinstance(password, str):
             password = password.encode("utf-8", "surrogatepass")
         try:
-            self._hasher.verify(self._dummy_hash() if stored_hash is None else stored_hash, password)
+            self._hasher.verify(self._dummy if stored_hash is None else stored_hash, password)
         except VerifyMismatchError:
             return _MISMATCH
         except (InvalidHashError, VerificationError):

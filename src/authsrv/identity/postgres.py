@@ -148,6 +148,9 @@ class MigratingVerifier(PasswordVerifier):
     one after a successful login.
     """
 
+    def needs_rehash(self, stored_hash: str) -> bool:
+        return is_bcrypt_hash(stored_hash) or super().needs_rehash(stored_hash)
+
     def _check(self, password, stored_hash):
         if not is_bcrypt_hash(stored_hash):
             return super()._check(password, stored_hash)
@@ -381,8 +384,10 @@ class PostgresIdentityBackend:
     def requestAvatarId(self, credentials) -> Deferred:
         """
         Fires with the user's sub, or fails with L{UnknownUser},
-        L{UnauthorizedLogin} or L{BackendUnavailable}; an unknown login
-        costs the same hashing work as a wrong password.
+        L{UnauthorizedLogin} or L{BackendUnavailable}. An unknown login takes
+        the same steps as a wrong password: one query, one check on the
+        verifier's pool (against its dummy hash), the same decision; only a
+        success may add a round trip, to upgrade the hash.
         """
         return Deferred.fromCoroutine(self._check(credentials.username, credentials.password))
 
@@ -394,7 +399,8 @@ class PostgresIdentityBackend:
             raise UnknownUser("unknown login")
         if not matched:
             raise UnauthorizedLogin("wrong password")
-        if is_bcrypt_hash(stored) and (query := self._queries.update_password_hash):
+        query = self._queries.update_password_hash
+        if query and account.password_hash is not None and self._verifier.needs_rehash(account.password_hash):
             await self._upgrade(account, password, query)
         return account.user.sub
 
@@ -410,7 +416,7 @@ class PostgresIdentityBackend:
             await self._pool.run(lambda c: _write(c, query, parameters), "update_password_hash")
         except BackendUnavailable:
             return
-        log.info("password hash of {login!r} upgraded from bcrypt to argon2id", login=account.user.login)
+        log.info("password hash of {login!r} upgraded to the configured argon2id parameters", login=account.user.login)
 
     def close(self) -> Deferred:
         self._pool.close()
@@ -536,6 +542,5 @@ def build(section: Section, context, hasher=DEFAULT_HASHER) -> PostgresIdentityB
     pool = connection_pool(context.reactor, settings, pool_size, lookups, read_only=read_only)
     kind = PostgresIdentityBackend if read_only else OwnPostgresIdentityBackend
     backend = kind(pool, verifier, queries, mode)
-    verifier.warm_up()
     log.info("PostgreSQL identity backend ready ({mode} mode)", mode=mode)
     return backend

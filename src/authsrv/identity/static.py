@@ -186,8 +186,25 @@ class StaticIdentityBackend:
         self._signature: tuple | None = _signature(self._path)
         self._users = _Users.of(_read(self._path))
         self._checked_at = reactor.seconds()
-        verifier.warm_up()
         log.info("{count} users loaded from {path}", count=len(self._users.by_sub), path=str(self._path))
+        self._warn_of_other_parameters()
+
+    def _warn_of_other_parameters(self) -> None:
+        """
+        Name the users whose hashes were made with other argon2 parameters
+        than the configured ones: a wrong password for them costs what their
+        hash's parameters cost, not what an unknown login costs, so timing
+        would tell their names apart until their passwords are set again.
+        """
+        accounts = self._users.by_sub.values()
+        logins = sorted(a.user.login for a in accounts if self._verifier.needs_rehash(a.password_hash))
+        if logins:
+            log.warn(
+                "{path}: the password hashes of {logins} have other argon2 parameters than the configured"
+                " ones, so timing tells these logins from unknown ones: set their passwords again"
+                " (authsrv-admin user passwd)",
+                path=str(self._path), logins=", ".join(map(repr, logins)),
+            )
 
     def _refresh(self) -> None:
         """Re-read the file if it changed, looking at most once per L{RELOAD_INTERVAL}."""
@@ -215,6 +232,7 @@ class StaticIdentityBackend:
                     count=len(self._users.by_sub),
                     path=str(self._path),
                 )
+                self._warn_of_other_parameters()
                 return
         log.error(
             "users file {path} not reloaded, still serving the {count} users read before: {problem}",
@@ -231,8 +249,9 @@ class StaticIdentityBackend:
     def requestAvatarId(self, credentials) -> Deferred:
         """
         Fires with the user's sub, or fails with L{UnknownUser} or
-        L{UnauthorizedLogin}; an unknown login costs the same hashing work
-        as a wrong password.
+        L{UnauthorizedLogin}. An unknown login takes the same steps as a
+        wrong password: one check on the verifier's pool, against the
+        verifier's dummy hash, then the same decision.
         """
         account = self._by_login(credentials.username)
         d = self._verifier.verify(

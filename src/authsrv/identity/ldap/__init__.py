@@ -7,8 +7,10 @@ L{IIdentityBackend}.
 A login is a search, then a bind (ldaptor's LDAPBindingChecker, Dex's LDAP
 connector): the service account (or an anonymous search) finds the one
 entry the configured filter matches, and a bind as that entry checks the
-password, so no password hash ever leaves the directory. Every value a user
-typed is escaped before it enters a filter.
+password, so no password hash ever leaves the directory. A login the search
+does not find still costs a bind, as a DN no entry has, so that timing does
+not tell unknown logins from wrong passwords. Every value a user typed is
+escaped before it enters a filter.
 
 ldap3 blocks, so every directory operation runs on the server's bounded
 C{ldap} thread pool, on a connection that one thread uses at a time; a

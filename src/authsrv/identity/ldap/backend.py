@@ -5,6 +5,7 @@ entries, required groups followed through nested groups.
 
 from __future__ import annotations
 
+import secrets
 import uuid
 
 from attrs import frozen
@@ -107,6 +108,7 @@ class LdapIdentityBackend:
         self._pool = pool
         self._directory = Directory(settings)
         self._any_user = settings.user_filter.replace("{login}", "*")
+        self._decoy_dn = f"{settings.login_attribute}={secrets.token_hex(16)},{settings.user_base_dn}"
         self._required = {dn_key(g) for g in settings.required_groups}
         wanted = [
             settings.login_attribute, settings.subject_attribute, settings.name_attribute,
@@ -150,15 +152,27 @@ class LdapIdentityBackend:
     # -- in pool threads --
 
     def _check(self, username, password) -> str:
+        """
+        A search, then a bind: as the user's entry when the search found
+        one, else as L{_decoy_dn} with a random password of the same length,
+        which cannot succeed. So an unknown login costs the directory the
+        same round trips as a wrong password (a new connection, StartTLS
+        when configured, a bind), and its failure stays L{UnknownUser}.
+        """
         login = credential_text(username)
         if not login or len(login) > LOGIN_MAX:
             raise UnknownUser("unknown login")
         entry, sub = self._directory.run(lambda c: self._login_entry(c, login))
-        if entry is None:
-            raise UnknownUser("unknown login")
         secret = password.encode("utf-8", "surrogatepass") if isinstance(password, str) else password
         if not secret:
-            raise UnauthorizedLogin("empty password")
+            raise UnknownUser("unknown login") if entry is None else UnauthorizedLogin("empty password")
+        if entry is None:
+            decoy = secrets.token_urlsafe(len(secret)).encode("ascii")[:len(secret)]
+            try:
+                close_connection(self._directory.open(self._decoy_dn, decoy, self._settings.bind_timeout))
+            except UnauthorizedLogin:
+                pass
+            raise UnknownUser("unknown login")
         close_connection(self._directory.open(entry.dn, secret, self._settings.bind_timeout))
         return sub
 

@@ -22,9 +22,11 @@ from authsrv.identity.ldap.config import LdapSettings
 
 log = Logger()
 
-_BIND_REFUSED = {48, 49, 50, 53}
-"""Bind results that mean "not with this password": inappropriate authentication,
-invalid credentials, insufficient access, unwilling to perform (locked, expired)."""
+_BIND_REFUSED = {32, 48, 49, 50, 53}
+"""Bind results that mean "not with this password": no such object (the decoy bind of
+an unknown login, on a directory that says so rather than invalid credentials),
+inappropriate authentication, invalid credentials, insufficient access, unwilling to
+perform (locked, expired)."""
 
 
 class _Dropped(Exception):
