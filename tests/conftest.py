@@ -17,6 +17,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from twisted.logger import globalLogPublisher
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -180,3 +181,17 @@ def slapd():
     server = Slapd()
     yield server
     server.destroy()
+
+
+@pytest.fixture
+def audit():
+    """Every log event while the test runs; C{audit.of(kind)} the audit events of one kind."""
+
+    class Events(list):
+        def of(self, kind):
+            return [e for e in self if e.get("log_namespace") == "authsrv.audit" and e.get("event") == kind]
+
+    events = Events()
+    globalLogPublisher.addObserver(events.append)
+    yield events
+    globalLogPublisher.removeObserver(events.append)

@@ -68,6 +68,10 @@ async def test_client_lifecycle(deployment):
         "backchannel_logout_uri": None,
         "created_at": shown["created_at"],
         "grant_types": ["authorization_code", "refresh_token"],
+        "source": "operator",
+        "refresh_grace": None,
+        "rate_limit": None,
+        "audiences": [],
     }
     assert "client_secret" not in ok(await admin("--config", config, "client", "show", "web", cwd=cwd))
     ok(await admin("--config", config, "client", "add", "spa", "--public", "--redirect-uri", "https://spa.example/cb", cwd=cwd))

@@ -21,6 +21,7 @@ REPORTS = {
     "client_id": "reports-api",
     "secret_env": "AUTHSRV_TEST_REPORTS_SECRET",
     "redirect_uris": ["http://127.0.0.1:9004/callback"],
+    "audiences": [API],
 }
 
 
@@ -76,9 +77,17 @@ async def test_who_sees_what(tmp_path, monkeypatch):
         issued = await tokens(h)
         for token in (issued["access_token"], issued["refresh_token"]):
             assert (await introspect(h, token, "first"))["active"]
-            assert (await introspect(h, token, "gateway"))["active"]
             assert await introspect(h, token, "partner") == {"active": False}
             assert await as_reports_api(h, token) == {"active": False}
+        assert (await introspect(h, issued["access_token"], "gateway"))["active"]
+        assert await introspect(h, issued["refresh_token"], "gateway") == {"active": False}, (
+            "introspect_any never shows another client's refresh token"
+        )
+
+        for_api = await tokens(h, resource=(API,))
+        answer = await as_reports_api(h, for_api["access_token"])
+        assert (answer["active"], answer["aud"]) == (True, API), "the resource server of the token's audience"
+        assert await as_reports_api(h, for_api["refresh_token"]) == {"active": False}
 
         for_reports = await tokens(h, resource=("reports-api",))
         answer = await as_reports_api(h, for_reports["access_token"])

@@ -29,20 +29,6 @@ FORM_EXPIRED = b"This form expired or was not sent by this site; start again fro
 TOO_LONG = b"took too long"
 
 
-@pytest.fixture
-def audit():
-    """Every log event while the test runs; C{audit.of(kind)} the audit events of one kind."""
-
-    class Events(list):
-        def of(self, kind):
-            return [e for e in self if e.get("log_namespace") == "authsrv.audit" and e.get("event") == kind]
-
-    events = Events()
-    globalLogPublisher.addObserver(events.append)
-    yield events
-    globalLogPublisher.removeObserver(events.append)
-
-
 async def started(tmp_path, monkeypatch, config=None) -> Harness:
     return await Harness(tmp_path, monkeypatch, config).start()
 

@@ -7,7 +7,6 @@ browser that signed in to it before, and the queue of checks is bounded.
 
 from __future__ import annotations
 
-import pytest
 import pytest_twisted
 from twisted.internet.defer import Deferred, gatherResults
 
@@ -17,21 +16,6 @@ from authsrv.testing.identity import ALICE, PASSWORDS
 
 from flow_client import Browser, hidden_fields, location
 from harness import ISSUER, Harness
-
-
-@pytest.fixture
-def audit():
-    """Every audit event while the test runs; C{audit.of(kind)} those of one kind."""
-    from twisted.logger import globalLogPublisher
-
-    class Events(list):
-        def of(self, kind):
-            return [e for e in self if e.get("log_namespace") == "authsrv.audit" and e.get("event") == kind]
-
-    events = Events()
-    globalLogPublisher.addObserver(events.append)
-    yield events
-    globalLogPublisher.removeObserver(events.append)
 
 
 def counting(h: Harness, monkeypatch) -> list:

@@ -596,3 +596,41 @@ async def test_a_client_uses_only_the_grant_types_it_registered(tmp_path, monkey
         assert metadata["grant_types_supported"] == ["authorization_code", "refresh_token"]
     finally:
         await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_public_clients_refresh_tokens_are_strictly_one_time(tmp_path, monkeypatch, audit):
+    """RFC 9700 section 4.14.2: no grace window for a public client; presenting a rotated token is reuse."""
+    h = await Harness(tmp_path, monkeypatch).start()
+    try:
+        issued = await tokens(h, client_id="spa", scope="openid offline_access")
+        response, rotated = await refresh(h, issued["refresh_token"], client_id="spa")
+        assert response.code == 200, rotated
+        response, body = await refresh(h, issued["refresh_token"], client_id="spa")
+        assert_error(response, body, 400, "invalid_grant")
+        assert "already used" in body["error_description"]
+        assert not await active(h, rotated["access_token"], "gateway")
+        assert [e["client_id"] for e in audit.of("refresh.reused")] == ["spa"]
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_grace_windows_per_kind_of_client_and_per_client(tmp_path, monkeypatch):
+    overrides = {"spa": {"refresh_grace": "5s"}, "first": {"refresh_grace": 0}}
+    clients = [dict(c, **overrides.get(c["client_id"], {})) for c in CLIENTS]
+    h = await Harness(tmp_path, monkeypatch, {"clients": clients, "limits": {"refresh_grace_public": "30s"}}).start()
+    try:
+        for client_id, replayed in (("spa", True), ("first", False), ("partner", True)):
+            issued = await tokens(h, client_id=client_id, scope="openid offline_access")
+            _, rotated = await refresh(h, issued["refresh_token"], client_id=client_id)
+            h.clock.advance(4)
+            response, again = await refresh(h, issued["refresh_token"], client_id=client_id)
+            assert (response.code == 200 and again == rotated) == replayed, client_id
+        issued = await tokens(h, client_id="spa", scope="openid offline_access")
+        await refresh(h, issued["refresh_token"], client_id="spa")
+        h.clock.advance(6)
+        response, body = await refresh(h, issued["refresh_token"], client_id="spa")
+        assert_error(response, body, 400, "invalid_grant")
+    finally:
+        await h.close()

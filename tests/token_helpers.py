@@ -101,8 +101,12 @@ async def introspect(h, token: str, client_id: str = "gateway", **extra) -> dict
     return body
 
 
-async def active(h, token: str) -> bool:
-    return (await introspect(h, token))["active"]
+async def active(h, token: str, client_id: str = "first") -> bool:
+    """
+    Whether the token is active, asked by the client it was issued to (the
+    resource server sees access tokens only, never others' refresh tokens).
+    """
+    return (await introspect(h, token, client_id))["active"]
 
 
 def verify_jwt(h, token: str, typ: str = "JWT", **check_claims) -> tuple[dict, dict]:

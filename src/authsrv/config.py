@@ -19,6 +19,7 @@ from authsrv.configsection import ConfigError, Section
 from authsrv.flows.grants import GRANT_TYPES
 from authsrv.protocol.clients import CLIENT_ID_MAX, client_id_problem, is_loopback_host, redirect_uri_problem
 from authsrv.protocol.forwarded import Network, parse_networks
+from authsrv.protocol.rates import parse_rate
 from authsrv.records import DEFAULT_GRANT_TYPES, Client, ThrottlePolicy
 from authsrv.tokens import token_hash
 
@@ -38,6 +39,9 @@ class Limits:
     refresh_token_idle_ttl: int = 30 * 86400
     refresh_token_absolute_ttl: int = 90 * 86400
     refresh_grace: int = 10
+    """Confidential clients' refresh grace window; their tokens are useless without the client's secret."""
+    refresh_grace_public: int = 0
+    """Public clients' window: strict one-time refresh tokens (RFC 9700 section 4.14.2)."""
     session_ttl: int = 14 * 86400
     pending_request_ttl: int = 1800
     max_body_bytes: int = 64 * 1024
@@ -158,6 +162,7 @@ def _limits(section: Section) -> Limits:
             "refresh_token_idle_ttl",
             "refresh_token_absolute_ttl",
             "refresh_grace",
+            "refresh_grace_public",
             "session_ttl",
             "pending_request_ttl",
         )
@@ -165,7 +170,7 @@ def _limits(section: Section) -> Limits:
     values["max_body_bytes"] = section.int("max_body_bytes", defaults.max_body_bytes, minimum=1024)
     section.done()
     for name, value in values.items():
-        if value == 0 and name != "refresh_grace":
+        if value == 0 and not name.startswith("refresh_grace"):
             raise section.error(name, "must be longer than zero")
     return Limits(**values)
 
@@ -269,9 +274,24 @@ def client_from_config(section: Section) -> Client:
         introspect_any=section.bool("introspect_any", False),
         backchannel_logout_uri=backchannel,
         grant_types=_grant_types(section),
+        source="config",
+        refresh_grace=section.duration("refresh_grace", None),
+        rate_limit=_rate_limit(section),
+        audiences=_uris(section, "audiences", False),
     )
     section.done()
     return client
+
+
+def _rate_limit(section: Section) -> str | None:
+    """A client's own request rate (C{[[clients]] rate_limit}), checked now."""
+    text = section.str("rate_limit", None)
+    if text is not None:
+        try:
+            parse_rate(text)
+        except ValueError as e:
+            raise section.error("rate_limit", str(e)) from None
+    return text
 
 
 def _grant_types(section: Section) -> list[str]:

@@ -30,7 +30,12 @@ class Client:
     A relying party provisioned by the operator.
 
     C{secret_hash} is the SHA-256 hex digest of the client secret, or L{None}
-    for a public client, which authenticates by PKCE alone.
+    for a public client, which authenticates by PKCE alone. C{source} says
+    who made it: C{"config"} (the config file's, removed with it) or
+    C{"operator"}. C{refresh_grace} overrides the server's grace window for
+    this client's refresh tokens; C{rate_limit} its request rate (C{"50/s"},
+    C{"off"}); C{audiences} are the resources it serves as a resource
+    server, so it may introspect access tokens meant for them.
     """
 
     client_id: str
@@ -45,6 +50,10 @@ class Client:
     backchannel_logout_uri: str | None = None
     created_at: int = 0
     grant_types: tuple[str, ...] = field(default=DEFAULT_GRANT_TYPES, converter=_tuple)
+    source: str = "operator"
+    refresh_grace: int | None = None
+    rate_limit: str | None = None
+    audiences: tuple[str, ...] = field(default=(), converter=_tuple)
 
     @property
     def is_public(self) -> bool:

@@ -69,6 +69,9 @@ STARTUP_RETRY = 5.0
 """Seconds between attempts to store the config's clients while the store is down at start."""
 
 
+log = Logger()
+
+
 class StartupError(Exception):
     """Something the operator must fix before the server can start."""
 
@@ -89,6 +92,20 @@ def build_identity(config: Config, context) -> IdentityChain:
     chain that the portal checks passwords with and every flow asks.
     """
     return IdentityChain([build_plugin("identity", choice, context) for choice in config.identity])
+
+
+async def sync_config_clients(store, declared) -> None:
+    """
+    The store's config clients become exactly the config file's: each
+    declared one is stored, and one the file no longer declares is removed
+    with its privileges; clients the operator made stay.
+    """
+    await gatherResults([store.put_client(c) for c in declared], consumeErrors=True)
+    names = {c.client_id for c in declared}
+    for client in await store.list_clients():
+        if client.source == "config" and client.client_id not in names:
+            await store.remove_client(client.client_id)
+            log.info("client {client_id} removed: the config file no longer declares it", client_id=client.client_id)
 
 
 class AuthsrvService(MultiService):
@@ -130,7 +147,7 @@ class AuthsrvService(MultiService):
     def _store_clients(self):
         """Ready once the config's clients are stored; retried while the store is down."""
         self._retry = None
-        d = gatherResults([self.store.put_client(c) for c in self.config.clients], consumeErrors=True)
+        d = Deferred.fromCoroutine(sync_config_clients(self.store, self.config.clients))
         d.addCallbacks(self._ready, self._startup_failed)
 
     def _ready(self, _):
@@ -207,7 +224,7 @@ def grant_registry(config: Config, store, keystore, identity) -> GrantRegistry:
     minter = TokenMinter(keystore=keystore, issuer=config.issuer, limits=config.limits)
     return GrantRegistry([
         AuthorizationCodeGrant(store=store, users=users, minter=minter),
-        RefreshTokenGrant(store=store, users=users, minter=minter, grace=config.limits.refresh_grace),
+        RefreshTokenGrant(store=store, users=users, minter=minter, limits=config.limits),
     ])
 
 

@@ -37,9 +37,19 @@ async def _active_refresh(store, hashed: str, now: int) -> RefreshToken | None:
 
 
 def _visible(client: Client, token: AccessToken | RefreshToken) -> bool:
-    if client.introspect_any or token.client_id == client.client_id:
+    """
+    Its own tokens; access tokens whose audience names the client or a
+    resource it serves; any access token for an C{introspect_any} client.
+    Refresh tokens of other clients never: they are credentials, not claims
+    a resource server needs.
+    """
+    if token.client_id == client.client_id:
         return True
-    return isinstance(token, AccessToken) and client.client_id in token.audience
+    if not isinstance(token, AccessToken):
+        return False
+    return client.introspect_any or any(
+        audience == client.client_id or audience in client.audiences for audience in token.audience
+    )
 
 
 def describe(token: AccessToken | RefreshToken, issuer: str) -> dict:

@@ -180,7 +180,7 @@ def tables(dialect: Dialect) -> Tables:
     return Tables(
         clients=rows(
             Client, "clients", "client_id",
-            redirect_uris=LIST, post_logout_redirect_uris=LIST, resources=LIST, grant_types=LIST,
+            redirect_uris=LIST, post_logout_redirect_uris=LIST, resources=LIST, grant_types=LIST, audiences=LIST,
             end_session_enabled=FLAG, first_party=FLAG, introspect_any=FLAG,
         ),
         sessions=rows(BrowserSession, "browser_sessions", "session_hash"),

@@ -270,6 +270,22 @@ class StoreConformance:
             assert await store.get_client(CLIENT) == none
 
     @pytest_twisted.ensureDeferred
+    async def test_client_settings_round_trip_and_defaults(self):
+        declared = Client(
+            CLIENT, h("secret"), ["https://app.example/cb"], source="config", refresh_grace=0, rate_limit="20/s",
+            audiences=["https://api.example", "https://files.example"],
+        )
+        plain = Client(OTHER_CLIENT, None, ["https://partner.example/cb"])
+        async with self.store() as store:
+            await store.put_client(declared)
+            await store.add_client(plain)
+            assert await store.get_client(CLIENT) == declared
+            stored = await store.get_client(OTHER_CLIENT)
+            assert (stored.source, stored.refresh_grace, stored.rate_limit, stored.audiences) == (
+                "operator", None, None, ()
+            )
+
+    @pytest_twisted.ensureDeferred
     async def test_add_existing_client_fails(self):
         first = Client(CLIENT, h("one"), ["https://app.example/cb"])
         async with self.store() as store:

@@ -20,16 +20,28 @@ from authsrv.tokens import token_hash
 UNKNOWN = "the refresh token is unknown, expired, revoked or was issued to another client"
 
 
+def grace_window(client: Client, limits) -> int:
+    """
+    How long a rotated token may be presented again for the same answer: the
+    client's own setting, else none for public clients (RFC 9700 section
+    4.14.2: their tokens live where they can be stolen) and the server's
+    window for confidential ones (useless without the client's secret).
+    """
+    if client.refresh_grace is not None:
+        return client.refresh_grace
+    return limits.refresh_grace_public if client.is_public else limits.refresh_grace
+
+
 class RefreshTokenGrant:
-    """C{grace} is the replay window in seconds."""
+    """C{limits} gives the grace windows (L{grace_window})."""
 
     grant_type = "refresh_token"
 
-    def __init__(self, *, store, users, minter, grace: int):
+    def __init__(self, *, store, users, minter, limits):
         self._store = store
         self._users = users
         self._minter = minter
-        self._grace = grace
+        self._limits = limits
 
     async def exchange(self, client: Client, params: dict[str, str], now: int) -> dict:
         store = self._store
@@ -56,7 +68,7 @@ class RefreshTokenGrant:
         )
         result = await store.rotate_refresh(
             old.token_hash, issued.refresh, issued.access, seal(issued.response, presented),
-            now + self._grace, now,
+            now + grace_window(client, self._limits), now,
         )
         if isinstance(result, Rotated):
             issued_event(issued, client.client_id, self.grant_type)
