@@ -228,9 +228,9 @@ async def _logged_in(h: Harness, sid: str = "sid-1") -> str:
     return value
 
 
-async def _end_session(h: Harness, cookie: str | None):
+async def _end_session(h: Harness, cookie: str | None, sid: str = "sid-1"):
     hint = h.keystore.sign(
-        {"iss": ISSUER, "sub": ALICE.sub, "aud": "first", "iat": h.now(), "exp": h.now() + 3600, "sid": "sid-1"},
+        {"iss": ISSUER, "sub": ALICE.sub, "aud": "first", "iat": h.now(), "exp": h.now() + 3600, "sid": sid},
         "RS256", "JWT",
     )
     return await h.get(
@@ -360,7 +360,7 @@ async def test_nothing_is_sent_without_a_session_or_a_uri(tmp_path, monkeypatch,
 
         response, _ = await _end_session(h, None)
         assert response.code == 302
-        response, _ = await _end_session(h, await _logged_in(h, sid="sid-spa"))
+        response, _ = await _end_session(h, await _logged_in(h, sid="sid-spa"), sid="sid-spa")
         assert response.code == 302
         await until(rp, lambda: [e for e in audit if e["event"] == "session.ended"], "the session ending")
         for _ in range(3):

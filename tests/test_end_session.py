@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from contextlib import asynccontextmanager
 from urllib.parse import quote_from_bytes
 
@@ -229,14 +230,48 @@ async def test_hint_with_a_one_client_audience_list(tmp_path, monkeypatch):
         assert response.headers.getRawHeaders(b"location") == [b"http://127.0.0.1:9001/"]
 
 
+@pytest.mark.parametrize("hint_sub, hint_sid", [(ALICE.sub, "sid-bob"), (ALICE.sub, None), (BOB.sub, "sid-other")])
 @pytest_twisted.ensureDeferred
-async def test_session_of_another_user_still_ends(tmp_path, monkeypatch):
-    """The person at this browser asked to sign out, whoever the hint names."""
+async def test_a_hint_that_does_not_name_the_session_asks_first(tmp_path, monkeypatch, audit, hint_sub, hint_sid):
+    """
+    Logout CSRF: any ID token of ours, replayed by another site, must not end
+    someone else's session; the user confirms with a form bound to the session.
+    """
     async with running(tmp_path, monkeypatch) as h:
         cookie = await browser_session(h, sub=BOB.sub, sid="sid-bob")
-        response, _ = await h.get(END_SESSION, params={"id_token_hint": id_token(h)}, cookies={"authsrv_session": cookie})
-        assert response.code == 200
+        params = {"id_token_hint": id_token(h, sub=hint_sub, sid=hint_sid), "post_logout_redirect_uri": FIRST_LOGOUT_URI,
+                  "state": "s"}
+        response, body = await h.get(END_SESSION, params=params, cookies={"authsrv_session": cookie})
+        assert response.code == 200 and b"Sign out?" in body
+        assert_page_headers(response)
+        [csp] = response.headers.getRawHeaders(b"content-security-policy")
+        assert csp.endswith(b"form-action 'self' http://127.0.0.1:9000")
+        assert not response.headers.hasHeader(b"set-cookie")
+        assert await session_alive(h, cookie)
+        fields = dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', body.decode()))
+        assert {k: fields[k] for k in params} == params and fields["confirm"] == "yes"
+
+        for forged in ({**fields, "csrf": "0" * 64}, {k: v for k, v in fields.items() if k != "csrf"}):
+            response, body = await h.post(END_SESSION, data=forged, cookies={"authsrv_session": cookie})
+            assert response.code == 200 and b"Sign out?" in body
+        response, _ = await h.get(END_SESSION, params=fields, cookies={"authsrv_session": cookie})
+        assert response.code == 200, "a confirmation is only ever a POST"
+        assert await session_alive(h, cookie)
+        assert not [e for e in audit if e["event"] == "session.ended"]
+
+        response, _ = await h.post(END_SESSION, data=fields, cookies={"authsrv_session": cookie})
+        assert response.code == 302
+        assert response.headers.getRawHeaders(b"location") == [FIRST_LOGOUT_URI.encode() + b"?state=s"]
         assert not await session_alive(h, cookie)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_hint_without_sid_ends_its_users_session(tmp_path, monkeypatch):
+    async with running(tmp_path, monkeypatch) as h:
+        cookie = await browser_session(h, sub=BOB.sub, sid="sid-bob")
+        hint = id_token(h, sub=BOB.sub, sid=None)
+        response, _ = await h.get(END_SESSION, params={"id_token_hint": hint}, cookies={"authsrv_session": cookie})
+        assert response.code == 200 and not await session_alive(h, cookie)
 
 
 @pytest_twisted.ensureDeferred

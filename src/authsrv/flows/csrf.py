@@ -31,3 +31,19 @@ def form_token_valid(stored: str, sent: str | None, device_secret: str | None, r
     sent_ok = hmac.compare_digest(stored.encode(), sent.encode())
     device_ok = hmac.compare_digest(stored.encode(), form_token(device_secret, request_id).encode())
     return sent_ok and device_ok
+
+
+def session_form_token(cookie_value: str, purpose: bytes) -> str:
+    """
+    The CSRF token of a form for the signed-in browser: an HMAC of C{purpose}
+    keyed by the session cookie's value itself, so only a page this service
+    rendered for that browser (the cookie is HttpOnly) can produce it, with
+    no state kept.
+    """
+    return hmac.new(cookie_value.encode(), purpose, hashlib.sha256).hexdigest()
+
+
+def session_form_token_valid(cookie_value: str | None, purpose: bytes, sent: str | None) -> bool:
+    if not cookie_value or sent is None:
+        return False
+    return hmac.compare_digest(session_form_token(cookie_value, purpose).encode(), sent.encode())

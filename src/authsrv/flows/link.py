@@ -9,21 +9,17 @@ browser session that started it and the PKCE verifier, for L{LINK_TTL}
 seconds. The callback must come back in that same session and can be used
 once.
 
-Unlinking is a POST whose CSRF token is an HMAC of the session cookie value
-keyed by that value itself (L{unlink_token}): only a page that knows the
-HttpOnly cookie, i.e. one this service rendered for that browser, can
-produce it, and it needs no server-side state.
+Unlinking is a POST carrying a CSRF token bound to the session cookie
+(L{authsrv.flows.csrf.session_form_token}).
 """
 
 from __future__ import annotations
-
-import hashlib
-import hmac
 
 from authsrv import events
 from authsrv.chat.crypto import ACCESS, REFRESH
 from authsrv.chat.errors import ChatProviderUnavailable
 from authsrv.chat.provider import ChatCodeRejected
+from authsrv.flows.csrf import session_form_token, session_form_token_valid
 from authsrv.flows.standing import standing
 from authsrv.interfaces import IChatProvider
 from authsrv.protocol import pkce
@@ -43,11 +39,11 @@ def sign_in_first() -> PageError:
 
 def unlink_token(cookie_value: str) -> str:
     """The unlink form's CSRF token for the session this cookie value names."""
-    return hmac.new(cookie_value.encode(), _UNLINK_PURPOSE, hashlib.sha256).hexdigest()
+    return session_form_token(cookie_value, _UNLINK_PURPOSE)
 
 
 def unlink_token_valid(cookie_value: str, sent: str | None) -> bool:
-    return sent is not None and hmac.compare_digest(unlink_token(cookie_value).encode(), sent.encode())
+    return session_form_token_valid(cookie_value, _UNLINK_PURPOSE, sent)
 
 
 class ChatLinking:

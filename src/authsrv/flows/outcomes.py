@@ -73,3 +73,17 @@ class Notice:
     title: str
     message: str
     cookies: CookieChanges = CookieChanges()
+
+
+@frozen
+class LogoutConfirmation:
+    """
+    Ask before ending a session the request's ID token does not name: a
+    form posting C{fields} back with C{csrf}; C{client_origin} is where the
+    answer may send the browser.
+    """
+
+    client_name: str
+    fields: tuple[tuple[str, str], ...]
+    csrf: str
+    client_origin: str | None

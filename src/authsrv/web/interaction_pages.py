@@ -1,13 +1,14 @@
 """
-The login and consent pages: plain forms that work without JavaScript, built
-on L{authsrv.web.pages.render_page} (escaping, no framing, no caching).
+The login, consent and sign-out confirmation pages: plain forms that work
+without JavaScript, built on L{authsrv.web.pages.render_page} (escaping, no
+framing, no caching).
 """
 
 from __future__ import annotations
 
 from twisted.web.template import tags
 
-from authsrv.flows.outcomes import ConsentForm, LoginForm
+from authsrv.flows.outcomes import ConsentForm, LoginForm, LogoutConfirmation
 from authsrv.web.pages import render_page
 
 
@@ -72,4 +73,21 @@ def consent_page(request, action: str, form: ConsentForm) -> bytes:
             ),
         ),
         form_origin=form.client_origin,
+    )
+
+
+def logout_confirmation_page(request, action: str, confirmation: LogoutConfirmation) -> bytes:
+    """Asks before signing out a session the application's request did not name."""
+    return render_page(
+        request,
+        200,
+        "Sign out?",
+        tags.p(tags.strong(confirmation.client_name), " asks to sign you out of this service."),
+        tags.form(method="post", action=action)(
+            *[tags.input(type="hidden", name=name, value=value) for name, value in confirmation.fields],
+            tags.input(type="hidden", name="csrf", value=confirmation.csrf),
+            tags.input(type="hidden", name="confirm", value="yes"),
+            tags.button(type="submit", class_="primary")("Sign out"),
+        ),
+        form_origin=confirmation.client_origin,
     )

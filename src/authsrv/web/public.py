@@ -20,7 +20,7 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from authsrv.config import ISSUER_PATH
 from authsrv.flows.link import unlink_token, unlink_token_valid
-from authsrv.flows.outcomes import Notice, Redirect
+from authsrv.flows.outcomes import LogoutConfirmation, Notice, Redirect
 from authsrv.identity.errors import BackendUnavailable
 from authsrv.protocol.bearer import bearer_token
 from authsrv.protocol.errors import InvalidRequest, OAuthError, PageError, TemporarilyUnavailable
@@ -28,7 +28,7 @@ from authsrv.protocol.params import single_params
 from authsrv.store.errors import StoreUnavailable
 from authsrv.web.forms import client_address_of, form_params, page_form, userinfo_form_token
 from authsrv.web.headers import allow_any_origin, json_body, oauth_error
-from authsrv.web.interaction_pages import consent_page, login_page
+from authsrv.web.interaction_pages import consent_page, login_page, logout_confirmation_page
 from authsrv.web.pages import error_page, render_page
 
 READINESS_TIMEOUT = 2.0
@@ -213,7 +213,11 @@ class PublicSite:
         show that the user is signed out; back-channel notices go out
         without the user waiting.
         """
-        outcome = await self._flows.end_session.end(request.args, self._cookies.browser(request))
+        outcome = await self._flows.end_session.end(
+            request.args, self._cookies.browser(request), self._now(), posted=request.method == b"POST"
+        )
+        if isinstance(outcome, LogoutConfirmation):
+            return logout_confirmation_page(request, f"{self._issuer}/oauth2/end-session", outcome)
         return self._answer(request, outcome)
 
     # --- linking a chat account ------------------------------------------------
