@@ -6,6 +6,7 @@ a Clock: retries and timeouts happen only when a test advances it.
 
 from __future__ import annotations
 
+import base64
 import json
 from urllib.parse import parse_qs
 
@@ -21,13 +22,16 @@ from twisted.logger import globalLogPublisher
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
 
+from authsrv.embedded import prepare_data_dir
 from authsrv.flows import backchannel
 from authsrv.flows.backchannel import LOGOUT_EVENT, BackchannelNotifier
-from authsrv.records import BrowserSession
+from authsrv.records import BrowserSession, Client
+from authsrv.store import sqlite
 from authsrv.testing.identity import ALICE
 from authsrv.testing.store import start_grant
 from authsrv.tokens import new_token, token_hash
 
+from conftest import admin
 from flow_client import Browser
 from harness import CLIENTS, ISSUER, Harness
 
@@ -392,3 +396,36 @@ async def test_a_new_login_ends_the_earlier_session_and_tells_its_clients(tmp_pa
         assert (claims["aud"], claims["sub"]) == ("first", ALICE.sub)
     finally:
         await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_operator_ban_logs_the_user_out_at_the_relying_parties(tmp_path, audit):
+    """DESIGN.md, Bans: the ban ends the user's sessions and their clients hear of it by back-channel."""
+    rp = FakeRelyingParty()
+    port = reactor.listenTCP(0, Site(rp), interface="127.0.0.1")
+    config, _ = prepare_data_dir(tmp_path / "data")
+    try:
+        added = await admin("--config", str(config), "user", "add", "alice", "--password-stdin", cwd=tmp_path,
+                            stdin="a long password\n")
+        sub = added.stdout.split("(sub ")[1].split(")")[0]
+        store = sqlite.open_store(reactor, tmp_path / "data" / "authsrv.sqlite3")
+        try:
+            await store.put_client(Client(
+                "rp", None, ["http://127.0.0.1:9/cb"],
+                backchannel_logout_uri=f"http://127.0.0.1:{port.getHost().port}/backchannel",
+            ))
+            await start_grant(store, "g-rp", sub, "rp", sid="sid-9")
+            await store.create_session(BrowserSession(token_hash("cookie"), "sid-9", sub, 1, 1, 2_000_000_000))
+        finally:
+            await store.close()
+        banned = await admin("--config", str(config), "ban", "alice", "--reason", "spam", cwd=tmp_path)
+        assert banned.returncode == 0, banned.stderr
+        assert "1 browser sessions ended" in banned.stdout
+    finally:
+        await port.stopListening()
+    [request] = rp.received
+    [token] = request["form"]["logout_token"]
+    claims = json.loads(base64.urlsafe_b64decode(token.split(".")[1] + "==="))
+    assert (claims["sub"], claims["sid"], claims["aud"]) == (sub, "sid-9", "rp")
+    events = [json.loads(line)["event"] for line in banned.stderr.splitlines()]
+    assert events == ["user.banned", "session.ended", "logout.backchannel"]

@@ -171,7 +171,7 @@ class IBrowserSessionStore(Interface):
         """Delete a session; fires with the ended session or None."""
 
     def end_user_sessions(sub):
-        """Delete every session of a user; fires with how many ended."""
+        """Delete every session of a user; fires with the ended sessions (for back-channel logout)."""
 
 
 class IInteractionStore(Interface):

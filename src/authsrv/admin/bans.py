@@ -9,7 +9,7 @@ from datetime import datetime
 
 from authsrv.admin.common import AdminError, Console, config_of, plugin_context, with_plugin
 from authsrv.configsection import parse_duration
-from authsrv.flows import moderation
+from authsrv.flows import backchannel, moderation
 from authsrv.isotime import iso_utc
 from authsrv.service import build_identity, build_plugin
 
@@ -41,25 +41,35 @@ def _until(args, now: int) -> int | None:
 
 
 async def _with_user(reactor, args, act):
-    """Run C{act(store, sub, now)} for the user named by id or login."""
+    """
+    Run C{act(store, sub, now, notify)} for the user named by id or login;
+    C{notify(session)} sends the back-channel logouts of an ended session
+    from this process, and the command waits for them (bounded retries).
+    """
     config = config_of(args)
     async with plugin_context(reactor, config) as context:
         identity = build_identity(config, context)
         store = build_plugin("store", config.store, context)
+        keystore = build_plugin("keystore", config.keystore, context)
+        notifier = backchannel.BackchannelNotifier(reactor, backchannel.default_http_client(reactor))
+
+        def notify(session):
+            return notifier.session_ended(store, keystore, config.issuer, session)
+
         try:
             user = await identity.user_by_id(args.user) or await identity.user_by_login(args.user)
             if user is None:
                 raise AdminError(f"no user {args.user!r} (by id or login)")
-            await act(store, user.sub, int(reactor.seconds()))
+            await act(store, user.sub, int(reactor.seconds()), notify)
         finally:
             await store.close()
             await identity.close()
 
 
 async def ban(reactor, args, console: Console):
-    async def act(store, sub, now):
+    async def act(store, sub, now, notify):
         banned = await moderation.ban_user(
-            store, sub, reason=args.reason, until=_until(args, now), now=now, by=BY
+            store, sub, reason=args.reason, until=_until(args, now), now=now, by=BY, notify=notify
         )
         console.out(f"banned {sub}" + (f" until {iso_utc(banned.until)}" if banned.until else "")
                     + f"; {banned.sessions_ended} browser sessions ended")
@@ -68,7 +78,7 @@ async def ban(reactor, args, console: Console):
 
 
 async def unban(reactor, args, console: Console):
-    async def act(store, sub, now):
+    async def act(store, sub, now, notify):
         if not await moderation.unban_user(store, sub, by=BY):
             raise AdminError(f"{sub} is not banned")
         console.out(f"unbanned {sub}")
@@ -77,8 +87,8 @@ async def unban(reactor, args, console: Console):
 
 
 async def revoke(reactor, args, console: Console):
-    async def act(store, sub, now):
-        revoked = await moderation.revoke_user(store, sub, now=now, by=BY)
+    async def act(store, sub, now, notify):
+        revoked = await moderation.revoke_user(store, sub, now=now, by=BY, notify=notify)
         console.out(f"revoked {revoked.grants} grants of {sub}; {revoked.sessions_ended} browser sessions ended")
 
     await _with_user(reactor, args, act)

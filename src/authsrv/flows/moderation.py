@@ -5,11 +5,14 @@ Each function records the change in the store, ends what must end with it,
 emits the audit event and returns what happened, so the operator command
 and a later admin API share one behaviour and only word the result. The
 store plays L{IBanStore}, L{IBrowserSessionStore} and L{IGrantStore}.
+C{notify(session)} tells the clients an ended browser session signed in
+to, by back-channel logout (DESIGN.md, Bans), and fires when that is done.
 """
 
 from __future__ import annotations
 
 from attrs import frozen
+from twisted.internet.defer import gatherResults
 
 from authsrv import events
 from authsrv.records import Ban
@@ -29,12 +32,20 @@ class Revoked:
     sessions_ended: int
 
 
-async def ban_user(store, sub: str, *, reason: str, until: int | None, now: int, by: str) -> Banned:
+async def _end_sessions(store, sub: str, notify) -> int:
+    """End the user's browser sessions and tell their clients; how many ended."""
+    ended = await store.end_user_sessions(sub)
+    for session in ended:
+        events.session_ended(sub=sub, sid=session.sid, reason="operator action")
+    await gatherResults([notify(session) for session in ended])
+    return len(ended)
+
+
+async def ban_user(store, sub: str, *, reason: str, until: int | None, now: int, by: str, notify) -> Banned:
     """Ban C{sub} (until C{until}, or for good) and end their browser sessions at once."""
     await store.ban_user(Ban(sub=sub, reason=reason, created_at=now, until=until))
-    ended = await store.end_user_sessions(sub)
     events.user_banned(sub=sub, reason=reason, until=until, by=by)
-    return Banned(sub, until, ended)
+    return Banned(sub, until, await _end_sessions(store, sub, notify))
 
 
 async def unban_user(store, sub: str, *, by: str) -> bool:
@@ -45,9 +56,8 @@ async def unban_user(store, sub: str, *, by: str) -> bool:
     return True
 
 
-async def revoke_user(store, sub: str, *, now: int, by: str) -> Revoked:
+async def revoke_user(store, sub: str, *, now: int, by: str, notify) -> Revoked:
     """Revoke every grant of C{sub} and end their browser sessions."""
     count = await store.revoke_user_grants(sub, now)
-    ended = await store.end_user_sessions(sub)
     events.user_grants_revoked(sub=sub, count=count, by=by)
-    return Revoked(sub, count, ended)
+    return Revoked(sub, count, await _end_sessions(store, sub, notify))

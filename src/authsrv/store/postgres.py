@@ -303,7 +303,9 @@ class PostgresStore:
         )
 
     def end_user_sessions(self, sub):
-        return self._count("end_user_sessions", "DELETE FROM browser_sessions WHERE sub = %(sub)s", {"sub": sub})
+        return self._all("end_user_sessions",
+            _T.sessions, "DELETE FROM browser_sessions WHERE sub = %(sub)s RETURNING *", {"sub": sub}
+        )
 
     # IInteractionStore
 

@@ -214,7 +214,10 @@ class SQLiteStore:
         )
 
     def end_user_sessions(self, sub):
-        return self._execute("end_user_sessions", "DELETE FROM browser_sessions WHERE sub = ?", (sub,))
+        return self._call("end_user_sessions", True,
+            lambda db: [_T.sessions.load(row) for row in
+                        db.execute("DELETE FROM browser_sessions WHERE sub = ? RETURNING *", (sub,))]
+        )
 
     # IInteractionStore
 

@@ -141,9 +141,7 @@ class MemoryStore:
     @_answered
     def end_user_sessions(self, sub):
         ended = [key for key, session in self.tables.sessions.items() if session.sub == sub]
-        for key in ended:
-            del self.tables.sessions[key]
-        return len(ended)
+        return [self.tables.sessions.pop(key) for key in ended]
 
     # IInteractionStore
 

@@ -342,8 +342,10 @@ class StoreConformance:
         async with self.store() as store:
             for n, sub in enumerate((ALICE, ALICE, BOB)):
                 await store.create_session(BrowserSession(h(f"cookie-{n}"), f"sid-{n}", sub, NOW, NOW, NOW + DAY))
-            assert await store.end_user_sessions(ALICE) == 2
-            assert await store.end_user_sessions(ALICE) == 0
+            ended = await store.end_user_sessions(ALICE)
+            assert sorted(session.sid for session in ended) == ["sid-0", "sid-1"]
+            assert all(isinstance(session, BrowserSession) and session.sub == ALICE for session in ended)
+            assert await store.end_user_sessions(ALICE) == []
             assert await store.get_session(h("cookie-0"), NOW) is None
             assert (await store.get_session(h("cookie-2"), NOW)).sub == BOB
 
