@@ -14,7 +14,7 @@ the provider's error codes.
 from __future__ import annotations
 
 import json
-from urllib.parse import urlencode, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import treq
 from attrs import field, frozen
@@ -34,6 +34,7 @@ from zope.interface import implementer
 from authsrv.chat.config import ChatConfig
 from authsrv.chat.errors import ChatError, ChatProviderUnavailable, ChatRefreshRefused
 from authsrv.interfaces import IChatProvider
+from authsrv.protocol.urls import with_query
 
 MAX_BODY = 64 * 1024
 DEFAULT_EXPIRES_IN = 3600
@@ -88,11 +89,6 @@ def http_client(reactor, connect_timeout: float) -> tuple[HTTPClient, HTTPConnec
     return HTTPClient(Agent(reactor, connectTimeout=connect_timeout, pool=pool)), pool
 
 
-def _with_query(url: str, params: dict[str, str]) -> str:
-    parts = urlsplit(url)
-    extra = urlencode(params)
-    return urlunsplit(parts._replace(query=f"{parts.query}&{extra}" if parts.query else extra))
-
 
 @implementer(IChatProvider)
 class ChatProvider:
@@ -127,7 +123,7 @@ class ChatProvider:
         if code_challenge is not None:
             params["code_challenge"] = code_challenge
             params["code_challenge_method"] = "S256"
-        return _with_query(self._config.authorize_url, params)
+        return with_query(self._config.authorize_url, params)
 
     async def exchange_code(self, code: str, code_verifier: str | None, redirect_uri: str) -> ProviderTokens:
         """The tokens for an authorization code; L{ChatCodeRejected} if it is refused."""

@@ -31,7 +31,6 @@ import hashlib
 import hmac
 import json
 import secrets
-from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from attrs import frozen
 from klein import Klein
@@ -39,6 +38,8 @@ from treq.testing import StubTreq
 from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
 from twisted.web.server import Site
+
+from authsrv.protocol.urls import with_query
 
 AUTHORIZE_PATH = "/oauth2/authorize"
 TOKEN_PATH = "/api/oauth2/token"
@@ -188,16 +189,16 @@ class FakeChatProvider:
         state = _first(request, b"state")
         back = {"state": state} if state is not None else {}
         if _first(request, b"response_type") != "code":
-            return _with_query(redirect_uri, {"error": "unsupported_response_type", **back})
+            return with_query(redirect_uri, {"error": "unsupported_response_type", **back})
         challenge = _first(request, b"code_challenge")
         if challenge is not None and _first(request, b"code_challenge_method") != "S256":
-            return _with_query(redirect_uri, {"error": "invalid_request", **back})
+            return with_query(redirect_uri, {"error": "invalid_request", **back})
         if self.deny:
-            return _with_query(redirect_uri, {"error": "access_denied", "error_description": "denied", **back})
+            return with_query(redirect_uri, {"error": "access_denied", "error_description": "denied", **back})
         code = secrets.token_urlsafe(24)
         scope = _first(request, b"scope") or "identify"
         self._codes[code] = _Code(self.client_id, redirect_uri, scope, challenge, self.user)
-        return _with_query(redirect_uri, {"code": code, **back})
+        return with_query(redirect_uri, {"code": code, **back})
 
     def _client_ok(self, request) -> bool:
         """client_secret_post or client_secret_basic."""
@@ -262,9 +263,3 @@ class FakeChatProvider:
             return 401, {"message": "401: Unauthorized", "code": 0}
         user = self._access[token][0]
         return 200, {"id": user.id, "username": user.username}
-
-
-def _with_query(url: str, params: dict[str, str]) -> str:
-    parts = urlsplit(url)
-    extra = urlencode(params)
-    return urlunsplit(parts._replace(query=f"{parts.query}&{extra}" if parts.query else extra))
