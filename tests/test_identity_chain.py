@@ -30,7 +30,7 @@ from authsrv.identity.static import StaticIdentityBackend, add_user, create_user
 from authsrv.interfaces import IIdentityBackend, IUser
 from authsrv.records import User
 from authsrv.service import build_identity
-from authsrv.testing.identity import ALICE, BOB, PASSWORDS, IdentityBackendConformance, portal_login_fails
+from authsrv.testing.identity import ALICE, BOB, IdentityBackendConformance, portal_login_fails
 
 CHEAP = PasswordHasher.from_parameters(profiles.CHEAPEST)
 CAROL_SUB = "sub-carol"

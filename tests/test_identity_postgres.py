@@ -665,7 +665,7 @@ async def test_operator_manages_users_in_own_mode(pg_dsn, tmp_path, monkeypatch)
     config, _ = prepare_data_dir(tmp_path / "data")
     text = config.read_text().replace(
         '[[identity]]\nplugin = "static"\npath = "users.toml"',
-        f'[[identity]]\nplugin = "postgres"\ndsn_env = "AUTHSRV_IDENTITY_DSN"',
+        '[[identity]]\nplugin = "postgres"\ndsn_env = "AUTHSRV_IDENTITY_DSN"',
     )
     config.write_text(text)
     monkeypatch.setenv("AUTHSRV_IDENTITY_DSN", pg_dsn)

@@ -13,7 +13,7 @@ import pytest_twisted
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.internet.defer import fail
-from twisted.logger import formatEvent, globalLogPublisher
+from twisted.logger import formatEvent
 
 from flow_client import Browser, fuzz, hidden_fields, location, on_reactor
 from harness import CLIENTS, ISSUER, Harness, query_of

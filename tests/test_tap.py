@@ -89,7 +89,7 @@ def test_jwks_verifies_a_token_the_keystore_signed(run_server, tmp_path):
 
 def test_root_redirect_over_http(run_server, tmp_path):
     port = free_port()
-    server = run_server(["authsrv", "--listen", f"tcp:{port}:interface=127.0.0.1"], tmp_path, port=port)
+    run_server(["authsrv", "--listen", f"tcp:{port}:interface=127.0.0.1"], tmp_path, port=port)
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
     connection.request("GET", "/.well-known/openid-configuration")
     response = connection.getresponse()
