@@ -231,7 +231,7 @@ def test_an_idle_keep_alive_connection_is_closed():
 
 def test_open_connections_are_capped_per_address():
     listener = Listener({"max_connections_per_address": 2})
-    listener.connect(), listener.connect()
+    first, _ = listener.connect(), listener.connect()
     _, refused = listener.connect()
     status, headers, body = parse(refused)
     assert status == 429 and json.loads(body)["error"] == "invalid_request"
