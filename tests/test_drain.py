@@ -24,7 +24,7 @@ from authsrv.identity.chain import IdentityChain
 from authsrv.service import AuthsrvService
 
 from conftest import fetch, free_port
-from test_limits import Listener, parse, request_head
+from wire import Listener, parse, request_head
 
 
 class FakeRequest:

@@ -27,7 +27,7 @@ from authsrv.tls import config_tls_problem, resolve_tls_paths
 from authsrv.web.cookies import SESSION_COOKIE, Cookies
 
 from conftest import admin, free_port
-from test_limits import Listener, parse, request_head
+from wire import Listener, parse, request_head
 
 DAY = datetime.timedelta(days=1)
 

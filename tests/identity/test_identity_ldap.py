@@ -246,7 +246,7 @@ def test_flavour_defaults(slapd):
 
 def test_readme_examples_are_valid(slapd, tmp_path, monkeypatch):
     """The README's OpenLDAP and Active Directory examples pass validation as written (secrets aside)."""
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
     part = readme[readme.index("## LDAP and Active Directory"):readme.index("## Backend chains")]
     examples = [tomllib.loads(block)["identity"][0] for block in re.findall(r"```toml\n(.*?)```", part, re.S)]
     assert [e["flavour"] for e in examples] == ["openldap", "active_directory"]

@@ -7,81 +7,17 @@ of its endpoint, and the site keeps serving new connections afterwards.
 from __future__ import annotations
 
 import json
-from http.client import HTTPResponse
-from io import BytesIO
 from urllib.parse import urlencode
 
 import pytest
-from twisted.internet.address import IPv4Address
-from twisted.internet.task import Clock
-from twisted.internet.testing import StringTransport
 
 from authsrv.config import PARAMETER_CAPS, parse_config
-from authsrv.drain import Drain
-from authsrv.service import site_factory, web_root
 
-from test_web import FakeIdentity, FakeKeystore, FakeStore
+from wire import Listener, parse, request_head
 
-BASE = "http://127.0.0.1:8080"
 TOKEN = "/api/auth/oauth2/token"
 AUTHORIZE = "/api/auth/oauth2/authorize"
 INTERNAL = "/api/internal/user-access"
-
-
-class Listener:
-    """One listener's site over a fake store, driven by a Clock."""
-
-    def __init__(self, limits=None, server=None):
-        self.clock = Clock()
-        config = parse_config({"server": {"public_url": BASE, **(server or {})}, "limits": limits or {}}, None)
-        self.config = config
-        root = web_root(config, self.clock, FakeStore(), FakeKeystore(), FakeIdentity(), lambda: None)
-        self.drain = Drain(self.clock, config.shutdown.delay, config.shutdown.timeout)
-        self.site = site_factory(root, config, self.drain, self.clock)()
-
-    def connect(self, host="127.0.0.1", port=40000):
-        address = IPv4Address("TCP", host, port)
-        transport = StringTransport(peerAddress=address)
-        protocol = self.site.buildProtocol(address)
-        protocol.makeConnection(transport)
-        return protocol, transport
-
-    def send(self, data: bytes, host="127.0.0.1"):
-        protocol, transport = self.connect(host)
-        protocol.dataReceived(data)
-        return protocol, transport
-
-    def close(self, protocol, transport):
-        from twisted.internet.error import ConnectionDone
-        from twisted.python.failure import Failure
-
-        protocol.connectionLost(Failure(ConnectionDone()))
-
-    def assert_serves(self):
-        """The site still answers a new connection."""
-        protocol, transport = self.send(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-        status, _, body = parse(transport)
-        assert (status, json.loads(body)) == (200, {"status": "ok"})
-        self.close(protocol, transport)
-
-
-def parse(transport) -> tuple[int, dict, bytes]:
-    """The first complete response written to C{transport}."""
-
-    class Sock:
-        def makefile(self, mode):
-            return BytesIO(transport.value())
-
-    response = HTTPResponse(Sock())
-    response.begin()
-    body = response.read()
-    return response.status, {k.lower(): v for k, v in response.getheaders()}, body
-
-
-def request_head(method: str, target: str, headers: dict | None = None) -> bytes:
-    lines = [f"{method} {target} HTTP/1.1", "Host: 127.0.0.1"]
-    lines += [f"{name}: {value}" for name, value in (headers or {}).items()]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
 def form(path: str, fields) -> bytes:

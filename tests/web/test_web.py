@@ -9,41 +9,17 @@ import json
 
 import pytest
 from treq.testing import StubTreq
-from twisted.cred.checkers import ICredentialsChecker
-from twisted.cred.credentials import IUsernamePassword
-from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.defer import Deferred, fail
 from twisted.internet.task import Clock
 
-from zope.interface import implementer
 
 from authsrv.config import parse_config
 from authsrv.service import web_root
 
+from fakes import FakeIdentity, FakeKeystore, FakeStore
+
 BASE = "https://auth.example.com"
 ISSUER = BASE + "/api/auth"
-
-
-class FakeKeystore:
-    algorithms = ("RS256", "ES256")
-
-    def __init__(self):
-        self.jwks = b'{"keys":[{"kty":"RSA","kid":"one"}]}'
-
-    def jwks_bytes(self):
-        return self.jwks
-
-
-@implementer(ICredentialsChecker)
-class FakeIdentity:
-    credentialInterfaces = (IUsernamePassword,)
-
-
-class FakeStore:
-    def __init__(self):
-        self.answer = lambda: succeed(None)
-
-    def ping(self):
-        return self.answer()
 
 
 @pytest.fixture

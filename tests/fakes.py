@@ -1,0 +1,34 @@
+"""
+Stand-ins for the public site's collaborators where a test needs only what
+the site itself does: discovery, JWKS, health and the input limits.
+"""
+
+from __future__ import annotations
+
+from twisted.cred.checkers import ICredentialsChecker
+from twisted.cred.credentials import IUsernamePassword
+from twisted.internet.defer import succeed
+from zope.interface import implementer
+
+
+class FakeKeystore:
+    algorithms = ("RS256", "ES256")
+
+    def __init__(self):
+        self.jwks = b'{"keys":[{"kty":"RSA","kid":"one"}]}'
+
+    def jwks_bytes(self):
+        return self.jwks
+
+
+@implementer(ICredentialsChecker)
+class FakeIdentity:
+    credentialInterfaces = (IUsernamePassword,)
+
+
+class FakeStore:
+    def __init__(self):
+        self.answer = lambda: succeed(None)
+
+    def ping(self):
+        return self.answer()
