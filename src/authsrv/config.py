@@ -17,9 +17,10 @@ from attrs import field, frozen
 from authsrv.chat.config import ChatConfig, chat_config
 from authsrv.configsection import ConfigError, Section
 from authsrv.flows.grants import GRANT_TYPES
+from authsrv.flows.ratelimit import DEFAULT_RATE, RateSettings
 from authsrv.protocol.clients import CLIENT_ID_MAX, client_id_problem, is_loopback_host, redirect_uri_problem
 from authsrv.protocol.forwarded import Network, parse_networks
-from authsrv.protocol.rates import parse_rate
+from authsrv.protocol.rates import Rate, parse_rate
 from authsrv.records import DEFAULT_GRANT_TYPES, Client, ThrottlePolicy
 from authsrv.tokens import token_hash
 
@@ -123,6 +124,7 @@ class Config:
     trusted_proxies: tuple[Network, ...] = ()
     throttle: ThrottlePolicy = ThrottlePolicy()
     show_ban_reason: bool = False
+    rate_limits: RateSettings = RateSettings()
 
     @property
     def issuer(self) -> str:
@@ -239,6 +241,24 @@ def _throttle(section: Section) -> ThrottlePolicy:
     return ThrottlePolicy(**values)
 
 
+def _rate(section: Section, name: str, default: str) -> Rate | None:
+    try:
+        return parse_rate(section.str(name, default))
+    except ValueError as e:
+        raise section.error(name, str(e)) from None
+
+
+def _rate_limits(section: Section) -> RateSettings:
+    """C{[rate_limits]}: the default per-client rate, the internal API's per-address rate, the exemption."""
+    settings = RateSettings(
+        default=_rate(section, "default", DEFAULT_RATE),
+        internal=_rate(section, "internal", DEFAULT_RATE),
+        exempt_first_party=section.bool("exempt_first_party", False),
+    )
+    section.done()
+    return settings
+
+
 def _plugin(section: Section, default: str | None = None) -> PluginChoice:
     return PluginChoice(section.str("plugin", default) if default else section.str("plugin"), section)
 
@@ -331,6 +351,7 @@ def parse_config(data: dict, path: Path | None) -> Config:
     input_limits = _input_limits(limits_section)
     limits = _limits(limits_section)
     throttle = _throttle(top.table("throttle", None) or Section({}, "throttle", base_dir))
+    rate_limits = _rate_limits(top.table("rate_limits", None) or Section({}, "rate_limits", base_dir))
     ui = top.table("ui", None) or Section({}, "ui", base_dir)
     show_ban_reason = ui.bool("show_ban_reason", False)
     ui.done()
@@ -366,6 +387,7 @@ def parse_config(data: dict, path: Path | None) -> Config:
         hsts_max_age=hsts_max_age,
         throttle=throttle,
         show_ban_reason=show_ban_reason,
+        rate_limits=rate_limits,
         trusted_proxies=trusted_proxies,
     )
 

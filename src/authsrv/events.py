@@ -114,3 +114,9 @@ def chat_refreshed(*, sub: str, provider: str, account_id: str, rotated: bool) -
 def chat_refresh_failed(*, sub: str, provider: str, account_id: str, reason: str) -> None:
     _emit("chat.refresh_failed", "{provider} token of {sub} not refreshed (link {account_id}): {reason}",
           sub=sub, provider=provider, account_id=account_id, reason=reason)
+
+
+def rate_limited(*, endpoint: str, client_id: str | None, address: str | None, retry_after: int) -> None:
+    """At most once per bucket a minute (L{authsrv.flows.ratelimit.REPORT_WINDOW}), however many are refused."""
+    _emit("rate.limited", "requests of {client_id} from {address} to {endpoint} over their rate; retry in"
+          " {retry_after}s", endpoint=endpoint, client_id=client_id, address=address, retry_after=retry_after)

@@ -42,6 +42,7 @@ from authsrv.flows.introspect import IntrospectionFlow
 from authsrv.flows.issue import TokenMinter
 from authsrv.flows.link import ChatLinking
 from authsrv.flows.login import PasswordLogin
+from authsrv.flows.ratelimit import ClientRateLimits
 from authsrv.flows.revoke import RevocationFlow
 from authsrv.flows.sessions import SessionEnder
 from authsrv.flows.token import TokenFlow
@@ -263,10 +264,9 @@ class PublicFlows:
     linking: ChatLinking | None
 
 
-def public_flows(config: Config, reactor, store, keystore, identity, grants: GrantRegistry,
+def public_flows(config: Config, reactor, store, keystore, identity, grants: GrantRegistry, clients: ClientCache,
                  chat_link=None) -> PublicFlows:
     """Each flow built with exactly the collaborators it uses (fosite's compose)."""
-    clients = ClientCache(store, reactor)
     notifier = backchannel.BackchannelNotifier(reactor, backchannel.default_http_client(reactor))
     sessions = SessionEnder(
         store=store, notify=lambda session: notifier.session_ended(store, keystore, config.issuer, session)
@@ -295,6 +295,7 @@ def web_root(
     C{chat_link} the chat-platform link flow when one is configured.
     """
     grants = grant_registry(config, store, keystore, identity)
+    clients = ClientCache(store, reactor)
     site = PublicSite(
         clock=reactor,
         issuer=config.issuer,
@@ -302,9 +303,10 @@ def web_root(
             path=urlsplit(config.issuer).path or "/", secure=config.issuer.startswith("https:"),
             session_ttl=config.limits.session_ttl,
         ),
-        flows=public_flows(config, reactor, store, keystore, identity, grants, chat_link),
+        flows=public_flows(config, reactor, store, keystore, identity, grants, clients, chat_link),
         ping=lambda: store.ping(),
         readiness=readiness,
+        rates=ClientRateLimits(clock=reactor, clients=clients, settings=config.rate_limits),
         trusted_proxies=config.trusted_proxies,
     )
     return Root(_documents(config, keystore, grants.grant_types), site.resource(), internal, config.input_limits)
@@ -364,7 +366,7 @@ def build(config: Config, reactor) -> AuthsrvService:
         chat = chat_parts(config, reactor, store, identity)
         internal = InternalAPI(
             reactor=reactor, secret=config.internal_secret, store=store, identity=identity,
-            chat_tokens=chat.tokens,
+            chat_tokens=chat.tokens, rate=config.rate_limits.internal, trusted_proxies=config.trusted_proxies,
         ).resource()
         root = web_root(
             config, reactor, store, keystore, identity, lambda: holder[0].readiness_problem(),

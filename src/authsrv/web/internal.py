@@ -17,10 +17,13 @@ from twisted.logger import Logger
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from authsrv.chat.errors import ChatError
+from authsrv.flows.ratelimit import EndpointLimit, RateLimited
 from authsrv.flows.user_access import user_access
 from authsrv.identity.errors import BackendUnavailable
 from authsrv.isotime import iso_utc
+from authsrv.protocol.rates import Rate
 from authsrv.store.errors import StoreUnavailable
+from authsrv.web.forms import client_address_of
 from authsrv.web.headers import json_body
 
 PREFIX = "/api/internal"
@@ -75,15 +78,23 @@ def _user_id(request) -> str:
 
 
 def _endpoint(handler):
-    """Secret first, then the body; every failure is a JSON problem, never a 500."""
+    """
+    The caller's rate, the secret, then the body; every failure is a JSON
+    problem, never a 500.
+    """
 
     @wraps(handler)
     async def endpoint(self, request):
         try:
+            if self._rate is not None:
+                self._limit.address(client_address_of(request, self._trusted_proxies), self._rate)
             self._authorize(request)
             return await handler(self, request, _user_id(request))
         except RequestProblem as problem:
             return _problem(request, problem)
+        except RateLimited as limited:
+            request.setHeader(b"retry-after", str(limited.retry_after).encode())
+            return _problem(request, RequestProblem(429, limited.error, limited.description))
         except BackendUnavailable:
             return _problem(request, RequestProblem(
                 503, "temporarily_unavailable", "the identity backend is unavailable; try again"))
@@ -95,13 +106,21 @@ def _endpoint(handler):
 
 
 class InternalAPI:
-    """The two internal endpoints; collaborators come from the constructor."""
+    """
+    The two internal endpoints; collaborators come from the constructor.
+    Every service shares the one secret, so requests count against C{rate}
+    (None: no limit) by the caller's address, behind C{trusted_proxies} too.
+    """
 
     app = Klein()
     log = Logger()
 
-    def __init__(self, *, reactor, secret: str | None, store, identity, chat_tokens):
+    def __init__(self, *, reactor, secret: str | None, store, identity, chat_tokens, rate: Rate | None = None,
+                 trusted_proxies=()):
         self._reactor = reactor
+        self._rate = rate
+        self._trusted_proxies = trusted_proxies
+        self._limit = EndpointLimit("internal", reactor)
         self._secret = _digest(secret.encode()) if secret else None
         self._store = store
         self._identity = identity

@@ -21,6 +21,7 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 from authsrv.config import ISSUER_PATH
 from authsrv.flows.link import unlink_token, unlink_token_valid
 from authsrv.flows.outcomes import LogoutConfirmation, Notice, Redirect
+from authsrv.flows.ratelimit import ClientRateLimits, EndpointLimit, RateLimited
 from authsrv.identity.errors import BackendUnavailable
 from authsrv.protocol.bearer import bearer_token
 from authsrv.protocol.errors import InvalidRequest, OAuthError, PageError, TemporarilyUnavailable
@@ -58,13 +59,16 @@ class PublicSite:
     C{introspection}, C{revocation}, C{end_session} and C{linking} (None when
     no chat provider client is configured); C{ping()} checks the store and
     C{readiness()} returns a start-up problem or None; C{trusted_proxies}
-    are the peers whose forwarding headers name the client's address.
+    are the peers whose forwarding headers name the client's address;
+    C{rates} counts back-channel requests against their client's rate.
     """
 
     app = Klein()
     log = Logger()
 
-    def __init__(self, *, clock, issuer: str, cookies, flows, ping, readiness, trusted_proxies=()):
+    def __init__(self, *, clock, issuer: str, cookies, flows, ping, readiness, rates: ClientRateLimits,
+                 trusted_proxies=()):
+        self._rates = rates
         self._trusted_proxies = trusted_proxies
         self._clock = clock
         self._issuer = issuer
@@ -78,6 +82,13 @@ class PublicSite:
 
     def _now(self) -> int:
         return int(self._clock.seconds())
+
+    async def _count(self, request, limit: EndpointLimit, params: dict[str, str]) -> None:
+        """Count a client's request against its rate before any work; raises L{RateLimited}."""
+        await self._rates.client_request(
+            limit, request.getHeader(b"authorization"), params,
+            lambda: client_address_of(request, self._trusted_proxies),
+        )
 
     def _answer(self, request, outcome: Redirect | Notice) -> bytes:
         """A browser flow's redirect or notice, with the cookies it sets."""
@@ -131,6 +142,7 @@ class PublicSite:
     async def token(self, request):
         _cors(request)
         params = form_params(request)
+        await self._count(request, self._rates.token, params)
         response = await self._flows.token.token(request.getHeader(b"authorization"), params, self._now())
         return json_body(request, 200, response, no_store=True)
 
@@ -141,6 +153,7 @@ class PublicSite:
     @app.route(ISSUER_PATH + "/oauth2/userinfo", methods=["GET", "POST"])
     async def userinfo(self, request):
         _cors(request)
+        self._rates.userinfo_request(client_address_of(request, self._trusted_proxies))
         access_token = bearer_token(request.getHeader(b"authorization"), userinfo_form_token(request))
         claims = await self._flows.userinfo.userinfo(access_token, self._now())
         return json_body(request, 200, claims, no_store=True)
@@ -152,6 +165,7 @@ class PublicSite:
     @app.route(ISSUER_PATH + "/oauth2/introspect", methods=["POST"])
     async def introspection(self, request):
         params = form_params(request)
+        await self._count(request, self._rates.introspection, params)
         answer = await self._flows.introspection.introspect(request.getHeader(b"authorization"), params, self._now())
         return json_body(request, 200, answer, no_store=True)
 
@@ -159,6 +173,7 @@ class PublicSite:
     async def revocation(self, request):
         _cors(request)
         params = form_params(request)
+        await self._count(request, self._rates.revocation, params)
         await self._flows.revocation.revoke(request.getHeader(b"authorization"), params, self._now())
         request.setHeader(b"cache-control", b"no-store")
         return b""
@@ -269,6 +284,12 @@ class PublicSite:
         return render_page(request, 200, "Nothing to unlink", tags.p("No chat account was linked."))
 
     # --- failures ----------------------------------------------------------------
+
+    @app.handle_errors(RateLimited)
+    def rate_limited(self, request, failure):
+        """Over the client's rate: 429 with Retry-After, in RFC 6749 section 5.2's shape."""
+        request.setHeader(b"retry-after", str(failure.value.retry_after).encode())
+        return oauth_error(request, failure.value)
 
     @app.handle_errors(OAuthError)
     def oauth_failure(self, request, failure):

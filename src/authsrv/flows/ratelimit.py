@@ -1,0 +1,227 @@
+"""
+Request rates per client (DESIGN.md, Rate limits): token buckets in memory,
+so every limit is per instance.
+
+A bucket holds up to C{count} tokens, refills at C{count} per C{per}
+seconds, and each request takes one: a client may burst C{count} requests,
+then keeps to the rate. A bucket untouched for C{per} seconds is full again,
+so dropping it loses nothing; tables drop such buckets a few at a time as
+new keys arrive, and never hold more than C{max_keys}. The check of a known
+key is one dict lookup and a little arithmetic: introspection runs it on
+every request.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Callable
+from math import ceil
+
+from attrs import frozen
+
+from authsrv import events
+from authsrv.protocol.clientauth import authenticate, client_credentials
+from authsrv.protocol.errors import OAuthError
+from authsrv.protocol.rates import Rate, parse_rate
+from authsrv.records import Client
+
+DEFAULT_RATE = "100/s"
+"""Each client's rate at each endpoint, and the internal API's per address, unless configured."""
+MAX_KEYS = 10_000
+"""Buckets per table at most; at the cap a new key pushes out the oldest."""
+SWEEP_STEPS = 2
+"""Old buckets looked at per new key: enough to drop idle ones faster than keys arrive."""
+REPORT_WINDOW = 60.0
+"""Seconds between two audit events for one bucket, so refusals cannot flood the log."""
+
+
+@frozen
+class RateSettings:
+    """C{[rate_limits]}: rates are L{Rate} or None for no limit."""
+
+    default: Rate | None = parse_rate(DEFAULT_RATE)
+    internal: Rate | None = parse_rate(DEFAULT_RATE)
+    exempt_first_party: bool = False
+
+
+class RateLimited(OAuthError):
+    """
+    A request over its rate; C{retry_after} is in whole seconds, at least 1.
+    OAuth registers no code for this: C{too_many_requests} is HTTP's name for
+    429 (RFC 6585), as other servers answer it.
+    """
+
+    error = "too_many_requests"
+    status = 429
+
+    def __init__(self, retry_after: int):
+        super().__init__(f"too many requests; try again in {retry_after} seconds")
+        self.retry_after = retry_after
+
+
+class _Bucket:
+    __slots__ = ("tokens", "stamp", "per", "reported")
+
+    def __init__(self, tokens: float, stamp: float, per: int):
+        self.tokens = tokens
+        self.stamp = stamp
+        self.per = per
+        self.reported = float("-inf")
+
+
+class Buckets:
+    """One table of buckets by key, for one endpoint and one kind of key."""
+
+    def __init__(self, max_keys: int = MAX_KEYS):
+        self._buckets: dict[str, _Bucket] = {}
+        self._max_keys = max_keys
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+    def take(self, key: str, rate: Rate, now: float) -> float:
+        """Take a token from C{key}'s bucket: 0.0, or the seconds until one is there."""
+        bucket = self._buckets.get(key)
+        count = rate.count
+        if bucket is None:
+            self._make_room(now)
+            bucket = self._buckets[key] = _Bucket(count, now, rate.per)
+        elif now > bucket.stamp:
+            tokens = bucket.tokens + (now - bucket.stamp) * count / rate.per
+            bucket.tokens = tokens if tokens < count else count
+            bucket.stamp = now
+            bucket.per = rate.per
+        if bucket.tokens >= 1:
+            bucket.tokens -= 1
+            return 0.0
+        return (1 - bucket.tokens) * rate.per / count
+
+    def report_due(self, key: str, now: float) -> bool:
+        """Whether this refusal is C{key}'s first in L{REPORT_WINDOW} seconds."""
+        bucket = self._buckets[key]
+        if now - bucket.reported < REPORT_WINDOW:
+            return False
+        bucket.reported = now
+        return True
+
+    def _make_room(self, now: float) -> None:
+        """
+        Look at the oldest buckets: drop the idle ones (full by now), move
+        busy ones to the back, unless the table is full: then the oldest goes.
+        """
+        buckets = self._buckets
+        for _ in range(SWEEP_STEPS):
+            if not buckets:
+                return
+            key = next(iter(buckets))
+            bucket = buckets.pop(key)
+            if now - bucket.stamp < bucket.per and len(buckets) < self._max_keys - 1:
+                buckets[key] = bucket
+
+
+def address_key(address: str) -> str:
+    """
+    The key of a client address: an IPv6 address by its /64, the block one
+    host usually holds, so that a host cannot start a fresh bucket per address.
+    """
+    if ":" not in address:
+        return address
+    try:
+        return str(ipaddress.IPv6Network(address + "/64", strict=False).network_address)
+    except ValueError:
+        return address
+
+
+class EndpointLimit:
+    """The buckets of one endpoint: by client id, and by client address."""
+
+    def __init__(self, name: str, clock, max_keys: int = MAX_KEYS):
+        self.name = name
+        self._clock = clock
+        self.by_client = Buckets(max_keys)
+        self.by_address = Buckets(max_keys)
+
+    def address(self, address: str, rate: Rate | None) -> None:
+        """Count a request from C{address}; raises L{RateLimited} over C{rate}."""
+        if rate is not None:
+            self.count(self.by_address, address_key(address), rate, client_id=None, address=address)
+
+    def count(self, buckets: Buckets, key: str, rate: Rate, *, client_id: str | None, address: str | None) -> None:
+        """Take from C{key}'s bucket in C{buckets}; raises L{RateLimited} when it is empty."""
+        now = self._clock.seconds()
+        wait = buckets.take(key, rate, now)
+        if wait:
+            retry_after = max(1, ceil(wait))
+            if buckets.report_due(key, now):
+                events.rate_limited(endpoint=self.name, client_id=client_id, address=address,
+                                    retry_after=retry_after)
+            raise RateLimited(retry_after)
+
+
+class ClientRateLimits:
+    """
+    Which bucket a token, introspection or revocation request counts
+    against, decided before the expensive work: the authenticated client's
+    own bucket, at its C{rate_limit} or the default. A public client has no
+    secret, so anyone can send its id: it counts per address, one caller
+    cannot use up its rate for all its users. A request that does not
+    authenticate (an unknown id, a wrong secret) counts against the default
+    under its address, so neither junk ids nor someone else's id spend a
+    real client's bucket. UserInfo counts per address: the token's client is
+    only known after a store lookup.
+    """
+
+    def __init__(self, *, clock, clients, settings: RateSettings, max_keys: int = MAX_KEYS):
+        self._clients = clients
+        self._default = settings.default
+        self._exempt_first_party = settings.exempt_first_party
+        self._rates: dict[str, Rate | None] = {}
+        self.token = EndpointLimit("token", clock, max_keys)
+        self.introspection = EndpointLimit("introspection", clock, max_keys)
+        self.revocation = EndpointLimit("revocation", clock, max_keys)
+        self.userinfo = EndpointLimit("userinfo", clock, max_keys)
+
+    async def client_request(self, limit: EndpointLimit, authorization: bytes | None, params: dict[str, str],
+                             address_of: Callable[[], str]) -> None:
+        """Count a client's request at C{limit}; raises L{RateLimited} over its rate."""
+        client = await self._authenticated(authorization, params)
+        if client is None:
+            limit.address(address_of(), self._default)
+            return
+        if self._exempt_first_party and client.first_party:
+            return
+        rate = self._rate_of(client)
+        if rate is None:
+            return
+        if client.secret_hash is None:
+            address = address_of()
+            limit.count(limit.by_address, f"{address_key(address)} {client.client_id}", rate,
+                        client_id=client.client_id, address=address)
+        else:
+            limit.count(limit.by_client, client.client_id, rate, client_id=client.client_id, address=None)
+
+    def userinfo_request(self, address: str) -> None:
+        self.userinfo.address(address, self._default)
+
+    async def _authenticated(self, authorization: bytes | None, params: dict[str, str]) -> Client | None:
+        """The client the request authenticates as, or None; the flow reports why not."""
+        try:
+            credentials = client_credentials(authorization, params)
+            return authenticate(await self._clients.get_client(credentials.client_id), credentials)
+        except OAuthError:
+            return None
+
+    def _rate_of(self, client: Client) -> Rate | None:
+        text = client.rate_limit
+        if text is None:
+            return self._default
+        if text in self._rates:
+            return self._rates[text]
+        try:
+            rate = parse_rate(text)
+        except ValueError:
+            rate = self._default
+        if len(self._rates) >= MAX_KEYS:
+            self._rates.clear()
+        self._rates[text] = rate
+        return rate
