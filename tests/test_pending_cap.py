@@ -16,7 +16,7 @@ from authsrv.records import LOGIN_STAGE
 from authsrv.testing.identity import ALICE, PASSWORDS
 
 from flow_client import Browser, location
-from harness import ISSUER, Harness, query_of
+from harness import Harness, query_of
 
 PROXIED = {"server": {"trusted_proxies": ["127.0.0.1", "10.0.0.0/8"]}}
 
