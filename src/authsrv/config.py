@@ -45,6 +45,15 @@ class Limits:
     """Public clients' window: strict one-time refresh tokens (RFC 9700 section 4.14.2)."""
     session_ttl: int = 14 * 86400
     pending_request_ttl: int = 1800
+    """How long a signed-in user's request waits for their consent."""
+    login_request_ttl: int = 600
+    """
+    How long an anonymous request waits for the login form: shorter than
+    consent's, since anyone can start one, so an abandoned one frees its
+    address's place in L{pending_per_address} sooner.
+    """
+    pending_per_address: int = 100
+    """Anonymous requests one client address may keep waiting for the login form; 0 for no cap."""
     max_body_bytes: int = 64 * 1024
 
     @property
@@ -167,12 +176,14 @@ def _limits(section: Section) -> Limits:
             "refresh_grace_public",
             "session_ttl",
             "pending_request_ttl",
+            "login_request_ttl",
         )
     }
     values["max_body_bytes"] = section.int("max_body_bytes", defaults.max_body_bytes, minimum=1024)
+    values["pending_per_address"] = section.int("pending_per_address", defaults.pending_per_address, minimum=0)
     section.done()
     for name, value in values.items():
-        if value == 0 and not name.startswith("refresh_grace"):
+        if value == 0 and name.endswith("_ttl"):
             raise section.error(name, "must be longer than zero")
     return Limits(**values)
 

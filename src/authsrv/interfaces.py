@@ -178,6 +178,15 @@ class IInteractionStore(Interface):
     def save_interaction(interaction):
         """Store a new L{authsrv.records.Interaction}."""
 
+    def save_login_interaction(interaction, cap):
+        """
+        Store a new login-stage interaction unless its C{address} already has
+        C{cap} live ones (expiring after its C{created_at}), decided at once
+        across instances so racing requests never pass the cap. Fires with
+        None once stored, else with the time the address falls below the
+        cap (nothing stored).
+        """
+
     def get_interaction(interaction_id, now):
         """Fires with the interaction if it has not expired, else None."""
 

@@ -125,7 +125,9 @@ class Interaction:
     C{interaction_id} and a CSRF token. C{stage} says what the user does
     next (L{LOGIN_STAGE}, L{CONSENT_STAGE}); at the consent stage C{sid}
     names the browser session that must give it, so a consent is never
-    given by a user other than the one who was shown the page.
+    given by a user other than the one who was shown the page. At the login
+    stage C{address} is the client address that asked, so the store can cap
+    how many sign-ins one address keeps waiting (DESIGN.md, Limits).
     """
 
     interaction_id: str
@@ -135,6 +137,7 @@ class Interaction:
     created_at: int
     expires_at: int
     sid: str | None = None
+    address: str | None = None
 
 
 @frozen

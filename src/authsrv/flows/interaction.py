@@ -66,6 +66,20 @@ def suspended(reason: str | None) -> PageError:
     return PageError(403, "Account suspended", message)
 
 
+def too_many_waiting(retry_after: int) -> PageError:
+    """
+    The client address already keeps C{pending_per_address} anonymous
+    requests waiting for the login form: 429, never a redirect.
+    """
+    minutes = max(1, -(-retry_after // 60))
+    return PageError(
+        429, "Too many sign-ins",
+        f"Too many sign-ins are in progress from your network; finish one of them or wait "
+        f"{minutes} minute{'s' if minutes != 1 else ''} and start again from the application.",
+        retry_after=retry_after,
+    )
+
+
 def _expired() -> PageError:
     return PageError(400, "Sign-in expired", TOO_LONG)
 
@@ -93,8 +107,13 @@ class InteractionFlow:
         self._limits = limits
         self._issuer = issuer
 
-    async def authorize(self, args: dict[bytes, list[bytes]], browser: Browser, now: int) -> Redirect:
-        """An authorization request (RFC 6749 section 4.1.1): to login, consent, or the client."""
+    async def authorize(self, args: dict[bytes, list[bytes]], browser: Browser, address: str,
+                        now: int) -> Redirect:
+        """
+        An authorization request (RFC 6749 section 4.1.1): to login, consent,
+        or the client. One that must wait for the login form counts toward
+        its client C{address}'s cap of such requests.
+        """
         client_id = client_id_of(args)
         client = await self._clients.get_client(client_id) if client_id is not None else None
         try:
@@ -103,7 +122,7 @@ class InteractionFlow:
             session = await live_session(self._store, self._identity, browser.session, now)
             if session is None or login_needed(request, session, now):
                 refuse_silently(request, login=True, consent=False)
-                return await self._wait(request, LOGIN_STAGE, None, browser, now)
+                return await self._wait(request, LOGIN_STAGE, None, browser, now, address)
             return await self._after_login(client, request, session, browser, now, 302)
         except AuthorizeError as e:
             return Redirect(error_location(self._issuer, e.redirect_uri, e.state, e.error))
@@ -184,11 +203,14 @@ class InteractionFlow:
         return Redirect(await self._issue_code(request, session, now), status)
 
     async def _wait(self, request: AuthorizationRequest, stage: str, sid: str | None, browser: Browser,
-                    now: int) -> Redirect:
+                    now: int, address: str | None = None) -> Redirect:
         """
         Keep the request for the next stage, bound to this browser's device
-        secret (made now if it has none, or a forged one).
+        secret (made now if it has none, or a forged one). An anonymous one
+        (with its C{address}) waits for the login form for a shorter time,
+        and only while its address is under the cap.
         """
+        limits = self._limits
         new_device: str | None
         if valid_device_secret(browser.device):
             device, new_device = browser.device, None
@@ -201,10 +223,16 @@ class InteractionFlow:
             request=request,
             csrf_token=form_token(device, interaction_id),
             created_at=now,
-            expires_at=now + self._limits.pending_request_ttl,
+            expires_at=now + (limits.login_request_ttl if stage == LOGIN_STAGE else limits.pending_request_ttl),
             sid=sid,
+            address=address,
         )
-        await self._store.save_interaction(interaction)
+        if address is not None and limits.pending_per_address:
+            busy_until = await self._store.save_login_interaction(interaction, limits.pending_per_address)
+            if busy_until is not None:
+                raise too_many_waiting(busy_until - now)
+        else:
+            await self._store.save_interaction(interaction)
         location = f"{self._issuer}{_STAGE_PATHS[stage]}?{urlencode({'request': interaction_id})}"
         return Redirect(location, 303, CookieChanges(device=new_device))
 

@@ -105,11 +105,13 @@ class PageError(Exception):
     """
     A refusal shown to the person in the browser as a page, never sent to a
     client: an unknown client or redirect URI, an expired form, a forged
-    logout hint. C{title} heads the page, C{message} says what to do.
+    logout hint. C{title} heads the page, C{message} says what to do;
+    C{retry_after}, in seconds, is sent as Retry-After.
     """
 
-    def __init__(self, status: int, title: str, message: str):
+    def __init__(self, status: int, title: str, message: str, retry_after: int | None = None):
         super().__init__(message)
         self.status = status
         self.title = title
         self.message = message
+        self.retry_after = retry_after

@@ -68,7 +68,7 @@ from authsrv.records import (
     Rotated,
     ThrottleDecision,
 )
-from authsrv.store import throttle
+from authsrv.store import pending, throttle
 from authsrv.store.errors import AlreadyExists, StoreUnavailable
 from authsrv.store.observer import Observer, watched
 from authsrv.store.rows import POSTGRES, WITH_BAN, Rows, ban_of, scope_text, tables
@@ -89,6 +89,12 @@ ACCOUNT_LOCKS, ADDRESS_LOCKS = 0x6174_6831, 0x6174_6832
 The classes of the advisory locks a login attempt takes, keyed by the hash
 of its account and of its address: attempts that could change each other's
 counts are decided one at a time, across instances.
+"""
+
+PENDING_LOCKS = 0x6174_6833
+"""
+The class of the advisory lock a new login-stage interaction takes, keyed by
+the hash of its client address, so the address's cap is never passed.
 """
 
 
@@ -192,6 +198,16 @@ def _holds_nul(params: dict) -> bool:
 
 _T = tables(POSTGRES)
 _THROTTLE = throttle.statements(POSTGRES)
+
+# Two statements sent as one query, which PostgreSQL runs as one implicit
+# transaction: the address's lock is held from the first until the second,
+# with its own later snapshot, has counted and inserted (one round trip).
+_SAVE_LOGIN_INTERACTION = (
+    "SELECT pg_advisory_xact_lock(%(lock_class)s, hashtext(%(address)s));"
+    f" WITH busy AS ({pending.busy_until(POSTGRES)}),"
+    f" saved AS ({_T.interactions.insert_as('', '(SELECT 1) AS free WHERE NOT EXISTS (SELECT 1 FROM busy)')})"
+    " SELECT (SELECT expires_at FROM busy) AS busy_until"
+)
 
 
 def _text(value: str) -> str:
@@ -311,6 +327,12 @@ class PostgresStore:
 
     def save_interaction(self, interaction):
         return self._write("save_interaction", _T.interactions.insert, _T.interactions.params(interaction))
+
+    def save_login_interaction(self, interaction, cap):
+        params = {**_T.interactions.params(interaction), **pending.params(interaction, cap), "lock_class": PENDING_LOCKS}
+        return self._run("save_login_interaction", first, _SAVE_LOGIN_INTERACTION, params).addCallback(
+            lambda row: row["busy_until"]
+        )
 
     def get_interaction(self, interaction_id, now):
         return self._one("get_interaction",

@@ -36,7 +36,7 @@ from authsrv.records import (
     Rotated,
     ThrottleDecision,
 )
-from authsrv.store import throttle
+from authsrv.store import pending, throttle
 from authsrv.store.errors import AlreadyExists, StoreUnavailable
 from authsrv.store.observer import Observer, watched
 from authsrv.store.rows import SQLITE, WITH_BAN, Rows, ban_of, scope_text, tables
@@ -108,6 +108,7 @@ def _transaction(connection: sqlite3.Connection):
 
 _T = tables(SQLITE)
 _THROTTLE = throttle.statements(SQLITE)
+_BUSY_UNTIL = pending.busy_until(SQLITE)
 
 _JOIN_BAN = " LEFT JOIN bans b ON b.sub = {table}.sub"
 
@@ -223,6 +224,9 @@ class SQLiteStore:
 
     def save_interaction(self, interaction):
         return self._insert("save_interaction", _T.interactions, interaction)
+
+    def save_login_interaction(self, interaction, cap):
+        return self._call("save_login_interaction", True, _save_login_interaction, interaction, cap)
 
     def get_interaction(self, interaction_id, now):
         return self._query("get_interaction",
@@ -532,6 +536,15 @@ def _attempt(db, account, address, known_device, policy, now):
     if wait is not None:
         return ThrottleDecision(wait=wait, ticket=None)
     return ThrottleDecision(wait=None, ticket=_first(db.execute(_THROTTLE.insert, params))["attempt_id"])
+
+
+def _save_login_interaction(db, interaction, cap):
+    """Inside the write transaction, so no other instance can count in between."""
+    busy = db.execute(_BUSY_UNTIL, pending.params(interaction, cap)).fetchone()
+    if busy is not None:
+        return busy["expires_at"]
+    db.execute(_T.interactions.insert, _T.interactions.params(interaction))
+    return None
 
 
 def _revoke_token(db, token_hash, client_id, now):

@@ -22,6 +22,7 @@ from zope.interface import implementer
 
 from authsrv.interfaces import IStore
 from authsrv.records import (
+    LOGIN_STAGE,
     AccessState,
     CodeConsumed,
     CodeNotFound,
@@ -148,6 +149,19 @@ class MemoryStore:
     @_answered
     def save_interaction(self, interaction):
         _insert(self.tables.interactions, interaction.interaction_id, interaction)
+
+    @_answered
+    def save_login_interaction(self, interaction, cap):
+        live = sorted(
+            (other.expires_at for other in self.tables.interactions.values()
+             if other.address == interaction.address and other.stage == LOGIN_STAGE
+             and other.expires_at > interaction.created_at),
+            reverse=True,
+        )
+        if len(live) >= cap:
+            return live[cap - 1]
+        _insert(self.tables.interactions, interaction.interaction_id, interaction)
+        return None
 
     @_answered
     def get_interaction(self, interaction_id, now):

@@ -369,6 +369,41 @@ class StoreConformance:
             assert (got.request.scope, got.request.resources, got.request.prompt) == ((), (), frozenset())
 
     @pytest_twisted.ensureDeferred
+    async def test_login_interaction_keeps_its_address(self):
+        waiting = make_interaction("ia-1", address=THERE)
+        async with self.store() as store:
+            assert await store.save_login_interaction(waiting, 3) is None
+            assert await store.get_interaction("ia-1", NOW) == waiting
+            assert await store.take_interaction("ia-1", LOGIN_STAGE) is True
+
+    @pytest_twisted.ensureDeferred
+    async def test_login_interactions_capped_per_address(self):
+        async with self.store() as store:
+            for n in range(3):
+                waiting = make_interaction(f"here-{n}", address=HERE, expires_at=NOW + 600 + n)
+                assert await store.save_login_interaction(waiting, 3) is None
+            refused = make_interaction("here-3", address=HERE, created_at=NOW + 5)
+            assert await store.save_login_interaction(refused, 3) == NOW + 600
+            assert await store.get_interaction("here-3", NOW) is None
+            assert await store.save_login_interaction(make_interaction("there-0", address=THERE), 3) is None
+            assert await store.take_interaction("here-1", LOGIN_STAGE) is True
+            assert await store.save_login_interaction(refused, 3) is None
+            assert await store.get_interaction("here-3", NOW) == refused
+
+    @pytest_twisted.ensureDeferred
+    async def test_login_interaction_cap_counts_only_live_login_stage_ones(self):
+        async with self.store() as store:
+            await store.save_login_interaction(make_interaction("old", address=HERE, expires_at=NOW + 10), 2)
+            await store.save_interaction(make_interaction("consent", CONSENT_STAGE, address=HERE))
+            await store.save_interaction(make_interaction("anonymous"))
+            assert await store.save_login_interaction(make_interaction("new", address=HERE), 2) is None
+            late = make_interaction("late", address=HERE, created_at=NOW + 10, expires_at=NOW + 700)
+            assert await store.save_login_interaction(late, 2) is None
+            assert await store.save_login_interaction(make_interaction("over", address=HERE), 2) == NOW + 600
+            assert await store.save_login_interaction(make_interaction("one", address=THERE), 1) is None
+            assert await store.save_login_interaction(make_interaction("two", address=THERE), 1) == NOW + 600
+
+    @pytest_twisted.ensureDeferred
     async def test_interaction_keeps_scope_order(self):
         interaction = make_interaction("ia-1")
         reordered = attrs.evolve(interaction, request=attrs.evolve(interaction.request, scope=("profile", "openid")))
@@ -1153,6 +1188,23 @@ class StoreConcurrencyConformance:
                     [store.take_interaction(f"ia-{n}", CONSENT_STAGE) for store in (first, second)]
                 )
                 assert sorted(results) == [False, True]
+
+    @pytest_twisted.ensureDeferred
+    async def test_racing_login_interactions_never_pass_the_cap(self):
+        async with self.store_pair() as (first, second):
+            for n in range(self.rounds):
+                address = f"198.51.100.{n}"
+                results = await gatherResults(
+                    [
+                        (first, second)[k % 2].save_login_interaction(
+                            make_interaction(f"ia-{n}-{k}", address=address), 5
+                        )
+                        for k in range(12)
+                    ]
+                )
+                assert sorted(results, key=lambda r: r is not None) == [None] * 5 + [NOW + 600] * 7
+                kept = [k for k in range(12) if await second.get_interaction(f"ia-{n}-{k}", NOW) is not None]
+                assert kept == [k for k, result in enumerate(results) if result is None]
 
     @pytest_twisted.ensureDeferred
     async def test_racing_link_attempt_takes(self):

@@ -187,8 +187,9 @@ class PublicSite:
     @app.route(ISSUER_PATH + "/oauth2/authorize", methods=["GET", "POST"])
     async def authorize(self, request):
         """RFC 6749 section 4.1.1 (GET, and POST as OIDC Core 3.1.2.1 allows)."""
+        address = client_address_of(request, self._trusted_proxies)
         outcome = await self._flows.interaction.authorize(
-            request.args, self._cookies.browser(request), self._now()
+            request.args, self._cookies.browser(request), address, self._now()
         )
         return self._answer(request, outcome)
 
@@ -300,6 +301,8 @@ class PublicSite:
     def page_failure(self, request, failure):
         """A refusal a browser flow raised, shown to the user as a page."""
         error = failure.value
+        if error.retry_after is not None:
+            request.setHeader(b"retry-after", str(error.retry_after).encode())
         return error_page(request, error.status, error.title, error.message)
 
     @app.handle_errors(StoreUnavailable)
