@@ -118,3 +118,17 @@ async def test_forwarding_headers_from_an_untrusted_peer_are_ignored(tmp_path, m
         assert audit.of("login.failed")[-1]["address"] == "127.0.0.1"
     finally:
         await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_ipv6_host_cannot_escape_its_count_by_changing_addresses(tmp_path, monkeypatch):
+    """Addresses of one /64 count as one: a host usually holds the whole block."""
+    h = await Harness(tmp_path, monkeypatch).start()
+    try:
+        login = PasswordLogin(identity=h.identity, store=h.store, policy=ThrottlePolicy())
+        for n in range(5):
+            assert isinstance(await attempt(login, h, "guess", f"2001:db8:7:1::{n + 1}"), Refused)
+        assert isinstance(await attempt(login, h, PASSWORDS[ALICE.sub], "2001:db8:7:1:ffff::9"), Throttled)
+        assert isinstance(await attempt(login, h, PASSWORDS[ALICE.sub], "2001:db8:7:2::1"), LoggedIn)
+    finally:
+        await h.close()

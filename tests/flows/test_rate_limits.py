@@ -19,8 +19,9 @@ from twisted.internet.task import Clock
 from authsrv.config import parse_config
 from authsrv.configsection import ConfigError
 from authsrv.flows.clients import ClientCache
+from authsrv.protocol.forwarded import address_key
 from authsrv.flows.ratelimit import (
-    REPORT_WINDOW, Buckets, ClientRateLimits, EndpointLimit, RateLimited, RateSettings, address_key,
+    REPORT_WINDOW, Buckets, ClientRateLimits, EndpointLimit, RateLimited, RateSettings,
 )
 from authsrv.protocol.rates import Rate
 from authsrv.records import Client

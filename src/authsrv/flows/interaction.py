@@ -31,6 +31,7 @@ from authsrv.protocol.authorize import (
     refuse_silently,
 )
 from authsrv.protocol.errors import AccessDenied, PageError
+from authsrv.protocol.forwarded import address_key
 from authsrv.protocol.urls import origin
 from authsrv.records import (
     CONSENT_STAGE,
@@ -225,7 +226,7 @@ class InteractionFlow:
             created_at=now,
             expires_at=now + (limits.login_request_ttl if stage == LOGIN_STAGE else limits.pending_request_ttl),
             sid=sid,
-            address=address,
+            address=None if address is None else address_key(address),
         )
         if address is not None and limits.pending_per_address:
             busy_until = await self._store.save_login_interaction(interaction, limits.pending_per_address)

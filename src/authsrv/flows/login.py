@@ -24,6 +24,7 @@ from authsrv.flows.standing import standing
 from authsrv.identity.errors import UnknownUser
 from authsrv.identity.realm import UserRealm
 from authsrv.interfaces import IUser
+from authsrv.protocol.forwarded import address_key
 from authsrv.records import ThrottlePolicy, User
 from authsrv.tokens import token_hash
 
@@ -92,23 +93,24 @@ class PasswordLogin:
         if self._checks.total() >= self._policy.checks_in_flight:
             events.login_failed(login=logged, reason="too many password checks in flight", address=address)
             return Unavailable()
-        if self._checks[address] >= self._policy.checks_per_address:
+        if self._checks[address_key(address)] >= self._policy.checks_per_address:
             events.login_throttled(login=logged, address=address, retry_after=BUSY_RETRY)
             return Throttled(BUSY_RETRY)
-        self._checks[address] += 1
+        key = address_key(address)
+        self._checks[key] += 1
         try:
             return await self._log_in(login, password, address, device, now)
         finally:
-            self._checks[address] -= 1
-            if not self._checks[address]:
-                del self._checks[address]
+            self._checks[key] -= 1
+            if not self._checks[key]:
+                del self._checks[key]
 
     async def _log_in(self, login: str, password: str, address: str, device: str | None, now: float):
         logged = login[:LOGGED_LOGIN_MAX]
         account, seconds = account_key(login), int(now)
         device_hash = token_hash(device) if device else None
         known = device_hash is not None and await self._store.known_device(account, device_hash, seconds)
-        decision = await self._store.attempt(account, address, known, self._policy, seconds)
+        decision = await self._store.attempt(account, address_key(address), known, self._policy, seconds)
         if decision.wait is not None:
             events.login_throttled(login=logged, address=address, retry_after=decision.wait)
             return Throttled(decision.wait)
@@ -130,7 +132,7 @@ class PasswordLogin:
             reason = "disabled" if user.disabled else "banned"
             events.login_suspended(sub=user.sub, address=address, reason=reason)
             return Suspended(user_standing.ban_reason)
-        await self._store.succeeded(account, address, seconds)
+        await self._store.succeeded(account, address_key(address), seconds)
         if device_hash is not None:
             await self._store.remember_device(account, device_hash, seconds + KNOWN_DEVICE_TTL)
         return LoggedIn(user)

@@ -13,7 +13,6 @@ every request.
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Callable
 from math import ceil
 
@@ -22,6 +21,7 @@ from attrs import frozen
 from authsrv import events
 from authsrv.protocol.clientauth import authenticate, client_credentials
 from authsrv.protocol.errors import OAuthError
+from authsrv.protocol.forwarded import address_key
 from authsrv.protocol.rates import Rate, parse_rate
 from authsrv.records import Client
 
@@ -117,19 +117,6 @@ class Buckets:
             bucket = buckets.pop(key)
             if now - bucket.stamp < bucket.per and len(buckets) < self._max_keys - 1:
                 buckets[key] = bucket
-
-
-def address_key(address: str) -> str:
-    """
-    The key of a client address: an IPv6 address by its /64, the block one
-    host usually holds, so that a host cannot start a fresh bucket per address.
-    """
-    if ":" not in address:
-        return address
-    try:
-        return str(ipaddress.IPv6Network(address + "/64", strict=False).network_address)
-    except ValueError:
-        return address
 
 
 class EndpointLimit:

@@ -84,3 +84,17 @@ def client_address(peer: str, trusted: tuple[Network, ...], forwarded: Iterable[
         if not is_trusted(hop, trusted):
             return hop
     return current
+
+
+def address_key(address: str) -> str:
+    """
+    The key of a client address: an IPv6 address by its /64, the block one
+    host usually holds, so that a host cannot escape a per-address count (a rate
+    limit, the login throttle, the pending-request cap) by changing addresses.
+    """
+    if ":" not in address:
+        return address
+    try:
+        return str(ipaddress.IPv6Network(address + "/64", strict=False).network_address)
+    except ValueError:
+        return address
