@@ -10,18 +10,24 @@ Both have the same issuer (instance A's address) and the same signing keys
 
 from __future__ import annotations
 
+import re
 import threading
 
 import pytest
 import pytest_twisted
+import requests
 
 from conftest import admin, free_port
 from pg_servers import (
     ALICE,
+    CLIENT,
+    REDIRECT_URI,
+    TIMEOUT,
     Browser,
     exchange,
     introspect,
     pg_config,
+    pkce_pair,
     refresh,
     user_access,
     userinfo,
@@ -106,3 +112,44 @@ def test_refresh_presented_to_both_at_once_keeps_one_chain(instances):
         (successor,) = successors
         # The one successor lives on; the token both were shown is spent.
         assert refresh(a.base, successor).status_code == 200
+
+
+def _login_via_proxy(base: str, client_address: str, password: str) -> int:
+    """One sign-in as a trusted proxy on 127.0.0.1 forwards it for C{client_address}: the login POST's status."""
+    session = requests.Session()
+    forwarded = {"X-Forwarded-For": client_address}
+    verifier, challenge = pkce_pair()
+    response = session.get(
+        base + "/api/auth/oauth2/authorize",
+        params={"client_id": CLIENT[0], "redirect_uri": REDIRECT_URI, "response_type": "code",
+                "scope": "openid", "state": "s", "code_challenge": challenge, "code_challenge_method": "S256"},
+        headers=forwarded, allow_redirects=False, timeout=TIMEOUT,
+    )
+    page = session.get(base + "/api/auth/login?" + response.headers["location"].split("?", 1)[1],
+                       headers=forwarded, timeout=TIMEOUT)
+    fields = dict(re.findall(r'<input type="hidden" name="(\w+)" value="([^"]*)"', page.text))
+    answer = session.post(base + "/api/auth/login", data={**fields, "username": "alice", "password": password},
+                          headers=forwarded, allow_redirects=False, timeout=TIMEOUT)
+    return answer.status_code
+
+
+@pytest_twisted.ensureDeferred
+async def test_login_failures_count_across_instances_behind_a_trusted_proxy(run_server, pg_dsn, tmp_path):
+    """
+    Both instances read the client's address from the proxy's header and
+    share one count in the store: an attacker gets five tries in all, not
+    five per instance, and the real user, elsewhere, still signs in.
+    """
+    port_a, port_b = free_port(), free_port()
+    configs = [pg_config(tmp_path, pg_dsn, port, port_a) for port in (port_a, port_b)]
+    for config in configs:
+        text = config.read_text().replace("[server]\n", '[server]\ntrusted_proxies = ["127.0.0.1"]\n', 1)
+        config.write_text(text)
+    a = run_server(["--log-file", str(tmp_path / "a.log"), "authsrv", "--config", str(configs[0])], tmp_path,
+                   port=port_a)
+    b = run_server(["--log-file", str(tmp_path / "b.log"), "authsrv", "--config", str(configs[1])], tmp_path,
+                   port=port_b)
+    attacker = "203.0.113.66"
+    statuses = [_login_via_proxy(server.base, attacker, "guess") for server in (a, b, a, b, a, b)]
+    assert statuses == [200, 200, 200, 200, 200, 429]
+    assert _login_via_proxy(b.base, "198.51.100.5", "alice-password") == 303
