@@ -13,6 +13,7 @@ the busy timeout.
 
 from __future__ import annotations
 
+import secrets
 import sqlite3
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,6 +23,7 @@ from zope.interface import implementer
 
 from authsrv.interfaces import IStore
 from authsrv.migrations import Ledger, MigrationError, SQLiteMigration, migrate, schema_steps
+from authsrv.interfaces import SERVER_KEY_BYTES
 from authsrv.records import (
     AccessState,
     CodeConsumed,
@@ -176,6 +178,11 @@ class SQLiteStore:
 
     def _put(self, label: str, rows: Rows, value):
         return self._execute(label, rows.put, rows.params(value)).addCallback(lambda _: None)
+
+    # IServerSecrets
+
+    def server_key(self, name):
+        return self._call("server_key", True, _server_key, name)
 
     # IClientRegistry
 
@@ -489,6 +496,12 @@ def _consume_code(db, code_hash, now):
         "SELECT grant_id FROM authorization_codes WHERE code_hash = ? AND used_at IS NOT NULL", (code_hash,)
     ).fetchone()
     return CodeNotFound() if used is None else CodeReused(used["grant_id"])
+
+
+def _server_key(db, name):
+    db.execute("INSERT INTO server_keys (name, key) VALUES (?, ?) ON CONFLICT (name) DO NOTHING",
+               (name, secrets.token_bytes(SERVER_KEY_BYTES)))
+    return bytes(db.execute("SELECT key FROM server_keys WHERE name = ?", (name,)).fetchone()["key"])
 
 
 def _issue_tokens(db, access, refresh):
