@@ -30,7 +30,7 @@ from authsrv.context import PluginContext
 from authsrv.identity.passwords import PasswordVerifier, hash_password
 from authsrv.identity.static import StaticIdentityBackend, add_user
 from authsrv.keys import jwkfile
-from authsrv.service import web_root
+from authsrv.service import sync_config_clients, web_root
 from authsrv.store import sqlite
 from authsrv.chat.config import ChatConfig
 from authsrv.chat.crypto import TokenCipher, key_from_text, new_key_text
@@ -177,8 +177,7 @@ class Harness:
         self.http = StubTreq(self.root)
 
     async def start(self) -> "Harness":
-        for client in self.config.clients:
-            await self.store.put_client(client)
+        await sync_config_clients(self.store, self.config.clients)
         return self
 
     async def close(self) -> None:

@@ -11,7 +11,7 @@ from authsrv.config import Config
 from authsrv.protocol.clients import client_id_problem, redirect_uri_problem
 from authsrv.records import Client
 from authsrv.store.errors import AlreadyExists
-from authsrv.tokens import new_token, token_hash
+from authsrv.tokens import CLIENT_SECRET_KEY, client_secret_hash, new_token
 
 
 def _check_uris(option: str, uris: list[str]) -> None:
@@ -56,9 +56,10 @@ async def client_add(reactor, args, console: Console):
     async def add(config, store):
         if _declared(config, args.client_id):
             raise AdminError(f"client {args.client_id!r} is declared in {config.path}; edit it there")
+        key = await store.server_key(CLIENT_SECRET_KEY) if secret else b""
         client = Client(
             client_id=args.client_id,
-            secret_hash=token_hash(secret) if secret else None,
+            secret_hash=client_secret_hash(secret, key) if secret else None,
             name=args.name or args.client_id,
             redirect_uris=args.redirect_uri,
             post_logout_redirect_uris=args.post_logout_redirect_uri,
