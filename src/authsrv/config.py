@@ -20,6 +20,7 @@ from authsrv.flows.grants import GRANT_TYPES
 from authsrv.protocol.clients import CLIENT_ID_MAX, client_id_problem, is_loopback_host, redirect_uri_problem
 from authsrv.protocol.forwarded import Network, parse_networks
 from authsrv.protocol.rates import parse_rate
+from authsrv.protocol.targets import backchannel_uri_problem
 from authsrv.records import DEFAULT_GRANT_TYPES, Client, ThrottlePolicy
 from authsrv.tokens import token_hash, weak_secret_problem
 
@@ -275,7 +276,7 @@ def client_from_config(section: Section, demo: bool = False) -> Client:
         raise section.error("client_id", problem)
     secret = _strong_secret(section, "secret", demo)
     backchannel = section.str("backchannel_logout_uri", None)
-    if backchannel is not None and (backchannel_problem := redirect_uri_problem(backchannel)):
+    if backchannel is not None and (backchannel_problem := backchannel_uri_problem(backchannel)):
         raise section.error("backchannel_logout_uri", backchannel_problem)
     client = Client(
         client_id=client_id,
