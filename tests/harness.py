@@ -79,7 +79,11 @@ CLIENTS = [
         "redirect_uris": ["http://127.0.0.1:9003/callback"],
     },
 ]
-SECRETS = {"first": "first-secret", "partner": "partner-secret", "gateway": "gateway-secret"}
+SECRETS = {  # strong enough for an https public URL too (128 bits)
+    "first": "first-secret-Q3v9ZkP2mW7xL4nR8tY6",
+    "partner": "partner-secret-H5j2Nc8Rw4Tq9Lm3Xv7",
+    "gateway": "gateway-secret-B6s1Kd9Pf3Yz7Gh2Wq5",
+}
 ENVIRON = {
     "AUTHSRV_TEST_FIRST_SECRET": SECRETS["first"],
     "AUTHSRV_TEST_PARTNER_SECRET": SECRETS["partner"],

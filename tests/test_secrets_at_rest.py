@@ -41,7 +41,7 @@ from authsrv.tokens import (
     token_hash,
 )
 
-from harness import Harness
+from harness import SECRETS, Harness
 from test_limits import Listener, parse, request_head
 
 KEY = bytes(range(32))
@@ -151,7 +151,7 @@ async def test_token_endpoints_accept_keyed_and_legacy_secrets(tmp_path, monkeyp
         await h.store.put_client(Client(
             client_id="old", secret_hash=token_hash("old-secret"), redirect_uris=["https://a.example/cb"],
         ))
-        for client_id, secret in (("first", "first-secret"), ("old", "old-secret")):
+        for client_id, secret in (("first", SECRETS["first"]), ("old", "old-secret")):
             response, _ = await h.request("POST", REVOKE, data={"token": "x"}, headers=_basic(client_id, secret))
             assert response.code == 200, client_id
             response, body = await h.request("POST", REVOKE, data={"token": "x"}, headers=_basic(client_id, "no"))
