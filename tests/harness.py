@@ -30,7 +30,7 @@ from authsrv.context import PluginContext
 from authsrv.identity.passwords import PasswordVerifier, hash_password
 from authsrv.identity.static import StaticIdentityBackend, add_user
 from authsrv.keys import jwkfile
-from authsrv.service import web_root
+from authsrv.service import sync_config_clients, web_root
 from authsrv.store import sqlite
 from authsrv.chat.config import ChatConfig
 from authsrv.chat.crypto import TokenCipher, key_from_text, new_key_text
@@ -79,7 +79,11 @@ CLIENTS = [
         "redirect_uris": ["http://127.0.0.1:9003/callback"],
     },
 ]
-SECRETS = {"first": "first-secret", "partner": "partner-secret", "gateway": "gateway-secret"}
+SECRETS = {  # strong enough for an https public URL too (128 bits)
+    "first": "first-secret-Q3v9ZkP2mW7xL4nR8tY6",
+    "partner": "partner-secret-H5j2Nc8Rw4Tq9Lm3Xv7",
+    "gateway": "gateway-secret-B6s1Kd9Pf3Yz7Gh2Wq5",
+}
 ENVIRON = {
     "AUTHSRV_TEST_FIRST_SECRET": SECRETS["first"],
     "AUTHSRV_TEST_PARTNER_SECRET": SECRETS["partner"],
@@ -177,8 +181,7 @@ class Harness:
         self.http = StubTreq(self.root)
 
     async def start(self) -> "Harness":
-        for client in self.config.clients:
-            await self.store.put_client(client)
+        await sync_config_clients(self.store, self.config.clients)
         return self
 
     async def close(self) -> None:

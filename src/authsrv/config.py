@@ -21,8 +21,9 @@ from authsrv.flows.ratelimit import DEFAULT_RATE, RateSettings
 from authsrv.protocol.clients import CLIENT_ID_MAX, client_id_problem, is_loopback_host, redirect_uri_problem
 from authsrv.protocol.forwarded import Network, parse_networks
 from authsrv.protocol.rates import Rate, parse_rate
+from authsrv.protocol.targets import backchannel_uri_problem
 from authsrv.records import DEFAULT_GRANT_TYPES, Client, ThrottlePolicy
-from authsrv.tokens import token_hash
+from authsrv.tokens import token_hash, weak_secret_problem
 
 DEFAULT_LISTEN = "tcp:8080:interface=127.0.0.1"
 DEFAULT_PUBLIC_URL = "http://127.0.0.1:8080"
@@ -283,15 +284,30 @@ def _uris(section: Section, name: str, required: bool) -> list[str]:
     return uris
 
 
-def client_from_config(section: Section) -> Client:
-    """A client declared in the config file (C{[[clients]]})."""
+def _strong_secret(section: Section, name: str, demo: bool) -> str | None:
+    """
+    The secret C{name} (from C{NAME_env} or C{NAME_file}), refused when it
+    has under 128 bits of entropy, unless the server is a loopback demo.
+    """
+    source = f"{name}_env" if section.has(f"{name}_env") else f"{name}_file"
+    secret = section.secret(name, required=False)
+    if secret is not None and not demo and (problem := weak_secret_problem(secret)):
+        raise section.error(source, problem)
+    return secret
+
+
+def client_from_config(section: Section, demo: bool = False) -> Client:
+    """
+    A client declared in the config file (C{[[clients]]}); C{demo} when the
+    public URL is on the loopback interface, where weak secrets are allowed.
+    """
     client_id = section.str("client_id")
     problem = client_id_problem(client_id)
     if problem:
         raise section.error("client_id", problem)
-    secret = section.secret("secret", required=False)
+    secret = _strong_secret(section, "secret", demo)
     backchannel = section.str("backchannel_logout_uri", None)
-    if backchannel is not None and (backchannel_problem := redirect_uri_problem(backchannel)):
+    if backchannel is not None and (backchannel_problem := backchannel_uri_problem(backchannel)):
         raise section.error("backchannel_logout_uri", backchannel_problem)
     client = Client(
         client_id=client_id,
@@ -345,6 +361,7 @@ def parse_config(data: dict, path: Path | None) -> Config:
     top = Section(data, "", base_dir)
     server = top.table("server", None) or Section({}, "server", base_dir)
     public_url = _public_url(server)
+    demo = is_loopback_host(urlsplit(public_url).hostname or "")
     listen = tuple(server.str_list("listen", [DEFAULT_LISTEN]))
     access_log = server.bool("access_log", False)
     shutdown = _shutdown(server)
@@ -352,7 +369,7 @@ def parse_config(data: dict, path: Path | None) -> Config:
     trusted_proxies = _trusted_proxies(server)
     server.done()
     internal = top.table("internal", None) or Section({}, "internal", base_dir)
-    internal_secret = internal.secret("secret", required=False)
+    internal_secret = _strong_secret(internal, "secret", demo)
     internal_listen = tuple(internal.str_list("listen", []))
     internal_on_main = internal.bool("serve_on_main", True)
     if not internal_on_main and not internal_listen:
@@ -371,7 +388,7 @@ def parse_config(data: dict, path: Path | None) -> Config:
     identity = tuple(_plugin(s) for s in top.tables("identity"))
     if not identity:
         identity = (PluginChoice("static", Section({}, "identity[0]", base_dir)),)
-    clients = tuple(client_from_config(s) for s in top.tables("clients"))
+    clients = tuple(client_from_config(s, demo) for s in top.tables("clients"))
     chat = chat_config(top.table("chat", None))
     seen: set[str] = set()
     for index, client in enumerate(clients):

@@ -398,7 +398,26 @@ class IKnownDeviceStore(Interface):
         """Fires True when the device signed in to the account and is still remembered at C{now}."""
 
 
+SERVER_KEY_BYTES = 32
+
+
+class IServerSecrets(Interface):
+    """
+    Random keys of the server itself, the same for every instance sharing
+    the store and kept across restarts, so that no operator has to make,
+    copy or keep them.
+    """
+
+    def server_key(name):
+        """
+        Fires with the 32-byte key called C{name}: made at random and stored
+        on first use, atomically (of two instances racing, both get the key
+        that was stored first), and the same one every time after.
+        """
+
+
 class IStore(
+    IServerSecrets,
     IClientRegistry,
     IBrowserSessionStore,
     IInteractionStore,

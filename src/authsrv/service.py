@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from urllib.parse import urlsplit
 
+import attrs
 from attrs import frozen
 from twisted.application.internet import TimerService
 from twisted.application.service import MultiService
@@ -50,7 +51,9 @@ from authsrv.flows.userinfo import UserInfoFlow
 from authsrv.identity.chain import IdentityChain
 from authsrv.plugins import UnknownPlugin, find_factory
 from authsrv.protocol.discovery import authorization_server_metadata, openid_configuration
+from authsrv.records import Client
 from authsrv.tls import hsts_headers, listen_problem, resolve_tls_paths
+from authsrv.tokens import CLIENT_SECRET_KEY, keyed_form
 from authsrv.web.cookies import Cookies
 from authsrv.web.internal import InternalAPI
 from authsrv.web.limits import LimitedSite
@@ -95,13 +98,22 @@ def build_identity(config: Config, context) -> IdentityChain:
     return IdentityChain([build_plugin("identity", choice, context) for choice in config.identity])
 
 
+def with_keyed_secret(client: Client, key: bytes) -> Client:
+    """C{client} with its secret hash in the keyed form (see L{authsrv.tokens})."""
+    if client.secret_hash is None:
+        return client
+    return attrs.evolve(client, secret_hash=keyed_form(client.secret_hash, key))
+
+
 async def sync_config_clients(store, declared) -> None:
     """
     The store's config clients become exactly the config file's: each
-    declared one is stored, and one the file no longer declares is removed
+    declared one is stored, its secret hash keyed with the server key
+    (loaded, or made, first), and one the file no longer declares is removed
     with its privileges; clients the operator made stay.
     """
-    await gatherResults([store.put_client(c) for c in declared], consumeErrors=True)
+    key = await store.server_key(CLIENT_SECRET_KEY)
+    await gatherResults([store.put_client(with_keyed_secret(c, key)) for c in declared], consumeErrors=True)
     names = {c.client_id for c in declared}
     for client in await store.list_clients():
         if client.source == "config" and client.client_id not in names:

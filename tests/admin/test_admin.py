@@ -18,7 +18,7 @@ import pytest_twisted
 from argon2 import PasswordHasher
 
 from authsrv.embedded import prepare_data_dir
-from authsrv.tokens import token_hash
+from authsrv.tokens import client_secret_hash, token_hash
 
 from conftest import admin
 
@@ -52,7 +52,9 @@ async def test_client_lifecycle(deployment):
     assert len(secret) >= 43  # 256 bits, base64url
     database = sqlite3.connect(cwd / "data" / "authsrv.sqlite3")
     dump = "\n".join(database.iterdump())
-    assert secret not in dump and token_hash(secret) in dump
+    key = database.execute("SELECT key FROM server_keys WHERE name = 'client-secrets'").fetchone()[0]
+    assert secret not in dump and token_hash(secret) not in dump
+    assert client_secret_hash(secret, key) in dump
 
     shown = json.loads(ok(await admin("--config", config, "client", "show", "web", "--json", cwd=cwd)))
     assert shown == {

@@ -100,7 +100,7 @@ def deliver(answers):
     """A delivery to a fake RP on a Clock; returns (clock, rp, Deferred of the outcome)."""
     clock = Clock()
     rp = FakeRelyingParty(answers)
-    notifier = BackchannelNotifier(clock, rp.http)
+    notifier = BackchannelNotifier(clock, lambda address: rp.http)
     d = Deferred.fromCoroutine(notifier.deliver(FIRST_URI, "the-logout-token", "first", "sid-1"))
     rp.http.flush()
     return clock, rp, d
@@ -180,7 +180,7 @@ def test_an_unreachable_party_is_given_up():
 
     clock = Clock()
     http = Unreachable()
-    d = Deferred.fromCoroutine(BackchannelNotifier(clock, http).deliver(FIRST_URI, "t", "first", "sid-1"))
+    d = Deferred.fromCoroutine(BackchannelNotifier(clock, lambda address: http).deliver(FIRST_URI, "t", "first", "sid-1"))
     clock.advance(1)
     clock.advance(5)
     assert http.calls == 3
@@ -221,7 +221,7 @@ def _clients() -> list[dict]:
 
 
 async def _harness(tmp_path, monkeypatch, rp: FakeRelyingParty) -> Harness:
-    monkeypatch.setattr(backchannel, "default_http_client", lambda reactor: rp.http)
+    monkeypatch.setattr(backchannel, "default_http_client", lambda reactor: lambda address: rp.http)
     return await Harness(tmp_path, monkeypatch, {"clients": _clients()}).start()
 
 

@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 
 from attrs import asdict
+from twisted.internet.defer import Deferred
 
 from authsrv.admin.common import AdminError, Console, with_plugin
 from authsrv.config import Config
+from authsrv.flows.backchannel import ATTEMPT_TIMEOUT, RefusedTarget, pinned_address, resolve_host
 from authsrv.protocol.clients import client_id_problem, redirect_uri_problem
+from authsrv.protocol.targets import backchannel_uri_problem
 from authsrv.records import Client
 from authsrv.store.errors import AlreadyExists
-from authsrv.tokens import new_token, token_hash
+from authsrv.tokens import CLIENT_SECRET_KEY, client_secret_hash, new_token
 
 
 def _check_uris(option: str, uris: list[str]) -> None:
@@ -19,6 +22,24 @@ def _check_uris(option: str, uris: list[str]) -> None:
         problem = redirect_uri_problem(uri)
         if problem:
             raise AdminError(f"{option}: {problem}")
+
+
+async def _check_backchannel_uri(reactor, uri: str) -> None:
+    """
+    Refuse a back-channel logout URI whose host is or now resolves to an
+    address the server must not reach; a name that does not resolve yet
+    passes (every delivery checks it again).
+    """
+    problem = backchannel_uri_problem(uri)
+    if problem:
+        raise AdminError(f"--backchannel-logout-uri: {problem}")
+    resolving = Deferred.fromCoroutine(pinned_address(lambda host: resolve_host(reactor, host), uri))
+    try:
+        await resolving.addTimeout(ATTEMPT_TIMEOUT, reactor)
+    except RefusedTarget as e:
+        raise AdminError(f"--backchannel-logout-uri: {uri!r} is refused: {e}") from None
+    except Exception:
+        return
 
 
 def _client_dict(client: Client) -> dict:
@@ -48,7 +69,7 @@ async def client_add(reactor, args, console: Console):
     _check_uris("--redirect-uri", args.redirect_uri)
     _check_uris("--post-logout-redirect-uri", args.post_logout_redirect_uri)
     if args.backchannel_logout_uri:
-        _check_uris("--backchannel-logout-uri", [args.backchannel_logout_uri])
+        await _check_backchannel_uri(reactor, args.backchannel_logout_uri)
     if args.post_logout_redirect_uri and not args.end_session:
         raise AdminError("--post-logout-redirect-uri needs --end-session")
     secret = None if args.public else new_token(32)
@@ -56,9 +77,10 @@ async def client_add(reactor, args, console: Console):
     async def add(config, store):
         if _declared(config, args.client_id):
             raise AdminError(f"client {args.client_id!r} is declared in {config.path}; edit it there")
+        key = await store.server_key(CLIENT_SECRET_KEY) if secret else b""
         client = Client(
             client_id=args.client_id,
-            secret_hash=token_hash(secret) if secret else None,
+            secret_hash=client_secret_hash(secret, key) if secret else None,
             name=args.name or args.client_id,
             redirect_uris=args.redirect_uri,
             post_logout_redirect_uris=args.post_logout_redirect_uri,

@@ -7,18 +7,33 @@ Delivery runs beside the user's redirect, never before it: a slow or
 unreachable relying party costs the user nothing. Each delivery is retried
 a bounded number of times and its outcome is an audit event; no failure
 reaches the user.
+
+The relying party's host is resolved once per delivery, off the reactor
+thread, and every attempt connects to that address (a name that later
+resolves elsewhere, DNS rebinding, changes nothing) while sending the name
+in the Host header and checking an HTTPS certificate against it. A host
+that is or resolves to an address the server must not reach
+(L{authsrv.protocol.targets}) gets no request: the outcome is a refused
+target.
 """
 
 from __future__ import annotations
 
+from ipaddress import ip_address
+from urllib.parse import urlsplit
 
 from treq.client import HTTPClient
 from twisted.internet.defer import Deferred, gatherResults
+from twisted.internet.endpoints import TCP4ClientEndpoint, TCP6ClientEndpoint, wrapClientTLS
+from twisted.internet.interfaces import IResolutionReceiver
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
-from twisted.web.client import Agent
+from twisted.web.client import Agent, BrowserLikePolicyForHTTPS
+from twisted.web.iweb import IAgentEndpointFactory
+from zope.interface import implementer
 
 from authsrv import events
+from authsrv.protocol.targets import address_problem
 from authsrv.records import BrowserSession
 from authsrv.tokens import new_token
 
@@ -58,17 +73,65 @@ def _outcome(code: int) -> tuple[bool, str]:
     return False, f"HTTP {code}"
 
 
+class RefusedTarget(Exception):
+    """A relying party's host is or resolves to an address the server must not reach."""
+
+
+def resolve_host(reactor, host: str) -> Deferred:
+    """Every address C{host} resolves to, by the reactor's name resolver (getaddrinfo on its thread pool)."""
+    d: Deferred[list[str]] = Deferred()
+    addresses: list[str] = []
+
+    @implementer(IResolutionReceiver)
+    class Receiver:
+        def resolutionBegan(self, resolution):
+            pass
+
+        def addressResolved(self, address):
+            addresses.append(address.host)
+
+        def resolutionComplete(self):
+            if not d.called:  # not timed out meanwhile
+                d.callback(addresses)
+
+    reactor.nameResolver.resolveHostName(Receiver(), host)
+    return d
+
+
+async def pinned_address(resolve, uri: str) -> str:
+    """
+    The one address deliveries to C{uri} connect to: its host if that is an
+    address, else the first the name resolves to; L{RefusedTarget} when any
+    of them is a refused address.
+    """
+    host = urlsplit(uri).hostname or ""
+    try:
+        addresses = [str(ip_address(host))]
+    except ValueError:
+        addresses = await resolve(host)
+    if not addresses:
+        raise OSError(f"{host} resolves to no address")
+    for address in addresses:
+        problem = address_problem(address)
+        if problem:
+            raise RefusedTarget(problem if address == host else f"{host} resolves to {problem}")
+    return addresses[0]
+
+
 class BackchannelNotifier:
     """
-    Sends logout tokens with C{http_client} (a treq-like client with
-    C{post}), timing retries and timeouts on C{reactor}.
+    Sends logout tokens with C{http_for(address)} (a treq-like client with
+    C{post} that connects to C{address} whatever the URI's host), resolving
+    hosts with C{resolve(host)} (a Deferred list of addresses), timing
+    retries and timeouts on C{reactor}.
     """
 
     log = Logger()
 
-    def __init__(self, reactor, http_client, *, retry_delays=RETRY_DELAYS, attempt_timeout=ATTEMPT_TIMEOUT):
+    def __init__(self, reactor, http_for, *, resolve=None, retry_delays=RETRY_DELAYS, attempt_timeout=ATTEMPT_TIMEOUT):
         self._reactor = reactor
-        self._http = http_client
+        self._http_for = http_for
+        self._resolve = resolve or (lambda host: resolve_host(reactor, host))
         self._retry_delays = tuple(retry_delays)
         self._attempt_timeout = attempt_timeout
 
@@ -94,20 +157,38 @@ class BackchannelNotifier:
         return await gatherResults(deliveries)
 
     async def deliver(self, uri: str, token: str, client_id: str, sid: str) -> str:
-        """POST C{token} to C{uri} until it is answered for good or the retries run out."""
+        """
+        POST C{token} to C{uri} until it is answered for good or the retries
+        run out; the host is resolved at the first attempt that can, and
+        then kept.
+        """
+        http = None
         for attempt, delay in enumerate((0.0, *self._retry_delays), start=1):
             if delay:
                 await deferLater(self._reactor, delay)
-            final, answer = await self._attempt(uri, token)
+            if http is None:
+                try:
+                    address = await Deferred.fromCoroutine(pinned_address(self._resolve, uri)).addTimeout(
+                        self._attempt_timeout, self._reactor
+                    )
+                except RefusedTarget as e:
+                    outcome = f"refused target ({e})"
+                    events.backchannel_logout(client_id=client_id, sid=sid, outcome=outcome)
+                    return outcome
+                except Exception as e:
+                    final, answer = False, f"{type(e).__name__} resolving the host"
+                    continue
+                http = self._http_for(address)
+            final, answer = await self._attempt(http, uri, token)
             if final:
                 break
         outcome = f"{answer} at attempt {attempt}" if final else f"gave up after {attempt} attempts, last: {answer}"
         events.backchannel_logout(client_id=client_id, sid=sid, outcome=outcome)
         return outcome
 
-    async def _attempt(self, uri: str, token: str) -> tuple[bool, str]:
+    async def _attempt(self, http, uri: str, token: str) -> tuple[bool, str]:
         try:
-            d = self._http.post(uri, data={"logout_token": token}, allow_redirects=False)
+            d = http.post(uri, data={"logout_token": token}, allow_redirects=False)
             response = await d.addTimeout(self._attempt_timeout, self._reactor)
         except Exception as e:
             # Whatever went wrong on the way (refused, reset, timed out) may pass.
@@ -115,6 +196,33 @@ class BackchannelNotifier:
         return _outcome(response.code)
 
 
-def default_http_client(reactor) -> HTTPClient:
-    """Plain HTTP(S) to relying parties, connecting within the attempt timeout."""
-    return HTTPClient(Agent(reactor, connectTimeout=ATTEMPT_TIMEOUT))
+@implementer(IAgentEndpointFactory)
+class PinnedEndpoints:
+    """
+    Connects to one resolved address, whatever a URI's host: the Agent
+    still sends the name as Host, and HTTPS checks the certificate against
+    the name.
+    """
+
+    def __init__(self, reactor, address: str, tls=None):
+        self._reactor = reactor
+        self._address = address
+        self._tls = tls or BrowserLikePolicyForHTTPS()
+
+    def endpointForURI(self, uri):
+        tcp = TCP6ClientEndpoint if ":" in self._address else TCP4ClientEndpoint
+        endpoint = tcp(self._reactor, self._address, uri.port, timeout=ATTEMPT_TIMEOUT)
+        if uri.scheme == b"https":
+            return wrapClientTLS(self._tls.creatorForNetloc(uri.host, uri.port), endpoint)
+        return endpoint
+
+
+def default_http_client(reactor):
+    """
+    C{http_for(address)}: plain HTTP(S) to relying parties, connecting to
+    C{address} within the attempt timeout.
+    """
+    def http_for(address: str) -> HTTPClient:
+        return HTTPClient(Agent.usingEndpointFactory(reactor, PinnedEndpoints(reactor, address)))
+
+    return http_for

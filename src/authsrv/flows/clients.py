@@ -2,13 +2,15 @@
 Clients are read on every token, introspection and revocation request and
 change rarely, so each lookup is kept for a couple of seconds: an operator's
 change reaches every instance within that time, and the hot paths save a
-trip through the store.
+trip through the store. The server key that client secret hashes are keyed
+with never changes, so it is read once.
 """
 
 from __future__ import annotations
 
 from authsrv.protocol.clientauth import authenticate, client_credentials
 from authsrv.records import Client
+from authsrv.tokens import CLIENT_SECRET_KEY
 
 TTL = 2.0
 MAX_ENTRIES = 10_000
@@ -22,6 +24,13 @@ class ClientCache:
         self._clock = clock
         self._ttl = ttl
         self._entries: dict[str, tuple[float, Client | None]] = {}
+        self._key: bytes | None = None
+
+    async def secret_key(self) -> bytes:
+        """The server key of client secret hashes, from the store on first use."""
+        if self._key is None:
+            self._key = await self._store.server_key(CLIENT_SECRET_KEY)
+        return self._key
 
     async def get_client(self, client_id: str) -> Client | None:
         now = self._clock.seconds()
@@ -42,4 +51,5 @@ async def authenticate_client(clients, authorization: bytes | None, params: dict
     client_id), or L{authsrv.protocol.errors.InvalidClient}.
     """
     credentials = client_credentials(authorization, params)
-    return authenticate(await clients.get_client(credentials.client_id), credentials)
+    client = await clients.get_client(credentials.client_id)
+    return authenticate(client, credentials, await clients.secret_key())

@@ -2,7 +2,8 @@
 Client authentication at the token, introspection and revocation endpoints:
 client_secret_basic and client_secret_post (RFC 6749 section 2.3.1), and
 public clients identified by client_id alone (they prove possession with
-PKCE instead). Secrets are compared by SHA-256 in constant time.
+PKCE instead). Secrets are compared by their stored hash, keyed with the
+server key (or a legacy plain SHA-256), in constant time.
 """
 
 from __future__ import annotations
@@ -51,14 +52,17 @@ def client_credentials(authorization: bytes | None, params: dict[str, str]) -> C
     return ClientCredentials(posted_id, posted_secret, "client_secret_post" if posted_secret is not None else "none")
 
 
-def authenticate(client: Client | None, credentials: ClientCredentials) -> Client:
-    """The authenticated client, or L{InvalidClient} (one message for every failure)."""
+def authenticate(client: Client | None, credentials: ClientCredentials, key: bytes) -> Client:
+    """
+    The authenticated client, or L{InvalidClient} (one message for every
+    failure); C{key} is the server key client secret hashes are keyed with.
+    """
     if client is None:
         raise InvalidClient("client authentication failed")
     if client.secret_hash is None:  # a public client
         if credentials.secret is not None:
             raise InvalidClient("client authentication failed: a public client has no secret")
         return client
-    if credentials.secret is None or not secret_matches(credentials.secret, client.secret_hash):
+    if credentials.secret is None or not secret_matches(credentials.secret, client.secret_hash, key):
         raise InvalidClient("client authentication failed")
     return client

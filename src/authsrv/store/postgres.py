@@ -27,6 +27,7 @@ store; this module maps their failures to the store's errors.
 
 from __future__ import annotations
 
+import secrets
 import socket
 from contextlib import closing
 from time import perf_counter
@@ -38,7 +39,7 @@ from twisted.internet.error import ConnectionDone, ConnectionLost
 from zope.interface import implementer
 
 from authsrv.configsection import ConfigError
-from authsrv.interfaces import IStore
+from authsrv.interfaces import SERVER_KEY_BYTES, IStore
 from authsrv.migrations import Ledger, MigrationError, PostgresMigration, migrate as run_migrations, schema_steps
 from authsrv.pg.pool import (
     LOOKUP_POOL_NAME,
@@ -282,6 +283,11 @@ class PostgresStore:
     def _write(self, label: str, sql: str, params: dict) -> Deferred:
         """Run one statement that stores a record; fire with None."""
         return self._run(label, rowcount, sql, params).addCallback(lambda _: None)
+
+    # IServerSecrets
+
+    def server_key(self, name):
+        return self._run("server_key", _server_key, name)
 
     # IClientRegistry
 
@@ -585,6 +591,17 @@ class PostgresStore:
 # --- the atomic steps -----------------------------------------------------------
 
 _REVOKE_GRANT = "UPDATE grants SET revoked_at = %(now)s WHERE grant_id = %(grant_id)s AND revoked_at IS NULL"
+
+
+async def _server_key(db, name):
+    # Of two instances inserting at once, the second waits for the first's
+    # row and inserts nothing; both then read the first's key.
+    await rowcount(db,
+        "INSERT INTO server_keys (name, key) VALUES (%(name)s, %(key)s) ON CONFLICT (name) DO NOTHING",
+        {"name": name, "key": secrets.token_bytes(SERVER_KEY_BYTES)},
+    )
+    row = await first(db, "SELECT key FROM server_keys WHERE name = %(name)s", {"name": name})
+    return bytes(row["key"])
 
 
 async def _consume_code(db, code_hash, now):

@@ -13,15 +13,20 @@ the busy timeout.
 
 from __future__ import annotations
 
+import os
+import secrets
 import sqlite3
+import stat
 from contextlib import contextmanager
 from pathlib import Path
 from time import perf_counter
 
+from twisted.logger import Logger
 from zope.interface import implementer
 
 from authsrv.interfaces import IStore
 from authsrv.migrations import Ledger, MigrationError, SQLiteMigration, migrate, schema_steps
+from authsrv.interfaces import SERVER_KEY_BYTES
 from authsrv.records import (
     AccessState,
     CodeConsumed,
@@ -47,6 +52,8 @@ _BUSY_TIMEOUT_SECONDS = 5.0
 
 LEDGER = Ledger("schema_version", "store", named=True)
 
+log = Logger()
+
 
 def from_config(section, context) -> "SQLiteStore | None":
     """
@@ -71,8 +78,41 @@ def from_config(section, context) -> "SQLiteStore | None":
 
 def open_store(reactor, path: Path, synchronous: str = "FULL", observer: Observer | None = None) -> "SQLiteStore":
     """The store on the file C{path}, opened and migrated now."""
+    make_private(path)
     connection = _open(path, synchronous, int(reactor.seconds()))
+    make_private(path)
     return SQLiteStore(SQLiteWorker(reactor, connection, _store_error, f"authsrv-sqlite-{path.name}"), observer)
+
+
+PRIVATE_SUFFIXES = ("", "-wal", "-shm", "-journal")
+"""The database file and the files SQLite keeps beside it, all holding its rows."""
+
+
+def make_private(path: Path) -> None:
+    """
+    Create the database file C{path} 0600 if it is missing, whatever the
+    umask (SQLite gives its -wal and -shm files the database's mode), and
+    narrow any of its files that group or others may read, with a warning.
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        pass
+    else:
+        try:
+            os.fchmod(fd, 0o600)
+        finally:
+            os.close(fd)
+    for suffix in PRIVATE_SUFFIXES:
+        member = path.with_name(path.name + suffix)
+        try:
+            mode = stat.S_IMODE(member.stat().st_mode)
+        except FileNotFoundError:
+            continue
+        if mode & 0o077:
+            member.chmod(0o600)
+            log.warn("{path} was accessible to group or others (mode {mode:04o}); it is now 0600",
+                     path=str(member), mode=mode)
 
 
 def _open(path: Path, synchronous: str, now: int) -> sqlite3.Connection:
@@ -177,6 +217,11 @@ class SQLiteStore:
 
     def _put(self, label: str, rows: Rows, value):
         return self._execute(label, rows.put, rows.params(value)).addCallback(lambda _: None)
+
+    # IServerSecrets
+
+    def server_key(self, name):
+        return self._call("server_key", True, _server_key, name)
 
     # IClientRegistry
 
@@ -493,6 +538,12 @@ def _consume_code(db, code_hash, now):
         "SELECT grant_id FROM authorization_codes WHERE code_hash = ? AND used_at IS NOT NULL", (code_hash,)
     ).fetchone()
     return CodeNotFound() if used is None else CodeReused(used["grant_id"])
+
+
+def _server_key(db, name):
+    db.execute("INSERT INTO server_keys (name, key) VALUES (?, ?) ON CONFLICT (name) DO NOTHING",
+               (name, secrets.token_bytes(SERVER_KEY_BYTES)))
+    return bytes(db.execute("SELECT key FROM server_keys WHERE name = ?", (name,)).fetchone()["key"])
 
 
 def _issue_tokens(db, access, refresh):

@@ -13,6 +13,7 @@ behave as two servers sharing one database.
 
 from __future__ import annotations
 
+import secrets
 from functools import wraps
 from typing import NamedTuple
 
@@ -20,7 +21,7 @@ import attrs
 from twisted.internet.defer import maybeDeferred, succeed
 from zope.interface import implementer
 
-from authsrv.interfaces import IStore
+from authsrv.interfaces import SERVER_KEY_BYTES, IStore
 from authsrv.records import (
     LOGIN_STAGE,
     AccessState,
@@ -77,6 +78,8 @@ class MemoryTables:
     """The latest ticket given: like the SQL stores' ids, none is given twice."""
     known_devices: dict = attrs.Factory(dict)
     """(account, device hash) -> expires_at."""
+    server_keys: dict = attrs.Factory(dict)
+    """Name -> the server key's bytes."""
 
 
 def _answered(method):
@@ -101,6 +104,12 @@ class MemoryStore:
 
     def __init__(self, tables: MemoryTables | None = None):
         self.tables = MemoryTables() if tables is None else tables
+
+    # IServerSecrets
+
+    @_answered
+    def server_key(self, name):
+        return self.tables.server_keys.setdefault(name, secrets.token_bytes(SERVER_KEY_BYTES))
 
     # IClientRegistry
 

@@ -230,6 +230,18 @@ class StoreConformance:
             assert verifyObject(IStore, store)
             assert await store.ping() is None
 
+    # --- server keys -------------------------------------------------------
+
+    @pytest_twisted.ensureDeferred
+    async def test_server_key_is_made_once_and_kept(self):
+        async with self.store() as store:
+            key = await store.server_key("client-secrets")
+            assert isinstance(key, bytes) and len(key) == 32
+            assert await store.server_key("client-secrets") == key
+            other = await store.server_key("another")
+            assert len(other) == 32 and other != key
+            assert await store.server_key("client-secrets") == key
+
     # --- clients -----------------------------------------------------------
 
     @pytest_twisted.ensureDeferred
@@ -1152,6 +1164,16 @@ class StoreConcurrencyConformance:
                 )
                 assert sorted(type(r).__name__ for r in results) == ["CodeConsumed", "CodeReused"]
                 assert CodeReused(grant.grant_id) in results
+
+    @pytest_twisted.ensureDeferred
+    async def test_racing_server_keys(self):
+        async with self.store_pair() as (first, second):
+            for n in range(self.rounds):
+                keys = await gatherResults(
+                    [store.server_key(f"key-{n}") for store in (first, second, second, first)]
+                )
+                assert len(set(keys)) == 1 and len(keys[0]) == 32
+                assert await second.server_key(f"key-{n}") == keys[0]
 
     @pytest_twisted.ensureDeferred
     async def test_racing_refresh_rotations(self):

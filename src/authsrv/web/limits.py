@@ -23,6 +23,7 @@ from authsrv.config import ISSUER_PATH, InputLimits
 from authsrv.protocol.forwarded import is_trusted
 from authsrv.web.headers import json_body
 from authsrv.web.pages import error_page
+from authsrv.web.request import SERVER
 
 INTERNAL_PREFIX = b"/api/internal"
 PAGE_PREFIXES = tuple(
@@ -106,7 +107,7 @@ def raw_refusal(path: bytes, status: int, description: str, headers=()) -> bytes
     lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}".encode()]
     for name, value in [*answer.headers.items(), *headers]:
         lines.append(name + b": " + value)
-    lines += [b"content-length: " + str(len(body)).encode(), b"connection: close", b"", b""]
+    lines += [b"server: " + SERVER, b"content-length: " + str(len(body)).encode(), b"connection: close", b"", b""]
     return b"\r\n".join(lines) + body
 
 

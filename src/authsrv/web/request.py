@@ -1,6 +1,7 @@
 """
 The site's request class: bounded bodies, counted while in flight, and the
-headers every response carries.
+headers every response carries, among them a generic C{Server} that names
+no version.
 
 Twisted reads a whole body before rendering; this request counts what
 arrives and keeps none past the limit, so that an oversized body costs no
@@ -29,6 +30,9 @@ def _remember_content_types() -> None:
 
 _remember_content_types()
 
+SERVER = b"authsrv"
+"""The C{Server} header of every response: Twisted's own names its version."""
+
 
 class BoundedRequest(Request):
     """
@@ -56,6 +60,12 @@ class BoundedRequest(Request):
             self.setHeader(b"connection", b"close")
             self.channel.persistent = False
         super().process()
+
+    def write(self, data):
+        # Twisted sets its Server header in process(); finish() writes too.
+        if not self.startedWriting:
+            self.responseHeaders.setRawHeaders(b"server", [SERVER])
+        super().write(data)
 
     def gotLength(self, length):
         if length is not None and length > self.max_body:

@@ -1,0 +1,56 @@
+"""
+Where the server may send requests of its own (back-channel logout): never
+to an address that reaches the machine's own surroundings rather than a
+relying party, such as a cloud's metadata service (server-side request
+forgery). Loopback and private addresses stay allowed: relying parties often
+sit on the same host or network.
+"""
+
+from __future__ import annotations
+
+from ipaddress import IPv4Address, IPv6Address, ip_address, ip_network
+from urllib.parse import urlsplit
+
+from authsrv.protocol.clients import redirect_uri_problem
+
+_METADATA = {ip_address("169.254.169.254"), ip_address("fd00:ec2::254")}
+_THIS_NETWORK = ip_network("0.0.0.0/8")
+_BROADCAST = ip_address("255.255.255.255")
+
+
+def address_problem(text: str) -> str | None:
+    """Why the server must not connect to the IP address C{text}, or None (also None when it is no address)."""
+    try:
+        address: IPv4Address | IPv6Address = ip_address(text)
+    except ValueError:
+        return None
+    if isinstance(address, IPv6Address):
+        address = address.ipv4_mapped or address.sixtofour or address
+        address = ip_address(str(address).partition("%")[0])
+    if address in _METADATA:
+        return f"{text} is a cloud metadata address"
+    if address.is_link_local:
+        return f"{text} is a link-local address"
+    if address.is_unspecified or (isinstance(address, IPv4Address) and address in _THIS_NETWORK):
+        return f"{text} is an unspecified address"
+    if address.is_multicast:
+        return f"{text} is a multicast address"
+    if address == _BROADCAST:
+        return f"{text} is the broadcast address"
+    return None
+
+
+def backchannel_uri_problem(uri: str) -> str | None:
+    """
+    What is wrong with C{uri} as a back-channel logout URI, or None: an
+    http(s) URI as redirect URIs are, whose host is no refused address.
+    Names are checked again when they are resolved, at each delivery.
+    """
+    problem = redirect_uri_problem(uri)
+    if problem:
+        return problem
+    parts = urlsplit(uri)
+    if parts.scheme not in ("http", "https"):
+        return f"{uri!r} must use https (plain http only on the loopback interface)"
+    host_problem = address_problem(parts.hostname or "")
+    return f"{uri!r} is refused: {host_problem}" if host_problem else None
