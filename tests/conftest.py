@@ -195,3 +195,26 @@ def audit():
     globalLogPublisher.addObserver(events.append)
     yield events
     globalLogPublisher.removeObserver(events.append)
+
+
+@pytest.fixture
+def deployment(tmp_path):
+    """The embedded default's data folder: (working directory, config file path)."""
+    from authsrv.embedded import prepare_data_dir
+
+    config, _ = prepare_data_dir(tmp_path / "data")
+    return tmp_path, str(config)
+
+
+def ok(result):
+    """The operator command succeeded: its standard output."""
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def refused(result, message):
+    """The operator command refused with one line naming the problem."""
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    line = result.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line
+    assert line.startswith("authsrv-admin: ") and message in line, line

@@ -42,7 +42,7 @@ from authsrv.tokens import (
 )
 
 from harness import SECRETS, Harness
-from test_limits import Listener, parse, request_head
+from wire import Listener, parse, request_head
 
 KEY = bytes(range(32))
 STRONG = new_token(32)

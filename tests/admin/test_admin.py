@@ -17,28 +17,9 @@ import pytest
 import pytest_twisted
 from argon2 import PasswordHasher
 
-from authsrv.embedded import prepare_data_dir
 from authsrv.tokens import client_secret_hash, token_hash
 
-from conftest import admin
-
-
-@pytest.fixture
-def deployment(tmp_path):
-    config, _ = prepare_data_dir(tmp_path / "data")
-    return tmp_path, str(config)
-
-
-def ok(result):
-    assert result.returncode == 0, result.stderr
-    return result.stdout
-
-
-def refused(result, message):
-    assert result.returncode == 1, (result.stdout, result.stderr)
-    line = result.stderr.strip()
-    assert "\n" not in line and "Traceback" not in line
-    assert line.startswith("authsrv-admin: ") and message in line, line
+from conftest import admin, ok, refused
 
 
 @pytest_twisted.ensureDeferred

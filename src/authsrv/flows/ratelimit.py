@@ -194,7 +194,8 @@ class ClientRateLimits:
         """The client the request authenticates as, or None; the flow reports why not."""
         try:
             credentials = client_credentials(authorization, params)
-            return authenticate(await self._clients.get_client(credentials.client_id), credentials)
+            client = await self._clients.get_client(credentials.client_id)
+            return authenticate(client, credentials, await self._clients.secret_key())
         except OAuthError:
             return None
 

@@ -22,9 +22,12 @@ from authsrv.flows import backchannel
 from authsrv.flows.backchannel import BackchannelNotifier, PinnedEndpoints
 from authsrv.protocol.targets import address_problem, backchannel_uri_problem
 
-from conftest import admin
-from test_admin import deployment, refused  # noqa: F401  (the fixture)
-from test_backchannel import FakeRelyingParty, audit, outcomes  # noqa: F401  (the fixture)
+from conftest import admin, refused
+from test_backchannel import FakeRelyingParty
+
+def _outcomes(audit) -> dict[str, str]:
+    return {e["client_id"]: e["outcome"] for e in audit.of("logout.backchannel")}
+
 
 REFUSED = [
     ("169.254.169.254", "cloud metadata"),
@@ -68,7 +71,7 @@ def test_a_back_channel_uri_must_be_http():
 
 
 @pytest_twisted.ensureDeferred
-async def test_registration_by_the_operator_refuses_a_metadata_target(deployment):  # noqa: F811
+async def test_registration_by_the_operator_refuses_a_metadata_target(deployment):
     cwd, config = deployment
     result = await admin("--config", config, "client", "add", "web", "--redirect-uri", "https://shop.example/cb",
                          "--backchannel-logout-uri", "https://169.254.169.254/logout", cwd=cwd)
@@ -111,15 +114,15 @@ def deliver(uri, resolver, answers=()):
 
 
 @pytest.mark.parametrize("answer", [["169.254.169.254"], ["10.0.0.5", "fd00:ec2::254"], ["224.0.0.1"]])
-def test_a_name_resolving_to_a_refused_address_gets_no_request(audit, answer):  # noqa: F811
+def test_a_name_resolving_to_a_refused_address_gets_no_request(audit, answer):
     clock, connections, d = deliver("https://rp.example/logout", FakeResolver(answer))
     assert d.result.startswith("refused target (rp.example resolves to ")
     assert connections.pinned == [] and connections.rp.received == []
-    assert outcomes(audit) == {"first": d.result}
+    assert _outcomes(audit) == {"first": d.result}
     assert clock.getDelayedCalls() == []
 
 
-def test_a_refused_literal_address_is_not_even_resolved(audit):  # noqa: F811
+def test_a_refused_literal_address_is_not_even_resolved(audit):
     resolver = FakeResolver()
     _, connections, d = deliver("https://169.254.169.254/logout", resolver)
     assert d.result == "refused target (169.254.169.254 is a cloud metadata address)"
