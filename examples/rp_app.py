@@ -1,6 +1,6 @@
 """
 The example first-party app: a small Klein relying party of authsrv that
-does what SERVICE-INTERFACE.md recommends for a relying-party session.
+does what a first-party app should with a relying-party session.
 
 - Discovery: given only the server's public URL, the issuer is where its
   /.well-known/openid-configuration redirects to, so the app hard-codes

@@ -35,7 +35,7 @@ HSTS_MAX_AGE = 365 * 86400
 
 @frozen
 class Limits:
-    """Lifetimes and sizes (DESIGN.md, Limits), all in seconds or bytes."""
+    """Lifetimes and sizes (docs/design.md, Limits), all in seconds or bytes."""
 
     code_ttl: int = 60
     access_token_ttl: int = 3600
@@ -82,7 +82,7 @@ PARAMETER_CAPS = {
 @frozen
 class InputLimits:
     """
-    What one client may send and how slowly (C{[limits]}, DESIGN.md, Limits):
+    What one client may send and how slowly (C{[limits]}, docs/design.md, Limits):
     sizes in bytes or counts, times in seconds, 0 for no cap on connections.
     """
 
