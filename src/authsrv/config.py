@@ -378,12 +378,12 @@ def _grant_types(section: Section) -> list[str]:
 
 
 def parse_config(
-    data: dict, path: Path | None, *, listen: str | None = None, public_url: tuple[str, str] | None = None
+    data: dict, path: Path | None, *, listen: str | None = None, public_url_override: tuple[str, str] | None = None
 ) -> Config:
     """
     Validate a parsed TOML document; raises L{ConfigError} naming the key.
-    C{listen} replaces C{server.listen}; C{public_url} is a (source, value)
-    pair that replaces C{server.public_url}.
+    C{listen} replaces C{server.listen}; C{public_url_override} is a
+    (source, value) pair that replaces C{server.public_url}.
     """
     base_dir = path.parent if path else Path.cwd()
     top = Section(data, "", base_dir)
@@ -391,7 +391,7 @@ def parse_config(
     listeners = tuple(server.str_list("listen", [DEFAULT_LISTEN]))
     if listen is not None:
         listeners = (listen,)
-    public_url = _public_url(server, listeners, public_url)
+    public_url = _public_url(server, listeners, public_url_override)
     access_log = server.bool("access_log", False)
     shutdown = _shutdown(server)
     hsts_max_age = server.duration("hsts_max_age", HSTS_MAX_AGE)
@@ -475,6 +475,6 @@ def load_config(
     except tomllib.TOMLDecodeError as e:
         raise ConfigFileError(f"{path}: invalid TOML: {e}") from None
     try:
-        return parse_config(data, path.resolve(), listen=listen, public_url=given)
+        return parse_config(data, path.resolve(), listen=listen, public_url_override=given)
     except ConfigError as e:
         raise ConfigFileError(f"{path}: {e}") from None
