@@ -1,5 +1,5 @@
 """
-Throughput of authsrv's hot endpoints, as DESIGN.md's speed targets measure
+Throughput of authsrv's hot endpoints, as docs/design.md's speed targets measure
 them: the server pinned to one core with taskset, wrk on the other core at
 concurrency 16, everything on 127.0.0.1, bounded in time.
 

@@ -1,7 +1,10 @@
 """
 The example first-party app: a small Klein relying party of authsrv that
-does what SERVICE-INTERFACE.md recommends for a relying-party session.
+does what a first-party app should with a relying-party session.
 
+- Discovery: given only the server's public URL, the issuer is where its
+  /.well-known/openid-configuration redirects to, so the app hard-codes
+  neither a port nor a path of the server.
 - Sign-in: authorization code flow with PKCE (S256) through discovery, with
   state, nonce and verifier kept server-side per attempt and bound to the
   browser; the callback checks state and iss (RFC 9207) and verifies the ID
@@ -17,6 +20,12 @@ does what SERVICE-INTERFACE.md recommends for a relying-party session.
 Run beside the demo server, from the repository root:
 
     .venv/bin/twist authsrv --config examples/demo.toml
+    .venv/bin/python examples/rp_app.py
+
+or, with the server elsewhere, both told its public URL the same way:
+
+    export AUTHSRV_PUBLIC_URL=http://127.0.0.1:9090
+    .venv/bin/twist authsrv --config examples/demo.toml --listen tcp:9090:interface=127.0.0.1
     .venv/bin/python examples/rp_app.py
 """
 
@@ -60,6 +69,7 @@ MAX_PENDING = 10_000
 """Pending attempts kept at most, so that unfinished sign-ins cannot fill memory."""
 JWKS_TTL = 600
 """Seconds the key set is cached: the server may publish a new key this long before using it."""
+WELL_KNOWN = "/.well-known/openid-configuration"
 REQUIRED_METADATA = (
     "issuer", "authorization_endpoint", "token_endpoint", "userinfo_endpoint",
     "jwks_uri", "end_session_endpoint", "revocation_endpoint",
@@ -195,6 +205,11 @@ class Upstream:
 
     async def call(self, method: str, url: str, **kwargs) -> tuple[int, dict]:
         """The status and JSON object of the answer, or L{Unavailable}."""
+        status, payload, _ = await self.fetch(method, url, **kwargs)
+        return status, payload
+
+    async def fetch(self, method: str, url: str, **kwargs) -> tuple[int, dict, str]:
+        """As L{call}, and the URL that answered after redirects."""
         try:
             response = await self._http.request(method, url, timeout=self._timeout, **kwargs)
             body = await response.content()
@@ -206,20 +221,21 @@ class Upstream:
             raise Unavailable(f"{method} {url}: answered {response.code} without JSON") from None
         if not isinstance(payload, dict):
             raise Unavailable(f"{method} {url}: answered {response.code} with a non-object")
-        return response.code, payload
+        return response.code, payload, response.request.absoluteURI.decode("ascii")
 
 
 class Provider:
     """
-    authsrv as seen by this client: its discovery document (kept once
-    fetched, asked again on the next request while it fails), its keys, and
-    the calls that need the client's credentials.
+    authsrv as seen by this client: its issuer and discovery document (kept
+    once fetched, asked again on the next request while it fails), its keys,
+    and the calls that need the client's credentials.
     """
 
-    def __init__(self, reactor, upstream: Upstream, issuer: str, client_id: str, client_secret: str):
+    def __init__(self, reactor, upstream: Upstream, server: str, client_id: str, client_secret: str):
         self._reactor = reactor
         self._upstream = upstream
-        self.issuer = issuer
+        self._server = server
+        self.issuer: str | None = None
         self.client_id = client_id
         self._basic = b"Basic " + base64.b64encode(
             f"{quote(client_id, safe='')}:{quote(client_secret, safe='')}".encode()
@@ -229,14 +245,21 @@ class Provider:
         self._keys_fetched = 0.0
 
     async def metadata(self) -> dict:
+        """
+        The server's root discovery URL redirects to the issuer's document;
+        that document must name the issuer it was served under (OpenID
+        Connect Discovery 1.0, section 4.3), on the server's own origin.
+        """
         if self._metadata is None:
-            status, document = await self._upstream.call(
-                "GET", self.issuer + "/.well-known/openid-configuration")
+            status, document, served_at = await self._upstream.fetch(
+                "GET", self._server + WELL_KNOWN)
             missing = [name for name in REQUIRED_METADATA if not isinstance(document.get(name), str)]
             if status != 200 or missing:
                 raise Unavailable(f"discovery answered {status}, missing {', '.join(missing) or 'nothing'}")
-            if document["issuer"] != self.issuer:
-                raise Unavailable(f"discovery names issuer {document['issuer']!r}, not {self.issuer!r}")
+            issuer = document["issuer"]
+            if issuer + WELL_KNOWN != served_at or origin(issuer) != origin(self._server):
+                raise Unavailable(f"discovery at {served_at} names issuer {issuer!r}")
+            self.issuer = issuer
             self._metadata = document
         return self._metadata
 
@@ -639,7 +662,9 @@ def access_line(timestamp: str, request) -> str:
 
 def options(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="The example first-party app of authsrv.")
-    parser.add_argument("--issuer", default="http://127.0.0.1:8080/api/auth")
+    parser.add_argument("--authsrv", default=os.environ.get("AUTHSRV_PUBLIC_URL") or "http://127.0.0.1:8080",
+                        help="authsrv's public URL (default: AUTHSRV_PUBLIC_URL, else http://127.0.0.1:8080);"
+                        " the issuer is read from its discovery document")
     parser.add_argument("--client-id", default="demo-app")
     parser.add_argument("--client-secret-file", default="examples/demo-secrets/demo-app",
                         help="read unless DEMO_APP_CLIENT_SECRET is set")
@@ -651,9 +676,9 @@ def options(argv: list[str]) -> argparse.Namespace:
                         help="refresh when the access token expires within this many seconds")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds for each call to authsrv")
     args = parser.parse_args(argv)
-    args.issuer = args.issuer.rstrip("/")
+    args.authsrv = args.authsrv.rstrip("/")
     args.public_url = args.public_url.rstrip("/")
-    for name in ("issuer", "public_url"):
+    for name in ("authsrv", "public_url"):
         if urlsplit(getattr(args, name)).scheme not in ("http", "https"):
             parser.error(f"--{name.replace('_', '-')} must be an http or https URL")
     if args.refresh_margin < 0:
@@ -672,15 +697,15 @@ async def run(reactor, argv: list[str]) -> None:
     globalLogBeginner.beginLoggingTo(
         [FilteringLogObserver(textFileLogObserver(sys.stdout), [quiet])], redirectStandardIO=False)
     upstream = Upstream(reactor, args.timeout)
-    provider = Provider(reactor, upstream, args.issuer, args.client_id, client_secret)
-    internal = InternalAPI(upstream, origin(args.issuer), internal_secret)
+    provider = Provider(reactor, upstream, args.authsrv, args.client_id, client_secret)
+    internal = InternalAPI(upstream, origin(args.authsrv), internal_secret)
     rp = App(reactor, provider, internal, args.public_url, args.refresh_margin)
     try:
         await provider.metadata()
-        log.info("discovered {issuer}", issuer=args.issuer)
+        log.info("discovered {issuer}", issuer=provider.issuer)
     except Unavailable as e:
         log.warn("discovery failed ({why}); retried on the first request", why=str(e))
-    site = Site(SecurityHeaders(rp.resource(), origin(args.issuer)), logFormatter=access_line)
+    site = Site(SecurityHeaders(rp.resource(), origin(args.authsrv)), logFormatter=access_line)
     site.displayTracebacks = False
     try:
         await serverFromString(reactor, args.listen).listen(site)

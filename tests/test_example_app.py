@@ -38,19 +38,18 @@ class Stack:
         port, app_port = free_port(), free_port()
         self.app = f"http://127.0.0.1:{app_port}"
         self.config.write_text(
-            self.config.read_text()
-            .replace('public_url = "http://127.0.0.1:8080"', f'public_url = "http://127.0.0.1:{port}"')
-            .replace("tcp:8080:", f"tcp:{port}:")
-            .replace("http://127.0.0.1:9000/", self.app + "/")
+            self.config.read_text().replace("http://127.0.0.1:9000/", self.app + "/")
             + f"\n[limits]\n{limits}\n"
         )
-        self.authsrv = run_server(["authsrv", "--config", str(self.config)], tmp_path, port=port)
+        self.authsrv = run_server(["authsrv", "--config", str(self.config),
+                                   "--listen", f"tcp:{port}:interface=127.0.0.1",
+                                   "--public-url", f"http://127.0.0.1:{port}"], tmp_path, port=port)
         self.issuer = self.authsrv.base + "/api/auth"
         self.log = tmp_path / "rp_app.log"
         with open(self.log, "w") as out:
             self.process = subprocess.Popen(
                 [sys.executable, str(ROOT / "examples" / "rp_app.py"),
-                 "--issuer", self.issuer,
+                 "--authsrv", self.authsrv.base,
                  "--client-secret-file", "examples/demo-secrets/demo-app",
                  "--internal-secret-file", "examples/demo-secrets/internal-api-secret",
                  "--listen", f"tcp:{app_port}:interface=127.0.0.1",

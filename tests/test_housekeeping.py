@@ -1,7 +1,7 @@
 """
 Housekeeping end to end: the running service's maintenance timer, on a
 Clock, deletes what expired from a real SQLite store in small batches,
-round after round, and leaves everything live alone (DESIGN.md,
+round after round, and leaves everything live alone (docs/design.md,
 Housekeeping).
 """
 

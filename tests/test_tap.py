@@ -47,7 +47,7 @@ async def test_embedded_default_first_start_restart_and_kill(run_server, tmp_pat
     assert config.listen == ("tcp:8080:interface=127.0.0.1",)
 
     discovery = server.get_json("/api/auth/.well-known/openid-configuration")
-    assert discovery["issuer"] == "http://127.0.0.1:8080/api/auth"
+    assert discovery["issuer"] == f"http://127.0.0.1:{port}/api/auth", "the issuer did not follow --listen"
     jwks_before = server.get_json("/api/auth/jwks")
     assert jwks_before["keys"]
 
@@ -94,7 +94,7 @@ def test_root_redirect_over_http(run_server, tmp_path):
     connection.request("GET", "/.well-known/openid-configuration")
     response = connection.getresponse()
     assert response.status == 301
-    assert response.getheader("location") == "http://127.0.0.1:8080/api/auth/.well-known/openid-configuration"
+    assert response.getheader("location") == f"http://127.0.0.1:{port}/api/auth/.well-known/openid-configuration"
 
 
 def test_json_logs(run_server, tmp_path):

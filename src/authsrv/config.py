@@ -8,6 +8,8 @@ factory, which validates it with the same L{Section} rules.
 
 from __future__ import annotations
 
+import os
+import re
 import tomllib
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -27,13 +29,14 @@ from authsrv.tokens import token_hash, weak_secret_problem
 
 DEFAULT_LISTEN = "tcp:8080:interface=127.0.0.1"
 DEFAULT_PUBLIC_URL = "http://127.0.0.1:8080"
+PUBLIC_URL_ENV = "AUTHSRV_PUBLIC_URL"
 ISSUER_PATH = "/api/auth"
 HSTS_MAX_AGE = 365 * 86400
 
 
 @frozen
 class Limits:
-    """Lifetimes and sizes (DESIGN.md, Limits), all in seconds or bytes."""
+    """Lifetimes and sizes (docs/design.md, Limits), all in seconds or bytes."""
 
     code_ttl: int = 60
     access_token_ttl: int = 3600
@@ -80,7 +83,7 @@ PARAMETER_CAPS = {
 @frozen
 class InputLimits:
     """
-    What one client may send and how slowly (C{[limits]}, DESIGN.md, Limits):
+    What one client may send and how slowly (C{[limits]}, docs/design.md, Limits):
     sizes in bytes or counts, times in seconds, 0 for no cap on connections.
     """
 
@@ -145,22 +148,57 @@ class Config:
         return self.path.parent if self.path else Path.cwd()
 
 
-def _public_url(section: Section) -> str:
-    url = section.str("public_url", DEFAULT_PUBLIC_URL).rstrip("/")
+def _checked_public_url(url: str, key: str) -> str:
+    url = url.rstrip("/")
     try:
         parts = urlsplit(url)
         parts.port
     except ValueError as e:
-        raise section.error("public_url", f"{url!r} is not a valid URL ({e})") from None
+        raise ConfigError(key, f"{url!r} is not a valid URL ({e})") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise section.error("public_url", f"{url!r} must be an absolute http(s) URL")
+        raise ConfigError(key, f"{url!r} must be an absolute http(s) URL")
     if parts.query or parts.fragment or "#" in url or "?" in url:
-        raise section.error("public_url", "must not have a query or fragment")
+        raise ConfigError(key, "must not have a query or fragment")
     if parts.scheme == "http" and not is_loopback_host(parts.hostname):
-        raise section.error(
-            "public_url", "must use https (plain http is only for the loopback interface)"
-        )
+        raise ConfigError(key, "must use https (plain http is only for the loopback interface)")
     return url
+
+
+def derived_public_url(listen: tuple[str, ...]) -> str:
+    """
+    The public URL of a server nobody named one for: the first listener's
+    port on the loopback interface (https for an C{ssl:} listener), so that
+    C{--listen tcp:9090} alone moves the issuer to port 9090. Listeners
+    without a port (C{unix:}) keep the default.
+    """
+    first = listen[0].removeprefix("haproxy:") if listen else ""
+    kind, *args = [part.replace("\\:", ":") for part in re.split(r"(?<!\\):", first)]
+    positional = [a for a in args if "=" not in a]
+    named = dict(a.split("=", 1) for a in args if "=" in a)
+    port = named.get("port", positional[0] if positional else "")
+    if kind not in ("tcp", "tcp6", "ssl") or not port.isdigit():
+        return DEFAULT_PUBLIC_URL
+    interface = named.get("interface", "")
+    host = interface if interface and is_loopback_host(interface) else "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{'https' if kind == 'ssl' else 'http'}://{host}:{int(port)}"
+
+
+def _public_url(section: Section, listen: tuple[str, ...], given: tuple[str, str] | None) -> str:
+    """
+    C{given} (the command line's or the environment's, with its name) wins;
+    then the file's C{public_url} unless it is the loopback default, which,
+    like no value at all, follows the listener (L{derived_public_url}).
+    """
+    in_file = section.str("public_url", None)
+    if in_file is not None:
+        in_file = _checked_public_url(in_file, section.key("public_url"))
+    if given is not None:
+        return _checked_public_url(given[1], given[0])
+    if in_file is not None and in_file != DEFAULT_PUBLIC_URL:
+        return in_file
+    return derived_public_url(listen)
 
 
 def _limits(section: Section) -> Limits:
@@ -355,14 +393,22 @@ def _grant_types(section: Section) -> list[str]:
     return names
 
 
-def parse_config(data: dict, path: Path | None) -> Config:
-    """Validate a parsed TOML document; raises L{ConfigError} naming the key."""
+def parse_config(
+    data: dict, path: Path | None, *, listen: str | None = None, public_url_override: tuple[str, str] | None = None
+) -> Config:
+    """
+    Validate a parsed TOML document; raises L{ConfigError} naming the key.
+    C{listen} replaces C{server.listen}; C{public_url_override} is a
+    (source, value) pair that replaces C{server.public_url}.
+    """
     base_dir = path.parent if path else Path.cwd()
     top = Section(data, "", base_dir)
     server = top.table("server", None) or Section({}, "server", base_dir)
-    public_url = _public_url(server)
+    listeners = tuple(server.str_list("listen", [DEFAULT_LISTEN]))
+    if listen is not None:
+        listeners = (listen,)
+    public_url = _public_url(server, listeners, public_url_override)
     demo = is_loopback_host(urlsplit(public_url).hostname or "")
-    listen = tuple(server.str_list("listen", [DEFAULT_LISTEN]))
     access_log = server.bool("access_log", False)
     shutdown = _shutdown(server)
     hsts_max_age = server.duration("hsts_max_age", HSTS_MAX_AGE)
@@ -399,7 +445,7 @@ def parse_config(data: dict, path: Path | None) -> Config:
     return Config(
         path=path,
         public_url=public_url,
-        listen=listen,
+        listen=listeners,
         access_log=access_log,
         internal_secret=internal_secret,
         internal_listen=internal_listen,
@@ -424,8 +470,17 @@ class ConfigFileError(Exception):
     """A config file that cannot be used, with a one-line explanation."""
 
 
-def load_config(path: Path) -> Config:
-    """Read and validate a config file; raises L{ConfigFileError} with one line."""
+def load_config(
+    path: Path, *, listen: str | None = None, public_url: str | None = None, environ=os.environ
+) -> Config:
+    """
+    Read and validate a config file; raises L{ConfigFileError} with one line.
+    The public URL comes from C{public_url} (the command line), else
+    C{AUTHSRV_PUBLIC_URL}, else the file; C{listen} replaces the file's.
+    """
+    given = ("--public-url", public_url) if public_url is not None else None
+    if given is None and environ.get(PUBLIC_URL_ENV):
+        given = (PUBLIC_URL_ENV, environ[PUBLIC_URL_ENV])
     try:
         text = path.read_bytes().decode("utf-8")
     except OSError as e:
@@ -437,6 +492,6 @@ def load_config(path: Path) -> Config:
     except tomllib.TOMLDecodeError as e:
         raise ConfigFileError(f"{path}: invalid TOML: {e}") from None
     try:
-        return parse_config(data, path.resolve())
+        return parse_config(data, path.resolve(), listen=listen, public_url_override=given)
     except ConfigError as e:
         raise ConfigFileError(f"{path}: {e}") from None

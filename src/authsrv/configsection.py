@@ -3,7 +3,7 @@ Strict reading of one TOML table.
 
 The server config and every plugin's own section go through L{Section}, so
 that every mistake is reported the same way: one line naming the dotted key
-and what is wrong with it (DESIGN.md, Versioning).
+and what is wrong with it (docs/design.md, Versioning).
 """
 
 from __future__ import annotations

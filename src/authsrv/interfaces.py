@@ -354,7 +354,7 @@ class ILinkedAccountStore(Interface):
 class ILoginThrottle(Interface):
     """
     Login attempts counted in the store, so that every instance sees the
-    same numbers and a restart keeps them (DESIGN.md, Brute force). An
+    same numbers and a restart keeps them (docs/design.md, Brute force). An
     attempt is counted before its password is checked, in one atomic step:
     however many requests race, no more passwords are checked than the
     L{authsrv.records.ThrottlePolicy} allows. C{account} is the login name

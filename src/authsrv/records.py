@@ -65,7 +65,7 @@ class User:
     """
     A user as an identity backend knows them.
 
-    A backend's own disabled flag counts as a ban (DESIGN.md, Bans);
+    A backend's own disabled flag counts as a ban (docs/design.md, Bans);
     C{disabled_reason} is reported as the ban reason.
     """
 
@@ -127,7 +127,7 @@ class Interaction:
     names the browser session that must give it, so a consent is never
     given by a user other than the one who was shown the page. At the login
     stage C{address} is the client address that asked, so the store can cap
-    how many sign-ins one address keeps waiting (DESIGN.md, Limits).
+    how many sign-ins one address keeps waiting (docs/design.md, Limits).
     """
 
     interaction_id: str
@@ -371,7 +371,7 @@ class NotRevoked:
     """No token of that client matched: nothing was revoked."""
 
 
-# Login throttling (DESIGN.md, Brute force).
+# Login throttling (docs/design.md, Brute force).
 
 
 @frozen

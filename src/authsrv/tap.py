@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from attrs import evolve
 from twisted.python import usage
 
 from authsrv.config import ConfigFileError, load_config
@@ -21,7 +20,7 @@ class Options(usage.Options):
     files named in the config, never from a command line others can read.
     """
 
-    synopsis = "[--config FILE] [--listen ENDPOINT] [--data-dir DIR]"
+    synopsis = "[--config FILE] [--listen ENDPOINT] [--public-url URL] [--data-dir DIR]"
     longdesc = (
         "Run the authsrv OAuth 2.1 / OpenID Connect server. Without --config it runs"
         " the embedded default: a data folder (SQLite store, generated keys, a users"
@@ -30,6 +29,9 @@ class Options(usage.Options):
     optParameters = [
         ["config", "c", None, "The TOML config file."],
         ["listen", "l", None, "A Twisted endpoint string overriding server.listen, e.g. tcp:8080."],
+        ["public-url", "u", None,
+         "The base URL clients reach the server at, overriding AUTHSRV_PUBLIC_URL and server.public_url;"
+         " the issuer is this URL + /api/auth."],
         ["data-dir", "d", DEFAULT_DATA_DIR, "The embedded default's data folder (without --config)."],
     ]
 
@@ -46,9 +48,7 @@ def makeService(options, reactor=None):
             config_path, created = prepare_data_dir(Path(options["data-dir"]))
         else:
             config_path, created = Path(options["config"]), None
-        config = load_config(config_path)
-        if options["listen"] is not None:
-            config = evolve(config, listen=(options["listen"],))
+        config = load_config(config_path, listen=options["listen"], public_url=options["public-url"])
         service = build(config, reactor)
     except (ConfigFileError, StartupError) as e:
         raise SystemExit(f"authsrv: {e}") from None

@@ -2,7 +2,7 @@
 Random secrets and how they are stored.
 
 Tokens, codes, session ids and client secrets carry at least 256 bits of
-entropy, so a plain SHA-256 is a sound and fast way to store them (DESIGN.md,
+entropy, so a plain SHA-256 is a sound and fast way to store them (docs/design.md,
 Client authentication): a slow password hash would cost every request.
 
 Client secrets live longer than any token and some are chosen by operators,

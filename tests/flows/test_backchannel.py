@@ -400,7 +400,7 @@ async def test_a_new_login_ends_the_earlier_session_and_tells_its_clients(tmp_pa
 
 @pytest_twisted.ensureDeferred
 async def test_an_operator_ban_logs_the_user_out_at_the_relying_parties(tmp_path, audit):
-    """DESIGN.md, Bans: the ban ends the user's sessions and their clients hear of it by back-channel."""
+    """docs/design.md, Bans: the ban ends the user's sessions and their clients hear of it by back-channel."""
     rp = FakeRelyingParty()
     port = reactor.listenTCP(0, Site(rp), interface="127.0.0.1")
     config, _ = prepare_data_dir(tmp_path / "data")

@@ -1,5 +1,5 @@
 """
-Rate limits (DESIGN.md, Rate limits): token buckets refill and burst on a
+Rate limits (docs/design.md, Rate limits): token buckets refill and burst on a
 L{Clock}; which bucket a request counts against (its authenticated client
 at its own rate, "off", first-party exemption, unknown ids and wrong
 secrets by address, public clients per address); bounded tables; the

@@ -2,7 +2,7 @@
 The login and consent pages in a real browser: Debian's chromium, headless,
 driven by selenium against a real `twist authsrv` process. A user signs in
 (after one wrong password), consents, and lands on the client's redirect URI
-with code, state and iss; the session cookie has the flags DESIGN.md asks.
+with code, state and iss; the session cookie has the flags docs/design.md asks.
 
 Chromium and chromedriver come from Debian's chromium and chromium-driver
 packages, which scripts/test.sh installs: in CI (CI=true) their absence is a

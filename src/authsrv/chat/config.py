@@ -1,6 +1,6 @@
 """
 The C{[chat]} section: which chat platform users link, how to reach it, and
-the key that encrypts its tokens at rest (DESIGN.md, Linked chat accounts).
+the key that encrypts its tokens at rest (docs/design.md, Linked chat accounts).
 
 Endpoints are configurable so that tests and operators can point at any
 OAuth 2 provider, such as L{authsrv.testing.fake_chat}. Without C{client_id}

@@ -1,5 +1,5 @@
 """
-Fresh provider tokens for the internal chat-token endpoint (DESIGN.md,
+Fresh provider tokens for the internal chat-token endpoint (docs/design.md,
 Linked chat accounts): a stored token that expires within C{refresh_margin}
 is refreshed at the provider before it is handed out, so first-party
 services never receive an expired token.

@@ -1,5 +1,5 @@
 """
-The user as ID tokens and UserInfo describe them (DESIGN.md, UserInfo
+The user as ID tokens and UserInfo describe them (docs/design.md, UserInfo
 fields): the identity backend's record, with the chat account linked at
 this service winning over the one the backend knows.
 """

@@ -1,5 +1,5 @@
 """
-The authorization endpoint's interaction (DESIGN.md, Authorize errors,
+The authorization endpoint's interaction (docs/design.md, Authorize errors,
 Consent): authorize, then login when there is no live session or the
 request asks for one, then consent unless remembered or first-party, then
 the code. Every decision is made here; the web layer parses the request and
@@ -60,7 +60,7 @@ def too_many_attempts(retry_after: int) -> str:
 
 
 def suspended(reason: str | None) -> PageError:
-    """A correct password for a banned or disabled account (DESIGN.md, Brute force)."""
+    """A correct password for a banned or disabled account (docs/design.md, Brute force)."""
     message = "This account is suspended, so it cannot sign in here."
     if reason:
         message += f" Reason: {reason}"

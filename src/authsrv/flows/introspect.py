@@ -1,5 +1,5 @@
 """
-Token introspection (RFC 7662, DESIGN.md Introspection fields): whether an
+Token introspection (RFC 7662, docs/design.md Introspection fields): whether an
 access or refresh token is active and what it says, told only to the client
 it was issued to, a client its audience names, or a resource server the
 operator allowed to introspect any token. Revoked tokens and tokens of users

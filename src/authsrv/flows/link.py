@@ -1,5 +1,5 @@
 """
-Linking a chat-platform account to the signed-in user (DESIGN.md, Linked
+Linking a chat-platform account to the signed-in user (docs/design.md, Linked
 chat accounts), HTTP-free: the web layer renders what these return, and
 L{PageError} for what the user must be told instead.
 

@@ -1,5 +1,5 @@
 """
-Checking a password (DESIGN.md, Brute force): the attempt is counted in
+Checking a password (docs/design.md, Brute force): the attempt is counted in
 the store before any password is checked, so every instance sees the same
 numbers and parallel requests cannot check more passwords than the limit
 allows; then the identity backends through the twisted.cred portal, then

@@ -6,7 +6,7 @@ emits the audit event and returns what happened, so the operator command
 and a later admin API share one behaviour and only word the result. The
 store plays L{IBanStore}, L{IBrowserSessionStore} and L{IGrantStore}.
 C{notify(session)} tells the clients an ended browser session signed in
-to, by back-channel logout (DESIGN.md, Bans), and fires when that is done.
+to, by back-channel logout (docs/design.md, Bans), and fires when that is done.
 """
 
 from __future__ import annotations

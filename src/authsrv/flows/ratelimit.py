@@ -1,5 +1,5 @@
 """
-Request rates per client (DESIGN.md, Rate limits): token buckets in memory,
+Request rates per client (docs/design.md, Rate limits): token buckets in memory,
 so every limit is per instance.
 
 A bucket holds up to C{count} tokens, refills at C{count} per C{per}

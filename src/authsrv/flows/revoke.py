@@ -1,5 +1,5 @@
 """
-Token revocation (RFC 7009, DESIGN.md Revocation): a client ends one of its
+Token revocation (RFC 7009, docs/design.md Revocation): a client ends one of its
 own tokens; a refresh token takes its whole grant with it. The answer never
 tells whether anything was revoked, so it reveals nothing about tokens of
 other clients.

@@ -1,7 +1,7 @@
 """
 Browser sessions at the service: an opaque random cookie value, stored only
 as its hash, and a check of the user's standing on every use so that a ban
-or a disabled account ends the session at once (DESIGN.md, Bans).
+or a disabled account ends the session at once (docs/design.md, Bans).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """
 Whether a user may still use the service: known to the identity backend,
-not disabled there, not banned in the store (DESIGN.md, Bans). Asked on
+not disabled there, not banned in the store (docs/design.md, Bans). Asked on
 login, refresh, UserInfo and introspection, so a ban takes effect at once.
 """
 

@@ -2,7 +2,7 @@
 UserInfo (OIDC Core 5.3) with RFC 6750 bearer tokens: the claims the access
 token's scopes release about a user who may still use the service. One
 indexed lookup of the token, which brings its user's ban along, and the
-identity backend's record (DESIGN.md, Speed targets).
+identity backend's record (docs/design.md, Speed targets).
 """
 
 from __future__ import annotations

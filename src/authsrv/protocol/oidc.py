@@ -1,6 +1,6 @@
 """
 OpenID Connect Core claims: what the ID token and UserInfo say about a user
-for a set of scopes (DESIGN.md, UserInfo fields), and at_hash (OIDC Core
+for a set of scopes (docs/design.md, UserInfo fields), and at_hash (OIDC Core
 3.1.3.6). Pure: values in, values out.
 """
 
@@ -26,7 +26,7 @@ def at_hash(access_token: str, alg: str = "RS256") -> str:
 def user_claims(user: User, scope: frozenset[str]) -> dict:
     """
     The claims C{scope} releases about C{user}, without C{sub}: UserInfo and
-    the ID token say the same. chat_user_id is not tied to a scope (DESIGN.md).
+    the ID token say the same. chat_user_id is not tied to a scope (docs/design.md).
     """
     claims: dict = {}
     if "profile" in scope:

@@ -1,5 +1,5 @@
 """
-The sealed copy of a refresh response kept for the grace window (DESIGN.md,
+The sealed copy of a refresh response kept for the grace window (docs/design.md,
 Refresh tokens): a client that lost the answer to a rotation presents the
 same refresh token again and must get the very same successor.
 

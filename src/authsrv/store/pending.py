@@ -1,5 +1,5 @@
 """
-The cap on sign-ins waiting at the login stage per client address (DESIGN.md,
+The cap on sign-ins waiting at the login stage per client address (docs/design.md,
 Limits), shared by the SQL stores: one statement says whether the address is
 at the cap and, if so, when it falls below it.
 """

@@ -1,5 +1,5 @@
 """
-The login throttle's rules (DESIGN.md, Brute force), shared by every store.
+The login throttle's rules (docs/design.md, Brute force), shared by every store.
 
 A store keeps one row per counted attempt (C{login_attempts}: account,
 address, when, until when it counts) and, inside the one transaction that

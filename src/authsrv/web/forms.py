@@ -55,7 +55,7 @@ def userinfo_form_token(request) -> str | None:
 def client_address_of(request, trusted_proxies) -> str:
     """
     The client's address: the TCP peer, or behind trusted proxies the
-    rightmost untrusted hop of Forwarded or X-Forwarded-For (DESIGN.md,
+    rightmost untrusted hop of Forwarded or X-Forwarded-For (docs/design.md,
     Client addresses). Throttling, events and limits all use this one.
     """
     peer = getattr(request.getClientAddress(), "host", None) or "unknown"

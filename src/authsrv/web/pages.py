@@ -1,6 +1,6 @@
 """
 Server-rendered HTML pages: no JavaScript, no external assets, readable on a
-phone, and never framed (DESIGN.md, Browser pages). Built with
+phone, and never framed (docs/design.md, Browser pages). Built with
 twisted.web.template tags, which escape every text and attribute.
 """
 

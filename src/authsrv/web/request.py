@@ -5,7 +5,7 @@ no version.
 
 Twisted reads a whole body before rendering; this request counts what
 arrives and keeps none past the limit, so that an oversized body costs no
-memory and is answered 413 (DESIGN.md, Limits).
+memory and is answered 413 (docs/design.md, Limits).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ TOO_LARGE = Refused(413, "the request body is too large", close=True)
 class Root(Resource):
     """
     Dispatches on the whole request path before any routing, so discovery and
-    JWKS cost one dict lookup (DESIGN.md, Speed targets). Oversized bodies and
+    JWKS cost one dict lookup (docs/design.md, Speed targets). Oversized bodies and
     parameters over C{limits} are refused before any routing too.
     """
 

@@ -2,7 +2,7 @@
 grant_type=authorization_code (RFC 6749 section 4.1.3, RFC 7636): the code
 is consumed before it is checked, so that every attempt, failed or not,
 uses it up; a failed one also revokes the grant it would have started, and
-a second redemption revokes whatever the first one issued (DESIGN.md,
+a second redemption revokes whatever the first one issued (docs/design.md,
 Authorization codes). The one atomic store step is C{consume_code}.
 """
 

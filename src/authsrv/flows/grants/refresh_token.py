@@ -1,5 +1,5 @@
 """
-grant_type=refresh_token (RFC 6749 section 6, DESIGN.md Refresh tokens):
+grant_type=refresh_token (RFC 6749 section 6, docs/design.md Refresh tokens):
 the user is asked for again and ban-checked, then one compare-and-swap in
 the store decides between a new pair, the same pair again (the client lost
 the answer inside the grace window), and reuse (the family is revoked).

@@ -1,6 +1,6 @@
 """
 The user a grant is for, asked for again at every token request: a user
-who is gone, disabled or banned ends the grant instead (DESIGN.md, Bans).
+who is gone, disabled or banned ends the grant instead (docs/design.md, Bans).
 """
 
 from __future__ import annotations

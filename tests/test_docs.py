@@ -1,0 +1,164 @@
+"""
+The docs that ship with the code: the README's configuration reference names
+every key the config reader asks for and parses as a config file; citations
+of the product decisions point at docs/design.md and at sections it has; the
+SQLite backup and restore that docs/operations.md prescribes round-trips a
+real store.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tomllib
+
+import pytest
+import pytest_twisted
+
+from authsrv.config import parse_config
+from authsrv.configsection import Section
+
+from conftest import ROOT, admin
+
+README = ROOT / "README.md"
+DESIGN = ROOT / "docs" / "design.md"
+OPERATIONS = ROOT / "docs" / "operations.md"
+COMMENTED_KEY = re.compile(r"^# (\w+ = )", re.M)
+OLD_NAME = "DESIGN" ".md"
+CHAT_KEY = base64.urlsafe_b64encode(bytes(range(32))).decode().rstrip("=")
+
+
+def reference_block() -> str:
+    """The README's configuration reference: its first TOML block, commented-out keys included."""
+    text = README.read_text().split("## Configuration reference", 1)[1]
+    block = re.search(r"```toml\n(.*?)```", text, re.S).group(1)
+    return COMMENTED_KEY.sub(r"\1", block)
+
+
+def dotted_keys(data: dict, prefix: str = "") -> set[str]:
+    """Every key of a TOML document as a dotted path, arrays of tables as their name."""
+    keys = set()
+    for name, value in data.items():
+        path = prefix + name
+        if isinstance(value, list) and value and all(isinstance(item, dict) for item in value):
+            value = {k: v for item in value for k, v in item.items()}
+        if isinstance(value, dict):
+            keys |= dotted_keys(value, path + ".")
+        else:
+            keys.add(path)
+    return keys
+
+
+def with_secrets_from_env(data: dict, monkeypatch) -> dict:
+    """The reference with each C{X_file} secret read from a variable instead (its files exist only there)."""
+    if isinstance(data, list):
+        return [with_secrets_from_env(item, monkeypatch) for item in data]
+    if not isinstance(data, dict):
+        return data
+    result = {}
+    for name, value in data.items():
+        if name.endswith("_file") and isinstance(value, str):
+            variable = "AUTHSRV_DOCS_" + name.upper()
+            monkeypatch.setenv(variable, CHAT_KEY if name == "encryption_key_file" else "a-secret-value")
+            result[name[: -len("_file")] + "_env"] = variable
+        else:
+            result[name] = with_secrets_from_env(value, monkeypatch)
+    return result
+
+
+def keys_asked(document: dict, monkeypatch, tmp_path) -> set[str]:
+    """The dotted keys the config reader asks for while reading C{document}, whether given or not."""
+    asked: set[str] = set()
+    get, has = Section._get, Section.has
+
+    def recording_get(self, name, *args, **kwargs):
+        asked.add(re.sub(r"\[\d+\]", "", self.key(name)))
+        return get(self, name, *args, **kwargs)
+
+    def recording_has(self, name):
+        asked.add(re.sub(r"\[\d+\]", "", self.key(name)))
+        return has(self, name)
+
+    monkeypatch.setattr(Section, "_get", recording_get)
+    monkeypatch.setattr(Section, "has", recording_has)
+    parse_config(document, tmp_path / "authsrv.toml")
+    return asked
+
+
+def test_reference_parses_and_names_every_key(monkeypatch, tmp_path):
+    reference = tomllib.loads(reference_block())
+    documented = dotted_keys(reference)
+    asked = keys_asked(with_secrets_from_env(reference, monkeypatch), monkeypatch, tmp_path)
+    tables = {key.rsplit(".", 1)[0] for key in documented if "." in key} | {"limits.parameters"}
+
+    def documented_secret(key: str) -> bool:
+        base = key.removesuffix("_env").removesuffix("_file")
+        return base != key and bool({base + "_env", base + "_file"} & documented)
+
+    undocumented = {key for key in asked - tables - documented if not documented_secret(key)}
+    assert not undocumented, f"keys the config reader asks for, missing from the README's reference: {undocumented}"
+
+
+def test_design_citations_point_at_sections_it_has():
+    design = DESIGN.read_text()
+    names = re.findall(r"^- \*\*([^*:]+?):?\*\*", design, re.M) + re.findall(r"^## (.+)$", design, re.M)
+    sections = {name.split(" (")[0] for name in names}
+    cited = set()
+    for path in [*(ROOT / "src").rglob("*.py"), *(ROOT / "tests").rglob("*.py"), README, ROOT / "SECURITY.md",
+                 *(ROOT / "docs").glob("*.md"), *(ROOT / "bench").glob("*.*")]:
+        text = " ".join(path.read_text().split())
+        assert OLD_NAME not in text, f"{path.relative_to(ROOT)} cites {OLD_NAME}, which is not in the repository"
+        cited |= {m.strip() for m in re.findall(r"docs/design\.md,? ([A-Z][A-Za-z]+(?: [a-z]+)*)", text)}
+    assert cited, "no citation found: the pattern no longer matches how the code cites docs/design.md"
+    assert not cited - sections, f"cited sections that docs/design.md lacks: {cited - sections}"
+
+
+def test_operations_links_exist():
+    for target in re.findall(r"\]\(\.\./([^)#]+)\)", OPERATIONS.read_text()):
+        assert (ROOT / target).exists(), target
+
+
+def python_backup(source, target) -> None:
+    """The Python one-liner docs/operations.md gives, run as written."""
+    command = re.search(r"python3 -c '(.*?)' \\\n", OPERATIONS.read_text()).group(1)
+    subprocess.run([sys.executable, "-c", command, str(source), str(target)], check=True, timeout=30)
+
+
+def sqlite_cli_backup(source, target) -> None:
+    subprocess.run(["sqlite3", str(source), f".backup {target}"], check=True, timeout=30)
+
+
+BACKUPS = [python_backup]
+if shutil.which("sqlite3"):
+    BACKUPS.append(sqlite_cli_backup)
+
+
+@pytest.mark.parametrize("backup", BACKUPS, ids=lambda f: f.__name__)
+@pytest_twisted.ensureDeferred
+async def test_sqlite_backup_and_restore_round_trip(tmp_path, backup):
+    (tmp_path / "users.toml").write_text("")
+    config = tmp_path / "authsrv.toml"
+    config.write_text('[store]\npath = "authsrv.sqlite3"\n')
+    database = tmp_path / "authsrv.sqlite3"
+
+    async def run(*args):
+        done = await admin("--config", str(config), *args, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    await run("client", "add", "before", "--redirect-uri", "https://before.example/cb")
+    saved = tmp_path / "backup.sqlite3"
+    backup(database, saved)
+    with sqlite3.connect(saved) as check:
+        assert check.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    await run("client", "add", "after", "--redirect-uri", "https://after.example/cb")
+
+    for suffix in ("", "-wal", "-shm"):
+        (tmp_path / f"authsrv.sqlite3{suffix}").unlink(missing_ok=True)
+    shutil.copyfile(saved, database)
+    listed = await run("client", "list")
+    assert [line.split("\t")[0] for line in listed.splitlines()] == ["before"]
