@@ -42,7 +42,7 @@ def pg_config(folder: Path, dsn: str, port: int, public_port: int, timeout: int 
         write_key_file(folder / "shared-keys" / "keys.jwks.json", ("RS256", "ES256", "EdDSA"))
     text = (EXAMPLES / "demo.toml").read_text()
     for old, new in (
-        ('public_url = "http://127.0.0.1:8080"', f'public_url = "http://127.0.0.1:{public_port}"'),
+        ("[server]\n", f'[server]\npublic_url = "http://127.0.0.1:{public_port}"\n'),
         ("tcp:8080:", f"tcp:{port}:"),
         (
             'plugin = "sqlite"\npath = "demo-data/authsrv.sqlite3"',

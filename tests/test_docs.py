@@ -53,6 +53,10 @@ def dotted_keys(data: dict, prefix: str = "") -> set[str]:
     return keys
 
 
+STRONG_SECRET = "kX3vQ9-pL2mN7rT4wY8zB1cD6fG0hJ5s"
+"""A secret strong enough for an https public URL (the reference's)."""
+
+
 def with_secrets_from_env(data: dict, monkeypatch) -> dict:
     """The reference with each C{X_file} secret read from a variable instead (its files exist only there)."""
     if isinstance(data, list):
@@ -63,7 +67,7 @@ def with_secrets_from_env(data: dict, monkeypatch) -> dict:
     for name, value in data.items():
         if name.endswith("_file") and isinstance(value, str):
             variable = "AUTHSRV_DOCS_" + name.upper()
-            monkeypatch.setenv(variable, CHAT_KEY if name == "encryption_key_file" else "a-secret-value")
+            monkeypatch.setenv(variable, CHAT_KEY if name == "encryption_key_file" else STRONG_SECRET)
             result[name[: -len("_file")] + "_env"] = variable
         else:
             result[name] = with_secrets_from_env(value, monkeypatch)
