@@ -88,20 +88,28 @@ class Server:
         return samples(await response.text())
 
     async def sign_in(self, password: str) -> tuple[int, dict]:
-        """Authorize as "first" and submit the login form; the status and the redirect's query."""
+        """
+        Authorize as "first", submit the login form and follow the service's
+        redirects; the last status and the query of the redirect to the client.
+        """
         verifier, challenge = pkce_pair()
         self.verifier = verifier
         query = urlencode({"response_type": "code", "client_id": "first", "redirect_uri": REDIRECT_URI,
                            "scope": "openid offline_access", "state": "s", "code_challenge": challenge,
                            "code_challenge_method": "S256"})
         response = await self.browser.get(f"{self.issuer}/oauth2/authorize?{query}", allow_redirects=False)
-        login_page = response.headers.getRawHeaders(b"location")[0].decode()
-        page = await (await self.browser.get(self.base + login_page if login_page.startswith("/") else login_page)).content()
+        page = await (await self.browser.get(self._url(response))).content()
         form = {**hidden_fields(page), "username": ALICE.login, "password": password}
         response = await self.browser.post(f"{self.issuer}/login", data=form, allow_redirects=False)
+        while response.code in (302, 303) and not self._url(response).startswith(REDIRECT_URI):
+            await response.content()
+            response = await self.browser.get(self._url(response), allow_redirects=False)
         await response.content()
-        location = (response.headers.getRawHeaders(b"location") or [""])[0]
-        return response.code, query_of(location) if location else {}
+        return response.code, query_of(self._url(response)) if response.code in (302, 303) else {}
+
+    def _url(self, response) -> str:
+        location = response.headers.getRawHeaders(b"location")[0].decode()
+        return self.base + location if location.startswith("/") else location
 
     async def token(self, params: dict, client: str = "first", secret: str | None = None) -> tuple[int, dict]:
         response = await treq.post(f"{self.issuer}/oauth2/token", data=params,
@@ -155,7 +163,7 @@ async def test_counters_move_as_users_and_clients_act(server):
     assert value(after, "authsrv_http_requests_total", route=introspect, status="200") == 2
     assert value(after, "authsrv_http_requests_total", route=introspect, status="429") == 1
     assert value(after, "authsrv_http_requests_total", route="/api/auth/oauth2/token", status="200") == 2
-    assert value(after, "authsrv_http_request_duration_seconds_count", route="/api/auth/login") == 2
+    assert value(after, "authsrv_http_request_duration_seconds_count", route="/api/auth/login") == 4  # 2 pages, 2 posts
     assert value(after, "authsrv_store_call_duration_seconds_count", call="rotate_refresh") == 2
     assert value(after, "authsrv_identity_call_duration_seconds_count", backend="static",
                  call="requestAvatarId") == 2

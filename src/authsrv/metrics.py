@@ -129,6 +129,7 @@ class Metrics:
         )
         self._routes: dict[str | None, _Route] = {}
         self._calls: dict[str, tuple] = {}
+        self._backend_calls: dict[str, dict[str, tuple]] = {}
         self._clients: set[str] = set()
         self._audit = {
             "login.succeeded": lambda e: self._login["success"].inc(),
@@ -180,9 +181,17 @@ class Metrics:
 
     def identity_call(self, backend: str, call: str, seconds: float, failed: bool) -> None:
         """The observer the identity chain takes (L{authsrv.identity.chain.IdentityChain})."""
-        self._identity_seconds.labels(backend, call).observe(seconds)
+        calls = self._backend_calls.get(backend)
+        if calls is None:
+            calls = self._backend_calls[backend] = {}
+        children = calls.get(call)
+        if children is None:
+            children = calls[call] = (
+                self._identity_seconds.labels(backend, call), self._identity_errors.labels(backend, call)
+            )
+        children[0].observe(seconds)
         if failed:
-            self._identity_errors.labels(backend, call).inc()
+            children[1].inc()
 
     # --- audit events -----------------------------------------------------
 
