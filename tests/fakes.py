@@ -20,10 +20,15 @@ class FakeKeystore:
     def jwks_bytes(self):
         return self.jwks
 
+    def reload(self):
+        return succeed(False)
+
 
 @implementer(ICredentialsChecker)
 class FakeIdentity:
     credentialInterfaces = (IUsernamePassword,)
+    backends = ()
+    names = ()
 
 
 class FakeStore:

@@ -138,6 +138,8 @@ class Config:
     throttle: ThrottlePolicy = ThrottlePolicy()
     show_ban_reason: bool = False
     rate_limits: RateSettings = RateSettings()
+    metrics_listen: tuple[str, ...] = ()
+    """C{[metrics] listen}: where C{/metrics} is served; empty, no metrics at all."""
 
     @property
     def issuer(self) -> str:
@@ -429,6 +431,9 @@ def parse_config(
     ui = top.table("ui", None) or Section({}, "ui", base_dir)
     show_ban_reason = ui.bool("show_ban_reason", False)
     ui.done()
+    metrics = top.table("metrics", None) or Section({}, "metrics", base_dir)
+    metrics_listen = tuple(metrics.str_list("listen", []))
+    metrics.done()
     store = _plugin(top.table("store", None) or Section({}, "store", base_dir), "sqlite")
     keystore = _plugin(top.table("keystore", None) or Section({}, "keystore", base_dir), "jwk-file")
     identity = tuple(_plugin(s) for s in top.tables("identity"))
@@ -463,6 +468,7 @@ def parse_config(
         show_ban_reason=show_ban_reason,
         rate_limits=rate_limits,
         trusted_proxies=trusted_proxies,
+        metrics_listen=metrics_listen,
     )
 
 

@@ -5,6 +5,7 @@ The L{IPluginContext} the server hands to plugin factories.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from twisted.python.threadpool import ThreadPool
 from zope.interface import implementer
@@ -16,16 +17,19 @@ from authsrv.interfaces import IPluginContext
 class PluginContext:
     """
     Owns the thread pools plugins ask for: started at once (a plugin may need
-    them while the server starts) and stopped by L{stop}.
+    them while the server starts) and stopped by L{stop}. C{store_observer}
+    is handed to the store (the server's metrics, when they are on).
     """
 
     def __init__(
-        self, reactor, base_dir: Path, max_token_lifetime: int = 3600, *, check_only: bool = False
+        self, reactor, base_dir: Path, max_token_lifetime: int = 3600, *, check_only: bool = False,
+        store_observer: Callable[[str, float, bool], None] | None = None,
     ):
         self.reactor = reactor
         self.base_dir = Path(base_dir)
         self.max_token_lifetime = max_token_lifetime
         self.check_only = check_only
+        self.store_observer = store_observer
         self._pools: dict[str, ThreadPool] = {}
 
     def threadpool(self, name: str, size: int) -> ThreadPool:

@@ -40,6 +40,10 @@ class IPluginContext(Interface):
         "Seconds the longest-lived signed token stays valid: how long a"
         " retired signing key must stay published."
     )
+    store_observer = Attribute(
+        "None, or the observer a store reports each call to, as"
+        " C{observer(label, seconds, failed)} (L{authsrv.store.observer})."
+    )
 
     def threadpool(name, size):
         """

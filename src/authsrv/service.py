@@ -18,7 +18,7 @@ from twisted.application.internet import TimerService
 from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.endpoints import serverFromString
-from twisted.logger import Logger
+from twisted.logger import Logger, globalLogPublisher
 from twisted.python.failure import Failure
 from twisted.web.client import HTTPConnectionPool
 from twisted.web.resource import Resource
@@ -44,11 +44,13 @@ from authsrv.flows.issue import TokenMinter
 from authsrv.flows.link import ChatLinking
 from authsrv.flows.login import PasswordLogin
 from authsrv.flows.ratelimit import ClientRateLimits
+from authsrv.flows.readiness import Readiness
 from authsrv.flows.revoke import RevocationFlow
 from authsrv.flows.sessions import SessionEnder
 from authsrv.flows.token import TokenFlow
 from authsrv.flows.userinfo import UserInfoFlow
 from authsrv.identity.chain import IdentityChain
+from authsrv.metrics import Metrics
 from authsrv.plugins import UnknownPlugin, find_factory
 from authsrv.protocol.discovery import authorization_server_metadata, openid_configuration
 from authsrv.records import Client
@@ -57,9 +59,11 @@ from authsrv.tokens import CLIENT_SECRET_KEY, keyed_form
 from authsrv.web.cookies import Cookies
 from authsrv.web.internal import InternalAPI
 from authsrv.web.limits import LimitedSite
+from authsrv.web.metrics import MetricsResource
 from authsrv.web.public import PublicSite
 from authsrv.web.request import bounded_request_factory
 from authsrv.web.root import Root
+from authsrv.web.routes import Named
 from authsrv.web.static import StaticBytes
 
 MAINTENANCE_INTERVAL = 60.0
@@ -90,12 +94,21 @@ def build_plugin(role: str, choice, context):
         raise StartupError(str(e)) from None
 
 
-def build_identity(config: Config, context) -> IdentityChain:
+def backend_names(plugins: list[str]) -> list[str]:
+    """Each identity backend's name: its plugin's, numbered by its place when a plugin is used twice."""
+    return [name if plugins.count(name) == 1 else f"{name}-{index}" for index, name in enumerate(plugins)]
+
+
+def build_identity(config: Config, context, metrics: Metrics | None = None) -> IdentityChain:
     """
     Every C{[[identity]]} backend, in the configured order, as the one
     chain that the portal checks passwords with and every flow asks.
     """
-    return IdentityChain([build_plugin("identity", choice, context) for choice in config.identity])
+    return IdentityChain(
+        [build_plugin("identity", choice, context) for choice in config.identity],
+        backend_names([choice.name for choice in config.identity]),
+        metrics.identity_call if metrics else None,
+    )
 
 
 def with_keyed_secret(client: Client, key: bytes) -> Client:
@@ -130,7 +143,8 @@ class AuthsrvService(MultiService):
     log = Logger()
 
     def __init__(
-        self, *, reactor, config: Config, context, store, keystore, identity, ports, http_pool=None, drain=None
+        self, *, reactor, config: Config, context, store, keystore, identity, ports, http_pool=None, drain=None,
+        metrics: Metrics | None = None,
     ):
         super().__init__()
         self._reactor = reactor
@@ -142,6 +156,7 @@ class AuthsrvService(MultiService):
         self._ports = ports
         self._http_pool = http_pool
         self._drain = drain
+        self._metrics = metrics
         self._started = False
         self._retry = None
         timer = TimerService(MAINTENANCE_INTERVAL, self._maintain)
@@ -155,6 +170,8 @@ class AuthsrvService(MultiService):
 
     def startService(self):
         super().startService()
+        if self._metrics is not None:
+            globalLogPublisher.addObserver(self._metrics.audit_observer)
         self._store_clients()
 
     def _store_clients(self):
@@ -200,6 +217,8 @@ class AuthsrvService(MultiService):
         else:
             await gatherResults([port.stopListening() for port in self._ports])
         await super().stopService()
+        if self._metrics is not None:
+            globalLogPublisher.removeObserver(self._metrics.audit_observer)
         if self._http_pool is not None:
             await self._http_pool.closeCachedConnections()
         await self.store.close()
@@ -251,15 +270,15 @@ def _documents(config: Config, keystore, grant_types: tuple[str, ...]) -> dict[b
     oauth = json.dumps(authorization_server_metadata(config.issuer, keystore.algorithms, grant_types)).encode()
     long_lived = b"public, max-age=3600"
     return {
-        f"{issuer_path}/.well-known/openid-configuration".encode(): StaticBytes(
+        f"{issuer_path}/.well-known/openid-configuration".encode(): Named(StaticBytes(
             lambda: oidc, b"application/json", long_lived
-        ),
-        f"{issuer_path}/.well-known/oauth-authorization-server".encode(): StaticBytes(
+        ), "openid-configuration"),
+        f"{issuer_path}/.well-known/oauth-authorization-server".encode(): Named(StaticBytes(
             lambda: oauth, b"application/json", long_lived
-        ),
-        f"{issuer_path}/jwks".encode(): StaticBytes(
+        ), "oauth-authorization-server"),
+        f"{issuer_path}/jwks".encode(): Named(StaticBytes(
             keystore.jwks_bytes, b"application/jwk-set+json", f"public, max-age={JWKS_MAX_AGE}".encode()
-        ),
+        ), "jwks"),
     }
 
 
@@ -316,8 +335,7 @@ def web_root(
             session_ttl=config.limits.session_ttl,
         ),
         flows=public_flows(config, reactor, store, keystore, identity, grants, clients, chat_link),
-        ping=lambda: store.ping(),
-        readiness=readiness,
+        readiness=Readiness(clock=reactor, startup=readiness, store=store, keystore=keystore, identity=identity),
         rates=ClientRateLimits(clock=reactor, clients=clients, settings=config.rate_limits),
         trusted_proxies=config.trusted_proxies,
     )
@@ -351,10 +369,10 @@ def chat_parts(config: Config, reactor, store, identity) -> Chat:
     return Chat(ChatTokens(reactor, store, identity, provider, cipher, chat), linking, pool)
 
 
-def site_factory(root, config: Config, drain: Drain, reactor):
+def site_factory(root, config: Config, drain: Drain, reactor, metrics: Metrics | None = None):
     """A new L{LimitedSite} for C{root} per call: connection caps are per listener."""
     headers = hsts_headers(config.public_url, config.hsts_max_age)
-    request_factory = bounded_request_factory(config.limits.max_body_bytes, drain, headers)
+    request_factory = bounded_request_factory(config.limits.max_body_bytes, drain, headers, metrics)
 
     def site() -> LimitedSite:
         made = LimitedSite(
@@ -367,13 +385,25 @@ def site_factory(root, config: Config, drain: Drain, reactor):
     return site
 
 
+def metrics_site(metrics: Metrics, config: Config, reactor):
+    """The metrics listener's site: C{/metrics} only, its requests not counted, no access log."""
+    site = LimitedSite(MetricsResource(metrics.registry), limits=config.input_limits, access_log=False,
+                       reactor=reactor)
+    site.displayTracebacks = False
+    return site
+
+
 def build(config: Config, reactor) -> AuthsrvService:
     """Build every part of the server; raises L{StartupError} with one line."""
-    context = PluginContext(reactor, config.base_dir, config.limits.max_token_lifetime)
+    metrics = Metrics() if config.metrics_listen else None
+    context = PluginContext(
+        reactor, config.base_dir, config.limits.max_token_lifetime,
+        store_observer=metrics.store_call if metrics else None,
+    )
     try:
         store = build_plugin("store", config.store, context)
         keystore = build_plugin("keystore", config.keystore, context)
-        identity = build_identity(config, context)
+        identity = build_identity(config, context, metrics)
         holder: list[AuthsrvService] = []
         chat = chat_parts(config, reactor, store, identity)
         internal = InternalAPI(
@@ -386,10 +416,15 @@ def build(config: Config, reactor) -> AuthsrvService:
         )
         ports: list = []
         drain = Drain(reactor, config.shutdown.delay, config.shutdown.timeout)
-        _listen(reactor, "server.listen", config.listen, site_factory(root, config, drain, reactor), ports, config.base_dir)
-        _listen(reactor, "internal.listen", config.internal_listen,
-                site_factory(Root({}, internal, internal, config.input_limits), config, drain, reactor), ports,
+        _listen(reactor, "server.listen", config.listen, site_factory(root, config, drain, reactor, metrics), ports,
                 config.base_dir)
+        _listen(reactor, "internal.listen", config.internal_listen,
+                site_factory(Root({}, internal, internal, config.input_limits), config, drain, reactor, metrics),
+                ports, config.base_dir)
+        if metrics is not None:
+            metrics.watch_keys(keystore, reactor)
+            _listen(reactor, "metrics.listen", config.metrics_listen, lambda: metrics_site(metrics, config, reactor),
+                    ports, config.base_dir)
     except BaseException:
         context.stop()
         raise
@@ -403,6 +438,7 @@ def build(config: Config, reactor) -> AuthsrvService:
         ports=ports,
         http_pool=chat.pool,
         drain=drain,
+        metrics=metrics,
     )
     holder.append(service)
     return service

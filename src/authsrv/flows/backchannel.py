@@ -42,6 +42,9 @@ LOGOUT_TOKEN_TTL = 120
 RETRY_DELAYS = (1.0, 5.0)
 """Seconds to wait before the second and third attempt; there is no fourth."""
 ATTEMPT_TIMEOUT = 5.0
+DELIVERED = "delivered"
+REFUSED = "refused"
+"""How a final answer's outcome begins, so that metrics can tell the two from giving up."""
 
 def logout_token(keystore, issuer: str, client_id: str, sub: str, sid: str, now: int) -> str:
     """
@@ -67,9 +70,9 @@ def _outcome(code: int) -> tuple[bool, str]:
     succeeded, a 4xx other than 429 will not change by asking again.
     """
     if 200 <= code < 300:
-        return True, f"delivered (HTTP {code})"
+        return True, f"{DELIVERED} (HTTP {code})"
     if 300 <= code < 500 and code != 429:
-        return True, f"refused (HTTP {code})"
+        return True, f"{REFUSED} (HTTP {code})"
     return False, f"HTTP {code}"
 
 

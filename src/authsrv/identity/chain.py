@@ -27,11 +27,14 @@ skips the rest, since it tells the person the password was right anyway.
 from __future__ import annotations
 
 import secrets
+from time import perf_counter
+from typing import Callable
 
 from twisted.cred.credentials import IUsernamePassword, UsernamePassword
 from twisted.cred.error import UnauthorizedLogin
 from twisted.internet.defer import Deferred, fail, gatherResults, maybeDeferred, succeed
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from authsrv.identity.errors import BackendUnavailable, UnknownUser
@@ -39,15 +42,37 @@ from authsrv.interfaces import IIdentityBackend
 
 log = Logger()
 
+CallObserver = Callable[[str, str, float, bool], None]
+"""C{(backend name, call, seconds, failed)}: a call failed when the backend could not answer at all."""
+
 
 @implementer(IIdentityBackend)
 class IdentityChain:
-    """The backends in order, as one L{IIdentityBackend}."""
+    """
+    The backends in order, as one L{IIdentityBackend}. C{names} name them
+    (for readiness and metrics; by default C{"0"}, C{"1"}, ...), and
+    C{observer}, if any, hears of every call made to one of them.
+    """
 
     credentialInterfaces = (IUsernamePassword,)
 
-    def __init__(self, backends):
+    def __init__(self, backends, names=None, observer: CallObserver | None = None):
         self.backends = tuple(backends)
+        self.names = tuple(names) if names is not None else tuple(str(i) for i in range(len(self.backends)))
+        self._observer = observer
+
+    def _ask(self, index: int, method: str, argument) -> Deferred:
+        """Call one backend's C{method}, timed for the observer."""
+        if self._observer is None:
+            return maybeDeferred(getattr(self.backends[index], method), argument)
+        observer, name, started = self._observer, self.names[index], perf_counter()
+
+        def report(outcome):
+            failed = isinstance(outcome, Failure) and not outcome.check(UnauthorizedLogin)
+            observer(name, method, perf_counter() - started, failed)
+            return outcome
+
+        return maybeDeferred(getattr(self.backends[index], method), argument).addBoth(report)
 
     def _unavailable(self, index: int, error: Exception) -> None:
         log.warn(
@@ -60,9 +85,9 @@ class IdentityChain:
 
     async def _check(self, credentials) -> str:
         outage = None
-        for index, backend in enumerate(self.backends):
+        for index in range(len(self.backends)):
             try:
-                return await maybeDeferred(backend.requestAvatarId, credentials)
+                return await self._ask(index, "requestAvatarId", credentials)
             except UnknownUser:
                 continue
             except UnauthorizedLogin:
@@ -80,7 +105,7 @@ class IdentityChain:
         decoy = UsernamePassword(secrets.token_hex(16).encode("ascii"), password)
         for index in range(start, len(self.backends)):
             try:
-                await maybeDeferred(self.backends[index].requestAvatarId, decoy)
+                await self._ask(index, "requestAvatarId", decoy)
             except UnauthorizedLogin:
                 pass
             except Exception as e:
@@ -104,7 +129,7 @@ class IdentityChain:
         def answered(user):
             return self._first(method, key, index + 1, outage) if user is None else user
 
-        return maybeDeferred(getattr(self.backends[index], method), key).addCallbacks(answered, failed)
+        return self._ask(index, method, key).addCallbacks(answered, failed)
 
     def user_by_id(self, sub: str) -> Deferred:
         return self._first("user_by_id", sub)

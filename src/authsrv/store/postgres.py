@@ -120,7 +120,7 @@ def from_config(section, context) -> "PostgresStore | None":
     return PostgresStore(
         context.reactor, settings.dsn, pool_size=pool_size, statement_timeout=settings.statement_timeout,
         connect_timeout=settings.connect_timeout,
-        lookups=context.threadpool(LOOKUP_POOL_NAME, LOOKUP_POOL_SIZE),
+        lookups=context.threadpool(LOOKUP_POOL_NAME, LOOKUP_POOL_SIZE), observer=context.store_observer,
     )
 
 

@@ -71,7 +71,7 @@ def from_config(section, context) -> "SQLiteStore | None":
     except OSError as e:
         raise section.error("path", f"cannot create folder {path.parent}: {e.strerror}") from None
     try:
-        return open_store(context.reactor, path, _SYNCHRONOUS[synchronous])
+        return open_store(context.reactor, path, _SYNCHRONOUS[synchronous], context.store_observer)
     except (sqlite3.Error, MigrationError) as e:
         raise section.error("path", f"cannot use {path}: {e}") from None
 

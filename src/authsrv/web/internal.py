@@ -12,7 +12,6 @@ import hmac
 import json
 from functools import wraps
 
-from klein import Klein
 from twisted.logger import Logger
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
@@ -25,6 +24,7 @@ from authsrv.protocol.rates import Rate
 from authsrv.store.errors import StoreUnavailable
 from authsrv.web.forms import client_address_of
 from authsrv.web.headers import json_body
+from authsrv.web.routes import RoutedKlein
 
 PREFIX = "/api/internal"
 
@@ -112,7 +112,7 @@ class InternalAPI:
     (None: no limit) by the caller's address, behind C{trusted_proxies} too.
     """
 
-    app = Klein()
+    app = RoutedKlein()
     log = Logger()
 
     def __init__(self, *, reactor, secret: str | None, store, identity, chat_tokens, rate: Rate | None = None,

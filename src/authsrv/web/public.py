@@ -13,7 +13,6 @@ for servers only.
 
 from __future__ import annotations
 
-from klein import Klein
 from twisted.logger import Logger
 from twisted.web.template import tags
 from werkzeug.exceptions import MethodNotAllowed, NotFound
@@ -31,8 +30,8 @@ from authsrv.web.forms import client_address_of, form_params, page_form, userinf
 from authsrv.web.headers import allow_any_origin, json_body, oauth_error
 from authsrv.web.interaction_pages import consent_page, login_page, logout_confirmation_page
 from authsrv.web.pages import error_page, render_page
+from authsrv.web.routes import RoutedKlein
 
-READINESS_TIMEOUT = 2.0
 RETRY_AFTER = b"5"
 JSON_ENDPOINTS = (b"/oauth2/token", b"/oauth2/userinfo", b"/oauth2/introspect", b"/oauth2/revoke")
 """Paths whose callers read JSON; every other route that uses the store is a page."""
@@ -57,16 +56,16 @@ class PublicSite:
     """
     C{flows} has the attributes C{interaction}, C{token}, C{userinfo},
     C{introspection}, C{revocation}, C{end_session} and C{linking} (None when
-    no chat provider client is configured); C{ping()} checks the store and
-    C{readiness()} returns a start-up problem or None; C{trusted_proxies}
+    no chat provider client is configured); C{readiness} is an
+    L{authsrv.flows.readiness.Readiness}; C{trusted_proxies}
     are the peers whose forwarding headers name the client's address;
     C{rates} counts back-channel requests against their client's rate.
     """
 
-    app = Klein()
+    app = RoutedKlein()
     log = Logger()
 
-    def __init__(self, *, clock, issuer: str, cookies, flows, ping, readiness, rates: ClientRateLimits,
+    def __init__(self, *, clock, issuer: str, cookies, flows, readiness, rates: ClientRateLimits,
                  trusted_proxies=()):
         self._rates = rates
         self._trusted_proxies = trusted_proxies
@@ -74,7 +73,6 @@ class PublicSite:
         self._issuer = issuer
         self._cookies = cookies
         self._flows = flows
-        self._ping = ping
         self._readiness = readiness
 
     def resource(self):
@@ -120,21 +118,13 @@ class PublicSite:
     @app.route("/readyz", methods=["GET", "HEAD"])
     async def readiness(self, request):
         """
-        Ready: start-up finished and the store answers within
-        L{READINESS_TIMEOUT} seconds; a load balancer takes the instance out
-        of rotation otherwise.
+        Ready (200), degraded (200: an identity backend is down, another
+        answers) or not (503): a load balancer takes the instance out of
+        rotation then. The README documents the bodies.
         """
         request.setHeader(b"cache-control", b"no-store")
-        problem = self._readiness()
-        if problem is None:
-            try:
-                await self._ping().addTimeout(READINESS_TIMEOUT, self._clock)
-            except Exception as e:
-                self.log.warn("readiness: store unreachable: {error}", error=str(e) or type(e).__name__)
-                problem = "store unreachable"
-        if problem:
-            return json_body(request, 503, {"status": "unavailable", "reason": problem})
-        return json_body(request, 200, {"status": "ready"})
+        status, body = await self._readiness.check()
+        return json_body(request, status, body)
 
     # --- the relying parties' back channel -----------------------------------
 

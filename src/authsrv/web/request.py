@@ -1,7 +1,7 @@
 """
-The site's request class: bounded bodies, counted while in flight, and the
-headers every response carries, among them a generic C{Server} that names
-no version.
+The site's request class: bounded bodies, counted while in flight, the
+headers every response carries (among them a generic C{Server} that names
+no version), and, when metrics are on, one report per answered request.
 
 Twisted reads a whole body before rendering; this request counts what
 arrives and keeps none past the limit, so that an oversized body costs no
@@ -11,6 +11,7 @@ memory and is answered 413 (docs/design.md, Limits).
 from __future__ import annotations
 
 from functools import lru_cache
+from time import perf_counter
 
 from twisted.web import http
 from twisted.web.server import Request
@@ -39,12 +40,18 @@ class BoundedRequest(Request):
     A L{Request} that stops storing its body after C{max_body} bytes, is
     counted by C{drain} (an L{authsrv.drain.Drain}) from its first byte to
     its last, adds C{fixed_headers} to its response, and closes its
-    connection after answering while the server drains.
+    connection after answering while the server drains. With C{metrics}
+    (an L{authsrv.metrics.Metrics}) each answer is reported with its route
+    (C{route}, set by L{authsrv.web.routes}), status and time since the
+    whole request arrived.
     """
 
     max_body = 64 * 1024
     drain = None
+    metrics = None
     fixed_headers: tuple[tuple[bytes, bytes], ...] = ()
+    route: str | None = None
+    started = 0.0
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -54,6 +61,8 @@ class BoundedRequest(Request):
             self.drain.track(self)
 
     def process(self):
+        if self.metrics is not None:
+            self.started = perf_counter()
         for name, value in self.fixed_headers:
             self.setHeader(name, value)
         if self.drain is not None and self.drain.draining:
@@ -66,6 +75,12 @@ class BoundedRequest(Request):
         if not self.startedWriting:
             self.responseHeaders.setRawHeaders(b"server", [SERVER])
         super().write(data)
+
+    def finish(self):
+        first = not self.finished
+        super().finish()
+        if first and self.metrics is not None:
+            self.metrics.request_finished(self.route, self.code, perf_counter() - self.started)
 
     def gotLength(self, length):
         if length is not None and length > self.max_body:
@@ -80,8 +95,8 @@ class BoundedRequest(Request):
             super().handleContentChunk(data)
 
 
-def bounded_request_factory(max_body: int, drain=None, fixed_headers=()) -> type[BoundedRequest]:
+def bounded_request_factory(max_body: int, drain=None, fixed_headers=(), metrics=None) -> type[BoundedRequest]:
     return type(
         "BoundedRequest", (BoundedRequest,),
-        {"max_body": max_body, "drain": drain, "fixed_headers": tuple(fixed_headers)},
+        {"max_body": max_body, "drain": drain, "fixed_headers": tuple(fixed_headers), "metrics": metrics},
     )
