@@ -107,7 +107,7 @@ async def test_user_add_hashes_the_password(deployment):
     cwd, config = deployment
     out = ok(await admin("--config", config, "user", "add", "alice", "--name", "Alice", "--email", "alice@example.com",
                    "--email-verified", "--chat-user-id", "80351110224678912", "--password-stdin",
-                   cwd=cwd, stdin="correct horse\n"))
+                   cwd=cwd, stdin="correct horse battery\n"))
     assert out.startswith("added user alice (sub ")
     users = tomllib.loads((cwd / "data" / "users.toml").read_text())["users"]
     assert len(users) == 1
@@ -115,9 +115,9 @@ async def test_user_add_hashes_the_password(deployment):
     assert (alice["login"], alice["name"], alice["email"], alice["email_verified"], alice["chat_user_id"]) == (
         "alice", "Alice", "alice@example.com", True, "80351110224678912")
     assert alice["password_hash"].startswith("$argon2id$")
-    assert PasswordHasher().verify(alice["password_hash"], "correct horse")
-    assert "correct horse" not in (cwd / "data" / "users.toml").read_text()
-    refused(await admin("--config", config, "user", "add", "ALICE", "--password-stdin", cwd=cwd, stdin="x\n"),
+    assert PasswordHasher().verify(alice["password_hash"], "correct horse battery")
+    assert "correct horse battery" not in (cwd / "data" / "users.toml").read_text()
+    refused(await admin("--config", config, "user", "add", "ALICE", "--password-stdin", cwd=cwd, stdin="Tr0ub4dor&3x\n"),
             "already")
     refused(await admin("--config", config, "user", "add", "bob", "--password-stdin", cwd=cwd, stdin="\n"),
             "the password must not be empty")
@@ -133,9 +133,9 @@ async def test_user_passwd_disable_enable_in_the_users_file(deployment):
     users_file = cwd / "data" / "users.toml"
     await add_alice(cwd, config)
     assert ok(await admin("--config", config, "user", "passwd", "ALICE", "--password-stdin", cwd=cwd,
-                          stdin="new pw\n")) == "password of ALICE changed\n"
+                          stdin="a new passphrase\n")) == "password of ALICE changed\n"
     [alice] = tomllib.loads(users_file.read_text())["users"]
-    assert PasswordHasher().verify(alice["password_hash"], "new pw")
+    assert PasswordHasher().verify(alice["password_hash"], "a new passphrase")
     assert ok(await admin("--config", config, "user", "disable", "alice", "--reason", "left", cwd=cwd)) == "disabled alice\n"
     [alice] = tomllib.loads(users_file.read_text())["users"]
     assert (alice["disabled"], alice["disabled_reason"]) == (True, "left")
@@ -147,8 +147,8 @@ async def test_user_passwd_disable_enable_in_the_users_file(deployment):
 
 @pytest_twisted.ensureDeferred
 async def test_hash_password(tmp_path):
-    out = ok(await admin("hash-password", "--password-stdin", cwd=tmp_path, stdin="s3cret\n")).strip()
-    assert PasswordHasher().verify(out, "s3cret")
+    out = ok(await admin("hash-password", "--password-stdin", cwd=tmp_path, stdin="s3cret enough\n")).strip()
+    assert PasswordHasher().verify(out, "s3cret enough")
 
 
 @pytest_twisted.ensureDeferred
@@ -204,7 +204,8 @@ async def test_check_config_of_a_new_deployment_creates_nothing(tmp_path):
 
 
 async def add_alice(cwd, config):
-    out = ok(await admin("--config", config, "user", "add", "alice", "--password-stdin", cwd=cwd, stdin="pw\n"))
+    out = ok(await admin("--config", config, "user", "add", "alice", "--password-stdin", cwd=cwd,
+                   stdin="long enough pass\n"))
     return out.split("(sub ")[1].split(")")[0]
 
 

@@ -6,6 +6,7 @@ talks to, the config file and the context it builds plugins in.
 from __future__ import annotations
 
 import getpass
+import json
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TextIO
@@ -38,6 +39,10 @@ class Console:
 
     def err(self, text: str) -> None:
         print(text, file=self.stderr)
+
+    def out_json(self, value) -> None:
+        """C{value} as one JSON document (C{--json}): the same keys every time, for scripts."""
+        print(json.dumps(value, indent=2, ensure_ascii=False), file=self.stdout)
 
 
 def config_of(args) -> Config:
