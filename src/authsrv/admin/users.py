@@ -90,8 +90,9 @@ async def user_add(reactor, args, console: Console):
     )
 
     async def add(config: Config, backend):
-        if await backend.user_by_login(user.login) is not None:
-            raise AdminError(f"a user with login {user.login!r} exists already in {backend.users_location}")
+        existing = await backend.user_by_login(user.login)
+        if existing is not None:
+            raise AdminError(f"login {existing.login!r} is already taken in {backend.users_location}")
         password_hash = _new_password_hash(args, console, user, config.password_min_length)
         added = await backend.add_user(user, password_hash)
         console.out(f"added user {added.login} (sub {added.sub}) to {backend.users_location}")
