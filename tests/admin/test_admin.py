@@ -171,7 +171,9 @@ async def test_check_config(deployment, tmp_path):
     assert ok(await admin("check-config", config, cwd=cwd)).endswith(": ok (issuer http://127.0.0.1:8080/api/auth)\n")
     bad = tmp_path / "bad.toml"
     bad.write_text("[limits]\nsession_ttl = []\n")
-    refused(await admin("check-config", str(bad), cwd=cwd), "limits.session_ttl: must be a duration")
+    lines = (await admin("check-config", str(bad), cwd=cwd)).stderr.splitlines()
+    assert lines[0].startswith(f"authsrv-admin: {bad}: limits.session_ttl: must be a duration")
+    assert lines[1].startswith(f"authsrv-admin: {bad}: identity[0].path:") and len(lines) == 2
     refused(await admin("client", "list", cwd=tmp_path / "data"), "no config file: pass --config FILE")
 
 
@@ -190,7 +192,11 @@ async def test_check_config_checks_plugin_sections_without_creating_anything(tmp
     (tmp_path / "users.toml").write_text('[[users]]\nsub = "x"\n')
     config = tmp_path / "authsrv.toml"
     config.write_text(text)
-    refused(await admin("check-config", str(config), cwd=tmp_path), message)
+    checked = await admin("check-config", str(config), cwd=tmp_path)
+    assert checked.returncode == 1
+    lines = checked.stderr.splitlines()
+    assert all(line.startswith(f"authsrv-admin: {config}: ") for line in lines)
+    assert any(message in line for line in lines), lines
     assert sorted(p.name for p in tmp_path.iterdir()) == ["authsrv.toml", "users.toml"]
 
 

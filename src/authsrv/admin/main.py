@@ -88,8 +88,9 @@ async def run(argv: list[str], reactor, *, stdin=None, stdout=None, stderr=None)
     """
     Run one command line on C{reactor}, talking to the given streams (the
     process's by default); returns the exit status: 0, 1 for an
-    L{AdminError} (one line on standard error), 2 for a usage mistake. The
-    audit events go to standard error while the command runs.
+    L{AdminError} (one line on standard error for each problem), 2 for a
+    usage mistake. The audit events go to standard error while the command
+    runs.
     """
     console = Console(stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr)
     try:
@@ -102,7 +103,8 @@ async def run(argv: list[str], reactor, *, stdin=None, stdout=None, stderr=None)
     try:
         await args.run(reactor, args, console)
     except AdminError as e:
-        console.err(f"authsrv-admin: {e}")
+        for line in e.lines:
+            console.err(f"authsrv-admin: {line}")
         return 1
     finally:
         globalLogPublisher.removeObserver(observer)
