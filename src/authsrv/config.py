@@ -22,6 +22,7 @@ from authsrv.flows.grants import GRANT_TYPES
 from authsrv.flows.ratelimit import DEFAULT_RATE, RateSettings
 from authsrv.protocol.clients import CLIENT_ID_MAX, client_id_problem, is_loopback_host, redirect_uri_problem
 from authsrv.protocol.forwarded import Network, parse_networks
+from authsrv.protocol.password_policy import MAX_LENGTH, MIN_LENGTH
 from authsrv.protocol.rates import Rate, parse_rate
 from authsrv.protocol.targets import backchannel_uri_problem
 from authsrv.records import DEFAULT_GRANT_TYPES, Client, ThrottlePolicy
@@ -138,6 +139,7 @@ class Config:
     throttle: ThrottlePolicy = ThrottlePolicy()
     show_ban_reason: bool = False
     rate_limits: RateSettings = RateSettings()
+    password_min_length: int = MIN_LENGTH
     metrics_listen: tuple[str, ...] = ()
     """C{[metrics] listen}: where C{/metrics} is served; empty, no metrics at all."""
 
@@ -148,6 +150,40 @@ class Config:
     @property
     def base_dir(self) -> Path:
         return self.path.parent if self.path else Path.cwd()
+
+
+class ConfigErrors(ConfigError):
+    """Every mistake found in one config file; it reads as the first of them."""
+
+    def __init__(self, errors: list[ConfigError]):
+        super().__init__(errors[0].key, errors[0].problem)
+        self.errors = tuple(errors)
+
+
+class _Problems:
+    """
+    The mistakes found so far in one file: reading goes on after each, with
+    a stand-in value, so that one look at the file reports them all.
+    """
+
+    def __init__(self) -> None:
+        self.errors: list[ConfigError] = []
+
+    def take(self, read, *args, fallback=None, **kwargs):
+        """C{read(*args, **kwargs)}, or C{fallback} after noting its L{ConfigError}."""
+        try:
+            return read(*args, **kwargs)
+        except ConfigError as e:
+            self.errors.append(e)
+            return fallback
+
+    def add(self, error: ConfigError) -> None:
+        self.errors.append(error)
+
+    def done(self, section: Section) -> None:
+        """Note every key of C{section} that nobody asked for."""
+        for name in section.rest():
+            self.errors.append(section.error(name, "unknown key"))
 
 
 def _checked_public_url(url: str, key: str) -> str:
@@ -203,33 +239,42 @@ def _public_url(section: Section, listen: tuple[str, ...], given: tuple[str, str
     return derived_public_url(listen)
 
 
-def _limits(section: Section) -> Limits:
+def _nonzero_durations(section: Section, checked: _Problems, names, defaults) -> dict:
+    """Durations that must be longer than zero; a mistaken one keeps its default."""
+    values = {}
+    for name in names:
+        default = getattr(defaults, name)
+        values[name] = checked.take(section.duration, name, default, fallback=default)
+        if values[name] == 0:
+            checked.add(section.error(name, "must be longer than zero"))
+            values[name] = default
+    return values
+
+
+def _limits(section: Section, checked: _Problems) -> Limits:
     defaults = Limits()
-    values = {
-        name: section.duration(name, getattr(defaults, name))
-        for name in (
-            "code_ttl",
-            "access_token_ttl",
-            "id_token_ttl",
-            "refresh_token_idle_ttl",
-            "refresh_token_absolute_ttl",
-            "refresh_grace",
-            "refresh_grace_public",
-            "session_ttl",
-            "pending_request_ttl",
-            "login_request_ttl",
-        )
-    }
-    values["max_body_bytes"] = section.int("max_body_bytes", defaults.max_body_bytes, minimum=1024)
-    values["pending_per_address"] = section.int("pending_per_address", defaults.pending_per_address, minimum=0)
-    section.done()
-    for name, value in values.items():
-        if value == 0 and name.endswith("_ttl"):
-            raise section.error(name, "must be longer than zero")
+    values = _nonzero_durations(section, checked, (
+        "code_ttl",
+        "access_token_ttl",
+        "id_token_ttl",
+        "refresh_token_idle_ttl",
+        "refresh_token_absolute_ttl",
+        "session_ttl",
+        "pending_request_ttl",
+        "login_request_ttl",
+    ), defaults)
+    for name in ("refresh_grace", "refresh_grace_public"):
+        values[name] = checked.take(section.duration, name, getattr(defaults, name), fallback=getattr(defaults, name))
+    values["max_body_bytes"] = checked.take(
+        section.int, "max_body_bytes", defaults.max_body_bytes, minimum=1024, fallback=defaults.max_body_bytes)
+    values["pending_per_address"] = checked.take(
+        section.int, "pending_per_address", defaults.pending_per_address, minimum=0,
+        fallback=defaults.pending_per_address)
+    checked.done(section)
     return Limits(**values)
 
 
-def _input_limits(section: Section) -> InputLimits:
+def _input_limits(section: Section, checked: _Problems) -> InputLimits:
     """Takes its own keys of C{[limits]}; L{_limits} reads the rest."""
     defaults = InputLimits()
     sizes = {
@@ -241,55 +286,56 @@ def _input_limits(section: Section) -> InputLimits:
         "max_connections": 0,
         "max_connections_per_address": 0,
     }
-    values = {name: section.int(name, getattr(defaults, name), minimum=low) for name, low in sizes.items()}
-    for name in ("header_timeout", "body_timeout", "idle_timeout"):
-        values[name] = section.duration(name, getattr(defaults, name))
-        if values[name] == 0:
-            raise section.error(name, "must be longer than zero")
+    values = {
+        name: checked.take(section.int, name, getattr(defaults, name), minimum=low, fallback=getattr(defaults, name))
+        for name, low in sizes.items()
+    }
+    values.update(_nonzero_durations(section, checked, ("header_timeout", "body_timeout", "idle_timeout"), defaults))
     if values["max_query_bytes"] > values["max_request_line"]:
-        raise section.error("max_query_bytes", "must not exceed max_request_line")
-    caps = section.table("parameters", None)
+        checked.add(section.error("max_query_bytes", "must not exceed max_request_line"))
+    caps = checked.take(section.table, "parameters", None)
     parameters = dict(PARAMETER_CAPS)
     if caps is not None:
         for name in PARAMETER_CAPS:
-            parameters[name] = caps.int(name, PARAMETER_CAPS[name], minimum=16)
-        caps.done()
+            parameters[name] = checked.take(caps.int, name, PARAMETER_CAPS[name], minimum=16,
+                                            fallback=PARAMETER_CAPS[name])
+        checked.done(caps)
     return InputLimits(**values, parameters=parameters)
 
 
-def _shutdown(section: Section) -> Shutdown:
+def _shutdown(section: Section, checked: _Problems) -> Shutdown:
     """C{[server] drain_delay} and C{drain_timeout}."""
     defaults = Shutdown()
     return Shutdown(
-        delay=section.duration("drain_delay", defaults.delay),
-        timeout=section.duration("drain_timeout", defaults.timeout),
+        delay=checked.take(section.duration, "drain_delay", defaults.delay, fallback=defaults.delay),
+        timeout=checked.take(section.duration, "drain_timeout", defaults.timeout, fallback=defaults.timeout),
     )
 
 
-def _trusted_proxies(server: Section) -> tuple[Network, ...]:
+def _trusted_proxies(server: Section, checked: _Problems) -> tuple[Network, ...]:
     """C{[server] trusted_proxies}: the peers whose Forwarded and X-Forwarded-For headers are believed."""
-    values = server.str_list("trusted_proxies", [])
+    values = checked.take(server.str_list, "trusted_proxies", [], fallback=[])
+    good = []
     for index, value in enumerate(values):
         try:
             parse_networks([value])
         except ValueError as e:
-            raise ConfigError(f"{server.key('trusted_proxies')}[{index}]", str(e)) from None
-    return parse_networks(values)
+            checked.add(ConfigError(f"{server.key('trusted_proxies')}[{index}]", str(e)))
+        else:
+            good.append(value)
+    return parse_networks(good)
 
 
-def _throttle(section: Section) -> ThrottlePolicy:
+def _throttle(section: Section, checked: _Problems) -> ThrottlePolicy:
     """The login throttle's limits (C{[throttle]}); see L{ThrottlePolicy}."""
     defaults = ThrottlePolicy()
     values = {
-        name: section.int(name, getattr(defaults, name), minimum=1)
+        name: checked.take(section.int, name, getattr(defaults, name), minimum=1, fallback=getattr(defaults, name))
         for name in ("failures_per_pair", "failures_per_address", "failures_per_account",
                      "checks_in_flight", "checks_per_address")
     }
-    for name in ("window", "max_delay"):
-        values[name] = section.duration(name, getattr(defaults, name))
-        if values[name] == 0:
-            raise section.error(name, "must be longer than zero")
-    section.done()
+    values.update(_nonzero_durations(section, checked, ("window", "max_delay"), defaults))
+    checked.done(section)
     return ThrottlePolicy(**values)
 
 
@@ -300,19 +346,32 @@ def _rate(section: Section, name: str, default: str) -> Rate | None:
         raise section.error(name, str(e)) from None
 
 
-def _rate_limits(section: Section) -> RateSettings:
+def _rate_limits(section: Section, checked: _Problems) -> RateSettings:
     """C{[rate_limits]}: the default per-client rate, the internal API's per-address rate, the exemption."""
+    defaults = RateSettings()
     settings = RateSettings(
-        default=_rate(section, "default", DEFAULT_RATE),
-        internal=_rate(section, "internal", DEFAULT_RATE),
-        exempt_first_party=section.bool("exempt_first_party", False),
+        default=checked.take(_rate, section, "default", DEFAULT_RATE, fallback=defaults.default),
+        internal=checked.take(_rate, section, "internal", DEFAULT_RATE, fallback=defaults.internal),
+        exempt_first_party=checked.take(section.bool, "exempt_first_party", False, fallback=False),
     )
-    section.done()
+    checked.done(section)
     return settings
 
 
-def _plugin(section: Section, default: str | None = None) -> PluginChoice:
-    return PluginChoice(section.str("plugin", default) if default else section.str("plugin"), section)
+def _password_min_length(section: Section, checked: _Problems) -> int:
+    """C{[passwords] min_length}: at least SP 800-63B's 8, at most the longest password taken."""
+    length = checked.take(section.int, "min_length", MIN_LENGTH, minimum=MIN_LENGTH, fallback=MIN_LENGTH)
+    if length > MAX_LENGTH:
+        checked.add(section.error("min_length", f"must be at most {MAX_LENGTH}, the longest password taken"))
+        length = MIN_LENGTH
+    checked.done(section)
+    return length
+
+
+def _plugin(section: Section, checked: _Problems, default: str | None = None) -> PluginChoice | None:
+    """The plugin a section names (C{default} when it names none), or None when that name is mistaken."""
+    name = checked.take(section.str, "plugin", default) if default else checked.take(section.str, "plugin")
+    return None if name is None else PluginChoice(name, section)
 
 
 def _uris(section: Section, name: str, required: bool) -> list[str]:
@@ -395,59 +454,74 @@ def _grant_types(section: Section) -> list[str]:
     return names
 
 
-def parse_config(
+def _table(top: Section, checked: _Problems, name: str) -> Section:
+    """C{[name]}, or an empty one when the file has none (or has something else by that name)."""
+    return checked.take(top.table, name, None) or Section({}, name, top.base_dir)
+
+
+def read_config_document(
     data: dict, path: Path | None, *, listen: str | None = None, public_url_override: tuple[str, str] | None = None
-) -> Config:
+) -> tuple[Config, list[ConfigError]]:
     """
-    Validate a parsed TOML document; raises L{ConfigError} naming the key.
+    Validate a parsed TOML document, going on after each mistake: the
+    config, with stand-ins for what was mistaken (fit only for checking
+    the rest, such as the plugin sections), and every mistake found.
     C{listen} replaces C{server.listen}; C{public_url_override} is a
     (source, value) pair that replaces C{server.public_url}.
     """
+    checked = _Problems()
     base_dir = path.parent if path else Path.cwd()
     top = Section(data, "", base_dir)
-    server = top.table("server", None) or Section({}, "server", base_dir)
-    listeners = tuple(server.str_list("listen", [DEFAULT_LISTEN]))
+    server = _table(top, checked, "server")
+    listeners = tuple(checked.take(server.str_list, "listen", [DEFAULT_LISTEN], fallback=[DEFAULT_LISTEN]))
     if listen is not None:
         listeners = (listen,)
-    public_url = _public_url(server, listeners, public_url_override)
+    public_url = checked.take(_public_url, server, listeners, public_url_override, fallback=DEFAULT_PUBLIC_URL)
     demo = is_loopback_host(urlsplit(public_url).hostname or "")
-    access_log = server.bool("access_log", False)
-    shutdown = _shutdown(server)
-    hsts_max_age = server.duration("hsts_max_age", HSTS_MAX_AGE)
-    trusted_proxies = _trusted_proxies(server)
-    server.done()
-    internal = top.table("internal", None) or Section({}, "internal", base_dir)
-    internal_secret = _strong_secret(internal, "secret", demo)
-    internal_listen = tuple(internal.str_list("listen", []))
-    internal_on_main = internal.bool("serve_on_main", True)
+    access_log = checked.take(server.bool, "access_log", False, fallback=False)
+    shutdown = _shutdown(server, checked)
+    hsts_max_age = checked.take(server.duration, "hsts_max_age", HSTS_MAX_AGE, fallback=HSTS_MAX_AGE)
+    trusted_proxies = _trusted_proxies(server, checked)
+    checked.done(server)
+    internal = _table(top, checked, "internal")
+    internal_secret = checked.take(_strong_secret, internal, "secret", demo)
+    internal_listen = tuple(checked.take(internal.str_list, "listen", [], fallback=[]))
+    internal_on_main = checked.take(internal.bool, "serve_on_main", True, fallback=True)
     if not internal_on_main and not internal_listen:
-        raise internal.error("serve_on_main", "is false but internal.listen is empty: the internal API would be served nowhere")
-    internal.done()
-    limits_section = top.table("limits", None) or Section({}, "limits", base_dir)
-    input_limits = _input_limits(limits_section)
-    limits = _limits(limits_section)
-    throttle = _throttle(top.table("throttle", None) or Section({}, "throttle", base_dir))
-    rate_limits = _rate_limits(top.table("rate_limits", None) or Section({}, "rate_limits", base_dir))
-    ui = top.table("ui", None) or Section({}, "ui", base_dir)
-    show_ban_reason = ui.bool("show_ban_reason", False)
-    ui.done()
-    metrics = top.table("metrics", None) or Section({}, "metrics", base_dir)
-    metrics_listen = tuple(metrics.str_list("listen", []))
-    metrics.done()
-    store = _plugin(top.table("store", None) or Section({}, "store", base_dir), "sqlite")
-    keystore = _plugin(top.table("keystore", None) or Section({}, "keystore", base_dir), "jwk-file")
-    identity = tuple(_plugin(s) for s in top.tables("identity"))
-    if not identity:
+        checked.add(internal.error(
+            "serve_on_main", "is false but internal.listen is empty: the internal API would be served nowhere"))
+    checked.done(internal)
+    limits_section = _table(top, checked, "limits")
+    input_limits = _input_limits(limits_section, checked)
+    limits = _limits(limits_section, checked)
+    throttle = _throttle(_table(top, checked, "throttle"), checked)
+    rate_limits = _rate_limits(_table(top, checked, "rate_limits"), checked)
+    ui = _table(top, checked, "ui")
+    show_ban_reason = checked.take(ui.bool, "show_ban_reason", False, fallback=False)
+    checked.done(ui)
+    password_min_length = _password_min_length(_table(top, checked, "passwords"), checked)
+    metrics = _table(top, checked, "metrics")
+    metrics_listen = tuple(checked.take(metrics.str_list, "listen", [], fallback=[]))
+    checked.done(metrics)
+    store = _plugin(_table(top, checked, "store"), checked, "sqlite") or PluginChoice("sqlite", Section({}, "store", base_dir))
+    keystore = (_plugin(_table(top, checked, "keystore"), checked, "jwk-file")
+                or PluginChoice("jwk-file", Section({}, "keystore", base_dir)))
+    identity_sections = checked.take(top.tables, "identity", fallback=[])
+    identity = tuple(choice for s in identity_sections if (choice := _plugin(s, checked)) is not None)
+    if not identity_sections:
         identity = (PluginChoice("static", Section({}, "identity[0]", base_dir)),)
-    clients = tuple(client_from_config(s, demo) for s in top.tables("clients"))
-    chat = chat_config(top.table("chat", None))
-    seen: set[str] = set()
-    for index, client in enumerate(clients):
-        if client.client_id in seen:
-            raise ConfigError(f"clients[{index}].client_id", f"{client.client_id!r} is declared twice")
-        seen.add(client.client_id)
-    top.done()
-    return Config(
+    clients: list[Client] = []
+    for index, section in enumerate(checked.take(top.tables, "clients", fallback=[])):
+        client = checked.take(client_from_config, section, demo)
+        if client is None:
+            continue
+        if any(c.client_id == client.client_id for c in clients):
+            checked.add(ConfigError(f"clients[{index}].client_id", f"{client.client_id!r} is declared twice"))
+        else:
+            clients.append(client)
+    chat = checked.take(chat_config, checked.take(top.table, "chat", None))
+    checked.done(top)
+    config = Config(
         path=path,
         public_url=public_url,
         listen=listeners,
@@ -459,7 +533,7 @@ def parse_config(
         store=store,
         keystore=keystore,
         identity=identity,
-        clients=clients,
+        clients=tuple(clients),
         chat=chat,
         input_limits=input_limits,
         shutdown=shutdown,
@@ -468,25 +542,35 @@ def parse_config(
         show_ban_reason=show_ban_reason,
         rate_limits=rate_limits,
         trusted_proxies=trusted_proxies,
+        password_min_length=password_min_length,
         metrics_listen=metrics_listen,
     )
+    return config, checked.errors
+
+
+def parse_config(
+    data: dict, path: Path | None, *, listen: str | None = None, public_url_override: tuple[str, str] | None = None
+) -> Config:
+    """Validate a parsed TOML document; raises L{ConfigErrors} naming every mistaken key."""
+    config, errors = read_config_document(data, path, listen=listen, public_url_override=public_url_override)
+    if errors:
+        raise ConfigErrors(errors)
+    return config
 
 
 class ConfigFileError(Exception):
-    """A config file that cannot be used, with a one-line explanation."""
+    """
+    A config file that cannot be used, with a one-line explanation;
+    C{problems} holds one line for each mistake in it.
+    """
+
+    def __init__(self, message: str, problems: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.problems = problems or (message,)
 
 
-def load_config(
-    path: Path, *, listen: str | None = None, public_url: str | None = None, environ=os.environ
-) -> Config:
-    """
-    Read and validate a config file; raises L{ConfigFileError} with one line.
-    The public URL comes from C{public_url} (the command line), else
-    C{AUTHSRV_PUBLIC_URL}, else the file; C{listen} replaces the file's.
-    """
-    given = ("--public-url", public_url) if public_url is not None else None
-    if given is None and environ.get(PUBLIC_URL_ENV):
-        given = (PUBLIC_URL_ENV, environ[PUBLIC_URL_ENV])
+def read_toml(path: Path) -> dict:
+    """The TOML document in a config file; raises L{ConfigFileError} with one line."""
     try:
         text = path.read_bytes().decode("utf-8")
     except OSError as e:
@@ -494,10 +578,34 @@ def load_config(
     except UnicodeDecodeError:
         raise ConfigFileError(f"{path}: not UTF-8 text") from None
     try:
-        data = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigFileError(f"{path}: invalid TOML: {e}") from None
-    try:
-        return parse_config(data, path.resolve(), listen=listen, public_url_override=given)
-    except ConfigError as e:
-        raise ConfigFileError(f"{path}: {e}") from None
+
+
+def public_url_given(public_url: str | None = None, environ=os.environ) -> tuple[str, str] | None:
+    """The public URL from the command line, else C{AUTHSRV_PUBLIC_URL}, with where it came from."""
+    if public_url is not None:
+        return ("--public-url", public_url)
+    if environ.get(PUBLIC_URL_ENV):
+        return (PUBLIC_URL_ENV, environ[PUBLIC_URL_ENV])
+    return None
+
+
+def load_config(
+    path: Path, *, listen: str | None = None, public_url: str | None = None, environ=os.environ
+) -> Config:
+    """
+    Read and validate a config file; raises L{ConfigFileError} whose message
+    is the first mistake (and how many more there are), one line. The public
+    URL comes from C{public_url} (the command line), else
+    C{AUTHSRV_PUBLIC_URL}, else the file; C{listen} replaces the file's.
+    """
+    config, errors = read_config_document(
+        read_toml(path), path.resolve(), listen=listen, public_url_override=public_url_given(public_url, environ)
+    )
+    if errors:
+        problems = tuple(f"{path}: {e}" for e in errors)
+        more = f" (and {len(problems) - 1} more: authsrv-admin check-config lists them all)" if len(problems) > 1 else ""
+        raise ConfigFileError(problems[0] + more, problems)
+    return config

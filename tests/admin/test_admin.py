@@ -107,7 +107,7 @@ async def test_user_add_hashes_the_password(deployment):
     cwd, config = deployment
     out = ok(await admin("--config", config, "user", "add", "alice", "--name", "Alice", "--email", "alice@example.com",
                    "--email-verified", "--chat-user-id", "80351110224678912", "--password-stdin",
-                   cwd=cwd, stdin="correct horse\n"))
+                   cwd=cwd, stdin="correct horse battery\n"))
     assert out.startswith("added user alice (sub ")
     users = tomllib.loads((cwd / "data" / "users.toml").read_text())["users"]
     assert len(users) == 1
@@ -115,9 +115,9 @@ async def test_user_add_hashes_the_password(deployment):
     assert (alice["login"], alice["name"], alice["email"], alice["email_verified"], alice["chat_user_id"]) == (
         "alice", "Alice", "alice@example.com", True, "80351110224678912")
     assert alice["password_hash"].startswith("$argon2id$")
-    assert PasswordHasher().verify(alice["password_hash"], "correct horse")
-    assert "correct horse" not in (cwd / "data" / "users.toml").read_text()
-    refused(await admin("--config", config, "user", "add", "ALICE", "--password-stdin", cwd=cwd, stdin="x\n"),
+    assert PasswordHasher().verify(alice["password_hash"], "correct horse battery")
+    assert "correct horse battery" not in (cwd / "data" / "users.toml").read_text()
+    refused(await admin("--config", config, "user", "add", "ALICE", "--password-stdin", cwd=cwd, stdin="Tr0ub4dor&3x\n"),
             "already")
     refused(await admin("--config", config, "user", "add", "bob", "--password-stdin", cwd=cwd, stdin="\n"),
             "the password must not be empty")
@@ -133,9 +133,9 @@ async def test_user_passwd_disable_enable_in_the_users_file(deployment):
     users_file = cwd / "data" / "users.toml"
     await add_alice(cwd, config)
     assert ok(await admin("--config", config, "user", "passwd", "ALICE", "--password-stdin", cwd=cwd,
-                          stdin="new pw\n")) == "password of ALICE changed\n"
+                          stdin="a new passphrase\n")) == "password of ALICE changed\n"
     [alice] = tomllib.loads(users_file.read_text())["users"]
-    assert PasswordHasher().verify(alice["password_hash"], "new pw")
+    assert PasswordHasher().verify(alice["password_hash"], "a new passphrase")
     assert ok(await admin("--config", config, "user", "disable", "alice", "--reason", "left", cwd=cwd)) == "disabled alice\n"
     [alice] = tomllib.loads(users_file.read_text())["users"]
     assert (alice["disabled"], alice["disabled_reason"]) == (True, "left")
@@ -147,8 +147,8 @@ async def test_user_passwd_disable_enable_in_the_users_file(deployment):
 
 @pytest_twisted.ensureDeferred
 async def test_hash_password(tmp_path):
-    out = ok(await admin("hash-password", "--password-stdin", cwd=tmp_path, stdin="s3cret\n")).strip()
-    assert PasswordHasher().verify(out, "s3cret")
+    out = ok(await admin("hash-password", "--password-stdin", cwd=tmp_path, stdin="s3cret enough\n")).strip()
+    assert PasswordHasher().verify(out, "s3cret enough")
 
 
 @pytest_twisted.ensureDeferred
@@ -171,7 +171,9 @@ async def test_check_config(deployment, tmp_path):
     assert ok(await admin("check-config", config, cwd=cwd)).endswith(": ok (issuer http://127.0.0.1:8080/api/auth)\n")
     bad = tmp_path / "bad.toml"
     bad.write_text("[limits]\nsession_ttl = []\n")
-    refused(await admin("check-config", str(bad), cwd=cwd), "limits.session_ttl: must be a duration")
+    lines = (await admin("check-config", str(bad), cwd=cwd)).stderr.splitlines()
+    assert lines[0].startswith(f"authsrv-admin: {bad}: limits.session_ttl: must be a duration")
+    assert lines[1].startswith(f"authsrv-admin: {bad}: identity[0].path:") and len(lines) == 2
     refused(await admin("client", "list", cwd=tmp_path / "data"), "no config file: pass --config FILE")
 
 
@@ -190,7 +192,11 @@ async def test_check_config_checks_plugin_sections_without_creating_anything(tmp
     (tmp_path / "users.toml").write_text('[[users]]\nsub = "x"\n')
     config = tmp_path / "authsrv.toml"
     config.write_text(text)
-    refused(await admin("check-config", str(config), cwd=tmp_path), message)
+    checked = await admin("check-config", str(config), cwd=tmp_path)
+    assert checked.returncode == 1
+    lines = checked.stderr.splitlines()
+    assert all(line.startswith(f"authsrv-admin: {config}: ") for line in lines)
+    assert any(message in line for line in lines), lines
     assert sorted(p.name for p in tmp_path.iterdir()) == ["authsrv.toml", "users.toml"]
 
 
@@ -204,7 +210,8 @@ async def test_check_config_of_a_new_deployment_creates_nothing(tmp_path):
 
 
 async def add_alice(cwd, config):
-    out = ok(await admin("--config", config, "user", "add", "alice", "--password-stdin", cwd=cwd, stdin="pw\n"))
+    out = ok(await admin("--config", config, "user", "add", "alice", "--password-stdin", cwd=cwd,
+                   stdin="long enough pass\n"))
     return out.split("(sub ")[1].split(")")[0]
 
 

@@ -797,7 +797,7 @@ async def test_operator_command_finds_users_through_the_chain(slapd, tmp_path):
     config.write_text(f'[[identity]]\nplugin = "ldap"\n{identity}\n\n[[identity]]\nplugin = "static"\n')
     assert (await admin("--config", str(config), "check-config", cwd=tmp_path)).returncode == 0
     added = await admin("--config", str(config), "user", "add", "robot", "--sub", "svc-robot", "--password-stdin",
-                  cwd=tmp_path, stdin="robot password\n")
+                  cwd=tmp_path, stdin="service account passphrase\n")
     assert added.returncode == 0, added.stderr
     for user, sub in (("carol", CAROL_SUB), ("svc-robot", "svc-robot")):
         done = await admin("--config", str(config), "ban", user, "--reason", "test", cwd=tmp_path)

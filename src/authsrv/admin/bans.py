@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from attrs import asdict
+
 from authsrv.admin.common import AdminError, Console, config_of, plugin_context, with_plugin
 from authsrv.configsection import parse_duration
 from authsrv.flows import backchannel, moderation
@@ -96,7 +98,11 @@ async def revoke(reactor, args, console: Console):
 
 async def bans_list(reactor, args, console: Console):
     async def show(config, store):
-        for entry in await store.list_bans(int(reactor.seconds())):
+        entries = await store.list_bans(int(reactor.seconds()))
+        if args.json:
+            console.out_json([asdict(entry) for entry in entries])
+            return
+        for entry in entries:
             until = iso_utc(entry.until) if entry.until else "-"
             console.out(f"{entry.sub}\t{until}\t{entry.reason or '-'}")
 

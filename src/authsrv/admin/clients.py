@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 from attrs import asdict
 from twisted.internet.defer import Deferred
 
@@ -107,7 +105,7 @@ async def client_list(reactor, args, console: Console):
     async def show(config, store):
         clients = await store.list_clients()
         if args.json:
-            console.out(json.dumps([_client_dict(c) for c in clients], indent=2))
+            console.out_json([_client_dict(c) for c in clients])
             return
         for client in clients:
             kind = "public" if client.is_public else "confidential"
@@ -130,7 +128,7 @@ async def client_show(reactor, args, console: Console):
     async def show(config, store):
         client = await _get_client(store, args.client_id)
         if args.json:
-            console.out(json.dumps(_client_dict(client), indent=2))
+            console.out_json(_client_dict(client))
         else:
             _print_client(client, console)
 
@@ -166,11 +164,9 @@ def register(commands) -> None:
     add.add_argument("--backchannel-logout-uri")
     add.set_defaults(run=client_add)
     listing = client.add_parser("list", help="list clients")
-    listing.add_argument("--json", action="store_true")
     listing.set_defaults(run=client_list)
     show = client.add_parser("show", help="show one client")
     show.add_argument("client_id")
-    show.add_argument("--json", action="store_true")
     show.set_defaults(run=client_show)
     remove = client.add_parser("remove", help="remove a client")
     remove.add_argument("client_id")

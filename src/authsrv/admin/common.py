@@ -6,6 +6,7 @@ talks to, the config file and the context it builds plugins in.
 from __future__ import annotations
 
 import getpass
+import json
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TextIO
@@ -20,6 +21,22 @@ from authsrv.service import StartupError, build_plugin
 
 class AdminError(Exception):
     """A mistake the operator can fix; printed as one line, exit status 1."""
+
+    @property
+    def lines(self) -> tuple[str, ...]:
+        return (str(self),)
+
+
+class AdminProblems(AdminError):
+    """Several mistakes found at once (C{check-config}): one line each, exit status 1."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__(problems[0])
+        self.problems = tuple(problems)
+
+    @property
+    def lines(self) -> tuple[str, ...]:
+        return self.problems
 
 
 @frozen
@@ -39,14 +56,24 @@ class Console:
     def err(self, text: str) -> None:
         print(text, file=self.stderr)
 
+    def out_json(self, value) -> None:
+        """C{value} as one JSON document (C{--json}): the same keys every time, for scripts."""
+        print(json.dumps(value, indent=2, ensure_ascii=False), file=self.stdout)
 
-def config_of(args) -> Config:
-    """The config file named by C{--config}, or the default data folder's."""
+
+def config_path(args) -> Path:
+    """The config file named by C{--config}, or the default data folder's when it exists."""
     path = Path(args.config) if args.config else Path(DEFAULT_DATA_DIR) / CONFIG_NAME
     if not args.config and not path.exists():
         raise AdminError(
             f"no config file: pass --config FILE (or start `twist authsrv` once to create {path})"
         )
+    return path
+
+
+def config_of(args) -> Config:
+    """The config file named by C{--config}, or the default data folder's."""
+    path = config_path(args)
     try:
         return load_config(path)
     except ConfigFileError as e:

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+from attrs import asdict
+
 from authsrv.admin.common import AdminError, Console, with_plugin
 from authsrv.service import JWKS_MAX_AGE
 
 
-def _print_keys(keys, console: Console) -> None:
+def _print_keys(keys, args, console: Console) -> None:
+    if args.json:
+        console.out_json([asdict(key) for key in keys])
+        return
     for key in keys:
         console.out(f"{key.kid}\t{key.alg}\t{key.state}")
 
 
 async def keys_list(reactor, args, console: Console):
     async def show(config, keystore):
-        _print_keys(keystore.keys(), console)
+        _print_keys(keystore.keys(), args, console)
 
     await with_plugin(reactor, args, "keystore", show)
 
@@ -29,7 +34,7 @@ async def keys_rotate(reactor, args, console: Console):
                     f" cache the JWKS for {JWKS_MAX_AGE} s: rotate in {JWKS_MAX_AGE - age} s,"
                     " or now with --force (tokens it signs may fail to verify meanwhile)"
                 )
-        _print_keys(await keystore.rotate(now), console)
+        _print_keys(await keystore.rotate(now), args, console)
         console.err("rotated: a running server picks the new keys up within a minute")
 
     await with_plugin(reactor, args, "keystore", rotate)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 from contextlib import redirect_stderr, redirect_stdout
+from importlib.metadata import version
 
 from twisted.internet.defer import Deferred
 from twisted.internet.task import react
@@ -35,14 +36,43 @@ from authsrv.admin.common import AdminError, Console
 from authsrv.embedded import CONFIG_NAME, DEFAULT_DATA_DIR
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="authsrv-admin", description=__doc__.split("\n\n")[0].strip())
+def _global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    """C{--config} and C{--json}, with their defaults on the top level only."""
     parser.add_argument(
-        "--config", "-c", help=f"the server's config file (default: {DEFAULT_DATA_DIR}/{CONFIG_NAME})"
+        "--config", "-c", default=None if top else argparse.SUPPRESS,
+        help=f"the server's config file (default: {DEFAULT_DATA_DIR}/{CONFIG_NAME})",
     )
+    parser.add_argument(
+        "--json", action="store_true", default=False if top else argparse.SUPPRESS,
+        help="print lists and records as one JSON document, for scripts",
+    )
+
+
+def _subcommands(parser: argparse.ArgumentParser):
+    """Every parser below C{parser}, at any depth."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield sub
+                yield from _subcommands(sub)
+
+
+def _parser() -> argparse.ArgumentParser:
+    """
+    The command line. The global options are accepted before or after the
+    subcommand: each subcommand takes them too, with no default of its own,
+    so that one given earlier is not reset.
+    """
+    parser = argparse.ArgumentParser(
+        prog="authsrv-admin", description=__doc__.split("\n\n")[0].strip(), allow_abbrev=False
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('authsrv')}")
+    _global_options(parser, top=True)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for group in (clients, users, keys, bans, checks):
         group.register(commands)
+    for sub in _subcommands(parser):
+        _global_options(sub, top=False)
     return parser
 
 
@@ -58,8 +88,9 @@ async def run(argv: list[str], reactor, *, stdin=None, stdout=None, stderr=None)
     """
     Run one command line on C{reactor}, talking to the given streams (the
     process's by default); returns the exit status: 0, 1 for an
-    L{AdminError} (one line on standard error), 2 for a usage mistake. The
-    audit events go to standard error while the command runs.
+    L{AdminError} (one line on standard error for each problem), 2 for a
+    usage mistake. The audit events go to standard error while the command
+    runs.
     """
     console = Console(stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr)
     try:
@@ -72,7 +103,8 @@ async def run(argv: list[str], reactor, *, stdin=None, stdout=None, stderr=None)
     try:
         await args.run(reactor, args, console)
     except AdminError as e:
-        console.err(f"authsrv-admin: {e}")
+        for line in e.lines:
+            console.err(f"authsrv-admin: {line}")
         return 1
     finally:
         globalLogPublisher.removeObserver(observer)

@@ -29,9 +29,11 @@ def from_config(section, context) -> FileKeystore | None:
     path = section.path_("path", "keys.jwks.json")
     algorithms, rotate_every = read_options(section)
     section.done()
+    storage = JwkFile(path, section.key("path"))
     if context.check_only:
+        storage.load(int(context.reactor.seconds()), missing_ok=True)
         return None
-    return FileKeystore.open(JwkFile(path, section.key("path")), algorithms, rotate_every, context)
+    return FileKeystore.open(storage, algorithms, rotate_every, context)
 
 
 class JwkFile:

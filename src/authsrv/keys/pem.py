@@ -37,9 +37,10 @@ def from_config(section, context) -> FileKeystore | None:
     directory = section.path_("directory", "keys")
     algorithms, rotate_every = read_options(section)
     section.done()
-    if context.check_only:
-        return None
     storage = PemFolder(directory, section.key("directory"))
+    if context.check_only:
+        storage.load(int(context.reactor.seconds()), missing_ok=True)
+        return None
     return FileKeystore.open(storage, algorithms, rotate_every, context)
 
 
