@@ -27,6 +27,7 @@ from twisted.internet.task import Clock, deferLater
 from authsrv.config import parse_config
 from authsrv.configsection import Section
 from authsrv.context import PluginContext
+from authsrv.identity.chain import IdentityChain
 from authsrv.identity.passwords import PasswordVerifier, hash_password
 from authsrv.identity.static import StaticIdentityBackend, add_user
 from authsrv.keys import jwkfile
@@ -175,8 +176,8 @@ class Harness:
             chat_tokens=self.chat_tokens,
         )
         self.root = web_root(
-            self.config, self.clock, self.store, self.keystore, self.identity, lambda: None,
-            self.internal.resource(),
+            self.config, self.clock, self.store, self.keystore, IdentityChain([self.identity], ("static",)),
+            lambda: None, self.internal.resource(),
         )
         self.http = StubTreq(self.root)
 

@@ -1,9 +1,12 @@
 """
 Readiness (C{GET /readyz}): whether a load balancer should send this
 instance traffic. Start-up must have finished and the store and keystore
-must answer; the identity backends may be partly down ("degraded": users of
-the backends that answer can still sign in), but not all of them. Every
-part is asked at once, each within the same timeout.
+must answer. Identity backends that do not answer make the instance
+"degraded", never unready: a directory is shared by every instance, so
+taking them all out of rotation would only turn the directory's outage into
+a site-wide one, while tokens, introspection and user-access of sessions
+already made keep answering (or say 503 themselves). Every part is asked
+at once, each within the same timeout.
 """
 
 from __future__ import annotations
@@ -60,8 +63,6 @@ class Readiness:
         identity_down = [part for part in down if part in backends]
         if "store" in down or "keystore" in down:
             return 503, {"status": "unavailable", "reason": f"{down[0]} unreachable", "unreachable": down}
-        if backends and len(identity_down) == len(backends):
-            return 503, {"status": "unavailable", "reason": "identity backends unreachable", "unreachable": down}
         if identity_down:
             return 200, {"status": "degraded", "unreachable": identity_down}
         return 200, {"status": "ready"}
