@@ -28,6 +28,8 @@ DEFAULT_LISTEN = "tcp:8080:interface=127.0.0.1"
 DEFAULT_PUBLIC_URL = "http://127.0.0.1:8080"
 ISSUER_PATH = "/api/auth"
 HSTS_MAX_AGE = 365 * 86400
+ACCESS_LOG_FORMATS = ("combined", "json", "off")
+LOG_FORMATS = ("text", "json")
 
 
 @frozen
@@ -117,7 +119,7 @@ class Config:
     path: Path | None
     public_url: str
     listen: tuple[str, ...]
-    access_log: bool
+    access_log: str
     internal_secret: str | None
     internal_listen: tuple[str, ...]
     internal_on_main: bool
@@ -134,6 +136,9 @@ class Config:
     throttle: ThrottlePolicy = ThrottlePolicy()
     show_ban_reason: bool = False
     rate_limits: RateSettings = RateSettings()
+    access_log_path: str = "-"
+    audit_path: str | None = None
+    log_format: str | None = None
 
     @property
     def issuer(self) -> str:
@@ -314,6 +319,21 @@ def client_from_config(section: Section) -> Client:
     return client
 
 
+def _access_log(server: Section, raw) -> str:
+    """C{[server] access_log}: a format or C{"off"}; C{raw} true or false as before (combined, off)."""
+    if isinstance(raw, bool):
+        return "combined" if server.bool("access_log") else "off"
+    return server.str("access_log", "combined", choices=ACCESS_LOG_FORMATS)
+
+
+def _log_path(section: Section, name: str, default: str | None) -> str | None:
+    """A log file's path, relative to the config file's folder, or C{"-"} for standard output."""
+    value = section.str(name, default)
+    if value is None or value == "-":
+        return value
+    return str((section.base_dir / Path(value).expanduser()).resolve())
+
+
 def _rate_limit(section: Section) -> str | None:
     """A client's own request rate (C{[[clients]] rate_limit}), checked now."""
     text = section.str("rate_limit", None)
@@ -346,7 +366,8 @@ def parse_config(data: dict, path: Path | None) -> Config:
     server = top.table("server", None) or Section({}, "server", base_dir)
     public_url = _public_url(server)
     listen = tuple(server.str_list("listen", [DEFAULT_LISTEN]))
-    access_log = server.bool("access_log", False)
+    access_log = _access_log(server, (data.get("server") or {}).get("access_log"))
+    access_log_path = _log_path(server, "access_log_path", None) or "-"
     shutdown = _shutdown(server)
     hsts_max_age = server.duration("hsts_max_age", HSTS_MAX_AGE)
     trusted_proxies = _trusted_proxies(server)
@@ -363,6 +384,12 @@ def parse_config(data: dict, path: Path | None) -> Config:
     limits = _limits(limits_section)
     throttle = _throttle(top.table("throttle", None) or Section({}, "throttle", base_dir))
     rate_limits = _rate_limits(top.table("rate_limits", None) or Section({}, "rate_limits", base_dir))
+    audit = top.table("audit", None) or Section({}, "audit", base_dir)
+    audit_path = _log_path(audit, "path", None)
+    audit.done()
+    log_section = top.table("log", None) or Section({}, "log", base_dir)
+    log_format = log_section.str("format", None, choices=LOG_FORMATS)
+    log_section.done()
     ui = top.table("ui", None) or Section({}, "ui", base_dir)
     show_ban_reason = ui.bool("show_ban_reason", False)
     ui.done()
@@ -400,6 +427,9 @@ def parse_config(data: dict, path: Path | None) -> Config:
         show_ban_reason=show_ban_reason,
         rate_limits=rate_limits,
         trusted_proxies=trusted_proxies,
+        access_log_path=access_log_path,
+        audit_path=audit_path,
+        log_format=log_format,
     )
 
 

@@ -6,7 +6,8 @@ import json
 
 from attrs import asdict
 
-from authsrv.admin.common import AdminError, Console, with_plugin
+from authsrv import events
+from authsrv.admin.common import ACTOR, AdminError, Console, with_plugin
 from authsrv.config import Config
 from authsrv.protocol.clients import client_id_problem, redirect_uri_problem
 from authsrv.records import Client
@@ -73,6 +74,7 @@ async def client_add(reactor, args, console: Console):
             await store.add_client(client)
         except AlreadyExists:
             raise AdminError(f"client {args.client_id!r} exists already") from None
+        events.client_created(client_id=client.client_id, source=client.source, actor=ACTOR)
         _print_client(client, console)
 
     await with_plugin(reactor, args, "store", add)
@@ -121,6 +123,7 @@ async def client_remove(reactor, args, console: Console):
             raise AdminError(f"client {args.client_id!r} is declared in {config.path}; remove it there")
         if not await store.remove_client(args.client_id):
             raise AdminError(f"no client {args.client_id!r}")
+        events.client_deleted(client_id=args.client_id, source="operator", actor=ACTOR)
         console.out(f"removed client {args.client_id}")
 
     await with_plugin(reactor, args, "store", remove)
