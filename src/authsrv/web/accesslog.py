@@ -48,7 +48,10 @@ def _text(value: bytes | None) -> str:
     """Header and target bytes as log text: quotes, backslashes and control characters escaped."""
     if not value:
         return "-"
-    return value.decode("latin-1").translate(_ESCAPES)
+    text = value.decode("latin-1")
+    if text.isprintable() and '"' not in text and "\\" not in text:
+        return text
+    return text.translate(_ESCAPES)
 
 
 class AccessLog:
