@@ -12,13 +12,19 @@ import os
 import signal
 import time
 import urllib.request
+from ipaddress import ip_network
 
 import pytest
 from twisted.logger import Logger, jsonFileLogObserver, textFileLogObserver
+from twisted.web.server import Request
+from twisted.web.test.requesthelper import DummyChannel
 
+from authsrv.config import parse_config
+from authsrv.configsection import ConfigError
 from authsrv.embedded import prepare_data_dir
+from authsrv.logfile import LineFile
 from authsrv.tap import diagnostic_log_factory
-from authsrv.web.accesslog import redact_target
+from authsrv.web.accesslog import AccessLog, redact_target
 
 from conftest import free_port
 
@@ -141,3 +147,32 @@ def test_a_running_server_writes_three_logs_and_reopens_them_on_sigusr1(run_serv
     for text in (out, err, *(path.read_text() for path in data.glob("*.log*"))):
         for secret in secrets:
             assert secret not in text
+
+
+@pytest.mark.parametrize(
+    "value, chosen", [(None, "combined"), (True, "combined"), (False, "off"), ("json", "json"), ("off", "off")]
+)
+def test_access_log_setting(value, chosen):
+    server = {} if value is None else {"access_log": value}
+    assert parse_config({"server": server}, None).access_log == chosen
+
+
+def test_access_log_setting_refuses_other_formats():
+    with pytest.raises(ConfigError, match="server.access_log: must be one of 'combined', 'json', 'off'"):
+        parse_config({"server": {"access_log": "common"}}, None)
+
+
+def test_json_access_line_behind_a_trusted_proxy(tmp_path):
+    request = Request(DummyChannel())
+    request.method, request.clientproto = b"GET", b"HTTP/1.1"
+    request.uri = b"/api/auth/oauth2/authorize?state=x&scope=openid"
+    request.code, request.sentLength = 303, 0
+    request.requestHeaders.addRawHeader(b"x-forwarded-for", b"198.51.100.4")
+    file = LineFile(str(tmp_path / "access.log"), flush_each=False)
+    AccessLog(file, "json", trusted_proxies=(ip_network("192.168.1.1/32"),))(request, "[unused]")
+    file.close()
+    [line] = (tmp_path / "access.log").read_text().splitlines()
+    record = json.loads(line)
+    assert record["time"].endswith("Z") and record["address"] == "198.51.100.4"
+    assert record["target"] == "/api/auth/oauth2/authorize?state=[redacted]&scope=openid"
+    assert (record["method"], record["status"], record["bytes"], record["referrer"]) == ("GET", 303, 0, None)
