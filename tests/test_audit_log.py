@@ -22,6 +22,7 @@ from twisted.logger import globalLogPublisher
 
 from authsrv import events
 from authsrv.auditlog import AuditObserver
+from authsrv.embedded import prepare_data_dir
 from authsrv.flows import moderation
 from authsrv.logfile import LineFile, reopen_on_sigusr1
 from authsrv.service import sync_config_clients
@@ -104,7 +105,10 @@ async def _operator(h: Harness) -> None:
     """Ban (ending a session), unban, revoke every grant, config clients changing, a key rotation."""
     browser = Browser(h)
     await browser.sign_in(ALICE, "first", scope="openid")
-    notify = lambda session: succeed(None)  # noqa: E731
+
+    def notify(session):
+        return succeed(None)
+
     await moderation.ban_user(h.store, ALICE.sub, reason="spam", until=None, now=h.now(), by="operator",
                               notify=notify)
     await moderation.unban_user(h.store, ALICE.sub, by="operator")
@@ -195,8 +199,6 @@ async def test_lines_are_flushed_and_the_file_reopens_on_sigusr1(tmp_path):
 
 @pytest_twisted.ensureDeferred
 async def test_the_operator_command_writes_to_the_configured_audit_file(tmp_path):
-    from authsrv.embedded import prepare_data_dir
-
     config, _ = prepare_data_dir(tmp_path / "data")
     with config.open("a") as file:
         file.write('\n[audit]\npath = "audit.log"\n')
