@@ -103,7 +103,7 @@ def test_json_logs(run_server, tmp_path):
                         tmp_path, port=port)
     out, err = server.stop()
     events = [json.loads(line) for line in (out + err).splitlines() if line.startswith("{")]
-    assert any("authsrv ready" in e.get("log_format", "") for e in events), out + err
+    assert any("authsrv ready" in e.get("message", "") for e in events), out + err
 
 
 def write(tmp_path, text):

@@ -33,6 +33,8 @@ DEFAULT_PUBLIC_URL = "http://127.0.0.1:8080"
 PUBLIC_URL_ENV = "AUTHSRV_PUBLIC_URL"
 ISSUER_PATH = "/api/auth"
 HSTS_MAX_AGE = 365 * 86400
+ACCESS_LOG_FORMATS = ("combined", "json", "off")
+LOG_FORMATS = ("text", "json")
 
 
 @frozen
@@ -122,7 +124,7 @@ class Config:
     path: Path | None
     public_url: str
     listen: tuple[str, ...]
-    access_log: bool
+    access_log: str
     internal_secret: str | None
     internal_listen: tuple[str, ...]
     internal_on_main: bool
@@ -142,6 +144,9 @@ class Config:
     password_min_length: int = MIN_LENGTH
     metrics_listen: tuple[str, ...] = ()
     """C{[metrics] listen}: where C{/metrics} is served; empty, no metrics at all."""
+    access_log_path: str = "-"
+    audit_path: str | None = None
+    log_format: str | None = None
 
     @property
     def issuer(self) -> str:
@@ -429,6 +434,21 @@ def client_from_config(section: Section, demo: bool = False) -> Client:
     return client
 
 
+def _access_log(server: Section, raw) -> str:
+    """C{[server] access_log}: a format or C{"off"}; C{raw} true or false as before (combined, off)."""
+    if isinstance(raw, bool):
+        return "combined" if server.bool("access_log") else "off"
+    return server.str("access_log", "combined", choices=ACCESS_LOG_FORMATS)
+
+
+def _log_path(section: Section, name: str, default: str | None) -> str | None:
+    """A log file's path, relative to the config file's folder, or C{"-"} for standard output."""
+    value = section.str(name, default)
+    if value is None or value == "-":
+        return value
+    return str((section.base_dir / Path(value).expanduser()).resolve())
+
+
 def _rate_limit(section: Section) -> str | None:
     """A client's own request rate (C{[[clients]] rate_limit}), checked now."""
     text = section.str("rate_limit", None)
@@ -478,7 +498,8 @@ def read_config_document(
         listeners = (listen,)
     public_url = checked.take(_public_url, server, listeners, public_url_override, fallback=DEFAULT_PUBLIC_URL)
     demo = is_loopback_host(urlsplit(public_url).hostname or "")
-    access_log = checked.take(server.bool, "access_log", False, fallback=False)
+    access_log = checked.take(_access_log, server, (data.get("server") or {}).get("access_log"), fallback="off")
+    access_log_path = checked.take(_log_path, server, "access_log_path", None) or "-"
     shutdown = _shutdown(server, checked)
     hsts_max_age = checked.take(server.duration, "hsts_max_age", HSTS_MAX_AGE, fallback=HSTS_MAX_AGE)
     trusted_proxies = _trusted_proxies(server, checked)
@@ -496,6 +517,12 @@ def read_config_document(
     limits = _limits(limits_section, checked)
     throttle = _throttle(_table(top, checked, "throttle"), checked)
     rate_limits = _rate_limits(_table(top, checked, "rate_limits"), checked)
+    audit = _table(top, checked, "audit")
+    audit_path = checked.take(_log_path, audit, "path", None)
+    checked.done(audit)
+    log_section = _table(top, checked, "log")
+    log_format = checked.take(log_section.str, "format", None, choices=LOG_FORMATS)
+    checked.done(log_section)
     ui = _table(top, checked, "ui")
     show_ban_reason = checked.take(ui.bool, "show_ban_reason", False, fallback=False)
     checked.done(ui)
@@ -544,6 +571,9 @@ def read_config_document(
         trusted_proxies=trusted_proxies,
         password_min_length=password_min_length,
         metrics_listen=metrics_listen,
+        access_log_path=access_log_path,
+        audit_path=audit_path,
+        log_format=log_format,
     )
     return config, checked.errors
 

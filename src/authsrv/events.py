@@ -1,8 +1,13 @@
 """
 Security events: every one a structured twisted.logger event in the
-C{authsrv.audit} namespace with an C{event} field for JSON consumers
-(C{twist --log-format json}). They never carry a secret, a password or a
-whole token: tokens are named by grant id, jti or an 8-hex fingerprint.
+C{authsrv.audit} namespace, written as one JSON line by
+L{authsrv.auditlog} with the fields below (docs/audit.md). They never carry
+a secret, a password, a code, a cookie or a whole token: tokens are named
+by grant id or an 8-hex fingerprint.
+
+The function names and keyword arguments are what flows call and other
+observers (metrics) read from the event; the field names are the audit
+file's schema.
 """
 
 from __future__ import annotations
@@ -11,112 +16,186 @@ from twisted.logger import Logger
 
 log = Logger(namespace="authsrv.audit")
 
+COMMON_FIELDS = (
+    "event", "time", "sub", "client_id", "grant_id", "session_id", "address", "outcome", "reason", "actor",
+)
+"""On every audit line, C{null} where they do not apply."""
 
-def _emit(event: str, text: str, **fields) -> None:
-    log.info(text, event=event, **fields)
+EVENT_FIELDS: dict[str, tuple[str, ...]] = {
+    "login.succeeded": (),
+    "login.failed": ("login",),
+    "login.throttled": ("login", "retry_after"),
+    "login.suspended": (),
+    "throttle.engaged": ("login", "retry_after"),
+    "consent.given": ("scope",),
+    "consent.denied": (),
+    "code.issued": (),
+    "code.reused": (),
+    "token.issued": ("grant_type", "token_fp"),
+    "refresh.reused": (),
+    "token.revoked": ("kind",),
+    "grant.revoked": (),
+    "session.ended": (),
+    "logout.backchannel": (),
+    "user.banned": ("until",),
+    "user.unbanned": (),
+    "user.grants_revoked": ("count",),
+    "client.created": ("source",),
+    "client.changed": ("source",),
+    "client.deleted": ("source",),
+    "key.rotated": ("algorithms", "active"),
+    "config.loaded": ("path", "issuer", "clients"),
+    "rate.limited": ("endpoint", "retry_after"),
+    "chat.linked": ("provider", "account_id", "provider_user_id"),
+    "chat.unlinked": ("provider",),
+    "chat.refreshed": ("provider", "account_id", "rotated"),
+    "chat.refresh_failed": ("provider", "account_id"),
+}
+"""Each event's own fields, beyond L{COMMON_FIELDS}."""
+
+
+def _emit(event: str, text: str, outcome: str, **fields) -> None:
+    log.info(text, event=event, outcome=outcome, **fields)
 
 
 def login_succeeded(*, sub: str, client_id: str, address: str) -> None:
-    _emit("login.succeeded", "login of {sub} for {client_id} from {address}", sub=sub,
+    _emit("login.succeeded", "login of {sub} for {client_id} from {address}", "success", sub=sub,
           client_id=client_id, address=address)
 
 
 def login_failed(*, login: str, reason: str, address: str) -> None:
-    _emit("login.failed", "failed login as {login!r} from {address}: {reason}", login=login,
+    _emit("login.failed", "failed login as {login!r} from {address}: {reason}", "failure", login=login,
           reason=reason, address=address)
 
 
 def login_throttled(*, login: str, address: str, retry_after: int) -> None:
-    _emit("login.throttled", "login as {login!r} from {address} throttled for {retry_after}s", login=login,
-          address=address, retry_after=retry_after)
+    _emit("login.throttled", "login as {login!r} from {address} throttled for {retry_after}s", "refused",
+          login=login, address=address, retry_after=retry_after)
 
 
 def login_suspended(*, sub: str, address: str, reason: str) -> None:
-    _emit("login.suspended", "correct password for suspended account {sub} from {address}: {reason}", sub=sub,
-          address=address, reason=reason)
+    _emit("login.suspended", "correct password for suspended account {sub} from {address}: {reason}", "refused",
+          sub=sub, address=address, reason=reason)
+
+
+def throttle_engaged(*, login: str, address: str, reason: str, retry_after: int | None = None) -> None:
+    """The server refused a password check to protect itself, before any per-account count."""
+    _emit("throttle.engaged", "password check for {login!r} from {address} refused: {reason}", "refused",
+          login=login, address=address, reason=reason, retry_after=retry_after)
 
 
 def consent_given(*, sub: str, client_id: str, scope: str) -> None:
-    _emit("consent.given", "{sub} consented to {scope} for {client_id}", sub=sub,
+    _emit("consent.given", "{sub} consented to {scope} for {client_id}", "success", sub=sub,
           client_id=client_id, scope=scope)
 
 
 def consent_denied(*, sub: str, client_id: str) -> None:
-    _emit("consent.denied", "{sub} denied consent to {client_id}", sub=sub, client_id=client_id)
+    _emit("consent.denied", "{sub} denied consent to {client_id}", "refused", sub=sub, client_id=client_id)
 
 
 def code_issued(*, sub: str, client_id: str, grant_id: str) -> None:
-    _emit("code.issued", "code for {sub} to {client_id} (grant {grant_id})", sub=sub,
+    _emit("code.issued", "code for {sub} to {client_id} (grant {grant_id})", "success", sub=sub,
           client_id=client_id, grant_id=grant_id)
 
 
 def token_issued(*, sub: str, client_id: str, grant_id: str, grant_type: str, token_fp: str) -> None:
-    _emit("token.issued", "{grant_type} tokens for {sub} to {client_id} (grant {grant_id}, {token_fp})",
+    """A refresh is this event with C{grant_type} C{refresh_token}."""
+    _emit("token.issued", "{grant_type} tokens for {sub} to {client_id} (grant {grant_id}, {token_fp})", "success",
           sub=sub, client_id=client_id, grant_id=grant_id, grant_type=grant_type, token_fp=token_fp)
 
 
 def code_reused(*, client_id: str, grant_id: str) -> None:
-    _emit("code.reused", "authorization code replayed by {client_id}: grant {grant_id} revoked",
-          client_id=client_id, grant_id=grant_id)
+    _emit("code.reused", "authorization code replayed by {client_id}: grant {grant_id} revoked", "refused",
+          client_id=client_id, grant_id=grant_id, reason="code reused")
 
 
 def refresh_reused(*, client_id: str, grant_id: str) -> None:
-    _emit("refresh.reused", "rotated refresh token reused by {client_id}: grant {grant_id} revoked",
-          client_id=client_id, grant_id=grant_id)
+    _emit("refresh.reused", "rotated refresh token reused by {client_id}: grant {grant_id} revoked", "refused",
+          client_id=client_id, grant_id=grant_id, reason="refresh token reused")
 
 
 def token_revoked(*, client_id: str, grant_id: str, kind: str) -> None:
-    _emit("token.revoked", "{kind} token of grant {grant_id} revoked by {client_id}",
+    _emit("token.revoked", "{kind} token of grant {grant_id} revoked by {client_id}", "success",
           client_id=client_id, grant_id=grant_id, kind=kind)
 
 
-def session_ended(*, sub: str, sid: str, reason: str) -> None:
-    _emit("session.ended", "browser session {sid} of {sub} ended: {reason}", sub=sub, sid=sid,
-          reason=reason)
+def session_ended(*, sub: str, session_id: str, reason: str) -> None:
+    _emit("session.ended", "browser session {session_id} of {sub} ended: {reason}", "success", sub=sub,
+          session_id=session_id, reason=reason)
 
 
-def backchannel_logout(*, client_id: str, sid: str, outcome: str) -> None:
-    _emit("logout.backchannel", "back-channel logout of {sid} to {client_id}: {outcome}",
-          client_id=client_id, sid=sid, outcome=outcome)
+def backchannel_logout(*, client_id: str, session_id: str, outcome: str) -> None:
+    _emit("logout.backchannel", "back-channel logout of {session_id} to {client_id}: {outcome}", outcome,
+          client_id=client_id, session_id=session_id)
 
 
 def grant_revoked(*, sub: str, client_id: str, grant_id: str, reason: str) -> None:
-    _emit("grant.revoked", "grant {grant_id} of {sub} for {client_id} revoked: {reason}",
+    _emit("grant.revoked", "grant {grant_id} of {sub} for {client_id} revoked: {reason}", "success",
           sub=sub, client_id=client_id, grant_id=grant_id, reason=reason)
 
 
-def user_banned(*, sub: str, reason: str | None, until: int | None, by: str) -> None:
-    _emit("user.banned", "{sub} banned by {by}: {reason}", sub=sub, reason=reason, until=until, by=by)
+def user_banned(*, sub: str, reason: str | None, until: int | None, actor: str) -> None:
+    _emit("user.banned", "{sub} banned by {actor}: {reason}", "success", sub=sub, reason=reason, until=until,
+          actor=actor)
 
 
-def user_unbanned(*, sub: str, by: str) -> None:
-    _emit("user.unbanned", "{sub} unbanned by {by}", sub=sub, by=by)
+def user_unbanned(*, sub: str, actor: str) -> None:
+    _emit("user.unbanned", "{sub} unbanned by {actor}", "success", sub=sub, actor=actor)
 
 
-def user_grants_revoked(*, sub: str, count: int, by: str) -> None:
-    _emit("user.grants_revoked", "{count} grants of {sub} revoked by {by}", sub=sub, count=count, by=by)
+def user_grants_revoked(*, sub: str, count: int, actor: str) -> None:
+    _emit("user.grants_revoked", "{count} grants of {sub} revoked by {actor}", "success", sub=sub, count=count,
+          actor=actor)
+
+
+def client_created(*, client_id: str, source: str, actor: str) -> None:
+    """C{source}: C{config} for a client the config file declares, C{store} for one the operator added."""
+    _emit("client.created", "client {client_id} ({source}) created by {actor}", "success", client_id=client_id,
+          source=source, actor=actor)
+
+
+def client_changed(*, client_id: str, source: str, actor: str) -> None:
+    _emit("client.changed", "client {client_id} ({source}) changed by {actor}", "success", client_id=client_id,
+          source=source, actor=actor)
+
+
+def client_deleted(*, client_id: str, source: str, actor: str, reason: str | None = None) -> None:
+    _emit("client.deleted", "client {client_id} ({source}) deleted by {actor}", "success", client_id=client_id,
+          source=source, actor=actor, reason=reason)
+
+
+def key_rotated(*, algorithms: list[str], active: dict[str, str], actor: str) -> None:
+    """C{active}: the kid now signing, by algorithm (key ids are public, in the JWKS)."""
+    _emit("key.rotated", "signing keys rotated by {actor}; now signing with {active}", "success",
+          algorithms=list(algorithms), active=active, actor=actor)
+
+
+def config_loaded(*, path: str | None, issuer: str, clients: int) -> None:
+    _emit("config.loaded", "config {path} loaded: issuer {issuer}, {clients} declared clients", "success",
+          path=path, issuer=issuer, clients=clients)
 
 
 def chat_linked(*, sub: str, provider: str, account_id: str, provider_user_id: str) -> None:
-    _emit("chat.linked", "{sub} linked {provider} account {provider_user_id} (link {account_id})",
+    _emit("chat.linked", "{sub} linked {provider} account {provider_user_id} (link {account_id})", "success",
           sub=sub, provider=provider, account_id=account_id, provider_user_id=provider_user_id)
 
 
 def chat_unlinked(*, sub: str, provider: str) -> None:
-    _emit("chat.unlinked", "{sub} unlinked their {provider} account", sub=sub, provider=provider)
+    _emit("chat.unlinked", "{sub} unlinked their {provider} account", "success", sub=sub, provider=provider)
 
 
 def chat_refreshed(*, sub: str, provider: str, account_id: str, rotated: bool) -> None:
     _emit("chat.refreshed", "{provider} token of {sub} refreshed (link {account_id}, refresh token rotated:"
-          " {rotated})", sub=sub, provider=provider, account_id=account_id, rotated=rotated)
+          " {rotated})", "success", sub=sub, provider=provider, account_id=account_id, rotated=rotated)
 
 
 def chat_refresh_failed(*, sub: str, provider: str, account_id: str, reason: str) -> None:
-    _emit("chat.refresh_failed", "{provider} token of {sub} not refreshed (link {account_id}): {reason}",
+    _emit("chat.refresh_failed", "{provider} token of {sub} not refreshed (link {account_id}): {reason}", "failure",
           sub=sub, provider=provider, account_id=account_id, reason=reason)
 
 
 def rate_limited(*, endpoint: str, client_id: str | None, address: str | None, retry_after: int) -> None:
     """At most once per bucket a minute (L{authsrv.flows.ratelimit.REPORT_WINDOW}), however many are refused."""
     _emit("rate.limited", "requests of {client_id} from {address} to {endpoint} over their rate; retry in"
-          " {retry_after}s", endpoint=endpoint, client_id=client_id, address=address, retry_after=retry_after)
+          " {retry_after}s", "refused", endpoint=endpoint, client_id=client_id, address=address,
+          retry_after=retry_after)

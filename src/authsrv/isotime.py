@@ -8,3 +8,8 @@ from datetime import datetime, timezone
 def iso_utc(seconds: int) -> str:
     """C{seconds} since the epoch as, for example, C{2030-01-31T12:00:00Z}."""
     return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def iso_utc_ms(seconds: float) -> str:
+    """C{seconds} since the epoch to the millisecond, for log lines: C{2030-01-31T12:00:00.250Z}."""
+    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"

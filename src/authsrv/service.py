@@ -23,6 +23,7 @@ from twisted.python.failure import Failure
 from twisted.web.client import HTTPConnectionPool
 from twisted.web.resource import Resource
 
+from authsrv import events
 from authsrv.chat.crypto import TokenCipher
 from authsrv.chat.provider import ChatProvider, http_client
 from authsrv.chat.tokens import ChatTokens
@@ -50,12 +51,14 @@ from authsrv.flows.sessions import SessionEnder
 from authsrv.flows.token import TokenFlow
 from authsrv.flows.userinfo import UserInfoFlow
 from authsrv.identity.chain import IdentityChain
+from authsrv.logfile import LineFile
 from authsrv.metrics import Metrics
 from authsrv.plugins import UnknownPlugin, find_factory
 from authsrv.protocol.discovery import authorization_server_metadata, openid_configuration
 from authsrv.records import Client
 from authsrv.tls import hsts_headers, listen_problem, resolve_tls_paths
 from authsrv.tokens import CLIENT_SECRET_KEY, keyed_form
+from authsrv.web.accesslog import AccessLog
 from authsrv.web.cookies import Cookies
 from authsrv.web.internal import InternalAPI
 from authsrv.web.limits import LimitedSite
@@ -78,6 +81,9 @@ STARTUP_RETRY = 5.0
 
 
 log = Logger()
+CONFIG_ACTOR = "config file"
+ACCESS_LOG_FLUSH = 1.0
+"""Seconds an access log line may wait in its buffer."""
 
 
 class StartupError(Exception):
@@ -123,15 +129,25 @@ async def sync_config_clients(store, declared) -> None:
     The store's config clients become exactly the config file's: each
     declared one is stored, its secret hash keyed with the server key
     (loaded, or made, first), and one the file no longer declares is removed
-    with its privileges; clients the operator made stay.
+    with its privileges; clients the operator made stay. What changed is
+    audited, with the config file as the actor.
     """
     key = await store.server_key(CLIENT_SECRET_KEY)
-    await gatherResults([store.put_client(with_keyed_secret(c, key)) for c in declared], consumeErrors=True)
+    stored = {c.client_id: c for c in await store.list_clients()}
+    keyed = [with_keyed_secret(c, key) for c in declared]
+    await gatherResults([store.put_client(c) for c in keyed], consumeErrors=True)
+    for client in keyed:
+        before = stored.get(client.client_id)
+        if before is None:
+            events.client_created(client_id=client.client_id, source="config", actor=CONFIG_ACTOR)
+        elif before != client:
+            events.client_changed(client_id=client.client_id, source="config", actor=CONFIG_ACTOR)
     names = {c.client_id for c in declared}
-    for client in await store.list_clients():
+    for client in stored.values():
         if client.source == "config" and client.client_id not in names:
             await store.remove_client(client.client_id)
-            log.info("client {client_id} removed: the config file no longer declares it", client_id=client.client_id)
+            events.client_deleted(client_id=client.client_id, source="config", actor=CONFIG_ACTOR,
+                                  reason="the config file no longer declares it")
 
 
 class AuthsrvService(MultiService):
@@ -145,6 +161,7 @@ class AuthsrvService(MultiService):
     def __init__(
         self, *, reactor, config: Config, context, store, keystore, identity, ports, http_pool=None, drain=None,
         metrics: Metrics | None = None,
+        access_log: AccessLog | None = None,
     ):
         super().__init__()
         self._reactor = reactor
@@ -159,9 +176,14 @@ class AuthsrvService(MultiService):
         self._metrics = metrics
         self._started = False
         self._retry = None
+        self.access_log = access_log
         timer = TimerService(MAINTENANCE_INTERVAL, self._maintain)
         timer.clock = reactor
         timer.setServiceParent(self)
+        if access_log is not None:
+            flush = TimerService(ACCESS_LOG_FLUSH, access_log.file.flush)
+            flush.clock = reactor
+            flush.setServiceParent(self)
 
     def readiness_problem(self) -> str | None:
         if self._drain is not None and self._drain.draining:
@@ -224,6 +246,8 @@ class AuthsrvService(MultiService):
         await self.store.close()
         await self.identity.close()
         self._context.stop()
+        if self.access_log is not None:
+            self.access_log.file.close()
 
 
 def _listen(reactor, key, descriptions, site_for, ports, base_dir):
@@ -369,14 +393,26 @@ def chat_parts(config: Config, reactor, store, identity) -> Chat:
     return Chat(ChatTokens(reactor, store, identity, provider, cipher, chat), linking, pool)
 
 
-def site_factory(root, config: Config, drain: Drain, reactor, metrics: Metrics | None = None):
+def access_log_of(config: Config) -> AccessLog | None:
+    """The configured access log on its buffered file, or None when it is off."""
+    if config.access_log == "off":
+        return None
+    try:
+        file = LineFile(config.access_log_path, flush_each=False)
+    except OSError as e:
+        raise StartupError(f"server.access_log_path: cannot open {config.access_log_path}: {e.strerror}") from None
+    return AccessLog(file, config.access_log, config.trusted_proxies)
+
+
+def site_factory(root, config: Config, drain: Drain, reactor, metrics: Metrics | None = None,
+                 access_log: AccessLog | None = None):
     """A new L{LimitedSite} for C{root} per call: connection caps are per listener."""
     headers = hsts_headers(config.public_url, config.hsts_max_age)
     request_factory = bounded_request_factory(config.limits.max_body_bytes, drain, headers, metrics)
 
     def site() -> LimitedSite:
         made = LimitedSite(
-            root, limits=config.input_limits, access_log=config.access_log, headers=headers,
+            root, limits=config.input_limits, access_log=access_log, headers=headers,
             trusted_proxies=config.trusted_proxies, requestFactory=request_factory, reactor=reactor,
         )
         made.displayTracebacks = False
@@ -387,7 +423,7 @@ def site_factory(root, config: Config, drain: Drain, reactor, metrics: Metrics |
 
 def metrics_site(metrics: Metrics, config: Config, reactor):
     """The metrics listener's site: C{/metrics} only, its requests not counted, no access log."""
-    site = LimitedSite(MetricsResource(metrics.registry), limits=config.input_limits, access_log=False,
+    site = LimitedSite(MetricsResource(metrics.registry), limits=config.input_limits, access_log=None,
                        reactor=reactor)
     site.displayTracebacks = False
     return site
@@ -416,10 +452,12 @@ def build(config: Config, reactor) -> AuthsrvService:
         )
         ports: list = []
         drain = Drain(reactor, config.shutdown.delay, config.shutdown.timeout)
-        _listen(reactor, "server.listen", config.listen, site_factory(root, config, drain, reactor, metrics), ports,
-                config.base_dir)
+        access_log = access_log_of(config)
+        _listen(reactor, "server.listen", config.listen,
+                site_factory(root, config, drain, reactor, metrics, access_log), ports, config.base_dir)
         _listen(reactor, "internal.listen", config.internal_listen,
-                site_factory(Root({}, internal, internal, config.input_limits), config, drain, reactor, metrics),
+                site_factory(Root({}, internal, internal, config.input_limits), config, drain, reactor, metrics,
+                             access_log),
                 ports, config.base_dir)
         if metrics is not None:
             metrics.watch_keys(keystore, reactor)
@@ -439,6 +477,7 @@ def build(config: Config, reactor) -> AuthsrvService:
         http_pool=chat.pool,
         drain=drain,
         metrics=metrics,
+        access_log=access_log,
     )
     holder.append(service)
     return service

@@ -5,12 +5,24 @@ C{twist authsrv}: command-line options and the service maker.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
+from twisted.logger import (
+    FilteringLogObserver,
+    ILogObserver,
+    globalLogPublisher,
+    jsonFileLogObserver,
+    textFileLogObserver,
+)
 from twisted.python import usage
 
-from authsrv.config import ConfigFileError, load_config
+from authsrv import events
+from authsrv.auditlog import AuditObserver, WithoutAudit
+from authsrv.config import Config, ConfigFileError, load_config
 from authsrv.drain import stop_on_sigterm
 from authsrv.embedded import DEFAULT_DATA_DIR, prepare_data_dir
+from authsrv.jsonlog import json_log_observer
+from authsrv.logfile import STDOUT, LineFile, reopen_on_sigusr1
 from authsrv.service import StartupError, build
 
 
@@ -40,6 +52,34 @@ class Options(usage.Options):
             raise usage.UsageError("--data-dir is for the embedded default; the config file names its own paths")
 
 
+def start_audit_log(config: Config) -> AuditObserver:
+    """The audit events, from now on, to C{[audit] path} (standard output by default)."""
+    path = config.audit_path or STDOUT
+    try:
+        observer = AuditObserver(LineFile(path))
+    except OSError as e:
+        raise StartupError(f"audit.path: cannot open {path}: {e.strerror}") from None
+    globalLogPublisher.addObserver(observer)
+    return observer
+
+
+def diagnostic_log_factory(chosen, log_format: str | None):
+    """
+    The observer factory C{twist} starts its log with: C{[log] format} when
+    set, else twist's own choice (C{--log-format}, or JSON when the log is
+    not a terminal), JSON always as L{authsrv.jsonlog} writes it; the audit
+    events are left to the audit log.
+    """
+    base: Callable[..., ILogObserver]
+    if log_format == "json" or (log_format is None and chosen is jsonFileLogObserver):
+        base = json_log_observer
+    elif log_format == "text" or chosen is None:
+        base = textFileLogObserver
+    else:
+        base = chosen
+    return lambda out: FilteringLogObserver(base(out), [WithoutAudit()])
+
+
 def makeService(options, reactor=None):
     if reactor is None:
         from twisted.internet import reactor
@@ -49,10 +89,17 @@ def makeService(options, reactor=None):
         else:
             config_path, created = Path(options["config"]), None
         config = load_config(config_path, listen=options["listen"], public_url=options["public-url"])
+        audit = start_audit_log(config)
+        events.config_loaded(path=str(config_path.resolve()), issuer=config.issuer, clients=len(config.clients))
         service = build(config, reactor)
     except (ConfigFileError, StartupError) as e:
         raise SystemExit(f"authsrv: {e}") from None
     if created is not None:
         print(created.summary(config.issuer), flush=True)
+    twist = getattr(options, "parent", None)
+    if twist is not None:
+        twist["fileLogObserverFactory"] = diagnostic_log_factory(twist.get("fileLogObserverFactory"), config.log_format)
+    log_files = [audit.file] + ([service.access_log.file] if service.access_log is not None else [])
     reactor.callWhenRunning(stop_on_sigterm, reactor)
+    reactor.callWhenRunning(reopen_on_sigusr1, reactor, log_files)
     return service

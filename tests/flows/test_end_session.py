@@ -141,7 +141,7 @@ async def test_redirect_with_state_ends_the_session_and_clears_the_cookie(tmp_pa
         assert not await session_alive(h, cookie)
         assert await session_alive(h, other)
         [ended] = [e for e in audit if e["event"] == "session.ended"]
-        assert (ended["sub"], ended["sid"]) == (ALICE.sub, "sid-1")
+        assert (ended["sub"], ended["session_id"]) == (ALICE.sub, "sid-1")
         assert "first" in ended["reason"]
         assert cookie not in repr(audit)
 

@@ -124,7 +124,7 @@ async def test_racing_rotations_rotate_once(pg_dsn, contexts):
         assert [k.kid for k in _by_state(keystore, "active")] == [upcoming.kid]
     assert a.jwks_bytes() == b.jwks_bytes()
     assert len(_rows(pg_dsn)) == 3
-    rotated = [e for e in events if e.get("event") == "key_rotated"]
+    rotated = [e for e in events if e.get("event") == "key.rotated"]
     adopted = [e for e in events if e.get("event") == "key_rotation_adopted"]
     assert (len(rotated), len(adopted)) == (1, 1)
 

@@ -135,7 +135,11 @@ async def test_a_store_down_at_start_is_retried_until_the_server_is_ready(pg_dsn
                             identity=IdentityChain([]), ports=[])
     server.startService()
     try:
-        assert server.readiness_problem() == "starting"
+        for left in (1, 0):
+            while len(refusals) > left:
+                await deferLater(reactor, 0.01, lambda: None)
+            assert server.readiness_problem() == "starting"
+            clock.advance(STARTUP_RETRY)
         for _ in range(500):
             if server.readiness_problem() is None:
                 break

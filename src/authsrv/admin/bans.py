@@ -9,13 +9,12 @@ from datetime import datetime
 
 from attrs import asdict
 
-from authsrv.admin.common import AdminError, Console, config_of, plugin_context, with_plugin
+from authsrv.admin.common import ACTOR, AdminError, Console, config_of, plugin_context, with_plugin
 from authsrv.configsection import parse_duration
 from authsrv.flows import backchannel, moderation
 from authsrv.isotime import iso_utc
 from authsrv.service import build_identity, build_plugin
 
-BY = "operator"
 """Who the audit events name as the actor."""
 
 
@@ -71,7 +70,7 @@ async def _with_user(reactor, args, act):
 async def ban(reactor, args, console: Console):
     async def act(store, sub, now, notify):
         banned = await moderation.ban_user(
-            store, sub, reason=args.reason, until=_until(args, now), now=now, by=BY, notify=notify
+            store, sub, reason=args.reason, until=_until(args, now), now=now, by=ACTOR, notify=notify
         )
         console.out(f"banned {sub}" + (f" until {iso_utc(banned.until)}" if banned.until else "")
                     + f"; {banned.sessions_ended} browser sessions ended")
@@ -81,7 +80,7 @@ async def ban(reactor, args, console: Console):
 
 async def unban(reactor, args, console: Console):
     async def act(store, sub, now, notify):
-        if not await moderation.unban_user(store, sub, by=BY):
+        if not await moderation.unban_user(store, sub, by=ACTOR):
             raise AdminError(f"{sub} is not banned")
         console.out(f"unbanned {sub}")
 
@@ -90,7 +89,7 @@ async def unban(reactor, args, console: Console):
 
 async def revoke(reactor, args, console: Console):
     async def act(store, sub, now, notify):
-        revoked = await moderation.revoke_user(store, sub, now=now, by=BY, notify=notify)
+        revoked = await moderation.revoke_user(store, sub, now=now, by=ACTOR, notify=notify)
         console.out(f"revoked {revoked.grants} grants of {sub}; {revoked.sessions_ended} browser sessions ended")
 
     await _with_user(reactor, args, act)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from attrs import asdict
 from twisted.internet.defer import Deferred
 
-from authsrv.admin.common import AdminError, Console, with_plugin
+from authsrv import events
+from authsrv.admin.common import ACTOR, AdminError, Console, with_plugin
 from authsrv.config import Config
 from authsrv.flows.backchannel import ATTEMPT_TIMEOUT, RefusedTarget, pinned_address, resolve_host
 from authsrv.protocol.clients import client_id_problem, redirect_uri_problem
@@ -93,6 +94,7 @@ async def client_add(reactor, args, console: Console):
             await store.add_client(client)
         except AlreadyExists:
             raise AdminError(f"client {args.client_id!r} exists already") from None
+        events.client_created(client_id=client.client_id, source=client.source, actor=ACTOR)
         _print_client(client, console)
 
     await with_plugin(reactor, args, "store", add)
@@ -141,6 +143,7 @@ async def client_remove(reactor, args, console: Console):
             raise AdminError(f"client {args.client_id!r} is declared in {config.path}; remove it there")
         if not await store.remove_client(args.client_id):
             raise AdminError(f"no client {args.client_id!r}")
+        events.client_deleted(client_id=args.client_id, source="operator", actor=ACTOR)
         console.out(f"removed client {args.client_id}")
 
     await with_plugin(reactor, args, "store", remove)

@@ -18,6 +18,9 @@ from authsrv.context import PluginContext
 from authsrv.embedded import CONFIG_NAME, DEFAULT_DATA_DIR
 from authsrv.service import StartupError, build_plugin
 
+ACTOR = "operator"
+"""The C{actor} of this command's audit events."""
+
 
 class AdminError(Exception):
     """A mistake the operator can fix; printed as one line, exit status 1."""

@@ -21,19 +21,13 @@ from importlib.metadata import version
 
 from twisted.internet.defer import Deferred
 from twisted.internet.task import react
-from twisted.logger import (
-    FilteringLogObserver,
-    LogLevel,
-    LogLevelFilterPredicate,
-    globalLogBeginner,
-    globalLogPublisher,
-    jsonFileLogObserver,
-)
+from twisted.logger import globalLogBeginner, globalLogPublisher
 
-from authsrv import events
 from authsrv.admin import bans, checks, clients, keys, users
-from authsrv.admin.common import AdminError, Console
+from authsrv.admin.common import AdminError, Console, config_of
+from authsrv.auditlog import AuditObserver
 from authsrv.embedded import CONFIG_NAME, DEFAULT_DATA_DIR
+from authsrv.logfile import STDOUT, LineFile
 
 
 def _global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
@@ -76,12 +70,22 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _audit_observer(stream) -> FilteringLogObserver:
-    """The operator's security actions as JSON lines on C{stream}, like the server's events."""
-    audit_only = LogLevelFilterPredicate()
-    audit_only.setLogLevelForNamespace("", LogLevel.critical)
-    audit_only.setLogLevelForNamespace(events.log.namespace, LogLevel.info)
-    return FilteringLogObserver(jsonFileLogObserver(stream, recordSeparator=""), [audit_only])
+def _audit_observer(args, stderr) -> AuditObserver:
+    """
+    The operator's security actions as the server's audit lines: into the
+    config's C{[audit] path} when it names a file, else on standard error
+    (standard output is the command's own).
+    """
+    try:
+        path = config_of(args).audit_path
+    except AdminError:
+        path = None
+    if path is None or path == STDOUT:
+        return AuditObserver(stderr)
+    try:
+        return AuditObserver(LineFile(path))
+    except OSError as e:
+        raise AdminError(f"audit.path: cannot open {path}: {e.strerror}") from None
 
 
 async def run(argv: list[str], reactor, *, stdin=None, stdout=None, stderr=None) -> int:
@@ -89,8 +93,8 @@ async def run(argv: list[str], reactor, *, stdin=None, stdout=None, stderr=None)
     Run one command line on C{reactor}, talking to the given streams (the
     process's by default); returns the exit status: 0, 1 for an
     L{AdminError} (one line on standard error for each problem), 2 for a
-    usage mistake. The audit events go to standard error while the command
-    runs.
+    usage mistake. The audit events go to the audit log, or standard error,
+    while the command runs.
     """
     console = Console(stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr)
     try:
@@ -98,7 +102,11 @@ async def run(argv: list[str], reactor, *, stdin=None, stdout=None, stderr=None)
             args = _parser().parse_args(argv)
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 2
-    observer = _audit_observer(console.stderr)
+    try:
+        observer = _audit_observer(args, console.stderr)
+    except AdminError as e:
+        console.err(f"authsrv-admin: {e}")
+        return 1
     globalLogPublisher.addObserver(observer)
     try:
         await args.run(reactor, args, console)
@@ -108,6 +116,8 @@ async def run(argv: list[str], reactor, *, stdin=None, stdout=None, stderr=None)
         return 1
     finally:
         globalLogPublisher.removeObserver(observer)
+        if isinstance(observer.file, LineFile):
+            observer.file.close()
     return 0
 
 

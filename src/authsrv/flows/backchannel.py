@@ -186,7 +186,7 @@ class BackchannelNotifier:
             if final:
                 break
         outcome = f"{answer} at attempt {attempt}" if final else f"gave up after {attempt} attempts, last: {answer}"
-        events.backchannel_logout(client_id=client_id, sid=sid, outcome=outcome)
+        events.backchannel_logout(client_id=client_id, session_id=sid, outcome=outcome)
         return outcome
 
     async def _attempt(self, http, uri: str, token: str) -> tuple[bool, str]:

@@ -91,7 +91,7 @@ class PasswordLogin:
         """
         logged = login[:LOGGED_LOGIN_MAX]
         if self._checks.total() >= self._policy.checks_in_flight:
-            events.login_failed(login=logged, reason="too many password checks in flight", address=address)
+            events.throttle_engaged(login=logged, address=address, reason="too many password checks in flight")
             return Unavailable()
         if self._checks[address_key(address)] >= self._policy.checks_per_address:
             events.login_throttled(login=logged, address=address, retry_after=BUSY_RETRY)

@@ -33,7 +33,7 @@ async def end_browser_session(store, cookie_value: str | None, reason: str) -> B
         return None
     session = await store.end_session(token_hash(cookie_value))
     if session is not None:
-        events.session_ended(sub=session.sub, sid=session.sid, reason=reason)
+        events.session_ended(sub=session.sub, session_id=session.sid, reason=reason)
     return session
 
 

@@ -24,6 +24,7 @@ from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from zope.interface import implementer
 
+from authsrv import events
 from authsrv.configsection import ConfigError, Section
 from authsrv.interfaces import IKeystore
 from authsrv.keys.ring import ALGORITHMS, KeyRing
@@ -37,6 +38,9 @@ next L{FileKeystore.maintain} picks up a rotation.
 
 
 MIN_ROTATE_EVERY = 3600
+OPERATOR = "operator"
+SCHEDULE = "schedule"
+"""Who rotated, in the audit event: L{FileKeystore.rotate} is the operator command's, C{rotate_every} the schedule's."""
 
 
 def read_options(section: Section) -> tuple[tuple[str, ...], int | None]:
@@ -206,15 +210,11 @@ class FileKeystore:
                     now, lambda ring: ring.rotate(now, self.retention, self.algorithms)
                 )
 
-        return self._in_thread(rotate).addCallback(self._rotated, self.algorithms)
+        return self._in_thread(rotate).addCallback(self._rotated, self.algorithms, OPERATOR)
 
-    def _rotated(self, ring: KeyRing, algorithms) -> list:
+    def _rotated(self, ring: KeyRing, algorithms, actor: str) -> list:
         active = {info.alg: info.kid for info in ring.infos() if info.state == "active"}
-        self._log.info(
-            "Signing keys rotated; now signing with {active}",
-            event="key_rotated",
-            active={alg: active[alg] for alg in algorithms},
-        )
+        events.key_rotated(algorithms=list(algorithms), active={alg: active[alg] for alg in algorithms}, actor=actor)
         return ring.infos()
 
     def reload(self):
@@ -237,7 +237,8 @@ class FileKeystore:
 
     def _maintained(self, rotated) -> None:
         if rotated is not None:
-            self._rotated(*rotated)
+            ring, algorithms = rotated
+            self._rotated(ring, algorithms, SCHEDULE)
 
     def _maintain(self, now: int):
         """

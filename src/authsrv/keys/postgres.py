@@ -27,7 +27,7 @@ from jwcrypto.jwk import JWK
 
 from authsrv.chat.crypto import TokenCipher, UndecryptableToken, key_from_text
 from authsrv.configsection import ConfigError, Section
-from authsrv.keys.filestore import FileKeystore, read_options
+from authsrv.keys.filestore import OPERATOR, FileKeystore, read_options
 from authsrv.keys.ring import InvalidKeys, KeyRing, RingKey
 from authsrv.migrations import Ledger, MigrationError, PostgresMigration, advisory_lock_id, migrate, schema_steps
 from authsrv.pg.pool import first_line
@@ -220,6 +220,6 @@ class PostgresKeystore(FileKeystore):
     def _after_rotate(self, result) -> list:
         ring, due = result
         if due:
-            return self._rotated(ring, due)
+            return self._rotated(ring, due, OPERATOR)
         self._log.info("Signing keys already rotated by another instance; adopted", event="key_rotation_adopted")
         return ring.infos()

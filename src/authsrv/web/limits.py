@@ -235,7 +235,7 @@ class LimitedSite(Site):
 
     protocol = LimitedChannel  # type: ignore[assignment]  # Twisted types it as HTTPChannel's own factory
 
-    def __init__(self, resource, *, limits: InputLimits, access_log: bool, headers=(), trusted_proxies=(),
+    def __init__(self, resource, *, limits: InputLimits, access_log=None, headers=(), trusted_proxies=(),
                  **kwargs):
         super().__init__(resource, timeout=limits.idle_timeout, **kwargs)
         self.limits = limits
@@ -246,9 +246,9 @@ class LimitedSite(Site):
         self._by_address: Counter = Counter()
 
     def log(self, request):
-        """Access log lines only when configured: the audit events say what matters, cheaper."""
-        if self._access_log:
-            super().log(request)
+        """A line in the access log (an L{authsrv.web.accesslog.AccessLog}) unless it is off."""
+        if self._access_log is not None:
+            self._access_log(request, self._logDateTime)
 
     def buildProtocol(self, addr):
         address = getattr(addr, "host", None)

@@ -1,0 +1,214 @@
+"""
+The audit log as an operator reads it: every security event DESIGN.md
+lists, driven through the flows (direct calls where a flow is awkward), each
+one JSON line with the documented fields and nothing secret in any of them;
+the operator command's lines in the same file; reopening on SIGUSR1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+from pathlib import Path
+
+import pytest_twisted
+from attrs import evolve
+from twisted.internet import reactor
+from twisted.internet.defer import succeed
+from twisted.internet.task import deferLater
+from twisted.logger import globalLogPublisher
+
+from authsrv import events
+from authsrv.auditlog import AuditObserver
+from authsrv.embedded import prepare_data_dir
+from authsrv.flows import moderation
+from authsrv.logfile import LineFile, reopen_on_sigusr1
+from authsrv.service import sync_config_clients
+from authsrv.testing.identity import ALICE, BOB, MALLORY, PASSWORDS
+
+from conftest import admin
+from flow_client import Browser, location
+from harness import INTERNAL_SECRET, SECRETS, Harness, query_of
+from token_helpers import exchange, post_form, refresh, save_code, tokens
+
+ROOT = Path(__file__).parent.parent
+ISO_MS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
+
+
+def audit_lines(path: Path) -> list[dict]:
+    text = path.read_text()
+    assert text.endswith("\n")
+    return [json.loads(line) for line in text.splitlines()]
+
+
+class AuditFile:
+    """The audit log in C{path} while the test runs, as the server writes it."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.observer = AuditObserver(LineFile(str(path)))
+
+    def __enter__(self):
+        globalLogPublisher.addObserver(self.observer)
+        return self
+
+    def __exit__(self, *exc):
+        globalLogPublisher.removeObserver(self.observer)
+        self.observer.file.close()
+
+
+async def _front_channel(h: Harness, secrets: list[str]) -> None:
+    """Log-ins of every outcome, consent both ways, a code, tokens, a refresh, reuse and revocation."""
+    browser = Browser(h)
+    response, _ = await browser.authorize("partner", scope="openid email", state="state-value-9",
+                                          login_hint="hint-value-9")
+    login_url = location(response)
+    response, _ = await browser.submit_login(login_url, ALICE.login, "not-alices-password-9")
+    response, _ = await browser.submit_login(login_url, "nobody-at-all", PASSWORDS[ALICE.sub])
+    response, _ = await browser.submit_login(login_url, MALLORY.login, PASSWORDS[MALLORY.sub])
+    response, _ = await browser.submit_login(login_url, ALICE.login, PASSWORDS[ALICE.sub])
+    assert response.code == 303 and "/consent?" in location(response)
+    response, _ = await browser.answer_consent(location(response), "approve")
+    secrets += [query_of(location(response))["code"], "not-alices-password-9", *browser.cookies.values()]
+
+    denier = Browser(h)
+    query_url = location((await denier.authorize("partner", scope="openid"))[0])
+    response, _ = await denier.submit_login(query_url, BOB.login, PASSWORDS[BOB.sub])
+    await denier.answer_consent(location(response), "deny")
+    secrets += denier.cookies.values()
+
+    issued = await tokens(h)
+    rotated = (await refresh(h, issued["refresh_token"]))[1]
+    public = await tokens(h, client_id="spa", scope="openid offline_access")
+    await refresh(h, public["refresh_token"], client_id="spa")
+    await refresh(h, public["refresh_token"], client_id="spa")
+    await post_form(h, "/api/auth/oauth2/revoke", {"token": rotated["refresh_token"]})
+    code, verifier = await save_code(h)
+    replayed = (await exchange(h, code, verifier))[1]
+    await exchange(h, code, verifier)
+    secrets += [code, verifier, *(t for answer in (issued, rotated, public, replayed) for t in answer.values()
+                                  if isinstance(t, str) and len(t) > 20)]
+
+
+async def _throttled(h: Harness) -> None:
+    """Failed log-ins until the throttle refuses one."""
+    browser = Browser(h)
+    login_url = location((await browser.authorize("first", scope="openid"))[0])
+    for _ in range(h.config.throttle.failures_per_pair + 1):
+        await browser.submit_login(login_url, BOB.login, "not-bobs-password-9")
+        h.clock.advance(0.1)
+
+
+async def _operator(h: Harness) -> None:
+    """Ban (ending a session), unban, revoke every grant, config clients changing, a key rotation."""
+    browser = Browser(h)
+    await browser.sign_in(ALICE, "first", scope="openid")
+
+    def notify(session):
+        return succeed(None)
+
+    await moderation.ban_user(h.store, ALICE.sub, reason="spam", until=None, now=h.now(), by="operator",
+                              notify=notify)
+    await moderation.unban_user(h.store, ALICE.sub, by="operator")
+    await moderation.revoke_user(h.store, ALICE.sub, now=h.now(), by="operator", notify=notify)
+    declared = [c for c in h.config.clients if c.client_id != "gateway"]
+    declared[0] = evolve(declared[0], name="Renamed")
+    declared.append(evolve(declared[1], client_id="newcomer"))
+    await sync_config_clients(h.store, declared)
+    await h.keystore.rotate(h.now())
+
+
+def _awkward() -> None:
+    """Events whose flows need a relying party, a chat platform, an overloaded server or a process start."""
+    events.throttle_engaged(login="alice", address="192.0.2.1", reason="too many password checks in flight")
+    events.backchannel_logout(client_id="first", session_id="sid-1", outcome="200 at attempt 1")
+    events.grant_revoked(sub=ALICE.sub, client_id="first", grant_id="g-1", reason="user not allowed")
+    events.rate_limited(endpoint="token", client_id="first", address="192.0.2.1", retry_after=1)
+    events.config_loaded(path="/etc/authsrv/authsrv.toml", issuer="https://id.example.com/api/auth", clients=3)
+    events.chat_linked(sub=ALICE.sub, provider="chat", account_id="a-1", provider_user_id="u-1")
+    events.chat_unlinked(sub=ALICE.sub, provider="chat")
+    events.chat_refreshed(sub=ALICE.sub, provider="chat", account_id="a-1", rotated=True)
+    events.chat_refresh_failed(sub=ALICE.sub, provider="chat", account_id="a-1", reason="revoked")
+
+
+@pytest_twisted.ensureDeferred
+async def test_every_event_is_one_documented_line_without_secrets(tmp_path, monkeypatch):
+    h = await Harness(tmp_path, monkeypatch, {"throttle": {"failures_per_pair": 2}}).start()
+    secrets = [*PASSWORDS.values(), *SECRETS.values(), INTERNAL_SECRET]
+    try:
+        with AuditFile(tmp_path / "audit.log") as audit:
+            await _front_channel(h, secrets)
+            await _throttled(h)
+            await _operator(h)
+            _awkward()
+        lines = audit_lines(audit.path)
+    finally:
+        await h.close()
+
+    assert {line["event"] for line in lines} == set(events.EVENT_FIELDS)
+    assert {line["grant_type"] for line in lines if line["event"] == "token.issued"} >= {
+        "authorization_code", "refresh_token"}
+    assert {line["reason"] for line in lines if line["event"] == "login.failed"} >= {"wrong password", "unknown user"}
+    assert {line["actor"] for line in lines if line["event"].startswith("user.")} == {"operator"}
+    assert {(line["event"], line["client_id"]) for line in lines if line["event"].startswith("client.")} == {
+        ("client.changed", "first"), ("client.created", "newcomer"), ("client.deleted", "gateway")}
+    ended = [line for line in lines if line["event"] == "session.ended"]
+    assert ended and all(line["session_id"] and line["sub"] == ALICE.sub for line in ended)
+    for line in lines:
+        assert list(line)[:len(events.COMMON_FIELDS)] == list(events.COMMON_FIELDS), line
+        assert set(line) == {*events.COMMON_FIELDS, *events.EVENT_FIELDS[line["event"]]}, line
+        assert ISO_MS.match(line["time"]) and line["outcome"], line
+
+    text = audit.path.read_text()
+    assert len(secrets) > 20
+    for secret in secrets:
+        assert secret not in text, secret
+
+
+def test_the_documented_table_is_the_schema():
+    """docs/audit.md lists the common fields and each event with exactly its own fields."""
+    doc = (ROOT / "docs" / "audit.md").read_text()
+    common = re.findall(r"^\| `(\w+)` \| common \|", doc, re.M)
+    assert tuple(common) == events.COMMON_FIELDS
+    rows = dict(re.findall(r"^\| `([a-z_]+\.[a-z_]+)` \| ([^|]*) \|", doc, re.M))
+    assert set(rows) == set(events.EVENT_FIELDS)
+    for name, own in events.EVENT_FIELDS.items():
+        assert re.findall(r"`(\w+)`", rows[name]) == list(own), name
+
+
+@pytest_twisted.ensureDeferred
+async def test_lines_are_flushed_and_the_file_reopens_on_sigusr1(tmp_path):
+    path = tmp_path / "audit.log"
+    previous = signal.getsignal(signal.SIGUSR1)
+    try:
+        with AuditFile(path) as audit:
+            reopen_on_sigusr1(reactor, [audit.observer.file])
+            events.user_unbanned(sub="s-1", actor="operator")
+            assert [line["event"] for line in audit_lines(path)] == ["user.unbanned"]
+            path.rename(tmp_path / "audit.log.1")
+            os.kill(os.getpid(), signal.SIGUSR1)
+            await deferLater(reactor, 0.05, lambda: None)
+            events.user_unbanned(sub="s-2", actor="operator")
+        assert [line["sub"] for line in audit_lines(tmp_path / "audit.log.1")] == ["s-1"]
+        assert [line["sub"] for line in audit_lines(path)] == ["s-2"]
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_operator_command_writes_to_the_configured_audit_file(tmp_path):
+    config, _ = prepare_data_dir(tmp_path / "data")
+    with config.open("a") as file:
+        file.write('\n[audit]\npath = "audit.log"\n')
+    added = await admin("--config", str(config), "client", "add", "shop", "--redirect-uri",
+                        "https://shop.example/cb", cwd=tmp_path)
+    secret = added.stdout.split("client_secret:")[1].strip()
+    removed = await admin("--config", str(config), "client", "remove", "shop", cwd=tmp_path)
+    assert added.returncode == removed.returncode == 0
+    assert "{" not in added.stderr + removed.stderr
+    lines = audit_lines(tmp_path / "data" / "audit.log")
+    assert [(line["event"], line["client_id"], line["actor"]) for line in lines] == [
+        ("client.created", "shop", "operator"), ("client.deleted", "shop", "operator")]
+    assert secret not in (tmp_path / "data" / "audit.log").read_text()

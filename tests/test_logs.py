@@ -1,0 +1,178 @@
+"""
+The diagnostic log's JSON lines, written by the observer C{twist} is given,
+and the access log: its redaction, and both logs as a running server writes
+them, with the audit log in its own file and every file reopened on SIGUSR1.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import time
+import urllib.request
+from ipaddress import ip_network
+
+import pytest
+from twisted.logger import Logger, jsonFileLogObserver, textFileLogObserver
+from twisted.web.server import Request
+from twisted.web.test.requesthelper import DummyChannel
+
+from authsrv.config import parse_config
+from authsrv.configsection import ConfigError
+from authsrv.embedded import prepare_data_dir
+from authsrv.logfile import LineFile
+from authsrv.tap import diagnostic_log_factory
+from authsrv.web.accesslog import AccessLog, redact_target
+
+from conftest import free_port
+
+
+class Unwritable:
+    def __repr__(self):
+        return "<unwritable>"
+
+
+def lines_of(factory, emit) -> list[str]:
+    out = io.StringIO()
+    emit(factory(out))
+    return out.getvalue().splitlines()
+
+
+def test_json_lines_hold_the_message_the_fields_and_any_value():
+    def emit(observer):
+        log = Logger(namespace="authsrv.example", observer=observer)
+        cycle: dict = {}
+        cycle["self"] = cycle
+        log.info("{count} users loaded from {path}", count=3, path="users.toml")
+        log.warn("odd values {thing}", thing=Unwritable(), cycle=cycle, keyed={(1, 2): "tuple key"}, raw=b"\xff")
+        log.info("a format with a {missing} field")
+        try:
+            1 / 0
+        except ZeroDivisionError:
+            log.failure("maintenance failed")
+        Logger(namespace="authsrv.audit", observer=observer).info("audit", event="user.unbanned", sub="s")
+
+    lines = lines_of(diagnostic_log_factory(jsonFileLogObserver, None), emit)
+    records = [json.loads(line) for line in lines]
+    assert len(records) == 4, "one object a line, the audit event left to the audit log"
+    for record in records:
+        assert list(record)[:4] == ["time", "level", "namespace", "message"]
+        assert record["time"].endswith("Z") and record["namespace"] == "authsrv.example"
+        assert not any(key.startswith("log_") for key in record)
+    loaded, odd, unformatted, failed = records
+    assert (loaded["level"], loaded["message"], loaded["count"], loaded["path"]) == (
+        "info", "3 users loaded from users.toml", 3, "users.toml")
+    assert (odd["level"], odd["message"], odd["thing"]) == ("warn", "odd values <unwritable>", "<unwritable>")
+    assert odd["cycle"] == "{'self': {...}}" and odd["keyed"] == "{(1, 2): 'tuple key'}" and odd["raw"] == "b'\\xff'"
+    assert "Unable to format event" in unformatted["message"]
+    assert failed["level"] == "critical" and failed["message"] == "maintenance failed"
+    assert "ZeroDivisionError" in failed["traceback"] and "Traceback" in failed["traceback"]
+
+
+def test_the_config_chooses_the_format_over_twists_default():
+    def emit(observer):
+        Logger(namespace="authsrv.example", observer=observer).info("hello {name}", name="world")
+
+    assert json.loads(lines_of(diagnostic_log_factory(textFileLogObserver, "json"), emit)[0])["message"] == (
+        "hello world")
+    [text] = lines_of(diagnostic_log_factory(jsonFileLogObserver, "text"), emit)
+    assert text.endswith("[authsrv.example#info] hello world")
+    [text] = lines_of(diagnostic_log_factory(textFileLogObserver, None), emit)
+    assert text.endswith("hello world") and not text.startswith("{")
+
+
+@pytest.mark.parametrize(
+    "target, logged",
+    [
+        (b"/api/auth/jwks", b"/api/auth/jwks"),
+        (b"/api/auth/oauth2/authorize?response_type=code&client_id=app&state=s3cr3t&code_challenge=abc"
+         b"&nonce=n0nce&login_hint=alice&scope=openid%20email&redirect_uri=https%3A%2F%2Fapp%2Fcb",
+         b"/api/auth/oauth2/authorize?response_type=code&client_id=app&state=[redacted]&code_challenge=[redacted]"
+         b"&nonce=[redacted]&login_hint=[redacted]&scope=openid%20email&redirect_uri=https%3A%2F%2Fapp%2Fcb"),
+        (b"/cb?code=c0de&id_token_hint=eyJ.x.y&token=t&access_token=a&refresh_token=r&client_secret=cs"
+         b"&code_verifier=v&c%6fde=sneaky&bare",
+         b"/cb?code=[redacted]&id_token_hint=[redacted]&token=[redacted]&access_token=[redacted]"
+         b"&refresh_token=[redacted]&client_secret=[redacted]&code_verifier=[redacted]&c%6fde=[redacted]&[redacted]"),
+        (b"https://app.example/cb?prompt=login&max_age=0#code=frag", b"https://app.example/cb?prompt=login&max_age=0"
+                                                                     b"#[redacted]"),
+    ],
+)
+def test_query_values_not_on_the_allow_list_are_redacted(target, logged):
+    assert redact_target(target) == logged
+
+
+@pytest.mark.slow
+def test_a_running_server_writes_three_logs_and_reopens_them_on_sigusr1(run_server, tmp_path):
+    config, _ = prepare_data_dir(tmp_path / "data")
+    port = free_port()
+    config.write_text(config.read_text().replace("[server]\n", (
+        '[server]\naccess_log_path = "access.log"\ntrusted_proxies = ["127.0.0.1/32"]\ndrain_delay = 0\n'
+    )) + '\n[audit]\npath = "audit.log"\n\n[log]\nformat = "json"\n')
+    server = run_server(["authsrv", "--config", str(config), "--listen", f"tcp:{port}:interface=127.0.0.1"],
+                        tmp_path, port=port)
+    secrets = ["st4te-secret", "hint-secret", "login-hint-secret", "referred-code"]
+
+    def get(path: str, **headers):
+        request = urllib.request.Request(server.base + path, headers=headers)
+        try:
+            urllib.request.urlopen(request, timeout=5).close()
+        except urllib.error.HTTPError as e:
+            e.close()
+
+    get(f"/api/auth/oauth2/authorize?response_type=code&client_id=nobody&state={secrets[0]}"
+        f"&id_token_hint={secrets[1]}&login_hint={secrets[2]}",
+        **{"X-Forwarded-For": "203.0.113.9", "Referer": f"https://app.example/cb?code={secrets[3]}",
+           "User-Agent": 'agent "quoted"'})
+    data = tmp_path / "data"
+    time.sleep(1.5)
+    os.rename(data / "access.log", data / "access.log.1")
+    os.rename(data / "audit.log", data / "audit.log.1")
+    server.process.send_signal(signal.SIGUSR1)
+    time.sleep(0.3)
+    get("/api/auth/jwks")
+    out, err = server.stop()
+
+    [before] = [line for line in (data / "access.log.1").read_text().splitlines() if "/readyz" not in line]
+    assert before.startswith("203.0.113.9 - - [") and ' "GET /api/auth/oauth2/authorize?response_type=code' in before
+    assert "&state=[redacted]&id_token_hint=[redacted]&login_hint=[redacted] HTTP/1.1\" 400 " in before
+    assert before.endswith(' "https://app.example/cb?code=[redacted]" "agent \\"quoted\\""'), before
+    after = (data / "access.log").read_text().splitlines()
+    assert [line.split('"')[1] for line in after] == ["GET /api/auth/jwks HTTP/1.1"]
+    assert json.loads((data / "audit.log.1").read_text().splitlines()[0])["event"] == "config.loaded"
+    diagnostic = [json.loads(line) for line in out.splitlines() if line.strip()]
+    assert any(record["message"].startswith("authsrv ready") for record in diagnostic), out + err
+    assert not any(record["namespace"] == "authsrv.audit" for record in diagnostic)
+    for text in (out, err, *(path.read_text() for path in data.glob("*.log*"))):
+        for secret in secrets:
+            assert secret not in text
+
+
+@pytest.mark.parametrize(
+    "value, chosen", [(None, "combined"), (True, "combined"), (False, "off"), ("json", "json"), ("off", "off")]
+)
+def test_access_log_setting(value, chosen):
+    server = {} if value is None else {"access_log": value}
+    assert parse_config({"server": server}, None).access_log == chosen
+
+
+def test_access_log_setting_refuses_other_formats():
+    with pytest.raises(ConfigError, match="server.access_log: must be one of 'combined', 'json', 'off'"):
+        parse_config({"server": {"access_log": "common"}}, None)
+
+
+def test_json_access_line_behind_a_trusted_proxy(tmp_path):
+    request = Request(DummyChannel())
+    request.method, request.clientproto = b"GET", b"HTTP/1.1"
+    request.uri = b"/api/auth/oauth2/authorize?state=x&scope=openid"
+    request.code, request.sentLength = 303, 0
+    request.requestHeaders.addRawHeader(b"x-forwarded-for", b"198.51.100.4")
+    file = LineFile(str(tmp_path / "access.log"), flush_each=False)
+    AccessLog(file, "json", trusted_proxies=(ip_network("192.168.1.1/32"),))(request, "[unused]")
+    file.close()
+    [line] = (tmp_path / "access.log").read_text().splitlines()
+    record = json.loads(line)
+    assert record["time"].endswith("Z") and record["address"] == "198.51.100.4"
+    assert record["target"] == "/api/auth/oauth2/authorize?state=[redacted]&scope=openid"
+    assert (record["method"], record["status"], record["bytes"], record["referrer"]) == ("GET", 303, 0, None)
