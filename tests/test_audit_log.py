@@ -1,5 +1,5 @@
 """
-The audit log as an operator reads it: every security event DESIGN.md
+The audit log as an operator reads it: every security event docs/design.md
 lists, driven through the flows (direct calls where a flow is awkward), each
 one JSON line with the documented fields and nothing secret in any of them;
 the operator command's lines in the same file; reopening on SIGUSR1.

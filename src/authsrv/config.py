@@ -434,6 +434,12 @@ def client_from_config(section: Section, demo: bool = False) -> Client:
     return client
 
 
+def _raw(data: dict, table: str, name: str):
+    """A value as the file wrote it, when C{table} is a table; None otherwise."""
+    section = data.get(table)
+    return section.get(name) if isinstance(section, dict) else None
+
+
 def _access_log(server: Section, raw) -> str:
     """C{[server] access_log}: a format or C{"off"}; C{raw} true or false as before (combined, off)."""
     if isinstance(raw, bool):
@@ -498,7 +504,7 @@ def read_config_document(
         listeners = (listen,)
     public_url = checked.take(_public_url, server, listeners, public_url_override, fallback=DEFAULT_PUBLIC_URL)
     demo = is_loopback_host(urlsplit(public_url).hostname or "")
-    access_log = checked.take(_access_log, server, (data.get("server") or {}).get("access_log"), fallback="off")
+    access_log = checked.take(_access_log, server, _raw(data, "server", "access_log"), fallback="off")
     access_log_path = checked.take(_log_path, server, "access_log_path", None) or "-"
     shutdown = _shutdown(server, checked)
     hsts_max_age = checked.take(server.duration, "hsts_max_age", HSTS_MAX_AGE, fallback=HSTS_MAX_AGE)

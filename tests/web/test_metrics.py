@@ -18,6 +18,8 @@ import treq
 from prometheus_client.parser import text_string_to_metric_families
 from treq.client import HTTPClient
 from twisted.internet import reactor
+from twisted.internet.defer import Deferred
+from twisted.internet.task import deferLater
 from twisted.logger import Logger, globalLogPublisher
 from twisted.web.client import Agent
 
@@ -81,6 +83,14 @@ class Server:
         self.service = build(self.config, reactor)
         self.browser = HTTPClient(Agent(reactor), cookiejar=CookieJar())
 
+    async def ready(self) -> None:
+        """Wait until start-up has stored the config's clients (bounded)."""
+        for _ in range(500):
+            if self.service.readiness_problem() is None:
+                return
+            await deferLater(reactor, 0.01, lambda: None)
+        raise AssertionError(f"not ready: {self.service.readiness_problem()}")
+
     async def scrape(self) -> dict[tuple, float]:
         response = await treq.get(self.metrics_url)
         assert response.code == 200
@@ -127,6 +137,7 @@ class Server:
 def server(tmp_path, monkeypatch):
     server = Server(tmp_path, monkeypatch)
     server.service.startService()
+    pytest_twisted.blockon(Deferred.fromCoroutine(server.ready()))
     yield server
     pytest_twisted.blockon(server.service.stopService())
 

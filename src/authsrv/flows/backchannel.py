@@ -176,7 +176,7 @@ class BackchannelNotifier:
                     )
                 except RefusedTarget as e:
                     outcome = f"refused target ({e})"
-                    events.backchannel_logout(client_id=client_id, sid=sid, outcome=outcome)
+                    events.backchannel_logout(client_id=client_id, session_id=sid, outcome=outcome)
                     return outcome
                 except Exception as e:
                     final, answer = False, f"{type(e).__name__} resolving the host"
