@@ -120,3 +120,53 @@ def rate_limited(*, endpoint: str, client_id: str | None, address: str | None, r
     """At most once per bucket a minute (L{authsrv.flows.ratelimit.REPORT_WINDOW}), however many are refused."""
     _emit("rate.limited", "requests of {client_id} from {address} to {endpoint} over their rate; retry in"
           " {retry_after}s", endpoint=endpoint, client_id=client_id, address=address, retry_after=retry_after)
+
+
+def client_created(*, client_id: str, by: str) -> None:
+    _emit("client.created", "client {client_id} created by {by}", client_id=client_id, by=by)
+
+
+def client_updated(*, client_id: str, fields: list[str], by: str) -> None:
+    _emit("client.updated", "client {client_id} updated by {by}: {fields}", client_id=client_id,
+          fields=fields, by=by)
+
+
+def client_deleted(*, client_id: str, by: str) -> None:
+    _emit("client.deleted", "client {client_id} deleted by {by}", client_id=client_id, by=by)
+
+
+def client_secret_rotated(*, client_id: str, previous_until: int | None, by: str) -> None:
+    _emit("client.secret_rotated", "secret of client {client_id} rotated by {by}; the previous one works until"
+          " {previous_until}", client_id=client_id, previous_until=previous_until, by=by)
+
+
+def user_sessions_ended(*, sub: str, count: int, by: str) -> None:
+    _emit("user.sessions_ended", "{count} browser sessions of {sub} ended by {by}", sub=sub, count=count, by=by)
+
+
+def user_consents_revoked(*, sub: str, count: int, by: str) -> None:
+    _emit("user.consents_revoked", "{count} consents of {sub} revoked by {by}", sub=sub, count=count, by=by)
+
+
+def user_created(*, sub: str, login: str, by: str) -> None:
+    _emit("user.created", "user {login} ({sub}) created by {by}", sub=sub, login=login, by=by)
+
+
+def user_password_set(*, sub: str, by: str) -> None:
+    _emit("user.password_set", "password of {sub} set by {by}", sub=sub, by=by)
+
+
+def user_disabled(*, sub: str, reason: str | None, by: str) -> None:
+    _emit("user.disabled", "{sub} disabled by {by}: {reason}", sub=sub, reason=reason, by=by)
+
+
+def user_enabled(*, sub: str, by: str) -> None:
+    _emit("user.enabled", "{sub} enabled by {by}", sub=sub, by=by)
+
+
+def user_deleted(*, sub: str, login: str, by: str) -> None:
+    _emit("user.deleted", "user {login} ({sub}) deleted by {by}", sub=sub, login=login, by=by)
+
+
+def keys_rotated(*, kids: list[str], by: str) -> None:
+    _emit("keys.rotated", "signing keys rotated by {by}; active now: {kids}", kids=kids, by=by)

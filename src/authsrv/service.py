@@ -49,6 +49,7 @@ from authsrv.flows.sessions import SessionEnder
 from authsrv.flows.token import TokenFlow
 from authsrv.flows.userinfo import UserInfoFlow
 from authsrv.identity.chain import IdentityChain
+from authsrv.operations.keys import JWKS_MAX_AGE
 from authsrv.plugins import UnknownPlugin, find_factory
 from authsrv.protocol.discovery import authorization_server_metadata, openid_configuration
 from authsrv.records import Client
@@ -63,11 +64,6 @@ from authsrv.web.root import Root
 from authsrv.web.static import StaticBytes
 
 MAINTENANCE_INTERVAL = 60.0
-JWKS_MAX_AGE = 600
-"""
-How long relying parties may cache the JWKS: a next key must have been
-published at least this long before it is promoted and signs.
-"""
 GC_BATCH = 500
 STARTUP_RETRY = 5.0
 """Seconds between attempts to store the config's clients while the store is down at start."""
