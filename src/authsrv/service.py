@@ -18,6 +18,7 @@ from twisted.application.internet import TimerService
 from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.endpoints import serverFromString
+from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.client import HTTPConnectionPool
@@ -49,12 +50,17 @@ from authsrv.flows.sessions import SessionEnder
 from authsrv.flows.token import TokenFlow
 from authsrv.flows.userinfo import UserInfoFlow
 from authsrv.identity.chain import IdentityChain
-from authsrv.operations.keys import JWKS_MAX_AGE
+from authsrv.identity.passwords import hash_password
+from authsrv.operations import AdminOperations
+from authsrv.operations.clients import ClientOperations
+from authsrv.operations.keys import JWKS_MAX_AGE, KeyOperations
+from authsrv.operations.users import UserOperations
 from authsrv.plugins import UnknownPlugin, find_factory
 from authsrv.protocol.discovery import authorization_server_metadata, openid_configuration
 from authsrv.records import Client
 from authsrv.tls import hsts_headers, listen_problem, resolve_tls_paths
 from authsrv.tokens import CLIENT_SECRET_KEY, keyed_form
+from authsrv.web.admin import AdminAPI
 from authsrv.web.cookies import Cookies
 from authsrv.web.internal import InternalAPI
 from authsrv.web.limits import LimitedSite
@@ -295,12 +301,13 @@ def public_flows(config: Config, reactor, store, keystore, identity, grants: Gra
 
 
 def web_root(
-    config: Config, reactor, store, keystore, identity, readiness, internal=None, chat_link=None
+    config: Config, reactor, store, keystore, identity, readiness, internal=None, chat_link=None, admin=None
 ) -> Root:
     """
     The main site's HTTP surface; C{readiness()} returns a problem or None,
-    C{internal} is the internal API's resource when served here too, and
-    C{chat_link} the chat-platform link flow when one is configured.
+    C{internal} is the internal API's resource when served here too,
+    C{chat_link} the chat-platform link flow when one is configured, and
+    C{admin} the admin API's resource when C{[admin] serve_on_main} says so.
     """
     grants = grant_registry(config, store, keystore, identity)
     clients = ClientCache(store, reactor)
@@ -317,7 +324,31 @@ def web_root(
         rates=ClientRateLimits(clock=reactor, clients=clients, settings=config.rate_limits),
         trusted_proxies=config.trusted_proxies,
     )
-    return Root(_documents(config, keystore, grants.grant_types), site.resource(), internal, config.input_limits)
+    return Root(
+        _documents(config, keystore, grants.grant_types), site.resource(), internal, config.input_limits, admin
+    )
+
+
+def admin_operations(config: Config, reactor, store, keystore, identity, context) -> AdminOperations:
+    """
+    The operations of the admin API and the operator command, with what
+    they need: back-channel logout of ended sessions, host checks of
+    back-channel URIs, and password hashing on a thread of its own.
+    """
+    notifier = backchannel.BackchannelNotifier(reactor, backchannel.default_http_client(reactor))
+    hashing = context.threadpool("admin-passwords", 1)
+    return AdminOperations(
+        clients=ClientOperations(
+            store=store, clock=reactor, declared=frozenset(c.client_id for c in config.clients),
+            resolve=lambda host: backchannel.resolve_host(reactor, host),
+        ),
+        users=UserOperations(
+            store=store, identity=identity, clock=reactor,
+            notify=lambda session: notifier.session_ended(store, keystore, config.issuer, session),
+            hash_password=lambda password: deferToThreadPool(reactor, hashing, hash_password, password),
+        ),
+        keys=KeyOperations(keystore=keystore, clock=reactor),
+    )
 
 
 @frozen
@@ -376,16 +407,28 @@ def build(config: Config, reactor) -> AuthsrvService:
             reactor=reactor, secret=config.internal_secret, store=store, identity=identity,
             chat_tokens=chat.tokens, rate=config.rate_limits.internal, trusted_proxies=config.trusted_proxies,
         ).resource()
+        admin = None
+        if config.admin.secret is not None:
+            admin = AdminAPI(
+                operations=admin_operations(config, reactor, store, keystore, identity, context),
+                secret=config.admin.secret, actor=config.admin.name,
+            ).resource()
         root = web_root(
             config, reactor, store, keystore, identity, lambda: holder[0].readiness_problem(),
             internal if config.internal_on_main else None, chat.linking,
+            admin if config.admin.serve_on_main else None,
         )
         ports: list = []
         drain = Drain(reactor, config.shutdown.delay, config.shutdown.timeout)
         _listen(reactor, "server.listen", config.listen, site_factory(root, config, drain, reactor), ports, config.base_dir)
+        admin_on_internal = admin if not config.admin.listen else None
         _listen(reactor, "internal.listen", config.internal_listen,
-                site_factory(Root({}, internal, internal, config.input_limits), config, drain, reactor), ports,
-                config.base_dir)
+                site_factory(Root({}, internal, internal, config.input_limits, admin_on_internal), config, drain,
+                             reactor), ports, config.base_dir)
+        if admin is not None:
+            _listen(reactor, "admin.listen", config.admin.listen,
+                    site_factory(Root({}, admin, None, config.input_limits, admin), config, drain, reactor), ports,
+                    config.base_dir)
     except BaseException:
         context.stop()
         raise

@@ -28,26 +28,12 @@ DEFAULT_OVERLAP = 24 * 3600
 MAX_OVERLAP = 30 * 24 * 3600
 
 
-def client_view(client: Client) -> dict[str, Any]:
-    """A client as the front ends show it: every setting, no secret hash."""
-    data = attrs.asdict(client, recurse=False)
-    for hidden in ("secret_hash", "previous_secret_hash"):
-        del data[hidden]
-    for key, value in data.items():
-        if isinstance(value, tuple):
-            data[key] = list(value)
-    data["type"] = "public" if client.is_public else "confidential"
-    if client.previous_secret_hash is None:
-        data["previous_secret_until"] = None
-    return data
-
-
 def client_etag(client: Client) -> str:
     """
     An entity tag that changes with every stored change, secret rotations
     included: a strong ETag over the whole record.
     """
-    data = attrs.asdict(client, recurse=False, value_serializer=lambda _i, _a, v: list(v) if isinstance(v, tuple) else v)
+    data = {key: list(v) if isinstance(v, tuple) else v for key, v in attrs.asdict(client, recurse=False).items()}
     digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
     return f'"{digest[:32]}"'
 

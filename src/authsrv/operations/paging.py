@@ -28,9 +28,12 @@ def encode_cursor(key: str) -> str:
 
 def decode_cursor(cursor: str) -> str:
     try:
-        return base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        key = base64.b64decode(cursor + "=" * (-len(cursor) % 4), altchars=b"-_", validate=True).decode()
     except (binascii.Error, UnicodeDecodeError, ValueError):
         raise InvalidInput("cursor is not one this server gave", "cursor") from None
+    if not key:
+        raise InvalidInput("cursor is not one this server gave", "cursor")
+    return key
 
 
 def check_limit(limit: int | None) -> int:

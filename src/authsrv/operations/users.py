@@ -18,6 +18,7 @@ from authsrv import events
 from authsrv.flows import moderation
 from authsrv.interfaces import IUserManagement
 from authsrv.operations.errors import Conflict, InvalidInput, NotFound
+from authsrv.operations.paging import Page, page
 from authsrv.records import Ban, BrowserSession, Consent, Grant, User
 
 REASON_MAX = 500
@@ -118,8 +119,9 @@ class UserOperations:
             raise NotFound(f"{user.sub} is not banned", "user_id")
         return user.sub
 
-    async def bans(self) -> list[Ban]:
-        return await self._store.list_bans(self._now())
+    async def bans(self, limit: int | None = None, cursor: str | None = None) -> Page:
+        """The bans in force, ordered by sub, at most C{limit} (up to 100) after C{cursor}."""
+        return page(await self._store.list_bans(self._now()), lambda b: b.sub, limit, cursor)
 
     async def grants(self, user_id: str) -> tuple[str, list[Grant]]:
         user = await self.find(user_id)
@@ -134,25 +136,25 @@ class UserOperations:
         user = await self.find(user_id)
         return user.sub, await self._store.list_user_sessions(user.sub, self._now())
 
-    async def end_sessions(self, user_id: str, *, actor: str) -> int:
-        """End the user's browser sessions, telling their clients by back-channel logout."""
+    async def end_sessions(self, user_id: str, *, actor: str) -> tuple[str, int]:
+        """End the user's browser sessions, telling their clients by back-channel logout; (sub, how many)."""
         user = await self.find(user_id)
         count = await moderation.end_sessions(self._store, user.sub, self._notify)
         events.user_sessions_ended(sub=user.sub, count=count, by=actor)
-        return count
+        return user.sub, count
 
     async def consents(self, user_id: str) -> tuple[str, list[Consent]]:
         user = await self.find(user_id)
         return user.sub, await self._store.list_user_consents(user.sub)
 
-    async def revoke_consents(self, user_id: str, *, actor: str) -> int:
-        """Forget the user's consents: each client asks again at the next sign-in."""
+    async def revoke_consents(self, user_id: str, *, actor: str) -> tuple[str, int]:
+        """Forget the user's consents (each client asks again at the next sign-in); (sub, how many)."""
         user = await self.find(user_id)
         count = 0
         for consent in await self._store.list_user_consents(user.sub):
             count += await self._store.revoke_consent(user.sub, consent.client_id)
         events.user_consents_revoked(sub=user.sub, count=count, by=actor)
-        return count
+        return user.sub, count
 
     # --- backends that write users ------------------------------------------
 
