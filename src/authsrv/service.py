@@ -329,24 +329,33 @@ def web_root(
     )
 
 
-def admin_operations(config: Config, reactor, store, keystore, identity, context) -> AdminOperations:
+def client_operations(config: Config, reactor, store) -> ClientOperations:
+    """Client operations; back-channel hosts are resolved and checked on C{reactor}."""
+    return ClientOperations(
+        store=store, clock=reactor, declared=frozenset(c.client_id for c in config.clients),
+        resolve=lambda host: backchannel.resolve_host(reactor, host),
+    )
+
+
+def user_operations(config: Config, reactor, store, keystore, identity, context) -> UserOperations:
     """
-    The operations of the admin API and the operator command, with what
-    they need: back-channel logout of ended sessions, host checks of
-    back-channel URIs, and password hashing on a thread of its own.
+    User operations: ended sessions are told to their clients by
+    back-channel logout, passwords hashed on a thread of their own.
     """
     notifier = backchannel.BackchannelNotifier(reactor, backchannel.default_http_client(reactor))
     hashing = context.threadpool("admin-passwords", 1)
+    return UserOperations(
+        store=store, identity=identity, clock=reactor,
+        notify=lambda session: notifier.session_ended(store, keystore, config.issuer, session),
+        hash_password=lambda password: deferToThreadPool(reactor, hashing, hash_password, password),
+    )
+
+
+def admin_operations(config: Config, reactor, store, keystore, identity, context) -> AdminOperations:
+    """Every operation of the admin API (the operator command builds the group it needs)."""
     return AdminOperations(
-        clients=ClientOperations(
-            store=store, clock=reactor, declared=frozenset(c.client_id for c in config.clients),
-            resolve=lambda host: backchannel.resolve_host(reactor, host),
-        ),
-        users=UserOperations(
-            store=store, identity=identity, clock=reactor,
-            notify=lambda session: notifier.session_ended(store, keystore, config.issuer, session),
-            hash_password=lambda password: deferToThreadPool(reactor, hashing, hash_password, password),
-        ),
+        clients=client_operations(config, reactor, store),
+        users=user_operations(config, reactor, store, keystore, identity, context),
         keys=KeyOperations(keystore=keystore, clock=reactor),
     )
 

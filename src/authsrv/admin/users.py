@@ -1,51 +1,26 @@
 """
 C{authsrv-admin user ...} and C{hash-password}: users of the first
-configured identity backend that can write them (L{IUserManagement}).
+configured identity backend that can write them (L{IUserManagement}),
+through L{authsrv.operations.users} as the admin API.
 """
 
 from __future__ import annotations
 
-import uuid
-
-from authsrv.admin.common import AdminError, Console, config_of, plugin_context, read_password
+from authsrv.admin.common import Console, read_password, with_plugins
 from authsrv.identity.passwords import hash_password
-from authsrv.interfaces import IUserManagement
-from authsrv.records import User
-from authsrv.service import build_plugin
+from authsrv.service import user_operations
 
-NO_WRITABLE_BACKEND = (
-    "no [[identity]] backend in the config can write users (a static users file, or PostgreSQL"
-    ' in mode "own"): users live elsewhere, manage them there'
-)
+BY = "operator"
+"""Who the audit events name as the actor."""
 
 
-async def _with_user_management(reactor, args, act):
-    """
-    Run C{act(backend)} on the first configured identity backend that
-    provides L{IUserManagement}; the ones before it are closed unused.
-    """
-    config = config_of(args)
-    async with plugin_context(reactor, config) as context:
-        for choice in config.identity:
-            backend = build_plugin("identity", choice, context)
-            if IUserManagement.providedBy(backend):
-                break
-            await backend.close()
-        else:
-            raise AdminError(NO_WRITABLE_BACKEND)
-        try:
-            await act(backend)
-        except (ValueError, OSError) as e:
-            raise AdminError(str(e)) from None
-        finally:
-            await backend.close()
+async def _with_users(reactor, args, act):
+    """C{act(operations)} with the user operations over every configured plugin."""
 
+    async def use(config, context, store, keystore, identity):
+        return await act(user_operations(config, reactor, store, keystore, identity, context))
 
-def _check_profile(args) -> None:
-    if args.email and "@" not in args.email:
-        raise AdminError(f"--email {args.email!r} is not an email address")
-    if args.picture and not args.picture.startswith(("https://", "http://")):
-        raise AdminError("--picture must be an http(s) URL")
+    return await with_plugins(reactor, args, use)
 
 
 async def hash_password_command(reactor, args, console: Console):
@@ -53,47 +28,39 @@ async def hash_password_command(reactor, args, console: Console):
 
 
 async def user_add(reactor, args, console: Console):
-    _check_profile(args)
-    user = User(
-        sub=args.sub or str(uuid.uuid4()),
-        login=args.login,
-        name=args.name,
-        email=args.email,
-        email_verified=args.email_verified,
-        picture=args.picture,
-        chat_user_id=args.chat_user_id,
-    )
+    data = {"login": args.login, "sub": args.sub, "name": args.name, "email": args.email,
+            "email_verified": args.email_verified, "picture": args.picture, "chat_user_id": args.chat_user_id}
 
-    async def add(backend):
-        password_hash = hash_password(read_password(args, console))
-        added = await backend.add_user(user, password_hash)
-        console.out(f"added user {added.login} (sub {added.sub}) to {backend.users_location}")
+    async def add(users):
+        location = users.users_location
+        added = await users.create({**data, "password": read_password(args, console)}, actor=BY)
+        console.out(f"added user {added.login} (sub {added.sub}) to {location}")
 
-    await _with_user_management(reactor, args, add)
+    await _with_users(reactor, args, add)
 
 
 async def user_passwd(reactor, args, console: Console):
-    async def change(backend):
-        await backend.set_password_hash(args.login, hash_password(read_password(args, console)))
+    async def change(users):
+        await users.set_password(args.login, read_password(args, console), actor=BY)
         console.out(f"password of {args.login} changed")
 
-    await _with_user_management(reactor, args, change)
+    await _with_users(reactor, args, change)
 
 
 async def user_disable(reactor, args, console: Console):
-    async def disable(backend):
-        await backend.set_disabled(args.login, True, args.reason)
+    async def disable(users):
+        await users.set_disabled(args.login, True, reason=args.reason, actor=BY)
         console.out(f"disabled {args.login}")
 
-    await _with_user_management(reactor, args, disable)
+    await _with_users(reactor, args, disable)
 
 
 async def user_enable(reactor, args, console: Console):
-    async def enable(backend):
-        await backend.set_disabled(args.login, False)
+    async def enable(users):
+        await users.set_disabled(args.login, False, actor=BY)
         console.out(f"enabled {args.login}")
 
-    await _with_user_management(reactor, args, enable)
+    await _with_users(reactor, args, enable)
 
 
 def register(commands) -> None:

@@ -49,7 +49,7 @@ def _check_match(client: Client, if_match: str | None) -> None:
 
 def _consistent(client: Client) -> None:
     if client.post_logout_redirect_uris and not client.end_session_enabled:
-        raise InvalidInput("post_logout_redirect_uris need end_session_enabled", "end_session_enabled")
+        raise InvalidInput("post_logout_redirect_uris needs end_session_enabled set to true", "end_session_enabled")
 
 
 class ClientOperations:
@@ -79,8 +79,10 @@ class ClientOperations:
         return client
 
     async def _operator_client(self, client_id: str, action: str) -> Client:
+        if client_id in self._declared:
+            raise Conflict(f"client {client_id!r} is declared in the config file: {action} it there", "client_id")
         client = await self.get(client_id)
-        if client.source == "config" or client_id in self._declared:
+        if client.source == "config":
             raise Conflict(f"client {client_id!r} is declared in the config file: {action} it there", "client_id")
         return client
 
