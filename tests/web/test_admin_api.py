@@ -408,3 +408,33 @@ async def test_mallory_disabled_in_the_file_shows_as_disabled(harness):
         assert body["user"]["disabled"] is True and body["user"]["disabled_reason"] == MALLORY.disabled_reason
     finally:
         await harness.close()
+
+
+STRONG = "admin-config-secret-Lq8Vz3Kp6Wn2Xr9Ty5"
+
+
+@pytest.mark.parametrize("section,key,problem", [
+    ({"secret_env": "AUTHSRV_TEST_ADMIN"}, "admin.listen", "would be served nowhere"),
+    ({"secret_env": "AUTHSRV_TEST_SAME", "serve_on_main": True}, "admin.secret_env", "must differ from the internal"),
+    ({"secret_env": "AUTHSRV_TEST_ADMIN", "serve_on_main": True, "name": "a\tb"}, "admin.name", "printable"),
+    ({"secret_env": "AUTHSRV_TEST_ADMIN", "serve_on_main": True, "port": 1}, "admin.port", ""),
+])
+def test_admin_config_is_checked(monkeypatch, section, key, problem):
+    from authsrv.config import parse_config
+    from authsrv.configsection import ConfigError
+
+    monkeypatch.setenv("AUTHSRV_TEST_ADMIN", STRONG)
+    monkeypatch.setenv("AUTHSRV_TEST_SAME", INTERNAL_SECRET)
+    monkeypatch.setenv("AUTHSRV_TEST_INTERNAL", INTERNAL_SECRET)
+    with pytest.raises(ConfigError) as raised:
+        parse_config({"internal": {"secret_env": "AUTHSRV_TEST_INTERNAL"}, "admin": section}, None)
+    assert key in str(raised.value) and problem in str(raised.value)
+
+
+def test_admin_config_defaults(monkeypatch):
+    from authsrv.config import parse_config
+
+    assert parse_config({}, None).admin.secret is None
+    monkeypatch.setenv("AUTHSRV_TEST_ADMIN", STRONG)
+    admin = parse_config({"internal": {"listen": ["tcp:0"]}, "admin": {"secret_env": "AUTHSRV_TEST_ADMIN"}}, None).admin
+    assert (admin.secret, admin.name, admin.listen, admin.serve_on_main) == (STRONG, "admin-api", (), False)
