@@ -156,7 +156,7 @@ async def client_remove(reactor, args, console: Console):
 def _setting_options(parser, *, adding: bool) -> None:
     """The options of the settings; on update every one is optional and only the given ones change."""
     flag = "store_true" if adding else argparse.BooleanOptionalAction
-    default_list = [] if adding else None
+    default_list: list[str] | None = [] if adding else None
     parser.add_argument("--name", help="shown on the consent page")
     parser.add_argument("--redirect-uri", action="append", required=adding, default=None,
                         help="repeat for several" + ("" if adding else "; replaces the list"))

@@ -16,7 +16,7 @@ def _print_keys(keys, console: Console) -> None:
 
 async def keys_list(reactor, args, console: Console):
     async def show(config, keystore):
-        _print_keys(KeyOperations(keystore=keystore, clock=reactor).list(), console)
+        _print_keys(KeyOperations(keystore=keystore, clock=reactor).keys(), console)
 
     await with_plugin(reactor, args, "keystore", show)
 

@@ -20,7 +20,7 @@ class KeyOperations:
         self._keystore = keystore
         self._clock = clock
 
-    def list(self) -> list[KeyInfo]:
+    def keys(self) -> list[KeyInfo]:
         return list(self._keystore.keys())
 
     async def rotate(self, *, actor: str, force: bool = False) -> list[KeyInfo]:

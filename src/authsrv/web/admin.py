@@ -313,7 +313,7 @@ class AdminAPI:
     @app.route(PREFIX + "/keys", methods=["GET"])
     @_endpoint
     async def list_keys(self, request):
-        return 200, {"keys": [key_view(k) for k in self._ops.keys.list()]}
+        return 200, {"keys": [key_view(k) for k in self._ops.keys.keys()]}
 
     @app.route(PREFIX + "/keys/rotate", methods=["POST"])
     @_endpoint
