@@ -136,3 +136,25 @@ def test_a_provisioning_script(server):
     issued = [e for e in events if e["event"] == "token.issued" and e["client_id"] == "script-app"]
     assert [e["grant_type"] for e in issued] == ["authorization_code", "authorization_code", "refresh_token",
                                                  "authorization_code"]
+
+
+def test_an_admin_listener_of_its_own(run_server, tmp_path):
+    """With [admin] listen, the admin API answers there only: not on the internal or the public listener."""
+    shutil.copytree(EXAMPLES, tmp_path / "examples", ignore=shutil.ignore_patterns("demo-data"))
+    (tmp_path / "examples" / "demo-secrets" / "admin-api-secret").write_text(ADMIN_SECRET)
+    config = tmp_path / "examples" / "demo.toml"
+    port, internal, admin = free_port(), free_port(), free_port()
+    config.write_text(
+        config.read_text()
+        .replace('public_url = "http://127.0.0.1:8080"', f'public_url = "http://127.0.0.1:{port}"')
+        .replace("tcp:8080:", f"tcp:{port}:")
+        .replace("[internal]\n", f'[internal]\nlisten = ["tcp:{internal}:interface=127.0.0.1"]\n')
+        + f'\n[admin]\nsecret_file = "demo-secrets/admin-api-secret"\nlisten = ["tcp:{admin}:interface=127.0.0.1"]\n'
+    )
+    server = run_server(["authsrv", "--config", str(config)], tmp_path, port=port)
+    listed = _admin(server, "GET", "/api/admin/clients", base=f"http://127.0.0.1:{admin}")
+    assert listed.status_code == 200 and "demo-app" in [c["client_id"] for c in listed.json()["clients"]]
+    for base in (f"http://127.0.0.1:{internal}", server.base):
+        assert _admin(server, "GET", "/api/admin/clients", base=base).status_code == 404
+    elsewhere = _admin(server, "GET", "/api/internal/user-access", base=f"http://127.0.0.1:{admin}")
+    assert elsewhere.status_code == 404 and elsewhere.json()["error"] == "not_found"
