@@ -24,13 +24,17 @@ from authsrv import events
 from authsrv.auditlog import AuditObserver
 from authsrv.embedded import prepare_data_dir
 from authsrv.flows import moderation
+from authsrv.identity.chain import IdentityChain
+from authsrv.identity.passwords import hash_password
 from authsrv.logfile import LineFile, reopen_on_sigusr1
+from authsrv.operations.clients import ClientOperations
+from authsrv.operations.users import UserOperations
 from authsrv.service import sync_config_clients
 from authsrv.testing.identity import ALICE, BOB, MALLORY, PASSWORDS
 
 from conftest import admin
 from flow_client import Browser, location
-from harness import INTERNAL_SECRET, SECRETS, Harness, query_of
+from harness import CHEAP, INTERNAL_SECRET, SECRETS, Harness, query_of
 from token_helpers import exchange, post_form, refresh, save_code, tokens
 
 ROOT = Path(__file__).parent.parent
@@ -109,15 +113,33 @@ async def _operator(h: Harness) -> None:
     def notify(session):
         return succeed(None)
 
-    await moderation.ban_user(h.store, ALICE.sub, reason="spam", until=None, now=h.now(), by="operator",
+    await moderation.ban_user(h.store, ALICE.sub, reason="spam", until=None, now=h.now(), actor="operator",
                               notify=notify)
-    await moderation.unban_user(h.store, ALICE.sub, by="operator")
-    await moderation.revoke_user(h.store, ALICE.sub, now=h.now(), by="operator", notify=notify)
+    await moderation.unban_user(h.store, ALICE.sub, actor="operator")
+    await moderation.revoke_user(h.store, ALICE.sub, now=h.now(), actor="operator", notify=notify)
     declared = [c for c in h.config.clients if c.client_id != "gateway"]
     declared[0] = evolve(declared[0], name="Renamed")
     declared.append(evolve(declared[1], client_id="newcomer"))
     await sync_config_clients(h.store, declared)
     await h.keystore.rotate(h.now())
+    await _admin_api(h, notify)
+
+
+async def _admin_api(h: Harness, notify) -> None:
+    """What the admin API and the operator command do to users and clients, through their operations."""
+    users = UserOperations(store=h.store, identity=IdentityChain([h.identity], ("static",)), notify=notify,
+                           clock=h.clock, hash_password=lambda password: succeed(hash_password(password, CHEAP)))
+    await users.create({"login": "carol", "password": "a rather long passphrase 7"}, actor="admin-api")
+    await users.set_password("carol", "another long passphrase 8", actor="admin-api")
+    await users.set_disabled("carol", True, reason="left", actor="admin-api")
+    await users.set_disabled("carol", False, actor="admin-api")
+    await users.end_sessions(ALICE.sub, actor="admin-api")
+    await users.revoke_consents(ALICE.sub, actor="admin-api")
+    await users.delete("carol", actor="admin-api")
+    clients = ClientOperations(store=h.store, clock=h.clock, declared=frozenset(), resolve=None)
+    created, _ = await clients.create({"client_id": "by-api", "redirect_uris": ["https://app.example/cb"]},
+                                      actor="admin-api")
+    await clients.rotate_secret(created.client_id, actor="admin-api")
 
 
 def _awkward() -> None:
@@ -151,9 +173,10 @@ async def test_every_event_is_one_documented_line_without_secrets(tmp_path, monk
     assert {line["grant_type"] for line in lines if line["event"] == "token.issued"} >= {
         "authorization_code", "refresh_token"}
     assert {line["reason"] for line in lines if line["event"] == "login.failed"} >= {"wrong password", "unknown user"}
-    assert {line["actor"] for line in lines if line["event"].startswith("user.")} == {"operator"}
+    assert {line["actor"] for line in lines if line["event"].startswith("user.")} == {"operator", "admin-api"}
     assert {(line["event"], line["client_id"]) for line in lines if line["event"].startswith("client.")} == {
-        ("client.changed", "first"), ("client.created", "newcomer"), ("client.deleted", "gateway")}
+        ("client.changed", "first"), ("client.created", "newcomer"), ("client.deleted", "gateway"),
+        ("client.created", "by-api"), ("client.secret_rotated", "by-api")}
     ended = [line for line in lines if line["event"] == "session.ended"]
     assert ended and all(line["session_id"] and line["sub"] == ALICE.sub for line in ended)
     for line in lines:

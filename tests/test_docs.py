@@ -9,6 +9,7 @@ real store.
 from __future__ import annotations
 
 import base64
+import os
 import re
 import shutil
 import sqlite3
@@ -66,8 +67,8 @@ def with_secrets_from_env(data: dict, monkeypatch) -> dict:
     result = {}
     for name, value in data.items():
         if name.endswith("_file") and isinstance(value, str):
-            variable = "AUTHSRV_DOCS_" + name.upper()
-            monkeypatch.setenv(variable, CHAT_KEY if name == "encryption_key_file" else STRONG_SECRET)
+            variable = f"AUTHSRV_DOCS_{len(os.environ)}_{name.upper()}"
+            monkeypatch.setenv(variable, CHAT_KEY if name == "encryption_key_file" else STRONG_SECRET + variable)
             result[name[: -len("_file")] + "_env"] = variable
         else:
             result[name] = with_secrets_from_env(value, monkeypatch)

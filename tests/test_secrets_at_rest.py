@@ -101,12 +101,12 @@ def test_legacy_plain_hash_still_verifies_and_converts_without_the_secret():
 def test_authenticate_checks_either_form_with_the_key():
     for stored in (token_hash("s3cret"), client_secret_hash("s3cret", KEY)):
         client = Client(client_id="web", secret_hash=stored, redirect_uris=["https://a.example/cb"])
-        assert authenticate(client, ClientCredentials("web", "s3cret", "client_secret_post"), KEY) is client
+        assert authenticate(client, ClientCredentials("web", "s3cret", "client_secret_post"), KEY, 0) is client
         with pytest.raises(InvalidClient):
-            authenticate(client, ClientCredentials("web", "wrong", "client_secret_post"), KEY)
+            authenticate(client, ClientCredentials("web", "wrong", "client_secret_post"), KEY, 0)
     keyed = Client(client_id="web", secret_hash=client_secret_hash("s3cret", KEY), redirect_uris=["https://a.example/cb"])
     with pytest.raises(InvalidClient):
-        authenticate(keyed, ClientCredentials("web", "s3cret", "client_secret_post"), bytes(32))
+        authenticate(keyed, ClientCredentials("web", "s3cret", "client_secret_post"), bytes(32), 0)
 
 
 @pytest_twisted.ensureDeferred

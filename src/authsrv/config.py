@@ -8,6 +8,7 @@ factory, which validates it with the same L{Section} rules.
 
 from __future__ import annotations
 
+import hmac
 import os
 import re
 import tomllib
@@ -111,6 +112,24 @@ class Shutdown:
     timeout: int = 30
 
 
+ADMIN_ACTOR = "admin-api"
+
+
+@frozen
+class AdminSettings:
+    """
+    C{[admin]}: the admin API's secret (none: the API is not served), the
+    actor name its changes are audited under, and where it is served: its
+    own C{listen} addresses, else the internal API's listeners, and the
+    public listener only with C{serve_on_main}.
+    """
+
+    secret: str | None = None
+    name: str = ADMIN_ACTOR
+    listen: tuple[str, ...] = ()
+    serve_on_main: bool = False
+
+
 @frozen
 class PluginChoice:
     """A configured plugin: its name and the rest of its section."""
@@ -147,6 +166,7 @@ class Config:
     access_log_path: str = "-"
     audit_path: str | None = None
     log_format: str | None = None
+    admin: AdminSettings = AdminSettings()
 
     @property
     def issuer(self) -> str:
@@ -400,6 +420,28 @@ def _strong_secret(section: Section, name: str, demo: bool) -> str | None:
     return secret
 
 
+def _admin(section: Section, demo: bool, internal_secret: str | None, internal_listen: tuple[str, ...]) -> AdminSettings:
+    """C{[admin]}; see L{AdminSettings}."""
+    source = "secret_env" if section.has("secret_env") else "secret_file"
+    secret = _strong_secret(section, "secret", demo)
+    name = section.str("name", ADMIN_ACTOR)
+    if not name.strip() or len(name) > 64 or not name.isprintable():
+        raise section.error("name", "must be 1 to 64 printable characters (the actor named in audit events)")
+    listen = tuple(section.str_list("listen", []))
+    serve_on_main = section.bool("serve_on_main", False)
+    section.done()
+    if secret is not None and internal_secret is not None and hmac.compare_digest(
+        secret.encode(), internal_secret.encode()
+    ):
+        raise section.error(source, "must differ from the internal API secret")
+    if secret is not None and not (listen or internal_listen or serve_on_main):
+        raise section.error(
+            "listen", "is empty and so is internal.listen: the admin API would be served nowhere"
+            " (it is never on the public listener unless admin.serve_on_main = true)"
+        )
+    return AdminSettings(secret, name, listen, serve_on_main)
+
+
 def client_from_config(section: Section, demo: bool = False) -> Client:
     """
     A client declared in the config file (C{[[clients]]}); C{demo} when the
@@ -518,6 +560,8 @@ def read_config_document(
         checked.add(internal.error(
             "serve_on_main", "is false but internal.listen is empty: the internal API would be served nowhere"))
     checked.done(internal)
+    admin = checked.take(_admin, _table(top, checked, "admin"), demo, internal_secret, internal_listen,
+                         fallback=AdminSettings())
     limits_section = _table(top, checked, "limits")
     input_limits = _input_limits(limits_section, checked)
     limits = _limits(limits_section, checked)
@@ -580,6 +624,7 @@ def read_config_document(
         access_log_path=access_log_path,
         audit_path=audit_path,
         log_format=log_format,
+        admin=admin,
     )
     return config, checked.errors
 

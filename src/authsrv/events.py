@@ -41,8 +41,16 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "user.unbanned": (),
     "user.grants_revoked": ("count",),
     "client.created": ("source",),
-    "client.changed": ("source",),
+    "client.changed": ("source", "fields"),
     "client.deleted": ("source",),
+    "client.secret_rotated": ("previous_until",),
+    "user.sessions_ended": ("count",),
+    "user.consents_revoked": ("count",),
+    "user.created": ("login",),
+    "user.password_set": (),
+    "user.disabled": (),
+    "user.enabled": (),
+    "user.deleted": ("login",),
     "key.rotated": ("algorithms", "active"),
     "config.loaded": ("path", "issuer", "clients"),
     "rate.limited": ("endpoint", "retry_after"),
@@ -154,9 +162,10 @@ def client_created(*, client_id: str, source: str, actor: str) -> None:
           source=source, actor=actor)
 
 
-def client_changed(*, client_id: str, source: str, actor: str) -> None:
+def client_changed(*, client_id: str, source: str, actor: str, fields: list[str] | None = None) -> None:
+    """C{fields}: the settings an operator changed, when known."""
     _emit("client.changed", "client {client_id} ({source}) changed by {actor}", "success", client_id=client_id,
-          source=source, actor=actor)
+          source=source, actor=actor, fields=fields)
 
 
 def client_deleted(*, client_id: str, source: str, actor: str, reason: str | None = None) -> None:
@@ -199,3 +208,38 @@ def rate_limited(*, endpoint: str, client_id: str | None, address: str | None, r
     _emit("rate.limited", "requests of {client_id} from {address} to {endpoint} over their rate; retry in"
           " {retry_after}s", "refused", endpoint=endpoint, client_id=client_id, address=address,
           retry_after=retry_after)
+
+
+def client_secret_rotated(*, client_id: str, previous_until: int | None, actor: str) -> None:
+    _emit("client.secret_rotated", "secret of client {client_id} rotated by {actor}; the previous one works until"
+          " {previous_until}", "success", client_id=client_id, previous_until=previous_until, actor=actor)
+
+
+def user_sessions_ended(*, sub: str, count: int, actor: str) -> None:
+    _emit("user.sessions_ended", "{count} browser sessions of {sub} ended by {actor}", "success", sub=sub,
+          count=count, actor=actor)
+
+
+def user_consents_revoked(*, sub: str, count: int, actor: str) -> None:
+    _emit("user.consents_revoked", "{count} consents of {sub} revoked by {actor}", "success", sub=sub, count=count,
+          actor=actor)
+
+
+def user_created(*, sub: str, login: str, actor: str) -> None:
+    _emit("user.created", "user {login} ({sub}) created by {actor}", "success", sub=sub, login=login, actor=actor)
+
+
+def user_password_set(*, sub: str, actor: str) -> None:
+    _emit("user.password_set", "password of {sub} set by {actor}", "success", sub=sub, actor=actor)
+
+
+def user_disabled(*, sub: str, reason: str | None, actor: str) -> None:
+    _emit("user.disabled", "{sub} disabled by {actor}: {reason}", "success", sub=sub, reason=reason, actor=actor)
+
+
+def user_enabled(*, sub: str, actor: str) -> None:
+    _emit("user.enabled", "{sub} enabled by {actor}", "success", sub=sub, actor=actor)
+
+
+def user_deleted(*, sub: str, login: str, actor: str) -> None:
+    _emit("user.deleted", "user {login} ({sub}) deleted by {actor}", "success", sub=sub, login=login, actor=actor)

@@ -177,6 +177,9 @@ class IBrowserSessionStore(Interface):
     def end_user_sessions(sub):
         """Delete every session of a user; fires with the ended sessions (for back-channel logout)."""
 
+    def list_user_sessions(sub, now):
+        """Fires with the user's sessions unexpired at C{now}, oldest first."""
+
 
 class IInteractionStore(Interface):
     def save_interaction(interaction):
@@ -281,6 +284,9 @@ class IGrantStore(Interface):
     def revoke_user_grants(sub, now):
         """Revoke every live grant of a user; fires with how many."""
 
+    def list_user_grants(sub, now):
+        """Fires with the user's grants neither revoked nor expired at C{now}, oldest first."""
+
     def access_state(sub, now):
         """
         Fires with an L{authsrv.records.AccessState}: the user's ban in force
@@ -303,6 +309,9 @@ class IGrantStore(Interface):
 
     def revoke_consent(sub, client_id):
         """Forget a consent; fires True if there was one."""
+
+    def list_user_consents(sub):
+        """Fires with the user's L{authsrv.records.Consent}s, ordered by client_id."""
 
 
 class IBanStore(Interface):
@@ -481,12 +490,12 @@ class IKeystore(Interface):
     def keys():
         """A list of L{authsrv.records.KeyInfo} for every key held."""
 
-    def rotate(now):
+    def rotate(now, actor="operator"):
         """
         Promote each algorithm's next key to active, retire the active one
         (kept published until C{now} plus the retention), generate a new next
         key, drop retired keys whose retention has passed; fires with the new
-        list of L{authsrv.records.KeyInfo}.
+        list of L{authsrv.records.KeyInfo}. The audit event names C{actor}.
         """
 
     def reload():

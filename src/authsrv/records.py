@@ -36,6 +36,8 @@ class Client:
     this client's refresh tokens; C{rate_limit} its request rate (C{"50/s"},
     C{"off"}); C{audiences} are the resources it serves as a resource
     server, so it may introspect access tokens meant for them.
+    C{previous_secret_hash} is the secret a rotation replaced, still
+    accepted until C{previous_secret_until}, so apps roll without downtime.
     """
 
     client_id: str
@@ -54,6 +56,8 @@ class Client:
     refresh_grace: int | None = None
     rate_limit: str | None = None
     audiences: tuple[str, ...] = field(default=(), converter=_tuple)
+    previous_secret_hash: str | None = None
+    previous_secret_until: int | None = None
 
     @property
     def is_public(self) -> bool:
@@ -240,6 +244,16 @@ class RefreshToken:
     replay: bytes | None = None
     revoked: bool = False
     user_ban: "Ban | None" = None
+
+
+@frozen
+class Consent:
+    """The scopes a user consented to for a client, and when."""
+
+    sub: str
+    client_id: str
+    scope: frozenset[str] = field(converter=_frozenset)
+    created_at: int = 0
 
 
 @frozen

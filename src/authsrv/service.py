@@ -18,6 +18,7 @@ from twisted.application.internet import TimerService
 from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.endpoints import serverFromString
+from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger, globalLogPublisher
 from twisted.python.failure import Failure
 from twisted.web.client import HTTPConnectionPool
@@ -51,14 +52,20 @@ from authsrv.flows.sessions import SessionEnder
 from authsrv.flows.token import TokenFlow
 from authsrv.flows.userinfo import UserInfoFlow
 from authsrv.identity.chain import IdentityChain
+from authsrv.identity.passwords import hash_password
 from authsrv.logfile import LineFile
 from authsrv.metrics import Metrics
+from authsrv.operations import AdminOperations
+from authsrv.operations.clients import ClientOperations
+from authsrv.operations.keys import JWKS_MAX_AGE, KeyOperations
+from authsrv.operations.users import UserOperations
 from authsrv.plugins import UnknownPlugin, find_factory
 from authsrv.protocol.discovery import authorization_server_metadata, openid_configuration
 from authsrv.records import Client
 from authsrv.tls import hsts_headers, listen_problem, resolve_tls_paths
 from authsrv.tokens import CLIENT_SECRET_KEY, keyed_form
 from authsrv.web.accesslog import AccessLog
+from authsrv.web.admin import AdminAPI
 from authsrv.web.cookies import Cookies
 from authsrv.web.internal import InternalAPI
 from authsrv.web.limits import LimitedSite
@@ -70,11 +77,6 @@ from authsrv.web.routes import Named
 from authsrv.web.static import StaticBytes
 
 MAINTENANCE_INTERVAL = 60.0
-JWKS_MAX_AGE = 600
-"""
-How long relying parties may cache the JWKS: a next key must have been
-published at least this long before it is promoted and signs.
-"""
 GC_BATCH = 500
 STARTUP_RETRY = 5.0
 """Seconds between attempts to store the config's clients while the store is down at start."""
@@ -342,12 +344,13 @@ def public_flows(config: Config, reactor, store, keystore, identity, grants: Gra
 
 
 def web_root(
-    config: Config, reactor, store, keystore, identity, readiness, internal=None, chat_link=None
+    config: Config, reactor, store, keystore, identity, readiness, internal=None, chat_link=None, admin=None
 ) -> Root:
     """
     The main site's HTTP surface; C{readiness()} returns a problem or None,
-    C{internal} is the internal API's resource when served here too, and
-    C{chat_link} the chat-platform link flow when one is configured.
+    C{internal} is the internal API's resource when served here too,
+    C{chat_link} the chat-platform link flow when one is configured, and
+    C{admin} the admin API's resource when C{[admin] serve_on_main} says so.
     """
     grants = grant_registry(config, store, keystore, identity)
     clients = ClientCache(store, reactor)
@@ -363,7 +366,41 @@ def web_root(
         rates=ClientRateLimits(clock=reactor, clients=clients, settings=config.rate_limits),
         trusted_proxies=config.trusted_proxies,
     )
-    return Root(_documents(config, keystore, grants.grant_types), site.resource(), internal, config.input_limits)
+    return Root(
+        _documents(config, keystore, grants.grant_types), site.resource(), internal, config.input_limits, admin
+    )
+
+
+def client_operations(config: Config, reactor, store) -> ClientOperations:
+    """Client operations; back-channel hosts are resolved and checked on C{reactor}."""
+    return ClientOperations(
+        store=store, clock=reactor, declared=frozenset(c.client_id for c in config.clients),
+        resolve=lambda host: backchannel.resolve_host(reactor, host),
+    )
+
+
+def user_operations(config: Config, reactor, store, keystore, identity, context) -> UserOperations:
+    """
+    User operations: ended sessions are told to their clients by
+    back-channel logout, passwords hashed on a thread of their own.
+    """
+    notifier = backchannel.BackchannelNotifier(reactor, backchannel.default_http_client(reactor))
+    hashing = context.threadpool("admin-passwords", 1)
+    return UserOperations(
+        store=store, identity=identity, clock=reactor,
+        notify=lambda session: notifier.session_ended(store, keystore, config.issuer, session),
+        hash_password=lambda password: deferToThreadPool(reactor, hashing, hash_password, password),
+        min_length=config.password_min_length,
+    )
+
+
+def admin_operations(config: Config, reactor, store, keystore, identity, context) -> AdminOperations:
+    """Every operation of the admin API (the operator command builds the group it needs)."""
+    return AdminOperations(
+        clients=client_operations(config, reactor, store),
+        users=user_operations(config, reactor, store, keystore, identity, context),
+        keys=KeyOperations(keystore=keystore, clock=reactor),
+    )
 
 
 @frozen
@@ -446,19 +483,32 @@ def build(config: Config, reactor) -> AuthsrvService:
             reactor=reactor, secret=config.internal_secret, store=store, identity=identity,
             chat_tokens=chat.tokens, rate=config.rate_limits.internal, trusted_proxies=config.trusted_proxies,
         ).resource()
+        admin = None
+        if config.admin.secret is not None:
+            admin = AdminAPI(
+                operations=admin_operations(config, reactor, store, keystore, identity, context),
+                secret=config.admin.secret, actor=config.admin.name,
+            ).resource()
         root = web_root(
             config, reactor, store, keystore, identity, lambda: holder[0].readiness_problem(),
             internal if config.internal_on_main else None, chat.linking,
+            admin if config.admin.serve_on_main else None,
         )
         ports: list = []
         drain = Drain(reactor, config.shutdown.delay, config.shutdown.timeout)
         access_log = access_log_of(config)
         _listen(reactor, "server.listen", config.listen,
                 site_factory(root, config, drain, reactor, metrics, access_log), ports, config.base_dir)
+        admin_on_internal = admin if not config.admin.listen else None
         _listen(reactor, "internal.listen", config.internal_listen,
-                site_factory(Root({}, internal, internal, config.input_limits), config, drain, reactor, metrics,
-                             access_log),
+                site_factory(Root({}, internal, internal, config.input_limits, admin_on_internal), config, drain,
+                             reactor, metrics, access_log),
                 ports, config.base_dir)
+        if admin is not None:
+            _listen(reactor, "admin.listen", config.admin.listen,
+                    site_factory(Root({}, admin, None, config.input_limits, admin), config, drain, reactor, metrics,
+                                 access_log),
+                    ports, config.base_dir)
         if metrics is not None:
             metrics.watch_keys(keystore, reactor)
             _listen(reactor, "metrics.listen", config.metrics_listen, lambda: metrics_site(metrics, config, reactor),

@@ -55,6 +55,7 @@ async def test_client_lifecycle(deployment):
         "refresh_grace": None,
         "rate_limit": None,
         "audiences": [],
+        "previous_secret_until": None,
     }
     assert "client_secret" not in ok(await admin("--config", config, "client", "show", "web", cwd=cwd))
     ok(await admin("--config", config, "client", "add", "spa", "--public", "--redirect-uri", "https://spa.example/cb", cwd=cwd))
@@ -142,7 +143,7 @@ async def test_user_passwd_disable_enable_in_the_users_file(deployment):
     assert ok(await admin("--config", config, "user", "enable", "alice", cwd=cwd)) == "enabled alice\n"
     assert "disabled" not in users_file.read_text().split("[[users]]")[1]
     refused(await admin("--config", config, "user", "disable", "bob", "--reason", "x", cwd=cwd),
-            "no user with login 'bob'")
+            "no user 'bob' (by id or login)")
 
 
 @pytest_twisted.ensureDeferred

@@ -125,8 +125,8 @@ async def test_user_list_show_remove(deployment):
     assert ok(await admin("user", "remove", "Bob", "--config", config, cwd=cwd)) == f"removed user Bob from {users_file}\n"
     assert [line.split("\t")[0] for line in ok(await admin("user", "list", "-c", config, cwd=cwd)).splitlines()] == [
         "alice"]
-    refused(await admin("user", "remove", "bob", "--config", config, cwd=cwd), "no user with login 'bob'")
-    refused(await admin("user", "show", "bob", "--config", config, cwd=cwd), "no user with login 'bob'")
+    refused(await admin("user", "remove", "bob", "--config", config, cwd=cwd), "no user 'bob' (by id or login)")
+    refused(await admin("user", "show", "bob", "--config", config, cwd=cwd), "no user 'bob' (by id or login)")
 
 
 @pytest.mark.parametrize("password, message", [
@@ -146,7 +146,7 @@ async def test_new_passwords_meet_the_policy(deployment, password, message):
     refused(await admin("user", "passwd", "alice", "--password-stdin", "--config", config, cwd=cwd,
                         stdin=password + "\n"), message)
     refused(await admin("user", "passwd", "nobody", "--password-stdin", "--config", config, cwd=cwd,
-                        stdin="violet kettle harbour\n"), "no user with login 'nobody'")
+                        stdin="violet kettle harbour\n"), "no user 'nobody' (by id or login)")
 
 
 @pytest_twisted.ensureDeferred

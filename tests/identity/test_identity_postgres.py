@@ -694,7 +694,7 @@ async def test_operator_manages_users_in_own_mode(pg_dsn, tmp_path, monkeypatch)
     [(new_hash,)] = execute(pg_dsn, "SELECT password_hash FROM identity_users")
     assert PasswordHasher().verify(new_hash, "battery staple")
     missing = await run("user", "disable", "bob", "--reason", "x")
-    assert missing.returncode == 1 and "no user with login 'bob'" in missing.stderr
+    assert missing.returncode == 1 and "no user 'bob' (by id or login)" in missing.stderr
 
     banned = await run("ban", "alice", "--reason", "spam")
     assert banned.returncode == 0, banned.stderr

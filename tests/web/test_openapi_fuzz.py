@@ -8,7 +8,9 @@ The server is the demo configuration on a free port, with a chat provider
 client pointing at a closed loopback port so the link pages answer too.
 Authenticated operations get real credentials part of the time (a
 provisioned client's secret, a user's access and ID tokens, the internal
-secret) so the checks reach past 401.
+secret, the admin secret with a real user and an operator-made client) so
+the checks reach past 401. The admin API is served on the main listener
+here ([admin] serve_on_main), so one server answers every described path.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 import secrets
 import shutil
 from urllib.parse import parse_qs, urlsplit
@@ -39,6 +42,7 @@ from conftest import EXAMPLES, Server, free_port
 from test_e2e_relying_party import browser_login, read_form
 
 from authsrv.web.public import PublicSite
+from authsrv.web.admin import AdminAPI
 from authsrv.web.internal import InternalAPI
 
 pytestmark = pytest.mark.slow
@@ -62,6 +66,8 @@ EXPECTED_5XX = {("GET", "/api/auth/link/chat/callback"): {502, 503}}
 CLIENT = ("demo-app", "demo-app-secret")
 GATEWAY = ("api-gateway", "api-gateway-secret")
 INTERNAL_SECRET = "demo-internal-secret"
+ADMIN_SECRET = secrets.token_urlsafe(32)
+ADMIN_CLIENT = "fuzz-made-app"
 ALICE_SUB = "a1f0c9e2-5b7d-4c1e-9a3f-6d2b8e4c7a10"
 REDIRECT_URI = "http://127.0.0.1:9000/callback"
 AUTHORIZE = {
@@ -77,6 +83,10 @@ authorize_url = "http://127.0.0.1:{closed}/authorize"
 token_url = "http://127.0.0.1:{closed}/token"
 user_url = "http://127.0.0.1:{closed}/user"
 timeout = "2s"
+
+[admin]
+secret_file = "demo-secrets/admin-api-secret"
+serve_on_main = true
 """
 
 
@@ -86,9 +96,10 @@ def test_the_description_is_valid_openapi_3_1():
 
 
 def _klein_routes() -> set[tuple[str, str]]:
+    """Every route, its variables written as OpenAPI writes them ({name}, not <name>)."""
     return {
-        (method, rule.rule)
-        for app in (PublicSite.app, InternalAPI.app)
+        (method, re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", rule.rule))
+        for app in (PublicSite.app, InternalAPI.app, AdminAPI.app)
         for rule in app.url_map.iter_rules()
         for method in rule.methods
         if method != "HEAD"
@@ -110,6 +121,7 @@ def server(tmp_path_factory):
     secrets_dir = root / "examples" / "demo-secrets"
     (secrets_dir / "chat-key").write_text(base64.urlsafe_b64encode(secrets.token_bytes(32)).decode())
     (secrets_dir / "chat-secret").write_text(secrets.token_urlsafe(32))
+    (secrets_dir / "admin-api-secret").write_text(ADMIN_SECRET)
     config = root / "examples" / "demo.toml"
     config.write_text(
         config.read_text()
@@ -120,6 +132,9 @@ def server(tmp_path_factory):
     running = Server(["authsrv", "--config", str(config)], root, port)
     try:
         running.wait_ready()
+        made = requests.post(running.base + "/api/admin/clients", timeout=5, json={
+            "client_id": ADMIN_CLIENT, "redirect_uris": [REDIRECT_URI]}, headers={"Authorization": "Bearer " + ADMIN_SECRET})
+        assert made.status_code == 201, made.text
         yield running
     finally:
         running.stop()
@@ -218,6 +233,14 @@ def _real_values(case, draw, alice) -> dict[str, str]:
         headers["Authorization"] = "Bearer " + INTERNAL_SECRET
         if draw(st.booleans()):
             case.body = {"userId": ALICE_SUB}
+    elif path.startswith("/api/admin/") and draw(st.booleans()):
+        headers["Authorization"] = "Bearer " + ADMIN_SECRET
+        parameters = dict(case.path_parameters or {})
+        if "user_id" in parameters and draw(st.booleans()):
+            parameters["user_id"] = ALICE_SUB
+        if "client_id" in parameters and draw(st.booleans()):
+            parameters["client_id"] = ADMIN_CLIENT
+        case.path_parameters = parameters
     elif path.endswith("/end-session") and draw(st.booleans()):
         _set_params(case, id_token_hint=alice["id_token"])
     elif path.endswith("/oauth2/authorize") and draw(st.booleans()):

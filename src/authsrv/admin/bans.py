@@ -1,25 +1,23 @@
 """
 C{authsrv-admin ban|unban|revoke|bans}: the operator's actions on a user,
-done by L{authsrv.flows.moderation}; this module parses and words them.
+done by L{authsrv.operations.users} as the admin API does them; this module
+parses and words them.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from attrs import asdict
 
-from authsrv.admin.common import ACTOR, AdminError, Console, config_of, plugin_context, with_plugin
+from authsrv.admin.common import ACTOR, AdminError, Console, with_plugins
 from authsrv.configsection import parse_duration
-from authsrv.flows import backchannel, moderation
 from authsrv.isotime import iso_utc
-from authsrv.service import build_identity, build_plugin
+from authsrv.operations.users import parse_until
+from authsrv.service import user_operations
 
-"""Who the audit events name as the actor."""
 
 
 def _until(args, now: int) -> int | None:
-    """The end of a ban from --until (ISO 8601) or --for (a duration)."""
+    """The end of a ban from --until (ISO 8601, checked by the operation) or --for (a duration)."""
     if args.until and args.for_:
         raise AdminError("give --until or --for, not both")
     if args.for_:
@@ -27,77 +25,51 @@ def _until(args, now: int) -> int | None:
             return now + parse_duration(args.for_)
         except ValueError:
             raise AdminError(f"--for {args.for_!r} is not a duration such as 12h or 7d") from None
-    if args.until:
-        try:
-            moment = datetime.fromisoformat(args.until.replace("Z", "+00:00"))
-        except ValueError:
-            raise AdminError(f"--until {args.until!r} is not an ISO 8601 time such as 2030-01-31T12:00:00Z") from None
-        if moment.tzinfo is None:
-            raise AdminError("--until needs a time zone, e.g. 2030-01-31T12:00:00Z")
-        until = int(moment.timestamp())
-        if until <= now:
-            raise AdminError("--until is in the past")
-        return until
-    return None
+    return parse_until(args.until, now, "--until") if args.until else None
 
 
-async def _with_user(reactor, args, act):
-    """
-    Run C{act(store, sub, now, notify)} for the user named by id or login;
-    C{notify(session)} sends the back-channel logouts of an ended session
-    from this process, and the command waits for them (bounded retries).
-    """
-    config = config_of(args)
-    async with plugin_context(reactor, config) as context:
-        identity = build_identity(config, context)
-        store = build_plugin("store", config.store, context)
-        keystore = build_plugin("keystore", config.keystore, context)
-        notifier = backchannel.BackchannelNotifier(reactor, backchannel.default_http_client(reactor))
+async def _with_users(reactor, args, act):
+    """C{act(operations, now)} with the user operations over every configured plugin."""
 
-        def notify(session):
-            return notifier.session_ended(store, keystore, config.issuer, session)
+    async def use(config, context, store, keystore, identity):
+        return await act(user_operations(config, reactor, store, keystore, identity, context), int(reactor.seconds()))
 
-        try:
-            user = await identity.user_by_id(args.user) or await identity.user_by_login(args.user)
-            if user is None:
-                raise AdminError(f"no user {args.user!r} (by id or login)")
-            await act(store, user.sub, int(reactor.seconds()), notify)
-        finally:
-            await store.close()
-            await identity.close()
+    return await with_plugins(reactor, args, use)
 
 
 async def ban(reactor, args, console: Console):
-    async def act(store, sub, now, notify):
-        banned = await moderation.ban_user(
-            store, sub, reason=args.reason, until=_until(args, now), now=now, by=ACTOR, notify=notify
-        )
-        console.out(f"banned {sub}" + (f" until {iso_utc(banned.until)}" if banned.until else "")
+    async def act(users, now):
+        banned = await users.ban(args.user, reason=args.reason, until=_until(args, now), actor=ACTOR)
+        console.out(f"banned {banned.sub}" + (f" until {iso_utc(banned.until)}" if banned.until else "")
                     + f"; {banned.sessions_ended} browser sessions ended")
 
-    await _with_user(reactor, args, act)
+    await _with_users(reactor, args, act)
 
 
 async def unban(reactor, args, console: Console):
-    async def act(store, sub, now, notify):
-        if not await moderation.unban_user(store, sub, by=ACTOR):
-            raise AdminError(f"{sub} is not banned")
-        console.out(f"unbanned {sub}")
+    async def act(users, now):
+        console.out(f"unbanned {await users.unban(args.user, actor=ACTOR)}")
 
-    await _with_user(reactor, args, act)
+    await _with_users(reactor, args, act)
 
 
 async def revoke(reactor, args, console: Console):
-    async def act(store, sub, now, notify):
-        revoked = await moderation.revoke_user(store, sub, now=now, by=ACTOR, notify=notify)
-        console.out(f"revoked {revoked.grants} grants of {sub}; {revoked.sessions_ended} browser sessions ended")
+    async def act(users, now):
+        revoked = await users.revoke_grants(args.user, actor=ACTOR)
+        console.out(f"revoked {revoked.grants} grants of {revoked.sub}; {revoked.sessions_ended} browser sessions ended")
 
-    await _with_user(reactor, args, act)
+    await _with_users(reactor, args, act)
 
 
 async def bans_list(reactor, args, console: Console):
-    async def show(config, store):
-        entries = await store.list_bans(int(reactor.seconds()))
+    async def act(users, now):
+        entries, cursor = [], None
+        while True:
+            page = await users.bans(100, cursor)
+            entries.extend(page.items)
+            if page.next_cursor is None:
+                break
+            cursor = page.next_cursor
         if args.json:
             console.out_json([asdict(entry) for entry in entries])
             return
@@ -105,7 +77,7 @@ async def bans_list(reactor, args, console: Console):
             until = iso_utc(entry.until) if entry.until else "-"
             console.out(f"{entry.sub}\t{until}\t{entry.reason or '-'}")
 
-    await with_plugin(reactor, args, "store", show)
+    await _with_users(reactor, args, act)
 
 
 def register(commands) -> None:

@@ -1,171 +1,200 @@
-"""C{authsrv-admin client ...}: relying parties kept in the store."""
+"""
+C{authsrv-admin client ...}: relying parties kept in the store, through
+L{authsrv.operations.clients} as the admin API; this module turns options
+into settings and words the results.
+"""
 
 from __future__ import annotations
 
-from attrs import asdict
-from twisted.internet.defer import Deferred
+import argparse
+import re
 
-from authsrv import events
 from authsrv.admin.common import ACTOR, AdminError, Console, with_plugin
-from authsrv.config import Config
-from authsrv.flows.backchannel import ATTEMPT_TIMEOUT, RefusedTarget, pinned_address, resolve_host
-from authsrv.protocol.clients import client_id_problem, redirect_uri_problem
-from authsrv.protocol.targets import backchannel_uri_problem
+from authsrv.configsection import parse_duration
+from authsrv.isotime import iso_utc
+from authsrv.operations.clients import DEFAULT_OVERLAP
+from authsrv.operations.errors import OperationError
+from authsrv.operations.views import client_view
 from authsrv.records import Client
-from authsrv.store.errors import AlreadyExists
-from authsrv.tokens import CLIENT_SECRET_KEY, client_secret_hash, new_token
+from authsrv.service import client_operations
 
 
-def _check_uris(option: str, uris: list[str]) -> None:
-    for uri in uris:
-        problem = redirect_uri_problem(uri)
-        if problem:
-            raise AdminError(f"{option}: {problem}")
+OPTIONS = {
+    "post_logout_redirect_uris": "--post-logout-redirect-uri",
+    "redirect_uris": "--redirect-uri",
+    "backchannel_logout_uri": "--backchannel-logout-uri",
+    "end_session_enabled": "--end-session",
+    "first_party": "--first-party",
+    "introspect_any": "--introspect-any",
+    "resources": "--resource",
+    "audiences": "--audience",
+    "grant_types": "--grant-type",
+    "refresh_grace": "--refresh-grace",
+    "rate_limit": "--rate-limit",
+    "client_id": "client id",
+}
+"""Each setting's option, which the operator's messages name instead of the field."""
+CLEARABLE = ("post-logout-redirect-uris", "backchannel-logout-uri", "resources", "audiences", "refresh-grace",
+             "rate-limit")
 
 
-async def _check_backchannel_uri(reactor, uri: str) -> None:
-    """
-    Refuse a back-channel logout URI whose host is or now resolves to an
-    address the server must not reach; a name that does not resolve yet
-    passes (every delivery checks it again).
-    """
-    problem = backchannel_uri_problem(uri)
-    if problem:
-        raise AdminError(f"--backchannel-logout-uri: {problem}")
-    resolving = Deferred.fromCoroutine(pinned_address(lambda host: resolve_host(reactor, host), uri))
-    try:
-        await resolving.addTimeout(ATTEMPT_TIMEOUT, reactor)
-    except RefusedTarget as e:
-        raise AdminError(f"--backchannel-logout-uri: {uri!r} is refused: {e}") from None
-    except Exception:
-        return
-
-
-def _client_dict(client: Client) -> dict:
-    data = asdict(client, recurse=True)
-    data["type"] = "public" if client.is_public else "confidential"
-    del data["secret_hash"]
-    for key in ("redirect_uris", "post_logout_redirect_uris", "resources"):
-        data[key] = list(data[key])
-    return data
+def _worded(error: OperationError) -> AdminError:
+    message = error.message
+    for field, option in OPTIONS.items():
+        message = re.sub(rf"\b{field}\b", option, message)
+    return AdminError(message)
 
 
 def _print_client(client: Client, console: Console) -> None:
-    for key, value in _client_dict(client).items():
+    for key, value in client_view(client).items():
         if isinstance(value, list):
             value = " ".join(value) or "-"
         console.out(f"{key + ':':<27} {value}")
 
 
-def _declared(config: Config, client_id: str) -> bool:
-    return any(c.client_id == client_id for c in config.clients)
+async def _run(reactor, args, act):
+    """C{act(operations)} with the client operations on the configured store."""
+
+    async def use(config, store):
+        try:
+            return await act(client_operations(config, reactor, store))
+        except OperationError as e:
+            raise _worded(e) from None
+
+    return await with_plugin(reactor, args, "store", use)
+
+
+def _settings(args) -> dict:
+    """The settings the options name; a repeated list option replaces the whole list."""
+    settings: dict = {}
+    for field, value in (
+        ("name", args.name), ("redirect_uris", args.redirect_uri),
+        ("post_logout_redirect_uris", args.post_logout_redirect_uri),
+        ("backchannel_logout_uri", args.backchannel_logout_uri), ("end_session_enabled", args.end_session),
+        ("first_party", args.first_party), ("introspect_any", args.introspect_any), ("resources", args.resource),
+        ("audiences", args.audience), ("grant_types", args.grant_type), ("refresh_grace", args.refresh_grace),
+        ("rate_limit", args.rate_limit),
+    ):
+        if value is not None:
+            settings[field] = value
+    return settings
 
 
 async def client_add(reactor, args, console: Console):
-    problem = client_id_problem(args.client_id)
-    if problem:
-        raise AdminError(f"client id {problem}")
-    _check_uris("--redirect-uri", args.redirect_uri)
-    _check_uris("--post-logout-redirect-uri", args.post_logout_redirect_uri)
-    if args.backchannel_logout_uri:
-        await _check_backchannel_uri(reactor, args.backchannel_logout_uri)
-    if args.post_logout_redirect_uri and not args.end_session:
-        raise AdminError("--post-logout-redirect-uri needs --end-session")
-    secret = None if args.public else new_token(32)
-
-    async def add(config, store):
-        if _declared(config, args.client_id):
-            raise AdminError(f"client {args.client_id!r} is declared in {config.path}; edit it there")
-        key = await store.server_key(CLIENT_SECRET_KEY) if secret else b""
-        client = Client(
-            client_id=args.client_id,
-            secret_hash=client_secret_hash(secret, key) if secret else None,
-            name=args.name or args.client_id,
-            redirect_uris=args.redirect_uri,
-            post_logout_redirect_uris=args.post_logout_redirect_uri,
-            end_session_enabled=args.end_session,
-            first_party=args.first_party,
-            resources=args.resource,
-            introspect_any=args.introspect_any,
-            backchannel_logout_uri=args.backchannel_logout_uri,
-            created_at=int(reactor.seconds()),
-        )
-        try:
-            await store.add_client(client)
-        except AlreadyExists:
-            raise AdminError(f"client {args.client_id!r} exists already") from None
-        events.client_created(client_id=client.client_id, source=client.source, actor=ACTOR)
-        _print_client(client, console)
-
-    await with_plugin(reactor, args, "store", add)
+    data = {"client_id": args.client_id, "public": args.public, **_settings(args)}
+    client, secret = await _run(reactor, args, lambda ops: ops.create(data, actor=ACTOR))
+    _print_client(client, console)
     if secret:
         console.out(f"client_secret:              {secret}")
         console.err("Keep the secret now: only its hash is stored, it cannot be shown again.")
 
 
+async def client_update(reactor, args, console: Console):
+    data = _settings(args)
+    for name in args.clear:
+        field = name.replace("-", "_")
+        data[field] = None if field in ("backchannel_logout_uri", "refresh_grace", "rate_limit") else []
+    if not data:
+        raise AdminError("nothing to change: give at least one option (see client update --help)")
+    client = await _run(reactor, args, lambda ops: ops.update(args.client_id, data, actor=ACTOR))
+    _print_client(client, console)
+
+
+async def client_rotate_secret(reactor, args, console: Console):
+    try:
+        overlap = parse_duration(args.overlap) if args.overlap else DEFAULT_OVERLAP
+    except ValueError:
+        raise AdminError(f"--overlap {args.overlap!r} is not a duration such as 24h or 0s") from None
+    client, secret = await _run(reactor, args, lambda ops: ops.rotate_secret(args.client_id, actor=ACTOR,
+                                                                             overlap=overlap))
+    console.out(f"client_secret:              {secret}")
+    if client.previous_secret_until:
+        console.out(f"previous secret works until {iso_utc(client.previous_secret_until)}")
+    else:
+        console.out("the previous secret no longer works")
+    console.err("Keep the secret now: only its hash is stored, it cannot be shown again.")
+
+
 async def client_list(reactor, args, console: Console):
-    async def show(config, store):
-        clients = await store.list_clients()
-        if args.json:
-            console.out_json([_client_dict(c) for c in clients])
-            return
-        for client in clients:
-            kind = "public" if client.is_public else "confidential"
-            flags = [f for f, on in (("first-party", client.first_party),
-                                     ("end-session", client.end_session_enabled),
-                                     ("introspect-any", client.introspect_any)) if on]
-            console.out(f"{client.client_id}\t{kind}\t{','.join(flags) or '-'}\t{client.name}")
+    async def every(ops):
+        clients, cursor = [], None
+        while True:
+            page = await ops.list(100, cursor)
+            clients += page.items
+            if page.next_cursor is None:
+                return clients
+            cursor = page.next_cursor
 
-    await with_plugin(reactor, args, "store", show)
-
-
-async def _get_client(store, client_id: str) -> Client:
-    client = await store.get_client(client_id)
-    if client is None:
-        raise AdminError(f"no client {client_id!r}")
-    return client
+    clients = await _run(reactor, args, every)
+    if args.json:
+        console.out_json([client_view(c) for c in clients])
+        return
+    for client in clients:
+        kind = "public" if client.is_public else "confidential"
+        flags = [f for f, on in (("first-party", client.first_party),
+                                 ("end-session", client.end_session_enabled),
+                                 ("introspect-any", client.introspect_any)) if on]
+        console.out(f"{client.client_id}\t{kind}\t{','.join(flags) or '-'}\t{client.name}")
 
 
 async def client_show(reactor, args, console: Console):
-    async def show(config, store):
-        client = await _get_client(store, args.client_id)
-        if args.json:
-            console.out_json(_client_dict(client))
-        else:
-            _print_client(client, console)
-
-    await with_plugin(reactor, args, "store", show)
+    client = await _run(reactor, args, lambda ops: ops.get(args.client_id))
+    if args.json:
+        console.out_json(client_view(client))
+    else:
+        _print_client(client, console)
 
 
 async def client_remove(reactor, args, console: Console):
-    async def remove(config, store):
-        if _declared(config, args.client_id):
-            raise AdminError(f"client {args.client_id!r} is declared in {config.path}; remove it there")
-        if not await store.remove_client(args.client_id):
-            raise AdminError(f"no client {args.client_id!r}")
-        events.client_deleted(client_id=args.client_id, source="operator", actor=ACTOR)
-        console.out(f"removed client {args.client_id}")
+    await _run(reactor, args, lambda ops: ops.delete(args.client_id, actor=ACTOR))
+    console.out(f"removed client {args.client_id}")
 
-    await with_plugin(reactor, args, "store", remove)
+
+def _setting_options(parser, *, adding: bool) -> None:
+    """The options of the settings; on update every one is optional and only the given ones change."""
+    flag = "store_true" if adding else argparse.BooleanOptionalAction
+    default_list: list[str] | None = [] if adding else None
+    parser.add_argument("--name", help="shown on the consent page")
+    parser.add_argument("--redirect-uri", action="append", required=adding, default=None,
+                        help="repeat for several" + ("" if adding else "; replaces the list"))
+    parser.add_argument("--post-logout-redirect-uri", action="append", default=default_list)
+    parser.add_argument("--end-session", action=flag, default=False if adding else None,
+                        help="allow RP-initiated logout")
+    parser.add_argument("--first-party", action=flag, default=False if adding else None,
+                        help="skip the consent page")
+    parser.add_argument("--resource", action="append", default=default_list,
+                        help="an audience it may request (RFC 8707)")
+    parser.add_argument("--introspect-any", action=flag, default=False if adding else None,
+                        help="a resource server that may introspect any token")
+    parser.add_argument("--backchannel-logout-uri")
+    parser.add_argument("--audience", action="append", default=None,
+                        help="a resource it serves: it may introspect tokens meant for it")
+    parser.add_argument("--grant-type", action="append", default=None, help="a grant it may use (repeat)")
+    parser.add_argument("--refresh-grace", help="its refresh grace window, e.g. 30s")
+    parser.add_argument("--rate-limit", help="its request rate, e.g. 50/s or off")
 
 
 def register(commands) -> None:
-    """Add C{client add|list|show|remove} to the top-level subparsers."""
+    """Add C{client add|update|rotate-secret|list|show|remove} to the top-level subparsers."""
     client = commands.add_parser("client", help="provision relying parties").add_subparsers(
         dest="client_command", required=True, metavar="ACTION"
     )
     add = client.add_parser("add", help="add a client; prints a generated secret once")
     add.add_argument("client_id")
     add.add_argument("--public", action="store_true", help="no secret: a browser or native app (PKCE only)")
-    add.add_argument("--name", help="shown on the consent page")
-    add.add_argument("--redirect-uri", action="append", required=True, help="repeat for several")
-    add.add_argument("--post-logout-redirect-uri", action="append", default=[])
-    add.add_argument("--end-session", action="store_true", help="allow RP-initiated logout")
-    add.add_argument("--first-party", action="store_true", help="skip the consent page")
-    add.add_argument("--resource", action="append", default=[], help="an audience it may request (RFC 8707)")
-    add.add_argument("--introspect-any", action="store_true", help="a resource server that may introspect any token")
-    add.add_argument("--backchannel-logout-uri")
+    _setting_options(add, adding=True)
     add.set_defaults(run=client_add)
+    update = client.add_parser("update", help="change a client's settings; the others keep their values")
+    update.add_argument("client_id")
+    _setting_options(update, adding=False)
+    update.add_argument("--clear", action="append", default=[], choices=CLEARABLE, metavar="SETTING",
+                        help=f"empty a setting: one of {', '.join(CLEARABLE)}")
+    update.set_defaults(run=client_update)
+    rotate = client.add_parser("rotate-secret", help="give a client a new secret; prints it once")
+    rotate.add_argument("client_id")
+    rotate.add_argument("--overlap", metavar="DURATION",
+                        help="how long the old secret keeps working (default 24h; 0s: not at all)")
+    rotate.set_defaults(run=client_rotate_secret)
     listing = client.add_parser("list", help="list clients")
     listing.set_defaults(run=client_list)
     show = client.add_parser("show", help="show one client")

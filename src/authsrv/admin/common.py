@@ -16,7 +16,8 @@ from attrs import frozen
 from authsrv.config import Config, ConfigFileError, load_config
 from authsrv.context import PluginContext
 from authsrv.embedded import CONFIG_NAME, DEFAULT_DATA_DIR
-from authsrv.service import StartupError, build_plugin
+from authsrv.operations.errors import OperationError
+from authsrv.service import StartupError, build_identity, build_plugin
 
 ACTOR = "operator"
 """The C{actor} of this command's audit events."""
@@ -94,6 +95,8 @@ async def plugin_context(reactor, config: Config, *, check_only: bool = False, p
         yield context
     except StartupError as e:
         raise AdminError(f"{prefix}{e}") from None
+    except OperationError as e:
+        raise AdminError(e.message) from None
     finally:
         context.stop()
 
@@ -108,6 +111,23 @@ async def with_plugin(reactor, args, role: str, use):
         finally:
             if role == "store":
                 await plugin.close()
+
+
+async def with_plugins(reactor, args, use):
+    """
+    C{use(config, context, store, keystore, identity)} with every configured
+    plugin (the identity backends as one chain), closed after.
+    """
+    config = config_of(args)
+    async with plugin_context(reactor, config) as context:
+        identity = build_identity(config, context)
+        store = build_plugin("store", config.store, context)
+        keystore = build_plugin("keystore", config.keystore, context)
+        try:
+            return await use(config, context, store, keystore, identity)
+        finally:
+            await store.close()
+            await identity.close()
 
 
 def read_password(args, console: Console) -> str:

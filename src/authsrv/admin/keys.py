@@ -1,11 +1,11 @@
-"""C{authsrv-admin keys ...}: the signing keys of the configured keystore."""
+"""C{authsrv-admin keys ...}: the signing keys of the configured keystore, through L{authsrv.operations.keys}."""
 
 from __future__ import annotations
 
 from attrs import asdict
 
-from authsrv.admin.common import AdminError, Console, with_plugin
-from authsrv.service import JWKS_MAX_AGE
+from authsrv.admin.common import ACTOR, Console, with_plugin
+from authsrv.operations.keys import KeyOperations
 
 
 def _print_keys(keys, args, console: Console) -> None:
@@ -18,23 +18,15 @@ def _print_keys(keys, args, console: Console) -> None:
 
 async def keys_list(reactor, args, console: Console):
     async def show(config, keystore):
-        _print_keys(keystore.keys(), args, console)
+        _print_keys(KeyOperations(keystore=keystore, clock=reactor).keys(), args, console)
 
     await with_plugin(reactor, args, "keystore", show)
 
 
 async def keys_rotate(reactor, args, console: Console):
     async def rotate(config, keystore):
-        now = int(reactor.seconds())
-        for key in keystore.keys():
-            age = now - key.created_at
-            if key.state == "next" and age < JWKS_MAX_AGE and not args.force:
-                raise AdminError(
-                    f"the next {key.alg} key was published {age} s ago, and relying parties"
-                    f" cache the JWKS for {JWKS_MAX_AGE} s: rotate in {JWKS_MAX_AGE - age} s,"
-                    " or now with --force (tokens it signs may fail to verify meanwhile)"
-                )
-        _print_keys(await keystore.rotate(now), args, console)
+        keys = KeyOperations(keystore=keystore, clock=reactor)
+        _print_keys(await keys.rotate(actor=ACTOR, force=args.force), args, console)
         console.err("rotated: a running server picks the new keys up within a minute")
 
     await with_plugin(reactor, args, "keystore", rotate)

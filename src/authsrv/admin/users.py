@@ -1,163 +1,107 @@
 """
 C{authsrv-admin user ...} and C{hash-password}: users of the first
-configured identity backend that can write them (L{IUserManagement}).
-Every new password meets L{authsrv.protocol.password_policy}; the ones
-users have already are left alone.
+configured identity backend that can write them (L{IUserManagement}),
+through L{authsrv.operations.users} as the admin API. Every new password
+meets L{authsrv.protocol.password_policy}; the ones users have already
+are left alone.
 """
 
 from __future__ import annotations
 
-import uuid
-
 from attrs import asdict
 
-from authsrv.admin.common import AdminError, Console, config_of, plugin_context, read_password
-from authsrv.config import Config
+from authsrv.admin.common import ACTOR, AdminError, Console, config_of, read_password, with_plugins
 from authsrv.identity.passwords import hash_password
-from authsrv.interfaces import IUserManagement
 from authsrv.protocol.password_policy import MIN_LENGTH, password_problem
-from authsrv.records import User
-from authsrv.service import build_plugin
-
-NO_WRITABLE_BACKEND = (
-    "no [[identity]] backend in the config can write users (a static users file, or PostgreSQL"
-    ' in mode "own"): users live elsewhere, manage them there'
-)
+from authsrv.service import user_operations
 
 
-async def _with_user_management(reactor, args, act):
-    """
-    Run C{act(config, backend)} on the first configured identity backend
-    that provides L{IUserManagement}; the ones before it are closed unused.
-    """
-    config = config_of(args)
-    async with plugin_context(reactor, config) as context:
-        for choice in config.identity:
-            backend = build_plugin("identity", choice, context)
-            if IUserManagement.providedBy(backend):
-                break
-            await backend.close()
-        else:
-            raise AdminError(NO_WRITABLE_BACKEND)
-        try:
-            await act(config, backend)
-        except (ValueError, OSError) as e:
-            raise AdminError(str(e)) from None
-        finally:
-            await backend.close()
+async def _with_users(reactor, args, act):
+    """C{act(operations)} with the user operations over every configured plugin."""
 
+    async def use(config, context, store, keystore, identity):
+        return await act(user_operations(config, reactor, store, keystore, identity, context))
 
-def _check_profile(args) -> None:
-    if args.email and "@" not in args.email:
-        raise AdminError(f"--email {args.email!r} is not an email address")
-    if args.picture and not args.picture.startswith(("https://", "http://")):
-        raise AdminError("--picture must be an http(s) URL")
-
-
-def _new_password_hash(args, console: Console, user: User | None, min_length: int) -> str:
-    """The hash of a new password read as C{read_password} does, once it meets the policy."""
-    password = read_password(args, console)
-    problem = password_problem(
-        password, login=user.login if user else None, email=user.email if user else None, min_length=min_length
-    )
-    if problem:
-        raise AdminError(problem)
-    return hash_password(password)
-
-
-async def _existing_user(backend, login: str) -> User:
-    user = await backend.user_by_login(login)
-    if user is None:
-        raise AdminError(f"no user with login {login!r} in {backend.users_location}")
-    return user
+    return await with_plugins(reactor, args, use)
 
 
 async def hash_password_command(reactor, args, console: Console):
-    min_length = config_of(args).password_min_length if args.config else MIN_LENGTH
-    console.out(_new_password_hash(args, console, None, min_length))
+    password = read_password(args, console)
+    problem = password_problem(password, min_length=config_of(args).password_min_length if args.config else MIN_LENGTH)
+    if problem:
+        raise AdminError(problem)
+    console.out(hash_password(password))
 
 
 async def user_add(reactor, args, console: Console):
-    _check_profile(args)
-    user = User(
-        sub=args.sub or str(uuid.uuid4()),
-        login=args.login,
-        name=args.name,
-        email=args.email,
-        email_verified=args.email_verified,
-        picture=args.picture,
-        chat_user_id=args.chat_user_id,
-    )
+    data = {"login": args.login, "sub": args.sub, "name": args.name, "email": args.email,
+            "email_verified": args.email_verified, "picture": args.picture, "chat_user_id": args.chat_user_id}
 
-    async def add(config: Config, backend):
-        existing = await backend.user_by_login(user.login)
-        if existing is not None:
-            raise AdminError(f"login {existing.login!r} is already taken in {backend.users_location}")
-        password_hash = _new_password_hash(args, console, user, config.password_min_length)
-        added = await backend.add_user(user, password_hash)
-        console.out(f"added user {added.login} (sub {added.sub}) to {backend.users_location}")
+    async def add(users):
+        location = users.users_location
+        await users.login_free(args.login)
+        added = await users.create({**data, "password": read_password(args, console)}, actor=ACTOR)
+        console.out(f"added user {added.login} (sub {added.sub}) to {location}")
 
-    await _with_user_management(reactor, args, add)
+    await _with_users(reactor, args, add)
 
 
 async def user_passwd(reactor, args, console: Console):
-    async def change(config: Config, backend):
-        user = await _existing_user(backend, args.login)
-        await backend.set_password_hash(
-            args.login, _new_password_hash(args, console, user, config.password_min_length)
-        )
+    async def change(users):
+        await users.set_password(args.login, read_password(args, console), actor=ACTOR)
         console.out(f"password of {args.login} changed")
 
-    await _with_user_management(reactor, args, change)
+    await _with_users(reactor, args, change)
 
 
 async def user_disable(reactor, args, console: Console):
-    async def disable(config: Config, backend):
-        await backend.set_disabled(args.login, True, args.reason)
+    async def disable(users):
+        await users.set_disabled(args.login, True, reason=args.reason, actor=ACTOR)
         console.out(f"disabled {args.login}")
 
-    await _with_user_management(reactor, args, disable)
+    await _with_users(reactor, args, disable)
 
 
 async def user_enable(reactor, args, console: Console):
-    async def enable(config: Config, backend):
-        await backend.set_disabled(args.login, False)
+    async def enable(users):
+        await users.set_disabled(args.login, False, actor=ACTOR)
         console.out(f"enabled {args.login}")
 
-    await _with_user_management(reactor, args, enable)
+    await _with_users(reactor, args, enable)
 
 
 async def user_remove(reactor, args, console: Console):
-    async def remove(config: Config, backend):
-        await backend.remove_user(args.login)
-        console.out(f"removed user {args.login} from {backend.users_location}")
+    async def remove(users):
+        location = users.users_location
+        await users.delete(args.login, actor=ACTOR)
+        console.out(f"removed user {args.login} from {location}")
 
-    await _with_user_management(reactor, args, remove)
+    await _with_users(reactor, args, remove)
 
 
 async def user_list(reactor, args, console: Console):
-    async def show(config: Config, backend):
-        users = await backend.list_users()
+    async def show(users):
+        listed = await users.list_written()
         if args.json:
-            console.out_json([asdict(u) for u in users])
+            console.out_json([asdict(u) for u in listed])
             return
-        for user in users:
+        for user in listed:
             state = "disabled" if user.disabled else "enabled"
             console.out(f"{user.login}\t{user.sub}\t{state}\t{user.name or '-'}")
 
-    await _with_user_management(reactor, args, show)
+    await _with_users(reactor, args, show)
 
 
 async def user_show(reactor, args, console: Console):
-    async def show(config: Config, backend):
-        user = await _existing_user(backend, args.login)
+    async def show(users):
+        user = await users.find(args.login)
         if args.json:
             console.out_json(asdict(user))
             return
         for key, value in asdict(user).items():
             console.out(f"{key + ':':<16} {'-' if value is None else value}")
 
-    await _with_user_management(reactor, args, show)
+    await _with_users(reactor, args, show)
 
 
 def register(commands) -> None:

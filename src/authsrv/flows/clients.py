@@ -32,6 +32,10 @@ class ClientCache:
             self._key = await self._store.server_key(CLIENT_SECRET_KEY)
         return self._key
 
+    def seconds(self) -> float:
+        """The clock's time, which decides whether a rotated-out client secret still works."""
+        return self._clock.seconds()
+
     async def get_client(self, client_id: str) -> Client | None:
         now = self._clock.seconds()
         entry = self._entries.get(client_id)
@@ -52,4 +56,4 @@ async def authenticate_client(clients, authorization: bytes | None, params: dict
     """
     credentials = client_credentials(authorization, params)
     client = await clients.get_client(credentials.client_id)
-    return authenticate(client, credentials, await clients.secret_key())
+    return authenticate(client, credentials, await clients.secret_key(), int(clients.seconds()))

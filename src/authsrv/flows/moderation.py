@@ -32,7 +32,7 @@ class Revoked:
     sessions_ended: int
 
 
-async def _end_sessions(store, sub: str, notify) -> int:
+async def end_sessions(store, sub: str, notify) -> int:
     """End the user's browser sessions and tell their clients; how many ended."""
     ended = await store.end_user_sessions(sub)
     for session in ended:
@@ -41,23 +41,23 @@ async def _end_sessions(store, sub: str, notify) -> int:
     return len(ended)
 
 
-async def ban_user(store, sub: str, *, reason: str, until: int | None, now: int, by: str, notify) -> Banned:
+async def ban_user(store, sub: str, *, reason: str, until: int | None, now: int, actor: str, notify) -> Banned:
     """Ban C{sub} (until C{until}, or for good) and end their browser sessions at once."""
     await store.ban_user(Ban(sub=sub, reason=reason, created_at=now, until=until))
-    events.user_banned(sub=sub, reason=reason, until=until, actor=by)
-    return Banned(sub, until, await _end_sessions(store, sub, notify))
+    events.user_banned(sub=sub, reason=reason, until=until, actor=actor)
+    return Banned(sub, until, await end_sessions(store, sub, notify))
 
 
-async def unban_user(store, sub: str, *, by: str) -> bool:
+async def unban_user(store, sub: str, *, actor: str) -> bool:
     """Lift the ban of C{sub}; False if there was none."""
     if not await store.unban_user(sub):
         return False
-    events.user_unbanned(sub=sub, actor=by)
+    events.user_unbanned(sub=sub, actor=actor)
     return True
 
 
-async def revoke_user(store, sub: str, *, now: int, by: str, notify) -> Revoked:
+async def revoke_user(store, sub: str, *, now: int, actor: str, notify) -> Revoked:
     """Revoke every grant of C{sub} and end their browser sessions."""
     count = await store.revoke_user_grants(sub, now)
-    events.user_grants_revoked(sub=sub, count=count, actor=by)
-    return Revoked(sub, count, await _end_sessions(store, sub, notify))
+    events.user_grants_revoked(sub=sub, count=count, actor=actor)
+    return Revoked(sub, count, await end_sessions(store, sub, notify))

@@ -195,7 +195,7 @@ class ClientRateLimits:
         try:
             credentials = client_credentials(authorization, params)
             client = await self._clients.get_client(credentials.client_id)
-            return authenticate(client, credentials, await self._clients.secret_key())
+            return authenticate(client, credentials, await self._clients.secret_key(), int(self._clients.seconds()))
         except OAuthError:
             return None
 

@@ -203,14 +203,14 @@ class FileKeystore:
     def keys(self):
         return self._ring.infos()
 
-    def rotate(self, now):
+    def rotate(self, now, actor=OPERATOR):
         def rotate():
             with self._lock:
                 return self._apply(
                     now, lambda ring: ring.rotate(now, self.retention, self.algorithms)
                 )
 
-        return self._in_thread(rotate).addCallback(self._rotated, self.algorithms, OPERATOR)
+        return self._in_thread(rotate).addCallback(self._rotated, self.algorithms, actor)
 
     def _rotated(self, ring: KeyRing, algorithms, actor: str) -> list:
         active = {info.alg: info.kid for info in ring.infos() if info.state == "active"}

@@ -202,7 +202,7 @@ class PostgresKeystore(FileKeystore):
     next key another one generated only an instant before.
     """
 
-    def rotate(self, now):
+    def rotate(self, now, actor=OPERATOR):
         def rotate():
             with self._lock:
                 signing = _signing(self._ring)
@@ -215,11 +215,11 @@ class PostgresKeystore(FileKeystore):
 
                 return self._apply(now, change), tuple(due)
 
-        return self._in_thread(rotate).addCallback(self._after_rotate)
+        return self._in_thread(rotate).addCallback(self._after_rotate, actor)
 
-    def _after_rotate(self, result) -> list:
+    def _after_rotate(self, result, actor: str) -> list:
         ring, due = result
         if due:
-            return self._rotated(ring, due, OPERATOR)
+            return self._rotated(ring, due, actor)
         self._log.info("Signing keys already rotated by another instance; adopted", event="key_rotation_adopted")
         return ring.infos()

@@ -3,7 +3,8 @@ Client authentication at the token, introspection and revocation endpoints:
 client_secret_basic and client_secret_post (RFC 6749 section 2.3.1), and
 public clients identified by client_id alone (they prove possession with
 PKCE instead). Secrets are compared by their stored hash, keyed with the
-server key (or a legacy plain SHA-256), in constant time.
+server key (or a legacy plain SHA-256), in constant time; after a rotation
+the previous secret is accepted too, until its overlap ends.
 """
 
 from __future__ import annotations
@@ -52,10 +53,25 @@ def client_credentials(authorization: bytes | None, params: dict[str, str]) -> C
     return ClientCredentials(posted_id, posted_secret, "client_secret_post" if posted_secret is not None else "none")
 
 
-def authenticate(client: Client | None, credentials: ClientCredentials, key: bytes) -> Client:
+def _secret_matches(client: Client, secret: str, key: bytes, now: int) -> bool:
+    """
+    Whether C{secret} is the client's current secret or, before
+    C{previous_secret_until}, its previous one. Both comparisons always run,
+    so the time taken says nothing of which matched or whether a previous
+    secret exists.
+    """
+    current = secret_matches(secret, client.secret_hash or "", key)
+    previous_hash = client.previous_secret_hash or client.secret_hash or ""
+    previous = secret_matches(secret, previous_hash, key)
+    in_overlap = client.previous_secret_hash is not None and (client.previous_secret_until or 0) > now
+    return current | (previous & in_overlap)
+
+
+def authenticate(client: Client | None, credentials: ClientCredentials, key: bytes, now: int) -> Client:
     """
     The authenticated client, or L{InvalidClient} (one message for every
-    failure); C{key} is the server key client secret hashes are keyed with.
+    failure); C{key} is the server key client secret hashes are keyed with,
+    C{now} decides whether a rotated-out secret still works.
     """
     if client is None:
         raise InvalidClient("client authentication failed")
@@ -63,6 +79,6 @@ def authenticate(client: Client | None, credentials: ClientCredentials, key: byt
         if credentials.secret is not None:
             raise InvalidClient("client authentication failed: a public client has no secret")
         return client
-    if credentials.secret is None or not secret_matches(credentials.secret, client.secret_hash, key):
+    if credentials.secret is None or not _secret_matches(client, credentials.secret, key, now):
         raise InvalidClient("client authentication failed")
     return client

@@ -60,6 +60,7 @@ from authsrv.records import (
     CodeConsumed,
     CodeNotFound,
     CodeReused,
+    Consent,
     NotRevoked,
     RefreshNotFound,
     Replayed,
@@ -329,6 +330,13 @@ class PostgresStore:
             _T.sessions, "DELETE FROM browser_sessions WHERE sub = %(sub)s RETURNING *", {"sub": sub}
         )
 
+    def list_user_sessions(self, sub, now):
+        return self._all("list_user_sessions", _T.sessions,
+            "SELECT * FROM browser_sessions WHERE sub = %(sub)s AND expires_at > %(now)s"
+            ' ORDER BY created_at, session_hash COLLATE "C"',
+            {"sub": sub, "now": now},
+        )
+
     # IInteractionStore
 
     def save_interaction(self, interaction):
@@ -425,6 +433,13 @@ class PostgresStore:
             {"sub": sub, "now": now},
         )
 
+    def list_user_grants(self, sub, now):
+        return self._all("list_user_grants", _T.grants,
+            "SELECT * FROM grants WHERE sub = %(sub)s AND revoked_at IS NULL AND expires_at > %(now)s"
+            ' ORDER BY created_at, grant_id COLLATE "C"',
+            {"sub": sub, "now": now},
+        )
+
     def access_state(self, sub, now):
         if _holds_nul({"sub": sub}):
             return succeed(AccessState(ban=None, has_active_grant=False))
@@ -473,6 +488,19 @@ class PostgresStore:
             "DELETE FROM consents WHERE sub = %(sub)s AND client_id = %(client_id)s",
             {"sub": sub, "client_id": client_id},
         )
+
+    def list_user_consents(self, sub):
+        if _holds_nul({"sub": sub}):
+            return succeed([])
+
+        async def consents(db):
+            rows = await fetch(
+                db, 'SELECT client_id, scope, created_at FROM consents WHERE sub = %(sub)s ORDER BY client_id COLLATE "C"',
+                {"sub": sub},
+            )
+            return [Consent(sub, row["client_id"], row["scope"].split(), row["created_at"]) for row in rows]
+
+        return self._run("list_user_consents", consents)
 
     # IBanStore
 

@@ -32,6 +32,7 @@ from authsrv.records import (
     CodeConsumed,
     CodeNotFound,
     CodeReused,
+    Consent,
     NotRevoked,
     RefreshNotFound,
     Replayed,
@@ -265,6 +266,12 @@ class SQLiteStore:
                         db.execute("DELETE FROM browser_sessions WHERE sub = ? RETURNING *", (sub,))]
         )
 
+    def list_user_sessions(self, sub, now):
+        return self._query_all("list_user_sessions", _T.sessions,
+            "SELECT * FROM browser_sessions WHERE sub = ? AND expires_at > ? ORDER BY created_at, session_hash",
+            (sub, now),
+        )
+
     # IInteractionStore
 
     def save_interaction(self, interaction):
@@ -359,6 +366,13 @@ class SQLiteStore:
             "revoke_user_grants", "UPDATE grants SET revoked_at = ? WHERE sub = ? AND revoked_at IS NULL", (now, sub)
         )
 
+    def list_user_grants(self, sub, now):
+        return self._query_all("list_user_grants", _T.grants,
+            "SELECT * FROM grants WHERE sub = ? AND revoked_at IS NULL AND expires_at > ?"
+            " ORDER BY created_at, grant_id",
+            (sub, now),
+        )
+
     def access_state(self, sub, now):
         def state(db):
             row = db.execute(
@@ -400,6 +414,16 @@ class SQLiteStore:
 
     def revoke_consent(self, sub, client_id):
         return self._changed("revoke_consent", "DELETE FROM consents WHERE sub = ? AND client_id = ?", (sub, client_id))
+
+    def list_user_consents(self, sub):
+        return self._call("list_user_consents", False,
+            lambda db: [
+                Consent(sub, row["client_id"], row["scope"].split(), row["created_at"])
+                for row in db.execute(
+                    "SELECT client_id, scope, created_at FROM consents WHERE sub = ? ORDER BY client_id", (sub,)
+                )
+            ]
+        )
 
     # IBanStore
 

@@ -28,6 +28,7 @@ from authsrv.records import (
     CodeConsumed,
     CodeNotFound,
     CodeReused,
+    Consent,
     NotRevoked,
     RefreshNotFound,
     Replayed,
@@ -152,6 +153,11 @@ class MemoryStore:
     def end_user_sessions(self, sub):
         ended = [key for key, session in self.tables.sessions.items() if session.sub == sub]
         return [self.tables.sessions.pop(key) for key in ended]
+
+    @_answered
+    def list_user_sessions(self, sub, now):
+        live = [s for s in self.tables.sessions.values() if s.sub == sub and s.expires_at > now]
+        return sorted(live, key=lambda s: (s.created_at, s.session_hash))
 
     # IInteractionStore
 
@@ -324,6 +330,11 @@ class MemoryStore:
         return ban if ban is not None and ban.in_force(now) else None
 
     @_answered
+    def list_user_grants(self, sub, now):
+        live = [g for g in self.tables.grants.values() if g.sub == sub and g.revoked_at is None and g.expires_at > now]
+        return sorted(live, key=lambda g: (g.created_at, g.grant_id))
+
+    @_answered
     def access_state(self, sub, now):
         has_grant = any(
             grant.sub == sub and grant.revoked_at is None and self._has_live_token(grant.grant_id, now)
@@ -337,11 +348,16 @@ class MemoryStore:
 
     @_answered
     def save_consent(self, sub, client_id, scope, now):
-        self.tables.consents[sub, client_id] = frozenset(scope)
+        self.tables.consents[sub, client_id] = Consent(sub, client_id, scope, now)
 
     @_answered
     def get_consent(self, sub, client_id):
-        return self.tables.consents.get((sub, client_id))
+        consent = self.tables.consents.get((sub, client_id))
+        return None if consent is None else consent.scope
+
+    @_answered
+    def list_user_consents(self, sub):
+        return [self.tables.consents[key] for key in sorted(self.tables.consents) if key[0] == sub]
 
     @_answered
     def revoke_consent(self, sub, client_id):

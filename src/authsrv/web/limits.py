@@ -26,6 +26,7 @@ from authsrv.web.pages import error_page
 from authsrv.web.request import SERVER
 
 INTERNAL_PREFIX = b"/api/internal"
+ADMIN_PREFIX = b"/api/admin/"
 PAGE_PREFIXES = tuple(
     (ISSUER_PATH + p).encode() for p in ("/oauth2/authorize", "/oauth2/end-session", "/login", "/consent", "/link/")
 )
@@ -44,6 +45,8 @@ TITLES = {
 
 def _payload(path: bytes, status: int, description: str) -> dict:
     error = "temporarily_unavailable" if status == 503 else "invalid_request"
+    if path.startswith(ADMIN_PREFIX):
+        return {"error": "too_large" if status == 413 else error, "message": description}
     if path.startswith(INTERNAL_PREFIX):
         return {"error": error, "message": description}
     return {"error": error, "error_description": description}

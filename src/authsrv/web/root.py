@@ -8,10 +8,12 @@ from __future__ import annotations
 from twisted.web.resource import Resource
 
 from authsrv.config import InputLimits
+from authsrv.web.admin import PREFIX as ADMIN_PATH
 from authsrv.web.internal import PREFIX
 from authsrv.web.limits import Refused, parameter_problem
 
 INTERNAL_PREFIX = (PREFIX + "/").encode()
+ADMIN_PREFIX = (ADMIN_PATH + "/").encode()
 TOO_LARGE = Refused(413, "the request body is too large", close=True)
 """413 for a body over the limit (L{authsrv.web.request.BoundedRequest})."""
 
@@ -25,12 +27,13 @@ class Root(Resource):
 
     def __init__(
         self, static: dict[bytes, Resource], app: Resource, internal: Resource | None = None,
-        limits: InputLimits = InputLimits(),
+        limits: InputLimits = InputLimits(), admin: Resource | None = None,
     ):
         super().__init__()
         self._static = static
         self._app = app
         self._internal = internal
+        self._admin = admin
         self._limits = limits
 
     def getChildWithDefault(self, name, request):
@@ -46,4 +49,6 @@ class Root(Resource):
         request.postpath.insert(0, request.prepath.pop())
         if self._internal is not None and request.path.startswith(INTERNAL_PREFIX):
             return self._internal
+        if self._admin is not None and request.path.startswith(ADMIN_PREFIX):
+            return self._admin
         return self._app

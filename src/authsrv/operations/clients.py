@@ -1,0 +1,186 @@
+"""
+Relying parties kept in the store: list, show, create, change, delete and
+rotate a secret with an overlap. Clients declared in the config file are
+the file's: they are shown, never changed here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import attrs
+from twisted.internet.defer import Deferred
+
+from authsrv import events
+from authsrv.flows.backchannel import ATTEMPT_TIMEOUT, RefusedTarget, pinned_address
+from authsrv.operations.clientspec import EDITABLE, checked_settings
+from authsrv.operations.errors import Conflict, InvalidInput, NotFound, PreconditionFailed
+from authsrv.operations.paging import Page, page
+from authsrv.protocol.clients import client_id_problem
+from authsrv.records import Client
+from authsrv.store.errors import AlreadyExists
+from authsrv.tokens import CLIENT_SECRET_KEY, client_secret_hash, new_token
+
+DEFAULT_OVERLAP = 24 * 3600
+"""How long a rotated-out secret keeps working unless the operator says otherwise."""
+MAX_OVERLAP = 30 * 24 * 3600
+
+
+def client_etag(client: Client) -> str:
+    """
+    An entity tag that changes with every stored change, secret rotations
+    included: a strong ETag over the whole record.
+    """
+    data = {key: list(v) if isinstance(v, tuple) else v for key, v in attrs.asdict(client, recurse=False).items()}
+    digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+    return f'"{digest[:32]}"'
+
+
+def _check_match(client: Client, if_match: str | None) -> None:
+    """RFC 9110 If-Match: C{*} or one of the listed tags; without one, last write wins."""
+    if if_match is None:
+        return
+    tags = {tag.strip() for tag in if_match.split(",")}
+    if "*" not in tags and client_etag(client) not in tags:
+        raise PreconditionFailed("the client changed since it was read: GET it again and retry")
+
+
+def _consistent(client: Client) -> None:
+    if client.post_logout_redirect_uris and not client.end_session_enabled:
+        raise InvalidInput("post_logout_redirect_uris needs end_session_enabled set to true", "end_session_enabled")
+
+
+class ClientOperations:
+    """
+    Built with the store, the clock, the ids of the config-declared clients
+    and C{resolve(host)} (a Deferred of an address, as
+    L{authsrv.flows.backchannel.resolve_host}) to check back-channel hosts.
+    """
+
+    def __init__(self, *, store, clock, declared: frozenset[str], resolve):
+        self._store = store
+        self._clock = clock
+        self._declared = declared
+        self._resolve = resolve
+
+    def _now(self) -> int:
+        return int(self._clock.seconds())
+
+    async def list(self, limit: int | None = None, cursor: str | None = None) -> Page:
+        """Clients ordered by id, at most C{limit} (up to 100) after C{cursor}."""
+        return page(await self._store.list_clients(), lambda c: c.client_id, limit, cursor)
+
+    async def get(self, client_id: str) -> Client:
+        client = await self._store.get_client(client_id)
+        if client is None:
+            raise NotFound(f"no client {client_id!r}", "client_id")
+        return client
+
+    async def _operator_client(self, client_id: str, action: str) -> Client:
+        if client_id in self._declared:
+            raise Conflict(f"client {client_id!r} is declared in the config file: {action} it there", "client_id")
+        client = await self.get(client_id)
+        if client.source == "config":
+            raise Conflict(f"client {client_id!r} is declared in the config file: {action} it there", "client_id")
+        return client
+
+    async def _check_backchannel(self, uri: str | None) -> None:
+        """
+        Refuse a back-channel URI whose host now resolves to an address the
+        server must not reach; a name that does not resolve yet passes
+        (every delivery checks it again).
+        """
+        if uri is None:
+            return
+        resolving = Deferred.fromCoroutine(pinned_address(self._resolve, uri))
+        try:
+            await resolving.addTimeout(ATTEMPT_TIMEOUT, self._clock)
+        except RefusedTarget as e:
+            raise InvalidInput(f"backchannel_logout_uri: {uri!r} is refused: {e}", "backchannel_logout_uri") from None
+        except Exception:
+            return
+
+    async def create(self, data: Any, *, actor: str) -> tuple[Client, str | None]:
+        """
+        A new client from C{data} (C{client_id}, C{redirect_uris} and the
+        optional settings; C{public} for one without a secret); returns it
+        and its generated 256-bit secret, shown this once (None if public).
+        """
+        if not isinstance(data, dict):
+            raise InvalidInput("the body must be a JSON object")
+        client_id = data.get("client_id")
+        if not isinstance(client_id, str) or (problem := client_id_problem(client_id)):
+            raise InvalidInput(f"client_id {problem if isinstance(client_id, str) else 'must be a string'}",
+                               "client_id")
+        public = data.get("public", False)
+        if not isinstance(public, bool):
+            raise InvalidInput("public must be true or false", "public")
+        if "redirect_uris" not in data:
+            raise InvalidInput("redirect_uris is missing", "redirect_uris")
+        settings = checked_settings(
+            {k: v for k, v in data.items() if k not in ("client_id", "public")}, EDITABLE
+        )
+        settings.setdefault("name", client_id)
+        if client_id in self._declared:
+            raise Conflict(f"client {client_id!r} is declared in the config file; edit it there", "client_id")
+        await self._check_backchannel(settings.get("backchannel_logout_uri"))
+        secret = None if public else new_token(32)
+        key = await self._store.server_key(CLIENT_SECRET_KEY) if secret else b""
+        client = Client(
+            client_id=client_id, secret_hash=client_secret_hash(secret, key) if secret else None,
+            created_at=self._now(), **settings,
+        )
+        _consistent(client)
+        try:
+            await self._store.add_client(client)
+        except AlreadyExists:
+            raise Conflict(f"client {client_id!r} exists already", "client_id") from None
+        events.client_created(client_id=client_id, source="operator", actor=actor)
+        return client, secret
+
+    async def update(self, client_id: str, data: Any, *, actor: str, if_match: str | None = None) -> Client:
+        """Change the settings named in C{data}; the others keep their values."""
+        settings = checked_settings(data)
+        client = await self._operator_client(client_id, "change")
+        _check_match(client, if_match)
+        if "backchannel_logout_uri" in settings:
+            await self._check_backchannel(settings["backchannel_logout_uri"])
+        changed = attrs.evolve(client, **settings)
+        _consistent(changed)
+        await self._store.put_client(changed)
+        events.client_changed(client_id=client_id, source="operator", actor=actor, fields=sorted(settings))
+        return changed
+
+    async def delete(self, client_id: str, *, actor: str, if_match: str | None = None) -> None:
+        client = await self._operator_client(client_id, "remove")
+        _check_match(client, if_match)
+        if not await self._store.remove_client(client_id):
+            raise NotFound(f"no client {client_id!r}", "client_id")
+        events.client_deleted(client_id=client_id, source="operator", actor=actor)
+
+    async def rotate_secret(
+        self, client_id: str, *, actor: str, overlap: int = DEFAULT_OVERLAP, if_match: str | None = None,
+    ) -> tuple[Client, str]:
+        """
+        A new generated secret, returned this once; the current one keeps
+        working for C{overlap} seconds (0: not at all), so apps roll
+        without downtime. A previous secret still in its overlap is dropped.
+        """
+        if isinstance(overlap, bool) or not isinstance(overlap, int) or not 0 <= overlap <= MAX_OVERLAP:
+            raise InvalidInput(f"overlap must be from 0 to {MAX_OVERLAP} seconds", "overlap")
+        client = await self._operator_client(client_id, "change")
+        if client.is_public:
+            raise Conflict(f"client {client_id!r} is public: it has no secret", "client_id")
+        _check_match(client, if_match)
+        secret = new_token(32)
+        key = await self._store.server_key(CLIENT_SECRET_KEY)
+        until = self._now() + overlap if overlap else None
+        rotated = attrs.evolve(
+            client, secret_hash=client_secret_hash(secret, key),
+            previous_secret_hash=client.secret_hash if until else None, previous_secret_until=until,
+        )
+        await self._store.put_client(rotated)
+        events.client_secret_rotated(client_id=client_id, previous_until=until, actor=actor)
+        return rotated, secret

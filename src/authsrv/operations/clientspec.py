@@ -1,0 +1,132 @@
+"""
+The settings of a client as an operator writes them (JSON fields of the
+admin API, options of the operator command), checked field by field: each
+problem names its field.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from authsrv.configsection import parse_duration
+from authsrv.flows.grants import GRANT_TYPES
+from authsrv.operations.errors import InvalidInput
+from authsrv.protocol.clients import redirect_uri_problem
+from authsrv.protocol.rates import parse_rate
+from authsrv.protocol.targets import backchannel_uri_problem
+
+NAME_MAX = 200
+LIST_MAX = 50
+VALUE_MAX = 2048
+
+EDITABLE = (
+    "name", "redirect_uris", "post_logout_redirect_uris", "backchannel_logout_uri", "first_party",
+    "end_session_enabled", "introspect_any", "resources", "audiences", "grant_types", "refresh_grace", "rate_limit",
+)
+"""What an update may change; a new client takes these and C{client_id}, C{public}."""
+
+
+def _text(field: str, value: Any, maximum: int = VALUE_MAX) -> str:
+    if not isinstance(value, str) or not value or len(value) > maximum:
+        raise InvalidInput(f"{field} must be a non-empty string of at most {maximum} characters", field)
+    return value
+
+
+def _flag(field: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidInput(f"{field} must be true or false", field)
+    return value
+
+
+def _strings(field: str, value: Any) -> list[str]:
+    if not isinstance(value, list) or len(value) > LIST_MAX:
+        raise InvalidInput(f"{field} must be a list of at most {LIST_MAX} strings", field)
+    return [_text(field, item) for item in value]
+
+
+def _uris(field: str, value: Any) -> list[str]:
+    uris = _strings(field, value)
+    for uri in uris:
+        problem = redirect_uri_problem(uri)
+        if problem:
+            raise InvalidInput(f"{field}: {problem}", field)
+    return uris
+
+
+def _redirect_uris(field: str, value: Any) -> list[str]:
+    uris = _uris(field, value)
+    if not uris:
+        raise InvalidInput(f"{field} must name at least one URI", field)
+    return uris
+
+
+def _backchannel(field: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    problem = backchannel_uri_problem(_text(field, value))
+    if problem:
+        raise InvalidInput(f"{field}: {problem}", field)
+    return value
+
+
+def _grant_types(field: str, value: Any) -> list[str]:
+    names = _strings(field, value)
+    if not names:
+        raise InvalidInput(f"{field} must name at least one grant type", field)
+    for index, name in enumerate(names):
+        if name not in GRANT_TYPES:
+            raise InvalidInput(f"{field}: {name!r} is not a grant type this server offers; use"
+                               f" {', '.join(GRANT_TYPES)}", field)
+        if names.index(name) != index:
+            raise InvalidInput(f"{field}: {name!r} is listed twice", field)
+    return names
+
+
+def _grace(field: str, value: Any) -> int | None:
+    """Seconds, as a whole number or a duration such as C{"30s"}; null for the server's default."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            return parse_duration(value)
+        except ValueError:
+            pass
+    elif isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 86400 * 365:
+        return value
+    raise InvalidInput(f"{field} must be seconds (a whole number) or a duration such as 30s, or null", field)
+
+
+def _rate(field: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    try:
+        parse_rate(_text(field, value, 32))
+    except ValueError as e:
+        raise InvalidInput(f"{field}: {e}", field) from None
+    return value
+
+
+_CHECKS = {
+    "name": lambda f, v: _text(f, v, NAME_MAX),
+    "redirect_uris": _redirect_uris,
+    "post_logout_redirect_uris": _uris,
+    "backchannel_logout_uri": _backchannel,
+    "first_party": _flag,
+    "end_session_enabled": _flag,
+    "introspect_any": _flag,
+    "resources": _strings,
+    "audiences": _uris,
+    "grant_types": _grant_types,
+    "refresh_grace": _grace,
+    "rate_limit": _rate,
+}
+
+
+def checked_settings(data: Any, allowed: tuple[str, ...] = EDITABLE) -> dict[str, Any]:
+    """C{data} (a JSON object) with every field checked; an unknown field is refused by name."""
+    if not isinstance(data, dict):
+        raise InvalidInput("the body must be a JSON object")
+    for field in data:
+        if field not in allowed:
+            raise InvalidInput(f"{field} is not a client setting that can be set here", field)
+    return {field: _CHECKS[field](field, value) for field, value in data.items() if field in _CHECKS}

@@ -1,0 +1,260 @@
+"""
+What an operator does to users: look one up by id or login, ban and lift a
+ban, list and revoke grants, sessions and consents (done by
+L{authsrv.flows.moderation} where it already does them), and, for the
+identity backends that can write users (L{IUserManagement}), create, set a
+password, disable, enable and delete.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any, Awaitable, Callable
+
+from attrs import frozen
+
+from authsrv import events
+from authsrv.flows import moderation
+from authsrv.interfaces import IUserManagement
+from authsrv.operations.errors import Conflict, InvalidInput, NotFound
+from authsrv.operations.paging import Page, page
+from authsrv.protocol.password_policy import MIN_LENGTH, password_problem
+from authsrv.records import Ban, BrowserSession, Consent, Grant, User
+
+REASON_MAX = 500
+NO_WRITABLE_BACKEND = (
+    "no [[identity]] backend in the config can write users (a static users file, or PostgreSQL"
+    ' in mode "own"): users live elsewhere, manage them there'
+)
+PROFILE = ("login", "sub", "name", "email", "email_verified", "picture", "chat_user_id", "password")
+
+
+def parse_until(value: Any, now: int, field: str = "until") -> int | None:
+    """The end of a ban: null (until lifted), seconds since the epoch or an ISO 8601 time with a zone."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        until = value
+    elif isinstance(value, str):
+        try:
+            moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            raise InvalidInput(f"{field} {value!r} is not an ISO 8601 time such as 2030-01-31T12:00:00Z", field) from None
+        if moment.tzinfo is None:
+            raise InvalidInput(f"{field} needs a time zone, e.g. 2030-01-31T12:00:00Z", field)
+        until = int(moment.timestamp())
+    else:
+        raise InvalidInput(f"{field} must be an ISO 8601 time, seconds since the epoch, or null", field)
+    if until <= now:
+        raise InvalidInput(f"{field} is in the past", field)
+    return until
+
+
+def _reason(value: Any, field: str = "reason") -> str:
+    if not isinstance(value, str) or not value.strip() or len(value) > REASON_MAX:
+        raise InvalidInput(f"{field} must be a non-empty string of at most {REASON_MAX} characters", field)
+    return value
+
+
+def check_password(value: Any, field: str = "password") -> str:
+    """A password given as text; its length and strength are the policy's (L{UserOperations._policy})."""
+    if not isinstance(value, str) or not value:
+        raise InvalidInput(f"{field} must be a non-empty string", field)
+    return value
+
+
+@frozen
+class UserDetails:
+    """A user with their ban in force, if any."""
+
+    user: User
+    ban: Ban | None
+
+
+class UserOperations:
+    """
+    Built with the store, the identity chain (whose C{backends} are asked for
+    one providing L{IUserManagement}), C{notify(session)} (back-channel logout
+    of an ended session), the clock and C{hash_password(password)}, which
+    fires with an argon2id hash made off the reactor thread. Every new
+    password meets L{authsrv.protocol.password_policy} (C{min_length}).
+    """
+
+    def __init__(self, *, store, identity, notify, clock, hash_password: Callable[[str], Awaitable[str]],
+                 min_length: int = MIN_LENGTH):
+        self._min_length = min_length
+        self._store = store
+        self._identity = identity
+        self._notify = notify
+        self._clock = clock
+        self._hash = hash_password
+
+    def _now(self) -> int:
+        return int(self._clock.seconds())
+
+    async def find(self, user_id: str) -> User:
+        """The user whose id (sub) or, failing that, login is C{user_id}."""
+        if not isinstance(user_id, str) or not user_id:
+            raise InvalidInput("user_id must be a non-empty string", "user_id")
+        user = await self._identity.user_by_id(user_id) or await self._identity.user_by_login(user_id)
+        if user is None:
+            raise NotFound(f"no user {user_id!r} (by id or login)", "user_id")
+        return user
+
+    async def details(self, user_id: str) -> UserDetails:
+        user = await self.find(user_id)
+        return UserDetails(user, await self._store.get_ban(user.sub, self._now()))
+
+    async def ban(self, user_id: str, *, reason: Any, until: Any, actor: str) -> moderation.Banned:
+        """Ban the user (until C{until}, see L{parse_until}) and end their browser sessions."""
+        reason = _reason(reason)
+        now = self._now()
+        until = parse_until(until, now)
+        user = await self.find(user_id)
+        return await moderation.ban_user(
+            self._store, user.sub, reason=reason, until=until, now=now, actor=actor, notify=self._notify
+        )
+
+    async def unban(self, user_id: str, *, actor: str) -> str:
+        """Lift the user's ban; L{NotFound} when there is none. Fires with the sub."""
+        user = await self.find(user_id)
+        if not await moderation.unban_user(self._store, user.sub, actor=actor):
+            raise NotFound(f"{user.sub} is not banned", "user_id")
+        return user.sub
+
+    async def bans(self, limit: int | None = None, cursor: str | None = None) -> Page:
+        """The bans in force, ordered by sub, at most C{limit} (up to 100) after C{cursor}."""
+        return page(await self._store.list_bans(self._now()), lambda b: b.sub, limit, cursor)
+
+    async def grants(self, user_id: str) -> tuple[str, list[Grant]]:
+        user = await self.find(user_id)
+        return user.sub, await self._store.list_user_grants(user.sub, self._now())
+
+    async def revoke_grants(self, user_id: str, *, actor: str) -> moderation.Revoked:
+        """Revoke every grant of the user and end their browser sessions."""
+        user = await self.find(user_id)
+        return await moderation.revoke_user(self._store, user.sub, now=self._now(), actor=actor, notify=self._notify)
+
+    async def sessions(self, user_id: str) -> tuple[str, list[BrowserSession]]:
+        user = await self.find(user_id)
+        return user.sub, await self._store.list_user_sessions(user.sub, self._now())
+
+    async def end_sessions(self, user_id: str, *, actor: str) -> tuple[str, int]:
+        """End the user's browser sessions, telling their clients by back-channel logout; (sub, how many)."""
+        user = await self.find(user_id)
+        count = await moderation.end_sessions(self._store, user.sub, self._notify)
+        events.user_sessions_ended(sub=user.sub, count=count, actor=actor)
+        return user.sub, count
+
+    async def consents(self, user_id: str) -> tuple[str, list[Consent]]:
+        user = await self.find(user_id)
+        return user.sub, await self._store.list_user_consents(user.sub)
+
+    async def revoke_consents(self, user_id: str, *, actor: str) -> tuple[str, int]:
+        """Forget the user's consents (each client asks again at the next sign-in); (sub, how many)."""
+        user = await self.find(user_id)
+        count = 0
+        for consent in await self._store.list_user_consents(user.sub):
+            count += await self._store.revoke_consent(user.sub, consent.client_id)
+        events.user_consents_revoked(sub=user.sub, count=count, actor=actor)
+        return user.sub, count
+
+    # --- backends that write users ------------------------------------------
+
+    def _writer(self):
+        for backend in getattr(self._identity, "backends", (self._identity,)):
+            if IUserManagement.providedBy(backend):
+                return backend
+        raise Conflict(NO_WRITABLE_BACKEND)
+
+    @property
+    def users_location(self) -> str:
+        return self._writer().users_location
+
+    async def list_written(self) -> list[User]:
+        """Every user of the writable backend, ordered by login."""
+        return list(await self._writer().list_users())
+
+    async def login_free(self, login: str) -> None:
+        """L{Conflict} when the writable backend has a user of that login (asked before a password is typed)."""
+        writer = self._writer()
+        existing = await writer.user_by_login(login)
+        if existing is not None:
+            raise Conflict(f"login {existing.login!r} is already taken in {writer.users_location}", "login")
+
+    def _policy(self, password: str, login: str | None, email: str | None) -> str:
+        problem = password_problem(password, login=login, email=email, min_length=self._min_length)
+        if problem:
+            raise InvalidInput(problem, "password")
+        return password
+
+    async def _written_user(self, user_id: str) -> tuple[Any, User]:
+        """The writable backend and the user, who must be one of its own."""
+        writer = self._writer()
+        user = await self.find(user_id)
+        if await writer.user_by_login(user.login) is None:
+            raise Conflict(f"user {user.login!r} is not kept by {writer.users_location}", "user_id")
+        return writer, user
+
+    async def create(self, data: Any, *, actor: str) -> User:
+        """A new user of the writable backend from C{data} (C{login}, C{password}, optional profile)."""
+        if not isinstance(data, dict):
+            raise InvalidInput("the body must be a JSON object")
+        for field in data:
+            if field not in PROFILE:
+                raise InvalidInput(f"{field} is not a user field that can be set here", field)
+        login = data.get("login")
+        if not isinstance(login, str) or not login.strip():
+            raise InvalidInput("login must be a non-empty string", "login")
+        password = check_password(data.get("password"))
+        for field in ("sub", "name", "picture", "chat_user_id", "email"):
+            if data.get(field) is not None and (not isinstance(data[field], str) or not data[field]):
+                raise InvalidInput(f"{field} must be a non-empty string or null", field)
+        if data.get("email") and "@" not in data["email"]:
+            raise InvalidInput(f"email {data['email']!r} is not an email address", "email")
+        if data.get("picture") and not data["picture"].startswith(("https://", "http://")):
+            raise InvalidInput("picture must be an http(s) URL", "picture")
+        email_verified = data.get("email_verified", False)
+        if not isinstance(email_verified, bool):
+            raise InvalidInput("email_verified must be true or false", "email_verified")
+        self._policy(password, login, data.get("email"))
+        writer = self._writer()
+        user = User(
+            sub=data.get("sub") or str(uuid.uuid4()), login=login, name=data.get("name"), email=data.get("email"),
+            email_verified=email_verified, picture=data.get("picture"), chat_user_id=data.get("chat_user_id"),
+        )
+        try:
+            added = await writer.add_user(user, await self._hash(password))
+        except ValueError as e:
+            raise (Conflict if "taken" in str(e) else InvalidInput)(str(e)) from None
+        events.user_created(sub=added.sub, login=added.login, actor=actor)
+        return added
+
+    async def set_password(self, user_id: str, password: Any, *, actor: str) -> User:
+        password = check_password(password)
+        writer, user = await self._written_user(user_id)
+        self._policy(password, user.login, user.email)
+        await writer.set_password_hash(user.login, await self._hash(password))
+        events.user_password_set(sub=user.sub, actor=actor)
+        return user
+
+    async def set_disabled(self, user_id: str, disabled: bool, *, reason: Any = None, actor: str) -> User:
+        """Disable (C{reason} is reported as the ban reason) or enable a user of the writable backend."""
+        if disabled:
+            reason = _reason(reason)
+        writer, user = await self._written_user(user_id)
+        await writer.set_disabled(user.login, disabled, reason if disabled else None)
+        if disabled:
+            events.user_disabled(sub=user.sub, reason=reason, actor=actor)
+        else:
+            events.user_enabled(sub=user.sub, actor=actor)
+        return user
+
+    async def delete(self, user_id: str, *, actor: str) -> User:
+        """Remove the user from the writable backend; their grants are revoked and sessions ended first."""
+        writer, user = await self._written_user(user_id)
+        await moderation.revoke_user(self._store, user.sub, now=self._now(), actor=actor, notify=self._notify)
+        await writer.remove_user(user.login)
+        events.user_deleted(sub=user.sub, login=user.login, actor=actor)
+        return user

@@ -1,0 +1,440 @@
+"""
+The admin API in memory: the real AdminAPI resource over the test harness's
+SQLite store, static users file and keystore, with time from a Clock. Each
+endpoint's answers and refusals, the one error shape, ETag / If-Match, and
+the audit event (with the actor) of every change.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import pytest_twisted
+from treq.testing import StubTreq
+from twisted.internet import reactor
+from twisted.internet.defer import succeed
+from twisted.internet.threads import deferToThreadPool
+
+from authsrv.identity.passwords import hash_password
+from authsrv.operations import AdminOperations
+from authsrv.operations.clients import ClientOperations
+from authsrv.operations.keys import JWKS_MAX_AGE, KeyOperations
+from authsrv.operations.users import UserOperations
+from authsrv.records import BrowserSession
+from authsrv.testing.identity import ALICE, BOB, MALLORY
+from authsrv.tokens import token_hash
+from authsrv.web.admin import AdminAPI
+from authsrv.web.root import Root
+
+from harness import BASE, CHEAP, INTERNAL_SECRET, Harness, settle
+from web.test_internal import give_grant
+
+ADMIN_SECRET = "admin-test-secret-Xq4Lm9Pz2Rt7Wv3Ny8"
+ACTOR = "provisioning-bot"
+AUTH = {"Authorization": f"Bearer {ADMIN_SECRET}"}
+JSON = {**AUTH, "Content-Type": "application/json"}
+
+
+class Admin:
+    """The harness's server with the admin API beside it, as the internal listener serves it."""
+
+    def __init__(self, h: Harness):
+        self.h = h
+        self.ended: list[BrowserSession] = []
+        hashing = h.context.threadpool("admin-passwords", 1)
+
+        def notify(session):
+            self.ended.append(session)
+            return succeed(None)
+
+        operations = AdminOperations(
+            clients=ClientOperations(store=h.store, clock=h.clock, resolve=None,
+                                     declared=frozenset(c.client_id for c in h.config.clients)),
+            users=UserOperations(
+                store=h.store, identity=h.identity, clock=h.clock, notify=notify,
+                hash_password=lambda p: deferToThreadPool(reactor, hashing, hash_password, p, CHEAP),
+            ),
+            keys=KeyOperations(keystore=h.keystore, clock=h.clock),
+        )
+        admin = AdminAPI(operations=operations, secret=ADMIN_SECRET, actor=ACTOR).resource()
+        self.http = StubTreq(Root({}, h.internal.resource(), h.internal.resource(), h.config.input_limits, admin))
+
+    async def call(self, method: str, path: str, body=None, headers=None, raw: bytes | None = None):
+        headers = JSON if headers is None else headers
+        data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+        response = await settle(self.http, self.http.request(method, BASE + path, data=data, headers=headers))
+        content = await settle(self.http, response.content())
+        return response, json.loads(content) if content else None
+
+
+@pytest.fixture
+def harness(tmp_path, monkeypatch):
+    return Harness(tmp_path, monkeypatch)
+
+
+async def started(harness) -> Admin:
+    await harness.start()
+    return Admin(harness)
+
+
+def assert_problem(response, body, status, code, field=None):
+    assert response.code == status, body
+    assert body["error"] == code and isinstance(body["message"], str)
+    assert body.get("field") == field
+    assert response.headers.getRawHeaders("content-type") == ["application/json"]
+    assert response.headers.getRawHeaders("cache-control") == ["no-store"]
+
+
+NEW_CLIENT = {"client_id": "crm", "name": "CRM", "redirect_uris": ["https://crm.example/cb"]}
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_secret_is_required_and_the_internal_one_refused(harness):
+    a = await started(harness)
+    try:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Bearer {INTERNAL_SECRET}"},
+                        {"Authorization": f"Basic {ADMIN_SECRET}"}):
+            for method, path in (("GET", "/api/admin/clients"), ("GET", "/api/admin/nothing"),
+                                 ("PUT", "/api/admin/keys")):
+                response, body = await a.call(method, path, headers=headers)
+                assert_problem(response, body, 401, "unauthorized")
+                assert response.headers.getRawHeaders("www-authenticate") == ['Bearer realm="authsrv-admin"']
+        response, body = await a.call("GET", "/api/admin/clients", headers=AUTH)
+        assert response.code == 200 and body["next_cursor"] is None
+    finally:
+        await harness.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_unknown_paths_and_methods(harness):
+    a = await started(harness)
+    try:
+        response, body = await a.call("GET", "/api/admin/nothing", headers=AUTH)
+        assert_problem(response, body, 404, "not_found")
+        response, body = await a.call("PUT", "/api/admin/keys", headers=AUTH)
+        assert_problem(response, body, 405, "method_not_allowed")
+        assert "GET" in response.headers.getRawHeaders("allow")[0]
+    finally:
+        await harness.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_create_get_update_delete_a_client(harness, audit):
+    a = await started(harness)
+    try:
+        response, body = await a.call("POST", "/api/admin/clients", NEW_CLIENT)
+        assert response.code == 201, body
+        assert response.headers.getRawHeaders("location") == ["/api/admin/clients/crm"]
+        secret = body["client_secret"]
+        assert len(secret) >= 43
+        assert body["client"]["type"] == "confidential" and "secret_hash" not in body["client"]
+        stored = await harness.store.get_client("crm")
+        assert secret not in json.dumps(body["client"]) and stored.secret_hash.startswith("hmac-sha256:")
+
+        response, body = await a.call("GET", "/api/admin/clients/crm", headers=AUTH)
+        etag = response.headers.getRawHeaders("etag")[0]
+        assert body["name"] == "CRM" and body["redirect_uris"] == ["https://crm.example/cb"]
+
+        change = {"name": "CRM 2", "first_party": True, "rate_limit": "5/s", "refresh_grace": "30s",
+                  "audiences": ["https://api.crm.example"], "grant_types": ["authorization_code"]}
+        response, body = await a.call("PATCH", "/api/admin/clients/crm", change, headers={**JSON, "If-Match": etag})
+        assert response.code == 200, body
+        assert (body["name"], body["first_party"], body["rate_limit"], body["refresh_grace"]) == ("CRM 2", True, "5/s", 30)
+        new_etag = response.headers.getRawHeaders("etag")[0]
+        assert new_etag != etag
+
+        response, body = await a.call("PATCH", "/api/admin/clients/crm", {"name": "stale"},
+                                      headers={**JSON, "If-Match": etag})
+        assert_problem(response, body, 412, "precondition_failed")
+        response, body = await a.call("DELETE", "/api/admin/clients/crm", headers={**AUTH, "If-Match": etag})
+        assert_problem(response, body, 412, "precondition_failed")
+        response, body = await a.call("PATCH", "/api/admin/clients/crm", {"name": "last write"})
+        assert response.code == 200 and body["name"] == "last write"
+
+        response, body = await a.call("DELETE", "/api/admin/clients/crm", headers=AUTH)
+        assert response.code == 204 and body is None
+        response, body = await a.call("GET", "/api/admin/clients/crm", headers=AUTH)
+        assert_problem(response, body, 404, "not_found", "client_id")
+
+        ours = [e for e in audit if e.get("log_namespace") == "authsrv.audit" and e.get("client_id") == "crm"]
+        assert [e["event"] for e in ours] == ["client.created", "client.changed", "client.changed", "client.deleted"]
+        assert all(e["actor"] == ACTOR for e in ours)
+        assert audit.of("client.changed")[0]["fields"] == sorted(change)
+    finally:
+        await harness.close()
+
+
+@pytest.mark.parametrize("body,field", [
+    ({**NEW_CLIENT, "client_id": ""}, "client_id"),
+    ({**NEW_CLIENT, "client_id": 5}, "client_id"),
+    ({k: v for k, v in NEW_CLIENT.items() if k != "redirect_uris"}, "redirect_uris"),
+    ({**NEW_CLIENT, "redirect_uris": []}, "redirect_uris"),
+    ({**NEW_CLIENT, "redirect_uris": ["http://crm.example/cb"]}, "redirect_uris"),
+    ({**NEW_CLIENT, "redirect_uris": "https://crm.example/cb"}, "redirect_uris"),
+    ({**NEW_CLIENT, "backchannel_logout_uri": "https://169.254.169.254/logout"}, "backchannel_logout_uri"),
+    ({**NEW_CLIENT, "first_party": "yes"}, "first_party"),
+    ({**NEW_CLIENT, "grant_types": ["password"]}, "grant_types"),
+    ({**NEW_CLIENT, "rate_limit": "fast"}, "rate_limit"),
+    ({**NEW_CLIENT, "refresh_grace": -1}, "refresh_grace"),
+    ({**NEW_CLIENT, "secret_hash": "x"}, "secret_hash"),
+    ({**NEW_CLIENT, "post_logout_redirect_uris": ["https://crm.example/"]}, "end_session_enabled"),
+    ({**NEW_CLIENT, "public": 1}, "public"),
+])
+@pytest_twisted.ensureDeferred
+async def test_invalid_client_input_names_the_field(harness, body, field):
+    a = await started(harness)
+    try:
+        response, answer = await a.call("POST", "/api/admin/clients", body)
+        assert_problem(response, answer, 400, "invalid_request", field)
+        assert await harness.store.get_client("crm") is None
+    finally:
+        await harness.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_malformed_bodies(harness):
+    a = await started(harness)
+    try:
+        response, body = await a.call("POST", "/api/admin/clients", raw=b"{", headers=JSON)
+        assert_problem(response, body, 400, "invalid_request")
+        response, body = await a.call("POST", "/api/admin/clients", raw=b"[]", headers=JSON)
+        assert_problem(response, body, 400, "invalid_request")
+        response, body = await a.call("POST", "/api/admin/clients", NEW_CLIENT,
+                                      headers={**AUTH, "Content-Type": "text/plain"})
+        assert_problem(response, body, 415, "unsupported_media_type")
+        response, body = await a.call("POST", "/api/admin/clients", raw=b"{" + b" " * 70_000 + b"}", headers=JSON)
+        assert_problem(response, body, 413, "too_large")
+        response, body = await a.call("GET", "/api/admin/clients?limit=500", headers=AUTH)
+        assert_problem(response, body, 400, "invalid_request", "limit")
+        response, body = await a.call("GET", "/api/admin/clients?cursor=%%%", headers=AUTH)
+        assert_problem(response, body, 400, "invalid_request", "cursor")
+    finally:
+        await harness.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_conflicts(harness):
+    a = await started(harness)
+    try:
+        assert (await a.call("POST", "/api/admin/clients", NEW_CLIENT))[0].code == 201
+        response, body = await a.call("POST", "/api/admin/clients", NEW_CLIENT)
+        assert_problem(response, body, 409, "conflict", "client_id")
+        for method, path, payload in (("PATCH", "/api/admin/clients/first", {"name": "x"}),
+                                      ("DELETE", "/api/admin/clients/first", None),
+                                      ("POST", "/api/admin/clients/first/secret", None),
+                                      ("POST", "/api/admin/clients", {**NEW_CLIENT, "client_id": "first"})):
+            response, body = await a.call(method, path, payload)
+            assert_problem(response, body, 409, "conflict", "client_id")
+            assert "config file" in body["message"]
+        await a.call("POST", "/api/admin/clients", {**NEW_CLIENT, "client_id": "pwa", "public": True})
+        response, body = await a.call("POST", "/api/admin/clients/pwa/secret")
+        assert_problem(response, body, 409, "conflict", "client_id")
+    finally:
+        await harness.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_clients_are_paged(harness):
+    a = await started(harness)
+    try:
+        for n in range(5):
+            await a.call("POST", "/api/admin/clients", {**NEW_CLIENT, "client_id": f"app-{n}"})
+        seen, cursor = [], None
+        while True:
+            response, body = await a.call("GET", "/api/admin/clients?limit=3" + (f"&cursor={cursor}" if cursor else ""),
+                                          headers=AUTH)
+            assert response.code == 200 and len(body["clients"]) <= 3
+            seen += [c["client_id"] for c in body["clients"]]
+            cursor = body["next_cursor"]
+            if cursor is None:
+                break
+        assert seen == sorted(["app-0", "app-1", "app-2", "app-3", "app-4", "first", "gateway", "partner", "spa"])
+    finally:
+        await harness.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_rotate_secret_with_an_overlap(harness, audit):
+    a = await started(harness)
+    try:
+        _, created = await a.call("POST", "/api/admin/clients", NEW_CLIENT)
+        response, body = await a.call("POST", "/api/admin/clients/crm/secret", {"overlap": "2h"})
+        assert response.code == 200, body
+        assert body["previous_secret_until"] == harness.now() + 7200
+        assert body["client_secret"] != created["client_secret"]
+        stored = await harness.store.get_client("crm")
+        assert stored.previous_secret_hash == (await harness.store.get_client("crm")).previous_secret_hash
+        assert audit.of("client.secret_rotated")[0]["previous_until"] == harness.now() + 7200
+
+        response, body = await a.call("POST", "/api/admin/clients/crm/secret", headers=AUTH)
+        assert body["previous_secret_until"] == harness.now() + 86400
+        response, body = await a.call("POST", "/api/admin/clients/crm/secret", {"overlap": 0})
+        assert body["previous_secret_until"] is None
+        for bad in ({"overlap": "soon"}, {"overlap": -1}, {"overlap": 10**9}, {"until": 5}):
+            response, answer = await a.call("POST", "/api/admin/clients/crm/secret", bad)
+            assert_problem(response, answer, 400, "invalid_request", next(iter(bad)))
+        response, body = await a.call("POST", "/api/admin/clients/nobody/secret")
+        assert_problem(response, body, 404, "not_found", "client_id")
+    finally:
+        await harness.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_users_ban_unban_and_bans(harness, audit):
+    a = await started(harness)
+    try:
+        response, body = await a.call("GET", f"/api/admin/users/{ALICE.login}", headers=AUTH)
+        assert response.code == 200 and body["user"]["sub"] == ALICE.sub and body["ban"] is None
+        response, body = await a.call("GET", "/api/admin/users/nobody", headers=AUTH)
+        assert_problem(response, body, 404, "not_found", "user_id")
+
+        await harness.store.create_session(BrowserSession(token_hash("c"), "sid-1", ALICE.sub, 0, harness.now(),
+                                                          harness.now() + 3600))
+        response, body = await a.call("PUT", f"/api/admin/users/{ALICE.sub}/ban",
+                                      {"reason": "spam", "until": "2099-01-01T00:00:00Z"})
+        assert response.code == 200, body
+        assert body == {"sub": ALICE.sub, "until": 4070908800, "sessions_ended": 1}
+        assert [s.sid for s in a.ended] == ["sid-1"]
+        response, body = await a.call("GET", f"/api/admin/users/{ALICE.sub}", headers=AUTH)
+        assert body["ban"]["reason"] == "spam"
+        response, body = await a.call("GET", "/api/admin/bans", headers=AUTH)
+        assert [b["sub"] for b in body["bans"]] == [ALICE.sub] and body["next_cursor"] is None
+
+        for bad, field in (({"until": None}, "reason"), ({"reason": "x", "until": "2000-01-01T00:00:00Z"}, "until"),
+                           ({"reason": "x", "until": "tomorrow"}, "until"), ({"reason": "x", "for": "1d"}, "for")):
+            response, answer = await a.call("PUT", f"/api/admin/users/{BOB.sub}/ban", bad)
+            assert_problem(response, answer, 400, "invalid_request", field)
+
+        response, body = await a.call("DELETE", f"/api/admin/users/{ALICE.sub}/ban", headers=AUTH)
+        assert response.code == 204
+        response, body = await a.call("DELETE", f"/api/admin/users/{ALICE.sub}/ban", headers=AUTH)
+        assert_problem(response, body, 404, "not_found", "user_id")
+        assert audit.of("user.banned")[0]["actor"] == ACTOR and audit.of("user.unbanned")[0]["actor"] == ACTOR
+    finally:
+        await harness.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_grants_sessions_and_consents(harness, audit):
+    a = await started(harness)
+    try:
+        grant = await give_grant(harness, BOB.sub)
+        await harness.store.save_consent(BOB.sub, "first", {"openid"}, harness.now())
+        await harness.store.create_session(BrowserSession(token_hash("c"), "sid-b", BOB.sub, 0, harness.now(),
+                                                          harness.now() + 3600))
+        _, body = await a.call("GET", f"/api/admin/users/{BOB.login}/grants", headers=AUTH)
+        assert [g["grant_id"] for g in body["grants"]] == [grant.grant_id] and body["sub"] == BOB.sub
+        _, body = await a.call("GET", f"/api/admin/users/{BOB.sub}/sessions", headers=AUTH)
+        assert [s["sid"] for s in body["sessions"]] == ["sid-b"] and "session_hash" not in body["sessions"][0]
+        _, body = await a.call("GET", f"/api/admin/users/{BOB.sub}/consents", headers=AUTH)
+        assert body["consents"] == [{"client_id": "first", "scope": ["openid"], "created_at": harness.now()}]
+
+        _, body = await a.call("DELETE", f"/api/admin/users/{BOB.sub}/consents", headers=AUTH)
+        assert body == {"sub": BOB.sub, "revoked": 1}
+        _, body = await a.call("DELETE", f"/api/admin/users/{BOB.sub}/sessions", headers=AUTH)
+        assert body == {"sub": BOB.sub, "ended": 1}
+        _, body = await a.call("DELETE", f"/api/admin/users/{BOB.sub}/grants", headers=AUTH)
+        assert body == {"sub": BOB.sub, "revoked": 1, "sessions_ended": 0}
+        _, body = await a.call("GET", f"/api/admin/users/{BOB.sub}/grants", headers=AUTH)
+        assert body["grants"] == []
+        for kind in ("user.consents_revoked", "user.sessions_ended", "user.grants_revoked"):
+            assert audit.of(kind)[0]["actor"] == ACTOR
+    finally:
+        await harness.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_users_of_the_writable_backend(harness, audit):
+    a = await started(harness)
+    try:
+        response, body = await a.call("POST", "/api/admin/users", {"login": "carol", "password": "correct horse",
+                                                                   "email": "carol@example.test"})
+        assert response.code == 201, body
+        sub = body["user"]["sub"]
+        response, body = await a.call("POST", "/api/admin/users", {"login": "carol", "password": "another one"})
+        assert_problem(response, body, 409, "conflict")
+        for bad, field in (({"login": "dave"}, "password"), ({"password": "x"}, "login"),
+                           ({"login": "dave", "password": "x", "email": "nope"}, "email"),
+                           ({"login": "dave", "password": "x", "admin": True}, "admin")):
+            response, answer = await a.call("POST", "/api/admin/users", bad)
+            assert_problem(response, answer, 400, "invalid_request", field)
+
+        response, _ = await a.call("PUT", f"/api/admin/users/{sub}/password", {"password": "battery staple"})
+        assert response.code == 204
+        response, body = await a.call("PUT", "/api/admin/users/carol/password", {"password": ""})
+        assert_problem(response, body, 400, "invalid_request", "password")
+        response, body = await a.call("POST", "/api/admin/users/carol/disable", {"reason": "left"})
+        assert body == {"sub": sub, "disabled": True}
+        assert (await harness.identity.user_by_id(sub)).disabled
+        response, body = await a.call("POST", "/api/admin/users/carol/enable", headers=AUTH)
+        assert body == {"sub": sub, "disabled": False}
+        response, _ = await a.call("DELETE", "/api/admin/users/carol", headers=AUTH)
+        assert response.code == 204
+        assert await harness.identity.user_by_id(sub) is None
+        kinds = ["user.created", "user.password_set", "user.disabled", "user.enabled", "user.deleted"]
+        assert [e["event"] for e in audit if e.get("event") in kinds] == kinds
+        assert audit.of("user.deleted")[0]["actor"] == ACTOR
+    finally:
+        await harness.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_keys_list_and_rotate(harness, audit):
+    a = await started(harness)
+    try:
+        _, body = await a.call("GET", "/api/admin/keys", headers=AUTH)
+        states = {(k["alg"], k["state"]) for k in body["keys"]}
+        assert ("RS256", "active") in states and ("RS256", "next") in states
+        harness.clock.advance(JWKS_MAX_AGE)
+        response, body = await a.call("POST", "/api/admin/keys/rotate", headers=AUTH)
+        assert response.code == 200, body
+        response, body = await a.call("POST", "/api/admin/keys/rotate", headers=AUTH)
+        assert_problem(response, body, 409, "conflict")
+        response, body = await a.call("POST", "/api/admin/keys/rotate", {"force": "yes"})
+        assert_problem(response, body, 400, "invalid_request", "force")
+        response, body = await a.call("POST", "/api/admin/keys/rotate", {"force": True})
+        assert response.code == 200
+        assert [e["actor"] for e in audit.of("key.rotated")] == [ACTOR, ACTOR]
+    finally:
+        await harness.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_mallory_disabled_in_the_file_shows_as_disabled(harness):
+    a = await started(harness)
+    try:
+        _, body = await a.call("GET", f"/api/admin/users/{MALLORY.login}", headers=AUTH)
+        assert body["user"]["disabled"] is True and body["user"]["disabled_reason"] == MALLORY.disabled_reason
+    finally:
+        await harness.close()
+
+
+STRONG = "admin-config-secret-Lq8Vz3Kp6Wn2Xr9Ty5"
+
+
+@pytest.mark.parametrize("section,key,problem", [
+    ({"secret_env": "AUTHSRV_TEST_ADMIN"}, "admin.listen", "would be served nowhere"),
+    ({"secret_env": "AUTHSRV_TEST_SAME", "serve_on_main": True}, "admin.secret_env", "must differ from the internal"),
+    ({"secret_env": "AUTHSRV_TEST_ADMIN", "serve_on_main": True, "name": "a\tb"}, "admin.name", "printable"),
+    ({"secret_env": "AUTHSRV_TEST_ADMIN", "serve_on_main": True, "port": 1}, "admin.port", ""),
+])
+def test_admin_config_is_checked(monkeypatch, section, key, problem):
+    from authsrv.config import parse_config
+    from authsrv.configsection import ConfigError
+
+    monkeypatch.setenv("AUTHSRV_TEST_ADMIN", STRONG)
+    monkeypatch.setenv("AUTHSRV_TEST_SAME", INTERNAL_SECRET)
+    monkeypatch.setenv("AUTHSRV_TEST_INTERNAL", INTERNAL_SECRET)
+    with pytest.raises(ConfigError) as raised:
+        parse_config({"internal": {"secret_env": "AUTHSRV_TEST_INTERNAL"}, "admin": section}, None)
+    assert key in str(raised.value) and problem in str(raised.value)
+
+
+def test_admin_config_defaults(monkeypatch):
+    from authsrv.config import parse_config
+
+    assert parse_config({}, None).admin.secret is None
+    monkeypatch.setenv("AUTHSRV_TEST_ADMIN", STRONG)
+    admin = parse_config({"internal": {"listen": ["tcp:0"]}, "admin": {"secret_env": "AUTHSRV_TEST_ADMIN"}}, None).admin
+    assert (admin.secret, admin.name, admin.listen, admin.serve_on_main) == (STRONG, "admin-api", (), False)
