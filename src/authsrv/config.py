@@ -17,6 +17,7 @@ from attrs import field, frozen
 from authsrv.chat.config import ChatConfig, chat_config
 from authsrv.configsection import ConfigError, Section
 from authsrv.flows.grants import GRANT_TYPES
+from authsrv.flows.mfa import MFA_CHOICES, MfaPolicy
 from authsrv.flows.ratelimit import DEFAULT_RATE, RateSettings
 from authsrv.protocol.clients import CLIENT_ID_MAX, client_id_problem, is_loopback_host, redirect_uri_problem
 from authsrv.protocol.forwarded import Network, parse_networks
@@ -135,6 +136,7 @@ class Config:
     throttle: ThrottlePolicy = ThrottlePolicy()
     show_ban_reason: bool = False
     rate_limits: RateSettings = RateSettings()
+    mfa: MfaPolicy = MfaPolicy()
 
     @property
     def issuer(self) -> str:
@@ -325,6 +327,7 @@ def client_from_config(section: Section, demo: bool = False) -> Client:
         refresh_grace=section.duration("refresh_grace", None),
         rate_limit=_rate_limit(section),
         audiences=_uris(section, "audiences", False),
+        require_mfa=section.bool("require_mfa", False),
     )
     section.done()
     return client
@@ -355,6 +358,17 @@ def _grant_types(section: Section) -> list[str]:
     return names
 
 
+def _mfa(section: Section) -> MfaPolicy:
+    """C{[mfa]}: second factors off, optional or required of everyone, and the grace to enrol."""
+    defaults = MfaPolicy()
+    policy = MfaPolicy(
+        required=section.str("required", defaults.required, choices=MFA_CHOICES),
+        enrol_grace=section.duration("enrol_grace", defaults.enrol_grace),
+    )
+    section.done()
+    return policy
+
+
 def parse_config(data: dict, path: Path | None) -> Config:
     """Validate a parsed TOML document; raises L{ConfigError} naming the key."""
     base_dir = path.parent if path else Path.cwd()
@@ -383,6 +397,7 @@ def parse_config(data: dict, path: Path | None) -> Config:
     ui = top.table("ui", None) or Section({}, "ui", base_dir)
     show_ban_reason = ui.bool("show_ban_reason", False)
     ui.done()
+    mfa = _mfa(top.table("mfa", None) or Section({}, "mfa", base_dir))
     store = _plugin(top.table("store", None) or Section({}, "store", base_dir), "sqlite")
     keystore = _plugin(top.table("keystore", None) or Section({}, "keystore", base_dir), "jwk-file")
     identity = tuple(_plugin(s) for s in top.tables("identity"))
@@ -416,6 +431,7 @@ def parse_config(data: dict, path: Path | None) -> Config:
         throttle=throttle,
         show_ban_reason=show_ban_reason,
         rate_limits=rate_limits,
+        mfa=mfa,
         trusted_proxies=trusted_proxies,
     )
 

@@ -120,3 +120,30 @@ def rate_limited(*, endpoint: str, client_id: str | None, address: str | None, r
     """At most once per bucket a minute (L{authsrv.flows.ratelimit.REPORT_WINDOW}), however many are refused."""
     _emit("rate.limited", "requests of {client_id} from {address} to {endpoint} over their rate; retry in"
           " {retry_after}s", endpoint=endpoint, client_id=client_id, address=address, retry_after=retry_after)
+
+
+def mfa_enrolled(*, sub: str, kind: str) -> None:
+    _emit("mfa.enrolled", "{sub} enrolled a {kind} factor", sub=sub, kind=kind)
+
+
+def mfa_succeeded(*, sub: str, method: str, address: str) -> None:
+    _emit("mfa.succeeded", "second factor ({method}) of {sub} from {address}", sub=sub, method=method,
+          address=address)
+
+
+def mfa_failed(*, sub: str, address: str, reason: str) -> None:
+    _emit("mfa.failed", "second factor of {sub} refused from {address}: {reason}", sub=sub, address=address,
+          reason=reason)
+
+
+def mfa_enrolment_put_off(*, sub: str, grace_until: int) -> None:
+    _emit("mfa.put_off", "{sub} put off enrolling a second factor (grace until {grace_until})", sub=sub,
+          grace_until=grace_until)
+
+
+def recovery_codes_replaced(*, sub: str) -> None:
+    _emit("mfa.recovery_codes_replaced", "{sub} has a new set of recovery codes", sub=sub)
+
+
+def factors_reset(*, sub: str, by: str) -> None:
+    _emit("mfa.reset", "second factors of {sub} reset by {by}", sub=sub, by=by)

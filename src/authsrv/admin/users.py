@@ -1,6 +1,8 @@
 """
 C{authsrv-admin user ...} and C{hash-password}: users of the first
-configured identity backend that can write them (L{IUserManagement}).
+configured identity backend that can write them (L{IUserManagement}), and
+C{user reset-factors}, which works with any backend since factors live in
+authsrv's own store.
 """
 
 from __future__ import annotations
@@ -8,10 +10,11 @@ from __future__ import annotations
 import uuid
 
 from authsrv.admin.common import AdminError, Console, config_of, plugin_context, read_password
+from authsrv.flows.mfa import reset_factors
 from authsrv.identity.passwords import hash_password
 from authsrv.interfaces import IUserManagement
 from authsrv.records import User
-from authsrv.service import build_plugin
+from authsrv.service import build_identity, build_plugin
 
 NO_WRITABLE_BACKEND = (
     "no [[identity]] backend in the config can write users (a static users file, or PostgreSQL"
@@ -96,6 +99,25 @@ async def user_enable(reactor, args, console: Console):
     await _with_user_management(reactor, args, enable)
 
 
+async def user_reset_factors(reactor, args, console: Console):
+    """Remove a user's second factors (a lost phone); named by id or login in any identity backend."""
+    config = config_of(args)
+    async with plugin_context(reactor, config) as context:
+        identity = build_identity(config, context)
+        store = build_plugin("store", config.store, context)
+        try:
+            user = await identity.user_by_id(args.user) or await identity.user_by_login(args.user)
+            if user is None:
+                raise AdminError(f"no user {args.user!r} (by id or login)")
+            if await reset_factors(store, user.sub, by="operator"):
+                console.out(f"second factors of {user.login} (sub {user.sub}) removed; they enrol again at sign-in")
+            else:
+                console.out(f"{user.login} (sub {user.sub}) had no second factors")
+        finally:
+            await store.close()
+            await identity.close()
+
+
 def register(commands) -> None:
     """Add C{user add|passwd|disable|enable} and C{hash-password} to the top-level subparsers."""
     user = commands.add_parser("user", help="users of the static users file or of PostgreSQL").add_subparsers(
@@ -122,6 +144,9 @@ def register(commands) -> None:
     enable = user.add_parser("enable", help="enable a disabled user")
     enable.add_argument("login")
     enable.set_defaults(run=user_enable)
+    reset = user.add_parser("reset-factors", help="remove a user's second factors (TOTP, recovery codes)")
+    reset.add_argument("user", help="the user's id or login")
+    reset.set_defaults(run=user_reset_factors)
 
     hasher = commands.add_parser("hash-password", help="print an argon2id hash for a users file")
     hasher.add_argument("--password-stdin", action="store_true")
