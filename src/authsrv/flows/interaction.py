@@ -150,11 +150,10 @@ class InteractionFlow:
             if session is None or login_needed(request, session, now):
                 refuse_silently(request, login=True, consent=False)
                 return await self._wait(request, LOGIN_STAGE, None, browser, now, address)
-            demand = await self._factors.demand(client, request, session.sub, session.acr, now)
-            if demand is not None:
+            stage = await self._factors.demand(client, request, session.sub, session.acr, now)
+            if stage is not None:
                 refuse_silently(request, login=True, consent=False)
-                return await self._wait(request, demand.stage, session.sid, browser, now,
-                                        sub=session.sub, amr=session.amr)
+                return await self._wait(request, stage, session.sid, browser, now, sub=session.sub, amr=session.amr)
             return await self._after_login(client, request, session, browser, now, 302)
         except AuthorizeError as e:
             return Redirect(error_location(self._issuer, e.redirect_uri, e.state, e.error))
@@ -187,9 +186,9 @@ class InteractionFlow:
         if not await self._store.take_interaction(interaction.interaction_id, LOGIN_STAGE):
             raise _expired()
         seconds = int(now)
-        demand = await self._factors.demand(client, interaction.request, outcome.user.sub, None, seconds)
-        if demand is not None:
-            return await self._wait(interaction.request, demand.stage, None, browser, seconds,
+        stage = await self._factors.demand(client, interaction.request, outcome.user.sub, None, seconds)
+        if stage is not None:
+            return await self._wait(interaction.request, stage, None, browser, seconds,
                                     sub=outcome.user.sub, amr=PASSWORD_AMR)
         return await self._signed_in(client, interaction.request, outcome.user.sub, None, browser, address,
                                      PASSWORD_AMR, ACR_PWD, seconds)

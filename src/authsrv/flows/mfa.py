@@ -80,18 +80,6 @@ class Enrolment:
 
 
 @frozen
-class Demand:
-    """
-    What a sign-in must do before it completes: give the second factor
-    (L{MFA_STAGE}) or enrol one (L{ENROL_STAGE}), which may be put off
-    until C{grace_until} (None: not any more).
-    """
-
-    stage: str
-    grace_until: int | None = None
-
-
-@frozen
 class Accepted:
     method: str
     """C{"totp"} or C{"recovery"}."""
@@ -175,26 +163,24 @@ class SecondFactors:
     async def factors(self, sub: str):
         return await self._store.list_factors(sub)
 
-    async def demand(self, client: Client, request: AuthorizationRequest | None, sub: str, acr: str | None,
-                     now: int) -> Demand | None:
+    async def demand(self, client: Client, request: AuthorizationRequest, sub: str, acr: str | None,
+                     now: int) -> str | None:
         """
-        What the policy asks of a user who signed in at C{acr} (None: only
-        the password just now): nothing once a second factor was given or
-        when factors are off; the factor when the user has one; enrolment
+        The stage a sign-in must pass before it completes, for a user who
+        signed in at C{acr} (None: only the password just now): none once
+        a second factor was given or when factors are off; the factor
+        (L{MFA_STAGE}) when the user has one; enrolment (L{ENROL_STAGE})
         when the policy, the client or the request (its acr) wants one of
-        a user without, with a grace period from the first such demand.
+        a user without, the grace period counted from the first such demand.
         """
         if not self.policy.enabled or acr == ACR_MFA:
             return None
         if await self.has_totp(sub):
-            return Demand(MFA_STAGE)
-        wanted = (
-            self.policy.required == MFA_REQUIRED or client.require_mfa
-            or (request is not None and mfa_requested(request.acr_values))
-        )
-        if not wanted:
+            return MFA_STAGE
+        if not (self.policy.required == MFA_REQUIRED or client.require_mfa or mfa_requested(request.acr_values)):
             return None
-        return Demand(ENROL_STAGE, await self.grace_until(sub, now))
+        await self._store.mfa_demanded(sub, now)
+        return ENROL_STAGE
 
     async def grace_until(self, sub: str, now: int) -> int | None:
         """Until when the user may still put off enrolling (counted from the first demand), or None."""
