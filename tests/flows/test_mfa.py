@@ -20,7 +20,9 @@ from flow_client import Browser, hidden_fields, location
 from harness import CLIENTS, ISSUER, Harness, pkce_pair, query_of
 from token_helpers import exchange, verify_jwt
 
-from authsrv.flows.mfa import reset_factors
+from authsrv.config import parse_config
+from authsrv.configsection import ConfigError
+from authsrv.flows.mfa import MfaPolicy, reset_factors
 from authsrv.protocol.errors import InvalidRequest
 from authsrv.protocol.oidc import mfa_requested, requested_acr
 from authsrv.records import ACR_MFA, ACR_PWD
@@ -400,6 +402,18 @@ async def test_an_operator_reset_removes_the_factors_audited(tmp_path, monkeypat
         assert claims["acr"] == ACR_PWD, "the password alone signs in again"
     finally:
         await h.close()
+
+
+def test_the_mfa_section_is_read_strictly():
+    strict = parse_config({"mfa": {"required": "required", "enrol_grace": "2d"}}, None)
+    assert strict.mfa == MfaPolicy("required", 2 * DAY)
+    assert parse_config({}, None).mfa == MfaPolicy("optional", 7 * DAY)
+    with pytest.raises(ConfigError, match="mfa.required"):
+        parse_config({"mfa": {"required": "sometimes"}}, None)
+    with pytest.raises(ConfigError, match="mfa.grace"):
+        parse_config({"mfa": {"grace": "1d"}}, None)
+    client = {"client_id": "c", "redirect_uris": ["https://c.example/cb"], "require_mfa": True}
+    assert parse_config({"clients": [client]}, None).clients[0].require_mfa
 
 
 def test_requested_acr_reads_acr_values_and_the_claims_request():

@@ -158,6 +158,7 @@ class SecondFactors:
         return hmac.new(key, f"{sub}\x00{normalised(code)}".encode(), hashlib.sha256).hexdigest()
 
     async def has_totp(self, sub: str) -> bool:
+        """Whether the user has an authenticator to give a code of (recovery codes alone are not one)."""
         return await self._store.get_totp(sub) is not None
 
     async def factors(self, sub: str):
@@ -193,10 +194,10 @@ class SecondFactors:
         Fires with L{Accepted}, L{CodeRefused} or
         L{authsrv.flows.login.Throttled}; every attempt is counted first.
         """
-        store, account, address = self._store, THROTTLE_PREFIX + sub, address_key(address)
+        store, account, key = self._store, THROTTLE_PREFIX + sub, address_key(address)
         device_hash = token_hash(device) if device else None
         known = device_hash is not None and await store.known_device(account, device_hash, now)
-        decision = await store.attempt(account, address, known, self._throttle, now)
+        decision = await store.attempt(account, key, known, self._throttle, now)
         if decision.wait is not None:
             events.mfa_failed(sub=sub, address=address, reason=f"throttled for {decision.wait}s")
             return Throttled(decision.wait)
@@ -204,14 +205,14 @@ class SecondFactors:
         if method is None:
             events.mfa_failed(sub=sub, address=address, reason="wrong or replayed code")
             return CodeRefused()
-        await store.succeeded(account, address, now)
+        await store.succeeded(account, key, now)
         if device_hash is not None:
             await store.remember_device(account, device_hash, now + KNOWN_DEVICE_TTL)
         events.mfa_succeeded(sub=sub, method=method, address=address)
         return Accepted(method)
 
     async def _check(self, sub: str, code: str, now: int) -> str | None:
-        if code.isdigit():
+        if len(code) == TOTP_DIGITS and code.isdigit():
             factor = await self._store.get_totp(sub)
             if factor is None:
                 return None
