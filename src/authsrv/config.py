@@ -20,6 +20,7 @@ from attrs import field, frozen
 from authsrv.chat.config import ChatConfig, chat_config
 from authsrv.configsection import ConfigError, Section
 from authsrv.flows.grants import GRANT_TYPES
+from authsrv.flows.mfa import MFA_CHOICES, MfaPolicy
 from authsrv.flows.ratelimit import DEFAULT_RATE, RateSettings
 from authsrv.protocol.clients import CLIENT_ID_MAX, client_id_problem, is_loopback_host, redirect_uri_problem
 from authsrv.protocol.forwarded import Network, parse_networks
@@ -167,6 +168,7 @@ class Config:
     audit_path: str | None = None
     log_format: str | None = None
     admin: AdminSettings = AdminSettings()
+    mfa: MfaPolicy = MfaPolicy()
 
     @property
     def issuer(self) -> str:
@@ -471,6 +473,7 @@ def client_from_config(section: Section, demo: bool = False) -> Client:
         refresh_grace=section.duration("refresh_grace", None),
         rate_limit=_rate_limit(section),
         audiences=_uris(section, "audiences", False),
+        require_mfa=section.bool("require_mfa", False),
     )
     section.done()
     return client
@@ -520,6 +523,17 @@ def _grant_types(section: Section) -> list[str]:
         if names.index(name) != index:
             raise ConfigError(f"{section.key('grant_types')}[{index}]", f"{name!r} is listed twice")
     return names
+
+
+def _mfa(section: Section) -> MfaPolicy:
+    """C{[mfa]}: second factors off, optional or required of everyone, and the grace to enrol."""
+    defaults = MfaPolicy()
+    policy = MfaPolicy(
+        required=section.str("required", defaults.required, choices=MFA_CHOICES),
+        enrol_grace=section.duration("enrol_grace", defaults.enrol_grace),
+    )
+    section.done()
+    return policy
 
 
 def _table(top: Section, checked: _Problems, name: str) -> Section:
@@ -577,6 +591,7 @@ def read_config_document(
     show_ban_reason = checked.take(ui.bool, "show_ban_reason", False, fallback=False)
     checked.done(ui)
     password_min_length = _password_min_length(_table(top, checked, "passwords"), checked)
+    mfa = checked.take(_mfa, _table(top, checked, "mfa"), fallback=MfaPolicy())
     metrics = _table(top, checked, "metrics")
     metrics_listen = tuple(checked.take(metrics.str_list, "listen", [], fallback=[]))
     checked.done(metrics)
@@ -618,6 +633,7 @@ def read_config_document(
         throttle=throttle,
         show_ban_reason=show_ban_reason,
         rate_limits=rate_limits,
+        mfa=mfa,
         trusted_proxies=trusted_proxies,
         password_min_length=password_min_length,
         metrics_listen=metrics_listen,

@@ -51,6 +51,12 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "user.disabled": (),
     "user.enabled": (),
     "user.deleted": ("login",),
+    "mfa.enrolled": ("kind",),
+    "mfa.succeeded": ("method",),
+    "mfa.failed": (),
+    "mfa.put_off": ("grace_until",),
+    "mfa.recovery_codes_replaced": (),
+    "mfa.reset": (),
     "key.rotated": ("algorithms", "active"),
     "config.loaded": ("path", "issuer", "clients"),
     "rate.limited": ("endpoint", "retry_after"),
@@ -243,3 +249,30 @@ def user_enabled(*, sub: str, actor: str) -> None:
 
 def user_deleted(*, sub: str, login: str, actor: str) -> None:
     _emit("user.deleted", "user {login} ({sub}) deleted by {actor}", "success", sub=sub, login=login, actor=actor)
+
+
+def mfa_enrolled(*, sub: str, kind: str) -> None:
+    _emit("mfa.enrolled", "{sub} enrolled a {kind} factor", "success", sub=sub, kind=kind)
+
+
+def mfa_succeeded(*, sub: str, method: str, address: str) -> None:
+    _emit("mfa.succeeded", "second factor ({method}) of {sub} from {address}", "success", sub=sub, method=method,
+          address=address)
+
+
+def mfa_failed(*, sub: str, address: str, reason: str) -> None:
+    _emit("mfa.failed", "second factor of {sub} refused from {address}: {reason}", "failure", sub=sub,
+          address=address, reason=reason)
+
+
+def mfa_enrolment_put_off(*, sub: str, grace_until: int) -> None:
+    _emit("mfa.put_off", "{sub} put off enrolling a second factor (grace until {grace_until})", "success",
+          sub=sub, grace_until=grace_until)
+
+
+def recovery_codes_replaced(*, sub: str) -> None:
+    _emit("mfa.recovery_codes_replaced", "{sub} has a new set of recovery codes", "success", sub=sub)
+
+
+def factors_reset(*, sub: str, actor: str) -> None:
+    _emit("mfa.reset", "second factors of {sub} reset by {actor}", "success", sub=sub, actor=actor)

@@ -411,6 +411,49 @@ class IKnownDeviceStore(Interface):
         """Fires True when the device signed in to the account and is still remembered at C{now}."""
 
 
+class IFactorStore(Interface):
+    """
+    Users' second factors, in authsrv's own store under the user's stable
+    id (C{sub}), whatever identity backend knows the user. Secrets arrive
+    sealed and codes hashed by the caller; the store never sees either.
+    """
+
+    def enrol_totp(sub, secret_enc, step, now):
+        """
+        Keep the user's confirmed TOTP secret, replacing any earlier one;
+        C{step} is the time step of the code that confirmed it, which is
+        thereby used.
+        """
+
+    def get_totp(sub):
+        """Fires with the user's L{authsrv.records.TotpFactor}, or None."""
+
+    def use_totp_step(sub, step):
+        """
+        Accept a code of time step C{step}, atomically: fires True when it
+        is later than every step accepted before (and records it), False
+        for a replay, an older step or no TOTP factor.
+        """
+
+    def replace_recovery_codes(sub, code_hashes, now):
+        """Keep C{code_hashes} as the user's recovery codes, dropping any earlier set."""
+
+    def use_recovery_code(sub, code_hash):
+        """Use one recovery code up, atomically: fires True for exactly one of racing uses."""
+
+    def list_factors(sub):
+        """Fires with the user's L{authsrv.records.Factor}s, TOTP first."""
+
+    def reset_factors(sub):
+        """Remove every factor of the user and the start of their grace period; fires True when any was kept."""
+
+    def mfa_demanded(sub, now):
+        """
+        Fires with when a policy first asked the user to enrol a second
+        factor, recording C{now} if never (the grace period runs from then).
+        """
+
+
 SERVER_KEY_BYTES = 32
 
 
@@ -441,6 +484,7 @@ class IStore(
     ILinkedAccountStore,
     ILoginThrottle,
     IKnownDeviceStore,
+    IFactorStore,
 ):
     """
     Every role in one backend object; flows depend only on the roles they use.

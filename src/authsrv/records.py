@@ -23,6 +23,13 @@ def _frozenset(value) -> frozenset:
 DEFAULT_GRANT_TYPES = ("authorization_code", "refresh_token")
 """The grants a client may use unless its registration says otherwise."""
 
+ACR_PWD = "urn:authsrv:acr:pwd"
+"""Authentication context class of a sign-in with one factor (a password)."""
+ACR_MFA = "urn:authsrv:acr:mfa"
+"""Authentication context class of a sign-in with a second factor."""
+PASSWORD_AMR = ("pwd",)
+"""RFC 8176 methods of a password sign-in."""
+
 
 @frozen
 class Client:
@@ -38,6 +45,7 @@ class Client:
     server, so it may introspect access tokens meant for them.
     C{previous_secret_hash} is the secret a rotation replaced, still
     accepted until C{previous_secret_until}, so apps roll without downtime.
+    C{require_mfa} asks every user signing in to it for a second factor.
     """
 
     client_id: str
@@ -58,6 +66,7 @@ class Client:
     audiences: tuple[str, ...] = field(default=(), converter=_tuple)
     previous_secret_hash: str | None = None
     previous_secret_until: int | None = None
+    require_mfa: bool = False
 
     @property
     def is_public(self) -> bool:
@@ -90,7 +99,9 @@ class BrowserSession:
     A user's logged-in session at the service.
 
     C{session_hash} is the hash of the opaque cookie value; C{sid} is the
-    public session id put in ID tokens and logout tokens.
+    public session id put in ID tokens and logout tokens. C{amr} and C{acr}
+    say how the user authenticated at C{auth_time} (RFC 8176 method values;
+    L{ACR_PWD} or L{ACR_MFA}).
     """
 
     session_hash: str
@@ -99,6 +110,8 @@ class BrowserSession:
     auth_time: int
     created_at: int
     expires_at: int
+    amr: tuple[str, ...] = field(default=PASSWORD_AMR, converter=_tuple)
+    acr: str = ACR_PWD
 
 
 @frozen
@@ -115,9 +128,13 @@ class AuthorizationRequest:
     prompt: frozenset[str] = field(default=frozenset(), converter=_frozenset)
     max_age: int | None = None
     login_hint: str | None = None
+    acr_values: tuple[str, ...] = field(default=(), converter=_tuple)
+    """The authentication context classes asked for (acr_values, or the claims request's acr)."""
 
 
 LOGIN_STAGE = "login"
+MFA_STAGE = "mfa"
+ENROL_STAGE = "enrol"
 CONSENT_STAGE = "consent"
 
 
@@ -127,11 +144,14 @@ class Interaction:
     A sign-in in progress between the authorization request and the code,
     kept server-side so that the browser's forms carry only
     C{interaction_id} and a CSRF token. C{stage} says what the user does
-    next (L{LOGIN_STAGE}, L{CONSENT_STAGE}); at the consent stage C{sid}
-    names the browser session that must give it, so a consent is never
-    given by a user other than the one who was shown the page. At the login
-    stage C{address} is the client address that asked, so the store can cap
-    how many sign-ins one address keeps waiting (docs/design.md, Limits).
+    next (L{LOGIN_STAGE}, L{MFA_STAGE}, L{ENROL_STAGE}, L{CONSENT_STAGE});
+    at the consent stage C{sid} names the browser session that must give
+    it, so a consent is never given by a user other than the one who was
+    shown the page. At the login stage C{address} is the client address that
+    asked, so the store can cap how many sign-ins one address keeps waiting
+    (docs/design.md, Limits). At the second-factor and enrolment stages C{sub} is
+    the user whose first factor (C{amr}) was accepted, and C{sid} the
+    session being stepped up, if any.
     """
 
     interaction_id: str
@@ -142,6 +162,8 @@ class Interaction:
     expires_at: int
     sid: str | None = None
     address: str | None = None
+    sub: str | None = None
+    amr: tuple[str, ...] = field(default=(), converter=_tuple)
 
 
 @frozen
@@ -177,6 +199,8 @@ class Grant:
     created_at: int = 0
     expires_at: int = 0
     revoked_at: int | None = None
+    amr: tuple[str, ...] = field(default=PASSWORD_AMR, converter=_tuple)
+    acr: str = ACR_PWD
 
 
 @frozen
@@ -199,6 +223,8 @@ class AuthorizationCode:
     sid: str | None = None
     issued_at: int = 0
     expires_at: int = 0
+    amr: tuple[str, ...] = field(default=PASSWORD_AMR, converter=_tuple)
+    acr: str = ACR_PWD
 
 
 @frozen
@@ -314,6 +340,37 @@ class AccessState:
 
     ban: Ban | None
     has_active_grant: bool
+
+
+@frozen
+class TotpFactor:
+    """
+    A user's confirmed TOTP authenticator (RFC 6238): C{secret_enc} is its
+    secret sealed with a server key, C{last_step} the latest time step a
+    code was accepted for, so no code is accepted twice.
+    """
+
+    sub: str
+    secret_enc: bytes
+    created_at: int
+    last_step: int
+
+
+TOTP_FACTOR = "totp"
+RECOVERY_FACTOR = "recovery"
+
+
+@frozen
+class Factor:
+    """
+    One second factor of a user, as a list of them shows it: its C{kind}
+    (L{TOTP_FACTOR}, L{RECOVERY_FACTOR}), when it was made, and for
+    recovery codes how many are left.
+    """
+
+    kind: str
+    created_at: int
+    remaining: int | None = None
 
 
 # Results of the atomic store operations.

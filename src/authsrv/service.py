@@ -40,11 +40,13 @@ from authsrv.flows.grants import GrantRegistry
 from authsrv.flows.grants.authorization_code import AuthorizationCodeGrant
 from authsrv.flows.grants.refresh_token import RefreshTokenGrant
 from authsrv.flows.grants.users import GrantUsers
+from authsrv.flows.account import AccountFactors
 from authsrv.flows.interaction import InteractionFlow
 from authsrv.flows.introspect import IntrospectionFlow
 from authsrv.flows.issue import TokenMinter
 from authsrv.flows.link import ChatLinking
 from authsrv.flows.login import PasswordLogin
+from authsrv.flows.mfa import SecondFactors
 from authsrv.flows.ratelimit import ClientRateLimits
 from authsrv.flows.readiness import Readiness
 from authsrv.flows.revoke import RevocationFlow
@@ -318,6 +320,7 @@ class PublicFlows:
     introspection: IntrospectionFlow
     revocation: RevocationFlow
     end_session: EndSessionFlow
+    account: AccountFactors
     linking: ChatLinking | None
 
 
@@ -329,16 +332,19 @@ def public_flows(config: Config, reactor, store, keystore, identity, grants: Gra
         store=store, notify=lambda session: notifier.session_ended(store, keystore, config.issuer, session)
     )
     login = PasswordLogin(identity=identity, store=store, policy=config.throttle)
+    factors = SecondFactors(store=store, policy=config.mfa, throttle=config.throttle,
+                            issuer_label=urlsplit(config.public_url).hostname or config.public_url)
     return PublicFlows(
         interaction=InteractionFlow(
             store=store, clients=clients, identity=identity, login=login, sessions=sessions,
-            limits=config.limits, issuer=config.issuer, show_ban_reason=config.show_ban_reason,
+            limits=config.limits, issuer=config.issuer, factors=factors, show_ban_reason=config.show_ban_reason,
         ),
         token=TokenFlow(clients=clients, grants=grants),
         userinfo=UserInfoFlow(store=store, identity=identity, claims=_claims(config, store), issuer=config.issuer),
         introspection=IntrospectionFlow(store=store, clients=clients, identity=identity, issuer=config.issuer),
         revocation=RevocationFlow(store=store, clients=clients),
         end_session=EndSessionFlow(store=store, keystore=keystore, issuer=config.issuer, sessions=sessions),
+        account=AccountFactors(store=store, identity=identity, factors=factors),
         linking=chat_link,
     )
 

@@ -56,6 +56,7 @@ async def test_client_lifecycle(deployment):
         "rate_limit": None,
         "audiences": [],
         "previous_secret_until": None,
+        "require_mfa": False,
     }
     assert "client_secret" not in ok(await admin("--config", config, "client", "show", "web", cwd=cwd))
     ok(await admin("--config", config, "client", "add", "spa", "--public", "--redirect-uri", "https://spa.example/cb", cwd=cwd))
@@ -232,6 +233,21 @@ async def test_ban_unban_revoke(deployment):
     revoked = await admin("--config", config, "revoke", "alice", cwd=cwd)
     assert ok(revoked).startswith(f"revoked 0 grants of {sub}")
     assert json.loads(revoked.stderr)["event"] == "user.grants_revoked"
+
+
+@pytest_twisted.ensureDeferred
+async def test_reset_factors_is_audited(deployment):
+    cwd, config = deployment
+    sub = await add_alice(cwd, config)
+    assert "had no second factors" in ok(await admin("--config", config, "user", "reset-factors", sub, cwd=cwd))
+    database = sqlite3.connect(cwd / "data" / "authsrv.sqlite3")
+    with database:
+        database.execute("INSERT INTO totp_factors VALUES (?, x'00', 0, 0)", (sub,))
+    reset = await admin("--config", config, "user", "reset-factors", "alice", cwd=cwd)
+    assert ok(reset) == f"second factors of alice (sub {sub}) removed; they enrol again at sign-in\n"
+    assert [json.loads(line)["event"] for line in reset.stderr.splitlines()] == ["mfa.reset"]
+    assert database.execute("SELECT count(*) FROM totp_factors").fetchone()[0] == 0
+    refused(await admin("--config", config, "user", "reset-factors", "nobody", cwd=cwd), "no user 'nobody'")
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ import pytest_twisted
 from twisted.internet.defer import Deferred, gatherResults
 
 from authsrv.protocol.oidc import at_hash
-from authsrv.records import Ban
+from authsrv.records import ACR_PWD, Ban
 from authsrv.testing.identity import ALICE, BOB, MALLORY
 from authsrv.tokens import token_hash
 from conftest import free_port
@@ -73,7 +73,7 @@ async def test_code_exchange_with_client_secret_post(tmp_path, monkeypatch):
         header_, claims = verify_jwt(h, body["id_token"], aud="first", nonce=NONCE)
         assert claims == {
             "iss": ISSUER, "sub": ALICE.sub, "aud": "first", "exp": h.now() + 3600, "iat": h.now(),
-            "auth_time": h.now() - 30, "nonce": NONCE, "sid": "sid-1",
+            "auth_time": h.now() - 30, "nonce": NONCE, "sid": "sid-1", "amr": ["pwd"], "acr": ACR_PWD,
             "at_hash": at_hash(body["access_token"]),
             "name": ALICE.name, "picture": ALICE.picture, "email": ALICE.email, "email_verified": True,
             "chat_user_id": ALICE.chat_user_id,
@@ -114,7 +114,7 @@ async def test_public_client_with_pkce_alone(tmp_path, monkeypatch):
         assert header(response, "access-control-allow-origin") == ["*"]
         _, claims = verify_jwt(h, body["id_token"], aud="spa")
         assert "nonce" not in claims and claims["sub"] == BOB.sub
-        assert set(claims) == {"iss", "sub", "aud", "exp", "iat", "auth_time", "at_hash", "sid"}
+        assert set(claims) == {"iss", "sub", "aud", "exp", "iat", "auth_time", "at_hash", "sid", "amr", "acr"}
         response, body = await refresh(h, body["refresh_token"], client_id="spa")
         assert response.code == 200, body
         preflight, _ = await h.request("OPTIONS", TOKEN, headers={"Origin": "http://127.0.0.1:9002"})

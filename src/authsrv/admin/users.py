@@ -1,19 +1,21 @@
 """
 C{authsrv-admin user ...} and C{hash-password}: users of the first
 configured identity backend that can write them (L{IUserManagement}),
-through L{authsrv.operations.users} as the admin API. Every new password
+through L{authsrv.operations.users} as the admin API (every new password
 meets L{authsrv.protocol.password_policy}; the ones users have already
-are left alone.
+are left alone), and C{user reset-factors}, which works with any backend
+since factors live in authsrv's own store.
 """
 
 from __future__ import annotations
 
 from attrs import asdict
 
-from authsrv.admin.common import ACTOR, AdminError, Console, config_of, read_password, with_plugins
+from authsrv.admin.common import ACTOR, AdminError, Console, config_of, plugin_context, read_password, with_plugins
+from authsrv.flows.mfa import reset_factors
 from authsrv.identity.passwords import hash_password
 from authsrv.protocol.password_policy import MIN_LENGTH, password_problem
-from authsrv.service import user_operations
+from authsrv.service import build_identity, build_plugin, user_operations
 
 
 async def _with_users(reactor, args, act):
@@ -104,6 +106,25 @@ async def user_show(reactor, args, console: Console):
     await _with_users(reactor, args, show)
 
 
+async def user_reset_factors(reactor, args, console: Console):
+    """Remove a user's second factors (a lost phone); named by id or login in any identity backend."""
+    config = config_of(args)
+    async with plugin_context(reactor, config) as context:
+        identity = build_identity(config, context)
+        store = build_plugin("store", config.store, context)
+        try:
+            user = await identity.user_by_id(args.user) or await identity.user_by_login(args.user)
+            if user is None:
+                raise AdminError(f"no user {args.user!r} (by id or login)")
+            if await reset_factors(store, user.sub, actor=ACTOR):
+                console.out(f"second factors of {user.login} (sub {user.sub}) removed; they enrol again at sign-in")
+            else:
+                console.out(f"{user.login} (sub {user.sub}) had no second factors")
+        finally:
+            await store.close()
+            await identity.close()
+
+
 def register(commands) -> None:
     """Add C{user add|passwd|disable|enable|remove|list|show} and C{hash-password} to the top-level subparsers."""
     user = commands.add_parser("user", help="users of the static users file or of PostgreSQL").add_subparsers(
@@ -137,6 +158,9 @@ def register(commands) -> None:
     show = user.add_parser("show", help="show one user")
     show.add_argument("login")
     show.set_defaults(run=user_show)
+    reset = user.add_parser("reset-factors", help="remove a user's second factors (TOTP, recovery codes)")
+    reset.add_argument("user", help="the user's id or login")
+    reset.set_defaults(run=user_reset_factors)
 
     hasher = commands.add_parser("hash-password", help="print an argon2id hash for a users file")
     hasher.add_argument("--password-stdin", action="store_true")

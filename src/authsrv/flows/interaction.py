@@ -5,6 +5,11 @@ request asks for one, then consent unless remembered or first-party, then
 the code. Every decision is made here; the web layer parses the request and
 renders the L{authsrv.flows.outcomes} this returns.
 
+A user with a second factor, or one a policy, the client or the request's
+acr asks for it, gives it after the password (or enrols one), before any
+session exists; a live session signed in without one is stepped up the
+same way (L{authsrv.flows.mfa}).
+
 The request waits in the store as an L{Interaction} between the steps, so
 the browser's forms carry only its id and a CSRF token bound to the
 browser's device secret; each step uses it up, so one of two racing
@@ -18,8 +23,17 @@ from urllib.parse import urlencode
 from authsrv import events
 from authsrv.flows.csrf import form_token, form_token_valid, valid_device_secret
 from authsrv.flows.login import LoggedIn, Refused, Suspended, Throttled
-from authsrv.flows.outcomes import Browser, ConsentForm, CookieChanges, LoginForm, Redirect
-from authsrv.flows.sessions import live_session, start_session
+from authsrv.flows.mfa import Accepted, SecondFactors
+from authsrv.flows.outcomes import (
+    Browser,
+    ConsentForm,
+    CookieChanges,
+    EnrolmentForm,
+    LoginForm,
+    Redirect,
+    SecondFactorForm,
+)
+from authsrv.flows.sessions import live_session, start_session, step_up_session
 from authsrv.protocol.authorize import (
     AuthorizeError,
     client_id_of,
@@ -33,9 +47,15 @@ from authsrv.protocol.authorize import (
 from authsrv.protocol.errors import AccessDenied, PageError
 from authsrv.protocol.forwarded import address_key
 from authsrv.protocol.urls import origin
+from authsrv.protocol.oidc import OTP_AMR
 from authsrv.records import (
+    ACR_MFA,
+    ACR_PWD,
     CONSENT_STAGE,
+    ENROL_STAGE,
     LOGIN_STAGE,
+    MFA_STAGE,
+    PASSWORD_AMR,
     AuthorizationCode,
     AuthorizationRequest,
     BrowserSession,
@@ -51,8 +71,12 @@ UNAVAILABLE = "Signing in is not possible right now; please try again later."
 FORM_EXPIRED = "This form expired or was not sent by this site; start again from the application."
 TOO_LONG = "The sign-in took too long and has expired; start again from the application."
 SIGNED_OUT = "You are no longer signed in; start again from the application."
+WRONG_CODE = "That code is not right, or was used already. Try the next code from your app."
+MISSING_CODE = "Enter the code from your authenticator app, or a recovery code."
+WRONG_FIRST_CODE = "That code does not match; check the time on your phone and try the current code."
+MUST_ENROL = "Setting up a second factor is required now; you cannot put it off any longer."
 
-_STAGE_PATHS = {LOGIN_STAGE: "/login", CONSENT_STAGE: "/consent"}
+_STAGE_PATHS = {LOGIN_STAGE: "/login", MFA_STAGE: "/mfa", ENROL_STAGE: "/mfa/enrol", CONSENT_STAGE: "/consent"}
 
 
 def too_many_attempts(retry_after: int) -> str:
@@ -94,11 +118,13 @@ class InteractionFlow:
     C{login} is an L{authsrv.flows.login.PasswordLogin}; C{sessions} an
     L{authsrv.flows.sessions.SessionEnder}, which ends the browser's earlier
     session at a new login and tells its clients; C{clients} answers
-    C{get_client}; C{limits} gives the code, session and interaction lifetimes.
+    C{get_client}; C{limits} gives the code, session and interaction
+    lifetimes; C{factors} are the users' second factors.
     """
 
     def __init__(self, *, store, clients, identity, login, sessions, limits, issuer: str,
-                 show_ban_reason: bool = False):
+                 factors: SecondFactors, show_ban_reason: bool = False):
+        self._factors = factors
         self._show_ban_reason = show_ban_reason
         self._store = store
         self._sessions = sessions
@@ -124,6 +150,10 @@ class InteractionFlow:
             if session is None or login_needed(request, session, now):
                 refuse_silently(request, login=True, consent=False)
                 return await self._wait(request, LOGIN_STAGE, None, browser, now, address)
+            stage = await self._factors.demand(client, request, session.sub, session.acr, now)
+            if stage is not None:
+                refuse_silently(request, login=True, consent=False)
+                return await self._wait(request, stage, session.sid, browser, now, sub=session.sub, amr=session.amr)
             return await self._after_login(client, request, session, browser, now, 302)
         except AuthorizeError as e:
             return Redirect(error_location(self._issuer, e.redirect_uri, e.state, e.error))
@@ -156,10 +186,92 @@ class InteractionFlow:
         if not await self._store.take_interaction(interaction.interaction_id, LOGIN_STAGE):
             raise _expired()
         seconds = int(now)
-        await self._sessions.end(browser.session, "logged in again")
-        value, session = await start_session(self._store, self._limits, outcome.user.sub, seconds)
-        events.login_succeeded(sub=outcome.user.sub, client_id=client.client_id, address=address)
-        answer = await self._after_login(client, interaction.request, session, browser, seconds, 303)
+        stage = await self._factors.demand(client, interaction.request, outcome.user.sub, None, seconds)
+        if stage is not None:
+            return await self._wait(interaction.request, stage, None, browser, seconds,
+                                    sub=outcome.user.sub, amr=PASSWORD_AMR)
+        return await self._signed_in(client, interaction.request, outcome.user.sub, None, browser, address,
+                                     PASSWORD_AMR, ACR_PWD, seconds)
+
+    async def second_factor_form(self, form: dict[str, str] | None, browser: Browser, now: int) -> SecondFactorForm:
+        interaction, client, _ = await self._factor_stage(form, MFA_STAGE, browser, now)
+        return self._second_factor_form(200, interaction, client)
+
+    async def submit_second_factor(self, form: dict[str, str] | None, browser: Browser, address: str,
+                                   now: float) -> SecondFactorForm | Redirect:
+        """A TOTP or recovery code posted: counted by the throttle, then the session, then consent or the code."""
+        if form is None:
+            raise _forged()
+        seconds = int(now)
+        interaction, client, session = await self._factor_stage(form, MFA_STAGE, browser, seconds)
+        self._check_csrf(form, browser, interaction)
+        code = form.get("code", "").strip()
+        if not code:
+            return self._second_factor_form(200, interaction, client, MISSING_CODE)
+        sub = interaction.sub
+        assert sub is not None, "a second-factor interaction names its user"
+        outcome = await self._factors.verify(sub, code, address, browser.device, seconds)
+        if isinstance(outcome, Throttled):
+            return self._second_factor_form(429, interaction, client, too_many_attempts(outcome.retry_after),
+                                            outcome.retry_after)
+        if not isinstance(outcome, Accepted):
+            return self._second_factor_form(200, interaction, client, WRONG_CODE)
+        if not await self._store.take_interaction(interaction.interaction_id, MFA_STAGE):
+            raise _expired()
+        return await self._signed_in(client, interaction.request, sub, session, browser, address, OTP_AMR, ACR_MFA,
+                                     seconds)
+
+    async def enrolment_form(self, form: dict[str, str] | None, browser: Browser, now: int) -> EnrolmentForm:
+        interaction, client, _ = await self._factor_stage(form, ENROL_STAGE, browser, now)
+        return await self._enrolment_form(200, interaction, client, None, now)
+
+    async def submit_enrolment(self, form: dict[str, str] | None, browser: Browser, address: str,
+                               now: float) -> EnrolmentForm | Redirect:
+        """
+        Confirm a new authenticator with its first code (the sign-in then
+        counts as with a second factor), or put enrolment off while the
+        grace period lasts.
+        """
+        if form is None:
+            raise _forged()
+        seconds = int(now)
+        interaction, client, session = await self._factor_stage(form, ENROL_STAGE, browser, seconds)
+        self._check_csrf(form, browser, interaction)
+        sub = interaction.sub
+        assert sub is not None, "an enrolment interaction names its user"
+        if form.get("action") == "later":
+            grace_until = await self._factors.grace_until(sub, seconds)
+            if grace_until is None:
+                return await self._enrolment_form(200, interaction, client, MUST_ENROL, seconds, form.get("sealed"))
+            if not await self._store.take_interaction(interaction.interaction_id, ENROL_STAGE):
+                raise _expired()
+            events.mfa_enrolment_put_off(sub=sub, grace_until=grace_until)
+            return await self._signed_in(client, interaction.request, sub, session, browser, address,
+                                         interaction.amr, ACR_PWD, seconds)
+        if not await self._factors.confirm(sub, form.get("sealed"), form.get("code", ""), seconds):
+            return await self._enrolment_form(200, interaction, client, WRONG_FIRST_CODE, seconds,
+                                              form.get("sealed"))
+        if not await self._store.take_interaction(interaction.interaction_id, ENROL_STAGE):
+            raise _expired()
+        return await self._signed_in(client, interaction.request, sub, session, browser, address, OTP_AMR, ACR_MFA,
+                                     seconds)
+
+    async def _signed_in(self, client: Client, request: AuthorizationRequest, sub: str,
+                         session: BrowserSession | None, browser: Browser, address: str,
+                         amr: tuple[str, ...], acr: str, now: int) -> Redirect:
+        """
+        The sign-in done by C{amr} at C{acr}: a new session, or the live
+        C{session} it stepped up (raised to the MFA class, or left as it
+        was when enrolment was put off), then consent or the code.
+        """
+        value: str | None = None
+        if session is None:
+            await self._sessions.end(browser.session, "logged in again")
+            value, session = await start_session(self._store, self._limits, sub, now, amr, acr)
+            events.login_succeeded(sub=sub, client_id=client.client_id, address=address)
+        elif acr == ACR_MFA:
+            value, session = await step_up_session(self._store, session, amr, acr, now)
+        answer = await self._after_login(client, request, session, browser, now, 303)
         return Redirect(answer.location, answer.status, CookieChanges(session=value, device=answer.cookies.device))
 
     async def consent_form(self, form: dict[str, str] | None, browser: Browser, now: int) -> ConsentForm:
@@ -204,12 +316,14 @@ class InteractionFlow:
         return Redirect(await self._issue_code(request, session, now), status)
 
     async def _wait(self, request: AuthorizationRequest, stage: str, sid: str | None, browser: Browser,
-                    now: int, address: str | None = None) -> Redirect:
+                    now: int, address: str | None = None, *, sub: str | None = None,
+                    amr: tuple[str, ...] = ()) -> Redirect:
         """
         Keep the request for the next stage, bound to this browser's device
         secret (made now if it has none, or a forged one). An anonymous one
         (with its C{address}) waits for the login form for a shorter time,
-        and only while its address is under the cap.
+        and only while its address is under the cap; one for the second
+        factor names the user (C{sub}) and the methods already used (C{amr}).
         """
         limits = self._limits
         new_device: str | None
@@ -224,9 +338,12 @@ class InteractionFlow:
             request=request,
             csrf_token=form_token(device, interaction_id),
             created_at=now,
-            expires_at=now + (limits.login_request_ttl if stage == LOGIN_STAGE else limits.pending_request_ttl),
+            expires_at=now + (limits.login_request_ttl if stage in (LOGIN_STAGE, MFA_STAGE)
+                              else limits.pending_request_ttl),
             sid=sid,
             address=None if address is None else address_key(address),
+            sub=sub,
+            amr=amr,
         )
         if address is not None and limits.pending_per_address:
             busy_until = await self._store.save_login_interaction(interaction, limits.pending_per_address)
@@ -246,6 +363,46 @@ class InteractionFlow:
         if client is None:
             raise _expired()
         return interaction, client
+
+    async def _factor_stage(self, form: dict[str, str] | None, stage: str, browser: Browser,
+                            now: int) -> tuple[Interaction, Client, BrowserSession | None]:
+        """
+        A second-factor or enrolment interaction, its client, and the live
+        session it steps up (None for a sign-in without one yet).
+        """
+        interaction, client = await self._interaction(form, stage, now)
+        if interaction.sid is None:
+            return interaction, client, None
+        session = await live_session(self._store, self._identity, browser.session, now)
+        if session is None or session.sid != interaction.sid:
+            raise PageError(400, "Signed out", SIGNED_OUT)
+        return interaction, client, session
+
+    def _second_factor_form(self, status: int, interaction: Interaction, client: Client,
+                            message: str | None = None, retry_after: int | None = None) -> SecondFactorForm:
+        return SecondFactorForm(
+            status=status, client_name=client.name or client.client_id,
+            interaction_id=interaction.interaction_id, csrf=interaction.csrf_token,
+            client_origin=origin(interaction.request.redirect_uri), message=message, retry_after=retry_after,
+        )
+
+    async def _enrolment_form(self, status: int, interaction: Interaction, client: Client, message: str | None,
+                              now: int, sealed: str | None = None) -> EnrolmentForm:
+        """The enrolment page: the one posted back (C{sealed}) shown again, else a new secret."""
+        sub = interaction.sub
+        assert sub is not None, "an enrolment interaction names its user"
+        user = await self._identity.user_by_id(sub)
+        login = user.login if user else sub
+        enrolment = await self._factors.open_enrolment(sub, sealed, login, now)
+        if enrolment is None:
+            enrolment = await self._factors.new_enrolment(sub, login, now)
+        return EnrolmentForm(
+            status=status, user_label=login, secret=enrolment.secret, otpauth_uri=enrolment.otpauth_uri,
+            recovery_codes=enrolment.recovery_codes, sealed=enrolment.sealed,
+            fields=(("request", interaction.interaction_id), ("csrf", interaction.csrf_token)),
+            client_name=client.name or client.client_id, client_origin=origin(interaction.request.redirect_uri),
+            grace_until=await self._factors.grace_until(sub, now), message=message,
+        )
 
     async def _consent_stage(self, form: dict[str, str], browser: Browser, now: int):
         """The consent-stage interaction, its client and the session it waits on."""
@@ -293,11 +450,12 @@ class InteractionFlow:
                 redirect_uri=request.redirect_uri, scope=scope, code_challenge=request.code_challenge,
                 code_challenge_method="S256", nonce=request.nonce, resource=request.resources,
                 auth_time=session.auth_time, sid=session.sid, issued_at=now, expires_at=now + limits.code_ttl,
+                amr=session.amr, acr=session.acr,
             ),
             Grant(
                 grant_id=grant_id, client_id=request.client_id, sub=session.sub, scope=scope,
                 resource=request.resources, auth_time=session.auth_time, sid=session.sid, created_at=now,
-                expires_at=now + limits.refresh_token_absolute_ttl,
+                expires_at=now + limits.refresh_token_absolute_ttl, amr=session.amr, acr=session.acr,
             ),
         )
         events.code_issued(sub=session.sub, client_id=request.client_id, grant_id=grant_id)

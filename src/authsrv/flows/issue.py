@@ -79,7 +79,7 @@ class TokenMinter:
             claims = id_token_claims(
                 issuer=self._issuer, client_id=client_id, user=user, scope=scope, auth_time=grant.auth_time,
                 sid=grant.sid, nonce=nonce, access_token=access_value, now=now, ttl=limits.id_token_ttl,
-                alg=SIGNING_ALG,
+                alg=SIGNING_ALG, amr=grant.amr, acr=grant.acr,
             )
             response["id_token"] = self._keystore.sign(claims, alg=SIGNING_ALG, typ=ID_TOKEN_TYPE)
         return Issued(response, access, refresh_token)

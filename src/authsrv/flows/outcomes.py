@@ -54,6 +54,52 @@ class LoginForm:
 
 
 @frozen
+class SecondFactorForm:
+    """Asks for a TOTP or recovery code after the password; C{message} and C{retry_after} as for login."""
+
+    status: int
+    client_name: str
+    interaction_id: str
+    csrf: str
+    client_origin: str
+    message: str | None = None
+    retry_after: int | None = None
+
+
+@frozen
+class EnrolmentForm:
+    """
+    A new authenticator to set up: the secret (as text and as the otpauth
+    URI its QR code shows) and the recovery codes, posted back sealed
+    (C{sealed}) with C{fields} (the CSRF token, and the sign-in's request
+    id) to confirm with a first code. C{grace_until} is set when the user
+    may put it off; C{client_origin} when the form ends at a client;
+    C{recovery_csrf} when the user has an authenticator already, which this
+    one would replace, and may ask for new recovery codes with that token.
+    """
+
+    status: int
+    user_label: str
+    secret: str
+    otpauth_uri: str
+    recovery_codes: tuple[str, ...]
+    sealed: str
+    fields: tuple[tuple[str, str], ...]
+    client_name: str | None = None
+    client_origin: str | None = None
+    grace_until: int | None = None
+    recovery_csrf: str | None = None
+    message: str | None = None
+
+
+@frozen
+class RecoveryCodes:
+    """New recovery codes, shown this once."""
+
+    codes: tuple[str, ...]
+
+
+@frozen
 class ConsentForm:
     """C{client_origin} is where the answer sends the browser: the page's forms may lead there."""
 

@@ -6,14 +6,17 @@ or a disabled account ends the session at once (docs/design.md, Bans).
 
 from __future__ import annotations
 
+import attrs
+
 from authsrv import events
 from authsrv.flows.standing import standing
-from authsrv.records import BrowserSession
+from authsrv.records import ACR_PWD, PASSWORD_AMR, BrowserSession
 from authsrv.tokens import new_token, token_hash
 
 
-async def start_session(store, limits, sub: str, now: int) -> tuple[str, BrowserSession]:
-    """A new session authenticated now: (cookie value, session)."""
+async def start_session(store, limits, sub: str, now: int, amr: tuple[str, ...] = PASSWORD_AMR,
+                        acr: str = ACR_PWD) -> tuple[str, BrowserSession]:
+    """A new session authenticated now by C{amr} at C{acr}: (cookie value, session)."""
     value = new_token()
     session = BrowserSession(
         session_hash=token_hash(value),
@@ -22,9 +25,25 @@ async def start_session(store, limits, sub: str, now: int) -> tuple[str, Browser
         auth_time=now,
         created_at=now,
         expires_at=now + limits.session_ttl,
+        amr=amr,
+        acr=acr,
     )
     await store.create_session(session)
     return value, session
+
+
+async def step_up_session(store, session: BrowserSession, amr: tuple[str, ...], acr: str,
+                          now: int) -> tuple[str, BrowserSession]:
+    """
+    The same session (its sid, so its clients' logout still names it)
+    authenticated again now by C{amr} at C{acr}, under a new cookie value:
+    a raised session never keeps the cookie it had before.
+    """
+    value = new_token()
+    raised = attrs.evolve(session, session_hash=token_hash(value), auth_time=now, amr=amr, acr=acr)
+    await store.end_session(session.session_hash)
+    await store.create_session(raised)
+    return value, raised
 
 
 async def end_browser_session(store, cookie_value: str | None, reason: str) -> BrowserSession | None:

@@ -27,6 +27,7 @@ from authsrv.protocol.errors import (
     RequestUriNotSupported,
     UnsupportedResponseType,
 )
+from authsrv.protocol.oidc import requested_acr
 from authsrv.protocol.params import MAX_PARAM_LENGTH, single_params
 from authsrv.protocol.scope import parse_scope
 from authsrv.protocol.urls import with_query
@@ -173,6 +174,7 @@ def _validate(client: Client, redirect_uri: str, params: dict[str, str], args) -
         prompt=_prompt(params),
         max_age=_max_age(params),
         login_hint=params.get("login_hint"),
+        acr_values=requested_acr(params),
     )
 
 

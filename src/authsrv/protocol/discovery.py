@@ -6,10 +6,12 @@ at start from the issuer and the keystore's algorithms.
 
 from __future__ import annotations
 
+from authsrv.protocol.oidc import ACR_VALUES
+
 SCOPES = ("openid", "profile", "email", "offline_access")
 
 CLAIMS = (
-    "sub", "iss", "aud", "exp", "iat", "auth_time", "nonce", "at_hash", "sid",
+    "sub", "iss", "aud", "exp", "iat", "auth_time", "nonce", "at_hash", "sid", "amr", "acr",
     "name", "picture", "email", "email_verified", "chat_user_id",
 )
 
@@ -54,7 +56,8 @@ def openid_configuration(issuer: str, algorithms: tuple[str, ...], grant_types: 
         "subject_types_supported": ["public"],
         "claims_supported": list(CLAIMS),
         "prompt_values_supported": ["none", "login", "consent"],
-        "claims_parameter_supported": False,
+        "acr_values_supported": list(ACR_VALUES),
+        "claims_parameter_supported": True,
         "request_parameter_supported": False,
         "request_uri_parameter_supported": False,
         "backchannel_logout_supported": True,

@@ -1,15 +1,24 @@
 """
 OpenID Connect Core claims: what the ID token and UserInfo say about a user
-for a set of scopes (docs/design.md, UserInfo fields), and at_hash (OIDC Core
-3.1.3.6). Pure: values in, values out.
+for a set of scopes (docs/design.md, UserInfo fields), at_hash (OIDC Core
+3.1.3.6), and the authentication context a client asks for (acr_values
+and the claims request's acr, OIDC Core 3.1.2.1 and 5.5.1.1) and the ID
+token reports (amr, RFC 8176; acr). Pure: values in, values out.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import json
 
-from authsrv.records import User
+from authsrv.protocol.errors import InvalidRequest
+from authsrv.records import ACR_MFA, ACR_PWD, User
+
+ACR_VALUES = (ACR_PWD, ACR_MFA)
+"""The authentication context classes this server signs users in at, weakest first."""
+OTP_AMR = ("pwd", "otp", "mfa")
+"""RFC 8176 methods of a password and a one-time code (TOTP or a recovery code)."""
 
 ID_TOKEN_TYPE = "JWT"
 
@@ -42,6 +51,36 @@ def user_claims(user: User, scope: frozenset[str]) -> dict:
     return claims
 
 
+def requested_acr(params: dict[str, str]) -> tuple[str, ...]:
+    """
+    The context classes a request asks for, from C{acr_values} and the
+    C{claims} request's C{id_token.acr} (its C{value} or C{values}), in
+    order, each once; unknown ones are kept for the caller to ignore. A
+    C{claims} parameter that is no JSON object is invalid_request.
+    """
+    values = params.get("acr_values", "").split()
+    claims_text = params.get("claims")
+    if claims_text is not None:
+        try:
+            claims = json.loads(claims_text)
+        except ValueError:
+            raise InvalidRequest("claims must be a JSON object") from None
+        if not isinstance(claims, dict):
+            raise InvalidRequest("claims must be a JSON object")
+        id_token = claims.get("id_token")
+        acr = id_token.get("acr") if isinstance(id_token, dict) else None
+        if isinstance(acr, dict):
+            asked = acr.get("values", [acr.get("value")])
+            values += [v for v in asked if isinstance(v, str)] if isinstance(asked, list) else []
+    return tuple(dict.fromkeys(values))
+
+
+def mfa_requested(acr_values: tuple[str, ...]) -> bool:
+    """Whether a request asks for a second factor (the MFA class among those it accepts, as the only known one)."""
+    known = [value for value in acr_values if value in ACR_VALUES]
+    return bool(known) and all(value == ACR_MFA for value in known)
+
+
 def id_token_claims(
     *,
     issuer: str,
@@ -55,8 +94,13 @@ def id_token_claims(
     now: int,
     ttl: int,
     alg: str = "RS256",
+    amr: tuple[str, ...] = (),
+    acr: str | None = None,
 ) -> dict:
-    """An ID token's claims (OIDC Core 2 and 3.1.3.6); C{nonce} only when sent at authorize."""
+    """
+    An ID token's claims (OIDC Core 2 and 3.1.3.6); C{nonce} only when sent
+    at authorize; C{amr} and C{acr} say how the user signed in.
+    """
     claims = {
         "iss": issuer,
         "sub": user.sub,
@@ -66,6 +110,10 @@ def id_token_claims(
         "auth_time": auth_time,
         "at_hash": at_hash(access_token, alg),
     }
+    if amr:
+        claims["amr"] = list(amr)
+    if acr is not None:
+        claims["acr"] = acr
     if nonce is not None:
         claims["nonce"] = nonce
     if sid is not None:

@@ -69,11 +69,12 @@ from authsrv.records import (
     RevokedRefresh,
     Rotated,
     ThrottleDecision,
+    TotpFactor,
 )
 from authsrv.store import pending, throttle
 from authsrv.store.errors import AlreadyExists, StoreUnavailable
 from authsrv.store.observer import Observer, watched
-from authsrv.store.rows import POSTGRES, WITH_BAN, Rows, ban_of, scope_text, tables
+from authsrv.store.rows import POSTGRES, WITH_BAN, Rows, ban_of, factors_of, scope_text, tables
 
 COMPONENT = "store"
 """This schema's name in C{schema_version}, which other components may share."""
@@ -603,6 +604,50 @@ class PostgresStore:
             {"account": _text(account), "device_hash": device_hash, "now": now},
         ).addCallback(lambda row: row is not None)
 
+    # IFactorStore
+
+    def enrol_totp(self, sub, secret_enc, step, now):
+        return self._write("enrol_totp", _T.totp.put, _T.totp.params(TotpFactor(sub, secret_enc, now, step)))
+
+    def get_totp(self, sub):
+        return self._one("get_totp", _T.totp, "SELECT * FROM totp_factors WHERE sub = %(sub)s", {"sub": sub})
+
+    def use_totp_step(self, sub, step):
+        # A use that waited for a racing one's row lock re-checks last_step on the committed row.
+        return self._changed("use_totp_step",
+            "UPDATE totp_factors SET last_step = %(step)s WHERE sub = %(sub)s AND last_step < %(step)s",
+            {"sub": sub, "step": step},
+        )
+
+    def replace_recovery_codes(self, sub, code_hashes, now):
+        return self._write("replace_recovery_codes",
+            "WITH gone AS (DELETE FROM recovery_codes WHERE sub = %(sub)s)"
+            " INSERT INTO recovery_codes (sub, code_hash, created_at)"
+            " SELECT %(sub)s, code_hash, %(now)s FROM unnest(%(hashes)s::text[]) AS code_hash",
+            {"sub": sub, "hashes": list(code_hashes), "now": now},
+        )
+
+    def use_recovery_code(self, sub, code_hash):
+        return self._changed("use_recovery_code",
+            "DELETE FROM recovery_codes WHERE sub = %(sub)s AND code_hash = %(hash)s", {"sub": sub, "hash": code_hash}
+        )
+
+    def list_factors(self, sub):
+        return self._run("list_factors", _list_factors, sub)
+
+    def reset_factors(self, sub):
+        return self._one("reset_factors",
+            None,
+            "WITH totp AS (DELETE FROM totp_factors WHERE sub = %(sub)s RETURNING 1),"
+            " recovery AS (DELETE FROM recovery_codes WHERE sub = %(sub)s RETURNING 1),"
+            " demand AS (DELETE FROM mfa_demands WHERE sub = %(sub)s)"
+            " SELECT (SELECT count(*) FROM totp) + (SELECT count(*) FROM recovery) AS removed",
+            {"sub": sub},
+        ).addCallback(lambda row: bool(row and row["removed"]))
+
+    def mfa_demanded(self, sub, now):
+        return self._run("mfa_demanded", _mfa_demanded, sub, now)
+
     # IStore
 
     def ping(self):
@@ -630,6 +675,24 @@ async def _server_key(db, name):
     )
     row = await first(db, "SELECT key FROM server_keys WHERE name = %(name)s", {"name": name})
     return bytes(row["key"])
+
+
+async def _list_factors(db, sub):
+    params = {"sub": sub}
+    totp = _T.totp.load(await first(db, "SELECT * FROM totp_factors WHERE sub = %(sub)s", params))
+    recovery = await first(db,
+        "SELECT count(*) AS remaining, max(created_at) AS created_at FROM recovery_codes WHERE sub = %(sub)s", params
+    )
+    return factors_of(totp, recovery)
+
+
+async def _mfa_demanded(db, sub, now):
+    # As for server keys: of two racing inserts the second waits and inserts nothing.
+    params = {"sub": sub, "now": now}
+    await rowcount(db,
+        "INSERT INTO mfa_demands (sub, first_at) VALUES (%(sub)s, %(now)s) ON CONFLICT (sub) DO NOTHING", params
+    )
+    return (await first(db, "SELECT first_at FROM mfa_demands WHERE sub = %(sub)s", params))["first_at"]
 
 
 async def _consume_code(db, code_hash, now):

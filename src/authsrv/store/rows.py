@@ -16,17 +16,21 @@ import attrs
 from attrs import frozen
 
 from authsrv.records import (
+    RECOVERY_FACTOR,
+    TOTP_FACTOR,
     AccessToken,
     AuthorizationCode,
     AuthorizationRequest,
     Ban,
     BrowserSession,
     Client,
+    Factor,
     Grant,
     Interaction,
     LinkAttempt,
     LinkedAccount,
     RefreshToken,
+    TotpFactor,
 )
 
 # A codec is an (encode, decode) pair between a record field and its column;
@@ -151,6 +155,18 @@ WITH_BAN = ", b.reason AS ban_reason, b.created_at AS ban_created_at, b.until AS
 """The columns by which a token lookup also reads its user's ban, so one round trip tells both."""
 
 
+def factors_of(totp: TotpFactor | None, recovery) -> list[Factor]:
+    """
+    A user's factors from their TOTP row and the (count, created_at) row of
+    their unused recovery codes.
+    """
+    factors = [] if totp is None else [Factor(kind=TOTP_FACTOR, created_at=totp.created_at)]
+    if recovery is not None and recovery["remaining"]:
+        factors.append(Factor(kind=RECOVERY_FACTOR, created_at=recovery["created_at"],
+                              remaining=recovery["remaining"]))
+    return factors
+
+
 def ban_of(row, sub: str) -> Ban | None:
     if row["ban_created_at"] is None:
         return None
@@ -171,6 +187,7 @@ class Tables:
     refresh: Rows
     bans: Rows
     linked: Rows
+    totp: Rows
 
 
 def tables(dialect: Dialect) -> Tables:
@@ -181,21 +198,21 @@ def tables(dialect: Dialect) -> Tables:
         clients=rows(
             Client, "clients", "client_id",
             redirect_uris=LIST, post_logout_redirect_uris=LIST, resources=LIST, grant_types=LIST, audiences=LIST,
-            end_session_enabled=FLAG, first_party=FLAG, introspect_any=FLAG,
+            end_session_enabled=FLAG, first_party=FLAG, introspect_any=FLAG, require_mfa=FLAG,
         ),
-        sessions=rows(BrowserSession, "browser_sessions", "session_hash"),
+        sessions=rows(BrowserSession, "browser_sessions", "session_hash", amr=LIST),
         interactions=rows(
-            Interaction, "interactions", "interaction_id",
+            Interaction, "interactions", "interaction_id", amr=LIST,
             nested={
                 "request": rows(
                     AuthorizationRequest, "interactions", "interaction_id",
-                    scope=WORDS, resources=LIST, prompt=SCOPE,
+                    scope=WORDS, resources=LIST, prompt=SCOPE, acr_values=LIST,
                 ),
             },
         ),
         link_attempts=rows(LinkAttempt, "link_attempts", "state_hash"),
-        grants=rows(Grant, "grants", "grant_id", scope=SCOPE, resource=LIST),
-        codes=rows(AuthorizationCode, "authorization_codes", "code_hash", scope=SCOPE, resource=LIST),
+        grants=rows(Grant, "grants", "grant_id", scope=SCOPE, resource=LIST, amr=LIST),
+        codes=rows(AuthorizationCode, "authorization_codes", "code_hash", scope=SCOPE, resource=LIST, amr=LIST),
         access=rows(AccessToken, "access_tokens", "token_hash", derived=("user_ban",), scope=SCOPE, audience=LIST),
         refresh=rows(
             RefreshToken, "refresh_tokens", "token_hash", derived=("revoked", "user_ban"),
@@ -205,4 +222,5 @@ def tables(dialect: Dialect) -> Tables:
         linked=rows(
             LinkedAccount, "linked_accounts", "sub, provider", access_token_enc=BLOB, refresh_token_enc=BLOB,
         ),
+        totp=rows(TotpFactor, "totp_factors", "sub", secret_enc=BLOB),
     )

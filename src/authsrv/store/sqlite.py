@@ -41,11 +41,12 @@ from authsrv.records import (
     RevokedRefresh,
     Rotated,
     ThrottleDecision,
+    TotpFactor,
 )
 from authsrv.store import pending, throttle
 from authsrv.store.errors import AlreadyExists, StoreUnavailable
 from authsrv.store.observer import Observer, watched
-from authsrv.store.rows import SQLITE, WITH_BAN, Rows, ban_of, scope_text, tables
+from authsrv.store.rows import SQLITE, WITH_BAN, Rows, ban_of, factors_of, scope_text, tables
 from authsrv.store.sqlite_worker import SQLiteWorker
 
 _SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL"}
@@ -529,6 +530,60 @@ class SQLiteStore:
             ).fetchone()
             is not None
         )
+
+    # IFactorStore
+
+    def enrol_totp(self, sub, secret_enc, step, now):
+        return self._put("enrol_totp", _T.totp, TotpFactor(sub, secret_enc, now, step))
+
+    def get_totp(self, sub):
+        return self._query("get_totp", _T.totp, "SELECT * FROM totp_factors WHERE sub = ?", (sub,))
+
+    def use_totp_step(self, sub, step):
+        return self._changed("use_totp_step",
+            "UPDATE totp_factors SET last_step = ? WHERE sub = ? AND last_step < ?", (step, sub, step)
+        )
+
+    def replace_recovery_codes(self, sub, code_hashes, now):
+        def replace(db):
+            db.execute("DELETE FROM recovery_codes WHERE sub = ?", (sub,))
+            db.executemany("INSERT INTO recovery_codes (sub, code_hash, created_at) VALUES (?, ?, ?)",
+                           [(sub, code_hash, now) for code_hash in code_hashes])
+
+        return self._call("replace_recovery_codes", True, replace)
+
+    def use_recovery_code(self, sub, code_hash):
+        return self._changed("use_recovery_code",
+            "DELETE FROM recovery_codes WHERE sub = ? AND code_hash = ?", (sub, code_hash)
+        )
+
+    def list_factors(self, sub):
+        def factors(db):
+            totp = _T.totp.load(db.execute("SELECT * FROM totp_factors WHERE sub = ?", (sub,)).fetchone())
+            recovery = db.execute(
+                "SELECT count(*) AS remaining, max(created_at) AS created_at FROM recovery_codes WHERE sub = ?",
+                (sub,),
+            ).fetchone()
+            return factors_of(totp, recovery)
+
+        return self._call("list_factors", False, factors)
+
+    def reset_factors(self, sub):
+        def reset(db):
+            removed = sum(db.execute(f"DELETE FROM {table} WHERE sub = ?", (sub,)).rowcount
+                          for table in ("totp_factors", "recovery_codes"))
+            db.execute("DELETE FROM mfa_demands WHERE sub = ?", (sub,))
+            return removed > 0
+
+        return self._call("reset_factors", True, reset)
+
+    def mfa_demanded(self, sub, now):
+        def demanded(db):
+            db.execute("INSERT INTO mfa_demands (sub, first_at) VALUES (?, ?) ON CONFLICT (sub) DO NOTHING",
+                       (sub, now))
+            return db.execute("SELECT first_at FROM mfa_demands WHERE sub = ?", (sub,)).fetchone()["first_at"]
+
+        return self._call("mfa_demanded", True, demanded)
 
     # IStore
 

@@ -24,11 +24,14 @@ from zope.interface import implementer
 from authsrv.interfaces import SERVER_KEY_BYTES, IStore
 from authsrv.records import (
     LOGIN_STAGE,
+    RECOVERY_FACTOR,
+    TOTP_FACTOR,
     AccessState,
     CodeConsumed,
     CodeNotFound,
     CodeReused,
     Consent,
+    Factor,
     NotRevoked,
     RefreshNotFound,
     Replayed,
@@ -37,6 +40,7 @@ from authsrv.records import (
     RevokedRefresh,
     Rotated,
     ThrottleDecision,
+    TotpFactor,
 )
 from authsrv.store import throttle
 from authsrv.store.errors import AlreadyExists
@@ -81,6 +85,12 @@ class MemoryTables:
     """(account, device hash) -> expires_at."""
     server_keys: dict = attrs.Factory(dict)
     """Name -> the server key's bytes."""
+    totp: dict = attrs.Factory(dict)
+    """Sub -> L{TotpFactor}."""
+    recovery_codes: dict = attrs.Factory(dict)
+    """Sub -> (created_at, set of unused code hashes)."""
+    mfa_demands: dict = attrs.Factory(dict)
+    """Sub -> when a policy first asked the user to enrol."""
 
 
 def _answered(method):
@@ -480,6 +490,57 @@ class MemoryStore:
     def known_device(self, account, device_hash, now):
         expires_at = self.tables.known_devices.get((account, device_hash))
         return expires_at is not None and expires_at > now
+
+    # IFactorStore
+
+    @_answered
+    def enrol_totp(self, sub, secret_enc, step, now):
+        self.tables.totp[sub] = TotpFactor(sub=sub, secret_enc=secret_enc, created_at=now, last_step=step)
+
+    @_answered
+    def get_totp(self, sub):
+        return self.tables.totp.get(sub)
+
+    @_answered
+    def use_totp_step(self, sub, step):
+        factor = self.tables.totp.get(sub)
+        if factor is None or factor.last_step >= step:
+            return False
+        self.tables.totp[sub] = attrs.evolve(factor, last_step=step)
+        return True
+
+    @_answered
+    def replace_recovery_codes(self, sub, code_hashes, now):
+        self.tables.recovery_codes[sub] = (now, set(code_hashes))
+
+    @_answered
+    def use_recovery_code(self, sub, code_hash):
+        _, unused = self.tables.recovery_codes.get(sub, (0, set()))
+        if code_hash not in unused:
+            return False
+        unused.remove(code_hash)
+        return True
+
+    @_answered
+    def list_factors(self, sub):
+        factors = []
+        totp = self.tables.totp.get(sub)
+        if totp is not None:
+            factors.append(Factor(kind=TOTP_FACTOR, created_at=totp.created_at))
+        created_at, unused = self.tables.recovery_codes.get(sub, (0, set()))
+        if unused:
+            factors.append(Factor(kind=RECOVERY_FACTOR, created_at=created_at, remaining=len(unused)))
+        return factors
+
+    @_answered
+    def reset_factors(self, sub):
+        tables = self.tables
+        kept = [table.pop(sub, None) for table in (tables.totp, tables.recovery_codes, tables.mfa_demands)]
+        return any(row is not None for row in kept[:2])
+
+    @_answered
+    def mfa_demanded(self, sub, now):
+        return self.tables.mfa_demands.setdefault(sub, now)
 
     # IStore
 

@@ -56,6 +56,7 @@ from authsrv.records import (
     ThrottlePolicy,
 )
 from authsrv.store.errors import AlreadyExists
+from authsrv.testing.factors import FactorConcurrencyConformance, FactorStoreConformance
 from authsrv.tokens import token_hash
 
 NOW = 1_700_000_000
@@ -208,7 +209,7 @@ async def issue(
     return access, refresh_token
 
 
-class StoreConformance:
+class StoreConformance(FactorStoreConformance):
     """
     Mixin of tests every L{IStore} must pass; see the module docstring for
     the C{make_store} hook.
@@ -1194,7 +1195,7 @@ class StoreConformance:
             assert await store.get_grant("live") == live
 
 
-class StoreConcurrencyConformance:
+class StoreConcurrencyConformance(FactorConcurrencyConformance):
     """
     Races between two servers sharing one database: each atomic step must
     have exactly one winner. See the module docstring for C{make_store_pair}.

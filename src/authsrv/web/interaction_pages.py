@@ -1,14 +1,24 @@
 """
-The login, consent and sign-out confirmation pages: plain forms that work
-without JavaScript, built on L{authsrv.web.pages.render_page} (escaping, no
-framing, no caching).
+The login, second-factor, enrolment, consent and sign-out confirmation
+pages: plain forms that work without JavaScript, built on
+L{authsrv.web.pages.render_page} (escaping, no framing, no caching).
 """
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
+import segno
 from twisted.web.template import tags
 
-from authsrv.flows.outcomes import ConsentForm, LoginForm, LogoutConfirmation
+from authsrv.flows.outcomes import (
+    ConsentForm,
+    EnrolmentForm,
+    LoginForm,
+    LogoutConfirmation,
+    RecoveryCodes,
+    SecondFactorForm,
+)
 from authsrv.web.pages import render_page
 
 
@@ -52,6 +62,98 @@ def login_page(request, action: str, form: LoginForm) -> bytes:
             tags.button(type="submit", class_="primary")("Sign in"),
         ),
         form_origin=form.client_origin,
+    )
+
+
+def second_factor_page(request, action: str, form: SecondFactorForm) -> bytes:
+    """Asks for the code of the user's authenticator app, or a recovery code, after the password."""
+    if form.retry_after is not None:
+        request.setHeader(b"retry-after", str(form.retry_after).encode())
+    return render_page(
+        request,
+        form.status,
+        "Enter your code",
+        tags.p("to continue to ", tags.strong(form.client_name)),
+        *([tags.p(class_="error", role="alert")(form.message)] if form.message else []),
+        tags.form(method="post", action=action)(
+            tags.label(for_="code")("Code from your authenticator app"),
+            tags.input(type="text", id="code", name="code", required="", autocomplete="one-time-code",
+                       autocapitalize="none", spellcheck="false", autofocus=""),
+            tags.p(tags.small("Lost your phone? Enter one of your recovery codes instead.")),
+            *_hidden(form.interaction_id, form.csrf),
+            tags.button(type="submit", class_="primary")("Continue"),
+        ),
+        form_origin=form.client_origin,
+    )
+
+
+def qr_code(text: str) -> str:
+    """A QR code of C{text} as an SVG data: URI (the pages' CSP allows data: images)."""
+    return segno.make(text, error="m").svg_data_uri(scale=4, border=2)
+
+
+def _day(timestamp: int) -> str:
+    return datetime.fromtimestamp(timestamp, timezone.utc).strftime("%d %B %Y")
+
+
+def enrolment_page(request, action: str, form: EnrolmentForm) -> bytes:
+    """
+    A new authenticator to set up: its QR code and secret, the recovery
+    codes shown this once, and a field for the first code; during a
+    sign-in within the grace period, a button to do it later.
+    """
+    lead = [tags.p("Before continuing to ", tags.strong(form.client_name),
+                   ", set up a second factor for ", tags.strong(form.user_label), ".")] if form.client_name else [
+        tags.p("Set up an authenticator app for ", tags.strong(form.user_label), ".")]
+    if form.recovery_csrf is not None:
+        lead.append(tags.p("Confirming replaces your current authenticator and recovery codes."))
+    later = []
+    if form.grace_until is not None:
+        later = [tags.button(type="submit", name="action", value="later", formnovalidate="")("Not now"),
+                 tags.p(tags.small(f"You can put this off until {_day(form.grace_until)}."))]
+    recovery = []
+    if form.recovery_csrf is not None:
+        recovery = [tags.form(method="post", action=action.rsplit("/", 1)[0] + "/recovery")(
+            tags.input(type="hidden", name="csrf", value=form.recovery_csrf),
+            tags.button(type="submit")("Get new recovery codes instead"),
+        )]
+    return render_page(
+        request,
+        form.status,
+        "Set up two-step sign-in",
+        *lead,
+        *([tags.p(class_="error", role="alert")(form.message)] if form.message else []),
+        tags.p("1. Scan this code with your authenticator app, or type in the key below it."),
+        tags.img(src=qr_code(form.otpauth_uri), alt="QR code of your new authenticator key", width="200"),
+        tags.p(tags.code(form.secret)),
+        tags.p("2. Keep these recovery codes somewhere safe. Each one signs you in once if you lose your"
+               " phone; they are shown only now."),
+        tags.ul(*[tags.li(tags.code(code)) for code in form.recovery_codes]),
+        tags.form(method="post", action=action)(
+            tags.label(for_="code")("3. Enter the code your app shows now"),
+            tags.input(type="text", id="code", name="code", inputmode="numeric", autocomplete="one-time-code",
+                       required=""),
+            tags.input(type="hidden", name="sealed", value=form.sealed),
+            *[tags.input(type="hidden", name=name, value=value) for name, value in form.fields],
+            tags.div(class_="row")(
+                tags.button(type="submit", name="action", value="confirm", class_="primary")("Turn on"),
+                *later,
+            ),
+        ),
+        *recovery,
+        form_origin=form.client_origin,
+    )
+
+
+def recovery_codes_page(request, codes: RecoveryCodes) -> bytes:
+    """New recovery codes, shown once: the old ones no longer work."""
+    return render_page(
+        request,
+        200,
+        "New recovery codes",
+        tags.p("Your earlier recovery codes no longer work. Keep these somewhere safe; each signs you in"
+               " once, and they are shown only now."),
+        tags.ul(*[tags.li(tags.code(code)) for code in codes.codes]),
     )
 
 

@@ -28,7 +28,14 @@ from authsrv.protocol.params import single_params
 from authsrv.store.errors import StoreUnavailable
 from authsrv.web.forms import client_address_of, form_params, page_form, userinfo_form_token
 from authsrv.web.headers import allow_any_origin, json_body, oauth_error
-from authsrv.web.interaction_pages import consent_page, login_page, logout_confirmation_page
+from authsrv.web.interaction_pages import (
+    consent_page,
+    enrolment_page,
+    login_page,
+    logout_confirmation_page,
+    recovery_codes_page,
+    second_factor_page,
+)
 from authsrv.web.pages import error_page, render_page
 from authsrv.web.routes import RoutedKlein
 
@@ -36,6 +43,7 @@ RETRY_AFTER = b"5"
 JSON_ENDPOINTS = (b"/oauth2/token", b"/oauth2/userinfo", b"/oauth2/introspect", b"/oauth2/revoke")
 """Paths whose callers read JSON; every other route that uses the store is a page."""
 LINK_PATH = ISSUER_PATH + "/link/chat"
+ACCOUNT_TOTP_PATH = ISSUER_PATH + "/account/mfa/totp"
 
 
 def _cors(request) -> None:
@@ -55,8 +63,9 @@ def _preflight(request, methods: bytes) -> bytes:
 class PublicSite:
     """
     C{flows} has the attributes C{interaction}, C{token}, C{userinfo},
-    C{introspection}, C{revocation}, C{end_session} and C{linking} (None when
-    no chat provider client is configured); C{readiness} is an
+    C{introspection}, C{revocation}, C{end_session}, C{account} (the user's
+    own second factors) and C{linking} (None when no chat provider client
+    is configured); C{readiness} is an
     L{authsrv.flows.readiness.Readiness}; C{trusted_proxies}
     are the peers whose forwarding headers name the client's address;
     C{rates} counts back-channel requests against their client's rate.
@@ -198,6 +207,40 @@ class PublicSite:
             return self._answer(request, outcome)
         return login_page(request, f"{self._issuer}/login", outcome)
 
+    @app.route(ISSUER_PATH + "/mfa", methods=["GET"])
+    async def second_factor(self, request):
+        form = await self._flows.interaction.second_factor_form(
+            page_form(request), self._cookies.browser(request), self._now()
+        )
+        return second_factor_page(request, f"{self._issuer}/mfa", form)
+
+    @app.route(ISSUER_PATH + "/mfa", methods=["POST"])
+    async def second_factor_submitted(self, request):
+        address = client_address_of(request, self._trusted_proxies)
+        outcome = await self._flows.interaction.submit_second_factor(
+            page_form(request), self._cookies.browser(request), address, self._clock.seconds()
+        )
+        if isinstance(outcome, Redirect):
+            return self._answer(request, outcome)
+        return second_factor_page(request, f"{self._issuer}/mfa", outcome)
+
+    @app.route(ISSUER_PATH + "/mfa/enrol", methods=["GET"])
+    async def enrolment(self, request):
+        form = await self._flows.interaction.enrolment_form(
+            page_form(request), self._cookies.browser(request), self._now()
+        )
+        return enrolment_page(request, f"{self._issuer}/mfa/enrol", form)
+
+    @app.route(ISSUER_PATH + "/mfa/enrol", methods=["POST"])
+    async def enrolment_submitted(self, request):
+        address = client_address_of(request, self._trusted_proxies)
+        outcome = await self._flows.interaction.submit_enrolment(
+            page_form(request), self._cookies.browser(request), address, self._clock.seconds()
+        )
+        if isinstance(outcome, Redirect):
+            return self._answer(request, outcome)
+        return enrolment_page(request, f"{self._issuer}/mfa/enrol", outcome)
+
     @app.route(ISSUER_PATH + "/consent", methods=["GET"])
     async def consent(self, request):
         form = await self._flows.interaction.consent_form(
@@ -225,6 +268,29 @@ class PublicSite:
         if isinstance(outcome, LogoutConfirmation):
             return logout_confirmation_page(request, f"{self._issuer}/oauth2/end-session", outcome)
         return self._answer(request, outcome)
+
+    # --- the signed-in user's own second factors --------------------------------
+
+    @app.route(ACCOUNT_TOTP_PATH, methods=["GET"])
+    async def account_totp(self, request):
+        form = await self._flows.account.totp_form(self._cookies.browser(request).session, self._now())
+        return enrolment_page(request, f"{self._issuer}/account/mfa/totp", form)
+
+    @app.route(ACCOUNT_TOTP_PATH, methods=["POST"])
+    async def account_totp_submitted(self, request):
+        outcome = await self._flows.account.submit_totp(
+            self._cookies.browser(request).session, page_form(request), self._now()
+        )
+        if isinstance(outcome, Notice):
+            return self._answer(request, outcome)
+        return enrolment_page(request, f"{self._issuer}/account/mfa/totp", outcome)
+
+    @app.route(ISSUER_PATH + "/account/mfa/recovery", methods=["POST"])
+    async def account_recovery_codes(self, request):
+        codes = await self._flows.account.replace_recovery_codes(
+            self._cookies.browser(request).session, page_form(request), self._now()
+        )
+        return recovery_codes_page(request, codes)
 
     # --- linking a chat account ------------------------------------------------
 

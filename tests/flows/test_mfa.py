@@ -1,0 +1,428 @@
+"""
+Second factors through the in-memory server: enrolment at the service and
+during a sign-in, TOTP codes computed by pyotp at the Clock's time, replay,
+the ±1 step window, recovery codes, the [mfa] policy and per-client
+requirement with its grace period, step-up by acr_values and the claims
+request, amr and acr in ID tokens, the throttle, and an operator's reset.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from html import unescape
+
+import pyotp
+import pytest
+import pytest_twisted
+
+from flow_client import Browser, hidden_fields, location
+from harness import CLIENTS, ISSUER, Harness, pkce_pair, query_of
+from token_helpers import exchange, verify_jwt
+
+from authsrv.config import parse_config
+from authsrv.configsection import ConfigError
+from authsrv.flows.mfa import MfaPolicy, reset_factors
+from authsrv.protocol.errors import InvalidRequest
+from authsrv.protocol.oidc import mfa_requested, requested_acr
+from authsrv.records import ACR_MFA, ACR_PWD
+from authsrv.testing.identity import ALICE, BOB, PASSWORDS
+
+TOTP_PAGE = ISSUER + "/account/mfa/totp"
+RECOVERY = ISSUER + "/account/mfa/recovery"
+DAY = 86400
+_SECRET = re.compile(r"<p><code>([A-Z2-7]+)</code></p>")
+_CODES = re.compile(r"<li><code>([a-z0-9]{5}-[a-z0-9]{5})</code></li>")
+
+
+async def started(tmp_path, monkeypatch, **mfa) -> Harness:
+    return await Harness(tmp_path, monkeypatch, {"mfa": mfa} if mfa else None).start()
+
+
+def code_at(secret: str, moment: int) -> str:
+    return pyotp.TOTP(secret).at(moment)
+
+
+def enrolment_of(body: bytes) -> tuple[str, list[str], dict[str, str]]:
+    """(secret, recovery codes, hidden fields) of an enrolment page."""
+    text = body.decode()
+    return _SECRET.search(text).group(1), _CODES.findall(text), hidden_fields(body)
+
+
+async def password(browser: Browser, user, client_id="first", **params):
+    """Authorize and give the password; the answer that follows it."""
+    response, body = await browser.authorize(client_id, **params)
+    assert response.code == 303 and "/login?" in location(response), body
+    return await browser.submit_login(location(response), user.login, PASSWORDS[user.sub])
+
+
+async def enrol_at_account_page(h: Harness, browser: Browser) -> tuple[str, list[str]]:
+    """A signed-in browser sets up an authenticator at the service; (secret, recovery codes)."""
+    response, body = await browser.get(TOTP_PAGE)
+    assert response.code == 200, body
+    secret, codes, fields = enrolment_of(body)
+    response, body = await browser.post(TOTP_PAGE, {**fields, "code": code_at(secret, h.now())})
+    assert response.code == 200 and b"Authenticator set up" in body, body
+    return secret, codes
+
+
+async def enrolled(h: Harness, user=ALICE) -> tuple[Browser, str, list[str]]:
+    """A user who signed in with a password and then enrolled; a later step, so the first code is spent."""
+    browser = Browser(h)
+    await browser.sign_in(user)
+    secret, codes = await enrol_at_account_page(h, browser)
+    h.clock.advance(30)
+    return browser, secret, codes
+
+
+async def give_code(browser: Browser, page_url: str, code: str):
+    response, body = await browser.get(page_url)
+    assert response.code == 200, body
+    return await browser.post(ISSUER + "/mfa", {**hidden_fields(body), "code": code})
+
+
+async def id_token_of(h: Harness, browser: Browser, client_id="first", **params) -> dict:
+    """Sign in (the session exists and needs nothing more) and exchange the code: the ID token's claims."""
+    verifier, challenge = pkce_pair()
+    query = await browser.sign_in(ALICE, client_id, challenge=challenge, **params)
+    return await claims_of(h, query, verifier, client_id)
+
+
+async def claims_of(h: Harness, query: dict, verifier: str, client_id="first") -> dict:
+    response, body = await exchange(h, query["code"], verifier, client_id)
+    assert response.code == 200, body
+    return verify_jwt(h, body["id_token"], aud=client_id)[1]
+
+
+@pytest_twisted.ensureDeferred
+async def test_enrol_then_every_sign_in_asks_for_a_code(tmp_path, monkeypatch, audit):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        _, secret, _ = await enrolled(h)
+        stored = await h.store.get_totp(ALICE.sub)
+        assert secret.encode() not in stored.secret_enc
+        assert [e["kind"] for e in audit.of("mfa.enrolled")] == ["totp"]
+        browser = Browser(h)
+        verifier, challenge = pkce_pair()
+        response, _ = await password(browser, ALICE, challenge=challenge)
+        assert response.code == 303 and "/mfa?" in location(response)
+        assert "authsrv_session" not in browser.cookies
+        response, body = await give_code(browser, location(response), code_at(secret, h.now()))
+        assert response.code == 303, body
+        assert browser.session_hash is not None
+        claims = await claims_of(h, query_of(location(response)), verifier)
+        assert claims["amr"] == ["pwd", "otp", "mfa"] and claims["acr"] == ACR_MFA
+        assert claims["auth_time"] == h.now()
+        assert [e["method"] for e in audit.of("mfa.succeeded")] == ["totp"]
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_code_is_accepted_once_and_within_one_step_either_side(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        _, secret, _ = await enrolled(h)
+        first = Browser(h)
+        response, _ = await password(first, ALICE)
+        code = code_at(secret, h.now())
+        response, _ = await give_code(first, location(response), code)
+        assert response.code == 303
+        second = Browser(h)
+        response, _ = await password(second, ALICE)
+        page = location(response)
+        response, body = await give_code(second, page, code)
+        assert response.code == 200 and b"was used already" in body
+        response, body = await give_code(second, page, code_at(secret, h.now() - 30))
+        assert response.code == 200, "a step before the one used is no good either"
+        response, body = await give_code(second, page, code_at(secret, h.now() + 60))
+        assert response.code == 200, "two steps ahead is outside the window"
+        response, body = await give_code(second, page, code_at(secret, h.now() + 30))
+        assert response.code == 303, body
+        h.clock.advance(90)
+        third = Browser(h)
+        response, _ = await password(third, ALICE)
+        response, body = await give_code(third, location(response), code_at(secret, h.now() - 30))
+        assert response.code == 303, "a phone's clock half a minute behind still works"
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_recovery_code_works_once_and_new_ones_replace_the_old(tmp_path, monkeypatch, audit):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        signed_in, secret, codes = await enrolled(h)
+        assert len(codes) == 10 and len(set(codes)) == 10
+        browser = Browser(h)
+        verifier, challenge = pkce_pair()
+        response, _ = await password(browser, ALICE, challenge=challenge)
+        response, _ = await give_code(browser, location(response), codes[0].upper().replace("-", " "))
+        assert response.code == 303
+        claims = await claims_of(h, query_of(location(response)), verifier)
+        assert claims["amr"] == ["pwd", "otp", "mfa"]
+        other = Browser(h)
+        response, _ = await password(other, ALICE)
+        response, body = await give_code(other, location(response), codes[0])
+        assert response.code == 200 and b"was used already" in body
+        factors = await h.store.list_factors(ALICE.sub)
+        assert [(f.kind, f.remaining) for f in factors] == [("totp", None), ("recovery", 9)]
+
+        # New codes need a session that gave its second factor.
+        response, body = await signed_in.get(TOTP_PAGE)
+        assert response.code == 403, "the password-only session before enrolment cannot change factors"
+        response, body = await browser.get(TOTP_PAGE)
+        assert response.code == 200 and b"replaces your current authenticator" in body
+        csrf = re.search(r'name="csrf" value="([^"]+)"', body.decode().split("/recovery")[1]).group(1)
+        response, body = await browser.post(RECOVERY, {"csrf": "forged"})
+        assert response.code == 403
+        response, body = await browser.post(RECOVERY, {"csrf": unescape(csrf)})
+        assert response.code == 200, body
+        fresh = _CODES.findall(body.decode())
+        assert len(fresh) == 10 and not set(fresh) & set(codes)
+        assert len(audit.of("mfa.recovery_codes_replaced")) == 1
+        response, _ = await password(other, ALICE)
+        response, _ = await give_code(other, location(response), codes[1])
+        assert response.code == 200, "the old set is gone"
+        third = Browser(h)
+        response, _ = await password(third, ALICE)
+        response, _ = await give_code(third, location(response), fresh[4])
+        assert response.code == 303
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_account_page_needs_a_session_and_a_form_of_this_browser(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        stranger = Browser(h)
+        response, body = await stranger.get(TOTP_PAGE)
+        assert response.code == 401
+        browser = Browser(h)
+        await browser.sign_in(ALICE)
+        response, body = await browser.get(TOTP_PAGE)
+        secret, _, fields = enrolment_of(body)
+        assert response.headers.getRawHeaders(b"cache-control") == [b"no-store"]
+        assert b'src="data:image/svg+xml' in body
+        response, body = await browser.post(TOTP_PAGE, {**fields, "csrf": "x", "code": code_at(secret, h.now())})
+        assert response.code == 403
+        response, body = await browser.post(TOTP_PAGE, {**fields, "code": "000000"})
+        assert response.code == 200 and b"does not match" in body
+        assert enrolment_of(body)[0] == secret, "a wrong first code shows the same secret again"
+        assert await h.store.get_totp(ALICE.sub) is None
+        tampered = {**fields, "sealed": fields["sealed"][:-4] + "AAAA", "code": code_at(secret, h.now())}
+        response, body = await browser.post(TOTP_PAGE, tampered)
+        assert b"does not match" in body and await h.store.get_totp(ALICE.sub) is None
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_policy_off_asks_nothing_and_offers_no_enrolment(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch, required="off")
+    try:
+        browser = Browser(h)
+        await browser.sign_in(ALICE)
+        response, _ = await browser.get(TOTP_PAGE)
+        assert response.code == 404
+        verifier, challenge = pkce_pair()
+        query = await Browser(h).sign_in(ALICE, challenge=challenge, acr_values=ACR_MFA)
+        claims = await claims_of(h, query, verifier)
+        assert claims["acr"] == ACR_PWD and claims["amr"] == ["pwd"]
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_policy_optional_leaves_users_without_factors_alone(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch, required="optional")
+    try:
+        claims = await id_token_of(h, Browser(h))
+        assert claims["acr"] == ACR_PWD and claims["amr"] == ["pwd"]
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_policy_required_sends_to_enrolment_with_a_grace_period(tmp_path, monkeypatch, audit):
+    h = await started(tmp_path, monkeypatch, required="required", enrol_grace="7d")
+    try:
+        browser = Browser(h)
+        verifier, challenge = pkce_pair()
+        response, _ = await password(browser, ALICE, challenge=challenge)
+        assert "/mfa/enrol?" in location(response)
+        response, body = await browser.get(location(response))
+        assert response.code == 200 and b"Not now" in body and b"put this off until" in body
+        _, _, fields = enrolment_of(body)
+        response, body = await browser.post(ISSUER + "/mfa/enrol", {**fields, "action": "later"})
+        assert response.code == 303, body
+        claims = await claims_of(h, query_of(location(response)), verifier)
+        assert claims["acr"] == ACR_PWD
+        assert len(audit.of("mfa.put_off")) == 1
+
+        h.clock.advance(7 * DAY)
+        late = Browser(h)
+        verifier, challenge = pkce_pair()
+        response, _ = await password(late, ALICE, challenge=challenge)
+        page = location(response)
+        response, body = await late.get(page)
+        assert b"Not now" not in body
+        secret, _, fields = enrolment_of(body)
+        response, body = await late.post(ISSUER + "/mfa/enrol", {**fields, "action": "later"})
+        assert response.code == 200 and b"cannot put it off" in body
+        assert "authsrv_session" not in late.cookies
+        response, body = await late.post(ISSUER + "/mfa/enrol",
+                                         {**hidden_fields(body), "action": "confirm", "code": code_at(secret, h.now())})
+        assert response.code == 303, body
+        claims = await claims_of(h, query_of(location(response)), verifier)
+        assert claims["acr"] == ACR_MFA and claims["amr"] == ["pwd", "otp", "mfa"]
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_client_may_require_mfa_of_its_users(tmp_path, monkeypatch):
+    clients = [{**c, "require_mfa": True} if c["client_id"] == "partner" else c for c in CLIENTS]
+    h = await Harness(tmp_path, monkeypatch, {"clients": clients, "mfa": {"enrol_grace": 0}}).start()
+    try:
+        assert (await h.store.get_client("partner")).require_mfa
+        browser = Browser(h)
+        await browser.sign_in(BOB, "first")
+        response, _ = await browser.authorize("partner")
+        assert response.code == 303 and "/mfa/enrol?" in location(response), "the live session is stepped up"
+        response, body = await browser.get(location(response))
+        assert b"Not now" not in body and b"Partner App" in body
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_acr_values_step_up_a_password_session(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        response, _ = await browser.authorize("first", acr_values=ACR_MFA)
+        response, _ = await browser.submit_login(location(response), ALICE.login, PASSWORDS[ALICE.sub])
+        assert "/mfa/enrol?" in location(response), "a user without factors is asked to enrol"
+        response, body = await browser.get(location(response))
+        secret, _, fields = enrolment_of(body)
+        response, _ = await browser.post(ISSUER + "/mfa/enrol", {**fields, "action": "later"})
+        assert response.code == 303
+        pwd_session = await h.store.get_session(browser.session_hash, h.now())
+        assert pwd_session.acr == ACR_PWD
+
+        # Enrol later; then a request for the MFA class steps the same session up.
+        h.clock.advance(60)
+        secret, _ = await enrol_at_account_page(h, browser)
+        h.clock.advance(30)
+        response, _ = await browser.authorize("first", acr_values=ACR_MFA, prompt="none")
+        assert query_of(location(response))["error"] == "login_required"
+        verifier, challenge = pkce_pair()
+        response, _ = await browser.authorize("first", challenge=challenge, acr_values=f"{ACR_MFA} urn:other")
+        assert "/mfa?" in location(response)
+        response, _ = await give_code(browser, location(response), code_at(secret, h.now()))
+        assert response.code == 303
+        raised = await h.store.get_session(browser.session_hash, h.now())
+        assert raised.sid == pwd_session.sid and raised.session_hash != pwd_session.session_hash
+        assert raised.acr == ACR_MFA and raised.auth_time == h.now()
+        assert await h.store.get_session(pwd_session.session_hash, h.now()) is None
+        claims = await claims_of(h, query_of(location(response)), verifier)
+        assert claims["acr"] == ACR_MFA and claims["sid"] == pwd_session.sid
+        claims = await id_token_of(h, browser, acr_values=ACR_MFA)
+        assert claims["acr"] == ACR_MFA, "a session that gave its factor is not asked again"
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_claims_request_for_the_mfa_acr_is_honoured(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        claims = json.dumps({"id_token": {"acr": {"essential": True, "values": [ACR_MFA]}}})
+        response, _ = await password(Browser(h), BOB, claims=claims)
+        assert "/mfa/enrol?" in location(response)
+        response, _ = await password(Browser(h), BOB, claims=json.dumps({"id_token": {"acr": {"value": ACR_PWD}}}))
+        assert "/mfa" not in location(response)
+        response, _ = await Browser(h).authorize("first", claims="[1]")
+        assert query_of(location(response))["error"] == "invalid_request"
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_max_age_and_prompt_login_ask_for_password_and_code_again(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser, secret, _ = await enrolled(h)
+        response, _ = await browser.authorize("first")
+        assert "/mfa?" in location(response), "a user with a factor is asked for it by the live session too"
+        response, _ = await give_code(browser, location(response), code_at(secret, h.now()))
+        assert response.code == 303
+        h.clock.advance(60)
+        for params in ({"prompt": "login"}, {"max_age": "30"}):
+            response, _ = await browser.authorize("first", **params)
+            assert "/login?" in location(response)
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_wrong_codes_are_throttled_and_a_correct_password_does_not_clear_them(tmp_path, monkeypatch, audit):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        _, secret, _ = await enrolled(h)
+        browser = Browser(h)
+        response, _ = await password(browser, ALICE)
+        page = location(response)
+        for _ in range(5):
+            response, body = await give_code(browser, page, "123456" if code_at(secret, h.now()) != "123456"
+                                             else "654321")
+            assert response.code == 200
+        response, body = await give_code(browser, page, code_at(secret, h.now()))
+        assert response.code == 429 and response.headers.getRawHeaders(b"retry-after")
+        again = Browser(h)
+        response, _ = await password(again, ALICE)
+        response, body = await give_code(again, location(response), code_at(secret, h.now()))
+        assert response.code == 429, "the password's success does not clear the code's failures"
+        assert len(audit.of("mfa.failed")) == 7
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_operator_reset_removes_the_factors_audited(tmp_path, monkeypatch, audit):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        await enrolled(h)
+        assert await reset_factors(h.store, ALICE.sub, actor="operator") is True
+        assert await h.store.list_factors(ALICE.sub) == []
+        assert [e["by"] for e in audit.of("mfa.reset")] == ["operator"]
+        claims = await id_token_of(h, Browser(h))
+        assert claims["acr"] == ACR_PWD, "the password alone signs in again"
+    finally:
+        await h.close()
+
+
+def test_the_mfa_section_is_read_strictly():
+    strict = parse_config({"mfa": {"required": "required", "enrol_grace": "2d"}}, None)
+    assert strict.mfa == MfaPolicy("required", 2 * DAY)
+    assert parse_config({}, None).mfa == MfaPolicy("optional", 7 * DAY)
+    with pytest.raises(ConfigError, match="mfa.required"):
+        parse_config({"mfa": {"required": "sometimes"}}, None)
+    with pytest.raises(ConfigError, match="mfa.grace"):
+        parse_config({"mfa": {"grace": "1d"}}, None)
+    client = {"client_id": "c", "redirect_uris": ["https://c.example/cb"], "require_mfa": True}
+    assert parse_config({"clients": [client]}, None).clients[0].require_mfa
+
+
+def test_requested_acr_reads_acr_values_and_the_claims_request():
+    assert requested_acr({"acr_values": f"{ACR_MFA} {ACR_PWD}"}) == (ACR_MFA, ACR_PWD)
+    claims = json.dumps({"id_token": {"acr": {"essential": True, "value": ACR_MFA}}})
+    assert requested_acr({"acr_values": ACR_MFA, "claims": claims}) == (ACR_MFA,)
+    assert requested_acr({"claims": json.dumps({"userinfo": {"acr": None}})}) == ()
+    with pytest.raises(InvalidRequest):
+        requested_acr({"claims": "not json"})
+    assert mfa_requested((ACR_MFA, "urn:unknown"))
+    assert not mfa_requested((ACR_PWD, ACR_MFA)), "a client that accepts a password does not ask for more"
+    assert not mfa_requested(("urn:unknown",))
