@@ -143,7 +143,11 @@ async def _admin_api(h: Harness, notify) -> None:
 
 
 def _awkward() -> None:
-    """Events whose flows need a relying party, a chat platform, an overloaded server or a process start."""
+    """
+    Events whose flows need a relying party, a chat platform, an overloaded
+    server, a process start or an authenticator app (the MFA flows have
+    their own tests in tests/flows/test_mfa.py).
+    """
     events.throttle_engaged(login="alice", address="192.0.2.1", reason="too many password checks in flight")
     events.backchannel_logout(client_id="first", session_id="sid-1", outcome="200 at attempt 1")
     events.grant_revoked(sub=ALICE.sub, client_id="first", grant_id="g-1", reason="user not allowed")
@@ -153,6 +157,12 @@ def _awkward() -> None:
     events.chat_unlinked(sub=ALICE.sub, provider="chat")
     events.chat_refreshed(sub=ALICE.sub, provider="chat", account_id="a-1", rotated=True)
     events.chat_refresh_failed(sub=ALICE.sub, provider="chat", account_id="a-1", reason="revoked")
+    events.mfa_enrolled(sub=ALICE.sub, kind="totp")
+    events.mfa_succeeded(sub=ALICE.sub, method="otp", address="192.0.2.1")
+    events.mfa_failed(sub=ALICE.sub, address="192.0.2.1", reason="wrong code")
+    events.mfa_enrolment_put_off(sub=ALICE.sub, grace_until=1_800_000_000)
+    events.recovery_codes_replaced(sub=ALICE.sub)
+    events.factors_reset(sub=ALICE.sub, actor="operator")
 
 
 @pytest_twisted.ensureDeferred

@@ -397,7 +397,7 @@ async def test_an_operator_reset_removes_the_factors_audited(tmp_path, monkeypat
         await enrolled(h)
         assert await reset_factors(h.store, ALICE.sub, actor="operator") is True
         assert await h.store.list_factors(ALICE.sub) == []
-        assert [e["by"] for e in audit.of("mfa.reset")] == ["operator"]
+        assert [e["actor"] for e in audit.of("mfa.reset")] == ["operator"]
         claims = await id_token_of(h, Browser(h))
         assert claims["acr"] == ACR_PWD, "the password alone signs in again"
     finally:
