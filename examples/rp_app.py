@@ -14,6 +14,9 @@ does what a first-party app should with a relying-party session.
 - Every request to the protected page asks the internal user-access endpoint
   first, because a JWT access token cannot reflect a ban or a revoked grant.
 - Tokens are refreshed near expiry, keeping the rotated refresh token.
+- A "link chat account" button sends the browser to authsrv's link page,
+  which signs the chat account to the user's authsrv session; chat-token
+  then answers for it.
 - Sign-out revokes the tokens, forgets the session and clears the cookie,
   then sends the browser through end-session.
 
@@ -436,6 +439,7 @@ class App:
                    "; refreshed ", tags.span(str(session.refreshes), id="refreshes"), " times."),
             tags.h2("Chat account"),
             await self._chat_panel(session.sub),
+            tags.p(tags.a("Link chat account", href=f"{self._provider.issuer}/link/chat", id="link-chat")),
             tags.form(
                 tags.input(type="hidden", name="csrf", value=session.csrf),
                 tags.button("Sign out", type="submit"),

@@ -6,12 +6,20 @@ low-memory profile), so a check runs on a small bounded thread pool: a burst
 of logins queues instead of stalling every other request or exhausting
 memory. Any identity backend that stores password hashes (static file,
 PostgreSQL) checks them through L{PasswordVerifier}.
+
+Besides argon2id it accepts the scrypt hashes of Better Auth, so users
+brought over from a Better Auth deployment keep their passwords; such a hash
+is replaced by argon2id after its user's first successful login.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
+import re
 import secrets
+import unicodedata
 from typing import Self
 
 from argon2 import PasswordHasher, Type, extract_parameters, profiles
@@ -33,6 +41,15 @@ POOL_SIZE = 2
 
 _MATCH, _MISMATCH, _MALFORMED = "match", "mismatch", "malformed"
 
+BETTER_AUTH_SCRYPT = {"n": 16384, "r": 16, "p": 1, "dklen": 64}
+"""
+Better Auth's fixed scrypt parameters (C{@better-auth/utils/password}):
+32 MiB of memory per check, about 0.1 s.
+"""
+
+_BETTER_AUTH_MAXMEM = 2 * 128 * BETTER_AUTH_SCRYPT["n"] * BETTER_AUTH_SCRYPT["r"]
+_BETTER_AUTH_HASH = re.compile(r"([0-9a-fA-F]{32}):([0-9a-fA-F]{128})")
+
 
 def hash_password(password: str | bytes, hasher: PasswordHasher = DEFAULT_HASHER) -> str:
     """An argon2id hash of C{password} in the PHC string format."""
@@ -45,6 +62,40 @@ def is_argon2id_hash(value: str) -> bool:
         return extract_parameters(value).type is Type.ID
     except InvalidHashError:
         return False
+
+
+def is_better_auth_hash(value: str | None) -> bool:
+    """
+    Whether C{value} is a Better Auth password hash: C{<salt>:<key>}, a
+    32-digit hex salt and a 64-byte key in hex.
+    """
+    return value is not None and _BETTER_AUTH_HASH.fullmatch(value) is not None
+
+
+def looks_like_better_auth_hash(value: str | None) -> bool:
+    """
+    Whether C{value} is meant as a Better Auth hash (it has the colon and is
+    no PHC string), so that a damaged one is reported as malformed.
+    """
+    return value is not None and ":" in value and not value.startswith("$")
+
+
+def check_better_auth_hash(password: bytes, stored_hash: str) -> str:
+    """
+    Better Auth's check: scrypt over the NFKC form of the password, with the
+    salt's hex text itself (its ASCII bytes) as the salt, compared in
+    constant time. Text that is not valid Unicode still costs a full check.
+    """
+    match = _BETTER_AUTH_HASH.fullmatch(stored_hash)
+    if match is None:
+        return _MALFORMED
+    salt, key = match.groups()
+    try:
+        password = unicodedata.normalize("NFKC", password.decode("utf-8")).encode("utf-8")
+    except UnicodeDecodeError:
+        pass
+    derived = hashlib.scrypt(password, salt=salt.encode("ascii"), maxmem=_BETTER_AUTH_MAXMEM, **BETTER_AUTH_SCRYPT)
+    return _MATCH if hmac.compare_digest(derived, bytes.fromhex(key)) else _MISMATCH
 
 
 def dummy_hash(hasher: PasswordHasher) -> str:
@@ -75,8 +126,8 @@ class PasswordVerifier:
     against L{dummy_hash} of the configured hasher, on the same pool in the
     same number of steps, so that an unknown login and a wrong password
     cost the same time and cannot be told apart by timing. A stored hash
-    made with other parameters costs what its own parameters cost: see
-    L{needs_rehash}.
+    made with other parameters, or a Better Auth scrypt hash, costs what its
+    own parameters cost: see L{needs_rehash}.
     """
 
     log = Logger()
@@ -103,6 +154,10 @@ class PasswordVerifier:
         except InvalidHashError:
             return True
 
+    def rehash(self, password: str | bytes) -> Deferred:
+        """Fires with a new argon2id hash of C{password}, made on the pool."""
+        return deferToThreadPool(self._reactor, self._pool, self._hasher.hash, password)
+
     def verify(self, login: str, password: str | bytes, stored_hash: str | None) -> Deferred:
         """
         Fires with True when C{password} matches C{stored_hash}, else False;
@@ -125,6 +180,8 @@ class PasswordVerifier:
         # check, and matches nothing, instead of failing as an outage.
         if isinstance(password, str):
             password = password.encode("utf-8", "surrogatepass")
+        if stored_hash is not None and looks_like_better_auth_hash(stored_hash):
+            return check_better_auth_hash(password, stored_hash)
         try:
             self._hasher.verify(self._dummy if stored_hash is None else stored_hash, password)
         except VerifyMismatchError:

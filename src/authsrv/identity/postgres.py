@@ -26,7 +26,6 @@ from attrs import frozen
 from twisted.cred.credentials import IUsernamePassword
 from twisted.cred.error import UnauthorizedLogin
 from twisted.internet.defer import CancelledError, Deferred, succeed
-from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from zope.interface import implementer
 
@@ -144,8 +143,10 @@ def is_bcrypt_hash(value: str | None) -> bool:
 class MigratingVerifier(PasswordVerifier):
     """
     L{PasswordVerifier} that also accepts bcrypt hashes, so operators can
-    bring an existing user table, and makes the argon2id hash that replaces
-    one after a successful login.
+    bring an existing user table; after a successful login the backend
+    replaces a bcrypt hash, a Better Auth scrypt hash or an argon2id hash of
+    other parameters by one of the configured argon2id (L{needs_rehash},
+    L{PasswordVerifier.rehash}).
     """
 
     def needs_rehash(self, stored_hash: str) -> bool:
@@ -161,10 +162,6 @@ class MigratingVerifier(PasswordVerifier):
         except (ValueError, UnicodeEncodeError):
             return _MALFORMED
         return _MATCH if matched else _MISMATCH
-
-    def rehash(self, password: str | bytes) -> Deferred:
-        """Fires with a new argon2id hash of C{password}, made on the pool."""
-        return deferToThreadPool(self._reactor, self._pool, self._hasher.hash, password)
 
 
 # --- queries ----------------------------------------------------------------
@@ -338,7 +335,7 @@ class PostgresIdentityBackend:
     """
     Users from PostgreSQL through C{queries}, in C{mode} "own" (our table:
     see L{OwnPostgresIdentityBackend}) or "mapped" (the operator's, which
-    authsrv never writes but for upgrading a bcrypt hash).
+    authsrv never writes but for upgrading an older password hash).
     """
 
     credentialInterfaces = (IUsernamePassword,)
@@ -405,7 +402,7 @@ class PostgresIdentityBackend:
         return account.user.sub
 
     async def _upgrade(self, account: _Account, password, query: str) -> None:
-        """Replace a bcrypt hash by argon2id; a failure only leaves the old hash in place."""
+        """Replace an older hash by argon2id; a failure only leaves the old hash in place."""
         new_hash = await self._verifier.rehash(password)
         parameters = {
             "sub": account.user.sub,

@@ -1,5 +1,7 @@
 """
-The static-file identity backend: users in a TOML file with argon2id hashes.
+The static-file identity backend: users in a TOML file with argon2id hashes
+(or Better Auth scrypt hashes, brought over from such a deployment and
+replaced by argon2id at each user's first successful login).
 
 The embedded default needs no database, so users live in a file the operator
 edits by hand or with C{authsrv-admin user ...} (L{add_user}, and the
@@ -30,7 +32,12 @@ from zope.interface import implementer
 from authsrv.configsection import ConfigError, Section
 from authsrv.identity.credentials import credential_text
 from authsrv.identity.errors import UnknownUser
-from authsrv.identity.passwords import PasswordVerifier, is_argon2id_hash
+from authsrv.identity.passwords import (
+    PasswordVerifier,
+    is_argon2id_hash,
+    is_better_auth_hash,
+    looks_like_better_auth_hash,
+)
 from authsrv.interfaces import IIdentityBackend, IUserManagement
 from authsrv.records import User
 
@@ -95,7 +102,9 @@ def _account(section: Section) -> _Account:
         raise section.error("sub", "must be at most 255 printable ASCII characters (OIDC Core 2)")
     login = section.str("login")
     password_hash = section.str("password_hash")
-    if not is_argon2id_hash(password_hash):
+    if looks_like_better_auth_hash(password_hash) and not is_better_auth_hash(password_hash):
+        raise section.error("password_hash", "a Better Auth hash must be 32 hex digits, a colon and 128 hex digits")
+    if not (is_argon2id_hash(password_hash) or is_better_auth_hash(password_hash)):
         raise section.error(
             "password_hash", "must be an argon2id hash ($argon2id$v=19$...), as authsrv-admin makes"
         )
@@ -197,7 +206,16 @@ class StaticIdentityBackend:
         would tell their names apart until their passwords are set again.
         """
         accounts = self._users.by_sub.values()
-        logins = sorted(a.user.login for a in accounts if self._verifier.needs_rehash(a.password_hash))
+        logins = sorted(
+            a.user.login for a in accounts
+            if is_argon2id_hash(a.password_hash) and self._verifier.needs_rehash(a.password_hash)
+        )
+        imported = sorted(a.user.login for a in accounts if is_better_auth_hash(a.password_hash))
+        if imported:
+            log.info(
+                "{path}: {logins} have Better Auth scrypt hashes, replaced by argon2id at their next login",
+                path=str(self._path), logins=", ".join(map(repr, imported)),
+            )
         if logins:
             log.warn(
                 "{path}: the password hashes of {logins} have other argon2 parameters than the configured"
@@ -260,14 +278,40 @@ class StaticIdentityBackend:
             account.password_hash if account else None,
         )
 
-        def decide(matched: bool) -> str:
+        def decide(matched: bool) -> Deferred | str:
             if account is None:
                 raise UnknownUser("unknown login")
             if not matched:
                 raise UnauthorizedLogin("wrong password")
+            if is_better_auth_hash(account.password_hash):
+                return Deferred.fromCoroutine(self._upgrade(account, credentials.password))
             return account.user.sub
 
         return d.addCallback(decide)
+
+    async def _upgrade(self, account: _Account, password) -> str:
+        """
+        Replace a Better Auth hash by argon2id in the file, unless the
+        operator changed it meanwhile; a failure to write only leaves the
+        old hash in place, the login succeeds either way.
+        """
+        new_hash = await self._verifier.rehash(password)
+        old_hash = account.password_hash
+
+        def change(users, index):
+            if users[index]["password_hash"] == old_hash:
+                _set(users[index], "password_hash", new_hash)
+
+        try:
+            self._edit(account.user.login, change)
+        except (OSError, ValueError) as e:
+            log.error(
+                "password hash of {login!r} not upgraded to argon2id: {problem}",
+                login=account.user.login, problem=str(e),
+            )
+        else:
+            log.info("password hash of {login!r} upgraded from Better Auth scrypt to argon2id", login=account.user.login)
+        return account.user.sub
 
     def user_by_id(self, sub: str) -> Deferred:
         self._refresh()

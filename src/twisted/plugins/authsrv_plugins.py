@@ -1,5 +1,5 @@
 """
-authsrv's dropin: the C{twist authsrv} service maker and the shipped identity
+authsrv's dropin: the C{twist authsrv} and C{twist authsrv-fake-chat} service makers and the shipped identity
 backend, store and keystore factories. Scanned whenever anything looks for
 plugins, so it imports only L{authsrv.plugins} and names modules as strings.
 """
@@ -13,6 +13,13 @@ authsrv = ServiceMaker(
     "authsrv.tap",
     "An OAuth 2.1 / OpenID Connect authorization server and identity provider.",
     "authsrv",
+)
+
+authsrv_fake_chat = ServiceMaker(
+    "authsrv-fake-chat",
+    "authsrv.testing.fake_chat_tap",
+    "A local stand-in for the chat platform (Discord's OAuth endpoints) for the demo and tests.",
+    "authsrv-fake-chat",
 )
 
 static_identity = IdentityBackendFactory(
