@@ -21,6 +21,7 @@ from test_e2e_relying_party import read_form
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
+ALICE = "a1f0c9e2-5b7d-4c1e-9a3f-6d2b8e4c7a10"
 BOB = "b2e1d8f3-6c8e-4d2f-8b4a-7e3c9f5d8b21"
 INTERNAL = {"authorization": "Bearer demo-internal-secret"}
 
@@ -99,3 +100,23 @@ def test_bob_links_in_the_browser_then_chat_token_answers(demo):
     assert body["accessToken"] and body["accountId"]
     assert "identify" in body["scope"]
     assert "identify" in browser.get(app + "/", timeout=10).text
+
+
+def seed(config, user: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "examples" / "seed_chat_link.py"), "--config", str(config), user],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_alice_seeded_answers_at_once(demo, tmp_path):
+    """The demo's seeding script pre-links alice: chat-token answers for her without a browser."""
+    base, _ = demo
+    config = tmp_path / "examples" / "demo.toml"
+    assert chat_token(base, ALICE).json()["error"] == "chat_not_linked"
+    seeded = seed(config, "alice")
+    assert seeded.returncode == 0, seeded.stderr
+    assert "linked alice" in seeded.stdout and "80351110224678912" in seeded.stdout
+    answer = chat_token(base, ALICE)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["scope"] == "identify guilds.join"
+    refused = seed(config, "nobody")
+    assert refused.returncode != 0 and "nobody: no such user" in refused.stderr
