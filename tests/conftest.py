@@ -218,3 +218,21 @@ def refused(result, message):
     line = result.stderr.strip()
     assert "\n" not in line and "Traceback" not in line
     assert line.startswith("authsrv-admin: ") and message in line, line
+
+
+@pytest.fixture
+def reactor():
+    """The real reactor, for plugins that run blocking work on its thread pools."""
+    from twisted.internet import reactor
+
+    return reactor
+
+
+@pytest.fixture
+def context(reactor, tmp_path):
+    """A plugin context over the test's folder, its thread pools stopped after."""
+    from authsrv.context import PluginContext
+
+    context = PluginContext(reactor, tmp_path)
+    yield context
+    context.stop()

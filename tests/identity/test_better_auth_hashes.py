@@ -17,7 +17,6 @@ from twisted.cred.error import UnauthorizedLogin
 from twisted.logger import LogLevel, capturedLogs, formatEvent
 
 from authsrv.configsection import ConfigError, Section
-from authsrv.context import PluginContext
 from authsrv.identity import postgres
 from authsrv.identity.errors import UnknownUser
 from authsrv.identity.passwords import PasswordVerifier, is_argon2id_hash, is_better_auth_hash
@@ -64,15 +63,6 @@ class RecordingVerifier(PasswordVerifier):
     def _check(self, password, stored_hash):
         self.checked.append(stored_hash)
         return super()._check(password, stored_hash)
-
-
-@pytest.fixture
-def context(tmp_path):
-    from twisted.internet import reactor
-
-    context = PluginContext(reactor, tmp_path)
-    yield context
-    context.stop()
 
 
 @pytest.fixture

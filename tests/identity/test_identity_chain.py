@@ -20,7 +20,6 @@ from zope.interface.verify import verifyObject
 
 from authsrv.config import parse_config
 from authsrv.configsection import Section
-from authsrv.context import PluginContext
 from authsrv.identity.ldap import backend as ldap
 from authsrv.identity.chain import IdentityChain
 from authsrv.identity.errors import BackendUnavailable, UnknownUser
@@ -34,20 +33,6 @@ from authsrv.testing.identity import ALICE, BOB, IdentityBackendConformance, por
 
 CHEAP = PasswordHasher.from_parameters(profiles.CHEAPEST)
 CAROL_SUB = "sub-carol"
-
-
-@pytest.fixture
-def reactor():
-    from twisted.internet import reactor
-
-    return reactor
-
-
-@pytest.fixture
-def context(reactor, tmp_path):
-    context = PluginContext(reactor, tmp_path)
-    yield context
-    context.stop()
 
 
 def static_backend(context, path, users=()) -> StaticIdentityBackend:

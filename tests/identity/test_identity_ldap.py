@@ -45,20 +45,6 @@ from authsrv.testing.identity import ALICE, INJECTION_LOGINS, MALLORY, PASSWORDS
 CAROL_SUB = "sub-carol"
 
 
-@pytest.fixture
-def reactor():
-    from twisted.internet import reactor
-
-    return reactor
-
-
-@pytest.fixture
-def context(reactor, tmp_path):
-    context = PluginContext(reactor, tmp_path)
-    yield context
-    context.stop()
-
-
 def backend(context, config: dict):
     return ldap.from_config(Section(config, "identity[0]", context.base_dir), context)
 

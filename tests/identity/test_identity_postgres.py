@@ -118,20 +118,6 @@ def stored_hash(dsn: str, table: str, sub: str) -> str:
 
 
 @pytest.fixture
-def reactor():
-    from twisted.internet import reactor
-
-    return reactor
-
-
-@pytest.fixture
-def context(reactor, tmp_path):
-    context = PluginContext(reactor, tmp_path)
-    yield context
-    context.stop()
-
-
-@pytest.fixture
 def backends():
     """Backends a test opens; closed after it."""
     made: list = []

@@ -28,7 +28,6 @@ from twisted.python.threadable import isInIOThread
 from twisted.python.threadpool import ThreadPool
 
 from authsrv.configsection import ConfigError, Section
-from authsrv.context import PluginContext
 from authsrv.identity.chain import IdentityChain
 from authsrv.identity.errors import UnknownUser
 from authsrv.identity.passwords import DEFAULT_HASHER, PasswordVerifier, dummy_hash, hash_password
@@ -73,20 +72,6 @@ class RecordingHasher(PasswordHasher):
         self.checks.append((threading.current_thread(), isInIOThread()))
         self.hashes.append(hash)
         return super().verify(hash, password)
-
-
-@pytest.fixture
-def reactor():
-    from twisted.internet import reactor
-
-    return reactor
-
-
-@pytest.fixture
-def context(reactor, tmp_path):
-    context = PluginContext(reactor, tmp_path)
-    yield context
-    context.stop()
 
 
 @pytest.fixture

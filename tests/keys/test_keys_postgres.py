@@ -27,13 +27,6 @@ MAX_TOKEN_LIFETIME = 3600
 
 
 @pytest.fixture
-def reactor():
-    from twisted.internet import reactor
-
-    return reactor
-
-
-@pytest.fixture
 def contexts(reactor, tmp_path):
     """Plugin contexts, one per simulated server: each has its own keys thread."""
     made: list[PluginContext] = []
