@@ -32,6 +32,7 @@ from authsrv.records import (
     CodeConsumed,
     CodeNotFound,
     CodeReused,
+    Consent,
     NotRevoked,
     RefreshNotFound,
     Replayed,
@@ -266,6 +267,17 @@ class SQLiteStore:
                         db.execute("DELETE FROM browser_sessions WHERE sub = ? RETURNING *", (sub,))]
         )
 
+    def list_user_sessions(self, sub, now):
+        return self._query_all("list_user_sessions", _T.sessions,
+            "SELECT * FROM browser_sessions WHERE sub = ? AND expires_at > ? ORDER BY created_at, session_hash",
+            (sub, now),
+        )
+
+    def touch_session(self, session_hash, now):
+        return self._execute("touch_session",
+            "UPDATE browser_sessions SET last_seen = ? WHERE session_hash = ?", (now, session_hash)
+        ).addCallback(lambda _: None)
+
     # IInteractionStore
 
     def save_interaction(self, interaction):
@@ -360,6 +372,13 @@ class SQLiteStore:
             "revoke_user_grants", "UPDATE grants SET revoked_at = ? WHERE sub = ? AND revoked_at IS NULL", (now, sub)
         )
 
+    def list_user_grants(self, sub, now):
+        return self._query_all("list_user_grants", _T.grants,
+            "SELECT * FROM grants WHERE sub = ? AND revoked_at IS NULL AND expires_at > ?"
+            " ORDER BY created_at, grant_id",
+            (sub, now),
+        )
+
     def access_state(self, sub, now):
         def state(db):
             row = db.execute(
@@ -401,6 +420,16 @@ class SQLiteStore:
 
     def revoke_consent(self, sub, client_id):
         return self._changed("revoke_consent", "DELETE FROM consents WHERE sub = ? AND client_id = ?", (sub, client_id))
+
+    def list_user_consents(self, sub):
+        return self._call("list_user_consents", False,
+            lambda db: [
+                Consent(sub, row["client_id"], row["scope"].split(), row["created_at"])
+                for row in db.execute(
+                    "SELECT client_id, scope, created_at FROM consents WHERE sub = ? ORDER BY client_id", (sub,)
+                )
+            ]
+        )
 
     # IBanStore
 
@@ -547,7 +576,7 @@ class SQLiteStore:
     def reset_factors(self, sub):
         def reset(db):
             removed = sum(db.execute(f"DELETE FROM {table} WHERE sub = ?", (sub,)).rowcount
-                          for table in ("totp_factors", "recovery_codes"))
+                          for table in ("totp_factors", "recovery_codes", "passkeys"))
             db.execute("DELETE FROM mfa_demands WHERE sub = ?", (sub,))
             return removed > 0
 
@@ -560,6 +589,41 @@ class SQLiteStore:
             return db.execute("SELECT first_at FROM mfa_demands WHERE sub = ?", (sub,)).fetchone()["first_at"]
 
         return self._call("mfa_demanded", True, demanded)
+
+    def add_passkey(self, passkey):
+        return self._insert("add_passkey", _T.passkeys, passkey)
+
+    def get_passkey(self, credential_id):
+        return self._query("get_passkey", _T.passkeys, "SELECT * FROM passkeys WHERE credential_id = ?",
+                           (credential_id,))
+
+    def list_passkeys(self, sub):
+        return self._query_all("list_passkeys", _T.passkeys,
+            "SELECT * FROM passkeys WHERE sub = ? ORDER BY created_at, credential_id", (sub,)
+        )
+
+    def use_passkey(self, credential_id, sign_count, backup_state, now):
+        return self._changed("use_passkey",
+            "UPDATE passkeys SET sign_count = ?, backup_state = ?, last_used = ? WHERE credential_id = ?"
+            " AND (sign_count < ? OR (sign_count = 0 AND ? = 0))",
+            (sign_count, int(backup_state), now, credential_id, sign_count, sign_count),
+        )
+
+    def remove_passkey(self, sub, credential_id):
+        return self._changed("remove_passkey", "DELETE FROM passkeys WHERE sub = ? AND credential_id = ?",
+                             (sub, credential_id))
+
+    def save_passkey_challenge(self, challenge_hash, purpose, expires_at):
+        return self._execute("save_passkey_challenge",
+            "INSERT INTO passkey_challenges (challenge_hash, purpose, expires_at) VALUES (?, ?, ?)",
+            (challenge_hash, purpose, expires_at),
+        ).addCallback(lambda _: None)
+
+    def take_passkey_challenge(self, challenge_hash, purpose, now):
+        return self._changed("take_passkey_challenge",
+            "DELETE FROM passkey_challenges WHERE challenge_hash = ? AND purpose = ? AND expires_at > ?",
+            (challenge_hash, purpose, now),
+        )
 
     # IStore
 
@@ -691,6 +755,7 @@ _GC = tuple(
         ("link_locks", "account_id", "until <= :now"),
         ("login_attempts", "attempt_id", "expires_at <= :now"),
         ("known_devices", "account, device_hash", "expires_at <= :now"),
+        ("passkey_challenges", "challenge_hash", "expires_at <= :now"),
         ("grants", "grant_id", f"old.revoked_at IS NOT NULL AND {_NO_LIVE_CODE}"),
         (
             "grants",

@@ -39,6 +39,7 @@ from authsrv.records import (
     CodeConsumed,
     CodeNotFound,
     CodeReused,
+    Consent,
     Grant,
     Interaction,
     LinkAttempt,
@@ -361,6 +362,22 @@ class StoreConformance(FactorStoreConformance):
             assert await store.end_user_sessions(ALICE) == []
             assert await store.get_session(h("cookie-0"), NOW) is None
             assert (await store.get_session(h("cookie-2"), NOW)).sub == BOB
+
+    @pytest_twisted.ensureDeferred
+    async def test_list_user_sessions(self):
+        sessions = [
+            BrowserSession(h("cookie-late"), "sid-late", ALICE, NOW, NOW + 5, NOW + DAY),
+            BrowserSession(h("cookie-early"), "sid-early", ALICE, NOW, NOW, NOW + DAY),
+            BrowserSession(h("cookie-ending"), "sid-ending", ALICE, NOW, NOW + 1, NOW + 10),
+            BrowserSession(h("cookie-bob"), "sid-bob", BOB, NOW, NOW, NOW + DAY),
+        ]
+        async with self.store() as store:
+            assert await store.list_user_sessions(ALICE, NOW) == []
+            for session in sessions:
+                await store.create_session(session)
+            assert [s.sid for s in await store.list_user_sessions(ALICE, NOW)] == ["sid-early", "sid-ending", "sid-late"]
+            assert await store.list_user_sessions(ALICE, NOW + 10) == [sessions[1], sessions[0]]
+            assert await store.list_user_sessions(BOB, NOW) == [sessions[3]]
 
     @pytest_twisted.ensureDeferred
     async def test_interaction_round_trip_and_expiry(self):
@@ -772,6 +789,22 @@ class StoreConformance(FactorStoreConformance):
             await store.revoke_user_grants(ALICE, NOW)
             assert await store.session_clients("sid-1") == [CLIENT, OTHER_CLIENT]
 
+    @pytest_twisted.ensureDeferred
+    async def test_list_user_grants(self):
+        async with self.store() as store:
+            assert await store.list_user_grants(ALICE, NOW) == []
+            late = await start_grant(store, "g-late", created_at=NOW + 5)
+            early = await start_grant(store, "g-early", client_id=OTHER_CLIENT)
+            ending = await start_grant(store, "g-ending", expires_at=NOW + 10)
+            await start_grant(store, "g-revoked")
+            await store.revoke_grant("g-revoked", NOW)
+            bobs = await start_grant(store, "g-bob", sub=BOB)
+            assert await store.list_user_grants(ALICE, NOW) == [early, ending, late]
+            assert await store.list_user_grants(ALICE, NOW + 10) == [early, late]
+            assert await store.list_user_grants(BOB, NOW) == [bobs]
+            await store.revoke_user_grants(ALICE, NOW)
+            assert await store.list_user_grants(ALICE, NOW) == []
+
     # --- consents -----------------------------------------------------------------
 
     @pytest_twisted.ensureDeferred
@@ -789,6 +822,19 @@ class StoreConformance(FactorStoreConformance):
             assert await store.revoke_consent(ALICE, CLIENT) is False
             assert await store.get_consent(ALICE, CLIENT) is None
             assert await store.get_consent(ALICE, OTHER_CLIENT) == frozenset()
+
+    @pytest_twisted.ensureDeferred
+    async def test_list_user_consents(self):
+        async with self.store() as store:
+            assert await store.list_user_consents(ALICE) == []
+            await store.save_consent(ALICE, OTHER_CLIENT, {"openid"}, NOW)
+            await store.save_consent(ALICE, CLIENT, {"openid", "profile"}, NOW + 1)
+            await store.save_consent(BOB, CLIENT, {"openid"}, NOW)
+            assert await store.list_user_consents(ALICE) == sorted([
+                Consent(ALICE, CLIENT, {"openid", "profile"}, NOW + 1), Consent(ALICE, OTHER_CLIENT, {"openid"}, NOW),
+            ], key=lambda c: c.client_id)
+            await store.revoke_consent(ALICE, CLIENT)
+            assert await store.list_user_consents(ALICE) == [Consent(ALICE, OTHER_CLIENT, {"openid"}, NOW)]
 
     # --- bans -------------------------------------------------------------------
 
