@@ -147,3 +147,40 @@ def recovery_codes_replaced(*, sub: str) -> None:
 
 def factors_reset(*, sub: str, by: str) -> None:
     _emit("mfa.reset", "second factors of {sub} reset by {by}", sub=sub, by=by)
+
+
+def passkey_registered(*, sub: str, credential: str, synced: bool) -> None:
+    _emit("passkey.registered", "{sub} registered passkey {credential} (synced: {synced})", sub=sub,
+          credential=credential, synced=synced)
+
+
+def passkey_removed(*, sub: str, credential: str) -> None:
+    _emit("passkey.removed", "{sub} removed passkey {credential}", sub=sub, credential=credential)
+
+
+def passkey_succeeded(*, sub: str, credential: str, address: str) -> None:
+    _emit("passkey.succeeded", "passkey {credential} of {sub} from {address}", sub=sub, credential=credential,
+          address=address)
+
+
+def passkey_refused(*, sub: str | None, credential: str, address: str, reason: str) -> None:
+    _emit("passkey.refused", "passkey {credential} of {sub} refused from {address}: {reason}", sub=sub,
+          credential=credential, address=address, reason=reason)
+
+
+def account_session_ended(*, sub: str, sid: str) -> None:
+    _emit("account.session_ended", "{sub} signed out their session {sid} from the account page", sub=sub, sid=sid)
+
+
+def account_app_revoked(*, sub: str, client_id: str, grants: int) -> None:
+    _emit("account.app_revoked", "{sub} revoked {client_id} ({grants} grants and the consent)", sub=sub,
+          client_id=client_id, grants=grants)
+
+
+def password_changed(*, sub: str, sessions_ended: int) -> None:
+    _emit("account.password_changed", "{sub} changed their password; {sessions_ended} other sessions ended",
+          sub=sub, sessions_ended=sessions_ended)
+
+
+def password_change_refused(*, sub: str, reason: str) -> None:
+    _emit("account.password_change_refused", "password change of {sub} refused: {reason}", sub=sub, reason=reason)
