@@ -10,6 +10,11 @@ the passkey again.
 
 from __future__ import annotations
 
+import base64
+import json
+import urllib.request
+from urllib.parse import urlencode
+
 import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
@@ -28,6 +33,7 @@ from test_browser import (  # noqa: F401  (fixtures)
 )
 
 from conftest import free_port
+from harness import pkce_pair
 from prepared_keys import write_key_file
 
 from authsrv.identity.passwords import hash_password
@@ -74,14 +80,40 @@ def status_text(driver) -> str:  # noqa: F811
     return driver.find_element(By.CSS_SELECTOR, "p[role=status].error").text
 
 
-def passkey_sign_in(driver, server, callback, state: str) -> None:  # noqa: F811
-    """A new browser session (the service's cookies gone) asks to sign in and chooses the passkey."""
+def signed_out(driver, server) -> None:  # noqa: F811
+    """The service's cookies gone, as for a new browser."""
     driver.get(server.base + "/api/auth/.well-known/openid-configuration")
     driver.delete_all_cookies()
-    driver.get(authorize_url(server, "web", callback + "/first", state))
+
+
+def use_passkey(driver) -> None:  # noqa: F811
     WebDriverWait(driver, WAIT).until(expected_conditions.visibility_of_element_located(
         (By.CSS_SELECTOR, "#passkey button")))
     driver.find_element(By.CSS_SELECTOR, "#passkey button").click()
+
+
+def passkey_sign_in(driver, server, callback, state: str, challenge: str | None = None) -> None:  # noqa: F811
+    """A new browser session asks to sign in and chooses the passkey."""
+    signed_out(driver, server)
+    driver.get(authorize_url(server, "web", callback + "/first", state)
+               if challenge is None else with_challenge(server, callback, state, challenge))
+    use_passkey(driver)
+
+
+def with_challenge(server, callback, state: str, challenge: str) -> str:  # noqa: F811
+    return f"{server.base}/api/auth/oauth2/authorize?" + urlencode({
+        "response_type": "code", "client_id": "web", "redirect_uri": callback + "/first", "scope": "openid",
+        "state": state, "code_challenge": challenge, "code_challenge_method": "S256",
+    })
+
+
+def id_token_claims(server, callback, code: str, verifier: str) -> dict:  # noqa: F811
+    """The claims of the ID token the public client gets for C{code}."""
+    data = urlencode({"grant_type": "authorization_code", "code": code, "code_verifier": verifier,
+                      "redirect_uri": callback + "/first", "client_id": "web"}).encode()
+    with urllib.request.urlopen(server.base + "/api/auth/oauth2/token", data, timeout=WAIT) as response:
+        payload = json.load(response)["id_token"].split(".")[1]
+    return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
 
 
 def test_register_sign_in_refuse_a_clone_and_remove_a_passkey(server, driver, callback):  # noqa: F811
@@ -101,9 +133,21 @@ def test_register_sign_in_refuse_a_clone_and_remove_a_passkey(server, driver, ca
     [registered] = credentials(driver, authenticator)
     assert registered["isResidentCredential"] is True and registered["rpId"] == "localhost"
 
-    passkey_sign_in(driver, server, callback, "st-2")
+    verifier, challenge = pkce_pair()
+    passkey_sign_in(driver, server, callback, "st-2", challenge)
     query = landed(driver, callback + "/first")
-    assert query["state"] == "st-2" and query["code"]
+    assert query["state"] == "st-2"
+    claims = id_token_claims(server, callback, query["code"], verifier)
+    assert claims["amr"] == ["hwk", "user"] and claims["acr"] == "urn:authsrv:acr:pwd"
+
+    verifier, challenge = pkce_pair()
+    signed_out(driver, server)
+    driver.get(with_challenge(server, callback, "st-mfa", challenge))
+    sign_in(driver, "carol", PASSWORD)
+    WebDriverWait(driver, WAIT).until(lambda d: d.current_url.startswith(issuer + "/mfa?"))
+    use_passkey(driver)
+    claims = id_token_claims(server, callback, landed(driver, callback + "/first")["code"], verifier)
+    assert claims["amr"] == ["pwd", "hwk", "mfa"] and claims["acr"] == "urn:authsrv:acr:mfa"
     [used] = credentials(driver, authenticator)
     assert used["signCount"] > registered["signCount"]
 
