@@ -8,6 +8,8 @@ password and ends the other sessions; every form needs its CSRF token.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import re
 from html import unescape
 
@@ -162,3 +164,38 @@ def test_devices_are_named_from_the_user_agent():
     assert device_of("Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 Chrome/129.0 Safari/537.36"
                      " Edg/129.0") == "Edge on Windows"
     assert device_of(None) == "Unknown device"
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_one_script_is_the_one_the_policy_allows(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser, _ = await signed_in(h)
+        response, body = await browser.get(ACCOUNT)
+        [script] = re.findall(r"<script>(.*?)</script>", body.decode(), re.S)
+        digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
+        policy = response.headers.getRawHeaders(b"content-security-policy")[0].decode()
+        assert f"script-src 'sha256-{digest}';" in policy and policy.count("script-src") == 1
+        assert "navigator.credentials" in script and 'data-passkey="create"' in body.decode()
+        [add] = forms(body, ACCOUNT + "/passkeys")
+        response, body = await browser.post(ACCOUNT + "/passkeys", {**add, "credential": '{"id": "forged"}'})
+        assert response.code == 200 and b"The passkey could not be added." in body
+        assert await h.store.list_passkeys(ALICE.sub) == []
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_forged_passkey_answer_leaves_the_login_page_with_a_refusal(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        response, _ = await browser.authorize()
+        response, body = await browser.get(location(response))
+        [fields] = forms(body, ISSUER + "/login/passkey")
+        forged = '{"id": "AAAA", "response": {"clientDataJSON": "e30"}}'
+        response, body = await browser.post(ISSUER + "/login/passkey", {**fields, "credential": forged})
+        assert response.code == 200 and b"That passkey was not accepted." in body
+        assert "authsrv_session" not in browser.cookies
+    finally:
+        await h.close()
