@@ -146,7 +146,8 @@ def _awkward() -> None:
     """
     Events whose flows need a relying party, a chat platform, an overloaded
     server, a process start or an authenticator app (the MFA flows have
-    their own tests in tests/flows/test_mfa.py).
+    their own tests in tests/flows/test_mfa.py, the passkey and account ones
+    in tests/flows/test_account_page.py and tests/web/test_passkeys_browser.py).
     """
     events.throttle_engaged(login="alice", address="192.0.2.1", reason="too many password checks in flight")
     events.backchannel_logout(client_id="first", session_id="sid-1", outcome="200 at attempt 1")
@@ -163,6 +164,14 @@ def _awkward() -> None:
     events.mfa_enrolment_put_off(sub=ALICE.sub, grace_until=1_800_000_000)
     events.recovery_codes_replaced(sub=ALICE.sub)
     events.factors_reset(sub=ALICE.sub, actor="operator")
+    events.passkey_registered(sub=ALICE.sub, credential="c-1", synced=True)
+    events.passkey_succeeded(sub=ALICE.sub, credential="c-1", address="192.0.2.1")
+    events.passkey_refused(sub=ALICE.sub, credential="c-1", address="192.0.2.1", reason="counter went back")
+    events.passkey_removed(sub=ALICE.sub, credential="c-1")
+    events.account_session_ended(sub=ALICE.sub, session_id="sid-2")
+    events.account_app_revoked(sub=ALICE.sub, client_id="first", grants=1)
+    events.password_changed(sub=ALICE.sub, sessions_ended=1)
+    events.password_change_refused(sub=ALICE.sub, reason="wrong current password")
 
 
 @pytest_twisted.ensureDeferred

@@ -57,6 +57,14 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "mfa.put_off": ("grace_until",),
     "mfa.recovery_codes_replaced": (),
     "mfa.reset": (),
+    "passkey.registered": ("credential", "synced"),
+    "passkey.removed": ("credential",),
+    "passkey.succeeded": ("credential",),
+    "passkey.refused": ("credential",),
+    "account.session_ended": (),
+    "account.app_revoked": ("grants",),
+    "account.password_changed": ("sessions_ended",),
+    "account.password_change_refused": (),
     "key.rotated": ("algorithms", "active"),
     "config.loaded": ("path", "issuer", "clients"),
     "rate.limited": ("endpoint", "retry_after"),
@@ -276,3 +284,42 @@ def recovery_codes_replaced(*, sub: str) -> None:
 
 def factors_reset(*, sub: str, actor: str) -> None:
     _emit("mfa.reset", "second factors of {sub} reset by {actor}", "success", sub=sub, actor=actor)
+
+
+def passkey_registered(*, sub: str, credential: str, synced: bool) -> None:
+    _emit("passkey.registered", "{sub} registered passkey {credential} (synced: {synced})", "success", sub=sub,
+          credential=credential, synced=synced)
+
+
+def passkey_removed(*, sub: str, credential: str) -> None:
+    _emit("passkey.removed", "{sub} removed passkey {credential}", "success", sub=sub, credential=credential)
+
+
+def passkey_succeeded(*, sub: str, credential: str, address: str) -> None:
+    _emit("passkey.succeeded", "passkey {credential} of {sub} from {address}", "success", sub=sub,
+          credential=credential, address=address)
+
+
+def passkey_refused(*, sub: str | None, credential: str, address: str, reason: str) -> None:
+    _emit("passkey.refused", "passkey {credential} of {sub} refused from {address}: {reason}", "failure", sub=sub,
+          credential=credential, address=address, reason=reason)
+
+
+def account_session_ended(*, sub: str, session_id: str) -> None:
+    _emit("account.session_ended", "{sub} signed out their session {session_id} from the account page", "success",
+          sub=sub, session_id=session_id)
+
+
+def account_app_revoked(*, sub: str, client_id: str, grants: int) -> None:
+    _emit("account.app_revoked", "{sub} revoked {client_id} ({grants} grants and the consent)", "success", sub=sub,
+          client_id=client_id, grants=grants)
+
+
+def password_changed(*, sub: str, sessions_ended: int) -> None:
+    _emit("account.password_changed", "{sub} changed their password; {sessions_ended} other sessions ended",
+          "success", sub=sub, sessions_ended=sessions_ended)
+
+
+def password_change_refused(*, sub: str, reason: str) -> None:
+    _emit("account.password_change_refused", "password change of {sub} refused: {reason}", "failure", sub=sub,
+          reason=reason)

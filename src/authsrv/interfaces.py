@@ -180,6 +180,9 @@ class IBrowserSessionStore(Interface):
     def list_user_sessions(sub, now):
         """Fires with the user's sessions unexpired at C{now}, oldest first."""
 
+    def touch_session(session_hash, now):
+        """Record that a request used the session at C{now} (its C{last_seen})."""
+
 
 class IInteractionStore(Interface):
     def save_interaction(interaction):
@@ -445,7 +448,44 @@ class IFactorStore(Interface):
         """Fires with the user's L{authsrv.records.Factor}s, TOTP first."""
 
     def reset_factors(sub):
-        """Remove every factor of the user and the start of their grace period; fires True when any was kept."""
+        """
+        Remove every factor of the user (passkeys included) and the start
+        of their grace period; fires True when any was kept.
+        """
+
+    def add_passkey(passkey):
+        """
+        Keep a new L{authsrv.records.Passkey}; fails with
+        L{authsrv.store.errors.AlreadyExists} when its credential id is known.
+        """
+
+    def get_passkey(credential_id):
+        """Fires with the L{authsrv.records.Passkey} of that credential id, or None."""
+
+    def list_passkeys(sub):
+        """Fires with the user's passkeys, oldest first."""
+
+    def use_passkey(credential_id, sign_count, backup_state, now):
+        """
+        Accept an assertion signed at counter C{sign_count}, atomically:
+        fires True when it is above the stored counter (or both are zero,
+        for authenticators without one), recording it with C{backup_state}
+        and C{now} as last used; False for a counter that did not grow
+        (a cloned authenticator) or an unknown credential.
+        """
+
+    def remove_passkey(sub, credential_id):
+        """Remove one of the user's passkeys; fires True when it was there."""
+
+    def save_passkey_challenge(challenge_hash, purpose, expires_at):
+        """Keep a WebAuthn challenge (its hash) issued for C{purpose} until C{expires_at}."""
+
+    def take_passkey_challenge(challenge_hash, purpose, now):
+        """
+        Delete the challenge and fire True when it was issued for
+        C{purpose} and is unexpired at C{now}: exactly one of racing uses
+        gets it; a challenge of another purpose is left alone.
+        """
 
     def mfa_demanded(sub, now):
         """

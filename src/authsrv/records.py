@@ -112,6 +112,12 @@ class BrowserSession:
     expires_at: int
     amr: tuple[str, ...] = field(default=PASSWORD_AMR, converter=_tuple)
     acr: str = ACR_PWD
+    user_agent: str | None = None
+    """The browser's User-Agent when it signed in, to name the device on the account page."""
+    address: str | None = None
+    """The client address it signed in from."""
+    last_seen: int | None = None
+    """When a request last used the session (to the minute), None until one did."""
 
 
 @frozen
@@ -358,6 +364,27 @@ class TotpFactor:
 
 TOTP_FACTOR = "totp"
 RECOVERY_FACTOR = "recovery"
+PASSKEY_FACTOR = "passkey"
+
+
+@frozen
+class Passkey:
+    """
+    A user's WebAuthn credential: its id (base64url), COSE public key and
+    the sign counter last seen, whether it may be synced to other devices
+    (C{backup_eligible}) and is (C{backup_state}), the transports the
+    browser reported, and when it was registered and last used.
+    """
+
+    credential_id: str
+    sub: str
+    public_key: bytes
+    sign_count: int
+    backup_eligible: bool
+    backup_state: bool
+    transports: tuple[str, ...] = field(converter=_tuple)
+    created_at: int
+    last_used: int | None = None
 
 
 @frozen

@@ -40,11 +40,12 @@ from authsrv.flows.grants import GrantRegistry
 from authsrv.flows.grants.authorization_code import AuthorizationCodeGrant
 from authsrv.flows.grants.refresh_token import RefreshTokenGrant
 from authsrv.flows.grants.users import GrantUsers
-from authsrv.flows.account import AccountFactors
+from authsrv.flows.account import AccountFactors, AccountPage
 from authsrv.flows.interaction import InteractionFlow
 from authsrv.flows.introspect import IntrospectionFlow
 from authsrv.flows.issue import TokenMinter
 from authsrv.flows.link import ChatLinking
+from authsrv.flows.passkeys import Passkeys
 from authsrv.flows.login import PasswordLogin
 from authsrv.flows.mfa import SecondFactors
 from authsrv.flows.ratelimit import ClientRateLimits
@@ -321,6 +322,7 @@ class PublicFlows:
     revocation: RevocationFlow
     end_session: EndSessionFlow
     account: AccountFactors
+    account_page: AccountPage
     linking: ChatLinking | None
 
 
@@ -334,10 +336,15 @@ def public_flows(config: Config, reactor, store, keystore, identity, grants: Gra
     login = PasswordLogin(identity=identity, store=store, policy=config.throttle)
     factors = SecondFactors(store=store, policy=config.mfa, throttle=config.throttle,
                             issuer_label=urlsplit(config.public_url).hostname or config.public_url)
+    passkeys = None
+    if config.mfa.enabled:
+        passkeys = Passkeys(store=store, public_url=config.public_url,
+                            rp_name=urlsplit(config.public_url).hostname or config.public_url)
     return PublicFlows(
         interaction=InteractionFlow(
             store=store, clients=clients, identity=identity, login=login, sessions=sessions,
             limits=config.limits, issuer=config.issuer, factors=factors, show_ban_reason=config.show_ban_reason,
+            passkeys=passkeys,
         ),
         token=TokenFlow(clients=clients, grants=grants),
         userinfo=UserInfoFlow(store=store, identity=identity, claims=_claims(config, store), issuer=config.issuer),
@@ -345,6 +352,9 @@ def public_flows(config: Config, reactor, store, keystore, identity, grants: Gra
         revocation=RevocationFlow(store=store, clients=clients),
         end_session=EndSessionFlow(store=store, keystore=keystore, issuer=config.issuer, sessions=sessions),
         account=AccountFactors(store=store, identity=identity, factors=factors),
+        account_page=AccountPage(store=store, identity=identity, clients=clients, sessions=sessions, login=login,
+                                 factors=factors, passkeys=passkeys, linking=chat_link,
+                                 min_length=config.password_min_length),
         linking=chat_link,
     )
 

@@ -1,6 +1,8 @@
 """
-A signed-in user's own second factors at the service: set up (or replace)
-a TOTP authenticator and get a new set of recovery codes. Forms carry a
+A signed-in user's own account at the service: the account page (sessions,
+connected applications, the chat link, factors, password) and their second
+factors: set up (or replace) a TOTP authenticator, get a new set of
+recovery codes, add and remove passkeys. Forms carry a
 CSRF token bound to the session cookie (L{session_form_token}), so only a
 page rendered for this browser can post them. Once a user has a factor,
 changing factors needs a session that gave one: a stolen password alone
@@ -9,16 +11,32 @@ never replaces an authenticator.
 
 from __future__ import annotations
 
+from attrs import frozen
+from twisted.internet.threads import deferToThread
+
+from authsrv import events
 from authsrv.flows.csrf import session_form_token, session_form_token_valid
 from authsrv.flows.mfa import SecondFactors
 from authsrv.flows.outcomes import EnrolmentForm, Notice, RecoveryCodes
+from authsrv.flows.link import unlink_token
+from authsrv.flows.login import LoggedIn
+from authsrv.flows.passkeys import PASSKEY_METHODS, Passkeys
+from authsrv.identity.errors import BackendUnavailable, UnknownUser
+from authsrv.identity.passwords import hash_password
+from authsrv.interfaces import IIdentityBackend, IUserManagement
 from authsrv.flows.sessions import live_session
 from authsrv.protocol.errors import PageError
-from authsrv.records import ACR_MFA, BrowserSession
+from authsrv.protocol.password_policy import MIN_LENGTH, password_problem
+from authsrv.records import ACR_MFA, RECOVERY_FACTOR, TOTP_FACTOR, BrowserSession, Passkey
 
 TOTP_PURPOSE = b"account mfa totp"
 RECOVERY_PURPOSE = b"account mfa recovery"
 WRONG_FIRST_CODE = "That code does not match; check the time on your phone and try the current code."
+
+
+def strong_session(session: BrowserSession) -> bool:
+    """A session that gave a second factor, or signed in with a passkey (which verified its user)."""
+    return session.acr == ACR_MFA or any(method in PASSKEY_METHODS for method in session.amr)
 
 
 def recovery_form_token(cookie: str) -> str:
@@ -41,7 +59,7 @@ class AccountFactors:
         session = await live_session(self._store, self._identity, cookie, now)
         if cookie is None or session is None:
             raise PageError(401, "Not signed in", "Sign in to an application first, then come back to this page.")
-        if session.acr != ACR_MFA and await self._factors.has_totp(session.sub):
+        if not strong_session(session) and await self._factors.has_factor(session.sub):
             raise PageError(403, "Confirm it is you",
                             "Sign in again with your second factor before changing your factors.")
         return cookie, session
@@ -84,3 +102,261 @@ class AccountFactors:
             recovery_csrf=recovery_form_token(cookie) if await self._factors.has_totp(session.sub) else None,
             message=message,
         )
+
+
+ACCOUNT_PURPOSE = b"account page"
+PASSKEY_PURPOSE = b"account passkeys"
+EXPIRED_FORM = "This form has expired. Reload the page and try again."
+
+
+@frozen
+class SessionRow:
+    """One of the user's signed-in browsers, as the account page lists it."""
+
+    sid: str
+    device: str
+    address: str | None
+    signed_in: int
+    last_seen: int
+    current: bool
+
+
+@frozen
+class AppRow:
+    """An application the user signed in to or consented to: its live grants and remembered scopes."""
+
+    client_id: str
+    name: str
+    scope: tuple[str, ...]
+    since: int
+    grants: int
+
+
+@frozen
+class AccountView:
+    """
+    Everything the account page shows; C{csrf} signs its forms, C{passkey_csrf}
+    the passkey forms (None when the session may not change factors), and
+    C{passkey_options} are the WebAuthn creation options of a new passkey.
+    """
+
+    user_label: str
+    sessions: tuple[SessionRow, ...]
+    apps: tuple[AppRow, ...]
+    chat_provider: str | None
+    chat_account: str | None
+    chat_unlink_csrf: str | None
+    factors_enabled: bool
+    totp: bool
+    recovery_left: int | None
+    passkeys: tuple[Passkey, ...]
+    can_change_password: bool
+    csrf: str
+    passkey_csrf: str | None = None
+    passkey_options: str | None = None
+    message: str | None = None
+
+
+def device_of(user_agent: str | None) -> str:
+    """A short name of the browser and system a User-Agent names (enough to tell one's own devices apart)."""
+    if not user_agent:
+        return "Unknown device"
+    browser = next((name for token, name in _BROWSERS if token in user_agent), "Browser")
+    system = next((name for token, name in _SYSTEMS if token in user_agent), "unknown system")
+    return f"{browser} on {system}"
+
+
+_BROWSERS = (("Edg/", "Edge"), ("OPR/", "Opera"), ("Firefox/", "Firefox"), ("Chrome/", "Chrome"),
+             ("Chromium/", "Chromium"), ("Safari/", "Safari"), ("curl/", "curl"))
+_SYSTEMS = (("Android", "Android"), ("iPhone", "iPhone"), ("iPad", "iPad"), ("Windows", "Windows"),
+            ("Mac OS X", "macOS"), ("CrOS", "ChromeOS"), ("Linux", "Linux"))
+
+
+class AccountPage:
+    """
+    The signed-in user's own account at the service: sessions, connected
+    applications, the linked chat account, factors and password. C{sessions}
+    is the L{SessionEnder} (back-channel logout for every session ended),
+    C{login} the L{authsrv.flows.login.PasswordLogin} that checks the
+    current password (throttled as at sign-in), C{linking} the chat link
+    flow or None, C{passkeys} the L{Passkeys} or None when factors are off.
+    """
+
+    def __init__(self, *, store, identity, clients, sessions, login, factors: SecondFactors,
+                 passkeys: Passkeys | None, linking, min_length: int = MIN_LENGTH):
+        self._min_length = min_length
+        self._store = store
+        self._identity = identity
+        self._clients = clients
+        self._sessions = sessions
+        self._login = login
+        self._factors = factors
+        self._passkeys = passkeys
+        self._linking = linking
+
+    async def _signed_in(self, cookie: str | None, now: int) -> tuple[str, BrowserSession]:
+        session = await live_session(self._store, self._identity, cookie, now)
+        if cookie is None or session is None:
+            raise PageError(401, "Not signed in", "Sign in to an application first, then come back to this page.")
+        return cookie, session
+
+    async def _posted(self, cookie: str | None, form: dict[str, str] | None, purpose: bytes,
+                      now: int) -> tuple[str, BrowserSession, dict[str, str]]:
+        cookie, session = await self._signed_in(cookie, now)
+        form = form or {}
+        if not session_form_token_valid(cookie, purpose, form.get("csrf")):
+            raise PageError(403, "Not changed", EXPIRED_FORM)
+        return cookie, session, form
+
+    async def _user_manager(self, sub: str):
+        """The identity backend that knows the user and can write their password, or None."""
+        for backend in getattr(self._identity, "backends", (self._identity,)):
+            if not IUserManagement.providedBy(backend):
+                continue
+            try:
+                if await IIdentityBackend(backend).user_by_id(sub) is not None:
+                    return backend
+            except (UnknownUser, BackendUnavailable):
+                continue
+        return None
+
+    async def view(self, cookie: str | None, now: int, message: str | None = None) -> AccountView:
+        cookie, session = await self._signed_in(cookie, now)
+        sub = session.sub
+        user = await self._identity.user_by_id(sub)
+        sessions = tuple(
+            SessionRow(s.sid, device_of(s.user_agent), s.address, s.auth_time, s.last_seen or s.created_at,
+                       s.session_hash == session.session_hash)
+            for s in await self._store.list_user_sessions(sub, now)
+        )
+        chat_provider = chat_account = None
+        if self._linking is not None:
+            chat_provider = self._linking.provider_name
+            linked = await self._store.get_linked_account(sub, chat_provider)
+            chat_account = linked.provider_user_id if linked else None
+        factors = {factor.kind: factor for factor in await self._factors.factors(sub)}
+        recovery = factors.get(RECOVERY_FACTOR)
+        enabled = self._passkeys is not None
+        may_change = enabled and (strong_session(session) or not await self._factors.has_factor(sub))
+        return AccountView(
+            user_label=user.login if user else sub,
+            sessions=sessions,
+            apps=await self._apps(sub, now),
+            chat_provider=chat_provider,
+            chat_account=chat_account,
+            chat_unlink_csrf=unlink_token(cookie) if chat_account else None,
+            factors_enabled=enabled,
+            totp=TOTP_FACTOR in factors,
+            recovery_left=recovery.remaining if recovery else None,
+            passkeys=tuple(await self._passkeys.list(sub)) if self._passkeys else (),
+            can_change_password=await self._user_manager(sub) is not None,
+            csrf=session_form_token(cookie, ACCOUNT_PURPOSE),
+            passkey_csrf=session_form_token(cookie, PASSKEY_PURPOSE) if may_change else None,
+            passkey_options=await self._passkeys.registration_options(
+                sub, user.login if user else sub, (user.name or user.login) if user else sub, now,
+            ) if may_change and self._passkeys else None,
+            message=message,
+        )
+
+    async def _apps(self, sub: str, now: int) -> tuple[AppRow, ...]:
+        grants: dict[str, list] = {}
+        for grant in await self._store.list_user_grants(sub, now):
+            grants.setdefault(grant.client_id, []).append(grant)
+        consents = {consent.client_id: consent for consent in await self._store.list_user_consents(sub)}
+        rows = []
+        for client_id in sorted(set(grants) | set(consents)):
+            client = await self._clients.get_client(client_id)
+            consent = consents.get(client_id)
+            scope = set(consent.scope) if consent else set()
+            for grant in grants.get(client_id, ()):
+                scope.update(grant.scope)
+            since = min([g.created_at for g in grants.get(client_id, ())] + ([consent.created_at] if consent else []))
+            rows.append(AppRow(client_id, (client.name if client else "") or client_id, tuple(sorted(scope)),
+                               since, len(grants.get(client_id, ()))))
+        return tuple(rows)
+
+    async def end_session(self, cookie: str | None, form: dict[str, str] | None, now: int) -> str:
+        """Sign out one of the user's other sessions (its clients hear by back-channel logout)."""
+        _, session, form = await self._posted(cookie, form, ACCOUNT_PURPOSE, now)
+        target = next((s for s in await self._store.list_user_sessions(session.sub, now)
+                       if s.sid == form.get("sid")), None)
+        if target is None or target.session_hash == session.session_hash:
+            return "That session had ended already."
+        await self._sessions.end_session(target, "signed out from the account page")
+        events.account_session_ended(sub=session.sub, session_id=target.sid)
+        return "That session is signed out."
+
+    async def revoke_app(self, cookie: str | None, form: dict[str, str] | None, now: int) -> str:
+        """
+        Withdraw an application's access: every grant of the user to it is
+        revoked (its tokens die) and the remembered consent forgotten, so
+        its next request asks again.
+        """
+        _, session, form = await self._posted(cookie, form, ACCOUNT_PURPOSE, now)
+        client_id = form.get("client_id", "")
+        revoked = 0
+        for grant in await self._store.list_user_grants(session.sub, now):
+            if grant.client_id == client_id and await self._store.revoke_grant(grant.grant_id, now):
+                revoked += 1
+        forgot = await self._store.revoke_consent(session.sub, client_id)
+        if not revoked and not forgot:
+            return "That application had no access."
+        events.account_app_revoked(sub=session.sub, client_id=client_id, grants=revoked)
+        return "The application's access is revoked; it will ask again next time."
+
+    async def change_password(self, cookie: str | None, form: dict[str, str] | None, address: str,
+                              device: str | None, now: int) -> str:
+        """
+        A new password for a user of a backend that can write: the current
+        one is checked (and counted) as at sign-in, and every other session
+        of the user ends.
+        """
+        _, session, form = await self._posted(cookie, form, ACCOUNT_PURPOSE, now)
+        sub = session.sub
+        manager = await self._user_manager(sub)
+        user = await self._identity.user_by_id(sub)
+        if manager is None or user is None:
+            raise PageError(404, "Not available", "Your password is managed elsewhere.")
+        new, again = form.get("new_password", ""), form.get("new_password_again", "")
+        if not new or new != again:
+            events.password_change_refused(sub=sub, reason="new passwords missing or different")
+            return "The two new passwords are not the same."
+        problem = password_problem(new, login=user.login, email=user.email, min_length=self._min_length)
+        if problem:
+            events.password_change_refused(sub=sub, reason="new password against the policy")
+            return problem
+        checked = await self._login.log_in(user.login, form.get("current_password", ""), address, device, now)
+        if not isinstance(checked, LoggedIn) or checked.user.sub != sub:
+            events.password_change_refused(sub=sub, reason="current password wrong or not checkable")
+            return "Your current password is not right."
+        await manager.set_password_hash(user.login, await deferToThread(hash_password, new))
+        ended = 0
+        for other in await self._store.list_user_sessions(sub, now):
+            if other.session_hash != session.session_hash:
+                ended += await self._sessions.end_session(other, "password changed")
+        events.password_changed(sub=sub, sessions_ended=ended)
+        return "Your password is changed; your other sessions are signed out."
+
+    async def register_passkey(self, cookie: str | None, form: dict[str, str] | None, now: int) -> str:
+        """Keep the passkey the browser just created for this page's challenge."""
+        _, session, form = await self._posted(cookie, form, PASSKEY_PURPOSE, now)
+        await self._may_change_factors(session)
+        assert self._passkeys is not None, "_may_change_factors refuses without passkeys"
+        if await self._passkeys.register(session.sub, form.get("credential"), now) is None:
+            return "The passkey could not be added. Reload the page and try again."
+        return "Your passkey is added."
+
+    async def remove_passkey(self, cookie: str | None, form: dict[str, str] | None, now: int) -> str:
+        _, session, form = await self._posted(cookie, form, PASSKEY_PURPOSE, now)
+        await self._may_change_factors(session)
+        assert self._passkeys is not None, "_may_change_factors refuses without passkeys"
+        if await self._passkeys.remove(session.sub, form.get("credential_id", "")):
+            return "The passkey is removed."
+        return "That passkey was removed already."
+
+    async def _may_change_factors(self, session: BrowserSession) -> None:
+        if self._passkeys is None:
+            raise PageError(404, "Not available", "This service does not use second factors.")
+        if not strong_session(session) and await self._factors.has_factor(session.sub):
+            raise PageError(403, "Confirm it is you",
+                            "Sign in again with your second factor before changing your factors.")

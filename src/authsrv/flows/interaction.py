@@ -20,10 +20,14 @@ from __future__ import annotations
 
 from urllib.parse import urlencode
 
+import attrs
+
 from authsrv import events
 from authsrv.flows.csrf import form_token, form_token_valid, valid_device_secret
 from authsrv.flows.login import LoggedIn, Refused, Suspended, Throttled
 from authsrv.flows.mfa import Accepted, SecondFactors
+from authsrv.flows.passkeys import PASSKEY_METHODS, PasskeyAccepted, Passkeys
+from authsrv.flows.standing import standing
 from authsrv.flows.outcomes import (
     Browser,
     ConsentForm,
@@ -47,7 +51,7 @@ from authsrv.protocol.authorize import (
 from authsrv.protocol.errors import AccessDenied, PageError
 from authsrv.protocol.forwarded import address_key
 from authsrv.protocol.urls import origin
-from authsrv.protocol.oidc import OTP_AMR
+from authsrv.protocol.oidc import with_second_factor
 from authsrv.records import (
     ACR_MFA,
     ACR_PWD,
@@ -75,6 +79,7 @@ WRONG_CODE = "That code is not right, or was used already. Try the next code fro
 MISSING_CODE = "Enter the code from your authenticator app, or a recovery code."
 WRONG_FIRST_CODE = "That code does not match; check the time on your phone and try the current code."
 MUST_ENROL = "Setting up a second factor is required now; you cannot put it off any longer."
+PASSKEY_REFUSED = "That passkey was not accepted. Try again, or sign in another way."
 
 _STAGE_PATHS = {LOGIN_STAGE: "/login", MFA_STAGE: "/mfa", ENROL_STAGE: "/mfa/enrol", CONSENT_STAGE: "/consent"}
 
@@ -119,12 +124,14 @@ class InteractionFlow:
     L{authsrv.flows.sessions.SessionEnder}, which ends the browser's earlier
     session at a new login and tells its clients; C{clients} answers
     C{get_client}; C{limits} gives the code, session and interaction
-    lifetimes; C{factors} are the users' second factors.
+    lifetimes; C{factors} are the users' second factors and C{passkeys}
+    their passkeys (None when second factors are off).
     """
 
     def __init__(self, *, store, clients, identity, login, sessions, limits, issuer: str,
-                 factors: SecondFactors, show_ban_reason: bool = False):
+                 factors: SecondFactors, show_ban_reason: bool = False, passkeys: Passkeys | None = None):
         self._factors = factors
+        self._passkeys = passkeys
         self._show_ban_reason = show_ban_reason
         self._store = store
         self._sessions = sessions
@@ -150,7 +157,7 @@ class InteractionFlow:
             if session is None or login_needed(request, session, now):
                 refuse_silently(request, login=True, consent=False)
                 return await self._wait(request, LOGIN_STAGE, None, browser, now, address)
-            stage = await self._factors.demand(client, request, session.sub, session.acr, now)
+            stage = await self._factors.demand(client, request, session.sub, session.acr, now, session.amr)
             if stage is not None:
                 refuse_silently(request, login=True, consent=False)
                 return await self._wait(request, stage, session.sid, browser, now, sub=session.sub, amr=session.amr)
@@ -160,7 +167,67 @@ class InteractionFlow:
 
     async def login_form(self, form: dict[str, str] | None, now: int) -> LoginForm:
         interaction, client = await self._interaction(form, LOGIN_STAGE, now)
-        return self._login_form(200, interaction, client, username=interaction.request.login_hint or "")
+        login_form = self._login_form(200, interaction, client, username=interaction.request.login_hint or "")
+        return await self._with_passkey(login_form, now)
+
+    async def _with_passkey(self, login_form: LoginForm, now: int) -> LoginForm:
+        """The form with a fresh passkey challenge for its interaction, when passkeys are on."""
+        if self._passkeys is None:
+            return login_form
+        options = await self._passkeys.sign_in_options(login_form.interaction_id, now)
+        return attrs.evolve(login_form, passkey_options=options)
+
+    async def submit_passkey(self, form: dict[str, str] | None, browser: Browser, address: str,
+                             now: float) -> LoginForm | Redirect:
+        """
+        A passkey instead of the password: the discoverable credential
+        names the user; then a second factor if the user has one besides
+        passkeys (or a policy wants one), the session, consent or the code.
+        """
+        if form is None or self._passkeys is None:
+            raise _forged()
+        seconds = int(now)
+        interaction, client = await self._interaction(form, LOGIN_STAGE, seconds)
+        self._check_csrf(form, browser, interaction)
+        outcome = await self._passkeys.authenticate(interaction.interaction_id, form.get("credential"), address,
+                                                    seconds)
+        if not isinstance(outcome, PasskeyAccepted):
+            return await self._with_passkey(self._login_form(200, interaction, client, message=PASSKEY_REFUSED),
+                                            seconds)
+        sub = outcome.passkey.sub
+        user_standing = await standing(self._identity, self._store, sub, seconds)
+        if not user_standing.allowed:
+            events.login_suspended(sub=sub, address=address, reason="banned or disabled")
+            raise suspended(user_standing.ban_reason if self._show_ban_reason else None)
+        if not await self._store.take_interaction(interaction.interaction_id, LOGIN_STAGE):
+            raise _expired()
+        amr = (outcome.method, "user")
+        stage = await self._factors.demand(client, interaction.request, sub, None, seconds, amr)
+        if stage is not None:
+            return await self._wait(interaction.request, stage, None, browser, seconds, sub=sub, amr=amr)
+        return await self._signed_in(client, interaction.request, sub, None, browser, address, amr, ACR_PWD,
+                                     seconds)
+
+    async def submit_second_passkey(self, form: dict[str, str] | None, browser: Browser, address: str,
+                                    now: float) -> SecondFactorForm | Redirect:
+        """One of the user's passkeys as the second factor: the session at the MFA class, then consent or the code."""
+        if form is None or self._passkeys is None:
+            raise _forged()
+        seconds = int(now)
+        interaction, client, session = await self._factor_stage(form, MFA_STAGE, browser, seconds)
+        self._check_csrf(form, browser, interaction)
+        sub = interaction.sub
+        assert sub is not None, "a second-factor interaction names its user"
+        outcome = await self._passkeys.authenticate(interaction.interaction_id, form.get("credential"), address,
+                                                    seconds, sub=sub)
+        if not isinstance(outcome, PasskeyAccepted):
+            return await self._second_factor_form(200, interaction, client, PASSKEY_REFUSED, now=seconds)
+        if not await self._store.take_interaction(interaction.interaction_id, MFA_STAGE):
+            raise _expired()
+        events.mfa_succeeded(sub=sub, method=outcome.method, address=address)
+        amr = with_second_factor(interaction.amr, outcome.method)
+        return await self._signed_in(client, interaction.request, sub, session, browser, address, amr, ACR_MFA,
+                                     seconds)
 
     async def submit_login(self, form: dict[str, str] | None, browser: Browser, address: str,
                            now: float) -> LoginForm | Redirect:
@@ -186,7 +253,7 @@ class InteractionFlow:
         if not await self._store.take_interaction(interaction.interaction_id, LOGIN_STAGE):
             raise _expired()
         seconds = int(now)
-        stage = await self._factors.demand(client, interaction.request, outcome.user.sub, None, seconds)
+        stage = await self._factors.demand(client, interaction.request, outcome.user.sub, None, seconds, PASSWORD_AMR)
         if stage is not None:
             return await self._wait(interaction.request, stage, None, browser, seconds,
                                     sub=outcome.user.sub, amr=PASSWORD_AMR)
@@ -195,7 +262,7 @@ class InteractionFlow:
 
     async def second_factor_form(self, form: dict[str, str] | None, browser: Browser, now: int) -> SecondFactorForm:
         interaction, client, _ = await self._factor_stage(form, MFA_STAGE, browser, now)
-        return self._second_factor_form(200, interaction, client)
+        return await self._second_factor_form(200, interaction, client, now=now)
 
     async def submit_second_factor(self, form: dict[str, str] | None, browser: Browser, address: str,
                                    now: float) -> SecondFactorForm | Redirect:
@@ -207,19 +274,19 @@ class InteractionFlow:
         self._check_csrf(form, browser, interaction)
         code = form.get("code", "").strip()
         if not code:
-            return self._second_factor_form(200, interaction, client, MISSING_CODE)
+            return await self._second_factor_form(200, interaction, client, MISSING_CODE, now=seconds)
         sub = interaction.sub
         assert sub is not None, "a second-factor interaction names its user"
         outcome = await self._factors.verify(sub, code, address, browser.device, seconds)
         if isinstance(outcome, Throttled):
-            return self._second_factor_form(429, interaction, client, too_many_attempts(outcome.retry_after),
-                                            outcome.retry_after)
+            return await self._second_factor_form(429, interaction, client, too_many_attempts(outcome.retry_after),
+                                                  outcome.retry_after, now=seconds)
         if not isinstance(outcome, Accepted):
-            return self._second_factor_form(200, interaction, client, WRONG_CODE)
+            return await self._second_factor_form(200, interaction, client, WRONG_CODE, now=seconds)
         if not await self._store.take_interaction(interaction.interaction_id, MFA_STAGE):
             raise _expired()
-        return await self._signed_in(client, interaction.request, sub, session, browser, address, OTP_AMR, ACR_MFA,
-                                     seconds)
+        return await self._signed_in(client, interaction.request, sub, session, browser, address,
+                                     with_second_factor(interaction.amr, "otp"), ACR_MFA, seconds)
 
     async def enrolment_form(self, form: dict[str, str] | None, browser: Browser, now: int) -> EnrolmentForm:
         interaction, client, _ = await self._factor_stage(form, ENROL_STAGE, browser, now)
@@ -253,8 +320,8 @@ class InteractionFlow:
                                               form.get("sealed"))
         if not await self._store.take_interaction(interaction.interaction_id, ENROL_STAGE):
             raise _expired()
-        return await self._signed_in(client, interaction.request, sub, session, browser, address, OTP_AMR, ACR_MFA,
-                                     seconds)
+        return await self._signed_in(client, interaction.request, sub, session, browser, address,
+                                     with_second_factor(interaction.amr, "otp"), ACR_MFA, seconds)
 
     async def _signed_in(self, client: Client, request: AuthorizationRequest, sub: str,
                          session: BrowserSession | None, browser: Browser, address: str,
@@ -267,7 +334,8 @@ class InteractionFlow:
         value: str | None = None
         if session is None:
             await self._sessions.end(browser.session, "logged in again")
-            value, session = await start_session(self._store, self._limits, sub, now, amr, acr)
+            value, session = await start_session(self._store, self._limits, sub, now, amr, acr,
+                                                 address=address, user_agent=browser.user_agent)
             events.login_succeeded(sub=sub, client_id=client.client_id, address=address)
         elif acr == ACR_MFA:
             value, session = await step_up_session(self._store, session, amr, acr, now)
@@ -378,12 +446,24 @@ class InteractionFlow:
             raise PageError(400, "Signed out", SIGNED_OUT)
         return interaction, client, session
 
-    def _second_factor_form(self, status: int, interaction: Interaction, client: Client,
-                            message: str | None = None, retry_after: int | None = None) -> SecondFactorForm:
+    async def _second_factor_form(self, status: int, interaction: Interaction, client: Client,
+                                  message: str | None = None, retry_after: int | None = None, *,
+                                  now: int) -> SecondFactorForm:
+        """
+        The second-factor page: a code field when the user has TOTP, and
+        their passkeys unless one was the first factor.
+        """
+        sub = interaction.sub
+        assert sub is not None, "a second-factor interaction names its user"
+        options = None
+        passkey_first = any(method in PASSKEY_METHODS for method in interaction.amr)
+        if self._passkeys is not None and not passkey_first and await self._passkeys.list(sub):
+            options = await self._passkeys.sign_in_options(interaction.interaction_id, now, sub)
         return SecondFactorForm(
             status=status, client_name=client.name or client.client_id,
             interaction_id=interaction.interaction_id, csrf=interaction.csrf_token,
             client_origin=origin(interaction.request.redirect_uri), message=message, retry_after=retry_after,
+            passkey_options=options, code=await self._factors.has_totp(sub),
         )
 
     async def _enrolment_form(self, status: int, interaction: Interaction, client: Client, message: str | None,

@@ -33,6 +33,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from authsrv import events
 from authsrv.flows.login import KNOWN_DEVICE_TTL, Throttled
+from authsrv.flows.passkeys import PASSKEY_METHODS
 from authsrv.protocol.forwarded import address_key
 from authsrv.protocol.oidc import mfa_requested
 from authsrv.records import ACR_MFA, ENROL_STAGE, MFA_STAGE, TOTP_FACTOR, AuthorizationRequest, Client, ThrottlePolicy
@@ -164,20 +165,27 @@ class SecondFactors:
     async def factors(self, sub: str):
         return await self._store.list_factors(sub)
 
+    async def has_factor(self, sub: str) -> bool:
+        """Whether the user has a second factor: an authenticator app or a passkey."""
+        return await self.has_totp(sub) or bool(await self._store.list_passkeys(sub))
+
     async def demand(self, client: Client, request: AuthorizationRequest, sub: str, acr: str | None,
-                     now: int) -> str | None:
+                     now: int, amr: tuple[str, ...] = ()) -> str | None:
         """
         The stage a sign-in must pass before it completes, for a user who
-        signed in at C{acr} (None: only the password just now): none once
-        a second factor was given or when factors are off; the factor
-        (L{MFA_STAGE}) when the user has one; enrolment (L{ENROL_STAGE})
-        when the policy, the client or the request (its acr) wants one of
-        a user without, the grace period counted from the first such demand.
+        signed in at C{acr} (None: only the first factor just now) by
+        C{amr}: none once a second factor was given or when factors are
+        off; the factor (L{MFA_STAGE}) when the user has one other than
+        the passkey they signed in with; enrolment (L{ENROL_STAGE}) when
+        the policy, the client or the request (its acr) wants one of a user
+        without any, the grace period counted from the first such demand.
         """
         if not self.policy.enabled or acr == ACR_MFA:
             return None
         if await self.has_totp(sub):
             return MFA_STAGE
+        if await self._store.list_passkeys(sub):
+            return None if any(method in PASSKEY_METHODS for method in amr) else MFA_STAGE
         if not (self.policy.required == MFA_REQUIRED or client.require_mfa or mfa_requested(request.acr_values)):
             return None
         await self._store.mfa_demanded(sub, now)

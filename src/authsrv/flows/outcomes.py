@@ -15,6 +15,8 @@ class Browser:
 
     session: str | None = None
     device: str | None = None
+    user_agent: str | None = None
+    """Not a cookie: the User-Agent header, which names the device of a new session."""
 
 
 @frozen
@@ -51,11 +53,17 @@ class LoginForm:
     username: str = ""
     message: str | None = None
     retry_after: int | None = None
+    passkey_options: str | None = None
+    """The JSON WebAuthn request options of a passkey sign-in, when passkeys are on."""
 
 
 @frozen
 class SecondFactorForm:
-    """Asks for a TOTP or recovery code after the password; C{message} and C{retry_after} as for login."""
+    """
+    Asks for a TOTP or recovery code after the password, or one of the
+    user's passkeys (C{passkey_options}, when they have one); C{message}
+    and C{retry_after} as for login; C{code} whether a code may be given.
+    """
 
     status: int
     client_name: str
@@ -64,6 +72,8 @@ class SecondFactorForm:
     client_origin: str
     message: str | None = None
     retry_after: int | None = None
+    passkey_options: str | None = None
+    code: bool = True
 
 
 @frozen

@@ -14,9 +14,18 @@ from authsrv.records import ACR_PWD, PASSWORD_AMR, BrowserSession
 from authsrv.tokens import new_token, token_hash
 
 
+LAST_SEEN_STEP = 60
+"""A session's last use is recorded to this many seconds: a store write at most once a minute."""
+USER_AGENT_MAX = 300
+
+
 async def start_session(store, limits, sub: str, now: int, amr: tuple[str, ...] = PASSWORD_AMR,
-                        acr: str = ACR_PWD) -> tuple[str, BrowserSession]:
-    """A new session authenticated now by C{amr} at C{acr}: (cookie value, session)."""
+                        acr: str = ACR_PWD, *, address: str | None = None,
+                        user_agent: str | None = None) -> tuple[str, BrowserSession]:
+    """
+    A new session authenticated now by C{amr} at C{acr}, from the browser
+    C{user_agent} at C{address} (for the account page): (cookie value, session).
+    """
     value = new_token()
     session = BrowserSession(
         session_hash=token_hash(value),
@@ -27,6 +36,9 @@ async def start_session(store, limits, sub: str, now: int, amr: tuple[str, ...] 
         expires_at=now + limits.session_ttl,
         amr=amr,
         acr=acr,
+        user_agent=user_agent[:USER_AGENT_MAX] if user_agent else None,
+        address=address,
+        last_seen=now,
     )
     await store.create_session(session)
     return value, session
@@ -69,6 +81,9 @@ async def live_session(store, identity, cookie_value: str | None, now: int) -> B
     if not (await standing(identity, store, session.sub, now)).allowed:
         await end_browser_session(store, cookie_value, "user banned, disabled or removed")
         return None
+    if session.last_seen is None or now - session.last_seen >= LAST_SEEN_STEP:
+        await store.touch_session(session.session_hash, now)
+        session = attrs.evolve(session, last_seen=now)
     return session
 
 
@@ -89,3 +104,12 @@ class SessionEnder:
         if session is not None:
             self._notify(session)
         return session
+
+    async def end_session(self, session: BrowserSession, reason: str) -> bool:
+        """End a session known by its record (one the account page listed); False when it had ended."""
+        ended = await self._store.end_session(session.session_hash)
+        if ended is None:
+            return False
+        events.session_ended(sub=ended.sub, session_id=ended.sid, reason=reason)
+        self._notify(ended)
+        return True

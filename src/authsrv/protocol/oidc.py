@@ -17,13 +17,15 @@ from authsrv.records import ACR_MFA, ACR_PWD, User
 
 ACR_VALUES = (ACR_PWD, ACR_MFA)
 """The authentication context classes this server signs users in at, weakest first."""
-OTP_AMR = ("pwd", "otp", "mfa")
-"""RFC 8176 methods of a password and a one-time code (TOTP or a recovery code)."""
-
 ID_TOKEN_TYPE = "JWT"
 
 _HASHES = {"RS256": hashlib.sha256, "ES256": hashlib.sha256, "EdDSA": hashlib.sha512}
 """The hash of each signing algorithm, for at_hash (EdDSA with Ed25519: SHA-512)."""
+
+
+def with_second_factor(first: tuple[str, ...], method: str) -> tuple[str, ...]:
+    """RFC 8176 methods of a sign-in whose first factor gave C{first} and whose second was C{method}."""
+    return tuple(dict.fromkeys((*first, method, "mfa")))
 
 
 def at_hash(access_token: str, alg: str = "RS256") -> str:

@@ -338,6 +338,12 @@ class PostgresStore:
             {"sub": sub, "now": now},
         )
 
+    def touch_session(self, session_hash, now):
+        return self._count("touch_session",
+            "UPDATE browser_sessions SET last_seen = %(now)s WHERE session_hash = %(hash)s",
+            {"hash": session_hash, "now": now},
+        ).addCallback(lambda _: None)
+
     # IInteractionStore
 
     def save_interaction(self, interaction):
@@ -640,13 +646,54 @@ class PostgresStore:
             None,
             "WITH totp AS (DELETE FROM totp_factors WHERE sub = %(sub)s RETURNING 1),"
             " recovery AS (DELETE FROM recovery_codes WHERE sub = %(sub)s RETURNING 1),"
+            " passkey AS (DELETE FROM passkeys WHERE sub = %(sub)s RETURNING 1),"
             " demand AS (DELETE FROM mfa_demands WHERE sub = %(sub)s)"
-            " SELECT (SELECT count(*) FROM totp) + (SELECT count(*) FROM recovery) AS removed",
+            " SELECT (SELECT count(*) FROM totp) + (SELECT count(*) FROM recovery)"
+            " + (SELECT count(*) FROM passkey) AS removed",
             {"sub": sub},
         ).addCallback(lambda row: bool(row and row["removed"]))
 
     def mfa_demanded(self, sub, now):
         return self._run("mfa_demanded", _mfa_demanded, sub, now)
+
+    def add_passkey(self, passkey):
+        return self._write("add_passkey", _T.passkeys.insert, _T.passkeys.params(passkey))
+
+    def get_passkey(self, credential_id):
+        return self._one("get_passkey", _T.passkeys, "SELECT * FROM passkeys WHERE credential_id = %(id)s",
+                         {"id": credential_id})
+
+    def list_passkeys(self, sub):
+        return self._all("list_passkeys", _T.passkeys,
+            'SELECT * FROM passkeys WHERE sub = %(sub)s ORDER BY created_at, credential_id COLLATE "C"', {"sub": sub}
+        )
+
+    def use_passkey(self, credential_id, sign_count, backup_state, now):
+        # A use that waited for a racing one's row lock re-checks the counter on the committed row.
+        return self._changed("use_passkey",
+            "UPDATE passkeys SET sign_count = %(count)s, backup_state = %(backup)s, last_used = %(now)s"
+            " WHERE credential_id = %(id)s AND (sign_count < %(count)s OR (sign_count = 0 AND %(count)s = 0))",
+            {"id": credential_id, "count": sign_count, "backup": backup_state, "now": now},
+        )
+
+    def remove_passkey(self, sub, credential_id):
+        return self._changed("remove_passkey",
+            "DELETE FROM passkeys WHERE sub = %(sub)s AND credential_id = %(id)s", {"sub": sub, "id": credential_id}
+        )
+
+    def save_passkey_challenge(self, challenge_hash, purpose, expires_at):
+        return self._write("save_passkey_challenge",
+            "INSERT INTO passkey_challenges (challenge_hash, purpose, expires_at)"
+            " VALUES (%(hash)s, %(purpose)s, %(expires_at)s)",
+            {"hash": challenge_hash, "purpose": purpose, "expires_at": expires_at},
+        )
+
+    def take_passkey_challenge(self, challenge_hash, purpose, now):
+        return self._changed("take_passkey_challenge",
+            "DELETE FROM passkey_challenges WHERE challenge_hash = %(hash)s AND purpose = %(purpose)s"
+            " AND expires_at > %(now)s",
+            {"hash": challenge_hash, "purpose": purpose, "now": now},
+        )
 
     # IStore
 
@@ -831,6 +878,7 @@ _GC = tuple(
         ("link_locks", "account_id", "until <= %(now)s"),
         ("login_attempts", "attempt_id", "expires_at <= %(now)s"),
         ("known_devices", "account, device_hash", "expires_at <= %(now)s"),
+        ("passkey_challenges", "challenge_hash", "expires_at <= %(now)s"),
         ("grants", "grant_id", f"old.revoked_at IS NOT NULL AND {_NO_LIVE_CODE}"),
         (
             "grants",

@@ -29,6 +29,7 @@ from authsrv.records import (
     Interaction,
     LinkAttempt,
     LinkedAccount,
+    Passkey,
     RefreshToken,
     TotpFactor,
 )
@@ -188,6 +189,7 @@ class Tables:
     bans: Rows
     linked: Rows
     totp: Rows
+    passkeys: Rows
 
 
 def tables(dialect: Dialect) -> Tables:
@@ -223,4 +225,6 @@ def tables(dialect: Dialect) -> Tables:
             LinkedAccount, "linked_accounts", "sub, provider", access_token_enc=BLOB, refresh_token_enc=BLOB,
         ),
         totp=rows(TotpFactor, "totp_factors", "sub", secret_enc=BLOB),
+        passkeys=rows(Passkey, "passkeys", "credential_id", public_key=BLOB, transports=LIST,
+                      backup_eligible=FLAG, backup_state=FLAG),
     )

@@ -273,6 +273,11 @@ class SQLiteStore:
             (sub, now),
         )
 
+    def touch_session(self, session_hash, now):
+        return self._execute("touch_session",
+            "UPDATE browser_sessions SET last_seen = ? WHERE session_hash = ?", (now, session_hash)
+        ).addCallback(lambda _: None)
+
     # IInteractionStore
 
     def save_interaction(self, interaction):
@@ -571,7 +576,7 @@ class SQLiteStore:
     def reset_factors(self, sub):
         def reset(db):
             removed = sum(db.execute(f"DELETE FROM {table} WHERE sub = ?", (sub,)).rowcount
-                          for table in ("totp_factors", "recovery_codes"))
+                          for table in ("totp_factors", "recovery_codes", "passkeys"))
             db.execute("DELETE FROM mfa_demands WHERE sub = ?", (sub,))
             return removed > 0
 
@@ -584,6 +589,41 @@ class SQLiteStore:
             return db.execute("SELECT first_at FROM mfa_demands WHERE sub = ?", (sub,)).fetchone()["first_at"]
 
         return self._call("mfa_demanded", True, demanded)
+
+    def add_passkey(self, passkey):
+        return self._insert("add_passkey", _T.passkeys, passkey)
+
+    def get_passkey(self, credential_id):
+        return self._query("get_passkey", _T.passkeys, "SELECT * FROM passkeys WHERE credential_id = ?",
+                           (credential_id,))
+
+    def list_passkeys(self, sub):
+        return self._query_all("list_passkeys", _T.passkeys,
+            "SELECT * FROM passkeys WHERE sub = ? ORDER BY created_at, credential_id", (sub,)
+        )
+
+    def use_passkey(self, credential_id, sign_count, backup_state, now):
+        return self._changed("use_passkey",
+            "UPDATE passkeys SET sign_count = ?, backup_state = ?, last_used = ? WHERE credential_id = ?"
+            " AND (sign_count < ? OR (sign_count = 0 AND ? = 0))",
+            (sign_count, int(backup_state), now, credential_id, sign_count, sign_count),
+        )
+
+    def remove_passkey(self, sub, credential_id):
+        return self._changed("remove_passkey", "DELETE FROM passkeys WHERE sub = ? AND credential_id = ?",
+                             (sub, credential_id))
+
+    def save_passkey_challenge(self, challenge_hash, purpose, expires_at):
+        return self._execute("save_passkey_challenge",
+            "INSERT INTO passkey_challenges (challenge_hash, purpose, expires_at) VALUES (?, ?, ?)",
+            (challenge_hash, purpose, expires_at),
+        ).addCallback(lambda _: None)
+
+    def take_passkey_challenge(self, challenge_hash, purpose, now):
+        return self._changed("take_passkey_challenge",
+            "DELETE FROM passkey_challenges WHERE challenge_hash = ? AND purpose = ? AND expires_at > ?",
+            (challenge_hash, purpose, now),
+        )
 
     # IStore
 
@@ -715,6 +755,7 @@ _GC = tuple(
         ("link_locks", "account_id", "until <= :now"),
         ("login_attempts", "attempt_id", "expires_at <= :now"),
         ("known_devices", "account, device_hash", "expires_at <= :now"),
+        ("passkey_challenges", "challenge_hash", "expires_at <= :now"),
         ("grants", "grant_id", f"old.revoked_at IS NOT NULL AND {_NO_LIVE_CODE}"),
         (
             "grants",

@@ -15,6 +15,7 @@ from twisted.internet.defer import gatherResults
 from authsrv.records import (
     ACR_MFA,
     MFA_STAGE,
+    Passkey,
     RECOVERY_FACTOR,
     TOTP_FACTOR,
     BrowserSession,
@@ -22,6 +23,7 @@ from authsrv.records import (
     Factor,
     TotpFactor,
 )
+from authsrv.store.errors import AlreadyExists
 
 NOW = 1_700_000_000
 ALICE = "3f0c2a52-alice"
@@ -29,6 +31,12 @@ BOB = "3f0c2a52-bob"
 SEALED = b"\x00sealed-totp-secret\xff"
 STEP = NOW // 30
 MFA_AMR = ("pwd", "otp", "mfa")
+
+
+def passkey(credential_id: str, sub: str = ALICE, sign_count: int = 1, **changes) -> Passkey:
+    fields = dict(public_key=b"\xa5\x01\x02cose-key\x00", backup_eligible=False, backup_state=False,
+                  transports=("internal", "hybrid"), created_at=NOW)
+    return Passkey(credential_id=credential_id, sub=sub, sign_count=sign_count, **{**fields, **changes})
 
 
 def code_hashes(label: str, count: int = 10) -> list[str]:
@@ -125,6 +133,69 @@ class FactorStoreConformance:
             assert await store.get_client(CLIENT) == client
 
 
+    @pytest_twisted.ensureDeferred
+    async def test_passkeys_round_trip_listed_and_removed(self):
+        first, synced = passkey("cred-1"), passkey("cred-2", created_at=NOW + 5, backup_eligible=True,
+                                                    backup_state=True, transports=())
+        async with self.store() as store:
+            assert await store.list_passkeys(ALICE) == []
+            await store.add_passkey(synced)
+            await store.add_passkey(first)
+            await store.add_passkey(passkey("cred-bob", sub=BOB))
+            try:
+                await store.add_passkey(passkey("cred-1", sub=BOB))
+                raise AssertionError("a second passkey with a known credential id was stored")
+            except AlreadyExists:
+                pass
+            assert await store.get_passkey("cred-1") == first
+            assert await store.get_passkey("cred-none") is None
+            assert await store.list_passkeys(ALICE) == [first, synced]
+            assert await store.remove_passkey(BOB, "cred-1") is False
+            assert await store.remove_passkey(ALICE, "cred-1") is True
+            assert await store.remove_passkey(ALICE, "cred-1") is False
+            assert await store.list_passkeys(ALICE) == [synced]
+            assert await store.reset_factors(ALICE) is True
+            assert await store.list_passkeys(ALICE) == []
+            assert await store.get_passkey("cred-bob") is not None
+
+    @pytest_twisted.ensureDeferred
+    async def test_passkey_counter_only_grows(self):
+        async with self.store() as store:
+            assert await store.use_passkey("cred-1", 5, False, NOW) is False
+            await store.add_passkey(passkey("cred-1", sign_count=3))
+            assert await store.use_passkey("cred-1", 3, False, NOW) is False
+            assert await store.use_passkey("cred-1", 2, False, NOW) is False
+            assert await store.use_passkey("cred-1", 4, True, NOW + 9) is True
+            used = await store.get_passkey("cred-1")
+            assert (used.sign_count, used.backup_state, used.last_used) == (4, True, NOW + 9)
+            await store.add_passkey(passkey("cred-zero", sign_count=0))
+            assert await store.use_passkey("cred-zero", 0, False, NOW) is True
+            assert await store.use_passkey("cred-zero", 0, False, NOW + 1) is True
+
+    @pytest_twisted.ensureDeferred
+    async def test_passkey_challenges_are_taken_once_for_their_purpose(self):
+        async with self.store() as store:
+            await store.save_passkey_challenge("ch-1", "register:" + ALICE, NOW + 300)
+            await store.save_passkey_challenge("ch-2", "login:i-1", NOW + 300)
+            assert await store.take_passkey_challenge("ch-1", "register:" + BOB, NOW) is False
+            assert await store.take_passkey_challenge("ch-1", "register:" + ALICE, NOW) is True
+            assert await store.take_passkey_challenge("ch-1", "register:" + ALICE, NOW) is False
+            assert await store.take_passkey_challenge("ch-2", "login:i-1", NOW + 300) is False
+            assert await store.gc(NOW + 300, 100) >= 1
+            assert await store.take_passkey_challenge("ch-2", "login:i-1", NOW) is False
+
+    @pytest_twisted.ensureDeferred
+    async def test_session_device_and_last_seen(self):
+        session = BrowserSession("hash-d", "sid-d", ALICE, NOW, NOW, NOW + 3600,
+                                 user_agent="Mozilla/5.0 (X11; Linux x86_64) Firefox/130.0", address="192.0.2.7")
+        async with self.store() as store:
+            await store.create_session(session)
+            assert await store.get_session("hash-d", NOW) == session
+            await store.touch_session("hash-d", NOW + 120)
+            await store.touch_session("hash-none", NOW + 120)
+            assert await store.get_session("hash-d", NOW) == attrs.evolve(session, last_seen=NOW + 120)
+
+
 class FactorConcurrencyConformance:
     """Mixin of a concurrency conformance class: racing uses of one code."""
 
@@ -141,3 +212,11 @@ class FactorConcurrencyConformance:
                     [store.use_recovery_code(sub, code_hashes(sub)[0]) for store in (second, first)]
                 )
                 assert sorted(uses) == [False, True]
+                await first.add_passkey(passkey(f"cred-{n}", sub=sub))
+                counted = await gatherResults([store.use_passkey(f"cred-{n}", 2, False, NOW) for store in (first, second)])
+                assert sorted(counted) == [False, True]
+                await first.save_passkey_challenge(f"ch-{n}", "login", NOW + 60)
+                taken = await gatherResults(
+                    [store.take_passkey_challenge(f"ch-{n}", "login", NOW) for store in (second, first)]
+                )
+                assert sorted(taken) == [False, True]

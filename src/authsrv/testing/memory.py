@@ -91,6 +91,10 @@ class MemoryTables:
     """Sub -> (created_at, set of unused code hashes)."""
     mfa_demands: dict = attrs.Factory(dict)
     """Sub -> when a policy first asked the user to enrol."""
+    passkeys: dict = attrs.Factory(dict)
+    """Credential id -> L{Passkey}."""
+    passkey_challenges: dict = attrs.Factory(dict)
+    """Challenge hash -> (purpose, expires_at)."""
 
 
 def _answered(method):
@@ -160,14 +164,20 @@ class MemoryStore:
         return self.tables.sessions.pop(session_hash, None)
 
     @_answered
-    def end_user_sessions(self, sub):
-        ended = [key for key, session in self.tables.sessions.items() if session.sub == sub]
-        return [self.tables.sessions.pop(key) for key in ended]
-
-    @_answered
     def list_user_sessions(self, sub, now):
         live = [s for s in self.tables.sessions.values() if s.sub == sub and s.expires_at > now]
         return sorted(live, key=lambda s: (s.created_at, s.session_hash))
+
+    @_answered
+    def touch_session(self, session_hash, now):
+        session = self.tables.sessions.get(session_hash)
+        if session is not None:
+            self.tables.sessions[session_hash] = attrs.evolve(session, last_seen=now)
+
+    @_answered
+    def end_user_sessions(self, sub):
+        ended = [key for key, session in self.tables.sessions.items() if session.sub == sub]
+        return [self.tables.sessions.pop(key) for key in ended]
 
     # IInteractionStore
 
@@ -536,11 +546,57 @@ class MemoryStore:
     def reset_factors(self, sub):
         tables = self.tables
         kept = [table.pop(sub, None) for table in (tables.totp, tables.recovery_codes, tables.mfa_demands)]
-        return any(row is not None for row in kept[:2])
+        passkeys = [key for key, passkey in tables.passkeys.items() if passkey.sub == sub]
+        for key in passkeys:
+            del tables.passkeys[key]
+        return any(row is not None for row in kept[:2]) or bool(passkeys)
 
     @_answered
     def mfa_demanded(self, sub, now):
         return self.tables.mfa_demands.setdefault(sub, now)
+
+    @_answered
+    def add_passkey(self, passkey):
+        _insert(self.tables.passkeys, passkey.credential_id, passkey)
+
+    @_answered
+    def get_passkey(self, credential_id):
+        return self.tables.passkeys.get(credential_id)
+
+    @_answered
+    def list_passkeys(self, sub):
+        mine = [p for p in self.tables.passkeys.values() if p.sub == sub]
+        return sorted(mine, key=lambda p: (p.created_at, p.credential_id))
+
+    @_answered
+    def use_passkey(self, credential_id, sign_count, backup_state, now):
+        passkey = self.tables.passkeys.get(credential_id)
+        if passkey is None or not (passkey.sign_count < sign_count or passkey.sign_count == sign_count == 0):
+            return False
+        self.tables.passkeys[credential_id] = attrs.evolve(
+            passkey, sign_count=sign_count, backup_state=backup_state, last_used=now
+        )
+        return True
+
+    @_answered
+    def remove_passkey(self, sub, credential_id):
+        passkey = self.tables.passkeys.get(credential_id)
+        if passkey is None or passkey.sub != sub:
+            return False
+        del self.tables.passkeys[credential_id]
+        return True
+
+    @_answered
+    def save_passkey_challenge(self, challenge_hash, purpose, expires_at):
+        _insert(self.tables.passkey_challenges, challenge_hash, (purpose, expires_at))
+
+    @_answered
+    def take_passkey_challenge(self, challenge_hash, purpose, now):
+        kept = self.tables.passkey_challenges.get(challenge_hash)
+        if kept is None or kept[0] != purpose or kept[1] <= now:
+            return False
+        del self.tables.passkey_challenges[challenge_hash]
+        return True
 
     # IStore
 
@@ -572,6 +628,7 @@ class MemoryStore:
         count += expired(tables.link_locks, lambda lease: lease[1] <= now)
         count += expired(tables.login_attempts, lambda attempt: attempt.expires_at <= now)
         count += expired(tables.known_devices, lambda expires_at: expires_at <= now)
+        count += expired(tables.passkey_challenges, lambda challenge: challenge[1] <= now)
 
         def live_code(grant) -> bool:
             return any(c.grant_id == grant.grant_id and c.expires_at > now for c in tables.codes.values())

@@ -28,7 +28,9 @@ class Cookies:
 
     def browser(self, request) -> Browser:
         """The service's cookies this request carries."""
-        return Browser(session=self.get(request, SESSION_COOKIE), device=self.get(request, DEVICE_COOKIE))
+        agent = request.getHeader(b"user-agent")
+        return Browser(session=self.get(request, SESSION_COOKIE), device=self.get(request, DEVICE_COOKIE),
+                       user_agent=agent.decode("utf-8", "replace") if agent else None)
 
     def apply(self, request, changes: CookieChanges) -> None:
         """Set what a flow's answer asks for."""

@@ -19,7 +19,7 @@ from authsrv.flows.outcomes import (
     RecoveryCodes,
     SecondFactorForm,
 )
-from authsrv.web.pages import render_page
+from authsrv.web.pages import passkey_script, render_page
 
 
 def scope_words(scope: str, client_name: str) -> str:
@@ -40,8 +40,27 @@ def _hidden(request_id: str, csrf: str):
     )
 
 
+def passkey_form(action: str, interaction_id: str, csrf: str, options: str | None, label: str) -> list:
+    """
+    A form that asks the browser for a passkey and posts its answer; hidden
+    until the script finds WebAuthn in the browser. Empty without C{options}.
+    """
+    if options is None:
+        return []
+    return [
+        tags.form(method="post", action=action, hidden="", id="passkey",
+                  **{"data-passkey": "get", "data-options": options})(
+            *_hidden(interaction_id, csrf),
+            tags.input(type="hidden", name="credential", value=""),
+            tags.button(type="submit")(label),
+            tags.p(role="status"),
+        ),
+        passkey_script(),
+    ]
+
+
 def login_page(request, action: str, form: LoginForm) -> bytes:
-    """The sign-in form; its C{message} says why it is shown again."""
+    """The sign-in form, and a passkey instead when passkeys are on; its C{message} says why it is shown again."""
     if form.retry_after is not None:
         request.setHeader(b"retry-after", str(form.retry_after).encode())
     return render_page(
@@ -61,28 +80,36 @@ def login_page(request, action: str, form: LoginForm) -> bytes:
             *_hidden(form.interaction_id, form.csrf),
             tags.button(type="submit", class_="primary")("Sign in"),
         ),
+        *passkey_form(f"{action}/passkey", form.interaction_id, form.csrf, form.passkey_options,
+                      "Sign in with a passkey"),
         form_origin=form.client_origin,
     )
 
 
 def second_factor_page(request, action: str, form: SecondFactorForm) -> bytes:
-    """Asks for the code of the user's authenticator app, or a recovery code, after the password."""
+    """
+    Asks for the code of the user's authenticator app, or a recovery code,
+    after the password; or one of their passkeys.
+    """
     if form.retry_after is not None:
         request.setHeader(b"retry-after", str(form.retry_after).encode())
+    code = [tags.form(method="post", action=action)(
+        tags.label(for_="code")("Code from your authenticator app"),
+        tags.input(type="text", id="code", name="code", required="", autocomplete="one-time-code",
+                   autocapitalize="none", spellcheck="false", autofocus=""),
+        tags.p(tags.small("Lost your phone? Enter one of your recovery codes instead.")),
+        *_hidden(form.interaction_id, form.csrf),
+        tags.button(type="submit", class_="primary")("Continue"),
+    )] if form.code else []
     return render_page(
         request,
         form.status,
-        "Enter your code",
+        "Confirm it is you" if not form.code else "Enter your code",
         tags.p("to continue to ", tags.strong(form.client_name)),
         *([tags.p(class_="error", role="alert")(form.message)] if form.message else []),
-        tags.form(method="post", action=action)(
-            tags.label(for_="code")("Code from your authenticator app"),
-            tags.input(type="text", id="code", name="code", required="", autocomplete="one-time-code",
-                       autocapitalize="none", spellcheck="false", autofocus=""),
-            tags.p(tags.small("Lost your phone? Enter one of your recovery codes instead.")),
-            *_hidden(form.interaction_id, form.csrf),
-            tags.button(type="submit", class_="primary")("Continue"),
-        ),
+        *code,
+        *passkey_form(f"{action}/passkey", form.interaction_id, form.csrf, form.passkey_options,
+                      "Use a passkey"),
         form_origin=form.client_origin,
     )
 

@@ -1,13 +1,16 @@
 """
-Server-rendered HTML pages: no JavaScript, no external assets, readable on a
-phone, and never framed (docs/design.md, Browser pages). Built with
-twisted.web.template tags, which escape every text and attribute.
+Server-rendered HTML pages: no external assets, readable on a phone, and
+never framed (docs/design.md, Browser pages). Built with twisted.web.template
+tags, which escape every text and attribute. The only JavaScript is the
+passkey script (L{PASSKEY_SCRIPT}), inline where a page offers passkeys and
+allowed by its hash alone; every page works without it.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+from importlib import resources
 
 from twisted.web.template import Tag, flattenString, tags
 
@@ -16,6 +19,7 @@ STYLE = """
 body{margin:0;display:flex;justify-content:center;padding:2rem 1rem;line-height:1.5}
 main{width:100%;max-width:24rem}
 h1{font-size:1.4rem;margin:0 0 1rem}
+h2{font-size:1.1rem;margin:1.6rem 0 .4rem}
 label{display:block;margin:.8rem 0 .2rem;font-weight:600}
 input[type=text],input[type=password]{width:100%;box-sizing:border-box;padding:.6rem;font-size:1rem;
 border:1px solid #888;border-radius:.4rem}
@@ -27,11 +31,21 @@ ul{padding-left:1.2rem}
 small{color:#777}
 """.strip()
 
-_STYLE_HASH = base64.b64encode(hashlib.sha256(STYLE.encode()).digest()).decode()
+PASSKEY_SCRIPT = resources.files("authsrv.web").joinpath("passkey.js").read_text("utf-8")
+"""
+The browser's own WebAuthn call (navigator.credentials) for the forms marked
+C{data-passkey}; written without C{<}, C{>} or C{&}, which the page's
+escaping would change and so break its hash.
+"""
+
+
+def _hash(text: str) -> str:
+    return base64.b64encode(hashlib.sha256(text.encode()).digest()).decode()
+
 
 CONTENT_SECURITY_POLICY = (
-    f"default-src 'none'; style-src 'sha256-{_STYLE_HASH}'; img-src 'self' data:;"
-    " frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
+    f"default-src 'none'; style-src 'sha256-{_hash(STYLE)}'; script-src 'sha256-{_hash(PASSKEY_SCRIPT)}';"
+    " img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
 )
 
 
@@ -72,3 +86,8 @@ def render_page(request, status: int, title: str, *content, form_origin: str | N
 def error_page(request, status: int, title: str, message: str) -> bytes:
     """A page for errors that must not go back to the client (an unknown client, a bad redirect URI)."""
     return render_page(request, status, title, tags.p(class_="error")(message))
+
+
+def passkey_script():
+    """The passkey script, for a page with a C{data-passkey} form (after the form)."""
+    return tags.script(PASSKEY_SCRIPT)

@@ -26,6 +26,7 @@ from authsrv.protocol.bearer import bearer_token
 from authsrv.protocol.errors import InvalidRequest, OAuthError, PageError, TemporarilyUnavailable
 from authsrv.protocol.params import single_params
 from authsrv.store.errors import StoreUnavailable
+from authsrv.web.account_pages import account_page
 from authsrv.web.forms import client_address_of, form_params, page_form, userinfo_form_token
 from authsrv.web.headers import allow_any_origin, json_body, oauth_error
 from authsrv.web.interaction_pages import (
@@ -43,7 +44,8 @@ RETRY_AFTER = b"5"
 JSON_ENDPOINTS = (b"/oauth2/token", b"/oauth2/userinfo", b"/oauth2/introspect", b"/oauth2/revoke")
 """Paths whose callers read JSON; every other route that uses the store is a page."""
 LINK_PATH = ISSUER_PATH + "/link/chat"
-ACCOUNT_TOTP_PATH = ISSUER_PATH + "/account/mfa/totp"
+ACCOUNT_PATH = ISSUER_PATH + "/account"
+ACCOUNT_TOTP_PATH = ACCOUNT_PATH + "/mfa/totp"
 
 
 def _cors(request) -> None:
@@ -64,9 +66,9 @@ class PublicSite:
     """
     C{flows} has the attributes C{interaction}, C{token}, C{userinfo},
     C{introspection}, C{revocation}, C{end_session}, C{account} (the user's
-    own second factors) and C{linking} (None when no chat provider client
-    is configured); C{readiness} is an
-    L{authsrv.flows.readiness.Readiness}; C{trusted_proxies}
+    own second factors), C{account_page} (the account page's actions) and
+    C{linking} (None when no chat provider client is configured);
+    C{readiness} is an L{authsrv.flows.readiness.Readiness}; C{trusted_proxies}
     are the peers whose forwarding headers name the client's address;
     C{rates} counts back-channel requests against their client's rate.
     """
@@ -207,6 +209,28 @@ class PublicSite:
             return self._answer(request, outcome)
         return login_page(request, f"{self._issuer}/login", outcome)
 
+    @app.route(ISSUER_PATH + "/login/passkey", methods=["POST"])
+    async def login_passkey(self, request):
+        """A passkey instead of the password, posted by the login page's passkey form."""
+        address = client_address_of(request, self._trusted_proxies)
+        outcome = await self._flows.interaction.submit_passkey(
+            page_form(request), self._cookies.browser(request), address, self._clock.seconds()
+        )
+        if isinstance(outcome, Redirect):
+            return self._answer(request, outcome)
+        return login_page(request, f"{self._issuer}/login", outcome)
+
+    @app.route(ISSUER_PATH + "/mfa/passkey", methods=["POST"])
+    async def second_factor_passkey(self, request):
+        """A passkey as the second factor, posted by the second-factor page's passkey form."""
+        address = client_address_of(request, self._trusted_proxies)
+        outcome = await self._flows.interaction.submit_second_passkey(
+            page_form(request), self._cookies.browser(request), address, self._clock.seconds()
+        )
+        if isinstance(outcome, Redirect):
+            return self._answer(request, outcome)
+        return second_factor_page(request, f"{self._issuer}/mfa", outcome)
+
     @app.route(ISSUER_PATH + "/mfa", methods=["GET"])
     async def second_factor(self, request):
         form = await self._flows.interaction.second_factor_form(
@@ -268,6 +292,53 @@ class PublicSite:
         if isinstance(outcome, LogoutConfirmation):
             return logout_confirmation_page(request, f"{self._issuer}/oauth2/end-session", outcome)
         return self._answer(request, outcome)
+
+    # --- the signed-in user's account page ---------------------------------------
+
+    async def _account(self, request, message: str | None = None) -> bytes:
+        view = await self._flows.account_page.view(self._cookies.browser(request).session, self._now(), message)
+        return account_page(request, f"{self._issuer}/account", view, link_path=f"{self._issuer}/link/chat")
+
+    @app.route(ACCOUNT_PATH, methods=["GET"])
+    async def account(self, request):
+        return await self._account(request)
+
+    @app.route(ACCOUNT_PATH + "/sessions/end", methods=["POST"])
+    async def account_end_session(self, request):
+        message = await self._flows.account_page.end_session(
+            self._cookies.browser(request).session, page_form(request), self._now()
+        )
+        return await self._account(request, message)
+
+    @app.route(ACCOUNT_PATH + "/apps/revoke", methods=["POST"])
+    async def account_revoke_app(self, request):
+        message = await self._flows.account_page.revoke_app(
+            self._cookies.browser(request).session, page_form(request), self._now()
+        )
+        return await self._account(request, message)
+
+    @app.route(ACCOUNT_PATH + "/password", methods=["POST"])
+    async def account_password(self, request):
+        browser = self._cookies.browser(request)
+        message = await self._flows.account_page.change_password(
+            browser.session, page_form(request), client_address_of(request, self._trusted_proxies),
+            browser.device, self._now(),
+        )
+        return await self._account(request, message)
+
+    @app.route(ACCOUNT_PATH + "/passkeys", methods=["POST"])
+    async def account_add_passkey(self, request):
+        message = await self._flows.account_page.register_passkey(
+            self._cookies.browser(request).session, page_form(request), self._now()
+        )
+        return await self._account(request, message)
+
+    @app.route(ACCOUNT_PATH + "/passkeys/remove", methods=["POST"])
+    async def account_remove_passkey(self, request):
+        message = await self._flows.account_page.remove_passkey(
+            self._cookies.browser(request).session, page_form(request), self._now()
+        )
+        return await self._account(request, message)
 
     # --- the signed-in user's own second factors --------------------------------
 

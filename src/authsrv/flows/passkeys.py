@@ -1,0 +1,245 @@
+"""
+Passkeys (WebAuthn, with the C{webauthn} package): registering a signed-in
+user's authenticators, and checking an assertion at sign-in, instead of a
+password (a discoverable credential names its user) or as the second factor.
+
+The relying party is the public URL: its host is the RP id, its origin the
+only one accepted. User verification is required both ways, so a passkey
+alone proves possession and the PIN or biometric behind it. Every ceremony
+has its own random challenge, kept as a hash in the store for a few minutes
+under the purpose it was issued for (a registration for one user, a sign-in
+for one interaction) and taken once when the answer comes back: a replayed
+answer finds no challenge. The sign counter must grow with each use; an
+assertion whose counter did not (a cloned authenticator) is refused and
+audited. A credential that may be synced between devices (backup-eligible)
+counts as a software key (RFC 8176 C{swk}), any other as a hardware key
+(C{hwk}).
+"""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import urlsplit
+
+from attrs import frozen
+from webauthn import (
+    generate_authentication_options,
+    generate_registration_options,
+    options_to_json,
+    verify_authentication_response,
+    verify_registration_response,
+)
+from webauthn.helpers import base64url_to_bytes, bytes_to_base64url, parse_client_data_json
+from webauthn.helpers.exceptions import InvalidAuthenticationResponse, InvalidJSONStructure, InvalidRegistrationResponse
+from webauthn.helpers.structs import (
+    AuthenticatorSelectionCriteria,
+    CredentialDeviceType,
+    PublicKeyCredentialDescriptor,
+    ResidentKeyRequirement,
+    UserVerificationRequirement,
+)
+
+from authsrv import events
+from authsrv.records import Passkey
+from authsrv.store.errors import AlreadyExists
+from authsrv.tokens import token_hash
+
+CHALLENGE_TTL = 300
+"""How long a challenge waits for the browser's answer."""
+TIMEOUT_MS = CHALLENGE_TTL * 1000
+HARDWARE_KEY, SOFTWARE_KEY = "hwk", "swk"
+PASSKEY_METHODS = (HARDWARE_KEY, SOFTWARE_KEY)
+MAX_CREDENTIAL_JSON = 16384
+
+
+def registration_purpose(sub: str) -> str:
+    return "register:" + sub
+
+
+def sign_in_purpose(interaction_id: str) -> str:
+    return "sign-in:" + interaction_id
+
+
+def key_method(passkey: Passkey) -> str:
+    """The RFC 8176 method a passkey gives: C{swk} when it may be synced, else C{hwk}."""
+    return SOFTWARE_KEY if passkey.backup_eligible else HARDWARE_KEY
+
+
+def fingerprint(credential_id: str) -> str:
+    """A short name of a credential id for the audit log."""
+    return token_hash(credential_id)[:8]
+
+
+@frozen
+class PasskeyAccepted:
+    passkey: Passkey
+    """The passkey as it is stored now (its new counter)."""
+
+    @property
+    def method(self) -> str:
+        return key_method(self.passkey)
+
+
+@frozen
+class PasskeyRefused:
+    """An answer that proves nothing: unknown credential, wrong challenge, bad signature, or a cloned key."""
+
+
+def _challenge_of(credential: dict) -> bytes | None:
+    """The challenge the browser signed, read from the answer's client data."""
+    try:
+        client_data = parse_client_data_json(base64url_to_bytes(credential["response"]["clientDataJSON"]))
+    except (KeyError, TypeError, ValueError, InvalidJSONStructure):
+        return None
+    return client_data.challenge
+
+
+def _parsed(credential_json: str | None) -> dict | None:
+    if not credential_json or len(credential_json) > MAX_CREDENTIAL_JSON:
+        return None
+    try:
+        credential = json.loads(credential_json)
+    except ValueError:
+        return None
+    return credential if isinstance(credential, dict) and isinstance(credential.get("id"), str) else None
+
+
+class Passkeys:
+    """C{store} plays L{authsrv.interfaces.IFactorStore}; C{public_url} names the relying party."""
+
+    def __init__(self, *, store, public_url: str, rp_name: str):
+        parts = urlsplit(public_url)
+        self._store = store
+        self.rp_id = parts.hostname or ""
+        self.origin = f"{parts.scheme}://{parts.netloc}"
+        self._rp_name = rp_name
+
+    async def _challenge(self, options, purpose: str, now: int) -> str:
+        await self._store.save_passkey_challenge(token_hash(bytes_to_base64url(options.challenge)), purpose,
+                                                 now + CHALLENGE_TTL)
+        return options_to_json(options)
+
+    async def _take(self, credential: dict, purpose: str, now: int) -> bytes | None:
+        """The answer's challenge when it was issued for C{purpose} and not used; used up now."""
+        challenge = _challenge_of(credential)
+        if challenge is None:
+            return None
+        if not await self._store.take_passkey_challenge(token_hash(bytes_to_base64url(challenge)), purpose, now):
+            return None
+        return challenge
+
+    async def list(self, sub: str) -> list[Passkey]:
+        return await self._store.list_passkeys(sub)
+
+    async def registration_options(self, sub: str, login: str, display_name: str, now: int) -> str:
+        """The JSON C{PublicKeyCredentialCreationOptions} of a new passkey for the user, as the page passes them."""
+        existing = await self._store.list_passkeys(sub)
+        options = generate_registration_options(
+            rp_id=self.rp_id, rp_name=self._rp_name, user_id=sub.encode(), user_name=login,
+            user_display_name=display_name, timeout=TIMEOUT_MS,
+            authenticator_selection=AuthenticatorSelectionCriteria(
+                resident_key=ResidentKeyRequirement.REQUIRED, require_resident_key=True,
+                user_verification=UserVerificationRequirement.REQUIRED,
+            ),
+            exclude_credentials=[PublicKeyCredentialDescriptor(id=base64url_to_bytes(p.credential_id))
+                                 for p in existing],
+        )
+        return await self._challenge(options, registration_purpose(sub), now)
+
+    async def register(self, sub: str, credential_json: str | None, now: int) -> Passkey | None:
+        """Keep the new passkey the browser created for this user's challenge; None when the answer fails."""
+        credential = _parsed(credential_json)
+        if credential is None:
+            return None
+        challenge = await self._take(credential, registration_purpose(sub), now)
+        if challenge is None:
+            return None
+        try:
+            verified = verify_registration_response(
+                credential=credential, expected_challenge=challenge, expected_rp_id=self.rp_id,
+                expected_origin=self.origin, require_user_verification=True,
+            )
+        except (InvalidRegistrationResponse, InvalidJSONStructure, ValueError, KeyError, TypeError):
+            return None
+        transports = credential.get("response", {}).get("transports") or []
+        passkey = Passkey(
+            credential_id=bytes_to_base64url(verified.credential_id), sub=sub,
+            public_key=verified.credential_public_key, sign_count=verified.sign_count,
+            backup_eligible=verified.credential_device_type == CredentialDeviceType.MULTI_DEVICE,
+            backup_state=verified.credential_backed_up,
+            transports=tuple(t for t in transports if isinstance(t, str))[:8], created_at=now,
+        )
+        try:
+            await self._store.add_passkey(passkey)
+        except AlreadyExists:
+            return None
+        events.passkey_registered(sub=sub, credential=fingerprint(passkey.credential_id),
+                                  synced=passkey.backup_eligible)
+        return passkey
+
+    async def remove(self, sub: str, credential_id: str) -> bool:
+        removed = await self._store.remove_passkey(sub, credential_id)
+        if removed:
+            events.passkey_removed(sub=sub, credential=fingerprint(credential_id))
+        return removed
+
+    async def sign_in_options(self, interaction_id: str, now: int, sub: str | None = None) -> str:
+        """
+        The JSON C{PublicKeyCredentialRequestOptions} of a sign-in: any
+        discoverable passkey of this site when no user is known yet, else
+        one of C{sub}'s.
+        """
+        allowed = None
+        if sub is not None:
+            allowed = [PublicKeyCredentialDescriptor(id=base64url_to_bytes(p.credential_id))
+                       for p in await self._store.list_passkeys(sub)]
+        options = generate_authentication_options(
+            rp_id=self.rp_id, timeout=TIMEOUT_MS, allow_credentials=allowed,
+            user_verification=UserVerificationRequirement.REQUIRED,
+        )
+        return await self._challenge(options, sign_in_purpose(interaction_id), now)
+
+    async def authenticate(self, interaction_id: str, credential_json: str | None, address: str, now: int,
+                           sub: str | None = None) -> PasskeyAccepted | PasskeyRefused:
+        """
+        Check the browser's answer to the interaction's challenge: a
+        registered passkey (of C{sub} when given) signed it with the user
+        verified and a counter above the stored one. Refusals are audited.
+        """
+        credential = _parsed(credential_json)
+        if credential is None:
+            return PasskeyRefused()
+        credential_id = credential["id"]
+        passkey = await self._store.get_passkey(credential_id)
+
+        def refused(reason: str) -> PasskeyRefused:
+            events.passkey_refused(sub=passkey.sub if passkey else sub, credential=fingerprint(credential_id),
+                                   address=address, reason=reason)
+            return PasskeyRefused()
+
+        challenge = await self._take(credential, sign_in_purpose(interaction_id), now)
+        if challenge is None:
+            return refused("no such challenge, or used or expired")
+        if passkey is None or (sub is not None and passkey.sub != sub):
+            return refused("unknown passkey")
+        handle = (credential.get("response") or {}).get("userHandle")
+        if handle and handle != bytes_to_base64url(passkey.sub.encode()):
+            return refused("the passkey names another user")
+        try:
+            verified = verify_authentication_response(
+                credential=credential, expected_challenge=challenge, expected_rp_id=self.rp_id,
+                expected_origin=self.origin, credential_public_key=passkey.public_key,
+                credential_current_sign_count=passkey.sign_count, require_user_verification=True,
+            )
+        except InvalidAuthenticationResponse as e:
+            if "sign count" in str(e):
+                return refused(f"sign counter went back or stood still (cloned authenticator?): {e}")
+            return refused(str(e))
+        except (InvalidJSONStructure, ValueError, KeyError, TypeError):
+            return refused("malformed answer")
+        if not await self._store.use_passkey(credential_id, verified.new_sign_count, verified.credential_backed_up,
+                                             now):
+            return refused("sign counter did not grow (cloned authenticator?)")
+        events.passkey_succeeded(sub=passkey.sub, credential=fingerprint(credential_id), address=address)
+        used = await self._store.get_passkey(credential_id)
+        return PasskeyAccepted(used if used is not None else passkey)

@@ -1,0 +1,205 @@
+"""
+The account page through the in-memory server: it lists the user's
+browsers and applications; revoking an application kills its refresh token
+and brings its consent page back; signing out another browser ends that
+session (and tells its clients); a password change needs the current
+password and ends the other sessions; every form needs its CSRF token.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+from html import unescape
+
+import pytest_twisted
+
+from flow_client import Browser, location
+from harness import ISSUER, Harness, pkce_pair
+from token_helpers import exchange, refresh
+
+from authsrv.flows.account import device_of
+from authsrv.testing.identity import ALICE, BOB, PASSWORDS
+
+ACCOUNT = ISSUER + "/account"
+FIREFOX = "Mozilla/5.0 (X11; Linux x86_64; rv:130.0) Gecko/20100101 Firefox/130.0"
+_FORM = re.compile(r'<form method="post" action="([^"]*)"[^>]*>(.*?)</form>', re.S)
+_HIDDEN = re.compile(r'<input type="hidden" name="([^"]*)" value="([^"]*)" />')
+
+
+def forms(body: bytes, action: str) -> list[dict[str, str]]:
+    """The hidden fields of each form of the page that posts to C{action}."""
+    return [{name: unescape(value) for name, value in _HIDDEN.findall(inner)}
+            for target, inner in _FORM.findall(body.decode()) if target == action]
+
+
+async def started(tmp_path, monkeypatch) -> Harness:
+    return await Harness(tmp_path, monkeypatch).start()
+
+
+async def signed_in(h: Harness, user=ALICE, client_id="first", user_agent: str | None = None):
+    """A new browser signed in to C{client_id}: (browser, its tokens)."""
+    browser = Browser(h)
+    verifier, challenge = pkce_pair()
+    headers = {"User-Agent": user_agent} if user_agent else {}
+    response, _ = await browser.request("GET", h.authorize_url(client_id, challenge=challenge), headers=headers)
+    response, body = await browser.get(location(response))
+    fields = {**forms(body, ISSUER + "/login")[0], "username": user.login, "password": PASSWORDS[user.sub]}
+    response, body = await browser.request("POST", ISSUER + "/login", data=fields, headers=headers)
+    if "/consent?" in location(response):
+        response, body = await browser.answer_consent(location(response), "approve")
+    code = dict(p.split("=", 1) for p in location(response).split("?", 1)[1].split("&"))["code"]
+    response, tokens = await exchange(h, code, verifier, client_id)
+    assert response.code == 200, tokens
+    return browser, tokens
+
+
+@pytest_twisted.ensureDeferred
+async def test_revoking_an_app_kills_its_refresh_token_and_asks_for_consent_again(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser, tokens = await signed_in(h, client_id="partner")
+        response, body = await browser.get(ACCOUNT)
+        assert response.code == 200, body
+        page = body.decode()
+        assert "Partner App" in page and "Your name and picture" in page
+        [revoke] = forms(body, ACCOUNT + "/apps/revoke")
+        assert revoke["client_id"] == "partner"
+
+        response, body = await browser.post(ACCOUNT + "/apps/revoke", {**revoke, "csrf": "forged"})
+        assert response.code == 403
+        response, body = await browser.post(ACCOUNT + "/apps/revoke", revoke)
+        assert response.code == 200 and b"access is revoked" in body
+        assert b"No application has access to your account." in body
+        response, answer = await refresh(h, tokens["refresh_token"], client_id="partner")
+        assert response.code == 400 and answer["error"] == "invalid_grant"
+        assert await h.store.get_consent(ALICE.sub, "partner") is None
+
+        response, _ = await browser.authorize("partner")
+        assert response.code == 303 and "/consent?" in location(response), "the consent page comes back"
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_signing_out_another_browser_ends_its_session(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        phone, _ = await signed_in(h, user_agent=FIREFOX)
+        laptop, _ = await signed_in(h)
+        h.clock.advance(120)
+        response, body = await laptop.get(ACCOUNT)
+        page = body.decode()
+        assert "Firefox on Linux" in page and "This browser" in page
+        [other] = forms(body, ACCOUNT + "/sessions/end")
+        phone_session = await h.store.get_session(phone.session_hash, h.now())
+        assert other["sid"] == phone_session.sid and phone_session.user_agent == FIREFOX
+
+        response, body = await laptop.post(ACCOUNT + "/sessions/end", other)
+        assert response.code == 200 and b"That session is signed out." in body
+        assert await h.store.get_session(phone.session_hash, h.now()) is None
+        assert (await h.store.get_session(laptop.session_hash, h.now())).last_seen == h.now()
+        response, _ = await phone.get(ACCOUNT)
+        assert response.code == 401
+        response, body = await laptop.post(ACCOUNT + "/sessions/end", other)
+        assert b"That session had ended already." in body
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_password_change_needs_the_current_one_and_ends_other_sessions(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        other, _ = await signed_in(h)
+        browser, _ = await signed_in(h)
+        await signed_in(h, user=BOB)
+        response, body = await browser.get(ACCOUNT)
+        [change] = forms(body, ACCOUNT + "/password")
+        new = "a brand new and long passphrase"
+
+        response, body = await browser.post(ACCOUNT + "/password", {
+            **change, "current_password": "not it", "new_password": new, "new_password_again": new})
+        assert b"Your current password is not right." in body
+        response, body = await browser.post(ACCOUNT + "/password", {
+            **change, "current_password": PASSWORDS[ALICE.sub], "new_password": new, "new_password_again": "typo"})
+        assert b"The two new passwords are not the same." in body
+        for weak in ("password1", "alice-in-wonderland"):
+            response, body = await browser.post(ACCOUNT + "/password", {
+                **change, "current_password": PASSWORDS[ALICE.sub], "new_password": weak, "new_password_again": weak})
+            assert b"Your password is changed" not in body and (b"common" in body or b"login" in body), body
+        assert await h.store.get_session(other.session_hash, h.now()) is not None
+
+        response, body = await browser.post(ACCOUNT + "/password", {
+            **change, "current_password": PASSWORDS[ALICE.sub], "new_password": new, "new_password_again": new})
+        assert response.code == 200 and b"Your password is changed" in body
+        assert await h.store.get_session(other.session_hash, h.now()) is None
+        assert await h.store.get_session(browser.session_hash, h.now()) is not None
+        assert len(await h.store.list_user_sessions(BOB.sub, h.now())) == 1
+
+        fresh = Browser(h)
+        response, _ = await fresh.authorize()
+        response, body = await fresh.submit_login(location(response), ALICE.login, PASSWORDS[ALICE.sub])
+        assert response.code == 200 and b"The username or password is incorrect." in body, "the old one is gone"
+        response, _ = await fresh.authorize()
+        response, _ = await fresh.submit_login(location(response), ALICE.login, new)
+        assert response.code == 303 and "code=" in location(response)
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_account_page_needs_a_session(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        response, body = await Browser(h).get(ACCOUNT)
+        assert response.code == 401 and b"Not signed in" in body
+        response, _ = await Browser(h).post(ACCOUNT + "/apps/revoke", {"client_id": "first"})
+        assert response.code == 401
+    finally:
+        await h.close()
+
+
+def test_devices_are_named_from_the_user_agent():
+    assert device_of(FIREFOX) == "Firefox on Linux"
+    assert device_of("Mozilla/5.0 (iPhone; CPU iPhone OS 17_0 like Mac OS X) AppleWebKit/605.1.15 Version/17.0"
+                     " Mobile/15E148 Safari/604.1") == "Safari on iPhone"
+    assert device_of("Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 Chrome/129.0 Safari/537.36"
+                     " Edg/129.0") == "Edge on Windows"
+    assert device_of(None) == "Unknown device"
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_one_script_is_the_one_the_policy_allows(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser, _ = await signed_in(h)
+        response, body = await browser.get(ACCOUNT)
+        [script] = re.findall(r"<script>(.*?)</script>", body.decode(), re.S)
+        digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
+        policy = response.headers.getRawHeaders(b"content-security-policy")[0].decode()
+        assert f"script-src 'sha256-{digest}';" in policy and policy.count("script-src") == 1
+        assert "navigator.credentials" in script and 'data-passkey="create"' in body.decode()
+        [add] = forms(body, ACCOUNT + "/passkeys")
+        response, body = await browser.post(ACCOUNT + "/passkeys", {**add, "credential": '{"id": "forged"}'})
+        assert response.code == 200 and b"The passkey could not be added." in body
+        assert await h.store.list_passkeys(ALICE.sub) == []
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_forged_passkey_answer_leaves_the_login_page_with_a_refusal(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        response, _ = await browser.authorize()
+        response, body = await browser.get(location(response))
+        [fields] = forms(body, ISSUER + "/login/passkey")
+        forged = '{"id": "AAAA", "response": {"clientDataJSON": "e30"}}'
+        response, body = await browser.post(ISSUER + "/login/passkey", {**fields, "credential": forged})
+        assert response.code == 200 and b"That passkey was not accepted." in body
+        assert "authsrv_session" not in browser.cookies
+    finally:
+        await h.close()
