@@ -334,6 +334,11 @@ async def test_grants_sessions_and_consents(harness, audit):
         assert body == {"sub": BOB.sub, "revoked": 1}
         _, body = await a.call("DELETE", f"/api/admin/users/{BOB.sub}/sessions", headers=AUTH)
         assert body == {"sub": BOB.sub, "ended": 1}
+        await harness.store.enrol_totp(BOB.sub, b"sealed-secret", 1, harness.now())
+        _, body = await a.call("DELETE", f"/api/admin/users/{BOB.sub}/factors", headers=AUTH)
+        assert body == {"sub": BOB.sub, "removed": True}
+        assert await harness.store.list_factors(BOB.sub) == []
+        assert audit.of("mfa.reset")[-1]["actor"] == ACTOR
         _, body = await a.call("DELETE", f"/api/admin/users/{BOB.sub}/grants", headers=AUTH)
         assert body == {"sub": BOB.sub, "revoked": 1, "sessions_ended": 0}
         _, body = await a.call("GET", f"/api/admin/users/{BOB.sub}/grants", headers=AUTH)

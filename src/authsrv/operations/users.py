@@ -16,6 +16,7 @@ from attrs import frozen
 
 from authsrv import events
 from authsrv.flows import moderation
+from authsrv.flows.mfa import reset_factors
 from authsrv.interfaces import IUserManagement
 from authsrv.operations.errors import Conflict, InvalidInput, NotFound
 from authsrv.operations.paging import Page, page
@@ -159,6 +160,11 @@ class UserOperations:
             count += await self._store.revoke_consent(user.sub, consent.client_id)
         events.user_consents_revoked(sub=user.sub, count=count, actor=actor)
         return user.sub, count
+
+    async def reset_factors(self, user_id: str, *, actor: str) -> tuple[str, bool]:
+        """Remove the user's second factors (a lost phone); audited. (sub, whether there were any)."""
+        user = await self.find(user_id)
+        return user.sub, await reset_factors(self._store, user.sub, actor=actor)
 
     # --- backends that write users ------------------------------------------
 

@@ -308,6 +308,12 @@ class AdminAPI:
         sub, revoked = await self._ops.users.revoke_consents(user_id, actor=self._actor)
         return 200, {"sub": sub, "revoked": revoked}
 
+    @app.route(PREFIX + "/users/<user_id>/factors", methods=["DELETE"])
+    @_endpoint
+    async def reset_user_factors(self, request, user_id):
+        sub, removed = await self._ops.users.reset_factors(user_id, actor=self._actor)
+        return 200, {"sub": sub, "removed": removed}
+
     # --- keys and bans --------------------------------------------------------------
 
     @app.route(PREFIX + "/keys", methods=["GET"])
