@@ -254,3 +254,15 @@ async def test_the_operator_command_writes_to_the_configured_audit_file(tmp_path
     assert [(line["event"], line["client_id"], line["actor"]) for line in lines] == [
         ("client.created", "shop", "operator"), ("client.deleted", "shop", "operator")]
     assert secret not in (tmp_path / "data" / "audit.log").read_text()
+
+
+def test_an_event_replayed_by_the_log_beginner_is_written_once(tmp_path):
+    """twist replays the events logged before it began to every observer: the audit file keeps one line each."""
+    observer = AuditObserver(LineFile(str(tmp_path / "audit.log")))
+    event = {"log_namespace": "authsrv.audit", "event": "config.loaded", "log_format": "loaded",
+             "log_time": 1_800_000_000.0, "outcome": "success", "path": "p", "issuer": "i", "clients": 0}
+    observer(event)
+    observer(event)
+    observer(dict(event))
+    observer.file.close()
+    assert [line["event"] for line in audit_lines(tmp_path / "audit.log")] == ["config.loaded", "config.loaded"]

@@ -8,6 +8,7 @@ It is apart from the diagnostic log, which leaves these events out.
 from __future__ import annotations
 
 import json
+from collections import deque
 
 from twisted.logger import ILogFilterPredicate, ILogObserver, PredicateResult
 from zope.interface import implementer
@@ -38,16 +39,28 @@ def audit_line(event) -> str:
     return json.dumps(audit_record(event), default=str, separators=(",", ":")) + "\n"
 
 
+REPLAY_WINDOW = 64
+"""How many written events are remembered to recognise a replay."""
+
+
 @implementer(ILogObserver)
 class AuditObserver:
-    """Writes the audit events it sees to C{file} (a L{LineFile}), one line each."""
+    """
+    Writes the audit events it sees to C{file} (a L{LineFile}), one line
+    each. When C{twist} begins logging it replays the events logged before
+    to every observer of the publisher, this one included: an event already
+    written (the very same event) is not written twice.
+    """
 
     def __init__(self, file: LineFile):
         self.file = file
+        self._written: deque = deque(maxlen=REPLAY_WINDOW)
 
     def __call__(self, event) -> None:
-        if is_audit(event):
-            self.file.write(audit_line(event))
+        if not is_audit(event) or any(event is seen for seen in self._written):
+            return
+        self._written.append(event)
+        self.file.write(audit_line(event))
 
 
 @implementer(ILogFilterPredicate)
