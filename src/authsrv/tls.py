@@ -138,11 +138,12 @@ def listen_problem(key: str, description: str, base_dir: Path, now: float | None
     return f"{key}: {problem}" if problem else None
 
 
-def config_tls_problem(config, now: float) -> str | None:
-    """The first problem with the TLS files of the config's listeners, or None."""
+def config_tls_problems(config, now: float) -> list[str]:
+    """The problems with the TLS files of every C{ssl:} listener of the config, one line each."""
+    problems = []
     for name, descriptions in (("server.listen", config.listen), ("internal.listen", config.internal_listen)):
         for index, description in enumerate(descriptions):
             problem = listen_problem(f"{name}[{index}]", description, config.base_dir, now)
             if problem:
-                return problem
-    return None
+                problems.append(problem)
+    return problems

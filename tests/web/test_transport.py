@@ -23,7 +23,7 @@ from twisted.web.test.requesthelper import DummyChannel
 
 from authsrv.config import load_config
 from authsrv.identity.static import create_users_file
-from authsrv.tls import config_tls_problem, resolve_tls_paths
+from authsrv.tls import config_tls_problems, resolve_tls_paths
 from authsrv.web.cookies import SESSION_COOKIE, Cookies
 
 from conftest import admin, free_port
@@ -106,8 +106,8 @@ def test_check_config_names_what_is_wrong_with_the_tls_files(tmp_path, case, exp
         "fine": "ssl:8443:privateKey=tls/server.key:certKey=tls/server.crt",
     }[case]
     config = load_config(config_file(tmp_path, listen))
-    problem = config_tls_problem(config, time.time())
-    assert problem == (expected.format(folder=tmp_path) if expected else None)
+    problems = config_tls_problems(config, time.time())
+    assert problems == ([expected.format(folder=tmp_path)] if expected else [])
 
 
 @pytest_twisted.ensureDeferred

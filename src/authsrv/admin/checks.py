@@ -21,18 +21,7 @@ from authsrv.identity.ldap.directory import Directory, close_connection
 from authsrv.pg.pool import first_line
 from authsrv.pg.settings import read_settings
 from authsrv.service import StartupError, build_plugin
-from authsrv.tls import listen_problem
-
-
-def _tls_problems(config: Config, now: float) -> list[str]:
-    """The problems with the TLS files of every C{ssl:} listener."""
-    problems = []
-    for name, descriptions in (("server.listen", config.listen), ("internal.listen", config.internal_listen)):
-        for index, description in enumerate(descriptions):
-            problem = listen_problem(f"{name}[{index}]", description, config.base_dir, now)
-            if problem:
-                problems.append(problem)
-    return problems
+from authsrv.tls import config_tls_problems
 
 
 def _plugin_choices(config: Config):
@@ -119,7 +108,7 @@ async def check_config(reactor, args, console: Console):
         raise AdminError(str(e)) from None
     config, errors = read_config_document(document, path.resolve())
     problems = [str(e) for e in errors]
-    problems += _tls_problems(config, reactor.seconds())
+    problems += config_tls_problems(config, reactor.seconds())
     problems += await _plugin_problems(reactor, config)
     if args.online:
         problems += await _reachability_problems(reactor, document, path.resolve())
