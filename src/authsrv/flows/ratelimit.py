@@ -19,7 +19,7 @@ from math import ceil
 from attrs import frozen
 
 from authsrv import events
-from authsrv.protocol.clientauth import authenticate, client_credentials
+from authsrv.flows.clients import authenticate_client
 from authsrv.protocol.errors import OAuthError
 from authsrv.protocol.forwarded import address_key
 from authsrv.protocol.rates import Rate, parse_rate
@@ -193,9 +193,7 @@ class ClientRateLimits:
     async def _authenticated(self, authorization: bytes | None, params: dict[str, str]) -> Client | None:
         """The client the request authenticates as, or None; the flow reports why not."""
         try:
-            credentials = client_credentials(authorization, params)
-            client = await self._clients.get_client(credentials.client_id)
-            return authenticate(client, credentials, await self._clients.secret_key(), int(self._clients.seconds()))
+            return await authenticate_client(self._clients, authorization, params)
         except OAuthError:
             return None
 
