@@ -219,6 +219,21 @@ class ILinkAttemptStore(Interface):
         """
 
 
+class IPushedRequestStore(Interface):
+    """Authorization requests pushed by clients (RFC 9126), each usable once."""
+
+    def save_pushed_request(pushed):
+        """Store a new L{authsrv.records.PushedRequest}."""
+
+    def take_pushed_request(uri_hash, client_id, now):
+        """
+        Delete and fire with the unexpired pushed request of that
+        C{request_uri} hash pushed by C{client_id}, so it is used once:
+        exactly one of racing takes gets it; else None. One pushed by
+        another client is left alone.
+        """
+
+
 class IAuthorizationCodeStore(Interface):
     def save_code(code, grant):
         """
@@ -518,6 +533,7 @@ class IStore(
     IBrowserSessionStore,
     IInteractionStore,
     ILinkAttemptStore,
+    IPushedRequestStore,
     IAuthorizationCodeStore,
     IGrantStore,
     IBanStore,
@@ -536,7 +552,7 @@ class IStore(
     def gc(now, batch_size):
         """
         Delete up to C{batch_size} rows of each kind that can no longer matter
-        (expired codes, pending requests, sessions, tokens, grants, bans,
+        (expired codes, pending and pushed requests, sessions, tokens, grants, bans,
         counted login attempts, known devices) and
         erase replay responses past their grace window; fires with the count.
         """

@@ -46,6 +46,9 @@ class Client:
     C{previous_secret_hash} is the secret a rotation replaced, still
     accepted until C{previous_secret_until}, so apps roll without downtime.
     C{require_mfa} asks every user signing in to it for a second factor.
+    C{require_pushed_authorization_requests} refuses its authorization
+    requests unless they were pushed first (RFC 9126); C{profile} names a
+    security profile its settings were checked against (C{"fapi2"}), or None.
     """
 
     client_id: str
@@ -67,6 +70,8 @@ class Client:
     previous_secret_hash: str | None = None
     previous_secret_until: int | None = None
     require_mfa: bool = False
+    require_pushed_authorization_requests: bool = False
+    profile: str | None = None
 
     @property
     def is_public(self) -> bool:
@@ -170,6 +175,23 @@ class Interaction:
     address: str | None = None
     sub: str | None = None
     amr: tuple[str, ...] = field(default=(), converter=_tuple)
+
+
+@frozen
+class PushedRequest:
+    """
+    An authorization request a client pushed (RFC 9126), waiting under the
+    hash of the C{request_uri} it was given until the browser brings that
+    to the authorization endpoint, once, before C{expires_at}. C{query} is
+    the request's parameters form-encoded as pushed, so the authorization
+    endpoint validates them exactly as it validates its own query.
+    """
+
+    uri_hash: str
+    client_id: str
+    query: str
+    created_at: int
+    expires_at: int
 
 
 @frozen

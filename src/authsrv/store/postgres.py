@@ -381,6 +381,19 @@ class PostgresStore:
             {"state": state_hash, "session": session_hash, "now": now},
         )
 
+    # IPushedRequestStore
+
+    def save_pushed_request(self, pushed):
+        return self._write("save_pushed_request", _T.pushed.insert, _T.pushed.params(pushed))
+
+    def take_pushed_request(self, uri_hash, client_id, now):
+        return self._one("take_pushed_request",
+            _T.pushed,
+            "DELETE FROM pushed_requests"
+            " WHERE uri_hash = %(hash)s AND client_id = %(client_id)s AND expires_at > %(now)s RETURNING *",
+            {"hash": uri_hash, "client_id": client_id, "now": now},
+        )
+
     # IAuthorizationCodeStore
 
     def save_code(self, code, grant):
@@ -871,6 +884,7 @@ _GC = tuple(
         ("authorization_codes", "code_hash", "expires_at <= %(now)s"),
         ("interactions", "interaction_id", "expires_at <= %(now)s"),
         ("link_attempts", "state_hash", "expires_at <= %(now)s"),
+        ("pushed_requests", "uri_hash", "expires_at <= %(now)s"),
         ("browser_sessions", "session_hash", "expires_at <= %(now)s"),
         ("access_tokens", "token_hash", "expires_at <= %(now)s"),
         ("refresh_tokens", "token_hash", "expires_at <= %(now)s"),

@@ -30,6 +30,7 @@ from authsrv.records import (
     LinkAttempt,
     LinkedAccount,
     Passkey,
+    PushedRequest,
     RefreshToken,
     TotpFactor,
 )
@@ -182,6 +183,7 @@ class Tables:
     sessions: Rows
     interactions: Rows
     link_attempts: Rows
+    pushed: Rows
     grants: Rows
     codes: Rows
     access: Rows
@@ -201,6 +203,7 @@ def tables(dialect: Dialect) -> Tables:
             Client, "clients", "client_id",
             redirect_uris=LIST, post_logout_redirect_uris=LIST, resources=LIST, grant_types=LIST, audiences=LIST,
             end_session_enabled=FLAG, first_party=FLAG, introspect_any=FLAG, require_mfa=FLAG,
+            require_pushed_authorization_requests=FLAG,
         ),
         sessions=rows(BrowserSession, "browser_sessions", "session_hash", amr=LIST),
         interactions=rows(
@@ -213,6 +216,7 @@ def tables(dialect: Dialect) -> Tables:
             },
         ),
         link_attempts=rows(LinkAttempt, "link_attempts", "state_hash"),
+        pushed=rows(PushedRequest, "pushed_requests", "uri_hash"),
         grants=rows(Grant, "grants", "grant_id", scope=SCOPE, resource=LIST, amr=LIST),
         codes=rows(AuthorizationCode, "authorization_codes", "code_hash", scope=SCOPE, resource=LIST, amr=LIST),
         access=rows(AccessToken, "access_tokens", "token_hash", derived=("user_ban",), scope=SCOPE, audience=LIST),

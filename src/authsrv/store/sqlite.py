@@ -316,6 +316,24 @@ class SQLiteStore:
             )
         )
 
+    # IPushedRequestStore
+
+    def save_pushed_request(self, pushed):
+        return self._insert("save_pushed_request", _T.pushed, pushed)
+
+    def take_pushed_request(self, uri_hash, client_id, now):
+        return self._call("take_pushed_request", True,
+            lambda db: _T.pushed.load(
+                _first(
+                    db.execute(
+                        "DELETE FROM pushed_requests WHERE uri_hash = ? AND client_id = ? AND expires_at > ?"
+                        " RETURNING *",
+                        (uri_hash, client_id, now),
+                    )
+                )
+            )
+        )
+
     # IAuthorizationCodeStore
 
     def save_code(self, code, grant):
@@ -748,6 +766,7 @@ _GC = tuple(
         ("authorization_codes", "code_hash", "expires_at <= :now"),
         ("interactions", "interaction_id", "expires_at <= :now"),
         ("link_attempts", "state_hash", "expires_at <= :now"),
+        ("pushed_requests", "uri_hash", "expires_at <= :now"),
         ("browser_sessions", "session_hash", "expires_at <= :now"),
         ("access_tokens", "token_hash", "expires_at <= :now"),
         ("refresh_tokens", "token_hash", "expires_at <= :now"),

@@ -67,6 +67,7 @@ class MemoryTables:
     sessions: dict = attrs.Factory(dict)
     interactions: dict = attrs.Factory(dict)
     link_attempts: dict = attrs.Factory(dict)
+    pushed: dict = attrs.Factory(dict)
     grants: dict = attrs.Factory(dict)
     codes: dict = attrs.Factory(dict)
     code_used_at: dict = attrs.Factory(dict)
@@ -223,6 +224,19 @@ class MemoryStore:
         if attempt is None or attempt.session_hash != session_hash or attempt.expires_at <= now:
             return None
         return self.tables.link_attempts.pop(state_hash)
+
+    # IPushedRequestStore
+
+    @_answered
+    def save_pushed_request(self, pushed):
+        _insert(self.tables.pushed, pushed.uri_hash, pushed)
+
+    @_answered
+    def take_pushed_request(self, uri_hash, client_id, now):
+        pushed = self.tables.pushed.get(uri_hash)
+        if pushed is None or pushed.client_id != client_id or pushed.expires_at <= now:
+            return None
+        return self.tables.pushed.pop(uri_hash)
 
     # IAuthorizationCodeStore
 
@@ -621,6 +635,7 @@ class MemoryStore:
         count = expired(tables.codes, lambda code: code.expires_at <= now)
         count += expired(tables.interactions, lambda interaction: interaction.expires_at <= now)
         count += expired(tables.link_attempts, lambda attempt: attempt.expires_at <= now)
+        count += expired(tables.pushed, lambda pushed: pushed.expires_at <= now)
         count += expired(tables.sessions, lambda session: session.expires_at <= now)
         count += expired(tables.access, lambda access: access.expires_at <= now)
         count += expired(tables.refresh, lambda refresh: refresh.expires_at <= now)

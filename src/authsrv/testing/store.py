@@ -43,6 +43,7 @@ from authsrv.records import (
     Grant,
     Interaction,
     LinkAttempt,
+    PushedRequest,
     LinkedAccount,
     NotRevoked,
     RefreshNotFound,
@@ -133,6 +134,15 @@ def make_interaction(interaction_id: str, stage: str = LOGIN_STAGE, expires_at: 
         sid="sid-1" if stage == CONSENT_STAGE else None,
     )
     return attrs.evolve(interaction, **changes)
+
+
+def make_pushed(label: str, client_id: str = CLIENT, expires_at: int = NOW + 60) -> PushedRequest:
+    """A pushed request whose query has a repeated parameter and text that needs escaping."""
+    return PushedRequest(
+        uri_hash=h("urn:ietf:params:oauth:request_uri:" + label), client_id=client_id,
+        query="response_type=code&state=%C3%A5%26b%3Dc+d&resource=https%3A%2F%2Fapi.example%2F&resource=urn%3Achat",
+        created_at=NOW, expires_at=expires_at,
+    )
 
 
 def make_link_attempt(label: str, session: str = "cookie-1", expires_at: int = NOW + 600, **changes) -> LinkAttempt:
@@ -288,6 +298,7 @@ class StoreConformance(FactorStoreConformance):
         declared = Client(
             CLIENT, h("secret"), ["https://app.example/cb"], source="config", refresh_grace=0, rate_limit="20/s",
             audiences=["https://api.example", "https://files.example"],
+            require_pushed_authorization_requests=True, profile="fapi2",
         )
         plain = Client(OTHER_CLIENT, None, ["https://partner.example/cb"])
         async with self.store() as store:
@@ -298,6 +309,7 @@ class StoreConformance(FactorStoreConformance):
             assert (stored.source, stored.refresh_grace, stored.rate_limit, stored.audiences) == (
                 "operator", None, None, ()
             )
+            assert (stored.require_pushed_authorization_requests, stored.profile) == (False, None)
 
     @pytest_twisted.ensureDeferred
     async def test_client_previous_secret_round_trip(self):
@@ -505,6 +517,38 @@ class StoreConformance(FactorStoreConformance):
             assert await store.take_link_attempt(h("state-1"), h("cookie-1"), NOW + 10) is None
             with pytest.raises(AlreadyExists):
                 await store.save_link_attempt(make_link_attempt("1"))
+
+    # --- pushed authorization requests ----------------------------------------
+
+    @pytest_twisted.ensureDeferred
+    async def test_pushed_request_is_taken_once(self):
+        pushed = make_pushed("1")
+        async with self.store() as store:
+            assert await store.save_pushed_request(pushed) is None
+            assert await store.take_pushed_request(pushed.uri_hash, CLIENT, NOW + 59) == pushed
+            assert await store.take_pushed_request(pushed.uri_hash, CLIENT, NOW) is None
+            assert await store.take_pushed_request(h("unknown"), CLIENT, NOW) is None
+
+    @pytest_twisted.ensureDeferred
+    async def test_pushed_request_of_another_client_is_left_alone(self):
+        pushed = make_pushed("1")
+        async with self.store() as store:
+            await store.save_pushed_request(pushed)
+            assert await store.take_pushed_request(pushed.uri_hash, OTHER_CLIENT, NOW) is None
+            assert await store.take_pushed_request(pushed.uri_hash, CLIENT, NOW) == pushed
+
+    @pytest_twisted.ensureDeferred
+    async def test_expired_pushed_request_is_not_taken_and_is_housekept(self):
+        async with self.store() as store:
+            for n, expires_at in enumerate((NOW - 1, NOW, NOW + 1)):
+                await store.save_pushed_request(make_pushed(f"{n}", expires_at=expires_at))
+            assert await store.take_pushed_request(make_pushed("1").uri_hash, CLIENT, NOW) is None
+            with pytest.raises(AlreadyExists):
+                await store.save_pushed_request(make_pushed("1"))
+            assert await store.gc(NOW, 100) == 2
+            assert [await store.take_pushed_request(make_pushed(f"{n}").uri_hash, CLIENT, NOW - 2) for n in range(3)] == [
+                None, None, make_pushed("2", expires_at=NOW + 1),
+            ]
 
     # --- codes ---------------------------------------------------------------
 
@@ -1298,6 +1342,17 @@ class StoreConcurrencyConformance(FactorConcurrencyConformance):
                     [store.take_link_attempt(attempt.state_hash, attempt.session_hash, NOW) for store in (first, second)]
                 )
                 assert sorted(results, key=lambda r: r is None) == [attempt, None]
+
+    @pytest_twisted.ensureDeferred
+    async def test_racing_pushed_request_takes(self):
+        async with self.store_pair() as (first, second):
+            for n in range(self.rounds):
+                pushed = make_pushed(f"{n}")
+                await first.save_pushed_request(pushed)
+                results = await gatherResults(
+                    [store.take_pushed_request(pushed.uri_hash, CLIENT, NOW) for store in (first, second)]
+                )
+                assert sorted(results, key=lambda r: r is None) == [pushed, None]
 
     @pytest_twisted.ensureDeferred
     async def test_racing_link_locks(self):
