@@ -25,6 +25,7 @@ from authsrv.flows.ratelimit import DEFAULT_RATE, RateSettings
 from authsrv.protocol.clients import CLIENT_ID_MAX, client_id_problem, is_loopback_host, redirect_uri_problem
 from authsrv.protocol.forwarded import Network, parse_networks
 from authsrv.protocol.password_policy import MAX_LENGTH, MIN_LENGTH
+from authsrv.protocol.pushed import PROFILES
 from authsrv.protocol.rates import Rate, parse_rate
 from authsrv.protocol.targets import backchannel_uri_problem
 from authsrv.records import DEFAULT_GRANT_TYPES, Client, ThrottlePolicy
@@ -132,6 +133,17 @@ class AdminSettings:
 
 
 @frozen
+class PushedRequestSettings:
+    """
+    C{[par]}: whether the pushed authorization request endpoint (RFC 9126)
+    is offered, and whether every client must use it; requiring it offers it.
+    """
+
+    enabled: bool = False
+    required: bool = False
+
+
+@frozen
 class PluginChoice:
     """A configured plugin: its name and the rest of its section."""
 
@@ -169,6 +181,7 @@ class Config:
     log_format: str | None = None
     admin: AdminSettings = AdminSettings()
     mfa: MfaPolicy = MfaPolicy()
+    par: PushedRequestSettings = PushedRequestSettings()
 
     @property
     def issuer(self) -> str:
@@ -474,9 +487,29 @@ def client_from_config(section: Section, demo: bool = False) -> Client:
         rate_limit=_rate_limit(section),
         audiences=_uris(section, "audiences", False),
         require_mfa=section.bool("require_mfa", False),
+        require_pushed_authorization_requests=section.bool("require_pushed_authorization_requests", False),
+        profile=section.str("profile", None, choices=PROFILES),
     )
     section.done()
     return client
+
+
+def _par(section: Section) -> PushedRequestSettings:
+    """C{[par]}; see L{PushedRequestSettings}."""
+    required = section.bool("require_pushed_authorization_requests", False)
+    settings = PushedRequestSettings(enabled=section.bool("enabled", False) or required, required=required)
+    section.done()
+    return settings
+
+
+def _needs_par(index: int, client: Client, par: PushedRequestSettings) -> list[ConfigError]:
+    """A client held to pushed requests on a server that offers none could never sign anyone in."""
+    if par.enabled:
+        return []
+    key = "profile" if client.profile is not None else "require_pushed_authorization_requests"
+    if not (client.profile or client.require_pushed_authorization_requests):
+        return []
+    return [ConfigError(f"clients[{index}].{key}", "needs pushed authorization requests: set [par] enabled = true")]
 
 
 def _raw(data: dict, table: str, name: str):
@@ -611,6 +644,10 @@ def read_config_document(
             checked.add(ConfigError(f"clients[{index}].client_id", f"{client.client_id!r} is declared twice"))
         else:
             clients.append(client)
+    par = checked.take(_par, _table(top, checked, "par"), fallback=PushedRequestSettings())
+    for index, client in enumerate(clients):
+        for error in _needs_par(index, client, par):
+            checked.add(error)
     chat = checked.take(chat_config, checked.take(top.table, "chat", None))
     checked.done(top)
     config = Config(
@@ -634,6 +671,7 @@ def read_config_document(
         show_ban_reason=show_ban_reason,
         rate_limits=rate_limits,
         mfa=mfa,
+        par=par,
         trusted_proxies=trusted_proxies,
         password_min_length=password_min_length,
         metrics_listen=metrics_listen,

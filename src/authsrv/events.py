@@ -30,6 +30,8 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "consent.given": ("scope",),
     "consent.denied": (),
     "code.issued": (),
+    "request.pushed": (),
+    "request_uri.refused": (),
     "code.reused": (),
     "token.issued": ("grant_type", "token_fp"),
     "refresh.reused": (),
@@ -118,6 +120,16 @@ def consent_denied(*, sub: str, client_id: str) -> None:
 def code_issued(*, sub: str, client_id: str, grant_id: str) -> None:
     _emit("code.issued", "code for {sub} to {client_id} (grant {grant_id})", "success", sub=sub,
           client_id=client_id, grant_id=grant_id)
+
+
+def request_pushed(*, client_id: str) -> None:
+    _emit("request.pushed", "authorization request pushed by {client_id}", "success", client_id=client_id)
+
+
+def request_uri_refused(*, client_id: str) -> None:
+    """A browser brought a request_uri that was used, expired, unknown or another client's: a replay, or stale."""
+    _emit("request_uri.refused", "request_uri refused for {client_id}", "refused", client_id=client_id,
+          reason="unknown, used, expired or another client's")
 
 
 def token_issued(*, sub: str, client_id: str, grant_id: str, grant_type: str, token_fp: str) -> None:

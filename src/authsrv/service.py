@@ -48,6 +48,7 @@ from authsrv.flows.link import ChatLinking
 from authsrv.flows.passkeys import Passkeys
 from authsrv.flows.login import PasswordLogin
 from authsrv.flows.mfa import SecondFactors
+from authsrv.flows.pushed import PushedRequests
 from authsrv.flows.ratelimit import ClientRateLimits
 from authsrv.flows.readiness import Readiness
 from authsrv.flows.revoke import RevocationFlow
@@ -63,7 +64,7 @@ from authsrv.operations.clients import ClientOperations
 from authsrv.operations.keys import JWKS_MAX_AGE, KeyOperations
 from authsrv.operations.users import UserOperations
 from authsrv.plugins import UnknownPlugin, find_factory
-from authsrv.protocol.discovery import authorization_server_metadata, openid_configuration
+from authsrv.protocol.discovery import authorization_server_metadata, openid_configuration, pushed_request_metadata
 from authsrv.records import Client
 from authsrv.tls import hsts_headers, listen_problem, resolve_tls_paths
 from authsrv.tokens import CLIENT_SECRET_KEY, keyed_form
@@ -295,8 +296,9 @@ def _claims(config: Config, store) -> ClaimsSource:
 
 def _documents(config: Config, keystore, grant_types: tuple[str, ...]) -> dict[bytes, Resource]:
     issuer_path = config.issuer[len(config.public_url):]
-    oidc = json.dumps(openid_configuration(config.issuer, keystore.algorithms, grant_types)).encode()
-    oauth = json.dumps(authorization_server_metadata(config.issuer, keystore.algorithms, grant_types)).encode()
+    pushed = pushed_request_metadata(config.issuer, config.par.enabled, config.par.required)
+    oidc = json.dumps(openid_configuration(config.issuer, keystore.algorithms, grant_types, pushed)).encode()
+    oauth = json.dumps(authorization_server_metadata(config.issuer, keystore.algorithms, grant_types, pushed)).encode()
     long_lived = b"public, max-age=3600"
     return {
         f"{issuer_path}/.well-known/openid-configuration".encode(): Named(StaticBytes(
@@ -317,6 +319,7 @@ class PublicFlows:
 
     interaction: InteractionFlow
     token: TokenFlow
+    pushed: PushedRequests | None
     userinfo: UserInfoFlow
     introspection: IntrospectionFlow
     revocation: RevocationFlow
@@ -340,13 +343,15 @@ def public_flows(config: Config, reactor, store, keystore, identity, grants: Gra
     if config.mfa.enabled:
         passkeys = Passkeys(store=store, public_url=config.public_url,
                             rp_name=urlsplit(config.public_url).hostname or config.public_url)
+    pushed = PushedRequests(store=store, clients=clients, required=config.par.required) if config.par.enabled else None
     return PublicFlows(
         interaction=InteractionFlow(
             store=store, clients=clients, identity=identity, login=login, sessions=sessions,
             limits=config.limits, issuer=config.issuer, factors=factors, show_ban_reason=config.show_ban_reason,
-            passkeys=passkeys,
+            passkeys=passkeys, pushed=pushed,
         ),
         token=TokenFlow(clients=clients, grants=grants),
+        pushed=pushed,
         userinfo=UserInfoFlow(store=store, identity=identity, claims=_claims(config, store), issuer=config.issuer),
         introspection=IntrospectionFlow(store=store, clients=clients, identity=identity, issuer=config.issuer),
         revocation=RevocationFlow(store=store, clients=clients),

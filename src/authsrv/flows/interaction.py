@@ -27,6 +27,7 @@ from authsrv.flows.csrf import form_token, form_token_valid, valid_device_secret
 from authsrv.flows.login import LoggedIn, Refused, Suspended, Throttled
 from authsrv.flows.mfa import Accepted, SecondFactors
 from authsrv.flows.passkeys import PASSKEY_METHODS, PasskeyAccepted, Passkeys
+from authsrv.flows.pushed import PushedRequests
 from authsrv.flows.standing import standing
 from authsrv.flows.outcomes import (
     Browser,
@@ -50,6 +51,7 @@ from authsrv.protocol.authorize import (
 )
 from authsrv.protocol.errors import AccessDenied, PageError
 from authsrv.protocol.forwarded import address_key
+from authsrv.protocol.pushed import must_push
 from authsrv.protocol.urls import origin
 from authsrv.protocol.oidc import with_second_factor
 from authsrv.records import (
@@ -125,11 +127,14 @@ class InteractionFlow:
     session at a new login and tells its clients; C{clients} answers
     C{get_client}; C{limits} gives the code, session and interaction
     lifetimes; C{factors} are the users' second factors and C{passkeys}
-    their passkeys (None when second factors are off).
+    their passkeys (None when second factors are off); C{pushed} the
+    L{PushedRequests} (None when the server offers no pushed requests).
     """
 
     def __init__(self, *, store, clients, identity, login, sessions, limits, issuer: str,
-                 factors: SecondFactors, show_ban_reason: bool = False, passkeys: Passkeys | None = None):
+                 factors: SecondFactors, show_ban_reason: bool = False, passkeys: Passkeys | None = None,
+                 pushed: PushedRequests | None = None):
+        self._pushed = pushed
         self._factors = factors
         self._passkeys = passkeys
         self._show_ban_reason = show_ban_reason
@@ -150,8 +155,13 @@ class InteractionFlow:
         """
         client_id = client_id_of(args)
         client = await self._clients.get_client(client_id) if client_id is not None else None
+        pushed, push_required = self._pushed, False
+        if client is not None and pushed is not None and b"request_uri" in args:
+            args = await pushed.take(client, args, now)
+        elif client is not None:
+            push_required = must_push(client, pushed is not None and pushed.required)
         try:
-            request = parse_request(client, args)
+            request = parse_request(client, args, push_required=push_required)
             assert client is not None, "parse_request refuses an unknown client"
             session = await live_session(self._store, self._identity, browser.session, now)
             if session is None or login_needed(request, session, now):

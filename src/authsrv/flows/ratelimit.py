@@ -147,7 +147,7 @@ class EndpointLimit:
 
 class ClientRateLimits:
     """
-    Which bucket a token, introspection or revocation request counts
+    Which bucket a token, pushed authorization, introspection or revocation request counts
     against, decided before the expensive work: the authenticated client's
     own bucket, at its C{rate_limit} or the default. A public client has no
     secret, so anyone can send its id: it counts per address, one caller
@@ -166,6 +166,7 @@ class ClientRateLimits:
         self.token = EndpointLimit("token", clock, max_keys)
         self.introspection = EndpointLimit("introspection", clock, max_keys)
         self.revocation = EndpointLimit("revocation", clock, max_keys)
+        self.pushed = EndpointLimit("par", clock, max_keys)
         self.userinfo = EndpointLimit("userinfo", clock, max_keys)
 
     async def client_request(self, limit: EndpointLimit, authorization: bytes | None, params: dict[str, str],

@@ -178,12 +178,15 @@ def _validate(client: Client, redirect_uri: str, params: dict[str, str], args) -
     )
 
 
-def parse_request(client: Client | None, args: dict[bytes, list[bytes]]) -> AuthorizationRequest:
+def parse_request(client: Client | None, args: dict[bytes, list[bytes]], *,
+                  push_required: bool = False) -> AuthorizationRequest:
     """
     Validate raw request arguments for the client their client_id named;
     raises L{PageError} or L{AuthorizeError}. C{resource} may repeat (RFC
     8707); any other repeated parameter is invalid_request. Unknown
-    parameters are ignored.
+    parameters are ignored. C{push_required}: the client may only use
+    pushed requests, so these plain parameters are refused once the
+    redirect URI is known to be safe (RFC 9126 section 5).
     """
     if client is None:
         raise unsafe("The application that sent you here is not known to this service.")
@@ -193,6 +196,10 @@ def parse_request(client: Client | None, args: dict[bytes, list[bytes]]) -> Auth
     except InvalidRequest:
         malformed = InvalidRequest("a parameter is repeated, too long, or not UTF-8 text; send each once")
         raise AuthorizeError(malformed, redirect_uri, one_param(args, b"state")) from None
+    if push_required:
+        pushed_only = InvalidRequest("this client must push its authorization requests first (RFC 9126) and send"
+                                     " only client_id and request_uri here")
+        raise AuthorizeError(pushed_only, redirect_uri, params.get("state"))
     try:
         return _validate(client, redirect_uri, params, args)
     except OAuthError as e:

@@ -31,9 +31,24 @@ def endpoints(issuer: str) -> dict[str, str]:
     }
 
 
-def authorization_server_metadata(issuer: str, algorithms: tuple[str, ...], grant_types: tuple[str, ...]) -> dict:
-    """RFC 8414 metadata; the OIDC document extends it. C{grant_types} are the token endpoint's."""
+def pushed_request_metadata(issuer: str, offered: bool, required: bool) -> dict:
+    """RFC 9126 section 5, only when pushed requests are offered."""
+    if not offered:
+        return {}
     return {
+        "pushed_authorization_request_endpoint": f"{issuer}/oauth2/par",
+        "require_pushed_authorization_requests": required,
+    }
+
+
+def authorization_server_metadata(issuer: str, algorithms: tuple[str, ...], grant_types: tuple[str, ...],
+                                  pushed: dict | None = None) -> dict:
+    """
+    RFC 8414 metadata; the OIDC document extends it. C{grant_types} are the
+    token endpoint's; C{pushed} is L{pushed_request_metadata}'s.
+    """
+    return {
+        **(pushed or {}),
         "issuer": issuer,
         **endpoints(issuer),
         "scopes_supported": list(SCOPES),
@@ -49,10 +64,11 @@ def authorization_server_metadata(issuer: str, algorithms: tuple[str, ...], gran
     }
 
 
-def openid_configuration(issuer: str, algorithms: tuple[str, ...], grant_types: tuple[str, ...]) -> dict:
+def openid_configuration(issuer: str, algorithms: tuple[str, ...], grant_types: tuple[str, ...],
+                         pushed: dict | None = None) -> dict:
     """The OIDC discovery document."""
     return {
-        **authorization_server_metadata(issuer, algorithms, grant_types),
+        **authorization_server_metadata(issuer, algorithms, grant_types, pushed),
         "subject_types_supported": ["public"],
         "claims_supported": list(CLAIMS),
         "prompt_values_supported": ["none", "login", "consent"],

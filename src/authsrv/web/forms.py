@@ -19,16 +19,21 @@ def is_form(request) -> bool:
     return content_type.split(b";", 1)[0].strip().lower() == FORM
 
 
-def form_params(request) -> dict[str, str]:
+def form_args(request) -> dict[bytes, list[bytes]]:
     """
-    The parameters of a back-channel POST, from a form body only: a query
+    The raw fields of a back-channel POST, from a form body only: a query
     string would leave credentials and tokens in logs (OAuth 2.1 section 3.2).
     """
     if not is_form(request):
         raise InvalidRequest("send the parameters as an application/x-www-form-urlencoded body")
     if b"?" in request.uri:
         raise InvalidRequest("send the parameters in the request body, not in the query string")
-    return single_params(request.args)
+    return request.args
+
+
+def form_params(request) -> dict[str, str]:
+    """The parameters of a back-channel POST (L{form_args}), each sent once."""
+    return single_params(form_args(request))
 
 
 def page_form(request) -> dict[str, str] | None:

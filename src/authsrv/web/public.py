@@ -25,9 +25,10 @@ from authsrv.identity.errors import BackendUnavailable
 from authsrv.protocol.bearer import bearer_token
 from authsrv.protocol.errors import InvalidRequest, OAuthError, PageError, TemporarilyUnavailable
 from authsrv.protocol.params import single_params
+from authsrv.protocol.pushed import push_params
 from authsrv.store.errors import StoreUnavailable
 from authsrv.web.account_pages import account_page
-from authsrv.web.forms import client_address_of, form_params, page_form, userinfo_form_token
+from authsrv.web.forms import client_address_of, form_args, form_params, page_form, userinfo_form_token
 from authsrv.web.headers import allow_any_origin, json_body, oauth_error
 from authsrv.web.interaction_pages import (
     consent_page,
@@ -41,7 +42,7 @@ from authsrv.web.pages import error_page, render_page
 from authsrv.web.routes import RoutedKlein
 
 RETRY_AFTER = b"5"
-JSON_ENDPOINTS = (b"/oauth2/token", b"/oauth2/userinfo", b"/oauth2/introspect", b"/oauth2/revoke")
+JSON_ENDPOINTS = (b"/oauth2/token", b"/oauth2/par", b"/oauth2/userinfo", b"/oauth2/introspect", b"/oauth2/revoke")
 """Paths whose callers read JSON; every other route that uses the store is a page."""
 LINK_PATH = ISSUER_PATH + "/link/chat"
 ACCOUNT_PATH = ISSUER_PATH + "/account"
@@ -64,7 +65,8 @@ def _preflight(request, methods: bytes) -> bytes:
 
 class PublicSite:
     """
-    C{flows} has the attributes C{interaction}, C{token}, C{userinfo},
+    C{flows} has the attributes C{interaction}, C{token}, C{pushed} (None
+    when pushed authorization requests are not offered), C{userinfo},
     C{introspection}, C{revocation}, C{end_session}, C{account} (the user's
     own second factors), C{account_page} (the account page's actions) and
     C{linking} (None when no chat provider client is configured);
@@ -150,6 +152,17 @@ class PublicSite:
     @app.route(ISSUER_PATH + "/oauth2/token", methods=["OPTIONS"])
     def token_preflight(self, request):
         return _preflight(request, b"POST, OPTIONS")
+
+    @app.route(ISSUER_PATH + "/oauth2/par", methods=["POST"])
+    async def pushed_request(self, request):
+        """RFC 9126: 201 with the request_uri, counted like the token endpoint; 404 when not offered."""
+        pushed = self._flows.pushed
+        if pushed is None:
+            raise NotFound()
+        args = form_args(request)
+        await self._count(request, self._rates.pushed, push_params(args))
+        response = await pushed.push(request.getHeader(b"authorization"), args, self._now())
+        return json_body(request, 201, response, no_store=True)
 
     @app.route(ISSUER_PATH + "/oauth2/userinfo", methods=["GET", "POST"])
     async def userinfo(self, request):

@@ -1,0 +1,307 @@
+"""
+Pushed authorization requests (RFC 9126) in memory: a pushed request is
+validated like the authorization endpoint's query, used once, only by its
+own client and only for a minute; a client held to pushed requests cannot
+send plain parameters; the endpoint authenticates clients like the token
+endpoint, counts them against their rate, and exists only when offered.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlencode
+
+import pytest_twisted
+
+from flow_client import Browser, location
+from harness import CLIENTS, ISSUER, SECRETS, Harness, pkce_pair, query_of
+from token_helpers import basic, exchange, post_form, redirect_uri_of
+
+from authsrv.protocol.pushed import REQUEST_URI_PREFIX
+from authsrv.testing.identity import ALICE, PASSWORDS
+from authsrv.tokens import token_hash
+
+PAR = "/api/auth/oauth2/par"
+STRICT = {
+    "client_id": "strict",
+    "name": "Strict App",
+    "secret_env": "AUTHSRV_TEST_PARTNER_SECRET",
+    "redirect_uris": ["http://127.0.0.1:9004/callback"],
+    "require_pushed_authorization_requests": True,
+}
+OFFERED = {"par": {"enabled": True}, "clients": [*CLIENTS, STRICT]}
+
+
+async def started(tmp_path, monkeypatch, config=OFFERED) -> Harness:
+    return await Harness(tmp_path, monkeypatch, config).start()
+
+
+def request_fields(client_id: str = "first", **changes) -> tuple[dict, str]:
+    """An authorization request's fields as a client pushes them, and its PKCE verifier."""
+    verifier, challenge = pkce_pair()
+    redirect_uri = STRICT["redirect_uris"][0] if client_id == "strict" else redirect_uri_of(client_id)
+    fields = {
+        "response_type": "code", "redirect_uri": redirect_uri, "scope": "openid profile offline_access",
+        "state": "st4te", "nonce": "n-1", "code_challenge": challenge, "code_challenge_method": "S256", **changes,
+    }
+    return {k: v for k, v in fields.items() if v is not None}, verifier
+
+
+async def push(h, client_id: str = "first", method: str = "post", **changes) -> tuple[str, str]:
+    """Push a valid request; (request_uri, verifier)."""
+    fields, verifier = request_fields(client_id, **changes)
+    auth = "basic" if method == "basic" else "post"
+    response, body = await post_form(h, PAR, fields, "partner" if client_id == "strict" else client_id, auth)
+    assert response.code == 201, body
+    return body["request_uri"], verifier
+
+
+async def push_as_strict(h) -> tuple[str, str]:
+    fields, verifier = request_fields("strict")
+    response, body = await h.json("POST", PAR, data={**fields, "client_id": "strict",
+                                                      "client_secret": SECRETS["partner"]})
+    assert response.code == 201, body
+    return body["request_uri"], verifier
+
+
+def by_reference(client_id: str, request_uri: str, **extra) -> str:
+    return ISSUER + "/oauth2/authorize?" + urlencode({"client_id": client_id, "request_uri": request_uri, **extra})
+
+
+def assert_unusable(response, body):
+    """A request_uri that cannot be used: the service's own page, never a redirect."""
+    assert response.code == 400, body
+    assert not response.headers.hasHeader(b"location")
+    assert b"invalid_request_uri" in body
+
+
+async def sign_in_by_reference(h, browser: Browser, client_id: str, request_uri: str, **extra) -> dict[str, str]:
+    response, body = await browser.get(by_reference(client_id, request_uri, **extra))
+    assert response.code == 303 and "/login?" in location(response), body
+    response, body = await browser.submit_login(location(response), ALICE.login, PASSWORDS[ALICE.sub])
+    if response.code == 303 and "/consent?" in location(response):
+        response, body = await browser.answer_consent(location(response), "approve")
+    assert response.code in (302, 303), body
+    return query_of(location(response))
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_pushed_request_signs_in_and_its_code_redeems(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        fields, verifier = request_fields()
+        response, body = await post_form(h, PAR, fields, "first", "basic")
+        assert response.code == 201, body
+        assert set(body) == {"request_uri", "expires_in"} and body["expires_in"] == 60
+        assert body["request_uri"].startswith(REQUEST_URI_PREFIX)
+        assert len(body["request_uri"]) > len(REQUEST_URI_PREFIX) + 40
+        assert response.headers.getRawHeaders(b"cache-control") == [b"no-store"]
+        returned = await sign_in_by_reference(
+            h, Browser(h), "first", body["request_uri"],
+            state="not-the-pushed-one", redirect_uri="http://127.0.0.1:9000/other",
+        )
+        assert returned["state"] == "st4te" and returned["iss"] == ISSUER
+        response, tokens = await exchange(h, returned["code"], verifier)
+        assert response.code == 200, tokens
+        assert tokens["refresh_token"] and tokens["id_token"]
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_request_uri_works_once_for_a_minute_for_its_own_client(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        used, _ = await push(h)
+        await sign_in_by_reference(h, Browser(h), "first", used)
+        response, body = await Browser(h).get(by_reference("first", used))
+        assert_unusable(response, body)
+
+        stale, _ = await push(h)
+        h.clock.advance(60)
+        response, body = await Browser(h).get(by_reference("first", stale))
+        assert_unusable(response, body)
+
+        theirs, _ = await push(h)
+        for intruder in ("partner", "spa"):
+            response, body = await Browser(h).get(by_reference(intruder, theirs))
+            assert_unusable(response, body)
+        assert (await sign_in_by_reference(h, Browser(h), "first", theirs))["code"]
+
+        for forged in (REQUEST_URI_PREFIX + "guessed", "https://evil.example/request.jwt"):
+            response, body = await Browser(h).get(by_reference("first", forged))
+            assert_unusable(response, body)
+        response, body = await Browser(h).get(ISSUER + "/oauth2/authorize?client_id=first&request_uri=a&request_uri=b")
+        assert_unusable(response, body)
+        response, body = await Browser(h).get(by_reference("nobody", theirs))
+        assert response.code == 400 and b"not known" in body
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_client_held_to_pushed_requests_cannot_send_plain_parameters(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        fields, _ = request_fields("strict")
+        response, body = await Browser(h).get(
+            ISSUER + "/oauth2/authorize?" + urlencode({**fields, "client_id": "strict"})
+        )
+        assert response.code == 302
+        returned = query_of(location(response))
+        assert location(response).startswith(STRICT["redirect_uris"][0] + "?")
+        assert returned["error"] == "invalid_request" and "RFC 9126" in returned["error_description"]
+        assert returned["state"] == "st4te" and returned["iss"] == ISSUER and "code" not in returned
+        response, body = await Browser(h).get(
+            ISSUER + "/oauth2/authorize?" + urlencode({**fields, "client_id": "strict", "redirect_uri": "https://evil.example/"})
+        )
+        assert response.code == 400 and not response.headers.hasHeader(b"location")
+
+        request_uri, verifier = await push_as_strict(h)
+        returned = await sign_in_by_reference(h, Browser(h), "strict", request_uri)
+        response, tokens = await h.json("POST", "/api/auth/oauth2/token", data={
+            "grant_type": "authorization_code", "code": returned["code"], "code_verifier": verifier,
+            "redirect_uri": STRICT["redirect_uris"][0], "client_id": "strict", "client_secret": SECRETS["partner"],
+        })
+        assert response.code == 200, tokens
+
+        fields, _ = request_fields("first")
+        response, _ = await Browser(h).get(ISSUER + "/oauth2/authorize?" + urlencode({**fields, "client_id": "first"}))
+        assert response.code == 303 and "/login?" in location(response), "only the strict client is held to PAR"
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_server_can_hold_every_client_to_pushed_requests(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch, {"par": {"require_pushed_authorization_requests": True}})
+    try:
+        _, document = await h.json("GET", "/api/auth/.well-known/openid-configuration")
+        assert document["require_pushed_authorization_requests"] is True
+        for client_id in ("first", "spa"):
+            response, _ = await Browser(h).authorize(client_id)
+            assert query_of(location(response))["error"] == "invalid_request"
+        request_uri, _ = await push(h, "spa")
+        assert (await sign_in_by_reference(h, Browser(h), "spa", request_uri))["code"]
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_pushing_needs_client_authentication(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        fields, _ = request_fields()
+        for data, headers in [
+            (fields, {}),
+            ({**fields, "client_id": "first"}, {}),
+            ({**fields, "client_id": "first", "client_secret": "wrong"}, {}),
+            (fields, basic("first", "wrong")),
+            ({**fields, "client_id": "nobody", "client_secret": "x"}, {}),
+            ({**fields, "client_id": "spa", "client_secret": "made-up"}, {}),
+        ]:
+            response, body = await h.json("POST", PAR, data=data, headers=headers)
+            assert response.code == 401 and body["error"] == "invalid_client", (data, body)
+            assert response.headers.hasHeader(b"www-authenticate")
+        response, body = await h.json("POST", PAR, data={**fields, "client_id": "first"},
+                                      headers=basic("partner", SECRETS["partner"]))
+        assert response.code == 400 and body["error"] == "invalid_request"
+        assert await h.store.take_pushed_request(token_hash("x"), "first", h.now()) is None
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_push_is_validated_as_the_authorization_endpoint_validates(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        cases = [
+            ({"redirect_uri": "https://evil.example/callback"}, "invalid_request"),
+            ({"redirect_uri": None}, "invalid_request"),
+            ({"request_uri": REQUEST_URI_PREFIX + "x"}, "invalid_request"),
+            ({"request": "eyJhbGciOiJub25lIn0.e30."}, "request_not_supported"),
+            ({"response_type": "token"}, "unsupported_response_type"),
+            ({"code_challenge_method": "plain"}, "invalid_request"),
+            ({"code_challenge": None}, "invalid_request"),
+            ({"scope": "openid admin"}, "invalid_scope"),
+            ({"resource": "https://other.example.test"}, "invalid_target"),
+            ({"state": None}, "invalid_request"),
+        ]
+        for changes, error in cases:
+            fields, _ = request_fields(**changes)
+            response, body = await post_form(h, PAR, fields)
+            assert response.code == 400 and body["error"] == error, (changes, body)
+        fields, _ = request_fields()
+        response, body = await h.json("POST", PAR + "?state=x", data={**fields, "client_id": "first",
+                                                                     "client_secret": SECRETS["first"]})
+        assert response.code == 400 and body["error"] == "invalid_request"
+        response, body = await h.json("POST", PAR, data=[*fields.items(), ("state", "again"),
+                                                         ("client_id", "first"), ("client_secret", SECRETS["first"])])
+        assert response.code == 400 and body["error"] == "invalid_request"
+        response, body = await h.json("POST", PAR, json={**fields, "client_id": "first"})
+        assert response.code == 400 and body["error"] == "invalid_request"
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_resources_repeat_and_the_secret_is_never_kept(tmp_path, monkeypatch):
+    config = {"par": {"enabled": True},
+              "clients": [{**CLIENTS[0], "resources": ["https://api.example.test", "urn:files"]}, *CLIENTS[1:]]}
+    h = await started(tmp_path, monkeypatch, config)
+    try:
+        fields, verifier = request_fields()
+        data = [*fields.items(), ("resource", "https://api.example.test"), ("resource", "urn:files"),
+                ("client_id", "first"), ("client_secret", SECRETS["first"])]
+        response, body = await h.json("POST", PAR, data=data)
+        assert response.code == 201, body
+        pushed = h.store  # the row as stored
+        row = await pushed.take_pushed_request(token_hash(body["request_uri"]), "first", h.now())
+        assert SECRETS["first"] not in row.query and "client_secret" not in row.query
+        await pushed.save_pushed_request(row)
+        returned = await sign_in_by_reference(h, Browser(h), "first", body["request_uri"])
+        response, tokens = await exchange(h, returned["code"], verifier)
+        assert response.code == 200, tokens
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_pushes_count_against_the_client_rate(tmp_path, monkeypatch):
+    config = {"par": {"enabled": True}, "clients": [{**CLIENTS[0], "rate_limit": "2/m"}, *CLIENTS[1:]]}
+    h = await started(tmp_path, monkeypatch, config)
+    try:
+        await push(h)
+        await push(h)
+        fields, _ = request_fields()
+        response, body = await post_form(h, PAR, fields)
+        assert response.code == 429 and body["error"] == "too_many_requests"
+        assert response.headers.getRawHeaders(b"retry-after")
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_not_offered_means_no_endpoint_and_nothing_in_discovery(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch, {})
+    try:
+        fields, _ = request_fields()
+        response, body = await post_form(h, PAR, fields)
+        assert response.code == 404
+        for path in ("openid-configuration", "oauth-authorization-server"):
+            _, document = await h.json("GET", f"/api/auth/.well-known/{path}")
+            assert "pushed_authorization_request_endpoint" not in document
+            assert "require_pushed_authorization_requests" not in document
+        response, _ = await Browser(h).get(by_reference("first", REQUEST_URI_PREFIX + "x") + "&" + urlencode(
+            {k: v for k, v in {**fields, "client_id": None}.items() if v is not None}))
+        assert query_of(location(response))["error"] == "request_uri_not_supported"
+    finally:
+        await h.close()
+    (tmp_path / "offered").mkdir()
+    h = await started(tmp_path / "offered", monkeypatch)
+    try:
+        for path in ("openid-configuration", "oauth-authorization-server"):
+            _, document = await h.json("GET", f"/api/auth/.well-known/{path}")
+            assert document["pushed_authorization_request_endpoint"] == ISSUER + "/oauth2/par"
+            assert document["require_pushed_authorization_requests"] is False
+    finally:
+        await h.close()
