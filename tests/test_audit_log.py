@@ -12,6 +12,7 @@ import os
 import re
 import signal
 from pathlib import Path
+from urllib.parse import urlencode
 
 import pytest_twisted
 from attrs import evolve
@@ -34,7 +35,7 @@ from authsrv.testing.identity import ALICE, BOB, MALLORY, PASSWORDS
 
 from conftest import admin
 from flow_client import Browser, location
-from harness import CHEAP, INTERNAL_SECRET, SECRETS, Harness, query_of
+from harness import CHEAP, INTERNAL_SECRET, SECRETS, Harness, pkce_pair, query_of
 from token_helpers import exchange, post_form, refresh, save_code, tokens
 
 ROOT = Path(__file__).parent.parent
@@ -89,11 +90,25 @@ async def _front_channel(h: Harness, secrets: list[str]) -> None:
     await refresh(h, public["refresh_token"], client_id="spa")
     await refresh(h, public["refresh_token"], client_id="spa")
     await post_form(h, "/api/auth/oauth2/revoke", {"token": rotated["refresh_token"]})
+    await _pushed(h, secrets)
     code, verifier = await save_code(h)
     replayed = (await exchange(h, code, verifier))[1]
     await exchange(h, code, verifier)
     secrets += [code, verifier, *(t for answer in (issued, rotated, public, replayed) for t in answer.values()
                                   if isinstance(t, str) and len(t) > 20)]
+
+
+async def _pushed(h: Harness, secrets: list[str]) -> None:
+    """A pushed authorization request, used, then brought back again."""
+    verifier, challenge = pkce_pair()
+    _, pushed = await post_form(h, "/api/auth/oauth2/par", {
+        "response_type": "code", "redirect_uri": "http://127.0.0.1:9000/callback", "scope": "openid",
+        "state": "state-value-8", "code_challenge": challenge, "code_challenge_method": "S256",
+    })
+    by_reference = "/api/auth/oauth2/authorize?" + urlencode({"client_id": "first", "request_uri": pushed["request_uri"]})
+    await Browser(h).get(by_reference)
+    await Browser(h).get(by_reference)
+    secrets += [pushed["request_uri"], verifier]
 
 
 async def _throttled(h: Harness) -> None:
@@ -176,7 +191,7 @@ def _awkward() -> None:
 
 @pytest_twisted.ensureDeferred
 async def test_every_event_is_one_documented_line_without_secrets(tmp_path, monkeypatch):
-    h = await Harness(tmp_path, monkeypatch, {"throttle": {"failures_per_pair": 2}}).start()
+    h = await Harness(tmp_path, monkeypatch, {"throttle": {"failures_per_pair": 2}, "par": {"enabled": True}}).start()
     secrets = [*PASSWORDS.values(), *SECRETS.values(), INTERNAL_SECRET]
     try:
         with AuditFile(tmp_path / "audit.log") as audit:

@@ -25,7 +25,7 @@ from authsrv.flows.ratelimit import DEFAULT_RATE, RateSettings
 from authsrv.protocol.clients import CLIENT_ID_MAX, client_id_problem, is_loopback_host, redirect_uri_problem
 from authsrv.protocol.forwarded import Network, parse_networks
 from authsrv.protocol.password_policy import MAX_LENGTH, MIN_LENGTH
-from authsrv.protocol.pushed import PROFILES
+from authsrv.protocol.pushed import PROFILES, unoffered_push
 from authsrv.protocol.rates import Rate, parse_rate
 from authsrv.protocol.targets import backchannel_uri_problem
 from authsrv.records import DEFAULT_GRANT_TYPES, Client, ThrottlePolicy
@@ -502,14 +502,6 @@ def _par(section: Section) -> PushedRequestSettings:
     return settings
 
 
-def _needs_par(index: int, client: Client, par: PushedRequestSettings) -> list[ConfigError]:
-    """A client held to pushed requests on a server that offers none could never sign anyone in."""
-    if par.enabled:
-        return []
-    key = "profile" if client.profile is not None else "require_pushed_authorization_requests"
-    if not (client.profile or client.require_pushed_authorization_requests):
-        return []
-    return [ConfigError(f"clients[{index}].{key}", "needs pushed authorization requests: set [par] enabled = true")]
 
 
 def _raw(data: dict, table: str, name: str):
@@ -635,19 +627,18 @@ def read_config_document(
     identity = tuple(choice for s in identity_sections if (choice := _plugin(s, checked)) is not None)
     if not identity_sections:
         identity = (PluginChoice("static", Section({}, "identity[0]", base_dir)),)
+    par = checked.take(_par, _table(top, checked, "par"), fallback=PushedRequestSettings())
     clients: list[Client] = []
     for index, section in enumerate(checked.take(top.tables, "clients", fallback=[])):
         client = checked.take(client_from_config, section, demo)
         if client is None:
             continue
+        if problem := unoffered_push(client, par.enabled):
+            checked.add(ConfigError(f"clients[{index}].{problem[0]}", problem[1]))
         if any(c.client_id == client.client_id for c in clients):
             checked.add(ConfigError(f"clients[{index}].client_id", f"{client.client_id!r} is declared twice"))
         else:
             clients.append(client)
-    par = checked.take(_par, _table(top, checked, "par"), fallback=PushedRequestSettings())
-    for index, client in enumerate(clients):
-        for error in _needs_par(index, client, par):
-            checked.add(error)
     chat = checked.take(chat_config, checked.take(top.table, "chat", None))
     checked.done(top)
     config = Config(

@@ -396,7 +396,7 @@ def client_operations(config: Config, reactor, store) -> ClientOperations:
     """Client operations; back-channel hosts are resolved and checked on C{reactor}."""
     return ClientOperations(
         store=store, clock=reactor, declared=frozenset(c.client_id for c in config.clients),
-        resolve=lambda host: backchannel.resolve_host(reactor, host),
+        resolve=lambda host: backchannel.resolve_host(reactor, host), pushed_offered=config.par.enabled,
     )
 
 

@@ -15,6 +15,7 @@ from authsrv.isotime import iso_utc
 from authsrv.operations.clients import DEFAULT_OVERLAP
 from authsrv.operations.errors import OperationError
 from authsrv.operations.views import client_view
+from authsrv.protocol.pushed import PROFILES
 from authsrv.records import Client
 from authsrv.service import client_operations
 
@@ -31,11 +32,13 @@ OPTIONS = {
     "grant_types": "--grant-type",
     "refresh_grace": "--refresh-grace",
     "rate_limit": "--rate-limit",
+    "require_pushed_authorization_requests": "--require-par",
+    "profile": "--profile",
     "client_id": "client id",
 }
 """Each setting's option, which the operator's messages name instead of the field."""
 CLEARABLE = ("post-logout-redirect-uris", "backchannel-logout-uri", "resources", "audiences", "refresh-grace",
-             "rate-limit")
+             "rate-limit", "profile")
 
 
 def _worded(error: OperationError) -> AdminError:
@@ -73,7 +76,8 @@ def _settings(args) -> dict:
         ("backchannel_logout_uri", args.backchannel_logout_uri), ("end_session_enabled", args.end_session),
         ("first_party", args.first_party), ("introspect_any", args.introspect_any), ("resources", args.resource),
         ("audiences", args.audience), ("grant_types", args.grant_type), ("refresh_grace", args.refresh_grace),
-        ("rate_limit", args.rate_limit),
+        ("rate_limit", args.rate_limit), ("require_pushed_authorization_requests", args.require_par),
+        ("profile", args.profile),
     ):
         if value is not None:
             settings[field] = value
@@ -93,7 +97,7 @@ async def client_update(reactor, args, console: Console):
     data = _settings(args)
     for name in args.clear:
         field = name.replace("-", "_")
-        data[field] = None if field in ("backchannel_logout_uri", "refresh_grace", "rate_limit") else []
+        data[field] = None if field in ("backchannel_logout_uri", "refresh_grace", "rate_limit", "profile") else []
     if not data:
         raise AdminError("nothing to change: give at least one option (see client update --help)")
     client = await _run(reactor, args, lambda ops: ops.update(args.client_id, data, actor=ACTOR))
@@ -172,6 +176,9 @@ def _setting_options(parser, *, adding: bool) -> None:
     parser.add_argument("--grant-type", action="append", default=None, help="a grant it may use (repeat)")
     parser.add_argument("--refresh-grace", help="its refresh grace window, e.g. 30s")
     parser.add_argument("--rate-limit", help="its request rate, e.g. 50/s or off")
+    parser.add_argument("--require-par", action=flag, default=False if adding else None,
+                        help="accept only pushed authorization requests (RFC 9126)")
+    parser.add_argument("--profile", choices=PROFILES, help="hold it to a security profile (FAPI 2.0)")
 
 
 def register(commands) -> None:

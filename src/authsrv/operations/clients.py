@@ -19,6 +19,7 @@ from authsrv.operations.clientspec import EDITABLE, checked_settings
 from authsrv.operations.errors import Conflict, InvalidInput, NotFound, PreconditionFailed
 from authsrv.operations.paging import Page, page
 from authsrv.protocol.clients import client_id_problem
+from authsrv.protocol.pushed import unoffered_push
 from authsrv.records import Client
 from authsrv.store.errors import AlreadyExists
 from authsrv.tokens import CLIENT_SECRET_KEY, client_secret_hash, new_token
@@ -47,19 +48,23 @@ def _check_match(client: Client, if_match: str | None) -> None:
         raise PreconditionFailed("the client changed since it was read: GET it again and retry")
 
 
-def _consistent(client: Client) -> None:
+def _consistent(client: Client, pushed_offered: bool) -> None:
     if client.post_logout_redirect_uris and not client.end_session_enabled:
         raise InvalidInput("post_logout_redirect_uris needs end_session_enabled set to true", "end_session_enabled")
+    if problem := unoffered_push(client, pushed_offered):
+        raise InvalidInput(f"{problem[0]} {problem[1]}", problem[0])
 
 
 class ClientOperations:
     """
-    Built with the store, the clock, the ids of the config-declared clients
-    and C{resolve(host)} (a Deferred of an address, as
-    L{authsrv.flows.backchannel.resolve_host}) to check back-channel hosts.
+    Built with the store, the clock, the ids of the config-declared clients,
+    C{resolve(host)} (a Deferred of an address, as
+    L{authsrv.flows.backchannel.resolve_host}) to check back-channel hosts,
+    and whether the server offers pushed authorization requests.
     """
 
-    def __init__(self, *, store, clock, declared: frozenset[str], resolve):
+    def __init__(self, *, store, clock, declared: frozenset[str], resolve, pushed_offered: bool = False):
+        self._pushed_offered = pushed_offered
         self._store = store
         self._clock = clock
         self._declared = declared
@@ -132,7 +137,7 @@ class ClientOperations:
             client_id=client_id, secret_hash=client_secret_hash(secret, key) if secret else None,
             created_at=self._now(), **settings,
         )
-        _consistent(client)
+        _consistent(client, self._pushed_offered)
         try:
             await self._store.add_client(client)
         except AlreadyExists:
@@ -148,7 +153,7 @@ class ClientOperations:
         if "backchannel_logout_uri" in settings:
             await self._check_backchannel(settings["backchannel_logout_uri"])
         changed = attrs.evolve(client, **settings)
-        _consistent(changed)
+        _consistent(changed, self._pushed_offered)
         await self._store.put_client(changed)
         events.client_changed(client_id=client_id, source="operator", actor=actor, fields=sorted(settings))
         return changed

@@ -12,6 +12,7 @@ from authsrv.configsection import parse_duration
 from authsrv.flows.grants import GRANT_TYPES
 from authsrv.operations.errors import InvalidInput
 from authsrv.protocol.clients import redirect_uri_problem
+from authsrv.protocol.pushed import PROFILES
 from authsrv.protocol.rates import parse_rate
 from authsrv.protocol.targets import backchannel_uri_problem
 
@@ -22,6 +23,7 @@ VALUE_MAX = 2048
 EDITABLE = (
     "name", "redirect_uris", "post_logout_redirect_uris", "backchannel_logout_uri", "first_party",
     "end_session_enabled", "introspect_any", "resources", "audiences", "grant_types", "refresh_grace", "rate_limit",
+    "require_pushed_authorization_requests", "profile",
 )
 """What an update may change; a new client takes these and C{client_id}, C{public}."""
 
@@ -106,6 +108,13 @@ def _rate(field: str, value: Any) -> str | None:
     return value
 
 
+def _profile(field: str, value: Any) -> str | None:
+    """A security profile the client is held to, or null for none."""
+    if value is not None and value not in PROFILES:
+        raise InvalidInput(f"{field} must be one of {', '.join(PROFILES)}, or null", field)
+    return value
+
+
 _CHECKS = {
     "name": lambda f, v: _text(f, v, NAME_MAX),
     "redirect_uris": _redirect_uris,
@@ -119,6 +128,8 @@ _CHECKS = {
     "grant_types": _grant_types,
     "refresh_grace": _grace,
     "rate_limit": _rate,
+    "require_pushed_authorization_requests": _flag,
+    "profile": _profile,
 }
 
 

@@ -38,6 +38,17 @@ def must_push(client: Client, everyone: bool) -> bool:
     return everyone or client.require_pushed_authorization_requests or client.profile == FAPI2
 
 
+def unoffered_push(client: Client, offered: bool) -> tuple[str, str] | None:
+    """
+    (setting, problem) when the client is held to pushed requests on a
+    server that offers none, so it could never sign anyone in; else None.
+    """
+    if offered or not (client.profile is not None or client.require_pushed_authorization_requests):
+        return None
+    field = "profile" if client.profile is not None else "require_pushed_authorization_requests"
+    return field, "needs pushed authorization requests, which this server does not offer ([par] enabled = true)"
+
+
 def push_params(args: dict[bytes, list[bytes]]) -> dict[str, str]:
     """
     A push's fields other than C{resource} (which may repeat, RFC 8707),
