@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 import secrets
 from html.parser import HTMLParser
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit
 
 import pytest
 import requests
@@ -143,3 +143,47 @@ def test_code_flow_refresh_userinfo_introspection_revocation_end_session(demo):
     again = browser.get(client.create_authorization_url(discovery["authorization_endpoint"],
                                                         code_verifier=verifier)[0], timeout=5)
     assert 'name="password"' in again.text, "the browser session outlived end-session"
+
+
+def test_authlib_pushes_its_request_then_completes_the_code_flow(demo):
+    """
+    RFC 9126 with Authlib's own request building and client authentication:
+    the request pushed with client_secret_basic, the browser sent with
+    client_id and request_uri only, the code redeemed; the request_uri then
+    works no more, and an unauthenticated push is refused.
+    """
+    discovery = requests.get(demo.base + "/api/auth/.well-known/oauth-authorization-server", timeout=5).json()
+    par_endpoint = discovery["pushed_authorization_request_endpoint"]
+    assert par_endpoint == discovery["issuer"] + "/oauth2/par"
+    assert discovery["require_pushed_authorization_requests"] is False
+
+    client = OAuth2Session(
+        client_id="demo-app", client_secret="demo-app-secret", scope="openid profile offline_access",
+        redirect_uri=REDIRECT_URI, code_challenge_method="S256", token_endpoint_auth_method="client_secret_basic",
+    )
+    verifier = secrets.token_urlsafe(48)
+    url, state = client.create_authorization_url(discovery["authorization_endpoint"], code_verifier=verifier,
+                                                 nonce="n-e2e")
+    request_params = dict(parse_qsl(urlsplit(url).query))
+    del request_params["client_id"]
+    pushed = client.post(par_endpoint, data=request_params, auth=client.client_auth("client_secret_basic"),
+                         withhold_token=True, timeout=5)
+    assert pushed.status_code == 201, pushed.text
+    request_uri = pushed.json()["request_uri"]
+    assert request_uri.startswith("urn:ietf:params:oauth:request_uri:") and pushed.json()["expires_in"] == 60
+
+    by_reference = discovery["authorization_endpoint"] + "?" + urlencode(
+        {"client_id": "demo-app", "request_uri": request_uri})
+    browser = requests.Session()
+    location = browser_login(browser, by_reference, "alice", "alice-password")
+    returned = dict(parse_qsl(urlsplit(location).query))
+    assert returned["state"] == state and returned["iss"] == discovery["issuer"]
+    token = client.fetch_token(discovery["token_endpoint"], authorization_response=location, code_verifier=verifier)
+    assert token["id_token"] and token["refresh_token"]
+
+    again = browser.get(by_reference, allow_redirects=False, timeout=5)
+    assert again.status_code == 400 and "location" not in again.headers
+    assert "invalid_request_uri" in again.text
+
+    anonymous = requests.post(par_endpoint, data={**request_params, "client_id": "demo-app"}, timeout=5)
+    assert anonymous.status_code == 401 and anonymous.json()["error"] == "invalid_client"
