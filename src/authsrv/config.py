@@ -25,7 +25,8 @@ from authsrv.flows.ratelimit import DEFAULT_RATE, RateSettings
 from authsrv.protocol.clients import CLIENT_ID_MAX, client_id_problem, is_loopback_host, redirect_uri_problem
 from authsrv.protocol.forwarded import Network, parse_networks
 from authsrv.protocol.password_policy import MAX_LENGTH, MIN_LENGTH
-from authsrv.protocol.pushed import PROFILES, unoffered_push
+from authsrv.protocol.profiles import PROFILES, profile_problems
+from authsrv.protocol.pushed import unoffered_push
 from authsrv.protocol.rates import Rate, parse_rate
 from authsrv.protocol.targets import backchannel_uri_problem
 from authsrv.records import DEFAULT_GRANT_TYPES, Client, ThrottlePolicy
@@ -633,8 +634,8 @@ def read_config_document(
         client = checked.take(client_from_config, section, demo)
         if client is None:
             continue
-        if problem := unoffered_push(client, par.enabled):
-            checked.add(ConfigError(f"clients[{index}].{problem[0]}", problem[1]))
+        for setting, problem in filter(None, (unoffered_push(client, par.enabled), *profile_problems(client))):
+            checked.add(ConfigError(f"clients[{index}].{setting}", problem))
         if any(c.client_id == client.client_id for c in clients):
             checked.add(ConfigError(f"clients[{index}].client_id", f"{client.client_id!r} is declared twice"))
         else:

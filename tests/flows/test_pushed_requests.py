@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from urllib.parse import urlencode
 
+import attrs
 import pytest_twisted
 
 from flow_client import Browser, location
@@ -303,5 +304,35 @@ async def test_not_offered_means_no_endpoint_and_nothing_in_discovery(tmp_path, 
             _, document = await h.json("GET", f"/api/auth/.well-known/{path}")
             assert document["pushed_authorization_request_endpoint"] == ISSUER + "/oauth2/par"
             assert document["require_pushed_authorization_requests"] is False
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_fapi2_client_pushes_and_its_codes_live_a_minute(tmp_path, monkeypatch):
+    """
+    A FAPI 2.0 client put in the store as a build with key-based client
+    authentication will let it be made: held to pushed requests, and its
+    codes live at most 60 s whatever [limits] code_ttl says.
+    """
+    h = await started(tmp_path, monkeypatch, {"par": {"enabled": True}, "limits": {"code_ttl": "5m"}})
+    try:
+        first = await h.store.get_client("first")
+        await h.store.put_client(attrs.evolve(first, client_id="bank", profile="fapi2"))
+        fields, _ = request_fields()
+        response, _ = await Browser(h).get(ISSUER + "/oauth2/authorize?" + urlencode({**fields, "client_id": "bank"}))
+        assert query_of(location(response))["error"] == "invalid_request"
+
+        response, body = await h.json("POST", PAR, data=fields, headers=basic("bank", SECRETS["first"]))
+        assert response.code == 201, body
+        returned = await sign_in_by_reference(h, Browser(h), "bank", body["request_uri"])
+        consumed = await h.store.consume_code(token_hash(returned["code"]), h.now())
+        assert consumed.code.client_id == "bank" and consumed.code.expires_at == h.now() + 60
+
+        fields, _ = request_fields()
+        response, body = await post_form(h, PAR, fields)
+        returned = await sign_in_by_reference(h, Browser(h), "first", body["request_uri"])
+        consumed = await h.store.consume_code(token_hash(returned["code"]), h.now())
+        assert consumed.code.expires_at == h.now() + 300
     finally:
         await h.close()

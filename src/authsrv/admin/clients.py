@@ -15,7 +15,7 @@ from authsrv.isotime import iso_utc
 from authsrv.operations.clients import DEFAULT_OVERLAP
 from authsrv.operations.errors import OperationError
 from authsrv.operations.views import client_view
-from authsrv.protocol.pushed import PROFILES
+from authsrv.protocol.profiles import PROFILES
 from authsrv.records import Client
 from authsrv.service import client_operations
 

@@ -51,6 +51,7 @@ from authsrv.protocol.authorize import (
 )
 from authsrv.protocol.errors import AccessDenied, PageError
 from authsrv.protocol.forwarded import address_key
+from authsrv.protocol.profiles import code_ttl_for
 from authsrv.protocol.pushed import must_push
 from authsrv.protocol.urls import origin
 from authsrv.protocol.oidc import with_second_factor
@@ -381,7 +382,7 @@ class InteractionFlow:
             denied = AccessDenied("the user denied the request")
             return Redirect(error_location(self._issuer, request.redirect_uri, request.state, denied), 303)
         await self._remember_consent(session.sub, client.client_id, request.scope, now)
-        return Redirect(await self._issue_code(request, session, now), 303)
+        return Redirect(await self._issue_code(client, request, session, now), 303)
 
     async def _after_login(self, client: Client, request: AuthorizationRequest, session: BrowserSession,
                            browser: Browser, now: int, status: int) -> Redirect:
@@ -391,7 +392,7 @@ class InteractionFlow:
         refuse_silently(request, login=False, consent=needed)
         if needed:
             return await self._wait(request, CONSENT_STAGE, session.sid, browser, now)
-        return Redirect(await self._issue_code(request, session, now), status)
+        return Redirect(await self._issue_code(client, request, session, now), status)
 
     async def _wait(self, request: AuthorizationRequest, stage: str, sid: str | None, browser: Browser,
                     now: int, address: str | None = None, *, sub: str | None = None,
@@ -524,7 +525,8 @@ class InteractionFlow:
         await self._store.save_consent(sub, client_id, granted, now)
         events.consent_given(sub=sub, client_id=client_id, scope=" ".join(sorted(granted)))
 
-    async def _issue_code(self, request: AuthorizationRequest, session: BrowserSession, now: int) -> str:
+    async def _issue_code(self, client: Client, request: AuthorizationRequest, session: BrowserSession,
+                          now: int) -> str:
         """
         Store a new code with the grant it will start, bound to everything the
         request said and to the session's authentication; returns the redirect
@@ -539,7 +541,8 @@ class InteractionFlow:
                 code_hash=token_hash(code), grant_id=grant_id, client_id=request.client_id, sub=session.sub,
                 redirect_uri=request.redirect_uri, scope=scope, code_challenge=request.code_challenge,
                 code_challenge_method="S256", nonce=request.nonce, resource=request.resources,
-                auth_time=session.auth_time, sid=session.sid, issued_at=now, expires_at=now + limits.code_ttl,
+                auth_time=session.auth_time, sid=session.sid, issued_at=now,
+                expires_at=now + code_ttl_for(client, limits.code_ttl),
                 amr=session.amr, acr=session.acr,
             ),
             Grant(

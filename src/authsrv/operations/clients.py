@@ -19,6 +19,7 @@ from authsrv.operations.clientspec import EDITABLE, checked_settings
 from authsrv.operations.errors import Conflict, InvalidInput, NotFound, PreconditionFailed
 from authsrv.operations.paging import Page, page
 from authsrv.protocol.clients import client_id_problem
+from authsrv.protocol.profiles import profile_problems
 from authsrv.protocol.pushed import unoffered_push
 from authsrv.records import Client
 from authsrv.store.errors import AlreadyExists
@@ -51,8 +52,8 @@ def _check_match(client: Client, if_match: str | None) -> None:
 def _consistent(client: Client, pushed_offered: bool) -> None:
     if client.post_logout_redirect_uris and not client.end_session_enabled:
         raise InvalidInput("post_logout_redirect_uris needs end_session_enabled set to true", "end_session_enabled")
-    if problem := unoffered_push(client, pushed_offered):
-        raise InvalidInput(f"{problem[0]} {problem[1]}", problem[0])
+    for setting, problem in filter(None, (unoffered_push(client, pushed_offered), *profile_problems(client))):
+        raise InvalidInput(f"{setting} {problem}", setting)
 
 
 class ClientOperations:

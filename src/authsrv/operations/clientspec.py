@@ -12,7 +12,7 @@ from authsrv.configsection import parse_duration
 from authsrv.flows.grants import GRANT_TYPES
 from authsrv.operations.errors import InvalidInput
 from authsrv.protocol.clients import redirect_uri_problem
-from authsrv.protocol.pushed import PROFILES
+from authsrv.protocol.profiles import PROFILES
 from authsrv.protocol.rates import parse_rate
 from authsrv.protocol.targets import backchannel_uri_problem
 

@@ -16,15 +16,13 @@ from urllib.parse import parse_qs, urlencode
 from authsrv.protocol.authorize import AuthorizeError, parse_request, unsafe
 from authsrv.protocol.errors import InvalidRequest, PageError
 from authsrv.protocol.params import single_params
+from authsrv.protocol.profiles import FAPI2
 from authsrv.records import Client
 
 REQUEST_URI_PREFIX = "urn:ietf:params:oauth:request_uri:"
 """RFC 9126 section 2.2's recommended form of the reference handed out."""
 REQUEST_URI_TTL = 60
 """Seconds a pushed request waits to be used (RFC 9126 section 2.2: short; FAPI 2.0: under 600)."""
-FAPI2 = "fapi2"
-"""The FAPI 2.0 Security Profile, a client's C{profile}."""
-PROFILES = (FAPI2,)
 CREDENTIAL_PARAMS = frozenset({b"client_secret", b"client_assertion", b"client_assertion_type"})
 """Client authentication fields of the push: checked, never kept with the request."""
 UNUSABLE = (
