@@ -44,6 +44,7 @@ MEETS = KeyedClient(
 def test_a_client_with_every_demanded_setting_meets_fapi2():
     assert profile_problems(MEETS) == []
     assert profile_problems(attrs.evolve(MEETS, userinfo_signed_response_alg="ES256")) == []
+    assert profile_problems(attrs.evolve(MEETS, redirect_uris=["http://127.0.0.1:8400/cb", "http://[::1]/cb"])) == []
     assert must_push(MEETS, everyone=False)
     assert profile_problems(attrs.evolve(MEETS, profile=None, secret_hash=None)) == []
     assert not must_push(attrs.evolve(MEETS, profile=None), everyone=False)
@@ -58,6 +59,7 @@ def test_a_client_with_every_demanded_setting_meets_fapi2():
     ({"id_token_signed_response_alg": "EdDSA"}, "id_token_signed_response_alg"),
     ({"access_token_signed_response_alg": "RS256"}, "access_token_signed_response_alg"),
     ({"userinfo_signed_response_alg": "RS256"}, "userinfo_signed_response_alg"),
+    ({"redirect_uris": ["https://bank.example/cb", "http://bank.example/cb"]}, "redirect_uris"),
 ])
 def test_each_setting_short_of_fapi2_is_named(changes, setting):
     problems = profile_problems(attrs.evolve(MEETS, **changes))

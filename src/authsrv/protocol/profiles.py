@@ -16,8 +16,11 @@ Pure: records in, problems out.
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 import attrs
 
+from authsrv.protocol.clients import is_loopback_host
 from authsrv.records import Client
 
 FAPI2 = "fapi2"
@@ -47,6 +50,8 @@ def profile_problems(client: Client) -> list[tuple[str, str]]:
     problems = []
     if client.is_public:
         problems.append(("public", "must be false: FAPI 2.0 allows confidential clients only (this one has no secret)"))
+    if any(_plain_http(uri) for uri in client.redirect_uris):
+        problems.append(("redirect_uris", "must use https under FAPI 2.0 (plain http only on the loopback interface)"))
     have = attrs.fields_dict(type(client))
     for setting, allowed, problem in _FAPI2_SETTINGS:
         if setting not in have:
@@ -54,6 +59,12 @@ def profile_problems(client: Client) -> list[tuple[str, str]]:
         elif getattr(client, setting) not in allowed:
             problems.append((setting, problem))
     return problems
+
+
+def _plain_http(uri: str) -> bool:
+    """FAPI 2.0 section 5.3.2.2: no authorization response over plain http, except to a loopback address."""
+    parts = urlsplit(uri)
+    return parts.scheme == "http" and not is_loopback_host(parts.hostname or "")
 
 
 def code_ttl_for(client: Client, code_ttl: int) -> int:
