@@ -37,6 +37,7 @@ DEFAULT_PUBLIC_URL = "http://127.0.0.1:8080"
 PUBLIC_URL_ENV = "AUTHSRV_PUBLIC_URL"
 ISSUER_PATH = "/api/auth"
 HSTS_MAX_AGE = 365 * 86400
+NO_PROFILE = "none"
 ACCESS_LOG_FORMATS = ("combined", "json", "off")
 LOG_FORMATS = ("text", "json")
 
@@ -489,10 +490,16 @@ def client_from_config(section: Section, demo: bool = False) -> Client:
         audiences=_uris(section, "audiences", False),
         require_mfa=section.bool("require_mfa", False),
         require_pushed_authorization_requests=section.bool("require_pushed_authorization_requests", False),
-        profile=section.str("profile", None, choices=PROFILES),
+        profile=_profile(section),
     )
     section.done()
     return client
+
+
+def _profile(section: Section) -> str | None:
+    """A client's security profile; C{"none"} (TOML has no null) is the default, no profile."""
+    profile = section.str("profile", NO_PROFILE, choices=(NO_PROFILE, *PROFILES))
+    return None if profile == NO_PROFILE else profile
 
 
 def _par(section: Section) -> PushedRequestSettings:

@@ -104,6 +104,9 @@ def test_the_config_file_names_every_shortfall_of_a_fapi2_client():
     assert caught.value.key == "clients[0].require_pushed_authorization_requests"
     config = parse_config({"clients": [strict], "par": {"enabled": True}}, None)
     assert config.clients[0].require_pushed_authorization_requests and config.par.enabled
+    assert config.clients[0].profile is None
+    assert parse_config({"clients": [{**strict, "profile": "none"}], "par": {"enabled": True}}, None).clients == (
+        config.clients)
 
 
 @pytest_twisted.ensureDeferred
