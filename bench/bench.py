@@ -306,6 +306,10 @@ end
     return script
 
 
+_before_load: list = []
+"""Called just before the load starts: the profiler starts there, after a target's preparation."""
+
+
 def wrk(url: str, script: str | None, duration: float, connections: int, folder: Path) -> dict:
     command = ["taskset", "-c", LOAD_CORE, "wrk", "-t1", f"-c{connections}", f"-d{int(duration)}s", "--latency",
                "--timeout", "10s"]
@@ -313,6 +317,8 @@ def wrk(url: str, script: str | None, duration: float, connections: int, folder:
         path = folder / f"script-{secrets.token_hex(4)}.lua"
         path.write_text(script)
         command += ["-s", str(path)]
+    for hook in _before_load:
+        hook()
     run = subprocess.run(command + [url], capture_output=True, text=True, timeout=duration + 60)
     output = run.stdout
     if run.returncode:
@@ -333,6 +339,8 @@ def logins(server: Server, duration: float, concurrency: int) -> dict:
     options = {"authorize": server.authorize, "token": server.token, "client_id": DEMO_APP[0],
                "client_secret": DEMO_APP[1], "redirect_uri": REDIRECT_URI, "username": "alice",
                "password": "alice-password", "concurrency": concurrency, "duration": duration, "limit": 100000}
+    for hook in _before_load:
+        hook()
     run = subprocess.run(["taskset", "-c", LOAD_CORE, "node", str(PEER / "login-driver.mjs"), json.dumps(options)],
                          capture_output=True, text=True, timeout=duration + 120)
     if run.returncode:
@@ -428,6 +436,9 @@ def main() -> None:
     parser.add_argument("--duration", type=int, default=5, help="seconds per measurement (default 5)")
     parser.add_argument("--concurrency", default="1,16,64")
     parser.add_argument("--only", default=",".join(TARGETS), help="comma-separated targets")
+    parser.add_argument("--profile", default=None, metavar="NAME",
+                        help="instead of the comparison: py-spy flame graphs of authsrv, one per target at the"
+                             " highest concurrency, as bench/profiles/NAME-TARGET.svg")
     parser.add_argument("--out", default=None, help="results path without extension (default bench/results/<store>)")
     args = parser.parse_args()
     targets = [t for t in args.only.split(",") if t]
@@ -456,6 +467,9 @@ def main() -> None:
         measure = Measure(folder, args.duration)
         measure.prepare(peer)
         measure.prepare(authsrv)
+        if args.profile:
+            profile(measure, authsrv, targets, max(concurrencies), args.profile)
+            return
         results = []
         for repeat in range(args.repeats):
             for target in targets:
@@ -482,6 +496,36 @@ def main() -> None:
         if cluster is not None:
             cluster.destroy()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def profile(measure: Measure, authsrv: Authsrv, targets: list[str], connections: int, name: str) -> None:
+    """
+    A py-spy flame graph of the server's reactor and store threads while they
+    hold the GIL (their CPU, not their waiting), recorded from the load's core
+    while each target's load runs.
+    """
+    folder = BENCH / "profiles"
+    folder.mkdir(exist_ok=True)
+    for target in targets:
+        slug = re.sub(r"[^a-z0-9]+", "-", target.lower()).strip("-")
+        path = folder / f"{name}-{slug}.{'txt' if os.environ.get('BENCH_RAW') else 'svg'}"
+        spies = []
+
+        def start(path=path):
+            spies.append(subprocess.Popen(
+                ["taskset", "-c", LOAD_CORE, shutil.which("py-spy", path=f"{Path(sys.executable).parent}:{os.environ['PATH']}"),
+                 "record", "--pid", str(authsrv.process.pid), "--rate", "250", "--output", str(path),
+                 "--format", "raw" if os.environ.get("BENCH_RAW") else "flamegraph", "--nonblocking", "--gil"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            time.sleep(0.5)
+
+        _before_load[:] = [start]
+        result = measure.run(authsrv, target, connections)
+        _before_load.clear()
+        for spy in spies:
+            spy.send_signal(2)
+            spy.wait(timeout=60)
+        print(f"{target}: {result['rate']:,.0f} req/s under py-spy -> {path.relative_to(ROOT)}", file=sys.stderr)
 
 
 def postgres_cluster():
