@@ -109,7 +109,7 @@ class Server:
 class Authsrv(Server):
     name = "authsrv"
 
-    def __init__(self, folder: Path, *, store: str, workers: int, postgres_dsn: str | None):
+    def __init__(self, folder: Path, *, store: str, workers: int, postgres_dsn: str | None, seed_grants: int = 0):
         shutil.copytree(ROOT / "examples", folder / "examples", ignore=shutil.ignore_patterns("demo-data"))
         port = free_port()
         config = folder / "examples" / "demo.toml"
@@ -129,6 +129,14 @@ class Authsrv(Server):
                           f'[keystore]\nplugin = "postgres"\ndsn = "{postgres_dsn}"\n', text)
         config.write_text(text)
         self.config = config
+        if seed_grants:
+            where = ["--dsn", postgres_dsn] if store == "postgres" else \
+                ["--sqlite", str(folder / "examples" / "demo-data" / "authsrv.sqlite3")]
+            (folder / "examples" / "demo-data").mkdir(exist_ok=True)
+            subprocess.run([sys.executable, str(BENCH / "seed.py"), *where, "--grants", str(seed_grants)], check=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self.store_file = folder / "examples" / "demo-data" / "authsrv.sqlite3" if store == "sqlite" else None
+        self.postgres_dsn = postgres_dsn
         self.base = f"http://127.0.0.1:{port}"
         issuer = self.base + "/api/auth"
         self.discovery = issuer + "/.well-known/openid-configuration"
@@ -144,6 +152,33 @@ class Authsrv(Server):
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=folder,
         )
         wait_ready(self.base + "/readyz", self.process, "authsrv")
+
+
+    def rss_mib(self) -> float:
+        """The resident memory of the server process(es)."""
+        total = 0
+        for pid in [self.process.pid, *_children(self.process.pid)]:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        return total / 1024
+
+    def store_mib(self) -> float:
+        if self.store_file is not None:
+            return sum(p.stat().st_size for p in self.store_file.parent.glob(self.store_file.name + "*")) / 2**20
+        import psycopg2
+
+        with psycopg2.connect(self.postgres_dsn) as connection, connection.cursor() as cursor:
+            cursor.execute("SELECT pg_database_size(current_database())")
+            return cursor.fetchone()[0] / 2**20
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        found = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+    return found + [g for c in found for g in _children(c)]
 
 
 class Peer(Server):
@@ -439,6 +474,12 @@ def main() -> None:
     parser.add_argument("--profile", default=None, metavar="NAME",
                         help="instead of the comparison: py-spy flame graphs of authsrv, one per target at the"
                              " highest concurrency, as bench/profiles/NAME-TARGET.svg")
+    parser.add_argument("--scale", default=None, metavar="N,N,...",
+                        help="instead of the comparison: authsrv alone on stores seeded with N live grants each"
+                             " (bench/seed.py), its rate, resident memory and store size at each")
+    parser.add_argument("--soak", type=int, default=0, metavar="SECONDS",
+                        help="instead of the comparison: introspection, UserInfo and refresh in turn at the highest"
+                             " concurrency for SECONDS, the server's resident memory after every round")
     parser.add_argument("--out", default=None, help="results path without extension (default bench/results/<store>)")
     args = parser.parse_args()
     targets = [t for t in args.only.split(",") if t]
@@ -454,6 +495,10 @@ def main() -> None:
     out = Path(args.out) if args.out else BENCH / "results" / (args.store + (f"-workers{args.workers}" if args.workers > 1 else ""))
     out.parent.mkdir(parents=True, exist_ok=True)
 
+    if args.scale:
+        return scale(args, [int(n) for n in args.scale.split(",")], targets, max(concurrencies), out)
+    if args.soak:
+        return soak(args, max(concurrencies), out)
     folder = Path(tempfile.mkdtemp(prefix="authsrv-bench-"))
     cluster = None
     servers: list[Server] = []
@@ -526,6 +571,79 @@ def profile(measure: Measure, authsrv: Authsrv, targets: list[str], connections:
             spy.send_signal(2)
             spy.wait(timeout=60)
         print(f"{target}: {result['rate']:,.0f} req/s under py-spy -> {path.relative_to(ROOT)}", file=sys.stderr)
+
+
+def scale(args, sizes: list[int], targets: list[str], connections: int, out: Path) -> None:
+    """authsrv's rate at each store size, with its memory and the store's size."""
+    rows = []
+    for size in sizes:
+        folder = Path(tempfile.mkdtemp(prefix="authsrv-bench-"))
+        cluster, dsn = postgres_cluster() if args.store == "postgres" else (None, None)
+        started = time.perf_counter()
+        authsrv = Authsrv(folder, store=args.store, workers=args.workers, postgres_dsn=dsn, seed_grants=size)
+        seeded = time.perf_counter() - started
+        try:
+            measure = Measure(folder, args.duration)
+            measure.prepare(authsrv)
+            rates = {t: statistics.median(measure.run(authsrv, t, connections)["rate"] for _ in range(args.repeats))
+                     for t in targets if t not in ("login", "discovery", "JWKS")}
+            rows.append({"grants": size, "seconds_to_seed": seeded, "store_mib": authsrv.store_mib(),
+                         "rss_mib": authsrv.rss_mib(), "rates": rates})
+            print(f"{size:,} grants: {rows[-1]}", file=sys.stderr, flush=True)
+        finally:
+            authsrv.stop()
+            if cluster is not None:
+                cluster.destroy()
+            shutil.rmtree(folder, ignore_errors=True)
+    names = list(rows[0]["rates"])
+    lines = [f"authsrv ({args.store} store) alone, c={connections}, median of {args.repeats} runs of"
+             f" {args.duration} s; each store seeded by bench/seed.py (grant, consent, access and refresh token"
+             " per grant) before the server starts.", "",
+             "| live grants | seeded in | store MiB | server RSS MiB | " + " | ".join(f"{n} req/s" for n in names) + " |",
+             "|---" * (4 + len(names)) + "|"]
+    base = rows[0]["rates"]
+    for row in rows:
+        lines.append(f"| {row['grants']:,} | {row['seconds_to_seed']:.0f} s | {row['store_mib']:,.0f}"
+                     f" | {row['rss_mib']:,.0f} | " + " | ".join(
+                         f"{row['rates'][n]:,.0f} ({row['rates'][n] / base[n]:.2f}x)" for n in names) + " |")
+    table = "\n".join(lines) + "\n"
+    out = out.with_name(out.name + "-scale")
+    out.with_suffix(".md").write_text(table)
+    out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+    print(table)
+
+
+def soak(args, connections: int, out: Path) -> None:
+    """Rounds of load until C{args.soak} seconds have passed, the server's memory after each."""
+    folder = Path(tempfile.mkdtemp(prefix="authsrv-bench-"))
+    cluster, dsn = postgres_cluster() if args.store == "postgres" else (None, None)
+    authsrv = Authsrv(folder, store=args.store, workers=args.workers, postgres_dsn=dsn)
+    samples = []
+    try:
+        measure = Measure(folder, args.duration)
+        measure.prepare(authsrv)
+        samples.append((0.0, authsrv.rss_mib(), 0.0))
+        started = time.monotonic()
+        while time.monotonic() - started < args.soak:
+            for target in ("introspection (opaque)", "UserInfo", "refresh (rotation)"):
+                rate = measure.run(authsrv, target, connections)["rate"]
+            samples.append((time.monotonic() - started, authsrv.rss_mib(), rate))
+            print(f"soak {samples[-1][0]:.0f} s: RSS {samples[-1][1]:.1f} MiB", file=sys.stderr, flush=True)
+    finally:
+        authsrv.stop()
+        if cluster is not None:
+            cluster.destroy()
+        shutil.rmtree(folder, ignore_errors=True)
+    lines = [f"authsrv ({args.store} store), introspection, UserInfo and refresh in turn at c={connections},"
+             f" {args.duration} s each, for {args.soak} s; the server's resident memory after each round.", "",
+             "| seconds | RSS MiB | refresh req/s |", "|---|---|---|"]
+    lines += [f"| {t:.0f} | {rss:.1f} | {rate:,.0f} |" for t, rss, rate in samples]
+    half = samples[len(samples) // 2][1]
+    lines += ["", f"From the middle of the run to its end: {samples[-1][1] - half:+.1f} MiB."]
+    table = "\n".join(lines) + "\n"
+    out = out.with_name(out.name + "-soak")
+    out.with_suffix(".md").write_text(table)
+    print(table)
 
 
 def postgres_cluster():
