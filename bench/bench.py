@@ -98,6 +98,14 @@ class Server:
     introspect: str
     userinfo: str
 
+    def cpu_seconds(self) -> float:
+        """CPU time the server's processes have used (user and system)."""
+        ticks = 0
+        for pid in [self.process.pid, *_children(self.process.pid)]:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])
+        return ticks / os.sysconf("SC_CLK_TCK")
+
     def stop(self) -> None:
         self.process.terminate()
         try:
@@ -360,6 +368,7 @@ def wrk(url: str, script: str | None, duration: float, connections: int, folder:
         raise SystemExit(f"bench: wrk failed on {url}:\n{output}{run.stderr}")
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", output)
     return {"rate": float(re.search(r"Requests/sec:\s+([\d.]+)", output).group(1)),
+            "count": int(re.search(r"(\d+) requests in", output).group(1)),
             "p50": _ms(re.search(r"^\s+50%\s+(\S+)", output, re.M).group(1)),
             "p99": _ms(re.search(r"^\s+99%\s+(\S+)", output, re.M).group(1)),
             "errors": int(errors.group(1)) if errors else 0}
@@ -381,7 +390,7 @@ def logins(server: Server, duration: float, concurrency: int) -> dict:
     if run.returncode:
         raise SystemExit(f"bench: the login driver failed on {server.name}:\n{run.stdout}{run.stderr}")
     result = json.loads(run.stdout)
-    return {"rate": result["rate"], "p50": result["p50"] or 0.0, "p99": result["p99"] or 0.0,
+    return {"rate": result["rate"], "count": result["count"], "p50": result["p50"] or 0.0, "p99": result["p99"] or 0.0,
             "errors": result["errors"], "first_error": result["firstError"]}
 
 
@@ -442,6 +451,24 @@ class Measure:
 
 
 # --- the run -----------------------------------------------------------------------
+
+
+ARGON2_TIMING = """
+import time
+from authsrv.identity.passwords import DEFAULT_HASHER
+stored = DEFAULT_HASHER.hash("alice-password")
+started = time.process_time()
+for _ in range(20):
+    DEFAULT_HASHER.verify(stored, "alice-password")
+print((time.process_time() - started) / 20 * 1000)
+"""
+
+
+def argon2_ms() -> float:
+    """CPU milliseconds of one check of the default argon2id parameters, on the server's core."""
+    run = subprocess.run(["taskset", "-c", SERVER_CORE, sys.executable, "-c", ARGON2_TIMING],
+                         capture_output=True, text=True, check=True, timeout=300)
+    return float(run.stdout)
 
 
 def versions() -> dict:
@@ -525,15 +552,21 @@ def main() -> None:
                     if repeat % 2:
                         pair.reverse()
                     for server in pair:
+                        marks = {}
+                        _before_load[:] = [lambda server=server: marks.setdefault("cpu", server.cpu_seconds())]
                         result = measure.run(server, target, connections)
+                        result["cpu_ms"] = 1000 * (server.cpu_seconds() - marks["cpu"]) / max(1, result["count"])
                         result.update(server=server.name, target=target, connections=connections, repeat=repeat)
                         results.append(result)
                         print(f"repeat {repeat + 1}/{args.repeats} {target} c={connections} {server.name}: "
                               f"{result['rate']:,.0f} req/s p50 {result['p50']:.2f} ms p99 {result['p99']:.2f} ms"
+                              f" CPU {result['cpu_ms']:.3f} ms/req"
                               + (f" ERRORS {result['errors']} {result.get('first_error') or ''}" if result["errors"] else ""),
                               file=sys.stderr, flush=True)
         info = {"store": args.store, "workers": args.workers, "repeats": args.repeats, "duration": args.duration,
                 **versions()}
+        if "login" in targets:
+            info["argon2_ms"] = argon2_ms()
         report(results, info, targets, concurrencies, out)
     finally:
         for server in servers:
@@ -668,10 +701,13 @@ def report(results: list[dict], info: dict, targets: list[str], concurrencies: l
         f"authsrv ({info['store']} store{', %d workers' % info['workers'] if info['workers'] > 1 else ''})"
         f" and node-oidc-provider {info['oidc-provider']} (in memory), both pinned to one core, the load on the"
         f" other; {info['repeats']} repeats of {info['duration']:g} s, alternating. Ratio: authsrv/peer in each"
-        " repeat, then their median (user-access: authsrv/bare Klein route).",
+        " repeat, then their median (user-access: authsrv/bare Klein route). CPU ms/req: the server's"
+        " processes' CPU time during the load over the requests answered (a figure other load on the"
+        " machine disturbs less than the rate).",
         "",
-        "| endpoint | c | authsrv req/s | p50 ms | p99 ms | peer req/s | p50 ms | p99 ms | ratio per repeat | median ratio |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| endpoint | c | authsrv req/s | p50 ms | p99 ms | CPU ms/req | peer req/s | p50 ms | p99 ms | CPU ms/req"
+        " | ratio per repeat | median ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for target in targets:
         for c in concurrencies:
@@ -684,17 +720,25 @@ def report(results: list[dict], info: dict, targets: list[str], concurrencies: l
                 return statistics.median(r[key] for r in rs) if rs else float("nan")
 
             rows.append({"target": target, "connections": c, "ratios": ratios, "median_ratio": median,
-                         "authsrv": {k: m(ours, k) for k in ("rate", "p50", "p99")},
-                         "peer": {k: m(theirs, k) for k in ("rate", "p50", "p99")}})
+                         "authsrv": {k: m(ours, k) for k in ("rate", "p50", "p99", "cpu_ms")},
+                         "peer": {k: m(theirs, k) for k in ("rate", "p50", "p99", "cpu_ms")}})
             lines.append(
                 f"| {target} | {c} | {m(ours, 'rate'):,.0f} | {m(ours, 'p50'):.2f} | {m(ours, 'p99'):.2f}"
-                f" | {m(theirs, 'rate'):,.0f} | {m(theirs, 'p50'):.2f} | {m(theirs, 'p99'):.2f}"
+                f" | {m(ours, 'cpu_ms'):.3f} | {m(theirs, 'rate'):,.0f} | {m(theirs, 'p50'):.2f}"
+                f" | {m(theirs, 'p99'):.2f} | {m(theirs, 'cpu_ms'):.3f}"
                 f" | {' · '.join(f'{r:.2f}' for r in ratios) or 'peer refuses'} | **{median:.2f}** |"
                 .replace("nan", "—"))
     errors = sum(r["errors"] for r in results)
+    if "argon2_ms" in info:
+        per_login = statistics.median(r["cpu_ms"] for r in results if r["server"] == "authsrv" and r["target"] == "login")
+        lines += ["", f"One argon2id check (the default m=19 MiB, t=2, p=1) costs {info['argon2_ms']:.1f} ms of CPU on"
+                  f" the server's core; a whole sign-in cost authsrv {per_login:.1f} ms of CPU (median), so argon2id"
+                  f" is {100 * info['argon2_ms'] / per_login:.0f} % of a sign-in's CPU, and one core signs in about"
+                  f" {1000 / per_login:.0f} users a second."]
     lines += ["", f"Errors (non-2xx answers or failed sign-ins): {errors}.", "",
               "Machine and versions: " + "; ".join(f"{k} {v}" for k, v in info.items()
-                                                   if k not in ("store", "workers", "repeats", "duration")) + "."]
+                                                   if k not in ("store", "workers", "repeats", "duration", "argon2_ms"))
+              + "."]
     table = "\n".join(lines) + "\n"
     out.with_suffix(".md").write_text(table)
     out.with_suffix(".json").write_text(json.dumps({"info": info, "rows": rows, "results": results}, indent=1))
