@@ -51,7 +51,9 @@ GATEWAY = ("api-gateway", "api-gateway-secret")
 REDIRECT_URI = "http://127.0.0.1:9000/callback"
 RESOURCE = "https://api.demo.test"
 INTERNAL_SECRET = "demo-internal-secret"
-SERVER_CORE, LOAD_CORE = "0", "1"
+SERVER_CORE, LOAD_CORE, ALL_CORES = "0", "1", f"0-{os.cpu_count() - 1}"
+PINNED = True
+"""False for the several-instances run, which needs every core for its servers."""
 
 PEER_LACKS = {"introspection (JWT)"}
 """node-oidc-provider refuses to introspect its JWT access tokens (unsupported_token_type)."""
@@ -125,7 +127,7 @@ class Authsrv(Server):
                 # Rates and caps no run reaches, so every request pays for the checks and none is
                 # refused: all the load comes from one address, where a deployment sees many.
                 + '\n[rate_limits]\ndefault = "1000000/s"\ninternal = "1000000/s"\n'
-                + "\n[throttle]\nchecks_per_address = 100000\nfailures_per_pair = 100000\nfailures_per_address = 100000\n"
+                + "\n[throttle]\nchecks_per_address = 100000\nchecks_in_flight = 100000\nfailures_per_pair = 100000\nfailures_per_address = 100000\n"
                 + "failures_per_account = 100000\n")
         text += "\n[limits]\npending_per_address = 1000000\nmax_connections_per_address = 0\n"
         if workers > 1:
@@ -155,7 +157,8 @@ class Authsrv(Server):
         self.userinfo = issuer + "/oauth2/userinfo"
         self.user_access = self.base + "/api/internal/user-access"
         self.process = subprocess.Popen(
-            ["taskset", "-c", SERVER_CORE, sys.executable, "-m", "twisted", "--log-file", os.devnull,
+            ["taskset", "-c", SERVER_CORE if PINNED else ALL_CORES, sys.executable, "-m", "twisted",
+             "--log-file", os.devnull,
              "authsrv", "--config", str(config)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=folder,
         )
@@ -353,8 +356,9 @@ _before_load: list = []
 """Called just before the load starts: the profiler starts there, after a target's preparation."""
 
 
-def wrk(url: str, script: str | None, duration: float, connections: int, folder: Path) -> dict:
-    command = ["taskset", "-c", LOAD_CORE, "wrk", "-t1", f"-c{connections}", f"-d{int(duration)}s", "--latency",
+def wrk(url: str, script: str | None, duration: float, connections: int, folder: Path, *, background=False):
+    """wrk's figures; C{background}: start it and return a function that waits for them."""
+    command = ["taskset", "-c", LOAD_CORE if PINNED else ALL_CORES, "wrk", "-t1", f"-c{connections}", f"-d{int(duration)}s", "--latency",
                "--timeout", "10s"]
     if script:
         path = folder / f"script-{secrets.token_hex(4)}.lua"
@@ -362,10 +366,16 @@ def wrk(url: str, script: str | None, duration: float, connections: int, folder:
         command += ["-s", str(path)]
     for hook in _before_load:
         hook()
-    run = subprocess.run(command + [url], capture_output=True, text=True, timeout=duration + 60)
-    output = run.stdout
-    if run.returncode:
-        raise SystemExit(f"bench: wrk failed on {url}:\n{output}{run.stderr}")
+    process = subprocess.Popen(command + [url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if background:
+        return lambda: _wrk_figures(url, process, duration)
+    return _wrk_figures(url, process, duration)
+
+
+def _wrk_figures(url: str, process: subprocess.Popen, duration: float) -> dict:
+    output, errors_text = process.communicate(timeout=duration + 60)
+    if process.returncode:
+        raise SystemExit(f"bench: wrk failed on {url}:\n{output}{errors_text}")
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", output)
     return {"rate": float(re.search(r"Requests/sec:\s+([\d.]+)", output).group(1)),
             "count": int(re.search(r"(\d+) requests in", output).group(1)),
@@ -403,6 +413,7 @@ class Measure:
     def __init__(self, folder: Path, duration: float):
         self.folder, self.duration = folder, duration
         self.browsers: dict[str, requests.Session] = {}
+        self.code_rates: dict[tuple[str, int], float] = {}
         self.tokens: dict[str, tuple[dict, dict]] = {}
 
     def prepare(self, server: Server) -> None:
@@ -412,6 +423,21 @@ class Measure:
         self.browsers[server.name], self.tokens[server.name] = browser, (opaque, jwt_access)
         answer = requests.get(server.userinfo, headers={"Authorization": "Bearer " + opaque["access_token"]})
         self.sub = answer.json()["sub"]
+
+    def load(self, server: Server, target: str, connections: int) -> tuple[str, str]:
+        """The URL and wrk script of one of L{INSTANCE_TARGETS}, ready to start."""
+        form = {"Content-Type": "application/x-www-form-urlencoded", "Authorization": basic(GATEWAY)}
+        opaque, _ = self.tokens[server.name]
+        if target == "introspection (opaque)":
+            return server.introspect, post_script("token=" + opaque["access_token"], form)
+        if target == "UserInfo":
+            return server.userinfo, f'wrk.headers["Authorization"] = {lua("Bearer " + opaque["access_token"])}\n'
+        if target == "user-access":
+            return server.user_access, post_script(
+                json.dumps({"userId": self.sub}),
+                {"Content-Type": "application/json", "Authorization": "Bearer " + INTERNAL_SECRET})
+        chains = [tokens(server, self.browsers[server.name])["refresh_token"] for _ in range(2 * connections)]
+        return server.token, pool_script(chains, "grant_type=refresh_token&refresh_token=%s", refill=True)
 
     def run(self, server: Server, target: str, connections: int) -> dict:
         d = self.duration
@@ -443,10 +469,15 @@ class Measure:
             script = pool_script(chains, "grant_type=refresh_token&refresh_token=%s", refill=True)
             return wrk(server.token, script, d, connections, self.folder)
         if target == "code exchange":
-            # Codes live 60 s: made just before the run, more than a fast server uses.
-            codes, verifier = many_codes(server, browser, int(4000 * min(d, 5)))
+            # Codes live 60 s: made just before the run, twice what this server used in the last
+            # repeat (at first, more than a fast server uses).
+            seconds = min(d, 5)
+            rate = self.code_rates.get((server.name, connections), 2000)
+            codes, verifier = many_codes(server, browser, int(2 * rate * seconds) + 100)
             body = f"grant_type=authorization_code&code=%s&redirect_uri={REDIRECT_URI}&code_verifier={verifier}"
-            return wrk(server.token, pool_script(codes, body, refill=False), min(d, 5), connections, self.folder)
+            result = wrk(server.token, pool_script(codes, body, refill=False), seconds, connections, self.folder)
+            self.code_rates[(server.name, connections)] = result["rate"]
+            return result
         raise ValueError(target)
 
 
@@ -507,6 +538,9 @@ def main() -> None:
     parser.add_argument("--soak", type=int, default=0, metavar="SECONDS",
                         help="instead of the comparison: introspection, UserInfo and refresh in turn at the highest"
                              " concurrency for SECONDS, the server's resident memory after every round")
+    parser.add_argument("--instances", type=int, default=0, metavar="N",
+                        help="instead of the comparison (PostgreSQL only): N instances on one database, each"
+                             " loaded by its own wrk, against one instance; nothing pinned")
     parser.add_argument("--out", default=None, help="results path without extension (default bench/results/<store>)")
     args = parser.parse_args()
     targets = [t for t in args.only.split(",") if t]
@@ -526,6 +560,10 @@ def main() -> None:
         return scale(args, [int(n) for n in args.scale.split(",")], targets, max(concurrencies), out)
     if args.soak:
         return soak(args, max(concurrencies), out)
+    if args.instances:
+        if args.store != "postgres":
+            raise SystemExit("bench: --instances needs --store postgres, the store several instances share")
+        return instances(args, args.instances, targets, max(concurrencies), out)
     folder = Path(tempfile.mkdtemp(prefix="authsrv-bench-"))
     cluster = None
     servers: list[Server] = []
@@ -679,7 +717,75 @@ def soak(args, connections: int, out: Path) -> None:
     print(table)
 
 
-def postgres_cluster():
+def instances(args, count: int, targets: list[str], connections: int, out: Path) -> None:
+    """
+    One instance, then C{count} on the same database, each loaded by a wrk of
+    its own with its share of the connections (a balancer's own cost left out);
+    with the CPU the instances and PostgreSQL spend per request, from which
+    the scaling on a bigger machine can be projected.
+    """
+    global PINNED
+    PINNED = False
+    folder = Path(tempfile.mkdtemp(prefix="authsrv-bench-"))
+    cluster, dsn = postgres_cluster(pin=False)
+    servers = []
+    rows = []
+    try:
+        for n in range(count):
+            (folder / str(n)).mkdir()
+            servers.append(Authsrv(folder / str(n), store="postgres", workers=1, postgres_dsn=dsn))
+        measures = []
+        for server in servers:
+            measure = Measure(folder, args.duration)
+            measure.prepare(server)
+            measures.append(measure)
+        database = _Processes(cluster.postmaster_pid())
+        for target in [t for t in targets if t in INSTANCE_TARGETS]:
+            for used in (1, count):
+                share = max(1, connections // used)
+                loads = [measures[i].load(servers[i], target, share) for i in range(used)]
+                cpu = [s.cpu_seconds() for s in servers[:used]], database.cpu_seconds()
+                waits = [wrk(url, script, args.duration, share, folder, background=True) for url, script in loads]
+                figures = [wait() for wait in waits]
+                total = sum(f["count"] for f in figures)
+                app_cpu = sum(s.cpu_seconds() for s in servers[:used]) - sum(cpu[0])
+                db_cpu = database.cpu_seconds() - cpu[1]
+                rows.append({"target": target, "instances": used, "rate": sum(f["rate"] for f in figures),
+                             "errors": sum(f["errors"] for f in figures),
+                             "authsrv_cpu_ms": 1000 * app_cpu / max(1, total),
+                             "postgres_cpu_ms": 1000 * db_cpu / max(1, total)})
+                print(f"{target} x{used}: {rows[-1]}", file=sys.stderr, flush=True)
+    finally:
+        for server in servers:
+            server.stop()
+        cluster.destroy()
+        shutil.rmtree(folder, ignore_errors=True)
+    lines = [f"authsrv on one PostgreSQL database: 1 instance, then {count}, each loaded by its own wrk with"
+             f" its share of {connections} connections for {args.duration} s; nothing pinned ({os.cpu_count()} cores"
+             " for the instances, PostgreSQL and wrk together). CPU ms/req: what the instances and PostgreSQL"
+             " spent per request answered.", "",
+             "| endpoint | instances | req/s | authsrv CPU ms/req | PostgreSQL CPU ms/req | errors |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {r['target']} | {r['instances']} | {r['rate']:,.0f} | {r['authsrv_cpu_ms']:.3f}"
+              f" | {r['postgres_cpu_ms']:.3f} | {r['errors']} |" for r in rows]
+    table = "\n".join(lines) + "\n"
+    out = out.with_name(out.name + f"-instances{count}")
+    out.with_suffix(".md").write_text(table)
+    out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+    print(table)
+
+
+INSTANCE_TARGETS = ("introspection (opaque)", "UserInfo", "user-access", "refresh (rotation)")
+
+
+class _Processes(Server):
+    """A process tree measured for its CPU only (PostgreSQL's postmaster and its backends)."""
+
+    def __init__(self, pid: int):
+        self.process = type("P", (), {"pid": pid})()
+
+
+def postgres_cluster(pin: bool = True):
     """A throwaway PostgreSQL (the tests' helper), its server processes pinned with authsrv's."""
     sys.path.insert(0, str(ROOT / "tests"))
     from pgcluster import Cluster
@@ -687,7 +793,9 @@ def postgres_cluster():
     cluster = Cluster(local=True)
     dsn = cluster.database()
     pid = (Path(cluster._folder) / "data" / "postmaster.pid").read_text().split()[0]
-    subprocess.run(["taskset", "-a", "-p", "-c", SERVER_CORE, pid], check=True, capture_output=True)
+    cluster.postmaster_pid = lambda: int(pid)
+    if pin:
+        subprocess.run(["taskset", "-a", "-p", "-c", SERVER_CORE, pid], check=True, capture_output=True)
     return cluster, dsn
 
 
