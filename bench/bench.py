@@ -1,245 +1,880 @@
 """
-Throughput of authsrv's hot endpoints, as docs/design.md's speed targets measure
-them: the server pinned to one core with taskset, wrk on the other core at
-concurrency 16, everything on 127.0.0.1, bounded in time.
+authsrv beside node-oidc-provider, in one run on one machine: both servers
+pinned to core 0, the load (wrk, and a node driver for full sign-ins) pinned
+to core 1, target by target alternating between the two within each repeat,
+at each concurrency. Everything on 127.0.0.1, every loop bounded in count and
+time.
 
-    .venv/bin/python bench/bench.py [--duration SECONDS] [--connections N]
+    bench/setup.sh                      # once: wrk, taskset, node packages
+    .venv/bin/python bench/bench.py [--store sqlite|postgres] [--workers N]
+        [--repeats 3] [--duration 5] [--concurrency 1,16,64] [--only TARGET,...]
+        [--seed-grants N] [--out bench/results/NAME]
 
-Needs Debian's wrk. It starts its own server on the demo config (in a
-temporary folder, on a free port), obtains real tokens through the login
-form, and prints one Markdown table row per endpoint.
+It writes NAME.md (the table: req/s, p50 and p99 of each server, the
+authsrv/peer ratio of each repeat and their median, the machine and the
+versions), NAME.json (every measurement) and NAME.png (the chart).
+user-access has no peer: it is compared with a bare Klein route answering the
+same JSON, run beside it the same way.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import concurrent.futures
 import hashlib
 import json
+import os
+import platform
 import re
 import secrets
 import shutil
 import socket
+import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from html.parser import HTMLParser
+from importlib import metadata
 from pathlib import Path
 from urllib.parse import parse_qs, urljoin, urlsplit
 
 import requests
 
 ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+PEER = BENCH / "peer"
 DEMO_APP = ("demo-app", "demo-app-secret")
 GATEWAY = ("api-gateway", "api-gateway-secret")
 REDIRECT_URI = "http://127.0.0.1:9000/callback"
+RESOURCE = "https://api.demo.test"
 INTERNAL_SECRET = "demo-internal-secret"
+SERVER_CORE, LOAD_CORE, ALL_CORES = "0", "1", f"0-{os.cpu_count() - 1}"
+PINNED = True
+"""False for the several-instances run, which needs every core for its servers."""
+
+PEER_LACKS = {"introspection (JWT)"}
+"""node-oidc-provider refuses to introspect its JWT access tokens (unsupported_token_type)."""
+
+TARGETS = [
+    "discovery", "JWKS", "introspection (opaque)", "introspection (JWT)", "UserInfo", "user-access",
+    "code exchange", "refresh (rotation)", "login",
+]
 
 
-class _Form(HTMLParser):
-    def __init__(self):
-        super().__init__()
-        self.action, self.fields = None, {}
-
-    def handle_starttag(self, tag, attrs):
-        attrs = dict(attrs)
-        if tag == "form" and self.action is None:
-            self.action = attrs.get("action", "")
-        elif tag == "input" and attrs.get("type") == "hidden":
-            self.fields[attrs["name"]] = attrs.get("value", "")
-
-
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _basic(client: tuple[str, str]) -> str:
+def basic(client: tuple[str, str]) -> str:
     return "Basic " + base64.b64encode(f"{client[0]}:{client[1]}".encode()).decode()
 
 
-def start_server(folder: Path) -> tuple[subprocess.Popen, str]:
-    shutil.copytree(ROOT / "examples", folder / "examples", ignore=shutil.ignore_patterns("demo-data"))
-    port = _free_port()
-    config = folder / "examples" / "demo.toml"
-    config.write_text(
-        config.read_text()
-        .replace("http://127.0.0.1:8080", f"http://127.0.0.1:{port}")
-        .replace("tcp:8080:", f"tcp:{port}:")
-        # Rates no run reaches, so every request pays for the check and none is refused.
-        + '\n[rate_limits]\ndefault = "1000000/s"\ninternal = "1000000/s"\n'
-    )
-    server = subprocess.Popen(
-        ["taskset", "-c", "0", sys.executable, "-m", "twisted", "--log-file", str(folder / "server.log"),
-         "authsrv", "--config", str(config)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )
-    base = f"http://127.0.0.1:{port}"
+def wait_ready(url: str, process: subprocess.Popen, what: str) -> None:
     for _ in range(300):
+        if process.poll() is not None:
+            raise SystemExit(f"bench: {what} exited with {process.returncode}")
         try:
-            if requests.get(base + "/readyz", timeout=1).status_code == 200:
-                return server, base
+            if requests.get(url, timeout=1).status_code == 200:
+                return
         except requests.ConnectionError:
             pass
         time.sleep(0.1)
-    server.kill()
-    raise SystemExit("bench: the server did not become ready:\n" + server.stderr.read().decode())
+    raise SystemExit(f"bench: {what} did not become ready at {url}")
 
 
-def code_flow(browser: requests.Session, base: str, scope: str, resource: str | None = None) -> dict:
-    """One authorization code flow as demo-app, through the login form when needed."""
+class Server:
+    """A server under test: its URLs and the process serving them."""
+
+    name: str
+    base: str
+    process: subprocess.Popen
+    discovery: str
+    jwks: str
+    authorize: str
+    token: str
+    introspect: str
+    userinfo: str
+
+    def cpu_seconds(self) -> float:
+        """CPU time the server's processes have used (user and system)."""
+        ticks = 0
+        for pid in [self.process.pid, *_children(self.process.pid)]:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])
+        return ticks / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+class Authsrv(Server):
+    name = "authsrv"
+
+    def __init__(self, folder: Path, *, store: str, workers: int, postgres_dsn: str | None, seed_grants: int = 0):
+        shutil.copytree(ROOT / "examples", folder / "examples", ignore=shutil.ignore_patterns("demo-data"))
+        port = free_port()
+        config = folder / "examples" / "demo.toml"
+        text = (config.read_text().replace("tcp:8080:", f"tcp:{port}:")
+                # Rates and caps no run reaches, so every request pays for the checks and none is
+                # refused: all the load comes from one address, where a deployment sees many.
+                + '\n[rate_limits]\ndefault = "1000000/s"\ninternal = "1000000/s"\n'
+                + "\n[throttle]\nchecks_per_address = 100000\nchecks_in_flight = 100000\nfailures_per_pair = 100000\nfailures_per_address = 100000\n"
+                + "failures_per_account = 100000\n")
+        text += "\n[limits]\npending_per_address = 1000000\nmax_connections_per_address = 0\n"
+        if workers > 1:
+            text = text.replace("[server]\n", f"[server]\nworkers = {workers}\n", 1)
+        if store == "postgres":
+            text = re.sub(r'\[store\]\nplugin = "sqlite"\npath = "[^"]*"\n',
+                          f'[store]\nplugin = "postgres"\ndsn = "{postgres_dsn}"\n', text)
+            text = re.sub(r'\[keystore\]\nplugin = "jwk-file"\npath = "[^"]*"\n',
+                          f'[keystore]\nplugin = "postgres"\ndsn = "{postgres_dsn}"\n', text)
+        config.write_text(text)
+        self.config = config
+        if seed_grants:
+            where = ["--dsn", postgres_dsn] if store == "postgres" else \
+                ["--sqlite", str(folder / "examples" / "demo-data" / "authsrv.sqlite3")]
+            (folder / "examples" / "demo-data").mkdir(exist_ok=True)
+            subprocess.run([sys.executable, str(BENCH / "seed.py"), *where, "--grants", str(seed_grants)], check=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self.store_file = folder / "examples" / "demo-data" / "authsrv.sqlite3" if store == "sqlite" else None
+        self.postgres_dsn = postgres_dsn
+        self.base = f"http://127.0.0.1:{port}"
+        issuer = self.base + "/api/auth"
+        self.discovery = issuer + "/.well-known/openid-configuration"
+        self.jwks = issuer + "/jwks"
+        self.authorize = issuer + "/oauth2/authorize"
+        self.token = issuer + "/oauth2/token"
+        self.introspect = issuer + "/oauth2/introspect"
+        self.userinfo = issuer + "/oauth2/userinfo"
+        self.user_access = self.base + "/api/internal/user-access"
+        self.process = subprocess.Popen(
+            ["taskset", "-c", SERVER_CORE if PINNED else ALL_CORES, sys.executable, "-m", "twisted",
+             "--log-file", os.devnull,
+             "authsrv", "--config", str(config)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=folder,
+        )
+        wait_ready(self.base + "/readyz", self.process, "authsrv")
+
+
+    def rss_mib(self) -> float:
+        """The resident memory of the server process(es)."""
+        total = 0
+        for pid in [self.process.pid, *_children(self.process.pid)]:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        return total / 1024
+
+    def store_mib(self) -> float:
+        if self.store_file is not None:
+            return sum(p.stat().st_size for p in self.store_file.parent.glob(self.store_file.name + "*")) / 2**20
+        import psycopg2
+
+        with psycopg2.connect(self.postgres_dsn) as connection, connection.cursor() as cursor:
+            cursor.execute("SELECT pg_database_size(current_database())")
+            return cursor.fetchone()[0] / 2**20
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        found = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+    return found + [g for c in found for g in _children(c)]
+
+
+class Peer(Server):
+    name = "node-oidc-provider"
+
+    def __init__(self):
+        port = free_port()
+        self.base = f"http://127.0.0.1:{port}"
+        self.discovery = self.base + "/.well-known/openid-configuration"
+        self.jwks = self.base + "/jwks"
+        self.authorize = self.base + "/auth"
+        self.token = self.base + "/token"
+        self.introspect = self.base + "/token/introspection"
+        self.userinfo = self.base + "/me"
+        self.process = subprocess.Popen(
+            ["taskset", "-c", SERVER_CORE, "node", str(PEER / "server.mjs"), str(port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        wait_ready(self.discovery, self.process, "node-oidc-provider")
+
+
+class BareKlein(Server):
+    """The floor for user-access: a Klein route answering the same JSON to the same POST."""
+
+    name = "bare Klein"
+
+    def __init__(self):
+        port = free_port()
+        self.base = f"http://127.0.0.1:{port}"
+        self.user_access = self.base + "/api/internal/user-access"
+        self.process = subprocess.Popen(
+            ["taskset", "-c", SERVER_CORE, sys.executable, str(BENCH / "bare_klein.py"), str(port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        wait_ready(self.base + "/readyz", self.process, "bare Klein")
+
+
+# --- getting real tokens, as a browser and a relying party would ---------------
+
+
+class _Forms(HTMLParser):
+    """The form holding a password field: its action and hidden fields."""
+
+    def __init__(self):
+        super().__init__()
+        self.forms: list[tuple[str | None, dict, bool]] = []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "form":
+            self.forms.append((attrs.get("action"), {}, False))
+        elif tag == "input" and self.forms:
+            action, fields, has_password = self.forms[-1]
+            if attrs.get("type") == "hidden":
+                fields[attrs["name"]] = attrs.get("value", "")
+            self.forms[-1] = (action, fields, has_password or attrs.get("name") == "password")
+
+
+def pkce() -> tuple[str, str]:
     verifier = secrets.token_urlsafe(32)
-    challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
-    params = {"response_type": "code", "client_id": DEMO_APP[0], "redirect_uri": REDIRECT_URI, "scope": scope,
-              "state": "bench", "code_challenge": challenge, "code_challenge_method": "S256"}
+    return verifier, base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
+
+
+def authorization_code(server: Server, browser: requests.Session, challenge: str, resource: str | None,
+                       scope: str) -> str:
+    """A code from the authorize endpoint, through the login form when the browser has no session."""
+    params = {"response_type": "code", "client_id": DEMO_APP[0], "redirect_uri": REDIRECT_URI,
+              "scope": scope, "state": "bench", "code_challenge": challenge,
+              "code_challenge_method": "S256"}
     if resource:
         params["resource"] = resource
-    answer = browser.get(base + "/api/auth/oauth2/authorize", params=params, allow_redirects=False)
-    while answer.status_code in (302, 303) and not answer.headers["location"].startswith(REDIRECT_URI):
-        answer = browser.get(urljoin(answer.url, answer.headers["location"]), allow_redirects=False)
-    if answer.status_code == 200:
-        form = _Form()
-        form.feed(answer.text)
-        answer = browser.post(urljoin(answer.url, form.action or answer.url),
-                              data={**form.fields, "username": "alice", "password": "alice-password"},
-                              allow_redirects=False)
-    code = parse_qs(urlsplit(answer.headers["location"]).query)["code"][0]
-    tokens = requests.post(base + "/api/auth/oauth2/token", auth=DEMO_APP, data={
-        "grant_type": "authorization_code", "code": code, "redirect_uri": REDIRECT_URI, "code_verifier": verifier})
-    tokens.raise_for_status()
-    return tokens.json()
+    answer = browser.get(server.authorize, params=params, allow_redirects=False)
+    posted = False
+    for _ in range(10):
+        if answer.status_code in (302, 303):
+            location = urljoin(answer.url, answer.headers["location"])
+            if location.startswith(REDIRECT_URI):
+                return parse_qs(urlsplit(location).query)["code"][0]
+            answer = browser.get(location, allow_redirects=False)
+        elif answer.status_code == 200 and not posted:
+            forms = _Forms()
+            forms.feed(answer.text)
+            action, fields = next((a, f) for a, f, has_password in forms.forms if has_password)
+            posted = True
+            answer = browser.post(urljoin(answer.url, action or answer.url), allow_redirects=False,
+                                  data={**fields, "username": "alice", "password": "alice-password"})
+        else:
+            break
+    raise SystemExit(f"bench: {server.name} gave no code: {answer.status_code} {answer.text[:300]}")
 
 
-def fresh_codes(browser: requests.Session, base: str, count: int) -> tuple[list[str], str]:
-    """
-    C{count} authorization codes from the signed-in browser session (no login
-    page needed), all with one PKCE pair, and that pair's verifier.
-    """
-    verifier = secrets.token_urlsafe(32)
-    challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
+def tokens(server: Server, browser: requests.Session, resource: str | None = None,
+           scope: str = "openid profile email offline_access") -> dict:
+    verifier, challenge = pkce()
+    code = authorization_code(server, browser, challenge, resource, scope)
+    form = {"grant_type": "authorization_code", "code": code, "redirect_uri": REDIRECT_URI, "code_verifier": verifier}
+    if resource:
+        form["resource"] = resource
+    answer = requests.post(server.token, auth=DEMO_APP, data=form)
+    if answer.status_code != 200:
+        raise SystemExit(f"bench: {server.name} token endpoint: {answer.status_code} {answer.text[:300]}")
+    return answer.json()
+
+
+def many_codes(server: Server, browser: requests.Session, count: int) -> tuple[list[str], str]:
+    """C{count} codes from the signed-in browser, all with one PKCE pair, eight at a time."""
+    verifier, challenge = pkce()
+    cookies = browser.cookies.get_dict()
     params = {"response_type": "code", "client_id": DEMO_APP[0], "redirect_uri": REDIRECT_URI,
               "scope": "openid profile email", "state": "bench", "code_challenge": challenge,
               "code_challenge_method": "S256"}
-    codes = []
-    for _ in range(count):
-        answer = browser.get(base + "/api/auth/oauth2/authorize", params=params, allow_redirects=False)
-        codes.append(parse_qs(urlsplit(answer.headers["location"]).query)["code"][0])
-    return codes, verifier
+
+    def one(_):
+        with requests.Session() as session:
+            session.cookies.update(cookies)
+            codes = []
+            for _ in range(count // 8 + 1):
+                answer = session.get(server.authorize, params=params, allow_redirects=False)
+                codes.append(parse_qs(urlsplit(answer.headers["location"]).query)["code"][0])
+            return codes
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        codes = [code for batch in pool.map(one, range(8)) for code in batch]
+    return codes[:count], verifier
 
 
-def code_script(codes: list[str], verifier: str) -> str:
-    """Each request redeems the next unused code."""
-    pool = ", ".join(json.dumps(c) for c in codes)
-    return f"""
-local pool = {{{pool}}}
-local verifier = {json.dumps(verifier)}
-local redirect = {json.dumps(REDIRECT_URI)}
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/x-www-form-urlencoded"
-wrk.headers["Authorization"] = {json.dumps(_basic(DEMO_APP))}
-request = function()
-  local code = table.remove(pool)
-  return wrk.format(nil, nil, nil, "grant_type=authorization_code&code=" .. code
-    .. "&redirect_uri=" .. redirect .. "&code_verifier=" .. verifier)
-end
-"""
+# --- wrk -------------------------------------------------------------------------
 
 
-def wrk(url: str, script: str | None, duration: int, connections: int, folder: Path) -> tuple[float, str, str]:
-    command = ["taskset", "-c", "1", "wrk", "-t1", f"-c{connections}", f"-d{duration}s", "--latency", url]
-    if script:
-        path = folder / f"script-{abs(hash(script))}.lua"
-        path.write_text(script)
-        command[5:5] = ["-s", str(path)]
-    run = subprocess.run(command, capture_output=True, text=True)
-    output = run.stdout
-    if run.returncode:
-        raise SystemExit(f"bench: wrk failed on {url}:\n{output}{run.stderr}")
-    rate = float(re.search(r"Requests/sec:\s+([\d.]+)", output).group(1))
-    p50 = re.search(r"^\s+50%\s+(\S+)", output, re.M).group(1)
-    p99 = re.search(r"^\s+99%\s+(\S+)", output, re.M).group(1)
-    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", output)
-    if errors:
-        raise SystemExit(f"bench: {url} answered {errors.group(1)} errors:\n{output}")
-    return rate, p50, p99
+def lua(value: str) -> str:
+    return json.dumps(value)
 
 
 def post_script(body: str, headers: dict[str, str]) -> str:
-    lines = ['wrk.method = "POST"', f"wrk.body = {json.dumps(body)}"]
-    lines += [f"wrk.headers[{json.dumps(k)}] = {json.dumps(v)}" for k, v in headers.items()]
+    lines = ['wrk.method = "POST"', f"wrk.body = {lua(body)}"]
+    lines += [f"wrk.headers[{lua(k)}] = {lua(v)}" for k, v in headers.items()]
     return "\n".join(lines) + "\n"
 
 
-def refresh_script(refresh_tokens: list[str]) -> str:
-    """Each response's new refresh token goes back in the pool, so every request rotates a live token."""
-    pool = ", ".join(json.dumps(t) for t in refresh_tokens)
-    return f"""
-local pool = {{{pool}}}
+def pool_script(pool: list[str], body: str, refill: bool) -> str:
+    """Each request takes the next item of the pool into C{body}; C{refill}: each answer's refresh token goes back."""
+    script = f"""
+local pool = {{{", ".join(lua(item) for item in pool)}}}
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/x-www-form-urlencoded"
-wrk.headers["Authorization"] = {json.dumps(_basic(DEMO_APP))}
+wrk.headers["Authorization"] = {lua(basic(DEMO_APP))}
 request = function()
-  local token = table.remove(pool)
-  return wrk.format(nil, nil, nil, "grant_type=refresh_token&refresh_token=" .. token)
+  -- An empty pool sends a code nobody issued: its error answers show in the report.
+  local item = table.remove(pool) or "exhausted"
+  return wrk.format(nil, nil, nil, string.format({lua(body)}, item))
 end
+"""
+    if refill:
+        script += """
 response = function(status, headers, body)
   local token = string.match(body, '"refresh_token":%s*"([^"]+)"')
   if token then table.insert(pool, token) end
 end
 """
+    return script
+
+
+_before_load: list = []
+"""Called just before the load starts: the profiler starts there, after a target's preparation."""
+
+
+def wrk(url: str, script: str | None, duration: float, connections: int, folder: Path, *, background=False):
+    """wrk's figures; C{background}: start it and return a function that waits for them."""
+    command = ["taskset", "-c", LOAD_CORE if PINNED else ALL_CORES, "wrk", "-t1", f"-c{connections}", f"-d{int(duration)}s", "--latency",
+               "--timeout", "10s"]
+    if script:
+        path = folder / f"script-{secrets.token_hex(4)}.lua"
+        path.write_text(script)
+        command += ["-s", str(path)]
+    for hook in _before_load:
+        hook()
+    process = subprocess.Popen(command + [url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if background:
+        return lambda: _wrk_figures(url, process, duration)
+    return _wrk_figures(url, process, duration)
+
+
+def _wrk_figures(url: str, process: subprocess.Popen, duration: float) -> dict:
+    output, errors_text = process.communicate(timeout=duration + 60)
+    if process.returncode:
+        raise SystemExit(f"bench: wrk failed on {url}:\n{output}{errors_text}")
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", output)
+    return {"rate": float(re.search(r"Requests/sec:\s+([\d.]+)", output).group(1)),
+            "count": int(re.search(r"(\d+) requests in", output).group(1)),
+            "p50": _ms(re.search(r"^\s+50%\s+(\S+)", output, re.M).group(1)),
+            "p99": _ms(re.search(r"^\s+99%\s+(\S+)", output, re.M).group(1)),
+            "errors": int(errors.group(1)) if errors else 0}
+
+
+def _ms(text: str) -> float:
+    number, unit = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text).groups()
+    return float(number) * {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0}[unit]
+
+
+def logins(server: Server, duration: float, concurrency: int) -> dict:
+    options = {"authorize": server.authorize, "token": server.token, "client_id": DEMO_APP[0],
+               "client_secret": DEMO_APP[1], "redirect_uri": REDIRECT_URI, "username": "alice",
+               "password": "alice-password", "concurrency": concurrency, "duration": duration, "limit": 100000}
+    for hook in _before_load:
+        hook()
+    run = subprocess.run(["taskset", "-c", LOAD_CORE, "node", str(PEER / "login-driver.mjs"), json.dumps(options)],
+                         capture_output=True, text=True, timeout=duration + 120)
+    if run.returncode:
+        raise SystemExit(f"bench: the login driver failed on {server.name}:\n{run.stdout}{run.stderr}")
+    result = json.loads(run.stdout)
+    return {"rate": result["rate"], "count": result["count"], "p50": result["p50"] or 0.0, "p99": result["p99"] or 0.0,
+            "errors": result["errors"], "first_error": result["firstError"]}
+
+
+# --- one measurement -------------------------------------------------------------
+
+
+class Measure:
+    """Runs one target against one server at one concurrency, preparing what it uses just before."""
+
+    def __init__(self, folder: Path, duration: float):
+        self.folder, self.duration = folder, duration
+        self.browsers: dict[str, requests.Session] = {}
+        self.code_rates: dict[tuple[str, int], float] = {}
+        self.tokens: dict[str, tuple[dict, dict]] = {}
+
+    def prepare(self, server: Server) -> None:
+        browser = requests.Session()
+        opaque = tokens(server, browser)
+        jwt_access = tokens(server, browser, RESOURCE)
+        self.browsers[server.name], self.tokens[server.name] = browser, (opaque, jwt_access)
+        answer = requests.get(server.userinfo, headers={"Authorization": "Bearer " + opaque["access_token"]})
+        self.sub = answer.json()["sub"]
+
+    def load(self, server: Server, target: str, connections: int) -> tuple[str, str]:
+        """The URL and wrk script of one of L{INSTANCE_TARGETS}, ready to start."""
+        form = {"Content-Type": "application/x-www-form-urlencoded", "Authorization": basic(GATEWAY)}
+        opaque, _ = self.tokens[server.name]
+        if target == "introspection (opaque)":
+            return server.introspect, post_script("token=" + opaque["access_token"], form)
+        if target == "UserInfo":
+            return server.userinfo, f'wrk.headers["Authorization"] = {lua("Bearer " + opaque["access_token"])}\n'
+        if target == "user-access":
+            return server.user_access, post_script(
+                json.dumps({"userId": self.sub}),
+                {"Content-Type": "application/json", "Authorization": "Bearer " + INTERNAL_SECRET})
+        chains = [tokens(server, self.browsers[server.name])["refresh_token"] for _ in range(2 * connections)]
+        return server.token, pool_script(chains, "grant_type=refresh_token&refresh_token=%s", refill=True)
+
+    def run(self, server: Server, target: str, connections: int) -> dict:
+        d = self.duration
+        form = {"Content-Type": "application/x-www-form-urlencoded", "Authorization": basic(GATEWAY)}
+        if target == "discovery":
+            return wrk(server.discovery, None, d, connections, self.folder)
+        if target == "JWKS":
+            return wrk(server.jwks, None, d, connections, self.folder)
+        if target == "login":
+            return logins(server, d, connections)
+        if target == "user-access":
+            body = json.dumps({"userId": self.sub})
+            headers = {"Content-Type": "application/json", "Authorization": "Bearer " + INTERNAL_SECRET}
+            return wrk(server.user_access, post_script(body, headers), d, connections, self.folder)
+        opaque, jwt_access = self.tokens[server.name]
+        if target == "introspection (opaque)":
+            return wrk(server.introspect, post_script("token=" + opaque["access_token"], form), d, connections,
+                       self.folder)
+        if target == "introspection (JWT)":
+            return wrk(server.introspect, post_script("token=" + jwt_access["access_token"], form), d, connections,
+                       self.folder)
+        if target == "UserInfo":
+            script = f'wrk.headers["Authorization"] = {lua("Bearer " + opaque["access_token"])}\n'
+            return wrk(server.userinfo, script, d, connections, self.folder)
+        browser = self.browsers[server.name]
+        if target == "refresh (rotation)":
+            # Twice as many chains as connections: wrk asks for a request or two before the first answer.
+            chains = [tokens(server, browser)["refresh_token"] for _ in range(2 * connections)]
+            script = pool_script(chains, "grant_type=refresh_token&refresh_token=%s", refill=True)
+            return wrk(server.token, script, d, connections, self.folder)
+        if target == "code exchange":
+            # Codes live 60 s: made just before the run, twice what this server used in the last
+            # repeat (at first, more than a fast server uses).
+            seconds = min(d, 5)
+            rate = self.code_rates.get((server.name, connections), 2000)
+            codes, verifier = many_codes(server, browser, int(2 * rate * seconds) + 100)
+            body = f"grant_type=authorization_code&code=%s&redirect_uri={REDIRECT_URI}&code_verifier={verifier}"
+            result = wrk(server.token, pool_script(codes, body, refill=False), seconds, connections, self.folder)
+            self.code_rates[(server.name, connections)] = result["rate"]
+            return result
+        raise ValueError(target)
+
+
+# --- the run -----------------------------------------------------------------------
+
+
+ARGON2_TIMING = """
+import time
+from authsrv.identity.passwords import DEFAULT_HASHER
+stored = DEFAULT_HASHER.hash("alice-password")
+started = time.process_time()
+for _ in range(20):
+    DEFAULT_HASHER.verify(stored, "alice-password")
+print((time.process_time() - started) / 20 * 1000)
+"""
+
+
+def argon2_ms() -> float:
+    """CPU milliseconds of one check of the default argon2id parameters, on the server's core."""
+    run = subprocess.run(["taskset", "-c", SERVER_CORE, sys.executable, "-c", ARGON2_TIMING],
+                         capture_output=True, text=True, check=True, timeout=300)
+    return float(run.stdout)
+
+
+def versions() -> dict:
+    def out(*command):
+        try:
+            return subprocess.run(command, capture_output=True, text=True, timeout=10).stdout.strip().splitlines()[0]
+        except (OSError, IndexError, subprocess.TimeoutExpired):
+            return "not found"
+
+    peer = json.loads((PEER / "node_modules" / "oidc-provider" / "package.json").read_text())["version"]
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.machine())
+    return {
+        "machine": f"{cpu}, {os.cpu_count()} cores, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') >> 30} GiB",
+        "kernel": platform.release(), "python": platform.python_version(),
+        "authsrv": metadata.version("authsrv"), "twisted": metadata.version("twisted"),
+        "klein": metadata.version("klein"), "sqlite": sqlite3.sqlite_version,
+        "node": out("node", "--version"), "oidc-provider": peer, "wrk": out("wrk", "--version"),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--duration", type=int, default=10, help="seconds per endpoint (default 10)")
-    parser.add_argument("--connections", type=int, default=16, help="concurrent connections (default 16)")
+    parser.add_argument("--store", choices=["sqlite", "postgres"], default="sqlite")
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--duration", type=int, default=5, help="seconds per measurement (default 5)")
+    parser.add_argument("--concurrency", default="1,16,64")
+    parser.add_argument("--only", default=",".join(TARGETS), help="comma-separated targets")
+    parser.add_argument("--profile", default=None, metavar="NAME",
+                        help="instead of the comparison: py-spy flame graphs of authsrv, one per target at the"
+                             " highest concurrency, as bench/profiles/NAME-TARGET.svg")
+    parser.add_argument("--scale", default=None, metavar="N,N,...",
+                        help="instead of the comparison: authsrv alone on stores seeded with N live grants each"
+                             " (bench/seed.py), its rate, resident memory and store size at each")
+    parser.add_argument("--soak", type=int, default=0, metavar="SECONDS",
+                        help="instead of the comparison: introspection, UserInfo and refresh in turn at the highest"
+                             " concurrency for SECONDS, the server's resident memory after every round")
+    parser.add_argument("--instances", type=int, default=0, metavar="N",
+                        help="instead of the comparison (PostgreSQL only): N instances on one database, each"
+                             " loaded by its own wrk, against one instance; nothing pinned")
+    parser.add_argument("--out", default=None, help="results path without extension (default bench/results/<store>)")
     args = parser.parse_args()
-    if shutil.which("wrk") is None:
-        raise SystemExit("bench: needs wrk (apt-get install wrk)")
+    targets = [t for t in args.only.split(",") if t]
+    unknown = set(targets) - set(TARGETS)
+    if unknown:
+        raise SystemExit(f"bench: unknown targets {sorted(unknown)}; choose from {TARGETS}")
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    for tool in ("wrk", "taskset", "node"):
+        if shutil.which(tool) is None:
+            raise SystemExit(f"bench: needs {tool} (bench/setup.sh installs it)")
+    if not (PEER / "node_modules" / "oidc-provider").is_dir():
+        raise SystemExit("bench: node-oidc-provider is not installed (bench/setup.sh installs it)")
+    out = Path(args.out) if args.out else BENCH / "results" / (args.store + (f"-workers{args.workers}" if args.workers > 1 else ""))
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    if args.scale:
+        return scale(args, [int(n) for n in args.scale.split(",")], targets, max(concurrencies), out)
+    if args.soak:
+        return soak(args, max(concurrencies), out)
+    if args.instances:
+        if args.store != "postgres":
+            raise SystemExit("bench: --instances needs --store postgres, the store several instances share")
+        return instances(args, args.instances, targets, max(concurrencies), out)
     folder = Path(tempfile.mkdtemp(prefix="authsrv-bench-"))
-    server, base = start_server(folder)
+    cluster = None
+    servers: list[Server] = []
     try:
-        browser = requests.Session()
-        opaque = code_flow(browser, base, "openid profile email offline_access")
-        jwt_access = code_flow(browser, base, "openid profile", resource="https://api.demo.test")
-        # Twice as many chains as connections: wrk asks for a request or two
-        # before the first response comes back.
-        chains = [code_flow(browser, base, "openid offline_access")["refresh_token"]
-                  for _ in range(2 * args.connections)]
-        sub = requests.get(base + "/api/auth/oauth2/userinfo",
-                           headers={"Authorization": "Bearer " + opaque["access_token"]}).json()["sub"]
-        form = {"Content-Type": "application/x-www-form-urlencoded", "Authorization": _basic(GATEWAY)}
-        scenarios = [
-            ("discovery", "/api/auth/.well-known/openid-configuration", None),
-            ("JWKS", "/api/auth/jwks", None),
-            ("introspection (opaque)", "/api/auth/oauth2/introspect",
-             post_script("token=" + opaque["access_token"], form)),
-            ("introspection (JWT)", "/api/auth/oauth2/introspect",
-             post_script("token=" + jwt_access["access_token"], form)),
-            ("UserInfo", "/api/auth/oauth2/userinfo",
-             f'wrk.headers["Authorization"] = "Bearer {opaque["access_token"]}"\n'),
-            ("user-access", "/api/internal/user-access",
-             post_script(json.dumps({"userId": sub}), {"Content-Type": "application/json",
-                                                       "Authorization": "Bearer " + INTERNAL_SECRET})),
-            ("refresh (rotation)", "/api/auth/oauth2/token", refresh_script(chains)),
-        ]
-        # Codes live 60 s: made just before their run, more than it can use.
-        code_seconds = min(args.duration, 5)
-        print(f"| endpoint | req/s | p50 | p99 |  (c={args.connections}, {args.duration} s each)")
-        print("|---|---|---|---|")
-        for name, path, script in scenarios:
-            rate, p50, p99 = wrk(base + path, script, args.duration, args.connections, folder)
-            print(f"| {name} | {rate:,.0f} | {p50} | {p99} |", flush=True)
-        codes, verifier = fresh_codes(browser, base, 2000 * code_seconds)
-        rate, p50, p99 = wrk(base + "/api/auth/oauth2/token", code_script(codes, verifier), code_seconds,
-                             args.connections, folder)
-        print(f"| code exchange ({code_seconds} s) | {rate:,.0f} | {p50} | {p99} |", flush=True)
+        dsn = None
+        if args.store == "postgres":
+            cluster, dsn = postgres_cluster()
+        authsrv = Authsrv(folder, store=args.store, workers=args.workers, postgres_dsn=dsn)
+        peer, bare = Peer(), BareKlein()
+        servers = [authsrv, peer, bare]
+        measure = Measure(folder, args.duration)
+        measure.prepare(peer)
+        measure.prepare(authsrv)
+        if args.profile:
+            profile(measure, authsrv, targets, max(concurrencies), args.profile)
+            return
+        results = []
+        for repeat in range(args.repeats):
+            for target in targets:
+                for connections in concurrencies:
+                    pair = [authsrv, bare] if target == "user-access" else [authsrv, peer]
+                    if target in PEER_LACKS:
+                        pair = [authsrv]
+                    if repeat % 2:
+                        pair.reverse()
+                    for server in pair:
+                        marks = {}
+                        _before_load[:] = [lambda server=server: marks.setdefault("cpu", server.cpu_seconds())]
+                        result = measure.run(server, target, connections)
+                        result["cpu_ms"] = 1000 * (server.cpu_seconds() - marks["cpu"]) / max(1, result["count"])
+                        result.update(server=server.name, target=target, connections=connections, repeat=repeat)
+                        results.append(result)
+                        print(f"repeat {repeat + 1}/{args.repeats} {target} c={connections} {server.name}: "
+                              f"{result['rate']:,.0f} req/s p50 {result['p50']:.2f} ms p99 {result['p99']:.2f} ms"
+                              f" CPU {result['cpu_ms']:.3f} ms/req"
+                              + (f" ERRORS {result['errors']} {result.get('first_error') or ''}" if result["errors"] else ""),
+                              file=sys.stderr, flush=True)
+        info = {"store": args.store, "workers": args.workers, "repeats": args.repeats, "duration": args.duration,
+                **versions()}
+        if "login" in targets:
+            info["argon2_ms"] = argon2_ms()
+        report(results, info, targets, concurrencies, out)
     finally:
-        server.terminate()
-        server.wait(timeout=15)
+        for server in servers:
+            server.stop()
+        if cluster is not None:
+            cluster.destroy()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def profile(measure: Measure, authsrv: Authsrv, targets: list[str], connections: int, name: str) -> None:
+    """
+    A py-spy flame graph of the server's reactor and store threads while they
+    hold the GIL (their CPU, not their waiting), recorded from the load's core
+    while each target's load runs.
+    """
+    folder = BENCH / "profiles"
+    folder.mkdir(exist_ok=True)
+    for target in targets:
+        slug = re.sub(r"[^a-z0-9]+", "-", target.lower()).strip("-")
+        path = folder / f"{name}-{slug}.{'txt' if os.environ.get('BENCH_RAW') else 'svg'}"
+        spies = []
+
+        def start(path=path):
+            spies.append(subprocess.Popen(
+                ["taskset", "-c", LOAD_CORE, shutil.which("py-spy", path=f"{Path(sys.executable).parent}:{os.environ['PATH']}"),
+                 "record", "--pid", str(authsrv.process.pid), "--rate", "250", "--output", str(path),
+                 "--format", "raw" if os.environ.get("BENCH_RAW") else "flamegraph", "--nonblocking", "--gil"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            time.sleep(0.5)
+
+        _before_load[:] = [start]
+        result = measure.run(authsrv, target, connections)
+        _before_load.clear()
+        for spy in spies:
+            spy.send_signal(2)
+            spy.wait(timeout=60)
+        print(f"{target}: {result['rate']:,.0f} req/s under py-spy -> {path.relative_to(ROOT)}", file=sys.stderr)
+
+
+def scale(args, sizes: list[int], targets: list[str], connections: int, out: Path) -> None:
+    """authsrv's rate at each store size, with its memory and the store's size."""
+    rows = []
+    for size in sizes:
+        folder = Path(tempfile.mkdtemp(prefix="authsrv-bench-"))
+        cluster, dsn = postgres_cluster() if args.store == "postgres" else (None, None)
+        started = time.perf_counter()
+        authsrv = Authsrv(folder, store=args.store, workers=args.workers, postgres_dsn=dsn, seed_grants=size)
+        seeded = time.perf_counter() - started
+        try:
+            measure = Measure(folder, args.duration)
+            measure.prepare(authsrv)
+            rates = {t: statistics.median(measure.run(authsrv, t, connections)["rate"] for _ in range(args.repeats))
+                     for t in targets if t not in ("login", "discovery", "JWKS")}
+            rows.append({"grants": size, "seconds_to_seed": seeded, "store_mib": authsrv.store_mib(),
+                         "rss_mib": authsrv.rss_mib(), "rates": rates})
+            print(f"{size:,} grants: {rows[-1]}", file=sys.stderr, flush=True)
+        finally:
+            authsrv.stop()
+            if cluster is not None:
+                cluster.destroy()
+            shutil.rmtree(folder, ignore_errors=True)
+    names = list(rows[0]["rates"])
+    lines = [f"authsrv ({args.store} store) alone, c={connections}, median of {args.repeats} runs of"
+             f" {args.duration} s; each store seeded by bench/seed.py (grant, consent, access and refresh token"
+             " per grant) before the server starts.", "",
+             "| live grants | seeded in | store MiB | server RSS MiB | " + " | ".join(f"{n} req/s" for n in names) + " |",
+             "|---" * (4 + len(names)) + "|"]
+    base = rows[0]["rates"]
+    for row in rows:
+        lines.append(f"| {row['grants']:,} | {row['seconds_to_seed']:.0f} s | {row['store_mib']:,.0f}"
+                     f" | {row['rss_mib']:,.0f} | " + " | ".join(
+                         f"{row['rates'][n]:,.0f} ({row['rates'][n] / base[n]:.2f}x)" for n in names) + " |")
+    table = "\n".join(lines) + "\n"
+    out = out.with_name(out.name + "-scale")
+    out.with_suffix(".md").write_text(table)
+    out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+    print(table)
+
+
+def soak(args, connections: int, out: Path) -> None:
+    """Rounds of load until C{args.soak} seconds have passed, the server's memory after each."""
+    folder = Path(tempfile.mkdtemp(prefix="authsrv-bench-"))
+    cluster, dsn = postgres_cluster() if args.store == "postgres" else (None, None)
+    authsrv = Authsrv(folder, store=args.store, workers=args.workers, postgres_dsn=dsn)
+    samples = []
+    try:
+        measure = Measure(folder, args.duration)
+        measure.prepare(authsrv)
+        samples.append((0.0, authsrv.rss_mib(), 0.0))
+        started = time.monotonic()
+        while time.monotonic() - started < args.soak:
+            for target in ("introspection (opaque)", "UserInfo", "refresh (rotation)"):
+                rate = measure.run(authsrv, target, connections)["rate"]
+            samples.append((time.monotonic() - started, authsrv.rss_mib(), rate))
+            print(f"soak {samples[-1][0]:.0f} s: RSS {samples[-1][1]:.1f} MiB", file=sys.stderr, flush=True)
+    finally:
+        authsrv.stop()
+        if cluster is not None:
+            cluster.destroy()
+        shutil.rmtree(folder, ignore_errors=True)
+    lines = [f"authsrv ({args.store} store), introspection, UserInfo and refresh in turn at c={connections},"
+             f" {args.duration} s each, for {args.soak} s; the server's resident memory after each round.", "",
+             "| seconds | RSS MiB | refresh req/s |", "|---|---|---|"]
+    lines += [f"| {t:.0f} | {rss:.1f} | {rate:,.0f} |" for t, rss, rate in samples]
+    half = samples[len(samples) // 2][1]
+    lines += ["", f"From the middle of the run to its end: {samples[-1][1] - half:+.1f} MiB."]
+    table = "\n".join(lines) + "\n"
+    out = out.with_name(out.name + "-soak")
+    out.with_suffix(".md").write_text(table)
+    print(table)
+
+
+def instances(args, count: int, targets: list[str], connections: int, out: Path) -> None:
+    """
+    One instance, then C{count} on the same database, each loaded by a wrk of
+    its own with its share of the connections (a balancer's own cost left out);
+    with the CPU the instances and PostgreSQL spend per request, from which
+    the scaling on a bigger machine can be projected.
+    """
+    global PINNED
+    PINNED = False
+    folder = Path(tempfile.mkdtemp(prefix="authsrv-bench-"))
+    cluster, dsn = postgres_cluster(pin=False)
+    servers = []
+    rows = []
+    try:
+        for n in range(count):
+            (folder / str(n)).mkdir()
+            servers.append(Authsrv(folder / str(n), store="postgres", workers=1, postgres_dsn=dsn))
+        measures = []
+        for server in servers:
+            measure = Measure(folder, args.duration)
+            measure.prepare(server)
+            measures.append(measure)
+        database = _Processes(cluster.postmaster_pid())
+        for target in [t for t in targets if t in INSTANCE_TARGETS]:
+            for used in (1, count):
+                share = max(1, connections // used)
+                loads = [measures[i].load(servers[i], target, share) for i in range(used)]
+                cpu = [s.cpu_seconds() for s in servers[:used]], database.cpu_seconds()
+                waits = [wrk(url, script, args.duration, share, folder, background=True) for url, script in loads]
+                figures = [wait() for wait in waits]
+                total = sum(f["count"] for f in figures)
+                app_cpu = sum(s.cpu_seconds() for s in servers[:used]) - sum(cpu[0])
+                db_cpu = database.cpu_seconds() - cpu[1]
+                rows.append({"target": target, "instances": used, "rate": sum(f["rate"] for f in figures),
+                             "errors": sum(f["errors"] for f in figures),
+                             "authsrv_cpu_ms": 1000 * app_cpu / max(1, total),
+                             "postgres_cpu_ms": 1000 * db_cpu / max(1, total)})
+                print(f"{target} x{used}: {rows[-1]}", file=sys.stderr, flush=True)
+    finally:
+        for server in servers:
+            server.stop()
+        cluster.destroy()
+        shutil.rmtree(folder, ignore_errors=True)
+    lines = [f"authsrv on one PostgreSQL database: 1 instance, then {count}, each loaded by its own wrk with"
+             f" its share of {connections} connections for {args.duration} s; nothing pinned ({os.cpu_count()} cores"
+             " for the instances, PostgreSQL and wrk together). CPU ms/req: what the instances and PostgreSQL"
+             " spent per request answered.", "",
+             "| endpoint | instances | req/s | authsrv CPU ms/req | PostgreSQL CPU ms/req | errors |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {r['target']} | {r['instances']} | {r['rate']:,.0f} | {r['authsrv_cpu_ms']:.3f}"
+              f" | {r['postgres_cpu_ms']:.3f} | {r['errors']} |" for r in rows]
+    table = "\n".join(lines) + "\n"
+    out = out.with_name(out.name + f"-instances{count}")
+    out.with_suffix(".md").write_text(table)
+    out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+    print(table)
+
+
+INSTANCE_TARGETS = ("introspection (opaque)", "UserInfo", "user-access", "refresh (rotation)")
+
+
+class _Processes(Server):
+    """A process tree measured for its CPU only (PostgreSQL's postmaster and its backends)."""
+
+    def __init__(self, pid: int):
+        self.process = type("P", (), {"pid": pid})()
+
+
+def postgres_cluster(pin: bool = True):
+    """A throwaway PostgreSQL (the tests' helper), its server processes pinned with authsrv's."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from pgcluster import Cluster
+
+    cluster = Cluster(local=True)
+    dsn = cluster.database()
+    pid = (Path(cluster._folder) / "data" / "postmaster.pid").read_text().split()[0]
+    cluster.postmaster_pid = lambda: int(pid)
+    if pin:
+        subprocess.run(["taskset", "-a", "-p", "-c", SERVER_CORE, pid], check=True, capture_output=True)
+    return cluster, dsn
+
+
+def report(results: list[dict], info: dict, targets: list[str], concurrencies: list[int], out: Path) -> None:
+    def of(server_names, target, connections):
+        return sorted((r for r in results if r["target"] == target and r["connections"] == connections
+                       and r["server"] in server_names), key=lambda r: r["repeat"])
+
+    rows = []
+    lines = [
+        f"authsrv ({info['store']} store{', %d workers' % info['workers'] if info['workers'] > 1 else ''})"
+        f" and node-oidc-provider {info['oidc-provider']} (in memory), both pinned to one core, the load on the"
+        f" other; {info['repeats']} repeats of {info['duration']:g} s, alternating. Ratio: authsrv/peer in each"
+        " repeat, then their median (user-access: authsrv/bare Klein route). CPU ms/req: the server's"
+        " processes' CPU time during the load over the requests answered (a figure other load on the"
+        " machine disturbs less than the rate).",
+        "",
+        "| endpoint | c | authsrv req/s | p50 ms | p99 ms | CPU ms/req | peer req/s | p50 ms | p99 ms | CPU ms/req"
+        " | ratio per repeat | median ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for target in targets:
+        for c in concurrencies:
+            ours = of({"authsrv"}, target, c)
+            theirs = of({"node-oidc-provider", "bare Klein"}, target, c)
+            ratios = [a["rate"] / b["rate"] if b["rate"] else float("inf") for a, b in zip(ours, theirs)]
+            median = statistics.median(ratios) if ratios else float("nan")
+
+            def m(rs, key):
+                return statistics.median(r[key] for r in rs) if rs else float("nan")
+
+            rows.append({"target": target, "connections": c, "ratios": ratios, "median_ratio": median,
+                         "authsrv": {k: m(ours, k) for k in ("rate", "p50", "p99", "cpu_ms")},
+                         "peer": {k: m(theirs, k) for k in ("rate", "p50", "p99", "cpu_ms")}})
+            lines.append(
+                f"| {target} | {c} | {m(ours, 'rate'):,.0f} | {m(ours, 'p50'):.2f} | {m(ours, 'p99'):.2f}"
+                f" | {m(ours, 'cpu_ms'):.3f} | {m(theirs, 'rate'):,.0f} | {m(theirs, 'p50'):.2f}"
+                f" | {m(theirs, 'p99'):.2f} | {m(theirs, 'cpu_ms'):.3f}"
+                f" | {' · '.join(f'{r:.2f}' for r in ratios) or 'peer refuses'} | **{median:.2f}** |"
+                .replace("nan", "—"))
+    errors = sum(r["errors"] for r in results)
+    if "argon2_ms" in info:
+        per_login = statistics.median(r["cpu_ms"] for r in results if r["server"] == "authsrv" and r["target"] == "login")
+        lines += ["", f"One argon2id check (the default m=19 MiB, t=2, p=1) costs {info['argon2_ms']:.1f} ms of CPU on"
+                  f" the server's core; a whole sign-in cost authsrv {per_login:.1f} ms of CPU (median), so argon2id"
+                  f" is {100 * info['argon2_ms'] / per_login:.0f} % of a sign-in's CPU, and one core signs in about"
+                  f" {1000 / per_login:.0f} users a second."]
+    lines += ["", f"Errors (non-2xx answers or failed sign-ins): {errors}.", "",
+              "Machine and versions: " + "; ".join(f"{k} {v}" for k, v in info.items()
+                                                   if k not in ("store", "workers", "repeats", "duration", "argon2_ms"))
+              + "."]
+    table = "\n".join(lines) + "\n"
+    out.with_suffix(".md").write_text(table)
+    out.with_suffix(".json").write_text(json.dumps({"info": info, "rows": rows, "results": results}, indent=1))
+    chart(rows, targets, concurrencies, info, out.with_suffix(".png"))
+    print(table)
+
+
+def chart(rows: list[dict], targets: list[str], concurrencies: list[int], info: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(11, 5))
+    width = 0.8 / len(concurrencies)
+    for i, c in enumerate(concurrencies):
+        values = [next(r["median_ratio"] for r in rows if r["target"] == t and r["connections"] == c) for t in targets]
+        axis.bar([x + i * width for x in range(len(targets))], values, width, label=f"c={c}")
+    axis.axhline(1.0, color="black", linewidth=0.8)
+    axis.axhline(1.5, color="grey", linewidth=0.8, linestyle="--")
+    axis.set_xticks([x + width * (len(concurrencies) - 1) / 2 for x in range(len(targets))])
+    axis.set_xticklabels(targets, rotation=20, ha="right")
+    axis.set_ylabel("authsrv / peer, req/s (median of repeats)")
+    axis.set_title(f"authsrv ({info['store']}) beside node-oidc-provider {info['oidc-provider']}, one core each"
+                   " (user-access: beside a bare Klein route)")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
 
 
 if __name__ == "__main__":

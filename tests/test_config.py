@@ -58,6 +58,9 @@ def test_defaults():
         ({"limits": {"max_body_bytes": "big"}}, "limits.max_body_bytes: must be an integer, not a string"),
         ({"store": {"plugin": 3}}, "store.plugin: must be a string, not an integer"),
         ({"throttle": {"failures_per_pair": 0}}, "throttle.failures_per_pair: must be at least 1, not 0"),
+        ({"passwords": {"argon2_memory_kib": 1024}}, "passwords.argon2_memory_kib: must be at least 7168, not 1024"),
+        ({"passwords": {"argon2_time_cost": 0}}, "passwords.argon2_time_cost: must be at least 1, not 0"),
+        ({"passwords": {"argon2_parallelism": 64}}, "passwords.argon2_parallelism: must be at most 16, not 64"),
         ({"throttle": {"failures_per_account": "many"}}, "throttle.failures_per_account: must be an integer"),
         ({"throttle": {"window": "soon"}}, 'throttle.window: must be a duration such as "90s"'),
         ({"throttle": {"max_delay": 0}}, "throttle.max_delay: must be longer than zero"),
@@ -104,6 +107,16 @@ def test_secret_file_problems(tmp_path):
     assert error_of({"internal": {"secret_file": "empty"}}, tmp_path).endswith("empty is empty")
     (tmp_path / "s").write_text("x")
     assert "not both" in error_of({"internal": {"secret_file": "s", "secret_env": "HOME"}}, tmp_path)
+
+
+def test_password_hashing_defaults_and_settings():
+    from authsrv.identity.passwords import DEFAULT_HASHER, hasher_of
+
+    default = hasher_of(parse_config({}, None))
+    assert (default.memory_cost, default.time_cost, default.parallelism) == (19456, 2, 1)
+    assert default.hash(b"x").split("$")[3] == DEFAULT_HASHER.hash(b"x").split("$")[3]
+    config = parse_config({"passwords": {"argon2_memory_kib": 47104, "argon2_time_cost": 1}}, None)
+    assert hasher_of(config).hash(b"x").startswith("$argon2id$v=19$m=47104,t=1,p=1$")
 
 
 def test_throttle_defaults_and_settings():

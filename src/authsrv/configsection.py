@@ -100,10 +100,13 @@ class Section:
             )
         return value
 
-    def int(self, name: builtins.str, default: Any = _REQUIRED, *, minimum: int | None = None) -> Any:
+    def int(self, name: builtins.str, default: Any = _REQUIRED, *, minimum: int | None = None,
+            maximum: int | None = None) -> Any:
         value = self._get(name, default, int, "an integer")
         if value is not default and minimum is not None and value < minimum:
             raise self.error(name, f"must be at least {minimum}, not {value}")
+        if value is not default and maximum is not None and value > maximum:
+            raise self.error(name, f"must be at most {maximum}, not {value}")
         return value
 
     def bool(self, name: builtins.str, default: Any = _REQUIRED) -> Any:

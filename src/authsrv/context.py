@@ -10,6 +10,7 @@ from typing import Callable
 from twisted.python.threadpool import ThreadPool
 from zope.interface import implementer
 
+from authsrv.identity.passwords import DEFAULT_HASHER
 from authsrv.interfaces import IPluginContext
 
 
@@ -23,13 +24,14 @@ class PluginContext:
 
     def __init__(
         self, reactor, base_dir: Path, max_token_lifetime: int = 3600, *, check_only: bool = False,
-        store_observer: Callable[[str, float, bool], None] | None = None,
+        store_observer: Callable[[str, float, bool], None] | None = None, password_hasher=DEFAULT_HASHER,
     ):
         self.reactor = reactor
         self.base_dir = Path(base_dir)
         self.max_token_lifetime = max_token_lifetime
         self.check_only = check_only
         self.store_observer = store_observer
+        self.password_hasher = password_hasher
         self._pools: dict[str, ThreadPool] = {}
 
     def threadpool(self, name: str, size: int) -> ThreadPool:

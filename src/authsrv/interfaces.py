@@ -40,6 +40,11 @@ class IPluginContext(Interface):
         "Seconds the longest-lived signed token stays valid: how long a"
         " retired signing key must stay published."
     )
+    password_hasher = Attribute(
+        "The argon2 PasswordHasher of the config's [passwords] parameters:"
+        " new hashes are made with it, and a stored hash of other parameters"
+        " is replaced on its user's next successful login."
+    )
     store_observer = Attribute(
         "None, or the observer a store reports each call to, as"
         " C{observer(label, seconds, failed)} (L{authsrv.store.observer})."

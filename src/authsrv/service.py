@@ -56,7 +56,7 @@ from authsrv.flows.sessions import SessionEnder
 from authsrv.flows.token import TokenFlow
 from authsrv.flows.userinfo import UserInfoFlow
 from authsrv.identity.chain import IdentityChain
-from authsrv.identity.passwords import hash_password
+from authsrv.identity.passwords import hasher_of
 from authsrv.logfile import LineFile
 from authsrv.metrics import Metrics
 from authsrv.operations import AdminOperations
@@ -359,7 +359,7 @@ def public_flows(config: Config, reactor, store, keystore, identity, grants: Gra
         account=AccountFactors(store=store, identity=identity, factors=factors),
         account_page=AccountPage(store=store, identity=identity, clients=clients, sessions=sessions, login=login,
                                  factors=factors, passkeys=passkeys, linking=chat_link,
-                                 min_length=config.password_min_length),
+                                 min_length=config.password_min_length, hasher=hasher_of(config)),
         linking=chat_link,
     )
 
@@ -410,7 +410,7 @@ def user_operations(config: Config, reactor, store, keystore, identity, context)
     return UserOperations(
         store=store, identity=identity, clock=reactor,
         notify=lambda session: notifier.session_ended(store, keystore, config.issuer, session),
-        hash_password=lambda password: deferToThreadPool(reactor, hashing, hash_password, password),
+        hash_password=lambda password: deferToThreadPool(reactor, hashing, context.password_hasher.hash, password),
         min_length=config.password_min_length,
     )
 
@@ -492,7 +492,7 @@ def build(config: Config, reactor) -> AuthsrvService:
     metrics = Metrics() if config.metrics_listen else None
     context = PluginContext(
         reactor, config.base_dir, config.limits.max_token_lifetime,
-        store_observer=metrics.store_call if metrics else None,
+        store_observer=metrics.store_call if metrics else None, password_hasher=hasher_of(config),
     )
     try:
         store = build_plugin("store", config.store, context)

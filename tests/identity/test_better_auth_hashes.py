@@ -138,7 +138,7 @@ async def test_static_file_upgrades_a_better_auth_hash(users_file, context, veri
     assert is_argon2id_hash(stored) and CHEAP.verify(stored, PASSWORD)
     assert HASH not in users_file.read_text() and stored in users_file.read_text()
     text = log_text(events)
-    assert "upgraded from Better Auth scrypt to argon2id" in text
+    assert "upgraded to the configured argon2id parameters" in text
     assert HASH not in text and stored not in text and PASSWORD not in text
 
     verifier.checked.clear()
@@ -165,7 +165,7 @@ async def test_static_file_login_succeeds_when_the_upgrade_cannot_be_written(use
     with capturedLogs() as events:
         assert await login(backend, "alice", PASSWORD) == ALICE.sub
     assert users_file.read_text() == broken
-    assert "not upgraded to argon2id" in log_text(events)
+    assert "not upgraded to the configured argon2id parameters" in log_text(events)
 
 
 @pytest_twisted.ensureDeferred

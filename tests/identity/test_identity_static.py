@@ -30,7 +30,13 @@ from twisted.python.threadpool import ThreadPool
 from authsrv.configsection import ConfigError, Section
 from authsrv.identity.chain import IdentityChain
 from authsrv.identity.errors import UnknownUser
-from authsrv.identity.passwords import DEFAULT_HASHER, PasswordVerifier, dummy_hash, hash_password
+from authsrv.identity.passwords import (
+    DEFAULT_HASHER,
+    PasswordVerifier,
+    argon2id_hasher,
+    dummy_hash,
+    hash_password,
+)
 from authsrv.identity.realm import UserRealm
 from authsrv.identity.static import (
     StaticIdentityBackend,
@@ -500,10 +506,27 @@ async def test_verify(reactor, context):
 
 
 def test_production_parameters():
-    params = profiles.RFC_9106_LOW_MEMORY
-    assert hash_password("x").startswith(
-        f"$argon2id$v=19$m={params.memory_cost},t={params.time_cost},p={params.parallelism}$"
-    )
+    """OWASP's first equal-strength argon2id set, RFC 9106's salt and tag lengths."""
+    stored = hash_password("x")
+    assert stored.startswith("$argon2id$v=19$m=19456,t=2,p=1$")
+    assert extract_parameters(stored).salt_len == profiles.RFC_9106_LOW_MEMORY.salt_len
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_hash_of_other_parameters_is_replaced_at_the_next_login(users_file, reactor, context):
+    """Once the operator changes [passwords], each user's hash follows at their next successful login."""
+    other = argon2id_hasher(8192, 1, 1)
+    path = users_file.parent / "other.toml"
+    add_user(path, login="carol", sub="sub-carol", password_hash=hash_password("carol's pw", CHEAP))
+    backend = StaticIdentityBackend(path, reactor, PasswordVerifier(reactor, context.threadpool("passwords", 2), other))
+    with pytest.raises(UnauthorizedLogin):
+        await backend.requestAvatarId(UsernamePassword(b"carol", b"wrong"))
+    assert extract_parameters(backend._by_login("carol").password_hash) == extract_parameters(hash_password("x", CHEAP))
+
+    assert await backend.requestAvatarId(UsernamePassword(b"carol", b"carol's pw")) == "sub-carol"
+    stored = backend._by_login("carol").password_hash
+    assert extract_parameters(stored) == extract_parameters(hash_password("x", other))
+    assert stored in path.read_text() and other.verify(stored, "carol's pw")
 
 
 # --- realm ------------------------------------------------------------------

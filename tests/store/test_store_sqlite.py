@@ -297,13 +297,21 @@ class TestGroupCommit(SQLiteFolder):
         await reopened.close()
 
     @pytest_twisted.ensureDeferred
-    async def test_reads_after_writes_see_them(self):
+    async def test_reads_do_not_queue_behind_a_commit_and_see_it_once_it_fired(self):
+        """Reads run on their own connection: a write still syncing holds no lookup back."""
+        import threading
+
         from authsrv.records import Client
 
         store = self.open_store()
         client = Client(client_id="c", secret_hash=None, redirect_uris=["https://a.example/cb"])
+        syncing = threading.Event()
+        held = store._worker.submit(True, lambda db: syncing.wait(10), ())
         write = store.add_client(client)
-        read = store.get_client("c")
+        assert await store.get_client("c") is None
+        assert not held.called and not write.called
+        syncing.set()
+        await held
         await write
-        assert await read == client
+        assert await store.get_client("c") == client
         await store.close()

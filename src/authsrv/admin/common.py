@@ -16,6 +16,7 @@ from attrs import frozen
 from authsrv.config import Config, ConfigFileError, load_config
 from authsrv.context import PluginContext
 from authsrv.embedded import CONFIG_NAME, DEFAULT_DATA_DIR
+from authsrv.identity.passwords import hasher_of
 from authsrv.operations.errors import OperationError
 from authsrv.service import StartupError, build_identity, build_plugin
 
@@ -90,7 +91,8 @@ async def plugin_context(reactor, config: Config, *, check_only: bool = False, p
     The context one command builds plugins in: its thread pools stop with
     the command, and a plugin's start-up problem is one line.
     """
-    context = PluginContext(reactor, config.base_dir, config.limits.max_token_lifetime, check_only=check_only)
+    context = PluginContext(reactor, config.base_dir, config.limits.max_token_lifetime, check_only=check_only,
+                            password_hasher=hasher_of(config))
     try:
         yield context
     except StartupError as e:

@@ -13,7 +13,7 @@ from attrs import asdict
 
 from authsrv.admin.common import ACTOR, AdminError, Console, config_of, plugin_context, read_password, with_plugins
 from authsrv.flows.mfa import reset_factors
-from authsrv.identity.passwords import hash_password
+from authsrv.identity.passwords import DEFAULT_HASHER, hash_password, hasher_of
 from authsrv.protocol.password_policy import MIN_LENGTH, password_problem
 from authsrv.service import build_identity, build_plugin, user_operations
 
@@ -32,7 +32,7 @@ async def hash_password_command(reactor, args, console: Console):
     problem = password_problem(password, min_length=config_of(args).password_min_length if args.config else MIN_LENGTH)
     if problem:
         raise AdminError(problem)
-    console.out(hash_password(password))
+    console.out(hash_password(password, hasher_of(config_of(args)) if args.config else DEFAULT_HASHER))
 
 
 async def user_add(reactor, args, console: Console):

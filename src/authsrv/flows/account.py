@@ -11,6 +11,8 @@ never replaces an authenticator.
 
 from __future__ import annotations
 
+from argon2 import PasswordHasher
+
 from attrs import frozen
 from twisted.internet.threads import deferToThread
 
@@ -22,7 +24,7 @@ from authsrv.flows.link import unlink_token
 from authsrv.flows.login import LoggedIn
 from authsrv.flows.passkeys import PASSKEY_METHODS, Passkeys
 from authsrv.identity.errors import BackendUnavailable, UnknownUser
-from authsrv.identity.passwords import hash_password
+from authsrv.identity.passwords import DEFAULT_HASHER
 from authsrv.interfaces import IIdentityBackend, IUserManagement
 from authsrv.flows.sessions import live_session
 from authsrv.protocol.errors import PageError
@@ -183,8 +185,10 @@ class AccountPage:
     """
 
     def __init__(self, *, store, identity, clients, sessions, login, factors: SecondFactors,
-                 passkeys: Passkeys | None, linking, min_length: int = MIN_LENGTH):
+                 passkeys: Passkeys | None, linking, min_length: int = MIN_LENGTH,
+                 hasher: PasswordHasher = DEFAULT_HASHER):
         self._min_length = min_length
+        self._hasher = hasher
         self._store = store
         self._identity = identity
         self._clients = clients
@@ -329,7 +333,7 @@ class AccountPage:
         if not isinstance(checked, LoggedIn) or checked.user.sub != sub:
             events.password_change_refused(sub=sub, reason="current password wrong or not checkable")
             return "Your current password is not right."
-        await manager.set_password_hash(user.login, await deferToThread(hash_password, new))
+        await manager.set_password_hash(user.login, await deferToThread(self._hasher.hash, new))
         ended = 0
         for other in await self._store.list_user_sessions(sub, now):
             if other.session_hash != session.session_hash:

@@ -1,10 +1,10 @@
 """
 argon2id password hashes, checked off the reactor thread.
 
-argon2 is slow on purpose (about 0.1 s and 64 MiB per check with the RFC 9106
-low-memory profile), so a check runs on a small bounded thread pool: a burst
-of logins queues instead of stalling every other request or exhausting
-memory. Any identity backend that stores password hashes (static file,
+argon2 is slow on purpose (tens of milliseconds and 19 MiB per check with
+the default parameters, C{[passwords]} in the config), so a check runs on a
+small bounded thread pool: a burst of logins queues instead of stalling every
+other request or exhausting memory. Any identity backend that stores password hashes (static file,
 PostgreSQL) checks them through L{PasswordVerifier}.
 
 Besides argon2id it accepts the scrypt hashes of Better Auth, so users
@@ -29,11 +29,27 @@ from twisted.internet.defer import Deferred
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 
-DEFAULT_HASHER = PasswordHasher.from_parameters(profiles.RFC_9106_LOW_MEMORY)
+
+
+def argon2id_hasher(memory_kib: int, time_cost: int, parallelism: int) -> PasswordHasher:
+    """An argon2id hasher of these costs, with RFC 9106's salt and tag lengths."""
+    base = profiles.RFC_9106_LOW_MEMORY
+    return PasswordHasher(time_cost=time_cost, memory_cost=memory_kib, parallelism=parallelism,
+                          hash_len=base.hash_len, salt_len=base.salt_len, type=Type.ID)
+
+
+def hasher_of(config) -> PasswordHasher:
+    """The hasher of a config's C{[passwords]} argon2id parameters."""
+    hashing = config.password_hashing
+    return argon2id_hasher(hashing.memory_kib, hashing.time_cost, hashing.parallelism)
+
+
+DEFAULT_HASHER = argon2id_hasher(19456, 2, 1)
 """
-The production parameters. Tests pass a cheaper L{PasswordHasher} (for
-example built from C{argon2.profiles.CHEAPEST}) as the C{hasher} argument of
-L{hash_password} and L{PasswordVerifier} instead.
+The production parameters when the config sets none (see
+L{authsrv.config.PasswordHashing} for why these). Tests pass a cheaper
+L{PasswordHasher} (for example built from C{argon2.profiles.CHEAPEST}) as
+the C{hasher} argument of L{hash_password} and L{PasswordVerifier} instead.
 """
 
 POOL_NAME = "passwords"
@@ -139,9 +155,12 @@ class PasswordVerifier:
         self._dummy = dummy_hash(hasher)
 
     @classmethod
-    def for_context(cls, context, hasher: PasswordHasher = DEFAULT_HASHER) -> Self:
-        """The verifier on the server's shared password pool of an L{IPluginContext}."""
-        return cls(context.reactor, context.threadpool(POOL_NAME, POOL_SIZE), hasher)
+    def for_context(cls, context, hasher: PasswordHasher | None = None) -> Self:
+        """
+        The verifier on the server's shared password pool of an
+        L{IPluginContext}, hashing with the context's configured hasher.
+        """
+        return cls(context.reactor, context.threadpool(POOL_NAME, POOL_SIZE), hasher or context.password_hasher)
 
     def needs_rehash(self, stored_hash: str) -> bool:
         """

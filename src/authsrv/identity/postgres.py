@@ -36,7 +36,6 @@ from authsrv.identity.passwords import (
     _MALFORMED,
     _MATCH,
     _MISMATCH,
-    DEFAULT_HASHER,
     PasswordVerifier,
     is_argon2id_hash,
 )
@@ -501,7 +500,7 @@ def from_config(section: Section, context) -> PostgresIdentityBackend | None:
     return build(section, context)
 
 
-def build(section: Section, context, hasher=DEFAULT_HASHER) -> PostgresIdentityBackend | None:
+def build(section: Section, context, hasher=None) -> PostgresIdentityBackend | None:
     """
     L{from_config} with the password hasher as a parameter (tests use a
     cheap one). Checking a config (C{context.check_only}) runs the mapped

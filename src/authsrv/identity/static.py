@@ -219,8 +219,8 @@ class StaticIdentityBackend:
         if logins:
             log.warn(
                 "{path}: the password hashes of {logins} have other argon2 parameters than the configured"
-                " ones, so timing tells these logins from unknown ones: set their passwords again"
-                " (authsrv-admin user passwd)",
+                " ones, so timing tells these logins from unknown ones until each is replaced at its"
+                " user's next successful login (or set again with authsrv-admin user passwd)",
                 path=str(self._path), logins=", ".join(map(repr, logins)),
             )
 
@@ -283,7 +283,7 @@ class StaticIdentityBackend:
                 raise UnknownUser("unknown login")
             if not matched:
                 raise UnauthorizedLogin("wrong password")
-            if is_better_auth_hash(account.password_hash):
+            if self._verifier.needs_rehash(account.password_hash):
                 return Deferred.fromCoroutine(self._upgrade(account, credentials.password))
             return account.user.sub
 
@@ -291,7 +291,8 @@ class StaticIdentityBackend:
 
     async def _upgrade(self, account: _Account, password) -> str:
         """
-        Replace a Better Auth hash by argon2id in the file, unless the
+        Replace a Better Auth hash, or an argon2id hash of other parameters,
+        by one of the configured parameters in the file, unless the
         operator changed it meanwhile; a failure to write only leaves the
         old hash in place, the login succeeds either way.
         """
@@ -306,11 +307,11 @@ class StaticIdentityBackend:
             self._edit(account.user.login, change)
         except (OSError, ValueError) as e:
             log.error(
-                "password hash of {login!r} not upgraded to argon2id: {problem}",
+                "password hash of {login!r} not upgraded to the configured argon2id parameters: {problem}",
                 login=account.user.login, problem=str(e),
             )
         else:
-            log.info("password hash of {login!r} upgraded from Better Auth scrypt to argon2id", login=account.user.login)
+            log.info("password hash of {login!r} upgraded to the configured argon2id parameters", login=account.user.login)
         return account.user.sub
 
     def user_by_id(self, sub: str) -> Deferred:

@@ -83,7 +83,9 @@ def open_store(reactor, path: Path, synchronous: str = "FULL", observer: Observe
     make_private(path)
     connection = _open(path, synchronous, int(reactor.seconds()))
     make_private(path)
-    return SQLiteStore(SQLiteWorker(reactor, connection, _store_error, f"authsrv-sqlite-{path.name}"), observer)
+    writer = SQLiteWorker(reactor, connection, _store_error, f"authsrv-sqlite-{path.name}")
+    reader = SQLiteWorker(reactor, _open_reader(path), _store_error, f"authsrv-sqlite-read-{path.name}")
+    return SQLiteStore(writer, observer, reader)
 
 
 PRIVATE_SUFFIXES = ("", "-wal", "-shm", "-journal")
@@ -135,6 +137,20 @@ def _open(path: Path, synchronous: str, now: int) -> sqlite3.Connection:
     return connection
 
 
+def _open_reader(path: Path) -> sqlite3.Connection:
+    """
+    A second connection for reads only: in WAL mode it reads the last
+    committed state while the writer's COMMIT waits for the disk, so a
+    lookup never queues behind another request's sync.
+    """
+    connection = sqlite3.connect(
+        path, timeout=_BUSY_TIMEOUT_SECONDS, isolation_level=None, check_same_thread=False
+    )
+    connection.row_factory = sqlite3.Row
+    connection.execute("PRAGMA query_only = ON")
+    return connection
+
+
 @contextmanager
 def _transaction(connection: sqlite3.Connection):
     connection.execute("BEGIN IMMEDIATE")
@@ -182,22 +198,36 @@ def _store_error(error: BaseException) -> BaseException:
 
 @implementer(IStore)
 class SQLiteStore:
-    """L{IStore} on one SQLite connection, owned by one L{SQLiteWorker} thread."""
+    """
+    L{IStore} on SQLite: writes on one connection owned by one
+    L{SQLiteWorker} thread, reads on a read-only connection owned by another.
+    """
 
-    def __init__(self, worker: SQLiteWorker, observer: Observer | None = None):
-        """C{observer}, if any, hears of every call (see L{authsrv.store.observer})."""
+    def __init__(self, worker: SQLiteWorker, observer: Observer | None = None, reader: SQLiteWorker | None = None):
+        """
+        C{observer}, if any, hears of every call (see L{authsrv.store.observer});
+        without a C{reader}, reads run on the writer's thread.
+        """
         self._worker = worker
+        self._reader = reader or worker
         self._observer = observer
 
     def _call(self, label: str, write: bool, work, *args):
         """
-        Fire with C{work(connection, *args)}, run on the worker's thread:
-        with C{write}, inside a (group-committed) write transaction. Every
-        call passes here, named by C{label}.
+        Fire with C{work(connection, *args)}: with C{write}, inside a
+        (group-committed) write transaction on the writer's thread, else a
+        read on the reader's. Every call passes here, named by C{label}.
         """
+        return self._submit(label, self._worker if write else self._reader, write, work, args)
+
+    def _own_transactions(self, label: str, work, *args):
+        """Work that opens its own write transactions, on the writer's thread outside any batch."""
+        return self._submit(label, self._worker, False, work, args)
+
+    def _submit(self, label: str, worker: SQLiteWorker, write: bool, work, args):
         if self._observer is None:
-            return self._worker.submit(write, work, args)
-        return watched(self._observer, label, perf_counter(), self._worker.submit(write, work, args))
+            return worker.submit(write, work, args)
+        return watched(self._observer, label, perf_counter(), worker.submit(write, work, args))
 
     def _execute(self, label: str, sql: str, params=()):
         """Run one write statement; fire with how many rows it changed."""
@@ -649,9 +679,11 @@ class SQLiteStore:
         return self._call("ping", False, lambda db: db.execute("SELECT 1").fetchone()).addCallback(lambda _: None)
 
     def gc(self, now, batch_size):
-        return self._call("gc", False, _gc, now, batch_size)
+        return self._own_transactions("gc", _gc, now, batch_size)
 
     def close(self):
+        if self._reader is not self._worker:
+            return self._reader.stop().addCallback(lambda _: self._worker.stop())
         return self._worker.stop()
 
 

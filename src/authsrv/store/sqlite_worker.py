@@ -6,7 +6,9 @@ disk. Writes that queue up while one commits are therefore run together in
 the next transaction, each inside its own SAVEPOINT: a write that fails is
 rolled back alone, and every write's result is delivered only after the
 single COMMIT that made it durable. Under concurrent token requests this
-turns one disk sync per write into one per batch.
+turns one disk sync per write into one per batch. Reads that queue up are
+likewise run one after another and their results handed to the reactor
+thread in one wake-up.
 
 A plain queue and thread, rather than Twisted's thread pool, because every
 store call crosses threads twice and the pool's coordination costs twice as
@@ -82,22 +84,22 @@ class SQLiteWorker:
                 self._connection.close()
                 self._reactor.callFromThread(item[1].callback, None)
                 return
-            d, transactional, work, args = item
-            if not transactional:
-                outcome = self._call(work, args)
-                self._reactor.callFromThread(self._deliver, [(d, outcome)])
-                continue
             batch = [item]
             while len(batch) < MAX_BATCH:
                 try:
                     following = self._queue.get_nowait()
                 except Empty:
                     break
-                if following[0] is _STOP or not following[1]:
+                if following[0] is _STOP or following[1] != item[1]:
                     waiting = following
                     break
                 batch.append(following)
-            self._reactor.callFromThread(self._deliver, self._commit(batch))
+            if item[1]:
+                outcomes = self._commit(batch)
+            else:
+                outcomes = [(d, self._call(work, args)) for d, _, work, args in batch]
+            # One wake-up of the reactor thread for the whole batch.
+            self._reactor.callFromThread(self._deliver, outcomes)
 
     def _commit(self, batch) -> list:
         """Run a batch of writes in one transaction; each write's outcome."""
