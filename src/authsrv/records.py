@@ -46,6 +46,9 @@ class Client:
     C{previous_secret_hash} is the secret a rotation replaced, still
     accepted until C{previous_secret_until}, so apps roll without downtime.
     C{require_mfa} asks every user signing in to it for a second factor.
+    The C{*_signed_response_alg} settings choose the JWS algorithm of its ID
+    tokens, JWT access tokens and UserInfo responses (None: plain JSON);
+    see L{authsrv.protocol.signing}.
     """
 
     client_id: str
@@ -67,6 +70,9 @@ class Client:
     previous_secret_hash: str | None = None
     previous_secret_until: int | None = None
     require_mfa: bool = False
+    id_token_signed_response_alg: str = "RS256"
+    access_token_signed_response_alg: str = "RS256"
+    userinfo_signed_response_alg: str | None = None
 
     @property
     def is_public(self) -> bool:

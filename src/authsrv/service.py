@@ -53,7 +53,7 @@ from authsrv.flows.readiness import Readiness
 from authsrv.flows.revoke import RevocationFlow
 from authsrv.flows.sessions import SessionEnder
 from authsrv.flows.token import TokenFlow
-from authsrv.flows.userinfo import UserInfoFlow
+from authsrv.flows.userinfo import UserInfoFlow, UserInfoSigner
 from authsrv.identity.chain import IdentityChain
 from authsrv.identity.passwords import hash_password
 from authsrv.logfile import LineFile
@@ -295,7 +295,9 @@ def _claims(config: Config, store) -> ClaimsSource:
 
 def _documents(config: Config, keystore, grant_types: tuple[str, ...]) -> dict[bytes, Resource]:
     issuer_path = config.issuer[len(config.public_url):]
-    oidc = json.dumps(openid_configuration(config.issuer, keystore.algorithms, grant_types)).encode()
+    oidc = json.dumps(openid_configuration(
+        config.issuer, keystore.algorithms, grant_types, signed_userinfo=config.signing.userinfo
+    )).encode()
     oauth = json.dumps(authorization_server_metadata(config.issuer, keystore.algorithms, grant_types)).encode()
     long_lived = b"public, max-age=3600"
     return {
@@ -347,7 +349,11 @@ def public_flows(config: Config, reactor, store, keystore, identity, grants: Gra
             passkeys=passkeys,
         ),
         token=TokenFlow(clients=clients, grants=grants),
-        userinfo=UserInfoFlow(store=store, identity=identity, claims=_claims(config, store), issuer=config.issuer),
+        userinfo=UserInfoFlow(
+            store=store, identity=identity, claims=_claims(config, store), issuer=config.issuer,
+            signer=UserInfoSigner(clients=clients, keystore=keystore, issuer=config.issuer)
+            if config.signing.userinfo else None,
+        ),
         introspection=IntrospectionFlow(store=store, clients=clients, identity=identity, issuer=config.issuer),
         revocation=RevocationFlow(store=store, clients=clients),
         end_session=EndSessionFlow(store=store, keystore=keystore, issuer=config.issuer, sessions=sessions),
@@ -391,7 +397,7 @@ def client_operations(config: Config, reactor, store) -> ClientOperations:
     """Client operations; back-channel hosts are resolved and checked on C{reactor}."""
     return ClientOperations(
         store=store, clock=reactor, declared=frozenset(c.client_id for c in config.clients),
-        resolve=lambda host: backchannel.resolve_host(reactor, host),
+        resolve=lambda host: backchannel.resolve_host(reactor, host), signing=config.signing,
     )
 
 

@@ -13,6 +13,7 @@ from authsrv.flows.grants import GRANT_TYPES
 from authsrv.operations.errors import InvalidInput
 from authsrv.protocol.clients import redirect_uri_problem
 from authsrv.protocol.rates import parse_rate
+from authsrv.protocol.signing import SETTINGS, USERINFO_SETTING
 from authsrv.protocol.targets import backchannel_uri_problem
 
 NAME_MAX = 200
@@ -22,6 +23,7 @@ VALUE_MAX = 2048
 EDITABLE = (
     "name", "redirect_uris", "post_logout_redirect_uris", "backchannel_logout_uri", "first_party",
     "end_session_enabled", "introspect_any", "resources", "audiences", "grant_types", "refresh_grace", "rate_limit",
+    *SETTINGS,
 )
 """What an update may change; a new client takes these and C{client_id}, C{public}."""
 
@@ -106,6 +108,15 @@ def _rate(field: str, value: Any) -> str | None:
     return value
 
 
+def _alg(field: str, value: Any) -> str | None:
+    """An algorithm's name (whether the server offers it is the operation's check); null only for UserInfo."""
+    if value is None and field == USERINFO_SETTING:
+        return None
+    if value is None:
+        raise InvalidInput(f"{field} must be an algorithm's name such as RS256", field)
+    return _text(field, value, 32)
+
+
 _CHECKS = {
     "name": lambda f, v: _text(f, v, NAME_MAX),
     "redirect_uris": _redirect_uris,
@@ -119,6 +130,7 @@ _CHECKS = {
     "grant_types": _grant_types,
     "refresh_grace": _grace,
     "rate_limit": _rate,
+    **{setting: _alg for setting in SETTINGS},
 }
 
 
