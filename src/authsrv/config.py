@@ -13,6 +13,7 @@ import os
 import re
 import tomllib
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from attrs import field, frozen
@@ -484,7 +485,7 @@ def client_from_config(section: Section, demo: bool = False, offer: SigningOffer
     return client
 
 
-def _signing_algorithms(section: Section, offer: SigningOffer) -> dict[str, str | None]:
+def _signing_algorithms(section: Section, offer: SigningOffer) -> dict[str, Any]:
     """A client's C{*_signed_response_alg} settings, each one the server can honour."""
     chosen = {name: section.str(name, DEFAULT_ALG if name in TOKEN_SETTINGS else None) for name in SETTINGS}
     for name, alg in chosen.items():

@@ -57,6 +57,9 @@ async def test_client_lifecycle(deployment):
         "audiences": [],
         "previous_secret_until": None,
         "require_mfa": False,
+        "id_token_signed_response_alg": "RS256",
+        "access_token_signed_response_alg": "RS256",
+        "userinfo_signed_response_alg": None,
     }
     assert "client_secret" not in ok(await admin("--config", config, "client", "show", "web", cwd=cwd))
     ok(await admin("--config", config, "client", "add", "spa", "--public", "--redirect-uri", "https://spa.example/cb", cwd=cwd))
