@@ -46,7 +46,7 @@ DELIVERED = "delivered"
 REFUSED = "refused"
 """How a final answer's outcome begins, so that metrics can tell the two from giving up."""
 
-def logout_token(keystore, issuer: str, client_id: str, sub: str, sid: str, now: int, alg: str = "RS256") -> str:
+def logout_token(keystore, issuer: str, client_id: str, sub: str, sid: str, now: int, alg: str) -> str:
     """
     A logout token (section 2.4): typ logout+jwt, the event claim, and never
     a nonce, so that it cannot pass for an ID token; signed with C{alg}, the

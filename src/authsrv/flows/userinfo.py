@@ -21,6 +21,7 @@ class UserInfoFlow:
     C{claims} is an L{authsrv.flows.claims.ClaimsSource}. Only tokens meant
     for UserInfo are accepted: opaque ones, or JWTs whose audience names
     the issuer; a token for another resource server never reads the profile.
+    C{signer}, a L{UserInfoSigner}, only when signed responses are offered.
     """
 
     def __init__(self, *, store, identity, claims, issuer: str, signer=None):
@@ -63,6 +64,7 @@ class UserInfoSigner:
         self._issuer = issuer
 
     async def sign(self, client_id: str, claims: dict) -> dict | str:
+        """C{claims} as the client C{client_id} asked for them: signed, or as they are."""
         client = await self._clients.get_client(client_id)
         if client is None or client.userinfo_signed_response_alg is None:
             return claims
