@@ -154,7 +154,7 @@ class Harness:
         self.config = parse_config({"clients": CLIENTS, **(config or {})}, tmp_path / "authsrv.toml")
         self.context = PluginContext(reactor, tmp_path, self.config.limits.max_token_lifetime)
         self.store = sqlite.from_config(Section({}, "store", tmp_path), self.context)
-        algorithms = ("RS256", "ES256", "EdDSA")
+        algorithms = tuple((config or {}).get("keystore", {}).get("algorithms", ("RS256", "ES256", "EdDSA")))
         write_key_file(tmp_path / "keys.jwks.json", algorithms, NOW)
         self.keystore = jwkfile.from_config(
             Section({"algorithms": list(algorithms)}, "keystore", tmp_path), self.context

@@ -13,6 +13,7 @@ import os
 import re
 import tomllib
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from attrs import field, frozen
@@ -28,6 +29,7 @@ from authsrv.protocol.password_policy import MAX_LENGTH, MIN_LENGTH
 from authsrv.protocol.profiles import PROFILES, profile_problems
 from authsrv.protocol.pushed import unoffered_push
 from authsrv.protocol.rates import Rate, parse_rate
+from authsrv.protocol.signing import DEFAULT_ALG, SETTINGS, TOKEN_SETTINGS, SigningOffer
 from authsrv.protocol.targets import backchannel_uri_problem
 from authsrv.records import DEFAULT_GRANT_TYPES, Client, ThrottlePolicy
 from authsrv.tokens import token_hash, weak_secret_problem
@@ -202,6 +204,8 @@ class Config:
     admin: AdminSettings = AdminSettings()
     mfa: MfaPolicy = MfaPolicy()
     par: PushedRequestSettings = PushedRequestSettings()
+    signing: SigningOffer = SigningOffer()
+    """What clients may choose to have signed, and how: C{[keystore] algorithms}, C{[userinfo] signing}."""
 
     @property
     def issuer(self) -> str:
@@ -487,10 +491,11 @@ def _admin(section: Section, demo: bool, internal_secret: str | None, internal_l
     return AdminSettings(secret, name, listen, serve_on_main)
 
 
-def client_from_config(section: Section, demo: bool = False) -> Client:
+def client_from_config(section: Section, demo: bool = False, offer: SigningOffer = SigningOffer()) -> Client:
     """
     A client declared in the config file (C{[[clients]]}); C{demo} when the
-    public URL is on the loopback interface, where weak secrets are allowed.
+    public URL is on the loopback interface, where weak secrets are allowed;
+    its signing algorithms must be among those C{offer} holds.
     """
     client_id = section.str("client_id")
     problem = client_id_problem(client_id)
@@ -519,6 +524,7 @@ def client_from_config(section: Section, demo: bool = False) -> Client:
         require_mfa=section.bool("require_mfa", False),
         require_pushed_authorization_requests=section.bool("require_pushed_authorization_requests", False),
         profile=_profile(section),
+        **_signing_algorithms(section, offer),
     )
     section.done()
     return client
@@ -538,6 +544,27 @@ def _par(section: Section) -> PushedRequestSettings:
     return settings
 
 
+def _signing_algorithms(section: Section, offer: SigningOffer) -> dict[str, Any]:
+    """A client's C{*_signed_response_alg} settings, each one the server can honour."""
+    chosen = {name: section.str(name, DEFAULT_ALG if name in TOKEN_SETTINGS else None) for name in SETTINGS}
+    for name, alg in chosen.items():
+        if (problem := offer.problem(name, alg)) is not None:
+            raise section.error(name, problem)
+    return chosen
+
+
+def offered_algorithms(data: dict) -> tuple[str, ...]:
+    """
+    The algorithms C{[keystore] algorithms} offers, read without taking the
+    key (the keystore plugin reads and checks it); RS256 alone, the
+    keystores' default, when the file says nothing usable.
+    """
+    algorithms = _raw(data, "keystore", "algorithms")
+    if isinstance(algorithms, str):
+        algorithms = [algorithms]
+    if not isinstance(algorithms, list) or not all(isinstance(alg, str) for alg in algorithms):
+        return (DEFAULT_ALG,)
+    return tuple(dict.fromkeys(algorithms))
 
 
 def _raw(data: dict, table: str, name: str):
@@ -664,9 +691,12 @@ def read_config_document(
     if not identity_sections:
         identity = (PluginChoice("static", Section({}, "identity[0]", base_dir)),)
     par = checked.take(_par, _table(top, checked, "par"), fallback=PushedRequestSettings())
+    userinfo = _table(top, checked, "userinfo")
+    offer = SigningOffer(offered_algorithms(data), checked.take(userinfo.bool, "signing", False, fallback=False))
+    checked.done(userinfo)
     clients: list[Client] = []
     for index, section in enumerate(checked.take(top.tables, "clients", fallback=[])):
-        client = checked.take(client_from_config, section, demo)
+        client = checked.take(client_from_config, section, demo, offer)
         if client is None:
             continue
         for setting, problem in filter(None, (unoffered_push(client, par.enabled), *profile_problems(client))):
@@ -707,6 +737,7 @@ def read_config_document(
         audit_path=audit_path,
         log_format=log_format,
         admin=admin,
+        signing=offer,
     )
     return config, checked.errors
 

@@ -80,7 +80,11 @@ class IStoreFactory(_IFactory):
 
 
 class IKeystoreFactory(_IFactory):
-    """Builds an L{IKeystore}."""
+    """
+    Builds an L{IKeystore}. Its section's C{algorithms} (RS256 alone when
+    absent) must be what the keystore signs with: the config checks the
+    algorithms clients choose against that same key.
+    """
 
 
 # --- identity ---------------------------------------------------------------

@@ -49,6 +49,9 @@ class Client:
     C{require_pushed_authorization_requests} refuses its authorization
     requests unless they were pushed first (RFC 9126); C{profile} names a
     security profile its settings were checked against (C{"fapi2"}), or None.
+    The C{*_signed_response_alg} settings choose the JWS algorithm of its ID
+    tokens, JWT access tokens and UserInfo responses (None: plain JSON);
+    see L{authsrv.protocol.signing}.
     """
 
     client_id: str
@@ -72,6 +75,9 @@ class Client:
     require_mfa: bool = False
     require_pushed_authorization_requests: bool = False
     profile: str | None = None
+    id_token_signed_response_alg: str = "RS256"
+    access_token_signed_response_alg: str = "RS256"
+    userinfo_signed_response_alg: str | None = None
 
     @property
     def is_public(self) -> bool:

@@ -54,7 +54,7 @@ from authsrv.flows.readiness import Readiness
 from authsrv.flows.revoke import RevocationFlow
 from authsrv.flows.sessions import SessionEnder
 from authsrv.flows.token import TokenFlow
-from authsrv.flows.userinfo import UserInfoFlow
+from authsrv.flows.userinfo import UserInfoFlow, UserInfoSigner
 from authsrv.identity.chain import IdentityChain
 from authsrv.identity.passwords import hasher_of
 from authsrv.logfile import LineFile
@@ -297,7 +297,9 @@ def _claims(config: Config, store) -> ClaimsSource:
 def _documents(config: Config, keystore, grant_types: tuple[str, ...]) -> dict[bytes, Resource]:
     issuer_path = config.issuer[len(config.public_url):]
     pushed = pushed_request_metadata(config.issuer, config.par.enabled, config.par.required)
-    oidc = json.dumps(openid_configuration(config.issuer, keystore.algorithms, grant_types, pushed)).encode()
+    oidc = json.dumps(openid_configuration(
+        config.issuer, keystore.algorithms, grant_types, pushed, signed_userinfo=config.signing.userinfo
+    )).encode()
     oauth = json.dumps(authorization_server_metadata(config.issuer, keystore.algorithms, grant_types, pushed)).encode()
     long_lived = b"public, max-age=3600"
     return {
@@ -352,7 +354,11 @@ def public_flows(config: Config, reactor, store, keystore, identity, grants: Gra
         ),
         token=TokenFlow(clients=clients, grants=grants),
         pushed=pushed,
-        userinfo=UserInfoFlow(store=store, identity=identity, claims=_claims(config, store), issuer=config.issuer),
+        userinfo=UserInfoFlow(
+            store=store, identity=identity, claims=_claims(config, store), issuer=config.issuer,
+            signer=UserInfoSigner(clients=clients, keystore=keystore, issuer=config.issuer)
+            if config.signing.userinfo else None,
+        ),
         introspection=IntrospectionFlow(store=store, clients=clients, identity=identity, issuer=config.issuer),
         revocation=RevocationFlow(store=store, clients=clients),
         end_session=EndSessionFlow(store=store, keystore=keystore, issuer=config.issuer, sessions=sessions),
@@ -397,6 +403,7 @@ def client_operations(config: Config, reactor, store) -> ClientOperations:
     return ClientOperations(
         store=store, clock=reactor, declared=frozenset(c.client_id for c in config.clients),
         resolve=lambda host: backchannel.resolve_host(reactor, host), pushed_offered=config.par.enabled,
+        signing=config.signing,
     )
 
 

@@ -59,6 +59,9 @@ async def test_client_lifecycle(deployment):
         "require_mfa": False,
         "require_pushed_authorization_requests": False,
         "profile": None,
+        "id_token_signed_response_alg": "RS256",
+        "access_token_signed_response_alg": "RS256",
+        "userinfo_signed_response_alg": None,
     }
     assert "client_secret" not in ok(await admin("--config", config, "client", "show", "web", cwd=cwd))
     ok(await admin("--config", config, "client", "add", "spa", "--public", "--redirect-uri", "https://spa.example/cb", cwd=cwd))

@@ -104,3 +104,27 @@ async def test_rotate_secret_keeps_the_old_one_for_the_overlap(deployment):
     ok(await admin("--config", config, "client", "add", "spa", "--public", "--redirect-uri", "https://spa.example/cb",
                    cwd=cwd))
     refused(await admin("--config", config, "client", "rotate-secret", "spa", cwd=cwd), "is public")
+
+
+@pytest_twisted.ensureDeferred
+async def test_client_signing_algorithms(deployment):
+    """Only what [keystore] algorithms and [userinfo] signing offer; refusals name the option."""
+    cwd, config = deployment
+    await _add(cwd, config)
+    refused(await admin("--config", config, "client", "update", "web", "--id-token-alg", "ES256", cwd=cwd),
+            "--id-token-alg: ES256 is not offered by this server: add it to [keystore] algorithms")
+    refused(await admin("--config", config, "client", "update", "web", "--userinfo-alg", "RS256", cwd=cwd),
+            "--userinfo-alg: needs signed UserInfo responses")
+    with open(config) as file:
+        text = file.read()
+    with open(config, "w") as file:
+        file.write(text.replace('path = "keys.jwks.json"\n', 'path = "keys.jwks.json"\nalgorithms = ["RS256", "ES256"]\n')
+                   + "\n[userinfo]\nsigning = true\n")
+    ok(await admin("--config", config, "client", "update", "web", "--id-token-alg", "ES256",
+                   "--userinfo-alg", "ES256", cwd=cwd))
+    shown = json.loads(ok(await admin("--config", config, "client", "show", "web", "--json", cwd=cwd)))
+    assert (shown["id_token_signed_response_alg"], shown["access_token_signed_response_alg"],
+            shown["userinfo_signed_response_alg"]) == ("ES256", "RS256", "ES256")
+    ok(await admin("--config", config, "client", "update", "web", "--clear", "userinfo-alg", cwd=cwd))
+    row, _ = _stored(cwd)
+    assert (row["id_token_signed_response_alg"], row["userinfo_signed_response_alg"]) == ("ES256", None)

@@ -10,6 +10,7 @@ import base64
 import json
 from urllib.parse import parse_qs
 
+import attrs
 import pytest
 import pytest_twisted
 from jwcrypto.jwk import JWKSet
@@ -429,3 +430,35 @@ async def test_an_operator_ban_logs_the_user_out_at_the_relying_parties(tmp_path
     assert (claims["sub"], claims["sid"], claims["aud"]) == (sub, "sid-9", "rp")
     events = [json.loads(line)["event"] for line in banned.stderr.splitlines()]
     assert events == ["user.banned", "session.ended", "logout.backchannel"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_logout_tokens_use_the_client_id_token_algorithm(tmp_path, monkeypatch, audit):
+    """Signed as the client's ID tokens; none for a client whose algorithm is no longer offered."""
+    rp = FakeRelyingParty()
+    monkeypatch.setattr(backchannel, "default_http_client", lambda reactor: lambda address: rp.http)
+    clients = [{**c, "id_token_signed_response_alg": "ES256"} if c["client_id"] == "first" else c for c in _clients()]
+    config = {"clients": clients, "keystore": {"algorithms": ["RS256", "ES256", "EdDSA"]}}
+    h = await Harness(tmp_path, monkeypatch, config).start()
+    errors: list[dict] = []
+    globalLogPublisher.addObserver(errors.append)
+    try:
+        partner = await h.store.get_client("partner")
+        await h.store.put_client(attrs.evolve(partner, id_token_signed_response_alg="PS256"))
+        await start_grant(h.store, "g-first", ALICE.sub, "first", sid="sid-1")
+        await start_grant(h.store, "g-partner", ALICE.sub, "partner", sid="sid-1")
+        response, _ = await _end_session(h, await _logged_in(h))
+        assert response.code == 302
+
+        await until(rp, lambda: len(outcomes(audit)) == 1, "the first client's delivery")
+        await settle(rp)
+        assert outcomes(audit) == {"first": "delivered (HTTP 200) at attempt 1"}
+        [token] = rp.tokens()
+        _, jwks_body = await h.get(ISSUER + "/jwks")
+        verified = JWT(jwt=token, key=JWKSet.from_json(jwks_body), expected_type="JWS", algs=["ES256"],
+                       check_claims={"iss": ISSUER, "aud": "first"})
+        assert verified.token.jose_header["alg"] == "ES256"
+        assert any(e.get("client_id") == "partner" and e.get("alg") == "PS256" for e in errors)
+    finally:
+        globalLogPublisher.removeObserver(errors.append)
+        await h.close()

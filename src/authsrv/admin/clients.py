@@ -16,6 +16,7 @@ from authsrv.operations.clients import DEFAULT_OVERLAP
 from authsrv.operations.errors import OperationError
 from authsrv.operations.views import client_view
 from authsrv.protocol.profiles import PROFILES
+from authsrv.protocol.signing import ALGORITHMS
 from authsrv.records import Client
 from authsrv.service import client_operations
 
@@ -34,11 +35,15 @@ OPTIONS = {
     "rate_limit": "--rate-limit",
     "require_pushed_authorization_requests": "--require-par",
     "profile": "--profile",
+    "id_token_signed_response_alg": "--id-token-alg",
+    "access_token_signed_response_alg": "--access-token-alg",
+    "userinfo_signed_response_alg": "--userinfo-alg",
     "client_id": "client id",
 }
 """Each setting's option, which the operator's messages name instead of the field."""
 CLEARABLE = ("post-logout-redirect-uris", "backchannel-logout-uri", "resources", "audiences", "refresh-grace",
-             "rate-limit", "profile")
+             "rate-limit", "profile", "userinfo-alg")
+_CLEARED_TO_NONE = ("backchannel_logout_uri", "refresh_grace", "rate_limit", "profile", "userinfo_signed_response_alg")
 
 
 def _worded(error: OperationError) -> AdminError:
@@ -78,6 +83,9 @@ def _settings(args) -> dict:
         ("audiences", args.audience), ("grant_types", args.grant_type), ("refresh_grace", args.refresh_grace),
         ("rate_limit", args.rate_limit), ("require_pushed_authorization_requests", args.require_par),
         ("profile", args.profile),
+        ("rate_limit", args.rate_limit), ("id_token_signed_response_alg", args.id_token_alg),
+        ("access_token_signed_response_alg", args.access_token_alg),
+        ("userinfo_signed_response_alg", args.userinfo_alg),
     ):
         if value is not None:
             settings[field] = value
@@ -96,8 +104,8 @@ async def client_add(reactor, args, console: Console):
 async def client_update(reactor, args, console: Console):
     data = _settings(args)
     for name in args.clear:
-        field = name.replace("-", "_")
-        data[field] = None if field in ("backchannel_logout_uri", "refresh_grace", "rate_limit", "profile") else []
+        field = "userinfo_signed_response_alg" if name == "userinfo-alg" else name.replace("-", "_")
+        data[field] = None if field in _CLEARED_TO_NONE else []
     if not data:
         raise AdminError("nothing to change: give at least one option (see client update --help)")
     client = await _run(reactor, args, lambda ops: ops.update(args.client_id, data, actor=ACTOR))
@@ -179,6 +187,12 @@ def _setting_options(parser, *, adding: bool) -> None:
     parser.add_argument("--require-par", action=flag, default=False if adding else None,
                         help="accept only pushed authorization requests (RFC 9126)")
     parser.add_argument("--profile", choices=PROFILES, help="hold it to a security profile (FAPI 2.0)")
+    parser.add_argument("--id-token-alg", choices=ALGORITHMS,
+                        help="id_token_signed_response_alg: how its ID tokens are signed (default RS256)")
+    parser.add_argument("--access-token-alg", choices=ALGORITHMS,
+                        help="access_token_signed_response_alg: how its JWT access tokens are signed (default RS256)")
+    parser.add_argument("--userinfo-alg", choices=ALGORITHMS,
+                        help="userinfo_signed_response_alg: sign its UserInfo answers (default: plain JSON)")
 
 
 def register(commands) -> None:

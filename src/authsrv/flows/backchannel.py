@@ -46,10 +46,11 @@ DELIVERED = "delivered"
 REFUSED = "refused"
 """How a final answer's outcome begins, so that metrics can tell the two from giving up."""
 
-def logout_token(keystore, issuer: str, client_id: str, sub: str, sid: str, now: int) -> str:
+def logout_token(keystore, issuer: str, client_id: str, sub: str, sid: str, now: int, alg: str) -> str:
     """
     A logout token (section 2.4): typ logout+jwt, the event claim, and never
-    a nonce, so that it cannot pass for an ID token.
+    a nonce, so that it cannot pass for an ID token; signed with C{alg}, the
+    client's ID token algorithm, since the client checks both alike.
     """
     claims = {
         "iss": issuer,
@@ -61,7 +62,7 @@ def logout_token(keystore, issuer: str, client_id: str, sub: str, sid: str, now:
         "sid": sid,
         "events": {LOGOUT_EVENT: {}},
     }
-    return keystore.sign(claims, "RS256", "logout+jwt")
+    return keystore.sign(claims, alg, "logout+jwt")
 
 
 def _outcome(code: int) -> tuple[bool, str]:
@@ -153,7 +154,12 @@ class BackchannelNotifier:
         for client_id in await store.session_clients(session.sid):
             client = await store.get_client(client_id)
             if client is not None and client.backchannel_logout_uri:
-                token = logout_token(keystore, issuer, client_id, session.sub, session.sid, now)
+                alg = client.id_token_signed_response_alg
+                if alg not in keystore.algorithms:
+                    self.log.error("no logout token for {client_id}: its {alg} is no longer offered",
+                                   client_id=client_id, alg=alg)
+                    continue
+                token = logout_token(keystore, issuer, client_id, session.sub, session.sid, now, alg)
                 deliveries.append(
                     Deferred.fromCoroutine(self.deliver(client.backchannel_logout_uri, token, client_id, session.sid))
                 )

@@ -10,13 +10,26 @@ from __future__ import annotations
 from attrs import frozen
 
 from authsrv import events
+from authsrv.protocol.errors import UnauthorizedClient
 from authsrv.protocol.jwt_access import ACCESS_TOKEN_TYPE, access_token_claims
 from authsrv.protocol.oidc import ID_TOKEN_TYPE, id_token_claims
 from authsrv.protocol.scope import scope_text
-from authsrv.records import AccessToken, Grant, RefreshToken, User
+from authsrv.records import AccessToken, Client, Grant, RefreshToken, User
 from authsrv.tokens import fingerprint, new_token, token_hash
 
-SIGNING_ALG = "RS256"
+
+def client_alg(keystore, client: Client, setting: str) -> str:
+    """
+    The algorithm C{client}'s C{setting} chose: checked when it was set,
+    but refused here if the keystore has stopped offering it since.
+    """
+    alg = getattr(client, setting)
+    if alg not in keystore.algorithms:
+        raise UnauthorizedClient(
+            f"this client's {setting} is {alg}, which the server no longer offers;"
+            " the operator must change the client or offer it again"
+        )
+    return alg
 
 
 @frozen
@@ -37,7 +50,7 @@ class TokenMinter:
         self._limits = limits
 
     def mint(
-        self, grant: Grant, client_id: str, user: User, *,
+        self, grant: Grant, client: Client, user: User, *,
         scope: frozenset[str], audience: tuple[str, ...], nonce: str | None,
         refresh_scope: frozenset[str] | None, now: int,
     ) -> Issued:
@@ -46,6 +59,7 @@ class TokenMinter:
         None, living the idle time but never past the grant's absolute end.
         """
         limits = self._limits
+        client_id = client.client_id
         jti = None
         if audience:
             jti = new_token(16)
@@ -53,7 +67,8 @@ class TokenMinter:
                 issuer=self._issuer, sub=grant.sub, client_id=client_id, audience=audience, scope=scope,
                 auth_time=grant.auth_time, jti=jti, now=now, ttl=limits.access_token_ttl,
             )
-            access_value = self._keystore.sign(claims, alg=SIGNING_ALG, typ=ACCESS_TOKEN_TYPE)
+            access_alg = client_alg(self._keystore, client, "access_token_signed_response_alg")
+            access_value = self._keystore.sign(claims, alg=access_alg, typ=ACCESS_TOKEN_TYPE)
         else:
             access_value = new_token()
         access = AccessToken(
@@ -76,12 +91,13 @@ class TokenMinter:
             )
             response["refresh_token"] = refresh_value
         if "openid" in scope:
+            id_alg = client_alg(self._keystore, client, "id_token_signed_response_alg")
             claims = id_token_claims(
                 issuer=self._issuer, client_id=client_id, user=user, scope=scope, auth_time=grant.auth_time,
                 sid=grant.sid, nonce=nonce, access_token=access_value, now=now, ttl=limits.id_token_ttl,
-                alg=SIGNING_ALG, amr=grant.amr, acr=grant.acr,
+                alg=id_alg, amr=grant.amr, acr=grant.acr,
             )
-            response["id_token"] = self._keystore.sign(claims, alg=SIGNING_ALG, typ=ID_TOKEN_TYPE)
+            response["id_token"] = self._keystore.sign(claims, alg=id_alg, typ=ID_TOKEN_TYPE)
         return Issued(response, access, refresh_token)
 
 

@@ -27,7 +27,8 @@ from zope.interface import implementer
 from authsrv import events
 from authsrv.configsection import ConfigError, Section
 from authsrv.interfaces import IKeystore
-from authsrv.keys.ring import ALGORITHMS, KeyRing
+from authsrv.keys.ring import KeyRing
+from authsrv.protocol.signing import ALGORITHMS
 
 CLOCK_SKEW = 300
 """

@@ -20,10 +20,12 @@ from jwcrypto.jwk import JWK, JWKSet
 
 from authsrv.records import KeyInfo
 
-ALGORITHMS = ("RS256", "ES256", "EdDSA")
+_RSA = ("RS256", "PS256")
+"""The algorithms of RSA keys: each key serves one, the C{alg} it is published with, so verifiers can pin it."""
 
 _GENERATE: dict[str, dict[str, str | int]] = {
     "RS256": {"kty": "RSA", "size": 2048},
+    "PS256": {"kty": "RSA", "size": 2048},
     "ES256": {"kty": "EC", "crv": "P-256"},
     "EdDSA": {"kty": "OKP", "crv": "Ed25519"},
 }
@@ -53,23 +55,28 @@ def _one_line(error: Exception) -> str:
     return " ".join(str(error).split()) or type(error).__name__
 
 
-def algorithm_of(jwk: JWK) -> str:
+def algorithm_of(jwk: JWK, named: str | None = None) -> str:
     """
-    The JWS algorithm a key serves, from its type alone, so that a key can
-    never be used with an algorithm it was not made for.
+    The JWS algorithm a key serves, from its type, so that a key can never
+    be used with an algorithm it was not made for. Only an RSA key may serve
+    two: the algorithm C{named} for it (in its metadata or its JWK's C{alg}),
+    RS256 when none is.
     """
     kty, crv = jwk.get("kty"), jwk.get("crv")
     if kty == "RSA":
         if jwk.get_op_key("verify").key_size < 2048:
             raise InvalidKeys("RSA keys must have at least 2048 bits")
-        return "RS256"
+        alg = named or jwk.get("alg") or "RS256"
+        if alg not in _RSA:
+            raise InvalidKeys(f"an RSA key serves RS256 or PS256, not {alg!r}")
+        return alg
     if kty == "EC" and crv == "P-256":
         return "ES256"
     if kty == "OKP" and crv == "Ed25519":
         return "EdDSA"
     raise InvalidKeys(
         f"unsupported key type {kty}{' ' + crv if crv else ''};"
-        " use RSA (2048 bits or more), EC P-256 or Ed25519"
+        " use RSA (2048 bits or more, for RS256 or PS256), EC P-256 or Ed25519"
     )
 
 
@@ -106,7 +113,7 @@ class RingKey:
         try:
             if not jwk.has_private:
                 raise InvalidKeys("has no private part")
-            alg = algorithm_of(jwk)
+            alg = algorithm_of(jwk, fields.get("alg"))
             kid = jwk.thumbprint()
         except InvalidKeys as e:
             raise InvalidKeys(f"{where}: {e}") from None

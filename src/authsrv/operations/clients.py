@@ -21,6 +21,7 @@ from authsrv.operations.paging import Page, page
 from authsrv.protocol.clients import client_id_problem
 from authsrv.protocol.profiles import profile_problems
 from authsrv.protocol.pushed import unoffered_push
+from authsrv.protocol.signing import SETTINGS, SigningOffer
 from authsrv.records import Client
 from authsrv.store.errors import AlreadyExists
 from authsrv.tokens import CLIENT_SECRET_KEY, client_secret_hash, new_token
@@ -61,15 +62,24 @@ class ClientOperations:
     Built with the store, the clock, the ids of the config-declared clients,
     C{resolve(host)} (a Deferred of an address, as
     L{authsrv.flows.backchannel.resolve_host}) to check back-channel hosts,
-    and whether the server offers pushed authorization requests.
+    whether the server offers pushed authorization requests, and
+    C{signing}: which signing algorithms clients may choose.
     """
 
-    def __init__(self, *, store, clock, declared: frozenset[str], resolve, pushed_offered: bool = False):
+    def __init__(self, *, store, clock, declared: frozenset[str], resolve, pushed_offered: bool = False,
+                 signing: SigningOffer = SigningOffer()):
         self._pushed_offered = pushed_offered
         self._store = store
         self._clock = clock
         self._declared = declared
         self._resolve = resolve
+        self._signing = signing
+
+    def _check_signing(self, settings: dict[str, Any]) -> None:
+        """Refuse a signing algorithm being set that the server does not offer."""
+        for setting in SETTINGS:
+            if setting in settings and (problem := self._signing.problem(setting, settings[setting])):
+                raise InvalidInput(f"{setting}: {problem}", setting)
 
     def _now(self) -> int:
         return int(self._clock.seconds())
@@ -129,6 +139,7 @@ class ClientOperations:
             {k: v for k, v in data.items() if k not in ("client_id", "public")}, EDITABLE
         )
         settings.setdefault("name", client_id)
+        self._check_signing(settings)
         if client_id in self._declared:
             raise Conflict(f"client {client_id!r} is declared in the config file; edit it there", "client_id")
         await self._check_backchannel(settings.get("backchannel_logout_uri"))
@@ -149,6 +160,7 @@ class ClientOperations:
     async def update(self, client_id: str, data: Any, *, actor: str, if_match: str | None = None) -> Client:
         """Change the settings named in C{data}; the others keep their values."""
         settings = checked_settings(data)
+        self._check_signing(settings)
         client = await self._operator_client(client_id, "change")
         _check_match(client, if_match)
         if "backchannel_logout_uri" in settings:

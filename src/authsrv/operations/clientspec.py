@@ -14,6 +14,7 @@ from authsrv.operations.errors import InvalidInput
 from authsrv.protocol.clients import redirect_uri_problem
 from authsrv.protocol.profiles import PROFILES
 from authsrv.protocol.rates import parse_rate
+from authsrv.protocol.signing import SETTINGS, USERINFO_SETTING
 from authsrv.protocol.targets import backchannel_uri_problem
 
 NAME_MAX = 200
@@ -24,6 +25,7 @@ EDITABLE = (
     "name", "redirect_uris", "post_logout_redirect_uris", "backchannel_logout_uri", "first_party",
     "end_session_enabled", "introspect_any", "resources", "audiences", "grant_types", "refresh_grace", "rate_limit",
     "require_pushed_authorization_requests", "profile",
+    *SETTINGS,
 )
 """What an update may change; a new client takes these and C{client_id}, C{public}."""
 
@@ -115,6 +117,15 @@ def _profile(field: str, value: Any) -> str | None:
     return value
 
 
+def _alg(field: str, value: Any) -> str | None:
+    """An algorithm's name (whether the server offers it is the operation's check); null only for UserInfo."""
+    if value is None and field == USERINFO_SETTING:
+        return None
+    if value is None:
+        raise InvalidInput(f"{field} must be an algorithm's name such as RS256", field)
+    return _text(field, value, 32)
+
+
 _CHECKS = {
     "name": lambda f, v: _text(f, v, NAME_MAX),
     "redirect_uris": _redirect_uris,
@@ -130,6 +141,7 @@ _CHECKS = {
     "rate_limit": _rate,
     "require_pushed_authorization_requests": _flag,
     "profile": _profile,
+    **{setting: _alg for setting in SETTINGS},
 }
 
 

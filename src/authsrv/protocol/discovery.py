@@ -64,9 +64,15 @@ def authorization_server_metadata(issuer: str, algorithms: tuple[str, ...], gran
     }
 
 
-def openid_configuration(issuer: str, algorithms: tuple[str, ...], grant_types: tuple[str, ...],
-                         pushed: dict | None = None) -> dict:
-    """The OIDC discovery document."""
+def openid_configuration(
+    issuer: str, algorithms: tuple[str, ...], grant_types: tuple[str, ...], pushed: dict | None = None, *,
+    signed_userinfo: bool = False,
+) -> dict:
+    """
+    The OIDC discovery document; C{userinfo_signing_alg_values_supported}
+    only when C{signed_userinfo}, since UserInfo answers plain JSON otherwise.
+    """
+    signing = {"userinfo_signing_alg_values_supported": list(algorithms)} if signed_userinfo else {}
     return {
         **authorization_server_metadata(issuer, algorithms, grant_types, pushed),
         "subject_types_supported": ["public"],
@@ -78,4 +84,5 @@ def openid_configuration(issuer: str, algorithms: tuple[str, ...], grant_types: 
         "request_uri_parameter_supported": False,
         "backchannel_logout_supported": True,
         "backchannel_logout_session_supported": True,
+        **signing,
     }

@@ -9,18 +9,16 @@ token reports (amr, RFC 8176; acr). Pure: values in, values out.
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 
 from authsrv.protocol.errors import InvalidRequest
+from authsrv.protocol.signing import HASHES
 from authsrv.records import ACR_MFA, ACR_PWD, User
 
 ACR_VALUES = (ACR_PWD, ACR_MFA)
 """The authentication context classes this server signs users in at, weakest first."""
 ID_TOKEN_TYPE = "JWT"
 
-_HASHES = {"RS256": hashlib.sha256, "ES256": hashlib.sha256, "EdDSA": hashlib.sha512}
-"""The hash of each signing algorithm, for at_hash (EdDSA with Ed25519: SHA-512)."""
 
 
 def with_second_factor(first: tuple[str, ...], method: str) -> tuple[str, ...]:
@@ -30,7 +28,7 @@ def with_second_factor(first: tuple[str, ...], method: str) -> tuple[str, ...]:
 
 def at_hash(access_token: str, alg: str = "RS256") -> str:
     """The left half of the access token's hash under C{alg}'s hash, base64url."""
-    digest = _HASHES[alg](access_token.encode("ascii")).digest()
+    digest = HASHES[alg](access_token.encode("ascii")).digest()
     return base64.urlsafe_b64encode(digest[: len(digest) // 2]).rstrip(b"=").decode("ascii")
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import inspect
 import json
 
+import pytest
 import pytest_twisted
 from jwcrypto.jwk import JWKSet
 from jwcrypto.jws import InvalidJWSSignature
@@ -31,7 +32,7 @@ from zope.interface.verify import verifyObject
 from authsrv.interfaces import IKeystore
 from authsrv.records import KeyInfo
 
-ALL_ALGORITHMS = ("RS256", "ES256", "EdDSA")
+ALL_ALGORITHMS = ("RS256", "PS256", "ES256", "EdDSA")
 
 PRIVATE_MEMBERS = frozenset({"d", "p", "q", "dp", "dq", "qi", "oth", "k"})
 
@@ -164,6 +165,47 @@ class KeystoreConformance:
         assert _header(keystore.sign(CLAIMS))["kid"] == upcoming.kid
         assert _verifies(old_token, keystore)
         assert _verifies(keystore.sign(CLAIMS), keystore)
+
+    @pytest_twisted.ensureDeferred
+    async def test_rotate_rotates_each_algorithm(self):
+        keystore = await self._make(algorithms=ALL_ALGORITHMS)
+        before = {alg: _active(keystore, alg) for alg in ALL_ALGORITHMS}
+        upcoming = {alg: _by_state(keystore, alg, "next")[0] for alg in ALL_ALGORITHMS}
+        old_tokens = {alg: keystore.sign(CLAIMS, alg=alg) for alg in ALL_ALGORITHMS}
+
+        await keystore.rotate(max(info.activated_at for info in before.values()) + 60)
+
+        for alg in ALL_ALGORITHMS:
+            assert _active(keystore, alg).kid == upcoming[alg].kid, alg
+            assert [info.kid for info in _by_state(keystore, alg, "retired")] == [before[alg].kid]
+            token = keystore.sign(CLAIMS, alg=alg)
+            assert _header(token) == {"alg": alg, "kid": upcoming[alg].kid, "typ": "JWT"}
+            assert _verifies(token, keystore)
+            assert _verifies(old_tokens[alg], keystore)
+
+    @pytest_twisted.ensureDeferred
+    async def test_each_key_serves_one_algorithm(self):
+        """RS256 and PS256 both use RSA keys, never the same one: each published key names its one alg."""
+        keystore = await self._make(algorithms=ALL_ALGORITHMS)
+        published = {key["kid"]: key for key in _published(keystore)}
+        moduli = {}
+        for info in keystore.keys():
+            assert published[info.kid]["alg"] == info.alg
+            if published[info.kid]["kty"] == "RSA":
+                moduli.setdefault(published[info.kid]["n"], set()).add(info.alg)
+        assert moduli and all(len(algs) == 1 for algs in moduli.values())
+        rs256 = _header(keystore.sign(CLAIMS, alg="RS256"))["kid"]
+        ps256 = keystore.sign(CLAIMS, alg="PS256")
+        assert _header(ps256)["kid"] != rs256
+        assert _verifies(ps256, keystore)
+
+    @pytest_twisted.ensureDeferred
+    async def test_refuses_an_algorithm_not_configured(self):
+        keystore = await self._make()
+        for alg in ALL_ALGORITHMS[1:]:
+            assert not _by_state(keystore, alg, "active")
+            with pytest.raises(ValueError):
+                keystore.sign(CLAIMS, alg=alg)
 
     @pytest_twisted.ensureDeferred
     async def test_retired_key_dropped_after_retention(self):

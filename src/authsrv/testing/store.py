@@ -312,6 +312,25 @@ class StoreConformance(FactorStoreConformance):
             assert (stored.require_pushed_authorization_requests, stored.profile) == (False, None)
 
     @pytest_twisted.ensureDeferred
+    async def test_client_signing_algorithms_round_trip(self):
+        chosen = Client(
+            CLIENT, h("secret"), ["https://app.example/cb"], id_token_signed_response_alg="ES256",
+            access_token_signed_response_alg="PS256", userinfo_signed_response_alg="EdDSA",
+        )
+        async with self.store() as store:
+            await store.add_client(chosen)
+            await store.add_client(Client(OTHER_CLIENT, None, ["https://partner.example/cb"]))
+            assert await store.get_client(CLIENT) == chosen
+            plain = await store.get_client(OTHER_CLIENT)
+            assert (
+                plain.id_token_signed_response_alg, plain.access_token_signed_response_alg,
+                plain.userinfo_signed_response_alg,
+            ) == ("RS256", "RS256", None)
+            changed = attrs.evolve(chosen, id_token_signed_response_alg="RS256", userinfo_signed_response_alg=None)
+            await store.put_client(changed)
+            assert await store.get_client(CLIENT) == changed
+
+    @pytest_twisted.ensureDeferred
     async def test_client_previous_secret_round_trip(self):
         rotated = Client(
             CLIENT, h("new"), ["https://app.example/cb"], previous_secret_hash=h("old"),

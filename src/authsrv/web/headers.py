@@ -19,6 +19,15 @@ def json_body(request, status: int, payload: dict, *, no_store: bool = False) ->
     return json.dumps(payload, separators=(",", ":")).encode()
 
 
+def jwt_body(request, token: str) -> bytes:
+    """A signed answer (OIDC Core 5.3.2): C{application/jwt}, never cached."""
+    request.setResponseCode(200)
+    request.setHeader(b"content-type", b"application/jwt")
+    request.setHeader(b"cache-control", b"no-store")
+    request.setHeader(b"pragma", b"no-cache")
+    return token.encode("ascii")
+
+
 def method_not_allowed(request, allow: bytes) -> bytes:
     request.setHeader(b"allow", allow)
     return json_body(

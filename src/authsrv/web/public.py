@@ -29,7 +29,7 @@ from authsrv.protocol.pushed import push_params
 from authsrv.store.errors import StoreUnavailable
 from authsrv.web.account_pages import account_page
 from authsrv.web.forms import client_address_of, form_args, form_params, page_form, userinfo_form_token
-from authsrv.web.headers import allow_any_origin, json_body, oauth_error
+from authsrv.web.headers import allow_any_origin, json_body, jwt_body, oauth_error
 from authsrv.web.interaction_pages import (
     consent_page,
     enrolment_page,
@@ -169,8 +169,10 @@ class PublicSite:
         _cors(request)
         self._rates.userinfo_request(client_address_of(request, self._trusted_proxies))
         access_token = bearer_token(request.getHeader(b"authorization"), userinfo_form_token(request))
-        claims = await self._flows.userinfo.userinfo(access_token, self._now())
-        return json_body(request, 200, claims, no_store=True)
+        answer = await self._flows.userinfo.userinfo(access_token, self._now())
+        if isinstance(answer, str):
+            return jwt_body(request, answer)
+        return json_body(request, 200, answer, no_store=True)
 
     @app.route(ISSUER_PATH + "/oauth2/userinfo", methods=["OPTIONS"])
     def userinfo_preflight(self, request):

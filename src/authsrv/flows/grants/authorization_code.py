@@ -62,7 +62,7 @@ class AuthorizationCodeGrant:
             raise InvalidGrant("the authorization code is unknown or expired")
         offline = "offline_access" in code.scope and "refresh_token" in client.grant_types
         issued = self._minter.mint(
-            grant, client.client_id, user,
+            grant, client, user,
             scope=code.scope,
             audience=granted_audience,
             nonce=code.nonce,

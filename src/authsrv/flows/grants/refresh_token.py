@@ -59,7 +59,7 @@ class RefreshTokenGrant:
         if grant is None:
             raise InvalidGrant(UNKNOWN)
         issued = self._minter.mint(
-            grant, client.client_id, user,
+            grant, client, user,
             scope=scope,
             audience=audience(params, grant.resource),
             nonce=None,
