@@ -38,9 +38,11 @@ from authsrv.flows.clients import ClientCache
 from authsrv.flows.end_session import EndSessionFlow
 from authsrv.flows.grants import GrantRegistry
 from authsrv.flows.grants.authorization_code import AuthorizationCodeGrant
+from authsrv.flows.grants.device_code import DeviceCodeGrant
 from authsrv.flows.grants.refresh_token import RefreshTokenGrant
 from authsrv.flows.grants.users import GrantUsers
 from authsrv.flows.account import AccountFactors, AccountPage
+from authsrv.flows.device import DeviceAuthorizationFlow, DeviceVerification
 from authsrv.flows.interaction import InteractionFlow
 from authsrv.flows.introspect import IntrospectionFlow
 from authsrv.flows.issue import TokenMinter
@@ -283,10 +285,13 @@ def grant_registry(config: Config, store, keystore, identity) -> GrantRegistry:
     """Every grant type the token endpoint offers, with what each needs."""
     users = GrantUsers(store=store, identity=identity, claims=_claims(config, store))
     minter = TokenMinter(keystore=keystore, issuer=config.issuer, limits=config.limits)
-    return GrantRegistry([
+    handlers = [
         AuthorizationCodeGrant(store=store, users=users, minter=minter),
         RefreshTokenGrant(store=store, users=users, minter=minter, limits=config.limits),
-    ])
+    ]
+    if config.device.enabled:
+        handlers.append(DeviceCodeGrant(store=store, users=users, minter=minter))
+    return GrantRegistry(handlers)
 
 
 def _claims(config: Config, store) -> ClaimsSource:
@@ -324,6 +329,8 @@ class PublicFlows:
     account: AccountFactors
     account_page: AccountPage
     linking: ChatLinking | None
+    device: DeviceAuthorizationFlow | None = None
+    device_verification: DeviceVerification | None = None
 
 
 def public_flows(config: Config, reactor, store, keystore, identity, grants: GrantRegistry, clients: ClientCache,
@@ -340,12 +347,18 @@ def public_flows(config: Config, reactor, store, keystore, identity, grants: Gra
     if config.mfa.enabled:
         passkeys = Passkeys(store=store, public_url=config.public_url,
                             rp_name=urlsplit(config.public_url).hostname or config.public_url)
+    interaction = InteractionFlow(
+        store=store, clients=clients, identity=identity, login=login, sessions=sessions,
+        limits=config.limits, issuer=config.issuer, factors=factors, show_ban_reason=config.show_ban_reason,
+        passkeys=passkeys,
+    )
+    device = verification = None
+    if config.device.enabled:
+        device = DeviceAuthorizationFlow(store=store, clients=clients, policy=config.device, issuer=config.issuer)
+        verification = DeviceVerification(store=store, clients=clients, identity=identity, interaction=interaction,
+                                          policy=config.device, limits=config.limits, issuer=config.issuer)
     return PublicFlows(
-        interaction=InteractionFlow(
-            store=store, clients=clients, identity=identity, login=login, sessions=sessions,
-            limits=config.limits, issuer=config.issuer, factors=factors, show_ban_reason=config.show_ban_reason,
-            passkeys=passkeys,
-        ),
+        interaction=interaction,
         token=TokenFlow(clients=clients, grants=grants),
         userinfo=UserInfoFlow(store=store, identity=identity, claims=_claims(config, store), issuer=config.issuer),
         introspection=IntrospectionFlow(store=store, clients=clients, identity=identity, issuer=config.issuer),
@@ -356,6 +369,8 @@ def public_flows(config: Config, reactor, store, keystore, identity, grants: Gra
                                  factors=factors, passkeys=passkeys, linking=chat_link,
                                  min_length=config.password_min_length),
         linking=chat_link,
+        device=device,
+        device_verification=verification,
     )
 
 
