@@ -161,7 +161,7 @@ class DeviceVerification:
         user = await self._identity.user_by_id(session.sub)
         return DeviceConsent(
             client_name=client.name or client.client_id, user_label=user.login if user else session.sub,
-            scope=tuple(sorted(device.scope)), user_code=shown(key),
+            scope=tuple(s for s in SCOPES if s in device.scope), user_code=shown(key),
             csrf=session_form_token(browser.session, _form_purpose(device.user_code_hash)),
         )
 
