@@ -36,7 +36,7 @@ from authsrv.flows import backchannel
 from authsrv.flows.claims import ClaimsSource
 from authsrv.flows.clients import ClientCache
 from authsrv.flows.end_session import EndSessionFlow
-from authsrv.flows.grants import GrantRegistry
+from authsrv.flows.grants import GrantHandler, GrantRegistry
 from authsrv.flows.grants.authorization_code import AuthorizationCodeGrant
 from authsrv.flows.grants.device_code import DeviceCodeGrant
 from authsrv.flows.grants.refresh_token import RefreshTokenGrant
@@ -285,7 +285,7 @@ def grant_registry(config: Config, store, keystore, identity) -> GrantRegistry:
     """Every grant type the token endpoint offers, with what each needs."""
     users = GrantUsers(store=store, identity=identity, claims=_claims(config, store))
     minter = TokenMinter(keystore=keystore, issuer=config.issuer, limits=config.limits)
-    handlers = [
+    handlers: list[GrantHandler] = [
         AuthorizationCodeGrant(store=store, users=users, minter=minter),
         RefreshTokenGrant(store=store, users=users, minter=minter, limits=config.limits),
     ]
