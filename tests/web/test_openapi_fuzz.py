@@ -87,6 +87,9 @@ timeout = "2s"
 [admin]
 secret_file = "demo-secrets/admin-api-secret"
 serve_on_main = true
+
+[device]
+enabled = true
 """
 
 
