@@ -13,6 +13,7 @@ import sqlite3
 
 import pytest_twisted
 
+from authsrv.flows.csrf import session_form_token
 from authsrv.testing.identity import ALICE, BOB, PASSWORDS
 from authsrv.tokens import token_hash
 from device_helpers import (
@@ -340,3 +341,40 @@ async def test_config_turns_the_grant_on_and_checks_its_settings(tmp_path, monke
             assert key in str(e)
         else:
             raise AssertionError(f"{device} was accepted")
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_sign_in_asks_for_the_second_factor_and_steps_up_a_password_session(tmp_path, monkeypatch):
+    from test_mfa import code_at, enrolled, give_code
+
+    h = await Harness(tmp_path, monkeypatch, {"clients": [*CLIENTS, {**TV, "require_mfa": True}]}).start()
+    try:
+        password_browser, secret, _ = await enrolled(h)
+        codes = await start(h)
+        fresh = Browser(h)
+        response, _ = await fresh.get(codes["verification_uri_complete"])
+        response, _ = await fresh.submit_login(location(response), ALICE.login, PASSWORDS[ALICE.sub])
+        assert response.code == 303 and "/mfa?" in location(response)
+        response, _ = await give_code(fresh, location(response), code_at(secret, h.now()))
+        assert response.code == 303 and location(response) == codes["verification_uri_complete"]
+        response, body = await fresh.get(location(response))
+        response, _ = await fresh.post(ISSUER + "/device", {**hidden_fields(body), "action": "approve"})
+        assert response.code == 200
+        response, tokens = await poll(h, codes["device_code"])
+        _, claims = verify_jwt(h, tokens["id_token"], aud="tv")
+        assert claims["acr"] == "urn:authsrv:acr:mfa" and "otp" in claims["amr"]
+
+        h.clock.advance(30)
+        codes = await start(h)
+        csrf = session_form_token(password_browser.cookies["authsrv_session"],
+                                  b"device " + token_hash(codes["user_code"].replace("-", "")).encode())
+        response, _ = await password_browser.post(ISSUER + "/device", {"user_code": codes["user_code"],
+                                                                      "csrf": csrf, "action": "approve"})
+        assert response.code == 303 and "/mfa?" in location(response), "no approval without the second factor"
+        assert error_of(await poll(h, codes["device_code"])) == "authorization_pending"
+        response, _ = await password_browser.get(codes["verification_uri_complete"])
+        assert response.code == 303 and "/mfa?" in location(response), "the password session is stepped up"
+        response, _ = await give_code(password_browser, location(response), code_at(secret, h.now()))
+        assert location(response) == codes["verification_uri_complete"]
+    finally:
+        await h.close()
