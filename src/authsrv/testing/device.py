@@ -24,9 +24,12 @@ from authsrv.records import (
     POLL_REUSED,
     POLL_SLOW_DOWN,
     POLL_UNKNOWN,
+    LOGIN_STAGE,
+    AuthorizationRequest,
     DeviceAuthorization,
     DevicePoll,
     Grant,
+    Interaction,
 )
 from authsrv.store.errors import AlreadyExists
 from authsrv.tokens import token_hash
@@ -158,6 +161,17 @@ class DeviceStoreConformance:
                 DevicePoll(POLL_UNKNOWN)
             assert (await store.poll_device_authorization(tv.device_code_hash, TV, SLOW_DOWN, NOW)).outcome == \
                 POLL_REDEEMED
+
+    @pytest_twisted.ensureDeferred
+    async def test_interaction_for_the_verification_page_keeps_its_mark(self):
+        request = AuthorizationRequest(TV, "https://id.example/api/auth/device?user_code=BCDF-GHJK", (), "", "",
+                                       device=True)
+        sign_in = Interaction(interaction_id="ia-device", stage=LOGIN_STAGE, request=request, csrf_token="c",
+                              created_at=NOW, expires_at=NOW + 600, address="192.0.2.1")
+        async with self.store() as store:
+            await store.save_login_interaction(sign_in, 10)
+            assert await store.get_interaction("ia-device", NOW) == sign_in
+            assert (await store.get_interaction("ia-device", NOW)).request.device is True
 
     @pytest_twisted.ensureDeferred
     async def test_gc_removes_expired_device_requests(self):
