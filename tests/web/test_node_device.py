@@ -10,6 +10,7 @@ file (`npm ci`, run once).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -49,9 +50,11 @@ def node_tools() -> tuple[str, str]:
 @pytest.fixture(scope="module")
 def node():
     node, npm = node_tools()
-    if not (NODE_DIR / "node_modules" / "openid-client").is_dir():
-        subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=NODE_DIR, check=True,
-                       timeout=300)
+    with open(NODE_DIR / "node_modules.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two test workers never install at once
+        if not (NODE_DIR / "node_modules" / "openid-client").is_dir():
+            subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=NODE_DIR, check=True,
+                           timeout=300)
     return node
 
 
@@ -105,3 +108,14 @@ def test_openid_client_runs_the_device_flow(server, node, action, expected):
     finally:
         process.kill()
     assert json.loads(out.strip().splitlines()[-1]) == expected, err
+
+
+@pytest.mark.parametrize(("ci", "outcome"), [("true", pytest.fail.Exception), (None, pytest.skip.Exception)])
+def test_missing_node_fails_in_ci_and_is_skipped_elsewhere(monkeypatch, ci, outcome):
+    if ci is None:
+        monkeypatch.delenv("CI", raising=False)
+    else:
+        monkeypatch.setenv("CI", ci)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with pytest.raises(outcome, match="^node and npm are needed"):
+        node_tools()
