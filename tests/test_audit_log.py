@@ -34,11 +34,13 @@ from authsrv.service import sync_config_clients
 from authsrv.testing.identity import ALICE, BOB, MALLORY, PASSWORDS
 
 from conftest import admin
+from device_helpers import TV, approve, poll, start
 from flow_client import Browser, location
-from harness import CHEAP, INTERNAL_SECRET, SECRETS, Harness, pkce_pair, query_of
+from harness import CHEAP, CLIENTS, INTERNAL_SECRET, SECRETS, Harness, pkce_pair, query_of
 from token_helpers import exchange, post_form, refresh, save_code, tokens
 
 ROOT = Path(__file__).parent.parent
+ISSUER_DEVICE = "/api/auth/device"
 ISO_MS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 
 
@@ -109,6 +111,21 @@ async def _pushed(h: Harness, secrets: list[str]) -> None:
     await Browser(h).get(by_reference)
     await Browser(h).get(by_reference)
     secrets += [pushed["request_uri"], verifier]
+
+
+async def _device(h: Harness, secrets: list[str]) -> None:
+    """A device approved, redeemed and replayed; another denied; a wrong user code."""
+    codes = await start(h, scope="openid profile")
+    await poll(h, codes["device_code"])
+    browser = Browser(h)
+    await approve(h, browser, codes)
+    issued = (await poll(h, codes["device_code"]))[1]
+    await poll(h, codes["device_code"])
+    denied = await start(h, scope="openid")
+    await approve(h, browser, denied, action="deny")
+    await browser.get(ISSUER_DEVICE + "?user_code=BBBB-BBBB")
+    secrets += [codes["device_code"], codes["user_code"], codes["user_code"].replace("-", ""),
+                denied["device_code"], issued["access_token"], issued["id_token"], *browser.cookies.values()]
 
 
 async def _throttled(h: Harness) -> None:
@@ -191,11 +208,13 @@ def _awkward() -> None:
 
 @pytest_twisted.ensureDeferred
 async def test_every_event_is_one_documented_line_without_secrets(tmp_path, monkeypatch):
-    h = await Harness(tmp_path, monkeypatch, {"throttle": {"failures_per_pair": 2}, "par": {"enabled": True}}).start()
+    h = await Harness(tmp_path, monkeypatch, {"throttle": {"failures_per_pair": 2}, "par": {"enabled": True},
+                                              "clients": [*CLIENTS, TV]}).start()
     secrets = [*PASSWORDS.values(), *SECRETS.values(), INTERNAL_SECRET]
     try:
         with AuditFile(tmp_path / "audit.log") as audit:
             await _front_channel(h, secrets)
+            await _device(h, secrets)
             await _throttled(h)
             await _operator(h)
             _awkward()
@@ -205,7 +224,7 @@ async def test_every_event_is_one_documented_line_without_secrets(tmp_path, monk
 
     assert {line["event"] for line in lines} == set(events.EVENT_FIELDS)
     assert {line["grant_type"] for line in lines if line["event"] == "token.issued"} >= {
-        "authorization_code", "refresh_token"}
+        "authorization_code", "refresh_token", "urn:ietf:params:oauth:grant-type:device_code"}
     assert {line["reason"] for line in lines if line["event"] == "login.failed"} >= {"wrong password", "unknown user"}
     assert {line["actor"] for line in lines if line["event"].startswith("user.")} == {"operator", "admin-api"}
     assert {(line["event"], line["client_id"]) for line in lines if line["event"].startswith("client.")} == {

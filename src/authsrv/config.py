@@ -20,9 +20,11 @@ from attrs import field, frozen
 
 from authsrv.chat.config import ChatConfig, chat_config
 from authsrv.configsection import ConfigError, Section
+from authsrv.flows.device import DevicePolicy
 from authsrv.flows.grants import GRANT_TYPES
 from authsrv.flows.mfa import MFA_CHOICES, MfaPolicy
 from authsrv.flows.ratelimit import DEFAULT_RATE, RateSettings
+from authsrv.protocol.device import DEVICE_CODE_GRANT
 from authsrv.protocol.clients import CLIENT_ID_MAX, client_id_problem, is_loopback_host, redirect_uri_problem
 from authsrv.protocol.forwarded import Network, parse_networks
 from authsrv.protocol.password_policy import MAX_LENGTH, MIN_LENGTH
@@ -206,6 +208,7 @@ class Config:
     par: PushedRequestSettings = PushedRequestSettings()
     signing: SigningOffer = SigningOffer()
     """What clients may choose to have signed, and how: C{[keystore] algorithms}, C{[userinfo] signing}."""
+    device: DevicePolicy = DevicePolicy()
 
     @property
     def issuer(self) -> str:
@@ -624,6 +627,30 @@ def _mfa(section: Section) -> MfaPolicy:
     return policy
 
 
+def _device(section: Section, clients: tuple[Client, ...]) -> DevicePolicy:
+    """
+    C{[device]}: the device authorization grant (RFC 8628), on when
+    C{enabled} says so or, by default, when a C{[[clients]]} entry names it.
+    """
+    defaults = DevicePolicy()
+    wanted = any(DEVICE_CODE_GRANT in client.grant_types for client in clients)
+    policy = DevicePolicy(
+        enabled=section.bool("enabled", wanted),
+        code_ttl=section.duration("code_ttl", defaults.code_ttl),
+        interval=section.duration("interval", defaults.interval),
+        failures_per_address=section.int("user_code_failures_per_address", defaults.failures_per_address, minimum=1),
+        failures=section.int("user_code_failures", defaults.failures, minimum=1),
+    )
+    if not 60 <= policy.code_ttl <= 3600:
+        raise section.error("code_ttl", "must be between 1m and 1h: long enough to type a code, short for guessing")
+    if not 1 <= policy.interval <= 60:
+        raise section.error("interval", "must be between 1s and 60s")
+    if wanted and not policy.enabled:
+        raise section.error("enabled", f"is false, but a client's grant_types names {DEVICE_CODE_GRANT}")
+    section.done()
+    return policy
+
+
 def _table(top: Section, checked: _Problems, name: str) -> Section:
     """C{[name]}, or an empty one when the file has none (or has something else by that name)."""
     return checked.take(top.table, name, None) or Section({}, name, top.base_dir)
@@ -706,6 +733,7 @@ def read_config_document(
         else:
             clients.append(client)
     chat = checked.take(chat_config, checked.take(top.table, "chat", None))
+    device = checked.take(_device, _table(top, checked, "device"), tuple(clients), fallback=DevicePolicy())
     checked.done(top)
     config = Config(
         path=path,
@@ -729,6 +757,7 @@ def read_config_document(
         rate_limits=rate_limits,
         mfa=mfa,
         par=par,
+        device=device,
         trusted_proxies=trusted_proxies,
         password_min_length=password_min_length,
         password_hashing=password_hashing,

@@ -35,6 +35,11 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "code.reused": (),
     "token.issued": ("grant_type", "token_fp"),
     "refresh.reused": (),
+    "device.requested": ("scope",),
+    "device.approved": ("scope",),
+    "device.denied": (),
+    "device.code_failed": (),
+    "device.code_reused": (),
     "token.revoked": ("kind",),
     "grant.revoked": (),
     "session.ended": (),
@@ -141,6 +146,31 @@ def token_issued(*, sub: str, client_id: str, grant_id: str, grant_type: str, to
 def code_reused(*, client_id: str, grant_id: str) -> None:
     _emit("code.reused", "authorization code replayed by {client_id}: grant {grant_id} revoked", "refused",
           client_id=client_id, grant_id=grant_id, reason="code reused")
+
+
+def device_requested(*, client_id: str, scope: str) -> None:
+    _emit("device.requested", "device authorization for {client_id} started", "success", client_id=client_id,
+          scope=scope)
+
+
+def device_approved(*, sub: str, client_id: str, grant_id: str, scope: str) -> None:
+    _emit("device.approved", "{sub} approved a device of {client_id} (grant {grant_id})", "success", sub=sub,
+          client_id=client_id, grant_id=grant_id, scope=scope)
+
+
+def device_denied(*, sub: str, client_id: str) -> None:
+    _emit("device.denied", "{sub} denied a device of {client_id}", "refused", sub=sub, client_id=client_id)
+
+
+def device_code_failed(*, address: str, reason: str, sub: str | None = None) -> None:
+    """A user code that is wrong, used or expired, or one refused by the throttle: guessing shows here."""
+    _emit("device.code_failed", "user code refused from {address}: {reason}", "failure", address=address,
+          reason=reason, sub=sub)
+
+
+def device_code_reused(*, client_id: str, grant_id: str) -> None:
+    _emit("device.code_reused", "device code replayed by {client_id}: grant {grant_id} revoked", "refused",
+          client_id=client_id, grant_id=grant_id, reason="device code reused")
 
 
 def refresh_reused(*, client_id: str, grant_id: str) -> None:

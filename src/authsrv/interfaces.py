@@ -391,6 +391,39 @@ class ILinkedAccountStore(Interface):
         """Release the lease if C{holder} holds it; fires with None."""
 
 
+class IDeviceAuthorizationStore(Interface):
+    """
+    Device authorization requests (RFC 8628), under the hashes of their
+    device and user codes; every change of state is one atomic step, so a
+    fleet of servers agrees on approvals, polling intervals and redemption.
+    """
+
+    def save_device_authorization(device):
+        """
+        Store a new L{authsrv.records.DeviceAuthorization}; fails with
+        L{authsrv.store.errors.AlreadyExists} when either hash is taken.
+        """
+
+    def find_device_authorization(user_code_hash, now):
+        """Fires with the unexpired device authorization of this user code, or None."""
+
+    def decide_device_authorization(user_code_hash, sub, grant, now):
+        """
+        A pending, unexpired request approved by C{sub} (C{grant}, stored
+        with it) or denied (C{grant} None), atomically: fires True when this
+        call decided it, False when it was decided, expired or unknown.
+        """
+
+    def poll_device_authorization(device_code_hash, client_id, slow_down, now):
+        """
+        One poll by C{client_id}, decided atomically and fired as a
+        L{authsrv.records.DevicePoll}: a pending request polled sooner than
+        its interval after the last poll has its interval raised by
+        C{slow_down} seconds; an approved one is redeemed (once); a denied,
+        expired, reused or unknown one (or another client's) changes nothing.
+        """
+
+
 class ILoginThrottle(Interface):
     """
     Login attempts counted in the store, so that every instance sees the
@@ -544,6 +577,7 @@ class IStore(
     ILinkAttemptStore,
     IPushedRequestStore,
     IAuthorizationCodeStore,
+    IDeviceAuthorizationStore,
     IGrantStore,
     IBanStore,
     ILinkedAccountStore,
@@ -561,7 +595,7 @@ class IStore(
     def gc(now, batch_size):
         """
         Delete up to C{batch_size} rows of each kind that can no longer matter
-        (expired codes, pending and pushed requests, sessions, tokens, grants, bans,
+        (expired codes, device requests, pending and pushed requests, sessions, tokens, grants, bans,
         counted login attempts, known devices) and
         erase replay responses past their grace window; fires with the count.
         """

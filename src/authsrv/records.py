@@ -147,6 +147,11 @@ class AuthorizationRequest:
     login_hint: str | None = None
     acr_values: tuple[str, ...] = field(default=(), converter=_tuple)
     """The authentication context classes asked for (acr_values, or the claims request's acr)."""
+    device: bool = False
+    """
+    A sign-in for the device verification page (RFC 8628 section 3.3), which
+    C{redirect_uri} names: it returns there, never with a code.
+    """
 
 
 LOGIN_STAGE = "login"
@@ -537,3 +542,54 @@ class ThrottleDecision:
     @property
     def allowed(self) -> bool:
         return self.wait is None
+
+
+DEVICE_PENDING = "pending"
+DEVICE_APPROVED = "approved"
+DEVICE_DENIED = "denied"
+DEVICE_REDEEMED = "redeemed"
+
+
+@frozen
+class DeviceAuthorization:
+    """
+    A device authorization request (RFC 8628 section 3.1), under the hashes
+    of its device code and user code. It moves once from C{pending} to
+    C{approved} (C{grant_id} and C{sub} set: the grant was stored then) or
+    C{denied}, and an approved one once to C{redeemed}. C{poll_interval} is the
+    polling interval the device was told, raised by C{slow_down}; C{polled_at}
+    is when it last polled.
+    """
+
+    device_code_hash: str
+    user_code_hash: str
+    client_id: str
+    scope: frozenset[str] = field(converter=_frozenset)
+    resource: tuple[str, ...] = field(converter=_tuple)
+    created_at: int
+    expires_at: int
+    poll_interval: int
+    status: str = DEVICE_PENDING
+    polled_at: int | None = None
+    sub: str | None = None
+    grant_id: str | None = None
+
+
+POLL_PENDING = "authorization_pending"
+POLL_SLOW_DOWN = "slow_down"
+POLL_DENIED = "access_denied"
+POLL_EXPIRED = "expired_token"
+POLL_REDEEMED = "redeemed"
+"""The device code is used up now: its tokens are to be issued."""
+POLL_REUSED = "reused"
+"""The device code was redeemed before: a replay."""
+POLL_UNKNOWN = "unknown"
+"""No such device code, or it belongs to another client."""
+
+
+@frozen
+class DevicePoll:
+    """What one poll of the token endpoint did to a device authorization (C{device} as it is now, if any)."""
+
+    outcome: str
+    device: DeviceAuthorization | None = None

@@ -36,11 +36,13 @@ from authsrv.flows import backchannel
 from authsrv.flows.claims import ClaimsSource
 from authsrv.flows.clients import ClientCache
 from authsrv.flows.end_session import EndSessionFlow
-from authsrv.flows.grants import GrantRegistry
+from authsrv.flows.grants import GrantHandler, GrantRegistry
 from authsrv.flows.grants.authorization_code import AuthorizationCodeGrant
+from authsrv.flows.grants.device_code import DeviceCodeGrant
 from authsrv.flows.grants.refresh_token import RefreshTokenGrant
 from authsrv.flows.grants.users import GrantUsers
 from authsrv.flows.account import AccountFactors, AccountPage
+from authsrv.flows.device import DeviceAuthorizationFlow, DeviceVerification
 from authsrv.flows.interaction import InteractionFlow
 from authsrv.flows.introspect import IntrospectionFlow
 from authsrv.flows.issue import TokenMinter
@@ -284,10 +286,13 @@ def grant_registry(config: Config, store, keystore, identity) -> GrantRegistry:
     """Every grant type the token endpoint offers, with what each needs."""
     users = GrantUsers(store=store, identity=identity, claims=_claims(config, store))
     minter = TokenMinter(keystore=keystore, issuer=config.issuer, limits=config.limits)
-    return GrantRegistry([
+    handlers: list[GrantHandler] = [
         AuthorizationCodeGrant(store=store, users=users, minter=minter),
         RefreshTokenGrant(store=store, users=users, minter=minter, limits=config.limits),
-    ])
+    ]
+    if config.device.enabled:
+        handlers.append(DeviceCodeGrant(store=store, users=users, minter=minter))
+    return GrantRegistry(handlers)
 
 
 def _claims(config: Config, store) -> ClaimsSource:
@@ -329,6 +334,8 @@ class PublicFlows:
     account: AccountFactors
     account_page: AccountPage
     linking: ChatLinking | None
+    device: DeviceAuthorizationFlow | None = None
+    device_verification: DeviceVerification | None = None
 
 
 def public_flows(config: Config, reactor, store, keystore, identity, grants: GrantRegistry, clients: ClientCache,
@@ -346,12 +353,18 @@ def public_flows(config: Config, reactor, store, keystore, identity, grants: Gra
         passkeys = Passkeys(store=store, public_url=config.public_url,
                             rp_name=urlsplit(config.public_url).hostname or config.public_url)
     pushed = PushedRequests(store=store, clients=clients, required=config.par.required) if config.par.enabled else None
+    interaction = InteractionFlow(
+        store=store, clients=clients, identity=identity, login=login, sessions=sessions,
+        limits=config.limits, issuer=config.issuer, factors=factors, show_ban_reason=config.show_ban_reason,
+        passkeys=passkeys, pushed=pushed,
+    )
+    device = verification = None
+    if config.device.enabled:
+        device = DeviceAuthorizationFlow(store=store, clients=clients, policy=config.device, issuer=config.issuer)
+        verification = DeviceVerification(store=store, clients=clients, identity=identity, interaction=interaction,
+                                          policy=config.device, limits=config.limits, issuer=config.issuer)
     return PublicFlows(
-        interaction=InteractionFlow(
-            store=store, clients=clients, identity=identity, login=login, sessions=sessions,
-            limits=config.limits, issuer=config.issuer, factors=factors, show_ban_reason=config.show_ban_reason,
-            passkeys=passkeys, pushed=pushed,
-        ),
+        interaction=interaction,
         token=TokenFlow(clients=clients, grants=grants),
         pushed=pushed,
         userinfo=UserInfoFlow(
@@ -367,6 +380,8 @@ def public_flows(config: Config, reactor, store, keystore, identity, grants: Gra
                                  factors=factors, passkeys=passkeys, linking=chat_link,
                                  min_length=config.password_min_length, hasher=hasher_of(config)),
         linking=chat_link,
+        device=device,
+        device_verification=verification,
     )
 
 

@@ -87,6 +87,11 @@ timeout = "2s"
 [admin]
 secret_file = "demo-secrets/admin-api-secret"
 serve_on_main = true
+
+[[clients]]
+client_id = "fuzz-tv"
+redirect_uris = ["http://127.0.0.1:9004/callback"]
+grant_types = ["urn:ietf:params:oauth:grant-type:device_code"]
 """
 
 
@@ -231,6 +236,10 @@ def _real_values(case, draw, alice) -> dict[str, str]:
             _set_body(case, client_id=client[0], client_secret=client[1])
         if path.endswith("/introspect") and draw(st.booleans()):
             _set_body(case, token=draw(st.sampled_from([alice["access_token"], alice["refresh_token"]])))
+    elif path.endswith("/oauth2/device-authorization") and draw(st.booleans()):
+        headers.pop("Authorization", None)
+        _set_body(case, client_id="fuzz-tv")
+        _drop_body(case, "client_secret")
     elif path.endswith("/oauth2/userinfo") and draw(st.booleans()):
         _drop_body(case, "access_token")
         headers["Authorization"] = "Bearer " + alice["access_token"]

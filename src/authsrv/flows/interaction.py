@@ -384,9 +384,29 @@ class InteractionFlow:
         await self._remember_consent(session.sub, client.client_id, request.scope, now)
         return Redirect(await self._issue_code(client, request, session, now), 303)
 
+    async def device_session(self, client: Client, return_to: str, browser: Browser, address: str,
+                             now: int) -> BrowserSession | Redirect:
+        """
+        The live session that may approve a device of C{client} at the
+        verification page (C{return_to}, this service's own URL), or the
+        way to one: the same sign-in as for an authorization request,
+        second factors included, that comes back to C{return_to}.
+        """
+        request = AuthorizationRequest(client_id=client.client_id, redirect_uri=return_to, scope=(), state="",
+                                       code_challenge="", device=True)
+        session = await live_session(self._store, self._identity, browser.session, now)
+        if session is None:
+            return await self._wait(request, LOGIN_STAGE, None, browser, now, address)
+        stage = await self._factors.demand(client, request, session.sub, session.acr, now, session.amr)
+        if stage is not None:
+            return await self._wait(request, stage, session.sid, browser, now, sub=session.sub, amr=session.amr)
+        return session
+
     async def _after_login(self, client: Client, request: AuthorizationRequest, session: BrowserSession,
                            browser: Browser, now: int, status: int) -> Redirect:
-        """With a live session: the consent page or the code."""
+        """With a live session: the consent page or the code; back to the verification page for a device."""
+        if request.device:
+            return Redirect(request.redirect_uri, 303)
         consented = None if client.first_party else await self._store.get_consent(session.sub, client.client_id)
         needed = consent_needed(client, request, consented)
         refuse_silently(request, login=False, consent=needed)

@@ -143,3 +143,28 @@ class LogoutConfirmation:
     fields: tuple[tuple[str, str], ...]
     csrf: str
     client_origin: str | None
+
+
+@frozen
+class DeviceCodeForm:
+    """The device verification page asking for the code a device shows (RFC 8628 section 3.3)."""
+
+    status: int = 200
+    user_code: str = ""
+    message: str | None = None
+    retry_after: int | None = None
+
+
+@frozen
+class DeviceConsent:
+    """
+    The device verification page once a signed-in user gave a live code:
+    the code to compare with the device's, the client and the scopes, and a
+    form posting C{user_code} back with C{csrf} to approve or deny.
+    """
+
+    client_name: str
+    user_label: str
+    scope: tuple[str, ...]
+    user_code: str
+    csrf: str

@@ -6,6 +6,7 @@ at start from the issuer and the keystore's algorithms.
 
 from __future__ import annotations
 
+from authsrv.protocol.device import DEVICE_CODE_GRANT
 from authsrv.protocol.oidc import ACR_VALUES
 
 SCOPES = ("openid", "profile", "email", "offline_access")
@@ -45,12 +46,16 @@ def authorization_server_metadata(issuer: str, algorithms: tuple[str, ...], gran
                                   pushed: dict | None = None) -> dict:
     """
     RFC 8414 metadata; the OIDC document extends it. C{grant_types} are the
-    token endpoint's; C{pushed} is L{pushed_request_metadata}'s.
+    token endpoint's (the device authorization endpoint is listed with its
+    grant); C{pushed} is L{pushed_request_metadata}'s.
     """
+    offered = endpoints(issuer)
+    if DEVICE_CODE_GRANT in grant_types:
+        offered["device_authorization_endpoint"] = f"{issuer}/oauth2/device-authorization"
     return {
         **(pushed or {}),
         "issuer": issuer,
-        **endpoints(issuer),
+        **offered,
         "scopes_supported": list(SCOPES),
         "response_types_supported": ["code"],
         "response_modes_supported": ["query"],

@@ -66,6 +66,30 @@ class AccessDenied(OAuthError):
     status = 403
 
 
+class AuthorizationPending(OAuthError):
+    """RFC 8628 section 3.5: the user has not yet approved or denied the device; poll again."""
+
+    error = "authorization_pending"
+
+
+class SlowDown(OAuthError):
+    """RFC 8628 section 3.5: polled too fast; the interval is 5 s longer from now on."""
+
+    error = "slow_down"
+
+
+class ExpiredToken(OAuthError):
+    """RFC 8628 section 3.5: the device code expired; start a new device authorization."""
+
+    error = "expired_token"
+
+
+class DeviceAccessDenied(OAuthError):
+    """RFC 8628 section 3.5: the user denied the device, answered by the token endpoint (400)."""
+
+    error = "access_denied"
+
+
 class LoginRequired(OAuthError):
     error = "login_required"
 

@@ -71,7 +71,7 @@ from authsrv.records import (
     ThrottleDecision,
     TotpFactor,
 )
-from authsrv.store import pending, throttle
+from authsrv.store import device, pending, throttle
 from authsrv.store.errors import AlreadyExists, StoreUnavailable
 from authsrv.store.observer import Observer, watched
 from authsrv.store.rows import POSTGRES, WITH_BAN, Rows, ban_of, factors_of, scope_text, tables
@@ -201,6 +201,7 @@ def _holds_nul(params: dict) -> bool:
 
 _T = tables(POSTGRES)
 _THROTTLE = throttle.statements(POSTGRES)
+_DEVICE = device.statements(POSTGRES, lock=" FOR UPDATE")
 
 # Two statements sent as one query, which PostgreSQL runs as one implicit
 # transaction: the address's lock is held from the first until the second,
@@ -405,6 +406,33 @@ class PostgresStore:
 
     def consume_code(self, code_hash, now):
         return self._run("consume_code", _consume_code, code_hash, now)
+
+    # IDeviceAuthorizationStore
+
+    def save_device_authorization(self, device):
+        return self._write("save_device_authorization", _T.devices.insert, _T.devices.params(device))
+
+    def find_device_authorization(self, user_code_hash, now):
+        return self._one("find_device_authorization", _T.devices, _DEVICE.find,
+                         {"user_code_hash": user_code_hash, "now": now})
+
+    def decide_device_authorization(self, user_code_hash, sub, grant, now):
+        params = device.decision(user_code_hash, sub, grant, now)
+        if _holds_nul(params):
+            return succeed(False)
+        if grant is None:
+            return self._changed("decide_device_authorization", _DEVICE.decide, params)
+        # One statement: the grant is stored only by the call that approves.
+        return self._changed("decide_device_authorization",
+            f"WITH decided AS ({_DEVICE.decide}), new_grant AS ({_T.grants.insert_as('g_', 'decided')})"
+            " SELECT device_code_hash FROM decided",
+            {**params, **_T.grants.params(grant, "g_")},
+        )
+
+    def poll_device_authorization(self, device_code_hash, client_id, slow_down, now):
+        if _holds_nul({"hash": device_code_hash, "client_id": client_id}):
+            return succeed(device.poll(None, client_id, slow_down, now)[0])
+        return self._run("poll_device_authorization", _poll_device, device_code_hash, client_id, slow_down, now)
 
     # IGrantStore
 
@@ -826,6 +854,20 @@ async def _rotate_refresh(db, old_hash, new_refresh, new_access, replay, grace_u
     return RefreshNotFound()
 
 
+async def _poll_device(db, device_code_hash, client_id, slow_down, now):
+    """
+    One transaction holding the request's row lock, so a racing poll on
+    another instance waits and then decides on what this one wrote.
+    """
+    await rowcount(db, "BEGIN")
+    row = _T.devices.load(await first(db, _DEVICE.read, {"hash": device_code_hash}))
+    outcome, changed = device.poll(row, client_id, slow_down, now)
+    if changed is not None:
+        await rowcount(db, _DEVICE.write, device.written(changed))
+    await rowcount(db, "COMMIT")
+    return outcome
+
+
 async def _attempt(db, account, address, known_device, policy, now):
     """
     One transaction holding the account's lock, then the address's (always
@@ -883,6 +925,7 @@ _GC = tuple(
     for table, key, expired in (
         ("authorization_codes", "code_hash", "expires_at <= %(now)s"),
         ("interactions", "interaction_id", "expires_at <= %(now)s"),
+        ("device_authorizations", "device_code_hash", "expires_at <= %(now)s"),
         ("link_attempts", "state_hash", "expires_at <= %(now)s"),
         ("pushed_requests", "uri_hash", "expires_at <= %(now)s"),
         ("browser_sessions", "session_hash", "expires_at <= %(now)s"),

@@ -24,6 +24,7 @@ from authsrv.records import (
     Ban,
     BrowserSession,
     Client,
+    DeviceAuthorization,
     Factor,
     Grant,
     Interaction,
@@ -186,6 +187,7 @@ class Tables:
     pushed: Rows
     grants: Rows
     codes: Rows
+    devices: Rows
     access: Rows
     refresh: Rows
     bans: Rows
@@ -211,7 +213,7 @@ def tables(dialect: Dialect) -> Tables:
             nested={
                 "request": rows(
                     AuthorizationRequest, "interactions", "interaction_id",
-                    scope=WORDS, resources=LIST, prompt=SCOPE, acr_values=LIST,
+                    scope=WORDS, resources=LIST, prompt=SCOPE, acr_values=LIST, device=FLAG,
                 ),
             },
         ),
@@ -219,6 +221,7 @@ def tables(dialect: Dialect) -> Tables:
         pushed=rows(PushedRequest, "pushed_requests", "uri_hash"),
         grants=rows(Grant, "grants", "grant_id", scope=SCOPE, resource=LIST, amr=LIST),
         codes=rows(AuthorizationCode, "authorization_codes", "code_hash", scope=SCOPE, resource=LIST, amr=LIST),
+        devices=rows(DeviceAuthorization, "device_authorizations", "device_code_hash", scope=SCOPE, resource=LIST),
         access=rows(AccessToken, "access_tokens", "token_hash", derived=("user_ban",), scope=SCOPE, audience=LIST),
         refresh=rows(
             RefreshToken, "refresh_tokens", "token_hash", derived=("revoked", "user_ban"),

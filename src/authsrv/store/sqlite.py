@@ -43,7 +43,7 @@ from authsrv.records import (
     ThrottleDecision,
     TotpFactor,
 )
-from authsrv.store import pending, throttle
+from authsrv.store import device, pending, throttle
 from authsrv.store.errors import AlreadyExists, StoreUnavailable
 from authsrv.store.observer import Observer, watched
 from authsrv.store.rows import SQLITE, WITH_BAN, Rows, ban_of, factors_of, scope_text, tables
@@ -167,6 +167,7 @@ def _transaction(connection: sqlite3.Connection):
 _T = tables(SQLITE)
 _THROTTLE = throttle.statements(SQLITE)
 _BUSY_UNTIL = pending.busy_until(SQLITE)
+_DEVICE = device.statements(SQLITE)
 
 _JOIN_BAN = " LEFT JOIN bans b ON b.sub = {table}.sub"
 
@@ -375,6 +376,22 @@ class SQLiteStore:
 
     def consume_code(self, code_hash, now):
         return self._call("consume_code", True, _consume_code, code_hash, now)
+
+    # IDeviceAuthorizationStore
+
+    def save_device_authorization(self, device):
+        return self._insert("save_device_authorization", _T.devices, device)
+
+    def find_device_authorization(self, user_code_hash, now):
+        return self._query("find_device_authorization", _T.devices, _DEVICE.find,
+                           {"user_code_hash": user_code_hash, "now": now})
+
+    def decide_device_authorization(self, user_code_hash, sub, grant, now):
+        return self._call("decide_device_authorization", True, _decide_device, user_code_hash, sub, grant, now)
+
+    def poll_device_authorization(self, device_code_hash, client_id, slow_down, now):
+        return self._call("poll_device_authorization", True, _poll_device, device_code_hash, client_id,
+                          slow_down, now)
 
     # IGrantStore
 
@@ -709,6 +726,21 @@ def _consume_code(db, code_hash, now):
     return CodeNotFound() if used is None else CodeReused(used["grant_id"])
 
 
+def _decide_device(db, user_code_hash, sub, grant, now):
+    decided = _first(db.execute(_DEVICE.decide, device.decision(user_code_hash, sub, grant, now)))
+    if decided is not None and grant is not None:
+        db.execute(_T.grants.insert, _T.grants.params(grant))
+    return decided is not None
+
+
+def _poll_device(db, device_code_hash, client_id, slow_down, now):
+    row = _T.devices.load(db.execute(_DEVICE.read, {"hash": device_code_hash}).fetchone())
+    outcome, changed = device.poll(row, client_id, slow_down, now)
+    if changed is not None:
+        db.execute(_DEVICE.write, device.written(changed))
+    return outcome
+
+
 def _server_key(db, name):
     db.execute("INSERT INTO server_keys (name, key) VALUES (?, ?) ON CONFLICT (name) DO NOTHING",
                (name, secrets.token_bytes(SERVER_KEY_BYTES)))
@@ -797,6 +829,7 @@ _GC = tuple(
     for table, key, expired in (
         ("authorization_codes", "code_hash", "expires_at <= :now"),
         ("interactions", "interaction_id", "expires_at <= :now"),
+        ("device_authorizations", "device_code_hash", "expires_at <= :now"),
         ("link_attempts", "state_hash", "expires_at <= :now"),
         ("pushed_requests", "uri_hash", "expires_at <= :now"),
         ("browser_sessions", "session_hash", "expires_at <= :now"),

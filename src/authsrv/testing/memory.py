@@ -23,6 +23,7 @@ from zope.interface import implementer
 
 from authsrv.interfaces import SERVER_KEY_BYTES, IStore
 from authsrv.records import (
+    DEVICE_PENDING,
     LOGIN_STAGE,
     RECOVERY_FACTOR,
     TOTP_FACTOR,
@@ -42,7 +43,7 @@ from authsrv.records import (
     ThrottleDecision,
     TotpFactor,
 )
-from authsrv.store import throttle
+from authsrv.store import device as devices, throttle
 from authsrv.store.errors import AlreadyExists
 
 
@@ -70,6 +71,8 @@ class MemoryTables:
     pushed: dict = attrs.Factory(dict)
     grants: dict = attrs.Factory(dict)
     codes: dict = attrs.Factory(dict)
+    devices: dict = attrs.Factory(dict)
+    """Device code hash -> L{authsrv.records.DeviceAuthorization}."""
     code_used_at: dict = attrs.Factory(dict)
     access: dict = attrs.Factory(dict)
     access_revoked_at: dict = attrs.Factory(dict)
@@ -258,6 +261,44 @@ class MemoryStore:
             return CodeNotFound()
         self.tables.code_used_at[code_hash] = now
         return CodeConsumed(code)
+
+    # IDeviceAuthorizationStore
+
+    @_answered
+    def save_device_authorization(self, device):
+        if any(d.user_code_hash == device.user_code_hash for d in self.tables.devices.values()):
+            raise AlreadyExists("that user code exists already")
+        _insert(self.tables.devices, device.device_code_hash, device)
+
+    def _device_of_user_code(self, user_code_hash, now):
+        for device in self.tables.devices.values():
+            if device.user_code_hash == user_code_hash and device.expires_at > now:
+                return device
+        return None
+
+    @_answered
+    def find_device_authorization(self, user_code_hash, now):
+        return self._device_of_user_code(user_code_hash, now)
+
+    @_answered
+    def decide_device_authorization(self, user_code_hash, sub, grant, now):
+        device = self._device_of_user_code(user_code_hash, now)
+        if device is None or device.status != DEVICE_PENDING:
+            return False
+        if grant is not None:
+            _insert(self.tables.grants, grant.grant_id, grant)
+        params = devices.decision(user_code_hash, sub, grant, now)
+        self.tables.devices[device.device_code_hash] = attrs.evolve(
+            device, status=params["status"], sub=sub, grant_id=params["grant_id"],
+        )
+        return True
+
+    @_answered
+    def poll_device_authorization(self, device_code_hash, client_id, slow_down, now):
+        outcome, changed = devices.poll(self.tables.devices.get(device_code_hash), client_id, slow_down, now)
+        if changed is not None:
+            self.tables.devices[device_code_hash] = changed
+        return outcome
 
     # IGrantStore
 
@@ -634,6 +675,7 @@ class MemoryStore:
 
         count = expired(tables.codes, lambda code: code.expires_at <= now)
         count += expired(tables.interactions, lambda interaction: interaction.expires_at <= now)
+        count += expired(tables.devices, lambda device: device.expires_at <= now)
         count += expired(tables.link_attempts, lambda attempt: attempt.expires_at <= now)
         count += expired(tables.pushed, lambda pushed: pushed.expires_at <= now)
         count += expired(tables.sessions, lambda session: session.expires_at <= now)

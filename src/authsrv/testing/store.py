@@ -57,6 +57,7 @@ from authsrv.records import (
     ThrottlePolicy,
 )
 from authsrv.store.errors import AlreadyExists
+from authsrv.testing.device import DeviceConcurrencyConformance, DeviceStoreConformance
 from authsrv.testing.factors import FactorConcurrencyConformance, FactorStoreConformance
 from authsrv.tokens import token_hash
 
@@ -219,7 +220,7 @@ async def issue(
     return access, refresh_token
 
 
-class StoreConformance(FactorStoreConformance):
+class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
     """
     Mixin of tests every L{IStore} must pass; see the module docstring for
     the C{make_store} hook.
@@ -1258,7 +1259,7 @@ class StoreConformance(FactorStoreConformance):
             assert await store.get_grant("live") == live
 
 
-class StoreConcurrencyConformance(FactorConcurrencyConformance):
+class StoreConcurrencyConformance(FactorConcurrencyConformance, DeviceConcurrencyConformance):
     """
     Races between two servers sharing one database: each atomic step must
     have exactly one winner. See the module docstring for C{make_store_pair}.

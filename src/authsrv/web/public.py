@@ -19,7 +19,7 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from authsrv.config import ISSUER_PATH
 from authsrv.flows.link import unlink_token, unlink_token_valid
-from authsrv.flows.outcomes import LogoutConfirmation, Notice, Redirect
+from authsrv.flows.outcomes import DeviceCodeForm, LogoutConfirmation, Notice, Redirect
 from authsrv.flows.ratelimit import ClientRateLimits, EndpointLimit, RateLimited
 from authsrv.identity.errors import BackendUnavailable
 from authsrv.protocol.bearer import bearer_token
@@ -28,6 +28,7 @@ from authsrv.protocol.params import single_params
 from authsrv.protocol.pushed import push_params
 from authsrv.store.errors import StoreUnavailable
 from authsrv.web.account_pages import account_page
+from authsrv.web.device_pages import device_code_page, device_consent_page
 from authsrv.web.forms import client_address_of, form_args, form_params, page_form, userinfo_form_token
 from authsrv.web.headers import allow_any_origin, json_body, jwt_body, oauth_error
 from authsrv.web.interaction_pages import (
@@ -42,7 +43,10 @@ from authsrv.web.pages import error_page, render_page
 from authsrv.web.routes import RoutedKlein
 
 RETRY_AFTER = b"5"
-JSON_ENDPOINTS = (b"/oauth2/token", b"/oauth2/par", b"/oauth2/userinfo", b"/oauth2/introspect", b"/oauth2/revoke")
+JSON_ENDPOINTS = (
+    b"/oauth2/token", b"/oauth2/par", b"/oauth2/userinfo", b"/oauth2/introspect", b"/oauth2/revoke",
+    b"/oauth2/device-authorization",
+)
 """Paths whose callers read JSON; every other route that uses the store is a page."""
 LINK_PATH = ISSUER_PATH + "/link/chat"
 ACCOUNT_PATH = ISSUER_PATH + "/account"
@@ -69,7 +73,8 @@ class PublicSite:
     when pushed authorization requests are not offered), C{userinfo},
     C{introspection}, C{revocation}, C{end_session}, C{account} (the user's
     own second factors), C{account_page} (the account page's actions) and
-    C{linking} (None when no chat provider client is configured);
+    C{linking} (None when no chat provider client is configured),
+    C{device} and C{device_verification} (None when the device grant is off);
     C{readiness} is an L{authsrv.flows.readiness.Readiness}; C{trusted_proxies}
     are the peers whose forwarding headers name the client's address;
     C{rates} counts back-channel requests against their client's rate.
@@ -198,7 +203,50 @@ class PublicSite:
     def revocation_preflight(self, request):
         return _preflight(request, b"POST, OPTIONS")
 
+    @app.route(ISSUER_PATH + "/oauth2/device-authorization", methods=["POST"])
+    async def device_authorization(self, request):
+        """RFC 8628 section 3.1: counted against the client's token endpoint rate."""
+        if self._flows.device is None:
+            raise NotFound()
+        params = form_params(request)
+        await self._count(request, self._rates.token, params)
+        response = await self._flows.device.start(request.getHeader(b"authorization"), params, self._now())
+        return json_body(request, 200, response, no_store=True)
+
     # --- the browser: authorize, login, consent, end-session ------------------
+
+    def _device_verification(self):
+        if self._flows.device_verification is None:
+            raise PageError(404, "Not available", "This service does not connect devices.")
+        return self._flows.device_verification
+
+    @app.route(ISSUER_PATH + "/device", methods=["GET"])
+    async def device(self, request):
+        """The verification page (RFC 8628 section 3.3); C{user_code} in the query skips typing it."""
+        verification = self._device_verification()
+        try:
+            user_code = single_params(request.args).get("user_code")
+        except InvalidRequest as e:
+            raise PageError(400, "Connect a device", e.description) from None
+        outcome = await verification.page(
+            user_code, self._cookies.browser(request), client_address_of(request, self._trusted_proxies), self._now()
+        )
+        if isinstance(outcome, Redirect):
+            return self._answer(request, outcome)
+        if isinstance(outcome, DeviceCodeForm):
+            return device_code_page(request, f"{self._issuer}/device", outcome)
+        return device_consent_page(request, f"{self._issuer}/device", outcome)
+
+    @app.route(ISSUER_PATH + "/device", methods=["POST"])
+    async def device_submitted(self, request):
+        outcome = await self._device_verification().submit(
+            page_form(request), self._cookies.browser(request), client_address_of(request, self._trusted_proxies),
+            self._now(),
+        )
+        if isinstance(outcome, DeviceCodeForm):
+            return device_code_page(request, f"{self._issuer}/device", outcome)
+        return self._answer(request, outcome)
+
 
     @app.route(ISSUER_PATH + "/oauth2/authorize", methods=["GET", "POST"])
     async def authorize(self, request):

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from authsrv.protocol.device import DEVICE_CODE_GRANT
 from authsrv.records import Client
 
-GRANT_TYPES = ("authorization_code", "refresh_token")
+GRANT_TYPES = ("authorization_code", "refresh_token", DEVICE_CODE_GRANT)
 """The grant types this server implements: what a client's registration may name."""
 
 

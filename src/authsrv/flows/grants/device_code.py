@@ -1,0 +1,84 @@
+"""
+grant_type=urn:ietf:params:oauth:grant-type:device_code (RFC 8628 section
+3.4): the device polls with its device code. One atomic store step decides
+each poll, so every instance agrees: still pending (or polled too fast,
+which lengthens the interval), denied, expired, or approved and redeemed
+now, once. A device code presented again after its redemption revokes what
+the first one issued, as a replayed authorization code does
+(docs/design.md, Authorization codes).
+"""
+
+from __future__ import annotations
+
+from authsrv import events
+from authsrv.flows.grants.users import audience
+from authsrv.flows.issue import issued_event
+from authsrv.protocol.device import DEVICE_CODE_GRANT, SLOW_DOWN_STEP
+from authsrv.protocol.errors import (
+    AuthorizationPending,
+    DeviceAccessDenied,
+    ExpiredToken,
+    InvalidGrant,
+    SlowDown,
+)
+from authsrv.protocol.params import require
+from authsrv.records import (
+    POLL_DENIED,
+    POLL_EXPIRED,
+    POLL_PENDING,
+    POLL_REDEEMED,
+    POLL_REUSED,
+    POLL_SLOW_DOWN,
+    Client,
+)
+from authsrv.tokens import token_hash
+
+UNKNOWN = "the device code is unknown or was issued to another client"
+
+
+class DeviceCodeGrant:
+    """C{users} is a L{GrantUsers}, C{minter} a L{authsrv.flows.issue.TokenMinter}."""
+
+    grant_type = DEVICE_CODE_GRANT
+
+    def __init__(self, *, store, users, minter):
+        self._store = store
+        self._users = users
+        self._minter = minter
+
+    async def exchange(self, client: Client, params: dict[str, str], now: int) -> dict:
+        store = self._store
+        polled = await store.poll_device_authorization(
+            token_hash(require(params, "device_code")), client.client_id, SLOW_DOWN_STEP, now,
+        )
+        device = polled.device
+        if polled.outcome == POLL_PENDING:
+            raise AuthorizationPending("the user has not yet approved the device; poll again after the interval")
+        if polled.outcome == POLL_SLOW_DOWN:
+            raise SlowDown(f"polled too often; wait {device.poll_interval} seconds between requests")
+        if polled.outcome == POLL_DENIED:
+            raise DeviceAccessDenied("the user denied the device's request")
+        if polled.outcome == POLL_EXPIRED:
+            raise ExpiredToken("the device code expired; start a new device authorization")
+        if polled.outcome == POLL_REUSED:
+            await store.revoke_grant(device.grant_id, now)
+            events.device_code_reused(client_id=client.client_id, grant_id=device.grant_id)
+            raise InvalidGrant("the device code was already used; the tokens issued for it are revoked")
+        if polled.outcome != POLL_REDEEMED:
+            raise InvalidGrant(UNKNOWN)
+        user = await self._users.allowed(device.grant_id, device.sub, client.client_id, now)
+        grant = await store.get_grant(device.grant_id)
+        if grant is None or grant.revoked_at is not None:
+            raise InvalidGrant("the device's grant was revoked")
+        offline = "offline_access" in device.scope and "refresh_token" in client.grant_types
+        issued = self._minter.mint(
+            grant, client, user,
+            scope=device.scope,
+            audience=audience(params, device.resource),
+            nonce=None,
+            refresh_scope=device.scope if offline else None,
+            now=now,
+        )
+        await store.issue_tokens(issued.access, issued.refresh)
+        issued_event(issued, client.client_id, self.grant_type)
+        return issued.response

@@ -1,0 +1,380 @@
+"""
+The device authorization grant (RFC 8628) end to end over the harness: a
+device asks for codes, polls the token endpoint (time from the Clock), a
+person signs in at the verification page and approves or denies; and the
+attacks: guessing user codes, replaying a device code, another client's
+device code, polling on after a denial, forged approval forms.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+
+import pytest_twisted
+
+from authsrv.flows.csrf import session_form_token
+from authsrv.testing.identity import ALICE, BOB, PASSWORDS
+from authsrv.tokens import token_hash
+from device_helpers import (
+    CONSOLE_SECRET,
+    DEVICE_AUTHORIZATION,
+    DEVICE_GRANT,
+    TV,
+    USER_CODE,
+    approve,
+    error_of,
+    harness,
+    poll,
+    start,
+)
+from flow_client import Browser, hidden_fields, location
+from harness import CLIENTS, ENVIRON, ISSUER, Harness
+from token_helpers import TOKEN, introspect, post_form, refresh, verify_jwt
+
+@pytest_twisted.ensureDeferred
+async def test_discovery_lists_the_grant_only_when_a_client_uses_it(tmp_path, monkeypatch):
+    for name in ("plain", "device"):
+        (tmp_path / name).mkdir()
+    plain = await Harness(tmp_path / "plain", monkeypatch).start()
+    try:
+        _, document = await plain.json("GET", "/api/auth/.well-known/openid-configuration")
+        assert "device_authorization_endpoint" not in document
+        assert DEVICE_GRANT not in document["grant_types_supported"]
+        response, body = await post_form(plain, DEVICE_AUTHORIZATION, {"scope": "openid"}, "first")
+        assert response.code == 404
+        response, body = await poll(plain, "whatever", "first")
+        assert body["error"] == "unsupported_grant_type"
+        response, _ = await plain.get("/api/auth/device")
+        assert response.code == 404
+    finally:
+        await plain.close()
+    h = await harness(tmp_path / "device", monkeypatch).start()
+    try:
+        for path in ("/api/auth/.well-known/openid-configuration", "/api/auth/.well-known/oauth-authorization-server"):
+            _, document = await h.json("GET", path)
+            assert document["device_authorization_endpoint"] == ISSUER + "/oauth2/device-authorization"
+            assert DEVICE_GRANT in document["grant_types_supported"]
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_device_codes_as_rfc_8628_words_them(tmp_path, monkeypatch):
+    h = await harness(tmp_path, monkeypatch).start()
+    try:
+        codes = await start(h)
+        assert set(codes) == {"device_code", "user_code", "verification_uri", "verification_uri_complete",
+                              "expires_in", "interval"}
+        assert USER_CODE.match(codes["user_code"])
+        assert codes["verification_uri"] == ISSUER + "/device"
+        assert codes["verification_uri_complete"] == f"{ISSUER}/device?user_code={codes['user_code']}"
+        assert (codes["expires_in"], codes["interval"]) == (600, 5)
+        assert len(codes["device_code"]) >= 43
+        assert len({(await start(h))["user_code"] for _ in range(5)}) == 5
+        with sqlite3.connect(tmp_path / "authsrv.sqlite3") as db:
+            rows = db.execute("SELECT * FROM device_authorizations").fetchall()
+        text = repr(rows)
+        assert codes["device_code"] not in text and codes["user_code"].replace("-", "") not in text
+        assert token_hash(codes["device_code"]) in text
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_device_authorization_refusals(tmp_path, monkeypatch):
+    h = await harness(tmp_path, monkeypatch).start()
+    try:
+        response, body = await post_form(h, DEVICE_AUTHORIZATION, {"scope": "openid"}, "first")
+        assert (response.code, body["error"]) == (400, "unauthorized_client")
+        response, body = await h.json("POST", DEVICE_AUTHORIZATION, data={"client_id": "tv", "scope": "openid admin"})
+        assert (response.code, body["error"]) == (400, "invalid_scope")
+        response, body = await h.json("POST", DEVICE_AUTHORIZATION,
+                                      data={"client_id": "console", "client_secret": "wrong", "scope": "openid"})
+        assert (response.code, body["error"]) == (401, "invalid_client")
+        response, body = await h.json("POST", DEVICE_AUTHORIZATION,
+                                      data={"client_id": "tv", "resource": "https://elsewhere.example"})
+        assert (response.code, body["error"]) == (400, "invalid_target")
+        response, body = await post_form(h, TOKEN, {"grant_type": DEVICE_GRANT, "device_code": "x"}, "first")
+        assert (response.code, body["error"]) == (400, "unauthorized_client")
+        response, body = await post_form(h, TOKEN, {"grant_type": DEVICE_GRANT}, None, headers={})
+        assert response.code in (400, 401)
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_polling_pending_slow_down_then_tokens_once(tmp_path, monkeypatch):
+    h = await harness(tmp_path, monkeypatch).start()
+    try:
+        codes = await start(h)
+        device_code = codes["device_code"]
+        assert error_of(await poll(h, device_code)) == "authorization_pending"
+        h.clock.advance(2)
+        response, body = await poll(h, device_code)
+        assert body["error"] == "slow_down" and "10 seconds" in body["error_description"]
+        h.clock.advance(9)
+        assert error_of(await poll(h, device_code)) == "slow_down"
+        h.clock.advance(15)
+        assert error_of(await poll(h, device_code)) == "authorization_pending"
+
+        browser = Browser(h)
+        page = await approve(h, browser, codes)
+        assert b"Device connected" in page and b"Living-Room TV" in page
+        h.clock.advance(15)
+        response, body = await poll(h, device_code)
+        assert response.code == 200, body
+        assert body["token_type"] == "Bearer" and set(body["scope"].split()) == {"openid", "profile", "offline_access"}
+        _, claims = verify_jwt(h, body["id_token"], aud="tv", sub=ALICE.sub)
+        assert claims["name"] == ALICE.name and "nonce" not in claims
+        assert (await introspect(h, body["access_token"]))["active"]
+        response, rotated = await refresh(h, body["refresh_token"], client_id="tv")
+        assert response.code == 200, rotated
+
+        replay = await poll(h, device_code)
+        assert error_of(replay) == "invalid_grant" and "already used" in replay[1]["error_description"]
+        assert not (await introspect(h, rotated["access_token"]))["active"]
+        assert error_of(await refresh(h, rotated["refresh_token"], client_id="tv")) == "invalid_grant"
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_no_refresh_token_without_offline_access_or_the_refresh_grant(tmp_path, monkeypatch):
+    h = await harness(tmp_path, monkeypatch).start()
+    try:
+        for client_id, scope in (("tv", "openid"), ("console", "openid offline_access")):
+            codes = await start(h, client_id, scope)
+            await approve(h, Browser(h), codes)
+            response, body = await poll(h, codes["device_code"], client_id)
+            assert response.code == 200, body
+            assert "refresh_token" not in body and "id_token" in body
+        codes = await start(h, "tv", "offline_access")
+        await approve(h, Browser(h), codes)
+        response, body = await poll(h, codes["device_code"])
+        assert response.code == 200 and "id_token" not in body and "refresh_token" in body
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_denied_device_keeps_getting_access_denied(tmp_path, monkeypatch):
+    h = await harness(tmp_path, monkeypatch).start()
+    try:
+        codes = await start(h)
+        page = await approve(h, Browser(h), codes, action="deny")
+        assert b"Device not connected" in page
+        for _ in range(3):
+            assert error_of(await poll(h, codes["device_code"])) == "access_denied"
+            h.clock.advance(30)
+        h.clock.advance(600)
+        assert error_of(await poll(h, codes["device_code"])) == "expired_token"
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_expired_codes_cannot_be_approved_or_polled_and_are_purged(tmp_path, monkeypatch):
+    h = await harness(tmp_path, monkeypatch, code_ttl="2m", interval="3s").start()
+    try:
+        codes = await start(h)
+        assert (codes["expires_in"], codes["interval"]) == (120, 3)
+        browser = Browser(h)
+        response, _ = await browser.get(codes["verification_uri_complete"])
+        response, _ = await browser.submit_login(location(response), ALICE.login, PASSWORDS[ALICE.sub])
+        response, body = await browser.get(location(response))
+        fields = hidden_fields(body)
+        h.clock.advance(120)
+        response, body = await browser.post(ISSUER + "/device", {**fields, "action": "approve"})
+        assert response.code == 200 and b"not right, or it was used already or expired" in body
+        assert error_of(await poll(h, codes["device_code"])) == "expired_token"
+        await h.store.gc(h.now(), 100)
+        assert error_of(await poll(h, codes["device_code"])) == "invalid_grant"
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_another_clients_device_code_is_refused_and_left_alone(tmp_path, monkeypatch):
+    h = await harness(tmp_path, monkeypatch).start()
+    try:
+        codes = await start(h, "console", "openid")
+        await approve(h, Browser(h), codes)
+        response, body = await poll(h, codes["device_code"], "tv")
+        assert body["error"] == "invalid_grant" and "another client" in body["error_description"]
+        response, body = await poll(h, codes["device_code"], "console")
+        assert response.code == 200, body
+        verify_jwt(h, body["id_token"], aud="console")
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_signed_in_user_sees_client_and_scopes_and_the_code(tmp_path, monkeypatch):
+    h = await harness(tmp_path, monkeypatch).start()
+    try:
+        browser = Browser(h)
+        await browser.sign_in(BOB, "first", scope="openid")
+        codes = await start(h, scope="openid profile email")
+        typed = codes["user_code"].replace("-", "").lower()
+        response, body = await browser.get(f"{ISSUER}/device?user_code={typed}")
+        assert response.code == 200, body
+        text = body.decode()
+        assert "Living-Room TV" in text and codes["user_code"] in text and f"Signed in as {BOB.login}" in text
+        assert "Your name and picture" in text and "Your email address" in text
+        assert b"frame-ancestors 'none'" in response.headers.getRawHeaders(b"content-security-policy")[0]
+        assert response.headers.getRawHeaders(b"x-frame-options") == [b"DENY"]
+        response, body = await browser.post(ISSUER + "/device", {**hidden_fields(body), "action": "approve"})
+        assert response.code == 200
+        response, tokens = await poll(h, codes["device_code"])
+        verify_jwt(h, tokens["id_token"], aud="tv", sub=BOB.sub)
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_code_form_without_a_code_and_with_a_malformed_one(tmp_path, monkeypatch):
+    h = await harness(tmp_path, monkeypatch).start()
+    try:
+        response, body = await h.get("/api/auth/device")
+        assert response.code == 200 and b'name="user_code"' in body and b'method="get"' in body
+        response, body = await h.get("/api/auth/device?user_code=<script>")
+        assert response.code == 200 and b"eight letters" in body and b"<script>" not in body
+        response, body = await h.get("/api/auth/device?user_code=a&user_code=b")
+        assert response.code == 400
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_forged_approval_forms_are_refused(tmp_path, monkeypatch):
+    h = await harness(tmp_path, monkeypatch).start()
+    try:
+        codes = await start(h)
+        victim, attacker = Browser(h), Browser(h)
+        await attacker.sign_in(BOB, "first", scope="openid")
+        response, _ = await victim.get(codes["verification_uri_complete"])
+        response, _ = await victim.submit_login(location(response), ALICE.login, PASSWORDS[ALICE.sub])
+        response, body = await victim.get(location(response))
+        fields = hidden_fields(body)
+        for browser, changes in ((victim, {"csrf": "0" * 64}), (victim, {"csrf": None}),
+                                 (attacker, {}), (victim, {"action": "steal"})):
+            form = {**fields, "action": "approve", **changes}
+            response, _ = await browser.post(ISSUER + "/device", {k: v for k, v in form.items() if v is not None})
+            assert response.code in (400, 403)
+        response, _ = await Browser(h).post(ISSUER + "/device", {**fields, "action": "approve"})
+        assert response.code == 400
+        assert error_of(await poll(h, codes["device_code"])) == "authorization_pending"
+        response, _ = await victim.post(ISSUER + "/device", {**fields, "action": "approve"})
+        assert response.code == 200
+        response, second = await victim.post(ISSUER + "/device", {**fields, "action": "deny"})
+        assert response.code == 200 and b"not right, or it was used already" in second
+        response, body = await poll(h, codes["device_code"])
+        assert response.code == 200, body
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_user_code_guessing_is_throttled_per_address(tmp_path, monkeypatch):
+    h = await harness(tmp_path, monkeypatch).start()
+    try:
+        codes = await start(h)
+        guesser = Browser(h)
+        for n in range(5):
+            response, body = await guesser.get(f"{ISSUER}/device?user_code=BBBB-BBB{'BCDFG'[n]}")
+            assert response.code == 200 and b"not right" in body
+        response, body = await guesser.get(codes["verification_uri_complete"])
+        assert response.code == 429 and b"Too many attempts; try again in 1 second" in body
+        assert response.headers.getRawHeaders(b"retry-after") == [b"1"]
+        h.clock.advance(1)
+        response, _ = await guesser.get(f"{ISSUER}/device?user_code=BBBB-BBBH")
+        response, body = await guesser.get(codes["verification_uri_complete"])
+        assert response.code == 429 and b"2 seconds" in body
+        h.clock.advance(2)
+        response, _ = await guesser.get(codes["verification_uri_complete"])
+        assert response.code == 303 and "/login?" in location(response)
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_user_code_guessing_is_throttled_over_the_whole_code_space(tmp_path, monkeypatch):
+    h = Harness(tmp_path, monkeypatch, {
+        "clients": [*CLIENTS, TV], "server": {"trusted_proxies": ["127.0.0.1", "10.0.0.0/8"]},
+        "device": {"user_code_failures": 3},
+    })
+    await h.start()
+    try:
+        codes = await start(h)
+        for n in range(3):
+            response, body = await h.get(f"/api/auth/device?user_code=BBBBBBB{'BCD'[n]}",
+                                         headers={"X-Forwarded-For": f"198.51.100.{n}, 10.0.0.2"})
+            assert response.code == 200 and b"not right" in body
+        response, body = await h.get(f"/api/auth/device?user_code={codes['user_code']}",
+                                     headers={"X-Forwarded-For": "203.0.113.9, 10.0.0.2"})
+        assert response.code == 429 and b"Too many attempts" in body
+        h.clock.advance(15 * 60)
+        codes = await start(h)
+        response, _ = await h.get(f"/api/auth/device?user_code={codes['user_code']}",
+                                  headers={"X-Forwarded-For": "203.0.113.9, 10.0.0.2"})
+        assert response.code == 303
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_config_turns_the_grant_on_and_checks_its_settings(tmp_path, monkeypatch):
+    from authsrv.config import ConfigErrors, parse_config
+
+    for name, value in ENVIRON.items():
+        monkeypatch.setenv(name, value)
+    plain = parse_config({"clients": CLIENTS}, tmp_path / "a.toml")
+    assert not plain.device.enabled
+    assert parse_config({"clients": CLIENTS, "device": {"enabled": True}}, tmp_path / "a.toml").device.enabled
+    for device, key in (({"enabled": False}, "device.enabled"), ({"code_ttl": "2h"}, "device.code_ttl"),
+                        ({"interval": 0}, "device.interval"), ({"user_code_failures": 0}, "device.user_code_failures"),
+                        ({"colour": "red"}, "device.colour")):
+        try:
+            parse_config({"clients": [*CLIENTS, TV], "device": device}, tmp_path / "a.toml")
+        except ConfigErrors as e:
+            assert key in str(e)
+        else:
+            raise AssertionError(f"{device} was accepted")
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_sign_in_asks_for_the_second_factor_and_steps_up_a_password_session(tmp_path, monkeypatch):
+    from test_mfa import code_at, enrolled, give_code
+
+    h = await Harness(tmp_path, monkeypatch, {"clients": [*CLIENTS, {**TV, "require_mfa": True}]}).start()
+    try:
+        password_browser, secret, _ = await enrolled(h)
+        codes = await start(h)
+        fresh = Browser(h)
+        response, _ = await fresh.get(codes["verification_uri_complete"])
+        response, _ = await fresh.submit_login(location(response), ALICE.login, PASSWORDS[ALICE.sub])
+        assert response.code == 303 and "/mfa?" in location(response)
+        response, _ = await give_code(fresh, location(response), code_at(secret, h.now()))
+        assert response.code == 303 and location(response) == codes["verification_uri_complete"]
+        response, body = await fresh.get(location(response))
+        response, _ = await fresh.post(ISSUER + "/device", {**hidden_fields(body), "action": "approve"})
+        assert response.code == 200
+        response, tokens = await poll(h, codes["device_code"])
+        _, claims = verify_jwt(h, tokens["id_token"], aud="tv")
+        assert claims["acr"] == "urn:authsrv:acr:mfa" and "otp" in claims["amr"]
+
+        h.clock.advance(30)
+        codes = await start(h)
+        csrf = session_form_token(password_browser.cookies["authsrv_session"],
+                                  b"device " + token_hash(codes["user_code"].replace("-", "")).encode())
+        response, _ = await password_browser.post(ISSUER + "/device", {"user_code": codes["user_code"],
+                                                                      "csrf": csrf, "action": "approve"})
+        assert response.code == 303 and "/mfa?" in location(response), "no approval without the second factor"
+        assert error_of(await poll(h, codes["device_code"])) == "authorization_pending"
+        response, _ = await password_browser.get(codes["verification_uri_complete"])
+        assert response.code == 303 and "/mfa?" in location(response), "the password session is stepped up"
+        response, _ = await give_code(password_browser, location(response), code_at(secret, h.now()))
+        assert location(response) == codes["verification_uri_complete"]
+    finally:
+        await h.close()
