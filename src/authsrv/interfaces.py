@@ -141,6 +141,27 @@ class IUserManagement(Interface):
         """Fires with every L{authsrv.records.User}, ordered by login."""
 
 
+class IChatLinkSource(Interface):
+    """
+    An identity backend that also holds users' chat-platform links with
+    their provider tokens in plain form (a Better Auth database's
+    C{account} rows), so chat-token serves them beside the links the link
+    flow stores; a link in the store wins. Each method returns an awaitable.
+    """
+
+    def chat_link(sub, provider):
+        """
+        Fires with the user's L{authsrv.records.SourceChatLink} at
+        C{provider}, or None.
+        """
+
+    def save_chat_tokens(link_id, version, access_token, refresh_token, scope, expires_at):
+        """
+        Compare-and-swap refreshed tokens into the link: fires True when its
+        C{version} still matched. C{refresh_token} None keeps the stored one.
+        """
+
+
 # --- store roles ------------------------------------------------------------
 
 

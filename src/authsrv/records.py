@@ -323,6 +323,22 @@ class LinkedAccount:
 
 
 @frozen
+class SourceChatLink:
+    """
+    A chat link as an identity backend holds it (L{authsrv.interfaces.IChatLinkSource}):
+    tokens in plain form, never in a repr; C{version} changes on every write.
+    """
+
+    link_id: str
+    provider_user_id: str
+    access_token: str = field(repr=False)
+    refresh_token: str | None = field(repr=False)
+    scope: str
+    expires_at: int
+    version: int
+
+
+@frozen
 class KeyInfo:
     """
     Public facts about one signing key: never its private part.
