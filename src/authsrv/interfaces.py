@@ -388,6 +388,18 @@ class ILinkedAccountStore(Interface):
         """Release the lease if C{holder} holds it; fires with None."""
 
 
+class IImportStore(Interface):
+    def import_batch(batch):
+        """
+        Write the records of an L{authsrv.records.ImportBatch} whose key is
+        free, all in one transaction (all or nothing); a record whose key is
+        taken (its client id, sub, account, consent, grant or token hash) is
+        left as stored, so importing twice writes nothing the second time.
+        Fires with a dict: each kind of L{authsrv.records.IMPORT_KINDS} to
+        how many were written.
+        """
+
+
 class ILoginThrottle(Interface):
     """
     Login attempts counted in the store, so that every instance sees the
@@ -546,6 +558,7 @@ class IStore(
     ILoginThrottle,
     IKnownDeviceStore,
     IFactorStore,
+    IImportStore,
 ):
     """
     Every role in one backend object; flows depend only on the roles they use.

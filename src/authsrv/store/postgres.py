@@ -74,7 +74,7 @@ from authsrv.records import (
 from authsrv.store import pending, throttle
 from authsrv.store.errors import AlreadyExists, StoreUnavailable
 from authsrv.store.observer import Observer, watched
-from authsrv.store.rows import POSTGRES, WITH_BAN, Rows, ban_of, factors_of, scope_text, tables
+from authsrv.store.rows import POSTGRES, WITH_BAN, Rows, ban_of, factors_of, import_statements, scope_text, tables
 
 COMPONENT = "store"
 """This schema's name in C{schema_version}, which other components may share."""
@@ -200,6 +200,7 @@ def _holds_nul(params: dict) -> bool:
 
 
 _T = tables(POSTGRES)
+_IMPORT = import_statements(_T, POSTGRES)
 _THROTTLE = throttle.statements(POSTGRES)
 
 # Two statements sent as one query, which PostgreSQL runs as one implicit
@@ -529,6 +530,11 @@ class PostgresStore:
             {"now": now},
         )
 
+    # IImportStore
+
+    def import_batch(self, batch):
+        return self._run("import_batch", _import_batch, batch)
+
     # ILinkedAccountStore
 
     def link_account(self, account):
@@ -811,6 +817,22 @@ async def _rotate_refresh(db, old_hash, new_refresh, new_access, replay, grace_u
     if old["revoked_at"] is None and old["expires_at"] > now and old["consumed_at"] is not None:
         return Replayed(bytes(old["replay"]))
     return RefreshNotFound()
+
+
+async def _import_batch(db, batch):
+    """Every record in one transaction: a failure rolls back what was written before it."""
+    await rowcount(db, "BEGIN")
+    try:
+        counts = {}
+        for kind, (sql, params) in _IMPORT.items():
+            counts[kind] = 0
+            for record in getattr(batch, kind):
+                counts[kind] += await rowcount(db, sql, params(record))
+    except BaseException:
+        await rowcount(db, "ROLLBACK")
+        raise
+    await rowcount(db, "COMMIT")
+    return counts
 
 
 async def _attempt(db, account, address, known_device, policy, now):
