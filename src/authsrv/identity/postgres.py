@@ -44,6 +44,7 @@ from authsrv.identity.passwords import (
     DEFAULT_HASHER,
     PasswordVerifier,
     is_argon2id_hash,
+    is_better_auth_hash,
 )
 from authsrv.identity.static import login_key
 from authsrv.interfaces import IChatLinkSource, IIdentityBackend, IUserManagement
@@ -522,8 +523,8 @@ class OwnPostgresIdentityBackend(PostgresIdentityBackend):
             raise ValueError("sub must be 1 to 255 printable ASCII characters (OIDC Core 2)")
         if _db_text(user.login) is None or not user.login.strip():
             raise ValueError("login must be non-empty text without NUL characters")
-        if not is_argon2id_hash(password_hash):
-            raise ValueError("password_hash must be an argon2id hash")
+        if not (is_argon2id_hash(password_hash) or is_better_auth_hash(password_hash)):
+            raise ValueError("password_hash must be an argon2id hash (or a Better Auth one, being imported)")
         row = {name: getattr(user, name) for name in COLUMNS if name != "password_hash"}
         row |= {"password_hash": password_hash, "login_key": login_key(user.login)}
         names = ", ".join(row)
