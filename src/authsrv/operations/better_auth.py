@@ -89,7 +89,7 @@ def read_source(dsn: str, provider: str, now: int, progress: Callable[[str], Non
         raise SourceError(f"cannot connect to the Better Auth database: {_first_line(e)}") from None
     try:
         connection.set_session(isolation_level="REPEATABLE READ", readonly=True)
-        rows = {}
+        rows: dict[str, list] = {}
         with connection.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cursor:
             for name, query in _QUERIES.items():
                 cursor.execute("SAVEPOINT source_table")
@@ -250,7 +250,7 @@ def plan(source: Source, *, now: int, provider: str, cipher, secret_key: bytes) 
         grant_id = GRANT_PREFIX + row["id"]
         scope = _list(row.get("scopes"))
         issued_at = _epoch(row.get("createdAt")) or now
-        expires_at = _epoch(row["expiresAt"])
+        expires_at = int(row["expiresAt"].timestamp())
         grants.append(Grant(
             grant_id=grant_id, client_id=row["clientId"], sub=row["userId"], scope=scope,
             auth_time=_epoch(row.get("authTime")) or issued_at, created_at=issued_at, expires_at=expires_at,

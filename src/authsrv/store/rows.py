@@ -10,7 +10,7 @@ place of the one with its key.
 from __future__ import annotations
 
 import json
-from typing import Callable
+from typing import Any, Callable
 
 import attrs
 from attrs import frozen
@@ -240,7 +240,7 @@ def import_statements(tables: Tables, dialect: Dialect) -> dict:
         lambda sql: "INSERT OR IGNORE" + sql[len("INSERT"):]
     )
     mark = dialect.mark.format
-    statements = {
+    statements: dict[str, tuple[str, Callable[[Any], dict]]] = {
         kind: (skip(rows.insert), rows.params)
         for kind, rows in (
             ("clients", tables.clients), ("bans", tables.bans), ("linked", tables.linked),
