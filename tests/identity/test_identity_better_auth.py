@@ -15,7 +15,9 @@ import pytest
 import pytest_twisted
 
 from authsrv.configsection import ConfigError
+from authsrv.identity import passwords
 from authsrv.identity.errors import UnknownUser
+from authsrv.identity.postgres import BetterAuthVerifier
 from authsrv.interfaces import IChatLinkSource, IIdentityBackend
 from authsrv.testing.fake_chat import FakeChatUser
 from authsrv.testing.identity import INJECTION_LOGINS, portal_login, portal_login_fails
@@ -200,3 +202,23 @@ def test_the_fixture_was_made_by_better_auth(ba_dsn):
     assert len(salt) == 32 and len(key) == 128
     with pytest.raises(psycopg2.Error):
         execute(ba_dsn, "SELECT * FROM identity_users")
+
+
+@pytest_twisted.ensureDeferred
+async def test_unknown_logins_cost_a_scrypt_check(backend, monkeypatch):
+    """Every user's hash stays scrypt in this mode, so an unknown login is checked against scrypt too."""
+    checked = []
+    real = passwords.check_better_auth_hash
+    monkeypatch.setattr(passwords, "check_better_auth_hash", lambda *a: checked.append(a[1]) or real(*a))
+    await portal_login_fails(backend, "nobody@example.com", "some password")
+    await portal_login_fails(backend, USERS["alice"]["email"], "some password")
+    assert len(checked) == 2 and checked[0] == BetterAuthVerifier.DUMMY and checked[1] != checked[0]
+    failure = await portal_login_fails(backend, "nobody@example.com", BetterAuthVerifier.DUMMY)
+    assert isinstance(failure, UnknownUser)
+
+
+@pytest_twisted.ensureDeferred
+async def test_bytes_credentials(backend):
+    carol = USERS["carol"]
+    avatar = await portal_login(backend, carol["email"].encode(), carol["password"].encode("utf-8"))
+    assert avatar.sub == carol["id"]

@@ -170,6 +170,20 @@ class MigratingVerifier(PasswordVerifier):
         return _MATCH if matched else _MISMATCH
 
 
+class BetterAuthVerifier(MigratingVerifier):
+    """
+    The verifier of mode "better-auth", whose users' hashes all stay Better
+    Auth scrypt hashes: an unknown login is checked against a scrypt dummy,
+    so it costs what a known user's wrong password costs.
+    """
+
+    DUMMY = "0" * 32 + ":" + "0" * 128
+    """A well-formed Better Auth hash no password matches (its key would be scrypt's output)."""
+
+    def _check(self, password, stored_hash):
+        return super()._check(password, self.DUMMY if stored_hash is None else stored_hash)
+
+
 # --- queries ----------------------------------------------------------------
 
 
@@ -620,7 +634,7 @@ def build(section: Section, context, hasher=DEFAULT_HASHER) -> PostgresIdentityB
         raise ConfigError(settings.key, str(e)) from None
     if context.check_only:
         return None
-    verifier = MigratingVerifier.for_context(context, hasher)
+    verifier = (BetterAuthVerifier if mode == "better-auth" else MigratingVerifier).for_context(context, hasher)
     lookups = context.threadpool(LOOKUP_POOL_NAME, LOOKUP_POOL_SIZE)
     pool = connection_pool(context.reactor, settings, pool_size, lookups, read_only=read_only)
     kinds = {"own": OwnPostgresIdentityBackend, "mapped": PostgresIdentityBackend,
