@@ -289,7 +289,8 @@ def user_manager(identity):
 async def import_better_auth(source: Source, *, store, identity, cipher, provider: str, now: int,
                              dry_run: bool, progress: Callable[[str], None]) -> Report:
     """Plan the import of C{source}, and unless C{dry_run} write it: see the module docstring."""
-    secret_key = await store.server_key(CLIENT_SECRET_KEY)
+    # A dry run writes nothing, not even the server key a new store makes on first use.
+    secret_key = b"" if dry_run else await store.server_key(CLIENT_SECRET_KEY)
     found = plan(source, now=now, provider=provider, cipher=cipher, secret_key=secret_key)
     problems = list(found.problems)
     manager = user_manager(identity)
