@@ -94,6 +94,9 @@ async def test_import_into_sqlite_and_the_users_file_then_serve(ba_dsn, tmp_path
         assert first["written"] == first["found"], first
         assert "read 6 users" in first["stderr"] and "one transaction" in first["stderr"]
         assert first["problems"] == []
+        for event in ("client.created", "user.banned", "user.created"):
+            assert event in first["stderr"], event
+        assert first["stderr"].count("client.created") == 2 and first["stderr"].count("user.created") == 6
         after = sqlite_rows(tmp_path / "authsrv.sqlite3")
         users_after = (tmp_path / "users.toml").read_text()
         for secret in (MANIFEST["refresh_token"]["token"], MANIFEST["discord"]["alice"]["accessToken"],
@@ -102,6 +105,7 @@ async def test_import_into_sqlite_and_the_users_file_then_serve(ba_dsn, tmp_path
 
         second = await run_import(config, ba_dsn, tmp_path)
         assert second["written"] == {kind: 0 for kind in second["written"]}
+        assert "client.created" not in second["stderr"] and "user.created" not in second["stderr"]
         assert sqlite_rows(tmp_path / "authsrv.sqlite3") == after
         assert (tmp_path / "users.toml").read_text() == users_after
 

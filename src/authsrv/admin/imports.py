@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from twisted.internet.threads import deferToThreadPool
 
-from authsrv.admin.common import AdminError, Console, with_plugins
+from authsrv.admin.common import ACTOR, AdminError, Console, with_plugins
 from authsrv.chat.crypto import TokenCipher
 from authsrv.operations.better_auth import SourceError, import_better_auth, read_source
 
@@ -30,7 +30,7 @@ async def better_auth(reactor, args, console: Console):
         cipher = TokenCipher(config.chat.encryption_key) if config.chat else None
         return await import_better_auth(
             source, store=store, identity=identity, cipher=cipher, provider=provider, now=now,
-            dry_run=args.dry_run, progress=progress,
+            dry_run=args.dry_run, progress=progress, actor=ACTOR,
         )
 
     report = await with_plugins(reactor, args, use)

@@ -32,6 +32,7 @@ import psycopg2
 import psycopg2.extras
 from attrs import frozen
 
+from authsrv import events
 from authsrv.chat.crypto import ACCESS, REFRESH
 from authsrv.identity.passwords import is_better_auth_hash
 from authsrv.interfaces import IUserManagement
@@ -287,8 +288,12 @@ def user_manager(identity):
 
 
 async def import_better_auth(source: Source, *, store, identity, cipher, provider: str, now: int,
-                             dry_run: bool, progress: Callable[[str], None]) -> Report:
-    """Plan the import of C{source}, and unless C{dry_run} write it: see the module docstring."""
+                             dry_run: bool, progress: Callable[[str], None], actor: str) -> Report:
+    """
+    Plan the import of C{source}, and unless C{dry_run} write it (see the
+    module docstring); the clients, bans and users it adds are audited as
+    C{actor}'s.
+    """
     # A dry run writes nothing, not even the server key a new store makes on first use.
     secret_key = b"" if dry_run else await store.server_key(CLIENT_SECRET_KEY)
     found = plan(source, now=now, provider=provider, cipher=cipher, secret_key=secret_key)
@@ -303,7 +308,13 @@ async def import_better_auth(source: Source, *, store, identity, cipher, provide
         return Report(counts_of(found), written, tuple(problems), getattr(manager, "users_location", None))
     progress("writing " + ", ".join(f"{n} {kind}" for kind, n in counts_of(found).items() if kind != "users")
              + " in one transaction")
+    new_clients = [c for c in found.batch.clients if await store.get_client(c.client_id) is None]
+    new_bans = [b for b in found.batch.bans if await store.get_ban(b.sub, now) is None]
     written.update(await store.import_batch(found.batch))
+    for client in new_clients:
+        events.client_created(client_id=client.client_id, source=client.source, actor=actor)
+    for ban in new_bans:
+        events.user_banned(sub=ban.sub, reason=ban.reason, until=ban.until, actor=actor)
     if manager is not None:
         for index, (user, password_hash) in enumerate(found.users, 1):
             if await identity.user_by_id(user.sub) is None:
@@ -313,6 +324,7 @@ async def import_better_auth(source: Source, *, store, identity, cipher, provide
                     problems.append(f"user {user.sub} ({user.login}) not added: {e}")
                     continue
                 written["users"] += 1
+                events.user_created(sub=user.sub, login=user.login, actor=actor)
             if index % 100 == 0:
                 progress(f"users: {index} of {len(found.users)}")
     return Report(counts_of(found), written, tuple(problems), getattr(manager, "users_location", None))
