@@ -30,6 +30,7 @@ from authsrv.context import PluginContext
 from authsrv.identity.chain import IdentityChain
 from authsrv.identity.passwords import PasswordVerifier, hash_password
 from authsrv.identity.static import StaticIdentityBackend, add_user
+from authsrv.interfaces import IChatLinkSource
 from authsrv.keys import jwkfile
 from authsrv.service import sync_config_clients, web_root
 from authsrv.store import sqlite
@@ -131,11 +132,11 @@ async def settle(transport, d):
 class Harness:
     """One server; see the module docstring."""
 
-    def __init__(self, tmp_path: Path, monkeypatch, config: dict | None = None):
+    def __init__(self, tmp_path: Path, monkeypatch, config: dict | None = None, identity=None, start: int = NOW):
         for name, value in ENVIRON.items():
             monkeypatch.setenv(name, value)
         self.clock = Clock()
-        self.clock.advance(NOW)
+        self.clock.advance(start)
         users = tmp_path / "users.toml"
         for user in USERS:
             add_user(
@@ -155,12 +156,12 @@ class Harness:
         self.context = PluginContext(reactor, tmp_path, self.config.limits.max_token_lifetime)
         self.store = sqlite.from_config(Section({}, "store", tmp_path), self.context)
         algorithms = tuple((config or {}).get("keystore", {}).get("algorithms", ("RS256", "ES256", "EdDSA")))
-        write_key_file(tmp_path / "keys.jwks.json", algorithms, NOW)
+        write_key_file(tmp_path / "keys.jwks.json", algorithms, start)
         self.keystore = jwkfile.from_config(
             Section({"algorithms": list(algorithms)}, "keystore", tmp_path), self.context
         )
         verifier = PasswordVerifier(reactor, self.context.threadpool("passwords", 2), CHEAP)
-        self.identity = StaticIdentityBackend(users, self.clock, verifier)
+        self.identity = identity or StaticIdentityBackend(users, self.clock, verifier)
         self.chat_fake = FakeChatProvider(self.clock)
         self.chat_config = ChatConfig(
             encryption_key=key_from_text(new_key_text()), client_secret=self.chat_fake.client_secret,
@@ -169,7 +170,8 @@ class Harness:
         self.chat_cipher = TokenCipher(self.chat_config.encryption_key)
         provider = ChatProvider(self.clock, self.chat_fake.memory_client(), self.chat_config)
         self.chat_tokens = ChatTokens(
-            self.clock, self.store, self.identity, provider, self.chat_cipher, self.chat_config
+            self.clock, self.store, self.identity, provider, self.chat_cipher, self.chat_config,
+            self.identity if IChatLinkSource.providedBy(self.identity) else None,
         )
         self.internal = InternalAPI(
             reactor=self.clock, secret=INTERNAL_SECRET, store=self.store, identity=self.identity,

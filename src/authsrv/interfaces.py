@@ -150,6 +150,27 @@ class IUserManagement(Interface):
         """Fires with every L{authsrv.records.User}, ordered by login."""
 
 
+class IChatLinkSource(Interface):
+    """
+    An identity backend that also holds users' chat-platform links with
+    their provider tokens in plain form (a Better Auth database's
+    C{account} rows), so chat-token serves them beside the links the link
+    flow stores; a link in the store wins. Each method returns an awaitable.
+    """
+
+    def chat_link(sub, provider):
+        """
+        Fires with the user's L{authsrv.records.SourceChatLink} at
+        C{provider}, or None.
+        """
+
+    def save_chat_tokens(link_id, version, access_token, refresh_token, scope, expires_at):
+        """
+        Compare-and-swap refreshed tokens into the link: fires True when its
+        C{version} still matched. C{refresh_token} None keeps the stored one.
+        """
+
+
 # --- store roles ------------------------------------------------------------
 
 
@@ -424,6 +445,18 @@ class IDeviceAuthorizationStore(Interface):
         """
 
 
+class IImportStore(Interface):
+    def import_batch(batch):
+        """
+        Write the records of an L{authsrv.records.ImportBatch} whose key is
+        free, all in one transaction (all or nothing); a record whose key is
+        taken (its client id, sub, account, consent, grant or token hash) is
+        left as stored, so importing twice writes nothing the second time.
+        Fires with a dict: each kind of L{authsrv.records.IMPORT_KINDS} to
+        how many were written.
+        """
+
+
 class ILoginThrottle(Interface):
     """
     Login attempts counted in the store, so that every instance sees the
@@ -584,6 +617,7 @@ class IStore(
     ILoginThrottle,
     IKnownDeviceStore,
     IFactorStore,
+    IImportStore,
 ):
     """
     Every role in one backend object; flows depend only on the roles they use.

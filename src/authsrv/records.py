@@ -356,6 +356,41 @@ class LinkedAccount:
 
 
 @frozen
+class ImportBatch:
+    """
+    Records brought from another server (C{authsrv-admin import}), written by
+    L{authsrv.interfaces.IImportStore.import_batch} in one transaction.
+    """
+
+    clients: tuple[Client, ...] = field(default=(), converter=_tuple)
+    bans: tuple[Ban, ...] = field(default=(), converter=_tuple)
+    linked: tuple[LinkedAccount, ...] = field(default=(), converter=_tuple)
+    consents: tuple[Consent, ...] = field(default=(), converter=_tuple)
+    grants: tuple[Grant, ...] = field(default=(), converter=_tuple)
+    refresh_tokens: tuple[RefreshToken, ...] = field(default=(), converter=_tuple)
+
+
+IMPORT_KINDS = ("clients", "bans", "linked", "consents", "grants", "refresh_tokens")
+"""The fields of L{ImportBatch}, in the order they are written (grants before their tokens)."""
+
+
+@frozen
+class SourceChatLink:
+    """
+    A chat link as an identity backend holds it (L{authsrv.interfaces.IChatLinkSource}):
+    tokens in plain form, never in a repr; C{version} changes on every write.
+    """
+
+    link_id: str
+    provider_user_id: str
+    access_token: str = field(repr=False)
+    refresh_token: str | None = field(repr=False)
+    scope: str
+    expires_at: int
+    version: int
+
+
+@frozen
 class KeyInfo:
     """
     Public facts about one signing key: never its private part.

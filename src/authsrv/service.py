@@ -59,6 +59,7 @@ from authsrv.flows.token import TokenFlow
 from authsrv.flows.userinfo import UserInfoFlow, UserInfoSigner
 from authsrv.identity.chain import IdentityChain
 from authsrv.identity.passwords import hasher_of
+from authsrv.interfaces import IChatLinkSource
 from authsrv.logfile import LineFile
 from authsrv.metrics import Metrics
 from authsrv.operations import AdminOperations
@@ -462,15 +463,16 @@ def chat_parts(config: Config, reactor, store, identity) -> Chat:
     """
     chat = config.chat
     cipher = TokenCipher(chat.encryption_key) if chat else None
+    source = next((b for b in getattr(identity, "backends", ()) if IChatLinkSource.providedBy(b)), None)
     if chat is None or not chat.can_link:
-        return Chat(ChatTokens(reactor, store, identity, None, cipher, chat), None, None)
+        return Chat(ChatTokens(reactor, store, identity, None, cipher, chat, source), None, None)
     http, pool = http_client(reactor, chat.timeout)
     provider = ChatProvider(reactor, http, chat)
     linking = ChatLinking(
         store=store, identity=identity, provider=provider, cipher=cipher, issuer=config.issuer,
         pkce_enabled=chat.pkce,
     )
-    return Chat(ChatTokens(reactor, store, identity, provider, cipher, chat), linking, pool)
+    return Chat(ChatTokens(reactor, store, identity, provider, cipher, chat, source), linking, pool)
 
 
 def access_log_of(config: Config) -> AccessLog | None:

@@ -23,7 +23,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import react
 from twisted.logger import globalLogBeginner, globalLogPublisher
 
-from authsrv.admin import bans, checks, clients, keys, users
+from authsrv.admin import bans, checks, clients, imports, keys, users
 from authsrv.admin.common import AdminError, Console, config_of
 from authsrv.auditlog import AuditObserver
 from authsrv.embedded import CONFIG_NAME, DEFAULT_DATA_DIR
@@ -63,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {version('authsrv')}")
     _global_options(parser, top=True)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in (clients, users, keys, bans, checks):
+    for group in (clients, users, keys, bans, checks, imports):
         group.register(commands)
     for sub in _subcommands(parser):
         _global_options(sub, top=False)

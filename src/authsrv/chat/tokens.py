@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 
-from attrs import field, frozen
+from attrs import evolve, field, frozen
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
@@ -25,9 +25,12 @@ from authsrv import events
 from authsrv.chat.crypto import ACCESS, REFRESH, UndecryptableToken
 from authsrv.chat.errors import ChatError, ChatNotLinked, ChatProviderUnavailable, ChatRefreshRefused
 from authsrv.chat.provider import ProviderTokens
-from authsrv.interfaces import IChatProvider
-from authsrv.records import LinkedAccount, User
+from authsrv.interfaces import IChatLinkSource, IChatProvider
+from authsrv.records import LinkedAccount, SourceChatLink, User
 from authsrv.tokens import new_token
+
+SOURCE_PREFIX = "source:"
+"""Marks the account id of a link read from the identity backend (L{IChatLinkSource})."""
 
 POLL_FIRST = 0.05
 POLL_MAX = 0.5
@@ -53,10 +56,15 @@ class ChatTokens:
     C{provider} (an L{IChatProvider}) is None when no provider client is
     configured: stored tokens are then served while fresh and
     L{ChatProviderUnavailable} answers otherwise. C{cipher} and C{config} are
-    None when there is no C{[chat]} section at all.
+    None when there is no C{[chat]} section at all. C{source}, when given,
+    is an identity backend whose own links (a Better Auth database's) are
+    served for users without a link in the store, and written back to it
+    when refreshed.
     """
 
-    def __init__(self, reactor, store, identity, provider: IChatProvider | None, cipher, config):
+    def __init__(self, reactor, store, identity, provider: IChatProvider | None, cipher, config,
+                 source: IChatLinkSource | None = None):
+        self._source = source
         self._reactor = reactor
         self._store = store
         self._identity = identity
@@ -115,9 +123,49 @@ class ChatTokens:
 
     async def _link(self, sub: str) -> LinkedAccount:
         link = await self._store.get_linked_account(sub, self.provider_name)
+        if link is None and self._source is not None:
+            found = await self._source.chat_link(sub, self.provider_name)
+            link = None if found is None else self._from_source(sub, found)
         if link is None:
             raise ChatNotLinked("the user has no linked chat-platform account")
         return link
+
+    def _from_source(self, sub: str, found: SourceChatLink) -> LinkedAccount:
+        """The source's link in the store's form (tokens sealed for this call only)."""
+        if self._cipher is None:
+            raise ChatProviderUnavailable("no chat platform is configured on this server")
+        account_id = SOURCE_PREFIX + found.link_id
+        return LinkedAccount(
+            account_id=account_id, sub=sub, provider=self.provider_name,
+            provider_user_id=found.provider_user_id,
+            access_token_enc=self._cipher.encrypt(found.access_token, account_id, ACCESS),
+            refresh_token_enc=None if found.refresh_token is None else self._cipher.encrypt(
+                found.refresh_token, account_id, REFRESH
+            ),
+            scope=found.scope, expires_at=found.expires_at, updated_at=0, version=found.version,
+        )
+
+    async def _save(self, link: LinkedAccount, tokens: ProviderTokens, now: int) -> LinkedAccount | None:
+        """Compare-and-swap the refreshed tokens where the link lives; None if it changed meanwhile."""
+        scope = link.scope if tokens.scope is None else tokens.scope
+        expires_at = now + tokens.expires_in
+        if self._source is not None and link.account_id.startswith(SOURCE_PREFIX):
+            saved = await self._source.save_chat_tokens(
+                link.account_id.removeprefix(SOURCE_PREFIX), link.version, tokens.access_token,
+                tokens.refresh_token, scope, expires_at,
+            )
+            return evolve(link, scope=scope, expires_at=expires_at) if saved else None
+        return await self._store.update_linked_tokens(
+            link.account_id,
+            link.version,
+            self._cipher.encrypt(tokens.access_token, link.account_id, ACCESS),
+            None if tokens.refresh_token is None else self._cipher.encrypt(
+                tokens.refresh_token, link.account_id, REFRESH
+            ),
+            scope,
+            expires_at,
+            now,
+        )
 
     def _fresh(self, link: LinkedAccount, now: int) -> bool:
         return link.expires_at > now + self._config.refresh_margin
@@ -144,7 +192,7 @@ class ChatTokens:
 
     def _token(self, link: LinkedAccount) -> ProviderToken:
         return ProviderToken(
-            link.account_id, self._decrypt(link, link.access_token_enc, ACCESS), link.scope, link.expires_at
+            _record_id(link), self._decrypt(link, link.access_token_enc, ACCESS), link.scope, link.expires_at
         )
 
     async def _refresh_held(self, sub: str, link: LinkedAccount, seen: tuple[str, int], now: int) -> ProviderToken:
@@ -161,17 +209,7 @@ class ChatTokens:
                 sub=sub, provider=self.provider_name, account_id=current.account_id, reason=e.code
             )
             raise
-        updated = await self._store.update_linked_tokens(
-            current.account_id,
-            current.version,
-            self._cipher.encrypt(tokens.access_token, current.account_id, ACCESS),
-            None if tokens.refresh_token is None else self._cipher.encrypt(
-                tokens.refresh_token, current.account_id, REFRESH
-            ),
-            current.scope if tokens.scope is None else tokens.scope,
-            now + tokens.expires_in,
-            now,
-        )
+        updated = await self._save(current, tokens, now)
         if updated is None:
             log.warn("chat link {account_id} changed during its refresh; serving the stored token",
                      account_id=current.account_id)
@@ -183,7 +221,7 @@ class ChatTokens:
             sub=sub, provider=self.provider_name, account_id=current.account_id,
             rotated=tokens.refresh_token is not None,
         )
-        return ProviderToken(updated.account_id, tokens.access_token, updated.scope, updated.expires_at)
+        return ProviderToken(_record_id(updated), tokens.access_token, updated.scope, updated.expires_at)
 
     async def _refresh_upstream(self, link: LinkedAccount) -> ProviderTokens:
         if self._provider is None:
@@ -191,6 +229,11 @@ class ChatTokens:
         if link.refresh_token_enc is None:
             raise ChatRefreshRefused("the stored link has no refresh token; link the account again")
         return await self._provider.refresh(self._decrypt(link, link.refresh_token_enc, REFRESH))
+
+
+def _record_id(link: LinkedAccount) -> str:
+    """The linked-account record's id as its holder knows it (a source's own id, unprefixed)."""
+    return link.account_id.removeprefix(SOURCE_PREFIX)
 
 
 async def linked_chat_user_id(store, user: User, provider: str) -> str | None:

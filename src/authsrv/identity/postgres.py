@@ -2,11 +2,16 @@
 The PostgreSQL identity backend: users, password hashes, disabled flags,
 profile claims and linked chat accounts read from tables.
 
-Two modes. C{own}: the project's table C{identity_users}, created and
+Three modes. C{own}: the project's table C{identity_users}, created and
 migrated at start under an advisory lock and managed with C{authsrv-admin
 user ...}. C{mapped}: an operator's existing tables, read through SQL
 queries from the config, checked at start and run in read-only
 transactions, so an existing user base moves over without copying it.
+C{better-auth}: a Better Auth database read in place (docs/
+migrating-from-better-auth.md), so both servers can run side by side: login
+by email, the scrypt hashes of its C{credential} accounts (never upgraded, as
+Better Auth must still verify them), its admin plugin's bans and its Discord
+accounts, whose tokens chat-token serves and refreshes (L{IChatLinkSource}).
 
 Lookups run on txpostgres connections (asynchronous psycopg2, no thread);
 password checks on the bounded L{PasswordVerifier} pool. Start-up work
@@ -38,9 +43,10 @@ from authsrv.identity.passwords import (
     _MISMATCH,
     PasswordVerifier,
     is_argon2id_hash,
+    is_better_auth_hash,
 )
 from authsrv.identity.static import login_key
-from authsrv.interfaces import IIdentityBackend, IUserManagement
+from authsrv.interfaces import IChatLinkSource, IIdentityBackend, IUserManagement
 from authsrv.migrations import Ledger, MigrationError, PostgresMigration, advisory_lock_id, migrate, schema_steps
 from authsrv.pg.pool import (
     LOOKUP_POOL_NAME,
@@ -55,11 +61,11 @@ from authsrv.pg.pool import (
     is_outage,
 )
 from authsrv.pg.settings import ConnectionSettings, read_settings
-from authsrv.records import User
+from authsrv.records import SourceChatLink, User
 
 log = Logger()
 
-MODES = ("own", "mapped")
+MODES = ("own", "mapped", "better-auth")
 
 BCRYPT_PREFIXES = ("$2a$", "$2b$", "$2y$")
 
@@ -163,6 +169,20 @@ class MigratingVerifier(PasswordVerifier):
         return _MATCH if matched else _MISMATCH
 
 
+class BetterAuthVerifier(MigratingVerifier):
+    """
+    The verifier of mode "better-auth", whose users' hashes all stay Better
+    Auth scrypt hashes: an unknown login is checked against a scrypt dummy,
+    so it costs what a known user's wrong password costs.
+    """
+
+    DUMMY = "0" * 32 + ":" + "0" * 128
+    """A well-formed Better Auth hash no password matches (its key would be scrypt's output)."""
+
+    def _check(self, password, stored_hash):
+        return super()._check(password, self.DUMMY if stored_hash is None else stored_hash)
+
+
 # --- queries ----------------------------------------------------------------
 
 
@@ -208,6 +228,51 @@ _CHECK_PARAMETERS = {
     "password_hash": "$argon2id$v=19$m=8,t=1,p=1$Y2hlY2s$Y2hlY2s",
     "old_password_hash": "$argon2id$v=19$m=8,t=1,p=1$Y2hlY2s$Y2hlY2s",
 }
+
+
+_BETTER_AUTH_USER = """
+SELECT u.id AS sub, u.email AS login, c.password AS password_hash, u.name, u.image AS picture,
+       u.email, u."emailVerified" AS email_verified,
+       coalesce(u.banned, false) AND (u."banExpires" IS NULL OR u."banExpires" > now()) AS disabled,
+       CASE WHEN coalesce(u.banned, false) AND (u."banExpires" IS NULL OR u."banExpires" > now())
+            THEN coalesce(u."banReason", 'banned') END AS disabled_reason,
+       d."accountId" AS chat_user_id
+FROM "user" u
+LEFT JOIN LATERAL (SELECT password FROM account WHERE "userId" = u.id AND "providerId" = 'credential'
+                   ORDER BY "updatedAt" DESC LIMIT 1) c ON true
+LEFT JOIN LATERAL (SELECT "accountId" FROM account WHERE "userId" = u.id AND "providerId" = 'discord'
+                   ORDER BY "updatedAt" DESC LIMIT 1) d ON true
+"""
+
+BETTER_AUTH_QUERIES = Queries(
+    # Better Auth stores emails lower-cased (its sign-up lower-cases them), so
+    # the unique index on email serves the lookup.
+    user_by_login=_BETTER_AUTH_USER + "WHERE u.email = lower(%(login)s)",
+    user_by_id=_BETTER_AUTH_USER + "WHERE u.id = %(sub)s",
+    update_password_hash=None,
+)
+"""
+A Better Auth ban (admin plugin) whose C{banExpires} has passed is no ban,
+as Better Auth itself treats it; a ban without a reason reads "banned".
+"""
+
+_VERSION = """(extract(epoch FROM "updatedAt") * 1000000)::bigint"""
+
+_CHAT_LINK = f"""
+SELECT id, "accountId" AS provider_user_id, "accessToken" AS access_token, "refreshToken" AS refresh_token,
+       coalesce(scope, '') AS scope,
+       coalesce(extract(epoch FROM "accessTokenExpiresAt")::bigint, 0) AS expires_at,
+       {_VERSION} AS version
+FROM account WHERE "userId" = %(sub)s AND "providerId" = %(provider)s AND "accessToken" IS NOT NULL
+ORDER BY "updatedAt" DESC LIMIT 1
+"""
+
+_SAVE_CHAT_TOKENS = f"""
+UPDATE account SET "accessToken" = %(access)s, "refreshToken" = coalesce(%(refresh)s, "refreshToken"),
+       scope = %(scope)s, "accessTokenExpiresAt" = to_timestamp(%(expires_at)s),
+       "updatedAt" = greatest(now(), "updatedAt" + interval '1 microsecond')
+WHERE id = %(id)s AND {_VERSION} = %(version)s
+"""
 
 
 def _read_queries(section: Section) -> Queries:
@@ -419,6 +484,39 @@ class PostgresIdentityBackend:
         return succeed(None)
 
 
+@implementer(IChatLinkSource)
+class BetterAuthIdentityBackend(PostgresIdentityBackend):
+    """
+    The backend in mode "better-auth": a Better Auth database read in place,
+    whose Discord C{account} rows are also chat links. Better Auth keeps
+    scopes comma-separated, authsrv space-separated; tokens are as Better
+    Auth stores them (plain, its default).
+    """
+
+    async def chat_link(self, sub: str, provider: str) -> SourceChatLink | None:
+        text = _db_text(sub)
+        if text is None:
+            return None
+        rows = await self._pool.run(
+            lambda c: fetch(c, _CHAT_LINK, {"sub": text, "provider": provider}), "chat_link"
+        )
+        if not rows:
+            return None
+        row = rows[0]
+        return SourceChatLink(
+            link_id=row["id"], provider_user_id=row["provider_user_id"], access_token=row["access_token"],
+            refresh_token=row["refresh_token"], scope=" ".join(row["scope"].replace(",", " ").split()),
+            expires_at=int(row["expires_at"]), version=int(row["version"]),
+        )
+
+    async def save_chat_tokens(self, link_id, version, access_token, refresh_token, scope, expires_at) -> bool:
+        parameters = {
+            "id": link_id, "version": version, "access": access_token, "refresh": refresh_token,
+            "scope": ",".join(scope.split()), "expires_at": expires_at,
+        }
+        return bool(await self._pool.run(lambda c: _write(c, _SAVE_CHAT_TOKENS, parameters), "save_chat_tokens"))
+
+
 @implementer(IUserManagement)
 class OwnPostgresIdentityBackend(PostgresIdentityBackend):
     """
@@ -438,8 +536,8 @@ class OwnPostgresIdentityBackend(PostgresIdentityBackend):
             raise ValueError("sub must be 1 to 255 printable ASCII characters (OIDC Core 2)")
         if _db_text(user.login) is None or not user.login.strip():
             raise ValueError("login must be non-empty text without NUL characters")
-        if not is_argon2id_hash(password_hash):
-            raise ValueError("password_hash must be an argon2id hash")
+        if not (is_argon2id_hash(password_hash) or is_better_auth_hash(password_hash)):
+            raise ValueError("password_hash must be an argon2id hash (or a Better Auth one, being imported)")
         row = {name: getattr(user, name) for name in COLUMNS if name != "password_hash"}
         row |= {"password_hash": password_hash, "login_key": login_key(user.login)}
         names = ", ".join(row)
@@ -493,8 +591,8 @@ class OwnPostgresIdentityBackend(PostgresIdentityBackend):
 def from_config(section: Section, context) -> PostgresIdentityBackend | None:
     """
     Keys: the connection keys of L{read_settings}; C{mode} ("own", the
-    default, or "mapped"); C{pool_size} (default 4); in mapped mode the
-    queries C{user_by_login}, C{user_by_id} and optionally
+    default, "mapped" or "better-auth"); C{pool_size} (default 4); in mapped
+    mode the queries C{user_by_login}, C{user_by_id} and optionally
     C{update_password_hash} (see L{Queries}).
     """
     return build(section, context)
@@ -514,15 +612,17 @@ def build(section: Section, context, hasher=None) -> PostgresIdentityBackend | N
     else:
         for name in _PARAMETERS:
             if section.has(name):
-                raise section.error(name, 'is for mode = "mapped"; mode "own" has its own table')
-        queries = OWN_QUERIES
+                raise section.error(name, f'is for mode = "mapped"; mode "{mode}" knows its tables')
+        queries = BETTER_AUTH_QUERIES if mode == "better-auth" else OWN_QUERIES
     section.done()
-    read_only = mode == "mapped"
+    read_only = mode != "own"
     if context.check_only and not read_only:
         return None
     try:
         with closing(settings.connect(read_only=read_only)) as connection:
-            if read_only:
+            if mode == "better-auth":
+                _check_better_auth(connection, settings.key)
+            elif read_only:
                 check_queries(connection, section, queries)
             else:
                 steps = schema_steps("authsrv.identity", "postgres")
@@ -533,10 +633,25 @@ def build(section: Section, context, hasher=None) -> PostgresIdentityBackend | N
         raise ConfigError(settings.key, str(e)) from None
     if context.check_only:
         return None
-    verifier = MigratingVerifier.for_context(context, hasher)
+    verifier = (BetterAuthVerifier if mode == "better-auth" else MigratingVerifier).for_context(context, hasher)
     lookups = context.threadpool(LOOKUP_POOL_NAME, LOOKUP_POOL_SIZE)
     pool = connection_pool(context.reactor, settings, pool_size, lookups, read_only=read_only)
-    kind = PostgresIdentityBackend if read_only else OwnPostgresIdentityBackend
-    backend = kind(pool, verifier, queries, mode)
+    kinds = {"own": OwnPostgresIdentityBackend, "mapped": PostgresIdentityBackend,
+             "better-auth": BetterAuthIdentityBackend}
+    backend = kinds[mode](pool, verifier, queries, mode)
     log.info("PostgreSQL identity backend ready ({mode} mode)", mode=mode)
     return backend
+
+
+def _check_better_auth(connection, key: str) -> None:
+    """Run the lookups once: a database without Better Auth's tables is a one-line L{ConfigError}."""
+    try:
+        with connection.cursor() as cursor:
+            for query in (BETTER_AUTH_QUERIES.user_by_id, _CHAT_LINK):
+                cursor.execute(query, {"sub": "authsrv-config-check", "provider": "discord"})
+    except psycopg2.OperationalError:
+        raise
+    except psycopg2.Error as e:
+        raise ConfigError(
+            key, f"is not a Better Auth database (with its admin plugin): {first_line(e)}"
+        ) from None

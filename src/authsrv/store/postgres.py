@@ -74,7 +74,7 @@ from authsrv.records import (
 from authsrv.store import device, pending, throttle
 from authsrv.store.errors import AlreadyExists, StoreUnavailable
 from authsrv.store.observer import Observer, watched
-from authsrv.store.rows import POSTGRES, WITH_BAN, Rows, ban_of, factors_of, scope_text, tables
+from authsrv.store.rows import POSTGRES, WITH_BAN, Rows, ban_of, factors_of, import_statements, scope_text, tables
 
 COMPONENT = "store"
 """This schema's name in C{schema_version}, which other components may share."""
@@ -200,6 +200,7 @@ def _holds_nul(params: dict) -> bool:
 
 
 _T = tables(POSTGRES)
+_IMPORT = import_statements(_T, POSTGRES)
 _THROTTLE = throttle.statements(POSTGRES)
 _DEVICE = device.statements(POSTGRES, lock=" FOR UPDATE")
 
@@ -570,6 +571,11 @@ class PostgresStore:
             {"now": now},
         )
 
+    # IImportStore
+
+    def import_batch(self, batch):
+        return self._run("import_batch", _import_batch, batch)
+
     # ILinkedAccountStore
 
     def link_account(self, account):
@@ -866,6 +872,22 @@ async def _poll_device(db, device_code_hash, client_id, slow_down, now):
         await rowcount(db, _DEVICE.write, device.written(changed))
     await rowcount(db, "COMMIT")
     return outcome
+
+
+async def _import_batch(db, batch):
+    """Every record in one transaction: a failure rolls back what was written before it."""
+    await rowcount(db, "BEGIN")
+    try:
+        counts = {}
+        for kind, (sql, params) in _IMPORT.items():
+            counts[kind] = 0
+            for record in getattr(batch, kind):
+                counts[kind] += await rowcount(db, sql, params(record))
+    except BaseException:
+        await rowcount(db, "ROLLBACK")
+        raise
+    await rowcount(db, "COMMIT")
+    return counts
 
 
 async def _attempt(db, account, address, known_device, policy, now):

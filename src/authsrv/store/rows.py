@@ -10,7 +10,7 @@ place of the one with its key.
 from __future__ import annotations
 
 import json
-from typing import Callable
+from typing import Any, Callable
 
 import attrs
 from attrs import frozen
@@ -235,3 +235,30 @@ def tables(dialect: Dialect) -> Tables:
         passkeys=rows(Passkey, "passkeys", "credential_id", public_key=BLOB, transports=LIST,
                       backup_eligible=FLAG, backup_state=FLAG),
     )
+
+
+def import_statements(tables: Tables, dialect: Dialect) -> dict:
+    """
+    For each kind of L{authsrv.records.IMPORT_KINDS}: the statement that
+    writes one record unless its key is taken (C{rowcount} 1 when written),
+    and the function giving its parameters.
+    """
+    skip = (lambda sql: sql + " ON CONFLICT DO NOTHING") if dialect.upsert else (
+        lambda sql: "INSERT OR IGNORE" + sql[len("INSERT"):]
+    )
+    mark = dialect.mark.format
+    statements: dict[str, tuple[str, Callable[[Any], dict]]] = {
+        kind: (skip(rows.insert), rows.params)
+        for kind, rows in (
+            ("clients", tables.clients), ("bans", tables.bans), ("linked", tables.linked),
+            ("grants", tables.grants), ("refresh_tokens", tables.refresh),
+        )
+    }
+    consent = skip(
+        "INSERT INTO consents (sub, client_id, scope, created_at)"
+        f" VALUES ({mark('sub')}, {mark('client_id')}, {mark('scope')}, {mark('created_at')})"
+    )
+    statements["consents"] = (consent, lambda c: {
+        "sub": c.sub, "client_id": c.client_id, "scope": scope_text(c.scope), "created_at": c.created_at,
+    })
+    return statements

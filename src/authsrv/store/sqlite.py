@@ -46,7 +46,7 @@ from authsrv.records import (
 from authsrv.store import device, pending, throttle
 from authsrv.store.errors import AlreadyExists, StoreUnavailable
 from authsrv.store.observer import Observer, watched
-from authsrv.store.rows import SQLITE, WITH_BAN, Rows, ban_of, factors_of, scope_text, tables
+from authsrv.store.rows import SQLITE, WITH_BAN, Rows, ban_of, factors_of, import_statements, scope_text, tables
 from authsrv.store.sqlite_worker import SQLiteWorker
 
 _SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL"}
@@ -165,6 +165,7 @@ def _transaction(connection: sqlite3.Connection):
 
 
 _T = tables(SQLITE)
+_IMPORT = import_statements(_T, SQLITE)
 _THROTTLE = throttle.statements(SQLITE)
 _BUSY_UNTIL = pending.busy_until(SQLITE)
 _DEVICE = device.statements(SQLITE)
@@ -513,6 +514,17 @@ class SQLiteStore:
         return self._query_all("list_bans",
             _T.bans, "SELECT * FROM bans WHERE until IS NULL OR until > ? ORDER BY sub", (now,)
         )
+
+    # IImportStore
+
+    def import_batch(self, batch):
+        def write(db):
+            return {
+                kind: sum(db.execute(sql, params(record)).rowcount for record in getattr(batch, kind))
+                for kind, (sql, params) in _IMPORT.items()
+            }
+
+        return self._call("import_batch", True, write)
 
     # ILinkedAccountStore
 

@@ -125,6 +125,10 @@ class FakeChatProvider:
         """A token response as a code exchange would give, without the browser round trip."""
         return self._issue(user or self.user, scope, with_refresh=True)
 
+    def honour_refresh_token(self, refresh_token: str, user: FakeChatUser, scope: str = "identify guilds.join") -> None:
+        """Accept a refresh token issued elsewhere (another server's stored link), as the platform would."""
+        self._refresh[refresh_token] = (user, scope)
+
     def access_valid(self, access_token: str) -> bool:
         """Whether the fake would accept this access token now."""
         held = self._access.get(access_token)

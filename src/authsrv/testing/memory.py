@@ -456,6 +456,29 @@ class MemoryStore:
     def list_bans(self, now):
         return [self.tables.bans[sub] for sub in sorted(self.tables.bans) if self.tables.bans[sub].in_force(now)]
 
+    # IImportStore
+
+    @_answered
+    def import_batch(self, batch):
+        keys = {
+            "clients": lambda c: c.client_id, "bans": lambda b: b.sub, "grants": lambda g: g.grant_id,
+            "refresh_tokens": lambda r: r.token_hash, "consents": lambda c: (c.sub, c.client_id),
+        }
+        tables = {"clients": self.tables.clients, "bans": self.tables.bans, "grants": self.tables.grants,
+                  "refresh_tokens": self.tables.refresh, "consents": self.tables.consents}
+        counts = {}
+        for kind, table in tables.items():
+            fresh = [r for r in getattr(batch, kind) if keys[kind](r) not in table]
+            table.update((keys[kind](r), r) for r in fresh)
+            counts[kind] = len(fresh)
+        linked = [
+            a for a in batch.linked
+            if a.account_id not in self.tables.linked and self._linked_key(a.sub, a.provider) is None
+        ]
+        self.tables.linked.update((a.account_id, a) for a in linked)
+        counts["linked"] = len(linked)
+        return counts
+
     # ILinkedAccountStore
 
     def _linked_key(self, sub, provider):

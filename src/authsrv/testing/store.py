@@ -28,6 +28,7 @@ from authsrv.interfaces import IStore
 from authsrv.records import (
     CONSENT_STAGE,
     DEFAULT_GRANT_TYPES,
+    IMPORT_KINDS,
     LOGIN_STAGE,
     AccessState,
     AccessToken,
@@ -41,6 +42,7 @@ from authsrv.records import (
     CodeReused,
     Consent,
     Grant,
+    ImportBatch,
     Interaction,
     LinkAttempt,
     PushedRequest,
@@ -953,6 +955,39 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             assert await store.list_bans(NOW) == sorted(bans, key=lambda b: b.sub)
             assert await store.list_bans(NOW + 10) == [bans[2], bans[0]]
             assert await store.list_bans(NOW + 20) == [bans[0]]
+
+    # --- import -------------------------------------------------------------------
+
+    @pytest_twisted.ensureDeferred
+    async def test_import_batch_writes_free_keys_once(self):
+        grant = make_grant("g-imported", sub=BOB)
+        refresh = make_refresh("imported-refresh", grant)
+        batch = ImportBatch(
+            clients=[Client(CLIENT, h("secret"), ["https://app.example/cb"], first_party=True)],
+            bans=[Ban(BOB, "spam", NOW, until=NOW + DAY)],
+            linked=[make_linked("acct-imported", sub=BOB)],
+            consents=[Consent(BOB, CLIENT, {"openid", "profile"}, NOW)],
+            grants=[grant],
+            refresh_tokens=[refresh],
+        )
+        async with self.store() as store:
+            taken = Client(OTHER_CLIENT, None, ["https://partner.example/cb"])
+            await store.add_client(taken)
+            counts = await store.import_batch(
+                attrs.evolve(batch, clients=[*batch.clients, attrs.evolve(taken, name="not mine")])
+            )
+            assert counts == {kind: 1 for kind in IMPORT_KINDS}
+            assert await store.get_client(OTHER_CLIENT) == taken
+            assert (await store.get_client(CLIENT)).first_party
+            assert await store.get_ban(BOB, NOW) == batch.bans[0]
+            assert await store.get_linked_account(BOB, "discord") == batch.linked[0]
+            assert await store.get_consent(BOB, CLIENT) == {"openid", "profile"}
+            assert await store.get_grant(grant.grant_id) == grant
+            found = await store.get_refresh_token(refresh.token_hash)
+            assert (found.grant_id, found.sub, found.revoked, found.user_ban) == (
+                grant.grant_id, BOB, False, batch.bans[0]
+            )
+            assert await store.import_batch(batch) == {kind: 0 for kind in IMPORT_KINDS}
 
     # --- linked accounts --------------------------------------------------------
 

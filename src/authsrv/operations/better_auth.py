@@ -1,0 +1,330 @@
+"""
+Importing a Better Auth deployment (docs/migrating-from-better-auth.md):
+its users with their password hashes, bans, Discord links, OAuth clients,
+consents and live refresh tokens, with every id kept, so C{sub}, C{userId}
+and the relying parties' records keep matching.
+
+The source is read in one read-only, repeatable-read transaction (one
+consistent snapshot). Store records go in with one
+L{authsrv.interfaces.IImportStore.import_batch} (one transaction: all or
+nothing); users go into the identity backend after it, one by one, each
+skipped when its sub is there already. So a run that fails part way is
+completed by running it again, and a second run changes nothing.
+
+Better Auth's OAuth provider stores client secrets and refresh tokens as
+the unpadded base64url of their SHA-256; that is the very digest authsrv
+stores in hex, so they carry over as they are and keep working without a
+new verifier on the token path. A secret Better Auth stored encrypted
+cannot be carried over: such a client gets an unusable secret and is named
+in the report, to be given a new one (C{authsrv-admin client
+rotate-secret}).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Callable
+from datetime import datetime
+
+import psycopg2
+import psycopg2.extras
+from attrs import frozen
+
+from authsrv import events
+from authsrv.chat.crypto import ACCESS, REFRESH
+from authsrv.identity.passwords import is_better_auth_hash
+from authsrv.interfaces import IUserManagement
+from authsrv.records import (
+    DEFAULT_GRANT_TYPES,
+    IMPORT_KINDS,
+    Ban,
+    Client,
+    Consent,
+    Grant,
+    ImportBatch,
+    LinkedAccount,
+    RefreshToken,
+    User,
+)
+from authsrv.tokens import CLIENT_SECRET_KEY, keyed_form, new_token, token_hash
+
+GRANT_PREFIX = "better-auth-"
+"""Names the grant made for each imported refresh token (its Better Auth row id follows)."""
+
+_QUERIES = {
+    "users": 'SELECT * FROM "user" ORDER BY id',
+    "accounts": """SELECT * FROM account WHERE "providerId" IN ('credential', %(provider)s) ORDER BY id""",
+    "clients": 'SELECT * FROM "oauthClient" ORDER BY "clientId"',
+    "consents": 'SELECT * FROM "oauthConsent" ORDER BY id',
+    "refresh_tokens": (
+        'SELECT * FROM "oauthRefreshToken" WHERE revoked IS NULL AND "rotatedAt" IS NULL'
+        ' AND "expiresAt" > to_timestamp(%(now)s) ORDER BY id'
+    ),
+}
+_OPTIONAL = ("clients", "consents", "refresh_tokens")
+"""Tables of the OAuth provider plugin: a deployment without it has none of them."""
+
+
+class SourceError(Exception):
+    """The source database cannot be read; the text is for the operator."""
+
+
+@frozen
+class Source:
+    """The rows read from a Better Auth database, as dicts by column name."""
+
+    users: list
+    accounts: list
+    clients: list
+    consents: list
+    refresh_tokens: list
+
+
+def read_source(dsn: str, provider: str, now: int, progress: Callable[[str], None]) -> Source:
+    """Read every table needed in one consistent, read-only snapshot (blocking)."""
+    try:
+        connection = psycopg2.connect(dsn)
+    except psycopg2.Error as e:
+        raise SourceError(f"cannot connect to the Better Auth database: {_first_line(e)}") from None
+    try:
+        connection.set_session(isolation_level="REPEATABLE READ", readonly=True)
+        rows: dict[str, list] = {}
+        with connection.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cursor:
+            for name, query in _QUERIES.items():
+                cursor.execute("SAVEPOINT source_table")
+                try:
+                    cursor.execute(query, {"provider": provider, "now": now})
+                except psycopg2.errors.UndefinedTable:
+                    if name not in _OPTIONAL:
+                        raise
+                    cursor.execute("ROLLBACK TO SAVEPOINT source_table")
+                    progress(f"{name}: no such table (no OAuth provider plugin), none to import")
+                    rows[name] = []
+                    continue
+                rows[name] = [dict(row) for row in cursor.fetchall()]
+                progress(f"read {len(rows[name])} {name}")
+        return Source(**rows)
+    except psycopg2.Error as e:
+        raise SourceError(f"cannot read the Better Auth database: {_first_line(e)}") from None
+    finally:
+        connection.close()
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+def _epoch(value: datetime | None) -> int | None:
+    return None if value is None else int(value.timestamp())
+
+
+def _list(value) -> list:
+    """A jsonb column (a list already) or a JSON text, as a list of strings."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return []
+    return [item for item in value if isinstance(item, str)] if isinstance(value, list) else []
+
+
+def sha256_hex(stored: str | None) -> str | None:
+    """
+    A Better Auth hashed secret or token (unpadded base64url of a SHA-256) as
+    the hex digest authsrv stores; None for any other form (an encrypted
+    secret).
+    """
+    if not stored or len(stored) != 43:
+        return None
+    try:
+        raw = base64.urlsafe_b64decode(stored + "=")
+    except (binascii.Error, ValueError):
+        return None
+    return raw.hex() if len(raw) == 32 else None
+
+
+@frozen
+class Plan:
+    """What an import writes, and what it could not bring over (one line each)."""
+
+    batch: ImportBatch
+    users: tuple
+    """(User, password hash) pairs."""
+    problems: tuple
+
+
+def plan(source: Source, *, now: int, provider: str, cipher, secret_key: bytes) -> Plan:
+    """
+    The records to write, made from C{source}: C{cipher} (None without a
+    C{[chat]} section) seals the Discord tokens, C{secret_key} keys the
+    client secret hashes.
+    """
+    problems: list[str] = []
+    subs = {row["id"] for row in source.users}
+    credentials = {a["userId"]: a["password"] for a in source.accounts if a["providerId"] == "credential"}
+    users, bans = [], []
+    for row in source.users:
+        user = User(
+            sub=row["id"], login=row["email"], name=row.get("name"), picture=row.get("image"),
+            email=row["email"], email_verified=bool(row.get("emailVerified")),
+        )
+        password_hash = credentials.get(row["id"])
+        if password_hash is None:
+            problems.append(f"user {row['id']} ({row['email']}) has no password (social sign-in only): not imported"
+                            " into the identity backend; they can sign in once given one")
+        elif not is_better_auth_hash(password_hash):
+            problems.append(f"user {row['id']} ({row['email']}): the password hash is not in Better Auth's"
+                            " scrypt form: not imported")
+        else:
+            users.append((user, password_hash))
+        until = _epoch(row.get("banExpires"))
+        if row.get("banned") and (until is None or until > now):
+            bans.append(Ban(sub=row["id"], reason=row.get("banReason"), created_at=now, until=until))
+
+    linked = []
+    chat_accounts = [a for a in source.accounts if a["providerId"] == provider and a["userId"] in subs]
+    if chat_accounts and cipher is None:
+        problems.append(f"{len(chat_accounts)} {provider} links not imported: the config has no [chat] section"
+                        " with an encryption_key to store their tokens with")
+    seen_users = set()
+    for a in sorted(chat_accounts, key=lambda a: a["updatedAt"], reverse=True):
+        if cipher is None or a["userId"] in seen_users:
+            continue
+        if not a.get("accessToken"):
+            problems.append(f"{provider} link {a['id']} of user {a['userId']} has no access token: not imported")
+            continue
+        seen_users.add(a["userId"])
+        linked.append(LinkedAccount(
+            account_id=a["id"], sub=a["userId"], provider=provider, provider_user_id=a["accountId"],
+            access_token_enc=cipher.encrypt(a["accessToken"], a["id"], ACCESS),
+            refresh_token_enc=None if not a.get("refreshToken") else cipher.encrypt(a["refreshToken"], a["id"], REFRESH),
+            scope=" ".join((a.get("scope") or "").replace(",", " ").split()),
+            expires_at=_epoch(a.get("accessTokenExpiresAt")) or 0, updated_at=now,
+        ))
+
+    clients, client_ids = [], set()
+    for row in source.clients:
+        client_id = row["clientId"]
+        if row.get("disabled"):
+            problems.append(f"client {client_id} is disabled in Better Auth: not imported")
+            continue
+        secret = row.get("clientSecret")
+        public = not secret or row.get("tokenEndpointAuthMethod") == "none"
+        digest = None if public else sha256_hex(secret)
+        if not public and digest is None:
+            problems.append(f"client {client_id} ({row.get('name') or 'no name'}): its secret is stored encrypted"
+                            f" and cannot be carried over: give it a new one (authsrv-admin client rotate-secret"
+                            f" {client_id})")
+            digest = token_hash(new_token())
+        grant_types = tuple(t for t in _list(row.get("grantTypes")) if t in DEFAULT_GRANT_TYPES) or DEFAULT_GRANT_TYPES
+        clients.append(Client(
+            client_id=client_id,
+            secret_hash=None if digest is None else keyed_form(digest, secret_key),
+            redirect_uris=_list(row.get("redirectUris")),
+            post_logout_redirect_uris=_list(row.get("postLogoutRedirectUris")),
+            name=row.get("name") or "",
+            end_session_enabled=bool(row.get("enableEndSession")),
+            first_party=bool(row.get("skipConsent")),
+            backchannel_logout_uri=row.get("backchannelLogoutUri"),
+            created_at=_epoch(row.get("createdAt")) or now,
+            grant_types=grant_types,
+        ))
+        client_ids.add(client_id)
+
+    consents = []
+    for row in source.consents:
+        if row.get("userId") in subs and row["clientId"] in client_ids:
+            consents.append(Consent(row["userId"], row["clientId"], _list(row.get("scopes")),
+                                    _epoch(row.get("createdAt")) or now))
+
+    grants, refresh_tokens = [], []
+    for row in source.refresh_tokens:
+        digest = sha256_hex(row["token"])
+        if row["userId"] not in subs or row["clientId"] not in client_ids or digest is None:
+            problems.append(f"refresh token {row['id']}: its user or client is not imported, or its hash is not"
+                            " a SHA-256: not imported")
+            continue
+        grant_id = GRANT_PREFIX + row["id"]
+        scope = _list(row.get("scopes"))
+        issued_at = _epoch(row.get("createdAt")) or now
+        expires_at = int(row["expiresAt"].timestamp())
+        grants.append(Grant(
+            grant_id=grant_id, client_id=row["clientId"], sub=row["userId"], scope=scope,
+            auth_time=_epoch(row.get("authTime")) or issued_at, created_at=issued_at, expires_at=expires_at,
+        ))
+        refresh_tokens.append(RefreshToken(
+            token_hash=digest, grant_id=grant_id, client_id=row["clientId"], sub=row["userId"], scope=scope,
+            issued_at=issued_at, expires_at=expires_at,
+        ))
+    batch = ImportBatch(clients=clients, bans=bans, linked=linked, consents=consents, grants=grants,
+                        refresh_tokens=refresh_tokens)
+    return Plan(batch=batch, users=tuple(users), problems=tuple(problems))
+
+
+@frozen
+class Report:
+    """Counts per kind: found in the source, and written by this run."""
+
+    found: dict
+    written: dict
+    problems: tuple
+    users_location: str | None
+
+
+def counts_of(found: Plan) -> dict:
+    return {"users": len(found.users), **{kind: len(getattr(found.batch, kind)) for kind in IMPORT_KINDS}}
+
+
+def user_manager(identity):
+    """The first identity backend that can write users, or None."""
+    for backend in getattr(identity, "backends", (identity,)):
+        if IUserManagement.providedBy(backend):
+            return backend
+    return None
+
+
+async def import_better_auth(source: Source, *, store, identity, cipher, provider: str, now: int,
+                             dry_run: bool, progress: Callable[[str], None], actor: str) -> Report:
+    """
+    Plan the import of C{source}, and unless C{dry_run} write it (see the
+    module docstring); the clients, bans and users it adds are audited as
+    C{actor}'s.
+    """
+    # A dry run writes nothing, not even the server key a new store makes on first use.
+    secret_key = b"" if dry_run else await store.server_key(CLIENT_SECRET_KEY)
+    found = plan(source, now=now, provider=provider, cipher=cipher, secret_key=secret_key)
+    problems = list(found.problems)
+    manager = user_manager(identity)
+    if manager is None:
+        problems.append("no configured identity backend can be written (a static users file or PostgreSQL in"
+                        " mode own can): users were not copied; keep reading them from Better Auth (mode"
+                        " better-auth) or add them yourself")
+    written = {"users": 0, **{kind: 0 for kind in IMPORT_KINDS}}
+    if dry_run:
+        return Report(counts_of(found), written, tuple(problems), getattr(manager, "users_location", None))
+    progress("writing " + ", ".join(f"{n} {kind}" for kind, n in counts_of(found).items() if kind != "users")
+             + " in one transaction")
+    new_clients = [c for c in found.batch.clients if await store.get_client(c.client_id) is None]
+    new_bans = [b for b in found.batch.bans if await store.get_ban(b.sub, now) is None]
+    written.update(await store.import_batch(found.batch))
+    for client in new_clients:
+        events.client_created(client_id=client.client_id, source=client.source, actor=actor)
+    for ban in new_bans:
+        events.user_banned(sub=ban.sub, reason=ban.reason, until=ban.until, actor=actor)
+    if manager is not None:
+        for index, (user, password_hash) in enumerate(found.users, 1):
+            if await identity.user_by_id(user.sub) is None:
+                try:
+                    await manager.add_user(user, password_hash)
+                except ValueError as e:
+                    problems.append(f"user {user.sub} ({user.login}) not added: {e}")
+                    continue
+                written["users"] += 1
+                events.user_created(sub=user.sub, login=user.login, actor=actor)
+            if index % 100 == 0:
+                progress(f"users: {index} of {len(found.users)}")
+    return Report(counts_of(found), written, tuple(problems), getattr(manager, "users_location", None))

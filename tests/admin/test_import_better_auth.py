@@ -1,0 +1,231 @@
+"""
+C{authsrv-admin import better-auth} with the database Better Auth itself made
+(tests/fixtures/better_auth), into a SQLite store with the static users file
+(then served: old passwords through the login flow, bans at user-access,
+chat-token, Better Auth's refresh token at the token endpoint) and into a
+PostgreSQL store with the PostgreSQL identity backend in own mode. A dry run
+writes nothing; a second run writes nothing new.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import sqlite3
+import tomllib
+from pathlib import Path
+
+import psycopg2
+import pytest
+import pytest_twisted
+
+from authsrv.chat.crypto import new_key_text
+from authsrv.configsection import Section
+from authsrv.context import PluginContext
+from authsrv.identity.passwords import is_better_auth_hash
+from authsrv.operations.better_auth import sha256_hex
+from authsrv.store import postgres as postgres_store
+from authsrv.testing.fake_chat import FakeChatUser
+from authsrv.testing.identity import portal_login
+from authsrv.tokens import token_hash
+from better_auth_fixture import MADE_AT, MANIFEST, USERS, load
+from conftest import admin, ok
+from flow_client import Browser, location, query_of
+from harness import BASE, INTERNAL_SECRET, ISSUER, Harness
+from identity.test_identity_postgres import open_backend
+
+INTERNAL = {"Authorization": f"Bearer {INTERNAL_SECRET}", "Content-Type": "application/json"}
+SQLITE_TABLES = ("clients", "bans", "linked_accounts", "consents", "grants", "refresh_tokens")
+
+
+@pytest.fixture
+def ba_dsn(postgres):
+    dsn = postgres.database()
+    load(dsn)
+    return dsn
+
+
+def write_config(folder: Path, key_text: str, store: str = "", identity: str = "") -> str:
+    config = folder / "authsrv.toml"
+    config.write_text(
+        f'[server]\npublic_url = "{BASE}"\n'
+        + (identity or '[[identity]]\nplugin = "static"\npath = "users.toml"\n')
+        + (store or '[store]\nplugin = "sqlite"\npath = "authsrv.sqlite3"\n')
+        + '[chat]\nencryption_key_file = "chat.key"\n'
+    )
+    (folder / "chat.key").write_text(key_text + "\n")
+    return str(config)
+
+
+def sqlite_rows(path: Path) -> dict:
+    with sqlite3.connect(path) as db:
+        return {table: sorted(db.execute(f"SELECT * FROM {table}").fetchall()) for table in SQLITE_TABLES}
+
+
+async def run_import(config: str, dsn: str, cwd: Path, *extra: str) -> dict:
+    result = await admin("--config", config, "--json", "import", "better-auth", "--dsn", dsn, *extra, cwd=cwd)
+    return json.loads(ok(result)) | {"stderr": result.stderr}
+
+
+async def internal(h, path: str, sub: str):
+    response, raw = await h.request("POST", f"/api/internal/{path}", data=json.dumps({"userId": sub}).encode(),
+                                    headers=INTERNAL)
+    return response.code, json.loads(raw)
+
+
+@pytest_twisted.ensureDeferred
+async def test_import_into_sqlite_and_the_users_file_then_serve(ba_dsn, tmp_path, monkeypatch):
+    h = Harness(tmp_path, monkeypatch, start=MADE_AT + 60)
+    key_text = base64.urlsafe_b64encode(h.chat_config.encryption_key).rstrip(b"=").decode()
+    config = write_config(tmp_path, key_text)
+    users_before = (tmp_path / "users.toml").read_text()
+    try:
+        await h.start()
+        before = sqlite_rows(tmp_path / "authsrv.sqlite3")
+
+        dry = await run_import(config, ba_dsn, tmp_path, "--dry-run")
+        assert dry["dry_run"] is True and dry["written"] == {kind: 0 for kind in dry["written"]}
+        assert dry["found"] == {"users": 6, "clients": 2, "bans": 1, "linked": 2, "consents": 1, "grants": 1,
+                                "refresh_tokens": 1}
+        assert sqlite_rows(tmp_path / "authsrv.sqlite3") == before
+        assert (tmp_path / "users.toml").read_text() == users_before
+
+        first = await run_import(config, ba_dsn, tmp_path)
+        assert first["written"] == first["found"], first
+        assert "read 6 users" in first["stderr"] and "one transaction" in first["stderr"]
+        assert first["problems"] == []
+        for event in ("client.created", "user.banned", "user.created"):
+            assert event in first["stderr"], event
+        assert first["stderr"].count("client.created") == 2 and first["stderr"].count("user.created") == 6
+        after = sqlite_rows(tmp_path / "authsrv.sqlite3")
+        users_after = (tmp_path / "users.toml").read_text()
+        for secret in (MANIFEST["refresh_token"]["token"], MANIFEST["discord"]["alice"]["accessToken"],
+                       MANIFEST["clients"]["third_party"]["client_secret"]):
+            assert secret not in repr(after) and secret not in users_after
+
+        second = await run_import(config, ba_dsn, tmp_path)
+        assert second["written"] == {kind: 0 for kind in second["written"]}
+        assert "client.created" not in second["stderr"] and "user.created" not in second["stderr"]
+        assert sqlite_rows(tmp_path / "authsrv.sqlite3") == after
+        assert (tmp_path / "users.toml").read_text() == users_after
+
+        def stored_hashes() -> dict:
+            users = tomllib.loads((tmp_path / "users.toml").read_text())["users"]
+            return {u["sub"]: u["password_hash"] for u in users}
+
+        imported = stored_hashes()
+        for who, user in USERS.items():
+            assert is_better_auth_hash(imported[user["id"]]), who
+        h.clock.advance(120)  # the users file is looked at again
+        for who in ("alice", "bob", "carol", "erin", "admin"):
+            user = USERS[who]
+            browser = Browser(h)
+            response, _ = await browser.authorize("first")
+            response, body = await browser.submit_login(location(response), user["email"], user["password"])
+            assert response.code in (302, 303) and "code" in query_of(location(response)), (who, body)
+        # The successful logins replaced the Better Auth hashes by argon2id in the file authsrv owns.
+        upgraded = stored_hashes()
+        for who in ("alice", "bob", "carol", "erin", "admin"):
+            assert upgraded[USERS[who]["id"]].startswith("$argon2id$"), who
+        browser = Browser(h)
+        response, _ = await browser.authorize("first")
+        response, body = await browser.submit_login(location(response), USERS["dave"]["email"],
+                                                    USERS["dave"]["password"])
+        assert response.code == 403 and b"suspended" in body
+
+        code, answer = await internal(h, "user-access", USERS["dave"]["id"])
+        assert code == 200 and answer["banned"] is True and answer["banReason"] == MANIFEST["banned"]["dave"]
+        code, answer = await internal(h, "user-access", USERS["erin"]["id"])
+        assert code == 200 and answer["banned"] is False
+
+        code, answer = await internal(h, "chat-token", USERS["alice"]["id"])
+        assert code == 200 and answer["accessToken"] == MANIFEST["discord"]["alice"]["accessToken"], answer
+        bob = MANIFEST["discord"]["bob"]
+        h.chat_fake.honour_refresh_token(bob["refreshToken"], FakeChatUser(bob["accountId"], "bob"))
+        code, answer = await internal(h, "chat-token", USERS["bob"]["id"])
+        assert code == 200 and h.chat_fake.access_valid(answer["accessToken"]), answer
+
+        # Carol's refresh token, issued by Better Auth to Stats Bot, works at the token endpoint.
+        client = MANIFEST["clients"]["third_party"]
+        refresh = {"grant_type": "refresh_token", "refresh_token": MANIFEST["refresh_token"]["token"],
+                   "client_id": client["client_id"], "client_secret": client["client_secret"]}
+        response, tokens = await h.json("POST", ISSUER + "/oauth2/token", data=refresh)
+        assert response.code == 200, tokens
+        assert tokens["refresh_token"] != refresh["refresh_token"] and tokens["access_token"]
+        response, userinfo = await h.json(
+            "GET", ISSUER + "/oauth2/userinfo", headers={"Authorization": f"Bearer {tokens['access_token']}"}
+        )
+        assert response.code == 200 and userinfo["sub"] == USERS["carol"]["id"]
+        code, answer = await internal(h, "user-access", USERS["carol"]["id"])
+        assert answer["allowed"] is True and answer["hasActiveGrant"] is True
+        response, error = await h.json("POST", ISSUER + "/oauth2/token",
+                                       data={**refresh, "client_secret": "not-the-secret"})
+        assert response.code == 401 and error["error"] == "invalid_client"
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_import_into_postgres_own_mode(ba_dsn, postgres, tmp_path, context):
+    store_dsn, identity_dsn = postgres.database(), postgres.database()
+    config = write_config(
+        tmp_path, new_key_text(),
+        store=f'[store]\nplugin = "postgres"\ndsn = "{store_dsn}"\n',
+        identity=f'[[identity]]\nplugin = "postgres"\ndsn = "{identity_dsn}"\n',
+    )
+    dry = await run_import(config, ba_dsn, tmp_path, "--dry-run")
+    assert dry["found"]["users"] == 6
+
+    def counts() -> dict:
+        with psycopg2.connect(store_dsn) as db, db.cursor() as cursor:
+            found = {}
+            for table in SQLITE_TABLES:
+                cursor.execute(f"SELECT count(*) FROM {table}")
+                found[table] = cursor.fetchone()[0]
+            return found
+
+    assert set(counts().values()) == {0}
+    first = await run_import(config, ba_dsn, tmp_path)
+    assert first["written"] == first["found"] and first["problems"] == []
+    assert (await run_import(config, ba_dsn, tmp_path))["written"] == {kind: 0 for kind in first["written"]}
+    assert counts() == {"clients": 2, "bans": 1, "linked_accounts": 2, "consents": 1, "grants": 1,
+                        "refresh_tokens": 1}
+
+    backend = open_backend({"dsn": identity_dsn}, context)
+    store = postgres_store.from_config(Section({"dsn": store_dsn}, "store", "."), PluginContext(context.reactor, "."))
+    try:
+        for who, user in USERS.items():
+            avatar = await portal_login(backend, user["email"], user["password"])
+            assert avatar.sub == user["id"], who
+        found = await store.get_refresh_token(token_hash(MANIFEST["refresh_token"]["token"]))
+        assert found is not None and found.sub == USERS["carol"]["id"] and found.user_ban is None
+        ban = await store.get_ban(USERS["dave"]["id"], MADE_AT)
+        assert ban.reason == MANIFEST["banned"]["dave"] and ban.until is None
+        assert await store.get_ban(USERS["erin"]["id"], MADE_AT) is None
+        portal = await store.get_client(MANIFEST["clients"]["first_party"]["client_id"])
+        assert portal.first_party and portal.redirect_uris == tuple(MANIFEST["clients"]["first_party"]["redirect_uris"])
+        assert await store.get_consent(USERS["carol"]["id"], MANIFEST["clients"]["third_party"]["client_id"]) == {
+            "openid", "profile", "email", "offline_access"
+        }
+    finally:
+        await store.close()
+        backend.close()
+
+
+def test_better_auth_hashes_are_authsrv_digests():
+    digest = base64.urlsafe_b64encode(bytes.fromhex(token_hash("s3cret"))).rstrip(b"=").decode()
+    assert sha256_hex(digest) == token_hash("s3cret")
+    for stored in (None, "", digest + "A", digest[:-1], "!" * 43, "aGVsbG8", "a" * 86):
+        assert sha256_hex(stored) is None, stored
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_unreachable_or_foreign_database_is_one_line(tmp_path, pg_dsn):
+    (tmp_path / "users.toml").write_text("")
+    config = write_config(tmp_path, new_key_text())
+    result = await admin("--config", config, "import", "better-auth", "--dsn", pg_dsn, cwd=tmp_path)
+    assert result.returncode == 1 and "cannot read the Better Auth database" in result.stderr
+    assert "Traceback" not in result.stderr
+    result = await admin("--config", config, "import", "better-auth", "--dsn", "host=127.0.0.1 port=1 dbname=x",
+                         cwd=tmp_path)
+    assert result.returncode == 1 and "cannot connect to the Better Auth database" in result.stderr
