@@ -15,11 +15,13 @@ import tomllib
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import attrs
 from attrs import field, frozen
 
 from authsrv.chat.config import ChatConfig, chat_config
 from authsrv.configsection import ConfigError, Section
 from authsrv.flows.grants import GRANT_TYPES
+from authsrv.identity.cache import DEFAULT_SIZE as DEFAULT_STANDING_CACHE_SIZE
 from authsrv.flows.mfa import MFA_CHOICES, MfaPolicy
 from authsrv.flows.ratelimit import DEFAULT_RATE, RateSettings
 from authsrv.protocol.clients import CLIENT_ID_MAX, client_id_problem, is_loopback_host, redirect_uri_problem
@@ -137,6 +139,9 @@ class PluginChoice:
 
     name: str
     section: Section
+    standing_cache: int | None = None
+    """For an identity backend: seconds its users are kept (L{authsrv.identity.cache}); None: its default."""
+    standing_cache_size: int = DEFAULT_STANDING_CACHE_SIZE
 
 
 @frozen
@@ -401,6 +406,15 @@ def _plugin(section: Section, checked: _Problems, default: str | None = None) ->
     return None if name is None else PluginChoice(name, section)
 
 
+def _identity(section: Section, checked: _Problems) -> PluginChoice | None:
+    """An C{[[identity]]} backend with its standing cache, which the server keeps in front of any plugin."""
+    choice = _plugin(section, checked)
+    seconds = checked.take(section.duration, "standing_cache", None)
+    size = checked.take(section.int, "standing_cache_size", DEFAULT_STANDING_CACHE_SIZE, minimum=1,
+                        fallback=DEFAULT_STANDING_CACHE_SIZE)
+    return None if choice is None else attrs.evolve(choice, standing_cache=seconds, standing_cache_size=size)
+
+
 def _uris(section: Section, name: str, required: bool) -> list[str]:
     uris = section.str_list(name) if required else section.str_list(name, [])
     for index, uri in enumerate(uris):
@@ -599,7 +613,7 @@ def read_config_document(
     keystore = (_plugin(_table(top, checked, "keystore"), checked, "jwk-file")
                 or PluginChoice("jwk-file", Section({}, "keystore", base_dir)))
     identity_sections = checked.take(top.tables, "identity", fallback=[])
-    identity = tuple(choice for s in identity_sections if (choice := _plugin(s, checked)) is not None)
+    identity = tuple(choice for s in identity_sections if (choice := _identity(s, checked)) is not None)
     if not identity_sections:
         identity = (PluginChoice("static", Section({}, "identity[0]", base_dir)),)
     clients: list[Client] = []

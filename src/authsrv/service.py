@@ -54,8 +54,10 @@ from authsrv.flows.revoke import RevocationFlow
 from authsrv.flows.sessions import SessionEnder
 from authsrv.flows.token import TokenFlow
 from authsrv.flows.userinfo import UserInfoFlow
+from authsrv.identity.cache import DEFAULT_SECONDS as DEFAULT_STANDING_CACHE, StandingCache
 from authsrv.identity.chain import IdentityChain
 from authsrv.identity.passwords import hash_password
+from authsrv.interfaces import IUserManagement
 from authsrv.logfile import LineFile
 from authsrv.metrics import Metrics
 from authsrv.operations import AdminOperations
@@ -110,15 +112,31 @@ def backend_names(plugins: list[str]) -> list[str]:
     return [name if plugins.count(name) == 1 else f"{name}-{index}" for index, name in enumerate(plugins)]
 
 
+def standing_cache(choice, backend, clock) -> StandingCache | None:
+    """
+    The cache configured for a backend, or None when it is off. By default a
+    backend authsrv writes users to (the static file, PostgreSQL's own table)
+    is asked every time, so that disabling a user there acts at once, and one
+    it only reads (LDAP, a mapped table, a third party's) keeps users for
+    L{authsrv.identity.cache.DEFAULT_SECONDS}.
+    """
+    seconds = choice.standing_cache
+    if seconds is None:
+        seconds = 0 if IUserManagement.providedBy(backend) else DEFAULT_STANDING_CACHE
+    return StandingCache(clock, seconds, choice.standing_cache_size) if seconds else None
+
+
 def build_identity(config: Config, context, metrics: Metrics | None = None) -> IdentityChain:
     """
     Every C{[[identity]]} backend, in the configured order, as the one
     chain that the portal checks passwords with and every flow asks.
     """
+    backends = [build_plugin("identity", choice, context) for choice in config.identity]
     return IdentityChain(
-        [build_plugin("identity", choice, context) for choice in config.identity],
+        backends,
         backend_names([choice.name for choice in config.identity]),
         metrics.identity_call if metrics else None,
+        [standing_cache(choice, backend, context.reactor) for choice, backend in zip(config.identity, backends)],
     )
 
 
