@@ -161,6 +161,8 @@ class Config:
     chat: ChatConfig | None = None
     input_limits: InputLimits = InputLimits()
     shutdown: Shutdown = Shutdown()
+    workers: int = 1
+    """Processes serving the listeners (L{authsrv.workers}); 1: this process alone."""
     hsts_max_age: int = HSTS_MAX_AGE
     trusted_proxies: tuple[Network, ...] = ()
     throttle: ThrottlePolicy = ThrottlePolicy()
@@ -577,6 +579,7 @@ def read_config_document(
     access_log = checked.take(_access_log, server, _raw(data, "server", "access_log"), fallback="off")
     access_log_path = checked.take(_log_path, server, "access_log_path", None) or "-"
     shutdown = _shutdown(server, checked)
+    workers = checked.take(server.int, "workers", 1, minimum=1, fallback=1)
     hsts_max_age = checked.take(server.duration, "hsts_max_age", HSTS_MAX_AGE, fallback=HSTS_MAX_AGE)
     trusted_proxies = _trusted_proxies(server, checked)
     checked.done(server)
@@ -643,6 +646,7 @@ def read_config_document(
         chat=chat,
         input_limits=input_limits,
         shutdown=shutdown,
+        workers=workers,
         hsts_max_age=hsts_max_age,
         throttle=throttle,
         show_ban_reason=show_ban_reason,
