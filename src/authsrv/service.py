@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from functools import partial
 from urllib.parse import urlsplit
 
 import attrs
@@ -547,8 +548,9 @@ def build(config: Config, reactor, role: WorkerRole | None = None) -> AuthsrvSer
             "server.listen": site_factory(root, config, drain, reactor, metrics, access_log),
             "internal.listen": site_factory(Root({}, internal, internal, config.input_limits, admin_on_internal),
                                             config, drain, reactor, metrics, access_log),
-            "metrics.listen": lambda: metrics_site(metrics, config, reactor),
         }
+        if metrics is not None:
+            sites["metrics.listen"] = partial(metrics_site, metrics, config, reactor)
         if admin is not None:
             sites["admin.listen"] = site_factory(Root({}, admin, None, config.input_limits, admin), config, drain,
                                                  reactor, metrics, access_log)

@@ -39,6 +39,7 @@ from attrs import frozen
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.error import CannotListenError, ProcessExitedAlready
+from twisted.internet.interfaces import IProcessTransport
 from twisted.internet.protocol import ProcessProtocol, ServerFactory
 from twisted.logger import Logger
 from twisted.protocols.tls import TLSMemoryBIOFactory
@@ -188,7 +189,7 @@ class Supervisor(Service):
         self._shared = shared
         self._prepare = prepare
         self._argv = list(sys.argv[1:] if argv is None else argv)
-        self._running: dict[int, tuple[_Worker, object]] = {}
+        self._running: dict[int, tuple[_Worker, IProcessTransport]] = {}
         self._stopping = False
 
     def startService(self):
@@ -197,7 +198,11 @@ class Supervisor(Service):
 
     def _start(self) -> None:
         d = Deferred.fromCoroutine(self._prepare())
-        d.addCallbacks(lambda _: [self._spawn(i) for i in range(self._count)], self._unprepared)
+        d.addCallbacks(self._spawn_all, self._unprepared)
+
+    def _spawn_all(self, _) -> None:
+        for index in range(self._count):
+            self._spawn(index)
 
     def _unprepared(self, failure):
         log.failure("could not store the clients declared in the config file; trying again in {delay}s", failure,
