@@ -23,6 +23,9 @@ from pathlib import Path
 from urllib.parse import urlencode
 
 import pytest
+from twisted.python.usage import UsageError
+
+from authsrv.tap import Options
 
 from conftest import EXAMPLES, free_port
 from pg_servers import CLIENT, GATEWAY, Browser, pg_config
@@ -210,3 +213,12 @@ def test_a_worker_without_its_sockets_stops_with_one_line(run_server, tmp_path):
     assert server.process.wait(timeout=DEADLINE) == 1
     out, err = server.output()
     assert "authsrv: file descriptor 3 is not a" in err and "Traceback" not in out + err, out + err
+
+
+@pytest.mark.parametrize("value, message", [("0", "at least 1"), ("many", "a whole number")])
+def test_the_workers_option_is_checked(value, message):
+    with pytest.raises(UsageError, match=message):
+        Options().parseOptions(["--workers", value])
+    options = Options()
+    options.parseOptions(["--workers", "3"])
+    assert options["workers"] == 3
