@@ -56,21 +56,20 @@ class LineFile:
 
     def flush(self) -> None:
         """The lines written so far, in writes of whole lines up to C{PIPE_BUF} bytes each."""
-        lines, self._pending = self._pending, []
-        chunk: list[str] = []
-        size = 0
-        for line in lines:
-            length = len(line.encode("utf-8"))
-            if chunk and size + length > select.PIPE_BUF:
-                self._write_through("".join(chunk))
-                chunk, size = [], 0
-            chunk.append(line)
-            size += length
-        self._write_through("".join(chunk))
-
-    def _write_through(self, text: str) -> None:
-        self._file.write(text)
+        if not self._pending:
+            self._file.flush()
+            return
+        data = "".join(self._pending).encode("utf-8")
+        self._pending = []
         self._file.flush()
+        start = 0
+        while start < len(data):
+            end = data.rfind(b"\n", start, start + select.PIPE_BUF) + 1
+            if end <= start:
+                end = data.index(b"\n", start) + 1
+            self._file.buffer.write(data[start:end])
+            self._file.buffer.flush()
+            start = end
 
     def reopen(self) -> None:
         """Continue in a new file at C{path}: the old one was moved away."""
