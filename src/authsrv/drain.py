@@ -10,6 +10,7 @@ from __future__ import annotations
 import signal
 
 from twisted.internet.defer import Deferred, TimeoutError, gatherResults
+from twisted.internet.error import ReactorNotRunning
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
@@ -83,6 +84,10 @@ def stop_on_sigterm(reactor) -> None:
             return
         stopping.append(True)
         log.info("SIGTERM: stopping gracefully")
-        reactor.stop()
+        try:
+            reactor.stop()
+        except ReactorNotRunning:
+            # Already stopping: SIGINT from the terminal reached the workers too.
+            pass
 
     signal.signal(signal.SIGTERM, lambda number, frame: reactor.callFromThread(stop))
