@@ -236,3 +236,17 @@ def test_sigterm_while_already_stopping_is_quiet():
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert reactor.stops == 2
+
+
+class LostPort:
+    """A port whose socket is already gone: Twisted's stopListening then answers None."""
+
+    def stopListening(self):
+        return None
+
+
+def test_a_port_already_lost_does_not_stop_the_drain():
+    clock = Clock()
+    done = outcome(Deferred.fromCoroutine(Drain(clock, 1, 30).run([LostPort(), FakePort(clock)])))
+    clock.advance(1)
+    assert done == [0]

@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import signal
+import threading
 import time
 from pathlib import Path
 from urllib.parse import urlencode
@@ -130,6 +131,30 @@ def across_workers(server, connections: dict[int, http.client.HTTPConnection]) -
     assert status == 200, body
     status, reused = token(second, grant_type="refresh_token", refresh_token=tokens["refresh_token"])
     assert status == 200 and reused["refresh_token"] == body["refresh_token"], "the grace window is in the store"
+    current = body["refresh_token"]
+    for _ in range(10):
+        answers = racing(connections, current)
+        successors = {answer["refresh_token"] for status, answer in answers if status == 200}
+        assert len(successors) == 1, f"two workers rotated one token into two chains: {answers}"
+        current = successors.pop()
+
+
+def racing(connections: dict[int, http.client.HTTPConnection], refresh_token: str) -> list:
+    """The same refresh token sent to every worker at once."""
+    barrier = threading.Barrier(len(connections))
+    answers: list = []
+
+    def send(connection):
+        barrier.wait()
+        answers.append(token(connection, grant_type="refresh_token", refresh_token=refresh_token))
+
+    threads = [threading.Thread(target=send, args=(c,)) for c in connections.values()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=DEADLINE)
+    assert len(answers) == len(connections)
+    return answers
 
 
 def drains_and_exits_0(server, connections: dict[int, http.client.HTTPConnection]) -> None:

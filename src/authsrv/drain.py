@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import signal
 
-from twisted.internet.defer import Deferred, TimeoutError, gatherResults
+from twisted.internet.defer import Deferred, TimeoutError, gatherResults, maybeDeferred
 from twisted.internet.error import ReactorNotRunning
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
@@ -54,7 +54,8 @@ class Drain:
             delay=self._delay, timeout=self._timeout,
         )
         await deferLater(self._clock, self._delay)
-        await gatherResults([port.stopListening() for port in ports])
+        # A port whose socket was already lost answers None rather than a Deferred.
+        await gatherResults([maybeDeferred(port.stopListening) for port in ports])
         if self.in_flight == 0:
             return 0
         idle: Deferred[None] = Deferred()

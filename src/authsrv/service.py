@@ -18,7 +18,7 @@ import attrs
 from attrs import frozen
 from twisted.application.internet import TimerService
 from twisted.application.service import MultiService
-from twisted.internet.defer import Deferred, gatherResults
+from twisted.internet.defer import Deferred, gatherResults, maybeDeferred
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.protocol import ServerFactory
 from twisted.internet.threads import deferToThreadPool
@@ -265,7 +265,7 @@ class AuthsrvService(MultiService):
         if self._drain is not None:
             await self._drain.run(self._ports)
         else:
-            await gatherResults([port.stopListening() for port in self._ports])
+            await gatherResults([maybeDeferred(port.stopListening) for port in self._ports])
         await super().stopService()
         if self._metrics is not None:
             globalLogPublisher.removeObserver(self._metrics.audit_observer)
