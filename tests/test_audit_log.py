@@ -2,7 +2,7 @@
 The audit log as an operator reads it: every security event docs/design.md
 lists, driven through the flows (direct calls where a flow is awkward), each
 one JSON line with the documented fields and nothing secret in any of them;
-the operator command's lines in the same file; reopening on SIGUSR1.
+the operator command's lines in the same file; reopening on SIGUSR1 or SIGHUP.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import signal
 from pathlib import Path
 from urllib.parse import urlencode
 
+import pytest
 import pytest_twisted
 from attrs import evolve
 from twisted.internet import reactor
@@ -27,7 +28,7 @@ from authsrv.embedded import prepare_data_dir
 from authsrv.flows import moderation
 from authsrv.identity.chain import IdentityChain
 from authsrv.identity.passwords import hash_password
-from authsrv.logfile import LineFile, reopen_on_sigusr1
+from authsrv.logfile import LineFile, reopen_on_signals
 from authsrv.operations.clients import ClientOperations
 from authsrv.operations.users import UserOperations
 from authsrv.service import sync_config_clients
@@ -254,23 +255,25 @@ def test_the_documented_table_is_the_schema():
         assert re.findall(r"`(\w+)`", rows[name]) == list(own), name
 
 
+@pytest.mark.parametrize("number", [signal.SIGUSR1, signal.SIGHUP])
 @pytest_twisted.ensureDeferred
-async def test_lines_are_flushed_and_the_file_reopens_on_sigusr1(tmp_path):
+async def test_lines_are_flushed_and_the_file_reopens_on_sigusr1_or_sighup(tmp_path, number):
     path = tmp_path / "audit.log"
-    previous = signal.getsignal(signal.SIGUSR1)
+    previous = {n: signal.getsignal(n) for n in (signal.SIGUSR1, signal.SIGHUP)}
     try:
         with AuditFile(path) as audit:
-            reopen_on_sigusr1(reactor, [audit.observer.file])
+            reopen_on_signals(reactor, [audit.observer.file])
             events.user_unbanned(sub="s-1", actor="operator")
             assert [line["event"] for line in audit_lines(path)] == ["user.unbanned"]
             path.rename(tmp_path / "audit.log.1")
-            os.kill(os.getpid(), signal.SIGUSR1)
+            os.kill(os.getpid(), number)
             await deferLater(reactor, 0.05, lambda: None)
             events.user_unbanned(sub="s-2", actor="operator")
         assert [line["sub"] for line in audit_lines(tmp_path / "audit.log.1")] == ["s-1"]
         assert [line["sub"] for line in audit_lines(path)] == ["s-2"]
     finally:
-        signal.signal(signal.SIGUSR1, previous)
+        for n, handler in previous.items():
+            signal.signal(n, handler)
 
 
 @pytest_twisted.ensureDeferred

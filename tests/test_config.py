@@ -68,6 +68,12 @@ def test_defaults():
         ({"identity": [{}]}, "identity[0].plugin: is required"),
         ({"identity": {"plugin": "static"}}, "identity: must be an array of tables, not a table"),
         ({"identity": [{"plugin": "static"}, {"plugin": 3}]}, "identity[1].plugin: must be a string, not an integer"),
+        ({"identity": [{"plugin": "ldap", "standing_cache": "soon"}]}, 'identity[0].standing_cache: must be a duration'),
+        ({"identity": [{"plugin": "ldap", "standing_cache": -1}]}, "identity[0].standing_cache: must not be negative"),
+        ({"identity": [{"plugin": "ldap", "standing_cache_size": 0}]},
+         "identity[0].standing_cache_size: must be at least 1, not 0"),
+        ({"server": {"workers": 0}}, "server.workers: must be at least 1, not 0"),
+        ({"server": {"workers": "all"}}, "server.workers: must be an integer, not a string"),
         ({"internal": {"secret": "hunter2"}}, "internal.secret: secrets are not written in the config file"),
         ({"clients": [{"redirect_uris": []}]}, "clients[0].client_id: is required"),
         ({"clients": [{**CLIENT, "redirect_uris": ["http://app.example/cb"]}]},
@@ -160,6 +166,15 @@ def test_any_unknown_key_is_rejected_and_named(name):
     with pytest.raises(ConfigError) as caught:
         parse_config({"limits": {name: 1}}, None)
     assert str(caught.value) == f"limits.{name}: unknown key"
+
+
+def test_the_standing_cache_is_taken_before_the_plugin_reads_its_section(tmp_path):
+    config = parse_config({"identity": [{"plugin": "ldap", "standing_cache": "1m", "standing_cache_size": 50},
+                                        {"plugin": "static"}]}, tmp_path / "a.toml")
+    first, second = config.identity
+    assert (first.standing_cache, first.standing_cache_size) == (60, 50)
+    assert second.standing_cache is None and config.workers == 1
+    first.section.done()
 
 
 def test_plugin_sections_are_kept_for_the_plugin(tmp_path):

@@ -15,10 +15,11 @@ from urllib.parse import urlencode
 
 import pytest
 from twisted.internet.defer import Deferred, succeed
+from twisted.internet.error import ReactorNotRunning
 from twisted.internet.task import Clock
 
 from authsrv.config import parse_config
-from authsrv.drain import Drain
+from authsrv.drain import Drain, stop_on_sigterm
 from authsrv.embedded import prepare_data_dir
 from authsrv.identity.chain import IdentityChain
 from authsrv.service import AuthsrvService
@@ -206,3 +207,46 @@ def test_sigterm_with_100_slow_requests_in_flight_answers_every_one_and_exits_0(
     assert server.process.wait(timeout=30) == 0
     out, err = server.output()
     assert "draining" in out + err and "cut off" not in out + err
+
+
+class StoppingReactor:
+    """Records stop() calls and, like a reactor, refuses a second one."""
+
+    def __init__(self):
+        self.stops = 0
+
+    def callFromThread(self, function, *args):
+        function(*args)
+
+    def stop(self):
+        self.stops += 1
+        if self.stops > 1:
+            raise ReactorNotRunning("Can't stop reactor that isn't running.")
+
+
+def test_sigterm_while_already_stopping_is_quiet():
+    """Ctrl-C reaches the workers and the parent, whose SIGTERM then finds them stopping already."""
+    reactor = StoppingReactor()
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        stop_on_sigterm(reactor)
+        reactor.stop()
+        signal.raise_signal(signal.SIGTERM)
+        signal.raise_signal(signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert reactor.stops == 2
+
+
+class LostPort:
+    """A port whose socket is already gone: Twisted's stopListening then answers None."""
+
+    def stopListening(self):
+        return None
+
+
+def test_a_port_already_lost_does_not_stop_the_drain():
+    clock = Clock()
+    done = outcome(Deferred.fromCoroutine(Drain(clock, 1, 30).run([LostPort(), FakePort(clock)])))
+    clock.advance(1)
+    assert done == [0]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import select
 import os
 import signal
 import time
@@ -176,3 +177,32 @@ def test_json_access_line_behind_a_trusted_proxy(tmp_path):
     assert record["time"].endswith("Z") and record["address"] == "198.51.100.4"
     assert record["target"] == "/api/auth/oauth2/authorize?state=[redacted]&scope=openid"
     assert (record["method"], record["status"], record["bytes"], record["referrer"]) == ("GET", 303, 0, None)
+
+
+class _Writes(io.RawIOBase):
+    """A raw file that keeps each write(2) it is given."""
+
+    def __init__(self):
+        self.writes: list[bytes] = []
+
+    def writable(self):
+        return True
+
+    def write(self, data):
+        self.writes.append(bytes(data))
+        return len(data)
+
+
+def test_buffered_lines_leave_in_whole_lines_of_at_most_pipe_buf(tmp_path):
+    """Several workers share the access log's file or pipe: no write may hold part of a line."""
+    file = LineFile(str(tmp_path / "access.log"), flush_each=False)
+    raw = _Writes()
+    file._file = io.TextIOWrapper(io.BufferedWriter(raw), encoding="utf-8")
+    lines = [f"{i} " + "é" * (i % 200) + "\n" for i in range(500)] + ["x" * (2 * select.PIPE_BUF) + "\n"]
+    for line in lines:
+        file.write(line)
+    assert raw.writes == []
+    file.flush()
+    assert b"".join(raw.writes).decode() == "".join(lines)
+    assert all(write.endswith(b"\n") for write in raw.writes)
+    assert all(len(write) <= select.PIPE_BUF for write in raw.writes[:-1]) and len(raw.writes) > 10

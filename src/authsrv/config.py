@@ -16,12 +16,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import attrs
 from attrs import field, frozen
 
 from authsrv.chat.config import ChatConfig, chat_config
 from authsrv.configsection import ConfigError, Section
 from authsrv.flows.device import DevicePolicy
 from authsrv.flows.grants import GRANT_TYPES
+from authsrv.identity.cache import DEFAULT_SIZE as DEFAULT_STANDING_CACHE_SIZE
 from authsrv.flows.mfa import MFA_CHOICES, MfaPolicy
 from authsrv.flows.ratelimit import DEFAULT_RATE, RateSettings
 from authsrv.protocol.device import DEVICE_CODE_GRANT
@@ -172,6 +174,9 @@ class PluginChoice:
 
     name: str
     section: Section
+    standing_cache: int | None = None
+    """For an identity backend: seconds its users are kept (L{authsrv.identity.cache}); None: its default."""
+    standing_cache_size: int = DEFAULT_STANDING_CACHE_SIZE
 
 
 @frozen
@@ -191,6 +196,8 @@ class Config:
     chat: ChatConfig | None = None
     input_limits: InputLimits = InputLimits()
     shutdown: Shutdown = Shutdown()
+    workers: int = 1
+    """Processes serving the listeners (L{authsrv.workers}); 1: this process alone."""
     hsts_max_age: int = HSTS_MAX_AGE
     trusted_proxies: tuple[Network, ...] = ()
     throttle: ThrottlePolicy = ThrottlePolicy()
@@ -451,6 +458,15 @@ def _plugin(section: Section, checked: _Problems, default: str | None = None) ->
     return None if name is None else PluginChoice(name, section)
 
 
+def _identity(section: Section, checked: _Problems) -> PluginChoice | None:
+    """An C{[[identity]]} backend with its standing cache, which the server keeps in front of any plugin."""
+    choice = _plugin(section, checked)
+    seconds = checked.take(section.duration, "standing_cache", None)
+    size = checked.take(section.int, "standing_cache_size", DEFAULT_STANDING_CACHE_SIZE, minimum=1,
+                        fallback=DEFAULT_STANDING_CACHE_SIZE)
+    return None if choice is None else attrs.evolve(choice, standing_cache=seconds, standing_cache_size=size)
+
+
 def _uris(section: Section, name: str, required: bool) -> list[str]:
     uris = section.str_list(name) if required else section.str_list(name, [])
     for index, uri in enumerate(uris):
@@ -678,6 +694,7 @@ def read_config_document(
     access_log = checked.take(_access_log, server, _raw(data, "server", "access_log"), fallback="off")
     access_log_path = checked.take(_log_path, server, "access_log_path", None) or "-"
     shutdown = _shutdown(server, checked)
+    workers = checked.take(server.int, "workers", 1, minimum=1, fallback=1)
     hsts_max_age = checked.take(server.duration, "hsts_max_age", HSTS_MAX_AGE, fallback=HSTS_MAX_AGE)
     trusted_proxies = _trusted_proxies(server, checked)
     checked.done(server)
@@ -714,7 +731,7 @@ def read_config_document(
     keystore = (_plugin(_table(top, checked, "keystore"), checked, "jwk-file")
                 or PluginChoice("jwk-file", Section({}, "keystore", base_dir)))
     identity_sections = checked.take(top.tables, "identity", fallback=[])
-    identity = tuple(choice for s in identity_sections if (choice := _plugin(s, checked)) is not None)
+    identity = tuple(choice for s in identity_sections if (choice := _identity(s, checked)) is not None)
     if not identity_sections:
         identity = (PluginChoice("static", Section({}, "identity[0]", base_dir)),)
     par = checked.take(_par, _table(top, checked, "par"), fallback=PushedRequestSettings())
@@ -751,6 +768,7 @@ def read_config_document(
         chat=chat,
         input_limits=input_limits,
         shutdown=shutdown,
+        workers=workers,
         hsts_max_age=hsts_max_age,
         throttle=throttle,
         show_ban_reason=show_ban_reason,

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import signal
 
-from twisted.internet.defer import Deferred, TimeoutError, gatherResults
+from twisted.internet.defer import Deferred, TimeoutError, gatherResults, maybeDeferred
+from twisted.internet.error import ReactorNotRunning
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
@@ -53,7 +54,8 @@ class Drain:
             delay=self._delay, timeout=self._timeout,
         )
         await deferLater(self._clock, self._delay)
-        await gatherResults([port.stopListening() for port in ports])
+        # A port whose socket was already lost answers None rather than a Deferred.
+        await gatherResults([maybeDeferred(port.stopListening) for port in ports])
         if self.in_flight == 0:
             return 0
         idle: Deferred[None] = Deferred()
@@ -83,6 +85,10 @@ def stop_on_sigterm(reactor) -> None:
             return
         stopping.append(True)
         log.info("SIGTERM: stopping gracefully")
-        reactor.stop()
+        try:
+            reactor.stop()
+        except ReactorNotRunning:
+            # Already stopping: SIGINT from the terminal reached the workers too.
+            pass
 
     signal.signal(signal.SIGTERM, lambda number, frame: reactor.callFromThread(stop))

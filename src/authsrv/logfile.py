@@ -2,15 +2,29 @@
 Log files an operator rotates: the audit log and the access log. C{"-"}
 is standard output (as the process had it at start, before C{twist}
 redirects it into the log). Each write is one whole line; L{LineFile.reopen}
-after logrotate moved the file, which SIGUSR1 asks for (L{reopen_on_sigusr1}).
+after logrotate moved the file, which SIGUSR1 or SIGHUP asks for
+(L{reopen_on_signals}).
+
+Several worker processes (L{authsrv.workers}) append to the same files and
+the same standard output, so every write(2) holds whole lines, and at most
+C{PIPE_BUF} bytes where it can: the kernel keeps such a write in one piece
+on a pipe, and appends to a file never split a write.
 """
 
 from __future__ import annotations
 
+import os
+import select
 import signal
 import sys
+from typing import Callable
+
+from twisted.logger import Logger
 
 STDOUT = "-"
+REOPEN_SIGNALS = (signal.SIGUSR1, signal.SIGHUP)
+
+log = Logger()
 
 
 class LineFile:
@@ -24,6 +38,7 @@ class LineFile:
     def __init__(self, path: str, *, flush_each: bool = True):
         self.path = path
         self._flush_each = flush_each
+        self._pending: list[str] = []
         self._file = self._open()
 
     def _open(self):
@@ -33,32 +48,56 @@ class LineFile:
 
     def write(self, line: str) -> None:
         """Write C{line}, which ends with a newline."""
-        self._file.write(line)
         if self._flush_each:
+            self._file.write(line)
             self._file.flush()
+        else:
+            self._pending.append(line)
 
     def flush(self) -> None:
+        """The lines written so far, in writes of whole lines up to C{PIPE_BUF} bytes each."""
+        if not self._pending:
+            self._file.flush()
+            return
+        data = "".join(self._pending).encode("utf-8")
+        self._pending = []
         self._file.flush()
+        start = 0
+        while start < len(data):
+            end = data.rfind(b"\n", start, start + select.PIPE_BUF) + 1
+            if end <= start:
+                end = data.index(b"\n", start) + 1
+            self._file.buffer.write(data[start:end])
+            self._file.buffer.flush()
+            start = end
 
     def reopen(self) -> None:
         """Continue in a new file at C{path}: the old one was moved away."""
         if self.path == STDOUT:
             return
+        self.flush()
         old, self._file = self._file, self._open()
         old.close()
 
     def close(self) -> None:
-        if self.path == STDOUT:
-            self._file.flush()
-        else:
+        self.flush()
+        if self.path != STDOUT:
             self._file.close()
 
 
-def reopen_on_sigusr1(reactor, files) -> None:
-    """On SIGUSR1 reopen C{files}, from the reactor's thread, never in the middle of a write."""
+def reopen_on_signals(reactor, files, then: Callable[[int], None] | None = None) -> None:
+    """
+    On SIGUSR1 or SIGHUP reopen C{files}, from the reactor's thread, never
+    in the middle of a write; then C{then(signal)} (the workers' parent
+    passes the signal on).
+    """
 
-    def reopen() -> None:
+    def reopen(number: int) -> None:
         for file in files:
             file.reopen()
+        log.info("log files reopened on {signal} (pid {pid})", signal=signal.Signals(number).name, pid=os.getpid())
+        if then is not None:
+            then(number)
 
-    signal.signal(signal.SIGUSR1, lambda number, frame: reactor.callFromThread(reopen))
+    for number in REOPEN_SIGNALS:
+        signal.signal(number, lambda number, frame: reactor.callFromThread(reopen, number))

@@ -10,14 +10,17 @@ C{twist authsrv} stops with one line and a non-zero status.
 from __future__ import annotations
 
 import json
+import os
+from functools import partial
 from urllib.parse import urlsplit
 
 import attrs
 from attrs import frozen
 from twisted.application.internet import TimerService
 from twisted.application.service import MultiService
-from twisted.internet.defer import Deferred, gatherResults
+from twisted.internet.defer import Deferred, gatherResults, maybeDeferred
 from twisted.internet.endpoints import serverFromString
+from twisted.internet.protocol import ServerFactory
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger, globalLogPublisher
 from twisted.python.failure import Failure
@@ -57,9 +60,10 @@ from authsrv.flows.revoke import RevocationFlow
 from authsrv.flows.sessions import SessionEnder
 from authsrv.flows.token import TokenFlow
 from authsrv.flows.userinfo import UserInfoFlow, UserInfoSigner
+from authsrv.identity.cache import DEFAULT_SECONDS as DEFAULT_STANDING_CACHE, StandingCache
 from authsrv.identity.chain import IdentityChain
 from authsrv.identity.passwords import hasher_of
-from authsrv.interfaces import IChatLinkSource
+from authsrv.interfaces import IChatLinkSource, IUserManagement
 from authsrv.logfile import LineFile
 from authsrv.metrics import Metrics
 from authsrv.operations import AdminOperations
@@ -82,6 +86,7 @@ from authsrv.web.request import bounded_request_factory
 from authsrv.web.root import Root
 from authsrv.web.routes import Named
 from authsrv.web.static import StaticBytes
+from authsrv.workers import Adopter, Binder, Supervisor, WorkerRole
 
 MAINTENANCE_INTERVAL = 60.0
 GC_BATCH = 500
@@ -114,15 +119,31 @@ def backend_names(plugins: list[str]) -> list[str]:
     return [name if plugins.count(name) == 1 else f"{name}-{index}" for index, name in enumerate(plugins)]
 
 
+def standing_cache(choice, backend, clock) -> StandingCache | None:
+    """
+    The cache configured for a backend, or None when it is off. By default a
+    backend authsrv writes users to (the static file, PostgreSQL's own table)
+    is asked every time, so that disabling a user there acts at once, and one
+    it only reads (LDAP, a mapped table, a third party's) keeps users for
+    L{authsrv.identity.cache.DEFAULT_SECONDS}.
+    """
+    seconds = choice.standing_cache
+    if seconds is None:
+        seconds = 0 if IUserManagement.providedBy(backend) else DEFAULT_STANDING_CACHE
+    return StandingCache(clock, seconds, choice.standing_cache_size) if seconds else None
+
+
 def build_identity(config: Config, context, metrics: Metrics | None = None) -> IdentityChain:
     """
     Every C{[[identity]]} backend, in the configured order, as the one
     chain that the portal checks passwords with and every flow asks.
     """
+    backends = [build_plugin("identity", choice, context) for choice in config.identity]
     return IdentityChain(
-        [build_plugin("identity", choice, context) for choice in config.identity],
+        backends,
         backend_names([choice.name for choice in config.identity]),
         metrics.identity_call if metrics else None,
+        [standing_cache(choice, backend, context.reactor) for choice, backend in zip(config.identity, backends)],
     )
 
 
@@ -214,9 +235,10 @@ class AuthsrvService(MultiService):
     def _ready(self, _):
         self._started = True
         self.log.info(
-            "authsrv ready: issuer {issuer}, listening on {listen}",
+            "authsrv ready (pid {pid}): issuer {issuer}, listening on {listen}",
             issuer=self.config.issuer,
             listen=", ".join(self.config.listen),
+            pid=os.getpid(),
         )
 
     def _startup_failed(self, failure: Failure):
@@ -246,7 +268,7 @@ class AuthsrvService(MultiService):
         if self._drain is not None:
             await self._drain.run(self._ports)
         else:
-            await gatherResults([port.stopListening() for port in self._ports])
+            await gatherResults([maybeDeferred(port.stopListening) for port in self._ports])
         await super().stopService()
         if self._metrics is not None:
             globalLogPublisher.removeObserver(self._metrics.audit_observer)
@@ -511,9 +533,16 @@ def metrics_site(metrics: Metrics, config: Config, reactor):
     return site
 
 
-def build(config: Config, reactor) -> AuthsrvService:
-    """Build every part of the server; raises L{StartupError} with one line."""
-    metrics = Metrics() if config.metrics_listen else None
+def build(config: Config, reactor, role: WorkerRole | None = None) -> AuthsrvService:
+    """
+    Build every part of the server; raises L{StartupError} with one line.
+    As a worker (L{authsrv.workers}), C{role} says which: it adopts the
+    sockets its parent bound, and only worker 0 serves the admin and
+    metrics listeners.
+    """
+    first = role is None or role.index == 0
+    listening = reactor if role is None else Adopter(reactor, role.fds)
+    metrics = Metrics() if config.metrics_listen and first else None
     context = PluginContext(
         reactor, config.base_dir, config.limits.max_token_lifetime,
         store_observer=metrics.store_call if metrics else None, password_hasher=hasher_of(config),
@@ -542,22 +571,24 @@ def build(config: Config, reactor) -> AuthsrvService:
         ports: list = []
         drain = Drain(reactor, config.shutdown.delay, config.shutdown.timeout)
         access_log = access_log_of(config)
-        _listen(reactor, "server.listen", config.listen,
-                site_factory(root, config, drain, reactor, metrics, access_log), ports, config.base_dir)
         admin_on_internal = admin if not config.admin.listen else None
-        _listen(reactor, "internal.listen", config.internal_listen,
-                site_factory(Root({}, internal, internal, config.input_limits, admin_on_internal), config, drain,
-                             reactor, metrics, access_log),
-                ports, config.base_dir)
+        sites = {
+            "server.listen": site_factory(root, config, drain, reactor, metrics, access_log),
+            "internal.listen": site_factory(Root({}, internal, internal, config.input_limits, admin_on_internal),
+                                            config, drain, reactor, metrics, access_log),
+        }
+        if metrics is not None:
+            sites["metrics.listen"] = partial(metrics_site, metrics, config, reactor)
         if admin is not None:
-            _listen(reactor, "admin.listen", config.admin.listen,
-                    site_factory(Root({}, admin, None, config.input_limits, admin), config, drain, reactor, metrics,
-                                 access_log),
-                    ports, config.base_dir)
+            sites["admin.listen"] = site_factory(Root({}, admin, None, config.input_limits, admin), config, drain,
+                                                 reactor, metrics, access_log)
+        shared, own = listener_groups(config)
+        for key, descriptions in shared + (own if first else []):
+            _listen(listening, key, descriptions, sites[key], ports, config.base_dir)
+        if isinstance(listening, Adopter):
+            listening.check_all_taken()
         if metrics is not None:
             metrics.watch_keys(keystore, reactor)
-            _listen(reactor, "metrics.listen", config.metrics_listen, lambda: metrics_site(metrics, config, reactor),
-                    ports, config.base_dir)
     except BaseException:
         context.stop()
         raise
@@ -576,3 +607,51 @@ def build(config: Config, reactor) -> AuthsrvService:
     )
     holder.append(service)
     return service
+
+
+def listener_groups(config: Config) -> tuple[list[tuple[str, tuple[str, ...]]], list[tuple[str, tuple[str, ...]]]]:
+    """
+    The listener settings in the order they are bound: those every worker
+    serves, then those of worker 0 alone (the admin API, metrics).
+    """
+    own = []
+    if config.admin.secret is not None:
+        own.append(("admin.listen", config.admin.listen))
+    if config.metrics_listen:
+        own.append(("metrics.listen", config.metrics_listen))
+    return [("server.listen", config.listen), ("internal.listen", config.internal_listen)], own
+
+
+def build_supervisor(config: Config, reactor, count: int) -> Supervisor:
+    """
+    The parent of C{count} workers: binds every listener, migrates the store,
+    the keystore and the identity backends now (their mistakes are start-up
+    errors, as in L{build}), and stores the config's clients once before the
+    workers start, so that no two of them race to do it.
+    """
+    context = PluginContext(reactor, config.base_dir, config.limits.max_token_lifetime)
+    bound: list = []
+    try:
+        store = build_plugin("store", config.store, context)
+        build_plugin("keystore", config.keystore, context)
+        identity = build_identity(config, context)
+        binder = Binder(reactor)
+        shared, own = listener_groups(config)
+        for key, descriptions in shared:
+            _listen(binder, key, descriptions, ServerFactory, bound, config.base_dir)
+        shared_sockets = len(bound)
+        for key, descriptions in own:
+            _listen(binder, key, descriptions, ServerFactory, bound, config.base_dir)
+    except BaseException:
+        for port in bound:
+            port.stopListening()
+        context.stop()
+        raise
+
+    async def prepare() -> None:
+        await sync_config_clients(store, config.clients)
+        await store.close()
+        await identity.close()
+        context.stop()
+
+    return Supervisor(reactor, count, bound, shared_sockets, prepare)

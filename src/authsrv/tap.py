@@ -22,8 +22,9 @@ from authsrv.config import Config, ConfigFileError, load_config
 from authsrv.drain import stop_on_sigterm
 from authsrv.embedded import DEFAULT_DATA_DIR, prepare_data_dir
 from authsrv.jsonlog import json_log_observer
-from authsrv.logfile import STDOUT, LineFile, reopen_on_sigusr1
-from authsrv.service import StartupError, build
+from authsrv.logfile import STDOUT, LineFile, reopen_on_signals
+from authsrv.service import AuthsrvService, StartupError, build, build_supervisor
+from authsrv.workers import Supervisor, WorkerError, stop_with_parent, worker_role
 
 
 class Options(usage.Options):
@@ -32,7 +33,7 @@ class Options(usage.Options):
     files named in the config, never from a command line others can read.
     """
 
-    synopsis = "[--config FILE] [--listen ENDPOINT] [--public-url URL] [--data-dir DIR]"
+    synopsis = "[--config FILE] [--listen ENDPOINT] [--public-url URL] [--data-dir DIR] [--workers N]"
     longdesc = (
         "Run the authsrv OAuth 2.1 / OpenID Connect server. Without --config it runs"
         " the embedded default: a data folder (SQLite store, generated keys, a users"
@@ -45,11 +46,20 @@ class Options(usage.Options):
          "The base URL clients reach the server at, overriding AUTHSRV_PUBLIC_URL and server.public_url;"
          " the issuer is this URL + /api/auth."],
         ["data-dir", "d", DEFAULT_DATA_DIR, "The embedded default's data folder (without --config)."],
+        ["workers", "w", None,
+         "Processes sharing the listeners, overriding server.workers (default 1); one per core is the most useful."],
     ]
 
     def postOptions(self):
         if self["config"] is not None and self["data-dir"] != DEFAULT_DATA_DIR:
             raise usage.UsageError("--data-dir is for the embedded default; the config file names its own paths")
+        if self["workers"] is not None:
+            try:
+                self["workers"] = int(self["workers"])
+            except ValueError:
+                raise usage.UsageError(f"--workers must be a whole number, not {self['workers']!r}") from None
+            if self["workers"] < 1:
+                raise usage.UsageError("--workers must be at least 1")
 
 
 def start_audit_log(config: Config) -> AuditObserver:
@@ -84,22 +94,34 @@ def makeService(options, reactor=None):
     if reactor is None:
         from twisted.internet import reactor
     try:
+        role = worker_role()
+        if role is not None:
+            stop_with_parent(role)
         if options["config"] is None:
             config_path, created = prepare_data_dir(Path(options["data-dir"]))
         else:
             config_path, created = Path(options["config"]), None
         config = load_config(config_path, listen=options["listen"], public_url=options["public-url"])
         audit = start_audit_log(config)
-        events.config_loaded(path=str(config_path.resolve()), issuer=config.issuer, clients=len(config.clients))
-        service = build(config, reactor)
-    except (ConfigFileError, StartupError) as e:
+        workers = options["workers"] or config.workers
+        if role is None:
+            events.config_loaded(path=str(config_path.resolve()), issuer=config.issuer, clients=len(config.clients))
+        service: AuthsrvService | Supervisor
+        if role is None and workers > 1:
+            service = build_supervisor(config, reactor, workers)
+        else:
+            service = build(config, reactor, role)
+    except (ConfigFileError, StartupError, WorkerError) as e:
         raise SystemExit(f"authsrv: {e}") from None
     if created is not None:
         print(created.summary(config.issuer), flush=True)
     twist = getattr(options, "parent", None)
     if twist is not None:
         twist["fileLogObserverFactory"] = diagnostic_log_factory(twist.get("fileLogObserverFactory"), config.log_format)
-    log_files = [audit.file] + ([service.access_log.file] if service.access_log is not None else [])
     reactor.callWhenRunning(stop_on_sigterm, reactor)
-    reactor.callWhenRunning(reopen_on_sigusr1, reactor, log_files)
+    if isinstance(service, Supervisor):
+        reactor.callWhenRunning(reopen_on_signals, reactor, [audit.file], service.signal_workers)
+    else:
+        log_files = [audit.file] + ([service.access_log.file] if service.access_log is not None else [])
+        reactor.callWhenRunning(reopen_on_signals, reactor, log_files)
     return service

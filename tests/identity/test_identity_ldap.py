@@ -18,6 +18,7 @@ from html import unescape as html_unescape
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
+import attrs
 import pytest
 import pytest_twisted
 import requests
@@ -25,13 +26,21 @@ from twisted.cred.credentials import UsernamePassword
 from twisted.cred.error import UnauthorizedLogin
 from twisted.cred.portal import Portal
 from twisted.internet.defer import gatherResults
+from twisted.internet.task import Clock
 from twisted.logger import capturedLogs, formatEvent
 from twisted.python.threadable import isInIOThread
 
 from conftest import admin, free_port
 from slapd import CORP_GROUPS, CORP_USERS, GROUPS, PEOPLE, SERVICE_DN, SERVICE_PASSWORD, user_attributes, user_dn
 
+from authsrv.config import PluginChoice
 from authsrv.configsection import ConfigError, Section
+from authsrv.flows.standing import standing
+from authsrv.identity.cache import DEFAULT_SECONDS
+from authsrv.plugins import find_factory
+from authsrv.records import Ban
+from authsrv.service import standing_cache
+from authsrv.testing.memory import MemoryStore
 from authsrv.context import PluginContext
 from authsrv.identity.chain import IdentityChain
 from authsrv.identity.errors import BackendUnavailable, UnknownUser
@@ -460,6 +469,97 @@ async def test_disabled_in_the_directory_shows_at_the_next_lookup(slapd, context
         slapd.delete(dn)
 
 
+# --- the standing cache ------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def cached_chain(context, slapd_server, seconds: int):
+    """The directory as a one-backend chain with a standing cache of C{seconds} on a fake clock."""
+    clock = Clock()
+    choice = PluginChoice("ldap", Section(slapd_server.backend_config(), "identity[0]", context.base_dir),
+                          standing_cache=seconds)
+    directory = backend(context, slapd_server.backend_config())
+    chain = IdentityChain([directory], caches=[standing_cache(choice, directory, clock)])
+    try:
+        yield chain, clock, recorded(directory)
+    finally:
+        await chain.close()
+
+
+@pytest.fixture
+def oscar(slapd):
+    user = User(sub="sub-oscar-cached", login="oscar-cached", name="Oscar")
+    slapd.put(user_dn(user.login), user_attributes(user, "oscar-password"))
+    yield user
+    slapd.delete(user_dn(user.login))
+
+
+@pytest_twisted.ensureDeferred
+async def test_disabled_or_deleted_in_the_directory_acts_after_the_cache_time(slapd, context, oscar):
+    dn = user_dn(oscar.login)
+    async with cached_chain(context, slapd, 30) as (chain, clock, directory):
+        assert await chain.user_by_id(oscar.sub) == oscar
+        slapd.modify(dn, nsAccountLock="TRUE", description="left the company")
+        clock.advance(29)
+        assert await chain.user_by_id(oscar.sub) == oscar, "not before the cache time"
+        assert len(directory.threads) == 1, "one directory search for both lookups"
+        clock.advance(1)
+        assert (await chain.user_by_id(oscar.sub)).disabled_reason == "left the company"
+        slapd.delete(dn)
+        assert (await chain.user_by_id(oscar.sub)).disabled
+        clock.advance(30)
+        assert await chain.user_by_id(oscar.sub) is None
+        assert len(directory.threads) == 3
+
+
+@pytest_twisted.ensureDeferred
+async def test_zero_asks_the_directory_every_time(slapd, context, oscar):
+    async with cached_chain(context, slapd, 0) as (chain, _, directory):
+        assert chain._caches == (None,)
+        assert await chain.user_by_id(oscar.sub) == oscar
+        slapd.modify(user_dn(oscar.login), nsAccountLock="TRUE")
+        assert (await chain.user_by_id(oscar.sub)).disabled
+        assert len(directory.threads) == 2
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_ban_in_the_store_acts_at_once_and_a_login_reads_afresh(slapd, context, oscar):
+    store = MemoryStore()
+    async with cached_chain(context, slapd, 60) as (chain, clock, _):
+        now = int(clock.seconds())
+        assert (await standing(chain, store, oscar.sub, now)).allowed
+        await store.ban_user(Ban(oscar.sub, "spam", now))
+        assert (await standing(chain, store, oscar.sub, now)).ban_reason == "spam"
+        await store.unban_user(oscar.sub)
+        slapd.modify(user_dn(oscar.login), nsAccountLock="TRUE", description="left the company")
+        assert (await standing(chain, store, oscar.sub, now)).allowed, "cached"
+        user = await log_in(chain, oscar.login, "oscar-password")
+        assert user.disabled and not (await standing(chain, store, oscar.sub, now)).allowed
+
+
+@pytest_twisted.ensureDeferred
+async def test_concurrent_lookups_of_one_user_make_one_search(slapd, context, oscar):
+    async with cached_chain(context, slapd, 30) as (chain, _, directory):
+        users = await gatherResults([chain.user_by_id(oscar.sub) for _ in range(20)])
+        assert users == [oscar] * 20
+        assert len(directory.threads) == 1
+
+
+def test_default_cache_time_by_backend(slapd, context, tmp_path):
+    """Read-only backends keep users 30 s; ones authsrv writes to are asked every time; both configurable."""
+    clock = Clock()
+    ldap_choice = PluginChoice("ldap", Section({}, "identity[0]", tmp_path))
+    static_choice = PluginChoice("static", Section({}, "identity[1]", tmp_path))
+    ldap_backend = backend(context, slapd.backend_config())
+    (tmp_path / "users.toml").write_text("")
+    static_backend = find_factory("identity", "static").from_config(
+        Section({"path": "users.toml"}, "identity[1]", tmp_path), context)
+    assert standing_cache(ldap_choice, ldap_backend, clock)._seconds == DEFAULT_SECONDS == 30
+    assert standing_cache(static_choice, static_backend, clock) is None
+    assert standing_cache(attrs.evolve(static_choice, standing_cache=5), static_backend, clock)._seconds == 5
+    assert standing_cache(attrs.evolve(ldap_choice, standing_cache=0), ldap_backend, clock) is None
+
+
 # --- Active Directory --------------------------------------------------------------------
 
 
@@ -645,7 +745,7 @@ def ldap_server(run_server, slapd, tmp_path):
     (tmp_path / "app-secret").write_text(CLIENT_SECRET + "\n")
     (tmp_path / "internal-secret").write_text(INTERNAL_SECRET + "\n")
     identity = "\n".join(f"{k} = {_toml(v)}" for k, v in slapd.backend_config(
-        connect_timeout=1, bind_timeout=2, search_timeout=2).items())
+        connect_timeout=1, bind_timeout=2, search_timeout=2, standing_cache=0).items())
     (tmp_path / "authsrv.toml").write_text(f"""
 [server]
 public_url = "http://127.0.0.1:{port}"

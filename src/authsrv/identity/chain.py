@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import secrets
 from time import perf_counter
-from typing import Callable
+from typing import Callable, Sequence
 
 from twisted.cred.credentials import IUsernamePassword, UsernamePassword
 from twisted.cred.error import UnauthorizedLogin
@@ -37,6 +37,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from authsrv.identity.cache import StandingCache
 from authsrv.identity.errors import BackendUnavailable, UnknownUser
 from authsrv.interfaces import IIdentityBackend
 
@@ -52,14 +53,19 @@ class IdentityChain:
     The backends in order, as one L{IIdentityBackend}. C{names} name them
     (for readiness and metrics; by default C{"0"}, C{"1"}, ...), and
     C{observer}, if any, hears of every call made to one of them.
+    C{caches}, by position, holds a L{StandingCache} for each backend whose
+    C{user_by_id} answers are kept for a while, or None (the default for
+    all) where every lookup asks the backend.
     """
 
     credentialInterfaces = (IUsernamePassword,)
 
-    def __init__(self, backends, names=None, observer: CallObserver | None = None):
+    def __init__(self, backends, names=None, observer: CallObserver | None = None,
+                 caches: Sequence[StandingCache | None] = ()):
         self.backends = tuple(backends)
         self.names = tuple(names) if names is not None else tuple(str(i) for i in range(len(self.backends)))
         self._observer = observer
+        self._caches = tuple(caches) + (None,) * (len(self.backends) - len(caches))
 
     def _ask(self, index: int, method: str, argument) -> Deferred:
         """Call one backend's C{method}, timed for the observer."""
@@ -74,6 +80,12 @@ class IdentityChain:
 
         return maybeDeferred(getattr(self.backends[index], method), argument).addBoth(report)
 
+    def _forget(self, sub: str) -> None:
+        """A password check just succeeded: the login and what follows it read the user afresh."""
+        for cache in self._caches:
+            if cache is not None:
+                cache.forget(sub)
+
     def _unavailable(self, index: int, error: Exception) -> None:
         log.warn(
             "identity backend {index} ({backend}) unavailable: {error}",
@@ -87,7 +99,7 @@ class IdentityChain:
         outage = None
         for index in range(len(self.backends)):
             try:
-                return await self._ask(index, "requestAvatarId", credentials)
+                sub = await self._ask(index, "requestAvatarId", credentials)
             except UnknownUser:
                 continue
             except UnauthorizedLogin:
@@ -96,6 +108,9 @@ class IdentityChain:
             except Exception as e:
                 self._unavailable(index, e)
                 outage = e
+            else:
+                self._forget(sub)
+                return sub
         if outage is not None:
             raise BackendUnavailable(f"no identity backend knew the login, and one was unavailable: {outage}")
         raise UnknownUser("no identity backend knows this login")
@@ -129,7 +144,10 @@ class IdentityChain:
         def answered(user):
             return self._first(method, key, index + 1, outage) if user is None else user
 
-        return self._ask(index, method, key).addCallbacks(answered, failed)
+        cache = self._caches[index] if method == "user_by_id" else None
+        asked = self._ask(index, method, key) if cache is None else cache.user_by_id(
+            key, lambda sub: self._ask(index, method, sub))
+        return asked.addCallbacks(answered, failed)
 
     def user_by_id(self, sub: str) -> Deferred:
         return self._first("user_by_id", sub)

@@ -20,7 +20,8 @@ hung directory is L{BackendUnavailable} within the configured timeouts,
 never a wrong password.
 
 The directory is asked again on every L{backend.LdapIdentityBackend.user_by_id},
-which the server does on refresh, user-access, UserInfo and introspection:
-a user disabled there, removed, or no longer in the required groups loses
-access at once.
+which the server does on refresh, user-access, UserInfo and introspection
+through the chain's standing cache (L{authsrv.identity.cache}, 30 s by
+default): a user disabled there, removed, or no longer in the required
+groups loses access within that time.
 """

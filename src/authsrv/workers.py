@@ -1,0 +1,255 @@
+"""
+Several processes on one machine's cores (C{[server] workers}, C{twist
+authsrv --workers N}): the parent binds every listener, migrates the store,
+makes the signing keys and stores the config's clients once, then starts N
+workers, each a C{twist authsrv} with the same command line and its own
+reactor, that adopt the parent's listening sockets (inherited as file
+descriptors 3, 4, ...) instead of binding their own. The kernel hands each
+new connection to whichever worker accepts it first.
+
+Inherited sockets rather than SO_REUSEPORT: one bind, so a taken port or a
+bad TLS file stops the start with one line before any worker runs; no other
+process of the same user can join the port and take a share of the
+connections; every Twisted endpoint (TCP, TLS, Unix sockets, the PROXY
+protocol wrapper, port 0) works unchanged, since only the C{listen*} call at
+the bottom is replaced; and a stopping worker leaves no connections behind
+in an accept queue of its own, as a SO_REUSEPORT socket does when it closes.
+
+What the workers share lives in the store (grants, tokens, sessions, bans,
+the login throttle, the chat refresh leases) or the keystore; what each
+keeps in memory is per worker: the client cache (two seconds), the standing
+cache, the rate-limit buckets, the caps on password checks in flight and
+the key ring (reloaded within a minute). The admin and metrics listeners
+are served by worker 0 alone, so C{/metrics} shows worker 0's own figures.
+
+The parent passes SIGTERM on (every worker drains, then the parent exits 0
+once all have), and SIGHUP and SIGUSR1 (every worker reopens its log
+files). A worker that dies otherwise is started again after a second.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import sys
+
+from attrs import frozen
+from twisted.application.service import Service
+from twisted.internet.defer import Deferred, gatherResults
+from twisted.internet.error import CannotListenError, ProcessExitedAlready
+from twisted.internet.interfaces import IProcessTransport
+from twisted.internet.protocol import ProcessProtocol, ServerFactory
+from twisted.logger import Logger
+from twisted.protocols.tls import TLSMemoryBIOFactory
+
+WORKER_ENV = "AUTHSRV_WORKER"
+"""
+C{"index:sockets:parent"} in a worker's environment: its number, how many
+listening sockets it inherits, and its parent's pid.
+"""
+FIRST_FD = 3
+RESTART_DELAY = 1.0
+PREPARE_RETRY = 5.0
+_PR_SET_PDEATHSIG = 1
+
+log = Logger()
+
+
+class WorkerError(Exception):
+    """A worker's environment does not match what its parent handed it."""
+
+
+@frozen
+class WorkerRole:
+    """This process is worker C{index}, with listening sockets on C{fds}, in the order they are bound."""
+
+    index: int
+    fds: tuple[int, ...]
+    parent: int
+
+
+def worker_role(environ=os.environ) -> WorkerRole | None:
+    """The role the parent gave this process, or None for a process started by hand."""
+    value = environ.get(WORKER_ENV)
+    if value is None:
+        return None
+    try:
+        index, count, parent = (int(part) for part in value.split(":"))
+    except ValueError:
+        raise WorkerError(f"{WORKER_ENV}={value!r} is not index:sockets:parent") from None
+    fds = tuple(range(FIRST_FD, FIRST_FD + count))
+    for fd in fds:
+        try:
+            listening = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            raise WorkerError(f"file descriptor {fd} is not a socket inherited from the parent") from None
+        with listening:
+            if not listening.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                raise WorkerError(f"file descriptor {fd} is not a listening socket")
+    return WorkerRole(index, fds, parent)
+
+
+def stop_with_parent(role: WorkerRole) -> None:
+    """
+    Have Linux send this worker SIGTERM when its parent dies, even by
+    SIGKILL, so that no orphan keeps serving on the inherited sockets; a
+    parent already gone stops it at once.
+    """
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        log.warn("cannot ask to be stopped with the parent: a killed parent leaves this worker running")
+    if os.getppid() != role.parent:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+class _Listening:
+    """
+    Stands in for the reactor where endpoints call C{listenTCP},
+    C{listenSSL} and C{listenUNIX}; everything else goes to the reactor.
+    """
+
+    def __init__(self, reactor):
+        self._reactor = reactor
+
+    def __getattr__(self, name):
+        return getattr(self._reactor, name)
+
+    def listenTCP(self, port, factory, backlog=50, interface=""):
+        return self._port(factory, lambda: self._reactor.listenTCP(port, ServerFactory(), backlog, interface))
+
+    def listenSSL(self, port, factory, contextFactory, backlog=50, interface=""):
+        return self._port(TLSMemoryBIOFactory(contextFactory, False, factory),
+                          lambda: self._reactor.listenTCP(port, ServerFactory(), backlog, interface))
+
+    def listenUNIX(self, address, factory, backlog=50, mode=0o666, wantPID=0):
+        return self._port(factory, lambda: self._reactor.listenUNIX(address, ServerFactory(), backlog, mode, wantPID))
+
+    def adoptStreamPort(self, fileDescriptor, addressFamily, factory):
+        return self._port(factory, lambda: self._reactor.adoptStreamPort(fileDescriptor, addressFamily, ServerFactory()))
+
+    def _port(self, factory, bind):
+        raise NotImplementedError
+
+
+class Binder(_Listening):
+    """The parent's: binds each listener for real, but accepts nothing itself."""
+
+    def _port(self, factory, bind):
+        port = bind()
+        port.stopReading()
+        return port
+
+
+class Adopter(_Listening):
+    """A worker's: each listener takes the next inherited socket, in the order the parent bound them."""
+
+    def __init__(self, reactor, fds: tuple[int, ...]):
+        super().__init__(reactor)
+        self._fds = list(fds)
+
+    def _port(self, factory, bind):
+        if not self._fds:
+            raise CannotListenError(None, None, "the parent handed over fewer sockets than the config has listeners")
+        fd = self._fds.pop(0)
+        with socket.socket(fileno=os.dup(fd)) as inherited:
+            family = inherited.family
+        port = self._reactor.adoptStreamPort(fd, family, factory)
+        os.close(fd)
+        return port
+
+    def check_all_taken(self) -> None:
+        if self._fds:
+            raise WorkerError(f"the parent handed over {len(self._fds)} more sockets than the config has listeners")
+
+
+class _Worker(ProcessProtocol):
+    def __init__(self, supervisor: "Supervisor", index: int):
+        self.supervisor = supervisor
+        self.index = index
+        self.ended: Deferred = Deferred()
+
+    def processEnded(self, reason):
+        self.supervisor.ended(self, reason.value.exitCode, reason.value.signal)
+
+
+class Supervisor(Service):
+    """
+    The parent: starts C{count} workers once C{prepare()} (migrations, keys,
+    the config's clients) has fired, each with the sockets of C{ports}
+    (worker 0 with all of them, the others with the first C{shared}).
+    """
+
+    def __init__(self, reactor, count: int, ports: list, shared: int, prepare, argv=None):
+        self._reactor = reactor
+        self._count = count
+        self._ports = ports
+        self._shared = shared
+        self._prepare = prepare
+        self._argv = list(sys.argv[1:] if argv is None else argv)
+        self._running: dict[int, tuple[_Worker, IProcessTransport]] = {}
+        self._stopping = False
+
+    def startService(self):
+        super().startService()
+        self._start()
+
+    def _start(self) -> None:
+        d = Deferred.fromCoroutine(self._prepare())
+        d.addCallbacks(self._spawn_all, self._unprepared)
+
+    def _spawn_all(self, _) -> None:
+        for index in range(self._count):
+            self._spawn(index)
+
+    def _unprepared(self, failure):
+        log.failure("could not store the clients declared in the config file; trying again in {delay}s", failure,
+                    delay=PREPARE_RETRY)
+        if not self._stopping:
+            self._reactor.callLater(PREPARE_RETRY, self._start)
+
+    def _spawn(self, index: int) -> None:
+        if self._stopping:
+            return
+        ports = self._ports if index == 0 else self._ports[:self._shared]
+        fds = {0: 0, 1: 1, 2: 2}
+        fds.update({FIRST_FD + i: port.fileno() for i, port in enumerate(ports)})
+        worker = _Worker(self, index)
+        process = self._reactor.spawnProcess(
+            worker, sys.executable, [sys.executable, "-m", "twisted", *self._argv],
+            env={**os.environ, WORKER_ENV: f"{index}:{len(ports)}:{os.getpid()}"}, childFDs=fds,
+        )
+        self._running[index] = (worker, process)
+        log.info("worker {index} started (pid {pid})", index=index, pid=process.pid)
+
+    def ended(self, worker: _Worker, status: int | None, number: int | None) -> None:
+        self._running.pop(worker.index, None)
+        if self._stopping:
+            if status:
+                log.warn("worker {index} exited with status {status}", index=worker.index, status=status)
+        else:
+            log.error("worker {index} ended (status {status}, signal {signal}); starting it again",
+                      index=worker.index, status=status, signal=number)
+            self._reactor.callLater(RESTART_DELAY, self._spawn, worker.index)
+        worker.ended.callback(status)
+
+    def signal_workers(self, number: int) -> None:
+        """Pass C{number} on to every running worker."""
+        for _, process in list(self._running.values()):
+            try:
+                process.signalProcess(number)
+            except (OSError, ProcessExitedAlready):
+                pass
+
+    def stopService(self):
+        """Stop accepting here, then let every worker drain and wait for all of them to exit."""
+        super().stopService()
+        self._stopping = True
+        for port in self._ports:
+            # A plain close: Twisted's stopListening would shutdown(2) the socket, and with it every worker's.
+            port.socket.close()
+        waiting = [worker.ended for worker, _ in self._running.values()]
+        self.signal_workers(signal.SIGTERM)
+        return gatherResults(waiting)
