@@ -119,7 +119,9 @@ class Server:
 class Authsrv(Server):
     name = "authsrv"
 
-    def __init__(self, folder: Path, *, store: str, workers: int, postgres_dsn: str | None, seed_grants: int = 0):
+    def __init__(self, folder: Path, *, store: str, workers: int, postgres_dsn: str | None, seed_grants: int = 0,
+                 identity: dict | None = None):
+        """C{identity}: an [[identity]] section to use instead of the demo's static users file."""
         shutil.copytree(ROOT / "examples", folder / "examples", ignore=shutil.ignore_patterns("demo-data"))
         port = free_port()
         config = folder / "examples" / "demo.toml"
@@ -132,6 +134,11 @@ class Authsrv(Server):
         text += "\n[limits]\npending_per_address = 1000000\nmax_connections_per_address = 0\n"
         if workers > 1:
             text = text.replace("[server]\n", f"[server]\nworkers = {workers}\n", 1)
+        if identity is not None:
+            import tomlkit
+
+            text = re.sub(r'\[\[identity\]\]\nplugin = "static"\npath = "[^"]*"\n',
+                          "[[identity]]\n" + tomlkit.dumps(identity), text)
         if store == "postgres":
             text = re.sub(r'\[store\]\nplugin = "sqlite"\npath = "[^"]*"\n',
                           f'[store]\nplugin = "postgres"\ndsn = "{postgres_dsn}"\n', text)
@@ -525,6 +532,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--store", choices=["sqlite", "postgres"], default="sqlite")
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--identity", choices=["static", "ldap"], default="static",
+                        help="ldap: the user in a local slapd (the tests' tests/slapd.py), with the standing cache's"
+                             " default")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--duration", type=int, default=5, help="seconds per measurement (default 5)")
     parser.add_argument("--concurrency", default="1,16,64")
@@ -548,6 +558,10 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"bench: unknown targets {sorted(unknown)}; choose from {TARGETS}")
     concurrencies = [int(c) for c in args.concurrency.split(",")]
+    if args.workers > 1:
+        # Several workers need every core: authsrv and the load then share them, the peer stays on one.
+        global PINNED
+        PINNED = False
     for tool in ("wrk", "taskset", "node"):
         if shutil.which(tool) is None:
             raise SystemExit(f"bench: needs {tool} (bench/setup.sh installs it)")
@@ -565,13 +579,17 @@ def main() -> None:
             raise SystemExit("bench: --instances needs --store postgres, the store several instances share")
         return instances(args, args.instances, targets, max(concurrencies), out)
     folder = Path(tempfile.mkdtemp(prefix="authsrv-bench-"))
-    cluster = None
+    cluster = directory = None
     servers: list[Server] = []
     try:
         dsn = None
         if args.store == "postgres":
             cluster, dsn = postgres_cluster()
-        authsrv = Authsrv(folder, store=args.store, workers=args.workers, postgres_dsn=dsn)
+        identity = None
+        if args.identity == "ldap":
+            directory = ldap_directory()
+            identity = {"plugin": "ldap", **directory.backend_config()}
+        authsrv = Authsrv(folder, store=args.store, workers=args.workers, postgres_dsn=dsn, identity=identity)
         peer, bare = Peer(), BareKlein()
         servers = [authsrv, peer, bare]
         measure = Measure(folder, args.duration)
@@ -601,9 +619,9 @@ def main() -> None:
                               f" CPU {result['cpu_ms']:.3f} ms/req"
                               + (f" ERRORS {result['errors']} {result.get('first_error') or ''}" if result["errors"] else ""),
                               file=sys.stderr, flush=True)
-        info = {"store": args.store, "workers": args.workers, "repeats": args.repeats, "duration": args.duration,
+        info = {"store": args.store + (", LDAP identity" if args.identity == "ldap" else ""), "workers": args.workers, "repeats": args.repeats, "duration": args.duration,
                 **versions()}
-        if "login" in targets:
+        if "login" in targets and args.identity == "static":
             info["argon2_ms"] = argon2_ms()
         report(results, info, targets, concurrencies, out)
     finally:
@@ -611,7 +629,25 @@ def main() -> None:
             server.stop()
         if cluster is not None:
             cluster.destroy()
+        if directory is not None:
+            directory.destroy()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def ldap_directory():
+    """The tests' own slapd, with the demo's alice in it, pinned with authsrv (as a directory server would be)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from slapd import Slapd, user_attributes, user_dn
+
+    from authsrv.records import User
+
+    directory = Slapd()
+    directory.start()
+    alice = User(sub="sub-alice", login="alice", name="Alice", email="alice@example.com", email_verified=True)
+    directory.put(user_dn("alice"), user_attributes(alice, "alice-password"))
+    subprocess.run(["taskset", "-a", "-p", "-c", SERVER_CORE, str(directory.process.pid)], check=True,
+                   capture_output=True)
+    return directory
 
 
 def profile(measure: Measure, authsrv: Authsrv, targets: list[str], connections: int, name: str) -> None:
@@ -807,8 +843,10 @@ def report(results: list[dict], info: dict, targets: list[str], concurrencies: l
     rows = []
     lines = [
         f"authsrv ({info['store']} store{', %d workers' % info['workers'] if info['workers'] > 1 else ''})"
-        f" and node-oidc-provider {info['oidc-provider']} (in memory), both pinned to one core, the load on the"
-        f" other; {info['repeats']} repeats of {info['duration']:g} s, alternating. Ratio: authsrv/peer in each"
+        f" and node-oidc-provider {info['oidc-provider']} (in memory), "
+        + ("both pinned to one core, the load on the other; " if info["workers"] == 1 else
+           "authsrv's workers and the load unpinned on every core, the peer pinned to one; ")
+        + f"{info['repeats']} repeats of {info['duration']:g} s, alternating. Ratio: authsrv/peer in each"
         " repeat, then their median (user-access: authsrv/bare Klein route). CPU ms/req: the server's"
         " processes' CPU time during the load over the requests answered (a figure other load on the"
         " machine disturbs less than the rate).",
