@@ -46,6 +46,9 @@ class Client:
     C{previous_secret_hash} is the secret a rotation replaced, still
     accepted until C{previous_secret_until}, so apps roll without downtime.
     C{require_mfa} asks every user signing in to it for a second factor.
+    C{registration_token_hash} is the hash of the registration access token
+    of a client that registered itself (C{source} C{"registration"}, RFC
+    7592), None for every other client.
     """
 
     client_id: str
@@ -67,6 +70,7 @@ class Client:
     previous_secret_hash: str | None = None
     previous_secret_until: int | None = None
     require_mfa: bool = False
+    registration_token_hash: str | None = None
 
     @property
     def is_public(self) -> bool:

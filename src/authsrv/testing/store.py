@@ -261,7 +261,8 @@ class StoreConformance(FactorStoreConformance):
             backchannel_logout_uri="https://app.example/logout",
             created_at=NOW,
         )
-        public = Client(client_id=OTHER_CLIENT, secret_hash=None, redirect_uris=["https://partner.example/cb"])
+        public = Client(client_id=OTHER_CLIENT, secret_hash=None, redirect_uris=["https://partner.example/cb"],
+                        source="registration", registration_token_hash=h("registration token"))
         async with self.store() as store:
             assert await store.get_client(CLIENT) is None
             assert await store.add_client(client) is None
@@ -295,9 +296,8 @@ class StoreConformance(FactorStoreConformance):
             await store.add_client(plain)
             assert await store.get_client(CLIENT) == declared
             stored = await store.get_client(OTHER_CLIENT)
-            assert (stored.source, stored.refresh_grace, stored.rate_limit, stored.audiences) == (
-                "operator", None, None, ()
-            )
+            assert (stored.source, stored.refresh_grace, stored.rate_limit, stored.audiences,
+                    stored.registration_token_hash) == ("operator", None, None, (), None)
 
     @pytest_twisted.ensureDeferred
     async def test_client_previous_secret_round_trip(self):
