@@ -556,6 +556,7 @@ def _registration(section: Section, demo: bool) -> RegistrationPolicy:
         allow_confidential=section.bool("allow_confidential", False),
         rate=_rate(section, "rate", REGISTRATION_RATE),
         metadata_documents=section.bool("client_id_metadata_documents", False),
+        resources=tuple(section.str_list("resources", [])),
     )
     section.done()
     if enabled and token is None and not hosts:

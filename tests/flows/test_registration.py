@@ -8,6 +8,7 @@ code exchange with the new client; and the attacks on both.
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
@@ -44,11 +45,11 @@ async def register(h: Harness, metadata, token: str | None = INITIAL, headers: d
                         headers={"Content-Type": "application/json", **auth, **(headers or {})})
 
 
-async def sign_in_and_exchange(h: Harness, client_id: str, redirect_uri: str) -> dict:
+async def sign_in_and_exchange(h: Harness, client_id: str, redirect_uri: str, **extra) -> dict:
     """A user signs in to C{client_id}, consenting, and the client swaps the code as a public client."""
     verifier, challenge = pkce_pair()
     query = await Browser(h).sign_in(ALICE, client_id, redirect_uri=redirect_uri, challenge=challenge,
-                                     scope="openid offline_access")
+                                     scope="openid offline_access", **extra)
     assert "code" in query, query
     response, body = await h.json("POST", TOKEN, data={
         "grant_type": "authorization_code", "code": query["code"], "code_verifier": verifier,
@@ -334,8 +335,9 @@ def serve(server: Documents, url: str, document: dict | bytes) -> None:
     server.documents[b"/" + path.encode()] = document if isinstance(document, bytes) else json.dumps(document).encode()
 
 
+RESOURCE = "https://tools.example.test/mcp"
 LOCAL_DOCUMENTS = {"remote_documents": {"allow_http": True, "allow_private_addresses": True, "max_bytes": 2048},
-                   "registration": {"client_id_metadata_documents": True}}
+                   "registration": {"client_id_metadata_documents": True, "resources": [RESOURCE]}}
 
 
 @pytest_twisted.ensureDeferred
@@ -349,8 +351,12 @@ async def test_a_metadata_document_client_signs_in(tmp_path, monkeypatch, docume
         _, discovery = await h.json("GET", ISSUER + "/.well-known/openid-configuration")
         assert discovery["client_id_metadata_document_supported"] is True
         assert "registration_endpoint" not in discovery
-        issued = await sign_in_and_exchange(h, url, REDIRECT)
-        assert issued["id_token"] and issued["access_token"]
+        issued = await sign_in_and_exchange(h, url, REDIRECT, resource=RESOURCE)
+        payload = issued["access_token"].split(".")[1]
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+        assert (claims["aud"], claims["client_id"]) == (RESOURCE, url)
+        query = await Browser(h).sign_in(ALICE, url, redirect_uri=REDIRECT, resource="https://other.example/")
+        assert query["error"] == "invalid_target", query
         assert server.hits.count(b"/agent.json") == 1, "the document is cached"
         assert await h.store.get_client(url) is None
     finally:

@@ -36,7 +36,7 @@ def document_client(url: str, document: dict[str, Any], policy: RegistrationPoli
     if "client_secret" in document or "client_secret_expires_at" in document:
         raise InvalidClientMetadata("a client ID metadata document must not carry a client secret")
     settings, _ = registered_settings(document, RegistrationPolicy(
-        allowed_redirect_hosts=policy.allowed_redirect_hosts, allow_confidential=False))
+        allowed_redirect_hosts=policy.allowed_redirect_hosts, resources=policy.resources))
     settings.setdefault("name", url)
     return Client(client_id=url, secret_hash=None, source=DOCUMENT_SOURCE, **settings)
 

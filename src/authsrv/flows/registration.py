@@ -52,7 +52,8 @@ class RegistrationPolicy:
     C{[registration]}: C{enabled} turns on RFC 7591 registration;
     C{initial_access_token} (None: not required) and C{allowed_redirect_hosts}
     (host names, or C{*.example.com} for any name under it; empty: any host)
-    decide who may register; C{metadata_documents} turns on client ID
+    decide who may register; C{resources} are what such clients may ask
+    tokens for; C{metadata_documents} turns on client ID
     metadata documents, whose redirect URIs the host list limits too.
     """
 
@@ -62,6 +63,8 @@ class RegistrationPolicy:
     allow_confidential: bool = False
     rate: Rate | None = parse_rate(DEFAULT_RATE)
     metadata_documents: bool = False
+    resources: tuple[str, ...] = ()
+    """The resources (RFC 8707) every such client may ask tokens for: the servers behind authsrv."""
 
     def host_allowed(self, host: str) -> bool:
         """Whether a redirect URI on C{host} passes the host list."""
@@ -116,7 +119,8 @@ def registered_settings(metadata: Any, policy: RegistrationPolicy) -> tuple[dict
         raise InvalidClientMetadata(f"grant_types may name only {', '.join(GRANT_TYPES)}")
     if "redirect_uris" not in metadata:
         raise InvalidRedirectURI("redirect_uris is missing: name at least one")
-    data = {"redirect_uris": metadata["redirect_uris"], "grant_types": grant_types}
+    data = {"redirect_uris": metadata["redirect_uris"], "grant_types": grant_types,
+            "resources": list(policy.resources)}
     if "client_name" in metadata:
         data["name"] = metadata["client_name"]
     try:
