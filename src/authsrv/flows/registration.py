@@ -1,5 +1,5 @@
 """
-Clients that register themselves (docs/design.md, Beyond the contract): an
+Clients that register themselves: an
 AI agent or a tool connects to a company's services without an operator
 provisioning it, as the Model Context Protocol's authorization rules expect.
 
