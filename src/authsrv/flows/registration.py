@@ -1,7 +1,7 @@
 """
-Clients that register themselves: an
-AI agent or a tool connects to a company's services without an operator
-provisioning it, as the Model Context Protocol's authorization rules expect.
+Clients that register themselves: an AI agent or a tool connects to a
+company's services without an operator provisioning it, as the Model
+Context Protocol's authorization rules expect.
 
  - Dynamic client registration (RFC 7591) and reading or deleting the
    registration (RFC 7592), off unless configured. A registration needs the
