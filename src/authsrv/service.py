@@ -385,7 +385,7 @@ def web_root(
     clients: ClientCache | DocumentClients = ClientCache(store, reactor)
     if config.registration.metadata_documents:
         documents = documents or RemoteDocuments(reactor, config.remote_documents)
-        clients = DocumentClients(clients, documents, config.registration)
+        clients = DocumentClients(clients, documents, config.registration, reactor)
     site = PublicSite(
         clock=reactor,
         issuer=config.issuer,

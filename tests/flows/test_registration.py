@@ -387,6 +387,13 @@ async def test_a_bad_metadata_document_is_an_unknown_client(tmp_path, monkeypatc
         assert response.code == 400, body
         assert b"code=" not in body and response.headers.getRawHeaders("location") is None
         assert server.hits == [b"/agent.json"]
+        h.clock.advance(h.config.remote_documents.refetch_after - 1)
+        response, _ = await Browser(h).authorize(url, redirect_uri=REDIRECT)
+        assert response.code == 400 and server.hits == [b"/agent.json"], "a refusal is remembered"
+        h.clock.advance(2)
+        await Browser(h).authorize(url, redirect_uri=REDIRECT)
+        fetch_failed = document in ("oversized", "not_json", "missing")
+        assert server.hits == [b"/agent.json"] * (2 if fetch_failed else 1), "then fetched again, or cached"
     finally:
         await h.close()
 
@@ -416,7 +423,7 @@ async def test_a_slow_document_times_out(document_server):
     server.slow.add(b"/slow.json")
     clock = Clock()
     documents = RemoteDocuments(reactor, FetchPolicy(allow_http=True, allow_private_addresses=True), clock=clock)
-    clients = DocumentClients(None, documents, RegistrationPolicy(metadata_documents=True))
+    clients = DocumentClients(None, documents, RegistrationPolicy(metadata_documents=True), clock)
     results: list = []
     Deferred.fromCoroutine(clients.get_client(url)).addBoth(results.append)
     for _ in range(200):

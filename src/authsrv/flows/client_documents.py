@@ -23,6 +23,7 @@ from authsrv.protocol.errors import InvalidClientMetadata, OAuthError
 from authsrv.records import Client
 from authsrv.remote_documents import RemoteDocumentError, RemoteDocuments
 
+MAX_REFUSED = 10_000
 DOCUMENT_SOURCE = "document"
 """C{Client.source} of a client described by its metadata document."""
 
@@ -46,12 +47,16 @@ class DocumentClients:
     C{get_client} as L{authsrv.flows.clients.ClientCache} answers it
     (C{clients}), except that a client_id that is a URL is looked up in its
     document; an unusable document is an unknown client, and the log says why.
+    A refused URL is not fetched again for the policy's C{refetch_after}
+    seconds, so that requests naming a slow or broken URL cost no fetch each.
     """
 
-    def __init__(self, clients, documents: RemoteDocuments, policy: RegistrationPolicy):
+    def __init__(self, clients, documents: RemoteDocuments, policy: RegistrationPolicy, clock):
         self._clients = clients
         self._documents = documents
         self._policy = policy
+        self._clock = clock
+        self._refused: dict[str, float] = {}
         self._schemes = ("https://", "http://") if documents.policy.allow_http else ("https://",)
 
     async def secret_key(self) -> bytes:
@@ -63,8 +68,13 @@ class DocumentClients:
     async def get_client(self, client_id: str) -> Client | None:
         if not client_id.startswith(self._schemes):
             return await self._clients.get_client(client_id)
+        if self._refused.get(client_id, 0.0) > self._clock.seconds():
+            return None
         try:
             return document_client(client_id, await self._documents.fetch(client_id), self._policy)
         except (RemoteDocumentError, OAuthError) as e:
             log.warn("client ID metadata document {url} refused: {reason}", url=client_id, reason=str(e))
+            if len(self._refused) >= MAX_REFUSED:
+                self._refused.clear()
+            self._refused[client_id] = self._clock.seconds() + self._documents.policy.refetch_after
             return None
