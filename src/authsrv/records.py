@@ -76,6 +76,11 @@ class Client:
     def is_public(self) -> bool:
         return self.secret_hash is None
 
+    @property
+    def registered_itself(self) -> bool:
+        """No operator vouched for it: it registered (RFC 7591) or is described by its own metadata document."""
+        return self.source in ("registration", "document")
+
 
 @frozen
 class User:

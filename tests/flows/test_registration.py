@@ -23,9 +23,9 @@ from authsrv.config import ConfigErrors, parse_config
 from authsrv.flows.client_documents import DocumentClients
 from authsrv.flows.registration import RegistrationPolicy
 from authsrv.remote_documents import FetchPolicy, RemoteDocuments
-from authsrv.testing.identity import ALICE
+from authsrv.testing.identity import ALICE, PASSWORDS
 
-from flow_client import Browser
+from flow_client import Browser, location
 from harness import ISSUER, Harness, pkce_pair
 from token_helpers import TOKEN
 
@@ -108,10 +108,20 @@ async def test_register_sign_in_read_and_delete(tmp_path, monkeypatch):
 
 @pytest_twisted.ensureDeferred
 async def test_registered_clients_always_ask_for_consent(tmp_path, monkeypatch):
-    """A registered client is never first-party: the user sees the consent page."""
+    """
+    A registered client is never first-party: the user sees the consent
+    page, which warns that nobody vetted it and says where the answer goes.
+    """
     h = await Harness(tmp_path, monkeypatch, registration_config(monkeypatch)).start()
     try:
-        _, body = await register(h, {"redirect_uris": [REDIRECT]})
+        _, body = await register(h, {"redirect_uris": [REDIRECT], "client_name": "First-Party App"})
+        for client_id, redirect, warned in ((body["client_id"], REDIRECT, True), ("partner", None, False)):
+            browser = Browser(h)
+            response, _ = await browser.authorize(client_id, redirect_uri=redirect, scope="openid")
+            response, _ = await browser.submit_login(location(response), ALICE.login, PASSWORDS[ALICE.sub])
+            _, page = await browser.get(location(response))
+            assert (b"registered itself" in page) is warned
+            assert (b"http://127.0.0.1:9100" in page) is warned
         browser = Browser(h)
         query = await browser.sign_in(ALICE, body["client_id"], consent="deny", redirect_uri=REDIRECT,
                                       scope="openid")
