@@ -181,10 +181,11 @@ def client_created(*, client_id: str, source: str, actor: str, address: str | No
           source=source, actor=actor, address=address)
 
 
-def client_changed(*, client_id: str, source: str, actor: str, fields: list[str] | None = None) -> None:
-    """C{fields}: the settings an operator changed, when known."""
+def client_changed(*, client_id: str, source: str, actor: str, fields: list[str] | None = None,
+                   address: str | None = None) -> None:
+    """C{fields}: the settings an operator (or a registered client, from C{address}) changed, when known."""
     _emit("client.changed", "client {client_id} ({source}) changed by {actor}", "success", client_id=client_id,
-          source=source, actor=actor, fields=fields)
+          source=source, actor=actor, fields=fields, address=address)
 
 
 def client_deleted(*, client_id: str, source: str, actor: str, reason: str | None = None,

@@ -107,6 +107,44 @@ async def test_register_sign_in_read_and_delete(tmp_path, monkeypatch):
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_registered_client_replaces_its_metadata(tmp_path, monkeypatch):
+    h = await Harness(tmp_path, monkeypatch, registration_config(monkeypatch, rate="100/m")).start()
+    try:
+        _, mine = await register(h, {"redirect_uris": [REDIRECT], "client_name": "Agent"})
+        _, theirs = await register(h, {"redirect_uris": [REDIRECT]})
+        uri, client_id = mine["registration_client_uri"], mine["client_id"]
+        bearer = {"Authorization": f"Bearer {mine['registration_access_token']}",
+                  "Content-Type": "application/json"}
+
+        async def put(metadata, headers=bearer, target=uri):
+            return await h.json("PUT", target, data=json.dumps(metadata).encode(), headers=headers)
+
+        moved = "http://127.0.0.1:9200/cb"
+        response, body = await put({"client_id": client_id, "redirect_uris": [moved], "client_name": "Agent 2"})
+        assert response.code == 200, body
+        assert (body["redirect_uris"], body["client_name"]) == ([moved], "Agent 2")
+        stored = await h.store.get_client(client_id)
+        assert (stored.redirect_uris, stored.source, stored.first_party) == ((moved,), "registration", False)
+        assert stored.registration_token_hash is not None
+        for metadata, error in (
+            ({"client_id": client_id, "redirect_uris": ["https://10.0.0.1/cb"]}, "invalid_redirect_uri"),
+            ({"client_id": theirs["client_id"], "redirect_uris": [moved]}, "invalid_client_metadata"),
+            ({"redirect_uris": [moved]}, "invalid_client_metadata"),
+            ({"client_id": client_id, "redirect_uris": [moved], "token_endpoint_auth_method": "client_secret_basic"},
+             "invalid_client_metadata"),
+        ):
+            response, body = await put(metadata)
+            assert response.code == 400 and body["error"] == error, (metadata, body)
+        response, body = await put({"client_id": theirs["client_id"], "redirect_uris": ["https://evil.example/cb"]},
+                                   target=theirs["registration_client_uri"])
+        assert response.code == 401 and body["error"] == "invalid_token", body
+        assert (await h.store.get_client(theirs["client_id"])).redirect_uris == (REDIRECT,)
+        assert (await h.store.get_client(client_id)).redirect_uris == (moved,)
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_registered_clients_always_ask_for_consent(tmp_path, monkeypatch):
     """
     A registered client is never first-party: the user sees the consent

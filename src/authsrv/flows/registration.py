@@ -3,8 +3,8 @@ Clients that register themselves: an AI agent or a tool connects to a
 company's services without an operator provisioning it, as the Model
 Context Protocol's authorization rules expect.
 
- - Dynamic client registration (RFC 7591) and reading or deleting the
-   registration (RFC 7592), off unless configured. A registration needs the
+ - Dynamic client registration (RFC 7591) and reading, replacing or
+   deleting the registration (RFC 7592), off unless configured. A registration needs the
    configured initial access token, or redirect URIs on the allowed hosts,
    or both when both are configured; it is a public client unless the
    operator allows secrets; it is counted against a rate per address and
@@ -24,6 +24,7 @@ import hmac
 from typing import Any
 from urllib.parse import urlsplit
 
+import attrs
 from attrs import field, frozen
 
 from authsrv import events
@@ -218,6 +219,29 @@ class Registration:
         client = await self._own(client_id, authorization, address)
         method = "none" if client.is_public else SECRET_METHODS[0]
         return {**client_metadata(client, method), "registration_client_uri": f"{self._base}/{client_id}"}
+
+    async def update(self, client_id: str, metadata: Any, authorization: bytes | None,
+                     address: str) -> dict[str, Any]:
+        """
+        RFC 7592 section 2.2: the client's metadata replaced by C{metadata},
+        checked as at registration; its id, secret and tokens stay.
+        """
+        client = await self._own(client_id, authorization, address)
+        if not isinstance(metadata, dict) or metadata.get("client_id") != client_id:
+            raise InvalidClientMetadata("client_id must be given and be this client's id")
+        method = "none" if client.is_public else SECRET_METHODS[0]
+        asked = metadata.get("token_endpoint_auth_method", method)
+        if (asked == "none") != client.is_public:
+            raise InvalidClientMetadata("token_endpoint_auth_method cannot change between none and a secret:"
+                                        " register a new client")
+        settings, _ = registered_settings({**metadata, "token_endpoint_auth_method": "none"}, self._policy)
+        settings.setdefault("name", client_id)
+        changed = attrs.evolve(client, **settings)
+        await self._store.put_client(changed)
+        events.client_changed(client_id=client_id, source=REGISTRATION_SOURCE, actor=REGISTRATION_SOURCE,
+                              fields=sorted(settings), address=address)
+        return {**client_metadata(changed, asked if asked != "none" else method),
+                "registration_client_uri": f"{self._base}/{client_id}"}
 
     async def delete(self, client_id: str, authorization: bytes | None, address: str) -> None:
         client = await self._own(client_id, authorization, address)

@@ -71,6 +71,17 @@ def _preflight(request, methods: bytes) -> bytes:
     return b""
 
 
+def _metadata(request):
+    """A registration request's JSON body (RFC 7591 section 3.1), or L{InvalidClientMetadata}."""
+    content_type = (request.getHeader(b"content-type") or b"").split(b";")[0].strip().lower()
+    try:
+        if content_type != b"application/json":
+            raise ValueError("not JSON")
+        return json.loads(request.content.read())
+    except (ValueError, RecursionError):
+        raise InvalidClientMetadata("send the client metadata as a JSON object (application/json)") from None
+
+
 class PublicSite:
     """
     C{flows} has the attributes C{interaction}, C{token}, C{userinfo},
@@ -204,16 +215,16 @@ class PublicSite:
     @app.route(REGISTER_PATH, methods=["POST"])
     async def register(self, request):
         registration = self._registration(request)
-        content_type = (request.getHeader(b"content-type") or b"").split(b";")[0].strip().lower()
-        try:
-            if content_type != b"application/json":
-                raise ValueError("not JSON")
-            metadata = json.loads(request.content.read())
-        except (ValueError, RecursionError):
-            raise InvalidClientMetadata("send the client metadata as a JSON object (application/json)") from None
-        answer = await registration.register(metadata, request.getHeader(b"authorization"),
+        answer = await registration.register(_metadata(request), request.getHeader(b"authorization"),
                                              client_address_of(request, self._trusted_proxies))
         return json_body(request, 201, answer, no_store=True)
+
+    @app.route(REGISTER_PATH + "/<client_id>", methods=["PUT"])
+    async def registered_client_replaced(self, request, client_id):
+        registration = self._registration(request)
+        answer = await registration.update(client_id, _metadata(request), request.getHeader(b"authorization"),
+                                           client_address_of(request, self._trusted_proxies))
+        return json_body(request, 200, answer, no_store=True)
 
     @app.route(REGISTER_PATH + "/<client_id>", methods=["GET"])
     async def registered_client(self, request, client_id):
@@ -237,7 +248,7 @@ class PublicSite:
     @app.route(REGISTER_PATH + "/<client_id>", methods=["OPTIONS"])
     def registered_client_preflight(self, request, client_id):
         self._registration(request)
-        return _preflight(request, b"GET, DELETE, OPTIONS")
+        return _preflight(request, b"GET, PUT, DELETE, OPTIONS")
 
     # --- the browser: authorize, login, consent, end-session ------------------
 
