@@ -32,6 +32,7 @@ from authsrv.identity.passwords import PasswordVerifier, hash_password
 from authsrv.identity.static import StaticIdentityBackend, add_user
 from authsrv.interfaces import IChatLinkSource
 from authsrv.keys import jwkfile
+from authsrv.remote_documents import RemoteDocuments
 from authsrv.service import sync_config_clients, web_root
 from authsrv.store import sqlite
 from authsrv.chat.config import ChatConfig
@@ -130,9 +131,14 @@ async def settle(transport, d):
 
 
 class Harness:
-    """One server; see the module docstring."""
+    """
+    One server; see the module docstring. With C{fetch_documents}, client
+    ID metadata documents are fetched over real connections on the real
+    reactor (timed by the test's clock).
+    """
 
-    def __init__(self, tmp_path: Path, monkeypatch, config: dict | None = None, identity=None, start: int = NOW):
+    def __init__(self, tmp_path: Path, monkeypatch, config: dict | None = None, identity=None, start: int = NOW, *,
+                 fetch_documents: bool = False):
         for name, value in ENVIRON.items():
             monkeypatch.setenv(name, value)
         self.clock = Clock()
@@ -180,6 +186,8 @@ class Harness:
         self.root = web_root(
             self.config, self.clock, self.store, self.keystore, IdentityChain([self.identity], ("static",)),
             lambda: None, self.internal.resource(),
+            documents=RemoteDocuments(reactor, self.config.remote_documents, clock=self.clock)
+            if fetch_documents else None,
         )
         self.http = StubTreq(self.root)
 

@@ -205,6 +205,7 @@ def _awkward() -> None:
     events.account_app_revoked(sub=ALICE.sub, client_id="first", grants=1)
     events.password_changed(sub=ALICE.sub, sessions_ended=1)
     events.password_change_refused(sub=ALICE.sub, reason="wrong current password")
+    events.registration_refused(address="192.0.2.1", reason="the initial access token is not valid")
 
 
 @pytest_twisted.ensureDeferred

@@ -27,6 +27,8 @@ from authsrv.identity.cache import DEFAULT_SIZE as DEFAULT_STANDING_CACHE_SIZE
 from authsrv.flows.mfa import MFA_CHOICES, MfaPolicy
 from authsrv.flows.ratelimit import DEFAULT_RATE, RateSettings
 from authsrv.protocol.device import DEVICE_CODE_GRANT
+from authsrv.flows.registration import DEFAULT_RATE as REGISTRATION_RATE
+from authsrv.flows.registration import RegistrationPolicy, host_pattern_problem
 from authsrv.protocol.clients import CLIENT_ID_MAX, client_id_problem, is_loopback_host, redirect_uri_problem
 from authsrv.protocol.forwarded import Network, parse_networks
 from authsrv.protocol.password_policy import MAX_LENGTH, MIN_LENGTH
@@ -36,6 +38,7 @@ from authsrv.protocol.rates import Rate, parse_rate
 from authsrv.protocol.signing import DEFAULT_ALG, SETTINGS, TOKEN_SETTINGS, SigningOffer
 from authsrv.protocol.targets import backchannel_uri_problem
 from authsrv.records import DEFAULT_GRANT_TYPES, Client, ThrottlePolicy
+from authsrv.remote_documents import FetchPolicy, fetch_policy
 from authsrv.tokens import token_hash, weak_secret_problem
 
 DEFAULT_LISTEN = "tcp:8080:interface=127.0.0.1"
@@ -216,6 +219,10 @@ class Config:
     signing: SigningOffer = SigningOffer()
     """What clients may choose to have signed, and how: C{[keystore] algorithms}, C{[userinfo] signing}."""
     device: DevicePolicy = DevicePolicy()
+    remote_documents: FetchPolicy = FetchPolicy()
+    """C{[remote_documents]}: how documents that clients name (C{jwks_uri}) are fetched."""
+    registration: RegistrationPolicy = RegistrationPolicy()
+    """C{[registration]}: clients that register themselves, off unless configured."""
 
     @property
     def issuer(self) -> str:
@@ -667,6 +674,28 @@ def _device(section: Section, clients: tuple[Client, ...]) -> DevicePolicy:
     return policy
 
 
+def _registration(section: Section, demo: bool) -> RegistrationPolicy:
+    """C{[registration]}: who may register a client (RFC 7591), and client ID metadata documents."""
+    enabled = section.bool("enabled", False)
+    token = _strong_secret(section, "initial_access_token", demo)
+    hosts = tuple(section.str_list("allowed_redirect_hosts", []))
+    for index, pattern in enumerate(hosts):
+        if problem := host_pattern_problem(pattern):
+            raise ConfigError(f"{section.key('allowed_redirect_hosts')}[{index}]", problem)
+    policy = RegistrationPolicy(
+        enabled=enabled, initial_access_token=token, allowed_redirect_hosts=hosts,
+        allow_confidential=section.bool("allow_confidential", False),
+        rate=_rate(section, "rate", REGISTRATION_RATE),
+        metadata_documents=section.bool("client_id_metadata_documents", False),
+        resources=tuple(section.str_list("resources", [])),
+    )
+    section.done()
+    if enabled and token is None and not hosts:
+        raise section.error("enabled", "open registration needs a policy: set initial_access_token_env (or"
+                                       " _file), allowed_redirect_hosts, or both")
+    return policy
+
+
 def _table(top: Section, checked: _Problems, name: str) -> Section:
     """C{[name]}, or an empty one when the file has none (or has something else by that name)."""
     return checked.take(top.table, name, None) or Section({}, name, top.base_dir)
@@ -724,6 +753,9 @@ def read_config_document(
     checked.done(ui)
     password_min_length, password_hashing = _passwords(_table(top, checked, "passwords"), checked)
     mfa = checked.take(_mfa, _table(top, checked, "mfa"), fallback=MfaPolicy())
+    remote_documents = checked.take(fetch_policy, _table(top, checked, "remote_documents"), fallback=FetchPolicy())
+    registration = checked.take(_registration, _table(top, checked, "registration"), demo,
+                                fallback=RegistrationPolicy())
     metrics = _table(top, checked, "metrics")
     metrics_listen = tuple(checked.take(metrics.str_list, "listen", [], fallback=[]))
     checked.done(metrics)
@@ -776,6 +808,8 @@ def read_config_document(
         mfa=mfa,
         par=par,
         device=device,
+        remote_documents=remote_documents,
+        registration=registration,
         trusted_proxies=trusted_proxies,
         password_min_length=password_min_length,
         password_hashing=password_hashing,

@@ -51,6 +51,7 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "client.changed": ("source", "fields"),
     "client.deleted": ("source",),
     "client.secret_rotated": ("previous_until",),
+    "registration.refused": (),
     "user.sessions_ended": ("count",),
     "user.consents_revoked": ("count",),
     "user.created": ("login",),
@@ -212,21 +213,33 @@ def user_grants_revoked(*, sub: str, count: int, actor: str) -> None:
           actor=actor)
 
 
-def client_created(*, client_id: str, source: str, actor: str) -> None:
-    """C{source}: C{config} for a client the config file declares, C{store} for one the operator added."""
+def client_created(*, client_id: str, source: str, actor: str, address: str | None = None) -> None:
+    """
+    C{source}: C{config} for a client the config file declares, C{operator}
+    for one the operator added, C{registration} for one that registered
+    itself from C{address}.
+    """
     _emit("client.created", "client {client_id} ({source}) created by {actor}", "success", client_id=client_id,
-          source=source, actor=actor)
+          source=source, actor=actor, address=address)
 
 
-def client_changed(*, client_id: str, source: str, actor: str, fields: list[str] | None = None) -> None:
-    """C{fields}: the settings an operator changed, when known."""
+def client_changed(*, client_id: str, source: str, actor: str, fields: list[str] | None = None,
+                   address: str | None = None) -> None:
+    """C{fields}: the settings an operator (or a registered client, from C{address}) changed, when known."""
     _emit("client.changed", "client {client_id} ({source}) changed by {actor}", "success", client_id=client_id,
-          source=source, actor=actor, fields=fields)
+          source=source, actor=actor, fields=fields, address=address)
 
 
-def client_deleted(*, client_id: str, source: str, actor: str, reason: str | None = None) -> None:
+def client_deleted(*, client_id: str, source: str, actor: str, reason: str | None = None,
+                   address: str | None = None) -> None:
     _emit("client.deleted", "client {client_id} ({source}) deleted by {actor}", "success", client_id=client_id,
-          source=source, actor=actor, reason=reason)
+          source=source, actor=actor, reason=reason, address=address)
+
+
+def registration_refused(*, address: str, reason: str) -> None:
+    """A client's registration (RFC 7591) was refused: no or a wrong initial access token, or its metadata."""
+    _emit("registration.refused", "registration from {address} refused: {reason}", "failure", address=address,
+          reason=reason)
 
 
 def key_rotated(*, algorithms: list[str], active: dict[str, str], actor: str) -> None:

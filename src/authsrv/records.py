@@ -52,6 +52,9 @@ class Client:
     The C{*_signed_response_alg} settings choose the JWS algorithm of its ID
     tokens, JWT access tokens and UserInfo responses (None: plain JSON);
     see L{authsrv.protocol.signing}.
+    C{registration_token_hash} is the hash of the registration access token
+    of a client that registered itself (C{source} C{"registration"}, RFC
+    7592), None for every other client.
     """
 
     client_id: str
@@ -78,10 +81,16 @@ class Client:
     id_token_signed_response_alg: str = "RS256"
     access_token_signed_response_alg: str = "RS256"
     userinfo_signed_response_alg: str | None = None
+    registration_token_hash: str | None = None
 
     @property
     def is_public(self) -> bool:
         return self.secret_hash is None
+
+    @property
+    def registered_itself(self) -> bool:
+        """No operator vouched for it: it registered (RFC 7591) or is described by its own metadata document."""
+        return self.source in ("registration", "document")
 
 
 @frozen

@@ -37,6 +37,7 @@ from authsrv.context import PluginContext
 from authsrv.drain import Drain
 from authsrv.flows import backchannel
 from authsrv.flows.claims import ClaimsSource
+from authsrv.flows.client_documents import DocumentClients
 from authsrv.flows.clients import ClientCache
 from authsrv.flows.end_session import EndSessionFlow
 from authsrv.flows.grants import GrantHandler, GrantRegistry
@@ -56,6 +57,7 @@ from authsrv.flows.mfa import SecondFactors
 from authsrv.flows.pushed import PushedRequests
 from authsrv.flows.ratelimit import ClientRateLimits
 from authsrv.flows.readiness import Readiness
+from authsrv.flows.registration import Registration
 from authsrv.flows.revoke import RevocationFlow
 from authsrv.flows.sessions import SessionEnder
 from authsrv.flows.token import TokenFlow
@@ -71,8 +73,14 @@ from authsrv.operations.clients import ClientOperations
 from authsrv.operations.keys import JWKS_MAX_AGE, KeyOperations
 from authsrv.operations.users import UserOperations
 from authsrv.plugins import UnknownPlugin, find_factory
-from authsrv.protocol.discovery import authorization_server_metadata, openid_configuration, pushed_request_metadata
+from authsrv.protocol.discovery import (
+    authorization_server_metadata,
+    openid_configuration,
+    pushed_request_metadata,
+    registration_metadata,
+)
 from authsrv.records import Client
+from authsrv.remote_documents import RemoteDocuments
 from authsrv.tls import hsts_headers, listen_problem, resolve_tls_paths
 from authsrv.tokens import CLIENT_SECRET_KEY, keyed_form
 from authsrv.web.accesslog import AccessLog
@@ -325,17 +333,21 @@ def _claims(config: Config, store) -> ClaimsSource:
 def _documents(config: Config, keystore, grant_types: tuple[str, ...]) -> dict[bytes, Resource]:
     issuer_path = config.issuer[len(config.public_url):]
     pushed = pushed_request_metadata(config.issuer, config.par.enabled, config.par.required)
-    oidc = json.dumps(openid_configuration(
+    registration = registration_metadata(
+        config.issuer, config.registration.enabled, config.registration.metadata_documents
+    )
+    oidc = json.dumps({**openid_configuration(
         config.issuer, keystore.algorithms, grant_types, pushed, signed_userinfo=config.signing.userinfo
-    )).encode()
-    oauth = json.dumps(authorization_server_metadata(config.issuer, keystore.algorithms, grant_types, pushed)).encode()
+    ), **registration})
+    oauth = json.dumps({**authorization_server_metadata(config.issuer, keystore.algorithms, grant_types, pushed),
+                        **registration})
     long_lived = b"public, max-age=3600"
     return {
         f"{issuer_path}/.well-known/openid-configuration".encode(): Named(StaticBytes(
-            lambda: oidc, b"application/json", long_lived
+            lambda: oidc.encode(), b"application/json", long_lived
         ), "openid-configuration"),
         f"{issuer_path}/.well-known/oauth-authorization-server".encode(): Named(StaticBytes(
-            lambda: oauth, b"application/json", long_lived
+            lambda: oauth.encode(), b"application/json", long_lived
         ), "oauth-authorization-server"),
         f"{issuer_path}/jwks".encode(): Named(StaticBytes(
             keystore.jwks_bytes, b"application/jwk-set+json", f"public, max-age={JWKS_MAX_AGE}".encode()
@@ -359,9 +371,10 @@ class PublicFlows:
     linking: ChatLinking | None
     device: DeviceAuthorizationFlow | None = None
     device_verification: DeviceVerification | None = None
+    registration: Registration | None = None
 
 
-def public_flows(config: Config, reactor, store, keystore, identity, grants: GrantRegistry, clients: ClientCache,
+def public_flows(config: Config, reactor, store, keystore, identity, grants: GrantRegistry, clients,
                  chat_link=None) -> PublicFlows:
     """Each flow built with exactly the collaborators it uses (fosite's compose)."""
     notifier = backchannel.BackchannelNotifier(reactor, backchannel.default_http_client(reactor))
@@ -405,20 +418,28 @@ def public_flows(config: Config, reactor, store, keystore, identity, grants: Gra
         linking=chat_link,
         device=device,
         device_verification=verification,
+        registration=Registration(store=store, clock=reactor, policy=config.registration,
+                                  base=f"{config.issuer}/oauth2/register") if config.registration.enabled else None,
     )
 
 
 def web_root(
-    config: Config, reactor, store, keystore, identity, readiness, internal=None, chat_link=None, admin=None
+    config: Config, reactor, store, keystore, identity, readiness, internal=None, chat_link=None, admin=None,
+    documents: RemoteDocuments | None = None,
 ) -> Root:
     """
     The main site's HTTP surface; C{readiness()} returns a problem or None,
     C{internal} is the internal API's resource when served here too,
-    C{chat_link} the chat-platform link flow when one is configured, and
-    C{admin} the admin API's resource when C{[admin] serve_on_main} says so.
+    C{chat_link} the chat-platform link flow when one is configured,
+    C{admin} the admin API's resource when C{[admin] serve_on_main} says so,
+    and C{documents} fetches client ID metadata documents when they are on
+    (by default on C{reactor}).
     """
     grants = grant_registry(config, store, keystore, identity)
-    clients = ClientCache(store, reactor)
+    clients: ClientCache | DocumentClients = ClientCache(store, reactor)
+    if config.registration.metadata_documents:
+        documents = documents or RemoteDocuments(reactor, config.remote_documents)
+        clients = DocumentClients(clients, documents, config.registration, reactor)
     site = PublicSite(
         clock=reactor,
         issuer=config.issuer,

@@ -363,6 +363,7 @@ class InteractionFlow:
             interaction_id=interaction.interaction_id,
             csrf=interaction.csrf_token,
             client_origin=origin(interaction.request.redirect_uri),
+            unvetted=client.registered_itself,
         )
 
     async def submit_consent(self, form: dict[str, str] | None, browser: Browser, now: int) -> Redirect:

@@ -111,7 +111,11 @@ class RecoveryCodes:
 
 @frozen
 class ConsentForm:
-    """C{client_origin} is where the answer sends the browser: the page's forms may lead there."""
+    """
+    C{client_origin} is where the answer sends the browser: the page's forms
+    may lead there. C{unvetted}: the client registered itself, so its name
+    proves nothing and the page says where the answer goes.
+    """
 
     client_name: str
     user_label: str
@@ -119,6 +123,7 @@ class ConsentForm:
     interaction_id: str
     csrf: str
     client_origin: str
+    unvetted: bool = False
 
 
 @frozen

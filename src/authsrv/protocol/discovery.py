@@ -91,3 +91,16 @@ def openid_configuration(
         "backchannel_logout_session_supported": True,
         **signing,
     }
+
+
+def registration_metadata(issuer: str, registration: bool, metadata_documents: bool) -> dict:
+    """
+    What discovery says of clients that register themselves, only when
+    offered: RFC 7591's endpoint, and client ID metadata documents.
+    """
+    offered: dict = {}
+    if registration:
+        offered["registration_endpoint"] = f"{issuer}/oauth2/register"
+    if metadata_documents:
+        offered["client_id_metadata_document_supported"] = True
+    return offered

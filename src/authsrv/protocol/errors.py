@@ -118,6 +118,18 @@ class InvalidToken(OAuthError):
     status = 401
 
 
+class InvalidRedirectURI(OAuthError):
+    """RFC 7591 section 3.2.2: a redirect URI a client may not register."""
+
+    error = "invalid_redirect_uri"
+
+
+class InvalidClientMetadata(OAuthError):
+    """RFC 7591 section 3.2.2: a metadata field that is malformed or not allowed."""
+
+    error = "invalid_client_metadata"
+
+
 class InsufficientScope(OAuthError):
     """RFC 6750: the token lacks a scope the resource requires."""
 

@@ -274,7 +274,8 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             backchannel_logout_uri="https://app.example/logout",
             created_at=NOW,
         )
-        public = Client(client_id=OTHER_CLIENT, secret_hash=None, redirect_uris=["https://partner.example/cb"])
+        public = Client(client_id=OTHER_CLIENT, secret_hash=None, redirect_uris=["https://partner.example/cb"],
+                        source="registration", registration_token_hash=h("registration token"))
         async with self.store() as store:
             assert await store.get_client(CLIENT) is None
             assert await store.add_client(client) is None
@@ -309,9 +310,8 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             await store.add_client(plain)
             assert await store.get_client(CLIENT) == declared
             stored = await store.get_client(OTHER_CLIENT)
-            assert (stored.source, stored.refresh_grace, stored.rate_limit, stored.audiences) == (
-                "operator", None, None, ()
-            )
+            assert (stored.source, stored.refresh_grace, stored.rate_limit, stored.audiences,
+                    stored.registration_token_hash) == ("operator", None, None, (), None)
             assert (stored.require_pushed_authorization_requests, stored.profile) == (False, None)
 
     @pytest_twisted.ensureDeferred

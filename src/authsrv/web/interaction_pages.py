@@ -192,6 +192,10 @@ def consent_page(request, action: str, form: ConsentForm) -> bytes:
         200,
         f"Allow {name}?",
         tags.p(tags.strong(name), " asks for:"),
+        tags.p(class_="warning")(
+            "This application registered itself: this service has not checked who runs it. Allow it only if you"
+            " started it and trust ", tags.strong(form.client_origin), ", where your answer is sent."
+        ) if form.unvetted else "",
         tags.ul(*[tags.li(scope_words(s, name)) for s in form.scope]),
         tags.p(tags.small("Signed in as ", form.user_label)),
         tags.form(method="post", action=action)(

@@ -13,6 +13,8 @@ for servers only.
 
 from __future__ import annotations
 
+import json
+
 from twisted.logger import Logger
 from twisted.web.template import tags
 from werkzeug.exceptions import MethodNotAllowed, NotFound
@@ -23,7 +25,13 @@ from authsrv.flows.outcomes import DeviceCodeForm, LogoutConfirmation, Notice, R
 from authsrv.flows.ratelimit import ClientRateLimits, EndpointLimit, RateLimited
 from authsrv.identity.errors import BackendUnavailable
 from authsrv.protocol.bearer import bearer_token
-from authsrv.protocol.errors import InvalidRequest, OAuthError, PageError, TemporarilyUnavailable
+from authsrv.protocol.errors import (
+    InvalidClientMetadata,
+    InvalidRequest,
+    OAuthError,
+    PageError,
+    TemporarilyUnavailable,
+)
 from authsrv.protocol.params import single_params
 from authsrv.protocol.pushed import push_params
 from authsrv.store.errors import StoreUnavailable
@@ -51,6 +59,7 @@ JSON_ENDPOINTS = (
 LINK_PATH = ISSUER_PATH + "/link/chat"
 ACCOUNT_PATH = ISSUER_PATH + "/account"
 ACCOUNT_TOTP_PATH = ACCOUNT_PATH + "/mfa/totp"
+REGISTER_PATH = ISSUER_PATH + "/oauth2/register"
 
 
 def _cors(request) -> None:
@@ -65,6 +74,17 @@ def _preflight(request, methods: bytes) -> bytes:
     request.setHeader(b"access-control-max-age", b"86400")
     request.setResponseCode(204)
     return b""
+
+
+def _metadata(request):
+    """A registration request's JSON body (RFC 7591 section 3.1), or L{InvalidClientMetadata}."""
+    content_type = (request.getHeader(b"content-type") or b"").split(b";")[0].strip().lower()
+    try:
+        if content_type != b"application/json":
+            raise ValueError("not JSON")
+        return json.loads(request.content.read())
+    except (ValueError, RecursionError):
+        raise InvalidClientMetadata("send the client metadata as a JSON object (application/json)") from None
 
 
 class PublicSite:
@@ -105,6 +125,13 @@ class PublicSite:
             limit, request.getHeader(b"authorization"), params,
             lambda: client_address_of(request, self._trusted_proxies),
         )
+
+    def _registration(self, request):
+        """The registration flow, or 404 when registration is off (as if the endpoint did not exist)."""
+        if self._flows.registration is None:
+            raise NotFound()
+        _cors(request)
+        return self._flows.registration
 
     def _answer(self, request, outcome: Redirect | Notice) -> bytes:
         """A browser flow's redirect or notice, with the cookies it sets."""
@@ -212,6 +239,46 @@ class PublicSite:
         await self._count(request, self._rates.token, params)
         response = await self._flows.device.start(request.getHeader(b"authorization"), params, self._now())
         return json_body(request, 200, response, no_store=True)
+
+    # --- clients that register themselves (RFC 7591, RFC 7592) ------------------
+
+    @app.route(REGISTER_PATH, methods=["POST"])
+    async def register(self, request):
+        registration = self._registration(request)
+        answer = await registration.register(_metadata(request), request.getHeader(b"authorization"),
+                                             client_address_of(request, self._trusted_proxies))
+        return json_body(request, 201, answer, no_store=True)
+
+    @app.route(REGISTER_PATH + "/<client_id>", methods=["PUT"])
+    async def registered_client_replaced(self, request, client_id):
+        registration = self._registration(request)
+        answer = await registration.update(client_id, _metadata(request), request.getHeader(b"authorization"),
+                                           client_address_of(request, self._trusted_proxies))
+        return json_body(request, 200, answer, no_store=True)
+
+    @app.route(REGISTER_PATH + "/<client_id>", methods=["GET"])
+    async def registered_client(self, request, client_id):
+        answer = await self._registration(request).read(
+            client_id, request.getHeader(b"authorization"), client_address_of(request, self._trusted_proxies))
+        return json_body(request, 200, answer, no_store=True)
+
+    @app.route(REGISTER_PATH + "/<client_id>", methods=["DELETE"])
+    async def registered_client_deleted(self, request, client_id):
+        await self._registration(request).delete(
+            client_id, request.getHeader(b"authorization"), client_address_of(request, self._trusted_proxies))
+        request.setHeader(b"cache-control", b"no-store")
+        request.setResponseCode(204)
+        return b""
+
+    @app.route(REGISTER_PATH, methods=["OPTIONS"])
+    def register_preflight(self, request):
+        self._registration(request)
+        return _preflight(request, b"POST, OPTIONS")
+
+    @app.route(REGISTER_PATH + "/<client_id>", methods=["OPTIONS"])
+    def registered_client_preflight(self, request, client_id):
+        self._registration(request)
+        return _preflight(request, b"GET, PUT, DELETE, OPTIONS")
 
     # --- the browser: authorize, login, consent, end-session ------------------
 
@@ -513,7 +580,7 @@ class PublicSite:
 
     def _try_later(self, request, description: str) -> bytes:
         request.setHeader(b"retry-after", RETRY_AFTER)
-        if request.path.endswith(JSON_ENDPOINTS):
+        if request.path.endswith(JSON_ENDPOINTS) or REGISTER_PATH.encode() in request.path:
             return oauth_error(request, TemporarilyUnavailable(description))
         return error_page(
             request, 503, "Try again later", "The service is temporarily unavailable; please try again in a moment."

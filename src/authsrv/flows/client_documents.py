@@ -1,0 +1,80 @@
+"""
+Client ID metadata documents (the OAuth draft the Model Context Protocol
+adopted): a client_id that is an https URL names a JSON document of the
+client's metadata, fetched when the client is first seen and cached, so an
+agent needs no registration at all. Off unless configured.
+
+The URL is chosen by whoever sends the request, so the document is fetched
+through L{authsrv.remote_documents} (no private addresses, a timeout, a size
+cap, a cache). It must name itself as client_id (otherwise anyone could
+claim another's URL as theirs), register redirect URIs by the rules of any
+client plus the registration policy's, and be a public client: it has no
+secret. Such clients are never first-party.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.logger import Logger
+
+from authsrv.flows.registration import RegistrationPolicy, registered_settings
+from authsrv.protocol.errors import InvalidClientMetadata, OAuthError
+from authsrv.records import Client
+from authsrv.remote_documents import RemoteDocumentError, RemoteDocuments
+
+MAX_REFUSED = 10_000
+DOCUMENT_SOURCE = "document"
+"""C{Client.source} of a client described by its metadata document."""
+
+log = Logger()
+
+
+def document_client(url: str, document: dict[str, Any], policy: RegistrationPolicy) -> Client:
+    """The client the document at C{url} describes, or L{OAuthError} saying what is wrong with it."""
+    if document.get("client_id") != url:
+        raise InvalidClientMetadata(f"the document's client_id must be its own URL, {url}")
+    if "client_secret" in document or "client_secret_expires_at" in document:
+        raise InvalidClientMetadata("a client ID metadata document must not carry a client secret")
+    settings, _ = registered_settings(document, RegistrationPolicy(
+        allowed_redirect_hosts=policy.allowed_redirect_hosts, resources=policy.resources))
+    settings.setdefault("name", url)
+    return Client(client_id=url, secret_hash=None, source=DOCUMENT_SOURCE, **settings)
+
+
+class DocumentClients:
+    """
+    C{get_client} as L{authsrv.flows.clients.ClientCache} answers it
+    (C{clients}), except that a client_id that is a URL is looked up in its
+    document; an unusable document is an unknown client, and the log says why.
+    A refused URL is not fetched again for the policy's C{refetch_after}
+    seconds, so that requests naming a slow or broken URL cost no fetch each.
+    """
+
+    def __init__(self, clients, documents: RemoteDocuments, policy: RegistrationPolicy, clock):
+        self._clients = clients
+        self._documents = documents
+        self._policy = policy
+        self._clock = clock
+        self._refused: dict[str, float] = {}
+        self._schemes = ("https://", "http://") if documents.policy.allow_http else ("https://",)
+
+    async def secret_key(self) -> bytes:
+        return await self._clients.secret_key()
+
+    def seconds(self) -> float:
+        return self._clients.seconds()
+
+    async def get_client(self, client_id: str) -> Client | None:
+        if not client_id.startswith(self._schemes):
+            return await self._clients.get_client(client_id)
+        if self._refused.get(client_id, 0.0) > self._clock.seconds():
+            return None
+        try:
+            return document_client(client_id, await self._documents.fetch(client_id), self._policy)
+        except (RemoteDocumentError, OAuthError) as e:
+            log.warn("client ID metadata document {url} refused: {reason}", url=client_id, reason=str(e))
+            if len(self._refused) >= MAX_REFUSED:
+                self._refused.clear()
+            self._refused[client_id] = self._clock.seconds() + self._documents.policy.refetch_after
+            return None

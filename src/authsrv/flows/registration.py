@@ -1,0 +1,250 @@
+"""
+Clients that register themselves: an AI agent or a tool connects to a
+company's services without an operator provisioning it, as the Model
+Context Protocol's authorization rules expect.
+
+ - Dynamic client registration (RFC 7591) and reading, replacing or
+   deleting the registration (RFC 7592), off unless configured. A registration needs the
+   configured initial access token, or redirect URIs on the allowed hosts,
+   or both when both are configured; it is a public client unless the
+   operator allows secrets; it is counted against a rate per address and
+   audited. The server answers with a registration access token, kept only
+   as its hash, that reads or deletes that registration and no other.
+ - Metadata is checked by the same rules as the operator's clients
+   (L{authsrv.operations.clientspec}), then by the registration policy: no
+   redirect URI on a private or link-local address (loopback stays allowed
+   for native apps, RFC 8252) and only allowed hosts when a list is set.
+
+Registered clients are never first-party: every user is asked for consent.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+from urllib.parse import urlsplit
+
+import attrs
+from attrs import field, frozen
+
+from authsrv import events
+from authsrv.flows.ratelimit import EndpointLimit
+from authsrv.operations.clientspec import checked_settings
+from authsrv.operations.errors import InvalidInput
+from authsrv.protocol.bearer import bearer_token
+from authsrv.protocol.clients import is_loopback_host
+from authsrv.protocol.errors import InvalidClientMetadata, InvalidRedirectURI, InvalidToken, OAuthError
+from authsrv.protocol.rates import Rate, parse_rate
+from authsrv.protocol.targets import private_address_problem
+from authsrv.records import Client
+from authsrv.tokens import CLIENT_SECRET_KEY, client_secret_hash, new_token, token_hash
+
+REGISTRATION_SOURCE = "registration"
+"""C{Client.source} of a client that registered itself."""
+DEFAULT_RATE = "10/m"
+GRANT_TYPES = ("authorization_code", "refresh_token")
+"""What a registered client may ask for: the browser sign-in and its refresh."""
+SECRET_METHODS = ("client_secret_basic", "client_secret_post")
+
+
+@frozen
+class RegistrationPolicy:
+    """
+    C{[registration]}: C{enabled} turns on RFC 7591 registration;
+    C{initial_access_token} (None: not required) and C{allowed_redirect_hosts}
+    (host names, or C{*.example.com} for any name under it; empty: any host)
+    decide who may register; C{resources} are what such clients may ask
+    tokens for; C{metadata_documents} turns on client ID
+    metadata documents, whose redirect URIs the host list limits too.
+    """
+
+    enabled: bool = False
+    initial_access_token: str | None = field(default=None, repr=False)
+    allowed_redirect_hosts: tuple[str, ...] = ()
+    allow_confidential: bool = False
+    rate: Rate | None = parse_rate(DEFAULT_RATE)
+    metadata_documents: bool = False
+    resources: tuple[str, ...] = ()
+    """The resources (RFC 8707) every such client may ask tokens for: the servers behind authsrv."""
+
+    def host_allowed(self, host: str) -> bool:
+        """Whether a redirect URI on C{host} passes the host list."""
+        if not self.allowed_redirect_hosts:
+            return True
+        host = host.lower()
+        return any(host == pattern or (pattern.startswith("*.") and host.endswith(pattern[1:]))
+                   for pattern in self.allowed_redirect_hosts)
+
+
+def host_pattern_problem(pattern: str) -> str | None:
+    """What is wrong with C{pattern} as an allowed redirect host, or None."""
+    name = pattern[2:] if pattern.startswith("*.") else pattern
+    if not name or name != name.lower() or any(c in name for c in "*/:@ ") or name.startswith("."):
+        return f"{pattern!r} must be a lower-case host name, or *. and a domain such as *.example.com"
+    return None
+
+
+def _redirect_uri_refusal(uri: str, policy: RegistrationPolicy) -> str | None:
+    """Why the registration policy refuses C{uri}, which the operator's rules already allow; or None."""
+    host = urlsplit(uri).hostname
+    if host is None:
+        return None if not policy.allowed_redirect_hosts else (
+            f"{uri!r} has no host: only redirect URIs on the allowed hosts may be registered")
+    if not is_loopback_host(host) and (problem := private_address_problem(host)):
+        return f"{uri!r} is refused: {problem}"
+    if not policy.host_allowed(host):
+        return f"{uri!r} is not on a host this server allows clients to register"
+    return None
+
+
+def registered_settings(metadata: Any, policy: RegistrationPolicy) -> tuple[dict[str, Any], str]:
+    """
+    The client settings of RFC 7591 C{metadata} and its token endpoint
+    authentication method, or L{InvalidRedirectURI} / L{InvalidClientMetadata}
+    naming the field. Fields this server does not use are ignored, as RFC
+    7591 section 2 asks.
+    """
+    if not isinstance(metadata, dict):
+        raise InvalidClientMetadata("the client metadata must be a JSON object")
+    method = metadata.get("token_endpoint_auth_method", "none")
+    allowed_methods = ("none", *SECRET_METHODS) if policy.allow_confidential else ("none",)
+    if method not in allowed_methods:
+        raise InvalidClientMetadata(
+            f"token_endpoint_auth_method must be one of {', '.join(allowed_methods)}"
+            + ("" if policy.allow_confidential else ": this server registers public clients only (PKCE)"))
+    response_types = metadata.get("response_types", ["code"])
+    if response_types != ["code"]:
+        raise InvalidClientMetadata('response_types must be ["code"]: the only response type this server offers')
+    grant_types = metadata.get("grant_types", ["authorization_code"])
+    if isinstance(grant_types, list) and any(name not in GRANT_TYPES for name in grant_types):
+        raise InvalidClientMetadata(f"grant_types may name only {', '.join(GRANT_TYPES)}")
+    if "redirect_uris" not in metadata:
+        raise InvalidRedirectURI("redirect_uris is missing: name at least one")
+    data = {"redirect_uris": metadata["redirect_uris"], "grant_types": grant_types,
+            "resources": list(policy.resources)}
+    if "client_name" in metadata:
+        data["name"] = metadata["client_name"]
+    try:
+        settings = checked_settings(data)
+    except InvalidInput as e:
+        message = e.message.replace("name must", "client_name must", 1) if e.field == "name" else e.message
+        raise (InvalidRedirectURI if e.field == "redirect_uris" else InvalidClientMetadata)(message) from None
+    for uri in settings["redirect_uris"]:
+        if refusal := _redirect_uri_refusal(uri, policy):
+            raise InvalidRedirectURI(refusal)
+    return settings, method
+
+
+def client_metadata(client: Client, method: str) -> dict[str, Any]:
+    """A client's registered metadata as RFC 7591 names it."""
+    return {
+        "client_id": client.client_id,
+        "client_id_issued_at": client.created_at,
+        "client_name": client.name,
+        "redirect_uris": list(client.redirect_uris),
+        "grant_types": list(client.grant_types),
+        "response_types": ["code"],
+        "token_endpoint_auth_method": method,
+    }
+
+
+class Registration:
+    """
+    The registration endpoint and its per-client URIs: C{store} keeps the
+    clients, C{limit} counts requests per address, C{base} is the
+    registration endpoint's URL.
+    """
+
+    def __init__(self, *, store, clock, policy: RegistrationPolicy, base: str):
+        self._store = store
+        self._clock = clock
+        self._policy = policy
+        self._base = base
+        self.limit = EndpointLimit("registration", clock)
+
+    def _refused(self, error: OAuthError, address: str) -> OAuthError:
+        events.registration_refused(address=address, reason=error.description)
+        return error
+
+    def _check_initial_token(self, authorization: bytes | None, address: str) -> None:
+        expected = self._policy.initial_access_token
+        if expected is None:
+            return
+        try:
+            presented = bearer_token(authorization, None)
+        except OAuthError:
+            raise self._refused(InvalidToken("an initial access token is required: send Authorization: Bearer"
+                                             " <token> as the operator gave it to you"), address) from None
+        if not hmac.compare_digest(presented.encode(), expected.encode()):
+            raise self._refused(InvalidToken("the initial access token is not valid"), address)
+
+    async def register(self, metadata: Any, authorization: bytes | None, address: str) -> dict[str, Any]:
+        """RFC 7591 section 3: a new client from C{metadata}; the answer holds its credentials, shown once."""
+        self.limit.address(address, self._policy.rate)
+        self._check_initial_token(authorization, address)
+        try:
+            settings, method = registered_settings(metadata, self._policy)
+        except OAuthError as e:
+            raise self._refused(e, address) from None
+        client_id = new_token(18)
+        settings.setdefault("name", client_id)
+        secret = new_token(32) if method != "none" else None
+        key = await self._store.server_key(CLIENT_SECRET_KEY) if secret else b""
+        access_token = new_token(32)
+        client = Client(
+            client_id=client_id, secret_hash=client_secret_hash(secret, key) if secret else None,
+            created_at=int(self._clock.seconds()), source=REGISTRATION_SOURCE,
+            registration_token_hash=token_hash(access_token), **settings,
+        )
+        await self._store.add_client(client)
+        events.client_created(client_id=client_id, source=REGISTRATION_SOURCE, actor=REGISTRATION_SOURCE,
+                              address=address)
+        answer = client_metadata(client, method)
+        if secret:
+            answer.update(client_secret=secret, client_secret_expires_at=0)
+        answer.update(registration_access_token=access_token, registration_client_uri=f"{self._base}/{client_id}")
+        return answer
+
+    async def _own(self, client_id: str, authorization: bytes | None, address: str) -> Client:
+        """The registration C{authorization}'s token was issued for, or L{InvalidToken} (RFC 7592 section 2)."""
+        self.limit.address(address, self._policy.rate)
+        token = bearer_token(authorization, None)
+        client = await self._store.get_client(client_id)
+        stored = client.registration_token_hash if client is not None else None
+        if stored is None or not hmac.compare_digest(stored, token_hash(token)):
+            raise InvalidToken("the registration access token is not valid for this client")
+        return client
+
+    async def read(self, client_id: str, authorization: bytes | None, address: str) -> dict[str, Any]:
+        client = await self._own(client_id, authorization, address)
+        method = "none" if client.is_public else SECRET_METHODS[0]
+        return {**client_metadata(client, method), "registration_client_uri": f"{self._base}/{client_id}"}
+
+    async def update(self, client_id: str, metadata: Any, authorization: bytes | None,
+                     address: str) -> dict[str, Any]:
+        """
+        RFC 7592 section 2.2: the client's metadata replaced by C{metadata},
+        checked as at registration; its id, secret and tokens stay.
+        """
+        client = await self._own(client_id, authorization, address)
+        if not isinstance(metadata, dict) or metadata.get("client_id") != client_id:
+            raise InvalidClientMetadata("client_id must be given and be this client's id")
+        method = "none" if client.is_public else SECRET_METHODS[0]
+        asked = metadata.get("token_endpoint_auth_method", method)
+        if (asked == "none") != client.is_public:
+            raise InvalidClientMetadata("token_endpoint_auth_method cannot change between none and a secret:"
+                                        " register a new client")
+        settings, _ = registered_settings({**metadata, "token_endpoint_auth_method": "none"}, self._policy)
+        settings.setdefault("name", client_id)
+        changed = attrs.evolve(client, **settings)
+        await self._store.put_client(changed)
+        events.client_changed(client_id=client_id, source=REGISTRATION_SOURCE, actor=REGISTRATION_SOURCE,
+                              fields=sorted(settings), address=address)
+        return {**client_metadata(changed, asked if asked != "none" else method),
+                "registration_client_uri": f"{self._base}/{client_id}"}
+
+    async def delete(self, client_id: str, authorization: bytes | None, address: str) -> None:
+        client = await self._own(client_id, authorization, address)
+        await self._store.remove_client(client.client_id)
+        events.client_deleted(client_id=client_id, source=REGISTRATION_SOURCE, actor=REGISTRATION_SOURCE,
+                              address=address)

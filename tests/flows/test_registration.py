@@ -1,0 +1,487 @@
+"""
+Clients that register themselves, through the whole server: dynamic client
+registration (RFC 7591) with RFC 7592 read and delete, and client ID
+metadata documents served by a real HTTP server on 127.0.0.1 (allowed only
+by the test's [remote_documents] switches), each followed by a sign-in and a
+code exchange with the new client; and the attacks on both.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+import pytest_twisted
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred
+from twisted.internet.task import deferLater
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET, Site
+
+from authsrv.config import ConfigErrors, parse_config
+from authsrv.flows.client_documents import DocumentClients
+from authsrv.flows.registration import RegistrationPolicy
+from authsrv.remote_documents import FetchPolicy, RemoteDocuments
+from authsrv.testing.identity import ALICE, PASSWORDS
+
+from flow_client import Browser, location
+from harness import ISSUER, Harness, pkce_pair
+from token_helpers import TOKEN
+
+REGISTER = ISSUER + "/oauth2/register"
+INITIAL = "initial-access-token-Q3v9ZkP2mW7xL4nR8tY6"
+REDIRECT = "http://127.0.0.1:9100/callback"
+
+
+def registration_config(monkeypatch, **settings) -> dict:
+    monkeypatch.setenv("AUTHSRV_TEST_INITIAL_TOKEN", INITIAL)
+    return {"registration": {"enabled": True, "initial_access_token_env": "AUTHSRV_TEST_INITIAL_TOKEN", **settings}}
+
+
+async def register(h: Harness, metadata, token: str | None = INITIAL, headers: dict | None = None):
+    auth = {"Authorization": f"Bearer {token}"} if token else {}
+    return await h.json("POST", REGISTER, data=json.dumps(metadata).encode(),
+                        headers={"Content-Type": "application/json", **auth, **(headers or {})})
+
+
+async def sign_in_and_exchange(h: Harness, client_id: str, redirect_uri: str, **extra) -> dict:
+    """A user signs in to C{client_id}, consenting, and the client swaps the code as a public client."""
+    verifier, challenge = pkce_pair()
+    query = await Browser(h).sign_in(ALICE, client_id, redirect_uri=redirect_uri, challenge=challenge,
+                                     scope="openid offline_access", **extra)
+    assert "code" in query, query
+    response, body = await h.json("POST", TOKEN, data={
+        "grant_type": "authorization_code", "code": query["code"], "code_verifier": verifier,
+        "redirect_uri": redirect_uri, "client_id": client_id})
+    assert response.code == 200, body
+    return body
+
+
+@pytest_twisted.ensureDeferred
+async def test_registration_is_off_and_undiscovered_by_default(tmp_path, monkeypatch):
+    h = await Harness(tmp_path, monkeypatch).start()
+    try:
+        _, discovery = await h.json("GET", ISSUER + "/.well-known/openid-configuration")
+        assert "registration_endpoint" not in discovery
+        assert "client_id_metadata_document_supported" not in discovery
+        response, body = await register(h, {"redirect_uris": [REDIRECT]})
+        assert response.code == 404, body
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_register_sign_in_read_and_delete(tmp_path, monkeypatch):
+    h = await Harness(tmp_path, monkeypatch, registration_config(monkeypatch)).start()
+    try:
+        _, discovery = await h.json("GET", ISSUER + "/.well-known/oauth-authorization-server")
+        assert discovery["registration_endpoint"] == REGISTER
+        response, body = await register(h, {"redirect_uris": [REDIRECT], "client_name": "Agent",
+                                            "grant_types": ["authorization_code", "refresh_token"],
+                                            "logo_uri": "https://agent.example/logo.png"})
+        assert response.code == 201, body
+        assert response.headers.getRawHeaders("cache-control") == ["no-store"]
+        client_id = body["client_id"]
+        assert body["token_endpoint_auth_method"] == "none" and "client_secret" not in body
+        assert body["registration_client_uri"] == f"{REGISTER}/{client_id}"
+        stored = await h.store.get_client(client_id)
+        assert stored.is_public and not stored.first_party and stored.source == "registration"
+        assert body["registration_access_token"] not in json.dumps(stored.registration_token_hash)
+
+        issued = await sign_in_and_exchange(h, client_id, REDIRECT)
+        assert issued["id_token"] and issued["refresh_token"] is not None
+
+        bearer = {"Authorization": f"Bearer {body['registration_access_token']}"}
+        response, read = await h.json("GET", body["registration_client_uri"], headers=bearer)
+        assert response.code == 200, read
+        assert (read["client_id"], read["client_name"], read["redirect_uris"]) == (client_id, "Agent", [REDIRECT])
+        assert "registration_access_token" not in read
+        response, _ = await h.request("DELETE", body["registration_client_uri"], headers=bearer)
+        assert response.code == 204
+        assert await h.store.get_client(client_id) is None
+        response, _ = await h.request("GET", body["registration_client_uri"], headers=bearer)
+        assert response.code == 401
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_registered_client_replaces_its_metadata(tmp_path, monkeypatch):
+    h = await Harness(tmp_path, monkeypatch, registration_config(monkeypatch, rate="100/m")).start()
+    try:
+        _, mine = await register(h, {"redirect_uris": [REDIRECT], "client_name": "Agent"})
+        _, theirs = await register(h, {"redirect_uris": [REDIRECT]})
+        uri, client_id = mine["registration_client_uri"], mine["client_id"]
+        bearer = {"Authorization": f"Bearer {mine['registration_access_token']}",
+                  "Content-Type": "application/json"}
+
+        async def put(metadata, headers=bearer, target=uri):
+            return await h.json("PUT", target, data=json.dumps(metadata).encode(), headers=headers)
+
+        moved = "http://127.0.0.1:9200/cb"
+        response, body = await put({"client_id": client_id, "redirect_uris": [moved], "client_name": "Agent 2"})
+        assert response.code == 200, body
+        assert (body["redirect_uris"], body["client_name"]) == ([moved], "Agent 2")
+        stored = await h.store.get_client(client_id)
+        assert (stored.redirect_uris, stored.source, stored.first_party) == ((moved,), "registration", False)
+        assert stored.registration_token_hash is not None
+        for metadata, error in (
+            ({"client_id": client_id, "redirect_uris": ["https://10.0.0.1/cb"]}, "invalid_redirect_uri"),
+            ({"client_id": theirs["client_id"], "redirect_uris": [moved]}, "invalid_client_metadata"),
+            ({"redirect_uris": [moved]}, "invalid_client_metadata"),
+            ({"client_id": client_id, "redirect_uris": [moved], "token_endpoint_auth_method": "client_secret_basic"},
+             "invalid_client_metadata"),
+        ):
+            response, body = await put(metadata)
+            assert response.code == 400 and body["error"] == error, (metadata, body)
+        response, body = await put({"client_id": theirs["client_id"], "redirect_uris": ["https://evil.example/cb"]},
+                                   target=theirs["registration_client_uri"])
+        assert response.code == 401 and body["error"] == "invalid_token", body
+        assert (await h.store.get_client(theirs["client_id"])).redirect_uris == (REDIRECT,)
+        assert (await h.store.get_client(client_id)).redirect_uris == (moved,)
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_registered_clients_always_ask_for_consent(tmp_path, monkeypatch):
+    """
+    A registered client is never first-party: the user sees the consent
+    page, which warns that nobody vetted it and says where the answer goes.
+    """
+    h = await Harness(tmp_path, monkeypatch, registration_config(monkeypatch)).start()
+    try:
+        _, body = await register(h, {"redirect_uris": [REDIRECT], "client_name": "First-Party App"})
+        for client_id, redirect, warned in ((body["client_id"], REDIRECT, True), ("partner", None, False)):
+            browser = Browser(h)
+            response, _ = await browser.authorize(client_id, redirect_uri=redirect, scope="openid")
+            response, _ = await browser.submit_login(location(response), ALICE.login, PASSWORDS[ALICE.sub])
+            _, page = await browser.get(location(response))
+            assert (b"registered itself" in page) is warned
+            assert (b"http://127.0.0.1:9100" in page) is warned
+        browser = Browser(h)
+        query = await browser.sign_in(ALICE, body["client_id"], consent="deny", redirect_uri=REDIRECT,
+                                      scope="openid")
+        assert query["error"] == "access_denied"
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+@pytest.mark.parametrize("token", [None, "wrong-token", INITIAL[:-1]])
+async def test_a_missing_or_wrong_initial_token_is_refused(tmp_path, monkeypatch, token):
+    h = await Harness(tmp_path, monkeypatch, registration_config(monkeypatch)).start()
+    try:
+        response, body = await register(h, {"redirect_uris": [REDIRECT]}, token=token)
+        assert response.code == 401 and body["error"] == "invalid_token", body
+        assert 'Bearer realm="authsrv"' in response.headers.getRawHeaders("www-authenticate")[0]
+        assert not [c for c in await h.store.list_clients() if c.source == "registration"]
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+@pytest.mark.parametrize(("metadata", "error"), [
+    ({}, "invalid_redirect_uri"),
+    ({"redirect_uris": []}, "invalid_redirect_uri"),
+    ({"redirect_uris": ["http://app.example/cb"]}, "invalid_redirect_uri"),
+    ({"redirect_uris": ["https://app.example/cb#frag"]}, "invalid_redirect_uri"),
+    ({"redirect_uris": ["https://10.0.0.5/cb"]}, "invalid_redirect_uri"),
+    ({"redirect_uris": ["https://169.254.169.254/cb"]}, "invalid_redirect_uri"),
+    ({"redirect_uris": ["https://[fd00::1]/cb"]}, "invalid_redirect_uri"),
+    ({"redirect_uris": "https://app.example/cb"}, "invalid_redirect_uri"),
+    ({"redirect_uris": [REDIRECT], "token_endpoint_auth_method": "client_secret_basic"}, "invalid_client_metadata"),
+    ({"redirect_uris": [REDIRECT], "token_endpoint_auth_method": "private_key_jwt"}, "invalid_client_metadata"),
+    ({"redirect_uris": [REDIRECT], "grant_types": ["client_credentials"]}, "invalid_client_metadata"),
+    ({"redirect_uris": [REDIRECT], "grant_types": "authorization_code"}, "invalid_client_metadata"),
+    ({"redirect_uris": [REDIRECT], "response_types": ["token"]}, "invalid_client_metadata"),
+    ({"redirect_uris": [REDIRECT], "client_name": ""}, "invalid_client_metadata"),
+    ({"redirect_uris": [REDIRECT], "client_name": "x" * 201}, "invalid_client_metadata"),
+    ([REDIRECT], "invalid_client_metadata"),
+])
+async def test_bad_metadata_is_refused_by_field(tmp_path, monkeypatch, metadata, error):
+    h = await Harness(tmp_path, monkeypatch, registration_config(monkeypatch)).start()
+    try:
+        response, body = await register(h, metadata)
+        assert response.code == 400 and body["error"] == error, body
+        assert body["error_description"]
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_body_that_is_not_json_is_invalid_metadata(tmp_path, monkeypatch):
+    h = await Harness(tmp_path, monkeypatch, registration_config(monkeypatch)).start()
+    try:
+        for data, content_type in ((b"redirect_uris=x", "application/x-www-form-urlencoded"),
+                                   (b"{not json", "application/json"), (b"[" * 100_000, "application/json")):
+            response, body = await h.json("POST", REGISTER, data=data, headers={
+                "Content-Type": content_type, "Authorization": f"Bearer {INITIAL}"})
+            assert response.code in (400, 413) and (response.code == 413 or body["error"] == "invalid_client_metadata")
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_allow_list_policy_limits_redirect_hosts(tmp_path, monkeypatch):
+    config = {"registration": {"enabled": True, "allowed_redirect_hosts": ["127.0.0.1", "*.tools.example"]}}
+    h = await Harness(tmp_path, monkeypatch, config).start()
+    try:
+        for uri in ("https://agent.tools.example/cb", REDIRECT):
+            response, body = await register(h, {"redirect_uris": [uri]}, token=None)
+            assert response.code == 201, body
+        for uri in ("https://evil.example/cb", "https://tools.example.evil.example/cb", "com.example.app:/cb",
+                    "https://eviltools.example/cb"):
+            response, body = await register(h, {"redirect_uris": [REDIRECT, uri]}, token=None)
+            assert response.code == 400 and body["error"] == "invalid_redirect_uri", (uri, body)
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_confidential_clients_only_when_allowed(tmp_path, monkeypatch):
+    h = await Harness(tmp_path, monkeypatch, registration_config(monkeypatch, allow_confidential=True)).start()
+    try:
+        response, body = await register(h, {"redirect_uris": [REDIRECT],
+                                            "token_endpoint_auth_method": "client_secret_post"})
+        assert response.code == 201, body
+        assert body["client_secret"] and body["client_secret_expires_at"] == 0
+        response, answer = await h.json("POST", TOKEN, data={
+            "grant_type": "authorization_code", "code": "nope", "code_verifier": "v" * 43, "redirect_uri": REDIRECT,
+            "client_id": body["client_id"], "client_secret": body["client_secret"]})
+        assert answer["error"] == "invalid_grant", answer
+        response, answer = await h.json("POST", TOKEN, data={
+            "grant_type": "authorization_code", "code": "nope", "code_verifier": "v" * 43, "redirect_uri": REDIRECT,
+            "client_id": body["client_id"], "client_secret": "wrong"})
+        assert answer["error"] == "invalid_client", answer
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_registration_token_reads_and_deletes_only_its_own_client(tmp_path, monkeypatch):
+    h = await Harness(tmp_path, monkeypatch, registration_config(monkeypatch, rate="100/m")).start()
+    try:
+        _, mine = await register(h, {"redirect_uris": [REDIRECT]})
+        _, theirs = await register(h, {"redirect_uris": [REDIRECT]})
+        mine_bearer = {"Authorization": f"Bearer {mine['registration_access_token']}"}
+        for method in ("GET", "DELETE"):
+            response, body = await h.json(method, theirs["registration_client_uri"], headers=mine_bearer)
+            assert response.code == 401 and body["error"] == "invalid_token", body
+            for target in ("first", "nobody"):
+                response, body = await h.json(method, f"{REGISTER}/{target}", headers=mine_bearer)
+                assert response.code == 401, body
+            response, body = await h.json(method, theirs["registration_client_uri"],
+                                          headers={"Authorization": f"Bearer {INITIAL}"})
+            assert response.code == 401, body
+            response, body = await h.json(method, theirs["registration_client_uri"])
+            assert response.code == 401, body
+        assert await h.store.get_client(theirs["client_id"]) is not None
+        assert await h.store.get_client("first") is not None
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_registration_burst_is_rate_limited_per_address(tmp_path, monkeypatch):
+    h = await Harness(tmp_path, monkeypatch, registration_config(monkeypatch, rate="3/m")).start()
+    try:
+        for _ in range(3):
+            response, body = await register(h, {"redirect_uris": [REDIRECT]})
+            assert response.code == 201, body
+        response, body = await register(h, {"redirect_uris": [REDIRECT]})
+        assert response.code == 429 and body["error"] == "too_many_requests", body
+        assert int(response.headers.getRawHeaders("retry-after")[0]) >= 1
+        response, body = await register(h, {"redirect_uris": [REDIRECT]}, token="wrong")
+        assert response.code == 429, body
+        h.clock.advance(60)
+        response, body = await register(h, {"redirect_uris": [REDIRECT]})
+        assert response.code == 201, body
+        assert len([c for c in await h.store.list_clients() if c.source == "registration"]) == 4
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_registrations_and_refusals_are_audited(tmp_path, monkeypatch):
+    seen: list[dict] = []
+    from twisted.logger import globalLogPublisher
+
+    def observe(event):
+        if event.get("log_namespace") == "authsrv.audit":
+            seen.append(event)
+
+    globalLogPublisher.addObserver(observe)
+    h = await Harness(tmp_path, monkeypatch, registration_config(monkeypatch)).start()
+    try:
+        _, body = await register(h, {"redirect_uris": [REDIRECT]})
+        await register(h, {"redirect_uris": [REDIRECT]}, token="wrong")
+        await register(h, {"redirect_uris": ["https://10.1.2.3/cb"]})
+        await h.request("DELETE", body["registration_client_uri"],
+                        headers={"Authorization": f"Bearer {body['registration_access_token']}"})
+    finally:
+        globalLogPublisher.removeObserver(observe)
+        await h.close()
+    kinds = [(e["event"], e.get("source"), e.get("address")) for e in seen]
+    assert ("client.created", "registration", "127.0.0.1") in kinds
+    assert ("client.deleted", "registration", "127.0.0.1") in kinds
+    refused = [e["reason"] for e in seen if e["event"] == "registration.refused"]
+    assert len(refused) == 2 and "initial access token" in refused[0] and "10.1.2.3" in refused[1]
+    text = json.dumps([{k: str(v) for k, v in e.items()} for e in seen])
+    assert INITIAL not in text and body["registration_access_token"] not in text
+
+
+def test_registration_config_needs_a_policy_and_good_host_patterns(tmp_path, monkeypatch):
+    with pytest.raises(ConfigErrors, match="registration.enabled.*needs a policy"):
+        parse_config({"registration": {"enabled": True}}, tmp_path / "a.toml")
+    with pytest.raises(ConfigErrors, match=r"allowed_redirect_hosts\[1\]"):
+        parse_config({"registration": {"enabled": True, "allowed_redirect_hosts": ["ok.example", "*bad"]}},
+                     tmp_path / "a.toml")
+    with pytest.raises(ConfigErrors, match="initial_access_token"):
+        parse_config({"registration": {"enabled": True, "initial_access_token": "in-the-file"}}, tmp_path / "a.toml")
+    policy = parse_config({}, tmp_path / "a.toml").registration
+    assert not policy.enabled and not policy.metadata_documents
+
+
+# --- client ID metadata documents ------------------------------------------------
+
+
+class Documents(Resource):
+    """A document server: C{documents} by path, C{slow} paths never answered."""
+
+    isLeaf = True
+
+    def __init__(self):
+        super().__init__()
+        self.documents: dict[bytes, bytes] = {}
+        self.slow: set[bytes] = set()
+        self.hits: list[bytes] = []
+
+    def render_GET(self, request):
+        self.hits.append(request.path)
+        if request.path in self.slow:
+            return NOT_DONE_YET
+        if request.path not in self.documents:
+            request.setResponseCode(404)
+            return b"{}"
+        request.setHeader(b"content-type", b"application/json")
+        return self.documents[request.path]
+
+
+@pytest.fixture
+def document_server():
+    server = Documents()
+    port = reactor.listenTCP(0, Site(server), interface="127.0.0.1")
+    base = f"http://127.0.0.1:{port.getHost().port}"
+    yield server, base
+    port.stopListening()
+
+
+def serve(server: Documents, url: str, document: dict | bytes) -> None:
+    path = url.split("/", 3)[3]
+    server.documents[b"/" + path.encode()] = document if isinstance(document, bytes) else json.dumps(document).encode()
+
+
+RESOURCE = "https://tools.example.test/mcp"
+LOCAL_DOCUMENTS = {"remote_documents": {"allow_http": True, "allow_private_addresses": True, "max_bytes": 2048},
+                   "registration": {"client_id_metadata_documents": True, "resources": [RESOURCE]}}
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_metadata_document_client_signs_in(tmp_path, monkeypatch, document_server):
+    server, base = document_server
+    url = f"{base}/agent.json"
+    serve(server, url, {"client_id": url, "client_name": "Doc Agent", "redirect_uris": [REDIRECT],
+                        "token_endpoint_auth_method": "none"})
+    h = await Harness(tmp_path, monkeypatch, LOCAL_DOCUMENTS, fetch_documents=True).start()
+    try:
+        _, discovery = await h.json("GET", ISSUER + "/.well-known/openid-configuration")
+        assert discovery["client_id_metadata_document_supported"] is True
+        assert "registration_endpoint" not in discovery
+        issued = await sign_in_and_exchange(h, url, REDIRECT, resource=RESOURCE)
+        payload = issued["access_token"].split(".")[1]
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+        assert (claims["aud"], claims["client_id"]) == (RESOURCE, url)
+        query = await Browser(h).sign_in(ALICE, url, redirect_uri=REDIRECT, resource="https://other.example/")
+        assert query["error"] == "invalid_target", query
+        assert server.hits.count(b"/agent.json") == 1, "the document is cached"
+        assert await h.store.get_client(url) is None
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+@pytest.mark.parametrize("document", [
+    "mismatch", "secret", "private_key_jwt", "bad_redirect", "oversized", "not_json", "missing",
+])
+async def test_a_bad_metadata_document_is_an_unknown_client(tmp_path, monkeypatch, document_server, document):
+    server, base = document_server
+    url = f"{base}/agent.json"
+    good = {"client_id": url, "redirect_uris": [REDIRECT]}
+    bodies = {
+        "mismatch": {**good, "client_id": f"{base}/other.json"},
+        "secret": {**good, "client_secret": "s3cret"},
+        "private_key_jwt": {**good, "token_endpoint_auth_method": "private_key_jwt"},
+        "bad_redirect": {**good, "redirect_uris": ["http://attacker.example/cb"]},
+        "oversized": {**good, "client_name": "x" * 4096},
+        "not_json": b"<html>",
+    }
+    if document in bodies:
+        serve(server, url, bodies[document])
+    h = await Harness(tmp_path, monkeypatch, LOCAL_DOCUMENTS, fetch_documents=True).start()
+    try:
+        response, body = await Browser(h).authorize(url, redirect_uri=REDIRECT)
+        assert response.code == 400, body
+        assert b"code=" not in body and response.headers.getRawHeaders("location") is None
+        assert server.hits == [b"/agent.json"]
+        h.clock.advance(h.config.remote_documents.refetch_after - 1)
+        response, _ = await Browser(h).authorize(url, redirect_uri=REDIRECT)
+        assert response.code == 400 and server.hits == [b"/agent.json"], "a refusal is remembered"
+        h.clock.advance(2)
+        await Browser(h).authorize(url, redirect_uri=REDIRECT)
+        fetch_failed = document in ("oversized", "not_json", "missing")
+        assert server.hits == [b"/agent.json"] * (2 if fetch_failed else 1), "then fetched again, or cached"
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_documents_on_private_addresses_or_over_http_are_not_fetched(tmp_path, monkeypatch, document_server):
+    server, base = document_server
+    url = f"{base}/agent.json"
+    serve(server, url, {"client_id": url, "redirect_uris": [REDIRECT]})
+    h = await Harness(tmp_path, monkeypatch, {"registration": {"client_id_metadata_documents": True},
+                                              "remote_documents": {"allow_http": True}}, fetch_documents=True).start()
+    try:
+        for client_id in (url, "http://169.254.169.254/latest/meta-data", "http://10.0.0.1/a.json"):
+            response, _ = await Browser(h).authorize(client_id, redirect_uri=REDIRECT)
+            assert response.code == 400
+        assert server.hits == []
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_slow_document_times_out(document_server):
+    from twisted.internet.task import Clock
+
+    server, base = document_server
+    url = f"{base}/slow.json"
+    server.slow.add(b"/slow.json")
+    clock = Clock()
+    documents = RemoteDocuments(reactor, FetchPolicy(allow_http=True, allow_private_addresses=True), clock=clock)
+    clients = DocumentClients(None, documents, RegistrationPolicy(metadata_documents=True), clock)
+    results: list = []
+    Deferred.fromCoroutine(clients.get_client(url)).addBoth(results.append)
+    for _ in range(200):
+        if server.hits:
+            break
+        await deferLater(reactor, 0.005, lambda: None)
+    assert server.hits == [b"/slow.json"] and results == []
+    clock.advance(FetchPolicy().timeout + 1)
+    for _ in range(200):
+        if results:
+            break
+        await deferLater(reactor, 0.005, lambda: None)
+    assert results == [None]
