@@ -28,6 +28,7 @@ from authsrv.protocol.password_policy import MAX_LENGTH, MIN_LENGTH
 from authsrv.protocol.rates import Rate, parse_rate
 from authsrv.protocol.targets import backchannel_uri_problem
 from authsrv.records import DEFAULT_GRANT_TYPES, Client, ThrottlePolicy
+from authsrv.remote_documents import FetchPolicy, fetch_policy
 from authsrv.tokens import token_hash, weak_secret_problem
 
 DEFAULT_LISTEN = "tcp:8080:interface=127.0.0.1"
@@ -169,6 +170,8 @@ class Config:
     log_format: str | None = None
     admin: AdminSettings = AdminSettings()
     mfa: MfaPolicy = MfaPolicy()
+    remote_documents: FetchPolicy = FetchPolicy()
+    """C{[remote_documents]}: how documents that clients name (C{jwks_uri}) are fetched."""
 
     @property
     def issuer(self) -> str:
@@ -592,6 +595,7 @@ def read_config_document(
     checked.done(ui)
     password_min_length = _password_min_length(_table(top, checked, "passwords"), checked)
     mfa = checked.take(_mfa, _table(top, checked, "mfa"), fallback=MfaPolicy())
+    remote_documents = checked.take(fetch_policy, _table(top, checked, "remote_documents"), fallback=FetchPolicy())
     metrics = _table(top, checked, "metrics")
     metrics_listen = tuple(checked.take(metrics.str_list, "listen", [], fallback=[]))
     checked.done(metrics)
@@ -634,6 +638,7 @@ def read_config_document(
         show_ban_reason=show_ban_reason,
         rate_limits=rate_limits,
         mfa=mfa,
+        remote_documents=remote_documents,
         trusted_proxies=trusted_proxies,
         password_min_length=password_min_length,
         metrics_listen=metrics_listen,

@@ -18,8 +18,8 @@ _THIS_NETWORK = ip_network("0.0.0.0/8")
 _BROADCAST = ip_address("255.255.255.255")
 
 
-def address_problem(text: str) -> str | None:
-    """Why the server must not connect to the IP address C{text}, or None (also None when it is no address)."""
+def _address(text: str) -> IPv4Address | IPv6Address | None:
+    """The address C{text} names, an IPv4 one embedded in IPv6 unwrapped; None when it is no address."""
     try:
         address: IPv4Address | IPv6Address = ip_address(text)
     except ValueError:
@@ -27,6 +27,14 @@ def address_problem(text: str) -> str | None:
     if isinstance(address, IPv6Address):
         address = address.ipv4_mapped or address.sixtofour or address
         address = ip_address(str(address).partition("%")[0])
+    return address
+
+
+def address_problem(text: str) -> str | None:
+    """Why the server must not connect to the IP address C{text}, or None (also None when it is no address)."""
+    address = _address(text)
+    if address is None:
+        return None
     if address in _METADATA:
         return f"{text} is a cloud metadata address"
     if address.is_link_local:
@@ -37,6 +45,26 @@ def address_problem(text: str) -> str | None:
         return f"{text} is a multicast address"
     if address == _BROADCAST:
         return f"{text} is the broadcast address"
+    return None
+
+
+def private_address_problem(text: str) -> str | None:
+    """
+    Why the server must not fetch a document from the IP address C{text}
+    when only public addresses are allowed (a client's C{jwks_uri}, where
+    anyone may name any URL): every refused address of L{address_problem},
+    and loopback, private, shared and reserved ones too.
+    """
+    problem = address_problem(text)
+    if problem:
+        return problem
+    address = _address(text)
+    if address is None:
+        return None
+    if address.is_loopback:
+        return f"{text} is a loopback address"
+    if not address.is_global:
+        return f"{text} is a private or reserved address"
     return None
 
 

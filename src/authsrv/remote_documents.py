@@ -1,0 +1,269 @@
+"""
+JSON documents the server fetches from URLs that clients name (a client's
+C{jwks_uri}, a client ID metadata document): anyone who can register a
+client chooses the URL, so every fetch is guarded against server-side
+request forgery and against answers that cost the server too much.
+
+ - https only (plain http when the operator allows it, for tests and
+   private deployments);
+ - the host is resolved once, every address it resolves to is checked
+   (no loopback, private, link-local or reserved address unless allowed),
+   and the request connects to the checked address while sending the name
+   as Host and checking the certificate against it, so that a name that
+   resolves elsewhere a moment later (DNS rebinding) changes nothing;
+ - no redirects, a timeout on the whole fetch, a cap on the body's size;
+ - answers are cached for their C{Cache-Control: max-age}, held between a
+   floor (a client cannot make the server fetch on every request) and a
+   ceiling (a rotated key set is seen within a bounded time).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from ipaddress import ip_address
+from urllib.parse import urlsplit
+
+import treq
+from attrs import frozen
+from treq.client import HTTPClient
+from twisted.internet.defer import Deferred
+from twisted.python.failure import Failure
+from twisted.web.client import Agent
+from twisted.web.http_headers import Headers
+
+from authsrv.configsection import Section
+from authsrv.flows.backchannel import PinnedEndpoints, resolve_host
+from authsrv.protocol.targets import address_problem, private_address_problem
+
+MAX_CACHED = 10_000
+_MAX_AGE = re.compile(r"(?:^|,)\s*max-age\s*=\s*\"?(\d+)\"?\s*(?:,|$)", re.I)
+_NO_CACHE = re.compile(r"(?:^|,)\s*(no-store|no-cache)\s*(?:,|$)", re.I)
+
+
+class RemoteDocumentError(Exception):
+    """A document could not be had; the message says why, fit for an operator or a client's developer."""
+
+
+class RefusedURL(RemoteDocumentError):
+    """The URL may not be fetched: not https, or its host is or resolves to a refused address."""
+
+
+class FetchFailed(RemoteDocumentError):
+    """The fetch went wrong on the way: no answer in time, a connection error, a status other than 200."""
+
+
+class DocumentTooLarge(RemoteDocumentError):
+    """The answer is larger than the configured cap."""
+
+
+class InvalidDocument(RemoteDocumentError):
+    """The answer is not a JSON object."""
+
+
+@frozen
+class FetchPolicy:
+    """
+    C{[remote_documents]}: how the server fetches documents that clients
+    name; times in seconds, sizes in bytes.
+    """
+
+    timeout: int = 5
+    max_bytes: int = 64 * 1024
+    cache_min: int = 300
+    cache_max: int = 86400
+    refetch_after: int = 30
+    """An unknown key may make the server fetch a cached key set again, at most this often."""
+    allow_private_addresses: bool = False
+    allow_http: bool = False
+
+
+def fetch_policy(section: Section) -> FetchPolicy:
+    """C{[remote_documents]}, checked; raises the first L{authsrv.configsection.ConfigError}."""
+    defaults = FetchPolicy()
+    timeout = section.duration("timeout", defaults.timeout)
+    if timeout == 0:
+        raise section.error("timeout", "must be longer than zero")
+    policy = FetchPolicy(
+        timeout=timeout,
+        max_bytes=section.int("max_bytes", defaults.max_bytes, minimum=1024),
+        cache_min=section.duration("cache_min", defaults.cache_min),
+        cache_max=section.duration("cache_max", defaults.cache_max),
+        refetch_after=section.duration("refetch_after", defaults.refetch_after),
+        allow_private_addresses=section.bool("allow_private_addresses", defaults.allow_private_addresses),
+        allow_http=section.bool("allow_http", defaults.allow_http),
+    )
+    if policy.cache_max < policy.cache_min:
+        raise section.error("cache_max", "must not be shorter than cache_min")
+    section.done()
+    return policy
+
+
+def url_problem(url: str, policy: FetchPolicy) -> str | None:
+    """
+    What is wrong with C{url} as a document's address under C{policy}, or
+    None; a name is checked again, by its addresses, at each fetch.
+    """
+    try:
+        parts = urlsplit(url)
+        parts.port
+    except ValueError as e:
+        return f"{url!r} is not a valid URL ({e})"
+    if parts.scheme != "https" and not (parts.scheme == "http" and policy.allow_http):
+        return f"{url!r} must use https"
+    if not parts.hostname:
+        return f"{url!r} has no host"
+    if parts.username or parts.password:
+        return f"{url!r} must not carry a user name or password"
+    if parts.fragment or "#" in url:
+        return f"{url!r} must not have a fragment"
+    problem = _host_problem(parts.hostname, policy)
+    return f"{url!r} is refused: {problem}" if problem else None
+
+
+def _host_problem(address: str, policy: FetchPolicy) -> str | None:
+    return address_problem(address) if policy.allow_private_addresses else private_address_problem(address)
+
+
+def cache_seconds(cache_control: str | None, policy: FetchPolicy) -> int:
+    """How long an answer with C{cache_control} is kept: its max-age, held between the floor and the ceiling."""
+    if cache_control and _NO_CACHE.search(cache_control):
+        return policy.cache_min
+    match = _MAX_AGE.search(cache_control or "")
+    seconds = int(match.group(1)) if match else policy.cache_min
+    return max(policy.cache_min, min(policy.cache_max, seconds))
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class RemoteDocuments:
+    """
+    Fetches and caches JSON objects under a L{FetchPolicy}. C{resolve(host)}
+    gives a Deferred list of addresses (the reactor's resolver by default);
+    C{http_for(address)} a treq-like client that connects to C{address}
+    whatever the URL's host (L{PinnedEndpoints} by default); C{clock} times
+    the cache and the timeout (the reactor by default).
+    """
+
+    def __init__(self, reactor, policy: FetchPolicy, *, resolve=None, http_for=None, clock=None):
+        self._clock = clock or reactor
+        self.policy = policy
+        self._resolve = resolve or (lambda host: resolve_host(reactor, host))
+        self._http_for = http_for or (
+            lambda address: HTTPClient(Agent.usingEndpointFactory(reactor, PinnedEndpoints(reactor, address)))
+        )
+        self._cache: dict[str, tuple[float, float, dict]] = {}
+        """url -> (fetched at, expires at, document)"""
+        self._in_flight: dict[str, list[Deferred]] = {}
+
+    async def fetch(self, url: str, *, refetch: bool = False) -> dict:
+        """
+        The JSON object at C{url}, from the cache while it is fresh. With
+        C{refetch} (the caller found the cached one lacking, say without the
+        key an assertion names), fetched again unless it was fetched within
+        C{refetch_after}. Raises a L{RemoteDocumentError}.
+        """
+        now = self._clock.seconds()
+        cached = self._cache.get(url)
+        if cached is not None:
+            fetched_at, expires_at, document = cached
+            stale = now >= expires_at or (refetch and now - fetched_at >= self.policy.refetch_after)
+            if not stale:
+                return document
+        waiter: Deferred = Deferred()
+        if url in self._in_flight:
+            self._in_flight[url].append(waiter)
+        else:
+            self._in_flight[url] = [waiter]
+            fetching = Deferred.fromCoroutine(self._fetch(url)).addTimeout(
+                self.policy.timeout, self._clock, onTimeoutCancel=_timed_out)
+            fetching.addBoth(self._landed, url)
+        try:
+            return await waiter
+        except RemoteDocumentError:
+            raise
+        except Exception as e:
+            raise FetchFailed(f"fetching {url} failed: {_reason(e, self.policy)}") from None
+
+    def _landed(self, result, url: str) -> None:
+        """One fetch of C{url} at a time: concurrent callers all get the same answer."""
+        for waiter in self._in_flight.pop(url):
+            waiter.errback(result) if isinstance(result, Failure) else waiter.callback(result)
+
+    async def _fetch(self, url: str) -> dict:
+        problem = url_problem(url, self.policy)
+        if problem:
+            raise RefusedURL(problem)
+        host = urlsplit(url).hostname or ""
+        address = await self._checked_address(host)
+        response = await self._http_for(address).get(url, allow_redirects=False, headers=Headers({"Accept": ["application/json"]}))
+        if response.code != 200:
+            _drop(response)
+            raise FetchFailed(f"{url} answered HTTP {response.code}, not 200")
+        length = response.length
+        if isinstance(length, int) and length > self.policy.max_bytes:
+            _drop(response)
+            raise DocumentTooLarge(f"{url} is {length} bytes, more than the {self.policy.max_bytes} allowed")
+        body = bytearray()
+
+        def collect(data: bytes) -> None:
+            body.extend(data)
+            if len(body) > self.policy.max_bytes:
+                raise _TooLarge()
+
+        try:
+            await treq.collect(response, collect)
+        except _TooLarge:
+            raise DocumentTooLarge(f"{url} is more than the {self.policy.max_bytes} bytes allowed") from None
+        try:
+            document = json.loads(bytes(body))
+        except ValueError as e:
+            raise InvalidDocument(f"{url} is not JSON ({e})") from None
+        if not isinstance(document, dict):
+            raise InvalidDocument(f"{url} is not a JSON object")
+        now = self._clock.seconds()
+        cache_control = response.headers.getRawHeaders("cache-control", [None])
+        if len(self._cache) >= MAX_CACHED:
+            self._cache.clear()
+        self._cache[url] = (now, now + cache_seconds(",".join(filter(None, cache_control)) or None, self.policy),
+                            document)
+        return document
+
+    async def _checked_address(self, host: str) -> str:
+        """The address to connect to: C{host} itself, or the first it resolves to, once every one is checked."""
+        try:
+            return str(ip_address(host))
+        except ValueError:
+            pass
+        try:
+            addresses = await self._resolve(host)
+        except Exception as e:
+            raise FetchFailed(f"{host} could not be resolved ({type(e).__name__})") from None
+        if not addresses:
+            raise FetchFailed(f"{host} resolves to no address")
+        for address in addresses:
+            problem = _host_problem(address, self.policy)
+            if problem:
+                raise RefusedURL(f"{host} resolves to {problem}")
+        return addresses[0]
+
+
+def _timed_out(result, timeout) -> None:
+    """Whatever a fetch cut short by its timeout ended with (a cancelled request, say), it timed out."""
+    raise TimeoutError()
+
+
+def _reason(error: Exception, policy: FetchPolicy) -> str:
+    if isinstance(error, TimeoutError):
+        return f"no answer within {policy.timeout} s"
+    return type(error).__name__
+
+
+def _drop(response) -> None:
+    """Closes the connection of an unwanted answer instead of reading its body."""
+    def refuse(data: bytes) -> None:
+        raise _TooLarge()
+
+    treq.collect(response, refuse).addErrback(lambda failure: None)

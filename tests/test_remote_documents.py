@@ -1,0 +1,249 @@
+"""
+The guarded fetcher of documents that clients name by URL, against a real
+HTTP server on 127.0.0.1: private addresses and plain http refused unless
+allowed, every resolved address checked and the connection pinned to the
+checked one, no redirects, a size cap, a timeout, a cache held between a
+floor and a ceiling.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import pytest_twisted
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.task import Clock
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET, Site
+
+from authsrv.config import parse_config
+from authsrv.configsection import ConfigError
+from authsrv.protocol.targets import private_address_problem
+from authsrv.remote_documents import (
+    DocumentTooLarge,
+    FetchFailed,
+    FetchPolicy,
+    InvalidDocument,
+    RefusedURL,
+    RemoteDocuments,
+    cache_seconds,
+    url_problem,
+)
+
+JWKS = {"keys": [{"kty": "oct", "k": "c2VjcmV0", "kid": "one"}]}
+LOCAL = FetchPolicy(allow_private_addresses=True, allow_http=True, max_bytes=4096)
+
+
+class Documents(Resource):
+    """Serves documents by path and counts the requests (and Host headers) it gets."""
+
+    isLeaf = True
+
+    def __init__(self):
+        super().__init__()
+        self.requests: list[tuple[str, str]] = []
+        self.pending: list = []
+        self.cache_control = "max-age=600"
+
+    def render_GET(self, request):
+        path = request.path.decode()
+        self.requests.append((path, request.getHeader("host")))
+        if path == "/slow":
+            self.pending.append(request)
+            return NOT_DONE_YET
+        if path == "/redirect":
+            request.redirect(b"/jwks")
+            return b""
+        if path == "/missing":
+            request.setResponseCode(404)
+            return b"{}"
+        request.setHeader("content-type", "application/json")
+        request.setHeader("cache-control", self.cache_control)
+        if path == "/big":
+            return b'{"pad": "' + b"x" * 10_000 + b'"}'
+        if path == "/chunked-big":
+            request.write(b'{"pad": "' + b"x" * 3000)
+            request.write(b"x" * 3000 + b'"}')
+            request.finish()
+            return NOT_DONE_YET
+        if path == "/list":
+            return b"[1, 2]"
+        if path == "/text":
+            return b"<html>"
+        return json.dumps(JWKS).encode()
+
+
+@pytest.fixture
+def server():
+    documents = Documents()
+    port = reactor.listenTCP(0, Site(documents), interface="127.0.0.1")
+    documents.base = f"http://127.0.0.1:{port.getHost().port}"
+    yield documents
+    for request in documents.pending:
+        request.finish()
+    port.stopListening()
+
+
+def fetcher(policy=LOCAL, clock=None, resolve=None) -> RemoteDocuments:
+    return RemoteDocuments(reactor, policy, clock=clock or Clock(), resolve=resolve)
+
+
+@pytest_twisted.ensureDeferred
+async def test_fetches_a_json_object_and_caches_it_for_its_max_age(server):
+    clock = Clock()
+    documents = fetcher(clock=clock)
+    assert await documents.fetch(server.base + "/jwks") == JWKS
+    clock.advance(599)
+    assert await documents.fetch(server.base + "/jwks") == JWKS
+    assert len(server.requests) == 1
+    clock.advance(1)
+    await documents.fetch(server.base + "/jwks")
+    assert len(server.requests) == 2
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_refetch_is_allowed_only_after_the_refetch_interval(server):
+    clock = Clock()
+    documents = fetcher(clock=clock)
+    await documents.fetch(server.base + "/jwks")
+    await documents.fetch(server.base + "/jwks", refetch=True)
+    assert len(server.requests) == 1
+    clock.advance(LOCAL.refetch_after)
+    await documents.fetch(server.base + "/jwks", refetch=True)
+    assert len(server.requests) == 2
+
+
+def test_max_age_is_held_between_the_floor_and_the_ceiling():
+    policy = FetchPolicy(cache_min=60, cache_max=3600)
+    assert cache_seconds("max-age=0", policy) == 60
+    assert cache_seconds("public, max-age=99999999", policy) == 3600
+    assert cache_seconds("max-age=120", policy) == 120
+    assert cache_seconds("no-store", policy) == 60
+    assert cache_seconds(None, policy) == 60
+    assert cache_seconds("max-age=junk", policy) == 60
+
+
+@pytest_twisted.ensureDeferred
+async def test_loopback_and_plain_http_are_refused_by_default_without_a_request(server):
+    with pytest.raises(RefusedURL, match="must use https"):
+        await fetcher(FetchPolicy()).fetch(server.base + "/jwks")
+    with pytest.raises(RefusedURL, match="loopback"):
+        await fetcher(FetchPolicy(allow_http=True)).fetch(server.base + "/jwks")
+    assert server.requests == []
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "10.1.2.3", "192.168.0.1", "172.16.0.1", "100.64.0.1", "::1",
+                                     "fd12::1", "::ffff:10.0.0.1", "169.254.169.254", "fe80::1", "0.0.0.0"])
+def test_private_addresses_are_refused(address):
+    assert private_address_problem(address)
+    host = f"[{address}]" if ":" in address else address
+    assert "is refused" in url_problem(f"https://{host}/jwks", FetchPolicy())
+
+
+def test_public_addresses_and_names_pass_the_address_check():
+    assert private_address_problem("93.184.216.34") is None
+    assert url_problem("https://rp.example/jwks", FetchPolicy()) is None
+    assert "user name" in url_problem("https://a:b@rp.example/jwks", FetchPolicy())
+    assert "fragment" in url_problem("https://rp.example/jwks#x", FetchPolicy())
+
+
+def test_link_local_and_metadata_stay_refused_even_when_private_addresses_are_allowed():
+    assert "metadata" in url_problem("http://169.254.169.254/latest", LOCAL)
+    assert "link-local" in url_problem("http://[fe80::1]/x", LOCAL)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_name_is_refused_when_any_of_its_addresses_is_private(server):
+    resolved = []
+
+    def resolve(host):
+        resolved.append(host)
+        return succeed(["93.184.216.34", "10.0.0.7"])
+
+    with pytest.raises(RefusedURL, match="rp.example resolves to 10.0.0.7 is a private"):
+        await fetcher(FetchPolicy(), resolve=resolve).fetch("https://rp.example/jwks")
+    assert resolved == ["rp.example"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_connection_goes_to_the_checked_address_and_sends_the_name(server):
+    """A name that would resolve elsewhere a moment later (DNS rebinding) changes nothing: it is resolved once."""
+    port = server.base.rsplit(":", 1)[1]
+    answers = [["127.0.0.1"], ["169.254.169.254"]]
+    documents = fetcher(resolve=lambda host: succeed(answers.pop(0)))
+    assert await documents.fetch(f"http://docs.example:{port}/jwks") == JWKS
+    assert server.requests == [("/jwks", f"docs.example:{port}")]
+    assert answers == [["169.254.169.254"]]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_name_resolving_to_nothing_fails(server):
+    with pytest.raises(FetchFailed, match="resolves to no address"):
+        await fetcher(resolve=lambda host: succeed([])).fetch("https://rp.example/jwks")
+
+
+@pytest_twisted.ensureDeferred
+async def test_redirects_are_not_followed(server):
+    with pytest.raises(FetchFailed, match="HTTP 302"):
+        await fetcher().fetch(server.base + "/redirect")
+    assert [path for path, _ in server.requests] == ["/redirect"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_error_status_fails(server):
+    with pytest.raises(FetchFailed, match="HTTP 404"):
+        await fetcher().fetch(server.base + "/missing")
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_body_over_the_cap_is_refused(server):
+    with pytest.raises(DocumentTooLarge, match="more than the 4096"):
+        await fetcher().fetch(server.base + "/big")
+    with pytest.raises(DocumentTooLarge, match="more than the 4096"):
+        await fetcher().fetch(server.base + "/chunked-big")
+
+
+@pytest_twisted.ensureDeferred
+async def test_only_a_json_object_is_a_document(server):
+    with pytest.raises(InvalidDocument, match="not a JSON object"):
+        await fetcher().fetch(server.base + "/list")
+    with pytest.raises(InvalidDocument, match="not JSON"):
+        await fetcher().fetch(server.base + "/text")
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_server_that_does_not_answer_times_out(server):
+    clock = Clock()
+    documents = fetcher(clock=clock)
+    fetching = Deferred.fromCoroutine(documents.fetch(server.base + "/slow"))
+    while not server.pending:
+        await deferred_later()
+    clock.advance(LOCAL.timeout)
+    with pytest.raises(FetchFailed, match=f"no answer within {LOCAL.timeout} s"):
+        await fetching
+
+
+@pytest_twisted.ensureDeferred
+async def test_concurrent_fetches_of_one_url_share_one_request(server):
+    documents = fetcher()
+    first = Deferred.fromCoroutine(documents.fetch(server.base + "/jwks"))
+    second = Deferred.fromCoroutine(documents.fetch(server.base + "/jwks"))
+    assert await first == await second == JWKS
+    assert len(server.requests) == 1
+
+
+def deferred_later() -> Deferred:
+    from twisted.internet.task import deferLater
+
+    return deferLater(reactor, 0.01)
+
+
+def test_the_config_section_is_checked():
+    policy = parse_config({"remote_documents": {"timeout": "2s", "allow_http": True}}, None).remote_documents
+    assert (policy.timeout, policy.allow_http, policy.allow_private_addresses) == (2, True, False)
+    with pytest.raises(ConfigError, match="remote_documents.cache_max: must not be shorter than cache_min"):
+        parse_config({"remote_documents": {"cache_min": "1h", "cache_max": "1m"}}, None)
+    with pytest.raises(ConfigError, match="remote_documents.timeout: must be longer than zero"):
+        parse_config({"remote_documents": {"timeout": 0}}, None)
