@@ -21,6 +21,8 @@ def _frozenset(value) -> frozenset:
 
 
 DEFAULT_GRANT_TYPES = ("authorization_code", "refresh_token")
+NO_USER = ""
+"""The stored C{sub} of a grant and tokens a client got for itself (client_credentials): no user's."""
 """The grants a client may use unless its registration says otherwise."""
 
 ACR_PWD = "urn:authsrv:acr:pwd"
@@ -46,6 +48,10 @@ class Client:
     C{previous_secret_hash} is the secret a rotation replaced, still
     accepted until C{previous_secret_until}, so apps roll without downtime.
     C{require_mfa} asks every user signing in to it for a second factor.
+    C{token_endpoint_auth_method} is how it authenticates (None: by its
+    secret, Basic or form, or as a public client); with C{private_key_jwt}
+    its keys are C{jwks} (a JWK set's JSON) or at C{jwks_uri}. C{scopes}
+    are what it may ask for with client_credentials, for itself.
     """
 
     client_id: str
@@ -67,10 +73,14 @@ class Client:
     previous_secret_hash: str | None = None
     previous_secret_until: int | None = None
     require_mfa: bool = False
+    token_endpoint_auth_method: str | None = None
+    jwks: str | None = None
+    jwks_uri: str | None = None
+    scopes: tuple[str, ...] = field(default=(), converter=_tuple)
 
     @property
     def is_public(self) -> bool:
-        return self.secret_hash is None
+        return self.secret_hash is None and self.token_endpoint_auth_method is None
 
 
 @frozen
@@ -253,6 +263,11 @@ class AccessToken:
     issued_at: int = 0
     expires_at: int = 0
     user_ban: "Ban | None" = None
+
+    @property
+    def for_user(self) -> bool:
+        """False for a token a client got for itself (client_credentials): no user, no bans, no UserInfo."""
+        return self.sub != NO_USER
 
 
 @frozen

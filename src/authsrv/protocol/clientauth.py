@@ -20,6 +20,12 @@ from authsrv.records import Client
 from authsrv.tokens import secret_matches
 
 
+PRIVATE_KEY_JWT = "private_key_jwt"
+SECRET_METHODS = ("client_secret_basic", "client_secret_post")
+AUTH_METHODS = (*SECRET_METHODS, PRIVATE_KEY_JWT, "none")
+"""The C{token_endpoint_auth_method} values a client may be registered with."""
+
+
 @frozen
 class ClientCredentials:
     client_id: str
@@ -30,7 +36,8 @@ class ClientCredentials:
 def client_credentials(authorization: bytes | None, params: dict[str, str]) -> ClientCredentials:
     """
     What the client presented; raises L{InvalidClient} when it presented
-    nothing usable and L{InvalidRequest} when it mixed two methods.
+    nothing usable and L{InvalidRequest} when it mixed two methods. An
+    assertion (RFC 7523) is checked by L{authsrv.protocol.client_assertion}.
     """
     if authorization and authorization[:6].lower() == b"basic ":
         try:
@@ -75,7 +82,9 @@ def authenticate(client: Client | None, credentials: ClientCredentials, key: byt
     """
     if client is None:
         raise InvalidClient("client authentication failed")
-    if client.secret_hash is None:  # a public client
+    if client.token_endpoint_auth_method == PRIVATE_KEY_JWT:
+        raise InvalidClient("client authentication failed: this client authenticates with a private_key_jwt assertion")
+    if client.is_public:
         if credentials.secret is not None:
             raise InvalidClient("client authentication failed: a public client has no secret")
         return client
