@@ -22,13 +22,14 @@ from authsrv.configsection import ConfigError, Section
 from authsrv.flows.grants import GRANT_TYPES
 from authsrv.flows.mfa import MFA_CHOICES, MfaPolicy
 from authsrv.flows.ratelimit import DEFAULT_RATE, RateSettings
+from authsrv.protocol.clientauth import AUTH_METHODS, auth_settings_problem
 from authsrv.protocol.clients import CLIENT_ID_MAX, client_id_problem, is_loopback_host, redirect_uri_problem
 from authsrv.protocol.forwarded import Network, parse_networks
 from authsrv.protocol.password_policy import MAX_LENGTH, MIN_LENGTH
 from authsrv.protocol.rates import Rate, parse_rate
 from authsrv.protocol.targets import backchannel_uri_problem
 from authsrv.records import DEFAULT_GRANT_TYPES, Client, ThrottlePolicy
-from authsrv.remote_documents import FetchPolicy, fetch_policy
+from authsrv.remote_documents import FetchPolicy, fetch_policy, url_problem
 from authsrv.tokens import token_hash, weak_secret_problem
 
 DEFAULT_LISTEN = "tcp:8080:interface=127.0.0.1"
@@ -447,10 +448,11 @@ def _admin(section: Section, demo: bool, internal_secret: str | None, internal_l
     return AdminSettings(secret, name, listen, serve_on_main)
 
 
-def client_from_config(section: Section, demo: bool = False) -> Client:
+def client_from_config(section: Section, demo: bool = False, fetching: FetchPolicy = FetchPolicy()) -> Client:
     """
     A client declared in the config file (C{[[clients]]}); C{demo} when the
-    public URL is on the loopback interface, where weak secrets are allowed.
+    public URL is on the loopback interface, where weak secrets are allowed;
+    C{fetching} decides which C{jwks_uri} may be fetched.
     """
     client_id = section.str("client_id")
     problem = client_id_problem(client_id)
@@ -464,7 +466,7 @@ def client_from_config(section: Section, demo: bool = False) -> Client:
         client_id=client_id,
         secret_hash=token_hash(secret) if secret is not None else None,
         name=section.str("name", client_id),
-        redirect_uris=_uris(section, "redirect_uris", True),
+        redirect_uris=_uris(section, "redirect_uris", False),
         post_logout_redirect_uris=_uris(section, "post_logout_redirect_uris", False),
         end_session_enabled=section.bool("end_session_enabled", False),
         first_party=section.bool("first_party", False),
@@ -477,7 +479,15 @@ def client_from_config(section: Section, demo: bool = False) -> Client:
         rate_limit=_rate_limit(section),
         audiences=_uris(section, "audiences", False),
         require_mfa=section.bool("require_mfa", False),
+        token_endpoint_auth_method=section.str("token_endpoint_auth_method", None, choices=AUTH_METHODS),
+        jwks=section.str("jwks", None),
+        jwks_uri=section.str("jwks_uri", None),
+        scopes=section.str_list("scopes", []),
     )
+    if client.jwks_uri is not None and (uri_problem := url_problem(client.jwks_uri, fetching)):
+        raise section.error("jwks_uri", uri_problem)
+    if auth_problem := auth_settings_problem(client):
+        raise section.error(*auth_problem)
     section.done()
     return client
 
@@ -608,7 +618,7 @@ def read_config_document(
         identity = (PluginChoice("static", Section({}, "identity[0]", base_dir)),)
     clients: list[Client] = []
     for index, section in enumerate(checked.take(top.tables, "clients", fallback=[])):
-        client = checked.take(client_from_config, section, demo)
+        client = checked.take(client_from_config, section, demo, remote_documents)
         if client is None:
             continue
         if any(c.client_id == client.client_id for c in clients):

@@ -34,10 +34,11 @@ from authsrv.context import PluginContext
 from authsrv.drain import Drain
 from authsrv.flows import backchannel
 from authsrv.flows.claims import ClaimsSource
-from authsrv.flows.clients import ClientCache
+from authsrv.flows.clients import AssertionChecker, ClientCache
 from authsrv.flows.end_session import EndSessionFlow
 from authsrv.flows.grants import GrantRegistry
 from authsrv.flows.grants.authorization_code import AuthorizationCodeGrant
+from authsrv.flows.grants.client_credentials import ClientCredentialsGrant
 from authsrv.flows.grants.refresh_token import RefreshTokenGrant
 from authsrv.flows.grants.users import GrantUsers
 from authsrv.flows.account import AccountFactors, AccountPage
@@ -47,6 +48,7 @@ from authsrv.flows.issue import TokenMinter
 from authsrv.flows.link import ChatLinking
 from authsrv.flows.passkeys import Passkeys
 from authsrv.flows.login import PasswordLogin
+from authsrv.flows.offered import OPTIONAL_GRANTS, OfferedFeatures
 from authsrv.flows.mfa import SecondFactors
 from authsrv.flows.ratelimit import ClientRateLimits
 from authsrv.flows.readiness import Readiness
@@ -63,8 +65,11 @@ from authsrv.operations.clients import ClientOperations
 from authsrv.operations.keys import JWKS_MAX_AGE, KeyOperations
 from authsrv.operations.users import UserOperations
 from authsrv.plugins import UnknownPlugin, find_factory
-from authsrv.protocol.discovery import authorization_server_metadata, openid_configuration
+from authsrv.protocol.client_assertion import ASSERTION_ALGS
+from authsrv.protocol.clientauth import PRIVATE_KEY_JWT
+from authsrv.protocol.discovery import authorization_server_metadata, endpoints, openid_configuration
 from authsrv.records import Client
+from authsrv.remote_documents import RemoteDocuments
 from authsrv.tls import hsts_headers, listen_problem, resolve_tls_paths
 from authsrv.tokens import CLIENT_SECRET_KEY, keyed_form
 from authsrv.web.accesslog import AccessLog
@@ -286,6 +291,7 @@ def grant_registry(config: Config, store, keystore, identity) -> GrantRegistry:
     return GrantRegistry([
         AuthorizationCodeGrant(store=store, users=users, minter=minter),
         RefreshTokenGrant(store=store, users=users, minter=minter, limits=config.limits),
+        ClientCredentialsGrant(store=store, minter=minter, limits=config.limits),
     ])
 
 
@@ -293,17 +299,32 @@ def _claims(config: Config, store) -> ClaimsSource:
     return ClaimsSource(store, config.chat.provider if config.chat else None)
 
 
-def _documents(config: Config, keystore, grant_types: tuple[str, ...]) -> dict[bytes, Resource]:
+def _documents(config: Config, keystore, grant_types: tuple[str, ...], offered: OfferedFeatures
+               ) -> dict[bytes, Resource]:
+    """
+    Discovery (both documents, each kept as bytes per set of optional
+    features in use: see L{OfferedFeatures}) and the JWKS.
+    """
     issuer_path = config.issuer[len(config.public_url):]
-    oidc = json.dumps(openid_configuration(config.issuer, keystore.algorithms, grant_types)).encode()
-    oauth = json.dumps(authorization_server_metadata(config.issuer, keystore.algorithms, grant_types)).encode()
+    made: dict[tuple[bool, frozenset[str]], bytes] = {}
+
+    def document(oidc: bool) -> bytes:
+        features = offered.current()
+        if (oidc, features) not in made:
+            grants = tuple(g for g in grant_types if g not in OPTIONAL_GRANTS or g in features)
+            assertion_algs = ASSERTION_ALGS if PRIVATE_KEY_JWT in features else ()
+            metadata = openid_configuration if oidc else authorization_server_metadata
+            made[oidc, features] = json.dumps(
+                metadata(config.issuer, keystore.algorithms, grants, assertion_algs)).encode()
+        return made[oidc, features]
+
     long_lived = b"public, max-age=3600"
     return {
         f"{issuer_path}/.well-known/openid-configuration".encode(): Named(StaticBytes(
-            lambda: oidc, b"application/json", long_lived
+            lambda: document(True), b"application/json", long_lived
         ), "openid-configuration"),
         f"{issuer_path}/.well-known/oauth-authorization-server".encode(): Named(StaticBytes(
-            lambda: oauth, b"application/json", long_lived
+            lambda: document(False), b"application/json", long_lived
         ), "oauth-authorization-server"),
         f"{issuer_path}/jwks".encode(): Named(StaticBytes(
             keystore.jwks_bytes, b"application/jwk-set+json", f"public, max-age={JWKS_MAX_AGE}".encode()
@@ -369,7 +390,10 @@ def web_root(
     C{admin} the admin API's resource when C{[admin] serve_on_main} says so.
     """
     grants = grant_registry(config, store, keystore, identity)
-    clients = ClientCache(store, reactor)
+    documents = RemoteDocuments(reactor, config.remote_documents)
+    token_endpoint = endpoints(config.issuer)["token_endpoint"]
+    clients = ClientCache(store, reactor, assertions=AssertionChecker(
+        store=store, documents=documents, audiences=(config.issuer, token_endpoint)))
     site = PublicSite(
         clock=reactor,
         issuer=config.issuer,
@@ -383,7 +407,8 @@ def web_root(
         trusted_proxies=config.trusted_proxies,
     )
     return Root(
-        _documents(config, keystore, grants.grant_types), site.resource(), internal, config.input_limits, admin
+        _documents(config, keystore, grants.grant_types, OfferedFeatures(store, reactor, config.clients)),
+        site.resource(), internal, config.input_limits, admin
     )
 
 
@@ -391,7 +416,7 @@ def client_operations(config: Config, reactor, store) -> ClientOperations:
     """Client operations; back-channel hosts are resolved and checked on C{reactor}."""
     return ClientOperations(
         store=store, clock=reactor, declared=frozenset(c.client_id for c in config.clients),
-        resolve=lambda host: backchannel.resolve_host(reactor, host),
+        resolve=lambda host: backchannel.resolve_host(reactor, host), fetching=config.remote_documents,
     )
 
 

@@ -57,6 +57,10 @@ async def test_client_lifecycle(deployment):
         "audiences": [],
         "previous_secret_until": None,
         "require_mfa": False,
+        "token_endpoint_auth_method": None,
+        "jwks": None,
+        "jwks_uri": None,
+        "scopes": [],
     }
     assert "client_secret" not in ok(await admin("--config", config, "client", "show", "web", cwd=cwd))
     ok(await admin("--config", config, "client", "add", "spa", "--public", "--redirect-uri", "https://spa.example/cb", cwd=cwd))

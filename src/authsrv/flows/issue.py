@@ -46,26 +46,8 @@ class TokenMinter:
         None, living the idle time but never past the grant's absolute end.
         """
         limits = self._limits
-        jti = None
-        if audience:
-            jti = new_token(16)
-            claims = access_token_claims(
-                issuer=self._issuer, sub=grant.sub, client_id=client_id, audience=audience, scope=scope,
-                auth_time=grant.auth_time, jti=jti, now=now, ttl=limits.access_token_ttl,
-            )
-            access_value = self._keystore.sign(claims, alg=SIGNING_ALG, typ=ACCESS_TOKEN_TYPE)
-        else:
-            access_value = new_token()
-        access = AccessToken(
-            token_hash=token_hash(access_value), grant_id=grant.grant_id, client_id=client_id, sub=grant.sub,
-            scope=scope, audience=audience, jti=jti, issued_at=now, expires_at=now + limits.access_token_ttl,
-        )
-        response = {
-            "access_token": access_value,
-            "token_type": "Bearer",
-            "expires_in": limits.access_token_ttl,
-            "scope": scope_text(scope),
-        }
+        access_value, access = self._access(grant, client_id, grant.sub, scope, audience, now)
+        response = self._response(access_value, scope)
         refresh_token = None
         if refresh_scope is not None:
             refresh_value = new_token()
@@ -83,6 +65,44 @@ class TokenMinter:
             )
             response["id_token"] = self._keystore.sign(claims, alg=SIGNING_ALG, typ=ID_TOKEN_TYPE)
         return Issued(response, access, refresh_token)
+
+    def mint_for_client(self, grant: Grant, client_id: str, *, scope: frozenset[str], audience: tuple[str, ...],
+                        now: int) -> Issued:
+        """
+        The one access token of a client's grant for itself
+        (client_credentials): a JWT names the client as its subject (RFC
+        9068 section 2.2); no refresh token, no ID token.
+        """
+        access_value, access = self._access(grant, client_id, client_id, scope, audience, now)
+        return Issued(self._response(access_value, scope), access, None)
+
+    def _access(self, grant: Grant, client_id: str, sub: str, scope: frozenset[str], audience: tuple[str, ...],
+                now: int) -> tuple[str, AccessToken]:
+        """An opaque access token, or an RFC 9068 JWT when it has an audience, and its record."""
+        ttl = self._limits.access_token_ttl
+        jti = None
+        if audience:
+            jti = new_token(16)
+            claims = access_token_claims(
+                issuer=self._issuer, sub=sub, client_id=client_id, audience=audience, scope=scope,
+                auth_time=grant.auth_time, jti=jti, now=now, ttl=ttl,
+            )
+            value = self._keystore.sign(claims, alg=SIGNING_ALG, typ=ACCESS_TOKEN_TYPE)
+        else:
+            value = new_token()
+        access = AccessToken(
+            token_hash=token_hash(value), grant_id=grant.grant_id, client_id=client_id, sub=grant.sub,
+            scope=scope, audience=audience, jti=jti, issued_at=now, expires_at=now + ttl,
+        )
+        return value, access
+
+    def _response(self, access_value: str, scope: frozenset[str]) -> dict:
+        return {
+            "access_token": access_value,
+            "token_type": "Bearer",
+            "expires_in": self._limits.access_token_ttl,
+            "scope": scope_text(scope),
+        }
 
 
 def issued_event(issued: Issued, client_id: str, grant_type: str) -> None:

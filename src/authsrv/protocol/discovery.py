@@ -6,6 +6,7 @@ at start from the issuer and the keystore's algorithms.
 
 from __future__ import annotations
 
+from authsrv.protocol.clientauth import PRIVATE_KEY_JWT
 from authsrv.protocol.oidc import ACR_VALUES
 
 SCOPES = ("openid", "profile", "email", "offline_access")
@@ -31,9 +32,16 @@ def endpoints(issuer: str) -> dict[str, str]:
     }
 
 
-def authorization_server_metadata(issuer: str, algorithms: tuple[str, ...], grant_types: tuple[str, ...]) -> dict:
-    """RFC 8414 metadata; the OIDC document extends it. C{grant_types} are the token endpoint's."""
-    return {
+def authorization_server_metadata(
+    issuer: str, algorithms: tuple[str, ...], grant_types: tuple[str, ...], assertion_algs: tuple[str, ...] = (),
+) -> dict:
+    """
+    RFC 8414 metadata; the OIDC document extends it. C{grant_types} are the
+    token endpoint's; C{assertion_algs}, when private_key_jwt is offered,
+    what a client assertion may be signed with.
+    """
+    methods = [*CLIENT_AUTH_METHODS, *([PRIVATE_KEY_JWT] if assertion_algs else [])]
+    metadata = {
         "issuer": issuer,
         **endpoints(issuer),
         "scopes_supported": list(SCOPES),
@@ -41,18 +49,24 @@ def authorization_server_metadata(issuer: str, algorithms: tuple[str, ...], gran
         "response_modes_supported": ["query"],
         "grant_types_supported": list(grant_types),
         "code_challenge_methods_supported": ["S256"],
-        "token_endpoint_auth_methods_supported": [*CLIENT_AUTH_METHODS, "none"],
-        "revocation_endpoint_auth_methods_supported": [*CLIENT_AUTH_METHODS, "none"],
-        "introspection_endpoint_auth_methods_supported": list(CLIENT_AUTH_METHODS),
+        "token_endpoint_auth_methods_supported": [*methods, "none"],
+        "revocation_endpoint_auth_methods_supported": [*methods, "none"],
+        "introspection_endpoint_auth_methods_supported": methods,
         "authorization_response_iss_parameter_supported": True,
         "id_token_signing_alg_values_supported": list(algorithms),
     }
+    if assertion_algs:
+        for endpoint in ("token_endpoint", "revocation_endpoint", "introspection_endpoint"):
+            metadata[f"{endpoint}_auth_signing_alg_values_supported"] = list(assertion_algs)
+    return metadata
 
 
-def openid_configuration(issuer: str, algorithms: tuple[str, ...], grant_types: tuple[str, ...]) -> dict:
+def openid_configuration(
+    issuer: str, algorithms: tuple[str, ...], grant_types: tuple[str, ...], assertion_algs: tuple[str, ...] = (),
+) -> dict:
     """The OIDC discovery document."""
     return {
-        **authorization_server_metadata(issuer, algorithms, grant_types),
+        **authorization_server_metadata(issuer, algorithms, grant_types, assertion_algs),
         "subject_types_supported": ["public"],
         "claims_supported": list(CLAIMS),
         "prompt_values_supported": ["none", "login", "consent"],

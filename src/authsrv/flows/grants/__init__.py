@@ -12,7 +12,7 @@ from typing import Protocol
 
 from authsrv.records import Client
 
-GRANT_TYPES = ("authorization_code", "refresh_token")
+GRANT_TYPES = ("authorization_code", "refresh_token", "client_credentials")
 """The grant types this server implements: what a client's registration may name."""
 
 
