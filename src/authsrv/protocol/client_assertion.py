@@ -21,8 +21,12 @@ from authsrv.protocol.errors import InvalidClient, InvalidRequest
 
 ASSERTION_ALGS = ("RS256", "PS256", "ES256", "EdDSA")
 """What an assertion may be signed with (token_endpoint_auth_signing_alg_values_supported); never none or HMAC."""
-MAX_LIFETIME = 300
-"""An assertion may expire at most this many seconds after now: it is a one-time proof, not a credential."""
+MAX_LIFETIME = 3600
+"""
+An assertion may expire at most this many seconds after now: it is a
+one-time proof, not a credential, and its jti is kept in the store until
+then. An hour is what client libraries (Authlib) default to.
+"""
 CLOCK_SKEW = 30
 ASSERTION_TYPE = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
 _COMPACT_JWS = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
