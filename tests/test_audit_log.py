@@ -172,6 +172,7 @@ def _awkward() -> None:
     events.account_app_revoked(sub=ALICE.sub, client_id="first", grants=1)
     events.password_changed(sub=ALICE.sub, sessions_ended=1)
     events.password_change_refused(sub=ALICE.sub, reason="wrong current password")
+    events.assertion_replayed(client_id="first")
 
 
 @pytest_twisted.ensureDeferred

@@ -12,6 +12,7 @@ from twisted.logger import Logger
 
 from authsrv import events
 from authsrv.protocol.client_assertion import (
+    CLOCK_SKEW,
     assertion_kid,
     assertion_params,
     public_keyset,
@@ -82,7 +83,8 @@ class AssertionChecker:
             raise InvalidClient("client authentication failed: this client does not authenticate with private_key_jwt")
         keyset = await self._keys(client, assertion)
         claims = verified_claims(assertion, client.client_id, keyset, self._audiences, now)
-        if consume and not await self._store.claim_jti(client.client_id, claims["jti"], claims["exp"], now):
+        kept_until = claims["exp"] + CLOCK_SKEW  # as long as the assertion is accepted at all
+        if consume and not await self._store.claim_jti(client.client_id, claims["jti"], kept_until, now):
             events.assertion_replayed(client_id=client.client_id)
             raise InvalidClient("client authentication failed: this client_assertion was already used")
         return client
