@@ -80,7 +80,8 @@ class Client:
 
     @property
     def is_public(self) -> bool:
-        return self.secret_hash is None and self.token_endpoint_auth_method is None
+        """No secret and no keys: it proves nothing but its client_id (and PKCE)."""
+        return self.secret_hash is None and self.token_endpoint_auth_method in (None, "none")
 
 
 @frozen

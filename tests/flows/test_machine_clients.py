@@ -22,6 +22,9 @@ from twisted.internet.task import deferLater
 from authsrv.configsection import ConfigError
 from authsrv.config import parse_config
 from authsrv.protocol.client_assertion import public_keyset, verified_claims
+from authsrv.operations.clients import ClientOperations
+from authsrv.operations.errors import InvalidInput
+from authsrv.operations.views import client_view
 from authsrv.protocol.errors import InvalidClient
 from authsrv.tokens import token_hash
 
@@ -206,6 +209,10 @@ def test_a_registered_key_set_must_be_public():
       "jwks": json.dumps({"keys": [json.loads(KEY.export_private())]})}, "private key"),
     ({"client_id": "c", "jwks": PUBLIC, "redirect_uris": ["https://a.example/cb"]}, "only a private_key_jwt"),
     ({"client_id": "c", "secret_env": "S", "grant_types": ["client_credentials"], "scopes": ['a"b']}, "scopes"),
+    ({"client_id": "c", "token_endpoint_auth_method": "none", "grant_types": ["client_credentials"]},
+     "client_credentials is for confidential"),
+    ({"client_id": "c", "token_endpoint_auth_method": "client_secret_post", "redirect_uris": ["https://a.example/cb"]},
+     "client_secret_post needs a client secret"),
 ])
 def test_client_config_mistakes(client, words, monkeypatch):
     monkeypatch.setenv("S", "a-long-enough-secret-for-loopback")
@@ -218,3 +225,30 @@ def test_a_client_credentials_client_needs_no_redirect_uris(monkeypatch):
     client = parse_config({"clients": [{"client_id": "c", "secret_env": "S", "grant_types": ["client_credentials"]}]},
                           None).clients[0]
     assert client.redirect_uris == () and client.grant_types == ("client_credentials",)
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_operator_registers_machine_clients(h):
+    await h.start()
+    operations = ClientOperations(store=h.store, clock=h.clock, declared=frozenset(), resolve=None)
+    client, secret = await operations.create({
+        "client_id": "job", "grant_types": ["client_credentials"], "scopes": ["reports.read"],
+        "token_endpoint_auth_method": "private_key_jwt", "jwks": json.loads(PUBLIC)}, actor="admin-api")
+    assert secret is None and not client.is_public and client.redirect_uris == ()
+    assert client_view(client)["jwks"] == json.loads(PUBLIC)
+    response, body = await h.json("POST", TOKEN, data={**signed(h, grant_type="client_credentials"),
+                                                       "client_assertion": assertion(h.now(), iss="job")})
+    assert response.code == 200 and body["scope"] == "reports.read"
+    bot, secret = await operations.create({"client_id": "bot2", "grant_types": ["client_credentials"]},
+                                          actor="admin-api")
+    assert secret and not bot.is_public
+    for data, field in [
+        ({"client_id": "j2", "grant_types": ["client_credentials"], "token_endpoint_auth_method": "private_key_jwt",
+          "jwks_uri": "https://127.0.0.1/jwks.json"}, "jwks_uri"),
+        ({"client_id": "j3", "grant_types": ["client_credentials"], "public": True}, "grant_types"),
+        ({"client_id": "j4", "jwks": {"keys": [{"kty": "oct", "k": "c2VjcmV0"}]}}, "jwks"),
+        ({"client_id": "j5"}, "redirect_uris"),
+    ]:
+        with pytest.raises(InvalidInput) as caught:
+            await operations.create(data, actor="admin-api")
+        assert caught.value.field == field, caught.value
