@@ -10,6 +10,9 @@ iss other than sub, unknown key.
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
 import threading
 import time
 import uuid
@@ -22,13 +25,14 @@ from authlib.oauth2.rfc7523 import PrivateKeyJWT
 from jwcrypto import jwk, jws, jwt
 from joserfc.jwk import ECKey
 
-from conftest import free_port
+from conftest import ROOT, free_port
 
 pytestmark = pytest.mark.slow
 
 BOT_SECRET = "reports-bot-secret-Q3v9ZkP2mW7xL4nR8tY6"
 API = "https://api.example.test"
 ASSERTION_TYPE = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
+JS = ROOT / "tests" / "js"
 
 
 def public_set(*keys: jwk.JWK) -> str:
@@ -263,3 +267,21 @@ def test_a_secret_does_not_authenticate_a_private_key_jwt_client(machine):
     answer = requests.post(machine.token_endpoint, data={"grant_type": "client_credentials", "client_id": "signer"},
                            timeout=5)
     assert answer.status_code == 401
+
+
+def test_private_key_jwt_with_openid_client(machine, keys):
+    """openid-client from npm (scripts/test.sh installs it); skipped only outside CI without node or the package."""
+    node = shutil.which("node")
+    if node is None or not (JS / "node_modules" / "openid-client").is_dir():
+        if os.environ.get("CI"):
+            pytest.fail("CI must run openid-client: node and tests/js/node_modules (scripts/test.sh) are missing")
+        pytest.skip("node or openid-client (npm install in tests/js) is not installed here")
+    result = subprocess.run(
+        [node, str(JS / "machine_client.mjs"), machine.issuer, "remote-signer", keys["remote"].export_private()],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    got = json.loads(result.stdout)
+    assert got["token_type"].lower() == "bearer" and got["scope"] == "reports.read"
+    assert got["has_refresh_token"] is False
+    assert got["introspection"]["active"] is True and got["introspection"]["client_id"] == "remote-signer"
