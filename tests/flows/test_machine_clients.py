@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import uuid
 
+import attrs
+
 import pytest
 import pytest_twisted
 from jwcrypto import jwk, jwt
@@ -22,6 +24,7 @@ from twisted.internet.task import deferLater
 from authsrv.configsection import ConfigError
 from authsrv.config import parse_config
 from authsrv.protocol.client_assertion import public_keyset, verified_claims
+from authsrv.flows.clients import AssertionChecker
 from authsrv.operations.clients import ClientOperations
 from authsrv.operations.errors import InvalidInput
 from authsrv.operations.views import client_view
@@ -252,3 +255,30 @@ async def test_the_operator_registers_machine_clients(h):
         with pytest.raises(InvalidInput) as caught:
             await operations.create(data, actor="admin-api")
         assert caught.value.field == field, caught.value
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_unknown_kid_refetches_the_key_set_once(h):
+    """A rotated key is found by fetching the jwks_uri again; a kid still unknown then fails without more fetches."""
+    await h.start()
+    rotated = jwk.JWK.generate(kty="EC", crv="P-256", kid="k2")
+    answers = [json.loads(PUBLIC), {"keys": [json.loads(KEY.export_public()), json.loads(rotated.export_public())]}]
+    fetched = []
+
+    class Documents:
+        """The cached set until a refetch, the rotated one from then on."""
+
+        async def fetch(self, url, refetch=False):
+            fetched.append(refetch)
+            return answers[1 if True in fetched else 0]
+
+    remote = attrs.evolve(h.config.clients[-1], client_id="remote", jwks=None, jwks_uri="https://keys.example/j")
+    checker = AssertionChecker(store=h.store, documents=Documents(), audiences=(ISSUER,))
+    assert await checker.check(remote, assertion(h.now(), iss="remote"), h.now(), True) is remote
+    assert fetched == [False]
+    assert await checker.check(remote, assertion(h.now(), key=rotated, iss="remote"), h.now(), True) is remote
+    assert fetched == [False, False, True]
+    stranger = jwk.JWK.generate(kty="EC", crv="P-256", kid="k3")
+    with pytest.raises(InvalidClient, match="does not verify"):
+        await checker.check(remote, assertion(h.now(), key=stranger, iss="remote"), h.now(), True)
+    assert fetched == [False, False, True, False, True]
