@@ -8,7 +8,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(slapd ldap-utils postgresql chromium chromium-driver nodejs npm)
+packages=(slapd ldap-utils postgresql chromium chromium-driver nodejs)
+# Debian's nodejs comes without npm; other builds of nodejs bring their own.
+command -v npm >/dev/null || packages+=(npm)
 missing=()
 for pkg in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
