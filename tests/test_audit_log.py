@@ -206,6 +206,7 @@ def _awkward() -> None:
     events.password_changed(sub=ALICE.sub, sessions_ended=1)
     events.password_change_refused(sub=ALICE.sub, reason="wrong current password")
     events.registration_refused(address="192.0.2.1", reason="the initial access token is not valid")
+    events.assertion_replayed(client_id="first")
 
 
 @pytest_twisted.ensureDeferred

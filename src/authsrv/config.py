@@ -29,6 +29,7 @@ from authsrv.flows.ratelimit import DEFAULT_RATE, RateSettings
 from authsrv.protocol.device import DEVICE_CODE_GRANT
 from authsrv.flows.registration import DEFAULT_RATE as REGISTRATION_RATE
 from authsrv.flows.registration import RegistrationPolicy, host_pattern_problem
+from authsrv.protocol.clientauth import AUTH_METHODS, auth_settings_problem
 from authsrv.protocol.clients import CLIENT_ID_MAX, client_id_problem, is_loopback_host, redirect_uri_problem
 from authsrv.protocol.forwarded import Network, parse_networks
 from authsrv.protocol.password_policy import MAX_LENGTH, MIN_LENGTH
@@ -38,7 +39,7 @@ from authsrv.protocol.rates import Rate, parse_rate
 from authsrv.protocol.signing import DEFAULT_ALG, SETTINGS, TOKEN_SETTINGS, SigningOffer
 from authsrv.protocol.targets import backchannel_uri_problem
 from authsrv.records import DEFAULT_GRANT_TYPES, Client, ThrottlePolicy
-from authsrv.remote_documents import FetchPolicy, fetch_policy
+from authsrv.remote_documents import FetchPolicy, fetch_policy, url_problem
 from authsrv.tokens import token_hash, weak_secret_problem
 
 DEFAULT_LISTEN = "tcp:8080:interface=127.0.0.1"
@@ -517,11 +518,13 @@ def _admin(section: Section, demo: bool, internal_secret: str | None, internal_l
     return AdminSettings(secret, name, listen, serve_on_main)
 
 
-def client_from_config(section: Section, demo: bool = False, offer: SigningOffer = SigningOffer()) -> Client:
+def client_from_config(section: Section, demo: bool = False, offer: SigningOffer = SigningOffer(),
+                       fetching: FetchPolicy = FetchPolicy()) -> Client:
     """
     A client declared in the config file (C{[[clients]]}); C{demo} when the
     public URL is on the loopback interface, where weak secrets are allowed;
-    its signing algorithms must be among those C{offer} holds.
+    its signing algorithms must be among those C{offer} holds; C{fetching}
+    decides which C{jwks_uri} may be fetched.
     """
     client_id = section.str("client_id")
     problem = client_id_problem(client_id)
@@ -535,7 +538,7 @@ def client_from_config(section: Section, demo: bool = False, offer: SigningOffer
         client_id=client_id,
         secret_hash=token_hash(secret) if secret is not None else None,
         name=section.str("name", client_id),
-        redirect_uris=_uris(section, "redirect_uris", True),
+        redirect_uris=_uris(section, "redirect_uris", False),
         post_logout_redirect_uris=_uris(section, "post_logout_redirect_uris", False),
         end_session_enabled=section.bool("end_session_enabled", False),
         first_party=section.bool("first_party", False),
@@ -551,7 +554,15 @@ def client_from_config(section: Section, demo: bool = False, offer: SigningOffer
         require_pushed_authorization_requests=section.bool("require_pushed_authorization_requests", False),
         profile=_profile(section),
         **_signing_algorithms(section, offer),
+        token_endpoint_auth_method=section.str("token_endpoint_auth_method", None, choices=AUTH_METHODS),
+        jwks=section.str("jwks", None),
+        jwks_uri=section.str("jwks_uri", None),
+        scopes=section.str_list("scopes", []),
     )
+    if client.jwks_uri is not None and (uri_problem := url_problem(client.jwks_uri, fetching)):
+        raise section.error("jwks_uri", uri_problem)
+    if auth_problem := auth_settings_problem(client):
+        raise section.error(*auth_problem)
     section.done()
     return client
 
@@ -772,7 +783,7 @@ def read_config_document(
     checked.done(userinfo)
     clients: list[Client] = []
     for index, section in enumerate(checked.take(top.tables, "clients", fallback=[])):
-        client = checked.take(client_from_config, section, demo, offer)
+        client = checked.take(client_from_config, section, demo, offer, remote_documents)
         if client is None:
             continue
         for setting, problem in filter(None, (unoffered_push(client, par.enabled), *profile_problems(client))):

@@ -40,6 +40,7 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "device.denied": (),
     "device.code_failed": (),
     "device.code_reused": (),
+    "assertion.replayed": (),
     "token.revoked": ("kind",),
     "grant.revoked": (),
     "session.ended": (),
@@ -177,6 +178,11 @@ def device_code_reused(*, client_id: str, grant_id: str) -> None:
 def refresh_reused(*, client_id: str, grant_id: str) -> None:
     _emit("refresh.reused", "rotated refresh token reused by {client_id}: grant {grant_id} revoked", "refused",
           client_id=client_id, grant_id=grant_id, reason="refresh token reused")
+
+
+def assertion_replayed(*, client_id: str) -> None:
+    _emit("assertion.replayed", "client assertion of {client_id} replayed", "refused",
+          client_id=client_id, reason="client_assertion jti already used")
 
 
 def token_revoked(*, client_id: str, grant_id: str, kind: str) -> None:

@@ -291,6 +291,12 @@ class IGrantStore(Interface):
         L{authsrv.records.RefreshToken} of an existing grant in one transaction.
         """
 
+    def start_grant(grant, access):
+        """
+        Store a new grant with its one access token, in one transaction: a
+        client's grant for itself (client_credentials), which has no code.
+        """
+
     def find_access_token(token_hash, now):
         """
         Fires with the L{authsrv.records.AccessToken} if it is active (known,
@@ -602,6 +608,16 @@ class IServerSecrets(Interface):
         """
 
 
+class IClientAssertionStore(Interface):
+    def claim_jti(client_id, jti, expires_at, now):
+        """
+        Record that C{client_id} used an assertion with C{jti}, kept until
+        C{expires_at}; fires True for its first use, False when it is
+        recorded and unexpired at C{now} (a replay), decided at once across
+        instances so that of two racing uses exactly one succeeds.
+        """
+
+
 class IStore(
     IServerSecrets,
     IClientRegistry,
@@ -618,6 +634,7 @@ class IStore(
     IKnownDeviceStore,
     IFactorStore,
     IImportStore,
+    IClientAssertionStore,
 ):
     """
     Every role in one backend object; flows depend only on the roles they use.

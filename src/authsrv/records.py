@@ -21,6 +21,8 @@ def _frozenset(value) -> frozenset:
 
 
 DEFAULT_GRANT_TYPES = ("authorization_code", "refresh_token")
+NO_USER = ""
+"""The stored C{sub} of a grant and tokens a client got for itself (client_credentials): no user's."""
 """The grants a client may use unless its registration says otherwise."""
 
 ACR_PWD = "urn:authsrv:acr:pwd"
@@ -55,6 +57,10 @@ class Client:
     C{registration_token_hash} is the hash of the registration access token
     of a client that registered itself (C{source} C{"registration"}, RFC
     7592), None for every other client.
+    C{token_endpoint_auth_method} is how it authenticates (None: by its
+    secret, Basic or form, or as a public client); with C{private_key_jwt}
+    its keys are C{jwks} (a JWK set's JSON) or at C{jwks_uri}. C{scopes}
+    are what it may ask for with client_credentials, for itself.
     """
 
     client_id: str
@@ -82,10 +88,15 @@ class Client:
     access_token_signed_response_alg: str = "RS256"
     userinfo_signed_response_alg: str | None = None
     registration_token_hash: str | None = None
+    token_endpoint_auth_method: str | None = None
+    jwks: str | None = None
+    jwks_uri: str | None = None
+    scopes: tuple[str, ...] = field(default=(), converter=_tuple)
 
     @property
     def is_public(self) -> bool:
-        return self.secret_hash is None
+        """No secret and no keys: it proves nothing but its client_id (and PKCE)."""
+        return self.secret_hash is None and self.token_endpoint_auth_method in (None, "none")
 
     @property
     def registered_itself(self) -> bool:
@@ -295,6 +306,11 @@ class AccessToken:
     issued_at: int = 0
     expires_at: int = 0
     user_ban: "Ban | None" = None
+
+    @property
+    def for_user(self) -> bool:
+        """False for a token a client got for itself (client_credentials): no user, no bans, no UserInfo."""
+        return self.sub != NO_USER
 
 
 @frozen

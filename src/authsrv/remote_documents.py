@@ -135,7 +135,7 @@ def cache_seconds(cache_control: str | None, policy: FetchPolicy) -> int:
 
 
 class _TooLarge(Exception):
-    pass
+    """Stops reading a body (treq closes the connection when its collector raises)."""
 
 
 class RemoteDocuments:

@@ -38,10 +38,11 @@ from authsrv.drain import Drain
 from authsrv.flows import backchannel
 from authsrv.flows.claims import ClaimsSource
 from authsrv.flows.client_documents import DocumentClients
-from authsrv.flows.clients import ClientCache
+from authsrv.flows.clients import AssertionChecker, ClientCache
 from authsrv.flows.end_session import EndSessionFlow
 from authsrv.flows.grants import GrantHandler, GrantRegistry
 from authsrv.flows.grants.authorization_code import AuthorizationCodeGrant
+from authsrv.flows.grants.client_credentials import ClientCredentialsGrant
 from authsrv.flows.grants.device_code import DeviceCodeGrant
 from authsrv.flows.grants.refresh_token import RefreshTokenGrant
 from authsrv.flows.grants.users import GrantUsers
@@ -53,6 +54,7 @@ from authsrv.flows.issue import TokenMinter
 from authsrv.flows.link import ChatLinking
 from authsrv.flows.passkeys import Passkeys
 from authsrv.flows.login import PasswordLogin
+from authsrv.flows.offered import OPTIONAL_GRANTS, OfferedFeatures
 from authsrv.flows.mfa import SecondFactors
 from authsrv.flows.pushed import PushedRequests
 from authsrv.flows.ratelimit import ClientRateLimits
@@ -73,8 +75,11 @@ from authsrv.operations.clients import ClientOperations
 from authsrv.operations.keys import JWKS_MAX_AGE, KeyOperations
 from authsrv.operations.users import UserOperations
 from authsrv.plugins import UnknownPlugin, find_factory
+from authsrv.protocol.client_assertion import ASSERTION_ALGS
+from authsrv.protocol.clientauth import PRIVATE_KEY_JWT
 from authsrv.protocol.discovery import (
     authorization_server_metadata,
+    endpoints,
     openid_configuration,
     pushed_request_metadata,
     registration_metadata,
@@ -320,6 +325,7 @@ def grant_registry(config: Config, store, keystore, identity) -> GrantRegistry:
     handlers: list[GrantHandler] = [
         AuthorizationCodeGrant(store=store, users=users, minter=minter),
         RefreshTokenGrant(store=store, users=users, minter=minter, limits=config.limits),
+        ClientCredentialsGrant(store=store, minter=minter, limits=config.limits),
     ]
     if config.device.enabled:
         handlers.append(DeviceCodeGrant(store=store, users=users, minter=minter))
@@ -330,24 +336,40 @@ def _claims(config: Config, store) -> ClaimsSource:
     return ClaimsSource(store, config.chat.provider if config.chat else None)
 
 
-def _documents(config: Config, keystore, grant_types: tuple[str, ...]) -> dict[bytes, Resource]:
+def _documents(config: Config, keystore, grant_types: tuple[str, ...], offered: OfferedFeatures
+               ) -> dict[bytes, Resource]:
+    """
+    Discovery (both documents, each kept as bytes per set of optional
+    features in use: see L{OfferedFeatures}) and the JWKS.
+    """
     issuer_path = config.issuer[len(config.public_url):]
     pushed = pushed_request_metadata(config.issuer, config.par.enabled, config.par.required)
     registration = registration_metadata(
         config.issuer, config.registration.enabled, config.registration.metadata_documents
     )
-    oidc = json.dumps({**openid_configuration(
-        config.issuer, keystore.algorithms, grant_types, pushed, signed_userinfo=config.signing.userinfo
-    ), **registration})
-    oauth = json.dumps({**authorization_server_metadata(config.issuer, keystore.algorithms, grant_types, pushed),
-                        **registration})
+    made: dict[tuple[bool, frozenset[str]], bytes] = {}
+
+    def document(oidc: bool) -> bytes:
+        features = offered.current()
+        if (oidc, features) not in made:
+            grants = tuple(g for g in grant_types if g not in OPTIONAL_GRANTS or g in features)
+            assertion_algs = ASSERTION_ALGS if PRIVATE_KEY_JWT in features else ()
+            if oidc:
+                metadata = openid_configuration(config.issuer, keystore.algorithms, grants, pushed, assertion_algs,
+                                                signed_userinfo=config.signing.userinfo)
+            else:
+                metadata = authorization_server_metadata(config.issuer, keystore.algorithms, grants, pushed,
+                                                         assertion_algs)
+            made[oidc, features] = json.dumps({**metadata, **registration}).encode()
+        return made[oidc, features]
+
     long_lived = b"public, max-age=3600"
     return {
         f"{issuer_path}/.well-known/openid-configuration".encode(): Named(StaticBytes(
-            lambda: oidc.encode(), b"application/json", long_lived
+            lambda: document(True), b"application/json", long_lived
         ), "openid-configuration"),
         f"{issuer_path}/.well-known/oauth-authorization-server".encode(): Named(StaticBytes(
-            lambda: oauth.encode(), b"application/json", long_lived
+            lambda: document(False), b"application/json", long_lived
         ), "oauth-authorization-server"),
         f"{issuer_path}/jwks".encode(): Named(StaticBytes(
             keystore.jwks_bytes, b"application/jwk-set+json", f"public, max-age={JWKS_MAX_AGE}".encode()
@@ -436,9 +458,11 @@ def web_root(
     (by default on C{reactor}).
     """
     grants = grant_registry(config, store, keystore, identity)
-    clients: ClientCache | DocumentClients = ClientCache(store, reactor)
+    documents = documents or RemoteDocuments(reactor, config.remote_documents)
+    token_endpoint = endpoints(config.issuer)["token_endpoint"]
+    clients: ClientCache | DocumentClients = ClientCache(store, reactor, assertions=AssertionChecker(
+        store=store, documents=documents, audiences=(config.issuer, token_endpoint)))
     if config.registration.metadata_documents:
-        documents = documents or RemoteDocuments(reactor, config.remote_documents)
         clients = DocumentClients(clients, documents, config.registration, reactor)
     site = PublicSite(
         clock=reactor,
@@ -453,7 +477,8 @@ def web_root(
         trusted_proxies=config.trusted_proxies,
     )
     return Root(
-        _documents(config, keystore, grants.grant_types), site.resource(), internal, config.input_limits, admin
+        _documents(config, keystore, grants.grant_types, OfferedFeatures(store, reactor, config.clients)),
+        site.resource(), internal, config.input_limits, admin
     )
 
 
@@ -462,7 +487,7 @@ def client_operations(config: Config, reactor, store) -> ClientOperations:
     return ClientOperations(
         store=store, clock=reactor, declared=frozenset(c.client_id for c in config.clients),
         resolve=lambda host: backchannel.resolve_host(reactor, host), pushed_offered=config.par.enabled,
-        signing=config.signing,
+        signing=config.signing, fetching=config.remote_documents,
     )
 
 

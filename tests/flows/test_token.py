@@ -254,9 +254,11 @@ async def test_malformed_token_requests(tmp_path, monkeypatch):
                                              client_id=None)
             assert_error(response, body, 400, "invalid_request")
             assert missing in body["error_description"]
-        for grant_type in ("password", "client_credentials", "implicit", "urn:x"):
+        for grant_type in ("password", "implicit", "urn:x"):
             response, body = await post_form(h, TOKEN, {**good, "grant_type": grant_type}, client_id=None)
             assert_error(response, body, 400, "unsupported_grant_type")
+        response, body = await post_form(h, TOKEN, {**good, "grant_type": "client_credentials"}, client_id=None)
+        assert_error(response, body, 400, "unauthorized_client")  # offered, but not to this client
 
         response, body = await h.json("POST", TOKEN, data=list(good.items()) + [("code", code)])
         assert_error(response, body, 400, "invalid_request")

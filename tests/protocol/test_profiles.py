@@ -50,8 +50,14 @@ def test_a_client_with_every_demanded_setting_meets_fapi2():
     assert not must_push(attrs.evolve(MEETS, profile=None), everyone=False)
 
 
+def test_a_client_proving_nothing_but_its_id_is_named_public():
+    """Without a secret or keys a client is public, which FAPI 2.0 refuses (a private_key_jwt client needs no secret)."""
+    problems = profile_problems(attrs.evolve(MEETS, secret_hash=None, token_endpoint_auth_method=None))
+    assert ("public" in [name for name, _ in problems]) and all("FAPI 2.0" in text for _, text in problems)
+    assert profile_problems(attrs.evolve(MEETS, secret_hash=None)) == []
+
+
 @pytest.mark.parametrize("changes, setting", [
-    ({"secret_hash": None}, "public"),
     ({"token_endpoint_auth_method": "client_secret_basic"}, "token_endpoint_auth_method"),
     ({"token_endpoint_auth_method": "client_secret_jwt"}, "token_endpoint_auth_method"),
     ({"dpop_bound_access_tokens": False}, "dpop_bound_access_tokens"),

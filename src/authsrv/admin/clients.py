@@ -7,7 +7,9 @@ into settings and words the results.
 from __future__ import annotations
 
 import argparse
+import json
 import re
+from pathlib import Path
 
 from authsrv.admin.common import ACTOR, AdminError, Console, with_plugin
 from authsrv.configsection import parse_duration
@@ -17,6 +19,7 @@ from authsrv.operations.errors import OperationError
 from authsrv.operations.views import client_view
 from authsrv.protocol.profiles import PROFILES
 from authsrv.protocol.signing import ALGORITHMS
+from authsrv.protocol.clientauth import AUTH_METHODS
 from authsrv.records import Client
 from authsrv.service import client_operations
 
@@ -38,12 +41,17 @@ OPTIONS = {
     "id_token_signed_response_alg": "--id-token-alg",
     "access_token_signed_response_alg": "--access-token-alg",
     "userinfo_signed_response_alg": "--userinfo-alg",
+    "token_endpoint_auth_method": "--auth-method",
+    "jwks_uri": "--jwks-uri",
+    "jwks": "--jwks",
+    "scopes": "--scope",
     "client_id": "client id",
 }
 """Each setting's option, which the operator's messages name instead of the field."""
 CLEARABLE = ("post-logout-redirect-uris", "backchannel-logout-uri", "resources", "audiences", "refresh-grace",
-             "rate-limit", "profile", "userinfo-alg")
-_CLEARED_TO_NONE = ("backchannel_logout_uri", "refresh_grace", "rate_limit", "profile", "userinfo_signed_response_alg")
+             "rate-limit", "profile", "userinfo-alg", "jwks", "jwks-uri", "scopes")
+NULLABLE = ("backchannel_logout_uri", "refresh_grace", "rate_limit", "profile", "userinfo_signed_response_alg", "jwks",
+            "jwks_uri")
 
 
 def _worded(error: OperationError) -> AdminError:
@@ -57,6 +65,8 @@ def _print_client(client: Client, console: Console) -> None:
     for key, value in client_view(client).items():
         if isinstance(value, list):
             value = " ".join(value) or "-"
+        elif isinstance(value, dict):
+            value = json.dumps(value)
         console.out(f"{key + ':':<27} {value}")
 
 
@@ -82,14 +92,24 @@ def _settings(args) -> dict:
         ("first_party", args.first_party), ("introspect_any", args.introspect_any), ("resources", args.resource),
         ("audiences", args.audience), ("grant_types", args.grant_type), ("refresh_grace", args.refresh_grace),
         ("rate_limit", args.rate_limit), ("require_pushed_authorization_requests", args.require_par),
-        ("profile", args.profile),
-        ("rate_limit", args.rate_limit), ("id_token_signed_response_alg", args.id_token_alg),
+        ("profile", args.profile), ("id_token_signed_response_alg", args.id_token_alg),
         ("access_token_signed_response_alg", args.access_token_alg),
-        ("userinfo_signed_response_alg", args.userinfo_alg),
+        ("userinfo_signed_response_alg", args.userinfo_alg), ("token_endpoint_auth_method", args.auth_method),
+        ("jwks", _read_jwks(args.jwks)), ("jwks_uri", args.jwks_uri), ("scopes", args.scope),
     ):
         if value is not None:
             settings[field] = value
     return settings
+
+
+def _read_jwks(path: str | None) -> str | None:
+    """The JWK set in the file C{--jwks} names (the client's public keys), as its text."""
+    if path is None:
+        return None
+    try:
+        return Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise AdminError(f"--jwks: cannot read {path}: {e}") from None
 
 
 async def client_add(reactor, args, console: Console):
@@ -105,7 +125,7 @@ async def client_update(reactor, args, console: Console):
     data = _settings(args)
     for name in args.clear:
         field = "userinfo_signed_response_alg" if name == "userinfo-alg" else name.replace("-", "_")
-        data[field] = None if field in _CLEARED_TO_NONE else []
+        data[field] = None if field in NULLABLE else []
     if not data:
         raise AdminError("nothing to change: give at least one option (see client update --help)")
     client = await _run(reactor, args, lambda ops: ops.update(args.client_id, data, actor=ACTOR))
@@ -167,7 +187,7 @@ def _setting_options(parser, *, adding: bool) -> None:
     flag = "store_true" if adding else argparse.BooleanOptionalAction
     default_list: list[str] | None = [] if adding else None
     parser.add_argument("--name", help="shown on the consent page")
-    parser.add_argument("--redirect-uri", action="append", required=adding, default=None,
+    parser.add_argument("--redirect-uri", action="append", default=None,
                         help="repeat for several" + ("" if adding else "; replaces the list"))
     parser.add_argument("--post-logout-redirect-uri", action="append", default=default_list)
     parser.add_argument("--end-session", action=flag, default=False if adding else None,
@@ -193,6 +213,12 @@ def _setting_options(parser, *, adding: bool) -> None:
                         help="access_token_signed_response_alg: how its JWT access tokens are signed (default RS256)")
     parser.add_argument("--userinfo-alg", choices=ALGORITHMS,
                         help="userinfo_signed_response_alg: sign its UserInfo answers (default: plain JSON)")
+    parser.add_argument("--auth-method", choices=AUTH_METHODS,
+                        help="how it authenticates at the token endpoint (private_key_jwt: with --jwks or --jwks-uri)")
+    parser.add_argument("--jwks", metavar="FILE", help="a file with its public JWK set (private_key_jwt)")
+    parser.add_argument("--jwks-uri", help="where its public JWK set is fetched (private_key_jwt)")
+    parser.add_argument("--scope", action="append", default=None,
+                        help="a scope it may ask for with client_credentials (repeat)")
 
 
 def register(commands) -> None:

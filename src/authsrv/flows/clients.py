@@ -8,10 +8,24 @@ with never changes, so it is read once.
 
 from __future__ import annotations
 
-from authsrv.protocol.clientauth import authenticate, client_credentials
+from twisted.logger import Logger
+
+from authsrv import events
+from authsrv.protocol.client_assertion import (
+    CLOCK_SKEW,
+    assertion_kid,
+    assertion_params,
+    public_keyset,
+    unverified_client_id,
+    verified_claims,
+)
+from authsrv.protocol.clientauth import PRIVATE_KEY_JWT, authenticate, client_credentials
+from authsrv.protocol.errors import InvalidClient, InvalidRequest
 from authsrv.records import Client
+from authsrv.remote_documents import RemoteDocumentError
 from authsrv.tokens import CLIENT_SECRET_KEY
 
+log = Logger()
 TTL = 2.0
 MAX_ENTRIES = 10_000
 
@@ -19,7 +33,8 @@ MAX_ENTRIES = 10_000
 class ClientCache:
     """Provides C{get_client} like the store, answering recent lookups from memory."""
 
-    def __init__(self, store, clock, ttl: float = TTL):
+    def __init__(self, store, clock, ttl: float = TTL, assertions: "AssertionChecker | None" = None):
+        self.assertions = assertions
         self._store = store
         self._clock = clock
         self._ttl = ttl
@@ -48,12 +63,73 @@ class ClientCache:
         return client
 
 
-async def authenticate_client(clients, authorization: bytes | None, params: dict[str, str]) -> Client:
+class AssertionChecker:
+    """
+    private_key_jwt (L{authsrv.protocol.client_assertion}): the client's
+    keys are its registered C{jwks}, or its C{jwks_uri} fetched by
+    C{documents} (a L{authsrv.remote_documents.RemoteDocuments}), fetched
+    again when an assertion names a key it lacks; each jti is claimed in
+    the C{store} until the assertion expires, so a replay fails.
+    C{audiences} are what an assertion's aud may name: the issuer first.
+    """
+
+    def __init__(self, *, store, documents, audiences: tuple[str, ...]):
+        self._store = store
+        self._documents = documents
+        self._audiences = audiences
+
+    async def check(self, client: Client | None, assertion: str, now: int, consume: bool) -> Client:
+        if client is None or client.token_endpoint_auth_method != PRIVATE_KEY_JWT:
+            raise InvalidClient("client authentication failed: this client does not authenticate with private_key_jwt")
+        keyset = await self._keys(client, assertion)
+        claims = verified_claims(assertion, client.client_id, keyset, self._audiences, now)
+        kept_until = claims["exp"] + CLOCK_SKEW  # as long as the assertion is accepted at all
+        if consume and not await self._store.claim_jti(client.client_id, claims["jti"], kept_until, now):
+            events.assertion_replayed(client_id=client.client_id)
+            raise InvalidClient("client authentication failed: this client_assertion was already used")
+        return client
+
+    async def _keys(self, client: Client, assertion: str):
+        if client.jwks is not None:
+            return public_keyset(client.jwks)
+        if client.jwks_uri is None:
+            raise InvalidClient("client authentication failed: the client has no registered keys")
+        kid = assertion_kid(assertion)
+        refetch = False
+        while True:
+            try:
+                keyset = public_keyset(await self._documents.fetch(client.jwks_uri, refetch=refetch))
+            except (RemoteDocumentError, ValueError) as e:
+                log.warn("jwks_uri of client {client_id} unusable: {reason}", client_id=client.client_id, reason=str(e))
+                raise InvalidClient(
+                    "client authentication failed: the client's jwks_uri could not be fetched or holds no usable keys"
+                ) from None
+            if kid is None or keyset.get_key(kid) is not None or refetch:
+                return keyset
+            refetch = True
+
+
+async def authenticate_client(
+    clients, authorization: bytes | None, params: dict[str, str], *, consume: bool = True
+) -> Client:
     """
     The client a token, introspection or revocation request comes from
-    (client_secret_basic, client_secret_post, or a public client by its
-    client_id), or L{authsrv.protocol.errors.InvalidClient}.
+    (client_secret_basic, client_secret_post, private_key_jwt, or a public
+    client by its client_id), or L{authsrv.protocol.errors.InvalidClient}.
+    C{consume} false checks an assertion without using it up (the rate
+    limiter looks before the endpoint does).
     """
+    assertion = assertion_params(params)
+    if assertion is not None:
+        if authorization and authorization[:6].lower() == b"basic ":
+            raise InvalidRequest("use one client authentication method, not Basic and client_assertion both")
+        client_id = unverified_client_id(assertion)
+        if params.get("client_id", client_id) != client_id:
+            raise InvalidClient("client authentication failed: client_id differs from the assertion's iss")
+        if clients.assertions is None:
+            raise InvalidClient("client authentication failed: this server accepts no client assertions")
+        client = await clients.get_client(client_id)
+        return await clients.assertions.check(client, assertion, int(clients.seconds()), consume)
     credentials = client_credentials(authorization, params)
     client = await clients.get_client(credentials.client_id)
     return authenticate(client, credentials, await clients.secret_key(), int(clients.seconds()))

@@ -3,7 +3,9 @@ Token introspection (RFC 7662, docs/design.md Introspection fields): whether an
 access or refresh token is active and what it says, told only to the client
 it was issued to, a client its audience names, or a resource server the
 operator allowed to introspect any token. Revoked tokens and tokens of users
-who are banned, disabled or gone are inactive, JWT access tokens included.
+who are banned, disabled or gone are inactive, JWT access tokens included;
+a client's token for itself (client_credentials) has no user to ask about,
+and names the client as its sub, as its JWT does (RFC 9068 section 2.2).
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def describe(token: AccessToken | RefreshToken, issuer: str) -> dict:
         "active": True,
         "scope": scope_text(token.scope),
         "client_id": token.client_id,
-        "sub": token.sub,
+        "sub": token.sub if isinstance(token, RefreshToken) or token.for_user else token.client_id,
         "exp": token.expires_at,
         "iat": token.issued_at,
         "iss": issuer,
@@ -103,7 +105,8 @@ class IntrospectionFlow:
             return INACTIVE
         if not _visible(client, token):
             return INACTIVE
-        state = await standing(self._identity, self._store, token.sub, now, token.user_ban)
-        if not state.allowed:
-            return INACTIVE
+        if isinstance(token, RefreshToken) or token.for_user:
+            state = await standing(self._identity, self._store, token.sub, now, token.user_ban)
+            if not state.allowed:
+                return INACTIVE
         return describe(token, self._issuer)

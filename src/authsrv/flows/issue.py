@@ -60,27 +60,8 @@ class TokenMinter:
         """
         limits = self._limits
         client_id = client.client_id
-        jti = None
-        if audience:
-            jti = new_token(16)
-            claims = access_token_claims(
-                issuer=self._issuer, sub=grant.sub, client_id=client_id, audience=audience, scope=scope,
-                auth_time=grant.auth_time, jti=jti, now=now, ttl=limits.access_token_ttl,
-            )
-            access_alg = client_alg(self._keystore, client, "access_token_signed_response_alg")
-            access_value = self._keystore.sign(claims, alg=access_alg, typ=ACCESS_TOKEN_TYPE)
-        else:
-            access_value = new_token()
-        access = AccessToken(
-            token_hash=token_hash(access_value), grant_id=grant.grant_id, client_id=client_id, sub=grant.sub,
-            scope=scope, audience=audience, jti=jti, issued_at=now, expires_at=now + limits.access_token_ttl,
-        )
-        response = {
-            "access_token": access_value,
-            "token_type": "Bearer",
-            "expires_in": limits.access_token_ttl,
-            "scope": scope_text(scope),
-        }
+        access_value, access = self._access(grant, client, grant.sub, scope, audience, now)
+        response = self._response(access_value, scope)
         refresh_token = None
         if refresh_scope is not None:
             refresh_value = new_token()
@@ -99,6 +80,49 @@ class TokenMinter:
             )
             response["id_token"] = self._keystore.sign(claims, alg=id_alg, typ=ID_TOKEN_TYPE)
         return Issued(response, access, refresh_token)
+
+    def mint_for_client(self, grant: Grant, client: Client, *, scope: frozenset[str], audience: tuple[str, ...],
+                        now: int) -> Issued:
+        """
+        The one access token of a client's grant for itself
+        (client_credentials): a JWT names the client as its subject (RFC
+        9068 section 2.2); no refresh token, no ID token.
+        """
+        access_value, access = self._access(grant, client, client.client_id, scope, audience, now)
+        return Issued(self._response(access_value, scope), access, None)
+
+    def _access(self, grant: Grant, client: Client, sub: str, scope: frozenset[str], audience: tuple[str, ...],
+                now: int) -> tuple[str, AccessToken]:
+        """
+        An opaque access token, or an RFC 9068 JWT (signed as the client
+        chose) when it has an audience, and its record.
+        """
+        client_id = client.client_id
+        ttl = self._limits.access_token_ttl
+        jti = None
+        if audience:
+            jti = new_token(16)
+            claims = access_token_claims(
+                issuer=self._issuer, sub=sub, client_id=client_id, audience=audience, scope=scope,
+                auth_time=grant.auth_time, jti=jti, now=now, ttl=ttl,
+            )
+            access_alg = client_alg(self._keystore, client, "access_token_signed_response_alg")
+            value = self._keystore.sign(claims, alg=access_alg, typ=ACCESS_TOKEN_TYPE)
+        else:
+            value = new_token()
+        access = AccessToken(
+            token_hash=token_hash(value), grant_id=grant.grant_id, client_id=client_id, sub=grant.sub,
+            scope=scope, audience=audience, jti=jti, issued_at=now, expires_at=now + ttl,
+        )
+        return value, access
+
+    def _response(self, access_value: str, scope: frozenset[str]) -> dict:
+        return {
+            "access_token": access_value,
+            "token_type": "Bearer",
+            "expires_in": self._limits.access_token_ttl,
+            "scope": scope_text(scope),
+        }
 
 
 def issued_event(issued: Issued, client_id: str, grant_type: str) -> None:

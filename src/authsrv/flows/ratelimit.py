@@ -181,7 +181,7 @@ class ClientRateLimits:
         rate = self._rate_of(client)
         if rate is None:
             return
-        if client.secret_hash is None:
+        if client.is_public:
             address = address_of()
             limit.count(limit.by_address, f"{address_key(address)} {client.client_id}", rate,
                         client_id=client.client_id, address=address)
@@ -194,7 +194,7 @@ class ClientRateLimits:
     async def _authenticated(self, authorization: bytes | None, params: dict[str, str]) -> Client | None:
         """The client the request authenticates as, or None; the flow reports why not."""
         try:
-            return await authenticate_client(self._clients, authorization, params)
+            return await authenticate_client(self._clients, authorization, params, consume=False)
         except OAuthError:
             return None
 

@@ -129,6 +129,8 @@ def registered_settings(metadata: Any, policy: RegistrationPolicy) -> tuple[dict
     except InvalidInput as e:
         message = e.message.replace("name must", "client_name must", 1) if e.field == "name" else e.message
         raise (InvalidRedirectURI if e.field == "redirect_uris" else InvalidClientMetadata)(message) from None
+    if not settings["redirect_uris"]:
+        raise InvalidRedirectURI("redirect_uris must name at least one URI")
     for uri in settings["redirect_uris"]:
         if refusal := _redirect_uri_refusal(uri, policy):
             raise InvalidRedirectURI(refusal)

@@ -39,6 +39,8 @@ class UserInfoFlow:
         access = await self._store.find_access_token(token_hash(access_token), now)
         if access is None:
             raise InvalidToken("the access token is unknown, expired or revoked")
+        if not access.for_user:
+            raise InvalidToken("the access token was issued to a client for itself (client_credentials): no user")
         if access.audience and self._issuer not in access.audience:
             raise InvalidToken("the access token is meant for another resource server, not UserInfo")
         if "openid" not in access.scope:

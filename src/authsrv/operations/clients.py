@@ -18,11 +18,13 @@ from authsrv.flows.backchannel import ATTEMPT_TIMEOUT, RefusedTarget, pinned_add
 from authsrv.operations.clientspec import EDITABLE, checked_settings
 from authsrv.operations.errors import Conflict, InvalidInput, NotFound, PreconditionFailed
 from authsrv.operations.paging import Page, page
+from authsrv.protocol.clientauth import PRIVATE_KEY_JWT, auth_settings_problem
 from authsrv.protocol.clients import client_id_problem
 from authsrv.protocol.profiles import profile_problems
 from authsrv.protocol.pushed import unoffered_push
 from authsrv.protocol.signing import SETTINGS, SigningOffer
 from authsrv.records import Client
+from authsrv.remote_documents import FetchPolicy, url_problem
 from authsrv.store.errors import AlreadyExists
 from authsrv.tokens import CLIENT_SECRET_KEY, client_secret_hash, new_token
 
@@ -50,11 +52,15 @@ def _check_match(client: Client, if_match: str | None) -> None:
         raise PreconditionFailed("the client changed since it was read: GET it again and retry")
 
 
-def _consistent(client: Client, pushed_offered: bool) -> None:
+def _consistent(client: Client, pushed_offered: bool, fetching: FetchPolicy) -> None:
     if client.post_logout_redirect_uris and not client.end_session_enabled:
         raise InvalidInput("post_logout_redirect_uris needs end_session_enabled set to true", "end_session_enabled")
-    for setting, problem in filter(None, (unoffered_push(client, pushed_offered), *profile_problems(client))):
-        raise InvalidInput(f"{setting} {problem}", setting)
+    if client.jwks_uri is not None and (uri_problem := url_problem(client.jwks_uri, fetching)):
+        raise InvalidInput(f"jwks_uri: {uri_problem}", "jwks_uri")
+    if problem := auth_settings_problem(client):
+        raise InvalidInput(f"{problem[0]}: {problem[1]}", problem[0])
+    for setting, problem_text in filter(None, (unoffered_push(client, pushed_offered), *profile_problems(client))):
+        raise InvalidInput(f"{setting} {problem_text}", setting)
 
 
 class ClientOperations:
@@ -62,13 +68,15 @@ class ClientOperations:
     Built with the store, the clock, the ids of the config-declared clients,
     C{resolve(host)} (a Deferred of an address, as
     L{authsrv.flows.backchannel.resolve_host}) to check back-channel hosts,
-    whether the server offers pushed authorization requests, and
-    C{signing}: which signing algorithms clients may choose.
+    whether the server offers pushed authorization requests, C{signing}:
+    which signing algorithms clients may choose, and C{fetching}, which
+    decides which C{jwks_uri} may be registered.
     """
 
     def __init__(self, *, store, clock, declared: frozenset[str], resolve, pushed_offered: bool = False,
-                 signing: SigningOffer = SigningOffer()):
+                 signing: SigningOffer = SigningOffer(), fetching: FetchPolicy = FetchPolicy()):
         self._pushed_offered = pushed_offered
+        self._fetching = fetching
         self._store = store
         self._clock = clock
         self._declared = declared
@@ -133,8 +141,6 @@ class ClientOperations:
         public = data.get("public", False)
         if not isinstance(public, bool):
             raise InvalidInput("public must be true or false", "public")
-        if "redirect_uris" not in data:
-            raise InvalidInput("redirect_uris is missing", "redirect_uris")
         settings = checked_settings(
             {k: v for k, v in data.items() if k not in ("client_id", "public")}, EDITABLE
         )
@@ -143,13 +149,14 @@ class ClientOperations:
         if client_id in self._declared:
             raise Conflict(f"client {client_id!r} is declared in the config file; edit it there", "client_id")
         await self._check_backchannel(settings.get("backchannel_logout_uri"))
-        secret = None if public else new_token(32)
+        keyless = settings.get("token_endpoint_auth_method") in (PRIVATE_KEY_JWT, "none")
+        secret = None if public or keyless else new_token(32)
         key = await self._store.server_key(CLIENT_SECRET_KEY) if secret else b""
         client = Client(
             client_id=client_id, secret_hash=client_secret_hash(secret, key) if secret else None,
-            created_at=self._now(), **settings,
+            created_at=self._now(), **{"redirect_uris": [], **settings},
         )
-        _consistent(client, self._pushed_offered)
+        _consistent(client, self._pushed_offered, self._fetching)
         try:
             await self._store.add_client(client)
         except AlreadyExists:
@@ -166,7 +173,7 @@ class ClientOperations:
         if "backchannel_logout_uri" in settings:
             await self._check_backchannel(settings["backchannel_logout_uri"])
         changed = attrs.evolve(client, **settings)
-        _consistent(changed, self._pushed_offered)
+        _consistent(changed, self._pushed_offered, self._fetching)
         await self._store.put_client(changed)
         events.client_changed(client_id=client_id, source="operator", actor=actor, fields=sorted(settings))
         return changed

@@ -6,11 +6,14 @@ problem names its field.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from authsrv.configsection import parse_duration
 from authsrv.flows.grants import GRANT_TYPES
 from authsrv.operations.errors import InvalidInput
+from authsrv.protocol.client_assertion import public_keyset
+from authsrv.protocol.clientauth import AUTH_METHODS
 from authsrv.protocol.clients import redirect_uri_problem
 from authsrv.protocol.profiles import PROFILES
 from authsrv.protocol.rates import parse_rate
@@ -20,12 +23,14 @@ from authsrv.protocol.targets import backchannel_uri_problem
 NAME_MAX = 200
 LIST_MAX = 50
 VALUE_MAX = 2048
+JWKS_MAX = 16 * 1024
 
 EDITABLE = (
     "name", "redirect_uris", "post_logout_redirect_uris", "backchannel_logout_uri", "first_party",
     "end_session_enabled", "introspect_any", "resources", "audiences", "grant_types", "refresh_grace", "rate_limit",
     "require_pushed_authorization_requests", "profile",
     *SETTINGS,
+    "token_endpoint_auth_method", "jwks", "jwks_uri", "scopes",
 )
 """What an update may change; a new client takes these and C{client_id}, C{public}."""
 
@@ -57,11 +62,28 @@ def _uris(field: str, value: Any) -> list[str]:
     return uris
 
 
-def _redirect_uris(field: str, value: Any) -> list[str]:
-    uris = _uris(field, value)
-    if not uris:
-        raise InvalidInput(f"{field} must name at least one URI", field)
-    return uris
+def _auth_method(field: str, value: Any) -> str | None:
+    if value is not None and value not in AUTH_METHODS:
+        raise InvalidInput(f"{field} must be one of {', '.join(AUTH_METHODS)}, or null", field)
+    return value
+
+
+def _jwks(field: str, value: Any) -> str | None:
+    """A JWK set as a JSON object (or its text), kept as JSON text; null for none."""
+    if value is None:
+        return None
+    text = value if isinstance(value, str) else json.dumps(value) if isinstance(value, dict) else None
+    if text is None or len(text) > JWKS_MAX:
+        raise InvalidInput(f"{field} must be a JWK set object of at most {JWKS_MAX} characters, or null", field)
+    try:
+        public_keyset(text)
+    except ValueError as e:
+        raise InvalidInput(f"{field}: {e}", field) from None
+    return text
+
+
+def _optional_text(field: str, value: Any) -> str | None:
+    return None if value is None else _text(field, value)
 
 
 def _backchannel(field: str, value: Any) -> str | None:
@@ -128,7 +150,7 @@ def _alg(field: str, value: Any) -> str | None:
 
 _CHECKS = {
     "name": lambda f, v: _text(f, v, NAME_MAX),
-    "redirect_uris": _redirect_uris,
+    "redirect_uris": _uris,
     "post_logout_redirect_uris": _uris,
     "backchannel_logout_uri": _backchannel,
     "first_party": _flag,
@@ -142,6 +164,10 @@ _CHECKS = {
     "require_pushed_authorization_requests": _flag,
     "profile": _profile,
     **{setting: _alg for setting in SETTINGS},
+    "token_endpoint_auth_method": _auth_method,
+    "jwks": _jwks,
+    "jwks_uri": _optional_text,
+    "scopes": _strings,
 }
 
 

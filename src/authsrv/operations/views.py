@@ -6,6 +6,7 @@ seconds since the epoch.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import attrs
@@ -22,6 +23,8 @@ def client_view(client: Client) -> dict[str, Any]:
         if isinstance(value, tuple):
             data[key] = list(value)
     data["type"] = "public" if client.is_public else "confidential"
+    if client.jwks is not None:
+        data["jwks"] = json.loads(client.jwks)
     if client.previous_secret_hash is None:
         data["previous_secret_until"] = None
     return data

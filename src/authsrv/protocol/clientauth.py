@@ -15,9 +15,17 @@ from urllib.parse import unquote_plus
 
 from attrs import frozen
 
-from authsrv.protocol.errors import InvalidClient, InvalidRequest
+from authsrv.protocol.client_assertion import public_keyset
+from authsrv.protocol.errors import InvalidClient, InvalidRequest, InvalidScope
+from authsrv.protocol.scope import parse_scope
 from authsrv.records import Client
 from authsrv.tokens import secret_matches
+
+
+PRIVATE_KEY_JWT = "private_key_jwt"
+SECRET_METHODS = ("client_secret_basic", "client_secret_post")
+AUTH_METHODS = (*SECRET_METHODS, PRIVATE_KEY_JWT, "none")
+"""The C{token_endpoint_auth_method} values a client may be registered with."""
 
 
 @frozen
@@ -30,7 +38,8 @@ class ClientCredentials:
 def client_credentials(authorization: bytes | None, params: dict[str, str]) -> ClientCredentials:
     """
     What the client presented; raises L{InvalidClient} when it presented
-    nothing usable and L{InvalidRequest} when it mixed two methods.
+    nothing usable and L{InvalidRequest} when it mixed two methods. An
+    assertion (RFC 7523) is checked by L{authsrv.protocol.client_assertion}.
     """
     if authorization and authorization[:6].lower() == b"basic ":
         try:
@@ -75,10 +84,51 @@ def authenticate(client: Client | None, credentials: ClientCredentials, key: byt
     """
     if client is None:
         raise InvalidClient("client authentication failed")
-    if client.secret_hash is None:  # a public client
+    if client.token_endpoint_auth_method == PRIVATE_KEY_JWT:
+        raise InvalidClient("client authentication failed: this client authenticates with a private_key_jwt assertion")
+    if client.is_public:
         if credentials.secret is not None:
             raise InvalidClient("client authentication failed: a public client has no secret")
         return client
     if credentials.secret is None or not _secret_matches(client, credentials.secret, key, now):
         raise InvalidClient("client authentication failed")
     return client
+
+
+def auth_settings_problem(client: Client) -> tuple[str, str] | None:
+    """
+    What is inconsistent in how C{client} authenticates and what it may
+    do, as (field, problem), or None: the same rules for the config file,
+    the admin API and the operator command. A C{jwks_uri} is checked
+    against the fetch policy by the caller.
+    """
+    method = client.token_endpoint_auth_method
+    if method is not None and method not in AUTH_METHODS:
+        return "token_endpoint_auth_method", f"{method!r} is not offered; use one of {', '.join(AUTH_METHODS)}"
+    if method == PRIVATE_KEY_JWT:
+        if client.secret_hash is not None:
+            return "token_endpoint_auth_method", "a private_key_jwt client has no secret; register it without one"
+        if (client.jwks is None) == (client.jwks_uri is None):
+            return "jwks", "private_key_jwt needs exactly one of jwks and jwks_uri"
+        if client.jwks is not None:
+            try:
+                public_keyset(client.jwks)
+            except ValueError as e:
+                return "jwks", str(e)
+    elif client.jwks is not None or client.jwks_uri is not None:
+        return "jwks" if client.jwks is not None else "jwks_uri", "only a private_key_jwt client registers keys"
+    if method in SECRET_METHODS and client.secret_hash is None:
+        return "token_endpoint_auth_method", f"{method} needs a client secret"
+    if method == "none" and client.secret_hash is not None:
+        return "token_endpoint_auth_method", "none is for public clients, which have no secret"
+    if "client_credentials" in client.grant_types and client.is_public:
+        return "grant_types", "client_credentials is for confidential clients (a secret or private_key_jwt)"
+    if "authorization_code" in client.grant_types and not client.redirect_uris:
+        return "redirect_uris", "must name at least one URI (only a client_credentials client needs none)"
+    for scope in client.scopes:
+        try:
+            if len(parse_scope(scope)) != 1:
+                raise InvalidScope("one token")
+        except InvalidScope:
+            return "scopes", f"{scope!r} is not a scope token (printable ASCII, no space, quote or backslash)"
+    return None

@@ -6,6 +6,7 @@ at start from the issuer and the keystore's algorithms.
 
 from __future__ import annotations
 
+from authsrv.protocol.clientauth import PRIVATE_KEY_JWT
 from authsrv.protocol.device import DEVICE_CODE_GRANT
 from authsrv.protocol.oidc import ACR_VALUES
 
@@ -42,17 +43,21 @@ def pushed_request_metadata(issuer: str, offered: bool, required: bool) -> dict:
     }
 
 
-def authorization_server_metadata(issuer: str, algorithms: tuple[str, ...], grant_types: tuple[str, ...],
-                                  pushed: dict | None = None) -> dict:
+def authorization_server_metadata(
+    issuer: str, algorithms: tuple[str, ...], grant_types: tuple[str, ...], pushed: dict | None = None,
+    assertion_algs: tuple[str, ...] = (),
+) -> dict:
     """
     RFC 8414 metadata; the OIDC document extends it. C{grant_types} are the
     token endpoint's (the device authorization endpoint is listed with its
-    grant); C{pushed} is L{pushed_request_metadata}'s.
+    grant); C{pushed} is L{pushed_request_metadata}'s; C{assertion_algs},
+    when private_key_jwt is offered, what a client assertion may be signed with.
     """
     offered = endpoints(issuer)
     if DEVICE_CODE_GRANT in grant_types:
         offered["device_authorization_endpoint"] = f"{issuer}/oauth2/device-authorization"
-    return {
+    methods = [*CLIENT_AUTH_METHODS, *([PRIVATE_KEY_JWT] if assertion_algs else [])]
+    metadata = {
         **(pushed or {}),
         "issuer": issuer,
         **offered,
@@ -61,17 +66,20 @@ def authorization_server_metadata(issuer: str, algorithms: tuple[str, ...], gran
         "response_modes_supported": ["query"],
         "grant_types_supported": list(grant_types),
         "code_challenge_methods_supported": ["S256"],
-        "token_endpoint_auth_methods_supported": [*CLIENT_AUTH_METHODS, "none"],
-        "revocation_endpoint_auth_methods_supported": [*CLIENT_AUTH_METHODS, "none"],
-        "introspection_endpoint_auth_methods_supported": list(CLIENT_AUTH_METHODS),
+        "token_endpoint_auth_methods_supported": [*methods, "none"],
+        "revocation_endpoint_auth_methods_supported": [*methods, "none"],
+        "introspection_endpoint_auth_methods_supported": methods,
         "authorization_response_iss_parameter_supported": True,
         "id_token_signing_alg_values_supported": list(algorithms),
     }
-
+    if assertion_algs:
+        for endpoint in ("token_endpoint", "revocation_endpoint", "introspection_endpoint"):
+            metadata[f"{endpoint}_auth_signing_alg_values_supported"] = list(assertion_algs)
+    return metadata
 
 def openid_configuration(
-    issuer: str, algorithms: tuple[str, ...], grant_types: tuple[str, ...], pushed: dict | None = None, *,
-    signed_userinfo: bool = False,
+    issuer: str, algorithms: tuple[str, ...], grant_types: tuple[str, ...], pushed: dict | None = None,
+    assertion_algs: tuple[str, ...] = (), *, signed_userinfo: bool = False,
 ) -> dict:
     """
     The OIDC discovery document; C{userinfo_signing_alg_values_supported}
@@ -79,7 +87,7 @@ def openid_configuration(
     """
     signing = {"userinfo_signing_alg_values_supported": list(algorithms)} if signed_userinfo else {}
     return {
-        **authorization_server_metadata(issuer, algorithms, grant_types, pushed),
+        **authorization_server_metadata(issuer, algorithms, grant_types, pushed, assertion_algs),
         "subject_types_supported": ["public"],
         "claims_supported": list(CLAIMS),
         "prompt_values_supported": ["none", "login", "consent"],

@@ -448,6 +448,24 @@ class PostgresStore:
             {**_T.access.params(access, "a_"), **_T.refresh.params(refresh, "r_")},
         )
 
+    def start_grant(self, grant, access):
+        # One statement: the token's foreign key is checked at its end, when the grant exists.
+        return self._write("start_grant",
+            f"WITH new_grant AS ({_T.grants.insert_as('g_')}) {_T.access.insert_as('a_')}",
+            {**_T.grants.params(grant, "g_"), **_T.access.params(access, "a_")},
+        )
+
+    # IClientAssertionStore
+
+    def claim_jti(self, client_id, jti, expires_at, now):
+        return self._changed("claim_jti",
+            "INSERT INTO client_assertions (client_id, jti, expires_at)"
+            " VALUES (%(client_id)s, %(jti)s, %(expires_at)s)"
+            " ON CONFLICT (client_id, jti) DO UPDATE SET expires_at = EXCLUDED.expires_at"
+            " WHERE client_assertions.expires_at <= %(now)s",
+            {"client_id": client_id, "jti": jti, "expires_at": expires_at, "now": now},
+        )
+
     def find_access_token(self, token_hash, now):
         return self._one("find_access_token",
             _T.access,
@@ -958,6 +976,7 @@ _GC = tuple(
         ("login_attempts", "attempt_id", "expires_at <= %(now)s"),
         ("known_devices", "account, device_hash", "expires_at <= %(now)s"),
         ("passkey_challenges", "challenge_hash", "expires_at <= %(now)s"),
+        ("client_assertions", "client_id, jti", "expires_at <= %(now)s"),
         ("grants", "grant_id", f"old.revoked_at IS NOT NULL AND {_NO_LIVE_CODE}"),
         (
             "grants",

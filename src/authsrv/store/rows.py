@@ -204,6 +204,7 @@ def tables(dialect: Dialect) -> Tables:
         clients=rows(
             Client, "clients", "client_id",
             redirect_uris=LIST, post_logout_redirect_uris=LIST, resources=LIST, grant_types=LIST, audiences=LIST,
+            scopes=LIST,
             end_session_enabled=FLAG, first_party=FLAG, introspect_any=FLAG, require_mfa=FLAG,
             require_pushed_authorization_requests=FLAG,
         ),

@@ -402,6 +402,23 @@ class SQLiteStore:
     def issue_tokens(self, access, refresh):
         return self._call("issue_tokens", True, _issue_tokens, access, refresh)
 
+    def start_grant(self, grant, access):
+        def start(db):
+            db.execute(_T.grants.insert, _T.grants.params(grant))
+            db.execute(_T.access.insert, _T.access.params(access))
+
+        return self._call("start_grant", True, start)
+
+    # IClientAssertionStore
+
+    def claim_jti(self, client_id, jti, expires_at, now):
+        return self._changed("claim_jti",
+            "INSERT INTO client_assertions (client_id, jti, expires_at) VALUES (?, ?, ?)"
+            " ON CONFLICT (client_id, jti) DO UPDATE SET expires_at = excluded.expires_at"
+            " WHERE client_assertions.expires_at <= ?",
+            (client_id, jti, expires_at, now),
+        )
+
     def find_access_token(self, token_hash, now):
         return self._query("find_access_token",
             _T.access,
@@ -852,6 +869,7 @@ _GC = tuple(
         ("login_attempts", "attempt_id", "expires_at <= :now"),
         ("known_devices", "account, device_hash", "expires_at <= :now"),
         ("passkey_challenges", "challenge_hash", "expires_at <= :now"),
+        ("client_assertions", "client_id, jti", "expires_at <= :now"),
         ("grants", "grant_id", f"old.revoked_at IS NOT NULL AND {_NO_LIVE_CODE}"),
         (
             "grants",

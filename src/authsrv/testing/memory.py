@@ -99,6 +99,8 @@ class MemoryTables:
     """Credential id -> L{Passkey}."""
     passkey_challenges: dict = attrs.Factory(dict)
     """Challenge hash -> (purpose, expires_at)."""
+    client_assertions: dict = attrs.Factory(dict)
+    """(client_id, jti) -> expires_at."""
 
 
 def _answered(method):
@@ -309,6 +311,21 @@ class MemoryStore:
     @_answered
     def issue_tokens(self, access, refresh):
         self._issue(access, refresh)
+
+    @_answered
+    def start_grant(self, grant, access):
+        if grant.grant_id in self.tables.grants:
+            raise AlreadyExists(f"grant {grant.grant_id!r} exists already")
+        self._issue(access, None)
+        self.tables.grants[grant.grant_id] = grant
+
+    @_answered
+    def claim_jti(self, client_id, jti, expires_at, now):
+        kept = self.tables.client_assertions.get((client_id, jti))
+        if kept is not None and kept > now:
+            return False
+        self.tables.client_assertions[(client_id, jti)] = expires_at
+        return True
 
     def _issue(self, access, refresh) -> None:
         if access.token_hash in self.tables.access or (
@@ -709,6 +726,7 @@ class MemoryStore:
         count += expired(tables.login_attempts, lambda attempt: attempt.expires_at <= now)
         count += expired(tables.known_devices, lambda expires_at: expires_at <= now)
         count += expired(tables.passkey_challenges, lambda challenge: challenge[1] <= now)
+        count += expired(tables.client_assertions, lambda expires_at: expires_at <= now)
 
         def live_code(grant) -> bool:
             return any(c.grant_id == grant.grant_id and c.expires_at > now for c in tables.codes.values())

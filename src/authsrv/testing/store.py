@@ -334,6 +334,48 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             assert await store.get_client(CLIENT) == changed
 
     @pytest_twisted.ensureDeferred
+    async def test_client_authentication_settings_round_trip(self):
+        jwks = '{"keys": [{"kty": "EC", "crv": "P-256", "x": "f83OJ3D2xF1Bg8vub9tLe1gHMzV76e8Tus9uPHvRVEU",' \
+               ' "y": "x_FEzRu9m36HLN_tue659LNpXW6pCyStikYjKIWI5a0"}]}'
+        machine = Client(
+            CLIENT, None, [], grant_types=["client_credentials"], token_endpoint_auth_method="private_key_jwt",
+            jwks=jwks, scopes=["reports.read", "reports.write"],
+        )
+        remote = Client(OTHER_CLIENT, None, [], token_endpoint_auth_method="private_key_jwt",
+                        jwks_uri="https://partner.example/jwks.json")
+        async with self.store() as store:
+            await store.add_client(machine)
+            await store.put_client(remote)
+            assert await store.get_client(CLIENT) == machine
+            assert await store.get_client(OTHER_CLIENT) == remote
+            assert not (await store.get_client(CLIENT)).is_public
+
+    @pytest_twisted.ensureDeferred
+    async def test_client_assertion_jti_is_claimed_once_until_it_expires(self):
+        async with self.store() as store:
+            assert await store.claim_jti(CLIENT, "jti-1", NOW + 60, NOW) is True
+            assert await store.claim_jti(CLIENT, "jti-1", NOW + 60, NOW + 30) is False
+            assert await store.claim_jti(OTHER_CLIENT, "jti-1", NOW + 60, NOW) is True
+            assert await store.claim_jti(CLIENT, "jti-1", NOW + 200, NOW + 60) is True
+            assert await store.claim_jti(CLIENT, "jti-1", NOW + 200, NOW + 199) is False
+            await store.gc(NOW + 200, 100)
+            assert await store.claim_jti(CLIENT, "jti-1", NOW + 300, NOW + 200) is True
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_grant_started_with_its_access_token(self):
+        async with self.store() as store:
+            grant = make_grant("cc1", sub="", scope={"reports.read"}, sid=None)
+            access = make_access("cc-token", grant, jti="cc-jti", audience=("https://api.example/",))
+            await store.start_grant(grant, access)
+            assert await store.get_grant("cc1") == grant
+            found = await store.find_access_token(h("cc-token"), NOW)
+            assert found == access and not found.for_user
+            assert await store.revoke_token(h("cc-token"), CLIENT, NOW) == RevokedAccess(grant.grant_id)
+            assert await store.find_access_token(h("cc-token"), NOW) is None
+            with pytest.raises(AlreadyExists):
+                await store.start_grant(grant, make_access("cc-other", grant))
+
+    @pytest_twisted.ensureDeferred
     async def test_client_previous_secret_round_trip(self):
         rotated = Client(
             CLIENT, h("new"), ["https://app.example/cb"], previous_secret_hash=h("old"),
@@ -1323,6 +1365,15 @@ class StoreConcurrencyConformance(FactorConcurrencyConformance, DeviceConcurrenc
                 )
                 assert sorted(type(r).__name__ for r in results) == ["CodeConsumed", "CodeReused"]
                 assert CodeReused(grant.grant_id) in results
+
+    @pytest_twisted.ensureDeferred
+    async def test_racing_assertion_jti_claims(self):
+        async with self.store_pair() as (first, second):
+            for n in range(self.rounds):
+                claims = await gatherResults(
+                    [store.claim_jti(CLIENT, f"jti-{n}", NOW + 60, NOW) for store in (first, second)]
+                )
+                assert sorted(claims) == [False, True]
 
     @pytest_twisted.ensureDeferred
     async def test_racing_server_keys(self):

@@ -13,7 +13,7 @@ from typing import Protocol
 from authsrv.protocol.device import DEVICE_CODE_GRANT
 from authsrv.records import Client
 
-GRANT_TYPES = ("authorization_code", "refresh_token", DEVICE_CODE_GRANT)
+GRANT_TYPES = ("authorization_code", "refresh_token", DEVICE_CODE_GRANT, "client_credentials")
 """The grant types this server implements: what a client's registration may name."""
 
 

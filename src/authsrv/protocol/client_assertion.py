@@ -1,0 +1,154 @@
+"""
+private_key_jwt client authentication (RFC 7523 sections 2.2 and 3, OIDC
+Core section 9): the client signs a short-lived JWT with a key it
+registered. Pure: the caller supplies the client's key set and records the
+jti, so that an assertion authenticates once (a replay is invalid_client).
+
+Every failure is the same L{InvalidClient} with a message that says what
+to fix; the signature is checked before any claim is believed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from jwcrypto.common import JWException
+from jwcrypto.jwk import JWKSet
+from jwcrypto.jws import JWS
+
+from authsrv.protocol.errors import InvalidClient, InvalidRequest
+
+ASSERTION_ALGS = ("RS256", "PS256", "ES256", "EdDSA")
+"""What an assertion may be signed with (token_endpoint_auth_signing_alg_values_supported); never none or HMAC."""
+MAX_LIFETIME = 3600
+"""
+An assertion may expire at most this many seconds after now: it is a
+one-time proof, not a credential, and its jti is kept in the store until
+then. An hour is what client libraries (Authlib) default to.
+"""
+CLOCK_SKEW = 30
+ASSERTION_TYPE = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
+_COMPACT_JWS = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
+MAX_ASSERTION = 8192
+_JWK_FIELDS_PRIVATE = ("d", "p", "q", "dp", "dq", "qi", "k")
+
+
+def _failed(why: str) -> InvalidClient:
+    return InvalidClient(f"client authentication failed: {why}")
+
+
+def unverified_client_id(assertion: str) -> str:
+    """
+    The client an assertion claims to come from (its C{iss}), read before
+    the signature is checked only to find that client's keys.
+    """
+    if len(assertion) > MAX_ASSERTION or not _COMPACT_JWS.fullmatch(assertion):
+        raise _failed("client_assertion is not a compact signed JWT")
+    token = JWS()
+    try:
+        token.deserialize(assertion)
+        claims = json.loads(token.objects["payload"])
+    except (JWException, ValueError, KeyError, UnicodeDecodeError):
+        raise _failed("client_assertion is not a compact signed JWT") from None
+    issuer = claims.get("iss") if isinstance(claims, dict) else None
+    if not isinstance(issuer, str) or not issuer:
+        raise _failed("client_assertion has no iss naming the client")
+    return issuer
+
+
+def assertion_kid(assertion: str) -> str | None:
+    """The C{kid} of an assertion's header, if any (to tell an unknown key from a bad signature)."""
+    token = JWS()
+    try:
+        token.deserialize(assertion)
+        kid = token.jose_header.get("kid")
+    except (JWException, ValueError):
+        return None
+    return kid if isinstance(kid, str) else None
+
+
+def verified_claims(
+    assertion: str, client_id: str, keyset: JWKSet, audiences: tuple[str, ...], now: int,
+    algorithms: tuple[str, ...] = ASSERTION_ALGS,
+) -> dict:
+    """
+    The claims of an assertion signed by a key of C{keyset} with one of
+    C{algorithms}, from C{client_id} (iss = sub), for one of C{audiences},
+    unexpired and expiring within L{MAX_LIFETIME}, with a jti.
+    """
+    token = JWS()
+    token.allowed_algs = list(algorithms)
+    try:
+        token.deserialize(assertion)
+        alg = token.jose_header.get("alg")
+    except (JWException, ValueError):
+        raise _failed("client_assertion is not a compact signed JWT") from None
+    if alg not in algorithms:
+        raise _failed(f"client_assertion is signed with {alg!r}; use one of {', '.join(algorithms)}")
+    try:
+        token.verify(keyset)
+        claims = json.loads(token.payload)
+    except (JWException, ValueError):
+        raise _failed("the client_assertion signature does not verify with any of the client's keys") from None
+    if not isinstance(claims, dict):
+        raise _failed("client_assertion's payload is not a JSON object")
+    if claims.get("iss") != client_id or claims.get("sub") != client_id:
+        raise _failed("client_assertion's iss and sub must both be the client_id")
+    aud = claims.get("aud")
+    named = aud if isinstance(aud, list) else [aud]
+    if not any(isinstance(a, str) and a in audiences for a in named):
+        raise _failed(f"client_assertion's aud must be {audiences[0]!r} (the issuer)")
+    exp = claims.get("exp")
+    if not isinstance(exp, int) or isinstance(exp, bool):
+        raise _failed("client_assertion has no exp")
+    if exp <= now - CLOCK_SKEW:
+        raise _failed("client_assertion has expired")
+    if exp > now + MAX_LIFETIME + CLOCK_SKEW:
+        raise _failed(f"client_assertion must expire within {MAX_LIFETIME} seconds")
+    for name in ("nbf", "iat"):
+        value = claims.get(name)
+        if value is not None and (not isinstance(value, int) or value > now + CLOCK_SKEW):
+            raise _failed(f"client_assertion's {name} is in the future")
+    jti = claims.get("jti")
+    if not isinstance(jti, str) or not jti or len(jti) > 256:
+        raise _failed("client_assertion needs a jti (at most 256 characters)")
+    return claims
+
+
+def assertion_params(params: dict[str, str]) -> str | None:
+    """The assertion a request carries, or None; L{InvalidRequest} for a wrong assertion type."""
+    if "client_assertion" not in params and "client_assertion_type" not in params:
+        return None
+    if params.get("client_assertion_type") != ASSERTION_TYPE:
+        raise InvalidRequest(f"client_assertion_type must be {ASSERTION_TYPE}")
+    assertion = params.get("client_assertion")
+    if not assertion:
+        raise InvalidRequest("client_assertion is missing")
+    if "client_secret" in params:
+        raise InvalidRequest("use one client authentication method, not client_assertion and client_secret both")
+    return assertion
+
+
+def public_keyset(document: str | dict) -> JWKSet:
+    """
+    A client's JWK set (JSON text, or a fetched document); ValueError saying
+    what is wrong when it is no key set, is empty, or holds a private or
+    symmetric key.
+    """
+    try:
+        data = json.loads(document) if isinstance(document, str) else document
+    except ValueError:
+        raise ValueError("jwks is not JSON") from None
+    keys = data.get("keys") if isinstance(data, dict) else None
+    if not isinstance(keys, list) or not keys:
+        raise ValueError('jwks must be a JWK set: {"keys": [...]} with at least one key')
+    for key in keys:
+        if not isinstance(key, dict) or key.get("kty") not in ("RSA", "EC", "OKP"):
+            raise ValueError("jwks keys must be public RSA, EC or OKP keys")
+        if any(name in key for name in _JWK_FIELDS_PRIVATE):
+            raise ValueError("jwks holds a private key: register only the public half")
+    try:
+        return JWKSet.from_json(json.dumps(data))
+    except (JWException, ValueError, TypeError) as e:
+        raise ValueError(f"jwks is not a valid JWK set ({e})") from None
