@@ -259,6 +259,18 @@ async def test_reset_factors_is_audited(deployment):
     refused(await admin("--config", config, "user", "reset-factors", "nobody", cwd=cwd), "no user 'nobody'")
 
 
+@pytest.mark.parametrize("until", [78166738680462065664, 253402300800, "10000-01-01T00:00:00Z"])
+def test_a_ban_ending_beyond_any_date_is_refused_not_stored(until):
+    """Found by the admin API's fuzzing: an end past what a date or a 64-bit column holds was a 500."""
+    from authsrv.operations.errors import InvalidInput
+    from authsrv.operations.users import LATEST_UNTIL, parse_until
+
+    with pytest.raises(InvalidInput) as refused_input:
+        parse_until(until, 1_700_000_000)
+    assert "too far ahead" in refused_input.value.message or "ISO 8601" in refused_input.value.message
+    assert parse_until(LATEST_UNTIL, 1_700_000_000) == LATEST_UNTIL
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

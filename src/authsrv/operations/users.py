@@ -31,6 +31,10 @@ NO_WRITABLE_BACKEND = (
 PROFILE = ("login", "sub", "name", "email", "email_verified", "picture", "chat_user_id", "password")
 
 
+LATEST_UNTIL = 253402300799
+"""9999-12-31T23:59:59Z: later ends fit no date type, nor a store's 64-bit column for long."""
+
+
 def parse_until(value: Any, now: int, field: str = "until") -> int | None:
     """The end of a ban: null (until lifted), seconds since the epoch or an ISO 8601 time with a zone."""
     if value is None:
@@ -49,6 +53,8 @@ def parse_until(value: Any, now: int, field: str = "until") -> int | None:
         raise InvalidInput(f"{field} must be an ISO 8601 time, seconds since the epoch, or null", field)
     if until <= now:
         raise InvalidInput(f"{field} is in the past", field)
+    if until > LATEST_UNTIL:
+        raise InvalidInput(f"{field} is too far ahead: at most 9999-12-31T23:59:59Z (or null, until lifted)", field)
     return until
 
 
