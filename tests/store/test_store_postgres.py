@@ -39,11 +39,7 @@ def open_store(dsn: str, **section):
 TABLES = (
     "authorization_codes", "access_tokens", "refresh_tokens", "grants", "clients", "browser_sessions",
     "interactions", "link_attempts", "consents", "bans", "linked_accounts", "link_locks", "login_attempts",
-<<<<<<< HEAD
-    "known_devices", "totp_factors", "recovery_codes", "mfa_demands", "device_authorizations",
-=======
-    "known_devices", "totp_factors", "recovery_codes", "mfa_demands", "client_assertions",
->>>>>>> machine
+    "known_devices", "totp_factors", "recovery_codes", "mfa_demands", "device_authorizations", "client_assertions",
 )
 
 
