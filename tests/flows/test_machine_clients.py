@@ -160,11 +160,11 @@ async def test_discovery_lists_only_what_some_client_uses(h, tmp_path, monkeypat
         _, discovery = await plain.json("GET", "/api/auth/.well-known/openid-configuration")
         assert "client_credentials" not in discovery["grant_types_supported"]  # seen within a minute
         plain.clock.advance(1)
-        for _ in range(500):  # the refresh it starts runs on the store's thread
+        for _ in range(1000):  # the refresh it starts runs on the store's thread: at most 10 s on a busy machine
             _, discovery = await plain.json("GET", "/api/auth/.well-known/openid-configuration")
             if "client_credentials" in discovery["grant_types_supported"]:
                 break
-            await deferLater(reactor, 0)
+            await deferLater(reactor, 0.01)
         assert "client_credentials" in discovery["grant_types_supported"]
         assert discovery["token_endpoint_auth_signing_alg_values_supported"] == ["RS256", "PS256", "ES256", "EdDSA"]
     finally:
