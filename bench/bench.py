@@ -315,12 +315,13 @@ def many_codes(server: Server, browser: requests.Session, count: int) -> tuple[l
             codes = []
             for _ in range(count // 8 + 1):
                 answer = session.get(server.authorize, params=params, allow_redirects=False)
-                codes.append(parse_qs(urlsplit(answer.headers["location"]).query)["code"][0])
+                codes.append((time.monotonic(), parse_qs(urlsplit(answer.headers["location"]).query)["code"][0]))
             return codes
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        codes = [code for batch in pool.map(one, range(8)) for code in batch]
-    return codes[:count], verifier
+        made = sorted(code for batch in pool.map(one, range(8)) for code in batch)
+    # Oldest first: the load takes from the end, the freshest codes, so none expires before its turn.
+    return [code for _, code in made[-count:]], verifier
 
 
 # --- wrk -------------------------------------------------------------------------
@@ -479,7 +480,7 @@ class Measure:
             # Codes live 60 s: made just before the run, twice what this server used in the last
             # repeat (at first, more than a fast server uses).
             seconds = min(d, 5)
-            rate = self.code_rates.get((server.name, connections), 2000)
+            rate = self.code_rates.get((server.name, connections), 1500)
             codes, verifier = many_codes(server, browser, int(2 * rate * seconds) + 100)
             body = f"grant_type=authorization_code&code=%s&redirect_uri={REDIRECT_URI}&code_verifier={verifier}"
             result = wrk(server.token, pool_script(codes, body, refill=False), seconds, connections, self.folder)
