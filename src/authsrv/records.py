@@ -67,6 +67,8 @@ class Client:
     previous_secret_hash: str | None = None
     previous_secret_until: int | None = None
     require_mfa: bool = False
+    dpop_bound_access_tokens: bool = False
+    """Every token request must come with a DPoP proof (RFC 9449 section 5.2)."""
 
     @property
     def is_public(self) -> bool:
@@ -136,6 +138,8 @@ class AuthorizationRequest:
     login_hint: str | None = None
     acr_values: tuple[str, ...] = field(default=(), converter=_tuple)
     """The authentication context classes asked for (acr_values, or the claims request's acr)."""
+    dpop_jkt: str | None = None
+    """The thumbprint of the key the code is bound to (RFC 9449 section 10)."""
 
 
 LOGIN_STAGE = "login"
@@ -231,6 +235,7 @@ class AuthorizationCode:
     expires_at: int = 0
     amr: tuple[str, ...] = field(default=PASSWORD_AMR, converter=_tuple)
     acr: str = ACR_PWD
+    dpop_jkt: str | None = None
 
 
 @frozen
@@ -253,6 +258,8 @@ class AccessToken:
     issued_at: int = 0
     expires_at: int = 0
     user_ban: "Ban | None" = None
+    jkt: str | None = None
+    """The DPoP key's thumbprint (RFC 7638) the token is bound to; None for a bearer token."""
 
 
 @frozen
@@ -276,6 +283,8 @@ class RefreshToken:
     replay: bytes | None = None
     revoked: bool = False
     user_ban: "Ban | None" = None
+    jkt: str | None = None
+    """The DPoP key a public client's refresh token is bound to (RFC 9449 section 5)."""
 
 
 @frozen

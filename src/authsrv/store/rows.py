@@ -201,6 +201,7 @@ def tables(dialect: Dialect) -> Tables:
             Client, "clients", "client_id",
             redirect_uris=LIST, post_logout_redirect_uris=LIST, resources=LIST, grant_types=LIST, audiences=LIST,
             end_session_enabled=FLAG, first_party=FLAG, introspect_any=FLAG, require_mfa=FLAG,
+            dpop_bound_access_tokens=FLAG,
         ),
         sessions=rows(BrowserSession, "browser_sessions", "session_hash", amr=LIST),
         interactions=rows(
