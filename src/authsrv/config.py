@@ -23,6 +23,7 @@ from authsrv.flows.grants import GRANT_TYPES
 from authsrv.flows.mfa import MFA_CHOICES, MfaPolicy
 from authsrv.flows.ratelimit import DEFAULT_RATE, RateSettings
 from authsrv.protocol.clients import CLIENT_ID_MAX, client_id_problem, is_loopback_host, redirect_uri_problem
+from authsrv.protocol.dpop import DpopPolicy
 from authsrv.protocol.forwarded import Network, parse_networks
 from authsrv.protocol.password_policy import MAX_LENGTH, MIN_LENGTH
 from authsrv.protocol.rates import Rate, parse_rate
@@ -169,6 +170,8 @@ class Config:
     log_format: str | None = None
     admin: AdminSettings = AdminSettings()
     mfa: MfaPolicy = MfaPolicy()
+    dpop: DpopPolicy | None = None
+    """C{[dpop]}: how proofs are checked; None when DPoP is off."""
 
     @property
     def issuer(self) -> str:
@@ -474,6 +477,7 @@ def client_from_config(section: Section, demo: bool = False) -> Client:
         rate_limit=_rate_limit(section),
         audiences=_uris(section, "audiences", False),
         require_mfa=section.bool("require_mfa", False),
+        dpop_bound_access_tokens=section.bool("dpop_bound_access_tokens", False),
     )
     section.done()
     return client
@@ -536,6 +540,24 @@ def _mfa(section: Section) -> MfaPolicy:
     return policy
 
 
+def _dpop(section: Section) -> DpopPolicy | None:
+    """C{[dpop]}: DPoP offered (RFC 9449), the iat window of proofs and the optional server nonce."""
+    defaults = DpopPolicy()
+    enabled = section.bool("enabled", False)
+    policy = DpopPolicy(
+        max_age=section.duration("max_age", defaults.max_age),
+        leeway=section.duration("leeway", defaults.leeway),
+        use_nonce=section.bool("use_nonce", defaults.use_nonce),
+        nonce_lifetime=section.duration("nonce_lifetime", defaults.nonce_lifetime),
+    )
+    if policy.max_age <= 0:
+        raise section.error("max_age", "must be longer than zero")
+    if policy.nonce_lifetime <= 0:
+        raise section.error("nonce_lifetime", "must be longer than zero")
+    section.done()
+    return policy if enabled else None
+
+
 def _table(top: Section, checked: _Problems, name: str) -> Section:
     """C{[name]}, or an empty one when the file has none (or has something else by that name)."""
     return checked.take(top.table, name, None) or Section({}, name, top.base_dir)
@@ -592,6 +614,7 @@ def read_config_document(
     checked.done(ui)
     password_min_length = _password_min_length(_table(top, checked, "passwords"), checked)
     mfa = checked.take(_mfa, _table(top, checked, "mfa"), fallback=MfaPolicy())
+    dpop = checked.take(_dpop, _table(top, checked, "dpop"))
     metrics = _table(top, checked, "metrics")
     metrics_listen = tuple(checked.take(metrics.str_list, "listen", [], fallback=[]))
     checked.done(metrics)
@@ -611,6 +634,9 @@ def read_config_document(
             checked.add(ConfigError(f"clients[{index}].client_id", f"{client.client_id!r} is declared twice"))
         else:
             clients.append(client)
+        if client.dpop_bound_access_tokens and dpop is None:
+            checked.add(ConfigError(f"clients[{index}].dpop_bound_access_tokens",
+                                    "needs DPoP offered: set [dpop] enabled = true"))
     chat = checked.take(chat_config, checked.take(top.table, "chat", None))
     checked.done(top)
     config = Config(
@@ -634,6 +660,7 @@ def read_config_document(
         show_ban_reason=show_ban_reason,
         rate_limits=rate_limits,
         mfa=mfa,
+        dpop=dpop,
         trusted_proxies=trusted_proxies,
         password_min_length=password_min_length,
         metrics_listen=metrics_listen,

@@ -35,6 +35,7 @@ from authsrv.drain import Drain
 from authsrv.flows import backchannel
 from authsrv.flows.claims import ClaimsSource
 from authsrv.flows.clients import ClientCache
+from authsrv.flows.dpop import DpopVerifier
 from authsrv.flows.end_session import EndSessionFlow
 from authsrv.flows.grants import GrantRegistry
 from authsrv.flows.grants.authorization_code import AuthorizationCodeGrant
@@ -64,6 +65,7 @@ from authsrv.operations.keys import JWKS_MAX_AGE, KeyOperations
 from authsrv.operations.users import UserOperations
 from authsrv.plugins import UnknownPlugin, find_factory
 from authsrv.protocol.discovery import authorization_server_metadata, openid_configuration
+from authsrv.protocol.dpop import ALGORITHMS as DPOP_ALGORITHMS
 from authsrv.records import Client
 from authsrv.tls import hsts_headers, listen_problem, resolve_tls_paths
 from authsrv.tokens import CLIENT_SECRET_KEY, keyed_form
@@ -295,8 +297,9 @@ def _claims(config: Config, store) -> ClaimsSource:
 
 def _documents(config: Config, keystore, grant_types: tuple[str, ...]) -> dict[bytes, Resource]:
     issuer_path = config.issuer[len(config.public_url):]
-    oidc = json.dumps(openid_configuration(config.issuer, keystore.algorithms, grant_types)).encode()
-    oauth = json.dumps(authorization_server_metadata(config.issuer, keystore.algorithms, grant_types)).encode()
+    dpop_algs = DPOP_ALGORITHMS if config.dpop is not None else ()
+    oidc = json.dumps(openid_configuration(config.issuer, keystore.algorithms, grant_types, dpop_algs)).encode()
+    oauth = json.dumps(authorization_server_metadata(config.issuer, keystore.algorithms, grant_types, dpop_algs)).encode()
     long_lived = b"public, max-age=3600"
     return {
         f"{issuer_path}/.well-known/openid-configuration".encode(): Named(StaticBytes(
@@ -340,14 +343,16 @@ def public_flows(config: Config, reactor, store, keystore, identity, grants: Gra
     if config.mfa.enabled:
         passkeys = Passkeys(store=store, public_url=config.public_url,
                             rp_name=urlsplit(config.public_url).hostname or config.public_url)
+    dpop = DpopVerifier(store=store, policy=config.dpop) if config.dpop is not None else None
     return PublicFlows(
         interaction=InteractionFlow(
             store=store, clients=clients, identity=identity, login=login, sessions=sessions,
             limits=config.limits, issuer=config.issuer, factors=factors, show_ban_reason=config.show_ban_reason,
-            passkeys=passkeys,
+            passkeys=passkeys, dpop=dpop is not None,
         ),
-        token=TokenFlow(clients=clients, grants=grants),
-        userinfo=UserInfoFlow(store=store, identity=identity, claims=_claims(config, store), issuer=config.issuer),
+        token=TokenFlow(clients=clients, grants=grants, dpop=dpop, url=config.issuer + "/oauth2/token"),
+        userinfo=UserInfoFlow(store=store, identity=identity, claims=_claims(config, store), issuer=config.issuer,
+                              dpop=dpop),
         introspection=IntrospectionFlow(store=store, clients=clients, identity=identity, issuer=config.issuer),
         revocation=RevocationFlow(store=store, clients=clients),
         end_session=EndSessionFlow(store=store, keystore=keystore, issuer=config.issuer, sessions=sessions),

@@ -40,10 +40,13 @@ class TokenMinter:
         self, grant: Grant, client_id: str, user: User, *,
         scope: frozenset[str], audience: tuple[str, ...], nonce: str | None,
         refresh_scope: frozenset[str] | None, now: int,
+        jkt: str | None = None, refresh_jkt: str | None = None,
     ) -> Issued:
         """
         New tokens of C{grant}; a refresh token of C{refresh_scope} unless
         None, living the idle time but never past the grant's absolute end.
+        C{jkt} binds the access token to a DPoP key, C{refresh_jkt} the
+        refresh token (RFC 9449 sections 6 and 5).
         """
         limits = self._limits
         jti = None
@@ -51,18 +54,18 @@ class TokenMinter:
             jti = new_token(16)
             claims = access_token_claims(
                 issuer=self._issuer, sub=grant.sub, client_id=client_id, audience=audience, scope=scope,
-                auth_time=grant.auth_time, jti=jti, now=now, ttl=limits.access_token_ttl,
+                auth_time=grant.auth_time, jti=jti, now=now, ttl=limits.access_token_ttl, jkt=jkt,
             )
             access_value = self._keystore.sign(claims, alg=SIGNING_ALG, typ=ACCESS_TOKEN_TYPE)
         else:
             access_value = new_token()
         access = AccessToken(
             token_hash=token_hash(access_value), grant_id=grant.grant_id, client_id=client_id, sub=grant.sub,
-            scope=scope, audience=audience, jti=jti, issued_at=now, expires_at=now + limits.access_token_ttl,
+            scope=scope, audience=audience, jti=jti, issued_at=now, expires_at=now + limits.access_token_ttl, jkt=jkt,
         )
         response = {
             "access_token": access_value,
-            "token_type": "Bearer",
+            "token_type": "Bearer" if jkt is None else "DPoP",
             "expires_in": limits.access_token_ttl,
             "scope": scope_text(scope),
         }
@@ -72,7 +75,7 @@ class TokenMinter:
             refresh_token = RefreshToken(
                 token_hash=token_hash(refresh_value), grant_id=grant.grant_id, client_id=client_id, sub=grant.sub,
                 scope=refresh_scope, issued_at=now,
-                expires_at=min(now + limits.refresh_token_idle_ttl, grant.expires_at),
+                expires_at=min(now + limits.refresh_token_idle_ttl, grant.expires_at), jkt=refresh_jkt,
             )
             response["refresh_token"] = refresh_value
         if "openid" in scope:

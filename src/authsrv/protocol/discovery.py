@@ -31,9 +31,14 @@ def endpoints(issuer: str) -> dict[str, str]:
     }
 
 
-def authorization_server_metadata(issuer: str, algorithms: tuple[str, ...], grant_types: tuple[str, ...]) -> dict:
-    """RFC 8414 metadata; the OIDC document extends it. C{grant_types} are the token endpoint's."""
-    return {
+def authorization_server_metadata(
+    issuer: str, algorithms: tuple[str, ...], grant_types: tuple[str, ...], dpop_algs: tuple[str, ...] = (),
+) -> dict:
+    """
+    RFC 8414 metadata; the OIDC document extends it. C{grant_types} are the
+    token endpoint's; C{dpop_algs} the DPoP proof algorithms, when DPoP is offered.
+    """
+    metadata = {
         "issuer": issuer,
         **endpoints(issuer),
         "scopes_supported": list(SCOPES),
@@ -47,12 +52,17 @@ def authorization_server_metadata(issuer: str, algorithms: tuple[str, ...], gran
         "authorization_response_iss_parameter_supported": True,
         "id_token_signing_alg_values_supported": list(algorithms),
     }
+    if dpop_algs:
+        metadata["dpop_signing_alg_values_supported"] = list(dpop_algs)
+    return metadata
 
 
-def openid_configuration(issuer: str, algorithms: tuple[str, ...], grant_types: tuple[str, ...]) -> dict:
+def openid_configuration(
+    issuer: str, algorithms: tuple[str, ...], grant_types: tuple[str, ...], dpop_algs: tuple[str, ...] = (),
+) -> dict:
     """The OIDC discovery document."""
     return {
-        **authorization_server_metadata(issuer, algorithms, grant_types),
+        **authorization_server_metadata(issuer, algorithms, grant_types, dpop_algs),
         "subject_types_supported": ["public"],
         "claims_supported": list(CLAIMS),
         "prompt_values_supported": ["none", "login", "consent"],

@@ -36,13 +36,13 @@ class DpopPolicy:
     """
     How old (C{max_age}) or how far ahead (C{leeway}) a proof's iat may be,
     in seconds; whether a server nonce is demanded, and how long one lives
-    (C{nonce_window}: a nonce of the current or the previous window counts).
+    (C{nonce_lifetime}: a nonce of the current or the previous window counts).
     """
 
     max_age: int = 60
     leeway: int = 5
     use_nonce: bool = False
-    nonce_window: int = 300
+    nonce_lifetime: int = 300
 
 
 @frozen
@@ -170,10 +170,10 @@ def check_proof(
             raise InvalidDpopProof("the DPoP proof's ath must be the hash of the access token sent with it")
     if policy.use_nonce:
         assert nonce_secret is not None
-        if not _nonce_ok(claims.get("nonce"), nonce_secret, now, policy.nonce_window):
+        if not _nonce_ok(claims.get("nonce"), nonce_secret, now, policy.nonce_lifetime):
             raise UseDpopNonce(
                 "the DPoP proof must carry the nonce from the DPoP-Nonce header",
-                nonce_for(nonce_secret, now, policy.nonce_window),
+                nonce_for(nonce_secret, now, policy.nonce_lifetime),
             )
     jkt = key.thumbprint()
     replay_key = hashlib.sha256(f"{jkt}\0{jti}".encode()).hexdigest()
