@@ -30,7 +30,7 @@ def access_token_claims(
     jkt: str | None = None,
 ) -> dict:
     """The claims of RFC 9068 section 2.2, with RFC 9449's C{cnf} for a DPoP-bound token."""
-    claims = {
+    claims: dict = {
         "iss": issuer,
         "sub": sub,
         "aud": audience_claim(audience),
