@@ -31,6 +31,7 @@ def redirect_uri_of(client_id: str) -> str:
 async def save_code(
     h, client_id: str = "first", sub: str = ALICE.sub, scope: str = FULL_SCOPE, nonce: str | None = "n-0S6_WzA2Mj",
     resource: tuple[str, ...] = (), sid: str | None = "sid-1", auth_time: int | None = None,
+    dpop_jkt: str | None = None,
 ) -> tuple[str, str]:
     """A fresh code as the authorize flow stores it; returns (code, PKCE verifier)."""
     now = h.now()
@@ -46,7 +47,7 @@ async def save_code(
             code_hash=token_hash(code), grant_id=grant.grant_id, client_id=client_id, sub=sub,
             redirect_uri=redirect_uri_of(client_id), scope=grant.scope, code_challenge=challenge,
             code_challenge_method="S256", nonce=nonce, resource=resource, auth_time=grant.auth_time, sid=sid,
-            issued_at=now, expires_at=now + h.config.limits.code_ttl,
+            issued_at=now, expires_at=now + h.config.limits.code_ttl, dpop_jkt=dpop_jkt,
         ),
         grant,
     )
@@ -74,12 +75,13 @@ async def post_form(h, path: str, data: dict, client_id: str | None = "first", m
     return await h.json("POST", path, data={**fields, **data}, headers={**auth_headers, **(headers or {})})
 
 
-async def exchange(h, code: str, verifier: str, client_id: str = "first", method: str = "post", **extra):
+async def exchange(h, code: str, verifier: str, client_id: str = "first", method: str = "post",
+                   headers: dict | None = None, **extra):
     data = {
         "grant_type": "authorization_code", "code": code, "code_verifier": verifier,
         "redirect_uri": redirect_uri_of(client_id), **extra,
     }
-    return await post_form(h, TOKEN, data, client_id, method)
+    return await post_form(h, TOKEN, data, client_id, method, headers)
 
 
 async def tokens(h, client_id: str = "first", **code_options) -> dict:
@@ -90,9 +92,9 @@ async def tokens(h, client_id: str = "first", **code_options) -> dict:
     return body
 
 
-async def refresh(h, refresh_token: str, client_id: str = "first", **extra):
+async def refresh(h, refresh_token: str, client_id: str = "first", headers: dict | None = None, **extra):
     return await post_form(h, TOKEN, {"grant_type": "refresh_token", "refresh_token": refresh_token, **extra},
-                           client_id)
+                           client_id, headers=headers)
 
 
 async def introspect(h, token: str, client_id: str = "gateway", **extra) -> dict:

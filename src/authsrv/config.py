@@ -31,6 +31,7 @@ from authsrv.flows.registration import DEFAULT_RATE as REGISTRATION_RATE
 from authsrv.flows.registration import RegistrationPolicy, host_pattern_problem
 from authsrv.protocol.clientauth import AUTH_METHODS, auth_settings_problem
 from authsrv.protocol.clients import CLIENT_ID_MAX, client_id_problem, is_loopback_host, redirect_uri_problem
+from authsrv.protocol.dpop import DpopPolicy
 from authsrv.protocol.forwarded import Network, parse_networks
 from authsrv.protocol.password_policy import MAX_LENGTH, MIN_LENGTH
 from authsrv.protocol.profiles import PROFILES, profile_problems
@@ -224,6 +225,8 @@ class Config:
     """C{[remote_documents]}: how documents that clients name (C{jwks_uri}) are fetched."""
     registration: RegistrationPolicy = RegistrationPolicy()
     """C{[registration]}: clients that register themselves, off unless configured."""
+    dpop: DpopPolicy | None = None
+    """C{[dpop]}: how proofs are checked; None when DPoP is off."""
 
     @property
     def issuer(self) -> str:
@@ -558,6 +561,7 @@ def client_from_config(section: Section, demo: bool = False, offer: SigningOffer
         jwks=section.str("jwks", None),
         jwks_uri=section.str("jwks_uri", None),
         scopes=section.str_list("scopes", []),
+        dpop_bound_access_tokens=section.bool("dpop_bound_access_tokens", False),
     )
     if client.jwks_uri is not None and (uri_problem := url_problem(client.jwks_uri, fetching)):
         raise section.error("jwks_uri", uri_problem)
@@ -707,6 +711,24 @@ def _registration(section: Section, demo: bool) -> RegistrationPolicy:
     return policy
 
 
+def _dpop(section: Section) -> DpopPolicy | None:
+    """C{[dpop]}: DPoP offered (RFC 9449), the iat window of proofs and the optional server nonce."""
+    defaults = DpopPolicy()
+    enabled = section.bool("enabled", False)
+    policy = DpopPolicy(
+        max_age=section.duration("max_age", defaults.max_age),
+        leeway=section.duration("leeway", defaults.leeway),
+        use_nonce=section.bool("use_nonce", defaults.use_nonce),
+        nonce_lifetime=section.duration("nonce_lifetime", defaults.nonce_lifetime),
+    )
+    if policy.max_age <= 0:
+        raise section.error("max_age", "must be longer than zero")
+    if policy.nonce_lifetime <= 0:
+        raise section.error("nonce_lifetime", "must be longer than zero")
+    section.done()
+    return policy if enabled else None
+
+
 def _table(top: Section, checked: _Problems, name: str) -> Section:
     """C{[name]}, or an empty one when the file has none (or has something else by that name)."""
     return checked.take(top.table, name, None) or Section({}, name, top.base_dir)
@@ -767,6 +789,7 @@ def read_config_document(
     remote_documents = checked.take(fetch_policy, _table(top, checked, "remote_documents"), fallback=FetchPolicy())
     registration = checked.take(_registration, _table(top, checked, "registration"), demo,
                                 fallback=RegistrationPolicy())
+    dpop = checked.take(_dpop, _table(top, checked, "dpop"))
     metrics = _table(top, checked, "metrics")
     metrics_listen = tuple(checked.take(metrics.str_list, "listen", [], fallback=[]))
     checked.done(metrics)
@@ -792,6 +815,9 @@ def read_config_document(
             checked.add(ConfigError(f"clients[{index}].client_id", f"{client.client_id!r} is declared twice"))
         else:
             clients.append(client)
+        if client.dpop_bound_access_tokens and dpop is None:
+            checked.add(ConfigError(f"clients[{index}].dpop_bound_access_tokens",
+                                    "needs DPoP offered: set [dpop] enabled = true"))
     chat = checked.take(chat_config, checked.take(top.table, "chat", None))
     device = checked.take(_device, _table(top, checked, "device"), tuple(clients), fallback=DevicePolicy())
     checked.done(top)
@@ -821,6 +847,7 @@ def read_config_document(
         device=device,
         remote_documents=remote_documents,
         registration=registration,
+        dpop=dpop,
         trusted_proxies=trusted_proxies,
         password_min_length=password_min_length,
         password_hashing=password_hashing,

@@ -510,6 +510,20 @@ class IKnownDeviceStore(Interface):
         """Fires True when the device signed in to the account and is still remembered at C{now}."""
 
 
+class IProofReplayStore(Interface):
+    """
+    Proofs already seen (DPoP jti, RFC 9449 section 11.1), shared by every
+    instance so that a proof replayed to another one is refused too.
+    """
+
+    def first_use(replay_key, expires_at, now):
+        """
+        Fires True when C{replay_key} was not seen before (or what was seen
+        expired by C{now}) and records it until C{expires_at}, atomically: of
+        two racing uses exactly one gets True.
+        """
+
+
 class IFactorStore(Interface):
     """
     Users' second factors, in authsrv's own store under the user's stable
@@ -635,6 +649,7 @@ class IStore(
     IFactorStore,
     IImportStore,
     IClientAssertionStore,
+    IProofReplayStore,
 ):
     """
     Every role in one backend object; flows depend only on the roles they use.
@@ -647,7 +662,7 @@ class IStore(
         """
         Delete up to C{batch_size} rows of each kind that can no longer matter
         (expired codes, device requests, pending and pushed requests, sessions, tokens, grants, bans,
-        counted login attempts, known devices) and
+        counted login attempts, known devices, seen proofs) and
         erase replay responses past their grace window; fires with the count.
         """
 

@@ -92,6 +92,8 @@ class Client:
     jwks: str | None = None
     jwks_uri: str | None = None
     scopes: tuple[str, ...] = field(default=(), converter=_tuple)
+    dpop_bound_access_tokens: bool = False
+    """Every token request must come with a DPoP proof (RFC 9449 section 5.2)."""
 
     @property
     def is_public(self) -> bool:
@@ -172,6 +174,8 @@ class AuthorizationRequest:
     A sign-in for the device verification page (RFC 8628 section 3.3), which
     C{redirect_uri} names: it returns there, never with a code.
     """
+    dpop_jkt: str | None = None
+    """The thumbprint of the key the code is bound to (RFC 9449 section 10)."""
 
 
 LOGIN_STAGE = "login"
@@ -284,6 +288,7 @@ class AuthorizationCode:
     expires_at: int = 0
     amr: tuple[str, ...] = field(default=PASSWORD_AMR, converter=_tuple)
     acr: str = ACR_PWD
+    dpop_jkt: str | None = None
 
 
 @frozen
@@ -306,6 +311,8 @@ class AccessToken:
     issued_at: int = 0
     expires_at: int = 0
     user_ban: "Ban | None" = None
+    jkt: str | None = None
+    """The DPoP key's thumbprint (RFC 7638) the token is bound to; None for a bearer token."""
 
     @property
     def for_user(self) -> bool:
@@ -334,6 +341,8 @@ class RefreshToken:
     replay: bytes | None = None
     revoked: bool = False
     user_ban: "Ban | None" = None
+    jkt: str | None = None
+    """The DPoP key a public client's refresh token is bound to (RFC 9449 section 5)."""
 
 
 @frozen

@@ -39,6 +39,7 @@ from authsrv.flows import backchannel
 from authsrv.flows.claims import ClaimsSource
 from authsrv.flows.client_documents import DocumentClients
 from authsrv.flows.clients import AssertionChecker, ClientCache
+from authsrv.flows.dpop import DpopVerifier
 from authsrv.flows.end_session import EndSessionFlow
 from authsrv.flows.grants import GrantHandler, GrantRegistry
 from authsrv.flows.grants.authorization_code import AuthorizationCodeGrant
@@ -84,6 +85,7 @@ from authsrv.protocol.discovery import (
     pushed_request_metadata,
     registration_metadata,
 )
+from authsrv.protocol.dpop import ALGORITHMS as DPOP_ALGORITHMS
 from authsrv.records import Client
 from authsrv.remote_documents import RemoteDocuments
 from authsrv.tls import hsts_headers, listen_problem, resolve_tls_paths
@@ -347,6 +349,7 @@ def _documents(config: Config, keystore, grant_types: tuple[str, ...], offered: 
     registration = registration_metadata(
         config.issuer, config.registration.enabled, config.registration.metadata_documents
     )
+    dpop_algs = DPOP_ALGORITHMS if config.dpop is not None else ()
     made: dict[tuple[bool, frozenset[str]], bytes] = {}
 
     def document(oidc: bool) -> bytes:
@@ -356,10 +359,10 @@ def _documents(config: Config, keystore, grant_types: tuple[str, ...], offered: 
             assertion_algs = ASSERTION_ALGS if PRIVATE_KEY_JWT in features else ()
             if oidc:
                 metadata = openid_configuration(config.issuer, keystore.algorithms, grants, pushed, assertion_algs,
-                                                signed_userinfo=config.signing.userinfo)
+                                                dpop_algs, signed_userinfo=config.signing.userinfo)
             else:
                 metadata = authorization_server_metadata(config.issuer, keystore.algorithms, grants, pushed,
-                                                         assertion_algs)
+                                                         assertion_algs, dpop_algs)
             made[oidc, features] = json.dumps({**metadata, **registration}).encode()
         return made[oidc, features]
 
@@ -411,10 +414,11 @@ def public_flows(config: Config, reactor, store, keystore, identity, grants: Gra
         passkeys = Passkeys(store=store, public_url=config.public_url,
                             rp_name=urlsplit(config.public_url).hostname or config.public_url)
     pushed = PushedRequests(store=store, clients=clients, required=config.par.required) if config.par.enabled else None
+    dpop = DpopVerifier(store=store, policy=config.dpop) if config.dpop is not None else None
     interaction = InteractionFlow(
         store=store, clients=clients, identity=identity, login=login, sessions=sessions,
         limits=config.limits, issuer=config.issuer, factors=factors, show_ban_reason=config.show_ban_reason,
-        passkeys=passkeys, pushed=pushed,
+        passkeys=passkeys, pushed=pushed, dpop=dpop is not None,
     )
     device = verification = None
     if config.device.enabled:
@@ -423,12 +427,13 @@ def public_flows(config: Config, reactor, store, keystore, identity, grants: Gra
                                           policy=config.device, limits=config.limits, issuer=config.issuer)
     return PublicFlows(
         interaction=interaction,
-        token=TokenFlow(clients=clients, grants=grants),
+        token=TokenFlow(clients=clients, grants=grants, dpop=dpop, url=config.issuer + "/oauth2/token"),
         pushed=pushed,
         userinfo=UserInfoFlow(
             store=store, identity=identity, claims=_claims(config, store), issuer=config.issuer,
             signer=UserInfoSigner(clients=clients, keystore=keystore, issuer=config.issuer)
             if config.signing.userinfo else None,
+            dpop=dpop,
         ),
         introspection=IntrospectionFlow(store=store, clients=clients, identity=identity, issuer=config.issuer),
         revocation=RevocationFlow(store=store, clients=clients),

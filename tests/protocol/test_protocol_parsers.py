@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from authsrv.protocol import pkce
-from authsrv.protocol.bearer import bearer_token
+from authsrv.protocol.bearer import BEARER, DPOP, FORM, access_credential
 from authsrv.protocol.clientauth import ClientCredentials, client_credentials
 from authsrv.protocol.errors import InvalidRequest, InvalidScope, InvalidToken
 from authsrv.protocol.jwt_access import audience_claim
@@ -108,16 +108,18 @@ def test_scope_round_trip(scope):
 @given(st.one_of(st.none(), st.binary(max_size=80)), st.one_of(st.none(), st.text(min_size=1, max_size=20)))
 def test_bearer_token_gives_a_token_or_an_oauth_error(authorization, form_token):
     try:
-        token = bearer_token(authorization, form_token)
+        scheme, token = access_credential(authorization, form_token)
     except (InvalidToken, InvalidRequest):
         return
-    assert token and (token == form_token or token.encode() in authorization)
+    assert token and (scheme, token) == (FORM, form_token) or scheme in (BEARER, DPOP) and token.encode() in authorization
 
 
 @given(st.text(alphabet=UNRESERVED + "+/", min_size=1, max_size=60))
 def test_bearer_header_round_trip(token):
-    assert bearer_token(b"Bearer " + token.encode(), None) == token
-    assert bearer_token(b"BEARER " + token.encode() + b"==", None) == token + "=="
+    assert access_credential(b"Bearer " + token.encode(), None) == (BEARER, token)
+    assert access_credential(b"BEARER " + token.encode() + b"==", None) == (BEARER, token + "==")
+    assert access_credential(b"DPoP " + token.encode(), None) == (DPOP, token)
+    assert access_credential(b"dpop  " + token.encode(), None) == (DPOP, token)
 
 
 @given(st.dictionaries(st.text(max_size=10), st.text(max_size=30) | st.integers()), st.text(min_size=1, max_size=50))

@@ -37,6 +37,7 @@ OPTIONS = {
     "refresh_grace": "--refresh-grace",
     "rate_limit": "--rate-limit",
     "require_pushed_authorization_requests": "--require-par",
+    "dpop_bound_access_tokens": "--require-dpop",
     "profile": "--profile",
     "id_token_signed_response_alg": "--id-token-alg",
     "access_token_signed_response_alg": "--access-token-alg",
@@ -92,6 +93,7 @@ def _settings(args) -> dict:
         ("first_party", args.first_party), ("introspect_any", args.introspect_any), ("resources", args.resource),
         ("audiences", args.audience), ("grant_types", args.grant_type), ("refresh_grace", args.refresh_grace),
         ("rate_limit", args.rate_limit), ("require_pushed_authorization_requests", args.require_par),
+        ("dpop_bound_access_tokens", args.require_dpop),
         ("profile", args.profile), ("id_token_signed_response_alg", args.id_token_alg),
         ("access_token_signed_response_alg", args.access_token_alg),
         ("userinfo_signed_response_alg", args.userinfo_alg), ("token_endpoint_auth_method", args.auth_method),
@@ -206,6 +208,8 @@ def _setting_options(parser, *, adding: bool) -> None:
     parser.add_argument("--rate-limit", help="its request rate, e.g. 50/s or off")
     parser.add_argument("--require-par", action=flag, default=False if adding else None,
                         help="accept only pushed authorization requests (RFC 9126)")
+    parser.add_argument("--require-dpop", action=flag, default=False if adding else None,
+                        help="every token request must come with a DPoP proof (RFC 9449; needs [dpop] enabled)")
     parser.add_argument("--profile", choices=PROFILES, help="hold it to a security profile (FAPI 2.0)")
     parser.add_argument("--id-token-alg", choices=ALGORITHMS,
                         help="id_token_signed_response_alg: how its ID tokens are signed (default RS256)")

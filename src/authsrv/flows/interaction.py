@@ -129,13 +129,15 @@ class InteractionFlow:
     C{get_client}; C{limits} gives the code, session and interaction
     lifetimes; C{factors} are the users' second factors and C{passkeys}
     their passkeys (None when second factors are off); C{pushed} the
-    L{PushedRequests} (None when the server offers no pushed requests).
+    L{PushedRequests} (None when the server offers no pushed requests);
+    C{dpop} whether DPoP is offered, so that a request's dpop_jkt binds its code.
     """
 
     def __init__(self, *, store, clients, identity, login, sessions, limits, issuer: str,
                  factors: SecondFactors, show_ban_reason: bool = False, passkeys: Passkeys | None = None,
-                 pushed: PushedRequests | None = None):
+                 pushed: PushedRequests | None = None, dpop: bool = False):
         self._pushed = pushed
+        self._dpop = dpop
         self._factors = factors
         self._passkeys = passkeys
         self._show_ban_reason = show_ban_reason
@@ -564,7 +566,7 @@ class InteractionFlow:
                 code_challenge_method="S256", nonce=request.nonce, resource=request.resources,
                 auth_time=session.auth_time, sid=session.sid, issued_at=now,
                 expires_at=now + code_ttl_for(client, limits.code_ttl),
-                amr=session.amr, acr=session.acr,
+                amr=session.amr, acr=session.acr, dpop_jkt=request.dpop_jkt if self._dpop else None,
             ),
             Grant(
                 grant_id=grant_id, client_id=request.client_id, sub=session.sub, scope=scope,

@@ -65,10 +65,12 @@ def describe(token: AccessToken | RefreshToken, issuer: str) -> dict:
         "iat": token.issued_at,
         "iss": issuer,
     }
+    if token.jkt is not None:
+        answer["cnf"] = {"jkt": token.jkt}
     if isinstance(token, RefreshToken):
         answer["token_type"] = "refresh_token"
         return answer
-    answer["token_type"] = "Bearer"
+    answer["token_type"] = "Bearer" if token.jkt is None else "DPoP"
     if token.audience:
         answer["aud"] = audience_claim(token.audience)
     if token.jti is not None:

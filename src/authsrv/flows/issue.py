@@ -53,22 +53,25 @@ class TokenMinter:
         self, grant: Grant, client: Client, user: User, *,
         scope: frozenset[str], audience: tuple[str, ...], nonce: str | None,
         refresh_scope: frozenset[str] | None, now: int,
+        jkt: str | None = None, refresh_jkt: str | None = None,
     ) -> Issued:
         """
         New tokens of C{grant}; a refresh token of C{refresh_scope} unless
         None, living the idle time but never past the grant's absolute end.
+        C{jkt} binds the access token to a DPoP key, C{refresh_jkt} the
+        refresh token (RFC 9449 sections 6 and 5).
         """
         limits = self._limits
         client_id = client.client_id
-        access_value, access = self._access(grant, client, grant.sub, scope, audience, now)
-        response = self._response(access_value, scope)
+        access_value, access = self._access(grant, client, grant.sub, scope, audience, now, jkt)
+        response = self._response(access_value, scope, jkt)
         refresh_token = None
         if refresh_scope is not None:
             refresh_value = new_token()
             refresh_token = RefreshToken(
                 token_hash=token_hash(refresh_value), grant_id=grant.grant_id, client_id=client_id, sub=grant.sub,
                 scope=refresh_scope, issued_at=now,
-                expires_at=min(now + limits.refresh_token_idle_ttl, grant.expires_at),
+                expires_at=min(now + limits.refresh_token_idle_ttl, grant.expires_at), jkt=refresh_jkt,
             )
             response["refresh_token"] = refresh_value
         if "openid" in scope:
@@ -82,20 +85,21 @@ class TokenMinter:
         return Issued(response, access, refresh_token)
 
     def mint_for_client(self, grant: Grant, client: Client, *, scope: frozenset[str], audience: tuple[str, ...],
-                        now: int) -> Issued:
+                        now: int, jkt: str | None = None) -> Issued:
         """
         The one access token of a client's grant for itself
         (client_credentials): a JWT names the client as its subject (RFC
         9068 section 2.2); no refresh token, no ID token.
         """
-        access_value, access = self._access(grant, client, client.client_id, scope, audience, now)
-        return Issued(self._response(access_value, scope), access, None)
+        access_value, access = self._access(grant, client, client.client_id, scope, audience, now, jkt)
+        return Issued(self._response(access_value, scope, jkt), access, None)
 
     def _access(self, grant: Grant, client: Client, sub: str, scope: frozenset[str], audience: tuple[str, ...],
-                now: int) -> tuple[str, AccessToken]:
+                now: int, jkt: str | None = None) -> tuple[str, AccessToken]:
         """
         An opaque access token, or an RFC 9068 JWT (signed as the client
-        chose) when it has an audience, and its record.
+        chose) when it has an audience, and its record; C{jkt} binds it to
+        a DPoP key.
         """
         client_id = client.client_id
         ttl = self._limits.access_token_ttl
@@ -104,7 +108,7 @@ class TokenMinter:
             jti = new_token(16)
             claims = access_token_claims(
                 issuer=self._issuer, sub=sub, client_id=client_id, audience=audience, scope=scope,
-                auth_time=grant.auth_time, jti=jti, now=now, ttl=ttl,
+                auth_time=grant.auth_time, jti=jti, now=now, ttl=ttl, jkt=jkt,
             )
             access_alg = client_alg(self._keystore, client, "access_token_signed_response_alg")
             value = self._keystore.sign(claims, alg=access_alg, typ=ACCESS_TOKEN_TYPE)
@@ -112,14 +116,14 @@ class TokenMinter:
             value = new_token()
         access = AccessToken(
             token_hash=token_hash(value), grant_id=grant.grant_id, client_id=client_id, sub=grant.sub,
-            scope=scope, audience=audience, jti=jti, issued_at=now, expires_at=now + ttl,
+            scope=scope, audience=audience, jti=jti, issued_at=now, expires_at=now + ttl, jkt=jkt,
         )
         return value, access
 
-    def _response(self, access_value: str, scope: frozenset[str]) -> dict:
+    def _response(self, access_value: str, scope: frozenset[str], jkt: str | None = None) -> dict:
         return {
             "access_token": access_value,
-            "token_type": "Bearer",
+            "token_type": "Bearer" if jkt is None else "DPoP",
             "expires_in": self._limits.access_token_ttl,
             "scope": scope_text(scope),
         }

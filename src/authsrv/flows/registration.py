@@ -31,7 +31,7 @@ from authsrv import events
 from authsrv.flows.ratelimit import EndpointLimit
 from authsrv.operations.clientspec import checked_settings
 from authsrv.operations.errors import InvalidInput
-from authsrv.protocol.bearer import bearer_token
+from authsrv.protocol.bearer import BEARER, access_credential
 from authsrv.protocol.clients import is_loopback_host
 from authsrv.protocol.errors import InvalidClientMetadata, InvalidRedirectURI, InvalidToken, OAuthError
 from authsrv.protocol.rates import Rate, parse_rate
@@ -173,7 +173,7 @@ class Registration:
         if expected is None:
             return
         try:
-            presented = bearer_token(authorization, None)
+            presented = _bearer(authorization)
         except OAuthError:
             raise self._refused(InvalidToken("an initial access token is required: send Authorization: Bearer"
                                              " <token> as the operator gave it to you"), address) from None
@@ -210,7 +210,7 @@ class Registration:
     async def _own(self, client_id: str, authorization: bytes | None, address: str) -> Client:
         """The registration C{authorization}'s token was issued for, or L{InvalidToken} (RFC 7592 section 2)."""
         self.limit.address(address, self._policy.rate)
-        token = bearer_token(authorization, None)
+        token = _bearer(authorization)
         client = await self._store.get_client(client_id)
         stored = client.registration_token_hash if client is not None else None
         if stored is None or not hmac.compare_digest(stored, token_hash(token)):
@@ -250,3 +250,11 @@ class Registration:
         await self._store.remove_client(client.client_id)
         events.client_deleted(client_id=client_id, source=REGISTRATION_SOURCE, actor=REGISTRATION_SOURCE,
                               address=address)
+
+
+def _bearer(authorization: bytes | None) -> str:
+    """The token of C{Authorization: Bearer}: registration tokens are never DPoP-bound."""
+    scheme, token = access_credential(authorization, None)
+    if scheme != BEARER:
+        raise InvalidToken("send the token as Authorization: Bearer <token>")
+    return token

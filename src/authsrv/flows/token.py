@@ -1,26 +1,38 @@
 """
 The token endpoint (RFC 6749 section 3.2): the grant type is checked before
 the client, so a request for a grant never offered says so plainly; then
-the client is authenticated, must be allowed that grant, and the grant's
-handler answers.
+the client is authenticated, must be allowed that grant, a DPoP proof (when
+sent, and DPoP is offered) is checked, and the grant's handler answers.
 """
 
 from __future__ import annotations
 
 from authsrv.flows.clients import authenticate_client
-from authsrv.protocol.errors import UnauthorizedClient, UnsupportedGrantType
+from authsrv.protocol.errors import InvalidDpopProof, UnauthorizedClient, UnsupportedGrantType
 from authsrv.protocol.params import require
 
 
 class TokenFlow:
-    """C{grants} is a L{authsrv.flows.grants.GrantRegistry}; C{clients} answers C{get_client}."""
+    """
+    C{grants} is a L{authsrv.flows.grants.GrantRegistry}; C{clients} answers
+    C{get_client}; C{dpop} is an L{authsrv.flows.dpop.DpopVerifier}, None
+    when DPoP is not offered (a DPoP header is then ignored, RFC 9449
+    section 5); C{url} is the endpoint's public URL, a proof's C{htu}.
+    """
 
-    def __init__(self, *, clients, grants):
+    def __init__(self, *, clients, grants, dpop=None, url: str = ""):
         self._clients = clients
         self._grants = grants
+        self._dpop = dpop
+        self._url = url
 
-    async def token(self, authorization: bytes | None, params: dict[str, str], now: int) -> dict:
-        """The JSON token response, or an L{authsrv.protocol.errors.OAuthError}."""
+    async def token(
+        self, authorization: bytes | None, params: dict[str, str], now: int, dpop: list[bytes] | None = None,
+    ) -> dict:
+        """
+        The JSON token response, or an L{authsrv.protocol.errors.OAuthError};
+        C{dpop} are the request's DPoP header lines.
+        """
         grant_type = require(params, "grant_type")
         handler = self._grants.get(grant_type)
         if handler is None:
@@ -28,4 +40,9 @@ class TokenFlow:
         client = await authenticate_client(self._clients, authorization, params)
         if grant_type not in client.grant_types:
             raise UnauthorizedClient(f"this client may not use grant_type {grant_type}")
-        return await handler.exchange(client, params, now)
+        jkt = None
+        if dpop and self._dpop is not None:
+            jkt = (await self._dpop.verify(dpop, method="POST", url=self._url, now=now)).jkt
+        elif client.dpop_bound_access_tokens:
+            raise InvalidDpopProof("this client must send a DPoP proof (RFC 9449) with every token request")
+        return await handler.exchange(client, params, now, jkt)

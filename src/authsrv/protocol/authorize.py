@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from authsrv.protocol import pkce
 from authsrv.protocol.clients import CLIENT_ID_MAX
 from authsrv.protocol.discovery import SCOPES
+from authsrv.protocol.dpop import is_thumbprint
 from authsrv.protocol.errors import (
     ConsentRequired,
     InvalidRequest,
@@ -143,6 +144,14 @@ def _max_age(params: dict[str, str]) -> int | None:
     return int(value)
 
 
+def _dpop_jkt(params: dict[str, str]) -> str | None:
+    """RFC 9449 section 10: the thumbprint of the DPoP key the code is to be bound to."""
+    value = params.get("dpop_jkt")
+    if value is not None and not is_thumbprint(value):
+        raise InvalidRequest("dpop_jkt must be the base64url SHA-256 JWK thumbprint of the DPoP key (43 characters)")
+    return value
+
+
 def _validate(client: Client, redirect_uri: str, params: dict[str, str], args) -> AuthorizationRequest:
     if "request" in params:
         raise RequestNotSupported("request objects are not supported; send the parameters in the query")
@@ -175,6 +184,7 @@ def _validate(client: Client, redirect_uri: str, params: dict[str, str], args) -
         max_age=_max_age(params),
         login_hint=params.get("login_hint"),
         acr_values=requested_acr(params),
+        dpop_jkt=_dpop_jkt(params),
     )
 
 

@@ -1,4 +1,4 @@
-"""Bearer access tokens in requests (RFC 6750 section 2)."""
+"""Access tokens in requests: Bearer (RFC 6750 section 2) and DPoP (RFC 9449 section 7.1)."""
 
 from __future__ import annotations
 
@@ -6,22 +6,27 @@ import re
 
 from authsrv.protocol.errors import InvalidRequest, InvalidToken
 
-_BEARER = re.compile(rb"[Bb][Ee][Aa][Rr][Ee][Rr] +([A-Za-z0-9\-._~+/]+=*) *")
+_CREDENTIAL = re.compile(rb"([Bb][Ee][Aa][Rr][Ee][Rr]|[Dd][Pp][Oo][Pp]) +([A-Za-z0-9\-._~+/]+=*) *")
+BEARER = "Bearer"
+DPOP = "DPoP"
+FORM = "form"
 
 
-def bearer_token(authorization: bytes | None, form_token: str | None) -> str:
+def access_credential(authorization: bytes | None, form_token: str | None) -> tuple[str, str]:
     """
-    The access token of a request: from C{Authorization: Bearer} (RFC 6750
-    2.1) or the form body's C{access_token} (2.2), never both; L{InvalidToken}
-    when there is none or the header is not a bearer credential.
+    How a request presents its access token (L{BEARER}, L{DPOP} or L{FORM})
+    and the token: from C{Authorization: Bearer} (RFC 6750 2.1) or C{DPoP},
+    or the form body's C{access_token} (2.2), never both; L{InvalidToken}
+    when there is none or the header is neither credential.
     """
     if authorization is not None and form_token is not None:
         raise InvalidRequest("send the access token once: in the Authorization header or in the body")
     if form_token is not None:
-        return form_token
+        return FORM, form_token
     if authorization is None:
         raise InvalidToken("an access token is required: send Authorization: Bearer <token>")
-    match = _BEARER.fullmatch(authorization)
+    match = _CREDENTIAL.fullmatch(authorization)
     if match is None:
-        raise InvalidToken("the Authorization header must carry a Bearer token")
-    return match.group(1).decode("ascii")
+        raise InvalidToken("the Authorization header must carry a Bearer or DPoP access token")
+    scheme = DPOP if match.group(1).lower() == b"dpop" else BEARER
+    return scheme, match.group(2).decode("ascii")

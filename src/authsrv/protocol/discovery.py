@@ -45,13 +45,14 @@ def pushed_request_metadata(issuer: str, offered: bool, required: bool) -> dict:
 
 def authorization_server_metadata(
     issuer: str, algorithms: tuple[str, ...], grant_types: tuple[str, ...], pushed: dict | None = None,
-    assertion_algs: tuple[str, ...] = (),
+    assertion_algs: tuple[str, ...] = (), dpop_algs: tuple[str, ...] = (),
 ) -> dict:
     """
     RFC 8414 metadata; the OIDC document extends it. C{grant_types} are the
     token endpoint's (the device authorization endpoint is listed with its
     grant); C{pushed} is L{pushed_request_metadata}'s; C{assertion_algs},
-    when private_key_jwt is offered, what a client assertion may be signed with.
+    when private_key_jwt is offered, what a client assertion may be signed
+    with; C{dpop_algs} the DPoP proof algorithms, when DPoP is offered.
     """
     offered = endpoints(issuer)
     if DEVICE_CODE_GRANT in grant_types:
@@ -75,11 +76,14 @@ def authorization_server_metadata(
     if assertion_algs:
         for endpoint in ("token_endpoint", "revocation_endpoint", "introspection_endpoint"):
             metadata[f"{endpoint}_auth_signing_alg_values_supported"] = list(assertion_algs)
+    if dpop_algs:
+        metadata["dpop_signing_alg_values_supported"] = list(dpop_algs)
     return metadata
+
 
 def openid_configuration(
     issuer: str, algorithms: tuple[str, ...], grant_types: tuple[str, ...], pushed: dict | None = None,
-    assertion_algs: tuple[str, ...] = (), *, signed_userinfo: bool = False,
+    assertion_algs: tuple[str, ...] = (), dpop_algs: tuple[str, ...] = (), *, signed_userinfo: bool = False,
 ) -> dict:
     """
     The OIDC discovery document; C{userinfo_signing_alg_values_supported}
@@ -87,7 +91,7 @@ def openid_configuration(
     """
     signing = {"userinfo_signing_alg_values_supported": list(algorithms)} if signed_userinfo else {}
     return {
-        **authorization_server_metadata(issuer, algorithms, grant_types, pushed, assertion_algs),
+        **authorization_server_metadata(issuer, algorithms, grant_types, pushed, assertion_algs, dpop_algs),
         "subject_types_supported": ["public"],
         "claims_supported": list(CLAIMS),
         "prompt_values_supported": ["none", "login", "consent"],

@@ -151,3 +151,34 @@ class PageError(Exception):
         self.title = title
         self.message = message
         self.retry_after = retry_after
+
+
+class InvalidDpopProof(OAuthError):
+    """RFC 9449 section 5: a DPoP proof that is missing, malformed or does not fit the request."""
+
+    error = "invalid_dpop_proof"
+
+
+class UseDpopNonce(OAuthError):
+    """RFC 9449 section 8: the proof must carry the server's nonce, sent in C{nonce} (the DPoP-Nonce header)."""
+
+    error = "use_dpop_nonce"
+
+    def __init__(self, description: str, nonce: str):
+        super().__init__(description)
+        self.nonce = nonce
+
+
+class DpopChallenge(OAuthError):
+    """
+    A resource's refusal of a DPoP-bound request (RFC 9449 section 7.1):
+    401 with a C{WWW-Authenticate: DPoP} challenge carrying C{error} (and
+    C{nonce} as DPoP-Nonce when one is asked for).
+    """
+
+    status = 401
+
+    def __init__(self, error: str, description: str, nonce: str | None = None):
+        super().__init__(description)
+        self.error = error
+        self.nonce = nonce

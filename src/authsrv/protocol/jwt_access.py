@@ -27,9 +27,10 @@ def access_token_claims(
     jti: str,
     now: int,
     ttl: int,
+    jkt: str | None = None,
 ) -> dict:
-    """The claims of RFC 9068 section 2.2."""
-    return {
+    """The claims of RFC 9068 section 2.2, with RFC 9449's C{cnf} for a DPoP-bound token."""
+    claims: dict = {
         "iss": issuer,
         "sub": sub,
         "aud": audience_claim(audience),
@@ -40,3 +41,6 @@ def access_token_claims(
         "scope": scope_text(scope),
         "auth_time": auth_time,
     }
+    if jkt is not None:
+        claims["cnf"] = {"jkt": jkt}
+    return claims

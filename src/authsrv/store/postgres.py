@@ -675,6 +675,16 @@ class PostgresStore:
             {"account": _text(account), "device_hash": device_hash, "now": now},
         ).addCallback(lambda row: row is not None)
 
+    # IProofReplayStore
+
+    def first_use(self, replay_key, expires_at, now):
+        return self._changed("first_use",
+            "INSERT INTO dpop_proofs (jti_hash, expires_at) VALUES (%(key)s, %(expires_at)s)"
+            " ON CONFLICT (jti_hash) DO UPDATE SET expires_at = EXCLUDED.expires_at"
+            " WHERE dpop_proofs.expires_at <= %(now)s",
+            {"key": replay_key, "expires_at": expires_at, "now": now},
+        )
+
     # IFactorStore
 
     def enrol_totp(self, sub, secret_enc, step, now):
@@ -977,6 +987,7 @@ _GC = tuple(
         ("known_devices", "account, device_hash", "expires_at <= %(now)s"),
         ("passkey_challenges", "challenge_hash", "expires_at <= %(now)s"),
         ("client_assertions", "client_id, jti", "expires_at <= %(now)s"),
+        ("dpop_proofs", "jti_hash", "expires_at <= %(now)s"),
         ("grants", "grant_id", f"old.revoked_at IS NOT NULL AND {_NO_LIVE_CODE}"),
         (
             "grants",

@@ -630,6 +630,16 @@ class SQLiteStore:
             is not None
         )
 
+    # IProofReplayStore
+
+    def first_use(self, replay_key, expires_at, now):
+        return self._changed("first_use",
+            "INSERT INTO dpop_proofs (jti_hash, expires_at) VALUES (?, ?)"
+            " ON CONFLICT (jti_hash) DO UPDATE SET expires_at = excluded.expires_at"
+            " WHERE dpop_proofs.expires_at <= ?",
+            (replay_key, expires_at, now),
+        )
+
     # IFactorStore
 
     def enrol_totp(self, sub, secret_enc, step, now):
@@ -870,6 +880,7 @@ _GC = tuple(
         ("known_devices", "account, device_hash", "expires_at <= :now"),
         ("passkey_challenges", "challenge_hash", "expires_at <= :now"),
         ("client_assertions", "client_id, jti", "expires_at <= :now"),
+        ("dpop_proofs", "jti_hash", "expires_at <= :now"),
         ("grants", "grant_id", f"old.revoked_at IS NOT NULL AND {_NO_LIVE_CODE}"),
         (
             "grants",

@@ -98,6 +98,7 @@ class MemoryTables:
     passkeys: dict = attrs.Factory(dict)
     """Credential id -> L{Passkey}."""
     passkey_challenges: dict = attrs.Factory(dict)
+    dpop_proofs: dict = attrs.Factory(dict)
     """Challenge hash -> (purpose, expires_at)."""
     client_assertions: dict = attrs.Factory(dict)
     """(client_id, jti) -> expires_at."""
@@ -596,6 +597,16 @@ class MemoryStore:
         expires_at = self.tables.known_devices.get((account, device_hash))
         return expires_at is not None and expires_at > now
 
+    # IProofReplayStore
+
+    @_answered
+    def first_use(self, replay_key, expires_at, now):
+        seen = self.tables.dpop_proofs.get(replay_key)
+        if seen is not None and seen > now:
+            return False
+        self.tables.dpop_proofs[replay_key] = expires_at
+        return True
+
     # IFactorStore
 
     @_answered
@@ -727,6 +738,7 @@ class MemoryStore:
         count += expired(tables.known_devices, lambda expires_at: expires_at <= now)
         count += expired(tables.passkey_challenges, lambda challenge: challenge[1] <= now)
         count += expired(tables.client_assertions, lambda expires_at: expires_at <= now)
+        count += expired(tables.dpop_proofs, lambda expires_at: expires_at <= now)
 
         def live_code(grant) -> bool:
             return any(c.grant_id == grant.grant_id and c.expires_at > now for c in tables.codes.values())

@@ -667,6 +667,39 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             assert await store.get_refresh_token(h("jwt-1")) is None
 
     @pytest_twisted.ensureDeferred
+    async def test_dpop_bindings_round_trip(self):
+        async with self.store() as store:
+            grant = make_grant("g1")
+            code = attrs.evolve(make_code("code-g1", grant), dpop_jkt="k" * 43)
+            await store.save_code(code, grant)
+            assert (await store.consume_code(h("code-g1"), NOW)).code == code
+            access = make_access("access-1", grant, jkt="a" * 43)
+            refresh = attrs.evolve(make_refresh("refresh-1", grant), jkt="a" * 43)
+            await store.issue_tokens(access, refresh)
+            assert await store.find_access_token(h("access-1"), NOW) == access
+            assert await store.get_refresh_token(h("refresh-1")) == refresh
+            client = Client(CLIENT, None, ["https://app.example/cb"], dpop_bound_access_tokens=True)
+            await store.add_client(client)
+            assert await store.get_client(CLIENT) == client
+            interaction = make_interaction("i1")
+            interaction = attrs.evolve(interaction, request=attrs.evolve(interaction.request, dpop_jkt="j" * 43))
+            await store.save_interaction(interaction)
+            assert await store.get_interaction("i1", NOW) == interaction
+
+    @pytest_twisted.ensureDeferred
+    async def test_proof_is_used_once_until_it_expires(self):
+        async with self.store() as store:
+            assert await store.first_use(h("proof-1"), NOW + 60, NOW) is True
+            assert await store.first_use(h("proof-1"), NOW + 60, NOW + 1) is False
+            assert await store.first_use(h("proof-1"), NOW + 120, NOW + 59) is False
+            assert await store.first_use(h("proof-2"), NOW + 60, NOW + 1) is True
+            assert await store.gc(NOW + 59, 100) == 0
+            assert await store.gc(NOW + 60, 100) == 2
+            assert await store.first_use(h("proof-1"), NOW + 120, NOW + 60) is True
+            assert await store.first_use(h("proof-1"), NOW + 180, NOW + 119) is False
+            assert await store.first_use(h("proof-1"), NOW + 180, NOW + 120) is True
+
+    @pytest_twisted.ensureDeferred
     async def test_refresh_token_round_trip(self):
         async with self.store() as store:
             grant = await start_grant(store, "g1", scope=())
@@ -1374,6 +1407,15 @@ class StoreConcurrencyConformance(FactorConcurrencyConformance, DeviceConcurrenc
                     [store.claim_jti(CLIENT, f"jti-{n}", NOW + 60, NOW) for store in (first, second)]
                 )
                 assert sorted(claims) == [False, True]
+
+    @pytest_twisted.ensureDeferred
+    async def test_racing_proof_uses(self):
+        async with self.store_pair() as (first, second):
+            for n in range(self.rounds):
+                results = await gatherResults(
+                    [store.first_use(h(f"proof-{n}"), NOW + 60, NOW) for store in (first, second, second, first)]
+                )
+                assert sorted(results) == [False, False, False, True]
 
     @pytest_twisted.ensureDeferred
     async def test_racing_server_keys(self):

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+from authsrv.protocol.dpop import ALGORITHMS
+from authsrv.protocol.errors import DpopChallenge
+
 
 def allow_any_origin(request) -> None:
     request.setHeader(b"access-control-allow-origin", b"*")
@@ -40,15 +43,26 @@ def method_not_allowed(request, allow: bytes) -> bytes:
 def oauth_error(request, error) -> bytes:
     """
     An L{authsrv.protocol.errors.OAuthError} as RFC 6749 section 5.2 JSON,
-    with the challenge RFC 6749 (invalid_client) or RFC 6750 (bearer token
-    errors) asks for, and no-store like every token endpoint answer.
+    with the challenge RFC 6749 (invalid_client), RFC 6750 (bearer token
+    errors) or RFC 9449 (a DPoP-bound request's errors, and the server
+    nonce a proof must carry) asks for, and no-store like every token
+    endpoint answer.
     """
+    description = error.description.replace('"', "'")
     if error.error == "invalid_client":
         request.setHeader(b"www-authenticate", b'Basic realm="authsrv"')
+    elif isinstance(error, DpopChallenge):
+        request.setHeader(
+            b"www-authenticate",
+            f'DPoP realm="authsrv", error="{error.error}", error_description="{description}",'
+            f' algs="{" ".join(ALGORITHMS)}"'.encode(),
+        )
     elif error.error in ("invalid_token", "insufficient_scope"):
-        description = error.description.replace('"', "'")
         request.setHeader(
             b"www-authenticate",
             f'Bearer realm="authsrv", error="{error.error}", error_description="{description}"'.encode(),
         )
+    nonce = getattr(error, "nonce", None)
+    if nonce is not None:
+        request.setHeader(b"dpop-nonce", nonce.encode("ascii"))
     return json_body(request, error.status, error.body(), no_store=True)

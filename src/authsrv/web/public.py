@@ -24,7 +24,7 @@ from authsrv.flows.link import unlink_token, unlink_token_valid
 from authsrv.flows.outcomes import DeviceCodeForm, LogoutConfirmation, Notice, Redirect
 from authsrv.flows.ratelimit import ClientRateLimits, EndpointLimit, RateLimited
 from authsrv.identity.errors import BackendUnavailable
-from authsrv.protocol.bearer import bearer_token
+from authsrv.protocol.bearer import access_credential
 from authsrv.protocol.errors import (
     InvalidClientMetadata,
     InvalidRequest,
@@ -64,13 +64,13 @@ REGISTER_PATH = ISSUER_PATH + "/oauth2/register"
 
 def _cors(request) -> None:
     allow_any_origin(request)
-    request.setHeader(b"access-control-expose-headers", b"WWW-Authenticate")
+    request.setHeader(b"access-control-expose-headers", b"WWW-Authenticate, DPoP-Nonce")
 
 
 def _preflight(request, methods: bytes) -> bytes:
     _cors(request)
     request.setHeader(b"access-control-allow-methods", methods)
-    request.setHeader(b"access-control-allow-headers", b"Authorization, Content-Type")
+    request.setHeader(b"access-control-allow-headers", b"Authorization, Content-Type, DPoP")
     request.setHeader(b"access-control-max-age", b"86400")
     request.setResponseCode(204)
     return b""
@@ -178,7 +178,8 @@ class PublicSite:
         _cors(request)
         params = form_params(request)
         await self._count(request, self._rates.token, params)
-        response = await self._flows.token.token(request.getHeader(b"authorization"), params, self._now())
+        response = await self._flows.token.token(
+            request.getHeader(b"authorization"), params, self._now(), request.requestHeaders.getRawHeaders(b"dpop"))
         return json_body(request, 200, response, no_store=True)
 
     @app.route(ISSUER_PATH + "/oauth2/token", methods=["OPTIONS"])
@@ -200,8 +201,11 @@ class PublicSite:
     async def userinfo(self, request):
         _cors(request)
         self._rates.userinfo_request(client_address_of(request, self._trusted_proxies))
-        access_token = bearer_token(request.getHeader(b"authorization"), userinfo_form_token(request))
-        answer = await self._flows.userinfo.userinfo(access_token, self._now())
+        scheme, access_token = access_credential(request.getHeader(b"authorization"), userinfo_form_token(request))
+        answer = await self._flows.userinfo.userinfo(
+            access_token, self._now(), scheme=scheme, dpop=request.requestHeaders.getRawHeaders(b"dpop"),
+            method=request.method.decode("ascii"),
+        )
         if isinstance(answer, str):
             return jwt_body(request, answer)
         return json_body(request, 200, answer, no_store=True)

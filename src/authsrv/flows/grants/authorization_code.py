@@ -18,13 +18,15 @@ from authsrv.records import AuthorizationCode, Client, CodeNotFound, CodeReused
 from authsrv.tokens import token_hash
 
 
-def _check_code(code: AuthorizationCode, client: Client, redirect_uri: str, verifier: str) -> None:
+def _check_code(code: AuthorizationCode, client: Client, redirect_uri: str, verifier: str, jkt: str | None) -> None:
     if code.client_id != client.client_id:
         raise InvalidGrant("the authorization code was issued to another client")
     if code.redirect_uri != redirect_uri:
         raise InvalidGrant("redirect_uri differs from the one of the authorization request")
     if not pkce.verify(verifier, code.code_challenge):
         raise InvalidGrant("code_verifier does not match the code_challenge of the authorization request")
+    if code.dpop_jkt is not None and code.dpop_jkt != jkt:
+        raise InvalidGrant("the authorization code is bound to a DPoP key (dpop_jkt): send a proof made with that key")
 
 
 class AuthorizationCodeGrant:
@@ -37,7 +39,7 @@ class AuthorizationCodeGrant:
         self._users = users
         self._minter = minter
 
-    async def exchange(self, client: Client, params: dict[str, str], now: int) -> dict:
+    async def exchange(self, client: Client, params: dict[str, str], now: int, jkt: str | None) -> dict:
         store = self._store
         value = require(params, "code")
         redirect_uri = require(params, "redirect_uri")
@@ -51,7 +53,7 @@ class AuthorizationCodeGrant:
             raise InvalidGrant("the authorization code is unknown or expired")
         code = result.code
         try:
-            _check_code(code, client, redirect_uri, verifier)
+            _check_code(code, client, redirect_uri, verifier, jkt)
             granted_audience = audience(params, code.resource)
         except OAuthError:
             await store.revoke_grant(code.grant_id, now)
@@ -68,6 +70,8 @@ class AuthorizationCodeGrant:
             nonce=code.nonce,
             refresh_scope=code.scope if offline else None,
             now=now,
+            jkt=jkt,
+            refresh_jkt=jkt if client.is_public else None,
         )
         await store.issue_tokens(issued.access, issued.refresh)
         issued_event(issued, client.client_id, self.grant_type)

@@ -52,7 +52,7 @@ class ClientCredentialsGrant:
         self._minter = minter
         self._limits = limits
 
-    async def exchange(self, client: Client, params: dict[str, str], now: int) -> dict:
+    async def exchange(self, client: Client, params: dict[str, str], now: int, jkt: str | None = None) -> dict:
         if client.is_public:
             raise UnauthorizedClient("client_credentials is for confidential clients only")
         scope = client_scope(client, params)
@@ -61,7 +61,7 @@ class ClientCredentialsGrant:
             grant_id=new_token(16), client_id=client.client_id, sub=NO_USER, scope=scope, resource=audience,
             auth_time=now, created_at=now, expires_at=now + self._limits.access_token_ttl, amr=(),
         )
-        issued = self._minter.mint_for_client(grant, client, scope=scope, audience=audience, now=now)
+        issued = self._minter.mint_for_client(grant, client, scope=scope, audience=audience, now=now, jkt=jkt)
         await self._store.start_grant(grant, issued.access)
         issued_event(issued, client.client_id, self.grant_type)
         return issued.response

@@ -46,7 +46,7 @@ class DeviceCodeGrant:
         self._users = users
         self._minter = minter
 
-    async def exchange(self, client: Client, params: dict[str, str], now: int) -> dict:
+    async def exchange(self, client: Client, params: dict[str, str], now: int, jkt: str | None = None) -> dict:
         store = self._store
         polled = await store.poll_device_authorization(
             token_hash(require(params, "device_code")), client.client_id, SLOW_DOWN_STEP, now,
@@ -77,7 +77,7 @@ class DeviceCodeGrant:
             audience=audience(params, device.resource),
             nonce=None,
             refresh_scope=device.scope if offline else None,
-            now=now,
+            now=now, jkt=jkt, refresh_jkt=jkt if client.is_public else None,
         )
         await store.issue_tokens(issued.access, issued.refresh)
         issued_event(issued, client.client_id, self.grant_type)

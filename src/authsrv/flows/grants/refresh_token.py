@@ -43,12 +43,14 @@ class RefreshTokenGrant:
         self._minter = minter
         self._limits = limits
 
-    async def exchange(self, client: Client, params: dict[str, str], now: int) -> dict:
+    async def exchange(self, client: Client, params: dict[str, str], now: int, jkt: str | None) -> dict:
         store = self._store
         presented = require(params, "refresh_token")
         old = await store.get_refresh_token(token_hash(presented))
         if old is None or old.client_id != client.client_id or old.revoked or old.expires_at <= now:
             raise InvalidGrant(UNKNOWN)
+        if old.jkt is not None and old.jkt != jkt:
+            raise InvalidGrant("the refresh token is bound to a DPoP key: send a proof made with that key")
         scope = old.scope
         if "scope" in params:
             scope = parse_scope(params["scope"]) or old.scope
@@ -65,6 +67,8 @@ class RefreshTokenGrant:
             nonce=None,
             refresh_scope=old.scope,
             now=now,
+            jkt=jkt,
+            refresh_jkt=old.jkt,
         )
         result = await store.rotate_refresh(
             old.token_hash, issued.refresh, issued.access, seal(issued.response, presented),

@@ -1,0 +1,292 @@
+"""
+DPoP (RFC 9449) through the whole server in memory: tokens bound with
+cnf.jkt at the token endpoint, UserInfo and introspection honouring the
+binding, refresh tokens of public clients bound to the key, codes bound by
+dpop_jkt, clients required to use DPoP, server nonces, and the attacks:
+a proof for another URL or method, a replayed proof, a token used without
+its proof or as a Bearer token, another key, a stale iat, a wrong ath, a
+private key in the jwk, alg none and HS256. Authlib 1.9 has no DPoP client
+support, so proofs are made here with jwcrypto, as a client library would.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest_twisted
+from jwcrypto import jwk, jwt
+
+from authsrv.protocol.dpop import access_token_hash, nonce_for
+from authsrv.flows.dpop import NONCE_KEY
+from authsrv.testing.identity import ALICE
+from authsrv.tokens import new_token
+from harness import CLIENTS, ISSUER, Harness
+from token_helpers import (
+    API, TOKEN, USERINFO, exchange, header, introspect, post_form, refresh, save_code, verify_jwt,
+)
+
+TOKEN_URL = ISSUER + "/oauth2/token"
+USERINFO_URL = ISSUER + "/oauth2/userinfo"
+DPOP_ON = {"dpop": {"enabled": True}}
+
+
+def ec_key() -> jwk.JWK:
+    return jwk.JWK.generate(kty="EC", crv="P-256")
+
+
+def b64(data: dict) -> str:
+    return base64.urlsafe_b64encode(json.dumps(data).encode()).rstrip(b"=").decode()
+
+
+def proof(key: jwk.JWK, method: str, url: str, iat: int, *, access_token: str | None = None,
+          nonce: str | None = None, alg: str = "ES256", typ: str = "dpop+jwt", public: dict | None = None,
+          jti: str | None = None) -> str:
+    """A DPoP proof as a client makes it (RFC 9449 section 4.2)."""
+    claims = {"jti": jti or new_token(12), "htm": method, "htu": url, "iat": iat}
+    if access_token is not None:
+        claims["ath"] = access_token_hash(access_token)
+    if nonce is not None:
+        claims["nonce"] = nonce
+    jwk_header = public if public is not None else key.export_public(as_dict=True)
+    token = jwt.JWT(header={"typ": typ, "alg": alg, "jwk": jwk_header}, claims=claims)
+    token.make_signed_token(key)
+    return token.serialize()
+
+
+async def dpop_tokens(h, key, client_id: str = "first", **code_options) -> dict:
+    code, verifier = await save_code(h, client_id, **code_options)
+    response, body = await exchange(h, code, verifier, client_id,
+                                    headers={"DPoP": proof(key, "POST", TOKEN_URL, h.now())})
+    assert response.code == 200, body
+    return body
+
+
+def assert_proof_refused(response, body, description_part: str = "") -> None:
+    assert (response.code, body["error"]) == (400, "invalid_dpop_proof"), body
+    assert description_part in body["error_description"]
+
+
+def assert_dpop_challenge(response, body, error: str) -> None:
+    assert (response.code, body["error"]) == (401, error), body
+    challenge = header(response, "www-authenticate")[0]
+    assert challenge.startswith("DPoP ") and f'error="{error}"' in challenge and 'algs="' in challenge
+
+
+@pytest_twisted.ensureDeferred
+async def test_bound_tokens_at_userinfo_and_introspection(tmp_path, monkeypatch):
+    h = await Harness(tmp_path, monkeypatch, DPOP_ON).start()
+    try:
+        key = ec_key()
+        body = await dpop_tokens(h, key)
+        assert body["token_type"] == "DPoP"
+        token = body["access_token"]
+        info = await introspect(h, token)
+        assert info["token_type"] == "DPoP" and info["cnf"] == {"jkt": key.thumbprint()}
+        assert "cnf" not in await introspect(h, body["refresh_token"], "first")
+
+        good = proof(key, "GET", USERINFO_URL, h.now(), access_token=token)
+        response, claims = await h.json("GET", USERINFO, headers={"Authorization": f"DPoP {token}", "DPoP": good})
+        assert (response.code, claims["sub"]) == (200, ALICE.sub), claims
+        response, claims = await h.json("POST", USERINFO, headers={
+            "Authorization": f"dpop {token}", "DPoP": proof(key, "POST", USERINFO_URL, h.now(), access_token=token)})
+        assert response.code == 200, claims
+
+        attacks = {
+            "replayed proof": ({"Authorization": f"DPoP {token}", "DPoP": good}, "invalid_dpop_proof"),
+            "as Bearer": ({"Authorization": f"Bearer {token}"}, "invalid_token"),
+            "as Bearer with proof": ({"Authorization": f"Bearer {token}", "DPoP": proof(
+                key, "GET", USERINFO_URL, h.now(), access_token=token)}, "invalid_token"),
+            "without proof": ({"Authorization": f"DPoP {token}"}, "invalid_dpop_proof"),
+            "proof for another URL": ({"Authorization": f"DPoP {token}", "DPoP": proof(
+                key, "GET", TOKEN_URL, h.now(), access_token=token)}, "invalid_dpop_proof"),
+            "proof for another method": ({"Authorization": f"DPoP {token}", "DPoP": proof(
+                key, "POST", USERINFO_URL, h.now(), access_token=token)}, "invalid_dpop_proof"),
+            "another key": ({"Authorization": f"DPoP {token}", "DPoP": proof(
+                ec_key(), "GET", USERINFO_URL, h.now(), access_token=token)}, "invalid_dpop_proof"),
+            "stale iat": ({"Authorization": f"DPoP {token}", "DPoP": proof(
+                key, "GET", USERINFO_URL, h.now() - 61, access_token=token)}, "invalid_dpop_proof"),
+            "iat ahead": ({"Authorization": f"DPoP {token}", "DPoP": proof(
+                key, "GET", USERINFO_URL, h.now() + 6, access_token=token)}, "invalid_dpop_proof"),
+            "ath of another token": ({"Authorization": f"DPoP {token}", "DPoP": proof(
+                key, "GET", USERINFO_URL, h.now(), access_token=token + "x")}, "invalid_dpop_proof"),
+            "no ath": ({"Authorization": f"DPoP {token}", "DPoP": proof(
+                key, "GET", USERINFO_URL, h.now())}, "invalid_dpop_proof"),
+        }
+        for name, (headers, error) in attacks.items():
+            response, answer = await h.json("GET", USERINFO, headers=headers)
+            assert_dpop_challenge(response, answer, error)
+        response, answer = await h.json("POST", USERINFO, data={"access_token": token})
+        assert_dpop_challenge(response, answer, "invalid_token")
+
+        bearer = (await post_form(h, TOKEN, {"grant_type": "refresh_token",
+                                             "refresh_token": body["refresh_token"]}))[1]
+        assert bearer["token_type"] == "Bearer", "a confidential client's refresh token is not bound"
+        response, answer = await h.json("GET", USERINFO, headers={"Authorization": f"DPoP {bearer['access_token']}"})
+        assert (response.code, answer["error"]) == (401, "invalid_token")
+        response, answer = await h.json("GET", USERINFO, headers={"Authorization": f"Bearer {bearer['access_token']}"})
+        assert response.code == 200
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_token_endpoint_refuses_bad_proofs(tmp_path, monkeypatch):
+    h = await Harness(tmp_path, monkeypatch, DPOP_ON).start()
+    try:
+        key = ec_key()
+        now = h.now()
+        private = key.export_private(as_dict=True)
+        hmac_key = jwk.JWK.generate(kty="oct", size=256)
+        unsigned = b64({"typ": "dpop+jwt", "alg": "none", "jwk": key.export_public(as_dict=True)}) + "." + b64(
+            {"jti": "j", "htm": "POST", "htu": TOKEN_URL, "iat": now}) + "."
+        used = proof(key, "POST", TOKEN_URL, now)
+        code, verifier = await save_code(h)
+        response, body = await exchange(h, code, verifier, headers={"DPoP": used})
+        assert response.code == 200, body
+        cases = {
+            "replayed proof": (used, "used already"),
+            "another URL": (proof(key, "POST", USERINFO_URL, now), "htu"),
+            "another method": (proof(key, "GET", TOKEN_URL, now), "htm"),
+            "stale iat": (proof(key, "POST", TOKEN_URL, now - 61), "iat"),
+            "private key in jwk": (proof(key, "POST", TOKEN_URL, now, public=private), "public key"),
+            "alg none": (unsigned, "compact"),
+            "HS256": (proof(hmac_key, "POST", TOKEN_URL, now, alg="HS256",
+                            public=hmac_key.export(as_dict=True)), "signed with one of"),
+            "typ JWT": (proof(key, "POST", TOKEN_URL, now, typ="JWT"), "typ"),
+            "signed by another key": (proof(ec_key(), "POST", TOKEN_URL, now,
+                                            public=key.export_public(as_dict=True)), "signature"),
+            "not a JWT": ("not-a-proof", "compact"),
+        }
+        for name, (value, part) in cases.items():
+            code, verifier = await save_code(h)
+            response, body = await exchange(h, code, verifier, headers={"DPoP": value})
+            assert_proof_refused(response, body, part)
+            response, body = await exchange(h, code, verifier)
+            assert response.code == 200, f"{name}: a refused proof must leave the code unused"
+        code, verifier = await save_code(h)
+        response, body = await h.json("POST", TOKEN, data={
+            "grant_type": "authorization_code", "code": code, "code_verifier": verifier,
+            "redirect_uri": "http://127.0.0.1:9000/callback", "client_id": "first",
+            "client_secret": "first-secret-Q3v9ZkP2mW7xL4nR8tY6",
+        }, headers={"DPoP": [proof(key, "POST", TOKEN_URL, now), proof(key, "POST", TOKEN_URL, now)]})
+        assert_proof_refused(response, body, "exactly one")
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_public_clients_refresh_tokens_are_bound_to_the_key(tmp_path, monkeypatch):
+    h = await Harness(tmp_path, monkeypatch, DPOP_ON).start()
+    try:
+        key = ec_key()
+        body = await dpop_tokens(h, key, "spa")
+        assert (await introspect(h, body["refresh_token"], "gateway"))["active"] is False
+        for headers in ({}, {"DPoP": proof(ec_key(), "POST", TOKEN_URL, h.now())}):
+            response, answer = await refresh(h, body["refresh_token"], "spa", headers=headers)
+            assert (response.code, answer["error"]) == (400, "invalid_grant"), answer
+        response, answer = await refresh(h, body["refresh_token"], "spa",
+                                         headers={"DPoP": proof(key, "POST", TOKEN_URL, h.now())})
+        assert (response.code, answer["token_type"]) == (200, "DPoP"), answer
+        response, answer = await refresh(h, answer["refresh_token"], "spa",
+                                         headers={"DPoP": proof(ec_key(), "POST", TOKEN_URL, h.now())})
+        assert (response.code, answer["error"]) == (400, "invalid_grant"), "the successor stays bound"
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_dpop_jkt_binds_the_code_and_jwt_access_tokens_carry_cnf(tmp_path, monkeypatch):
+    h = await Harness(tmp_path, monkeypatch, DPOP_ON).start()
+    try:
+        key = ec_key()
+        code, verifier = await save_code(h, dpop_jkt=key.thumbprint())
+        response, body = await exchange(h, code, verifier)
+        assert (response.code, body["error"]) == (400, "invalid_grant")
+        code, verifier = await save_code(h, dpop_jkt=key.thumbprint())
+        response, body = await exchange(h, code, verifier,
+                                        headers={"DPoP": proof(ec_key(), "POST", TOKEN_URL, h.now())})
+        assert (response.code, body["error"]) == (400, "invalid_grant")
+        body = await dpop_tokens(h, key, dpop_jkt=key.thumbprint(), resource=(API,))
+        _, claims = verify_jwt(h, body["access_token"], typ="at+jwt", aud=API)
+        assert claims["cnf"] == {"jkt": key.thumbprint()}
+
+        response, body = await h.get(h.authorize_url(dpop_jkt="too-short"))
+        assert response.code == 302 and b"" == body
+        assert "dpop_jkt" in header(response, "location")[0]
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_client_required_to_use_dpop(tmp_path, monkeypatch):
+    clients = [{**c, "dpop_bound_access_tokens": c["client_id"] == "spa"} for c in CLIENTS]
+    h = await Harness(tmp_path, monkeypatch, {**DPOP_ON, "clients": clients}).start()
+    try:
+        code, verifier = await save_code(h, "spa")
+        response, body = await exchange(h, code, verifier, "spa")
+        assert_proof_refused(response, body, "must send a DPoP proof")
+        response, body = await exchange(h, code, verifier, "spa",
+                                        headers={"DPoP": proof(ec_key(), "POST", TOKEN_URL, h.now())})
+        assert (response.code, body["token_type"]) == (200, "DPoP"), body
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_server_nonce(tmp_path, monkeypatch):
+    h = await Harness(tmp_path, monkeypatch, {"dpop": {"enabled": True, "use_nonce": True,
+                                                       "nonce_lifetime": 300}}).start()
+    try:
+        key = ec_key()
+        code, verifier = await save_code(h)
+        response, body = await exchange(h, code, verifier, headers={"DPoP": proof(key, "POST", TOKEN_URL, h.now())})
+        assert (response.code, body["error"]) == (400, "use_dpop_nonce"), body
+        nonce = header(response, "dpop-nonce")[0]
+        assert nonce == nonce_for(await h.store.server_key(NONCE_KEY), h.now(), 300)
+        response, body = await exchange(h, code, verifier, headers={
+            "DPoP": proof(key, "POST", TOKEN_URL, h.now(), nonce="forged")})
+        assert body["error"] == "use_dpop_nonce"
+        response, body = await exchange(h, code, verifier, headers={
+            "DPoP": proof(key, "POST", TOKEN_URL, h.now(), nonce=nonce)})
+        assert response.code == 200, body
+        token = body["access_token"]
+
+        h.clock.advance(300)
+        response, answer = await h.json("GET", USERINFO, headers={"Authorization": f"DPoP {token}", "DPoP": proof(
+            key, "GET", USERINFO_URL, h.now(), access_token=token, nonce=nonce)})
+        assert response.code == 200, "a nonce of the previous window still counts"
+        h.clock.advance(300)
+        response, answer = await h.json("GET", USERINFO, headers={"Authorization": f"DPoP {token}", "DPoP": proof(
+            key, "GET", USERINFO_URL, h.now(), access_token=token, nonce=nonce)})
+        assert_dpop_challenge(response, answer, "use_dpop_nonce")
+        fresh = header(response, "dpop-nonce")[0]
+        assert fresh != nonce
+        response, answer = await h.json("GET", USERINFO, headers={"Authorization": f"DPoP {token}", "DPoP": proof(
+            key, "GET", USERINFO_URL, h.now(), access_token=token, nonce=fresh)})
+        assert response.code == 200, answer
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_dpop_off_ignores_the_header_and_is_not_advertised(tmp_path, monkeypatch):
+    h = await Harness(tmp_path, monkeypatch).start()
+    try:
+        _, document = await h.json("GET", ISSUER + "/.well-known/openid-configuration")
+        assert "dpop_signing_alg_values_supported" not in document
+        code, verifier = await save_code(h)
+        response, body = await exchange(h, code, verifier, headers={"DPoP": "anything"})
+        assert (response.code, body["token_type"]) == (200, "Bearer"), body
+        assert "cnf" not in await introspect(h, body["access_token"])
+    finally:
+        await h.close()
+    (tmp_path / "on").mkdir()
+    h = await Harness(tmp_path / "on", monkeypatch, DPOP_ON).start()
+    try:
+        for path in ("/.well-known/openid-configuration", "/.well-known/oauth-authorization-server"):
+            _, document = await h.json("GET", ISSUER + path)
+            assert "ES256" in document["dpop_signing_alg_values_supported"]
+            assert not any(alg.startswith("HS") for alg in document["dpop_signing_alg_values_supported"])
+    finally:
+        await h.close()
