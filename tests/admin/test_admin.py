@@ -66,6 +66,7 @@ async def test_client_lifecycle(deployment):
         "jwks": None,
         "jwks_uri": None,
         "scopes": [],
+        "dpop_bound_access_tokens": False,
     }
     assert "client_secret" not in ok(await admin("--config", config, "client", "show", "web", cwd=cwd))
     ok(await admin("--config", config, "client", "add", "spa", "--public", "--redirect-uri", "https://spa.example/cb", cwd=cwd))
