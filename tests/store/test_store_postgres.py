@@ -40,6 +40,7 @@ TABLES = (
     "authorization_codes", "access_tokens", "refresh_tokens", "grants", "clients", "browser_sessions",
     "interactions", "link_attempts", "consents", "bans", "linked_accounts", "link_locks", "login_attempts",
     "known_devices", "totp_factors", "recovery_codes", "mfa_demands", "device_authorizations", "client_assertions",
+    "dpop_proofs",
 )
 
 
