@@ -26,6 +26,7 @@ from authsrv.flows.grants import GRANT_TYPES
 from authsrv.identity.cache import DEFAULT_SIZE as DEFAULT_STANDING_CACHE_SIZE
 from authsrv.flows.mfa import MFA_CHOICES, MfaPolicy
 from authsrv.flows.ratelimit import DEFAULT_RATE, RateSettings
+from authsrv.identity.passwords import DEFAULT_MEMORY_KIB, DEFAULT_PARALLELISM, DEFAULT_TIME_COST
 from authsrv.protocol.device import DEVICE_CODE_GRANT
 from authsrv.flows.registration import DEFAULT_RATE as REGISTRATION_RATE
 from authsrv.flows.registration import RegistrationPolicy, host_pattern_problem
@@ -168,9 +169,9 @@ class PasswordHashing:
     their user's next successful login.
     """
 
-    memory_kib: int = 19456
-    time_cost: int = 2
-    parallelism: int = 1
+    memory_kib: int = DEFAULT_MEMORY_KIB
+    time_cost: int = DEFAULT_TIME_COST
+    parallelism: int = DEFAULT_PARALLELISM
 
 
 @frozen

@@ -44,7 +44,10 @@ def hasher_of(config) -> PasswordHasher:
     return argon2id_hasher(hashing.memory_kib, hashing.time_cost, hashing.parallelism)
 
 
-DEFAULT_HASHER = argon2id_hasher(19456, 2, 1)
+DEFAULT_MEMORY_KIB, DEFAULT_TIME_COST, DEFAULT_PARALLELISM = 19456, 2, 1
+"""OWASP's first equal-strength argon2id set; the config's defaults (L{authsrv.config.PasswordHashing})."""
+
+DEFAULT_HASHER = argon2id_hasher(DEFAULT_MEMORY_KIB, DEFAULT_TIME_COST, DEFAULT_PARALLELISM)
 """
 The production parameters when the config sets none (see
 L{authsrv.config.PasswordHashing} for why these). Tests pass a cheaper
