@@ -102,11 +102,7 @@ class Server:
 
     def cpu_seconds(self) -> float:
         """CPU time the server's processes have used (user and system)."""
-        ticks = 0
-        for pid in [self.process.pid, *_children(self.process.pid)]:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            ticks += int(fields[11]) + int(fields[12])
-        return ticks / os.sysconf("SC_CLK_TCK")
+        return cpu_seconds(self.process.pid)
 
     def stop(self) -> None:
         self.process.terminate()
@@ -189,6 +185,15 @@ class Authsrv(Server):
         with psycopg2.connect(self.postgres_dsn) as connection, connection.cursor() as cursor:
             cursor.execute("SELECT pg_database_size(current_database())")
             return cursor.fetchone()[0] / 2**20
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user and system) process C{pid} and its descendants have used."""
+    ticks = 0
+    for member in [pid, *_children(pid)]:
+        fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _children(pid: int) -> list[int]:
@@ -776,17 +781,17 @@ def instances(args, count: int, targets: list[str], connections: int, out: Path)
             measure = Measure(folder, args.duration)
             measure.prepare(server)
             measures.append(measure)
-        database = _Processes(cluster.postmaster_pid())
+        database = cluster.postmaster_pid()
         for target in [t for t in targets if t in INSTANCE_TARGETS]:
             for used in (1, count):
                 share = max(1, connections // used)
                 loads = [measures[i].load(servers[i], target, share) for i in range(used)]
-                cpu = [s.cpu_seconds() for s in servers[:used]], database.cpu_seconds()
+                cpu = [s.cpu_seconds() for s in servers[:used]], cpu_seconds(database)
                 waits = [wrk(url, script, args.duration, share, folder, background=True) for url, script in loads]
                 figures = [wait() for wait in waits]
                 total = sum(f["count"] for f in figures)
                 app_cpu = sum(s.cpu_seconds() for s in servers[:used]) - sum(cpu[0])
-                db_cpu = database.cpu_seconds() - cpu[1]
+                db_cpu = cpu_seconds(database) - cpu[1]
                 rows.append({"target": target, "instances": used, "rate": sum(f["rate"] for f in figures),
                              "errors": sum(f["errors"] for f in figures),
                              "authsrv_cpu_ms": 1000 * app_cpu / max(1, total),
@@ -813,13 +818,6 @@ def instances(args, count: int, targets: list[str], connections: int, out: Path)
 
 
 INSTANCE_TARGETS = ("introspection (opaque)", "UserInfo", "user-access", "refresh (rotation)")
-
-
-class _Processes(Server):
-    """A process tree measured for its CPU only (PostgreSQL's postmaster and its backends)."""
-
-    def __init__(self, pid: int):
-        self.process = type("P", (), {"pid": pid})()
 
 
 def postgres_cluster(pin: bool = True):
