@@ -191,7 +191,11 @@ class IClientRegistry(Interface):
         """Fires with every client, ordered by client_id."""
 
     def remove_client(client_id):
-        """Fires with True when a client was removed."""
+        """
+        Remove a client with its grants (so every code and token issued to it)
+        and its consents, in one transaction; fires with True when it existed.
+        A removed client's tokens must stop working at once, not at expiry.
+        """
 
 
 class IBrowserSessionStore(Interface):

@@ -24,6 +24,7 @@ from authsrv.flows.client_documents import DocumentClients
 from authsrv.flows.registration import RegistrationPolicy
 from authsrv.remote_documents import FetchPolicy, RemoteDocuments
 from authsrv.testing.identity import ALICE, PASSWORDS
+from authsrv.tokens import token_hash
 
 from flow_client import Browser, location
 from harness import ISSUER, Harness, pkce_pair
@@ -102,6 +103,10 @@ async def test_register_sign_in_read_and_delete(tmp_path, monkeypatch):
         assert await h.store.get_client(client_id) is None
         response, _ = await h.request("GET", body["registration_client_uri"], headers=bearer)
         assert response.code == 401
+        response, _ = await h.request("GET", ISSUER + "/oauth2/userinfo",
+                                      headers={"Authorization": f"Bearer {issued['access_token']}"})
+        assert response.code == 401
+        assert await h.store.get_refresh_token(token_hash(issued["refresh_token"])) is None
     finally:
         await h.close()
 

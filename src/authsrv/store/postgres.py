@@ -308,7 +308,12 @@ class PostgresStore:
         return self._all("list_clients", _T.clients, 'SELECT * FROM clients ORDER BY client_id COLLATE "C"', {})
 
     def remove_client(self, client_id):
-        return self._changed("remove_client", "DELETE FROM clients WHERE client_id = %(id)s", {"id": client_id})
+        return self._changed("remove_client",
+            "WITH grants_gone AS (DELETE FROM grants WHERE client_id = %(id)s),"
+            " consents_gone AS (DELETE FROM consents WHERE client_id = %(id)s)"
+            " DELETE FROM clients WHERE client_id = %(id)s",
+            {"id": client_id},
+        )
 
     # IBrowserSessionStore
 

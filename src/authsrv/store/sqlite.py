@@ -272,7 +272,7 @@ class SQLiteStore:
         return self._query_all("list_clients", _T.clients, "SELECT * FROM clients ORDER BY client_id")
 
     def remove_client(self, client_id):
-        return self._changed("remove_client", "DELETE FROM clients WHERE client_id = ?", (client_id,))
+        return self._call("remove_client", True, _remove_client, client_id)
 
     # IBrowserSessionStore
 
@@ -744,6 +744,13 @@ class SQLiteStore:
 
 
 # --- the atomic steps, each run inside one write transaction ----------------
+
+
+def _remove_client(db, client_id):
+    """Codes and tokens go with the grants (ON DELETE CASCADE)."""
+    db.execute("DELETE FROM grants WHERE client_id = ?", (client_id,))
+    db.execute("DELETE FROM consents WHERE client_id = ?", (client_id,))
+    return db.execute("DELETE FROM clients WHERE client_id = ?", (client_id,)).rowcount > 0
 
 
 def _consume_code(db, code_hash, now):

@@ -153,7 +153,18 @@ class MemoryStore:
 
     @_answered
     def remove_client(self, client_id):
-        return self.tables.clients.pop(client_id, None) is not None
+        tables = self.tables
+        grants = {key for key, grant in tables.grants.items() if grant.client_id == client_id}
+        for table, marks in ((tables.codes, tables.code_used_at), (tables.access, tables.access_revoked_at),
+                             (tables.refresh, {})):
+            for key in [key for key, row in table.items() if row.grant_id in grants]:
+                del table[key]
+                marks.pop(key, None)
+        for key in grants:
+            del tables.grants[key]
+        for key in [key for key in tables.consents if key[1] == client_id]:
+            del tables.consents[key]
+        return tables.clients.pop(client_id, None) is not None
 
     # IBrowserSessionStore
 

@@ -419,6 +419,31 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             assert await store.get_client("b") is None
             assert [c.client_id for c in await store.list_clients()] == ["a", "c"]
 
+    @pytest_twisted.ensureDeferred
+    async def test_removing_a_client_removes_its_grants_tokens_and_consents(self):
+        async with self.store() as store:
+            for client_id in (CLIENT, "other"):
+                await store.add_client(Client(client_id, None, [f"https://{client_id}.example/cb"]))
+            gone = await start_grant(store, "g1")
+            await issue(store, gone, "gone")
+            await start_grant(store, "g2")
+            kept = await start_grant(store, "g3", client_id="other")
+            kept_access, kept_refresh = await issue(store, kept, "kept")
+            await store.save_consent(ALICE, CLIENT, {"openid"}, NOW)
+            await store.save_consent(ALICE, "other", {"openid"}, NOW)
+
+            assert await store.remove_client(CLIENT) is True
+
+            assert await store.get_grant("g1") is None
+            assert await store.find_access_token(h("access-gone"), NOW) is None
+            assert await store.get_refresh_token(h("refresh-gone")) is None
+            assert await store.consume_code(h("code-g2"), NOW) == CodeNotFound()
+            assert await store.get_consent(ALICE, CLIENT) is None
+            assert await store.get_grant("g3") == kept
+            assert (await store.find_access_token(h("access-kept"), NOW)).token_hash == kept_access.token_hash
+            assert await store.get_refresh_token(h("refresh-kept")) == kept_refresh
+            assert await store.get_consent(ALICE, "other") == frozenset({"openid"})
+
     # --- browser sessions, interactions and link attempts ---------------------
 
     @pytest_twisted.ensureDeferred
