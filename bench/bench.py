@@ -46,6 +46,7 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 PEER = BENCH / "peer"
+BETTER_AUTH = BENCH / "better-auth"
 DEMO_APP = ("demo-app", "demo-app-secret")
 GATEWAY = ("api-gateway", "api-gateway-secret")
 REDIRECT_URI = "http://127.0.0.1:9000/callback"
@@ -57,6 +58,10 @@ PINNED = True
 
 PEER_LACKS = {"introspection (JWT)"}
 """node-oidc-provider refuses to introspect its JWT access tokens (unsupported_token_type)."""
+
+BETTER_AUTH_TARGETS = {"discovery", "JWKS", "introspection (opaque)", "UserInfo", "code exchange", "refresh (rotation)"}
+"""What Better Auth runs beside the PostgreSQL store: it has no login form of its own (its login page is the
+application's) and no internal user-access endpoint."""
 
 TARGETS = [
     "discovery", "JWKS", "introspection (opaque)", "introspection (JWT)", "UserInfo", "user-access",
@@ -99,6 +104,13 @@ class Server:
     token: str
     introspect: str
     userinfo: str
+    introspector = GATEWAY
+    """The client that introspects the load's tokens."""
+    audience: str | None = RESOURCE
+    """The resource of the JWT access token, None where the server issues none for it."""
+
+    def sign_in(self, browser: requests.Session) -> None:
+        """Sign the browser in before authorize; servers with a login form are signed in through it instead."""
 
     def cpu_seconds(self) -> float:
         """CPU time the server's processes have used (user and system)."""
@@ -221,6 +233,39 @@ class Peer(Server):
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         wait_ready(self.discovery, self.process, "node-oidc-provider")
+
+
+class BetterAuth(Server):
+    """Better Auth and its OAuth provider plugin (bench/better-auth/server.mjs) on a database of authsrv's cluster."""
+
+    name = "Better Auth"
+    introspector = DEMO_APP
+    """Better Auth introspects only a client's own tokens (another client's read as inactive)."""
+    audience = None
+
+    def __init__(self, dsn: str):
+        port = free_port()
+        self.base = f"http://127.0.0.1:{port}"
+        issuer = self.base + "/api/auth"
+        self.discovery = issuer + "/.well-known/openid-configuration"
+        self.jwks = issuer + "/jwks"
+        self.authorize = issuer + "/oauth2/authorize"
+        self.token = issuer + "/oauth2/token"
+        self.introspect = issuer + "/oauth2/introspect"
+        self.userinfo = issuer + "/oauth2/userinfo"
+        self.sign_in_url = issuer + "/sign-in/email"
+        fields = dict(item.split("=", 1) for item in dsn.split())
+        url = f"postgresql://{fields['user']}@{fields['host']}:{fields['port']}/{fields['dbname']}"
+        self.process = subprocess.Popen(
+            ["taskset", "-c", SERVER_CORE, "node", str(BETTER_AUTH / "server.mjs"), str(port), url],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        wait_ready(self.base + "/readyz", self.process, "Better Auth")
+
+    def sign_in(self, browser: requests.Session) -> None:
+        answer = browser.post(self.sign_in_url, json={"email": "alice@example.com", "password": "alice-password"})
+        if answer.status_code != 200:
+            raise SystemExit(f"bench: Better Auth sign-in: {answer.status_code} {answer.text[:300]}")
 
 
 class BareKlein(Server):
@@ -431,15 +476,16 @@ class Measure:
 
     def prepare(self, server: Server) -> None:
         browser = requests.Session()
+        server.sign_in(browser)
         opaque = tokens(server, browser)
-        jwt_access = tokens(server, browser, RESOURCE)
+        jwt_access = server.audience and tokens(server, browser, server.audience)
         self.browsers[server.name], self.tokens[server.name] = browser, (opaque, jwt_access)
         answer = requests.get(server.userinfo, headers={"Authorization": "Bearer " + opaque["access_token"]})
         self.sub = answer.json()["sub"]
 
     def load(self, server: Server, target: str, connections: int) -> tuple[str, str]:
         """The URL and wrk script of one of L{INSTANCE_TARGETS}, ready to start."""
-        form = {"Content-Type": "application/x-www-form-urlencoded", "Authorization": basic(GATEWAY)}
+        form = {"Content-Type": "application/x-www-form-urlencoded", "Authorization": basic(server.introspector)}
         opaque, _ = self.tokens[server.name]
         if target == "introspection (opaque)":
             return server.introspect, post_script("token=" + opaque["access_token"], form)
@@ -454,7 +500,7 @@ class Measure:
 
     def run(self, server: Server, target: str, connections: int) -> dict:
         d = self.duration
-        form = {"Content-Type": "application/x-www-form-urlencoded", "Authorization": basic(GATEWAY)}
+        form = {"Content-Type": "application/x-www-form-urlencoded", "Authorization": basic(server.introspector)}
         if target == "discovery":
             return wrk(server.discovery, None, d, connections, self.folder)
         if target == "JWKS":
@@ -573,6 +619,8 @@ def main() -> None:
             raise SystemExit(f"bench: needs {tool} (bench/setup.sh installs it)")
     if not (PEER / "node_modules" / "oidc-provider").is_dir():
         raise SystemExit("bench: node-oidc-provider is not installed (bench/setup.sh installs it)")
+    if args.store == "postgres" and not (BETTER_AUTH / "node_modules" / "better-auth").is_dir():
+        raise SystemExit("bench: Better Auth is not installed (bench/setup.sh installs it)")
     out = Path(args.out) if args.out else BENCH / "results" / (args.store + (f"-workers{args.workers}" if args.workers > 1 else ""))
     out.parent.mkdir(parents=True, exist_ok=True)
 
@@ -598,9 +646,14 @@ def main() -> None:
         authsrv = Authsrv(folder, store=args.store, workers=args.workers, postgres_dsn=dsn, identity=identity)
         peer, bare = Peer(), BareKlein()
         servers = [authsrv, peer, bare]
+        better = None
+        if args.store == "postgres":
+            better = BetterAuth(cluster.database())
+            servers.append(better)
         measure = Measure(folder, args.duration)
-        measure.prepare(peer)
-        measure.prepare(authsrv)
+        for server in (peer, better, authsrv):
+            if server is not None:
+                measure.prepare(server)
         if args.profile:
             profile(measure, authsrv, targets, max(concurrencies), args.profile)
             return
@@ -611,6 +664,8 @@ def main() -> None:
                     pair = [authsrv, bare] if target == "user-access" else [authsrv, peer]
                     if target in PEER_LACKS:
                         pair = [authsrv]
+                    if better is not None and target in BETTER_AUTH_TARGETS:
+                        pair.append(better)
                     if repeat % 2:
                         pair.reverse()
                     for server in pair:
@@ -629,6 +684,9 @@ def main() -> None:
                 **versions()}
         if "login" in targets and args.identity == "static":
             info["argon2_ms"] = argon2_ms()
+        if better is not None:
+            info["better-auth"] = json.loads((BETTER_AUTH / "node_modules" / "better-auth" / "package.json")
+                                             .read_text())["version"]
         report(results, info, targets, concurrencies, out)
     finally:
         for server in servers:
@@ -840,6 +898,7 @@ def report(results: list[dict], info: dict, targets: list[str], concurrencies: l
                        and r["server"] in server_names), key=lambda r: r["repeat"])
 
     rows = []
+    better = any(r["server"] == BetterAuth.name for r in results)
     lines = [
         f"authsrv ({info['store']} store{', %d workers' % info['workers'] if info['workers'] > 1 else ''})"
         f" and node-oidc-provider {info['oidc-provider']} (in memory), "
@@ -848,11 +907,15 @@ def report(results: list[dict], info: dict, targets: list[str], concurrencies: l
         + f"{info['repeats']} repeats of {info['duration']:g} s, alternating. Ratio: authsrv/peer in each"
         " repeat, then their median (user-access: authsrv/bare Klein route). CPU ms/req: the server's"
         " processes' CPU time during the load over the requests answered (a figure other load on the"
-        " machine disturbs less than the rate).",
+        " machine disturbs less than the rate)."
+        + (f" Better Auth {info.get('better-auth')} with its OAuth provider plugin runs in the same alternation on"
+           " its own database of the same PostgreSQL cluster, pinned with authsrv; its ratio is authsrv/Better Auth."
+           if better else ""),
         "",
         "| endpoint | c | authsrv req/s | p50 ms | p99 ms | CPU ms/req | peer req/s | p50 ms | p99 ms | CPU ms/req"
-        " | ratio per repeat | median ratio |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        " | ratio per repeat | median ratio |" + (" Better Auth req/s | p99 ms | CPU ms/req | ratio per repeat"
+                                                  " | median ratio |" if better else ""),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|---|---|" if better else ""),
     ]
     for target in targets:
         for c in concurrencies:
@@ -864,15 +927,26 @@ def report(results: list[dict], info: dict, targets: list[str], concurrencies: l
             def m(rs, key):
                 return statistics.median(r[key] for r in rs) if rs else float("nan")
 
-            rows.append({"target": target, "connections": c, "ratios": ratios, "median_ratio": median,
-                         "authsrv": {k: m(ours, k) for k in ("rate", "p50", "p99", "cpu_ms")},
-                         "peer": {k: m(theirs, k) for k in ("rate", "p50", "p99", "cpu_ms")}})
-            lines.append(
-                f"| {target} | {c} | {m(ours, 'rate'):,.0f} | {m(ours, 'p50'):.2f} | {m(ours, 'p99'):.2f}"
-                f" | {m(ours, 'cpu_ms'):.3f} | {m(theirs, 'rate'):,.0f} | {m(theirs, 'p50'):.2f}"
-                f" | {m(theirs, 'p99'):.2f} | {m(theirs, 'cpu_ms'):.3f}"
-                f" | {' · '.join(f'{r:.2f}' for r in ratios) or 'peer refuses'} | **{median:.2f}** |"
-                .replace("nan", "—"))
+            row = {"target": target, "connections": c, "ratios": ratios, "median_ratio": median,
+                   "authsrv": {k: m(ours, k) for k in ("rate", "p50", "p99", "cpu_ms")},
+                   "peer": {k: m(theirs, k) for k in ("rate", "p50", "p99", "cpu_ms")}}
+            line = (f"| {target} | {c} | {m(ours, 'rate'):,.0f} | {m(ours, 'p50'):.2f} | {m(ours, 'p99'):.2f}"
+                    f" | {m(ours, 'cpu_ms'):.3f} | {m(theirs, 'rate'):,.0f} | {m(theirs, 'p50'):.2f}"
+                    f" | {m(theirs, 'p99'):.2f} | {m(theirs, 'cpu_ms'):.3f}"
+                    f" | {' · '.join(f'{r:.2f}' for r in ratios) or 'peer refuses'} | **{median:.2f}** |")
+            if better:
+                others = of({BetterAuth.name}, target, c)
+                by_repeat = {r["repeat"]: r for r in ours}
+                row["better_auth_ratios"] = [by_repeat[b["repeat"]]["rate"] / b["rate"] for b in others
+                                             if b["repeat"] in by_repeat and b["rate"]]
+                row["better_auth_median_ratio"] = (statistics.median(row["better_auth_ratios"])
+                                                   if row["better_auth_ratios"] else float("nan"))
+                row["better_auth"] = {k: m(others, k) for k in ("rate", "p50", "p99", "cpu_ms")}
+                line += (f" {m(others, 'rate'):,.0f} | {m(others, 'p99'):.2f} | {m(others, 'cpu_ms'):.3f}"
+                         f" | {' · '.join(f'{r:.2f}' for r in row['better_auth_ratios']) or '—'}"
+                         f" | **{row['better_auth_median_ratio']:.2f}** |")
+            rows.append(row)
+            lines.append(line.replace("nan", "—"))
     errors = sum(r["errors"] for r in results)
     if "argon2_ms" in info:
         per_login = statistics.median(r["cpu_ms"] for r in results if r["server"] == "authsrv" and r["target"] == "login")
@@ -892,24 +966,30 @@ def report(results: list[dict], info: dict, targets: list[str], concurrencies: l
 
 
 def chart(rows: list[dict], targets: list[str], concurrencies: list[int], info: dict, path: Path) -> None:
+    """The median ratios against the node peer, and against Better Auth when it ran (target 10x, dashed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axis = plt.subplots(figsize=(11, 5))
+    panels = [("median_ratio", targets, 1.5, f"node-oidc-provider {info['oidc-provider']}, one core each"
+               " (user-access: beside a bare Klein route)")]
+    if "better-auth" in info:
+        panels.append(("better_auth_median_ratio", [t for t in targets if t in BETTER_AUTH_TARGETS], 10.0,
+                       f"Better Auth {info['better-auth']} on the same PostgreSQL"))
+    figure, axes = plt.subplots(len(panels), 1, figsize=(11, 5 * len(panels)), squeeze=False)
     width = 0.8 / len(concurrencies)
-    for i, c in enumerate(concurrencies):
-        values = [next(r["median_ratio"] for r in rows if r["target"] == t and r["connections"] == c) for t in targets]
-        axis.bar([x + i * width for x in range(len(targets))], values, width, label=f"c={c}")
-    axis.axhline(1.0, color="black", linewidth=0.8)
-    axis.axhline(1.5, color="grey", linewidth=0.8, linestyle="--")
-    axis.set_xticks([x + width * (len(concurrencies) - 1) / 2 for x in range(len(targets))])
-    axis.set_xticklabels(targets, rotation=20, ha="right")
-    axis.set_ylabel("authsrv / peer, req/s (median of repeats)")
-    axis.set_title(f"authsrv ({info['store']}) beside node-oidc-provider {info['oidc-provider']}, one core each"
-                   " (user-access: beside a bare Klein route)")
-    axis.legend()
+    for axis, (key, shown, goal, peer) in zip(axes[:, 0], panels):
+        for i, c in enumerate(concurrencies):
+            values = [next(r[key] for r in rows if r["target"] == t and r["connections"] == c) for t in shown]
+            axis.bar([x + i * width for x in range(len(shown))], values, width, label=f"c={c}")
+        axis.axhline(1.0, color="black", linewidth=0.8)
+        axis.axhline(goal, color="grey", linewidth=0.8, linestyle="--")
+        axis.set_xticks([x + width * (len(concurrencies) - 1) / 2 for x in range(len(shown))])
+        axis.set_xticklabels(shown, rotation=20, ha="right")
+        axis.set_ylabel("authsrv / peer, req/s (median of repeats)")
+        axis.set_title(f"authsrv ({info['store']}) beside {peer}")
+        axis.legend()
     figure.tight_layout()
     figure.savefig(path, dpi=100)
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What bench/bench.py needs besides the project's virtualenv: wrk and
-# taskset (Debian), matplotlib (PyPI), Node.js with npm, and the peer from npm.
+# taskset (Debian), matplotlib (PyPI), Node.js with npm, and the peers from npm.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need=()
@@ -16,3 +16,4 @@ fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' matplotlib py-spy
 (cd bench/peer && npm ci --no-audit --no-fund --silent)
+(cd bench/better-auth && npm ci --no-audit --no-fund --silent)
