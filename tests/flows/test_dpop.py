@@ -18,6 +18,7 @@ import json
 import pytest_twisted
 from jwcrypto import jwk
 
+from authsrv.config import read_config_document
 from authsrv.protocol.dpop import nonce_for
 from authsrv.flows.dpop import NONCE_KEY
 from authsrv.testing.identity import ALICE
@@ -272,3 +273,11 @@ async def test_dpop_off_ignores_the_header_and_is_not_advertised(tmp_path, monke
             assert not any(alg.startswith("HS") for alg in document["dpop_signing_alg_values_supported"])
     finally:
         await h.close()
+
+
+def test_config_refuses_dpop_bound_clients_while_dpop_is_off():
+    bound = {"client_id": "api", "redirect_uris": ["https://api.example/cb"], "dpop_bound_access_tokens": True}
+    _, errors = read_config_document({"clients": [bound]}, None)
+    assert [str(e) for e in errors] == [
+        "clients[0].dpop_bound_access_tokens: needs DPoP offered: set [dpop] enabled = true"]
+    assert read_config_document({"clients": [bound], "dpop": {"enabled": True}}, None)[1] == []

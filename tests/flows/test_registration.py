@@ -150,6 +150,37 @@ async def test_a_registered_client_replaces_its_metadata(tmp_path, monkeypatch):
 
 
 @pytest_twisted.ensureDeferred
+async def test_dpop_bound_registration_needs_dpop_offered(tmp_path, monkeypatch):
+    """RFC 9449 section 5.2's dpop_bound_access_tokens: honoured when DPoP is offered, refused when it is not."""
+    unoffered = "dpop_bound_access_tokens needs DPoP offered: set [dpop] enabled = true"
+    bound = {"redirect_uris": [REDIRECT], "dpop_bound_access_tokens": True}
+    for folder, dpop in (("off", {}), ("on", {"dpop": {"enabled": True}})):
+        (tmp_path / folder).mkdir()
+        h = await Harness(tmp_path / folder, monkeypatch, {**registration_config(monkeypatch), **dpop}).start()
+        try:
+            response, body = await register(h, {**bound, "dpop_bound_access_tokens": "yes"})
+            assert (response.code, body["error"]) == (400, "invalid_client_metadata"), body
+            response, body = await register(h, bound)
+            if not dpop:
+                assert (response.code, body["error"], body["error_description"]) == (
+                    400, "invalid_client_metadata", unoffered)
+                _, mine = await register(h, {"redirect_uris": [REDIRECT]})
+                response, body = await h.json(
+                    "PUT", mine["registration_client_uri"],
+                    data=json.dumps({**bound, "client_id": mine["client_id"]}).encode(),
+                    headers={"Authorization": f"Bearer {mine['registration_access_token']}",
+                             "Content-Type": "application/json"})
+                assert (response.code, body["error"], body["error_description"]) == (
+                    400, "invalid_client_metadata", unoffered)
+                assert (await h.store.get_client(mine["client_id"])).dpop_bound_access_tokens is False
+            else:
+                assert (response.code, body["dpop_bound_access_tokens"]) == (201, True), body
+                assert (await h.store.get_client(body["client_id"])).dpop_bound_access_tokens is True
+        finally:
+            await h.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_registered_clients_always_ask_for_consent(tmp_path, monkeypatch):
     """
     A registered client is never first-party: the user sees the consent
