@@ -26,7 +26,7 @@ from conftest import EXAMPLES, ROOT, free_port
 from dpop_proofs import ec_key, proof
 from pg_servers import pkce_pair
 from prepared_keys import write_key_file
-from test_e2e_machine_clients import ASSERTION_TYPE, assertion, public_set
+from test_e2e_machine_clients import ASSERTION_TYPE, assertion, public_set, server_config
 from test_e2e_relying_party import read_form
 
 pytestmark = pytest.mark.slow
@@ -55,21 +55,7 @@ def server(run_server, tmp_path, keys):
     port = free_port()
     shutil.copy(EXAMPLES / "demo-users.toml", tmp_path / "users.toml")
     write_key_file(tmp_path / "keys.jwks.json", ("RS256", "ES256"))
-    (tmp_path / "authsrv.toml").write_text(f"""
-[server]
-listen = ["tcp:{port}:interface=127.0.0.1"]
-
-[store]
-path = "authsrv.sqlite3"
-
-[keystore]
-path = "keys.jwks.json"
-algorithms = ["RS256", "ES256"]
-
-[[identity]]
-plugin = "static"
-path = "users.toml"
-
+    (tmp_path / "authsrv.toml").write_text(server_config(port, ("RS256", "ES256")) + f"""
 [par]
 enabled = true
 
