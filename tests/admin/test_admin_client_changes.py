@@ -145,7 +145,8 @@ async def test_dpop_bound_and_fapi2_clients_need_dpop_offered(deployment, tmp_pa
     with open(config) as file:
         text = file.read()
     with open(config, "w") as file:
-        file.write(text.replace('path = "keys.jwks.json"\n', 'path = "keys.jwks.json"\nalgorithms = ["RS256", "ES256"]\n')
+        file.write(text.replace('path = "keys.jwks.json"\n',
+                                'path = "keys.jwks.json"\nalgorithms = ["RS256", "ES256"]\n')
                    + "\n[par]\nenabled = true\n")
     fapi2 = ("--config", config, "client", "add", "bank", "--redirect-uri", "https://bank.example/cb",
              "--profile", "fapi2", "--require-dpop", "--auth-method", "private_key_jwt",
