@@ -142,10 +142,25 @@ def assert_bound(got: dict, dpop_key: jwk.JWK, server, client_id: str) -> None:
     assert introspection["active"] is True and introspection["client_id"] == client_id
     assert introspection["token_type"] == "DPoP"
     assert introspection["cnf"] == {"jkt": dpop_key.thumbprint()}
+    userinfo_url = server.issuer + "/oauth2/userinfo"
     for token in (got["access_token"], got["refreshed_access_token"]):
-        stolen = requests.get(server.issuer + "/oauth2/userinfo", headers={"Authorization": f"Bearer {token}"},
-                              timeout=TIMEOUT)
+        stolen = requests.get(userinfo_url, headers={"Authorization": f"Bearer {token}"}, timeout=TIMEOUT)
         assert stolen.status_code == 401 and stolen.headers["www-authenticate"].startswith("DPoP ")
+    token = got["refreshed_access_token"]
+    attacks = {
+        "another key": proof(ec_key(), "GET", userinfo_url, now(), access_token=token),
+        "ath of another token": proof(dpop_key, "GET", userinfo_url, now(), access_token=got["access_token"]),
+        "another URL": proof(dpop_key, "GET", server.issuer + "/oauth2/token", now(), access_token=token),
+        "another method": proof(dpop_key, "POST", userinfo_url, now(), access_token=token),
+    }
+    for name, attack in attacks.items():
+        refused = requests.get(userinfo_url, headers={"Authorization": f"DPoP {token}", "DPoP": attack},
+                               timeout=TIMEOUT)
+        assert refused.status_code == 401, name
+        assert 'error="invalid_dpop_proof"' in refused.headers["www-authenticate"], name
+    own = proof(dpop_key, "GET", userinfo_url, now(), access_token=token)
+    answer = requests.get(userinfo_url, headers={"Authorization": f"DPoP {token}", "DPoP": own}, timeout=TIMEOUT)
+    assert answer.status_code == 200 and answer.json()["sub"] == got["sub"], answer.text
 
 
 def test_openid_client_code_flow_with_dpop_par_and_private_key_jwt(server, node, keys):
