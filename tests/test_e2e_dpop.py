@@ -4,8 +4,9 @@ listening server, driven by openid-client from npm, unmodified
 (tests/js/dpop_code_flow.mjs): the request pushed with a proof, the user
 signing in through the real login and consent forms (requests standing in
 for the browser), the code redeemed, the tokens refreshed, UserInfo called
-and the token introspected, all DPoP-bound to the client's key. Then the
-same for a client held to the FAPI 2.0 profile, and what that profile
+and the token introspected, all DPoP-bound to the client's key; those
+tokens are then refused at UserInfo as Bearer tokens and with proofs by
+another key, for another token, URL or method. Then the same for a client held to the FAPI 2.0 profile, and what that profile
 refuses over plain HTTP: a request not pushed, a token request without a
 proof, an RS256 assertion, a push without PKCE.
 """
