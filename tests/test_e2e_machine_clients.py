@@ -77,12 +77,9 @@ def keys():
     }
 
 
-@pytest.fixture
-def machine(run_server, tmp_path, keys):
-    key_server = KeyServer(public_set(keys["remote"]))
-    port = free_port()
-    (tmp_path / "users.toml").write_text("")
-    config = f"""
+def server_config(port: int, algorithms: tuple[str, ...] = ("RS256",)) -> str:
+    """The server, store, keystore and static users of a test server on C{port}, in its own folder."""
+    return f"""
 [server]
 listen = ["tcp:{port}:interface=127.0.0.1"]
 
@@ -91,11 +88,20 @@ path = "authsrv.sqlite3"
 
 [keystore]
 path = "keys.jwks.json"
+algorithms = {json.dumps(list(algorithms))}
 
 [[identity]]
 plugin = "static"
 path = "users.toml"
+"""
 
+
+@pytest.fixture
+def machine(run_server, tmp_path, keys):
+    key_server = KeyServer(public_set(keys["remote"]))
+    port = free_port()
+    (tmp_path / "users.toml").write_text("")
+    config = server_config(port) + f"""
 [remote_documents]
 allow_http = true
 allow_private_addresses = true

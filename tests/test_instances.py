@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 
 import pytest
 import pytest_twisted
 import requests
 
 from conftest import admin, free_port
+from dpop_proofs import ec_key, proof
 from pg_servers import (
     ALICE,
     CLIENT,
@@ -155,3 +157,37 @@ async def test_login_failures_count_across_instances_behind_a_trusted_proxy(run_
     statuses = [_login_via_proxy(server.base, attacker, "guess") for server in (a, b, a, b, a, b)]
     assert statuses == [200, 200, 200, 200, 200, 429]
     assert _login_via_proxy(b.base, "198.51.100.5", "alice-password") == 303
+
+
+def test_a_dpop_proof_works_once_across_instances(instances):
+    """
+    RFC 9449 section 11.1: a proof's jti is claimed in the shared store, so
+    a proof used at one instance is refused at the other, at the token
+    endpoint and at UserInfo; the proofs name the shared issuer's URLs.
+    """
+    a, b, _ = instances
+    token_url, userinfo_url = a.base + "/api/auth/oauth2/token", a.base + "/api/auth/oauth2/userinfo"
+    key = ec_key()
+    browser = Browser()
+
+    def redeem(base: str, dpop: str) -> requests.Response:
+        code, verifier = browser.authorize(a.base)
+        return requests.post(base + "/api/auth/oauth2/token", data={
+            "grant_type": "authorization_code", "code": code, "code_verifier": verifier,
+            "redirect_uri": REDIRECT_URI, "client_id": CLIENT[0], "client_secret": CLIENT[1],
+        }, headers={"DPoP": dpop}, timeout=TIMEOUT)
+
+    used = proof(key, "POST", token_url, int(time.time()))
+    issued = redeem(a.base, used)
+    assert (issued.status_code, issued.json()["token_type"]) == (200, "DPoP"), issued.text
+    replayed = redeem(b.base, used)
+    assert (replayed.status_code, replayed.json()["error"]) == (400, "invalid_dpop_proof"), replayed.text
+    assert "used already" in replayed.json()["error_description"]
+
+    access_token = issued.json()["access_token"]
+    once = {"Authorization": f"DPoP {access_token}",
+            "DPoP": proof(key, "GET", userinfo_url, int(time.time()), access_token=access_token)}
+    first = requests.get(b.base + "/api/auth/oauth2/userinfo", headers=once, timeout=TIMEOUT)
+    assert first.status_code == 200 and first.json()["sub"] == ALICE, first.text
+    again = requests.get(a.base + "/api/auth/oauth2/userinfo", headers=once, timeout=TIMEOUT)
+    assert again.status_code == 401 and 'error="invalid_dpop_proof"' in again.headers["www-authenticate"]

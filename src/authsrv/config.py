@@ -32,7 +32,7 @@ from authsrv.flows.registration import DEFAULT_RATE as REGISTRATION_RATE
 from authsrv.flows.registration import RegistrationPolicy, host_pattern_problem
 from authsrv.protocol.clientauth import AUTH_METHODS, auth_settings_problem
 from authsrv.protocol.clients import CLIENT_ID_MAX, client_id_problem, is_loopback_host, redirect_uri_problem
-from authsrv.protocol.dpop import DpopPolicy
+from authsrv.protocol.dpop import DpopPolicy, unoffered_dpop
 from authsrv.protocol.forwarded import Network, parse_networks
 from authsrv.protocol.password_policy import MAX_LENGTH, MIN_LENGTH
 from authsrv.protocol.profiles import PROFILES, profile_problems
@@ -810,15 +810,13 @@ def read_config_document(
         client = checked.take(client_from_config, section, demo, offer, remote_documents)
         if client is None:
             continue
-        for setting, problem in filter(None, (unoffered_push(client, par.enabled), *profile_problems(client))):
+        for setting, problem in filter(None, (unoffered_push(client, par.enabled),
+                                              unoffered_dpop(client, dpop is not None), *profile_problems(client))):
             checked.add(ConfigError(f"clients[{index}].{setting}", problem))
         if any(c.client_id == client.client_id for c in clients):
             checked.add(ConfigError(f"clients[{index}].client_id", f"{client.client_id!r} is declared twice"))
         else:
             clients.append(client)
-        if client.dpop_bound_access_tokens and dpop is None:
-            checked.add(ConfigError(f"clients[{index}].dpop_bound_access_tokens",
-                                    "needs DPoP offered: set [dpop] enabled = true"))
     chat = checked.take(chat_config, checked.take(top.table, "chat", None))
     device = checked.take(_device, _table(top, checked, "device"), tuple(clients), fallback=DevicePolicy())
     checked.done(top)

@@ -413,8 +413,9 @@ def public_flows(config: Config, reactor, store, keystore, identity, grants: Gra
     if config.mfa.enabled:
         passkeys = Passkeys(store=store, public_url=config.public_url,
                             rp_name=urlsplit(config.public_url).hostname or config.public_url)
-    pushed = PushedRequests(store=store, clients=clients, required=config.par.required) if config.par.enabled else None
     dpop = DpopVerifier(store=store, policy=config.dpop) if config.dpop is not None else None
+    pushed = PushedRequests(store=store, clients=clients, required=config.par.required, dpop=dpop,
+                            url=config.issuer + "/oauth2/par") if config.par.enabled else None
     interaction = InteractionFlow(
         store=store, clients=clients, identity=identity, login=login, sessions=sessions,
         limits=config.limits, issuer=config.issuer, factors=factors, show_ban_reason=config.show_ban_reason,
@@ -446,7 +447,8 @@ def public_flows(config: Config, reactor, store, keystore, identity, grants: Gra
         device=device,
         device_verification=verification,
         registration=Registration(store=store, clock=reactor, policy=config.registration,
-                                  base=f"{config.issuer}/oauth2/register") if config.registration.enabled else None,
+                                  base=f"{config.issuer}/oauth2/register", dpop_offered=config.dpop is not None)
+        if config.registration.enabled else None,
     )
 
 
@@ -468,7 +470,8 @@ def web_root(
     clients: ClientCache | DocumentClients = ClientCache(store, reactor, assertions=AssertionChecker(
         store=store, documents=documents, audiences=(config.issuer, token_endpoint)))
     if config.registration.metadata_documents:
-        clients = DocumentClients(clients, documents, config.registration, reactor)
+        clients = DocumentClients(clients, documents, config.registration, reactor,
+                                  dpop_offered=config.dpop is not None)
     site = PublicSite(
         clock=reactor,
         issuer=config.issuer,
@@ -492,7 +495,7 @@ def client_operations(config: Config, reactor, store) -> ClientOperations:
     return ClientOperations(
         store=store, clock=reactor, declared=frozenset(c.client_id for c in config.clients),
         resolve=lambda host: backchannel.resolve_host(reactor, host), pushed_offered=config.par.enabled,
-        signing=config.signing, fetching=config.remote_documents,
+        dpop_offered=config.dpop is not None, signing=config.signing, fetching=config.remote_documents,
     )
 
 

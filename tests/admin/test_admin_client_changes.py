@@ -9,6 +9,7 @@ import json
 import sqlite3
 
 import pytest_twisted
+from jwcrypto import jwk
 
 from authsrv.protocol.clientauth import ClientCredentials, authenticate
 from authsrv.protocol.errors import InvalidClient
@@ -128,3 +129,33 @@ async def test_client_signing_algorithms(deployment):
     ok(await admin("--config", config, "client", "update", "web", "--clear", "userinfo-alg", cwd=cwd))
     row, _ = _stored(cwd)
     assert (row["id_token_signed_response_alg"], row["userinfo_signed_response_alg"]) == ("ES256", None)
+
+
+@pytest_twisted.ensureDeferred
+async def test_dpop_bound_and_fapi2_clients_need_dpop_offered(deployment, tmp_path):
+    """--require-dpop, and the FAPI 2.0 profile that demands it, are refused while [dpop] is off."""
+    cwd, config = deployment
+    await _add(cwd, config)
+    unoffered = "--require-dpop needs DPoP offered: set [dpop] enabled = true"
+    refused(await admin("--config", config, "client", "add", "api", "--redirect-uri", "https://api.example/cb",
+                        "--require-dpop", cwd=cwd), unoffered)
+    refused(await admin("--config", config, "client", "update", "web", "--require-dpop", cwd=cwd), unoffered)
+    key = jwk.JWK.generate(kty="EC", crv="P-256", kid="bank-1")
+    (tmp_path / "bank.jwks").write_text(json.dumps({"keys": [key.export_public(as_dict=True)]}))
+    with open(config) as file:
+        text = file.read()
+    with open(config, "w") as file:
+        file.write(text.replace('path = "keys.jwks.json"\n',
+                                'path = "keys.jwks.json"\nalgorithms = ["RS256", "ES256"]\n')
+                   + "\n[par]\nenabled = true\n")
+    fapi2 = ("--config", config, "client", "add", "bank", "--redirect-uri", "https://bank.example/cb",
+             "--profile", "fapi2", "--require-dpop", "--auth-method", "private_key_jwt",
+             "--jwks", str(tmp_path / "bank.jwks"), "--id-token-alg", "ES256", "--access-token-alg", "ES256")
+    refused(await admin(*fapi2, cwd=cwd), unoffered)
+    with open(config, "a") as file:
+        file.write("\n[dpop]\nenabled = true\n")
+    ok(await admin(*fapi2, cwd=cwd))
+    ok(await admin("--config", config, "client", "update", "web", "--require-dpop", cwd=cwd))
+    for client_id in ("bank", "web"):
+        shown = json.loads(ok(await admin("--config", config, "client", "show", client_id, "--json", cwd=cwd)))
+        assert shown["dpop_bound_access_tokens"] is True

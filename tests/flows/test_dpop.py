@@ -6,7 +6,8 @@ dpop_jkt, clients required to use DPoP, server nonces, and the attacks:
 a proof for another URL or method, a replayed proof, a token used without
 its proof or as a Bearer token, another key, a stale iat, a wrong ath, a
 private key in the jwk, alg none and HS256. Authlib 1.9 has no DPoP client
-support, so proofs are made here with jwcrypto, as a client library would.
+support, so proofs are made with jwcrypto (tests/dpop_proofs.py), as a
+client library would.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ import base64
 import json
 
 import pytest_twisted
-from jwcrypto import jwk, jwt
+from jwcrypto import jwk
 
-from authsrv.protocol.dpop import access_token_hash, nonce_for
+from authsrv.config import read_config_document
+from authsrv.protocol.dpop import nonce_for
 from authsrv.flows.dpop import NONCE_KEY
 from authsrv.testing.identity import ALICE
-from authsrv.tokens import new_token
+from dpop_proofs import ec_key, proof
 from harness import CLIENTS, ISSUER, Harness
 from token_helpers import (
     API, TOKEN, USERINFO, exchange, header, introspect, post_form, refresh, save_code, verify_jwt,
@@ -31,27 +33,8 @@ USERINFO_URL = ISSUER + "/oauth2/userinfo"
 DPOP_ON = {"dpop": {"enabled": True}}
 
 
-def ec_key() -> jwk.JWK:
-    return jwk.JWK.generate(kty="EC", crv="P-256")
-
-
 def b64(data: dict) -> str:
     return base64.urlsafe_b64encode(json.dumps(data).encode()).rstrip(b"=").decode()
-
-
-def proof(key: jwk.JWK, method: str, url: str, iat: int, *, access_token: str | None = None,
-          nonce: str | None = None, alg: str = "ES256", typ: str = "dpop+jwt", public: dict | None = None,
-          jti: str | None = None) -> str:
-    """A DPoP proof as a client makes it (RFC 9449 section 4.2)."""
-    claims = {"jti": jti or new_token(12), "htm": method, "htu": url, "iat": iat}
-    if access_token is not None:
-        claims["ath"] = access_token_hash(access_token)
-    if nonce is not None:
-        claims["nonce"] = nonce
-    jwk_header = public if public is not None else key.export_public(as_dict=True)
-    token = jwt.JWT(header={"typ": typ, "alg": alg, "jwk": jwk_header}, claims=claims)
-    token.make_signed_token(key)
-    return token.serialize()
 
 
 async def dpop_tokens(h, key, client_id: str = "first", **code_options) -> dict:
@@ -290,3 +273,11 @@ async def test_dpop_off_ignores_the_header_and_is_not_advertised(tmp_path, monke
             assert not any(alg.startswith("HS") for alg in document["dpop_signing_alg_values_supported"])
     finally:
         await h.close()
+
+
+def test_config_refuses_dpop_bound_clients_while_dpop_is_off():
+    bound = {"client_id": "api", "redirect_uris": ["https://api.example/cb"], "dpop_bound_access_tokens": True}
+    _, errors = read_config_document({"clients": [bound]}, None)
+    assert [str(e) for e in errors] == [
+        "clients[0].dpop_bound_access_tokens: needs DPoP offered: set [dpop] enabled = true"]
+    assert read_config_document({"clients": [bound], "dpop": {"enabled": True}}, None)[1] == []

@@ -150,6 +150,37 @@ async def test_a_registered_client_replaces_its_metadata(tmp_path, monkeypatch):
 
 
 @pytest_twisted.ensureDeferred
+async def test_dpop_bound_registration_needs_dpop_offered(tmp_path, monkeypatch):
+    """RFC 9449 section 5.2's dpop_bound_access_tokens: honoured when DPoP is offered, refused when it is not."""
+    unoffered = "dpop_bound_access_tokens needs DPoP offered: set [dpop] enabled = true"
+    bound = {"redirect_uris": [REDIRECT], "dpop_bound_access_tokens": True}
+    for folder, dpop in (("off", {}), ("on", {"dpop": {"enabled": True}})):
+        (tmp_path / folder).mkdir()
+        h = await Harness(tmp_path / folder, monkeypatch, {**registration_config(monkeypatch), **dpop}).start()
+        try:
+            response, body = await register(h, {**bound, "dpop_bound_access_tokens": "yes"})
+            assert (response.code, body["error"]) == (400, "invalid_client_metadata"), body
+            response, body = await register(h, bound)
+            if not dpop:
+                assert (response.code, body["error"], body["error_description"]) == (
+                    400, "invalid_client_metadata", unoffered)
+                _, mine = await register(h, {"redirect_uris": [REDIRECT]})
+                response, body = await h.json(
+                    "PUT", mine["registration_client_uri"],
+                    data=json.dumps({**bound, "client_id": mine["client_id"]}).encode(),
+                    headers={"Authorization": f"Bearer {mine['registration_access_token']}",
+                             "Content-Type": "application/json"})
+                assert (response.code, body["error"], body["error_description"]) == (
+                    400, "invalid_client_metadata", unoffered)
+                assert (await h.store.get_client(mine["client_id"])).dpop_bound_access_tokens is False
+            else:
+                assert (response.code, body["dpop_bound_access_tokens"]) == (201, True), body
+                assert (await h.store.get_client(body["client_id"])).dpop_bound_access_tokens is True
+        finally:
+            await h.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_registered_clients_always_ask_for_consent(tmp_path, monkeypatch):
     """
     A registered client is never first-party: the user sees the consent
@@ -418,7 +449,7 @@ async def test_a_metadata_document_client_signs_in(tmp_path, monkeypatch, docume
 
 @pytest_twisted.ensureDeferred
 @pytest.mark.parametrize("document", [
-    "mismatch", "secret", "private_key_jwt", "bad_redirect", "oversized", "not_json", "missing",
+    "mismatch", "secret", "private_key_jwt", "bad_redirect", "oversized", "not_json", "missing", "dpop_unoffered",
 ])
 async def test_a_bad_metadata_document_is_an_unknown_client(tmp_path, monkeypatch, document_server, document):
     server, base = document_server
@@ -431,6 +462,7 @@ async def test_a_bad_metadata_document_is_an_unknown_client(tmp_path, monkeypatc
         "bad_redirect": {**good, "redirect_uris": ["http://attacker.example/cb"]},
         "oversized": {**good, "client_name": "x" * 4096},
         "not_json": b"<html>",
+        "dpop_unoffered": {**good, "dpop_bound_access_tokens": True},
     }
     if document in bodies:
         serve(server, url, bodies[document])
@@ -447,6 +479,25 @@ async def test_a_bad_metadata_document_is_an_unknown_client(tmp_path, monkeypatc
         await Browser(h).authorize(url, redirect_uri=REDIRECT)
         fetch_failed = document in ("oversized", "not_json", "missing")
         assert server.hits == [b"/agent.json"] * (2 if fetch_failed else 1), "then fetched again, or cached"
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_metadata_document_may_ask_for_dpop_bound_tokens(tmp_path, monkeypatch, document_server):
+    server, base = document_server
+    url = f"{base}/agent.json"
+    serve(server, url, {"client_id": url, "redirect_uris": [REDIRECT], "dpop_bound_access_tokens": True})
+    h = await Harness(tmp_path, monkeypatch, {**LOCAL_DOCUMENTS, "dpop": {"enabled": True}},
+                      fetch_documents=True).start()
+    try:
+        verifier, challenge = pkce_pair()
+        query = await Browser(h).sign_in(ALICE, url, redirect_uri=REDIRECT, challenge=challenge)
+        response, body = await h.json("POST", TOKEN, data={
+            "grant_type": "authorization_code", "code": query["code"], "code_verifier": verifier,
+            "redirect_uri": REDIRECT, "client_id": url})
+        assert (response.code, body["error"]) == (400, "invalid_dpop_proof"), body
+        assert "must send a DPoP proof" in body["error_description"]
     finally:
         await h.close()
 

@@ -16,7 +16,8 @@ from authsrv.config import parse_config
 from authsrv.configsection import ConfigError
 from authsrv.operations.clients import ClientOperations
 from authsrv.operations.errors import InvalidInput
-from authsrv.protocol.profiles import FAPI2, code_ttl_for, profile_problems
+from authsrv.protocol.client_assertion import ASSERTION_ALGS
+from authsrv.protocol.profiles import FAPI2, assertion_algorithms, code_ttl_for, profile_problems
 from authsrv.protocol.pushed import must_push
 from authsrv.records import Client
 from authsrv.testing.memory import MemoryStore
@@ -87,6 +88,12 @@ def test_codes_of_a_fapi2_client_live_at_most_a_minute():
     assert code_ttl_for(MEETS, 300) == 60
     assert code_ttl_for(MEETS, 30) == 30
     assert code_ttl_for(attrs.evolve(MEETS, profile=None), 300) == 300
+
+
+def test_a_fapi2_clients_assertions_may_not_use_rs256():
+    assert assertion_algorithms(MEETS) == ("PS256", "ES256", "EdDSA")
+    assert assertion_algorithms(attrs.evolve(MEETS, profile=None)) == ASSERTION_ALGS
+    assert "RS256" in ASSERTION_ALGS
 
 
 def test_the_config_file_names_every_shortfall_of_a_fapi2_client():

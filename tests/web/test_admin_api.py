@@ -50,7 +50,8 @@ class Admin:
 
         operations = AdminOperations(
             clients=ClientOperations(store=h.store, clock=h.clock, resolve=None,
-                                     declared=frozenset(c.client_id for c in h.config.clients)),
+                                     declared=frozenset(c.client_id for c in h.config.clients),
+                                     dpop_offered=h.config.dpop is not None),
             users=UserOperations(
                 store=h.store, identity=h.identity, clock=h.clock, notify=notify,
                 hash_password=lambda p: deferToThreadPool(reactor, hashing, hash_password, p, CHEAP),
@@ -190,6 +191,31 @@ async def test_invalid_client_input_names_the_field(harness, body, field):
         assert await harness.store.get_client("crm") is None
     finally:
         await harness.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_dpop_bound_clients_need_dpop_offered(tmp_path, monkeypatch):
+    """Refused with the config file's words while [dpop] is off, made and changed once it is on."""
+    bound = {**NEW_CLIENT, "dpop_bound_access_tokens": True}
+    for folder, config in (("off", None), ("on", {"dpop": {"enabled": True}})):
+        (tmp_path / folder).mkdir()
+        h = Harness(tmp_path / folder, monkeypatch, config)
+        a = await started(h)
+        try:
+            response, answer = await a.call("POST", "/api/admin/clients", bound)
+            if config is None:
+                assert_problem(response, answer, 400, "invalid_request", "dpop_bound_access_tokens")
+                assert answer["message"] == "dpop_bound_access_tokens needs DPoP offered: set [dpop] enabled = true"
+                assert await h.store.get_client("crm") is None
+                response, answer = await a.call("POST", "/api/admin/clients", NEW_CLIENT)
+                assert response.code == 201, answer
+                response, answer = await a.call("PATCH", "/api/admin/clients/crm", {"dpop_bound_access_tokens": True})
+                assert_problem(response, answer, 400, "invalid_request", "dpop_bound_access_tokens")
+                assert (await h.store.get_client("crm")).dpop_bound_access_tokens is False
+            else:
+                assert response.code == 201 and answer["client"]["dpop_bound_access_tokens"] is True, answer
+        finally:
+            await h.close()
 
 
 @pytest_twisted.ensureDeferred

@@ -30,14 +30,15 @@ DOCUMENT_SOURCE = "document"
 log = Logger()
 
 
-def document_client(url: str, document: dict[str, Any], policy: RegistrationPolicy) -> Client:
+def document_client(url: str, document: dict[str, Any], policy: RegistrationPolicy,
+                    dpop_offered: bool = False) -> Client:
     """The client the document at C{url} describes, or L{OAuthError} saying what is wrong with it."""
     if document.get("client_id") != url:
         raise InvalidClientMetadata(f"the document's client_id must be its own URL, {url}")
     if "client_secret" in document or "client_secret_expires_at" in document:
         raise InvalidClientMetadata("a client ID metadata document must not carry a client secret")
     settings, _ = registered_settings(document, RegistrationPolicy(
-        allowed_redirect_hosts=policy.allowed_redirect_hosts, resources=policy.resources))
+        allowed_redirect_hosts=policy.allowed_redirect_hosts, resources=policy.resources), dpop_offered)
     settings.setdefault("name", url)
     return Client(client_id=url, secret_hash=None, source=DOCUMENT_SOURCE, **settings)
 
@@ -51,7 +52,9 @@ class DocumentClients:
     seconds, so that requests naming a slow or broken URL cost no fetch each.
     """
 
-    def __init__(self, clients, documents: RemoteDocuments, policy: RegistrationPolicy, clock):
+    def __init__(self, clients, documents: RemoteDocuments, policy: RegistrationPolicy, clock,
+                 dpop_offered: bool = False):
+        self._dpop_offered = dpop_offered
         self._clients = clients
         self._documents = documents
         self._policy = policy
@@ -71,7 +74,8 @@ class DocumentClients:
         if self._refused.get(client_id, 0.0) > self._clock.seconds():
             return None
         try:
-            return document_client(client_id, await self._documents.fetch(client_id), self._policy)
+            return document_client(client_id, await self._documents.fetch(client_id), self._policy,
+                                   self._dpop_offered)
         except (RemoteDocumentError, OAuthError) as e:
             log.warn("client ID metadata document {url} refused: {reason}", url=client_id, reason=str(e))
             if len(self._refused) >= MAX_REFUSED:

@@ -21,6 +21,7 @@ from authsrv.protocol.client_assertion import (
 )
 from authsrv.protocol.clientauth import PRIVATE_KEY_JWT, authenticate, client_credentials
 from authsrv.protocol.errors import InvalidClient, InvalidRequest
+from authsrv.protocol.profiles import assertion_algorithms
 from authsrv.records import Client
 from authsrv.remote_documents import RemoteDocumentError
 from authsrv.tokens import CLIENT_SECRET_KEY
@@ -82,7 +83,8 @@ class AssertionChecker:
         if client is None or client.token_endpoint_auth_method != PRIVATE_KEY_JWT:
             raise InvalidClient("client authentication failed: this client does not authenticate with private_key_jwt")
         keyset = await self._keys(client, assertion)
-        claims = verified_claims(assertion, client.client_id, keyset, self._audiences, now)
+        claims = verified_claims(assertion, client.client_id, keyset, self._audiences, now,
+                                 assertion_algorithms(client))
         kept_until = claims["exp"] + CLOCK_SKEW  # as long as the assertion is accepted at all
         if consume and not await self._store.claim_jti(client.client_id, claims["jti"], kept_until, now):
             events.assertion_replayed(client_id=client.client_id)

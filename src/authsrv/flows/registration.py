@@ -33,6 +33,7 @@ from authsrv.operations.clientspec import checked_settings
 from authsrv.operations.errors import InvalidInput
 from authsrv.protocol.bearer import BEARER, access_credential
 from authsrv.protocol.clients import is_loopback_host
+from authsrv.protocol.dpop import UNOFFERED as UNOFFERED_DPOP
 from authsrv.protocol.errors import InvalidClientMetadata, InvalidRedirectURI, InvalidToken, OAuthError
 from authsrv.protocol.rates import Rate, parse_rate
 from authsrv.protocol.targets import private_address_problem
@@ -97,12 +98,15 @@ def _redirect_uri_refusal(uri: str, policy: RegistrationPolicy) -> str | None:
     return None
 
 
-def registered_settings(metadata: Any, policy: RegistrationPolicy) -> tuple[dict[str, Any], str]:
+def registered_settings(metadata: Any, policy: RegistrationPolicy,
+                        dpop_offered: bool = False) -> tuple[dict[str, Any], str]:
     """
     The client settings of RFC 7591 C{metadata} and its token endpoint
     authentication method, or L{InvalidRedirectURI} / L{InvalidClientMetadata}
     naming the field. Fields this server does not use are ignored, as RFC
-    7591 section 2 asks.
+    7591 section 2 asks; C{dpop_bound_access_tokens} (RFC 9449 section 5.2)
+    is honoured when the server offers DPoP (C{dpop_offered}) and refused
+    when it does not.
     """
     if not isinstance(metadata, dict):
         raise InvalidClientMetadata("the client metadata must be a JSON object")
@@ -124,6 +128,8 @@ def registered_settings(metadata: Any, policy: RegistrationPolicy) -> tuple[dict
             "resources": list(policy.resources)}
     if "client_name" in metadata:
         data["name"] = metadata["client_name"]
+    if "dpop_bound_access_tokens" in metadata:
+        data["dpop_bound_access_tokens"] = metadata["dpop_bound_access_tokens"]
     try:
         settings = checked_settings(data)
     except InvalidInput as e:
@@ -131,6 +137,8 @@ def registered_settings(metadata: Any, policy: RegistrationPolicy) -> tuple[dict
         raise (InvalidRedirectURI if e.field == "redirect_uris" else InvalidClientMetadata)(message) from None
     if not settings["redirect_uris"]:
         raise InvalidRedirectURI("redirect_uris must name at least one URI")
+    if settings.get("dpop_bound_access_tokens") and not dpop_offered:
+        raise InvalidClientMetadata(f"dpop_bound_access_tokens {UNOFFERED_DPOP}")
     for uri in settings["redirect_uris"]:
         if refusal := _redirect_uri_refusal(uri, policy):
             raise InvalidRedirectURI(refusal)
@@ -138,8 +146,8 @@ def registered_settings(metadata: Any, policy: RegistrationPolicy) -> tuple[dict
 
 
 def client_metadata(client: Client, method: str) -> dict[str, Any]:
-    """A client's registered metadata as RFC 7591 names it."""
-    return {
+    """A client's registered metadata as RFC 7591 names it (and RFC 9449 section 5.2, when bound)."""
+    metadata = {
         "client_id": client.client_id,
         "client_id_issued_at": client.created_at,
         "client_name": client.name,
@@ -148,16 +156,21 @@ def client_metadata(client: Client, method: str) -> dict[str, Any]:
         "response_types": ["code"],
         "token_endpoint_auth_method": method,
     }
+    if client.dpop_bound_access_tokens:
+        metadata["dpop_bound_access_tokens"] = True
+    return metadata
 
 
 class Registration:
     """
     The registration endpoint and its per-client URIs: C{store} keeps the
     clients, C{limit} counts requests per address, C{base} is the
-    registration endpoint's URL.
+    registration endpoint's URL, C{dpop_offered} whether clients may ask
+    for DPoP-bound tokens.
     """
 
-    def __init__(self, *, store, clock, policy: RegistrationPolicy, base: str):
+    def __init__(self, *, store, clock, policy: RegistrationPolicy, base: str, dpop_offered: bool = False):
+        self._dpop_offered = dpop_offered
         self._store = store
         self._clock = clock
         self._policy = policy
@@ -185,7 +198,7 @@ class Registration:
         self.limit.address(address, self._policy.rate)
         self._check_initial_token(authorization, address)
         try:
-            settings, method = registered_settings(metadata, self._policy)
+            settings, method = registered_settings(metadata, self._policy, self._dpop_offered)
         except OAuthError as e:
             raise self._refused(e, address) from None
         client_id = new_token(18)
@@ -236,7 +249,8 @@ class Registration:
         if (asked == "none") != client.is_public:
             raise InvalidClientMetadata("token_endpoint_auth_method cannot change between none and a secret:"
                                         " register a new client")
-        settings, _ = registered_settings({**metadata, "token_endpoint_auth_method": "none"}, self._policy)
+        settings, _ = registered_settings({**metadata, "token_endpoint_auth_method": "none"}, self._policy,
+                                          self._dpop_offered)
         settings.setdefault("name", client_id)
         changed = attrs.evolve(client, **settings)
         await self._store.put_client(changed)

@@ -20,6 +20,7 @@ from authsrv.operations.errors import Conflict, InvalidInput, NotFound, Precondi
 from authsrv.operations.paging import Page, page
 from authsrv.protocol.clientauth import PRIVATE_KEY_JWT, auth_settings_problem
 from authsrv.protocol.clients import client_id_problem
+from authsrv.protocol.dpop import unoffered_dpop
 from authsrv.protocol.profiles import profile_problems
 from authsrv.protocol.pushed import unoffered_push
 from authsrv.protocol.signing import SETTINGS, SigningOffer
@@ -52,14 +53,15 @@ def _check_match(client: Client, if_match: str | None) -> None:
         raise PreconditionFailed("the client changed since it was read: GET it again and retry")
 
 
-def _consistent(client: Client, pushed_offered: bool, fetching: FetchPolicy) -> None:
+def _consistent(client: Client, pushed_offered: bool, dpop_offered: bool, fetching: FetchPolicy) -> None:
     if client.post_logout_redirect_uris and not client.end_session_enabled:
         raise InvalidInput("post_logout_redirect_uris needs end_session_enabled set to true", "end_session_enabled")
     if client.jwks_uri is not None and (uri_problem := url_problem(client.jwks_uri, fetching)):
         raise InvalidInput(f"jwks_uri: {uri_problem}", "jwks_uri")
     if problem := auth_settings_problem(client):
         raise InvalidInput(f"{problem[0]}: {problem[1]}", problem[0])
-    for setting, problem_text in filter(None, (unoffered_push(client, pushed_offered), *profile_problems(client))):
+    for setting, problem_text in filter(None, (unoffered_push(client, pushed_offered),
+                                               unoffered_dpop(client, dpop_offered), *profile_problems(client))):
         raise InvalidInput(f"{setting} {problem_text}", setting)
 
 
@@ -68,14 +70,16 @@ class ClientOperations:
     Built with the store, the clock, the ids of the config-declared clients,
     C{resolve(host)} (a Deferred of an address, as
     L{authsrv.flows.backchannel.resolve_host}) to check back-channel hosts,
-    whether the server offers pushed authorization requests, C{signing}:
+    whether the server offers pushed authorization requests and DPoP, C{signing}:
     which signing algorithms clients may choose, and C{fetching}, which
     decides which C{jwks_uri} may be registered.
     """
 
     def __init__(self, *, store, clock, declared: frozenset[str], resolve, pushed_offered: bool = False,
-                 signing: SigningOffer = SigningOffer(), fetching: FetchPolicy = FetchPolicy()):
+                 dpop_offered: bool = False, signing: SigningOffer = SigningOffer(),
+                 fetching: FetchPolicy = FetchPolicy()):
         self._pushed_offered = pushed_offered
+        self._dpop_offered = dpop_offered
         self._fetching = fetching
         self._store = store
         self._clock = clock
@@ -156,7 +160,7 @@ class ClientOperations:
             client_id=client_id, secret_hash=client_secret_hash(secret, key) if secret else None,
             created_at=self._now(), **{"redirect_uris": [], **settings},
         )
-        _consistent(client, self._pushed_offered, self._fetching)
+        _consistent(client, self._pushed_offered, self._dpop_offered, self._fetching)
         try:
             await self._store.add_client(client)
         except AlreadyExists:
@@ -173,7 +177,7 @@ class ClientOperations:
         if "backchannel_logout_uri" in settings:
             await self._check_backchannel(settings["backchannel_logout_uri"])
         changed = attrs.evolve(client, **settings)
-        _consistent(changed, self._pushed_offered, self._fetching)
+        _consistent(changed, self._pushed_offered, self._dpop_offered, self._fetching)
         await self._store.put_client(changed)
         events.client_changed(client_id=client_id, source="operator", actor=actor, fields=sorted(settings))
         return changed

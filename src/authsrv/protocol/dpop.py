@@ -1,8 +1,9 @@
 """
 DPoP proofs (RFC 9449 section 4.3): the checks of one proof JWT against
 the request it came with, the key thumbprint a token is bound to (RFC
-7638), and stateless server nonces (section 8). Replay of a proof's jti is
-the caller's to refuse, through the store, so every instance agrees.
+7638), stateless server nonces (section 8), and whether a client's settings
+need DPoP offered. Replay of a proof's jti is the caller's to refuse,
+through the store, so every instance agrees.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from jwcrypto.jwk import JWK
 from jwcrypto.jws import JWS
 
 from authsrv.protocol.errors import InvalidDpopProof, UseDpopNonce
+from authsrv.records import Client
 
 PROOF_TYPE = "dpop+jwt"
 ALGORITHMS = ("ES256", "ES384", "ES512", "PS256", "PS384", "PS512", "RS256", "EdDSA")
@@ -29,6 +31,7 @@ MAX_JTI_CHARS = 256
 _COMPACT = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
 _THUMBPRINT = re.compile(r"[A-Za-z0-9_-]{43}")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+UNOFFERED = "needs DPoP offered: set [dpop] enabled = true"
 
 
 @frozen
@@ -66,6 +69,17 @@ def access_token_hash(access_token: str) -> str:
 def is_thumbprint(value: str) -> bool:
     """Whether C{value} has the shape of a base64url SHA-256 JWK thumbprint (a C{dpop_jkt})."""
     return _THUMBPRINT.fullmatch(value) is not None
+
+
+def unoffered_dpop(client: Client, offered: bool) -> tuple[str, str] | None:
+    """
+    (setting, problem) when the client must send DPoP proofs (its own
+    setting, or the profile that demands it) on a server that does not
+    offer DPoP, so none of its token requests could succeed; else None.
+    """
+    if offered or not client.dpop_bound_access_tokens:
+        return None
+    return "dpop_bound_access_tokens", UNOFFERED
 
 
 def normalise_url(url: str) -> str:

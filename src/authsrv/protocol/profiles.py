@@ -3,8 +3,9 @@ Security profiles a client can be held to (its C{profile}); so far the FAPI
 2.0 Security Profile (docs/fapi2.md). A profile is a set of demands on the
 client's settings, checked wherever a client is made or changed (config
 file, admin API, operator command), plus what the flows enforce at run time
-for such a client: pushed requests only (L{authsrv.protocol.pushed.must_push})
-and a code lifetime of at most L{FAPI2_CODE_TTL}.
+for such a client: pushed requests only (L{authsrv.protocol.pushed.must_push}),
+a code lifetime of at most L{FAPI2_CODE_TTL} and client assertions signed
+with one of L{FAPI2_ASSERTION_ALGORITHMS}.
 
 Some demands name settings that other features bring (key-based client
 authentication, DPoP, per-client signing algorithms). A setting this build
@@ -20,6 +21,7 @@ from urllib.parse import urlsplit
 
 import attrs
 
+from authsrv.protocol.client_assertion import ASSERTION_ALGS
 from authsrv.protocol.clients import is_loopback_host
 from authsrv.records import Client
 
@@ -30,6 +32,8 @@ FAPI2_CODE_TTL = 60
 """FAPI 2.0 section 5.3.2.1: authorization codes live at most 60 seconds."""
 FAPI2_ALGORITHMS = ("ES256", "PS256")
 """The signing algorithms a FAPI 2.0 client's tokens may use here."""
+FAPI2_ASSERTION_ALGORITHMS = ("PS256", "ES256", "EdDSA")
+"""FAPI 2.0 section 5.4.1: what a client's private_key_jwt assertion may be signed with (never RS256)."""
 
 _FAPI2_SETTINGS: tuple[tuple[str, tuple, str], ...] = (
     ("token_endpoint_auth_method", ("private_key_jwt",),
@@ -70,3 +74,8 @@ def _plain_http(uri: str) -> bool:
 def code_ttl_for(client: Client, code_ttl: int) -> int:
     """The lifetime of the client's authorization codes: the server's, capped by its profile."""
     return min(code_ttl, FAPI2_CODE_TTL) if client.profile == FAPI2 else code_ttl
+
+
+def assertion_algorithms(client: Client) -> tuple[str, ...]:
+    """The algorithms the client's private_key_jwt assertions may use: fewer under its profile."""
+    return FAPI2_ASSERTION_ALGORITHMS if client.profile == FAPI2 else ASSERTION_ALGS

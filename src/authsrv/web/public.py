@@ -194,7 +194,8 @@ class PublicSite:
             raise NotFound()
         args = form_args(request)
         await self._count(request, self._rates.pushed, push_params(args))
-        response = await pushed.push(request.getHeader(b"authorization"), args, self._now())
+        response = await pushed.push(request.getHeader(b"authorization"), args, self._now(),
+                                     request.requestHeaders.getRawHeaders(b"dpop"))
         return json_body(request, 201, response, no_store=True)
 
     @app.route(ISSUER_PATH + "/oauth2/userinfo", methods=["GET", "POST"])
