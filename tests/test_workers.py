@@ -24,6 +24,7 @@ from pathlib import Path
 from urllib.parse import urlencode
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from twisted.python.usage import UsageError
 
 from authsrv.tap import Options
@@ -228,6 +229,49 @@ def test_two_workers_on_postgresql(run_server, pg_dsn, tmp_path):
     connections = pinned(server, the_workers(server))
     across_workers(server, connections)
     drains_and_exits_0(server, connections)
+
+
+def answered(metrics_port: int, route: str) -> float:
+    """What C{/metrics} says the server answered on C{route}, with every status."""
+    connection = http.client.HTTPConnection("127.0.0.1", metrics_port, timeout=10)
+    status, body = call(connection, "GET", "/metrics")
+    connection.close()
+    assert status == 200, body
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(body.decode())
+        for sample in family.samples
+        if sample.name == "authsrv_http_requests_total" and sample.labels["route"] == route
+    )
+
+
+def test_metrics_add_up_every_workers_requests(run_server, tmp_path):
+    port, metrics_port = free_port(), free_port()
+    config = sqlite_config(tmp_path / "examples", port)
+    config.write_text(config.read_text() + f'\n[metrics]\nlisten = ["tcp:{metrics_port}:interface=127.0.0.1"]\n')
+    server = run_server(["authsrv", "--config", str(config), "--workers", "2"], tmp_path, port=port)
+    connections = pinned(server, the_workers(server))
+    shared = {Path(f"/proc/{pid}/environ").read_bytes().split(b"PROMETHEUS_MULTIPROC_DIR=")[1].split(b"\0")[0]
+              for pid in connections}
+    assert len(shared) == 1, "the workers count in different places"
+    for count, connection in zip((3, 5), connections.values()):
+        for _ in range(count):
+            assert call(connection, "GET", "/healthz")[0] == 200
+    assert answered(metrics_port, "/healthz") == 8
+
+    killed, connection = next(iter(connections.items()))
+    connection.close()
+    os.kill(killed, signal.SIGKILL)
+    deadline = time.monotonic() + DEADLINE
+    while killed in (now := children(server.process.pid)) or len(now) != 2:
+        assert time.monotonic() < deadline, now
+        time.sleep(0.05)
+    assert answered(metrics_port, "/healthz") == 8, "a dead worker's requests went out of the count"
+    for connection in list(connections.values())[1:]:
+        connection.close()
+    server.process.send_signal(signal.SIGTERM)
+    assert server.process.wait(timeout=DEADLINE) == 0
+    assert not Path(shared.pop().decode()).exists(), "the metrics directory outlived the server"
 
 
 def test_a_worker_without_its_sockets_stops_with_one_line(run_server, tmp_path):

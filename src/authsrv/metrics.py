@@ -16,6 +16,13 @@ Where each figure comes from:
     identity chain report C{(label, seconds, failed)} to.
   - signing-key age and the process: read at scrape time.
 
+With several workers (L{authsrv.workers}) every worker counts into files of
+its own in a directory the parent made (prometheus_client's multiprocess
+mode, chosen by C{PROMETHEUS_MULTIPROC_DIR} in the worker's environment),
+and worker 0's C{/metrics} adds them all up, those of a worker that died
+included, so that a counter never goes back. The process figures are worker
+0's own.
+
 The hot path of a request is two dict lookups, a counter increment and a
 histogram observation on children bound once per label set.
 """
@@ -23,6 +30,7 @@ histogram observation on children bound once per label set.
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
@@ -74,12 +82,20 @@ class KeyAge:
 
 
 class Metrics:
-    """Every metric of one server, in a registry of its own (the one C{/metrics} serves)."""
+    """
+    Every metric of one server, in a registry of its own (the one
+    C{/metrics} serves); with C{shared_dir}, that registry reads every
+    worker's counts from there instead.
+    """
 
-    def __init__(self):
-        self.registry = registry = CollectorRegistry()
-        ProcessCollector(registry=registry)
-        PlatformCollector(registry=registry)
+    def __init__(self, shared_dir: str | None = None):
+        self.registry = exposed = CollectorRegistry()
+        ProcessCollector(registry=exposed)
+        PlatformCollector(registry=exposed)
+        registry: CollectorRegistry | None = exposed
+        if shared_dir is not None:
+            MultiProcessCollector(exposed, path=shared_dir)
+            registry = None
         self._requests = Counter(
             "authsrv_http_requests", "HTTP requests answered, by route pattern and status", ["route", "status"],
             registry=registry,

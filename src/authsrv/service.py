@@ -101,7 +101,7 @@ from authsrv.web.request import bounded_request_factory
 from authsrv.web.root import Root
 from authsrv.web.routes import Named
 from authsrv.web.static import StaticBytes
-from authsrv.workers import Adopter, Binder, Supervisor, WorkerRole
+from authsrv.workers import METRICS_DIR_ENV, Adopter, Binder, Supervisor, WorkerRole
 
 MAINTENANCE_INTERVAL = 60.0
 GC_BATCH = 500
@@ -596,7 +596,8 @@ def build(config: Config, reactor, role: WorkerRole | None = None) -> AuthsrvSer
     """
     first = role is None or role.index == 0
     listening = reactor if role is None else Adopter(reactor, role.fds)
-    metrics = Metrics() if config.metrics_listen and first else None
+    shared_metrics = os.environ.get(METRICS_DIR_ENV) if role is not None else None
+    metrics = Metrics(shared_metrics) if config.metrics_listen and (first or shared_metrics) else None
     context = PluginContext(
         reactor, config.base_dir, config.limits.max_token_lifetime,
         store_observer=metrics.store_call if metrics else None, password_hasher=hasher_of(config),
@@ -708,4 +709,4 @@ def build_supervisor(config: Config, reactor, count: int) -> Supervisor:
         await identity.close()
         context.stop()
 
-    return Supervisor(reactor, count, bound, shared_sockets, prepare)
+    return Supervisor(reactor, count, bound, shared_sockets, prepare, shared_metrics=bool(config.metrics_listen))

@@ -20,7 +20,9 @@ the login throttle, the chat refresh leases) or the keystore; what each
 keeps in memory is per worker: the client cache (two seconds), the standing
 cache, the rate-limit buckets, the caps on password checks in flight and
 the key ring (reloaded within a minute). The admin and metrics listeners
-are served by worker 0 alone, so C{/metrics} shows worker 0's own figures.
+are served by worker 0 alone; with metrics on, each worker counts into files
+of a temporary directory the parent makes and removes once every worker has
+exited, and worker 0's C{/metrics} adds them up (L{authsrv.metrics}).
 
 The parent passes SIGTERM on (every worker drains, then the parent exits 0
 once all have), and SIGHUP and SIGUSR1 (every worker reopens its log
@@ -31,9 +33,11 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 
 from attrs import frozen
 from twisted.application.service import Service
@@ -49,6 +53,8 @@ WORKER_ENV = "AUTHSRV_WORKER"
 C{"index:sockets:parent"} in a worker's environment: its number, how many
 listening sockets it inherits, and its parent's pid.
 """
+METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
+"""Where the workers count (L{authsrv.metrics}); prometheus_client reads it when it is first imported."""
 FIRST_FD = 3
 RESTART_DELAY = 1.0
 PREPARE_RETRY = 5.0
@@ -180,9 +186,10 @@ class Supervisor(Service):
     The parent: starts C{count} workers once C{prepare()} (migrations, keys,
     the config's clients) has fired, each with the sockets of C{ports}
     (worker 0 with all of them, the others with the first C{shared}).
+    With C{shared_metrics}, the workers count into one directory of files.
     """
 
-    def __init__(self, reactor, count: int, ports: list, shared: int, prepare, argv=None):
+    def __init__(self, reactor, count: int, ports: list, shared: int, prepare, argv=None, shared_metrics=False):
         self._reactor = reactor
         self._count = count
         self._ports = ports
@@ -191,9 +198,13 @@ class Supervisor(Service):
         self._argv = list(sys.argv[1:] if argv is None else argv)
         self._running: dict[int, tuple[_Worker, IProcessTransport]] = {}
         self._stopping = False
+        self._shared_metrics = shared_metrics
+        self._env: dict[str, str] = {}
 
     def startService(self):
         super().startService()
+        if self._shared_metrics:
+            self._env[METRICS_DIR_ENV] = tempfile.mkdtemp(prefix="authsrv-metrics-")
         self._start()
 
     def _start(self) -> None:
@@ -219,7 +230,7 @@ class Supervisor(Service):
         worker = _Worker(self, index)
         process = self._reactor.spawnProcess(
             worker, sys.executable, [sys.executable, "-m", "twisted", *self._argv],
-            env={**os.environ, WORKER_ENV: f"{index}:{len(ports)}:{os.getpid()}"}, childFDs=fds,
+            env={**os.environ, **self._env, WORKER_ENV: f"{index}:{len(ports)}:{os.getpid()}"}, childFDs=fds,
         )
         self._running[index] = (worker, process)
         log.info("worker {index} started (pid {pid})", index=index, pid=process.pid)
@@ -252,4 +263,11 @@ class Supervisor(Service):
             port.socket.close()
         waiting = [worker.ended for worker, _ in self._running.values()]
         self.signal_workers(signal.SIGTERM)
-        return gatherResults(waiting)
+        return gatherResults(waiting).addBoth(self._remove_shared)
+
+    def _remove_shared(self, result):
+        """The metrics directory goes once no worker can write to it."""
+        shared = self._env.pop(METRICS_DIR_ENV, None)
+        if shared is not None:
+            shutil.rmtree(shared, ignore_errors=True)
+        return result
