@@ -238,7 +238,7 @@ def test_a_replayed_assertion_is_invalid_client(machine, keys):
     ("expired", {"exp_in": -120}, "expired"),
     ("too long-lived", {"exp_in": 7200}, "expire within"),
     ("iss other than sub", {"sub": "reports-bot"}, "iss and sub"),
-    ("another client's name", {"iss": "reports-bot"}, "does not authenticate with private_key_jwt"),
+    ("another client's name", {"iss": "reports-bot"}, "does not authenticate with a client assertion"),
 ])
 def test_bad_assertions_are_invalid_client(machine, keys, case, changes, words):
     answer = token_request(machine, assertion(keys["signer"], issuer=machine.issuer, **changes))

@@ -20,6 +20,7 @@ import attrs
 from attrs import field, frozen
 
 from authsrv.chat.config import ChatConfig, chat_config
+from authsrv.client_secrets import SecretKeeper
 from authsrv.configsection import ConfigError, Section
 from authsrv.flows.device import DevicePolicy
 from authsrv.flows.grants import GRANT_TYPES
@@ -30,7 +31,8 @@ from authsrv.identity.passwords import DEFAULT_MEMORY_KIB, DEFAULT_PARALLELISM, 
 from authsrv.protocol.device import DEVICE_CODE_GRANT
 from authsrv.flows.registration import DEFAULT_RATE as REGISTRATION_RATE
 from authsrv.flows.registration import RegistrationPolicy, host_pattern_problem
-from authsrv.protocol.clientauth import AUTH_METHODS, auth_settings_problem
+from authsrv.protocol.client_assertion import HMAC_BITS
+from authsrv.protocol.clientauth import AUTH_METHODS, CLIENT_SECRET_JWT, auth_settings_problem
 from authsrv.protocol.clients import CLIENT_ID_MAX, client_id_problem, is_loopback_host, redirect_uri_problem
 from authsrv.protocol.dpop import DpopPolicy, unoffered_dpop
 from authsrv.protocol.forwarded import Network, parse_networks
@@ -42,6 +44,7 @@ from authsrv.protocol.signing import DEFAULT_ALG, SETTINGS, TOKEN_SETTINGS, Sign
 from authsrv.protocol.targets import backchannel_uri_problem
 from authsrv.records import DEFAULT_GRANT_TYPES, Client, ThrottlePolicy
 from authsrv.remote_documents import FetchPolicy, fetch_policy, url_problem
+from authsrv.sealing import key_from_text
 from authsrv.tokens import token_hash, weak_secret_problem
 
 DEFAULT_LISTEN = "tcp:8080:interface=127.0.0.1"
@@ -228,6 +231,13 @@ class Config:
     """C{[registration]}: clients that register themselves, off unless configured."""
     dpop: DpopPolicy | None = None
     """C{[dpop]}: how proofs are checked; None when DPoP is off."""
+    client_secret_key: bytes | None = field(default=None, repr=False)
+    """C{[client_secrets]}: the key client_secret_jwt secrets are sealed with; None, that method is not offered."""
+
+    @property
+    def secret_keeper(self) -> SecretKeeper | None:
+        """What seals and opens client_secret_jwt secrets, when offered."""
+        return SecretKeeper(self.client_secret_key) if self.client_secret_key is not None else None
 
     @property
     def issuer(self) -> str:
@@ -523,12 +533,13 @@ def _admin(section: Section, demo: bool, internal_secret: str | None, internal_l
 
 
 def client_from_config(section: Section, demo: bool = False, offer: SigningOffer = SigningOffer(),
-                       fetching: FetchPolicy = FetchPolicy()) -> Client:
+                       fetching: FetchPolicy = FetchPolicy(), keeper: SecretKeeper | None = None) -> Client:
     """
     A client declared in the config file (C{[[clients]]}); C{demo} when the
     public URL is on the loopback interface, where weak secrets are allowed;
     its signing algorithms must be among those C{offer} holds; C{fetching}
-    decides which C{jwks_uri} may be fetched.
+    decides which C{jwks_uri} may be fetched; C{keeper} seals the secret of
+    a client_secret_jwt client.
     """
     client_id = section.str("client_id")
     problem = client_id_problem(client_id)
@@ -564,6 +575,13 @@ def client_from_config(section: Section, demo: bool = False, offer: SigningOffer
         scopes=section.str_list("scopes", []),
         dpop_bound_access_tokens=section.bool("dpop_bound_access_tokens", False),
     )
+    if client.token_endpoint_auth_method == CLIENT_SECRET_JWT and secret is not None:
+        if len(secret.encode()) < MIN_HMAC_SECRET:
+            raise section.error("secret_env" if section.has("secret_env") else "secret_file",
+                                f"a client_secret_jwt secret needs at least {MIN_HMAC_SECRET} bytes"
+                                " (HS256's key size, RFC 7518 section 3.2)")
+        if keeper is not None:
+            client = attrs.evolve(client, sealed_secret=keeper.seal(client_id, secret))
     if client.jwks_uri is not None and (uri_problem := url_problem(client.jwks_uri, fetching)):
         raise section.error("jwks_uri", uri_problem)
     if auth_problem := auth_settings_problem(client):
@@ -730,6 +748,21 @@ def _dpop(section: Section) -> DpopPolicy | None:
     return policy if enabled else None
 
 
+MIN_HMAC_SECRET = min(HMAC_BITS.values()) // 8
+
+
+def _client_secrets(section: Section) -> bytes | None:
+    """C{[client_secrets]}: the key of client_secret_jwt secrets (L{authsrv.client_secrets}), if any."""
+    text = section.secret("encryption_key", required=False)
+    section.done()
+    if text is None:
+        return None
+    try:
+        return key_from_text(text)
+    except ValueError as e:
+        raise section.error("encryption_key", str(e)) from None
+
+
 def _table(top: Section, checked: _Problems, name: str) -> Section:
     """C{[name]}, or an empty one when the file has none (or has something else by that name)."""
     return checked.take(top.table, name, None) or Section({}, name, top.base_dir)
@@ -805,9 +838,11 @@ def read_config_document(
     userinfo = _table(top, checked, "userinfo")
     offer = SigningOffer(offered_algorithms(data), checked.take(userinfo.bool, "signing", False, fallback=False))
     checked.done(userinfo)
+    client_secret_key = checked.take(_client_secrets, _table(top, checked, "client_secrets"))
+    keeper = SecretKeeper(client_secret_key) if client_secret_key is not None else None
     clients: list[Client] = []
     for index, section in enumerate(checked.take(top.tables, "clients", fallback=[])):
-        client = checked.take(client_from_config, section, demo, offer, remote_documents)
+        client = checked.take(client_from_config, section, demo, offer, remote_documents, keeper)
         if client is None:
             continue
         for setting, problem in filter(None, (unoffered_push(client, par.enabled),
@@ -856,6 +891,7 @@ def read_config_document(
         log_format=log_format,
         admin=admin,
         signing=offer,
+        client_secret_key=client_secret_key,
     )
     return config, checked.errors
 

@@ -94,6 +94,12 @@ class Client:
     scopes: tuple[str, ...] = field(default=(), converter=_tuple)
     dpop_bound_access_tokens: bool = False
     """Every token request must come with a DPoP proof (RFC 9449 section 5.2)."""
+    sealed_secret: bytes | None = field(default=None, repr=False)
+    """
+    A client_secret_jwt client's secret (and, in a rotation's overlap, the
+    previous one), sealed by L{authsrv.client_secrets.SecretKeeper}; None
+    for every other client.
+    """
 
     @property
     def is_public(self) -> bool:

@@ -76,8 +76,8 @@ from authsrv.operations.clients import ClientOperations
 from authsrv.operations.keys import JWKS_MAX_AGE, KeyOperations
 from authsrv.operations.users import UserOperations
 from authsrv.plugins import UnknownPlugin, find_factory
-from authsrv.protocol.client_assertion import ASSERTION_ALGS
-from authsrv.protocol.clientauth import PRIVATE_KEY_JWT
+from authsrv.protocol.client_assertion import ASSERTION_ALGS, HMAC_ALGS
+from authsrv.protocol.clientauth import CLIENT_SECRET_JWT, PRIVATE_KEY_JWT
 from authsrv.protocol.discovery import (
     authorization_server_metadata,
     endpoints,
@@ -185,7 +185,7 @@ async def sync_config_clients(store, declared) -> None:
         before = stored.get(client.client_id)
         if before is None:
             events.client_created(client_id=client.client_id, source="config", actor=CONFIG_ACTOR)
-        elif before != client:
+        elif attrs.evolve(before, sealed_secret=None) != attrs.evolve(client, sealed_secret=None):
             events.client_changed(client_id=client.client_id, source="config", actor=CONFIG_ACTOR)
     names = {c.client_id for c in declared}
     for client in stored.values():
@@ -356,7 +356,8 @@ def _documents(config: Config, keystore, grant_types: tuple[str, ...], offered: 
         features = offered.current()
         if (oidc, features) not in made:
             grants = tuple(g for g in grant_types if g not in OPTIONAL_GRANTS or g in features)
-            assertion_algs = ASSERTION_ALGS if PRIVATE_KEY_JWT in features else ()
+            assertion_algs = ((ASSERTION_ALGS if PRIVATE_KEY_JWT in features else ())
+                              + (HMAC_ALGS if CLIENT_SECRET_JWT in features else ()))
             if oidc:
                 metadata = openid_configuration(config.issuer, keystore.algorithms, grants, pushed, assertion_algs,
                                                 dpop_algs, signed_userinfo=config.signing.userinfo)
@@ -468,7 +469,7 @@ def web_root(
     documents = documents or RemoteDocuments(reactor, config.remote_documents)
     token_endpoint = endpoints(config.issuer)["token_endpoint"]
     clients: ClientCache | DocumentClients = ClientCache(store, reactor, assertions=AssertionChecker(
-        store=store, documents=documents, audiences=(config.issuer, token_endpoint)))
+        store=store, documents=documents, audiences=(config.issuer, token_endpoint), secrets=config.secret_keeper))
     if config.registration.metadata_documents:
         clients = DocumentClients(clients, documents, config.registration, reactor,
                                   dpop_offered=config.dpop is not None)
@@ -496,6 +497,7 @@ def client_operations(config: Config, reactor, store) -> ClientOperations:
         store=store, clock=reactor, declared=frozenset(c.client_id for c in config.clients),
         resolve=lambda host: backchannel.resolve_host(reactor, host), pushed_offered=config.par.enabled,
         dpop_offered=config.dpop is not None, signing=config.signing, fetching=config.remote_documents,
+        secrets=config.secret_keeper,
     )
 
 

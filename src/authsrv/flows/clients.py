@@ -11,19 +11,23 @@ from __future__ import annotations
 from twisted.logger import Logger
 
 from authsrv import events
+from authsrv.client_secrets import SecretKeeper
 from authsrv.protocol.client_assertion import (
     CLOCK_SKEW,
+    HMAC_ALGS,
     assertion_kid,
     assertion_params,
     public_keyset,
+    secret_keyset,
     unverified_client_id,
     verified_claims,
 )
-from authsrv.protocol.clientauth import PRIVATE_KEY_JWT, authenticate, client_credentials
+from authsrv.protocol.clientauth import CLIENT_SECRET_JWT, PRIVATE_KEY_JWT, authenticate, client_credentials
 from authsrv.protocol.errors import InvalidClient, InvalidRequest
 from authsrv.protocol.profiles import assertion_algorithms
 from authsrv.records import Client
 from authsrv.remote_documents import RemoteDocumentError
+from authsrv.sealing import Unsealable
 from authsrv.tokens import CLIENT_SECRET_KEY
 
 log = Logger()
@@ -66,30 +70,50 @@ class ClientCache:
 
 class AssertionChecker:
     """
-    private_key_jwt (L{authsrv.protocol.client_assertion}): the client's
-    keys are its registered C{jwks}, or its C{jwks_uri} fetched by
-    C{documents} (a L{authsrv.remote_documents.RemoteDocuments}), fetched
-    again when an assertion names a key it lacks; each jti is claimed in
-    the C{store} until the assertion expires, so a replay fails.
-    C{audiences} are what an assertion's aud may name: the issuer first.
+    private_key_jwt and client_secret_jwt
+    (L{authsrv.protocol.client_assertion}): a private_key_jwt client's keys
+    are its registered C{jwks}, or its C{jwks_uri} fetched by C{documents}
+    (a L{authsrv.remote_documents.RemoteDocuments}), fetched again when an
+    assertion names a key it lacks; a client_secret_jwt client's key is its
+    secret, opened by C{secrets} (None: the method is not offered). Each
+    jti is claimed in the C{store} until the assertion expires, so a replay
+    fails. C{audiences} are what an assertion's aud may name: the issuer
+    first.
     """
 
-    def __init__(self, *, store, documents, audiences: tuple[str, ...]):
+    def __init__(self, *, store, documents, audiences: tuple[str, ...], secrets: SecretKeeper | None = None):
         self._store = store
         self._documents = documents
         self._audiences = audiences
+        self._secrets = secrets
 
     async def check(self, client: Client | None, assertion: str, now: int, consume: bool) -> Client:
-        if client is None or client.token_endpoint_auth_method != PRIVATE_KEY_JWT:
-            raise InvalidClient("client authentication failed: this client does not authenticate with private_key_jwt")
-        keyset = await self._keys(client, assertion)
-        claims = verified_claims(assertion, client.client_id, keyset, self._audiences, now,
-                                 assertion_algorithms(client))
+        method = client.token_endpoint_auth_method if client is not None else None
+        if client is not None and method == PRIVATE_KEY_JWT:
+            keyset, algorithms = await self._keys(client, assertion), assertion_algorithms(client)
+        elif client is not None and method == CLIENT_SECRET_JWT and self._secrets is not None:
+            keyset, algorithms = self._secret_keys(client, now), HMAC_ALGS
+        else:
+            raise InvalidClient(
+                "client authentication failed: this client does not authenticate with a client assertion"
+            )
+        claims = verified_claims(assertion, client.client_id, keyset, self._audiences, now, algorithms)
         kept_until = claims["exp"] + CLOCK_SKEW  # as long as the assertion is accepted at all
         if consume and not await self._store.claim_jti(client.client_id, claims["jti"], kept_until, now):
             events.assertion_replayed(client_id=client.client_id)
             raise InvalidClient("client authentication failed: this client_assertion was already used")
         return client
+
+    def _secret_keys(self, client: Client, now: int):
+        try:
+            secrets = self._secrets.secrets(client, now) if self._secrets is not None else ()
+        except Unsealable:
+            log.error("the sealed secret of client {client_id} does not open with the [client_secrets] key;"
+                      " rotate the client's secret", client_id=client.client_id)
+            secrets = ()
+        if not secrets:
+            raise InvalidClient("client authentication failed: the client's secret cannot be read on this server")
+        return secret_keyset(secrets)
 
     async def _keys(self, client: Client, assertion: str):
         if client.jwks is not None:
@@ -116,8 +140,8 @@ async def authenticate_client(
 ) -> Client:
     """
     The client a token, introspection or revocation request comes from
-    (client_secret_basic, client_secret_post, private_key_jwt, or a public
-    client by its client_id), or L{authsrv.protocol.errors.InvalidClient}.
+    (client_secret_basic, client_secret_post, private_key_jwt,
+    client_secret_jwt, or a public client by its client_id), or L{authsrv.protocol.errors.InvalidClient}.
     C{consume} false checks an assertion without using it up (the rate
     limiter looks before the endpoint does).
     """

@@ -1,8 +1,8 @@
 """
 What discovery advertises beyond the contract depends on the clients: the
-client_credentials grant and private_key_jwt authentication are listed only
-while some client is registered to use them (docs/design.md, Machine
-clients). Discovery is served from memory, so the answer is recomputed from
+client_credentials grant and the private_key_jwt and client_secret_jwt
+authentication methods are listed only while some client is registered to
+use them (docs/design.md, Machine clients). Discovery is served from memory, so the answer is recomputed from
 the store's clients at most once a minute, off the request's path: a
 discovery request returns at once with what was last found.
 """
@@ -12,11 +12,11 @@ from __future__ import annotations
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
-from authsrv.protocol.clientauth import PRIVATE_KEY_JWT
+from authsrv.protocol.clientauth import ASSERTION_METHODS
 from authsrv.records import Client
 
 OPTIONAL_GRANTS = ("client_credentials",)
-OPTIONAL_AUTH_METHODS = (PRIVATE_KEY_JWT,)
+OPTIONAL_AUTH_METHODS = ASSERTION_METHODS
 REFRESH_EVERY = 60.0
 
 

@@ -14,11 +14,12 @@ import attrs
 from twisted.internet.defer import Deferred
 
 from authsrv import events
+from authsrv.client_secrets import SecretKeeper
 from authsrv.flows.backchannel import ATTEMPT_TIMEOUT, RefusedTarget, pinned_address
 from authsrv.operations.clientspec import EDITABLE, checked_settings
 from authsrv.operations.errors import Conflict, InvalidInput, NotFound, PreconditionFailed
 from authsrv.operations.paging import Page, page
-from authsrv.protocol.clientauth import PRIVATE_KEY_JWT, auth_settings_problem
+from authsrv.protocol.clientauth import CLIENT_SECRET_JWT, PRIVATE_KEY_JWT, auth_settings_problem
 from authsrv.protocol.clients import client_id_problem
 from authsrv.protocol.dpop import unoffered_dpop
 from authsrv.protocol.profiles import profile_problems
@@ -26,6 +27,7 @@ from authsrv.protocol.pushed import unoffered_push
 from authsrv.protocol.signing import SETTINGS, SigningOffer
 from authsrv.records import Client
 from authsrv.remote_documents import FetchPolicy, url_problem
+from authsrv.sealing import Unsealable
 from authsrv.store.errors import AlreadyExists
 from authsrv.tokens import CLIENT_SECRET_KEY, client_secret_hash, new_token
 
@@ -77,7 +79,8 @@ class ClientOperations:
 
     def __init__(self, *, store, clock, declared: frozenset[str], resolve, pushed_offered: bool = False,
                  dpop_offered: bool = False, signing: SigningOffer = SigningOffer(),
-                 fetching: FetchPolicy = FetchPolicy()):
+                 fetching: FetchPolicy = FetchPolicy(), secrets: SecretKeeper | None = None):
+        self._secrets = secrets
         self._pushed_offered = pushed_offered
         self._dpop_offered = dpop_offered
         self._fetching = fetching
@@ -95,6 +98,21 @@ class ClientOperations:
 
     def _now(self) -> int:
         return int(self._clock.seconds())
+
+    def _current(self, client: Client, until: int | None) -> str | None:
+        """A client_secret_jwt client's secret before a rotation, to keep in its overlap; None if it cannot be read."""
+        if until is None or self._secrets is None:
+            return None
+        try:
+            return next(iter(self._secrets.secrets(client, self._now())), None)
+        except Unsealable:
+            return None
+
+    def _sealed(self, client: Client, secret: str | None, previous: str | None = None) -> bytes | None:
+        """A client_secret_jwt client's secrets, sealed; None for any other client or without the key."""
+        if client.token_endpoint_auth_method != CLIENT_SECRET_JWT or secret is None or self._secrets is None:
+            return None
+        return self._secrets.seal(client.client_id, secret, previous)
 
     async def list(self, limit: int | None = None, cursor: str | None = None) -> Page:
         """Clients ordered by id, at most C{limit} (up to 100) after C{cursor}."""
@@ -160,6 +178,7 @@ class ClientOperations:
             client_id=client_id, secret_hash=client_secret_hash(secret, key) if secret else None,
             created_at=self._now(), **{"redirect_uris": [], **settings},
         )
+        client = attrs.evolve(client, sealed_secret=self._sealed(client, secret))
         _consistent(client, self._pushed_offered, self._dpop_offered, self._fetching)
         try:
             await self._store.add_client(client)
@@ -177,6 +196,8 @@ class ClientOperations:
         if "backchannel_logout_uri" in settings:
             await self._check_backchannel(settings["backchannel_logout_uri"])
         changed = attrs.evolve(client, **settings)
+        if changed.token_endpoint_auth_method != CLIENT_SECRET_JWT:
+            changed = attrs.evolve(changed, sealed_secret=None)
         _consistent(changed, self._pushed_offered, self._dpop_offered, self._fetching)
         await self._store.put_client(changed)
         events.client_changed(client_id=client_id, source="operator", actor=actor, fields=sorted(settings))
@@ -210,6 +231,9 @@ class ClientOperations:
             client, secret_hash=client_secret_hash(secret, key),
             previous_secret_hash=client.secret_hash if until else None, previous_secret_until=until,
         )
+        if client.token_endpoint_auth_method == CLIENT_SECRET_JWT:
+            rotated = attrs.evolve(rotated, sealed_secret=self._sealed(rotated, secret, self._current(client, until)))
+            _consistent(rotated, self._pushed_offered, self._dpop_offered, self._fetching)
         await self._store.put_client(rotated)
         events.client_secret_rotated(client_id=client_id, previous_until=until, actor=actor)
         return rotated, secret

@@ -17,7 +17,7 @@ from authsrv.records import Ban, BrowserSession, Client, Consent, Grant, KeyInfo
 def client_view(client: Client) -> dict[str, Any]:
     """A client as the front ends show it: every setting, no secret hash."""
     data = attrs.asdict(client, recurse=False)
-    for hidden in ("secret_hash", "previous_secret_hash", "registration_token_hash"):
+    for hidden in ("secret_hash", "previous_secret_hash", "registration_token_hash", "sealed_secret"):
         del data[hidden]
     for key, value in data.items():
         if isinstance(value, tuple):

@@ -1,8 +1,9 @@
 """
-private_key_jwt client authentication (RFC 7523 sections 2.2 and 3, OIDC
-Core section 9): the client signs a short-lived JWT with a key it
-registered. Pure: the caller supplies the client's key set and records the
-jti, so that an assertion authenticates once (a replay is invalid_client).
+private_key_jwt and client_secret_jwt client authentication (RFC 7523
+sections 2.2 and 3, OIDC Core section 9): the client signs a short-lived JWT
+with a key it registered, or keys an HMAC with its secret. Pure: the caller
+supplies the client's key set and records the jti, so that an assertion
+authenticates once (a replay is invalid_client).
 
 Every failure is the same L{InvalidClient} with a message that says what
 to fix; the signature is checked before any claim is believed.
@@ -13,14 +14,20 @@ from __future__ import annotations
 import json
 import re
 
-from jwcrypto.common import JWException
-from jwcrypto.jwk import JWKSet
+from jwcrypto.common import JWException, base64url_decode, base64url_encode
+from jwcrypto.jwk import JWK, JWKSet
 from jwcrypto.jws import JWS
 
 from authsrv.protocol.errors import InvalidClient, InvalidRequest
 
 ASSERTION_ALGS = ("RS256", "PS256", "ES256", "EdDSA")
-"""What an assertion may be signed with (token_endpoint_auth_signing_alg_values_supported); never none or HMAC."""
+"""What a private_key_jwt assertion may be signed with; never none or HMAC."""
+HMAC_BITS = {"HS256": 256, "HS384": 384, "HS512": 512}
+"""
+What a client_secret_jwt assertion may be keyed with, and the fewest bits of
+secret each takes (RFC 7518 section 3.2: at least the hash's size).
+"""
+HMAC_ALGS = tuple(HMAC_BITS)
 MAX_LIFETIME = 3600
 """
 An assertion may expire at most this many seconds after now: it is a
@@ -86,6 +93,10 @@ def verified_claims(
         raise _failed("client_assertion is not a compact signed JWT") from None
     if alg not in algorithms:
         raise _failed(f"client_assertion is signed with {alg!r}; use one of {', '.join(algorithms)}")
+    if alg in HMAC_BITS and not any(len(base64url_decode(key.get("k", ""))) * 8 >= HMAC_BITS[alg] for key in keyset):
+        shorter = "use HS256" if alg != "HS256" else "the client needs a longer secret"
+        raise _failed(f"{alg} needs a client secret of at least {HMAC_BITS[alg] // 8} bytes (RFC 7518 section 3.2);"
+                      f" this client's is shorter: {shorter}")
     try:
         token.verify(keyset)
         claims = json.loads(token.payload)
@@ -128,6 +139,14 @@ def assertion_params(params: dict[str, str]) -> str | None:
     if "client_secret" in params:
         raise InvalidRequest("use one client authentication method, not client_assertion and client_secret both")
     return assertion
+
+
+def secret_keyset(secrets: tuple[str, ...]) -> JWKSet:
+    """The client's secrets as HMAC keys (RFC 7518 section 3.2: the secret's UTF-8 octets are the key)."""
+    keyset = JWKSet()
+    for secret in secrets:
+        keyset.add(JWK(kty="oct", k=base64url_encode(secret.encode("utf-8"))))
+    return keyset
 
 
 def public_keyset(document: str | dict) -> JWKSet:

@@ -23,8 +23,11 @@ from authsrv.tokens import secret_matches
 
 
 PRIVATE_KEY_JWT = "private_key_jwt"
+CLIENT_SECRET_JWT = "client_secret_jwt"
+ASSERTION_METHODS = (PRIVATE_KEY_JWT, CLIENT_SECRET_JWT)
+"""The methods that authenticate with a client assertion (RFC 7523) instead of presenting a secret."""
 SECRET_METHODS = ("client_secret_basic", "client_secret_post")
-AUTH_METHODS = (*SECRET_METHODS, PRIVATE_KEY_JWT, "none")
+AUTH_METHODS = (*SECRET_METHODS, PRIVATE_KEY_JWT, CLIENT_SECRET_JWT, "none")
 """The C{token_endpoint_auth_method} values a client may be registered with."""
 
 
@@ -84,8 +87,11 @@ def authenticate(client: Client | None, credentials: ClientCredentials, key: byt
     """
     if client is None:
         raise InvalidClient("client authentication failed")
-    if client.token_endpoint_auth_method == PRIVATE_KEY_JWT:
-        raise InvalidClient("client authentication failed: this client authenticates with a private_key_jwt assertion")
+    if client.token_endpoint_auth_method in ASSERTION_METHODS:
+        raise InvalidClient(
+            f"client authentication failed: this client authenticates with a {client.token_endpoint_auth_method}"
+            " assertion"
+        )
     if client.is_public:
         if credentials.secret is not None:
             raise InvalidClient("client authentication failed: a public client has no secret")
@@ -117,8 +123,13 @@ def auth_settings_problem(client: Client) -> tuple[str, str] | None:
                 return "jwks", str(e)
     elif client.jwks is not None or client.jwks_uri is not None:
         return "jwks" if client.jwks is not None else "jwks_uri", "only a private_key_jwt client registers keys"
-    if method in SECRET_METHODS and client.secret_hash is None:
+    if method in (*SECRET_METHODS, CLIENT_SECRET_JWT) and client.secret_hash is None:
         return "token_endpoint_auth_method", f"{method} needs a client secret"
+    if method == CLIENT_SECRET_JWT and client.sealed_secret is None:
+        return "token_endpoint_auth_method", (
+            "client_secret_jwt needs the secret kept sealed on the server: set [client_secrets]"
+            " encryption_key_env or encryption_key_file, and give the client this method when it is made"
+        )
     if method == "none" and client.secret_hash is not None:
         return "token_endpoint_auth_method", "none is for public clients, which have no secret"
     if "client_credentials" in client.grant_types and client.is_public:

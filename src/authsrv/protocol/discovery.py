@@ -6,7 +6,8 @@ at start from the issuer and the keystore's algorithms.
 
 from __future__ import annotations
 
-from authsrv.protocol.clientauth import PRIVATE_KEY_JWT
+from authsrv.protocol.client_assertion import HMAC_ALGS
+from authsrv.protocol.clientauth import CLIENT_SECRET_JWT, PRIVATE_KEY_JWT
 from authsrv.protocol.device import DEVICE_CODE_GRANT
 from authsrv.protocol.oidc import ACR_VALUES
 
@@ -51,13 +52,17 @@ def authorization_server_metadata(
     RFC 8414 metadata; the OIDC document extends it. C{grant_types} are the
     token endpoint's (the device authorization endpoint is listed with its
     grant); C{pushed} is L{pushed_request_metadata}'s; C{assertion_algs},
-    when private_key_jwt is offered, what a client assertion may be signed
-    with; C{dpop_algs} the DPoP proof algorithms, when DPoP is offered.
+    what a client assertion may be signed with: asymmetric ones when
+    private_key_jwt is offered, HMAC ones when client_secret_jwt is; C{dpop_algs} the DPoP proof algorithms, when DPoP is offered.
     """
     offered = endpoints(issuer)
     if DEVICE_CODE_GRANT in grant_types:
         offered["device_authorization_endpoint"] = f"{issuer}/oauth2/device-authorization"
-    methods = [*CLIENT_AUTH_METHODS, *([PRIVATE_KEY_JWT] if assertion_algs else [])]
+    methods = [
+        *CLIENT_AUTH_METHODS,
+        *([PRIVATE_KEY_JWT] if any(alg not in HMAC_ALGS for alg in assertion_algs) else []),
+        *([CLIENT_SECRET_JWT] if any(alg in HMAC_ALGS for alg in assertion_algs) else []),
+    ]
     metadata = {
         **(pushed or {}),
         "issuer": issuer,

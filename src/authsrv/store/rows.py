@@ -207,7 +207,7 @@ def tables(dialect: Dialect) -> Tables:
             scopes=LIST,
             end_session_enabled=FLAG, first_party=FLAG, introspect_any=FLAG, require_mfa=FLAG,
             require_pushed_authorization_requests=FLAG,
-            dpop_bound_access_tokens=FLAG,
+            dpop_bound_access_tokens=FLAG, sealed_secret=BLOB,
         ),
         sessions=rows(BrowserSession, "browser_sessions", "session_hash", amr=LIST),
         interactions=rows(

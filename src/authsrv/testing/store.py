@@ -351,6 +351,22 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             assert not (await store.get_client(CLIENT)).is_public
 
     @pytest_twisted.ensureDeferred
+    async def test_a_sealed_client_secret_round_trips_and_goes_with_its_client(self):
+        sealed = bytes(range(256)) + b"\x00 sealed"
+        client = Client(CLIENT, h("secret"), [], grant_types=["client_credentials"],
+                        token_endpoint_auth_method="client_secret_jwt", sealed_secret=sealed)
+        async with self.store() as store:
+            await store.add_client(client)
+            assert (await store.get_client(CLIENT)).sealed_secret == sealed
+            resealed = attrs.evolve(client, sealed_secret=b"resealed")
+            await store.put_client(resealed)
+            assert await store.get_client(CLIENT) == resealed
+            assert [c.sealed_secret for c in await store.list_clients() if c.client_id == CLIENT] == [b"resealed"]
+            assert await store.remove_client(CLIENT)
+            await store.add_client(attrs.evolve(client, sealed_secret=None))
+            assert (await store.get_client(CLIENT)).sealed_secret is None
+
+    @pytest_twisted.ensureDeferred
     async def test_client_assertion_jti_is_claimed_once_until_it_expires(self):
         async with self.store() as store:
             assert await store.claim_jti(CLIENT, "jti-1", NOW + 60, NOW) is True
