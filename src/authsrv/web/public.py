@@ -61,6 +61,7 @@ ACCOUNT_PATH = ISSUER_PATH + "/account"
 ACCOUNT_TOTP_PATH = ACCOUNT_PATH + "/mfa/totp"
 REGISTER_PATH = ISSUER_PATH + "/oauth2/register"
 INTROSPECT_PATH = ISSUER_PATH + "/oauth2/introspect"
+USERINFO_PATH = ISSUER_PATH + "/oauth2/userinfo"
 
 
 def _cors(request) -> None:
@@ -118,6 +119,10 @@ class PublicSite:
         """The hottest routes as plain leaves by their path (L{Endpoint}), the rest through Klein."""
         return ExactPaths({
             INTROSPECT_PATH.encode(): self._endpoint(INTROSPECT_PATH, {b"POST": self.introspection}, b"POST"),
+            USERINFO_PATH.encode(): self._endpoint(USERINFO_PATH, {
+                b"GET": self.userinfo, b"HEAD": self.userinfo, b"POST": self.userinfo,
+                b"OPTIONS": self.userinfo_preflight,
+            }, b"GET, HEAD, POST, OPTIONS"),
         }, self.app.resource())
 
     def _endpoint(self, route: str, handlers, allow: bytes) -> Endpoint:
@@ -205,8 +210,8 @@ class PublicSite:
                                      request.requestHeaders.getRawHeaders(b"dpop"))
         return json_body(request, 201, response, no_store=True)
 
-    @app.route(ISSUER_PATH + "/oauth2/userinfo", methods=["GET", "POST"])
     async def userinfo(self, request):
+        """GET and POST (OIDC Core 5.3.1), and HEAD as every GET route of the site answers it."""
         _cors(request)
         self._rates.userinfo_request(client_address_of(request, self._trusted_proxies))
         scheme, access_token = access_credential(request.getHeader(b"authorization"), userinfo_form_token(request))
@@ -218,7 +223,6 @@ class PublicSite:
             return jwt_body(request, answer)
         return json_body(request, 200, answer, no_store=True)
 
-    @app.route(ISSUER_PATH + "/oauth2/userinfo", methods=["OPTIONS"])
     def userinfo_preflight(self, request):
         return _preflight(request, b"GET, POST, OPTIONS")
 
