@@ -60,6 +60,7 @@ LINK_PATH = ISSUER_PATH + "/link/chat"
 ACCOUNT_PATH = ISSUER_PATH + "/account"
 ACCOUNT_TOTP_PATH = ACCOUNT_PATH + "/mfa/totp"
 REGISTER_PATH = ISSUER_PATH + "/oauth2/register"
+TOKEN_PATH = ISSUER_PATH + "/oauth2/token"
 INTROSPECT_PATH = ISSUER_PATH + "/oauth2/introspect"
 USERINFO_PATH = ISSUER_PATH + "/oauth2/userinfo"
 
@@ -118,6 +119,8 @@ class PublicSite:
     def resource(self) -> ExactPaths:
         """The hottest routes as plain leaves by their path (L{Endpoint}), the rest through Klein."""
         return ExactPaths({
+            TOKEN_PATH.encode(): self._endpoint(TOKEN_PATH, {b"POST": self.token, b"OPTIONS": self.token_preflight},
+                                                b"POST, OPTIONS"),
             INTROSPECT_PATH.encode(): self._endpoint(INTROSPECT_PATH, {b"POST": self.introspection}, b"POST"),
             USERINFO_PATH.encode(): self._endpoint(USERINFO_PATH, {
                 b"GET": self.userinfo, b"HEAD": self.userinfo, b"POST": self.userinfo,
@@ -185,7 +188,6 @@ class PublicSite:
 
     # --- the relying parties' back channel -----------------------------------
 
-    @app.route(ISSUER_PATH + "/oauth2/token", methods=["POST"])
     async def token(self, request):
         _cors(request)
         params = form_params(request)
@@ -194,7 +196,6 @@ class PublicSite:
             request.getHeader(b"authorization"), params, self._now(), request.requestHeaders.getRawHeaders(b"dpop"))
         return json_body(request, 200, response, no_store=True)
 
-    @app.route(ISSUER_PATH + "/oauth2/token", methods=["OPTIONS"])
     def token_preflight(self, request):
         return _preflight(request, b"POST, OPTIONS")
 
