@@ -93,7 +93,8 @@ class Endpoint(Resource):
     C{route} for the metrics; C{wrong_method} answers any other method (with
     its C{Allow}). C{refusal} renders what a handler raised as the site's
     error handlers do, or returns None for what they do not handle, which
-    becomes Twisted's bodiless 500 and a logged traceback, as under Klein.
+    becomes Twisted's plain 500 page (the site shows no traceback) and a
+    logged one, as under Klein.
     When the client goes away, the work in flight is cancelled and nothing
     is written.
     """
