@@ -9,6 +9,7 @@ time.
     .venv/bin/python bench/bench.py [--store sqlite|postgres] [--workers N]
         [--repeats 3] [--duration 5] [--concurrency 1,16,64] [--only TARGET,...]
         [--seed-grants N] [--out bench/results/NAME]
+    .venv/bin/python bench/bench.py --baseline OTHER/src   # this checkout against another, no peer
 
 It writes NAME.md (the table: req/s, p50 and p99 of each server, the
 authsrv/peer ratio of each repeat and their median, the machine and the
@@ -128,8 +129,11 @@ class Authsrv(Server):
     name = "authsrv"
 
     def __init__(self, folder: Path, *, store: str, workers: int, postgres_dsn: str | None, seed_grants: int = 0,
-                 identity: dict | None = None):
-        """C{identity}: an [[identity]] section to use instead of the demo's static users file."""
+                 identity: dict | None = None, source: Path | None = None):
+        """
+        C{identity}: an [[identity]] section to use instead of the demo's static users file; C{source}:
+        another checkout's src/ directory to run authsrv from instead of this one.
+        """
         shutil.copytree(ROOT / "examples", folder / "examples", ignore=shutil.ignore_patterns("demo-data"))
         port = free_port()
         config = folder / "examples" / "demo.toml"
@@ -171,11 +175,18 @@ class Authsrv(Server):
         self.introspect = issuer + "/oauth2/introspect"
         self.userinfo = issuer + "/oauth2/userinfo"
         self.user_access = self.base + "/api/internal/user-access"
+        env = None
+        if source is not None:
+            env = {**os.environ, "PYTHONPATH": str(source)}
+            found = subprocess.run([sys.executable, "-c", "import authsrv; print(authsrv.__file__)"], env=env,
+                                   cwd=folder, capture_output=True, text=True, check=True).stdout
+            if not Path(found.strip()).is_relative_to(source):
+                raise SystemExit(f"bench: {source} does not hold the authsrv that runs ({found.strip()})")
         self.process = subprocess.Popen(
             ["taskset", "-c", SERVER_CORE if PINNED else ALL_CORES, sys.executable, "-m", "twisted",
              "--log-file", os.devnull,
              "authsrv", "--config", str(config)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=folder,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=folder, env=env,
         )
         wait_ready(self.base + "/readyz", self.process, "authsrv")
 
@@ -603,6 +614,9 @@ def main() -> None:
     parser.add_argument("--instances", type=int, default=0, metavar="N",
                         help="instead of the comparison (PostgreSQL only): N instances on one database, each"
                              " loaded by its own wrk, against one instance; nothing pinned")
+    parser.add_argument("--baseline", default=None, metavar="SRC",
+                        help="instead of the comparison: this checkout's authsrv against the one in SRC (another"
+                             " checkout's src/ directory), both on the server core, alternating; no peer")
     parser.add_argument("--out", default=None, help="results path without extension (default bench/results/<store>)")
     args = parser.parse_args()
     targets = [t for t in args.only.split(",") if t]
@@ -614,6 +628,10 @@ def main() -> None:
         # Several workers need every core: authsrv and the load then share them, the peer stays on one.
         global PINNED
         PINNED = False
+    out = Path(args.out) if args.out else BENCH / "results" / (args.store + (f"-workers{args.workers}" if args.workers > 1 else ""))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if args.baseline:
+        return baseline(args, Path(args.baseline).resolve(), targets, concurrencies, out)
     for tool in ("wrk", "taskset", "node"):
         if shutil.which(tool) is None:
             raise SystemExit(f"bench: needs {tool} (bench/setup.sh installs it)")
@@ -621,8 +639,6 @@ def main() -> None:
         raise SystemExit("bench: node-oidc-provider is not installed (bench/setup.sh installs it)")
     if args.store == "postgres" and not (BETTER_AUTH / "node_modules" / "better-auth").is_dir():
         raise SystemExit("bench: Better Auth is not installed (bench/setup.sh installs it)")
-    out = Path(args.out) if args.out else BENCH / "results" / (args.store + (f"-workers{args.workers}" if args.workers > 1 else ""))
-    out.parent.mkdir(parents=True, exist_ok=True)
 
     if args.scale:
         return scale(args, [int(n) for n in args.scale.split(",")], targets, max(concurrencies), out)
@@ -781,6 +797,64 @@ def scale(args, sizes: list[int], targets: list[str], connections: int, out: Pat
     out = out.with_name(out.name + "-scale")
     out.with_suffix(".md").write_text(table)
     out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+    print(table)
+
+
+def baseline(args, source: Path, targets: list[str], concurrencies: list[int], out: Path) -> None:
+    """
+    This checkout's authsrv ("after") against the one in C{source} ("before"), on the same SQLite
+    configuration and the same core, target by target alternating between the two within each repeat.
+    """
+    if args.store != "sqlite" or args.workers != 1 or args.identity != "static":
+        raise SystemExit("bench: --baseline runs the SQLite store, one worker, the static users file")
+    folder = Path(tempfile.mkdtemp(prefix="authsrv-bench-"))
+    servers: list[Authsrv] = []
+    try:
+        for name, src in (("before", source), ("after", None)):
+            (folder / name).mkdir()
+            server = Authsrv(folder / name, store="sqlite", workers=1, postgres_dsn=None, source=src)
+            server.name = name
+            servers.append(server)
+        measure = Measure(folder, args.duration)
+        for server in servers:
+            measure.prepare(server)
+        results = []
+        for repeat in range(args.repeats):
+            for target in targets:
+                for connections in concurrencies:
+                    for server in servers[::-1] if repeat % 2 else servers:
+                        started = server.cpu_seconds()
+                        result = measure.run(server, target, connections)
+                        result["cpu_ms"] = 1000 * (server.cpu_seconds() - started) / max(1, result["count"])
+                        result.update(server=server.name, target=target, connections=connections, repeat=repeat)
+                        results.append(result)
+                        print(f"repeat {repeat + 1}/{args.repeats} {target} c={connections} {server.name}:"
+                              f" {result['rate']:,.0f} req/s CPU {result['cpu_ms']:.3f} ms/req"
+                              + (f" ERRORS {result['errors']}" if result["errors"] else ""), file=sys.stderr, flush=True)
+    finally:
+        for server in servers:
+            server.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+    lines = [f"authsrv before (the checkout --baseline named) and after (this checkout), SQLite store, both pinned to one core, the load"
+             f" on the other; {args.repeats} repeats of {args.duration} s, alternating. Ratio: after/before in each"
+             " repeat, then their median.", "",
+             "| endpoint | c | before req/s | CPU ms/req | after req/s | CPU ms/req | ratio per repeat | median ratio |",
+             "|---|---|---|---|---|---|---|---|"]
+    for target in targets:
+        for c in concurrencies:
+            runs = {name: sorted((r for r in results if (r["server"], r["target"], r["connections"]) == (name, target, c)),
+                                 key=lambda r: r["repeat"]) for name in ("before", "after")}
+            ratios = [a["rate"] / b["rate"] for a, b in zip(runs["after"], runs["before"]) if b["rate"]]
+            figures = {name: {k: statistics.median(r[k] for r in rs) for k in ("rate", "cpu_ms")}
+                       for name, rs in runs.items()}
+            lines.append(f"| {target} | {c} | {figures['before']['rate']:,.0f} | {figures['before']['cpu_ms']:.3f}"
+                         f" | {figures['after']['rate']:,.0f} | {figures['after']['cpu_ms']:.3f}"
+                         f" | {' · '.join(f'{r:.2f}' for r in ratios)} | **{statistics.median(ratios):.2f}** |")
+    lines += ["", f"Errors (non-2xx answers): {sum(r['errors'] for r in results)}."]
+    table = "\n".join(lines) + "\n"
+    out = out.with_name(out.name + "-baseline")
+    out.with_suffix(".md").write_text(table)
+    out.with_suffix(".json").write_text(json.dumps(results, indent=1))
     print(table)
 
 

@@ -24,9 +24,10 @@ from authsrv.protocol.rates import Rate
 from authsrv.store.errors import StoreUnavailable
 from authsrv.web.forms import client_address_of
 from authsrv.web.headers import json_body
-from authsrv.web.routes import RoutedKlein
+from authsrv.web.routes import Endpoint, ExactPaths, RoutedKlein
 
 PREFIX = "/api/internal"
+USER_ACCESS_PATH = PREFIX + "/user-access"
 
 
 class RequestProblem(Exception):
@@ -53,6 +54,11 @@ def _problem(request, problem: RequestProblem) -> bytes:
     if problem.status == 401:
         request.setHeader(b"www-authenticate", b'Bearer realm="authsrv-internal"')
     return _answer(request, problem.status, {"error": problem.code, "message": problem.message, **problem.extra})
+
+
+def _wrong_method(request) -> bytes:
+    request.setHeader(b"allow", b"POST")
+    return _problem(request, RequestProblem(405, "method_not_allowed", "use POST"))
 
 
 def _user_id(request) -> str:
@@ -126,8 +132,11 @@ class InternalAPI:
         self._identity = identity
         self._chat_tokens = chat_tokens
 
-    def resource(self):
-        return self.app.resource()
+    def resource(self) -> ExactPaths:
+        """user-access, called on every session check, as a plain leaf (L{Endpoint}); the rest through Klein."""
+        return ExactPaths({
+            USER_ACCESS_PATH.encode(): Endpoint(USER_ACCESS_PATH, {b"POST": self.check_user_access}, _wrong_method),
+        }, self.app.resource())
 
     def _authorize(self, request) -> None:
         supplied = request.getHeader(b"authorization") or b""
@@ -137,7 +146,6 @@ class InternalAPI:
         if scheme.lower() != b"bearer" or not hmac.compare_digest(_digest(token.strip()), self._secret):
             raise RequestProblem(401, "unauthorized", "a valid Authorization: Bearer <internal API secret> is required")
 
-    @app.route(PREFIX + "/user-access", methods=["POST"])
     @_endpoint
     async def check_user_access(self, request, sub: str):
         status = await user_access(self._identity, self._store, sub, int(self._reactor.seconds()))
@@ -165,5 +173,4 @@ class InternalAPI:
 
     @app.handle_errors(MethodNotAllowed)
     def wrong_method(self, request, failure):
-        request.setHeader(b"allow", b"POST")
-        return _problem(request, RequestProblem(405, "method_not_allowed", "use POST"))
+        return _wrong_method(request)

@@ -38,7 +38,7 @@ from authsrv.store.errors import StoreUnavailable
 from authsrv.web.account_pages import account_page
 from authsrv.web.device_pages import device_code_page, device_consent_page
 from authsrv.web.forms import client_address_of, form_args, form_params, page_form, userinfo_form_token
-from authsrv.web.headers import allow_any_origin, json_body, jwt_body, oauth_error
+from authsrv.web.headers import allow_any_origin, json_body, jwt_body, method_not_allowed, oauth_error
 from authsrv.web.interaction_pages import (
     consent_page,
     enrolment_page,
@@ -48,7 +48,7 @@ from authsrv.web.interaction_pages import (
     second_factor_page,
 )
 from authsrv.web.pages import error_page, render_page
-from authsrv.web.routes import RoutedKlein
+from authsrv.web.routes import Endpoint, ExactPaths, RoutedKlein
 
 RETRY_AFTER = b"5"
 JSON_ENDPOINTS = (
@@ -60,6 +60,9 @@ LINK_PATH = ISSUER_PATH + "/link/chat"
 ACCOUNT_PATH = ISSUER_PATH + "/account"
 ACCOUNT_TOTP_PATH = ACCOUNT_PATH + "/mfa/totp"
 REGISTER_PATH = ISSUER_PATH + "/oauth2/register"
+TOKEN_PATH = ISSUER_PATH + "/oauth2/token"
+INTROSPECT_PATH = ISSUER_PATH + "/oauth2/introspect"
+USERINFO_PATH = ISSUER_PATH + "/oauth2/userinfo"
 
 
 def _cors(request) -> None:
@@ -113,8 +116,20 @@ class PublicSite:
         self._flows = flows
         self._readiness = readiness
 
-    def resource(self):
-        return self.app.resource()
+    def resource(self) -> ExactPaths:
+        """The hottest routes as plain leaves by their path (L{Endpoint}), the rest through Klein."""
+        return ExactPaths({
+            TOKEN_PATH.encode(): self._endpoint(TOKEN_PATH, {b"POST": self.token, b"OPTIONS": self.token_preflight},
+                                                b"POST, OPTIONS"),
+            INTROSPECT_PATH.encode(): self._endpoint(INTROSPECT_PATH, {b"POST": self.introspection}, b"POST"),
+            USERINFO_PATH.encode(): self._endpoint(USERINFO_PATH, {
+                b"GET": self.userinfo, b"HEAD": self.userinfo, b"POST": self.userinfo,
+                b"OPTIONS": self.userinfo_preflight,
+            }, b"GET, HEAD, POST, OPTIONS"),
+        }, self.app.resource())
+
+    def _endpoint(self, route: str, handlers, allow: bytes) -> Endpoint:
+        return Endpoint(route, handlers, lambda request: method_not_allowed(request, allow), self._refusal)
 
     def _now(self) -> int:
         return int(self._clock.seconds())
@@ -173,7 +188,6 @@ class PublicSite:
 
     # --- the relying parties' back channel -----------------------------------
 
-    @app.route(ISSUER_PATH + "/oauth2/token", methods=["POST"])
     async def token(self, request):
         _cors(request)
         params = form_params(request)
@@ -182,7 +196,6 @@ class PublicSite:
             request.getHeader(b"authorization"), params, self._now(), request.requestHeaders.getRawHeaders(b"dpop"))
         return json_body(request, 200, response, no_store=True)
 
-    @app.route(ISSUER_PATH + "/oauth2/token", methods=["OPTIONS"])
     def token_preflight(self, request):
         return _preflight(request, b"POST, OPTIONS")
 
@@ -198,8 +211,8 @@ class PublicSite:
                                      request.requestHeaders.getRawHeaders(b"dpop"))
         return json_body(request, 201, response, no_store=True)
 
-    @app.route(ISSUER_PATH + "/oauth2/userinfo", methods=["GET", "POST"])
     async def userinfo(self, request):
+        """GET and POST (OIDC Core 5.3.1), and HEAD as every GET route of the site answers it."""
         _cors(request)
         self._rates.userinfo_request(client_address_of(request, self._trusted_proxies))
         scheme, access_token = access_credential(request.getHeader(b"authorization"), userinfo_form_token(request))
@@ -211,11 +224,9 @@ class PublicSite:
             return jwt_body(request, answer)
         return json_body(request, 200, answer, no_store=True)
 
-    @app.route(ISSUER_PATH + "/oauth2/userinfo", methods=["OPTIONS"])
     def userinfo_preflight(self, request):
         return _preflight(request, b"GET, POST, OPTIONS")
 
-    @app.route(ISSUER_PATH + "/oauth2/introspect", methods=["POST"])
     async def introspection(self, request):
         params = form_params(request)
         await self._count(request, self._rates.introspection, params)
@@ -548,40 +559,34 @@ class PublicSite:
 
     # --- failures ----------------------------------------------------------------
 
-    @app.handle_errors(RateLimited)
-    def rate_limited(self, request, failure):
-        """Over the client's rate: 429 with Retry-After, in RFC 6749 section 5.2's shape."""
-        request.setHeader(b"retry-after", str(failure.value.retry_after).encode())
-        return oauth_error(request, failure.value)
+    @app.handle_errors(RateLimited, OAuthError, PageError, StoreUnavailable, BackendUnavailable)
+    def refused(self, request, failure):
+        return self._refusal(request, failure.value)
 
-    @app.handle_errors(OAuthError)
-    def oauth_failure(self, request, failure):
-        """Any OAuth error a JSON endpoint raised, rendered per RFC 6749 section 5.2."""
-        return oauth_error(request, failure.value)
-
-    @app.handle_errors(PageError)
-    def page_failure(self, request, failure):
-        """A refusal a browser flow raised, shown to the user as a page."""
-        error = failure.value
-        if error.retry_after is not None:
+    def _refusal(self, request, error: Exception) -> bytes | None:
+        """
+        What any route answers to what it raised, under Klein or not: a rate
+        limit as 429 with Retry-After, any OAuth error per RFC 6749 section
+        5.2, a browser flow's refusal as a page, and an unreachable store or
+        identity backend as 503 with a retry hint, never a 500 or a hang, and
+        never a refusal that would end a user's grant. None for anything else.
+        """
+        if isinstance(error, RateLimited):
             request.setHeader(b"retry-after", str(error.retry_after).encode())
-        return error_page(request, error.status, error.title, error.message)
-
-    @app.handle_errors(StoreUnavailable)
-    def store_unavailable(self, request, failure):
-        """The store is down or too slow: 503 and a retry hint, never a 500 or a hang."""
-        self.log.warn("store unavailable: {error}", error=str(failure.value))
-        return self._try_later(request, "the service cannot reach its database; try again")
-
-    @app.handle_errors(BackendUnavailable)
-    def identity_unavailable(self, request, failure):
-        """
-        No identity backend could say who the user is (a directory or
-        database down) while checking their standing: 503 as for the store,
-        never a 500, and never a refusal that would end their grant.
-        """
-        self.log.warn("identity backend unavailable: {error}", error=str(failure.value))
-        return self._try_later(request, "the service cannot reach its user directory; try again")
+            return oauth_error(request, error)
+        if isinstance(error, OAuthError):
+            return oauth_error(request, error)
+        if isinstance(error, PageError):
+            if error.retry_after is not None:
+                request.setHeader(b"retry-after", str(error.retry_after).encode())
+            return error_page(request, error.status, error.title, error.message)
+        if isinstance(error, StoreUnavailable):
+            self.log.warn("store unavailable: {error}", error=str(error))
+            return self._try_later(request, "the service cannot reach its database; try again")
+        if isinstance(error, BackendUnavailable):
+            self.log.warn("identity backend unavailable: {error}", error=str(error))
+            return self._try_later(request, "the service cannot reach its user directory; try again")
+        return None
 
     def _try_later(self, request, description: str) -> bytes:
         request.setHeader(b"retry-after", RETRY_AFTER)
@@ -597,8 +602,4 @@ class PublicSite:
 
     @app.handle_errors(MethodNotAllowed)
     def wrong_method(self, request, failure):
-        allowed = ", ".join(failure.value.valid_methods or ())
-        request.setHeader(b"allow", allowed.encode())
-        return json_body(
-            request, 405, {"error": "method_not_allowed", "error_description": f"use {allowed}"}
-        )
+        return method_not_allowed(request, ", ".join(failure.value.valid_methods or ()).encode())

@@ -1,6 +1,6 @@
 """
-The site's root: exact paths of static documents answer from a dict lookup,
-everything else goes to the Klein application.
+The site's root: exact paths of static documents and of the hottest routes
+answer from a dict lookup, everything else goes to the Klein applications.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from authsrv.config import InputLimits
 from authsrv.web.admin import PREFIX as ADMIN_PATH
 from authsrv.web.internal import PREFIX
 from authsrv.web.limits import Refused, parameter_problem
+from authsrv.web.routes import ExactPaths
 
 INTERNAL_PREFIX = (PREFIX + "/").encode()
 ADMIN_PREFIX = (ADMIN_PATH + "/").encode()
@@ -18,11 +19,21 @@ TOO_LARGE = Refused(413, "the request body is too large", close=True)
 """413 for a body over the limit (L{authsrv.web.request.BoundedRequest})."""
 
 
+def _leaves(resource: Resource | None) -> dict[bytes, Resource]:
+    return resource.leaves if isinstance(resource, ExactPaths) else {}
+
+
+def _router(resource: Resource | None) -> Resource | None:
+    return resource.router if isinstance(resource, ExactPaths) else resource
+
+
 class Root(Resource):
     """
-    Dispatches on the whole request path before any routing, so discovery and
-    JWKS cost one dict lookup (docs/design.md, Speed targets). Oversized bodies and
-    parameters over C{limits} are refused before any routing too.
+    Dispatches on the whole request path before any routing, so discovery,
+    JWKS and the hottest routes of C{app} and C{internal} (their
+    L{ExactPaths} leaves) cost one dict lookup (docs/design.md, Speed
+    targets). Oversized bodies and parameters over C{limits} are refused
+    before any routing too.
     """
 
     def __init__(
@@ -30,9 +41,9 @@ class Root(Resource):
         limits: InputLimits = InputLimits(), admin: Resource | None = None,
     ):
         super().__init__()
-        self._static = static
-        self._app = app
-        self._internal = internal
+        self._exact = {**_leaves(internal), **_leaves(app), **static}
+        self._app = _router(app)
+        self._internal = _router(internal)
         self._admin = admin
         self._limits = limits
 
@@ -43,9 +54,9 @@ class Root(Resource):
             problem = parameter_problem(request.args, self._limits)
             if problem is not None:
                 return Refused(400, problem)
-        static = self._static.get(request.path)
-        if static is not None:
-            return static
+        exact = self._exact.get(request.path)
+        if exact is not None:
+            return exact
         request.postpath.insert(0, request.prepath.pop())
         if self._internal is not None and request.path.startswith(INTERNAL_PREFIX):
             return self._internal

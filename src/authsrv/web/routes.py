@@ -1,16 +1,27 @@
 """
-Which route answered a request, for labels that stay bounded: a Klein app
-that names on each request the pattern of the rule it matched, and a wrapper
-that names a static document. A request that matched nothing keeps
-C{route = None}; its raw path is never a label.
+Routing below and beside Klein. Which route answered a request, for labels
+that stay bounded: a Klein app that names on each request the pattern of the
+rule it matched, and a wrapper that names a static document. A request that
+matched nothing keeps C{route = None}; its raw path is never a label.
+
+The hottest dynamic routes skip Klein altogether (docs/design.md, Speed
+targets): L{ExactPaths} finds them by their whole path in one dict lookup and
+each is an L{Endpoint}, a plain twisted.web leaf that runs the route's
+coroutine and writes its answer as Klein would, without Klein's URL binding,
+rule matching and chain of Deferreds per request.
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any, Awaitable, Callable, Mapping
 
 from klein import Klein
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.logger import Logger
+from twisted.python.failure import Failure
 from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET
 
 
 @lru_cache(maxsize=16)
@@ -40,3 +51,90 @@ class Named(Resource):
     def render(self, request):
         request.route = self._route
         return self._resource.render(request)
+
+
+class ExactPaths(Resource):
+    """
+    C{leaves} by their whole request path, every other path by C{router}
+    (a Klein app's resource). L{authsrv.web.root.Root} takes C{leaves} into
+    its own lookup, so that on a site they cost no step of their own.
+    """
+
+    def __init__(self, leaves: dict[bytes, Resource], router: Resource):
+        super().__init__()
+        self.leaves = leaves
+        self.router = router
+
+    def getChildWithDefault(self, name, request):
+        leaf = self.leaves.get(request.path)
+        if leaf is not None:
+            return leaf
+        request.postpath.insert(0, request.prepath.pop())
+        return self.router
+
+
+Handler = Callable[[Any], "bytes | Awaitable[bytes]"]
+"""A route: the request in, the body out, directly (a preflight) or from a coroutine."""
+
+
+def _not_answered(request, error: Exception) -> bytes | None:
+    return None
+
+
+def _send(request, body: bytes) -> None:
+    """The body written and the request finished, exactly as Klein writes a route's answer."""
+    request.write(body)
+    request.finish()
+
+
+class Endpoint(Resource):
+    """
+    One route as a plain leaf: C{handlers} by request method, labelled
+    C{route} for the metrics; C{wrong_method} answers any other method (with
+    its C{Allow}). C{refusal} renders what a handler raised as the site's
+    error handlers do, or returns None for what they do not handle, which
+    becomes Twisted's plain 500 page (the site shows no traceback) and a
+    logged one, as under Klein.
+    When the client goes away, the work in flight is cancelled and nothing
+    is written.
+    """
+
+    isLeaf = True
+    log = Logger()
+
+    def __init__(self, route: str, handlers: Mapping[bytes, Handler], wrong_method: Callable[[Any], bytes],
+                 refusal: Callable[[Any, Exception], bytes | None] = _not_answered):
+        super().__init__()
+        self.route = route
+        self.handlers = handlers
+        self._wrong_method = wrong_method
+        self._refusal = refusal
+
+    def render(self, request):
+        handler = self.handlers.get(request.method)
+        if handler is None:
+            _send(request, self._wrong_method(request))
+            return NOT_DONE_YET
+        request.route = self.route
+        answering = Deferred.fromCoroutine(self._answer(request, handler))
+        if not answering.called:
+            request.notifyFinish().addErrback(lambda _: answering.cancel())
+        return NOT_DONE_YET
+
+    async def _answer(self, request, handler: Handler) -> None:
+        try:
+            body = handler(request)
+            if not isinstance(body, bytes):
+                body = await body
+        except Exception as error:
+            if request.channel is None:
+                if not isinstance(error, CancelledError):
+                    self.log.failure("route failed after its client went away", Failure(error))
+                return
+            refused = self._refusal(request, error)
+            if refused is None:
+                request.processingFailed(Failure(error))
+                return
+            body = refused
+        if request.channel is not None:
+            _send(request, body)
