@@ -101,6 +101,10 @@ def test_a_person_approves_a_waiting_device(server, driver):
     page = driver.find_element(By.TAG_NAME, "main").text
     assert codes["user_code"] in page and "Living-Room TV" in page and "Your name and picture" in page
     assert poller.is_alive() and poller.answer is None
+    deadline = time.monotonic() + 10
+    while not poller.errors:  # the device has been told to wait before the person allows it
+        assert time.monotonic() < deadline, "the device never polled"
+        time.sleep(0.05)
     driver.find_element(By.CSS_SELECTOR, "button[value=approve]").click()
     WebDriverWait(driver, WAIT).until(lambda d: "Device connected" in d.find_element(By.TAG_NAME, "h1").text)
 
