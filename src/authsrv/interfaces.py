@@ -279,7 +279,8 @@ class IAuthorizationCodeStore(Interface):
     def consume_code(code_hash, now):
         """
         Atomically mark a code used. Fires with
-        L{authsrv.records.CodeConsumed} (first use, not expired),
+        L{authsrv.records.CodeConsumed} (first use, not expired: with its
+        grant and its user's ban, read in the same round trip),
         L{authsrv.records.CodeReused} (used before; the caller revokes its
         grant) or L{authsrv.records.CodeNotFound} (unknown or expired).
         """
@@ -313,7 +314,8 @@ class IGrantStore(Interface):
         """
         Fires with the L{authsrv.records.RefreshToken} in whatever state it is
         (C{revoked} set when it or its grant is revoked), with C{user_ban} as
-        for L{find_access_token}, or None.
+        for L{find_access_token} and its C{grant}, all in one round trip, or
+        None.
         """
 
     def rotate_refresh(old_hash, new_refresh, new_access, replay, grace_until, now):

@@ -349,6 +349,11 @@ class RefreshToken:
     user_ban: "Ban | None" = None
     jkt: str | None = None
     """The DPoP key a public client's refresh token is bound to (RFC 9449 section 5)."""
+    grant: "Grant | None" = field(default=None, eq=False, repr=False)
+    """
+    Its grant, filled in by lookups only, so a refresh reads token, grant
+    and ban in one round trip; not part of the token's equality.
+    """
 
 
 @frozen
@@ -513,7 +518,11 @@ class Factor:
 
 @frozen
 class CodeConsumed:
+    """The code, now used, with its grant and its user's ban (None: none), read in the same round trip."""
+
     code: AuthorizationCode
+    grant: Grant
+    user_ban: "Ban | None" = None
 
 
 @frozen

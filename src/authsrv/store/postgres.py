@@ -74,7 +74,7 @@ from authsrv.records import (
 from authsrv.store import device, pending, throttle
 from authsrv.store.errors import AlreadyExists, StoreUnavailable
 from authsrv.store.observer import Observer, watched
-from authsrv.store.rows import POSTGRES, WITH_BAN, Rows, ban_of, factors_of, import_statements, scope_text, tables
+from authsrv.store.rows import POSTGRES, GRANT_PREFIX, WITH_BAN, Rows, ban_of, factors_of, import_statements, scope_text, tables
 
 COMPONENT = "store"
 """This schema's name in C{schema_version}, which other components may share."""
@@ -200,6 +200,8 @@ def _holds_nul(params: dict) -> bool:
 
 
 _T = tables(POSTGRES)
+_WITH_GRANT = _T.grants.select_as("g", GRANT_PREFIX)
+"""A token's or code's grant (C{g}), read in the same query (L{authsrv.store.rows.Rows})."""
 _IMPORT = import_statements(_T, POSTGRES)
 _THROTTLE = throttle.statements(POSTGRES)
 _DEVICE = device.statements(POSTGRES, lock=" FOR UPDATE")
@@ -484,7 +486,7 @@ class PostgresStore:
     def get_refresh_token(self, token_hash):
         return self._one("get_refresh_token",
             _T.refresh,
-            "SELECT r.*, g.revoked_at IS NOT NULL AS revoked" + WITH_BAN
+            "SELECT r.*, g.revoked_at IS NOT NULL AS revoked, " + _WITH_GRANT + WITH_BAN
             + " FROM refresh_tokens r JOIN grants g ON g.grant_id = r.grant_id"
             " LEFT JOIN bans b ON b.sub = r.sub WHERE r.token_hash = %(hash)s",
             {"hash": token_hash},
@@ -828,15 +830,17 @@ async def _consume_code(db, code_hash, now):
     params = {"hash": code_hash, "now": now}
     row = await first(
         db,
-        "UPDATE authorization_codes SET used_at = %(now)s"
+        "WITH c AS (UPDATE authorization_codes SET used_at = %(now)s"
         " WHERE code_hash = %(hash)s AND used_at IS NULL AND expires_at > %(now)s"
         " AND EXISTS (SELECT 1 FROM grants g"
         "  WHERE g.grant_id = authorization_codes.grant_id AND g.revoked_at IS NULL)"
-        " RETURNING *",
+        " RETURNING *)"
+        " SELECT c.*, " + _WITH_GRANT + WITH_BAN + " FROM c JOIN grants g ON g.grant_id = c.grant_id"
+        " LEFT JOIN bans b ON b.sub = c.sub",
         params,
     )
     if row is not None:
-        return CodeConsumed(_T.codes.load(row))
+        return CodeConsumed(_T.codes.load(row), _T.grants.load(row, GRANT_PREFIX), ban_of(row, row["sub"]))
     used = await first(
         db, "SELECT grant_id FROM authorization_codes WHERE code_hash = %(hash)s AND used_at IS NOT NULL", params
     )

@@ -90,19 +90,24 @@ class Rows:
     How one record type maps onto its table. C{derived} fields come from a
     query (a join), never from a column; C{nested} records (field name ->
     their L{Rows}) are kept flat, as their own fields' columns in the same
-    row. A row that carries a user's ban (the C{ban_*} columns of a join)
-    fills in C{user_ban}.
+    row. C{joined} records (field name -> (column prefix, their L{Rows}))
+    are read from another table's columns a lookup selected under that
+    prefix (L{select_as}), so one query brings both. A row that carries a
+    user's ban (the C{ban_*} columns of a join) fills in C{user_ban}.
     """
 
     def __init__(
         self, dialect: Dialect, record: type, table: str, key: str, derived: tuple[str, ...] = (),
-        nested: dict | None = None, **codecs,
+        nested: dict | None = None, joined: dict[str, tuple[str, "Rows"]] | None = None, **codecs,
     ):
         self.record = record
         self.table = table
         self.mark = dialect.mark
         self.nested = nested or {}
-        fields = [f.name for f in attrs.fields(record) if f.name not in self.nested]
+        self.joined = joined or {}
+        names = {f.name for f in attrs.fields(record)}
+        self._with_ban = "user_ban" in names
+        fields = [f.name for f in attrs.fields(record) if f.name not in self.nested and f.name not in self.joined]
         codecs = {name: dialect.codec(codec) for name, codec in codecs.items()}
         plain = (None, None)
         self._encoders = [(name, codecs.get(name, plain)[0]) for name in fields if name not in derived]
@@ -139,21 +144,30 @@ class Rows:
             params.update(rows.params(getattr(value, name), prefix))
         return params
 
-    def load(self, row):
+    def select_as(self, alias: str, prefix: str) -> str:
+        """The select list of this table's columns (as C{alias}) under C{prefix}, for a joined record."""
+        return ", ".join(f"{alias}.{name} AS {prefix}{name}" for name, _ in self._decoders)
+
+    def load(self, row, prefix: str = ""):
         if row is None:
             return None
         keys = row.keys()
         values = {
-            name: row[name] if decode is None else decode(row[name])
-            for name, decode in self._decoders if name in keys
+            name: row[prefix + name] if decode is None else decode(row[prefix + name])
+            for name, decode in self._decoders if prefix + name in keys
         }
         for name, rows in self.nested.items():
             values[name] = rows.load(row)
-        if "ban_created_at" in keys:
+        for name, (joined_prefix, rows) in self.joined.items():
+            if any(key.startswith(joined_prefix) for key in keys):
+                values[name] = rows.load(row, joined_prefix)
+        if self._with_ban and "ban_created_at" in keys:
             values["user_ban"] = ban_of(row, row["sub"])
         return self.record(**values)
 
 
+GRANT_PREFIX = "grant__"
+"""The column prefix of a grant read with a token or code (L{Rows.select_as}): no column starts with it."""
 WITH_BAN = ", b.reason AS ban_reason, b.created_at AS ban_created_at, b.until AS ban_until"
 """The columns by which a token lookup also reads its user's ban, so one round trip tells both."""
 
@@ -200,6 +214,7 @@ def tables(dialect: Dialect) -> Tables:
     def rows(*args, **kwargs):
         return Rows(dialect, *args, **kwargs)
 
+    grants = rows(Grant, "grants", "grant_id", scope=SCOPE, resource=LIST, amr=LIST)
     return Tables(
         clients=rows(
             Client, "clients", "client_id",
@@ -221,13 +236,13 @@ def tables(dialect: Dialect) -> Tables:
         ),
         link_attempts=rows(LinkAttempt, "link_attempts", "state_hash"),
         pushed=rows(PushedRequest, "pushed_requests", "uri_hash"),
-        grants=rows(Grant, "grants", "grant_id", scope=SCOPE, resource=LIST, amr=LIST),
+        grants=grants,
         codes=rows(AuthorizationCode, "authorization_codes", "code_hash", scope=SCOPE, resource=LIST, amr=LIST),
         devices=rows(DeviceAuthorization, "device_authorizations", "device_code_hash", scope=SCOPE, resource=LIST),
         access=rows(AccessToken, "access_tokens", "token_hash", derived=("user_ban",), scope=SCOPE, audience=LIST),
         refresh=rows(
             RefreshToken, "refresh_tokens", "token_hash", derived=("revoked", "user_ban"),
-            scope=SCOPE, revoked=FLAG, replay=BLOB,
+            joined={"grant": (GRANT_PREFIX, grants)}, scope=SCOPE, revoked=FLAG, replay=BLOB,
         ),
         bans=rows(Ban, "bans", "sub"),
         linked=rows(

@@ -46,7 +46,7 @@ from authsrv.records import (
 from authsrv.store import device, pending, throttle
 from authsrv.store.errors import AlreadyExists, StoreUnavailable
 from authsrv.store.observer import Observer, watched
-from authsrv.store.rows import SQLITE, WITH_BAN, Rows, ban_of, factors_of, import_statements, scope_text, tables
+from authsrv.store.rows import SQLITE, GRANT_PREFIX, WITH_BAN, Rows, ban_of, factors_of, import_statements, scope_text, tables
 from authsrv.store.sqlite_worker import SQLiteWorker
 
 _SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL"}
@@ -171,6 +171,8 @@ _BUSY_UNTIL = pending.busy_until(SQLITE)
 _DEVICE = device.statements(SQLITE)
 
 _JOIN_BAN = " LEFT JOIN bans b ON b.sub = {table}.sub"
+_WITH_GRANT = _T.grants.select_as("g", GRANT_PREFIX)
+"""A token's or code's grant (C{g}), read in the same query (L{authsrv.store.rows.Rows})."""
 
 _REVOKE_GRANT = "UPDATE grants SET revoked_at = ? WHERE grant_id = ? AND revoked_at IS NULL"
 
@@ -432,7 +434,7 @@ class SQLiteStore:
     def get_refresh_token(self, token_hash):
         return self._query("get_refresh_token",
             _T.refresh,
-            "SELECT r.*, g.revoked_at IS NOT NULL AS revoked" + WITH_BAN
+            "SELECT r.*, g.revoked_at IS NOT NULL AS revoked, " + _WITH_GRANT + WITH_BAN
             + " FROM refresh_tokens r JOIN grants g ON g.grant_id = r.grant_id"
             + _JOIN_BAN.format(table="r")
             + " WHERE r.token_hash = ?",
@@ -765,7 +767,11 @@ def _consume_code(db, code_hash, now):
         )
     )
     if row is not None:
-        return CodeConsumed(_T.codes.load(row))
+        joined = db.execute(
+            "SELECT " + _WITH_GRANT + WITH_BAN + " FROM grants g" + _JOIN_BAN.format(table="g")
+            + " WHERE g.grant_id = ?", (row["grant_id"],),
+        ).fetchone()
+        return CodeConsumed(_T.codes.load(row), _T.grants.load(joined, GRANT_PREFIX), ban_of(joined, row["sub"]))
     used = db.execute(
         "SELECT grant_id FROM authorization_codes WHERE code_hash = ? AND used_at IS NOT NULL", (code_hash,)
     ).fetchone()

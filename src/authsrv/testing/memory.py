@@ -274,7 +274,7 @@ class MemoryStore:
         if code.expires_at <= now or not self._live_grant(code.grant_id):
             return CodeNotFound()
         self.tables.code_used_at[code_hash] = now
-        return CodeConsumed(code)
+        return CodeConsumed(code, self.tables.grants[code.grant_id], self.tables.bans.get(code.sub))
 
     # IDeviceAuthorizationStore
 
@@ -374,6 +374,7 @@ class MemoryStore:
             refresh,
             revoked=grant.revoked_at is not None,
             user_ban=self.tables.bans.get(refresh.sub),
+            grant=grant,
         )
 
     @_answered

@@ -664,17 +664,31 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             code = make_code("code-1", grant)
             await store.save_code(code, grant)
             assert await store.get_grant("g1") == grant
-            assert await store.consume_code(h("code-1"), NOW) == CodeConsumed(code)
+            assert await store.consume_code(h("code-1"), NOW) == CodeConsumed(code, grant)
             assert await store.consume_code(h("code-1"), NOW + 1) == CodeReused("g1")
             assert await store.consume_code(h("code-1"), NOW + 1) == CodeReused("g1")
             assert await store.consume_code(h("code-2"), NOW) == CodeNotFound()
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_consumed_code_and_a_refresh_lookup_bring_the_grant_and_the_ban(self):
+        async with self.store() as store:
+            grant = attrs.evolve(make_grant("g1"), amr=("pwd", "otp"), acr="urn:mfa", resource=("https://api.example/",),
+                                 sid="sid-1")
+            await store.save_code(make_code("code-1", grant), grant)
+            await store.ban_user(Ban(ALICE, "spam", NOW, until=NOW + 60))
+            consumed = await store.consume_code(h("code-1"), NOW)
+            assert (consumed.grant, consumed.user_ban) == (grant, Ban(ALICE, "spam", NOW, until=NOW + 60))
+            refresh = make_refresh("refresh-1", grant)
+            await store.issue_tokens(make_access("access-1", grant), refresh)
+            found = await store.get_refresh_token(refresh.token_hash)
+            assert found.grant == grant and found.user_ban == Ban(ALICE, "spam", NOW, until=NOW + 60)
 
     @pytest_twisted.ensureDeferred
     async def test_code_expires_at_its_expiry(self):
         async with self.store() as store:
             grant = await start_grant(store, "g1")
             assert await store.consume_code(h("code-g1"), NOW + 60) == CodeNotFound()
-            assert await store.consume_code(h("code-g1"), NOW + 59) == CodeConsumed(make_code("code-g1", grant))
+            assert await store.consume_code(h("code-g1"), NOW + 59) == CodeConsumed(make_code("code-g1", grant), grant)
 
     @pytest_twisted.ensureDeferred
     async def test_code_of_revoked_grant_is_not_found(self):
@@ -1348,7 +1362,7 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             assert await store.find_access_token(live_access.token_hash, NOW) == live_access
             assert await store.get_refresh_token(live_refresh.token_hash) == live_refresh
             assert await store.consume_code(h("code-expired"), NOW - 1) == CodeNotFound()
-            assert await store.consume_code(h("code-g1"), NOW) == CodeConsumed(make_code("code-g1", grant))
+            assert await store.consume_code(h("code-g1"), NOW) == CodeConsumed(make_code("code-g1", grant), grant)
             assert await store.get_grant("g1") == grant
             assert await store.acquire_link_lock("acct-1", "server-b", NOW, 30) is True
             assert await store.acquire_link_lock("acct-2", "server-b", NOW, 30) is False

@@ -3,7 +3,9 @@ grant_type=authorization_code (RFC 6749 section 4.1.3, RFC 7636): the code
 is consumed before it is checked, so that every attempt, failed or not,
 uses it up; a failed one also revokes the grant it would have started, and
 a second redemption revokes whatever the first one issued (docs/design.md,
-Authorization codes). The one atomic store step is C{consume_code}.
+Authorization codes). The one atomic store step is C{consume_code}, which
+also brings the code's grant and its user's ban: an exchange is two store
+calls, that and the write of the tokens.
 """
 
 from __future__ import annotations
@@ -58,10 +60,8 @@ class AuthorizationCodeGrant:
         except OAuthError:
             await store.revoke_grant(code.grant_id, now)
             raise
-        user = await self._users.allowed(code.grant_id, code.sub, client.client_id, now)
-        grant = await store.get_grant(code.grant_id)
-        if grant is None:
-            raise InvalidGrant("the authorization code is unknown or expired")
+        grant = result.grant
+        user = await self._users.allowed(code.grant_id, code.sub, client.client_id, now, ban=result.user_ban)
         offline = "offline_access" in code.scope and "refresh_token" in client.grant_types
         issued = self._minter.mint(
             grant, client, user,

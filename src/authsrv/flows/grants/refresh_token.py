@@ -1,7 +1,7 @@
 """
 grant_type=refresh_token (RFC 6749 section 6, docs/design.md Refresh tokens):
-the user is asked for again and ban-checked, then one compare-and-swap in
-the store decides between a new pair, the same pair again (the client lost
+the token's lookup brings its grant and its user's ban, the user is asked
+for again and ban-checked, then one compare-and-swap in the store decides between a new pair, the same pair again (the client lost
 the answer inside the grace window), and reuse (the family is revoked).
 """
 
@@ -56,10 +56,10 @@ class RefreshTokenGrant:
             scope = parse_scope(params["scope"]) or old.scope
             if not scope <= old.scope:
                 raise InvalidScope("a refresh may narrow the granted scope but never widen it")
-        user = await self._users.allowed(old.grant_id, old.sub, client.client_id, now, ban=old.user_ban)
-        grant = await store.get_grant(old.grant_id)
+        grant = old.grant
         if grant is None:
             raise InvalidGrant(UNKNOWN)
+        user = await self._users.allowed(old.grant_id, old.sub, client.client_id, now, ban=old.user_ban)
         issued = self._minter.mint(
             grant, client, user,
             scope=scope,
