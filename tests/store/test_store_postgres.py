@@ -19,6 +19,7 @@ from twisted.logger import formatEvent, globalLogPublisher
 
 from authsrv.configsection import ConfigError, Section
 from authsrv.context import PluginContext
+from authsrv.pg.pool import fetch
 from authsrv.pg.settings import targets
 from authsrv.plugins import find_factory
 from authsrv.store import postgres as postgres_store
@@ -457,3 +458,42 @@ class TestConnectionFailures(PostgresDatabase):
         finally:
             await store.close()
             await silent.stopListening()
+
+
+class TestPreparedLookups(PostgresDatabase):
+    """
+    The hot lookups are prepared once per connection and run by name, and
+    keep working when the session loses them (a pooler that discards
+    session state) or a migration changes the columns they select.
+    """
+
+    @pytest_twisted.ensureDeferred
+    async def test_prepared_once_then_run_by_name_and_prepared_again_when_lost(self):
+        from authsrv.testing.store import make_access, make_grant
+
+        store = open_store(self.dsn, pool_size=1)
+        grant = make_grant("g1")
+        access = make_access("access-1", grant)
+        await store.start_grant(grant, access)
+
+        async def prepared(db) -> set[str]:
+            rows = await fetch(db, "SELECT name FROM pg_prepared_statements")
+            return {row["name"] for row in rows}
+
+        assert await store.find_access_token(access.token_hash, NOW) == access
+        assert "authsrv_find_access_token" in await store._pool.run(prepared)
+        assert await store.access_state(ALICE, NOW) == AccessState(ban=None, has_active_grant=True)
+        assert await store.find_access_token(access.token_hash, NOW) == access
+        assert {"authsrv_find_access_token", "authsrv_access_state"} <= await store._pool.run(prepared)
+
+        await store._pool.run(lambda db: db.cursor().execute("DEALLOCATE ALL"))
+        assert await store.find_access_token(access.token_hash, NOW) == access
+
+        with psycopg2.connect(self.dsn) as admin, admin.cursor() as cursor:
+            cursor.execute("ALTER TABLE access_tokens ADD COLUMN added_by_a_newer_instance TEXT")
+        try:
+            assert await store.find_access_token(access.token_hash, NOW) == access
+        finally:
+            with psycopg2.connect(self.dsn) as admin, admin.cursor() as cursor:
+                cursor.execute("ALTER TABLE access_tokens DROP COLUMN added_by_a_newer_instance")
+            await store.close()

@@ -10,6 +10,7 @@ ever logs or raises with the DSN, which may hold a password.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import psycopg2
@@ -87,8 +88,13 @@ class _Connection(txpostgres.Connection):
     """
     A txpostgres connection that closes itself when the server drops it
     while idle: txpostgres would raise from C{doRead}, and Twisted log it as
-    an unhandled error, on every database restart.
+    an unhandled error, on every database restart. C{prepared} names the
+    L{Prepared} statements this session holds.
     """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.prepared: set[str] = set()
 
     def doRead(self):
         try:
@@ -290,14 +296,65 @@ class Pool:
 
 # --- queries ------------------------------------------------------------------
 
+_NAMED = re.compile(r"%\((\w+)\)s")
 
-async def fetch(db, sql: str, params=None) -> list[dict]:
+
+class Prepared:
+    """
+    A hot statement that each connection prepares once (PREPARE) and then
+    runs by name (EXECUTE), so that PostgreSQL parses and plans it once per
+    session instead of once per request. C{sql} has C{%(name)s} parameters,
+    as every other statement here.
+    """
+
+    def __init__(self, name: str, sql: str):
+        order: list[str] = []
+        for found in _NAMED.findall(sql):
+            if found not in order:
+                order.append(found)
+        self.name = name
+        self.prepare = f"PREPARE {name} AS " + _NAMED.sub(lambda m: f"${order.index(m.group(1)) + 1}", sql)
+        self.execute = f"EXECUTE {name} (" + ", ".join(f"%({field})s" for field in order) + ")"
+
+
+async def _execute_prepared(db, statement: Prepared, params):
+    """
+    A cursor that ran C{statement}. A session that lost it (a pooler between
+    us and the server that discards session state), or whose plan a
+    migration made stale (another instance added a column: "cached plan
+    must not change result type"), prepares it again, once.
+    """
+    try:
+        return await _run_prepared(db, statement, params)
+    except psycopg2.errors.InvalidSqlStatementName:
+        db.prepared.discard(statement.name)
+    except psycopg2.errors.FeatureNotSupported:
+        db.prepared.discard(statement.name)
+        await db.cursor().execute(f"DEALLOCATE {statement.name}")
+    return await _run_prepared(db, statement, params)
+
+
+async def _run_prepared(db, statement: Prepared, params):
+    if statement.name not in db.prepared:
+        try:
+            await db.cursor().execute(statement.prepare)
+        except psycopg2.errors.DuplicatePreparedStatement:
+            pass  # behind a transaction pooler, another client's session prepared it on this server connection
+        db.prepared.add(statement.name)
+    cursor = db.cursor()
+    await cursor.execute(statement.execute, params)
+    return cursor
+
+
+async def fetch(db, sql: "str | Prepared", params=None) -> list[dict]:
+    if isinstance(sql, Prepared):
+        return (await _execute_prepared(db, sql, params)).fetchall()
     cursor = db.cursor()
     await cursor.execute(sql, params)
     return cursor.fetchall()
 
 
-async def first(db, sql: str, params=None) -> dict | None:
+async def first(db, sql: "str | Prepared", params=None) -> dict | None:
     rows = await fetch(db, sql, params)
     return rows[0] if rows else None
 

@@ -48,6 +48,7 @@ from authsrv.pg.pool import (
     NoFreeConnection,
     Pool,
     PoolClosed,
+    Prepared,
     TimedOut,
     fetch,
     first,
@@ -202,6 +203,29 @@ def _holds_nul(params: dict) -> bool:
 _T = tables(POSTGRES)
 _WITH_GRANT = _T.grants.select_as("g", GRANT_PREFIX)
 """A token's or code's grant (C{g}), read in the same query (L{authsrv.store.rows.Rows})."""
+
+# The lookups of every introspection, UserInfo, refresh and user-access request, prepared once per connection.
+_FIND_ACCESS_TOKEN = Prepared("authsrv_find_access_token",
+    "SELECT a.*" + WITH_BAN + " FROM access_tokens a JOIN grants g ON g.grant_id = a.grant_id"
+    " LEFT JOIN bans b ON b.sub = a.sub"
+    " WHERE a.token_hash = %(hash)s AND a.revoked_at IS NULL AND a.expires_at > %(now)s"
+    " AND g.revoked_at IS NULL",
+)
+_GET_REFRESH_TOKEN = Prepared("authsrv_get_refresh_token",
+    "SELECT r.*, g.revoked_at IS NOT NULL AS revoked, " + _WITH_GRANT + WITH_BAN
+    + " FROM refresh_tokens r JOIN grants g ON g.grant_id = r.grant_id"
+    " LEFT JOIN bans b ON b.sub = r.sub WHERE r.token_hash = %(hash)s",
+)
+_ACCESS_STATE = Prepared("authsrv_access_state",
+    "SELECT EXISTS (SELECT 1 FROM grants g WHERE g.sub = %(sub)s AND g.revoked_at IS NULL AND ("
+    " EXISTS (SELECT 1 FROM access_tokens a WHERE a.grant_id = g.grant_id"
+    "  AND a.revoked_at IS NULL AND a.expires_at > %(now)s)"
+    " OR EXISTS (SELECT 1 FROM refresh_tokens r WHERE r.grant_id = g.grant_id"
+    "  AND r.consumed_at IS NULL AND r.expires_at > %(now)s))) AS has_grant"
+    + WITH_BAN
+    + " FROM (SELECT 1) AS one"
+    " LEFT JOIN bans b ON b.sub = %(sub)s AND (b.until IS NULL OR b.until > %(now)s)",
+)
 _IMPORT = import_statements(_T, POSTGRES)
 _THROTTLE = throttle.statements(POSTGRES)
 _DEVICE = device.statements(POSTGRES, lock=" FOR UPDATE")
@@ -256,7 +280,7 @@ class PostgresStore:
             return self._pool.run(lambda db: work(db, *args), label)
         return watched(self._observer, label, perf_counter(), self._pool.run(lambda db: work(db, *args), label))
 
-    def _one(self, label: str, rows: Rows | None, sql: str, params: dict) -> Deferred:
+    def _one(self, label: str, rows: Rows | None, sql: str | Prepared, params: dict) -> Deferred:
         """The record of the first row (the row itself without C{rows}), or None."""
         if _holds_nul(params):
             return succeed(None)
@@ -474,23 +498,10 @@ class PostgresStore:
         )
 
     def find_access_token(self, token_hash, now):
-        return self._one("find_access_token",
-            _T.access,
-            "SELECT a.*" + WITH_BAN + " FROM access_tokens a JOIN grants g ON g.grant_id = a.grant_id"
-            " LEFT JOIN bans b ON b.sub = a.sub"
-            " WHERE a.token_hash = %(hash)s AND a.revoked_at IS NULL AND a.expires_at > %(now)s"
-            " AND g.revoked_at IS NULL",
-            {"hash": token_hash, "now": now},
-        )
+        return self._one("find_access_token", _T.access, _FIND_ACCESS_TOKEN, {"hash": token_hash, "now": now})
 
     def get_refresh_token(self, token_hash):
-        return self._one("get_refresh_token",
-            _T.refresh,
-            "SELECT r.*, g.revoked_at IS NOT NULL AS revoked, " + _WITH_GRANT + WITH_BAN
-            + " FROM refresh_tokens r JOIN grants g ON g.grant_id = r.grant_id"
-            " LEFT JOIN bans b ON b.sub = r.sub WHERE r.token_hash = %(hash)s",
-            {"hash": token_hash},
-        )
+        return self._one("get_refresh_token", _T.refresh, _GET_REFRESH_TOKEN, {"hash": token_hash})
 
     def rotate_refresh(self, old_hash, new_refresh, new_access, replay, grace_until, now):
         return self._run("rotate_refresh", _rotate_refresh, old_hash, new_refresh, new_access, replay, grace_until, now)
@@ -517,18 +528,7 @@ class PostgresStore:
     def access_state(self, sub, now):
         if _holds_nul({"sub": sub}):
             return succeed(AccessState(ban=None, has_active_grant=False))
-        return self._one("access_state",
-            None,
-            "SELECT EXISTS (SELECT 1 FROM grants g WHERE g.sub = %(sub)s AND g.revoked_at IS NULL AND ("
-            " EXISTS (SELECT 1 FROM access_tokens a WHERE a.grant_id = g.grant_id"
-            "  AND a.revoked_at IS NULL AND a.expires_at > %(now)s)"
-            " OR EXISTS (SELECT 1 FROM refresh_tokens r WHERE r.grant_id = g.grant_id"
-            "  AND r.consumed_at IS NULL AND r.expires_at > %(now)s))) AS has_grant"
-            + WITH_BAN
-            + " FROM (SELECT 1) AS one"
-            " LEFT JOIN bans b ON b.sub = %(sub)s AND (b.until IS NULL OR b.until > %(now)s)",
-            {"sub": sub, "now": now},
-        ).addCallback(lambda row: AccessState(ban=ban_of(row, sub), has_active_grant=row["has_grant"]))
+        return self._one("access_state", None, _ACCESS_STATE, {"sub": sub, "now": now}).addCallback(lambda row: AccessState(ban=ban_of(row, sub), has_active_grant=row["has_grant"]))
 
     def session_clients(self, sid):
         if _holds_nul({"sid": sid}):
