@@ -127,7 +127,8 @@ def test_client_secret_jwt_with_openid_client(hmac_server):
         if os.environ.get("CI"):
             pytest.fail("CI must run openid-client: node and tests/js/node_modules (scripts/test.sh) are missing")
         pytest.skip("node or openid-client (npm install in tests/js) is not installed here")
-    result = subprocess.run([node, str(JS / "secret_jwt_client.mjs"), hmac_server.issuer, "hmac-bot", SECRET],
+    result = subprocess.run([node, str(JS / "machine_client.mjs"), hmac_server.issuer, "hmac-bot", "client_secret_jwt",
+                             SECRET],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     got = json.loads(result.stdout)

@@ -283,7 +283,8 @@ def test_private_key_jwt_with_openid_client(machine, keys):
             pytest.fail("CI must run openid-client: node and tests/js/node_modules (scripts/test.sh) are missing")
         pytest.skip("node or openid-client (npm install in tests/js) is not installed here")
     result = subprocess.run(
-        [node, str(JS / "machine_client.mjs"), machine.issuer, "remote-signer", keys["remote"].export_private()],
+        [node, str(JS / "machine_client.mjs"), machine.issuer, "remote-signer", "private_key_jwt",
+         keys["remote"].export_private()],
         capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 0, result.stderr
