@@ -11,10 +11,23 @@ from __future__ import annotations
 
 import json
 
+from authsrv.protocol.clientauth import CLIENT_SECRET_JWT
 from authsrv.records import Client
 from authsrv.sealing import Sealer
+from authsrv.tokens import new_token
 
 _OWNER = b"authsrv client secret\x00"
+HMAC_SECRET_BYTES = 48
+"""
+Random bytes of a generated client_secret_jwt secret: 64 base64url
+characters, whose octets key HS512 at its full 512 bits (RFC 7518 section
+3.2), so the client may choose any of HS256, HS384 and HS512.
+"""
+
+
+def new_client_secret(method: str | None) -> str:
+    """A fresh secret for a client authenticating with C{method}: longer for client_secret_jwt, 256 bits otherwise."""
+    return new_token(HMAC_SECRET_BYTES if method == CLIENT_SECRET_JWT else 32)
 
 
 class SecretKeeper:

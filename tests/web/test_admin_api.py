@@ -22,6 +22,7 @@ from authsrv.operations.clients import ClientOperations
 from authsrv.operations.keys import JWKS_MAX_AGE, KeyOperations
 from authsrv.operations.users import UserOperations
 from authsrv.records import BrowserSession
+from authsrv.sealing import new_key_text
 from authsrv.testing.identity import ALICE, BOB, MALLORY
 from authsrv.tokens import token_hash
 from authsrv.web.admin import AdminAPI
@@ -51,7 +52,7 @@ class Admin:
         operations = AdminOperations(
             clients=ClientOperations(store=h.store, clock=h.clock, resolve=None,
                                      declared=frozenset(c.client_id for c in h.config.clients),
-                                     dpop_offered=h.config.dpop is not None),
+                                     dpop_offered=h.config.dpop is not None, secrets=h.config.secret_keeper),
             users=UserOperations(
                 store=h.store, identity=h.identity, clock=h.clock, notify=notify,
                 hash_password=lambda p: deferToThreadPool(reactor, hashing, hash_password, p, CHEAP),
@@ -164,6 +165,36 @@ async def test_create_get_update_delete_a_client(harness, audit):
         assert audit.of("client.changed")[0]["fields"] == sorted(change)
     finally:
         await harness.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_client_secret_jwt_client_is_created_read_and_rotated(tmp_path, monkeypatch):
+    """Its sealed secret is bytes: the ETag must still be computed (it was a 500)."""
+    monkeypatch.setenv("AUTHSRV_TEST_CLIENT_SECRETS_KEY", new_key_text())
+    h = Harness(tmp_path, monkeypatch, {"client_secrets": {"encryption_key_env": "AUTHSRV_TEST_CLIENT_SECRETS_KEY"}})
+    a = await started(h)
+    try:
+        response, body = await a.call("POST", "/api/admin/clients", {
+            "client_id": "job", "token_endpoint_auth_method": "client_secret_jwt",
+            "grant_types": ["client_credentials"], "scopes": ["reports.read"]})
+        assert response.code == 201, body
+        secret, created_tag = body["client_secret"], response.headers.getRawHeaders("etag")[0]
+        assert len(secret) == 64 and "sealed_secret" not in body["client"]
+        assert h.config.secret_keeper.secrets(await h.store.get_client("job"), h.now()) == (secret,)
+
+        response, shown = await a.call("GET", "/api/admin/clients/job", headers=AUTH)
+        assert response.code == 200, shown
+        assert response.headers.getRawHeaders("etag") == [created_tag]
+        assert shown["token_endpoint_auth_method"] == "client_secret_jwt" and "sealed_secret" not in shown
+
+        response, body = await a.call("POST", "/api/admin/clients/job/secret", {"overlap": 60},
+                                      headers={**JSON, "If-Match": created_tag})
+        assert response.code == 200, body
+        assert len(body["client_secret"]) == 64 and response.headers.getRawHeaders("etag")[0] != created_tag
+        assert h.config.secret_keeper.secrets(await h.store.get_client("job"), h.now()) == (
+            body["client_secret"], secret)
+    finally:
+        await h.close()
 
 
 @pytest.mark.parametrize("body,field", [

@@ -14,7 +14,7 @@ import attrs
 from twisted.internet.defer import Deferred
 
 from authsrv import events
-from authsrv.client_secrets import SecretKeeper
+from authsrv.client_secrets import SecretKeeper, new_client_secret
 from authsrv.flows.backchannel import ATTEMPT_TIMEOUT, RefusedTarget, pinned_address
 from authsrv.operations.clientspec import EDITABLE, checked_settings
 from authsrv.operations.errors import Conflict, InvalidInput, NotFound, PreconditionFailed
@@ -29,7 +29,7 @@ from authsrv.records import Client
 from authsrv.remote_documents import FetchPolicy, url_problem
 from authsrv.sealing import Unsealable
 from authsrv.store.errors import AlreadyExists
-from authsrv.tokens import CLIENT_SECRET_KEY, client_secret_hash, new_token
+from authsrv.tokens import CLIENT_SECRET_KEY, client_secret_hash
 
 DEFAULT_OVERLAP = 24 * 3600
 """How long a rotated-out secret keeps working unless the operator says otherwise."""
@@ -39,9 +39,11 @@ MAX_OVERLAP = 30 * 24 * 3600
 def client_etag(client: Client) -> str:
     """
     An entity tag that changes with every stored change, secret rotations
-    included: a strong ETag over the whole record.
+    included: a strong ETag over the whole record, the sealed secret as hex
+    (JSON has no bytes; a new seal always differs, so a reseal changes the tag).
     """
-    data = {key: list(v) if isinstance(v, tuple) else v for key, v in attrs.asdict(client, recurse=False).items()}
+    data = {key: list(v) if isinstance(v, tuple) else v.hex() if isinstance(v, bytes) else v
+            for key, v in attrs.asdict(client, recurse=False).items()}
     digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
     return f'"{digest[:32]}"'
 
@@ -152,7 +154,8 @@ class ClientOperations:
         """
         A new client from C{data} (C{client_id}, C{redirect_uris} and the
         optional settings; C{public} for one without a secret); returns it
-        and its generated 256-bit secret, shown this once (None if public).
+        and its generated secret (L{new_client_secret}), shown this once
+        (None if public).
         """
         if not isinstance(data, dict):
             raise InvalidInput("the body must be a JSON object")
@@ -171,8 +174,8 @@ class ClientOperations:
         if client_id in self._declared:
             raise Conflict(f"client {client_id!r} is declared in the config file; edit it there", "client_id")
         await self._check_backchannel(settings.get("backchannel_logout_uri"))
-        keyless = settings.get("token_endpoint_auth_method") in (PRIVATE_KEY_JWT, "none")
-        secret = None if public or keyless else new_token(32)
+        method = settings.get("token_endpoint_auth_method")
+        secret = None if public or method in (PRIVATE_KEY_JWT, "none") else new_client_secret(method)
         key = await self._store.server_key(CLIENT_SECRET_KEY) if secret else b""
         client = Client(
             client_id=client_id, secret_hash=client_secret_hash(secret, key) if secret else None,
@@ -224,7 +227,7 @@ class ClientOperations:
         if client.is_public:
             raise Conflict(f"client {client_id!r} is public: it has no secret", "client_id")
         _check_match(client, if_match)
-        secret = new_token(32)
+        secret = new_client_secret(client.token_endpoint_auth_method)
         key = await self._store.server_key(CLIENT_SECRET_KEY)
         until = self._now() + overlap if overlap else None
         rotated = attrs.evolve(
