@@ -10,14 +10,10 @@ tests/test_e2e_client_secret_jwt.py.
 
 from __future__ import annotations
 
-import hmac
-import json
-import uuid
 
 import attrs
 import pytest
 import pytest_twisted
-from jwcrypto import jws
 from twisted.internet.defer import Deferred
 
 from authsrv.client_secrets import SecretKeeper
@@ -31,7 +27,7 @@ from authsrv.sealing import Unsealable, key_from_text, new_key_text
 from authsrv.tokens import token_hash
 
 from harness import CLIENTS, ISSUER, Harness
-from token_helpers import INTROSPECT, REVOKE, TOKEN
+from token_helpers import INTROSPECT, REVOKE, TOKEN, hmac_assertion
 
 SECRET = "hmac-secret-Z8k2Lm5Qp9Rt3Wv7Xy1-Hq4Jd"
 ASSERTION_TYPE = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
@@ -54,16 +50,9 @@ def h(tmp_path, monkeypatch, secrets_env):
     pytest_twisted.blockon(Deferred.fromCoroutine(harness.close()))
 
 
-def assertion(now: int, secret: str = SECRET, *, iss="hmac", alg="HS256", jti=None, **claims) -> str:
-    body = {"iss": iss, "sub": iss, "aud": ISSUER, "iat": now, "exp": now + 60, "jti": jti or uuid.uuid4().hex,
-            **claims}
-    signing_input = f"{jws.base64url_encode(json.dumps({'alg': alg}))}.{jws.base64url_encode(json.dumps(body))}"
-    digest = hmac.new(secret.encode(), signing_input.encode(), "sha" + alg[2:]).digest()
-    return f"{signing_input}.{jws.base64url_encode(digest)}"
-
-
 def signed(h, **fields) -> dict:
-    return {"client_assertion_type": ASSERTION_TYPE, "client_assertion": assertion(h.now()), **fields}
+    return {"client_assertion_type": ASSERTION_TYPE,
+            "client_assertion": hmac_assertion(SECRET, "hmac", ISSUER, h.now()), **fields}
 
 
 @pytest_twisted.ensureDeferred
@@ -79,7 +68,8 @@ async def test_an_hmac_assertion_works_once_at_every_endpoint(h):
     assert (await h.post(TOKEN, data=once))[0].code == 200
     response, body = await h.json("POST", TOKEN, data=once)
     assert response.code == 401 and body["error"] == "invalid_client" and "already used" in body["error_description"]
-    for wrong in (assertion(h.now(), "a-wrong-secret-of-a-good-length-000000"), assertion(h.now(), alg="HS512")):
+    for wrong in (hmac_assertion("a-wrong-secret-of-a-good-length-000000", "hmac", ISSUER, h.now()),
+                  hmac_assertion(SECRET, "hmac", ISSUER, h.now(), alg="HS512")):
         response, body = await h.json("POST", TOKEN, data={**signed(h, grant_type="client_credentials"),
                                                            "client_assertion": wrong})
         assert response.code == 401 and body["error"] == "invalid_client"
@@ -99,7 +89,7 @@ async def test_the_operator_makes_rotates_and_changes_hmac_clients(h):
     assert keeper.secrets(client, h.now()) == (secret,) and "sealed_secret" not in client_view(client)
     async def code(key: str) -> int:
         data = {"grant_type": "client_credentials", "client_assertion_type": ASSERTION_TYPE,
-                "client_assertion": assertion(h.now(), key, iss="job")}
+                "client_assertion": hmac_assertion(key, "job", ISSUER, h.now())}
         return (await h.post(TOKEN, data=data))[0].code
 
     assert await code(secret) == 200
