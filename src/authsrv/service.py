@@ -448,7 +448,8 @@ def public_flows(config: Config, reactor, store, keystore, identity, grants: Gra
         device=device,
         device_verification=verification,
         registration=Registration(store=store, clock=reactor, policy=config.registration,
-                                  base=f"{config.issuer}/oauth2/register", dpop_offered=config.dpop is not None)
+                                  base=f"{config.issuer}/oauth2/register", dpop_offered=config.dpop is not None,
+                                  secrets=config.secret_keeper)
         if config.registration.enabled else None,
     )
 

@@ -22,13 +22,15 @@ from twisted.web.server import NOT_DONE_YET, Site
 from authsrv.config import ConfigErrors, parse_config
 from authsrv.flows.client_documents import DocumentClients
 from authsrv.flows.registration import RegistrationPolicy
+from authsrv.protocol.client_assertion import ASSERTION_TYPE
 from authsrv.remote_documents import FetchPolicy, RemoteDocuments
+from authsrv.sealing import new_key_text
 from authsrv.testing.identity import ALICE, PASSWORDS
 from authsrv.tokens import token_hash
 
 from flow_client import Browser, location
 from harness import ISSUER, Harness, pkce_pair
-from token_helpers import TOKEN
+from token_helpers import INTROSPECT, TOKEN, hmac_assertion
 
 REGISTER = ISSUER + "/oauth2/register"
 INITIAL = "initial-access-token-Q3v9ZkP2mW7xL4nR8tY6"
@@ -291,6 +293,75 @@ async def test_confidential_clients_only_when_allowed(tmp_path, monkeypatch):
             "grant_type": "authorization_code", "code": "nope", "code_verifier": "v" * 43, "redirect_uri": REDIRECT,
             "client_id": body["client_id"], "client_secret": "wrong"})
         assert answer["error"] == "invalid_client", answer
+    finally:
+        await h.close()
+
+
+def sealing_config(monkeypatch, **settings) -> dict:
+    """Registration with a [client_secrets] key, so client_secret_jwt secrets can be sealed."""
+    monkeypatch.setenv("AUTHSRV_TEST_CLIENT_SECRETS_KEY", new_key_text())
+    return {**registration_config(monkeypatch, **settings),
+            "client_secrets": {"encryption_key_env": "AUTHSRV_TEST_CLIENT_SECRETS_KEY"}}
+
+
+@pytest.mark.parametrize("config, names", [
+    (lambda m: sealing_config(m), "[registration] allow_confidential"),
+    (lambda m: registration_config(m, allow_confidential=True), "[client_secrets] encryption_key_file"),
+])
+@pytest_twisted.ensureDeferred
+async def test_client_secret_jwt_needs_secrets_allowed_and_a_sealing_key(tmp_path, monkeypatch, config, names):
+    h = await Harness(tmp_path, monkeypatch, config(monkeypatch)).start()
+    try:
+        response, body = await register(h, {"redirect_uris": [REDIRECT],
+                                            "token_endpoint_auth_method": "client_secret_jwt"})
+        assert response.code == 400 and body["error"] == "invalid_client_metadata", body
+        assert names in body["error_description"]
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_client_secret_jwt_client_registers_and_may_move_to_a_plain_secret(tmp_path, monkeypatch):
+    h = await Harness(tmp_path, monkeypatch, sealing_config(monkeypatch, allow_confidential=True, rate="100/m")).start()
+    try:
+        response, body = await register(h, {"redirect_uris": [REDIRECT],
+                                            "token_endpoint_auth_method": "client_secret_jwt"})
+        assert response.code == 201, body
+        client_id, secret = body["client_id"], body["client_secret"]
+        assert len(secret) == 64 and body["token_endpoint_auth_method"] == "client_secret_jwt"
+        stored = await h.store.get_client(client_id)
+        assert h.config.secret_keeper.secrets(stored, h.now()) == (secret,)
+        response, answer = await h.json("POST", INTROSPECT, data={
+            "token": "nope", "client_assertion_type": ASSERTION_TYPE,
+            "client_assertion": hmac_assertion(secret, client_id, ISSUER, h.now(), alg="HS512")})
+        assert response.code == 200 and answer == {"active": False}, answer
+
+        uri = body["registration_client_uri"]
+        bearer = {"Authorization": f"Bearer {body['registration_access_token']}", "Content-Type": "application/json"}
+
+        async def put(method):
+            return await h.json("PUT", uri, headers=bearer, data=json.dumps({
+                "client_id": client_id, "redirect_uris": [REDIRECT], "token_endpoint_auth_method": method}).encode())
+
+        _, read = await h.json("GET", uri, headers=bearer)
+        assert read["token_endpoint_auth_method"] == "client_secret_jwt" and "client_secret" not in read
+        for unknown in ("private_key_jwt", "client_secret", 5):
+            response, answer = await put(unknown)
+            assert response.code == 400 and answer["error"] == "invalid_client_metadata", answer
+            assert "must be one of none, client_secret_basic" in answer["error_description"]
+        response, answer = await put("client_secret_basic")
+        assert response.code == 200 and answer["token_endpoint_auth_method"] == "client_secret_basic", answer
+        stored = await h.store.get_client(client_id)
+        assert (stored.token_endpoint_auth_method, stored.sealed_secret) == (None, None)
+        _, read = await h.json("GET", uri, headers=bearer)
+        assert read["token_endpoint_auth_method"] == "client_secret_basic"
+        response, answer = await put("client_secret_jwt")
+        assert response.code == 400 and answer["error"] == "invalid_client_metadata", answer
+        assert "cannot change to client_secret_jwt" in answer["error_description"]
+        h.clock.advance(3)  # past the client cache
+        response, answer = await h.json("POST", INTROSPECT, data={"token": "nope", "client_id": client_id,
+                                                                  "client_secret": secret})
+        assert response.code == 200 and answer == {"active": False}, answer
     finally:
         await h.close()
 

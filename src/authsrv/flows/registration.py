@@ -7,7 +7,8 @@ Context Protocol's authorization rules expect.
    deleting the registration (RFC 7592), off unless configured. A registration needs the
    configured initial access token, or redirect URIs on the allowed hosts,
    or both when both are configured; it is a public client unless the
-   operator allows secrets; it is counted against a rate per address and
+   operator allows secrets (client_secret_jwt too when the server can seal
+   them, L{authsrv.client_secrets}); it is counted against a rate per address and
    audited. The server answers with a registration access token, kept only
    as its hash, that reads or deletes that registration and no other.
  - Metadata is checked by the same rules as the operator's clients
@@ -28,10 +29,12 @@ import attrs
 from attrs import field, frozen
 
 from authsrv import events
+from authsrv.client_secrets import SecretKeeper, new_client_secret
 from authsrv.flows.ratelimit import EndpointLimit
 from authsrv.operations.clientspec import checked_settings
 from authsrv.operations.errors import InvalidInput
 from authsrv.protocol.bearer import BEARER, access_credential
+from authsrv.protocol.clientauth import CLIENT_SECRET_JWT, SECRET_METHODS
 from authsrv.protocol.clients import is_loopback_host
 from authsrv.protocol.dpop import UNOFFERED as UNOFFERED_DPOP
 from authsrv.protocol.errors import InvalidClientMetadata, InvalidRedirectURI, InvalidToken, OAuthError
@@ -45,7 +48,12 @@ REGISTRATION_SOURCE = "registration"
 DEFAULT_RATE = "10/m"
 GRANT_TYPES = ("authorization_code", "refresh_token")
 """What a registered client may ask for: the browser sign-in and its refresh."""
-SECRET_METHODS = ("client_secret_basic", "client_secret_post")
+REGISTRABLE_METHODS = ("none", *SECRET_METHODS, CLIENT_SECRET_JWT)
+"""
+The token_endpoint_auth_method values a client may register itself with;
+private_key_jwt is not one, since registration takes no keys.
+"""
+UNKNOWN_METHOD = f"token_endpoint_auth_method must be one of {', '.join(REGISTRABLE_METHODS)}"
 
 
 @frozen
@@ -98,24 +106,28 @@ def _redirect_uri_refusal(uri: str, policy: RegistrationPolicy) -> str | None:
     return None
 
 
-def registered_settings(metadata: Any, policy: RegistrationPolicy,
-                        dpop_offered: bool = False) -> tuple[dict[str, Any], str]:
+def registered_settings(metadata: Any, policy: RegistrationPolicy, dpop_offered: bool = False,
+                        sealing: bool = False) -> tuple[dict[str, Any], str]:
     """
     The client settings of RFC 7591 C{metadata} and its token endpoint
     authentication method, or L{InvalidRedirectURI} / L{InvalidClientMetadata}
     naming the field. Fields this server does not use are ignored, as RFC
     7591 section 2 asks; C{dpop_bound_access_tokens} (RFC 9449 section 5.2)
     is honoured when the server offers DPoP (C{dpop_offered}) and refused
-    when it does not.
+    when it does not. client_secret_jwt needs C{sealing}: the server must
+    keep the secret itself to check an HMAC.
     """
     if not isinstance(metadata, dict):
         raise InvalidClientMetadata("the client metadata must be a JSON object")
     method = metadata.get("token_endpoint_auth_method", "none")
-    allowed_methods = ("none", *SECRET_METHODS) if policy.allow_confidential else ("none",)
-    if method not in allowed_methods:
-        raise InvalidClientMetadata(
-            f"token_endpoint_auth_method must be one of {', '.join(allowed_methods)}"
-            + ("" if policy.allow_confidential else ": this server registers public clients only (PKCE)"))
+    if method not in REGISTRABLE_METHODS:
+        raise InvalidClientMetadata(UNKNOWN_METHOD)
+    if method != "none" and not policy.allow_confidential:
+        raise InvalidClientMetadata(f"token_endpoint_auth_method {method} is refused: this server registers public"
+                                    " clients only (PKCE) unless the operator sets [registration] allow_confidential")
+    if method == CLIENT_SECRET_JWT and not sealing:
+        raise InvalidClientMetadata("token_endpoint_auth_method client_secret_jwt is not offered: the operator must"
+                                    " set [client_secrets] encryption_key_file or encryption_key_env")
     response_types = metadata.get("response_types", ["code"])
     if response_types != ["code"]:
         raise InvalidClientMetadata('response_types must be ["code"]: the only response type this server offers')
@@ -145,6 +157,13 @@ def registered_settings(metadata: Any, policy: RegistrationPolicy,
     return settings, method
 
 
+def registered_method(client: Client) -> str:
+    """How a registered client authenticates, as RFC 7591 names it (a stored None: by its secret)."""
+    if client.token_endpoint_auth_method is not None:
+        return client.token_endpoint_auth_method
+    return "none" if client.is_public else SECRET_METHODS[0]
+
+
 def client_metadata(client: Client, method: str) -> dict[str, Any]:
     """A client's registered metadata as RFC 7591 names it (and RFC 9449 section 5.2, when bound)."""
     metadata = {
@@ -166,11 +185,14 @@ class Registration:
     The registration endpoint and its per-client URIs: C{store} keeps the
     clients, C{limit} counts requests per address, C{base} is the
     registration endpoint's URL, C{dpop_offered} whether clients may ask
-    for DPoP-bound tokens.
+    for DPoP-bound tokens, C{secrets} what seals client_secret_jwt secrets
+    (None: that method cannot be registered).
     """
 
-    def __init__(self, *, store, clock, policy: RegistrationPolicy, base: str, dpop_offered: bool = False):
+    def __init__(self, *, store, clock, policy: RegistrationPolicy, base: str, dpop_offered: bool = False,
+                 secrets: SecretKeeper | None = None):
         self._dpop_offered = dpop_offered
+        self._secrets = secrets
         self._store = store
         self._clock = clock
         self._policy = policy
@@ -198,18 +220,22 @@ class Registration:
         self.limit.address(address, self._policy.rate)
         self._check_initial_token(authorization, address)
         try:
-            settings, method = registered_settings(metadata, self._policy, self._dpop_offered)
+            settings, method = registered_settings(metadata, self._policy, self._dpop_offered,
+                                                   self._secrets is not None)
         except OAuthError as e:
             raise self._refused(e, address) from None
         client_id = new_token(18)
         settings.setdefault("name", client_id)
-        secret = new_token(32) if method != "none" else None
+        secret = new_client_secret(method) if method != "none" else None
         key = await self._store.server_key(CLIENT_SECRET_KEY) if secret else b""
         access_token = new_token(32)
+        keeper = self._secrets if method == CLIENT_SECRET_JWT else None
+        sealed = keeper.seal(client_id, secret) if keeper is not None and secret is not None else None
         client = Client(
             client_id=client_id, secret_hash=client_secret_hash(secret, key) if secret else None,
             created_at=int(self._clock.seconds()), source=REGISTRATION_SOURCE,
-            registration_token_hash=token_hash(access_token), **settings,
+            registration_token_hash=token_hash(access_token),
+            token_endpoint_auth_method=CLIENT_SECRET_JWT if sealed else None, sealed_secret=sealed, **settings,
         )
         await self._store.add_client(client)
         events.client_created(client_id=client_id, source=REGISTRATION_SOURCE, actor=REGISTRATION_SOURCE,
@@ -232,32 +258,44 @@ class Registration:
 
     async def read(self, client_id: str, authorization: bytes | None, address: str) -> dict[str, Any]:
         client = await self._own(client_id, authorization, address)
-        method = "none" if client.is_public else SECRET_METHODS[0]
-        return {**client_metadata(client, method), "registration_client_uri": f"{self._base}/{client_id}"}
+        return {**client_metadata(client, registered_method(client)),
+                "registration_client_uri": f"{self._base}/{client_id}"}
 
     async def update(self, client_id: str, metadata: Any, authorization: bytes | None,
                      address: str) -> dict[str, Any]:
         """
         RFC 7592 section 2.2: the client's metadata replaced by C{metadata},
-        checked as at registration; its id, secret and tokens stay.
+        checked as at registration; its id, secret and tokens stay. A
+        client_secret_jwt client moving to a plain secret method loses its
+        sealed secret; no client moves into client_secret_jwt, since only
+        its secret's hash is kept.
         """
         client = await self._own(client_id, authorization, address)
         if not isinstance(metadata, dict) or metadata.get("client_id") != client_id:
             raise InvalidClientMetadata("client_id must be given and be this client's id")
-        method = "none" if client.is_public else SECRET_METHODS[0]
+        method = registered_method(client)
         asked = metadata.get("token_endpoint_auth_method", method)
+        if asked not in REGISTRABLE_METHODS:
+            raise InvalidClientMetadata(UNKNOWN_METHOD)
         if (asked == "none") != client.is_public:
             raise InvalidClientMetadata("token_endpoint_auth_method cannot change between none and a secret:"
                                         " register a new client")
+        if asked == CLIENT_SECRET_JWT and method != CLIENT_SECRET_JWT:
+            raise InvalidClientMetadata("token_endpoint_auth_method cannot change to client_secret_jwt: the server"
+                                        " keeps only a hash of this client's secret, and an HMAC needs the secret"
+                                        " itself; register a new client")
         settings, _ = registered_settings({**metadata, "token_endpoint_auth_method": "none"}, self._policy,
                                           self._dpop_offered)
         settings.setdefault("name", client_id)
         changed = attrs.evolve(client, **settings)
+        fields = sorted(settings)
+        if method == CLIENT_SECRET_JWT and asked != method:
+            changed = attrs.evolve(changed, token_endpoint_auth_method=None, sealed_secret=None)
+            fields = sorted([*fields, "token_endpoint_auth_method"])
         await self._store.put_client(changed)
         events.client_changed(client_id=client_id, source=REGISTRATION_SOURCE, actor=REGISTRATION_SOURCE,
-                              fields=sorted(settings), address=address)
-        return {**client_metadata(changed, asked if asked != "none" else method),
-                "registration_client_uri": f"{self._base}/{client_id}"}
+                              fields=fields, address=address)
+        return {**client_metadata(changed, asked), "registration_client_uri": f"{self._base}/{client_id}"}
 
     async def delete(self, client_id: str, authorization: bytes | None, address: str) -> None:
         client = await self._own(client_id, authorization, address)
