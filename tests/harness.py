@@ -243,3 +243,13 @@ class Harness:
             **extra,
         }
         return ISSUER + "/oauth2/authorize?" + urlencode({k: v for k, v in params.items() if v is not None})
+
+
+async def discovery_when(tmp_path: Path, monkeypatch, config: dict) -> dict:
+    """The OpenID discovery document of a server started with C{config} (the test clients' plus its own)."""
+    h = await Harness(tmp_path, monkeypatch, config).start()
+    try:
+        _, document = await h.json("GET", ISSUER + "/.well-known/openid-configuration")
+        return document
+    finally:
+        await h.close()

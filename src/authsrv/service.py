@@ -76,9 +76,8 @@ from authsrv.operations.clients import ClientOperations
 from authsrv.operations.keys import JWKS_MAX_AGE, KeyOperations
 from authsrv.operations.users import UserOperations
 from authsrv.plugins import UnknownPlugin, find_factory
-from authsrv.protocol.client_assertion import ASSERTION_ALGS, HMAC_ALGS
-from authsrv.protocol.clientauth import CLIENT_SECRET_JWT, PRIVATE_KEY_JWT
 from authsrv.protocol.discovery import (
+    assertion_algorithms,
     authorization_server_metadata,
     endpoints,
     openid_configuration,
@@ -350,14 +349,14 @@ def _documents(config: Config, keystore, grant_types: tuple[str, ...], offered: 
         config.issuer, config.registration.enabled, config.registration.metadata_documents
     )
     dpop_algs = DPOP_ALGORITHMS if config.dpop is not None else ()
+    registrable = config.registration.enabled and config.registration.allow_confidential
     made: dict[tuple[bool, frozenset[str]], bytes] = {}
 
     def document(oidc: bool) -> bytes:
         features = offered.current()
         if (oidc, features) not in made:
             grants = tuple(g for g in grant_types if g not in OPTIONAL_GRANTS or g in features)
-            assertion_algs = ((ASSERTION_ALGS if PRIVATE_KEY_JWT in features else ())
-                              + (HMAC_ALGS if CLIENT_SECRET_JWT in features else ()))
+            assertion_algs = assertion_algorithms(features, config.client_secret_key is not None, registrable)
             if oidc:
                 metadata = openid_configuration(config.issuer, keystore.algorithms, grants, pushed, assertion_algs,
                                                 dpop_algs, signed_userinfo=config.signing.userinfo)

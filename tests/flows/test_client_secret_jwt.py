@@ -22,11 +22,12 @@ from authsrv.configsection import ConfigError
 from authsrv.operations.clients import ClientOperations
 from authsrv.operations.errors import InvalidInput
 from authsrv.operations.views import client_view
+from authsrv.protocol.discovery import assertion_algorithms
 from authsrv.records import Client
 from authsrv.sealing import Unsealable, key_from_text, new_key_text
 from authsrv.tokens import token_hash
 
-from harness import CLIENTS, ISSUER, Harness
+from harness import CLIENTS, ISSUER, Harness, discovery_when
 from token_helpers import INTROSPECT, REVOKE, TOKEN, hmac_assertion
 
 SECRET = "hmac-secret-Z8k2Lm5Qp9Rt3Wv7Xy1-Hq4Jd"
@@ -143,3 +144,31 @@ def test_a_declared_client_keeps_its_secret_sealed(secrets_env):
     client = config.clients[0]
     assert config.secret_keeper.secrets(client, 0) == (SECRET,)
     assert KEY_TEXT not in repr(config) and "sealed_secret" not in repr(client)
+
+
+OPEN_REGISTRATION = {"enabled": True, "allowed_redirect_hosts": ["app.example"], "allow_confidential": True}
+
+
+@pytest.mark.parametrize("config, listed", [
+    ({"clients": [*CLIENTS, HMAC_CLIENT], **KEYED}, True),
+    ({**KEYED, "registration": OPEN_REGISTRATION}, True),
+    (KEYED, False),
+    ({"registration": OPEN_REGISTRATION}, False),
+    ({**KEYED, "registration": {**OPEN_REGISTRATION, "allow_confidential": False}}, False),
+])
+@pytest_twisted.ensureDeferred
+async def test_discovery_lists_the_method_only_when_it_can_be_used(tmp_path, monkeypatch, secrets_env, config,
+                                                                    listed):
+    """With the sealing key, and a client that uses the method or may register with it."""
+    discovery = await discovery_when(tmp_path, monkeypatch, config)
+    for endpoint in ("token_endpoint", "introspection_endpoint", "revocation_endpoint"):
+        assert ("client_secret_jwt" in discovery[f"{endpoint}_auth_methods_supported"]) is listed
+        algorithms = discovery.get(f"{endpoint}_auth_signing_alg_values_supported", [])
+        assert [alg for alg in algorithms if alg.startswith("HS")] == (["HS256", "HS384", "HS512"] if listed else [])
+
+
+def test_a_client_secret_jwt_client_without_the_key_is_not_advertised():
+    """A stored client may keep the method after the operator drops the key; it cannot authenticate then."""
+    used = frozenset({"client_secret_jwt", "private_key_jwt"})
+    assert assertion_algorithms(used, sealing=False, registrable=True) == ("RS256", "PS256", "ES256", "EdDSA")
+    assert assertion_algorithms(used, sealing=True, registrable=False)[-3:] == ("HS256", "HS384", "HS512")

@@ -6,7 +6,7 @@ at start from the issuer and the keystore's algorithms.
 
 from __future__ import annotations
 
-from authsrv.protocol.client_assertion import HMAC_ALGS
+from authsrv.protocol.client_assertion import ASSERTION_ALGS, HMAC_ALGS
 from authsrv.protocol.clientauth import CLIENT_SECRET_JWT, PRIVATE_KEY_JWT
 from authsrv.protocol.device import DEVICE_CODE_GRANT
 from authsrv.protocol.oidc import ACR_VALUES
@@ -42,6 +42,18 @@ def pushed_request_metadata(issuer: str, offered: bool, required: bool) -> dict:
         "pushed_authorization_request_endpoint": f"{issuer}/oauth2/par",
         "require_pushed_authorization_requests": required,
     }
+
+
+def assertion_algorithms(used: frozenset[str], sealing: bool, registrable: bool) -> tuple[str, ...]:
+    """
+    What discovery lists for client assertions (and so which assertion
+    methods): the asymmetric algorithms while some client uses
+    private_key_jwt; the HMAC ones only when the server can seal secrets
+    (C{sealing}) and some client uses client_secret_jwt or may register with
+    it (C{registrable}): without the key no such client can authenticate.
+    """
+    hmac_offered = sealing and (registrable or CLIENT_SECRET_JWT in used)
+    return (ASSERTION_ALGS if PRIVATE_KEY_JWT in used else ()) + (HMAC_ALGS if hmac_offered else ())
 
 
 def authorization_server_metadata(
