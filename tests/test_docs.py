@@ -3,12 +3,14 @@ The docs that ship with the code: the README's configuration reference names
 every key the config reader asks for and parses as a config file; citations
 of the product decisions point at docs/design.md and at sections it has; the
 SQLite backup and restore that docs/operations.md prescribes round-trips a
-real store.
+real store; the OpenAPI description's client authentication enums are the
+code's.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
 import shutil
@@ -22,12 +24,16 @@ import pytest_twisted
 
 from authsrv.config import parse_config
 from authsrv.configsection import Section
+from authsrv.flows.registration import REGISTRABLE_METHODS
+from authsrv.protocol.client_assertion import ASSERTION_ALGS, HMAC_ALGS
+from authsrv.protocol.clientauth import AUTH_METHODS
 
 from conftest import ROOT, admin
 
 README = ROOT / "README.md"
 DESIGN = ROOT / "docs" / "design.md"
 OPERATIONS = ROOT / "docs" / "operations.md"
+OPENAPI = ROOT / "src" / "authsrv" / "openapi.json"
 COMMENTED_KEY = re.compile(r"^# (\w+ = )", re.M)
 OLD_NAME = "DESIGN" ".md"
 CHAT_KEY = base64.urlsafe_b64encode(bytes(range(32))).decode().rstrip("=")
@@ -120,6 +126,24 @@ def test_design_citations_point_at_sections_it_has():
         cited |= {m.strip() for m in re.findall(r"docs/design\.md,? ([A-Z][A-Za-z]+(?: [a-z]+)*)", text)}
     assert cited, "no citation found: the pattern no longer matches how the code cites docs/design.md"
     assert not cited - sections, f"cited sections that docs/design.md lacks: {cited - sections}"
+
+
+def test_openapi_auth_method_and_algorithm_enums_are_the_code_constants():
+    document = json.loads(OPENAPI.read_text())
+    schemas = document["components"]["schemas"]
+    paths = document["paths"]
+    bodies = [paths["/api/auth/oauth2/register"]["post"], paths["/api/auth/oauth2/register/{client_id}"]["put"]]
+    registrable = [body["requestBody"]["content"]["application/json"]["schema"]["properties"] for body in bodies]
+    for properties in (*registrable, schemas["RegisteredClient"]["properties"]):
+        assert properties["token_endpoint_auth_method"]["enum"] == list(REGISTRABLE_METHODS)
+    for name in ("AdminClientSettings", "AdminNewClient", "AdminClient"):
+        assert schemas[name]["properties"]["token_endpoint_auth_method"]["enum"] == [*AUTH_METHODS, None]
+    discovery = schemas["AuthorizationServerMetadata"]["properties"]
+    for endpoint in ("token_endpoint", "revocation_endpoint", "introspection_endpoint"):
+        methods = [m for m in AUTH_METHODS if m != "none" or endpoint != "introspection_endpoint"]
+        assert discovery[f"{endpoint}_auth_methods_supported"]["items"]["enum"] == methods
+        assert discovery[f"{endpoint}_auth_signing_alg_values_supported"]["items"]["enum"] == [
+            *ASSERTION_ALGS, *HMAC_ALGS]
 
 
 def test_operations_links_exist():
