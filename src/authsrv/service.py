@@ -77,7 +77,7 @@ from authsrv.operations.keys import JWKS_MAX_AGE, KeyOperations
 from authsrv.operations.users import UserOperations
 from authsrv.plugins import UnknownPlugin, find_factory
 from authsrv.protocol.discovery import (
-    assertion_algorithms,
+    advertised_assertion_algs,
     authorization_server_metadata,
     endpoints,
     openid_configuration,
@@ -356,7 +356,7 @@ def _documents(config: Config, keystore, grant_types: tuple[str, ...], offered: 
         features = offered.current()
         if (oidc, features) not in made:
             grants = tuple(g for g in grant_types if g not in OPTIONAL_GRANTS or g in features)
-            assertion_algs = assertion_algorithms(features, config.client_secret_key is not None, registrable)
+            assertion_algs = advertised_assertion_algs(features, config.client_secret_key is not None, registrable)
             if oidc:
                 metadata = openid_configuration(config.issuer, keystore.algorithms, grants, pushed, assertion_algs,
                                                 dpop_algs, signed_userinfo=config.signing.userinfo)

@@ -22,7 +22,7 @@ from authsrv.configsection import ConfigError
 from authsrv.operations.clients import ClientOperations
 from authsrv.operations.errors import InvalidInput
 from authsrv.operations.views import client_view
-from authsrv.protocol.discovery import assertion_algorithms
+from authsrv.protocol.discovery import advertised_assertion_algs
 from authsrv.records import Client
 from authsrv.sealing import Unsealable, key_from_text, new_key_text
 from authsrv.tokens import token_hash
@@ -170,5 +170,5 @@ async def test_discovery_lists_the_method_only_when_it_can_be_used(tmp_path, mon
 def test_a_client_secret_jwt_client_without_the_key_is_not_advertised():
     """A stored client may keep the method after the operator drops the key; it cannot authenticate then."""
     used = frozenset({"client_secret_jwt", "private_key_jwt"})
-    assert assertion_algorithms(used, sealing=False, registrable=True) == ("RS256", "PS256", "ES256", "EdDSA")
-    assert assertion_algorithms(used, sealing=True, registrable=False)[-3:] == ("HS256", "HS384", "HS512")
+    assert advertised_assertion_algs(used, sealing=False, registrable=True) == ("RS256", "PS256", "ES256", "EdDSA")
+    assert advertised_assertion_algs(used, sealing=True, registrable=False)[-3:] == ("HS256", "HS384", "HS512")

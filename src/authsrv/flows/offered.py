@@ -4,9 +4,10 @@ client_credentials grant and the private_key_jwt and client_secret_jwt
 authentication methods are listed only while some client is registered to
 use them (docs/design.md, Machine clients); client_secret_jwt also while
 clients may register with it, and never without the key that seals its
-secrets (L{authsrv.protocol.discovery.assertion_algorithms}). Discovery is served from memory, so the answer is recomputed from
-the store's clients at most once a minute, off the request's path: a
-discovery request returns at once with what was last found.
+secrets (L{authsrv.protocol.discovery.advertised_assertion_algs}).
+Discovery is served from memory, so the answer is recomputed from the
+store's clients at most once a minute, off the request's path: a discovery
+request returns at once with what was last found.
 """
 
 from __future__ import annotations

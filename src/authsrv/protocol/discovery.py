@@ -44,7 +44,7 @@ def pushed_request_metadata(issuer: str, offered: bool, required: bool) -> dict:
     }
 
 
-def assertion_algorithms(used: frozenset[str], sealing: bool, registrable: bool) -> tuple[str, ...]:
+def advertised_assertion_algs(used: frozenset[str], sealing: bool, registrable: bool) -> tuple[str, ...]:
     """
     What discovery lists for client assertions (and so which assertion
     methods): the asymmetric algorithms while some client uses
@@ -64,8 +64,9 @@ def authorization_server_metadata(
     RFC 8414 metadata; the OIDC document extends it. C{grant_types} are the
     token endpoint's (the device authorization endpoint is listed with its
     grant); C{pushed} is L{pushed_request_metadata}'s; C{assertion_algs},
-    what a client assertion may be signed with: asymmetric ones when
-    private_key_jwt is offered, HMAC ones when client_secret_jwt is; C{dpop_algs} the DPoP proof algorithms, when DPoP is offered.
+    what a client assertion may be signed with (L{advertised_assertion_algs}),
+    which also decides the assertion methods listed; C{dpop_algs} the DPoP
+    proof algorithms, when DPoP is offered.
     """
     offered = endpoints(issuer)
     if DEVICE_CODE_GRANT in grant_types:
