@@ -88,6 +88,7 @@ async def test_the_operator_makes_rotates_and_changes_hmac_clients(h):
         "client_id": "job", "grant_types": ["client_credentials"], "scopes": ["reports.read"],
         "token_endpoint_auth_method": "client_secret_jwt"}, actor="admin-api")
     assert keeper.secrets(client, h.now()) == (secret,) and "sealed_secret" not in client_view(client)
+    assert len(secret) == 64, "48 random bytes: a full HS512 key"
     async def code(key: str) -> int:
         data = {"grant_type": "client_credentials", "client_assertion_type": ASSERTION_TYPE,
                 "client_assertion": hmac_assertion(key, "job", ISSUER, h.now())}
@@ -96,7 +97,7 @@ async def test_the_operator_makes_rotates_and_changes_hmac_clients(h):
     assert await code(secret) == 200
 
     rotated, new = await operations.rotate_secret("job", actor="admin-api", overlap=600)
-    assert keeper.secrets(rotated, h.now()) == (new, secret)
+    assert keeper.secrets(rotated, h.now()) == (new, secret) and len(new) == 64
     h.clock.advance(3)  # past the client cache
     assert [await code(new), await code(secret)] == [200, 200]
     h.clock.advance(601)
