@@ -1,7 +1,7 @@
 """
 How many store calls each hot request makes, once the client cache is warm:
-a code exchange consumes the code (bringing its grant and the user's ban)
-and writes the tokens; a refresh looks the token up (with its grant and the
+a code exchange finds the code (bringing its grant and the user's ban)
+and redeems it, writing the tokens; a refresh looks the token up (with its grant and the
 ban) and rotates it; introspection and UserInfo make one lookup each. A
 change that adds a round trip to these paths fails here before it shows in
 the benchmark.
@@ -53,7 +53,7 @@ async def test_the_hot_paths_make_one_round_trip_per_step(h, monkeypatch):
     calls = counted(monkeypatch, h.store)
     response, body = await exchange(h, code, verifier)
     assert response.code == 200, body
-    assert calls == Counter(consume_code=1, issue_tokens=1), calls
+    assert calls == Counter(find_code=1, redeem_code=1), calls
 
     calls.clear()
     response, rotated = await refresh(h, body["refresh_token"])
