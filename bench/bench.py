@@ -953,11 +953,14 @@ INSTANCE_TARGETS = ("introspection (opaque)", "UserInfo", "user-access", "refres
 
 
 def postgres_cluster(pin: bool = True):
-    """A throwaway PostgreSQL (the tests' helper), its server processes pinned with authsrv's."""
+    """
+    A throwaway PostgreSQL (the tests' helper), its server processes pinned
+    with authsrv's; fsync on, so each commit waits for the disk as in production.
+    """
     sys.path.insert(0, str(ROOT / "tests"))
     from pgcluster import Cluster
 
-    cluster = Cluster(local=True)
+    cluster = Cluster(local=True, fsync=True)
     dsn = cluster.database()
     pid = (Path(cluster._folder) / "data" / "postmaster.pid").read_text().split()[0]
     cluster.postmaster_pid = lambda: int(pid)

@@ -1,6 +1,6 @@
 """
 An authsrv in memory for flow tests: the real web root over a real SQLite
-store, a real JWK-file keystore and a real static users file, driven through
+store (or PostgreSQL, given a C{postgres_dsn}), a real JWK-file keystore and a real static users file, driven through
 StubTreq, with time from a L{Clock} so every expiry is a C{clock.advance}.
 The keystore starts from the session's prepared keys (tests/prepared_keys.py).
 
@@ -34,7 +34,7 @@ from authsrv.interfaces import IChatLinkSource
 from authsrv.keys import jwkfile
 from authsrv.remote_documents import RemoteDocuments
 from authsrv.service import sync_config_clients, web_root
-from authsrv.store import sqlite
+from authsrv.store import postgres, sqlite
 from authsrv.chat.config import ChatConfig
 from authsrv.chat.crypto import TokenCipher, key_from_text, new_key_text
 from authsrv.chat.provider import ChatProvider
@@ -138,7 +138,7 @@ class Harness:
     """
 
     def __init__(self, tmp_path: Path, monkeypatch, config: dict | None = None, identity=None, start: int = NOW, *,
-                 fetch_documents: bool = False):
+                 fetch_documents: bool = False, postgres_dsn: str | None = None):
         for name, value in ENVIRON.items():
             monkeypatch.setenv(name, value)
         self.clock = Clock()
@@ -160,7 +160,10 @@ class Harness:
             )
         self.config = parse_config({"clients": CLIENTS, **(config or {})}, tmp_path / "authsrv.toml")
         self.context = PluginContext(reactor, tmp_path, self.config.limits.max_token_lifetime)
-        self.store = sqlite.from_config(Section({}, "store", tmp_path), self.context)
+        if postgres_dsn is None:
+            self.store = sqlite.from_config(Section({}, "store", tmp_path), self.context)
+        else:
+            self.store = postgres.from_config(Section({"dsn": postgres_dsn}, "store", tmp_path), self.context)
         algorithms = tuple((config or {}).get("keystore", {}).get("algorithms", ("RS256", "ES256", "EdDSA")))
         write_key_file(tmp_path / "keys.jwks.json", algorithms, start)
         self.keystore = jwkfile.from_config(

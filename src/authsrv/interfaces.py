@@ -276,13 +276,30 @@ class IAuthorizationCodeStore(Interface):
         its first redemption is still issuing tokens.
         """
 
-    def consume_code(code_hash, now):
+    def find_code(code_hash, now):
         """
-        Atomically mark a code used. Fires with
-        L{authsrv.records.CodeConsumed} (first use, not expired: with its
-        grant and its user's ban, read in the same round trip),
-        L{authsrv.records.CodeReused} (used before; the caller revokes its
-        grant) or L{authsrv.records.CodeNotFound} (unknown or expired).
+        Look a code up, changing nothing. Fires with
+        L{authsrv.store.codes.CodeFound} (unused, unexpired, its grant live:
+        with that grant and its user's ban, read in the same round trip),
+        L{authsrv.store.codes.CodeReused} (used before; the caller revokes
+        its grant) or L{authsrv.store.codes.CodeNotFound}.
+        """
+
+    def redeem_code(code_hash, access, refresh, now):
+        """
+        In one transaction: mark the code used if it is still unused,
+        unexpired and its grant live, and store the
+        L{authsrv.records.AccessToken} and the optional
+        L{authsrv.records.RefreshToken} issued for it. Fires with
+        L{authsrv.store.codes.CodeRedeemed}, L{authsrv.store.codes.CodeReused}
+        (a racing redemption won: the grant is revoked as part of the same
+        step, nothing stored) or L{authsrv.store.codes.CodeNotFound}.
+        """
+
+    def refuse_code(code_hash, now):
+        """
+        Use the code up and revoke its grant, in one transaction: a request
+        that presented it failed a check. Fires with None.
         """
 
 

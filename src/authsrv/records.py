@@ -517,27 +517,6 @@ class Factor:
 
 
 @frozen
-class CodeConsumed:
-    """The code, now used, with its grant and its user's ban (None: none), read in the same round trip."""
-
-    code: AuthorizationCode
-    grant: Grant
-    user_ban: "Ban | None" = None
-
-
-@frozen
-class CodeReused:
-    """The code was redeemed before: what it issued must be revoked."""
-
-    grant_id: str
-
-
-@frozen
-class CodeNotFound:
-    """Unknown or expired code."""
-
-
-@frozen
 class Rotated:
     """The refresh token was active; its successor is now stored."""
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from flow_client import Browser, fuzz, location, on_reactor
 from harness import CLIENTS, ISSUER, Harness, pkce_pair, query_of
 
-from authsrv.records import CodeConsumed
+from authsrv.store.codes import CodeFound
 from authsrv.testing.identity import ALICE, BOB
 from authsrv.tokens import token_hash
 
@@ -184,8 +184,8 @@ async def test_the_code_is_stored_bound_to_everything_the_request_said(tmp_path,
         assert set(query) == {"code", "state", "iss"}
         assert query["state"] == "xyz" and query["iss"] == ISSUER
         session = await h.store.get_session(browser.session_hash, h.now())
-        result = await h.store.consume_code(token_hash(query["code"]), h.now())
-        assert isinstance(result, CodeConsumed)
+        result = await h.store.find_code(token_hash(query["code"]), h.now())
+        assert isinstance(result, CodeFound)
         code = result.code
         assert (code.client_id, code.sub, code.redirect_uri) == ("first", ALICE.sub, FIRST_REDIRECT)
         assert code.scope == {"openid", "email", "offline_access"}
@@ -213,7 +213,7 @@ async def test_a_live_session_skips_the_login_and_prompt_login_or_max_age_ask_ag
         h.clock.advance(100)
         response, _ = await browser.authorize("first")
         assert response.code == 302 and "code" in query_of(location(response))
-        again = await h.store.consume_code(token_hash(query_of(location(response))["code"]), h.now())
+        again = await h.store.find_code(token_hash(query_of(location(response))["code"]), h.now())
         assert (again.code.sid, again.code.auth_time) == (first.sid, first.auth_time)
         response, _ = await browser.authorize("first", max_age="500")
         assert response.code == 302 and "code" in query_of(location(response))
@@ -221,7 +221,7 @@ async def test_a_live_session_skips_the_login_and_prompt_login_or_max_age_ask_ag
             response, _ = await browser.authorize("first", **asking)
             assert response.code == 303 and "/login?" in location(response), asking
         query = await browser.sign_in(ALICE, "first", prompt="login")
-        relogged = await h.store.consume_code(token_hash(query["code"]), h.now())
+        relogged = await h.store.find_code(token_hash(query["code"]), h.now())
         assert relogged.code.auth_time == h.now() and relogged.code.sid != first.sid
         assert await h.store.get_session(first.session_hash, h.now()) is None
         response, _ = await browser.authorize("first", max_age="50")

@@ -162,7 +162,7 @@ async def test_banned_or_disabled_users_tokens_are_inactive(tmp_path, monkeypatc
 
         # A user disabled in the identity backend after the token was issued.
         code, _ = await save_code(h, sub=MALLORY.sub)
-        consumed = await h.store.consume_code(token_hash(code), h.now())
+        consumed = await h.store.find_code(token_hash(code), h.now())
         token = new_token()
         await h.store.issue_tokens(
             AccessToken(token_hash(token), consumed.code.grant_id, "first", MALLORY.sub, {"openid"},

@@ -19,7 +19,8 @@ from flow_client import Browser, fuzz, hidden_fields, location, on_reactor
 from harness import CLIENTS, ISSUER, Harness, query_of
 
 from authsrv.identity.errors import BackendUnavailable
-from authsrv.records import Ban, CodeConsumed
+from authsrv.records import Ban
+from authsrv.store.codes import CodeFound
 from authsrv.testing.identity import ALICE, BOB, MALLORY, PASSWORDS, ZOE
 from authsrv.tokens import token_hash
 
@@ -315,8 +316,8 @@ async def test_consent_names_the_client_and_scopes_and_is_remembered_per_scope_s
         assert response.code == 303 and location(response).startswith(PARTNER_REDIRECT + "?")
         query = query_of(location(response))
         assert query["state"] == "st4te" and query["iss"] == ISSUER
-        result = await h.store.consume_code(token_hash(query["code"]), h.now())
-        assert isinstance(result, CodeConsumed) and result.code.client_id == "partner"
+        result = await h.store.find_code(token_hash(query["code"]), h.now())
+        assert isinstance(result, CodeFound) and result.code.client_id == "partner"
         assert await h.store.get_consent(ALICE.sub, "partner") == {"openid", "profile", "email", "offline_access"}
         assert len(audit.of("consent.given")) == 1
         response, _ = await browser.authorize("partner", scope="openid email")

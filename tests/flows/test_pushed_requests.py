@@ -326,13 +326,13 @@ async def test_a_fapi2_client_pushes_and_its_codes_live_a_minute(tmp_path, monke
         response, body = await h.json("POST", PAR, data=fields, headers=basic("bank", SECRETS["first"]))
         assert response.code == 201, body
         returned = await sign_in_by_reference(h, Browser(h), "bank", body["request_uri"])
-        consumed = await h.store.consume_code(token_hash(returned["code"]), h.now())
+        consumed = await h.store.find_code(token_hash(returned["code"]), h.now())
         assert consumed.code.client_id == "bank" and consumed.code.expires_at == h.now() + 60
 
         fields, _ = request_fields()
         response, body = await post_form(h, PAR, fields)
         returned = await sign_in_by_reference(h, Browser(h), "first", body["request_uri"])
-        consumed = await h.store.consume_code(token_hash(returned["code"]), h.now())
+        consumed = await h.store.find_code(token_hash(returned["code"]), h.now())
         assert consumed.code.expires_at == h.now() + 300
     finally:
         await h.close()

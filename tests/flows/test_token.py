@@ -15,8 +15,9 @@ import urllib.request
 
 import pytest
 import pytest_twisted
-from twisted.internet.defer import Deferred, gatherResults
+from twisted.internet.defer import Deferred, fail, gatherResults
 
+from authsrv.identity.errors import BackendUnavailable
 from authsrv.protocol.oidc import at_hash
 from authsrv.records import ACR_PWD, Ban
 from authsrv.testing.identity import ALICE, BOB, MALLORY
@@ -137,7 +138,7 @@ async def test_without_openid_no_id_token(tmp_path, monkeypatch):
 
 async def _grant_revoked(h, code: str) -> bool:
     """Whether the grant of a code that was used is revoked."""
-    used = await h.store.consume_code(token_hash(code), h.now())
+    used = await h.store.find_code(token_hash(code), h.now())
     return (await h.store.get_grant(used.grant_id)).revoked_at is not None
 
 
@@ -177,6 +178,24 @@ async def test_every_invalid_grant_of_a_code(tmp_path, monkeypatch):
         code, verifier = await save_code(h, sub=BOB.sub)
         await h.store.ban_user(Ban(BOB.sub, "spam", h.now()))
         await _refused_code(h, code, verifier)
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_identity_outage_leaves_the_code_usable(tmp_path, monkeypatch):
+    h = await Harness(tmp_path, monkeypatch).start()
+    try:
+        code, verifier = await save_code(h)
+        with monkeypatch.context() as outage:
+            outage.setattr(h.identity, "user_by_id", lambda sub: fail(BackendUnavailable("directory down")))
+            response, body = await exchange(h, code, verifier)
+        assert_error(response, body, 503, "temporarily_unavailable")
+        assert header(response, "retry-after") is not None
+        # Nothing was used up or revoked: the client's retry gets its tokens.
+        response, body = await exchange(h, code, verifier)
+        assert response.code == 200, body
+        assert await active(h, body["access_token"]) and await active(h, body["refresh_token"])
     finally:
         await h.close()
 

@@ -23,7 +23,8 @@ from authsrv.pg.pool import fetch
 from authsrv.pg.settings import targets
 from authsrv.plugins import find_factory
 from authsrv.store import postgres as postgres_store
-from authsrv.records import DEFAULT_GRANT_TYPES, AccessState, Ban, NotRevoked
+from authsrv.records import DEFAULT_GRANT_TYPES, AccessState, Ban, NotRevoked, Rotated
+from authsrv.store.codes import CodeRedeemed
 from authsrv.store.errors import StoreUnavailable
 from authsrv.testing.store import ALICE, NOW, StoreConcurrencyConformance, StoreConformance, h
 
@@ -462,7 +463,8 @@ class TestConnectionFailures(PostgresDatabase):
 
 class TestPreparedLookups(PostgresDatabase):
     """
-    The hot lookups are prepared once per connection and run by name, and
+    The hot lookups and the token endpoint's writes are prepared once per
+    connection and run by name, and
     keep working when the session loses them (a pooler that discards
     session state) or a migration changes the columns they select.
     """
@@ -496,4 +498,24 @@ class TestPreparedLookups(PostgresDatabase):
         finally:
             with psycopg2.connect(self.dsn) as admin, admin.cursor() as cursor:
                 cursor.execute("ALTER TABLE access_tokens DROP COLUMN added_by_a_newer_instance")
+            await store.close()
+
+    @pytest_twisted.ensureDeferred
+    async def test_the_code_exchange_and_the_rotation_are_prepared(self):
+        from authsrv.testing.store import make_access, make_refresh, start_grant
+
+        store = open_store(self.dsn, pool_size=1)
+        try:
+            for n, refresh in ((1, True), (2, False)):
+                grant = await start_grant(store, f"g{n}")
+                assert (await store.find_code(h(f"code-g{n}"), NOW)).grant == grant
+                tokens = make_access(f"access-{n}", grant), make_refresh(f"refresh-{n}", grant) if refresh else None
+                assert await store.redeem_code(h(f"code-g{n}"), *tokens, NOW) == CodeRedeemed()
+            assert await store.rotate_refresh(
+                h("refresh-1"), make_refresh("refresh-3", grant), make_access("access-3", grant), b"sealed", NOW, NOW
+            ) == Rotated()
+            rows = await store._pool.run(lambda db: fetch(db, "SELECT name FROM pg_prepared_statements"))
+            assert {"authsrv_find_code", "authsrv_redeem_code", "authsrv_redeem_code_refresh",
+                    "authsrv_rotate_refresh"} <= {row["name"] for row in rows}
+        finally:
             await store.close()

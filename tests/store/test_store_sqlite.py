@@ -30,6 +30,8 @@ from authsrv.testing.store import (
     StoreConformance,
     h,
     issue,
+    make_access,
+    make_refresh,
     start_grant,
 )
 
@@ -256,9 +258,10 @@ class TestObserver(SQLiteFolder):
         store = sqlite.open_store(reactor, self.folder / "observed.sqlite3", observer=lambda *call: heard.append(call))
         try:
             grant = await start_grant(store, "g1")
-            await store.consume_code(h("code-g1"), NOW)
-            _, refresh = await issue(store, grant, "1")
-            await store.get_refresh_token(refresh.token_hash)
+            await store.find_code(h("code-g1"), NOW)
+            await store.redeem_code(h("code-g1"), make_access("access-1", grant), make_refresh("refresh-1", grant), NOW)
+            await store.refuse_code(h("code-g1"), NOW)
+            await store.get_refresh_token(h("refresh-1"))
             client = Client(CLIENT, None, ["https://app.example/cb"])
             await store.add_client(client)
             with pytest.raises(AlreadyExists):
@@ -266,7 +269,8 @@ class TestObserver(SQLiteFolder):
         finally:
             await store.close()
         assert [(label, failed) for label, _, failed in heard] == [
-            ("save_code", False), ("consume_code", False), ("issue_tokens", False), ("get_refresh_token", False),
+            ("save_code", False), ("find_code", False), ("redeem_code", False), ("refuse_code", False),
+            ("get_refresh_token", False),
             ("add_client", False), ("add_client", True),
         ]
         assert all(isinstance(seconds, float) and 0 <= seconds < 5 for _, seconds, _ in heard)

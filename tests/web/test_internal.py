@@ -41,12 +41,11 @@ async def give_grant(h, sub, *, refresh=True, access=True, expires_in=3600):
     await h.store.save_code(AuthorizationCode(code_hash=code_hash, grant_id=grant.grant_id, client_id="first",
                                               sub=sub, redirect_uri="http://127.0.0.1:9000/callback",
                                               scope={"openid"}, issued_at=now, expires_at=now + 60), grant)
-    await h.store.consume_code(code_hash, now)
     access_token = AccessToken(token_hash=token_hash(new_token()), grant_id=grant.grant_id, client_id="first",
                                sub=sub, scope={"openid"}, issued_at=now, expires_at=now + expires_in)
     refresh_token = RefreshToken(token_hash=token_hash(new_token()), grant_id=grant.grant_id, client_id="first",
                                  sub=sub, scope={"openid"}, issued_at=now, expires_at=now + 86400)
-    await h.store.issue_tokens(access_token, refresh_token if refresh else None)
+    await h.store.redeem_code(code_hash, access_token, refresh_token if refresh else None, now)
     return grant
 
 

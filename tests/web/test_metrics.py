@@ -176,6 +176,8 @@ async def test_counters_move_as_users_and_clients_act(server):
     assert value(after, "authsrv_http_requests_total", route="/api/auth/oauth2/token", status="200") == 2
     assert value(after, "authsrv_http_request_duration_seconds_count", route="/api/auth/login") == 4  # 2 pages, 2 posts
     assert value(after, "authsrv_store_call_duration_seconds_count", call="rotate_refresh") == 2
+    assert value(after, "authsrv_store_call_duration_seconds_count", call="find_code") == 1
+    assert value(after, "authsrv_store_call_duration_seconds_count", call="redeem_code") == 1
     assert value(after, "authsrv_identity_call_duration_seconds_count", backend="static",
                  call="requestAvatarId") == 2
     assert ("authsrv_signing_key_age_seconds", (("alg", "RS256"),)) in after

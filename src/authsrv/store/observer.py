@@ -3,7 +3,7 @@ How long store calls take, reported by label to whoever watches (metrics).
 
 A store given an C{observer} calls C{observer(label, seconds, failed)} when
 each call ends: C{label} names the operation in a word or two
-(C{"consume_code"}, C{"rotate_refresh"}), as Synapse's C{desc} does. A
+(C{"redeem_code"}, C{"rotate_refresh"}), as Synapse's C{desc} does. A
 store without one times nothing.
 """
 

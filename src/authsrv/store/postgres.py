@@ -58,9 +58,6 @@ from authsrv.pg.pool import (
 from authsrv.pg.settings import ConnectionSettings, read_settings
 from authsrv.records import (
     AccessState,
-    CodeConsumed,
-    CodeNotFound,
-    CodeReused,
     Consent,
     NotRevoked,
     RefreshNotFound,
@@ -72,7 +69,8 @@ from authsrv.records import (
     ThrottleDecision,
     TotpFactor,
 )
-from authsrv.store import device, pending, throttle
+from authsrv.store import codes, device, pending, throttle
+from authsrv.store.codes import CodeNotFound, CodeRedeemed, CodeReused
 from authsrv.store.errors import AlreadyExists, StoreUnavailable
 from authsrv.store.observer import Observer, watched
 from authsrv.store.rows import POSTGRES, GRANT_PREFIX, WITH_BAN, Rows, ban_of, factors_of, import_statements, scope_text, tables
@@ -202,9 +200,10 @@ def _holds_nul(params: dict) -> bool:
 
 _T = tables(POSTGRES)
 _WITH_GRANT = _T.grants.select_as("g", GRANT_PREFIX)
-"""A token's or code's grant (C{g}), read in the same query (L{authsrv.store.rows.Rows})."""
+"""A refresh token's grant (C{g}), read in the same query (L{authsrv.store.rows.Rows})."""
 
-# The lookups of every introspection, UserInfo, refresh and user-access request, prepared once per connection.
+# The lookups of every introspection, UserInfo, refresh and user-access request, prepared once per connection
+# (the code exchange's and the rotation's statements are prepared below and beside their steps).
 _FIND_ACCESS_TOKEN = Prepared("authsrv_find_access_token",
     "SELECT a.*" + WITH_BAN + " FROM access_tokens a JOIN grants g ON g.grant_id = a.grant_id"
     " LEFT JOIN bans b ON b.sub = a.sub"
@@ -229,6 +228,8 @@ _ACCESS_STATE = Prepared("authsrv_access_state",
 _IMPORT = import_statements(_T, POSTGRES)
 _THROTTLE = throttle.statements(POSTGRES)
 _DEVICE = device.statements(POSTGRES, lock=" FOR UPDATE")
+_CODES = codes.statements(_T, POSTGRES)
+_FIND_CODE = Prepared("authsrv_find_code", _CODES.find)
 
 # Two statements sent as one query, which PostgreSQL runs as one implicit
 # transaction: the address's lock is held from the first until the second,
@@ -436,8 +437,16 @@ class PostgresStore:
             {**_T.grants.params(grant, "g_"), **_T.codes.params(code, "c_")},
         )
 
-    def consume_code(self, code_hash, now):
-        return self._run("consume_code", _consume_code, code_hash, now)
+    def find_code(self, code_hash, now):
+        return self._one("find_code", None, _FIND_CODE, {"hash": code_hash}).addCallback(
+            lambda row: codes.found_in(_T, row, now)
+        )
+
+    def redeem_code(self, code_hash, access, refresh, now):
+        return self._run("redeem_code", _redeem_code, code_hash, access, refresh, now)
+
+    def refuse_code(self, code_hash, now):
+        return self._write("refuse_code", _REFUSE_CODE, {"hash": code_hash, "now": now})
 
     # IDeviceAuthorizationStore
 
@@ -824,30 +833,47 @@ async def _mfa_demanded(db, sub, now):
     return (await first(db, "SELECT first_at FROM mfa_demands WHERE sub = %(sub)s", params))["first_at"]
 
 
-async def _consume_code(db, code_hash, now):
-    # A redemption that waited for a racing one's row lock re-checks used_at
-    # on the committed row and changes nothing; the SELECT then sees it used.
-    params = {"hash": code_hash, "now": now}
-    row = await first(
-        db,
-        "WITH c AS (UPDATE authorization_codes SET used_at = %(now)s"
-        " WHERE code_hash = %(hash)s AND used_at IS NULL AND expires_at > %(now)s"
-        " AND EXISTS (SELECT 1 FROM grants g"
-        "  WHERE g.grant_id = authorization_codes.grant_id AND g.revoked_at IS NULL)"
-        " RETURNING *)"
-        " SELECT c.*, " + _WITH_GRANT + WITH_BAN + " FROM c JOIN grants g ON g.grant_id = c.grant_id"
-        " LEFT JOIN bans b ON b.sub = c.sub",
-        params,
-    )
-    if row is not None:
-        return CodeConsumed(_T.codes.load(row), _T.grants.load(row, GRANT_PREFIX), ban_of(row, row["sub"]))
-    used = await first(
-        db, "SELECT grant_id FROM authorization_codes WHERE code_hash = %(hash)s AND used_at IS NOT NULL", params
-    )
+def _redeem(name: str, refresh: bool) -> Prepared:
+    """The redemption that also stores the access token, and with C{refresh} the refresh token: one statement."""
+    stored = f" new_access AS ({_T.access.insert_as('a_', 'redeemed')})"
+    if refresh:
+        stored += f", new_refresh AS ({_T.refresh.insert_as('r_', 'redeemed')})"
+    return Prepared(name, f"WITH redeemed AS ({_CODES.redeem} RETURNING grant_id),{stored} SELECT grant_id FROM redeemed")
+
+
+_REDEEM = {False: _redeem("authsrv_redeem_code", False), True: _redeem("authsrv_redeem_code_refresh", True)}
+
+# Not redeemed just now: a code used before (a racing redemption won, or a
+# replay) revokes its grant in the same statement that finds it used.
+_NOT_REDEEMED = (
+    f"WITH used AS ({_CODES.used}),"
+    " revoked AS (UPDATE grants SET revoked_at = %(now)s WHERE grant_id IN (SELECT grant_id FROM used)"
+    "  AND revoked_at IS NULL)"
+    " SELECT grant_id FROM used"
+)
+_REFUSE_CODE = (
+    f"WITH used AS ({_CODES.refuse})"
+    " UPDATE grants SET revoked_at = %(now)s WHERE grant_id IN (SELECT grant_id FROM used) AND revoked_at IS NULL"
+)
+
+
+async def _redeem_code(db, code_hash, access, refresh, now):
+    """
+    The winner's redemption and tokens are one statement, so one commit. A
+    redemption that waited for a racing one's row lock re-checks used_at on
+    the committed row and changes nothing; the next statement, on a
+    snapshot that holds the winner's commit, then sees the code used.
+    """
+    params = {"hash": code_hash, "now": now, **_T.access.params(access, "a_")}
+    if refresh is not None:
+        params.update(_T.refresh.params(refresh, "r_"))
+    if await first(db, _REDEEM[refresh is not None], params) is not None:
+        return CodeRedeemed()
+    used = await first(db, _NOT_REDEEMED, {"hash": code_hash, "now": now})
     return CodeNotFound() if used is None else CodeReused(used["grant_id"])
 
 
-_ROTATE = (
+_ROTATE = Prepared("authsrv_rotate_refresh",
     "WITH rotated AS ("
     " UPDATE refresh_tokens SET consumed_at = %(now)s, grace_until = %(grace_until)s, replay = %(replay)s"
     " WHERE token_hash = %(old_hash)s AND consumed_at IS NULL AND expires_at > %(now)s"

@@ -29,9 +29,6 @@ from authsrv.migrations import Ledger, MigrationError, SQLiteMigration, migrate,
 from authsrv.interfaces import SERVER_KEY_BYTES
 from authsrv.records import (
     AccessState,
-    CodeConsumed,
-    CodeNotFound,
-    CodeReused,
     Consent,
     NotRevoked,
     RefreshNotFound,
@@ -43,7 +40,8 @@ from authsrv.records import (
     ThrottleDecision,
     TotpFactor,
 )
-from authsrv.store import device, pending, throttle
+from authsrv.store import codes, device, pending, throttle
+from authsrv.store.codes import CodeNotFound, CodeRedeemed, CodeReused
 from authsrv.store.errors import AlreadyExists, StoreUnavailable
 from authsrv.store.observer import Observer, watched
 from authsrv.store.rows import SQLITE, GRANT_PREFIX, WITH_BAN, Rows, ban_of, factors_of, import_statements, scope_text, tables
@@ -169,10 +167,11 @@ _IMPORT = import_statements(_T, SQLITE)
 _THROTTLE = throttle.statements(SQLITE)
 _BUSY_UNTIL = pending.busy_until(SQLITE)
 _DEVICE = device.statements(SQLITE)
+_CODES = codes.statements(_T, SQLITE)
 
 _JOIN_BAN = " LEFT JOIN bans b ON b.sub = {table}.sub"
 _WITH_GRANT = _T.grants.select_as("g", GRANT_PREFIX)
-"""A token's or code's grant (C{g}), read in the same query (L{authsrv.store.rows.Rows})."""
+"""A refresh token's grant (C{g}), read in the same query (L{authsrv.store.rows.Rows})."""
 
 _REVOKE_GRANT = "UPDATE grants SET revoked_at = ? WHERE grant_id = ? AND revoked_at IS NULL"
 
@@ -377,8 +376,15 @@ class SQLiteStore:
 
         return self._call("save_code", True, save)
 
-    def consume_code(self, code_hash, now):
-        return self._call("consume_code", True, _consume_code, code_hash, now)
+    def find_code(self, code_hash, now):
+        return self._call("find_code", False,
+                          lambda db: codes.found_in(_T, db.execute(_CODES.find, {"hash": code_hash}).fetchone(), now))
+
+    def redeem_code(self, code_hash, access, refresh, now):
+        return self._call("redeem_code", True, _redeem_code, code_hash, access, refresh, now)
+
+    def refuse_code(self, code_hash, now):
+        return self._call("refuse_code", True, _refuse_code, code_hash, now)
 
     # IDeviceAuthorizationStore
 
@@ -755,27 +761,22 @@ def _remove_client(db, client_id):
     return db.execute("DELETE FROM clients WHERE client_id = ?", (client_id,)).rowcount > 0
 
 
-def _consume_code(db, code_hash, now):
-    row = _first(
-        db.execute(
-            "UPDATE authorization_codes SET used_at = ?"
-            " WHERE code_hash = ? AND used_at IS NULL AND expires_at > ?"
-            " AND EXISTS (SELECT 1 FROM grants g"
-            "  WHERE g.grant_id = authorization_codes.grant_id AND g.revoked_at IS NULL)"
-            " RETURNING *",
-            (now, code_hash, now),
-        )
-    )
-    if row is not None:
-        joined = db.execute(
-            "SELECT " + _WITH_GRANT + WITH_BAN + " FROM grants g" + _JOIN_BAN.format(table="g")
-            + " WHERE g.grant_id = ?", (row["grant_id"],),
-        ).fetchone()
-        return CodeConsumed(_T.codes.load(row), _T.grants.load(joined, GRANT_PREFIX), ban_of(joined, row["sub"]))
-    used = db.execute(
-        "SELECT grant_id FROM authorization_codes WHERE code_hash = ? AND used_at IS NOT NULL", (code_hash,)
-    ).fetchone()
-    return CodeNotFound() if used is None else CodeReused(used["grant_id"])
+def _redeem_code(db, code_hash, access, refresh, now):
+    params = {"hash": code_hash, "now": now}
+    if db.execute(_CODES.redeem, params).rowcount:
+        _issue_tokens(db, access, refresh)
+        return CodeRedeemed()
+    used = db.execute(_CODES.used, params).fetchone()
+    if used is None:
+        return CodeNotFound()
+    db.execute(_REVOKE_GRANT, (now, used["grant_id"]))
+    return CodeReused(used["grant_id"])
+
+
+def _refuse_code(db, code_hash, now):
+    used = _first(db.execute(_CODES.refuse, {"hash": code_hash, "now": now}))
+    if used is not None:
+        db.execute(_REVOKE_GRANT, (now, used["grant_id"]))
 
 
 def _decide_device(db, user_code_hash, sub, grant, now):

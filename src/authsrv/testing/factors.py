@@ -126,7 +126,7 @@ class FactorStoreConformance:
             assert await store.get_session("hash-2", NOW) == plain
             await store.save_code(code, grant)
             assert await store.get_grant("g-mfa") == grant
-            assert (await store.consume_code(code.code_hash, NOW)).code == code
+            assert (await store.find_code(code.code_hash, NOW)).code == code
             await store.save_interaction(interaction)
             assert await store.get_interaction("i-mfa", NOW) == interaction
             await store.add_client(client)

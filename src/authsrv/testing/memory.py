@@ -28,9 +28,6 @@ from authsrv.records import (
     RECOVERY_FACTOR,
     TOTP_FACTOR,
     AccessState,
-    CodeConsumed,
-    CodeNotFound,
-    CodeReused,
     Consent,
     Factor,
     NotRevoked,
@@ -43,7 +40,8 @@ from authsrv.records import (
     ThrottleDecision,
     TotpFactor,
 )
-from authsrv.store import device as devices, throttle
+from authsrv.store import codes, device as devices, throttle
+from authsrv.store.codes import CodeNotFound, CodeRedeemed, CodeReused
 from authsrv.store.errors import AlreadyExists
 
 
@@ -265,16 +263,33 @@ class MemoryStore:
         self.tables.codes[code.code_hash] = code
 
     @_answered
-    def consume_code(self, code_hash, now):
+    def find_code(self, code_hash, now):
+        code = self.tables.codes.get(code_hash)
+        if code is None:
+            return CodeNotFound()
+        return codes.found(code, code_hash in self.tables.code_used_at, self.tables.grants[code.grant_id],
+                           self.tables.bans.get(code.sub), now)
+
+    @_answered
+    def redeem_code(self, code_hash, access, refresh, now):
         code = self.tables.codes.get(code_hash)
         if code is None:
             return CodeNotFound()
         if code_hash in self.tables.code_used_at:
+            self._revoke_grant(code.grant_id, now)
             return CodeReused(code.grant_id)
         if code.expires_at <= now or not self._live_grant(code.grant_id):
             return CodeNotFound()
+        self._issue(access, refresh)
         self.tables.code_used_at[code_hash] = now
-        return CodeConsumed(code, self.tables.grants[code.grant_id], self.tables.bans.get(code.sub))
+        return CodeRedeemed()
+
+    @_answered
+    def refuse_code(self, code_hash, now):
+        code = self.tables.codes.get(code_hash)
+        if code is not None:
+            self.tables.code_used_at.setdefault(code_hash, now)
+            self._revoke_grant(code.grant_id, now)
 
     # IDeviceAuthorizationStore
 

@@ -37,9 +37,6 @@ from authsrv.records import (
     Ban,
     BrowserSession,
     Client,
-    CodeConsumed,
-    CodeNotFound,
-    CodeReused,
     Consent,
     Grant,
     ImportBatch,
@@ -58,6 +55,7 @@ from authsrv.records import (
     ThrottleDecision,
     ThrottlePolicy,
 )
+from authsrv.store.codes import CodeFound, CodeNotFound, CodeRedeemed, CodeReused
 from authsrv.store.errors import AlreadyExists
 from authsrv.testing.device import DeviceConcurrencyConformance, DeviceStoreConformance
 from authsrv.testing.factors import FactorConcurrencyConformance, FactorStoreConformance
@@ -453,7 +451,7 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             assert await store.get_grant("g1") is None
             assert await store.find_access_token(h("access-gone"), NOW) is None
             assert await store.get_refresh_token(h("refresh-gone")) is None
-            assert await store.consume_code(h("code-g2"), NOW) == CodeNotFound()
+            assert await store.find_code(h("code-g2"), NOW) == CodeNotFound()
             assert await store.get_consent(ALICE, CLIENT) is None
             assert await store.get_grant("g3") == kept
             assert (await store.find_access_token(h("access-kept"), NOW)).token_hash == kept_access.token_hash
@@ -658,26 +656,55 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
     # --- codes ---------------------------------------------------------------
 
     @pytest_twisted.ensureDeferred
-    async def test_code_is_single_use(self):
+    async def test_a_found_code_redeems_once_with_its_tokens(self):
         async with self.store() as store:
             grant = make_grant("g1")
             code = make_code("code-1", grant)
             await store.save_code(code, grant)
             assert await store.get_grant("g1") == grant
-            assert await store.consume_code(h("code-1"), NOW) == CodeConsumed(code, grant)
-            assert await store.consume_code(h("code-1"), NOW + 1) == CodeReused("g1")
-            assert await store.consume_code(h("code-1"), NOW + 1) == CodeReused("g1")
-            assert await store.consume_code(h("code-2"), NOW) == CodeNotFound()
+            # Finding changes nothing.
+            assert await store.find_code(h("code-1"), NOW) == CodeFound(code, grant)
+            assert await store.find_code(h("code-1"), NOW) == CodeFound(code, grant)
+            access, refresh = make_access("access-1", grant), make_refresh("refresh-1", grant)
+            assert await store.redeem_code(h("code-1"), access, refresh, NOW) == CodeRedeemed()
+            assert await store.find_access_token(access.token_hash, NOW) == access
+            assert await store.get_refresh_token(refresh.token_hash) == refresh
+            assert await store.find_code(h("code-1"), NOW + 1) == CodeReused("g1")
+            assert await store.find_code(h("code-2"), NOW) == CodeNotFound()
 
     @pytest_twisted.ensureDeferred
-    async def test_a_consumed_code_and_a_refresh_lookup_bring_the_grant_and_the_ban(self):
+    async def test_redeeming_a_used_code_revokes_its_grant_and_stores_nothing(self):
+        async with self.store() as store:
+            grant = await start_grant(store, "g1")
+            first = make_access("access-1", grant)
+            assert await store.redeem_code(h("code-g1"), first, None, NOW) == CodeRedeemed()
+            again = make_access("access-2", grant)
+            assert await store.redeem_code(h("code-g1"), again, make_refresh("refresh-2", grant), NOW + 1) == (
+                CodeReused("g1")
+            )
+            assert (await store.get_grant("g1")).revoked_at == NOW + 1
+            assert await store.find_access_token(first.token_hash, NOW + 1) is None
+            assert await store.find_access_token(again.token_hash, NOW + 1) is None
+            assert await store.get_refresh_token(h("refresh-2")) is None
+            assert await store.find_code(h("code-g1"), NOW + 2) == CodeReused("g1")
+
+    @pytest_twisted.ensureDeferred
+    async def test_unknown_code_is_not_redeemed(self):
+        async with self.store() as store:
+            grant = await start_grant(store, "g1")
+            access = make_access("access-1", grant)
+            assert await store.redeem_code(h("code-2"), access, None, NOW) == CodeNotFound()
+            assert await store.find_access_token(access.token_hash, NOW) is None
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_found_code_and_a_refresh_lookup_bring_the_grant_and_the_ban(self):
         async with self.store() as store:
             grant = attrs.evolve(make_grant("g1"), amr=("pwd", "otp"), acr="urn:mfa", resource=("https://api.example/",),
                                  sid="sid-1")
             await store.save_code(make_code("code-1", grant), grant)
             await store.ban_user(Ban(ALICE, "spam", NOW, until=NOW + 60))
-            consumed = await store.consume_code(h("code-1"), NOW)
-            assert (consumed.grant, consumed.user_ban) == (grant, Ban(ALICE, "spam", NOW, until=NOW + 60))
+            found = await store.find_code(h("code-1"), NOW)
+            assert (found.grant, found.user_ban) == (grant, Ban(ALICE, "spam", NOW, until=NOW + 60))
             refresh = make_refresh("refresh-1", grant)
             await store.issue_tokens(make_access("access-1", grant), refresh)
             found = await store.get_refresh_token(refresh.token_hash)
@@ -687,15 +714,47 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
     async def test_code_expires_at_its_expiry(self):
         async with self.store() as store:
             grant = await start_grant(store, "g1")
-            assert await store.consume_code(h("code-g1"), NOW + 60) == CodeNotFound()
-            assert await store.consume_code(h("code-g1"), NOW + 59) == CodeConsumed(make_code("code-g1", grant), grant)
+            access = make_access("access-1", grant)
+            assert await store.find_code(h("code-g1"), NOW + 60) == CodeNotFound()
+            assert await store.redeem_code(h("code-g1"), access, None, NOW + 60) == CodeNotFound()
+            assert await store.find_access_token(access.token_hash, NOW) is None
+            assert await store.find_code(h("code-g1"), NOW + 59) == CodeFound(make_code("code-g1", grant), grant)
+            assert await store.redeem_code(h("code-g1"), access, None, NOW + 59) == CodeRedeemed()
 
     @pytest_twisted.ensureDeferred
     async def test_code_of_revoked_grant_is_not_found(self):
         async with self.store() as store:
-            await start_grant(store, "g1")
+            grant = await start_grant(store, "g1")
             assert await store.revoke_user_grants(ALICE, NOW) == 1
-            assert await store.consume_code(h("code-g1"), NOW) == CodeNotFound()
+            assert await store.find_code(h("code-g1"), NOW) == CodeNotFound()
+            assert await store.redeem_code(h("code-g1"), make_access("access-1", grant), None, NOW) == CodeNotFound()
+            assert await store.find_access_token(h("access-1"), NOW) is None
+            # Left unused: it is still no reuse.
+            assert await store.find_code(h("code-g1"), NOW) == CodeNotFound()
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_refused_code_is_used_up_with_its_grant(self):
+        async with self.store() as store:
+            grant = await start_grant(store, "g1")
+            other = await start_grant(store, "g2")
+            await store.refuse_code(h("code-g1"), NOW)
+            assert await store.find_code(h("code-g1"), NOW) == CodeReused("g1")
+            assert (await store.get_grant("g1")).revoked_at == NOW
+            assert await store.redeem_code(h("code-g1"), make_access("access-1", grant), None, NOW) == CodeReused("g1")
+            await store.refuse_code(h("code-g1"), NOW + 1)
+            assert (await store.get_grant("g1")).revoked_at == NOW
+            await store.refuse_code(h("code-none"), NOW)
+            assert await store.find_code(h("code-g2"), NOW) == CodeFound(make_code("code-g2", other), other)
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_redeemed_code_refused_revokes_what_it_issued(self):
+        async with self.store() as store:
+            grant = await start_grant(store, "g1")
+            access = make_access("access-1", grant)
+            assert await store.redeem_code(h("code-g1"), access, None, NOW) == CodeRedeemed()
+            await store.refuse_code(h("code-g1"), NOW + 1)
+            assert await store.find_access_token(access.token_hash, NOW + 1) is None
+            assert await store.find_code(h("code-g1"), NOW + 1) == CodeReused("g1")
 
     @pytest_twisted.ensureDeferred
     async def test_save_code_of_existing_grant_fails_whole(self):
@@ -703,7 +762,7 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             grant = await start_grant(store, "g1")
             with pytest.raises(AlreadyExists):
                 await store.save_code(make_code("code-other", grant), grant)
-            assert await store.consume_code(h("code-other"), NOW) == CodeNotFound()
+            assert await store.find_code(h("code-other"), NOW) == CodeNotFound()
 
     # --- grants and tokens ------------------------------------------------------
 
@@ -727,7 +786,7 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             grant = make_grant("g1")
             code = attrs.evolve(make_code("code-g1", grant), dpop_jkt="k" * 43)
             await store.save_code(code, grant)
-            assert (await store.consume_code(h("code-g1"), NOW)).code == code
+            assert (await store.find_code(h("code-g1"), NOW)).code == code
             access = make_access("access-1", grant, jkt="a" * 43)
             refresh = attrs.evolve(make_refresh("refresh-1", grant), jkt="a" * 43)
             await store.issue_tokens(access, refresh)
@@ -1361,8 +1420,8 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             assert await store.find_access_token(h("access-old"), NOW - 1) is None
             assert await store.find_access_token(live_access.token_hash, NOW) == live_access
             assert await store.get_refresh_token(live_refresh.token_hash) == live_refresh
-            assert await store.consume_code(h("code-expired"), NOW - 1) == CodeNotFound()
-            assert await store.consume_code(h("code-g1"), NOW) == CodeConsumed(make_code("code-g1", grant), grant)
+            assert await store.find_code(h("code-expired"), NOW - 1) == CodeNotFound()
+            assert await store.find_code(h("code-g1"), NOW) == CodeFound(make_code("code-g1", grant), grant)
             assert await store.get_grant("g1") == grant
             assert await store.acquire_link_lock("acct-1", "server-b", NOW, 30) is True
             assert await store.acquire_link_lock("acct-2", "server-b", NOW, 30) is False
@@ -1448,11 +1507,17 @@ class StoreConcurrencyConformance(FactorConcurrencyConformance, DeviceConcurrenc
         async with self.store_pair() as (first, second):
             for n in range(self.rounds):
                 grant = await start_grant(first, f"g{n}")
-                results = await gatherResults(
-                    [store.consume_code(h(f"code-g{n}"), NOW) for store in (first, second)]
-                )
-                assert sorted(type(r).__name__ for r in results) == ["CodeConsumed", "CodeReused"]
+                tokens = [make_access(f"access-{n}-{side}", grant) for side in (1, 2)]
+                results = await gatherResults([
+                    store.redeem_code(h(f"code-g{n}"), access, make_refresh(f"refresh-{n}-{side}", grant), NOW)
+                    for side, store, access in ((1, first, tokens[0]), (2, second, tokens[1]))
+                ])
+                assert sorted(type(r).__name__ for r in results) == ["CodeRedeemed", "CodeReused"]
                 assert CodeReused(grant.grant_id) in results
+                # The loser revoked the grant: the winner's tokens are dead too.
+                assert (await first.get_grant(grant.grant_id)).revoked_at == NOW
+                for access in tokens:
+                    assert await second.find_access_token(access.token_hash, NOW) is None
 
     @pytest_twisted.ensureDeferred
     async def test_racing_assertion_jti_claims(self):

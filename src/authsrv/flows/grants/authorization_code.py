@@ -1,11 +1,12 @@
 """
 grant_type=authorization_code (RFC 6749 section 4.1.3, RFC 7636): the code
-is consumed before it is checked, so that every attempt, failed or not,
-uses it up; a failed one also revokes the grant it would have started, and
-a second redemption revokes whatever the first one issued (docs/design.md,
-Authorization codes). The one atomic store step is C{consume_code}, which
-also brings the code's grant and its user's ban: an exchange is two store
-calls, that and the write of the tokens.
+is looked up (bringing its grant and its user's ban), checked, the user
+asked for, the tokens minted, and only then redeemed, in the one store step
+that also writes the tokens (L{authsrv.store.codes}): an exchange is two
+store calls and one durable commit, and an outage before the end leaves the
+code usable. A failed check refuses the code, which uses it up and revokes
+the grant it would have started, and a second redemption revokes whatever
+the first one issued (docs/design.md, Authorization codes).
 """
 
 from __future__ import annotations
@@ -16,8 +17,18 @@ from authsrv.flows.issue import issued_event
 from authsrv.protocol import pkce
 from authsrv.protocol.errors import InvalidGrant, OAuthError
 from authsrv.protocol.params import require
-from authsrv.records import AuthorizationCode, Client, CodeNotFound, CodeReused
+from authsrv.records import AuthorizationCode, Client
+from authsrv.store.codes import CodeNotFound, CodeReused
 from authsrv.tokens import token_hash
+
+
+NOT_FOUND = "the authorization code is unknown or expired"
+
+
+def _reused(client: Client, reused: CodeReused) -> InvalidGrant:
+    """The answer to a code used before, once its grant is revoked."""
+    events.code_reused(client_id=client.client_id, grant_id=reused.grant_id)
+    return InvalidGrant("the authorization code was already used; the tokens issued for it are revoked")
 
 
 def _check_code(code: AuthorizationCode, client: Client, redirect_uri: str, verifier: str, jkt: str | None) -> None:
@@ -46,25 +57,23 @@ class AuthorizationCodeGrant:
         value = require(params, "code")
         redirect_uri = require(params, "redirect_uri")
         verifier = require(params, "code_verifier")
-        result = await store.consume_code(token_hash(value), now)
+        result = await store.find_code(token_hash(value), now)
         if isinstance(result, CodeReused):
             await store.revoke_grant(result.grant_id, now)
-            events.code_reused(client_id=client.client_id, grant_id=result.grant_id)
-            raise InvalidGrant("the authorization code was already used; the tokens issued for it are revoked")
+            raise _reused(client, result)
         if isinstance(result, CodeNotFound):
-            raise InvalidGrant("the authorization code is unknown or expired")
+            raise InvalidGrant(NOT_FOUND)
         code = result.code
         try:
             _check_code(code, client, redirect_uri, verifier, jkt)
             granted_audience = audience(params, code.resource)
         except OAuthError:
-            await store.revoke_grant(code.grant_id, now)
+            await store.refuse_code(code.code_hash, now)
             raise
-        grant = result.grant
         user = await self._users.allowed(code.grant_id, code.sub, client.client_id, now, ban=result.user_ban)
         offline = "offline_access" in code.scope and "refresh_token" in client.grant_types
         issued = self._minter.mint(
-            grant, client, user,
+            result.grant, client, user,
             scope=code.scope,
             audience=granted_audience,
             nonce=code.nonce,
@@ -73,6 +82,10 @@ class AuthorizationCodeGrant:
             jkt=jkt,
             refresh_jkt=jkt if client.is_public else None,
         )
-        await store.issue_tokens(issued.access, issued.refresh)
+        redeemed = await store.redeem_code(code.code_hash, issued.access, issued.refresh, now)
+        if isinstance(redeemed, CodeReused):
+            raise _reused(client, redeemed)
+        if isinstance(redeemed, CodeNotFound):
+            raise InvalidGrant(NOT_FOUND)
         issued_event(issued, client.client_id, self.grant_type)
         return issued.response

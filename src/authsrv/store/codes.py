@@ -1,0 +1,101 @@
+"""
+Authorization codes for every store. The token endpoint looks a code up (a
+read: no commit), checks it against the request, asks for the user, and only
+then redeems it in the one transaction that also writes the tokens: an
+exchange costs one durable commit, and a failure before it (an identity
+backend down) leaves the code usable. A check that fails refuses the code
+instead, which uses it up and revokes its grant, as redeeming it first used
+to (RFC 6749 section 10.5).
+
+L{found} decides what a lookup tells, so SQLite, PostgreSQL and the
+in-memory store cannot differ in when a code is reused or unknown; the
+statements are written once, with the dialect's parameter marks.
+"""
+
+from __future__ import annotations
+
+from attrs import frozen
+
+from authsrv.records import AuthorizationCode, Ban, Grant
+from authsrv.store.rows import GRANT_PREFIX, WITH_BAN, Dialect, Tables, ban_of
+
+
+@frozen
+class CodeFound:
+    """An unused, unexpired code of a live grant, with that grant and its user's ban (None: none)."""
+
+    code: AuthorizationCode
+    grant: Grant
+    user_ban: Ban | None = None
+
+
+@frozen
+class CodeRedeemed:
+    """The code is now used and the tokens are stored."""
+
+
+@frozen
+class CodeReused:
+    """The code was redeemed before: what it issued must be revoked."""
+
+    grant_id: str
+
+
+@frozen
+class CodeNotFound:
+    """Unknown or expired code, or its grant was revoked."""
+
+
+def found(code: AuthorizationCode, used: bool, grant: Grant, ban: Ban | None, now: int):
+    """What a lookup of an existing C{code} tells: a reuse first, whatever else holds."""
+    if used:
+        return CodeReused(code.grant_id)
+    if code.expires_at <= now or grant.revoked_at is not None:
+        return CodeNotFound()
+    return CodeFound(code, grant, ban)
+
+
+def found_in(tables: Tables, row, now: int):
+    """L{found} for the row of L{Statements.find} (None: no such code)."""
+    if row is None:
+        return CodeNotFound()
+    return found(tables.codes.load(row), row["used_at"] is not None, tables.grants.load(row, GRANT_PREFIX),
+                 ban_of(row, row["sub"]), now)
+
+
+@frozen
+class Statements:
+    """The codes' statements in one dialect; parameters C{hash} and C{now}."""
+
+    find: str
+    """The code with its grant (under L{GRANT_PREFIX}) and its user's ban."""
+    redeem: str
+    """Mark the code used if it is unused, unexpired and its grant live."""
+    used: str
+    """The grant of the code if it was used."""
+    refuse: str
+    """Mark the code used, whatever its state; returns its grant."""
+
+
+def statements(tables: Tables, dialect: Dialect) -> Statements:
+    marks = {name: dialect.mark.format(name) for name in ("hash", "now")}
+    return Statements(
+        find=(
+            "SELECT c.*, " + tables.grants.select_as("g", GRANT_PREFIX) + WITH_BAN
+            + " FROM authorization_codes c JOIN grants g ON g.grant_id = c.grant_id"
+            " LEFT JOIN bans b ON b.sub = c.sub WHERE c.code_hash = {hash}"
+        ).format(**marks),
+        redeem=(
+            "UPDATE authorization_codes SET used_at = {now}"
+            " WHERE code_hash = {hash} AND used_at IS NULL AND expires_at > {now}"
+            " AND EXISTS (SELECT 1 FROM grants g"
+            "  WHERE g.grant_id = authorization_codes.grant_id AND g.revoked_at IS NULL)"
+        ).format(**marks),
+        used="SELECT grant_id FROM authorization_codes WHERE code_hash = {hash} AND used_at IS NOT NULL".format(
+            **marks
+        ),
+        refuse=(
+            "UPDATE authorization_codes SET used_at = COALESCE(used_at, {now}) WHERE code_hash = {hash}"
+            " RETURNING grant_id"
+        ).format(**marks),
+    )
