@@ -276,11 +276,12 @@ class IAuthorizationCodeStore(Interface):
         its first redemption is still issuing tokens.
         """
 
-    def find_code(code_hash, now):
+    def find_code(code_hash, now, link_provider=None):
         """
         Look a code up, changing nothing. Fires with
         L{authsrv.store.codes.CodeFound} (unused, unexpired, its grant live:
-        with that grant and its user's ban, read in the same round trip),
+        with that grant, its user's ban and C{linked_user_id} as for
+        L{IGrantStore.find_access_token}, read in the same round trip),
         L{authsrv.store.codes.CodeReused} (used before; the caller revokes
         its grant) or L{authsrv.store.codes.CodeNotFound}.
         """
@@ -319,20 +320,24 @@ class IGrantStore(Interface):
         client's grant for itself (client_credentials), which has no code.
         """
 
-    def find_access_token(token_hash, now):
+    def find_access_token(token_hash, now, link_provider=None):
         """
         Fires with the L{authsrv.records.AccessToken} if it is active (known,
         unexpired, neither it nor its grant revoked), else None; its
-        C{user_ban} is the user's ban record, if any (in force or not). One
-        indexed lookup: this is the introspection and UserInfo hot path.
+        C{user_ban} is the user's ban record, if any (in force or not). With
+        a C{link_provider} (the configured chat platform), its
+        C{linked_user_id} is the C{provider_user_id} of the user's linked
+        account at that provider, or None when there is none; without, it is
+        L{authsrv.records.NOT_READ} and nothing more is read. One indexed
+        lookup: this is the introspection and UserInfo hot path.
         """
 
-    def get_refresh_token(token_hash):
+    def get_refresh_token(token_hash, link_provider=None):
         """
         Fires with the L{authsrv.records.RefreshToken} in whatever state it is
-        (C{revoked} set when it or its grant is revoked), with C{user_ban} as
-        for L{find_access_token} and its C{grant}, all in one round trip, or
-        None.
+        (C{revoked} set when it or its grant is revoked), with C{user_ban} and
+        C{linked_user_id} as for L{find_access_token} and its C{grant}, all in
+        one round trip, or None.
         """
 
     def rotate_refresh(old_hash, new_refresh, new_access, replay, grace_until, now):

@@ -9,6 +9,9 @@ only ever present as SHA-256 hex digests (see L{authsrv.tokens.token_hash}).
 
 from __future__ import annotations
 
+import enum
+from typing import Final
+
 from attrs import field, frozen
 
 
@@ -31,6 +34,15 @@ ACR_MFA = "urn:authsrv:acr:mfa"
 """Authentication context class of a sign-in with a second factor."""
 PASSWORD_AMR = ("pwd",)
 """RFC 8176 methods of a password sign-in."""
+
+
+class NotRead(enum.Enum):
+    """What a lookup was not asked to read: unknown, where None is read and absent."""
+
+    NOT_READ = "not read"
+
+
+NOT_READ: Final = NotRead.NOT_READ
 
 
 @frozen
@@ -319,6 +331,13 @@ class AccessToken:
     user_ban: "Ban | None" = None
     jkt: str | None = None
     """The DPoP key's thumbprint (RFC 7638) the token is bound to; None for a bearer token."""
+    linked_user_id: str | None | NotRead = field(default=NOT_READ, eq=False)
+    """
+    The user's account id at the chat platform a lookup named
+    (C{link_provider}), None when not linked there, read in the same round
+    trip so that UserInfo and ID tokens need no other call for C{chat_user_id};
+    never stored and not part of the token's equality.
+    """
 
     @property
     def for_user(self) -> bool:
@@ -354,6 +373,8 @@ class RefreshToken:
     Its grant, filled in by lookups only, so a refresh reads token, grant
     and ban in one round trip; not part of the token's equality.
     """
+    linked_user_id: str | None | NotRead = field(default=NOT_READ, eq=False)
+    """As for L{AccessToken}."""
 
 
 @frozen

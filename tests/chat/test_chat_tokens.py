@@ -23,10 +23,11 @@ from authsrv.chat.config import DEFAULT_SCOPES, ChatConfig, chat_config
 from authsrv.chat.crypto import ACCESS, REFRESH, TokenCipher, UndecryptableToken, key_from_text, new_key_text
 from authsrv.chat.errors import ChatNotLinked, ChatProviderUnavailable, ChatRefreshRefused
 from authsrv.chat.provider import ChatProvider
-from authsrv.chat.tokens import ChatTokens, ProviderToken, linked_chat_user_id
+from authsrv.chat.tokens import ChatTokens, ProviderToken
 from authsrv.configsection import ConfigError, Section
 from authsrv.context import PluginContext
-from authsrv.records import LinkedAccount, User
+from authsrv.flows.claims import ClaimsSource
+from authsrv.records import NOT_READ, LinkedAccount, User
 from authsrv.store import sqlite
 from authsrv.testing.fake_chat import FakeChatProvider
 
@@ -363,13 +364,20 @@ async def test_raw_store_bytes_hold_no_token(world):
         assert secret.encode() not in raw
 
 
+async def chat_user_id(store, user: User, link=NOT_READ) -> str | None:
+    return (await ClaimsSource(store, "discord").user(user, link)).chat_user_id
+
+
 @pytest_twisted.ensureDeferred
 async def test_chat_user_id_prefers_the_stored_link(world):
     async with sqlite_store(world.path) as store:
-        assert await linked_chat_user_id(store, ALICE, "discord") == "from-the-backend"
-        assert await linked_chat_user_id(store, User(sub="nobody", login="n"), "discord") is None
+        assert await chat_user_id(store, ALICE) == "from-the-backend"
+        assert await chat_user_id(store, User(sub="nobody", login="n")) is None
         await world.link(store, HOUR)
-        assert await linked_chat_user_id(store, ALICE, "discord") == world.fake.user.id
+        assert await chat_user_id(store, ALICE) == world.fake.user.id
+        assert await chat_user_id(store, ALICE, None) == "from-the-backend"
+        assert await chat_user_id(store, ALICE, "read-with-the-token") == "read-with-the-token"
+        assert (await ClaimsSource(store, None).user(ALICE)).chat_user_id == "from-the-backend"
 
 
 # --- encryption at rest -----------------------------------------------------------

@@ -487,6 +487,10 @@ class TestPreparedLookups(PostgresDatabase):
         assert await store.access_state(ALICE, NOW) == AccessState(ban=None, has_active_grant=True)
         assert await store.find_access_token(access.token_hash, NOW) == access
         assert {"authsrv_find_access_token", "authsrv_access_state"} <= await store._pool.run(prepared)
+        assert "authsrv_find_access_token_linked" not in await store._pool.run(prepared)
+        found = await store.find_access_token(access.token_hash, NOW, link_provider="discord")
+        assert (found, found.linked_user_id) == (access, None)
+        assert "authsrv_find_access_token_linked" in await store._pool.run(prepared)
 
         await store._pool.run(lambda db: db.cursor().execute("DEALLOCATE ALL"))
         assert await store.find_access_token(access.token_hash, NOW) == access

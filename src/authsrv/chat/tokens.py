@@ -26,7 +26,7 @@ from authsrv.chat.crypto import ACCESS, REFRESH, UndecryptableToken
 from authsrv.chat.errors import ChatError, ChatNotLinked, ChatProviderUnavailable, ChatRefreshRefused
 from authsrv.chat.provider import ProviderTokens
 from authsrv.interfaces import IChatLinkSource, IChatProvider
-from authsrv.records import LinkedAccount, SourceChatLink, User
+from authsrv.records import LinkedAccount, SourceChatLink
 from authsrv.tokens import new_token
 
 SOURCE_PREFIX = "source:"
@@ -234,12 +234,3 @@ class ChatTokens:
 def _record_id(link: LinkedAccount) -> str:
     """The linked-account record's id as its holder knows it (a source's own id, unprefixed)."""
     return link.account_id.removeprefix(SOURCE_PREFIX)
-
-
-async def linked_chat_user_id(store, user: User, provider: str) -> str | None:
-    """
-    The C{chat_user_id} claim: the account linked through the link flow wins
-    over the one the identity backend knows (the user may have relinked).
-    """
-    link = await store.get_linked_account(user.sub, provider)
-    return link.provider_user_id if link is not None else user.chat_user_id

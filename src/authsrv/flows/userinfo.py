@@ -2,11 +2,12 @@
 UserInfo (OIDC Core 5.3) with RFC 6750 bearer tokens and RFC 9449 DPoP-bound
 ones: the claims the access token's scopes release about a user who may
 still use the service. One indexed lookup of the token, which brings its
-user's ban along and says whether a proof must come with it, and the
-identity backend's record (docs/design.md, Speed targets); the proof's
-single-use step only for a bound token. When the server offers signed
-responses, a client that set C{userinfo_signed_response_alg} gets them as a
-JWT (OIDC Core 5.3.2); only then is the client looked up.
+user's ban and linked chat account along and says whether a proof must
+come with it, and the identity backend's record (docs/design.md, Speed
+targets); the proof's single-use step only for a bound token. When the
+server offers signed responses, a client that set
+C{userinfo_signed_response_alg} gets them as a JWT (OIDC Core 5.3.2); only
+then is the client looked up.
 """
 
 from __future__ import annotations
@@ -64,7 +65,9 @@ class UserInfoFlow:
         DPoP header lines and C{method}: its claims, or their compact JWS
         when its client asks for one; or an RFC 6750 / RFC 9449 error.
         """
-        access = await self._store.find_access_token(token_hash(access_token), now)
+        access = await self._store.find_access_token(
+            token_hash(access_token), now, link_provider=self._claims.link_provider
+        )
         if access is None:
             raise InvalidToken("the access token is unknown, expired or revoked")
         if not access.for_user:
@@ -83,7 +86,8 @@ class UserInfoFlow:
         state = await standing(self._identity, self._store, access.sub, now, access.user_ban)
         if not state.allowed:
             raise InvalidToken("the access token is unknown, expired or revoked")
-        claims = {"sub": access.sub, **user_claims(await self._claims.user(state.user), access.scope)}
+        user = await self._claims.user(state.user, access.linked_user_id)
+        claims = {"sub": access.sub, **user_claims(user, access.scope)}
         if self._signer is None:
             return claims
         return await self._signer.sign(access.client_id, claims)

@@ -16,17 +16,21 @@ from __future__ import annotations
 
 from attrs import frozen
 
-from authsrv.records import AuthorizationCode, Ban, Grant
-from authsrv.store.rows import GRANT_PREFIX, WITH_BAN, Dialect, Tables, ban_of
+from authsrv.records import NOT_READ, AuthorizationCode, Ban, Grant, NotRead
+from authsrv.store.rows import GRANT_PREFIX, Dialect, Lookup, Tables, ban_of, lookup
 
 
 @frozen
 class CodeFound:
-    """An unused, unexpired code of a live grant, with that grant and its user's ban (None: none)."""
+    """
+    An unused, unexpired code of a live grant, with that grant, its user's
+    ban (None: none) and linked chat account id (as L{AccessToken.linked_user_id}).
+    """
 
     code: AuthorizationCode
     grant: Grant
     user_ban: Ban | None = None
+    linked_user_id: str | None | NotRead = NOT_READ
 
 
 @frozen
@@ -46,13 +50,14 @@ class CodeNotFound:
     """Unknown or expired code, or its grant was revoked."""
 
 
-def found(code: AuthorizationCode, used: bool, grant: Grant, ban: Ban | None, now: int):
+def found(code: AuthorizationCode, used: bool, grant: Grant, ban: Ban | None, now: int,
+          link: str | None | NotRead = NOT_READ):
     """What a lookup of an existing C{code} tells: a reuse first, whatever else holds."""
     if used:
         return CodeReused(code.grant_id)
     if code.expires_at <= now or grant.revoked_at is not None:
         return CodeNotFound()
-    return CodeFound(code, grant, ban)
+    return CodeFound(code, grant, ban, link)
 
 
 def found_in(tables: Tables, row, now: int):
@@ -60,15 +65,15 @@ def found_in(tables: Tables, row, now: int):
     if row is None:
         return CodeNotFound()
     return found(tables.codes.load(row), row["used_at"] is not None, tables.grants.load(row, GRANT_PREFIX),
-                 ban_of(row, row["sub"]), now)
+                 ban_of(row, row["sub"]), now, row["linked_user_id"] if "linked_user_id" in row.keys() else NOT_READ)
 
 
 @frozen
 class Statements:
     """The codes' statements in one dialect; parameters C{hash} and C{now}."""
 
-    find: str
-    """The code with its grant (under L{GRANT_PREFIX}) and its user's ban."""
+    find: Lookup[str]
+    """The code with its grant (under L{GRANT_PREFIX})."""
     redeem: str
     """Mark the code used if it is unused, unexpired and its grant live."""
     used: str
@@ -80,11 +85,10 @@ class Statements:
 def statements(tables: Tables, dialect: Dialect) -> Statements:
     marks = {name: dialect.mark.format(name) for name in ("hash", "now")}
     return Statements(
-        find=(
-            "SELECT c.*, " + tables.grants.select_as("g", GRANT_PREFIX) + WITH_BAN
-            + " FROM authorization_codes c JOIN grants g ON g.grant_id = c.grant_id"
-            " LEFT JOIN bans b ON b.sub = c.sub WHERE c.code_hash = {hash}"
-        ).format(**marks),
+        find=lookup(
+            dialect, "c.*, " + tables.grants.select_as("g", GRANT_PREFIX),
+            "authorization_codes c JOIN grants g ON g.grant_id = c.grant_id", "c", "c.code_hash = {hash}".format(**marks),
+        ),
         redeem=(
             "UPDATE authorization_codes SET used_at = {now}"
             " WHERE code_hash = {hash} AND used_at IS NULL AND expires_at > {now}"

@@ -73,7 +73,7 @@ from authsrv.store import codes, device, pending, throttle
 from authsrv.store.codes import CodeNotFound, CodeRedeemed, CodeReused
 from authsrv.store.errors import AlreadyExists, StoreUnavailable
 from authsrv.store.observer import Observer, watched
-from authsrv.store.rows import POSTGRES, GRANT_PREFIX, WITH_BAN, Rows, ban_of, factors_of, import_statements, scope_text, tables
+from authsrv.store.rows import POSTGRES, WITH_BAN, Lookup, Rows, ban_of, factors_of, import_statements, scope_text, tables, token_lookups
 
 COMPONENT = "store"
 """This schema's name in C{schema_version}, which other components may share."""
@@ -199,22 +199,18 @@ def _holds_nul(params: dict) -> bool:
 
 
 _T = tables(POSTGRES)
-_WITH_GRANT = _T.grants.select_as("g", GRANT_PREFIX)
-"""A refresh token's grant (C{g}), read in the same query (L{authsrv.store.rows.Rows})."""
+
+
+def _prepared(name: str, lookup: Lookup[str]) -> Lookup[Prepared]:
+    """Both statements of C{lookup}, each prepared when a connection first runs it."""
+    return Lookup(Prepared(name, lookup.plain), Prepared(name + "_linked", lookup.linked))
+
 
 # The lookups of every introspection, UserInfo, refresh and user-access request, prepared once per connection
 # (the code exchange's and the rotation's statements are prepared below and beside their steps).
-_FIND_ACCESS_TOKEN = Prepared("authsrv_find_access_token",
-    "SELECT a.*" + WITH_BAN + " FROM access_tokens a JOIN grants g ON g.grant_id = a.grant_id"
-    " LEFT JOIN bans b ON b.sub = a.sub"
-    " WHERE a.token_hash = %(hash)s AND a.revoked_at IS NULL AND a.expires_at > %(now)s"
-    " AND g.revoked_at IS NULL",
-)
-_GET_REFRESH_TOKEN = Prepared("authsrv_get_refresh_token",
-    "SELECT r.*, g.revoked_at IS NOT NULL AS revoked, " + _WITH_GRANT + WITH_BAN
-    + " FROM refresh_tokens r JOIN grants g ON g.grant_id = r.grant_id"
-    " LEFT JOIN bans b ON b.sub = r.sub WHERE r.token_hash = %(hash)s",
-)
+_TOKENS = token_lookups(_T, POSTGRES)
+_FIND_ACCESS_TOKEN = _prepared("authsrv_find_access_token", _TOKENS.access)
+_GET_REFRESH_TOKEN = _prepared("authsrv_get_refresh_token", _TOKENS.refresh)
 _ACCESS_STATE = Prepared("authsrv_access_state",
     "SELECT EXISTS (SELECT 1 FROM grants g WHERE g.sub = %(sub)s AND g.revoked_at IS NULL AND ("
     " EXISTS (SELECT 1 FROM access_tokens a WHERE a.grant_id = g.grant_id"
@@ -229,7 +225,7 @@ _IMPORT = import_statements(_T, POSTGRES)
 _THROTTLE = throttle.statements(POSTGRES)
 _DEVICE = device.statements(POSTGRES, lock=" FOR UPDATE")
 _CODES = codes.statements(_T, POSTGRES)
-_FIND_CODE = Prepared("authsrv_find_code", _CODES.find)
+_FIND_CODE = _prepared("authsrv_find_code", _CODES.find)
 
 # Two statements sent as one query, which PostgreSQL runs as one implicit
 # transaction: the address's lock is held from the first until the second,
@@ -437,8 +433,8 @@ class PostgresStore:
             {**_T.grants.params(grant, "g_"), **_T.codes.params(code, "c_")},
         )
 
-    def find_code(self, code_hash, now):
-        return self._one("find_code", None, _FIND_CODE, {"hash": code_hash}).addCallback(
+    def find_code(self, code_hash, now, link_provider=None):
+        return self._one("find_code", None, *_FIND_CODE.pick(link_provider, {"hash": code_hash})).addCallback(
             lambda row: codes.found_in(_T, row, now)
         )
 
@@ -506,11 +502,12 @@ class PostgresStore:
             {"client_id": client_id, "jti": jti, "expires_at": expires_at, "now": now},
         )
 
-    def find_access_token(self, token_hash, now):
-        return self._one("find_access_token", _T.access, _FIND_ACCESS_TOKEN, {"hash": token_hash, "now": now})
+    def find_access_token(self, token_hash, now, link_provider=None):
+        return self._one("find_access_token", _T.access,
+                         *_FIND_ACCESS_TOKEN.pick(link_provider, {"hash": token_hash, "now": now}))
 
-    def get_refresh_token(self, token_hash):
-        return self._one("get_refresh_token", _T.refresh, _GET_REFRESH_TOKEN, {"hash": token_hash})
+    def get_refresh_token(self, token_hash, link_provider=None):
+        return self._one("get_refresh_token", _T.refresh, *_GET_REFRESH_TOKEN.pick(link_provider, {"hash": token_hash}))
 
     def rotate_refresh(self, old_hash, new_refresh, new_access, replay, grace_until, now):
         return self._run("rotate_refresh", _rotate_refresh, old_hash, new_refresh, new_access, replay, grace_until, now)

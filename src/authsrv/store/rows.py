@@ -10,7 +10,7 @@ place of the one with its key.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from typing import Any, Callable, Generic, TypeVar
 
 import attrs
 from attrs import frozen
@@ -170,6 +170,67 @@ GRANT_PREFIX = "grant__"
 """The column prefix of a grant read with a token or code (L{Rows.select_as}): no column starts with it."""
 WITH_BAN = ", b.reason AS ban_reason, b.created_at AS ban_created_at, b.until AS ban_until"
 """The columns by which a token lookup also reads its user's ban, so one round trip tells both."""
+LINK_PROVIDER = "link_provider"
+"""The parameter naming the chat platform whose link a L{Lookup} reads."""
+
+S = TypeVar("S")
+
+
+@frozen
+class Lookup(Generic[S]):
+    """
+    A hot lookup of a token or code, with its user's ban, as two statements:
+    C{plain}, and C{linked}, which also reads the user's account id at the
+    chat platform named by L{LINK_PROVIDER} as C{linked_user_id} (NULL: not
+    linked there), so UserInfo and ID tokens need no other round trip. Two
+    statements rather than one join on a NULL provider, so that introspection
+    and a server without a chat platform read exactly what they did before.
+    """
+
+    plain: S
+    linked: S
+
+    def pick(self, link_provider: str | None, params: dict) -> tuple[S, dict]:
+        """The statement and its parameters, reading C{link_provider}'s link unless it is None."""
+        if link_provider is None:
+            return self.plain, params
+        return self.linked, {**params, LINK_PROVIDER: link_provider}
+
+
+def lookup(dialect: Dialect, columns: str, source: str, alias: str, where: str) -> Lookup[str]:
+    """The L{Lookup} of C{columns} from C{source} (whose row C{alias} names the user) C{where}."""
+    banned = f"{source} LEFT JOIN bans b ON b.sub = {alias}.sub"
+    link = (f" LEFT JOIN linked_accounts l ON l.sub = {alias}.sub"
+            f" AND l.provider = {dialect.mark.format(LINK_PROVIDER)}")
+    return Lookup(
+        f"SELECT {columns}{WITH_BAN} FROM {banned} WHERE {where}",
+        f"SELECT {columns}{WITH_BAN}, l.provider_user_id AS linked_user_id FROM {banned}{link} WHERE {where}",
+    )
+
+
+@frozen
+class TokenLookups:
+    """The token lookups of both SQL stores; parameters C{hash} and C{now}."""
+
+    access: Lookup[str]
+    """An active access token (unexpired, neither it nor its grant revoked)."""
+    refresh: Lookup[str]
+    """A refresh token in any state, with C{revoked} and its grant (under L{GRANT_PREFIX})."""
+
+
+def token_lookups(tables: "Tables", dialect: Dialect) -> TokenLookups:
+    mark = dialect.mark.format
+    return TokenLookups(
+        access=lookup(
+            dialect, "a.*", "access_tokens a JOIN grants g ON g.grant_id = a.grant_id", "a",
+            f"a.token_hash = {mark('hash')} AND a.revoked_at IS NULL AND a.expires_at > {mark('now')}"
+            " AND g.revoked_at IS NULL",
+        ),
+        refresh=lookup(
+            dialect, "r.*, g.revoked_at IS NOT NULL AS revoked, " + tables.grants.select_as("g", GRANT_PREFIX),
+            "refresh_tokens r JOIN grants g ON g.grant_id = r.grant_id", "r", f"r.token_hash = {mark('hash')}",
+        ),
+    )
 
 
 def factors_of(totp: TotpFactor | None, recovery) -> list[Factor]:
@@ -239,9 +300,12 @@ def tables(dialect: Dialect) -> Tables:
         grants=grants,
         codes=rows(AuthorizationCode, "authorization_codes", "code_hash", scope=SCOPE, resource=LIST, amr=LIST),
         devices=rows(DeviceAuthorization, "device_authorizations", "device_code_hash", scope=SCOPE, resource=LIST),
-        access=rows(AccessToken, "access_tokens", "token_hash", derived=("user_ban",), scope=SCOPE, audience=LIST),
+        access=rows(
+            AccessToken, "access_tokens", "token_hash", derived=("user_ban", "linked_user_id"), scope=SCOPE,
+            audience=LIST,
+        ),
         refresh=rows(
-            RefreshToken, "refresh_tokens", "token_hash", derived=("revoked", "user_ban"),
+            RefreshToken, "refresh_tokens", "token_hash", derived=("revoked", "user_ban", "linked_user_id"),
             joined={"grant": (GRANT_PREFIX, grants)}, scope=SCOPE, revoked=FLAG, replay=BLOB,
         ),
         bans=rows(Ban, "bans", "sub"),

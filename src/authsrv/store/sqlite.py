@@ -44,7 +44,7 @@ from authsrv.store import codes, device, pending, throttle
 from authsrv.store.codes import CodeNotFound, CodeRedeemed, CodeReused
 from authsrv.store.errors import AlreadyExists, StoreUnavailable
 from authsrv.store.observer import Observer, watched
-from authsrv.store.rows import SQLITE, GRANT_PREFIX, WITH_BAN, Rows, ban_of, factors_of, import_statements, scope_text, tables
+from authsrv.store.rows import SQLITE, Rows, ban_of, factors_of, import_statements, scope_text, tables, token_lookups
 from authsrv.store.sqlite_worker import SQLiteWorker
 
 _SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL"}
@@ -168,10 +168,7 @@ _THROTTLE = throttle.statements(SQLITE)
 _BUSY_UNTIL = pending.busy_until(SQLITE)
 _DEVICE = device.statements(SQLITE)
 _CODES = codes.statements(_T, SQLITE)
-
-_JOIN_BAN = " LEFT JOIN bans b ON b.sub = {table}.sub"
-_WITH_GRANT = _T.grants.select_as("g", GRANT_PREFIX)
-"""A refresh token's grant (C{g}), read in the same query (L{authsrv.store.rows.Rows})."""
+_TOKENS = token_lookups(_T, SQLITE)
 
 _REVOKE_GRANT = "UPDATE grants SET revoked_at = ? WHERE grant_id = ? AND revoked_at IS NULL"
 
@@ -376,9 +373,9 @@ class SQLiteStore:
 
         return self._call("save_code", True, save)
 
-    def find_code(self, code_hash, now):
-        return self._call("find_code", False,
-                          lambda db: codes.found_in(_T, db.execute(_CODES.find, {"hash": code_hash}).fetchone(), now))
+    def find_code(self, code_hash, now, link_provider=None):
+        sql, params = _CODES.find.pick(link_provider, {"hash": code_hash})
+        return self._call("find_code", False, lambda db: codes.found_in(_T, db.execute(sql, params).fetchone(), now))
 
     def redeem_code(self, code_hash, access, refresh, now):
         return self._call("redeem_code", True, _redeem_code, code_hash, access, refresh, now)
@@ -427,25 +424,12 @@ class SQLiteStore:
             (client_id, jti, expires_at, now),
         )
 
-    def find_access_token(self, token_hash, now):
-        return self._query("find_access_token",
-            _T.access,
-            "SELECT a.*" + WITH_BAN + " FROM access_tokens a JOIN grants g ON g.grant_id = a.grant_id"
-            + _JOIN_BAN.format(table="a")
-            + " WHERE a.token_hash = ? AND a.revoked_at IS NULL AND a.expires_at > ?"
-            " AND g.revoked_at IS NULL",
-            (token_hash, now),
-        )
+    def find_access_token(self, token_hash, now, link_provider=None):
+        return self._query("find_access_token", _T.access,
+                           *_TOKENS.access.pick(link_provider, {"hash": token_hash, "now": now}))
 
-    def get_refresh_token(self, token_hash):
-        return self._query("get_refresh_token",
-            _T.refresh,
-            "SELECT r.*, g.revoked_at IS NOT NULL AS revoked, " + _WITH_GRANT + WITH_BAN
-            + " FROM refresh_tokens r JOIN grants g ON g.grant_id = r.grant_id"
-            + _JOIN_BAN.format(table="r")
-            + " WHERE r.token_hash = ?",
-            (token_hash,),
-        )
+    def get_refresh_token(self, token_hash, link_provider=None):
+        return self._query("get_refresh_token", _T.refresh, *_TOKENS.refresh.pick(link_provider, {"hash": token_hash}))
 
     def rotate_refresh(self, old_hash, new_refresh, new_access, replay, grace_until, now):
         return self._call(

@@ -25,6 +25,7 @@ from authsrv.interfaces import SERVER_KEY_BYTES, IStore
 from authsrv.records import (
     DEVICE_PENDING,
     LOGIN_STAGE,
+    NOT_READ,
     RECOVERY_FACTOR,
     TOTP_FACTOR,
     AccessState,
@@ -263,12 +264,12 @@ class MemoryStore:
         self.tables.codes[code.code_hash] = code
 
     @_answered
-    def find_code(self, code_hash, now):
+    def find_code(self, code_hash, now, link_provider=None):
         code = self.tables.codes.get(code_hash)
         if code is None:
             return CodeNotFound()
         return codes.found(code, code_hash in self.tables.code_used_at, self.tables.grants[code.grant_id],
-                           self.tables.bans.get(code.sub), now)
+                           self.tables.bans.get(code.sub), now, self._linked_user_id(code.sub, link_provider))
 
     @_answered
     def redeem_code(self, code_hash, access, refresh, now):
@@ -368,7 +369,7 @@ class MemoryStore:
         return grant is not None and grant.revoked_at is None
 
     @_answered
-    def find_access_token(self, token_hash, now):
+    def find_access_token(self, token_hash, now, link_provider=None):
         access = self.tables.access.get(token_hash)
         if (
             access is None
@@ -377,10 +378,11 @@ class MemoryStore:
             or not self._live_grant(access.grant_id)
         ):
             return None
-        return attrs.evolve(access, user_ban=self.tables.bans.get(access.sub))
+        return attrs.evolve(access, user_ban=self.tables.bans.get(access.sub),
+                            linked_user_id=self._linked_user_id(access.sub, link_provider))
 
     @_answered
-    def get_refresh_token(self, token_hash):
+    def get_refresh_token(self, token_hash, link_provider=None):
         refresh = self.tables.refresh.get(token_hash)
         grant = None if refresh is None else self.tables.grants.get(refresh.grant_id)
         if grant is None:
@@ -390,6 +392,7 @@ class MemoryStore:
             revoked=grant.revoked_at is not None,
             user_ban=self.tables.bans.get(refresh.sub),
             grant=grant,
+            linked_user_id=self._linked_user_id(refresh.sub, link_provider),
         )
 
     @_answered
@@ -531,6 +534,13 @@ class MemoryStore:
             (key for key, account in self.tables.linked.items() if (account.sub, account.provider) == (sub, provider)),
             None,
         )
+
+    def _linked_user_id(self, sub, provider):
+        """What a lookup asked for C{provider}'s link reads (L{authsrv.records.NOT_READ} when not asked)."""
+        if provider is None:
+            return NOT_READ
+        account = self.tables.linked.get(self._linked_key(sub, provider))
+        return None if account is None else account.provider_user_id
 
     @_answered
     def link_account(self, account):

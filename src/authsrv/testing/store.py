@@ -30,6 +30,7 @@ from authsrv.records import (
     DEFAULT_GRANT_TYPES,
     IMPORT_KINDS,
     LOGIN_STAGE,
+    NOT_READ,
     AccessState,
     AccessToken,
     AuthorizationCode,
@@ -1199,6 +1200,32 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             assert await store.unlink_account(ALICE, "discord") is False
             assert await store.get_linked_account(ALICE, "discord") is None
             assert await store.get_linked_account(ALICE, "slack") == elsewhere
+
+    @pytest_twisted.ensureDeferred
+    async def test_token_and_code_lookups_bring_the_link_to_the_provider_asked(self):
+        async with self.store() as store:
+            grant = await start_grant(store, "g1")
+            access, refresh = await issue(store, grant, "1")
+
+            async def links(provider):
+                found = (
+                    await store.find_access_token(access.token_hash, NOW, link_provider=provider),
+                    await store.get_refresh_token(refresh.token_hash, link_provider=provider),
+                    await store.find_code(h("code-g1"), NOW, link_provider=provider),
+                )
+                assert found[0] == access and found[1] == refresh and found[2].code.grant_id == "g1"
+                return tuple(each.linked_user_id for each in found)
+
+            assert await links("discord") == (None, None, None)
+            await store.link_account(make_linked(sub=BOB))
+            await store.link_account(make_linked("acct-2", provider="slack", provider_user_id="U024BE7LH"))
+            assert await links("discord") == (None, None, None)
+            assert await links("slack") == ("U024BE7LH",) * 3
+            assert await links(None) == (NOT_READ,) * 3
+            await store.link_account(make_linked("acct-3"))
+            assert await links("discord") == ("80351110224678912",) * 3
+            await store.unlink_account(ALICE, "discord")
+            assert await links("discord") == (None, None, None)
 
     @pytest_twisted.ensureDeferred
     async def test_update_linked_tokens_compare_and_swap(self):

@@ -57,7 +57,7 @@ class AuthorizationCodeGrant:
         value = require(params, "code")
         redirect_uri = require(params, "redirect_uri")
         verifier = require(params, "code_verifier")
-        result = await store.find_code(token_hash(value), now)
+        result = await store.find_code(token_hash(value), now, link_provider=self._users.link_provider)
         if isinstance(result, CodeReused):
             await store.revoke_grant(result.grant_id, now)
             raise _reused(client, result)
@@ -70,7 +70,8 @@ class AuthorizationCodeGrant:
         except OAuthError:
             await store.refuse_code(code.code_hash, now)
             raise
-        user = await self._users.allowed(code.grant_id, code.sub, client.client_id, now, ban=result.user_ban)
+        user = await self._users.allowed(code.grant_id, code.sub, client.client_id, now, ban=result.user_ban,
+                                         link=result.linked_user_id)
         offline = "offline_access" in code.scope and "refresh_token" in client.grant_types
         issued = self._minter.mint(
             result.grant, client, user,

@@ -46,7 +46,7 @@ class RefreshTokenGrant:
     async def exchange(self, client: Client, params: dict[str, str], now: int, jkt: str | None) -> dict:
         store = self._store
         presented = require(params, "refresh_token")
-        old = await store.get_refresh_token(token_hash(presented))
+        old = await store.get_refresh_token(token_hash(presented), link_provider=self._users.link_provider)
         if old is None or old.client_id != client.client_id or old.revoked or old.expires_at <= now:
             raise InvalidGrant(UNKNOWN)
         if old.jkt is not None and old.jkt != jkt:
@@ -59,7 +59,8 @@ class RefreshTokenGrant:
         grant = old.grant
         if grant is None:
             raise InvalidGrant(UNKNOWN)
-        user = await self._users.allowed(old.grant_id, old.sub, client.client_id, now, ban=old.user_ban)
+        user = await self._users.allowed(old.grant_id, old.sub, client.client_id, now, ban=old.user_ban,
+                                         link=old.linked_user_id)
         issued = self._minter.mint(
             grant, client, user,
             scope=scope,

@@ -8,28 +8,34 @@ from __future__ import annotations
 from authsrv import events
 from authsrv.flows.standing import standing
 from authsrv.protocol.errors import InvalidGrant, InvalidTarget
-from authsrv.records import User
+from authsrv.records import NOT_READ, NotRead, User
 
 
 class GrantUsers:
-    """C{claims} is an L{authsrv.flows.claims.ClaimsSource}."""
+    """
+    C{claims} is an L{authsrv.flows.claims.ClaimsSource}; the grants pass
+    L{link_provider} to their token and code lookups.
+    """
 
     def __init__(self, *, store, identity, claims):
         self._store = store
         self._identity = identity
         self._claims = claims
+        self.link_provider: str | None = claims.link_provider
 
-    async def allowed(self, grant_id: str, sub: str, client_id: str, now: int, **ban) -> User:
+    async def allowed(self, grant_id: str, sub: str, client_id: str, now: int, *,
+                      link: str | None | NotRead = NOT_READ, **ban) -> User:
         """
         The user as tokens describe them, or L{InvalidGrant} after revoking
-        the grant. C{ban=} passes a ban record a token lookup already read.
+        the grant. C{ban=} and C{link} pass the ban record and the linked
+        chat account id a lookup already read.
         """
         state = await standing(self._identity, self._store, sub, now, **ban)
         if not state.allowed:
             if await self._store.revoke_grant(grant_id, now):
                 events.grant_revoked(sub=sub, client_id=client_id, grant_id=grant_id, reason="user not allowed")
             raise InvalidGrant("the user may no longer use this service")
-        return await self._claims.user(state.user)
+        return await self._claims.user(state.user, link)
 
 
 def audience(params: dict[str, str], granted: tuple[str, ...]) -> tuple[str, ...]:
