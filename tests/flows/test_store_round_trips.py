@@ -6,6 +6,8 @@ redeems it in the transaction that writes the tokens; a refresh looks the
 token up (with its grant and the ban) and rotates it; introspection and
 UserInfo make one lookup each and commit nothing. A change that adds a round
 trip or a commit to these paths fails here before it shows in the benchmark.
+A configured chat platform changes nothing: the lookups bring the user's
+linked account for the chat_user_id claim along.
 """
 
 from __future__ import annotations
@@ -17,9 +19,12 @@ import pytest
 import pytest_twisted
 from twisted.internet.defer import Deferred
 
+from authsrv.chat.crypto import ACCESS, new_key_text
+from authsrv.records import LinkedAccount
 from authsrv.store import sqlite
+from authsrv.testing.identity import ALICE
 from harness import Harness
-from token_helpers import USERINFO, exchange, introspect, refresh, save_code, tokens
+from token_helpers import USERINFO, exchange, introspect, refresh, save_code, tokens, verify_jwt
 
 
 class SQLiteCommits:
@@ -78,15 +83,24 @@ class PostgresCommits:
         self._db.close()
 
 
+@pytest.fixture(params=[False, True], ids=["no-chat", "chat"])
+def chat(request, monkeypatch) -> dict:
+    """The configuration of no chat platform, or of one."""
+    if not request.param:
+        return {}
+    monkeypatch.setenv("AUTHSRV_TEST_CHAT_KEY", new_key_text())
+    return {"chat": {"encryption_key_env": "AUTHSRV_TEST_CHAT_KEY"}}
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
-def h(request, tmp_path, monkeypatch):
+def h(request, tmp_path, monkeypatch, chat):
     """A harness on either store, with C{commits} counting its durable commits."""
     if request.param == "sqlite":
         commits = SQLiteCommits(monkeypatch)
-        harness = Harness(tmp_path, monkeypatch)
+        harness = Harness(tmp_path, monkeypatch, chat)
     else:
         dsn = request.getfixturevalue("pg_dsn")
-        harness = Harness(tmp_path, monkeypatch, postgres_dsn=dsn)
+        harness = Harness(tmp_path, monkeypatch, chat, postgres_dsn=dsn)
         commits = PostgresCommits(dsn)
     harness.commits = commits
     yield harness
@@ -117,6 +131,12 @@ async def test_the_hot_paths_make_one_round_trip_per_step_and_one_commit_per_gra
     warm = await tokens(h)
     assert (await refresh(h, warm["refresh_token"]))[0].code == 200
     await introspect(h, warm["access_token"])  # the introspecting client, cached too
+    await h.store.link_account(LinkedAccount(
+        account_id="acct-alice", sub=ALICE.sub, provider="discord", provider_user_id="555000111",
+        access_token_enc=h.chat_cipher.encrypt("x", "acct-alice", ACCESS), refresh_token_enc=None,
+        scope="identify", expires_at=h.now() + 60, updated_at=h.now(),
+    ))
+    chat_user_id = "555000111" if h.config.chat else ALICE.chat_user_id
     code, verifier = await save_code(h)
 
     calls = counted(monkeypatch, h.store)
@@ -124,17 +144,20 @@ async def test_the_hot_paths_make_one_round_trip_per_step_and_one_commit_per_gra
     response, body = await exchange(h, code, verifier)
     assert response.code == 200, body
     assert (calls, h.commits.since_last()) == (Counter(find_code=1, redeem_code=1), 1)
+    assert verify_jwt(h, body["id_token"])[1]["chat_user_id"] == chat_user_id
 
     calls.clear()
     response, rotated = await refresh(h, body["refresh_token"])
     assert response.code == 200, rotated
     assert (calls, h.commits.since_last()) == (Counter(get_refresh_token=1, rotate_refresh=1), 1)
+    assert verify_jwt(h, rotated["id_token"])[1]["chat_user_id"] == chat_user_id
 
     calls.clear()
     assert (await introspect(h, rotated["access_token"]))["active"] is True
     assert (calls, h.commits.since_last()) == (Counter(find_access_token=1), 0)
 
     calls.clear()
-    response, _ = await h.json("GET", USERINFO, headers={"Authorization": f"Bearer {rotated['access_token']}"})
+    response, claims = await h.json("GET", USERINFO, headers={"Authorization": f"Bearer {rotated['access_token']}"})
     assert response.code == 200
     assert (calls, h.commits.since_last()) == (Counter(find_access_token=1), 0)
+    assert claims["chat_user_id"] == chat_user_id
