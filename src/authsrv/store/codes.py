@@ -24,7 +24,8 @@ from authsrv.store.rows import GRANT_PREFIX, Dialect, Lookup, Tables, ban_of, lo
 class CodeFound:
     """
     An unused, unexpired code of a live grant, with that grant, its user's
-    ban (None: none) and linked chat account id (as L{AccessToken.linked_user_id}).
+    ban (None: none) and their linked chat account id (as
+    L{authsrv.records.AccessToken.linked_user_id}).
     """
 
     code: AuthorizationCode
@@ -87,7 +88,7 @@ def statements(tables: Tables, dialect: Dialect) -> Statements:
     return Statements(
         find=lookup(
             dialect, "c.*, " + tables.grants.select_as("g", GRANT_PREFIX),
-            "authorization_codes c JOIN grants g ON g.grant_id = c.grant_id", "c", "c.code_hash = {hash}".format(**marks),
+            "authorization_codes c JOIN grants g ON g.grant_id = c.grant_id", "c", f"c.code_hash = {marks['hash']}",
         ),
         redeem=(
             "UPDATE authorization_codes SET used_at = {now}"

@@ -73,7 +73,9 @@ from authsrv.store import codes, device, pending, throttle
 from authsrv.store.codes import CodeNotFound, CodeRedeemed, CodeReused
 from authsrv.store.errors import AlreadyExists, StoreUnavailable
 from authsrv.store.observer import Observer, watched
-from authsrv.store.rows import POSTGRES, WITH_BAN, Lookup, Rows, ban_of, factors_of, import_statements, scope_text, tables, token_lookups
+from authsrv.store.rows import (
+    POSTGRES, WITH_BAN, Lookup, Rows, ban_of, factors_of, import_statements, scope_text, tables, token_lookups,
+)
 
 COMPONENT = "store"
 """This schema's name in C{schema_version}, which other components may share."""

@@ -198,7 +198,7 @@ class Lookup(Generic[S]):
 
 
 def lookup(dialect: Dialect, columns: str, source: str, alias: str, where: str) -> Lookup[str]:
-    """The L{Lookup} of C{columns} from C{source} (whose row C{alias} names the user) C{where}."""
+    """The L{Lookup} of C{columns} from C{source} C{where}; the user is the C{sub} of C{source}'s C{alias}."""
     banned = f"{source} LEFT JOIN bans b ON b.sub = {alias}.sub"
     link = (f" LEFT JOIN linked_accounts l ON l.sub = {alias}.sub"
             f" AND l.provider = {dialect.mark.format(LINK_PROVIDER)}")
@@ -210,10 +210,10 @@ def lookup(dialect: Dialect, columns: str, source: str, alias: str, where: str) 
 
 @frozen
 class TokenLookups:
-    """The token lookups of both SQL stores; parameters C{hash} and C{now}."""
+    """The token lookups of both SQL stores, by the parameter C{hash}."""
 
     access: Lookup[str]
-    """An active access token (unexpired, neither it nor its grant revoked)."""
+    """An active access token (unexpired at C{now}, neither it nor its grant revoked)."""
     refresh: Lookup[str]
     """A refresh token in any state, with C{revoked} and its grant (under L{GRANT_PREFIX})."""
 
