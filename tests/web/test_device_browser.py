@@ -14,6 +14,7 @@ import time
 
 import pytest
 import requests
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
@@ -106,7 +107,9 @@ def test_a_person_approves_a_waiting_device(server, driver):
         assert time.monotonic() < deadline, "the device never polled"
         time.sleep(0.05)
     driver.find_element(By.CSS_SELECTOR, "button[value=approve]").click()
-    WebDriverWait(driver, WAIT).until(lambda d: "Device connected" in d.find_element(By.TAG_NAME, "h1").text)
+    # The heading read while the form's answer replaces the page goes stale: read it again.
+    WebDriverWait(driver, WAIT, ignored_exceptions=(StaleElementReferenceException,)).until(
+        lambda d: "Device connected" in d.find_element(By.TAG_NAME, "h1").text)
 
     poller.join(30)
     assert poller.answer is not None and "authorization_pending" in poller.errors
