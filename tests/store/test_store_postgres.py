@@ -19,7 +19,7 @@ from twisted.logger import formatEvent, globalLogPublisher
 
 from authsrv.configsection import ConfigError, Section
 from authsrv.context import PluginContext
-from authsrv.pg.pool import fetch
+from authsrv.pg.pool import fetch, first
 from authsrv.pg.settings import targets
 from authsrv.plugins import find_factory
 from authsrv.store import postgres as postgres_store
@@ -521,5 +521,40 @@ class TestPreparedLookups(PostgresDatabase):
             rows = await store._pool.run(lambda db: fetch(db, "SELECT name FROM pg_prepared_statements"))
             assert {"authsrv_find_code", "authsrv_redeem_code", "authsrv_redeem_code_refresh",
                     "authsrv_rotate_refresh"} <= {row["name"] for row in rows}
+        finally:
+            await store.close()
+
+    @pytest_twisted.ensureDeferred
+    async def test_user_access_reads_only_the_users_live_tokens(self):
+        """
+        A user's spent grants (every sign-in leaves one) are never read: the
+        query starts from the partial indexes of live tokens by user, and the
+        session takes generic plans, so a plan made for one user's values is
+        never a table scan for the next.
+        """
+        store = open_store(self.dsn, pool_size=1)
+        spent = ("INSERT INTO grants (grant_id, client_id, sub, scope, resource, auth_time, created_at, expires_at)"
+                 " SELECT 'g-' || n, 'c', CASE WHEN mod(n, 2) = 0 THEN 'alice' ELSE 'user-' || n END, 'openid', '{}',"
+                 " 0, 0, %(far)s FROM generate_series(1, 2000) n")
+        tokens = ("INSERT INTO {table} (token_hash, grant_id, client_id, sub, scope, {extra} issued_at, expires_at)"
+                  " SELECT '{table}-' || grant_id, grant_id, client_id, sub, scope, {values} 0,"
+                  " CASE WHEN sub = 'alice' THEN 1 ELSE %(far)s END FROM grants")
+        with psycopg2.connect(self.dsn) as admin, admin.cursor() as cursor:
+            cursor.execute(spent, {"far": NOW + 3600})
+            cursor.execute(tokens.format(table="access_tokens", extra="audience,", values="'{}',"), {"far": NOW + 3600})
+            cursor.execute(tokens.format(table="refresh_tokens", extra="", values=""), {"far": NOW + 3600})
+            cursor.execute("ANALYZE")
+        try:
+            assert await store.access_state(ALICE, NOW) == AccessState(ban=None, has_active_grant=False)
+
+            async def plan(db) -> str:
+                assert (await first(db, "SHOW plan_cache_mode"))["plan_cache_mode"] == "force_generic_plan"
+                rows = await fetch(db, "EXPLAIN EXECUTE authsrv_access_state (%(sub)s, %(now)s)",
+                                   {"sub": ALICE, "now": NOW})
+                return "\n".join(row["QUERY PLAN"] for row in rows)
+
+            shown = await store._pool.run(plan)
+            assert "access_tokens_live_sub" in shown and "refresh_tokens_live_sub" in shown, shown
+            assert "on grants" not in shown.replace("grants_pkey on grants", ""), shown
         finally:
             await store.close()

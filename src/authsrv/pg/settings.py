@@ -43,9 +43,13 @@ class ConnectionSettings:
         """
         The statement that sets a new session's statement timeout (and,
         C{read_only}, read-only transactions by default). A statement rather
-        than libpq's C{options}, which PgBouncer refuses.
+        than libpq's C{options}, which PgBouncer refuses. Prepared statements
+        (L{authsrv.pg.pool.Prepared}) take the generic plan at once: each is
+        a lookup by key, and a plan made for one user's values (user-access
+        for a user who holds most of the rows) can scan a whole table for
+        the next.
         """
-        setup = f"SET statement_timeout = {self.statement_timeout * 1000}"
+        setup = f"SET statement_timeout = {self.statement_timeout * 1000}; SET plan_cache_mode = force_generic_plan"
         return setup + "; SET default_transaction_read_only = on" if read_only else setup
 
     def connect(self, *, read_only: bool = False):

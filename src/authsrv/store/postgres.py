@@ -74,7 +74,7 @@ from authsrv.store.codes import CodeNotFound, CodeRedeemed, CodeReused
 from authsrv.store.errors import AlreadyExists, StoreUnavailable
 from authsrv.store.observer import Observer, watched
 from authsrv.store.rows import (
-    POSTGRES, WITH_BAN, Lookup, Rows, ban_of, factors_of, import_statements, scope_text, tables, token_lookups,
+    POSTGRES, WITH_BAN, Lookup, Rows, access_state_sql, ban_of, factors_of, import_statements, scope_text, tables, token_lookups,
 )
 
 COMPONENT = "store"
@@ -213,16 +213,7 @@ def _prepared(name: str, lookup: Lookup[str]) -> Lookup[Prepared]:
 _TOKENS = token_lookups(_T, POSTGRES)
 _FIND_ACCESS_TOKEN = _prepared("authsrv_find_access_token", _TOKENS.access)
 _GET_REFRESH_TOKEN = _prepared("authsrv_get_refresh_token", _TOKENS.refresh)
-_ACCESS_STATE = Prepared("authsrv_access_state",
-    "SELECT EXISTS (SELECT 1 FROM grants g WHERE g.sub = %(sub)s AND g.revoked_at IS NULL AND ("
-    " EXISTS (SELECT 1 FROM access_tokens a WHERE a.grant_id = g.grant_id"
-    "  AND a.revoked_at IS NULL AND a.expires_at > %(now)s)"
-    " OR EXISTS (SELECT 1 FROM refresh_tokens r WHERE r.grant_id = g.grant_id"
-    "  AND r.consumed_at IS NULL AND r.expires_at > %(now)s))) AS has_grant"
-    + WITH_BAN
-    + " FROM (SELECT 1) AS one"
-    " LEFT JOIN bans b ON b.sub = %(sub)s AND (b.until IS NULL OR b.until > %(now)s)",
-)
+_ACCESS_STATE = Prepared("authsrv_access_state", access_state_sql(POSTGRES))
 _IMPORT = import_statements(_T, POSTGRES)
 _THROTTLE = throttle.statements(POSTGRES)
 _DEVICE = device.statements(POSTGRES, lock=" FOR UPDATE")

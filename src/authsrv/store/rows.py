@@ -208,6 +208,25 @@ def lookup(dialect: Dialect, columns: str, source: str, alias: str, where: str) 
     )
 
 
+def access_state_sql(dialect: Dialect) -> str:
+    """
+    user-access's one query, by C{sub} and C{now}: whether the user holds a
+    live access or refresh token of a live grant, and their ban in force.
+    It starts from the user's live tokens (the partial indexes on C{sub}),
+    not from their grants, so a user with thousands of spent grants (every
+    sign-in leaves one) costs what a new user does.
+    """
+    sub, now = dialect.mark.format("sub"), dialect.mark.format("now")
+    live = ("SELECT 1 FROM {table} t JOIN grants g ON g.grant_id = t.grant_id"
+            " WHERE t.sub = " + sub + " AND t.{spent} IS NULL AND t.expires_at > " + now + " AND g.revoked_at IS NULL")
+    return (
+        "SELECT (EXISTS (" + live.format(table="access_tokens", spent="revoked_at") + ")"
+        " OR EXISTS (" + live.format(table="refresh_tokens", spent="consumed_at") + ")) AS has_grant" + WITH_BAN
+        + " FROM (SELECT 1) AS one LEFT JOIN bans b ON b.sub = " + sub
+        + " AND (b.until IS NULL OR b.until > " + now + ")"
+    )
+
+
 @frozen
 class TokenLookups:
     """The token lookups of both SQL stores, by the parameter C{hash}."""

@@ -44,7 +44,7 @@ from authsrv.store import codes, device, pending, throttle
 from authsrv.store.codes import CodeNotFound, CodeRedeemed, CodeReused
 from authsrv.store.errors import AlreadyExists, StoreUnavailable
 from authsrv.store.observer import Observer, watched
-from authsrv.store.rows import SQLITE, Rows, ban_of, factors_of, import_statements, scope_text, tables, token_lookups
+from authsrv.store.rows import SQLITE, Rows, access_state_sql, ban_of, factors_of, import_statements, scope_text, tables, token_lookups
 from authsrv.store.sqlite_worker import SQLiteWorker
 
 _SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL"}
@@ -163,6 +163,7 @@ def _transaction(connection: sqlite3.Connection):
 
 
 _T = tables(SQLITE)
+_ACCESS_STATE = access_state_sql(SQLITE)
 _IMPORT = import_statements(_T, SQLITE)
 _THROTTLE = throttle.statements(SQLITE)
 _BUSY_UNTIL = pending.busy_until(SQLITE)
@@ -456,16 +457,7 @@ class SQLiteStore:
 
     def access_state(self, sub, now):
         def state(db):
-            row = db.execute(
-                "SELECT EXISTS (SELECT 1 FROM grants g WHERE g.sub = :sub AND g.revoked_at IS NULL AND ("
-                " EXISTS (SELECT 1 FROM access_tokens a WHERE a.grant_id = g.grant_id"
-                "  AND a.revoked_at IS NULL AND a.expires_at > :now)"
-                " OR EXISTS (SELECT 1 FROM refresh_tokens r WHERE r.grant_id = g.grant_id"
-                "  AND r.consumed_at IS NULL AND r.expires_at > :now))) AS has_grant,"
-                " b.reason AS ban_reason, b.created_at AS ban_created_at, b.until AS ban_until"
-                " FROM (SELECT 1) LEFT JOIN bans b ON b.sub = :sub AND (b.until IS NULL OR b.until > :now)",
-                {"sub": sub, "now": now},
-            ).fetchone()
+            row = db.execute(_ACCESS_STATE, {"sub": sub, "now": now}).fetchone()
             return AccessState(ban=ban_of(row, sub), has_active_grant=bool(row["has_grant"]))
 
         return self._call("access_state", False, state)
