@@ -211,10 +211,16 @@ class Authsrv(Server):
 
 
 def cpu_seconds(pid: int) -> float:
-    """CPU time (user and system) process C{pid} and its descendants have used."""
+    """
+    CPU time (user and system) process C{pid} and its living descendants
+    have used; one that exits meanwhile (a PostgreSQL worker) is left out.
+    """
     ticks = 0
     for member in [pid, *_children(pid)]:
-        fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
+        try:
+            fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
         ticks += int(fields[11]) + int(fields[12])
     return ticks / os.sysconf("SC_CLK_TCK")
 
