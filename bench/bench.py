@@ -212,8 +212,10 @@ class Authsrv(Server):
 
 def cpu_seconds(pid: int) -> float:
     """
-    CPU time (user and system) process C{pid} and its living descendants
-    have used; one that exits meanwhile (a PostgreSQL worker) is left out.
+    CPU time (user and system) process C{pid} and its descendants have
+    used: the living ones read one by one, those that have exited (a
+    PostgreSQL backend or worker) from what C{pid} counts of the children it
+    waited for, so the sum only grows.
     """
     ticks = 0
     for member in [pid, *_children(pid)]:
@@ -222,6 +224,8 @@ def cpu_seconds(pid: int) -> float:
         except OSError:
             continue
         ticks += int(fields[11]) + int(fields[12])
+        if member == pid:
+            ticks += int(fields[13]) + int(fields[14])
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
