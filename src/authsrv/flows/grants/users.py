@@ -21,7 +21,10 @@ class GrantUsers:
         self._store = store
         self._identity = identity
         self._claims = claims
-        self.link_provider: str | None = claims.link_provider
+
+    @property
+    def link_provider(self) -> str | None:
+        return self._claims.link_provider
 
     async def allowed(self, grant_id: str, sub: str, client_id: str, now: int, *,
                       link: str | None | NotRead = NOT_READ, **ban) -> User:
