@@ -812,17 +812,20 @@ def scale(args, sizes: list[int], targets: list[str], connections: int, out: Pat
 
 def baseline(args, source: Path, targets: list[str], concurrencies: list[int], out: Path) -> None:
     """
-    This checkout's authsrv ("after") against the one in C{source} ("before"), on the same SQLite
+    This checkout's authsrv ("after") against the one in C{source} ("before"), on the same
     configuration and the same core, target by target alternating between the two within each repeat.
+    On PostgreSQL each has its own database in one cluster, pinned with them.
     """
-    if args.store != "sqlite" or args.workers != 1 or args.identity != "static":
-        raise SystemExit("bench: --baseline runs the SQLite store, one worker, the static users file")
+    if args.workers != 1 or args.identity != "static":
+        raise SystemExit("bench: --baseline runs one worker and the static users file")
     folder = Path(tempfile.mkdtemp(prefix="authsrv-bench-"))
+    cluster, _ = postgres_cluster() if args.store == "postgres" else (None, None)
     servers: list[Authsrv] = []
     try:
         for name, src in (("before", source), ("after", None)):
             (folder / name).mkdir()
-            server = Authsrv(folder / name, store="sqlite", workers=1, postgres_dsn=None, source=src)
+            dsn = cluster.database() if cluster is not None else None
+            server = Authsrv(folder / name, store=args.store, workers=1, postgres_dsn=dsn, source=src)
             server.name = name
             servers.append(server)
         measure = Measure(folder, args.duration)
@@ -844,8 +847,11 @@ def baseline(args, source: Path, targets: list[str], concurrencies: list[int], o
     finally:
         for server in servers:
             server.stop()
+        if cluster is not None:
+            cluster.destroy()
         shutil.rmtree(folder, ignore_errors=True)
-    lines = [f"authsrv before (the checkout --baseline named) and after (this checkout), SQLite store, both pinned to one core, the load"
+    where = "SQLite store" if cluster is None else "PostgreSQL store (a database each in one cluster, pinned with them)"
+    lines = [f"authsrv before (the checkout --baseline named) and after (this checkout), {where}, both pinned to one core, the load"
              f" on the other; {args.repeats} repeats of {args.duration} s, alternating. Ratio: after/before in each"
              " repeat, then their median.", "",
              "| endpoint | c | before req/s | CPU ms/req | after req/s | CPU ms/req | ratio per repeat | median ratio |",
