@@ -28,14 +28,6 @@ from conftest import fetch, free_port
 from wire import Listener, parse, request_head
 
 
-class FakeRequest:
-    def __init__(self):
-        self.finished = Deferred()
-
-    def notifyFinish(self):
-        return self.finished
-
-
 class FakePort:
     def __init__(self, clock):
         self._clock = clock
@@ -55,9 +47,8 @@ def outcome(d):
 def test_drain_serves_for_the_delay_then_stops_accepting_and_waits_for_requests():
     clock = Clock()
     drain = Drain(clock, 5, 30)
-    requests = [FakeRequest(), FakeRequest()]
-    for request in requests:
-        drain.track(request)
+    drain.started()
+    drain.started()
     port = FakePort(clock)
     result = outcome(Deferred.fromCoroutine(drain.run([port])))
     assert drain.draining and port.stopped_at is None
@@ -65,17 +56,17 @@ def test_drain_serves_for_the_delay_then_stops_accepting_and_waits_for_requests(
     assert port.stopped_at is None
     clock.advance(0.1)
     assert port.stopped_at == 5 and result == []
-    requests[0].finished.callback(None)
+    drain.ended()
     clock.advance(10)
     assert result == [] and drain.in_flight == 1
-    requests[1].finished.errback(Exception("connection lost"))
+    drain.ended()
     assert result == [0] and drain.in_flight == 0
 
 
 def test_drain_gives_up_on_requests_after_its_timeout():
     clock = Clock()
     drain = Drain(clock, 5, 30)
-    drain.track(FakeRequest())
+    drain.started()
     result = outcome(Deferred.fromCoroutine(drain.run([FakePort(clock)])))
     clock.advance(5)
     clock.advance(29.9)
@@ -100,6 +91,12 @@ def test_the_site_counts_requests_from_their_first_byte_and_closes_connections_w
     assert listener.drain.in_flight == 0
     assert parse(transport)[0] == 400
     assert not transport.disconnecting
+
+    cut, transport = listener.send(request_head("POST", "/api/auth/oauth2/token", {"Content-Length": 10}))
+    cut.dataReceived(b"grant")
+    assert listener.drain.in_flight == 1
+    listener.close(cut, transport)
+    assert listener.drain.in_flight == 0
 
     listener.drain.draining = True
     _, transport = listener.send(request_head("GET", "/healthz"))
@@ -150,14 +147,13 @@ def test_the_service_is_not_ready_at_once_and_closes_its_pools_after_draining():
     )
     service.startService()
     assert service.readiness_problem() is None
-    request = FakeRequest()
-    drain.track(request)
+    drain.started()
     stopped = outcome(service.stopService())
     assert service.readiness_problem() == "draining"
     clock.advance(3)
     assert port.stopped_at == 3 and parts.closed == {} and stopped == []
     clock.advance(1)
-    request.finished.callback(None)
+    drain.ended()
     assert parts.closed == {"store": 4, "context": 4} and stopped == [None]
 
 

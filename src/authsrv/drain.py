@@ -31,12 +31,12 @@ class Drain:
         self.in_flight = 0
         self._idle: list[Deferred] = []
 
-    def track(self, request) -> None:
-        """Count C{request} until it is finished or its connection is lost."""
+    def started(self) -> None:
+        """A request's first byte arrived: count it until L{ended}."""
         self.in_flight += 1
-        request.notifyFinish().addBoth(self._finished)
 
-    def _finished(self, _) -> None:
+    def ended(self) -> None:
+        """A request counted by L{started} was answered, or its connection was lost."""
         self.in_flight -= 1
         if self.in_flight == 0:
             waiting, self._idle = self._idle, []

@@ -141,6 +141,27 @@ def test_headers_that_arrive_too_slowly_get_408():
     listener.assert_serves()
 
 
+def test_each_request_on_a_kept_connection_gets_its_own_header_deadline():
+    listener = Listener({"header_timeout": "10s", "idle_timeout": "300s"})
+    protocol, transport = listener.send(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert parse(transport)[0] == 200
+    transport.clear()
+    listener.clock.advance(50)
+    assert transport.value() == b"" and not transport.disconnecting
+    protocol.dataReceived(b"GET /healthz HTTP/1.1\r\n")
+    listener.clock.advance(8)
+    protocol.dataReceived(b"Host: x\r\n\r\n")
+    assert parse(transport)[0] == 200
+    transport.clear()
+    listener.clock.advance(1)
+    protocol.dataReceived(b"GET /healthz HTTP/1.1\r\n")
+    listener.clock.advance(9.5)
+    assert transport.value() == b"" and not transport.disconnecting
+    listener.clock.advance(0.5)
+    assert_oauth(*parse(transport), 408, "headers did not arrive in time")
+    assert transport.disconnecting
+
+
 def test_a_body_that_arrives_too_slowly_gets_408():
     listener = Listener({"body_timeout": "20s"})
     protocol, transport = listener.connect()

@@ -11,7 +11,6 @@ JSON, the internal API's JSON, or an HTML page), never a 500 or a hang.
 from __future__ import annotations
 
 from collections import Counter
-from functools import partial
 from http import HTTPStatus
 
 from twisted.internet.protocol import Protocol
@@ -132,13 +131,25 @@ class LimitedChannel(HTTPChannel):
     fixed_headers: tuple = ()
 
     def connectionMade(self):
+        # Each request asks for both (twisted.web's Request caches them): a
+        # syscall and an address object per request, for a value that
+        # cannot change while the connection lasts.
+        self._peer = self.transport.getPeer()
+        self._host = self.transport.getHost()
         self.MAX_LENGTH = max(self.limits.max_request_line, self.limits.max_header_bytes)
         self.maxHeaders = self.limits.max_header_count + 1
         self.totalHeadersSize = self.limits.max_request_line + self.limits.max_header_bytes + 2 * self.maxHeaders
         self._deadline = None
+        self._waiting_for: str | None = None
         self._refused = False
         self._new_head()
         super().connectionMade()
+
+    def getPeer(self):
+        return self._peer
+
+    def getHost(self):
+        return self._host
 
     def _new_head(self):
         self._target = b""
@@ -147,20 +158,34 @@ class LimitedChannel(HTTPChannel):
         self._header_bytes = 0
 
     def _start(self, seconds: int, what: str):
-        self._stop()
-        self._deadline = self.callLater(seconds, partial(self._too_slow, what))
+        """
+        Refuse the request unless C{what} arrives within C{seconds}. One
+        timer per connection is pushed along from request to request rather
+        than a new one made and cancelled each time (pushing it later costs
+        no step of the reactor's queue); stopping only forgets what it waits for.
+        """
+        self._waiting_for = what
+        if self._deadline is not None and self._deadline.active():
+            self._deadline.reset(seconds)
+        else:
+            self._deadline = self.callLater(seconds, self._too_slow)
 
     def _stop(self):
+        self._waiting_for = None
+
+    def _cancel_deadline(self):
+        self._waiting_for = None
         if self._deadline is not None and self._deadline.active():
             self._deadline.cancel()
         self._deadline = None
 
-    def _too_slow(self, what: str):
+    def _too_slow(self):
         self._deadline = None
-        self._refuse(408, f"the request {what} did not arrive in time")
+        if self._waiting_for is not None:
+            self._refuse(408, f"the request {self._waiting_for} did not arrive in time")
 
     def _refuse(self, status: int, description: str):
-        self._stop()
+        self._cancel_deadline()
         self._refused = True
         if self.transport is not None:
             self.transport.write(raw_refusal(self._target, status, description, self.fixed_headers))
@@ -169,7 +194,7 @@ class LimitedChannel(HTTPChannel):
     def dataReceived(self, data):
         if self._refused:
             return
-        if self._deadline is None and self.line_mode and not self._handlingRequest:
+        if self._waiting_for is None and self.line_mode and not self._handlingRequest:
             self._start(self.limits.header_timeout, "headers")
         super().dataReceived(data)
 
@@ -212,7 +237,7 @@ class LimitedChannel(HTTPChannel):
         super().allContentReceived()
 
     def connectionLost(self, reason):
-        self._stop()
+        self._cancel_deadline()
         self.site.connection_closed(self)
         super().connectionLost(reason)
 

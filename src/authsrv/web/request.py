@@ -57,8 +57,9 @@ class BoundedRequest(Request):
         super().__init__(*args, **kwargs)
         self.body_too_large = False
         self._received = 0
-        if self.drain is not None:
-            self.drain.track(self)
+        self._counted = self.drain is not None
+        if self._counted:
+            self.drain.started()
 
     def process(self):
         if self.metrics is not None:
@@ -79,8 +80,20 @@ class BoundedRequest(Request):
     def finish(self):
         first = not self.finished
         super().finish()
-        if first and self.metrics is not None:
-            self.metrics.request_finished(self.route, self.code, perf_counter() - self.started)
+        if first:
+            self._uncount()
+            if self.metrics is not None:
+                self.metrics.request_finished(self.route, self.code, perf_counter() - self.started)
+
+    def connectionLost(self, reason):
+        self._uncount()
+        super().connectionLost(reason)
+
+    def _uncount(self):
+        """Ends the drain's count of this request, once, whether it was answered or its connection lost."""
+        if self._counted:
+            self._counted = False
+            self.drain.ended()
 
     def gotLength(self, length):
         if length is not None and length > self.max_body:
