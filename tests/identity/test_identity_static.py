@@ -36,6 +36,7 @@ from authsrv.identity.passwords import (
     argon2id_hasher,
     dummy_hash,
     hash_password,
+    pool_size,
 )
 from authsrv.identity.realm import UserRealm
 from authsrv.identity.static import (
@@ -462,6 +463,11 @@ async def test_unknown_user_and_wrong_password_do_the_same_work(users_file, reac
     assert type(await portal_login_fails(chain, "alice", "wrong")) is UnauthorizedLogin
     wrong = password_work(hasher)
     assert unknown == wrong == [("PoolThread-authsrv-passwords-", extract_parameters(CHEAP_HASH))]
+
+
+@pytest.mark.parametrize("cores, checks", [(1, 1), (2, 2), (64, 2)])
+def test_password_checks_run_two_at_a_time_or_one_on_a_single_core(cores, checks):
+    assert pool_size(cores) == checks
 
 
 @pytest.mark.parametrize("hasher", [CHEAP, DEFAULT_HASHER, PasswordHasher(time_cost=2, memory_cost=32, parallelism=3, hash_len=24, salt_len=12)])
