@@ -1094,8 +1094,8 @@ def report(results: list[dict], info: dict, targets: list[str], concurrencies: l
         per_login = statistics.median(r["cpu_ms"] for r in sign_ins)
         in_server = statistics.median(r["argon2_cpu_ms"] for r in sign_ins)
         lines += ["", f"One argon2id check (the default m=19 MiB, t=2, p=1) costs {info['argon2_ms']:.1f} ms of CPU alone"
-                  f" on the server's core. During the sign-ins, authsrv's password threads (where argon2id runs, two"
-                  f" checks at a time sharing the core) used {in_server:.1f} ms of CPU per sign-in, of the"
+                  f" on the server's core. During the sign-ins, authsrv's password threads (where argon2id runs)"
+                  f" used {in_server:.1f} ms of CPU per sign-in, of the"
                   f" {per_login:.1f} ms a whole sign-in cost (medians): argon2id is {100 * in_server / per_login:.0f} %"
                   f" of a sign-in's CPU ({100 * info['argon2_ms'] / per_login:.0f} % counting the check alone), and"
                   f" one core signs in about {1000 / per_login:.0f} users a second."]
