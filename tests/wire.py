@@ -28,9 +28,12 @@ BASE = "http://127.0.0.1:8080"
 class Listener:
     """One listener's site over a fake store, driven by a Clock."""
 
-    def __init__(self, limits=None, server=None):
+    def __init__(self, limits=None, server=None, sections=None):
+        """C{sections}: more of the configuration, beside C{[limits]} and C{[server]}."""
         self.clock = Clock()
-        config = parse_config({"server": {"public_url": BASE, **(server or {})}, "limits": limits or {}}, None)
+        config = parse_config(
+            {"server": {"public_url": BASE, **(server or {})}, "limits": limits or {}, **(sections or {})}, None
+        )
         self.config = config
         root = web_root(config, self.clock, FakeStore(), FakeKeystore(), FakeIdentity(), lambda: None)
         self.drain = Drain(self.clock, config.shutdown.delay, config.shutdown.timeout)

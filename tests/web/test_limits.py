@@ -10,6 +10,10 @@ import json
 from urllib.parse import urlencode
 
 import pytest
+from twisted.internet.address import IPv4Address
+from twisted.internet.defer import succeed
+from twisted.internet.testing import StringTransport
+from twisted.protocols.haproxy import proxyEndpoint
 
 from authsrv.config import PARAMETER_CAPS, parse_config
 
@@ -160,6 +164,29 @@ def test_each_request_on_a_kept_connection_gets_its_own_header_deadline():
     listener.clock.advance(0.5)
     assert_oauth(*parse(transport), 408, "headers did not arrive in time")
     assert transport.disconnecting
+
+
+def test_behind_a_proxy_protocol_listener_each_client_counts_by_the_address_its_header_carries():
+    class Endpoint:
+        def listen(self, factory):
+            self.factory = factory
+            return succeed(None)
+
+    listener, endpoint = Listener(sections={"rate_limits": {"default": "1/s"}}), Endpoint()
+    proxyEndpoint(endpoint).listen(listener.site)
+    proxied = endpoint.factory
+    proxy = IPv4Address("TCP", "10.0.0.9", 40000)
+
+    def userinfo_from(source: str) -> int:
+        protocol, transport = proxied.buildProtocol(proxy), StringTransport(peerAddress=proxy)
+        protocol.makeConnection(transport)
+        protocol.dataReceived(f"PROXY TCP4 {source} 10.0.0.5 56324 8080\r\n".encode())
+        protocol.dataReceived(request_head("GET", "/api/auth/oauth2/userinfo"))
+        return parse(transport)[0]
+
+    assert userinfo_from("203.0.113.7") == 401
+    assert userinfo_from("203.0.113.7") == 429
+    assert userinfo_from("203.0.113.8") == 401
 
 
 def test_a_body_that_arrives_too_slowly_gets_408():

@@ -131,11 +131,7 @@ class LimitedChannel(HTTPChannel):
     fixed_headers: tuple = ()
 
     def connectionMade(self):
-        # Each request asks for both (twisted.web's Request caches them): a
-        # syscall and an address object per request, for a value that
-        # cannot change while the connection lasts.
-        self._peer = self.transport.getPeer()
-        self._host = self.transport.getHost()
+        self._peer = self._host = None
         self.MAX_LENGTH = max(self.limits.max_request_line, self.limits.max_header_bytes)
         self.maxHeaders = self.limits.max_header_count + 1
         self.totalHeadersSize = self.limits.max_request_line + self.limits.max_header_bytes + 2 * self.maxHeaders
@@ -146,9 +142,21 @@ class LimitedChannel(HTTPChannel):
         super().connectionMade()
 
     def getPeer(self):
+        """
+        The peer's address, asked of the transport once per connection
+        (twisted.web's Request asks on every request: a syscall and an
+        address object each time). Asked at the first request, not when the
+        connection opens: behind a C{haproxy:} listener the address is the
+        one the PROXY header carries, read only once that header arrived.
+        """
+        if self._peer is None:
+            self._peer = self.transport.getPeer()
         return self._peer
 
     def getHost(self):
+        """The local address, as L{getPeer}."""
+        if self._host is None:
+            self._host = self.transport.getHost()
         return self._host
 
     def _new_head(self):
