@@ -386,7 +386,7 @@ def _dicts(cursor) -> list[dict]:
     """
     The rows as dicts by column name. psycopg2's RealDictCursor builds each
     row in Python, a column at a time; zipping the plain tuples with the
-    names is done in C (a tenth of a lookup's CPU on the hot paths).
+    names is done in C (about a tenth of introspection's CPU on PostgreSQL).
     """
     rows = cursor.fetchall()
     if not rows:
