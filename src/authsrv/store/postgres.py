@@ -74,7 +74,7 @@ from authsrv.store.codes import CodeNotFound, CodeRedeemed, CodeReused
 from authsrv.store.errors import AlreadyExists, StoreUnavailable
 from authsrv.store.observer import Observer, watched
 from authsrv.store.rows import (
-    POSTGRES, WITH_BAN, Lookup, Rows, access_state_sql, ban_of, factors_of, import_statements, scope_text, tables, token_lookups,
+    POSTGRES, Lookup, Rows, access_state_sql, ban_of, factors_of, import_statements, scope_text, tables, token_lookups,
 )
 
 COMPONENT = "store"
