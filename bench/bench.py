@@ -221,14 +221,21 @@ def cpu_seconds(pid: int) -> float:
     """
     ticks = 0
     for member in [pid, *_children(pid)]:
-        try:
-            fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
+        fields = _stat_fields(Path(f"/proc/{member}/stat"))
+        if fields is None:
             continue
         ticks += int(fields[11]) + int(fields[12])
         if member == pid:
             ticks += int(fields[13]) + int(fields[14])
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _stat_fields(path: Path) -> list[str] | None:
+    """The fields of a /proc stat file after the command name, or None once the process or thread has gone."""
+    try:
+        return path.read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
 
 
 def thread_ticks(pid: int) -> dict[int, int]:
@@ -240,11 +247,9 @@ def thread_ticks(pid: int) -> dict[int, int]:
         except OSError:
             continue
         for task in tasks:
-            try:
-                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            ticks[int(task.name)] = int(fields[11]) + int(fields[12])
+            fields = _stat_fields(task / "stat")
+            if fields is not None:
+                ticks[int(task.name)] = int(fields[11]) + int(fields[12])
     return ticks
 
 
@@ -257,12 +262,16 @@ def password_threads(pid: int) -> set[int]:
     check per thread at a time), in process C{pid} and its workers, named
     by py-spy's dump of each.
     """
-    py_spy = shutil.which("py-spy", path=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
     found: set[int] = set()
     for member in [pid, *_children(pid)]:
-        dump = subprocess.run([py_spy, "dump", "--pid", str(member)], capture_output=True, text=True, timeout=60)
+        dump = subprocess.run([_py_spy(), "dump", "--pid", str(member)], capture_output=True, text=True, timeout=60)
         found |= {int(tid) for tid in PASSWORD_THREADS.findall(dump.stdout)}
     return found
+
+
+def _py_spy() -> str:
+    """py-spy, from the virtualenv bench/setup.sh installed it in, or else from PATH."""
+    return shutil.which("py-spy", path=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
 
 
 def _children(pid: int) -> list[int]:
@@ -803,7 +812,7 @@ def profile(measure: Measure, authsrv: Authsrv, targets: list[str], connections:
 
         def start(path=path):
             spies.append(subprocess.Popen(
-                ["taskset", "-c", LOAD_CORE, shutil.which("py-spy", path=f"{Path(sys.executable).parent}:{os.environ['PATH']}"),
+                ["taskset", "-c", LOAD_CORE, _py_spy(),
                  "record", "--pid", str(authsrv.process.pid), "--rate", "250", "--output", str(path),
                  "--format", "raw" if os.environ.get("BENCH_RAW") else "flamegraph", "--nonblocking", "--gil"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
