@@ -213,6 +213,27 @@ def test_an_idle_keep_alive_connection_is_closed():
     listener.assert_serves()
 
 
+def test_a_kept_connection_keeps_one_idle_timer_pushed_along_from_request_to_request():
+    listener = Listener({"idle_timeout": "30s", "header_timeout": "25s"})
+    protocol, transport = listener.send(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+
+    def timers():
+        return [call for call in listener.clock.getDelayedCalls() if getattr(call.func, "__self__", None) is protocol]
+
+    first = timers()
+    assert len(first) == 2
+    for _ in range(3):
+        listener.clock.advance(20)
+        transport.clear()
+        protocol.dataReceived(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert parse(transport)[0] == 200
+        assert len(timers()) == 2 and all(any(timer is kept for kept in first) for timer in timers())
+    listener.clock.advance(29)
+    assert not transport.disconnecting
+    listener.clock.advance(1)
+    assert transport.disconnecting
+
+
 def test_open_connections_are_capped_per_address():
     listener = Listener({"max_connections_per_address": 2})
     first, _ = listener.connect(), listener.connect()

@@ -14,12 +14,12 @@ from collections import Counter
 from http import HTTPStatus
 
 from twisted.internet.protocol import Protocol
-from twisted.web.http import HTTPChannel
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
 from authsrv.config import ISSUER_PATH, InputLimits
 from authsrv.protocol.forwarded import is_trusted
+from authsrv.web.channel import GatheringChannel, Outbox
 from authsrv.web.headers import json_body
 from authsrv.web.pages import error_page
 from authsrv.web.request import SERVER
@@ -119,16 +119,43 @@ def _target(request_line: bytes) -> bytes:
     return parts[1] if len(parts) > 1 else b""
 
 
-class LimitedChannel(HTTPChannel):
+class LimitedChannel(GatheringChannel):
     """
-    An L{HTTPChannel} that refuses, in the endpoint's shape, a request line
+    A L{GatheringChannel} that refuses, in the endpoint's shape, a request line
     (414) or a header section (431) over the limits, and a client that takes
     longer than the limits to send its headers or body (408). Twisted's own
-    idle timeout (C{timeOut}) closes idle keep-alive connections.
+    idle timeout (C{timeOut}) closes idle keep-alive connections, on one
+    delayed call per connection (L{setTimeout}).
     """
 
     limits = InputLimits()
     fixed_headers: tuple = ()
+    _idle_call = None
+
+    def setTimeout(self, period):
+        """
+        Twisted's idle timeout (C{TimeoutMixin}) is turned off while each
+        request is answered and on again after it, which cancelled a delayed
+        call and made a new one for every request. Here turning it off only
+        marks it (the call, should it come, does nothing) and turning it on
+        pushes the same call along.
+        """
+        previous, self.timeOut = self.timeOut, period
+        if period is not None:
+            if self._idle_call is not None and self._idle_call.active():
+                self._idle_call.reset(period)
+            else:
+                self._idle_call = self.callLater(period, self._idle_over)
+        return previous
+
+    def resetTimeout(self):
+        if self.timeOut is not None and self._idle_call is not None and self._idle_call.active():
+            self._idle_call.reset(self.timeOut)
+
+    def _idle_over(self):
+        self._idle_call = None
+        if self.timeOut is not None:
+            self.timeoutConnection()
 
     def connectionMade(self):
         self._peer = self._host = None
@@ -195,6 +222,7 @@ class LimitedChannel(HTTPChannel):
     def _refuse(self, status: int, description: str):
         self._cancel_deadline()
         self._refused = True
+        self._send_gathered()
         if self.transport is not None:
             self.transport.write(raw_refusal(self._target, status, description, self.fixed_headers))
         self.loseConnection()
@@ -246,6 +274,9 @@ class LimitedChannel(HTTPChannel):
 
     def connectionLost(self, reason):
         self._cancel_deadline()
+        if self._idle_call is not None and self._idle_call.active():
+            self._idle_call.cancel()
+        self._idle_call = None
         self.site.connection_closed(self)
         super().connectionLost(reason)
 
@@ -278,6 +309,7 @@ class LimitedSite(Site):
         self._trusted_proxies = trusted_proxies
         self.fixed_headers = tuple(headers)
         self._access_log = access_log
+        self._outbox = Outbox(self.reactor.callLater)
         self.open_connections = 0
         self._by_address: Counter = Counter()
 
@@ -300,6 +332,7 @@ class LimitedSite(Site):
         channel = super().buildProtocol(addr)
         channel.limits = self.limits
         channel.fixed_headers = self.fixed_headers
+        channel.outbox = self._outbox
         channel.address = address
         self.open_connections += 1
         self._by_address[address] += 1

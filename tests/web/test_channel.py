@@ -1,0 +1,174 @@
+"""
+Responses gathered and sent in one piece (L{authsrv.web.channel}), over real
+loopback sockets: what reaches the client is byte for byte in order, kept
+connections, pipelined requests, answers larger than the socket takes at
+once and closing answers alike, and a small answer never passes through
+Twisted's write buffer.
+"""
+
+from __future__ import annotations
+
+import pytest
+import pytest_twisted
+from twisted.internet import reactor, tcp
+from twisted.internet.defer import Deferred
+from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
+from twisted.internet.protocol import Protocol
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET
+
+from authsrv.config import InputLimits
+from authsrv.web.channel import Outbox
+from authsrv.web.limits import LimitedSite
+
+BIG = bytes(range(256)) * (64 * 1024)
+"""16 MiB: more than a loopback socket takes in one send."""
+
+
+class Answers(Resource):
+    isLeaf = True
+
+    def render_GET(self, request):
+        if request.path == b"/big":
+            return BIG
+        if request.path == b"/later":
+            reactor.callLater(0.01, self._late, request)
+            return NOT_DONE_YET
+        return b"hello"
+
+    def render_POST(self, request):
+        return b"posted " + request.content.read()
+
+    def _late(self, request):
+        request.write(b"late")
+        request.finish()
+
+
+class Reader(Protocol):
+    """Reads until C{done(received)} says the answers are all there, or the connection closes."""
+
+    def __init__(self, done, at_least=0):
+        self.received = bytearray()
+        self.at_least = at_least
+        self.finished = Deferred()
+        self._done = done
+
+    def dataReceived(self, data):
+        self.received += data
+        if len(self.received) >= self.at_least and self._done(bytes(self.received)) and not self.finished.called:
+            self.finished.callback(bytes(self.received))
+
+    def connectionLost(self, reason):
+        if not self.finished.called:
+            self.finished.callback(bytes(self.received))
+
+
+@pytest.fixture
+def port():
+    site = LimitedSite(Answers(), limits=InputLimits(), reactor=reactor)
+    listening = reactor.listenTCP(0, site, interface="127.0.0.1")
+    yield listening.getHost().port
+    listening.stopListening()
+
+
+def get(path: str, close: bool = False) -> bytes:
+    connection = b"Connection: close\r\n" if close else b""
+    return f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n".encode() + connection + b"\r\n"
+
+
+def post(path: str, body: bytes) -> bytes:
+    return f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+
+
+def bodies(received: bytes) -> list[bytes]:
+    """The bodies of the answers in C{received}, in order (Content-Length or chunked)."""
+    found = []
+    while received:
+        head, _, rest = received.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 "), head
+        fields = dict(line.lower().split(b": ", 1) for line in head.split(b"\r\n")[1:])
+        if b"content-length" in fields:
+            length = int(fields[b"content-length"])
+            assert len(rest) >= length
+            body, rest = rest[:length], rest[length:]
+        else:
+            body = b""
+            while True:
+                size, _, rest = rest.partition(b"\r\n")
+                length = int(size, 16)
+                if length == 0:
+                    rest = rest[2:]
+                    break
+                body, rest = body + rest[:length], rest[length + 2:]
+        found.append(body)
+        received = rest
+    return found
+
+
+def complete(count: int):
+    def done(received: bytes) -> bool:
+        try:
+            return len(bodies(received)) == count
+        except (ValueError, AssertionError, IndexError):
+            return False
+    return done
+
+
+async def connect(port: int, count: int, at_least: int = 0) -> Reader:
+    reader = Reader(complete(count), at_least)
+    await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", port), reader)
+    return reader
+
+
+async def within(reader: Reader, seconds: float = 10) -> bytes:
+    timer = reactor.callLater(seconds, reader.transport.abortConnection)
+    received = await reader.finished
+    if timer.active():
+        timer.cancel()
+    return received
+
+
+@pytest_twisted.ensureDeferred
+async def test_small_answers_on_a_kept_connection_wait_for_the_turns_end_and_skip_the_write_buffer(port, monkeypatch):
+    registered, held = [], []
+    start_writing, hold = tcp.Server.startWriting, Outbox.hold
+    monkeypatch.setattr(tcp.Server, "startWriting", lambda self: (registered.append(self), start_writing(self)))
+    monkeypatch.setattr(Outbox, "hold", lambda self, channel: (held.append(channel), hold(self, channel)))
+    requests = (get("/small"), get("/later"), post("/small", b"form"), get("/small"))
+    for count, request in enumerate(requests, start=1):
+        if count == 1:
+            reader = await connect(port, 1)
+        else:
+            reader.finished, reader._done = Deferred(), complete(count)
+        reader.transport.write(request)
+        assert len(bodies(await within(reader))) == count
+    assert bodies(bytes(reader.received)) == [b"hello", b"late", b"posted form", b"hello"]
+    assert registered == [] and len(held) == len(requests)
+    reader.transport.loseConnection()
+
+
+@pytest_twisted.ensureDeferred
+async def test_pipelined_requests_are_answered_in_order(port):
+    reader = await connect(port, 4)
+    reader.transport.write(get("/small") + get("/later") + post("/small", b"form") + get("/later"))
+    assert bodies(await within(reader)) == [b"hello", b"late", b"posted form", b"late"]
+    reader.transport.loseConnection()
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_answer_larger_than_the_socket_takes_arrives_whole_and_before_the_next(port):
+    reader = await connect(port, 3, at_least=len(BIG))
+    reader.transport.write(get("/big") + get("/small"))
+    reader.transport.write(get("/later"))
+    assert bodies(await within(reader)) == [BIG, b"hello", b"late"]
+    reader.transport.loseConnection()
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_answer_that_closes_the_connection_arrives_whole_first(port):
+    for path in ("/small", "/later"):
+        reader = await connect(port, 2)
+        reader.transport.write(get(path, close=True))
+        received = await within(reader)
+        assert bodies(received) == [b"late" if path == "/later" else b"hello"]
+        assert not reader.transport.connected
