@@ -111,8 +111,8 @@ class GatheringChannel(HTTPChannel):
         if gathered and self.transport is not None:
             send_now(self.transport, b"".join(gathered))
 
-    def _gather(self, pieces) -> None:
-        self._gathered.extend(pieces)
+    def _gather(self, gathered: list[bytes], pieces) -> None:
+        gathered.extend(pieces)
         self._gathered_bytes += sum(map(len, pieces))
         if self._gathered_bytes > GATHER_LIMIT:
             self._send_gathered()
@@ -129,7 +129,8 @@ class GatheringChannel(HTTPChannel):
         super().allContentReceived()
 
     def writeHeaders(self, version, code, reason, headers):
-        if self._gathered is None or not isinstance(headers, Headers):
+        gathered = self._gathered
+        if gathered is None or not isinstance(headers, Headers):
             self._send_gathered()
             return super().writeHeaders(version, code, reason, headers)
         pieces = [version, b" ", code, b" ", reason, b"\r\n"]
@@ -137,19 +138,21 @@ class GatheringChannel(HTTPChannel):
             for value in values:
                 pieces += (name, b": ", value, b"\r\n")
         pieces.append(b"\r\n")
-        self._gather(pieces)
+        self._gather(gathered, pieces)
 
     def write(self, data):
-        if self._gathered is None:
+        gathered = self._gathered
+        if gathered is None:
             self.send_held()
             return super().write(data)
-        self._gather((data,))
+        self._gather(gathered, (data,))
 
     def writeSequence(self, iovec):
-        if self._gathered is None:
+        gathered = self._gathered
+        if gathered is None:
             self.send_held()
             return super().writeSequence(iovec)
-        self._gather(iovec)
+        self._gather(gathered, iovec)
 
     def registerProducer(self, producer, streaming):
         self._send_gathered()
