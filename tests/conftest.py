@@ -23,10 +23,45 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 
 
+LOWEST_PORT = 10000
+_handed_out: set[int] = set()
+
+
+def _outgoing_ports_start() -> int:
+    """Where the kernel's range for outgoing connections (and for bind to port 0) starts."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """
+    A port nothing listens on, for a server a test starts later. Not one
+    from binding port 0: those come from the range the kernel gives
+    outgoing connections, so any client (another test's, PostgreSQL's)
+    could take it before the server binds it ("Address already in use").
+    Below that range instead, in a slice of its own for each test worker,
+    never handed out twice in one run.
+    """
+    end = _outgoing_ports_start()
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    size = (end - LOWEST_PORT) // max(workers, 1)
+    first = LOWEST_PORT + worker * size
+    start = first + (os.getpid() + len(_handed_out)) % size
+    for offset in range(size):
+        port = first + (start - first + offset) % size
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free port between {first} and {first + size}")
 
 
 def fetch(url: str, timeout: float = 5.0) -> tuple[int, dict, bytes]:
