@@ -28,7 +28,7 @@ def _plain_tcp(transport) -> bool:
     return type(transport) is tcp.Server
 
 
-def _idle(transport) -> bool:
+def _nothing_queued(transport) -> bool:
     """
     Whether C{transport} is a plain TCP connection, open, with nothing in
     its own buffer (the attributes of Twisted's C{FileDescriptor} that hold
@@ -46,12 +46,12 @@ def _idle(transport) -> bool:
 def send_now(transport, data: bytes) -> None:
     """
     C{data} to C{transport}: as much as the socket takes at once when
-    nothing is queued ahead (L{_idle}); the rest, or all of it on any other
+    nothing is queued ahead (L{_nothing_queued}); the rest, or all of it on any other
     transport (TLS, a PROXY-protocol wrapper, a test's) or on any socket
     error, through the transport's own buffer, which then also notices a
     lost connection.
     """
-    if _idle(transport):
+    if _nothing_queued(transport):
         try:
             sent = transport.socket.send(data)
         except OSError:
@@ -91,7 +91,8 @@ class GatheringChannel(HTTPChannel):
     is sent at once). Held bytes are always sent before anything else is
     written to the connection, before it reads on and before it closes.
     A response that streams through a producer, or passes L{GATHER_LIMIT},
-    is sent on as it comes.
+    is sent on as it comes; one written in parts without a producer waits
+    until it is done (every route here writes its answer at once).
     """
 
     outbox: Outbox | None = None
