@@ -29,7 +29,7 @@ from authsrv.configsection import Section
 from authsrv.context import PluginContext
 from authsrv.identity.chain import IdentityChain
 from authsrv.identity.passwords import PasswordVerifier, hash_password
-from authsrv.identity.static import StaticIdentityBackend, add_user
+from authsrv.identity.static import StaticIdentityBackend, add_user, file_thread
 from authsrv.interfaces import IChatLinkSource
 from authsrv.keys import jwkfile
 from authsrv.remote_documents import RemoteDocuments
@@ -170,7 +170,7 @@ class Harness:
             Section({"algorithms": list(algorithms)}, "keystore", tmp_path), self.context
         )
         verifier = PasswordVerifier(reactor, self.context.threadpool("passwords", 2), CHEAP)
-        self.identity = identity or StaticIdentityBackend(users, self.clock, verifier)
+        self.identity = identity or StaticIdentityBackend(users, self.clock, verifier, file_thread(self.context))
         self.chat_fake = FakeChatProvider(self.clock)
         self.chat_config = ChatConfig(
             encryption_key=key_from_text(new_key_text()), client_secret=self.chat_fake.client_secret,

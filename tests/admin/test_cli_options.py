@@ -184,13 +184,17 @@ password_hash = "{carol}"
 """
 
 
+def _no_file_work(*args):
+    raise AssertionError("the server here only reads the file; the admin command edits it")
+
+
 @pytest_twisted.ensureDeferred
 async def test_edits_keep_the_files_comments_and_order_and_reach_a_running_server(deployment):
     cwd, config = deployment
     users_file = cwd / "data" / "users.toml"
     users_file.write_text(USERS_FILE.format(**{u: hash_password(f"{u} old passphrase") for u in ("alice", "bob", "carol")}))
     clock = Clock()
-    server = StaticIdentityBackend(users_file, clock, PasswordVerifier(None, ThreadPool()))
+    server = StaticIdentityBackend(users_file, clock, PasswordVerifier(None, ThreadPool()), _no_file_work)
 
     ok(await admin("user", "disable", "alice", "--reason", "on leave", "-c", config, cwd=cwd))
     ok(await admin("user", "passwd", "carol", "--password-stdin", "-c", config, cwd=cwd,

@@ -20,7 +20,7 @@ from authsrv.configsection import ConfigError, Section
 from authsrv.identity import postgres
 from authsrv.identity.errors import UnknownUser
 from authsrv.identity.passwords import PasswordVerifier, is_argon2id_hash, is_better_auth_hash
-from authsrv.identity.static import StaticIdentityBackend, add_user
+from authsrv.identity.static import StaticIdentityBackend, add_user, file_thread
 from authsrv.testing.identity import ALICE
 
 CHEAP = PasswordHasher.from_parameters(profiles.CHEAPEST)
@@ -126,7 +126,7 @@ def users_file(tmp_path):
 
 @pytest_twisted.ensureDeferred
 async def test_static_file_upgrades_a_better_auth_hash(users_file, context, verifier):
-    backend = StaticIdentityBackend(users_file, context.reactor, verifier)
+    backend = StaticIdentityBackend(users_file, context.reactor, verifier, file_thread(context))
     with pytest.raises(UnauthorizedLogin) as failure:
         await login(backend, "alice", "wrong")
     assert not isinstance(failure.value, UnknownUser)
@@ -148,7 +148,7 @@ async def test_static_file_upgrades_a_better_auth_hash(users_file, context, veri
 
 @pytest_twisted.ensureDeferred
 async def test_static_file_keeps_a_hash_the_operator_changed_meanwhile(users_file, context, verifier):
-    backend = StaticIdentityBackend(users_file, context.reactor, verifier)
+    backend = StaticIdentityBackend(users_file, context.reactor, verifier, file_thread(context))
     operators = CHEAP.hash("set by the operator")
     account = backend._by_login("alice")
     users_file.write_text(users_file.read_text().replace(HASH, operators))
@@ -159,7 +159,7 @@ async def test_static_file_keeps_a_hash_the_operator_changed_meanwhile(users_fil
 @pytest_twisted.ensureDeferred
 async def test_static_file_login_succeeds_when_the_upgrade_cannot_be_written(users_file, context, verifier):
     """An operator's broken edit (not yet reloaded) stops the upgrade, not the login."""
-    backend = StaticIdentityBackend(users_file, context.reactor, verifier)
+    backend = StaticIdentityBackend(users_file, context.reactor, verifier, file_thread(context))
     broken = users_file.read_text() + "[[users]]\nlogin = 3\n"
     users_file.write_text(broken)
     with capturedLogs() as events:
@@ -171,7 +171,7 @@ async def test_static_file_login_succeeds_when_the_upgrade_cannot_be_written(use
 @pytest_twisted.ensureDeferred
 async def test_unknown_login_costs_one_argon2id_check(users_file, context, verifier):
     """As before: only the dummy, never a scrypt, for a login nobody has."""
-    backend = StaticIdentityBackend(users_file, context.reactor, verifier)
+    backend = StaticIdentityBackend(users_file, context.reactor, verifier, file_thread(context))
     with pytest.raises(UnknownUser):
         await login(backend, "nobody", PASSWORD)
     assert verifier.checked == [None]
@@ -182,7 +182,7 @@ def test_static_file_refuses_a_malformed_better_auth_hash(tmp_path, context, ver
     path = tmp_path / "users.toml"
     path.write_text(f'[[users]]\nsub = "{ALICE.sub}"\nlogin = "alice"\npassword_hash = "{stored}"\n')
     with pytest.raises(ConfigError) as error:
-        StaticIdentityBackend(path, context.reactor, verifier)
+        StaticIdentityBackend(path, context.reactor, verifier, file_thread(context))
     assert "users[0].password_hash" in str(error.value)
     assert stored not in str(error.value)
 

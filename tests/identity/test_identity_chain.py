@@ -25,7 +25,7 @@ from authsrv.identity.chain import IdentityChain
 from authsrv.identity.errors import BackendUnavailable, UnknownUser
 from authsrv.identity.passwords import PasswordVerifier, hash_password
 from authsrv.identity.realm import UserRealm
-from authsrv.identity.static import StaticIdentityBackend, add_user, create_users_file
+from authsrv.identity.static import StaticIdentityBackend, add_user, create_users_file, file_thread
 from authsrv.interfaces import IIdentityBackend, IUser
 from authsrv.records import User
 from authsrv.service import build_identity
@@ -40,7 +40,7 @@ def static_backend(context, path, users=()) -> StaticIdentityBackend:
     for user, password in users:
         add_user(path, password_hash=hash_password(password, CHEAP), **asdict(user))
     verifier = PasswordVerifier(context.reactor, context.threadpool("passwords", 2), CHEAP)
-    return StaticIdentityBackend(path, context.reactor, verifier)
+    return StaticIdentityBackend(path, context.reactor, verifier, file_thread(context))
 
 
 def ldap_backend(context, config: dict):
@@ -284,7 +284,7 @@ async def test_refusals_cost_every_backends_work(slapd, context, tmp_path):
     create_users_file(path)
     add_user(path, login="robot", sub="sub-robot", password_hash=hash_password("robot-pw", CHEAP))
     verifier = CountingVerifier(context)
-    users = StaticIdentityBackend(path, context.reactor, verifier)
+    users = StaticIdentityBackend(path, context.reactor, verifier, file_thread(context))
     directory = ldap_backend(context, slapd.backend_config())
     work = DirectoryWork(directory._directory)
     directory._directory = work

@@ -39,15 +39,18 @@ from authsrv.identity.passwords import (
     pool_size,
 )
 from authsrv.identity.realm import UserRealm
+from authsrv.identity import static
 from authsrv.identity.static import (
     StaticIdentityBackend,
     add_user,
     create_users_file,
+    file_thread,
     from_config,
     login_key,
     toml_string,
 )
 from authsrv.interfaces import IUser
+from authsrv.records import User
 from authsrv.testing.identity import (
     ALICE,
     PASSWORDS,
@@ -107,7 +110,8 @@ class TestStaticConformance(IdentityBackendConformance):
         seed_file(self.path, users)
         pool = self.context.threadpool("passwords", 2)
         return StaticIdentityBackend(
-            self.path, self.context.reactor, PasswordVerifier(self.context.reactor, pool, CHEAP)
+            self.path, self.context.reactor, PasswordVerifier(self.context.reactor, pool, CHEAP),
+            file_thread(self.context),
         )
 
 
@@ -121,7 +125,8 @@ class TestStaticUserManagement(UserManagementConformance):
         create_users_file(self.path)
         pool = self.context.threadpool("passwords", 2)
         return StaticIdentityBackend(
-            self.path, self.context.reactor, PasswordVerifier(self.context.reactor, pool, CHEAP)
+            self.path, self.context.reactor, PasswordVerifier(self.context.reactor, pool, CHEAP),
+            file_thread(self.context),
         )
 
 
@@ -221,7 +226,7 @@ def test_empty_file_has_no_users(tmp_path, context):
 def clocked_backend(path: Path, reactor, context) -> tuple[StaticIdentityBackend, Clock]:
     clock = Clock()
     verifier = PasswordVerifier(reactor, context.threadpool("passwords", 2), CHEAP)
-    return StaticIdentityBackend(path, clock, verifier), clock
+    return StaticIdentityBackend(path, clock, verifier, file_thread(context)), clock
 
 
 @pytest_twisted.ensureDeferred
@@ -357,6 +362,10 @@ def test_toml_string_round_trips(value):
     assert tomllib.loads(f"k = {toml_string(value)}")["k"] == value
 
 
+def _no_file_work(*args):
+    raise AssertionError("this test reads the file only")
+
+
 @settings(max_examples=40, deadline=None)
 @given(login=st.text(min_size=1), name=st.text(min_size=1), chat=st.text(min_size=1))
 def test_add_user_round_trips(login, name, chat):
@@ -366,7 +375,7 @@ def test_add_user_round_trips(login, name, chat):
         add_user(path, login="first", password_hash=CHEAP_HASH)
         user = add_user(path, login=login, name=name, chat_user_id=chat, password_hash=CHEAP_HASH)
         assert (user.login, user.name, user.chat_user_id) == (login, name, chat)
-        backend = StaticIdentityBackend(path, Clock(), PasswordVerifier(None, ThreadPool(), CHEAP))
+        backend = StaticIdentityBackend(path, Clock(), PasswordVerifier(None, ThreadPool(), CHEAP), _no_file_work)
         assert backend.user_by_id(user.sub).result == user
 
 
@@ -379,7 +388,8 @@ async def test_edits_keep_the_operators_comments_order_and_mode(tmp_path, contex
     path.write_text("# our staff\n" + ALICE_TABLE.replace('login = "alice"', 'login = "alice"  # since 2019')
                     + "\n# the night shift\n" + BOB_TABLE + "# end of staff\n")
     os.chmod(path, 0o640)
-    backend = StaticIdentityBackend(path, context.reactor, PasswordVerifier(context.reactor, context.threadpool("passwords", 1), CHEAP))
+    backend = StaticIdentityBackend(path, context.reactor, PasswordVerifier(context.reactor, context.threadpool("passwords", 1), CHEAP),
+                                   file_thread(context))
     await backend.set_disabled("ALICE", True, 'said "bye"')
     text = path.read_text()
     assert text == (
@@ -402,7 +412,8 @@ async def test_edits_keep_the_operators_comments_order_and_mode(tmp_path, contex
 async def test_edits_refuse_a_broken_file(tmp_path, context):
     path = tmp_path / "users.toml"
     path.write_text(ALICE_TABLE)
-    backend = StaticIdentityBackend(path, context.reactor, PasswordVerifier(context.reactor, context.threadpool("passwords", 1), CHEAP))
+    backend = StaticIdentityBackend(path, context.reactor, PasswordVerifier(context.reactor, context.threadpool("passwords", 1), CHEAP),
+                                   file_thread(context))
     path.write_text(ALICE_TABLE + "login = 5\n")
     with pytest.raises(ValueError, match="users.toml"):
         await backend.set_disabled("alice", True, "x")
@@ -416,7 +427,7 @@ async def test_edits_refuse_a_broken_file(tmp_path, context):
 async def test_hashing_runs_off_the_reactor_thread(users_file, reactor, context):
     hasher = RecordingHasher()
     verifier = PasswordVerifier(reactor, context.threadpool("passwords", 2), hasher)
-    backend = StaticIdentityBackend(users_file, reactor, verifier)
+    backend = StaticIdentityBackend(users_file, reactor, verifier, file_thread(context))
     portal = Portal(UserRealm(backend), [backend])
     await portal.login(UsernamePassword("alice", PASSWORDS[ALICE.sub]), None, IUser)
     for login in ("alice", "nobody"):
@@ -432,7 +443,7 @@ async def test_hashing_runs_off_the_reactor_thread(users_file, reactor, context)
 async def test_unknown_user_checks_a_dummy_hash(users_file, reactor, context):
     hasher = RecordingHasher()
     verifier = PasswordVerifier(reactor, context.threadpool("passwords", 2), hasher)
-    backend = StaticIdentityBackend(users_file, reactor, verifier)
+    backend = StaticIdentityBackend(users_file, reactor, verifier, file_thread(context))
     with pytest.raises(UnknownUser):
         await backend.requestAvatarId(UsernamePassword("nobody", "secret"))
     assert len(hasher.checks) == 1
@@ -457,7 +468,7 @@ async def test_unknown_user_and_wrong_password_do_the_same_work(users_file, reac
     """
     hasher = RecordingHasher()
     verifier = PasswordVerifier(reactor, context.threadpool("passwords", 2), hasher)
-    chain = IdentityChain([StaticIdentityBackend(users_file, reactor, verifier)])
+    chain = IdentityChain([StaticIdentityBackend(users_file, reactor, verifier, file_thread(context))])
     assert type(await portal_login_fails(chain, "nobody", "wrong")) is UnknownUser
     unknown = password_work(hasher)
     assert type(await portal_login_fails(chain, "alice", "wrong")) is UnauthorizedLogin
@@ -481,9 +492,9 @@ def test_the_dummy_hash_has_exactly_the_hashers_parameters(hasher):
 def test_hashes_of_other_parameters_are_named(users_file, reactor, context):
     pool = context.threadpool("passwords", 2)
     with capturedLogs() as events:
-        StaticIdentityBackend(users_file, reactor, PasswordVerifier(reactor, pool, CHEAP))
+        StaticIdentityBackend(users_file, reactor, PasswordVerifier(reactor, pool, CHEAP), file_thread(context))
         assert not [e for e in events if e["log_level"] >= LogLevel.warn]
-        StaticIdentityBackend(users_file, reactor, PasswordVerifier(reactor, pool, DEFAULT_HASHER))
+        StaticIdentityBackend(users_file, reactor, PasswordVerifier(reactor, pool, DEFAULT_HASHER), file_thread(context))
     [warning] = [formatEvent(e) for e in events if e["log_level"] >= LogLevel.warn]
     assert "'alice'" in warning and "other argon2 parameters" in warning
 
@@ -524,7 +535,8 @@ async def test_a_hash_of_other_parameters_is_replaced_at_the_next_login(users_fi
     other = argon2id_hasher(8192, 1, 1)
     path = users_file.parent / "other.toml"
     add_user(path, login="carol", sub="sub-carol", password_hash=hash_password("carol's pw", CHEAP))
-    backend = StaticIdentityBackend(path, reactor, PasswordVerifier(reactor, context.threadpool("passwords", 2), other))
+    backend = StaticIdentityBackend(path, reactor, PasswordVerifier(reactor, context.threadpool("passwords", 2), other),
+                                   file_thread(context))
     with pytest.raises(UnauthorizedLogin):
         await backend.requestAvatarId(UsernamePassword(b"carol", b"wrong"))
     assert extract_parameters(backend._by_login("carol").password_hash) == extract_parameters(hash_password("x", CHEAP))
@@ -533,6 +545,29 @@ async def test_a_hash_of_other_parameters_is_replaced_at_the_next_login(users_fi
     stored = backend._by_login("carol").password_hash
     assert extract_parameters(stored) == extract_parameters(hash_password("x", other))
     assert stored in path.read_text() and other.verify(stored, "carol's pw")
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_file_is_read_and_rewritten_off_the_reactor_thread(users_file, reactor, context, monkeypatch):
+    """An upgrade at sign-in and every edit parse and fsync the whole file: never on the reactor thread."""
+    on_reactor = []
+    for name in ("_write_atomically", "_read"):
+        original = getattr(static, name)
+        monkeypatch.setattr(static, name, lambda *args, original=original: (on_reactor.append(isInIOThread()),
+                                                                            original(*args))[1])
+    other = argon2id_hasher(8192, 1, 1)
+    path = users_file.parent / "other.toml"
+    add_user(path, login="carol", sub="sub-carol", password_hash=hash_password("carol's pw", CHEAP))
+    backend = StaticIdentityBackend(path, reactor, PasswordVerifier(reactor, context.threadpool("passwords", 2), other),
+                                   file_thread(context))
+    on_reactor.clear()
+    assert await backend.requestAvatarId(UsernamePassword(b"carol", b"carol's pw")) == "sub-carol"
+    await backend.set_disabled("carol", True, "on leave")
+    await backend.add_user(User(sub="sub-dave", login="dave"), hash_password("dave's pw", CHEAP))
+    assert [user.login for user in await backend.list_users()] == ["carol", "dave"]
+    await backend.remove_user("dave")
+    assert len(on_reactor) >= 9 and not any(on_reactor)
+    assert (await backend.user_by_login("carol")).disabled and await backend.user_by_login("dave") is None
 
 
 # --- realm ------------------------------------------------------------------

@@ -19,13 +19,16 @@ import tempfile
 import tomllib
 import unicodedata
 import uuid
+from functools import partial
 from pathlib import Path
+from typing import Callable
 
 import tomlkit
 from attrs import asdict, frozen
 from twisted.cred.credentials import IUsernamePassword
 from twisted.cred.error import UnauthorizedLogin
 from twisted.internet.defer import Deferred, succeed
+from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from zope.interface import implementer
 
@@ -45,6 +48,8 @@ log = Logger()
 
 RELOAD_INTERVAL = 1.0
 """Seconds between two looks at the users file for changes."""
+FILE_POOL = "users-file"
+"""The server's pool of one thread on which the users file is rewritten."""
 
 _HEADER = """\
 # authsrv users: one [[users]] table per user, for example
@@ -181,17 +186,23 @@ class StaticIdentityBackend:
     result at once.
 
     C{reactor} gives the time (L{IReactorTime}) that spaces out the looks at
-    the file for changes; building the backend reads the file and raises
-    L{ConfigError} or L{OSError}.
+    the file for changes; C{on_file_thread} (from L{file_thread}) runs the
+    reading, rewriting (with two fsyncs) and re-reading of the file for
+    those methods and for a hash upgraded at sign-in, one edit after
+    another and never on the reactor thread: a large file takes a while to
+    parse and write.
+    Building the backend reads the file and raises L{ConfigError} or
+    L{OSError}.
     """
 
     credentialInterfaces = (IUsernamePassword,)
 
-    def __init__(self, path: Path, reactor, verifier: PasswordVerifier):
+    def __init__(self, path: Path, reactor, verifier: PasswordVerifier, on_file_thread: Callable[..., Deferred]):
         self._path = Path(path)
         self.users_location = str(self._path)
         self._reactor = reactor
         self._verifier = verifier
+        self._on_file_thread = on_file_thread
         self._signature: tuple | None = _signature(self._path)
         self._users = _Users.of(_read(self._path))
         self._checked_at = reactor.seconds()
@@ -304,7 +315,7 @@ class StaticIdentityBackend:
                 _set(users[index], "password_hash", new_hash)
 
         try:
-            self._edit(account.user.login, change)
+            await self._edit(account.user.login, change)
         except (OSError, ValueError) as e:
             log.error(
                 "password hash of {login!r} not upgraded to the configured argon2id parameters: {problem}",
@@ -326,25 +337,30 @@ class StaticIdentityBackend:
     def close(self) -> Deferred:
         return succeed(None)
 
-    def _serve(self) -> None:
-        """Serve the file as it is now, after this backend wrote it."""
-        self._users = _Users.of(_read(self._path))
-        self._signature = _signature(self._path)
+    async def _on_file(self, work, *args):
+        """
+        C{work(*args)} on the file's thread; then the file as it is after
+        that is served from here on. Returns what C{work} returned.
+        """
+        def work_and_read():
+            done = work(*args)
+            return done, _Users.of(_read(self._path)), _signature(self._path)
+
+        done, self._users, self._signature = await self._on_file_thread(work_and_read)
+        return done
 
     async def add_user(self, user: User, password_hash: str) -> User:
         try:
-            added = add_user(self._path, password_hash=password_hash, **asdict(user))
+            return await self._on_file(lambda: add_user(self._path, password_hash=password_hash, **asdict(user)))
         except ConfigError as e:
             raise ValueError(str(e)) from None
         except ValueError as e:
             raise ValueError(f"{self._path}: {e}") from None
-        self._serve()
-        return added
 
     async def set_password_hash(self, login: str, password_hash: str) -> None:
         if not is_argon2id_hash(password_hash):
             raise ValueError("password_hash must be an argon2id hash")
-        self._edit(login, lambda users, index: _set(users[index], "password_hash", password_hash))
+        await self._edit(login, lambda users, index: _set(users[index], "password_hash", password_hash))
 
     async def set_disabled(self, login: str, disabled: bool, reason: str | None = None) -> None:
         def change(users, index):
@@ -355,20 +371,25 @@ class StaticIdentityBackend:
                 elif key in table:
                     del table[key]
 
-        self._edit(login, change)
+        await self._edit(login, change)
 
     async def remove_user(self, login: str) -> None:
-        self._edit(login, _remove)
+        await self._edit(login, _remove)
 
     async def list_users(self) -> list[User]:
-        return [a.user for a in sorted(_read(self._path), key=lambda a: login_key(a.user.login))]
+        accounts = await self._on_file_thread(_read, self._path)
+        return [a.user for a in sorted(accounts, key=lambda a: login_key(a.user.login))]
 
-    def _edit(self, login: str, change) -> None:
+    def _edit(self, login: str, change) -> Deferred:
         """
         Apply C{change(users, index)} to the C{[[users]]} table of C{login}
-        in the file's tomlkit document, so that the operator's comments and
-        order survive; the result is validated before it replaces the file.
+        in the file's tomlkit document (on the file's thread), so that the
+        operator's comments and order survive; the result is validated
+        before it replaces the file.
         """
+        return Deferred.fromCoroutine(self._on_file(self._rewrite, login, change))
+
+    def _rewrite(self, login: str, change) -> None:
         try:
             text = self._path.read_bytes().decode("utf-8")
         except UnicodeDecodeError:
@@ -386,8 +407,6 @@ class StaticIdentityBackend:
         new_text = tomlkit.dumps(document)
         self._check(new_text)
         _write_atomically(self._path, new_text)
-        self._serve()
-
 
     def _check(self, text: str) -> None:
         try:
@@ -428,6 +447,15 @@ def _remove(users, index: int) -> None:
             users[index - 1].raw_append(*item)
 
 
+def file_thread(context) -> Callable[..., Deferred]:
+    """
+    Runs a function on the server's one thread for the users file (an
+    L{IPluginContext}'s pool L{FILE_POOL}) and fires with its result on the
+    reactor's thread.
+    """
+    return partial(deferToThreadPool, context.reactor, context.threadpool(FILE_POOL, 1))
+
+
 def from_config(section: Section, context) -> StaticIdentityBackend:
     """
     Build the backend from its config section: C{path} (default
@@ -436,7 +464,8 @@ def from_config(section: Section, context) -> StaticIdentityBackend:
     path = section.path_("path", "users.toml")
     section.done()
     try:
-        return StaticIdentityBackend(path, context.reactor, PasswordVerifier.for_context(context))
+        return StaticIdentityBackend(path, context.reactor, PasswordVerifier.for_context(context),
+                                     file_thread(context))
     except FileNotFoundError:
         raise section.error(
             "path", f"{path} does not exist (authsrv-admin user add creates it)"
