@@ -166,17 +166,16 @@ class GatheringChannel(HTTPChannel):
         answered before the outbox's turn) or there is no outbox to hold it.
         (The buffer holds an empty piece after every request with a body.)
         """
-        gathered, self._gathered, self._gathered_bytes = self._gathered, None, 0
-        if gathered:
-            if self.outbox is not None and not any(self._dataBuffer) and _plain_tcp(self.transport):
-                if self._held is None:
-                    self._held = gathered
-                    self.outbox.hold(self)
-                else:
-                    self._held += gathered
-            elif self.transport is not None:
-                self.send_held()
-                send_now(self.transport, b"".join(gathered))
+        gathered = self._gathered
+        if gathered and self.outbox is not None and not any(self._dataBuffer) and _plain_tcp(self.transport):
+            self._gathered, self._gathered_bytes = None, 0
+            if self._held is None:
+                self._held = gathered
+                self.outbox.hold(self)
+            else:
+                self._held += gathered
+        else:
+            self._send_gathered()
         super().requestDone(request)
 
     def loseConnection(self):
