@@ -380,14 +380,14 @@ class StaticIdentityBackend:
         accounts = await self._on_file_thread(_read, self._path)
         return [a.user for a in sorted(accounts, key=lambda a: login_key(a.user.login))]
 
-    def _edit(self, login: str, change) -> Deferred:
+    async def _edit(self, login: str, change) -> None:
         """
         Apply C{change(users, index)} to the C{[[users]]} table of C{login}
         in the file's tomlkit document (on the file's thread), so that the
         operator's comments and order survive; the result is validated
         before it replaces the file.
         """
-        return Deferred.fromCoroutine(self._on_file(self._rewrite, login, change))
+        await self._on_file(self._rewrite, login, change)
 
     def _rewrite(self, login: str, change) -> None:
         try:
