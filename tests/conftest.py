@@ -49,9 +49,9 @@ def free_port() -> int:
     worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
     size = (end - LOWEST_PORT) // max(workers, 1)
     first = LOWEST_PORT + worker * size
-    start = first + (os.getpid() + len(_handed_out)) % size
+    begin = (os.getpid() + len(_handed_out)) % size
     for offset in range(size):
-        port = first + (start - first + offset) % size
+        port = first + (begin + offset) % size
         if port in _handed_out:
             continue
         with socket.socket() as s:
@@ -62,6 +62,11 @@ def free_port() -> int:
         _handed_out.add(port)
         return port
     raise RuntimeError(f"no free port between {first} and {first + size}")
+
+
+def no_file_work(*args):
+    """A static identity backend's file thread for a test whose backend only reads the file."""
+    raise AssertionError("this backend only reads its users file")
 
 
 def fetch(url: str, timeout: float = 5.0) -> tuple[int, dict, bytes]:

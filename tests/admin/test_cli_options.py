@@ -21,7 +21,7 @@ from authsrv.admin.main import _parser, _subcommands
 from authsrv.identity.passwords import PasswordVerifier, hash_password
 from authsrv.identity.static import RELOAD_INTERVAL, StaticIdentityBackend
 
-from conftest import admin, ok, refused
+from conftest import admin, no_file_work, ok, refused
 
 COMMANDS = [
     ["client", "add", "app", "--redirect-uri", "https://a.example/cb"],
@@ -184,17 +184,13 @@ password_hash = "{carol}"
 """
 
 
-def _no_file_work(*args):
-    raise AssertionError("the server here only reads the file; the admin command edits it")
-
-
 @pytest_twisted.ensureDeferred
 async def test_edits_keep_the_files_comments_and_order_and_reach_a_running_server(deployment):
     cwd, config = deployment
     users_file = cwd / "data" / "users.toml"
     users_file.write_text(USERS_FILE.format(**{u: hash_password(f"{u} old passphrase") for u in ("alice", "bob", "carol")}))
     clock = Clock()
-    server = StaticIdentityBackend(users_file, clock, PasswordVerifier(None, ThreadPool()), _no_file_work)
+    server = StaticIdentityBackend(users_file, clock, PasswordVerifier(None, ThreadPool()), no_file_work)
 
     ok(await admin("user", "disable", "alice", "--reason", "on leave", "-c", config, cwd=cwd))
     ok(await admin("user", "passwd", "carol", "--password-stdin", "-c", config, cwd=cwd,

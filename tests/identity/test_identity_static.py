@@ -59,6 +59,8 @@ from authsrv.testing.identity import (
     portal_login_fails,
 )
 
+from conftest import no_file_work
+
 CHEAP = PasswordHasher.from_parameters(profiles.CHEAPEST)
 # A fixed salt: the hash is part of parametrized test ids, which every pytest-xdist worker must agree on.
 CHEAP_HASH = CHEAP.hash("secret", salt=b"testsalt")
@@ -362,10 +364,6 @@ def test_toml_string_round_trips(value):
     assert tomllib.loads(f"k = {toml_string(value)}")["k"] == value
 
 
-def _no_file_work(*args):
-    raise AssertionError("this test reads the file only")
-
-
 @settings(max_examples=40, deadline=None)
 @given(login=st.text(min_size=1), name=st.text(min_size=1), chat=st.text(min_size=1))
 def test_add_user_round_trips(login, name, chat):
@@ -375,7 +373,7 @@ def test_add_user_round_trips(login, name, chat):
         add_user(path, login="first", password_hash=CHEAP_HASH)
         user = add_user(path, login=login, name=name, chat_user_id=chat, password_hash=CHEAP_HASH)
         assert (user.login, user.name, user.chat_user_id) == (login, name, chat)
-        backend = StaticIdentityBackend(path, Clock(), PasswordVerifier(None, ThreadPool(), CHEAP), _no_file_work)
+        backend = StaticIdentityBackend(path, Clock(), PasswordVerifier(None, ThreadPool(), CHEAP), no_file_work)
         assert backend.user_by_id(user.sub).result == user
 
 
