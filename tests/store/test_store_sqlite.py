@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 from importlib import resources
+from pathlib import Path
 
 import pytest
 import pytest_twisted
@@ -90,6 +91,31 @@ class TestSQLiteFile(SQLiteFolder):
         assert _version(path) == LATEST_VERSION
         with sqlite3.connect(path) as db:
             assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+    def test_savepoint_undo_pages_stay_in_memory(self):
+        """
+        Each write of a group commit has its own savepoint; the pages it
+        changes after an earlier write changed them are saved for its
+        rollback in a statement journal, which past 64 KiB must not spill to
+        a temporary file (a pwrite per page, dozens per request in a busy
+        group commit).
+        """
+        db = sqlite._open(self.folder / "authsrv.sqlite3", "full", NOW)
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            db.execute("SAVEPOINT write_0")
+            db.executemany("INSERT INTO bans (sub, reason, created_at) VALUES (?, ?, 0)",
+                           [(f"user-{n}", "x" * 1000) for n in range(100)])
+            db.execute("RELEASE write_0")
+            # Past SQLite's 64 KiB of statement journal kept in memory by default.
+            db.execute("SAVEPOINT write_1")
+            db.execute("UPDATE bans SET reason = 'y'")
+            open_files = [str(path.readlink()) for path in Path("/proc/self/fd").iterdir() if path.is_symlink()]
+            db.execute("RELEASE write_1")
+            db.execute("COMMIT")
+        finally:
+            db.close()
+        assert not [name for name in open_files if "/etilqs_" in name]
 
     @pytest_twisted.ensureDeferred
     async def test_default_path_and_normal_synchronous(self):

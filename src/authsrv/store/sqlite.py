@@ -128,6 +128,11 @@ def _open(path: Path, synchronous: str, now: int) -> sqlite3.Connection:
         connection.execute("PRAGMA journal_mode = WAL")
         connection.execute(f"PRAGMA synchronous = {synchronous}")
         connection.execute("PRAGMA foreign_keys = ON")
+        # Each write of a group commit runs in its own savepoint; past 64 KiB
+        # SQLite spills the undo pages of savepoints (the statement journal)
+        # to a temporary file, a pwrite per page, dozens per request in a busy
+        # group commit.
+        connection.execute("PRAGMA temp_store = MEMORY")
         migrate(connection, SQLiteMigration(), schema_steps("authsrv.store", "sqlite"), LEDGER, now)
     except BaseException:
         connection.close()
