@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from collections import deque
 from queue import Empty, SimpleQueue
 from typing import Any, Callable
 
@@ -44,19 +45,34 @@ class SQLiteWorker:
         self._connection = connection
         self._map_error = map_error
         self._queue: SimpleQueue = SimpleQueue()
+        self._pending: list = []
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
 
     def stop(self) -> Deferred:
         """Finish what is queued, close the connection; fires when done."""
         d: Deferred[None] = Deferred()
-        self._queue.put((_STOP, d))
+        self._hand_over()
+        self._queue.put([(_STOP, d)])
         return d
 
     def submit(self, transactional: bool, work, args) -> Deferred:
+        """
+        Queue C{work}; it reaches the thread with everything else submitted
+        in this turn of the reactor, at the turn's end: one wake-up of the
+        thread for all of them, instead of one each, every one of which took
+        the core from the reactor to find the GIL held.
+        """
         d: Deferred[Any] = Deferred()
-        self._queue.put((d, transactional, work, args))
+        if not self._pending:
+            self._reactor.callLater(0, self._hand_over)
+        self._pending.append((d, transactional, work, args))
         return d
+
+    def _hand_over(self) -> None:
+        if self._pending:
+            pending, self._pending = self._pending, []
+            self._queue.put(pending)
 
     def _deliver(self, outcomes) -> None:
         for d, result in outcomes:
@@ -76,24 +92,23 @@ class SQLiteWorker:
         return Failure(mapped) if mapped is not error else Failure(error)
 
     def _serve(self) -> None:
-        waiting = None
+        queued: deque = deque()
         while True:
-            item = waiting if waiting is not None else self._queue.get()
-            waiting = None
+            if not queued:
+                queued.extend(self._queue.get())
+            while True:
+                try:
+                    queued.extend(self._queue.get_nowait())
+                except Empty:
+                    break
+            item = queued.popleft()
             if item[0] is _STOP:
                 self._connection.close()
                 self._reactor.callFromThread(item[1].callback, None)
                 return
             batch = [item]
-            while len(batch) < MAX_BATCH:
-                try:
-                    following = self._queue.get_nowait()
-                except Empty:
-                    break
-                if following[0] is _STOP or following[1] != item[1]:
-                    waiting = following
-                    break
-                batch.append(following)
+            while queued and len(batch) < MAX_BATCH and queued[0][0] is not _STOP and queued[0][1] == item[1]:
+                batch.append(queued.popleft())
             if item[1]:
                 outcomes = self._commit(batch)
             else:

@@ -1,0 +1,73 @@
+"""
+The SQLite store's thread (L{authsrv.store.sqlite_worker.SQLiteWorker}):
+what one turn of the reactor submits reaches the thread together at the
+turn's end, writes in one transaction, in the order submitted.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+
+import pytest
+import pytest_twisted
+from twisted.internet import reactor
+from twisted.internet.defer import gatherResults
+
+from authsrv.store.sqlite_worker import SQLiteWorker
+
+
+@pytest.fixture
+def worker(tmp_path):
+    connection = sqlite3.connect(tmp_path / "worker.sqlite3", isolation_level=None, check_same_thread=False)
+    connection.execute("CREATE TABLE seen (n INTEGER)")
+    statements: list[str] = []
+    connection.set_trace_callback(statements.append)
+    worker = SQLiteWorker(reactor, connection, lambda error: error, "test-sqlite-worker")
+    worker.statements = statements
+    yield worker
+    pytest_twisted.blockon(worker.stop())
+
+
+def insert(db, n):
+    db.execute("INSERT INTO seen (n) VALUES (?)", (n,))
+    return n
+
+
+def numbers(db):
+    return [n for n, in db.execute("SELECT n FROM seen ORDER BY rowid")]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_turns_writes_wait_for_its_end_then_commit_together(worker):
+    started = [worker.submit(True, insert, (n,)) for n in range(5)]
+    # The thread could take the GIL now, were the writes already queued to it.
+    time.sleep(0.05)
+    assert worker.statements == []
+    assert await gatherResults(started) == [0, 1, 2, 3, 4]
+    assert worker.statements.count("BEGIN IMMEDIATE") == 1
+    assert worker.statements.count("COMMIT") == 1
+    assert await worker.submit(False, numbers, ()) == [0, 1, 2, 3, 4]
+
+
+@pytest_twisted.ensureDeferred
+async def test_reads_and_writes_of_one_turn_keep_their_order(worker):
+    results = gatherResults([
+        worker.submit(False, numbers, ()),
+        worker.submit(True, insert, (1,)),
+        worker.submit(False, numbers, ()),
+        worker.submit(True, insert, (2,)),
+    ])
+    assert await results == [[], 1, [1], 2]
+
+
+@pytest_twisted.ensureDeferred
+async def test_stop_runs_what_was_submitted_first(tmp_path):
+    connection = sqlite3.connect(tmp_path / "stop.sqlite3", isolation_level=None, check_same_thread=False)
+    connection.execute("CREATE TABLE seen (n INTEGER)")
+    worker = SQLiteWorker(reactor, connection, lambda error: error, "test-sqlite-worker")
+    written = worker.submit(True, insert, (7,))
+    await worker.stop()
+    assert await written == 7
+    with sqlite3.connect(tmp_path / "stop.sqlite3") as db:
+        assert numbers(db) == [7]
