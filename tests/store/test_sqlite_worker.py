@@ -1,7 +1,8 @@
 """
 The SQLite store's thread (L{authsrv.store.sqlite_worker.SQLiteWorker}):
-what one turn of the reactor submits reaches the thread together at the
-turn's end, writes in one transaction, in the order submitted.
+on one core, what one turn of the reactor submits reaches the thread
+together at the turn's end, writes in one transaction, in the order
+submitted; with a core of its own the thread starts at once.
 """
 
 from __future__ import annotations
@@ -14,17 +15,23 @@ import pytest_twisted
 from twisted.internet import reactor
 from twisted.internet.defer import gatherResults
 
+from authsrv.store import sqlite
 from authsrv.store.sqlite_worker import SQLiteWorker
+
+
+def started_worker(path, gather: bool) -> SQLiteWorker:
+    connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    connection.execute("CREATE TABLE seen (n INTEGER)")
+    statements: list[str] = []
+    connection.set_trace_callback(statements.append)
+    worker = SQLiteWorker(reactor, connection, lambda error: error, "test-sqlite-worker", gather)
+    worker.statements = statements
+    return worker
 
 
 @pytest.fixture
 def worker(tmp_path):
-    connection = sqlite3.connect(tmp_path / "worker.sqlite3", isolation_level=None, check_same_thread=False)
-    connection.execute("CREATE TABLE seen (n INTEGER)")
-    statements: list[str] = []
-    connection.set_trace_callback(statements.append)
-    worker = SQLiteWorker(reactor, connection, lambda error: error, "test-sqlite-worker")
-    worker.statements = statements
+    worker = started_worker(tmp_path / "worker.sqlite3", gather=True)
     yield worker
     pytest_twisted.blockon(worker.stop())
 
@@ -62,10 +69,34 @@ async def test_reads_and_writes_of_one_turn_keep_their_order(worker):
 
 
 @pytest_twisted.ensureDeferred
-async def test_stop_runs_what_was_submitted_first(tmp_path):
-    connection = sqlite3.connect(tmp_path / "stop.sqlite3", isolation_level=None, check_same_thread=False)
-    connection.execute("CREATE TABLE seen (n INTEGER)")
-    worker = SQLiteWorker(reactor, connection, lambda error: error, "test-sqlite-worker")
+async def test_with_a_core_of_its_own_the_thread_starts_at_once(tmp_path):
+    worker = started_worker(tmp_path / "worker.sqlite3", gather=False)
+    try:
+        written = worker.submit(True, insert, (1,))
+        deadline = time.monotonic() + 10
+        while "COMMIT" not in worker.statements and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert "COMMIT" in worker.statements
+        assert await written == 1
+    finally:
+        await worker.stop()
+
+
+@pytest.mark.parametrize("cores, gather", [({0}, True), ({0, 1}, False)])
+@pytest_twisted.ensureDeferred
+async def test_the_store_gathers_on_one_core_only(tmp_path, monkeypatch, cores, gather):
+    monkeypatch.setattr(sqlite.os, "sched_getaffinity", lambda pid: cores)
+    store = sqlite.open_store(reactor, tmp_path / "authsrv.sqlite3")
+    try:
+        assert (store._worker._gather, store._reader._gather) == (gather, gather)
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("gather", [True, False])
+@pytest_twisted.ensureDeferred
+async def test_stop_runs_what_was_submitted_first(tmp_path, gather):
+    worker = started_worker(tmp_path / "stop.sqlite3", gather)
     written = worker.submit(True, insert, (7,))
     await worker.stop()
     assert await written == 7

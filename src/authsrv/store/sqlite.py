@@ -81,8 +81,10 @@ def open_store(reactor, path: Path, synchronous: str = "FULL", observer: Observe
     make_private(path)
     connection = _open(path, synchronous, int(reactor.seconds()))
     make_private(path)
-    writer = SQLiteWorker(reactor, connection, _store_error, f"authsrv-sqlite-{path.name}")
-    reader = SQLiteWorker(reactor, _open_reader(path), _store_error, f"authsrv-sqlite-read-{path.name}")
+    # On one core, the store's threads take work once per reactor turn (bench/README.md).
+    gather = len(os.sched_getaffinity(0)) == 1
+    writer = SQLiteWorker(reactor, connection, _store_error, f"authsrv-sqlite-{path.name}", gather)
+    reader = SQLiteWorker(reactor, _open_reader(path), _store_error, f"authsrv-sqlite-read-{path.name}", gather)
     return SQLiteStore(writer, observer, reader)
 
 

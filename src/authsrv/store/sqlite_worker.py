@@ -39,9 +39,15 @@ class SQLiteWorker:
     own transactions).
     """
 
-    def __init__(self, reactor, connection: sqlite3.Connection, map_error: Callable, name: str):
-        """C{map_error} turns an SQLite exception into the store's own (or returns it)."""
+    def __init__(self, reactor, connection: sqlite3.Connection, map_error: Callable, name: str,
+                 gather: bool = False):
+        """
+        C{map_error} turns an SQLite exception into the store's own (or
+        returns it); C{gather}: hand work to the thread once per reactor turn
+        (L{submit}), where the thread shares one core with the reactor.
+        """
         self._reactor = reactor
+        self._gather = gather
         self._connection = connection
         self._map_error = map_error
         self._queue: SimpleQueue = SimpleQueue()
@@ -58,12 +64,17 @@ class SQLiteWorker:
 
     def submit(self, transactional: bool, work, args) -> Deferred:
         """
-        Queue C{work}; it reaches the thread with everything else submitted
-        in this turn of the reactor, at the turn's end: one wake-up of the
-        thread for all of them, instead of one each, every one of which took
-        the core from the reactor to find the GIL held.
+        Queue C{work}. Where the thread has a core of its own it starts at
+        once, beside the reactor. Where it shares the reactor's one core,
+        C{work} reaches it with everything else submitted in this turn of
+        the reactor, at the turn's end: one wake-up of the thread for all of
+        them, instead of one each, every one of which took the core from the
+        reactor only to find the GIL held.
         """
         d: Deferred[Any] = Deferred()
+        if not self._gather:
+            self._queue.put([(d, transactional, work, args)])
+            return d
         if not self._pending:
             self._reactor.callLater(0, self._hand_over)
         self._pending.append((d, transactional, work, args))
