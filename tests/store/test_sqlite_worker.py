@@ -1,8 +1,9 @@
 """
-The SQLite store's thread (L{authsrv.store.sqlite_worker.SQLiteWorker}):
-on one core, what one turn of the reactor submits reaches the thread
+The SQLite store's threads (L{authsrv.store.sqlite_worker.SQLiteWorker}):
+gathering, what one turn of the reactor submits reaches the thread
 together at the turn's end, writes in one transaction, in the order
-submitted; with a core of its own the thread starts at once.
+submitted; otherwise the thread starts at once. Lookups are always
+gathered, writes where the process has one core.
 """
 
 from __future__ import annotations
@@ -82,13 +83,14 @@ async def test_with_a_core_of_its_own_the_thread_starts_at_once(tmp_path):
         await worker.stop()
 
 
-@pytest.mark.parametrize("cores, gather", [({0}, True), ({0, 1}, False)])
+@pytest.mark.parametrize("cores, writes_gathered", [({0}, True), ({0, 1}, False)])
 @pytest_twisted.ensureDeferred
-async def test_the_store_gathers_on_one_core_only(tmp_path, monkeypatch, cores, gather):
+async def test_the_store_gathers_lookups_always_and_writes_on_one_core(tmp_path, monkeypatch, cores,
+                                                                       writes_gathered):
     monkeypatch.setattr(sqlite.os, "sched_getaffinity", lambda pid: cores)
     store = sqlite.open_store(reactor, tmp_path / "authsrv.sqlite3")
     try:
-        assert (store._worker._gather, store._reader._gather) == (gather, gather)
+        assert (store._worker._gather, store._reader._gather) == (writes_gathered, True)
     finally:
         await store.close()
 

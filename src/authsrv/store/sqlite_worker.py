@@ -43,8 +43,8 @@ class SQLiteWorker:
                  gather: bool = False):
         """
         C{map_error} turns an SQLite exception into the store's own (or
-        returns it); C{gather}: hand work to the thread once per reactor turn
-        (L{submit}), where the thread shares one core with the reactor.
+        returns it); C{gather}: hand work to the thread once per reactor
+        turn (L{submit}).
         """
         self._reactor = reactor
         self._gather = gather
@@ -64,12 +64,12 @@ class SQLiteWorker:
 
     def submit(self, transactional: bool, work, args) -> Deferred:
         """
-        Queue C{work}. Where the thread has a core of its own it starts at
-        once, beside the reactor. Where it shares the reactor's one core,
-        C{work} reaches it with everything else submitted in this turn of
-        the reactor, at the turn's end: one wake-up of the thread for all of
-        them, instead of one each, every one of which took the core from the
-        reactor only to find the GIL held.
+        Queue C{work}. Gathering, it reaches the thread with everything
+        else submitted in this turn of the reactor, at the turn's end: one
+        wake-up of the thread for all of them, instead of one each, every one
+        of which could take the core from the reactor only to find the GIL
+        held. Otherwise it starts at once, beside the reactor where there is
+        a core to spare (a commit waiting for the disk, say).
         """
         d: Deferred[Any] = Deferred()
         if not self._gather:
