@@ -8,7 +8,9 @@ rolled back alone, and every write's result is delivered only after the
 single COMMIT that made it durable. Under concurrent token requests this
 turns one disk sync per write into one per batch. Reads that queue up are
 likewise run one after another and their results handed to the reactor
-thread in one wake-up.
+thread in one wake-up. Where the reactor would wake the thread once per
+call only for it to wait for the GIL, the reactor hands it the whole
+turn's calls at the turn's end instead (C{gather}, L{SQLiteWorker.submit}).
 
 A plain queue and thread, rather than Twisted's thread pool, because every
 store call crosses threads twice and the pool's coordination costs twice as
