@@ -92,10 +92,16 @@ def chat(request, monkeypatch) -> dict:
     return {"chat": {"encryption_key_env": "AUTHSRV_TEST_CHAT_KEY"}}
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", "sqlite-one-core", "postgres"])
 def h(request, tmp_path, monkeypatch, chat):
-    """A harness on either store, with C{commits} counting its durable commits."""
-    if request.param == "sqlite":
+    """
+    A harness on either store, with C{commits} counting its durable
+    commits; on one core SQLite's writes too are handed to its thread once
+    per reactor turn.
+    """
+    if request.param == "sqlite-one-core":
+        monkeypatch.setattr(sqlite.os, "sched_getaffinity", lambda pid: {0})
+    if request.param.startswith("sqlite"):
         commits = SQLiteCommits(monkeypatch)
         harness = Harness(tmp_path, monkeypatch, chat)
     else:
