@@ -74,12 +74,13 @@ class SQLiteWorker:
         a core to spare (a commit waiting for the disk, say).
         """
         d: Deferred[Any] = Deferred()
+        job = (d, transactional, work, args)
         if not self._gather:
-            self._queue.put([(d, transactional, work, args)])
+            self._queue.put([job])
             return d
         if not self._pending:
             self._reactor.callLater(0, self._hand_over)
-        self._pending.append((d, transactional, work, args))
+        self._pending.append(job)
         return d
 
     def _hand_over(self) -> None:
