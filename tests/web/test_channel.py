@@ -14,6 +14,7 @@ from twisted.internet import reactor, tcp
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.protocol import Protocol
+from twisted.internet.task import Clock
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
@@ -129,7 +130,7 @@ async def within(reader: Reader, seconds: float = 10) -> bytes:
 
 
 @pytest_twisted.ensureDeferred
-async def test_small_answers_on_a_kept_connection_wait_for_the_turns_end_and_skip_the_write_buffer(port, monkeypatch):
+async def test_small_answers_on_a_kept_connection_go_through_the_outbox_and_skip_the_write_buffer(port, monkeypatch):
     registered, held = [], []
     start_writing, hold = tcp.Server.startWriting, Outbox.hold
     monkeypatch.setattr(tcp.Server, "startWriting", lambda self: (registered.append(self), start_writing(self)))
@@ -172,3 +173,34 @@ async def test_an_answer_that_closes_the_connection_arrives_whole_first(port):
         received = await within(reader)
         assert bodies(received) == [b"late" if path == "/later" else b"hello"]
         assert not reader.transport.connected
+
+
+class Holding:
+    """A channel holding a finished answer, as the outbox sees it."""
+
+    def __init__(self, name: str, sent: list[str]):
+        self.name, self._sent = name, sent
+
+    def send_held(self):
+        self._sent.append(self.name)
+
+
+def test_a_lone_answer_goes_at_once_and_a_busy_turns_answers_at_its_end():
+    clock, sent = Clock(), []
+    outbox = Outbox(clock.callLater)
+
+    def turn(names: str) -> list[str]:
+        """Answers C{names} in one turn; what went before the turn's end."""
+        for name in names:
+            outbox.hold(Holding(name, sent))
+        before = list(sent)
+        clock.advance(0)
+        assert sent[len(sent) - len(names):] == list(names)
+        sent.clear()
+        return before
+
+    assert turn("a") == ["a"]
+    assert turn("bcd") == ["b"]
+    assert turn("ef") == []
+    assert turn("g") == []
+    assert turn("h") == ["h"]

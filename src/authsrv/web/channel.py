@@ -6,10 +6,11 @@ body, the last chunk) into the transport's buffer, which registers the
 socket with epoll for writability and unregisters it once the reactor has
 sent it: two C{epoll_ctl} calls and a dispatch through the reactor for every
 response. A L{GatheringChannel} gathers a request's response while it is
-answered; the responses of one turn of the reactor are sent together, each
-with one C{send}, at the start of the next turn (L{Outbox}), so that a busy
-server still answers a batch of requests before it reads the next one
-(bench/README.md, "One send per response").
+answered; on a busy server the responses of one turn of the reactor are
+sent together, each with one C{send}, at the start of the next turn
+(L{Outbox}), so that it still answers a batch of requests before it reads
+the next one (bench/README.md, "One send per response"); a server that
+answers one request a turn sends each answer the moment it is done.
 """
 
 from __future__ import annotations
@@ -66,18 +67,31 @@ class Outbox:
     """
     The channels holding a finished response, sent at the start of the
     reactor's next turn (C{call_later(0, ...)} runs before it polls again).
+    While turns answer one request each (one client, or few), the first
+    answer of a turn is sent at once instead: holding it would only delay
+    it, by the rest of its request's work (the access log line, the
+    request's teardown) and the turn's end. A turn that answered two or
+    more makes the next hold all of its answers again, which keeps a busy
+    server's batches whole (bench/README.md, "A lone answer at once").
     """
 
     def __init__(self, call_later: Callable):
         self._call_later = call_later
         self._channels: list[GatheringChannel] = []
+        self._answered = 0
+        self._alone = True
 
     def hold(self, channel: GatheringChannel) -> None:
-        if not self._channels:
+        self._answered += 1
+        if self._answered == 1:
             self._call_later(0, self._send)
+            if self._alone:
+                channel.send_held()
+                return
         self._channels.append(channel)
 
     def _send(self) -> None:
+        self._alone, self._answered = self._answered <= 1, 0
         channels, self._channels = self._channels, []
         for channel in channels:
             channel.send_held()
