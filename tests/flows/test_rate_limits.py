@@ -179,6 +179,51 @@ async def test_basic_authentication_names_the_client():
 
 
 @pytest_twisted.ensureDeferred
+async def test_the_client_checked_in_full_is_handed_on_and_no_other():
+    _, rates = await limits(client("a"), client("spa", secret=None), client("free", rate_limit="off"),
+                            client("own", first_party=True), default=Rate(100, 60), exempt_first_party=True)
+    authorization = basic("a", SECRET)["Authorization"].encode()
+
+    async def checked(authorization, params):
+        found = await rates.client_request(rates.token, authorization, params, lambda: "192.0.2.1")
+        return None if found is None else found.client_id
+
+    assert await checked(authorization, {}) == "a"
+    assert await checked(None, form("a")) == "a"
+    assert await checked(None, form("spa", None)) == "spa"
+    assert await checked(None, form("free")) == "free"
+    assert await checked(None, form("own")) == "own"
+    assert await checked(None, form("a", "wrong")) is None
+    assert await checked(None, form("nobody")) is None
+    assert await checked(basic("a", "wrong")["Authorization"].encode(), {}) is None
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_endpoint_checks_a_client_secret_once_per_request(tmp_path, monkeypatch):
+    """The rate limiter's check is the endpoint's: the secret's hashes are computed once a request."""
+    import authsrv.protocol.clientauth as clientauth
+
+    compared = []
+    real = clientauth.secret_matches
+    monkeypatch.setattr(clientauth, "secret_matches", lambda *args: (compared.append(1), real(*args))[1])
+    h = await harness(tmp_path, monkeypatch, default="100/m")
+    try:
+        for path, fields, code in ((TOKEN, {"grant_type": "refresh_token", "refresh_token": "x"}, 400),
+                                   (INTROSPECT, {"token": "x"}, 200), (REVOKE, {"token": "x"}, 200)):
+            for method in ("post", "basic"):
+                compared.clear()
+                response, body = await post_form(h, path, fields, client_id="partner", method=method)
+                assert response.code == code and (body or {}).get("error") in (None, "invalid_grant"), path
+                # The current secret and the previous one (or the current again), each compared once.
+                assert len(compared) == 2, path
+        response, body = await post_form(h, INTROSPECT, {"token": "x"}, client_id=None,
+                                         headers=basic("partner", "wrong"))
+        assert response.code == 401 and body["error"] == "invalid_client"
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_public_clients_count_per_address():
     _, rates = await limits(client("spa", secret=None), default=Rate(2, 60))
     assert await allowed(rates, form("spa", None), address="192.0.2.1", times=5) == 2

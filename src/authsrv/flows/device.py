@@ -36,7 +36,7 @@ from authsrv.protocol.discovery import SCOPES
 from authsrv.protocol.errors import PageError, UnauthorizedClient
 from authsrv.protocol.forwarded import address_key
 from authsrv.protocol.scope import scope_text
-from authsrv.records import DEVICE_PENDING, DeviceAuthorization, Grant, ThrottlePolicy
+from authsrv.records import DEVICE_PENDING, Client, DeviceAuthorization, Grant, ThrottlePolicy
 from authsrv.store.errors import AlreadyExists
 from authsrv.tokens import new_token, token_hash
 
@@ -84,9 +84,14 @@ class DeviceAuthorizationFlow:
         self._policy = policy
         self._verification_uri = f"{issuer}/device"
 
-    async def start(self, authorization: bytes | None, params: dict[str, str], now: int) -> dict:
-        """The device and user codes, where to enter the latter, and how often to poll."""
-        client = await authenticate_client(self._clients, authorization, params)
+    async def start(
+        self, authorization: bytes | None, params: dict[str, str], now: int, checked: Client | None = None,
+    ) -> dict:
+        """
+        The device and user codes, where to enter the latter, and how often to poll.
+        C{checked}: the client the rate limiter already authenticated from these credentials.
+        """
+        client = checked or await authenticate_client(self._clients, authorization, params)
         if DEVICE_CODE_GRANT not in client.grant_types:
             raise UnauthorizedClient(f"this client may not use grant_type {DEVICE_CODE_GRANT}")
         scope = device_scope(params, SCOPES)

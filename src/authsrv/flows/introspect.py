@@ -85,14 +85,17 @@ class IntrospectionFlow:
         self._identity = identity
         self._issuer = issuer
 
-    async def introspect(self, authorization: bytes | None, params: dict[str, str], now: int) -> dict:
+    async def introspect(
+        self, authorization: bytes | None, params: dict[str, str], now: int, checked: Client | None = None,
+    ) -> dict:
         """
         The introspection response for the client the request authenticates;
         public clients may not introspect (they could not keep the answer to
         themselves anyway). token_type_hint only decides which lookup comes
-        first.
+        first. C{checked}: the client the rate limiter already authenticated
+        from these credentials.
         """
-        client = await authenticate_client(self._clients, authorization, params)
+        client = checked or await authenticate_client(self._clients, authorization, params)
         if client.is_public:
             raise InvalidClient("a public client may not introspect tokens")
         hashed = token_hash(require(params, "token"))

@@ -44,14 +44,15 @@ class PushedRequests:
         self._ttl = ttl
 
     async def push(self, authorization: bytes | None, args: dict[bytes, list[bytes]], now: int,
-                   dpop: list[bytes] | None = None) -> dict:
+                   dpop: list[bytes] | None = None, checked: Client | None = None) -> dict:
         """
         RFC 9126 section 2: the client authenticated, its request validated
         and kept; the 201 answer's body. C{resource} may repeat, as at the
         authorization endpoint; credentials and other fields may not.
-        C{dpop} are the request's DPoP header lines.
+        C{dpop} are the request's DPoP header lines; C{checked} the client
+        the rate limiter already authenticated from these credentials.
         """
-        client = await authenticate_client(self._clients, authorization, push_params(args))
+        client = checked or await authenticate_client(self._clients, authorization, push_params(args))
         if dpop and self._dpop is not None:
             args = await self._bind(args, dpop, now)
         query = pushed_query(client, args)

@@ -20,6 +20,7 @@ from attrs import frozen
 
 from authsrv import events
 from authsrv.flows.clients import authenticate_client
+from authsrv.protocol.client_assertion import assertion_params
 from authsrv.protocol.errors import OAuthError
 from authsrv.protocol.forwarded import address_key
 from authsrv.protocol.rates import Rate, parse_rate
@@ -170,23 +171,32 @@ class ClientRateLimits:
         self.userinfo = EndpointLimit("userinfo", clock, max_keys)
 
     async def client_request(self, limit: EndpointLimit, authorization: bytes | None, params: dict[str, str],
-                             address_of: Callable[[], str]) -> None:
-        """Count a client's request at C{limit}; raises L{RateLimited} over its rate."""
+                             address_of: Callable[[], str]) -> Client | None:
+        """
+        Count a client's request at C{limit}; raises L{RateLimited} over its
+        rate. Fires with the client when it authenticated with a secret or
+        as a public client, checked here in full, so that the endpoint need
+        not check the same credentials again; with None when it did not
+        authenticate, or with an assertion, which the endpoint checks and
+        uses up.
+        """
         client = await self._authenticated(authorization, params)
         if client is None:
             limit.address(address_of(), self._default)
-            return
+            return None
+        checked = None if assertion_params(params) is not None else client
         if self._exempt_first_party and client.first_party:
-            return
+            return checked
         rate = self._rate_of(client)
         if rate is None:
-            return
+            return checked
         if client.is_public:
             address = address_of()
             limit.count(limit.by_address, f"{address_key(address)} {client.client_id}", rate,
                         client_id=client.client_id, address=address)
         else:
             limit.count(limit.by_client, client.client_id, rate, client_id=client.client_id, address=None)
+        return checked
 
     def userinfo_request(self, address: str) -> None:
         self.userinfo.address(address, self._default)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from authsrv import events
 from authsrv.flows.clients import authenticate_client
 from authsrv.protocol.params import require
-from authsrv.records import RevokedAccess, RevokedRefresh
+from authsrv.records import Client, RevokedAccess, RevokedRefresh
 from authsrv.tokens import token_hash
 
 
@@ -19,9 +19,14 @@ class RevocationFlow:
         self._store = store
         self._clients = clients
 
-    async def revoke(self, authorization: bytes | None, params: dict[str, str], now: int) -> None:
-        """Revoke C{params["token"]} if it is the authenticated client's; token_type_hint is not needed."""
-        client = await authenticate_client(self._clients, authorization, params)
+    async def revoke(
+        self, authorization: bytes | None, params: dict[str, str], now: int, checked: Client | None = None,
+    ) -> None:
+        """
+        Revoke C{params["token"]} if it is the authenticated client's; token_type_hint is not needed.
+        C{checked}: the client the rate limiter already authenticated from these credentials.
+        """
+        client = checked or await authenticate_client(self._clients, authorization, params)
         result = await self._store.revoke_token(token_hash(require(params, "token")), client.client_id, now)
         if isinstance(result, RevokedRefresh):
             events.token_revoked(client_id=client.client_id, grant_id=result.grant_id, kind="refresh")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from authsrv.flows.clients import authenticate_client
 from authsrv.protocol.errors import InvalidDpopProof, UnauthorizedClient, UnsupportedGrantType
 from authsrv.protocol.params import require
+from authsrv.records import Client
 
 
 class TokenFlow:
@@ -28,16 +29,18 @@ class TokenFlow:
 
     async def token(
         self, authorization: bytes | None, params: dict[str, str], now: int, dpop: list[bytes] | None = None,
+        checked: Client | None = None,
     ) -> dict:
         """
         The JSON token response, or an L{authsrv.protocol.errors.OAuthError};
-        C{dpop} are the request's DPoP header lines.
+        C{dpop} are the request's DPoP header lines; C{checked} the client
+        the rate limiter already authenticated from these credentials.
         """
         grant_type = require(params, "grant_type")
         handler = self._grants.get(grant_type)
         if handler is None:
             raise UnsupportedGrantType(f"grant_type must be one of {', '.join(self._grants.grant_types)}")
-        client = await authenticate_client(self._clients, authorization, params)
+        client = checked or await authenticate_client(self._clients, authorization, params)
         if grant_type not in client.grant_types:
             raise UnauthorizedClient(f"this client may not use grant_type {grant_type}")
         jkt = None

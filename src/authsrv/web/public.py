@@ -34,6 +34,7 @@ from authsrv.protocol.errors import (
 )
 from authsrv.protocol.params import single_params
 from authsrv.protocol.pushed import push_params
+from authsrv.records import Client
 from authsrv.store.errors import StoreUnavailable
 from authsrv.web.account_pages import account_page
 from authsrv.web.device_pages import device_code_page, device_consent_page
@@ -134,9 +135,13 @@ class PublicSite:
     def _now(self) -> int:
         return int(self._clock.seconds())
 
-    async def _count(self, request, limit: EndpointLimit, params: dict[str, str]) -> None:
-        """Count a client's request against its rate before any work; raises L{RateLimited}."""
-        await self._rates.client_request(
+    async def _count(self, request, limit: EndpointLimit, params: dict[str, str]) -> Client | None:
+        """
+        Count a client's request against its rate before any work; raises
+        L{RateLimited}. Fires with the client if its credentials need no
+        second check (L{ClientRateLimits.client_request}).
+        """
+        return await self._rates.client_request(
             limit, request.getHeader(b"authorization"), params,
             lambda: client_address_of(request, self._trusted_proxies),
         )
@@ -191,9 +196,10 @@ class PublicSite:
     async def token(self, request):
         _cors(request)
         params = form_params(request)
-        await self._count(request, self._rates.token, params)
+        checked = await self._count(request, self._rates.token, params)
         response = await self._flows.token.token(
-            request.getHeader(b"authorization"), params, self._now(), request.requestHeaders.getRawHeaders(b"dpop"))
+            request.getHeader(b"authorization"), params, self._now(), request.requestHeaders.getRawHeaders(b"dpop"),
+            checked)
         return json_body(request, 200, response, no_store=True)
 
     def token_preflight(self, request):
@@ -206,9 +212,9 @@ class PublicSite:
         if pushed is None:
             raise NotFound()
         args = form_args(request)
-        await self._count(request, self._rates.pushed, push_params(args))
+        checked = await self._count(request, self._rates.pushed, push_params(args))
         response = await pushed.push(request.getHeader(b"authorization"), args, self._now(),
-                                     request.requestHeaders.getRawHeaders(b"dpop"))
+                                     request.requestHeaders.getRawHeaders(b"dpop"), checked)
         return json_body(request, 201, response, no_store=True)
 
     async def userinfo(self, request):
@@ -229,16 +235,17 @@ class PublicSite:
 
     async def introspection(self, request):
         params = form_params(request)
-        await self._count(request, self._rates.introspection, params)
-        answer = await self._flows.introspection.introspect(request.getHeader(b"authorization"), params, self._now())
+        checked = await self._count(request, self._rates.introspection, params)
+        answer = await self._flows.introspection.introspect(
+            request.getHeader(b"authorization"), params, self._now(), checked)
         return json_body(request, 200, answer, no_store=True)
 
     @app.route(ISSUER_PATH + "/oauth2/revoke", methods=["POST"])
     async def revocation(self, request):
         _cors(request)
         params = form_params(request)
-        await self._count(request, self._rates.revocation, params)
-        await self._flows.revocation.revoke(request.getHeader(b"authorization"), params, self._now())
+        checked = await self._count(request, self._rates.revocation, params)
+        await self._flows.revocation.revoke(request.getHeader(b"authorization"), params, self._now(), checked)
         request.setHeader(b"cache-control", b"no-store")
         return b""
 
@@ -252,8 +259,8 @@ class PublicSite:
         if self._flows.device is None:
             raise NotFound()
         params = form_params(request)
-        await self._count(request, self._rates.token, params)
-        response = await self._flows.device.start(request.getHeader(b"authorization"), params, self._now())
+        checked = await self._count(request, self._rates.token, params)
+        response = await self._flows.device.start(request.getHeader(b"authorization"), params, self._now(), checked)
         return json_body(request, 200, response, no_store=True)
 
     # --- clients that register themselves (RFC 7591, RFC 7592) ------------------
