@@ -7,6 +7,7 @@ section, and connection failures.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -314,6 +315,58 @@ class TestConnectionFailures(PostgresDatabase):
         finally:
             os.kill(backend, signal.SIGCONT)
         assert await store.get_ban(ALICE, NOW) is None
+        await store.close()
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_backend_ended_mid_statement_fails_at_once_and_the_pool_carries_on(self):
+        """
+        The server closing the socket under a query fails that query now, not
+        at the deadline, and the connection's descriptors are all closed.
+        """
+        from twisted.internet import reactor
+
+        store = self.store(dsn=self.dsn + " application_name=ended-test", statement_timeout=5)
+        await store.ban_user(Ban(ALICE, "first", NOW))
+        (connection,) = store._pool._open
+        watched = connection.fileno(), os.fstat(connection.fileno()).st_ino
+        with psycopg2.connect(self.dsn) as locker, locker.cursor() as cursor:
+            cursor.execute("SELECT * FROM bans FOR UPDATE")
+            blocked = store.ban_user(Ban(ALICE, "second", NOW))
+            cursor.execute("SELECT pid FROM pg_stat_activity WHERE application_name = 'ended-test'")
+            (backend,) = cursor.fetchone()
+            start = reactor.seconds()
+            cursor.execute("SELECT pg_terminate_backend(%s)", (backend,))
+            with pytest.raises(StoreUnavailable):
+                await blocked
+            assert _elapsed_since(start) < 2
+        locker.close()
+        assert (await store.get_ban(ALICE, NOW)).reason == "first"
+        await store.close()
+        with contextlib.suppress(OSError):
+            assert os.fstat(watched[0]).st_ino != watched[1], "the socket the reactor watched is still open"
+
+    @pytest_twisted.ensureDeferred
+    async def test_queries_leave_the_reactors_watch_on_the_socket_alone(self, monkeypatch):
+        """
+        The connection stays the reader of its socket and hands each reply to
+        the cursor under way: txpostgres's hand-over per query (socket taken
+        from the connection, given to the cursor and back) was four changes
+        to the reactor's interest set per query.
+        """
+        from twisted.internet import reactor
+
+        store = self.store()
+        await store.ping()
+        changes = []
+        for method in ("addReader", "removeReader", "addWriter", "removeWriter"):
+            original = getattr(reactor, method)
+            monkeypatch.setattr(reactor, method, lambda s, m=method, o=original: (changes.append(m), o(s))[1])
+        await store.ban_user(Ban(ALICE, "spam", NOW))
+        for n in range(10):
+            assert await store.find_access_token(h(f"access-{n}"), NOW) is None
+        assert (await store.get_ban(ALICE, NOW)).reason == "spam"
+        monkeypatch.undo()
+        assert changes == []
         await store.close()
 
     @pytest_twisted.ensureDeferred

@@ -10,12 +10,13 @@ ever logs or raises with the DSN, which may hold a password.
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
 import psycopg2
 import psycopg2.extensions
-from twisted.internet.defer import CancelledError, Deferred, DeferredSemaphore, ensureDeferred
+from twisted.internet.defer import CancelledError, Deferred, DeferredSemaphore, ensureDeferred, fail
 from twisted.internet.defer import TimeoutError as DeferredTimeout
 from twisted.internet.error import ConnectionDone, ConnectionLost
 from twisted.internet.threads import deferToThreadPool
@@ -85,13 +86,36 @@ def is_outage(error: BaseException) -> bool:
 
 class _Cursor(txpostgres.Cursor):
     """
-    A txpostgres cursor that fires its result as soon as the reply is read.
-    txpostgres defers that to the reactor's next turn (a delayed call and a
-    loop iteration per query: a quarter of a store lookup's CPU) in case
-    the code that runs next starts a query on the same cursor from within
-    this one's read; the polling Deferred is taken off the cursor before it
-    fires, so a query started there polls afresh.
+    A txpostgres cursor that fires its result as soon as the reply is read,
+    and leaves the socket to its connection (L{_Connection}) meanwhile.
+
+    txpostgres defers the result to the reactor's next turn (a delayed call
+    and a loop iteration per query: a quarter of a store lookup's CPU) in
+    case the code that runs next starts a query on the same cursor from
+    within this one's read; the Deferred is taken off the cursor before it
+    fires, so a query started there polls afresh. txpostgres also takes the
+    socket from the connection for every query and gives it back after: four
+    changes to the reactor's interest set a query, where the connection can
+    hand its reads to the cursor under way.
     """
+
+    def execute(self, query, params=None) -> Deferred:
+        try:
+            self._cursor.execute(query, params)
+        except Exception:
+            return fail()
+        self._connection.cursorRunning(self)
+        d: Deferred[_Cursor] = Deferred()
+        self._pollingD = d
+        d.addBoth(self._finished)
+        self.continuePolling()
+        return d
+
+    def _finished(self, result):
+        self._connection.cursorFinished(self)
+        if isinstance(result, Failure) and result.check(psycopg2.extensions.QueryCanceledError):
+            return Failure(CancelledError())  # the server's statement timeout: an outage, as txpostgres has it
+        return result
 
     def continuePolling(self, swallowErrors=False):
         try:
@@ -107,23 +131,30 @@ class _Cursor(txpostgres.Cursor):
             if self._pollingD:
                 d, self._pollingD = self._pollingD, None
                 d.callback(self)
-        elif state == psycopg2.extensions.POLL_READ:
-            self.reactor.addReader(self)
         elif state == psycopg2.extensions.POLL_WRITE:
-            self.reactor.addWriter(self)
-        elif self._pollingD:
-            d, self._pollingD = self._pollingD, None
-            d.errback(txpostgres.UnexpectedPollResult())
-        elif not swallowErrors:
-            raise txpostgres.UnexpectedPollResult()
+            self.reactor.addWriter(self._connection)
+        elif state != psycopg2.extensions.POLL_READ:
+            if self._pollingD:
+                d, self._pollingD = self._pollingD, None
+                d.errback(txpostgres.UnexpectedPollResult())
+            elif not swallowErrors:
+                raise txpostgres.UnexpectedPollResult()
 
 
 class _Connection(txpostgres.Connection):
     """
-    A txpostgres connection that closes itself when the server drops it
+    A txpostgres connection that stays the reactor's reader of its socket
+    for as long as it is open and hands each read to the cursor under way,
+    if any (see L{_Cursor}), and that closes itself when the server drops it
     while idle: txpostgres would raise from C{doRead}, and Twisted log it as
     an unhandled error, on every database restart. C{prepared} names the
     L{Prepared} statements this session holds.
+
+    Once connected, the reactor watches a duplicate of libpq's descriptor
+    that this connection owns: libpq closes its own the moment it reads
+    that the server has gone, while the reactor still holds it (and could
+    hold a new socket of the same number); the duplicate is closed only
+    after the reactor has let go of it.
     """
 
     cursorFactory = _Cursor
@@ -131,12 +162,58 @@ class _Connection(txpostgres.Connection):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.prepared: set[str] = set()
+        self._running: _Cursor | None = None
+        self._watched: int | None = None
+
+    def connect(self, *args, **kwargs) -> Deferred:
+        return super().connect(*args, **kwargs).addCallback(self._watch)
+
+    def _watch(self, connected):
+        self.reactor.removeReader(self)
+        self._watched = os.dup(self._connection.fileno())
+        self.reactor.addReader(self)
+        return connected
+
+    def fileno(self):
+        return super().fileno() if self._watched is None else self._watched
+
+    def close(self):
+        super().close()
+        if self._watched is not None:
+            os.close(self._watched)
+            self._watched = None
+
+    def cursorRunning(self, cursor):
+        self._cursors.add(cursor)
+        self._running = cursor
+
+    def cursorFinished(self, cursor):
+        self._cursors.discard(cursor)
+        if self._running is cursor:
+            self._running = None
+        if not self._connection.closed:
+            self.checkForNotifies()
 
     def doRead(self):
+        if self._running is not None:
+            self._running.continuePolling()
+            return
         try:
             super().doRead()
         except psycopg2.Error:
             self.close()
+
+    def doWrite(self):
+        if self._running is None:
+            super().doWrite()
+            return
+        self.reactor.removeWriter(self)
+        self._running.continuePolling()
+
+    def connectionLost(self, reason):
+        for cursor in list(self._cursors):
+            cursor.connectionLost(reason)
+        super().connectionLost(reason)
 
 
 class Pool:
@@ -186,24 +263,30 @@ class Pool:
         """
         Fires with the result of C{work(connection)} (a coroutine or a
         L{Deferred}) on one connection of the pool, or fails with the
-        plugin's exception for C{translate}, which gets C{label}.
+        plugin's exception for C{translate}, which gets C{label}. With a
+        slot and an open connection free, as under any load the pool was
+        sized for, the work starts at once, without a coroutine of the
+        pool's own around it.
         """
-        return Deferred.fromCoroutine(self._run(work, label))
+        if self._slots.tokens and self._reachable and not self._closed:
+            connection = self._idle_connection()
+            if connection is not None:
+                self._slots.acquire()
+                return self._on(connection, work).addErrback(self._failed, label)
+        return Deferred.fromCoroutine(self._attempt(work)).addErrback(self._failed, label)
 
-    async def _run(self, work, label: str):
-        try:
-            return await self._attempt(work)
-        except BaseException as e:
-            error, outage = self._translate(e, label)
-            if outage and self._reachable:
-                self._reachable = False
-                self._log.warn(
-                    "{what} unavailable ({error}); {consequence} until it is back",
-                    what=self._what, error=str(error), consequence=self._consequence,
-                )
-            raise error from None
+    def _failed(self, failure: Failure, label: str) -> Failure:
+        error, outage = self._translate(failure.value, label)
+        if outage and self._reachable:
+            self._reachable = False
+            self._log.warn(
+                "{what} unavailable ({error}); {consequence} until it is back",
+                what=self._what, error=str(error), consequence=self._consequence,
+            )
+        return Failure(error)
 
     async def _attempt(self, work):
+        """Wait for a slot and a connection (a new one if none is open), then run C{work} on it."""
         timeout = self._settings.connect_timeout
         slot = self._slots.acquire()
         try:
@@ -215,16 +298,27 @@ class Pool:
             if self._closed:
                 raise PoolClosed()
             connection = self._idle_connection() or await self._connect()
-            if not self._reachable:
-                self._reachable = True
-                self._log.info("{what} reachable again", what=self._what)
-            try:
-                deadline = self._settings.statement_timeout + CLIENT_DEADLINE_MARGIN
-                return await self._within(deadline, ensureDeferred(work(connection)), connection)
-            finally:
-                self._checkin(connection)
-        finally:
+        except BaseException:
             self._slots.release()
+            raise
+        if not self._reachable:
+            self._reachable = True
+            self._log.info("{what} reachable again", what=self._what)
+        return await self._on(connection, work)
+
+    def _on(self, connection: _Connection, work) -> Deferred:
+        """C{work} on C{connection} within the deadline; then the connection and its slot go back."""
+        deadline = self._settings.statement_timeout + CLIENT_DEADLINE_MARGIN
+        try:
+            started = ensureDeferred(work(connection))
+        except Exception:
+            started = fail()
+        return self._within(deadline, started, connection).addBoth(self._give_back, connection)
+
+    def _give_back(self, outcome, connection: _Connection):
+        self._checkin(connection)
+        self._slots.release()
+        return outcome
 
     def close(self) -> None:
         """Close every connection now; work under way fails."""
@@ -238,7 +332,7 @@ class Pool:
             connection = self._idle.pop()
             if not connection.closed:
                 return connection
-            self._open.discard(connection)
+            self._drop(connection)
         return None
 
     async def _connect(self) -> _Connection:
