@@ -9,6 +9,7 @@ place of the one with its key.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any, Callable, Generic, TypeVar
 
@@ -79,10 +80,23 @@ def _bytes(value) -> bytes | None:
     return None if value is None else bytes(value)
 
 
+@functools.lru_cache(maxsize=1024)
+def _strings(text: str) -> tuple[str, ...]:
+    """
+    A JSON array of strings as a tuple (as PostgreSQL's arrays are read),
+    remembered: the same few lists (a client's resources, amr) come back in
+    row after row, and parsing one cost a lookup as much as the rest of its
+    row did.
+    """
+    return tuple(json.loads(text))
+
+
 SQLITE = Dialect(
-    mark=":{}", list=(lambda items: json.dumps(list(items)), json.loads), blob=(None, None), upsert=False,
+    mark=":{}", list=(lambda items: json.dumps(list(items)), _strings), blob=(None, None), upsert=False,
 )
 POSTGRES = Dialect(mark="%({})s", list=(list, tuple), blob=(None, _bytes), upsert=True)
+MAX_PLANS = 64
+"""Column layouts whose reading plan a L{Rows} keeps: one per statement that reads it, and a few per schema version."""
 
 
 class Rows:
@@ -105,6 +119,7 @@ class Rows:
         self.mark = dialect.mark
         self.nested = nested or {}
         self.joined = joined or {}
+        self._plans: dict[tuple, tuple] = {}
         names = {f.name for f in attrs.fields(record)}
         self._with_ban = "user_ban" in names
         fields = [f.name for f in attrs.fields(record) if f.name not in self.nested and f.name not in self.joined]
@@ -149,21 +164,51 @@ class Rows:
         return ", ".join(f"{alias}.{name} AS {prefix}{name}" for name, _ in self._decoders)
 
     def load(self, row, prefix: str = ""):
+        """
+        The record of C{row} (a dict, or an sqlite3.Row) whose columns carry
+        C{prefix}, or None. Which column feeds which field is worked out once
+        per column layout (L{_plan}): an sqlite3.Row finds a column by name
+        with a scan of its names, so reading a record field by field by name
+        cost as much as the query that found it.
+        """
         if row is None:
             return None
-        keys = row.keys()
-        values = {
-            name: row[prefix + name] if decode is None else decode(row[prefix + name])
-            for name, decode in self._decoders if prefix + name in keys
-        }
-        for name, rows in self.nested.items():
+        layout = (type(row), prefix, tuple(row.keys()))
+        plan = self._plans.get(layout)
+        if plan is None:
+            plan = self._plan(layout)
+        fields, nested, joined, with_ban = plan
+        values = {name: row[key] if decode is None else decode(row[key]) for name, key, decode in fields}
+        for name, rows in nested:
             values[name] = rows.load(row)
-        for name, (joined_prefix, rows) in self.joined.items():
-            if any(key.startswith(joined_prefix) for key in keys):
-                values[name] = rows.load(row, joined_prefix)
-        if self._with_ban and "ban_created_at" in keys:
+        for name, joined_prefix, rows in joined:
+            values[name] = rows.load(row, joined_prefix)
+        if with_ban:
             values["user_ban"] = ban_of(row, row["sub"])
         return self.record(**values)
+
+    def _plan(self, layout: tuple) -> tuple:
+        """
+        How L{load} reads a row of C{layout} (row type, prefix, column names):
+        each field present by its column's position (by name in a dict), the
+        nested and joined records present, whether the user's ban is there.
+        """
+        row_type, prefix, keys = layout
+
+        def key(column: str):
+            return column if issubclass(row_type, dict) else keys.index(column)
+
+        plan = (
+            [(name, key(prefix + name), decode) for name, decode in self._decoders if prefix + name in keys],
+            list(self.nested.items()),
+            [(name, joined_prefix, rows) for name, (joined_prefix, rows) in self.joined.items()
+             if any(column.startswith(joined_prefix) for column in keys)],
+            self._with_ban and "ban_created_at" in keys,
+        )
+        if len(self._plans) >= MAX_PLANS:
+            self._plans.clear()
+        self._plans[layout] = plan
+        return plan
 
 
 GRANT_PREFIX = "grant__"
