@@ -64,6 +64,8 @@ def client_address_of(request, trusted_proxies) -> str:
     Client addresses). Throttling, events and limits all use this one.
     """
     peer = getattr(request.getClientAddress(), "host", None) or "unknown"
+    if not trusted_proxies:
+        return peer  # no proxy is trusted: the headers say nothing (client_address), and go unread
     headers = request.requestHeaders
     return client_address(
         peer, trusted_proxies,

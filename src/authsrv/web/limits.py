@@ -76,14 +76,26 @@ class Refused(Resource):
         return render_refusal(request, self._status, self._description)
 
 
-def parameter_problem(args: dict[bytes, list[bytes]], limits: InputLimits) -> str | None:
-    """What is wrong with a request's query and form parameters, or None."""
-    if sum(map(len, args.values())) > limits.max_form_fields:
-        return f"too many parameters (at most {limits.max_form_fields})"
-    for name, cap in limits.parameters.items():
-        for value in args.get(name.encode(), ()):
-            if len(value.decode("utf-8", "replace")) > cap:
-                return f"parameter {name} is too long (at most {cap} characters)"
+def parameter_caps(limits: InputLimits) -> dict[bytes, tuple[str, int]]:
+    """Each capped parameter by its name as a request carries it, with its name and cap, for L{parameter_problem}."""
+    return {name.encode(): (name, cap) for name, cap in limits.parameters.items()}
+
+
+def parameter_problem(args: dict[bytes, list[bytes]], max_fields: int, caps: dict[bytes, tuple[str, int]]) -> str | None:
+    """
+    What is wrong with a request's query and form parameters, or None: at
+    most C{max_fields} of them, none longer than its cap (L{parameter_caps}).
+    One step per parameter sent, not per parameter capped.
+    """
+    if sum(map(len, args.values())) > max_fields:
+        return f"too many parameters (at most {max_fields})"
+    for key, values in args.items():
+        capped = caps.get(key)
+        if capped is not None:
+            name, cap = capped
+            for value in values:
+                if len(value.decode("utf-8", "replace")) > cap:
+                    return f"parameter {name} is too long (at most {cap} characters)"
     return None
 
 

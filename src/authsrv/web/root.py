@@ -10,7 +10,7 @@ from twisted.web.resource import Resource
 from authsrv.config import InputLimits
 from authsrv.web.admin import PREFIX as ADMIN_PATH
 from authsrv.web.internal import PREFIX
-from authsrv.web.limits import Refused, parameter_problem
+from authsrv.web.limits import Refused, parameter_caps, parameter_problem
 from authsrv.web.routes import ExactPaths
 
 INTERNAL_PREFIX = (PREFIX + "/").encode()
@@ -45,13 +45,14 @@ class Root(Resource):
         self._app = _router(app)
         self._internal = _router(internal)
         self._admin = admin
-        self._limits = limits
+        self._max_fields = limits.max_form_fields
+        self._caps = parameter_caps(limits)
 
     def getChildWithDefault(self, name, request):
         if getattr(request, "body_too_large", False):
             return TOO_LARGE
         if request.args:
-            problem = parameter_problem(request.args, self._limits)
+            problem = parameter_problem(request.args, self._max_fields, self._caps)
             if problem is not None:
                 return Refused(400, problem)
         exact = self._exact.get(request.path)
