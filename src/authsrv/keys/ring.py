@@ -10,7 +10,6 @@ request. Times are integer seconds given by the caller.
 from __future__ import annotations
 
 import base64
-import json
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from attrs import evolve, field, frozen
@@ -18,6 +17,7 @@ from jwcrypto.common import JWException
 from jwcrypto.jwa import JWA
 from jwcrypto.jwk import JWK, JWKSet
 
+from authsrv.compactjson import compact
 from authsrv.records import KeyInfo
 
 _RSA = ("RS256", "PS256")
@@ -168,7 +168,7 @@ class KeyRing:
                     raise InvalidKeys(f"two {key.info.alg} keys are active")
                 self._active[key.info.alg] = key
         public = [key.jwk.export_public(as_dict=True) for key in self.keys]
-        self.jwks_bytes = json.dumps({"keys": public}, separators=(",", ":")).encode()
+        self.jwks_bytes = compact({"keys": public}).encode()
         self._signers: dict[tuple[str, str], tuple[bytes, Any, JWK]] = {}
         self.public_keyset = JWKSet()
         for key in self.keys:
@@ -263,10 +263,10 @@ class KeyRing:
             key = self._active.get(alg)
             if key is None:
                 raise ValueError(f"no active {alg} signing key")
-            header = json.dumps({"alg": alg, "kid": key.info.kid, "typ": typ}, separators=(",", ":")).encode()
+            header = compact({"alg": alg, "kid": key.info.kid, "typ": typ}).encode()
             signer = self._signers[(alg, typ)] = (_b64(header) + b".", JWA.signing_alg(alg), key.jwk)
         prefix, algorithm, jwk = signer
-        signing_input = prefix + _b64(json.dumps(claims, separators=(",", ":")).encode())
+        signing_input = prefix + _b64(compact(claims).encode())
         return (signing_input + b"." + _b64(algorithm.sign(jwk, signing_input))).decode("ascii")
 
     def to_jwks(self) -> dict:

@@ -23,6 +23,8 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from authsrv.compactjson import compact
+
 _INFO = b"authsrv refresh replay v1"
 _NONCE_BYTES = 12
 
@@ -37,7 +39,7 @@ def _key(refresh_token: str) -> AESGCM:
 def seal(response: dict, refresh_token: str) -> bytes:
     """The token response, encrypted for whoever presents C{refresh_token} again."""
     nonce = os.urandom(_NONCE_BYTES)
-    plain = json.dumps(response, separators=(",", ":")).encode("utf-8")
+    plain = compact(response).encode("utf-8")
     return nonce + _key(refresh_token).encrypt(nonce, plain, _INFO)
 
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import json
-
+from authsrv.compactjson import compact
 from authsrv.protocol.dpop import ALGORITHMS
 from authsrv.protocol.errors import DpopChallenge
 
@@ -19,7 +18,7 @@ def json_body(request, status: int, payload: dict, *, no_store: bool = False) ->
     if no_store:
         request.setHeader(b"cache-control", b"no-store")
         request.setHeader(b"pragma", b"no-cache")
-    return json.dumps(payload, separators=(",", ":")).encode()
+    return compact(payload).encode()
 
 
 def jwt_body(request, token: str) -> bytes:
