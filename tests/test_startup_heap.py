@@ -15,7 +15,7 @@ from twisted.internet import reactor
 from authsrv.tap import Options, makeService
 
 options = Options()
-options.parseOptions(["--data-dir", sys.argv[1]])
+options.parseOptions(["--data-dir", sys.argv[1], "--listen", "tcp:0:interface=127.0.0.1"])
 makeService(options, reactor)
 print("before", gc.get_freeze_count(), flush=True)
 reactor.callWhenRunning(lambda: reactor.callLater(0, lambda: (print("running", gc.get_freeze_count()), reactor.stop())))
