@@ -177,9 +177,9 @@ class Rows:
         plan = self._plans.get(layout)
         if plan is None:
             plan = self._plan(layout)
-        fields, nested, joined, with_ban = plan
+        fields, joined, with_ban = plan
         values = {name: row[key] if decode is None else decode(row[key]) for name, key, decode in fields}
-        for name, rows in nested:
+        for name, rows in self.nested.items():
             values[name] = rows.load(row)
         for name, joined_prefix, rows in joined:
             values[name] = rows.load(row, joined_prefix)
@@ -191,7 +191,7 @@ class Rows:
         """
         How L{load} reads a row of C{layout} (row type, prefix, column names):
         each field present by its column's position (by name in a dict), the
-        nested and joined records present, whether the user's ban is there.
+        joined records present, whether the user's ban is there.
         """
         row_type, prefix, keys = layout
 
@@ -200,7 +200,6 @@ class Rows:
 
         plan = (
             [(name, key(prefix + name), decode) for name, decode in self._decoders if prefix + name in keys],
-            list(self.nested.items()),
             [(name, joined_prefix, rows) for name, (joined_prefix, rows) in self.joined.items()
              if any(column.startswith(joined_prefix) for column in keys)],
             self._with_ban and "ban_created_at" in keys,
