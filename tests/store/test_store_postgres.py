@@ -16,6 +16,7 @@ import threading
 import psycopg2
 import pytest
 import pytest_twisted
+from twisted.internet.defer import DeferredList, gatherResults
 from twisted.logger import formatEvent, globalLogPublisher
 
 from authsrv.configsection import ConfigError, Section
@@ -27,7 +28,9 @@ from authsrv.store import postgres as postgres_store
 from authsrv.records import DEFAULT_GRANT_TYPES, AccessState, Ban, NotRevoked, Rotated
 from authsrv.store.codes import CodeRedeemed
 from authsrv.store.errors import StoreUnavailable
-from authsrv.testing.store import ALICE, NOW, StoreConcurrencyConformance, StoreConformance, h
+from authsrv.testing.store import (
+    ALICE, BOB, NOW, StoreConcurrencyConformance, StoreConformance, h, issue, start_grant,
+)
 
 LATEST_VERSION = postgres_store.migrations()[-1][0]
 
@@ -259,8 +262,8 @@ def _elapsed_since(start: float) -> float:
     return reactor.seconds() - start
 
 
-class TestConnectionFailures(PostgresDatabase):
-    """Every failure is StoreUnavailable within the configured time, and the pool carries on."""
+class OwnStore(PostgresDatabase):
+    """A store made by each test, with a pool of one connection and short deadlines unless it asks otherwise."""
 
     @pytest.fixture(autouse=True)
     def _context(self):
@@ -278,6 +281,50 @@ class TestConnectionFailures(PostgresDatabase):
             "lookups": self.context.threadpool("lookups", 1), **options,
         }
         return postgres_store.PostgresStore(reactor, settings.pop("dsn", self.dsn), **settings)
+
+
+class TestLookupsTogether(OwnStore):
+    """Token and standing lookups that wait while two are under way go on as one statement."""
+
+    @pytest_twisted.ensureDeferred
+    async def test_lookups_waiting_together_go_as_one_statement(self, monkeypatch):
+        store = self.store(pool_size=4)
+        grant = await start_grant(store, "g1")
+        tokens = [(await issue(store, grant, str(n), refresh=False))[0] for n in range(10)]
+        statements = []
+        run = store._pool.run
+        monkeypatch.setattr(store._pool, "run", lambda work, label="": (statements.append(label), run(work, label))[1])
+        with psycopg2.connect(self.dsn) as locker, locker.cursor() as cursor:
+            # The first statements wait at the server until every lookup has been asked.
+            cursor.execute("LOCK TABLE access_tokens IN ACCESS EXCLUSIVE MODE")
+            found = gatherResults(
+                [store.find_access_token(token.token_hash, NOW) for token in tokens]
+                + [store.find_access_token(h("unknown"), NOW)]
+                + [store.access_state(sub, NOW) for sub in (ALICE, BOB) * 5]
+            )
+        assert await found == tokens + [None] + [AccessState(ban=None, has_active_grant=True),
+                                                 AccessState(ban=None, has_active_grant=False)] * 5
+        assert sorted(statements) == ["access_state"] * 3 + ["find_access_token"] * 3
+        await store.close()
+
+    @pytest_twisted.ensureDeferred
+    async def test_lookups_waiting_together_share_the_outage(self):
+        from twisted.internet import reactor
+        from twisted.internet.protocol import Factory, Protocol
+
+        gone = reactor.listenTCP(0, Factory.forProtocol(Protocol), interface="127.0.0.1")
+        port = gone.getHost().port
+        await gone.stopListening()
+        store = self.store(dsn=f"host=127.0.0.1 port={port} dbname=x connect_timeout=1")
+        found = await DeferredList(
+            [store.find_access_token(h(f"access-{n}"), NOW) for n in range(6)]
+            + [store.access_state(ALICE, NOW) for _ in range(6)], consumeErrors=True)
+        assert [(ok, type(outcome.value)) for ok, outcome in found] == [(False, StoreUnavailable)] * 12
+        await store.close()
+
+
+class TestConnectionFailures(OwnStore):
+    """Every failure is StoreUnavailable within the configured time, and the pool carries on."""
 
     @pytest_twisted.ensureDeferred
     async def test_statement_timeout_then_the_connection_serves_again(self):

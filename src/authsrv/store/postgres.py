@@ -41,6 +41,7 @@ from zope.interface import implementer
 from authsrv.configsection import ConfigError
 from authsrv.interfaces import SERVER_KEY_BYTES, IStore
 from authsrv.migrations import Ledger, MigrationError, PostgresMigration, migrate as run_migrations, schema_steps
+from authsrv.pg.gather import Gather
 from authsrv.pg.pool import (
     LOOKUP_POOL_NAME,
     LOOKUP_POOL_SIZE,
@@ -74,7 +75,7 @@ from authsrv.store.codes import CodeNotFound, CodeRedeemed, CodeReused
 from authsrv.store.errors import AlreadyExists, StoreUnavailable
 from authsrv.store.observer import Observer, watched
 from authsrv.store.rows import (
-    POSTGRES, Lookup, Rows, access_state_sql, ban_of, factors_of, import_statements, scope_text, tables, token_lookups,
+    POSTGRES, Lookup, Rows, access_lookup, access_state_sql, ban_of, factors_of, import_statements, scope_text, tables, token_lookups,
 )
 
 COMPONENT = "store"
@@ -214,6 +215,10 @@ _TOKENS = token_lookups(_T, POSTGRES)
 _FIND_ACCESS_TOKEN = _prepared("authsrv_find_access_token", _TOKENS.access)
 _GET_REFRESH_TOKEN = _prepared("authsrv_get_refresh_token", _TOKENS.refresh)
 _ACCESS_STATE = Prepared("authsrv_access_state", access_state_sql(POSTGRES))
+# The same, over the keys of lookups that waited together (L{authsrv.pg.gather}).
+_FIND_ACCESS_TOKENS = _prepared("authsrv_find_access_tokens", access_lookup(POSTGRES, "= ANY(%(hashes)s)"))
+_ACCESS_STATES = Prepared(
+    "authsrv_access_states", access_state_sql(POSTGRES, users="unnest(%(subs)s::text[]) AS u(sub)", sub="u.sub"))
 _IMPORT = import_statements(_T, POSTGRES)
 _THROTTLE = throttle.statements(POSTGRES)
 _DEVICE = device.statements(POSTGRES, lock=" FOR UPDATE")
@@ -260,15 +265,22 @@ class PostgresStore:
             consequence="requests that need the store are answered 503",
         )
         self._observer = observer
+        self._access_tokens = Gather(
+            lambda work: self._pool.run(work, "find_access_token"), _find_access_token, _find_access_tokens)
+        self._access_states = Gather(lambda work: self._pool.run(work, "access_state"), _access_state, _access_states)
 
     def _run(self, label: str, work, *args) -> Deferred:
         """
         Fire with C{await work(connection, *args)} on a pooled connection.
-        Every call passes here, named by C{label}.
+        Every call passes here or through L{_observed}, named by C{label}.
         """
+        return self._observed(label, self._pool.run, lambda db: work(db, *args), label)
+
+    def _observed(self, label: str, call, *args) -> Deferred:
+        """C{call(*args)}, reported to the observer, if any, as the call C{label}."""
         if self._observer is None:
-            return self._pool.run(lambda db: work(db, *args), label)
-        return watched(self._observer, label, perf_counter(), self._pool.run(lambda db: work(db, *args), label))
+            return call(*args)
+        return watched(self._observer, label, perf_counter(), call(*args))
 
     def _one(self, label: str, rows: Rows | None, sql: str | Prepared, params: dict) -> Deferred:
         """The record of the first row (the row itself without C{rows}), or None."""
@@ -496,8 +508,9 @@ class PostgresStore:
         )
 
     def find_access_token(self, token_hash, now, link_provider=None):
-        return self._one("find_access_token", _T.access,
-                         *_FIND_ACCESS_TOKEN.pick(link_provider, {"hash": token_hash, "now": now}))
+        if _holds_nul({"hash": token_hash, "provider": link_provider}):
+            return succeed(None)
+        return self._observed("find_access_token", self._access_tokens, token_hash, (now, link_provider))
 
     def get_refresh_token(self, token_hash, link_provider=None):
         return self._one("get_refresh_token", _T.refresh, *_GET_REFRESH_TOKEN.pick(link_provider, {"hash": token_hash}))
@@ -527,7 +540,7 @@ class PostgresStore:
     def access_state(self, sub, now):
         if _holds_nul({"sub": sub}):
             return succeed(AccessState(ban=None, has_active_grant=False))
-        return self._one("access_state", None, _ACCESS_STATE, {"sub": sub, "now": now}).addCallback(lambda row: AccessState(ban=ban_of(row, sub), has_active_grant=row["has_grant"]))
+        return self._observed("access_state", self._access_states, sub, now)
 
     def session_clients(self, sid):
         if _holds_nul({"sid": sid}):
@@ -803,6 +816,29 @@ async def _server_key(db, name):
     )
     row = await first(db, "SELECT key FROM server_keys WHERE name = %(name)s", {"name": name})
     return bytes(row["key"])
+
+
+async def _find_access_token(db, token_hash, shared):
+    now, link_provider = shared
+    return _T.access.load(await first(db, *_FIND_ACCESS_TOKEN.pick(link_provider, {"hash": token_hash, "now": now})))
+
+
+async def _find_access_tokens(db, hashes, shared):
+    now, link_provider = shared
+    rows = await fetch(db, *_FIND_ACCESS_TOKENS.pick(link_provider, {"hashes": hashes, "now": now}))
+    return {row["token_hash"]: _T.access.load(row) for row in rows}
+
+
+def _access_state_of(row) -> AccessState:
+    return AccessState(ban=ban_of(row, row["sub"]), has_active_grant=row["has_grant"])
+
+
+async def _access_state(db, sub, now):
+    return _access_state_of(await first(db, _ACCESS_STATE, {"sub": sub, "now": now}))
+
+
+async def _access_states(db, subs, now):
+    return {row["sub"]: _access_state_of(row) for row in await fetch(db, _ACCESS_STATES, {"subs": subs, "now": now})}
 
 
 async def _list_factors(db, sub):

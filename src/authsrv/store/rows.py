@@ -252,22 +252,32 @@ def lookup(dialect: Dialect, columns: str, source: str, alias: str, where: str) 
     )
 
 
-def access_state_sql(dialect: Dialect) -> str:
+def access_state_sql(dialect: Dialect, users: str = "(SELECT 1) AS one", sub: str = "") -> str:
     """
     user-access's one query, by C{sub} and C{now}: whether the user holds a
     live access or refresh token of a live grant, and their ban in force.
     It starts from the user's live tokens (the partial indexes on C{sub}),
     not from their grants, so a user with thousands of spent grants (every
-    sign-in leaves one) costs what a new user does.
+    sign-in leaves one) costs what a new user does. Given C{users}, a row
+    source, and C{sub}, its column of users, a row for each of them.
     """
-    sub, now = dialect.mark.format("sub"), dialect.mark.format("now")
+    sub, now = sub or dialect.mark.format("sub"), dialect.mark.format("now")
     live = ("SELECT 1 FROM {table} t JOIN grants g ON g.grant_id = t.grant_id"
             " WHERE t.sub = " + sub + " AND t.{spent} IS NULL AND t.expires_at > " + now + " AND g.revoked_at IS NULL")
     return (
-        "SELECT (EXISTS (" + live.format(table="access_tokens", spent="revoked_at") + ")"
+        "SELECT " + sub + " AS sub, (EXISTS (" + live.format(table="access_tokens", spent="revoked_at") + ")"
         " OR EXISTS (" + live.format(table="refresh_tokens", spent="consumed_at") + ")) AS has_grant" + WITH_BAN
-        + " FROM (SELECT 1) AS one LEFT JOIN bans b ON b.sub = " + sub
+        + " FROM " + users + " LEFT JOIN bans b ON b.sub = " + sub
         + " AND (b.until IS NULL OR b.until > " + now + ")"
+    )
+
+
+def access_lookup(dialect: Dialect, match: str) -> Lookup[str]:
+    """The lookup of an active access token (unexpired at C{now}, neither it nor its grant revoked) whose hash C{match}es."""
+    return lookup(
+        dialect, "a.*", "access_tokens a JOIN grants g ON g.grant_id = a.grant_id", "a",
+        f"a.token_hash {match} AND a.revoked_at IS NULL AND a.expires_at > {dialect.mark.format('now')}"
+        " AND g.revoked_at IS NULL",
     )
 
 
@@ -284,11 +294,7 @@ class TokenLookups:
 def token_lookups(tables: "Tables", dialect: Dialect) -> TokenLookups:
     mark = dialect.mark.format
     return TokenLookups(
-        access=lookup(
-            dialect, "a.*", "access_tokens a JOIN grants g ON g.grant_id = a.grant_id", "a",
-            f"a.token_hash = {mark('hash')} AND a.revoked_at IS NULL AND a.expires_at > {mark('now')}"
-            " AND g.revoked_at IS NULL",
-        ),
+        access=access_lookup(dialect, "= " + mark("hash")),
         refresh=lookup(
             dialect, "r.*, g.revoked_at IS NOT NULL AS revoked, " + tables.grants.select_as("g", GRANT_PREFIX),
             "refresh_tokens r JOIN grants g ON g.grant_id = r.grant_id", "r", f"r.token_hash = {mark('hash')}",

@@ -994,6 +994,56 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             assert (await store.find_access_token(access.token_hash, NOW)).user_ban is None
 
     @pytest_twisted.ensureDeferred
+    async def test_lookups_made_at_once_each_get_their_own_answer(self):
+        """
+        Many token and standing lookups under way together (as a loaded
+        server makes them, and a store may send them together) each answer
+        as it would alone: its own token, moment, link provider and user.
+        """
+        async with self.store() as store:
+            alices = await start_grant(store, "g1")
+            live, _ = await issue(store, alices, "live", refresh=False)
+            brief, _ = await issue(store, alices, "brief", refresh=False, access_expires_at=NOW + 5)
+            revoked, _ = await issue(store, alices, "revoked", refresh=False)
+            assert await store.revoke_token(revoked.token_hash, CLIENT, NOW) is not None
+            bobs = await start_grant(store, "g2", sub=BOB)
+            bob_access, _ = await issue(store, bobs, "bob", refresh=False)
+            ban = Ban(sub=BOB, reason="spam", created_at=NOW, until=NOW + 8)
+            await store.ban_user(ban)
+            await store.link_account(make_linked(provider="slack", provider_user_id="U024BE7LH"))
+            tokens = [live, brief, revoked, bob_access, make_access("unknown", alices), live]
+            asked = [
+                (token.token_hash, now, provider)
+                for now in (NOW, NOW + 5, NOW + 9) for provider in (None, "slack") for token in tokens
+            ]
+            states = [(sub, now) for now in (NOW, NOW + 9) for sub in (ALICE, BOB, "3f0c2a52-nobody", ALICE)]
+            together = await gatherResults(
+                [store.find_access_token(hash_, now, link_provider=provider) for hash_, now, provider in asked]
+                + [store.access_state(sub, now) for sub, now in states]
+            )
+            alone = [await store.find_access_token(hash_, now, link_provider=provider) for hash_, now, provider in asked]
+            alone += [await store.access_state(sub, now) for sub, now in states]
+            assert together == alone
+            links = [getattr(each, "linked_user_id", None) for each in together]
+            assert links == [getattr(each, "linked_user_id", None) for each in alone]
+            found = dict(zip(asked, together))
+            assert found[live.token_hash, NOW, None] == live
+            assert found[live.token_hash, NOW, None].linked_user_id is NOT_READ
+            assert found[live.token_hash, NOW + 9, "slack"] == live
+            assert found[live.token_hash, NOW + 9, "slack"].linked_user_id == "U024BE7LH"
+            assert found[brief.token_hash, NOW, None] == brief
+            assert found[brief.token_hash, NOW + 5, None] is None
+            assert found[revoked.token_hash, NOW, None] is None
+            assert found[bob_access.token_hash, NOW, None] == attrs.evolve(bob_access, user_ban=ban)
+            assert found[h("unknown"), NOW, "slack"] is None
+            assert together[len(asked):] == [
+                AccessState(ban=None, has_active_grant=True), AccessState(ban=ban, has_active_grant=True),
+                AccessState(ban=None, has_active_grant=False), AccessState(ban=None, has_active_grant=True),
+                AccessState(ban=None, has_active_grant=True), AccessState(ban=None, has_active_grant=True),
+                AccessState(ban=None, has_active_grant=False), AccessState(ban=None, has_active_grant=True),
+            ]
+
+    @pytest_twisted.ensureDeferred
     async def test_has_active_grant_follows_tokens(self):
         async with self.store() as store:
             assert (await store.access_state(ALICE, NOW)).has_active_grant is False

@@ -1,0 +1,77 @@
+"""
+Lookups by key that arrive while earlier ones are still at the database go
+on together, as one statement over all their keys.
+
+Under load a server asks PostgreSQL the same question (this access token?
+this user's standing?) for many requests at once. Each statement costs a
+round trip, a cursor here and an executor's start there, on the same cores
+as the rest of the requests; one statement over eight keys costs about a
+quarter of what eight statements over one key do. A L{Gather} sends a
+lookup at once while fewer than C{width} of its statements are under way,
+so a lone request waits for nothing; beyond that, lookups wait for the
+next statement to come back, as they would have waited for a connection,
+and then go together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Any
+
+from twisted.internet.defer import Deferred
+from twisted.python.failure import Failure
+
+One = Callable[[Any, Hashable, Hashable], Awaitable[Any]]
+Many = Callable[[Any, list, Hashable], Awaitable[dict]]
+
+
+class Gather:
+    """
+    C{gather(key, shared)} fires with what C{one(db, key, shared)} gives,
+    or with C{many(db, keys, shared)[key]} (None where C{key} is absent)
+    when it went with others: lookups go together only with lookups of the
+    same C{shared} parameters (the moment, say), so each answer is the one
+    its own statement would have given.
+    """
+
+    def __init__(self, run: Callable[[Callable], Deferred], one: One, many: Many, *, width: int = 2):
+        """C{run(work)} fires with C{work(db)} run on a pooled connection (its failures translated)."""
+        self._run = run
+        self._one = one
+        self._many = many
+        self._width = width
+        self._under_way = 0
+        self._waiting: dict[Hashable, list[tuple[Hashable, Deferred]]] = {}
+
+    def __call__(self, key: Hashable, shared: Hashable) -> Deferred:
+        if self._under_way < self._width:
+            return self._send(lambda db: self._one(db, key, shared))
+        waiting: Deferred = Deferred()
+        self._waiting.setdefault(shared, []).append((key, waiting))
+        return waiting
+
+    def _send(self, work) -> Deferred:
+        self._under_way += 1
+        return self._run(work).addBoth(self._back)
+
+    def _back(self, outcome):
+        """One statement came back: the oldest group of waiting lookups goes in its place."""
+        self._under_way -= 1
+        if self._waiting:
+            shared = next(iter(self._waiting))
+            group = self._waiting.pop(shared)
+            keys = list(dict.fromkeys(key for key, _ in group))
+            self._send(lambda db: self._many(db, keys, shared)).addCallbacks(
+                _answer, _fail, callbackArgs=(group,), errbackArgs=(group,))
+        return outcome
+
+
+def _answer(found: dict, group: list[tuple[Hashable, Deferred]]) -> None:
+    """Each lookup hears its own key's record (a cancelled one ignores it, as Deferreds do)."""
+    for key, waiting in group:
+        waiting.callback(found.get(key))
+
+
+def _fail(failure: Failure, group: list[tuple[Hashable, Deferred]]) -> None:
+    for _, waiting in group:
+        waiting.errback(failure)
