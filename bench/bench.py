@@ -672,6 +672,9 @@ def main() -> None:
     parser.add_argument("--baseline", default=None, metavar="SRC",
                         help="instead of the comparison: this checkout's authsrv against the one in SRC (another"
                              " checkout's src/ directory), both on the server core, alternating; no peer")
+    parser.add_argument("--database-apart", action="store_true",
+                        help="PostgreSQL pinned to the load's core instead of the servers' (as a database on a"
+                             " machine of its own would be): the comparison and --baseline")
     parser.add_argument("--out", default=None, help="results path without extension (default bench/results/<store>)")
     args = parser.parse_args()
     targets = [t for t in args.only.split(",") if t]
@@ -709,7 +712,7 @@ def main() -> None:
     try:
         dsn = None
         if args.store == "postgres":
-            cluster, dsn = postgres_cluster()
+            cluster, dsn = postgres_cluster(database_core(args))
         identity = None
         if args.identity == "ldap":
             directory = ldap_directory()
@@ -876,8 +879,13 @@ def baseline(args, source: Path, targets: list[str], concurrencies: list[int], o
     if args.workers != 1 or args.identity != "static":
         raise SystemExit("bench: --baseline runs one worker and the static users file")
     folder = Path(tempfile.mkdtemp(prefix="authsrv-bench-"))
-    cluster, _ = postgres_cluster() if args.store == "postgres" else (None, None)
+    cluster, _ = postgres_cluster(database_core(args)) if args.store == "postgres" else (None, None)
     servers: list[Authsrv] = []
+
+    def database_cpu() -> float:
+        """PostgreSQL's CPU so far: during one server's run, what that server's statements cost it."""
+        return 0.0 if cluster is None else cpu_seconds(cluster.postmaster_pid())
+
     try:
         for name, src in (("before", source), ("after", None)):
             (folder / name).mkdir()
@@ -893,9 +901,10 @@ def baseline(args, source: Path, targets: list[str], concurrencies: list[int], o
             for target in targets:
                 for connections in concurrencies:
                     for server in servers[::-1] if repeat % 2 else servers:
-                        started = server.cpu_seconds()
+                        started, database = server.cpu_seconds(), database_cpu()
                         result = measure.run(server, target, connections)
                         result["cpu_ms"] = 1000 * (server.cpu_seconds() - started) / max(1, result["count"])
+                        result["db_cpu_ms"] = 1000 * (database_cpu() - database) / max(1, result["count"])
                         result.update(server=server.name, target=target, connections=connections, repeat=repeat)
                         results.append(result)
                         print(f"repeat {repeat + 1}/{args.repeats} {target} c={connections} {server.name}:"
@@ -907,21 +916,28 @@ def baseline(args, source: Path, targets: list[str], concurrencies: list[int], o
         if cluster is not None:
             cluster.destroy()
         shutil.rmtree(folder, ignore_errors=True)
-    where = "SQLite store" if cluster is None else "PostgreSQL store (a database each in one cluster, pinned with them)"
+    where = "SQLite store" if cluster is None else (
+        "PostgreSQL store (a database each in one cluster, "
+        + ("pinned to the load's core)" if args.database_apart else "pinned with them)"))
+    cpu = "CPU ms/req" if cluster is None else "CPU ms/req (authsrv + PostgreSQL)"
     lines = [f"authsrv before (the checkout --baseline named) and after (this checkout), {where}, both pinned to one core, the load"
              f" on the other; {args.repeats} repeats of {args.duration} s, alternating. Ratio: after/before in each"
              " repeat, then their median.", "",
-             "| endpoint | c | before req/s | CPU ms/req | after req/s | CPU ms/req | ratio per repeat | median ratio |",
+             f"| endpoint | c | before req/s | {cpu} | after req/s | {cpu} | ratio per repeat | median ratio |",
              "|---|---|---|---|---|---|---|---|"]
+
+    def spent(figures: dict) -> str:
+        return f"{figures['cpu_ms']:.3f}" + ("" if cluster is None else f" + {figures['db_cpu_ms']:.3f}")
+
     for target in targets:
         for c in concurrencies:
             runs = {name: sorted((r for r in results if (r["server"], r["target"], r["connections"]) == (name, target, c)),
                                  key=lambda r: r["repeat"]) for name in ("before", "after")}
             ratios = [a["rate"] / b["rate"] for a, b in zip(runs["after"], runs["before"]) if b["rate"]]
-            figures = {name: {k: statistics.median(r[k] for r in rs) for k in ("rate", "cpu_ms")}
+            figures = {name: {k: statistics.median(r[k] for r in rs) for k in ("rate", "cpu_ms", "db_cpu_ms")}
                        for name, rs in runs.items()}
-            lines.append(f"| {target} | {c} | {figures['before']['rate']:,.0f} | {figures['before']['cpu_ms']:.3f}"
-                         f" | {figures['after']['rate']:,.0f} | {figures['after']['cpu_ms']:.3f}"
+            lines.append(f"| {target} | {c} | {figures['before']['rate']:,.0f} | {spent(figures['before'])}"
+                         f" | {figures['after']['rate']:,.0f} | {spent(figures['after'])}"
                          f" | {' · '.join(f'{r:.2f}' for r in ratios)} | **{statistics.median(ratios):.2f}** |")
     lines += ["", f"Errors (non-2xx answers): {sum(r['errors'] for r in results)}."]
     table = "\n".join(lines) + "\n"
@@ -974,7 +990,7 @@ def instances(args, count: int, targets: list[str], connections: int, out: Path)
     global PINNED
     PINNED = False
     folder = Path(tempfile.mkdtemp(prefix="authsrv-bench-"))
-    cluster, dsn = postgres_cluster(pin=False)
+    cluster, dsn = postgres_cluster(core=None)
     servers = []
     rows = []
     try:
@@ -1025,10 +1041,15 @@ def instances(args, count: int, targets: list[str], connections: int, out: Path)
 INSTANCE_TARGETS = ("introspection (opaque)", "UserInfo", "user-access", "refresh (rotation)")
 
 
-def postgres_cluster(pin: bool = True):
+def database_core(args) -> str:
+    """The core PostgreSQL's processes are pinned to: the servers' unless C{--database-apart}."""
+    return LOAD_CORE if args.database_apart else SERVER_CORE
+
+
+def postgres_cluster(core: str | None = SERVER_CORE):
     """
     A throwaway PostgreSQL (the tests' helper), its server processes pinned
-    with authsrv's; fsync on, so each commit waits for the disk as in production.
+    to C{core} (None: unpinned); fsync on, so each commit waits for the disk as in production.
     """
     sys.path.insert(0, str(ROOT / "tests"))
     from pgcluster import Cluster
@@ -1037,8 +1058,8 @@ def postgres_cluster(pin: bool = True):
     dsn = cluster.database()
     pid = (Path(cluster._folder) / "data" / "postmaster.pid").read_text().split()[0]
     cluster.postmaster_pid = lambda: int(pid)
-    if pin:
-        subprocess.run(["taskset", "-a", "-p", "-c", SERVER_CORE, pid], check=True, capture_output=True)
+    if core is not None:
+        subprocess.run(["taskset", "-a", "-p", "-c", core, pid], check=True, capture_output=True)
     return cluster, dsn
 
 
