@@ -766,8 +766,10 @@ def main() -> None:
                               f" CPU {result['cpu_ms']:.3f} ms/req"
                               + (f" ERRORS {result['errors']} {result.get('first_error') or ''}" if result["errors"] else ""),
                               file=sys.stderr, flush=True)
-        info = {"store": args.store + (", LDAP identity" if args.identity == "ldap" else ""), "workers": args.workers, "repeats": args.repeats, "duration": args.duration,
-                **versions()}
+        info = {"store": args.store + (", LDAP identity" if args.identity == "ldap" else "")
+                + (", the database on the load's core" if args.database_apart else ""),
+                "database": "on the load's core" if args.database_apart else "pinned with authsrv",
+                "workers": args.workers, "repeats": args.repeats, "duration": args.duration, **versions()}
         if "login" in targets and args.identity == "static":
             info["argon2_ms"] = argon2_ms()
         if better is not None:
@@ -1080,7 +1082,7 @@ def report(results: list[dict], info: dict, targets: list[str], concurrencies: l
         " processes' CPU time during the load over the requests answered (a figure other load on the"
         " machine disturbs less than the rate)."
         + (f" Better Auth {info.get('better-auth')} with its OAuth provider plugin runs in the same alternation on"
-           " its own database of the same PostgreSQL cluster, pinned with authsrv; its ratio is authsrv/Better Auth."
+           f" its own database of the same PostgreSQL cluster, {info['database']}; its ratio is authsrv/Better Auth."
            if better else ""),
         "",
         "| endpoint | c | authsrv req/s | p50 ms | p99 ms | CPU ms/req | peer req/s | p50 ms | p99 ms | CPU ms/req"
