@@ -266,8 +266,8 @@ class PostgresStore:
         )
         self._observer = observer
         self._access_tokens = Gather(
-            lambda work: self._pool.run(work, "find_access_token"), _find_access_token, _find_access_tokens)
-        self._access_states = Gather(lambda work: self._pool.run(work, "access_state"), _access_state, _access_states)
+            reactor, lambda work: self._pool.run(work, "find_access_token"), _find_access_token, _find_access_tokens)
+        self._access_states = Gather(reactor, lambda work: self._pool.run(work, "access_state"), _access_state, _access_states)
 
     def _run(self, label: str, work, *args) -> Deferred:
         """
