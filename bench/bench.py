@@ -1133,7 +1133,7 @@ def report(results: list[dict], info: dict, targets: list[str], concurrencies: l
                   f" one core signs in about {1000 / per_login:.0f} users a second."]
     lines += ["", f"Errors (non-2xx answers or failed sign-ins): {errors}.", "",
               "Machine and versions: " + "; ".join(f"{k} {v}" for k, v in info.items()
-                                                   if k not in ("store", "workers", "repeats", "duration", "argon2_ms"))
+                                                   if k not in ("store", "database", "workers", "repeats", "duration", "argon2_ms"))
               + "."]
     table = "\n".join(lines) + "\n"
     out.with_suffix(".md").write_text(table)
