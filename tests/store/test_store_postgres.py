@@ -290,21 +290,25 @@ class TestLookupsTogether(OwnStore):
     async def test_lookups_waiting_together_go_as_one_statement(self, monkeypatch):
         store = self.store(pool_size=4)
         grant = await start_grant(store, "g1")
-        tokens = [(await issue(store, grant, str(n), refresh=False))[0] for n in range(10)]
+        issued = [await issue(store, grant, str(n)) for n in range(10)]
+        tokens = [access for access, _ in issued]
         statements = []
         run = store._pool.run
         monkeypatch.setattr(store._pool, "run", lambda work, label="": (statements.append(label), run(work, label))[1])
         with psycopg2.connect(self.dsn) as locker, locker.cursor() as cursor:
             # The first statements wait at the server until every lookup has been asked.
             cursor.execute("LOCK TABLE access_tokens IN ACCESS EXCLUSIVE MODE")
+            cursor.execute("LOCK TABLE refresh_tokens IN ACCESS EXCLUSIVE MODE")
             found = gatherResults(
                 [store.find_access_token(token.token_hash, NOW) for token in tokens]
                 + [store.find_access_token(h("unknown"), NOW)]
                 + [store.access_state(sub, NOW) for sub in (ALICE, BOB) * 5]
+                + [store.get_refresh_token(refresh.token_hash) for _, refresh in issued]
             )
         assert await found == tokens + [None] + [AccessState(ban=None, has_active_grant=True),
-                                                 AccessState(ban=None, has_active_grant=False)] * 5
-        assert sorted(statements) == ["access_state"] * 2 + ["find_access_token"] * 2
+                                                 AccessState(ban=None, has_active_grant=False)] * 5 + [
+                                                 refresh for _, refresh in issued]
+        assert sorted(statements) == ["access_state"] * 2 + ["find_access_token"] * 2 + ["get_refresh_token"] * 2
         await store.close()
 
     @pytest_twisted.ensureDeferred
@@ -318,8 +322,9 @@ class TestLookupsTogether(OwnStore):
         store = self.store(dsn=f"host=127.0.0.1 port={port} dbname=x connect_timeout=1")
         found = await DeferredList(
             [store.find_access_token(h(f"access-{n}"), NOW) for n in range(6)]
-            + [store.access_state(ALICE, NOW) for _ in range(6)], consumeErrors=True)
-        assert [(ok, type(outcome.value)) for ok, outcome in found] == [(False, StoreUnavailable)] * 12
+            + [store.access_state(ALICE, NOW) for _ in range(6)]
+            + [store.get_refresh_token(h(f"refresh-{n}")) for n in range(6)], consumeErrors=True)
+        assert [(ok, type(outcome.value)) for ok, outcome in found] == [(False, StoreUnavailable)] * 18
         await store.close()
 
 

@@ -75,7 +75,8 @@ from authsrv.store.codes import CodeNotFound, CodeRedeemed, CodeReused
 from authsrv.store.errors import AlreadyExists, StoreUnavailable
 from authsrv.store.observer import Observer, watched
 from authsrv.store.rows import (
-    POSTGRES, Lookup, Rows, access_lookup, access_state_sql, ban_of, factors_of, import_statements, scope_text, tables, token_lookups,
+    POSTGRES, Lookup, Rows, access_lookup, access_state_sql, ban_of, factors_of, import_statements, refresh_lookup,
+    scope_text, tables, token_lookups,
 )
 
 COMPONENT = "store"
@@ -217,6 +218,7 @@ _GET_REFRESH_TOKEN = _prepared("authsrv_get_refresh_token", _TOKENS.refresh)
 _ACCESS_STATE = Prepared("authsrv_access_state", access_state_sql(POSTGRES))
 # The same, over the keys of lookups that waited together (L{authsrv.pg.gather}).
 _FIND_ACCESS_TOKENS = _prepared("authsrv_find_access_tokens", access_lookup(POSTGRES, "= ANY(%(hashes)s)"))
+_GET_REFRESH_TOKENS = _prepared("authsrv_get_refresh_tokens", refresh_lookup(_T, POSTGRES, "= ANY(%(hashes)s)"))
 _ACCESS_STATES = Prepared(
     "authsrv_access_states", access_state_sql(POSTGRES, users="unnest(%(subs)s::text[]) AS u(sub)", sub="u.sub"))
 _IMPORT = import_statements(_T, POSTGRES)
@@ -265,9 +267,14 @@ class PostgresStore:
             consequence="requests that need the store are answered 503",
         )
         self._observer = observer
-        self._access_tokens = Gather(
-            reactor, lambda work: self._pool.run(work, "find_access_token"), _find_access_token, _find_access_tokens)
-        self._access_states = Gather(reactor, lambda work: self._pool.run(work, "access_state"), _access_state, _access_states)
+        self._reactor = reactor
+        self._access_tokens = self._gather("find_access_token", _find_access_token, _find_access_tokens)
+        self._access_states = self._gather("access_state", _access_state, _access_states)
+        self._refresh_tokens = self._gather("get_refresh_token", _get_refresh_token, _get_refresh_tokens)
+
+    def _gather(self, label: str, one, many) -> Gather:
+        """The L{Gather} of one kind of lookup, its statements run and translated as the call C{label}."""
+        return Gather(self._reactor, lambda work: self._pool.run(work, label), one, many)
 
     def _run(self, label: str, work, *args) -> Deferred:
         """
@@ -513,7 +520,9 @@ class PostgresStore:
         return self._observed("find_access_token", self._access_tokens, token_hash, (now, link_provider))
 
     def get_refresh_token(self, token_hash, link_provider=None):
-        return self._one("get_refresh_token", _T.refresh, *_GET_REFRESH_TOKEN.pick(link_provider, {"hash": token_hash}))
+        if _holds_nul({"hash": token_hash, "provider": link_provider}):
+            return succeed(None)
+        return self._observed("get_refresh_token", self._refresh_tokens, token_hash, link_provider)
 
     def rotate_refresh(self, old_hash, new_refresh, new_access, replay, grace_until, now):
         return self._run("rotate_refresh", _rotate_refresh, old_hash, new_refresh, new_access, replay, grace_until, now)
@@ -827,6 +836,15 @@ async def _find_access_tokens(db, hashes, shared):
     now, link_provider = shared
     rows = await fetch(db, *_FIND_ACCESS_TOKENS.pick(link_provider, {"hashes": hashes, "now": now}))
     return {row["token_hash"]: _T.access.load(row) for row in rows}
+
+
+async def _get_refresh_token(db, token_hash, link_provider):
+    return _T.refresh.load(await first(db, *_GET_REFRESH_TOKEN.pick(link_provider, {"hash": token_hash})))
+
+
+async def _get_refresh_tokens(db, hashes, link_provider):
+    rows = await fetch(db, *_GET_REFRESH_TOKENS.pick(link_provider, {"hashes": hashes}))
+    return {row["token_hash"]: _T.refresh.load(row) for row in rows}
 
 
 def _access_state_of(row) -> AccessState:

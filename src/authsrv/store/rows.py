@@ -273,11 +273,25 @@ def access_state_sql(dialect: Dialect, users: str = "(SELECT 1) AS one", sub: st
 
 
 def access_lookup(dialect: Dialect, match: str) -> Lookup[str]:
-    """The lookup of an active access token (unexpired at C{now}, neither it nor its grant revoked) whose hash C{match}es."""
+    """
+    The lookup of an active access token (unexpired at C{now}, neither it
+    nor its grant revoked) whose hash C{match}es.
+    """
     return lookup(
         dialect, "a.*", "access_tokens a JOIN grants g ON g.grant_id = a.grant_id", "a",
         f"a.token_hash {match} AND a.revoked_at IS NULL AND a.expires_at > {dialect.mark.format('now')}"
         " AND g.revoked_at IS NULL",
+    )
+
+
+def refresh_lookup(tables: "Tables", dialect: Dialect, match: str) -> Lookup[str]:
+    """
+    The lookup of a refresh token in any state whose hash C{match}es, with
+    C{revoked} and its grant (under L{GRANT_PREFIX}).
+    """
+    return lookup(
+        dialect, "r.*, g.revoked_at IS NOT NULL AS revoked, " + tables.grants.select_as("g", GRANT_PREFIX),
+        "refresh_tokens r JOIN grants g ON g.grant_id = r.grant_id", "r", f"r.token_hash {match}",
     )
 
 
@@ -295,10 +309,7 @@ def token_lookups(tables: "Tables", dialect: Dialect) -> TokenLookups:
     mark = dialect.mark.format
     return TokenLookups(
         access=access_lookup(dialect, "= " + mark("hash")),
-        refresh=lookup(
-            dialect, "r.*, g.revoked_at IS NOT NULL AS revoked, " + tables.grants.select_as("g", GRANT_PREFIX),
-            "refresh_tokens r JOIN grants g ON g.grant_id = r.grant_id", "r", f"r.token_hash = {mark('hash')}",
-        ),
+        refresh=refresh_lookup(tables, dialect, "= " + mark("hash")),
     )
 
 

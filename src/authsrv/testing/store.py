@@ -1002,7 +1002,7 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
         """
         async with self.store() as store:
             alices = await start_grant(store, "g1")
-            live, _ = await issue(store, alices, "live", refresh=False)
+            live, live_refresh = await issue(store, alices, "live")
             brief, _ = await issue(store, alices, "brief", refresh=False, access_expires_at=NOW + 5)
             revoked, _ = await issue(store, alices, "revoked", refresh=False)
             assert await store.revoke_token(revoked.token_hash, CLIENT, NOW) is not None
@@ -1017,12 +1017,16 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
                 for now in (NOW, NOW + 5, NOW + 9) for provider in (None, "slack") for token in tokens
             ]
             states = [(sub, now) for now in (NOW, NOW + 9) for sub in (ALICE, BOB, "3f0c2a52-nobody", ALICE)]
+            refreshes = [(hash_, provider) for provider in (None, "slack")
+                         for hash_ in (live_refresh.token_hash, h("unknown"), live_refresh.token_hash)]
             together = await gatherResults(
                 [store.find_access_token(hash_, now, link_provider=provider) for hash_, now, provider in asked]
                 + [store.access_state(sub, now) for sub, now in states]
+                + [store.get_refresh_token(hash_, link_provider=provider) for hash_, provider in refreshes]
             )
             alone = [await store.find_access_token(hash_, now, link_provider=provider) for hash_, now, provider in asked]
             alone += [await store.access_state(sub, now) for sub, now in states]
+            alone += [await store.get_refresh_token(hash_, link_provider=provider) for hash_, provider in refreshes]
             assert together == alone
             links = [getattr(each, "linked_user_id", None) for each in together]
             assert links == [getattr(each, "linked_user_id", None) for each in alone]
@@ -1036,7 +1040,9 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             assert found[revoked.token_hash, NOW, None] is None
             assert found[bob_access.token_hash, NOW, None] == attrs.evolve(bob_access, user_ban=ban)
             assert found[h("unknown"), NOW, "slack"] is None
-            assert together[len(asked):] == [
+            assert together[-len(refreshes):] == [live_refresh, None, live_refresh] * 2
+            assert [each.linked_user_id for each in together[-3:] if each] == ["U024BE7LH"] * 2
+            assert together[len(asked):-len(refreshes)] == [
                 AccessState(ban=None, has_active_grant=True), AccessState(ban=ban, has_active_grant=True),
                 AccessState(ban=None, has_active_grant=False), AccessState(ban=None, has_active_grant=True),
                 AccessState(ban=None, has_active_grant=True), AccessState(ban=None, has_active_grant=True),
