@@ -312,6 +312,26 @@ class TestLookupsTogether(OwnStore):
         await store.close()
 
     @pytest_twisted.ensureDeferred
+    async def test_a_key_no_text_can_hold_matches_nothing_and_spoils_no_group(self):
+        """
+        A user id with a lone surrogate or a NUL (both possible in a JSON
+        string) is no stored user: it is answered as unknown before it could
+        fail, in the driver, the statement it would have gone with.
+        """
+        store = self.store(pool_size=2)
+        grant = await start_grant(store, "g1")
+        access, refresh = await issue(store, grant, "1")
+        strange = ["\ud800", "a\x00", "\udfff" + ALICE, "ß\ud83d"]
+        found = await gatherResults(
+            [store.access_state(sub, NOW) for sub in [ALICE, *strange, ALICE]]
+            + [store.find_access_token(key, NOW) for key in [access.token_hash, *strange, access.token_hash]]
+            + [store.get_refresh_token(key) for key in [refresh.token_hash, *strange, refresh.token_hash]]
+        )
+        live, none = AccessState(ban=None, has_active_grant=True), AccessState(ban=None, has_active_grant=False)
+        assert found == [live, *[none] * 4, live] + [access, *[None] * 4, access] + [refresh, *[None] * 4, refresh]
+        await store.close()
+
+    @pytest_twisted.ensureDeferred
     async def test_lookups_waiting_together_share_the_outage(self):
         from twisted.internet import reactor
         from twisted.internet.protocol import Factory, Protocol
@@ -493,6 +513,8 @@ class TestConnectionFailures(OwnStore):
         store = self.store()
         try:
             assert await store.get_client("demo\x00") is None
+            assert await store.get_client("demo\ud800") is None
+            assert await store.get_ban("\udfffa", NOW) is None
             assert await store.access_state("\x00", NOW) == AccessState(ban=None, has_active_grant=False)
             assert await store.get_ban("a\x00", NOW) is None
             assert await store.get_interaction("ia\x00", NOW) is None

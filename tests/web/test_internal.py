@@ -96,6 +96,8 @@ async def test_has_active_grant_ends_with_the_last_token(harness):
     "body, headers, status, error",
     [
         ({"userId": "nobody"}, AUTH, 404, "user_not_found"),
+        (b'{"userId": "\\ud800"}', AUTH, 404, "user_not_found"),
+        ({"userId": "nul\x00"}, AUTH, 404, "user_not_found"),
         ({}, AUTH, 400, "invalid_request"),
         ({"userId": ""}, AUTH, 400, "invalid_request"),
         ({"userId": 42}, AUTH, 400, "invalid_request"),

@@ -76,7 +76,7 @@ from authsrv.store.errors import AlreadyExists, StoreUnavailable
 from authsrv.store.observer import Observer, watched
 from authsrv.store.rows import (
     POSTGRES, Lookup, Rows, access_lookup, access_state_sql, ban_of, factors_of, import_statements, refresh_lookup,
-    scope_text, tables, token_lookups,
+    scope_text, tables, token_lookups, unencodable,
 )
 
 COMPONENT = "store"
@@ -193,13 +193,14 @@ def _translate(error: BaseException, _label: str) -> tuple[BaseException, bool]:
     return translated, isinstance(translated, StoreUnavailable) and not isinstance(error, PoolClosed)
 
 
-def _holds_nul(params: dict) -> bool:
+def _unstorable(params: dict) -> bool:
     """
-    PostgreSQL text cannot hold U+0000, so no stored key does: a lookup by
-    such a key (a user id from a JSON body) matches nothing, rather than
-    failing in the driver.
+    PostgreSQL text cannot hold U+0000 nor a lone surrogate
+    (L{unencodable}), so no stored key does: a lookup by such a key (a user
+    id from a JSON body) matches nothing, rather than failing in the driver,
+    and in a gathered statement failing the lookups that went with it.
     """
-    return any(isinstance(value, str) and "\x00" in value for value in params.values())
+    return any(isinstance(value, str) and "\x00" in value for value in params.values()) or unencodable(params.values())
 
 
 _T = tables(POSTGRES)
@@ -291,7 +292,7 @@ class PostgresStore:
 
     def _one(self, label: str, rows: Rows | None, sql: str | Prepared, params: dict) -> Deferred:
         """The record of the first row (the row itself without C{rows}), or None."""
-        if _holds_nul(params):
+        if _unstorable(params):
             return succeed(None)
 
         async def one(db):
@@ -301,7 +302,7 @@ class PostgresStore:
         return self._run(label, one)
 
     def _all(self, label: str, rows: Rows, sql: str, params: dict) -> Deferred:
-        if _holds_nul(params):
+        if _unstorable(params):
             return succeed([])
 
         async def every(db):
@@ -311,7 +312,7 @@ class PostgresStore:
 
     def _count(self, label: str, sql: str, params: dict) -> Deferred:
         """Run one statement; fire with how many rows it changed."""
-        if _holds_nul(params):
+        if _unstorable(params):
             return succeed(0)
         return self._run(label, rowcount, sql, params)
 
@@ -467,7 +468,7 @@ class PostgresStore:
 
     def decide_device_authorization(self, user_code_hash, sub, grant, now):
         params = device.decision(user_code_hash, sub, grant, now)
-        if _holds_nul(params):
+        if _unstorable(params):
             return succeed(False)
         if grant is None:
             return self._changed("decide_device_authorization", _DEVICE.decide, params)
@@ -479,7 +480,7 @@ class PostgresStore:
         )
 
     def poll_device_authorization(self, device_code_hash, client_id, slow_down, now):
-        if _holds_nul({"hash": device_code_hash, "client_id": client_id}):
+        if _unstorable({"hash": device_code_hash, "client_id": client_id}):
             return succeed(device.poll(None, client_id, slow_down, now)[0])
         return self._run("poll_device_authorization", _poll_device, device_code_hash, client_id, slow_down, now)
 
@@ -515,12 +516,12 @@ class PostgresStore:
         )
 
     def find_access_token(self, token_hash, now, link_provider=None):
-        if _holds_nul({"hash": token_hash, "provider": link_provider}):
+        if _unstorable({"hash": token_hash, "provider": link_provider}):
             return succeed(None)
         return self._observed("find_access_token", self._access_tokens, token_hash, (now, link_provider))
 
     def get_refresh_token(self, token_hash, link_provider=None):
-        if _holds_nul({"hash": token_hash, "provider": link_provider}):
+        if _unstorable({"hash": token_hash, "provider": link_provider}):
             return succeed(None)
         return self._observed("get_refresh_token", self._refresh_tokens, token_hash, link_provider)
 
@@ -547,12 +548,12 @@ class PostgresStore:
         )
 
     def access_state(self, sub, now):
-        if _holds_nul({"sub": sub}):
+        if _unstorable({"sub": sub}):
             return succeed(AccessState(ban=None, has_active_grant=False))
         return self._observed("access_state", self._access_states, sub, now)
 
     def session_clients(self, sid):
-        if _holds_nul({"sid": sid}):
+        if _unstorable({"sid": sid}):
             return succeed([])
 
         async def clients(db):
@@ -585,7 +586,7 @@ class PostgresStore:
         )
 
     def list_user_consents(self, sub):
-        if _holds_nul({"sub": sub}):
+        if _unstorable({"sub": sub}):
             return succeed([])
 
         async def consents(db):
@@ -1030,7 +1031,7 @@ _REVOKE_TOKEN = (
 
 
 async def _revoke_token(db, token_hash, client_id, now):
-    if _holds_nul({"client_id": client_id}):
+    if _unstorable({"client_id": client_id}):
         return NotRevoked()
     row = await first(db, _REVOKE_TOKEN, {"hash": token_hash, "client_id": client_id, "now": now})
     if row["refresh_grant"] is not None:

@@ -252,6 +252,23 @@ def lookup(dialect: Dialect, columns: str, source: str, alias: str, where: str) 
     )
 
 
+def unencodable(values) -> bool:
+    """
+    Whether any text among C{values} holds a lone surrogate (possible in a
+    JSON string, impossible in UTF-8): no stored key holds one and the
+    drivers refuse to send one, so a lookup by it finds nothing.
+    """
+    return any(isinstance(value, str) and not value.isascii() and not _utf8(value) for value in values)
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def access_state_sql(dialect: Dialect, users: str = "(SELECT 1) AS one", sub: str = "") -> str:
     """
     user-access's one query, by C{sub} and C{now}: whether the user holds a

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from time import perf_counter
 
+from twisted.internet.defer import succeed
 from twisted.logger import Logger
 from zope.interface import implementer
 
@@ -44,7 +45,9 @@ from authsrv.store import codes, device, pending, throttle
 from authsrv.store.codes import CodeNotFound, CodeRedeemed, CodeReused
 from authsrv.store.errors import AlreadyExists, StoreUnavailable
 from authsrv.store.observer import Observer, watched
-from authsrv.store.rows import SQLITE, Rows, access_state_sql, ban_of, factors_of, import_statements, scope_text, tables, token_lookups
+from authsrv.store.rows import (
+    SQLITE, Rows, access_state_sql, ban_of, factors_of, import_statements, scope_text, tables, token_lookups, unencodable,
+)
 from authsrv.store.sqlite_worker import SQLiteWorker
 
 _SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL"}
@@ -249,7 +252,9 @@ class SQLiteStore:
         return self._execute(label, sql, params).addCallback(bool)
 
     def _query(self, label: str, rows: Rows, sql: str, params=()):
-        """Fire with the record of the first row, or None."""
+        """Fire with the record of the first row, or None (also for a key no text can hold: L{unencodable})."""
+        if unencodable(params.values() if isinstance(params, dict) else params):
+            return succeed(None)
         return self._call(label, False, lambda db: rows.load(db.execute(sql, params).fetchone()))
 
     def _query_all(self, label: str, rows: Rows, sql: str, params=()):
@@ -466,6 +471,9 @@ class SQLiteStore:
         )
 
     def access_state(self, sub, now):
+        if unencodable((sub,)):
+            return succeed(AccessState(ban=None, has_active_grant=False))
+
         def state(db):
             row = db.execute(_ACCESS_STATE, {"sub": sub, "now": now}).fetchone()
             return AccessState(ban=ban_of(row, sub), has_active_grant=bool(row["has_grant"]))

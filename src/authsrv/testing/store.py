@@ -994,6 +994,20 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             assert (await store.find_access_token(access.token_hash, NOW)).user_ban is None
 
     @pytest_twisted.ensureDeferred
+    async def test_lookups_by_a_key_no_stored_text_can_hold_find_nothing(self):
+        """
+        A NUL or a lone surrogate (both possible in a JSON string) is in no
+        stored key: a lookup by one is an unknown, never an error.
+        """
+        async with self.store() as store:
+            for key in ("\ud800", "a\x00", "\udfff" + ALICE, "ß\ud83d"):
+                assert await store.access_state(key, NOW) == AccessState(ban=None, has_active_grant=False)
+                assert await store.find_access_token(key, NOW) is None
+                assert await store.get_refresh_token(key) is None
+                assert await store.get_ban(key, NOW) is None
+                assert await store.get_client(key) is None
+
+    @pytest_twisted.ensureDeferred
     async def test_lookups_made_at_once_each_get_their_own_answer(self):
         """
         Many token and standing lookups under way together (as a loaded
