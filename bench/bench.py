@@ -766,8 +766,7 @@ def main() -> None:
                               f" CPU {result['cpu_ms']:.3f} ms/req"
                               + (f" ERRORS {result['errors']} {result.get('first_error') or ''}" if result["errors"] else ""),
                               file=sys.stderr, flush=True)
-        info = {"store": args.store + (", LDAP identity" if args.identity == "ldap" else "")
-                + (", the database on the load's core" if args.database_apart else ""),
+        info = {"store": args.store + (", LDAP identity" if args.identity == "ldap" else ""),
                 "database": "on the load's core" if args.database_apart else "pinned with authsrv",
                 "workers": args.workers, "repeats": args.repeats, "duration": args.duration, **versions()}
         if "login" in targets and args.identity == "static":
@@ -1073,7 +1072,8 @@ def report(results: list[dict], info: dict, targets: list[str], concurrencies: l
     rows = []
     better = any(r["server"] == BetterAuth.name for r in results)
     lines = [
-        f"authsrv ({info['store']} store{', %d workers' % info['workers'] if info['workers'] > 1 else ''})"
+        f"authsrv ({info['store']} store{', %d workers' % info['workers'] if info['workers'] > 1 else ''}"
+        f"{', the database ' + info['database'] if info['database'] != 'pinned with authsrv' else ''})"
         f" and node-oidc-provider {info['oidc-provider']} (in memory), "
         + ("both pinned to one core, the load on the other; " if info["workers"] == 1 else
            "authsrv's workers and the load unpinned on every core, the peer pinned to one; ")
