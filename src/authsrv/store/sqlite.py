@@ -210,6 +210,11 @@ def _store_error(error: BaseException) -> BaseException:
     return error
 
 
+def _unknown(params) -> bool:
+    """Whether a lookup by C{params} (a dict or a sequence) names a key no stored text holds (L{unencodable})."""
+    return unencodable(params.values() if isinstance(params, dict) else params)
+
+
 @implementer(IStore)
 class SQLiteStore:
     """
@@ -252,12 +257,14 @@ class SQLiteStore:
         return self._execute(label, sql, params).addCallback(bool)
 
     def _query(self, label: str, rows: Rows, sql: str, params=()):
-        """Fire with the record of the first row, or None (also for a key no text can hold: L{unencodable})."""
-        if unencodable(params.values() if isinstance(params, dict) else params):
+        """Fire with the record of the first row, or None (also for a key no text can hold: L{_unknown})."""
+        if _unknown(params):
             return succeed(None)
         return self._call(label, False, lambda db: rows.load(db.execute(sql, params).fetchone()))
 
     def _query_all(self, label: str, rows: Rows, sql: str, params=()):
+        if _unknown(params):
+            return succeed([])
         return self._call(label, False, lambda db: [rows.load(row) for row in db.execute(sql, params)])
 
     def _insert(self, label: str, rows: Rows, value):

@@ -1006,6 +1006,7 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
                 assert await store.get_refresh_token(key) is None
                 assert await store.get_ban(key, NOW) is None
                 assert await store.get_client(key) is None
+                assert await store.list_user_grants(key, NOW) == []
 
     @pytest_twisted.ensureDeferred
     async def test_lookups_made_at_once_each_get_their_own_answer(self):
