@@ -209,7 +209,7 @@ async def test_a_body_over_the_cap_is_refused(server):
 async def test_only_a_json_object_is_a_document(server):
     with pytest.raises(InvalidDocument, match="not a JSON object"):
         await fetcher().fetch(server.base + "/list")
-    with pytest.raises(InvalidDocument, match="not JSON"):
+    with pytest.raises(InvalidDocument, match="cannot be read: it is not valid JSON"):
         await fetcher().fetch(server.base + "/text")
 
 

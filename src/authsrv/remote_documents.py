@@ -19,7 +19,6 @@ request forgery and against answers that cost the server too much.
 
 from __future__ import annotations
 
-import json
 import re
 from ipaddress import ip_address
 from urllib.parse import urlsplit
@@ -34,6 +33,7 @@ from twisted.web.http_headers import Headers
 
 from authsrv.configsection import Section
 from authsrv.flows.backchannel import PinnedEndpoints, resolve_host
+from authsrv.protocol import jsontext
 from authsrv.protocol.targets import address_problem, private_address_problem
 
 MAX_CACHED = 10_000
@@ -218,9 +218,9 @@ class RemoteDocuments:
         except _TooLarge:
             raise DocumentTooLarge(f"{url} is more than the {self.policy.max_bytes} bytes allowed") from None
         try:
-            document = json.loads(bytes(body))
+            document = jsontext.loads(body)
         except ValueError as e:
-            raise InvalidDocument(f"{url} is not JSON ({e})") from None
+            raise InvalidDocument(f"{url} cannot be read: {e}") from None
         if not isinstance(document, dict):
             raise InvalidDocument(f"{url} is not a JSON object")
         now = self._clock.seconds()

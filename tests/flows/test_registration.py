@@ -253,10 +253,13 @@ async def test_a_body_that_is_not_json_is_invalid_metadata(tmp_path, monkeypatch
     h = await Harness(tmp_path, monkeypatch, registration_config(monkeypatch)).start()
     try:
         for data, content_type in ((b"redirect_uris=x", "application/x-www-form-urlencoded"),
-                                   (b"{not json", "application/json"), (b"[" * 100_000, "application/json")):
+                                   (b"{not json", "application/json"), (b"[" * 100_000, "application/json"),
+                                   (json.dumps({"redirect_uris": [REDIRECT], "client_name": "\ud800"}).encode(),
+                                    "application/json")):
             response, body = await h.json("POST", REGISTER, data=data, headers={
                 "Content-Type": content_type, "Authorization": f"Bearer {INITIAL}"})
             assert response.code in (400, 413) and (response.code == 413 or body["error"] == "invalid_client_metadata")
+        assert [c for c in await h.store.list_clients() if c.client_id not in {d.client_id for d in h.config.clients}] == []
     finally:
         await h.close()
 
@@ -520,7 +523,8 @@ async def test_a_metadata_document_client_signs_in(tmp_path, monkeypatch, docume
 
 @pytest_twisted.ensureDeferred
 @pytest.mark.parametrize("document", [
-    "mismatch", "secret", "private_key_jwt", "bad_redirect", "oversized", "not_json", "missing", "dpop_unoffered",
+    "mismatch", "secret", "private_key_jwt", "bad_redirect", "oversized", "not_json", "not_text", "missing",
+    "dpop_unoffered",
 ])
 async def test_a_bad_metadata_document_is_an_unknown_client(tmp_path, monkeypatch, document_server, document):
     server, base = document_server
@@ -533,6 +537,7 @@ async def test_a_bad_metadata_document_is_an_unknown_client(tmp_path, monkeypatc
         "bad_redirect": {**good, "redirect_uris": ["http://attacker.example/cb"]},
         "oversized": {**good, "client_name": "x" * 4096},
         "not_json": b"<html>",
+        "not_text": json.dumps({**good, "client_name": "\udc00"}).encode(),
         "dpop_unoffered": {**good, "dpop_bound_access_tokens": True},
     }
     if document in bodies:
@@ -548,7 +553,7 @@ async def test_a_bad_metadata_document_is_an_unknown_client(tmp_path, monkeypatc
         assert response.code == 400 and server.hits == [b"/agent.json"], "a refusal is remembered"
         h.clock.advance(2)
         await Browser(h).authorize(url, redirect_uri=REDIRECT)
-        fetch_failed = document in ("oversized", "not_json", "missing")
+        fetch_failed = document in ("oversized", "not_json", "not_text", "missing")
         assert server.hits == [b"/agent.json"] * (2 if fetch_failed else 1), "then fetched again, or cached"
     finally:
         await h.close()

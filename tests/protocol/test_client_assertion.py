@@ -83,6 +83,7 @@ def test_any_of_the_secrets_verifies():
     (signed(jti=""), "needs a jti"),
     (signed(jti=7), "needs a jti"),
     (signed(jti="j" * 257), "needs a jti"),
+    (signed(jti="\ud800"), "surrogate"),
     (signed(alg="none"), "signed with 'none'; use one of HS256, HS384, HS512"),
     (signed(alg="HS1"), "signed with 'HS1'"),
 ])

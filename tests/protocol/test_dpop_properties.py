@@ -161,6 +161,12 @@ def test_jti_missing_empty_long_or_no_string_is_refused(r, jti):
 
 
 @SETTINGS
+@given(requests(), st.sampled_from(["jti", "htu", "nonce"]), st.characters(categories=("Cs",)))
+def test_a_claim_that_is_no_unicode_text_is_refused(r, name, surrogate):
+    refused(r, made(r, "ES256", claims={name: "j" + surrogate}), "surrogate")
+
+
+@SETTINGS
 @given(requests(), algs, st.text(max_size=30), st.sampled_from(["another token", "absent"]))
 def test_ath_of_another_token_or_none_is_refused(r, alg, token, how):
     claims = {"ath": access_token_hash(token + "x")} if how == "another token" else {}

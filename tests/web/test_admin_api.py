@@ -262,6 +262,15 @@ async def test_malformed_bodies(harness):
         assert_problem(response, body, 415, "unsupported_media_type")
         response, body = await a.call("POST", "/api/admin/clients", raw=b"{" + b" " * 70_000 + b"}", headers=JSON)
         assert_problem(response, body, 413, "too_large")
+        for path, raw in ((f"/api/admin/users/{BOB.sub}/ban", rb'{"reason": "\ud800"}'),
+                          (f"/api/admin/users/{BOB.sub}/disable", rb'{"reason": "left \udfff"}'),
+                          (f"/api/admin/users/{BOB.sub}/ban", b'{"reason": "\xed\xa0\x80"}'),
+                          (f"/api/admin/users/{BOB.sub}/ban", b'{"reason": "\xff"}')):
+            method = "PUT" if path.endswith("/ban") else "POST"
+            response, body = await a.call(method, path, raw=raw, headers=JSON)
+            assert_problem(response, body, 400, "invalid_request")
+        response, body = await a.call("GET", f"/api/admin/users/{BOB.sub}", headers=AUTH)
+        assert body["ban"] is None and body["user"]["disabled"] is False
         response, body = await a.call("GET", "/api/admin/clients?limit=500", headers=AUTH)
         assert_problem(response, body, 400, "invalid_request", "limit")
         response, body = await a.call("GET", "/api/admin/clients?cursor=%%%", headers=AUTH)

@@ -13,7 +13,6 @@ the provider's error codes.
 
 from __future__ import annotations
 
-import json
 from urllib.parse import urlsplit
 
 import treq
@@ -34,6 +33,7 @@ from zope.interface import implementer
 from authsrv.chat.config import ChatConfig
 from authsrv.chat.errors import ChatError, ChatProviderUnavailable, ChatRefreshRefused
 from authsrv.interfaces import IChatProvider
+from authsrv.protocol import jsontext
 from authsrv.protocol.urls import with_query
 
 MAX_BODY = 64 * 1024
@@ -204,7 +204,7 @@ class ChatProvider:
             log.warn("chat provider failed at {url}: {status}", url=_origin(url), status=status)
             raise ChatProviderUnavailable(f"the chat platform answered {status}; try again")
         try:
-            body = json.loads(raw)
+            body = jsontext.loads(raw)
         except ValueError:
             body = None
         if not isinstance(body, dict):

@@ -18,7 +18,6 @@ counts as a software key (RFC 8176 C{swk}), any other as a hardware key
 
 from __future__ import annotations
 
-import json
 from urllib.parse import urlsplit
 
 from attrs import frozen
@@ -40,6 +39,7 @@ from webauthn.helpers.structs import (
 )
 
 from authsrv import events
+from authsrv.protocol import jsontext
 from authsrv.records import Passkey
 from authsrv.store.errors import AlreadyExists
 from authsrv.tokens import token_hash
@@ -98,7 +98,7 @@ def _parsed(credential_json: str | None) -> dict | None:
     if not credential_json or len(credential_json) > MAX_CREDENTIAL_JSON:
         return None
     try:
-        credential = json.loads(credential_json)
+        credential = jsontext.loads(credential_json)
     except ValueError:
         return None
     return credential if isinstance(credential, dict) and isinstance(credential.get("id"), str) else None

@@ -18,6 +18,7 @@ from jwcrypto.common import JWException, base64url_decode, base64url_encode
 from jwcrypto.jwk import JWK, JWKSet
 from jwcrypto.jws import JWS
 
+from authsrv.protocol import jsontext
 from authsrv.protocol.errors import InvalidClient, InvalidRequest
 
 ASSERTION_ALGS = ("RS256", "PS256", "ES256", "EdDSA")
@@ -55,8 +56,8 @@ def unverified_client_id(assertion: str) -> str:
     token = JWS()
     try:
         token.deserialize(assertion)
-        claims = json.loads(token.objects["payload"])
-    except (JWException, ValueError, KeyError, UnicodeDecodeError):
+        claims = jsontext.loads(token.objects["payload"])
+    except (JWException, ValueError, KeyError):
         raise _failed("client_assertion is not a compact signed JWT") from None
     issuer = claims.get("iss") if isinstance(claims, dict) else None
     if not isinstance(issuer, str) or not issuer:
@@ -99,9 +100,12 @@ def verified_claims(
                       f" this client's is shorter: {shorter}")
     try:
         token.verify(keyset)
-        claims = json.loads(token.payload)
     except (JWException, ValueError):
         raise _failed("the client_assertion signature does not verify with any of the client's keys") from None
+    try:
+        claims = jsontext.loads(token.payload)
+    except jsontext.NotJSONText as e:
+        raise _failed(f"client_assertion's payload cannot be read: {e}") from None
     if not isinstance(claims, dict):
         raise _failed("client_assertion's payload is not a JSON object")
     if claims.get("iss") != client_id or claims.get("sub") != client_id:

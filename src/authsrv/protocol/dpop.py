@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import json
 import re
 from urllib.parse import urlsplit, urlunsplit
 
@@ -20,6 +19,7 @@ from jwcrypto.common import JWException
 from jwcrypto.jwk import JWK
 from jwcrypto.jws import JWS
 
+from authsrv.protocol import jsontext
 from authsrv.protocol.errors import InvalidDpopProof, UseDpopNonce
 from authsrv.records import Client
 
@@ -156,9 +156,12 @@ def check_proof(
     jws, header, key = _header_and_key(compact)
     try:
         jws.verify(key, alg=header["alg"])
-        claims = json.loads(jws.payload)
     except (JWException, ValueError, TypeError):
         raise InvalidDpopProof("the signature of the DPoP proof does not verify with its jwk") from None
+    try:
+        claims = jsontext.loads(jws.payload)
+    except jsontext.NotJSONText as e:
+        raise InvalidDpopProof(f"the payload of the DPoP proof cannot be read: {e}") from None
     if not isinstance(claims, dict):
         raise InvalidDpopProof("the payload of a DPoP proof must be a JSON object")
     jti = claims.get("jti")

@@ -9,12 +9,12 @@ cannot be turned into an open redirector.
 
 from __future__ import annotations
 
-import json
 import re
 
 from jwcrypto.common import JWException
 from jwcrypto.jws import JWS
 
+from authsrv.protocol import jsontext
 from authsrv.protocol.errors import PageError
 from authsrv.protocol.urls import with_query
 
@@ -41,7 +41,7 @@ def hint_claims(hint: str, keyset, algorithms, issuer: str) -> dict:
         token.deserialize(hint)
         token.verify(keyset)
         header = token.jose_header
-        claims = json.loads(token.payload)
+        claims = jsontext.loads(token.payload)
     except (JWException, ValueError):
         raise refused("The sign-out request carries an ID token this service did not issue.") from None
     typ = header.get("typ")

@@ -9,8 +9,8 @@ token reports (amr, RFC 8176; acr). Pure: values in, values out.
 from __future__ import annotations
 
 import base64
-import json
 
+from authsrv.protocol import jsontext
 from authsrv.protocol.errors import InvalidRequest
 from authsrv.protocol.signing import HASHES
 from authsrv.records import ACR_MFA, ACR_PWD, User
@@ -62,9 +62,9 @@ def requested_acr(params: dict[str, str]) -> tuple[str, ...]:
     claims_text = params.get("claims")
     if claims_text is not None:
         try:
-            claims = json.loads(claims_text)
-        except ValueError:
-            raise InvalidRequest("claims must be a JSON object") from None
+            claims = jsontext.loads(claims_text)
+        except jsontext.NotJSONText as e:
+            raise InvalidRequest(f"claims must be a JSON object: {e}") from None
         if not isinstance(claims, dict):
             raise InvalidRequest("claims must be a JSON object")
         id_token = claims.get("id_token")

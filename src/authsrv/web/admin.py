@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 from functools import wraps
 from urllib.parse import quote
 
@@ -34,6 +33,7 @@ from authsrv.operations.views import (
     session_view,
     user_view,
 )
+from authsrv.protocol import jsontext
 from authsrv.store.errors import StoreUnavailable
 from authsrv.web.headers import json_body
 
@@ -89,9 +89,9 @@ def _body(request, *, required: bool) -> dict:
     if content_type != b"application/json":
         raise Problem(415, "unsupported_media_type", "send the body as application/json")
     try:
-        body = json.loads(raw)
-    except (ValueError, RecursionError):
-        raise Problem(400, "invalid_request", "the body is not valid JSON (or nested too deeply)") from None
+        body = jsontext.loads(raw)
+    except jsontext.NotJSONText as e:
+        raise Problem(400, "invalid_request", f"the body cannot be read: {e}") from None
     if not isinstance(body, dict):
         raise Problem(400, "invalid_request", "the body must be a JSON object")
     return body

@@ -13,7 +13,6 @@ for servers only.
 
 from __future__ import annotations
 
-import json
 
 from twisted.logger import Logger
 from twisted.web.template import tags
@@ -24,6 +23,7 @@ from authsrv.flows.link import unlink_token, unlink_token_valid
 from authsrv.flows.outcomes import DeviceCodeForm, LogoutConfirmation, Notice, Redirect
 from authsrv.flows.ratelimit import ClientRateLimits, EndpointLimit, RateLimited
 from authsrv.identity.errors import BackendUnavailable
+from authsrv.protocol import jsontext
 from authsrv.protocol.bearer import access_credential
 from authsrv.protocol.errors import (
     InvalidClientMetadata,
@@ -83,12 +83,12 @@ def _preflight(request, methods: bytes) -> bytes:
 def _metadata(request):
     """A registration request's JSON body (RFC 7591 section 3.1), or L{InvalidClientMetadata}."""
     content_type = (request.getHeader(b"content-type") or b"").split(b";")[0].strip().lower()
+    if content_type != b"application/json":
+        raise InvalidClientMetadata("send the client metadata as a JSON object (application/json)")
     try:
-        if content_type != b"application/json":
-            raise ValueError("not JSON")
-        return json.loads(request.content.read())
-    except (ValueError, RecursionError):
-        raise InvalidClientMetadata("send the client metadata as a JSON object (application/json)") from None
+        return jsontext.loads(request.content.read())
+    except jsontext.NotJSONText as e:
+        raise InvalidClientMetadata(f"the client metadata cannot be read: {e}") from None
 
 
 class PublicSite:

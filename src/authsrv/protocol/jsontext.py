@@ -1,0 +1,60 @@
+"""
+JSON that arrives from outside: a request body, a JWT's payload, a
+document fetched from a client's site.
+
+A JSON string may escape half of a surrogate pair alone (C{"\\ud800"}),
+and C{json.loads} of bytes lets UTF-8-encoded surrogates through as well;
+neither is Unicode text, and such a string fails later wherever it is
+written as UTF-8 (a database, a file, a log line), long after the request
+could have been told why. RFC 8259 section 8.2 leaves a receiver free to
+refuse it: this module refuses it on arrival.
+"""
+
+from __future__ import annotations
+
+import json
+
+
+class NotJSONText(ValueError):
+    """Input that is no JSON text this server reads; the message says why, for a person."""
+
+
+def loads(data: bytes | bytearray | str):
+    """
+    C{json.loads} of UTF-8 bytes or of text, or L{NotJSONText}: for bytes
+    that are not UTF-8, input that is not JSON or is nested too deeply,
+    and a string holding a lone surrogate.
+    """
+    try:
+        text = bytes(data).decode("utf-8") if isinstance(data, (bytes, bytearray)) else data
+        text.encode("utf-8")
+    except UnicodeError:
+        raise NotJSONText("it is not UTF-8 text") from None
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise NotJSONText("it is nested too deeply") from None
+    except ValueError as e:
+        raise NotJSONText(f"it is not valid JSON ({e})") from None
+    if "\\u" in text and _holds_lone_surrogate(value):
+        raise NotJSONText("a string in it escapes half of a surrogate pair alone (\\ud800 to \\udfff),"
+                          " which is not Unicode text")
+    return value
+
+
+def _holds_lone_surrogate(value) -> bool:
+    """Whether any string or member name in C{value} does; a pair was joined by the parser."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(item, dict):
+            pending.extend(item)
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return False
