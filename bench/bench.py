@@ -805,7 +805,9 @@ def profile(measure: Measure, authsrv: Authsrv, targets: list[str], connections:
     """
     A py-spy flame graph of the server's reactor and store threads while they
     hold the GIL (their CPU, not their waiting), recorded from the load's core
-    while each target's load runs.
+    while each target's load runs. py-spy stops the server for each sample:
+    read while it runs (--nonblocking), most samples were lost, those in
+    Python code more than those in long C calls (bench/README.md).
     """
     folder = BENCH / "profiles"
     folder.mkdir(exist_ok=True)
@@ -818,7 +820,7 @@ def profile(measure: Measure, authsrv: Authsrv, targets: list[str], connections:
             spies.append(subprocess.Popen(
                 ["taskset", "-c", LOAD_CORE, _py_spy(),
                  "record", "--pid", str(authsrv.process.pid), "--rate", "250", "--output", str(path),
-                 "--format", "raw" if os.environ.get("BENCH_RAW") else "flamegraph", "--nonblocking", "--gil"],
+                 "--format", "raw" if os.environ.get("BENCH_RAW") else "flamegraph", "--gil"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             time.sleep(0.5)
 
