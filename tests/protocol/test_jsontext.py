@@ -16,7 +16,7 @@ from authsrv.protocol.jsontext import NotJSONText, loads
 
 TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=12)
 VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers() | TEXT,
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | TEXT,
     lambda children: st.lists(children, max_size=4) | st.dictionaries(TEXT, children, max_size=4),
     max_leaves=20,
 )
@@ -54,6 +54,10 @@ def test_a_pair_and_an_escaped_backslash_are_text():
     (b"{not json", "not valid JSON"),
     (b"", "not valid JSON"),
     (b"[" * 100_000, "nested too deeply"),
+    (b'{"max_age": NaN}', "NaN is not a JSON number"),
+    (b"[Infinity]", "Infinity is not a JSON number"),
+    (b"-Infinity", "-Infinity is not a JSON number"),
+    (b"1" * 5000, "not valid JSON"),
 ])
 def test_what_is_not_json_text_says_why(data, reason):
     with pytest.raises(NotJSONText, match=reason):

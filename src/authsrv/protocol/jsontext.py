@@ -7,7 +7,8 @@ and C{json.loads} of bytes lets UTF-8-encoded surrogates through as well;
 neither is Unicode text, and such a string fails later wherever it is
 written as UTF-8 (a database, a file, a log line), long after the request
 could have been told why. RFC 8259 section 8.2 leaves a receiver free to
-refuse it: this module refuses it on arrival.
+refuse it: this module refuses it on arrival, as it refuses the NaN and
+Infinity Python's reader takes, which JSON has not (section 6).
 """
 
 from __future__ import annotations
@@ -19,11 +20,19 @@ class NotJSONText(ValueError):
     """Input that is no JSON text this server reads; the message says why, for a person."""
 
 
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+"""Python's reader without its extensions to RFC 8259: NaN, Infinity and -Infinity."""
+
+
 def loads(data: bytes | bytearray | str):
     """
     C{json.loads} of UTF-8 bytes or of text, or L{NotJSONText}: for bytes
-    that are not UTF-8, input that is not JSON or is nested too deeply,
-    and a string holding a lone surrogate.
+    that are not UTF-8, input that is not JSON (NaN and Infinity included)
+    or is nested too deeply, and a string holding a lone surrogate.
     """
     try:
         text = bytes(data).decode("utf-8") if isinstance(data, (bytes, bytearray)) else data
@@ -31,7 +40,7 @@ def loads(data: bytes | bytearray | str):
     except UnicodeError:
         raise NotJSONText("it is not UTF-8 text") from None
     try:
-        value = json.loads(text)
+        value = _DECODER.decode(text)
     except RecursionError:
         raise NotJSONText("it is nested too deeply") from None
     except ValueError as e:
