@@ -75,6 +75,18 @@ def test_lookups_of_one_turn_after_the_first_go_together_at_its_end():
     assert database.asked()[2:] == [("one", "d", 1)]
 
 
+def test_a_waiting_group_of_one_key_goes_as_a_lone_lookup():
+    """The statement for one key, as a lone request's: its plan, its prepared name."""
+    database, clock = Database(), Clock()
+    lookups = gather(database, clock)
+    heard = results([lookups(key, 1) for key in ("a", "b", "b")])
+    clock.advance(0)
+    assert database.asked() == [("one", "a", 1), ("one", "b", 1)]
+    database.answer(1, "record b")
+    database.answer(0, None)
+    assert heard == [None, "record b", "record b"]
+
+
 def test_lookups_waiting_for_the_turns_end_go_when_a_statement_comes_back_first():
     database, clock = Database(), Clock()
     lookups = gather(database, clock)
@@ -129,10 +141,10 @@ def test_lookups_go_together_only_with_the_same_shared_parameters():
     lookups = gather(database, clock, width=3)
     heard = results([lookups("a", 1), lookups("b", 2), lookups("c", 1), lookups("d", 2)])
     clock.advance(0)
-    assert database.asked()[1:] == [("many", ["b", "d"], 2), ("many", ["c"], 1)]
+    assert database.asked()[1:] == [("many", ["b", "d"], 2), ("one", "c", 1)]
     database.answer(0, "a at 1")
     database.answer(1, {"b": "b at 2", "d": "d at 2"})
-    database.answer(2, {"c": "c at 1"})
+    database.answer(2, "c at 1")
     assert heard == ["a at 1", "b at 2", "c at 1", "d at 2"]
 
 
@@ -146,7 +158,7 @@ def test_no_more_than_the_width_is_ever_under_way():
         kind, keys, _, reply = outstanding[0]
         reply.callback({key: key for key in keys} if kind == "many" else keys)
     assert database.asked() == [
-        ("one", "a", 1), ("many", ["b"], 1), ("many", ["a", "b"], 2), ("many", ["a", "b"], 3)]
+        ("one", "a", 1), ("one", "b", 1), ("many", ["a", "b"], 2), ("many", ["a", "b"], 3)]
     assert heard == ["a", "b"] * 3
 
 
@@ -156,7 +168,7 @@ def test_a_failed_statement_fails_every_lookup_that_went_with_it_and_the_rest_ca
     heard = results([lookups("a", 1), lookups("b", 1), lookups("c", 1), lookups("d", 2)])
     database.answer(0, "record a")
     database.sent[1][3].errback(Failure(ConnectionError("the database went away")))
-    database.answer(2, {"d": "record d"})
+    database.answer(2, "record d")
     assert heard[0] == "record a" and heard[3] == "record d"
     assert [each.value.args for each in heard[1:3]] == [("the database went away",)] * 2
 

@@ -72,13 +72,25 @@ class Gather:
         return outcome
 
     def _next(self) -> None:
-        """The oldest groups of waiting lookups go while fewer than C{width} statements are under way."""
+        """
+        The oldest groups of waiting lookups go while fewer than C{width}
+        statements are under way; a group of one key goes as a lone lookup
+        would, by C{one}.
+        """
         while self._waiting and self._under_way < self._width:
             shared = next(iter(self._waiting))
             group = self._waiting.pop(shared)
             keys = list(dict.fromkeys(key for key, _ in group))
-            self._send(lambda db, keys=keys, shared=shared: self._many(db, keys, shared)).addCallbacks(
-                _answer, _fail, callbackArgs=(group,), errbackArgs=(group,))
+            if len(keys) == 1:
+                sent = self._send(lambda db, key=keys[0], shared=shared: self._one(db, key, shared)).addCallback(
+                    _by_key, keys[0])
+            else:
+                sent = self._send(lambda db, keys=keys, shared=shared: self._many(db, keys, shared))
+            sent.addCallbacks(_answer, _fail, callbackArgs=(group,), errbackArgs=(group,))
+
+
+def _by_key(record, key: Hashable) -> dict:
+    return {key: record}
 
 
 def _answer(found: dict, group: list[tuple[Hashable, Deferred]]) -> None:
