@@ -35,8 +35,11 @@ def loads(data: bytes | bytearray | str):
     or is nested too deeply, and a string holding a lone surrogate.
     """
     try:
-        text = bytes(data).decode("utf-8") if isinstance(data, (bytes, bytearray)) else data
-        text.encode("utf-8")
+        if isinstance(data, (bytes, bytearray)):
+            text = bytes(data).decode("utf-8")
+        else:
+            text = data
+            text.encode("utf-8")  # text handed in may hold a surrogate outside any escape
     except UnicodeError:
         raise NotJSONText("it is not UTF-8 text") from None
     try:

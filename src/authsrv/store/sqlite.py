@@ -478,7 +478,7 @@ class SQLiteStore:
         )
 
     def access_state(self, sub, now):
-        if unencodable((sub,)):
+        if _unknown((sub,)):
             return succeed(AccessState(ban=None, has_active_grant=False))
 
         def state(db):
