@@ -474,6 +474,61 @@ class TestConnectionFailures(OwnStore):
         await store.close()
 
     @pytest_twisted.ensureDeferred
+    async def test_statements_share_one_deadline_watch(self, monkeypatch):
+        """
+        Each statement's deadline is watched by the pool's one timer, not a
+        timer of its own (a delayed call scheduled and cancelled per
+        statement, and a coroutine around it, were a sixth of a lookup's
+        client-side cost), waiting for a connection included.
+        """
+        from twisted.internet import reactor
+
+        store = self.store(pool_size=2)
+        await gatherResults([store.ping(), store.ping()])
+        scheduled = []
+        call_later = reactor.callLater
+        monkeypatch.setattr(reactor, "callLater", lambda *a, **k: (scheduled.append(a[1]), call_later(*a, **k))[1])
+        for n in range(10):
+            assert await store.get_ban(f"user-{n}", NOW) is None
+        assert await gatherResults([store.get_ban(f"user-{n}", NOW) for n in range(10)]) == [None] * 10
+        monkeypatch.undo()
+        assert len(scheduled) <= 1
+        await store.close()
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_caller_that_stops_waiting_for_a_connection_leaves_the_queue(self):
+        store = self.store(statement_timeout=3)
+        await store.ban_user(Ban(ALICE, "first", NOW))
+        with psycopg2.connect(self.dsn) as locker, locker.cursor() as cursor:
+            cursor.execute("SELECT * FROM bans FOR UPDATE")
+            blocked = store.unban_user(ALICE)
+            given_up = store.get_ban(ALICE, NOW)
+            waiting = store.get_ban(ALICE, NOW)
+            given_up.cancel()
+            with pytest.raises(StoreUnavailable):
+                await given_up
+            assert [w.result for w in store._pool._waiting] == [waiting]
+            locker.rollback()
+        assert await blocked is True
+        assert await waiting is None
+        assert await store.get_ban(ALICE, NOW) is None
+        await store.close()
+
+    @pytest_twisted.ensureDeferred
+    async def test_closing_fails_the_calls_waiting_for_a_connection(self):
+        store = self.store(statement_timeout=3)
+        await store.ban_user(Ban(ALICE, "first", NOW))
+        with psycopg2.connect(self.dsn) as locker, locker.cursor() as cursor:
+            cursor.execute("SELECT * FROM bans FOR UPDATE")
+            blocked = store.unban_user(ALICE)
+            waiting = store.get_ban(ALICE, NOW)
+            await store.close()
+            with pytest.raises(StoreUnavailable):
+                await waiting
+            with pytest.raises(StoreUnavailable):
+                await blocked
+
+    @pytest_twisted.ensureDeferred
     async def test_closed_store_is_unavailable(self):
         store = self.store()
         await store.ping()

@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import os
 import re
+from collections import deque
+from collections.abc import Callable
+from itertools import islice
 from typing import Any
+
+from attrs import frozen
 
 import psycopg2
 import psycopg2.extensions
-from twisted.internet.defer import CancelledError, Deferred, DeferredSemaphore, ensureDeferred, fail
-from twisted.internet.defer import TimeoutError as DeferredTimeout
+from twisted.internet.defer import CancelledError, Deferred, fail
 from twisted.internet.error import ConnectionDone, ConnectionLost
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
@@ -162,6 +166,7 @@ class _Connection(txpostgres.Connection):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.prepared: set[str] = set()
+        self.timed_out: int | None = None
         self._running: _Cursor | None = None
         self._watched: int | None = None
 
@@ -216,6 +221,15 @@ class _Connection(txpostgres.Connection):
         super().connectionLost(reason)
 
 
+@frozen
+class _Waiter:
+    """Work that waits for a free slot until C{deadline}; C{result} fires with its outcome."""
+
+    deadline: float
+    result: Deferred
+    work: Callable
+
+
 class Pool:
     """
     Up to C{size} txpostgres connections, each opened when
@@ -252,7 +266,10 @@ class Pool:
         self._translate = translate
         self._what = what
         self._consequence = consequence
-        self._slots = DeferredSemaphore(size)
+        self._free = size
+        self._waiting: deque[_Waiter] = deque()
+        self._busy: dict[_Connection, tuple[float, Deferred]] = {}
+        self._timer = None
         self._idle: list[_Connection] = []
         self._open: set[_Connection] = set()
         self._closed = False
@@ -263,17 +280,22 @@ class Pool:
         """
         Fires with the result of C{work(connection)} (a coroutine or a
         L{Deferred}) on one connection of the pool, or fails with the
-        plugin's exception for C{translate}, which gets C{label}. With a
-        slot and an open connection free, as under any load the pool was
-        sized for, the work starts at once, without a coroutine of the
-        pool's own around it.
+        plugin's exception for C{translate}, which gets C{label}. Work waits
+        for a free slot for at most C{connect_timeout} (L{NoFreeConnection})
+        and runs for at most the statement timeout and a margin
+        (L{TimedOut}: its connection is closed).
         """
-        if self._slots.tokens and self._reachable and not self._closed:
-            connection = self._idle_connection()
-            if connection is not None:
-                self._slots.acquire()
-                return self._on(connection, work).addErrback(self._failed, label)
-        return Deferred.fromCoroutine(self._attempt(work)).addErrback(self._failed, label)
+        if self._closed:
+            started = fail(PoolClosed())
+        elif self._free:
+            self._free -= 1
+            started = self._start(work)
+        else:
+            started = Deferred(self._leave_queue)
+            deadline = self._reactor.seconds() + self._settings.connect_timeout
+            self._waiting.append(_Waiter(deadline, started, work))
+            self._watch(deadline)
+        return started.addErrback(self._failed, label)
 
     def _failed(self, failure: Failure, label: str) -> Failure:
         error, outage = self._translate(failure.value, label)
@@ -285,21 +307,20 @@ class Pool:
             )
         return Failure(error)
 
-    async def _attempt(self, work):
-        """Wait for a slot and a connection (a new one if none is open), then run C{work} on it."""
-        timeout = self._settings.connect_timeout
-        slot = self._slots.acquire()
-        try:
-            if not slot.called:
-                await slot.addTimeout(timeout, self._reactor)
-        except DeferredTimeout:
-            raise NoFreeConnection(timeout) from None
+    def _start(self, work) -> Deferred:
+        """C{work} on an open connection, or on a new one; the caller holds a slot for it."""
+        connection = self._idle_connection() if self._reachable else None
+        if connection is not None:
+            return self._on(connection, work)
+        return Deferred.fromCoroutine(self._connect_and_run(work))
+
+    async def _connect_and_run(self, work):
         try:
             if self._closed:
                 raise PoolClosed()
             connection = self._idle_connection() or await self._connect()
         except BaseException:
-            self._slots.release()
+            self._release()
             raise
         if not self._reachable:
             self._reachable = True
@@ -307,18 +328,80 @@ class Pool:
         return await self._on(connection, work)
 
     def _on(self, connection: _Connection, work) -> Deferred:
-        """C{work} on C{connection} within the deadline; then the connection and its slot go back."""
-        deadline = self._settings.statement_timeout + CLIENT_DEADLINE_MARGIN
+        """
+        C{work} on C{connection}, under the pool's one watch of deadlines
+        (L{_sweep}) instead of a timer of its own; then the connection and
+        its slot go back.
+        """
         try:
-            started = ensureDeferred(work(connection))
+            started = work(connection)
+            if not isinstance(started, Deferred):
+                started = Deferred.fromCoroutine(started)
         except Exception:
             started = fail()
-        return self._within(deadline, started, connection).addBoth(self._give_back, connection)
+        if not started.called:
+            deadline = self._reactor.seconds() + self._settings.statement_timeout + CLIENT_DEADLINE_MARGIN
+            self._busy[connection] = (deadline, started)
+            self._watch(deadline)
+        return started.addBoth(self._give_back, connection)
 
     def _give_back(self, outcome, connection: _Connection):
+        self._busy.pop(connection, None)
         self._checkin(connection)
-        self._slots.release()
+        self._release()
+        if connection.timed_out is not None:
+            return Failure(TimedOut(connection.timed_out))
         return outcome
+
+    def _release(self) -> None:
+        """A slot is free: the longest-waiting work, if any, takes it, unless the pool was closed."""
+        while self._waiting:
+            waiter = self._waiting.popleft()
+            if waiter.result.called:
+                continue
+            if self._closed:
+                waiter.result.errback(PoolClosed())
+                continue
+            self._start(waiter.work).chainDeferred(waiter.result)
+            return
+        self._free += 1
+
+    def _leave_queue(self, result: Deferred) -> None:
+        """The caller gave up on work still waiting for a slot."""
+        self._waiting = deque(waiter for waiter in self._waiting if waiter.result is not result)
+
+    def _watch(self, deadline: float) -> None:
+        """Have L{_sweep} run by C{deadline}."""
+        if self._timer is None:
+            self._timer = self._reactor.callLater(max(0.0, deadline - self._reactor.seconds()), self._sweep)
+        elif deadline < self._timer.getTime():
+            self._timer.reset(max(0.0, deadline - self._reactor.seconds()))
+
+    def _sweep(self) -> None:
+        """
+        Work past its deadline is cancelled (after its connection is
+        closed: txpostgres cannot cancel a query on a silent server), work
+        that waited too long for a slot fails. Deadlines are a fixed time
+        after each start, so the oldest come first in both queues.
+        """
+        self._timer = None
+        now = self._reactor.seconds()
+        seconds = self._settings.statement_timeout + CLIENT_DEADLINE_MARGIN
+        for connection, (deadline, started) in list(self._busy.items()):
+            if deadline > now:
+                break
+            connection.timed_out = seconds
+            self._drop(connection)
+            started.cancel()
+        timeout = self._settings.connect_timeout
+        while self._waiting and self._waiting[0].deadline <= now:
+            waiter = self._waiting.popleft()
+            if not waiter.result.called:
+                waiter.result.errback(NoFreeConnection(timeout))
+        heads = [deadline for deadline, _ in islice(self._busy.values(), 1)]
+        heads += [waiter.deadline for waiter in islice(self._waiting, 1)]
+        if heads:
+            self._watch(min(heads))
 
     def close(self) -> None:
         """Close every connection now; work under way fails."""
@@ -326,6 +409,12 @@ class Pool:
         for connection in list(self._open):
             self._drop(connection)
         self._idle.clear()
+        for connection, (_, started) in list(self._busy.items()):
+            started.cancel()
+        self._release()
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
 
     def _idle_connection(self) -> _Connection | None:
         while self._idle:
@@ -447,33 +536,46 @@ class Prepared:
         self.execute = f"EXECUTE {name} (" + ", ".join(f"%({field})s" for field in order) + ")"
 
 
-async def _execute_prepared(db, statement: Prepared, params):
+async def _prepare_again(db, statement: Prepared, params, failure: Failure):
     """
-    A cursor that ran C{statement}. A session that lost it (a pooler between
-    us and the server that discards session state), or whose plan a
-    migration made stale (another instance added a column: "cached plan
-    must not change result type"), prepares it again, once.
+    A cursor that ran C{statement} after it failed as C{failure}: a session
+    that lost it (a pooler between us and the server that discards session
+    state), or whose plan a migration made stale (another instance added a
+    column: "cached plan must not change result type"), prepares it again,
+    once.
     """
-    try:
-        return await _run_prepared(db, statement, params)
-    except psycopg2.errors.InvalidSqlStatementName:
+    if failure.check(psycopg2.errors.InvalidSqlStatementName):
         db.prepared.discard(statement.name)
-    except psycopg2.errors.FeatureNotSupported:
+    elif failure.check(psycopg2.errors.FeatureNotSupported):
         db.prepared.discard(statement.name)
         await db.cursor().execute(f"DEALLOCATE {statement.name}")
-    return await _run_prepared(db, statement, params)
+    else:
+        failure.raiseException()
+    return await _prepare_and_run(db, statement, params)
 
 
-async def _run_prepared(db, statement: Prepared, params):
-    if statement.name not in db.prepared:
-        try:
-            await db.cursor().execute(statement.prepare)
-        except psycopg2.errors.DuplicatePreparedStatement:
-            pass  # behind a transaction pooler, another client's session prepared it on this server connection
-        db.prepared.add(statement.name)
-    cursor = db.cursor()
-    await cursor.execute(statement.execute, params)
-    return cursor
+async def _prepare_and_run(db, statement: Prepared, params):
+    try:
+        await db.cursor().execute(statement.prepare)
+    except psycopg2.errors.DuplicatePreparedStatement:
+        pass  # behind a transaction pooler, another client's session prepared it on this server connection
+    db.prepared.add(statement.name)
+    return await db.cursor().execute(statement.execute, params)
+
+
+def _execute(db, sql: "str | Prepared", params) -> Deferred:
+    """
+    Fires with the cursor that ran C{sql}. A statement this session has
+    prepared runs by name with plain callbacks, no coroutine around it:
+    these are the hot lookups, and the coroutine's machinery cost as much
+    as the rest of the client's part.
+    """
+    if not isinstance(sql, Prepared):
+        return db.cursor().execute(sql, params)
+    if sql.name not in db.prepared:
+        return Deferred.fromCoroutine(_prepare_and_run(db, sql, params))
+    return db.cursor().execute(sql.execute, params).addErrback(
+        lambda failure: Deferred.fromCoroutine(_prepare_again(db, sql, params, failure)))
 
 
 def _dicts(cursor) -> list[dict]:
@@ -489,21 +591,24 @@ def _dicts(cursor) -> list[dict]:
     return [dict(zip(names, row)) for row in rows]
 
 
-async def fetch(db, sql: "str | Prepared", params=None) -> list[dict]:
-    if isinstance(sql, Prepared):
-        return _dicts(await _execute_prepared(db, sql, params))
-    cursor = db.cursor()
-    await cursor.execute(sql, params)
-    return _dicts(cursor)
-
-
-async def first(db, sql: "str | Prepared", params=None) -> dict | None:
-    rows = await fetch(db, sql, params)
+def _first(rows: list[dict]) -> dict | None:
     return rows[0] if rows else None
 
 
-async def rowcount(db, sql: str, params=None) -> int:
-    """Run one statement; how many rows it changed."""
-    cursor = db.cursor()
-    await cursor.execute(sql, params)
+def _rowcount(cursor) -> int:
     return cursor.rowcount
+
+
+def fetch(db, sql: "str | Prepared", params=None) -> Deferred:
+    """Fires with the rows as dicts."""
+    return _execute(db, sql, params).addCallback(_dicts)
+
+
+def first(db, sql: "str | Prepared", params=None) -> Deferred:
+    """Fires with the first row as a dict, or None."""
+    return fetch(db, sql, params).addCallback(_first)
+
+
+def rowcount(db, sql: str, params=None) -> Deferred:
+    """Run one statement; fires with how many rows it changed."""
+    return _execute(db, sql, params).addCallback(_rowcount)

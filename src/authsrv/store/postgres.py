@@ -295,11 +295,9 @@ class PostgresStore:
         if _unstorable(params):
             return succeed(None)
 
-        async def one(db):
-            row = await first(db, sql, params)
-            return row if rows is None else rows.load(row)
-
-        return self._run(label, one)
+        if rows is None:
+            return self._run(label, first, sql, params)
+        return self._run(label, lambda db: first(db, sql, params).addCallback(rows.load))
 
     def _all(self, label: str, rows: Rows, sql: str, params: dict) -> Deferred:
         if _unstorable(params):
@@ -828,9 +826,10 @@ async def _server_key(db, name):
     return bytes(row["key"])
 
 
-async def _find_access_token(db, token_hash, shared):
+def _find_access_token(db, token_hash, shared):
     now, link_provider = shared
-    return _T.access.load(await first(db, *_FIND_ACCESS_TOKEN.pick(link_provider, {"hash": token_hash, "now": now})))
+    return first(db, *_FIND_ACCESS_TOKEN.pick(link_provider, {"hash": token_hash, "now": now})).addCallback(
+        _T.access.load)
 
 
 async def _find_access_tokens(db, hashes, shared):
@@ -839,8 +838,8 @@ async def _find_access_tokens(db, hashes, shared):
     return {row["token_hash"]: _T.access.load(row) for row in rows}
 
 
-async def _get_refresh_token(db, token_hash, link_provider):
-    return _T.refresh.load(await first(db, *_GET_REFRESH_TOKEN.pick(link_provider, {"hash": token_hash})))
+def _get_refresh_token(db, token_hash, link_provider):
+    return first(db, *_GET_REFRESH_TOKEN.pick(link_provider, {"hash": token_hash})).addCallback(_T.refresh.load)
 
 
 async def _get_refresh_tokens(db, hashes, link_provider):
@@ -852,8 +851,8 @@ def _access_state_of(row) -> AccessState:
     return AccessState(ban=ban_of(row, row["sub"]), has_active_grant=row["has_grant"])
 
 
-async def _access_state(db, sub, now):
-    return _access_state_of(await first(db, _ACCESS_STATE, {"sub": sub, "now": now}))
+def _access_state(db, sub, now):
+    return first(db, _ACCESS_STATE, {"sub": sub, "now": now}).addCallback(_access_state_of)
 
 
 async def _access_states(db, subs, now):
