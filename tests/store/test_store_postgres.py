@@ -21,6 +21,7 @@ from twisted.logger import formatEvent, globalLogPublisher
 
 from authsrv.configsection import ConfigError, Section
 from authsrv.context import PluginContext
+from authsrv.pg import pool
 from authsrv.pg.pool import fetch, first
 from authsrv.pg.settings import targets
 from authsrv.plugins import find_factory
@@ -493,6 +494,20 @@ class TestConnectionFailures(OwnStore):
         assert await gatherResults([store.get_ban(f"user-{n}", NOW) for n in range(10)]) == [None] * 10
         monkeypatch.undo()
         assert len(scheduled) <= 1
+        await store.close()
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_connection_runs_its_statements_on_one_cursor(self, monkeypatch):
+        store = self.store()
+        await store.ping()
+        made = []
+        init = pool._Cursor.__init__
+        monkeypatch.setattr(pool._Cursor, "__init__", lambda *a: (made.append(a), init(*a))[1])
+        await store.ban_user(Ban(ALICE, "spam", NOW))
+        assert (await store.get_ban(ALICE, NOW)).reason == "spam"
+        assert await store.unban_user(ALICE) is True
+        assert await store.get_ban(ALICE, NOW) is None
+        assert made == []
         await store.close()
 
     @pytest_twisted.ensureDeferred

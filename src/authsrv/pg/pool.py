@@ -168,10 +168,21 @@ class _Connection(txpostgres.Connection):
         self.prepared: set[str] = set()
         self.timed_out: int | None = None
         self._running: _Cursor | None = None
+        self._cursor: _Cursor | None = None
         self._watched: int | None = None
 
     def connect(self, *args, **kwargs) -> Deferred:
         return super().connect(*args, **kwargs).addCallback(self._watch)
+
+    def cursor(self) -> _Cursor:
+        """
+        The connection's one cursor: a connection runs one statement at a
+        time, and every caller here reads a statement's rows before it
+        starts the next, so a cursor made per statement was work for nothing.
+        """
+        if self._cursor is None:
+            self._cursor = super().cursor()
+        return self._cursor
 
     def _watch(self, connected):
         self.reactor.removeReader(self)
