@@ -346,7 +346,8 @@ class IGrantStore(Interface):
         L{authsrv.records.Rotated} (old token was active: it is now consumed,
         carries C{replay} until C{grace_until}, and the new tokens are
         stored), L{authsrv.records.Replayed} (consumed before, still inside
-        its grace window: here is the stored replay),
+        its grace window: here is the stored replay; never when C{replay}
+        was None, as without a grace window),
         L{authsrv.records.Reused} (consumed before the window: the whole
         grant is revoked in the same transaction) or
         L{authsrv.records.RefreshNotFound}.

@@ -627,6 +627,8 @@ async def test_public_clients_refresh_tokens_are_strictly_one_time(tmp_path, mon
         issued = await tokens(h, client_id="spa", scope="openid offline_access")
         response, rotated = await refresh(h, issued["refresh_token"], client_id="spa")
         assert response.code == 200, rotated
+        # Nothing can be replayed, so no sealed answer is kept for it.
+        assert (await h.store.get_refresh_token(token_hash(issued["refresh_token"]))).replay is None
         response, body = await refresh(h, issued["refresh_token"], client_id="spa")
         assert_error(response, body, 400, "invalid_grant")
         assert "already used" in body["error_description"]
@@ -645,6 +647,8 @@ async def test_grace_windows_per_kind_of_client_and_per_client(tmp_path, monkeyp
         for client_id, replayed in (("spa", True), ("first", False), ("partner", True)):
             issued = await tokens(h, client_id=client_id, scope="openid offline_access")
             _, rotated = await refresh(h, issued["refresh_token"], client_id=client_id)
+            sealed = (await h.store.get_refresh_token(token_hash(issued["refresh_token"]))).replay
+            assert (sealed is not None) == replayed, client_id
             h.clock.advance(4)
             response, again = await refresh(h, issued["refresh_token"], client_id=client_id)
             assert (response.code == 200 and again == rotated) == replayed, client_id

@@ -848,6 +848,23 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             assert third == Rotated()
 
     @pytest_twisted.ensureDeferred
+    async def test_rotate_without_a_replay_leaves_none_to_replay(self):
+        """No grace window: nothing is sealed, and the consumed token presented again at once is reuse."""
+        async with self.store() as store:
+            grant = await start_grant(store, "g1")
+            _, old = await issue(store, grant, "1")
+            rotated = await store.rotate_refresh(
+                old.token_hash, make_refresh("refresh-2", grant), make_access("access-2", grant), None, NOW, NOW
+            )
+            assert rotated == Rotated()
+            assert (await store.get_refresh_token(old.token_hash)).replay is None
+            again = await store.rotate_refresh(
+                old.token_hash, make_refresh("refresh-x", grant), make_access("access-x", grant), None, NOW, NOW
+            )
+            assert again == Reused("g1")
+            assert (await store.get_grant("g1")).revoked_at == NOW
+
+    @pytest_twisted.ensureDeferred
     async def test_rotate_replay_inside_grace_window(self):
         async with self.store() as store:
             grant = await start_grant(store, "g1")

@@ -71,10 +71,10 @@ class RefreshTokenGrant:
             jkt=jkt,
             refresh_jkt=old.jkt,
         )
-        result = await store.rotate_refresh(
-            old.token_hash, issued.refresh, issued.access, seal(issued.response, presented),
-            now + grace_window(client, self._limits), now,
-        )
+        # Without a grace window nothing can be replayed: nothing is sealed or stored for it.
+        window = grace_window(client, self._limits)
+        replay = seal(issued.response, presented) if window > 0 else None
+        result = await store.rotate_refresh(old.token_hash, issued.refresh, issued.access, replay, now + window, now)
         if isinstance(result, Rotated):
             issued_event(issued, client.client_id, self.grant_type)
             return issued.response
