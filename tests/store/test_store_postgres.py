@@ -16,7 +16,7 @@ import threading
 import psycopg2
 import pytest
 import pytest_twisted
-from twisted.internet.defer import DeferredList, gatherResults
+from twisted.internet.defer import CancelledError, DeferredList, gatherResults
 from twisted.logger import formatEvent, globalLogPublisher
 
 from authsrv.configsection import ConfigError, Section
@@ -520,7 +520,7 @@ class TestConnectionFailures(OwnStore):
             given_up = store.get_ban(ALICE, NOW)
             waiting = store.get_ban(ALICE, NOW)
             given_up.cancel()
-            with pytest.raises(StoreUnavailable):
+            with pytest.raises(CancelledError):
                 await given_up
             assert [w.result for w in store._pool._waiting] == [waiting]
             locker.rollback()
@@ -528,6 +528,30 @@ class TestConnectionFailures(OwnStore):
         assert await waiting is None
         assert await store.get_ban(ALICE, NOW) is None
         await store.close()
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_caller_that_gives_up_is_no_outage(self, log_events):
+        """
+        A request whose client hung up cancels its store calls: the one under
+        way loses its connection (the statement cannot be taken back), the one
+        waiting leaves the queue, and neither is logged as the database being
+        unavailable, nor answered as if it were.
+        """
+        store = self.store(pool_size=1, statement_timeout=3)
+        await store.ban_user(Ban(ALICE, "first", NOW))
+        with psycopg2.connect(self.dsn) as locker, locker.cursor() as cursor:
+            cursor.execute("SELECT * FROM bans FOR UPDATE")
+            under_way = store.unban_user(ALICE)
+            waiting = store.get_ban(ALICE, NOW)
+            for call in (waiting, under_way):
+                call.cancel()
+                with pytest.raises(CancelledError):
+                    await call
+            locker.rollback()
+        await store.ping()
+        await store.close()
+        logged = [formatEvent(event) for event in log_events]
+        assert not [line for line in logged if "PostgreSQL" in line], logged
 
     @pytest_twisted.ensureDeferred
     async def test_closing_fails_the_calls_waiting_for_a_connection(self):

@@ -30,7 +30,7 @@ import psycopg2.extensions
 from attrs import frozen
 from twisted.cred.credentials import IUsernamePassword
 from twisted.cred.error import UnauthorizedLogin
-from twisted.internet.defer import CancelledError, Deferred, succeed
+from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
 from zope.interface import implementer
 
@@ -55,6 +55,7 @@ from authsrv.pg.pool import (
     NoFreeConnection,
     Pool,
     PoolClosed,
+    ServerCancelled,
     TimedOut,
     fetch,
     first_line,
@@ -122,8 +123,7 @@ def _translate(error: BaseException, label: str) -> tuple[BackendUnavailable, bo
 def _reason(error: BaseException) -> str:
     if isinstance(error, TimedOut):
         return f"no answer within {error.seconds} s"
-    if isinstance(error, CancelledError):
-        # txpostgres turns the server's statement-timeout cancellation into this.
+    if isinstance(error, ServerCancelled):
         return "cancelled by the server (statement_timeout)"
     return first_line(error)
 

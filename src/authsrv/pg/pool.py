@@ -77,12 +77,16 @@ class PoolClosed(Exception):
     """The pool was closed."""
 
 
+class ServerCancelled(Exception):
+    """The server cancelled the statement: its statement_timeout ran out."""
+
+
 def is_outage(error: BaseException) -> bool:
     """Whether C{error} says the database cannot be reached, rather than that it refused a statement."""
     return isinstance(
         error,
         (
-            NoFreeConnection, ConnectFailed, TimedOut, CancelledError, OSError,
+            NoFreeConnection, ConnectFailed, TimedOut, ServerCancelled, OSError,
             psycopg2.OperationalError, psycopg2.InterfaceError, ConnectionDone, ConnectionLost,
         ),
     )
@@ -118,7 +122,7 @@ class _Cursor(txpostgres.Cursor):
     def _finished(self, result):
         self._connection.cursorFinished(self)
         if isinstance(result, Failure) and result.check(psycopg2.extensions.QueryCanceledError):
-            return Failure(CancelledError())  # the server's statement timeout: an outage, as txpostgres has it
+            return Failure(ServerCancelled())
         return result
 
     def continuePolling(self, swallowErrors=False):
@@ -309,6 +313,8 @@ class Pool:
         return started.addErrback(self._failed, label)
 
     def _failed(self, failure: Failure, label: str) -> Failure:
+        if failure.check(CancelledError):
+            return failure  # the caller gave up (its client went away): not the database's doing
         error, outage = self._translate(failure.value, label)
         if outage and self._reachable:
             self._reachable = False

@@ -34,7 +34,7 @@ from time import perf_counter
 
 import psycopg2
 import psycopg2.errorcodes
-from twisted.internet.defer import CancelledError, Deferred, succeed
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.error import ConnectionDone, ConnectionLost
 from zope.interface import implementer
 
@@ -50,6 +50,7 @@ from authsrv.pg.pool import (
     Pool,
     PoolClosed,
     Prepared,
+    ServerCancelled,
     TimedOut,
     fetch,
     first,
@@ -174,7 +175,7 @@ def _store_error(error: BaseException) -> BaseException:
         return StoreUnavailable("the store is closed")
     if isinstance(error, psycopg2.IntegrityError) and error.pgcode == psycopg2.errorcodes.UNIQUE_VIOLATION:
         return AlreadyExists(first_line(error))
-    if isinstance(error, CancelledError):
+    if isinstance(error, ServerCancelled):
         return StoreUnavailable("PostgreSQL cancelled the statement (statement_timeout)")
     if isinstance(error, (ConnectionDone, ConnectionLost)):
         return StoreUnavailable("the connection to PostgreSQL was lost")
