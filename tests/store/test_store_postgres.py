@@ -352,14 +352,20 @@ class TestLookupsTogether(OwnStore):
 class TestConnectionFailures(OwnStore):
     """Every failure is StoreUnavailable within the configured time, and the pool carries on."""
 
+    @contextlib.asynccontextmanager
+    async def bans_held(self, store):
+        """A ban stored, then its row held by another session, so the store's statements on it wait."""
+        await store.ban_user(Ban(ALICE, "first", NOW))
+        with psycopg2.connect(self.dsn) as locker, locker.cursor() as cursor:
+            cursor.execute("SELECT * FROM bans FOR UPDATE")
+            yield locker
+
     @pytest_twisted.ensureDeferred
     async def test_statement_timeout_then_the_connection_serves_again(self):
         from twisted.internet import reactor
 
         store = self.store()
-        await store.ban_user(Ban(ALICE, "first", NOW))
-        with psycopg2.connect(self.dsn) as locker, locker.cursor() as cursor:
-            cursor.execute("SELECT * FROM bans FOR UPDATE")
+        async with self.bans_held(store):
             start = reactor.seconds()
             with pytest.raises(StoreUnavailable):
                 await store.ban_user(Ban(ALICE, "second", NOW))
@@ -463,9 +469,7 @@ class TestConnectionFailures(OwnStore):
         from twisted.internet import reactor
 
         store = self.store(statement_timeout=3)
-        await store.ban_user(Ban(ALICE, "first", NOW))
-        with psycopg2.connect(self.dsn) as locker, locker.cursor() as cursor:
-            cursor.execute("SELECT * FROM bans FOR UPDATE")
+        async with self.bans_held(store):
             blocked = store.unban_user(ALICE)
             start = reactor.seconds()
             with pytest.raises(StoreUnavailable, match="no PostgreSQL connection became free"):
@@ -513,9 +517,7 @@ class TestConnectionFailures(OwnStore):
     @pytest_twisted.ensureDeferred
     async def test_a_caller_that_stops_waiting_for_a_connection_leaves_the_queue(self):
         store = self.store(statement_timeout=3)
-        await store.ban_user(Ban(ALICE, "first", NOW))
-        with psycopg2.connect(self.dsn) as locker, locker.cursor() as cursor:
-            cursor.execute("SELECT * FROM bans FOR UPDATE")
+        async with self.bans_held(store) as locker:
             blocked = store.unban_user(ALICE)
             given_up = store.get_ban(ALICE, NOW)
             waiting = store.get_ban(ALICE, NOW)
@@ -538,9 +540,7 @@ class TestConnectionFailures(OwnStore):
         unavailable, nor answered as if it were.
         """
         store = self.store(pool_size=1, statement_timeout=3)
-        await store.ban_user(Ban(ALICE, "first", NOW))
-        with psycopg2.connect(self.dsn) as locker, locker.cursor() as cursor:
-            cursor.execute("SELECT * FROM bans FOR UPDATE")
+        async with self.bans_held(store) as locker:
             under_way = store.unban_user(ALICE)
             waiting = store.get_ban(ALICE, NOW)
             for call in (waiting, under_way):
@@ -556,9 +556,7 @@ class TestConnectionFailures(OwnStore):
     @pytest_twisted.ensureDeferred
     async def test_closing_fails_the_calls_waiting_for_a_connection(self):
         store = self.store(statement_timeout=3)
-        await store.ban_user(Ban(ALICE, "first", NOW))
-        with psycopg2.connect(self.dsn) as locker, locker.cursor() as cursor:
-            cursor.execute("SELECT * FROM bans FOR UPDATE")
+        async with self.bans_held(store):
             blocked = store.unban_user(ALICE)
             waiting = store.get_ban(ALICE, NOW)
             await store.close()
