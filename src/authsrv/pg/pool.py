@@ -17,10 +17,9 @@ from collections.abc import Callable
 from itertools import islice
 from typing import Any
 
-from attrs import frozen
-
 import psycopg2
 import psycopg2.extensions
+from attrs import frozen
 from twisted.internet.defer import CancelledError, Deferred, fail
 from twisted.internet.error import ConnectionDone, ConnectionLost
 from twisted.internet.threads import deferToThreadPool
