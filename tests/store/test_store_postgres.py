@@ -27,10 +27,10 @@ from authsrv.pg.settings import targets
 from authsrv.plugins import find_factory
 from authsrv.store import postgres as postgres_store
 from authsrv.records import DEFAULT_GRANT_TYPES, AccessState, Ban, NotRevoked, Rotated
-from authsrv.store.codes import CodeRedeemed
+from authsrv.store.codes import CodeFound, CodeNotFound, CodeRedeemed
 from authsrv.store.errors import StoreUnavailable
 from authsrv.testing.store import (
-    ALICE, BOB, NOW, StoreConcurrencyConformance, StoreConformance, h, issue, start_grant,
+    ALICE, BOB, NOW, StoreConcurrencyConformance, StoreConformance, h, issue, make_code, start_grant,
 )
 
 LATEST_VERSION = postgres_store.migrations()[-1][0]
@@ -300,16 +300,20 @@ class TestLookupsTogether(OwnStore):
             # The first statements wait at the server until every lookup has been asked.
             cursor.execute("LOCK TABLE access_tokens IN ACCESS EXCLUSIVE MODE")
             cursor.execute("LOCK TABLE refresh_tokens IN ACCESS EXCLUSIVE MODE")
+            cursor.execute("LOCK TABLE authorization_codes IN ACCESS EXCLUSIVE MODE")
             found = gatherResults(
                 [store.find_access_token(token.token_hash, NOW) for token in tokens]
                 + [store.find_access_token(h("unknown"), NOW)]
                 + [store.access_state(sub, NOW) for sub in (ALICE, BOB) * 5]
                 + [store.get_refresh_token(refresh.token_hash) for _, refresh in issued]
+                + [store.find_code(code_hash, NOW) for code_hash in (h("code-g1"), h("unknown")) * 3]
             )
         assert await found == tokens + [None] + [AccessState(ban=None, has_active_grant=True),
                                                  AccessState(ban=None, has_active_grant=False)] * 5 + [
-                                                 refresh for _, refresh in issued]
-        assert sorted(statements) == ["access_state"] * 2 + ["find_access_token"] * 2 + ["get_refresh_token"] * 2
+                                                 refresh for _, refresh in issued] + [
+                                                 CodeFound(make_code("code-g1", grant), grant), CodeNotFound()] * 3
+        assert sorted(statements) == (["access_state"] * 2 + ["find_access_token"] * 2 + ["find_code"] * 2
+                                      + ["get_refresh_token"] * 2)
         await store.close()
 
     @pytest_twisted.ensureDeferred

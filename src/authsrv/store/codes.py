@@ -83,13 +83,18 @@ class Statements:
     """Mark the code used, whatever its state; returns its grant."""
 
 
+def find_lookup(tables: Tables, dialect: Dialect, match: str) -> Lookup[str]:
+    """The lookup of a code whose hash C{match}es, with its grant (under L{GRANT_PREFIX})."""
+    return lookup(
+        dialect, "c.*, " + tables.grants.select_as("g", GRANT_PREFIX),
+        "authorization_codes c JOIN grants g ON g.grant_id = c.grant_id", "c", f"c.code_hash {match}",
+    )
+
+
 def statements(tables: Tables, dialect: Dialect) -> Statements:
     marks = {name: dialect.mark.format(name) for name in ("hash", "now")}
     return Statements(
-        find=lookup(
-            dialect, "c.*, " + tables.grants.select_as("g", GRANT_PREFIX),
-            "authorization_codes c JOIN grants g ON g.grant_id = c.grant_id", "c", f"c.code_hash = {marks['hash']}",
-        ),
+        find=find_lookup(tables, dialect, "= " + marks["hash"]),
         redeem=(
             "UPDATE authorization_codes SET used_at = {now}"
             " WHERE code_hash = {hash} AND used_at IS NULL AND expires_at > {now}"

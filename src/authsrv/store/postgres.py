@@ -228,6 +228,7 @@ _THROTTLE = throttle.statements(POSTGRES)
 _DEVICE = device.statements(POSTGRES, lock=" FOR UPDATE")
 _CODES = codes.statements(_T, POSTGRES)
 _FIND_CODE = _prepared("authsrv_find_code", _CODES.find)
+_FIND_CODES = _prepared("authsrv_find_codes", codes.find_lookup(_T, POSTGRES, "= ANY(%(hashes)s)"))
 
 # Two statements sent as one query, which PostgreSQL runs as one implicit
 # transaction: the address's lock is held from the first until the second,
@@ -273,6 +274,7 @@ class PostgresStore:
         self._access_tokens = self._gather("find_access_token", _find_access_token, _find_access_tokens)
         self._access_states = self._gather("access_state", _access_state, _access_states)
         self._refresh_tokens = self._gather("get_refresh_token", _get_refresh_token, _get_refresh_tokens)
+        self._codes = self._gather("find_code", _find_code, _find_codes)
 
     def _gather(self, label: str, one, many) -> Gather:
         """The L{Gather} of one kind of lookup, its statements run and translated as the call C{label}."""
@@ -446,7 +448,9 @@ class PostgresStore:
         )
 
     def find_code(self, code_hash, now, link_provider=None):
-        return self._one("find_code", None, *_FIND_CODE.pick(link_provider, {"hash": code_hash})).addCallback(
+        if _unstorable({"hash": code_hash, "provider": link_provider}):
+            return succeed(CodeNotFound())
+        return self._observed("find_code", self._codes, code_hash, link_provider).addCallback(
             lambda row: codes.found_in(_T, row, now)
         )
 
@@ -837,6 +841,14 @@ async def _find_access_tokens(db, hashes, shared):
     now, link_provider = shared
     rows = await fetch(db, *_FIND_ACCESS_TOKENS.pick(link_provider, {"hashes": hashes, "now": now}))
     return {row["token_hash"]: _T.access.load(row) for row in rows}
+
+
+def _find_code(db, code_hash, link_provider):
+    return first(db, *_FIND_CODE.pick(link_provider, {"hash": code_hash}))
+
+
+async def _find_codes(db, hashes, link_provider):
+    return {row["code_hash"]: row for row in await fetch(db, *_FIND_CODES.pick(link_provider, {"hashes": hashes}))}
 
 
 def _get_refresh_token(db, token_hash, link_provider):

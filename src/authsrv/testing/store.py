@@ -1051,15 +1051,27 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             states = [(sub, now) for now in (NOW, NOW + 9) for sub in (ALICE, BOB, "3f0c2a52-nobody", ALICE)]
             refreshes = [(hash_, provider) for provider in (None, "slack")
                          for hash_ in (live_refresh.token_hash, h("unknown"), live_refresh.token_hash)]
+            briefs = make_grant("g3")
+            await store.save_code(make_code("code-brief", briefs, expires_at=NOW + 5), briefs)
+            codes = [(hash_, now, provider) for now in (NOW, NOW + 5) for provider in (None, "slack")
+                     for hash_ in (h("code-g1"), h("code-brief"), h("unknown"), h("code-g1"))]
             together = await gatherResults(
                 [store.find_access_token(hash_, now, link_provider=provider) for hash_, now, provider in asked]
                 + [store.access_state(sub, now) for sub, now in states]
+                + [store.find_code(hash_, now, link_provider=provider) for hash_, now, provider in codes]
                 + [store.get_refresh_token(hash_, link_provider=provider) for hash_, provider in refreshes]
             )
             alone = [await store.find_access_token(hash_, now, link_provider=provider) for hash_, now, provider in asked]
             alone += [await store.access_state(sub, now) for sub, now in states]
+            alone += [await store.find_code(hash_, now, link_provider=provider) for hash_, now, provider in codes]
             alone += [await store.get_refresh_token(hash_, link_provider=provider) for hash_, provider in refreshes]
             assert together == alone
+            found_codes = dict(zip(codes, together[len(asked) + len(states):]))
+            assert found_codes[h("code-g1"), NOW, None] == CodeFound(make_code("code-g1", alices), alices)
+            assert found_codes[h("code-g1"), NOW + 5, "slack"].linked_user_id == "U024BE7LH"
+            assert isinstance(found_codes[h("code-brief"), NOW, None], CodeFound)
+            assert found_codes[h("code-brief"), NOW + 5, None] == CodeNotFound()
+            assert found_codes[h("unknown"), NOW, "slack"] == CodeNotFound()
             links = [getattr(each, "linked_user_id", None) for each in together]
             assert links == [getattr(each, "linked_user_id", None) for each in alone]
             found = dict(zip(asked, together))
@@ -1074,7 +1086,7 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             assert found[h("unknown"), NOW, "slack"] is None
             assert together[-len(refreshes):] == [live_refresh, None, live_refresh] * 2
             assert [each.linked_user_id for each in together[-3:] if each] == ["U024BE7LH"] * 2
-            assert together[len(asked):-len(refreshes)] == [
+            assert together[len(asked):len(asked) + len(states)] == [
                 AccessState(ban=None, has_active_grant=True), AccessState(ban=ban, has_active_grant=True),
                 AccessState(ban=None, has_active_grant=False), AccessState(ban=None, has_active_grant=True),
                 AccessState(ban=None, has_active_grant=True), AccessState(ban=None, has_active_grant=True),
