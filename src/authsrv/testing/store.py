@@ -1028,9 +1028,10 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
     @pytest_twisted.ensureDeferred
     async def test_lookups_made_at_once_each_get_their_own_answer(self):
         """
-        Many token and standing lookups under way together (as a loaded
-        server makes them, and a store may send them together) each answer
-        as it would alone: its own token, moment, link provider and user.
+        Many token, code and standing lookups under way together (as a
+        loaded server makes them, and a store may send them together) each
+        answer as it would alone: its own token, moment, link provider and
+        user.
         """
         async with self.store() as store:
             alices = await start_grant(store, "g1")
