@@ -274,6 +274,7 @@ class Pool:
     ):
         self._reactor = reactor
         self._settings = settings
+        self._work_seconds = settings.statement_timeout + CLIENT_DEADLINE_MARGIN
         self._setup = settings.session_setup(read_only=read_only)
         self._targets = targets(settings.dsn)
         self._lookups = lookups
@@ -356,7 +357,7 @@ class Pool:
         except Exception:
             started = fail()
         if not started.called:
-            deadline = self._reactor.seconds() + self._settings.statement_timeout + CLIENT_DEADLINE_MARGIN
+            deadline = self._reactor.seconds() + self._work_seconds
             self._busy[connection] = (deadline, started)
             self._watch(deadline)
         return started.addBoth(self._give_back, connection)
@@ -402,11 +403,10 @@ class Pool:
         """
         self._timer = None
         now = self._reactor.seconds()
-        seconds = self._settings.statement_timeout + CLIENT_DEADLINE_MARGIN
         for connection, (deadline, started) in list(self._busy.items()):
             if deadline > now:
                 break
-            connection.timed_out = seconds
+            connection.timed_out = self._work_seconds
             self._drop(connection)
             started.cancel()
         timeout = self._settings.connect_timeout
