@@ -148,9 +148,16 @@ def test_iat_outside_the_window_is_refused(r, offset):
 
 
 @SETTINGS
-@given(requests(), st.one_of(st.floats(allow_nan=False), st.text(), st.booleans(), st.none()))
+@given(requests(), st.one_of(st.floats(allow_nan=False, allow_infinity=False), st.text(), st.booleans(), st.none()))
 def test_iat_that_is_no_whole_number_is_refused(r, iat):
     refused(r, made(r, "ES256", claims={"iat": iat}), "iat")
+
+
+@SETTINGS
+@given(requests(), st.sampled_from([float("inf"), float("-inf"), float("nan")]))
+def test_iat_of_a_constant_json_has_not_leaves_the_payload_unreadable(r, iat):
+    """Python writes these as Infinity and NaN, which are no JSON: the payload cannot be read at all."""
+    refused(r, made(r, "ES256", claims={"iat": iat}), "not valid JSON")
 
 
 @SETTINGS
