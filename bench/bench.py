@@ -82,8 +82,8 @@ def basic(client: tuple[str, str]) -> str:
     return "Basic " + base64.b64encode(f"{client[0]}:{client[1]}".encode()).decode()
 
 
-def wait_ready(url: str, process: subprocess.Popen, what: str) -> None:
-    for _ in range(300):
+def wait_ready(url: str, process: subprocess.Popen, what: str, seconds: float = 30) -> None:
+    for _ in range(int(seconds * 10)):
         if process.poll() is not None:
             raise SystemExit(f"bench: {what} exited with {process.returncode}")
         try:
@@ -131,10 +131,11 @@ class Authsrv(Server):
     name = "authsrv"
 
     def __init__(self, folder: Path, *, store: str, workers: int, postgres_dsn: str | None, seed_grants: int = 0,
-                 identity: dict | None = None, source: Path | None = None):
+                 identity: dict | None = None, source: Path | None = None, wrapper: tuple[str, ...] = ()):
         """
         C{identity}: an [[identity]] section to use instead of the demo's static users file; C{source}:
-        another checkout's src/ directory to run authsrv from instead of this one.
+        another checkout's src/ directory to run authsrv from instead of this one; C{wrapper}: a command
+        the server runs under (valgrind, say), given more time to become ready.
         """
         shutil.copytree(ROOT / "examples", folder / "examples", ignore=shutil.ignore_patterns("demo-data"))
         port = free_port()
@@ -185,12 +186,12 @@ class Authsrv(Server):
             if not Path(found.strip()).is_relative_to(source):
                 raise SystemExit(f"bench: {source} does not hold the authsrv that runs ({found.strip()})")
         self.process = subprocess.Popen(
-            ["taskset", "-c", SERVER_CORE if PINNED else ALL_CORES, sys.executable, "-m", "twisted",
+            ["taskset", "-c", SERVER_CORE if PINNED else ALL_CORES, *wrapper, sys.executable, "-m", "twisted",
              "--log-file", os.devnull,
              "authsrv", "--config", str(config)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=folder, env=env,
         )
-        wait_ready(self.base + "/readyz", self.process, "authsrv")
+        wait_ready(self.base + "/readyz", self.process, "authsrv", 600 if wrapper else 30)
 
 
     def rss_mib(self) -> float:

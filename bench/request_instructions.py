@@ -1,0 +1,148 @@
+"""
+What one request of each hot endpoint costs the server, in instructions: the
+same number however busy or fast the machine is that day, where a rate or a
+CPU time moves by a tenth between runs of one minute here, so a change of a
+few percent can be seen at all. The demo's server (SQLite, the JWK-file
+keystore, the static users file, as bench.py runs it) runs under valgrind's
+callgrind with counting off; each target gets a warm-up, then counting is
+switched on for --requests requests sent one at a time on one connection,
+and the instructions of every thread of the server over those requests are
+divided by their number. The client is not counted. With --src, the same is
+counted for another checkout's authsrv, for a before/after in one sitting.
+
+    .venv/bin/python bench/request_instructions.py
+    .venv/bin/python bench/request_instructions.py --src BEFORE/src --out bench/results/NAME
+
+The count leaves out what the kernel does (the commit's disk sync, the
+socket) and the time spent waiting; it includes the RSA signature and
+everything else a request runs in the process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import requests
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench  # noqa: E402
+
+TARGETS = ("introspection (opaque)", "UserInfo", "user-access", "code exchange", "refresh (rotation)")
+WARM_UP = 30
+
+
+class Requests:
+    """One target's requests, sent one at a time on one keep-alive connection."""
+
+    def __init__(self, server: bench.Authsrv, measure: bench.Measure, target: str, count: int):
+        self.session = requests.Session()
+        self.server, self.target = server, target
+        opaque, _ = measure.tokens[server.name]
+        self.access = opaque["access_token"]
+        self.sub = measure.sub
+        if target == "code exchange":
+            self.codes, self.verifier = bench.many_codes(server, measure.browsers[server.name], count)
+        if target == "refresh (rotation)":
+            self.refresh = bench.tokens(server, measure.browsers[server.name])["refresh_token"]
+
+    def one(self) -> None:
+        s, server = self.session, self.server
+        if self.target == "introspection (opaque)":
+            answer = s.post(server.introspect, data={"token": self.access}, auth=bench.GATEWAY)
+        elif self.target == "UserInfo":
+            answer = s.get(server.userinfo, headers={"Authorization": "Bearer " + self.access})
+        elif self.target == "user-access":
+            answer = s.post(server.user_access, json={"userId": self.sub},
+                            headers={"Authorization": "Bearer " + bench.INTERNAL_SECRET})
+        elif self.target == "code exchange":
+            answer = s.post(server.token, auth=bench.DEMO_APP, data={
+                "grant_type": "authorization_code", "code": self.codes.pop(), "redirect_uri": bench.REDIRECT_URI,
+                "code_verifier": self.verifier})
+        else:
+            answer = s.post(server.token, auth=bench.DEMO_APP,
+                            data={"grant_type": "refresh_token", "refresh_token": self.refresh})
+            if answer.status_code == 200:
+                self.refresh = answer.json()["refresh_token"]
+        if answer.status_code != 200:
+            raise SystemExit(f"request_instructions: {self.target}: {answer.status_code} {answer.text[:300]}")
+
+
+def callgrind(pid: int, *options: str) -> None:
+    subprocess.run(["callgrind_control", *options, str(pid)], check=True, stdout=subprocess.DEVNULL)
+
+
+def counted(source: Path, targets: list[str], count: int, keep: bool) -> dict[str, int]:
+    """Instructions per request of each target, for the authsrv of C{source}; C{keep}: leave callgrind's dumps."""
+    folder = Path(tempfile.mkdtemp(prefix="authsrv-instructions-"))
+    dumps = folder / "callgrind"
+    server = bench.Authsrv(folder, store="sqlite", workers=1, postgres_dsn=None, source=source, wrapper=(
+        "valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={dumps}.%p"))
+    pid = server.process.pid
+    try:
+        measure = bench.Measure(folder, 0)
+        measure.prepare(server)
+        figures = {}
+        for target in targets:
+            load = Requests(server, measure, target, WARM_UP + count)
+            for _ in range(WARM_UP):
+                load.one()
+            callgrind(pid, "--zero")
+            callgrind(pid, "--instr=on")
+            for _ in range(count):
+                load.one()
+            callgrind(pid, "--instr=off")
+            callgrind(pid, "--dump")
+            newest = max(folder.glob(f"callgrind.{pid}.*"), key=lambda path: int(path.suffix[1:]))
+            totals = re.search(r"^totals: (\d+)", newest.read_text(errors="replace"), re.M)
+            figures[target] = int(totals.group(1)) // count
+            print(f"{source}: {target}: {figures[target]:,} instructions per request"
+                  + (f" ({newest})" if keep else ""), file=sys.stderr, flush=True)
+        return figures
+    finally:
+        server.stop()
+        if not keep:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=200, help="requests counted per target (default 200)")
+    parser.add_argument("--only", help="targets, comma-separated (default: " + ", ".join(TARGETS) + ")")
+    parser.add_argument("--src", type=Path, action="append", default=[],
+                        help="another checkout's src/ to count as well (before/after)")
+    parser.add_argument("--out", type=Path, help="write PATH.md and PATH.json")
+    parser.add_argument("--keep", action="store_true", help="keep callgrind's dumps (for callgrind_annotate)")
+    args = parser.parse_args()
+    targets = args.only.split(",") if args.only else list(TARGETS)
+    unknown = set(targets) - set(TARGETS)
+    if unknown:
+        raise SystemExit(f"request_instructions: unknown targets {sorted(unknown)}; choose from {TARGETS}")
+    sources = [bench.ROOT / "src", *(path.resolve() for path in args.src)]
+    rows = {str(source): counted(source, targets, args.requests, args.keep) for source in sources}
+    names = ["this checkout" if source == str(bench.ROOT / "src") else f"`{Path(source).parent.name}`"
+             for source in rows]
+    lines = [f"Instructions per request of the server (callgrind, SQLite demo, one at a time, {args.requests}"
+             " requests per target).", "",
+             "| target | " + " | ".join(names) + (" | change |" if len(rows) == 2 else " |"),
+             "|---" * (len(rows) + 1 + (len(rows) == 2)) + "|"]
+    for target in targets:
+        values = [figures[target] for figures in rows.values()]
+        change = f" {values[0] / values[1] - 1:+.1%} |" if len(values) == 2 else ""
+        lines.append(f"| {target} | " + " | ".join(f"{v:,}" for v in values) + " |" + change)
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        args.out.with_suffix(".md").write_text(text)
+        args.out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
