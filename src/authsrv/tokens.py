@@ -45,7 +45,7 @@ def fingerprint(token: str) -> str:
 
 
 def _keyed(digest: str, key: bytes) -> str:
-    return KEYED_PREFIX + hmac.new(key, digest.encode("ascii"), hashlib.sha256).hexdigest()
+    return KEYED_PREFIX + hmac.digest(key, digest.encode("ascii"), "sha256").hex()
 
 
 def client_secret_hash(secret: str, key: bytes) -> str:
