@@ -11,13 +11,16 @@ import base64
 import json
 import os
 import stat
+import time
 from contextlib import contextmanager
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 
 import pytest
 import pytest_twisted
 from twisted.internet import reactor
 from twisted.logger import globalLogPublisher
+from twisted.web.http import datetimeToString
 
 from authsrv.config import ConfigFileError, load_config, parse_config
 from authsrv.configsection import ConfigError, Section
@@ -40,6 +43,7 @@ from authsrv.tokens import (
     secret_matches,
     token_hash,
 )
+from authsrv.web.request import DateOfThisSecond
 
 from harness import SECRETS, Harness
 from wire import Listener, parse, request_head
@@ -285,7 +289,7 @@ def test_embedded_default_secrets_are_0600_whatever_the_umask(tmp_path):
     assert _mode(config) == _mode(tmp_path / "data" / "internal-api-secret") == 0o600
 
 
-# --- Server header --------------------------------------------------------------
+# --- Server and Date headers -----------------------------------------------------
 
 
 @pytest.mark.parametrize("path", ["/healthz", "/api/auth/jwks", "/nowhere", "/api/auth/oauth2/token"])
@@ -293,6 +297,31 @@ def test_every_response_names_a_generic_server(path):
     _, transport = Listener().send(request_head("GET", path))
     status, headers, _ = parse(transport)
     assert headers["server"] == "authsrv", (status, headers)
+
+
+def test_every_response_is_dated_now():
+    _, transport = Listener().send(request_head("GET", "/healthz"))
+    _, headers, _ = parse(transport)
+    sent = parsedate_to_datetime(headers["date"]).timestamp()
+    assert abs(sent - time.time()) < 5, headers["date"]
+
+
+def test_the_date_is_formatted_once_a_second_and_anew_the_next():
+    formatted = []
+    now = [1_900_000_000.25]
+
+    def format_date(seconds):
+        formatted.append(seconds)
+        return datetimeToString(seconds)
+
+    date = DateOfThisSecond(format_date, clock=lambda: now[0])
+    assert date() == date() == b"Sun, 17 Mar 2030 17:46:40 GMT"
+    now[0] = 1_900_000_000.99
+    assert date() == b"Sun, 17 Mar 2030 17:46:40 GMT"
+    now[0] = 1_900_000_001.01
+    assert date() == b"Sun, 17 Mar 2030 17:46:41 GMT"
+    assert date(0) == b"Thu, 01 Jan 1970 00:00:00 GMT"
+    assert formatted == [1_900_000_000, 1_900_000_001, 0]
 
 
 def test_refusals_below_the_request_layer_name_a_generic_server():

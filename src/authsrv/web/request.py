@@ -11,9 +11,9 @@ memory and is answered 413 (docs/design.md, Limits).
 from __future__ import annotations
 
 from functools import lru_cache
-from time import perf_counter
+from time import perf_counter, time
 
-from twisted.web import http
+from twisted.web import http, server
 from twisted.web.server import Request
 
 
@@ -33,6 +33,42 @@ _remember_content_types()
 
 SERVER = b"authsrv"
 """The C{Server} header of every response: Twisted's own names its version."""
+
+
+class DateOfThisSecond:
+    """
+    Twisted's C{datetimeToString}, formatting the current time once a
+    second rather than for every response's C{Date} header (the same text
+    all second long); a given time is formatted as before.
+    """
+
+    def __init__(self, format_date, clock=time):
+        self._format = format_date
+        self._clock = clock
+        self._second = -1
+        self._text = b""
+
+    def __call__(self, msSinceEpoch=None):
+        if msSinceEpoch is not None:
+            return self._format(msSinceEpoch)
+        second = int(self._clock())
+        if second != self._second:
+            self._text, self._second = self._format(second), second
+        return self._text
+
+
+def _own_default_headers() -> None:
+    """
+    Twisted's Request sets the C{Server} (its version) and C{Date} headers
+    of every response from two globals of its module: the name is ours
+    (L{SERVER}), and the date is formatted once a second.
+    """
+    server.version = SERVER
+    if not isinstance(server.datetimeToString, DateOfThisSecond):
+        server.datetimeToString = DateOfThisSecond(server.datetimeToString)
+
+
+_own_default_headers()
 
 
 class BoundedRequest(Request):
@@ -70,12 +106,6 @@ class BoundedRequest(Request):
             self.setHeader(b"connection", b"close")
             self.channel.persistent = False
         super().process()
-
-    def write(self, data):
-        # Twisted sets its Server header in process(); finish() writes too.
-        if not self.startedWriting:
-            self.responseHeaders.setRawHeaders(b"server", [SERVER])
-        super().write(data)
 
     def finish(self):
         first = not self.finished
