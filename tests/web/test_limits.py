@@ -7,6 +7,7 @@ of its endpoint, and the site keeps serving new connections afterwards.
 from __future__ import annotations
 
 import json
+from io import BytesIO
 from urllib.parse import urlencode
 
 import pytest
@@ -14,8 +15,11 @@ from twisted.internet.address import IPv4Address
 from twisted.internet.defer import succeed
 from twisted.internet.testing import StringTransport
 from twisted.protocols.haproxy import proxyEndpoint
+from twisted.web.resource import Resource
 
-from authsrv.config import PARAMETER_CAPS, parse_config
+from authsrv.config import PARAMETER_CAPS, InputLimits, parse_config
+from authsrv.web.limits import LimitedSite
+from authsrv.web.request import BoundedRequest
 
 from wire import Listener, parse, request_head
 
@@ -111,6 +115,33 @@ def test_an_oversized_body_gets_413_and_the_connection_closes():
     assert_oauth(*parse(transport), 413, "body is too large")
     assert transport.disconnecting
     listener.assert_serves()
+
+
+def chunked_form(path: str, fields, chunk: int = 500) -> bytes:
+    body = urlencode(fields).encode()
+    head = request_head("POST", path, {"Content-Type": "application/x-www-form-urlencoded",
+                                       "Transfer-Encoding": "chunked"})
+    pieces = [b"%x\r\n%s\r\n" % (len(body[at:at + chunk]), body[at:at + chunk]) for at in range(0, len(body), chunk)]
+    return head + b"".join(pieces) + b"0\r\n\r\n"
+
+
+def test_a_body_of_no_announced_length_is_read_in_memory():
+    listener = Listener()
+    _, transport = listener.send(chunked_form(TOKEN, {"grant_type": "colour", "pad": "x" * 1500}))
+    status, _, body = parse(transport)
+    assert (status, json.loads(body)["error"]) == (400, "unsupported_grant_type")
+    assert isinstance(listener.site.getContentFile(None), BytesIO)
+
+
+def test_an_oversized_body_of_no_announced_length_gets_413():
+    listener = Listener({"max_body_bytes": 2048})
+    _, transport = listener.send(chunked_form(TOKEN, {"grant_type": "x" * 3000}))
+    assert_oauth(*parse(transport), 413, "body is too large")
+    listener.assert_serves()
+
+
+def test_a_site_without_a_request_factory_bounds_its_bodies():
+    assert issubclass(LimitedSite(Resource(), limits=InputLimits()).requestFactory, BoundedRequest)
 
 
 @pytest.mark.parametrize("name", sorted(PARAMETER_CAPS))

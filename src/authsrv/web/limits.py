@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 from http import HTTPStatus
+from io import BytesIO
 
 from twisted.internet.protocol import Protocol
 from twisted.web.resource import Resource
@@ -22,7 +23,7 @@ from authsrv.protocol.forwarded import is_trusted
 from authsrv.web.channel import GatheringChannel, Outbox
 from authsrv.web.headers import json_body
 from authsrv.web.pages import error_page
-from authsrv.web.request import SERVER
+from authsrv.web.request import SERVER, BoundedRequest
 
 INTERNAL_PREFIX = b"/api/internal"
 ADMIN_PREFIX = b"/api/admin/"
@@ -309,13 +310,16 @@ class LimitedSite(Site):
     A L{Site} with L{LimitedChannel}s, caps on its open connections (per
     listener, since each listener gets its own site, and per client
     address, trusted proxies excepted: everyone comes through them),
-    headers on every response, and an optional access log.
+    headers on every response, and an optional access log. Its requests
+    are L{BoundedRequest}s (by default, or of a C{requestFactory} made by
+    L{authsrv.web.request.bounded_request_factory}).
     """
 
     protocol = LimitedChannel  # type: ignore[assignment]  # Twisted types it as HTTPChannel's own factory
 
     def __init__(self, resource, *, limits: InputLimits, access_log=None, headers=(), trusted_proxies=(),
                  **kwargs):
+        kwargs.setdefault("requestFactory", BoundedRequest)
         super().__init__(resource, timeout=limits.idle_timeout, **kwargs)
         self.limits = limits
         self._trusted_proxies = trusted_proxies
@@ -324,6 +328,16 @@ class LimitedSite(Site):
         self._outbox = Outbox(self.reactor.callLater)
         self.open_connections = 0
         self._by_address: Counter = Counter()
+
+    def getContentFile(self, length):
+        """
+        Where a request's body is kept: in memory, since the site's
+        L{BoundedRequest}s keep no more than their C{max_body} of it.
+        Twisted asks the site for this first; without it, each request
+        raised and caught an AttributeError, and a body of no announced
+        length went to a temporary file.
+        """
+        return BytesIO()
 
     def log(self, request):
         """A line in the access log (an L{authsrv.web.accesslog.AccessLog}) unless it is off."""
