@@ -112,6 +112,17 @@ def counted(source: Path, targets: list[str], count: int, keep: bool) -> dict[st
             shutil.rmtree(folder, ignore_errors=True)
 
 
+def _name(source: Path) -> str:
+    """A source tree by its checkout's commit (and whether it is this one)."""
+    commit = subprocess.run(["git", "-C", str(source), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip() or source.parent.name
+    if source == bench.ROOT / "src":
+        dirty = subprocess.run(["git", "-C", str(source), "status", "--porcelain", "--", "."], capture_output=True,
+                               text=True).stdout.strip()
+        return f"this checkout ({commit}{' with changes' if dirty else ''})"
+    return f"`{commit}`"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=200, help="requests counted per target (default 200)")
@@ -127,8 +138,7 @@ def main() -> None:
         raise SystemExit(f"request_instructions: unknown targets {sorted(unknown)}; choose from {TARGETS}")
     sources = [bench.ROOT / "src", *(path.resolve() for path in args.src)]
     rows = {str(source): counted(source, targets, args.requests, args.keep) for source in sources}
-    names = ["this checkout" if source == str(bench.ROOT / "src") else f"`{Path(source).parent.name}`"
-             for source in rows]
+    names = [_name(Path(source)) for source in rows]
     lines = [f"Instructions per request of the server (callgrind, SQLite demo, one at a time, {args.requests}"
              " requests per target).", "",
              "| target | " + " | ".join(names) + (" | change |" if len(rows) == 2 else " |"),
