@@ -3,11 +3,13 @@ The SQLite store's threads (L{authsrv.store.sqlite_worker.SQLiteWorker}):
 gathering, what one turn of the reactor submits reaches the thread
 together at the turn's end, writes in one transaction, in the order
 submitted; otherwise the thread starts at once. Lookups are always
-gathered, writes where the process has one core.
+gathered, writes where the process has one core. The lookups' thread runs
+as a batch task, where the system lets it.
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 
@@ -104,3 +106,35 @@ async def test_stop_runs_what_was_submitted_first(tmp_path, gather):
     assert await written == 7
     with sqlite3.connect(tmp_path / "stop.sqlite3") as db:
         assert numbers(db) == [7]
+
+
+def scheduling_policy(worker: SQLiteWorker) -> int:
+    return os.sched_getscheduler(worker._thread.native_id)
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="batch tasks are Linux's")
+@pytest_twisted.ensureDeferred
+async def test_the_lookups_thread_runs_as_a_batch_task_and_the_writer_does_not(tmp_path):
+    store = sqlite.open_store(reactor, tmp_path / "store.sqlite3")
+    try:
+        # The thread sets its own policy as it starts: by its first answer it has.
+        await store.get_grant("g1")
+        assert scheduling_policy(store._reader) == os.SCHED_BATCH
+        assert scheduling_policy(store._worker) == os.SCHED_OTHER
+    finally:
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_thread_that_may_not_be_a_batch_task_runs_as_before(tmp_path, monkeypatch):
+    def refused(*_):
+        raise PermissionError("not here")
+
+    monkeypatch.setattr(os, "sched_setscheduler", refused)
+    connection = sqlite3.connect(tmp_path / "refused.sqlite3", isolation_level=None, check_same_thread=False)
+    worker = SQLiteWorker(reactor, connection, lambda error: error, "test-refused", gather=True, background=True)
+    try:
+        assert await worker.submit(False, lambda db: db.execute("SELECT 1").fetchone()[0], ()) == 1
+        assert scheduling_policy(worker) == os.SCHED_OTHER
+    finally:
+        await worker.stop()

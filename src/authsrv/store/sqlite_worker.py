@@ -15,10 +15,16 @@ turn's calls at the turn's end instead (C{gather}, L{SQLiteWorker.submit}).
 A plain queue and thread, rather than Twisted's thread pool, because every
 store call crosses threads twice and the pool's coordination costs twice as
 much per crossing; it is still bounded: one thread.
+
+A thread made C{background} runs as a batch task (Linux's C{SCHED_BATCH}):
+woken by the reactor's hand-over, it waits for the reactor thread to give
+up the core instead of preempting it, only to find the GIL held and hand
+the core back (bench/README.md, "The reader waits its turn").
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from collections import deque
@@ -42,11 +48,11 @@ class SQLiteWorker:
     """
 
     def __init__(self, reactor, connection: sqlite3.Connection, map_error: Callable, name: str,
-                 gather: bool = False):
+                 gather: bool = False, background: bool = False):
         """
         C{map_error} turns an SQLite exception into the store's own (or
         returns it); C{gather}: hand work to the thread once per reactor
-        turn (L{submit}).
+        turn (L{submit}); C{background}: run the thread as a batch task.
         """
         self._reactor = reactor
         self._gather = gather
@@ -54,6 +60,7 @@ class SQLiteWorker:
         self._map_error = map_error
         self._queue: SimpleQueue = SimpleQueue()
         self._pending: list = []
+        self._background = background
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
 
@@ -106,6 +113,8 @@ class SQLiteWorker:
         return Failure(mapped) if mapped is not error else Failure(error)
 
     def _serve(self) -> None:
+        if self._background:
+            _run_as_batch_task()
         queued: deque = deque()
         while True:
             if not queued:
@@ -153,3 +162,12 @@ class SQLiteWorker:
             failure = self._failure(e)
             return [(item[0], failure) for item in batch]
         return outcomes
+
+
+def _run_as_batch_task() -> None:
+    """The calling thread as a batch task where the system has them; as it was elsewhere."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    except (AttributeError, OSError):
+        # Not Linux, or a sandbox that refuses it: the thread is scheduled as before.
+        pass
