@@ -89,8 +89,8 @@ def open_store(reactor, path: Path, synchronous: str = "FULL", observer: Observe
     # the reactor at once (bench/README.md).
     writer = SQLiteWorker(reactor, connection, _store_error, f"authsrv-sqlite-{path.name}",
                           gather=len(os.sched_getaffinity(0)) == 1)
-    # The reader as a background thread; the writer not: as one, its commit waited
-    # longer for the core after the disk (bench/README.md, "The reader waits its turn").
+    # The reader as a background thread; the writer not: as one, the code exchange
+    # at c=1 was slower (bench/README.md, "The reader waits its turn").
     reader = SQLiteWorker(reactor, _open_reader(path), _store_error, f"authsrv-sqlite-read-{path.name}",
                           gather=True, background=True)
     return SQLiteStore(writer, observer, reader)
