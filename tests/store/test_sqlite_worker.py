@@ -112,7 +112,11 @@ def scheduling_policy(worker: SQLiteWorker) -> int:
     return os.sched_getscheduler(worker._thread.native_id)
 
 
-@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="batch tasks are Linux's")
+batch_tasks = pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="batch tasks are Linux's")
+"""Both tests read a thread's scheduling policy, which only Linux gives."""
+
+
+@batch_tasks
 @pytest_twisted.ensureDeferred
 async def test_the_lookups_thread_runs_as_a_batch_task_and_the_writer_does_not(tmp_path):
     store = sqlite.open_store(reactor, tmp_path / "store.sqlite3")
@@ -125,6 +129,7 @@ async def test_the_lookups_thread_runs_as_a_batch_task_and_the_writer_does_not(t
         await store.close()
 
 
+@batch_tasks
 @pytest_twisted.ensureDeferred
 async def test_a_thread_that_may_not_be_a_batch_task_runs_as_before(tmp_path, monkeypatch):
     def refused(*_):
