@@ -88,16 +88,25 @@ def warnings():
 def test_keyed_hash_is_marked_and_needs_the_key():
     stored = client_secret_hash("s3cret", KEY)
     assert stored.startswith(KEYED_PREFIX) and token_hash("s3cret") not in stored
-    assert secret_matches("s3cret", stored, KEY)
-    assert not secret_matches("s3cret!", stored, KEY)
-    assert not secret_matches("s3cret", stored, bytes(32))
+    assert secret_matches("s3cret", [stored], KEY) == [True]
+    assert secret_matches("s3cret!", [stored], KEY) == [False]
+    assert secret_matches("s3cret", [stored], bytes(32)) == [False]
     assert client_secret_hash("s3cret", bytes(32)) != stored
+
+
+def test_one_secret_against_several_hashes_of_either_form():
+    """A client's current and previous secret: each hash answered in its place, whatever its form."""
+    keyed, other = client_secret_hash("s3cret", KEY), client_secret_hash("other", KEY)
+    legacy = token_hash("s3cret")
+    assert secret_matches("s3cret", [keyed, other, legacy, token_hash("other")], KEY) == [True, False, True, False]
+    assert secret_matches("other", [keyed, other], KEY) == [False, True]
+    assert secret_matches("s3cret", [], KEY) == []
 
 
 def test_legacy_plain_hash_still_verifies_and_converts_without_the_secret():
     legacy = token_hash("s3cret")
-    assert secret_matches("s3cret", legacy, KEY)
-    assert not secret_matches("other", legacy, KEY)
+    assert secret_matches("s3cret", [legacy], KEY) == [True]
+    assert secret_matches("other", [legacy], KEY) == [False]
     assert keyed_form(legacy, KEY) == client_secret_hash("s3cret", KEY)
     assert keyed_form(keyed_form(legacy, KEY), KEY) == keyed_form(legacy, KEY)
 
@@ -190,7 +199,7 @@ def test_weak_client_secret_refused_outside_loopback(monkeypatch):
     assert 'python3 -c "import secrets; print(secrets.token_urlsafe(32))"' in message
     monkeypatch.setenv("WEB_SECRET", STRONG)
     (client,) = parse_config(_config("https://id.example", clients=[CLIENT]), None).clients
-    assert secret_matches(STRONG, client.secret_hash, KEY)
+    assert secret_matches(STRONG, [client.secret_hash], KEY) == [True]
 
 
 def test_weak_internal_secret_from_a_file_refused_outside_loopback(tmp_path):

@@ -20,6 +20,7 @@ import hmac
 import math
 import secrets
 import string
+from collections.abc import Sequence
 
 KEYED_PREFIX = "hmac-sha256:"
 """Marks a client secret hash keyed with the server key; a bare hex digest is the legacy form."""
@@ -58,14 +59,23 @@ def keyed_form(stored_hash: str, key: bytes) -> str:
     return stored_hash if stored_hash.startswith(KEYED_PREFIX) else _keyed(stored_hash, key)
 
 
-def secret_matches(secret: str, stored_hash: str, key: bytes) -> bool:
+def secret_matches(secret: str, stored_hashes: Sequence[str], key: bytes) -> list[bool]:
     """
-    Whether C{secret} is the one stored as C{stored_hash}, in either form,
-    compared in constant time: one SHA-256 and, for the keyed form, one HMAC.
+    Whether C{secret} is each of C{stored_hashes} (a client's current and
+    previous secret, say), in either form, every one compared in constant
+    time: one SHA-256 for all and, where any is keyed, one HMAC.
     """
     digest = token_hash(secret)
-    expected = _keyed(digest, key) if stored_hash.startswith(KEYED_PREFIX) else digest
-    return hmac.compare_digest(expected, stored_hash)
+    keyed = None
+    matches = []
+    for stored_hash in stored_hashes:
+        if stored_hash.startswith(KEYED_PREFIX):
+            if keyed is None:
+                keyed = _keyed(digest, key)
+            matches.append(hmac.compare_digest(keyed, stored_hash))
+        else:
+            matches.append(hmac.compare_digest(digest, stored_hash))
+    return matches
 
 
 _CLASSES = (string.ascii_lowercase, string.ascii_uppercase, string.digits)

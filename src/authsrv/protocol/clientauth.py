@@ -72,9 +72,8 @@ def _secret_matches(client: Client, secret: str, key: bytes, now: int) -> bool:
     so the time taken says nothing of which matched or whether a previous
     secret exists.
     """
-    current = secret_matches(secret, client.secret_hash or "", key)
     previous_hash = client.previous_secret_hash or client.secret_hash or ""
-    previous = secret_matches(secret, previous_hash, key)
+    current, previous = secret_matches(secret, (client.secret_hash or "", previous_hash), key)
     in_overlap = client.previous_secret_hash is not None and (client.previous_secret_until or 0) > now
     return current | (previous & in_overlap)
 
