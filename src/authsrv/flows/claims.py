@@ -34,4 +34,6 @@ class ClaimsSource:
         if link is NOT_READ:
             account = await self._store.get_linked_account(user.sub, self.link_provider)
             link = None if account is None else account.provider_user_id
-        return evolve(user, chat_user_id=user.chat_user_id if link is None else link)
+        if link is None or link == user.chat_user_id:
+            return user
+        return evolve(user, chat_user_id=link)

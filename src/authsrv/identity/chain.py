@@ -147,6 +147,9 @@ class IdentityChain:
         cache = self._caches[index] if method == "user_by_id" else None
         asked = self._ask(index, method, key) if cache is None else cache.user_by_id(
             key, lambda sub: self._ask(index, method, sub))
+        if asked.called and asked.result is not None and not isinstance(asked.result, (Failure, Deferred)):
+            # Found at once (a file, a cache): the answer as it is, without a callback round.
+            return asked
         return asked.addCallbacks(answered, failed)
 
     def user_by_id(self, sub: str) -> Deferred:
