@@ -24,6 +24,7 @@ import argparse
 import base64
 import concurrent.futures
 import hashlib
+import html
 import json
 import os
 import platform
@@ -831,7 +832,19 @@ def profile(measure: Measure, authsrv: Authsrv, targets: list[str], connections:
         for spy in spies:
             spy.send_signal(2)
             spy.wait(timeout=60)
+        if path.suffix == ".svg" and path.exists():
+            retitle(path, f"authsrv, {target}, c={connections}: py-spy, samples holding the GIL")
         print(f"{target}: {result['rate']:,.0f} req/s under py-spy -> {path.relative_to(ROOT)}", file=sys.stderr)
+
+
+def retitle(path: Path, title: str) -> None:
+    """
+    Give a flame graph C{title} in place of py-spy's own, its command line,
+    which names this machine's paths.
+    """
+    text = path.read_text()
+    path.write_text(re.sub(r'(<text id="title"[^>]*>)[^<]*(</text>)',
+                           lambda m: m.group(1) + html.escape(title) + m.group(2), text, count=1))
 
 
 def scale(args, sizes: list[int], targets: list[str], connections: int, out: Path) -> None:

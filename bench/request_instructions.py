@@ -151,7 +151,8 @@ def main() -> None:
     print(text)
     if args.out:
         args.out.with_suffix(".md").write_text(text)
-        args.out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+        # Keyed by the checkouts' names, as in the table: a source's path is this machine's own.
+        args.out.with_suffix(".json").write_text(json.dumps(dict(zip(names, rows.values())), indent=1))
 
 
 if __name__ == "__main__":
