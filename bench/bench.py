@@ -58,6 +58,17 @@ RESOURCE = "https://api.demo.test"
 INTERNAL_SECRET = "demo-internal-secret"
 SERVER_CORE, LOAD_CORE, ALL_CORES = "0", "1", f"0-{os.cpu_count() - 1}"
 PINNED = True
+SERVER_VENV = ROOT / ".venv-server"
+
+
+def server_python() -> Path:
+    """
+    The interpreter the servers in Python run on: bench/setup.sh's virtualenv on the system's own
+    CPython build (an optimized one, as a distribution or a container image ships it) where it made
+    one, else this one (bench/README.md, "The interpreter").
+    """
+    made = SERVER_VENV / "bin" / "python"
+    return made if made.exists() else Path(sys.executable)
 """False for the several-instances run, which needs every core for its servers."""
 
 PEER_LACKS = {"introspection (JWT)"}
@@ -132,12 +143,15 @@ class Authsrv(Server):
     name = "authsrv"
 
     def __init__(self, folder: Path, *, store: str, workers: int, postgres_dsn: str | None, seed_grants: int = 0,
-                 identity: dict | None = None, source: Path | None = None, wrapper: tuple[str, ...] = ()):
+                 identity: dict | None = None, source: Path | None = None, wrapper: tuple[str, ...] = (),
+                 python: Path | None = None):
         """
         C{identity}: an [[identity]] section to use instead of the demo's static users file; C{source}:
         another checkout's src/ directory to run authsrv from instead of this one; C{wrapper}: a command
-        the server runs under (valgrind, say), given more time to become ready.
+        the server runs under (valgrind, say), given more time to become ready; C{python}: the
+        interpreter it runs on instead of L{server_python}.
         """
+        python = python or server_python()
         shutil.copytree(ROOT / "examples", folder / "examples", ignore=shutil.ignore_patterns("demo-data"))
         port = free_port()
         config = folder / "examples" / "demo.toml"
@@ -182,12 +196,12 @@ class Authsrv(Server):
         env = None
         if source is not None:
             env = {**os.environ, "PYTHONPATH": str(source)}
-            found = subprocess.run([sys.executable, "-c", "import authsrv; print(authsrv.__file__)"], env=env,
+            found = subprocess.run([python, "-c", "import authsrv; print(authsrv.__file__)"], env=env,
                                    cwd=folder, capture_output=True, text=True, check=True).stdout
             if not Path(found.strip()).is_relative_to(source):
                 raise SystemExit(f"bench: {source} does not hold the authsrv that runs ({found.strip()})")
         self.process = subprocess.Popen(
-            ["taskset", "-c", SERVER_CORE if PINNED else ALL_CORES, *wrapper, sys.executable, "-m", "twisted",
+            ["taskset", "-c", SERVER_CORE if PINNED else ALL_CORES, *wrapper, python, "-m", "twisted",
              "--log-file", os.devnull,
              "authsrv", "--config", str(config)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=folder, env=env,
@@ -346,7 +360,7 @@ class BareKlein(Server):
         self.base = f"http://127.0.0.1:{port}"
         self.user_access = self.base + "/api/internal/user-access"
         self.process = subprocess.Popen(
-            ["taskset", "-c", SERVER_CORE, sys.executable, str(BENCH / "bare_klein.py"), str(port)],
+            ["taskset", "-c", SERVER_CORE, server_python(), str(BENCH / "bare_klein.py"), str(port)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         wait_ready(self.base + "/readyz", self.process, "bare Klein")
@@ -624,17 +638,29 @@ print((time.process_time() - started) / 20 * 1000)
 
 def argon2_ms() -> float:
     """CPU milliseconds of one check of the default argon2id parameters, on the server's core."""
-    run = subprocess.run(["taskset", "-c", SERVER_CORE, sys.executable, "-c", ARGON2_TIMING],
+    run = subprocess.run(["taskset", "-c", SERVER_CORE, server_python(), "-c", ARGON2_TIMING],
                          capture_output=True, text=True, check=True, timeout=300)
     return float(run.stdout)
 
 
+SERVER_PYTHON_BUILD = ("import platform; print(platform.python_version(), '(built '"
+                       " + ' '.join(platform.python_build()[1].split()) + ', ' + platform.python_compiler() + ')')")
+"""The server interpreter's version and build, which tell a distribution's build from another."""
+
+
+def _first_line(*command) -> str:
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=10).stdout.strip().splitlines()[0]
+    except (OSError, IndexError, subprocess.TimeoutExpired):
+        return "not found"
+
+
+def python_build(python: Path) -> str:
+    return _first_line(str(python), "-c", SERVER_PYTHON_BUILD)
+
+
 def versions() -> dict:
-    def out(*command):
-        try:
-            return subprocess.run(command, capture_output=True, text=True, timeout=10).stdout.strip().splitlines()[0]
-        except (OSError, IndexError, subprocess.TimeoutExpired):
-            return "not found"
+    out = _first_line
 
     peer = json.loads((PEER / "node_modules" / "oidc-provider" / "package.json").read_text())["version"]
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
@@ -642,6 +668,7 @@ def versions() -> dict:
     return {
         "machine": f"{cpu}, {os.cpu_count()} cores, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') >> 30} GiB",
         "kernel": platform.release(), "python": platform.python_version(),
+        "server python": python_build(server_python()),
         "authsrv": metadata.version("authsrv"), "twisted": metadata.version("twisted"),
         "klein": metadata.version("klein"), "sqlite": sqlite3.sqlite_version,
         "node": out("node", "--version"), "oidc-provider": peer, "wrk": out("wrk", "--version"),
@@ -674,6 +701,9 @@ def main() -> None:
     parser.add_argument("--baseline", default=None, metavar="SRC",
                         help="instead of the comparison: this checkout's authsrv against the one in SRC (another"
                              " checkout's src/ directory), both on the server core, alternating; no peer")
+    parser.add_argument("--baseline-python", default=None, metavar="PYTHON",
+                        help="with --baseline: the interpreter SRC's authsrv runs on (a virtualenv's python with"
+                             " authsrv's requirements), to compare interpreters on the same code")
     parser.add_argument("--database-apart", action="store_true",
                         help="PostgreSQL pinned to the load's core instead of the servers' (as a database on a"
                              " machine of its own would be): the comparison and --baseline")
@@ -692,6 +722,8 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     if args.baseline:
         return baseline(args, Path(args.baseline).resolve(), targets, concurrencies, out)
+    if args.baseline_python:
+        raise SystemExit("bench: --baseline-python goes with --baseline")
     for tool in ("wrk", "taskset", "node"):
         if shutil.which(tool) is None:
             raise SystemExit(f"bench: needs {tool} (bench/setup.sh installs it)")
@@ -895,6 +927,7 @@ def baseline(args, source: Path, targets: list[str], concurrencies: list[int], o
     """
     if args.workers != 1 or args.identity != "static":
         raise SystemExit("bench: --baseline runs one worker and the static users file")
+    before_python = Path(args.baseline_python).absolute() if args.baseline_python else None
     folder = Path(tempfile.mkdtemp(prefix="authsrv-bench-"))
     cluster, _ = postgres_cluster(database_core(args)) if args.store == "postgres" else (None, None)
     servers: list[Authsrv] = []
@@ -904,10 +937,10 @@ def baseline(args, source: Path, targets: list[str], concurrencies: list[int], o
         return 0.0 if cluster is None else cpu_seconds(cluster.postmaster_pid())
 
     try:
-        for name, src in (("before", source), ("after", None)):
+        for name, src, python in (("before", source, before_python), ("after", None, None)):
             (folder / name).mkdir()
             dsn = cluster.database() if cluster is not None else None
-            server = Authsrv(folder / name, store=args.store, workers=1, postgres_dsn=dsn, source=src)
+            server = Authsrv(folder / name, store=args.store, workers=1, postgres_dsn=dsn, source=src, python=python)
             server.name = name
             servers.append(server)
         measure = Measure(folder, args.duration)
@@ -918,10 +951,16 @@ def baseline(args, source: Path, targets: list[str], concurrencies: list[int], o
             for target in targets:
                 for connections in concurrencies:
                     for server in servers[::-1] if repeat % 2 else servers:
-                        started, database = server.cpu_seconds(), database_cpu()
+                        marks = {}
+
+                        def mark(server=server):
+                            # When the load starts: the codes a code exchange is given are made before it.
+                            marks.update(cpu=server.cpu_seconds(), database=database_cpu())
+
+                        _before_load[:] = [mark]
                         result = measure.run(server, target, connections)
-                        result["cpu_ms"] = 1000 * (server.cpu_seconds() - started) / max(1, result["count"])
-                        result["db_cpu_ms"] = 1000 * (database_cpu() - database) / max(1, result["count"])
+                        result["cpu_ms"] = 1000 * (server.cpu_seconds() - marks["cpu"]) / max(1, result["count"])
+                        result["db_cpu_ms"] = 1000 * (database_cpu() - marks["database"]) / max(1, result["count"])
                         result.update(server=server.name, target=target, connections=connections, repeat=repeat)
                         results.append(result)
                         print(f"repeat {repeat + 1}/{args.repeats} {target} c={connections} {server.name}:"
@@ -937,9 +976,11 @@ def baseline(args, source: Path, targets: list[str], concurrencies: list[int], o
         "PostgreSQL store (a database each in one cluster, "
         + ("pinned to the load's core)" if args.database_apart else "pinned with them)"))
     cpu = "CPU ms/req" if cluster is None else "CPU ms/req (authsrv + PostgreSQL)"
-    lines = [f"authsrv before (the checkout --baseline named) and after (this checkout), {where}, both pinned to one core, the load"
-             f" on the other; {args.repeats} repeats of {args.duration} s, alternating. Ratio: after/before in each"
-             " repeat, then their median.", "",
+    interpreters = "" if before_python is None else (
+        f", before on Python {python_build(before_python)}, after on Python {python_build(server_python())}")
+    lines = [f"authsrv before (the checkout --baseline named) and after (this checkout), {where}{interpreters}, both pinned"
+             f" to one core, the load on the other; {args.repeats} repeats of {args.duration} s, alternating. Ratio:"
+             " after/before in each repeat, then their median.", "",
              f"| endpoint | c | before req/s | {cpu} | after req/s | {cpu} | ratio per repeat | median ratio |",
              "|---|---|---|---|---|---|---|---|"]
 
