@@ -5,7 +5,7 @@ to core 1, target by target alternating between the two within each repeat,
 at each concurrency. Everything on 127.0.0.1, every loop bounded in count and
 time.
 
-    bench/setup.sh                      # once: wrk, taskset, node packages
+    bench/setup.sh                      # once: wrk, taskset, node packages, .venv-server
     .venv/bin/python bench/bench.py [--store sqlite|postgres] [--workers N]
         [--repeats 3] [--duration 5] [--concurrency 1,16,64] [--only TARGET,...]
         [--seed-grants N] [--out bench/results/NAME]
@@ -58,6 +58,7 @@ RESOURCE = "https://api.demo.test"
 INTERNAL_SECRET = "demo-internal-secret"
 SERVER_CORE, LOAD_CORE, ALL_CORES = "0", "1", f"0-{os.cpu_count() - 1}"
 PINNED = True
+"""False for the several-instances run, which needs every core for its servers."""
 SERVER_VENV = ROOT / ".venv-server"
 
 
@@ -69,7 +70,7 @@ def server_python() -> Path:
     """
     made = SERVER_VENV / "bin" / "python"
     return made if made.exists() else Path(sys.executable)
-"""False for the several-instances run, which needs every core for its servers."""
+
 
 PEER_LACKS = {"introspection (JWT)"}
 """node-oidc-provider refuses to introspect its JWT access tokens (unsupported_token_type)."""
@@ -660,8 +661,6 @@ def python_build(python: Path) -> str:
 
 
 def versions() -> dict:
-    out = _first_line
-
     peer = json.loads((PEER / "node_modules" / "oidc-provider" / "package.json").read_text())["version"]
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.machine())
@@ -671,7 +670,7 @@ def versions() -> dict:
         "server python": python_build(server_python()),
         "authsrv": metadata.version("authsrv"), "twisted": metadata.version("twisted"),
         "klein": metadata.version("klein"), "sqlite": sqlite3.sqlite_version,
-        "node": out("node", "--version"), "oidc-provider": peer, "wrk": out("wrk", "--version"),
+        "node": _first_line("node", "--version"), "oidc-provider": peer, "wrk": _first_line("wrk", "--version"),
     }
 
 

@@ -79,11 +79,14 @@ def callgrind(pid: int, *options: str) -> None:
     subprocess.run(["callgrind_control", *options, str(pid)], check=True, stdout=subprocess.DEVNULL)
 
 
-def counted(source: Path, targets: list[str], count: int, keep: bool) -> dict[str, int]:
-    """Instructions per request of each target, for the authsrv of C{source}; C{keep}: leave callgrind's dumps."""
+def counted(source: Path, targets: list[str], count: int, keep: bool, python: Path | None) -> dict[str, int]:
+    """
+    Instructions per request of each target, for the authsrv of C{source} on C{python} (the bench's
+    server interpreter by default); C{keep}: leave callgrind's dumps.
+    """
     folder = Path(tempfile.mkdtemp(prefix="authsrv-instructions-"))
     dumps = folder / "callgrind"
-    server = bench.Authsrv(folder, store="sqlite", workers=1, postgres_dsn=None, source=source, wrapper=(
+    server = bench.Authsrv(folder, store="sqlite", workers=1, postgres_dsn=None, source=source, python=python, wrapper=(
         "valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={dumps}.%p"))
     pid = server.process.pid
     try:
@@ -131,13 +134,16 @@ def main() -> None:
                         help="another checkout's src/ to count as well (before/after)")
     parser.add_argument("--out", type=Path, help="write PATH.md and PATH.json")
     parser.add_argument("--keep", action="store_true", help="keep callgrind's dumps (for callgrind_annotate)")
+    parser.add_argument("--python", type=Path, help="the interpreter the servers run on (default: the bench's,"
+                        " .venv-server's where bench/setup.sh made it)")
     args = parser.parse_args()
     targets = args.only.split(",") if args.only else list(TARGETS)
     unknown = set(targets) - set(TARGETS)
     if unknown:
         raise SystemExit(f"request_instructions: unknown targets {sorted(unknown)}; choose from {TARGETS}")
     sources = [bench.ROOT / "src", *(path.resolve() for path in args.src)]
-    rows = {str(source): counted(source, targets, args.requests, args.keep) for source in sources}
+    python = args.python.absolute() if args.python else None
+    rows = {str(source): counted(source, targets, args.requests, args.keep, python) for source in sources}
     names = [_name(Path(source)) for source in rows]
     lines = [f"Instructions per request of the server (callgrind, SQLite demo, one at a time, {args.requests}"
              " requests per target).", "",
