@@ -4,8 +4,10 @@ real HTTP app, on SQLite and on PostgreSQL, once the client cache is warm: a
 code exchange finds the code (with its grant and the user's ban: a read) and
 redeems it in the transaction that writes the tokens; a refresh looks the
 token up (with its grant and the ban) and rotates it; introspection and
-UserInfo make one lookup each and commit nothing. A change that adds a round
-trip or a commit to these paths fails here before it shows in the benchmark.
+UserInfo make one lookup each and commit nothing; a password sign-in's form
+sends the writes that do not wait on each other together. A change that
+adds a round trip or a commit to these paths fails here before it shows in
+the benchmark.
 A configured chat platform changes nothing: the lookups bring the user's
 linked account for the chat_user_id claim along.
 """
@@ -22,8 +24,9 @@ from twisted.internet.defer import Deferred
 from authsrv.chat.crypto import ACCESS, new_key_text
 from authsrv.records import LinkedAccount
 from authsrv.store import sqlite
-from authsrv.testing.identity import ALICE
-from harness import Harness
+from authsrv.testing.identity import ALICE, PASSWORDS
+from flow_client import Browser, hidden_fields, location
+from harness import ISSUER, Harness
 from token_helpers import USERINFO, exchange, introspect, refresh, save_code, tokens, verify_jwt
 
 
@@ -109,6 +112,7 @@ def h(request, tmp_path, monkeypatch, chat):
         harness = Harness(tmp_path, monkeypatch, chat, postgres_dsn=dsn)
         commits = PostgresCommits(dsn)
     harness.commits = commits
+    harness.one_core = request.param == "sqlite-one-core"
     yield harness
     pytest_twisted.blockon(Deferred.fromCoroutine(harness.close()))
     if isinstance(commits, PostgresCommits):
@@ -167,3 +171,29 @@ async def test_the_hot_paths_make_one_round_trip_per_step_and_one_commit_per_gra
     assert response.code == 200
     assert (calls, h.commits.since_last()) == (Counter(find_access_token=1), 0)
     assert claims["chat_user_id"] == chat_user_id
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_password_sign_in_sends_the_writes_that_do_not_wait_on_each_other_together(h, monkeypatch):
+    """
+    The login form's POST counts the attempt before the password is checked,
+    then writes the check's outcome (the throttle's and the known device's)
+    with the interaction used up, then the new session with the code: where
+    the store hands a reactor turn's writes over together (SQLite on one
+    core), three commits.
+    """
+    await h.start()
+    browser = Browser(h)
+    response, _ = await browser.authorize("first")
+    response, body = await browser.get(location(response))
+    assert response.code == 200, body
+    fields = {**hidden_fields(body), "username": ALICE.login, "password": PASSWORDS[ALICE.sub]}
+
+    calls = counted(monkeypatch, h.store)
+    h.commits.since_last()
+    response, body = await browser.post(ISSUER + "/login", fields)
+    assert response.code == 303 and "code=" in location(response), body
+    writes = ("attempt", "succeeded", "remember_device", "take_interaction", "create_session", "save_code")
+    assert {name: calls[name] for name in writes} == dict.fromkeys(writes, 1)
+    if h.one_core:
+        assert h.commits.since_last() == 3

@@ -21,6 +21,7 @@ from __future__ import annotations
 from urllib.parse import urlencode
 
 import attrs
+from twisted.internet.defer import Deferred
 
 from authsrv import events
 from authsrv.flows.csrf import form_token, form_token_valid, valid_device_secret
@@ -29,6 +30,7 @@ from authsrv.flows.mfa import Accepted, SecondFactors
 from authsrv.flows.passkeys import PASSKEY_METHODS, PasskeyAccepted, Passkeys
 from authsrv.flows.pushed import PushedRequests
 from authsrv.flows.standing import standing
+from authsrv.flows.together import together
 from authsrv.flows.outcomes import (
     Browser,
     ConsentForm,
@@ -38,7 +40,7 @@ from authsrv.flows.outcomes import (
     Redirect,
     SecondFactorForm,
 )
-from authsrv.flows.sessions import live_session, start_session, step_up_session
+from authsrv.flows.sessions import live_session, new_session, step_up_session
 from authsrv.protocol.authorize import (
     AuthorizeError,
     client_id_of,
@@ -252,7 +254,10 @@ class InteractionFlow:
         username, password = form.get("username", ""), form.get("password", "")
         if not username or not password:
             return self._login_form(200, interaction, client, username=username, message=MISSING)
-        outcome = await self._login.log_in(username, password, address, browser.device, now)
+        outcome = await self._login.log_in(
+            username, password, address, browser.device, now,
+            along=lambda: self._store.take_interaction(interaction.interaction_id, LOGIN_STAGE),
+        )
         if isinstance(outcome, Throttled):
             return self._login_form(429, interaction, client, username=username,
                                     message=too_many_attempts(outcome.retry_after),
@@ -263,7 +268,7 @@ class InteractionFlow:
             raise suspended(outcome.reason if self._show_ban_reason else None)
         if not isinstance(outcome, LoggedIn):
             return self._login_form(503, interaction, client, username=username, message=UNAVAILABLE)
-        if not await self._store.take_interaction(interaction.interaction_id, LOGIN_STAGE):
+        if not outcome.along:
             raise _expired()
         seconds = int(now)
         stage = await self._factors.demand(client, interaction.request, outcome.user.sub, None, seconds, PASSWORD_AMR)
@@ -345,14 +350,18 @@ class InteractionFlow:
         was when enrolment was put off), then consent or the code.
         """
         value: str | None = None
+        created = []
         if session is None:
             await self._sessions.end(browser.session, "logged in again")
-            value, session = await start_session(self._store, self._limits, sub, now, amr, acr,
-                                                 address=address, user_agent=browser.user_agent)
-            events.login_succeeded(sub=sub, client_id=client.client_id, address=address)
+            value, session = new_session(self._limits, sub, now, amr, acr,
+                                         address=address, user_agent=browser.user_agent)
+            created.append(self._store.create_session(session).addCallback(
+                lambda _: events.login_succeeded(sub=sub, client_id=client.client_id, address=address)))
         elif acr == ACR_MFA:
             value, session = await step_up_session(self._store, session, amr, acr, now)
-        answer = await self._after_login(client, request, session, browser, now, 303)
+        # A new session goes to the store with the code (or the consent's interaction).
+        answer, *_ = await together(
+            [Deferred.fromCoroutine(self._after_login(client, request, session, browser, now, 303)), *created])
         return Redirect(answer.location, answer.status, CookieChanges(session=value, device=answer.cookies.device))
 
     async def consent_form(self, form: dict[str, str] | None, browser: Browser, now: int) -> ConsentForm:

@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import unicodedata
 from collections import Counter
-from typing import cast
+from typing import Callable, cast
 
 from attrs import frozen
 from twisted.cred.credentials import UsernamePassword
 from twisted.cred.error import UnauthorizedLogin
 from twisted.cred.portal import Portal
+from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
 from authsrv import events
 from authsrv.flows.standing import standing
+from authsrv.flows.together import together
 from authsrv.identity.errors import UnknownUser
 from authsrv.identity.realm import UserRealm
 from authsrv.interfaces import IUser
@@ -45,6 +47,8 @@ def account_key(login: str) -> str:
 @frozen
 class LoggedIn:
     user: User
+    along: object = None
+    """What the caller's C{along} write fired with (L{PasswordLogin.log_in})."""
 
 
 @frozen
@@ -83,11 +87,16 @@ class PasswordLogin:
         self._policy = policy
         self._checks = Counter[str]()
 
-    async def log_in(self, login: str, password: str, address: str, device: str | None, now: float):
+    async def log_in(self, login: str, password: str, address: str, device: str | None, now: float,
+                     along: Callable[[], Deferred] | None = None):
         """
         Fires with L{LoggedIn}, L{Refused}, L{Throttled}, L{Suspended} or
         L{Unavailable}. C{device} is the browser's device secret: a browser
         that signed in to this account before passes the account's limit.
+        C{along} is the caller's own write for a sign-in that succeeds (the
+        interaction used up, say): called with the throttle's and the
+        device's writes, so that all reach the store together (one commit);
+        its result is L{LoggedIn.along}.
         """
         logged = login[:LOGGED_LOGIN_MAX]
         if self._checks.total() >= self._policy.checks_in_flight:
@@ -99,13 +108,14 @@ class PasswordLogin:
         key = address_key(address)
         self._checks[key] += 1
         try:
-            return await self._log_in(login, password, address, device, now)
+            return await self._log_in(login, password, address, device, now, along)
         finally:
             self._checks[key] -= 1
             if not self._checks[key]:
                 del self._checks[key]
 
-    async def _log_in(self, login: str, password: str, address: str, device: str | None, now: float):
+    async def _log_in(self, login: str, password: str, address: str, device: str | None, now: float,
+                      along: Callable[[], Deferred] | None):
         logged = login[:LOGGED_LOGIN_MAX]
         account, seconds = account_key(login), int(now)
         device_hash = token_hash(device) if device else None
@@ -132,7 +142,10 @@ class PasswordLogin:
             reason = "disabled" if user.disabled else "banned"
             events.login_suspended(sub=user.sub, address=address, reason=reason)
             return Suspended(user_standing.ban_reason)
-        await self._store.succeeded(account, address_key(address), seconds)
+        writes = [self._store.succeeded(account, address_key(address), seconds)]
         if device_hash is not None:
-            await self._store.remember_device(account, device_hash, seconds + KNOWN_DEVICE_TTL)
-        return LoggedIn(user)
+            writes.append(self._store.remember_device(account, device_hash, seconds + KNOWN_DEVICE_TTL))
+        if along is not None:
+            writes.append(along())
+        done = await together(writes)
+        return LoggedIn(user, done[-1] if along is not None else None)

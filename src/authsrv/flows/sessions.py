@@ -19,12 +19,12 @@ LAST_SEEN_STEP = 60
 USER_AGENT_MAX = 300
 
 
-async def start_session(store, limits, sub: str, now: int, amr: tuple[str, ...] = PASSWORD_AMR,
-                        acr: str = ACR_PWD, *, address: str | None = None,
-                        user_agent: str | None = None) -> tuple[str, BrowserSession]:
+def new_session(limits, sub: str, now: int, amr: tuple[str, ...] = PASSWORD_AMR, acr: str = ACR_PWD, *,
+                address: str | None = None, user_agent: str | None = None) -> tuple[str, BrowserSession]:
     """
     A new session authenticated now by C{amr} at C{acr}, from the browser
-    C{user_agent} at C{address} (for the account page): (cookie value, session).
+    C{user_agent} at C{address} (for the account page): (cookie value,
+    session), for the caller to store with what it writes beside it.
     """
     value = new_token()
     session = BrowserSession(
@@ -40,7 +40,6 @@ async def start_session(store, limits, sub: str, now: int, amr: tuple[str, ...] 
         address=address,
         last_seen=now,
     )
-    await store.create_session(session)
     return value, session
 
 
