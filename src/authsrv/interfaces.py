@@ -541,8 +541,9 @@ class IKnownDeviceStore(Interface):
 
 class IProofReplayStore(Interface):
     """
-    Proofs already seen (DPoP jti, RFC 9449 section 11.1), shared by every
-    instance so that a proof replayed to another one is refused too.
+    Proofs already seen (DPoP jti, RFC 9449 section 11.1; passkey
+    challenges answered), shared by every instance so that a proof replayed
+    to another one is refused too.
     """
 
     def first_use(replay_key, expires_at, now):
@@ -615,16 +616,6 @@ class IFactorStore(Interface):
 
     def remove_passkey(sub, credential_id):
         """Remove one of the user's passkeys; fires True when it was there."""
-
-    def save_passkey_challenge(challenge_hash, purpose, expires_at):
-        """Keep a WebAuthn challenge (its hash) issued for C{purpose} until C{expires_at}."""
-
-    def take_passkey_challenge(challenge_hash, purpose, now):
-        """
-        Delete the challenge and fire True when it was issued for
-        C{purpose} and is unexpired at C{now}: exactly one of racing uses
-        gets it; a challenge of another purpose is left alone.
-        """
 
     def mfa_demanded(sub, now):
         """

@@ -6,10 +6,12 @@ password (a discoverable credential names its user) or as the second factor.
 The relying party is the public URL: its host is the RP id, its origin the
 only one accepted. User verification is required both ways, so a passkey
 alone proves possession and the PIN or biometric behind it. Every ceremony
-has its own random challenge, kept as a hash in the store for a few minutes
-under the purpose it was issued for (a registration for one user, a sign-in
-for one interaction) and taken once when the answer comes back: a replayed
-answer finds no challenge. The sign counter must grow with each use; an
+has its own random challenge, which carries its end and an HMAC, under a
+key of the store's, of both and of the purpose it was issued for (a
+registration for one user, a sign-in for one interaction): showing one
+stores nothing, so a login page is read without a write. The answer's
+challenge is checked, then used up once in the store, with the same
+single-use record DPoP proofs have: a replayed answer finds it used. The sign counter must grow with each use; an
 assertion whose counter did not (a cloned authenticator) is refused and
 audited. A credential that may be synced between devices (backup-eligible)
 counts as a software key (RFC 8176 C{swk}), any other as a hardware key
@@ -18,6 +20,9 @@ counts as a software key (RFC 8176 C{swk}), any other as a hardware key
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import secrets
 from urllib.parse import urlsplit
 
 from attrs import frozen
@@ -46,6 +51,9 @@ from authsrv.tokens import token_hash
 
 CHALLENGE_TTL = 300
 """How long a challenge waits for the browser's answer."""
+CHALLENGE_KEY = "passkey-challenge"
+"""The server secret challenges are signed with: one per store, so any instance checks another's."""
+NONCE_SIZE, END_SIZE, MAC_SIZE = 16, 8, 16
 TIMEOUT_MS = CHALLENGE_TTL * 1000
 HARDWARE_KEY, SOFTWARE_KEY = "hwk", "swk"
 PASSKEY_METHODS = (HARDWARE_KEY, SOFTWARE_KEY)
@@ -85,6 +93,10 @@ class PasskeyRefused:
     """An answer that proves nothing: unknown credential, wrong challenge, bad signature, or a cloned key."""
 
 
+def _mac(key: bytes, purpose: str, nonce: bytes, end: bytes) -> bytes:
+    return hmac.new(key, purpose.encode() + b"\0" + nonce + end, hashlib.sha256).digest()[:MAC_SIZE]
+
+
 def _challenge_of(credential: dict) -> bytes | None:
     """The challenge the browser signed, read from the answer's client data."""
     try:
@@ -105,7 +117,12 @@ def _parsed(credential_json: str | None) -> dict | None:
 
 
 class Passkeys:
-    """C{store} plays L{authsrv.interfaces.IFactorStore}; C{public_url} names the relying party."""
+    """
+    C{store} plays L{authsrv.interfaces.IFactorStore},
+    L{authsrv.interfaces.IProofReplayStore} and
+    L{authsrv.interfaces.IServerSecrets}; C{public_url} names the relying
+    party.
+    """
 
     def __init__(self, *, store, public_url: str, rp_name: str):
         parts = urlsplit(public_url)
@@ -113,18 +130,28 @@ class Passkeys:
         self.rp_id = parts.hostname or ""
         self.origin = f"{parts.scheme}://{parts.netloc}"
         self._rp_name = rp_name
+        self._challenge_key: bytes | None = None
 
-    async def _challenge(self, options, purpose: str, now: int) -> str:
-        await self._store.save_passkey_challenge(token_hash(bytes_to_base64url(options.challenge)), purpose,
-                                                 now + CHALLENGE_TTL)
-        return options_to_json(options)
+    async def _key(self) -> bytes:
+        if self._challenge_key is None:
+            self._challenge_key = await self._store.server_key(CHALLENGE_KEY)
+        return self._challenge_key
+
+    async def _challenge(self, purpose: str, now: int) -> bytes:
+        """A new challenge for C{purpose}: random bytes, its end, and the MAC of those and the purpose."""
+        nonce, end = secrets.token_bytes(NONCE_SIZE), (now + CHALLENGE_TTL).to_bytes(END_SIZE, "big")
+        return nonce + end + _mac(await self._key(), purpose, nonce, end)
 
     async def _take(self, credential: dict, purpose: str, now: int) -> bytes | None:
-        """The answer's challenge when it was issued for C{purpose} and not used; used up now."""
+        """The answer's challenge when this service issued it for C{purpose}, unexpired and unused; used up now."""
         challenge = _challenge_of(credential)
-        if challenge is None:
+        if challenge is None or len(challenge) != NONCE_SIZE + END_SIZE + MAC_SIZE:
             return None
-        if not await self._store.take_passkey_challenge(token_hash(bytes_to_base64url(challenge)), purpose, now):
+        nonce, end, mac = challenge[:NONCE_SIZE], challenge[NONCE_SIZE:-MAC_SIZE], challenge[-MAC_SIZE:]
+        expires_at = int.from_bytes(end, "big")
+        if expires_at <= now or not hmac.compare_digest(mac, _mac(await self._key(), purpose, nonce, end)):
+            return None
+        if not await self._store.first_use(token_hash("passkey:" + bytes_to_base64url(challenge)), expires_at, now):
             return None
         return challenge
 
@@ -143,8 +170,9 @@ class Passkeys:
             ),
             exclude_credentials=[PublicKeyCredentialDescriptor(id=base64url_to_bytes(p.credential_id))
                                  for p in existing],
+            challenge=await self._challenge(registration_purpose(sub), now),
         )
-        return await self._challenge(options, registration_purpose(sub), now)
+        return options_to_json(options)
 
     async def register(self, sub: str, credential_json: str | None, now: int) -> Passkey | None:
         """Keep the new passkey the browser created for this user's challenge; None when the answer fails."""
@@ -196,8 +224,9 @@ class Passkeys:
         options = generate_authentication_options(
             rp_id=self.rp_id, timeout=TIMEOUT_MS, allow_credentials=allowed,
             user_verification=UserVerificationRequirement.REQUIRED,
+            challenge=await self._challenge(sign_in_purpose(interaction_id), now),
         )
-        return await self._challenge(options, sign_in_purpose(interaction_id), now)
+        return options_to_json(options)
 
     async def authenticate(self, interaction_id: str, credential_json: str | None, address: str, now: int,
                            sub: str | None = None) -> PasskeyAccepted | PasskeyRefused:
@@ -219,7 +248,7 @@ class Passkeys:
 
         challenge = await self._take(credential, sign_in_purpose(interaction_id), now)
         if challenge is None:
-            return refused("no such challenge, or used or expired")
+            return refused("challenge not issued here for this, expired or used")
         if passkey is None or (sub is not None and passkey.sub != sub):
             return refused("unknown passkey")
         handle = (credential.get("response") or {}).get("userHandle")

@@ -788,20 +788,6 @@ class PostgresStore:
             "DELETE FROM passkeys WHERE sub = %(sub)s AND credential_id = %(id)s", {"sub": sub, "id": credential_id}
         )
 
-    def save_passkey_challenge(self, challenge_hash, purpose, expires_at):
-        return self._write("save_passkey_challenge",
-            "INSERT INTO passkey_challenges (challenge_hash, purpose, expires_at)"
-            " VALUES (%(hash)s, %(purpose)s, %(expires_at)s)",
-            {"hash": challenge_hash, "purpose": purpose, "expires_at": expires_at},
-        )
-
-    def take_passkey_challenge(self, challenge_hash, purpose, now):
-        return self._changed("take_passkey_challenge",
-            "DELETE FROM passkey_challenges WHERE challenge_hash = %(hash)s AND purpose = %(purpose)s"
-            " AND expires_at > %(now)s",
-            {"hash": challenge_hash, "purpose": purpose, "now": now},
-        )
-
     # IStore
 
     def ping(self):
@@ -1077,7 +1063,6 @@ _GC = tuple(
         ("link_locks", "account_id", "until <= %(now)s"),
         ("login_attempts", "attempt_id", "expires_at <= %(now)s"),
         ("known_devices", "account, device_hash", "expires_at <= %(now)s"),
-        ("passkey_challenges", "challenge_hash", "expires_at <= %(now)s"),
         ("client_assertions", "client_id, jti", "expires_at <= %(now)s"),
         ("dpop_proofs", "jti_hash", "expires_at <= %(now)s"),
         ("grants", "grant_id", f"old.revoked_at IS NOT NULL AND {_NO_LIVE_CODE}"),

@@ -728,18 +728,6 @@ class SQLiteStore:
         return self._changed("remove_passkey", "DELETE FROM passkeys WHERE sub = ? AND credential_id = ?",
                              (sub, credential_id))
 
-    def save_passkey_challenge(self, challenge_hash, purpose, expires_at):
-        return self._execute("save_passkey_challenge",
-            "INSERT INTO passkey_challenges (challenge_hash, purpose, expires_at) VALUES (?, ?, ?)",
-            (challenge_hash, purpose, expires_at),
-        ).addCallback(lambda _: None)
-
-    def take_passkey_challenge(self, challenge_hash, purpose, now):
-        return self._changed("take_passkey_challenge",
-            "DELETE FROM passkey_challenges WHERE challenge_hash = ? AND purpose = ? AND expires_at > ?",
-            (challenge_hash, purpose, now),
-        )
-
     # IStore
 
     def ping(self):
@@ -895,7 +883,6 @@ _GC = tuple(
         ("link_locks", "account_id", "until <= :now"),
         ("login_attempts", "attempt_id", "expires_at <= :now"),
         ("known_devices", "account, device_hash", "expires_at <= :now"),
-        ("passkey_challenges", "challenge_hash", "expires_at <= :now"),
         ("client_assertions", "client_id, jti", "expires_at <= :now"),
         ("dpop_proofs", "jti_hash", "expires_at <= :now"),
         ("grants", "grant_id", f"old.revoked_at IS NOT NULL AND {_NO_LIVE_CODE}"),

@@ -173,18 +173,6 @@ class FactorStoreConformance:
             assert await store.use_passkey("cred-zero", 0, False, NOW + 1) is True
 
     @pytest_twisted.ensureDeferred
-    async def test_passkey_challenges_are_taken_once_for_their_purpose(self):
-        async with self.store() as store:
-            await store.save_passkey_challenge("ch-1", "register:" + ALICE, NOW + 300)
-            await store.save_passkey_challenge("ch-2", "login:i-1", NOW + 300)
-            assert await store.take_passkey_challenge("ch-1", "register:" + BOB, NOW) is False
-            assert await store.take_passkey_challenge("ch-1", "register:" + ALICE, NOW) is True
-            assert await store.take_passkey_challenge("ch-1", "register:" + ALICE, NOW) is False
-            assert await store.take_passkey_challenge("ch-2", "login:i-1", NOW + 300) is False
-            assert await store.gc(NOW + 300, 100) >= 1
-            assert await store.take_passkey_challenge("ch-2", "login:i-1", NOW) is False
-
-    @pytest_twisted.ensureDeferred
     async def test_session_device_and_last_seen(self):
         session = BrowserSession("hash-d", "sid-d", ALICE, NOW, NOW, NOW + 3600,
                                  user_agent="Mozilla/5.0 (X11; Linux x86_64) Firefox/130.0", address="192.0.2.7")
@@ -215,8 +203,3 @@ class FactorConcurrencyConformance:
                 await first.add_passkey(passkey(f"cred-{n}", sub=sub))
                 counted = await gatherResults([store.use_passkey(f"cred-{n}", 2, False, NOW) for store in (first, second)])
                 assert sorted(counted) == [False, True]
-                await first.save_passkey_challenge(f"ch-{n}", "login", NOW + 60)
-                taken = await gatherResults(
-                    [store.take_passkey_challenge(f"ch-{n}", "login", NOW) for store in (second, first)]
-                )
-                assert sorted(taken) == [False, True]

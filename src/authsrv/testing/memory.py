@@ -96,9 +96,8 @@ class MemoryTables:
     """Sub -> when a policy first asked the user to enrol."""
     passkeys: dict = attrs.Factory(dict)
     """Credential id -> L{Passkey}."""
-    passkey_challenges: dict = attrs.Factory(dict)
     dpop_proofs: dict = attrs.Factory(dict)
-    """Challenge hash -> (purpose, expires_at)."""
+    """Replay key (a DPoP proof's, an answered passkey challenge's) -> until when it is kept."""
     client_assertions: dict = attrs.Factory(dict)
     """(client_id, jti) -> expires_at."""
 
@@ -729,18 +728,6 @@ class MemoryStore:
         del self.tables.passkeys[credential_id]
         return True
 
-    @_answered
-    def save_passkey_challenge(self, challenge_hash, purpose, expires_at):
-        _insert(self.tables.passkey_challenges, challenge_hash, (purpose, expires_at))
-
-    @_answered
-    def take_passkey_challenge(self, challenge_hash, purpose, now):
-        kept = self.tables.passkey_challenges.get(challenge_hash)
-        if kept is None or kept[0] != purpose or kept[1] <= now:
-            return False
-        del self.tables.passkey_challenges[challenge_hash]
-        return True
-
     # IStore
 
     @_answered
@@ -773,7 +760,6 @@ class MemoryStore:
         count += expired(tables.link_locks, lambda lease: lease[1] <= now)
         count += expired(tables.login_attempts, lambda attempt: attempt.expires_at <= now)
         count += expired(tables.known_devices, lambda expires_at: expires_at <= now)
-        count += expired(tables.passkey_challenges, lambda challenge: challenge[1] <= now)
         count += expired(tables.client_assertions, lambda expires_at: expires_at <= now)
         count += expired(tables.dpop_proofs, lambda expires_at: expires_at <= now)
 
