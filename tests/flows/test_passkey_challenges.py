@@ -22,7 +22,7 @@ from authsrv.testing.memory import MemoryStore, MemoryTables
 NOW = 1_900_000_000
 ORIGIN = "https://id.example.test"
 UNKNOWN = "unknown passkey"
-NO_CHALLENGE = "challenge not issued here for this, expired or used"
+NO_CHALLENGE = "the challenge was not issued for this sign-in, or expired, or was used"
 
 
 def b64(raw: bytes) -> str:

@@ -11,9 +11,9 @@ key of the store's, of both and of the purpose it was issued for (a
 registration for one user, a sign-in for one interaction): showing one
 stores nothing, so a login page is read without a write. The answer's
 challenge is checked, then used up once in the store, with the same
-single-use record DPoP proofs have: a replayed answer finds it used. The sign counter must grow with each use; an
-assertion whose counter did not (a cloned authenticator) is refused and
-audited. A credential that may be synced between devices (backup-eligible)
+single-use record DPoP proofs have: a replayed answer finds it used. The
+sign counter must grow with each use; an assertion whose counter did not
+(a cloned authenticator) is refused and audited. A credential that may be synced between devices (backup-eligible)
 counts as a software key (RFC 8176 C{swk}), any other as a hardware key
 (C{hwk}).
 """
@@ -54,6 +54,7 @@ CHALLENGE_TTL = 300
 CHALLENGE_KEY = "passkey-challenge"
 """The server secret challenges are signed with: one per store, so any instance checks another's."""
 NONCE_SIZE, END_SIZE, MAC_SIZE = 16, 8, 16
+"""A challenge's parts, in bytes: random, its end (seconds, big-endian), the truncated HMAC-SHA256."""
 TIMEOUT_MS = CHALLENGE_TTL * 1000
 HARDWARE_KEY, SOFTWARE_KEY = "hwk", "swk"
 PASSKEY_METHODS = (HARDWARE_KEY, SOFTWARE_KEY)
@@ -248,7 +249,7 @@ class Passkeys:
 
         challenge = await self._take(credential, sign_in_purpose(interaction_id), now)
         if challenge is None:
-            return refused("challenge not issued here for this, expired or used")
+            return refused("the challenge was not issued for this sign-in, or expired, or was used")
         if passkey is None or (sub is not None and passkey.sub != sub):
             return refused("unknown passkey")
         handle = (credential.get("response") or {}).get("userHandle")
