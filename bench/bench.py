@@ -38,9 +38,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from html.parser import HTMLParser
 from importlib import metadata
 from pathlib import Path
+from typing import Callable
 from urllib.parse import parse_qs, urljoin, urlsplit
 
 import requests
@@ -497,6 +499,21 @@ _before_load: list = []
 """Called just before the load starts: the profiler starts there, after a target's preparation."""
 
 
+def run_from_load_start(measure: Measure, server: Server, target: str, connections: int,
+                        readings: dict[str, Callable[[], object]]) -> tuple[dict, dict]:
+    """
+    C{measure.run}, with each of C{readings} taken when the load starts, after
+    the target's preparation (a code exchange's codes are made before it): the
+    result and those readings, for figures per request of the load alone.
+    """
+    marks: dict = {}
+    _before_load[:] = [lambda: marks.update((name, read()) for name, read in readings.items())]
+    try:
+        return measure.run(server, target, connections), marks
+    finally:
+        _before_load.clear()
+
+
 def wrk(url: str, script: str | None, duration: float, connections: int, folder: Path, *, background=False):
     """wrk's figures; C{background}: start it and return a function that waits for them."""
     command = ["taskset", "-c", LOAD_CORE if PINNED else ALL_CORES, "wrk", "-t1", f"-c{connections}", f"-d{int(duration)}s", "--latency",
@@ -776,16 +793,11 @@ def main() -> None:
                     if repeat % 2:
                         pair.reverse()
                     for server in pair:
-                        marks = {}
                         sign_ins = server is authsrv and target == "login"
-
-                        def mark(server=server, sign_ins=sign_ins):
-                            marks["cpu"] = server.cpu_seconds()
-                            if sign_ins:
-                                marks["threads"] = thread_ticks(server.process.pid)
-
-                        _before_load[:] = [mark]
-                        result = measure.run(server, target, connections)
+                        readings: dict[str, Callable[[], object]] = {"cpu": server.cpu_seconds}
+                        if sign_ins:
+                            readings["threads"] = partial(thread_ticks, server.process.pid)
+                        result, marks = run_from_load_start(measure, server, target, connections, readings)
                         result["cpu_ms"] = 1000 * (server.cpu_seconds() - marks["cpu"]) / max(1, result["count"])
                         if sign_ins:
                             after, argon2 = thread_ticks(server.process.pid), password_threads(server.process.pid)
@@ -950,14 +962,8 @@ def baseline(args, source: Path, targets: list[str], concurrencies: list[int], o
             for target in targets:
                 for connections in concurrencies:
                     for server in servers[::-1] if repeat % 2 else servers:
-                        marks = {}
-
-                        def mark(server=server):
-                            # When the load starts: the codes a code exchange is given are made before it.
-                            marks.update(cpu=server.cpu_seconds(), database=database_cpu())
-
-                        _before_load[:] = [mark]
-                        result = measure.run(server, target, connections)
+                        result, marks = run_from_load_start(measure, server, target, connections,
+                                                            {"cpu": server.cpu_seconds, "database": database_cpu})
                         result["cpu_ms"] = 1000 * (server.cpu_seconds() - marks["cpu"]) / max(1, result["count"])
                         result["db_cpu_ms"] = 1000 * (database_cpu() - marks["database"]) / max(1, result["count"])
                         result.update(server=server.name, target=target, connections=connections, repeat=repeat)
