@@ -7,6 +7,7 @@ L{authsrv.web.pages.render_page} (escaping, no framing, no caching).
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from functools import partial
 
 import segno
 from twisted.web.template import tags
@@ -19,7 +20,7 @@ from authsrv.flows.outcomes import (
     RecoveryCodes,
     SecondFactorForm,
 )
-from authsrv.web.pages import passkey_script, render_page
+from authsrv.web.pages import PreparedPage, passkey_script, render_page
 
 
 def scope_words(scope: str, client_name: str) -> str:
@@ -59,31 +60,41 @@ def passkey_form(action: str, interaction_id: str, csrf: str, options: str | Non
     ]
 
 
-def login_page(request, action: str, form: LoginForm) -> bytes:
-    """The sign-in form, and a passkey instead when passkeys are on; its C{message} says why it is shown again."""
-    if form.retry_after is not None:
-        request.setHeader(b"retry-after", str(form.retry_after).encode())
-    return render_page(
-        request,
-        form.status,
-        "Sign in",
-        tags.p("to continue to ", tags.strong(form.client_name)),
-        *([tags.p(class_="error", role="alert")(form.message)] if form.message else []),
-        tags.form(method="post", action=action)(
+def _login_content(message: bool, passkeys: bool, field) -> tuple:
+    """The sign-in form's tags, with a message or a passkey form or neither, its texts left to C{field}."""
+    return (
+        tags.p("to continue to ", tags.strong(field("client_name"))),
+        *([tags.p(class_="error", role="alert")(field("message"))] if message else []),
+        tags.form(method="post", action=field("action"))(
             tags.label(for_="username")("Username"),
-            tags.input(type="text", id="username", name="username", value=form.username, required="",
+            tags.input(type="text", id="username", name="username", value=field("username"), required="",
                        autocomplete="username", autocapitalize="none", spellcheck="false",
                        autofocus=""),
             tags.label(for_="password")("Password"),
             tags.input(type="password", id="password", name="password", required="",
                        autocomplete="current-password"),
-            *_hidden(form.interaction_id, form.csrf),
+            *_hidden(field("interaction_id"), field("csrf")),
             tags.button(type="submit", class_="primary")("Sign in"),
         ),
-        *passkey_form(f"{action}/passkey", form.interaction_id, form.csrf, form.passkey_options,
-                      "Sign in with a passkey"),
-        form_origin=form.client_origin,
+        *(passkey_form(field("passkey_action"), field("interaction_id"), field("csrf"), field("passkey_options"),
+                       "Sign in with a passkey") if passkeys else []),
     )
+
+
+_LOGIN_PAGES = {(message, passkeys): PreparedPage("Sign in", partial(_login_content, message, passkeys))
+                for message in (False, True) for passkeys in (False, True)}
+"""The login page in its four shapes, prepared once: it is shown in every sign-in."""
+
+
+def login_page(request, action: str, form: LoginForm) -> bytes:
+    """The sign-in form, and a passkey instead when passkeys are on; its C{message} says why it is shown again."""
+    if form.retry_after is not None:
+        request.setHeader(b"retry-after", str(form.retry_after).encode())
+    page = _LOGIN_PAGES[bool(form.message), form.passkey_options is not None]
+    return page.render(request, form.status, form.client_origin, client_name=form.client_name,
+                       message=form.message or "", action=action, username=form.username,
+                       interaction_id=form.interaction_id, csrf=form.csrf,
+                       passkey_action=f"{action}/passkey", passkey_options=form.passkey_options or "")
 
 
 def second_factor_page(request, action: str, form: SecondFactorForm) -> bytes:
