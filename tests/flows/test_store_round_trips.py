@@ -120,6 +120,22 @@ def h(request, tmp_path, monkeypatch, chat):
         commits.close()
 
 
+class Batches:
+    """The sizes of the batches of reads a SQLite store's reader thread is handed, one per round trip."""
+
+    def __init__(self, worker):
+        self.sizes: list[int] = []
+        self._queue = worker._queue
+        worker._queue = self
+
+    def put(self, batch) -> None:
+        self.sizes.append(len(batch))
+        self._queue.put(batch)
+
+    def __getattr__(self, name):
+        return getattr(self._queue, name)
+
+
 def counted(monkeypatch, store) -> Counter:
     """Every public call on C{store}, by name, from now on."""
     calls: Counter = Counter()
@@ -179,7 +195,8 @@ async def test_a_password_sign_in_sends_the_writes_that_do_not_wait_on_each_othe
     """
     The login page writes nothing (its passkey challenge carries its own
     proof). The form's POST counts the attempt before the password is checked,
-    then writes the check's outcome (the throttle's and the known device's)
+    then reads the user's ban and second factors in one round trip, then
+    writes the check's outcome (the throttle's and the known device's)
     with the interaction used up, then the new session with the code: where
     the store hands a reactor turn's writes over together (SQLite on one
     core), three commits.
@@ -196,10 +213,15 @@ async def test_a_password_sign_in_sends_the_writes_that_do_not_wait_on_each_othe
     fields = {**hidden_fields(body), "username": ALICE.login, "password": PASSWORDS[ALICE.sub]}
 
     calls = counted(monkeypatch, h.store)
+    reads = Batches(h.store._reader) if isinstance(h.store, sqlite.SQLiteStore) else None
     h.commits.since_last()
     response, body = await browser.post(ISSUER + "/login", fields)
     assert response.code == 303 and "code=" in location(response), body
     writes = ("attempt", "succeeded", "remember_device", "take_interaction", "create_session", "save_code")
     assert {name: calls[name] for name in writes} == dict.fromkeys(writes, 1)
+    after_the_check = ("get_ban", "get_totp", "list_passkeys")
+    assert {name: calls[name] for name in after_the_check} == dict.fromkeys(after_the_check, 1)
+    if reads is not None:
+        assert reads.sizes == [1, 1, 3], "the interaction, the known device, then the ban and both factors"
     if h.one_core:
         assert h.commits.since_last() == 3

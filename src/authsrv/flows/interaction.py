@@ -257,6 +257,8 @@ class InteractionFlow:
         outcome = await self._login.log_in(
             username, password, address, browser.device, now,
             along=lambda: self._store.take_interaction(interaction.interaction_id, LOGIN_STAGE),
+            reading=(lambda sub: Deferred.fromCoroutine(self._factors.held(sub))) if self._factors.policy.enabled
+            else None,
         )
         if isinstance(outcome, Throttled):
             return self._login_form(429, interaction, client, username=username,
@@ -271,7 +273,8 @@ class InteractionFlow:
         if not outcome.along:
             raise _expired()
         seconds = int(now)
-        stage = await self._factors.demand(client, interaction.request, outcome.user.sub, None, seconds, PASSWORD_AMR)
+        stage = await self._factors.demand(client, interaction.request, outcome.user.sub, None, seconds, PASSWORD_AMR,
+                                           outcome.read)
         if stage is not None:
             return await self._wait(interaction.request, stage, None, browser, seconds,
                                     sub=outcome.user.sub, amr=PASSWORD_AMR)

@@ -49,6 +49,8 @@ class LoggedIn:
     user: User
     along: object = None
     """What the caller's C{along} write fired with (L{PasswordLogin.log_in})."""
+    read: object = None
+    """What the caller's C{reading} fired with (L{PasswordLogin.log_in})."""
 
 
 @frozen
@@ -88,7 +90,8 @@ class PasswordLogin:
         self._checks = Counter[str]()
 
     async def log_in(self, login: str, password: str, address: str, device: str | None, now: float,
-                     along: Callable[[], Deferred] | None = None):
+                     along: Callable[[], Deferred] | None = None,
+                     reading: Callable[[str], Deferred] | None = None):
         """
         Fires with L{LoggedIn}, L{Refused}, L{Throttled}, L{Suspended} or
         L{Unavailable}. C{device} is the browser's device secret: a browser
@@ -96,7 +99,10 @@ class PasswordLogin:
         C{along} is the caller's own write for a sign-in that succeeds (the
         interaction used up, say): called with the throttle's and the
         device's writes, so that all reach the store together (one commit);
-        its result is L{LoggedIn.along}.
+        its result is L{LoggedIn.along}. C{reading} is the caller's own
+        read of the user (by C{sub}) whose password was right, sent with
+        the read of the user's ban (one round trip); its result is
+        L{LoggedIn.read}.
         """
         logged = login[:LOGGED_LOGIN_MAX]
         if self._checks.total() >= self._policy.checks_in_flight:
@@ -108,14 +114,14 @@ class PasswordLogin:
         key = address_key(address)
         self._checks[key] += 1
         try:
-            return await self._log_in(login, password, address, device, now, along)
+            return await self._log_in(login, password, address, device, now, along, reading)
         finally:
             self._checks[key] -= 1
             if not self._checks[key]:
                 del self._checks[key]
 
     async def _log_in(self, login: str, password: str, address: str, device: str | None, now: float,
-                      along: Callable[[], Deferred] | None):
+                      along: Callable[[], Deferred] | None, reading: Callable[[str], Deferred] | None):
         logged = login[:LOGGED_LOGIN_MAX]
         account, seconds = account_key(login), int(now)
         device_hash = token_hash(device) if device else None
@@ -127,7 +133,10 @@ class PasswordLogin:
         try:
             _, avatar, _ = await self._portal.login(UsernamePassword(login.encode(), password.encode()), None, IUser)
             user = cast(User, avatar)
-            user_standing = await standing(self._identity, self._store, user.sub, seconds)
+            reads = [Deferred.fromCoroutine(standing(self._identity, self._store, user.sub, seconds))]
+            if reading is not None:
+                reads.append(reading(user.sub))
+            user_standing, *read = await together(reads)
         except UnauthorizedLogin as e:
             reason = "unknown user" if isinstance(e, UnknownUser) else "wrong password"
             events.login_failed(login=logged, reason=reason, address=address)
@@ -148,4 +157,4 @@ class PasswordLogin:
         if along is not None:
             writes.append(along())
         done = await together(writes)
-        return LoggedIn(user, done[-1] if along is not None else None)
+        return LoggedIn(user, done[-1] if along is not None else None, read[0] if read else None)

@@ -34,6 +34,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from authsrv import events
 from authsrv.flows.login import KNOWN_DEVICE_TTL, Throttled
 from authsrv.flows.passkeys import PASSKEY_METHODS
+from authsrv.flows.together import together
 from authsrv.protocol.forwarded import address_key
 from authsrv.protocol.oidc import mfa_requested
 from authsrv.records import ACR_MFA, ENROL_STAGE, MFA_STAGE, TOTP_FACTOR, AuthorizationRequest, Client, ThrottlePolicy
@@ -68,6 +69,14 @@ class MfaPolicy:
     @property
     def enabled(self) -> bool:
         return self.required != MFA_OFF
+
+
+@frozen
+class Held:
+    """The second factors a user has: an authenticator app (C{totp}), passkeys."""
+
+    totp: bool
+    passkeys: bool
 
 
 @frozen
@@ -165,12 +174,18 @@ class SecondFactors:
     async def factors(self, sub: str):
         return await self._store.list_factors(sub)
 
+    async def held(self, sub: str) -> Held:
+        """Which second factors the user has, both read in one round trip to the store."""
+        totp, passkeys = await together([self._store.get_totp(sub), self._store.list_passkeys(sub)])
+        return Held(totp=totp is not None, passkeys=bool(passkeys))
+
     async def has_factor(self, sub: str) -> bool:
         """Whether the user has a second factor: an authenticator app or a passkey."""
-        return await self.has_totp(sub) or bool(await self._store.list_passkeys(sub))
+        held = await self.held(sub)
+        return held.totp or held.passkeys
 
     async def demand(self, client: Client, request: AuthorizationRequest, sub: str, acr: str | None,
-                     now: int, amr: tuple[str, ...] = ()) -> str | None:
+                     now: int, amr: tuple[str, ...] = (), held: Held | None = None) -> str | None:
         """
         The stage a sign-in must pass before it completes, for a user who
         signed in at C{acr} (None: only the first factor just now) by
@@ -179,12 +194,14 @@ class SecondFactors:
         the passkey they signed in with; enrolment (L{ENROL_STAGE}) when
         the policy, the client or the request (its acr) wants one of a user
         without any, the grace period counted from the first such demand.
+        C{held} is what L{held} read already, if the caller read it.
         """
         if not self.policy.enabled or acr == ACR_MFA:
             return None
-        if await self.has_totp(sub):
+        held = held or await self.held(sub)
+        if held.totp:
             return MFA_STAGE
-        if await self._store.list_passkeys(sub):
+        if held.passkeys:
             return None if any(method in PASSKEY_METHODS for method in amr) else MFA_STAGE
         if not (self.policy.required == MFA_REQUIRED or client.require_mfa or mfa_requested(request.acr_values)):
             return None
