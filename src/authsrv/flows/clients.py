@@ -12,6 +12,7 @@ from twisted.logger import Logger
 
 from authsrv import events
 from authsrv.client_secrets import SecretKeeper
+from authsrv.flows.server_keys import ServerKeys
 from authsrv.protocol.client_assertion import (
     CLOCK_SKEW,
     HMAC_ALGS,
@@ -44,13 +45,11 @@ class ClientCache:
         self._clock = clock
         self._ttl = ttl
         self._entries: dict[str, tuple[float, Client | None]] = {}
-        self._key: bytes | None = None
+        self._keys = ServerKeys(store)
 
     async def secret_key(self) -> bytes:
         """The server key of client secret hashes, from the store on first use."""
-        if self._key is None:
-            self._key = await self._store.server_key(CLIENT_SECRET_KEY)
-        return self._key
+        return await self._keys.get(CLIENT_SECRET_KEY)
 
     def seconds(self) -> float:
         """The clock's time, which decides whether a rotated-out client secret still works."""

@@ -7,6 +7,7 @@ presents a DPoP-bound token, reaches here: bearer traffic pays nothing.
 
 from __future__ import annotations
 
+from authsrv.flows.server_keys import ServerKeys
 from authsrv.protocol.dpop import DpopPolicy, Proof, check_proof
 from authsrv.protocol.errors import InvalidDpopProof
 
@@ -20,12 +21,10 @@ class DpopVerifier:
     def __init__(self, *, store, policy: DpopPolicy):
         self._store = store
         self.policy = policy
-        self._nonce_secret: bytes | None = None
+        self._keys = ServerKeys(store)
 
     async def _secret(self) -> bytes | None:
-        if self.policy.use_nonce and self._nonce_secret is None:
-            self._nonce_secret = await self._store.server_key(NONCE_KEY)
-        return self._nonce_secret
+        return await self._keys.get(NONCE_KEY) if self.policy.use_nonce else None
 
     async def verify(
         self, headers: list[bytes], *, method: str, url: str, now: int, access_token: str | None = None,

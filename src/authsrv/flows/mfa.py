@@ -34,6 +34,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from authsrv import events
 from authsrv.flows.login import KNOWN_DEVICE_TTL, Throttled
 from authsrv.flows.passkeys import PASSKEY_METHODS
+from authsrv.flows.server_keys import ServerKeys
 from authsrv.flows.together import together
 from authsrv.protocol.forwarded import address_key
 from authsrv.protocol.oidc import mfa_requested
@@ -155,16 +156,10 @@ class SecondFactors:
         self.policy = policy
         self._throttle = throttle
         self._issuer_label = issuer_label
-        self._keys: dict[str, bytes] = {}
-
-    async def _key(self, name: str) -> bytes:
-        """A server key, from the store on first use: it never changes."""
-        if name not in self._keys:
-            self._keys[name] = await self._store.server_key(name)
-        return self._keys[name]
+        self._keys = ServerKeys(store)
 
     async def _recovery_hash(self, sub: str, code: str) -> str:
-        key = await self._key(RECOVERY_KEY)
+        key = await self._keys.get(RECOVERY_KEY)
         return hmac.new(key, f"{sub}\x00{normalised(code)}".encode(), hashlib.sha256).hexdigest()
 
     async def has_totp(self, sub: str) -> bool:
@@ -241,7 +236,7 @@ class SecondFactors:
             factor = await self._store.get_totp(sub)
             if factor is None:
                 return None
-            secret = _open(await self._key(TOTP_KEY), factor.secret_enc, _totp_aad(sub))
+            secret = _open(await self._keys.get(TOTP_KEY), factor.secret_enc, _totp_aad(sub))
             step = None if secret is None else matching_step(secret.decode(), code, now)
             if step is not None and await self._store.use_totp_step(sub, step):
                 return "totp"
@@ -255,7 +250,7 @@ class SecondFactors:
         secret = pyotp.random_base32()
         codes = tuple(new_recovery_code() for _ in range(RECOVERY_CODES))
         payload = json.dumps({"secret": secret, "codes": codes, "expires_at": now + ENROLMENT_TTL}).encode()
-        sealed = _seal(await self._key(TOTP_KEY), payload, _enrolment_aad(sub))
+        sealed = _seal(await self._keys.get(TOTP_KEY), payload, _enrolment_aad(sub))
         uri = pyotp.TOTP(secret, digits=TOTP_DIGITS, interval=TOTP_INTERVAL).provisioning_uri(
             name=login, issuer_name=self._issuer_label
         )
@@ -269,7 +264,7 @@ class SecondFactors:
             raw = base64.urlsafe_b64decode(sealed.encode())
         except ValueError:
             return None
-        payload = _open(await self._key(TOTP_KEY), raw, _enrolment_aad(sub))
+        payload = _open(await self._keys.get(TOTP_KEY), raw, _enrolment_aad(sub))
         return None if payload is None else json.loads(payload)
 
     async def open_enrolment(self, sub: str, sealed: str | None, login: str, now: int) -> Enrolment | None:
@@ -292,7 +287,7 @@ class SecondFactors:
         step = matching_step(data["secret"], normalised(code), now)
         if step is None:
             return False
-        secret_enc = _seal(await self._key(TOTP_KEY), data["secret"].encode(), _totp_aad(sub))
+        secret_enc = _seal(await self._keys.get(TOTP_KEY), data["secret"].encode(), _totp_aad(sub))
         await self._store.enrol_totp(sub, secret_enc, step, now)
         await self._store.replace_recovery_codes(sub, [await self._recovery_hash(sub, c) for c in data["codes"]], now)
         events.mfa_enrolled(sub=sub, kind=TOTP_FACTOR)

@@ -44,6 +44,7 @@ from webauthn.helpers.structs import (
 )
 
 from authsrv import events
+from authsrv.flows.server_keys import ServerKeys
 from authsrv.protocol import jsontext
 from authsrv.records import Passkey
 from authsrv.store.errors import AlreadyExists
@@ -131,17 +132,12 @@ class Passkeys:
         self.rp_id = parts.hostname or ""
         self.origin = f"{parts.scheme}://{parts.netloc}"
         self._rp_name = rp_name
-        self._challenge_key: bytes | None = None
-
-    async def _key(self) -> bytes:
-        if self._challenge_key is None:
-            self._challenge_key = await self._store.server_key(CHALLENGE_KEY)
-        return self._challenge_key
+        self._keys = ServerKeys(store)
 
     async def _challenge(self, purpose: str, now: int) -> bytes:
         """A new challenge for C{purpose}: random bytes, its end, and the MAC of those and the purpose."""
         nonce, end = secrets.token_bytes(NONCE_SIZE), (now + CHALLENGE_TTL).to_bytes(END_SIZE, "big")
-        return nonce + end + _mac(await self._key(), purpose, nonce, end)
+        return nonce + end + _mac(await self._keys.get(CHALLENGE_KEY), purpose, nonce, end)
 
     async def _take(self, credential: dict, purpose: str, now: int) -> bytes | None:
         """The answer's challenge when this service issued it for C{purpose}, unexpired and unused; used up now."""
@@ -150,7 +146,8 @@ class Passkeys:
             return None
         nonce, end, mac = challenge[:NONCE_SIZE], challenge[NONCE_SIZE:-MAC_SIZE], challenge[-MAC_SIZE:]
         expires_at = int.from_bytes(end, "big")
-        if expires_at <= now or not hmac.compare_digest(mac, _mac(await self._key(), purpose, nonce, end)):
+        key = await self._keys.get(CHALLENGE_KEY)
+        if expires_at <= now or not hmac.compare_digest(mac, _mac(key, purpose, nonce, end)):
             return None
         if not await self._store.first_use(token_hash("passkey:" + bytes_to_base64url(challenge)), expires_at, now):
             return None
