@@ -24,6 +24,7 @@ from authsrv.drain import stop_on_sigterm
 from authsrv.embedded import DEFAULT_DATA_DIR, prepare_data_dir
 from authsrv.jsonlog import json_log_observer
 from authsrv.logfile import STDOUT, LineFile, reopen_on_signals
+from authsrv.scheduling import batch_on_one_core
 from authsrv.service import AuthsrvService, StartupError, build, build_supervisor
 from authsrv.workers import Supervisor, WorkerError, stop_with_parent, worker_role
 
@@ -105,6 +106,7 @@ def diagnostic_log_factory(chosen, log_format: str | None):
 def makeService(options, reactor=None):
     if reactor is None:
         from twisted.internet import reactor
+    batch_on_one_core()
     try:
         role = worker_role()
         if role is not None:

@@ -24,7 +24,6 @@ the core back (bench/README.md, "The reader waits its turn").
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import threading
 from collections import deque
@@ -33,6 +32,8 @@ from typing import Any, Callable
 
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
+
+from authsrv.scheduling import run_as_batch_task
 
 MAX_BATCH = 64
 
@@ -114,7 +115,7 @@ class SQLiteWorker:
 
     def _serve(self) -> None:
         if self._background:
-            _run_as_batch_task()
+            run_as_batch_task()
         queued: deque = deque()
         while True:
             if not queued:
@@ -162,12 +163,3 @@ class SQLiteWorker:
             failure = self._failure(e)
             return [(item[0], failure) for item in batch]
         return outcomes
-
-
-def _run_as_batch_task() -> None:
-    """The calling thread as a batch task where the system has them; as it was elsewhere."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
-    except (AttributeError, OSError):
-        # Not Linux, or a sandbox that refuses it: the thread is scheduled as before.
-        pass
