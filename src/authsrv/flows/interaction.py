@@ -18,6 +18,7 @@ submissions goes on.
 
 from __future__ import annotations
 
+from typing import cast
 from urllib.parse import urlencode
 
 import attrs
@@ -26,7 +27,7 @@ from twisted.internet.defer import Deferred
 from authsrv import events
 from authsrv.flows.csrf import form_token, form_token_valid, valid_device_secret
 from authsrv.flows.login import LoggedIn, Refused, Suspended, Throttled
-from authsrv.flows.mfa import Accepted, SecondFactors
+from authsrv.flows.mfa import Accepted, Held, SecondFactors
 from authsrv.flows.passkeys import PASSKEY_METHODS, PasskeyAccepted, Passkeys
 from authsrv.flows.pushed import PushedRequests
 from authsrv.flows.standing import standing
@@ -274,7 +275,7 @@ class InteractionFlow:
             raise _expired()
         seconds = int(now)
         stage = await self._factors.demand(client, interaction.request, outcome.user.sub, None, seconds, PASSWORD_AMR,
-                                           outcome.read)
+                                           cast(Held | None, outcome.read))
         if stage is not None:
             return await self._wait(interaction.request, stage, None, browser, seconds,
                                     sub=outcome.user.sub, amr=PASSWORD_AMR)

@@ -10,7 +10,7 @@ from __future__ import annotations
 class ServerKeys:
     """C{store} answers C{server_key}."""
 
-    def __init__(self, store):
+    def __init__(self, store) -> None:
         self._store = store
         self._keys: dict[str, bytes] = {}
 
