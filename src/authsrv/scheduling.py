@@ -29,6 +29,11 @@ def run_as_batch_task() -> bool:
     return True
 
 
+def one_core() -> bool:
+    """Whether this process may use one core only: a pinned process, a one-CPU container."""
+    return len(os.sched_getaffinity(0)) == 1
+
+
 def batch_on_one_core() -> None:
     """
     Run as batch tasks when this process may use one core only and was
@@ -36,7 +41,7 @@ def batch_on_one_core() -> None:
     systemd's C{CPUSchedulingPolicy}) is left as it is. Called before any
     thread starts, so that every thread inherits it.
     """
-    if len(os.sched_getaffinity(0)) != 1 or os.sched_getscheduler(0) != os.SCHED_OTHER:
+    if not one_core() or os.sched_getscheduler(0) != os.SCHED_OTHER:
         return
     if run_as_batch_task():
         log.info("one core: the server's threads run as batch tasks (SCHED_BATCH)")

@@ -28,6 +28,7 @@ from zope.interface import implementer
 from authsrv.interfaces import IStore
 from authsrv.migrations import Ledger, MigrationError, SQLiteMigration, migrate, schema_steps
 from authsrv.interfaces import SERVER_KEY_BYTES
+from authsrv.scheduling import one_core
 from authsrv.records import (
     AccessState,
     Consent,
@@ -88,7 +89,7 @@ def open_store(reactor, path: Path, synchronous: str = "FULL", observer: Observe
     # one core, but with a core to spare a commit is better under way beside
     # the reactor at once (bench/README.md).
     writer = SQLiteWorker(reactor, connection, _store_error, f"authsrv-sqlite-{path.name}",
-                          gather=len(os.sched_getaffinity(0)) == 1)
+                          gather=one_core())
     # The reader as a background thread; the writer not: as one, the code exchange
     # at c=1 was slower (bench/README.md, "The reader waits its turn").
     reader = SQLiteWorker(reactor, _open_reader(path), _store_error, f"authsrv-sqlite-read-{path.name}",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import html
 import re
 import secrets
 from collections.abc import Callable
@@ -90,9 +91,6 @@ def _document(title: str, content: tuple) -> bytes:
     return b"<!DOCTYPE html>\n" + results[0]
 
 
-_ESCAPES = ((b"&", b"&amp;"), (b"<", b"&lt;"), (b">", b"&gt;"))
-
-
 class PreparedPage:
     """
     A page of one shape, flattened once by L{render_page}'s templates with a
@@ -116,9 +114,9 @@ class PreparedPage:
         self._fields: list[tuple[str, bool]] = []
         start = 0
         for found in re.finditer(b"|".join(marks), page):
-            before = page[:found.start()]
-            self._static.append(page[start:found.start()])
-            self._fields.append((marks[found.group()], before.rfind(b"<") > before.rfind(b">")))
+            at = found.start()
+            self._static.append(page[start:at])
+            self._fields.append((marks[found.group()], page.rfind(b"<", 0, at) > page.rfind(b">", 0, at)))
             start = found.end()
         self._static.append(page[start:])
 
@@ -127,10 +125,8 @@ class PreparedPage:
         page_headers(request, form_origin)
         out = [self._static[0]]
         for (name, in_attribute), after in zip(self._fields, self._static[1:]):
-            text = texts[name].encode()
-            for char, entity in _ESCAPES:
-                text = text.replace(char, entity)
-            out += (text.replace(b'"', b"&quot;") if in_attribute else text, after)
+            text = html.escape(texts[name], quote=False)
+            out += ((text.replace('"', "&quot;") if in_attribute else text).encode(), after)
         return b"".join(out)
 
 
