@@ -108,12 +108,17 @@ class BoundedRequest(Request):
         super().process()
 
     def finish(self):
-        first = not self.finished
+        """
+        Counted before the answer is handed on: a lone answer leaves at
+        once (L{authsrv.web.channel.Outbox}), and a scrape made after a
+        client has its answer must find it counted.
+        """
+        first = not self.finished and not self._disconnected
+        if first and self.metrics is not None:
+            self.metrics.request_finished(self.route, self.code, perf_counter() - self.started)
         super().finish()
         if first:
             self._uncount()
-            if self.metrics is not None:
-                self.metrics.request_finished(self.route, self.code, perf_counter() - self.started)
 
     def connectionLost(self, reason):
         self._uncount()
