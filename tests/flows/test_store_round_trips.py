@@ -32,10 +32,16 @@ from token_helpers import USERINFO, exchange, introspect, refresh, save_code, to
 
 
 class SQLiteCommits:
-    """The COMMITs run on the store's writer connection (the reader's are read-only)."""
+    """
+    The COMMITs run on the store's writer connection (the reader's are
+    read-only), and those of them that waited for the disk: the connection
+    opens at the default C{synchronous = FULL}, and a change of level is a
+    statement of its own.
+    """
 
     def __init__(self, monkeypatch):
-        self._count = 0
+        self._count = self._durable = 0
+        self._level = "FULL"
         opened = sqlite._open
 
         def traced(*args):
@@ -46,11 +52,18 @@ class SQLiteCommits:
         monkeypatch.setattr(sqlite, "_open", traced)
 
     def _traced(self, statement: str) -> None:
+        if statement.startswith("PRAGMA synchronous = "):
+            self._level = statement.rpartition(" ")[2]
         if statement == "COMMIT":
             self._count += 1
+            self._durable += self._level == "FULL"
 
     def since_last(self) -> int:
         count, self._count = self._count, 0
+        return count
+
+    def durable_since_last(self) -> int:
+        count, self._durable = self._durable, 0
         return count
 
 
@@ -120,6 +133,17 @@ def h(request, tmp_path, monkeypatch, chat):
         commits.close()
 
 
+def durable_commits(h):
+    """
+    A count of SQLite's commits that waited for the disk, from now on; None
+    on PostgreSQL, where every commit does.
+    """
+    if not isinstance(h.commits, SQLiteCommits):
+        return None
+    h.commits.durable_since_last()
+    return h.commits.durable_since_last
+
+
 class Batches:
     """The sizes of the batches of reads a SQLite store's reader thread is handed, one per round trip."""
 
@@ -168,15 +192,18 @@ async def test_the_hot_paths_make_one_round_trip_per_step_and_one_commit_per_gra
 
     calls = counted(monkeypatch, h.store)
     h.commits.since_last()
+    durable = durable_commits(h)
     response, body = await exchange(h, code, verifier)
     assert response.code == 200, body
     assert (calls, h.commits.since_last()) == (Counter(find_code=1, redeem_code=1), 1)
+    assert durable is None or durable() == 1, "the tokens wait for the disk"
     assert verify_jwt(h, body["id_token"])[1]["chat_user_id"] == chat_user_id
 
     calls.clear()
     response, rotated = await refresh(h, body["refresh_token"])
     assert response.code == 200, rotated
     assert (calls, h.commits.since_last()) == (Counter(get_refresh_token=1, rotate_refresh=1), 1)
+    assert durable is None or durable() == 1, "the rotation waits for the disk"
     assert verify_jwt(h, rotated["id_token"])[1]["chat_user_id"] == chat_user_id
 
     calls.clear()
@@ -215,6 +242,7 @@ async def test_a_password_sign_in_sends_the_writes_that_do_not_wait_on_each_othe
     calls = counted(monkeypatch, h.store)
     reads = Batches(h.store._reader) if isinstance(h.store, sqlite.SQLiteStore) else None
     h.commits.since_last()
+    durable = durable_commits(h)
     response, body = await browser.post(ISSUER + "/login", fields)
     assert response.code == 303 and "code=" in location(response), body
     writes = ("attempt", "succeeded", "remember_device", "take_interaction", "create_session", "save_code")
@@ -225,3 +253,4 @@ async def test_a_password_sign_in_sends_the_writes_that_do_not_wait_on_each_othe
         assert reads.sizes == [1, 1, 3], "the interaction, the known device, then the ban and both factors"
     if h.one_core:
         assert h.commits.since_last() == 3
+    assert durable is None or durable() == 0, "a sign-in's steps do not wait for the disk; its tokens will"

@@ -3,8 +3,9 @@ The SQLite store's threads (L{authsrv.store.sqlite_worker.SQLiteWorker}):
 gathering, what one turn of the reactor submits reaches the thread
 together at the turn's end, writes in one transaction, in the order
 submitted; otherwise the thread starts at once. Lookups are always
-gathered, writes where the process has one core. The lookups' thread runs
-as a batch task, where the system lets it.
+gathered, writes where the process has one core. A transaction waits for
+the disk at its COMMIT only where one of its writes must. The lookups'
+thread runs as a batch task, where the system lets it.
 """
 
 from __future__ import annotations
@@ -22,12 +23,16 @@ from authsrv.store import sqlite
 from authsrv.store.sqlite_worker import SQLiteWorker
 
 
-def started_worker(path, gather: bool) -> SQLiteWorker:
+def started_worker(path, gather: bool, synchronous: str | None = None) -> SQLiteWorker:
     connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    connection.execute("PRAGMA journal_mode = WAL")
+    if synchronous is not None:
+        connection.execute(f"PRAGMA synchronous = {synchronous}")
     connection.execute("CREATE TABLE seen (n INTEGER)")
     statements: list[str] = []
     connection.set_trace_callback(statements.append)
-    worker = SQLiteWorker(reactor, connection, lambda error: error, "test-sqlite-worker", gather)
+    worker = SQLiteWorker(reactor, connection, lambda error: error, "test-sqlite-worker", gather,
+                          synchronous=synchronous)
     worker.statements = statements
     return worker
 
@@ -69,6 +74,50 @@ async def test_reads_and_writes_of_one_turn_keep_their_order(worker):
         worker.submit(True, insert, (2,)),
     ])
     assert await results == [[], 1, [1], 2]
+
+
+def level(db) -> int:
+    return db.execute("PRAGMA synchronous").fetchone()[0]
+
+
+NORMAL, FULL = 1, 2
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_transaction_waits_for_the_disk_only_where_one_of_its_writes_must(tmp_path):
+    worker = started_worker(tmp_path / "sync.sqlite3", gather=True, synchronous="FULL")
+    try:
+        steps = [worker.submit(True, insert, (n,), durable=False) for n in (1, 2)]
+        assert await gatherResults(steps) == [1, 2]
+        assert worker.statements[:2] == ["PRAGMA synchronous = NORMAL", "BEGIN IMMEDIATE"]
+        assert await worker.submit(False, level, ()) == NORMAL
+
+        worker.statements.clear()
+        mixed = [worker.submit(True, insert, (3,), durable=False), worker.submit(True, insert, (4,))]
+        assert await gatherResults(mixed) == [3, 4]
+        assert worker.statements[:2] == ["PRAGMA synchronous = FULL", "BEGIN IMMEDIATE"]
+        assert worker.statements.count("COMMIT") == 1
+
+        worker.statements.clear()
+        assert await worker.submit(True, insert, (5,)) == 5
+        assert not any(s.startswith("PRAGMA") for s in worker.statements), "already at FULL"
+        assert await worker.submit(False, level, ()) == FULL
+        assert await worker.submit(False, numbers, ()) == [1, 2, 3, 4, 5]
+    finally:
+        await worker.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_connection_that_never_waits_for_the_disk_is_left_so(tmp_path):
+    worker = started_worker(tmp_path / "normal.sqlite3", gather=True, synchronous="NORMAL")
+    try:
+        assert await gatherResults([worker.submit(True, insert, (1,), durable=False),
+                                    worker.submit(True, insert, (2,))]) == [1, 2]
+        assert await worker.submit(True, insert, (3,)) == 3
+        assert not any(s.startswith("PRAGMA") for s in worker.statements)
+        assert await worker.submit(False, level, ()) == NORMAL
+    finally:
+        await worker.stop()
 
 
 @pytest_twisted.ensureDeferred

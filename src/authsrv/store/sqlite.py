@@ -9,6 +9,15 @@ takes its write lock up front, so racing steps (code redemption, refresh
 rotation, revocation, link leases) are decided one at a time, even against
 another process on the same file (the operator command), which waits up to
 the busy timeout.
+
+The steps of a flow in progress (an interaction saved or used up, a code
+saved, a browser session opened or touched, the sign-in throttle's counts,
+a known device, a pushed request, a link attempt, a device authorization)
+are written not durable: committed and seen by every reader at once, but
+without waiting for the disk. Only a power failure loses them, and then
+only with every write after them (the next durable commit syncs them all):
+the person starts that sign-in again. Tokens, their redemption, rotation
+and revocation, bans, consents, clients and keys wait for the disk.
 """
 
 from __future__ import annotations
@@ -89,7 +98,7 @@ def open_store(reactor, path: Path, synchronous: str = "FULL", observer: Observe
     # one core, but with a core to spare a commit is better under way beside
     # the reactor at once (bench/README.md).
     writer = SQLiteWorker(reactor, connection, _store_error, f"authsrv-sqlite-{path.name}",
-                          gather=one_core())
+                          gather=one_core(), synchronous=synchronous)
     # The reader as a background thread; the writer not: as one, the code exchange
     # at c=1 was slower (bench/README.md, "The reader waits its turn").
     reader = SQLiteWorker(reactor, _open_reader(path), _store_error, f"authsrv-sqlite-read-{path.name}",
@@ -234,30 +243,31 @@ class SQLiteStore:
         self._reader = reader or worker
         self._observer = observer
 
-    def _call(self, label: str, write: bool, work, *args):
+    def _call(self, label: str, write: bool, work, *args, durable: bool = True):
         """
         Fire with C{work(connection, *args)}: with C{write}, inside a
         (group-committed) write transaction on the writer's thread, else a
         read on the reader's. Every call passes here, named by C{label}.
+        A write not C{durable} is a flow's step (module docstring).
         """
-        return self._submit(label, self._worker if write else self._reader, write, work, args)
+        return self._submit(label, self._worker if write else self._reader, write, work, args, durable)
 
     def _own_transactions(self, label: str, work, *args):
         """Work that opens its own write transactions, on the writer's thread outside any batch."""
         return self._submit(label, self._worker, False, work, args)
 
-    def _submit(self, label: str, worker: SQLiteWorker, write: bool, work, args):
+    def _submit(self, label: str, worker: SQLiteWorker, write: bool, work, args, durable: bool = True):
         if self._observer is None:
-            return worker.submit(write, work, args)
-        return watched(self._observer, label, perf_counter(), worker.submit(write, work, args))
+            return worker.submit(write, work, args, durable)
+        return watched(self._observer, label, perf_counter(), worker.submit(write, work, args, durable))
 
-    def _execute(self, label: str, sql: str, params=()):
+    def _execute(self, label: str, sql: str, params=(), durable: bool = True):
         """Run one write statement; fire with how many rows it changed."""
-        return self._call(label, True, lambda db: db.execute(sql, params).rowcount)
+        return self._call(label, True, lambda db: db.execute(sql, params).rowcount, durable=durable)
 
-    def _changed(self, label: str, sql: str, params=()):
+    def _changed(self, label: str, sql: str, params=(), durable: bool = True):
         """Run one write statement; fire True when it changed a row."""
-        return self._execute(label, sql, params).addCallback(bool)
+        return self._execute(label, sql, params, durable).addCallback(bool)
 
     def _query(self, label: str, rows: Rows, sql: str, params=()):
         """Fire with the record of the first row, or None (also for a key no text can hold: L{_unknown})."""
@@ -270,8 +280,8 @@ class SQLiteStore:
             return succeed([])
         return self._call(label, False, lambda db: [rows.load(row) for row in db.execute(sql, params)])
 
-    def _insert(self, label: str, rows: Rows, value):
-        return self._execute(label, rows.insert, rows.params(value)).addCallback(lambda _: None)
+    def _insert(self, label: str, rows: Rows, value, durable: bool = True):
+        return self._execute(label, rows.insert, rows.params(value), durable).addCallback(lambda _: None)
 
     def _put(self, label: str, rows: Rows, value):
         return self._execute(label, rows.put, rows.params(value)).addCallback(lambda _: None)
@@ -301,7 +311,7 @@ class SQLiteStore:
     # IBrowserSessionStore
 
     def create_session(self, session):
-        return self._insert("create_session", _T.sessions, session)
+        return self._insert("create_session", _T.sessions, session, durable=False)
 
     def get_session(self, session_hash, now):
         return self._query("get_session",
@@ -331,16 +341,16 @@ class SQLiteStore:
 
     def touch_session(self, session_hash, now):
         return self._execute("touch_session",
-            "UPDATE browser_sessions SET last_seen = ? WHERE session_hash = ?", (now, session_hash)
+            "UPDATE browser_sessions SET last_seen = ? WHERE session_hash = ?", (now, session_hash), durable=False
         ).addCallback(lambda _: None)
 
     # IInteractionStore
 
     def save_interaction(self, interaction):
-        return self._insert("save_interaction", _T.interactions, interaction)
+        return self._insert("save_interaction", _T.interactions, interaction, durable=False)
 
     def save_login_interaction(self, interaction, cap):
-        return self._call("save_login_interaction", True, _save_login_interaction, interaction, cap)
+        return self._call("save_login_interaction", True, _save_login_interaction, interaction, cap, durable=False)
 
     def get_interaction(self, interaction_id, now):
         return self._query("get_interaction",
@@ -351,13 +361,13 @@ class SQLiteStore:
 
     def take_interaction(self, interaction_id, stage):
         return self._changed("take_interaction",
-            "DELETE FROM interactions WHERE interaction_id = ? AND stage = ?", (interaction_id, stage)
+            "DELETE FROM interactions WHERE interaction_id = ? AND stage = ?", (interaction_id, stage), durable=False
         )
 
     # ILinkAttemptStore
 
     def save_link_attempt(self, attempt):
-        return self._insert("save_link_attempt", _T.link_attempts, attempt)
+        return self._insert("save_link_attempt", _T.link_attempts, attempt, durable=False)
 
     def take_link_attempt(self, state_hash, session_hash, now):
         return self._call("take_link_attempt", True,
@@ -375,7 +385,7 @@ class SQLiteStore:
     # IPushedRequestStore
 
     def save_pushed_request(self, pushed):
-        return self._insert("save_pushed_request", _T.pushed, pushed)
+        return self._insert("save_pushed_request", _T.pushed, pushed, durable=False)
 
     def take_pushed_request(self, uri_hash, client_id, now):
         return self._call("take_pushed_request", True,
@@ -397,7 +407,7 @@ class SQLiteStore:
             db.execute(_T.grants.insert, _T.grants.params(grant))
             db.execute(_T.codes.insert, _T.codes.params(code))
 
-        return self._call("save_code", True, save)
+        return self._call("save_code", True, save, durable=False)
 
     def find_code(self, code_hash, now, link_provider=None):
         sql, params = _CODES.find.pick(link_provider, {"hash": code_hash})
@@ -412,7 +422,7 @@ class SQLiteStore:
     # IDeviceAuthorizationStore
 
     def save_device_authorization(self, device):
-        return self._insert("save_device_authorization", _T.devices, device)
+        return self._insert("save_device_authorization", _T.devices, device, durable=False)
 
     def find_device_authorization(self, user_code_hash, now):
         return self._query("find_device_authorization", _T.devices, _DEVICE.find,
@@ -616,21 +626,24 @@ class SQLiteStore:
     # ILoginThrottle
 
     def attempt(self, account, address, known_device, policy, now):
-        return self._call("throttle_attempt", True, _attempt, account, address, known_device, policy, now)
+        return self._call("throttle_attempt", True, _attempt, account, address, known_device, policy, now,
+                          durable=False)
 
     def forgive(self, ticket):
-        return self._changed("throttle_forgive", "DELETE FROM login_attempts WHERE attempt_id = ?", (ticket,))
+        return self._changed("throttle_forgive", "DELETE FROM login_attempts WHERE attempt_id = ?", (ticket,),
+                             durable=False)
 
     def succeeded(self, account, address, now):
         return self._execute("throttle_succeeded",
-            "DELETE FROM login_attempts WHERE account = ? AND address = ?", (account, address)
+            "DELETE FROM login_attempts WHERE account = ? AND address = ?", (account, address), durable=False
         ).addCallback(lambda _: None)
 
     # IKnownDeviceStore
 
     def remember_device(self, account, device_hash, expires_at):
         return self._execute("remember_device",
-            _THROTTLE.remember, {"account": account, "device_hash": device_hash, "expires_at": expires_at}
+            _THROTTLE.remember, {"account": account, "device_hash": device_hash, "expires_at": expires_at},
+            durable=False,
         ).addCallback(lambda _: None)
 
     def known_device(self, account, device_hash, now):

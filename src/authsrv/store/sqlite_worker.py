@@ -16,6 +16,13 @@ A plain queue and thread, rather than Twisted's thread pool, because every
 store call crosses threads twice and the pool's coordination costs twice as
 much per crossing; it is still bounded: one thread.
 
+A write that need not outlast a power failure (L{SQLiteWorker.submit}'s
+C{durable}) still commits before its result is delivered, but where every
+write of its batch is such, the COMMIT does not wait for the disk
+(C{PRAGMA synchronous = NORMAL} in WAL mode): the next durable commit syncs
+the write-ahead log with everything before it, so a power failure can only
+lose the last commits, never one without those after it.
+
 A thread made C{background} runs as a batch task (Linux's C{SCHED_BATCH}):
 woken by the reactor's hand-over, it waits for the reactor thread to give
 up the core instead of preempting it, only to find the GIL held and hand
@@ -49,11 +56,13 @@ class SQLiteWorker:
     """
 
     def __init__(self, reactor, connection: sqlite3.Connection, map_error: Callable, name: str,
-                 gather: bool = False, background: bool = False):
+                 gather: bool = False, background: bool = False, synchronous: str | None = None):
         """
         C{map_error} turns an SQLite exception into the store's own (or
         returns it); C{gather}: hand work to the thread once per reactor
-        turn (L{submit}); C{background}: run the thread as a batch task.
+        turn (L{submit}); C{background}: run the thread as a batch task;
+        C{synchronous}: the connection's C{PRAGMA synchronous}, which a
+        batch of writes none of them durable lowers to C{NORMAL}.
         """
         self._reactor = reactor
         self._gather = gather
@@ -62,6 +71,7 @@ class SQLiteWorker:
         self._queue: SimpleQueue = SimpleQueue()
         self._pending: list = []
         self._background = background
+        self._synchronous = self._level = synchronous
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
 
@@ -72,9 +82,10 @@ class SQLiteWorker:
         self._queue.put([(_STOP, d)])
         return d
 
-    def submit(self, transactional: bool, work, args) -> Deferred:
+    def submit(self, transactional: bool, work, args, durable: bool = True) -> Deferred:
         """
-        Queue C{work}. Gathering, it reaches the thread with everything
+        Queue C{work}; a C{transactional} one not C{durable} fires once
+        committed, without waiting for the disk (above). Gathering, it reaches the thread with everything
         else submitted in this turn of the reactor, at the turn's end: one
         wake-up of the thread for all of them, instead of one each, every one
         of which could take the core from the reactor only to find the GIL
@@ -82,7 +93,7 @@ class SQLiteWorker:
         a core to spare (a commit waiting for the disk, say).
         """
         d: Deferred[Any] = Deferred()
-        job = (d, transactional, work, args)
+        job = (d, transactional, work, args, durable)
         if not self._gather:
             self._queue.put([job])
             return d
@@ -136,7 +147,7 @@ class SQLiteWorker:
             if item[1]:
                 outcomes = self._commit(batch)
             else:
-                outcomes = [(d, self._call(work, args)) for d, _, work, args in batch]
+                outcomes = [(d, self._call(work, args)) for d, _, work, args, _ in batch]
             # One wake-up of the reactor thread for the whole batch.
             self._reactor.callFromThread(self._deliver, outcomes)
 
@@ -145,8 +156,9 @@ class SQLiteWorker:
         db = self._connection
         outcomes = []
         try:
+            self._sync(any(job[4] for job in batch))
             db.execute("BEGIN IMMEDIATE")
-            for index, (d, _, work, args) in enumerate(batch):
+            for index, (d, _, work, args, _) in enumerate(batch):
                 db.execute(f"SAVEPOINT write_{index}")
                 outcome = self._call(work, args)
                 if isinstance(outcome, Failure):
@@ -163,3 +175,16 @@ class SQLiteWorker:
             failure = self._failure(e)
             return [(item[0], failure) for item in batch]
         return outcomes
+
+    def _sync(self, durable: bool) -> None:
+        """
+        Make the transaction about to start wait for the disk at its COMMIT
+        or not (SQLite reads the level at each COMMIT; it is set between
+        transactions).
+        """
+        if self._synchronous is None:
+            return
+        level = self._synchronous if durable else "NORMAL"
+        if level != self._level:
+            self._connection.execute(f"PRAGMA synchronous = {level}")
+            self._level = level
