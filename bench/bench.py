@@ -565,6 +565,10 @@ def logins(server: Server, duration: float, concurrency: int) -> dict:
 # --- one measurement -------------------------------------------------------------
 
 
+CODE_RATE = 1500
+"""Code exchanges a second the first repeat's codes are made for."""
+
+
 class Measure:
     """Runs one target against one server at one concurrency, preparing what it uses just before."""
 
@@ -628,14 +632,17 @@ class Measure:
             script = pool_script(chains, "grant_type=refresh_token&refresh_token=%s", refill=True)
             return wrk(server.token, script, d, connections, self.folder)
         if target == "code exchange":
-            # Codes live 60 s: made just before the run, twice what this server used in the last
-            # repeat (at first, more than a fast server uses).
+            # Codes live 60 s: made just before the run, twice the fastest rate this server reached
+            # without errors in a repeat (never less than what a fast server uses at first). A slow
+            # first repeat must not leave the next without codes: an exhausted pool's errors are
+            # answered fast and would be timed as the server's rate.
             seconds = min(d, 5)
-            rate = self.code_rates.get((server.name, connections), 1500)
+            rate = self.code_rates.get((server.name, connections), CODE_RATE)
             codes, verifier = many_codes(server, browser, int(2 * rate * seconds) + 100)
             body = f"grant_type=authorization_code&code=%s&redirect_uri={REDIRECT_URI}&code_verifier={verifier}"
             result = wrk(server.token, pool_script(codes, body, refill=False), seconds, connections, self.folder)
-            self.code_rates[(server.name, connections)] = result["rate"]
+            if not result["errors"]:
+                self.code_rates[(server.name, connections)] = max(rate, result["rate"])
             return result
         raise ValueError(target)
 

@@ -24,7 +24,8 @@ from twisted.internet.defer import Deferred
 
 from authsrv.chat.crypto import ACCESS, new_key_text
 from authsrv.records import LinkedAccount
-from authsrv.store import sqlite
+from authsrv.pg import pool
+from authsrv.store import postgres, sqlite
 from authsrv.testing.identity import ALICE, PASSWORDS
 from flow_client import Browser, hidden_fields, location
 from harness import ISSUER, Harness
@@ -125,6 +126,7 @@ def h(request, tmp_path, monkeypatch, chat):
         dsn = request.getfixturevalue("pg_dsn")
         harness = Harness(tmp_path, monkeypatch, chat, postgres_dsn=dsn)
         commits = PostgresCommits(dsn)
+        harness.steps = PostgresSteps(monkeypatch)
     harness.commits = commits
     harness.one_core = request.param == "sqlite-one-core"
     yield harness
@@ -133,12 +135,32 @@ def h(request, tmp_path, monkeypatch, chat):
         commits.close()
 
 
+class PostgresSteps:
+    """The queries sent to PostgreSQL as a flow's steps (L{postgres.STEP}), which commit without waiting."""
+
+    def __init__(self, monkeypatch):
+        self._count = 0
+        execute = pool._Cursor.execute
+
+        def counting(cursor, query, params=None):
+            self._count += query.startswith(postgres.STEP)
+            return execute(cursor, query, params)
+
+        monkeypatch.setattr(pool._Cursor, "execute", counting)
+
+    def since_last(self) -> int:
+        count, self._count = self._count, 0
+        return count
+
+
 def durable_commits(h):
     """
     A count of SQLite's commits that waited for the disk, from now on; None
-    on PostgreSQL, where every commit does.
+    on PostgreSQL, where L{PostgresSteps} counts, from now on, what does not
+    wait.
     """
     if not isinstance(h.commits, SQLiteCommits):
+        h.steps.since_last()
         return None
     h.commits.durable_since_last()
     return h.commits.durable_since_last
@@ -197,6 +219,8 @@ async def test_the_hot_paths_make_one_round_trip_per_step_and_one_commit_per_gra
     assert response.code == 200, body
     assert (calls, h.commits.since_last()) == (Counter(find_code=1, redeem_code=1), 1)
     assert durable is None or durable() == 1, "the tokens wait for the disk"
+    if durable is None:
+        assert h.steps.since_last() == 0, "the tokens wait for the flush"
     assert verify_jwt(h, body["id_token"])[1]["chat_user_id"] == chat_user_id
 
     calls.clear()
@@ -204,6 +228,8 @@ async def test_the_hot_paths_make_one_round_trip_per_step_and_one_commit_per_gra
     assert response.code == 200, rotated
     assert (calls, h.commits.since_last()) == (Counter(get_refresh_token=1, rotate_refresh=1), 1)
     assert durable is None or durable() == 1, "the rotation waits for the disk"
+    if durable is None:
+        assert h.steps.since_last() == 0, "the rotation waits for the flush"
     assert verify_jwt(h, rotated["id_token"])[1]["chat_user_id"] == chat_user_id
 
     calls.clear()
@@ -254,3 +280,5 @@ async def test_a_password_sign_in_sends_the_writes_that_do_not_wait_on_each_othe
     if h.one_core:
         assert h.commits.since_last() == 3
     assert durable is None or durable() == 0, "a sign-in's steps do not wait for the disk; its tokens will"
+    if durable is None:
+        assert h.steps.since_last() == len(writes), "each write of the sign-in a step that does not wait"

@@ -16,7 +16,7 @@ import threading
 import psycopg2
 import pytest
 import pytest_twisted
-from twisted.internet.defer import CancelledError, DeferredList, gatherResults
+from twisted.internet.defer import CancelledError, Deferred, DeferredList, gatherResults
 from twisted.logger import formatEvent, globalLogPublisher
 
 from authsrv.configsection import ConfigError, Section
@@ -103,6 +103,25 @@ def _config_error(section: dict, check_only: bool = False) -> ConfigError:
     with pytest.raises(ConfigError) as info:
         postgres_store.from_config(Section(section, "store", "."), PluginContext(reactor, ".", check_only=check_only))
     return info.value
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_flow_step_alone_commits_without_waiting_for_the_flush(pg_dsn):
+    """
+    The step's prefix and its statement are one query, so one transaction:
+    it runs with synchronous_commit off, and the next statement on the same
+    connection waits for the flush again.
+    """
+    store = open_store(pg_dsn, pool_size=1)
+    level = "SELECT current_setting('synchronous_commit') AS level"
+
+    async def levels(db):
+        return [(await first(db, sql))["level"] for sql in (postgres_store.STEP + level, level)]
+
+    try:
+        assert await store._pool.run(lambda db: Deferred.fromCoroutine(levels(db))) == ["off", "on"]
+    finally:
+        await store.close()
 
 
 class TestSchema:

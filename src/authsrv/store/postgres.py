@@ -23,6 +23,16 @@ server recovers by itself when the database is back. The pool and the
 connection keys are L{authsrv.pg}'s, shared with the other PostgreSQL
 plugins, the migration runner and the row mapping are shared with the SQLite
 store; this module maps their failures to the store's errors.
+
+The steps of a flow in progress (an interaction saved or used up, a code
+saved, a browser session opened or touched, the sign-in throttle's counts,
+a known device, a pushed request, a link attempt, a device authorization)
+commit without waiting for the write-ahead log's flush (L{STEP}): every
+instance sees them at once, and only a crash of the database loses them,
+with every commit after them, which takes the person back to the start of
+that sign-in. Tokens, their redemption, rotation and revocation, bans,
+consents, clients and keys wait for it, and their commit flushes the steps
+before them too.
 """
 
 from __future__ import annotations
@@ -233,8 +243,16 @@ _FIND_CODES = _prepared("authsrv_find_codes", codes.find_lookup(_T, POSTGRES, "=
 # Two statements sent as one query, which PostgreSQL runs as one implicit
 # transaction: the address's lock is held from the first until the second,
 # with its own later snapshot, has counted and inserted (one round trip).
+STEP = "SET LOCAL synchronous_commit TO off; "
+"""
+Put before a flow step's statement, sent in the same query: the statements
+of one query are one transaction, which then commits without waiting for
+the flush (PostgreSQL's asynchronous commit, for that transaction alone).
+"""
+
+
 _SAVE_LOGIN_INTERACTION = (
-    "SELECT pg_advisory_xact_lock(%(lock_class)s, hashtext(%(address)s));"
+    STEP + "SELECT pg_advisory_xact_lock(%(lock_class)s, hashtext(%(address)s));"
     f" WITH busy AS ({pending.busy_until(POSTGRES)}),"
     f" saved AS ({_T.interactions.insert_as('', '(SELECT 1) AS free WHERE NOT EXISTS (SELECT 1 FROM busy)')})"
     " SELECT (SELECT expires_at FROM busy) AS busy_until"
@@ -355,7 +373,7 @@ class PostgresStore:
     # IBrowserSessionStore
 
     def create_session(self, session):
-        return self._write("create_session", _T.sessions.insert, _T.sessions.params(session))
+        return self._write("create_session", STEP + _T.sessions.insert, _T.sessions.params(session))
 
     def get_session(self, session_hash, now):
         return self._one("get_session",
@@ -384,14 +402,14 @@ class PostgresStore:
 
     def touch_session(self, session_hash, now):
         return self._count("touch_session",
-            "UPDATE browser_sessions SET last_seen = %(now)s WHERE session_hash = %(hash)s",
+            STEP + "UPDATE browser_sessions SET last_seen = %(now)s WHERE session_hash = %(hash)s",
             {"hash": session_hash, "now": now},
         ).addCallback(lambda _: None)
 
     # IInteractionStore
 
     def save_interaction(self, interaction):
-        return self._write("save_interaction", _T.interactions.insert, _T.interactions.params(interaction))
+        return self._write("save_interaction", STEP + _T.interactions.insert, _T.interactions.params(interaction))
 
     def save_login_interaction(self, interaction, cap):
         params = {**_T.interactions.params(interaction), **pending.params(interaction, cap), "lock_class": PENDING_LOCKS}
@@ -408,14 +426,14 @@ class PostgresStore:
 
     def take_interaction(self, interaction_id, stage):
         return self._changed("take_interaction",
-            "DELETE FROM interactions WHERE interaction_id = %(id)s AND stage = %(stage)s",
+            STEP + "DELETE FROM interactions WHERE interaction_id = %(id)s AND stage = %(stage)s",
             {"id": interaction_id, "stage": stage},
         )
 
     # ILinkAttemptStore
 
     def save_link_attempt(self, attempt):
-        return self._write("save_link_attempt", _T.link_attempts.insert, _T.link_attempts.params(attempt))
+        return self._write("save_link_attempt", STEP + _T.link_attempts.insert, _T.link_attempts.params(attempt))
 
     def take_link_attempt(self, state_hash, session_hash, now):
         return self._one("take_link_attempt",
@@ -428,7 +446,7 @@ class PostgresStore:
     # IPushedRequestStore
 
     def save_pushed_request(self, pushed):
-        return self._write("save_pushed_request", _T.pushed.insert, _T.pushed.params(pushed))
+        return self._write("save_pushed_request", STEP + _T.pushed.insert, _T.pushed.params(pushed))
 
     def take_pushed_request(self, uri_hash, client_id, now):
         return self._one("take_pushed_request",
@@ -443,7 +461,7 @@ class PostgresStore:
     def save_code(self, code, grant):
         # One statement: the code's foreign key is checked at its end, when the grant exists.
         return self._write("save_code",
-            f"WITH new_grant AS ({_T.grants.insert_as('g_')}) {_T.codes.insert_as('c_')}",
+            f"{STEP}WITH new_grant AS ({_T.grants.insert_as('g_')}) {_T.codes.insert_as('c_')}",
             {**_T.grants.params(grant, "g_"), **_T.codes.params(code, "c_")},
         )
 
@@ -463,7 +481,7 @@ class PostgresStore:
     # IDeviceAuthorizationStore
 
     def save_device_authorization(self, device):
-        return self._write("save_device_authorization", _T.devices.insert, _T.devices.params(device))
+        return self._write("save_device_authorization", STEP + _T.devices.insert, _T.devices.params(device))
 
     def find_device_authorization(self, user_code_hash, now):
         return self._one("find_device_authorization", _T.devices, _DEVICE.find,
@@ -683,12 +701,12 @@ class PostgresStore:
 
     def forgive(self, ticket):
         return self._changed("throttle_forgive",
-            "DELETE FROM login_attempts WHERE attempt_id = %(ticket)s", {"ticket": ticket}
+            STEP + "DELETE FROM login_attempts WHERE attempt_id = %(ticket)s", {"ticket": ticket}
         )
 
     def succeeded(self, account, address, now):
         return self._write("throttle_succeeded",
-            "DELETE FROM login_attempts WHERE account = %(account)s AND address = %(address)s",
+            STEP + "DELETE FROM login_attempts WHERE account = %(account)s AND address = %(address)s",
             {"account": _text(account), "address": _text(address)},
         )
 
@@ -696,7 +714,7 @@ class PostgresStore:
 
     def remember_device(self, account, device_hash, expires_at):
         return self._write("remember_device",
-            _THROTTLE.remember, {"account": _text(account), "device_hash": device_hash, "expires_at": expires_at}
+            STEP + _THROTTLE.remember, {"account": _text(account), "device_hash": device_hash, "expires_at": expires_at}
         )
 
     def known_device(self, account, device_hash, now):
@@ -1004,7 +1022,7 @@ async def _attempt(db, account, address, known_device, policy, now):
     """
     params = throttle.params(account, address, policy, now)
     await rowcount(db, "BEGIN")
-    await rowcount(db, "SELECT pg_advisory_xact_lock(%(class)s, hashtext(%(key)s))",
+    await rowcount(db, STEP + "SELECT pg_advisory_xact_lock(%(class)s, hashtext(%(key)s))",
                    {"class": ACCOUNT_LOCKS, "key": account})
     await rowcount(db, "SELECT pg_advisory_xact_lock(%(class)s, hashtext(%(key)s))",
                    {"class": ADDRESS_LOCKS, "key": address})
