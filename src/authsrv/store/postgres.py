@@ -240,9 +240,6 @@ _CODES = codes.statements(_T, POSTGRES)
 _FIND_CODE = _prepared("authsrv_find_code", _CODES.find)
 _FIND_CODES = _prepared("authsrv_find_codes", codes.find_lookup(_T, POSTGRES, "= ANY(%(hashes)s)"))
 
-# Two statements sent as one query, which PostgreSQL runs as one implicit
-# transaction: the address's lock is held from the first until the second,
-# with its own later snapshot, has counted and inserted (one round trip).
 STEP = "SET LOCAL synchronous_commit TO off; "
 """
 Put before a flow step's statement, sent in the same query: the statements
@@ -250,7 +247,9 @@ of one query are one transaction, which then commits without waiting for
 the flush (PostgreSQL's asynchronous commit, for that transaction alone).
 """
 
-
+# Statements sent as one query, which PostgreSQL runs as one implicit
+# transaction: the address's lock is held from the lock's statement until the
+# last, with its own later snapshot, has counted and inserted (one round trip).
 _SAVE_LOGIN_INTERACTION = (
     STEP + "SELECT pg_advisory_xact_lock(%(lock_class)s, hashtext(%(address)s));"
     f" WITH busy AS ({pending.busy_until(POSTGRES)}),"
