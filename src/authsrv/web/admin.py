@@ -11,8 +11,6 @@ client's ETag (412 when it changed); without it the last write wins.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 from functools import wraps
 from urllib.parse import quote
 
@@ -35,6 +33,7 @@ from authsrv.operations.views import (
 )
 from authsrv.protocol import jsontext
 from authsrv.store.errors import StoreUnavailable
+from authsrv.web.bearer import BearerSecret
 from authsrv.web.headers import json_body
 
 PREFIX = "/api/admin"
@@ -51,11 +50,6 @@ class Problem(Exception):
         self.code = code
         self.message = message
         self.field = field
-
-
-def _digest(secret: bytes) -> bytes:
-    """Secrets are compared as digests of equal length, so the comparison's time says nothing of the length."""
-    return hashlib.sha256(secret).digest()
 
 
 def _answer(request, status: int, payload: dict | None) -> bytes:
@@ -149,15 +143,14 @@ class AdminAPI:
 
     def __init__(self, *, operations: AdminOperations, secret: str, actor: str):
         self._ops = operations
-        self._secret = _digest(secret.encode())
+        self._secret = BearerSecret(secret)
         self._actor = actor
 
     def resource(self):
         return self.app.resource()
 
     def _authorize(self, request) -> None:
-        scheme, _, token = (request.getHeader(b"authorization") or b"").partition(b" ")
-        if scheme.lower() != b"bearer" or not hmac.compare_digest(_digest(token.strip()), self._secret):
+        if not self._secret.presented_by(request):
             raise Problem(401, "unauthorized", "a valid Authorization: Bearer <admin API secret> is required")
 
     # --- clients ---------------------------------------------------------------

@@ -7,8 +7,6 @@ both (C{[internal] listen} and C{serve_on_main}).
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 from functools import wraps
 
@@ -22,6 +20,7 @@ from authsrv.identity.errors import BackendUnavailable
 from authsrv.isotime import iso_utc
 from authsrv.protocol.rates import Rate
 from authsrv.store.errors import StoreUnavailable
+from authsrv.web.bearer import BearerSecret
 from authsrv.web.forms import client_address_of
 from authsrv.web.headers import json_body
 from authsrv.web.routes import Endpoint, ExactPaths, RoutedKlein
@@ -39,11 +38,6 @@ class RequestProblem(Exception):
         self.code = code
         self.message = message
         self.extra = extra
-
-
-def _digest(secret: bytes) -> bytes:
-    """Secrets are compared as digests of equal length, so the comparison's time says nothing of the length."""
-    return hashlib.sha256(secret).digest()
 
 
 def _answer(request, status: int, payload: dict) -> bytes:
@@ -127,7 +121,7 @@ class InternalAPI:
         self._rate = rate
         self._trusted_proxies = trusted_proxies
         self._limit = EndpointLimit("internal", reactor)
-        self._secret = _digest(secret.encode()) if secret else None
+        self._secret = BearerSecret(secret) if secret else None
         self._store = store
         self._identity = identity
         self._chat_tokens = chat_tokens
@@ -139,11 +133,9 @@ class InternalAPI:
         }, self.app.resource())
 
     def _authorize(self, request) -> None:
-        supplied = request.getHeader(b"authorization") or b""
-        scheme, _, token = supplied.partition(b" ")
         if self._secret is None:
             raise RequestProblem(401, "unauthorized", "the internal API has no secret configured")
-        if scheme.lower() != b"bearer" or not hmac.compare_digest(_digest(token.strip()), self._secret):
+        if not self._secret.presented_by(request):
             raise RequestProblem(401, "unauthorized", "a valid Authorization: Bearer <internal API secret> is required")
 
     @_endpoint
