@@ -85,12 +85,13 @@ class SQLiteWorker:
     def submit(self, transactional: bool, work, args, durable: bool = True) -> Deferred:
         """
         Queue C{work}; a C{transactional} one not C{durable} fires once
-        committed, without waiting for the disk (above). Gathering, it reaches the thread with everything
-        else submitted in this turn of the reactor, at the turn's end: one
-        wake-up of the thread for all of them, instead of one each, every one
-        of which could take the core from the reactor only to find the GIL
-        held. Otherwise it starts at once, beside the reactor where there is
-        a core to spare (a commit waiting for the disk, say).
+        committed, without waiting for the disk (above). Gathering, it
+        reaches the thread with everything else submitted in this turn of
+        the reactor, at the turn's end: one wake-up of the thread for all of
+        them, instead of one each, every one of which could take the core
+        from the reactor only to find the GIL held. Otherwise it starts at
+        once, beside the reactor where there is a core to spare (a commit
+        waiting for the disk, say).
         """
         d: Deferred[Any] = Deferred()
         job = (d, transactional, work, args, durable)
