@@ -1,7 +1,7 @@
 """
-The hottest routes (token, introspection, UserInfo, user-access) are plain
-twisted.web leaves below Klein's router: the root finds them by their whole
-path, their answers are the contract's (status, headers, body) for success,
+The hottest routes (token, introspection, UserInfo, user-access, and a
+sign-in's authorize and login page) are plain twisted.web leaves below
+Klein's router: the root finds them by their whole path, their answers are the contract's (status, headers, body) for success,
 each kind of refusal and a wrong method, they reach the wire exactly as a
 Klein route's would, and a client that goes away or a route that fails
 unexpectedly raises nothing and leaks no traceback.
@@ -34,7 +34,10 @@ from harness import INTERNAL_SECRET, Harness
 from token_helpers import INTROSPECT, TOKEN, USERINFO, client_auth, header, post_form, tokens
 
 USER_ACCESS = "/api/internal/user-access"
-HOT = {TOKEN: TOKEN, INTROSPECT: INTROSPECT, USERINFO: USERINFO, USER_ACCESS: USER_ACCESS}
+AUTHORIZE = "/api/auth/oauth2/authorize"
+LOGIN = "/api/auth/login"
+HOT = {TOKEN: TOKEN, INTROSPECT: INTROSPECT, USERINFO: USERINFO, USER_ACCESS: USER_ACCESS, AUTHORIZE: AUTHORIZE,
+       LOGIN: LOGIN}
 """Each hot path and the route label its requests carry (the pattern Klein's rule had)."""
 INTERNAL = {"Authorization": f"Bearer {INTERNAL_SECRET}", "Content-Type": "application/json"}
 JSON_NO_STORE = {"content-type": ["application/json"], "cache-control": ["no-store"], "pragma": ["no-cache"]}
@@ -189,6 +192,40 @@ async def test_token_endpoint_answers(harness):
         response, body = await h.request("GET", TOKEN)
         assert (response.code, json.loads(body)["error"]) == (405, "method_not_allowed")
         has_headers(response, {"allow": ["POST, OPTIONS"]})
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_sign_in_routes_answer(harness):
+    """HEAD as GET without a body, a refusal as a page, any other method 405, as their Klein routes answered."""
+    h = await harness.start()
+    try:
+        for method in ("GET", "HEAD"):
+            response, body = await h.request(method, h.authorize_url())
+            assert response.code == 303, method
+            assert LOGIN + "?" in header(response, "location")[0]
+            assert body == b""
+        response, body = await h.request("GET", h.authorize_url(client_id="nobody", redirect_uri="https://nowhere.test/cb"))
+        assert response.code == 400 and b"<html" in body.lower()
+        has_headers(response, {"content-type": ["text/html; charset=utf-8"]})
+        response, head = await h.request("HEAD", h.authorize_url(client_id="nobody", redirect_uri="https://nowhere.test/cb"))
+        assert (response.code, head) == (400, b"")
+
+        for method in ("GET", "HEAD"):
+            response, body = await h.request(method, LOGIN + "?interaction=gone")
+            assert response.code == 400, method
+            assert (body == b"") == (method == "HEAD")
+        response, body = await h.request("POST", LOGIN, data={"interaction": "gone", "username": "alice",
+                                                             "password": "x", "csrf": "x"})
+        assert response.code == 400 and b"<html" in body.lower()
+
+        for path in (AUTHORIZE, LOGIN):
+            for method in ("PUT", "DELETE", "OPTIONS"):
+                response, body = await h.request(method, path)
+                assert response.code == 405, (path, method)
+                has_headers(response, {"allow": ["GET, HEAD, POST"], "content-type": ["application/json"]})
+                assert json.loads(body) == {"error": "method_not_allowed", "error_description": "use GET, HEAD, POST"}
     finally:
         await h.close()
 

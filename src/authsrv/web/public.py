@@ -64,6 +64,8 @@ REGISTER_PATH = ISSUER_PATH + "/oauth2/register"
 TOKEN_PATH = ISSUER_PATH + "/oauth2/token"
 INTROSPECT_PATH = ISSUER_PATH + "/oauth2/introspect"
 USERINFO_PATH = ISSUER_PATH + "/oauth2/userinfo"
+AUTHORIZE_PATH = ISSUER_PATH + "/oauth2/authorize"
+LOGIN_PATH = ISSUER_PATH + "/login"
 
 
 def _cors(request) -> None:
@@ -127,6 +129,12 @@ class PublicSite:
                 b"GET": self.userinfo, b"HEAD": self.userinfo, b"POST": self.userinfo,
                 b"OPTIONS": self.userinfo_preflight,
             }, b"GET, HEAD, POST, OPTIONS"),
+            AUTHORIZE_PATH.encode(): self._endpoint(AUTHORIZE_PATH, {
+                b"GET": self.authorize, b"HEAD": self.authorize, b"POST": self.authorize,
+            }, b"GET, HEAD, POST"),
+            LOGIN_PATH.encode(): self._endpoint(LOGIN_PATH, {
+                b"GET": self.login, b"HEAD": self.login, b"POST": self.login_submitted,
+            }, b"GET, HEAD, POST"),
         }, self.app.resource())
 
     def _endpoint(self, route: str, handlers, allow: bytes) -> Endpoint:
@@ -337,8 +345,6 @@ class PublicSite:
             return device_code_page(request, f"{self._issuer}/device", outcome)
         return self._answer(request, outcome)
 
-
-    @app.route(ISSUER_PATH + "/oauth2/authorize", methods=["GET", "POST"])
     async def authorize(self, request):
         """RFC 6749 section 4.1.1 (GET, and POST as OIDC Core 3.1.2.1 allows)."""
         address = client_address_of(request, self._trusted_proxies)
@@ -347,12 +353,10 @@ class PublicSite:
         )
         return self._answer(request, outcome)
 
-    @app.route(ISSUER_PATH + "/login", methods=["GET"])
     async def login(self, request):
         form = await self._flows.interaction.login_form(page_form(request), self._now())
         return login_page(request, f"{self._issuer}/login", form)
 
-    @app.route(ISSUER_PATH + "/login", methods=["POST"])
     async def login_submitted(self, request):
         address = client_address_of(request, self._trusted_proxies)
         outcome = await self._flows.interaction.submit_login(

@@ -4,7 +4,8 @@ that stay bounded: a Klein app that names on each request the pattern of the
 rule it matched, and a wrapper that names a static document. A request that
 matched nothing keeps C{route = None}; its raw path is never a label.
 
-The hottest dynamic routes skip Klein altogether (docs/design.md, Speed
+The hottest dynamic routes, and the two a browser's sign-in passes through
+(authorize and the login page), skip Klein altogether (docs/design.md, Speed
 targets): L{ExactPaths} finds them by their whole path in one dict lookup and
 each is an L{Endpoint}, a plain twisted.web leaf that runs the route's
 coroutine and writes its answer as Klein would, without Klein's URL binding,
