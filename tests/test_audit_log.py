@@ -23,7 +23,7 @@ from twisted.internet.task import deferLater
 from twisted.logger import globalLogPublisher
 
 from authsrv import events
-from authsrv.auditlog import AuditObserver
+from authsrv.auditlog import REPLAY_WINDOW, AuditObserver
 from authsrv.embedded import prepare_data_dir
 from authsrv.flows import moderation
 from authsrv.identity.chain import IdentityChain
@@ -305,3 +305,17 @@ def test_an_event_replayed_by_the_log_beginner_is_written_once(tmp_path):
     observer(dict(event))
     observer.file.close()
     assert [line["event"] for line in audit_lines(tmp_path / "audit.log")] == ["config.loaded", "config.loaded"]
+
+
+def test_the_replay_window_is_bounded(tmp_path):
+    """Only the last REPLAY_WINDOW events are remembered: an older one seen again is written again."""
+    observer = AuditObserver(LineFile(str(tmp_path / "audit.log")))
+    made = [{"log_namespace": "authsrv.audit", "event": "config.loaded", "log_time": 1_800_000_000.0 + i,
+             "outcome": "success", "path": str(i), "issuer": "i", "clients": 0} for i in range(REPLAY_WINDOW + 1)]
+    for event in made:
+        observer(event)
+    observer(made[1])
+    observer(made[0])
+    observer.file.close()
+    paths = [line["path"] for line in audit_lines(tmp_path / "audit.log")]
+    assert paths == [str(i) for i in range(REPLAY_WINDOW + 1)] + ["0"]

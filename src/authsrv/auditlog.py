@@ -8,7 +8,6 @@ It is apart from the diagnostic log, which leaves these events out.
 from __future__ import annotations
 
 import json
-from collections import deque
 
 from twisted.logger import ILogFilterPredicate, ILogObserver, PredicateResult
 from zope.interface import implementer
@@ -53,17 +52,23 @@ class AuditObserver:
     Writes the audit events it sees to C{file} (a L{LineFile}), one line
     each. When C{twist} begins logging it replays the events logged before
     to every observer of the publisher, this one included: an event already
-    written (the very same event) is not written twice.
+    written (the very same event) is not written twice. The last events
+    written are kept by their C{id}, which no other live object can share
+    while they are kept: one lookup per event, where every token and sign-in
+    writes one or more.
     """
 
     def __init__(self, file: LineFile):
         self.file = file
-        self._written: deque = deque(maxlen=REPLAY_WINDOW)
+        self._written: dict[int, dict] = {}
 
     def __call__(self, event) -> None:
-        if not is_audit(event) or any(event is seen for seen in self._written):
+        written = self._written
+        if not is_audit(event) or written.get(id(event)) is event:
             return
-        self._written.append(event)
+        written[id(event)] = event
+        if len(written) > REPLAY_WINDOW:
+            del written[next(iter(written))]
         self.file.write(audit_line(event))
 
 
