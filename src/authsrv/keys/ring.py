@@ -168,7 +168,7 @@ class KeyRing:
                     raise InvalidKeys(f"two {key.info.alg} keys are active")
                 self._active[key.info.alg] = key
         public = [key.jwk.export_public(as_dict=True) for key in self.keys]
-        self.jwks_bytes = compact({"keys": public}).encode()
+        self.jwks_bytes = compact({"keys": public})
         self._signers: dict[tuple[str, str], tuple[bytes, Any, JWK]] = {}
         self.public_keyset = JWKSet()
         for key in self.keys:
@@ -263,10 +263,10 @@ class KeyRing:
             key = self._active.get(alg)
             if key is None:
                 raise ValueError(f"no active {alg} signing key")
-            header = compact({"alg": alg, "kid": key.info.kid, "typ": typ}).encode()
+            header = compact({"alg": alg, "kid": key.info.kid, "typ": typ})
             signer = self._signers[(alg, typ)] = (_b64(header) + b".", JWA.signing_alg(alg), key.jwk)
         prefix, algorithm, jwk = signer
-        signing_input = prefix + _b64(compact(claims).encode())
+        signing_input = prefix + _b64(compact(claims))
         return (signing_input + b"." + _b64(algorithm.sign(jwk, signing_input))).decode("ascii")
 
     def to_jwks(self) -> dict:

@@ -39,7 +39,7 @@ def _key(refresh_token: str) -> AESGCM:
 def seal(response: dict, refresh_token: str) -> bytes:
     """The token response, encrypted for whoever presents C{refresh_token} again."""
     nonce = os.urandom(_NONCE_BYTES)
-    plain = compact(response).encode("utf-8")
+    plain = compact(response)
     return nonce + _key(refresh_token).encrypt(nonce, plain, _INFO)
 
 

@@ -18,7 +18,7 @@ def json_body(request, status: int, payload: dict, *, no_store: bool = False) ->
     if no_store:
         request.setHeader(b"cache-control", b"no-store")
         request.setHeader(b"pragma", b"no-cache")
-    return compact(payload).encode()
+    return compact(payload)
 
 
 def jwt_body(request, token: str) -> bytes:
