@@ -9,9 +9,14 @@ switched on for --requests requests sent one at a time on one connection,
 and the instructions of every thread of the server over those requests are
 divided by their number. The client is not counted. With --src, the same is
 counted for another checkout's authsrv, for a before/after in one sitting.
+A sign-in is a whole browser sign-in with a fresh cookie jar, as bench.py's
+login target makes it; "sign-in without argon2id" leaves out the password
+pool's thread, to count the rest of it (argon2id under callgrind takes about
+a second a check, so give it fewer --requests).
 
     .venv/bin/python bench/request_instructions.py
     .venv/bin/python bench/request_instructions.py --src BEFORE/src --out bench/results/NAME
+    .venv/bin/python bench/request_instructions.py --only "sign-in without argon2id" --requests 40
 
 The count leaves out what the kernel does (the commit's disk sync, the
 socket) and the time spent waiting; it includes the RSA signature and

@@ -32,7 +32,7 @@ def test_any_json_value_is_the_standard_encoders_bytes_in_utf_8(value):
 
 @given(json_values(st.floats(allow_nan=False, allow_infinity=False) | WITHOUT_FLOATS))
 def test_any_json_value_reads_back_equal(value):
-    """Floats too, though written as orjson writes them (0.00006103515625 where the standard encoder has 6.103515625e-05)."""
+    """Floats too, though orjson writes some otherwise (0.00006103515625 for the standard 6.103515625e-05)."""
     assert json.loads(compact(value)) == value
 
 

@@ -1,10 +1,11 @@
 """
 The hottest routes (token, introspection, UserInfo, user-access, and a
 sign-in's authorize and login page) are plain twisted.web leaves below
-Klein's router: the root finds them by their whole path, their answers are the contract's (status, headers, body) for success,
-each kind of refusal and a wrong method, they reach the wire exactly as a
-Klein route's would, and a client that goes away or a route that fails
-unexpectedly raises nothing and leaks no traceback.
+Klein's router: the root finds them by their whole path, their answers are
+the contract's (status, headers, body) for success, each kind of refusal
+and a wrong method, they reach the wire exactly as a Klein route's would,
+and a client that goes away or a route that fails unexpectedly raises
+nothing and leaks no traceback.
 """
 
 from __future__ import annotations
@@ -206,10 +207,11 @@ async def test_sign_in_routes_answer(harness):
             assert response.code == 303, method
             assert LOGIN + "?" in header(response, "location")[0]
             assert body == b""
-        response, body = await h.request("GET", h.authorize_url(client_id="nobody", redirect_uri="https://nowhere.test/cb"))
+        unknown = h.authorize_url(client_id="nobody", redirect_uri="https://nowhere.test/cb")
+        response, body = await h.request("GET", unknown)
         assert response.code == 400 and b"<html" in body.lower()
         has_headers(response, {"content-type": ["text/html; charset=utf-8"]})
-        response, head = await h.request("HEAD", h.authorize_url(client_id="nobody", redirect_uri="https://nowhere.test/cb"))
+        response, head = await h.request("HEAD", unknown)
         assert (response.code, head) == (400, b"")
 
         for method in ("GET", "HEAD"):
