@@ -131,12 +131,10 @@ def _instructions(folder: Path, pid: int, target: str) -> int:
     C{callgrind.PID.DUMP-THREAD}); for "sign-in without argon2id", over all
     but the password pool's, whose dump holds argon2's functions.
     """
-    dumps = list(folder.glob(f"callgrind.{pid}.*-*"))
-    newest = max(int(path.suffix[1:].split("-")[0]) for path in dumps)
+    dumps = {path: int(path.suffix[1:].split("-")[0]) for path in folder.glob(f"callgrind.{pid}.*-*")}
+    newest = max(dumps.values())
     total = 0
-    for path in dumps:
-        if int(path.suffix[1:].split("-")[0]) != newest:
-            continue
+    for path in (path for path, dump in dumps.items() if dump == newest):
         text = path.read_text(errors="replace")
         if target == SIGN_IN[1] and re.search(r"^fn=.*argon2", text, re.M):
             continue

@@ -16,8 +16,9 @@ a known device, a pushed request, a link attempt, a device authorization)
 are written not durable: committed and seen by every reader at once, but
 without waiting for the disk. Only a crash of the machine (a power
 failure) loses them, and then only with every write after them (the next
-durable commit syncs them all): the person starts that sign-in again. Tokens, their redemption, rotation
-and revocation, bans, consents, clients and keys wait for the disk.
+durable commit syncs them all): the person starts that sign-in again.
+Tokens, their redemption, rotation and revocation, bans, consents, clients
+and keys wait for the disk.
 """
 
 from __future__ import annotations
