@@ -503,13 +503,15 @@ class ILoginThrottle(Interface):
     that an unknown name is throttled exactly like a known one.
     """
 
-    def attempt(account, address, known_device, policy, now):
+    def attempt(account, address, device_hash, policy, now):
         """
         Fires with a L{authsrv.records.ThrottleDecision}: either the attempt
         is counted as a failure (until forgiven or succeeded) and may go
-        ahead, or it must wait and is not counted. C{known_device} is True
-        when the browser signed in to C{account} before: the account-wide
-        limit does not apply to it.
+        ahead, or it must wait and is not counted. C{device_hash} is the
+        hash of the browser's device secret, or None: a device remembered
+        for C{account} (L{IKnownDeviceStore}) is not held by the
+        account-wide limit. Read in the same step as the counts, so a
+        returning browser costs no round trip of its own.
         """
 
     def forgive(ticket):
@@ -533,10 +535,10 @@ class IKnownDeviceStore(Interface):
     """
 
     def remember_device(account, device_hash, expires_at):
-        """Remember (or keep longer) a device of the account, by the same C{account} key as the throttle."""
-
-    def known_device(account, device_hash, now):
-        """Fires True when the device signed in to the account and is still remembered at C{now}."""
+        """
+        Remember (or keep longer) a device of the account, by the same
+        C{account} key as the throttle, which reads it (L{ILoginThrottle.attempt}).
+        """
 
 
 class IProofReplayStore(Interface):

@@ -248,8 +248,9 @@ async def test_the_hot_paths_make_one_round_trip_per_step_and_one_commit_per_gra
 async def test_a_password_sign_in_sends_the_writes_that_do_not_wait_on_each_other_together(h, monkeypatch):
     """
     The login page writes nothing (its passkey challenge carries its own
-    proof). The form's POST counts the attempt before the password is checked,
-    then reads the user's ban and second factors in one round trip, then
+    proof). The form's POST counts the attempt before the password is checked
+    (reading whether the browser is a known device of the account in the same
+    step), then reads the user's ban and second factors in one round trip, then
     writes the check's outcome (the throttle's and the known device's)
     with the interaction used up, then the new session with the code: where
     the store hands a reactor turn's writes over together (SQLite on one
@@ -277,7 +278,7 @@ async def test_a_password_sign_in_sends_the_writes_that_do_not_wait_on_each_othe
     after_the_check = ("get_ban", "get_totp", "list_passkeys")
     assert {name: calls[name] for name in after_the_check} == dict.fromkeys(after_the_check, 1)
     if reads is not None:
-        assert reads.sizes == [1, 1, 3], "the interaction, the known device, then the ban and both factors"
+        assert reads.sizes == [1, 3], "the interaction, then the ban and both factors (the device is the attempt's)"
     if h.one_core:
         assert h.commits.since_last() == 3
     assert durable is None or durable() == 0, "a sign-in's steps do not wait for the disk; its tokens will"

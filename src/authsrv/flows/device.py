@@ -219,7 +219,7 @@ class DeviceVerification:
         key = user_code_key(user_code)
         if key is None:
             return DeviceCodeForm(200, user_code[:16], NOT_A_CODE)
-        decision = await self._store.attempt(THROTTLE_ACCOUNT, address_key(address), False, self._policy.throttle,
+        decision = await self._store.attempt(THROTTLE_ACCOUNT, address_key(address), None, self._policy.throttle,
                                              now)
         if decision.wait is not None:
             events.device_code_failed(address=address, reason=f"throttled for {decision.wait}s", sub=sub)

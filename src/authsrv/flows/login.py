@@ -125,8 +125,7 @@ class PasswordLogin:
         logged = login[:LOGGED_LOGIN_MAX]
         account, seconds = account_key(login), int(now)
         device_hash = token_hash(device) if device else None
-        known = device_hash is not None and await self._store.known_device(account, device_hash, seconds)
-        decision = await self._store.attempt(account, address_key(address), known, self._policy, seconds)
+        decision = await self._store.attempt(account, address_key(address), device_hash, self._policy, seconds)
         if decision.wait is not None:
             events.login_throttled(login=logged, address=address, retry_after=decision.wait)
             return Throttled(decision.wait)

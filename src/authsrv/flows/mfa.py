@@ -216,8 +216,7 @@ class SecondFactors:
         """
         store, account, key = self._store, THROTTLE_PREFIX + sub, address_key(address)
         device_hash = token_hash(device) if device else None
-        known = device_hash is not None and await store.known_device(account, device_hash, now)
-        decision = await store.attempt(account, key, known, self._throttle, now)
+        decision = await store.attempt(account, key, device_hash, self._throttle, now)
         if decision.wait is not None:
             events.mfa_failed(sub=sub, address=address, reason=f"throttled for {decision.wait}s")
             return Throttled(decision.wait)

@@ -695,8 +695,8 @@ class PostgresStore:
 
     # ILoginThrottle
 
-    def attempt(self, account, address, known_device, policy, now):
-        return self._run("throttle_attempt", _attempt, _text(account), _text(address), known_device, policy, now)
+    def attempt(self, account, address, device_hash, policy, now):
+        return self._run("throttle_attempt", _attempt, _text(account), _text(address), device_hash, policy, now)
 
     def forgive(self, ticket):
         return self._changed("throttle_forgive",
@@ -715,14 +715,6 @@ class PostgresStore:
         return self._write("remember_device",
             STEP + _THROTTLE.remember, {"account": _text(account), "device_hash": device_hash, "expires_at": expires_at}
         )
-
-    def known_device(self, account, device_hash, now):
-        return self._one("known_device",
-            None,
-            "SELECT 1 AS known FROM known_devices"
-            " WHERE account = %(account)s AND device_hash = %(device_hash)s AND expires_at > %(now)s",
-            {"account": _text(account), "device_hash": device_hash, "now": now},
-        ).addCallback(lambda row: row is not None)
 
     # IProofReplayStore
 
@@ -1013,19 +1005,19 @@ async def _import_batch(db, batch):
     return counts
 
 
-async def _attempt(db, account, address, known_device, policy, now):
+async def _attempt(db, account, address, device_hash, policy, now):
     """
     One transaction holding the account's lock, then the address's (always
     in that order, so two attempts never wait for each other in a circle):
     the counts it reads cannot change before it has counted its attempt.
     """
-    params = throttle.params(account, address, policy, now)
+    params = throttle.params(account, address, device_hash, policy, now)
     await rowcount(db, "BEGIN")
     await rowcount(db, STEP + "SELECT pg_advisory_xact_lock(%(class)s, hashtext(%(key)s))",
                    {"class": ACCOUNT_LOCKS, "key": account})
     await rowcount(db, "SELECT pg_advisory_xact_lock(%(class)s, hashtext(%(key)s))",
                    {"class": ADDRESS_LOCKS, "key": address})
-    wait = throttle.wait(policy, throttle.Counts(**await first(db, _THROTTLE.counts, params)), known_device, now)
+    wait = throttle.wait(policy, throttle.Counts(**await first(db, _THROTTLE.counts, params)), now)
     ticket = None if wait is not None else (await first(db, _THROTTLE.insert, params))["attempt_id"]
     await rowcount(db, "COMMIT")
     return ThrottleDecision(wait=wait, ticket=ticket)

@@ -626,8 +626,8 @@ class SQLiteStore:
 
     # ILoginThrottle
 
-    def attempt(self, account, address, known_device, policy, now):
-        return self._call("throttle_attempt", True, _attempt, account, address, known_device, policy, now,
+    def attempt(self, account, address, device_hash, policy, now):
+        return self._call("throttle_attempt", True, _attempt, account, address, device_hash, policy, now,
                           durable=False)
 
     def forgive(self, ticket):
@@ -646,15 +646,6 @@ class SQLiteStore:
             _THROTTLE.remember, {"account": account, "device_hash": device_hash, "expires_at": expires_at},
             durable=False,
         ).addCallback(lambda _: None)
-
-    def known_device(self, account, device_hash, now):
-        return self._call("known_device", False,
-            lambda db: db.execute(
-                "SELECT 1 FROM known_devices WHERE account = ? AND device_hash = ? AND expires_at > ?",
-                (account, device_hash, now),
-            ).fetchone()
-            is not None
-        )
 
     # IProofReplayStore
 
@@ -840,10 +831,10 @@ def _rotate_refresh(db, old_hash, new_refresh, new_access, replay, grace_until, 
     return Reused(old["grant_id"])
 
 
-def _attempt(db, account, address, known_device, policy, now):
-    params = throttle.params(account, address, policy, now)
+def _attempt(db, account, address, device_hash, policy, now):
+    params = throttle.params(account, address, device_hash, policy, now)
     counts = throttle.Counts(**dict(db.execute(_THROTTLE.counts, params).fetchone()))
-    wait = throttle.wait(policy, counts, known_device, now)
+    wait = throttle.wait(policy, counts, now)
     if wait is not None:
         return ThrottleDecision(wait=wait, ticket=None)
     return ThrottleDecision(wait=None, ticket=_first(db.execute(_THROTTLE.insert, params))["attempt_id"])

@@ -3,7 +3,8 @@ The login throttle's rules (docs/design.md, Brute force), shared by every store.
 
 A store keeps one row per counted attempt (C{login_attempts}: account,
 address, when, until when it counts) and, inside the one transaction that
-may count a new attempt, reads the few numbers in L{Counts}; L{wait} decides
+may count a new attempt, reads the few numbers in L{Counts} and whether the
+browser is a known device of the account (one statement); L{wait} decides
 from them, so SQLite, PostgreSQL and the in-memory store cannot differ in
 what they allow. The statements are written once, with the dialect's
 parameter marks.
@@ -11,7 +12,7 @@ parameter marks.
 
 from __future__ import annotations
 
-from attrs import frozen
+from attrs import field, frozen
 
 from authsrv.records import ThrottlePolicy
 from authsrv.store.rows import Dialect
@@ -29,9 +30,11 @@ class Counts:
     """When the address falls below its limit again, None while it is below."""
     account_free_at: int | None
     """When the account falls below its limit again, None while it is below."""
+    known_device: bool = field(converter=bool)
+    """The browser signed in to this account before and is still remembered."""
 
 
-def wait(policy: ThrottlePolicy, counts: Counts, known_device: bool, now: int) -> int | None:
+def wait(policy: ThrottlePolicy, counts: Counts, now: int) -> int | None:
     """
     Seconds until an attempt may be made, or None when it may be made now.
     Past the pair's limit, each failure doubles the delay after the latest
@@ -45,17 +48,18 @@ def wait(policy: ThrottlePolicy, counts: Counts, known_device: bool, now: int) -
         waits.append(counts.pair_last + delay - now)
     if counts.address_free_at is not None:
         waits.append(counts.address_free_at - now)
-    if counts.account_free_at is not None and not known_device:
+    if counts.account_free_at is not None and not counts.known_device:
         waits.append(counts.account_free_at - now)
     longest = max(waits)
     return longest if longest > 0 else None
 
 
-def params(account: str, address: str, policy: ThrottlePolicy, now: int) -> dict:
-    """The parameters of L{Statements.counts} and L{Statements.insert}."""
+def params(account: str, address: str, device_hash: str | None, policy: ThrottlePolicy, now: int) -> dict:
+    """The parameters of L{Statements.counts} and L{Statements.insert}; no C{device_hash} is no known device."""
     return {
         "account": account,
         "address": address,
+        "device_hash": device_hash,
         "now": now,
         "expires_at": now + policy.window,
         "address_offset": policy.failures_per_address - 1,
@@ -68,7 +72,7 @@ class Statements:
     """The throttle's and known devices' statements in one dialect."""
 
     counts: str
-    """One row of L{Counts}' fields."""
+    """One row of L{Counts}' fields, the known device's included."""
     insert: str
     """Count an attempt; returns its C{attempt_id}, the ticket."""
     remember: str
@@ -87,7 +91,9 @@ def statements(dialect: Dialect) -> Statements:
             " (SELECT expires_at FROM login_attempts WHERE address = {address} AND expires_at > {now}"
             "  ORDER BY expires_at DESC LIMIT 1 OFFSET {address_offset}) AS address_free_at,"
             " (SELECT expires_at FROM login_attempts WHERE account = {account} AND expires_at > {now}"
-            "  ORDER BY expires_at DESC LIMIT 1 OFFSET {account_offset}) AS account_free_at"
+            "  ORDER BY expires_at DESC LIMIT 1 OFFSET {account_offset}) AS account_free_at,"
+            " EXISTS (SELECT 1 FROM known_devices WHERE account = {account} AND device_hash = {device_hash}"
+            "  AND expires_at > {now}) AS known_device"
             " FROM (SELECT count(*) AS n, max(at) AS last FROM login_attempts"
             "  WHERE account = {account} AND address = {address} AND expires_at > {now}) AS p"
         ).format(**marks),

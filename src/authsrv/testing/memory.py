@@ -591,7 +591,7 @@ class MemoryStore:
     # ILoginThrottle
 
     @_answered
-    def attempt(self, account, address, known_device, policy, now):
+    def attempt(self, account, address, device_hash, policy, now):
         live = [row for row in self.tables.login_attempts.values() if row.expires_at > now]
         pair = [row for row in live if row.account == account and row.address == address]
 
@@ -604,8 +604,9 @@ class MemoryStore:
             pair_last=max((row.at for row in pair), default=None),
             address_free_at=free_at([row for row in live if row.address == address], policy.failures_per_address),
             account_free_at=free_at([row for row in live if row.account == account], policy.failures_per_account),
+            known_device=self.tables.known_devices.get((account, device_hash), 0) > now,
         )
-        wait = throttle.wait(policy, counts, known_device, now)
+        wait = throttle.wait(policy, counts, now)
         if wait is not None:
             return ThrottleDecision(wait=wait, ticket=None)
         self.tables.last_ticket += 1
@@ -627,11 +628,6 @@ class MemoryStore:
     @_answered
     def remember_device(self, account, device_hash, expires_at):
         self.tables.known_devices[account, device_hash] = expires_at
-
-    @_answered
-    def known_device(self, account, device_hash, now):
-        expires_at = self.tables.known_devices.get((account, device_hash))
-        return expires_at is not None and expires_at > now
 
     # IProofReplayStore
 

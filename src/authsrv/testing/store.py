@@ -1372,11 +1372,11 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
     # --- login throttle and known devices ------------------------------------
 
     @staticmethod
-    async def attempts(store, count, account="alice", address=HERE, now=NOW, policy=ThrottlePolicy(), known=False):
+    async def attempts(store, count, account="alice", address=HERE, now=NOW, policy=ThrottlePolicy(), device=None):
         """Make C{count} attempts that must all be allowed; fires with their tickets."""
         tickets = []
         for _ in range(count):
-            decision = await store.attempt(account, address, known, policy, now)
+            decision = await store.attempt(account, address, device, policy, now)
             assert decision.allowed and decision.wait is None and decision.ticket is not None, decision
             tickets.append(decision.ticket)
         return tickets
@@ -1395,7 +1395,7 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
                 (NOW + 15, 8), (NOW + 22, 1), (NOW + 23, None),
             ]
             for now, wait in timeline:
-                decision = await store.attempt("alice", HERE, False, policy, now)
+                decision = await store.attempt("alice", HERE, None, policy, now)
                 assert decision.wait == wait, (now - NOW, decision)
                 assert (decision.ticket is None) == (wait is not None) == (not decision.allowed)
             # The same account from another address, another account from this one: not held back.
@@ -1407,7 +1407,8 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
         policy = ThrottlePolicy()
         async with self.store() as store:
             await self.attempts(store, 5, policy=policy)
-            assert await store.attempt("alice", HERE, True, policy, NOW) == ThrottleDecision(wait=1, ticket=None)
+            await store.remember_device("alice", h("device-1"), NOW + DAY)
+            assert await store.attempt("alice", HERE, h("device-1"), policy, NOW) == ThrottleDecision(wait=1, ticket=None)
 
     @pytest_twisted.ensureDeferred
     async def test_throttle_address_limit_over_all_accounts(self):
@@ -1415,15 +1416,16 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
         async with self.store() as store:
             for n in range(5):
                 await self.attempts(store, 1, account=f"user-{n}", now=NOW + 10 * n, policy=policy)
-            for known in (False, True):
-                decision = await store.attempt("user-9", HERE, known, policy, NOW + 50)
+            await store.remember_device("user-9", h("device-1"), NOW + DAY)
+            for device in (None, h("device-1")):
+                decision = await store.attempt("user-9", HERE, device, policy, NOW + 50)
                 assert decision == ThrottleDecision(wait=550, ticket=None)
-            assert (await store.attempt("user-0", HERE, False, policy, NOW + 599)).wait == 1
+            assert (await store.attempt("user-0", HERE, None, policy, NOW + 599)).wait == 1
             # The real user, elsewhere, is not held back.
             await self.attempts(store, 1, account="user-9", address=THERE, now=NOW + 50, policy=policy)
             # Once the oldest failure has left the window, one more may be made.
             await self.attempts(store, 1, account="user-9", now=NOW + 600, policy=policy)
-            assert (await store.attempt("user-9", HERE, False, policy, NOW + 600)).wait == 10
+            assert (await store.attempt("user-9", HERE, None, policy, NOW + 600)).wait == 10
 
     @pytest_twisted.ensureDeferred
     async def test_throttle_account_limit_spares_known_devices(self):
@@ -1431,11 +1433,16 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
         async with self.store() as store:
             for n in range(5):
                 await self.attempts(store, 1, address=f"198.51.100.{n}", now=NOW + n, policy=policy)
-            decision = await store.attempt("alice", "203.0.113.9", False, policy, NOW + 100)
+            decision = await store.attempt("alice", "203.0.113.9", None, policy, NOW + 100)
             assert decision == ThrottleDecision(wait=500, ticket=None)
-            await self.attempts(store, 2, address="203.0.113.9", now=NOW + 100, policy=policy, known=True)
+            await store.remember_device("alice", h("device-1"), NOW + DAY)
+            await self.attempts(store, 2, address="203.0.113.9", now=NOW + 100, policy=policy, device=h("device-1"))
+            # Another account's device, or one not remembered, is no known device.
+            await store.remember_device("bob", h("device-2"), NOW + DAY)
+            for device in (h("device-2"), h("device-3")):
+                assert (await store.attempt("alice", "203.0.113.9", device, policy, NOW + 100)).wait == 502
             # Known devices' attempts count too; the limit lifts as failures leave the window.
-            assert (await store.attempt("alice", "203.0.113.9", False, policy, NOW + 600)).wait == 2
+            assert (await store.attempt("alice", "203.0.113.9", None, policy, NOW + 600)).wait == 2
             await self.attempts(store, 1, account="bob", address="203.0.113.9", now=NOW + 100, policy=policy)
             await self.attempts(store, 1, address="203.0.113.9", now=NOW + 602, policy=policy)
 
@@ -1448,19 +1455,19 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             for name in names:
                 await self.attempts(store, 2, account=name, policy=policy)
             for name in names:
-                assert await store.attempt(name, HERE, False, policy, NOW) == ThrottleDecision(wait=1, ticket=None)
+                assert await store.attempt(name, HERE, None, policy, NOW) == ThrottleDecision(wait=1, ticket=None)
 
     @pytest_twisted.ensureDeferred
     async def test_forgive_uncounts_one_attempt(self):
         policy = ThrottlePolicy(failures_per_pair=3)
         async with self.store() as store:
             tickets = await self.attempts(store, 3, policy=policy)
-            assert (await store.attempt("alice", HERE, False, policy, NOW)).wait == 1
+            assert (await store.attempt("alice", HERE, None, policy, NOW)).wait == 1
             assert await store.forgive(tickets[1]) is True
             assert await store.forgive(tickets[1]) is False
             [fourth] = await self.attempts(store, 1, policy=policy)
             assert fourth not in tickets
-            assert (await store.attempt("alice", HERE, False, policy, NOW)).wait == 1
+            assert (await store.attempt("alice", HERE, None, policy, NOW)).wait == 1
             assert await store.forgive(max(tickets + [fourth]) + 1000) is False
 
     @pytest_twisted.ensureDeferred
@@ -1473,9 +1480,9 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             assert await store.succeeded("alice", HERE, NOW) is None
             assert [await store.forgive(ticket) for ticket in cleared] == [False] * 3
             await self.attempts(store, 3, policy=policy)
-            assert (await store.attempt("alice", HERE, False, policy, NOW)).wait == 1
-            assert (await store.attempt("alice", THERE, False, policy, NOW)).wait == 1
-            assert (await store.attempt("bob", HERE, False, policy, NOW)).wait == 1
+            assert (await store.attempt("alice", HERE, None, policy, NOW)).wait == 1
+            assert (await store.attempt("alice", THERE, None, policy, NOW)).wait == 1
+            assert (await store.attempt("bob", HERE, None, policy, NOW)).wait == 1
             await store.succeeded("carol", HERE, NOW)
 
     @pytest_twisted.ensureDeferred
@@ -1484,7 +1491,7 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
         async with self.store() as store:
             for account, now in (("a", NOW), ("b", NOW), ("c", NOW + 1)):
                 await self.attempts(store, 1, account=account, now=now, policy=policy)
-            assert (await store.attempt("d", HERE, False, policy, NOW + 599)).wait == 1
+            assert (await store.attempt("d", HERE, None, policy, NOW + 599)).wait == 1
             await self.attempts(store, 1, account="d", now=NOW + 600, policy=policy)
             assert await store.gc(NOW + 600, 1) == 1
             assert await store.gc(NOW + 600, 1) == 1
@@ -1492,25 +1499,42 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             assert await store.gc(NOW + 601, 100) == 1
             # Left: d's attempt, until NOW + 1200.
             await self.attempts(store, 2, account="e", now=NOW + 601, policy=policy)
-            assert (await store.attempt("f", HERE, False, policy, NOW + 601)).wait == 599
+            assert (await store.attempt("f", HERE, None, policy, NOW + 601)).wait == 599
+
+    @staticmethod
+    async def known(store, account, device_hash, now):
+        """
+        Whether the throttle takes C{device_hash} for a known device of
+        C{account} at C{now}: the one attempt the account's limit allows is
+        made from elsewhere first; both are forgiven after.
+        """
+        policy = ThrottlePolicy(failures_per_account=1, window=3 * DAY)
+        first = await store.attempt(account, THERE, None, policy, now)
+        decision = await store.attempt(account, HERE, device_hash, policy, now)
+        for ticket in (first.ticket, decision.ticket):
+            if ticket is not None:
+                await store.forgive(ticket)
+        return decision.allowed
 
     @pytest_twisted.ensureDeferred
     async def test_known_devices(self):
         async with self.store() as store:
-            assert await store.known_device("alice", h("device-1"), NOW) is False
+            assert await self.known(store, "alice", h("device-1"), NOW) is False
+            assert await self.known(store, "alice", None, NOW) is False
             assert await store.remember_device("alice", h("device-1"), NOW + DAY) is None
             await store.remember_device("alice", h("device-2"), NOW + HOUR)
-            assert await store.known_device("alice", h("device-1"), NOW + DAY - 1) is True
-            assert await store.known_device("alice", h("device-1"), NOW + DAY) is False
-            assert await store.known_device("bob", h("device-1"), NOW) is False
-            assert await store.known_device("alice", h("device-3"), NOW) is False
+            assert await self.known(store, "alice", h("device-1"), NOW + DAY - 1) is True
+            assert await self.known(store, "alice", h("device-1"), NOW + DAY) is False
+            assert await self.known(store, "bob", h("device-1"), NOW) is False
+            assert await self.known(store, "alice", h("device-3"), NOW) is False
+            assert await self.known(store, "alice", None, NOW) is False
             await store.remember_device("alice", h("device-1"), NOW + 2 * DAY)
-            assert await store.known_device("alice", h("device-1"), NOW + DAY) is True
+            assert await self.known(store, "alice", h("device-1"), NOW + DAY) is True
             assert await store.gc(NOW + HOUR, 100) == 1
-            assert await store.known_device("alice", h("device-2"), NOW) is False
-            assert await store.known_device("alice", h("device-1"), NOW) is True
+            assert await self.known(store, "alice", h("device-2"), NOW) is False
+            assert await self.known(store, "alice", h("device-1"), NOW) is True
             assert await store.gc(NOW + 2 * DAY, 100) == 1
-            assert await store.known_device("alice", h("device-1"), NOW) is False
+            assert await self.known(store, "alice", h("device-1"), NOW) is False
 
     # --- housekeeping -----------------------------------------------------------
 
@@ -1782,7 +1806,7 @@ class StoreConcurrencyConformance(FactorConcurrencyConformance, DeviceConcurrenc
         async with self.store_pair() as (first, second):
             results = await gatherResults(
                 [
-                    (first, second)[n % 2].attempt(account_of(n), address_of(n), False, policy, NOW)
+                    (first, second)[n % 2].attempt(account_of(n), address_of(n), None, policy, NOW)
                     for n in range(racers)
                 ]
             )
