@@ -20,7 +20,7 @@ from authsrv.configsection import ConfigError, Section
 from authsrv.context import PluginContext
 from authsrv.migrations import schema_steps
 from authsrv.plugins import find_factory
-from authsrv.records import DEFAULT_GRANT_TYPES, Ban, Client
+from authsrv.records import DEFAULT_GRANT_TYPES, Ban, Client, Replayed, Rotated
 from authsrv.store import sqlite
 from authsrv.store.errors import AlreadyExists
 from authsrv.testing.store import (
@@ -32,6 +32,7 @@ from authsrv.testing.store import (
     h,
     issue,
     make_access,
+    make_grant,
     make_refresh,
     start_grant,
 )
@@ -161,6 +162,63 @@ class TestSQLiteFile(SQLiteFolder):
             assert (await store.get_client("old-app")).grant_types == DEFAULT_GRANT_TYPES
         finally:
             await store.close()
+
+    @pytest_twisted.ensureDeferred
+    async def test_upgrade_keeps_refresh_tokens_in_an_ordinary_table(self):
+        """
+        A rotated token's sealed replay no longer spills out of its row: the
+        table is rebuilt with a rowid, its tokens, replays, indexes and the
+        cascade from their grant kept.
+        """
+        before = [step for step in schema_steps("authsrv.store", "sqlite") if step[1] != "021_refresh_tokens_rowid.sql"]
+        assert len(before) == LATEST_VERSION - 1
+        with sqlite3.connect(self.folder / "authsrv.sqlite3") as db:
+            db.execute(
+                "CREATE TABLE schema_version (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)"
+            )
+            for version, name, script in before:
+                db.executescript(script)
+                db.execute("INSERT INTO schema_version VALUES (?, ?, 0)", (version, name))
+            db.execute(
+                "INSERT INTO grants (grant_id, client_id, sub, scope, resource, auth_time, created_at, expires_at)"
+                " VALUES ('g1', ?, ?, 'openid offline_access', '[]', ?, ?, ?)",
+                (CLIENT, ALICE, NOW, NOW, NOW + 3600),
+            )
+            rows = [(h("refresh-live"), None, None, None, "jkt-1"), (h("refresh-used"), NOW, NOW + 10, b"sealed", None)]
+            for token_hash, consumed_at, grace_until, replay, jkt in rows:
+                db.execute(
+                    "INSERT INTO refresh_tokens (token_hash, grant_id, client_id, sub, scope, issued_at, expires_at,"
+                    " consumed_at, grace_until, replay, jkt) VALUES (?, 'g1', ?, ?, 'openid offline_access', ?, ?,"
+                    " ?, ?, ?, ?)",
+                    (token_hash, CLIENT, ALICE, NOW, NOW + 3600, consumed_at, grace_until, replay, jkt),
+                )
+            assert "WITHOUT ROWID" in db.execute(
+                "SELECT sql FROM sqlite_master WHERE name = 'refresh_tokens'").fetchone()[0]
+        store = self.open_store()
+        try:
+            live = await store.get_refresh_token(h("refresh-live"))
+            assert (live.grant_id, live.scope, live.jkt, live.consumed_at) == (
+                "g1", frozenset({"openid", "offline_access"}), "jkt-1", None)
+            used = await store.get_refresh_token(h("refresh-used"))
+            assert (used.consumed_at, used.grace_until, used.replay) == (NOW, NOW + 10, b"sealed")
+            grant = make_grant("g1")
+            rotated = await store.rotate_refresh(
+                h("refresh-live"), make_refresh("refresh-next", grant), make_access("access-next", grant), b"again",
+                NOW + 10, NOW + 1)
+            assert rotated == Rotated()
+            assert await store.rotate_refresh(
+                h("refresh-live"), make_refresh("refresh-other", grant), make_access("access-other", grant), b"no",
+                NOW + 11, NOW + 2) == Replayed(b"again")
+        finally:
+            await store.close()
+        with sqlite3.connect(self.folder / "authsrv.sqlite3") as db:
+            assert db.execute("SELECT count(rowid) FROM refresh_tokens").fetchone()[0] == 3
+            indexes = {row[1] for row in db.execute("PRAGMA index_list(refresh_tokens)")}
+            assert {"refresh_tokens_grant_id", "refresh_tokens_expires_at", "refresh_tokens_replay",
+                    "refresh_tokens_live_sub"} < indexes
+            db.execute("PRAGMA foreign_keys = ON")
+            db.execute("DELETE FROM grants WHERE grant_id = 'g1'")
+            assert db.execute("SELECT count(*) FROM refresh_tokens").fetchone()[0] == 0
 
     def test_newer_schema_is_refused(self):
         self.open_store()

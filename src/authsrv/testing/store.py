@@ -1408,7 +1408,8 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
         async with self.store() as store:
             await self.attempts(store, 5, policy=policy)
             await store.remember_device("alice", h("device-1"), NOW + DAY)
-            assert await store.attempt("alice", HERE, h("device-1"), policy, NOW) == ThrottleDecision(wait=1, ticket=None)
+            decision = await store.attempt("alice", HERE, h("device-1"), policy, NOW)
+            assert decision == ThrottleDecision(wait=1, ticket=None)
 
     @pytest_twisted.ensureDeferred
     async def test_throttle_address_limit_over_all_accounts(self):
