@@ -78,6 +78,18 @@ def _version(path) -> int:
         return db.execute("SELECT MAX(version) FROM schema_version").fetchone()[0]
 
 
+def _older_schema(path, steps) -> sqlite3.Connection:
+    """A database with only C{steps} of the schema applied, as an older release left it."""
+    db = sqlite3.connect(path)
+    db.execute(
+        "CREATE TABLE schema_version (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)"
+    )
+    for version, name, script in steps:
+        db.executescript(script)
+        db.execute("INSERT INTO schema_version VALUES (?, ?, 0)", (version, name))
+    return db
+
+
 class TestSQLiteFile(SQLiteFolder):
     @pytest_twisted.ensureDeferred
     async def test_plugin_creates_folder_and_current_schema(self):
@@ -147,13 +159,7 @@ class TestSQLiteFile(SQLiteFolder):
 
     @pytest_twisted.ensureDeferred
     async def test_upgrade_gives_existing_clients_the_default_grant_types(self):
-        with sqlite3.connect(self.folder / "authsrv.sqlite3") as db:
-            db.execute(
-                "CREATE TABLE schema_version (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)"
-            )
-            for version, name, script in schema_steps("authsrv.store", "sqlite")[:2]:
-                db.executescript(script)
-                db.execute("INSERT INTO schema_version VALUES (?, ?, 0)", (version, name))
+        with _older_schema(self.folder / "authsrv.sqlite3", schema_steps("authsrv.store", "sqlite")[:2]) as db:
             db.execute(
                 "INSERT INTO clients VALUES ('old-app', NULL, '[\"https://old.example/cb\"]', '[]', '', 0, 0, '[]', 0, NULL, 0)"
             )
@@ -172,13 +178,7 @@ class TestSQLiteFile(SQLiteFolder):
         """
         before = [step for step in schema_steps("authsrv.store", "sqlite") if step[1] != "021_refresh_tokens_rowid.sql"]
         assert len(before) == LATEST_VERSION - 1
-        with sqlite3.connect(self.folder / "authsrv.sqlite3") as db:
-            db.execute(
-                "CREATE TABLE schema_version (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)"
-            )
-            for version, name, script in before:
-                db.executescript(script)
-                db.execute("INSERT INTO schema_version VALUES (?, ?, 0)", (version, name))
+        with _older_schema(self.folder / "authsrv.sqlite3", before) as db:
             db.execute(
                 "INSERT INTO grants (grant_id, client_id, sub, scope, resource, auth_time, created_at, expires_at)"
                 " VALUES ('g1', ?, ?, 'openid offline_access', '[]', ?, ?, ?)",
