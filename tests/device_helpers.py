@@ -56,7 +56,7 @@ async def approve(h, browser: Browser, codes: dict, user=ALICE, action="approve"
     """The person's side: the verification page, sign-in if asked, then allow or deny."""
     response, body = await browser.get(codes["verification_uri_complete"])
     if response.code == 303 and "/login?" in location(response):
-        response, body = await browser.submit_login(location(response), user.login, PASSWORDS[user.sub])
+        response, body = await browser.submit_login(response, user.login, PASSWORDS[user.sub])
         assert response.code == 303 and location(response) == codes["verification_uri_complete"]
         response, body = await browser.get(location(response))
     assert response.code == 200, body

@@ -11,6 +11,7 @@ import re
 from http.cookiejar import CookieJar
 from http.cookies import SimpleCookie
 from urllib.parse import urlsplit
+from weakref import WeakKeyDictionary
 
 from treq.client import HTTPClient
 from treq.testing import RequestTraversalAgent, _SynchronousProducer
@@ -37,6 +38,16 @@ def hidden_fields(body: bytes) -> dict[str, str]:
     return fields
 
 
+def shows_login_form(response, body: bytes) -> bool:
+    """The answer is the login form itself (as an authorization request that needs a login answers)."""
+    return response.code == 200 and b'name="password"' in body
+
+
+def login_url(body: bytes) -> str:
+    """Where the login form in C{body} is shown again: the page of its own waiting request."""
+    return f"{ISSUER}/login?request={hidden_fields(body)['request']}"
+
+
 def location(response) -> str:
     return response.headers.getRawHeaders(b"location")[0].decode()
 
@@ -61,6 +72,7 @@ class Browser:
         self._agent = RequestTraversalAgent(harness.root)
         self._jar = CookieJar()
         self._client = HTTPClient(self._agent, cookiejar=self._jar, data_to_body_producer=_SynchronousProducer)
+        self._bodies: WeakKeyDictionary = WeakKeyDictionary()
 
     def _keep(self, response) -> None:
         for header in response.headers.getRawHeaders(b"set-cookie", []):
@@ -83,6 +95,7 @@ class Browser:
         response = await self._settle(d)
         body = await self._settle(response.content())
         self._keep(response)
+        self._bodies[response] = body
         return response, body
 
     async def get(self, url: str):
@@ -99,9 +112,21 @@ class Browser:
     async def authorize(self, client_id="first", **params):
         return await self.get(self.h.authorize_url(client_id, **params))
 
-    async def submit_login(self, page_url: str, login: str, password: str, **overrides):
-        """Open the login page at C{page_url} and submit it; C{overrides} replace form fields."""
-        response, body = await self.get(page_url)
+    async def login_page(self, led_there):
+        """
+        (response, body) of the login page C{led_there}: an answer of this
+        browser that is the page itself (an authorization request's) or a
+        redirect to it (the device flow's), or the page's URL.
+        """
+        if isinstance(led_there, str):
+            return await self.get(led_there)
+        if led_there.code in (302, 303):
+            return await self.get(location(led_there))
+        return led_there, self._bodies[led_there]
+
+    async def submit_login(self, led_there, login: str, password: str, **overrides):
+        """Submit the login page L{login_page} finds; C{overrides} replace form fields."""
+        response, body = await self.login_page(led_there)
         assert response.code == 200, body
         fields = {**hidden_fields(body), "username": login, "password": password, **overrides}
         return await self.post(ISSUER + "/login", {k: v for k, v in fields.items() if v is not None})
@@ -118,8 +143,8 @@ class Browser:
         if asked, consent if asked; the query of the redirect to the client.
         """
         response, body = await self.authorize(client_id, **params)
-        if response.code == 303 and "/login?" in location(response):
-            response, body = await self.submit_login(location(response), user.login, PASSWORDS[user.sub])
+        if response.code == 200 and b'name="password"' in body:
+            response, body = await self.submit_login(response, user.login, PASSWORDS[user.sub])
         if response.code == 303 and "/consent?" in location(response):
             response, body = await self.answer_consent(location(response), consent)
         assert response.code in (302, 303), (response.code, body)

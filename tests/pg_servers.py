@@ -96,11 +96,8 @@ class Browser:
             },
             allow_redirects=False, timeout=TIMEOUT,
         )
-        if response.status_code == 303 and "/login?" in response.headers["location"]:
-            page = self.session.get(_on(base, response.headers["location"]), timeout=TIMEOUT)
-            if page.status_code != 200:
-                raise NotRedirected(page.status_code, page.text)
-            fields = {name: unescape(value) for name, value in _HIDDEN.findall(page.text)}
+        if response.status_code == 200 and 'name="password"' in response.text:
+            fields = {name: unescape(value) for name, value in _HIDDEN.findall(response.text)}
             response = self.session.post(
                 base + "/api/auth/login", data={**fields, "username": self.login, "password": self.password},
                 allow_redirects=False, timeout=TIMEOUT,
@@ -112,12 +109,6 @@ class Browser:
         returned = query_of(location)
         assert returned["state"] == state, returned
         return returned["code"], verifier
-
-
-def _on(base: str, url: str) -> str:
-    """A URL of the service (named by its shared issuer) on the instance at C{base}."""
-    parts = urlsplit(url)
-    return base + parts.path + (f"?{parts.query}" if parts.query else "")
 
 
 def token(base: str, **form) -> requests.Response:

@@ -36,7 +36,7 @@ from authsrv.testing.identity import ALICE, BOB, MALLORY, PASSWORDS
 
 from conftest import admin
 from device_helpers import TV, approve, poll, start
-from flow_client import Browser, location
+from flow_client import Browser, location, login_url
 from harness import CHEAP, CLIENTS, INTERNAL_SECRET, SECRETS, Harness, pkce_pair, query_of
 from token_helpers import exchange, post_form, refresh, save_code, tokens
 
@@ -70,20 +70,19 @@ class AuditFile:
 async def _front_channel(h: Harness, secrets: list[str]) -> None:
     """Log-ins of every outcome, consent both ways, a code, tokens, a refresh, reuse and revocation."""
     browser = Browser(h)
-    response, _ = await browser.authorize("partner", scope="openid email", state="state-value-9",
-                                          login_hint="hint-value-9")
-    login_url = location(response)
-    response, _ = await browser.submit_login(login_url, ALICE.login, "not-alices-password-9")
-    response, _ = await browser.submit_login(login_url, "nobody-at-all", PASSWORDS[ALICE.sub])
-    response, _ = await browser.submit_login(login_url, MALLORY.login, PASSWORDS[MALLORY.sub])
-    response, _ = await browser.submit_login(login_url, ALICE.login, PASSWORDS[ALICE.sub])
+    _, page = await browser.authorize("partner", scope="openid email", state="state-value-9",
+                                      login_hint="hint-value-9")
+    page_url = login_url(page)
+    response, _ = await browser.submit_login(page_url, ALICE.login, "not-alices-password-9")
+    response, _ = await browser.submit_login(page_url, "nobody-at-all", PASSWORDS[ALICE.sub])
+    response, _ = await browser.submit_login(page_url, MALLORY.login, PASSWORDS[MALLORY.sub])
+    response, _ = await browser.submit_login(page_url, ALICE.login, PASSWORDS[ALICE.sub])
     assert response.code == 303 and "/consent?" in location(response)
     response, _ = await browser.answer_consent(location(response), "approve")
     secrets += [query_of(location(response))["code"], "not-alices-password-9", *browser.cookies.values()]
 
     denier = Browser(h)
-    query_url = location((await denier.authorize("partner", scope="openid"))[0])
-    response, _ = await denier.submit_login(query_url, BOB.login, PASSWORDS[BOB.sub])
+    response, _ = await denier.submit_login((await denier.authorize("partner", scope="openid"))[0], BOB.login, PASSWORDS[BOB.sub])
     await denier.answer_consent(location(response), "deny")
     secrets += denier.cookies.values()
 
@@ -132,9 +131,9 @@ async def _device(h: Harness, secrets: list[str]) -> None:
 async def _throttled(h: Harness) -> None:
     """Failed log-ins until the throttle refuses one."""
     browser = Browser(h)
-    login_url = location((await browser.authorize("first", scope="openid"))[0])
+    page_url = login_url((await browser.authorize("first", scope="openid"))[1])
     for _ in range(h.config.throttle.failures_per_pair + 1):
-        await browser.submit_login(login_url, BOB.login, "not-bobs-password-9")
+        await browser.submit_login(page_url, BOB.login, "not-bobs-password-9")
         h.clock.advance(0.1)
 
 

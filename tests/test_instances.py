@@ -121,14 +121,12 @@ def _login_via_proxy(base: str, client_address: str, password: str) -> int:
     session = requests.Session()
     forwarded = {"X-Forwarded-For": client_address}
     verifier, challenge = pkce_pair()
-    response = session.get(
+    page = session.get(
         base + "/api/auth/oauth2/authorize",
         params={"client_id": CLIENT[0], "redirect_uri": REDIRECT_URI, "response_type": "code",
                 "scope": "openid", "state": "s", "code_challenge": challenge, "code_challenge_method": "S256"},
         headers=forwarded, allow_redirects=False, timeout=TIMEOUT,
     )
-    page = session.get(base + "/api/auth/login?" + response.headers["location"].split("?", 1)[1],
-                       headers=forwarded, timeout=TIMEOUT)
     fields = dict(re.findall(r'<input type="hidden" name="(\w+)" value="([^"]*)"', page.text))
     answer = session.post(base + "/api/auth/login", data={**fields, "username": "alice", "password": password},
                           headers=forwarded, allow_redirects=False, timeout=TIMEOUT)

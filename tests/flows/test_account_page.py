@@ -43,8 +43,7 @@ async def signed_in(h: Harness, user=ALICE, client_id="first", user_agent: str |
     browser = Browser(h)
     verifier, challenge = pkce_pair()
     headers = {"User-Agent": user_agent} if user_agent else {}
-    response, _ = await browser.request("GET", h.authorize_url(client_id, challenge=challenge), headers=headers)
-    response, body = await browser.get(location(response))
+    response, body = await browser.request("GET", h.authorize_url(client_id, challenge=challenge), headers=headers)
     fields = {**forms(body, ISSUER + "/login")[0], "username": user.login, "password": PASSWORDS[user.sub]}
     response, body = await browser.request("POST", ISSUER + "/login", data=fields, headers=headers)
     if "/consent?" in location(response):
@@ -140,10 +139,10 @@ async def test_a_password_change_needs_the_current_one_and_ends_other_sessions(t
 
         fresh = Browser(h)
         response, _ = await fresh.authorize()
-        response, body = await fresh.submit_login(location(response), ALICE.login, PASSWORDS[ALICE.sub])
+        response, body = await fresh.submit_login(response, ALICE.login, PASSWORDS[ALICE.sub])
         assert response.code == 200 and b"The username or password is incorrect." in body, "the old one is gone"
         response, _ = await fresh.authorize()
-        response, _ = await fresh.submit_login(location(response), ALICE.login, new)
+        response, _ = await fresh.submit_login(response, ALICE.login, new)
         assert response.code == 303 and "code=" in location(response)
     finally:
         await h.close()
@@ -194,8 +193,7 @@ async def test_a_forged_passkey_answer_leaves_the_login_page_with_a_refusal(tmp_
     h = await started(tmp_path, monkeypatch)
     try:
         browser = Browser(h)
-        response, _ = await browser.authorize()
-        response, body = await browser.get(location(response))
+        response, body = await browser.authorize()
         [fields] = forms(body, ISSUER + "/login/passkey")
         forged = '{"id": "AAAA", "response": {"clientDataJSON": "e30"}}'
         response, body = await browser.post(ISSUER + "/login/passkey", {**fields, "credential": forged})

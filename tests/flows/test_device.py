@@ -8,7 +8,6 @@ device code, polling on after a denial, forged approval forms.
 
 from __future__ import annotations
 
-import re
 import sqlite3
 
 import pytest_twisted
@@ -17,7 +16,6 @@ from authsrv.flows.csrf import session_form_token
 from authsrv.testing.identity import ALICE, BOB, PASSWORDS
 from authsrv.tokens import token_hash
 from device_helpers import (
-    CONSOLE_SECRET,
     DEVICE_AUTHORIZATION,
     DEVICE_GRANT,
     TV,
@@ -181,7 +179,7 @@ async def test_expired_codes_cannot_be_approved_or_polled_and_are_purged(tmp_pat
         assert (codes["expires_in"], codes["interval"]) == (120, 3)
         browser = Browser(h)
         response, _ = await browser.get(codes["verification_uri_complete"])
-        response, _ = await browser.submit_login(location(response), ALICE.login, PASSWORDS[ALICE.sub])
+        response, _ = await browser.submit_login(response, ALICE.login, PASSWORDS[ALICE.sub])
         response, body = await browser.get(location(response))
         fields = hidden_fields(body)
         h.clock.advance(120)
@@ -254,7 +252,7 @@ async def test_forged_approval_forms_are_refused(tmp_path, monkeypatch):
         victim, attacker = Browser(h), Browser(h)
         await attacker.sign_in(BOB, "first", scope="openid")
         response, _ = await victim.get(codes["verification_uri_complete"])
-        response, _ = await victim.submit_login(location(response), ALICE.login, PASSWORDS[ALICE.sub])
+        response, _ = await victim.submit_login(response, ALICE.login, PASSWORDS[ALICE.sub])
         response, body = await victim.get(location(response))
         fields = hidden_fields(body)
         for browser, changes in ((victim, {"csrf": "0" * 64}), (victim, {"csrf": None}),
@@ -353,7 +351,7 @@ async def test_the_sign_in_asks_for_the_second_factor_and_steps_up_a_password_se
         codes = await start(h)
         fresh = Browser(h)
         response, _ = await fresh.get(codes["verification_uri_complete"])
-        response, _ = await fresh.submit_login(location(response), ALICE.login, PASSWORDS[ALICE.sub])
+        response, _ = await fresh.submit_login(response, ALICE.login, PASSWORDS[ALICE.sub])
         assert response.code == 303 and "/mfa?" in location(response)
         response, _ = await give_code(fresh, location(response), code_at(secret, h.now()))
         assert response.code == 303 and location(response) == codes["verification_uri_complete"]

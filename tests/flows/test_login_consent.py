@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from twisted.internet.defer import fail
 from twisted.logger import formatEvent
 
-from flow_client import Browser, fuzz, hidden_fields, location, on_reactor
+from flow_client import Browser, fuzz, hidden_fields, location, login_url, on_reactor, shows_login_form
 from harness import CLIENTS, ISSUER, Harness, query_of
 
 from authsrv.identity.errors import BackendUnavailable
@@ -35,9 +35,11 @@ async def started(tmp_path, monkeypatch, config=None) -> Harness:
 
 
 async def login_page(browser, client_id="first", **params) -> str:
+    """Authorize; the URL that shows the login form it answered with again."""
     response, body = await browser.authorize(client_id, **params)
-    assert response.code == 303 and "/login?request=" in location(response), body
-    return location(response)
+    assert_page(response, body, 200)
+    assert b'name="password"' in body, body
+    return login_url(body)
 
 
 async def consent_page(browser, user, client_id="partner", **params) -> str:
@@ -168,9 +170,9 @@ async def test_cookies_are_secure_under_an_https_issuer(tmp_path, monkeypatch):
     h = await started(tmp_path, monkeypatch, {"server": {"public_url": "https://auth.example.test"}})
     try:
         browser = Browser(h)
-        response, _ = await browser.authorize("first")
-        assert location(response).startswith("https://auth.example.test/api/auth/login?request=")
-        response, _ = await browser.submit_login(location(response), "alice", PASSWORDS[ALICE.sub])
+        response, body = await browser.authorize("first")
+        assert shows_login_form(response, body) and b'action="https://auth.example.test/api/auth/login"' in body
+        response, _ = await browser.submit_login(response, "alice", PASSWORDS[ALICE.sub])
         assert query_of(location(response))["iss"] == "https://auth.example.test/api/auth"
         names = {c.split("=")[0]: c for c in browser.set_cookie_headers}
         assert set(names) == {"__Host-authsrv_device", "__Host-authsrv_session"}
@@ -476,8 +478,7 @@ async def test_an_expired_session_means_logging_in_again(tmp_path, monkeypatch):
         browser = Browser(h)
         await browser.sign_in(ALICE)
         h.clock.advance(h.config.limits.session_ttl + 1)
-        response, _ = await browser.authorize("first")
-        assert response.code == 303 and "/login?" in location(response)
+        assert shows_login_form(*await browser.authorize("first"))
     finally:
         await h.close()
 

@@ -14,7 +14,7 @@ from authsrv.flows.login import LoggedIn, PasswordLogin, Refused, Throttled, Una
 from authsrv.records import ThrottlePolicy
 from authsrv.testing.identity import ALICE, PASSWORDS
 
-from flow_client import Browser, hidden_fields, location
+from flow_client import Browser, hidden_fields
 from harness import ISSUER, Harness
 
 
@@ -84,8 +84,6 @@ async def test_the_queue_of_password_checks_is_bounded(tmp_path, monkeypatch):
 async def _login_from(browser: Browser, address: str, login: str, password: str):
     """Submit the login form as a request a trusted proxy forwarded for C{address}."""
     response, body = await browser.authorize("first", prompt="login")
-    page = location(response)
-    response, body = await browser.get(page)
     fields = {**hidden_fields(body), "username": login, "password": password}
     return await browser.request("POST", ISSUER + "/login", data=fields,
                                  headers={"X-Forwarded-For": f"{address}, 10.0.0.2"})

@@ -16,7 +16,7 @@ import pyotp
 import pytest
 import pytest_twisted
 
-from flow_client import Browser, hidden_fields, location
+from flow_client import Browser, hidden_fields, location, shows_login_form
 from harness import CLIENTS, ISSUER, Harness, pkce_pair, query_of
 from token_helpers import exchange, verify_jwt
 
@@ -52,8 +52,8 @@ def enrolment_of(body: bytes) -> tuple[str, list[str], dict[str, str]]:
 async def password(browser: Browser, user, client_id="first", **params):
     """Authorize and give the password; the answer that follows it."""
     response, body = await browser.authorize(client_id, **params)
-    assert response.code == 303 and "/login?" in location(response), body
-    return await browser.submit_login(location(response), user.login, PASSWORDS[user.sub])
+    assert shows_login_form(response, body), body
+    return await browser.submit_login(response, user.login, PASSWORDS[user.sub])
 
 
 async def enrol_at_account_page(h: Harness, browser: Browser) -> tuple[str, list[str]]:
@@ -303,7 +303,7 @@ async def test_acr_values_step_up_a_password_session(tmp_path, monkeypatch):
     try:
         browser = Browser(h)
         response, _ = await browser.authorize("first", acr_values=ACR_MFA)
-        response, _ = await browser.submit_login(location(response), ALICE.login, PASSWORDS[ALICE.sub])
+        response, _ = await browser.submit_login(response, ALICE.login, PASSWORDS[ALICE.sub])
         assert "/mfa/enrol?" in location(response), "a user without factors is asked to enrol"
         response, body = await browser.get(location(response))
         secret, _, fields = enrolment_of(body)
@@ -361,8 +361,7 @@ async def test_max_age_and_prompt_login_ask_for_password_and_code_again(tmp_path
         assert response.code == 303
         h.clock.advance(60)
         for params in ({"prompt": "login"}, {"max_age": "30"}):
-            response, _ = await browser.authorize("first", **params)
-            assert "/login?" in location(response)
+            assert shows_login_form(*await browser.authorize("first", **params))
     finally:
         await h.close()
 

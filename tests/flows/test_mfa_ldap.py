@@ -30,7 +30,7 @@ QUINN_PASSWORD = PASSWORDS[ALICE.sub]
 
 async def password(browser: Browser, **params):
     response, _ = await browser.authorize("first", **params)
-    return await browser.submit_login(location(response), QUINN.login, QUINN_PASSWORD)
+    return await browser.submit_login(response, QUINN.login, QUINN_PASSWORD)
 
 
 @pytest_twisted.ensureDeferred

@@ -13,7 +13,7 @@ from urllib.parse import urlencode
 import attrs
 import pytest_twisted
 
-from flow_client import Browser, location
+from flow_client import Browser, location, shows_login_form
 from harness import CLIENTS, ISSUER, SECRETS, Harness, pkce_pair, query_of
 from token_helpers import basic, exchange, post_form, redirect_uri_of
 
@@ -77,8 +77,8 @@ def assert_unusable(response, body):
 
 async def sign_in_by_reference(h, browser: Browser, client_id: str, request_uri: str, **extra) -> dict[str, str]:
     response, body = await browser.get(by_reference(client_id, request_uri, **extra))
-    assert response.code == 303 and "/login?" in location(response), body
-    response, body = await browser.submit_login(location(response), ALICE.login, PASSWORDS[ALICE.sub])
+    assert shows_login_form(response, body), body
+    response, body = await browser.submit_login(response, ALICE.login, PASSWORDS[ALICE.sub])
     if response.code == 303 and "/consent?" in location(response):
         response, body = await browser.answer_consent(location(response), "approve")
     assert response.code in (302, 303), body
@@ -166,8 +166,8 @@ async def test_a_client_held_to_pushed_requests_cannot_send_plain_parameters(tmp
         assert response.code == 200, tokens
 
         fields, _ = request_fields("first")
-        response, _ = await Browser(h).get(ISSUER + "/oauth2/authorize?" + urlencode({**fields, "client_id": "first"}))
-        assert response.code == 303 and "/login?" in location(response), "only the strict client is held to PAR"
+        answer = await Browser(h).get(ISSUER + "/oauth2/authorize?" + urlencode({**fields, "client_id": "first"}))
+        assert shows_login_form(*answer), "only the strict client is held to PAR"
     finally:
         await h.close()
 

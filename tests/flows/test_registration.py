@@ -194,7 +194,7 @@ async def test_registered_clients_always_ask_for_consent(tmp_path, monkeypatch):
         for client_id, redirect, warned in ((body["client_id"], REDIRECT, True), ("partner", None, False)):
             browser = Browser(h)
             response, _ = await browser.authorize(client_id, redirect_uri=redirect, scope="openid")
-            response, _ = await browser.submit_login(location(response), ALICE.login, PASSWORDS[ALICE.sub])
+            response, _ = await browser.submit_login(response, ALICE.login, PASSWORDS[ALICE.sub])
             _, page = await browser.get(location(response))
             assert (b"registered itself" in page) is warned
             assert (b"http://127.0.0.1:9100" in page) is warned

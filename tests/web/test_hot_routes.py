@@ -31,6 +31,7 @@ from authsrv.web.internal import InternalAPI
 from authsrv.web.public import PublicSite
 from authsrv.web.root import Root
 from authsrv.web.routes import Endpoint, ExactPaths
+from flow_client import hidden_fields
 from harness import INTERNAL_SECRET, Harness
 from token_helpers import INTROSPECT, TOKEN, USERINFO, client_auth, header, post_form, tokens
 
@@ -204,9 +205,15 @@ async def test_sign_in_routes_answer(harness):
     try:
         for method in ("GET", "HEAD"):
             response, body = await h.request(method, h.authorize_url())
-            assert response.code == 303, method
-            assert LOGIN + "?" in header(response, "location")[0]
-            assert body == b""
+            assert response.code == 200, method
+            has_headers(response, {"content-type": ["text/html; charset=utf-8"]})
+            assert (b'name="password"' in body, body == b"") == (method == "GET", method == "HEAD")
+        response, body = await h.request("GET", h.authorize_url())
+        shown_again = LOGIN + "?request=" + hidden_fields(body)["request"]
+        for method in ("GET", "HEAD"):
+            response, again = await h.request(method, shown_again)
+            assert response.code == 200, method
+            assert (b'name="password"' in again, again == b"") == (method == "GET", method == "HEAD")
         unknown = h.authorize_url(client_id="nobody", redirect_uri="https://nowhere.test/cb")
         response, body = await h.request("GET", unknown)
         assert response.code == 400 and b"<html" in body.lower()

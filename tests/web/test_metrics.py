@@ -107,8 +107,7 @@ class Server:
         query = urlencode({"response_type": "code", "client_id": "first", "redirect_uri": REDIRECT_URI,
                            "scope": "openid offline_access", "state": "s", "code_challenge": challenge,
                            "code_challenge_method": "S256"})
-        response = await self.browser.get(f"{self.issuer}/oauth2/authorize?{query}", allow_redirects=False)
-        page = await (await self.browser.get(self._url(response))).content()
+        page = await (await self.browser.get(f"{self.issuer}/oauth2/authorize?{query}", allow_redirects=False)).content()
         form = {**hidden_fields(page), "username": ALICE.login, "password": password}
         response = await self.browser.post(f"{self.issuer}/login", data=form, allow_redirects=False)
         while response.code in (302, 303) and not self._url(response).startswith(REDIRECT_URI):
@@ -174,7 +173,8 @@ async def test_counters_move_as_users_and_clients_act(server):
     assert value(after, "authsrv_http_requests_total", route=introspect, status="200") == 2
     assert value(after, "authsrv_http_requests_total", route=introspect, status="429") == 1
     assert value(after, "authsrv_http_requests_total", route="/api/auth/oauth2/token", status="200") == 2
-    assert value(after, "authsrv_http_request_duration_seconds_count", route="/api/auth/login") == 4  # 2 pages, 2 posts
+    assert value(after, "authsrv_http_request_duration_seconds_count", route="/api/auth/login") == 2  # the posts
+    assert value(after, "authsrv_http_requests_total", route="/api/auth/oauth2/authorize", status="200") == 2
     assert value(after, "authsrv_store_call_duration_seconds_count", call="rotate_refresh") == 2
     assert value(after, "authsrv_store_call_duration_seconds_count", call="find_code") == 1
     assert value(after, "authsrv_store_call_duration_seconds_count", call="redeem_code") == 1

@@ -55,6 +55,8 @@ class LoginForm:
     retry_after: int | None = None
     passkey_options: str | None = None
     """The JSON WebAuthn request options of a passkey sign-in, when passkeys are on."""
+    cookies: CookieChanges = CookieChanges()
+    """A new device secret, when the form is the authorization request's own answer."""
 
 
 @frozen

@@ -20,7 +20,7 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from authsrv.config import ISSUER_PATH
 from authsrv.flows.link import unlink_token, unlink_token_valid
-from authsrv.flows.outcomes import DeviceCodeForm, LogoutConfirmation, Notice, Redirect
+from authsrv.flows.outcomes import DeviceCodeForm, LoginForm, LogoutConfirmation, Notice, Redirect
 from authsrv.flows.ratelimit import ClientRateLimits, EndpointLimit, RateLimited
 from authsrv.identity.errors import BackendUnavailable
 from authsrv.protocol import jsontext
@@ -351,6 +351,9 @@ class PublicSite:
         outcome = await self._flows.interaction.authorize(
             request.args, self._cookies.browser(request), address, self._now()
         )
+        if isinstance(outcome, LoginForm):
+            self._cookies.apply(request, outcome.cookies)
+            return login_page(request, f"{self._issuer}/login", outcome)
         return self._answer(request, outcome)
 
     async def login(self, request):
