@@ -76,9 +76,16 @@ def assert_unusable(response, body):
 
 
 async def sign_in_by_reference(h, browser: Browser, client_id: str, request_uri: str, **extra) -> dict[str, str]:
+    """
+    Sign in through a pushed request. Its request_uri is used up at once, so
+    its login form is a page of its own that a reload shows again (RFC 9126
+    section 4 lets a reload through; a second use of the request_uri is refused).
+    """
     response, body = await browser.get(by_reference(client_id, request_uri, **extra))
-    assert shows_login_form(response, body), body
-    response, body = await browser.submit_login(response, ALICE.login, PASSWORDS[ALICE.sub])
+    assert response.code == 303 and "/login?" in location(response), body
+    page = location(response)
+    assert shows_login_form(*await browser.get(page)), "a reload of the form's page shows it again"
+    response, body = await browser.submit_login(page, ALICE.login, PASSWORDS[ALICE.sub])
     if response.code == 303 and "/consent?" in location(response):
         response, body = await browser.answer_consent(location(response), "approve")
     assert response.code in (302, 303), body

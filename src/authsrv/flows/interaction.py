@@ -158,13 +158,16 @@ class InteractionFlow:
         An authorization request (RFC 6749 section 4.1.1): the login form
         itself, or on to the second factor, consent, or the client. One that
         waits for the login form counts toward its client C{address}'s cap of
-        such requests.
+        such requests. A pushed request's C{request_uri} is used up here
+        (RFC 9126 section 4), so its login form is a page of its own that a
+        reload shows again, where a reload of this URL would be refused.
         """
         client_id = client_id_of(args)
         client = await self._clients.get_client(client_id) if client_id is not None else None
-        pushed, push_required = self._pushed, False
+        pushed, push_required, by_reference = self._pushed, False, False
         if client is not None and pushed is not None and b"request_uri" in args:
             args = await pushed.take(client, args, now)
+            by_reference = True
         elif client is not None:
             push_required = must_push(client, pushed is not None and pushed.required)
         try:
@@ -173,6 +176,8 @@ class InteractionFlow:
             session = await live_session(self._store, self._identity, browser.session, now)
             if session is None or login_needed(request, session, now):
                 refuse_silently(request, login=True, consent=False)
+                if by_reference:
+                    return await self._wait(request, LOGIN_STAGE, None, browser, now, address)
                 return await self._login_here(client, request, browser, now, address)
             stage = await self._factors.demand(client, request, session.sub, session.acr, now, session.amr)
             if stage is not None:
