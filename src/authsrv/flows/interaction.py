@@ -189,6 +189,10 @@ class InteractionFlow:
 
     async def login_form(self, form: dict[str, str] | None, now: int) -> LoginForm:
         interaction, client = await self._interaction(form, LOGIN_STAGE, now)
+        return await self._first_login_form(interaction, client, now)
+
+    async def _first_login_form(self, interaction: Interaction, client: Client, now: int) -> LoginForm:
+        """The form as a waiting request first shows it: the login hint as the user name, a passkey challenge."""
         login_form = self._login_form(200, interaction, client, username=interaction.request.login_hint or "")
         return await self._with_passkey(login_form, now)
 
@@ -444,8 +448,8 @@ class InteractionFlow:
         request fewer for every browser that signs in.
         """
         interaction, new_device = await self._keep(request, LOGIN_STAGE, None, browser, now, address)
-        form = self._login_form(200, interaction, client, username=request.login_hint or "")
-        return attrs.evolve(await self._with_passkey(form, now), cookies=CookieChanges(device=new_device))
+        form = await self._first_login_form(interaction, client, now)
+        return attrs.evolve(form, cookies=CookieChanges(device=new_device))
 
     async def _wait(self, request: AuthorizationRequest, stage: str, sid: str | None, browser: Browser,
                     now: int, address: str | None = None, *, sub: str | None = None,
