@@ -143,7 +143,7 @@ class Browser:
         if asked, consent if asked; the query of the redirect to the client.
         """
         response, body = await self.authorize(client_id, **params)
-        if response.code == 200 and b'name="password"' in body:
+        if shows_login_form(response, body):
             response, body = await self.submit_login(response, user.login, PASSWORDS[user.sub])
         if response.code == 303 and "/consent?" in location(response):
             response, body = await self.answer_consent(location(response), consent)

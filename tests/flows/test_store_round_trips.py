@@ -6,10 +6,10 @@ redeems it in the transaction that writes the tokens; a refresh looks the
 token up (with its grant and the ban) and rotates it; introspection and
 UserInfo make one lookup each and commit nothing; the authorization
 request that answers with the login form commits only the request it keeps,
-and the form sends the writes that do not wait on each other together. The exchange's and the refresh's commits wait for the disk (on
-PostgreSQL, for the log's flush); none of the form's does. A change that
-adds a round trip or a commit to these paths fails here before it shows in
-the benchmark.
+and the form sends the writes that do not wait on each other together. The
+exchange's and the refresh's commits wait for the disk (on PostgreSQL, for
+the log's flush); none of the form's does. A change that adds a round trip
+or a commit to these paths fails here before it shows in the benchmark.
 A configured chat platform changes nothing: the lookups bring the user's
 linked account for the chat_user_id claim along.
 """
