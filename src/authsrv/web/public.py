@@ -161,6 +161,11 @@ class PublicSite:
         _cors(request)
         return self._flows.registration
 
+    def _login_page(self, request, form: LoginForm) -> bytes:
+        """The login form, posting to the login endpoint, with the cookies it sets (a new browser's device secret)."""
+        self._cookies.apply(request, form.cookies)
+        return login_page(request, f"{self._issuer}/login", form)
+
     def _answer(self, request, outcome: Redirect | Notice) -> bytes:
         """A browser flow's redirect or notice, with the cookies it sets."""
         self._cookies.apply(request, outcome.cookies)
@@ -352,13 +357,12 @@ class PublicSite:
             request.args, self._cookies.browser(request), address, self._now()
         )
         if isinstance(outcome, LoginForm):
-            self._cookies.apply(request, outcome.cookies)
-            return login_page(request, f"{self._issuer}/login", outcome)
+            return self._login_page(request, outcome)
         return self._answer(request, outcome)
 
     async def login(self, request):
         form = await self._flows.interaction.login_form(page_form(request), self._now())
-        return login_page(request, f"{self._issuer}/login", form)
+        return self._login_page(request, form)
 
     async def login_submitted(self, request):
         address = client_address_of(request, self._trusted_proxies)
@@ -367,7 +371,7 @@ class PublicSite:
         )
         if isinstance(outcome, Redirect):
             return self._answer(request, outcome)
-        return login_page(request, f"{self._issuer}/login", outcome)
+        return self._login_page(request, outcome)
 
     @app.route(ISSUER_PATH + "/login/passkey", methods=["POST"])
     async def login_passkey(self, request):
@@ -378,7 +382,7 @@ class PublicSite:
         )
         if isinstance(outcome, Redirect):
             return self._answer(request, outcome)
-        return login_page(request, f"{self._issuer}/login", outcome)
+        return self._login_page(request, outcome)
 
     @app.route(ISSUER_PATH + "/mfa/passkey", methods=["POST"])
     async def second_factor_passkey(self, request):
