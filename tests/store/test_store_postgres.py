@@ -26,11 +26,12 @@ from authsrv.pg.pool import fetch, first
 from authsrv.pg.settings import targets
 from authsrv.plugins import find_factory
 from authsrv.store import postgres as postgres_store
-from authsrv.records import DEFAULT_GRANT_TYPES, AccessState, Ban, NotRevoked, Rotated
+from authsrv.records import DEFAULT_GRANT_TYPES, AccessState, Ban, Client, ImportBatch, NotRevoked, Rotated
 from authsrv.store.codes import CodeFound, CodeNotFound, CodeRedeemed
 from authsrv.store.errors import StoreUnavailable
 from authsrv.testing.store import (
-    ALICE, BOB, NOW, StoreConcurrencyConformance, StoreConformance, h, issue, make_code, start_grant,
+    ALICE, BOB, CLIENT, NOW, StoreConcurrencyConformance, StoreConformance, h, issue, make_code, make_grant,
+    make_refresh, start_grant,
 )
 
 LATEST_VERSION = postgres_store.migrations()[-1][0]
@@ -120,6 +121,47 @@ async def test_a_flow_step_alone_commits_without_waiting_for_the_flush(pg_dsn):
 
     try:
         assert await store._pool.run(lambda db: Deferred.fromCoroutine(levels(db))) == ["off", "on"]
+    finally:
+        await store.close()
+
+
+IMPORTED_TABLES = ("clients", "bans", "linked_accounts", "consents", "grants", "refresh_tokens")
+
+
+def _analyzed(dsn: str) -> dict[str, tuple[int, float]]:
+    """Each imported table's count of ANALYZE runs (not autovacuum's) and its row estimate."""
+    with psycopg2.connect(dsn) as db, db.cursor() as cursor:
+        cursor.execute(
+            "SELECT s.relname, s.analyze_count, c.reltuples FROM pg_stat_user_tables s"
+            " JOIN pg_class c ON c.oid = s.relid WHERE s.relname = ANY(%s)", (list(IMPORTED_TABLES),)
+        )
+        return {name: (count, rows) for name, count, rows in cursor.fetchall()}
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_import_analyzes_the_tables_it_wrote(pg_dsn):
+    """
+    A running server's prepared lookups keep the plans the statistics gave
+    them: planned on near-empty tables, they would read every imported row
+    on each request until autovacuum came by. An import that wrote nothing
+    analyzes nothing.
+    """
+    grants = [make_grant(f"g-imported-{n}", sub=BOB) for n in range(3)]
+    batch = ImportBatch(
+        clients=[Client(CLIENT, h("secret"), ["https://app.example/cb"])],
+        bans=[Ban(BOB, "spam", NOW)],
+        grants=grants,
+        refresh_tokens=[make_refresh(f"imported-{n}", grant) for n, grant in enumerate(grants)],
+    )
+    store = open_store(pg_dsn)
+    try:
+        assert {count for count, _ in _analyzed(pg_dsn).values()} == {0}
+        await store.import_batch(batch)
+        after = _analyzed(pg_dsn)
+        assert {name: count for name, (count, _) in after.items()} == dict.fromkeys(IMPORTED_TABLES, 1)
+        assert (after["grants"][1], after["refresh_tokens"][1], after["clients"][1]) == (3, 3, 1)
+        assert set((await store.import_batch(batch)).values()) == {0}
+        assert _analyzed(pg_dsn) == after
     finally:
         await store.close()
 
