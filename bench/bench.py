@@ -845,7 +845,6 @@ def ldap_directory():
     from authsrv.records import User
 
     directory = Slapd()
-    directory.start()
     alice = User(sub="sub-alice", login="alice", name="Alice", email="alice@example.com", email_verified=True)
     directory.put(user_dn("alice"), user_attributes(alice, "alice-password"))
     subprocess.run(["taskset", "-a", "-p", "-c", SERVER_CORE, str(directory.process.pid)], check=True,
