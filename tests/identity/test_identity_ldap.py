@@ -45,6 +45,7 @@ from authsrv.context import PluginContext
 from authsrv.identity.chain import IdentityChain
 from authsrv.identity.errors import BackendUnavailable, UnknownUser
 from authsrv.identity.ldap import backend as ldap
+from authsrv.identity.ldap.directory import Directory, close_connection
 from authsrv.identity.ldap.config import settings_from_config
 from authsrv.identity.realm import UserRealm
 from authsrv.interfaces import IUser
@@ -602,16 +603,38 @@ def test_dn_key():
 # --- TLS and servers -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("tls", ["ldaps", "start_tls", "plain"])
-@pytest_twisted.ensureDeferred
-async def test_transports(slapd, context, tls):
-    config = {
+TRANSPORTS = ["ldaps", "start_tls", "plain"]
+
+
+def transport_config(slapd, tls: str) -> dict:
+    return {
         "ldaps": slapd.backend_config(urls=[slapd.ldaps_url], start_tls=False),
         "start_tls": slapd.backend_config(),
         "plain": slapd.backend_config(start_tls=False, ca_file=None),
     }[tls]
-    async with opened(context, config) as directory:
+
+
+@pytest.mark.parametrize("tls", TRANSPORTS)
+@pytest_twisted.ensureDeferred
+async def test_transports(slapd, context, tls):
+    async with opened(context, transport_config(slapd, tls)) as directory:
         assert (await log_in(directory, "carol", "carol-password")).sub == CAROL_SUB
+
+
+@pytest.mark.parametrize("tls", TRANSPORTS)
+def test_connections_send_without_delay(slapd, tls):
+    """
+    ldap3 leaves Nagle's algorithm on: the handshake's last write and the
+    bind request after it waited for the directory's delayed acknowledgement,
+    about 40 ms on every password check (bench/README.md, "LDAP identity").
+    """
+    directory = Directory(settings_from_config(Section(transport_config(slapd, tls), "identity", ".")))
+    connection = directory.open(user_dn("carol"), b"carol-password", 2)
+    try:
+        assert connection.bound
+        assert connection.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+    finally:
+        close_connection(connection)
 
 
 @pytest.mark.parametrize("urls", ["ldaps", "start_tls"])
