@@ -248,9 +248,9 @@ class DirectoryWork:
         self._directory = directory
         self.done: list[str] = []
 
-    def open(self, user, password, timeout):
+    def check(self, user, password, timeout):
         self.done.append("bind")
-        return self._directory.open(user, password, timeout)
+        return self._directory.check(user, password, timeout)
 
     def run(self, operation):
         self.done.append("lookup")

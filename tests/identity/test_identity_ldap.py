@@ -124,10 +124,10 @@ class Recorder:
         self.binds: list[tuple[str | None, bytes | None]] = []
         self.threads: list[bool] = []
 
-    def open(self, user, password, timeout):
+    def check(self, user, password, timeout):
         self.binds.append((user, password))
         self.threads.append(isInIOThread())
-        return self._directory.open(user, password, timeout)
+        return self._directory.check(user, password, timeout)
 
     def run(self, operation):
         self.threads.append(isInIOThread())
@@ -146,8 +146,8 @@ def recorded(directory) -> Recorder:
 class Operations:
     """
     Wraps a backend's directory, noting each directory operation the backend
-    makes, in order: searches on service connections, and user binds (each
-    on a new connection) with the DN and password sent.
+    makes, in order: searches on service connections, and user binds
+    (on connections kept for them) with the DN and password sent.
     """
 
     def __init__(self, directory):
@@ -155,10 +155,10 @@ class Operations:
         self.done: list[str] = []
         self.binds: list[tuple[str, bytes]] = []
 
-    def open(self, user, password, timeout):
+    def check(self, user, password, timeout):
         self.done.append("bind")
         self.binds.append((user, password))
-        return self._directory.open(user, password, timeout)
+        return self._directory.check(user, password, timeout)
 
     def run(self, operation):
         return self._directory.run(lambda connection: operation(_CountingConnection(connection, self.done)))
@@ -318,7 +318,7 @@ async def test_empty_password_is_never_sent(slapd, context):
 async def test_unknown_user_and_wrong_password_do_the_same_operations(slapd, context, password):
     """
     Through the login path (a portal over the identity chain): a search,
-    then a bind on a new connection (as a DN no entry has, with a random
+    then a bind (as a DN no entry has, with a random
     password, for the unknown login), or only the search for an empty
     password; the failures stay distinct for the chain.
     """
@@ -655,6 +655,93 @@ async def test_servers_are_tried_in_order(slapd, context):
     dead = f"ldap://127.0.0.1:{free_port()}"
     async with opened(context, slapd.backend_config(urls=[dead, slapd.url])) as directory:
         assert (await log_in(directory, "carol", "carol-password")).sub == CAROL_SUB
+
+
+def counting_connections(directory) -> list[str]:
+    """The URLs of the new connections a backend's directory opens from now on."""
+    opened_urls: list[str] = []
+    connect = directory._directory._connect
+
+    def counted(url, *args):
+        opened_urls.append(url)
+        return connect(url, *args)
+
+    directory._directory._connect = counted
+    return opened_urls
+
+
+def kept_for_checks(directory) -> list:
+    return list(directory._directory._checkers)
+
+
+@pytest_twisted.ensureDeferred
+async def test_password_checks_keep_their_connection(slapd, context):
+    """
+    A check binds on a connection kept for checks (one round trip), not on
+    a new connection with its TLS handshake each time; the kept connection
+    holds no password between checks.
+    """
+    async with opened(context, slapd.backend_config()) as directory:
+        new = counting_connections(directory)
+        assert (await log_in(directory, "carol", "carol-password")).sub == CAROL_SUB
+        assert len(new) == 2
+        assert type(await refused(directory, "carol", "wrong")) is UnauthorizedLogin
+        assert type(await refused(directory, "nobody", "wrong")) is UnknownUser
+        assert (await log_in(directory, "dave", "dave-password")).sub == "sub-dave"
+        assert (await log_in(directory, "carol", "carol-password")).sub == CAROL_SUB
+        assert len(new) == 2
+        (kept,) = kept_for_checks(directory)
+        assert kept.tls_started and kept.password is None
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_kept_check_connection_the_directory_dropped_is_replaced(slapd, context):
+    async with opened(context, slapd.backend_config(pool_size=1)) as directory:
+        assert (await log_in(directory, "carol", "carol-password")).sub == CAROL_SUB
+        new = counting_connections(directory)
+        with directory_down(slapd):
+            pass
+        assert (await log_in(directory, "carol", "carol-password")).sub == CAROL_SUB
+        assert type(await refused(directory, "carol", "wrong")) is UnauthorizedLogin
+        assert len(new) == 2
+        assert all(kept.tls_started for kept in kept_for_checks(directory))
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_closed_check_connection_is_never_bound_in_the_clear(slapd, context):
+    """
+    ldap3's bind on a connection it has closed (after a timeout, say) opens
+    a new one without StartTLS and sends the password in the clear: such a
+    connection is dropped, and the check goes on a new one with StartTLS.
+    """
+    async with opened(context, slapd.backend_config(pool_size=1)) as directory:
+        assert (await log_in(directory, "carol", "carol-password")).sub == CAROL_SUB
+        (kept,) = kept_for_checks(directory)
+        kept.strategy.close()
+        new = counting_connections(directory)
+        assert (await log_in(directory, "carol", "carol-password")).sub == CAROL_SUB
+        assert len(new) == 1
+        (again,) = kept_for_checks(directory)
+        assert again is not kept and again.tls_started
+
+
+def test_a_check_that_timed_out_is_not_tried_again(slapd):
+    """A kept connection's bind that timed out is an outage at once: a new connection would wait as long again."""
+    bind_timeout = 2
+    directory = Directory(settings_from_config(Section(slapd.backend_config(bind_timeout=bind_timeout), "identity", ".")))
+    try:
+        directory.check(user_dn("carol"), b"carol-password", bind_timeout)
+        slapd.pause()
+        try:
+            started = time.monotonic()
+            with pytest.raises(BackendUnavailable):
+                directory.check(user_dn("carol"), b"carol-password", bind_timeout)
+            assert time.monotonic() - started < 1.75 * bind_timeout
+        finally:
+            slapd.resume()
+        directory.check(user_dn("carol"), b"carol-password", bind_timeout)
+    finally:
+        directory.close()
 
 
 # --- outages ---------------------------------------------------------------------------------

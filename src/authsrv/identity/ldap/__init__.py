@@ -13,7 +13,8 @@ not tell unknown logins from wrong passwords. Every value a user typed is
 escaped before it enters a filter.
 
 ldap3 blocks, so every directory operation runs on the server's bounded
-C{ldap} thread pool, on a connection that one thread uses at a time; a
+C{ldap} thread pool, on a connection that one thread uses at a time
+(password checks bind on connections kept for nothing else); a
 pooled connection the directory dropped (a restart, an idle timeout) is
 replaced and the operation tried once more, and an unreachable, refusing or
 hung directory is L{BackendUnavailable} within the configured timeouts,

@@ -24,7 +24,7 @@ from authsrv.configsection import Section
 from authsrv.identity.credentials import credential_text
 from authsrv.identity.errors import BackendUnavailable, UnknownUser
 from authsrv.identity.ldap.config import DISABLED_RULES, LdapSettings, settings_from_config
-from authsrv.identity.ldap.directory import Directory, close_connection
+from authsrv.identity.ldap.directory import Directory
 from authsrv.identity.static import login_key
 from authsrv.interfaces import IIdentityBackend
 from authsrv.records import User
@@ -156,8 +156,9 @@ class LdapIdentityBackend:
         A search, then a bind: as the user's entry when the search found
         one, else as L{_decoy_dn} with a random password of the same length,
         which cannot succeed. So an unknown login costs the directory the
-        same round trips as a wrong password (a new connection, StartTLS
-        when configured, a bind), and its failure stays L{UnknownUser}.
+        same round trips as a wrong password (a bind, on a connection kept
+        for checks or a new one: L{Directory.check}), and its failure stays
+        L{UnknownUser}.
         """
         login = credential_text(username)
         if not login or len(login) > LOGIN_MAX:
@@ -169,11 +170,11 @@ class LdapIdentityBackend:
         if entry is None:
             decoy = secrets.token_urlsafe(len(secret)).encode("ascii")[:len(secret)]
             try:
-                close_connection(self._directory.open(self._decoy_dn, decoy, self._settings.bind_timeout))
+                self._directory.check(self._decoy_dn, decoy, self._settings.bind_timeout)
             except UnauthorizedLogin:
                 pass
             raise UnknownUser("unknown login")
-        close_connection(self._directory.open(entry.dn, secret, self._settings.bind_timeout))
+        self._directory.check(entry.dn, secret, self._settings.bind_timeout)
         return sub
 
     def _login_entry(self, connection, login: str):
