@@ -137,13 +137,14 @@ class Directory:
         Returns if the directory takes C{password} for C{user}; raises
         L{UnauthorizedLogin} when it refuses it, else L{BackendUnavailable}.
         The bind goes on a connection kept for password checks, one round
-        trip where a new connection costs a TCP and TLS handshake too (2 ms
-        of CPU against 0.16 here). A kept connection serves binds only, and
-        only while ldap3 holds it open with its TLS in place: ldap3's bind on
-        a connection it has closed opens a new one, without StartTLS. One
-        the directory dropped, or that answered neither yes nor no, is
-        replaced by a new connection (L{open}, every server in turn); one
-        that timed out is not, since a new connection would wait as long.
+        trip where a new connection costs a TCP and TLS handshake too (about
+        2 ms of CPU against 0.16, bench/README.md "LDAP identity"). A kept
+        connection serves binds only, and only while ldap3 holds it open
+        with its TLS in place: ldap3's bind on a connection it has closed
+        opens a new one, without StartTLS. One the directory dropped, or
+        that answered neither yes nor no, is replaced by a new connection
+        (L{open}, every server in turn); one that timed out is not, since a
+        new connection would wait as long.
         """
         with self._lock:
             kept = self._checkers.pop() if self._checkers else None
