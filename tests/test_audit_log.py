@@ -82,7 +82,8 @@ async def _front_channel(h: Harness, secrets: list[str]) -> None:
     secrets += [query_of(location(response))["code"], "not-alices-password-9", *browser.cookies.values()]
 
     denier = Browser(h)
-    response, _ = await denier.submit_login((await denier.authorize("partner", scope="openid"))[0], BOB.login, PASSWORDS[BOB.sub])
+    response, _ = await denier.authorize("partner", scope="openid")
+    response, _ = await denier.submit_login(response, BOB.login, PASSWORDS[BOB.sub])
     await denier.answer_consent(location(response), "deny")
     secrets += denier.cookies.values()
 

@@ -167,7 +167,8 @@ async def test_valid_requests_with_unknown_extras_go_on_to_the_login(tmp_path, m
             assert shows_login_form(response, body), (extra, body)
             assert f'action="{ISSUER}/login"'.encode() in body
             assert response.headers.getRawHeaders(b"cache-control") == [b"no-store"]
-        assert shows_login_form(*await Browser(h).post(ISSUER + "/oauth2/authorize", query_of(h.authorize_url("first"))))
+        answer = await Browser(h).post(ISSUER + "/oauth2/authorize", query_of(h.authorize_url("first")))
+        assert shows_login_form(*answer)
     finally:
         await h.close()
 

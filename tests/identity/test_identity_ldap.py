@@ -728,7 +728,8 @@ async def test_a_closed_check_connection_is_never_bound_in_the_clear(slapd, cont
 def test_a_check_that_timed_out_is_not_tried_again(slapd):
     """A kept connection's bind that timed out is an outage at once: a new connection would wait as long again."""
     bind_timeout = 2
-    directory = Directory(settings_from_config(Section(slapd.backend_config(bind_timeout=bind_timeout), "identity", ".")))
+    config = slapd.backend_config(bind_timeout=bind_timeout)
+    directory = Directory(settings_from_config(Section(config, "identity", ".")))
     try:
         directory.check(user_dn("carol"), b"carol-password", bind_timeout)
         slapd.pause()

@@ -200,7 +200,7 @@ class Directory:
             result = operation(connection)
         except (LDAPException, OSError) as e:
             close_connection(connection)
-            if retry and not isinstance(e, TimeoutError):
+            if retry and not _timed_out(e):
                 raise _Dropped() from e
             raise BackendUnavailable(f"directory unavailable: {e}") from None
         except BaseException:
