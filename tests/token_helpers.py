@@ -145,3 +145,28 @@ def verify_jwt(h, token: str, typ: str = "JWT", **check_claims) -> tuple[dict, d
 
 def header(response, name: str) -> list[str] | None:
     return response.headers.getRawHeaders(name)
+
+
+class SignedAfterSending:
+    """
+    The order in which C{store}'s C{writes} were sent and C{keystore}
+    signed: a write sent before a signature is one the signature goes on
+    beside (a fast PostgreSQL on a spare core may even have answered it).
+    """
+
+    def __init__(self, monkeypatch, store, keystore, writes):
+        self.order: list[str] = []
+        for name in writes:
+            monkeypatch.setattr(store, name, self._noted(name, getattr(store, name)))
+        monkeypatch.setattr(keystore, "sign", self._noted("sign", keystore.sign))
+
+    def _noted(self, name, call):
+        def noted(*args, **kwargs):
+            self.order.append(name)
+            return call(*args, **kwargs)
+
+        return noted
+
+    def since_last(self) -> list[str]:
+        order, self.order = self.order, []
+        return order

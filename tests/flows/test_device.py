@@ -28,7 +28,7 @@ from device_helpers import (
 )
 from flow_client import Browser, hidden_fields, location
 from harness import CLIENTS, ENVIRON, ISSUER, Harness
-from token_helpers import TOKEN, introspect, post_form, refresh, verify_jwt
+from token_helpers import TOKEN, SignedAfterSending, introspect, post_form, refresh, verify_jwt
 
 @pytest_twisted.ensureDeferred
 async def test_discovery_lists_the_grant_only_when_a_client_uses_it(tmp_path, monkeypatch):
@@ -120,8 +120,10 @@ async def test_polling_pending_slow_down_then_tokens_once(tmp_path, monkeypatch)
         page = await approve(h, browser, codes)
         assert b"Device connected" in page and b"Living-Room TV" in page
         h.clock.advance(15)
+        sent = SignedAfterSending(monkeypatch, h.store, h.keystore, ("issue_tokens",))
         response, body = await poll(h, device_code)
         assert response.code == 200, body
+        assert sent.since_last() == ["issue_tokens", "sign"], "the ID token signed while the store writes the tokens"
         assert body["token_type"] == "Bearer" and set(body["scope"].split()) == {"openid", "profile", "offline_access"}
         _, claims = verify_jwt(h, body["id_token"], aud="tv", sub=ALICE.sub)
         assert claims["name"] == ALICE.name and "nonce" not in claims

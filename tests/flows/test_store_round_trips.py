@@ -24,13 +24,17 @@ import pytest_twisted
 from twisted.internet.defer import Deferred
 
 from authsrv.chat.crypto import ACCESS, new_key_text
-from authsrv.records import LinkedAccount
 from authsrv.pg import pool
+from authsrv.records import LinkedAccount
 from authsrv.store import postgres, sqlite
+from authsrv.store.codes import CodeRedeemed
 from authsrv.testing.identity import ALICE, PASSWORDS
 from flow_client import Browser, hidden_fields, location
 from harness import ISSUER, Harness
-from token_helpers import USERINFO, exchange, introspect, refresh, save_code, tokens, verify_jwt
+from token_helpers import (
+    TOKEN, USERINFO, SignedAfterSending, client_auth, exchange, introspect, redirect_uri_of, refresh, save_code, tokens,
+    verify_jwt,
+)
 
 
 class SQLiteCommits:
@@ -283,3 +287,61 @@ async def test_a_password_sign_in_sends_the_writes_that_do_not_wait_on_each_othe
     assert durable is None or durable() == 0, "a sign-in's steps do not wait for the disk; its tokens will"
     if durable is None:
         assert h.steps.since_last() == len(writes), "each write of the sign-in a step that does not wait"
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_id_token_is_signed_while_the_store_writes_the_tokens(h, monkeypatch):
+    """
+    A code exchange sends its redemption to the store, then signs the ID
+    token while the store commits it; so does a refresh without a grace
+    window (a public client's). A refresh with one signs first: the replay
+    it stores seals the whole answer, ID token included.
+    """
+    await h.start()
+    code, verifier = await save_code(h)
+    public_code, public_verifier = await save_code(h, client_id="spa")
+    sent = SignedAfterSending(monkeypatch, h.store, h.keystore, ("redeem_code", "rotate_refresh"))
+
+    response, body = await exchange(h, code, verifier)
+    assert response.code == 200, body
+    assert sent.since_last() == ["redeem_code", "sign"]
+    verify_jwt(h, body["id_token"])
+
+    response, rotated = await refresh(h, body["refresh_token"])
+    assert response.code == 200, rotated
+    assert sent.since_last() == ["sign", "rotate_refresh"], "the replay seals the ID token: signed first"
+    verify_jwt(h, rotated["id_token"])
+
+    response, public = await exchange(h, public_code, public_verifier, client_id="spa")
+    assert response.code == 200, public
+    response, public_rotated = await refresh(h, public["refresh_token"], client_id="spa")
+    assert response.code == 200, public_rotated
+    assert sent.since_last() == ["redeem_code", "sign", "rotate_refresh", "sign"]
+    verify_jwt(h, public_rotated["id_token"], aud="spa")
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_signature_that_fails_after_the_redemption_was_sent_spends_the_code(h, monkeypatch):
+    """
+    The redemption is on its way when the signature fails: the client gets
+    a server error, the redemption still commits, and the code, spent, is
+    refused afterwards as reuse, as a code whose answer was lost would be.
+    """
+    await h.start()
+    code, verifier = await save_code(h)
+    redeem, sign = h.store.redeem_code, h.keystore.sign
+    writes = []
+
+    def broken(*args, **kwargs):
+        raise ValueError("no active RS256 signing key")
+
+    monkeypatch.setattr(h.store, "redeem_code", lambda *args: writes.append(redeem(*args)) or writes[-1])
+    monkeypatch.setattr(h.keystore, "sign", broken)
+    response, _ = await h.post(TOKEN, {**client_auth("first")[0], "grant_type": "authorization_code", "code": code,
+                                       "code_verifier": verifier, "redirect_uri": redirect_uri_of("first")})
+    assert response.code == 500
+    assert isinstance(await writes[0], CodeRedeemed)
+    monkeypatch.setattr(h.keystore, "sign", sign)
+    response, body = await exchange(h, code, verifier)
+    assert (response.code, body["error"]) == (400, "invalid_grant"), body
+    assert "already used" in body["error_description"]

@@ -7,7 +7,11 @@ decide what to mint and store it; nothing here touches the store.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 from attrs import frozen
+from twisted.internet.defer import Deferred
 
 from authsrv import events
 from authsrv.protocol.errors import UnauthorizedClient
@@ -41,6 +45,39 @@ class Issued:
     refresh: RefreshToken | None
 
 
+@frozen
+class Minted:
+    """
+    Tokens of a grant made, their records ready to store, the ID token
+    (where the scope asks for one) not yet signed: the signature, the
+    largest cost of a token request, can then go on while the store writes
+    the records (L{signed_beside}).
+    """
+
+    issued: Issued
+    sign_id_token: Callable[[], str] | None
+
+    def signed(self) -> Issued:
+        """The tokens with the ID token signed into the response; call it once."""
+        if self.sign_id_token is not None:
+            self.issued.response["id_token"] = self.sign_id_token()
+        return self.issued
+
+
+def signed_beside(minted: Minted, writing: Deferred) -> Issued:
+    """
+    C{minted} signed while C{writing}, the store's write of its records, is
+    under way: a PostgreSQL server (or a store thread on a spare core)
+    commits beside the signature instead of after it. Should the signature
+    fail, the write's outcome is dropped with the request.
+    """
+    try:
+        return minted.signed()
+    except BaseException:
+        writing.addErrback(lambda _: None)
+        raise
+
+
 class TokenMinter:
     """C{limits} gives the token lifetimes; C{keystore} signs."""
 
@@ -54,12 +91,13 @@ class TokenMinter:
         scope: frozenset[str], audience: tuple[str, ...], nonce: str | None,
         refresh_scope: frozenset[str] | None, now: int,
         jkt: str | None = None, refresh_jkt: str | None = None,
-    ) -> Issued:
+    ) -> Minted:
         """
-        New tokens of C{grant}; a refresh token of C{refresh_scope} unless
-        None, living the idle time but never past the grant's absolute end.
-        C{jkt} binds the access token to a DPoP key, C{refresh_jkt} the
-        refresh token (RFC 9449 sections 6 and 5).
+        New tokens of C{grant}, the ID token still to sign (L{Minted}); a
+        refresh token of C{refresh_scope} unless None, living the idle time
+        but never past the grant's absolute end. C{jkt} binds the access
+        token to a DPoP key, C{refresh_jkt} the refresh token (RFC 9449
+        sections 6 and 5).
         """
         limits = self._limits
         client_id = client.client_id
@@ -74,15 +112,16 @@ class TokenMinter:
                 expires_at=min(now + limits.refresh_token_idle_ttl, grant.expires_at), jkt=refresh_jkt,
             )
             response["refresh_token"] = refresh_value
-        if "openid" in scope:
-            id_alg = client_alg(self._keystore, client, "id_token_signed_response_alg")
-            claims = id_token_claims(
-                issuer=self._issuer, client_id=client_id, user=user, scope=scope, auth_time=grant.auth_time,
-                sid=grant.sid, nonce=nonce, access_token=access_value, now=now, ttl=limits.id_token_ttl,
-                alg=id_alg, amr=grant.amr, acr=grant.acr,
-            )
-            response["id_token"] = self._keystore.sign(claims, alg=id_alg, typ=ID_TOKEN_TYPE)
-        return Issued(response, access, refresh_token)
+        issued = Issued(response, access, refresh_token)
+        if "openid" not in scope:
+            return Minted(issued, None)
+        id_alg = client_alg(self._keystore, client, "id_token_signed_response_alg")
+        claims = id_token_claims(
+            issuer=self._issuer, client_id=client_id, user=user, scope=scope, auth_time=grant.auth_time,
+            sid=grant.sid, nonce=nonce, access_token=access_value, now=now, ttl=limits.id_token_ttl,
+            alg=id_alg, amr=grant.amr, acr=grant.acr,
+        )
+        return Minted(issued, partial(self._keystore.sign, claims, alg=id_alg, typ=ID_TOKEN_TYPE))
 
     def mint_for_client(self, grant: Grant, client: Client, *, scope: frozenset[str], audience: tuple[str, ...],
                         now: int, jkt: str | None = None) -> Issued:

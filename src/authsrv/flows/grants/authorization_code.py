@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from authsrv import events
 from authsrv.flows.grants.users import audience
-from authsrv.flows.issue import issued_event
+from authsrv.flows.issue import issued_event, signed_beside
 from authsrv.protocol import pkce
 from authsrv.protocol.errors import InvalidGrant, OAuthError
 from authsrv.protocol.params import require
@@ -73,7 +73,7 @@ class AuthorizationCodeGrant:
         user = await self._users.allowed(code.grant_id, code.sub, client.client_id, now, ban=result.user_ban,
                                          link=result.linked_user_id)
         offline = "offline_access" in code.scope and "refresh_token" in client.grant_types
-        issued = self._minter.mint(
+        minted = self._minter.mint(
             result.grant, client, user,
             scope=code.scope,
             audience=granted_audience,
@@ -83,7 +83,9 @@ class AuthorizationCodeGrant:
             jkt=jkt,
             refresh_jkt=jkt if client.is_public else None,
         )
-        redeemed = await store.redeem_code(code.code_hash, issued.access, issued.refresh, now)
+        redeeming = store.redeem_code(code.code_hash, minted.issued.access, minted.issued.refresh, now)
+        issued = signed_beside(minted, redeeming)
+        redeemed = await redeeming
         if isinstance(redeemed, CodeReused):
             raise _reused(client, redeemed)
         if isinstance(redeemed, CodeNotFound):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from authsrv import events
 from authsrv.flows.grants.users import audience
-from authsrv.flows.issue import issued_event
+from authsrv.flows.issue import issued_event, signed_beside
 from authsrv.protocol.device import DEVICE_CODE_GRANT, SLOW_DOWN_STEP
 from authsrv.protocol.errors import (
     AuthorizationPending,
@@ -71,7 +71,7 @@ class DeviceCodeGrant:
         if grant is None or grant.revoked_at is not None:
             raise InvalidGrant("the device's grant was revoked")
         offline = "offline_access" in device.scope and "refresh_token" in client.grant_types
-        issued = self._minter.mint(
+        minted = self._minter.mint(
             grant, client, user,
             scope=device.scope,
             audience=audience(params, device.resource),
@@ -79,6 +79,8 @@ class DeviceCodeGrant:
             refresh_scope=device.scope if offline else None,
             now=now, jkt=jkt, refresh_jkt=jkt if client.is_public else None,
         )
-        await store.issue_tokens(issued.access, issued.refresh)
+        writing = store.issue_tokens(minted.issued.access, minted.issued.refresh)
+        issued = signed_beside(minted, writing)
+        await writing
         issued_event(issued, client.client_id, self.grant_type)
         return issued.response

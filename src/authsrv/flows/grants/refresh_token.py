@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from authsrv import events
 from authsrv.flows.grants.users import audience
-from authsrv.flows.issue import issued_event
+from authsrv.flows.issue import issued_event, signed_beside
 from authsrv.protocol.errors import InvalidGrant, InvalidScope
 from authsrv.protocol.params import require
 from authsrv.protocol.replay import seal, unseal
@@ -61,7 +61,7 @@ class RefreshTokenGrant:
             raise InvalidGrant(UNKNOWN)
         user = await self._users.allowed(old.grant_id, old.sub, client.client_id, now, ban=old.user_ban,
                                          link=old.linked_user_id)
-        issued = self._minter.mint(
+        minted = self._minter.mint(
             grant, client, user,
             scope=scope,
             audience=audience(params, grant.resource),
@@ -71,10 +71,18 @@ class RefreshTokenGrant:
             jkt=jkt,
             refresh_jkt=old.jkt,
         )
-        # Without a grace window nothing can be replayed: nothing is sealed or stored for it.
         window = grace_window(client, self._limits)
-        replay = seal(issued.response, presented) if window > 0 else None
-        result = await store.rotate_refresh(old.token_hash, issued.refresh, issued.access, replay, now + window, now)
+        if window > 0:
+            # The replay seals the whole answer, ID token included, so it is signed first.
+            issued = minted.signed()
+            rotating = store.rotate_refresh(old.token_hash, issued.refresh, issued.access,
+                                            seal(issued.response, presented), now + window, now)
+        else:
+            # Without a grace window nothing can be replayed: nothing is sealed or stored for it.
+            rotating = store.rotate_refresh(old.token_hash, minted.issued.refresh, minted.issued.access, None,
+                                            now, now)
+            issued = signed_beside(minted, rotating)
+        result = await rotating
         if isinstance(result, Rotated):
             issued_event(issued, client.client_id, self.grant_type)
             return issued.response
