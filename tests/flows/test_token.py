@@ -17,6 +17,7 @@ import pytest
 import pytest_twisted
 from twisted.internet.defer import Deferred, fail, gatherResults
 
+from authsrv.flows.issue import Minted
 from authsrv.identity.errors import BackendUnavailable
 from authsrv.protocol.oidc import at_hash
 from authsrv.records import ACR_PWD, Ban
@@ -338,6 +339,26 @@ async def test_refresh_rotates_and_replays_inside_the_grace_window(tmp_path, mon
             assert not await active(h, token)
         response, body = await refresh(h, second["refresh_token"])
         assert_error(response, body, 400, "invalid_grant")
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_replay_sealed_whole_as_earlier_versions_sealed_it_is_answered_as_it_is(tmp_path, monkeypatch):
+    """
+    A replay keeps the ID token's claims and signs them again; one that an
+    earlier version sealed whole, ID token included (an instance not yet
+    upgraded, within the grace window), is answered as it was sealed.
+    """
+    h = await Harness(tmp_path, monkeypatch).start()
+    try:
+        first = await tokens(h)
+        monkeypatch.setattr(Minted, "replayable", lambda minted: {**minted.issued.response, "id_token": "sealed.whole"})
+        response, second = await refresh(h, first["refresh_token"])
+        assert response.code == 200, second
+        response, again = await refresh(h, first["refresh_token"])
+        assert response.code == 200, again
+        assert again == {**second, "id_token": "sealed.whole"}
     finally:
         await h.close()
 

@@ -8,7 +8,6 @@ decide what to mint and store it; nothing here touches the store.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 
 from attrs import frozen
 from twisted.internet.defer import Deferred
@@ -45,23 +44,40 @@ class Issued:
     refresh: RefreshToken | None
 
 
+REPLAYED_CLAIMS, REPLAYED_ALG = "id_token_claims", "id_token_alg"
+"""Where a sealed replay keeps the ID token to sign again (L{Minted.replayable}, L{TokenMinter.replayed})."""
+
+
 @frozen
 class Minted:
     """
     Tokens of a grant made, their records ready to store, the ID token
-    (where the scope asks for one) not yet signed: the signature, the
-    largest cost of a token request, can then go on while the store writes
-    the records (L{signed_beside}).
+    (where the scope asks for one) as C{id_token}'s claims and algorithm,
+    not yet signed: the signature, the largest cost of a token request,
+    can then go on while the store writes the records (L{signed_beside}).
     """
 
     issued: Issued
-    sign_id_token: Callable[[], str] | None
+    id_token: tuple[dict, str] | None
+    sign: Callable[[dict, str], str]
 
     def signed(self) -> Issued:
         """The tokens with the ID token signed into the response; call it once."""
-        if self.sign_id_token is not None:
-            self.issued.response["id_token"] = self.sign_id_token()
+        if self.id_token is not None:
+            self.issued.response["id_token"] = self.sign(*self.id_token)
         return self.issued
+
+    def replayable(self) -> dict:
+        """
+        The response as a refresh's replay seals it: the ID token as its
+        claims, so that the rotation need not wait for the signature; a
+        replay signs them again (L{TokenMinter.replayed}), to the very same
+        token under RS256, whose signatures depend on nothing else.
+        """
+        if self.id_token is None:
+            return dict(self.issued.response)
+        claims, alg = self.id_token
+        return {**self.issued.response, REPLAYED_CLAIMS: claims, REPLAYED_ALG: alg}
 
 
 def signed_beside(minted: Minted, writing: Deferred) -> Issued:
@@ -114,14 +130,29 @@ class TokenMinter:
             response["refresh_token"] = refresh_value
         issued = Issued(response, access, refresh_token)
         if "openid" not in scope:
-            return Minted(issued, None)
+            return Minted(issued, None, self._sign_id_token)
         id_alg = client_alg(self._keystore, client, "id_token_signed_response_alg")
         claims = id_token_claims(
             issuer=self._issuer, client_id=client_id, user=user, scope=scope, auth_time=grant.auth_time,
             sid=grant.sid, nonce=nonce, access_token=access_value, now=now, ttl=limits.id_token_ttl,
             alg=id_alg, amr=grant.amr, acr=grant.acr,
         )
-        return Minted(issued, partial(self._keystore.sign, claims, alg=id_alg, typ=ID_TOKEN_TYPE))
+        return Minted(issued, (claims, id_alg), self._sign_id_token)
+
+    def _sign_id_token(self, claims: dict, alg: str) -> str:
+        return self._keystore.sign(claims, alg=alg, typ=ID_TOKEN_TYPE)
+
+    def replayed(self, sealed: dict) -> dict:
+        """
+        The response a replay had sealed (L{Minted.replayable}), its ID
+        token signed again; one sealed whole, ID token included, as replays
+        were before, is answered as it is.
+        """
+        response = dict(sealed)
+        claims, alg = response.pop(REPLAYED_CLAIMS, None), response.pop(REPLAYED_ALG, None)
+        if claims is not None:
+            response["id_token"] = self._sign_id_token(claims, alg)
+        return response
 
     def mint_for_client(self, grant: Grant, client: Client, *, scope: frozenset[str], audience: tuple[str, ...],
                         now: int, jkt: str | None = None) -> Issued:

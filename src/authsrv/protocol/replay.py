@@ -1,7 +1,9 @@
 """
 The sealed copy of a refresh response kept for the grace window (docs/design.md,
 Refresh tokens): a client that lost the answer to a rotation presents the
-same refresh token again and must get the very same successor.
+same refresh token again and must get the very same successor. The copy
+holds the ID token as its claims, signed again on a replay
+(L{authsrv.flows.issue.Minted.replayable}).
 
 The copy is encrypted with AES-256-GCM under a key derived by HKDF-SHA256
 from the presented refresh token itself, not from a server-side key. Only

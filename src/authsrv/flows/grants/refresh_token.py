@@ -1,8 +1,10 @@
 """
 grant_type=refresh_token (RFC 6749 section 6, docs/design.md Refresh tokens):
 the token's lookup brings its grant and its user's ban, the user is asked
-for again and ban-checked, then one compare-and-swap in the store decides between a new pair, the same pair again (the client lost
-the answer inside the grace window), and reuse (the family is revoked).
+for again and ban-checked, then one compare-and-swap in the store decides
+between a new pair, the same pair again (the client lost the answer inside
+the grace window: the sealed replay, its ID token signed again), and reuse
+(the family is revoked). The ID token is signed while the store rotates.
 """
 
 from __future__ import annotations
@@ -71,25 +73,20 @@ class RefreshTokenGrant:
             jkt=jkt,
             refresh_jkt=old.jkt,
         )
+        # Without a grace window nothing can be replayed: nothing is sealed or stored for it.
         window = grace_window(client, self._limits)
-        if window > 0:
-            # The replay seals the whole answer, ID token included, so it is signed first.
-            issued = minted.signed()
-            rotating = store.rotate_refresh(old.token_hash, issued.refresh, issued.access,
-                                            seal(issued.response, presented), now + window, now)
-        else:
-            # Without a grace window nothing can be replayed: nothing is sealed or stored for it.
-            rotating = store.rotate_refresh(old.token_hash, minted.issued.refresh, minted.issued.access, None,
-                                            now, now)
-            issued = signed_beside(minted, rotating)
+        replay = seal(minted.replayable(), presented) if window > 0 else None
+        rotating = store.rotate_refresh(old.token_hash, minted.issued.refresh, minted.issued.access, replay,
+                                        now + window, now)
+        issued = signed_beside(minted, rotating)
         result = await rotating
         if isinstance(result, Rotated):
             issued_event(issued, client.client_id, self.grant_type)
             return issued.response
         if isinstance(result, Replayed):
-            response = unseal(result.replay, presented)
-            if response is not None:
-                return response
+            sealed = unseal(result.replay, presented)
+            if sealed is not None:
+                return self._minter.replayed(sealed)
         elif isinstance(result, Reused):
             events.refresh_reused(client_id=client.client_id, grant_id=result.grant_id)
             raise InvalidGrant("the refresh token was already used; every token of its grant is revoked")
