@@ -32,7 +32,7 @@ from authsrv.testing.identity import ALICE, PASSWORDS
 from flow_client import Browser, hidden_fields, location
 from harness import ISSUER, Harness
 from token_helpers import (
-    TOKEN, USERINFO, SignedAfterSending, client_auth, exchange, introspect, redirect_uri_of, refresh, save_code, tokens,
+    USERINFO, SignedAfterSending, exchange, introspect, refresh, save_code, tokens,
     verify_jwt,
 )
 
@@ -340,9 +340,8 @@ async def test_a_signature_that_fails_after_the_redemption_was_sent_spends_the_c
 
     monkeypatch.setattr(h.store, "redeem_code", lambda *args: writes.append(redeem(*args)) or writes[-1])
     monkeypatch.setattr(h.keystore, "sign", broken)
-    response, _ = await h.post(TOKEN, {**client_auth("first")[0], "grant_type": "authorization_code", "code": code,
-                                       "code_verifier": verifier, "redirect_uri": redirect_uri_of("first")})
-    assert response.code == 500
+    response, body = await exchange(h, code, verifier)
+    assert (response.code, body["error"]) == (500, "server_error"), body
     assert isinstance(await writes[0], CodeRedeemed)
     monkeypatch.setattr(h.keystore, "sign", sign)
     response, body = await exchange(h, code, verifier)

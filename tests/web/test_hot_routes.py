@@ -242,6 +242,10 @@ async def test_sign_in_routes_answer(harness):
 # --- Endpoint itself ------------------------------------------------------------
 
 
+def server_error(request) -> bytes:
+    return json_body(request, 500, {"error": "server_error"})
+
+
 def wire(resource, request: bytes) -> bytes:
     """The bytes a site serving C{resource} answers to C{request}, its Date header left out."""
     transport = StringTransport()
@@ -268,7 +272,8 @@ def test_an_endpoint_writes_what_a_klein_route_writes():
 
     klein = ExactPaths({}, App().app.resource())
     endpoint = ExactPaths({b"/x": Endpoint("/x", {b"POST": answer},
-                                            lambda request: method_not_allowed(request, b"POST"))}, klein)
+                                            lambda request: method_not_allowed(request, b"POST"), server_error)},
+                          klein)
     for request in (b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n",
                     b"POST /x HTTP/1.0\r\nContent-Length: 0\r\n\r\n",
                     b"GET /x HTTP/1.1\r\nHost: a\r\n\r\n"):
@@ -276,13 +281,15 @@ def test_an_endpoint_writes_what_a_klein_route_writes():
     assert b"transfer-encoding: chunked" in wire(endpoint, b"POST /x HTTP/1.1\r\nHost: a\r\n\r\n").lower()
 
 
-def test_an_unexpected_failure_is_a_500_without_a_traceback():
+def test_an_unexpected_failure_is_the_sites_500_without_a_traceback():
     async def failing(request):
         raise RuntimeError("a bug")
 
-    answer = wire(ExactPaths({b"/x": Endpoint("/x", {b"POST": failing}, lambda r: b"")}, KleinResource(Klein())),
+    answer = wire(ExactPaths({b"/x": Endpoint("/x", {b"POST": failing}, lambda r: b"", server_error)},
+                             KleinResource(Klein())),
                   b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 500 ")
+    assert b'{"error":"server_error"}' in answer
     assert b"a bug" not in answer and b"Traceback" not in answer
 
 
@@ -311,7 +318,7 @@ def test_a_client_that_goes_away_mid_request(then):
         return b"too late"
 
     events: list = []
-    endpoint = Endpoint("/x", {b"POST": slow}, lambda r: b"")
+    endpoint = Endpoint("/x", {b"POST": slow}, lambda r: b"", server_error)
     endpoint.log = Logger(observer=events.append)
     request, channel = request_to(endpoint)
     request.connectionLost(Failure(ConnectionDone()))
@@ -328,6 +335,6 @@ def test_a_route_that_answers_after_its_client_went_away_writes_nothing():
             pass
         return b"too late"
 
-    request, channel = request_to(Endpoint("/x", {b"POST": stubborn}, lambda r: b""))
+    request, channel = request_to(Endpoint("/x", {b"POST": stubborn}, lambda r: b"", server_error))
     request.connectionLost(Failure(ConnectionDone()))
     assert channel.transport.written.getvalue() == b""

@@ -111,6 +111,13 @@ class TemporarilyUnavailable(OAuthError):
     status = 503
 
 
+class ServerError(OAuthError):
+    """A failure of the server's own, which the client can only retry (RFC 6749 section 4.1.2.1)."""
+
+    error = "server_error"
+    status = 500
+
+
 class InvalidToken(OAuthError):
     """RFC 6750: a missing, unknown, expired or revoked bearer token."""
 

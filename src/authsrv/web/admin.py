@@ -34,6 +34,7 @@ from authsrv.operations.views import (
 from authsrv.protocol import jsontext
 from authsrv.store.errors import StoreUnavailable
 from authsrv.web.bearer import BearerSecret
+from authsrv.web.failures import MESSAGE, SERVER_ERROR, unforeseen_in_klein
 from authsrv.web.headers import json_body
 
 PREFIX = "/api/admin"
@@ -103,6 +104,11 @@ def _limit(request) -> int | None:
     if not text.isdigit():
         raise InvalidInput("limit must be a whole number from 1 to 100", "limit")
     return int(text)
+
+
+def _server_error(request) -> bytes:
+    """The answer to a failure nothing foresaw (L{authsrv.web.failures})."""
+    return _problem(request, Problem(500, SERVER_ERROR, MESSAGE))
 
 
 def _if_match(request) -> str | None:
@@ -352,3 +358,7 @@ class AdminAPI:
         allowed = ", ".join(failure.value.valid_methods or ())
         request.setHeader(b"allow", allowed.encode())
         return _problem(request, Problem(405, "method_not_allowed", f"use {allowed}"))
+
+    @app.handle_errors(Exception)
+    def failed(self, request, failure):
+        return unforeseen_in_klein(request, failure, _server_error)

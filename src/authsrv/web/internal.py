@@ -21,6 +21,7 @@ from authsrv.isotime import iso_utc
 from authsrv.protocol.rates import Rate
 from authsrv.store.errors import StoreUnavailable
 from authsrv.web.bearer import BearerSecret
+from authsrv.web.failures import MESSAGE, SERVER_ERROR, unforeseen_in_klein
 from authsrv.web.forms import client_address_of
 from authsrv.web.headers import json_body
 from authsrv.web.routes import Endpoint, ExactPaths, RoutedKlein
@@ -53,6 +54,11 @@ def _problem(request, problem: RequestProblem) -> bytes:
 def _wrong_method(request) -> bytes:
     request.setHeader(b"allow", b"POST")
     return _problem(request, RequestProblem(405, "method_not_allowed", "use POST"))
+
+
+def _server_error(request) -> bytes:
+    """The answer to a failure nothing foresaw (L{authsrv.web.failures})."""
+    return _problem(request, RequestProblem(500, SERVER_ERROR, MESSAGE))
 
 
 def _user_id(request) -> str:
@@ -129,7 +135,8 @@ class InternalAPI:
     def resource(self) -> ExactPaths:
         """user-access, called on every session check, as a plain leaf (L{Endpoint}); the rest through Klein."""
         return ExactPaths({
-            USER_ACCESS_PATH.encode(): Endpoint(USER_ACCESS_PATH, {b"POST": self.check_user_access}, _wrong_method),
+            USER_ACCESS_PATH.encode(): Endpoint(USER_ACCESS_PATH, {b"POST": self.check_user_access}, _wrong_method,
+                                                 _server_error),
         }, self.app.resource())
 
     def _authorize(self, request) -> None:
@@ -166,3 +173,7 @@ class InternalAPI:
     @app.handle_errors(MethodNotAllowed)
     def wrong_method(self, request, failure):
         return _wrong_method(request)
+
+    @app.handle_errors(Exception)
+    def failed(self, request, failure):
+        return unforeseen_in_klein(request, failure, _server_error)

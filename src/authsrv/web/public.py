@@ -30,6 +30,7 @@ from authsrv.protocol.errors import (
     InvalidRequest,
     OAuthError,
     PageError,
+    ServerError,
     TemporarilyUnavailable,
 )
 from authsrv.protocol.params import single_params
@@ -38,6 +39,7 @@ from authsrv.records import Client
 from authsrv.store.errors import StoreUnavailable
 from authsrv.web.account_pages import account_page
 from authsrv.web.device_pages import device_code_page, device_consent_page
+from authsrv.web.failures import MESSAGE, unforeseen_in_klein
 from authsrv.web.forms import client_address_of, form_args, form_params, page_form, userinfo_form_token
 from authsrv.web.headers import allow_any_origin, json_body, jwt_body, method_not_allowed, oauth_error
 from authsrv.web.interaction_pages import (
@@ -66,6 +68,11 @@ INTROSPECT_PATH = ISSUER_PATH + "/oauth2/introspect"
 USERINFO_PATH = ISSUER_PATH + "/oauth2/userinfo"
 AUTHORIZE_PATH = ISSUER_PATH + "/oauth2/authorize"
 LOGIN_PATH = ISSUER_PATH + "/login"
+
+
+def _reads_json(request) -> bool:
+    """Whether the route's caller reads JSON (an OAuth endpoint, client registration) rather than a page."""
+    return request.path.endswith(JSON_ENDPOINTS) or REGISTER_PATH.encode() in request.path
 
 
 def _cors(request) -> None:
@@ -138,7 +145,8 @@ class PublicSite:
         }, self.app.resource())
 
     def _endpoint(self, route: str, handlers, allow: bytes) -> Endpoint:
-        return Endpoint(route, handlers, lambda request: method_not_allowed(request, allow), self._refusal)
+        return Endpoint(route, handlers, lambda request: method_not_allowed(request, allow), self._server_error,
+                        self._refusal)
 
     def _now(self) -> int:
         return int(self._clock.seconds())
@@ -608,11 +616,18 @@ class PublicSite:
 
     def _try_later(self, request, description: str) -> bytes:
         request.setHeader(b"retry-after", RETRY_AFTER)
-        if request.path.endswith(JSON_ENDPOINTS) or REGISTER_PATH.encode() in request.path:
+        if _reads_json(request):
             return oauth_error(request, TemporarilyUnavailable(description))
         return error_page(
             request, 503, "Try again later", "The service is temporarily unavailable; please try again in a moment."
         )
+
+    def _server_error(self, request) -> bytes:
+        """The answer to a failure nothing foresaw (L{authsrv.web.failures})."""
+        if _reads_json(request):
+            return oauth_error(request, ServerError(MESSAGE))
+        return error_page(request, 500, "Something went wrong",
+                          "The service could not finish this request. Please try again in a moment.")
 
     @app.handle_errors(NotFound)
     def not_found(self, request, failure):
@@ -621,3 +636,7 @@ class PublicSite:
     @app.handle_errors(MethodNotAllowed)
     def wrong_method(self, request, failure):
         return method_not_allowed(request, ", ".join(failure.value.valid_methods or ()).encode())
+
+    @app.handle_errors(Exception)
+    def failed(self, request, failure):
+        return unforeseen_in_klein(request, failure, self._server_error)

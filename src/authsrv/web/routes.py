@@ -24,6 +24,8 @@ from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
+from authsrv.web.failures import unforeseen
+
 
 @lru_cache(maxsize=16)
 def _patterns(url_map) -> dict[str, str]:
@@ -94,8 +96,8 @@ class Endpoint(Resource):
     C{route} for the metrics; C{wrong_method} answers any other method (with
     its C{Allow}). C{refusal} renders what a handler raised as the site's
     error handlers do, or returns None for what they do not handle, which
-    becomes Twisted's plain 500 page (the site shows no traceback) and a
-    logged one, as under Klein.
+    is logged and answered by C{server_error}, as under Klein
+    (L{authsrv.web.failures}).
     When the client goes away, the work in flight is cancelled and nothing
     is written.
     """
@@ -104,11 +106,13 @@ class Endpoint(Resource):
     log = Logger()
 
     def __init__(self, route: str, handlers: Mapping[bytes, Handler], wrong_method: Callable[[Any], bytes],
+                 server_error: Callable[[Any], bytes],
                  refusal: Callable[[Any, Exception], bytes | None] = _not_answered):
         super().__init__()
         self.route = route
         self.handlers = handlers
         self._wrong_method = wrong_method
+        self._server_error = server_error
         self._refusal = refusal
 
     def render(self, request):
@@ -124,18 +128,14 @@ class Endpoint(Resource):
 
     async def _answer(self, request, handler: Handler) -> None:
         try:
-            body = handler(request)
-            if not isinstance(body, bytes):
-                body = await body
+            answer = handler(request)
+            body = answer if isinstance(answer, bytes) else await answer
         except Exception as error:
             if request.channel is None:
                 if not isinstance(error, CancelledError):
                     self.log.failure("route failed after its client went away", Failure(error))
                 return
             refused = self._refusal(request, error)
-            if refused is None:
-                request.processingFailed(Failure(error))
-                return
-            body = refused
+            body = unforeseen(request, Failure(error), self._server_error) if refused is None else refused
         if request.channel is not None:
             _send(request, body)
