@@ -70,31 +70,22 @@ def assert_page(response, body: bytes) -> None:
     assert b"broke on purpose" not in body
 
 
+@pytest.mark.parametrize("flow, step, route, form", [
+    (TokenFlow, "token", "/oauth2/token", {"grant_type": "authorization_code", "code": SECRET_IN_REQUEST,
+                                           "redirect_uri": "http://127.0.0.1:9000/callback"}),
+    (RevocationFlow, "revoke", "/oauth2/revoke", {"token": SECRET_IN_REQUEST}),
+], ids=["token endpoint, below Klein", "revocation, a Klein route"])
 @pytest_twisted.ensureDeferred
-async def test_the_token_endpoint_answers_an_oauth_server_error(harness, monkeypatch, audit):
+async def test_what_relying_parties_call_answers_an_oauth_server_error(harness, monkeypatch, audit,
+                                                                        flow, step, route, form):
     h = await harness.start()
     try:
-        monkeypatch.setattr(TokenFlow, "token", broken)
-        response, body = await h.post(f"{ISSUER}/oauth2/token", {
-            "grant_type": "authorization_code", "code": SECRET_IN_REQUEST, "client_id": "first",
-            "client_secret": SECRETS["first"], "redirect_uri": "http://127.0.0.1:9000/callback",
+        monkeypatch.setattr(flow, step, broken)
+        response, body = await h.post(ISSUER + route, {
+            **form, "client_id": "first", "client_secret": SECRETS["first"],
         })
         assert_oauth_server_error(response, body)
-        assert_logged(audit, "POST", ISSUER_PATH + "/oauth2/token")
-    finally:
-        await h.close()
-
-
-@pytest_twisted.ensureDeferred
-async def test_a_klein_route_read_by_clients_answers_an_oauth_server_error(harness, monkeypatch, audit):
-    h = await harness.start()
-    try:
-        monkeypatch.setattr(RevocationFlow, "revoke", broken)
-        response, body = await h.post(f"{ISSUER}/oauth2/revoke", {
-            "token": SECRET_IN_REQUEST, "client_id": "first", "client_secret": SECRETS["first"],
-        })
-        assert_oauth_server_error(response, body)
-        assert_logged(audit, "POST", ISSUER_PATH + "/oauth2/revoke")
+        assert_logged(audit, "POST", ISSUER_PATH + route)
     finally:
         await h.close()
 
