@@ -22,11 +22,13 @@ from authsrv.operations.clients import ClientOperations
 from authsrv.testing.identity import ALICE
 from authsrv.web.failures import MESSAGE
 
+from fakes import FakeKeystore
 from harness import ISSUER, Harness
 from token_helpers import SECRETS, exchange, save_code
 from web.test_admin_api import Admin
 from web.test_internal import AUTH as INTERNAL_AUTH
 from web.test_internal import PATH as USER_ACCESS, call
+from wire import Listener, parse, request_head
 
 SECRET_IN_REQUEST = "do-not-log-this-value-3f9c"
 
@@ -152,3 +154,16 @@ async def test_the_server_answers_normally_after_a_failure(harness, monkeypatch)
         assert response.code == 200, body
     finally:
         await h.close()
+
+
+def test_a_failure_past_every_route_is_an_oauth_server_error(monkeypatch, audit):
+    """A prepared document whose source raises (here the keystore's JWKS) reaches Twisted itself."""
+    monkeypatch.setattr(FakeKeystore, "jwks_bytes", broken)
+    listener = Listener()
+    protocol, transport = listener.send(request_head("GET", ISSUER_PATH + f"/jwks?x={SECRET_IN_REQUEST}"))
+    status, headers, body = parse(transport)
+    assert (status, headers["content-type"]) == (500, "application/json")
+    assert json.loads(body) == {"error": "server_error", "error_description": MESSAGE}
+    assert_logged(audit, "GET", ISSUER_PATH + "/jwks")
+    listener.close(protocol, transport)
+    listener.assert_serves()

@@ -16,6 +16,10 @@ from time import perf_counter, time
 from twisted.web import http, server
 from twisted.web.server import Request
 
+from authsrv.protocol.errors import ServerError
+from authsrv.web.failures import MESSAGE, unforeseen
+from authsrv.web.headers import oauth_error
+
 
 def _remember_content_types() -> None:
     """
@@ -130,6 +134,21 @@ class BoundedRequest(Request):
             self._counted = False
             self.drain.ended()
 
+    def processingFailed(self, reason):
+        """
+        A failure that reached Twisted itself, past every route's own
+        handling (a prepared document whose source raised, say): logged and
+        answered as an OAuth C{server_error}, never Twisted's HTML page. Once
+        the response has started, there is no answer left to change.
+        """
+        if self.startedWriting:
+            return super().processingFailed(reason)
+        body = unforeseen(self, reason, _server_error)
+        self.setHeader(b"content-length", b"%d" % len(body))
+        self.write(body)
+        self.finish()
+        return reason
+
     def gotLength(self, length):
         if length is not None and length > self.max_body:
             self.body_too_large = True
@@ -141,6 +160,10 @@ class BoundedRequest(Request):
             self.body_too_large = True
         if not self.body_too_large:
             super().handleContentChunk(data)
+
+
+def _server_error(request) -> bytes:
+    return oauth_error(request, ServerError(MESSAGE))
 
 
 def bounded_request_factory(max_body: int, drain=None, fixed_headers=(), metrics=None) -> type[BoundedRequest]:
