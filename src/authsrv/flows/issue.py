@@ -8,6 +8,7 @@ decide what to mint and store it; nothing here touches the store.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from attrs import frozen
 from twisted.internet.defer import Deferred
@@ -80,18 +81,20 @@ class Minted:
         return {**self.issued.response, REPLAYED_CLAIMS: claims, REPLAYED_ALG: alg}
 
 
-def signed_beside(minted: Minted, writing: Deferred) -> Issued:
+async def signed_beside(minted: Minted, writing: Deferred) -> tuple[Issued, Any]:
     """
     C{minted} signed while C{writing}, the store's write of its records, is
-    under way: a PostgreSQL server (or a store thread on a spare core)
-    commits beside the signature instead of after it. Should the signature
-    fail, the write's outcome is dropped with the request.
+    under way, and then the write's outcome: a PostgreSQL server (or a
+    store thread on a spare core) commits beside the signature instead of
+    after it. Should the signature fail, the write's outcome is dropped
+    with the request.
     """
     try:
-        return minted.signed()
+        issued = minted.signed()
     except BaseException:
         writing.addErrback(lambda _: None)
         raise
+    return issued, await writing
 
 
 class TokenMinter:

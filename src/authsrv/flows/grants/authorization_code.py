@@ -83,9 +83,8 @@ class AuthorizationCodeGrant:
             jkt=jkt,
             refresh_jkt=jkt if client.is_public else None,
         )
-        redeeming = store.redeem_code(code.code_hash, minted.issued.access, minted.issued.refresh, now)
-        issued = signed_beside(minted, redeeming)
-        redeemed = await redeeming
+        issued, redeemed = await signed_beside(
+            minted, store.redeem_code(code.code_hash, minted.issued.access, minted.issued.refresh, now))
         if isinstance(redeemed, CodeReused):
             raise _reused(client, redeemed)
         if isinstance(redeemed, CodeNotFound):

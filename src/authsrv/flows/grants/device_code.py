@@ -79,8 +79,6 @@ class DeviceCodeGrant:
             refresh_scope=device.scope if offline else None,
             now=now, jkt=jkt, refresh_jkt=jkt if client.is_public else None,
         )
-        writing = store.issue_tokens(minted.issued.access, minted.issued.refresh)
-        issued = signed_beside(minted, writing)
-        await writing
+        issued, _ = await signed_beside(minted, store.issue_tokens(minted.issued.access, minted.issued.refresh))
         issued_event(issued, client.client_id, self.grant_type)
         return issued.response

@@ -76,10 +76,8 @@ class RefreshTokenGrant:
         # Without a grace window nothing can be replayed: nothing is sealed or stored for it.
         window = grace_window(client, self._limits)
         replay = seal(minted.replayable(), presented) if window > 0 else None
-        rotating = store.rotate_refresh(old.token_hash, minted.issued.refresh, minted.issued.access, replay,
-                                        now + window, now)
-        issued = signed_beside(minted, rotating)
-        result = await rotating
+        issued, result = await signed_beside(minted, store.rotate_refresh(
+            old.token_hash, minted.issued.refresh, minted.issued.access, replay, now + window, now))
         if isinstance(result, Rotated):
             issued_event(issued, client.client_id, self.grant_type)
             return issued.response
