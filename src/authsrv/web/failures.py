@@ -14,10 +14,18 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from werkzeug.exceptions import HTTPException
 
+from authsrv.protocol.errors import ServerError
+from authsrv.web.headers import oauth_error
+
 SERVER_ERROR = "server_error"
 MESSAGE = "the server failed to answer this request; try again, and tell its operator if this keeps happening"
 
 _log = Logger(namespace="authsrv.web")
+
+
+def oauth_server_error(request) -> bytes:
+    """The 500 of a route that relying parties call: an OAuth error (RFC 6749 section 5.2), no-store."""
+    return oauth_error(request, ServerError(MESSAGE))
 
 
 def unforeseen(request, failure: Failure, answer: Callable[[object], bytes]) -> bytes:

@@ -30,7 +30,6 @@ from authsrv.protocol.errors import (
     InvalidRequest,
     OAuthError,
     PageError,
-    ServerError,
     TemporarilyUnavailable,
 )
 from authsrv.protocol.params import single_params
@@ -39,7 +38,7 @@ from authsrv.records import Client
 from authsrv.store.errors import StoreUnavailable
 from authsrv.web.account_pages import account_page
 from authsrv.web.device_pages import device_code_page, device_consent_page
-from authsrv.web.failures import MESSAGE, unforeseen_in_klein
+from authsrv.web.failures import oauth_server_error, unforeseen_in_klein
 from authsrv.web.forms import client_address_of, form_args, form_params, page_form, userinfo_form_token
 from authsrv.web.headers import allow_any_origin, json_body, jwt_body, method_not_allowed, oauth_error
 from authsrv.web.interaction_pages import (
@@ -625,7 +624,7 @@ class PublicSite:
     def _server_error(self, request) -> bytes:
         """The answer to a failure nothing foresaw (L{authsrv.web.failures})."""
         if _reads_json(request):
-            return oauth_error(request, ServerError(MESSAGE))
+            return oauth_server_error(request)
         return error_page(request, 500, "Something went wrong",
                           "The service could not finish this request. Please try again in a moment.")
 

@@ -16,9 +16,7 @@ from time import perf_counter, time
 from twisted.web import http, server
 from twisted.web.server import Request
 
-from authsrv.protocol.errors import ServerError
-from authsrv.web.failures import MESSAGE, unforeseen
-from authsrv.web.headers import oauth_error
+from authsrv.web.failures import oauth_server_error, unforeseen
 
 
 def _remember_content_types() -> None:
@@ -143,7 +141,7 @@ class BoundedRequest(Request):
         """
         if self.startedWriting:
             return super().processingFailed(reason)
-        body = unforeseen(self, reason, _server_error)
+        body = unforeseen(self, reason, oauth_server_error)
         self.setHeader(b"content-length", b"%d" % len(body))
         self.write(body)
         self.finish()
@@ -160,10 +158,6 @@ class BoundedRequest(Request):
             self.body_too_large = True
         if not self.body_too_large:
             super().handleContentChunk(data)
-
-
-def _server_error(request) -> bytes:
-    return oauth_error(request, ServerError(MESSAGE))
 
 
 def bounded_request_factory(max_body: int, drain=None, fixed_headers=(), metrics=None) -> type[BoundedRequest]:
