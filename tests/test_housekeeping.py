@@ -27,6 +27,7 @@ from authsrv.records import (
     AuthorizationCode,
     AuthorizationRequest,
     BrowserSession,
+    Client,
     Grant,
     Interaction,
     RefreshToken,
@@ -143,6 +144,7 @@ async def _seed(store) -> None:
     for n in range(3):
         await store.save_interaction(_interaction(f"old-{n}", NOW - n))
     await store.save_interaction(_interaction("live", NOW + 600))
+    await store.add_client(Client("first", None, ["http://127.0.0.1:9000/callback"]))
     live = _grant("live")
     await store.save_code(_code("code-live", live, NOW + 60), live)
     for n in range(3):

@@ -194,7 +194,10 @@ class IClientRegistry(Interface):
         """
         Remove a client with its grants (so every code and token issued to it)
         and its consents, in one transaction; fires with True when it existed.
-        A removed client's tokens must stop working at once, not at expiry.
+        A removed client's tokens must stop working at once, not at expiry,
+        and it must start no grant afterwards, even from a store call that
+        ran beside the removal: every call that starts a grant stores it only
+        while its client is stored (L{IAuthorizationCodeStore.save_code}).
         """
 
 
@@ -269,11 +272,15 @@ class IPushedRequestStore(Interface):
 
 
 class IAuthorizationCodeStore(Interface):
-    def save_code(code, grant):
+    def save_code(code, grant, stored_client=True):
         """
         Store a code together with the (new) grant it will start, in one
         transaction, so that a replayed code can revoke that grant even while
-        its first redemption is still issuing tokens.
+        its first redemption is still issuing tokens. Fires True when stored;
+        False, storing nothing, when the grant's client is not stored (it
+        was removed while an instance still held it in its cache), unless
+        C{stored_client} is false: a client described by its metadata
+        document is never stored (L{authsrv.records.Client.stored}).
         """
 
     def find_code(code_hash, now, link_provider=None):
@@ -318,6 +325,8 @@ class IGrantStore(Interface):
         """
         Store a new grant with its one access token, in one transaction: a
         client's grant for itself (client_credentials), which has no code.
+        Fires True when stored; False, storing nothing, when the grant's
+        client is not stored (as for L{IAuthorizationCodeStore.save_code}).
         """
 
     def find_access_token(token_hash, now, link_provider=None):
@@ -467,7 +476,8 @@ class IDeviceAuthorizationStore(Interface):
         """
         A pending, unexpired request approved by C{sub} (C{grant}, stored
         with it) or denied (C{grant} None), atomically: fires True when this
-        call decided it, False when it was decided, expired or unknown.
+        call decided it, False when it was decided, expired or unknown, or
+        its client is no longer stored.
         """
 
     def poll_device_authorization(device_code_hash, client_id, slow_down, now):

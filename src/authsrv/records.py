@@ -119,6 +119,11 @@ class Client:
         return self.secret_hash is None and self.token_endpoint_auth_method in (None, "none")
 
     @property
+    def stored(self) -> bool:
+        """Whether the store holds it: every client but one described by its metadata document, read from its URL."""
+        return self.source != "document"
+
+    @property
     def registered_itself(self) -> bool:
         """No operator vouched for it: it registered (RFC 7591) or is described by its own metadata document."""
         return self.source in ("registration", "document")

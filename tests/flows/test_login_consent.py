@@ -165,6 +165,22 @@ async def test_login_success_sets_the_session_cookie_and_goes_on(tmp_path, monke
         await h.close()
 
 
+async def test_a_client_removed_while_its_user_signs_in_gets_no_code(tmp_path, monkeypatch, audit):
+    """This instance still holds the client in its cache, for two seconds: the store starts no grant for it."""
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        page = await login_page(browser, scope="openid")
+        assert await h.store.remove_client("first") is True
+        response, body = await browser.submit_login(page, "ZOË.ŁÓDŹ", PASSWORDS[ZOE.sub])
+        assert_page(response, body, 400)
+        assert b"The application that sent you here is not known to this service." in body
+        assert audit.of("code.issued") == []
+        assert await h.store.list_user_grants(ZOE.sub, h.now()) == []
+    finally:
+        await h.close()
+
+
 @pytest_twisted.ensureDeferred
 async def test_cookies_are_secure_under_an_https_issuer(tmp_path, monkeypatch):
     h = await started(tmp_path, monkeypatch, {"server": {"public_url": "https://auth.example.test"}})

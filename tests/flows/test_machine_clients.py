@@ -285,3 +285,26 @@ async def test_an_unknown_kid_refetches_the_key_set_once(h):
     with pytest.raises(InvalidClient, match="does not verify"):
         await checker.check(remote, assertion(h.now(), key=stranger, iss="remote"), h.now(), True)
     assert fetched == [False, False, True, False, True]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_removed_client_gets_no_token_while_an_instance_still_holds_it(h, audit):
+    """
+    An operator removes a client (its secret leaked, say) while this instance
+    holds it in its cache: the secret still checks out against the cached
+    record, but the store starts no grant for a client it no longer has.
+    """
+    await h.start()
+    operations = ClientOperations(store=h.store, clock=h.clock, declared=frozenset(), resolve=None)
+    _, secret = await operations.create({"client_id": "leaky", "grant_types": ["client_credentials"]},
+                                        actor="admin-api")
+    response, body = await h.json("POST", TOKEN, data={"grant_type": "client_credentials"},
+                                  headers=basic("leaky", secret))
+    assert response.code == 200, body
+    await operations.delete("leaky", actor="admin-api")
+    for later in (0, 3):
+        h.clock.advance(later)
+        response, body = await h.json("POST", TOKEN, data={"grant_type": "client_credentials"},
+                                      headers=basic("leaky", secret))
+        assert (response.code, body["error"]) == (401, "invalid_client"), body
+    assert [e["client_id"] for e in audit.of("token.issued")] == ["leaky"]

@@ -745,6 +745,72 @@ class TestConnectionFailures(OwnStore):
             await silent.stopListening()
 
 
+class TestRemovalBesideAGrant(OwnStore):
+    """
+    A client removed while another transaction starts a grant for it: of
+    the two, whichever locked the client's row first goes first, and no
+    grant of the removed client is left either way.
+    """
+
+    async def _waiting_for_a_lock(self, admin) -> None:
+        """Until the store's statement waits for a row lock another connection holds (at most 10 s)."""
+        from twisted.internet import reactor
+        from twisted.internet.task import deferLater
+
+        for _ in range(1000):
+            with admin.cursor() as cursor:
+                cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+                if cursor.fetchone()[0]:
+                    return
+            await deferLater(reactor, 0.01, lambda: None)
+        raise AssertionError("the store's statement never waited for the lock")
+
+    @contextlib.asynccontextmanager
+    async def _with_client(self):
+        """A store holding the client, and a connection beside it (autocommit) to watch its waits."""
+        store = self.store()
+        with psycopg2.connect(self.dsn) as admin:
+            admin.autocommit = True
+            try:
+                assert await store.add_client(Client(CLIENT, None, ["https://app.example/cb"])) is None
+                yield store, admin
+            finally:
+                await store.close()
+
+    def _open_transaction(self, sql: str, params) -> "psycopg2.extensions.connection":
+        """A connection whose transaction ran C{sql} and holds its locks until it commits."""
+        connection = psycopg2.connect(self.dsn)
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            assert cursor.rowcount == 1
+        return connection
+
+    async def _after(self, admin, holder, pending: Deferred):
+        """What C{pending} fires with once C{holder}, whose locks it waits for, commits."""
+        await self._waiting_for_a_lock(admin)
+        assert not pending.called
+        holder.commit()
+        holder.close()
+        return await pending
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_removal_waits_for_a_grant_started_beside_it_and_removes_it(self):
+        grant = make_grant("g-beside")
+        async with self._with_client() as (store, admin):
+            starting = self._open_transaction(postgres_store.client_grant(postgres_store._T, postgres_store.POSTGRES,
+                                                                          "g_"), postgres_store._T.grants.params(grant, "g_"))
+            assert await self._after(admin, starting, store.remove_client(CLIENT)) is True
+            assert await store.get_grant("g-beside") is None
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_grant_started_beside_a_removal_waits_and_stores_nothing(self):
+        grant = make_grant("g-late")
+        async with self._with_client() as (store, admin):
+            removing = self._open_transaction("DELETE FROM clients WHERE client_id = %s", (CLIENT,))
+            assert await self._after(admin, removing, store.save_code(make_code("code-late", grant), grant)) is False
+            assert await store.get_grant("g-late") is None
+
+
 class TestPreparedLookups(PostgresDatabase):
     """
     The hot lookups and the token endpoint's writes are prepared once per
@@ -755,12 +821,13 @@ class TestPreparedLookups(PostgresDatabase):
 
     @pytest_twisted.ensureDeferred
     async def test_prepared_once_then_run_by_name_and_prepared_again_when_lost(self):
-        from authsrv.testing.store import make_access, make_grant
+        from authsrv.testing.store import CLIENT, add_clients, make_access, make_grant
 
         store = open_store(self.dsn, pool_size=1)
         grant = make_grant("g1")
         access = make_access("access-1", grant)
-        await store.start_grant(grant, access)
+        await add_clients(store, [CLIENT])
+        assert await store.start_grant(grant, access) is True
 
         async def prepared(db) -> set[str]:
             rows = await fetch(db, "SELECT name FROM pg_prepared_statements")

@@ -341,21 +341,21 @@ class TestObserver(SQLiteFolder):
         heard = []
         store = sqlite.open_store(reactor, self.folder / "observed.sqlite3", observer=lambda *call: heard.append(call))
         try:
+            client = Client(CLIENT, None, ["https://app.example/cb"])
+            await store.add_client(client)
             grant = await start_grant(store, "g1")
             await store.find_code(h("code-g1"), NOW)
             await store.redeem_code(h("code-g1"), make_access("access-1", grant), make_refresh("refresh-1", grant), NOW)
             await store.refuse_code(h("code-g1"), NOW)
             await store.get_refresh_token(h("refresh-1"))
-            client = Client(CLIENT, None, ["https://app.example/cb"])
-            await store.add_client(client)
             with pytest.raises(AlreadyExists):
                 await store.add_client(client)
         finally:
             await store.close()
         assert [(label, failed) for label, _, failed in heard] == [
+            ("add_client", False), ("get_client", False),
             ("save_code", False), ("find_code", False), ("redeem_code", False), ("refuse_code", False),
-            ("get_refresh_token", False),
-            ("add_client", False), ("add_client", True),
+            ("get_refresh_token", False), ("add_client", True),
         ]
         assert all(isinstance(seconds, float) and 0 <= seconds < 5 for _, seconds, _ in heard)
 

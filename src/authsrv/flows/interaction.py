@@ -51,6 +51,7 @@ from authsrv.protocol.authorize import (
     login_needed,
     parse_request,
     refuse_silently,
+    unknown_client,
 )
 from authsrv.protocol.errors import AccessDenied, PageError
 from authsrv.protocol.forwarded import address_key
@@ -601,7 +602,7 @@ class InteractionFlow:
         grant_id = new_token(16)
         scope = frozenset(request.scope)
         limits = self._limits
-        await self._store.save_code(
+        stored = await self._store.save_code(
             AuthorizationCode(
                 code_hash=token_hash(code), grant_id=grant_id, client_id=request.client_id, sub=session.sub,
                 redirect_uri=request.redirect_uri, scope=scope, code_challenge=request.code_challenge,
@@ -615,6 +616,9 @@ class InteractionFlow:
                 resource=request.resources, auth_time=session.auth_time, sid=session.sid, created_at=now,
                 expires_at=now + limits.refresh_token_absolute_ttl, amr=session.amr, acr=session.acr,
             ),
+            stored_client=client.stored,
         )
+        if not stored:
+            raise unknown_client()  # removed since this instance cached it
         events.code_issued(sub=session.sub, client_id=request.client_id, grant_id=grant_id)
         return code_location(self._issuer, request, code)

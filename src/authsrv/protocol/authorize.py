@@ -59,6 +59,11 @@ def unsafe(message: str) -> PageError:
     return PageError(400, UNSAFE_TITLE, message)
 
 
+def unknown_client() -> PageError:
+    """The client named is not (or no longer) registered: nowhere to send the user back to."""
+    return unsafe("The application that sent you here is not known to this service.")
+
+
 def one_param(args: dict[bytes, list[bytes]], name: bytes) -> str | None:
     """A parameter sent exactly once as sane UTF-8 text, else None."""
     values = [v for v in args.get(name, ()) if v]
@@ -199,7 +204,7 @@ def parse_request(client: Client | None, args: dict[bytes, list[bytes]], *,
     redirect URI is known to be safe (RFC 9126 section 5).
     """
     if client is None:
-        raise unsafe("The application that sent you here is not known to this service.")
+        raise unknown_client()
     redirect_uri = trusted_redirect(client, args)
     try:
         params = single_params({k: v for k, v in args.items() if k != b"resource"})

@@ -26,7 +26,7 @@ from authsrv.records import (
     DeviceAuthorization,
     DevicePoll,
 )
-from authsrv.store.rows import Dialect
+from authsrv.store.rows import Dialect, client_exists
 
 
 def poll(device: DeviceAuthorization | None, client_id: str, slow_down: int,
@@ -78,7 +78,7 @@ class Statements:
     read: str
     """The request of a device code (with C{FOR UPDATE} where the dialect locks rows)."""
     decide: str
-    """Approve or deny a pending, unexpired request; returns its device code hash."""
+    """Approve or deny a pending, unexpired request of a stored client; returns its device code hash."""
     write: str
     """Write back what L{poll} changed."""
 
@@ -93,8 +93,8 @@ def statements(dialect: Dialect, lock: str = "") -> Statements:
         read="SELECT * FROM device_authorizations WHERE device_code_hash = {hash}".format(**marks) + lock,
         decide=(
             "UPDATE device_authorizations SET status = {status}, sub = {sub}, grant_id = {grant_id}"
-            " WHERE user_code_hash = {user_code_hash} AND status = {pending} AND expires_at > {now}"
-            " RETURNING device_code_hash"
+            " WHERE user_code_hash = {user_code_hash} AND status = {pending} AND expires_at > {now} AND "
+            + client_exists(dialect, "device_authorizations.client_id") + " RETURNING device_code_hash"
         ).format(**marks),
         write=(
             "UPDATE device_authorizations SET status = {status}, poll_interval = {poll_interval},"

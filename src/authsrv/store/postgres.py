@@ -86,8 +86,8 @@ from authsrv.store.codes import CodeNotFound, CodeRedeemed, CodeReused
 from authsrv.store.errors import AlreadyExists, StoreUnavailable
 from authsrv.store.observer import Observer, watched
 from authsrv.store.rows import (
-    POSTGRES, Lookup, Rows, access_lookup, access_state_sql, ban_of, factors_of, import_statements, refresh_lookup,
-    scope_text, tables, token_lookups, unencodable,
+    POSTGRES, Lookup, Rows, access_lookup, access_state_sql, ban_of, client_grant, factors_of, import_statements,
+    refresh_lookup, scope_text, tables, token_lookups, unencodable,
 )
 
 COMPONENT = "store"
@@ -239,6 +239,13 @@ _DEVICE = device.statements(POSTGRES, lock=" FOR UPDATE")
 _CODES = codes.statements(_T, POSTGRES)
 _FIND_CODE = _prepared("authsrv_find_code", _CODES.find)
 _FIND_CODES = _prepared("authsrv_find_codes", codes.find_lookup(_T, POSTGRES, "= ANY(%(hashes)s)"))
+# A new grant and what it starts with, stored only while its client is (the grant's insert locks the client's row);
+# a client described by its metadata document is never stored.
+_NEW_GRANT = {
+    stored: f"WITH new_grant AS ({client_grant(_T, POSTGRES, 'g_') if stored else _T.grants.insert_as('g_')}"
+    " RETURNING grant_id) "
+    for stored in (True, False)
+}
 
 STEP = "SET LOCAL synchronous_commit TO off; "
 """
@@ -362,9 +369,13 @@ class PostgresStore:
         return self._all("list_clients", _T.clients, 'SELECT * FROM clients ORDER BY client_id COLLATE "C"', {})
 
     def remove_client(self, client_id):
+        # Statements of one query, so one transaction, each with its own snapshot: once the client's row is
+        # locked, a grant stored beside the removal has been committed (the next statement sees and deletes
+        # it) or waits, and then finds no client and stores nothing.
         return self._changed("remove_client",
-            "WITH grants_gone AS (DELETE FROM grants WHERE client_id = %(id)s),"
-            " consents_gone AS (DELETE FROM consents WHERE client_id = %(id)s)"
+            "SELECT 1 FROM clients WHERE client_id = %(id)s FOR UPDATE;"
+            " DELETE FROM grants WHERE client_id = %(id)s;"
+            " DELETE FROM consents WHERE client_id = %(id)s;"
             " DELETE FROM clients WHERE client_id = %(id)s",
             {"id": client_id},
         )
@@ -457,10 +468,10 @@ class PostgresStore:
 
     # IAuthorizationCodeStore
 
-    def save_code(self, code, grant):
+    def save_code(self, code, grant, stored_client=True):
         # One statement: the code's foreign key is checked at its end, when the grant exists.
-        return self._write("save_code",
-            f"{STEP}WITH new_grant AS ({_T.grants.insert_as('g_')}) {_T.codes.insert_as('c_')}",
+        return self._changed("save_code",
+            f"{STEP}{_NEW_GRANT[stored_client]}{_T.codes.insert_as('c_', 'new_grant')}",
             {**_T.grants.params(grant, "g_"), **_T.codes.params(code, "c_")},
         )
 
@@ -519,8 +530,8 @@ class PostgresStore:
 
     def start_grant(self, grant, access):
         # One statement: the token's foreign key is checked at its end, when the grant exists.
-        return self._write("start_grant",
-            f"WITH new_grant AS ({_T.grants.insert_as('g_')}) {_T.access.insert_as('a_')}",
+        return self._changed("start_grant",
+            f"{_NEW_GRANT[True]}{_T.access.insert_as('a_', 'new_grant')}",
             {**_T.grants.params(grant, "g_"), **_T.access.params(access, "a_")},
         )
 

@@ -68,6 +68,11 @@ class Dialect:
     blob: Codec
     upsert: bool
     """Put a row with C{ON CONFLICT ... DO UPDATE}, else with C{INSERT OR REPLACE}."""
+    key_share: str = ""
+    """
+    The lock a statement takes on a row it needs to stay (C{FOR KEY SHARE}
+    where other transactions run beside it; SQLite runs one writer at a time).
+    """
 
     def codec(self, codec) -> Codec:
         if codec == LIST:
@@ -94,7 +99,7 @@ def _strings(text: str) -> tuple[str, ...]:
 SQLITE = Dialect(
     mark=":{}", list=(lambda items: json.dumps(list(items)), _strings), blob=(None, None), upsert=False,
 )
-POSTGRES = Dialect(mark="%({})s", list=(list, tuple), blob=(None, _bytes), upsert=True)
+POSTGRES = Dialect(mark="%({})s", list=(list, tuple), blob=(None, _bytes), upsert=True, key_share=" FOR KEY SHARE")
 MAX_PLANS = 64
 """Column layouts whose reading plan a L{Rows} keeps: one per statement that reads it, and a few per schema version."""
 
@@ -267,6 +272,27 @@ def _utf8(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def client_exists(dialect: Dialect, client_id: str) -> str:
+    """
+    Whether the client C{client_id} (a column or a parameter) is stored.
+    Where transactions run beside each other its row is locked until the
+    statement's transaction ends, so a removal of the client waits for it
+    and then removes what it stored (L{authsrv.interfaces.IClientStore.remove_client}).
+    """
+    return f"EXISTS (SELECT 1 FROM clients c WHERE c.client_id = {client_id}{dialect.key_share})"
+
+
+def client_grant(tables: "Tables", dialect: Dialect, prefix: str = "") -> str:
+    """
+    The INSERT of a new grant (parameters named C{prefix} + field) that
+    stores nothing unless its client is stored: a client removed while an
+    instance still holds it in its cache starts no grant, so it is issued
+    no token.
+    """
+    where = client_exists(dialect, dialect.mark.format(prefix + "client_id"))
+    return tables.grants.insert_as(prefix, f"(SELECT 1) AS one WHERE {where}")
 
 
 def access_state_sql(dialect: Dialect, users: str = "(SELECT 1) AS one", sub: str = "") -> str:

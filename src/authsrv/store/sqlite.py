@@ -57,7 +57,8 @@ from authsrv.store.codes import CodeNotFound, CodeRedeemed, CodeReused
 from authsrv.store.errors import AlreadyExists, StoreUnavailable
 from authsrv.store.observer import Observer, watched
 from authsrv.store.rows import (
-    SQLITE, Rows, access_state_sql, ban_of, factors_of, import_statements, scope_text, tables, token_lookups, unencodable,
+    SQLITE, Rows, access_state_sql, ban_of, client_grant, factors_of, import_statements, scope_text, tables,
+    token_lookups, unencodable,
 )
 from authsrv.store.sqlite_worker import SQLiteWorker
 
@@ -196,6 +197,7 @@ _BUSY_UNTIL = pending.busy_until(SQLITE)
 _DEVICE = device.statements(SQLITE)
 _CODES = codes.statements(_T, SQLITE)
 _TOKENS = token_lookups(_T, SQLITE)
+_CLIENT_GRANT = client_grant(_T, SQLITE)
 
 _REVOKE_GRANT = "UPDATE grants SET revoked_at = ? WHERE grant_id = ? AND revoked_at IS NULL"
 
@@ -403,10 +405,12 @@ class SQLiteStore:
 
     # IAuthorizationCodeStore
 
-    def save_code(self, code, grant):
+    def save_code(self, code, grant, stored_client=True):
         def save(db):
-            db.execute(_T.grants.insert, _T.grants.params(grant))
+            if not db.execute(_CLIENT_GRANT if stored_client else _T.grants.insert, _T.grants.params(grant)).rowcount:
+                return False
             db.execute(_T.codes.insert, _T.codes.params(code))
+            return True
 
         return self._call("save_code", True, save, durable=False)
 
@@ -446,8 +450,10 @@ class SQLiteStore:
 
     def start_grant(self, grant, access):
         def start(db):
-            db.execute(_T.grants.insert, _T.grants.params(grant))
+            if not db.execute(_CLIENT_GRANT, _T.grants.params(grant)).rowcount:
+                return False
             db.execute(_T.access.insert, _T.access.params(access))
+            return True
 
         return self._call("start_grant", True, start)
 

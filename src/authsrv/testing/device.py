@@ -118,6 +118,18 @@ class DeviceStoreConformance:
                 assert reused == DevicePoll(POLL_REUSED, redeemed.device)
 
     @pytest_twisted.ensureDeferred
+    async def test_device_of_a_removed_client_is_not_approved(self):
+        async with self.store() as store:
+            tv = device("a")
+            await store.save_device_authorization(tv)
+            assert await store.remove_client(TV) is True
+            assert await store.decide_device_authorization(tv.user_code_hash, ALICE, device_grant("g-a"), NOW) is False
+            assert await store.get_grant("g-a") is None
+            assert await store.find_device_authorization(tv.user_code_hash, NOW) == tv
+            polled = await store.poll_device_authorization(tv.device_code_hash, TV, SLOW_DOWN, NOW + 10)
+            assert polled.outcome == POLL_PENDING
+
+    @pytest_twisted.ensureDeferred
     async def test_device_denied_stays_denied(self):
         async with self.store() as store:
             tv = device("a")

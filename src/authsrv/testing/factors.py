@@ -119,7 +119,8 @@ class FactorStoreConformance:
         interaction = attrs.evolve(interaction, request=attrs.evolve(interaction.request,
                                                                       acr_values=(ACR_MFA, "urn:other")))
         client = Client(CLIENT, None, ["https://app.example/cb"], require_mfa=True)
-        async with self.store() as store:
+        async with self.store(clients=()) as store:
+            await store.add_client(client)
             await store.create_session(session)
             await store.create_session(plain)
             assert await store.get_session("hash-1", NOW) == session
@@ -129,7 +130,6 @@ class FactorStoreConformance:
             assert (await store.find_code(code.code_hash, NOW)).code == code
             await store.save_interaction(interaction)
             assert await store.get_interaction("i-mfa", NOW) == interaction
-            await store.add_client(client)
             assert await store.get_client(CLIENT) == client
 
 

@@ -256,11 +256,14 @@ class MemoryStore:
     # IAuthorizationCodeStore
 
     @_answered
-    def save_code(self, code, grant):
+    def save_code(self, code, grant, stored_client=True):
         if grant.grant_id in self.tables.grants or code.code_hash in self.tables.codes:
             raise AlreadyExists(f"grant {grant.grant_id!r} or its code exists already")
+        if stored_client and grant.client_id not in self.tables.clients:
+            return False
         self.tables.grants[grant.grant_id] = grant
         self.tables.codes[code.code_hash] = code
+        return True
 
     @_answered
     def find_code(self, code_hash, now, link_provider=None):
@@ -312,7 +315,7 @@ class MemoryStore:
     @_answered
     def decide_device_authorization(self, user_code_hash, sub, grant, now):
         device = self._device_of_user_code(user_code_hash, now)
-        if device is None or device.status != DEVICE_PENDING:
+        if device is None or device.status != DEVICE_PENDING or device.client_id not in self.tables.clients:
             return False
         if grant is not None:
             _insert(self.tables.grants, grant.grant_id, grant)
@@ -343,8 +346,11 @@ class MemoryStore:
     def start_grant(self, grant, access):
         if grant.grant_id in self.tables.grants:
             raise AlreadyExists(f"grant {grant.grant_id!r} exists already")
+        if grant.client_id not in self.tables.clients:
+            return False
         self._issue(access, None)
         self.tables.grants[grant.grant_id] = grant
+        return True
 
     @_answered
     def claim_jti(self, client_id, jti, expires_at, now):

@@ -58,7 +58,7 @@ from authsrv.records import (
 )
 from authsrv.store.codes import CodeFound, CodeNotFound, CodeRedeemed, CodeReused
 from authsrv.store.errors import AlreadyExists
-from authsrv.testing.device import DeviceConcurrencyConformance, DeviceStoreConformance
+from authsrv.testing.device import TV, DeviceConcurrencyConformance, DeviceStoreConformance
 from authsrv.testing.factors import FactorConcurrencyConformance, FactorStoreConformance
 from authsrv.tokens import token_hash
 
@@ -71,6 +71,8 @@ CLIENT = "demo-app"
 OTHER_CLIENT = "partner-app"
 HERE, THERE = "192.0.2.1", "2001:db8::7"
 """Two client addresses."""
+GRANT_CLIENTS = (CLIENT, OTHER_CLIENT, TV, "zeta-app", "other")
+"""The clients the suite's grants name: a store starts a grant only for a stored client."""
 
 
 def h(label: str) -> str:
@@ -200,10 +202,17 @@ def make_linked(account_id: str = "acct-1", sub: str = ALICE, provider: str = "d
     return attrs.evolve(account, **changes)
 
 
+async def add_clients(store, client_ids) -> None:
+    for client_id in client_ids:
+        await store.add_client(Client(client_id, None, [f"https://{client_id}.example/cb"]))
+
+
 async def start_grant(store, grant_id: str, sub: str = ALICE, client_id: str = CLIENT, **changes) -> Grant:
-    """A grant as the authorize flow starts it: saved with its code (C{code-<id>})."""
+    """A grant as the authorize flow starts it: saved with its code (C{code-<id>}), for a client stored first if need be."""
     grant = make_grant(grant_id, sub, client_id, **changes)
-    await store.save_code(make_code("code-" + grant_id, grant), grant)
+    if await store.get_client(client_id) is None:
+        await add_clients(store, (client_id,))
+    assert await store.save_code(make_code("code-" + grant_id, grant), grant) is True
     return grant
 
 
@@ -231,9 +240,11 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
         raise NotImplementedError("a conformance test class defines make_store()")
 
     @asynccontextmanager
-    async def store(self):
+    async def store(self, clients=GRANT_CLIENTS):
+        """A new store holding C{clients}, closed after the test."""
         store = await maybeDeferred(self.make_store)
         try:
+            await add_clients(store, clients)
             yield store
         finally:
             await store.close()
@@ -275,7 +286,7 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
         )
         public = Client(client_id=OTHER_CLIENT, secret_hash=None, redirect_uris=["https://partner.example/cb"],
                         source="registration", registration_token_hash=h("registration token"))
-        async with self.store() as store:
+        async with self.store(clients=()) as store:
             assert await store.get_client(CLIENT) is None
             assert await store.add_client(client) is None
             await store.add_client(public)
@@ -287,7 +298,7 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
     async def test_client_grant_types_round_trip_and_default(self):
         limited = Client(CLIENT, h("secret"), ["https://app.example/cb"], grant_types=["authorization_code"])
         default = Client(OTHER_CLIENT, None, ["https://partner.example/cb"])
-        async with self.store() as store:
+        async with self.store(clients=()) as store:
             await store.add_client(limited)
             await store.put_client(default)
             assert (await store.get_client(CLIENT)).grant_types == ("authorization_code",)
@@ -304,7 +315,7 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             require_pushed_authorization_requests=True, profile="fapi2",
         )
         plain = Client(OTHER_CLIENT, None, ["https://partner.example/cb"])
-        async with self.store() as store:
+        async with self.store(clients=()) as store:
             await store.put_client(declared)
             await store.add_client(plain)
             assert await store.get_client(CLIENT) == declared
@@ -319,7 +330,7 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             CLIENT, h("secret"), ["https://app.example/cb"], id_token_signed_response_alg="ES256",
             access_token_signed_response_alg="PS256", userinfo_signed_response_alg="EdDSA",
         )
-        async with self.store() as store:
+        async with self.store(clients=()) as store:
             await store.add_client(chosen)
             await store.add_client(Client(OTHER_CLIENT, None, ["https://partner.example/cb"]))
             assert await store.get_client(CLIENT) == chosen
@@ -342,7 +353,7 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
         )
         remote = Client(OTHER_CLIENT, None, [], token_endpoint_auth_method="private_key_jwt",
                         jwks_uri="https://partner.example/jwks.json")
-        async with self.store() as store:
+        async with self.store(clients=()) as store:
             await store.add_client(machine)
             await store.put_client(remote)
             assert await store.get_client(CLIENT) == machine
@@ -354,7 +365,7 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
         sealed = bytes(range(256)) + b"\x00 sealed"
         client = Client(CLIENT, h("secret"), [], grant_types=["client_credentials"],
                         token_endpoint_auth_method="client_secret_jwt", sealed_secret=sealed)
-        async with self.store() as store:
+        async with self.store(clients=()) as store:
             await store.add_client(client)
             assert (await store.get_client(CLIENT)).sealed_secret == sealed
             resealed = attrs.evolve(client, sealed_secret=b"resealed")
@@ -396,7 +407,7 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             CLIENT, h("new"), ["https://app.example/cb"], previous_secret_hash=h("old"),
             previous_secret_until=NOW + DAY,
         )
-        async with self.store() as store:
+        async with self.store(clients=()) as store:
             await store.add_client(Client(OTHER_CLIENT, h("only"), ["https://partner.example/cb"]))
             assert (await store.get_client(OTHER_CLIENT)).previous_secret_hash is None
             assert (await store.get_client(OTHER_CLIENT)).previous_secret_until is None
@@ -406,7 +417,7 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
     @pytest_twisted.ensureDeferred
     async def test_add_existing_client_fails(self):
         first = Client(CLIENT, h("one"), ["https://app.example/cb"])
-        async with self.store() as store:
+        async with self.store(clients=()) as store:
             await store.add_client(first)
             with pytest.raises(AlreadyExists):
                 await store.add_client(Client(CLIENT, h("two"), ["https://evil.example/cb"]))
@@ -414,7 +425,7 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
 
     @pytest_twisted.ensureDeferred
     async def test_put_client_inserts_and_replaces(self):
-        async with self.store() as store:
+        async with self.store(clients=()) as store:
             await store.put_client(Client(CLIENT, h("one"), ["https://app.example/cb"]))
             replacement = Client(CLIENT, None, ["https://app.example/new"], name="renamed")
             await store.put_client(replacement)
@@ -424,7 +435,7 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
     @pytest_twisted.ensureDeferred
     async def test_list_and_remove_clients(self):
         clients = [Client(name, None, [f"https://{name}.example/cb"]) for name in ("c", "a", "b")]
-        async with self.store() as store:
+        async with self.store(clients=()) as store:
             assert await store.list_clients() == []
             for client in clients:
                 await store.add_client(client)
@@ -436,7 +447,7 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
 
     @pytest_twisted.ensureDeferred
     async def test_removing_a_client_removes_its_grants_tokens_and_consents(self):
-        async with self.store() as store:
+        async with self.store(clients=()) as store:
             for client_id in (CLIENT, "other"):
                 await store.add_client(Client(client_id, None, [f"https://{client_id}.example/cb"]))
             gone = await start_grant(store, "g1")
@@ -458,6 +469,33 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             assert (await store.find_access_token(h("access-kept"), NOW)).token_hash == kept_access.token_hash
             assert await store.get_refresh_token(h("refresh-kept")) == kept_refresh
             assert await store.get_consent(ALICE, "other") == frozenset({"openid"})
+
+    @pytest_twisted.ensureDeferred
+    async def test_no_grant_starts_for_a_client_not_stored(self):
+        """
+        An instance may still hold a removed client in its cache: the store,
+        not the cache, decides, and starts no grant (so issues no token) for it.
+        """
+        async with self.store(clients=[CLIENT]) as store:
+            assert await store.remove_client(CLIENT) is True
+            for client_id in (CLIENT, "never-stored"):
+                grant = make_grant("g-" + client_id, client_id=client_id)
+                assert await store.save_code(make_code("code-" + client_id, grant), grant) is False
+                assert await store.find_code(h("code-" + client_id), NOW) == CodeNotFound()
+                machine = make_grant("cc-" + client_id, sub="", client_id=client_id, sid=None)
+                assert await store.start_grant(machine, make_access("cc-" + client_id, machine)) is False
+                assert await store.find_access_token(h("cc-" + client_id), NOW) is None
+                for grant_id in ("g-", "cc-"):
+                    assert await store.get_grant(grant_id + client_id) is None
+            assert await store.list_user_grants(ALICE, NOW) == []
+            await add_clients(store, [CLIENT])
+            grant = make_grant("g-back")
+            assert await store.save_code(make_code("code-back", grant), grant) is True
+            assert (await store.find_code(h("code-back"), NOW)).grant == grant
+            described = make_grant("g-described", client_id="https://app.example/client.json")
+            code = make_code("code-described", described)
+            assert await store.save_code(code, described, stored_client=False) is True
+            assert (await store.find_code(h("code-described"), NOW)).grant == described
 
     # --- browser sessions, interactions and link attempts ---------------------
 
@@ -783,7 +821,9 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
 
     @pytest_twisted.ensureDeferred
     async def test_dpop_bindings_round_trip(self):
-        async with self.store() as store:
+        client = Client(CLIENT, None, ["https://app.example/cb"], dpop_bound_access_tokens=True)
+        async with self.store(clients=()) as store:
+            await store.add_client(client)
             grant = make_grant("g1")
             code = attrs.evolve(make_code("code-g1", grant), dpop_jkt="k" * 43)
             await store.save_code(code, grant)
@@ -793,8 +833,6 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             await store.issue_tokens(access, refresh)
             assert await store.find_access_token(h("access-1"), NOW) == access
             assert await store.get_refresh_token(h("refresh-1")) == refresh
-            client = Client(CLIENT, None, ["https://app.example/cb"], dpop_bound_access_tokens=True)
-            await store.add_client(client)
             assert await store.get_client(CLIENT) == client
             interaction = make_interaction("i1")
             interaction = attrs.evolve(interaction, request=attrs.evolve(interaction.request, dpop_jkt="j" * 43))
@@ -1261,7 +1299,7 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             grants=[grant],
             refresh_tokens=[refresh],
         )
-        async with self.store() as store:
+        async with self.store(clients=()) as store:
             taken = Client(OTHER_CLIENT, None, ["https://partner.example/cb"])
             await store.add_client(taken)
             counts = await store.import_batch(
@@ -1651,6 +1689,7 @@ class StoreConcurrencyConformance(FactorConcurrencyConformance, DeviceConcurrenc
     async def store_pair(self):
         first, second = await maybeDeferred(self.make_store_pair)
         try:
+            await add_clients(first, GRANT_CLIENTS)
             yield first, second
         finally:
             await gatherResults([first.close(), second.close()])

@@ -11,7 +11,7 @@ token like any other, and lives as long as its one token.
 from __future__ import annotations
 
 from authsrv.flows.issue import issued_event
-from authsrv.protocol.errors import InvalidScope, InvalidTarget, UnauthorizedClient
+from authsrv.protocol.errors import InvalidClient, InvalidScope, InvalidTarget, UnauthorizedClient
 from authsrv.protocol.scope import parse_scope
 from authsrv.records import NO_USER, Client, Grant
 from authsrv.tokens import new_token
@@ -62,6 +62,7 @@ class ClientCredentialsGrant:
             auth_time=now, created_at=now, expires_at=now + self._limits.access_token_ttl, amr=(),
         )
         issued = self._minter.mint_for_client(grant, client, scope=scope, audience=audience, now=now, jkt=jkt)
-        await self._store.start_grant(grant, issued.access)
+        if not await self._store.start_grant(grant, issued.access):
+            raise InvalidClient("client authentication failed")  # removed since this instance cached it
         issued_event(issued, client.client_id, self.grant_type)
         return issued.response
