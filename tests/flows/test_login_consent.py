@@ -182,6 +182,21 @@ async def test_a_client_removed_while_its_user_signs_in_gets_no_code(tmp_path, m
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_client_removed_while_its_user_consents_gets_neither_code_nor_consent(tmp_path, monkeypatch, audit):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        url = await consent_page(browser, ALICE)
+        assert await h.store.remove_client("partner") is True
+        response, body = await browser.answer_consent(url, "approve")
+        assert_page(response, body, 400)
+        assert b"The application that sent you here is not known to this service." in body
+        assert await h.store.get_consent(ALICE.sub, "partner") is None
+        assert (audit.of("consent.given"), audit.of("code.issued")) == ([], [])
+    finally:
+        await h.close()
+
+
 async def test_cookies_are_secure_under_an_https_issuer(tmp_path, monkeypatch):
     h = await started(tmp_path, monkeypatch, {"server": {"public_url": "https://auth.example.test"}})
     try:

@@ -393,7 +393,11 @@ class InteractionFlow:
         )
 
     async def submit_consent(self, form: dict[str, str] | None, browser: Browser, now: int) -> Redirect:
-        """Allow: the consent is remembered and the code issued; deny: access_denied to the client."""
+        """
+        Allow: the code issued, then the consent remembered (none for a
+        client removed meanwhile, which gets no code); deny: access_denied
+        to the client.
+        """
         if form is None:
             raise _forged()
         interaction, client, session = await self._consent_stage(form, browser, now)
@@ -408,8 +412,9 @@ class InteractionFlow:
             events.consent_denied(sub=session.sub, client_id=client.client_id)
             denied = AccessDenied("the user denied the request")
             return Redirect(error_location(self._issuer, request.redirect_uri, request.state, denied), 303)
+        location = await self._issue_code(client, request, session, now)
         await self._remember_consent(session.sub, client.client_id, request.scope, now)
-        return Redirect(await self._issue_code(client, request, session, now), 303)
+        return Redirect(location, 303)
 
     async def device_session(self, client: Client, return_to: str, browser: Browser, address: str,
                              now: int) -> BrowserSession | Redirect:
