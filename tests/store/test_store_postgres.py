@@ -861,6 +861,11 @@ class TestPreparedLookups(PostgresDatabase):
 
         store = open_store(self.dsn, pool_size=1)
         try:
+            machine = make_grant("cc", sub="", sid=None)
+            described = make_grant("g-described", client_id="https://app.example/client.json")
+            assert await store.start_grant(machine, make_access("cc", machine)) is False
+            assert await store.save_code(make_code("code-described", described), described,
+                                         stored_client=False) is True
             for n, refresh in ((1, True), (2, False)):
                 grant = await start_grant(store, f"g{n}")
                 assert (await store.find_code(h(f"code-g{n}"), NOW)).grant == grant
@@ -871,7 +876,8 @@ class TestPreparedLookups(PostgresDatabase):
             ) == Rotated()
             rows = await store._pool.run(lambda db: fetch(db, "SELECT name FROM pg_prepared_statements"))
             assert {"authsrv_find_code", "authsrv_redeem_code", "authsrv_redeem_code_refresh",
-                    "authsrv_rotate_refresh"} <= {row["name"] for row in rows}
+                    "authsrv_rotate_refresh", "authsrv_save_code", "authsrv_save_code_unlisted",
+                    "authsrv_start_grant"} <= {row["name"] for row in rows}
         finally:
             await store.close()
 

@@ -539,17 +539,18 @@ class Prepared:
     A hot statement that each connection prepares once (PREPARE) and then
     runs by name (EXECUTE), so that PostgreSQL parses and plans it once per
     session instead of once per request. C{sql} has C{%(name)s} parameters,
-    as every other statement here.
+    as every other statement here; C{before}, statements sent ahead of it
+    in the same query (so in its transaction) each time it runs.
     """
 
-    def __init__(self, name: str, sql: str):
+    def __init__(self, name: str, sql: str, before: str = ""):
         order: list[str] = []
         for found in _NAMED.findall(sql):
             if found not in order:
                 order.append(found)
         self.name = name
         self.prepare = f"PREPARE {name} AS " + _NAMED.sub(lambda m: f"${order.index(m.group(1)) + 1}", sql)
-        self.execute = f"EXECUTE {name} (" + ", ".join(f"%({field})s" for field in order) + ")"
+        self.execute = before + f"EXECUTE {name} (" + ", ".join(f"%({field})s" for field in order) + ")"
 
 
 async def _prepare_again(db, statement: Prepared, params, failure: Failure):
@@ -625,6 +626,6 @@ def first(db, sql: "str | Prepared", params=None) -> Deferred:
     return fetch(db, sql, params).addCallback(_first)
 
 
-def rowcount(db, sql: str, params=None) -> Deferred:
+def rowcount(db, sql: "str | Prepared", params=None) -> Deferred:
     """Run one statement; fires with how many rows it changed."""
     return _execute(db, sql, params).addCallback(_rowcount)

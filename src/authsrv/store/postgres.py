@@ -239,13 +239,17 @@ _DEVICE = device.statements(POSTGRES, lock=" FOR UPDATE")
 _CODES = codes.statements(_T, POSTGRES)
 _FIND_CODE = _prepared("authsrv_find_code", _CODES.find)
 _FIND_CODES = _prepared("authsrv_find_codes", codes.find_lookup(_T, POSTGRES, "= ANY(%(hashes)s)"))
-# A new grant and what it starts with, stored only while its client is (the grant's insert locks the client's row);
-# a client described by its metadata document is never stored.
-_NEW_GRANT = {
-    stored: f"WITH new_grant AS ({client_grant(_T, POSTGRES, 'g_') if stored else _T.grants.insert_as('g_')}"
-    " RETURNING grant_id) "
-    for stored in (True, False)
-}
+
+
+def _new_grant(stored_client: bool) -> str:
+    """
+    A new grant, stored only while its client is (the insert locks the
+    client's row), or, for a client described by its metadata document,
+    which is never stored, stored at once; what it starts with follows.
+    """
+    insert = client_grant(_T, POSTGRES, "g_") if stored_client else _T.grants.insert_as("g_")
+    return f"WITH new_grant AS ({insert} RETURNING grant_id) "
+
 
 STEP = "SET LOCAL synchronous_commit TO off; "
 """
@@ -253,6 +257,14 @@ Put before a flow step's statement, sent in the same query: the statements
 of one query are one transaction, which then commits without waiting for
 the flush (PostgreSQL's asynchronous commit, for that transaction alone).
 """
+
+# A grant with its code or its one token, prepared: its check of the client costs nothing once planned.
+_SAVE_CODE = {
+    stored: Prepared(f"authsrv_save_code{'' if stored else '_unlisted'}",
+                     _new_grant(stored) + _T.codes.insert_as("c_", "new_grant"), before=STEP)
+    for stored in (True, False)
+}
+_START_GRANT = Prepared("authsrv_start_grant", _new_grant(True) + _T.access.insert_as("a_", "new_grant"))
 
 # Statements sent as one query, which PostgreSQL runs as one implicit
 # transaction: the address's lock is held from the lock's statement until the
@@ -335,13 +347,13 @@ class PostgresStore:
 
         return self._run(label, every)
 
-    def _count(self, label: str, sql: str, params: dict) -> Deferred:
+    def _count(self, label: str, sql: str | Prepared, params: dict) -> Deferred:
         """Run one statement; fire with how many rows it changed."""
         if _unstorable(params):
             return succeed(0)
         return self._run(label, rowcount, sql, params)
 
-    def _changed(self, label: str, sql: str, params: dict) -> Deferred:
+    def _changed(self, label: str, sql: str | Prepared, params: dict) -> Deferred:
         """Run one statement; fire True when it changed a row."""
         return self._count(label, sql, params).addCallback(bool)
 
@@ -470,8 +482,7 @@ class PostgresStore:
 
     def save_code(self, code, grant, stored_client=True):
         # One statement: the code's foreign key is checked at its end, when the grant exists.
-        return self._changed("save_code",
-            f"{STEP}{_NEW_GRANT[stored_client]}{_T.codes.insert_as('c_', 'new_grant')}",
+        return self._changed("save_code", _SAVE_CODE[stored_client],
             {**_T.grants.params(grant, "g_"), **_T.codes.params(code, "c_")},
         )
 
@@ -530,8 +541,7 @@ class PostgresStore:
 
     def start_grant(self, grant, access):
         # One statement: the token's foreign key is checked at its end, when the grant exists.
-        return self._changed("start_grant",
-            f"{_NEW_GRANT[True]}{_T.access.insert_as('a_', 'new_grant')}",
+        return self._changed("start_grant", _START_GRANT,
             {**_T.grants.params(grant, "g_"), **_T.access.params(access, "a_")},
         )
 
