@@ -280,7 +280,9 @@ class IAuthorizationCodeStore(Interface):
         False, storing nothing, when the grant's client is not stored (it
         was removed while an instance still held it in its cache), unless
         C{stored_client} is false: a client described by its metadata
-        document is never stored (L{authsrv.records.Client.stored}).
+        document is never stored (L{authsrv.records.Client.stored}). (The
+        flows take None, what a store written before this answer fires, as
+        stored.)
         """
 
     def find_code(code_hash, now, link_provider=None):

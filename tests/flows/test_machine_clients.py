@@ -308,3 +308,16 @@ async def test_a_removed_client_gets_no_token_while_an_instance_still_holds_it(h
                                       headers=basic("leaky", secret))
         assert (response.code, body["error"]) == (401, "invalid_client"), body
     assert [e["client_id"] for e in audit.of("token.issued")] == ["leaky"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_store_that_answers_none_for_a_new_grant_is_taken_as_having_stored_it(h, monkeypatch):
+    """A store plugin written before start_grant answered True still issues tokens."""
+    await h.start()
+    store_grant = h.store.start_grant
+    monkeypatch.setattr(h.store, "start_grant", lambda grant, access: store_grant(grant, access).addCallback(
+        lambda stored: None))
+    response, body = await h.json("POST", TOKEN, data={"grant_type": "client_credentials"},
+                                  headers=basic("bot", BOT_SECRET))
+    assert response.code == 200, body
+    assert (await h.store.find_access_token(token_hash(body["access_token"]), h.now())).client_id == "bot"

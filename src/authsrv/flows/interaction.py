@@ -623,7 +623,7 @@ class InteractionFlow:
             ),
             stored_client=client.stored,
         )
-        if not stored:
+        if stored is False:
             raise unknown_client()  # removed since this instance cached it
         events.code_issued(sub=session.sub, client_id=request.client_id, grant_id=grant_id)
         return code_location(self._issuer, request, code)

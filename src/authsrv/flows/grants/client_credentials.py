@@ -62,7 +62,7 @@ class ClientCredentialsGrant:
             auth_time=now, created_at=now, expires_at=now + self._limits.access_token_ttl, amr=(),
         )
         issued = self._minter.mint_for_client(grant, client, scope=scope, audience=audience, now=now, jkt=jkt)
-        if not await self._store.start_grant(grant, issued.access):
+        if await self._store.start_grant(grant, issued.access) is False:
             raise InvalidClient("client authentication failed")  # removed since this instance cached it
         issued_event(issued, client.client_id, self.grant_type)
         return issued.response
