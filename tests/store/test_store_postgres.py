@@ -797,8 +797,8 @@ class TestRemovalBesideAGrant(OwnStore):
     async def test_a_removal_waits_for_a_grant_started_beside_it_and_removes_it(self):
         grant = make_grant("g-beside")
         async with self._with_client() as (store, admin):
-            starting = self._open_transaction(postgres_store.client_grant(postgres_store._T, postgres_store.POSTGRES,
-                                                                          "g_"), postgres_store._T.grants.params(grant, "g_"))
+            insert = postgres_store.client_grant(postgres_store._T, postgres_store.POSTGRES, "g_")
+            starting = self._open_transaction(insert, postgres_store._T.grants.params(grant, "g_"))
             assert await self._after(admin, starting, store.remove_client(CLIENT)) is True
             assert await store.get_grant("g-beside") is None
 

@@ -208,7 +208,7 @@ async def add_clients(store, client_ids) -> None:
 
 
 async def start_grant(store, grant_id: str, sub: str = ALICE, client_id: str = CLIENT, **changes) -> Grant:
-    """A grant as the authorize flow starts it: saved with its code (C{code-<id>}), for a client stored first if need be."""
+    """A grant as the authorize flow starts it: saved with its code (C{code-<id>}), its client stored if need be."""
     grant = make_grant(grant_id, sub, client_id, **changes)
     if await store.get_client(client_id) is None:
         await add_clients(store, (client_id,))
