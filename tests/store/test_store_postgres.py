@@ -759,7 +759,8 @@ class TestRemovalBesideAGrant(OwnStore):
 
         for _ in range(1000):
             with admin.cursor() as cursor:
-                cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+                cursor.execute("SELECT count(*) FROM pg_stat_activity"
+                               " WHERE wait_event_type = 'Lock' AND datname = current_database()")
                 if cursor.fetchone()[0]:
                     return
             await deferLater(reactor, 0.01, lambda: None)
