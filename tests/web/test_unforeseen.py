@@ -11,6 +11,7 @@ import json
 
 import pytest
 import pytest_twisted
+from twisted.internet.defer import Deferred
 from twisted.logger import formatEvent
 
 from authsrv.config import ISSUER_PATH
@@ -43,7 +44,9 @@ def broken(*args, **kwargs):
 
 @pytest.fixture
 def harness(tmp_path, monkeypatch):
-    return Harness(tmp_path, monkeypatch)
+    harness = Harness(tmp_path, monkeypatch)
+    yield harness
+    pytest_twisted.blockon(Deferred.fromCoroutine(harness.close()))
 
 
 def logged_failures(events) -> list[dict]:
@@ -65,6 +68,13 @@ def assert_oauth_server_error(response, body: bytes) -> None:
     assert json.loads(body) == {"error": "server_error", "error_description": MESSAGE}
 
 
+def assert_api_server_error(response, body: dict) -> None:
+    """The internal and admin APIs' own error shape."""
+    assert response.code == 500
+    assert response.headers.getRawHeaders("cache-control") == ["no-store"]
+    assert body == {"error": "server_error", "message": MESSAGE}
+
+
 def assert_page(response, body: bytes) -> None:
     assert response.code == 500
     assert response.headers.getRawHeaders("content-type")[0].startswith("text/html")
@@ -81,79 +91,60 @@ def assert_page(response, body: bytes) -> None:
 async def test_what_relying_parties_call_answers_an_oauth_server_error(harness, monkeypatch, audit,
                                                                         flow, step, route, form):
     h = await harness.start()
-    try:
-        monkeypatch.setattr(flow, step, broken)
-        response, body = await h.post(ISSUER + route, {
-            **form, "client_id": "first", "client_secret": SECRETS["first"],
-        })
-        assert_oauth_server_error(response, body)
-        assert_logged(audit, "POST", ISSUER_PATH + route)
-    finally:
-        await h.close()
+    monkeypatch.setattr(flow, step, broken)
+    response, body = await h.post(ISSUER + route, {
+        **form, "client_id": "first", "client_secret": SECRETS["first"],
+    })
+    assert_oauth_server_error(response, body)
+    assert_logged(audit, "POST", ISSUER_PATH + route)
 
 
 @pytest_twisted.ensureDeferred
 async def test_pages_answer_an_error_page(harness, monkeypatch, audit):
     h = await harness.start()
-    try:
-        monkeypatch.setattr(InteractionFlow, "authorize", broken)
-        response, body = await h.get(h.authorize_url(state=SECRET_IN_REQUEST))
-        assert_page(response, body)
-        assert_logged(audit, "GET", ISSUER_PATH + "/oauth2/authorize")
+    monkeypatch.setattr(InteractionFlow, "authorize", broken)
+    response, body = await h.get(h.authorize_url(state=SECRET_IN_REQUEST))
+    assert_page(response, body)
+    assert_logged(audit, "GET", ISSUER_PATH + "/oauth2/authorize")
 
-        audit.clear()
-        monkeypatch.setattr(EndSessionFlow, "end", broken)
-        response, body = await h.get(f"{ISSUER}/oauth2/end-session?state={SECRET_IN_REQUEST}")
-        assert_page(response, body)
-        assert_logged(audit, "GET", ISSUER_PATH + "/oauth2/end-session")
-    finally:
-        await h.close()
+    audit.clear()
+    monkeypatch.setattr(EndSessionFlow, "end", broken)
+    response, body = await h.get(f"{ISSUER}/oauth2/end-session?state={SECRET_IN_REQUEST}")
+    assert_page(response, body)
+    assert_logged(audit, "GET", ISSUER_PATH + "/oauth2/end-session")
 
 
 @pytest_twisted.ensureDeferred
 async def test_the_internal_api_answers_its_own_error_shape(harness, monkeypatch, audit):
     h = await harness.start()
-    try:
-        monkeypatch.setattr(h.store, "access_state", broken)
-        response, body = await call(h, {"userId": ALICE.sub, "note": SECRET_IN_REQUEST}, headers=INTERNAL_AUTH,
-                                    path=USER_ACCESS)
-        assert response.code == 500
-        assert response.headers.getRawHeaders("cache-control") == ["no-store"]
-        assert body == {"error": "server_error", "message": MESSAGE}
-        assert_logged(audit, "POST", USER_ACCESS)
-    finally:
-        await h.close()
+    monkeypatch.setattr(h.store, "access_state", broken)
+    response, body = await call(h, {"userId": ALICE.sub, "note": SECRET_IN_REQUEST}, headers=INTERNAL_AUTH,
+                                path=USER_ACCESS)
+    assert_api_server_error(response, body)
+    assert_logged(audit, "POST", USER_ACCESS)
 
 
 @pytest_twisted.ensureDeferred
 async def test_the_admin_api_answers_its_own_error_shape(harness, monkeypatch, audit):
     a = Admin(await harness.start())
-    try:
-        monkeypatch.setattr(ClientOperations, "list", broken)
-        response, body = await a.call("GET", f"/api/admin/clients?cursor={SECRET_IN_REQUEST}")
-        assert response.code == 500
-        assert response.headers.getRawHeaders("cache-control") == ["no-store"]
-        assert body == {"error": "server_error", "message": MESSAGE}
-        assert_logged(audit, "GET", "/api/admin/clients")
-        response, body = await a.call("GET", "/api/admin/nothing")
-        assert (response.code, body["error"]) == (404, "not_found"), "routing's own answers stay Klein's"
-    finally:
-        await harness.close()
+    monkeypatch.setattr(ClientOperations, "list", broken)
+    response, body = await a.call("GET", f"/api/admin/clients?cursor={SECRET_IN_REQUEST}")
+    assert_api_server_error(response, body)
+    assert_logged(audit, "GET", "/api/admin/clients")
+    response, body = await a.call("GET", "/api/admin/nothing")
+    assert (response.code, body["error"]) == (404, "not_found"), "routing's own answers stay Klein's"
 
 
 @pytest_twisted.ensureDeferred
 async def test_the_server_answers_normally_after_a_failure(harness, monkeypatch):
     h = await harness.start()
-    try:
-        code, verifier = await save_code(h)
-        with monkeypatch.context() as patched:
-            patched.setattr(TokenFlow, "token", broken)
-            response, _ = await exchange(h, code, verifier)
-            assert response.code == 500
-        response, body = await exchange(h, code, verifier)
-        assert response.code == 200, body
-    finally:
-        await h.close()
+    code, verifier = await save_code(h)
+    with monkeypatch.context() as patched:
+        patched.setattr(TokenFlow, "token", broken)
+        response, _ = await exchange(h, code, verifier)
+        assert response.code == 500
+    response, body = await exchange(h, code, verifier)
+    assert response.code == 200, body
 
 
 def test_a_failure_past_every_route_is_an_oauth_server_error(monkeypatch, audit):
