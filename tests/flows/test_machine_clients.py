@@ -311,6 +311,36 @@ async def test_a_removed_client_gets_no_token_while_an_instance_still_holds_it(h
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_secret_ended_elsewhere_mints_nothing_more_while_this_instance_caches_its_client(h, audit):
+    """
+    Another instance ends a leaked secret (overlap 0) while this one holds
+    the client in its cache: client_credentials reads the client from the
+    store, so the old secret mints nothing more, and the new one works at
+    once. Other grants answer from the cache until that read replaces it.
+    """
+    await h.start()
+    operations = ClientOperations(store=h.store, clock=h.clock, declared=frozenset(), resolve=None)
+    _, old = await operations.create(
+        {"client_id": "leaky", "grant_types": ["client_credentials", "refresh_token"]}, actor="admin-api")
+    response, body = await h.json("POST", TOKEN, data={"grant_type": "client_credentials"},
+                                  headers=basic("leaky", old))
+    assert response.code == 200, body
+    _, new = await operations.rotate_secret("leaky", actor="admin-api", overlap=0)
+    refresh = {"grant_type": "refresh_token", "refresh_token": "unknown"}
+    _, body = await h.json("POST", TOKEN, data=refresh, headers=basic("leaky", old))
+    assert body["error"] == "invalid_grant", body  # the cached client took the old secret
+    response, body = await h.json("POST", TOKEN, data={"grant_type": "client_credentials"},
+                                  headers=basic("leaky", old))
+    assert (response.code, body["error"]) == (401, "invalid_client"), body
+    _, body = await h.json("POST", TOKEN, data=refresh, headers=basic("leaky", old))
+    assert body["error"] == "invalid_client", body  # the store's record replaced the cached one
+    response, body = await h.json("POST", TOKEN, data={"grant_type": "client_credentials"},
+                                  headers=basic("leaky", new))
+    assert response.code == 200, body
+    assert len(audit.of("token.issued")) == 2
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_store_that_answers_none_for_a_new_grant_is_taken_as_having_stored_it(h, monkeypatch):
     """A store plugin written before start_grant answered True still issues tokens."""
     await h.start()

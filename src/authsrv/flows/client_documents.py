@@ -68,9 +68,9 @@ class DocumentClients:
     def seconds(self) -> float:
         return self._clients.seconds()
 
-    async def get_client(self, client_id: str) -> Client | None:
+    async def get_client(self, client_id: str, fresh: bool = False) -> Client | None:
         if not client_id.startswith(self._schemes):
-            return await self._clients.get_client(client_id)
+            return await self._clients.get_client(client_id, fresh)
         if self._refused.get(client_id, 0.0) > self._clock.seconds():
             return None
         try:

@@ -2,8 +2,11 @@
 Clients are read on every token, introspection and revocation request and
 change rarely, so each lookup is kept for a couple of seconds: an operator's
 change reaches every instance within that time, and the hot paths save a
-trip through the store. The server key that client secret hashes are keyed
-with never changes, so it is read once.
+trip through the store. A client_credentials request is the exception: its
+secret alone mints a token, so its client is read from the store every
+time, and a secret ended or a client removed on another instance stops it
+at once. The server key that client secret hashes are keyed with never
+changes, so it is read once.
 """
 
 from __future__ import annotations
@@ -55,10 +58,11 @@ class ClientCache:
         """The clock's time, which decides whether a rotated-out client secret still works."""
         return self._clock.seconds()
 
-    async def get_client(self, client_id: str) -> Client | None:
+    async def get_client(self, client_id: str, fresh: bool = False) -> Client | None:
+        """The client, from memory unless C{fresh} asks for the store's record (which is then kept)."""
         now = self._clock.seconds()
         entry = self._entries.get(client_id)
-        if entry is not None and entry[0] > now:
+        if entry is not None and entry[0] > now and not fresh:
             return entry[1]
         client = await self._store.get_client(client_id)
         if len(self._entries) >= MAX_ENTRIES:
@@ -142,8 +146,10 @@ async def authenticate_client(
     (client_secret_basic, client_secret_post, private_key_jwt,
     client_secret_jwt, or a public client by its client_id), or L{authsrv.protocol.errors.InvalidClient}.
     C{consume} false checks an assertion without using it up (the rate
-    limiter looks before the endpoint does).
+    limiter looks before the endpoint does). A client_credentials request's
+    client is read from the store, not from the cache.
     """
+    fresh = params.get("grant_type") == "client_credentials"
     assertion = assertion_params(params)
     if assertion is not None:
         if authorization and authorization[:6].lower() == b"basic ":
@@ -153,8 +159,8 @@ async def authenticate_client(
             raise InvalidClient("client authentication failed: client_id differs from the assertion's iss")
         if clients.assertions is None:
             raise InvalidClient("client authentication failed: this server accepts no client assertions")
-        client = await clients.get_client(client_id)
+        client = await clients.get_client(client_id, fresh)
         return await clients.assertions.check(client, assertion, int(clients.seconds()), consume)
     credentials = client_credentials(authorization, params)
-    client = await clients.get_client(credentials.client_id)
+    client = await clients.get_client(credentials.client_id, fresh)
     return authenticate(client, credentials, await clients.secret_key(), int(clients.seconds()))
