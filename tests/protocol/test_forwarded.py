@@ -7,8 +7,11 @@ import ipaddress
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from twisted.internet.address import IPv6Address
+from twisted.web.test.requesthelper import DummyRequest
 
-from authsrv.protocol.forwarded import client_address, parse_networks
+from authsrv.protocol.forwarded import address_key, client_address, parse_networks
+from authsrv.web.forms import client_address_of
 
 PROXIES = parse_networks(["127.0.0.1/32", "10.0.0.0/8", "2001:db8:1::/48"])
 
@@ -50,3 +53,26 @@ def test_networks_are_checked():
 def test_any_header_text_gives_an_ip_address(forwarded, xff):
     """Whatever the headers say, the answer is an address, never their text."""
     ipaddress.ip_address(client_address("127.0.0.1", PROXIES, forwarded, xff))
+
+
+def test_an_ipv4_client_of_a_dual_stack_listener_is_its_ipv4_address():
+    """
+    A tcp6 listener's socket gives IPv4 peers as ::ffff:a.b.c.d: each keeps
+    its own count, and an IPv4 proxy named in trusted_proxies is one.
+    """
+    assert client_address("::ffff:192.0.2.7", ()) == "192.0.2.7"
+    assert address_key("::ffff:192.0.2.7") == "192.0.2.7"
+    assert address_key("::ffff:192.0.2.7") != address_key("::ffff:192.0.2.8")
+    assert client_address("::ffff:127.0.0.1", PROXIES, [], ["192.0.2.60"]) == "192.0.2.60"
+    assert client_address("127.0.0.1", PROXIES, ['for="[::ffff:192.0.2.60]"'], []) == "192.0.2.60"
+    assert client_address("127.0.0.1", PROXIES, [], ["::ffff:10.1.2.3, ::ffff:192.0.2.60"]) == "192.0.2.60"
+    assert address_key("2001:db8:cafe::17") == address_key("2001:db8:cafe::18") == "2001:db8:cafe::"
+
+
+def test_the_request_address_is_unmapped():
+    request = DummyRequest([b""])
+    request.client = IPv6Address("TCP", "::ffff:192.0.2.7", 40000)
+    assert client_address_of(request, ()) == "192.0.2.7"
+    request.client = IPv6Address("TCP", "::ffff:127.0.0.1", 40000)
+    request.requestHeaders.setRawHeaders(b"x-forwarded-for", [b"192.0.2.60"])
+    assert client_address_of(request, PROXIES) == "192.0.2.60"

@@ -3,7 +3,10 @@ The client's address behind reverse proxies (RFC 7239 Forwarded, and the
 X-Forwarded-For convention): the hops are read right to left, starting at
 the TCP peer, skipping every hop that is a trusted proxy; the first
 untrusted hop is the client. Headers are read only when the peer itself is
-trusted, since anyone else can write them.
+trusted, since anyone else can write them. An IPv4 address is always
+given as itself, never mapped into IPv6 (C{::ffff:a.b.c.d}, as a dual-stack
+listener's socket gives it): mapped, every IPv4 client would share one /64
+in L{address_key}, and a trusted IPv4 proxy would not be recognised.
 """
 
 from __future__ import annotations
@@ -28,6 +31,20 @@ def parse_networks(values: Iterable[str]) -> tuple[Network, ...]:
     return tuple(networks)
 
 
+def _plain(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str:
+    return str(getattr(ip, "ipv4_mapped", None) or ip)
+
+
+def unmapped(address: str) -> str:
+    """C{address}, or the IPv4 address it maps into IPv6."""
+    if "." not in address or ":" not in address:
+        return address
+    try:
+        return _plain(ipaddress.ip_address(address))
+    except ValueError:
+        return address
+
+
 def _address(node: str) -> str | None:
     """An RFC 7239 node (or X-Forwarded-For item) as an address, port dropped; None when not an IP."""
     node = node.strip().strip('"').strip()
@@ -36,7 +53,7 @@ def _address(node: str) -> str | None:
     elif node.count(":") == 1:
         node = node.partition(":")[0]
     try:
-        return str(ipaddress.ip_address(node))
+        return _plain(ipaddress.ip_address(node))
     except ValueError:
         return None
 
@@ -46,7 +63,7 @@ def is_trusted(address: str | None, trusted: tuple[Network, ...]) -> bool:
     if address is None or not trusted:
         return False
     try:
-        ip = ipaddress.ip_address(address)
+        ip = ipaddress.ip_address(unmapped(address))
     except ValueError:
         return False
     return any(ip in network for network in trusted)
@@ -70,6 +87,7 @@ def client_address(peer: str, trusted: tuple[Network, ...], forwarded: Iterable[
     X-Forwarded-For). A hop that is not an address, or a list that runs out
     while every hop is trusted, leaves the last trusted hop as the answer.
     """
+    peer = unmapped(peer)
     if not trusted or not is_trusted(peer, trusted):
         return peer
     forwarded = list(forwarded)
@@ -92,6 +110,7 @@ def address_key(address: str) -> str:
     host usually holds, so that a host cannot escape a per-address count (a rate
     limit, the login throttle, the pending-request cap) by changing addresses.
     """
+    address = unmapped(address)
     if ":" not in address:
         return address
     try:

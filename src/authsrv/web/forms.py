@@ -8,7 +8,7 @@ from __future__ import annotations
 from twisted.web.http import parse_qs
 
 from authsrv.protocol.errors import InvalidRequest
-from authsrv.protocol.forwarded import client_address
+from authsrv.protocol.forwarded import client_address, unmapped
 from authsrv.protocol.params import single_params
 
 FORM = b"application/x-www-form-urlencoded"
@@ -63,7 +63,7 @@ def client_address_of(request, trusted_proxies) -> str:
     rightmost untrusted hop of Forwarded or X-Forwarded-For (docs/design.md,
     Client addresses). Throttling, events and limits all use this one.
     """
-    peer = getattr(request.getClientAddress(), "host", None) or "unknown"
+    peer = unmapped(getattr(request.getClientAddress(), "host", None) or "unknown")
     if not trusted_proxies:
         return peer  # no proxy is trusted: the headers say nothing (client_address), and go unread
     headers = request.requestHeaders
