@@ -30,6 +30,7 @@ from authsrv.protocol.errors import InvalidClient, InvalidRequest, InvalidScope,
 from authsrv.protocol.logout import hint_claims
 from authsrv.protocol.params import MAX_PARAM_LENGTH, single_params
 from authsrv.protocol.scope import parse_scope, scope_text
+from authsrv.protocol.urls import csp_source, origin
 from authsrv.tokens import token_hash
 
 ISSUER = "http://127.0.0.1:8080/api/auth"
@@ -305,3 +306,39 @@ def test_any_config_file_loads_or_gives_a_one_line_error(tmp_path_factory, text)
         assert str(e) and "\n" not in str(e).strip()
         return
     assert isinstance(config, Config)
+
+
+@pytest.mark.parametrize("uri", [
+    "http://evil.example\\@127.0.0.1/cb",  # a browser goes to evil.example; urlsplit sees 127.0.0.1
+    "https://evil.example\\.app.example/cb",
+    "http://evil.example@127.0.0.1/cb",
+    "https://user:pw@app.example/cb",
+    "https://app.example;script-src-elem * 'unsafe-inline'/cb",
+    "https://app.example;report-uri=x/cb",
+    "https://app.example/c b",
+    "https://app.example/cb\u2028",
+    "https://bücher.example/cb",
+    "https://app.example/cb?x=%zz",
+    "com.example.app:/call\\back",
+])
+def test_a_redirect_uri_holds_only_uri_characters_and_a_plain_host(uri):
+    assert redirect_uri_problem(uri)
+
+
+@pytest.mark.parametrize("uri", [
+    "https://app.example/cb?x=%20&y=a+b", "https://xn--bcher-kva.example/cb", "http://127.0.0.1:51234/cb",
+    "http://[::1]/cb", "https://192.0.2.7/cb", "com.example.app:/callback", "https://app_1.example./cb",
+])
+def test_plain_redirect_uris_are_kept(uri):
+    assert redirect_uri_problem(uri) is None
+
+
+@pytest.mark.parametrize("uri, origin_, source", [
+    ("https://app.example:8443/cb?x=1", "https://app.example:8443", "https://app.example:8443"),
+    ("http://127.0.0.1:9001/cb", "http://127.0.0.1:9001", "http://127.0.0.1:9001"),
+    ("http://[::1]:9001/cb", "http://[::1]:9001", "http:"),
+    ("com.example.app:/callback", "com.example.app:", "com.example.app:"),
+])
+def test_where_a_form_may_lead_is_a_source_csp_understands(uri, origin_, source):
+    assert origin(uri) == origin_
+    assert csp_source(origin_) == source

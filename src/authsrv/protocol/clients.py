@@ -2,14 +2,25 @@
 Rules for what an operator may register for a client (OAuth 2.1 section 2.3
 and RFC 9700 section 2.1): absolute redirect URIs without fragments, https
 except on the loopback interface, or a private-use scheme for native apps.
+A redirect URI holds only RFC 3986's characters, and an http(s) one a host
+name or IP address and no user name: a browser reads
+C{http://evil.example\\@127.0.0.1/cb} as a URI on evil.example, where
+Python's parser sees 127.0.0.1, so the host checks and the browser would
+disagree.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import re
+import string
 from urllib.parse import urlsplit
 
 CLIENT_ID_MAX = 128
+_URI_CHARACTERS = frozenset(string.ascii_letters + string.digits + "-._~:/?#[]@!$&'()*+,;=%")
+_BAD_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
+_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]*[A-Za-z0-9_])?"
+_HOST_NAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*\.?")
 
 
 def is_loopback_host(host: str) -> bool:
@@ -22,8 +33,22 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
+def _is_host(host: str) -> bool:
+    """Whether C{host} is a DNS name or an IP address."""
+    if _HOST_NAME.fullmatch(host):
+        return True
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
 def redirect_uri_problem(uri: str) -> str | None:
     """What is wrong with C{uri} as a registered redirect URI, or None."""
+    if not set(uri) <= _URI_CHARACTERS or _BAD_PERCENT.search(uri):
+        return (f"{uri!r} holds characters a URI may not (RFC 3986): percent-encode spaces, backslashes,"
+                " quotes and non-ASCII characters")
     try:
         parts = urlsplit(uri)
         parts.port
@@ -33,10 +58,15 @@ def redirect_uri_problem(uri: str) -> str | None:
         return f"{uri!r} is not an absolute URI"
     if parts.fragment or uri.endswith("#"):
         return f"{uri!r} must not contain a fragment"
+    if parts.scheme in ("http", "https"):
+        if "@" in parts.netloc:
+            return f"{uri!r} must not hold a user name or password"
+        if not parts.hostname or not _is_host(parts.hostname):
+            return f"{uri!r} has no host name or IP address"
     if parts.scheme == "https":
-        return None if parts.hostname else f"{uri!r} has no host"
+        return None
     if parts.scheme == "http":
-        if parts.hostname and is_loopback_host(parts.hostname):
+        if is_loopback_host(parts.hostname):
             return None
         return f"{uri!r} must use https (plain http only on the loopback interface)"
     if "." in parts.scheme:

@@ -18,6 +18,8 @@ from importlib import resources
 
 from twisted.web.template import Tag, flattenString, tags
 
+from authsrv.protocol.urls import csp_source
+
 STYLE = """
 :root{color-scheme:light dark;font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif}
 body{margin:0;display:flex;justify-content:center;padding:2rem 1rem;line-height:1.5}
@@ -59,7 +61,7 @@ def page_headers(request, form_origin: str | None = None) -> None:
     redirects that follow a form's submission too, so a page whose form
     ends at a client (login, consent, sign-out) names that client's origin.
     """
-    policy = CONTENT_SECURITY_POLICY if form_origin is None else f"{CONTENT_SECURITY_POLICY} {form_origin}"
+    policy = CONTENT_SECURITY_POLICY if form_origin is None else f"{CONTENT_SECURITY_POLICY} {csp_source(form_origin)}"
     request.setHeader(b"content-type", b"text/html; charset=utf-8")
     request.setHeader(b"x-frame-options", b"DENY")
     request.setHeader(b"content-security-policy", policy.encode())
