@@ -14,7 +14,7 @@ import base64
 import json
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from jwcrypto import jwk, jws
 
@@ -228,8 +228,13 @@ def test_a_private_or_symmetric_jwk_is_refused(r, alg):
 
 @SETTINGS
 @given(requests(), st.one_of(st.none(), st.text(max_size=10), st.lists(st.integers(), max_size=2),
-                             st.fixed_dictionaries({"kty": st.sampled_from(["EC", "RSA", "OKP", "x"])})))
+                             st.fixed_dictionaries({"kty": st.sampled_from(["EC", "RSA", "OKP", "x"])}),
+                             st.dictionaries(st.sampled_from(["crv", "x", "y", "n", "e", "kid"]), st.text(max_size=8),
+                                             max_size=3)))
+@example(r={"scheme": "https", "host": "as.example", "port": None, "path": "/token", "method": "POST",
+            "now": 1_700_000_000}, value={})
 def test_a_missing_or_broken_jwk_is_refused(r, value):
+    """A jwk without kty made jwcrypto an empty key, whose has_private raised KeyError: a 500 once."""
     refused(r, made(r, "ES256", header={"jwk": value}), "jwk")
 
 

@@ -40,6 +40,8 @@ ASSERTION_TYPE = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
 _COMPACT_JWS = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
 MAX_ASSERTION = 8192
 _JWK_FIELDS_PRIVATE = ("d", "p", "q", "dp", "dq", "qi", "k")
+PUBLIC_KEY_TYPES = ("RSA", "EC", "OKP")
+"""The key types a client's public key may have; jwcrypto makes an unusable key of a JWK without kty."""
 
 
 def _failed(why: str) -> InvalidClient:
@@ -167,7 +169,7 @@ def public_keyset(document: str | dict) -> JWKSet:
     if not isinstance(keys, list) or not keys:
         raise ValueError('jwks must be a JWK set: {"keys": [...]} with at least one key')
     for key in keys:
-        if not isinstance(key, dict) or key.get("kty") not in ("RSA", "EC", "OKP"):
+        if not isinstance(key, dict) or key.get("kty") not in PUBLIC_KEY_TYPES:
             raise ValueError("jwks keys must be public RSA, EC or OKP keys")
         if any(name in key for name in _JWK_FIELDS_PRIVATE):
             raise ValueError("jwks holds a private key: register only the public half")

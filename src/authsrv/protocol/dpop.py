@@ -20,6 +20,7 @@ from jwcrypto.jwk import JWK
 from jwcrypto.jws import JWS
 
 from authsrv.protocol import jsontext
+from authsrv.protocol.client_assertion import PUBLIC_KEY_TYPES
 from authsrv.protocol.errors import InvalidDpopProof, UseDpopNonce
 from authsrv.records import Client
 
@@ -130,11 +131,13 @@ def _header_and_key(compact: str) -> tuple[JWS, dict, JWK]:
     jwk = header.get("jwk")
     if not isinstance(jwk, dict):
         raise InvalidDpopProof("a DPoP proof must carry the public key as jwk in its header")
+    if jwk.get("kty") not in PUBLIC_KEY_TYPES:
+        raise InvalidDpopProof("the jwk of a DPoP proof must be a public key (kty RSA, EC or OKP)")
     try:
         key = JWK(**jwk)
     except (JWException, ValueError, TypeError, KeyError):
         raise InvalidDpopProof("the jwk of the DPoP proof is not a valid key") from None
-    if key.get("kty") == "oct" or key.has_private:
+    if key.has_private:
         raise InvalidDpopProof("the jwk of a DPoP proof must be a public key, never a private or symmetric one")
     return jws, header, key
 
