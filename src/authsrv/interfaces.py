@@ -184,6 +184,16 @@ class IClientRegistry(Interface):
     def put_client(client):
         """Insert or replace a client (config-declared clients use this)."""
 
+    def change_client(before, after):
+        """
+        Replace the stored client C{before} with C{after} (the same
+        client_id) only while the stored record is still C{before}; fires
+        True, or False with nothing written when it changed or is gone
+        since it was read. An operator's change made from what it read
+        then neither undoes a change made in the meantime (a secret
+        rotated) nor brings back a removed client.
+        """
+
     def get_client(client_id):
         """Fires with the L{authsrv.records.Client} or L{None}."""
 

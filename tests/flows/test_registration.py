@@ -147,6 +147,16 @@ async def test_a_registered_client_replaces_its_metadata(tmp_path, monkeypatch):
         assert response.code == 401 and body["error"] == "invalid_token", body
         assert (await h.store.get_client(theirs["client_id"])).redirect_uris == (REDIRECT,)
         assert (await h.store.get_client(client_id)).redirect_uris == (moved,)
+        change_client = h.store.change_client
+
+        async def removed_meanwhile(before, after):
+            await h.store.remove_client(before.client_id)
+            return await change_client(before, after)
+
+        monkeypatch.setattr(h.store, "change_client", removed_meanwhile)
+        response, body = await put({"client_id": client_id, "redirect_uris": [moved], "client_name": "Agent 3"})
+        assert response.code == 401 and body["error"] == "invalid_token", body
+        assert await h.store.get_client(client_id) is None
     finally:
         await h.close()
 

@@ -292,7 +292,10 @@ class Registration:
         if method == CLIENT_SECRET_JWT and asked != method:
             changed = attrs.evolve(changed, token_endpoint_auth_method=None, sealed_secret=None)
             fields = sorted([*fields, "token_endpoint_auth_method"])
-        await self._store.put_client(changed)
+        if not await self._store.change_client(client, changed):
+            if await self._store.get_client(client_id) is None:
+                raise InvalidToken("the registration access token is not valid for this client")
+            raise InvalidClientMetadata("the client changed while this update was made: read it and send it again")
         events.client_changed(client_id=client_id, source=REGISTRATION_SOURCE, actor=REGISTRATION_SOURCE,
                               fields=fields, address=address)
         return {**client_metadata(changed, asked), "registration_client_uri": f"{self._base}/{client_id}"}

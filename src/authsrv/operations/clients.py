@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -34,6 +35,8 @@ from authsrv.tokens import CLIENT_SECRET_KEY, client_secret_hash
 DEFAULT_OVERLAP = 24 * 3600
 """How long a rotated-out secret keeps working unless the operator says otherwise."""
 MAX_OVERLAP = 30 * 24 * 3600
+CHANGE_ATTEMPTS = 3
+"""How often a change is made again on a client that another writer changed meanwhile."""
 
 
 def client_etag(client: Client) -> str:
@@ -190,6 +193,24 @@ class ClientOperations:
         events.client_created(client_id=client_id, source="operator", actor=actor)
         return client, secret
 
+    async def _change(self, client: Client, if_match: str | None, change: Callable[[Client], Client]) -> Client:
+        """
+        C{change(client)} stored only while the store still holds C{client}
+        as read (L{authsrv.interfaces.IClientRegistry.change_client}). When
+        another writer came between, C{change} is made again on what it
+        wrote, or, with C{if_match}, refused; a client removed meanwhile is
+        not found, and stays removed.
+        """
+        for attempt in range(CHANGE_ATTEMPTS):
+            if attempt:
+                client = await self._operator_client(client.client_id, "change")
+                _check_match(client, if_match)
+            changed = change(client)
+            if await self._store.change_client(client, changed):
+                return changed
+        raise Conflict(f"client {client.client_id!r} kept changing while this change was made: try again",
+                       "client_id")
+
     async def update(self, client_id: str, data: Any, *, actor: str, if_match: str | None = None) -> Client:
         """Change the settings named in C{data}; the others keep their values."""
         settings = checked_settings(data)
@@ -198,11 +219,15 @@ class ClientOperations:
         _check_match(client, if_match)
         if "backchannel_logout_uri" in settings:
             await self._check_backchannel(settings["backchannel_logout_uri"])
-        changed = attrs.evolve(client, **settings)
-        if changed.token_endpoint_auth_method != CLIENT_SECRET_JWT:
-            changed = attrs.evolve(changed, sealed_secret=None)
-        _consistent(changed, self._pushed_offered, self._dpop_offered, self._fetching)
-        await self._store.put_client(changed)
+
+        def change(client: Client) -> Client:
+            changed = attrs.evolve(client, **settings)
+            if changed.token_endpoint_auth_method != CLIENT_SECRET_JWT:
+                changed = attrs.evolve(changed, sealed_secret=None)
+            _consistent(changed, self._pushed_offered, self._dpop_offered, self._fetching)
+            return changed
+
+        changed = await self._change(client, if_match, change)
         events.client_changed(client_id=client_id, source="operator", actor=actor, fields=sorted(settings))
         return changed
 
@@ -224,19 +249,24 @@ class ClientOperations:
         if isinstance(overlap, bool) or not isinstance(overlap, int) or not 0 <= overlap <= MAX_OVERLAP:
             raise InvalidInput(f"overlap must be from 0 to {MAX_OVERLAP} seconds", "overlap")
         client = await self._operator_client(client_id, "change")
-        if client.is_public:
-            raise Conflict(f"client {client_id!r} is public: it has no secret", "client_id")
         _check_match(client, if_match)
         secret = new_client_secret(client.token_endpoint_auth_method)
         key = await self._store.server_key(CLIENT_SECRET_KEY)
         until = self._now() + overlap if overlap else None
-        rotated = attrs.evolve(
-            client, secret_hash=client_secret_hash(secret, key),
-            previous_secret_hash=client.secret_hash if until else None, previous_secret_until=until,
-        )
-        if client.token_endpoint_auth_method == CLIENT_SECRET_JWT:
-            rotated = attrs.evolve(rotated, sealed_secret=self._sealed(rotated, secret, self._current(client, until)))
-            _consistent(rotated, self._pushed_offered, self._dpop_offered, self._fetching)
-        await self._store.put_client(rotated)
+
+        def rotate(client: Client) -> Client:
+            if client.is_public:
+                raise Conflict(f"client {client_id!r} is public: it has no secret", "client_id")
+            rotated = attrs.evolve(
+                client, secret_hash=client_secret_hash(secret, key),
+                previous_secret_hash=client.secret_hash if until else None, previous_secret_until=until,
+            )
+            if client.token_endpoint_auth_method == CLIENT_SECRET_JWT:
+                rotated = attrs.evolve(rotated,
+                                       sealed_secret=self._sealed(rotated, secret, self._current(client, until)))
+                _consistent(rotated, self._pushed_offered, self._dpop_offered, self._fetching)
+            return rotated
+
+        rotated = await self._change(client, if_match, rotate)
         events.client_secret_rotated(client_id=client_id, previous_until=until, actor=actor)
         return rotated, secret

@@ -374,6 +374,9 @@ class PostgresStore:
     def put_client(self, client):
         return self._write("put_client", _T.clients.put, _T.clients.params(client))
 
+    def change_client(self, before, after):
+        return self._run("change_client", _change_client, before, after)
+
     def get_client(self, client_id):
         return self._one("get_client", _T.clients, "SELECT * FROM clients WHERE client_id = %(id)s", {"id": client_id})
 
@@ -994,6 +997,17 @@ async def _rotate_refresh(db, old_hash, new_refresh, new_access, replay, grace_u
     if old["revoked_at"] is None and old["expires_at"] > now and old["consumed_at"] is not None:
         return Replayed(bytes(old["replay"]))
     return RefreshNotFound()
+
+
+async def _change_client(db, before, after):
+    """One transaction holding the client's row lock: a change or removal beside it waits, then sees this one."""
+    await rowcount(db, "BEGIN")
+    row = await first(db, "SELECT * FROM clients WHERE client_id = %(id)s FOR UPDATE", {"id": before.client_id})
+    unchanged = _T.clients.load(row) == before
+    if unchanged:
+        await rowcount(db, _T.clients.put, _T.clients.params(after))
+    await rowcount(db, "COMMIT")
+    return unchanged
 
 
 async def _poll_device(db, device_code_hash, client_id, slow_down, now):

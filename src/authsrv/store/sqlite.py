@@ -302,6 +302,9 @@ class SQLiteStore:
     def put_client(self, client):
         return self._put("put_client", _T.clients, client)
 
+    def change_client(self, before, after):
+        return self._call("change_client", True, _change_client, before, after)
+
     def get_client(self, client_id):
         return self._query("get_client", _T.clients, "SELECT * FROM clients WHERE client_id = ?", (client_id,))
 
@@ -755,6 +758,15 @@ class SQLiteStore:
 
 
 # --- the atomic steps, each run inside one write transaction ----------------
+
+
+def _change_client(db, before, after):
+    """In the writer's transaction: nothing else writes between the read and the write."""
+    stored = _T.clients.load(db.execute("SELECT * FROM clients WHERE client_id = ?", (before.client_id,)).fetchone())
+    if stored != before:
+        return False
+    db.execute(_T.clients.put, _T.clients.params(after))
+    return True
 
 
 def _remove_client(db, client_id):

@@ -142,6 +142,13 @@ class MemoryStore:
         self.tables.clients[client.client_id] = client
 
     @_answered
+    def change_client(self, before, after):
+        if self.tables.clients.get(before.client_id) != before:
+            return False
+        self.tables.clients[after.client_id] = after
+        return True
+
+    @_answered
     def get_client(self, client_id):
         return self.tables.clients.get(client_id)
 

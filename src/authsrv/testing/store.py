@@ -433,6 +433,22 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             assert await store.list_clients() == [replacement]
 
     @pytest_twisted.ensureDeferred
+    async def test_a_client_is_changed_only_from_what_is_stored(self):
+        read = Client(CLIENT, h("one"), ["https://app.example/cb"], name="app")
+        renamed = attrs.evolve(read, name="renamed")
+        rotated = attrs.evolve(read, secret_hash=h("two"))
+        async with self.store(clients=()) as store:
+            await store.add_client(read)
+            assert await store.change_client(read, renamed) is True
+            assert await store.get_client(CLIENT) == renamed
+            await store.put_client(rotated)
+            assert await store.change_client(renamed, attrs.evolve(renamed, name="stale")) is False
+            assert await store.get_client(CLIENT) == rotated
+            assert await store.remove_client(CLIENT)
+            assert await store.change_client(rotated, renamed) is False
+            assert await store.get_client(CLIENT) is None
+
+    @pytest_twisted.ensureDeferred
     async def test_list_and_remove_clients(self):
         clients = [Client(name, None, [f"https://{name}.example/cb"]) for name in ("c", "a", "b")]
         async with self.store(clients=()) as store:
