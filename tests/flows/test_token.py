@@ -163,9 +163,17 @@ async def test_every_invalid_grant_of_a_code(tmp_path, monkeypatch):
         body = await _refused_code(h, code, verifier, redirect_uri=redirect_uri_of("first") + "/")
         assert "redirect_uri" in body["error_description"]
 
+        # Another client's attempt (any caller may claim a public client's id) neither uses the code up nor,
+        # once it is used, revokes what it issued: only the client it was issued to can.
         code, verifier = await save_code(h)
+        body = await _refused_code(h, code, verifier, client_id="partner")
+        assert "another client" in body["error_description"]
+        response, body = await exchange(h, code, verifier)
+        assert response.code == 200, body
         await _refused_code(h, code, verifier, client_id="partner")
+        assert not await _grant_revoked(h, code)
         await _refused_code(h, code, verifier)
+        assert await _grant_revoked(h, code)
 
         code, verifier = await save_code(h)
         h.clock.advance(61)

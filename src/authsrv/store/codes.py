@@ -41,9 +41,15 @@ class CodeRedeemed:
 
 @frozen
 class CodeReused:
-    """The code was redeemed before: what it issued must be revoked."""
+    """
+    The code was redeemed before: what it issued must be revoked, when the
+    client it was issued to presents it again. C{client_id} is that client,
+    as a lookup reads it (None where it was not read: a redemption that
+    lost a race, whose client was checked before).
+    """
 
     grant_id: str
+    client_id: str | None = None
 
 
 @frozen
@@ -55,7 +61,7 @@ def found(code: AuthorizationCode, used: bool, grant: Grant, ban: Ban | None, no
           link: str | None | NotRead = NOT_READ):
     """What a lookup of an existing C{code} tells: a reuse first, whatever else holds."""
     if used:
-        return CodeReused(code.grant_id)
+        return CodeReused(code.grant_id, code.client_id)
     if code.expires_at <= now or grant.revoked_at is not None:
         return CodeNotFound()
     return CodeFound(code, grant, ban, link)

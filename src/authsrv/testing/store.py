@@ -724,7 +724,7 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             assert await store.redeem_code(h("code-1"), access, refresh, NOW) == CodeRedeemed()
             assert await store.find_access_token(access.token_hash, NOW) == access
             assert await store.get_refresh_token(refresh.token_hash) == refresh
-            assert await store.find_code(h("code-1"), NOW + 1) == CodeReused("g1")
+            assert await store.find_code(h("code-1"), NOW + 1) == CodeReused("g1", CLIENT)
             assert await store.find_code(h("code-2"), NOW) == CodeNotFound()
 
     @pytest_twisted.ensureDeferred
@@ -741,7 +741,7 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             assert await store.find_access_token(first.token_hash, NOW + 1) is None
             assert await store.find_access_token(again.token_hash, NOW + 1) is None
             assert await store.get_refresh_token(h("refresh-2")) is None
-            assert await store.find_code(h("code-g1"), NOW + 2) == CodeReused("g1")
+            assert await store.find_code(h("code-g1"), NOW + 2) == CodeReused("g1", CLIENT)
 
     @pytest_twisted.ensureDeferred
     async def test_unknown_code_is_not_redeemed(self):
@@ -793,7 +793,7 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             grant = await start_grant(store, "g1")
             other = await start_grant(store, "g2")
             await store.refuse_code(h("code-g1"), NOW)
-            assert await store.find_code(h("code-g1"), NOW) == CodeReused("g1")
+            assert await store.find_code(h("code-g1"), NOW) == CodeReused("g1", CLIENT)
             assert (await store.get_grant("g1")).revoked_at == NOW
             assert await store.redeem_code(h("code-g1"), make_access("access-1", grant), None, NOW) == CodeReused("g1")
             await store.refuse_code(h("code-g1"), NOW + 1)
@@ -809,7 +809,7 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             assert await store.redeem_code(h("code-g1"), access, None, NOW) == CodeRedeemed()
             await store.refuse_code(h("code-g1"), NOW + 1)
             assert await store.find_access_token(access.token_hash, NOW + 1) is None
-            assert await store.find_code(h("code-g1"), NOW + 1) == CodeReused("g1")
+            assert await store.find_code(h("code-g1"), NOW + 1) == CodeReused("g1", CLIENT)
 
     @pytest_twisted.ensureDeferred
     async def test_save_code_of_existing_grant_fails_whole(self):

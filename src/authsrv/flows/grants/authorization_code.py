@@ -31,9 +31,7 @@ def _reused(client: Client, reused: CodeReused) -> InvalidGrant:
     return InvalidGrant("the authorization code was already used; the tokens issued for it are revoked")
 
 
-def _check_code(code: AuthorizationCode, client: Client, redirect_uri: str, verifier: str, jkt: str | None) -> None:
-    if code.client_id != client.client_id:
-        raise InvalidGrant("the authorization code was issued to another client")
+def _check_code(code: AuthorizationCode, redirect_uri: str, verifier: str, jkt: str | None) -> None:
     if code.redirect_uri != redirect_uri:
         raise InvalidGrant("redirect_uri differs from the one of the authorization request")
     if not pkce.verify(verifier, code.code_challenge):
@@ -58,14 +56,18 @@ class AuthorizationCodeGrant:
         redirect_uri = require(params, "redirect_uri")
         verifier = require(params, "code_verifier")
         result = await store.find_code(token_hash(value), now, link_provider=self._users.link_provider)
-        if isinstance(result, CodeReused):
+        if isinstance(result, CodeReused) and result.client_id in (None, client.client_id):
             await store.revoke_grant(result.grant_id, now)
             raise _reused(client, result)
         if isinstance(result, CodeNotFound):
             raise InvalidGrant(NOT_FOUND)
+        if isinstance(result, CodeReused) or result.code.client_id != client.client_id:
+            # Another client's code: refused, but neither used up nor its grant revoked, since any caller
+            # may claim a public client's id: only the client it was issued to can spend it.
+            raise InvalidGrant("the authorization code was issued to another client")
         code = result.code
         try:
-            _check_code(code, client, redirect_uri, verifier, jkt)
+            _check_code(code, redirect_uri, verifier, jkt)
             granted_audience = audience(params, code.resource)
         except OAuthError:
             await store.refuse_code(code.code_hash, now)
