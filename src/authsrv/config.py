@@ -310,7 +310,7 @@ def derived_public_url(listen: tuple[str, ...]) -> str:
     positional = [a for a in args if "=" not in a]
     named = dict(a.split("=", 1) for a in args if "=" in a)
     port = named.get("port", positional[0] if positional else "")
-    if kind not in ("tcp", "tcp6", "ssl") or not port.isdigit():
+    if kind not in ("tcp", "tcp6", "ssl") or not (port.isascii() and port.isdigit()):
         return DEFAULT_PUBLIC_URL
     interface = named.get("interface", "")
     host = interface if interface and is_loopback_host(interface) else "127.0.0.1"

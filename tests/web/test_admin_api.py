@@ -209,6 +209,10 @@ async def test_a_client_secret_jwt_client_is_created_read_and_rotated(tmp_path, 
     ({**NEW_CLIENT, "grant_types": ["password"]}, "grant_types"),
     ({**NEW_CLIENT, "rate_limit": "fast"}, "rate_limit"),
     ({**NEW_CLIENT, "refresh_grace": -1}, "refresh_grace"),
+    ({**NEW_CLIENT, "refresh_grace": "36500d"}, "refresh_grace"),
+    ({**NEW_CLIENT, "refresh_grace": "99999999999999999999d"}, "refresh_grace"),
+    ({**NEW_CLIENT, "name": "CRM\x00"}, "name"),
+    ({**NEW_CLIENT, "name": "CRM\nsecond line"}, "name"),
     ({**NEW_CLIENT, "secret_hash": "x"}, "secret_hash"),
     ({**NEW_CLIENT, "post_logout_redirect_uris": ["https://crm.example/"]}, "end_session_enabled"),
     ({**NEW_CLIENT, "public": 1}, "public"),
@@ -269,10 +273,14 @@ async def test_malformed_bodies(harness):
             method = "PUT" if path.endswith("/ban") else "POST"
             response, body = await a.call(method, path, raw=raw, headers=JSON)
             assert_problem(response, body, 400, "invalid_request")
+        response, body = await a.call("PUT", f"/api/admin/users/{BOB.sub}/ban", raw=rb'{"reason": "a\u0000b"}',
+                                      headers=JSON)
+        assert_problem(response, body, 400, "invalid_request", "reason")  # PostgreSQL text holds no NUL
         response, body = await a.call("GET", f"/api/admin/users/{BOB.sub}", headers=AUTH)
         assert body["ban"] is None and body["user"]["disabled"] is False
-        response, body = await a.call("GET", "/api/admin/clients?limit=500", headers=AUTH)
-        assert_problem(response, body, 400, "invalid_request", "limit")
+        for limit in ("500", "%C2%B2"):  # "²" is a digit to str.isdigit, and no number to int
+            response, body = await a.call("GET", f"/api/admin/clients?limit={limit}", headers=AUTH)
+            assert_problem(response, body, 400, "invalid_request", "limit")
         response, body = await a.call("GET", "/api/admin/clients?cursor=%%%", headers=AUTH)
         assert_problem(response, body, 400, "invalid_request", "cursor")
     finally:

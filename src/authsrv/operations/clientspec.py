@@ -23,6 +23,7 @@ from authsrv.protocol.targets import backchannel_uri_problem
 NAME_MAX = 200
 LIST_MAX = 50
 VALUE_MAX = 2048
+GRACE_MAX = 365 * 86400
 JWKS_MAX = 16 * 1024
 
 EDITABLE = (
@@ -38,6 +39,8 @@ EDITABLE = (
 def _text(field: str, value: Any, maximum: int = VALUE_MAX) -> str:
     if not isinstance(value, str) or not value or len(value) > maximum:
         raise InvalidInput(f"{field} must be a non-empty string of at most {maximum} characters", field)
+    if not value.isprintable():
+        raise InvalidInput(f"{field} must not hold control characters (such as NUL or a line break)", field)
     return value
 
 
@@ -109,17 +112,18 @@ def _grant_types(field: str, value: Any) -> list[str]:
 
 
 def _grace(field: str, value: Any) -> int | None:
-    """Seconds, as a whole number or a duration such as C{"30s"}; null for the server's default."""
+    """Seconds, as a whole number or a duration such as C{"30s"}, up to a year; null for the server's default."""
     if value is None:
         return None
     if isinstance(value, str):
         try:
-            return parse_duration(value)
+            value = parse_duration(value)
         except ValueError:
             pass
-    elif isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 86400 * 365:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= GRACE_MAX:
         return value
-    raise InvalidInput(f"{field} must be seconds (a whole number) or a duration such as 30s, or null", field)
+    raise InvalidInput(f"{field} must be seconds (a whole number) or a duration such as 30s, up to 365d,"
+                       " or null", field)
 
 
 def _rate(field: str, value: Any) -> str | None:

@@ -61,6 +61,8 @@ def parse_until(value: Any, now: int, field: str = "until") -> int | None:
 def _reason(value: Any, field: str = "reason") -> str:
     if not isinstance(value, str) or not value.strip() or len(value) > REASON_MAX:
         raise InvalidInput(f"{field} must be a non-empty string of at most {REASON_MAX} characters", field)
+    if not value.isprintable():
+        raise InvalidInput(f"{field} must not hold control characters (such as NUL or a line break)", field)
     return value
 
 

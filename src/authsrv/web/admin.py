@@ -101,7 +101,7 @@ def _limit(request) -> int | None:
     text = _query(request, "limit")
     if text is None:
         return None
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):  # "²" is a digit to isdigit, and no number to int
         raise InvalidInput("limit must be a whole number from 1 to 100", "limit")
     return int(text)
 
