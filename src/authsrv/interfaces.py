@@ -521,7 +521,8 @@ class ILoginThrottle(Interface):
     attempt is counted before its password is checked, in one atomic step:
     however many requests race, no more passwords are checked than the
     L{authsrv.records.ThrottlePolicy} allows. C{account} is the login name
-    as typed, normalised by the caller (NFC, casefolded), known or not, so
+    as typed, normalised by the caller as the backends compare logins
+    (L{authsrv.identity.static.login_key}), known or not, so
     that an unknown name is throttled exactly like a known one.
     """
 

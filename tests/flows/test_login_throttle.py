@@ -130,3 +130,24 @@ async def test_an_ipv6_host_cannot_escape_its_count_by_changing_addresses(tmp_pa
         assert isinstance(await attempt(login, h, PASSWORDS[ALICE.sub], "2001:db8:7:2::1"), LoggedIn)
     finally:
         await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_every_spelling_the_backends_take_as_one_login_shares_one_count(tmp_path, monkeypatch):
+    """
+    "ﬁ" and a combining accent casefold to "fi" and an accent that NFC then
+    composes: the backends compare "fíona" so, and once the throttle counted
+    that spelling apart from the plain one, five more guesses went free.
+    """
+    h = await Harness(tmp_path, monkeypatch).start()
+    try:
+        counted = []
+        attempt_of_store = h.store.attempt
+        monkeypatch.setattr(h.store, "attempt", lambda account, *rest: counted.append(account) or attempt_of_store(
+            account, *rest))
+        login = PasswordLogin(identity=h.identity, store=h.store, policy=ThrottlePolicy())
+        for spelling in ("f\u00edona", "F\u00cdONA", "fi\u0301ona", "\ufb01\u0301ona"):
+            assert isinstance(await login.log_in(spelling, "guess", "198.51.100.7", None, h.clock.seconds()), Refused)
+        assert set(counted) == {"f\u00edona"}
+    finally:
+        await h.close()

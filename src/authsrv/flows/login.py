@@ -9,7 +9,6 @@ wrong password; the real reason goes only to the audit log.
 
 from __future__ import annotations
 
-import unicodedata
 from collections import Counter
 from typing import Callable, cast
 
@@ -25,6 +24,7 @@ from authsrv.flows.standing import standing
 from authsrv.flows.together import together
 from authsrv.identity.errors import UnknownUser
 from authsrv.identity.realm import UserRealm
+from authsrv.identity.static import login_key
 from authsrv.interfaces import IUser
 from authsrv.protocol.forwarded import address_key
 from authsrv.records import ThrottlePolicy, User
@@ -37,11 +37,6 @@ LOGGED_LOGIN_MAX = 64
 KNOWN_DEVICE_TTL = 180 * 86400
 """How long a browser that signed in to an account passes that account's limit."""
 BUSY_RETRY = 5
-
-
-def account_key(login: str) -> str:
-    """Logins counted as the identity backends compare them: NFC, casefolded; unknown ones alike."""
-    return unicodedata.normalize("NFC", login).casefold()
 
 
 @frozen
@@ -123,7 +118,7 @@ class PasswordLogin:
     async def _log_in(self, login: str, password: str, address: str, device: str | None, now: float,
                       along: Callable[[], Deferred] | None, reading: Callable[[str], Deferred] | None):
         logged = login[:LOGGED_LOGIN_MAX]
-        account, seconds = account_key(login), int(now)
+        account, seconds = login_key(login), int(now)  # counted as the backends compare logins
         device_hash = token_hash(device) if device else None
         decision = await self._store.attempt(account, address_key(address), device_hash, self._policy, seconds)
         if decision.wait is not None:
