@@ -16,7 +16,7 @@ from flow_client import Browser, fuzz, location, on_reactor, shows_login_form
 from harness import CLIENTS, ISSUER, Harness, pkce_pair, query_of
 
 from authsrv.store.codes import CodeFound
-from authsrv.testing.identity import ALICE, BOB
+from authsrv.testing.identity import ALICE, BOB, PASSWORDS
 from authsrv.tokens import token_hash
 
 FIRST_REDIRECT = "http://127.0.0.1:9000/callback"
@@ -66,7 +66,10 @@ async def test_unknown_client_or_unregistered_redirect_uri_is_a_page_never_a_red
             ({"client_id": "first", "redirect_uri": "https://evil.example/callback"}, "has not registered"),
             ({"client_id": "first", "redirect_uri": FIRST_REDIRECT + "/"}, "has not registered"),
             ({"client_id": "first", "redirect_uri": FIRST_REDIRECT + "?x=1"}, "has not registered"),
-            ({"client_id": "first", "redirect_uri": PARTNER_REDIRECT}, "has not registered"),
+            ({"client_id": "first", "redirect_uri": PARTNER_REDIRECT.replace("/callback", "/elsewhere")},
+             "has not registered"),
+            ({"client_id": "first", "redirect_uri": FIRST_REDIRECT.replace("127.0.0.1", "127.0.0.2")},
+             "has not registered"),
         ]
         for params, words in cases:
             response, body = await Browser(h).get(ISSUER + "/oauth2/authorize?" + urlencode({**valid, **params}))
@@ -169,6 +172,25 @@ async def test_valid_requests_with_unknown_extras_go_on_to_the_login(tmp_path, m
             assert response.headers.getRawHeaders(b"cache-control") == [b"no-store"]
         answer = await Browser(h).post(ISSUER + "/oauth2/authorize", query_of(h.authorize_url("first")))
         assert shows_login_form(*answer)
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_loopback_redirect_uri_may_name_any_port(tmp_path, monkeypatch):
+    """RFC 8252 section 7.3: a native app listens on whichever port the system gave it for this request."""
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        elsewhere = FIRST_REDIRECT.replace(":9000/", ":51234/")
+        response, body = await browser.authorize("first", redirect_uri=elsewhere)
+        assert response.code == 200, body
+        [csp] = response.headers.getRawHeaders(b"content-security-policy")
+        assert csp.endswith(b"form-action 'self' http://127.0.0.1:51234"), csp
+        response, _ = await browser.submit_login(response, ALICE.login, PASSWORDS[ALICE.sub])
+        assert location(response).startswith(elsewhere + "?")
+        code = await h.store.find_code(token_hash(query_of(location(response))["code"]), h.now())
+        assert code.code.redirect_uri == elsewhere
     finally:
         await h.close()
 

@@ -10,10 +10,12 @@ import base64
 import hashlib
 from urllib.parse import quote
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from authsrv.protocol import pkce
+from authsrv.protocol.authorize import registered_redirect
 from authsrv.protocol.bearer import BEARER, DPOP, FORM, access_credential
 from authsrv.protocol.clientauth import ClientCredentials, client_credentials
 from authsrv.protocol.errors import InvalidRequest, InvalidScope, InvalidToken
@@ -22,6 +24,7 @@ from authsrv.protocol.oidc import at_hash
 from authsrv.protocol.params import MAX_PARAM_LENGTH, single_params
 from authsrv.protocol.replay import seal, unseal
 from authsrv.protocol.scope import parse_scope, scope_text
+from authsrv.records import Client
 
 UNRESERVED = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~"
 SCOPE_CHARS = st.characters(min_codepoint=0x21, max_codepoint=0x7E, blacklist_characters='"\\')
@@ -144,3 +147,25 @@ def test_audience_claim(audience):
     claim = audience_claim(tuple(audience))
     assert claim == (audience[0] if len(audience) == 1 else audience)
 
+
+
+NATIVE = Client("native", None, ["http://127.0.0.1/cb", "http://[::1]:8000/cb?x=1", "https://app.example/cb",
+                                 "http://localhost/cb", "com.example.app:/callback"])
+
+
+@pytest.mark.parametrize("uri", [
+    "http://127.0.0.1/cb", "http://127.0.0.1:51234/cb", "http://[::1]:9/cb?x=1", "http://[::1]/cb?x=1",
+    "https://app.example/cb", "com.example.app:/callback",
+])
+def test_a_loopback_ip_redirect_uri_matches_on_any_port(uri):
+    """RFC 8252 section 7.3: a native app listens on the port the system gives it at the time of the request."""
+    assert registered_redirect(NATIVE, uri)
+
+
+@pytest.mark.parametrize("uri", [
+    "http://127.0.0.1:5/cb2", "http://[::1]:9/cb?x=2", "https://app.example:444/cb", "http://localhost:5/cb",
+    "http://user@127.0.0.1:5/cb", "http://127.0.0.1:99999/cb", "http://127.0.0.1:5/cb#x", "https://127.0.0.1:5/cb",
+    "http://127.0.0.2:5/cb", "http://[::1]:9/cb", "com.example.app:/callback2",
+])
+def test_any_other_difference_from_a_registered_redirect_uri_is_refused(uri):
+    assert not registered_redirect(NATIVE, uri)

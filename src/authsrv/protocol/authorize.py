@@ -10,7 +10,7 @@ Pure: request arguments and records in, values or errors out.
 from __future__ import annotations
 
 import re
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from authsrv.protocol import pkce
 from authsrv.protocol.clients import CLIENT_ID_MAX
@@ -83,15 +83,45 @@ def client_id_of(args: dict[bytes, list[bytes]]) -> str | None:
     return client_id if len(client_id) <= CLIENT_ID_MAX else None
 
 
+LOOPBACK_IP_HOSTS = {"127.0.0.1": "127.0.0.1", "::1": "[::1]"}
+"""The loopback IP literals of RFC 8252 section 7.3 (not "localhost", which section 8.3 advises against)."""
+
+
+def _without_loopback_port(uri: str) -> str | None:
+    """
+    C{uri} without its port when it is plain http on a loopback IP literal
+    (127.0.0.1 or [::1]) with no user name; None for any other URI.
+    """
+    try:
+        parts = urlsplit(uri)
+        parts.port
+    except ValueError:
+        return None
+    host = LOOPBACK_IP_HOSTS.get(parts.hostname or "")
+    if parts.scheme != "http" or host is None or "@" in parts.netloc:
+        return None
+    return urlunsplit(parts._replace(netloc=host))
+
+
+def registered_redirect(client: Client, redirect_uri: str) -> bool:
+    """
+    Whether C{redirect_uri} is one C{client} registered, compared exactly
+    (RFC 9700 section 4.1.3), but for the port of a loopback IP redirect
+    URI, which a native app takes from the system at the time of the
+    request (RFC 8252 section 7.3: any port must be allowed there).
+    """
+    if redirect_uri in client.redirect_uris:
+        return True
+    plain = _without_loopback_port(redirect_uri)
+    return plain is not None and any(_without_loopback_port(uri) == plain for uri in client.redirect_uris)
+
+
 def trusted_redirect(client: Client, args: dict[bytes, list[bytes]]) -> str:
-    """
-    The redirect URI, or L{PageError}: the URI must be one the client
-    registered, compared exactly (RFC 9700 section 4.1.3).
-    """
+    """The redirect URI, or L{PageError}: the URI must be one the client registered (L{registered_redirect})."""
     redirect_uri = one_param(args, b"redirect_uri")
     if redirect_uri is None:
         raise unsafe("The application did not say where to return to (redirect_uri is missing or repeated).")
-    if redirect_uri not in client.redirect_uris:
+    if not registered_redirect(client, redirect_uri):
         raise unsafe("The application asked to return to an address it has not registered.")
     return redirect_uri
 
