@@ -152,7 +152,7 @@ async def test_error_descriptions_never_echo_the_request(tmp_path, monkeypatch):
             query = query_of(location(response))
             assert "script" not in query["error_description"] and "x.example" not in query["error_description"]
             assert set(query["error_description"]) <= allowed
-        repeated = h.authorize_url("first") + "&" + "&".join(["%3Cscript%3E=1"] * 2)
+        repeated = h.authorize_url("first") + "&" + "&".join(["nonce=%3Cscript%3E"] * 2)
         response, _ = await Browser(h).get(repeated)
         query = assert_error_redirect(response, "invalid_request")
         assert "script" not in query["error_description"]
@@ -172,6 +172,9 @@ async def test_valid_requests_with_unknown_extras_go_on_to_the_login(tmp_path, m
             assert response.headers.getRawHeaders(b"cache-control") == [b"no-store"]
         answer = await Browser(h).post(ISSUER + "/oauth2/authorize", query_of(h.authorize_url("first")))
         assert shows_login_form(*answer)
+        # RFC 6749 section 3.1: a parameter the server does not know is ignored, even repeated or not UTF-8.
+        response, body = await Browser(h).get(h.authorize_url("first") + "&foo=1&foo=2&bar=%ff")
+        assert shows_login_form(response, body), body
     finally:
         await h.close()
 

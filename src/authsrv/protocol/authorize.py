@@ -39,6 +39,16 @@ _DESCRIPTION_JUNK = re.compile(r'[^\x20-\x21\x23-\x5b\x5d-\x7e]')
 PROMPTS = frozenset({"none", "login", "consent"})
 MAX_AGE_DIGITS = 10
 UNSAFE_TITLE = "Sign-in cannot continue"
+AUTHORIZE_PARAMS = frozenset(name.encode() for name in (
+    "response_type", "client_id", "redirect_uri", "scope", "state", "code_challenge", "code_challenge_method",
+    "nonce", "prompt", "max_age", "login_hint", "acr_values", "claims", "request", "request_uri",
+    "response_mode", "dpop_jkt", "id_token_hint",
+))
+"""
+The parameters an authorization request is read for (C{resource} apart,
+as it may be repeated); any other is ignored unread, as RFC 6749 section
+3.1 asks, even when repeated or not UTF-8.
+"""
 
 
 class AuthorizeError(Exception):
@@ -237,7 +247,7 @@ def parse_request(client: Client | None, args: dict[bytes, list[bytes]], *,
         raise unknown_client()
     redirect_uri = trusted_redirect(client, args)
     try:
-        params = single_params({k: v for k, v in args.items() if k != b"resource"})
+        params = single_params({k: v for k, v in args.items() if k in AUTHORIZE_PARAMS})
     except InvalidRequest:
         malformed = InvalidRequest("a parameter is repeated, too long, or not UTF-8 text; send each once")
         raise AuthorizeError(malformed, redirect_uri, one_param(args, b"state")) from None
