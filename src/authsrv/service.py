@@ -419,7 +419,7 @@ def public_flows(config: Config, reactor, store, keystore, identity, grants: Gra
     interaction = InteractionFlow(
         store=store, clients=clients, identity=identity, login=login, sessions=sessions,
         limits=config.limits, issuer=config.issuer, factors=factors, show_ban_reason=config.show_ban_reason,
-        passkeys=passkeys, pushed=pushed, dpop=dpop is not None,
+        passkeys=passkeys, pushed=pushed, dpop=dpop is not None, keystore=keystore,
     )
     device = verification = None
     if config.device.enabled:

@@ -6,11 +6,13 @@ and when a user with a session is asked again (prompt, max_age).
 
 from __future__ import annotations
 
+import json
 from urllib.parse import quote_from_bytes, urlencode
 
 import pytest_twisted
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from jwcrypto import jwk, jws
 
 from flow_client import Browser, fuzz, location, on_reactor, shows_login_form
 from harness import CLIENTS, ISSUER, Harness, pkce_pair, query_of
@@ -250,6 +252,40 @@ async def test_a_live_session_skips_the_login_and_prompt_login_or_max_age_ask_ag
         assert await h.store.get_session(first.session_hash, h.now()) is None
         response, _ = await browser.authorize("first", max_age="50")
         assert response.code == 302
+    finally:
+        await h.close()
+
+
+def id_token_of(h: Harness, sub: str, key=None) -> str:
+    now = h.now()
+    claims = {"iss": ISSUER, "sub": sub, "aud": "first", "iat": now - 7200, "exp": now - 3600, "auth_time": now}
+    if key is None:
+        return h.keystore.sign(claims, "RS256", "JWT")
+    token = jws.JWS(json.dumps(claims).encode())
+    token.add_signature(key, "RS256", protected=json.dumps({"alg": "RS256", "kid": key.key_id}))
+    return token.serialize(compact=True)
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_id_token_hint_for_another_user_asks_for_a_sign_in(tmp_path, monkeypatch):
+    """
+    OIDC Core section 3.1.2.1: the client expects the user its (perhaps
+    expired) ID token names; another user signed in here is asked to sign
+    in again, or with prompt=none the client hears login_required.
+    """
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        await browser.sign_in(ALICE, "first")
+        response, _ = await browser.authorize("first", id_token_hint=id_token_of(h, ALICE.sub), prompt="none")
+        assert "code" in query_of(location(response))
+        response, _ = await browser.authorize("first", id_token_hint=id_token_of(h, BOB.sub), prompt="none")
+        assert_error_redirect(response, "login_required", state="st4te")
+        assert shows_login_form(*await browser.authorize("first", id_token_hint=id_token_of(h, BOB.sub)))
+        stranger = jwk.JWK.generate(kty="RSA", size=2048, kid="stranger")
+        for hint in (id_token_of(h, ALICE.sub, key=stranger), "not-a-token"):
+            response, _ = await browser.authorize("first", id_token_hint=hint)
+            assert_error_redirect(response, "invalid_request", state="st4te")
     finally:
         await h.close()
 

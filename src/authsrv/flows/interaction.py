@@ -49,12 +49,14 @@ from authsrv.protocol.authorize import (
     consent_needed,
     error_location,
     login_needed,
+    one_param,
     parse_request,
     refuse_silently,
     unknown_client,
 )
-from authsrv.protocol.errors import AccessDenied, PageError
+from authsrv.protocol.errors import AccessDenied, InvalidRequest, PageError
 from authsrv.protocol.forwarded import address_key
+from authsrv.protocol.logout import hint_claims
 from authsrv.protocol.profiles import code_ttl_for
 from authsrv.protocol.pushed import must_push
 from authsrv.protocol.urls import origin
@@ -139,7 +141,8 @@ class InteractionFlow:
 
     def __init__(self, *, store, clients, identity, login, sessions, limits, issuer: str,
                  factors: SecondFactors, show_ban_reason: bool = False, passkeys: Passkeys | None = None,
-                 pushed: PushedRequests | None = None, dpop: bool = False):
+                 pushed: PushedRequests | None = None, dpop: bool = False, keystore=None):
+        self._keystore = keystore
         self._pushed = pushed
         self._dpop = dpop
         self._factors = factors
@@ -175,6 +178,7 @@ class InteractionFlow:
             request = parse_request(client, args, push_required=push_required)
             assert client is not None, "parse_request refuses an unknown client"
             session = await live_session(self._store, self._identity, browser.session, now)
+            request = self._with_hint(args, request, session)
             if session is None or login_needed(request, session, now):
                 refuse_silently(request, login=True, consent=False)
                 if by_reference:
@@ -187,6 +191,26 @@ class InteractionFlow:
             return await self._after_login(client, request, session, browser, now, 302)
         except AuthorizeError as e:
             return Redirect(error_location(self._issuer, e.redirect_uri, e.state, e.error))
+
+    def _with_hint(self, args: dict[bytes, list[bytes]], request: AuthorizationRequest,
+                   session: BrowserSession | None) -> AuthorizationRequest:
+        """
+        OIDC Core section 3.1.2.1: an C{id_token_hint} names the user the
+        client expects. Another user signed in here must sign in again (or,
+        with prompt=none, the client hears login_required); a hint this
+        server did not sign is invalid_request. Its expiry is not checked.
+        """
+        hint = one_param(args, b"id_token_hint")
+        if not hint or self._keystore is None:
+            return request
+        try:
+            claims = hint_claims(hint, self._keystore.public_keyset(), self._keystore.algorithms, self._issuer)
+        except PageError:
+            error = InvalidRequest("id_token_hint is not an ID token this server issued")
+            raise AuthorizeError(error, request.redirect_uri, request.state) from None
+        if session is not None and session.sub == claims["sub"]:
+            return request
+        return attrs.evolve(request, prompt=request.prompt | {"login"})
 
     async def login_form(self, form: dict[str, str] | None, now: int) -> LoginForm:
         interaction, client = await self._interaction(form, LOGIN_STAGE, now)
