@@ -109,6 +109,15 @@ def test_too_many_form_fields_get_400():
     listener.assert_serves()
 
 
+@pytest.mark.parametrize("page", ["/mfa", "/mfa/enrol", "/account", "/account/password", "/device", "/consent"])
+def test_a_page_refuses_too_many_fields_with_a_page(page):
+    """A browser sees each form's refusal as a page, not as JSON."""
+    listener = Listener({"max_form_fields": 10})
+    _, transport = listener.send(form("/api/auth" + page, [(f"f{n}", "v") for n in range(11)]))
+    assert_page(*parse(transport), 400, "too many parameters")
+    listener.assert_serves()
+
+
 def test_an_oversized_body_gets_413_and_the_connection_closes():
     listener = Listener({"max_body_bytes": 2048})
     protocol, transport = listener.send(form(TOKEN, {"grant_type": "x" * 3000}))

@@ -28,7 +28,9 @@ from authsrv.web.request import SERVER, BoundedRequest
 INTERNAL_PREFIX = b"/api/internal"
 ADMIN_PREFIX = b"/api/admin/"
 PAGE_PREFIXES = tuple(
-    (ISSUER_PATH + p).encode() for p in ("/oauth2/authorize", "/oauth2/end-session", "/login", "/consent", "/link/")
+    (ISSUER_PATH + p).encode() for p in (
+        "/oauth2/authorize", "/oauth2/end-session", "/login", "/consent", "/link/", "/mfa", "/account", "/device",
+    )
 )
 """Browser pages: their refusals are HTML; everything else reads JSON."""
 
