@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from authsrv.compactjson import compact
 from authsrv.protocol.dpop import ALGORITHMS
-from authsrv.protocol.errors import DpopChallenge
+from authsrv.protocol.errors import DpopChallenge, NoAccessToken
 
 
 def allow_any_origin(request) -> None:
@@ -56,6 +56,8 @@ def oauth_error(request, error) -> bytes:
             f'DPoP realm="authsrv", error="{error.error}", error_description="{description}",'
             f' algs="{" ".join(ALGORITHMS)}"'.encode(),
         )
+    elif isinstance(error, NoAccessToken):
+        request.setHeader(b"www-authenticate", b'Bearer realm="authsrv"')
     elif error.error in ("invalid_token", "insufficient_scope"):
         request.setHeader(
             b"www-authenticate",
