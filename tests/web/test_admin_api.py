@@ -200,6 +200,7 @@ async def test_a_client_secret_jwt_client_is_created_read_and_rotated(tmp_path, 
 @pytest.mark.parametrize("body,field", [
     ({**NEW_CLIENT, "client_id": ""}, "client_id"),
     ({**NEW_CLIENT, "client_id": 5}, "client_id"),
+    ({**NEW_CLIENT, "client_id": "crm/eu"}, "client_id"),
     ({k: v for k, v in NEW_CLIENT.items() if k != "redirect_uris"}, "redirect_uris"),
     ({**NEW_CLIENT, "redirect_uris": []}, "redirect_uris"),
     ({**NEW_CLIENT, "redirect_uris": ["http://crm.example/cb"]}, "redirect_uris"),
