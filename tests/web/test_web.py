@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import pytest_twisted
 from treq.testing import StubTreq
 from twisted.internet.defer import Deferred, fail
 from twisted.internet.task import Clock
@@ -17,6 +18,7 @@ from authsrv.config import parse_config
 from authsrv.service import web_root
 
 from fakes import FakeIdentity, FakeKeystore, FakeStore
+from harness import BASE as BASE_OF_HARNESS, Harness
 
 BASE = "https://auth.example.com"
 ISSUER = BASE + "/api/auth"
@@ -162,3 +164,15 @@ def test_unknown_path_and_method(server):
     response, body = get(server, "/healthz", method="DELETE")
     assert response.code == 405
     assert json.loads(body)["error"] == "method_not_allowed"
+
+
+@pytest_twisted.ensureDeferred
+async def test_no_path_is_redirected_to_a_host_the_request_named(tmp_path, monkeypatch):
+    """werkzeug redirected a doubled slash to an absolute URL built from the Host header."""
+    h = await Harness(tmp_path, monkeypatch).start()
+    try:
+        for path in ("/api/auth//account", "/api/auth//consent", "/api/auth/account/", "/api/admin//clients"):
+            response, _ = await h.get(BASE_OF_HARNESS + path, headers={"Host": "evil.example"})
+            assert not 300 <= response.code < 400 and not response.headers.hasHeader("location"), path
+    finally:
+        await h.close()

@@ -14,7 +14,6 @@ from __future__ import annotations
 from functools import wraps
 from urllib.parse import quote
 
-from klein import Klein
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from authsrv.configsection import parse_duration
@@ -36,6 +35,7 @@ from authsrv.store.errors import StoreUnavailable
 from authsrv.web.bearer import BearerSecret
 from authsrv.web.failures import MESSAGE, SERVER_ERROR, unforeseen_in_klein
 from authsrv.web.headers import json_body
+from authsrv.web.routes import RoutedKlein
 
 PREFIX = "/api/admin"
 MAX_BODY = 64 * 1024
@@ -145,7 +145,7 @@ def _endpoint(handler):
 class AdminAPI:
     """The admin routes over L{AdminOperations}; C{actor} names the credential in audit events."""
 
-    app = Klein()
+    app = RoutedKlein()
 
     def __init__(self, *, operations: AdminOperations, secret: str, actor: str):
         self._ops = operations

@@ -34,7 +34,17 @@ def _patterns(url_map) -> dict[str, str]:
 
 
 class RoutedKlein(Klein):
-    """A L{Klein} that sets C{request.route} to the matched rule's pattern before the route runs."""
+    """
+    A L{Klein} that sets C{request.route} to the matched rule's pattern
+    before the route runs, and redirects no path to another spelling of it:
+    werkzeug's redirect for merged or trailing slashes builds its absolute
+    Location from the request's Host header, which anyone can write.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.url_map.merge_slashes = False
+        self.url_map.strict_slashes = False
 
     def execute_endpoint(self, endpoint, request, *args, **kwargs):
         request.route = _patterns(self.url_map)[endpoint]  # type: ignore[attr-defined]
