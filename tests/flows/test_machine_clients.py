@@ -75,6 +75,9 @@ async def test_a_client_token_for_itself(h):
     assert response.code == 200, body
     assert body["scope"] == "reports.read reports.write"  # openid is never a client's own
     assert set(body) == {"access_token", "token_type", "expires_in", "scope"}
+    _, blank = await h.json("POST", TOKEN, data={"grant_type": "client_credentials", "scope": "   "},
+                            headers=basic("bot", BOT_SECRET))
+    assert blank["scope"] == body["scope"], blank  # a blank scope is no scope asked: all the client may have
     access = await h.store.find_access_token(token_hash(body["access_token"]), h.now())
     assert access.sub == "" and not access.for_user
     response, answer = await h.json("GET", USERINFO, headers={"Authorization": f"Bearer {body['access_token']}"})

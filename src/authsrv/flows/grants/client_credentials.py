@@ -21,11 +21,11 @@ USER_SCOPES = frozenset({"openid", "offline_access"})
 
 
 def client_scope(client: Client, params: dict[str, str]) -> frozenset[str]:
-    """The scope asked for, within what the client may ask for; all of that when none is asked."""
+    """The scope asked for, within what the client may ask for; all of that when none is asked (or a blank one)."""
     allowed = frozenset(client.scopes) - USER_SCOPES
-    if "scope" not in params:
+    asked = parse_scope(params.get("scope", ""))
+    if not asked:
         return allowed
-    asked = parse_scope(params["scope"])
     if asked & USER_SCOPES:
         raise InvalidScope(f"{' and '.join(sorted(asked & USER_SCOPES))} need a user; client_credentials has none")
     if not asked <= allowed:
