@@ -59,14 +59,12 @@ def redirect_uri_problem(uri: str) -> str | None:
     if parts.fragment or uri.endswith("#"):
         return f"{uri!r} must not contain a fragment"
     if parts.scheme in ("http", "https"):
+        host = parts.hostname
         if "@" in parts.netloc:
             return f"{uri!r} must not hold a user name or password"
-        if not parts.hostname or not _is_host(parts.hostname):
+        if not host or not _is_host(host):
             return f"{uri!r} has no host name or IP address"
-    if parts.scheme == "https":
-        return None
-    if parts.scheme == "http":
-        if is_loopback_host(parts.hostname):
+        if parts.scheme == "https" or is_loopback_host(host):
             return None
         return f"{uri!r} must use https (plain http only on the loopback interface)"
     if "." in parts.scheme:
