@@ -22,7 +22,7 @@ from twisted.logger import formatEvent, globalLogPublisher
 from authsrv.chat.config import DEFAULT_SCOPES, ChatConfig, chat_config
 from authsrv.chat.crypto import ACCESS, REFRESH, TokenCipher, UndecryptableToken, key_from_text, new_key_text
 from authsrv.chat.errors import ChatNotLinked, ChatProviderUnavailable, ChatRefreshRefused
-from authsrv.chat.provider import ChatProvider
+from authsrv.chat.provider import MAX_EXPIRES_IN, ChatProvider
 from authsrv.chat.tokens import ChatTokens, ProviderToken
 from authsrv.configsection import ConfigError, Section
 from authsrv.context import PluginContext
@@ -477,3 +477,17 @@ def test_config_errors(monkeypatch, extra, message):
     with pytest.raises(ConfigError) as caught:
         chat_config(section(extra))
     assert str(caught.value).startswith(message), str(caught.value)
+
+
+@pytest.mark.parametrize("expires_in", [300_000_000_000, 10**20])
+@pytest_twisted.ensureDeferred
+async def test_a_lifetime_of_centuries_is_taken_as_a_year_and_the_rotated_refresh_token_kept(world, expires_in):
+    """Such an expires_in once overflowed SQLite's integer, or a date, after the provider had rotated."""
+    async with sqlite_store(world.path) as store:
+        _, grant = await world.link(store, 299)
+        world.fake.expires_in = expires_in
+        token = await world.call(world.tokens(store))
+        assert token.expires_at == NOW + MAX_EXPIRES_IN
+        saved = await store.get_linked_account(ALICE.sub, "discord")
+        assert saved.expires_at == NOW + MAX_EXPIRES_IN
+        assert world.cipher.decrypt(saved.refresh_token_enc, ACCOUNT, REFRESH) != grant["refresh_token"]

@@ -38,6 +38,12 @@ from authsrv.protocol.urls import with_query
 
 MAX_BODY = 64 * 1024
 DEFAULT_EXPIRES_IN = 3600
+MAX_EXPIRES_IN = 365 * 86400
+"""
+The longest access token lifetime believed: a provider's larger expires_in
+is taken as this, since its answer may carry a rotated refresh token that
+must be kept, and a lifetime of centuries fits neither the store nor a date.
+"""
 """RFC 6749 makes expires_in optional; a provider that omits it is taken to mean an hour."""
 
 _NETWORK_ERRORS = (
@@ -187,7 +193,7 @@ class ChatProvider:
             or str(body.get("token_type", "bearer")).lower() != "bearer"
         ):
             raise ChatProviderUnavailable("the chat platform's token answer is malformed")
-        return ProviderTokens(access, refresh, scope, expires_in)
+        return ProviderTokens(access, refresh, scope, min(expires_in, MAX_EXPIRES_IN))
 
     async def _call(self, method: str, url: str, **kwargs) -> tuple[int, dict]:
         """(status, JSON object body) of one request, the whole of it within the timeout."""
