@@ -22,10 +22,11 @@ from token_helpers import exchange, verify_jwt
 
 from authsrv.config import parse_config
 from authsrv.configsection import ConfigError
-from authsrv.flows.mfa import MfaPolicy, reset_factors
+from authsrv.flows.login import Throttled
+from authsrv.flows.mfa import CodeRefused, MfaPolicy, SecondFactors, reset_factors
 from authsrv.protocol.errors import InvalidRequest
 from authsrv.protocol.oidc import mfa_requested, requested_acr
-from authsrv.records import ACR_MFA, ACR_PWD
+from authsrv.records import ACR_MFA, ACR_PWD, ThrottlePolicy
 from authsrv.testing.identity import ALICE, BOB, PASSWORDS
 
 TOTP_PAGE = ISSUER + "/account/mfa/totp"
@@ -425,3 +426,25 @@ def test_requested_acr_reads_acr_values_and_the_claims_request():
     assert mfa_requested((ACR_MFA, "urn:unknown"))
     assert not mfa_requested((ACR_PWD, ACR_MFA)), "a client that accepts a password does not ask for more"
     assert not mfa_requested(("urn:unknown",))
+
+
+@pytest_twisted.ensureDeferred
+async def test_codes_from_everywhere_are_held_to_ten_an_hour(tmp_path, monkeypatch):
+    """
+    With the password known, codes guessed from a new address each time met
+    only the password limit (a hundred every fifteen minutes): weeks to a
+    live code. Ten failures an hour hold every further guess.
+    """
+    h = await started(tmp_path, monkeypatch)
+    try:
+        _, secret, _ = await enrolled(h)
+        factors = SecondFactors(store=h.store, policy=MfaPolicy("optional", DAY), throttle=ThrottlePolicy(),
+                                issuer_label="test")
+        live = {code_at(secret, h.now() + drift) for drift in (-30, 0, 30)}
+        wrong = next(code for code in ("000000", "111111", "222222", "333333") if code not in live)
+        for n in range(10):
+            assert isinstance(await factors.verify(ALICE.sub, wrong, f"203.0.113.{n}", None, h.now()), CodeRefused)
+        held = await factors.verify(ALICE.sub, code_at(secret, h.now()), "203.0.113.99", None, h.now())
+        assert isinstance(held, Throttled) and held.retry_after > 15 * 60
+    finally:
+        await h.close()
