@@ -313,7 +313,13 @@ async def test_user_code_guessing_is_throttled_over_the_whole_code_space(tmp_pat
             assert response.code == 200 and b"not right" in body
         response, body = await h.get(f"/api/auth/device?user_code={codes['user_code']}",
                                      headers={"X-Forwarded-For": "203.0.113.9, 10.0.0.2"})
-        assert response.code == 429 and b"Too many attempts" in body
+        assert response.code == 429 and b"Too many attempts" in body and b"sign in first" in body
+        # A signed-in browser's codes count under its user: the guesses from everywhere do not hold it back.
+        user = Browser(h)
+        await user.sign_in(ALICE, "first")
+        response, _ = await user.request("GET", f"{ISSUER}/device?user_code={codes['user_code']}",
+                                         headers={"X-Forwarded-For": "203.0.113.10, 10.0.0.2"})
+        assert response.code == 200, "the approval form"
         h.clock.advance(15 * 60)
         codes = await start(h)
         response, _ = await h.get(f"/api/auth/device?user_code={codes['user_code']}",

@@ -6,10 +6,12 @@ where a person signs in (the same sign-in as for an authorization request,
 second factors included), gives the code and approves or denies the device.
 
 User codes are short, so guessing them is throttled like passwords: every
-code given counts in the store's login throttle under one account key for
-the whole code space (L{THROTTLE_ACCOUNT}), per client address with a
-growing delay and from everywhere together; a code that turns out live is
-forgiven. Codes are stored only as hashes.
+code given counts in the store's login throttle, per client address with a
+growing delay and from everywhere together: under one account key for the
+whole code space (L{THROTTLE_ACCOUNT}) from a browser not signed in, under
+the user's own from one that is, so that guesses from everywhere cannot
+keep a signed-in user from connecting a device. A code that turns out live
+is forgiven. Codes are stored only as hashes.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from authsrv.store.errors import AlreadyExists
 from authsrv.tokens import new_token, token_hash
 
 THROTTLE_ACCOUNT = "device:user-codes"
-"""The login throttle's account key of the whole user-code space."""
+"""The login throttle's account key of the whole user-code space, for browsers not signed in."""
 SAVE_TRIES = 3
 """A new user code that collides with a live one is drawn again, up to this many times."""
 WRONG_CODE = "That code is not right, or it was used already or expired. Check the code your device shows."
@@ -146,6 +148,7 @@ class DeviceVerification:
         self._policy = policy
         self._limits = limits
         self._page = f"{issuer}/device"
+        self._account = f"{issuer}/account"
 
     async def page(self, user_code: str | None, browser: Browser, address: str,
                    now: int) -> DeviceCodeForm | DeviceConsent | Redirect:
@@ -155,7 +158,8 @@ class DeviceVerification:
         """
         if not user_code:
             return DeviceCodeForm()
-        found = await self._live_code(user_code, address, now)
+        signed_in = await live_session(self._store, self._identity, browser.session, now)
+        found = await self._live_code(user_code, address, now, None if signed_in is None else signed_in.sub)
         if isinstance(found, DeviceCodeForm):
             return found
         key, device, client = found
@@ -214,16 +218,19 @@ class DeviceVerification:
         """
         The code's stored form, its pending request and client; or the code
         form again saying why not. Every well-formed code counts in the
-        throttle first; a live one is forgiven.
+        throttle first, under the signed-in user C{sub} if any; a live one
+        is forgiven.
         """
         key = user_code_key(user_code)
         if key is None:
             return DeviceCodeForm(200, user_code[:16], NOT_A_CODE)
-        decision = await self._store.attempt(THROTTLE_ACCOUNT, address_key(address), None, self._policy.throttle,
-                                             now)
+        account = THROTTLE_ACCOUNT if sub is None else f"{THROTTLE_ACCOUNT}:{sub}"
+        decision = await self._store.attempt(account, address_key(address), None, self._policy.throttle, now)
         if decision.wait is not None:
             events.device_code_failed(address=address, reason=f"throttled for {decision.wait}s", sub=sub)
-            return DeviceCodeForm(429, shown(key), too_many_attempts(decision.wait), decision.wait)
+            message = too_many_attempts(decision.wait) + ("" if sub is not None else (
+                f" Or sign in first at {self._account}: then only your own attempts count."))
+            return DeviceCodeForm(429, shown(key), message, decision.wait)
         device = await self._store.find_device_authorization(token_hash(key), now)
         client = None if device is None else await self._clients.get_client(device.client_id)
         if device is None or device.status != DEVICE_PENDING or client is None:
