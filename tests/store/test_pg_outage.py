@@ -106,6 +106,7 @@ async def test_every_route_answers_503_while_the_store_fails(tmp_path, monkeypat
             headers={"Authorization": f"Bearer {INTERNAL_SECRET}", "Content-Type": "application/json"},
         )
         assert (response.code, json.loads(body)["error"]) == (503, "temporarily_unavailable")
+        assert response.headers.getRawHeaders(b"retry-after") == [b"5"]
 
         response, body = await h.request("GET", "/readyz")
         assert (response.code, json.loads(body)["status"]) == (503, "unavailable")

@@ -6,6 +6,9 @@ from authsrv.compactjson import compact
 from authsrv.protocol.dpop import ALGORITHMS
 from authsrv.protocol.errors import DpopChallenge, NoAccessToken
 
+RETRY_AFTER = b"5"
+"""Seconds a caller waits before it tries again when the store or an identity backend is unavailable."""
+
 
 def allow_any_origin(request) -> None:
     request.setHeader(b"access-control-allow-origin", b"*")

@@ -23,7 +23,7 @@ from authsrv.store.errors import StoreUnavailable
 from authsrv.web.bearer import BearerSecret
 from authsrv.web.failures import MESSAGE, SERVER_ERROR, unforeseen_in_klein
 from authsrv.web.forms import client_address_of
-from authsrv.web.headers import json_body
+from authsrv.web.headers import RETRY_AFTER, json_body
 from authsrv.web.routes import Endpoint, ExactPaths, RoutedKlein
 
 PREFIX = "/api/internal"
@@ -102,9 +102,11 @@ def _endpoint(handler):
             request.setHeader(b"retry-after", str(limited.retry_after).encode())
             return _problem(request, RequestProblem(429, limited.error, limited.description))
         except BackendUnavailable:
+            request.setHeader(b"retry-after", RETRY_AFTER)
             return _problem(request, RequestProblem(
                 503, "temporarily_unavailable", "the identity backend is unavailable; try again"))
         except StoreUnavailable:
+            request.setHeader(b"retry-after", RETRY_AFTER)
             return _problem(request, RequestProblem(
                 503, "temporarily_unavailable", "the store is unavailable; try again"))
 

@@ -40,7 +40,7 @@ from authsrv.web.account_pages import account_page
 from authsrv.web.device_pages import device_code_page, device_consent_page
 from authsrv.web.failures import oauth_server_error, unforeseen_in_klein
 from authsrv.web.forms import client_address_of, form_args, form_params, page_form, userinfo_form_token
-from authsrv.web.headers import allow_any_origin, json_body, jwt_body, method_not_allowed, oauth_error
+from authsrv.web.headers import RETRY_AFTER, allow_any_origin, json_body, jwt_body, method_not_allowed, oauth_error
 from authsrv.web.interaction_pages import (
     consent_page,
     enrolment_page,
@@ -52,7 +52,6 @@ from authsrv.web.interaction_pages import (
 from authsrv.web.pages import error_page, render_page
 from authsrv.web.routes import Endpoint, ExactPaths, RoutedKlein
 
-RETRY_AFTER = b"5"
 JSON_ENDPOINTS = (
     b"/oauth2/token", b"/oauth2/par", b"/oauth2/userinfo", b"/oauth2/introspect", b"/oauth2/revoke",
     b"/oauth2/device-authorization",
