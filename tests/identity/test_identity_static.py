@@ -6,6 +6,7 @@ reactor thread.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import stat
 import tempfile
@@ -326,7 +327,7 @@ def test_add_user_keeps_existing_text_and_mode(tmp_path):
     assert stat.S_IMODE(path.stat().st_mode) == 0o640
     bob = tomllib.loads(text)["users"][1]
     assert (bob["sub"], bob["disabled"], bob["disabled_reason"]) == ("b", True, "gone")
-    assert [p.name for p in tmp_path.iterdir()] == ["users.toml"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".users.toml.lock", "users.toml"]  # no temporary file
 
 
 @pytest.mark.parametrize(
@@ -403,7 +404,7 @@ async def test_edits_keep_the_operators_comments_order_and_mode(tmp_path, contex
         "# our staff\n" + ALICE_TABLE.replace('login = "alice"', 'login = "alice"  # since 2019')
         + "\n# the night shift\n# end of staff\n"
     )
-    assert [p.name for p in tmp_path.iterdir()] == ["users.toml"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".users.toml.lock", "users.toml"]  # no temporary file
 
 
 @pytest_twisted.ensureDeferred
@@ -593,3 +594,24 @@ def test_realm_user_removed_meanwhile():
     failures = []
     UserRealm(_Backend(None)).requestAvatar(ALICE.sub, None, IUser).addErrback(failures.append)
     assert failures[0].check(UnknownUser)
+
+
+def test_an_edit_waits_for_another_process_editing_and_keeps_its_change(tmp_path):
+    """
+    Each worker, and the operator command, writes the whole file anew: one
+    that read before another wrote wrote over its change (a hash upgrade
+    lost, a disablement undone). Each holds the lock beside the file from
+    its read to its write.
+    """
+    path = tmp_path / "users.toml"
+    path.write_text(ALICE_TABLE)
+    other = os.open(tmp_path / ".users.toml.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(other, fcntl.LOCK_EX)  # another process is editing
+    adding = threading.Thread(target=add_user, args=(path,), kwargs={"login": "bob", "password_hash": CHEAP_HASH})
+    adding.start()
+    adding.join(timeout=0.5)
+    assert adding.is_alive(), "the edit waits for the lock"
+    path.write_text(ALICE_TABLE + "\n" + ALICE_TABLE.replace("alice", "carol").replace('sub = "', 'sub = "c'))
+    os.close(other)
+    adding.join(timeout=10)
+    assert [user["login"] for user in tomllib.loads(path.read_text())["users"]] == ["alice", "carol", "bob"]

@@ -13,12 +13,14 @@ loaded before keep being served, since a typo must not lock everyone out.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import stat
 import tempfile
 import tomllib
 import unicodedata
 import uuid
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Callable
@@ -310,19 +312,23 @@ class StaticIdentityBackend:
         new_hash = await self._verifier.rehash(password)
         old_hash = account.password_hash
 
-        def change(users, index):
-            if users[index]["password_hash"] == old_hash:
-                _set(users[index], "password_hash", new_hash)
+        def change(users, index) -> bool:
+            if users[index]["password_hash"] != old_hash:
+                return False
+            _set(users[index], "password_hash", new_hash)
+            return True
 
         try:
-            await self._edit(account.user.login, change)
+            upgraded = await self._edit(account.user.login, change)
         except (OSError, ValueError) as e:
             log.error(
                 "password hash of {login!r} not upgraded to the configured argon2id parameters: {problem}",
                 login=account.user.login, problem=str(e),
             )
         else:
-            log.info("password hash of {login!r} upgraded to the configured argon2id parameters", login=account.user.login)
+            if upgraded:
+                log.info("password hash of {login!r} upgraded to the configured argon2id parameters",
+                         login=account.user.login)
         return account.user.sub
 
     def user_by_id(self, sub: str) -> Deferred:
@@ -380,33 +386,37 @@ class StaticIdentityBackend:
         accounts = await self._on_file_thread(_read, self._path)
         return [a.user for a in sorted(accounts, key=lambda a: login_key(a.user.login))]
 
-    async def _edit(self, login: str, change) -> None:
+    async def _edit(self, login: str, change) -> bool:
         """
         Apply C{change(users, index)} to the C{[[users]]} table of C{login}
         in the file's tomlkit document (on the file's thread), so that the
         operator's comments and order survive; the result is validated
-        before it replaces the file.
+        before it replaces the file. A change that returns False leaves the
+        file as it is, and so does this (False).
         """
-        await self._on_file(self._rewrite, login, change)
+        return await self._on_file(self._rewrite, login, change)
 
-    def _rewrite(self, login: str, change) -> None:
-        try:
-            text = self._path.read_bytes().decode("utf-8")
-        except UnicodeDecodeError:
-            raise ValueError(f"{self._path.name}: not UTF-8 text") from None
-        self._check(text)
-        document = tomlkit.parse(text)
-        users = document.get("users", [])
-        key = None if credential_text(login) is None else login_key(login)
-        index = next((i for i, table in enumerate(users) if login_key(table["login"]) == key), None)
-        if index is None:
-            raise ValueError(f"{self._path}: no user with login {login!r}")
-        change(users, index)
-        if not users:
-            del document["users"]
-        new_text = tomlkit.dumps(document)
-        self._check(new_text)
-        _write_atomically(self._path, new_text)
+    def _rewrite(self, login: str, change) -> bool:
+        with _editing(self._path):
+            try:
+                text = self._path.read_bytes().decode("utf-8")
+            except UnicodeDecodeError:
+                raise ValueError(f"{self._path.name}: not UTF-8 text") from None
+            self._check(text)
+            document = tomlkit.parse(text)
+            users = document.get("users", [])
+            key = None if credential_text(login) is None else login_key(login)
+            index = next((i for i, table in enumerate(users) if login_key(table["login"]) == key), None)
+            if index is None:
+                raise ValueError(f"{self._path}: no user with login {login!r}")
+            if change(users, index) is False:
+                return False
+            if not users:
+                del document["users"]
+            new_text = tomlkit.dumps(document)
+            self._check(new_text)
+            _write_atomically(self._path, new_text)
+            return True
 
     def _check(self, text: str) -> None:
         try:
@@ -494,6 +504,22 @@ def _toml_table(fields: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+@contextmanager
+def _editing(path: Path):
+    """
+    Held around each read, change and write of the users file: an exclusive
+    lock on a file beside it, so that the server's workers and the operator
+    command, each of which writes the whole file anew, never write over a
+    change another made after it read.
+    """
+    fd = os.open(path.parent / f".{path.name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def _write_atomically(path: Path, text: str) -> None:
     """
     Replace C{path} with C{text} so that readers see the old or the new file,
@@ -569,6 +595,12 @@ def add_user(
         new = _account(Section(dict(fields), "", path.parent))
     except ConfigError as e:
         raise ValueError(str(e)) from None
+    with _editing(path):
+        return _append(path, fields, new.user)
+
+
+def _append(path: Path, fields: dict, user: User) -> User:
+    """Append C{user}'s table to the file, unless its login or sub is taken."""
     try:
         text = path.read_bytes().decode("utf-8")
     except FileNotFoundError:
@@ -576,11 +608,11 @@ def add_user(
     except UnicodeDecodeError:
         raise ConfigError(path.name, "not UTF-8 text") from None
     users = _Users.of(_parse(text, path.name))
-    taken = users.by_login.get(login_key(new.user.login))
+    taken = users.by_login.get(login_key(user.login))
     if taken is not None:
         raise ValueError(f"login {taken.user.login!r} is already taken by user {taken.user.sub!r}")
-    if new.user.sub in users.by_sub:
-        raise ValueError(f"sub {new.user.sub!r} is already taken by login {users.by_sub[new.user.sub].user.login!r}")
+    if user.sub in users.by_sub:
+        raise ValueError(f"sub {user.sub!r} is already taken by login {users.by_sub[user.sub].user.login!r}")
     separator = "\n" if not text or text.endswith("\n") else "\n\n"
     new_text = text + separator + _toml_table(fields)
     try:
@@ -588,4 +620,4 @@ def add_user(
     except ConfigError as e:
         raise ValueError(f"cannot append a [[users]] table to {path.name}: {e}") from None
     _write_atomically(path, new_text)
-    return new.user
+    return user
