@@ -822,6 +822,28 @@ async def test_frozen_directory_times_out_without_retrying(slapd, context):
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_burst_on_a_frozen_directory_waits_about_one_timeout_not_one_per_pool_round(slapd, context):
+    """
+    Twelve lookups on two threads, each waiting out a one-second search on a
+    frozen directory, took six seconds for the last; a lookup that waited
+    longer than a search may take is refused without asking.
+    """
+    config = slapd.backend_config(search_timeout=1, bind_timeout=1, pool_size=2)
+    async with opened(context, config) as directory:
+        assert (await directory.user_by_id(CAROL_SUB)).login == "carol"
+        slapd.pause()
+        try:
+            started = time.monotonic()
+            outcomes = await gatherResults([directory.user_by_id(CAROL_SUB).addErrback(lambda f: f.value)
+                                            for _ in range(12)])
+            assert all(isinstance(outcome, BackendUnavailable) for outcome in outcomes)
+            assert time.monotonic() - started < 3.5
+        finally:
+            slapd.resume()
+        assert (await directory.user_by_id(CAROL_SUB)).login == "carol"
+
+
+@pytest_twisted.ensureDeferred
 async def test_connection_pool_is_bounded(slapd, context):
     async with opened(context, slapd.backend_config(pool_size=2)) as directory:
         users = await gatherResults([directory.user_by_id(CAROL_SUB) for _ in range(20)])

@@ -6,6 +6,7 @@ entries, required groups followed through nested groups.
 from __future__ import annotations
 
 import secrets
+import time
 import uuid
 
 from attrs import frozen
@@ -121,7 +122,20 @@ class LdapIdentityBackend:
         self._attributes = list(dict.fromkeys(a for a in wanted if a))
 
     def _in_thread(self, function, *args) -> Deferred:
-        return deferToThreadPool(self._reactor, self._pool, function, *args)
+        """
+        C{function(*args)} on the pool, unless the call waited there longer
+        than a search may take: the directory is not keeping up (hung, say),
+        and asking it still would hold each waiting request for another
+        timeout, one pool's worth at a time, a burst of them for minutes.
+        """
+        queued = time.monotonic()
+
+        def run():
+            if time.monotonic() - queued > self._settings.search_timeout:
+                raise BackendUnavailable("the directory did not keep up: requests waited longer than a search may take")
+            return function(*args)
+
+        return deferToThreadPool(self._reactor, self._pool, run)
 
     # -- IIdentityBackend --
 
