@@ -18,7 +18,7 @@ import attrs
 from attrs import frozen
 from twisted.application.internet import TimerService
 from twisted.application.service import MultiService
-from twisted.internet.defer import Deferred, gatherResults, maybeDeferred
+from twisted.internet.defer import Deferred, FirstError, gatherResults, maybeDeferred
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.protocol import ServerFactory
 from twisted.internet.threads import deferToThreadPool
@@ -66,6 +66,7 @@ from authsrv.flows.sessions import SessionEnder
 from authsrv.flows.token import TokenFlow
 from authsrv.flows.userinfo import UserInfoFlow, UserInfoSigner
 from authsrv.identity.cache import DEFAULT_SECONDS as DEFAULT_STANDING_CACHE, StandingCache
+from authsrv.keys.postgres import KeystoreUnavailable
 from authsrv.identity.chain import IdentityChain
 from authsrv.identity.passwords import hasher_of
 from authsrv.interfaces import IChatLinkSource, IUserManagement
@@ -87,6 +88,7 @@ from authsrv.protocol.discovery import (
 from authsrv.protocol.dpop import ALGORITHMS as DPOP_ALGORITHMS
 from authsrv.records import Client
 from authsrv.remote_documents import RemoteDocuments
+from authsrv.store.errors import StoreUnavailable
 from authsrv.tls import hsts_headers, listen_problem, resolve_tls_paths
 from authsrv.tokens import CLIENT_SECRET_KEY, keyed_form
 from authsrv.web.accesslog import AccessLog
@@ -269,8 +271,16 @@ class AuthsrvService(MultiService):
         d = gatherResults(
             [self.keystore.maintain(now), self.store.gc(now, GC_BATCH)], consumeErrors=True
         )
-        d.addErrback(lambda f: self.log.failure("maintenance failed", f))
+        d.addErrback(self._maintenance_failed)
         return d
+
+    def _maintenance_failed(self, failure) -> None:
+        """An outage puts the round off with one line (the pool logs the outage itself); anything else is a failure."""
+        error = failure.value.subFailure.value if failure.check(FirstError) else failure.value
+        if isinstance(error, (StoreUnavailable, KeystoreUnavailable)):
+            self.log.warn("maintenance put off: {error}", error=str(error))
+        else:
+            self.log.failure("maintenance failed", failure)
 
     def stopService(self):
         return Deferred.fromCoroutine(self._stop())

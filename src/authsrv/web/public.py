@@ -50,6 +50,7 @@ from authsrv.web.interaction_pages import (
     second_factor_page,
 )
 from authsrv.web.pages import error_page, render_page
+from authsrv.web.quiet import QuietWarnings
 from authsrv.web.routes import Endpoint, ExactPaths, RoutedKlein
 
 JSON_ENDPOINTS = (
@@ -123,6 +124,7 @@ class PublicSite:
         self._cookies = cookies
         self._flows = flows
         self._readiness = readiness
+        self._quiet = QuietWarnings(self.log, clock)
 
     def resource(self) -> ExactPaths:
         """The hottest routes as plain leaves by their path (L{Endpoint}), the rest through Klein."""
@@ -605,10 +607,10 @@ class PublicSite:
                 request.setHeader(b"retry-after", str(error.retry_after).encode())
             return error_page(request, error.status, error.title, error.message)
         if isinstance(error, StoreUnavailable):
-            self.log.warn("store unavailable: {error}", error=str(error))
+            self._quiet.warn("store unavailable", error)
             return self._try_later(request, "the service cannot reach its database; try again")
         if isinstance(error, BackendUnavailable):
-            self.log.warn("identity backend unavailable: {error}", error=str(error))
+            self._quiet.warn("identity backend unavailable", error)
             return self._try_later(request, "the service cannot reach its user directory; try again")
         return None
 
