@@ -12,6 +12,7 @@ import pytest_twisted
 from treq.testing import StubTreq
 from twisted.internet.defer import Deferred, fail
 from twisted.internet.task import Clock
+from twisted.logger import capturedLogs, formatEvent
 
 
 from authsrv.config import parse_config
@@ -151,11 +152,13 @@ def test_not_ready_while_the_store_fails(server):
 
 def test_not_ready_while_the_store_hangs(server):
     server.store.answer = Deferred
-    d = server.http.get(BASE + "/readyz")
-    server.clock.advance(2.0)
-    server.http.flush()
-    response = result(d)
+    with capturedLogs() as events:
+        d = server.http.get(BASE + "/readyz")
+        server.clock.advance(2.0)
+        server.http.flush()
+        response = result(d)
     assert response.code == 503
+    assert "readiness: store unreachable: no answer within 2 s" in [formatEvent(e) for e in events]
 
 
 def test_unknown_path_and_method(server):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from twisted.internet.defer import Deferred, gatherResults, maybeDeferred
+from twisted.internet.defer import Deferred, TimeoutError as DeferredTimeout, gatherResults, maybeDeferred
 from twisted.logger import Logger
 
 TIMEOUT = 2.0
@@ -40,8 +40,9 @@ class Readiness:
 
     def _reachable(self, part: str, call: Callable[[], Deferred]) -> Deferred:
         def unreachable(failure) -> bool:
-            log.warn("readiness: {part} unreachable: {error}", part=part,
-                     error=failure.getErrorMessage() or failure.type.__name__)
+            error = (f"no answer within {self._timeout:g} s" if failure.check(DeferredTimeout)
+                     else failure.getErrorMessage() or failure.type.__name__)
+            log.warn("readiness: {part} unreachable: {error}", part=part, error=error)
             return False
 
         d = maybeDeferred(call).addTimeout(self._timeout, self._clock)
