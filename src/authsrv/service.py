@@ -377,13 +377,15 @@ def _documents(config: Config, keystore, grant_types: tuple[str, ...], offered: 
         return made[oidc, features]
 
     long_lived = b"public, max-age=3600"
+    oidc = Named(StaticBytes(lambda: document(True), b"application/json", long_lived), "openid-configuration")
+    oauth = Named(StaticBytes(lambda: document(False), b"application/json", long_lived), "oauth-authorization-server")
     return {
-        f"{issuer_path}/.well-known/openid-configuration".encode(): Named(StaticBytes(
-            lambda: document(True), b"application/json", long_lived
-        ), "openid-configuration"),
-        f"{issuer_path}/.well-known/oauth-authorization-server".encode(): Named(StaticBytes(
-            lambda: document(False), b"application/json", long_lived
-        ), "oauth-authorization-server"),
+        # Each where OIDC Discovery appends it to the issuer, and where RFC 8414 section 3.1 inserts it
+        # between the host and the issuer's path (some clients look only there).
+        f"{issuer_path}/.well-known/openid-configuration".encode(): oidc,
+        f"/.well-known/openid-configuration{issuer_path}".encode(): oidc,
+        f"{issuer_path}/.well-known/oauth-authorization-server".encode(): oauth,
+        f"/.well-known/oauth-authorization-server{issuer_path}".encode(): oauth,
         f"{issuer_path}/jwks".encode(): Named(StaticBytes(
             keystore.jwks_bytes, b"application/jwk-set+json", f"public, max-age={JWKS_MAX_AGE}".encode()
         ), "jwks"),

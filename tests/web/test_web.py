@@ -161,6 +161,14 @@ def test_not_ready_while_the_store_hangs(server):
     assert "readiness: store unreachable: no answer within 2 s" in [formatEvent(e) for e in events]
 
 
+def test_the_metadata_is_where_rfc_8414_inserts_it_too(server):
+    """RFC 8414 section 3.1: between the host and the issuer's path, as strict clients look for it."""
+    for name in ("oauth-authorization-server", "openid-configuration"):
+        appended, inserted = (get(server, path)[1] for path in (
+            f"/api/auth/.well-known/{name}", f"/.well-known/{name}/api/auth"))
+        assert inserted == appended and json.loads(inserted)["issuer"] == ISSUER
+
+
 def test_unknown_path_and_method(server):
     response, body = get(server, "/nope")
     assert (response.code, json.loads(body)["error"]) == (404, "not_found")
