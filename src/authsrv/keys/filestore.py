@@ -126,6 +126,11 @@ def locked_folder(folder: Path) -> Iterator[None]:
         os.close(fd)
 
 
+def _signing(ring: KeyRing) -> dict[str, str]:
+    """The kid each algorithm signs with."""
+    return {info.alg: info.kid for info in ring.infos() if info.state == "active"}
+
+
 @implementer(IKeystore)
 class FileKeystore:
     """
@@ -205,16 +210,38 @@ class FileKeystore:
         return self._ring.infos()
 
     def rotate(self, now, actor=OPERATOR):
+        """
+        Retire the keys this process signs with, if they still are the
+        stored ones: when several processes (workers, instances, the
+        operator command) ask for a rotation at about the same moment, or
+        one whose keys were rotated since it last read them, the first
+        rotates and the others adopt it, instead of each promoting the next
+        key another generated only an instant before, which no relying
+        party has yet.
+        """
         def rotate():
             with self._lock:
-                return self._apply(
-                    now, lambda ring: ring.rotate(now, self.retention, self.algorithms)
-                )
+                signing = _signing(self._ring)
+                due: list[str] = []
 
-        return self._in_thread(rotate).addCallback(self._rotated, self.algorithms, actor)
+                def change(ring: KeyRing) -> KeyRing:
+                    stored = _signing(ring)
+                    due[:] = [alg for alg in self.algorithms if stored.get(alg) == signing.get(alg)]
+                    return ring.rotate(now, self.retention, due) if due else ring
+
+                return self._apply(now, change), tuple(due)
+
+        return self._in_thread(rotate).addCallback(self._after_rotate, actor)
+
+    def _after_rotate(self, result, actor: str) -> list:
+        ring, due = result
+        if due:
+            return self._rotated(ring, due, actor)
+        self._log.info("Signing keys already rotated by another process; adopted", event="key_rotation_adopted")
+        return ring.infos()
 
     def _rotated(self, ring: KeyRing, algorithms, actor: str) -> list:
-        active = {info.alg: info.kid for info in ring.infos() if info.state == "active"}
+        active = _signing(ring)
         events.key_rotated(algorithms=list(algorithms), active={alg: active[alg] for alg in algorithms}, actor=actor)
         return ring.infos()
 

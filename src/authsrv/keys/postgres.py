@@ -27,7 +27,7 @@ from jwcrypto.jwk import JWK
 
 from authsrv.chat.crypto import TokenCipher, UndecryptableToken, key_from_text
 from authsrv.configsection import ConfigError, Section
-from authsrv.keys.filestore import OPERATOR, FileKeystore, read_options
+from authsrv.keys.filestore import FileKeystore, read_options
 from authsrv.keys.ring import InvalidKeys, KeyRing, RingKey
 from authsrv.migrations import Ledger, MigrationError, PostgresMigration, advisory_lock_id, migrate, schema_steps
 from authsrv.pg.pool import first_line
@@ -189,37 +189,5 @@ class KeyTable:
                 )
 
 
-def _signing(ring: KeyRing) -> dict[str, str]:
-    return {info.alg: info.kid for info in ring.infos() if info.state == "active"}
-
-
 class PostgresKeystore(FileKeystore):
-    """
-    L{FileKeystore} over a L{KeyTable}, with one difference: L{rotate}
-    retires the key this instance signs with, so when several instances
-    (or the operator command) ask for a rotation at the same moment, the
-    first does it and the others adopt it, instead of each promoting the
-    next key another one generated only an instant before.
-    """
-
-    def rotate(self, now, actor=OPERATOR):
-        def rotate():
-            with self._lock:
-                signing = _signing(self._ring)
-                due: list[str] = []
-
-                def change(ring: KeyRing) -> KeyRing:
-                    stored = _signing(ring)
-                    due[:] = [alg for alg in self.algorithms if stored.get(alg) == signing.get(alg)]
-                    return ring.rotate(now, self.retention, due) if due else ring
-
-                return self._apply(now, change), tuple(due)
-
-        return self._in_thread(rotate).addCallback(self._after_rotate, actor)
-
-    def _after_rotate(self, result, actor: str) -> list:
-        ring, due = result
-        if due:
-            return self._rotated(ring, due, actor)
-        self._log.info("Signing keys already rotated by another instance; adopted", event="key_rotation_adopted")
-        return ring.infos()
+    """L{FileKeystore} over a L{KeyTable}."""

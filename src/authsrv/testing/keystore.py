@@ -279,3 +279,22 @@ class KeystoreConformance:
         assert _sorted(keystore.keys()) == _sorted(other.keys())
         assert _header(keystore.sign(CLAIMS))["kid"] == upcoming.kid
         assert await keystore.reload() is False
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_rotation_asked_of_a_process_behind_another_adopts_it(self):
+        """
+        Another process rotated (a worker, the operator command); this one,
+        not yet reloaded, is asked to rotate too: it takes the other's
+        rotation, and does not promote the next key made an instant before,
+        which no relying party has yet.
+        """
+        keystore = await self._make()
+        (upcoming,) = _by_state(keystore, "RS256", "next")
+        other = await self._reopen()
+        now = _active(other).activated_at + 60
+        await other.rotate(now)
+
+        await keystore.rotate(now + 1)
+
+        assert _active(keystore).kid == upcoming.kid
+        assert _sorted(keystore.keys()) == _sorted(other.keys())
