@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from authsrv.protocol.errors import InvalidRequest, InvalidToken, NoAccessToken
+from authsrv.protocol.errors import InvalidRequest, InvalidToken
 
 _CREDENTIAL = re.compile(rb"([Bb][Ee][Aa][Rr][Ee][Rr]|[Dd][Pp][Oo][Pp]) +([A-Za-z0-9\-._~+/]+=*) *")
 BEARER = "Bearer"
@@ -16,7 +16,7 @@ def access_credential(authorization: bytes | None, form_token: str | None) -> tu
     """
     How a request presents its access token (L{BEARER}, L{DPOP} or L{FORM})
     and the token: from C{Authorization: Bearer} (RFC 6750 2.1) or C{DPoP},
-    or the form body's C{access_token} (2.2), never both; L{NoAccessToken}
+    or the form body's C{access_token} (2.2), never both; L{InvalidToken}
     when there is none or the header is neither credential.
     """
     if authorization is not None and form_token is not None:
@@ -24,11 +24,9 @@ def access_credential(authorization: bytes | None, form_token: str | None) -> tu
     if form_token is not None:
         return FORM, form_token
     if authorization is None:
-        raise NoAccessToken("an access token is required: send Authorization: Bearer <token>")
+        raise InvalidToken("an access token is required: send Authorization: Bearer <token>")
     match = _CREDENTIAL.fullmatch(authorization)
-    if match is None and authorization.split(b" ", 1)[0].lower() in (b"bearer", b"dpop"):
-        raise InvalidToken("the Authorization header's access token is malformed")
     if match is None:
-        raise NoAccessToken("the Authorization header must carry a Bearer or DPoP access token")
+        raise InvalidToken("the Authorization header must carry a Bearer or DPoP access token")
     scheme = DPOP if match.group(1).lower() == b"dpop" else BEARER
     return scheme, match.group(2).decode("ascii")

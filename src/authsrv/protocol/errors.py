@@ -125,13 +125,6 @@ class InvalidToken(OAuthError):
     status = 401
 
 
-class NoAccessToken(InvalidToken):
-    """
-    RFC 6750 section 3.1: no access token at all, or one in a scheme the
-    server does not take; the challenge then names no error, only the scheme.
-    """
-
-
 class InvalidRedirectURI(OAuthError):
     """RFC 7591 section 3.2.2: a redirect URI a client may not register."""
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from authsrv.compactjson import compact
 from authsrv.protocol.dpop import ALGORITHMS
-from authsrv.protocol.errors import DpopChallenge, NoAccessToken
+from authsrv.protocol.errors import DpopChallenge
 
 RETRY_AFTER = b"5"
 """Seconds a caller waits before it tries again when the store or an identity backend is unavailable."""
@@ -59,8 +59,6 @@ def oauth_error(request, error) -> bytes:
             f'DPoP realm="authsrv", error="{error.error}", error_description="{description}",'
             f' algs="{" ".join(ALGORITHMS)}"'.encode(),
         )
-    elif isinstance(error, NoAccessToken):
-        request.setHeader(b"www-authenticate", b'Bearer realm="authsrv"')
     elif error.error in ("invalid_token", "insufficient_scope"):
         request.setHeader(
             b"www-authenticate",
