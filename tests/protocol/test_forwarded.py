@@ -76,3 +76,10 @@ def test_the_request_address_is_unmapped():
     request.client = IPv6Address("TCP", "::ffff:127.0.0.1", 40000)
     request.requestHeaders.setRawHeaders(b"x-forwarded-for", [b"192.0.2.60"])
     assert client_address_of(request, PROXIES) == "192.0.2.60"
+
+
+def test_a_trusted_proxy_written_mapped_into_ipv6_is_still_trusted():
+    """Peers are given as IPv4 addresses, so an IPv4 block written as ::ffff:a.b.c.d/n is read as that block."""
+    proxies = parse_networks(["::ffff:10.0.0.0/104", "::ffff:127.0.0.1"])
+    assert proxies == parse_networks(["10.0.0.0/8", "127.0.0.1"])
+    assert client_address("::ffff:10.0.0.1", proxies, [], ["203.0.113.9"]) == "203.0.113.9"

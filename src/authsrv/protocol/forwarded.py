@@ -20,12 +20,22 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 _FOR = re.compile(r'(?:^|;)\s*for\s*=\s*("[^"]*"|[^;,\s]*)', re.IGNORECASE)
 
 
+_MAPPED = ipaddress.IPv6Network("::ffff:0:0/96")
+
+
+def _plain_network(network: Network) -> Network:
+    """An IPv4 block written mapped into IPv6 (C{::ffff:10.0.0.0/104}) as the IPv4 block, as addresses are given."""
+    if isinstance(network, ipaddress.IPv6Network) and network.subnet_of(_MAPPED):
+        return ipaddress.IPv4Network((int(network.network_address) & 0xFFFFFFFF, network.prefixlen - 96))
+    return network
+
+
 def parse_networks(values: Iterable[str]) -> tuple[Network, ...]:
     """Addresses and CIDR blocks; L{ValueError} names the first that is neither."""
     networks = []
     for value in values:
         try:
-            networks.append(ipaddress.ip_network(value.strip(), strict=False))
+            networks.append(_plain_network(ipaddress.ip_network(value.strip(), strict=False)))
         except ValueError:
             raise ValueError(f"{value!r} is not an IP address or CIDR block") from None
     return tuple(networks)
