@@ -518,3 +518,19 @@ def test_admin_config_defaults(monkeypatch):
     monkeypatch.setenv("AUTHSRV_TEST_ADMIN", STRONG)
     admin = parse_config({"internal": {"listen": ["tcp:0"]}, "admin": {"secret_env": "AUTHSRV_TEST_ADMIN"}}, None).admin
     assert (admin.secret, admin.name, admin.listen, admin.serve_on_main) == (STRONG, "admin-api", (), False)
+
+
+@pytest_twisted.ensureDeferred
+async def test_names_in_any_script_with_any_space_are_kept(harness):
+    """Only control characters are refused in a name: no-break and ideographic spaces and joiners are text."""
+    a = await started(harness)
+    try:
+        for n, name in enumerate(("Acme\u00a0Corp", "\u682a\u5f0f\u4f1a\u793e\u3000\u30c6\u30b9\u30c8",
+                                  "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645",
+                                  "\U0001F468\u200d\U0001F469\u200d\U0001F467")):
+            response, answer = await a.call("POST", "/api/admin/clients", {**NEW_CLIENT, "client_id": f"c{n}",
+                                                                           "name": name})
+            assert response.code == 201, answer
+            assert (await harness.store.get_client(f"c{n}")).name == name
+    finally:
+        await harness.close()

@@ -7,6 +7,7 @@ problem names its field.
 from __future__ import annotations
 
 import json
+import unicodedata
 from typing import Any
 
 from authsrv.configsection import parse_duration
@@ -36,10 +37,19 @@ EDITABLE = (
 """What an update may change; a new client takes these and C{client_id}, C{public}."""
 
 
+def has_controls(text: str) -> bool:
+    """
+    Whether C{text} holds a control character, a line or paragraph
+    separator, or a lone surrogate: what no name or reason needs, and
+    PostgreSQL cannot store (NUL). Spaces of every kind and joiners are text.
+    """
+    return any(unicodedata.category(c) in ("Cc", "Cs", "Zl", "Zp") for c in text)
+
+
 def _text(field: str, value: Any, maximum: int = VALUE_MAX) -> str:
     if not isinstance(value, str) or not value or len(value) > maximum:
         raise InvalidInput(f"{field} must be a non-empty string of at most {maximum} characters", field)
-    if not value.isprintable():
+    if has_controls(value):
         raise InvalidInput(f"{field} must not hold control characters (such as NUL or a line break)", field)
     return value
 

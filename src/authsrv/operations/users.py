@@ -18,6 +18,7 @@ from authsrv import events
 from authsrv.flows import moderation
 from authsrv.flows.mfa import reset_factors
 from authsrv.interfaces import IUserManagement
+from authsrv.operations.clientspec import has_controls
 from authsrv.operations.errors import Conflict, InvalidInput, NotFound
 from authsrv.operations.paging import Page, page
 from authsrv.protocol.password_policy import MIN_LENGTH, password_problem
@@ -61,7 +62,7 @@ def parse_until(value: Any, now: int, field: str = "until") -> int | None:
 def _reason(value: Any, field: str = "reason") -> str:
     if not isinstance(value, str) or not value.strip() or len(value) > REASON_MAX:
         raise InvalidInput(f"{field} must be a non-empty string of at most {REASON_MAX} characters", field)
-    if not value.isprintable():
+    if has_controls(value):
         raise InvalidInput(f"{field} must not hold control characters (such as NUL or a line break)", field)
     return value
 
