@@ -23,7 +23,7 @@ from authsrv.chat.crypto import new_key_text
 from authsrv.configsection import Section
 from authsrv.context import PluginContext
 from authsrv.identity.passwords import is_better_auth_hash
-from authsrv.operations.better_auth import sha256_hex
+from authsrv.operations.better_auth import Source, plan, sha256_hex
 from authsrv.store import postgres as postgres_store
 from authsrv.testing.fake_chat import FakeChatUser
 from authsrv.testing.identity import portal_login
@@ -229,3 +229,21 @@ async def test_an_unreachable_or_foreign_database_is_one_line(tmp_path, pg_dsn):
     result = await admin("--config", config, "import", "better-auth", "--dsn", "host=127.0.0.1 port=1 dbname=x",
                          cwd=tmp_path)
     assert result.returncode == 1 and "cannot connect to the Better Auth database" in result.stderr
+
+
+def test_a_client_is_imported_only_with_what_the_rules_of_every_client_allow():
+    """An import stored redirect URIs unchecked: one a browser reads as another host got a victim's code."""
+    source = Source(users=[], accounts=[], consents=[], refresh_tokens=[], clients=[
+        {"clientId": "shop", "redirectUris": json.dumps(["https://shop.example/cb", "http://evil.example\\@127.0.0.1/cb",
+                                                          "javascript:alert(1)"]),
+         "postLogoutRedirectUris": ["https://shop.example/bye", "https://u:p@shop.example/"],
+         "backchannelLogoutUri": "https://169.254.169.254/logout", "createdAt": None},
+        {"clientId": "bad id", "redirectUris": ["https://x.example/cb"], "createdAt": None},
+    ])
+    found = plan(source, now=1_800_000_000, provider="discord", cipher=None, secret_key=b"k" * 32)
+    [shop] = found.batch.clients
+    assert shop.redirect_uris == ("https://shop.example/cb",)
+    assert shop.post_logout_redirect_uris == ("https://shop.example/bye",)
+    assert shop.backchannel_logout_uri is None
+    assert sum("shop" in line for line in found.problems) == 4
+    assert any("'bad id'" in line for line in found.problems)

@@ -262,7 +262,7 @@ def id_token_of(h: Harness, sub: str, key=None) -> str:
     if key is None:
         return h.keystore.sign(claims, "RS256", "JWT")
     token = jws.JWS(json.dumps(claims).encode())
-    token.add_signature(key, "RS256", protected=json.dumps({"alg": "RS256", "kid": key.key_id}))
+    token.add_signature(key, "RS256", protected=json.dumps({"alg": "RS256", "kid": key.get("kid")}))
     return token.serialize(compact=True)
 
 

@@ -166,6 +166,14 @@ def test_a_loopback_ip_redirect_uri_matches_on_any_port(uri):
     "http://127.0.0.1:5/cb2", "http://[::1]:9/cb?x=2", "https://app.example:444/cb", "http://localhost:5/cb",
     "http://user@127.0.0.1:5/cb", "http://127.0.0.1:99999/cb", "http://127.0.0.1:5/cb#x", "https://127.0.0.1:5/cb",
     "http://127.0.0.2:5/cb", "http://[::1]:9/cb", "com.example.app:/callback2",
+    "http://[::1]evil.example/cb", "http://[::1]\\evil.example/cb", "http://[::1] evil.example/cb",
 ])
 def test_any_other_difference_from_a_registered_redirect_uri_is_refused(uri):
     assert not registered_redirect(NATIVE, uri)
+
+
+def test_a_redirect_uri_the_rules_refuse_is_never_registered():
+    """One stored before the rules, or by an import, is refused when a request names it."""
+    held = Client("old", None, ["http://evil.example\\@127.0.0.1/cb", "https://app.example/cb"])
+    assert not registered_redirect(held, "http://evil.example\\@127.0.0.1/cb")
+    assert registered_redirect(held, "https://app.example/cb")

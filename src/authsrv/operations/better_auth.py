@@ -36,6 +36,8 @@ from authsrv import events
 from authsrv.chat.crypto import ACCESS, REFRESH
 from authsrv.identity.passwords import is_better_auth_hash
 from authsrv.interfaces import IUserManagement
+from authsrv.protocol.clients import client_id_problem, redirect_uri_problem
+from authsrv.protocol.targets import backchannel_uri_problem
 from authsrv.records import (
     DEFAULT_GRANT_TYPES,
     IMPORT_KINDS,
@@ -157,6 +159,17 @@ class Plan:
     problems: tuple
 
 
+def _uris(client_id: str, kind: str, uris, problem_of, problems: list[str]) -> list[str]:
+    """The C{uris} that pass the rules every client's must (C{problem_of}); each other one is a problem line."""
+    kept = []
+    for uri in uris:
+        if (problem := problem_of(uri)) is None:
+            kept.append(uri)
+        else:
+            problems.append(f"client {client_id}: {kind} not imported: {problem}")
+    return kept
+
+
 def plan(source: Source, *, now: int, provider: str, cipher, secret_key: bytes) -> Plan:
     """
     The records to write, made from C{source}: C{cipher} (None without a
@@ -212,6 +225,9 @@ def plan(source: Source, *, now: int, provider: str, cipher, secret_key: bytes) 
         if row.get("disabled"):
             problems.append(f"client {client_id} is disabled in Better Auth: not imported")
             continue
+        if (problem := client_id_problem(client_id)) is not None:
+            problems.append(f"client {client_id!r}: its client_id {problem}: not imported")
+            continue
         secret = row.get("clientSecret")
         public = not secret or row.get("tokenEndpointAuthMethod") == "none"
         digest = None if public else sha256_hex(secret)
@@ -224,12 +240,16 @@ def plan(source: Source, *, now: int, provider: str, cipher, secret_key: bytes) 
         clients.append(Client(
             client_id=client_id,
             secret_hash=None if digest is None else keyed_form(digest, secret_key),
-            redirect_uris=_list(row.get("redirectUris")),
-            post_logout_redirect_uris=_list(row.get("postLogoutRedirectUris")),
+            redirect_uris=_uris(client_id, "redirect URI", _list(row.get("redirectUris")), redirect_uri_problem,
+                                problems),
+            post_logout_redirect_uris=_uris(client_id, "post-logout redirect URI",
+                                            _list(row.get("postLogoutRedirectUris")), redirect_uri_problem, problems),
             name=row.get("name") or "",
             end_session_enabled=bool(row.get("enableEndSession")),
             first_party=bool(row.get("skipConsent")),
-            backchannel_logout_uri=row.get("backchannelLogoutUri"),
+            backchannel_logout_uri=next(iter(_uris(
+                client_id, "back-channel logout URI", [row["backchannelLogoutUri"]] if row.get("backchannelLogoutUri")
+                else [], backchannel_uri_problem, problems)), None),
             created_at=_epoch(row.get("createdAt")) or now,
             grant_types=grant_types,
         ))

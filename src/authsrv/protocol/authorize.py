@@ -13,7 +13,7 @@ import re
 from urllib.parse import urlsplit, urlunsplit
 
 from authsrv.protocol import pkce
-from authsrv.protocol.clients import CLIENT_ID_MAX
+from authsrv.protocol.clients import CLIENT_ID_MAX, redirect_uri_problem
 from authsrv.protocol.discovery import SCOPES
 from authsrv.protocol.dpop import is_thumbprint
 from authsrv.protocol.errors import (
@@ -118,8 +118,12 @@ def registered_redirect(client: Client, redirect_uri: str) -> bool:
     Whether C{redirect_uri} is one C{client} registered, compared exactly
     (RFC 9700 section 4.1.3), but for the port of a loopback IP redirect
     URI, which a native app takes from the system at the time of the
-    request (RFC 8252 section 7.3: any port must be allowed there).
+    request (RFC 8252 section 7.3: any port must be allowed there). A URI
+    the registration rules refuse (L{redirect_uri_problem}) never is, even
+    if a client holds it from before those rules or from an import.
     """
+    if redirect_uri_problem(redirect_uri) is not None:
+        return False
     if redirect_uri in client.redirect_uris:
         return True
     plain = _without_loopback_port(redirect_uri)

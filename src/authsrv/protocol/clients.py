@@ -21,6 +21,8 @@ _URI_CHARACTERS = frozenset(string.ascii_letters + string.digits + "-._~:/?#[]@!
 _BAD_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
 _LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]*[A-Za-z0-9_])?"
 _HOST_NAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*\.?")
+_AUTHORITY = re.compile(r"(?:\[[0-9A-Fa-f:.]+(?:%25[\w.~-]+)?\]|[^\[\]:]+)(?::[0-9]{0,5})?")
+"""A host (a bracketed IPv6 literal, or no brackets or colon at all) and an optional port: all an http(s) authority holds here."""
 
 
 def is_loopback_host(host: str) -> bool:
@@ -62,7 +64,7 @@ def redirect_uri_problem(uri: str) -> str | None:
         host = parts.hostname
         if "@" in parts.netloc:
             return f"{uri!r} must not hold a user name or password"
-        if not host or not _is_host(host):
+        if not host or not _is_host(host) or not _AUTHORITY.fullmatch(parts.netloc):
             return f"{uri!r} has no host name or IP address"
         if parts.scheme == "https" or is_loopback_host(host):
             return None
