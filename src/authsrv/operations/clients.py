@@ -166,8 +166,9 @@ class ClientOperations:
         if not isinstance(client_id, str) or (problem := client_id_problem(client_id)):
             raise InvalidInput(f"client_id {problem if isinstance(client_id, str) else 'must be a string'}",
                                "client_id")
-        if "/" in client_id:
-            raise InvalidInput("client_id must not hold '/': the admin API names a client in its path", "client_id")
+        if "/" in client_id or client_id in (".", ".."):
+            raise InvalidInput("client_id must not hold '/' nor be '.' or '..': the admin API names a client in its"
+                               " path", "client_id")
         public = data.get("public", False)
         if not isinstance(public, bool):
             raise InvalidInput("public must be true or false", "public")
