@@ -38,13 +38,13 @@ from authsrv.protocol.urls import with_query
 
 MAX_BODY = 64 * 1024
 DEFAULT_EXPIRES_IN = 3600
+"""RFC 6749 makes expires_in optional; a provider that omits it is taken to mean an hour."""
 MAX_EXPIRES_IN = 365 * 86400
 """
 The longest access token lifetime believed: a provider's larger expires_in
 is taken as this, since its answer may carry a rotated refresh token that
 must be kept, and a lifetime of centuries fits neither the store nor a date.
 """
-"""RFC 6749 makes expires_in optional; a provider that omits it is taken to mean an hour."""
 
 _NETWORK_ERRORS = (
     error.ConnectError,
