@@ -16,7 +16,15 @@ from authsrv.flows.issue import client_alg
 from authsrv.flows.standing import standing
 from authsrv.protocol.bearer import BEARER, DPOP
 from authsrv.protocol.dpop import Proof
-from authsrv.protocol.errors import DpopChallenge, InsufficientScope, InvalidDpopProof, InvalidToken, UseDpopNonce
+from authsrv.protocol.errors import (
+    DpopChallenge,
+    InsufficientScope,
+    InvalidDpopProof,
+    InvalidToken,
+    ServerError,
+    UnauthorizedClient,
+    UseDpopNonce,
+)
 from authsrv.protocol.oidc import user_claims
 from authsrv.tokens import token_hash
 
@@ -109,5 +117,8 @@ class UserInfoSigner:
         client = await self._clients.get_client(client_id)
         if client is None or client.userinfo_signed_response_alg is None:
             return claims
-        alg = client_alg(self._keystore, client, "userinfo_signed_response_alg")
+        try:
+            alg = client_alg(self._keystore, client, "userinfo_signed_response_alg")
+        except UnauthorizedClient as e:  # the server's own setting to mend; RFC 6750 has no error for it
+            raise ServerError(e.description) from None
         return self._keystore.sign({"iss": self._issuer, "aud": client_id, **claims}, alg, "JWT")
