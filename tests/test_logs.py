@@ -25,7 +25,7 @@ from authsrv.configsection import ConfigError
 from authsrv.embedded import prepare_data_dir
 from authsrv.logfile import LineFile
 from authsrv.tap import diagnostic_log_factory
-from authsrv.web.accesslog import AccessLog, redact_target
+from authsrv.web.accesslog import AccessLog, log_text, redact_target
 
 from conftest import free_port
 
@@ -98,6 +98,9 @@ def test_the_config_chooses_the_format_over_twists_default():
          b"&refresh_token=[redacted]&client_secret=[redacted]&code_verifier=[redacted]&c%6fde=[redacted]&[redacted]"),
         (b"https://app.example/cb?prompt=login&max_age=0#code=frag", b"https://app.example/cb?prompt=login&max_age=0"
                                                                      b"#[redacted]"),
+        # twisted.web splits pairs at ';' too: the hint was logged whole behind a shown client_id.
+        (b"/api/auth/oauth2/end-session?client_id=app;id_token_hint=eyJ.x.y;state=s&prompt=none",
+         b"/api/auth/oauth2/end-session?client_id=app;id_token_hint=[redacted];state=[redacted]&prompt=none"),
     ],
 )
 def test_query_values_not_on_the_allow_list_are_redacted(target, logged):
@@ -206,3 +209,8 @@ def test_buffered_lines_leave_in_whole_lines_of_at_most_pipe_buf(tmp_path):
     assert b"".join(raw.writes).decode() == "".join(lines)
     assert all(write.endswith(b"\n") for write in raw.writes)
     assert all(len(write) <= select.PIPE_BUF for write in raw.writes[:-1]) and len(raw.writes) > 10
+
+
+def test_c1_controls_are_escaped_in_the_combined_line():
+    """A NEL (U+0085) forged a second line for readers that split on it; a CSI drove terminals."""
+    assert log_text(b"evil\x9b31m\x85127.0.0.1 - -") == "evil\\x9b31m\\x85127.0.0.1 - -"

@@ -13,6 +13,7 @@ written to a buffered L{LineFile}, flushed once a second.
 from __future__ import annotations
 
 import json
+import re
 import time
 
 from authsrv.isotime import iso_utc_ms
@@ -27,7 +28,10 @@ SHOWN = frozenset(
 """Parameters whose values are no secret and help an operator read the log."""
 REDACTED = b"[redacted]"
 
-_ESCAPES = {i: f"\\x{i:02x}" for i in (*range(0x20), 0x7F)}
+_ESCAPES = {i: f"\\x{i:02x}" for i in (*range(0x20), *range(0x7F, 0xA0))}
+"""C0 and C1 controls (NEL and CSI among them, which terminals and line readers act on), escaped."""
+_PAIRS = re.compile(rb"([&;])")
+"""Query pairs end at '&' or ';': twisted.web reads both as separators."""
 _ESCAPES.update({ord('"'): '\\"', ord("\\"): "\\\\"})
 
 
@@ -38,13 +42,16 @@ def redact_target(target: bytes) -> bytes:
         return target
     query, hash_mark, _ = query.partition(b"#")
     kept = []
-    for pair in query.split(b"&"):
-        name, equals, _ = pair.partition(b"=")
-        kept.append(pair if name in SHOWN else name + b"=" + REDACTED if equals else REDACTED)
-    return path + b"?" + b"&".join(kept) + (b"#" + REDACTED if hash_mark else b"")
+    for piece in _PAIRS.split(query):
+        if piece in (b"&", b";"):
+            kept.append(piece)
+            continue
+        name, equals, _ = piece.partition(b"=")
+        kept.append(piece if name in SHOWN else name + b"=" + REDACTED if equals else REDACTED)
+    return path + b"?" + b"".join(kept) + (b"#" + REDACTED if hash_mark else b"")
 
 
-def _text(value: bytes | None) -> str:
+def log_text(value: bytes | None) -> str:
     """Header and target bytes as log text: quotes, backslashes and control characters escaped."""
     if not value:
         return "-"
@@ -73,13 +80,13 @@ class AccessLog:
         return '%s - - %s "%s %s %s" %d %s "%s" "%s"\n' % (
             client_address_of(request, self._trusted_proxies),
             timestamp,
-            _text(request.method),
-            _text(redact_target(request.uri)),
-            _text(request.clientproto),
+            log_text(request.method),
+            log_text(redact_target(request.uri)),
+            log_text(request.clientproto),
             request.code,
             request.sentLength or "-",
-            _text(redact_target(referrer[0])) if referrer else "-",
-            _text(agent[0]) if agent else "-",
+            log_text(redact_target(referrer[0])) if referrer else "-",
+            log_text(agent[0]) if agent else "-",
         )
 
     def _json(self, request, timestamp: str) -> str:
