@@ -102,13 +102,17 @@ def test_documents_allow_any_origin_and_cache(server, path, cache):
     assert response.headers.getRawHeaders("access-control-allow-origin") == ["*"]
     assert response.headers.getRawHeaders("cache-control") == [cache]
     etag = response.headers.getRawHeaders("etag")[0]
-    again, body = get(server, path, headers={"If-None-Match": etag})
-    assert (again.code, body) == (304, b"")
+    for tags in (etag, f'"other", W/{etag}', "*"):  # RFC 9110 section 13.1.2: weak comparison, and any
+        again, body = get(server, path, headers={"If-None-Match": tags})
+        assert (again.code, body) == (304, b""), tags
     preflight, _ = get(server, path, method="OPTIONS", headers={"Origin": "https://rp.example"})
     assert preflight.code == 204
     assert preflight.headers.getRawHeaders("access-control-allow-origin") == ["*"]
-    head, body = get(server, path, method="HEAD")
+    with capturedLogs() as events:
+        head, body = get(server, path + "?code=s3cret", method="HEAD")
     assert (head.code, body) == (200, b"")
+    assert int(head.headers.getRawHeaders("content-length")[0]) == len(get(server, path)[1])
+    assert not [e for e in events if "s3cret" in formatEvent(e)], "no line with the query, nor any line"
     post, body = get(server, path, method="POST")
     assert post.code == 405
     assert post.headers.getRawHeaders("allow") == ["GET, HEAD, OPTIONS"]

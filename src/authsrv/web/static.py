@@ -14,6 +14,12 @@ from twisted.web.resource import Resource
 from authsrv.web.headers import allow_any_origin, method_not_allowed
 
 
+def _matches(etag: bytes, if_none_match: bytes | None) -> bool:
+    """RFC 9110 section 13.1.2: C{*}, or any listed tag equal to C{etag} by weak comparison."""
+    tags = [tag.strip() for tag in (if_none_match or b"").split(b",")]
+    return b"*" in tags or any(tag.removeprefix(b"W/") == etag for tag in tags)
+
+
 class StaticBytes(Resource):
     """
     GET and HEAD of C{body()} (a callable, so a rotated JWKS is picked up;
@@ -43,12 +49,16 @@ class StaticBytes(Resource):
         request.setHeader(b"content-type", self._content_type)
         request.setHeader(b"cache-control", self._cache_control)
         request.setHeader(b"etag", etag)
-        if etag in (request.getHeader(b"if-none-match") or b"").replace(b" ", b"").split(b","):
+        if _matches(etag, request.getHeader(b"if-none-match")):
             request.setResponseCode(304)
             return b""
         return body
 
-    render_HEAD = render_GET
+    def render_HEAD(self, request):
+        """GET's headers without its body: twisted.web would log each HEAD, whole URI and all, as it ate one."""
+        body = self.render_GET(request)
+        request.setHeader(b"content-length", str(len(body)).encode())
+        return b""
 
     def render_OPTIONS(self, request):
         allow_any_origin(request)
