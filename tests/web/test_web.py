@@ -6,6 +6,7 @@ JWKS, the root redirect, health, and the error answers around them.
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import pytest_twisted
@@ -16,6 +17,7 @@ from twisted.logger import capturedLogs, formatEvent
 
 
 from authsrv.config import parse_config
+from authsrv.flows.readiness import Readiness
 from authsrv.service import web_root
 
 from fakes import FakeIdentity, FakeKeystore, FakeStore
@@ -171,6 +173,19 @@ def test_the_metadata_is_where_rfc_8414_inserts_it_too(server):
         appended, inserted = (get(server, path)[1] for path in (
             f"/api/auth/.well-known/{name}", f"/.well-known/{name}/api/auth"))
         assert inserted == appended and json.loads(inserted)["issuer"] == ISSUER
+
+
+def test_a_readiness_check_given_up_by_its_caller_logs_no_outage():
+    """A load balancer that drops /readyz before the answer made every part read as unreachable in the log."""
+    clock = Clock()
+    parts = SimpleNamespace(ping=Deferred, reload=Deferred, names=(), backends=())
+    readiness = Readiness(clock=clock, startup=lambda: None, store=parts, keystore=parts, identity=parts)
+    with capturedLogs() as events:
+        d = Deferred.fromCoroutine(readiness.check())
+        d.cancel()
+        clock.advance(2.0)
+    d.addErrback(lambda _: None)
+    assert not [e for e in events if "unreachable" in formatEvent(e)]
 
 
 def test_unknown_path_and_method(server):

@@ -13,7 +13,13 @@ from __future__ import annotations
 
 from typing import Callable
 
-from twisted.internet.defer import Deferred, TimeoutError as DeferredTimeout, gatherResults, maybeDeferred
+from twisted.internet.defer import (
+    CancelledError,
+    Deferred,
+    TimeoutError as DeferredTimeout,
+    gatherResults,
+    maybeDeferred,
+)
 from twisted.logger import Logger
 
 TIMEOUT = 2.0
@@ -39,7 +45,9 @@ class Readiness:
         self._timeout = timeout
 
     def _reachable(self, part: str, call: Callable[[], Deferred]) -> Deferred:
-        def unreachable(failure) -> bool:
+        def unreachable(failure):
+            if failure.check(CancelledError):
+                return failure  # the caller went away: nothing was found unreachable
             error = (f"no answer within {self._timeout:g} s" if failure.check(DeferredTimeout)
                      else failure.getErrorMessage() or failure.type.__name__)
             log.warn("readiness: {part} unreachable: {error}", part=part, error=error)
