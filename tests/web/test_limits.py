@@ -126,6 +126,18 @@ def test_an_oversized_body_gets_413_and_the_connection_closes():
     listener.assert_serves()
 
 
+def test_a_body_announced_too_large_is_refused_before_it_is_sent():
+    """With Expect: 100-continue the client was told to send 100 MB, which was then read and thrown away."""
+    listener = Listener({"max_body_bytes": 2048})
+    head = request_head("POST", TOKEN, {"Content-Type": "application/x-www-form-urlencoded",
+                                        "Content-Length": 100_000_000, "Expect": "100-continue"})
+    _, transport = listener.send(head)
+    assert b"100 Continue" not in transport.value()
+    assert_oauth(*parse(transport), 413, "body is too large")
+    assert transport.disconnecting
+    listener.assert_serves()
+
+
 def chunked_form(path: str, fields, chunk: int = 500) -> bytes:
     body = urlencode(fields).encode()
     head = request_head("POST", path, {"Content-Type": "application/x-www-form-urlencoded",

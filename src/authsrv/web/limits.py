@@ -278,6 +278,10 @@ class LimitedChannel(GatheringChannel):
 
     def allHeadersReceived(self):
         self._stop()
+        max_body = getattr(self.requestFactory, "max_body", None)
+        if max_body is not None and self.length is not None and self.length > max_body:
+            # Refused before twisted.web answers "Expect: 100-continue" and before a byte of it is read.
+            return self._refuse(413, f"the request body is too large (at most {max_body} bytes)")
         super().allHeadersReceived()
         if self.length != 0 and not self._refused:
             self._start(self.limits.body_timeout, "body")
