@@ -138,6 +138,17 @@ def test_a_body_announced_too_large_is_refused_before_it_is_sent():
     listener.assert_serves()
 
 
+@pytest.mark.parametrize("name", ["Authorization", "Content-Type"])
+def test_a_header_sent_twice_that_a_request_carries_once_is_refused(name):
+    """twisted.web reads the last of two, a proxy in front may check the first: they must not disagree."""
+    listener = Listener()
+    head = request_head("POST", INTERNAL, {"Content-Length": 0})
+    line = f"{name}: one\r\n{name.lower()}: two\r\n".encode()
+    _, transport = listener.send(head.replace(b"\r\n\r\n", b"\r\n" + line + b"\r\n", 1))
+    assert_internal(*parse(transport), 400, f"{name.lower()} header is sent more than once")
+    listener.assert_serves()
+
+
 def chunked_form(path: str, fields, chunk: int = 500) -> bytes:
     body = urlencode(fields).encode()
     head = request_head("POST", path, {"Content-Type": "application/x-www-form-urlencoded",

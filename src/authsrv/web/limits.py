@@ -34,6 +34,12 @@ PAGE_PREFIXES = tuple(
 )
 """Browser pages: their refusals are HTML; everything else reads JSON."""
 
+SINGLETONS = frozenset((b"authorization:", b"content-type:"))
+"""
+Headers a request carries once (RFC 9110 section 5.3): twisted.web reads
+the last of two, a proxy in front may check the first, so two are refused.
+"""
+
 TITLES = {
     400: "Bad request",
     408: "Too slow",
@@ -206,6 +212,7 @@ class LimitedChannel(GatheringChannel):
         self._head_lines = 0
         self._header_count = 0
         self._header_bytes = 0
+        self._singletons: set[bytes] = set()
 
     def _start(self, seconds: int, what: str):
         """
@@ -267,6 +274,11 @@ class LimitedChannel(GatheringChannel):
                 return self._refuse(431, f"too many header fields (at most {self.limits.max_header_count})")
             if self._header_bytes > self.limits.max_header_bytes:
                 return self._refuse(431, f"the header section is too large (at most {self.limits.max_header_bytes} bytes)")
+            name = line[:line.find(b":") + 1].lower()
+            if name in SINGLETONS:
+                if name in self._singletons:
+                    return self._refuse(400, f"the {name[:-1].decode()} header is sent more than once")
+                self._singletons.add(name)
         self._head_lines += 1
         return super().lineReceived(line)
 
