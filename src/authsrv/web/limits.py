@@ -274,11 +274,12 @@ class LimitedChannel(GatheringChannel):
                 return self._refuse(431, f"too many header fields (at most {self.limits.max_header_count})")
             if self._header_bytes > self.limits.max_header_bytes:
                 return self._refuse(431, f"the header section is too large (at most {self.limits.max_header_bytes} bytes)")
-            name = line[:line.find(b":") + 1].lower()
-            if name in SINGLETONS:
-                if name in self._singletons:
-                    return self._refuse(400, f"the {name[:-1].decode()} header is sent more than once")
-                self._singletons.add(name)
+            if line[:1] in b"AaCc":  # the first letters of SINGLETONS: most lines go no further
+                name = line[:line.find(b":") + 1].lower()
+                if name in SINGLETONS:
+                    if name in self._singletons:
+                        return self._refuse(400, f"the {name[:-1].decode()} header is sent more than once")
+                    self._singletons.add(name)
         self._head_lines += 1
         return super().lineReceived(line)
 
