@@ -11,7 +11,7 @@ from io import BytesIO
 from urllib.parse import urlencode
 
 import pytest
-from twisted.internet.address import IPv4Address
+from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.defer import succeed
 from twisted.internet.testing import StringTransport
 from twisted.protocols.haproxy import proxyEndpoint
@@ -308,6 +308,20 @@ def test_open_connections_are_capped_per_address():
     assert listener.site.open_connections == 3
     listener.close(*first)
     listener.assert_serves()
+
+
+def test_an_ipv6_host_cannot_escape_the_connection_cap_by_changing_addresses():
+    listener = Listener({"max_connections_per_address": 2})
+    for n in (1, 2):
+        protocol = listener.site.buildProtocol(IPv6Address("TCP", f"2001:db8:1:2::{n}", 40000))
+        protocol.makeConnection(StringTransport(peerAddress=IPv6Address("TCP", f"2001:db8:1:2::{n}", 40000)))
+    refused = listener.site.buildProtocol(IPv6Address("TCP", "2001:db8:1:2::99", 40000))
+    transport = StringTransport()
+    refused.makeConnection(transport)
+    assert parse(transport)[0] == 429
+    elsewhere = listener.site.buildProtocol(IPv6Address("TCP", "2001:db8:1:3::1", 40000))
+    elsewhere.makeConnection(StringTransport())
+    assert listener.site.open_connections == 3
 
 
 def test_open_connections_are_capped_per_listener():

@@ -19,7 +19,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import Site
 
 from authsrv.config import ISSUER_PATH, InputLimits
-from authsrv.protocol.forwarded import is_trusted
+from authsrv.protocol.forwarded import address_key, is_trusted
 from authsrv.web.channel import GatheringChannel, Outbox
 from authsrv.web.headers import json_body
 from authsrv.web.pages import error_page
@@ -364,13 +364,14 @@ class LimitedSite(Site):
             self._access_log(request, self._logDateTime)
 
     def buildProtocol(self, addr):
-        address = getattr(addr, "host", None)
+        host = getattr(addr, "host", None)
+        address = None if host is None else address_key(host)  # an IPv6 host counts by its /64, as everywhere
         if self.limits.max_connections and self.open_connections >= self.limits.max_connections:
             return _Refusal(503, "the server has too many open connections; try again", (*self.fixed_headers, (b"retry-after", b"1")))
         if (
             address is not None
             and self.limits.max_connections_per_address
-            and not is_trusted(address, self._trusted_proxies)
+            and not is_trusted(host, self._trusted_proxies)
             and self._by_address[address] >= self.limits.max_connections_per_address
         ):
             return _Refusal(429, "too many open connections from this address", self.fixed_headers)
