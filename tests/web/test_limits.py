@@ -324,6 +324,14 @@ def test_an_ipv6_host_cannot_escape_the_connection_cap_by_changing_addresses():
     assert listener.site.open_connections == 3
 
 
+def test_an_absolute_form_target_is_served_as_its_path():
+    """RFC 9112 section 3.2.2: a server must accept POST http://host/path, as a proxy may send it."""
+    listener = Listener()
+    _, transport = listener.send(b"GET http://127.0.0.1:8080/healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    status, _, body = parse(transport)
+    assert (status, json.loads(body)) == (200, {"status": "ok"})
+
+
 def test_open_connections_are_capped_per_listener():
     listener = Listener({"max_connections": 2})
     first, _ = listener.connect(host="192.0.2.1"), listener.connect(host="192.0.2.2")

@@ -134,6 +134,24 @@ def raw_refusal(path: bytes, status: int, description: str, headers=()) -> bytes
     return b"\r\n".join(lines) + body
 
 
+def _origin_form(request_line: bytes) -> bytes:
+    """
+    The request line with an absolute-form target (C{POST http://host/path
+    HTTP/1.1}, as a proxy sends it) made origin-form, which RFC 9112 section
+    3.2.2 says a server must accept and twisted.web's routing cannot read.
+    """
+    method, space, rest = request_line.partition(b" ")
+    if rest[:1] == b"/" or not space:
+        return request_line
+    target, space, version = rest.partition(b" ")
+    scheme, separator, after = target.partition(b"://")
+    if not separator or scheme.lower() not in (b"http", b"https"):
+        return request_line
+    ends = [at for at in (after.find(b"/"), after.find(b"?")) if at >= 0]
+    path = after[min(ends):] if ends else b""
+    return b"%s %s%s%s%s" % (method, b"" if path[:1] == b"/" else b"/", path, space, version)
+
+
 def _target(request_line: bytes) -> bytes:
     """The request target of a request line, or as much of it as arrived."""
     parts = request_line.split(b" ", 2)
@@ -260,6 +278,7 @@ class LimitedChannel(GatheringChannel):
         if self._head_lines == 0:
             if not line:
                 return super().lineReceived(line)
+            line = _origin_form(line)
             target = _target(line)
             self._target, _, query = target.partition(b"?")
             if len(line) > self.limits.max_request_line:
