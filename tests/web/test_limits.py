@@ -16,6 +16,7 @@ from twisted.internet.defer import succeed
 from twisted.internet.testing import StringTransport
 from twisted.protocols.haproxy import proxyEndpoint
 from twisted.web.resource import Resource
+from twisted.web.test.requesthelper import DummyChannel
 
 from authsrv.config import PARAMETER_CAPS, InputLimits, parse_config
 from authsrv.web.limits import LimitedSite
@@ -365,3 +366,11 @@ def test_limits_are_checked_in_the_config(limits, problem):
     with pytest.raises(ConfigError) as raised:
         parse_config({"limits": limits}, None)
     assert str(raised.value) == problem
+
+
+def test_a_status_twisted_web_has_no_phrase_for_gets_its_own():
+    """twisted.web's status line read "429 Unknown Status"."""
+    request = BoundedRequest(DummyChannel())
+    for code, phrase in ((429, b"Too Many Requests"), (431, b"Request Header Fields Too Large"), (200, b"OK")):
+        request.setResponseCode(code)
+        assert request.code_message == phrase

@@ -11,6 +11,7 @@ memory and is answered 413 (docs/design.md, Limits).
 from __future__ import annotations
 
 from functools import lru_cache
+from http import HTTPStatus
 from time import perf_counter, time
 
 from twisted.web import http, server
@@ -73,6 +74,14 @@ def _own_default_headers() -> None:
 _own_default_headers()
 
 
+@lru_cache(maxsize=64)
+def _phrase(code: int) -> bytes | None:
+    try:
+        return HTTPStatus(code).phrase.encode()
+    except ValueError:
+        return None
+
+
 class BoundedRequest(Request):
     """
     A L{Request} that stops storing its body after C{max_body} bytes, is
@@ -98,6 +107,12 @@ class BoundedRequest(Request):
         self._counted = self.drain is not None
         if self._counted:
             self.drain.started()
+
+    def setResponseCode(self, code, message=None):
+        """The status with its reason phrase: twisted.web knows none for 429 or 431 ("Unknown Status")."""
+        if message is None and code not in http.RESPONSES:
+            message = _phrase(code)
+        super().setResponseCode(code, message)
 
     def process(self):
         if self.metrics is not None:
