@@ -34,7 +34,7 @@ PAGE_PREFIXES = tuple(
 )
 """Browser pages: their refusals are HTML; everything else reads JSON."""
 
-SINGLETONS = frozenset((b"authorization:", b"content-type:"))
+SINGLETONS = (b"authorization", b"content-type")
 """
 Headers a request carries once (RFC 9110 section 5.3): twisted.web reads
 the last of two, a proxy in front may check the first, so two are refused.
@@ -230,7 +230,6 @@ class LimitedChannel(GatheringChannel):
         self._head_lines = 0
         self._header_count = 0
         self._header_bytes = 0
-        self._singletons: set[bytes] = set()
 
     def _start(self, seconds: int, what: str):
         """
@@ -293,12 +292,6 @@ class LimitedChannel(GatheringChannel):
                 return self._refuse(431, f"too many header fields (at most {self.limits.max_header_count})")
             if self._header_bytes > self.limits.max_header_bytes:
                 return self._refuse(431, f"the header section is too large (at most {self.limits.max_header_bytes} bytes)")
-            if line[:1] in b"AaCc":  # the first letters of SINGLETONS: most lines go no further
-                name = line[:line.find(b":") + 1].lower()
-                if name in SINGLETONS:
-                    if name in self._singletons:
-                        return self._refuse(400, f"the {name[:-1].decode()} header is sent more than once")
-                    self._singletons.add(name)
         self._head_lines += 1
         return super().lineReceived(line)
 
@@ -310,6 +303,10 @@ class LimitedChannel(GatheringChannel):
 
     def allHeadersReceived(self):
         self._stop()
+        headers = self.requests[-1].requestHeaders
+        for name in SINGLETONS:
+            if len(headers.getRawHeaders(name, ())) > 1:
+                return self._refuse(400, f"the {name.decode()} header is sent more than once")
         max_body = getattr(self.requestFactory, "max_body", None)
         if max_body is not None and self.length is not None and self.length > max_body:
             # Refused before twisted.web answers "Expect: 100-continue" and before a byte of it is read.
@@ -319,6 +316,8 @@ class LimitedChannel(GatheringChannel):
             self._start(self.limits.body_timeout, "body")
 
     def allContentReceived(self):
+        if self._refused:  # refused at its headers, a request without a body ends here
+            return
         self._stop()
         self._new_head()
         super().allContentReceived()

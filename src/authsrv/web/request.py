@@ -15,6 +15,7 @@ from http import HTTPStatus
 from time import perf_counter, time
 
 from twisted.web import http, server
+from twisted.web.http import RESPONSES
 from twisted.web.server import Request
 
 from authsrv.web.failures import oauth_server_error, unforeseen
@@ -110,7 +111,7 @@ class BoundedRequest(Request):
 
     def setResponseCode(self, code, message=None):
         """The status with its reason phrase: twisted.web knows none for 429 or 431 ("Unknown Status")."""
-        if message is None and code not in http.RESPONSES:
+        if message is None and code not in RESPONSES:
             message = _phrase(code)
         super().setResponseCode(code, message)
 
