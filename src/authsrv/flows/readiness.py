@@ -16,6 +16,7 @@ from typing import Callable
 from twisted.internet.defer import (
     CancelledError,
     Deferred,
+    FirstError,
     TimeoutError as DeferredTimeout,
     gatherResults,
     maybeDeferred,
@@ -67,7 +68,10 @@ class Readiness:
             ("keystore", lambda: self._keystore.reload()),
             *((part, lambda b=backend: b.user_by_id(PROBE_SUB)) for part, backend in zip(backends, self._identity.backends)),
         ]
-        answers = await gatherResults([self._reachable(part, call) for part, call in probes])
+        try:
+            answers = await gatherResults([self._reachable(part, call) for part, call in probes], consumeErrors=True)
+        except FirstError as e:  # only a cancellation gets past _reachable: the caller went away
+            raise e.subFailure.value from None
         down = [part for (part, _), up in zip(probes, answers) if not up]
         identity_down = [part for part in down if part in backends]
         if "store" in down or "keystore" in down:
