@@ -331,6 +331,9 @@ def test_an_absolute_form_target_is_served_as_its_path():
     _, transport = listener.send(b"GET http://127.0.0.1:8080/healthz HTTP/1.1\r\nHost: x\r\n\r\n")
     status, _, body = parse(transport)
     assert (status, json.loads(body)) == (200, {"status": "ok"})
+    long_host = b"GET http://" + b"h" * 9000 + b"/healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    _, transport = Listener().send(long_host)
+    assert parse(transport)[0] == 414, "the line is measured as it was sent"
 
 
 def test_open_connections_are_capped_per_listener():

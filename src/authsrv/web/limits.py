@@ -277,10 +277,11 @@ class LimitedChannel(GatheringChannel):
         if self._head_lines == 0:
             if not line:
                 return super().lineReceived(line)
+            too_long = len(line) > self.limits.max_request_line  # as sent, before an absolute target is cut
             line = _origin_form(line)
             target = _target(line)
             self._target, _, query = target.partition(b"?")
-            if len(line) > self.limits.max_request_line:
+            if too_long:
                 return self._refuse(414, f"the request line is too long (at most {self.limits.max_request_line} bytes)")
             if len(query) > self.limits.max_query_bytes:
                 return self._refuse(414, f"the query string is too long (at most {self.limits.max_query_bytes} bytes)")
