@@ -37,13 +37,19 @@ EDITABLE = (
 """What an update may change; a new client takes these and C{client_id}, C{public}."""
 
 
+_JOINERS = frozenset("\u200c\u200d")
+"""The format characters names need: the zero-width non-joiner and joiner (Persian, emoji sequences)."""
+
+
 def has_controls(text: str) -> bool:
     """
     Whether C{text} holds a control character, a line or paragraph
-    separator, or a lone surrogate: what no name or reason needs, and
-    PostgreSQL cannot store (NUL). Spaces of every kind and joiners are text.
+    separator, a lone surrogate or a format character other than a joiner:
+    what no name or reason needs, PostgreSQL cannot store (NUL), or turns a
+    name shown on a consent page around (a bidi override). Spaces of every
+    kind are text.
     """
-    return any(unicodedata.category(c) in ("Cc", "Cs", "Zl", "Zp") for c in text)
+    return any(unicodedata.category(c) in ("Cc", "Cs", "Zl", "Zp", "Cf") and c not in _JOINERS for c in text)
 
 
 def _text(field: str, value: Any, maximum: int = VALUE_MAX) -> str:
