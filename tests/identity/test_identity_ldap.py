@@ -844,6 +844,14 @@ async def test_a_burst_on_a_frozen_directory_waits_about_one_timeout_not_one_per
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_slow_directory_that_answers_serves_every_queued_call(slapd, context):
+    """Calls that waited past a search's timeout behind slow but good ones are served, not refused."""
+    async with opened(context, slapd.backend_config(search_timeout=1, pool_size=1)) as directory:
+        done = await gatherResults([directory._in_thread(time.sleep, 0.4) for _ in range(4)])
+        assert done == [None] * 4
+
+
+@pytest_twisted.ensureDeferred
 async def test_connection_pool_is_bounded(slapd, context):
     async with opened(context, slapd.backend_config(pool_size=2)) as directory:
         users = await gatherResults([directory.user_by_id(CAROL_SUB) for _ in range(20)])

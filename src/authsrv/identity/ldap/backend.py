@@ -108,6 +108,8 @@ class LdapIdentityBackend:
         self._reactor = reactor
         self._pool = pool
         self._directory = Directory(settings)
+        self._failed_at: float | None = None
+        """When a call last failed for the directory's sake (monotonic), or None since one succeeded."""
         self._any_user = settings.user_filter.replace("{login}", "*")
         self._decoy_dn = f"{settings.login_attribute}={secrets.token_hex(16)},{settings.user_base_dn}"
         self._required = {dn_key(g) for g in settings.required_groups}
@@ -124,16 +126,27 @@ class LdapIdentityBackend:
     def _in_thread(self, function, *args) -> Deferred:
         """
         C{function(*args)} on the pool, unless the call waited there longer
-        than a search may take: the directory is not keeping up (hung, say),
-        and asking it still would hold each waiting request for another
-        timeout, one pool's worth at a time, a burst of them for minutes.
+        than a search may take while the directory is failing (a call failed
+        within that time): asking a hung directory still would hold each
+        waiting request for another timeout, one pool's worth at a time, a
+        burst of them for minutes. A directory that is slow but answers
+        serves every call, however long the queue.
         """
         queued = time.monotonic()
+        timeout = self._settings.search_timeout
 
         def run():
-            if time.monotonic() - queued > self._settings.search_timeout:
-                raise BackendUnavailable("the directory did not keep up: requests waited longer than a search may take")
-            return function(*args)
+            now, failed = time.monotonic(), self._failed_at
+            if now - queued > timeout and failed is not None and now - failed < timeout:
+                raise BackendUnavailable("the directory is failing, and this request waited longer than a search may"
+                                         " take")
+            try:
+                result = function(*args)
+            except BackendUnavailable:
+                self._failed_at = time.monotonic()
+                raise
+            self._failed_at = None
+            return result
 
         return deferToThreadPool(self._reactor, self._pool, run)
 
