@@ -239,11 +239,12 @@ def test_a_client_is_imported_only_with_what_the_rules_of_every_client_allow():
          "postLogoutRedirectUris": ["https://shop.example/bye", "https://u:p@shop.example/"],
          "backchannelLogoutUri": "https://169.254.169.254/logout", "createdAt": None},
         {"clientId": "bad id", "redirectUris": ["https://x.example/cb"], "createdAt": None},
+        {"clientId": "eu/shop", "redirectUris": ["https://x.example/cb"], "createdAt": None},
     ])
     found = plan(source, now=1_800_000_000, provider="discord", cipher=None, secret_key=b"k" * 32)
     [shop] = found.batch.clients
     assert shop.redirect_uris == ("https://shop.example/cb",)
     assert shop.post_logout_redirect_uris == ("https://shop.example/bye",)
     assert shop.backchannel_logout_uri is None
-    assert sum("shop" in line for line in found.problems) == 4
-    assert any("'bad id'" in line for line in found.problems)
+    assert sum(line.startswith("client shop:") for line in found.problems) == 4
+    assert any("'bad id'" in line for line in found.problems) and any("'eu/shop'" in line for line in found.problems)

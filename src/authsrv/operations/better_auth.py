@@ -36,7 +36,7 @@ from authsrv import events
 from authsrv.chat.crypto import ACCESS, REFRESH
 from authsrv.identity.passwords import is_better_auth_hash
 from authsrv.interfaces import IUserManagement
-from authsrv.protocol.clients import client_id_problem, redirect_uri_problem
+from authsrv.protocol.clients import redirect_uri_problem, stored_client_id_problem
 from authsrv.protocol.targets import backchannel_uri_problem
 from authsrv.records import (
     DEFAULT_GRANT_TYPES,
@@ -225,7 +225,7 @@ def plan(source: Source, *, now: int, provider: str, cipher, secret_key: bytes) 
         if row.get("disabled"):
             problems.append(f"client {client_id} is disabled in Better Auth: not imported")
             continue
-        if (problem := client_id_problem(client_id)) is not None:
+        if (problem := stored_client_id_problem(client_id)) is not None:
             problems.append(f"client {client_id!r}: its client_id {problem}: not imported")
             continue
         secret = row.get("clientSecret")

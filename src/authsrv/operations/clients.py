@@ -21,7 +21,7 @@ from authsrv.operations.clientspec import EDITABLE, checked_settings
 from authsrv.operations.errors import Conflict, InvalidInput, NotFound, PreconditionFailed
 from authsrv.operations.paging import Page, page
 from authsrv.protocol.clientauth import CLIENT_SECRET_JWT, PRIVATE_KEY_JWT, auth_settings_problem
-from authsrv.protocol.clients import client_id_problem
+from authsrv.protocol.clients import stored_client_id_problem
 from authsrv.protocol.dpop import unoffered_dpop
 from authsrv.protocol.profiles import profile_problems
 from authsrv.protocol.pushed import unoffered_push
@@ -163,12 +163,9 @@ class ClientOperations:
         if not isinstance(data, dict):
             raise InvalidInput("the body must be a JSON object")
         client_id = data.get("client_id")
-        if not isinstance(client_id, str) or (problem := client_id_problem(client_id)):
+        if not isinstance(client_id, str) or (problem := stored_client_id_problem(client_id)):
             raise InvalidInput(f"client_id {problem if isinstance(client_id, str) else 'must be a string'}",
                                "client_id")
-        if "/" in client_id or client_id in (".", ".."):
-            raise InvalidInput("client_id must not hold '/' nor be '.' or '..': the admin API names a client in its"
-                               " path", "client_id")
         public = data.get("public", False)
         if not isinstance(public, bool):
             raise InvalidInput("public must be true or false", "public")

@@ -77,6 +77,17 @@ def redirect_uri_problem(uri: str) -> str | None:
     )
 
 
+def stored_client_id_problem(client_id: str) -> str | None:
+    """
+    What is wrong with C{client_id} for a client the store keeps (the admin
+    API's or an import's), or None: also no '/', and not '.' or '..', since
+    the admin API names a stored client in its path.
+    """
+    if "/" in client_id or client_id in (".", ".."):
+        return "must not hold '/' nor be '.' or '..': the admin API names a client in its path"
+    return client_id_problem(client_id)
+
+
 def client_id_problem(client_id: str) -> str | None:
     """What is wrong with C{client_id}, or None: printable ASCII, no spaces or colon."""
     if not client_id:
