@@ -75,12 +75,10 @@ def _own_default_headers() -> None:
 _own_default_headers()
 
 
-@lru_cache(maxsize=64)
-def _phrase(code: int) -> bytes | None:
-    try:
-        return HTTPStatus(code).phrase.encode()
-    except ValueError:
-        return None
+for _status in (HTTPStatus.TOO_MANY_REQUESTS, HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE):
+    # twisted.web's table lacks these, and its status line then reads "Unknown Status": filled in once,
+    # where a method of every request would cost each one.
+    RESPONSES.setdefault(_status.value, _status.phrase.encode())
 
 
 class BoundedRequest(Request):
@@ -108,12 +106,6 @@ class BoundedRequest(Request):
         self._counted = self.drain is not None
         if self._counted:
             self.drain.started()
-
-    def setResponseCode(self, code, message=None):
-        """The status with its reason phrase: twisted.web knows none for 429 or 431 ("Unknown Status")."""
-        if message is None and code not in RESPONSES:
-            message = _phrase(code)
-        super().setResponseCode(code, message)
 
     def process(self):
         if self.metrics is not None:
