@@ -113,7 +113,7 @@ async def test_userinfo_answers(harness):
     try:
         token = (await tokens(h))["access_token"]
         cors = {"access-control-allow-origin": ["*"],
-                "access-control-expose-headers": ["WWW-Authenticate, DPoP-Nonce"]}
+                "access-control-expose-headers": ["WWW-Authenticate, DPoP-Nonce, Retry-After"]}
         for method in ("GET", "POST"):
             response, body = await h.json(method, USERINFO, headers={"Authorization": f"Bearer {token}"})
             assert (response.code, body["sub"]) == (200, ALICE.sub), method

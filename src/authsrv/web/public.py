@@ -76,7 +76,7 @@ def _reads_json(request) -> bool:
 
 def _cors(request) -> None:
     allow_any_origin(request)
-    request.setHeader(b"access-control-expose-headers", b"WWW-Authenticate, DPoP-Nonce")
+    request.setHeader(b"access-control-expose-headers", b"WWW-Authenticate, DPoP-Nonce, Retry-After")
 
 
 def _preflight(request, methods: bytes) -> bytes:
