@@ -281,7 +281,9 @@ async def test_an_id_token_hint_for_another_user_asks_for_a_sign_in(tmp_path, mo
         assert "code" in query_of(location(response))
         response, _ = await browser.authorize("first", id_token_hint=id_token_of(h, BOB.sub), prompt="none")
         assert_error_redirect(response, "login_required", state="st4te")
-        assert shows_login_form(*await browser.authorize("first", id_token_hint=id_token_of(h, BOB.sub)))
+        response, body = await browser.authorize("first", id_token_hint=id_token_of(h, BOB.sub))
+        assert shows_login_form(response, body)
+        assert f'value="{BOB.login}"'.encode() in body, "the form shows the user the client expects"
         stranger = jwk.JWK.generate(kty="RSA", size=2048, kid="stranger")
         for hint in (id_token_of(h, ALICE.sub, key=stranger), "not-a-token"):
             response, _ = await browser.authorize("first", id_token_hint=hint)

@@ -178,7 +178,7 @@ class InteractionFlow:
             request = parse_request(client, args, push_required=push_required)
             assert client is not None, "parse_request refuses an unknown client"
             session = await live_session(self._store, self._identity, browser.session, now)
-            request = self._with_hint(args, request, session)
+            request = await self._with_hint(args, request, session)
             if session is None or login_needed(request, session, now):
                 refuse_silently(request, login=True, consent=False)
                 if by_reference:
@@ -192,13 +192,15 @@ class InteractionFlow:
         except AuthorizeError as e:
             return Redirect(error_location(self._issuer, e.redirect_uri, e.state, e.error))
 
-    def _with_hint(self, args: dict[bytes, list[bytes]], request: AuthorizationRequest,
-                   session: BrowserSession | None) -> AuthorizationRequest:
+    async def _with_hint(self, args: dict[bytes, list[bytes]], request: AuthorizationRequest,
+                         session: BrowserSession | None) -> AuthorizationRequest:
         """
         OIDC Core section 3.1.2.1: an C{id_token_hint} names the user the
         client expects. Another user signed in here must sign in again (or,
-        with prompt=none, the client hears login_required); a hint this
-        server did not sign is invalid_request. Its expiry is not checked.
+        with prompt=none, the client hears login_required), the login form
+        showing the hinted user's login unless a login_hint says otherwise;
+        a hint this server did not sign is invalid_request. Its expiry is
+        not checked.
         """
         hint = one_param(args, b"id_token_hint")
         if not hint or self._keystore is None:
@@ -210,7 +212,9 @@ class InteractionFlow:
             raise AuthorizeError(error, request.redirect_uri, request.state) from None
         if session is not None and session.sub == claims["sub"]:
             return request
-        return attrs.evolve(request, prompt=request.prompt | {"login"})
+        hinted = None if request.login_hint else await self._identity.user_by_id(claims["sub"])
+        return attrs.evolve(request, prompt=request.prompt | {"login"},
+                            login_hint=hinted.login if hinted is not None else request.login_hint)
 
     async def login_form(self, form: dict[str, str] | None, now: int) -> LoginForm:
         interaction, client = await self._interaction(form, LOGIN_STAGE, now)
