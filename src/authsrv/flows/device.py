@@ -163,7 +163,8 @@ class DeviceVerification:
         if isinstance(found, DeviceCodeForm):
             return found
         key, device, client = found
-        session = await self._interaction.device_session(client, self._return_to(key), browser, address, now)
+        session = await self._interaction.device_session(client, self._return_to(key), browser, signed_in, address,
+                                                          now)
         if isinstance(session, Redirect):
             return session
         assert browser.session is not None, "a live session came from the browser's cookie"
@@ -190,7 +191,7 @@ class DeviceVerification:
         if isinstance(found, DeviceCodeForm):
             return found
         _, device, client = found
-        stepped = await self._interaction.device_session(client, self._return_to(key), browser, address, now)
+        stepped = await self._interaction.device_session(client, self._return_to(key), browser, session, address, now)
         if isinstance(stepped, Redirect):
             return stepped
         if form["action"] == "deny":

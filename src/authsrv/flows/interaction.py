@@ -444,17 +444,17 @@ class InteractionFlow:
         await self._remember_consent(session.sub, client.client_id, request.scope, now)
         return Redirect(location, 303)
 
-    async def device_session(self, client: Client, return_to: str, browser: Browser, address: str,
-                             now: int) -> BrowserSession | Redirect:
+    async def device_session(self, client: Client, return_to: str, browser: Browser, session: BrowserSession | None,
+                             address: str, now: int) -> BrowserSession | Redirect:
         """
         The live session that may approve a device of C{client} at the
         verification page (C{return_to}, this service's own URL), or the
         way to one: the same sign-in as for an authorization request,
         second factors included, that comes back to C{return_to}.
+        C{session} is the browser's live session as the caller read it.
         """
         request = AuthorizationRequest(client_id=client.client_id, redirect_uri=return_to, scope=(), state="",
                                        code_challenge="", device=True)
-        session = await live_session(self._store, self._identity, browser.session, now)
         if session is None:
             return await self._wait(request, LOGIN_STAGE, None, browser, now, address)
         stage = await self._factors.demand(client, request, session.sub, session.acr, now, session.amr)
