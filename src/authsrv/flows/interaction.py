@@ -136,12 +136,13 @@ class InteractionFlow:
     lifetimes; C{factors} are the users' second factors and C{passkeys}
     their passkeys (None when second factors are off); C{pushed} the
     L{PushedRequests} (None when the server offers no pushed requests);
-    C{dpop} whether DPoP is offered, so that a request's dpop_jkt binds its code.
+    C{dpop} whether DPoP is offered, so that a request's dpop_jkt binds its code;
+    C{keystore} checks an id_token_hint's signature.
     """
 
     def __init__(self, *, store, clients, identity, login, sessions, limits, issuer: str,
                  factors: SecondFactors, show_ban_reason: bool = False, passkeys: Passkeys | None = None,
-                 pushed: PushedRequests | None = None, dpop: bool = False, keystore=None):
+                 pushed: PushedRequests | None = None, dpop: bool = False, keystore):
         self._keystore = keystore
         self._pushed = pushed
         self._dpop = dpop
@@ -203,7 +204,7 @@ class InteractionFlow:
         not checked.
         """
         hint = one_param(args, b"id_token_hint")
-        if not hint or self._keystore is None:
+        if not hint:
             return request
         try:
             claims = hint_claims(hint, self._keystore.public_keyset(), self._keystore.algorithms, self._issuer)

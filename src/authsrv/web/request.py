@@ -75,10 +75,17 @@ def _own_default_headers() -> None:
 _own_default_headers()
 
 
-for _status in (HTTPStatus.TOO_MANY_REQUESTS, HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE):
-    # twisted.web's table lacks these, and its status line then reads "Unknown Status": filled in once,
-    # where a method of every request would cost each one.
-    RESPONSES.setdefault(_status.value, _status.phrase.encode())
+def _known_reason_phrases() -> None:
+    """
+    twisted.web's table of reason phrases lacks 429 and 431, so their
+    status lines read "Unknown Status": they are filled in once, here,
+    where a method of every request would cost each one.
+    """
+    for status in (HTTPStatus.TOO_MANY_REQUESTS, HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE):
+        RESPONSES.setdefault(status.value, status.phrase.encode())
+
+
+_known_reason_phrases()
 
 
 class BoundedRequest(Request):
