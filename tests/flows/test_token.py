@@ -447,6 +447,30 @@ async def test_refresh_never_outlives_the_grant(tmp_path, monkeypatch):
 
 
 @pytest_twisted.ensureDeferred
+async def test_access_tokens_end_with_their_grant(tmp_path, monkeypatch):
+    h = await Harness(tmp_path, monkeypatch).start()
+    try:
+        current = await tokens(h, resource=(API,))
+        grant_end = h.now() + 90 * 86400
+        for _ in range(3):
+            h.clock.advance(29 * 86400 + 86000)
+            response, current = await refresh(h, current["refresh_token"])
+            assert response.code == 200, current
+        left = grant_end - h.now()
+        assert 0 < left < 3600
+        assert current["expires_in"] == left
+        _, claims = verify_jwt(h, current["access_token"], typ="at+jwt", aud=API)
+        assert claims["exp"] == grant_end
+        response, opaque = await refresh(h, current["refresh_token"])
+        assert (response.code, opaque["expires_in"]) == (200, left), opaque
+        assert (await h.store.find_access_token(token_hash(opaque["access_token"]), h.now())).expires_at == grant_end
+        h.clock.advance(left)
+        assert not await active(h, opaque["access_token"])
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_ban_ends_the_grant_at_the_next_refresh(tmp_path, monkeypatch):
     h = await Harness(tmp_path, monkeypatch).start()
     try:

@@ -121,7 +121,7 @@ class TokenMinter:
         limits = self._limits
         client_id = client.client_id
         access_value, access = self._access(grant, client, grant.sub, scope, audience, now, jkt)
-        response = self._response(access_value, scope, jkt)
+        response = self._response(access_value, access, jkt)
         refresh_token = None
         if refresh_scope is not None:
             refresh_value = new_token()
@@ -165,17 +165,18 @@ class TokenMinter:
         9068 section 2.2); no refresh token, no ID token.
         """
         access_value, access = self._access(grant, client, client.client_id, scope, audience, now, jkt)
-        return Issued(self._response(access_value, scope, jkt), access, None)
+        return Issued(self._response(access_value, access, jkt), access, None)
 
     def _access(self, grant: Grant, client: Client, sub: str, scope: frozenset[str], audience: tuple[str, ...],
                 now: int, jkt: str | None = None) -> tuple[str, AccessToken]:
         """
         An opaque access token, or an RFC 9068 JWT (signed as the client
         chose) when it has an audience, and its record; C{jkt} binds it to
-        a DPoP key.
+        a DPoP key. It ends with its grant at the latest: a refresh near the
+        grant's absolute end must not buy an hour past it.
         """
         client_id = client.client_id
-        ttl = self._limits.access_token_ttl
+        ttl = min(self._limits.access_token_ttl, grant.expires_at - now)
         jti = None
         if audience:
             jti = new_token(16)
@@ -193,12 +194,13 @@ class TokenMinter:
         )
         return value, access
 
-    def _response(self, access_value: str, scope: frozenset[str], jkt: str | None = None) -> dict:
+    @staticmethod
+    def _response(access_value: str, access: AccessToken, jkt: str | None = None) -> dict:
         return {
             "access_token": access_value,
             "token_type": "Bearer" if jkt is None else "DPoP",
-            "expires_in": self._limits.access_token_ttl,
-            "scope": scope_text(scope),
+            "expires_in": access.expires_at - access.issued_at,
+            "scope": scope_text(access.scope),
         }
 
 
