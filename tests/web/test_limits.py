@@ -37,6 +37,7 @@ def form(path: str, fields) -> bytes:
 
 
 def assert_oauth(status, headers, body, expected_status, words):
+    assert "date" in headers
     assert status == expected_status
     assert headers["content-type"] == "application/json"
     payload = json.loads(body)
@@ -44,6 +45,7 @@ def assert_oauth(status, headers, body, expected_status, words):
 
 
 def assert_internal(status, headers, body, expected_status, words):
+    assert "date" in headers
     assert status == expected_status
     payload = json.loads(body)
     assert payload["error"] == "invalid_request" and words in payload["message"], payload
@@ -51,6 +53,7 @@ def assert_internal(status, headers, body, expected_status, words):
 
 
 def assert_page(status, headers, body, expected_status, words):
+    assert "date" in headers
     assert status == expected_status
     assert headers["content-type"].startswith("text/html")
     assert b"<!DOCTYPE html>" in body and words.encode() in body.lower()

@@ -16,6 +16,7 @@ from io import BytesIO
 
 from twisted.internet.protocol import Protocol
 from twisted.web.resource import Resource
+from twisted.web import server
 from twisted.web.server import Site
 
 from authsrv.config import ISSUER_PATH, InputLimits
@@ -124,13 +125,17 @@ class _Answer:
 
 
 def raw_refusal(path: bytes, status: int, description: str, headers=()) -> bytes:
-    """A whole HTTP/1.1 response that closes the connection, for refusals below the request layer."""
+    """
+    A whole HTTP/1.1 response that closes the connection, for refusals
+    below the request layer; it carries a C{Date} as every other answer
+    does (RFC 9110 section 6.6.1).
+    """
     answer = _Answer(path)
     body = render_refusal(answer, status, description)
     lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}".encode()]
     for name, value in [*answer.headers.items(), *headers]:
         lines.append(name + b": " + value)
-    lines += [b"server: " + SERVER, b"content-length: " + str(len(body)).encode(), b"connection: close", b"", b""]
+    lines += [b"server: " + SERVER, b"date: " + server.datetimeToString(), b"content-length: " + str(len(body)).encode(), b"connection: close", b"", b""]
     return b"\r\n".join(lines) + body
 
 
