@@ -85,6 +85,20 @@ def test_one_header_line_longer_than_any_limit_gets_431():
     listener.assert_serves()
 
 
+@pytest.mark.parametrize("head, check", [
+    (request_head("POST", TOKEN, {"Content-Length": "12abc"}), assert_oauth),
+    (request_head("POST", TOKEN, {"Transfer-Encoding": "chunked"}) + b"zz\r\n", assert_oauth),
+    (request_head("POST", INTERNAL, {"Content-Length": "-1"}), assert_internal),
+    (b"GET " + AUTHORIZE.encode() + b" HTTP/1.1\r\nno colon here\r\n\r\n", assert_page),
+])
+def test_a_request_twisted_web_cannot_frame_gets_400_in_the_endpoints_shape(head, check):
+    listener = Listener()
+    protocol, transport = listener.send(head)
+    check(*parse(transport), 400, "not well-formed")
+    assert transport.disconnecting
+    listener.assert_serves()
+
+
 def test_a_request_line_too_long_gets_414_in_the_internal_shape():
     listener = Listener({"max_request_line": 1024, "max_query_bytes": 512})
     _, transport = listener.send(request_head("POST", INTERNAL + "/" + "a" * 1100))

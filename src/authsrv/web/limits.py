@@ -271,6 +271,15 @@ class LimitedChannel(GatheringChannel):
             self.transport.write(raw_refusal(self._target, status, description, self.fixed_headers))
         self.loseConnection()
 
+    def _respondToBadRequestAndDisconnect(self):
+        """
+        twisted.web's answer to a request it cannot frame (a malformed
+        request line, header field, length or chunk) is a bare 400 with no
+        body: this one is in the endpoint's shape and says what is wrong.
+        """
+        self._refuse(400, "the request is not well-formed HTTP/1.1: check its request line, header fields,"
+                          " Content-Length and chunked encoding")
+
     def dataReceived(self, data):
         if self._refused:
             return
