@@ -199,6 +199,11 @@ class AuthorizationRequest:
     """
     dpop_jkt: str | None = None
     """The thumbprint of the key the code is bound to (RFC 9449 section 10)."""
+    hinted_sub: str | None = None
+    """
+    The user the request's id_token_hint names (OIDC Core section 3.1.2.1):
+    a sign-in by anyone else ends in login_required, never a code.
+    """
 
 
 LOGIN_STAGE = "login"

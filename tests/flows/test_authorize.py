@@ -14,9 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jwcrypto import jwk, jws
 
-from flow_client import Browser, fuzz, location, on_reactor, shows_login_form
+from flow_client import Browser, fuzz, hidden_fields, location, on_reactor, shows_login_form
 from harness import CLIENTS, ISSUER, Harness, pkce_pair, query_of
 
+from authsrv.flows.passkeys import PasskeyAccepted, Passkeys
+from authsrv.records import Passkey
 from authsrv.store.codes import CodeFound
 from authsrv.testing.identity import ALICE, BOB, PASSWORDS
 from authsrv.tokens import token_hash
@@ -39,8 +41,8 @@ def assert_error_page(response, body, words: str):
     assert words.encode() in body
 
 
-def assert_error_redirect(response, error: str, redirect_uri=FIRST_REDIRECT, state="st4te") -> dict:
-    assert response.code == 302
+def assert_error_redirect(response, error: str, redirect_uri=FIRST_REDIRECT, state="st4te", status=302) -> dict:
+    assert response.code == status
     assert location(response).startswith(redirect_uri + "?")
     assert response.headers.getRawHeaders(b"cache-control") == [b"no-store"]
     query = query_of(location(response))
@@ -288,6 +290,65 @@ async def test_an_id_token_hint_for_another_user_asks_for_a_sign_in(tmp_path, mo
         for hint in (id_token_of(h, ALICE.sub, key=stranger), "not-a-token"):
             response, _ = await browser.authorize("first", id_token_hint=hint)
             assert_error_redirect(response, "invalid_request", state="st4te")
+    finally:
+        await h.close()
+
+
+async def signed_in_on_hint(browser: Browser, hinted, user, client_id="first", **params):
+    """The answer when C{user} signs in with a password on the sign-in an id_token_hint for C{hinted} asks for."""
+    response, body = await browser.authorize(client_id, id_token_hint=id_token_of(browser.h, hinted.sub), **params)
+    assert shows_login_form(response, body)
+    return await browser.submit_login(response, user.login, PASSWORDS[user.sub])
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_sign_in_an_id_token_hint_asks_for_gives_a_code_only_to_its_user(tmp_path, monkeypatch, audit):
+    """
+    OIDC Core section 3.1.2.1: the hinted user signing in gets a code;
+    another user who signs in on that form (before any consent page, and
+    also when the hinted user was signed in and asked to sign in again) gets
+    login_required and neither code nor grant, but stays signed in here.
+    """
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        response, _ = await signed_in_on_hint(browser, BOB, BOB)
+        found = await h.store.find_code(token_hash(query_of(location(response))["code"]), h.now())
+        assert found.code.sub == BOB.sub
+        for client_id, redirect_uri in (("first", FIRST_REDIRECT), ("partner", PARTNER_REDIRECT)):
+            other = Browser(h)
+            response, _ = await signed_in_on_hint(other, BOB, ALICE, client_id)
+            query = assert_error_redirect(response, "login_required", redirect_uri, status=303)
+            assert "sign in as that user" in query["error_description"]
+            assert (await h.store.get_session(other.session_hash, h.now())).sub == ALICE.sub
+        response, _ = await signed_in_on_hint(browser, BOB, ALICE, prompt="login")
+        assert_error_redirect(response, "login_required", status=303)
+        assert await h.store.list_user_grants(ALICE.sub, h.now()) == []
+        assert [event["sub"] for event in audit.of("code.issued")] == [BOB.sub]
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_passkey_sign_in_on_an_id_token_hint_gives_a_code_only_to_its_user(tmp_path, monkeypatch):
+    """A passkey of another user than the hinted one ends in login_required, as a password does."""
+    h = await started(tmp_path, monkeypatch)
+    passkey = Passkey("cred-1", ALICE.sub, b"key", 1, False, False, (), h.now())
+
+    async def accepted(self, interaction_id, credential_json, address, now, sub=None):
+        return PasskeyAccepted(passkey)
+
+    async def with_passkey_on_hint(hinted):
+        browser = Browser(h)
+        response, body = await browser.authorize("first", id_token_hint=id_token_of(h, hinted.sub))
+        assert shows_login_form(response, body)
+        response, _ = await browser.post(ISSUER + "/login/passkey", {**hidden_fields(body), "credential": "{}"})
+        return response
+
+    monkeypatch.setattr(Passkeys, "authenticate", accepted)
+    try:
+        assert "code" in query_of(location(await with_passkey_on_hint(ALICE)))
+        assert_error_redirect(await with_passkey_on_hint(BOB), "login_required", status=303)
     finally:
         await h.close()
 

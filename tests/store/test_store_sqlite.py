@@ -176,8 +176,8 @@ class TestSQLiteFile(SQLiteFolder):
         table is rebuilt with a rowid, its tokens, replays, indexes and the
         cascade from their grant kept.
         """
-        before = [step for step in schema_steps("authsrv.store", "sqlite") if step[1] != "021_refresh_tokens_rowid.sql"]
-        assert len(before) == LATEST_VERSION - 1
+        before = [step for step in schema_steps("authsrv.store", "sqlite") if step[0] < 21]
+        assert before[-1][1] == "020_passkey_challenges_signed.sql"
         with _older_schema(self.folder / "authsrv.sqlite3", before) as db:
             db.execute(
                 "INSERT INTO grants (grant_id, client_id, sub, scope, resource, auth_time, created_at, expires_at)"

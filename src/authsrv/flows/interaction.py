@@ -54,7 +54,7 @@ from authsrv.protocol.authorize import (
     refuse_silently,
     unknown_client,
 )
-from authsrv.protocol.errors import AccessDenied, InvalidRequest, PageError
+from authsrv.protocol.errors import AccessDenied, InvalidRequest, LoginRequired, PageError
 from authsrv.protocol.forwarded import address_key
 from authsrv.protocol.logout import hint_claims
 from authsrv.protocol.profiles import code_ttl_for
@@ -89,6 +89,8 @@ MISSING_CODE = "Enter the code from your authenticator app, or a recovery code."
 WRONG_FIRST_CODE = "That code does not match; check the time on your phone and try the current code."
 MUST_ENROL = "Setting up a second factor is required now; you cannot put it off any longer."
 PASSKEY_REFUSED = "That passkey was not accepted. Try again, or sign in another way."
+NOT_HINTED = ("the user who signed in is not the one the id_token_hint names: sign in as that user, or start"
+              " again from the application to use another account")
 
 _STAGE_PATHS = {LOGIN_STAGE: "/login", MFA_STAGE: "/mfa", ENROL_STAGE: "/mfa/enrol", CONSENT_STAGE: "/consent"}
 
@@ -197,11 +199,12 @@ class InteractionFlow:
                          session: BrowserSession | None) -> AuthorizationRequest:
         """
         OIDC Core section 3.1.2.1: an C{id_token_hint} names the user the
-        client expects. Another user signed in here must sign in again (or,
-        with prompt=none, the client hears login_required), the login form
-        showing the hinted user's login unless a login_hint says otherwise;
-        a hint this server did not sign is invalid_request. Its expiry is
-        not checked.
+        client expects, and the request keeps that user so that a sign-in by
+        anyone else ends in login_required (L{_after_login}). Another user
+        signed in here must sign in again (or, with prompt=none, the client
+        hears login_required), the login form showing the hinted user's
+        login unless a login_hint says otherwise; a hint this server did not
+        sign is invalid_request. Its expiry is not checked.
         """
         hint = one_param(args, b"id_token_hint")
         if not hint:
@@ -211,6 +214,7 @@ class InteractionFlow:
         except PageError:
             error = InvalidRequest("id_token_hint is not an ID token this server issued")
             raise AuthorizeError(error, request.redirect_uri, request.state) from None
+        request = attrs.evolve(request, hinted_sub=claims["sub"])
         if session is not None and session.sub == claims["sub"]:
             return request
         hinted = None if request.login_hint else await self._identity.user_by_id(claims["sub"])
@@ -465,9 +469,17 @@ class InteractionFlow:
 
     async def _after_login(self, client: Client, request: AuthorizationRequest, session: BrowserSession,
                            browser: Browser, now: int, status: int) -> Redirect:
-        """With a live session: the consent page or the code; back to the verification page for a device."""
+        """
+        With a live session: the consent page or the code; back to the
+        verification page for a device. A session of another user than the
+        request's id_token_hint named gets login_required instead: the
+        session just signed in stays, as that user did sign in.
+        """
         if request.device:
             return Redirect(request.redirect_uri, 303)
+        if request.hinted_sub is not None and session.sub != request.hinted_sub:
+            return Redirect(error_location(self._issuer, request.redirect_uri, request.state,
+                                           LoginRequired(NOT_HINTED)), status)
         consented = None if client.first_party else await self._store.get_consent(session.sub, client.client_id)
         needed = consent_needed(client, request, consented)
         refuse_silently(request, login=False, consent=needed)

@@ -30,6 +30,7 @@ from authsrv.records import (
     DEFAULT_GRANT_TYPES,
     IMPORT_KINDS,
     LOGIN_STAGE,
+    MFA_STAGE,
     NOT_READ,
     AccessState,
     AccessToken,
@@ -127,6 +128,7 @@ def make_interaction(interaction_id: str, stage: str = LOGIN_STAGE, expires_at: 
         prompt={"login", "consent"},
         max_age=0,
         login_hint="alice@example.com",
+        hinted_sub=ALICE,
     )
     interaction = Interaction(
         interaction_id=interaction_id,
@@ -578,8 +580,21 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             assert await store.get_interaction("ia-3", NOW) is None
             got = await store.get_interaction("ia-2", NOW)
             assert got == bare
-            assert (got.sid, got.request.nonce, got.request.max_age, got.request.login_hint) == (None,) * 4
+            assert (got.sid, got.request.nonce, got.request.max_age, got.request.login_hint,
+                    got.request.hinted_sub) == (None,) * 5
             assert (got.request.scope, got.request.resources, got.request.prompt) == ((), (), frozenset())
+
+    @pytest_twisted.ensureDeferred
+    async def test_interaction_keeps_the_user_its_id_token_hint_named(self):
+        """The sign-in a hint asks for may end with a code only for that user (OIDC Core section 3.1.2.1)."""
+        waiting = make_interaction("ia-1", address=HERE)
+        stepping_up = make_interaction("ia-2", MFA_STAGE, sid="sid-1", sub=ALICE, amr=("pwd",))
+        async with self.store() as store:
+            await store.save_login_interaction(waiting, 3)
+            await store.save_interaction(stepping_up)
+            for saved in (waiting, stepping_up):
+                got = await store.get_interaction(saved.interaction_id, NOW)
+                assert got.request.hinted_sub == ALICE and got == saved
 
     @pytest_twisted.ensureDeferred
     async def test_login_interaction_keeps_its_address(self):
