@@ -142,8 +142,18 @@ def test_private_addresses_are_refused(address):
     assert "is refused" in url_problem(f"https://{host}/jwks", FetchPolicy())
 
 
+@pytest.mark.parametrize("address, kind", [("64:ff9b::7f00:1", "loopback"), ("64:ff9b::a00:1", "private"),
+                                           ("64:ff9b::a9fe:a9fe", "metadata"), ("::7f00:1", "reserved"),
+                                           ("64:ff9b:1::a00:1", "reserved")])
+def test_ipv4_behind_nat64_and_reserved_ipv6_are_refused(address, kind):
+    """A NAT64 translator carries 64:ff9b::a00:1 to 10.0.0.1; Python 3.11 calls ::/8 global."""
+    assert kind in private_address_problem(address)
+
+
 def test_public_addresses_and_names_pass_the_address_check():
     assert private_address_problem("93.184.216.34") is None
+    assert private_address_problem("64:ff9b::5db8:d822") is None
+    assert private_address_problem("2606:2800:220:1:248:1893:25c8:1946") is None
     assert url_problem("https://rp.example/jwks", FetchPolicy()) is None
     assert "user name" in url_problem("https://a:b@rp.example/jwks", FetchPolicy())
     assert "fragment" in url_problem("https://rp.example/jwks#x", FetchPolicy())

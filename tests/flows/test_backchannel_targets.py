@@ -33,6 +33,7 @@ REFUSED = [
     ("169.254.169.254", "cloud metadata"),
     ("fd00:ec2::254", "cloud metadata"),
     ("::ffff:169.254.169.254", "cloud metadata"),
+    ("64:ff9b::a9fe:a9fe", "cloud metadata"),
     ("169.254.10.1", "link-local"),
     ("fe80::1", "link-local"),
     ("0.0.0.0", "unspecified"),
