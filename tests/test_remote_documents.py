@@ -53,6 +53,11 @@ class Documents(Resource):
         if path == "/slow":
             self.pending.append(request)
             return NOT_DONE_YET
+        if path == "/drip":
+            request.setHeader("content-type", "application/json")
+            request.write(b'{"keys": [')
+            self.pending.append(request)
+            return NOT_DONE_YET
         if path == "/redirect":
             request.redirect(b"/jwks")
             return b""
@@ -233,6 +238,25 @@ async def test_a_server_that_does_not_answer_times_out(server):
     clock.advance(LOCAL.timeout)
     with pytest.raises(FetchFailed, match=f"no answer within {LOCAL.timeout} s"):
         await fetching
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_server_dripping_its_answer_loses_the_connection_at_the_timeout(server):
+    """Otherwise every URL that drips a byte now and then holds a socket for hours after its fetch failed."""
+    clock = Clock()
+    fetching = Deferred.fromCoroutine(fetcher(clock=clock).fetch(server.base + "/drip"))
+    while not server.pending:
+        await deferred_later()
+    lost: list = []
+    server.pending.pop().notifyFinish().addErrback(lost.append)
+    clock.advance(LOCAL.timeout)
+    with pytest.raises(FetchFailed, match="no answer within"):
+        await fetching
+    for _ in range(100):
+        if lost:
+            break
+        await deferred_later()
+    assert lost, "the connection is still open"
 
 
 @pytest_twisted.ensureDeferred

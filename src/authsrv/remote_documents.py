@@ -12,6 +12,8 @@ request forgery and against answers that cost the server too much.
    as Host and checking the certificate against it, so that a name that
    resolves elsewhere a moment later (DNS rebinding) changes nothing;
  - no redirects, a timeout on the whole fetch, a cap on the body's size;
+   the connection is aborted at the timeout, so that a server dripping its
+   answer, or never closing, holds no socket after the fetch has failed;
  - answers are cached for their C{Cache-Control: max-age}, held between a
    floor (a client cannot make the server fetch on every request) and a
    ceiling (a rotated key set is seen within a bounded time).
@@ -151,9 +153,8 @@ class RemoteDocuments:
         self._clock = clock or reactor
         self.policy = policy
         self._resolve = resolve or (lambda host: resolve_host(reactor, host))
-        self._http_for = http_for or (
-            lambda address: HTTPClient(Agent.usingEndpointFactory(reactor, PinnedEndpoints(reactor, address)))
-        )
+        self._http_for = http_for or (lambda address: HTTPClient(Agent.usingEndpointFactory(
+            reactor, PinnedEndpoints(reactor, address, lifetime=policy.timeout, clock=self._clock))))
         self._cache: dict[str, tuple[float, float, dict]] = {}
         """url -> (fetched at, expires at, document)"""
         self._in_flight: dict[str, list[Deferred]] = {}
