@@ -73,6 +73,8 @@ class Documents(Resource):
             request.write(b"x" * 3000 + b'"}')
             request.finish()
             return NOT_DONE_YET
+        if path == "/empties":
+            return b'{"a": [' + b",".join([b"{}"] * 1000) + b"]}"
         if path == "/list":
             return b"[1, 2]"
         if path == "/text":
@@ -106,6 +108,20 @@ async def test_fetches_a_json_object_and_caches_it_for_its_max_age(server):
     clock.advance(1)
     await documents.fetch(server.base + "/jwks")
     assert len(server.requests) == 2
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_cache_holds_its_memory_budget_letting_the_oldest_go(server):
+    """3 KB of empty objects take 70 KB parsed: a cap on entries alone let anyone who names URLs fill the memory."""
+    documents = fetcher(FetchPolicy(allow_private_addresses=True, allow_http=True, cache_bytes=256 * 1024))
+    urls = [f"{server.base}/empties?n={n}" for n in range(10)]
+    for url in urls:
+        await documents.fetch(url)
+    assert 0 < documents.cached_bytes <= 256 * 1024
+    await documents.fetch(urls[-1])
+    assert len(server.requests) == 10
+    await documents.fetch(urls[0])
+    assert len(server.requests) == 11
 
 
 @pytest_twisted.ensureDeferred
@@ -281,3 +297,6 @@ def test_the_config_section_is_checked():
         parse_config({"remote_documents": {"cache_min": "1h", "cache_max": "1m"}}, None)
     with pytest.raises(ConfigError, match="remote_documents.timeout: must be longer than zero"):
         parse_config({"remote_documents": {"timeout": 0}}, None)
+    assert parse_config({}, None).remote_documents.cache_bytes == 16 * 1024 * 1024
+    with pytest.raises(ConfigError, match="remote_documents.cache_bytes"):
+        parse_config({"remote_documents": {"cache_bytes": 1000}}, None)
