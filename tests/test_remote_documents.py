@@ -22,6 +22,7 @@ from authsrv.config import parse_config
 from authsrv.configsection import ConfigError
 from authsrv.protocol.targets import private_address_problem
 from authsrv.remote_documents import (
+    Busy,
     DocumentTooLarge,
     FetchFailed,
     FetchPolicy,
@@ -47,16 +48,21 @@ class Documents(Resource):
         self.pending: list = []
         self.cache_control = "max-age=600"
 
+    def _hold(self, request) -> None:
+        """Keeps C{request} unanswered in C{pending} while its connection is open."""
+        self.pending.append(request)
+        request.notifyFinish().addErrback(lambda _: self.pending.remove(request))
+
     def render_GET(self, request):
         path = request.path.decode()
         self.requests.append((path, request.getHeader("host")))
         if path == "/slow":
-            self.pending.append(request)
+            self._hold(request)
             return NOT_DONE_YET
         if path == "/drip":
             request.setHeader("content-type", "application/json")
             request.write(b'{"keys": [')
-            self.pending.append(request)
+            self._hold(request)
             return NOT_DONE_YET
         if path == "/redirect":
             request.redirect(b"/jwks")
@@ -264,7 +270,7 @@ async def test_a_server_dripping_its_answer_loses_the_connection_at_the_timeout(
     while not server.pending:
         await deferred_later()
     lost: list = []
-    server.pending.pop().notifyFinish().addErrback(lost.append)
+    server.pending[0].notifyFinish().addErrback(lost.append)
     clock.advance(LOCAL.timeout)
     with pytest.raises(FetchFailed, match="no answer within"):
         await fetching
@@ -273,6 +279,24 @@ async def test_a_server_dripping_its_answer_loses_the_connection_at_the_timeout(
             break
         await deferred_later()
     assert lost, "the connection is still open"
+
+
+@pytest_twisted.ensureDeferred
+async def test_fetches_beyond_the_limit_in_flight_are_refused_at_once(server):
+    """Each fetch holds a connection and a resolver thread: anyone naming URLs must not have them all."""
+    clock = Clock()
+    documents = fetcher(FetchPolicy(allow_private_addresses=True, allow_http=True, fetches_in_flight=2), clock)
+    slow = [Deferred.fromCoroutine(documents.fetch(f"{server.base}/slow?n={n}")) for n in range(2)]
+    with pytest.raises(Busy, match="2 other documents are being fetched; try again"):
+        await documents.fetch(server.base + "/jwks")
+    while len(server.pending) < 2:
+        await deferred_later()
+    assert [path for path, _ in server.requests] == ["/slow", "/slow"]
+    clock.advance(LOCAL.timeout)
+    for fetching in slow:
+        with pytest.raises(FetchFailed):
+            await fetching
+    assert await documents.fetch(server.base + "/jwks") == JWKS
 
 
 @pytest_twisted.ensureDeferred
@@ -298,5 +322,7 @@ def test_the_config_section_is_checked():
     with pytest.raises(ConfigError, match="remote_documents.timeout: must be longer than zero"):
         parse_config({"remote_documents": {"timeout": 0}}, None)
     assert parse_config({}, None).remote_documents.cache_bytes == 16 * 1024 * 1024
+    with pytest.raises(ConfigError, match="remote_documents.fetches_in_flight"):
+        parse_config({"remote_documents": {"fetches_in_flight": 0}}, None)
     with pytest.raises(ConfigError, match="remote_documents.cache_bytes"):
         parse_config({"remote_documents": {"cache_bytes": 1000}}, None)

@@ -11,6 +11,9 @@ request forgery and against answers that cost the server too much.
    and the request connects to the checked address while sending the name
    as Host and checking the certificate against it, so that a name that
    resolves elsewhere a moment later (DNS rebinding) changes nothing;
+ - at most C{fetches_in_flight} URLs fetched at once, a caller beyond
+   that refused at once: anyone who may name URLs could otherwise have the
+   server hold a connection and a resolver thread for each;
  - no redirects, a timeout on the whole fetch, a cap on the body's size;
    the connection is aborted at the timeout, so that a server dripping its
    answer, or never closing, holds no socket after the fetch has failed;
@@ -58,6 +61,10 @@ class FetchFailed(RemoteDocumentError):
     """The fetch went wrong on the way: no answer in time, a connection error, a status other than 200."""
 
 
+class Busy(FetchFailed):
+    """As many URLs as allowed are being fetched already: no fault of this one's, worth asking again."""
+
+
 class DocumentTooLarge(RemoteDocumentError):
     """The answer is larger than the configured cap."""
 
@@ -83,6 +90,7 @@ class FetchPolicy:
     allow_http: bool = False
     cache_bytes: int = 16 * 1024 * 1024
     """The memory the cached documents may take together, as parsed (not as fetched)."""
+    fetches_in_flight: int = 16
 
 
 def fetch_policy(section: Section) -> FetchPolicy:
@@ -100,6 +108,7 @@ def fetch_policy(section: Section) -> FetchPolicy:
         allow_private_addresses=section.bool("allow_private_addresses", defaults.allow_private_addresses),
         allow_http=section.bool("allow_http", defaults.allow_http),
         cache_bytes=section.int("cache_bytes", defaults.cache_bytes, minimum=1024 * 1024),
+        fetches_in_flight=section.int("fetches_in_flight", defaults.fetches_in_flight, minimum=1),
     )
     if policy.cache_max < policy.cache_min:
         raise section.error("cache_max", "must not be shorter than cache_min")
@@ -183,6 +192,9 @@ class RemoteDocuments:
         waiter: Deferred = Deferred()
         if url in self._in_flight:
             self._in_flight[url].append(waiter)
+        elif len(self._in_flight) >= self.policy.fetches_in_flight:
+            raise Busy(f"{url} is not fetched: {len(self._in_flight)} other documents are being fetched; try again"
+                       " in a few seconds")
         else:
             self._in_flight[url] = [waiter]
             fetching = Deferred.fromCoroutine(self._fetch(url)).addTimeout(
