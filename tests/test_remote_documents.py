@@ -22,6 +22,7 @@ from authsrv.config import parse_config
 from authsrv.configsection import ConfigError
 from authsrv.protocol.targets import private_address_problem
 from authsrv.remote_documents import (
+    Busy,
     DocumentTooLarge,
     FetchFailed,
     FetchPolicy,
@@ -47,11 +48,21 @@ class Documents(Resource):
         self.pending: list = []
         self.cache_control = "max-age=600"
 
+    def _hold(self, request) -> None:
+        """Keeps C{request} unanswered in C{pending} while its connection is open."""
+        self.pending.append(request)
+        request.notifyFinish().addErrback(lambda _: self.pending.remove(request))
+
     def render_GET(self, request):
         path = request.path.decode()
         self.requests.append((path, request.getHeader("host")))
         if path == "/slow":
-            self.pending.append(request)
+            self._hold(request)
+            return NOT_DONE_YET
+        if path == "/drip":
+            request.setHeader("content-type", "application/json")
+            request.write(b'{"keys": [')
+            self._hold(request)
             return NOT_DONE_YET
         if path == "/redirect":
             request.redirect(b"/jwks")
@@ -68,6 +79,8 @@ class Documents(Resource):
             request.write(b"x" * 3000 + b'"}')
             request.finish()
             return NOT_DONE_YET
+        if path == "/empties":
+            return b'{"a": [' + b",".join([b"{}"] * 1000) + b"]}"
         if path == "/list":
             return b"[1, 2]"
         if path == "/text":
@@ -101,6 +114,20 @@ async def test_fetches_a_json_object_and_caches_it_for_its_max_age(server):
     clock.advance(1)
     await documents.fetch(server.base + "/jwks")
     assert len(server.requests) == 2
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_cache_holds_its_memory_budget_letting_the_oldest_go(server):
+    """3 KB of empty objects take 70 KB parsed: a cap on entries alone let anyone who names URLs fill the memory."""
+    documents = fetcher(FetchPolicy(allow_private_addresses=True, allow_http=True, cache_bytes=256 * 1024))
+    urls = [f"{server.base}/empties?n={n}" for n in range(10)]
+    for url in urls:
+        await documents.fetch(url)
+    assert 0 < documents.cached_bytes <= 256 * 1024
+    await documents.fetch(urls[-1])
+    assert len(server.requests) == 10
+    await documents.fetch(urls[0])
+    assert len(server.requests) == 11
 
 
 @pytest_twisted.ensureDeferred
@@ -142,8 +169,18 @@ def test_private_addresses_are_refused(address):
     assert "is refused" in url_problem(f"https://{host}/jwks", FetchPolicy())
 
 
+@pytest.mark.parametrize("address, kind", [("64:ff9b::7f00:1", "loopback"), ("64:ff9b::a00:1", "private"),
+                                           ("64:ff9b::a9fe:a9fe", "metadata"), ("::7f00:1", "reserved"),
+                                           ("64:ff9b:1::a00:1", "reserved")])
+def test_ipv4_behind_nat64_and_reserved_ipv6_are_refused(address, kind):
+    """A NAT64 translator carries 64:ff9b::a00:1 to 10.0.0.1; Python 3.11 calls ::/8 global."""
+    assert kind in private_address_problem(address)
+
+
 def test_public_addresses_and_names_pass_the_address_check():
     assert private_address_problem("93.184.216.34") is None
+    assert private_address_problem("64:ff9b::5db8:d822") is None
+    assert private_address_problem("2606:2800:220:1:248:1893:25c8:1946") is None
     assert url_problem("https://rp.example/jwks", FetchPolicy()) is None
     assert "user name" in url_problem("https://a:b@rp.example/jwks", FetchPolicy())
     assert "fragment" in url_problem("https://rp.example/jwks#x", FetchPolicy())
@@ -226,6 +263,43 @@ async def test_a_server_that_does_not_answer_times_out(server):
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_server_dripping_its_answer_loses_the_connection_at_the_timeout(server):
+    """Otherwise every URL that drips a byte now and then holds a socket for hours after its fetch failed."""
+    clock = Clock()
+    fetching = Deferred.fromCoroutine(fetcher(clock=clock).fetch(server.base + "/drip"))
+    while not server.pending:
+        await deferred_later()
+    lost: list = []
+    server.pending[0].notifyFinish().addErrback(lost.append)
+    clock.advance(LOCAL.timeout)
+    with pytest.raises(FetchFailed, match="no answer within"):
+        await fetching
+    for _ in range(100):
+        if lost:
+            break
+        await deferred_later()
+    assert lost, "the connection is still open"
+
+
+@pytest_twisted.ensureDeferred
+async def test_fetches_beyond_the_limit_in_flight_are_refused_at_once(server):
+    """Each fetch holds a connection and a resolver thread: anyone naming URLs must not have them all."""
+    clock = Clock()
+    documents = fetcher(FetchPolicy(allow_private_addresses=True, allow_http=True, fetches_in_flight=2), clock)
+    slow = [Deferred.fromCoroutine(documents.fetch(f"{server.base}/slow?n={n}")) for n in range(2)]
+    with pytest.raises(Busy, match="2 other documents are being fetched; try again"):
+        await documents.fetch(server.base + "/jwks")
+    while len(server.pending) < 2:
+        await deferred_later()
+    assert [path for path, _ in server.requests] == ["/slow", "/slow"]
+    clock.advance(LOCAL.timeout)
+    for fetching in slow:
+        with pytest.raises(FetchFailed):
+            await fetching
+    assert await documents.fetch(server.base + "/jwks") == JWKS
+
+
+@pytest_twisted.ensureDeferred
 async def test_concurrent_fetches_of_one_url_share_one_request(server):
     documents = fetcher()
     first = Deferred.fromCoroutine(documents.fetch(server.base + "/jwks"))
@@ -247,3 +321,8 @@ def test_the_config_section_is_checked():
         parse_config({"remote_documents": {"cache_min": "1h", "cache_max": "1m"}}, None)
     with pytest.raises(ConfigError, match="remote_documents.timeout: must be longer than zero"):
         parse_config({"remote_documents": {"timeout": 0}}, None)
+    assert parse_config({}, None).remote_documents.cache_bytes == 16 * 1024 * 1024
+    with pytest.raises(ConfigError, match="remote_documents.fetches_in_flight"):
+        parse_config({"remote_documents": {"fetches_in_flight": 0}}, None)
+    with pytest.raises(ConfigError, match="remote_documents.cache_bytes"):
+        parse_config({"remote_documents": {"cache_bytes": 1000}}, None)

@@ -11,15 +11,24 @@ request forgery and against answers that cost the server too much.
    and the request connects to the checked address while sending the name
    as Host and checking the certificate against it, so that a name that
    resolves elsewhere a moment later (DNS rebinding) changes nothing;
+ - at most C{fetches_in_flight} URLs fetched at once, a caller beyond
+   that refused at once: anyone who may name URLs could otherwise have the
+   server hold a connection and a resolver thread for each;
  - no redirects, a timeout on the whole fetch, a cap on the body's size;
+   the connection is aborted at the timeout, so that a server dripping its
+   answer, or never closing, holds no socket after the fetch has failed;
  - answers are cached for their C{Cache-Control: max-age}, held between a
    floor (a client cannot make the server fetch on every request) and a
-   ceiling (a rotated key set is seen within a bounded time).
+   ceiling (a rotated key set is seen within a bounded time), and together
+   held within a memory budget, the oldest let go first: anyone may name
+   any number of URLs, and a small JSON text of empty objects takes twenty
+   times its size once parsed.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from ipaddress import ip_address
 from urllib.parse import urlsplit
 
@@ -36,7 +45,6 @@ from authsrv.flows.backchannel import PinnedEndpoints, resolve_host
 from authsrv.protocol import jsontext
 from authsrv.protocol.targets import address_problem, private_address_problem
 
-MAX_CACHED = 10_000
 _MAX_AGE = re.compile(r"(?:^|,)\s*max-age\s*=\s*\"?(\d+)\"?\s*(?:,|$)", re.I)
 _NO_CACHE = re.compile(r"(?:^|,)\s*(no-store|no-cache)\s*(?:,|$)", re.I)
 
@@ -51,6 +59,10 @@ class RefusedURL(RemoteDocumentError):
 
 class FetchFailed(RemoteDocumentError):
     """The fetch went wrong on the way: no answer in time, a connection error, a status other than 200."""
+
+
+class Busy(FetchFailed):
+    """As many URLs as allowed are being fetched already: no fault of this one's, worth asking again."""
 
 
 class DocumentTooLarge(RemoteDocumentError):
@@ -76,6 +88,9 @@ class FetchPolicy:
     """An unknown key may make the server fetch a cached key set again, at most this often."""
     allow_private_addresses: bool = False
     allow_http: bool = False
+    cache_bytes: int = 16 * 1024 * 1024
+    """The memory the cached documents may take together, as parsed (not as fetched)."""
+    fetches_in_flight: int = 16
 
 
 def fetch_policy(section: Section) -> FetchPolicy:
@@ -92,6 +107,8 @@ def fetch_policy(section: Section) -> FetchPolicy:
         refetch_after=section.duration("refetch_after", defaults.refetch_after),
         allow_private_addresses=section.bool("allow_private_addresses", defaults.allow_private_addresses),
         allow_http=section.bool("allow_http", defaults.allow_http),
+        cache_bytes=section.int("cache_bytes", defaults.cache_bytes, minimum=1024 * 1024),
+        fetches_in_flight=section.int("fetches_in_flight", defaults.fetches_in_flight, minimum=1),
     )
     if policy.cache_max < policy.cache_min:
         raise section.error("cache_max", "must not be shorter than cache_min")
@@ -151,11 +168,11 @@ class RemoteDocuments:
         self._clock = clock or reactor
         self.policy = policy
         self._resolve = resolve or (lambda host: resolve_host(reactor, host))
-        self._http_for = http_for or (
-            lambda address: HTTPClient(Agent.usingEndpointFactory(reactor, PinnedEndpoints(reactor, address)))
-        )
-        self._cache: dict[str, tuple[float, float, dict]] = {}
-        """url -> (fetched at, expires at, document)"""
+        self._http_for = http_for or (lambda address: HTTPClient(Agent.usingEndpointFactory(
+            reactor, PinnedEndpoints(reactor, address, lifetime=policy.timeout, clock=self._clock))))
+        self._cache: dict[str, tuple[float, float, dict, int]] = {}
+        """url -> (fetched at, expires at, document, its footprint), the oldest first"""
+        self.cached_bytes = 0
         self._in_flight: dict[str, list[Deferred]] = {}
 
     async def fetch(self, url: str, *, refetch: bool = False) -> dict:
@@ -168,13 +185,16 @@ class RemoteDocuments:
         now = self._clock.seconds()
         cached = self._cache.get(url)
         if cached is not None:
-            fetched_at, expires_at, document = cached
+            fetched_at, expires_at, document, _ = cached
             stale = now >= expires_at or (refetch and now - fetched_at >= self.policy.refetch_after)
             if not stale:
                 return document
         waiter: Deferred = Deferred()
         if url in self._in_flight:
             self._in_flight[url].append(waiter)
+        elif len(self._in_flight) >= self.policy.fetches_in_flight:
+            raise Busy(f"{url} is not fetched: {len(self._in_flight)} other documents are being fetched; try again"
+                       " in a few seconds")
         else:
             self._in_flight[url] = [waiter]
             fetching = Deferred.fromCoroutine(self._fetch(url)).addTimeout(
@@ -223,13 +243,24 @@ class RemoteDocuments:
             raise InvalidDocument(f"{url} cannot be read: {e}") from None
         if not isinstance(document, dict):
             raise InvalidDocument(f"{url} is not a JSON object")
-        now = self._clock.seconds()
-        cache_control = response.headers.getRawHeaders("cache-control", [None])
-        if len(self._cache) >= MAX_CACHED:
-            self._cache.clear()
-        self._cache[url] = (now, now + cache_seconds(",".join(filter(None, cache_control)) or None, self.policy),
-                            document)
+        cache_control = ",".join(filter(None, response.headers.getRawHeaders("cache-control", []))) or None
+        self._keep(url, document, cache_seconds(cache_control, self.policy))
         return document
+
+    def _keep(self, url: str, document: dict, seconds: int) -> None:
+        """Caches C{document}, letting the oldest go until the budget holds it (or nothing else is left)."""
+        self._forget(url)
+        size = _footprint(url, document)
+        while self._cache and self.cached_bytes + size > self.policy.cache_bytes:
+            self._forget(next(iter(self._cache)))
+        now = self._clock.seconds()
+        self._cache[url] = (now, now + seconds, document, size)
+        self.cached_bytes += size
+
+    def _forget(self, url: str) -> None:
+        cached = self._cache.pop(url, None)
+        if cached is not None:
+            self.cached_bytes -= cached[3]
 
     async def _checked_address(self, host: str) -> str:
         """The address to connect to: C{host} itself, or the first it resolves to, once every one is checked."""
@@ -248,6 +279,20 @@ class RemoteDocuments:
             if problem:
                 raise RefusedURL(f"{host} resolves to {problem}")
         return addresses[0]
+
+
+def _footprint(url: str, document: dict) -> int:
+    """The bytes a cached document takes in memory, its URL with it, counted once when it is fetched."""
+    size, values = sys.getsizeof(url), [document]
+    while values:
+        value = values.pop()
+        size += sys.getsizeof(value)
+        if isinstance(value, dict):
+            values.extend(value)
+            values.extend(value.values())
+        elif isinstance(value, list):
+            values.extend(value)
+    return size
 
 
 def _timed_out(result, timeout) -> None:

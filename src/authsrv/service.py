@@ -475,16 +475,18 @@ def web_root(
     C{chat_link} the chat-platform link flow when one is configured,
     C{admin} the admin API's resource when C{[admin] serve_on_main} says so,
     and C{documents} fetches client ID metadata documents when they are on
-    (by default on C{reactor}).
+    (by default on C{reactor}). Key sets of the operator's clients are fetched
+    apart, so that URLs anyone names neither take their fetches in flight nor
+    push them out of the cache.
     """
     grants = grant_registry(config, store, keystore, identity)
-    documents = documents or RemoteDocuments(reactor, config.remote_documents)
     token_endpoint = endpoints(config.issuer)["token_endpoint"]
     clients: ClientCache | DocumentClients = ClientCache(store, reactor, assertions=AssertionChecker(
-        store=store, documents=documents, audiences=(config.issuer, token_endpoint), secrets=config.secret_keeper))
+        store=store, documents=RemoteDocuments(reactor, config.remote_documents),
+        audiences=(config.issuer, token_endpoint), secrets=config.secret_keeper))
     if config.registration.metadata_documents:
-        clients = DocumentClients(clients, documents, config.registration, reactor,
-                                  dpop_offered=config.dpop is not None)
+        clients = DocumentClients(clients, documents or RemoteDocuments(reactor, config.remote_documents),
+                                  config.registration, reactor, dpop_offered=config.dpop is not None)
     site = PublicSite(
         clock=reactor,
         issuer=config.issuer,

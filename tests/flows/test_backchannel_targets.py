@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import pytest
 import pytest_twisted
+from treq.client import HTTPClient
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, fail, succeed
-from twisted.internet.task import Clock
-from twisted.web.client import URI
-from twisted.web.server import Site
+from twisted.internet.task import Clock, deferLater
+from twisted.web.client import URI, Agent
+from twisted.web.server import NOT_DONE_YET, Site
 
 from authsrv.configsection import ConfigError
 from authsrv.config import parse_config
@@ -33,6 +34,7 @@ REFUSED = [
     ("169.254.169.254", "cloud metadata"),
     ("fd00:ec2::254", "cloud metadata"),
     ("::ffff:169.254.169.254", "cloud metadata"),
+    ("64:ff9b::a9fe:a9fe", "cloud metadata"),
     ("169.254.10.1", "link-local"),
     ("fe80::1", "link-local"),
     ("0.0.0.0", "unspecified"),
@@ -179,3 +181,42 @@ def test_https_checks_the_certificate_against_the_name():
     policy = Policy()
     PinnedEndpoints(reactor, "192.0.2.10", policy).endpointForURI(URI.fromBytes(b"https://rp.example:8443/logout"))
     assert policy.asked == [(b"rp.example", 8443)]
+
+
+class NeverFinishing(FakeRelyingParty):
+    """Answers 200 and then never finishes the body."""
+
+    def render_POST(self, request):
+        super().render_POST(request)
+        request.write(b"ok")
+        self.held.append(request)
+        return NOT_DONE_YET
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_connection_is_aborted_at_its_lifetime_even_after_the_answer():
+    """An answer whose body never ends would otherwise hold the socket for as long as the relying party likes."""
+    rp = NeverFinishing()
+    port = reactor.listenTCP(0, Site(rp), interface="127.0.0.1")
+    clock = Clock()
+    lifetime = backchannel.ATTEMPT_TIMEOUT
+
+    def http_for(address):
+        return HTTPClient(Agent.usingEndpointFactory(
+            reactor, PinnedEndpoints(reactor, address, lifetime=lifetime, clock=clock)))
+
+    try:
+        notifier = BackchannelNotifier(reactor, http_for, resolve=FakeResolver(["127.0.0.1"]))
+        uri = f"http://rp.invalid:{port.getHost().port}/backchannel"
+        assert await Deferred.fromCoroutine(notifier.deliver(uri, "token", "first", "sid-1")) == \
+            "delivered (HTTP 200) at attempt 1"
+        lost: list = []
+        rp.held[0].notifyFinish().addErrback(lost.append)
+        clock.advance(lifetime)
+        for _ in range(100):
+            if lost:
+                break
+            await deferLater(reactor, 0.01)
+        assert lost, "the connection is still open"
+    finally:
+        await port.stopListening()

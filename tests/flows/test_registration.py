@@ -630,3 +630,23 @@ async def test_a_slow_document_times_out(document_server):
             break
         await deferLater(reactor, 0.005, lambda: None)
     assert results == [None]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_document_not_fetched_because_others_are_is_not_remembered_as_refused(document_server):
+    """Someone naming many slow URLs must not lock an agent out of its own document for refetch_after."""
+    from twisted.internet.task import Clock
+
+    server, base = document_server
+    server.slow.add(b"/slow.json")
+    url = f"{base}/agent.json"
+    serve(server, url, {"client_id": url, "redirect_uris": [REDIRECT]})
+    clock = Clock()
+    documents = RemoteDocuments(reactor, FetchPolicy(allow_http=True, allow_private_addresses=True,
+                                                     fetches_in_flight=1), clock=clock)
+    clients = DocumentClients(None, documents, RegistrationPolicy(metadata_documents=True), clock)
+    slow = Deferred.fromCoroutine(clients.get_client(f"{base}/slow.json"))
+    assert await clients.get_client(url) is None
+    clock.advance(FetchPolicy().timeout)
+    assert await slow is None
+    assert (await clients.get_client(url)).client_id == url

@@ -25,9 +25,10 @@ from urllib.parse import urlsplit
 from treq.client import HTTPClient
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.endpoints import TCP4ClientEndpoint, TCP6ClientEndpoint, wrapClientTLS
-from twisted.internet.interfaces import IResolutionReceiver
+from twisted.internet.interfaces import IResolutionReceiver, IStreamClientEndpoint
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
+from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from twisted.web.client import Agent, BrowserLikePolicyForHTTPS
 from twisted.web.iweb import IAgentEndpointFactory
 from zope.interface import implementer
@@ -210,20 +211,65 @@ class PinnedEndpoints:
     """
     Connects to one resolved address, whatever a URI's host: the Agent
     still sends the name as Host, and HTTPS checks the certificate against
-    the name.
+    the name. Every connection is aborted C{lifetime} seconds after it is
+    made (on C{clock}, the reactor by default), so that a peer that never
+    finishes its answer holds no socket beyond the caller's own timeout.
     """
 
-    def __init__(self, reactor, address: str, tls=None):
+    def __init__(self, reactor, address: str, tls=None, *, lifetime: float = ATTEMPT_TIMEOUT, clock=None):
         self._reactor = reactor
         self._address = address
         self._tls = tls or BrowserLikePolicyForHTTPS()
+        self._lifetime = lifetime
+        self._clock = clock or reactor
 
     def endpointForURI(self, uri):
         tcp = TCP6ClientEndpoint if ":" in self._address else TCP4ClientEndpoint
-        endpoint = tcp(self._reactor, self._address, uri.port, timeout=ATTEMPT_TIMEOUT)
+        endpoint = _LimitedLifetime(tcp(self._reactor, self._address, uri.port, timeout=ATTEMPT_TIMEOUT),
+                                    self._clock, self._lifetime)
         if uri.scheme == b"https":
             return wrapClientTLS(self._tls.creatorForNetloc(uri.host, uri.port), endpoint)
         return endpoint
+
+
+class _Deadline(ProtocolWrapper):
+    """
+    Aborts the TCP connection at its deadline: neither a body dripped a byte
+    at a time nor a TLS close the peer never answers keeps it open, and an
+    answer nobody reads is let go.
+    """
+
+    def makeConnection(self, transport):
+        self._timer = self.factory.clock.callLater(self.factory.lifetime, transport.abortConnection)
+        super().makeConnection(transport)
+
+    def connectionLost(self, reason):
+        if self._timer.active():
+            self._timer.cancel()
+        super().connectionLost(reason)
+
+
+class _DeadlineFactory(WrappingFactory):
+    protocol = _Deadline
+
+    def __init__(self, wrapped, clock, lifetime: float):
+        super().__init__(wrapped)
+        self.clock = clock
+        self.lifetime = lifetime
+
+
+@implementer(IStreamClientEndpoint)
+class _LimitedLifetime:
+    """An endpoint whose connections last at most C{lifetime} seconds on C{clock}."""
+
+    def __init__(self, endpoint, clock, lifetime: float):
+        self._endpoint = endpoint
+        self._clock = clock
+        self._lifetime = lifetime
+
+    def connect(self, factory):
+        wrapping = _DeadlineFactory(factory, self._clock, self._lifetime)
+        return self._endpoint.connect(wrapping).addCallback(lambda protocol: protocol.wrappedProtocol)
 
 
 def default_http_client(reactor):

@@ -21,7 +21,7 @@ from twisted.logger import Logger
 from authsrv.flows.registration import RegistrationPolicy, registered_settings
 from authsrv.protocol.errors import InvalidClientMetadata, OAuthError
 from authsrv.records import Client
-from authsrv.remote_documents import RemoteDocumentError, RemoteDocuments
+from authsrv.remote_documents import Busy, RemoteDocumentError, RemoteDocuments
 
 MAX_REFUSED = 10_000
 DOCUMENT_SOURCE = "document"
@@ -49,7 +49,8 @@ class DocumentClients:
     (C{clients}), except that a client_id that is a URL is looked up in its
     document; an unusable document is an unknown client, and the log says why.
     A refused URL is not fetched again for the policy's C{refetch_after}
-    seconds, so that requests naming a slow or broken URL cost no fetch each.
+    seconds, so that requests naming a slow or broken URL cost no fetch each;
+    one not fetched because others were (L{Busy}) may be asked for again at once.
     """
 
     def __init__(self, clients, documents: RemoteDocuments, policy: RegistrationPolicy, clock,
@@ -76,6 +77,9 @@ class DocumentClients:
         try:
             return document_client(client_id, await self._documents.fetch(client_id), self._policy,
                                    self._dpop_offered)
+        except Busy as e:
+            log.warn("client ID metadata document {url} not fetched: {reason}", url=client_id, reason=str(e))
+            return None
         except (RemoteDocumentError, OAuthError) as e:
             log.warn("client ID metadata document {url} refused: {reason}", url=client_id, reason=str(e))
             if len(self._refused) >= MAX_REFUSED:

@@ -16,18 +16,25 @@ from authsrv.protocol.clients import redirect_uri_problem
 _METADATA = {ip_address("169.254.169.254"), ip_address("fd00:ec2::254")}
 _THIS_NETWORK = ip_network("0.0.0.0/8")
 _BROADCAST = ip_address("255.255.255.255")
+_NAT64 = ip_network("64:ff9b::/96")
+"""The well-known NAT64 prefix (RFC 6052): a translator carries such an address to the IPv4 one in its last 32 bits."""
 
 
 def _address(text: str) -> IPv4Address | IPv6Address | None:
-    """The address C{text} names, an IPv4 one embedded in IPv6 unwrapped; None when it is no address."""
+    """
+    The address C{text} names, an IPv4 one embedded in IPv6 (mapped, 6to4,
+    NAT64) unwrapped; None when it is no address.
+    """
     try:
         address: IPv4Address | IPv6Address = ip_address(text)
     except ValueError:
         return None
-    if isinstance(address, IPv6Address):
-        address = address.ipv4_mapped or address.sixtofour or address
-        address = ip_address(str(address).partition("%")[0])
-    return address
+    if not isinstance(address, IPv6Address):
+        return address
+    unscoped = IPv6Address(str(address).partition("%")[0])
+    if unscoped in _NAT64:
+        return IPv4Address(int(unscoped) & 0xFFFFFFFF)
+    return unscoped.ipv4_mapped or unscoped.sixtofour or unscoped
 
 
 def address_problem(text: str) -> str | None:
@@ -53,7 +60,8 @@ def private_address_problem(text: str) -> str | None:
     Why the server must not fetch a document from the IP address C{text}
     when only public addresses are allowed (a client's C{jwks_uri}, where
     anyone may name any URL): every refused address of L{address_problem},
-    and loopback, private, shared and reserved ones too.
+    and loopback, private, shared and reserved ones too. Reserved is asked
+    apart: Python 3.11 takes reserved IPv6 ranges such as ::/8 for global.
     """
     problem = address_problem(text)
     if problem:
@@ -63,7 +71,7 @@ def private_address_problem(text: str) -> str | None:
         return None
     if address.is_loopback:
         return f"{text} is a loopback address"
-    if not address.is_global:
+    if not address.is_global or address.is_reserved:
         return f"{text} is a private or reserved address"
     return None
 
