@@ -92,6 +92,13 @@ PASSKEY_REFUSED = "That passkey was not accepted. Try again, or sign in another 
 NOT_HINTED = ("the user who signed in is not the one the id_token_hint names: sign in as that user, or start"
               " again from the application to use another account")
 
+ACCOUNT_CLIENT = Client(client_id="urn:authsrv:account", secret_hash=None, redirect_uris=(), name="your account",
+                        first_party=True)
+"""
+The client of a sign-in the account page asks for (L{InteractionFlow.sign_in_again}):
+no configured or registered client can have its id, which holds a ':'.
+"""
+
 _STAGE_PATHS = {LOGIN_STAGE: "/login", MFA_STAGE: "/mfa", ENROL_STAGE: "/mfa/enrol", CONSENT_STAGE: "/consent"}
 
 
@@ -467,13 +474,28 @@ class InteractionFlow:
             return await self._wait(request, stage, session.sid, browser, now, sub=session.sub, amr=session.amr)
         return session
 
+    async def sign_in_again(self, return_to: str, sub: str, browser: Browser, address: str,
+                            now: int) -> Redirect:
+        """
+        A fresh sign-in for the account page (the password or a passkey,
+        then the user's second factor as at any sign-in), the form showing
+        user C{sub}'s login, that comes back to C{return_to}, this service's
+        own URL: a new session, signed in now.
+        """
+        user = await self._identity.user_by_id(sub)
+        request = AuthorizationRequest(client_id=ACCOUNT_CLIENT.client_id, redirect_uri=return_to, scope=(),
+                                       state="", code_challenge="", login_hint=user.login if user else None,
+                                       device=True)
+        return await self._wait(request, LOGIN_STAGE, None, browser, now, address)
+
     async def _after_login(self, client: Client, request: AuthorizationRequest, session: BrowserSession,
                            browser: Browser, now: int, status: int) -> Redirect:
         """
         With a live session: the consent page or the code; back to the
-        verification page for a device. A session of another user than the
-        request's id_token_hint named gets login_required instead: the
-        session just signed in stays, as that user did sign in.
+        service's own page it came from (device verification, the account
+        page). A session of another user than the request's id_token_hint
+        named gets login_required instead: the session just signed in
+        stays, as that user did sign in.
         """
         if request.device:
             return Redirect(request.redirect_uri, 303)
@@ -550,7 +572,9 @@ class InteractionFlow:
         interaction = await self._store.get_interaction(interaction_id, now) if interaction_id else None
         if interaction is None or interaction.stage != stage:
             raise _expired()
-        client = await self._clients.get_client(interaction.request.client_id)
+        request = interaction.request
+        client = ACCOUNT_CLIENT if request.device and request.client_id == ACCOUNT_CLIENT.client_id else (
+            await self._clients.get_client(request.client_id))
         if client is None:
             raise _expired()
         return interaction, client

@@ -62,10 +62,19 @@ NONCE_BYTES = 12
 
 @frozen
 class MfaPolicy:
-    """C{[mfa]}: whether second factors are off, offered, or required of everyone; the grace to enrol."""
+    """
+    C{[mfa]}: whether second factors are off, offered, or required of
+    everyone; the grace to enrol; how recent a sign-in must be to change
+    factors.
+    """
 
     required: str = MFA_OPTIONAL
     enrol_grace: int = 7 * 86400
+    recent_sign_in: int = 600
+    """
+    Seconds after its sign-in that a session may still change the user's
+    factors (a sudo mode), so a stolen session cookie alone enrols none.
+    """
 
     @property
     def enabled(self) -> bool:
