@@ -250,6 +250,28 @@ async def test_enrolling_needs_a_recent_sign_in_and_signing_in_again_comes_back(
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_step_up_enrols_an_old_session_only_after_the_password(tmp_path, monkeypatch):
+    """An authorization request asking for the MFA class is no way around the account page's rule."""
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        await browser.sign_in(ALICE)
+        response, _ = await browser.authorize("first", acr_values=ACR_MFA)
+        assert response.code == 303 and "/mfa/enrol?" in location(response), "a recent session steps up"
+        h.clock.advance(601)
+        response, body = await browser.authorize("first", acr_values=ACR_MFA)
+        assert shows_login_form(response, body), "an old one signs in again first"
+        response, _ = await browser.submit_login(response, ALICE.login, PASSWORDS[ALICE.sub])
+        assert response.code == 303 and "/mfa/enrol?" in location(response)
+        response, body = await browser.get(location(response))
+        secret, _, fields = enrolment_of(body)
+        response, _ = await browser.post(ISSUER + "/mfa/enrol", {**fields, "code": code_at(secret, h.now())})
+        assert response.code == 303 and await h.store.get_totp(ALICE.sub) is not None
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_new_recovery_codes_need_a_recent_sign_in_with_the_second_factor(tmp_path, monkeypatch, audit):
     h = await started(tmp_path, monkeypatch)
     try:

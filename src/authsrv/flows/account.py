@@ -50,7 +50,7 @@ async def fit_to_change(factors: SecondFactors, session: BrowserSession, now: in
     C{[mfa] recent_sign_in}, with a second factor (or a passkey) once the
     user has one.
     """
-    if now - session.auth_time > factors.policy.recent_sign_in:
+    if not factors.recent(session, now):
         return False
     return strong_session(session) or not await factors.has_factor(session.sub)
 

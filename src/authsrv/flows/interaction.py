@@ -190,17 +190,32 @@ class InteractionFlow:
             session = await live_session(self._store, self._identity, browser.session, now)
             request = await self._with_hint(args, request, session)
             if session is None or login_needed(request, session, now):
-                refuse_silently(request, login=True, consent=False)
-                if by_reference:
-                    return await self._wait(request, LOGIN_STAGE, None, browser, now, address)
-                return await self._login_here(client, request, browser, now, address)
+                return await self._to_login(client, request, browser, now, address, by_reference)
             stage = await self._factors.demand(client, request, session.sub, session.acr, now, session.amr)
+            if self._stale_enrolment(stage, session, now):
+                return await self._to_login(client, request, browser, now, address, by_reference)
             if stage is not None:
                 refuse_silently(request, login=True, consent=False)
                 return await self._wait(request, stage, session.sid, browser, now, sub=session.sub, amr=session.amr)
             return await self._after_login(client, request, session, browser, now, 302)
         except AuthorizeError as e:
             return Redirect(error_location(self._issuer, e.redirect_uri, e.state, e.error))
+
+    async def _to_login(self, client: Client, request: AuthorizationRequest, browser: Browser, now: int,
+                        address: str, by_reference: bool) -> Redirect | LoginForm:
+        """The login form for an authorization request: its own answer, or a page of its own for a pushed one."""
+        refuse_silently(request, login=True, consent=False)
+        if by_reference:
+            return await self._wait(request, LOGIN_STAGE, None, browser, now, address)
+        return await self._login_here(client, request, browser, now, address)
+
+    def _stale_enrolment(self, stage: str | None, session: BrowserSession, now: int) -> bool:
+        """
+        Whether the live C{session} would enrol a first factor though it
+        signed in longer ago than C{[mfa] recent_sign_in}: the password is
+        asked for first, as a session cookie alone enrols none.
+        """
+        return stage == ENROL_STAGE and not self._factors.recent(session, now)
 
     async def _with_hint(self, args: dict[bytes, list[bytes]], request: AuthorizationRequest,
                          session: BrowserSession | None) -> AuthorizationRequest:
@@ -470,6 +485,8 @@ class InteractionFlow:
         if session is None:
             return await self._wait(request, LOGIN_STAGE, None, browser, now, address)
         stage = await self._factors.demand(client, request, session.sub, session.acr, now, session.amr)
+        if self._stale_enrolment(stage, session, now):
+            return await self._wait(request, LOGIN_STAGE, None, browser, now, address)
         if stage is not None:
             return await self._wait(request, stage, session.sid, browser, now, sub=session.sub, amr=session.amr)
         return session
