@@ -674,12 +674,19 @@ def _grant_types(section: Section) -> list[str]:
 
 
 def _mfa(section: Section) -> MfaPolicy:
-    """C{[mfa]}: second factors off, optional or required of everyone, and the grace to enrol."""
+    """
+    C{[mfa]}: second factors off, optional or required of everyone, the
+    grace to enrol, and how recent a sign-in changing factors must be.
+    """
     defaults = MfaPolicy()
     policy = MfaPolicy(
         required=section.str("required", defaults.required, choices=MFA_CHOICES),
         enrol_grace=section.duration("enrol_grace", defaults.enrol_grace),
+        recent_sign_in=section.duration("recent_sign_in", defaults.recent_sign_in),
     )
+    if not 60 <= policy.recent_sign_in <= 86400:
+        raise section.error("recent_sign_in", "must be between 1m and 1d: time to change factors after signing"
+                                              " in, short enough that a stolen session cookie cannot")
     section.done()
     return policy
 

@@ -194,8 +194,10 @@ class AuthorizationRequest:
     """The authentication context classes asked for (acr_values, or the claims request's acr)."""
     device: bool = False
     """
-    A sign-in for the device verification page (RFC 8628 section 3.3), which
-    C{redirect_uri} names: it returns there, never with a code.
+    A sign-in for one of this service's own pages, which C{redirect_uri}
+    names: the device verification page (RFC 8628 section 3.3), or the
+    account page signing its user in again. It returns there, never with a
+    code.
     """
     dpop_jkt: str | None = None
     """The thumbprint of the key the code is bound to (RFC 9449 section 10)."""

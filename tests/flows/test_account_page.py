@@ -3,7 +3,8 @@ The account page through the in-memory server: it lists the user's
 browsers and applications; revoking an application kills its refresh token
 and brings its consent page back; signing out another browser ends that
 session (and tells its clients); a password change needs the current
-password and ends the other sessions; every form needs its CSRF token.
+password and ends the other sessions; every form needs its CSRF token;
+changing factors needs a recent sign-in, which the page sends for.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ import pytest_twisted
 
 from flow_client import Browser, location
 from harness import ISSUER, Harness, pkce_pair
+from test_mfa import code_at, enrolled, give_code, password
 from token_helpers import exchange, refresh
 
 from authsrv.flows.account import device_of
+from authsrv.records import Passkey
 from authsrv.testing.identity import ALICE, BOB, PASSWORDS
 
 ACCOUNT = ISSUER + "/account"
@@ -155,6 +158,43 @@ async def test_the_account_page_needs_a_session(tmp_path, monkeypatch):
         response, body = await Browser(h).get(ACCOUNT)
         assert response.code == 401 and b"Not signed in" in body
         response, _ = await Browser(h).post(ACCOUNT + "/apps/revoke", {"client_id": "first"})
+        assert response.code == 401
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_removing_a_passkey_needs_a_recent_sign_in_and_signing_in_again_comes_back(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        _, secret, _ = await enrolled(h)
+        await h.store.add_passkey(Passkey("cred-1", ALICE.sub, b"cose-key", 1, False, False, ("internal",), h.now()))
+        browser = Browser(h)
+        response, _ = await password(browser, ALICE)
+        response, _ = await give_code(browser, location(response), code_at(secret, h.now()))
+        response, body = await browser.get(ACCOUNT)
+        [remove] = forms(body, ACCOUNT + "/passkeys/remove")
+        h.clock.advance(601)
+
+        response, body = await browser.post(ACCOUNT + "/passkeys/remove", remove)
+        assert response.code == 303 and location(response).startswith(ISSUER + "/login?request="), body
+        assert len(await h.store.list_passkeys(ALICE.sub)) == 1
+        response, body = await browser.get(ACCOUNT)
+        assert not forms(body, ACCOUNT + "/passkeys/remove") and not forms(body, ACCOUNT + "/passkeys")
+        assert f'href="{ACCOUNT}/sign-in"'.encode() in body
+
+        response, _ = await browser.get(ACCOUNT + "/sign-in")
+        assert response.code == 303 and location(response).startswith(ISSUER + "/login?request=")
+        response, _ = await browser.submit_login(location(response), ALICE.login, PASSWORDS[ALICE.sub])
+        assert response.code == 303 and "/mfa?" in location(response)
+        response, _ = await give_code(browser, location(response), code_at(secret, h.now()))
+        assert response.code == 303 and location(response) == ACCOUNT
+        response, body = await browser.get(ACCOUNT)
+        [remove] = forms(body, ACCOUNT + "/passkeys/remove")
+        response, body = await browser.post(ACCOUNT + "/passkeys/remove", remove)
+        assert response.code == 200 and b"The passkey is removed." in body
+        assert await h.store.list_passkeys(ALICE.sub) == []
+        response, _ = await Browser(h).get(ACCOUNT + "/sign-in")
         assert response.code == 401
     finally:
         await h.close()

@@ -384,3 +384,19 @@ async def test_the_sign_in_asks_for_the_second_factor_and_steps_up_a_password_se
         assert location(response) == codes["verification_uri_complete"]
     finally:
         await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_old_session_gives_the_password_before_enrolling_at_the_verification_page(tmp_path, monkeypatch):
+    h = await Harness(tmp_path, monkeypatch, {"clients": [*CLIENTS, {**TV, "require_mfa": True}]}).start()
+    try:
+        browser = Browser(h)
+        await browser.sign_in(BOB)
+        h.clock.advance(601)
+        codes = await start(h)
+        response, _ = await browser.get(codes["verification_uri_complete"])
+        assert response.code == 303 and "/login?" in location(response), "a session cookie alone enrols nothing"
+        response, _ = await browser.submit_login(response, BOB.login, PASSWORDS[BOB.sub])
+        assert response.code == 303 and "/mfa/enrol?" in location(response)
+    finally:
+        await h.close()

@@ -169,9 +169,9 @@ async def test_a_recovery_code_works_once_and_new_ones_replace_the_old(tmp_path,
         factors = await h.store.list_factors(ALICE.sub)
         assert [(f.kind, f.remaining) for f in factors] == [("totp", None), ("recovery", 9)]
 
-        # New codes need a session that gave its second factor.
+        # New codes need a session that gave its second factor: one that did not signs in again.
         response, body = await signed_in.get(TOTP_PAGE)
-        assert response.code == 403, "the password-only session before enrolment cannot change factors"
+        assert response.code == 303 and location(response).startswith(ISSUER + "/login?request=")
         response, body = await browser.get(TOTP_PAGE)
         assert response.code == 200 and b"replaces your current authenticator" in body
         csrf = re.search(r'name="csrf" value="([^"]+)"', body.decode().split("/recovery")[1]).group(1)
@@ -215,6 +215,86 @@ async def test_the_account_page_needs_a_session_and_a_form_of_this_browser(tmp_p
         tampered = {**fields, "sealed": fields["sealed"][:-4] + "AAAA", "code": code_at(secret, h.now())}
         response, body = await browser.post(TOTP_PAGE, tampered)
         assert b"does not match" in body and await h.store.get_totp(ALICE.sub) is None
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_enrolling_needs_a_recent_sign_in_and_signing_in_again_comes_back(tmp_path, monkeypatch, audit):
+    """A stolen session cookie alone enrols no authenticator once its sign-in is older than recent_sign_in."""
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        await browser.sign_in(ALICE)
+        response, body = await browser.get(TOTP_PAGE)
+        secret, _, fields = enrolment_of(body)
+        h.clock.advance(601)
+        response, body = await browser.post(TOTP_PAGE, {**fields, "code": code_at(secret, h.now())})
+        assert response.code == 303 and location(response).startswith(ISSUER + "/login?request="), body
+        assert await h.store.get_totp(ALICE.sub) is None and not audit.of("mfa.enrolled")
+        response, _ = await browser.get(TOTP_PAGE)
+        assert response.code == 303 and location(response).startswith(ISSUER + "/login?request=")
+
+        response, body = await browser.get(location(response))
+        assert shows_login_form(response, body) and b"your account" in body
+        assert f'value="{ALICE.login}"'.encode() in body, "the user's login is filled in"
+        stale = browser.session_hash
+        response, _ = await browser.submit_login(response, ALICE.login, PASSWORDS[ALICE.sub])
+        assert response.code == 303 and location(response) == TOTP_PAGE
+        assert browser.session_hash != stale and await h.store.get_session(stale, h.now()) is None
+        assert (await h.store.get_session(browser.session_hash, h.now())).auth_time == h.now()
+        await enrol_at_account_page(h, browser)
+        assert await h.store.get_totp(ALICE.sub) is not None
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_step_up_enrols_an_old_session_only_after_the_password(tmp_path, monkeypatch):
+    """An authorization request asking for the MFA class is no way around the account page's rule."""
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        await browser.sign_in(ALICE)
+        response, _ = await browser.authorize("first", acr_values=ACR_MFA)
+        assert response.code == 303 and "/mfa/enrol?" in location(response), "a recent session steps up"
+        h.clock.advance(601)
+        response, body = await browser.authorize("first", acr_values=ACR_MFA)
+        assert shows_login_form(response, body), "an old one signs in again first"
+        response, _ = await browser.submit_login(response, ALICE.login, PASSWORDS[ALICE.sub])
+        assert response.code == 303 and "/mfa/enrol?" in location(response)
+        response, body = await browser.get(location(response))
+        secret, _, fields = enrolment_of(body)
+        response, _ = await browser.post(ISSUER + "/mfa/enrol", {**fields, "code": code_at(secret, h.now())})
+        assert response.code == 303 and await h.store.get_totp(ALICE.sub) is not None
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_new_recovery_codes_need_a_recent_sign_in_with_the_second_factor(tmp_path, monkeypatch, audit):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        _, secret, codes = await enrolled(h)
+        browser = Browser(h)
+        response, _ = await password(browser, ALICE)
+        response, _ = await give_code(browser, location(response), code_at(secret, h.now()))
+        response, body = await browser.get(TOTP_PAGE)
+        csrf = unescape(re.search(r'name="csrf" value="([^"]+)"', body.decode().split("/recovery")[1]).group(1))
+        h.clock.advance(601)
+        response, body = await browser.post(RECOVERY, {"csrf": csrf})
+        assert response.code == 303 and location(response).startswith(ISSUER + "/login?request="), body
+        assert not audit.of("mfa.recovery_codes_replaced")
+
+        response, _ = await browser.submit_login(location(response), ALICE.login, PASSWORDS[ALICE.sub])
+        assert response.code == 303 and "/mfa?" in location(response), "the password alone is not enough"
+        response, _ = await give_code(browser, location(response), code_at(secret, h.now()))
+        assert response.code == 303 and location(response) == TOTP_PAGE
+        response, body = await browser.get(TOTP_PAGE)
+        csrf = unescape(re.search(r'name="csrf" value="([^"]+)"', body.decode().split("/recovery")[1]).group(1))
+        response, body = await browser.post(RECOVERY, {"csrf": csrf})
+        assert response.code == 200 and not set(_CODES.findall(body.decode())) & set(codes)
+        assert len(audit.of("mfa.recovery_codes_replaced")) == 1
     finally:
         await h.close()
 
@@ -432,9 +512,12 @@ async def test_an_operator_reset_removes_the_factors_audited(tmp_path, monkeypat
 
 
 def test_the_mfa_section_is_read_strictly():
-    strict = parse_config({"mfa": {"required": "required", "enrol_grace": "2d"}}, None)
-    assert strict.mfa == MfaPolicy("required", 2 * DAY)
-    assert parse_config({}, None).mfa == MfaPolicy("optional", 7 * DAY)
+    strict = parse_config({"mfa": {"required": "required", "enrol_grace": "2d", "recent_sign_in": "15m"}}, None)
+    assert strict.mfa == MfaPolicy("required", 2 * DAY, 900)
+    assert parse_config({}, None).mfa == MfaPolicy("optional", 7 * DAY, 600)
+    for outside in ("30s", "2d"):
+        with pytest.raises(ConfigError, match="mfa.recent_sign_in: must be between 1m and 1d"):
+            parse_config({"mfa": {"recent_sign_in": outside}}, None)
     with pytest.raises(ConfigError, match="mfa.required"):
         parse_config({"mfa": {"required": "sometimes"}}, None)
     with pytest.raises(ConfigError, match="mfa.grace"):

@@ -4,9 +4,11 @@ connected applications, the chat link, factors, password) and their second
 factors: set up (or replace) a TOTP authenticator, get a new set of
 recovery codes, add and remove passkeys. Forms carry a
 CSRF token bound to the session cookie (L{session_form_token}), so only a
-page rendered for this browser can post them. Once a user has a factor,
-changing factors needs a session that gave one: a stolen password alone
-never replaces an authenticator.
+page rendered for this browser can post them. Changing factors needs a
+recent sign-in (C{[mfa] recent_sign_in}) and, once a user has a factor, a
+session that gave one: neither a stolen session cookie nor a stolen
+password alone enrols or replaces one. A session that may not is sent to
+sign in again and comes back to the page it was on.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from twisted.internet.threads import deferToThread
 from authsrv import events
 from authsrv.flows.csrf import session_form_token, session_form_token_valid
 from authsrv.flows.mfa import SecondFactors
-from authsrv.flows.outcomes import EnrolmentForm, Notice, RecoveryCodes
+from authsrv.flows.interaction import InteractionFlow
+from authsrv.flows.outcomes import Browser, EnrolmentForm, Notice, RecoveryCodes, Redirect
 from authsrv.flows.link import unlink_token
 from authsrv.flows.login import LoggedIn
 from authsrv.flows.passkeys import PASSKEY_METHODS, Passkeys
@@ -41,18 +44,43 @@ def strong_session(session: BrowserSession) -> bool:
     return session.acr == ACR_MFA or any(method in PASSKEY_METHODS for method in session.amr)
 
 
+async def fit_to_change(factors: SecondFactors, session: BrowserSession, now: int) -> bool:
+    """
+    Whether the session may change the user's factors: it signed in within
+    C{[mfa] recent_sign_in}, with a second factor (or a passkey) once the
+    user has one.
+    """
+    if not factors.recent(session, now):
+        return False
+    return strong_session(session) or not await factors.has_factor(session.sub)
+
+
+async def sign_in_unless_fit(factors: SecondFactors, interaction: InteractionFlow, return_to: str,
+                             session: BrowserSession, browser: Browser, address: str, now: int) -> Redirect | None:
+    """None when the session may change factors, else the fresh sign-in that comes back to C{return_to}."""
+    if await fit_to_change(factors, session, now):
+        return None
+    return await interaction.sign_in_again(return_to, session.sub, browser, address, now)
+
+
 def recovery_form_token(cookie: str) -> str:
     """The CSRF token of the form that asks for new recovery codes."""
     return session_form_token(cookie, RECOVERY_PURPOSE)
 
 
 class AccountFactors:
-    """C{factors} is the server's L{SecondFactors}; C{identity} names users."""
+    """
+    C{factors} is the server's L{SecondFactors}; C{identity} names users;
+    C{interaction} signs a user in again (L{sign_in_unless_fit}), back to
+    the TOTP page under C{issuer}.
+    """
 
-    def __init__(self, *, store, identity, factors: SecondFactors):
+    def __init__(self, *, store, identity, factors: SecondFactors, interaction: InteractionFlow, issuer: str):
         self._store = store
         self._identity = identity
         self._factors = factors
+        self._interaction = interaction
+        self._page = f"{issuer}/account/mfa/totp"
 
     async def _session(self, cookie: str | None, now: int) -> tuple[str, BrowserSession]:
         """The signed-in browser's cookie and session, or a page saying what is missing."""
@@ -61,31 +89,40 @@ class AccountFactors:
         session = await live_session(self._store, self._identity, cookie, now)
         if cookie is None or session is None:
             raise PageError(401, "Not signed in", "Sign in to an application first, then come back to this page.")
-        if not strong_session(session) and await self._factors.has_factor(session.sub):
-            raise PageError(403, "Confirm it is you",
-                            "Sign in again with your second factor before changing your factors.")
         return cookie, session
 
-    async def totp_form(self, cookie: str | None, now: int) -> EnrolmentForm:
-        cookie, session = await self._session(cookie, now)
+    async def _unfit(self, session: BrowserSession, browser: Browser, address: str, now: int) -> Redirect | None:
+        return await sign_in_unless_fit(self._factors, self._interaction, self._page, session, browser, address,
+                                        now)
+
+    async def totp_form(self, browser: Browser, address: str, now: int) -> EnrolmentForm | Redirect:
+        cookie, session = await self._session(browser.session, now)
+        if again := await self._unfit(session, browser, address, now):
+            return again
         return await self._form(cookie, session, None, None, now)
 
-    async def submit_totp(self, cookie: str | None, form: dict[str, str] | None, now: int) -> EnrolmentForm | Notice:
+    async def submit_totp(self, browser: Browser, form: dict[str, str] | None, address: str,
+                          now: int) -> EnrolmentForm | Notice | Redirect:
         """Confirm the authenticator shown with its first code; the earlier one and its recovery codes go."""
-        cookie, session = await self._session(cookie, now)
+        cookie, session = await self._session(browser.session, now)
         form = form or {}
         if not session_form_token_valid(cookie, TOTP_PURPOSE, form.get("csrf")):
             raise PageError(403, "Not changed", "This form has expired. Reload the page and try again.")
+        if again := await self._unfit(session, browser, address, now):
+            return again
         if not await self._factors.confirm(session.sub, form.get("sealed"), form.get("code", ""), now):
             return await self._form(cookie, session, form.get("sealed"), WRONG_FIRST_CODE, now)
         return Notice(200, "Authenticator set up",
                       "From now on, signing in asks for a code from your authenticator app after your password.")
 
-    async def replace_recovery_codes(self, cookie: str | None, form: dict[str, str] | None, now: int) -> RecoveryCodes:
+    async def replace_recovery_codes(self, browser: Browser, form: dict[str, str] | None, address: str,
+                                     now: int) -> RecoveryCodes | Redirect:
         """A new set of recovery codes for a user with an authenticator; the old ones stop working."""
-        cookie, session = await self._session(cookie, now)
+        cookie, session = await self._session(browser.session, now)
         if not session_form_token_valid(cookie, RECOVERY_PURPOSE, (form or {}).get("csrf")):
             raise PageError(403, "Not changed", "This form has expired. Reload the page and try again.")
+        if again := await self._unfit(session, browser, address, now):
+            return again
         if not await self._factors.has_totp(session.sub):
             raise PageError(409, "No authenticator", "Set up an authenticator first; it comes with recovery codes.")
         return RecoveryCodes(await self._factors.replace_recovery_codes(session.sub, now))
@@ -181,12 +218,16 @@ class AccountPage:
     is the L{SessionEnder} (back-channel logout for every session ended),
     C{login} the L{authsrv.flows.login.PasswordLogin} that checks the
     current password (throttled as at sign-in), C{linking} the chat link
-    flow or None, C{passkeys} the L{Passkeys} or None when factors are off.
+    flow or None, C{passkeys} the L{Passkeys} or None when factors are off;
+    C{interaction} signs a user in again (L{sign_in_unless_fit}), back to
+    the account page under C{issuer}.
     """
 
     def __init__(self, *, store, identity, clients, sessions, login, factors: SecondFactors,
-                 passkeys: Passkeys | None, linking, min_length: int = MIN_LENGTH,
-                 hasher: PasswordHasher = DEFAULT_HASHER):
+                 passkeys: Passkeys | None, linking, interaction: InteractionFlow, issuer: str,
+                 min_length: int = MIN_LENGTH, hasher: PasswordHasher = DEFAULT_HASHER):
+        self._interaction = interaction
+        self._page = f"{issuer}/account"
         self._min_length = min_length
         self._hasher = hasher
         self._store = store
@@ -241,7 +282,7 @@ class AccountPage:
         factors = {factor.kind: factor for factor in await self._factors.factors(sub)}
         recovery = factors.get(RECOVERY_FACTOR)
         enabled = self._passkeys is not None
-        may_change = enabled and (strong_session(session) or not await self._factors.has_factor(sub))
+        may_change = enabled and await fit_to_change(self._factors, session, now)
         return AccountView(
             user_label=user.login if user else sub,
             sessions=sessions,
@@ -341,26 +382,34 @@ class AccountPage:
         events.password_changed(sub=sub, sessions_ended=ended)
         return "Your password is changed; your other sessions are signed out."
 
-    async def register_passkey(self, cookie: str | None, form: dict[str, str] | None, now: int) -> str:
+    async def sign_in_again(self, browser: Browser, address: str, now: int) -> Redirect:
+        """The fresh sign-in that lets this browser change factors, back to the account page."""
+        _, session = await self._signed_in(browser.session, now)
+        return await self._interaction.sign_in_again(self._page, session.sub, browser, address, now)
+
+    async def register_passkey(self, browser: Browser, form: dict[str, str] | None, address: str,
+                               now: int) -> str | Redirect:
         """Keep the passkey the browser just created for this page's challenge."""
-        _, session, form = await self._posted(cookie, form, PASSKEY_PURPOSE, now)
-        await self._may_change_factors(session)
-        assert self._passkeys is not None, "_may_change_factors refuses without passkeys"
+        _, session, form = await self._posted(browser.session, form, PASSKEY_PURPOSE, now)
+        if again := await self._unfit(session, browser, address, now):
+            return again
+        assert self._passkeys is not None, "_unfit refuses without passkeys"
         if await self._passkeys.register(session.sub, form.get("credential"), now) is None:
             return "The passkey could not be added. Reload the page and try again."
         return "Your passkey is added."
 
-    async def remove_passkey(self, cookie: str | None, form: dict[str, str] | None, now: int) -> str:
-        _, session, form = await self._posted(cookie, form, PASSKEY_PURPOSE, now)
-        await self._may_change_factors(session)
-        assert self._passkeys is not None, "_may_change_factors refuses without passkeys"
+    async def remove_passkey(self, browser: Browser, form: dict[str, str] | None, address: str,
+                             now: int) -> str | Redirect:
+        _, session, form = await self._posted(browser.session, form, PASSKEY_PURPOSE, now)
+        if again := await self._unfit(session, browser, address, now):
+            return again
+        assert self._passkeys is not None, "_unfit refuses without passkeys"
         if await self._passkeys.remove(session.sub, form.get("credential_id", "")):
             return "The passkey is removed."
         return "That passkey was removed already."
 
-    async def _may_change_factors(self, session: BrowserSession) -> None:
+    async def _unfit(self, session: BrowserSession, browser: Browser, address: str, now: int) -> Redirect | None:
         if self._passkeys is None:
             raise PageError(404, "Not available", "This service does not use second factors.")
-        if not strong_session(session) and await self._factors.has_factor(session.sub):
-            raise PageError(403, "Confirm it is you",
-                            "Sign in again with your second factor before changing your factors.")
+        return await sign_in_unless_fit(self._factors, self._interaction, self._page, session, browser, address,
+                                        now)

@@ -92,6 +92,13 @@ PASSKEY_REFUSED = "That passkey was not accepted. Try again, or sign in another 
 NOT_HINTED = ("the user who signed in is not the one the id_token_hint names: sign in as that user, or start"
               " again from the application to use another account")
 
+ACCOUNT_CLIENT = Client(client_id="urn:authsrv:account", secret_hash=None, redirect_uris=(), name="your account",
+                        first_party=True)
+"""
+The client of a sign-in the account page asks for (L{InteractionFlow.sign_in_again}):
+no configured or registered client can have its id, which holds a ':'.
+"""
+
 _STAGE_PATHS = {LOGIN_STAGE: "/login", MFA_STAGE: "/mfa", ENROL_STAGE: "/mfa/enrol", CONSENT_STAGE: "/consent"}
 
 
@@ -183,17 +190,32 @@ class InteractionFlow:
             session = await live_session(self._store, self._identity, browser.session, now)
             request = await self._with_hint(args, request, session)
             if session is None or login_needed(request, session, now):
-                refuse_silently(request, login=True, consent=False)
-                if by_reference:
-                    return await self._wait(request, LOGIN_STAGE, None, browser, now, address)
-                return await self._login_here(client, request, browser, now, address)
+                return await self._to_login(client, request, browser, now, address, by_reference)
             stage = await self._factors.demand(client, request, session.sub, session.acr, now, session.amr)
+            if self._stale_enrolment(stage, session, now):
+                return await self._to_login(client, request, browser, now, address, by_reference)
             if stage is not None:
                 refuse_silently(request, login=True, consent=False)
                 return await self._wait(request, stage, session.sid, browser, now, sub=session.sub, amr=session.amr)
             return await self._after_login(client, request, session, browser, now, 302)
         except AuthorizeError as e:
             return Redirect(error_location(self._issuer, e.redirect_uri, e.state, e.error))
+
+    async def _to_login(self, client: Client, request: AuthorizationRequest, browser: Browser, now: int,
+                        address: str, by_reference: bool) -> Redirect | LoginForm:
+        """The login form for an authorization request: its own answer, or a page of its own for a pushed one."""
+        refuse_silently(request, login=True, consent=False)
+        if by_reference:
+            return await self._wait(request, LOGIN_STAGE, None, browser, now, address)
+        return await self._login_here(client, request, browser, now, address)
+
+    def _stale_enrolment(self, stage: str | None, session: BrowserSession, now: int) -> bool:
+        """
+        Whether the live C{session} would enrol a first factor though it
+        signed in longer ago than C{[mfa] recent_sign_in}: the password is
+        asked for first, as a session cookie alone enrols none.
+        """
+        return stage == ENROL_STAGE and not self._factors.recent(session, now)
 
     async def _with_hint(self, args: dict[bytes, list[bytes]], request: AuthorizationRequest,
                          session: BrowserSession | None) -> AuthorizationRequest:
@@ -463,17 +485,34 @@ class InteractionFlow:
         if session is None:
             return await self._wait(request, LOGIN_STAGE, None, browser, now, address)
         stage = await self._factors.demand(client, request, session.sub, session.acr, now, session.amr)
+        if self._stale_enrolment(stage, session, now):
+            return await self._wait(request, LOGIN_STAGE, None, browser, now, address)
         if stage is not None:
             return await self._wait(request, stage, session.sid, browser, now, sub=session.sub, amr=session.amr)
         return session
+
+    async def sign_in_again(self, return_to: str, sub: str, browser: Browser, address: str,
+                            now: int) -> Redirect:
+        """
+        A fresh sign-in for the account page (the password or a passkey,
+        then the user's second factor as at any sign-in), the form showing
+        user C{sub}'s login, that comes back to C{return_to}, this service's
+        own URL: a new session, signed in now.
+        """
+        user = await self._identity.user_by_id(sub)
+        request = AuthorizationRequest(client_id=ACCOUNT_CLIENT.client_id, redirect_uri=return_to, scope=(),
+                                       state="", code_challenge="", login_hint=user.login if user else None,
+                                       device=True)
+        return await self._wait(request, LOGIN_STAGE, None, browser, now, address)
 
     async def _after_login(self, client: Client, request: AuthorizationRequest, session: BrowserSession,
                            browser: Browser, now: int, status: int) -> Redirect:
         """
         With a live session: the consent page or the code; back to the
-        verification page for a device. A session of another user than the
-        request's id_token_hint named gets login_required instead: the
-        session just signed in stays, as that user did sign in.
+        service's own page it came from (device verification, the account
+        page). A session of another user than the request's id_token_hint
+        named gets login_required instead: the session just signed in
+        stays, as that user did sign in.
         """
         if request.device:
             return Redirect(request.redirect_uri, 303)
@@ -550,7 +589,9 @@ class InteractionFlow:
         interaction = await self._store.get_interaction(interaction_id, now) if interaction_id else None
         if interaction is None or interaction.stage != stage:
             raise _expired()
-        client = await self._clients.get_client(interaction.request.client_id)
+        request = interaction.request
+        client = ACCOUNT_CLIENT if request.device and request.client_id == ACCOUNT_CLIENT.client_id else (
+            await self._clients.get_client(request.client_id))
         if client is None:
             raise _expired()
         return interaction, client

@@ -38,7 +38,16 @@ from authsrv.flows.server_keys import ServerKeys
 from authsrv.flows.together import together
 from authsrv.protocol.forwarded import address_key
 from authsrv.protocol.oidc import mfa_requested
-from authsrv.records import ACR_MFA, ENROL_STAGE, MFA_STAGE, TOTP_FACTOR, AuthorizationRequest, Client, ThrottlePolicy
+from authsrv.records import (
+    ACR_MFA,
+    ENROL_STAGE,
+    MFA_STAGE,
+    TOTP_FACTOR,
+    AuthorizationRequest,
+    BrowserSession,
+    Client,
+    ThrottlePolicy,
+)
 from authsrv.tokens import token_hash
 
 MFA_OFF, MFA_OPTIONAL, MFA_REQUIRED = "off", "optional", "required"
@@ -62,10 +71,19 @@ NONCE_BYTES = 12
 
 @frozen
 class MfaPolicy:
-    """C{[mfa]}: whether second factors are off, offered, or required of everyone; the grace to enrol."""
+    """
+    C{[mfa]}: whether second factors are off, offered, or required of
+    everyone; the grace to enrol; how recent a sign-in must be to change
+    factors.
+    """
 
     required: str = MFA_OPTIONAL
     enrol_grace: int = 7 * 86400
+    recent_sign_in: int = 600
+    """
+    Seconds after its sign-in that a session may still change the user's
+    factors (a sudo mode), so a stolen session cookie alone enrols none.
+    """
 
     @property
     def enabled(self) -> bool:
@@ -192,6 +210,10 @@ class SecondFactors:
         """Which second factors the user has, both read in one round trip to the store."""
         totp, passkeys = await together([self._store.get_totp(sub), self._store.list_passkeys(sub)])
         return Held(totp=totp is not None, passkeys=bool(passkeys))
+
+    def recent(self, session: BrowserSession, now: int) -> bool:
+        """Whether the session signed in within C{[mfa] recent_sign_in}, as changing factors needs."""
+        return now - session.auth_time <= self.policy.recent_sign_in
 
     async def has_factor(self, sub: str) -> bool:
         """Whether the user has a second factor: an authenticator app or a passkey."""

@@ -119,5 +119,7 @@ def _factors(base: str, view: AccountView) -> list:
             passkey_script(),
         ]
     elif not view.passkey_csrf:
-        sections.append(tags.p(tags.small("Sign in again with your second factor to change your factors.")))
+        sections.append(tags.p(tags.a(href=f"{base}/sign-in")("Sign in again"),
+                               " to change your factors: that needs a recent sign-in, with your second factor"
+                               " if you have one."))
     return sections

@@ -498,41 +498,65 @@ class PublicSite:
         )
         return await self._account(request, message)
 
+    @app.route(ACCOUNT_PATH + "/sign-in", methods=["GET"])
+    async def account_sign_in(self, request):
+        """Sign in again, as changing factors needs a recent sign-in, and come back to the account page."""
+        outcome = await self._flows.account_page.sign_in_again(
+            self._cookies.browser(request), client_address_of(request, self._trusted_proxies), self._now()
+        )
+        return self._answer(request, outcome)
+
     @app.route(ACCOUNT_PATH + "/passkeys", methods=["POST"])
     async def account_add_passkey(self, request):
         message = await self._flows.account_page.register_passkey(
-            self._cookies.browser(request).session, page_form(request), self._now()
+            self._cookies.browser(request), page_form(request), client_address_of(request, self._trusted_proxies),
+            self._now(),
         )
-        return await self._account(request, message)
+        return await self._account_or_redirect(request, message)
 
     @app.route(ACCOUNT_PATH + "/passkeys/remove", methods=["POST"])
     async def account_remove_passkey(self, request):
         message = await self._flows.account_page.remove_passkey(
-            self._cookies.browser(request).session, page_form(request), self._now()
+            self._cookies.browser(request), page_form(request), client_address_of(request, self._trusted_proxies),
+            self._now(),
         )
-        return await self._account(request, message)
+        return await self._account_or_redirect(request, message)
+
+    async def _account_or_redirect(self, request, outcome: str | Redirect) -> bytes:
+        """The account page with an action's message, or the sign-in the action needs first."""
+        if isinstance(outcome, Redirect):
+            return self._answer(request, outcome)
+        return await self._account(request, outcome)
 
     # --- the signed-in user's own second factors --------------------------------
 
     @app.route(ACCOUNT_TOTP_PATH, methods=["GET"])
     async def account_totp(self, request):
-        form = await self._flows.account.totp_form(self._cookies.browser(request).session, self._now())
+        form = await self._flows.account.totp_form(
+            self._cookies.browser(request), client_address_of(request, self._trusted_proxies), self._now()
+        )
+        if isinstance(form, Redirect):
+            return self._answer(request, form)
         return enrolment_page(request, f"{self._issuer}/account/mfa/totp", form)
 
     @app.route(ACCOUNT_TOTP_PATH, methods=["POST"])
     async def account_totp_submitted(self, request):
         outcome = await self._flows.account.submit_totp(
-            self._cookies.browser(request).session, page_form(request), self._now()
+            self._cookies.browser(request), page_form(request), client_address_of(request, self._trusted_proxies),
+            self._now(),
         )
-        if isinstance(outcome, Notice):
+        if isinstance(outcome, (Notice, Redirect)):
             return self._answer(request, outcome)
         return enrolment_page(request, f"{self._issuer}/account/mfa/totp", outcome)
 
     @app.route(ISSUER_PATH + "/account/mfa/recovery", methods=["POST"])
     async def account_recovery_codes(self, request):
         codes = await self._flows.account.replace_recovery_codes(
-            self._cookies.browser(request).session, page_form(request), self._now()
+            self._cookies.browser(request), page_form(request), client_address_of(request, self._trusted_proxies),
+            self._now(),
         )
+        if isinstance(codes, Redirect):
+            return self._answer(request, codes)
         return recovery_codes_page(request, codes)
 
     # --- linking a chat account ------------------------------------------------
