@@ -17,7 +17,7 @@ from jwcrypto.jwk import JWK
 from authsrv.configsection import ConfigError, Section
 from authsrv.context import PluginContext
 from authsrv.keys import jwkfile, pem
-from authsrv.keys.ring import InvalidKeys, KeyRing
+from authsrv.keys.ring import InvalidKeys, KeyRing, Retention
 from authsrv.testing.keystore import CLAIMS, PRIVATE_MEMBERS, KeystoreConformance
 
 MAX_TOKEN_LIFETIME = 3600
@@ -51,8 +51,9 @@ class _Harness(KeystoreConformance):
             self.config["rotate_every"] = rotate_every
         return self.reopen_keystore()
 
-    def reopen_keystore(self):
-        return self.module.from_config(_section(self.config, self.context), self.context)
+    def reopen_keystore(self, algorithms=None):
+        config = self.config if algorithms is None else self.config | {"algorithms": list(algorithms)}
+        return self.module.from_config(_section(config, self.context), self.context)
 
 
 class TestJwkFileConformance(_Harness):
@@ -260,7 +261,7 @@ def test_ring_invariants(operations):
     next key, every key that signed kept until its retention has passed, and
     the persisted form round-trips.
     """
-    retention = 1000
+    retention = Retention(published=1000, hints=5000)
     now = 1_000_000
     ring = KeyRing(()).provision(["EdDSA"], now)
     signed_until: dict[str, int] = {}
@@ -268,20 +269,24 @@ def test_ring_invariants(operations):
         before = ring
         now += step
         signed_until[_states(before, "EdDSA")["active"][0]] = now
-        ring = ring.rotate(now, retention, ["EdDSA"]) if operation == "rotate" else ring.prune(now)
+        ring = ring.rotate(now, retention, ["EdDSA"]) if operation == "rotate" else ring.prune(now, retention)
         states = _states(ring, "EdDSA")
         assert len(states["active"]) == 1
         assert states["next"]
         if operation == "rotate":
             assert states["active"][0] in before
         for kid, last in signed_until.items():
-            if now < last + retention:
+            if now < last + retention.published:
                 assert kid in ring
+            if now < last + retention.hints:
+                assert ring.hint_key(kid) is not None
         assert all(info.expires_at > now for info in ring.infos() if info.state == "retired")
+        assert all(hint.expires_at > now and hint.kid not in ring for hint in ring.hints)
     published = json.loads(ring.jwks_bytes)["keys"]
     assert [key["kid"] for key in published] == [info.kid for info in ring.infos()]
     assert not any(PRIVATE_MEMBERS & set(key) for key in published)
-    assert KeyRing.from_jwks(json.loads(json.dumps(ring.to_jwks()))).infos() == ring.infos()
+    restored = KeyRing.from_jwks(json.loads(json.dumps(ring.to_jwks())))
+    assert (restored.infos(), restored.hints) == (ring.infos(), ring.hints)
 
 
 def test_ring_promotes_oldest_next_key():
@@ -290,7 +295,7 @@ def test_ring_promotes_oldest_next_key():
     supplied = JWK.generate(kty="OKP", crv="Ed25519")
     ring = ring.adopt(supplied, 200)
     assert sorted(_states(ring, "EdDSA")["next"]) == sorted([first_next, supplied.thumbprint()])
-    rotated = ring.rotate(300, 1000, ["EdDSA"])
+    rotated = ring.rotate(300, Retention(1000, 5000), ["EdDSA"])
     assert _states(rotated, "EdDSA")["active"] == [first_next]
     assert _states(rotated, "EdDSA")["next"] == [supplied.thumbprint()]
     assert ring.adopt(supplied, 400) is ring
