@@ -218,6 +218,40 @@ async def test_expired_hint_is_accepted(tmp_path, monkeypatch):
         assert not await session_alive(h, cookie)
 
 
+async def rotated_away(h: Harness, hint: str, days: int) -> None:
+    """Rotate the keys, let C{days} pass and prune: the hint's key is no longer published."""
+    kid = JWT(jwt=hint).token.jose_header["kid"]
+    await h.keystore.rotate(h.now())
+    h.clock.advance(days * DAY)
+    await h.keystore.maintain(h.now())
+    assert kid not in {info.kid for info in h.keystore.keys()}
+    assert kid.encode() not in h.keystore.jwks_bytes()
+
+
+@pytest_twisted.ensureDeferred
+async def test_hint_signed_by_a_key_no_longer_published_is_accepted(tmp_path, monkeypatch):
+    """
+    A relying party whose own session outlives a rotation sends the ID
+    token of its sign-in: its key, pruned from the JWKS, still verifies it
+    for a browser session's lifetime after the rotation, then no more.
+    """
+    async with running(tmp_path, monkeypatch) as h:
+        hint = id_token(h)
+        await rotated_away(h, hint, 13)
+        cookie = await browser_session(h)
+        response, body = await h.get(
+            END_SESSION,
+            params={"id_token_hint": hint, "post_logout_redirect_uri": FIRST_LOGOUT_URI},
+            cookies={"authsrv_session": cookie},
+        )
+        assert response.code == 302, body
+        assert not await session_alive(h, cookie)
+
+        h.clock.advance(2 * DAY)
+        await h.keystore.maintain(h.now())
+        await assert_hints_refused(h, await browser_session(h), {"a session's lifetime later": hint})
+
+
 @pytest_twisted.ensureDeferred
 async def test_hint_with_a_one_client_audience_list(tmp_path, monkeypatch):
     async with running(tmp_path, monkeypatch) as h:
