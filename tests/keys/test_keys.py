@@ -13,6 +13,7 @@ import pytest_twisted
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jwcrypto.jwk import JWK
+from twisted.internet.task import Clock
 
 from authsrv.configsection import ConfigError, Section
 from authsrv.context import PluginContext
@@ -159,6 +160,49 @@ def test_algorithm_added_later_is_provisioned(context):
     assert _active_kid(again) == _active_kid(first)
     es256 = {(k.alg, k.state) for k in again.keys() if k.alg == "ES256"}
     assert es256 == {("ES256", "active"), ("ES256", "next")}
+
+
+class _ClockedReactor:
+    """The reactor, for its threads, telling the time of a L{Clock}."""
+
+    def __init__(self, reactor, clock: Clock):
+        self._reactor = reactor
+        self.seconds = clock.seconds
+
+    def __getattr__(self, name):
+        return getattr(self._reactor, name)
+
+
+@pytest.mark.parametrize("module", [jwkfile, pem])
+@pytest_twisted.ensureDeferred
+async def test_dropped_algorithm_retired_at_the_first_start_without_it(tmp_path, module):
+    """
+    Its key retires when a start first finds it dropped; starts after keep
+    that time, so it leaves the JWKS one retention later whatever restarts.
+    """
+    from twisted.internet import reactor
+
+    clock = Clock()
+    clock.advance(1_800_000_000)
+    context = PluginContext(_ClockedReactor(reactor, clock), tmp_path, max_token_lifetime=MAX_TOKEN_LIFETIME)
+    try:
+        both = module.from_config(_section({"algorithms": ["RS256", "ES256"]}, context), context)
+        es256 = _active_kid(both, "ES256")
+        clock.advance(86400)
+        dropped_at = clock.seconds()
+        module.from_config(_section({}, context), context)
+        clock.advance(600)
+        restarted = module.from_config(_section({}, context), context)
+        (retired,) = [k for k in restarted.keys() if k.alg == "ES256"]
+        assert (retired.kid, retired.state, retired.retired_at) == (es256, "retired", dropped_at)
+        assert retired.expires_at == dropped_at + MAX_TOKEN_LIFETIME + 300
+
+        clock.advance(MAX_TOKEN_LIFETIME)
+        await restarted.maintain(int(clock.seconds()))
+        assert es256.encode() not in restarted.jwks_bytes()
+        assert restarted.hint_key(es256) is not None
+    finally:
+        context.stop()
 
 
 def test_sign_refuses_unconfigured_algorithm(context):
