@@ -108,6 +108,12 @@ def test_jwk_file_readable_by_others_refused(context, tmp_path):
         b"{not json",
         b"[]",
         b'{"keys": [{"kty": "oct", "k": "c2VjcmV0", "authsrv": {"state": "active"}}]}',
+        b'{"keys": [], "authsrv_hint_keys": {}}',
+        b'{"keys": [], "authsrv_hint_keys": [{"kty": "oct", "k": "c2VjcmV0", "authsrv": {"expires_at": 1}}]}',
+        b'{"keys": [], "authsrv_hint_keys": [{"kty": "OKP", "crv": "Ed25519",'
+        b' "x": "11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo", "authsrv": {"expires_at": "soon"}}]}',
+        b'{"keys": [], "authsrv_hint_keys": [{"kty": "OKP", "crv": "Ed25519", "kid": "other",'
+        b' "x": "11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo", "authsrv": {"expires_at": 1}}]}',
     ],
 )
 def test_corrupt_jwk_file_refused_in_one_line(context, tmp_path, content):
