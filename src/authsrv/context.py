@@ -23,12 +23,14 @@ class PluginContext:
     """
 
     def __init__(
-        self, reactor, base_dir: Path, max_token_lifetime: int = 3600, *, check_only: bool = False,
+        self, reactor, base_dir: Path, max_token_lifetime: int = 3600, *, session_lifetime: int = 14 * 86400,
+        check_only: bool = False,
         store_observer: Callable[[str, float, bool], None] | None = None, password_hasher=DEFAULT_HASHER,
     ):
         self.reactor = reactor
         self.base_dir = Path(base_dir)
         self.max_token_lifetime = max_token_lifetime
+        self.session_lifetime = session_lifetime
         self.check_only = check_only
         self.store_observer = store_observer
         self.password_hasher = password_hasher

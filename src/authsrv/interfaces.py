@@ -40,6 +40,11 @@ class IPluginContext(Interface):
         "Seconds the longest-lived signed token stays valid: how long a"
         " retired signing key must stay published."
     )
+    session_lifetime = Attribute(
+        "Seconds a browser session lasts (C{[limits] session_ttl}): how long"
+        " after it stops signing a key must still verify the id_token_hints"
+        " it signed, unpublished."
+    )
     password_hasher = Attribute(
         "The argon2 PasswordHasher of the config's [passwords] parameters:"
         " new hashes are made with it, and a stored hash of other parameters"
@@ -83,7 +88,8 @@ class IKeystoreFactory(_IFactory):
     """
     Builds an L{IKeystore}. Its section's C{algorithms} (RS256 alone when
     absent) must be what the keystore signs with: the config checks the
-    algorithms clients choose against that same key.
+    algorithms clients choose against that same key. Keys of an algorithm no
+    longer listed are retired as a rotation retires a key, not kept.
     """
 
 
@@ -741,15 +747,25 @@ class IKeystore(Interface):
     def public_keyset():
         """The same key set as a L{jwcrypto.jwk.JWKSet}, for verification."""
 
+    def hint_key(kid):
+        """
+        The public L{jwcrypto.jwk.JWK} (its C{alg} set) of key C{kid} for
+        verifying an C{id_token_hint}, or L{None}: a published key, or one
+        that stopped signing less than the context's C{session_lifetime}
+        ago, since relying parties keep the ID token for their whole
+        session. Those no longer published are never published again and
+        never sign. Answered from memory: it is on the request path.
+        """
+
     def keys():
-        """A list of L{authsrv.records.KeyInfo} for every key held."""
+        """A list of L{authsrv.records.KeyInfo} for every published key."""
 
     def rotate(now, actor="operator"):
         """
         Promote each algorithm's next key to active, retire the active one
         (kept published until C{now} plus the retention), generate a new next
-        key, drop retired keys whose retention has passed; fires with the new
-        list of L{authsrv.records.KeyInfo}. The audit event names C{actor}.
+        key, unpublish retired keys whose retention has passed; fires with the
+        new list of L{authsrv.records.KeyInfo}. The audit event names C{actor}.
         """
 
     def reload():
@@ -761,8 +777,8 @@ class IKeystore(Interface):
     def maintain(now):
         """
         Called by the server about once a minute: L{reload}, then rotate when
-        the configured schedule says the active key is due, and drop retired
-        keys whose retention has passed; fires when done.
+        the configured schedule says the active key is due, and unpublish
+        retired keys whose retention has passed; fires when done.
         """
 
 

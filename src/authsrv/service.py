@@ -617,7 +617,7 @@ def build(config: Config, reactor, role: WorkerRole | None = None) -> AuthsrvSer
     shared_metrics = os.environ.get(METRICS_DIR_ENV) if role is not None else None
     metrics = Metrics(shared_metrics) if config.metrics_listen and (first or shared_metrics) else None
     context = PluginContext(
-        reactor, config.base_dir, config.limits.max_token_lifetime,
+        reactor, config.base_dir, config.limits.max_token_lifetime, session_lifetime=config.limits.session_ttl,
         store_observer=metrics.store_call if metrics else None, password_hasher=hasher_of(config),
     )
     try:
@@ -702,7 +702,9 @@ def build_supervisor(config: Config, reactor, count: int) -> Supervisor:
     errors, as in L{build}), and stores the config's clients once before the
     workers start, so that no two of them race to do it.
     """
-    context = PluginContext(reactor, config.base_dir, config.limits.max_token_lifetime)
+    context = PluginContext(
+        reactor, config.base_dir, config.limits.max_token_lifetime, session_lifetime=config.limits.session_ttl
+    )
     bound: list = []
     try:
         store = build_plugin("store", config.store, context)

@@ -354,6 +354,29 @@ async def test_a_passkey_sign_in_on_an_id_token_hint_gives_a_code_only_to_its_us
 
 
 @pytest_twisted.ensureDeferred
+async def test_an_id_token_hint_signed_by_a_key_no_longer_published_is_accepted(tmp_path, monkeypatch):
+    """
+    The client's session outlived a rotation and the pruning of the key
+    that signed its ID token: the hint still names its user, for a browser
+    session's lifetime after the rotation.
+    """
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        hint = id_token_of(h, ALICE.sub)
+        kid = jws.JWS.from_jose_token(hint).jose_header["kid"]
+        await h.keystore.rotate(h.now())
+        h.clock.advance(2 * 86400)
+        await h.keystore.maintain(h.now())
+        assert kid.encode() not in h.keystore.jwks_bytes()
+        await browser.sign_in(ALICE, "first")
+        response, _ = await browser.authorize("first", id_token_hint=hint, prompt="none")
+        assert "code" in query_of(location(response))
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_prompt_none_never_shows_a_page(tmp_path, monkeypatch):
     h = await started(tmp_path, monkeypatch)
     try:

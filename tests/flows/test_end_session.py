@@ -18,7 +18,7 @@ import pytest
 import pytest_twisted
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from jwcrypto.jwk import JWK, JWKSet
+from jwcrypto.jwk import JWK
 from jwcrypto.jwt import JWT
 from twisted.internet.defer import Deferred
 from twisted.logger import globalLogPublisher
@@ -216,6 +216,40 @@ async def test_expired_hint_is_accepted(tmp_path, monkeypatch):
         )
         assert response.code == 302, body
         assert not await session_alive(h, cookie)
+
+
+async def rotated_away(h: Harness, hint: str, days: int) -> None:
+    """Rotate the keys, let C{days} pass and prune: the hint's key is no longer published."""
+    kid = JWT(jwt=hint).token.jose_header["kid"]
+    await h.keystore.rotate(h.now())
+    h.clock.advance(days * DAY)
+    await h.keystore.maintain(h.now())
+    assert kid not in {info.kid for info in h.keystore.keys()}
+    assert kid.encode() not in h.keystore.jwks_bytes()
+
+
+@pytest_twisted.ensureDeferred
+async def test_hint_signed_by_a_key_no_longer_published_is_accepted(tmp_path, monkeypatch):
+    """
+    A relying party whose own session outlives a rotation sends the ID
+    token of its sign-in: its key, pruned from the JWKS, still verifies it
+    for a browser session's lifetime after the rotation, then no more.
+    """
+    async with running(tmp_path, monkeypatch) as h:
+        hint = id_token(h)
+        await rotated_away(h, hint, 13)
+        cookie = await browser_session(h)
+        response, body = await h.get(
+            END_SESSION,
+            params={"id_token_hint": hint, "post_logout_redirect_uri": FIRST_LOGOUT_URI},
+            cookies={"authsrv_session": cookie},
+        )
+        assert response.code == 302, body
+        assert not await session_alive(h, cookie)
+
+        h.clock.advance(2 * DAY)
+        await h.keystore.maintain(h.now())
+        await assert_hints_refused(h, await browser_session(h), {"a session's lifetime later": hint})
 
 
 @pytest_twisted.ensureDeferred
@@ -508,12 +542,12 @@ async def test_any_change_to_a_genuine_hint_is_refused(started, data):
 class _OneKey:
     """A keystore's verifying side, holding one published key."""
 
-    algorithms = ("RS256", "ES256", "EdDSA")
-
     def __init__(self):
-        key = JWK.generate(kty="OKP", crv="Ed25519", kid="k1")
-        self.keyset = JWKSet()
-        self.keyset.add(JWK.from_json(key.export_public()))
+        key = JWK.generate(kty="OKP", crv="Ed25519", kid="k1", alg="EdDSA")
+        self.public = JWK.from_json(key.export_public())
+
+    def hint_key(self, kid):
+        return self.public if kid == "k1" else None
 
 
 _ONE_KEY = _OneKey()
@@ -535,4 +569,4 @@ def test_hint_parsing_refuses_any_structured_junk(header, payload, signature):
     """jwcrypto's every complaint becomes a refusal, whatever the header holds."""
     hint = ".".join((b64(json.dumps(header).encode()), b64(payload) or "e30", b64(signature) or "AA"))
     with pytest.raises(PageError):
-        hint_claims(hint, _ONE_KEY.keyset, _ONE_KEY.algorithms, ISSUER)
+        hint_claims(hint, _ONE_KEY.hint_key, ISSUER)

@@ -13,11 +13,12 @@ import pytest_twisted
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jwcrypto.jwk import JWK
+from twisted.internet.task import Clock
 
 from authsrv.configsection import ConfigError, Section
 from authsrv.context import PluginContext
 from authsrv.keys import jwkfile, pem
-from authsrv.keys.ring import InvalidKeys, KeyRing
+from authsrv.keys.ring import InvalidKeys, KeyRing, Retention
 from authsrv.testing.keystore import CLAIMS, PRIVATE_MEMBERS, KeystoreConformance
 
 MAX_TOKEN_LIFETIME = 3600
@@ -51,8 +52,9 @@ class _Harness(KeystoreConformance):
             self.config["rotate_every"] = rotate_every
         return self.reopen_keystore()
 
-    def reopen_keystore(self):
-        return self.module.from_config(_section(self.config, self.context), self.context)
+    def reopen_keystore(self, algorithms=None):
+        config = self.config if algorithms is None else self.config | {"algorithms": list(algorithms)}
+        return self.module.from_config(_section(config, self.context), self.context)
 
 
 class TestJwkFileConformance(_Harness):
@@ -106,6 +108,12 @@ def test_jwk_file_readable_by_others_refused(context, tmp_path):
         b"{not json",
         b"[]",
         b'{"keys": [{"kty": "oct", "k": "c2VjcmV0", "authsrv": {"state": "active"}}]}',
+        b'{"keys": [], "authsrv_hint_keys": {}}',
+        b'{"keys": [], "authsrv_hint_keys": [{"kty": "oct", "k": "c2VjcmV0", "authsrv": {"expires_at": 1}}]}',
+        b'{"keys": [], "authsrv_hint_keys": [{"kty": "OKP", "crv": "Ed25519",'
+        b' "x": "11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo", "authsrv": {"expires_at": "soon"}}]}',
+        b'{"keys": [], "authsrv_hint_keys": [{"kty": "OKP", "crv": "Ed25519", "kid": "other",'
+        b' "x": "11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo", "authsrv": {"expires_at": 1}}]}',
     ],
 )
 def test_corrupt_jwk_file_refused_in_one_line(context, tmp_path, content):
@@ -158,6 +166,49 @@ def test_algorithm_added_later_is_provisioned(context):
     assert _active_kid(again) == _active_kid(first)
     es256 = {(k.alg, k.state) for k in again.keys() if k.alg == "ES256"}
     assert es256 == {("ES256", "active"), ("ES256", "next")}
+
+
+class _ClockedReactor:
+    """The reactor, for its threads, telling the time of a L{Clock}."""
+
+    def __init__(self, reactor, clock: Clock):
+        self._reactor = reactor
+        self.seconds = clock.seconds
+
+    def __getattr__(self, name):
+        return getattr(self._reactor, name)
+
+
+@pytest.mark.parametrize("module", [jwkfile, pem])
+@pytest_twisted.ensureDeferred
+async def test_dropped_algorithm_retired_at_the_first_start_without_it(tmp_path, module):
+    """
+    Its key retires when a start first finds it dropped; starts after keep
+    that time, so it leaves the JWKS one retention later whatever restarts.
+    """
+    from twisted.internet import reactor
+
+    clock = Clock()
+    clock.advance(1_800_000_000)
+    context = PluginContext(_ClockedReactor(reactor, clock), tmp_path, max_token_lifetime=MAX_TOKEN_LIFETIME)
+    try:
+        both = module.from_config(_section({"algorithms": ["RS256", "ES256"]}, context), context)
+        es256 = _active_kid(both, "ES256")
+        clock.advance(86400)
+        dropped_at = clock.seconds()
+        module.from_config(_section({}, context), context)
+        clock.advance(600)
+        restarted = module.from_config(_section({}, context), context)
+        (retired,) = [k for k in restarted.keys() if k.alg == "ES256"]
+        assert (retired.kid, retired.state, retired.retired_at) == (es256, "retired", dropped_at)
+        assert retired.expires_at == dropped_at + MAX_TOKEN_LIFETIME + 300
+
+        clock.advance(MAX_TOKEN_LIFETIME)
+        await restarted.maintain(int(clock.seconds()))
+        assert es256.encode() not in restarted.jwks_bytes()
+        assert restarted.hint_key(es256) is not None
+    finally:
+        context.stop()
 
 
 def test_sign_refuses_unconfigured_algorithm(context):
@@ -260,7 +311,7 @@ def test_ring_invariants(operations):
     next key, every key that signed kept until its retention has passed, and
     the persisted form round-trips.
     """
-    retention = 1000
+    retention = Retention(published=1000, hints=5000)
     now = 1_000_000
     ring = KeyRing(()).provision(["EdDSA"], now)
     signed_until: dict[str, int] = {}
@@ -268,20 +319,24 @@ def test_ring_invariants(operations):
         before = ring
         now += step
         signed_until[_states(before, "EdDSA")["active"][0]] = now
-        ring = ring.rotate(now, retention, ["EdDSA"]) if operation == "rotate" else ring.prune(now)
+        ring = ring.rotate(now, retention, ["EdDSA"]) if operation == "rotate" else ring.prune(now, retention)
         states = _states(ring, "EdDSA")
         assert len(states["active"]) == 1
         assert states["next"]
         if operation == "rotate":
             assert states["active"][0] in before
         for kid, last in signed_until.items():
-            if now < last + retention:
+            if now < last + retention.published:
                 assert kid in ring
+            if now < last + retention.hints:
+                assert ring.hint_key(kid) is not None
         assert all(info.expires_at > now for info in ring.infos() if info.state == "retired")
+        assert all(hint.expires_at > now and hint.kid not in ring for hint in ring.hints)
     published = json.loads(ring.jwks_bytes)["keys"]
     assert [key["kid"] for key in published] == [info.kid for info in ring.infos()]
     assert not any(PRIVATE_MEMBERS & set(key) for key in published)
-    assert KeyRing.from_jwks(json.loads(json.dumps(ring.to_jwks()))).infos() == ring.infos()
+    restored = KeyRing.from_jwks(json.loads(json.dumps(ring.to_jwks())))
+    assert (restored.infos(), restored.hints) == (ring.infos(), ring.hints)
 
 
 def test_ring_promotes_oldest_next_key():
@@ -290,7 +345,7 @@ def test_ring_promotes_oldest_next_key():
     supplied = JWK.generate(kty="OKP", crv="Ed25519")
     ring = ring.adopt(supplied, 200)
     assert sorted(_states(ring, "EdDSA")["next"]) == sorted([first_next, supplied.thumbprint()])
-    rotated = ring.rotate(300, 1000, ["EdDSA"])
+    rotated = ring.rotate(300, Retention(1000, 5000), ["EdDSA"])
     assert _states(rotated, "EdDSA")["active"] == [first_next]
     assert _states(rotated, "EdDSA")["next"] == [supplied.thumbprint()]
     assert ring.adopt(supplied, 400) is ring

@@ -76,8 +76,9 @@ class TestPostgresConformance(KeystoreConformance):
             self.config["rotate_every"] = rotate_every
         return self.reopen_keystore()
 
-    def reopen_keystore(self):
-        return _open(self.dsn, self.contexts(), **self.config)
+    def reopen_keystore(self, algorithms=None):
+        config = self.config if algorithms is None else self.config | {"algorithms": list(algorithms)}
+        return _open(self.dsn, self.contexts(), **config)
 
 
 def test_first_start_stores_active_and_next_keys(pg_dsn, contexts):

@@ -91,7 +91,8 @@ async def plugin_context(reactor, config: Config, *, check_only: bool = False, p
     The context one command builds plugins in: its thread pools stop with
     the command, and a plugin's start-up problem is one line.
     """
-    context = PluginContext(reactor, config.base_dir, config.limits.max_token_lifetime, check_only=check_only,
+    context = PluginContext(reactor, config.base_dir, config.limits.max_token_lifetime,
+                            session_lifetime=config.limits.session_ttl, check_only=check_only,
                             password_hasher=hasher_of(config))
     try:
         yield context

@@ -76,7 +76,7 @@ class EndSessionFlow:
         hint = params.get("id_token_hint")
         if hint is None:
             raise refused("The sign-out request must carry id_token_hint.")
-        claims = hint_claims(hint, self._keystore.public_keyset(), self._keystore.algorithms, self._issuer)
+        claims = hint_claims(hint, self._keystore.hint_key, self._issuer)
         client_id = hint_audience(claims)
         if params.get("client_id", client_id) != client_id:
             raise refused("The client_id does not match the client the ID token was issued to.")

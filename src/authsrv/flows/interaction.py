@@ -232,7 +232,7 @@ class InteractionFlow:
         if not hint:
             return request
         try:
-            claims = hint_claims(hint, self._keystore.public_keyset(), self._keystore.algorithms, self._issuer)
+            claims = hint_claims(hint, self._keystore.hint_key, self._issuer)
         except PageError:
             error = InvalidRequest("id_token_hint is not an ID token this server issued")
             raise AuthorizeError(error, request.redirect_uri, request.state) from None

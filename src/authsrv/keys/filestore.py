@@ -27,14 +27,15 @@ from zope.interface import implementer
 from authsrv import events
 from authsrv.configsection import ConfigError, Section
 from authsrv.interfaces import IKeystore
-from authsrv.keys.ring import KeyRing
+from authsrv.keys.ring import KeyRing, Retention
 from authsrv.protocol.signing import ALGORITHMS
 
 CLOCK_SKEW = 300
 """
-Seconds a retired key stays published beyond the longest token lifetime: for
-verifiers' clocks, and for instances still signing with the old key until their
-next L{FileKeystore.maintain} picks up a rotation.
+Seconds a retired key stays published beyond the longest token lifetime (and
+kept as a hint key beyond a browser session's): for verifiers' clocks, and for
+instances still signing with the old key until their next
+L{FileKeystore.maintain} picks up a rotation.
 """
 
 
@@ -151,7 +152,9 @@ class FileKeystore:
     def __init__(self, storage, algorithms, rotate_every, context):
         self.algorithms = algorithms
         self.rotate_every = rotate_every
-        self.retention = context.max_token_lifetime + CLOCK_SKEW
+        self.retention = Retention(
+            published=context.max_token_lifetime + CLOCK_SKEW, hints=context.session_lifetime + CLOCK_SKEW
+        )
         self._storage = storage
         self._reactor = context.reactor
         self._pool = context.threadpool("keys", 1)
@@ -184,11 +187,12 @@ class FileKeystore:
     ) -> KeyRing:
         """
         With C{self._lock} held: read the stored ring under the storage lock,
-        apply C{change}, complete it, store the result if it differs, keep it.
+        apply C{change}, retire what no configured algorithm signs with and
+        complete it, store the result if it differs, keep it.
         """
         with self._storage.locked():
             stored, unsaved = self._storage.load(now, missing_ok)
-            ring = change(stored).provision(self.algorithms, now)
+            ring = change(stored).withdraw(self.algorithms, now, self.retention).provision(self.algorithms, now)
             if unsaved or ring is not stored:
                 self._storage.save(ring, stored)
             self._ring, self._signature = ring, self._storage.signature()
@@ -205,6 +209,9 @@ class FileKeystore:
     def public_keyset(self):
         """The current ring's key set, shared: verify with it, never change it."""
         return self._ring.public_keyset
+
+    def hint_key(self, kid):
+        return self._ring.hint_key(kid)
 
     def keys(self):
         return self._ring.infos()
@@ -270,20 +277,20 @@ class FileKeystore:
 
     def _maintain(self, now: int):
         """
-        Reload, then rotate what is due and drop expired keys; C{(ring,
+        Reload, then rotate what is due and prune; C{(ring,
         algorithms)} when something rotated. What is due is decided again on
         the stored ring under the storage lock, so that instances sharing the
         keys rotate once between them.
         """
         with self._lock:
             self._reload(now)
-            if not self._due(self._ring, now) and self._ring.prune(now) is self._ring:
+            if not self._due(self._ring, now) and self._ring.prune(now, self.retention) is self._ring:
                 return None
             due: list[str] = []
 
             def change(ring: KeyRing) -> KeyRing:
                 due[:] = self._due(ring, now)
-                return ring.rotate(now, self.retention, due) if due else ring.prune(now)
+                return ring.rotate(now, self.retention, due) if due else ring.prune(now, self.retention)
 
             ring = self._apply(now, change)
             return (ring, tuple(due)) if due else None

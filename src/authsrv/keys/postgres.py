@@ -1,7 +1,9 @@
 """
 Signing keys in PostgreSQL, shared by every instance of the server.
 
-The keys and their states live in one table, C{signing_keys}; the key ring
+The keys and their states live in one table, C{signing_keys}, and the
+public hint keys (withdrawn from the JWKS, still verifying id_token_hints)
+in C{signing_key_hints}, so every instance verifies them; the key ring
 logic and the read-modify-write cycle are the file keystores' own
 (L{KeyRing}, L{FileKeystore}), over a storage whose lock is a
 transaction-level advisory lock: two instances never change the keys at
@@ -18,6 +20,7 @@ memory.
 
 from __future__ import annotations
 
+import json
 from contextlib import closing, contextmanager
 from typing import Any, Iterator
 
@@ -28,7 +31,7 @@ from jwcrypto.jwk import JWK
 from authsrv.chat.crypto import TokenCipher, UndecryptableToken, key_from_text
 from authsrv.configsection import ConfigError, Section
 from authsrv.keys.filestore import FileKeystore, read_options
-from authsrv.keys.ring import InvalidKeys, KeyRing, RingKey
+from authsrv.keys.ring import HintKey, InvalidKeys, KeyRing, RingKey
 from authsrv.migrations import Ledger, MigrationError, PostgresMigration, advisory_lock_id, migrate, schema_steps
 from authsrv.pg.pool import first_line
 from authsrv.pg.settings import ConnectionSettings, read_settings
@@ -121,10 +124,12 @@ class KeyTable:
             cursor.execute("COMMIT")
 
     def signature(self):
-        """A digest of every key's kid, state and times: changes whenever the keys do."""
+        """A digest of every key's and hint key's kid, state and times: changes whenever they do."""
         query = (
-            "SELECT md5(coalesce(string_agg(concat_ws(':', kid, state, created_at, activated_at,"
-            " retired_at, expires_at), ',' ORDER BY kid), '')) FROM signing_keys"
+            "SELECT md5((SELECT coalesce(string_agg(concat_ws(':', kid, state, created_at, activated_at,"
+            " retired_at, expires_at), ',' ORDER BY kid), '') FROM signing_keys) || '|' ||"
+            " (SELECT coalesce(string_agg(concat_ws(':', kid, expires_at), ',' ORDER BY kid), '')"
+            " FROM signing_key_hints))"
         )
         if self._transaction is not None:
             return self._fetch(self._transaction, query)[0][0]
@@ -144,16 +149,31 @@ class KeyTable:
         )
         if not rows and not missing_ok:
             raise self._invalid("the signing_keys table is empty")
+        hints = self._fetch(self._transaction, "SELECT kid, alg, expires_at, public_jwk FROM signing_key_hints")
         try:
             ring = KeyRing(
-                RingKey.restore(self._open(fields["kid"], encrypted, bytes(private)), fields, f"key {fields['kid']}")
-                for *values, encrypted, private in rows
-                for fields in [dict(zip(_FIELDS, values))]
+                (
+                    RingKey.restore(self._open(fields["kid"], encrypted, bytes(private)), fields, f"key {fields['kid']}")
+                    for *values, encrypted, private in rows
+                    for fields in [dict(zip(_FIELDS, values))]
+                ),
+                (self._hint(*row) for row in hints),
             )
         except InvalidKeys as e:
             raise self._invalid(str(e)) from None
         resealed = self._cipher is not None and any(not row[-2] for row in rows)
         return ring, not rows or resealed
+
+    @staticmethod
+    def _hint(kid: str, alg: str, expires_at: int, public: str) -> HintKey:
+        where = f"hint key {kid}"
+        try:
+            members = json.loads(public)
+        except ValueError:
+            raise InvalidKeys(f"{where}: not a JWK") from None
+        if not isinstance(members, dict):
+            raise InvalidKeys(f"{where}: not a JWK")
+        return HintKey.restore(members | {"kid": kid, "alg": alg}, expires_at, where)
 
     def _open(self, kid: str, encrypted: bool, private: bytes) -> JWK:
         cipher = self._cipher if encrypted else None
@@ -174,7 +194,10 @@ class KeyTable:
         return ConfigError(self._where, f"stored signing keys are not usable: {problem}")
 
     def save(self, ring: KeyRing, stored: KeyRing) -> None:
-        """Replace the stored keys by C{ring}'s, sealing each private key when a cipher is set."""
+        """
+        Replace the stored keys and hint keys by C{ring}'s, sealing each
+        private key when a cipher is set (hint keys are public only).
+        """
         with self._transaction.cursor() as cursor:
             cursor.execute("DELETE FROM signing_keys")
             for key in ring.keys:
@@ -186,6 +209,12 @@ class KeyTable:
                     f"INSERT INTO signing_keys ({', '.join(row)})"
                     f" VALUES ({', '.join(f'%({name})s' for name in row)})",
                     row,
+                )
+            cursor.execute("DELETE FROM signing_key_hints")
+            for hint in ring.hints:
+                cursor.execute(
+                    "INSERT INTO signing_key_hints (kid, alg, expires_at, public_jwk) VALUES (%s, %s, %s, %s)",
+                    (hint.kid, hint.alg, hint.expires_at, hint.jwk.export_public()),
                 )
 
 

@@ -2,6 +2,8 @@
 The key ring: which signing keys exist and in which state, without any I/O.
 
 A ring is immutable: a rotation, a pruning or an adoption returns a new ring.
+Besides the published keys it holds hint keys: the public part of keys
+withdrawn from the JWKS, kept to verify the id_token_hints they signed.
 So the reactor thread keeps signing with one ring while a thread builds the
 next one, and the public JWK set is serialized once per ring, never per
 request. Times are integer seconds given by the caller.
@@ -39,6 +41,9 @@ _REQUIRED_TIMES = {
     "active": ("created_at", "activated_at"),
     "retired": ("created_at", "retired_at", "expires_at"),
 }
+
+HINTS = "authsrv_hint_keys"
+"""The member of the persisted JWK set listing the hint keys (public JWKs only)."""
 
 META = "authsrv"
 """
@@ -142,6 +147,74 @@ class RingKey:
         return {"state": info.state} | {name: getattr(info, name) for name in _TIMES}
 
 
+@frozen
+class HintKey:
+    """
+    The public part of a key withdrawn from the JWKS: it verifies the
+    id_token_hints it signed until C{expires_at}, since relying parties keep
+    an ID token for their whole session, but it is never published and
+    never signs.
+    """
+
+    jwk: JWK = field(eq=False, repr=False)
+    kid: str
+    alg: str
+    expires_at: int
+
+    @classmethod
+    def of(cls, key: RingKey, expires_at: int) -> "HintKey":
+        return cls(key.jwk.public(), key.info.kid, key.info.alg, expires_at)
+
+    @classmethod
+    def restore(cls, members: Mapping, expires_at, where: str) -> "HintKey":
+        """A stored hint key: a public JWK's C{members} and its expiry, checked."""
+        try:
+            jwk = JWK(**members)
+            if jwk.has_private:
+                raise InvalidKeys("a hint key must be public only")
+            alg = algorithm_of(jwk, members.get("alg"))
+            kid = jwk.thumbprint()
+        except InvalidKeys as e:
+            raise InvalidKeys(f"{where}: {e}") from None
+        except (JWException, ValueError, TypeError, KeyError) as e:
+            raise InvalidKeys(f"{where}: not a usable public key ({_one_line(e)})") from None
+        if members.get("kid", kid) != kid:
+            raise InvalidKeys(f"{where}: kid {members['kid']!r} does not match the key ({kid})")
+        if type(expires_at) is not int or expires_at < 0:
+            raise InvalidKeys(f"{where}: expires_at must be seconds since the epoch")
+        return cls(_labelled(jwk, alg), kid, alg, expires_at)
+
+    def to_entry(self) -> dict:
+        """The persisted form: the public JWK with its expiry in its metadata member."""
+        return self.jwk.export_public(as_dict=True) | {META: {"expires_at": self.expires_at}}
+
+    @classmethod
+    def from_entry(cls, entry, where: str) -> "HintKey":
+        """The inverse of L{to_entry}."""
+        if not isinstance(entry, dict) or not isinstance(entry.get(META), dict):
+            raise InvalidKeys(f"{where}: not a JWK with its {META!r} metadata")
+        members = {name: value for name, value in entry.items() if name != META}
+        return cls.restore(members, entry[META].get("expires_at"), where)
+
+
+@frozen
+class Retention:
+    """
+    How long a key that stopped signing stays useful, in seconds after its
+    retirement: C{published} in the JWKS (the longest token lifetime and
+    some skew), then, as a hint key, until C{hints} (a browser session's
+    lifetime and the same skew).
+    """
+
+    published: int
+    hints: int
+
+
+def _retired(key: RingKey, now: int, retention: Retention) -> RingKey:
+    info = evolve(key.info, state="retired", retired_at=now, expires_at=now + retention.published)
+    return evolve(key, info=info)
+
+
 def _order(key: RingKey):
     return (STATES.index(key.info.state), key.info.alg, key.info.created_at, key.info.kid)
 
@@ -156,11 +229,17 @@ class KeyRing:
     change, with its public JWK set serialized and parsed right away.
     """
 
-    def __init__(self, keys: Iterable[RingKey]):
+    def __init__(self, keys: Iterable[RingKey], hints: Iterable[HintKey] = ()):
         self.keys = tuple(sorted(keys, key=_order))
         kids = [key.info.kid for key in self.keys]
-        if len(set(kids)) != len(kids):
+        held = set(kids)
+        if len(held) != len(kids):
             raise InvalidKeys("the same key is listed twice")
+        self.hints = tuple(sorted(
+            (hint for hint in hints if hint.kid not in held), key=lambda h: (h.alg, h.expires_at, h.kid)
+        ))
+        if len({hint.kid for hint in self.hints}) != len(self.hints):
+            raise InvalidKeys("the same hint key is listed twice")
         self._active: dict[str, RingKey] = {}
         for key in self.keys:
             if key.info.state == "active":
@@ -171,8 +250,14 @@ class KeyRing:
         self.jwks_bytes = compact({"keys": public})
         self._signers: dict[tuple[str, str], tuple[bytes, Any, JWK]] = {}
         self.public_keyset = JWKSet()
+        self._verifiers = {hint.kid: hint.jwk for hint in self.hints}
         for key in self.keys:
-            self.public_keyset.add(key.jwk.public())
+            self._verifiers[key.info.kid] = verifier = key.jwk.public()
+            self.public_keyset.add(verifier)
+
+    def hint_key(self, kid: str) -> JWK | None:
+        """The public key C{kid} names among the published and the hint keys, for an id_token_hint."""
+        return self._verifiers.get(kid)
 
     def infos(self) -> list[KeyInfo]:
         return [key.info for key in self.keys]
@@ -201,29 +286,51 @@ class KeyRing:
                     keys.append(RingKey.new(alg, "active", now))
             if not upcoming:
                 keys.append(RingKey.new(alg, "next", now))
-        return self if keys == list(self.keys) else KeyRing(keys)
+        return self if keys == list(self.keys) else KeyRing(keys, self.hints)
 
-    def rotate(self, now: int, retention: int, algorithms: Sequence[str]) -> "KeyRing":
+    def withdraw(self, algorithms: Iterable[str], now: int, retention: Retention) -> "KeyRing":
+        """
+        Stop signing with the algorithms not among C{algorithms}: retire
+        their active keys as a rotation does, so the tokens they signed
+        verify until they expire, and drop their next keys, which signed
+        nothing. Returns C{self} if no key was of such an algorithm.
+        """
+        kept = set(algorithms)
+        stopped = [k for k in self.keys if k.info.alg not in kept and k.info.state != "retired"]
+        if not stopped:
+            return self
+        keys = [k for k in self.keys if k not in stopped]
+        keys += [_retired(k, now, retention) for k in stopped if k.info.state == "active"]
+        return KeyRing(keys, self.hints)
+
+    def rotate(self, now: int, retention: Retention, algorithms: Sequence[str]) -> "KeyRing":
         """
         For each of C{algorithms}: retire the active key (published until
-        C{now + retention}), promote the oldest next key and generate a new
-        next key unless another one is waiting; drop expired retired keys.
+        C{now + retention.published}), promote the oldest next key and
+        generate a new next key unless another one is waiting; prune.
         """
+        pruned = self.prune(now, retention)
         keys = [
-            evolve(k, info=evolve(k.info, state="retired", retired_at=now, expires_at=now + retention))
-            if k.info.alg in algorithms and k.info.state == "active"
-            else k
-            for k in self.prune(now).keys
+            _retired(k, now, retention) if k.info.alg in algorithms and k.info.state == "active" else k
+            for k in pruned.keys
         ]
-        return KeyRing(keys).provision(algorithms, now)
+        return KeyRing(keys, pruned.hints).provision(algorithms, now)
 
-    def prune(self, now: int) -> "KeyRing":
-        """Drop retired keys whose last token has expired; C{self} if none."""
-        kept = [
-            k for k in self.keys
-            if k.info.state != "retired" or k.info.expires_at is None or k.info.expires_at > now
+    def prune(self, now: int, retention: Retention) -> "KeyRing":
+        """
+        Withdraw from the JWKS the retired keys whose last token has
+        expired, each kept as a hint key until C{retention.hints} after its
+        retirement, and drop expired hint keys; C{self} if none.
+        """
+        kept = [k for k in self.keys if k.info.state != "retired" or k.info.expires_at > now]
+        hints = [hint for hint in self.hints if hint.expires_at > now] + [
+            HintKey.of(k, k.info.retired_at + retention.hints)
+            for k in self.keys
+            if k.info.state == "retired" and k.info.expires_at <= now < k.info.retired_at + retention.hints
         ]
-        return self if len(kept) == len(self.keys) else KeyRing(kept)
+        if len(kept) == len(self.keys) and len(hints) == len(self.hints):
+            return self
+        return KeyRing(kept, hints)
 
     def due(self, now: int, every: int) -> tuple[str, ...]:
         """The algorithms whose active key has been signing for C{every} seconds."""
@@ -247,7 +354,7 @@ class KeyRing:
             info = KeyInfo(jwk["kid"], alg, "next", now)
         else:
             info = KeyInfo(jwk["kid"], alg, "active", now, activated_at=now)
-        return KeyRing(self.keys + (RingKey(jwk, info),))
+        return KeyRing(self.keys + (RingKey(jwk, info),), self.hints)
 
     def sign(self, claims: dict, alg: str, typ: str) -> str:
         """
@@ -270,12 +377,17 @@ class KeyRing:
         return (signing_input + b"." + _b64(algorithm.sign(jwk, signing_input))).decode("ascii")
 
     def to_jwks(self) -> dict:
-        """The private, persisted form: a JWK set whose keys carry their metadata."""
+        """
+        The private, persisted form: a JWK set whose keys carry their
+        metadata, and the hint keys in a member of their own that JWK-set
+        readers ignore (RFC 7517 section 5).
+        """
         return {
             "keys": [
                 key.jwk.export_private(as_dict=True) | {META: key.metadata()}
                 for key in self.keys
-            ]
+            ],
+            HINTS: [hint.to_entry() for hint in self.hints],
         }
 
     @classmethod
@@ -293,11 +405,17 @@ class KeyRing:
             except (JWException, ValueError, TypeError, KeyError) as e:
                 raise InvalidKeys(f"{where}: not a valid JWK ({_one_line(e)})") from None
             keys.append(RingKey.restore(jwk, entry[META], where))
-        return cls(keys)
+        return cls(keys, _hints(document, HINTS))
 
     def to_index(self) -> dict:
-        """The public metadata of every key, for storages keeping the keys elsewhere."""
-        return {"keys": [{"kid": k.info.kid, "alg": k.info.alg} | k.metadata() for k in self.keys]}
+        """
+        The public metadata of every key, and the hint keys, for storages
+        keeping the private keys elsewhere.
+        """
+        return {
+            "keys": [{"kid": k.info.kid, "alg": k.info.alg} | k.metadata() for k in self.keys],
+            "hint_keys": [hint.to_entry() for hint in self.hints],
+        }
 
     @classmethod
     def from_index(cls, document, load: Callable[[str], JWK]) -> "KeyRing":
@@ -310,11 +428,19 @@ class KeyRing:
             if not isinstance(entry, dict) or not isinstance(entry.get("kid"), str):
                 raise InvalidKeys(f"entry {index}: needs a kid")
             keys.append(RingKey.restore(load(entry["kid"]), entry, f"key {entry['kid']}"))
-        return cls(keys)
+        return cls(keys, _hints(document, "hint_keys"))
 
 
 def _activated(key: RingKey, now: int) -> RingKey:
     return evolve(key, info=evolve(key.info, state="active", activated_at=now))
+
+
+def _hints(document: dict, member: str) -> list[HintKey]:
+    """The hint keys listed in C{document}'s C{member}: none when it is absent, as before they existed."""
+    entries = document.get(member, [])
+    if not isinstance(entries, list):
+        raise InvalidKeys(f'"{member}" must be an array')
+    return [HintKey.from_entry(entry, f"hint key {index}") for index, entry in enumerate(entries)]
 
 
 def _entries(document) -> list:

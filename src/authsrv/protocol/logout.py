@@ -10,8 +10,10 @@ cannot be turned into an open redirector.
 from __future__ import annotations
 
 import re
+from typing import Callable
 
-from jwcrypto.common import JWException
+from jwcrypto.common import JWException, base64url_decode
+from jwcrypto.jwk import JWK
 from jwcrypto.jws import JWS
 
 from authsrv.protocol import jsontext
@@ -27,19 +29,25 @@ def refused(message: str) -> PageError:
     return PageError(400, TITLE, message)
 
 
-def hint_claims(hint: str, keyset, algorithms, issuer: str) -> dict:
+def hint_claims(hint: str, hint_key: Callable[[str], JWK | None], issuer: str) -> dict:
     """
-    The claims of an ID token signed with a key of C{keyset} for C{issuer}.
-    Its expiry is not checked: a user ends a session long after the ID token
-    expired, and the signature alone proves the token came from us.
+    The claims of an ID token for C{issuer} signed with the key its C{kid}
+    names, as C{hint_key} (the keystore's) gives it, with that key's one
+    algorithm. Its expiry is not checked: a user ends a session long after
+    the ID token expired, and the signature alone proves the token came
+    from us.
     """
     if not _COMPACT_JWS.fullmatch(hint):
         raise refused("The sign-out request carries no valid ID token.")
+    kid = _kid(hint)
+    key = None if kid is None else hint_key(kid)
     token = JWS()
-    token.allowed_algs = list(algorithms)
     try:
+        if key is None:
+            raise ValueError("no key of ours has this kid")
+        token.allowed_algs = [key.get("alg")]
         token.deserialize(hint)
-        token.verify(keyset)
+        token.verify(key)
         header = token.jose_header
         claims = jsontext.loads(token.payload)
     except (JWException, ValueError):
@@ -52,6 +60,19 @@ def hint_claims(hint: str, keyset, algorithms, issuer: str) -> dict:
     if not isinstance(claims.get("sub"), str):
         raise refused("The sign-out request carries an ID token without a subject.")
     return claims
+
+
+def _kid(hint: str) -> str | None:
+    """
+    The C{kid} of a compact JWS's protected header, read before verifying
+    only to pick the one key to verify with.
+    """
+    try:
+        header = jsontext.loads(base64url_decode(hint.split(".", 1)[0]))
+    except ValueError:
+        return None
+    kid = header.get("kid") if isinstance(header, dict) else None
+    return kid if isinstance(kid, str) else None
 
 
 def hint_audience(claims: dict) -> str:

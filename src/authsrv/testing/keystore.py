@@ -3,15 +3,21 @@ The keystore conformance suite.
 
 Every keystore (JWK file, PEM folder, PostgreSQL, a third party's dropin) must
 publish a key before it signs, keep a retired key published until the tokens
-it signed have expired, and never publish a private member. To run the suite,
-subclass L{KeystoreConformance} in a C{Test*} class and define:
+it signed have expired, then keep verifying the id_token_hints it signed for a
+browser session's lifetime without publishing it, retire the keys of an
+algorithm dropped from its config, and never publish a private member. To run
+the suite, subclass L{KeystoreConformance} in a C{Test*} class and define:
 
   - C{make_keystore(algorithms=("RS256",), rotate_every=None)}: a new,
     empty keystore configured with those algorithms and that rotation period
     in seconds (L{None}: no scheduled rotation), or a L{Deferred} of it;
-  - C{reopen_keystore()}: a second keystore object built from the same
-    config as the last C{make_keystore}, as another process would, or a
-    L{Deferred} of it.
+  - C{reopen_keystore(algorithms=None)}: a second keystore object built from
+    the same config as the last C{make_keystore}, as another process would
+    (with C{algorithms} in place of the configured ones when given, as after
+    the operator changed them), or a L{Deferred} of it.
+
+Keystores are made with a plugin context whose C{session_lifetime} is
+L{KeystoreConformance.session_lifetime}.
 
 Times given to the keystore are derived from its own keys' times, so the
 suite never reads a clock.
@@ -52,6 +58,17 @@ def _verified_claims(token: str, keyset: JWKSet) -> dict:
     return json.loads(JWT(jwt=token, key=keyset).claims)
 
 
+def _verifies_as_hint(token: str, keystore) -> bool:
+    """Whether C{token} verifies with the key C{hint_key} gives for its kid, and with that key's algorithm."""
+    header = _header(token)
+    key = keystore.hint_key(header["kid"])
+    if key is None:
+        return False
+    assert not key.has_private
+    assert key.get("alg") == header["alg"]
+    return json.loads(JWT(jwt=token, key=key, algs=[key.get("alg")]).claims) == CLAIMS
+
+
 def _by_state(keystore, alg: str, state: str) -> list[KeyInfo]:
     return [k for k in keystore.keys() if k.alg == alg and k.state == state]
 
@@ -87,11 +104,19 @@ def _verifies(token: str, keystore) -> bool:
 class KeystoreConformance:
     """The behaviour every L{IKeystore} must show; see the module docstring."""
 
+    session_lifetime = 14 * 86400
+    """The C{session_lifetime} of the plugin context the keystores are made with."""
+
+    hint_slack = 3600
+    """How long past C{session_lifetime} after its retirement a key may still verify hints."""
+
     async def _make(self, algorithms=("RS256",), rotate_every=None):
         return await _resolved(self.make_keystore(algorithms=algorithms, rotate_every=rotate_every))
 
-    async def _reopen(self):
-        return await _resolved(self.reopen_keystore())
+    async def _reopen(self, algorithms=None):
+        if algorithms is None:
+            return await _resolved(self.reopen_keystore())
+        return await _resolved(self.reopen_keystore(algorithms=algorithms))
 
     @pytest_twisted.ensureDeferred
     async def test_provides_interface(self):
@@ -298,3 +323,97 @@ class KeystoreConformance:
 
         assert _active(keystore).kid == upcoming.kid
         assert _sorted(keystore.keys()) == _sorted(other.keys())
+
+    @pytest_twisted.ensureDeferred
+    async def test_every_published_key_verifies_hints(self):
+        keystore = await self._make(algorithms=ALL_ALGORITHMS)
+        for alg in ALL_ALGORITHMS:
+            assert _verifies_as_hint(keystore.sign(CLAIMS, alg=alg), keystore)
+        assert keystore.hint_key("no-such-kid") is None
+
+    @pytest_twisted.ensureDeferred
+    async def test_unpublished_key_verifies_hints_for_a_session_lifetime(self):
+        """
+        A relying party keeps the ID token it got at sign-in for its whole
+        session and sends it as id_token_hint: once its key is no longer
+        published, the keystore (and another process reading the same keys)
+        still verifies it for a browser session's lifetime, never
+        publishing it again nor signing with it.
+        """
+        keystore = await self._make(algorithms=ALL_ALGORITHMS)
+        tokens = {alg: keystore.sign(CLAIMS, alg=alg) for alg in ALL_ALGORITHMS}
+        now = max(_active(keystore, alg).activated_at for alg in ALL_ALGORITHMS) + 60
+        await keystore.rotate(now)
+        retired = {alg: _by_state(keystore, alg, "retired")[0] for alg in ALL_ALGORITHMS}
+        unpublished = max(info.expires_at for info in retired.values()) + 1
+
+        await keystore.maintain(unpublished)
+
+        other = await self._reopen()
+        for alg, token in tokens.items():
+            assert retired[alg].kid not in {info.kid for info in keystore.keys()}
+            assert retired[alg].kid not in _published_kids(keystore)
+            assert not _verifies(token, keystore)
+            assert _verifies_as_hint(token, keystore), alg
+            assert _verifies_as_hint(token, other), alg
+            assert _header(keystore.sign(CLAIMS, alg=alg))["kid"] != retired[alg].kid
+
+        await keystore.maintain(now + self.session_lifetime - 1)
+        assert all(_verifies_as_hint(token, keystore) for token in tokens.values())
+
+        await keystore.maintain(now + self.session_lifetime + self.hint_slack)
+        assert not any(keystore.hint_key(info.kid) for info in retired.values())
+        assert not any(_verifies_as_hint(token, keystore) for token in tokens.values())
+
+    @pytest_twisted.ensureDeferred
+    async def test_reload_picks_up_another_process_hint_keys(self):
+        keystore = await self._make()
+        token = keystore.sign(CLAIMS)
+        other = await self._reopen()
+        now = _active(other).activated_at + 60
+        await other.rotate(now)
+        (retired,) = _by_state(other, "RS256", "retired")
+        await other.maintain(retired.expires_at + 1)
+
+        assert await keystore.reload() is True
+
+        assert not _verifies(token, keystore)
+        assert _verifies_as_hint(token, keystore)
+
+    @pytest_twisted.ensureDeferred
+    async def test_dropped_algorithm_retired_like_a_rotated_key(self):
+        """
+        The operator drops an algorithm from the config: its active key is
+        retired, published only until the tokens it signed expire, then
+        kept for hints; its next key, which signed nothing, goes at once; a
+        later restart keeps the same retirement.
+        """
+        keystore = await self._make(algorithms=("RS256", "PS256"))
+        active, (upcoming,) = _active(keystore, "PS256"), _by_state(keystore, "PS256", "next")
+        token = keystore.sign(CLAIMS, alg="PS256")
+
+        dropped = await self._reopen(algorithms=("RS256",))
+
+        assert dropped.algorithms == ("RS256",)
+        assert not _by_state(dropped, "PS256", "active") and not _by_state(dropped, "PS256", "next")
+        (retired,) = _by_state(dropped, "PS256", "retired")
+        assert retired.kid == active.kid
+        assert retired.expires_at > retired.retired_at >= active.activated_at
+        assert _published_kids(dropped) == {info.kid for info in dropped.keys()}
+        assert upcoming.kid not in _published_kids(dropped)
+        assert dropped.hint_key(upcoming.kid) is None
+        assert _verifies(token, dropped)
+        with pytest.raises(ValueError):
+            dropped.sign(CLAIMS, alg="PS256")
+
+        restarted = await self._reopen(algorithms=("RS256",))
+        assert _by_state(restarted, "PS256", "retired") == [retired]
+        assert restarted.jwks_bytes() == dropped.jwks_bytes()
+
+        await restarted.maintain(retired.expires_at - 1)
+        assert retired.kid in _published_kids(restarted)
+        await restarted.maintain(retired.expires_at + 1)
+        assert not [info for info in restarted.keys() if info.alg == "PS256"]
+        assert retired.kid not in _published_kids(restarted)
+        assert not _verifies(token, restarted)
+        assert _verifies_as_hint(token, restarted)
