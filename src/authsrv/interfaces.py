@@ -445,6 +445,9 @@ class ILinkedAccountStore(Interface):
     def get_linked_account(sub, provider):
         """Fires with the user's linked account at that provider, or None."""
 
+    def linked_sub(provider, provider_user_id):
+        """Fires with the sub of the user that provider account is linked to, or None."""
+
     def unlink_account(sub, provider):
         """Fires True when a link was removed."""
 

@@ -686,6 +686,12 @@ class PostgresStore:
             {"sub": sub, "provider": provider},
         )
 
+    def linked_sub(self, provider, provider_user_id):
+        return self._one("linked_sub",
+            None, "SELECT sub FROM linked_accounts WHERE provider = %(provider)s AND provider_user_id = %(user)s",
+            {"provider": provider, "user": provider_user_id},
+        ).addCallback(lambda row: None if row is None else row["sub"])
+
     def unlink_account(self, sub, provider):
         return self._changed("unlink_account",
             "DELETE FROM linked_accounts WHERE sub = %(sub)s AND provider = %(provider)s",

@@ -596,6 +596,13 @@ class SQLiteStore:
             _T.linked, "SELECT * FROM linked_accounts WHERE sub = ? AND provider = ?", (sub, provider)
         )
 
+    def linked_sub(self, provider, provider_user_id):
+        if _unknown((provider, provider_user_id)):
+            return succeed(None)
+        return self._call("linked_sub", False, lambda db: _first(db.execute(
+            "SELECT sub FROM linked_accounts WHERE provider = ? AND provider_user_id = ?", (provider, provider_user_id)
+        ))).addCallback(lambda row: None if row is None else row[0])
+
     def unlink_account(self, sub, provider):
         return self._changed(
             "unlink_account", "DELETE FROM linked_accounts WHERE sub = ? AND provider = ?", (sub, provider)

@@ -579,6 +579,11 @@ class MemoryStore:
         return self.tables.linked.get(self._linked_key(sub, provider))
 
     @_answered
+    def linked_sub(self, provider, provider_user_id):
+        return next((a.sub for a in self.tables.linked.values()
+                     if (a.provider, a.provider_user_id) == (provider, provider_user_id)), None)
+
+    @_answered
     def unlink_account(self, sub, provider):
         return self.tables.linked.pop(self._linked_key(sub, provider), None) is not None
 

@@ -1416,7 +1416,11 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
         """
         async with self.store() as store:
             alice = make_linked()
+            assert await store.linked_sub("discord", alice.provider_user_id) is None
             await store.link_account(alice)
+            assert await store.linked_sub("discord", alice.provider_user_id) == ALICE
+            assert await store.linked_sub("slack", alice.provider_user_id) is None
+            assert await store.linked_sub("discord", "\ud800") is None
             with pytest.raises(AlreadyLinked):
                 await store.link_account(make_linked("acct-bob", sub=BOB))
             assert await store.get_linked_account(BOB, "discord") is None
@@ -1436,6 +1440,7 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             moved = make_linked("acct-bob-3", sub=BOB)
             await store.link_account(moved)
             assert await store.get_linked_account(BOB, "discord") == moved
+            assert await store.linked_sub("discord", moved.provider_user_id) == BOB
 
     @pytest_twisted.ensureDeferred
     async def test_import_batch_skips_a_provider_account_linked_to_another_user(self):
