@@ -208,7 +208,8 @@ def plan(source: Source, *, now: int, provider: str, cipher, secret_key: bytes) 
     if chat_accounts and cipher is None:
         problems.append(f"{len(chat_accounts)} {provider} links not imported: the config has no [chat] section"
                         " with an encryption_key to store their tokens with")
-    seen_users, seen_chat_users = set(), {}
+    seen_users: set[str] = set()
+    seen_chat_users: dict[str, str] = {}
     for a in sorted(chat_accounts, key=lambda a: a["updatedAt"], reverse=True):
         if cipher is None or a["userId"] in seen_users:
             continue
