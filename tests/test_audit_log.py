@@ -188,6 +188,7 @@ def _awkward() -> None:
     events.rate_limited(endpoint="token", client_id="first", address="192.0.2.1", retry_after=1)
     events.config_loaded(path="/etc/authsrv/authsrv.toml", issuer="https://id.example.com/api/auth", clients=3)
     events.chat_linked(sub=ALICE.sub, provider="chat", account_id="a-1", provider_user_id="u-1")
+    events.chat_link_refused(sub=ALICE.sub, provider="chat", provider_user_id="u-1")
     events.chat_unlinked(sub=ALICE.sub, provider="chat")
     events.chat_refreshed(sub=ALICE.sub, provider="chat", account_id="a-1", rotated=True)
     events.chat_refresh_failed(sub=ALICE.sub, provider="chat", account_id="a-1", reason="revoked")

@@ -78,6 +78,7 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "config.loaded": ("path", "issuer", "clients"),
     "rate.limited": ("endpoint", "retry_after"),
     "chat.linked": ("provider", "account_id", "provider_user_id"),
+    "chat.link_refused": ("provider", "provider_user_id"),
     "chat.unlinked": ("provider",),
     "chat.refreshed": ("provider", "account_id", "rotated"),
     "chat.refresh_failed": ("provider", "account_id"),
@@ -262,6 +263,11 @@ def config_loaded(*, path: str | None, issuer: str, clients: int) -> None:
 def chat_linked(*, sub: str, provider: str, account_id: str, provider_user_id: str) -> None:
     _emit("chat.linked", "{sub} linked {provider} account {provider_user_id} (link {account_id})", "success",
           sub=sub, provider=provider, account_id=account_id, provider_user_id=provider_user_id)
+
+
+def chat_link_refused(*, sub: str, provider: str, provider_user_id: str) -> None:
+    _emit("chat.link_refused", "{sub} may not link {provider} account {provider_user_id}: it is linked to another"
+          " user", "refused", sub=sub, provider=provider, provider_user_id=provider_user_id)
 
 
 def chat_unlinked(*, sub: str, provider: str) -> None:

@@ -442,11 +442,17 @@ class ILinkedAccountStore(Interface):
     def link_account(account):
         """
         Store a L{authsrv.records.LinkedAccount}, replacing an earlier link of
-        the same user and provider.
+        the same user and provider; fails with
+        L{authsrv.store.errors.AlreadyLinked}, storing nothing, when that
+        provider account (C{provider}, C{provider_user_id}) is linked to
+        another user. Two calls racing for one provider account: one wins.
         """
 
     def get_linked_account(sub, provider):
         """Fires with the user's linked account at that provider, or None."""
+
+    def linked_sub(provider, provider_user_id):
+        """Fires with the sub of the user that provider account is linked to, or None."""
 
     def unlink_account(sub, provider):
         """Fires True when a link was removed."""
@@ -513,8 +519,9 @@ class IImportStore(Interface):
         """
         Write the records of an L{authsrv.records.ImportBatch} whose key is
         free, all in one transaction (all or nothing); a record whose key is
-        taken (its client id, sub, account, consent, grant or token hash) is
-        left as stored, so importing twice writes nothing the second time.
+        taken (its client id, sub, account, consent, grant or token hash, or
+        a link's provider account, linked to another user) is left as stored,
+        so importing twice writes nothing the second time.
         Fires with a dict: each kind of L{authsrv.records.IMPORT_KINDS} to
         how many were written.
         """

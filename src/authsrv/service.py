@@ -528,7 +528,7 @@ def user_operations(config: Config, reactor, store, keystore, identity, context)
         store=store, identity=identity, clock=reactor,
         notify=lambda session: notifier.session_ended(store, keystore, config.issuer, session),
         hash_password=lambda password: deferToThreadPool(reactor, hashing, context.password_hasher.hash, password),
-        min_length=config.password_min_length,
+        min_length=config.password_min_length, link_provider=config.chat.provider if config.chat else None,
     )
 
 

@@ -13,20 +13,23 @@ import base64
 import json
 import sqlite3
 import tomllib
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import psycopg2
 import pytest
 import pytest_twisted
 
-from authsrv.chat.crypto import new_key_text
+from authsrv.chat.crypto import TokenCipher, key_from_text, new_key_text
 from authsrv.configsection import Section
 from authsrv.context import PluginContext
 from authsrv.identity.passwords import is_better_auth_hash
-from authsrv.operations.better_auth import Source, plan, sha256_hex
+from authsrv.operations.better_auth import Source, import_better_auth, plan, sha256_hex
+from authsrv.records import LinkedAccount
 from authsrv.store import postgres as postgres_store
 from authsrv.testing.fake_chat import FakeChatUser
 from authsrv.testing.identity import portal_login
+from authsrv.testing.memory import MemoryStore
 from authsrv.tokens import token_hash
 from better_auth_fixture import MADE_AT, MANIFEST, USERS, load
 from conftest import admin, ok
@@ -248,3 +251,41 @@ def test_a_client_is_imported_only_with_what_the_rules_of_every_client_allow():
     assert shop.backchannel_logout_uri is None
     assert sum(line.startswith("client shop:") for line in found.problems) == 4
     assert any("'bad id'" in line for line in found.problems) and any("'eu/shop'" in line for line in found.problems)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_discord_account_is_imported_for_one_user_only():
+    """
+    Better Auth let several users link one Discord account; here it links
+    one, or their chat_user_id claims would name the same account.
+    """
+    store = MemoryStore()
+    cipher = TokenCipher(key_from_text(new_key_text()))
+    await store.link_account(LinkedAccount(
+        account_id="here", sub="user-here", provider="discord", provider_user_id="111",
+        access_token_enc=b"sealed", refresh_token_enc=None, scope="identify", expires_at=0, updated_at=0,
+    ))
+    made = datetime(2030, 1, 1, tzinfo=timezone.utc)
+
+    def account(link_id, user, discord_id, updated):
+        return {"id": link_id, "userId": user, "providerId": "discord", "accountId": discord_id,
+                "accessToken": f"token-{link_id}", "updatedAt": made + timedelta(minutes=updated)}
+
+    source = Source(
+        users=[{"id": user, "email": f"{user}@example.com"} for user in ("user-a", "user-b", "user-c")],
+        accounts=[account("older", "user-a", "222", 1), account("newer", "user-b", "222", 2),
+                  account("elsewhere", "user-c", "111", 3)],
+        clients=[], consents=[], refresh_tokens=[],
+    )
+    report = await import_better_auth(source, store=store, identity=None, cipher=cipher, provider="discord",
+                                      now=1_800_000_000, dry_run=False, progress=lambda line: None, actor="test")
+
+    assert (report.found["linked"], report.written["linked"]) == (2, 1)
+    assert (await store.get_linked_account("user-b", "discord")).account_id == "newer"
+    assert await store.get_linked_account("user-a", "discord") is None
+    assert await store.get_linked_account("user-c", "discord") is None
+    assert (await store.get_linked_account("user-here", "discord")).account_id == "here"
+    linked_problems = [line for line in report.problems if "one chat account links one user" in line]
+    assert len(linked_problems) == 2
+    assert "link older of user user-a: discord account 222 is linked to user user-b too" in linked_problems[0]
+    assert "link elsewhere of user user-c: discord account 111 is linked to another user here" in linked_problems[1]

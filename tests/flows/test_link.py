@@ -146,6 +146,35 @@ async def test_link_end_to_end(world):
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_chat_account_linked_to_another_user_is_refused(world):
+    """
+    Two users whose chat_user_id names one chat account would confuse every
+    service that maps chat users to users: the second link is a page saying
+    what to do, and its tokens are not kept.
+    """
+    alice = await world.sign_in()
+    response, _ = await world.callback(await world.approve(await world.start(alice)), alice)
+    assert response.code == 200
+    alices = await world.h.store.get_linked_account(ALICE.sub, "discord")
+
+    bob = await world.sign_in(BOB.sub)
+    response, body = await world.callback(await world.approve(await world.start(bob)), bob)
+    assert_page(response, body, 409, "already linked to another account. Unlink it there first")
+    assert world.fake.exchanges == 2
+    assert await world.h.store.get_linked_account(BOB.sub, "discord") is None
+    assert await world.h.store.get_linked_account(ALICE.sub, "discord") == alices
+
+    # Its holder may link it again; once they unlink, it is free for the other user.
+    response, _ = await world.callback(await world.approve(await world.start(alice)), alice)
+    assert response.code == 200
+    assert (await world.h.store.get_linked_account(ALICE.sub, "discord")).account_id != alices.account_id
+    assert await world.h.store.unlink_account(ALICE.sub, "discord")
+    response, body = await world.callback(await world.approve(await world.start(bob)), bob)
+    assert_page(response, body, 200, "Chat account linked")
+    assert (await world.h.store.get_linked_account(BOB.sub, "discord")).provider_user_id == world.fake.user.id
+
+
+@pytest_twisted.ensureDeferred
 async def test_link_without_pkce(tmp_path, monkeypatch):
     harness = await Harness(tmp_path, monkeypatch).start()
     try:

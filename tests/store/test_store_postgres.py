@@ -28,10 +28,10 @@ from authsrv.plugins import find_factory
 from authsrv.store import postgres as postgres_store
 from authsrv.records import DEFAULT_GRANT_TYPES, AccessState, Ban, Client, ImportBatch, NotRevoked, Rotated
 from authsrv.store.codes import CodeFound, CodeNotFound, CodeRedeemed
-from authsrv.store.errors import StoreUnavailable
+from authsrv.store.errors import AlreadyLinked, StoreUnavailable
 from authsrv.testing.store import (
-    ALICE, BOB, CLIENT, NOW, StoreConcurrencyConformance, StoreConformance, h, issue, make_code, make_grant,
-    make_refresh, start_grant,
+    ALICE, BOB, CLIENT, KEPT_LINKS, NOW, SHARED_LINKS, StoreConcurrencyConformance, StoreConformance, h, issue,
+    kept_links, make_code, make_grant, make_linked, make_refresh, start_grant,
 )
 
 LATEST_VERSION = postgres_store.migrations()[-1][0]
@@ -224,6 +224,24 @@ class TestSchema:
         store = open_store(pg_dsn)
         try:
             assert (await store.get_client("old-app")).grant_types == DEFAULT_GRANT_TYPES
+        finally:
+            await store.close()
+
+    @pytest_twisted.ensureDeferred
+    async def test_upgrade_keeps_one_link_of_each_provider_account(self, pg_dsn):
+        """Links an older release let two users share do not stop the upgrade (docs/design.md)."""
+        postgres_store.migrate(pg_dsn, 5, NOW, [step for step in postgres_store.migrations() if step[0] < 21])
+        with psycopg2.connect(pg_dsn) as db, db.cursor() as cursor:
+            cursor.executemany(
+                "INSERT INTO linked_accounts (account_id, sub, provider, provider_user_id, access_token_enc, scope,"
+                " expires_at, updated_at, version) VALUES (%s, %s, %s, %s, '\\x00', 'identify', 0, %s, 1)",
+                SHARED_LINKS,
+            )
+        store = open_store(pg_dsn)
+        try:
+            assert await kept_links(store) == KEPT_LINKS
+            with pytest.raises(AlreadyLinked):
+                await store.link_account(make_linked("acct-later", sub=ALICE))
         finally:
             await store.close()
 

@@ -22,17 +22,21 @@ from authsrv.migrations import schema_steps
 from authsrv.plugins import find_factory
 from authsrv.records import DEFAULT_GRANT_TYPES, Ban, Client, Replayed, Rotated
 from authsrv.store import sqlite
-from authsrv.store.errors import AlreadyExists
+from authsrv.store.errors import AlreadyExists, AlreadyLinked
 from authsrv.testing.store import (
     ALICE,
     CLIENT,
+    KEPT_LINKS,
     NOW,
+    SHARED_LINKS,
     StoreConcurrencyConformance,
     StoreConformance,
     h,
     issue,
+    kept_links,
     make_access,
     make_grant,
+    make_linked,
     make_refresh,
     start_grant,
 )
@@ -166,6 +170,24 @@ class TestSQLiteFile(SQLiteFolder):
         store = self.open_store()
         try:
             assert (await store.get_client("old-app")).grant_types == DEFAULT_GRANT_TYPES
+        finally:
+            await store.close()
+
+    @pytest_twisted.ensureDeferred
+    async def test_upgrade_keeps_one_link_of_each_provider_account(self):
+        """Links an older release let two users share do not stop the upgrade (docs/design.md)."""
+        before = [step for step in schema_steps("authsrv.store", "sqlite") if step[0] < 23]
+        with _older_schema(self.folder / "authsrv.sqlite3", before) as db:
+            db.executemany(
+                "INSERT INTO linked_accounts (account_id, sub, provider, provider_user_id, access_token_enc, scope,"
+                " expires_at, updated_at, version) VALUES (?, ?, ?, ?, x'00', 'identify', 0, ?, 1)",
+                SHARED_LINKS,
+            )
+        store = self.open_store()
+        try:
+            assert await kept_links(store) == KEPT_LINKS
+            with pytest.raises(AlreadyLinked):
+                await store.link_account(make_linked("acct-later", sub=ALICE))
         finally:
             await store.close()
 
@@ -368,7 +390,7 @@ class TestGroupCommit(SQLiteFolder):
         from twisted.internet.defer import DeferredList
 
         from authsrv.records import Client
-        from authsrv.store.errors import AlreadyExists
+        from authsrv.store.errors import AlreadyExists, AlreadyLinked
 
         store = self.open_store()
         clients = [Client(client_id=f"c{n}", secret_hash=None, redirect_uris=["https://a.example/cb"])

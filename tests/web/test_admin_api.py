@@ -21,7 +21,7 @@ from authsrv.operations import AdminOperations
 from authsrv.operations.clients import ClientOperations
 from authsrv.operations.keys import JWKS_MAX_AGE, KeyOperations
 from authsrv.operations.users import UserOperations
-from authsrv.records import BrowserSession
+from authsrv.records import BrowserSession, LinkedAccount
 from authsrv.sealing import new_key_text
 from authsrv.testing.identity import ALICE, BOB, MALLORY
 from authsrv.tokens import token_hash
@@ -56,6 +56,7 @@ class Admin:
             users=UserOperations(
                 store=h.store, identity=h.identity, clock=h.clock, notify=notify,
                 hash_password=lambda p: deferToThreadPool(reactor, hashing, hash_password, p, CHEAP),
+                link_provider="discord",
             ),
             keys=KeyOperations(keystore=h.keystore, clock=h.clock),
         )
@@ -457,6 +458,27 @@ async def test_users_of_the_writable_backend(harness, audit):
         kinds = ["user.created", "user.password_set", "user.disabled", "user.enabled", "user.deleted"]
         assert [e["event"] for e in audit if e.get("event") in kinds] == kinds
         assert audit.of("user.deleted")[0]["actor"] == ACTOR
+    finally:
+        await harness.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_new_user_may_not_claim_a_chat_account_linked_to_another(harness):
+    """Two users whose chat_user_id names one chat account would confuse the services mapping chat users."""
+    a = await started(harness)
+    try:
+        await harness.store.link_account(LinkedAccount(
+            account_id="acct-bob", sub=BOB.sub, provider="discord", provider_user_id="175928847299117063",
+            access_token_enc=b"sealed", refresh_token_enc=None, scope="identify", expires_at=0, updated_at=0,
+        ))
+        response, body = await a.call("POST", "/api/admin/users", {"login": "carol", "password": "correct horse",
+                                                                   "chat_user_id": "175928847299117063"})
+        assert_problem(response, body, 409, "conflict", "chat_user_id")
+        assert "already linked to user" in body["message"] and "unlink it there first" in body["message"]
+        assert await harness.identity.user_by_login("carol") is None
+        response, body = await a.call("POST", "/api/admin/users", {"login": "carol", "password": "correct horse",
+                                                                   "chat_user_id": "999"})
+        assert response.code == 201 and body["user"]["chat_user_id"] == "999", body
     finally:
         await harness.close()
 

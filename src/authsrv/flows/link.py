@@ -25,6 +25,7 @@ from authsrv.interfaces import IChatProvider
 from authsrv.protocol import pkce
 from authsrv.protocol.errors import PageError
 from authsrv.records import BrowserSession, LinkAttempt, LinkedAccount
+from authsrv.store.errors import AlreadyLinked
 from authsrv.tokens import new_token, token_hash
 
 LINK_TTL = 600
@@ -34,6 +35,14 @@ _UNLINK_PURPOSE = b"authsrv chat unlink"
 def sign_in_first() -> PageError:
     return PageError(
         401, "Sign in first", "Sign in at the application first, then link your chat account from there."
+    )
+
+
+def linked_elsewhere() -> PageError:
+    """The chat account is another user's: only its holder can free it."""
+    return PageError(
+        409, "Chat account already linked",
+        "This chat account is already linked to another account. Unlink it there first, then link it here.",
     )
 
 
@@ -100,6 +109,7 @@ class ChatLinking:
         """
         The provider's redirect back: check the attempt, exchange the code,
         ask who the user is there, and store the link (replacing an earlier one).
+        A chat account linked to another user is refused, its tokens dropped.
         """
         error = params.get("error")
         if error is not None:
@@ -142,7 +152,11 @@ class ChatLinking:
             expires_at=now + tokens.expires_in,
             updated_at=now,
         )
-        await self._store.link_account(account)
+        try:
+            await self._store.link_account(account)
+        except AlreadyLinked:
+            events.chat_link_refused(sub=session.sub, provider=self.provider_name, provider_user_id=provider_user_id)
+            raise linked_elsewhere() from None
         events.chat_linked(
             sub=session.sub, provider=self.provider_name, account_id=account_id, provider_user_id=provider_user_id
         )

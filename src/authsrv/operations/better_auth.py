@@ -18,6 +18,11 @@ new verifier on the token path. A secret Better Auth stored encrypted
 cannot be carried over: such a client gets an unusable secret and is named
 in the report, to be given a new one (C{authsrv-admin client
 rotate-secret}).
+
+One Discord account links one user here (docs/design.md, Linked chat
+accounts): of the links Better Auth let several users hold, the one updated
+last is imported, and a link whose Discord account is linked to another
+user in the store already is left out; the report names each.
 """
 
 from __future__ import annotations
@@ -203,14 +208,21 @@ def plan(source: Source, *, now: int, provider: str, cipher, secret_key: bytes) 
     if chat_accounts and cipher is None:
         problems.append(f"{len(chat_accounts)} {provider} links not imported: the config has no [chat] section"
                         " with an encryption_key to store their tokens with")
-    seen_users = set()
+    seen_users: set[str] = set()
+    seen_chat_users: dict[str, str] = {}
     for a in sorted(chat_accounts, key=lambda a: a["updatedAt"], reverse=True):
         if cipher is None or a["userId"] in seen_users:
             continue
         if not a.get("accessToken"):
             problems.append(f"{provider} link {a['id']} of user {a['userId']} has no access token: not imported")
             continue
+        if a["accountId"] in seen_chat_users:
+            problems.append(f"{provider} link {a['id']} of user {a['userId']}: {provider} account {a['accountId']}"
+                            f" is linked to user {seen_chat_users[a['accountId']]} too, who keeps it (their link"
+                            " was updated last): not imported (one chat account links one user)")
+            continue
         seen_users.add(a["userId"])
+        seen_chat_users[a["accountId"]] = a["userId"]
         linked.append(LinkedAccount(
             account_id=a["id"], sub=a["userId"], provider=provider, provider_user_id=a["accountId"],
             access_token_enc=cipher.encrypt(a["accessToken"], a["id"], ACCESS),
@@ -307,6 +319,21 @@ def user_manager(identity):
     return None
 
 
+async def _links_held_elsewhere(store, linked) -> list[str]:
+    """
+    A problem line for each link the store left out because its chat
+    account is linked to another user there: its user has no link after
+    the import (one whose user had a link already was left out as taken).
+    """
+    problems = []
+    for link in linked:
+        if await store.get_linked_account(link.sub, link.provider) is None:
+            problems.append(f"{link.provider} link {link.account_id} of user {link.sub}: {link.provider} account"
+                            f" {link.provider_user_id} is linked to another user here already: not imported"
+                            " (one chat account links one user)")
+    return problems
+
+
 async def import_better_auth(source: Source, *, store, identity, cipher, provider: str, now: int,
                              dry_run: bool, progress: Callable[[str], None], actor: str) -> Report:
     """
@@ -331,6 +358,7 @@ async def import_better_auth(source: Source, *, store, identity, cipher, provide
     new_clients = [c for c in found.batch.clients if await store.get_client(c.client_id) is None]
     new_bans = [b for b in found.batch.bans if await store.get_ban(b.sub, now) is None]
     written.update(await store.import_batch(found.batch))
+    problems.extend(await _links_held_elsewhere(store, found.batch.linked))
     for client in new_clients:
         events.client_created(client_id=client.client_id, source=client.source, actor=actor)
     for ban in new_bans:

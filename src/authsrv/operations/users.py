@@ -89,11 +89,14 @@ class UserOperations:
     of an ended session), the clock and C{hash_password(password)}, which
     fires with an argon2id hash made off the reactor thread. Every new
     password meets L{authsrv.protocol.password_policy} (C{min_length}).
+    C{link_provider} names the chat platform whose links the store keeps
+    (None: no C{[chat]} section).
     """
 
     def __init__(self, *, store, identity, notify, clock, hash_password: Callable[[str], Awaitable[str]],
-                 min_length: int = MIN_LENGTH):
+                 min_length: int = MIN_LENGTH, link_provider: str | None = None):
         self._min_length = min_length
+        self._link_provider = link_provider
         self._store = store
         self._identity = identity
         self._notify = notify
@@ -235,6 +238,7 @@ class UserOperations:
             raise InvalidInput("email_verified must be true or false", "email_verified")
         self._policy(password, login, data.get("email"))
         writer = self._writer()
+        await self._chat_account_free(data.get("chat_user_id"))
         user = User(
             sub=data.get("sub") or str(uuid.uuid4()), login=login, name=data.get("name"), email=data.get("email"),
             email_verified=email_verified, picture=data.get("picture"), chat_user_id=data.get("chat_user_id"),
@@ -245,6 +249,18 @@ class UserOperations:
             raise (Conflict if "taken" in str(e) else InvalidInput)(str(e)) from None
         events.user_created(sub=added.sub, login=added.login, actor=actor)
         return added
+
+    async def _chat_account_free(self, chat_user_id: str | None) -> None:
+        """
+        One chat account names one user (docs/design.md, Linked chat
+        accounts): a new user may not claim one linked to a user here.
+        """
+        if chat_user_id is None or self._link_provider is None:
+            return
+        holder = await self._store.linked_sub(self._link_provider, chat_user_id)
+        if holder is not None:
+            raise Conflict(f"chat account {chat_user_id} is already linked to user {holder}; unlink it there first",
+                           "chat_user_id")
 
     async def set_password(self, user_id: str, password: Any, *, actor: str) -> User:
         password = check_password(password)

@@ -1,8 +1,21 @@
 """Errors a store raises."""
 
+from __future__ import annotations
+
 
 class AlreadyExists(Exception):
     """A record with that key exists already."""
+
+
+class AlreadyLinked(AlreadyExists):
+    """
+    The chat-platform account is linked to another user: one provider
+    account names one user, or two users' C{chat_user_id} would be the same.
+    """
+
+    @classmethod
+    def of(cls, provider: str, provider_user_id: str) -> AlreadyLinked:
+        return cls(f"{provider} account {provider_user_id!r} is linked to another user")
 
 
 class StoreUnavailable(Exception):

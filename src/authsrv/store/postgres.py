@@ -83,7 +83,7 @@ from authsrv.records import (
 )
 from authsrv.store import codes, device, pending, throttle
 from authsrv.store.codes import CodeNotFound, CodeRedeemed, CodeReused
-from authsrv.store.errors import AlreadyExists, StoreUnavailable
+from authsrv.store.errors import AlreadyExists, AlreadyLinked, StoreUnavailable
 from authsrv.store.observer import Observer, watched
 from authsrv.store.rows import (
     POSTGRES, Lookup, Rows, access_lookup, access_state_sql, ban_of, client_grant, factors_of, import_statements,
@@ -173,6 +173,10 @@ errors.
 """
 
 
+_PROVIDER_ACCOUNT_INDEX = "linked_accounts_provider_account"
+"""One provider account, one user (schema 021): its violation is L{AlreadyLinked}."""
+
+
 def _store_error(error: BaseException) -> BaseException:
     """The store's own exception for a pool or driver one, or C{error} itself."""
     if isinstance(error, ConnectFailed):
@@ -184,6 +188,8 @@ def _store_error(error: BaseException) -> BaseException:
     if isinstance(error, PoolClosed):
         return StoreUnavailable("the store is closed")
     if isinstance(error, psycopg2.IntegrityError) and error.pgcode == psycopg2.errorcodes.UNIQUE_VIOLATION:
+        if error.diag.constraint_name == _PROVIDER_ACCOUNT_INDEX:
+            return AlreadyLinked(first_line(error))
         return AlreadyExists(first_line(error))
     if isinstance(error, ServerCancelled):
         return StoreUnavailable("PostgreSQL cancelled the statement (statement_timeout)")
@@ -670,7 +676,8 @@ class PostgresStore:
     # ILinkedAccountStore
 
     def link_account(self, account):
-        # Replacing the user's earlier link at that provider is the upsert's conflict.
+        # Replacing the user's earlier link at that provider is the upsert's conflict; a
+        # provider account linked to another user violates _PROVIDER_ACCOUNT_INDEX instead.
         return self._write("link_account", _T.linked.put, _T.linked.params(account))
 
     def get_linked_account(self, sub, provider):
@@ -678,6 +685,12 @@ class PostgresStore:
             _T.linked, "SELECT * FROM linked_accounts WHERE sub = %(sub)s AND provider = %(provider)s",
             {"sub": sub, "provider": provider},
         )
+
+    def linked_sub(self, provider, provider_user_id):
+        return self._one("linked_sub",
+            None, "SELECT sub FROM linked_accounts WHERE provider = %(provider)s AND provider_user_id = %(user)s",
+            {"provider": provider, "user": provider_user_id},
+        ).addCallback(lambda row: None if row is None else row["sub"])
 
     def unlink_account(self, sub, provider):
         return self._changed("unlink_account",

@@ -54,7 +54,7 @@ from authsrv.records import (
 )
 from authsrv.store import codes, device, pending, throttle
 from authsrv.store.codes import CodeNotFound, CodeRedeemed, CodeReused
-from authsrv.store.errors import AlreadyExists, StoreUnavailable
+from authsrv.store.errors import AlreadyExists, AlreadyLinked, StoreUnavailable
 from authsrv.store.observer import Observer, watched
 from authsrv.store.rows import (
     SQLITE, Rows, access_state_sql, ban_of, client_grant, factors_of, import_statements, scope_text, tables,
@@ -200,6 +200,7 @@ _TOKENS = token_lookups(_T, SQLITE)
 _CLIENT_GRANT = client_grant(_T, SQLITE)
 
 _REVOKE_GRANT = "UPDATE grants SET revoked_at = ? WHERE grant_id = ? AND revoked_at IS NULL"
+_LINKED_ELSEWHERE = "SELECT 1 FROM linked_accounts WHERE provider = ? AND provider_user_id = ? AND sub <> ?"
 
 
 def _first(cursor: sqlite3.Cursor):
@@ -578,7 +579,11 @@ class SQLiteStore:
     # ILinkedAccountStore
 
     def link_account(self, account):
+        # Checked in the writer's transaction, before the user's earlier link goes;
+        # the unique index on the provider account (schema 023) backs the check.
         def link(db):
+            if _first(db.execute(_LINKED_ELSEWHERE, (account.provider, account.provider_user_id, account.sub))):
+                raise AlreadyLinked.of(account.provider, account.provider_user_id)
             db.execute(
                 "DELETE FROM linked_accounts WHERE sub = ? AND provider = ?", (account.sub, account.provider)
             )
@@ -590,6 +595,13 @@ class SQLiteStore:
         return self._query("get_linked_account",
             _T.linked, "SELECT * FROM linked_accounts WHERE sub = ? AND provider = ?", (sub, provider)
         )
+
+    def linked_sub(self, provider, provider_user_id):
+        if _unknown((provider, provider_user_id)):
+            return succeed(None)
+        return self._call("linked_sub", False, lambda db: _first(db.execute(
+            "SELECT sub FROM linked_accounts WHERE provider = ? AND provider_user_id = ?", (provider, provider_user_id)
+        ))).addCallback(lambda row: None if row is None else row[0])
 
     def unlink_account(self, sub, provider):
         return self._changed(

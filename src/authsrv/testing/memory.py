@@ -43,7 +43,7 @@ from authsrv.records import (
 )
 from authsrv.store import codes, device as devices, throttle
 from authsrv.store.codes import CodeNotFound, CodeRedeemed, CodeReused
-from authsrv.store.errors import AlreadyExists
+from authsrv.store.errors import AlreadyExists, AlreadyLinked
 
 
 class LoginAttempt(NamedTuple):
@@ -531,11 +531,12 @@ class MemoryStore:
             fresh = [r for r in getattr(batch, kind) if keys[kind](r) not in table]
             table.update((keys[kind](r), r) for r in fresh)
             counts[kind] = len(fresh)
-        linked = [
-            a for a in batch.linked
-            if a.account_id not in self.tables.linked and self._linked_key(a.sub, a.provider) is None
-        ]
-        self.tables.linked.update((a.account_id, a) for a in linked)
+        linked = []
+        for a in batch.linked:
+            if a.account_id not in self.tables.linked and self._linked_key(a.sub, a.provider) is None \
+                    and self._linked_elsewhere(a) is None:
+                self.tables.linked[a.account_id] = a
+                linked.append(a)
         counts["linked"] = len(linked)
         return counts
 
@@ -544,6 +545,15 @@ class MemoryStore:
     def _linked_key(self, sub, provider):
         return next(
             (key for key, account in self.tables.linked.items() if (account.sub, account.provider) == (sub, provider)),
+            None,
+        )
+
+    def _linked_elsewhere(self, account):
+        """The sub of another user holding C{account}'s provider account, or None."""
+        return next(
+            (a.sub for a in self.tables.linked.values()
+             if (a.provider, a.provider_user_id) == (account.provider, account.provider_user_id)
+             and a.sub != account.sub),
             None,
         )
 
@@ -559,12 +569,19 @@ class MemoryStore:
         replaced = self._linked_key(account.sub, account.provider)
         if account.account_id in self.tables.linked and account.account_id != replaced:
             raise AlreadyExists(f"account {account.account_id!r} exists already")
+        if self._linked_elsewhere(account) is not None:
+            raise AlreadyLinked.of(account.provider, account.provider_user_id)
         self.tables.linked.pop(replaced, None)
         self.tables.linked[account.account_id] = account
 
     @_answered
     def get_linked_account(self, sub, provider):
         return self.tables.linked.get(self._linked_key(sub, provider))
+
+    @_answered
+    def linked_sub(self, provider, provider_user_id):
+        return next((a.sub for a in self.tables.linked.values()
+                     if (a.provider, a.provider_user_id) == (provider, provider_user_id)), None)
 
     @_answered
     def unlink_account(self, sub, provider):

@@ -21,7 +21,7 @@ from contextlib import asynccontextmanager
 import attrs
 import pytest
 import pytest_twisted
-from twisted.internet.defer import gatherResults, maybeDeferred
+from twisted.internet.defer import ensureDeferred, gatherResults, maybeDeferred
 from zope.interface.verify import verifyObject
 
 from authsrv.interfaces import IStore
@@ -58,7 +58,7 @@ from authsrv.records import (
     ThrottlePolicy,
 )
 from authsrv.store.codes import CodeFound, CodeNotFound, CodeRedeemed, CodeReused
-from authsrv.store.errors import AlreadyExists
+from authsrv.store.errors import AlreadyExists, AlreadyLinked
 from authsrv.testing.device import TV, DeviceConcurrencyConformance, DeviceStoreConformance
 from authsrv.testing.factors import FactorConcurrencyConformance, FactorStoreConformance
 from authsrv.tokens import token_hash
@@ -202,6 +202,42 @@ def make_linked(account_id: str = "acct-1", sub: str = ALICE, provider: str = "d
         updated_at=NOW,
     )
     return attrs.evolve(account, **changes)
+
+
+SHARED_LINKS = (
+    ("acct-old", ALICE, "discord", "80351110224678912", NOW),
+    ("acct-new", BOB, "discord", "80351110224678912", NOW + 5),
+    ("acct-tie-a", "user-c", "discord", "175928847299117063", NOW),
+    ("acct-tie-b", "user-d", "discord", "175928847299117063", NOW),
+    ("acct-alone", "user-e", "discord", "999", NOW),
+    ("acct-slack", "user-f", "slack", "80351110224678912", NOW),
+)
+"""
+Links an older schema let users share (account_id, sub, provider,
+provider_user_id, updated_at), for a store's upgrade test: the upgrade
+keeps L{KEPT_LINKS}, the most recently updated link of each provider
+account, the greater account_id on a tie.
+"""
+
+KEPT_LINKS = {
+    (ALICE, "discord"): None, (BOB, "discord"): "acct-new", ("user-c", "discord"): None,
+    ("user-d", "discord"): "acct-tie-b", ("user-e", "discord"): "acct-alone", ("user-f", "slack"): "acct-slack",
+}
+
+
+async def kept_links(store) -> dict:
+    """Each L{KEPT_LINKS} user's link id after the upgrade, or None."""
+    found = {key: await store.get_linked_account(*key) for key in KEPT_LINKS}
+    return {key: None if link is None else link.account_id for key, link in found.items()}
+
+
+async def _link_outcome(store, account: LinkedAccount) -> bool:
+    """True when C{account} was linked, False when its provider account was linked to another user."""
+    try:
+        await store.link_account(account)
+    except AlreadyLinked:
+        return False
+    return True
 
 
 async def add_clients(store, client_ids) -> None:
@@ -1372,6 +1408,51 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             assert await store.get_linked_account(ALICE, "slack") == elsewhere
 
     @pytest_twisted.ensureDeferred
+    async def test_a_provider_account_links_one_user(self):
+        """
+        Two users linked to one chat account would share its chat_user_id:
+        the second link is refused and changes nothing, the same user may
+        link it again, and once its holder moves on it is free.
+        """
+        async with self.store() as store:
+            alice = make_linked()
+            assert await store.linked_sub("discord", alice.provider_user_id) is None
+            await store.link_account(alice)
+            assert await store.linked_sub("discord", alice.provider_user_id) == ALICE
+            assert await store.linked_sub("slack", alice.provider_user_id) is None
+            assert await store.linked_sub("discord", "\ud800") is None
+            with pytest.raises(AlreadyLinked):
+                await store.link_account(make_linked("acct-bob", sub=BOB))
+            assert await store.get_linked_account(BOB, "discord") is None
+            bobs = make_linked("acct-bob", sub=BOB, provider_user_id="175928847299117063")
+            await store.link_account(bobs)
+            with pytest.raises(AlreadyLinked):
+                await store.link_account(make_linked("acct-bob-2", sub=BOB))
+            assert await store.get_linked_account(BOB, "discord") == bobs
+            assert await store.get_linked_account(ALICE, "discord") == alice
+            again = make_linked("acct-2", updated_at=NOW + 1)
+            await store.link_account(again)
+            assert await store.get_linked_account(ALICE, "discord") == again
+            elsewhere = make_linked("acct-bob-slack", sub=BOB, provider="slack")
+            await store.link_account(elsewhere)
+            assert await store.get_linked_account(BOB, "slack") == elsewhere
+            await store.link_account(make_linked("acct-3", provider_user_id="999"))
+            moved = make_linked("acct-bob-3", sub=BOB)
+            await store.link_account(moved)
+            assert await store.get_linked_account(BOB, "discord") == moved
+            assert await store.linked_sub("discord", moved.provider_user_id) == BOB
+
+    @pytest_twisted.ensureDeferred
+    async def test_import_batch_skips_a_provider_account_linked_to_another_user(self):
+        async with self.store() as store:
+            await store.link_account(make_linked())
+            batch = ImportBatch(clients=[], bans=[], linked=[make_linked("acct-imported", sub=BOB)], consents=[],
+                                grants=[], refresh_tokens=[])
+            assert (await store.import_batch(batch))["linked"] == 0
+            assert await store.get_linked_account(BOB, "discord") is None
+            assert (await store.get_linked_account(ALICE, "discord")).account_id == "acct-1"
+
+    @pytest_twisted.ensureDeferred
     async def test_token_and_code_lookups_bring_the_link_to_the_provider_asked(self):
         async with self.store() as store:
             grant = await start_grant(store, "g1")
@@ -1387,7 +1468,7 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
                 return tuple(each.linked_user_id for each in found)
 
             assert await links("discord") == (None, None, None)
-            await store.link_account(make_linked(sub=BOB))
+            await store.link_account(make_linked(sub=BOB, provider_user_id="175928847299117063"))
             await store.link_account(make_linked("acct-2", provider="slack", provider_user_id="U024BE7LH"))
             assert await links("discord") == (None, None, None)
             assert await links("slack") == ("U024BE7LH",) * 3
@@ -1743,6 +1824,23 @@ class StoreConcurrencyConformance(FactorConcurrencyConformance, DeviceConcurrenc
                     assert await second.find_access_token(access.token_hash, NOW) is None
 
     @pytest_twisted.ensureDeferred
+    async def test_racing_links_of_one_provider_account(self):
+        async with self.store_pair() as (first, second):
+            for n in range(self.rounds):
+                chat_user = f"chat-user-{n}"
+                outcomes = await gatherResults([
+                    ensureDeferred(_link_outcome(store, make_linked(f"acct-{n}-{sub}", sub=sub,
+                                                                    provider_user_id=chat_user)))
+                    for store, sub in ((first, ALICE), (second, BOB))
+                ])
+                assert sorted(outcomes) == [False, True]
+                winner = ALICE if outcomes[0] else BOB
+                loser = BOB if outcomes[0] else ALICE
+                assert (await second.get_linked_account(winner, "discord")).provider_user_id == chat_user
+                found = await first.get_linked_account(loser, "discord")
+                assert found is None or found.provider_user_id != chat_user
+
+    @pytest_twisted.ensureDeferred
     async def test_racing_assertion_jti_claims(self):
         async with self.store_pair() as (first, second):
             for n in range(self.rounds):
@@ -1861,7 +1959,7 @@ class StoreConcurrencyConformance(FactorConcurrencyConformance, DeviceConcurrenc
     async def test_racing_linked_token_updates(self):
         async with self.store_pair() as (first, second):
             for n in range(self.rounds):
-                await first.link_account(make_linked(f"acct-{n}", sub=f"user-{n}"))
+                await first.link_account(make_linked(f"acct-{n}", sub=f"user-{n}", provider_user_id=f"chat-user-{n}"))
                 results = await gatherResults(
                     [
                         store.update_linked_tokens(f"acct-{n}", 1, side, side, "identify", NOW + DAY, NOW)
