@@ -210,6 +210,14 @@ class Retention:
     hints: int
 
 
+def _retirement(key: RingKey) -> tuple[int, int] | None:
+    """A retired key's retirement and the end of its publication (both checked on load); None for a key in use."""
+    info = key.info
+    if info.state != "retired" or info.retired_at is None or info.expires_at is None:
+        return None
+    return info.retired_at, info.expires_at
+
+
 def _retired(key: RingKey, now: int, retention: Retention) -> RingKey:
     info = evolve(key.info, state="retired", retired_at=now, expires_at=now + retention.published)
     return evolve(key, info=info)
@@ -322,11 +330,12 @@ class KeyRing:
         expired, each kept as a hint key until C{retention.hints} after its
         retirement, and drop expired hint keys; C{self} if none.
         """
-        kept = [k for k in self.keys if k.info.state != "retired" or k.info.expires_at > now]
+        retirements = [(k, _retirement(k)) for k in self.keys]
+        kept = [k for k, times in retirements if times is None or times[1] > now]
         hints = [hint for hint in self.hints if hint.expires_at > now] + [
-            HintKey.of(k, k.info.retired_at + retention.hints)
-            for k in self.keys
-            if k.info.state == "retired" and k.info.expires_at <= now < k.info.retired_at + retention.hints
+            HintKey.of(k, times[0] + retention.hints)
+            for k, times in retirements
+            if times is not None and times[1] <= now < times[0] + retention.hints
         ]
         if len(kept) == len(self.keys) and len(hints) == len(self.hints):
             return self
