@@ -205,6 +205,17 @@ def test_a_registered_key_set_must_be_public():
         public_keyset('{"keys": []}')
 
 
+def test_a_key_set_is_made_once_for_every_request_that_presents_it():
+    keyset = public_keyset(PUBLIC)
+    assert public_keyset(PUBLIC) is keyset
+    fetched = public_keyset(json.loads(PUBLIC))
+    assert public_keyset(json.loads(PUBLIC)) is fetched
+    assert fetched.get_key(KEY.key_id) is not None
+    for _ in range(2):
+        with pytest.raises(ValueError, match="at least one key"):
+            public_keyset('{"keys": []}')
+
+
 @pytest.mark.parametrize("client, words", [
     ({"client_id": "c", "grant_types": ["client_credentials"]}, "grant_types: client_credentials is for confidential"),
     ({"client_id": "c", "grant_types": ["authorization_code"], "secret_env": "S"}, "redirect_uris: must name"),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from functools import lru_cache
 
 from jwcrypto.common import JWException, base64url_decode, base64url_encode
 from jwcrypto.jwk import JWK, JWKSet
@@ -36,6 +37,8 @@ one-time proof, not a credential, and its jti is kept in the store until
 then. An hour is what client libraries (Authlib) default to.
 """
 CLOCK_SKEW = 30
+KEYSETS_KEPT = 128
+"""Parsed client key sets kept (L{public_keyset}): each at most a fetched document's size."""
 ASSERTION_TYPE = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
 _COMPACT_JWS = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
 MAX_ASSERTION = 8192
@@ -159,10 +162,18 @@ def public_keyset(document: str | dict) -> JWKSet:
     """
     A client's JWK set (JSON text, or a fetched document); ValueError saying
     what is wrong when it is no key set, is empty, or holds a private or
-    symmetric key.
+    symmetric key. Made once per distinct text (L{_parsed_keyset}) and
+    shared, never changed: making the keys costs more than a whole token
+    request besides, and a private_key_jwt client presents the same set on
+    every one.
     """
+    return _parsed_keyset(document if isinstance(document, str) else json.dumps(document))
+
+
+@lru_cache(maxsize=KEYSETS_KEPT)
+def _parsed_keyset(text: str) -> JWKSet:
     try:
-        data = json.loads(document) if isinstance(document, str) else document
+        data = json.loads(text)
     except ValueError:
         raise ValueError("jwks is not JSON") from None
     keys = data.get("keys") if isinstance(data, dict) else None
@@ -174,6 +185,6 @@ def public_keyset(document: str | dict) -> JWKSet:
         if any(name in key for name in _JWK_FIELDS_PRIVATE):
             raise ValueError("jwks holds a private key: register only the public half")
     try:
-        return JWKSet.from_json(json.dumps(data))
+        return JWKSet.from_json(text)
     except (JWException, ValueError, TypeError) as e:
         raise ValueError(f"jwks is not a valid JWK set ({e})") from None
