@@ -80,6 +80,19 @@ async def test_an_hmac_assertion_works_once_at_every_endpoint(h):
 
 
 @pytest_twisted.ensureDeferred
+async def test_an_assertion_authenticates_with_metadata_documents_on(tmp_path, monkeypatch, secrets_env):
+    """Client ID metadata documents wrap the client cache: an operator's client still authenticates by assertion."""
+    h = Harness(tmp_path, monkeypatch, {"clients": [*CLIENTS, HMAC_CLIENT], **KEYED,
+                                        "registration": {"client_id_metadata_documents": True}})
+    try:
+        await h.start()
+        response, token = await h.json("POST", TOKEN, data=signed(h, grant_type="client_credentials"))
+        assert response.code == 200 and token["scope"] == "reports.read", token
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_the_operator_makes_rotates_and_changes_hmac_clients(h):
     await h.start()
     keeper = h.config.secret_keeper

@@ -272,6 +272,34 @@ async def test_a_step_up_enrols_an_old_session_only_after_the_password(tmp_path,
 
 
 @pytest_twisted.ensureDeferred
+async def test_an_enrolment_page_left_open_enrols_nothing_once_the_sign_in_is_old(tmp_path, monkeypatch, audit):
+    """
+    A step-up's enrolment page waits longer than recent_sign_in: confirmed
+    after it, the password is asked for first, as at the account page.
+    """
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        await browser.sign_in(ALICE)
+        response, _ = await browser.authorize("first", acr_values=ACR_MFA)
+        response, body = await browser.get(location(response))
+        secret, _, fields = enrolment_of(body)
+        h.clock.advance(601)
+        response, body = await browser.post(ISSUER + "/mfa/enrol", {**fields, "code": code_at(secret, h.now())})
+        assert response.code == 303 and location(response).startswith(ISSUER + "/login?request="), body
+        assert await h.store.get_totp(ALICE.sub) is None and not audit.of("mfa.enrolled")
+        response, _ = await browser.submit_login(location(response), ALICE.login, PASSWORDS[ALICE.sub])
+        assert response.code == 303 and "/mfa/enrol?" in location(response)
+        response, body = await browser.get(location(response))
+        secret, _, fields = enrolment_of(body)
+        response, _ = await browser.post(ISSUER + "/mfa/enrol", {**fields, "code": code_at(secret, h.now())})
+        assert response.code == 303 and "code" in query_of(location(response))
+        assert await h.store.get_totp(ALICE.sub) is not None
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_new_recovery_codes_need_a_recent_sign_in_with_the_second_factor(tmp_path, monkeypatch, audit):
     h = await started(tmp_path, monkeypatch)
     try:

@@ -99,6 +99,21 @@ def test_a_request_twisted_web_cannot_frame_gets_400_in_the_endpoints_shape(head
     listener.assert_serves()
 
 
+@pytest.mark.parametrize("head, status", [
+    (b"HEAD /healthz HTTP/1.1\r\nno colon here\r\n\r\n", 400),
+    (request_head("HEAD", "/healthz", {f"X-{n}": "v" for n in range(200)}), 431),
+])
+def test_a_refused_head_request_gets_no_body(head, status):
+    """RFC 9110 section 9.3.2: an answer to HEAD carries no content, a refusal's neither."""
+    listener = Listener()
+    _, transport = listener.send(head)
+    written = transport.value()
+    assert written.startswith(f"HTTP/1.1 {status} ".encode()) and b"\r\ncontent-length: " in written
+    assert written.endswith(b"\r\n\r\n"), written
+    assert transport.disconnecting
+    listener.assert_serves()
+
+
 def test_a_request_line_too_long_gets_414_in_the_internal_shape():
     listener = Listener({"max_request_line": 1024, "max_query_bytes": 512})
     _, transport = listener.send(request_head("POST", INTERNAL + "/" + "a" * 1100))

@@ -63,6 +63,11 @@ class DocumentClients:
         self._refused: dict[str, float] = {}
         self._schemes = ("https://", "http://") if documents.policy.allow_http else ("https://",)
 
+    @property
+    def assertions(self):
+        """The wrapped cache's client assertion checker: a document never names a key, an operator's client may."""
+        return self._clients.assertions
+
     async def secret_key(self) -> bytes:
         return await self._clients.secret_key()
 

@@ -403,6 +403,8 @@ class InteractionFlow:
             events.mfa_enrolment_put_off(sub=sub, grace_until=grace_until)
             return await self._signed_in(client, interaction.request, sub, session, browser, address,
                                          interaction.amr, ACR_PWD, seconds)
+        if session is not None and not self._factors.recent(session, seconds):
+            return await self._sign_in_first(interaction, browser, address, seconds)
         if not await self._factors.confirm(sub, form.get("sealed"), form.get("code", ""), seconds):
             return await self._enrolment_form(200, interaction, client, WRONG_FIRST_CODE, seconds,
                                               form.get("sealed"))
@@ -410,6 +412,16 @@ class InteractionFlow:
             raise _expired()
         return await self._signed_in(client, interaction.request, sub, session, browser, address,
                                      with_second_factor(interaction.amr, "otp"), ACR_MFA, seconds)
+
+    async def _sign_in_first(self, interaction: Interaction, browser: Browser, address: str, now: int) -> Redirect:
+        """
+        A step-up's enrolment confirmed once its session's sign-in is older
+        than C{[mfa] recent_sign_in} (the page waits longer): its request
+        goes to the login form first, as L{_stale_enrolment} sends it there.
+        """
+        if not await self._store.take_interaction(interaction.interaction_id, ENROL_STAGE):
+            raise _expired()
+        return await self._wait(interaction.request, LOGIN_STAGE, None, browser, now, address)
 
     async def _signed_in(self, client: Client, request: AuthorizationRequest, sub: str,
                          session: BrowserSession | None, browser: Browser, address: str,

@@ -124,19 +124,21 @@ class _Answer:
         self.headers[name.lower()] = value
 
 
-def raw_refusal(path: bytes, status: int, description: str, headers=()) -> bytes:
+def raw_refusal(path: bytes, status: int, description: str, headers=(), *, head: bool = False) -> bytes:
     """
     A whole HTTP/1.1 response that closes the connection, for refusals
     below the request layer; it carries a C{Date} as every other answer
-    does (RFC 9110 section 6.6.1).
+    does (RFC 9110 section 6.6.1), and no content for a C{head} request
+    (section 9.3.2), whose client reads none.
     """
     answer = _Answer(path)
     body = render_refusal(answer, status, description)
     lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}".encode()]
     for name, value in [*answer.headers.items(), *headers]:
         lines.append(name + b": " + value)
-    lines += [b"server: " + SERVER, b"date: " + server.datetimeToString(), b"content-length: " + str(len(body)).encode(), b"connection: close", b"", b""]
-    return b"\r\n".join(lines) + body
+    lines += [b"server: " + SERVER, b"date: " + server.datetimeToString(),
+              b"content-length: " + str(len(body)).encode(), b"connection: close", b"", b""]
+    return b"\r\n".join(lines) + (b"" if head else body)
 
 
 def _origin_form(request_line: bytes) -> bytes:
@@ -231,6 +233,7 @@ class LimitedChannel(GatheringChannel):
         return self._host
 
     def _new_head(self):
+        self._method = b""
         self._target = b""
         self._head_lines = 0
         self._header_count = 0
@@ -268,7 +271,8 @@ class LimitedChannel(GatheringChannel):
         self._refused = True
         self._send_gathered()
         if self.transport is not None:
-            self.transport.write(raw_refusal(self._target, status, description, self.fixed_headers))
+            self.transport.write(raw_refusal(self._target, status, description, self.fixed_headers,
+                                             head=self._method == b"HEAD"))
         self.loseConnection()
 
     def _respondToBadRequestAndDisconnect(self):
@@ -294,6 +298,7 @@ class LimitedChannel(GatheringChannel):
             too_long = len(line) > self.limits.max_request_line  # as sent, before an absolute target is cut
             line = _origin_form(line)
             target = _target(line)
+            self._method = line.partition(b" ")[0]
             self._target, _, query = target.partition(b"?")
             if too_long:
                 return self._refuse(414, f"the request line is too long (at most {self.limits.max_request_line} bytes)")
@@ -312,7 +317,9 @@ class LimitedChannel(GatheringChannel):
 
     def lineLengthExceeded(self, line):
         if self._head_lines == 0:
-            self._target = _target(line.split(b"\r\n", 1)[0]).partition(b"?")[0]
+            request_line = line.split(b"\r\n", 1)[0]
+            self._method = request_line.partition(b" ")[0]
+            self._target = _target(request_line).partition(b"?")[0]
             return self._refuse(414, f"the request line is too long (at most {self.limits.max_request_line} bytes)")
         return self._refuse(431, f"the header section is too large (at most {self.limits.max_header_bytes} bytes)")
 
