@@ -73,6 +73,7 @@ def test_defaults():
         ({"identity": [{"plugin": "ldap", "standing_cache_size": 0}]},
          "identity[0].standing_cache_size: must be at least 1, not 0"),
         ({"server": {"workers": 0}}, "server.workers: must be at least 1, not 0"),
+        ({"server": {"workers": 99999999999}}, "server.workers: must be at most 256, not 99999999999"),
         ({"server": {"workers": "all"}}, "server.workers: must be an integer, not a string"),
         ({"internal": {"secret": "hunter2"}}, "internal.secret: secrets are not written in the config file"),
         ({"clients": [{"redirect_uris": []}]}, "clients[0].client_id: is required"),

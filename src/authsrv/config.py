@@ -55,6 +55,11 @@ HSTS_MAX_AGE = 365 * 86400
 NO_PROFILE = "none"
 ACCESS_LOG_FORMATS = ("combined", "json", "off")
 LOG_FORMATS = ("text", "json")
+MAX_WORKERS = 256
+"""
+The most C{[server] workers} (and C{--workers}): far above any machine's
+useful count, low enough that a mistyped number is an error, not a fork bomb.
+"""
 
 
 @frozen
@@ -797,7 +802,7 @@ def read_config_document(
     access_log = checked.take(_access_log, server, _raw(data, "server", "access_log"), fallback="off")
     access_log_path = checked.take(_log_path, server, "access_log_path", None) or "-"
     shutdown = _shutdown(server, checked)
-    workers = checked.take(server.int, "workers", 1, minimum=1, fallback=1)
+    workers = checked.take(server.int, "workers", 1, minimum=1, maximum=MAX_WORKERS, fallback=1)
     hsts_max_age = checked.take(server.duration, "hsts_max_age", HSTS_MAX_AGE, fallback=HSTS_MAX_AGE)
     trusted_proxies = _trusted_proxies(server, checked)
     checked.done(server)

@@ -19,7 +19,7 @@ from twisted.python import usage
 
 from authsrv import events
 from authsrv.auditlog import AuditObserver, WithoutAudit
-from authsrv.config import Config, ConfigFileError, load_config
+from authsrv.config import MAX_WORKERS, Config, ConfigFileError, load_config
 from authsrv.drain import stop_on_sigterm
 from authsrv.embedded import DEFAULT_DATA_DIR, prepare_data_dir
 from authsrv.jsonlog import json_log_observer
@@ -60,8 +60,8 @@ class Options(usage.Options):
                 self["workers"] = int(self["workers"])
             except ValueError:
                 raise usage.UsageError(f"--workers must be a whole number, not {self['workers']!r}") from None
-            if self["workers"] < 1:
-                raise usage.UsageError("--workers must be at least 1")
+            if not 1 <= self["workers"] <= MAX_WORKERS:
+                raise usage.UsageError(f"--workers must be between 1 and {MAX_WORKERS}, not {self['workers']}")
 
 
 def start_audit_log(config: Config) -> AuditObserver:
