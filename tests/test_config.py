@@ -47,6 +47,7 @@ def test_defaults():
         ({"sever": {}}, "sever: unknown key"),
         ({"server": {"lisen": "tcp:80"}}, "server.lisen: unknown key"),
         ({"server": {"listen": 8080}}, "server.listen: must be an array of strings, not an integer"),
+        ({"server": {"listen": []}}, "server.listen: is empty: the server would listen nowhere"),
         ({"server": {"listen": ["tcp:1", 2]}}, "server.listen[1]: must be a non-empty string, not an integer"),
         ({"server": "x"}, "server: must be a table, not a string"),
         ({"server": {"public_url": "ftp://x"}}, "server.public_url: 'ftp://x' must be an absolute http(s) URL"),

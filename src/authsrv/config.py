@@ -797,6 +797,9 @@ def read_config_document(
     listeners = tuple(checked.take(server.str_list, "listen", [DEFAULT_LISTEN], fallback=[DEFAULT_LISTEN]))
     if listen is not None:
         listeners = (listen,)
+    if not listeners:
+        checked.add(server.error("listen", "is empty: the server would listen nowhere; name at least one endpoint"))
+        listeners = (DEFAULT_LISTEN,)
     public_url = checked.take(_public_url, server, listeners, public_url_override, fallback=DEFAULT_PUBLIC_URL)
     demo = is_loopback_host(urlsplit(public_url).hostname or "")
     access_log = checked.take(_access_log, server, _raw(data, "server", "access_log"), fallback="off")
