@@ -12,6 +12,7 @@ import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from twisted.logger import LogLevel, capturedLogs, formatEvent
 
 from authsrv.config import ConfigFileError, InputLimits, Limits, load_config, parse_config
 from authsrv.configsection import ConfigError, Section, parse_duration
@@ -120,6 +121,21 @@ def test_secret_file_problems(tmp_path):
     assert error_of({"internal": {"secret_file": "empty"}}, tmp_path).endswith("empty is empty")
     (tmp_path / "s").write_text("x")
     assert "not both" in error_of({"internal": {"secret_file": "s", "secret_env": "HOME"}}, tmp_path)
+
+
+def test_a_world_readable_secret_file_is_warned_of(tmp_path):
+    secret = tmp_path / "s"
+    secret.write_text("x")
+    for mode in (0o600, 0o640, 0o644):
+        secret.chmod(mode)
+        with capturedLogs() as events:
+            parse_config({"internal": {"secret_file": "s"}}, tmp_path / "authsrv.toml")
+        warnings = [formatEvent(e) for e in events if e["log_level"] == LogLevel.warn]
+        if mode & 0o004:
+            assert warnings == [f"internal.secret_file: {secret} is readable by every user of this machine"
+                                " (mode 0644); chmod 600 it"]
+        else:
+            assert warnings == []
 
 
 def test_password_hashing_defaults_and_settings():

@@ -11,10 +11,14 @@ from __future__ import annotations
 import builtins
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Any, Callable, Literal, overload
 
+from twisted.logger import Logger
+
 _REQUIRED: Any = object()
+log = Logger()
 
 _DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
 _DURATION_UNITS = (86400, 3600, 60, 1)
@@ -239,7 +243,7 @@ class Section:
         if self.has(file_key):
             path = self.path_(file_key)
             try:
-                value = path.read_text(encoding="utf-8").strip()
+                value = self._secret_file(file_key, path).strip()
             except OSError as e:
                 raise self.error(file_key, f"cannot read {path}: {e.strerror}") from None
             except UnicodeDecodeError:
@@ -250,6 +254,20 @@ class Section:
         if required:
             raise self.error(env_key, f"is required (or {file_key})")
         return None
+
+    def _secret_file(self, file_key: builtins.str, path: Path) -> builtins.str:
+        """
+        The text of a secret file, with a warning when every user of the
+        machine may read it: a group-readable file (0640) is a common
+        deployment, a world-readable one is a leak waiting to happen.
+        """
+        with open(path, "rb") as file:
+            mode = stat.S_IMODE(os.fstat(file.fileno()).st_mode)
+            data = file.read()
+        if mode & stat.S_IROTH:
+            log.warn("{key}: {path} is readable by every user of this machine (mode {mode:04o}); chmod 600 it",
+                     key=self.key(file_key), path=str(path), mode=mode)
+        return data.decode("utf-8")
 
     def rest(self) -> dict:
         """Take every remaining key (a plugin's own section)."""
