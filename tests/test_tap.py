@@ -103,7 +103,10 @@ def test_json_logs(run_server, tmp_path):
                         tmp_path, port=port)
     out, err = server.stop()
     events = [json.loads(line) for line in (out + err).splitlines() if line.startswith("{")]
-    assert any("authsrv ready" in e.get("message", "") for e in events), out + err
+    [ready] = [e for e in events if "authsrv ready" in e.get("message", "")]
+    assert ready["message"].endswith("; store sqlite, keystore jwk-file, identity static"), ready
+    store = str((tmp_path / "authsrv-data" / "authsrv.sqlite3").resolve())
+    assert any(e.get("message") == f"SQLite store {store} opened (synchronous = 'full')" for e in events), out + err
 
 
 def write(tmp_path, text):
