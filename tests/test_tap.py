@@ -143,6 +143,14 @@ def test_config_mistakes_stop_with_one_line(run_server, tmp_path, text, expected
     assert lines[0].startswith("authsrv: ") and expected in lines[0], lines[0]
 
 
+def test_an_unusable_data_dir_stops_with_one_line(run_server, tmp_path):
+    (tmp_path / "a-file").write_text("")
+    server = run_server(["authsrv", "--data-dir", "a-file/data"], tmp_path, ready=False)
+    out, err = server.output()
+    assert server.process.returncode != 0 and "Traceback" not in out + err, out + err
+    assert err.strip() == "authsrv: --data-dir: cannot use a-file/data as the data folder: Not a directory"
+
+
 def test_taken_port_stops_with_one_line(run_server, tmp_path):
     port = free_port()
     first = run_server(["authsrv", "--listen", f"tcp:{port}:interface=127.0.0.1"], tmp_path, port=port)

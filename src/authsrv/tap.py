@@ -64,6 +64,14 @@ class Options(usage.Options):
                 raise usage.UsageError(f"--workers must be between 1 and {MAX_WORKERS}, not {self['workers']}")
 
 
+def _embedded(data_dir: Path):
+    """The embedded default's config file, its data folder made first if need be; one line if it cannot be."""
+    try:
+        return prepare_data_dir(data_dir)
+    except OSError as e:
+        raise StartupError(f"--data-dir: cannot use {data_dir} as the data folder: {e.strerror}") from None
+
+
 def start_audit_log(config: Config) -> AuditObserver:
     """The audit events, from now on, to C{[audit] path} (standard output by default)."""
     path = config.audit_path or STDOUT
@@ -112,7 +120,7 @@ def makeService(options, reactor=None):
         if role is not None:
             stop_with_parent(role)
         if options["config"] is None:
-            config_path, created = prepare_data_dir(Path(options["data-dir"]))
+            config_path, created = _embedded(Path(options["data-dir"]))
         else:
             config_path, created = Path(options["config"]), None
         config = load_config(config_path, listen=options["listen"], public_url=options["public-url"])
