@@ -12,6 +12,7 @@ import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from twisted.logger import LogLevel, capturedLogs, formatEvent
 
 from authsrv.config import ConfigFileError, InputLimits, Limits, load_config, parse_config
 from authsrv.configsection import ConfigError, Section, parse_duration
@@ -47,6 +48,7 @@ def test_defaults():
         ({"sever": {}}, "sever: unknown key"),
         ({"server": {"lisen": "tcp:80"}}, "server.lisen: unknown key"),
         ({"server": {"listen": 8080}}, "server.listen: must be an array of strings, not an integer"),
+        ({"server": {"listen": []}}, "server.listen: is empty: the server would listen nowhere"),
         ({"server": {"listen": ["tcp:1", 2]}}, "server.listen[1]: must be a non-empty string, not an integer"),
         ({"server": "x"}, "server: must be a table, not a string"),
         ({"server": {"public_url": "ftp://x"}}, "server.public_url: 'ftp://x' must be an absolute http(s) URL"),
@@ -73,6 +75,12 @@ def test_defaults():
         ({"identity": [{"plugin": "ldap", "standing_cache_size": 0}]},
          "identity[0].standing_cache_size: must be at least 1, not 0"),
         ({"server": {"workers": 0}}, "server.workers: must be at least 1, not 0"),
+        ({"limits": {"access_token_ttl": 2**63 - 1}}, "limits.access_token_ttl: must be at most 3650d"),
+        ({"limits": {"refresh_grace": "99999999999999999d"}}, "limits.refresh_grace: must be at most 3650d"),
+        ({"server": {"drain_timeout": "3651d"}}, "server.drain_timeout: must be at most 3650d, not 315446400s"),
+        ({"throttle": {"failures_per_address": 2**70}}, "throttle.failures_per_address: must be at most 2147483647"),
+        ({"limits": {"max_body_bytes": 2**63}}, "limits.max_body_bytes: must be at most 2147483647"),
+        ({"server": {"workers": 99999999999}}, "server.workers: must be at most 256, not 99999999999"),
         ({"server": {"workers": "all"}}, "server.workers: must be an integer, not a string"),
         ({"internal": {"secret": "hunter2"}}, "internal.secret: secrets are not written in the config file"),
         ({"clients": [{"redirect_uris": []}]}, "clients[0].client_id: is required"),
@@ -113,6 +121,21 @@ def test_secret_file_problems(tmp_path):
     assert error_of({"internal": {"secret_file": "empty"}}, tmp_path).endswith("empty is empty")
     (tmp_path / "s").write_text("x")
     assert "not both" in error_of({"internal": {"secret_file": "s", "secret_env": "HOME"}}, tmp_path)
+
+
+def test_a_world_readable_secret_file_is_warned_of(tmp_path):
+    secret = tmp_path / "s"
+    secret.write_text("x")
+    for mode in (0o600, 0o640, 0o644):
+        secret.chmod(mode)
+        with capturedLogs() as events:
+            parse_config({"internal": {"secret_file": "s"}}, tmp_path / "authsrv.toml")
+        warnings = [formatEvent(e) for e in events if e["log_level"] == LogLevel.warn]
+        if mode & 0o004:
+            assert warnings == [f"internal.secret_file: {secret} is readable by every user of this machine"
+                                " (mode 0644); chmod 600 it"]
+        else:
+            assert warnings == []
 
 
 def test_password_hashing_defaults_and_settings():
@@ -157,10 +180,7 @@ def test_durations():
 @settings(deadline=None)
 @given(st.text(alphabet=string.ascii_lowercase + "_", min_size=1, max_size=20))
 def test_any_unknown_key_is_rejected_and_named(name):
-    known = {"code_ttl", "access_token_ttl", "id_token_ttl", "refresh_token_idle_ttl",
-             "refresh_token_absolute_ttl", "refresh_grace", "session_ttl",
-             "pending_request_ttl", "max_body_bytes", "parameters",
-             *(f.name for f in attrs.fields(InputLimits))}
+    known = {f.name for f in (*attrs.fields(Limits), *attrs.fields(InputLimits))}
     if name in known:
         return
     with pytest.raises(ConfigError) as caught:

@@ -103,7 +103,10 @@ def test_json_logs(run_server, tmp_path):
                         tmp_path, port=port)
     out, err = server.stop()
     events = [json.loads(line) for line in (out + err).splitlines() if line.startswith("{")]
-    assert any("authsrv ready" in e.get("message", "") for e in events), out + err
+    [ready] = [e for e in events if "authsrv ready" in e.get("message", "")]
+    assert ready["message"].endswith("; store sqlite, keystore jwk-file, identity static"), ready
+    store = str((tmp_path / "authsrv-data" / "authsrv.sqlite3").resolve())
+    assert any(e.get("message") == f"SQLite store {store} opened (synchronous = 'full')" for e in events), out + err
 
 
 def write(tmp_path, text):
@@ -138,6 +141,14 @@ def test_config_mistakes_stop_with_one_line(run_server, tmp_path, text, expected
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
     assert lines[0].startswith("authsrv: ") and expected in lines[0], lines[0]
+
+
+def test_an_unusable_data_dir_stops_with_one_line(run_server, tmp_path):
+    (tmp_path / "a-file").write_text("")
+    server = run_server(["authsrv", "--data-dir", "a-file/data"], tmp_path, ready=False)
+    out, err = server.output()
+    assert server.process.returncode != 0 and "Traceback" not in out + err, out + err
+    assert err.strip() == "authsrv: --data-dir: cannot use a-file/data as the data folder: Not a directory"
 
 
 def test_taken_port_stops_with_one_line(run_server, tmp_path):

@@ -284,7 +284,9 @@ def test_a_worker_without_its_sockets_stops_with_one_line(run_server, tmp_path):
     assert "authsrv: file descriptor 3 is not a" in err and "Traceback" not in out + err, out + err
 
 
-@pytest.mark.parametrize("value, message", [("0", "at least 1"), ("many", "a whole number")])
+@pytest.mark.parametrize("value, message", [
+    ("0", "between 1 and 256, not 0"), ("many", "a whole number"), ("99999999999", "between 1 and 256"),
+])
 def test_the_workers_option_is_checked(value, message):
     with pytest.raises(UsageError, match=message):
         Options().parseOptions(["--workers", value])

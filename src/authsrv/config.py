@@ -55,6 +55,11 @@ HSTS_MAX_AGE = 365 * 86400
 NO_PROFILE = "none"
 ACCESS_LOG_FORMATS = ("combined", "json", "off")
 LOG_FORMATS = ("text", "json")
+MAX_WORKERS = 256
+"""
+The most C{[server] workers} (and C{--workers}): far above any machine's
+useful count, low enough that a mistyped number is an error, not a fork bomb.
+"""
 
 
 @frozen
@@ -792,12 +797,15 @@ def read_config_document(
     listeners = tuple(checked.take(server.str_list, "listen", [DEFAULT_LISTEN], fallback=[DEFAULT_LISTEN]))
     if listen is not None:
         listeners = (listen,)
+    if not listeners:
+        checked.add(server.error("listen", "is empty: the server would listen nowhere; name at least one endpoint"))
+        listeners = (DEFAULT_LISTEN,)
     public_url = checked.take(_public_url, server, listeners, public_url_override, fallback=DEFAULT_PUBLIC_URL)
     demo = is_loopback_host(urlsplit(public_url).hostname or "")
     access_log = checked.take(_access_log, server, _raw(data, "server", "access_log"), fallback="off")
     access_log_path = checked.take(_log_path, server, "access_log_path", None) or "-"
     shutdown = _shutdown(server, checked)
-    workers = checked.take(server.int, "workers", 1, minimum=1, fallback=1)
+    workers = checked.take(server.int, "workers", 1, minimum=1, maximum=MAX_WORKERS, fallback=1)
     hsts_max_age = checked.take(server.duration, "hsts_max_age", HSTS_MAX_AGE, fallback=HSTS_MAX_AGE)
     trusted_proxies = _trusted_proxies(server, checked)
     checked.done(server)

@@ -11,13 +11,27 @@ from __future__ import annotations
 import builtins
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Any, Callable, Literal, overload
 
+from twisted.logger import Logger
+
 _REQUIRED: Any = object()
+log = Logger()
 
 _DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
 _DURATION_UNITS = (86400, 3600, 60, 1)
+MAX_INT = 2**31 - 1
+"""
+The largest integer any key takes: every count and size is far below it,
+and a mistyped huge one is an error here, not an overflow deep in the store.
+"""
+MAX_DURATION = 3650 * 86400
+"""
+Ten years: longer than any lifetime or timeout wants, and short enough that
+now plus it stays a date and fits the store's 64-bit integers.
+"""
 
 
 class ConfigError(Exception):
@@ -101,11 +115,12 @@ class Section:
         return value
 
     def int(self, name: builtins.str, default: Any = _REQUIRED, *, minimum: int | None = None,
-            maximum: int | None = None) -> Any:
+            maximum: int = MAX_INT) -> Any:
+        """An integer between C{minimum} and C{maximum}: L{MAX_INT} unless the key has a lower ceiling."""
         value = self._get(name, default, int, "an integer")
         if value is not default and minimum is not None and value < minimum:
             raise self.error(name, f"must be at least {minimum}, not {value}")
-        if value is not default and maximum is not None and value > maximum:
+        if value is not default and value > maximum:
             raise self.error(name, f"must be at most {maximum}, not {value}")
         return value
 
@@ -130,18 +145,22 @@ class Section:
         return value
 
     def duration(self, name: builtins.str, default: Any = _REQUIRED) -> Any:
-        """Seconds, given as an integer or a string such as C{"30d"} or C{"1h"}."""
+        """Seconds, given as an integer or a string such as C{"30d"} or C{"1h"}, at most L{MAX_DURATION}."""
         value = self._get(name, default, (int, str), 'a duration such as "90s", "15m", "1h" or "30d"')
-        if value is default or isinstance(value, int) and not isinstance(value, bool):
-            if isinstance(value, int) and value < 0:
-                raise self.error(name, "must not be negative")
+        if value is default:
             return value
-        try:
-            return parse_duration(value)
-        except ValueError:
-            raise self.error(
-                name, f'must be a duration such as "90s", "15m", "1h" or "30d", not {value!r}'
-            ) from None
+        if isinstance(value, str):
+            try:
+                value = parse_duration(value)
+            except ValueError:
+                raise self.error(
+                    name, f'must be a duration such as "90s", "15m", "1h" or "30d", not {value!r}'
+                ) from None
+        if value < 0:
+            raise self.error(name, "must not be negative")
+        if value > MAX_DURATION:
+            raise self.error(name, f"must be at most {MAX_DURATION // 86400}d, not {value}s")
+        return value
 
     def path_(self, name: builtins.str, default: Any = _REQUIRED) -> Any:
         """
@@ -224,7 +243,7 @@ class Section:
         if self.has(file_key):
             path = self.path_(file_key)
             try:
-                value = path.read_text(encoding="utf-8").strip()
+                value = self._secret_file(file_key, path).strip()
             except OSError as e:
                 raise self.error(file_key, f"cannot read {path}: {e.strerror}") from None
             except UnicodeDecodeError:
@@ -235,6 +254,20 @@ class Section:
         if required:
             raise self.error(env_key, f"is required (or {file_key})")
         return None
+
+    def _secret_file(self, file_key: builtins.str, path: Path) -> builtins.str:
+        """
+        The text of a secret file, with a warning when every user of the
+        machine may read it: a group-readable file (0640) is a common
+        deployment, a world-readable one is a leak waiting to happen.
+        """
+        with open(path, "rb") as file:
+            mode = stat.S_IMODE(os.fstat(file.fileno()).st_mode)
+            data = file.read()
+        if mode & stat.S_IROTH:
+            log.warn("{key}: {path} is readable by every user of this machine (mode {mode:04o}); chmod 600 it",
+                     key=self.key(file_key), path=str(path), mode=mode)
+        return data.decode("utf-8")
 
     def rest(self) -> dict:
         """Take every remaining key (a plugin's own section)."""

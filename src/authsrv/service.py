@@ -251,10 +251,14 @@ class AuthsrvService(MultiService):
     def _ready(self, _):
         self._started = True
         self.log.info(
-            "authsrv ready (pid {pid}): issuer {issuer}, listening on {listen}",
+            "authsrv ready (pid {pid}): issuer {issuer}, listening on {listen}; store {store}, keystore {keystore},"
+            " identity {identity}",
             issuer=self.config.issuer,
             listen=", ".join(self.config.listen),
             pid=os.getpid(),
+            store=self.config.store.name,
+            keystore=self.config.keystore.name,
+            identity=", ".join(choice.name for choice in self.config.identity),
         )
 
     def _startup_failed(self, failure: Failure):

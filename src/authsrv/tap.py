@@ -19,7 +19,7 @@ from twisted.python import usage
 
 from authsrv import events
 from authsrv.auditlog import AuditObserver, WithoutAudit
-from authsrv.config import Config, ConfigFileError, load_config
+from authsrv.config import MAX_WORKERS, Config, ConfigFileError, load_config
 from authsrv.drain import stop_on_sigterm
 from authsrv.embedded import DEFAULT_DATA_DIR, prepare_data_dir
 from authsrv.jsonlog import json_log_observer
@@ -60,8 +60,16 @@ class Options(usage.Options):
                 self["workers"] = int(self["workers"])
             except ValueError:
                 raise usage.UsageError(f"--workers must be a whole number, not {self['workers']!r}") from None
-            if self["workers"] < 1:
-                raise usage.UsageError("--workers must be at least 1")
+            if not 1 <= self["workers"] <= MAX_WORKERS:
+                raise usage.UsageError(f"--workers must be between 1 and {MAX_WORKERS}, not {self['workers']}")
+
+
+def _embedded(data_dir: Path):
+    """The embedded default's config file, its data folder made first if need be; one line if it cannot be."""
+    try:
+        return prepare_data_dir(data_dir)
+    except OSError as e:
+        raise StartupError(f"--data-dir: cannot use {data_dir} as the data folder: {e.strerror}") from None
 
 
 def start_audit_log(config: Config) -> AuditObserver:
@@ -112,7 +120,7 @@ def makeService(options, reactor=None):
         if role is not None:
             stop_with_parent(role)
         if options["config"] is None:
-            config_path, created = prepare_data_dir(Path(options["data-dir"]))
+            config_path, created = _embedded(Path(options["data-dir"]))
         else:
             config_path, created = Path(options["config"]), None
         config = load_config(config_path, listen=options["listen"], public_url=options["public-url"])

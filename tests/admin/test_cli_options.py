@@ -81,6 +81,13 @@ async def test_version(tmp_path):
 
 
 @pytest_twisted.ensureDeferred
+async def test_help_is_plain_text(tmp_path):
+    shown = await admin("--help", cwd=tmp_path)
+    assert shown.returncode == 0 and "authsrv-admin: the operator command" in shown.stdout
+    assert "{" not in shown.stdout.split("positional arguments")[0]
+
+
+@pytest_twisted.ensureDeferred
 async def test_json_on_every_list_and_show_with_the_options_after(deployment):
     cwd, config = deployment
     ok(await admin("client", "add", "web", "--redirect-uri", "https://shop.example/cb", "--config", config, cwd=cwd))

@@ -30,6 +30,13 @@ from authsrv.embedded import CONFIG_NAME, DEFAULT_DATA_DIR
 from authsrv.logfile import STDOUT, LineFile
 
 
+DESCRIPTION = (
+    "authsrv-admin: the operator command. It works on the same config file, store and keystore"
+    " as the server, whether the server is running or not."
+)
+"""What C{--help} says first: plain text, not the module docstring's markup."""
+
+
 def _global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
     """C{--config} and C{--json}, with their defaults on the top level only."""
     parser.add_argument(
@@ -58,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     so that one given earlier is not reset.
     """
     parser = argparse.ArgumentParser(
-        prog="authsrv-admin", description=__doc__.split("\n\n")[0].strip(), allow_abbrev=False
+        prog="authsrv-admin", description=DESCRIPTION, allow_abbrev=False
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {version('authsrv')}")
     _global_options(parser, top=True)

@@ -86,9 +86,11 @@ def from_config(section, context) -> "SQLiteStore | None":
     except OSError as e:
         raise section.error("path", f"cannot create folder {path.parent}: {e.strerror}") from None
     try:
-        return open_store(context.reactor, path, _SYNCHRONOUS[synchronous], context.store_observer)
+        store = open_store(context.reactor, path, _SYNCHRONOUS[synchronous], context.store_observer)
     except (sqlite3.Error, MigrationError) as e:
         raise section.error("path", f"cannot use {path}: {e}") from None
+    log.info("SQLite store {path} opened (synchronous = {synchronous!r})", path=str(path), synchronous=synchronous)
+    return store
 
 
 def open_store(reactor, path: Path, synchronous: str = "FULL", observer: Observer | None = None) -> "SQLiteStore":
