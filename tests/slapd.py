@@ -204,8 +204,9 @@ class Slapd:
         self.ldaps_url = f"ldaps://127.0.0.1:{self.ldaps_port}"
         self.ca_file = self.folder / "ca.pem"
         self.other_ca_file = self.folder / "other-ca.pem"
-        self.service_password_file = self.folder / "service-password"
+        self.service_password_file = self.folder / "bind-password"
         self.service_password_file.write_text(SERVICE_PASSWORD + "\n")
+        self.service_password_file.chmod(0o600)
         self.process: subprocess.Popen | None = None
         (self.folder / "db").mkdir()
         make_tls_files(self.folder)
