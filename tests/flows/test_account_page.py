@@ -4,7 +4,9 @@ browsers and applications; revoking an application kills its refresh token
 and brings its consent page back; signing out another browser ends that
 session (and tells its clients); a password change needs the current
 password and ends the other sessions; every form needs its CSRF token;
-changing factors needs a recent sign-in, which the page sends for.
+changing factors needs a recent sign-in, which the page sends for; a
+browser without a session is sent to sign in and comes back to the page it
+opened.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ from html import unescape
 
 import pytest_twisted
 
-from flow_client import Browser, location
+from flow_client import Browser, hidden_fields, location, shows_login_form
 from harness import ISSUER, Harness, pkce_pair
-from test_mfa import code_at, enrolled, give_code, password
+from test_mfa import TOTP_PAGE, code_at, enrolled, enrolment_of, give_code, password
 from token_helpers import exchange, refresh
 
 from authsrv.flows.account import device_of
@@ -103,7 +105,7 @@ async def test_signing_out_another_browser_ends_its_session(tmp_path, monkeypatc
         assert await h.store.get_session(phone.session_hash, h.now()) is None
         assert (await h.store.get_session(laptop.session_hash, h.now())).last_seen == h.now()
         response, _ = await phone.get(ACCOUNT)
-        assert response.code == 401
+        assert response.code == 303 and location(response).startswith(ISSUER + "/login?request=")
         response, body = await laptop.post(ACCOUNT + "/sessions/end", other)
         assert b"That session had ended already." in body
     finally:
@@ -151,14 +153,71 @@ async def test_a_password_change_needs_the_current_one_and_ends_other_sessions(t
         await h.close()
 
 
+async def signs_in_and_returns(h: Harness, opened: str, secret: str, back: str) -> Browser:
+    """
+    A browser without a session opens C{opened}: an empty login form, the
+    password, the second factor, and back to exactly the page C{back}.
+    """
+    browser = Browser(h)
+    response, _ = await browser.get(opened)
+    assert response.code == 303 and location(response).startswith(ISSUER + "/login?request=")
+    response, body = await browser.get(location(response))
+    assert shows_login_form(response, body) and b"your account" in body
+    assert b'name="username" value=""' in body, "no login is filled in"
+    response, _ = await browser.submit_login(response, ALICE.login, PASSWORDS[ALICE.sub])
+    assert response.code == 303 and "/mfa?" in location(response)
+    assert "authsrv_session" not in browser.cookies, "no session before the second factor"
+    response, _ = await give_code(browser, location(response), code_at(secret, h.now()))
+    assert response.code == 303 and location(response) == back
+    h.clock.advance(30)
+    return browser
+
+
 @pytest_twisted.ensureDeferred
-async def test_the_account_page_needs_a_session(tmp_path, monkeypatch):
+async def test_without_a_session_the_page_signs_in_and_comes_back(tmp_path, monkeypatch):
     h = await started(tmp_path, monkeypatch)
     try:
-        response, body = await Browser(h).get(ACCOUNT)
-        assert response.code == 401 and b"Not signed in" in body
-        response, _ = await Browser(h).post(ACCOUNT + "/apps/revoke", {"client_id": "first"})
-        assert response.code == 401
+        _, secret, _ = await enrolled(h)
+        browser = await signs_in_and_returns(h, ACCOUNT, secret, ACCOUNT)
+        response, body = await browser.get(ACCOUNT)
+        assert response.code == 200 and f"Signed in as <strong>{ALICE.login}</strong>".encode() in body
+
+        browser = await signs_in_and_returns(h, TOTP_PAGE, secret, TOTP_PAGE)
+        response, body = await browser.get(TOTP_PAGE)
+        assert response.code == 200 and enrolment_of(body)[0], "a new authenticator's secret"
+
+        for opened in (ACCOUNT + "/sign-in", ACCOUNT + "?next=https://evil.example/",
+                       ACCOUNT + "/sign-in?return_to=https://evil.example/", TOTP_PAGE + "?next=//evil.example"):
+            await signs_in_and_returns(h, opened, secret, opened.split("?")[0].removesuffix("/sign-in"))
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_form_posted_without_a_session_is_refused(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        for action in ("/apps/revoke", "/sessions/end", "/password", "/passkeys", "/mfa/totp", "/mfa/recovery"):
+            response, body = await Browser(h).post(ACCOUNT + action, {"client_id": "first"})
+            assert response.code == 401 and b"Open your account page to sign in" in body, action
+            assert response.headers.getRawHeaders(b"location") is None
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_sign_ins_the_page_starts_count_toward_the_address_cap(tmp_path, monkeypatch):
+    h = await Harness(tmp_path, monkeypatch, {"limits": {"pending_per_address": 2}}).start()
+    try:
+        response, _ = await Browser(h).get(ACCOUNT)
+        assert response.code == 303
+        response, body = await Browser(h).authorize()
+        stored = await h.store.get_interaction(hidden_fields(body)["request"], h.now())
+        assert stored.address is not None
+        for page in (ACCOUNT, TOTP_PAGE, ACCOUNT + "/sign-in"):
+            response, body = await Browser(h).get(page)
+            assert response.code == 429 and b"Too many sign-ins" in body, page
+            assert response.headers.getRawHeaders(b"location") is None
     finally:
         await h.close()
 
@@ -195,7 +254,7 @@ async def test_removing_a_passkey_needs_a_recent_sign_in_and_signing_in_again_co
         assert response.code == 200 and b"The passkey is removed." in body
         assert await h.store.list_passkeys(ALICE.sub) == []
         response, _ = await Browser(h).get(ACCOUNT + "/sign-in")
-        assert response.code == 401
+        assert response.code == 303 and location(response).startswith(ISSUER + "/login?request=")
     finally:
         await h.close()
 

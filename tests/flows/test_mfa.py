@@ -199,7 +199,7 @@ async def test_the_account_page_needs_a_session_and_a_form_of_this_browser(tmp_p
     try:
         stranger = Browser(h)
         response, body = await stranger.get(TOTP_PAGE)
-        assert response.code == 401
+        assert response.code == 303 and location(response).startswith(ISSUER + "/login?request="), body
         browser = Browser(h)
         await browser.sign_in(ALICE)
         response, body = await browser.get(TOTP_PAGE)

@@ -3,9 +3,10 @@ Passkeys in a real browser: headless chromium with its virtual authenticator
 (DevTools WebAuthn domain: CTAP2, internal transport, resident keys, user
 verification) against a real `twist authsrv` whose public URL is
 http://localhost (a secure context, and a host a relying party id may be).
-A user registers a passkey from the account page, signs in with it instead
-of a password, is refused with a clone whose counter went back, and removes
-the passkey again.
+A user without a session opens the account page and is sent to sign in and
+back, registers a passkey there, signs in with it instead of a password, is
+refused with a clone whose counter went back, and, signing in at the account
+page with the passkey as the second factor, removes it again.
 """
 
 from __future__ import annotations
@@ -100,6 +101,18 @@ def passkey_sign_in(driver, server, callback, state: str, challenge: str | None 
     use_passkey(driver)
 
 
+def account_signed_in(driver, issuer: str, second_factor: bool = False) -> None:  # noqa: F811
+    """A browser without a session opens the account page: the empty login form, then back to the page."""
+    driver.get(issuer + "/account")
+    WebDriverWait(driver, WAIT).until(expected_conditions.presence_of_element_located((By.NAME, "username")))
+    assert driver.find_element(By.NAME, "username").get_attribute("value") == ""
+    sign_in(driver, "carol", PASSWORD)
+    if second_factor:
+        WebDriverWait(driver, WAIT).until(lambda d: d.current_url.startswith(issuer + "/mfa?"))
+        use_passkey(driver)
+    WebDriverWait(driver, WAIT).until(lambda d: d.current_url == issuer + "/account")
+
+
 def with_challenge(server, callback, state: str, challenge: str) -> str:  # noqa: F811
     return f"{server.base}/api/auth/oauth2/authorize?" + urlencode({
         "response_type": "code", "client_id": "web", "redirect_uri": callback + "/first", "scope": "openid",
@@ -120,10 +133,7 @@ def test_register_sign_in_refuse_a_clone_and_remove_a_passkey(server, driver, ca
     issuer = server.base + "/api/auth"
     authenticator = virtual_authenticator(driver)
 
-    driver.get(authorize_url(server, "web", callback + "/first", "st-1"))
-    sign_in(driver, "carol", PASSWORD)
-    landed(driver, callback + "/first")
-    driver.get(issuer + "/account")
+    account_signed_in(driver, issuer)
     assert "No passkeys yet." in driver.find_element(By.TAG_NAME, "main").text
     WebDriverWait(driver, WAIT).until(expected_conditions.visibility_of_element_located(
         (By.CSS_SELECTOR, "#add-passkey button")))
@@ -165,9 +175,8 @@ def test_register_sign_in_refuse_a_clone_and_remove_a_passkey(server, driver, ca
                            {"authenticatorId": authenticator, "credentialId": registered["credentialId"]})
     ahead = {**used, "signCount": used["signCount"] + 10}
     driver.execute_cdp_cmd("WebAuthn.addCredential", {"authenticatorId": authenticator, "credential": ahead})
-    passkey_sign_in(driver, server, callback, "st-4")
-    landed(driver, callback + "/first")
-    driver.get(issuer + "/account")
+    signed_out(driver, server)
+    account_signed_in(driver, issuer, second_factor=True)
     driver.find_element(By.XPATH, "//form[contains(@action, '/passkeys/remove')]/button").click()
     assert status_text(driver) == "The passkey is removed."
     assert "No passkeys yet." in driver.find_element(By.TAG_NAME, "main").text

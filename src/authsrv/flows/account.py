@@ -8,7 +8,10 @@ page rendered for this browser can post them. Changing factors needs a
 recent sign-in (C{[mfa] recent_sign_in}) and, once a user has a factor, a
 session that gave one: neither a stolen session cookie nor a stolen
 password alone enrols or replaces one. A session that may not is sent to
-sign in again and comes back to the page it was on.
+sign in again and comes back to the page it was on; a browser without a
+session that opens a page is sent to sign in first, as an account console
+does, and comes back to it; a form posted without one is refused, as it has
+nothing to act on.
 """
 
 from __future__ import annotations
@@ -37,6 +40,12 @@ from authsrv.records import ACR_MFA, RECOVERY_FACTOR, TOTP_FACTOR, BrowserSessio
 TOTP_PURPOSE = b"account mfa totp"
 RECOVERY_PURPOSE = b"account mfa recovery"
 WRONG_FIRST_CODE = "That code does not match; check the time on your phone and try the current code."
+
+
+def not_signed_in() -> PageError:
+    """A form posted without a live session (its page, opened again, signs the browser in)."""
+    return PageError(401, "Not signed in", "You are not signed in, or your session has ended. Open your account page"
+                     " to sign in, then try again.")
 
 
 def strong_session(session: BrowserSession) -> bool:
@@ -82,13 +91,17 @@ class AccountFactors:
         self._interaction = interaction
         self._page = f"{issuer}/account/mfa/totp"
 
-    async def _session(self, cookie: str | None, now: int) -> tuple[str, BrowserSession]:
-        """The signed-in browser's cookie and session, or a page saying what is missing."""
+    async def _live(self, cookie: str | None, now: int) -> BrowserSession | None:
+        """The browser's live session or None; a page saying so when the service has no second factors."""
         if not self._factors.policy.enabled:
             raise PageError(404, "Not available", "This service does not use second factors.")
-        session = await live_session(self._store, self._identity, cookie, now)
+        return await live_session(self._store, self._identity, cookie, now)
+
+    async def _session(self, cookie: str | None, now: int) -> tuple[str, BrowserSession]:
+        """The signed-in browser's cookie and session, or a page saying what is missing."""
+        session = await self._live(cookie, now)
         if cookie is None or session is None:
-            raise PageError(401, "Not signed in", "Sign in to an application first, then come back to this page.")
+            raise not_signed_in()
         return cookie, session
 
     async def _unfit(self, session: BrowserSession, browser: Browser, address: str, now: int) -> Redirect | None:
@@ -96,7 +109,11 @@ class AccountFactors:
                                         now)
 
     async def totp_form(self, browser: Browser, address: str, now: int) -> EnrolmentForm | Redirect:
-        cookie, session = await self._session(browser.session, now)
+        """The authenticator page; a browser without a session signs in first and comes back to it."""
+        cookie = browser.session
+        session = await self._live(cookie, now)
+        if cookie is None or session is None:
+            return await self._interaction.sign_in_again(self._page, None, browser, address, now)
         if again := await self._unfit(session, browser, address, now):
             return again
         return await self._form(cookie, session, None, None, now)
@@ -242,7 +259,7 @@ class AccountPage:
     async def _signed_in(self, cookie: str | None, now: int) -> tuple[str, BrowserSession]:
         session = await live_session(self._store, self._identity, cookie, now)
         if cookie is None or session is None:
-            raise PageError(401, "Not signed in", "Sign in to an application first, then come back to this page.")
+            raise not_signed_in()
         return cookie, session
 
     async def _posted(self, cookie: str | None, form: dict[str, str] | None, purpose: bytes,
@@ -265,8 +282,20 @@ class AccountPage:
                 continue
         return None
 
+    async def page(self, browser: Browser, address: str, now: int) -> AccountView | Redirect:
+        """The page for a signed-in browser; any other is sent to sign in and comes back here."""
+        cookie = browser.session
+        session = await live_session(self._store, self._identity, cookie, now)
+        if cookie is None or session is None:
+            return await self._interaction.sign_in_again(self._page, None, browser, address, now)
+        return await self._view(cookie, session, now)
+
     async def view(self, cookie: str | None, now: int, message: str | None = None) -> AccountView:
+        """The page after a posted action, with its C{message}."""
         cookie, session = await self._signed_in(cookie, now)
+        return await self._view(cookie, session, now, message)
+
+    async def _view(self, cookie: str, session: BrowserSession, now: int, message: str | None = None) -> AccountView:
         sub = session.sub
         user = await self._identity.user_by_id(sub)
         sessions = tuple(
@@ -383,9 +412,14 @@ class AccountPage:
         return "Your password is changed; your other sessions are signed out."
 
     async def sign_in_again(self, browser: Browser, address: str, now: int) -> Redirect:
-        """The fresh sign-in that lets this browser change factors, back to the account page."""
-        _, session = await self._signed_in(browser.session, now)
-        return await self._interaction.sign_in_again(self._page, session.sub, browser, address, now)
+        """
+        The fresh sign-in that lets this browser change factors (its user's
+        login filled in), or that a browser without a session starts with
+        an empty form; back to the account page either way.
+        """
+        session = await live_session(self._store, self._identity, browser.session, now)
+        return await self._interaction.sign_in_again(self._page, session.sub if session else None, browser,
+                                                     address, now)
 
     async def register_passkey(self, browser: Browser, form: dict[str, str] | None, address: str,
                                now: int) -> str | Redirect:

@@ -503,15 +503,17 @@ class InteractionFlow:
             return await self._wait(request, stage, session.sid, browser, now, sub=session.sub, amr=session.amr)
         return session
 
-    async def sign_in_again(self, return_to: str, sub: str, browser: Browser, address: str,
+    async def sign_in_again(self, return_to: str, sub: str | None, browser: Browser, address: str,
                             now: int) -> Redirect:
         """
         A fresh sign-in for the account page (the password or a passkey,
         then the user's second factor as at any sign-in), the form showing
-        user C{sub}'s login, that comes back to C{return_to}, this service's
-        own URL: a new session, signed in now.
+        user C{sub}'s login (an empty form for a browser without a session,
+        C{sub} None), that comes back to C{return_to}: one of the account
+        pages' own fixed URLs, never one a request names, so it redirects
+        nowhere else. It counts toward C{address}'s cap of waiting sign-ins.
         """
-        user = await self._identity.user_by_id(sub)
+        user = await self._identity.user_by_id(sub) if sub is not None else None
         request = AuthorizationRequest(client_id=ACCOUNT_CLIENT.client_id, redirect_uri=return_to, scope=(),
                                        state="", code_challenge="", login_hint=user.login if user else None,
                                        device=True)

@@ -19,6 +19,7 @@ from twisted.web.template import tags
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from authsrv.config import ISSUER_PATH
+from authsrv.flows.account import AccountView
 from authsrv.flows.link import unlink_token, unlink_token_valid
 from authsrv.flows.outcomes import DeviceCodeForm, LoginForm, LogoutConfirmation, Notice, Redirect
 from authsrv.flows.ratelimit import ClientRateLimits, EndpointLimit, RateLimited
@@ -468,12 +469,22 @@ class PublicSite:
     # --- the signed-in user's account page ---------------------------------------
 
     async def _account(self, request, message: str | None = None) -> bytes:
+        """The account page after a posted action, with its message."""
         view = await self._flows.account_page.view(self._cookies.browser(request).session, self._now(), message)
+        return self._account_page(request, view)
+
+    def _account_page(self, request, view: AccountView) -> bytes:
         return account_page(request, f"{self._issuer}/account", view, link_path=f"{self._issuer}/link/chat")
 
     @app.route(ACCOUNT_PATH, methods=["GET"])
     async def account(self, request):
-        return await self._account(request)
+        """The account page, or the sign-in a browser without a session needs first."""
+        outcome = await self._flows.account_page.page(
+            self._cookies.browser(request), client_address_of(request, self._trusted_proxies), self._now()
+        )
+        if isinstance(outcome, Redirect):
+            return self._answer(request, outcome)
+        return self._account_page(request, outcome)
 
     @app.route(ACCOUNT_PATH + "/sessions/end", methods=["POST"])
     async def account_end_session(self, request):
@@ -500,7 +511,7 @@ class PublicSite:
 
     @app.route(ACCOUNT_PATH + "/sign-in", methods=["GET"])
     async def account_sign_in(self, request):
-        """Sign in again, as changing factors needs a recent sign-in, and come back to the account page."""
+        """Sign in (again, as changing factors needs a recent sign-in), and come back to the account page."""
         outcome = await self._flows.account_page.sign_in_again(
             self._cookies.browser(request), client_address_of(request, self._trusted_proxies), self._now()
         )
