@@ -6,7 +6,8 @@ stored for the user. For the demo only (examples/demo.toml):
     .venv/bin/python examples/seed_chat_link.py --config examples/demo.toml alice
 
 chat-token then answers 200 for that user at once. Running it again
-replaces the link with a fresh token.
+replaces the link with a fresh token. A chat account linked to another user
+stays theirs: the script says so and changes nothing.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from authsrv.config import ConfigFileError, load_config
 from authsrv.context import PluginContext
 from authsrv.records import LinkedAccount
 from authsrv.service import build_identity, build_plugin
+from authsrv.store.errors import AlreadyLinked
 
 YEAR = 365 * 86400
 SCOPE = "identify guilds.join"
@@ -43,12 +45,17 @@ async def seed(reactor, config_path: Path, login: str) -> None:
         now = int(reactor.seconds())
         account_id = secrets.token_hex(8)
         cipher = TokenCipher(config.chat.encryption_key)
-        await store.link_account(LinkedAccount(
-            account_id=account_id, sub=user.sub, provider=config.chat.provider, provider_user_id=user.chat_user_id,
-            access_token_enc=cipher.encrypt("demo-" + secrets.token_urlsafe(24), account_id, ACCESS),
-            refresh_token_enc=cipher.encrypt("demo-" + secrets.token_urlsafe(24), account_id, REFRESH),
-            scope=SCOPE, expires_at=now + YEAR, updated_at=now,
-        ))
+        try:
+            await store.link_account(LinkedAccount(
+                account_id=account_id, sub=user.sub, provider=config.chat.provider,
+                provider_user_id=user.chat_user_id,
+                access_token_enc=cipher.encrypt("demo-" + secrets.token_urlsafe(24), account_id, ACCESS),
+                refresh_token_enc=cipher.encrypt("demo-" + secrets.token_urlsafe(24), account_id, REFRESH),
+                scope=SCOPE, expires_at=now + YEAR, updated_at=now,
+            ))
+        except AlreadyLinked:
+            raise SystemExit(f"{login}: chat user {user.chat_user_id} is already linked to another user; unlink it"
+                             f" there first (account page), nothing changed") from None
         print(f"linked {user.login} (sub {user.sub}) to chat user {user.chat_user_id}")
     finally:
         await store.close()

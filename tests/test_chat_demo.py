@@ -120,3 +120,19 @@ def test_alice_seeded_answers_at_once(demo, tmp_path):
     assert answer.json()["scope"] == "identify guilds.join"
     refused = seed(config, "nobody")
     assert refused.returncode != 0 and "nobody: no such user" in refused.stderr
+
+
+def test_seeding_a_chat_account_another_user_holds_says_so_in_one_line(tmp_path):
+    """One chat account names one user: seeding it for a second says so, without a traceback, and keeps the first."""
+    shutil.copytree(EXAMPLES, tmp_path / "examples", ignore=shutil.ignore_patterns("demo-data"))
+    users = tmp_path / "examples" / "demo-users.toml"
+    alices = 'chat_user_id = "80351110224678912"\n'
+    users.write_text(users.read_text().replace('login = "bob"\n', 'login = "bob"\n' + alices))
+    config = tmp_path / "examples" / "demo.toml"
+    assert seed(config, "bob").returncode == 0
+    refused = seed(config, "alice")
+    assert refused.returncode == 1 and refused.stdout == ""
+    assert refused.stderr == ("alice: chat user 80351110224678912 is already linked to another user; unlink it there"
+                              " first (account page), nothing changed\n")
+    again = seed(config, "bob")
+    assert again.returncode == 0 and "linked bob" in again.stdout, "bob's link is still his to replace"
