@@ -32,7 +32,7 @@ from authsrv.chat.crypto import TokenCipher
 from authsrv.chat.provider import ChatProvider, http_client
 from authsrv.chat.tokens import ChatTokens
 from authsrv.config import Config
-from authsrv.configsection import ConfigError
+from authsrv.configsection import ConfigError, Unreachable
 from authsrv.context import PluginContext
 from authsrv.drain import Drain
 from authsrv.flows import backchannel
@@ -120,12 +120,18 @@ class StartupError(Exception):
     """Something the operator must fix before the server can start."""
 
 
+class StartupUnreachable(StartupError):
+    """A database or directory the config names did not answer: starting again later may work."""
+
+
 def build_plugin(role: str, choice, context):
     """Build a configured plugin, turning its mistakes into L{StartupError}."""
     try:
         return find_factory(role, choice.name).from_config(choice.section, context)
     except UnknownPlugin as e:
         raise StartupError(f"{choice.section.key('plugin')}: {e}") from None
+    except Unreachable as e:
+        raise StartupUnreachable(str(e)) from None
     except ConfigError as e:
         raise StartupError(str(e)) from None
 
