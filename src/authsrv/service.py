@@ -19,7 +19,6 @@ from attrs import frozen
 from twisted.application.internet import TimerService
 from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred, FirstError, gatherResults, maybeDeferred
-from twisted.internet.endpoints import serverFromString
 from twisted.internet.protocol import ServerFactory
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger, globalLogPublisher
@@ -89,7 +88,7 @@ from authsrv.protocol.dpop import ALGORITHMS as DPOP_ALGORITHMS
 from authsrv.records import Client
 from authsrv.remote_documents import RemoteDocuments
 from authsrv.store.errors import StoreUnavailable
-from authsrv.tls import hsts_headers, listen_problem, resolve_tls_paths
+from authsrv.tls import endpoint_of, hsts_headers, listen_problem
 from authsrv.tokens import CLIENT_SECRET_KEY, keyed_form
 from authsrv.web.accesslog import AccessLog
 from authsrv.web.admin import AdminAPI
@@ -325,9 +324,9 @@ def _listen(reactor, key, descriptions, site_for, ports, base_dir):
         if problem:
             raise StartupError(problem)
         try:
-            endpoint = serverFromString(reactor, resolve_tls_paths(description, base_dir))
-        except (ValueError, KeyError, TypeError) as e:
-            raise StartupError(f"{key}[{index}]: {description!r} is not a valid endpoint ({e})")
+            endpoint = endpoint_of(reactor, f"{key}[{index}]", description, base_dir)
+        except ValueError as e:
+            raise StartupError(str(e)) from None
         results: list = []
         endpoint.listen(site_for()).addBoth(results.append)
         if results and isinstance(results[0], Failure):

@@ -166,3 +166,38 @@ user_base_dn = "{PEOPLE}"
 plugin = "static"
 """)
     assert ok(await admin("check-config", "--online", "-c", str(config), cwd=tmp_path)).startswith(f"{config}: ok")
+
+
+LISTENERS = """\
+[server]
+listen = ["tcp:http-alt", "tcp:0:interface=127.0.0.1"]
+
+[internal]
+listen = ["bogus:8081"]
+
+[admin]
+listen = ["ssl:9443:privateKey=no-admin.key:certKey=no-admin.crt"]
+
+[metrics]
+listen = ["tcp:9100:interface=127.0.0.1:colour=blue", "ssl:9101:privateKey=no-metrics.key"]
+
+[[identity]]
+plugin = "static"
+path = "users.toml"
+"""
+
+
+@pytest_twisted.ensureDeferred
+async def test_every_listen_string_is_parsed_and_its_tls_files_checked(tmp_path):
+    (tmp_path / "users.toml").write_text("")
+    config = tmp_path / "authsrv.toml"
+    config.write_text(LISTENERS)
+    found = problems(await admin("check-config", str(config), cwd=tmp_path), config)
+    assert [line.split(": ", 1)[0] for line in found] == [
+        "server.listen[0]", "internal.listen[0]", "admin.listen[0]", "metrics.listen[0]", "metrics.listen[1]",
+    ], found
+    assert "'tcp:http-alt' is not a valid endpoint" in found[0]
+    assert "'bogus:8081' is not a valid endpoint (Unknown endpoint type: 'bogus')" in found[1]
+    assert found[2] == f"admin.listen[0]: privateKey {tmp_path}/no-admin.key: no such file"
+    assert "colour" in found[3]
+    assert found[4] == f"metrics.listen[1]: privateKey {tmp_path}/no-metrics.key: no such file"

@@ -21,7 +21,7 @@ from authsrv.identity.ldap.directory import Directory, close_connection
 from authsrv.pg.pool import first_line
 from authsrv.pg.settings import read_settings
 from authsrv.service import StartupError, build_plugin
-from authsrv.tls import config_tls_problems
+from authsrv.tls import config_listen_problems
 
 
 def _plugin_choices(config: Config):
@@ -108,7 +108,7 @@ async def check_config(reactor, args, console: Console):
         raise AdminError(str(e)) from None
     config, errors = read_config_document(document, path.resolve())
     problems = [str(e) for e in errors]
-    problems += config_tls_problems(config, reactor.seconds())
+    problems += config_listen_problems(config, reactor, reactor.seconds())
     problems += await _plugin_problems(reactor, config)
     if args.online:
         problems += await _reachability_problems(reactor, document, path.resolve())
