@@ -50,6 +50,14 @@ class AdminUnavailable(AdminError):
     status = EXIT_UNAVAILABLE
 
 
+class Reported(AdminError):
+    """A failure the command has already reported on standard output (C{--json}): exit status 1, nothing more."""
+
+    @property
+    def lines(self) -> tuple[str, ...]:
+        return ()
+
+
 class AdminProblems(AdminError):
     """Several mistakes found at once (C{check-config}): one line each, exit status 1."""
 

@@ -51,7 +51,7 @@ def _global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
     )
     parser.add_argument(
         "--json", action="store_true", default=False if top else argparse.SUPPRESS,
-        help="print lists and records as one JSON document, for scripts",
+        help="print lists, records and check-config's report as one JSON document, for scripts",
     )
 
 
