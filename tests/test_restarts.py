@@ -10,12 +10,12 @@ from __future__ import annotations
 import signal
 
 import pytest
-from twisted.internet.error import ProcessTerminated
+from twisted.internet.error import ProcessTerminated, ReactorNotRunning
 from twisted.internet.task import Clock
 from twisted.logger import LogLevel, globalLogPublisher
 from twisted.python.failure import Failure
 
-from authsrv.workers import GIVE_UP_STATUS, RestartPolicy, Supervisor
+from authsrv.workers import GIVE_UP_STATUS, RestartPolicy, Supervisor, exit_after_stop
 
 
 class FakeProcess:
@@ -124,3 +124,22 @@ def test_sigterm_during_a_back_off_starts_nothing_more():
     reactor.advance(60)
     assert len(reactor.spawned) == 2 and stopped == []
     assert waiting.called
+
+
+class Stopping:
+    """A reactor already stopping (SIGTERM came first): C{stop} refuses."""
+
+    def __init__(self):
+        self.triggers: list = []
+
+    def addSystemEventTrigger(self, phase, event, f):
+        self.triggers.append((phase, event, f))
+
+    def stop(self):
+        raise ReactorNotRunning()
+
+
+def test_giving_up_while_already_stopping_still_sets_the_exit_status():
+    reactor = Stopping()
+    exit_after_stop(reactor, GIVE_UP_STATUS)
+    assert [(phase, event) for phase, event, _ in reactor.triggers] == [("after", "shutdown")]

@@ -48,7 +48,7 @@ from collections import deque
 from attrs import define, field, frozen
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, gatherResults
-from twisted.internet.error import CannotListenError, ProcessExitedAlready
+from twisted.internet.error import CannotListenError, ProcessExitedAlready, ReactorNotRunning
 from twisted.internet.interfaces import IProcessTransport
 from twisted.internet.protocol import ProcessProtocol, ServerFactory
 from twisted.logger import Logger
@@ -225,7 +225,10 @@ def exit_after_stop(reactor, status: int) -> None:
         os._exit(status)
 
     reactor.addSystemEventTrigger("after", "shutdown", exit_now)
-    reactor.stop()
+    try:
+        reactor.stop()
+    except ReactorNotRunning:
+        log.info("already stopping: the exit status is still {status}", status=status)
 
 
 class _Worker(ProcessProtocol):
