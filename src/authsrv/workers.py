@@ -248,12 +248,12 @@ class Supervisor(Service):
     the config's clients) has fired, each with the sockets of C{ports}
     (worker 0 with all of them, the others with the first C{shared}).
     With C{shared_metrics}, the workers count into one directory of files.
-    C{policy} decides restarts; giving up calls C{give_up(status)}, which
-    stops the reactor and exits by default.
+    A L{RestartPolicy} decides restarts; giving up calls C{give_up(status)},
+    which stops the reactor and exits by default.
     """
 
     def __init__(self, reactor, count: int, ports: list, shared: int, prepare, argv=None, shared_metrics=False,
-                 policy: RestartPolicy | None = None, give_up=None):
+                 give_up=None):
         self._reactor = reactor
         self._count = count
         self._ports = ports
@@ -264,7 +264,7 @@ class Supervisor(Service):
         self._stopping = False
         self._shared_metrics = shared_metrics
         self._env: dict[str, str] = {}
-        self._policy = RestartPolicy() if policy is None else policy
+        self._policy = RestartPolicy()
         self._give_up = give_up or (lambda status: exit_after_stop(reactor, status))
 
     def startService(self):
