@@ -293,3 +293,21 @@ def test_the_workers_option_is_checked(value, message):
     options = Options()
     options.parseOptions(["--workers", "3"])
     assert options["workers"] == 3
+
+
+def test_workers_that_keep_failing_at_start_stop_the_service(run_server, tmp_path):
+    """The workers read the config again: broken while the parent runs, their restarts fail, and the parent gives up."""
+    port = free_port()
+    config = sqlite_config(tmp_path / "examples", port)
+    server = run_server(["authsrv", "--config", str(config), "--workers", "2"], tmp_path, port=port)
+    workers = the_workers(server)
+    config.write_text(config.read_text() + "\n[server]\n")
+    started = time.monotonic()
+    for pid in workers:
+        os.kill(pid, signal.SIGKILL)
+    assert server.process.wait(timeout=DEADLINE) == 1
+    out, err = server.output()
+    assert time.monotonic() - started < DEADLINE
+    assert out.count("starting it again in 1s") == 2 and "starting it again in 2s" in out, out
+    assert out.count("workers keep failing at start") == 1, out
+    assert "Traceback" not in out + err

@@ -45,6 +45,13 @@ class ConfigError(Exception):
         self.problem = problem
 
 
+class Unreachable(ConfigError):
+    """
+    The section is usable, but the server it names (a database, a
+    directory) cannot be reached now: worth trying again, unlike a mistake.
+    """
+
+
 def parse_duration(value: str) -> int:
     """
     Seconds in a duration such as C{"90d"}, C{"1h30m"} or C{"45s"}; raises

@@ -19,7 +19,6 @@ from attrs import frozen
 from twisted.application.internet import TimerService
 from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred, FirstError, gatherResults, maybeDeferred
-from twisted.internet.endpoints import serverFromString
 from twisted.internet.protocol import ServerFactory
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger, globalLogPublisher
@@ -32,7 +31,7 @@ from authsrv.chat.crypto import TokenCipher
 from authsrv.chat.provider import ChatProvider, http_client
 from authsrv.chat.tokens import ChatTokens
 from authsrv.config import Config
-from authsrv.configsection import ConfigError
+from authsrv.configsection import ConfigError, Unreachable
 from authsrv.context import PluginContext
 from authsrv.drain import Drain
 from authsrv.flows import backchannel
@@ -89,7 +88,7 @@ from authsrv.protocol.dpop import ALGORITHMS as DPOP_ALGORITHMS
 from authsrv.records import Client
 from authsrv.remote_documents import RemoteDocuments
 from authsrv.store.errors import StoreUnavailable
-from authsrv.tls import hsts_headers, listen_problem, resolve_tls_paths
+from authsrv.tls import endpoint_of, hsts_headers, listen_problem
 from authsrv.tokens import CLIENT_SECRET_KEY, keyed_form
 from authsrv.web.accesslog import AccessLog
 from authsrv.web.admin import AdminAPI
@@ -120,12 +119,18 @@ class StartupError(Exception):
     """Something the operator must fix before the server can start."""
 
 
+class StartupUnreachable(StartupError):
+    """A database or directory the config names did not answer: starting again later may work."""
+
+
 def build_plugin(role: str, choice, context):
     """Build a configured plugin, turning its mistakes into L{StartupError}."""
     try:
         return find_factory(role, choice.name).from_config(choice.section, context)
     except UnknownPlugin as e:
         raise StartupError(f"{choice.section.key('plugin')}: {e}") from None
+    except Unreachable as e:
+        raise StartupUnreachable(str(e)) from None
     except ConfigError as e:
         raise StartupError(str(e)) from None
 
@@ -319,9 +324,9 @@ def _listen(reactor, key, descriptions, site_for, ports, base_dir):
         if problem:
             raise StartupError(problem)
         try:
-            endpoint = serverFromString(reactor, resolve_tls_paths(description, base_dir))
-        except (ValueError, KeyError, TypeError) as e:
-            raise StartupError(f"{key}[{index}]: {description!r} is not a valid endpoint ({e})")
+            endpoint = endpoint_of(reactor, f"{key}[{index}]", description, base_dir)
+        except ValueError as e:
+            raise StartupError(str(e)) from None
         results: list = []
         endpoint.listen(site_for()).addBoth(results.append)
         if results and isinstance(results[0], Failure):

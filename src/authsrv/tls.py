@@ -1,8 +1,8 @@
 """
-TLS files named in C{ssl:} listen strings: relative paths are taken from
-the config file's folder (as every other path in it), and the certificate
-and key are checked before Twisted loads them, so that a mistake is one
-line naming the key instead of a traceback at start.
+Listen strings and the TLS files named in C{ssl:} ones: relative paths are
+taken from the config file's folder (as every other path in it), and the
+certificate and key are checked before Twisted loads them, so that a
+mistake is one line naming the key instead of a traceback at start.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat, load_pem_private_key
+from twisted.internet.endpoints import serverFromString
 
 FILE_PARAMETERS = ("privateKey", "certKey", "extraCertChain", "dhParameters")
 DEFAULT_PRIVATE_KEY = "server.pem"
@@ -138,12 +139,39 @@ def listen_problem(key: str, description: str, base_dir: Path, now: float | None
     return f"{key}: {problem}" if problem else None
 
 
-def config_tls_problems(config, now: float) -> list[str]:
-    """The problems with the TLS files of every C{ssl:} listener of the config, one line each."""
+def endpoint_of(reactor, key: str, description: str, base_dir: Path):
+    """
+    The server endpoint C{description} names, parsed as the server parses
+    it, without listening; L{ValueError} with one line naming C{key} when
+    Twisted cannot parse it.
+    """
+    try:
+        return serverFromString(reactor, resolve_tls_paths(description, base_dir))
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{key}: {description!r} is not a valid endpoint ({e})") from None
+
+
+def config_listeners(config) -> list[tuple[str, tuple[str, ...]]]:
+    """Every listen setting of the config, with its key, whether or not the server binds it."""
+    return [("server.listen", config.listen), ("internal.listen", config.internal_listen),
+            ("admin.listen", config.admin.listen), ("metrics.listen", config.metrics_listen)]
+
+
+def config_listen_problems(config, reactor, now: float) -> list[str]:
+    """
+    What is wrong with each listen string of the config, one line each
+    naming its key: its TLS files, else its syntax.
+    """
     problems = []
-    for name, descriptions in (("server.listen", config.listen), ("internal.listen", config.internal_listen)):
+    for name, descriptions in config_listeners(config):
         for index, description in enumerate(descriptions):
-            problem = listen_problem(f"{name}[{index}]", description, config.base_dir, now)
+            key = f"{name}[{index}]"
+            problem = listen_problem(key, description, config.base_dir, now)
+            if problem is None:
+                try:
+                    endpoint_of(reactor, key, description, config.base_dir)
+                except ValueError as e:
+                    problem = str(e)
             if problem:
                 problems.append(problem)
     return problems

@@ -26,7 +26,12 @@ exited, and worker 0's C{/metrics} adds them up (L{authsrv.metrics}).
 
 The parent passes SIGTERM on (every worker drains, then the parent exits 0
 once all have), and SIGHUP and SIGUSR1 (every worker reopens its log
-files). A worker that dies otherwise is started again after a second.
+files). A worker that dies otherwise is started again after a second, if
+it had run for a while; one that fails at start (a config file edited into a
+broken state, which workers read again, a store it cannot open) is started
+again after a growing delay, and when starts keep failing the parent stops
+every worker and exits 1 with one line, rather than restart them forever
+(L{RestartPolicy}, as systemd's C{StartLimitBurst} and gunicorn do).
 """
 
 from __future__ import annotations
@@ -38,11 +43,12 @@ import signal
 import socket
 import sys
 import tempfile
+from collections import deque
 
-from attrs import frozen
+from attrs import define, field, frozen
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, gatherResults
-from twisted.internet.error import CannotListenError, ProcessExitedAlready
+from twisted.internet.error import CannotListenError, ProcessExitedAlready, ReactorNotRunning
 from twisted.internet.interfaces import IProcessTransport
 from twisted.internet.protocol import ProcessProtocol, ServerFactory
 from twisted.logger import Logger
@@ -58,6 +64,8 @@ METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 FIRST_FD = 3
 RESTART_DELAY = 1.0
 PREPARE_RETRY = 5.0
+GIVE_UP_STATUS = 1
+"""The parent's exit status when its workers keep failing at start."""
 _PR_SET_PDEATHSIG = 1
 
 log = Logger()
@@ -171,10 +179,63 @@ class Adopter(_Listening):
             raise WorkerError(f"the parent handed over {len(self._fds)} more sockets than the config has listeners")
 
 
+@define
+class RestartPolicy:
+    """
+    When to start a dead worker again, or None to give up: a worker that
+    ran at least C{settle} seconds is started again after C{delay}; one
+    that died sooner failed at start, and is started again after a delay
+    that doubles with each of its failed starts in a row, up to
+    C{max_delay}, until C{burst} failed starts of any workers fall within
+    C{window} seconds.
+    """
+
+    delay: float = RESTART_DELAY
+    settle: float = 10.0
+    max_delay: float = 30.0
+    burst: int = 5
+    window: float = 60.0
+    _failed: deque = field(factory=deque, init=False)
+    _in_a_row: dict = field(factory=dict, init=False)
+
+    def after_exit(self, index: int, uptime: float, now: float) -> float | None:
+        """The delay before worker C{index}, ended at C{now} after C{uptime} seconds, starts again; None: give up."""
+        if uptime >= self.settle:
+            self._in_a_row.pop(index, None)
+            return self.delay
+        self._failed.append(now)
+        while self._failed[0] <= now - self.window:
+            self._failed.popleft()
+        if len(self._failed) >= self.burst:
+            return None
+        in_a_row = self._in_a_row.get(index, 0)
+        self._in_a_row[index] = in_a_row + 1
+        return min(self.delay * 2 ** in_a_row, self.max_delay)
+
+
+def exit_after_stop(reactor, status: int) -> None:
+    """
+    Stop the reactor (every service stops as on SIGTERM), then exit with
+    C{status}: C{twist} itself always exits 0 once its reactor stops.
+    """
+
+    def exit_now():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+
+    reactor.addSystemEventTrigger("after", "shutdown", exit_now)
+    try:
+        reactor.stop()
+    except ReactorNotRunning:
+        log.info("already stopping: the exit status is still {status}", status=status)
+
+
 class _Worker(ProcessProtocol):
-    def __init__(self, supervisor: "Supervisor", index: int):
+    def __init__(self, supervisor: "Supervisor", index: int, started: float):
         self.supervisor = supervisor
         self.index = index
+        self.started = started
         self.ended: Deferred = Deferred()
 
     def processEnded(self, reason):
@@ -187,9 +248,12 @@ class Supervisor(Service):
     the config's clients) has fired, each with the sockets of C{ports}
     (worker 0 with all of them, the others with the first C{shared}).
     With C{shared_metrics}, the workers count into one directory of files.
+    A L{RestartPolicy} decides restarts; giving up calls C{give_up(status)},
+    which stops the reactor and exits by default.
     """
 
-    def __init__(self, reactor, count: int, ports: list, shared: int, prepare, argv=None, shared_metrics=False):
+    def __init__(self, reactor, count: int, ports: list, shared: int, prepare, argv=None, shared_metrics=False,
+                 give_up=None):
         self._reactor = reactor
         self._count = count
         self._ports = ports
@@ -200,6 +264,8 @@ class Supervisor(Service):
         self._stopping = False
         self._shared_metrics = shared_metrics
         self._env: dict[str, str] = {}
+        self._policy = RestartPolicy()
+        self._give_up = give_up or (lambda status: exit_after_stop(reactor, status))
 
     def startService(self):
         super().startService()
@@ -227,7 +293,7 @@ class Supervisor(Service):
         ports = self._ports if index == 0 else self._ports[:self._shared]
         fds = {0: 0, 1: 1, 2: 2}
         fds.update({FIRST_FD + i: port.fileno() for i, port in enumerate(ports)})
-        worker = _Worker(self, index)
+        worker = _Worker(self, index, self._reactor.seconds())
         process = self._reactor.spawnProcess(
             worker, sys.executable, [sys.executable, "-m", "twisted", *self._argv],
             env={**os.environ, **self._env, WORKER_ENV: f"{index}:{len(ports)}:{os.getpid()}"}, childFDs=fds,
@@ -241,10 +307,27 @@ class Supervisor(Service):
             if status:
                 log.warn("worker {index} exited with status {status}", index=worker.index, status=status)
         else:
-            log.error("worker {index} ended (status {status}, signal {signal}); starting it again",
-                      index=worker.index, status=status, signal=number)
-            self._reactor.callLater(RESTART_DELAY, self._spawn, worker.index)
+            self._restart(worker, status, number)
         worker.ended.callback(status)
+
+    def _restart(self, worker: _Worker, status: int | None, number: int | None) -> None:
+        """Start C{worker} again after the policy's delay, or stop everything when its starts keep failing."""
+        now = self._reactor.seconds()
+        uptime = now - worker.started
+        delay = self._policy.after_exit(worker.index, uptime, now)
+        if delay is None:
+            log.critical(
+                "workers keep failing at start ({burst} failed starts within {window:.0f}s, the last worker {index}"
+                " with status {status}, signal {signal}, after {uptime:.1f}s): stopping authsrv; the workers' own"
+                " lines above say why", burst=self._policy.burst, window=self._policy.window, index=worker.index,
+                status=status, signal=number, uptime=uptime)
+            self._stopping = True
+            self._give_up(GIVE_UP_STATUS)
+            return
+        log.error("worker {index} ended after {uptime:.1f}s (status {status}, signal {signal});"
+                  " starting it again in {delay:.0f}s", index=worker.index, uptime=uptime, status=status,
+                  signal=number, delay=delay)
+        self._reactor.callLater(delay, self._spawn, worker.index)
 
     def signal_workers(self, number: int) -> None:
         """Pass C{number} on to every running worker."""

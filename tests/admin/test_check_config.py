@@ -166,3 +166,70 @@ user_base_dn = "{PEOPLE}"
 plugin = "static"
 """)
     assert ok(await admin("check-config", "--online", "-c", str(config), cwd=tmp_path)).startswith(f"{config}: ok")
+
+
+LISTENERS = """\
+[server]
+listen = ["tcp:http-alt", "tcp:0:interface=127.0.0.1"]
+
+[internal]
+listen = ["bogus:8081"]
+
+[admin]
+listen = ["ssl:9443:privateKey=no-admin.key:certKey=no-admin.crt"]
+
+[metrics]
+listen = ["tcp:9100:interface=127.0.0.1:colour=blue", "ssl:9101:privateKey=no-metrics.key"]
+
+[[identity]]
+plugin = "static"
+path = "users.toml"
+"""
+
+
+@pytest_twisted.ensureDeferred
+async def test_every_listen_string_is_parsed_and_its_tls_files_checked(tmp_path):
+    (tmp_path / "users.toml").write_text("")
+    config = tmp_path / "authsrv.toml"
+    config.write_text(LISTENERS)
+    found = problems(await admin("check-config", str(config), cwd=tmp_path), config)
+    assert [line.split(": ", 1)[0] for line in found] == [
+        "server.listen[0]", "internal.listen[0]", "admin.listen[0]", "metrics.listen[0]", "metrics.listen[1]",
+    ], found
+    assert "'tcp:http-alt' is not a valid endpoint" in found[0]
+    assert "'bogus:8081' is not a valid endpoint (Unknown endpoint type: 'bogus')" in found[1]
+    assert found[2] == f"admin.listen[0]: privateKey {tmp_path}/no-admin.key: no such file"
+    assert "colour" in found[3]
+    assert found[4] == f"metrics.listen[1]: privateKey {tmp_path}/no-metrics.key: no such file"
+
+
+@pytest_twisted.ensureDeferred
+async def test_json_names_what_was_checked_and_each_problems_key(tmp_path):
+    (tmp_path / "users.toml").write_text("")
+    config = tmp_path / "authsrv.toml"
+    config.write_text(LISTENERS.replace('[server]\n', '[server]\ncolour = "blue"\n'))
+    result = await admin("--json", "check-config", str(config), cwd=tmp_path)
+    assert result.returncode == 1 and result.stderr == "", result
+    report = json.loads(result.stdout)
+    assert {k: v for k, v in report.items() if k != "problems"} == {
+        "file": str(config), "ok": False, "issuer": None, "checked": ["file", "listeners", "plugins"]}
+    assert [p["key"] for p in report["problems"]] == [
+        "server.colour", "server.listen[0]", "internal.listen[0]", "admin.listen[0]", "metrics.listen[0]",
+        "metrics.listen[1]",
+    ]
+    assert report["problems"][0] == {"key": "server.colour", "problem": "unknown key"}
+
+
+@pytest_twisted.ensureDeferred
+async def test_json_of_a_good_config_and_of_a_file_that_is_not_toml(tmp_path):
+    (tmp_path / "users.toml").write_text("")
+    config = tmp_path / "authsrv.toml"
+    config.write_text('[[identity]]\nplugin = "static"\npath = "users.toml"\n')
+    report = json.loads(ok(await admin("check-config", str(config), "--json", cwd=tmp_path)))
+    assert report == {"file": str(config), "ok": True, "issuer": "http://127.0.0.1:8080/api/auth",
+                      "checked": ["file", "listeners", "plugins"], "problems": []}
+    config.write_text("x = [")
+    result = await admin("check-config", str(config), "--json", cwd=tmp_path)
+    assert result.returncode == 1 and result.stderr == ""
+    [problem] = json.loads(result.stdout)["problems"]
+    assert problem["key"] is None and "invalid TOML" in problem["problem"]

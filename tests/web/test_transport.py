@@ -18,12 +18,13 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from twisted.internet.task import Clock
 from twisted.web.server import Request
 from twisted.web.test.requesthelper import DummyChannel
 
 from authsrv.config import load_config
 from authsrv.identity.static import create_users_file
-from authsrv.tls import config_tls_problems, resolve_tls_paths
+from authsrv.tls import config_listen_problems, resolve_tls_paths
 from authsrv.web.cookies import SESSION_COOKIE, Cookies
 
 from conftest import admin, free_port
@@ -106,7 +107,7 @@ def test_check_config_names_what_is_wrong_with_the_tls_files(tmp_path, case, exp
         "fine": "ssl:8443:privateKey=tls/server.key:certKey=tls/server.crt",
     }[case]
     config = load_config(config_file(tmp_path, listen))
-    problems = config_tls_problems(config, time.time())
+    problems = config_listen_problems(config, Clock(), time.time())
     assert problems == ([expected.format(folder=tmp_path)] if expected else [])
 
 

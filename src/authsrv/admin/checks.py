@@ -1,6 +1,7 @@
 """
 C{authsrv-admin check-config}: validate a config file as the server would,
-reporting every problem at once, one line each.
+reporting every problem at once, one line each, or with C{--json} one
+document naming each problem's key.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import psycopg2
 from twisted.cred.error import UnauthorizedLogin
 from twisted.internet.threads import deferToThreadPool
 
-from authsrv.admin.common import AdminError, AdminProblems, Console, config_path, plugin_context
+from authsrv.admin.common import AdminError, AdminProblems, Console, Reported, config_path, plugin_context
 from authsrv.config import Config, ConfigFileError, read_config_document, read_toml
 from authsrv.configsection import ConfigError
 from authsrv.identity.errors import BackendUnavailable
@@ -21,7 +22,7 @@ from authsrv.identity.ldap.directory import Directory, close_connection
 from authsrv.pg.pool import first_line
 from authsrv.pg.settings import read_settings
 from authsrv.service import StartupError, build_plugin
-from authsrv.tls import config_tls_problems
+from authsrv.tls import config_listen_problems
 
 
 def _plugin_choices(config: Config):
@@ -94,24 +95,69 @@ async def _reachability_problems(reactor, document: dict, path: Path) -> list[st
     return problems
 
 
+CHECKS = ("file", "listeners", "plugins")
+"""
+What C{check-config} always checks: the file's keys and the secrets it
+names; each listen string and its TLS files; each plugin section and the
+files it names. C{--online} adds C{servers}.
+"""
+
+
+async def _problems(reactor, path: Path, online: bool) -> tuple[Config | None, list[str]]:
+    """The config read from C{path} (None when it is not TOML) and each of its problems, one line each."""
+    try:
+        document = read_toml(path)
+    except ConfigFileError as e:
+        return None, [str(e)]
+    config, errors = read_config_document(document, path.resolve())
+    problems = [str(e) for e in errors]
+    problems += config_listen_problems(config, reactor, reactor.seconds())
+    problems += await _plugin_problems(reactor, config)
+    if online:
+        problems += await _reachability_problems(reactor, document, path.resolve())
+    return config, problems
+
+
+def _entry(problem: str) -> dict:
+    """One problem as C{--json} gives it: the dotted key it starts with (None if none), and what is wrong."""
+    key, separator, rest = problem.partition(": ")
+    if not separator or " " in key:
+        return {"key": None, "problem": problem}
+    return {"key": key, "problem": rest}
+
+
+def _report(path: Path, online: bool, config: Config | None, problems: list[str]) -> dict:
+    """The C{--json} document; a file that is not TOML was checked no further, and its problem has no key."""
+    if config is None:
+        return {"file": str(path), "ok": False, "issuer": None, "checked": ["file"],
+                "problems": [{"key": None, "problem": problem} for problem in problems]}
+    return {
+        "file": str(path),
+        "ok": not problems,
+        "issuer": None if problems else config.issuer,
+        "checked": [*CHECKS, "servers"] if online else list(CHECKS),
+        "problems": [_entry(problem) for problem in problems],
+    }
+
+
 async def check_config(reactor, args, console: Console):
     """
     Everything the server checks at start, and the files the config names,
-    each problem on its own line; with C{--online}, the servers too.
+    each problem on its own line; with C{--online}, the servers too; with
+    C{--json}, one document on standard output, and still exit status 1
+    when there are problems.
     """
     if args.file:
         args.config = args.file
     path = config_path(args)
-    try:
-        document = read_toml(path)
-    except ConfigFileError as e:
-        raise AdminError(str(e)) from None
-    config, errors = read_config_document(document, path.resolve())
-    problems = [str(e) for e in errors]
-    problems += config_tls_problems(config, reactor.seconds())
-    problems += await _plugin_problems(reactor, config)
-    if args.online:
-        problems += await _reachability_problems(reactor, document, path.resolve())
+    config, problems = await _problems(reactor, path, args.online)
+    if args.json:
+        console.out_json(_report(path, args.online, config, problems))
+        if problems:
+            raise Reported(f"{path}: {len(problems)} problems")
+        return
+    if config is None:
+        raise AdminError(problems[0])
     if problems:
         raise AdminProblems([f"{path}: {problem}" for problem in problems])
     console.out(f"{path}: ok (issuer {config.issuer})")

@@ -18,18 +18,44 @@ from authsrv.context import PluginContext
 from authsrv.embedded import CONFIG_NAME, DEFAULT_DATA_DIR
 from authsrv.identity.passwords import hasher_of
 from authsrv.operations.errors import OperationError
-from authsrv.service import StartupError, build_identity, build_plugin
+from authsrv.service import StartupError, StartupUnreachable, build_identity, build_plugin
 
 ACTOR = "operator"
 """The C{actor} of this command's audit events."""
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+"""The operation was refused or failed: bad input, nothing found, a problem in the config."""
+EXIT_USAGE = 2
+EXIT_UNAVAILABLE = 69
+"""
+The store, keystore or identity backend did not answer (sysexits'
+C{EX_UNAVAILABLE}): nothing was done, and the same command may work later.
+"""
 
 
 class AdminError(Exception):
     """A mistake the operator can fix; printed as one line, exit status 1."""
 
+    status = EXIT_FAILED
+
     @property
     def lines(self) -> tuple[str, ...]:
         return (str(self),)
+
+
+class AdminUnavailable(AdminError):
+    """A database or directory the command needs did not answer; exit status 69."""
+
+    status = EXIT_UNAVAILABLE
+
+
+class Reported(AdminError):
+    """A failure the command has already reported on standard output (C{--json}): exit status 1, nothing more."""
+
+    @property
+    def lines(self) -> tuple[str, ...]:
+        return ()
 
 
 class AdminProblems(AdminError):
@@ -96,6 +122,8 @@ async def plugin_context(reactor, config: Config, *, check_only: bool = False, p
                             password_hasher=hasher_of(config))
     try:
         yield context
+    except StartupUnreachable as e:
+        raise AdminUnavailable(f"{prefix}{e}") from None
     except StartupError as e:
         raise AdminError(f"{prefix}{e}") from None
     except OperationError as e:

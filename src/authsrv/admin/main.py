@@ -24,10 +24,13 @@ from twisted.internet.task import react
 from twisted.logger import globalLogBeginner, globalLogPublisher
 
 from authsrv.admin import bans, checks, clients, imports, keys, users
-from authsrv.admin.common import AdminError, Console, config_of
+from authsrv.admin.common import EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, AdminError, Console, config_of
 from authsrv.auditlog import AuditObserver
 from authsrv.embedded import CONFIG_NAME, DEFAULT_DATA_DIR
+from authsrv.identity.errors import BackendUnavailable
+from authsrv.keys.postgres import KeystoreUnavailable
 from authsrv.logfile import STDOUT, LineFile
+from authsrv.store.errors import StoreUnavailable
 
 
 DESCRIPTION = (
@@ -35,6 +38,9 @@ DESCRIPTION = (
     " as the server, whether the server is running or not."
 )
 """What C{--help} says first: plain text, not the module docstring's markup."""
+
+UNREACHABLE = (StoreUnavailable, KeystoreUnavailable, BackendUnavailable)
+"""What the plugins raise when their server does not answer while a command runs."""
 
 
 def _global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
@@ -45,7 +51,7 @@ def _global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
     )
     parser.add_argument(
         "--json", action="store_true", default=False if top else argparse.SUPPRESS,
-        help="print lists and records as one JSON document, for scripts",
+        help="print lists, records and check-config's report as one JSON document, for scripts",
     )
 
 
@@ -100,7 +106,8 @@ async def run(argv: list[str], reactor, *, stdin=None, stdout=None, stderr=None)
     Run one command line on C{reactor}, talking to the given streams (the
     process's by default); returns the exit status: 0, 1 for an
     L{AdminError} (one line on standard error for each problem), 2 for a
-    usage mistake. The audit events go to the audit log, or standard error,
+    usage mistake, 69 when the store, keystore or an identity backend did
+    not answer. The audit events go to the audit log, or standard error,
     while the command runs.
     """
     console = Console(stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr)
@@ -108,24 +115,27 @@ async def run(argv: list[str], reactor, *, stdin=None, stdout=None, stderr=None)
         with redirect_stdout(console.stdout), redirect_stderr(console.stderr):
             args = _parser().parse_args(argv)
     except SystemExit as e:
-        return e.code if isinstance(e.code, int) else 2
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
     try:
         observer = _audit_observer(args, console.stderr)
     except AdminError as e:
         console.err(f"authsrv-admin: {e}")
-        return 1
+        return e.status
     globalLogPublisher.addObserver(observer)
     try:
         await args.run(reactor, args, console)
     except AdminError as e:
         for line in e.lines:
             console.err(f"authsrv-admin: {line}")
-        return 1
+        return e.status
+    except UNREACHABLE as e:
+        console.err(f"authsrv-admin: {e} (try again once it answers)")
+        return EXIT_UNAVAILABLE
     finally:
         globalLogPublisher.removeObserver(observer)
         if isinstance(observer.file, LineFile):
             observer.file.close()
-    return 0
+    return EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -34,7 +34,7 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from authsrv.configsection import ConfigError, Section
+from authsrv.configsection import ConfigError, Section, Unreachable
 from authsrv.identity.credentials import credential_text
 from authsrv.identity.errors import BackendUnavailable, UnknownUser
 from authsrv.identity.passwords import (
@@ -628,7 +628,7 @@ def build(section: Section, context, hasher=None) -> PostgresIdentityBackend | N
                 steps = schema_steps("authsrv.identity", "postgres")
                 migrate(connection, PostgresMigration(SCHEMA_LOCK), steps, LEDGER)
     except psycopg2.OperationalError as e:
-        raise ConfigError(settings.key, f"cannot use the database: {first_line(e)}") from None
+        raise Unreachable(settings.key, f"cannot use the database: {first_line(e)}") from None
     except MigrationError as e:
         raise ConfigError(settings.key, str(e)) from None
     if context.check_only:

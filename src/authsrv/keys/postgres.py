@@ -29,7 +29,7 @@ from jwcrypto.common import JWException
 from jwcrypto.jwk import JWK
 
 from authsrv.chat.crypto import TokenCipher, UndecryptableToken, key_from_text
-from authsrv.configsection import ConfigError, Section
+from authsrv.configsection import ConfigError, Section, Unreachable
 from authsrv.keys.filestore import FileKeystore, read_options
 from authsrv.keys.ring import HintKey, InvalidKeys, KeyRing, RingKey
 from authsrv.migrations import Ledger, MigrationError, PostgresMigration, advisory_lock_id, migrate, schema_steps
@@ -76,7 +76,7 @@ def from_config(section: Section, context) -> "PostgresKeystore | None":
         table.prepare()
         return PostgresKeystore.open(table, algorithms, rotate_every, context)
     except KeystoreUnavailable as e:
-        raise ConfigError(settings.key, str(e)) from None
+        raise Unreachable(settings.key, str(e)) from None
 
 
 class KeyTable:

@@ -48,7 +48,7 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.internet.error import ConnectionDone, ConnectionLost
 from zope.interface import implementer
 
-from authsrv.configsection import ConfigError
+from authsrv.configsection import ConfigError, Unreachable
 from authsrv.interfaces import SERVER_KEY_BYTES, IStore
 from authsrv.migrations import Ledger, MigrationError, PostgresMigration, migrate as run_migrations, schema_steps
 from authsrv.pg.gather import Gather
@@ -131,6 +131,8 @@ def from_config(section, context) -> "PostgresStore | None":
         return None
     try:
         migrate(settings.dsn, settings.connect_timeout, int(context.reactor.seconds()))
+    except psycopg2.OperationalError as e:
+        raise Unreachable(settings.key, f"cannot use the database: {first_line(e)}") from None
     except (psycopg2.Error, MigrationError) as e:
         raise ConfigError(settings.key, f"cannot use the database: {first_line(e)}") from None
     return PostgresStore(
