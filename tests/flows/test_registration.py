@@ -246,6 +246,7 @@ async def test_a_missing_or_wrong_initial_token_is_refused(tmp_path, monkeypatch
     ({"redirect_uris": [REDIRECT], "token_endpoint_auth_method": "private_key_jwt"}, "invalid_client_metadata"),
     ({"redirect_uris": [REDIRECT], "grant_types": ["client_credentials"]}, "invalid_client_metadata"),
     ({"redirect_uris": [REDIRECT], "grant_types": "authorization_code"}, "invalid_client_metadata"),
+    ({"redirect_uris": [REDIRECT], "grant_types": ["refresh_token"]}, "invalid_client_metadata"),
     ({"redirect_uris": [REDIRECT], "response_types": ["token"]}, "invalid_client_metadata"),
     ({"redirect_uris": [REDIRECT], "client_name": ""}, "invalid_client_metadata"),
     ({"redirect_uris": [REDIRECT], "client_name": "x" * 201}, "invalid_client_metadata"),

@@ -134,6 +134,9 @@ def registered_settings(metadata: Any, policy: RegistrationPolicy, dpop_offered:
     grant_types = metadata.get("grant_types", ["authorization_code"])
     if isinstance(grant_types, list) and any(name not in GRANT_TYPES for name in grant_types):
         raise InvalidClientMetadata(f"grant_types may name only {', '.join(GRANT_TYPES)}")
+    if isinstance(grant_types, list) and grant_types and "authorization_code" not in grant_types:
+        raise InvalidClientMetadata("grant_types must include authorization_code: the response type code"
+                                    " needs it (RFC 7591 section 2.1), and no code could be exchanged without it")
     if "redirect_uris" not in metadata:
         raise InvalidRedirectURI("redirect_uris is missing: name at least one")
     data = {"redirect_uris": metadata["redirect_uris"], "grant_types": grant_types,
