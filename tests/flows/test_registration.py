@@ -130,6 +130,13 @@ async def test_a_registered_client_replaces_its_metadata(tmp_path, monkeypatch):
         response, body = await put({"client_id": client_id, "redirect_uris": [moved], "client_name": "Agent 2"})
         assert response.code == 200, body
         assert (body["redirect_uris"], body["client_name"]) == ([moved], "Agent 2")
+        rotated = body["registration_access_token"]
+        assert rotated != mine["registration_access_token"] and body["registration_client_uri"] == uri
+        response, _ = await h.json("GET", uri, headers=bearer)
+        assert response.code == 401
+        bearer["Authorization"] = f"Bearer {rotated}"
+        response, _ = await h.json("GET", uri, headers=bearer)
+        assert response.code == 200
         stored = await h.store.get_client(client_id)
         assert (stored.redirect_uris, stored.source, stored.first_party) == ((moved,), "registration", False)
         assert stored.registration_token_hash is not None
@@ -368,6 +375,7 @@ async def test_a_client_secret_jwt_client_registers_and_may_move_to_a_plain_secr
             assert "must be one of none, client_secret_basic" in answer["error_description"]
         response, answer = await put("client_secret_basic")
         assert response.code == 200 and answer["token_endpoint_auth_method"] == "client_secret_basic", answer
+        bearer["Authorization"] = f"Bearer {answer['registration_access_token']}"
         stored = await h.store.get_client(client_id)
         assert (stored.token_endpoint_auth_method, stored.sealed_secret) == (None, None)
         _, read = await h.json("GET", uri, headers=bearer)

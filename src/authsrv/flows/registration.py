@@ -268,10 +268,12 @@ class Registration:
                      address: str) -> dict[str, Any]:
         """
         RFC 7592 section 2.2: the client's metadata replaced by C{metadata},
-        checked as at registration; its id, secret and tokens stay. A
-        client_secret_jwt client moving to a plain secret method loses its
-        sealed secret; no client moves into client_secret_jwt, since only
-        its secret's hash is kept.
+        checked as at registration; its id, secret and issued tokens stay. The
+        registration access token is replaced: the answer must carry one
+        (section 3) and only its hash is kept, and so a copy that leaked
+        stops working at the owner's next update. A client_secret_jwt client
+        moving to a plain secret method loses its sealed secret; no client
+        moves into client_secret_jwt, since only its secret's hash is kept.
         """
         client = await self._own(client_id, authorization, address)
         if not isinstance(metadata, dict) or metadata.get("client_id") != client_id:
@@ -290,8 +292,9 @@ class Registration:
         settings, _ = registered_settings({**metadata, "token_endpoint_auth_method": "none"}, self._policy,
                                           self._dpop_offered)
         settings.setdefault("name", client_id)
-        changed = attrs.evolve(client, **settings)
-        fields = sorted(settings)
+        access_token = new_token(32)
+        changed = attrs.evolve(client, registration_token_hash=token_hash(access_token), **settings)
+        fields = sorted([*settings, "registration_access_token"])
         if method == CLIENT_SECRET_JWT and asked != method:
             changed = attrs.evolve(changed, token_endpoint_auth_method=None, sealed_secret=None)
             fields = sorted([*fields, "token_endpoint_auth_method"])
@@ -301,7 +304,8 @@ class Registration:
             raise InvalidClientMetadata("the client changed while this update was made: read it and send it again")
         events.client_changed(client_id=client_id, source=REGISTRATION_SOURCE, actor=REGISTRATION_SOURCE,
                               fields=fields, address=address)
-        return {**client_metadata(changed, asked), "registration_client_uri": f"{self._base}/{client_id}"}
+        return {**client_metadata(changed, asked), "registration_access_token": access_token,
+                "registration_client_uri": f"{self._base}/{client_id}"}
 
     async def delete(self, client_id: str, authorization: bytes | None, address: str) -> None:
         client = await self._own(client_id, authorization, address)
