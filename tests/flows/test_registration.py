@@ -146,6 +146,8 @@ async def test_a_registered_client_replaces_its_metadata(tmp_path, monkeypatch):
             ({"redirect_uris": [moved]}, "invalid_client_metadata"),
             ({"client_id": client_id, "redirect_uris": [moved], "token_endpoint_auth_method": "client_secret_basic"},
              "invalid_client_metadata"),
+            ({"client_id": client_id, "redirect_uris": [moved], "client_secret": "chosen-by-the-client"},
+             "invalid_client_metadata"),
         ):
             response, body = await put(metadata)
             assert response.code == 400 and body["error"] == error, (metadata, body)
@@ -363,9 +365,10 @@ async def test_a_client_secret_jwt_client_registers_and_may_move_to_a_plain_secr
         uri = body["registration_client_uri"]
         bearer = {"Authorization": f"Bearer {body['registration_access_token']}", "Content-Type": "application/json"}
 
-        async def put(method):
+        async def put(method, **extra):
             return await h.json("PUT", uri, headers=bearer, data=json.dumps({
-                "client_id": client_id, "redirect_uris": [REDIRECT], "token_endpoint_auth_method": method}).encode())
+                "client_id": client_id, "redirect_uris": [REDIRECT], "token_endpoint_auth_method": method,
+                **extra}).encode())
 
         _, read = await h.json("GET", uri, headers=bearer)
         assert read["token_endpoint_auth_method"] == "client_secret_jwt" and "client_secret" not in read
@@ -373,7 +376,10 @@ async def test_a_client_secret_jwt_client_registers_and_may_move_to_a_plain_secr
             response, answer = await put(unknown)
             assert response.code == 400 and answer["error"] == "invalid_client_metadata", answer
             assert "must be one of none, client_secret_basic" in answer["error_description"]
-        response, answer = await put("client_secret_basic")
+        for wrong in (secret[:-1], 5):
+            response, answer = await put("client_secret_basic", client_secret=wrong)
+            assert response.code == 400 and "client_secret must be this client's" in answer["error_description"]
+        response, answer = await put("client_secret_basic", client_secret=secret)
         assert response.code == 200 and answer["token_endpoint_auth_method"] == "client_secret_basic", answer
         bearer["Authorization"] = f"Bearer {answer['registration_access_token']}"
         stored = await h.store.get_client(client_id)

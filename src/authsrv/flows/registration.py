@@ -41,7 +41,7 @@ from authsrv.protocol.errors import InvalidClientMetadata, InvalidRedirectURI, I
 from authsrv.protocol.rates import Rate, parse_rate
 from authsrv.protocol.targets import private_address_problem
 from authsrv.records import Client
-from authsrv.tokens import CLIENT_SECRET_KEY, client_secret_hash, new_token, token_hash
+from authsrv.tokens import CLIENT_SECRET_KEY, client_secret_hash, new_token, secret_matches, token_hash
 
 REGISTRATION_SOURCE = "registration"
 """C{Client.source} of a client that registered itself."""
@@ -278,6 +278,7 @@ class Registration:
         client = await self._own(client_id, authorization, address)
         if not isinstance(metadata, dict) or metadata.get("client_id") != client_id:
             raise InvalidClientMetadata("client_id must be given and be this client's id")
+        await self._check_secret(client, metadata)
         method = registered_method(client)
         asked = metadata.get("token_endpoint_auth_method", method)
         if asked not in REGISTRABLE_METHODS:
@@ -306,6 +307,21 @@ class Registration:
                               fields=fields, address=address)
         return {**client_metadata(changed, asked), "registration_access_token": access_token,
                 "registration_client_uri": f"{self._base}/{client_id}"}
+
+    async def _check_secret(self, client: Client, metadata: dict[str, Any]) -> None:
+        """
+        RFC 7592 section 2.2: a client_secret in an update must be the
+        client's current one, since no client chooses its secret; ignoring
+        another would let a client believe its secret had changed.
+        """
+        if "client_secret" not in metadata:
+            return
+        secret = metadata["client_secret"]
+        key = await self._store.server_key(CLIENT_SECRET_KEY) if client.secret_hash else b""
+        if not (isinstance(secret, str) and client.secret_hash
+                and secret_matches(secret, [client.secret_hash], key)[0]):
+            raise InvalidClientMetadata("client_secret must be this client's current secret, or left out: a client"
+                                        " cannot choose its secret (RFC 7592 section 2.2)")
 
     async def delete(self, client_id: str, authorization: bytes | None, address: str) -> None:
         client = await self._own(client_id, authorization, address)
