@@ -130,6 +130,13 @@ async def test_a_registered_client_replaces_its_metadata(tmp_path, monkeypatch):
         response, body = await put({"client_id": client_id, "redirect_uris": [moved], "client_name": "Agent 2"})
         assert response.code == 200, body
         assert (body["redirect_uris"], body["client_name"]) == ([moved], "Agent 2")
+        rotated = body["registration_access_token"]
+        assert rotated != mine["registration_access_token"] and body["registration_client_uri"] == uri
+        response, _ = await h.json("GET", uri, headers=bearer)
+        assert response.code == 401
+        bearer["Authorization"] = f"Bearer {rotated}"
+        response, _ = await h.json("GET", uri, headers=bearer)
+        assert response.code == 200
         stored = await h.store.get_client(client_id)
         assert (stored.redirect_uris, stored.source, stored.first_party) == ((moved,), "registration", False)
         assert stored.registration_token_hash is not None
@@ -138,6 +145,8 @@ async def test_a_registered_client_replaces_its_metadata(tmp_path, monkeypatch):
             ({"client_id": theirs["client_id"], "redirect_uris": [moved]}, "invalid_client_metadata"),
             ({"redirect_uris": [moved]}, "invalid_client_metadata"),
             ({"client_id": client_id, "redirect_uris": [moved], "token_endpoint_auth_method": "client_secret_basic"},
+             "invalid_client_metadata"),
+            ({"client_id": client_id, "redirect_uris": [moved], "client_secret": "chosen-by-the-client"},
              "invalid_client_metadata"),
         ):
             response, body = await put(metadata)
@@ -246,6 +255,7 @@ async def test_a_missing_or_wrong_initial_token_is_refused(tmp_path, monkeypatch
     ({"redirect_uris": [REDIRECT], "token_endpoint_auth_method": "private_key_jwt"}, "invalid_client_metadata"),
     ({"redirect_uris": [REDIRECT], "grant_types": ["client_credentials"]}, "invalid_client_metadata"),
     ({"redirect_uris": [REDIRECT], "grant_types": "authorization_code"}, "invalid_client_metadata"),
+    ({"redirect_uris": [REDIRECT], "grant_types": ["refresh_token"]}, "invalid_client_metadata"),
     ({"redirect_uris": [REDIRECT], "response_types": ["token"]}, "invalid_client_metadata"),
     ({"redirect_uris": [REDIRECT], "client_name": ""}, "invalid_client_metadata"),
     ({"redirect_uris": [REDIRECT], "client_name": "x" * 201}, "invalid_client_metadata"),
@@ -355,9 +365,10 @@ async def test_a_client_secret_jwt_client_registers_and_may_move_to_a_plain_secr
         uri = body["registration_client_uri"]
         bearer = {"Authorization": f"Bearer {body['registration_access_token']}", "Content-Type": "application/json"}
 
-        async def put(method):
+        async def put(method, **extra):
             return await h.json("PUT", uri, headers=bearer, data=json.dumps({
-                "client_id": client_id, "redirect_uris": [REDIRECT], "token_endpoint_auth_method": method}).encode())
+                "client_id": client_id, "redirect_uris": [REDIRECT], "token_endpoint_auth_method": method,
+                **extra}).encode())
 
         _, read = await h.json("GET", uri, headers=bearer)
         assert read["token_endpoint_auth_method"] == "client_secret_jwt" and "client_secret" not in read
@@ -365,8 +376,12 @@ async def test_a_client_secret_jwt_client_registers_and_may_move_to_a_plain_secr
             response, answer = await put(unknown)
             assert response.code == 400 and answer["error"] == "invalid_client_metadata", answer
             assert "must be one of none, client_secret_basic" in answer["error_description"]
-        response, answer = await put("client_secret_basic")
+        for wrong in (secret[:-1], 5):
+            response, answer = await put("client_secret_basic", client_secret=wrong)
+            assert response.code == 400 and "client_secret must be this client's" in answer["error_description"]
+        response, answer = await put("client_secret_basic", client_secret=secret)
         assert response.code == 200 and answer["token_endpoint_auth_method"] == "client_secret_basic", answer
+        bearer["Authorization"] = f"Bearer {answer['registration_access_token']}"
         stored = await h.store.get_client(client_id)
         assert (stored.token_endpoint_auth_method, stored.sealed_secret) == (None, None)
         _, read = await h.json("GET", uri, headers=bearer)

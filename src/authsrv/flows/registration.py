@@ -41,7 +41,7 @@ from authsrv.protocol.errors import InvalidClientMetadata, InvalidRedirectURI, I
 from authsrv.protocol.rates import Rate, parse_rate
 from authsrv.protocol.targets import private_address_problem
 from authsrv.records import Client
-from authsrv.tokens import CLIENT_SECRET_KEY, client_secret_hash, new_token, token_hash
+from authsrv.tokens import CLIENT_SECRET_KEY, client_secret_hash, new_token, secret_matches, token_hash
 
 REGISTRATION_SOURCE = "registration"
 """C{Client.source} of a client that registered itself."""
@@ -134,6 +134,9 @@ def registered_settings(metadata: Any, policy: RegistrationPolicy, dpop_offered:
     grant_types = metadata.get("grant_types", ["authorization_code"])
     if isinstance(grant_types, list) and any(name not in GRANT_TYPES for name in grant_types):
         raise InvalidClientMetadata(f"grant_types may name only {', '.join(GRANT_TYPES)}")
+    if isinstance(grant_types, list) and grant_types and "authorization_code" not in grant_types:
+        raise InvalidClientMetadata("grant_types must include authorization_code: the response type code"
+                                    " needs it (RFC 7591 section 2.1), and no code could be exchanged without it")
     if "redirect_uris" not in metadata:
         raise InvalidRedirectURI("redirect_uris is missing: name at least one")
     data = {"redirect_uris": metadata["redirect_uris"], "grant_types": grant_types,
@@ -265,14 +268,17 @@ class Registration:
                      address: str) -> dict[str, Any]:
         """
         RFC 7592 section 2.2: the client's metadata replaced by C{metadata},
-        checked as at registration; its id, secret and tokens stay. A
-        client_secret_jwt client moving to a plain secret method loses its
-        sealed secret; no client moves into client_secret_jwt, since only
-        its secret's hash is kept.
+        checked as at registration; its id, secret and issued tokens stay. The
+        registration access token is replaced: the answer must carry one
+        (section 3) and only its hash is kept, and so a copy that leaked
+        stops working at the owner's next update. A client_secret_jwt client
+        moving to a plain secret method loses its sealed secret; no client
+        moves into client_secret_jwt, since only its secret's hash is kept.
         """
         client = await self._own(client_id, authorization, address)
         if not isinstance(metadata, dict) or metadata.get("client_id") != client_id:
             raise InvalidClientMetadata("client_id must be given and be this client's id")
+        await self._check_secret(client, metadata)
         method = registered_method(client)
         asked = metadata.get("token_endpoint_auth_method", method)
         if asked not in REGISTRABLE_METHODS:
@@ -287,8 +293,9 @@ class Registration:
         settings, _ = registered_settings({**metadata, "token_endpoint_auth_method": "none"}, self._policy,
                                           self._dpop_offered)
         settings.setdefault("name", client_id)
-        changed = attrs.evolve(client, **settings)
-        fields = sorted(settings)
+        access_token = new_token(32)
+        changed = attrs.evolve(client, registration_token_hash=token_hash(access_token), **settings)
+        fields = sorted([*settings, "registration_access_token"])
         if method == CLIENT_SECRET_JWT and asked != method:
             changed = attrs.evolve(changed, token_endpoint_auth_method=None, sealed_secret=None)
             fields = sorted([*fields, "token_endpoint_auth_method"])
@@ -298,7 +305,23 @@ class Registration:
             raise InvalidClientMetadata("the client changed while this update was made: read it and send it again")
         events.client_changed(client_id=client_id, source=REGISTRATION_SOURCE, actor=REGISTRATION_SOURCE,
                               fields=fields, address=address)
-        return {**client_metadata(changed, asked), "registration_client_uri": f"{self._base}/{client_id}"}
+        return {**client_metadata(changed, asked), "registration_access_token": access_token,
+                "registration_client_uri": f"{self._base}/{client_id}"}
+
+    async def _check_secret(self, client: Client, metadata: dict[str, Any]) -> None:
+        """
+        RFC 7592 section 2.2: a client_secret in an update must be the
+        client's current one, since no client chooses its secret; ignoring
+        another would let a client believe its secret had changed.
+        """
+        if "client_secret" not in metadata:
+            return
+        secret = metadata["client_secret"]
+        key = await self._store.server_key(CLIENT_SECRET_KEY) if client.secret_hash else b""
+        if not (isinstance(secret, str) and client.secret_hash
+                and secret_matches(secret, [client.secret_hash], key)[0]):
+            raise InvalidClientMetadata("client_secret must be this client's current secret, or left out: a client"
+                                        " cannot choose its secret (RFC 7592 section 2.2)")
 
     async def delete(self, client_id: str, authorization: bytes | None, address: str) -> None:
         client = await self._own(client_id, authorization, address)
