@@ -368,3 +368,17 @@ def test_dpop_and_resource_bindings_carry_over():
     off = plan(unbound, now=1_800_000_000, provider="discord", cipher=None, secret_key=b"k" * 32)
     assert [t.grant_id for t in off.batch.refresh_tokens] == ["better-auth-plain"]
     assert sum(line.startswith("refresh token bound") for line in off.problems) == 2
+
+
+@pytest.mark.parametrize(("table", "column"), [("user", "email"), ("account", "password"),
+                                               ("oauthRefreshToken", "token"), ("oauthConsent", "clientId")])
+@pytest_twisted.ensureDeferred
+async def test_a_schema_without_a_column_the_import_reads_is_one_line(ba_dsn, tmp_path, table, column):
+    """A schema whose columns were renamed (an adapter's snake_case) ended the import in a KeyError traceback."""
+    with psycopg2.connect(ba_dsn) as db, db.cursor() as cursor:
+        cursor.execute(f'ALTER TABLE "{table}" RENAME COLUMN "{column}" TO renamed')
+    (tmp_path / "users.toml").write_text("")
+    config = write_config(tmp_path, new_key_text())
+    result = await admin("--config", config, "import", "better-auth", "--dsn", ba_dsn, "--dry-run", cwd=tmp_path)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert f'table "{table}" has no column "{column}"' in result.stderr, result.stderr

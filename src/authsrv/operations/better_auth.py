@@ -74,6 +74,14 @@ _QUERIES = {
         ' AND "expiresAt" > to_timestamp(%(now)s) ORDER BY id'
     ),
 }
+_COLUMNS = {
+    "users": ("user", ("id", "email")),
+    "accounts": ("account", ("id", "accountId", "providerId", "userId", "password", "updatedAt")),
+    "clients": ("oauthClient", ("clientId",)),
+    "consents": ("oauthConsent", ("clientId",)),
+    "refresh_tokens": ("oauthRefreshToken", ("id", "token", "clientId", "userId", "expiresAt")),
+}
+"""Each kind's table and the columns the import cannot do without (the others it reads only when there)."""
 _OPTIONAL = ("clients", "consents", "refresh_tokens")
 """Tables of the OAuth provider plugin: a deployment without it has none of them."""
 
@@ -114,6 +122,7 @@ def read_source(dsn: str, provider: str, now: int, progress: Callable[[str], Non
                     progress(f"{name}: no such table (no OAuth provider plugin), none to import")
                     rows[name] = []
                     continue
+                _check_columns(name, cursor.description)
                 rows[name] = [dict(row) for row in cursor.fetchall()]
                 progress(f"read {len(rows[name])} {name}")
         return Source(**rows)
@@ -121,6 +130,16 @@ def read_source(dsn: str, provider: str, now: int, progress: Callable[[str], Non
         raise SourceError(f"cannot read the Better Auth database: {_first_line(e)}") from None
     finally:
         connection.close()
+
+
+def _check_columns(name: str, description) -> None:
+    """A table without a column the import needs (renamed, as some adapters do) is a L{SourceError} naming it."""
+    table, needed = _COLUMNS[name]
+    present = {column.name for column in description}
+    for column in needed:
+        if column not in present:
+            raise SourceError(f'cannot read the Better Auth database: table "{table}" has no column "{column}"'
+                              " (this import reads Better Auth's own column names)")
 
 
 def _first_line(error: BaseException) -> str:
