@@ -382,3 +382,24 @@ async def test_a_schema_without_a_column_the_import_reads_is_one_line(ba_dsn, tm
     result = await admin("--config", config, "import", "better-auth", "--dsn", ba_dsn, "--dry-run", cwd=tmp_path)
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     assert f'table "{table}" has no column "{column}"' in result.stderr, result.stderr
+
+
+@pytest_twisted.ensureDeferred
+async def test_clients_of_the_older_oidc_provider_plugin_are_a_problem_not_a_silence(ba_dsn, tmp_path):
+    """
+    A deployment on Better Auth's older oidcProvider plugin keeps its clients
+    in oauthApplication: the import read no clients and said only, on
+    standard error, that there was no OAuth provider plugin.
+    """
+    with psycopg2.connect(ba_dsn) as db, db.cursor() as cursor:
+        cursor.execute('DROP TABLE "oauthClient", "oauthConsent", "oauthRefreshToken", "oauthAccessToken" CASCADE')
+        cursor.execute('CREATE TABLE "oauthApplication" (id text PRIMARY KEY, "clientId" text, "clientSecret" text,'
+                       ' "redirectURLs" text)')
+        cursor.execute("""INSERT INTO "oauthApplication" VALUES ('a1', 'legacy-app', 'plain-secret',
+                          'https://legacy.example/cb')""")
+    (tmp_path / "users.toml").write_text("")
+    config = write_config(tmp_path, new_key_text())
+    report = await run_import(config, ba_dsn, tmp_path, "--dry-run")
+    assert report["found"]["clients"] == 0
+    [line] = [line for line in report["problems"] if "oauthApplication" in line]
+    assert line.startswith("1 clients of Better Auth's older oidcProvider plugin") and "plain-secret" not in line

@@ -99,6 +99,8 @@ class Source:
     clients: list
     consents: list
     refresh_tokens: list
+    legacy_clients: int = 0
+    """Clients in C{oauthApplication}, the table of the older C{oidcProvider} plugin, which is not imported."""
 
 
 def read_source(dsn: str, provider: str, now: int, progress: Callable[[str], None]) -> Source:
@@ -119,17 +121,26 @@ def read_source(dsn: str, provider: str, now: int, progress: Callable[[str], Non
                     if name not in _OPTIONAL:
                         raise
                     cursor.execute("ROLLBACK TO SAVEPOINT source_table")
-                    progress(f"{name}: no such table (no OAuth provider plugin), none to import")
+                    progress(f"{name}: no such table (no @better-auth/oauth-provider plugin), none to import")
                     rows[name] = []
                     continue
                 _check_columns(name, cursor.description)
                 rows[name] = [dict(row) for row in cursor.fetchall()]
                 progress(f"read {len(rows[name])} {name}")
-        return Source(**rows)
+            return Source(**rows, legacy_clients=_legacy_clients(cursor))
     except psycopg2.Error as e:
         raise SourceError(f"cannot read the Better Auth database: {_first_line(e)}") from None
     finally:
         connection.close()
+
+
+def _legacy_clients(cursor) -> int:
+    """How many clients the older C{oidcProvider} plugin's C{oauthApplication} table holds (0 without one)."""
+    cursor.execute("""SELECT to_regclass('"oauthApplication"') IS NOT NULL AS present""")
+    if not cursor.fetchone()["present"]:
+        return 0
+    cursor.execute('SELECT count(*) AS n FROM "oauthApplication"')
+    return cursor.fetchone()["n"]
 
 
 def _check_columns(name: str, description) -> None:
@@ -373,6 +384,11 @@ def plan(source: Source, *, now: int, provider: str, cipher, secret_key: bytes, 
             expires_at=_epoch(a.get("accessTokenExpiresAt")) or 0, updated_at=now,
         ))
 
+    if source.legacy_clients:
+        problems.append(f"{source.legacy_clients} clients of Better Auth's older oidcProvider plugin (table"
+                        " oauthApplication) not imported, nor their consents and tokens: only"
+                        " @better-auth/oauth-provider's are; make each again with authsrv-admin client create,"
+                        " keeping its client_id")
     clients = [client for row in source.clients
                if (client := _client(row, now=now, secret_key=secret_key, offer=offer, problems=problems)) is not None]
     client_ids = {client.client_id for client in clients}
