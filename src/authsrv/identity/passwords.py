@@ -247,4 +247,5 @@ class PasswordVerifier:
             parameters = extract_parameters(stored_hash)
         except InvalidHashError:
             return False
-        return any(getattr(parameters, name) > max(most, getattr(self._hasher, name)) for name, most in MAX_ARGON2.items())
+        return any(getattr(parameters, name) > max(most, getattr(self._hasher, name))
+                   for name, most in MAX_ARGON2.items())

@@ -285,10 +285,10 @@ def _auth_problem(client: Client, offer: Offer) -> str | None:
     """What makes C{client} unusable here, checked as the admin API checks a new client."""
     if client.jwks is not None and len(client.jwks) > JWKS_MAX:
         return f"its jwks is over {JWKS_MAX} characters"
-    if client.jwks_uri is not None and (problem := url_problem(client.jwks_uri, offer.fetching)):
-        return f"jwks_uri: {problem}"
-    if problem := auth_settings_problem(client) or unoffered_dpop(client, offer.dpop):
-        return f"{problem[0]}: {problem[1]}"
+    if client.jwks_uri is not None and (uri_problem := url_problem(client.jwks_uri, offer.fetching)):
+        return f"jwks_uri: {uri_problem}"
+    if setting_problem := auth_settings_problem(client) or unoffered_dpop(client, offer.dpop):
+        return f"{setting_problem[0]}: {setting_problem[1]}"
     return None
 
 
@@ -389,8 +389,8 @@ def plan(source: Source, *, now: int, provider: str, cipher, secret_key: bytes, 
                         " oauthApplication) not imported, nor their consents and tokens: only"
                         " @better-auth/oauth-provider's are; make each again with authsrv-admin client create,"
                         " keeping its client_id")
-    clients = [client for row in source.clients
-               if (client := _client(row, now=now, secret_key=secret_key, offer=offer, problems=problems)) is not None]
+    made = (_client(row, now=now, secret_key=secret_key, offer=offer, problems=problems) for row in source.clients)
+    clients = [client for client in made if client is not None]
     client_ids = {client.client_id for client in clients}
 
     consents = []
