@@ -24,7 +24,7 @@ from authsrv.chat.crypto import TokenCipher, key_from_text, new_key_text
 from authsrv.configsection import Section
 from authsrv.context import PluginContext
 from authsrv.identity.passwords import is_better_auth_hash
-from authsrv.operations.better_auth import Source, import_better_auth, plan, sha256_hex
+from authsrv.operations.better_auth import Offer, Source, import_better_auth, plan, sha256_hex
 from authsrv.records import LinkedAccount
 from authsrv.store import postgres as postgres_store
 from authsrv.testing.fake_chat import FakeChatUser
@@ -33,6 +33,7 @@ from authsrv.testing.memory import MemoryStore
 from authsrv.tokens import token_hash
 from better_auth_fixture import MADE_AT, MANIFEST, USERS, load
 from conftest import admin, ok
+from dpop_proofs import ec_key
 from flow_client import Browser, location, query_of
 from harness import BASE, INTERNAL_SECRET, ISSUER, Harness
 from identity.test_identity_postgres import open_backend
@@ -289,3 +290,116 @@ async def test_a_discord_account_is_imported_for_one_user_only():
     assert len(linked_problems) == 2
     assert "link older of user user-a: discord account 222 is linked to user user-b too" in linked_problems[0]
     assert "link elsewhere of user user-c: discord account 111 is linked to another user here" in linked_problems[1]
+
+
+def _client_row(client_id: str, **fields) -> dict:
+    return {"clientId": client_id, "redirectUris": [f"https://{client_id}.example/cb"], "createdAt": None, **fields}
+
+
+def test_a_private_key_jwt_client_keeps_its_keys_and_never_becomes_public():
+    """
+    Better Auth stores no secret for a private_key_jwt client: the import took
+    it for a public one, so anyone knowing its client_id could use it, and
+    spend its users' refresh tokens, without its key.
+    """
+    keys = json.dumps({"keys": [ec_key().export_public(as_dict=True)]})
+    signed = {"tokenEndpointAuthMethod": "private_key_jwt", "clientSecret": None}
+    source = Source(users=[], accounts=[], consents=[], refresh_tokens=[], clients=[
+        _client_row("signer", jwks=keys, **signed),
+        _client_row("fetched", jwksUri="https://fetched.example/jwks.json", **signed),
+        _client_row("keyless", **signed),
+        _client_row("inner", jwksUri="https://10.1.2.3/jwks.json", **signed),
+        _client_row("private", jwks=json.dumps({"keys": [ec_key().export(as_dict=True)]}), **signed),
+        _client_row("secretless", tokenEndpointAuthMethod="client_secret_basic", clientSecret=None),
+        _client_row("exotic", tokenEndpointAuthMethod="tls_client_auth", clientSecret=None),
+        _client_row("spa", tokenEndpointAuthMethod="none", clientSecret=None),
+    ])
+    found = plan(source, now=1_800_000_000, provider="discord", cipher=None, secret_key=b"k" * 32)
+    clients = {client.client_id: client for client in found.batch.clients}
+    assert set(clients) == {"signer", "fetched", "secretless", "spa"}, found.problems
+    assert clients["signer"].token_endpoint_auth_method == "private_key_jwt" and clients["signer"].jwks == keys
+    assert clients["fetched"].jwks_uri == "https://fetched.example/jwks.json"
+    assert not clients["signer"].is_public and not clients["fetched"].is_public
+    assert not clients["secretless"].is_public and clients["spa"].is_public
+    for client_id in ("keyless", "inner", "private", "exotic", "secretless"):
+        assert any(line.startswith(f"client {client_id}") for line in found.problems), client_id
+
+
+def test_dpop_and_resource_bindings_carry_over():
+    """
+    The import dropped a refresh token's DPoP binding (so a stolen one worked
+    without the key), a client's DPoP requirement and a grant's resources.
+    """
+    made = datetime(2030, 1, 1, tzinfo=timezone.utc)
+
+    def token(token_id: str, **fields) -> dict:
+        digest = base64.urlsafe_b64encode(bytes.fromhex(token_hash(token_id))).rstrip(b"=").decode()
+        return {"id": token_id, "token": digest, "clientId": "app", "userId": "u1", "scopes": ["openid"],
+                "createdAt": made, "expiresAt": made + timedelta(days=30), **fields}
+
+    source = Source(
+        users=[{"id": "u1", "email": "u1@example.com"}], accounts=[], consents=[],
+        clients=[_client_row("app", tokenEndpointAuthMethod="none", dpopBoundAccessTokens=True)],
+        refresh_tokens=[
+            token("bound", confirmation={"jkt": "j" * 43}, resources=["https://api.example/"]),
+            token("bound-text", confirmation=json.dumps({"jkt": "t" * 43})),
+            token("mtls", confirmation={"x5t#S256": "x" * 43}),
+            token("plain"),
+        ],
+    )
+    found = plan(source, now=1_800_000_000, provider="discord", cipher=None, secret_key=b"k" * 32,
+                 offer=Offer(dpop=True))
+    [app] = found.batch.clients
+    assert app.dpop_bound_access_tokens
+    tokens = {t.grant_id.removeprefix("better-auth-"): t for t in found.batch.refresh_tokens}
+    assert set(tokens) == {"bound", "bound-text", "plain"}
+    assert (tokens["bound"].jkt, tokens["bound-text"].jkt, tokens["plain"].jkt) == ("j" * 43, "t" * 43, None)
+    grants = {g.grant_id: g for g in found.batch.grants}
+    assert grants["better-auth-bound"].resource == ("https://api.example/",)
+    assert grants["better-auth-plain"].resource == ()
+    assert any(line.startswith("refresh token mtls") and "x5t#S256" in line for line in found.problems)
+
+    # With [dpop] off nothing bound to a DPoP key could be used: it is reported, never imported unbound.
+    off = plan(source, now=1_800_000_000, provider="discord", cipher=None, secret_key=b"k" * 32)
+    assert not off.batch.clients and not off.batch.refresh_tokens
+    assert any(line.startswith("client app: dpop_bound_access_tokens") for line in off.problems)
+    unbound = Source(users=source.users, accounts=[], consents=[], clients=[_client_row("app")],
+                     refresh_tokens=source.refresh_tokens)
+    off = plan(unbound, now=1_800_000_000, provider="discord", cipher=None, secret_key=b"k" * 32)
+    assert [t.grant_id for t in off.batch.refresh_tokens] == ["better-auth-plain"]
+    assert sum(line.startswith("refresh token bound") for line in off.problems) == 2
+
+
+@pytest.mark.parametrize(("table", "column"), [("user", "email"), ("account", "password"),
+                                               ("oauthRefreshToken", "token"), ("oauthConsent", "clientId")])
+@pytest_twisted.ensureDeferred
+async def test_a_schema_without_a_column_the_import_reads_is_one_line(ba_dsn, tmp_path, table, column):
+    """A schema whose columns were renamed (an adapter's snake_case) ended the import in a KeyError traceback."""
+    with psycopg2.connect(ba_dsn) as db, db.cursor() as cursor:
+        cursor.execute(f'ALTER TABLE "{table}" RENAME COLUMN "{column}" TO renamed')
+    (tmp_path / "users.toml").write_text("")
+    config = write_config(tmp_path, new_key_text())
+    result = await admin("--config", config, "import", "better-auth", "--dsn", ba_dsn, "--dry-run", cwd=tmp_path)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert f'table "{table}" has no column "{column}"' in result.stderr, result.stderr
+
+
+@pytest_twisted.ensureDeferred
+async def test_clients_of_the_older_oidc_provider_plugin_are_a_problem_not_a_silence(ba_dsn, tmp_path):
+    """
+    A deployment on Better Auth's older oidcProvider plugin keeps its clients
+    in oauthApplication: the import read no clients and said only, on
+    standard error, that there was no OAuth provider plugin.
+    """
+    with psycopg2.connect(ba_dsn) as db, db.cursor() as cursor:
+        cursor.execute('DROP TABLE "oauthClient", "oauthConsent", "oauthRefreshToken", "oauthAccessToken" CASCADE')
+        cursor.execute('CREATE TABLE "oauthApplication" (id text PRIMARY KEY, "clientId" text, "clientSecret" text,'
+                       ' "redirectURLs" text)')
+        cursor.execute("""INSERT INTO "oauthApplication" VALUES ('a1', 'legacy-app', 'plain-secret',
+                          'https://legacy.example/cb')""")
+    (tmp_path / "users.toml").write_text("")
+    config = write_config(tmp_path, new_key_text())
+    report = await run_import(config, ba_dsn, tmp_path, "--dry-run")
+    assert report["found"]["clients"] == 0
+    [line] = [line for line in report["problems"] if "oauthApplication" in line]
+    assert line.startswith("1 clients of Better Auth's older oidcProvider plugin") and "plain-secret" not in line

@@ -11,6 +11,7 @@ import psycopg2
 import pytest
 import pytest_twisted
 from argon2 import PasswordHasher, profiles
+from argon2.exceptions import VerifyMismatchError
 from attrs import evolve
 from twisted.cred.credentials import UsernamePassword
 from twisted.cred.error import UnauthorizedLogin
@@ -112,6 +113,52 @@ async def test_malformed_hashes_are_a_logged_refusal(verifier, stored):
     [error] = [formatEvent(e) for e in events if e["log_level"] == LogLevel.error]
     assert error == "stored password hash of 'alice' is malformed"
     assert not any(e.get("log_failure") for e in events)
+
+
+class UnusedHasher(PasswordHasher):
+    """A cheap hasher that notes each hash it is asked to check, and checks none (a mismatch)."""
+
+    def __init__(self):
+        super().__init__(time_cost=1, memory_cost=8, parallelism=1, hash_len=16, salt_len=16)
+        self.checked: list[str] = []
+
+    def verify(self, hash, password):
+        self.checked.append(hash)
+        raise VerifyMismatchError()
+
+
+COSTLY = [
+    pytest.param("$argon2id$v=19$m=4194304,t=1,p=1$c2FsdHNhbHQ$aGFzaGhhc2hoYXNoaGFzaA", id="argon2-4GiB"),
+    pytest.param("$argon2id$v=19$m=65536,t=1000000,p=1$c2FsdHNhbHQ$aGFzaGhhc2hoYXNoaGFzaA", id="argon2-passes"),
+    pytest.param("$argon2id$v=19$m=65536,t=1,p=255$c2FsdHNhbHQ$aGFzaGhhc2hoYXNoaGFzaA", id="argon2-lanes"),
+    pytest.param("$2b$31$" + "a" * 53, id="bcrypt-31"),
+]
+
+
+@pytest.mark.parametrize("stored", COSTLY)
+@pytest_twisted.ensureDeferred
+async def test_a_stored_hash_asking_for_absurd_work_is_refused_unchecked(context, monkeypatch, stored):
+    """
+    A stored hash sets its own cost: one with gigabytes or millions of passes
+    (in a Better Auth database read side by side, or an operator's table)
+    held a thread of the two-thread password pool for hours per login.
+    """
+    hasher = UnusedHasher()
+    verifier = postgres.BetterAuthVerifier(context.reactor, context.threadpool("passwords", 2), hasher)
+    monkeypatch.setattr(postgres.bcrypt, "checkpw", lambda *args: pytest.fail("bcrypt ran"))
+    with capturedLogs() as events:
+        assert not await verifier.verify("alice", PASSWORD, stored)
+    assert hasher.checked == []
+    [error] = [formatEvent(e) for e in events if e["log_level"] == LogLevel.error]
+    assert error.startswith("stored password hash of 'alice' asks for more work than a check may take")
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_stored_hash_of_the_configured_costs_is_checked(context):
+    """The bound never refuses what the configured hasher itself makes, however costly the operator chose."""
+    costly = PasswordHasher(time_cost=12, memory_cost=160, parallelism=20, hash_len=16, salt_len=16)
+    verifier = PasswordVerifier(context.reactor, context.threadpool("passwords", 2), costly)
+    assert await verifier.verify("alice", PASSWORD, costly.hash(PASSWORD))
 
 
 # --- the static file ----------------------------------------------------------

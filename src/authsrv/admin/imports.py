@@ -12,7 +12,7 @@ from twisted.internet.threads import deferToThreadPool
 
 from authsrv.admin.common import ACTOR, AdminError, Console, with_plugins
 from authsrv.chat.crypto import TokenCipher
-from authsrv.operations.better_auth import SourceError, import_better_auth, read_source
+from authsrv.operations.better_auth import Offer, SourceError, import_better_auth, read_source
 
 
 async def better_auth(reactor, args, console: Console):
@@ -31,6 +31,7 @@ async def better_auth(reactor, args, console: Console):
         return await import_better_auth(
             source, store=store, identity=identity, cipher=cipher, provider=provider, now=now,
             dry_run=args.dry_run, progress=progress, actor=ACTOR,
+            offer=Offer(dpop=config.dpop is not None, fetching=config.remote_documents),
         )
 
     report = await with_plugins(reactor, args, use)

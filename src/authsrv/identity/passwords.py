@@ -72,7 +72,17 @@ def pool_size(cores: int) -> int:
 
 POOL_SIZE = pool_size(len(os.sched_getaffinity(0)))
 
-_MATCH, _MISMATCH, _MALFORMED = "match", "mismatch", "malformed"
+_MATCH, _MISMATCH, _MALFORMED, _COSTLY = "match", "mismatch", "malformed", "costly"
+
+MAX_ARGON2 = {"memory_cost": 256 * 1024, "time_cost": 10, "parallelism": 16}
+"""
+The most a stored argon2 hash may ask of one check (256 MiB, ten passes,
+sixteen lanes), or the configured hasher's own when that is more. A hash
+sets its own cost, and one asking for gigabytes or millions of passes (a
+damaged or hostile record in a table read side by side) would hold a
+thread of the small password pool for hours at every login: it is
+refused unchecked instead.
+"""
 
 BETTER_AUTH_SCRYPT = {"n": 16384, "r": 16, "p": 1, "dklen": 64}
 """
@@ -207,6 +217,9 @@ class PasswordVerifier:
         def outcome(result: str) -> bool:
             if result == _MALFORMED:
                 self.log.error("stored password hash of {login!r} is malformed", login=login)
+            elif result == _COSTLY:
+                self.log.error("stored password hash of {login!r} asks for more work than a check may take:"
+                               " refused unchecked", login=login)
             return result == _MATCH and stored_hash is not None
 
         return d.addCallback(outcome)
@@ -218,6 +231,8 @@ class PasswordVerifier:
             password = password.encode("utf-8", "surrogatepass")
         if stored_hash is not None and looks_like_better_auth_hash(stored_hash):
             return check_better_auth_hash(password, stored_hash)
+        if stored_hash is not None and self._too_costly(stored_hash):
+            return _COSTLY
         try:
             self._hasher.verify(self._dummy if stored_hash is None else stored_hash, password)
         except VerifyMismatchError:
@@ -225,3 +240,12 @@ class PasswordVerifier:
         except (InvalidHashError, VerificationError):
             return _MALFORMED
         return _MATCH
+
+    def _too_costly(self, stored_hash: str) -> bool:
+        """Whether an argon2 C{stored_hash} asks for more than L{MAX_ARGON2} (or the configured hasher) allows."""
+        try:
+            parameters = extract_parameters(stored_hash)
+        except InvalidHashError:
+            return False
+        return any(getattr(parameters, name) > max(most, getattr(self._hasher, name))
+                   for name, most in MAX_ARGON2.items())

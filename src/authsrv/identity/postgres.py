@@ -38,6 +38,7 @@ from authsrv.configsection import ConfigError, Section, Unreachable
 from authsrv.identity.credentials import credential_text
 from authsrv.identity.errors import BackendUnavailable, UnknownUser
 from authsrv.identity.passwords import (
+    _COSTLY,
     _MALFORMED,
     _MATCH,
     _MISMATCH,
@@ -74,6 +75,13 @@ BCRYPT_MAX_PASSWORD = 72
 """
 bcrypt only ever hashed a password's first 72 bytes; the bcrypt package now
 refuses longer input, so a check truncates as the hash's maker did.
+"""
+
+BCRYPT_MAX_COST = 15
+"""
+The highest bcrypt cost checked (2^15 rounds, two seconds or more); a stored
+hash asking for more (cost 31 takes days) is refused unchecked, as
+L{authsrv.identity.passwords.MAX_ARGON2} does for argon2.
 """
 
 COLUMNS = (
@@ -160,6 +168,11 @@ class MigratingVerifier(PasswordVerifier):
     def _check(self, password, stored_hash):
         if not is_bcrypt_hash(stored_hash):
             return super()._check(password, stored_hash)
+        cost = stored_hash[4:6]
+        if not (cost.isascii() and cost.isdigit()):
+            return _MALFORMED
+        if int(cost) > BCRYPT_MAX_COST:
+            return _COSTLY
         if isinstance(password, str):
             password = password.encode("utf-8", "surrogatepass")
         try:

@@ -41,8 +41,12 @@ from authsrv import events
 from authsrv.chat.crypto import ACCESS, REFRESH
 from authsrv.identity.passwords import is_better_auth_hash
 from authsrv.interfaces import IUserManagement
+from authsrv.operations.clientspec import JWKS_MAX
+from authsrv.protocol.clientauth import PRIVATE_KEY_JWT, SECRET_METHODS, auth_settings_problem
 from authsrv.protocol.clients import redirect_uri_problem, stored_client_id_problem
+from authsrv.protocol.dpop import is_thumbprint, unoffered_dpop
 from authsrv.protocol.targets import backchannel_uri_problem
+from authsrv.remote_documents import FetchPolicy, url_problem
 from authsrv.records import (
     DEFAULT_GRANT_TYPES,
     IMPORT_KINDS,
@@ -70,6 +74,14 @@ _QUERIES = {
         ' AND "expiresAt" > to_timestamp(%(now)s) ORDER BY id'
     ),
 }
+_COLUMNS = {
+    "users": ("user", ("id", "email")),
+    "accounts": ("account", ("id", "accountId", "providerId", "userId", "password", "updatedAt")),
+    "clients": ("oauthClient", ("clientId",)),
+    "consents": ("oauthConsent", ("clientId",)),
+    "refresh_tokens": ("oauthRefreshToken", ("id", "token", "clientId", "userId", "expiresAt")),
+}
+"""Each kind's table and the columns the import cannot do without (the others it reads only when there)."""
 _OPTIONAL = ("clients", "consents", "refresh_tokens")
 """Tables of the OAuth provider plugin: a deployment without it has none of them."""
 
@@ -87,6 +99,8 @@ class Source:
     clients: list
     consents: list
     refresh_tokens: list
+    legacy_clients: int = 0
+    """Clients in C{oauthApplication}, the table of the older C{oidcProvider} plugin, which is not imported."""
 
 
 def read_source(dsn: str, provider: str, now: int, progress: Callable[[str], None]) -> Source:
@@ -107,16 +121,36 @@ def read_source(dsn: str, provider: str, now: int, progress: Callable[[str], Non
                     if name not in _OPTIONAL:
                         raise
                     cursor.execute("ROLLBACK TO SAVEPOINT source_table")
-                    progress(f"{name}: no such table (no OAuth provider plugin), none to import")
+                    progress(f"{name}: no such table (no @better-auth/oauth-provider plugin), none to import")
                     rows[name] = []
                     continue
+                _check_columns(name, cursor.description)
                 rows[name] = [dict(row) for row in cursor.fetchall()]
                 progress(f"read {len(rows[name])} {name}")
-        return Source(**rows)
+            return Source(**rows, legacy_clients=_legacy_clients(cursor))
     except psycopg2.Error as e:
         raise SourceError(f"cannot read the Better Auth database: {_first_line(e)}") from None
     finally:
         connection.close()
+
+
+def _legacy_clients(cursor) -> int:
+    """How many clients the older C{oidcProvider} plugin's C{oauthApplication} table holds (0 without one)."""
+    cursor.execute("""SELECT to_regclass('"oauthApplication"') IS NOT NULL AS present""")
+    if not cursor.fetchone()["present"]:
+        return 0
+    cursor.execute('SELECT count(*) AS n FROM "oauthApplication"')
+    return cursor.fetchone()["n"]
+
+
+def _check_columns(name: str, description) -> None:
+    """A table without a column the import needs (renamed, as some adapters do) is a L{SourceError} naming it."""
+    table, needed = _COLUMNS[name]
+    present = {column.name for column in description}
+    for column in needed:
+        if column not in present:
+            raise SourceError(f'cannot read the Better Auth database: table "{table}" has no column "{column}"'
+                              " (this import reads Better Auth's own column names)")
 
 
 def _first_line(error: BaseException) -> str:
@@ -155,6 +189,14 @@ def sha256_hex(stored: str | None) -> str | None:
 
 
 @frozen
+class Offer:
+    """What the server offers that an imported client or token may need: DPoP, and which key set URLs it fetches."""
+
+    dpop: bool = False
+    fetching: FetchPolicy = FetchPolicy()
+
+
+@frozen
 class Plan:
     """What an import writes, and what it could not bring over (one line each)."""
 
@@ -175,11 +217,122 @@ def _uris(client_id: str, kind: str, uris, problem_of, problems: list[str]) -> l
     return kept
 
 
-def plan(source: Source, *, now: int, provider: str, cipher, secret_key: bytes) -> Plan:
+def _json(value):
+    """A json or jsonb column: as psycopg2 decoded it, or parsed from its text; None when it is no JSON."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        return None
+
+
+def _json_text(value) -> str | None:
+    """A JSON column as text (a JWK set Better Auth keeps as text, or a jsonb one), None when empty."""
+    return json.dumps(value) if isinstance(value, dict | list) else value or None
+
+
+def _dpop_binding(confirmation, dpop_offered: bool) -> tuple[bool, str | None]:
+    """
+    Whether a refresh token's C{confirmation} (RFC 7800 C{cnf}) can be kept
+    here, and the DPoP key thumbprint it binds the token to: a binding this
+    server cannot check (mutual TLS, or DPoP with C{[dpop]} off) must not
+    become no binding.
+    """
+    value = _json(confirmation)
+    if value is None:
+        return True, None
+    jkt = value.get("jkt") if isinstance(value, dict) and set(value) == {"jkt"} else None
+    if dpop_offered and isinstance(jkt, str) and is_thumbprint(jkt):
+        return True, jkt
+    return False, None
+
+
+def _binding_kind(confirmation) -> str:
+    """The members a C{confirmation} names (C{x5t#S256}: mutual TLS), short enough for a report line."""
+    value = _json(confirmation)
+    names = ", ".join(sorted(map(str, value))) if isinstance(value, dict) else "not a JSON object"
+    return names[:80] or "empty"
+
+
+def _client_auth(row: dict, secret_key: bytes, problems: list[str]) -> dict | None:
+    """
+    How a client authenticates, as L{Client} fields, or None (with a
+    problem line) when that cannot be carried over. Better Auth stores no
+    secret for a private_key_jwt client: it keeps its keys, as taking it
+    for a public client would let anyone with its client_id act as it.
+    """
+    client_id, method, secret = row["clientId"], row.get("tokenEndpointAuthMethod"), row.get("clientSecret")
+    if method == "none" or (method is None and not secret):
+        return {"secret_hash": None}
+    if method == PRIVATE_KEY_JWT:
+        return {"secret_hash": None, "token_endpoint_auth_method": PRIVATE_KEY_JWT,
+                "jwks": _json_text(row.get("jwks")), "jwks_uri": row.get("jwksUri") or None}
+    if method not in (None, *SECRET_METHODS):
+        problems.append(f"client {client_id}: it authenticates with {method!r}, which this server does not offer:"
+                        " not imported")
+        return None
+    digest = sha256_hex(secret)
+    if digest is None:
+        problems.append(f"client {client_id} ({row.get('name') or 'no name'}): its secret is stored encrypted (or"
+                        f" not at all) and cannot be carried over: give it a new one (authsrv-admin client"
+                        f" rotate-secret {client_id})")
+        digest = token_hash(new_token())
+    return {"secret_hash": keyed_form(digest, secret_key)}
+
+
+def _auth_problem(client: Client, offer: Offer) -> str | None:
+    """What makes C{client} unusable here, checked as the admin API checks a new client."""
+    if client.jwks is not None and len(client.jwks) > JWKS_MAX:
+        return f"its jwks is over {JWKS_MAX} characters"
+    if client.jwks_uri is not None and (uri_problem := url_problem(client.jwks_uri, offer.fetching)):
+        return f"jwks_uri: {uri_problem}"
+    if setting_problem := auth_settings_problem(client) or unoffered_dpop(client, offer.dpop):
+        return f"{setting_problem[0]}: {setting_problem[1]}"
+    return None
+
+
+def _client(row: dict, *, now: int, secret_key: bytes, offer: Offer, problems: list[str]) -> Client | None:
+    """The client of an C{oauthClient} row, or None (with a problem line) when it is not imported."""
+    client_id = row["clientId"]
+    if row.get("disabled"):
+        problems.append(f"client {client_id} is disabled in Better Auth: not imported")
+        return None
+    if (problem := stored_client_id_problem(client_id)) is not None:
+        problems.append(f"client {client_id!r}: its client_id {problem}: not imported")
+        return None
+    auth = _client_auth(row, secret_key, problems)
+    if auth is None:
+        return None
+    grant_types = tuple(t for t in _list(row.get("grantTypes")) if t in DEFAULT_GRANT_TYPES) or DEFAULT_GRANT_TYPES
+    client = Client(
+        client_id=client_id,
+        redirect_uris=_uris(client_id, "redirect URI", _list(row.get("redirectUris")), redirect_uri_problem,
+                            problems),
+        post_logout_redirect_uris=_uris(client_id, "post-logout redirect URI",
+                                        _list(row.get("postLogoutRedirectUris")), redirect_uri_problem, problems),
+        name=row.get("name") or "",
+        end_session_enabled=bool(row.get("enableEndSession")),
+        first_party=bool(row.get("skipConsent")),
+        backchannel_logout_uri=next(iter(_uris(
+            client_id, "back-channel logout URI", [row["backchannelLogoutUri"]] if row.get("backchannelLogoutUri")
+            else [], backchannel_uri_problem, problems)), None),
+        created_at=_epoch(row.get("createdAt")) or now,
+        grant_types=grant_types,
+        dpop_bound_access_tokens=bool(row.get("dpopBoundAccessTokens")),
+        **auth,
+    )
+    if (problem := _auth_problem(client, offer)) is not None:
+        problems.append(f"client {client_id}: {problem}: not imported")
+        return None
+    return client
+
+
+def plan(source: Source, *, now: int, provider: str, cipher, secret_key: bytes, offer: Offer = Offer()) -> Plan:
     """
     The records to write, made from C{source}: C{cipher} (None without a
     C{[chat]} section) seals the Discord tokens, C{secret_key} keys the
-    client secret hashes.
+    client secret hashes, C{offer} is what this server offers clients.
     """
     problems: list[str] = []
     subs = {row["id"] for row in source.users}
@@ -231,41 +384,14 @@ def plan(source: Source, *, now: int, provider: str, cipher, secret_key: bytes) 
             expires_at=_epoch(a.get("accessTokenExpiresAt")) or 0, updated_at=now,
         ))
 
-    clients, client_ids = [], set()
-    for row in source.clients:
-        client_id = row["clientId"]
-        if row.get("disabled"):
-            problems.append(f"client {client_id} is disabled in Better Auth: not imported")
-            continue
-        if (problem := stored_client_id_problem(client_id)) is not None:
-            problems.append(f"client {client_id!r}: its client_id {problem}: not imported")
-            continue
-        secret = row.get("clientSecret")
-        public = not secret or row.get("tokenEndpointAuthMethod") == "none"
-        digest = None if public else sha256_hex(secret)
-        if not public and digest is None:
-            problems.append(f"client {client_id} ({row.get('name') or 'no name'}): its secret is stored encrypted"
-                            f" and cannot be carried over: give it a new one (authsrv-admin client rotate-secret"
-                            f" {client_id})")
-            digest = token_hash(new_token())
-        grant_types = tuple(t for t in _list(row.get("grantTypes")) if t in DEFAULT_GRANT_TYPES) or DEFAULT_GRANT_TYPES
-        clients.append(Client(
-            client_id=client_id,
-            secret_hash=None if digest is None else keyed_form(digest, secret_key),
-            redirect_uris=_uris(client_id, "redirect URI", _list(row.get("redirectUris")), redirect_uri_problem,
-                                problems),
-            post_logout_redirect_uris=_uris(client_id, "post-logout redirect URI",
-                                            _list(row.get("postLogoutRedirectUris")), redirect_uri_problem, problems),
-            name=row.get("name") or "",
-            end_session_enabled=bool(row.get("enableEndSession")),
-            first_party=bool(row.get("skipConsent")),
-            backchannel_logout_uri=next(iter(_uris(
-                client_id, "back-channel logout URI", [row["backchannelLogoutUri"]] if row.get("backchannelLogoutUri")
-                else [], backchannel_uri_problem, problems)), None),
-            created_at=_epoch(row.get("createdAt")) or now,
-            grant_types=grant_types,
-        ))
-        client_ids.add(client_id)
+    if source.legacy_clients:
+        problems.append(f"{source.legacy_clients} clients of Better Auth's older oidcProvider plugin (table"
+                        " oauthApplication) not imported, nor their consents and tokens: only"
+                        " @better-auth/oauth-provider's are; make each again with authsrv-admin client create,"
+                        " keeping its client_id")
+    made = (_client(row, now=now, secret_key=secret_key, offer=offer, problems=problems) for row in source.clients)
+    clients = [client for client in made if client is not None]
+    client_ids = {client.client_id for client in clients}
 
     consents = []
     for row in source.consents:
@@ -280,6 +406,11 @@ def plan(source: Source, *, now: int, provider: str, cipher, secret_key: bytes) 
             problems.append(f"refresh token {row['id']}: its user or client is not imported, or its hash is not"
                             " a SHA-256: not imported")
             continue
+        bound, jkt = _dpop_binding(row.get("confirmation"), offer.dpop)
+        if not bound:
+            problems.append(f"refresh token {row['id']}: it is bound to a key this server cannot check"
+                            f" ({_binding_kind(row.get('confirmation'))}): not imported")
+            continue
         grant_id = GRANT_PREFIX + row["id"]
         scope = _list(row.get("scopes"))
         issued_at = _epoch(row.get("createdAt")) or now
@@ -287,10 +418,11 @@ def plan(source: Source, *, now: int, provider: str, cipher, secret_key: bytes) 
         grants.append(Grant(
             grant_id=grant_id, client_id=row["clientId"], sub=row["userId"], scope=scope,
             auth_time=_epoch(row.get("authTime")) or issued_at, created_at=issued_at, expires_at=expires_at,
+            resource=_list(row.get("resources")),
         ))
         refresh_tokens.append(RefreshToken(
             token_hash=digest, grant_id=grant_id, client_id=row["clientId"], sub=row["userId"], scope=scope,
-            issued_at=issued_at, expires_at=expires_at,
+            issued_at=issued_at, expires_at=expires_at, jkt=jkt,
         ))
     batch = ImportBatch(clients=clients, bans=bans, linked=linked, consents=consents, grants=grants,
                         refresh_tokens=refresh_tokens)
@@ -335,7 +467,8 @@ async def _links_held_elsewhere(store, linked) -> list[str]:
 
 
 async def import_better_auth(source: Source, *, store, identity, cipher, provider: str, now: int,
-                             dry_run: bool, progress: Callable[[str], None], actor: str) -> Report:
+                             dry_run: bool, progress: Callable[[str], None], actor: str,
+                             offer: Offer = Offer()) -> Report:
     """
     Plan the import of C{source}, and unless C{dry_run} write it (see the
     module docstring); the clients, bans and users it adds are audited as
@@ -343,7 +476,7 @@ async def import_better_auth(source: Source, *, store, identity, cipher, provide
     """
     # A dry run writes nothing, not even the server key a new store makes on first use.
     secret_key = b"" if dry_run else await store.server_key(CLIENT_SECRET_KEY)
-    found = plan(source, now=now, provider=provider, cipher=cipher, secret_key=secret_key)
+    found = plan(source, now=now, provider=provider, cipher=cipher, secret_key=secret_key, offer=offer)
     problems = list(found.problems)
     manager = user_manager(identity)
     if manager is None:
