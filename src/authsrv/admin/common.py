@@ -32,6 +32,8 @@ EXIT_UNAVAILABLE = 69
 The store, keystore or identity backend did not answer (sysexits'
 C{EX_UNAVAILABLE}): nothing was done, and the same command may work later.
 """
+EXIT_SOFTWARE = 70
+"""An unexpected failure: a bug in the command (sysexits' C{EX_SOFTWARE}), not the operator's mistake."""
 
 
 class AdminError(Exception):
