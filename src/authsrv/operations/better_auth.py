@@ -42,6 +42,7 @@ from authsrv.chat.crypto import ACCESS, REFRESH
 from authsrv.identity.passwords import is_better_auth_hash
 from authsrv.interfaces import IUserManagement
 from authsrv.operations.clientspec import JWKS_MAX
+from authsrv.pg.pool import is_outage
 from authsrv.protocol.clientauth import PRIVATE_KEY_JWT, SECRET_METHODS, auth_settings_problem
 from authsrv.protocol.clients import redirect_uri_problem, stored_client_id_problem
 from authsrv.protocol.dpop import is_thumbprint, unoffered_dpop
@@ -90,6 +91,16 @@ class SourceError(Exception):
     """The source database cannot be read; the text is for the operator."""
 
 
+class SourceUnavailable(SourceError):
+    """The source database did not answer (or went away while read): the same import may work later."""
+
+
+def _source_error(error: psycopg2.Error, doing: str) -> SourceError:
+    """C{error} as the operator's one line, unavailable when the server did not answer rather than refused."""
+    kind = SourceUnavailable if is_outage(error) else SourceError
+    return kind(f"cannot {doing} the Better Auth database: {_first_line(error)}")
+
+
 @frozen
 class Source:
     """The rows read from a Better Auth database, as dicts by column name."""
@@ -108,7 +119,7 @@ def read_source(dsn: str, provider: str, now: int, progress: Callable[[str], Non
     try:
         connection = psycopg2.connect(dsn)
     except psycopg2.Error as e:
-        raise SourceError(f"cannot connect to the Better Auth database: {_first_line(e)}") from None
+        raise _source_error(e, "connect to") from None
     try:
         connection.set_session(isolation_level="REPEATABLE READ", readonly=True)
         rows: dict[str, list] = {}
@@ -129,7 +140,7 @@ def read_source(dsn: str, provider: str, now: int, progress: Callable[[str], Non
                 progress(f"read {len(rows[name])} {name}")
             return Source(**rows, legacy_clients=_legacy_clients(cursor))
     except psycopg2.Error as e:
-        raise SourceError(f"cannot read the Better Auth database: {_first_line(e)}") from None
+        raise _source_error(e, "read") from None
     finally:
         connection.close()
 
