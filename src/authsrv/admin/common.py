@@ -121,7 +121,7 @@ async def plugin_context(reactor, config: Config, *, check_only: bool = False, p
     """
     context = PluginContext(reactor, config.base_dir, config.limits.max_token_lifetime,
                             session_lifetime=config.limits.session_ttl, check_only=check_only,
-                            password_hasher=hasher_of(config))
+                            password_hasher=hasher_of(config), link_provider=config.link_provider)
     try:
         yield context
     except StartupUnreachable as e:
