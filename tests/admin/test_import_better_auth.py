@@ -252,6 +252,25 @@ def test_a_source_that_stops_answering_is_unavailable_one_that_refuses_is_not():
     assert not isinstance(refused, SourceUnavailable)
 
 
+def test_a_picture_the_admin_api_would_refuse_is_left_out_and_reported():
+    """An image of any size went into every ID token and UserInfo answer: a data: URL of megabytes."""
+    images = {"shown": "https://cdn.example/a.png", "inline": "data:image/png;base64," + "A" * 3_000_000,
+              "long": "https://cdn.example/" + "a" * 3000, "empty": "", "none": None}
+    source = Source(
+        users=[{"id": who, "email": f"{who}@example.com", "image": image} for who, image in images.items()],
+        accounts=[{"userId": who, "providerId": "credential", "password": "0" * 32 + ":" + "0" * 128}
+                  for who in images],
+        clients=[], consents=[], refresh_tokens=[],
+    )
+    found = plan(source, now=1_800_000_000, provider="discord", cipher=None, secret_key=b"k" * 32)
+    pictures = {user.sub: user.picture for user, _ in found.users}
+    assert pictures == {"shown": images["shown"], "inline": None, "long": None, "empty": None, "none": None}
+    assert sorted(found.problems) == [
+        "user inline (inline@example.com): imported without a picture: its image is not an http(s) URL",
+        "user long (long@example.com): imported without a picture: its image is over 2048 characters",
+    ]
+
+
 def test_a_client_is_imported_only_with_what_the_rules_of_every_client_allow():
     """An import stored redirect URIs unchecked: one a browser reads as another host got a victim's code."""
     source = Source(users=[], accounts=[], consents=[], refresh_tokens=[], clients=[

@@ -42,6 +42,7 @@ from authsrv.chat.crypto import ACCESS, REFRESH
 from authsrv.identity.passwords import is_better_auth_hash
 from authsrv.interfaces import IUserManagement
 from authsrv.operations.clientspec import JWKS_MAX
+from authsrv.operations.users import picture_problem
 from authsrv.pg.pool import is_outage
 from authsrv.protocol.clientauth import PRIVATE_KEY_JWT, SECRET_METHODS, auth_settings_problem
 from authsrv.protocol.clients import redirect_uri_problem, stored_client_id_problem
@@ -339,6 +340,18 @@ def _client(row: dict, *, now: int, secret_key: bytes, offer: Offer, problems: l
     return client
 
 
+def _picture(row: dict, problems: list[str]) -> str | None:
+    """
+    A user's C{image} as their picture claim when the admin API would take
+    it; else None, with a problem line, as the user is still imported.
+    """
+    image = row.get("image")
+    if not image or (problem := picture_problem(image)) is None:
+        return image or None
+    problems.append(f"user {row['id']} ({row['email']}): imported without a picture: its image {problem}")
+    return None
+
+
 def plan(source: Source, *, now: int, provider: str, cipher, secret_key: bytes, offer: Offer = Offer()) -> Plan:
     """
     The records to write, made from C{source}: C{cipher} (None without a
@@ -350,10 +363,6 @@ def plan(source: Source, *, now: int, provider: str, cipher, secret_key: bytes, 
     credentials = {a["userId"]: a["password"] for a in source.accounts if a["providerId"] == "credential"}
     users, bans = [], []
     for row in source.users:
-        user = User(
-            sub=row["id"], login=row["email"], name=row.get("name"), picture=row.get("image"),
-            email=row["email"], email_verified=bool(row.get("emailVerified")),
-        )
         password_hash = credentials.get(row["id"])
         if password_hash is None:
             problems.append(f"user {row['id']} ({row['email']}) has no password (social sign-in only): not imported"
@@ -362,6 +371,10 @@ def plan(source: Source, *, now: int, provider: str, cipher, secret_key: bytes, 
             problems.append(f"user {row['id']} ({row['email']}): the password hash is not in Better Auth's"
                             " scrypt form: not imported")
         else:
+            user = User(
+                sub=row["id"], login=row["email"], name=row.get("name"), picture=_picture(row, problems),
+                email=row["email"], email_verified=bool(row.get("emailVerified")),
+            )
             users.append((user, password_hash))
         until = _epoch(row.get("banExpires"))
         if row.get("banned") and (until is None or until > now):
