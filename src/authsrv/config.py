@@ -245,6 +245,11 @@ class Config:
         return SecretKeeper(self.client_secret_key) if self.client_secret_key is not None else None
 
     @property
+    def link_provider(self) -> str | None:
+        """The chat platform whose links are kept (C{[chat] provider}); None without C{[chat]}."""
+        return self.chat.provider if self.chat else None
+
+    @property
     def issuer(self) -> str:
         return self.public_url + ISSUER_PATH
 

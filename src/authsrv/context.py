@@ -26,6 +26,7 @@ class PluginContext:
         self, reactor, base_dir: Path, max_token_lifetime: int = 3600, *, session_lifetime: int = 14 * 86400,
         check_only: bool = False,
         store_observer: Callable[[str, float, bool], None] | None = None, password_hasher=DEFAULT_HASHER,
+        link_provider: str | None = None,
     ):
         self.reactor = reactor
         self.base_dir = Path(base_dir)
@@ -34,6 +35,7 @@ class PluginContext:
         self.check_only = check_only
         self.store_observer = store_observer
         self.password_hasher = password_hasher
+        self.link_provider = link_provider
         self._pools: dict[str, ThreadPool] = {}
 
     def threadpool(self, name: str, size: int) -> ThreadPool:

@@ -50,6 +50,10 @@ class IPluginContext(Interface):
         " new hashes are made with it, and a stored hash of other parameters"
         " is replaced on its user's next successful login."
     )
+    link_provider = Attribute(
+        "The configured chat platform's name (C{[chat] provider}), as linked"
+        " accounts record it; None when the config has no [chat] section."
+    )
     store_observer = Attribute(
         "None, or the observer a store reports each call to, as"
         " C{observer(label, seconds, failed)} (L{authsrv.store.observer})."

@@ -353,7 +353,7 @@ def grant_registry(config: Config, store, keystore, identity) -> GrantRegistry:
 
 
 def _claims(config: Config, store) -> ClaimsSource:
-    return ClaimsSource(store, config.chat.provider if config.chat else None)
+    return ClaimsSource(store, config.link_provider)
 
 
 def _documents(config: Config, keystore, grant_types: tuple[str, ...], offered: OfferedFeatures
@@ -537,7 +537,7 @@ def user_operations(config: Config, reactor, store, keystore, identity, context)
         store=store, identity=identity, clock=reactor,
         notify=lambda session: notifier.session_ended(store, keystore, config.issuer, session),
         hash_password=lambda password: deferToThreadPool(reactor, hashing, context.password_hasher.hash, password),
-        min_length=config.password_min_length, link_provider=config.chat.provider if config.chat else None,
+        min_length=config.password_min_length, link_provider=config.link_provider,
     )
 
 
@@ -628,6 +628,7 @@ def build(config: Config, reactor, role: WorkerRole | None = None) -> AuthsrvSer
     context = PluginContext(
         reactor, config.base_dir, config.limits.max_token_lifetime, session_lifetime=config.limits.session_ttl,
         store_observer=metrics.store_call if metrics else None, password_hasher=hasher_of(config),
+        link_provider=config.link_provider,
     )
     try:
         store = build_plugin("store", config.store, context)
@@ -712,7 +713,8 @@ def build_supervisor(config: Config, reactor, count: int) -> Supervisor:
     workers start, so that no two of them race to do it.
     """
     context = PluginContext(
-        reactor, config.base_dir, config.limits.max_token_lifetime, session_lifetime=config.limits.session_ttl
+        reactor, config.base_dir, config.limits.max_token_lifetime, session_lifetime=config.limits.session_ttl,
+        link_provider=config.link_provider,
     )
     bound: list = []
     try:

@@ -24,7 +24,15 @@ from authsrv.chat.crypto import TokenCipher, key_from_text, new_key_text
 from authsrv.configsection import Section
 from authsrv.context import PluginContext
 from authsrv.identity.passwords import is_better_auth_hash
-from authsrv.operations.better_auth import Offer, Source, import_better_auth, plan, sha256_hex
+from authsrv.operations.better_auth import (
+    Offer,
+    Source,
+    SourceUnavailable,
+    _source_error,
+    import_better_auth,
+    plan,
+    sha256_hex,
+)
 from authsrv.records import LinkedAccount
 from authsrv.store import postgres as postgres_store
 from authsrv.testing.fake_chat import FakeChatUser
@@ -32,7 +40,7 @@ from authsrv.testing.identity import portal_login
 from authsrv.testing.memory import MemoryStore
 from authsrv.tokens import token_hash
 from better_auth_fixture import MADE_AT, MANIFEST, USERS, load
-from conftest import admin, ok
+from conftest import admin, free_port, ok
 from dpop_proofs import ec_key
 from flow_client import Browser, location, query_of
 from harness import BASE, INTERNAL_SECRET, ISSUER, Harness
@@ -230,9 +238,37 @@ async def test_an_unreachable_or_foreign_database_is_one_line(tmp_path, pg_dsn):
     result = await admin("--config", config, "import", "better-auth", "--dsn", pg_dsn, cwd=tmp_path)
     assert result.returncode == 1 and "cannot read the Better Auth database" in result.stderr
     assert "Traceback" not in result.stderr
-    result = await admin("--config", config, "import", "better-auth", "--dsn", "host=127.0.0.1 port=1 dbname=x",
-                         cwd=tmp_path)
-    assert result.returncode == 1 and "cannot connect to the Better Auth database" in result.stderr
+    result = await admin("--config", config, "import", "better-auth", "--dsn",
+                         f"host=127.0.0.1 port={free_port()} dbname=x", cwd=tmp_path)
+    # As every command whose database does not answer: worth trying again later.
+    assert result.returncode == 69 and "cannot connect to the Better Auth database" in result.stderr
+    assert "try again once it answers" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_source_that_stops_answering_is_unavailable_one_that_refuses_is_not():
+    lost = _source_error(psycopg2.OperationalError("server closed the connection unexpectedly"), "read")
+    assert isinstance(lost, SourceUnavailable) and str(lost).startswith("cannot read the Better Auth database: server")
+    refused = _source_error(psycopg2.ProgrammingError('relation "user" does not exist'), "read")
+    assert not isinstance(refused, SourceUnavailable)
+
+
+def test_a_picture_the_admin_api_would_refuse_is_left_out_and_reported():
+    """An image of any size went into every ID token and UserInfo answer: a data: URL of megabytes."""
+    images = {"shown": "https://cdn.example/a.png", "inline": "data:image/png;base64," + "A" * 3_000_000,
+              "long": "https://cdn.example/" + "a" * 3000, "empty": "", "none": None}
+    source = Source(
+        users=[{"id": who, "email": f"{who}@example.com", "image": image} for who, image in images.items()],
+        accounts=[{"userId": who, "providerId": "credential", "password": "0" * 32 + ":" + "0" * 128}
+                  for who in images],
+        clients=[], consents=[], refresh_tokens=[],
+    )
+    found = plan(source, now=1_800_000_000, provider="discord", cipher=None, secret_key=b"k" * 32)
+    pictures = {user.sub: user.picture for user, _ in found.users}
+    assert pictures == {"shown": images["shown"], "inline": None, "long": None, "empty": None, "none": None}
+    assert sorted(found.problems) == [
+        "user inline (inline@example.com): imported without a picture: its image is not an http(s) URL",
+        "user long (long@example.com): imported without a picture: its image is over 2048 characters",
+    ]
 
 
 def test_a_client_is_imported_only_with_what_the_rules_of_every_client_allow():

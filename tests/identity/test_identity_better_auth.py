@@ -14,7 +14,11 @@ import psycopg2
 import pytest
 import pytest_twisted
 
+from authsrv.admin.common import plugin_context
+from authsrv.chat.crypto import new_key_text
+from authsrv.config import parse_config
 from authsrv.configsection import ConfigError
+from authsrv.context import PluginContext
 from authsrv.identity import passwords
 from authsrv.identity.errors import UnknownUser
 from authsrv.identity.postgres import BetterAuthVerifier
@@ -119,6 +123,32 @@ async def test_chat_link_and_compare_and_swap(backend, ba_dsn):
         ba_dsn, """SELECT "accessToken", "refreshToken", scope FROM account WHERE id = %s""", (link.link_id,)
     )
     assert (access, refresh, scope) == ("new", alice["refreshToken"], "identify")
+
+
+@pytest_twisted.ensureDeferred
+async def test_chat_user_id_follows_the_configured_chat_provider(ba_dsn, reactor, tmp_path):
+    """chat_user_id read the "discord" rows whatever [chat] provider named, so it disagreed with chat-token."""
+    execute(ba_dsn, """UPDATE account SET "providerId" = 'chatplat' WHERE "providerId" = 'discord'""")
+    context = PluginContext(reactor, tmp_path, link_provider="chatplat")
+    backend = open_backend({"dsn": ba_dsn, "mode": "better-auth"}, context)
+    try:
+        alice = await backend.user_by_id(USERS["alice"]["id"])
+        assert alice.chat_user_id == MANIFEST["discord"]["alice"]["accountId"]
+        assert (await backend.chat_link(alice.sub, "chatplat")).provider_user_id == alice.chat_user_id
+        assert (await backend.user_by_login(alice.login)).chat_user_id == alice.chat_user_id
+    finally:
+        backend.close()
+        context.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_operator_command_builds_plugins_with_the_chat_provider(reactor, tmp_path, monkeypatch):
+    monkeypatch.setenv("CHAT_KEY", new_key_text())
+    config = parse_config({"chat": {"provider": "chatplat", "encryption_key_env": "CHAT_KEY"}}, tmp_path / "a.toml")
+    async with plugin_context(reactor, config) as context:
+        assert context.link_provider == "chatplat"
+    async with plugin_context(reactor, parse_config({}, tmp_path / "a.toml")) as context:
+        assert context.link_provider is None
 
 
 # --- through the service --------------------------------------------------------

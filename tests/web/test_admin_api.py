@@ -439,6 +439,9 @@ async def test_users_of_the_writable_backend(harness, audit):
         assert_problem(response, body, 409, "conflict")
         for bad, field in (({"login": "dave"}, "password"), ({"password": "x"}, "login"),
                            ({"login": "dave", "password": "x", "email": "nope"}, "email"),
+                           ({"login": "dave", "password": "x", "picture": "data:image/png;base64,AAAA"}, "picture"),
+                           ({"login": "dave", "password": "x", "picture": "https://cdn.example/" + "a" * 3000},
+                            "picture"),
                            ({"login": "dave", "password": "x", "admin": True}, "admin")):
             response, answer = await a.call("POST", "/api/admin/users", bad)
             assert_problem(response, answer, 400, "invalid_request", field)

@@ -32,6 +32,8 @@ EXIT_UNAVAILABLE = 69
 The store, keystore or identity backend did not answer (sysexits'
 C{EX_UNAVAILABLE}): nothing was done, and the same command may work later.
 """
+EXIT_SOFTWARE = 70
+"""An unexpected failure: a bug in the command (sysexits' C{EX_SOFTWARE}), not the operator's mistake."""
 
 
 class AdminError(Exception):
@@ -119,7 +121,7 @@ async def plugin_context(reactor, config: Config, *, check_only: bool = False, p
     """
     context = PluginContext(reactor, config.base_dir, config.limits.max_token_lifetime,
                             session_lifetime=config.limits.session_ttl, check_only=check_only,
-                            password_hasher=hasher_of(config))
+                            password_hasher=hasher_of(config), link_provider=config.link_provider)
     try:
         yield context
     except StartupUnreachable as e:

@@ -10,9 +10,15 @@ from __future__ import annotations
 
 from twisted.internet.threads import deferToThreadPool
 
-from authsrv.admin.common import ACTOR, AdminError, Console, with_plugins
+from authsrv.admin.common import ACTOR, AdminError, AdminUnavailable, Console, with_plugins
 from authsrv.chat.crypto import TokenCipher
-from authsrv.operations.better_auth import Offer, SourceError, import_better_auth, read_source
+from authsrv.operations.better_auth import (
+    Offer,
+    SourceError,
+    SourceUnavailable,
+    import_better_auth,
+    read_source,
+)
 
 
 async def better_auth(reactor, args, console: Console):
@@ -25,6 +31,8 @@ async def better_auth(reactor, args, console: Console):
         pool = context.threadpool("import", 1)
         try:
             source = await deferToThreadPool(reactor, pool, read_source, args.dsn, provider, now, progress)
+        except SourceUnavailable as e:
+            raise AdminUnavailable(f"{e} (try again once it answers)") from None
         except SourceError as e:
             raise AdminError(str(e)) from None
         cipher = TokenCipher(config.chat.encryption_key) if config.chat else None

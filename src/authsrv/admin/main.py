@@ -15,7 +15,9 @@ streams, as tests do in their own process; L{main} is the installed script.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import traceback
 from contextlib import redirect_stderr, redirect_stdout
 from importlib.metadata import version
 
@@ -24,7 +26,15 @@ from twisted.internet.task import react
 from twisted.logger import globalLogBeginner, globalLogPublisher
 
 from authsrv.admin import bans, checks, clients, imports, keys, users
-from authsrv.admin.common import EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, AdminError, Console, config_of
+from authsrv.admin.common import (
+    EXIT_OK,
+    EXIT_SOFTWARE,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    AdminError,
+    Console,
+    config_of,
+)
 from authsrv.auditlog import AuditObserver
 from authsrv.embedded import CONFIG_NAME, DEFAULT_DATA_DIR
 from authsrv.identity.errors import BackendUnavailable
@@ -41,6 +51,9 @@ DESCRIPTION = (
 
 UNREACHABLE = (StoreUnavailable, KeystoreUnavailable, BackendUnavailable)
 """What the plugins raise when their server does not answer while a command runs."""
+
+DEBUG_ENV = "AUTHSRV_ADMIN_DEBUG"
+"""Set to 1, an unexpected failure also prints its traceback, which may quote config values."""
 
 
 def _global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
@@ -107,10 +120,50 @@ async def run(argv: list[str], reactor, *, stdin=None, stdout=None, stderr=None)
     process's by default); returns the exit status: 0, 1 for an
     L{AdminError} (one line on standard error for each problem), 2 for a
     usage mistake, 69 when the store, keystore or an identity backend did
-    not answer. The audit events go to the audit log, or standard error,
-    while the command runs.
+    not answer, 70 for an unexpected failure (a bug: one line, and the
+    traceback with L{DEBUG_ENV}). The audit events go to the audit log, or
+    standard error, while the command runs.
     """
     console = Console(stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr)
+    try:
+        return await _run(argv, reactor, console)
+    except Exception as e:
+        _report_bug(e, console)
+        return EXIT_SOFTWARE
+
+
+def _report_bug(error: Exception, console: Console) -> None:
+    """
+    One line an operator can report, never silence: the failure would
+    otherwise go to a log nobody reads.
+    """
+    debug = os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    if debug:
+        traceback.print_exception(error, file=console.stderr)
+    hint = "" if debug else f" ({DEBUG_ENV}=1 shows the traceback)"
+    console.err(f"authsrv-admin: unexpected error: {_safe_description(error)}; this is a bug, please report it"
+                f" with the command you ran{hint}")
+
+
+def _safe_description(error: Exception) -> str:
+    """
+    The failure's type, the C library's text of an L{OSError}, and where it
+    was raised: never the message itself, which may quote a config value or
+    a password.
+    """
+    kind = type(error)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    text = f"{name}: {error.strerror}" if isinstance(error, OSError) and error.strerror else name
+    frame = error.__traceback__
+    while frame is not None and frame.tb_next is not None:
+        frame = frame.tb_next
+    if frame is None:
+        return text
+    return f"{text} (at {frame.tb_frame.f_globals.get('__name__', '?')}:{frame.tb_lineno})"
+
+
+async def _run(argv: list[str], reactor, console: Console) -> int:
+    """L{run}, but for its unexpected failures."""
     try:
         with redirect_stdout(console.stdout), redirect_stderr(console.stderr):
             args = _parser().parse_args(argv)

@@ -136,7 +136,7 @@ def register(commands) -> None:
     add.add_argument("--name")
     add.add_argument("--email")
     add.add_argument("--email-verified", action="store_true")
-    add.add_argument("--picture", help="URL of a picture")
+    add.add_argument("--picture", help="http(s) URL of a picture, at most 2048 characters")
     add.add_argument("--chat-user-id", help="linked chat-platform user id")
     add.add_argument("--password-stdin", action="store_true", help="read the password from standard input")
     add.set_defaults(run=user_add)

@@ -253,9 +253,12 @@ SELECT u.id AS sub, u.email AS login, c.password AS password_hash, u.name, u.ima
 FROM "user" u
 LEFT JOIN LATERAL (SELECT password FROM account WHERE "userId" = u.id AND "providerId" = 'credential'
                    ORDER BY "updatedAt" DESC LIMIT 1) c ON true
-LEFT JOIN LATERAL (SELECT "accountId" FROM account WHERE "userId" = u.id AND "providerId" = 'discord'
+LEFT JOIN LATERAL (SELECT "accountId" FROM account WHERE "userId" = u.id AND "providerId" = %(provider)s
                    ORDER BY "updatedAt" DESC LIMIT 1) d ON true
 """
+
+BETTER_AUTH_PROVIDER = "discord"
+"""The chat platform whose C{account} rows name a user's C{chat_user_id} when the config has no C{[chat]}."""
 
 BETTER_AUTH_QUERIES = Queries(
     # Better Auth stores emails lower-cased (its sign-up lower-cases them), so
@@ -267,6 +270,8 @@ BETTER_AUTH_QUERIES = Queries(
 """
 A Better Auth ban (admin plugin) whose C{banExpires} has passed is no ban,
 as Better Auth itself treats it; a ban without a reason reads "banned".
+C{chat_user_id} is the C{accountId} of the user's C{account} row of
+C{%(provider)s}, the platform chat-token serves, so the two agree.
 """
 
 _VERSION = """(extract(epoch FROM "updatedAt") * 1000000)::bigint"""
@@ -413,17 +418,22 @@ class PostgresIdentityBackend:
     Users from PostgreSQL through C{queries}, in C{mode} "own" (our table:
     see L{OwnPostgresIdentityBackend}) or "mapped" (the operator's, which
     authsrv never writes but for upgrading an older password hash).
+    C{shared} are parameters every lookup gets besides its own.
     """
 
     credentialInterfaces = (IUsernamePassword,)
 
-    def __init__(self, pool: Pool, verifier: MigratingVerifier, queries: Queries, mode: str):
+    def __init__(self, pool: Pool, verifier: MigratingVerifier, queries: Queries, mode: str,
+                 shared: dict | None = None):
         self._pool = pool
         self._verifier = verifier
         self._queries = queries
         self.mode = mode
+        self._shared = shared or {}
 
-    def _one(self, label: str, query: str, parameters: dict) -> Deferred:
+    def _one(self, label: str, query: str, own: dict) -> Deferred:
+        parameters = self._shared | own
+
         def pick(rows: list[dict]) -> _Account | None:
             accounts = [a for a in map(_account, rows) if a is not None]
             if len(rows) > 1:
@@ -631,10 +641,11 @@ def build(section: Section, context, hasher=None) -> PostgresIdentityBackend | N
     read_only = mode != "own"
     if context.check_only and not read_only:
         return None
+    shared = {"provider": context.link_provider or BETTER_AUTH_PROVIDER} if mode == "better-auth" else {}
     try:
         with closing(settings.connect(read_only=read_only)) as connection:
             if mode == "better-auth":
-                _check_better_auth(connection, settings.key)
+                _check_better_auth(connection, settings.key, shared)
             elif read_only:
                 check_queries(connection, section, queries)
             else:
@@ -651,17 +662,17 @@ def build(section: Section, context, hasher=None) -> PostgresIdentityBackend | N
     pool = connection_pool(context.reactor, settings, pool_size, lookups, read_only=read_only)
     kinds = {"own": OwnPostgresIdentityBackend, "mapped": PostgresIdentityBackend,
              "better-auth": BetterAuthIdentityBackend}
-    backend = kinds[mode](pool, verifier, queries, mode)
+    backend = kinds[mode](pool, verifier, queries, mode, shared)
     log.info("PostgreSQL identity backend ready ({mode} mode)", mode=mode)
     return backend
 
 
-def _check_better_auth(connection, key: str) -> None:
+def _check_better_auth(connection, key: str, shared: dict) -> None:
     """Run the lookups once: a database without Better Auth's tables is a one-line L{ConfigError}."""
     try:
         with connection.cursor() as cursor:
             for query in (BETTER_AUTH_QUERIES.user_by_id, _CHAT_LINK):
-                cursor.execute(query, {"sub": "authsrv-config-check", "provider": "discord"})
+                cursor.execute(query, shared | {"sub": "authsrv-config-check"})
     except psycopg2.OperationalError:
         raise
     except psycopg2.Error as e:

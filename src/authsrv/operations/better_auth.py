@@ -42,6 +42,8 @@ from authsrv.chat.crypto import ACCESS, REFRESH
 from authsrv.identity.passwords import is_better_auth_hash
 from authsrv.interfaces import IUserManagement
 from authsrv.operations.clientspec import JWKS_MAX
+from authsrv.operations.users import picture_problem
+from authsrv.pg.pool import is_outage
 from authsrv.protocol.clientauth import PRIVATE_KEY_JWT, SECRET_METHODS, auth_settings_problem
 from authsrv.protocol.clients import redirect_uri_problem, stored_client_id_problem
 from authsrv.protocol.dpop import is_thumbprint, unoffered_dpop
@@ -90,6 +92,16 @@ class SourceError(Exception):
     """The source database cannot be read; the text is for the operator."""
 
 
+class SourceUnavailable(SourceError):
+    """The source database did not answer (or went away while read): the same import may work later."""
+
+
+def _source_error(error: psycopg2.Error, doing: str) -> SourceError:
+    """C{error} as the operator's one line, unavailable when the server did not answer rather than refused."""
+    kind = SourceUnavailable if is_outage(error) else SourceError
+    return kind(f"cannot {doing} the Better Auth database: {_first_line(error)}")
+
+
 @frozen
 class Source:
     """The rows read from a Better Auth database, as dicts by column name."""
@@ -108,7 +120,7 @@ def read_source(dsn: str, provider: str, now: int, progress: Callable[[str], Non
     try:
         connection = psycopg2.connect(dsn)
     except psycopg2.Error as e:
-        raise SourceError(f"cannot connect to the Better Auth database: {_first_line(e)}") from None
+        raise _source_error(e, "connect to") from None
     try:
         connection.set_session(isolation_level="REPEATABLE READ", readonly=True)
         rows: dict[str, list] = {}
@@ -129,7 +141,7 @@ def read_source(dsn: str, provider: str, now: int, progress: Callable[[str], Non
                 progress(f"read {len(rows[name])} {name}")
             return Source(**rows, legacy_clients=_legacy_clients(cursor))
     except psycopg2.Error as e:
-        raise SourceError(f"cannot read the Better Auth database: {_first_line(e)}") from None
+        raise _source_error(e, "read") from None
     finally:
         connection.close()
 
@@ -328,6 +340,18 @@ def _client(row: dict, *, now: int, secret_key: bytes, offer: Offer, problems: l
     return client
 
 
+def _picture(row: dict, problems: list[str]) -> str | None:
+    """
+    A user's C{image} as their picture claim when the admin API would take
+    it; else None, with a problem line, as the user is still imported.
+    """
+    image = row.get("image")
+    if not image or (problem := picture_problem(image)) is None:
+        return image or None
+    problems.append(f"user {row['id']} ({row['email']}): imported without a picture: its image {problem}")
+    return None
+
+
 def plan(source: Source, *, now: int, provider: str, cipher, secret_key: bytes, offer: Offer = Offer()) -> Plan:
     """
     The records to write, made from C{source}: C{cipher} (None without a
@@ -339,10 +363,6 @@ def plan(source: Source, *, now: int, provider: str, cipher, secret_key: bytes, 
     credentials = {a["userId"]: a["password"] for a in source.accounts if a["providerId"] == "credential"}
     users, bans = [], []
     for row in source.users:
-        user = User(
-            sub=row["id"], login=row["email"], name=row.get("name"), picture=row.get("image"),
-            email=row["email"], email_verified=bool(row.get("emailVerified")),
-        )
         password_hash = credentials.get(row["id"])
         if password_hash is None:
             problems.append(f"user {row['id']} ({row['email']}) has no password (social sign-in only): not imported"
@@ -351,6 +371,10 @@ def plan(source: Source, *, now: int, provider: str, cipher, secret_key: bytes, 
             problems.append(f"user {row['id']} ({row['email']}): the password hash is not in Better Auth's"
                             " scrypt form: not imported")
         else:
+            user = User(
+                sub=row["id"], login=row["email"], name=row.get("name"), picture=_picture(row, problems),
+                email=row["email"], email_verified=bool(row.get("emailVerified")),
+            )
             users.append((user, password_hash))
         until = _epoch(row.get("banExpires"))
         if row.get("banned") and (until is None or until > now):

@@ -30,6 +30,20 @@ NO_WRITABLE_BACKEND = (
     ' in mode "own"): users live elsewhere, manage them there'
 )
 PROFILE = ("login", "sub", "name", "email", "email_verified", "picture", "chat_user_id", "password")
+PICTURE_MAX = 2048
+"""The longest picture URL: it goes into every ID token and UserInfo answer of its user."""
+
+
+def picture_problem(picture: str) -> str | None:
+    """
+    Why C{picture} cannot be a user's picture claim, or None: only a short
+    http(s) URL, never a C{data:} URL of megabytes carried by every token.
+    """
+    if not picture.startswith(("https://", "http://")):
+        return "is not an http(s) URL"
+    if len(picture) > PICTURE_MAX:
+        return f"is over {PICTURE_MAX} characters"
+    return None
 
 
 LATEST_UNTIL = 253402300799
@@ -231,8 +245,8 @@ class UserOperations:
                 raise InvalidInput(f"{field} must be a non-empty string or null", field)
         if data.get("email") and "@" not in data["email"]:
             raise InvalidInput(f"email {data['email']!r} is not an email address", "email")
-        if data.get("picture") and not data["picture"].startswith(("https://", "http://")):
-            raise InvalidInput("picture must be an http(s) URL", "picture")
+        if data.get("picture") and (problem := picture_problem(data["picture"])):
+            raise InvalidInput(f"picture {problem}", "picture")
         email_verified = data.get("email_verified", False)
         if not isinstance(email_verified, bool):
             raise InvalidInput("email_verified must be true or false", "email_verified")
