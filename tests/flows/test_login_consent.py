@@ -83,6 +83,21 @@ async def test_the_login_page_is_a_plain_form_naming_the_client(tmp_path, monkey
 
 
 @pytest_twisted.ensureDeferred
+async def test_another_account_shows_the_form_without_the_login_hint(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        url = await login_page(browser, "partner", login_hint="bob@example")
+        response, body = await browser.get(url + "&account=other")
+        assert_page(response, body, 200)
+        assert b"bob@example" not in body and b'value=""' in body and b"Use another account" not in body
+        response, _ = await browser.submit_login(url, ALICE.login, PASSWORDS[ALICE.sub])
+        assert response.code == 303 and "/consent?request=" in location(response)
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_client_names_are_escaped(tmp_path, monkeypatch):
     clients = [*CLIENTS, {"client_id": "odd", "name": "<script>alert(1)</script>",
                           "redirect_uris": ["http://127.0.0.1:9005/cb"]}]

@@ -99,6 +99,12 @@ The client of a sign-in the account page asks for (L{InteractionFlow.sign_in_aga
 no configured or registered client can have its id, which holds a ':'.
 """
 
+ANOTHER_ACCOUNT = {"account": "other"}
+"""
+The login form's query for its "not you?" link: the form of the same
+sign-in without the login hint (L{InteractionFlow.login_form}).
+"""
+
 _STAGE_PATHS = {LOGIN_STAGE: "/login", MFA_STAGE: "/mfa", ENROL_STAGE: "/mfa/enrol", CONSENT_STAGE: "/consent"}
 
 
@@ -244,12 +250,16 @@ class InteractionFlow:
                             login_hint=hinted.login if hinted is not None else request.login_hint)
 
     async def login_form(self, form: dict[str, str] | None, now: int) -> LoginForm:
+        """The waiting request's login form; with L{ANOTHER_ACCOUNT}, without its login hint."""
         interaction, client = await self._interaction(form, LOGIN_STAGE, now)
-        return await self._first_login_form(interaction, client, now)
+        another = ANOTHER_ACCOUNT.items() <= (form or {}).items()
+        return await self._first_login_form(interaction, client, now, hinted=not another)
 
-    async def _first_login_form(self, interaction: Interaction, client: Client, now: int) -> LoginForm:
+    async def _first_login_form(self, interaction: Interaction, client: Client, now: int, *,
+                                hinted: bool = True) -> LoginForm:
         """The form as a waiting request first shows it: the login hint as the user name, a passkey challenge."""
-        login_form = self._login_form(200, interaction, client, username=interaction.request.login_hint or "")
+        username = (interaction.request.login_hint or "") if hinted else ""
+        login_form = self._login_form(200, interaction, client, username=username)
         return await self._with_passkey(login_form, now)
 
     async def _with_passkey(self, login_form: LoginForm, now: int) -> LoginForm:
