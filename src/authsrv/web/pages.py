@@ -23,7 +23,7 @@ from authsrv.protocol.urls import csp_source
 STYLE = """
 :root{color-scheme:light dark;font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif}
 body{margin:0;display:flex;justify-content:center;padding:2rem 1rem;line-height:1.5}
-main{width:100%;max-width:24rem}
+main{width:100%;max-width:24rem;overflow-wrap:anywhere}
 h1{font-size:1.4rem;margin:0 0 1rem}
 h2{font-size:1.1rem;margin:1.6rem 0 .4rem}
 label{display:block;margin:.8rem 0 .2rem;font-weight:600}
