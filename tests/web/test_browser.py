@@ -203,6 +203,19 @@ def assert_fits(driver) -> None:
     assert widths[0] <= widths[1], widths
 
 
+def test_a_double_click_on_sign_in_signs_in_once(server, driver, callback):
+    """The answer is slow to come back (a far network), so the second click lands on the page still shown."""
+    driver.get(authorize_url(server, "partner", callback + "/partner", "st-4"))
+    WebDriverWait(driver, WAIT).until(expected_conditions.presence_of_element_located((By.NAME, "username")))
+    driver.find_element(By.NAME, "username").send_keys("carol")
+    driver.find_element(By.NAME, "password").send_keys(PASSWORD)
+    driver.set_network_conditions(offline=False, latency=300, download_throughput=10**7, upload_throughput=10**7)
+    driver.execute_script("var b = document.querySelector('button[type=submit]');"
+                          " b.click(); setTimeout(function () { b.click(); }, 100);")
+    WebDriverWait(driver, WAIT).until(lambda d: d.title != "Sign in")
+    assert driver.title == "Allow Partner Site?", driver.find_element(By.TAG_NAME, "main").text
+
+
 @pytest.mark.parametrize(("ci", "outcome"), [("true", pytest.fail.Exception), (None, pytest.skip.Exception)])
 def test_a_missing_browser_fails_in_ci_and_is_skipped_elsewhere(tmp_path, monkeypatch, ci, outcome):
     if ci is None:
