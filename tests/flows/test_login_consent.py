@@ -417,6 +417,21 @@ async def test_deny_goes_back_with_access_denied_and_remembers_nothing(tmp_path,
 
 
 @pytest_twisted.ensureDeferred
+async def test_going_back_to_a_finished_sign_in_says_it_finished(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        url = await consent_page(browser, ALICE)
+        response, _ = await browser.answer_consent(url, "approve")
+        assert response.code == 303 and "code" in query_of(location(response))
+        response, body = await browser.get(url)
+        assert_page(response, body, 400)
+        assert b"<title>Sign-in ended</title>" in body and b"This sign-in has already finished" in body
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_first_party_clients_never_show_the_consent_page(tmp_path, monkeypatch):
     h = await started(tmp_path, monkeypatch)
     try:
@@ -496,7 +511,7 @@ async def test_pending_requests_expire_and_are_used_once(tmp_path, monkeypatch):
         h.clock.advance(h.config.limits.pending_request_ttl + 1)
         for response, body in [await browser.get(url), await browser.post(ISSUER + "/login", fields)]:
             assert_page(response, body, 400)
-            assert b"The sign-in took too long and has expired; start again from the application." in body
+            assert b"it took too long and expired; if the application did not sign you in, start again" in body
         url = await login_page(browser)
         _, body = await browser.get(url)
         fields = {**hidden_fields(body), "username": "alice", "password": PASSWORDS[ALICE.sub]}

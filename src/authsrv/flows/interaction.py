@@ -82,7 +82,8 @@ INCORRECT = "The username or password is incorrect."
 MISSING = "Enter your username and password."
 UNAVAILABLE = "Signing in is not possible right now; please try again later."
 FORM_EXPIRED = "This form expired or was not sent by this site; start again from the application."
-TOO_LONG = "The sign-in took too long and has expired; start again from the application."
+ENDED = ("This sign-in has already finished, or it took too long and expired; if the application did not sign"
+         " you in, start again from there.")
 SIGNED_OUT = "You are no longer signed in; start again from the application."
 WRONG_CODE = "That code is not right, or was used already. Try the next code from your app."
 MISSING_CODE = "Enter the code from your authenticator app, or a recovery code."
@@ -135,7 +136,11 @@ def too_many_waiting(retry_after: int) -> PageError:
 
 
 def _expired() -> PageError:
-    return PageError(400, "Sign-in expired", TOO_LONG)
+    """
+    A sign-in that is over: expired, or finished (the back button to one of
+    its pages, a form posted twice), which must not read as the user's fault.
+    """
+    return PageError(400, "Sign-in ended", ENDED)
 
 
 def _forged() -> PageError:
