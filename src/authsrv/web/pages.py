@@ -35,7 +35,7 @@ button.primary{background:#1f5fbf;color:#fff;border-color:#1f5fbf}
 .row{display:flex;gap:.6rem;flex-wrap:wrap}
 .error{padding:.6rem .8rem;border-radius:.4rem;background:#fde8e8;color:#8a1c1c}
 ul{padding-left:1.2rem}
-small{color:#777}
+small{opacity:.8}
 """.strip()
 
 
