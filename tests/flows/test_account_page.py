@@ -269,16 +269,17 @@ def test_devices_are_named_from_the_user_agent():
 
 
 @pytest_twisted.ensureDeferred
-async def test_the_one_script_is_the_one_the_policy_allows(tmp_path, monkeypatch):
+async def test_the_scripts_are_the_ones_the_policy_allows(tmp_path, monkeypatch):
     h = await started(tmp_path, monkeypatch)
     try:
         browser, _ = await signed_in(h)
         response, body = await browser.get(ACCOUNT)
-        [script] = re.findall(r"<script>(.*?)</script>", body.decode(), re.S)
-        digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
+        passkey, guard = re.findall(r"<script>(.*?)</script>", body.decode(), re.S)
+        digests = [base64.b64encode(hashlib.sha256(s.encode()).digest()).decode() for s in (passkey, guard)]
         policy = response.headers.getRawHeaders(b"content-security-policy")[0].decode()
-        assert f"script-src 'sha256-{digest}';" in policy and policy.count("script-src") == 1
-        assert "navigator.credentials" in script and 'data-passkey="create"' in body.decode()
+        assert "script-src {};".format(" ".join(f"'sha256-{d}'" for d in digests)) in policy
+        assert policy.count("script-src") == 1
+        assert "navigator.credentials" in passkey and 'data-passkey="create"' in body.decode()
         [add] = forms(body, ACCOUNT + "/passkeys")
         response, body = await browser.post(ACCOUNT + "/passkeys", {**add, "credential": '{"id": "forged"}'})
         assert response.code == 200 and b"The passkey could not be added." in body

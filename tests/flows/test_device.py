@@ -239,7 +239,7 @@ async def test_code_form_without_a_code_and_with_a_malformed_one(tmp_path, monke
         response, body = await h.get("/api/auth/device")
         assert response.code == 200 and b'name="user_code"' in body and b'method="get"' in body
         response, body = await h.get("/api/auth/device?user_code=<script>")
-        assert response.code == 200 and b"eight letters" in body and b"<script>" not in body
+        assert response.code == 200 and b"eight letters" in body and body.count(b"<script>") == 1
         response, body = await h.get("/api/auth/device?user_code=a&user_code=b")
         assert response.code == 400
     finally:

@@ -74,10 +74,25 @@ async def test_the_login_page_is_a_plain_form_naming_the_client(tmp_path, monkey
         assert set(hidden_fields(body)) == {"request", "csrf", "credential"}
         assert hidden_fields(body)["request"] == query_of(url)["request"]
         assert 'name="viewport"' in page
-        assert page.count("<script") == 1 and "src=" not in page and "<link" not in page
+        assert page.count("<script") == 2 and "src=" not in page and "<link" not in page
         assert '/api/auth/login/passkey"' in page and 'data-passkey="get"' in page
         device = [c for c in browser.set_cookie_headers if c.startswith("authsrv_device=")]
         assert len(device) == 1 and "HttpOnly" in device[0] and "SameSite=lax" in device[0]
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_another_account_shows_the_form_without_the_login_hint(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        url = await login_page(browser, "partner", login_hint="bob@example")
+        response, body = await browser.get(url + "&account=other")
+        assert_page(response, body, 200)
+        assert b"bob@example" not in body and b'value=""' in body and b"Use another account" not in body
+        response, _ = await browser.submit_login(url, ALICE.login, PASSWORDS[ALICE.sub])
+        assert response.code == 303 and "/consent?request=" in location(response)
     finally:
         await h.close()
 
@@ -91,7 +106,7 @@ async def test_client_names_are_escaped(tmp_path, monkeypatch):
         browser = Browser(h)
         response, body = await browser.get(await login_page(browser, "odd", redirect_uri="http://127.0.0.1:9005/cb",
                                                               login_hint='"><script>'))
-        assert body.count(b"<script>") == 1 and b"&lt;script&gt;alert(1)&lt;/script&gt;" in body
+        assert body.count(b"<script>") == 2 and b"&lt;script&gt;alert(1)&lt;/script&gt;" in body
     finally:
         await h.close()
 
@@ -402,6 +417,21 @@ async def test_deny_goes_back_with_access_denied_and_remembers_nothing(tmp_path,
 
 
 @pytest_twisted.ensureDeferred
+async def test_going_back_to_a_finished_sign_in_says_it_finished(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        url = await consent_page(browser, ALICE)
+        response, _ = await browser.answer_consent(url, "approve")
+        assert response.code == 303 and "code" in query_of(location(response))
+        response, body = await browser.get(url)
+        assert_page(response, body, 400)
+        assert b"<title>Sign-in ended</title>" in body and b"This sign-in has already finished" in body
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_first_party_clients_never_show_the_consent_page(tmp_path, monkeypatch):
     h = await started(tmp_path, monkeypatch)
     try:
@@ -481,7 +511,7 @@ async def test_pending_requests_expire_and_are_used_once(tmp_path, monkeypatch):
         h.clock.advance(h.config.limits.pending_request_ttl + 1)
         for response, body in [await browser.get(url), await browser.post(ISSUER + "/login", fields)]:
             assert_page(response, body, 400)
-            assert b"The sign-in took too long and has expired; start again from the application." in body
+            assert b"it took too long and expired; if the application did not sign you in, start again" in body
         url = await login_page(browser)
         _, body = await browser.get(url)
         fields = {**hidden_fields(body), "username": "alice", "password": PASSWORDS[ALICE.sub]}

@@ -40,6 +40,7 @@ CHROMEDRIVER = Path("/usr/bin/chromedriver")
 WAIT = 10
 PASSWORD = "a long and correct passphrase"
 CHEAP = PasswordHasher.from_parameters(profiles.CHEAPEST)
+LONG_NAME = "The " + "Extraordinarily" * 8 + " Application"
 
 
 class _Callback(BaseHTTPRequestHandler):
@@ -75,6 +76,7 @@ def server(run_server, tmp_path, callback):
         {"client_id": "web", "name": "First Web", "first_party": True,
          "redirect_uris": [callback + "/first"]},
         {"client_id": "partner", "name": "Partner Site", "redirect_uris": [callback + "/partner"]},
+        {"client_id": "long", "name": LONG_NAME, "redirect_uris": [callback + "/long"]},
     ]
     config = {
         "server": {"public_url": f"http://127.0.0.1:{port}", "listen": [f"tcp:{port}:interface=127.0.0.1"]},
@@ -184,6 +186,34 @@ def test_a_person_signs_in_consents_and_lands_back_at_the_client(server, driver,
         assert cookies[name]["sameSite"] == "Lax"
         assert cookies[name]["path"] == "/api/auth"
         assert cookies[name]["secure"] is False
+
+
+def test_a_long_client_name_wraps_within_the_page(server, driver, callback):
+    driver.get(authorize_url(server, "long", callback + "/long", "st-3"))
+    assert LONG_NAME in driver.find_element(By.TAG_NAME, "main").text
+    assert_fits(driver)
+    sign_in(driver, "carol", PASSWORD)
+    WebDriverWait(driver, WAIT).until(lambda d: "/consent?" in d.current_url)
+    assert_fits(driver)
+
+
+def assert_fits(driver) -> None:
+    """Nothing on the page is wider than its column: a long name wraps instead."""
+    widths = driver.execute_script("var m = document.querySelector('main'); return [m.scrollWidth, m.clientWidth]")
+    assert widths[0] <= widths[1], widths
+
+
+def test_a_double_click_on_sign_in_signs_in_once(server, driver, callback):
+    """The answer is slow to come back (a far network), so the second click lands on the page still shown."""
+    driver.get(authorize_url(server, "partner", callback + "/partner", "st-4"))
+    WebDriverWait(driver, WAIT).until(expected_conditions.presence_of_element_located((By.NAME, "username")))
+    driver.find_element(By.NAME, "username").send_keys("carol")
+    driver.find_element(By.NAME, "password").send_keys(PASSWORD)
+    driver.set_network_conditions(offline=False, latency=300, download_throughput=10**7, upload_throughput=10**7)
+    driver.execute_script("var b = document.querySelector('button[type=submit]');"
+                          " b.click(); setTimeout(function () { b.click(); }, 100);")
+    WebDriverWait(driver, WAIT).until(lambda d: d.title != "Sign in")
+    assert driver.title == "Allow Partner Site?", driver.find_element(By.TAG_NAME, "main").text
 
 
 @pytest.mark.parametrize(("ci", "outcome"), [("true", pytest.fail.Exception), (None, pytest.skip.Exception)])

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from twisted.web.test.requesthelper import DummyRequest
 
 from authsrv.flows.outcomes import LoginForm
-from authsrv.web.interaction_pages import _login_content, login_page
+from authsrv.web.interaction_pages import _login_content, another_account, login_page
 from authsrv.web.pages import PreparedPage, render_page
 
 texts = st.text(alphabet=st.sampled_from('a<>&"\' =/é\u2028;') | st.characters(blacklist_categories=("Cs",)), max_size=20)
@@ -36,12 +36,13 @@ def test_prepared_login_page_is_the_flattened_one(client_name, username, message
     action = "https://id.example/login"
     values = {"client_name": client_name, "message": message, "action": action, "username": username,
               "interaction_id": interaction_id, "csrf": csrf, "passkey_action": action + "/passkey",
-              "passkey_options": options}
+              "passkey_options": options,
+              "another_account": another_account(action, interaction_id)}
 
     def flattened(request):
         if retry_after is not None:
             request.setHeader(b"retry-after", str(retry_after).encode())
-        content = _login_content(bool(message), options is not None, values.__getitem__)
+        content = _login_content(bool(message), options is not None, bool(username), values.__getitem__)
         return render_page(request, status, "Sign in", *content, form_origin=form.client_origin)
 
     assert rendered(lambda request: login_page(request, action, form)) == rendered(flattened)

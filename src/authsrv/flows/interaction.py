@@ -82,7 +82,8 @@ INCORRECT = "The username or password is incorrect."
 MISSING = "Enter your username and password."
 UNAVAILABLE = "Signing in is not possible right now; please try again later."
 FORM_EXPIRED = "This form expired or was not sent by this site; start again from the application."
-TOO_LONG = "The sign-in took too long and has expired; start again from the application."
+ENDED = ("This sign-in has already finished, or it took too long and expired; if the application did not sign"
+         " you in, start again from there.")
 SIGNED_OUT = "You are no longer signed in; start again from the application."
 WRONG_CODE = "That code is not right, or was used already. Try the next code from your app."
 MISSING_CODE = "Enter the code from your authenticator app, or a recovery code."
@@ -97,6 +98,12 @@ ACCOUNT_CLIENT = Client(client_id="urn:authsrv:account", secret_hash=None, redir
 """
 The client of a sign-in the account page asks for (L{InteractionFlow.sign_in_again}):
 no configured or registered client can have its id, which holds a ':'.
+"""
+
+ANOTHER_ACCOUNT = {"account": "other"}
+"""
+The login form's query for its "not you?" link: the form of the same
+sign-in without the login hint (L{InteractionFlow.login_form}).
 """
 
 _STAGE_PATHS = {LOGIN_STAGE: "/login", MFA_STAGE: "/mfa", ENROL_STAGE: "/mfa/enrol", CONSENT_STAGE: "/consent"}
@@ -129,7 +136,11 @@ def too_many_waiting(retry_after: int) -> PageError:
 
 
 def _expired() -> PageError:
-    return PageError(400, "Sign-in expired", TOO_LONG)
+    """
+    A sign-in that is over: expired, or finished (the back button to one of
+    its pages, a form posted twice), which must not read as the user's fault.
+    """
+    return PageError(400, "Sign-in ended", ENDED)
 
 
 def _forged() -> PageError:
@@ -244,12 +255,16 @@ class InteractionFlow:
                             login_hint=hinted.login if hinted is not None else request.login_hint)
 
     async def login_form(self, form: dict[str, str] | None, now: int) -> LoginForm:
+        """The waiting request's login form; with L{ANOTHER_ACCOUNT}, without its login hint."""
         interaction, client = await self._interaction(form, LOGIN_STAGE, now)
-        return await self._first_login_form(interaction, client, now)
+        another = ANOTHER_ACCOUNT.items() <= (form or {}).items()
+        return await self._first_login_form(interaction, client, now, hinted=not another)
 
-    async def _first_login_form(self, interaction: Interaction, client: Client, now: int) -> LoginForm:
+    async def _first_login_form(self, interaction: Interaction, client: Client, now: int, *,
+                                hinted: bool = True) -> LoginForm:
         """The form as a waiting request first shows it: the login hint as the user name, a passkey challenge."""
-        login_form = self._login_form(200, interaction, client, username=interaction.request.login_hint or "")
+        username = (interaction.request.login_hint or "") if hinted else ""
+        login_form = self._login_form(200, interaction, client, username=username)
         return await self._with_passkey(login_form, now)
 
     async def _with_passkey(self, login_form: LoginForm, now: int) -> LoginForm:

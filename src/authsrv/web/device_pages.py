@@ -9,7 +9,7 @@ from __future__ import annotations
 from twisted.web.template import tags
 
 from authsrv.flows.outcomes import DeviceCodeForm, DeviceConsent
-from authsrv.web.interaction_pages import scope_words
+from authsrv.web.interaction_pages import described_by, error_message, scope_words
 from authsrv.web.pages import render_page
 
 
@@ -22,12 +22,12 @@ def device_code_page(request, action: str, form: DeviceCodeForm) -> bytes:
         form.status,
         "Connect a device",
         tags.p("Enter the code your TV, console or command-line tool shows."),
-        *([tags.p(class_="error", role="alert")(form.message)] if form.message else []),
+        *error_message(form.message),
         tags.form(method="get", action=action)(
             tags.label(for_="user_code")("Code"),
             tags.input(type="text", id="user_code", name="user_code", value=form.user_code, required="",
                        autocomplete="off", autocapitalize="characters", spellcheck="false", autofocus="",
-                       maxlength="16", placeholder="BCDF-GHJK"),
+                       maxlength="16", placeholder="BCDF-GHJK", **described_by(bool(form.message))),
             tags.button(type="submit", class_="primary")("Continue"),
         ),
     )

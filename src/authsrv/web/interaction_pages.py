@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 from functools import partial
+from itertools import product
+from urllib.parse import urlencode
 
 import segno
 from twisted.web.template import tags
 
+from authsrv.flows.interaction import ANOTHER_ACCOUNT
 from authsrv.flows.outcomes import (
     ConsentForm,
     EnrolmentForm,
@@ -41,6 +44,16 @@ def _hidden(request_id: str, csrf: str):
     )
 
 
+def error_message(message: str | None) -> list:
+    """Why a form is shown again, announced, and named by its fields' L{described_by}."""
+    return [tags.p(class_="error", role="alert", id="message")(message)] if message else []
+
+
+def described_by(message: bool) -> dict[str, str]:
+    """A field's attributes that tie it to the form's L{error_message}, if shown, so a screen reader reads both."""
+    return {"aria-describedby": "message"} if message else {}
+
+
 def passkey_form(action: str, interaction_id: str, csrf: str, options: str | None, label: str) -> list:
     """
     A form that asks the browser for a passkey and posts its answer; hidden
@@ -60,19 +73,26 @@ def passkey_form(action: str, interaction_id: str, csrf: str, options: str | Non
     ]
 
 
-def _login_content(message: bool, passkeys: bool, field) -> tuple:
-    """The sign-in form's tags, with a message or a passkey form or neither, its texts left to C{field}."""
+def _login_content(message: bool, passkeys: bool, filled: bool, field) -> tuple:
+    """
+    The sign-in form's tags, with a message or a passkey form or neither, its
+    texts left to C{field}. A C{filled} user name (a login hint, a retry)
+    puts the cursor in the password field and offers another account.
+    """
+    described = described_by(message)
     return (
         tags.p("to continue to ", tags.strong(field("client_name"))),
-        *([tags.p(class_="error", role="alert")(field("message"))] if message else []),
+        *(error_message(field("message")) if message else []),
         tags.form(method="post", action=field("action"))(
             tags.label(for_="username")("Username"),
             tags.input(type="text", id="username", name="username", value=field("username"), required="",
                        autocomplete="username", autocapitalize="none", spellcheck="false",
-                       autofocus=""),
+                       **described, **({} if filled else {"autofocus": ""})),
+            *([tags.p(tags.small("Not you? ", tags.a(href=field("another_account"))("Use another account")))]
+              if filled else []),
             tags.label(for_="password")("Password"),
             tags.input(type="password", id="password", name="password", required="",
-                       autocomplete="current-password"),
+                       autocomplete="current-password", **described, **({"autofocus": ""} if filled else {})),
             *_hidden(field("interaction_id"), field("csrf")),
             tags.button(type="submit", class_="primary")("Sign in"),
         ),
@@ -81,20 +101,26 @@ def _login_content(message: bool, passkeys: bool, field) -> tuple:
     )
 
 
-_LOGIN_PAGES = {(message, passkeys): PreparedPage("Sign in", partial(_login_content, message, passkeys))
-                for message in (False, True) for passkeys in (False, True)}
-"""The login page in its four shapes, prepared once: it is shown in every sign-in."""
+_LOGIN_PAGES = {shape: PreparedPage("Sign in", partial(_login_content, *shape))
+                for shape in product((False, True), repeat=3)}
+"""The login page in its eight shapes, prepared once: it is shown in every sign-in."""
 
 
 def login_page(request, action: str, form: LoginForm) -> bytes:
     """The sign-in form, and a passkey instead when passkeys are on; its C{message} says why it is shown again."""
     if form.retry_after is not None:
         request.setHeader(b"retry-after", str(form.retry_after).encode())
-    page = _LOGIN_PAGES[bool(form.message), form.passkey_options is not None]
+    page = _LOGIN_PAGES[bool(form.message), form.passkey_options is not None, bool(form.username)]
     return page.render(request, form.status, form.client_origin, client_name=form.client_name,
                        message=form.message or "", action=action, username=form.username,
+                       another_account=another_account(action, form.interaction_id),
                        interaction_id=form.interaction_id, csrf=form.csrf,
                        passkey_action=f"{action}/passkey", passkey_options=form.passkey_options or "")
+
+
+def another_account(action: str, interaction_id: str) -> str:
+    """The login form of the same sign-in without the user name it was shown with (L{ANOTHER_ACCOUNT})."""
+    return f"{action}?{urlencode({'request': interaction_id, **ANOTHER_ACCOUNT})}"
 
 
 def second_factor_page(request, action: str, form: SecondFactorForm) -> bytes:
@@ -107,7 +133,7 @@ def second_factor_page(request, action: str, form: SecondFactorForm) -> bytes:
     code = [tags.form(method="post", action=action)(
         tags.label(for_="code")("Code from your authenticator app"),
         tags.input(type="text", id="code", name="code", required="", autocomplete="one-time-code",
-                   autocapitalize="none", spellcheck="false", autofocus=""),
+                   autocapitalize="none", spellcheck="false", autofocus="", **described_by(bool(form.message))),
         tags.p(tags.small("Lost your phone? Enter one of your recovery codes instead.")),
         *_hidden(form.interaction_id, form.csrf),
         tags.button(type="submit", class_="primary")("Continue"),
@@ -117,7 +143,7 @@ def second_factor_page(request, action: str, form: SecondFactorForm) -> bytes:
         form.status,
         "Confirm it is you" if not form.code else "Enter your code",
         tags.p("to continue to ", tags.strong(form.client_name)),
-        *([tags.p(class_="error", role="alert")(form.message)] if form.message else []),
+        *error_message(form.message),
         *code,
         *passkey_form(f"{action}/passkey", form.interaction_id, form.csrf, form.passkey_options,
                       "Use a passkey"),
@@ -160,7 +186,7 @@ def enrolment_page(request, action: str, form: EnrolmentForm) -> bytes:
         form.status,
         "Set up two-step sign-in",
         *lead,
-        *([tags.p(class_="error", role="alert")(form.message)] if form.message else []),
+        *error_message(form.message),
         tags.p("1. Scan this code with your authenticator app, or type in the key below it."),
         tags.img(src=qr_code(form.otpauth_uri), alt="QR code of your new authenticator key", width="200"),
         tags.p(tags.code(form.secret)),
@@ -170,7 +196,7 @@ def enrolment_page(request, action: str, form: EnrolmentForm) -> bytes:
         tags.form(method="post", action=action)(
             tags.label(for_="code")("3. Enter the code your app shows now"),
             tags.input(type="text", id="code", name="code", inputmode="numeric", autocomplete="one-time-code",
-                       required=""),
+                       required="", **described_by(bool(form.message)), **({"autofocus": ""} if form.message else {})),
             tags.input(type="hidden", name="sealed", value=form.sealed),
             *[tags.input(type="hidden", name=name, value=value) for name, value in form.fields],
             tags.div(class_="row")(

@@ -2,8 +2,9 @@
 Server-rendered HTML pages: no external assets, readable on a phone, and
 never framed (docs/design.md, Browser pages). Built with twisted.web.template
 tags, which escape every text and attribute. The only JavaScript is the
-passkey script (L{PASSKEY_SCRIPT}), inline where a page offers passkeys and
-allowed by its hash alone; every page works without it.
+passkey script (L{PASSKEY_SCRIPT}), inline where a page offers passkeys, and
+the submit guard (L{SUBMIT_SCRIPT}) on every page, each allowed by its hash
+alone; every page works without them.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from authsrv.protocol.urls import csp_source
 STYLE = """
 :root{color-scheme:light dark;font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif}
 body{margin:0;display:flex;justify-content:center;padding:2rem 1rem;line-height:1.5}
-main{width:100%;max-width:24rem}
+main{width:100%;max-width:24rem;overflow-wrap:anywhere}
 h1{font-size:1.4rem;margin:0 0 1rem}
 h2{font-size:1.1rem;margin:1.6rem 0 .4rem}
 label{display:block;margin:.8rem 0 .2rem;font-weight:600}
@@ -34,14 +35,27 @@ button.primary{background:#1f5fbf;color:#fff;border-color:#1f5fbf}
 .row{display:flex;gap:.6rem;flex-wrap:wrap}
 .error{padding:.6rem .8rem;border-radius:.4rem;background:#fde8e8;color:#8a1c1c}
 ul{padding-left:1.2rem}
-small{color:#777}
+small{opacity:.8}
 """.strip()
 
-PASSKEY_SCRIPT = resources.files("authsrv.web").joinpath("passkey.js").read_text("utf-8")
+
+def _script(name: str) -> str:
+    return resources.files("authsrv.web").joinpath(name).read_text("utf-8")
+
+
+PASSKEY_SCRIPT = _script("passkey.js")
 """
 The browser's own WebAuthn call (navigator.credentials) for the forms marked
 C{data-passkey}; written without C{<}, C{>} or C{&}, which the page's
 escaping would change and so break its hash.
+"""
+
+SUBMIT_SCRIPT = _script("submit.js")
+"""
+Lets a page send one form: a double click on "Sign in" or "Allow" would
+post the form again, and the second post finds its sign-in used up by the
+first and shows an error while the first one's answer is dropped. Written
+as L{PASSKEY_SCRIPT} is.
 """
 
 
@@ -50,7 +64,8 @@ def _hash(text: str) -> str:
 
 
 CONTENT_SECURITY_POLICY = (
-    f"default-src 'none'; style-src 'sha256-{_hash(STYLE)}'; script-src 'sha256-{_hash(PASSKEY_SCRIPT)}';"
+    f"default-src 'none'; style-src 'sha256-{_hash(STYLE)}'; script-src 'sha256-{_hash(PASSKEY_SCRIPT)}'"
+    f" 'sha256-{_hash(SUBMIT_SCRIPT)}';"
     " img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
 )
 
@@ -86,7 +101,7 @@ def _document(title: str, content: tuple) -> bytes:
             tags.title(title),
             tags.style(STYLE),
         ),
-        tags.body(Tag("main")(tags.h1(title), *content)),
+        tags.body(Tag("main")(tags.h1(title), *content), tags.script(SUBMIT_SCRIPT)),
     )
     results: list = []
     flattenString(None, document).addBoth(results.append)
