@@ -283,16 +283,7 @@ class RemoteDocuments:
 
 def _footprint(url: str, document: dict) -> int:
     """The bytes a cached document takes in memory, its URL with it, counted once when it is fetched."""
-    size, values = sys.getsizeof(url), [document]
-    while values:
-        value = values.pop()
-        size += sys.getsizeof(value)
-        if isinstance(value, dict):
-            values.extend(value)
-            values.extend(value.values())
-        elif isinstance(value, list):
-            values.extend(value)
-    return size
+    return sys.getsizeof(url) + sum(sys.getsizeof(part) for part in jsontext.parts(document))
 
 
 def _timed_out(result, timeout) -> None:

@@ -14,6 +14,7 @@ Infinity Python's reader takes, which JSON has not (section 6).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 
 class NotJSONText(ValueError):
@@ -54,19 +55,25 @@ def loads(data: bytes | bytearray | str):
     return value
 
 
-def _holds_lone_surrogate(value) -> bool:
-    """Whether any string or member name in C{value} does; a pair was joined by the parser."""
+def parts(value) -> Iterator:
+    """C{value} and everything in it, member names included, without recursion (however deeply it nests)."""
     pending = [value]
     while pending:
         item = pending.pop()
+        yield item
+        if isinstance(item, dict):
+            pending.extend(item)
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+
+
+def _holds_lone_surrogate(value) -> bool:
+    """Whether any string or member name in C{value} does; a pair was joined by the parser."""
+    for item in parts(value):
         if isinstance(item, str):
             try:
                 item.encode("utf-8")
             except UnicodeEncodeError:
                 return True
-        elif isinstance(item, dict):
-            pending.extend(item)
-            pending.extend(item.values())
-        elif isinstance(item, list):
-            pending.extend(item)
     return False
