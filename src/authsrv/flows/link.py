@@ -64,6 +64,7 @@ class ChatLinking:
         self._provider = provider
         self._cipher = cipher
         self._pkce = pkce_enabled
+        self.start_url = f"{issuer}/link/chat"
         self.redirect_uri = f"{issuer}/link/chat/callback"
         self.unlink_url = f"{issuer}/link/chat/unlink"
 
@@ -73,9 +74,20 @@ class ChatLinking:
 
     async def session(self, cookie_value: str | None, now: int) -> BrowserSession:
         """The live session of a user in good standing, else L{PageError}."""
-        session = await self._store.get_session(token_hash(cookie_value), now) if cookie_value else None
+        session = await self.signed_in(cookie_value, now)
         if session is None:
             raise sign_in_first()
+        return session
+
+    async def signed_in(self, cookie_value: str | None, now: int) -> BrowserSession | None:
+        """
+        The live session of a user in good standing, None without one (the
+        start page then signs the browser in), L{PageError} for a user who
+        may not link.
+        """
+        session = await self._store.get_session(token_hash(cookie_value), now) if cookie_value else None
+        if session is None:
+            return None
         if not (await standing(self._identity, self._store, session.sub, now)).allowed:
             raise PageError(403, "Account not allowed", "This account may not link a chat account.")
         return session
