@@ -13,6 +13,7 @@ import re
 import pytest
 import pytest_twisted
 from treq.testing import StubTreq
+from twisted.logger import formatEvent
 
 from flow_client import Browser, location
 from harness import ISSUER, Harness, query_of
@@ -165,6 +166,8 @@ async def test_a_chat_account_linked_to_another_user_is_refused(world):
     assert world.fake.exchanges == 2
     assert await world.h.store.get_linked_account(BOB.sub, "discord") is None
     assert await world.h.store.get_linked_account(ALICE.sub, "discord") == alices
+    assert revoked_once_each(world)
+    assert world.fake.access_valid(world.cipher.decrypt(alices.access_token_enc, alices.account_id, ACCESS))
 
     # Its holder may link it again; once they unlink, it is free for the other user.
     response, _ = await world.callback(await world.approve(await world.start(alice)), alice)
@@ -174,6 +177,32 @@ async def test_a_chat_account_linked_to_another_user_is_refused(world):
     response, body = await world.callback(await world.approve(await world.start(bob)), bob)
     assert_page(response, body, 200, "Chat account linked")
     assert (await world.h.store.get_linked_account(BOB.sub, "discord")).provider_user_id == world.fake.user.id
+
+
+def revoked_once_each(world) -> bool:
+    """The fake saw the refused link's access and refresh token revoked, and no longer honours them."""
+    hints = [hint for _, hint in world.fake.revocations]
+    access = next(token for token, hint in world.fake.revocations if hint == "access_token")
+    return hints == ["access_token", "refresh_token"] and not world.fake.access_valid(access)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_refused_links_revocation_never_holds_up_the_page(world, audit):
+    """A revocation the provider leaves unanswered: the 409 page comes at once, the failure is logged, no token."""
+    alice = await world.sign_in()
+    await world.callback(await world.approve(await world.start(alice)), alice)
+    world.fake.hold_revocations = True
+    bob = await world.sign_in(BOB.sub)
+    response, body = await world.callback(await world.approve(await world.start(bob)), bob)
+    assert_page(response, body, 409, "already linked to another account")
+    assert world.fake.revocations == []
+
+    world.h.clock.advance(world.config.timeout)
+    world.h.clock.advance(world.config.timeout)
+    warnings = [formatEvent(e) for e in audit if "could not revoke" in (e.get("log_format") or "")]
+    assert warnings == [f"could not revoke a refused link's {hint} at discord: ChatProviderUnavailable"
+                        for hint in ("access_token", "refresh_token")], warnings
+    assert not any(token in formatEvent(e) for e in audit for token in world.fake.tokens())
 
 
 @pytest_twisted.ensureDeferred
