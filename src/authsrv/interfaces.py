@@ -849,3 +849,11 @@ class IChatProvider(Interface):
         belongs to; any answer without one, a refused token included, is
         C{ChatProviderUnavailable}.
         """
+
+    def revoke(token, token_type_hint):
+        """
+        Revoke a token this client was given (RFC 7009; C{token_type_hint}
+        "access_token" or "refresh_token") at the provider's revocation
+        endpoint; fires with None, at once when none is configured. A refusal
+        or failure is C{ChatProviderUnavailable}.
+        """

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from contextlib import asynccontextmanager
 
+import attrs
 import pytest
 import pytest_twisted
 from twisted.internet import reactor
@@ -66,3 +67,12 @@ def test_a_client_needs_a_client_id():
     config = ChatConfig(encryption_key=key_from_text(new_key_text()))
     with pytest.raises(ValueError, match="client_id"):
         ChatProvider(Clock(), None, config)
+
+
+@pytest_twisted.ensureDeferred
+async def test_without_a_revocation_endpoint_revoke_asks_nothing():
+    fake = FakeChatProvider(Clock())
+    config = attrs.evolve(config_for(fake, "https://chat.example.test"), revocation_url=None)
+    access = fake.grant()["access_token"]
+    await ChatProvider(fake.clock, fake.memory_client(), config).revoke(access, "access_token")
+    assert fake.revocations == [] and fake.access_valid(access)

@@ -431,6 +431,7 @@ def test_config_defaults(monkeypatch):
         refresh_margin=300, timeout=10, lock_ttl=30,
     )
     assert config.can_link
+    assert config.revocation_url == "https://discord.com/api/oauth2/token/revoke"
     assert "s3cret" not in repr(config) and key not in repr(config)
     assert chat_config(None) is None
 
@@ -448,6 +449,12 @@ def test_config_everything_and_secrets_from_files(tmp_path):
     assert (config.scopes, config.pkce) == (("identify",), False)
     assert (config.refresh_margin, config.timeout, config.lock_ttl) == (60, 5, 20)
     assert config.authorize_url == "http://127.0.0.1:9/authorize"
+    assert config.revocation_url is None, "Discord's revocation endpoint is no default for another provider"
+    revoking = chat_config(section({
+        "encryption_key_file": "key", "token_url": "http://localhost:9/token",
+        "revocation_url": "http://localhost:9/revoke",
+    }, tmp_path))
+    assert revoking.revocation_url == "http://localhost:9/revoke"
 
 
 def test_config_without_client_serves_stored_links_only(monkeypatch):
@@ -464,6 +471,8 @@ def test_config_without_client_serves_stored_links_only(monkeypatch):
     ({"encryption_key_env": "CHAT_KEY", "client_secret_env": "CHAT_KEY"}, "chat.client_id: is required when"),
     ({"encryption_key_env": "CHAT_KEY", "token_url": "http://chat.example/token"}, "chat.token_url: must use https"),
     ({"encryption_key_env": "CHAT_KEY", "user_url": "ftp://x/me"}, "chat.user_url: 'ftp://x/me' must be an absolute"),
+    ({"encryption_key_env": "CHAT_KEY", "revocation_url": "http://chat.example/r"},
+     "chat.revocation_url: must use https"),
     ({"encryption_key_env": "CHAT_KEY", "scopes": "identify guilds.join"}, "chat.scopes: each scope is one word"),
     ({"encryption_key_env": "CHAT_KEY", "pkce": "yes"}, "chat.pkce: must be true or false"),
     ({"encryption_key_env": "CHAT_KEY", "timeout": 0}, "chat.timeout: must be longer than zero"),

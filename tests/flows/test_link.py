@@ -13,7 +13,9 @@ import re
 import pytest
 import pytest_twisted
 from treq.testing import StubTreq
+from twisted.logger import formatEvent
 
+from flow_client import Browser, location
 from harness import ISSUER, Harness, query_of
 
 from authsrv.chat.config import ChatConfig
@@ -24,7 +26,7 @@ from authsrv.flows.link import ChatLinking, unlink_token
 from authsrv.protocol import pkce
 from authsrv.records import Ban, BrowserSession
 from authsrv.testing.fake_chat import FakeChatProvider
-from authsrv.testing.identity import ALICE, BOB, MALLORY
+from authsrv.testing.identity import ALICE, BOB, MALLORY, PASSWORDS
 from authsrv.tokens import new_token, token_hash
 from authsrv.service import web_root
 
@@ -49,10 +51,11 @@ class LinkWorld:
             store=harness.store, identity=harness.identity, provider=self.provider, cipher=self.cipher,
             issuer=ISSUER, pkce_enabled=pkce_enabled,
         ) if linking else None
-        harness.http = StubTreq(web_root(
+        harness.root = web_root(
             harness.config, harness.clock, harness.store, harness.keystore, harness.identity, lambda: None,
             chat_link=linking_flow,
-        ))
+        )
+        harness.http = StubTreq(harness.root)
         self.provider_browser = self.fake.memory_client()
 
     async def sign_in(self, sub=ALICE.sub, ttl=3600) -> str:
@@ -163,6 +166,8 @@ async def test_a_chat_account_linked_to_another_user_is_refused(world):
     assert world.fake.exchanges == 2
     assert await world.h.store.get_linked_account(BOB.sub, "discord") is None
     assert await world.h.store.get_linked_account(ALICE.sub, "discord") == alices
+    assert revoked_once_each(world)
+    assert world.fake.access_valid(world.cipher.decrypt(alices.access_token_enc, alices.account_id, ACCESS))
 
     # Its holder may link it again; once they unlink, it is free for the other user.
     response, _ = await world.callback(await world.approve(await world.start(alice)), alice)
@@ -172,6 +177,32 @@ async def test_a_chat_account_linked_to_another_user_is_refused(world):
     response, body = await world.callback(await world.approve(await world.start(bob)), bob)
     assert_page(response, body, 200, "Chat account linked")
     assert (await world.h.store.get_linked_account(BOB.sub, "discord")).provider_user_id == world.fake.user.id
+
+
+def revoked_once_each(world) -> bool:
+    """The fake saw the refused link's access and refresh token revoked, and no longer honours them."""
+    hints = [hint for _, hint in world.fake.revocations]
+    access = next(token for token, hint in world.fake.revocations if hint == "access_token")
+    return hints == ["access_token", "refresh_token"] and not world.fake.access_valid(access)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_refused_links_revocation_never_holds_up_the_page(world, audit):
+    """A revocation the provider leaves unanswered: the 409 page comes at once, the failure is logged, no token."""
+    alice = await world.sign_in()
+    await world.callback(await world.approve(await world.start(alice)), alice)
+    world.fake.hold_revocations = True
+    bob = await world.sign_in(BOB.sub)
+    response, body = await world.callback(await world.approve(await world.start(bob)), bob)
+    assert_page(response, body, 409, "already linked to another account")
+    assert world.fake.revocations == []
+
+    world.h.clock.advance(world.config.timeout)
+    world.h.clock.advance(world.config.timeout)
+    warnings = [formatEvent(e) for e in audit if "could not revoke" in (e.get("log_format") or "")]
+    assert warnings == [f"could not revoke a refused link's {hint} at discord: ChatProviderUnavailable"
+                        for hint in ("access_token", "refresh_token")], warnings
+    assert not any(token in formatEvent(e) for e in audit for token in world.fake.tokens())
 
 
 @pytest_twisted.ensureDeferred
@@ -188,17 +219,60 @@ async def test_link_without_pkce(tmp_path, monkeypatch):
         await harness.close()
 
 
+def sends_to_sign_in(response) -> bool:
+    """The start page's answer to a browser without a session: the login form of a sign-in that comes back."""
+    return response.code == 303 and location(response).startswith(ISSUER + "/login?request=")
+
+
 @pytest_twisted.ensureDeferred
 async def test_no_session_no_link(world):
-    response, body = await world.get(LINK)
-    assert_page(response, body, 401, "Sign in at the application first")
-    response, body = await world.get(LINK, "not-a-session")
-    assert_page(response, body, 401, "Sign in")
+    response, _ = await world.get(LINK)
+    assert sends_to_sign_in(response)
+    response, _ = await world.get(LINK, "not-a-session")
+    assert sends_to_sign_in(response)
     expired = await world.sign_in(ttl=10)
     world.h.clock.advance(10)
-    response, body = await world.get(LINK, expired)
-    assert_page(response, body, 401, "Sign in")
+    response, _ = await world.get(LINK, expired)
+    assert sends_to_sign_in(response)
     assert await world.h.store.get_linked_account(ALICE.sub, "discord") is None
+
+
+@pytest_twisted.ensureDeferred
+async def test_without_a_session_the_start_page_signs_in_and_comes_back(world):
+    for opened in (LINK, LINK + "?next=https://evil.example/", LINK + "?return_to=//evil.example"):
+        browser = Browser(world.h)
+        response, _ = await browser.get(opened)
+        assert sends_to_sign_in(response)
+        response, _ = await browser.submit_login(response, ALICE.login, PASSWORDS[ALICE.sub])
+        assert response.code == 303 and location(response) == ISSUER + "/link/chat", opened
+
+    response, _ = await browser.get(location(response))
+    assert response.code == 302
+    response, body = await browser.get(await world.approve(location(response)))
+    assert_page(response, body, 200, "Chat account linked")
+    assert (await world.h.store.get_linked_account(ALICE.sub, "discord")).provider_user_id == world.fake.user.id
+
+
+@pytest_twisted.ensureDeferred
+async def test_sign_ins_the_start_page_starts_count_toward_the_address_cap(tmp_path, monkeypatch):
+    harness = await Harness(tmp_path, monkeypatch, {"limits": {"pending_per_address": 2}}).start()
+    try:
+        world = LinkWorld(harness)
+        for _ in range(2):
+            response, _ = await world.get(LINK)
+            assert sends_to_sign_in(response)
+        response, body = await world.get(LINK)
+        assert_page(response, body, 429, "Too many sign-ins")
+        assert response.headers.getRawHeaders(b"location") is None
+    finally:
+        await harness.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_posts_without_a_session_stay_refused(world):
+    response, body = await world.h.post(LINK + "/unlink", {"csrf": "x"})
+    assert_page(response, body, 401, "Sign in at the application first")
+    assert response.headers.getRawHeaders(b"location") is None
 
 
 @pytest_twisted.ensureDeferred

@@ -21,6 +21,7 @@ from authsrv.protocol.clients import is_loopback_host
 DISCORD_AUTHORIZE_URL = "https://discord.com/oauth2/authorize"
 DISCORD_TOKEN_URL = "https://discord.com/api/oauth2/token"
 DISCORD_USER_URL = "https://discord.com/api/users/@me"
+DISCORD_REVOCATION_URL = "https://discord.com/api/oauth2/token/revoke"
 DEFAULT_SCOPES = ("identify", "guilds.join")
 
 
@@ -39,11 +40,17 @@ class ChatConfig:
     authorize_url: str = DISCORD_AUTHORIZE_URL
     token_url: str = DISCORD_TOKEN_URL
     user_url: str = DISCORD_USER_URL
+    revocation_url: str | None = field()
     scopes: tuple[str, ...] = field(default=DEFAULT_SCOPES, converter=_tuple)
     pkce: bool = True
     refresh_margin: int = 300
     timeout: int = 10
     lock_ttl: int = 30
+
+    @revocation_url.default
+    def _discord_revocation(self) -> str | None:
+        """Discord's RFC 7009 endpoint while the token endpoint is Discord's; no guess for another provider."""
+        return DISCORD_REVOCATION_URL if self.token_url == DISCORD_TOKEN_URL else None
 
     @property
     def can_link(self) -> bool:
@@ -64,6 +71,11 @@ def _url(section: Section, name: str, default: str) -> str:
     if parts.scheme == "http" and not is_loopback_host(parts.hostname):
         raise section.error(name, "must use https (plain http is only for the loopback interface)")
     return url
+
+
+def _revocation(section: Section) -> dict[str, str]:
+    """The C{revocation_url} key when given; without it the class default applies."""
+    return {"revocation_url": _url(section, "revocation_url", "")} if section.has("revocation_url") else {}
 
 
 def _positive(section: Section, name: str, default: int) -> int:
@@ -99,6 +111,7 @@ def chat_config(section: Section | None) -> ChatConfig | None:
         authorize_url=_url(section, "authorize_url", DISCORD_AUTHORIZE_URL),
         token_url=_url(section, "token_url", DISCORD_TOKEN_URL),
         user_url=_url(section, "user_url", DISCORD_USER_URL),
+        **_revocation(section),
         scopes=section.str_list("scopes", list(DEFAULT_SCOPES)),
         pkce=section.bool("pkce", True),
         refresh_margin=section.duration("refresh_margin", 300),

@@ -195,8 +195,35 @@ class ChatProvider:
             raise ChatProviderUnavailable("the chat platform's token answer is malformed")
         return ProviderTokens(access, refresh, scope, min(expires_in, MAX_EXPIRES_IN))
 
+    async def revoke(self, token: str, token_type_hint: str) -> None:
+        """
+        RFC 7009 revocation of a token this client holds; nothing without a
+        configured revocation endpoint. Its answer's body means nothing (RFC
+        7009 section 2.2): any status but 200 is L{ChatProviderUnavailable}.
+        """
+        url = self._config.revocation_url
+        if url is None:
+            return
+        form = self._client_form({"token": token, "token_type_hint": token_type_hint})
+        status, _ = await self._raw_call("POST", url, data=form)
+        if status != 200:
+            log.warn("chat provider refused a revocation: {status}", status=status)
+            raise ChatProviderUnavailable(f"the chat platform answered {status} to a revocation")
+
     async def _call(self, method: str, url: str, **kwargs) -> tuple[int, dict]:
         """(status, JSON object body) of one request, the whole of it within the timeout."""
+        status, raw = await self._raw_call(method, url, **kwargs)
+        try:
+            body = jsontext.loads(raw)
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            log.warn("chat provider answered {status} without a JSON object at {url}", status=status, url=_origin(url))
+            raise ChatProviderUnavailable("the chat platform's answer is not JSON")
+        return status, body
+
+    async def _raw_call(self, method: str, url: str, **kwargs) -> tuple[int, bytes]:
+        """(status, body) of one request within the timeout; 5xx and 429 are L{ChatProviderUnavailable}."""
         d = Deferred.fromCoroutine(self._exchange(method, url, **kwargs))
         d.addTimeout(self._config.timeout, self._reactor)
         try:
@@ -209,14 +236,7 @@ class ChatProvider:
         if status >= 500 or status == 429:
             log.warn("chat provider failed at {url}: {status}", url=_origin(url), status=status)
             raise ChatProviderUnavailable(f"the chat platform answered {status}; try again")
-        try:
-            body = jsontext.loads(raw)
-        except ValueError:
-            body = None
-        if not isinstance(body, dict):
-            log.warn("chat provider answered {status} without a JSON object at {url}", status=status, url=_origin(url))
-            raise ChatProviderUnavailable("the chat platform's answer is not JSON")
-        return status, body
+        return status, raw
 
     async def _exchange(self, method: str, url: str, **kwargs) -> tuple[int, bytes]:
         headers = {"accept": "application/json", "user-agent": "authsrv", **kwargs.pop("headers", {})}

@@ -15,10 +15,13 @@ Unlinking is a POST carrying a CSRF token bound to the session cookie
 
 from __future__ import annotations
 
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger
+
 from authsrv import events
 from authsrv.chat.crypto import ACCESS, REFRESH
 from authsrv.chat.errors import ChatProviderUnavailable
-from authsrv.chat.provider import ChatCodeRejected
+from authsrv.chat.provider import ChatCodeRejected, ProviderTokens
 from authsrv.flows.csrf import session_form_token, session_form_token_valid
 from authsrv.flows.standing import standing
 from authsrv.interfaces import IChatProvider
@@ -30,6 +33,8 @@ from authsrv.tokens import new_token, token_hash
 
 LINK_TTL = 600
 _UNLINK_PURPOSE = b"authsrv chat unlink"
+
+log = Logger()
 
 
 def sign_in_first() -> PageError:
@@ -64,6 +69,7 @@ class ChatLinking:
         self._provider = provider
         self._cipher = cipher
         self._pkce = pkce_enabled
+        self.start_url = f"{issuer}/link/chat"
         self.redirect_uri = f"{issuer}/link/chat/callback"
         self.unlink_url = f"{issuer}/link/chat/unlink"
 
@@ -73,9 +79,20 @@ class ChatLinking:
 
     async def session(self, cookie_value: str | None, now: int) -> BrowserSession:
         """The live session of a user in good standing, else L{PageError}."""
-        session = await self._store.get_session(token_hash(cookie_value), now) if cookie_value else None
+        session = await self.signed_in(cookie_value, now)
         if session is None:
             raise sign_in_first()
+        return session
+
+    async def signed_in(self, cookie_value: str | None, now: int) -> BrowserSession | None:
+        """
+        The live session of a user in good standing, None without one (the
+        start page then signs the browser in), L{PageError} for a user who
+        may not link.
+        """
+        session = await self._store.get_session(token_hash(cookie_value), now) if cookie_value else None
+        if session is None:
+            return None
         if not (await standing(self._identity, self._store, session.sub, now)).allowed:
             raise PageError(403, "Account not allowed", "This account may not link a chat account.")
         return session
@@ -109,7 +126,8 @@ class ChatLinking:
         """
         The provider's redirect back: check the attempt, exchange the code,
         ask who the user is there, and store the link (replacing an earlier one).
-        A chat account linked to another user is refused, its tokens dropped.
+        A chat account linked to another user is refused, its tokens dropped
+        and revoked at the provider without the user waiting (L{_revoke}).
         """
         error = params.get("error")
         if error is not None:
@@ -156,11 +174,26 @@ class ChatLinking:
             await self._store.link_account(account)
         except AlreadyLinked:
             events.chat_link_refused(sub=session.sub, provider=self.provider_name, provider_user_id=provider_user_id)
+            Deferred.fromCoroutine(self._revoke(tokens))
             raise linked_elsewhere() from None
         events.chat_linked(
             sub=session.sub, provider=self.provider_name, account_id=account_id, provider_user_id=provider_user_id
         )
         return account
+
+    async def _revoke(self, tokens: ProviderTokens) -> None:
+        """
+        Best effort, so that tokens no one keeps stop working: a failure
+        (each call bounded by the provider's timeout) is only logged, by
+        its kind, never with the token.
+        """
+        held = ((tokens.access_token, "access_token"), (tokens.refresh_token, "refresh_token"))
+        for token, hint in ((token, hint) for token, hint in held if token is not None):
+            try:
+                await self._provider.revoke(token, hint)
+            except Exception as e:
+                log.warn("could not revoke a refused link's {hint} at {provider}: {error}",
+                         hint=hint, provider=self.provider_name, error=type(e).__name__)
 
     async def unlink(self, session: BrowserSession) -> bool:
         """Remove the user's link; True when there was one."""

@@ -243,6 +243,38 @@ class ChatProviderConformance:
             with pytest.raises(ChatProviderUnavailable):
                 await provider.current_user("unknown-" + fake.grant()["access_token"])
 
+    # --- revocation ---------------------------------------------------------
+
+    @pytest_twisted.ensureDeferred
+    async def test_revoke_ends_both_tokens(self):
+        async with self.provider() as (fake, provider):
+            grant = fake.grant()
+            await provider.revoke(grant["access_token"], "access_token")
+            await provider.revoke(grant["refresh_token"], "refresh_token")
+            assert fake.revocations == [(grant["access_token"], "access_token"),
+                                        (grant["refresh_token"], "refresh_token")]
+            assert not fake.access_valid(grant["access_token"])
+            with pytest.raises(ChatRefreshRefused):
+                await provider.refresh(grant["refresh_token"])
+
+    @pytest.mark.parametrize("switch", ["down", "unavailable", "oversized"])
+    @pytest_twisted.ensureDeferred
+    async def test_a_failed_revocation_is_unavailable(self, switch):
+        async with self.provider() as (fake, provider):
+            setattr(fake, switch, True)
+            with pytest.raises(ChatProviderUnavailable):
+                await provider.revoke(fake.grant()["access_token"], "access_token")
+
+    @pytest_twisted.ensureDeferred
+    async def test_an_unanswered_revocation_times_out(self):
+        async with self.provider() as (fake, provider):
+            fake.hold_revocations = True
+            d = ensureDeferred(provider.revoke(fake.grant()["access_token"], "access_token"))
+            fake.clock.advance(TIMEOUT)
+            assert d.called, "the revocation outlived its timeout"
+            with pytest.raises(ChatProviderUnavailable):
+                await d
+
     # --- a provider that decides nothing ------------------------------------
 
     @pytest.mark.parametrize("method", ["exchange_code", "refresh", "current_user"])

@@ -4,8 +4,8 @@ and the example app.
 
 It serves authorize (no UI: straight back to the redirect URI with a code,
 or with C{error=access_denied} when C{deny} is set), token (the
-authorization_code grant with PKCE S256, and refresh_token) and the current
-user. Two ways to reach it:
+authorization_code grant with PKCE S256, and refresh_token), RFC 7009
+revocation and the current user. Two ways to reach it:
 
  - in memory: C{fake.memory_client()} is a L{treq.testing.StubTreq} to hand
    to L{authsrv.chat.provider.ChatProvider} as its HTTP client;
@@ -20,8 +20,11 @@ of the injected clock (C{held} is how many answers it is holding back now);
 C{refuse_refresh} answers invalid_grant to refreshes; C{rotate_refresh} (on
 by default) returns a new refresh token on each refresh and invalidates the
 old one, and when off the answer carries none and the old one stays valid;
-C{expires_in} is the lifetime of the access tokens it issues. C{refreshes}
-counts the refreshes it served, C{exchanges} the codes it redeemed.
+C{expires_in} is the lifetime of the access tokens it issues;
+C{hold_revocations} leaves revocation requests without an answer. C{refreshes}
+counts the refreshes it served, C{exchanges} the codes it redeemed, and
+C{revocations} lists the (token, token_type_hint) of each RFC 7009
+revocation it honoured (the token then no longer works).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from authsrv.protocol.urls import with_query
 AUTHORIZE_PATH = "/oauth2/authorize"
 TOKEN_PATH = "/api/oauth2/token"
 USER_PATH = "/api/users/@me"
+REVOKE_PATH = "/api/oauth2/token/revoke"
 
 
 @frozen
@@ -91,6 +95,8 @@ class FakeChatProvider:
         self.refuse_refresh = False
         self.rotate_refresh = True
         self.deny = False
+        self.hold_revocations = False
+        self.revocations: list[tuple[str, str | None]] = []
         self.exchanges = 0
         self.refreshes = 0
         self._codes: dict[str, _Code] = {}
@@ -119,6 +125,7 @@ class FakeChatProvider:
             "authorize_url": base + AUTHORIZE_PATH,
             "token_url": base + TOKEN_PATH,
             "user_url": base + USER_PATH,
+            "revocation_url": base + REVOKE_PATH,
         }
 
     def grant(self, scope: str = "identify guilds.join", user: FakeChatUser | None = None) -> dict:
@@ -133,6 +140,10 @@ class FakeChatProvider:
         """Whether the fake would accept this access token now."""
         held = self._access.get(access_token)
         return held is not None and held[2] > self.clock.seconds()
+
+    def tokens(self) -> list[str]:
+        """Every access and refresh token it still honours, to look for in logs."""
+        return [*self._access, *self._refresh]
 
     # --- the wire -----------------------------------------------------------------
 
@@ -181,6 +192,12 @@ class FakeChatProvider:
     @app.route(TOKEN_PATH, methods=["POST"])
     def token(self, request):
         return self._serve(request, lambda: self._token(request))
+
+    @app.route(REVOKE_PATH, methods=["POST"])
+    async def revoke(self, request):
+        if self.hold_revocations:
+            return await Deferred()
+        return await self._serve(request, lambda: self._revoke(request))
 
     @app.route(USER_PATH, methods=["GET"])
     def current_user(self, request):
@@ -259,6 +276,18 @@ class FakeChatProvider:
             self._refresh[refresh] = (user, scope)
             body["refresh_token"] = refresh
         return body
+
+    def _revoke(self, request):
+        """RFC 7009: 200 for any token, known or not, once the client is authenticated."""
+        if not self._client_ok(request):
+            return 401, {"error": "invalid_client"}
+        token = _first(request, b"token")
+        if token is None:
+            return 400, {"error": "invalid_request"}
+        self.revocations.append((token, _first(request, b"token_type_hint")))
+        self._access.pop(token, None)
+        self._refresh.pop(token, None)
+        return 200, {}
 
     def _current_user(self, request):
         header = request.getHeader(b"authorization") or b""

@@ -89,6 +89,10 @@ def _preflight(request, methods: bytes) -> bytes:
     return b""
 
 
+def _cannot_check() -> PageError:
+    return PageError(503, "Try again later", "The service cannot check your account right now.")
+
+
 def _metadata(request):
     """A registration request's JSON body (RFC 7591 section 3.1), or L{InvalidClientMetadata}."""
     content_type = (request.getHeader(b"content-type") or b"").split(b";")[0].strip().lower()
@@ -572,20 +576,38 @@ class PublicSite:
 
     # --- linking a chat account ------------------------------------------------
 
-    async def _linking_session(self, request):
-        """The link flow and this browser's live session, or L{PageError}."""
+    def _linking(self):
+        """The link flow, or the 404 page of a service without one."""
         linking = self._flows.linking
         if linking is None:
             raise PageError(404, "Chat linking unavailable", "This service does not link chat accounts.")
+        return linking
+
+    async def _linking_session(self, request):
+        """The link flow and this browser's live session, or L{PageError}."""
+        linking = self._linking()
         cookie = self._cookies.browser(request).session
         try:
             return linking, cookie, await linking.session(cookie, self._now())
         except BackendUnavailable:
-            raise PageError(503, "Try again later", "The service cannot check your account right now.") from None
+            raise _cannot_check() from None
 
     @app.route(LINK_PATH, methods=["GET"])
     async def link_chat(self, request):
-        linking, _, session = await self._linking_session(request)
+        """
+        Off to the provider; a browser without a session signs in first and
+        comes back to this page's own fixed URL, never one the request names.
+        """
+        linking = self._linking()
+        browser = self._cookies.browser(request)
+        try:
+            session = await linking.signed_in(browser.session, self._now())
+        except BackendUnavailable:
+            raise _cannot_check() from None
+        if session is None:
+            return self._answer(request, await self._flows.interaction.sign_in_again(
+                linking.start_url, None, browser, client_address_of(request, self._trusted_proxies), self._now()
+            ))
         location = await linking.start(session, self._now())
         request.setHeader(b"referrer-policy", b"no-referrer")
         return self._answer(request, Redirect(location))
