@@ -182,6 +182,7 @@ def _awkward() -> None:
     their own tests in tests/flows/test_mfa.py, the passkey and account ones
     in tests/flows/test_account_page.py and tests/web/test_passkeys_browser.py).
     """
+    events.login_hint_mismatch(sub=ALICE.sub, hinted_sub=BOB.sub, client_id="first", address="192.0.2.1")
     events.throttle_engaged(login="alice", address="192.0.2.1", reason="too many password checks in flight")
     events.backchannel_logout(client_id="first", session_id="sid-1", outcome="200 at attempt 1")
     events.grant_revoked(sub=ALICE.sub, client_id="first", grant_id="g-1", reason="user not allowed")

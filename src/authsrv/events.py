@@ -26,6 +26,7 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "login.failed": ("login",),
     "login.throttled": ("login", "retry_after"),
     "login.suspended": (),
+    "login.hint_mismatch": ("hinted_sub",),
     "throttle.engaged": ("login", "retry_after"),
     "consent.given": ("scope",),
     "consent.denied": (),
@@ -108,6 +109,12 @@ def login_throttled(*, login: str, address: str, retry_after: int) -> None:
 def login_suspended(*, sub: str, address: str, reason: str) -> None:
     _emit("login.suspended", "correct password for suspended account {sub} from {address}: {reason}", "refused",
           sub=sub, address=address, reason=reason)
+
+
+def login_hint_mismatch(*, sub: str, hinted_sub: str, client_id: str, address: str | None) -> None:
+    """Another user than the id_token_hint names signed in: the client hears login_required."""
+    _emit("login.hint_mismatch", "{sub} signed in for {client_id} from {address}, which asked for {hinted_sub}",
+          "refused", sub=sub, hinted_sub=hinted_sub, client_id=client_id, address=address)
 
 
 def throttle_engaged(*, login: str, address: str, reason: str, retry_after: int | None = None) -> None:

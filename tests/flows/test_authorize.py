@@ -307,7 +307,8 @@ async def test_the_sign_in_an_id_token_hint_asks_for_gives_a_code_only_to_its_us
     OIDC Core section 3.1.2.1: the hinted user signing in gets a code;
     another user who signs in on that form (before any consent page, and
     also when the hinted user was signed in and asked to sign in again) gets
-    login_required and neither code nor grant, but stays signed in here.
+    login_required, audited, and neither code, grant nor session here; the
+    hinted user's earlier session stays.
     """
     h = await started(tmp_path, monkeypatch)
     try:
@@ -320,18 +321,21 @@ async def test_the_sign_in_an_id_token_hint_asks_for_gives_a_code_only_to_its_us
             response, _ = await signed_in_on_hint(other, BOB, ALICE, client_id)
             query = assert_error_redirect(response, "login_required", redirect_uri, status=303)
             assert "sign in as that user" in query["error_description"]
-            assert (await h.store.get_session(other.session_hash, h.now())).sub == ALICE.sub
+            assert other.session_hash is None
         response, _ = await signed_in_on_hint(browser, BOB, ALICE, prompt="login")
         assert_error_redirect(response, "login_required", status=303)
+        assert (await h.store.get_session(browser.session_hash, h.now())).sub == BOB.sub
         assert await h.store.list_user_grants(ALICE.sub, h.now()) == []
         assert [event["sub"] for event in audit.of("code.issued")] == [BOB.sub]
+        mismatches = [(e["sub"], e["hinted_sub"], e["client_id"]) for e in audit.of("login.hint_mismatch")]
+        assert mismatches == [(ALICE.sub, BOB.sub, client_id) for client_id in ("first", "partner", "first")]
     finally:
         await h.close()
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_passkey_sign_in_on_an_id_token_hint_gives_a_code_only_to_its_user(tmp_path, monkeypatch):
-    """A passkey of another user than the hinted one ends in login_required, as a password does."""
+async def test_a_passkey_sign_in_on_an_id_token_hint_gives_a_code_only_to_its_user(tmp_path, monkeypatch, audit):
+    """A passkey of another user than the hinted one ends in login_required, audited, as a password does."""
     h = await started(tmp_path, monkeypatch)
     passkey = Passkey("cred-1", ALICE.sub, b"key", 1, False, False, (), h.now())
 
@@ -349,6 +353,7 @@ async def test_a_passkey_sign_in_on_an_id_token_hint_gives_a_code_only_to_its_us
     try:
         assert "code" in query_of(location(await with_passkey_on_hint(ALICE)))
         assert_error_redirect(await with_passkey_on_hint(BOB), "login_required", status=303)
+        assert [(e["sub"], e["hinted_sub"]) for e in audit.of("login.hint_mismatch")] == [(ALICE.sub, BOB.sub)]
     finally:
         await h.close()
 

@@ -233,7 +233,7 @@ class InteractionFlow:
         """
         OIDC Core section 3.1.2.1: an C{id_token_hint} names the user the
         client expects, and the request keeps that user so that a sign-in by
-        anyone else ends in login_required (L{_after_login}). Another user
+        anyone else ends in login_required (L{_refused_for_hint}). Another user
         signed in here must sign in again (or, with prompt=none, the client
         hears login_required), the login form showing the hinted user's
         login unless a login_hint says otherwise; a hint this server did not
@@ -298,6 +298,9 @@ class InteractionFlow:
             raise suspended(user_standing.ban_reason if self._show_ban_reason else None)
         if not await self._store.take_interaction(interaction.interaction_id, LOGIN_STAGE):
             raise _expired()
+        refused = self._refused_for_hint(client, interaction.request, sub, address, 303)
+        if refused is not None:
+            return refused
         amr = (outcome.method, "user")
         stage = await self._factors.demand(client, interaction.request, sub, None, seconds, amr)
         if stage is not None:
@@ -354,6 +357,9 @@ class InteractionFlow:
             return self._login_form(503, interaction, client, username=username, message=UNAVAILABLE)
         if not outcome.along:
             raise _expired()
+        refused = self._refused_for_hint(client, interaction.request, outcome.user.sub, address, 303)
+        if refused is not None:
+            return refused
         seconds = int(now)
         stage = await self._factors.demand(client, interaction.request, outcome.user.sub, None, seconds, PASSWORD_AMR,
                                            cast(Held | None, outcome.read))
@@ -540,20 +546,39 @@ class InteractionFlow:
         With a live session: the consent page or the code; back to the
         service's own page it came from (device verification, the account
         page). A session of another user than the request's id_token_hint
-        named gets login_required instead: the session just signed in
-        stays, as that user did sign in.
+        named gets login_required instead: the last guard, as the first
+        factor already refuses any other user (L{_refused_for_hint}).
         """
         if request.device:
             return Redirect(request.redirect_uri, 303)
-        if request.hinted_sub is not None and session.sub != request.hinted_sub:
-            return Redirect(error_location(self._issuer, request.redirect_uri, request.state,
-                                           LoginRequired(NOT_HINTED)), status)
+        refused = self._refused_for_hint(client, request, session.sub, None, status)
+        if refused is not None:
+            return refused
         consented = None if client.first_party else await self._store.get_consent(session.sub, client.client_id)
         needed = consent_needed(client, request, consented)
         refuse_silently(request, login=False, consent=needed)
         if needed:
             return await self._wait(request, CONSENT_STAGE, session.sid, browser, now)
         return Redirect(await self._issue_code(client, request, session, now), status)
+
+    def _refused_for_hint(self, client: Client, request: AuthorizationRequest, sub: str, address: str | None,
+                          status: int) -> Redirect | None:
+        """
+        login_required at the client, audited, when C{sub} is not the user
+        the request's id_token_hint names; None when it is, or there is none.
+        Checked right after the first factor, so that another user is never
+        asked for a second factor that could not help. That refusal makes no
+        session and leaves the browser's earlier one as it was: a sign-in
+        refused before its second factor is not complete, and every other
+        user is refused at the same point, so the answer does not depend on
+        whether the user has a second factor.
+        """
+        if request.hinted_sub is None or sub == request.hinted_sub:
+            return None
+        events.login_hint_mismatch(sub=sub, hinted_sub=request.hinted_sub, client_id=client.client_id,
+                                   address=address)
+        return Redirect(error_location(self._issuer, request.redirect_uri, request.state, LoginRequired(NOT_HINTED)),
+                        status)
 
     async def _login_here(self, client: Client, request: AuthorizationRequest, browser: Browser, now: int,
                           address: str) -> LoginForm:
