@@ -29,6 +29,7 @@ from authsrv.flows.mfa import MFA_CHOICES, MfaPolicy
 from authsrv.flows.ratelimit import DEFAULT_RATE, RateSettings
 from authsrv.identity.passwords import DEFAULT_MEMORY_KIB, DEFAULT_PARALLELISM, DEFAULT_TIME_COST
 from authsrv.protocol.device import DEVICE_CODE_GRANT
+from authsrv.flows.registration import DEFAULT_MAX_CLIENTS
 from authsrv.flows.registration import DEFAULT_RATE as REGISTRATION_RATE
 from authsrv.flows.registration import RegistrationPolicy, host_pattern_problem
 from authsrv.protocol.client_assertion import HMAC_BITS
@@ -60,6 +61,8 @@ MAX_WORKERS = 256
 The most C{[server] workers} (and C{--workers}): far above any machine's
 useful count, low enough that a mistyped number is an error, not a fork bomb.
 """
+MAX_REGISTERED_CLIENTS = 10_000_000
+"""The highest [registration] max_clients: a larger value is a typo, not a bound."""
 
 
 @frozen
@@ -737,6 +740,7 @@ def _registration(section: Section, demo: bool) -> RegistrationPolicy:
         enabled=enabled, initial_access_token=token, allowed_redirect_hosts=hosts,
         allow_confidential=section.bool("allow_confidential", False),
         rate=_rate(section, "rate", REGISTRATION_RATE),
+        max_clients=section.int("max_clients", DEFAULT_MAX_CLIENTS, minimum=1, maximum=MAX_REGISTERED_CLIENTS),
         metadata_documents=section.bool("client_id_metadata_documents", False),
         resources=tuple(section.str_list("resources", [])),
     )

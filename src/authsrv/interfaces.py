@@ -210,6 +210,13 @@ class IClientRegistry(Interface):
     def list_clients():
         """Fires with every client, ordered by client_id."""
 
+    def count_clients(source):
+        """
+        Fires with how many stored clients have C{source}: registration
+        checks its cap with it at every request, so it reads an index,
+        never every client.
+        """
+
     def remove_client(client_id):
         """
         Remove a client with its grants (so every code and token issued to it)

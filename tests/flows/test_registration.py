@@ -442,6 +442,29 @@ async def test_a_registration_burst_is_rate_limited_per_address(tmp_path, monkey
 
 
 @pytest_twisted.ensureDeferred
+async def test_registration_is_refused_at_max_clients_until_one_is_deleted(tmp_path, monkeypatch):
+    h = await Harness(tmp_path, monkeypatch, registration_config(monkeypatch, max_clients=2)).start()
+    try:
+        registered = []
+        for _ in range(2):
+            response, body = await register(h, {"redirect_uris": [REDIRECT]})
+            assert response.code == 201, body
+            registered.append(body)
+        response, body = await register(h, {"redirect_uris": [REDIRECT]})
+        assert response.code == 403, body
+        assert body["error"] == "access_denied" and "max_clients" in body["error_description"], body
+        assert await h.store.count_clients("registration") == 2
+        response, _ = await h.request("DELETE", registered[0]["registration_client_uri"],
+                                      headers={"Authorization": f"Bearer {registered[0]['registration_access_token']}"})
+        assert response.code == 204
+        response, body = await register(h, {"redirect_uris": [REDIRECT]})
+        assert response.code == 201, body
+        assert await h.store.count_clients("registration") == 2
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_registrations_and_refusals_are_audited(tmp_path, monkeypatch):
     seen: list[dict] = []
     from twisted.logger import globalLogPublisher
@@ -478,8 +501,11 @@ def test_registration_config_needs_a_policy_and_good_host_patterns(tmp_path, mon
                      tmp_path / "a.toml")
     with pytest.raises(ConfigErrors, match="initial_access_token"):
         parse_config({"registration": {"enabled": True, "initial_access_token": "in-the-file"}}, tmp_path / "a.toml")
+    for wrong in (0, 10_000_001):
+        with pytest.raises(ConfigErrors, match="registration.max_clients"):
+            parse_config({"registration": {"max_clients": wrong}}, tmp_path / "a.toml")
     policy = parse_config({}, tmp_path / "a.toml").registration
-    assert not policy.enabled and not policy.metadata_documents
+    assert not policy.enabled and not policy.metadata_documents and policy.max_clients == 10_000
 
 
 # --- client ID metadata documents ------------------------------------------------

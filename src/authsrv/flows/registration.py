@@ -8,9 +8,10 @@ Context Protocol's authorization rules expect.
    configured initial access token, or redirect URIs on the allowed hosts,
    or both when both are configured; it is a public client unless the
    operator allows secrets (client_secret_jwt too when the server can seal
-   them, L{authsrv.client_secrets}); it is counted against a rate per address and
-   audited. The server answers with a registration access token, kept only
-   as its hash, that reads or deletes that registration and no other.
+   them, L{authsrv.client_secrets}); it is counted against a rate per address,
+   refused once C{max_clients} registered clients are stored, and audited.
+   The server answers with a registration access token, kept only as its
+   hash, that reads or deletes that registration and no other.
  - Metadata is checked by the same rules as the operator's clients
    (L{authsrv.operations.clientspec}), then by the registration policy: no
    redirect URI on a private or link-local address (loopback stays allowed
@@ -37,7 +38,7 @@ from authsrv.protocol.bearer import BEARER, access_credential
 from authsrv.protocol.clientauth import CLIENT_SECRET_JWT, SECRET_METHODS
 from authsrv.protocol.clients import is_loopback_host
 from authsrv.protocol.dpop import UNOFFERED as UNOFFERED_DPOP
-from authsrv.protocol.errors import InvalidClientMetadata, InvalidRedirectURI, InvalidToken, OAuthError
+from authsrv.protocol.errors import AccessDenied, InvalidClientMetadata, InvalidRedirectURI, InvalidToken, OAuthError
 from authsrv.protocol.rates import Rate, parse_rate
 from authsrv.protocol.targets import private_address_problem
 from authsrv.records import Client
@@ -46,6 +47,14 @@ from authsrv.tokens import CLIENT_SECRET_KEY, client_secret_hash, new_token, sec
 REGISTRATION_SOURCE = "registration"
 """C{Client.source} of a client that registered itself."""
 DEFAULT_RATE = "10/m"
+DEFAULT_MAX_CLIENTS = 10_000
+"""
+Registered clients stored at most: the rate per address does not bound
+them, since many addresses, or one holder of the initial access token,
+may register without end.
+"""
+FULL = ("this server holds as many registered clients as its operator allows ([registration] max_clients):"
+        " delete a registration no longer used (RFC 7592) or ask the operator to raise the limit")
 GRANT_TYPES = ("authorization_code", "refresh_token")
 """What a registered client may ask for: the browser sign-in and its refresh."""
 REGISTRABLE_METHODS = ("none", *SECRET_METHODS, CLIENT_SECRET_JWT)
@@ -64,7 +73,8 @@ class RegistrationPolicy:
     (host names, or C{*.example.com} for any name under it; empty: any host)
     decide who may register; C{resources} are what such clients may ask
     tokens for; C{metadata_documents} turns on client ID
-    metadata documents, whose redirect URIs the host list limits too.
+    metadata documents, whose redirect URIs the host list limits too;
+    C{max_clients} caps the registered clients stored.
     """
 
     enabled: bool = False
@@ -72,6 +82,7 @@ class RegistrationPolicy:
     allowed_redirect_hosts: tuple[str, ...] = ()
     allow_confidential: bool = False
     rate: Rate | None = parse_rate(DEFAULT_RATE)
+    max_clients: int = DEFAULT_MAX_CLIENTS
     metadata_documents: bool = False
     resources: tuple[str, ...] = ()
     """The resources (RFC 8707) every such client may ask tokens for: the servers behind authsrv."""
@@ -218,6 +229,17 @@ class Registration:
         if not hmac.compare_digest(presented.encode(), expected.encode()):
             raise self._refused(InvalidToken("the initial access token is not valid"), address)
 
+    async def _check_room(self, address: str) -> None:
+        """
+        Refuse a registration once C{max_clients} are stored: 403
+        C{access_denied}, as Keycloak refuses beyond its max-clients policy,
+        since waiting does not help; only a deletion or the operator does.
+        Registrations racing past the count may overshoot it by as many as
+        ran beside each other.
+        """
+        if await self._store.count_clients(REGISTRATION_SOURCE) >= self._policy.max_clients:
+            raise self._refused(AccessDenied(FULL), address)
+
     async def register(self, metadata: Any, authorization: bytes | None, address: str) -> dict[str, Any]:
         """RFC 7591 section 3: a new client from C{metadata}; the answer holds its credentials, shown once."""
         self.limit.address(address, self._policy.rate)
@@ -227,6 +249,7 @@ class Registration:
                                                    self._secrets is not None)
         except OAuthError as e:
             raise self._refused(e, address) from None
+        await self._check_room(address)
         client_id = new_token(18)
         settings.setdefault("name", client_id)
         secret = new_client_secret(method) if method != "none" else None

@@ -391,6 +391,10 @@ class PostgresStore:
     def list_clients(self):
         return self._all("list_clients", _T.clients, 'SELECT * FROM clients ORDER BY client_id COLLATE "C"', {})
 
+    def count_clients(self, source):
+        return self._one("count_clients", None, "SELECT count(*) AS clients FROM clients WHERE source = %(source)s",
+                         {"source": source}).addCallback(lambda row: row["clients"] if row else 0)
+
     def remove_client(self, client_id):
         # Statements of one query, so one transaction, each with its own snapshot: once the client's row is
         # locked, a grant stored beside the removal has been committed (the next statement sees and deletes

@@ -314,6 +314,10 @@ class SQLiteStore:
     def list_clients(self):
         return self._query_all("list_clients", _T.clients, "SELECT * FROM clients ORDER BY client_id")
 
+    def count_clients(self, source):
+        sql = "SELECT count(*) FROM clients WHERE source = ?"
+        return self._call("count_clients", False, lambda db: db.execute(sql, (source,)).fetchone()[0])
+
     def remove_client(self, client_id):
         return self._call("remove_client", True, _remove_client, client_id)
 

@@ -157,6 +157,10 @@ class MemoryStore:
         return [self.tables.clients[key] for key in sorted(self.tables.clients)]
 
     @_answered
+    def count_clients(self, source):
+        return sum(client.source == source for client in self.tables.clients.values())
+
+    @_answered
     def remove_client(self, client_id):
         tables = self.tables
         grants = {key for key, grant in tables.grants.items() if grant.client_id == client_id}

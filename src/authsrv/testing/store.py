@@ -500,6 +500,21 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             assert [c.client_id for c in await store.list_clients()] == ["a", "c"]
 
     @pytest_twisted.ensureDeferred
+    async def test_clients_are_counted_by_source(self):
+        clients = [Client(name, None, [f"https://{name}.example/cb"], source=source)
+                   for name, source in (("a", "registration"), ("b", "operator"), ("c", "registration"))]
+        async with self.store(clients=()) as store:
+            assert await store.count_clients("registration") == 0
+            for client in clients:
+                await store.add_client(client)
+            await store.put_client(attrs.evolve(clients[1], name="renamed"))
+            assert await store.count_clients("registration") == 2
+            assert await store.count_clients("operator") == 1
+            assert await store.count_clients("config") == 0
+            assert await store.remove_client("a") is True
+            assert await store.count_clients("registration") == 1
+
+    @pytest_twisted.ensureDeferred
     async def test_removing_a_client_removes_its_grants_tokens_and_consents(self):
         async with self.store(clients=()) as store:
             for client_id in (CLIENT, "other"):
