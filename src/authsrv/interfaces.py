@@ -782,8 +782,11 @@ class IKeystore(Interface):
         """
         Promote each algorithm's next key to active, retire the active one
         (kept published until C{now} plus the retention), generate a new next
-        key, unpublish retired keys whose retention has passed; fires with the
-        new list of L{authsrv.records.KeyInfo}. The audit event names C{actor}.
+        key, unpublish retired keys whose retention has passed; fires with an
+        L{authsrv.records.Rotation}: the new keys, and whether this call
+        rotated them or adopted the rotation another process had just made
+        (its keys no longer the stored ones), which it must not repeat. The
+        audit event names C{actor}.
         """
 
     def reload():

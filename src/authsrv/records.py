@@ -487,6 +487,18 @@ class KeyInfo:
 
 
 @frozen
+class Rotation:
+    """
+    What a rotation asked of a keystore did: C{rotated} is False when
+    another process had just rotated and this one adopted its keys instead
+    of rotating again, so whoever asked knows to ask again for one more.
+    """
+
+    keys: tuple[KeyInfo, ...]
+    rotated: bool
+
+
+@frozen
 class AccessState:
     """What user-access needs from the store, in one round trip."""
 

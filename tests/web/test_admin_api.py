@@ -19,7 +19,9 @@ from twisted.internet.threads import deferToThreadPool
 from authsrv.identity.passwords import hash_password
 from authsrv.operations import AdminOperations
 from authsrv.operations.clients import ClientOperations
-from authsrv.operations.keys import JWKS_MAX_AGE, KeyOperations
+from authsrv.configsection import Section
+from authsrv.keys import jwkfile
+from authsrv.operations.keys import ADOPTED, JWKS_MAX_AGE, KeyOperations
 from authsrv.operations.users import UserOperations
 from authsrv.records import BrowserSession, LinkedAccount
 from authsrv.sealing import new_key_text
@@ -496,6 +498,7 @@ async def test_keys_list_and_rotate(harness, audit):
         harness.clock.advance(JWKS_MAX_AGE)
         response, body = await a.call("POST", "/api/admin/keys/rotate", headers=AUTH)
         assert response.code == 200, body
+        assert body["rotated"] is True and "note" not in body
         response, body = await a.call("POST", "/api/admin/keys/rotate", headers=AUTH)
         assert_problem(response, body, 409, "conflict")
         response, body = await a.call("POST", "/api/admin/keys/rotate", {"force": "yes"})
@@ -503,6 +506,31 @@ async def test_keys_list_and_rotate(harness, audit):
         response, body = await a.call("POST", "/api/admin/keys/rotate", {"force": True})
         assert response.code == 200
         assert [e["actor"] for e in audit.of("key.rotated")] == [ACTOR, ACTOR]
+    finally:
+        await harness.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_keys_rotate_says_it_adopted_another_process_rotation(harness, tmp_path, audit):
+    """
+    The operator command rotated just before this server, not yet reloaded,
+    was asked to: it adopts that rotation and says so, so the operator who
+    wanted one more knows to ask again.
+    """
+    a = await started(harness)
+    try:
+        harness.clock.advance(JWKS_MAX_AGE)
+        other = jwkfile.from_config(Section({"algorithms": list(harness.keystore.algorithms)}, "keystore", tmp_path),
+                                    harness.context)
+        await other.rotate(int(harness.clock.seconds()))
+        response, body = await a.call("POST", "/api/admin/keys/rotate", {"force": True})
+        assert response.code == 200, body
+        assert body["rotated"] is False
+        assert body["note"] == ADOPTED
+        assert sorted(k["kid"] for k in body["keys"]) == sorted(k.kid for k in other.keys())
+        response, body = await a.call("POST", "/api/admin/keys/rotate", {"force": True})
+        assert body["rotated"] is True and "note" not in body
+        assert [e["actor"] for e in audit.of("key.rotated")][-1] == ACTOR
     finally:
         await harness.close()
 

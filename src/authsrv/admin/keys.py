@@ -5,7 +5,8 @@ from __future__ import annotations
 from attrs import asdict
 
 from authsrv.admin.common import ACTOR, Console, with_plugin
-from authsrv.operations.keys import KeyOperations
+from authsrv.operations.keys import ADOPTED, KeyOperations
+from authsrv.records import Rotation
 
 
 def _print_keys(keys, args, console: Console) -> None:
@@ -14,6 +15,13 @@ def _print_keys(keys, args, console: Console) -> None:
         return
     for key in keys:
         console.out(f"{key.kid}\t{key.alg}\t{key.state}")
+
+
+def _rotation_outcome(rotation: Rotation) -> str:
+    """Told on stderr, so that --json output stays the bare key list."""
+    if rotation.rotated:
+        return "rotated: a running server picks the new keys up within a minute"
+    return ADOPTED
 
 
 async def keys_list(reactor, args, console: Console):
@@ -25,9 +33,9 @@ async def keys_list(reactor, args, console: Console):
 
 async def keys_rotate(reactor, args, console: Console):
     async def rotate(config, keystore):
-        keys = KeyOperations(keystore=keystore, clock=reactor)
-        _print_keys(await keys.rotate(actor=ACTOR, force=args.force), args, console)
-        console.err("rotated: a running server picks the new keys up within a minute")
+        rotation = await KeyOperations(keystore=keystore, clock=reactor).rotate(actor=ACTOR, force=args.force)
+        _print_keys(rotation.keys, args, console)
+        console.err(_rotation_outcome(rotation))
 
     await with_plugin(reactor, args, "keystore", rotate)
 

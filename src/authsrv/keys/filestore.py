@@ -29,6 +29,7 @@ from authsrv.configsection import ConfigError, Section
 from authsrv.interfaces import IKeystore
 from authsrv.keys.ring import KeyRing, Retention
 from authsrv.protocol.signing import ALGORITHMS
+from authsrv.records import Rotation
 
 CLOCK_SKEW = 300
 """
@@ -240,12 +241,12 @@ class FileKeystore:
 
         return self._in_thread(rotate).addCallback(self._after_rotate, actor)
 
-    def _after_rotate(self, result, actor: str) -> list:
+    def _after_rotate(self, result, actor: str) -> Rotation:
         ring, due = result
         if due:
-            return self._rotated(ring, due, actor)
+            return Rotation(keys=tuple(self._rotated(ring, due, actor)), rotated=True)
         self._log.info("Signing keys already rotated by another process; adopted", event="key_rotation_adopted")
-        return ring.infos()
+        return Rotation(keys=tuple(ring.infos()), rotated=False)
 
     def _rotated(self, ring: KeyRing, algorithms, actor: str) -> list:
         active = _signing(ring)

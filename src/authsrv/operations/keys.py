@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from authsrv.operations.errors import Conflict
-from authsrv.records import KeyInfo
+from authsrv.records import KeyInfo, Rotation
 
 JWKS_MAX_AGE = 600
 """
 How long relying parties may cache the JWKS: a next key must have been
 published at least this long before it is promoted and signs.
 """
+
+ADOPTED = "another process had just rotated; this one adopted its keys: ask again to rotate once more"
+"""Told whoever asked for a rotation that adopted another's instead of rotating."""
 
 
 class KeyOperations:
@@ -22,11 +25,12 @@ class KeyOperations:
     def keys(self) -> list[KeyInfo]:
         return list(self._keystore.keys())
 
-    async def rotate(self, *, actor: str, force: bool = False) -> list[KeyInfo]:
+    async def rotate(self, *, actor: str, force: bool = False) -> Rotation:
         """
         Promote each next key, retire the active one; refused while a next
         key is younger than L{JWKS_MAX_AGE} (relying parties may not have
-        it yet) unless C{force}.
+        it yet) unless C{force}. Its C{rotated} is False when another process
+        had just rotated and this one only adopted that (see L{ADOPTED}).
         """
         now = int(self._clock.seconds())
         for key in self._keystore.keys():
@@ -37,4 +41,4 @@ class KeyOperations:
                     f" cache the JWKS for {JWKS_MAX_AGE} s: rotate in {JWKS_MAX_AGE - age} s,"
                     " or now with force (tokens it signs may fail to verify meanwhile)"
                 )
-        return list(await self._keystore.rotate(now, actor))
+        return await self._keystore.rotate(now, actor)

@@ -11,7 +11,8 @@ from typing import Any
 
 import attrs
 
-from authsrv.records import Ban, BrowserSession, Client, Consent, Grant, KeyInfo, User
+from authsrv.operations.keys import ADOPTED
+from authsrv.records import Ban, BrowserSession, Client, Consent, Grant, KeyInfo, Rotation, User
 
 
 def client_view(client: Client) -> dict[str, Any]:
@@ -56,3 +57,11 @@ def consent_view(consent: Consent) -> dict[str, Any]:
 
 def key_view(key: KeyInfo) -> dict[str, Any]:
     return attrs.asdict(key)
+
+
+def rotation_view(rotation: Rotation) -> dict[str, Any]:
+    """The keys after a rotation, and whether it rotated or, with a note why not, adopted another's."""
+    view: dict[str, Any] = {"keys": [key_view(k) for k in rotation.keys], "rotated": rotation.rotated}
+    if not rotation.rotated:
+        view["note"] = ADOPTED
+    return view

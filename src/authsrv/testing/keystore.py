@@ -176,9 +176,10 @@ class KeystoreConformance:
         old_token = keystore.sign(CLAIMS)
         now = before.activated_at + 60
 
-        infos = await keystore.rotate(now)
+        rotation = await keystore.rotate(now)
 
-        assert _sorted(infos) == _sorted(keystore.keys())
+        assert rotation.rotated is True
+        assert _sorted(rotation.keys) == _sorted(keystore.keys())
         assert _active(keystore).kid == upcoming.kid
         assert upcoming.kid in published_before
         (retired,) = _by_state(keystore, "RS256", "retired")
@@ -311,7 +312,8 @@ class KeystoreConformance:
         Another process rotated (a worker, the operator command); this one,
         not yet reloaded, is asked to rotate too: it takes the other's
         rotation, and does not promote the next key made an instant before,
-        which no relying party has yet.
+        which no relying party has yet; it says so, for whoever asked to
+        know that no new rotation happened.
         """
         keystore = await self._make()
         (upcoming,) = _by_state(keystore, "RS256", "next")
@@ -319,8 +321,10 @@ class KeystoreConformance:
         now = _active(other).activated_at + 60
         await other.rotate(now)
 
-        await keystore.rotate(now + 1)
+        rotation = await keystore.rotate(now + 1)
 
+        assert rotation.rotated is False
+        assert _sorted(rotation.keys) == _sorted(keystore.keys())
         assert _active(keystore).kid == upcoming.kid
         assert _sorted(keystore.keys()) == _sorted(other.keys())
 

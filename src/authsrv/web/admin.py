@@ -27,6 +27,7 @@ from authsrv.operations.views import (
     consent_view,
     grant_view,
     key_view,
+    rotation_view,
     session_view,
     user_view,
 )
@@ -330,8 +331,7 @@ class AdminAPI:
         force = body.get("force", False)
         if not isinstance(force, bool):
             raise InvalidInput("force must be true or false", "force")
-        keys = await self._ops.keys.rotate(actor=self._actor, force=force)
-        return 200, {"keys": [key_view(k) for k in keys]}
+        return 200, rotation_view(await self._ops.keys.rotate(actor=self._actor, force=force))
 
     @app.route(PREFIX + "/bans", methods=["GET"])
     @_endpoint
