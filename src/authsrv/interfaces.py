@@ -210,6 +210,13 @@ class IClientRegistry(Interface):
     def list_clients():
         """Fires with every client, ordered by client_id."""
 
+    def list_clients_of(sources):
+        """
+        Fires with the stored clients whose source is one of C{sources},
+        ordered by client_id: registration checks names against the
+        operator's few clients by it, read by an index, never every client.
+        """
+
     def count_clients(source):
         """
         Fires with how many stored clients have C{source}: registration

@@ -59,7 +59,7 @@ from authsrv.flows.mfa import SecondFactors
 from authsrv.flows.pushed import PushedRequests
 from authsrv.flows.ratelimit import ClientRateLimits
 from authsrv.flows.readiness import Readiness
-from authsrv.flows.registration import Registration
+from authsrv.flows.registration import OperatorNames, Registration
 from authsrv.flows.revoke import RevocationFlow
 from authsrv.flows.sessions import SessionEnder
 from authsrv.flows.token import TokenFlow
@@ -497,7 +497,8 @@ def web_root(
         audiences=(config.issuer, token_endpoint), secrets=config.secret_keeper))
     if config.registration.metadata_documents:
         clients = DocumentClients(clients, documents or RemoteDocuments(reactor, config.remote_documents),
-                                  config.registration, reactor, dpop_offered=config.dpop is not None)
+                                  config.registration, reactor, OperatorNames(store),
+                                  dpop_offered=config.dpop is not None)
     site = PublicSite(
         clock=reactor,
         issuer=config.issuer,

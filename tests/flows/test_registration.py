@@ -21,10 +21,12 @@ from twisted.web.server import NOT_DONE_YET, Site
 
 from authsrv.config import ConfigErrors, parse_config
 from authsrv.flows.client_documents import DocumentClients
-from authsrv.flows.registration import RegistrationPolicy
+from authsrv.flows.registration import TAKEN_NAME, OperatorNames, RegistrationPolicy
 from authsrv.protocol.client_assertion import ASSERTION_TYPE
+from authsrv.records import Client
 from authsrv.remote_documents import FetchPolicy, RemoteDocuments
 from authsrv.sealing import new_key_text
+from authsrv.testing.memory import MemoryStore
 from authsrv.testing.identity import ALICE, PASSWORDS
 from authsrv.tokens import token_hash
 
@@ -209,7 +211,7 @@ async def test_registered_clients_always_ask_for_consent(tmp_path, monkeypatch):
     """
     h = await Harness(tmp_path, monkeypatch, registration_config(monkeypatch)).start()
     try:
-        _, body = await register(h, {"redirect_uris": [REDIRECT], "client_name": "First-Party App"})
+        _, body = await register(h, {"redirect_uris": [REDIRECT], "client_name": "Agent"})
         for client_id, redirect, warned in ((body["client_id"], REDIRECT, True), ("partner", None, False)):
             browser = Browser(h)
             response, _ = await browser.authorize(client_id, redirect_uri=redirect, scope="openid")
@@ -441,6 +443,54 @@ async def test_a_registration_burst_is_rate_limited_per_address(tmp_path, monkey
         await h.close()
 
 
+OPERATOR_LOOKALIKES = ["Partner App", " partner \u3000 APP ", "Ｐａｒｔｎｅｒ App", "P\u0430rtner App",
+                       "Part\u200dner App", "Console", "CONSOLE"]
+"""Names of the harness's config client Partner App and an admin-API client Console, as a registrant might write them."""
+
+
+async def add_console(h: Harness) -> None:
+    """An operator's client made through the admin API, so in the store only."""
+    await h.store.add_client(Client("console", None, ["https://console.example/cb"], name="Console",
+                                    source="operator"))
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_operator_clients_name_is_not_registered(tmp_path, monkeypatch):
+    """The consent page would show a registrant's client under a name users trust."""
+    h = await Harness(tmp_path, monkeypatch, registration_config(monkeypatch, rate="100/m")).start()
+    try:
+        await add_console(h)
+        for name in OPERATOR_LOOKALIKES:
+            response, body = await register(h, {"redirect_uris": [REDIRECT], "client_name": name})
+            assert response.code == 400, (name, body)
+            assert body == {"error": "invalid_client_metadata", "error_description": TAKEN_NAME}, name
+        assert await h.store.count_clients("registration") == 0
+        for name in ("Partner Apps", "Agent", "Agent"):
+            response, body = await register(h, {"redirect_uris": [REDIRECT], "client_name": name})
+            assert response.code == 201, (name, body)
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_update_cannot_take_an_operator_clients_name(tmp_path, monkeypatch):
+    h = await Harness(tmp_path, monkeypatch, registration_config(monkeypatch, rate="100/m")).start()
+    try:
+        await add_console(h)
+        _, mine = await register(h, {"redirect_uris": [REDIRECT], "client_name": "Agent"})
+        bearer = {"Authorization": f"Bearer {mine['registration_access_token']}", "Content-Type": "application/json"}
+        for name in OPERATOR_LOOKALIKES:
+            response, body = await h.json("PUT", mine["registration_client_uri"], headers=bearer, data=json.dumps(
+                {"client_id": mine["client_id"], "redirect_uris": [REDIRECT], "client_name": name}).encode())
+            assert response.code == 400, (name, body)
+            assert body == {"error": "invalid_client_metadata", "error_description": TAKEN_NAME}, name
+        assert (await h.store.get_client(mine["client_id"])).name == "Agent"
+        response, body = await h.json("GET", mine["registration_client_uri"], headers=bearer)
+        assert response.code == 200, "a refused update leaves the registration access token as it was"
+    finally:
+        await h.close()
+
+
 @pytest_twisted.ensureDeferred
 async def test_registration_is_refused_at_max_clients_until_one_is_deleted(tmp_path, monkeypatch):
     h = await Harness(tmp_path, monkeypatch, registration_config(monkeypatch, max_clients=2)).start()
@@ -578,7 +628,7 @@ async def test_a_metadata_document_client_signs_in(tmp_path, monkeypatch, docume
 @pytest_twisted.ensureDeferred
 @pytest.mark.parametrize("document", [
     "mismatch", "secret", "private_key_jwt", "bad_redirect", "oversized", "not_json", "not_text", "missing",
-    "dpop_unoffered",
+    "dpop_unoffered", "operator_name",
 ])
 async def test_a_bad_metadata_document_is_an_unknown_client(tmp_path, monkeypatch, document_server, document):
     server, base = document_server
@@ -593,6 +643,7 @@ async def test_a_bad_metadata_document_is_an_unknown_client(tmp_path, monkeypatc
         "not_json": b"<html>",
         "not_text": json.dumps({**good, "client_name": "\udc00"}).encode(),
         "dpop_unoffered": {**good, "dpop_bound_access_tokens": True},
+        "operator_name": {**good, "client_name": "PARTNER  app"},
     }
     if document in bodies:
         serve(server, url, bodies[document])
@@ -657,7 +708,8 @@ async def test_a_slow_document_times_out(document_server):
     server.slow.add(b"/slow.json")
     clock = Clock()
     documents = RemoteDocuments(reactor, FetchPolicy(allow_http=True, allow_private_addresses=True), clock=clock)
-    clients = DocumentClients(None, documents, RegistrationPolicy(metadata_documents=True), clock)
+    clients = DocumentClients(None, documents, RegistrationPolicy(metadata_documents=True), clock,
+                              OperatorNames(MemoryStore()))
     results: list = []
     Deferred.fromCoroutine(clients.get_client(url)).addBoth(results.append)
     for _ in range(200):
@@ -685,7 +737,8 @@ async def test_a_document_not_fetched_because_others_are_is_not_remembered_as_re
     clock = Clock()
     documents = RemoteDocuments(reactor, FetchPolicy(allow_http=True, allow_private_addresses=True,
                                                      fetches_in_flight=1), clock=clock)
-    clients = DocumentClients(None, documents, RegistrationPolicy(metadata_documents=True), clock)
+    clients = DocumentClients(None, documents, RegistrationPolicy(metadata_documents=True), clock,
+                              OperatorNames(MemoryStore()))
     slow = Deferred.fromCoroutine(clients.get_client(f"{base}/slow.json"))
     assert await clients.get_client(url) is None
     clock.advance(FetchPolicy().timeout)

@@ -8,8 +8,9 @@ The URL is chosen by whoever sends the request, so the document is fetched
 through L{authsrv.remote_documents} (no private addresses, a timeout, a size
 cap, a cache). It must name itself as client_id (otherwise anyone could
 claim another's URL as theirs), register redirect URIs by the rules of any
-client plus the registration policy's, and be a public client: it has no
-secret. Such clients are never first-party.
+client plus the registration policy's, name itself by no operator client's
+name, and be a public client: it has no secret. Such clients are never
+first-party.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 from twisted.logger import Logger
 
-from authsrv.flows.registration import RegistrationPolicy, registered_settings
+from authsrv.flows.registration import OperatorNames, RegistrationPolicy, registered_settings
 from authsrv.protocol.errors import InvalidClientMetadata, OAuthError
 from authsrv.records import Client
 from authsrv.remote_documents import Busy, RemoteDocumentError, RemoteDocuments
@@ -48,13 +49,15 @@ class DocumentClients:
     C{get_client} as L{authsrv.flows.clients.ClientCache} answers it
     (C{clients}), except that a client_id that is a URL is looked up in its
     document; an unusable document is an unknown client, and the log says why.
+    One giving its client an operator client's name is unusable (C{names}).
     A refused URL is not fetched again for the policy's C{refetch_after}
     seconds, so that requests naming a slow or broken URL cost no fetch each;
     one not fetched because others were (L{Busy}) may be asked for again at once.
     """
 
-    def __init__(self, clients, documents: RemoteDocuments, policy: RegistrationPolicy, clock,
+    def __init__(self, clients, documents: RemoteDocuments, policy: RegistrationPolicy, clock, names: OperatorNames,
                  dpop_offered: bool = False):
+        self._names = names
         self._dpop_offered = dpop_offered
         self._clients = clients
         self._documents = documents
@@ -80,8 +83,10 @@ class DocumentClients:
         if self._refused.get(client_id, 0.0) > self._clock.seconds():
             return None
         try:
-            return document_client(client_id, await self._documents.fetch(client_id), self._policy,
-                                   self._dpop_offered)
+            client = document_client(client_id, await self._documents.fetch(client_id), self._policy,
+                                     self._dpop_offered)
+            await self._names.check(client.name)
+            return client
         except Busy as e:
             log.warn("client ID metadata document {url} not fetched: {reason}", url=client_id, reason=str(e))
             return None

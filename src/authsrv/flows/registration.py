@@ -15,7 +15,9 @@ Context Protocol's authorization rules expect.
  - Metadata is checked by the same rules as the operator's clients
    (L{authsrv.operations.clientspec}), then by the registration policy: no
    redirect URI on a private or link-local address (loopback stays allowed
-   for native apps, RFC 8252) and only allowed hosts when a list is set.
+   for native apps, RFC 8252) and only allowed hosts when a list is set,
+   and no client_name that reads as the name of one of the operator's
+   clients (L{OperatorNames}), which the consent page would show as theirs.
 
 Registered clients are never first-party: every user is asked for consent.
 """
@@ -23,6 +25,7 @@ Registered clients are never first-party: every user is asked for consent.
 from __future__ import annotations
 
 import hmac
+import unicodedata
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -63,6 +66,11 @@ The token_endpoint_auth_method values a client may register itself with;
 private_key_jwt is not one, since registration takes no keys.
 """
 UNKNOWN_METHOD = f"token_endpoint_auth_method must be one of {', '.join(REGISTRABLE_METHODS)}"
+OPERATOR_SOURCES = ("config", "operator")
+"""C{Client.source} of the clients an operator vouches for: its config file's and the admin API's."""
+TAKEN_NAME = "client_name is the name of a client of this service; choose another"
+LOOKALIKES = str.maketrans("аеорсхуіјѕԁһοαν", "aeopcxyijsdhoav")
+"""Cyrillic and Greek letters drawn as Latin ones, which NFKC leaves apart: "Dеmo App" with a Cyrillic е."""
 
 
 @frozen
@@ -171,6 +179,34 @@ def registered_settings(metadata: Any, policy: RegistrationPolicy, dpop_offered:
     return settings, method
 
 
+def name_key(name: str) -> str:
+    """
+    C{name} as a reader compares it: compatibility forms (NFKC), case,
+    invisible format characters, runs of spaces and common lookalike
+    letters make no difference to how a consent page shows it.
+    """
+    text = unicodedata.normalize("NFKC", name).casefold()
+    visible = "".join(c for c in unicodedata.normalize("NFKC", text) if unicodedata.category(c) != "Cf")
+    return " ".join(visible.translate(LOOKALIKES).split())
+
+
+class OperatorNames:
+    """
+    Refuses a self-registered client the name of one of the operator's
+    clients, read from the C{store} at each check: they are few, and one
+    the admin API adds or renames counts at once.
+    """
+
+    def __init__(self, store):
+        self._store = store
+
+    async def check(self, name: str) -> None:
+        """L{InvalidClientMetadata} when C{name} reads as an operator client's name."""
+        key = name_key(name)
+        if key and any(name_key(c.name) == key for c in await self._store.list_clients_of(OPERATOR_SOURCES)):
+            raise InvalidClientMetadata(TAKEN_NAME)
+
+
 def registered_method(client: Client) -> str:
     """How a registered client authenticates, as RFC 7591 names it (a stored None: by its secret)."""
     if client.token_endpoint_auth_method is not None:
@@ -208,6 +244,7 @@ class Registration:
         self._dpop_offered = dpop_offered
         self._secrets = secrets
         self._store = store
+        self._names = OperatorNames(store)
         self._clock = clock
         self._policy = policy
         self._base = base
@@ -247,6 +284,7 @@ class Registration:
         try:
             settings, method = registered_settings(metadata, self._policy, self._dpop_offered,
                                                    self._secrets is not None)
+            await self._names.check(settings.get("name", ""))
         except OAuthError as e:
             raise self._refused(e, address) from None
         await self._check_room(address)
@@ -315,6 +353,7 @@ class Registration:
                                         " itself; register a new client")
         settings, _ = registered_settings({**metadata, "token_endpoint_auth_method": "none"}, self._policy,
                                           self._dpop_offered)
+        await self._names.check(settings.get("name", ""))
         settings.setdefault("name", client_id)
         access_token = new_token(32)
         changed = attrs.evolve(client, registration_token_hash=token_hash(access_token), **settings)

@@ -391,6 +391,10 @@ class PostgresStore:
     def list_clients(self):
         return self._all("list_clients", _T.clients, 'SELECT * FROM clients ORDER BY client_id COLLATE "C"', {})
 
+    def list_clients_of(self, sources):
+        return self._all("list_clients_of", _T.clients, 'SELECT * FROM clients WHERE source = ANY(%(sources)s)'
+                         ' ORDER BY client_id COLLATE "C"', {"sources": list(sources)})
+
     def count_clients(self, source):
         return self._one("count_clients", None, "SELECT count(*) AS clients FROM clients WHERE source = %(source)s",
                          {"source": source}).addCallback(lambda row: row["clients"] if row else 0)

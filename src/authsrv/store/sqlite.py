@@ -314,6 +314,10 @@ class SQLiteStore:
     def list_clients(self):
         return self._query_all("list_clients", _T.clients, "SELECT * FROM clients ORDER BY client_id")
 
+    def list_clients_of(self, sources):
+        sql = f"SELECT * FROM clients WHERE source IN ({', '.join('?' * len(sources))}) ORDER BY client_id"
+        return self._query_all("list_clients_of", _T.clients, sql, tuple(sources))
+
     def count_clients(self, source):
         sql = "SELECT count(*) FROM clients WHERE source = ?"
         return self._call("count_clients", False, lambda db: db.execute(sql, (source,)).fetchone()[0])

@@ -157,6 +157,11 @@ class MemoryStore:
         return [self.tables.clients[key] for key in sorted(self.tables.clients)]
 
     @_answered
+    def list_clients_of(self, sources):
+        return [self.tables.clients[key] for key in sorted(self.tables.clients)
+                if self.tables.clients[key].source in sources]
+
+    @_answered
     def count_clients(self, source):
         return sum(client.source == source for client in self.tables.clients.values())
 

@@ -515,6 +515,20 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             assert await store.count_clients("registration") == 1
 
     @pytest_twisted.ensureDeferred
+    async def test_clients_are_listed_by_source(self):
+        clients = [Client(name, None, [f"https://{name}.example/cb"], source=source)
+                   for name, source in (("d", "config"), ("a", "registration"), ("c", "operator"), ("b", "operator"))]
+        async with self.store(clients=()) as store:
+            assert await store.list_clients_of(("config", "operator")) == []
+            for client in clients:
+                await store.add_client(client)
+            await store.put_client(attrs.evolve(clients[2], name="renamed"))
+            assert await store.list_clients_of(("config", "operator")) == [
+                clients[3], attrs.evolve(clients[2], name="renamed"), clients[0]]
+            assert await store.list_clients_of(("registration",)) == [clients[1]]
+            assert await store.list_clients_of(("document",)) == []
+
+    @pytest_twisted.ensureDeferred
     async def test_removing_a_client_removes_its_grants_tokens_and_consents(self):
         async with self.store(clients=()) as store:
             for client_id in (CLIENT, "other"):
