@@ -12,6 +12,7 @@ from twisted.internet.threads import deferToThreadPool
 
 from authsrv.admin.common import ACTOR, AdminError, AdminUnavailable, Console, with_plugins
 from authsrv.chat.crypto import TokenCipher
+from authsrv.identity.postgres import BETTER_AUTH_PROVIDER
 from authsrv.operations.better_auth import (
     Offer,
     SourceError,
@@ -27,7 +28,7 @@ async def better_auth(reactor, args, console: Console):
 
     async def use(config, context, store, keystore, identity):
         now = int(reactor.seconds())
-        provider = config.chat.provider if config.chat else "discord"
+        provider = config.link_provider or BETTER_AUTH_PROVIDER
         pool = context.threadpool("import", 1)
         try:
             source = await deferToThreadPool(reactor, pool, read_source, args.dsn, provider, now, progress)

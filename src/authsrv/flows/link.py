@@ -188,7 +188,9 @@ class ChatLinking:
         its kind, never with the token.
         """
         held = ((tokens.access_token, "access_token"), (tokens.refresh_token, "refresh_token"))
-        for token, hint in ((token, hint) for token, hint in held if token is not None):
+        for token, hint in held:
+            if token is None:
+                continue
             try:
                 await self._provider.revoke(token, hint)
             except Exception as e:

@@ -175,13 +175,7 @@ def _epoch(value: datetime | None) -> int | None:
 
 def _list(value) -> list:
     """A jsonb column (a list already) or a JSON text, as a list of strings."""
-    if value is None:
-        return []
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            return []
+    value = _json(value)
     return [item for item in value if isinstance(item, str)] if isinstance(value, list) else []
 
 
