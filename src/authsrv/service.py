@@ -88,7 +88,7 @@ from authsrv.protocol.dpop import ALGORITHMS as DPOP_ALGORITHMS
 from authsrv.records import Client
 from authsrv.remote_documents import RemoteDocuments
 from authsrv.store.errors import StoreUnavailable
-from authsrv.tls import endpoint_of, hsts_headers, listen_problem
+from authsrv.tls import endpoint_of, hsts_headers
 from authsrv.tokens import CLIENT_SECRET_KEY, keyed_form
 from authsrv.web.accesslog import AccessLog
 from authsrv.web.admin import AdminAPI
@@ -320,9 +320,6 @@ def _listen(reactor, key, descriptions, site_for, ports, base_dir):
     that a taken port or a bad TLS file is a start-up error.
     """
     for index, description in enumerate(descriptions):
-        problem = listen_problem(f"{key}[{index}]", description, base_dir)
-        if problem:
-            raise StartupError(problem)
         try:
             endpoint = endpoint_of(reactor, f"{key}[{index}]", description, base_dir)
         except ValueError as e:

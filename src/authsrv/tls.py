@@ -139,12 +139,16 @@ def listen_problem(key: str, description: str, base_dir: Path, now: float | None
     return f"{key}: {problem}" if problem else None
 
 
-def endpoint_of(reactor, key: str, description: str, base_dir: Path):
+def endpoint_of(reactor, key: str, description: str, base_dir: Path, now: float | None = None):
     """
     The server endpoint C{description} names, parsed as the server parses
     it, without listening; L{ValueError} with one line naming C{key} when
-    Twisted cannot parse it.
+    its TLS files are wrong (L{listen_problem}, dates checked with C{now})
+    or Twisted cannot parse it.
     """
+    problem = listen_problem(key, description, base_dir, now)
+    if problem:
+        raise ValueError(problem)
     try:
         return serverFromString(reactor, resolve_tls_paths(description, base_dir))
     except (ValueError, KeyError, TypeError) as e:
@@ -165,13 +169,8 @@ def config_listen_problems(config, reactor, now: float) -> list[str]:
     problems = []
     for name, descriptions in config_listeners(config):
         for index, description in enumerate(descriptions):
-            key = f"{name}[{index}]"
-            problem = listen_problem(key, description, config.base_dir, now)
-            if problem is None:
-                try:
-                    endpoint_of(reactor, key, description, config.base_dir)
-                except ValueError as e:
-                    problem = str(e)
-            if problem:
-                problems.append(problem)
+            try:
+                endpoint_of(reactor, f"{name}[{index}]", description, config.base_dir, now)
+            except ValueError as e:
+                problems.append(str(e))
     return problems
