@@ -146,13 +146,39 @@ def endpoint_of(reactor, key: str, description: str, base_dir: Path, now: float 
     its TLS files are wrong (L{listen_problem}, dates checked with C{now})
     or Twisted cannot parse it.
     """
-    problem = listen_problem(key, description, base_dir, now)
+    problem = listen_problem(key, description, base_dir, now) or _port_problem(key, description)
     if problem:
         raise ValueError(problem)
     try:
         return serverFromString(reactor, resolve_tls_paths(description, base_dir))
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{key}: {description!r} is not a valid endpoint ({e})") from None
+
+
+_PORTED = {"tcp", "tcp6", "ssl"}
+"""The endpoint types whose first argument is a port."""
+
+
+def _port_problem(key: str, description: str) -> str | None:
+    """
+    One line naming C{key} when C{description}'s port is not 0 to 65535:
+    Twisted parses any integer and only the bind refuses it, so a check
+    that stops at parsing would pass C{tcp:99999}.
+    """
+    parts = _parts(description)
+    if parts and len(parts[0]) == 1 and parts[0][0].strip().lower() == "haproxy":
+        parts = parts[1:]
+    if not parts or len(parts[0]) != 1 or parts[0][0].strip().lower() not in _PORTED:
+        return None
+    keyed = {part[0]: part[1] for part in parts[1:] if len(part) == 2}
+    positional = [part[0] for part in parts[1:] if len(part) == 1]
+    try:
+        port = int(keyed.get("port", positional[0] if positional else ""))
+    except ValueError:
+        return None
+    if 0 <= port <= 65535:
+        return None
+    return f"{key}: {description!r} names port {port}; a port is 0 to 65535"
 
 
 def config_listeners(config) -> list[tuple[str, tuple[str, ...]]]:

@@ -111,6 +111,18 @@ def test_check_config_names_what_is_wrong_with_the_tls_files(tmp_path, case, exp
     assert problems == ([expected.format(folder=tmp_path)] if expected else [])
 
 
+@pytest.mark.parametrize(
+    ("listen", "port"),
+    [("tcp:99999:interface=127.0.0.1", 99999), ("tcp:-1", -1), ("tcp6:port=65536", 65536),
+     ("haproxy:tcp:70000", 70000), ("tcp:65535", None), ("tcp:0:interface=127.0.0.1", None)],
+)
+def test_check_config_refuses_a_port_out_of_range(tmp_path, listen, port):
+    """Twisted parses any integer as a port; only the bind would refuse it, after the check had passed."""
+    config = load_config(config_file(tmp_path, listen))
+    problems = config_listen_problems(config, Clock(), time.time())
+    assert problems == ([f"server.listen[0]: {listen!r} names port {port}; a port is 0 to 65535"] if port else [])
+
+
 @pytest_twisted.ensureDeferred
 async def test_check_config_exits_1_with_one_line_for_an_expired_certificate(tmp_path):
     write_pair(tmp_path / "tls", valid_from=datetime.datetime(2020, 1, 1, tzinfo=datetime.timezone.utc))
