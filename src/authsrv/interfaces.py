@@ -88,12 +88,19 @@ class IStoreFactory(_IFactory):
     """Builds an L{IStore}."""
 
 
+DROPPED_ALGORITHM_SETTLES = 86400
+"""How long a key of an algorithm dropped from a keystore's config may go on being active (L{IKeystoreFactory})."""
+
+
 class IKeystoreFactory(_IFactory):
     """
     Builds an L{IKeystore}. Its section's C{algorithms} (RS256 alone when
     absent) must be what the keystore signs with: the config checks the
     algorithms clients choose against that same key. Keys of an algorithm no
-    longer listed are retired as a rotation retires a key, not kept.
+    longer listed are retired as a rotation retires a key, not kept, once
+    the active one has signed for L{DROPPED_ALGORITHM_SETTLES} seconds:
+    other instances sharing the keys may still list it for a while (a
+    rolling deploy) and would make it new keys at once.
     """
 
 
@@ -805,8 +812,9 @@ class IKeystore(Interface):
     def maintain(now):
         """
         Called by the server about once a minute: L{reload}, then rotate when
-        the configured schedule says the active key is due, and unpublish
-        retired keys whose retention has passed; fires when done.
+        the configured schedule says the active key is due, retire the keys
+        of dropped algorithms (L{IKeystoreFactory}), and unpublish retired
+        keys whose retention has passed; fires when done.
         """
 
 

@@ -211,6 +211,42 @@ async def test_dropped_algorithm_retired_at_the_first_start_without_it(tmp_path,
         context.stop()
 
 
+@pytest.mark.parametrize("module", [jwkfile, pem])
+@pytest_twisted.ensureDeferred
+async def test_instances_listing_different_algorithms_do_not_churn_keys(tmp_path, module):
+    """
+    During a rolling deploy that adds ES256, old instances (RS256 alone) and
+    new ones share the keys for a while, each reloading every minute: the new
+    ES256 key stays, rather than being retired by one and replaced by the
+    other at every reload; a day on, one retirement at most.
+    """
+    from twisted.internet import reactor
+
+    clock = Clock()
+    clock.advance(1_800_000_000)
+    context = PluginContext(_ClockedReactor(reactor, clock), tmp_path, max_token_lifetime=MAX_TOKEN_LIFETIME)
+    try:
+        new = module.from_config(_section({"algorithms": ["RS256", "ES256"]}, context), context)
+        old = module.from_config(_section({}, context), context)
+        es256 = _active_kid(new, "ES256")
+        for _ in range(30):
+            clock.advance(60)
+            await old.maintain(int(clock.seconds()))
+            await new.maintain(int(clock.seconds()))
+        assert _active_kid(new, "ES256") == es256
+        assert sorted(k.state for k in new.keys() if k.alg == "ES256") == ["active", "next"]
+
+        for _ in range(24 * 60):
+            clock.advance(60)
+            await old.maintain(int(clock.seconds()))
+            await new.maintain(int(clock.seconds()))
+        states = sorted(k.state for k in new.keys() if k.alg == "ES256")
+        assert states == ["active", "next", "retired"]
+        assert es256 in [k.kid for k in new.keys() if k.state == "retired"]
+    finally:
+        context.stop()
+
+
 def test_sign_refuses_unconfigured_algorithm(context):
     keystore = jwkfile.from_config(_section({}, context), context)
     with pytest.raises(ValueError):

@@ -278,14 +278,16 @@ class FileKeystore:
 
     def _maintain(self, now: int):
         """
-        Reload, then rotate what is due and prune; C{(ring,
-        algorithms)} when something rotated. What is due is decided again on
+        Reload, then rotate what is due, retire dropped algorithms' settled
+        keys and prune; C{(ring, algorithms)} when something rotated. What is due is decided again on
         the stored ring under the storage lock, so that instances sharing the
         keys rotate once between them.
         """
         with self._lock:
             self._reload(now)
-            if not self._due(self._ring, now) and self._ring.prune(now, self.retention) is self._ring:
+            ring = self._ring
+            if (not self._due(ring, now) and ring.prune(now, self.retention) is ring
+                    and ring.withdraw(self.algorithms, now, self.retention) is ring):
                 return None
             due: list[str] = []
 

@@ -20,6 +20,7 @@ from jwcrypto.jwa import JWA
 from jwcrypto.jwk import JWK, JWKSet
 
 from authsrv.compactjson import compact
+from authsrv.interfaces import DROPPED_ALGORITHM_SETTLES as SETTLED
 from authsrv.records import KeyInfo
 
 _RSA = ("RS256", "PS256")
@@ -298,13 +299,23 @@ class KeyRing:
 
     def withdraw(self, algorithms: Iterable[str], now: int, retention: Retention) -> "KeyRing":
         """
-        Stop signing with the algorithms not among C{algorithms}: retire
+        Stop signing with the algorithms not among C{algorithms} whose
+        active key has signed for L{SETTLED} (or that have none): retire
         their active keys as a rotation does, so the tokens they signed
         verify until they expire, and drop their next keys, which signed
         nothing. Returns C{self} if no key was of such an algorithm.
+
+        The wait is for instances sharing the keys that still list the
+        algorithm, as during a rolling deploy: they make it a new active
+        key whenever it has none, which would otherwise be retired again at
+        once, a new key in the JWKS at every reload for as long as the
+        instances disagree.
         """
         kept = set(algorithms)
-        stopped = [k for k in self.keys if k.info.alg not in kept and k.info.state != "retired"]
+        young = {alg for alg, key in self._active.items()
+                 if alg not in kept and key.info.activated_at is not None and key.info.activated_at + SETTLED > now}
+        stopped = [k for k in self.keys
+                   if k.info.alg not in kept and k.info.alg not in young and k.info.state != "retired"]
         if not stopped:
             return self
         keys = [k for k in self.keys if k not in stopped]

@@ -35,7 +35,7 @@ from jwcrypto.jws import InvalidJWSSignature
 from jwcrypto.jwt import JWT, JWTMissingKey
 from zope.interface.verify import verifyObject
 
-from authsrv.interfaces import IKeystore
+from authsrv.interfaces import DROPPED_ALGORITHM_SETTLES as SETTLED, IKeystore
 from authsrv.records import KeyInfo
 
 ALL_ALGORITHMS = ("RS256", "PS256", "ES256", "EdDSA")
@@ -387,18 +387,27 @@ class KeystoreConformance:
     @pytest_twisted.ensureDeferred
     async def test_dropped_algorithm_retired_like_a_rotated_key(self):
         """
-        The operator drops an algorithm from the config: its active key is
-        retired, published only until the tokens it signed expire, then
-        kept for hints; its next key, which signed nothing, goes at once; a
-        later restart keeps the same retirement.
+        The operator drops an algorithm from the config: once its active key
+        has signed for a day (instances of a rolling deploy that still list
+        it are not made to churn keys), it is retired, published only until
+        the tokens it signed expire, then kept for hints; its next key,
+        which signed nothing, goes with it; a later restart keeps the same
+        retirement.
         """
         keystore = await self._make(algorithms=("RS256", "PS256"))
         active, (upcoming,) = _active(keystore, "PS256"), _by_state(keystore, "PS256", "next")
         token = keystore.sign(CLAIMS, alg="PS256")
 
         dropped = await self._reopen(algorithms=("RS256",))
-
         assert dropped.algorithms == ("RS256",)
+        with pytest.raises(ValueError):
+            dropped.sign(CLAIMS, alg="PS256")
+        await dropped.maintain(active.activated_at + SETTLED - 1)
+        assert _active(dropped, "PS256") == active
+        assert _by_state(dropped, "PS256", "next") == [upcoming]
+
+        await dropped.maintain(active.activated_at + SETTLED)
+
         assert not _by_state(dropped, "PS256", "active") and not _by_state(dropped, "PS256", "next")
         (retired,) = _by_state(dropped, "PS256", "retired")
         assert retired.kid == active.kid
