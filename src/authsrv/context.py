@@ -10,7 +10,7 @@ from typing import Callable
 from twisted.python.threadpool import ThreadPool
 from zope.interface import implementer
 
-from authsrv.identity.passwords import DEFAULT_HASHER
+from authsrv.identity.passwords import DEFAULT_HASHER, hasher_of
 from authsrv.interfaces import IPluginContext
 
 
@@ -37,6 +37,17 @@ class PluginContext:
         self.password_hasher = password_hasher
         self.link_provider = link_provider
         self._pools: dict[str, ThreadPool] = {}
+
+    @classmethod
+    def of(cls, reactor, config, **extra) -> "PluginContext":
+        """
+        The context C{config} gives plugins, alike in the server, its
+        workers' parent and the operator's command; C{extra} is what only
+        one of them sets (a store observer, C{check_only}).
+        """
+        return cls(reactor, config.base_dir, config.limits.max_token_lifetime,
+                   session_lifetime=config.limits.session_ttl, password_hasher=hasher_of(config),
+                   link_provider=config.link_provider, **extra)
 
     def threadpool(self, name: str, size: int) -> ThreadPool:
         if name not in self._pools:

@@ -623,11 +623,7 @@ def build(config: Config, reactor, role: WorkerRole | None = None) -> AuthsrvSer
     listening = reactor if role is None else Adopter(reactor, role.fds)
     shared_metrics = os.environ.get(METRICS_DIR_ENV) if role is not None else None
     metrics = Metrics(shared_metrics) if config.metrics_listen and (first or shared_metrics) else None
-    context = PluginContext(
-        reactor, config.base_dir, config.limits.max_token_lifetime, session_lifetime=config.limits.session_ttl,
-        store_observer=metrics.store_call if metrics else None, password_hasher=hasher_of(config),
-        link_provider=config.link_provider,
-    )
+    context = PluginContext.of(reactor, config, store_observer=metrics.store_call if metrics else None)
     try:
         store = build_plugin("store", config.store, context)
         keystore = build_plugin("keystore", config.keystore, context)
@@ -710,10 +706,7 @@ def build_supervisor(config: Config, reactor, count: int) -> Supervisor:
     errors, as in L{build}), and stores the config's clients once before the
     workers start, so that no two of them race to do it.
     """
-    context = PluginContext(
-        reactor, config.base_dir, config.limits.max_token_lifetime, session_lifetime=config.limits.session_ttl,
-        link_provider=config.link_provider,
-    )
+    context = PluginContext.of(reactor, config)
     bound: list = []
     try:
         store = build_plugin("store", config.store, context)

@@ -16,7 +16,6 @@ from attrs import frozen
 from authsrv.config import Config, ConfigFileError, load_config
 from authsrv.context import PluginContext
 from authsrv.embedded import CONFIG_NAME, DEFAULT_DATA_DIR
-from authsrv.identity.passwords import hasher_of
 from authsrv.operations.errors import OperationError
 from authsrv.service import StartupError, StartupUnreachable, build_identity, build_plugin
 
@@ -119,9 +118,7 @@ async def plugin_context(reactor, config: Config, *, check_only: bool = False, p
     The context one command builds plugins in: its thread pools stop with
     the command, and a plugin's start-up problem is one line.
     """
-    context = PluginContext(reactor, config.base_dir, config.limits.max_token_lifetime,
-                            session_lifetime=config.limits.session_ttl, check_only=check_only,
-                            password_hasher=hasher_of(config), link_provider=config.link_provider)
+    context = PluginContext.of(reactor, config, check_only=check_only)
     try:
         yield context
     except StartupUnreachable as e:
