@@ -129,6 +129,28 @@ async def test_assertions_work_once_at_every_endpoint(h, audit):
 
 
 @pytest_twisted.ensureDeferred
+async def test_an_assertion_whose_times_have_a_fraction_authenticates_once(h):
+    """
+    RFC 7519 section 2: a NumericDate may have a fraction, as a library
+    writing time.time() + 60 sends it; such an assertion authenticates, its
+    jti is kept until its exp (rounded up) plus the skew, and a replay fails.
+    """
+    await h.start()
+    now = h.now()
+    fractional = assertion(now, exp_in=59.75, iat=now - 0.5, nbf=now - 0.25)
+    once = {"grant_type": "client_credentials", "client_assertion": fractional,
+            "client_assertion_type": "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"}
+    response, body = await h.json("POST", TOKEN, data=once)
+    assert response.code == 200, body
+    h.clock.advance(60 + 29)  # expired, but within the skew: its jti is still kept
+    response, body = await h.json("POST", TOKEN, data=once)
+    assert response.code == 401 and "already used" in body["error_description"], body
+    response, body = await h.json("POST", TOKEN, data={**once, "client_assertion": assertion(
+        h.now(), iat="yesterday")})
+    assert response.code == 401 and "iat is not a NumericDate" in body["error_description"], body
+
+
+@pytest_twisted.ensureDeferred
 async def test_assertion_requests_that_mix_methods_or_types(h):
     await h.start()
     response, body = await h.json("POST", TOKEN, data=signed(h, grant_type="client_credentials",
