@@ -652,7 +652,8 @@ async def test_no_malformed_request_gets_a_server_error(tmp_path, monkeypatch):
 async def test_a_client_uses_only_the_grant_types_it_registered(tmp_path, monkeypatch):
     """
     A client limited to authorization_code gets no refresh token even with
-    offline_access, and its refresh attempts are unauthorized_client; discovery
+    offline_access, nor is offline_access in the scope its tokens carry, and
+    its refresh attempts are unauthorized_client; discovery
     lists what the token endpoint offers.
     """
     limited = [dict(c, grant_types=["authorization_code"]) if c["client_id"] == "first" else c for c in CLIENTS]
@@ -660,6 +661,9 @@ async def test_a_client_uses_only_the_grant_types_it_registered(tmp_path, monkey
     try:
         body = await tokens(h)
         assert "refresh_token" not in body and "access_token" in body
+        # RFC 6749 section 5.1: the scope answered is the scope granted, which holds no offline access.
+        assert body["scope"] == "email openid profile"
+        assert (await introspect(h, body["access_token"], "first"))["scope"] == "email openid profile"
         response, answer = await refresh(h, "any-refresh-token")
         assert_error(response, answer, 400, "unauthorized_client")
         assert "refresh_token" in answer["error_description"]
