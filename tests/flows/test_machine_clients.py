@@ -87,6 +87,26 @@ async def test_a_client_token_for_itself(h):
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_client_jwt_for_a_resource_names_no_sign_in(h):
+    """
+    RFC 9068 section 2.2: a client's JWT for itself names the client as its
+    sub and carries no auth_time (section 2.2.1: when a user signed in),
+    since no one did; a resource server checking how fresh a sign-in is
+    must not take the token's issue as one.
+    """
+    await h.start()
+    response, body = await h.json("POST", TOKEN, data={"grant_type": "client_credentials", "resource": API},
+                                  headers=basic("bot", BOT_SECRET))
+    assert response.code == 200, body
+    checked = jwt.JWT(jwt=body["access_token"], key=h.keystore.public_keyset(), expected_type="JWS",
+                      check_claims={"iss": ISSUER, "aud": API, "exp": h.now()})
+    assert json.loads(checked.header)["typ"] == "at+jwt"
+    claims = json.loads(checked.claims)
+    assert set(claims) == {"iss", "sub", "aud", "client_id", "iat", "exp", "jti", "scope"}, claims
+    assert (claims["sub"], claims["client_id"], claims["aud"]) == ("bot", "bot", API)
+
+
+@pytest_twisted.ensureDeferred
 async def test_who_may_use_the_grant(h):
     await h.start()
     response, body = await h.json("POST", TOKEN, data={"grant_type": "client_credentials", "client_id": "spa"})

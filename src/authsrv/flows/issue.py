@@ -164,16 +164,19 @@ class TokenMinter:
         (client_credentials): a JWT names the client as its subject (RFC
         9068 section 2.2); no refresh token, no ID token.
         """
-        access_value, access = self._access(grant, client, client.client_id, scope, audience, now, jkt)
+        access_value, access = self._access(grant, client, client.client_id, scope, audience, now, jkt,
+                                            for_user=False)
         return Issued(self._response(access_value, access, jkt), access, None)
 
     def _access(self, grant: Grant, client: Client, sub: str, scope: frozenset[str], audience: tuple[str, ...],
-                now: int, jkt: str | None = None) -> tuple[str, AccessToken]:
+                now: int, jkt: str | None = None, for_user: bool = True) -> tuple[str, AccessToken]:
         """
         An opaque access token, or an RFC 9068 JWT (signed as the client
         chose) when it has an audience, and its record; C{jkt} binds it to
         a DPoP key. It ends with its grant at the latest: a refresh near the
-        grant's absolute end must not buy an hour past it.
+        grant's absolute end must not buy an hour past it. A JWT carries
+        the user's auth_time unless it is a client's token for itself
+        (C{for_user} false), where no one signed in.
         """
         client_id = client.client_id
         ttl = min(self._limits.access_token_ttl, grant.expires_at - now)
@@ -182,7 +185,7 @@ class TokenMinter:
             jti = new_token(16)
             claims = access_token_claims(
                 issuer=self._issuer, sub=sub, client_id=client_id, audience=audience, scope=scope,
-                auth_time=grant.auth_time, jti=jti, now=now, ttl=ttl, jkt=jkt,
+                auth_time=grant.auth_time if for_user else None, jti=jti, now=now, ttl=ttl, jkt=jkt,
             )
             access_alg = client_alg(self._keystore, client, "access_token_signed_response_alg")
             value = self._keystore.sign(claims, alg=access_alg, typ=ACCESS_TOKEN_TYPE)
