@@ -15,6 +15,7 @@ import json
 import math
 import re
 from functools import lru_cache
+from typing import TypeGuard
 
 from jwcrypto.common import JWException, base64url_decode, base64url_encode
 from jwcrypto.jwk import JWK, JWKSet
@@ -52,7 +53,7 @@ def _failed(why: str) -> InvalidClient:
     return InvalidClient(f"client authentication failed: {why}")
 
 
-def _numeric_date(value) -> bool:
+def _numeric_date(value: object) -> TypeGuard[int | float]:
     """
     Whether C{value} is a NumericDate (RFC 7519 section 2): a JSON number of
     seconds, which may have a fraction (a client library that writes
