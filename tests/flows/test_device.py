@@ -149,6 +149,7 @@ async def test_no_refresh_token_without_offline_access_or_the_refresh_grant(tmp_
             response, body = await poll(h, codes["device_code"], client_id)
             assert response.code == 200, body
             assert "refresh_token" not in body and "id_token" in body
+            assert body["scope"] == "openid"  # no offline access granted without a refresh token (RFC 6749 5.1)
         codes = await start(h, "tv", "offline_access")
         await approve(h, Browser(h), codes)
         response, body = await poll(h, codes["device_code"])

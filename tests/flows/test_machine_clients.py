@@ -87,6 +87,26 @@ async def test_a_client_token_for_itself(h):
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_client_jwt_for_a_resource_names_no_sign_in(h):
+    """
+    RFC 9068 section 2.2: a client's JWT for itself names the client as its
+    sub and carries no auth_time (section 2.2.1: when a user signed in),
+    since no one did; a resource server checking how fresh a sign-in is
+    must not take the token's issue as one.
+    """
+    await h.start()
+    response, body = await h.json("POST", TOKEN, data={"grant_type": "client_credentials", "resource": API},
+                                  headers=basic("bot", BOT_SECRET))
+    assert response.code == 200, body
+    checked = jwt.JWT(jwt=body["access_token"], key=h.keystore.public_keyset(), expected_type="JWS",
+                      check_claims={"iss": ISSUER, "aud": API, "exp": h.now()})
+    assert json.loads(checked.header)["typ"] == "at+jwt"
+    claims = json.loads(checked.claims)
+    assert set(claims) == {"iss", "sub", "aud", "client_id", "iat", "exp", "jti", "scope"}, claims
+    assert (claims["sub"], claims["client_id"], claims["aud"]) == ("bot", "bot", API)
+
+
+@pytest_twisted.ensureDeferred
 async def test_who_may_use_the_grant(h):
     await h.start()
     response, body = await h.json("POST", TOKEN, data={"grant_type": "client_credentials", "client_id": "spa"})
@@ -126,6 +146,28 @@ async def test_assertions_work_once_at_every_endpoint(h, audit):
     h.clock.advance(30)
     response, body = await h.json("POST", TOKEN, data=once)
     assert response.code == 401 and "expired" in body["error_description"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_assertion_whose_times_have_a_fraction_authenticates_once(h):
+    """
+    RFC 7519 section 2: a NumericDate may have a fraction, as a library
+    writing time.time() + 60 sends it; such an assertion authenticates, its
+    jti is kept until its exp (rounded up) plus the skew, and a replay fails.
+    """
+    await h.start()
+    now = h.now()
+    fractional = assertion(now, exp_in=59.75, iat=now - 0.5, nbf=now - 0.25)
+    once = {"grant_type": "client_credentials", "client_assertion": fractional,
+            "client_assertion_type": "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"}
+    response, body = await h.json("POST", TOKEN, data=once)
+    assert response.code == 200, body
+    h.clock.advance(60 + 29)  # expired, but within the skew: its jti is still kept
+    response, body = await h.json("POST", TOKEN, data=once)
+    assert response.code == 401 and "already used" in body["error_description"], body
+    response, body = await h.json("POST", TOKEN, data={**once, "client_assertion": assertion(
+        h.now(), iat="yesterday")})
+    assert response.code == 401 and "iat is not a NumericDate" in body["error_description"], body
 
 
 @pytest_twisted.ensureDeferred

@@ -336,7 +336,9 @@ async def test_refresh_rotates_and_replays_inside_the_grace_window(tmp_path, mon
         h.clock.advance(9)
         response, again = await refresh(h, first["refresh_token"])
         assert response.code == 200
-        assert again == second
+        # The same tokens; expires_in is what is left of the access token's lifetime (RFC 6749 section 5.1).
+        assert again == {**second, "expires_in": second["expires_in"] - 9}
+        assert list(again) == list(second)
         assert await active(h, second["refresh_token"]) and await active(h, second["access_token"])
         assert not await active(h, first["refresh_token"])
 
@@ -347,6 +349,36 @@ async def test_refresh_rotates_and_replays_inside_the_grace_window(tmp_path, mon
             assert not await active(h, token)
         response, body = await refresh(h, second["refresh_token"])
         assert_error(response, body, 400, "invalid_grant")
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_replay_late_in_a_long_grace_window_tells_the_access_tokens_remaining_lifetime(tmp_path, monkeypatch):
+    """
+    A client given a grace window longer than an access token lives gets
+    the same tokens again, with expires_in counting down to the access
+    token's real end and never below zero, so it knows to refresh again
+    (with the successor) instead of using an expired token for an hour.
+    """
+    clients = [dict(c, refresh_grace="2h") if c["client_id"] == "first" else c for c in CLIENTS]
+    h = await Harness(tmp_path, monkeypatch, {"clients": clients}).start()
+    try:
+        first = await tokens(h)
+        response, second = await refresh(h, first["refresh_token"])
+        assert response.code == 200 and second["expires_in"] == 3600, second
+        h.clock.advance(3000)
+        response, again = await refresh(h, first["refresh_token"])
+        assert response.code == 200, again
+        assert again == {**second, "expires_in": 600}
+        assert await active(h, second["access_token"])  # still live: 600 s are left
+        h.clock.advance(1200)
+        response, again = await refresh(h, first["refresh_token"])
+        assert response.code == 200, again
+        assert again == {**second, "expires_in": 0}
+        assert not await active(h, second["access_token"])
+        response, third = await refresh(h, second["refresh_token"])
+        assert response.code == 200 and third["expires_in"] == 3600, third
     finally:
         await h.close()
 
@@ -652,7 +684,8 @@ async def test_no_malformed_request_gets_a_server_error(tmp_path, monkeypatch):
 async def test_a_client_uses_only_the_grant_types_it_registered(tmp_path, monkeypatch):
     """
     A client limited to authorization_code gets no refresh token even with
-    offline_access, and its refresh attempts are unauthorized_client; discovery
+    offline_access, nor is offline_access in the scope its tokens carry, and
+    its refresh attempts are unauthorized_client; discovery
     lists what the token endpoint offers.
     """
     limited = [dict(c, grant_types=["authorization_code"]) if c["client_id"] == "first" else c for c in CLIENTS]
@@ -660,6 +693,9 @@ async def test_a_client_uses_only_the_grant_types_it_registered(tmp_path, monkey
     try:
         body = await tokens(h)
         assert "refresh_token" not in body and "access_token" in body
+        # RFC 6749 section 5.1: the scope answered is the scope granted, which holds no offline access.
+        assert body["scope"] == "email openid profile"
+        assert (await introspect(h, body["access_token"], "first"))["scope"] == "email openid profile"
         response, answer = await refresh(h, "any-refresh-token")
         assert_error(response, answer, 400, "unauthorized_client")
         assert "refresh_token" in answer["error_description"]
@@ -704,7 +740,8 @@ async def test_grace_windows_per_kind_of_client_and_per_client(tmp_path, monkeyp
             assert (sealed is not None) == replayed, client_id
             h.clock.advance(4)
             response, again = await refresh(h, issued["refresh_token"], client_id=client_id)
-            assert (response.code == 200 and again == rotated) == replayed, client_id
+            same = again == {**rotated, "expires_in": rotated["expires_in"] - 4}
+            assert (response.code == 200 and same) == replayed, client_id
         issued = await tokens(h, client_id="spa", scope="openid offline_access")
         await refresh(h, issued["refresh_token"], client_id="spa")
         h.clock.advance(6)

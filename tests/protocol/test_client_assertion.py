@@ -64,6 +64,17 @@ def test_any_of_the_secrets_verifies():
     assert check(signed("previous-" + SECRET), secrets=(SECRET, "previous-" + SECRET))
 
 
+def test_times_are_numeric_dates_which_may_have_a_fraction():
+    """RFC 7519 section 2: exp, iat and nbf are JSON numbers of seconds, not only whole ones."""
+    claims = check(signed(exp=NOW + 59.5, iat=NOW - 0.25, nbf=NOW + 0.5))
+    assert claims["exp"] == NOW + 59.5
+    refused(signed(exp=NOW - CLOCK_SKEW - 0.5), "has expired")
+    refused(signed(exp=NOW + MAX_LIFETIME + CLOCK_SKEW + 0.5), "must expire within")
+    refused(signed(iat=NOW + CLOCK_SKEW + 0.5), "iat is in the future")
+    refused(signed(iat="now"), "iat is not a NumericDate")
+    refused(signed(nbf=False), "nbf is not a NumericDate")
+
+
 @pytest.mark.parametrize("assertion, words", [
     (signed("not-the-secret-" + SECRET), "does not verify"),
     (signed(SECRET + "x"), "does not verify"),

@@ -11,6 +11,8 @@ changes, so it is read once.
 
 from __future__ import annotations
 
+import math
+
 from twisted.logger import Logger
 
 from authsrv import events
@@ -101,7 +103,7 @@ class AssertionChecker:
                 "client authentication failed: this client does not authenticate with a client assertion"
             )
         claims = verified_claims(assertion, client.client_id, keyset, self._audiences, now, algorithms)
-        kept_until = claims["exp"] + CLOCK_SKEW  # as long as the assertion is accepted at all
+        kept_until = math.ceil(claims["exp"]) + CLOCK_SKEW  # as long as the assertion is accepted at all
         if consume and not await self._store.claim_jti(client.client_id, claims["jti"], kept_until, now):
             events.assertion_replayed(client_id=client.client_id)
             raise InvalidClient("client authentication failed: this client_assertion was already used")

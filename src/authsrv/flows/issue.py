@@ -47,6 +47,8 @@ class Issued:
 
 REPLAYED_CLAIMS, REPLAYED_ALG = "id_token_claims", "id_token_alg"
 """Where a sealed replay keeps the ID token to sign again (L{Minted.replayable}, L{TokenMinter.replayed})."""
+REPLAYED_EXPIRY = "access_token_expires_at"
+"""Where a sealed replay keeps when its access token expires, to count expires_in from the replay's time."""
 
 
 @frozen
@@ -73,12 +75,15 @@ class Minted:
         The response as a refresh's replay seals it: the ID token as its
         claims, so that the rotation need not wait for the signature; a
         replay signs them again (L{TokenMinter.replayed}), to the very same
-        token under RS256, whose signatures depend on nothing else.
+        token under RS256, whose signatures depend on nothing else. The
+        access token's expiry goes with it, so that a replay's expires_in
+        is what is left of its lifetime, not all of it.
         """
+        sealed = {**self.issued.response, REPLAYED_EXPIRY: self.issued.access.expires_at}
         if self.id_token is None:
-            return dict(self.issued.response)
+            return sealed
         claims, alg = self.id_token
-        return {**self.issued.response, REPLAYED_CLAIMS: claims, REPLAYED_ALG: alg}
+        return {**sealed, REPLAYED_CLAIMS: claims, REPLAYED_ALG: alg}
 
 
 async def signed_beside(minted: Minted, writing: Deferred) -> tuple[Issued, Any]:
@@ -145,13 +150,18 @@ class TokenMinter:
     def _sign_id_token(self, claims: dict, alg: str) -> str:
         return self._keystore.sign(claims, alg=alg, typ=ID_TOKEN_TYPE)
 
-    def replayed(self, sealed: dict) -> dict:
+    def replayed(self, sealed: dict, now: int) -> dict:
         """
         The response a replay had sealed (L{Minted.replayable}), its ID
-        token signed again; one sealed whole, ID token included, as replays
+        token signed again and its expires_in counted to C{now} (RFC 6749
+        section 5.1: the access token's lifetime, which the grace window
+        has partly spent); one sealed whole, ID token included, as replays
         were before, is answered as it is.
         """
         response = dict(sealed)
+        expires_at = response.pop(REPLAYED_EXPIRY, None)
+        if isinstance(expires_at, int):
+            response["expires_in"] = max(0, expires_at - now)
         claims, alg = response.pop(REPLAYED_CLAIMS, None), response.pop(REPLAYED_ALG, None)
         if claims is not None:
             response["id_token"] = self._sign_id_token(claims, alg)
@@ -164,16 +174,19 @@ class TokenMinter:
         (client_credentials): a JWT names the client as its subject (RFC
         9068 section 2.2); no refresh token, no ID token.
         """
-        access_value, access = self._access(grant, client, client.client_id, scope, audience, now, jkt)
+        access_value, access = self._access(grant, client, client.client_id, scope, audience, now, jkt,
+                                            for_user=False)
         return Issued(self._response(access_value, access, jkt), access, None)
 
     def _access(self, grant: Grant, client: Client, sub: str, scope: frozenset[str], audience: tuple[str, ...],
-                now: int, jkt: str | None = None) -> tuple[str, AccessToken]:
+                now: int, jkt: str | None = None, for_user: bool = True) -> tuple[str, AccessToken]:
         """
         An opaque access token, or an RFC 9068 JWT (signed as the client
         chose) when it has an audience, and its record; C{jkt} binds it to
         a DPoP key. It ends with its grant at the latest: a refresh near the
-        grant's absolute end must not buy an hour past it.
+        grant's absolute end must not buy an hour past it. A JWT carries
+        the user's auth_time unless it is a client's token for itself
+        (C{for_user} false), where no one signed in.
         """
         client_id = client.client_id
         ttl = min(self._limits.access_token_ttl, grant.expires_at - now)
@@ -182,7 +195,7 @@ class TokenMinter:
             jti = new_token(16)
             claims = access_token_claims(
                 issuer=self._issuer, sub=sub, client_id=client_id, audience=audience, scope=scope,
-                auth_time=grant.auth_time, jti=jti, now=now, ttl=ttl, jkt=jkt,
+                auth_time=grant.auth_time if for_user else None, jti=jti, now=now, ttl=ttl, jkt=jkt,
             )
             access_alg = client_alg(self._keystore, client, "access_token_signed_response_alg")
             value = self._keystore.sign(claims, alg=access_alg, typ=ACCESS_TOKEN_TYPE)

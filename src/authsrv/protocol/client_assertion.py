@@ -12,8 +12,10 @@ to fix; the signature is checked before any claim is believed.
 from __future__ import annotations
 
 import json
+import math
 import re
 from functools import lru_cache
+from typing import TypeGuard
 
 from jwcrypto.common import JWException, base64url_decode, base64url_encode
 from jwcrypto.jwk import JWK, JWKSet
@@ -49,6 +51,15 @@ PUBLIC_KEY_TYPES = ("RSA", "EC", "OKP")
 
 def _failed(why: str) -> InvalidClient:
     return InvalidClient(f"client authentication failed: {why}")
+
+
+def _numeric_date(value: object) -> TypeGuard[int | float]:
+    """
+    Whether C{value} is a NumericDate (RFC 7519 section 2): a JSON number of
+    seconds, which may have a fraction (a client library that writes
+    C{time.time() + 60} sends one); never a boolean.
+    """
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def unverified_client_id(assertion: str) -> str:
@@ -120,15 +131,17 @@ def verified_claims(
     if not any(isinstance(a, str) and a in audiences for a in named):
         raise _failed(f"client_assertion's aud must be {audiences[0]!r} (the issuer)")
     exp = claims.get("exp")
-    if not isinstance(exp, int) or isinstance(exp, bool):
-        raise _failed("client_assertion has no exp")
+    if not _numeric_date(exp):
+        raise _failed("client_assertion has no exp (a NumericDate: seconds since 1970)")
     if exp <= now - CLOCK_SKEW:
         raise _failed("client_assertion has expired")
     if exp > now + MAX_LIFETIME + CLOCK_SKEW:
         raise _failed(f"client_assertion must expire within {MAX_LIFETIME} seconds")
     for name in ("nbf", "iat"):
         value = claims.get(name)
-        if value is not None and (not isinstance(value, int) or value > now + CLOCK_SKEW):
+        if value is not None and not _numeric_date(value):
+            raise _failed(f"client_assertion's {name} is not a NumericDate (seconds since 1970)")
+        if value is not None and value > now + CLOCK_SKEW:
             raise _failed(f"client_assertion's {name} is in the future")
     jti = claims.get("jti")
     if not isinstance(jti, str) or not jti or len(jti) > 256:

@@ -23,13 +23,17 @@ def access_token_claims(
     client_id: str,
     audience: tuple[str, ...],
     scope: frozenset[str],
-    auth_time: int,
+    auth_time: int | None,
     jti: str,
     now: int,
     ttl: int,
     jkt: str | None = None,
 ) -> dict:
-    """The claims of RFC 9068 section 2.2, with RFC 9449's C{cnf} for a DPoP-bound token."""
+    """
+    The claims of RFC 9068 section 2.2, with RFC 9449's C{cnf} for a
+    DPoP-bound token. C{auth_time} is when the user signed in (section
+    2.2.1); None, and no such claim, for a client's token for itself.
+    """
     claims: dict = {
         "iss": issuer,
         "sub": sub,
@@ -39,8 +43,9 @@ def access_token_claims(
         "exp": now + ttl,
         "jti": jti,
         "scope": scope_text(scope),
-        "auth_time": auth_time,
     }
+    if auth_time is not None:
+        claims["auth_time"] = auth_time
     if jkt is not None:
         claims["cnf"] = {"jkt": jkt}
     return claims

@@ -12,7 +12,7 @@ the first one issued (docs/design.md, Authorization codes).
 from __future__ import annotations
 
 from authsrv import events
-from authsrv.flows.grants.users import audience
+from authsrv.flows.grants.users import audience, granted_scope
 from authsrv.flows.issue import issued_event, signed_beside
 from authsrv.protocol import pkce
 from authsrv.protocol.errors import InvalidGrant, OAuthError
@@ -77,7 +77,7 @@ class AuthorizationCodeGrant:
         offline = "offline_access" in code.scope and "refresh_token" in client.grant_types
         minted = self._minter.mint(
             result.grant, client, user,
-            scope=code.scope,
+            scope=granted_scope(code.scope, offline),
             audience=granted_audience,
             nonce=code.nonce,
             refresh_scope=code.scope if offline else None,

@@ -11,7 +11,7 @@ the first one issued, as a replayed authorization code does
 from __future__ import annotations
 
 from authsrv import events
-from authsrv.flows.grants.users import audience
+from authsrv.flows.grants.users import audience, granted_scope
 from authsrv.flows.issue import issued_event, signed_beside
 from authsrv.protocol.device import DEVICE_CODE_GRANT, SLOW_DOWN_STEP
 from authsrv.protocol.errors import (
@@ -73,7 +73,7 @@ class DeviceCodeGrant:
         offline = "offline_access" in device.scope and "refresh_token" in client.grant_types
         minted = self._minter.mint(
             grant, client, user,
-            scope=device.scope,
+            scope=granted_scope(device.scope, offline),
             audience=audience(params, device.resource),
             nonce=None,
             refresh_scope=device.scope if offline else None,

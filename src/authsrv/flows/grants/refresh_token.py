@@ -84,7 +84,7 @@ class RefreshTokenGrant:
         if isinstance(result, Replayed):
             sealed = unseal(result.replay, presented)
             if sealed is not None:
-                return self._minter.replayed(sealed)
+                return self._minter.replayed(sealed, now)
         elif isinstance(result, Reused):
             events.refresh_reused(client_id=client.client_id, grant_id=result.grant_id)
             raise InvalidGrant("the refresh token was already used; every token of its grant is revoked")

@@ -49,3 +49,17 @@ def audience(params: dict[str, str], granted: tuple[str, ...]) -> tuple[str, ...
     if resource not in granted:
         raise InvalidTarget("resource was not granted in the authorization request")
     return (resource,)
+
+
+OFFLINE_ACCESS = frozenset({"offline_access"})
+
+
+def granted_scope(scope: frozenset[str], offline: bool) -> frozenset[str]:
+    """
+    The scope of the tokens a code or device grant issues: without
+    offline_access when no refresh token comes with them (the client may not
+    use the refresh_token grant), since the scope answered is what was
+    granted (RFC 6749 section 5.1) and a client reads offline_access as a
+    refresh token to keep.
+    """
+    return scope if offline or "offline_access" not in scope else scope - OFFLINE_ACCESS
