@@ -187,6 +187,7 @@ async def test_revoking_an_access_token(tmp_path, monkeypatch):
         })
         assert (response.code, body) == (200, b"")
         assert header(response, "access-control-allow-origin") == ["*"]
+        assert header(response, "content-type") is None, "an empty body is not an HTML page"
         assert not await active(h, issued["access_token"])
         assert await active(h, issued["refresh_token"])
         assert await active(h, other["access_token"])

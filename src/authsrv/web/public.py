@@ -273,6 +273,7 @@ class PublicSite:
         checked = await self._count(request, self._rates.revocation, params)
         await self._flows.revocation.revoke(request.getHeader(b"authorization"), params, self._now(), checked)
         request.setHeader(b"cache-control", b"no-store")
+        request.defaultContentType = None  # RFC 7009 section 2.2: the status says it all; no body, so no type
         return b""
 
     @app.route(ISSUER_PATH + "/oauth2/revoke", methods=["OPTIONS"])
