@@ -41,6 +41,8 @@ PUBLIC = json.dumps({"keys": [json.loads(KEY.export_public())]})
 MACHINES = [
     {"client_id": "bot", "secret_env": "AUTHSRV_TEST_BOT_SECRET", "grant_types": ["client_credentials"],
      "scopes": ["reports.read", "reports.write", "openid"], "resources": [API]},
+    {"client_id": "pinger", "secret_env": "AUTHSRV_TEST_BOT_SECRET", "grant_types": ["client_credentials"],
+     "resources": [API]},
     {"client_id": "signer", "token_endpoint_auth_method": "private_key_jwt", "jwks": PUBLIC,
      "grant_types": ["client_credentials"], "scopes": ["reports.read"]},
 ]
@@ -104,6 +106,29 @@ async def test_a_client_jwt_for_a_resource_names_no_sign_in(h):
     claims = json.loads(checked.claims)
     assert set(claims) == {"iss", "sub", "aud", "client_id", "iat", "exp", "jti", "scope"}, claims
     assert (claims["sub"], claims["client_id"], claims["aud"]) == ("bot", "bot", API)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_token_without_scopes_names_none(h):
+    """
+    A client with no scopes of its own gets a token with none: its answer,
+    its introspection and its JWT leave scope out rather than say "" (RFC
+    6749 section 5.1, RFC 7662 section 2.2, RFC 9068 section 2.2.3: a scope
+    is one or more names).
+    """
+    await h.start()
+    response, body = await h.json("POST", TOKEN, data={"grant_type": "client_credentials"},
+                                  headers=basic("pinger", BOT_SECRET))
+    assert response.code == 200, body
+    assert set(body) == {"access_token", "token_type", "expires_in"}, body
+    _, seen = await h.json("POST", INTROSPECT, data={"token": body["access_token"]},
+                           headers=basic("pinger", BOT_SECRET))
+    assert seen["active"] and "scope" not in seen, seen
+    response, body = await h.json("POST", TOKEN, data={"grant_type": "client_credentials", "resource": API},
+                                  headers=basic("pinger", BOT_SECRET))
+    assert response.code == 200 and "scope" not in body, body
+    checked = jwt.JWT(jwt=body["access_token"], key=h.keystore.public_keyset(), expected_type="JWS")
+    assert "scope" not in json.loads(checked.claims)
 
 
 @pytest_twisted.ensureDeferred

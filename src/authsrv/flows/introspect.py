@@ -58,13 +58,14 @@ def describe(token: AccessToken | RefreshToken, issuer: str) -> dict:
     """The active response's fields for C{token}."""
     answer = {
         "active": True,
-        "scope": scope_text(token.scope),
         "client_id": token.client_id,
         "sub": token.sub if isinstance(token, RefreshToken) or token.for_user else token.client_id,
         "exp": token.expires_at,
         "iat": token.issued_at,
         "iss": issuer,
     }
+    if token.scope:
+        answer["scope"] = scope_text(token.scope)
     if token.jkt is not None:
         answer["cnf"] = {"jkt": token.jkt}
     if isinstance(token, RefreshToken):

@@ -209,12 +209,14 @@ class TokenMinter:
 
     @staticmethod
     def _response(access_value: str, access: AccessToken, jkt: str | None = None) -> dict:
-        return {
+        response = {
             "access_token": access_value,
             "token_type": "Bearer" if jkt is None else "DPoP",
             "expires_in": access.expires_at - access.issued_at,
-            "scope": scope_text(access.scope),
         }
+        if access.scope:  # a client's token for itself may have none, and "" is no scope (RFC 6749 section 3.3)
+            response["scope"] = scope_text(access.scope)
+        return response
 
 
 def issued_event(issued: Issued, client_id: str, grant_type: str) -> None:

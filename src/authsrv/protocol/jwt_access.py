@@ -32,7 +32,8 @@ def access_token_claims(
     """
     The claims of RFC 9068 section 2.2, with RFC 9449's C{cnf} for a
     DPoP-bound token. C{auth_time} is when the user signed in (section
-    2.2.1); None, and no such claim, for a client's token for itself.
+    2.2.1); None, and no such claim, for a client's token for itself;
+    C{scope} only when there is one (section 2.2.3).
     """
     claims: dict = {
         "iss": issuer,
@@ -42,8 +43,9 @@ def access_token_claims(
         "iat": now,
         "exp": now + ttl,
         "jti": jti,
-        "scope": scope_text(scope),
     }
+    if scope:
+        claims["scope"] = scope_text(scope)
     if auth_time is not None:
         claims["auth_time"] = auth_time
     if jkt is not None:
