@@ -301,6 +301,25 @@ async def test_injection_shaped_logins_match_nobody(slapd, context):
 
 
 @pytest_twisted.ensureDeferred
+async def test_subjects_no_entry_can_have_are_no_one_not_an_outage(slapd, context):
+    """
+    user-access and chat-token take any JSON string as a sub, a lone
+    surrogate too, which no LDAP request can encode: such a sub, like one
+    with a control or non-ASCII character, is no one (user-access's 404),
+    never "identity backend unavailable" (its 503).
+    """
+    subs = ("\ud800", CAROL_SUB + "\udcff", CAROL_SUB + "\x00", "sub-c\u00e4rol", "\ufeff" + CAROL_SUB)
+    for config in (slapd.backend_config(), {"urls": [slapd.url], "user_base_dn": PEOPLE}):
+        async with opened(context, config) as directory:
+            chain = IdentityChain([directory])
+            for sub in subs:
+                assert await chain.user_by_id(sub) is None, sub
+                assert (await standing(chain, MemoryStore(), sub, 0)).user is None, sub
+    async with opened(context, slapd.backend_config()) as directory:
+        assert (await IdentityChain([directory]).user_by_id(CAROL_SUB)).login == "carol"
+
+
+@pytest_twisted.ensureDeferred
 async def test_empty_password_is_never_sent(slapd, context):
     """An empty simple bind is an anonymous bind, which the directory would accept."""
     for config in (slapd.backend_config(), slapd.backend_config(bind_dn=None, bind_password_file=None)):

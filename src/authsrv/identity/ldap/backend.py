@@ -270,8 +270,13 @@ class LdapIdentityBackend:
         return found[0] if found else None
 
     def _subject_filter(self, sub: str) -> str | None:
-        """The filter finding C{sub}, or None when it cannot be a subject of this directory."""
-        if not sub or len(sub) > 255:
+        """
+        The filter finding C{sub}, or None when it cannot be a subject of
+        this directory: L{_subject} reads only printable ASCII, so anything
+        else (a lone surrogate from a JSON body too, which no directory
+        request could even encode) is no one, without asking.
+        """
+        if not sub or len(sub) > 255 or not (sub.isascii() and sub.isprintable()):
             return None
         if self._settings.subject_is_guid:
             try:
