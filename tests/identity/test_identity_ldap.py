@@ -31,7 +31,7 @@ from twisted.logger import capturedLogs, formatEvent
 from twisted.python.threadable import isInIOThread
 
 from conftest import admin, free_port
-from slapd import CORP_GROUPS, CORP_USERS, GROUPS, PEOPLE, SERVICE_DN, SERVICE_PASSWORD, user_attributes, user_dn
+from slapd import CORP_GROUPS, CORP_USERS, GROUPS, PEOPLE, SERVICE_DN, SERVICE_PASSWORD, SUFFIX, user_attributes, user_dn
 
 from authsrv.config import PluginChoice
 from authsrv.configsection import ConfigError, Section
@@ -467,6 +467,40 @@ async def test_password_policy_lock(slapd, context):
     async with opened(context, slapd.backend_config(disabled_rule=[])) as directory:
         assert (await directory.user_by_id("sub-gina")).disabled is False
         assert (await directory.user_by_id(MALLORY.sub)).disabled is False
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_lockout_after_failed_passwords_refuses_logins_but_is_not_a_disabled_account(slapd, context):
+    """
+    Anyone who knows olga's login can make the password policy lock her
+    account (two wrong passwords here): the directory then refuses her
+    password, but her standing stays good, or a stranger could end her
+    sessions everywhere (refresh, UserInfo, user-access's banned). The
+    permanent lock a password administrator sets (000001010000Z, as gina's)
+    disables the account.
+    """
+    policy = f"cn=two-strikes,ou=policies,{SUFFIX}"
+    olga = User(sub="sub-olga", login="olga", name="Olga")
+    dn = user_dn("olga")
+    slapd.put(policy, {"objectClass": ["organizationalRole", "pwdPolicy"], "cn": "two-strikes",
+                       "pwdAttribute": "userPassword", "pwdLockout": "TRUE", "pwdMaxFailure": "2",
+                       "pwdLockoutDuration": "0"})
+    slapd.put(dn, {**user_attributes(olga, "olga-password"), "pwdPolicySubentry": policy})
+    try:
+        async with opened(context, slapd.backend_config()) as directory:
+            assert await log_in(directory, "olga", "olga-password") == olga
+            for _ in range(2):
+                assert not isinstance(await refused(directory, "olga", "a stranger's guess"), UnknownUser)
+            assert not isinstance(await refused(directory, "olga", "olga-password"), UnknownUser)
+            assert await directory.user_by_id(olga.sub) == olga
+            assert await directory.user_by_login("olga") == olga
+
+            slapd.modify(dn, pwdAccountLockedTime="000001010000Z")
+            locked = await directory.user_by_id(olga.sub)
+            assert (locked.disabled, locked.disabled_reason) == (True, ldap.DISABLED_REASON)
+    finally:
+        slapd.delete(dn)
+        slapd.delete(policy)
 
 
 @pytest_twisted.ensureDeferred
