@@ -801,6 +801,37 @@ def test_a_check_that_timed_out_is_not_tried_again(slapd):
 # --- outages ---------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("base", ["user_base_dn", "group_base_dn"])
+@pytest_twisted.ensureDeferred
+async def test_a_search_base_the_directory_lacks_is_an_outage_not_removed_users(slapd, context, base):
+    """
+    The configured subtree is gone (renamed by the directory's operator, or
+    a replica still loading): that says nothing about any user, so it is
+    an outage, which ends no grant, and not every user removed (or out of
+    the required groups), which a refresh would take as the end of their
+    grant. A group that a user's memberOf names but that no longer exists
+    is only not a group.
+    """
+    config = {**staff_config(slapd, 2), base: f"ou=gone,{SUFFIX}"}
+    async with opened(context, config) as directory:
+        with pytest.raises(BackendUnavailable, match="does not exist"):
+            await directory.user_by_id(CAROL_SUB)
+        with pytest.raises(BackendUnavailable):
+            await standing(IdentityChain([directory]), MemoryStore(), CAROL_SUB, 0)
+        with pytest.raises(BackendUnavailable):
+            await log_in(directory, "carol", "carol-password")
+    pia = User(sub="sub-pia", login="pia", name="Pia")
+    dn = user_dn("pia")
+    attributes = user_attributes(pia, "pia-password")
+    slapd.put(dn, {**attributes, "objectClass": [*attributes["objectClass"], "authsrvTestDirectoryObject"],
+                   "memberOf": f"cn=gone,{GROUPS}"})
+    try:
+        async with opened(context, staff_config(slapd, 2, group_membership="memberOf")) as directory:
+            assert (await directory.user_by_id(pia.sub)).disabled_reason == ldap.NOT_IN_GROUPS
+    finally:
+        slapd.delete(dn)
+
+
 @pytest_twisted.ensureDeferred
 async def test_directory_down_then_back(slapd, context):
     """Down: an outage at once, never a wrong password or a removed user. Back: pooled connections are replaced."""

@@ -238,8 +238,12 @@ class LdapIdentityBackend:
         )
         result = connection.result
         if result["result"] == _NO_SUCH_OBJECT:
-            log.warn("directory search base {base!r} does not exist", base=base or settings.user_base_dn)
-            return []
+            if scope == BASE:
+                return []  # a group that a memberOf still names, deleted since
+            # The configured subtree is missing (renamed, or a replica still
+            # loading): no answer about any user, so never "removed", which
+            # would end every grant at its next refresh.
+            raise BackendUnavailable(f"directory search base {base or settings.user_base_dn!r} does not exist")
         if result["result"] not in (0, _SIZE_LIMIT_EXCEEDED):
             raise BackendUnavailable(f"directory search failed: {result['description']} {result['message']}")
         return [
