@@ -833,6 +833,26 @@ async def test_a_search_base_the_directory_lacks_is_an_outage_not_removed_users(
 
 
 @pytest_twisted.ensureDeferred
+async def test_two_entries_with_one_subject_are_an_outage_not_a_removed_user(slapd, context):
+    """
+    A copy of carol's entry (restored from a backup, say) holds her sub
+    too: which one is she? Not "no one", which a refresh would take as the
+    end of her grants; the operator hears of it, as from the PostgreSQL
+    backend's ambiguous lookups.
+    """
+    twin = user_dn("carol-twin")
+    twin_user = User(sub=CAROL_SUB, login="carol-twin", name="Carol Twin")
+    async with opened(context, slapd.backend_config()) as directory:
+        slapd.put(twin, user_attributes(twin_user, "twin-password"))
+        try:
+            with pytest.raises(BackendUnavailable, match="several directory entries"):
+                await directory.user_by_id(CAROL_SUB)
+        finally:
+            slapd.delete(twin)
+        assert (await directory.user_by_id(CAROL_SUB)).login == "carol"
+
+
+@pytest_twisted.ensureDeferred
 async def test_directory_down_then_back(slapd, context):
     """Down: an outage at once, never a wrong password or a removed user. Back: pooled connections are replaced."""
     async with opened(context, slapd.backend_config()) as directory:

@@ -76,6 +76,23 @@ def _unescape_dn_value(value: str) -> str:
     return raw.decode("utf-8", "replace")
 
 
+_AMBIGUOUS = object()
+"""What L{LdapIdentityBackend._user_by_id} finds when several entries hold the subject."""
+
+
+def _unambiguous(user):
+    """
+    Several entries with one subject (a copy restored from a backup, say)
+    are not "no such user", which would end the user's grants: they are
+    an outage, as the PostgreSQL backend's ambiguous lookups, until the
+    directory is fixed. Raised here, not in the pool, where it would count
+    as the directory failing and close a good connection.
+    """
+    if user is _AMBIGUOUS:
+        raise BackendUnavailable("several directory entries have one subject")
+    return user
+
+
 @frozen
 class _Entry:
     """A search result: its DN and raw values, attribute names folded to lower case."""
@@ -164,7 +181,7 @@ class LdapIdentityBackend:
     def user_by_id(self, sub: str) -> Deferred:
         if not isinstance(sub, str) or self._subject_filter(sub) is None:
             return succeed(None)
-        return self._in_thread(self._directory.run, lambda c: self._user_by_id(c, sub))
+        return self._in_thread(self._directory.run, lambda c: self._user_by_id(c, sub)).addCallback(_unambiguous)
 
     def user_by_login(self, login: str | bytes) -> Deferred:
         text = credential_text(login)
@@ -220,11 +237,10 @@ class LdapIdentityBackend:
             e for e in self._search(connection, search_filter, size_limit=2)
             if self._subject(e) == sub
         ]
-        if len(found) != 1:
-            if found:
-                log.error("{count} directory entries have the subject {sub!r}", count=len(found), sub=sub)
-            return None
-        return self._user(connection, found[0])
+        if len(found) > 1:
+            log.error("{count} directory entries have the subject {sub!r}", count=len(found), sub=sub)
+            return _AMBIGUOUS
+        return self._user(connection, found[0]) if found else None
 
     # -- searching --
 
