@@ -31,7 +31,10 @@ from twisted.logger import capturedLogs, formatEvent
 from twisted.python.threadable import isInIOThread
 
 from conftest import admin, free_port
-from slapd import CORP_GROUPS, CORP_USERS, GROUPS, PEOPLE, SERVICE_DN, SERVICE_PASSWORD, SUFFIX, user_attributes, user_dn
+from slapd import (
+    CORP_GROUPS, CORP_USERS, GROUPS, PEOPLE, SERVICE_DN, SERVICE_PASSWORD, SERVICE_SIZE_LIMIT, SUFFIX, user_attributes,
+    user_dn,
+)
 
 from authsrv.config import PluginChoice
 from authsrv.configsection import ConfigError, Section
@@ -441,6 +444,34 @@ async def test_group_cycles_end(slapd, context):
 async def test_unique_member_groups(slapd, context):
     async with opened(context, staff_config(slapd, 5, "auditors", group_membership="uniqueMember")) as directory:
         assert await disabled_reasons(directory, "ivan", "carol") == {"ivan": None, "carol": ldap.NOT_IN_GROUPS}
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_group_search_cut_short_by_the_size_limit_is_an_outage_not_a_lost_membership(slapd, context):
+    """
+    quinn is in more groups than the directory answers the service account
+    in one search (its size limit): a required group among those it left
+    out is not a membership lost, which would end quinn's grants at the
+    next refresh, but an outage that names the cause. Found among those it
+    did answer, it counts.
+    """
+    quinn = User(sub="sub-quinn", login="quinn", name="Quinn")
+    dn = user_dn("quinn")
+    groups = [f"cn=quinn-{i:02},{GROUPS}" for i in range(SERVICE_SIZE_LIMIT + 5)]
+    slapd.put(dn, user_attributes(quinn, "quinn-password"))
+    try:
+        for group in groups:
+            slapd.put(group, {"objectClass": ["groupOfNames"], "cn": group[3:group.index(",")], "member": [dn]})
+        async with opened(context, slapd.backend_config(required_groups=[groups[-1]], group_base_dn=GROUPS,
+                                                        group_membership="member")) as directory:
+            with pytest.raises(BackendUnavailable, match="size limit"):
+                await directory.user_by_id(quinn.sub)
+        async with opened(context, slapd.backend_config(required_groups=[groups[0]], group_base_dn=GROUPS,
+                                                        group_membership="member")) as directory:
+            assert (await directory.user_by_id(quinn.sub)).disabled is False
+    finally:
+        for entry in (dn, *groups):
+            slapd.delete(entry)
 
 
 @pytest_twisted.ensureDeferred

@@ -389,7 +389,16 @@ class LdapIdentityBackend:
         attribute = self._settings.group_membership
         clauses = "".join(f"({attribute}={escape_filter_chars(dn)})" for dn in members)
         found = self._search(connection, f"(|{clauses})", base=self._settings.group_base_dn, attributes=["1.1"])
-        return {dn_key(e.dn): e.dn for e in found}
+        groups = {dn_key(e.dn): e.dn for e in found}
+        if connection.result["result"] == _SIZE_LIMIT_EXCEEDED and not self._required & groups.keys():
+            # The groups the directory left out may hold a required one: not
+            # knowing is an outage, never a membership lost (the end of the
+            # user's grants at the next refresh).
+            log.error("the directory's size limit cut short the search for the groups of {members!r} under"
+                      " {base!r}: raise the limit for bind_dn", members=members[:3],
+                      base=self._settings.group_base_dn)
+            raise BackendUnavailable("the directory's size limit cut a group search short")
+        return groups
 
 
 def from_config(section: Section, context) -> LdapIdentityBackend | None:
