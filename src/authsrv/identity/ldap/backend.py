@@ -76,11 +76,14 @@ def _unescape_dn_value(value: str) -> str:
     return raw.decode("utf-8", "replace")
 
 
-_AMBIGUOUS = object()
-"""What L{LdapIdentityBackend._user_by_id} finds when several entries hold the subject."""
+class _Ambiguous:
+    """What L{LdapIdentityBackend._user_by_id} finds when several entries hold the subject."""
 
 
-def _unambiguous(user):
+_AMBIGUOUS = _Ambiguous()
+
+
+def _unambiguous(user: User | _Ambiguous | None) -> User | None:
     """
     Several entries with one subject (a copy restored from a backup, say)
     are not "no such user", which would end the user's grants: they are
@@ -88,7 +91,7 @@ def _unambiguous(user):
     directory is fixed. Raised here, not in the pool, where it would count
     as the directory failing and close a good connection.
     """
-    if user is _AMBIGUOUS:
+    if isinstance(user, _Ambiguous):
         raise BackendUnavailable("several directory entries have one subject")
     return user
 
@@ -229,7 +232,7 @@ class LdapIdentityBackend:
         entry = self._find_by_login(connection, login)
         return None if entry is None else self._user(connection, entry)
 
-    def _user_by_id(self, connection, sub: str) -> User | None:
+    def _user_by_id(self, connection, sub: str) -> User | _Ambiguous | None:
         search_filter = self._subject_filter(sub)
         if search_filter is None:
             return None
