@@ -47,6 +47,8 @@ ROOT_DN = f"cn=admin,{SUFFIX}"
 ROOT_PASSWORD = "root-secret"
 SERVICE_DN = f"cn=authsrv,ou=services,{SUFFIX}"
 SERVICE_PASSWORD = "service-password"
+SERVICE_SIZE_LIMIT = 30
+"""The most entries one search answers the service account, as a directory's size limit does."""
 PEOPLE = f"ou=people,{SUFFIX}"
 GROUPS = f"ou=groups,{SUFFIX}"
 CORP_USERS = f"ou=users,ou=corp,{SUFFIX}"
@@ -101,6 +103,7 @@ maxsize 33554432
 dbnosync
 index uid,employeeNumber,sAMAccountName eq
 index member,uniqueMember,memberOf eq
+limits dn.exact="{service_dn}" size={service_size_limit}
 
 access to attrs=userPassword
     by self write
@@ -213,7 +216,8 @@ class Slapd:
         self.config = self.folder / "slapd.conf"
         self.config.write_text(_CONFIG.format(
             schema=SCHEMA, test_schema=_TEST_SCHEMA, folder=self.folder, suffix=SUFFIX,
-            root_dn=ROOT_DN, root_password=ROOT_PASSWORD,
+            root_dn=ROOT_DN, root_password=ROOT_PASSWORD, service_dn=SERVICE_DN,
+            service_size_limit=SERVICE_SIZE_LIMIT,
         ))
         for ldif in sorted(LDIF.glob("*.ldif"), key=lambda p: p.name != "directory.ldif"):
             self._run(SLAPADD, "-q", "-f", str(self.config), "-l", str(ldif))

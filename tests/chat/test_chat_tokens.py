@@ -268,6 +268,69 @@ async def test_a_stuck_lease_delays_but_does_not_block(world):
         assert world.clock.seconds() >= NOW + world.config.lock_ttl
 
 
+class AnswersOnTheWay:
+    """
+    The provider's HTTP client with every answer held back until
+    C{deliver()}: the provider has done the work (rotated the refresh
+    token), and its answer is still on the wire.
+    """
+
+    def __init__(self, http):
+        self._http = http
+        self.held: list[tuple[Deferred, object]] = []
+
+    def request(self, *args, **kwargs):
+        answered = self._http.request(*args, **kwargs)
+        later: Deferred = Deferred()
+        answered.addBoth(lambda result: self.held.append((later, result)))
+        return later
+
+    def deliver(self):
+        held, self.held = self.held, []
+        for later, result in held:
+            if not later.called:
+                later.callback(result)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_caller_that_goes_away_mid_refresh_does_not_lose_the_rotated_refresh_token(world):
+    """
+    The first-party service gave up (its HTTP client timed out, and the
+    endpoint's work is cancelled) after the provider had rotated the
+    refresh token: the refresh still ends with the new tokens saved, so
+    the link keeps working, rather than keeping a refresh token the
+    provider no longer honours.
+    """
+    async with sqlite_store(world.path) as store:
+        _, grant = await world.link(store, 100)
+        wire = AnswersOnTheWay(world.fake.memory_client())
+        tokens = ChatTokens(world.clock, store, world.identity, ChatProvider(world.clock, wire, world.config),
+                            world.cipher, world.config)
+        caller = Deferred.fromCoroutine(tokens.fresh_token(ALICE.sub, NOW))
+        caller.addErrback(lambda _: None)
+        for _ in range(2000):
+            if wire.held:
+                break
+            await deferLater(reactor, 0.001, lambda: None)
+        assert world.fake.refreshes == 1 and grant["refresh_token"] not in world.fake.tokens()
+        caller.cancel()
+        wire.deliver()
+        for _ in range(2000):
+            saved = await store.get_linked_account(ALICE.sub, "discord")
+            if saved.version == 2:
+                break
+            await deferLater(reactor, 0.001, lambda: None)
+        assert saved.version == 2
+        assert world.fake.access_valid(world.cipher.decrypt(saved.access_token_enc, ACCOUNT, ACCESS))
+        assert world.cipher.decrypt(saved.refresh_token_enc, ACCOUNT, REFRESH) in world.fake.tokens()
+        assert await store.acquire_link_lock(ACCOUNT, "another-instance", NOW, 30), "the lease was not released"
+        await store.release_link_lock(ACCOUNT, "another-instance")
+
+        world.clock.advance(2 * HOUR)
+        again = await world.call(world.tokens(store))
+        assert world.fake.refreshes == 2 and world.fake.access_valid(again.access_token)
+
+
 @pytest.mark.parametrize("switch", ["down", "unavailable"])
 @pytest_twisted.ensureDeferred
 async def test_provider_down_leaves_the_record_untouched(world, audit, switch):

@@ -341,6 +341,34 @@ async def test_userinfo_answers_429_by_address(tmp_path, monkeypatch, audit):
 
 
 @pytest_twisted.ensureDeferred
+async def test_internal_api_callers_without_the_secret_do_not_spend_the_rate_of_those_with_it(tmp_path, monkeypatch):
+    """
+    Another service on the first-party app's host (or behind its NAT) that
+    sends a stale secret, or anyone else at that address, is limited on its
+    own: its 401s do not leave the app with 429s on every session check.
+    """
+    h = await harness(tmp_path, monkeypatch)
+    try:
+        internal = InternalAPI(reactor=h.clock, secret=INTERNAL_SECRET, store=h.store, identity=h.identity,
+                               chat_tokens=h.chat_tokens, rate=Rate(2, 10), trusted_proxies=h.config.trusted_proxies)
+        http = StubTreq(internal.resource())
+
+        async def call(secret: str) -> int:
+            headers = {"Authorization": f"Bearer {secret}", "Content-Type": "application/json",
+                       **from_address("192.0.2.1")}
+            response = await settle(http, http.post("http://127.0.0.1/api/internal/user-access",
+                                                 data=json.dumps({"userId": "nobody"}).encode(), headers=headers))
+            await settle(http, response.content())
+            return response.code
+
+        assert [await call("a-stale-secret") for _ in range(3)] == [401, 401, 429]
+        assert [await call(INTERNAL_SECRET) for _ in range(3)] == [404, 404, 429]
+        assert await call("a-stale-secret") == 429
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_internal_api_answers_429_by_address(tmp_path, monkeypatch, audit):
     h = await harness(tmp_path, monkeypatch)
     try:

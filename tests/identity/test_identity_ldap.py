@@ -31,7 +31,10 @@ from twisted.logger import capturedLogs, formatEvent
 from twisted.python.threadable import isInIOThread
 
 from conftest import admin, free_port
-from slapd import CORP_GROUPS, CORP_USERS, GROUPS, PEOPLE, SERVICE_DN, SERVICE_PASSWORD, user_attributes, user_dn
+from slapd import (
+    CORP_GROUPS, CORP_USERS, GROUPS, PEOPLE, SERVICE_DN, SERVICE_PASSWORD, SERVICE_SIZE_LIMIT, SUFFIX, user_attributes,
+    user_dn,
+)
 
 from authsrv.config import PluginChoice
 from authsrv.configsection import ConfigError, Section
@@ -301,6 +304,25 @@ async def test_injection_shaped_logins_match_nobody(slapd, context):
 
 
 @pytest_twisted.ensureDeferred
+async def test_subjects_no_entry_can_have_are_no_one_not_an_outage(slapd, context):
+    """
+    user-access and chat-token take any JSON string as a sub, a lone
+    surrogate too, which no LDAP request can encode: such a sub, like one
+    with a control or non-ASCII character, is no one (user-access's 404),
+    never "identity backend unavailable" (its 503).
+    """
+    subs = ("\ud800", CAROL_SUB + "\udcff", CAROL_SUB + "\x00", "sub-c\u00e4rol", "\ufeff" + CAROL_SUB)
+    for config in (slapd.backend_config(), {"urls": [slapd.url], "user_base_dn": PEOPLE}):
+        async with opened(context, config) as directory:
+            chain = IdentityChain([directory])
+            for sub in subs:
+                assert await chain.user_by_id(sub) is None, sub
+                assert (await standing(chain, MemoryStore(), sub, 0)).user is None, sub
+    async with opened(context, slapd.backend_config()) as directory:
+        assert (await IdentityChain([directory]).user_by_id(CAROL_SUB)).login == "carol"
+
+
+@pytest_twisted.ensureDeferred
 async def test_empty_password_is_never_sent(slapd, context):
     """An empty simple bind is an anonymous bind, which the directory would accept."""
     for config in (slapd.backend_config(), slapd.backend_config(bind_dn=None, bind_password_file=None)):
@@ -425,6 +447,34 @@ async def test_unique_member_groups(slapd, context):
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_group_search_cut_short_by_the_size_limit_is_an_outage_not_a_lost_membership(slapd, context):
+    """
+    quinn is in more groups than the directory answers the service account
+    in one search (its size limit): a required group among those it left
+    out is not a membership lost, which would end quinn's grants at the
+    next refresh, but an outage that names the cause. Found among those it
+    did answer, it counts.
+    """
+    quinn = User(sub="sub-quinn", login="quinn", name="Quinn")
+    dn = user_dn("quinn")
+    groups = [f"cn=quinn-{i:02},{GROUPS}" for i in range(SERVICE_SIZE_LIMIT + 5)]
+    slapd.put(dn, user_attributes(quinn, "quinn-password"))
+    try:
+        for group in groups:
+            slapd.put(group, {"objectClass": ["groupOfNames"], "cn": group[3:group.index(",")], "member": [dn]})
+        async with opened(context, slapd.backend_config(required_groups=[groups[-1]], group_base_dn=GROUPS,
+                                                        group_membership="member")) as directory:
+            with pytest.raises(BackendUnavailable, match="size limit"):
+                await directory.user_by_id(quinn.sub)
+        async with opened(context, slapd.backend_config(required_groups=[groups[0]], group_base_dn=GROUPS,
+                                                        group_membership="member")) as directory:
+            assert (await directory.user_by_id(quinn.sub)).disabled is False
+    finally:
+        for entry in (dn, *groups):
+            slapd.delete(entry)
+
+
+@pytest_twisted.ensureDeferred
 async def test_several_required_groups_any_suffices(slapd, context):
     config = slapd.backend_config(required_groups=[f"cn=auditors,{GROUPS}", f"CN=Team-A, {GROUPS.upper()}"],
                                   group_base_dn=GROUPS, group_membership="member")
@@ -448,6 +498,40 @@ async def test_password_policy_lock(slapd, context):
     async with opened(context, slapd.backend_config(disabled_rule=[])) as directory:
         assert (await directory.user_by_id("sub-gina")).disabled is False
         assert (await directory.user_by_id(MALLORY.sub)).disabled is False
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_lockout_after_failed_passwords_refuses_logins_but_is_not_a_disabled_account(slapd, context):
+    """
+    Anyone who knows olga's login can make the password policy lock her
+    account (two wrong passwords here): the directory then refuses her
+    password, but her standing stays good, or a stranger could end her
+    sessions everywhere (refresh, UserInfo, user-access's banned). The
+    permanent lock a password administrator sets (000001010000Z, as gina's)
+    disables the account.
+    """
+    policy = f"cn=two-strikes,ou=policies,{SUFFIX}"
+    olga = User(sub="sub-olga", login="olga", name="Olga")
+    dn = user_dn("olga")
+    slapd.put(policy, {"objectClass": ["organizationalRole", "pwdPolicy"], "cn": "two-strikes",
+                       "pwdAttribute": "userPassword", "pwdLockout": "TRUE", "pwdMaxFailure": "2",
+                       "pwdLockoutDuration": "0"})
+    slapd.put(dn, {**user_attributes(olga, "olga-password"), "pwdPolicySubentry": policy})
+    try:
+        async with opened(context, slapd.backend_config()) as directory:
+            assert await log_in(directory, "olga", "olga-password") == olga
+            for _ in range(2):
+                assert not isinstance(await refused(directory, "olga", "a stranger's guess"), UnknownUser)
+            assert not isinstance(await refused(directory, "olga", "olga-password"), UnknownUser)
+            assert await directory.user_by_id(olga.sub) == olga
+            assert await directory.user_by_login("olga") == olga
+
+            slapd.modify(dn, pwdAccountLockedTime="000001010000Z")
+            locked = await directory.user_by_id(olga.sub)
+            assert (locked.disabled, locked.disabled_reason) == (True, ldap.DISABLED_REASON)
+    finally:
+        slapd.delete(dn)
+        slapd.delete(policy)
 
 
 @pytest_twisted.ensureDeferred
@@ -746,6 +830,57 @@ def test_a_check_that_timed_out_is_not_tried_again(slapd):
 
 
 # --- outages ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("base", ["user_base_dn", "group_base_dn"])
+@pytest_twisted.ensureDeferred
+async def test_a_search_base_the_directory_lacks_is_an_outage_not_removed_users(slapd, context, base):
+    """
+    The configured subtree is gone (renamed by the directory's operator, or
+    a replica still loading): that says nothing about any user, so it is
+    an outage, which ends no grant, and not every user removed (or out of
+    the required groups), which a refresh would take as the end of their
+    grant. A group that a user's memberOf names but that no longer exists
+    is only not a group.
+    """
+    config = {**staff_config(slapd, 2), base: f"ou=gone,{SUFFIX}"}
+    async with opened(context, config) as directory:
+        with pytest.raises(BackendUnavailable, match="does not exist"):
+            await directory.user_by_id(CAROL_SUB)
+        with pytest.raises(BackendUnavailable):
+            await standing(IdentityChain([directory]), MemoryStore(), CAROL_SUB, 0)
+        with pytest.raises(BackendUnavailable):
+            await log_in(directory, "carol", "carol-password")
+    pia = User(sub="sub-pia", login="pia", name="Pia")
+    dn = user_dn("pia")
+    attributes = user_attributes(pia, "pia-password")
+    slapd.put(dn, {**attributes, "objectClass": [*attributes["objectClass"], "authsrvTestDirectoryObject"],
+                   "memberOf": f"cn=gone,{GROUPS}"})
+    try:
+        async with opened(context, staff_config(slapd, 2, group_membership="memberOf")) as directory:
+            assert (await directory.user_by_id(pia.sub)).disabled_reason == ldap.NOT_IN_GROUPS
+    finally:
+        slapd.delete(dn)
+
+
+@pytest_twisted.ensureDeferred
+async def test_two_entries_with_one_subject_are_an_outage_not_a_removed_user(slapd, context):
+    """
+    A copy of carol's entry (restored from a backup, say) holds her sub
+    too: which one is she? Not "no one", which a refresh would take as the
+    end of her grants; the operator hears of it, as from the PostgreSQL
+    backend's ambiguous lookups.
+    """
+    twin = user_dn("carol-twin")
+    twin_user = User(sub=CAROL_SUB, login="carol-twin", name="Carol Twin")
+    async with opened(context, slapd.backend_config()) as directory:
+        slapd.put(twin, user_attributes(twin_user, "twin-password"))
+        try:
+            with pytest.raises(BackendUnavailable, match="several directory entries"):
+                await directory.user_by_id(CAROL_SUB)
+        finally:
+            slapd.delete(twin)
+        assert (await directory.user_by_id(CAROL_SUB)).login == "carol"
 
 
 @pytest_twisted.ensureDeferred

@@ -42,6 +42,7 @@ from authsrv.identity.passwords import (
 from authsrv.identity.realm import UserRealm
 from authsrv.identity import static
 from authsrv.identity.static import (
+    RELOAD_INTERVAL,
     StaticIdentityBackend,
     add_user,
     create_users_file,
@@ -284,6 +285,46 @@ def test_invalid_edit_keeps_old_users(users_file, reactor, context):
     clock.advance(1)
     assert backend.user_by_login("alice").result is None
     assert backend.user_by_login("alicia").result.sub == ALICE.sub
+
+
+def test_a_file_caught_half_written_in_place_removes_no_one(users_file, reactor, context):
+    """
+    An editor, or C{cat >}, rewrites the file in place: truncated, then
+    written. A look in between reads no users; every refresh, UserInfo or
+    user-access until the next look would take them as removed, and a
+    refresh ends a removed user's grant for good.
+    """
+    backend, clock = clocked_backend(users_file, reactor, context)
+    text = users_file.read_text()
+    bob = '\n[[users]]\nsub = "sub-bob"\nlogin = "bob"\npassword_hash = "%s"\n' % hash_password("bob's", CHEAP)
+    with users_file.open("r+") as editor:
+        editor.truncate(0)
+        editor.flush()
+        clock.advance(RELOAD_INTERVAL)
+        assert backend.user_by_id(ALICE.sub).result.login == "alice"
+        editor.write(text + bob)
+    clock.advance(RELOAD_INTERVAL)
+    assert backend.user_by_id(ALICE.sub).result.login == "alice"
+    assert backend.user_by_id("sub-bob").result.login == "bob"
+
+
+def test_a_removal_written_in_place_acts_once_the_file_holds_still(users_file, reactor, context):
+    """One look later; the operator's command, which replaces the file, acts at the first look."""
+    add_user(users_file, login="bob", sub="sub-bob", password_hash=hash_password("bob's", CHEAP))
+    backend, clock = clocked_backend(users_file, reactor, context)
+    with_bob = users_file.read_text()
+    users_file.write_text(with_bob[:with_bob.rindex("[[users]]", 0, with_bob.index('sub = "sub-bob"'))])
+    clock.advance(RELOAD_INTERVAL)
+    assert backend.user_by_id("sub-bob").result.login == "bob"
+    clock.advance(RELOAD_INTERVAL)
+    assert backend.user_by_id("sub-bob").result is None
+    assert backend.user_by_id(ALICE.sub).result.login == "alice"
+
+    users_file.write_text("")
+    clock.advance(RELOAD_INTERVAL)
+    assert backend.user_by_id(ALICE.sub).result.login == "alice"
+    clock.advance(RELOAD_INTERVAL)
+    assert backend.user_by_id(ALICE.sub).result is None
 
 
 def test_removed_file_keeps_old_users(users_file, reactor, context):

@@ -10,7 +10,9 @@ one upstream refresh: the refresh runs under the account's lease in the store
 the lease taken polls the store until the holder has saved the new token or
 the lease has run out. The new tokens are saved with a compare-and-swap on
 the link's version, and a provider that sends no new refresh token keeps the
-stored one, so a rotated upstream token is never lost.
+stored one, so a rotated upstream token is never lost. A refresh, once
+under way, ends (saved, lease released) even when the caller that started
+it goes away: the provider may already have rotated the refresh token.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from __future__ import annotations
 import itertools
 
 from attrs import evolve, field, frozen
+from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from authsrv import events
 from authsrv.chat.crypto import ACCESS, REFRESH, UndecryptableToken
@@ -99,11 +103,9 @@ class ChatTokens:
         deadline = self._reactor.seconds() + self._config.lock_ttl + 1
         delay = POLL_FIRST
         while True:
-            if await self._store.acquire_link_lock(link.account_id, holder, now, self._config.lock_ttl):
-                try:
-                    return await self._refresh_held(sub, link, seen, now)
-                finally:
-                    await self._release(link.account_id, holder)
+            token = await _shielded(Deferred.fromCoroutine(self._under_lease(sub, link, seen, holder, now)))
+            if token is not None:
+                return token
             if self._reactor.seconds() >= deadline:
                 raise ChatProviderUnavailable("another refresh of this account is taking too long; try again")
             await deferLater(self._reactor, delay, lambda: None)
@@ -112,6 +114,16 @@ class ChatTokens:
             link = await self._link(sub)
             if self._fresh(link, now) or self._replaced(link, seen, now):
                 return self._token(link)
+
+    async def _under_lease(self, sub: str, link: LinkedAccount, seen: tuple[str, int], holder: str,
+                           now: int) -> ProviderToken | None:
+        """The refresh under the account's lease, or None when another holds it."""
+        if not await self._store.acquire_link_lock(link.account_id, holder, now, self._config.lock_ttl):
+            return None
+        try:
+            return await self._refresh_held(sub, link, seen, now)
+        finally:
+            await self._release(link.account_id, holder)
 
     async def _release(self, account_id: str, holder: str) -> None:
         """Free the lease; if the store fails, it runs out by itself after C{lock_ttl}."""
@@ -229,6 +241,31 @@ class ChatTokens:
         if link.refresh_token_enc is None:
             raise ChatRefreshRefused("the stored link has no refresh token; link the account again")
         return await self._provider.refresh(self._decrypt(link, link.refresh_token_enc, REFRESH))
+
+
+def _shielded(work: Deferred) -> Deferred:
+    """
+    C{work}'s result, for a caller that may go away: cancelling what this
+    returns (the endpoint's client disconnected or timed out) leaves
+    C{work} running. A refresh the provider may already have answered by
+    rotating the refresh token must end with the new tokens saved and the
+    lease released, or the link would keep a refresh token the provider no
+    longer honours.
+    """
+    answer: Deferred = Deferred()
+
+    def relay(result):
+        if not answer.called:
+            if isinstance(result, Failure):
+                answer.errback(result)
+            else:
+                answer.callback(result)
+        elif isinstance(result, Failure) and not result.check(ChatError):
+            log.failure("a chat token refresh failed after its caller went away", result)
+        return None
+
+    work.addBoth(relay)
+    return answer
 
 
 def _record_id(link: LinkedAccount) -> str:

@@ -8,7 +8,9 @@ edits by hand or with C{authsrv-admin user ...} (L{add_user}, and the
 backend's L{IUserManagement} methods, which edit the file in place). The file is
 validated as strictly as the config, and re-read when it changes, so adding a
 user or disabling one needs no restart; a broken edit is logged and the users
-loaded before keep being served, since a typo must not lock everyone out.
+loaded before keep being served, since a typo must not lock everyone out,
+and a version written in place that drops users is served only once it has
+held still for a look, since a half-written file must not remove anyone.
 """
 
 from __future__ import annotations
@@ -207,6 +209,10 @@ class StaticIdentityBackend:
         self._on_file_thread = on_file_thread
         self._signature: tuple | None = _signature(self._path)
         self._users = _Users.of(_read(self._path))
+        self._inode = self._signature[2]
+        """The inode of the file the users served were read from."""
+        self._unsettled: tuple | None = None
+        """The signature of a file rewritten in place without some users, seen at one look so far."""
         self._checked_at = reactor.seconds()
         log.info("{count} users loaded from {path}", count=len(self._users.by_sub), path=str(self._path))
         self._warn_of_other_parameters()
@@ -249,15 +255,17 @@ class StaticIdentityBackend:
             signature, problem = None, f"cannot be read: {e.strerror}"
         if signature == self._signature:
             return
-        self._signature = signature
         if signature is not None:
             try:
-                self._users = _Users.of(_read(self._path))
+                users = _Users.of(_read(self._path))
             except ConfigError as e:
                 problem = str(e)
             except OSError as e:
                 problem = f"cannot be read: {e.strerror}"
             else:
+                if self._half_written(signature, users):
+                    return
+                self._signature, self._users, self._inode, self._unsettled = signature, users, signature[2], None
                 log.info(
                     "{count} users reloaded from {path}",
                     count=len(self._users.by_sub),
@@ -265,12 +273,32 @@ class StaticIdentityBackend:
                 )
                 self._warn_of_other_parameters()
                 return
+        self._signature = signature
         log.error(
             "users file {path} not reloaded, still serving the {count} users read before: {problem}",
             path=str(self._path),
             count=len(self._users.by_sub),
             problem=problem,
         )
+
+    def _half_written(self, signature: tuple, users: _Users) -> bool:
+        """
+        Whether C{users}, read from the file rewritten in place (its inode
+        unchanged), lack a user served now and this version of the file is
+        new at this look. An editor or C{cat >} truncates the file, then
+        writes it: a look in between reads users removed, and a refresh
+        meanwhile would end their grants for good. Such a version is
+        served once it holds still until the next look; one that adds or
+        changes users is served at once, and so is a file replaced whole
+        (a new inode: authsrv-admin, editors that rename), which no reader
+        sees half written.
+        """
+        if signature[2] != self._inode or users.by_sub.keys() >= self._users.by_sub.keys():
+            return False
+        if signature == self._unsettled:
+            return False
+        self._unsettled = signature
+        return True
 
     def _by_login(self, login: str | bytes) -> _Account | None:
         self._refresh()
@@ -353,6 +381,7 @@ class StaticIdentityBackend:
             return done, _Users.of(_read(self._path)), _signature(self._path)
 
         done, self._users, self._signature = await self._on_file_thread(work_and_read)
+        self._inode, self._unsettled = self._signature[2], None
         return done
 
     async def add_user(self, user: User, password_hash: str) -> User:

@@ -18,6 +18,7 @@ from authsrv.flows.ratelimit import EndpointLimit, RateLimited
 from authsrv.flows.user_access import user_access
 from authsrv.identity.errors import BackendUnavailable
 from authsrv.isotime import iso_utc
+from authsrv.protocol.forwarded import address_key
 from authsrv.protocol.rates import Rate
 from authsrv.store.errors import StoreUnavailable
 from authsrv.web.bearer import BearerSecret
@@ -85,16 +86,23 @@ def _user_id(request) -> str:
 
 def _endpoint(handler):
     """
-    The caller's rate, the secret, then the body; every failure is a JSON
-    problem, never a 500.
+    The caller's rate, then the secret, then the body; every failure is a
+    JSON problem, never a 500. Callers with the secret and without it count
+    in buckets of their own, so that no one at the address of a first-party
+    service (a stale secret on the same host, anyone behind the same NAT)
+    spends its rate.
     """
 
     @wraps(handler)
     async def endpoint(self, request):
         try:
+            authorized = self._secret is not None and self._secret.presented_by(request)
             if self._rate is not None:
-                self._limit.address(client_address_of(request, self._trusted_proxies), self._rate)
-            self._authorize(request)
+                address = client_address_of(request, self._trusted_proxies)
+                buckets = self._limit.by_client if authorized else self._limit.by_address
+                self._limit.count(buckets, address_key(address), self._rate, client_id=None, address=address)
+            if not authorized:
+                self._refuse()
             return await handler(self, request, _user_id(request))
         except RequestProblem as problem:
             return _problem(request, problem)
@@ -141,11 +149,10 @@ class InternalAPI:
                                                  _server_error),
         }, self.app.resource())
 
-    def _authorize(self, request) -> None:
+    def _refuse(self) -> None:
         if self._secret is None:
             raise RequestProblem(401, "unauthorized", "the internal API has no secret configured")
-        if not self._secret.presented_by(request):
-            raise RequestProblem(401, "unauthorized", "a valid Authorization: Bearer <internal API secret> is required")
+        raise RequestProblem(401, "unauthorized", "a valid Authorization: Bearer <internal API secret> is required")
 
     @_endpoint
     async def check_user_access(self, request, sub: str):

@@ -76,6 +76,26 @@ def _unescape_dn_value(value: str) -> str:
     return raw.decode("utf-8", "replace")
 
 
+class _Ambiguous:
+    """What L{LdapIdentityBackend._user_by_id} finds when several entries hold the subject."""
+
+
+_AMBIGUOUS = _Ambiguous()
+
+
+def _unambiguous(user: User | _Ambiguous | None) -> User | None:
+    """
+    Several entries with one subject (a copy restored from a backup, say)
+    are not "no such user", which would end the user's grants: they are
+    an outage, as the PostgreSQL backend's ambiguous lookups, until the
+    directory is fixed. Raised here, not in the pool, where it would count
+    as the directory failing and close a good connection.
+    """
+    if isinstance(user, _Ambiguous):
+        raise BackendUnavailable("several directory entries have one subject")
+    return user
+
+
 @frozen
 class _Entry:
     """A search result: its DN and raw values, attribute names folded to lower case."""
@@ -164,7 +184,7 @@ class LdapIdentityBackend:
     def user_by_id(self, sub: str) -> Deferred:
         if not isinstance(sub, str) or self._subject_filter(sub) is None:
             return succeed(None)
-        return self._in_thread(self._directory.run, lambda c: self._user_by_id(c, sub))
+        return self._in_thread(self._directory.run, lambda c: self._user_by_id(c, sub)).addCallback(_unambiguous)
 
     def user_by_login(self, login: str | bytes) -> Deferred:
         text = credential_text(login)
@@ -212,7 +232,7 @@ class LdapIdentityBackend:
         entry = self._find_by_login(connection, login)
         return None if entry is None else self._user(connection, entry)
 
-    def _user_by_id(self, connection, sub: str) -> User | None:
+    def _user_by_id(self, connection, sub: str) -> User | _Ambiguous | None:
         search_filter = self._subject_filter(sub)
         if search_filter is None:
             return None
@@ -220,11 +240,10 @@ class LdapIdentityBackend:
             e for e in self._search(connection, search_filter, size_limit=2)
             if self._subject(e) == sub
         ]
-        if len(found) != 1:
-            if found:
-                log.error("{count} directory entries have the subject {sub!r}", count=len(found), sub=sub)
-            return None
-        return self._user(connection, found[0])
+        if len(found) > 1:
+            log.error("{count} directory entries have the subject {sub!r}", count=len(found), sub=sub)
+            return _AMBIGUOUS
+        return self._user(connection, found[0]) if found else None
 
     # -- searching --
 
@@ -238,8 +257,12 @@ class LdapIdentityBackend:
         )
         result = connection.result
         if result["result"] == _NO_SUCH_OBJECT:
-            log.warn("directory search base {base!r} does not exist", base=base or settings.user_base_dn)
-            return []
+            if scope == BASE:
+                return []  # a group that a memberOf still names, deleted since
+            # The configured subtree is missing (renamed, or a replica still
+            # loading): no answer about any user, so never "removed", which
+            # would end every grant at its next refresh.
+            raise BackendUnavailable(f"directory search base {base or settings.user_base_dn!r} does not exist")
         if result["result"] not in (0, _SIZE_LIMIT_EXCEEDED):
             raise BackendUnavailable(f"directory search failed: {result['description']} {result['message']}")
         return [
@@ -270,8 +293,13 @@ class LdapIdentityBackend:
         return found[0] if found else None
 
     def _subject_filter(self, sub: str) -> str | None:
-        """The filter finding C{sub}, or None when it cannot be a subject of this directory."""
-        if not sub or len(sub) > 255:
+        """
+        The filter finding C{sub}, or None when it cannot be a subject of
+        this directory: L{_subject} reads only printable ASCII, so anything
+        else (a lone surrogate from a JSON body too, which no directory
+        request could even encode) is no one, without asking.
+        """
+        if not sub or len(sub) > 255 or not (sub.isascii() and sub.isprintable()):
             return None
         if self._settings.subject_is_guid:
             try:
@@ -364,7 +392,16 @@ class LdapIdentityBackend:
         attribute = self._settings.group_membership
         clauses = "".join(f"({attribute}={escape_filter_chars(dn)})" for dn in members)
         found = self._search(connection, f"(|{clauses})", base=self._settings.group_base_dn, attributes=["1.1"])
-        return {dn_key(e.dn): e.dn for e in found}
+        groups = {dn_key(e.dn): e.dn for e in found}
+        if connection.result["result"] == _SIZE_LIMIT_EXCEEDED and not self._required & groups.keys():
+            # The groups the directory left out may hold a required one: not
+            # knowing is an outage, never a membership lost (the end of the
+            # user's grants at the next refresh).
+            log.error("the directory's size limit cut short the search for the groups of {members!r} under"
+                      " {base!r}: raise the limit for bind_dn", members=members[:3],
+                      base=self._settings.group_base_dn)
+            raise BackendUnavailable("the directory's size limit cut a group search short")
+        return groups
 
 
 def from_config(section: Section, context) -> LdapIdentityBackend | None:

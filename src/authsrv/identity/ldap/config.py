@@ -30,8 +30,15 @@ def _ns_account_lock(values: list[bytes]) -> bool:
 
 
 def _pwd_account_locked(values: list[bytes]) -> bool:
-    # ppolicy: any lock time, including the permanent 000001010000Z.
-    return bool(values)
+    """
+    The password policy's administrative lock (draft-behera-ldap-password-policy,
+    pwdAccountLockedTime): 000001010000Z, set by a password administrator,
+    which only one can clear. Any other value is the time the directory
+    locked the password after failed attempts, which anyone who knows the
+    login can cause: the directory refuses password binds meanwhile, but the
+    account is not disabled, or a stranger could end its sessions everywhere.
+    """
+    return any(v.strip()[:8] == b"00000101" for v in values)
 
 
 def _account_disabled(values: list[bytes]) -> bool:
