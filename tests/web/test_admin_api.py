@@ -453,7 +453,7 @@ async def test_users_of_the_writable_backend(harness, audit):
         response, body = await a.call("PUT", "/api/admin/users/carol/password", {"password": ""})
         assert_problem(response, body, 400, "invalid_request", "password")
         response, body = await a.call("POST", "/api/admin/users/carol/disable", {"reason": "left"})
-        assert body == {"sub": sub, "disabled": True}
+        assert body == {"sub": sub, "disabled": True, "sessions_ended": 0}
         assert (await harness.identity.user_by_id(sub)).disabled
         response, body = await a.call("POST", "/api/admin/users/carol/enable", headers=AUTH)
         assert body == {"sub": sub, "disabled": False}
@@ -463,6 +463,33 @@ async def test_users_of_the_writable_backend(harness, audit):
         kinds = ["user.created", "user.password_set", "user.disabled", "user.enabled", "user.deleted"]
         assert [e["event"] for e in audit if e.get("event") in kinds] == kinds
         assert audit.of("user.deleted")[0]["actor"] == ACTOR
+    finally:
+        await harness.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_disabling_a_user_ends_their_sessions_and_tells_their_clients(harness, audit):
+    """
+    A disabled user counts as banned (docs/design.md, Bans): as a ban, the
+    disable ends their browser sessions at once and their clients hear of it
+    by back-channel logout; the other users' sessions stay.
+    """
+    a = await started(harness)
+    try:
+        for cookie, sid, sub in (("b1", "sid-b1", BOB.sub), ("b2", "sid-b2", BOB.sub), ("a1", "sid-a1", ALICE.sub)):
+            await harness.store.create_session(BrowserSession(token_hash(cookie), sid, sub, 0, harness.now(),
+                                                              harness.now() + 3600))
+        response, body = await a.call("POST", f"/api/admin/users/{BOB.sub}/disable", {"reason": "left"})
+        assert response.code == 200, body
+        assert body == {"sub": BOB.sub, "disabled": True, "sessions_ended": 2}
+        assert sorted(s.sid for s in a.ended) == ["sid-b1", "sid-b2"]
+        assert await harness.store.list_user_sessions(BOB.sub, harness.now()) == []
+        assert [s.sid for s in await harness.store.list_user_sessions(ALICE.sub, harness.now())] == ["sid-a1"]
+        assert sorted(e["session_id"] for e in audit.of("session.ended")) == ["sid-b1", "sid-b2"]
+        assert audit.of("user.disabled")[0]["actor"] == ACTOR
+
+        response, body = await a.call("POST", f"/api/admin/users/{BOB.sub}/enable", headers=AUTH)
+        assert body == {"sub": BOB.sub, "disabled": False}
     finally:
         await harness.close()
 

@@ -284,17 +284,24 @@ class UserOperations:
         events.user_password_set(sub=user.sub, actor=actor)
         return user
 
-    async def set_disabled(self, user_id: str, disabled: bool, *, reason: Any = None, actor: str) -> User:
-        """Disable (C{reason} is reported as the ban reason) or enable a user of the writable backend."""
+    async def set_disabled(self, user_id: str, disabled: bool, *, reason: Any = None,
+                           actor: str) -> tuple[User, int]:
+        """
+        Disable (C{reason} is reported as the ban reason) or enable a user of
+        the writable backend; (the user, how many browser sessions ended). A
+        disabled user counts as banned (docs/design.md, Bans), so disabling
+        ends their sessions at once and tells their clients by back-channel
+        logout, as a ban does.
+        """
         if disabled:
             reason = _reason(reason)
         writer, user = await self._written_user(user_id)
         await writer.set_disabled(user.login, disabled, reason if disabled else None)
-        if disabled:
-            events.user_disabled(sub=user.sub, reason=reason, actor=actor)
-        else:
+        if not disabled:
             events.user_enabled(sub=user.sub, actor=actor)
-        return user
+            return user, 0
+        events.user_disabled(sub=user.sub, reason=reason, actor=actor)
+        return user, await moderation.end_sessions(self._store, user.sub, self._notify)
 
     async def delete(self, user_id: str, *, actor: str) -> User:
         """Remove the user from the writable backend; their grants are revoked and sessions ended first."""

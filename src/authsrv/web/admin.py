@@ -245,14 +245,14 @@ class AdminAPI:
     @_endpoint
     async def disable_user(self, request, user_id):
         body = _body(request, required=True)
-        user = await self._ops.users.set_disabled(user_id, True, reason=body.get("reason"), actor=self._actor)
-        return 200, {"sub": user.sub, "disabled": True}
+        user, ended = await self._ops.users.set_disabled(user_id, True, reason=body.get("reason"), actor=self._actor)
+        return 200, {"sub": user.sub, "disabled": True, "sessions_ended": ended}
 
     @app.route(PREFIX + "/users/<user_id>/enable", methods=["POST"])
     @_endpoint
     async def enable_user(self, request, user_id):
         _body(request, required=False)
-        user = await self._ops.users.set_disabled(user_id, False, actor=self._actor)
+        user, _ = await self._ops.users.set_disabled(user_id, False, actor=self._actor)
         return 200, {"sub": user.sub, "disabled": False}
 
     @app.route(PREFIX + "/users/<user_id>/ban", methods=["PUT"])
