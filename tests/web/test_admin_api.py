@@ -335,6 +335,21 @@ async def test_clients_are_paged(harness):
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_limit_of_any_length_is_refused_by_name(harness):
+    """A limit too long for int() (over 4300 digits) is a 400 naming it, never a 500."""
+    a = await started(harness)
+    try:
+        for path in ("/api/admin/clients", "/api/admin/bans"):
+            for limit in ("1" * 5000, "0" * 4999 + "7", "101", "1" * 30):
+                response, body = await a.call("GET", f"{path}?limit={limit}", headers=AUTH)
+                assert_problem(response, body, 400, "invalid_request", "limit")
+            response, body = await a.call("GET", f"{path}?limit=007", headers=AUTH)
+            assert response.code == 200, body
+    finally:
+        await harness.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_rotate_secret_with_an_overlap(harness, audit):
     a = await started(harness)
     try:

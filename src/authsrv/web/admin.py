@@ -40,6 +40,8 @@ from authsrv.web.routes import RoutedKlein
 
 PREFIX = "/api/admin"
 MAX_BODY = 64 * 1024
+LIMIT_DIGITS = 9
+"""The most digits a C{limit} may have; a longer one is out of range whatever it says."""
 STATUS = {"invalid_request": 400, "not_found": 404, "conflict": 409, "precondition_failed": 412}
 
 
@@ -102,7 +104,8 @@ def _limit(request) -> int | None:
     text = _query(request, "limit")
     if text is None:
         return None
-    if not (text.isascii() and text.isdigit()):  # "²" is a digit to isdigit, and no number to int
+    # "²" is a digit to isdigit, and no number to int; int() refuses over 4300 digits with a ValueError.
+    if not (text.isascii() and text.isdigit()) or len(text) > LIMIT_DIGITS:
         raise InvalidInput("limit must be a whole number from 1 to 100", "limit")
     return int(text)
 
