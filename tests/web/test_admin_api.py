@@ -510,6 +510,36 @@ async def test_disabling_a_user_ends_their_sessions_and_tells_their_clients(harn
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_new_user_is_one_the_api_can_name_in_its_path(harness):
+    """
+    The admin API names a user by sub or login in its path, where a '/' or
+    a '.' or '..' segment never reaches the route: a user made with one
+    could be neither shown, banned, disabled nor deleted here, so it is
+    refused by name, as such client ids are. What it accepts, its Location
+    finds.
+    """
+    a = await started(harness)
+    try:
+        for fields, field in (({"login": "ops/carol"}, "login"), ({"login": ".."}, "login"),
+                              ({"login": "."}, "login"), ({"login": "carol", "sub": "tenant/carol"}, "sub"),
+                              ({"login": "carol", "sub": ".."}, "sub")):
+            response, body = await a.call("POST", "/api/admin/users", {**fields, "password": "correct horse"})
+            assert_problem(response, body, 400, "invalid_request", field)
+        assert await harness.identity.user_by_login("carol") is None
+
+        response, body = await a.call("POST", "/api/admin/users",
+                                      {"login": "carol.o'neil+ops", "sub": "tenant:carol?x#y%2F", "password": "correct horse"})
+        assert response.code == 201, body
+        [location] = response.headers.getRawHeaders("location")
+        response, body = await a.call("GET", location, headers=AUTH)
+        assert response.code == 200 and body["user"]["login"] == "carol.o'neil+ops", body
+        response, body = await a.call("DELETE", location, headers=AUTH)
+        assert response.code == 204, body
+    finally:
+        await harness.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_new_user_may_not_claim_a_chat_account_linked_to_another(harness):
     """Two users whose chat_user_id names one chat account would confuse the services mapping chat users."""
     a = await started(harness)

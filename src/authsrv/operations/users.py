@@ -73,6 +73,17 @@ def parse_until(value: Any, now: int, field: str = "until") -> int | None:
     return until
 
 
+def path_segment_problem(value: str) -> str | None:
+    """
+    Why C{value} cannot name a new user (as sub or login), or None: the
+    admin API names a user in its path, where a '/' or a '.' or '..'
+    segment never reaches the route, so such a user could not be managed there.
+    """
+    if "/" in value or value in (".", ".."):
+        return "must not hold '/' nor be '.' or '..': the admin API names a user in its path"
+    return None
+
+
 def _reason(value: Any, field: str = "reason") -> str:
     if not isinstance(value, str) or not value.strip() or len(value) > REASON_MAX:
         raise InvalidInput(f"{field} must be a non-empty string of at most {REASON_MAX} characters", field)
@@ -243,6 +254,9 @@ class UserOperations:
         for field in ("sub", "name", "picture", "chat_user_id", "email"):
             if data.get(field) is not None and (not isinstance(data[field], str) or not data[field]):
                 raise InvalidInput(f"{field} must be a non-empty string or null", field)
+        for field in ("login", "sub"):
+            if data.get(field) is not None and (problem := path_segment_problem(data[field])):
+                raise InvalidInput(f"{field} {problem}", field)
         if data.get("email") and "@" not in data["email"]:
             raise InvalidInput(f"email {data['email']!r} is not an email address", "email")
         if data.get("picture") and (problem := picture_problem(data["picture"])):
