@@ -540,6 +540,28 @@ async def test_a_new_user_is_one_the_api_can_name_in_its_path(harness):
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_new_user_may_not_take_a_name_that_finds_another(harness, audit):
+    """
+    The admin API and command find a user by id or, failing that, login: a
+    new user whose sub is another's login would take that login's place
+    (a ban of "bob" would ban the newcomer), and one whose login is
+    another's sub could not be found by it. Both are refused.
+    """
+    a = await started(harness)
+    try:
+        for fields, field in (({"login": "carol", "sub": BOB.login.lower()}, "sub"),
+                              ({"login": "carol", "sub": BOB.login.upper()}, "sub"),
+                              ({"login": BOB.sub}, "login")):
+            response, body = await a.call("POST", "/api/admin/users", {**fields, "password": "correct horse"})
+            assert_problem(response, body, 409, "conflict", field)
+        assert await harness.identity.user_by_login("carol") is None and not audit.of("user.created")
+        response, body = await a.call("GET", f"/api/admin/users/{BOB.login.lower()}", headers=AUTH)
+        assert body["user"]["sub"] == BOB.sub
+    finally:
+        await harness.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_new_user_may_not_claim_a_chat_account_linked_to_another(harness):
     """Two users whose chat_user_id names one chat account would confuse the services mapping chat users."""
     a = await started(harness)

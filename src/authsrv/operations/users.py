@@ -266,6 +266,7 @@ class UserOperations:
             raise InvalidInput("email_verified must be true or false", "email_verified")
         self._policy(password, login, data.get("email"))
         writer = self._writer()
+        await self._names_free(login, data.get("sub"))
         await self._chat_account_free(data.get("chat_user_id"))
         user = User(
             sub=data.get("sub") or str(uuid.uuid4()), login=login, name=data.get("name"), email=data.get("email"),
@@ -277,6 +278,19 @@ class UserOperations:
             raise (Conflict if "taken" in str(e) else InvalidInput)(str(e)) from None
         events.user_created(sub=added.sub, login=added.login, actor=actor)
         return added
+
+    async def _names_free(self, login: str, sub: str | None) -> None:
+        """
+        L{Conflict} when a new user's C{sub} is another user's login, or its
+        C{login} another's sub: L{find} looks a user up by id first, then by
+        login, so the newcomer would take the other's place, or never be found.
+        """
+        if sub is not None and (other := await self._identity.user_by_login(sub)) is not None:
+            raise Conflict(f"sub {sub!r} is the login of user {other.sub}: a lookup by id or login could not tell"
+                           " them apart", "sub")
+        if (other := await self._identity.user_by_id(login)) is not None:
+            raise Conflict(f"login {login!r} is the sub of user {other.login!r}: a lookup by id or login could not"
+                           " tell them apart", "login")
 
     async def _chat_account_free(self, chat_user_id: str | None) -> None:
         """
