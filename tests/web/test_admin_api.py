@@ -562,6 +562,29 @@ async def test_a_new_user_may_not_take_a_name_that_finds_another(harness, audit)
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_field_a_user_change_does_not_know_is_refused_by_name(harness, audit):
+    """
+    As a ban refuses a field it does not know, so do disable, enable and a
+    new password: a disable sent with an "until" must not disable for good
+    in silence, nor a password with "temporary" set a lasting one.
+    """
+    a = await started(harness)
+    try:
+        for method, path, body, field in (
+            ("POST", "disable", {"reason": "on leave", "until": "2099-01-01T00:00:00Z"}, "until"),
+            ("POST", "enable", {"reason": "back"}, "reason"),
+            ("PUT", "password", {"password": "battery staple", "temporary": True}, "temporary"),
+        ):
+            response, answer = await a.call(method, f"/api/admin/users/{BOB.sub}/{path}", body)
+            assert_problem(response, answer, 400, "invalid_request", field)
+        user = await harness.identity.user_by_id(BOB.sub)
+        assert not user.disabled
+        assert not audit.of("user.disabled") and not audit.of("user.enabled") and not audit.of("user.password_set")
+    finally:
+        await harness.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_new_user_may_not_claim_a_chat_account_linked_to_another(harness):
     """Two users whose chat_user_id names one chat account would confuse the services mapping chat users."""
     a = await started(harness)

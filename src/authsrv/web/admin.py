@@ -95,6 +95,14 @@ def _body(request, *, required: bool) -> dict:
     return body
 
 
+def _known(body: dict, fields: tuple[str, ...], what: str) -> dict:
+    """C{body}, whose every field is one of C{fields}; else the first other one is refused by name."""
+    unknown = set(body) - set(fields)
+    if unknown:
+        raise InvalidInput(f"{min(unknown)} is not a field of {what}", min(unknown))
+    return body
+
+
 def _query(request, name: str) -> str | None:
     values = request.args.get(name.encode())
     return values[0].decode("utf-8", "replace") if values else None
@@ -200,10 +208,7 @@ class AdminAPI:
     @app.route(PREFIX + "/clients/<client_id>/secret", methods=["POST"])
     @_endpoint
     async def rotate_client_secret(self, request, client_id):
-        body = _body(request, required=False)
-        unknown = set(body) - {"overlap"}
-        if unknown:
-            raise InvalidInput(f"{min(unknown)} is not a field of a secret rotation", min(unknown))
+        body = _known(_body(request, required=False), ("overlap",), "a secret rotation")
         overlap = body.get("overlap", DEFAULT_OVERLAP)
         if isinstance(overlap, str):
             try:
@@ -240,31 +245,28 @@ class AdminAPI:
     @app.route(PREFIX + "/users/<user_id>/password", methods=["PUT"])
     @_endpoint
     async def set_password(self, request, user_id):
-        body = _body(request, required=True)
+        body = _known(_body(request, required=True), ("password",), "a new password")
         await self._ops.users.set_password(user_id, body.get("password"), actor=self._actor)
         return 204, None
 
     @app.route(PREFIX + "/users/<user_id>/disable", methods=["POST"])
     @_endpoint
     async def disable_user(self, request, user_id):
-        body = _body(request, required=True)
+        body = _known(_body(request, required=True), ("reason",), "a disable")
         user, ended = await self._ops.users.set_disabled(user_id, True, reason=body.get("reason"), actor=self._actor)
         return 200, {"sub": user.sub, "disabled": True, "sessions_ended": ended}
 
     @app.route(PREFIX + "/users/<user_id>/enable", methods=["POST"])
     @_endpoint
     async def enable_user(self, request, user_id):
-        _body(request, required=False)
+        _known(_body(request, required=False), (), "an enable")
         user, _ = await self._ops.users.set_disabled(user_id, False, actor=self._actor)
         return 200, {"sub": user.sub, "disabled": False}
 
     @app.route(PREFIX + "/users/<user_id>/ban", methods=["PUT"])
     @_endpoint
     async def ban_user(self, request, user_id):
-        body = _body(request, required=True)
-        unknown = set(body) - {"reason", "until"}
-        if unknown:
-            raise InvalidInput(f"{min(unknown)} is not a field of a ban", min(unknown))
+        body = _known(_body(request, required=True), ("reason", "until"), "a ban")
         banned = await self._ops.users.ban(user_id, reason=body.get("reason"), until=body.get("until"),
                                            actor=self._actor)
         return 200, {"sub": banned.sub, "until": banned.until, "sessions_ended": banned.sessions_ended}
@@ -327,10 +329,7 @@ class AdminAPI:
     @app.route(PREFIX + "/keys/rotate", methods=["POST"])
     @_endpoint
     async def rotate_keys(self, request):
-        body = _body(request, required=False)
-        unknown = set(body) - {"force"}
-        if unknown:
-            raise InvalidInput(f"{min(unknown)} is not a field of a key rotation", min(unknown))
+        body = _known(_body(request, required=False), ("force",), "a key rotation")
         force = body.get("force", False)
         if not isinstance(force, bool):
             raise InvalidInput("force must be true or false", "force")
