@@ -15,6 +15,7 @@ from treq.testing import StubTreq
 from twisted.internet import reactor
 from twisted.internet.defer import succeed
 from twisted.internet.threads import deferToThreadPool
+from twisted.logger import LogLevel
 
 from authsrv.identity.passwords import hash_password
 from authsrv.operations import AdminOperations
@@ -120,6 +121,32 @@ async def test_unknown_paths_and_methods(harness):
         response, body = await a.call("PUT", "/api/admin/keys", headers=AUTH)
         assert_problem(response, body, 405, "method_not_allowed")
         assert "GET" in response.headers.getRawHeaders("allow")[0]
+    finally:
+        await harness.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_path_that_is_not_utf8_is_refused_in_each_listener_shape(harness, audit):
+    """
+    A %-escape that decodes to no UTF-8 text (/users/%ff) is the caller's
+    mistake: a 400 in the shape of the endpoint it was sent to (the admin
+    API's JSON, the OAuth JSON, a page), never Klein's plain text with a
+    critical log line and a traceback, which anyone could fill the log with.
+    """
+    a = await started(harness)
+    try:
+        response, body = await a.call("GET", "/api/admin/users/%ff", headers=AUTH)
+        assert_problem(response, body, 400, "invalid_request")
+        response, body = await a.call("GET", "/api/admin/clients/a%c3%28b", headers=AUTH)
+        assert_problem(response, body, 400, "invalid_request")
+        response, body = await a.call("GET", "/api/auth/oauth2/%ff", headers={})
+        assert response.code == 400 and body["error"] == "invalid_request", body
+        response = await settle(a.http, a.http.get(BASE + "/api/auth/oauth2/end-session/%ff"))
+        assert response.code == 400
+        assert response.headers.getRawHeaders("content-type") == ["text/html; charset=utf-8"]
+        response, body = await a.call("GET", "/api/admin/users/%c3%a9", headers=AUTH)
+        assert_problem(response, body, 404, "not_found", "user_id")
+        assert not [e for e in audit if e.get("log_level") == LogLevel.critical]
     finally:
         await harness.close()
 
