@@ -232,9 +232,16 @@ class ClientOperations:
         return changed
 
     async def delete(self, client_id: str, *, actor: str, if_match: str | None = None) -> None:
+        """
+        Remove the client; with C{if_match}, only while the store still holds
+        it as read and matched, so a change landing in between is a
+        L{PreconditionFailed}, not removed with it.
+        """
         client = await self._operator_client(client_id, "remove")
         _check_match(client, if_match)
-        if not await self._store.remove_client(client_id):
+        if not await self._store.remove_client(client_id, None if if_match is None else client):
+            if if_match is not None and await self._store.get_client(client_id) is not None:
+                raise PreconditionFailed("the client changed since it was read: GET it again and retry")
             raise NotFound(f"no client {client_id!r}", "client_id")
         events.client_deleted(client_id=client_id, source="operator", actor=actor)
 
