@@ -611,6 +611,40 @@ async def test_a_field_a_user_change_does_not_know_is_refused_by_name(harness, a
         await harness.close()
 
 
+@pytest.mark.parametrize(("method", "path", "body", "write"), [
+    ("DELETE", "", None, "remove_user"),
+    ("PUT", "/password", {"password": "battery staple"}, "set_password_hash"),
+    ("POST", "/disable", {"reason": "left"}, "set_disabled"),
+    ("POST", "/enable", None, "set_disabled"),
+])
+@pytest_twisted.ensureDeferred
+async def test_a_user_removed_while_a_change_is_made_is_not_found(harness, monkeypatch, method, path, body, write):
+    """
+    Two operators at once: the user is removed (by the other delete) between
+    this request's lookup and its write. The write finds no user: a 404,
+    never a 500.
+    """
+    a = await started(harness)
+    try:
+        response, created = await a.call("POST", "/api/admin/users", {"login": "carol", "password": "correct horse"})
+        assert response.code == 201, created
+        written = getattr(harness.identity, write)
+
+        async def after_the_other_delete(login, *args):
+            monkeypatch.setattr(harness.identity, write, written)
+            response, _ = await a.call("DELETE", "/api/admin/users/carol", headers=AUTH)
+            assert response.code == 204
+            return await written(login, *args)
+
+        monkeypatch.setattr(harness.identity, write, after_the_other_delete)
+        response, answer = await a.call(method, f"/api/admin/users/carol{path}", body,
+                                        headers=JSON if body is not None else AUTH)
+        assert_problem(response, answer, 404, "not_found", "user_id")
+        assert await harness.identity.user_by_login("carol") is None
+    finally:
+        await harness.close()
+
+
 @pytest_twisted.ensureDeferred
 async def test_a_new_user_may_not_claim_a_chat_account_linked_to_another(harness):
     """Two users whose chat_user_id names one chat account would confuse the services mapping chat users."""

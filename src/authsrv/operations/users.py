@@ -304,11 +304,25 @@ class UserOperations:
             raise Conflict(f"chat account {chat_user_id} is already linked to user {holder}; unlink it there first",
                            "chat_user_id")
 
+    async def _write(self, writer, user: User, user_id: str, write: Callable[[], Awaitable[Any]]) -> None:
+        """
+        C{write()}, a writable backend's change to C{user}, which fails with
+        L{ValueError} for an unknown login: L{NotFound} when the user was
+        removed since it was looked up (another operator's delete beside this).
+        """
+        try:
+            await write()
+        except ValueError:
+            if await writer.user_by_login(user.login) is None:
+                raise NotFound(f"no user {user_id!r}: removed meanwhile", "user_id") from None
+            raise
+
     async def set_password(self, user_id: str, password: Any, *, actor: str) -> User:
         password = check_password(password)
         writer, user = await self._written_user(user_id)
         self._policy(password, user.login, user.email)
-        await writer.set_password_hash(user.login, await self._hash(password))
+        hashed = await self._hash(password)
+        await self._write(writer, user, user_id, lambda: writer.set_password_hash(user.login, hashed))
         events.user_password_set(sub=user.sub, actor=actor)
         return user
 
@@ -324,7 +338,8 @@ class UserOperations:
         if disabled:
             reason = _reason(reason)
         writer, user = await self._written_user(user_id)
-        await writer.set_disabled(user.login, disabled, reason if disabled else None)
+        await self._write(writer, user, user_id,
+                          lambda: writer.set_disabled(user.login, disabled, reason if disabled else None))
         if not disabled:
             events.user_enabled(sub=user.sub, actor=actor)
             return user, 0
@@ -335,6 +350,6 @@ class UserOperations:
         """Remove the user from the writable backend; their grants are revoked and sessions ended first."""
         writer, user = await self._written_user(user_id)
         await moderation.revoke_user(self._store, user.sub, now=self._now(), actor=actor, notify=self._notify)
-        await writer.remove_user(user.login)
+        await self._write(writer, user, user_id, lambda: writer.remove_user(user.login))
         events.user_deleted(sub=user.sub, login=user.login, actor=actor)
         return user
