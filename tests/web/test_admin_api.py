@@ -11,6 +11,7 @@ import json
 
 import pytest
 import pytest_twisted
+from jwcrypto.jwk import JWK
 from treq.testing import StubTreq
 from twisted.internet import reactor
 from twisted.internet.defer import succeed
@@ -372,6 +373,32 @@ async def test_a_limit_of_any_length_is_refused_by_name(harness):
                 assert_problem(response, body, 400, "invalid_request", "limit")
             response, body = await a.call("GET", f"{path}?limit=007", headers=AUTH)
             assert response.code == 200, body
+    finally:
+        await harness.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_client_that_signs_with_its_keys_has_no_secret_to_rotate(harness, audit):
+    """
+    A private_key_jwt client has no secret (clientauth.auth_settings_problem):
+    a rotation must not give it one, which no token request could use and
+    which made every later change to it a 400 until it was deleted.
+    """
+    a = await started(harness)
+    try:
+        key = JWK.generate(kty="EC", crv="P-256")
+        response, body = await a.call("POST", "/api/admin/clients", {
+            **NEW_CLIENT, "token_endpoint_auth_method": "private_key_jwt",
+            "jwks": {"keys": [json.loads(key.export_public())]},
+        })
+        assert response.code == 201 and body["client_secret"] is None, body
+        before = await harness.store.get_client("crm")
+        response, body = await a.call("POST", "/api/admin/clients/crm/secret", {"overlap": 0})
+        assert_problem(response, body, 409, "conflict", "client_id")
+        assert await harness.store.get_client("crm") == before
+        assert not audit.of("client.secret_rotated")
+        response, body = await a.call("PATCH", "/api/admin/clients/crm", {"name": "CRM"})
+        assert response.code == 200 and body["name"] == "CRM", body
     finally:
         await harness.close()
 

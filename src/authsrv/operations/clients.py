@@ -264,6 +264,9 @@ class ClientOperations:
         def rotate(client: Client) -> Client:
             if client.is_public:
                 raise Conflict(f"client {client_id!r} is public: it has no secret", "client_id")
+            if client.token_endpoint_auth_method == PRIVATE_KEY_JWT:
+                raise Conflict(f"client {client_id!r} authenticates with its keys (private_key_jwt): it has no"
+                               " secret; change its jwks or jwks_uri instead", "client_id")
             rotated = attrs.evolve(
                 client, secret_hash=client_secret_hash(secret, key),
                 previous_secret_hash=client.secret_hash if until else None, previous_secret_until=until,
