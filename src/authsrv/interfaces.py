@@ -231,7 +231,7 @@ class IClientRegistry(Interface):
         never every client.
         """
 
-    def remove_client(client_id):
+    def remove_client(client_id, expected=None):
         """
         Remove a client with its grants (so every code and token issued to it)
         and its consents, in one transaction; fires with True when it existed.
@@ -239,6 +239,9 @@ class IClientRegistry(Interface):
         and it must start no grant afterwards, even from a store call that
         ran beside the removal: every call that starts a grant stores it only
         while its client is stored (L{IAuthorizationCodeStore.save_code}).
+        With C{expected} (a client as read), only while the stored record is
+        still it, as L{change_client} compares: False, with nothing removed,
+        when it changed since.
         """
 
 

@@ -148,7 +148,8 @@ async def test_user_passwd_disable_enable_in_the_users_file(deployment):
                           stdin="a new passphrase\n")) == "password of ALICE changed\n"
     [alice] = tomllib.loads(users_file.read_text())["users"]
     assert PasswordHasher().verify(alice["password_hash"], "a new passphrase")
-    assert ok(await admin("--config", config, "user", "disable", "alice", "--reason", "left", cwd=cwd)) == "disabled alice\n"
+    assert ok(await admin("--config", config, "user", "disable", "alice", "--reason", "left", cwd=cwd)) == (
+        "disabled alice; 0 browser sessions ended\n")
     [alice] = tomllib.loads(users_file.read_text())["users"]
     assert (alice["disabled"], alice["disabled_reason"]) == (True, "left")
     assert ok(await admin("--config", config, "user", "enable", "alice", cwd=cwd)) == "enabled alice\n"

@@ -87,3 +87,29 @@ async def test_with_if_match_a_client_changed_meanwhile_is_refused():
     with pytest.raises(PreconditionFailed):
         await ops.update("crm", {"name": "CRM"}, actor="admin-api", if_match=tag)
     assert (await store.get_client("crm")).name == "crm"
+
+
+@pytest_twisted.ensureDeferred
+async def test_with_if_match_a_client_changed_before_its_removal_is_kept():
+    """
+    A delete under If-Match removes the client only while it is still the
+    one the tag names: a change that lands between the check and the removal
+    (on this instance or another) makes it a 412, and the client stays.
+    """
+    store = MemoryStore()
+    ops = await created(store)
+    tag = client_etag(await store.get_client("crm"))
+    remove_client = store.remove_client
+
+    async def first_the_other_writer(client_id, *args, **kwargs):
+        store.remove_client = remove_client
+        await ops.update("crm", {"name": "CRM"}, actor="admin-api")
+        return await remove_client(client_id, *args, **kwargs)
+
+    store.remove_client = first_the_other_writer
+    with pytest.raises(PreconditionFailed):
+        await ops.delete("crm", actor="admin-api", if_match=tag)
+    assert (await store.get_client("crm")).name == "CRM"
+
+    await ops.delete("crm", actor="admin-api", if_match=client_etag(await store.get_client("crm")))
+    assert await store.get_client("crm") is None

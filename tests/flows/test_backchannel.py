@@ -399,6 +399,36 @@ async def test_a_new_login_ends_the_earlier_session_and_tells_its_clients(tmp_pa
         await h.close()
 
 
+@pytest.mark.parametrize("page", ["authorize", "account"])
+@pytest_twisted.ensureDeferred
+async def test_a_session_found_disabled_at_its_next_use_tells_its_clients(tmp_path, monkeypatch, audit, page):
+    """
+    A user disabled in the identity backend counts as banned (docs/design.md,
+    Bans), but the server learns of it only when it next looks: the browser
+    session then ends, and its clients hear of that by back-channel logout
+    as they would of a ban.
+    """
+    rp = FakeRelyingParty()
+    h = await _harness(tmp_path, monkeypatch, rp)
+    try:
+        browser = Browser(h)
+        await browser.sign_in(ALICE)
+        session = await h.store.get_session(browser.session_hash, h.now())
+        await h.identity.set_disabled(ALICE.login, True, "left")
+
+        response, _ = await (browser.authorize() if page == "authorize" else browser.get(ISSUER + "/account"))
+        assert response.code in (200, 302, 303)
+        assert await h.store.get_session(session.session_hash, h.now()) is None
+        await until(rp, lambda: len(outcomes(audit)) == 1, "the delivery for the session found disabled")
+        [token] = rp.tokens()
+        claims = json.loads(JWT(jwt=token, key=JWKSet.from_json(h.keystore.jwks_bytes()), expected_type="JWS",
+                                algs=["RS256"], check_claims={"sid": session.sid}).claims)
+        assert (claims["aud"], claims["sub"]) == ("first", ALICE.sub)
+        assert [e["reason"] for e in audit if e["event"] == "session.ended"] == ["user banned, disabled or removed"]
+    finally:
+        await h.close()
+
+
 @pytest_twisted.ensureDeferred
 async def test_an_operator_ban_logs_the_user_out_at_the_relying_parties(tmp_path, audit):
     """docs/design.md, Bans: the ban ends the user's sessions and their clients hear of it by back-channel."""

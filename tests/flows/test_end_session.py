@@ -12,7 +12,7 @@ import base64
 import json
 import re
 from contextlib import asynccontextmanager
-from urllib.parse import quote_from_bytes
+from urllib.parse import quote_from_bytes, urlencode
 
 import pytest
 import pytest_twisted
@@ -201,6 +201,39 @@ async def test_post_form(tmp_path, monkeypatch):
         assert response.code == 302
         assert response.headers.getRawHeaders(b"location") == [b"http://127.0.0.1:9000/?state=xyz"]
         assert not await session_alive(h, cookie)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_form_posted_without_the_session_cookie_is_made_again_as_a_get(tmp_path, monkeypatch, audit):
+    """
+    A client's sign-out form posted from its own site reaches us without
+    the SameSite=Lax session cookie: the session cannot be known, so the
+    checked request is sent back as a GET (303), a top-level navigation
+    that carries the cookie, instead of a redirect to the client that would
+    leave the session, and every other client's, signed in here.
+    """
+    async with running(tmp_path, monkeypatch) as h:
+        cookie = await browser_session(h)
+        form = {"id_token_hint": id_token(h), "client_id": "first", "post_logout_redirect_uri": FIRST_LOGOUT_URI,
+                "state": "xyz", "ui_locales": "en", "confirm": "yes", "csrf": "0" * 64}
+        response, _ = await h.post(END_SESSION, data=form)
+        assert response.code == 303
+        assert not response.headers.hasHeader(b"set-cookie")
+        assert response.headers.getRawHeaders(b"cache-control") == [b"no-store"]
+        [location] = response.headers.getRawHeaders(b"location")
+        kept = ("id_token_hint", "client_id", "post_logout_redirect_uri", "state")
+        assert location.decode() == END_SESSION + "?" + urlencode({name: form[name] for name in kept})
+        assert await session_alive(h, cookie) and not [e for e in audit if e["event"] == "session.ended"]
+
+        response, _ = await h.get(location.decode(), cookies={"authsrv_session": cookie})
+        assert response.code == 302
+        assert response.headers.getRawHeaders(b"location") == [b"http://127.0.0.1:9000/?state=xyz"]
+        assert not await session_alive(h, cookie)
+
+        for refused in ({**form, "id_token_hint": id_token(h)[:-4] + "AAAA"},
+                        {**form, "post_logout_redirect_uri": "https://elsewhere.example/"}):
+            response, body = await h.post(END_SESSION, data=refused)
+            assert_refused(response, body, "Sign-out failed")
 
 
 @pytest_twisted.ensureDeferred
@@ -508,11 +541,13 @@ async def test_arbitrary_parameters_never_give_a_server_error(started, data, par
         params["post_logout_redirect_uri"] = data.draw(st.sampled_from([FIRST_LOGOUT_URI, "http://127.0.0.1:9001/"]))
     kwargs = {"params": params} if method == "GET" else {"data": params}
     response, body = await h.request(method, END_SESSION, **kwargs)
-    assert response.code in (200, 302, 400), body
+    assert response.code in ((200, 302, 400) if method == "GET" else (303, 400)), body
     if response.code == 302:
         assert response.headers.getRawHeaders(b"location")[0].decode().startswith(
             (FIRST_LOGOUT_URI, "http://127.0.0.1:9001/")
         )
+    if response.code == 303:
+        assert response.headers.getRawHeaders(b"location")[0].decode().startswith(END_SESSION + "?")
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -822,6 +822,25 @@ class TestRemovalBesideAGrant(OwnStore):
             assert await store.get_grant("g-beside") is None
 
     @pytest_twisted.ensureDeferred
+    async def test_a_removal_as_read_waits_for_a_change_beside_it_and_removes_nothing(self):
+        """An operator's delete under If-Match, beside another instance's change: the change stays."""
+        async with self._with_client() as (store, admin):
+            read = await store.get_client(CLIENT)
+            changing = self._open_transaction("UPDATE clients SET name = 'renamed' WHERE client_id = %s", (CLIENT,))
+            assert await self._after(admin, changing, store.remove_client(CLIENT, read)) is False
+            assert (await store.get_client(CLIENT)).name == "renamed"
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_removal_as_read_waits_for_a_grant_started_beside_it_and_removes_it(self):
+        grant = make_grant("g-beside")
+        async with self._with_client() as (store, admin):
+            read = await store.get_client(CLIENT)
+            insert = postgres_store.client_grant(postgres_store._T, postgres_store.POSTGRES, "g_")
+            starting = self._open_transaction(insert, postgres_store._T.grants.params(grant, "g_"))
+            assert await self._after(admin, starting, store.remove_client(CLIENT, read)) is True
+            assert await store.get_grant("g-beside") is None and await store.get_client(CLIENT) is None
+
+    @pytest_twisted.ensureDeferred
     async def test_a_grant_started_beside_a_removal_waits_and_stores_nothing(self):
         grant = make_grant("g-late")
         async with self._with_client() as (store, admin):

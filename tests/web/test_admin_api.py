@@ -11,10 +11,12 @@ import json
 
 import pytest
 import pytest_twisted
+from jwcrypto.jwk import JWK
 from treq.testing import StubTreq
 from twisted.internet import reactor
 from twisted.internet.defer import succeed
 from twisted.internet.threads import deferToThreadPool
+from twisted.logger import LogLevel
 
 from authsrv.identity.passwords import hash_password
 from authsrv.operations import AdminOperations
@@ -120,6 +122,32 @@ async def test_unknown_paths_and_methods(harness):
         response, body = await a.call("PUT", "/api/admin/keys", headers=AUTH)
         assert_problem(response, body, 405, "method_not_allowed")
         assert "GET" in response.headers.getRawHeaders("allow")[0]
+    finally:
+        await harness.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_path_that_is_not_utf8_is_refused_in_each_listener_shape(harness, audit):
+    """
+    A %-escape that decodes to no UTF-8 text (/users/%ff) is the caller's
+    mistake: a 400 in the shape of the endpoint it was sent to (the admin
+    API's JSON, the OAuth JSON, a page), never Klein's plain text with a
+    critical log line and a traceback, which anyone could fill the log with.
+    """
+    a = await started(harness)
+    try:
+        response, body = await a.call("GET", "/api/admin/users/%ff", headers=AUTH)
+        assert_problem(response, body, 400, "invalid_request")
+        response, body = await a.call("GET", "/api/admin/clients/a%c3%28b", headers=AUTH)
+        assert_problem(response, body, 400, "invalid_request")
+        response, body = await a.call("GET", "/api/auth/oauth2/%ff", headers={})
+        assert response.code == 400 and body["error"] == "invalid_request", body
+        response = await settle(a.http, a.http.get(BASE + "/api/auth/oauth2/end-session/%ff"))
+        assert response.code == 400
+        assert response.headers.getRawHeaders("content-type") == ["text/html; charset=utf-8"]
+        response, body = await a.call("GET", "/api/admin/users/%c3%a9", headers=AUTH)
+        assert_problem(response, body, 404, "not_found", "user_id")
+        assert not [e for e in audit if e.get("log_level") == LogLevel.critical]
     finally:
         await harness.close()
 
@@ -335,6 +363,47 @@ async def test_clients_are_paged(harness):
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_limit_of_any_length_is_refused_by_name(harness):
+    """A limit too long for int() (over 4300 digits) is a 400 naming it, never a 500."""
+    a = await started(harness)
+    try:
+        for path in ("/api/admin/clients", "/api/admin/bans"):
+            for limit in ("1" * 5000, "0" * 4999 + "7", "101", "1" * 30):
+                response, body = await a.call("GET", f"{path}?limit={limit}", headers=AUTH)
+                assert_problem(response, body, 400, "invalid_request", "limit")
+            response, body = await a.call("GET", f"{path}?limit=007", headers=AUTH)
+            assert response.code == 200, body
+    finally:
+        await harness.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_client_that_signs_with_its_keys_has_no_secret_to_rotate(harness, audit):
+    """
+    A private_key_jwt client has no secret (clientauth.auth_settings_problem):
+    a rotation must not give it one, which no token request could use and
+    which made every later change to it a 400 until it was deleted.
+    """
+    a = await started(harness)
+    try:
+        key = JWK.generate(kty="EC", crv="P-256")
+        response, body = await a.call("POST", "/api/admin/clients", {
+            **NEW_CLIENT, "token_endpoint_auth_method": "private_key_jwt",
+            "jwks": {"keys": [json.loads(key.export_public())]},
+        })
+        assert response.code == 201 and body["client_secret"] is None, body
+        before = await harness.store.get_client("crm")
+        response, body = await a.call("POST", "/api/admin/clients/crm/secret", {"overlap": 0})
+        assert_problem(response, body, 409, "conflict", "client_id")
+        assert await harness.store.get_client("crm") == before
+        assert not audit.of("client.secret_rotated")
+        response, body = await a.call("PATCH", "/api/admin/clients/crm", {"name": "CRM"})
+        assert response.code == 200 and body["name"] == "CRM", body
+    finally:
+        await harness.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_rotate_secret_with_an_overlap(harness, audit):
     a = await started(harness)
     try:
@@ -453,7 +522,7 @@ async def test_users_of_the_writable_backend(harness, audit):
         response, body = await a.call("PUT", "/api/admin/users/carol/password", {"password": ""})
         assert_problem(response, body, 400, "invalid_request", "password")
         response, body = await a.call("POST", "/api/admin/users/carol/disable", {"reason": "left"})
-        assert body == {"sub": sub, "disabled": True}
+        assert body == {"sub": sub, "disabled": True, "sessions_ended": 0}
         assert (await harness.identity.user_by_id(sub)).disabled
         response, body = await a.call("POST", "/api/admin/users/carol/enable", headers=AUTH)
         assert body == {"sub": sub, "disabled": False}
@@ -463,6 +532,142 @@ async def test_users_of_the_writable_backend(harness, audit):
         kinds = ["user.created", "user.password_set", "user.disabled", "user.enabled", "user.deleted"]
         assert [e["event"] for e in audit if e.get("event") in kinds] == kinds
         assert audit.of("user.deleted")[0]["actor"] == ACTOR
+    finally:
+        await harness.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_disabling_a_user_ends_their_sessions_and_tells_their_clients(harness, audit):
+    """
+    A disabled user counts as banned (docs/design.md, Bans): as a ban, the
+    disable ends their browser sessions at once and their clients hear of it
+    by back-channel logout; the other users' sessions stay.
+    """
+    a = await started(harness)
+    try:
+        for cookie, sid, sub in (("b1", "sid-b1", BOB.sub), ("b2", "sid-b2", BOB.sub), ("a1", "sid-a1", ALICE.sub)):
+            await harness.store.create_session(BrowserSession(token_hash(cookie), sid, sub, 0, harness.now(),
+                                                              harness.now() + 3600))
+        response, body = await a.call("POST", f"/api/admin/users/{BOB.sub}/disable", {"reason": "left"})
+        assert response.code == 200, body
+        assert body == {"sub": BOB.sub, "disabled": True, "sessions_ended": 2}
+        assert sorted(s.sid for s in a.ended) == ["sid-b1", "sid-b2"]
+        assert await harness.store.list_user_sessions(BOB.sub, harness.now()) == []
+        assert [s.sid for s in await harness.store.list_user_sessions(ALICE.sub, harness.now())] == ["sid-a1"]
+        assert sorted(e["session_id"] for e in audit.of("session.ended")) == ["sid-b1", "sid-b2"]
+        assert audit.of("user.disabled")[0]["actor"] == ACTOR
+
+        response, body = await a.call("POST", f"/api/admin/users/{BOB.sub}/enable", headers=AUTH)
+        assert body == {"sub": BOB.sub, "disabled": False}
+    finally:
+        await harness.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_new_user_is_one_the_api_can_name_in_its_path(harness):
+    """
+    The admin API names a user by sub or login in its path, where a '/' or
+    a '.' or '..' segment never reaches the route: a user made with one
+    could be neither shown, banned, disabled nor deleted here, so it is
+    refused by name, as such client ids are. What it accepts, its Location
+    finds.
+    """
+    a = await started(harness)
+    try:
+        for fields, field in (({"login": "ops/carol"}, "login"), ({"login": ".."}, "login"),
+                              ({"login": "."}, "login"), ({"login": "carol", "sub": "tenant/carol"}, "sub"),
+                              ({"login": "carol", "sub": ".."}, "sub")):
+            response, body = await a.call("POST", "/api/admin/users", {**fields, "password": "correct horse"})
+            assert_problem(response, body, 400, "invalid_request", field)
+        assert await harness.identity.user_by_login("carol") is None
+
+        response, body = await a.call("POST", "/api/admin/users",
+                                      {"login": "carol.o'neil+ops", "sub": "tenant:carol?x#y%2F", "password": "correct horse"})
+        assert response.code == 201, body
+        [location] = response.headers.getRawHeaders("location")
+        response, body = await a.call("GET", location, headers=AUTH)
+        assert response.code == 200 and body["user"]["login"] == "carol.o'neil+ops", body
+        response, body = await a.call("DELETE", location, headers=AUTH)
+        assert response.code == 204, body
+    finally:
+        await harness.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_new_user_may_not_take_a_name_that_finds_another(harness, audit):
+    """
+    The admin API and command find a user by id or, failing that, login: a
+    new user whose sub is another's login would take that login's place
+    (a ban of "bob" would ban the newcomer), and one whose login is
+    another's sub could not be found by it. Both are refused.
+    """
+    a = await started(harness)
+    try:
+        for fields, field in (({"login": "carol", "sub": BOB.login.lower()}, "sub"),
+                              ({"login": "carol", "sub": BOB.login.upper()}, "sub"),
+                              ({"login": BOB.sub}, "login")):
+            response, body = await a.call("POST", "/api/admin/users", {**fields, "password": "correct horse"})
+            assert_problem(response, body, 409, "conflict", field)
+        assert await harness.identity.user_by_login("carol") is None and not audit.of("user.created")
+        response, body = await a.call("GET", f"/api/admin/users/{BOB.login.lower()}", headers=AUTH)
+        assert body["user"]["sub"] == BOB.sub
+    finally:
+        await harness.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_field_a_user_change_does_not_know_is_refused_by_name(harness, audit):
+    """
+    As a ban refuses a field it does not know, so do disable, enable and a
+    new password: a disable sent with an "until" must not disable for good
+    in silence, nor a password with "temporary" set a lasting one.
+    """
+    a = await started(harness)
+    try:
+        for method, path, body, field in (
+            ("POST", "disable", {"reason": "on leave", "until": "2099-01-01T00:00:00Z"}, "until"),
+            ("POST", "enable", {"reason": "back"}, "reason"),
+            ("PUT", "password", {"password": "battery staple", "temporary": True}, "temporary"),
+        ):
+            response, answer = await a.call(method, f"/api/admin/users/{BOB.sub}/{path}", body)
+            assert_problem(response, answer, 400, "invalid_request", field)
+        user = await harness.identity.user_by_id(BOB.sub)
+        assert not user.disabled
+        assert not audit.of("user.disabled") and not audit.of("user.enabled") and not audit.of("user.password_set")
+    finally:
+        await harness.close()
+
+
+@pytest.mark.parametrize(("method", "path", "body", "write"), [
+    ("DELETE", "", None, "remove_user"),
+    ("PUT", "/password", {"password": "battery staple"}, "set_password_hash"),
+    ("POST", "/disable", {"reason": "left"}, "set_disabled"),
+    ("POST", "/enable", None, "set_disabled"),
+])
+@pytest_twisted.ensureDeferred
+async def test_a_user_removed_while_a_change_is_made_is_not_found(harness, monkeypatch, method, path, body, write):
+    """
+    Two operators at once: the user is removed (by the other delete) between
+    this request's lookup and its write. The write finds no user: a 404,
+    never a 500.
+    """
+    a = await started(harness)
+    try:
+        response, created = await a.call("POST", "/api/admin/users", {"login": "carol", "password": "correct horse"})
+        assert response.code == 201, created
+        written = getattr(harness.identity, write)
+
+        async def after_the_other_delete(login, *args):
+            monkeypatch.setattr(harness.identity, write, written)
+            response, _ = await a.call("DELETE", "/api/admin/users/carol", headers=AUTH)
+            assert response.code == 204
+            return await written(login, *args)
+
+        monkeypatch.setattr(harness.identity, write, after_the_other_delete)
+        response, answer = await a.call(method, f"/api/admin/users/carol{path}", body,
+                                        headers=JSON if body is not None else AUTH)
+        assert_problem(response, answer, 404, "not_found", "user_id")
+        assert await harness.identity.user_by_login("carol") is None
     finally:
         await harness.close()
 

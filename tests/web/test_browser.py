@@ -19,6 +19,7 @@ from pathlib import Path
 from urllib.parse import urlencode
 
 import pytest
+import requests
 from argon2 import PasswordHasher, profiles
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
@@ -44,7 +45,17 @@ LONG_NAME = "The " + "Extraordinarily" * 8 + " Application"
 
 
 class _Callback(BaseHTTPRequestHandler):
-    """The client's redirect URI: answers anything with a small page."""
+    """
+    The client's redirect URI: answers anything with a small page; keeps
+    the body of every POST (back-channel logout) in C{posted}.
+    """
+
+    posted: list[tuple[str, bytes]] = []
+
+    def do_POST(self):
+        self.posted.append((self.path, self.rfile.read(int(self.headers["content-length"] or 0))))
+        self.send_response(200)
+        self.end_headers()
 
     def do_GET(self):
         self.send_response(200)
@@ -74,7 +85,8 @@ def server(run_server, tmp_path, callback):
              sub="c0ffee00-0000-4000-8000-000000000001", name="Carol")
     clients = [
         {"client_id": "web", "name": "First Web", "first_party": True,
-         "redirect_uris": [callback + "/first"]},
+         "redirect_uris": [callback + "/first"], "end_session_enabled": True,
+         "post_logout_redirect_uris": [callback + "/signed-out"], "backchannel_logout_uri": callback + "/backchannel"},
         {"client_id": "partner", "name": "Partner Site", "redirect_uris": [callback + "/partner"]},
         {"client_id": "long", "name": LONG_NAME, "redirect_uris": [callback + "/long"]},
     ]
@@ -214,6 +226,76 @@ def test_a_double_click_on_sign_in_signs_in_once(server, driver, callback):
                           " b.click(); setTimeout(function () { b.click(); }, 100);")
     WebDriverWait(driver, WAIT).until(lambda d: d.title != "Sign in")
     assert driver.title == "Allow Partner Site?", driver.find_element(By.TAG_NAME, "main").text
+
+
+class _SignOutPage(BaseHTTPRequestHandler):
+    """The client's own page with a sign-out button: a form it posts to the end-session endpoint."""
+
+    form = ""
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("content-type", "text/html")
+        self.end_headers()
+        self.wfile.write(f"<!DOCTYPE html><title>client</title>{self.form}".encode())
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def client_site():
+    """
+    The client's site on another host name (localhost, where the service is
+    127.0.0.1): another site to the browser, whose SameSite=Lax cookies of
+    the service stay away from a form it posts there.
+    """
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _SignOutPage)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://localhost:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_sign_out_form_posted_from_the_client_site_ends_the_session(server, driver, callback, client_site):
+    """
+    OIDC RP-Initiated Logout 1.0 section 2: the endpoint takes POST as well
+    as GET. Posted from the client's site, the request reaches the service
+    without the session cookie (SameSite=Lax); the session still ends at the
+    service, so the clients it signed in to hear by back-channel logout, and
+    the user is back at the client with its state.
+    """
+    issuer = server.base + "/api/auth"
+    verifier, challenge = pkce_pair()
+    driver.get(f"{issuer}/oauth2/authorize?" + urlencode({
+        "response_type": "code", "client_id": "web", "redirect_uri": callback + "/first", "scope": "openid",
+        "state": "st-5", "code_challenge": challenge, "code_challenge_method": "S256",
+    }))
+    sign_in(driver, "carol", PASSWORD)
+    code = landed(driver, callback + "/first")["code"]
+    tokens = requests.post(issuer + "/oauth2/token", timeout=WAIT, data={
+        "grant_type": "authorization_code", "code": code, "redirect_uri": callback + "/first", "client_id": "web",
+        "code_verifier": verifier,
+    }).json()
+
+    _SignOutPage.form = (
+        f'<form method="post" action="{issuer}/oauth2/end-session">'
+        f'<input type="hidden" name="id_token_hint" value="{tokens["id_token"]}">'
+        f'<input type="hidden" name="post_logout_redirect_uri" value="{callback}/signed-out">'
+        '<input type="hidden" name="state" value="st-6"><button id="sign-out">Sign out</button></form>'
+    )
+    _Callback.posted.clear()
+    driver.get(client_site + "/")
+    driver.find_element(By.ID, "sign-out").click()
+    assert landed(driver, callback + "/signed-out") == {"state": "st-6"}
+    WebDriverWait(driver, WAIT).until(lambda d: _Callback.posted, "no back-channel logout: the session lives on")
+    [(path, body)] = _Callback.posted
+    assert path == "/backchannel" and body.startswith(b"logout_token=")
+
+    driver.get(authorize_url(server, "web", callback + "/first", "st-7"))
+    WebDriverWait(driver, WAIT).until(lambda d: d.title == "Sign in" or d.current_url.startswith(callback))
+    assert driver.title == "Sign in", f"still signed in: {driver.current_url}"
 
 
 @pytest.mark.parametrize(("ci", "outcome"), [("true", pytest.fail.Exception), (None, pytest.skip.Exception)])

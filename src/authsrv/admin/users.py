@@ -58,8 +58,8 @@ async def user_passwd(reactor, args, console: Console):
 
 async def user_disable(reactor, args, console: Console):
     async def disable(users):
-        await users.set_disabled(args.login, True, reason=args.reason, actor=ACTOR)
-        console.out(f"disabled {args.login}")
+        _, ended = await users.set_disabled(args.login, True, reason=args.reason, actor=ACTOR)
+        console.out(f"disabled {args.login}; {ended} browser sessions ended")
 
     await _with_users(reactor, args, disable)
 

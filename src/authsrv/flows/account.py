@@ -95,7 +95,7 @@ class AccountFactors:
         """The browser's live session or None; a page saying so when the service has no second factors."""
         if not self._factors.policy.enabled:
             raise PageError(404, "Not available", "This service does not use second factors.")
-        return await live_session(self._store, self._identity, cookie, now)
+        return await self._interaction.live_session(cookie, now)
 
     async def _session(self, cookie: str | None, now: int) -> tuple[str, BrowserSession]:
         """The signed-in browser's cookie and session, or a page saying what is missing."""
@@ -257,7 +257,7 @@ class AccountPage:
         self._linking = linking
 
     async def _signed_in(self, cookie: str | None, now: int) -> tuple[str, BrowserSession]:
-        session = await live_session(self._store, self._identity, cookie, now)
+        session = await live_session(self._store, self._identity, cookie, now, self._sessions)
         if cookie is None or session is None:
             raise not_signed_in()
         return cookie, session
@@ -285,7 +285,7 @@ class AccountPage:
     async def page(self, browser: Browser, address: str, now: int) -> AccountView | Redirect:
         """The page for a signed-in browser; any other is sent to sign in and comes back here."""
         cookie = browser.session
-        session = await live_session(self._store, self._identity, cookie, now)
+        session = await live_session(self._store, self._identity, cookie, now, self._sessions)
         if cookie is None or session is None:
             return await self._interaction.sign_in_again(self._page, None, browser, address, now)
         return await self._view(cookie, session, now)
@@ -417,7 +417,7 @@ class AccountPage:
         login filled in), or that a browser without a session starts with
         an empty form; back to the account page either way.
         """
-        session = await live_session(self._store, self._identity, browser.session, now)
+        session = await live_session(self._store, self._identity, browser.session, now, self._sessions)
         return await self._interaction.sign_in_again(self._page, session.sub if session else None, browser,
                                                      address, now)
 

@@ -25,7 +25,6 @@ from authsrv.flows.clients import authenticate_client
 from authsrv.flows.csrf import session_form_token, session_form_token_valid
 from authsrv.flows.interaction import too_many_attempts
 from authsrv.flows.outcomes import Browser, DeviceCodeForm, DeviceConsent, Notice, Redirect
-from authsrv.flows.sessions import live_session
 from authsrv.protocol.device import (
     DEVICE_CODE_GRANT,
     device_resource,
@@ -158,7 +157,7 @@ class DeviceVerification:
         """
         if not user_code:
             return DeviceCodeForm()
-        signed_in = await live_session(self._store, self._identity, browser.session, now)
+        signed_in = await self._interaction.live_session(browser.session, now)
         found = await self._live_code(user_code, address, now, None if signed_in is None else signed_in.sub)
         if isinstance(found, DeviceCodeForm):
             return found
@@ -182,7 +181,7 @@ class DeviceVerification:
         key = user_code_key(form.get("user_code", ""))
         if key is None or form.get("action") not in ("approve", "deny"):
             raise PageError(400, "Device not connected", FORM_EXPIRED)
-        session = await live_session(self._store, self._identity, browser.session, now)
+        session = await self._interaction.live_session(browser.session, now)
         if session is None:
             raise PageError(400, "Signed out", SIGNED_OUT)
         if not session_form_token_valid(browser.session, _form_purpose(token_hash(key)), form.get("csrf")):

@@ -8,7 +8,9 @@ ID token of ours could be replayed by another site (logout CSRF), so for
 any other session the user is asked first, with a form bound to the
 session. The clients the session signed in to hear of its end by
 back-channel without the user waiting, and the browser goes back to the
-client or sees a notice.
+client or sees a notice. A form the client posts from its own site comes
+without the session cookie (SameSite=Lax): it is sent back as a GET, which
+carries it, rather than redirected to the client with the session alive.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from authsrv.flows.outcomes import Browser, CookieChanges, LogoutConfirmation, N
 from authsrv.protocol.errors import InvalidRequest
 from authsrv.protocol.logout import hint_audience, hint_claims, post_logout_location, refused
 from authsrv.protocol.params import single_params
-from authsrv.protocol.urls import origin
+from authsrv.protocol.urls import origin, with_query
 from authsrv.records import BrowserSession, Client
 from authsrv.tokens import token_hash
 
@@ -26,6 +28,8 @@ SIGNED_OUT = CookieChanges(end_session=True)
 
 
 CONFIRM_PURPOSE = b"authsrv end-session"
+KEPT = ("id_token_hint", "client_id", "post_logout_redirect_uri", "state")
+"""The request's parameters that a confirmation, or the request made again as a GET, carries on."""
 
 
 def _names(claims: dict, session: BrowserSession) -> bool:
@@ -40,21 +44,25 @@ class EndSessionFlow:
         self._store = store
         self._keystore = keystore
         self._issuer = issuer
+        self._endpoint = f"{issuer}/oauth2/end-session"
         self._sessions = sessions
 
     async def end(self, args: dict[bytes, list[bytes]], browser: Browser, now: int,
                   posted: bool) -> Redirect | Notice | LogoutConfirmation:
         params = self._params(args)
         client, location, claims = await self._check(params)
+        if posted and not browser.session:
+            # A form posted from the client's site: SameSite=Lax kept the session cookie away, so the
+            # session is unknown here. The same request as a GET, a top-level navigation, carries it.
+            return Redirect(with_query(self._endpoint, {name: params[name] for name in KEPT if name in params}), 303)
         session = await self._store.get_session(token_hash(browser.session), now) if browser.session else None
         confirmed = posted and params.get("confirm") == "yes" and session_form_token_valid(
             browser.session, CONFIRM_PURPOSE, params.get("csrf")
         )
         if session is not None and not confirmed and not _names(claims, session):
-            kept = ("id_token_hint", "client_id", "post_logout_redirect_uri", "state")
             return LogoutConfirmation(
                 client_name=client.name or client.client_id,
-                fields=tuple((name, params[name]) for name in kept if name in params),
+                fields=tuple((name, params[name]) for name in KEPT if name in params),
                 csrf=session_form_token(browser.session or "", CONFIRM_PURPOSE),
                 client_origin=None if location is None else origin(location),
             )

@@ -198,7 +198,7 @@ class InteractionFlow:
         try:
             request = parse_request(client, args, push_required=push_required)
             assert client is not None, "parse_request refuses an unknown client"
-            session = await live_session(self._store, self._identity, browser.session, now)
+            session = await self.live_session(browser.session, now)
             request = await self._with_hint(args, request, session)
             if session is None or login_needed(request, session, now):
                 return await self._to_login(client, request, browser, now, address, by_reference)
@@ -504,6 +504,13 @@ class InteractionFlow:
         await self._remember_consent(session.sub, client.client_id, request.scope, now)
         return Redirect(location, 303)
 
+    async def live_session(self, cookie: str | None, now: int) -> BrowserSession | None:
+        """
+        The browser's live session (L{authsrv.flows.sessions.live_session}); one
+        of a user no longer allowed ends, and its clients hear by back-channel logout.
+        """
+        return await live_session(self._store, self._identity, cookie, now, self._sessions)
+
     async def device_session(self, client: Client, return_to: str, browser: Browser, session: BrowserSession | None,
                              address: str, now: int) -> BrowserSession | Redirect:
         """
@@ -659,7 +666,7 @@ class InteractionFlow:
         interaction, client = await self._interaction(form, stage, now)
         if interaction.sid is None:
             return interaction, client, None
-        session = await live_session(self._store, self._identity, browser.session, now)
+        session = await self.live_session(browser.session, now)
         if session is None or session.sid != interaction.sid:
             raise PageError(400, "Signed out", SIGNED_OUT)
         return interaction, client, session
@@ -705,7 +712,7 @@ class InteractionFlow:
     async def _consent_stage(self, form: dict[str, str], browser: Browser, now: int):
         """The consent-stage interaction, its client and the session it waits on."""
         interaction, client = await self._interaction(form, CONSENT_STAGE, now)
-        session = await live_session(self._store, self._identity, browser.session, now)
+        session = await self.live_session(browser.session, now)
         if session is None or session.sid != interaction.sid:
             raise PageError(400, "Signed out", SIGNED_OUT)
         return interaction, client, session

@@ -67,10 +67,14 @@ async def end_browser_session(store, cookie_value: str | None, reason: str) -> B
     return session
 
 
-async def live_session(store, identity, cookie_value: str | None, now: int) -> BrowserSession | None:
+async def live_session(store, identity, cookie_value: str | None, now: int,
+                       sessions: SessionEnder | None = None) -> BrowserSession | None:
     """
     The unexpired session a cookie names, if its user may still use the
-    service; a banned, disabled or vanished user's session is ended here.
+    service; a banned, disabled or vanished user's session is ended here,
+    by C{sessions} (a L{SessionEnder}) when given, so that its clients hear
+    of it by back-channel logout as of a ban: a user disabled in the
+    identity backend is seen to be only when next looked at.
     """
     if not cookie_value:
         return None
@@ -78,7 +82,11 @@ async def live_session(store, identity, cookie_value: str | None, now: int) -> B
     if session is None:
         return None
     if not (await standing(identity, store, session.sub, now)).allowed:
-        await end_browser_session(store, cookie_value, "user banned, disabled or removed")
+        reason = "user banned, disabled or removed"
+        if sessions is None:
+            await end_browser_session(store, cookie_value, reason)
+        else:
+            await sessions.end(cookie_value, reason)
         return None
     if session.last_seen is None or now - session.last_seen >= LAST_SEEN_STEP:
         await store.touch_session(session.session_hash, now)

@@ -232,9 +232,16 @@ class ClientOperations:
         return changed
 
     async def delete(self, client_id: str, *, actor: str, if_match: str | None = None) -> None:
+        """
+        Remove the client; with C{if_match}, only while the store still holds
+        it as read and matched, so a change landing in between is a
+        L{PreconditionFailed}, not removed with it.
+        """
         client = await self._operator_client(client_id, "remove")
         _check_match(client, if_match)
-        if not await self._store.remove_client(client_id):
+        if not await self._store.remove_client(client_id, None if if_match is None else client):
+            if if_match is not None and await self._store.get_client(client_id) is not None:
+                raise PreconditionFailed("the client changed since it was read: GET it again and retry")
             raise NotFound(f"no client {client_id!r}", "client_id")
         events.client_deleted(client_id=client_id, source="operator", actor=actor)
 
@@ -257,6 +264,9 @@ class ClientOperations:
         def rotate(client: Client) -> Client:
             if client.is_public:
                 raise Conflict(f"client {client_id!r} is public: it has no secret", "client_id")
+            if client.token_endpoint_auth_method == PRIVATE_KEY_JWT:
+                raise Conflict(f"client {client_id!r} authenticates with its keys (private_key_jwt): it has no"
+                               " secret; change its jwks or jwks_uri instead", "client_id")
             rotated = attrs.evolve(
                 client, secret_hash=client_secret_hash(secret, key),
                 previous_secret_hash=client.secret_hash if until else None, previous_secret_until=until,

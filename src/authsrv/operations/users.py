@@ -73,6 +73,17 @@ def parse_until(value: Any, now: int, field: str = "until") -> int | None:
     return until
 
 
+def path_segment_problem(value: str) -> str | None:
+    """
+    Why C{value} cannot name a new user (as sub or login), or None: the
+    admin API names a user in its path, where a '/' or a '.' or '..'
+    segment never reaches the route, so such a user could not be managed there.
+    """
+    if "/" in value or value in (".", ".."):
+        return "must not hold '/' nor be '.' or '..': the admin API names a user in its path"
+    return None
+
+
 def _reason(value: Any, field: str = "reason") -> str:
     if not isinstance(value, str) or not value.strip() or len(value) > REASON_MAX:
         raise InvalidInput(f"{field} must be a non-empty string of at most {REASON_MAX} characters", field)
@@ -243,6 +254,9 @@ class UserOperations:
         for field in ("sub", "name", "picture", "chat_user_id", "email"):
             if data.get(field) is not None and (not isinstance(data[field], str) or not data[field]):
                 raise InvalidInput(f"{field} must be a non-empty string or null", field)
+        for field in ("login", "sub"):
+            if data.get(field) is not None and (problem := path_segment_problem(data[field])):
+                raise InvalidInput(f"{field} {problem}", field)
         if data.get("email") and "@" not in data["email"]:
             raise InvalidInput(f"email {data['email']!r} is not an email address", "email")
         if data.get("picture") and (problem := picture_problem(data["picture"])):
@@ -252,6 +266,7 @@ class UserOperations:
             raise InvalidInput("email_verified must be true or false", "email_verified")
         self._policy(password, login, data.get("email"))
         writer = self._writer()
+        await self._names_free(login, data.get("sub"))
         await self._chat_account_free(data.get("chat_user_id"))
         user = User(
             sub=data.get("sub") or str(uuid.uuid4()), login=login, name=data.get("name"), email=data.get("email"),
@@ -263,6 +278,19 @@ class UserOperations:
             raise (Conflict if "taken" in str(e) else InvalidInput)(str(e)) from None
         events.user_created(sub=added.sub, login=added.login, actor=actor)
         return added
+
+    async def _names_free(self, login: str, sub: str | None) -> None:
+        """
+        L{Conflict} when a new user's C{sub} is another user's login, or its
+        C{login} another's sub: L{find} looks a user up by id first, then by
+        login, so the newcomer would take the other's place, or never be found.
+        """
+        if sub is not None and (other := await self._identity.user_by_login(sub)) is not None:
+            raise Conflict(f"sub {sub!r} is the login of user {other.sub}: a lookup by id or login could not tell"
+                           " them apart", "sub")
+        if (other := await self._identity.user_by_id(login)) is not None:
+            raise Conflict(f"login {login!r} is the sub of user {other.login!r}: a lookup by id or login could not"
+                           " tell them apart", "login")
 
     async def _chat_account_free(self, chat_user_id: str | None) -> None:
         """
@@ -276,30 +304,52 @@ class UserOperations:
             raise Conflict(f"chat account {chat_user_id} is already linked to user {holder}; unlink it there first",
                            "chat_user_id")
 
+    async def _write(self, writer, user: User, user_id: str, write: Callable[[], Awaitable[Any]]) -> None:
+        """
+        C{write()}, a writable backend's change to C{user}, which fails with
+        L{ValueError} for an unknown login: L{NotFound} when the user was
+        removed since it was looked up (another operator's delete beside this).
+        """
+        try:
+            await write()
+        except ValueError:
+            if await writer.user_by_login(user.login) is None:
+                raise NotFound(f"no user {user_id!r}: removed meanwhile", "user_id") from None
+            raise
+
     async def set_password(self, user_id: str, password: Any, *, actor: str) -> User:
         password = check_password(password)
         writer, user = await self._written_user(user_id)
         self._policy(password, user.login, user.email)
-        await writer.set_password_hash(user.login, await self._hash(password))
+        hashed = await self._hash(password)
+        await self._write(writer, user, user_id, lambda: writer.set_password_hash(user.login, hashed))
         events.user_password_set(sub=user.sub, actor=actor)
         return user
 
-    async def set_disabled(self, user_id: str, disabled: bool, *, reason: Any = None, actor: str) -> User:
-        """Disable (C{reason} is reported as the ban reason) or enable a user of the writable backend."""
+    async def set_disabled(self, user_id: str, disabled: bool, *, reason: Any = None,
+                           actor: str) -> tuple[User, int]:
+        """
+        Disable (C{reason} is reported as the ban reason) or enable a user of
+        the writable backend; (the user, how many browser sessions ended). A
+        disabled user counts as banned (docs/design.md, Bans), so disabling
+        ends their sessions at once and tells their clients by back-channel
+        logout, as a ban does.
+        """
         if disabled:
             reason = _reason(reason)
         writer, user = await self._written_user(user_id)
-        await writer.set_disabled(user.login, disabled, reason if disabled else None)
-        if disabled:
-            events.user_disabled(sub=user.sub, reason=reason, actor=actor)
-        else:
+        await self._write(writer, user, user_id,
+                          lambda: writer.set_disabled(user.login, disabled, reason if disabled else None))
+        if not disabled:
             events.user_enabled(sub=user.sub, actor=actor)
-        return user
+            return user, 0
+        events.user_disabled(sub=user.sub, reason=reason, actor=actor)
+        return user, await moderation.end_sessions(self._store, user.sub, self._notify)
 
     async def delete(self, user_id: str, *, actor: str) -> User:
         """Remove the user from the writable backend; their grants are revoked and sessions ended first."""
         writer, user = await self._written_user(user_id)
         await moderation.revoke_user(self._store, user.sub, now=self._now(), actor=actor, notify=self._notify)
-        await writer.remove_user(user.login)
+        await self._write(writer, user, user_id, lambda: writer.remove_user(user.login))
         events.user_deleted(sub=user.sub, login=user.login, actor=actor)
         return user

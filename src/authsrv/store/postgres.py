@@ -399,7 +399,9 @@ class PostgresStore:
         return self._one("count_clients", None, "SELECT count(*) AS clients FROM clients WHERE source = %(source)s",
                          {"source": source}).addCallback(lambda row: row["clients"] if row else 0)
 
-    def remove_client(self, client_id):
+    def remove_client(self, client_id, expected=None):
+        if expected is not None:
+            return self._run("remove_client", _remove_client_if, client_id, expected)
         # Statements of one query, so one transaction, each with its own snapshot: once the client's row is
         # locked, a grant stored beside the removal has been committed (the next statement sees and deletes
         # it) or waits, and then finds no client and stores nothing.
@@ -1020,6 +1022,22 @@ async def _rotate_refresh(db, old_hash, new_refresh, new_access, replay, grace_u
     if old["revoked_at"] is None and old["expires_at"] > now and old["consumed_at"] is not None:
         return Replayed(bytes(old["replay"]))
     return RefreshNotFound()
+
+
+async def _remove_client_if(db, client_id, expected):
+    """
+    L{PostgresStore.remove_client} of a client still as C{expected}: one
+    transaction holding its row lock, as L{_change_client}, so a change beside
+    it lands first (and then nothing is removed) or waits and finds it gone.
+    """
+    await rowcount(db, "BEGIN")
+    row = await first(db, "SELECT * FROM clients WHERE client_id = %(id)s FOR UPDATE", {"id": client_id})
+    unchanged = row is not None and _T.clients.load(row) == expected
+    if unchanged:
+        for table in ("grants", "consents", "clients"):
+            await rowcount(db, f"DELETE FROM {table} WHERE client_id = %(id)s", {"id": client_id})
+    await rowcount(db, "COMMIT")
+    return unchanged
 
 
 async def _change_client(db, before, after):

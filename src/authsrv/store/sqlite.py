@@ -322,8 +322,8 @@ class SQLiteStore:
         sql = "SELECT count(*) FROM clients WHERE source = ?"
         return self._call("count_clients", False, lambda db: db.execute(sql, (source,)).fetchone()[0])
 
-    def remove_client(self, client_id):
-        return self._call("remove_client", True, _remove_client, client_id)
+    def remove_client(self, client_id, expected=None):
+        return self._call("remove_client", True, _remove_client, client_id, expected)
 
     # IBrowserSessionStore
 
@@ -791,8 +791,12 @@ def _change_client(db, before, after):
     return True
 
 
-def _remove_client(db, client_id):
-    """Codes and tokens go with the grants (ON DELETE CASCADE)."""
+def _remove_client(db, client_id, expected=None):
+    """Codes and tokens go with the grants (ON DELETE CASCADE); in the writer's transaction, as L{_change_client}."""
+    if expected is not None and _T.clients.load(
+        db.execute("SELECT * FROM clients WHERE client_id = ?", (client_id,)).fetchone()
+    ) != expected:
+        return False
     db.execute("DELETE FROM grants WHERE client_id = ?", (client_id,))
     db.execute("DELETE FROM consents WHERE client_id = ?", (client_id,))
     return db.execute("DELETE FROM clients WHERE client_id = ?", (client_id,)).rowcount > 0

@@ -166,8 +166,10 @@ class MemoryStore:
         return sum(client.source == source for client in self.tables.clients.values())
 
     @_answered
-    def remove_client(self, client_id):
+    def remove_client(self, client_id, expected=None):
         tables = self.tables
+        if expected is not None and tables.clients.get(client_id) != expected:
+            return False
         grants = {key for key, grant in tables.grants.items() if grant.client_id == client_id}
         for table, marks in ((tables.codes, tables.code_used_at), (tables.access, tables.access_revoked_at),
                              (tables.refresh, {})):

@@ -487,6 +487,22 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             assert await store.get_client(CLIENT) is None
 
     @pytest_twisted.ensureDeferred
+    async def test_a_client_is_removed_as_expected_only_while_it_is_stored_so(self):
+        read = Client(CLIENT, h("one"), ["https://app.example/cb"], name="app")
+        rotated = attrs.evolve(read, secret_hash=h("two"))
+        async with self.store(clients=()) as store:
+            await store.add_client(read)
+            await start_grant(store, "g-1", "sub-1", CLIENT)
+            await store.put_client(rotated)
+            assert await store.remove_client(CLIENT, read) is False
+            assert await store.get_client(CLIENT) == rotated
+            assert [g.grant_id for g in await store.list_user_grants("sub-1", 0)] == ["g-1"]
+            assert await store.remove_client(CLIENT, rotated) is True
+            assert await store.get_client(CLIENT) is None
+            assert await store.list_user_grants("sub-1", 0) == []
+            assert await store.remove_client(CLIENT, rotated) is False
+
+    @pytest_twisted.ensureDeferred
     async def test_list_and_remove_clients(self):
         clients = [Client(name, None, [f"https://{name}.example/cb"]) for name in ("c", "a", "b")]
         async with self.store(clients=()) as store:

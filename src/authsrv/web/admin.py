@@ -40,6 +40,8 @@ from authsrv.web.routes import RoutedKlein
 
 PREFIX = "/api/admin"
 MAX_BODY = 64 * 1024
+LIMIT_DIGITS = 9
+"""The most digits a C{limit} may have; a longer one is out of range whatever it says."""
 STATUS = {"invalid_request": 400, "not_found": 404, "conflict": 409, "precondition_failed": 412}
 
 
@@ -93,6 +95,14 @@ def _body(request, *, required: bool) -> dict:
     return body
 
 
+def _known(body: dict, fields: tuple[str, ...], what: str) -> dict:
+    """C{body}, whose every field is one of C{fields}; else the first other one is refused by name."""
+    unknown = set(body) - set(fields)
+    if unknown:
+        raise InvalidInput(f"{min(unknown)} is not a field of {what}", min(unknown))
+    return body
+
+
 def _query(request, name: str) -> str | None:
     values = request.args.get(name.encode())
     return values[0].decode("utf-8", "replace") if values else None
@@ -102,7 +112,8 @@ def _limit(request) -> int | None:
     text = _query(request, "limit")
     if text is None:
         return None
-    if not (text.isascii() and text.isdigit()):  # "²" is a digit to isdigit, and no number to int
+    # "²" is a digit to isdigit, and no number to int; int() refuses over 4300 digits with a ValueError.
+    if not (text.isascii() and text.isdigit()) or len(text) > LIMIT_DIGITS:
         raise InvalidInput("limit must be a whole number from 1 to 100", "limit")
     return int(text)
 
@@ -197,10 +208,7 @@ class AdminAPI:
     @app.route(PREFIX + "/clients/<client_id>/secret", methods=["POST"])
     @_endpoint
     async def rotate_client_secret(self, request, client_id):
-        body = _body(request, required=False)
-        unknown = set(body) - {"overlap"}
-        if unknown:
-            raise InvalidInput(f"{min(unknown)} is not a field of a secret rotation", min(unknown))
+        body = _known(_body(request, required=False), ("overlap",), "a secret rotation")
         overlap = body.get("overlap", DEFAULT_OVERLAP)
         if isinstance(overlap, str):
             try:
@@ -237,31 +245,28 @@ class AdminAPI:
     @app.route(PREFIX + "/users/<user_id>/password", methods=["PUT"])
     @_endpoint
     async def set_password(self, request, user_id):
-        body = _body(request, required=True)
+        body = _known(_body(request, required=True), ("password",), "a new password")
         await self._ops.users.set_password(user_id, body.get("password"), actor=self._actor)
         return 204, None
 
     @app.route(PREFIX + "/users/<user_id>/disable", methods=["POST"])
     @_endpoint
     async def disable_user(self, request, user_id):
-        body = _body(request, required=True)
-        user = await self._ops.users.set_disabled(user_id, True, reason=body.get("reason"), actor=self._actor)
-        return 200, {"sub": user.sub, "disabled": True}
+        body = _known(_body(request, required=True), ("reason",), "a disable")
+        user, ended = await self._ops.users.set_disabled(user_id, True, reason=body.get("reason"), actor=self._actor)
+        return 200, {"sub": user.sub, "disabled": True, "sessions_ended": ended}
 
     @app.route(PREFIX + "/users/<user_id>/enable", methods=["POST"])
     @_endpoint
     async def enable_user(self, request, user_id):
-        _body(request, required=False)
-        user = await self._ops.users.set_disabled(user_id, False, actor=self._actor)
+        _known(_body(request, required=False), (), "an enable")
+        user, _ = await self._ops.users.set_disabled(user_id, False, actor=self._actor)
         return 200, {"sub": user.sub, "disabled": False}
 
     @app.route(PREFIX + "/users/<user_id>/ban", methods=["PUT"])
     @_endpoint
     async def ban_user(self, request, user_id):
-        body = _body(request, required=True)
-        unknown = set(body) - {"reason", "until"}
-        if unknown:
-            raise InvalidInput(f"{min(unknown)} is not a field of a ban", min(unknown))
+        body = _known(_body(request, required=True), ("reason", "until"), "a ban")
         banned = await self._ops.users.ban(user_id, reason=body.get("reason"), until=body.get("until"),
                                            actor=self._actor)
         return 200, {"sub": banned.sub, "until": banned.until, "sessions_ended": banned.sessions_ended}
@@ -324,10 +329,7 @@ class AdminAPI:
     @app.route(PREFIX + "/keys/rotate", methods=["POST"])
     @_endpoint
     async def rotate_keys(self, request):
-        body = _body(request, required=False)
-        unknown = set(body) - {"force"}
-        if unknown:
-            raise InvalidInput(f"{min(unknown)} is not a field of a key rotation", min(unknown))
+        body = _known(_body(request, required=False), ("force",), "a key rotation")
         force = body.get("force", False)
         if not isinstance(force, bool):
             raise InvalidInput("force must be true or false", "force")

@@ -17,6 +17,20 @@ INTERNAL_PREFIX = (PREFIX + "/").encode()
 ADMIN_PREFIX = (ADMIN_PATH + "/").encode()
 TOO_LARGE = Refused(413, "the request body is too large", close=True)
 """413 for a body over the limit (L{authsrv.web.request.BoundedRequest})."""
+NOT_TEXT = Refused(400, "the path is not UTF-8 text once its %-escapes are decoded")
+"""
+400 for a path Klein could not route: it answers one in plain text and logs
+a critical failure with a traceback, which any caller could fill the log with.
+"""
+
+
+def _text_path(segments: list[bytes]) -> bool:
+    """Whether a request's path segments (%-decoded, as twisted.web splits them) are UTF-8, as Klein needs."""
+    try:
+        b"/".join(segments).decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _leaves(resource: Resource | None) -> dict[bytes, Resource]:
@@ -59,6 +73,8 @@ class Root(Resource):
         if exact is not None:
             return exact
         request.postpath.insert(0, request.prepath.pop())
+        if not _text_path(request.postpath):
+            return NOT_TEXT
         if self._internal is not None and request.path.startswith(INTERNAL_PREFIX):
             return self._internal
         if self._admin is not None and request.path.startswith(ADMIN_PREFIX):
