@@ -541,6 +541,15 @@ class IDeviceAuthorizationStore(Interface):
         expired, reused or unknown one (or another client's) changes nothing.
         """
 
+    def restore_device_authorization(device_code_hash):
+        """
+        Make a redeemed request approved again, because its tokens could not
+        be issued (the user's standing unknown while a backend is down, a
+        resource not granted): the device's next poll redeems it instead of
+        being refused as a reuse, which would revoke the grant. Fires True
+        when it was redeemed and is approved again.
+        """
+
 
 class IImportStore(Interface):
     def import_batch(batch):

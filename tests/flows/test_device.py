@@ -11,8 +11,10 @@ from __future__ import annotations
 import sqlite3
 
 import pytest_twisted
+from twisted.internet.defer import fail
 
 from authsrv.flows.csrf import session_form_token
+from authsrv.identity.errors import BackendUnavailable
 from authsrv.testing.identity import ALICE, BOB, PASSWORDS
 from authsrv.tokens import token_hash
 from device_helpers import (
@@ -135,6 +137,35 @@ async def test_polling_pending_slow_down_then_tokens_once(tmp_path, monkeypatch)
         assert error_of(replay) == "invalid_grant" and "already used" in replay[1]["error_description"]
         assert not (await introspect(h, rotated["access_token"]))["active"]
         assert error_of(await refresh(h, rotated["refresh_token"], client_id="tv")) == "invalid_grant"
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_poll_that_could_not_be_answered_leaves_the_device_code_usable(tmp_path, monkeypatch):
+    """
+    An approved device's poll that fails before its tokens are issued (the
+    directory down, a resource the user did not grant) uses nothing up: the
+    next poll gets the tokens, not "already used" with the grant revoked.
+    """
+    h = await harness(tmp_path, monkeypatch).start()
+    try:
+        codes = await start(h)
+        await approve(h, Browser(h), codes)
+        h.clock.advance(15)
+        with monkeypatch.context() as outage:
+            outage.setattr(h.identity, "user_by_id", lambda sub: fail(BackendUnavailable("directory down")))
+            response, body = await poll(h, codes["device_code"])
+        assert (response.code, body["error"]) == (503, "temporarily_unavailable"), body
+        h.clock.advance(5)
+        response, body = await post_form(h, TOKEN, {"grant_type": DEVICE_GRANT, "device_code": codes["device_code"],
+                                                    "client_id": "tv", "resource": "https://elsewhere.example"}, None)
+        assert (response.code, body["error"]) == (400, "invalid_target"), body
+        h.clock.advance(5)
+        response, body = await poll(h, codes["device_code"])
+        assert response.code == 200, body
+        assert (await introspect(h, body["access_token"]))["active"]
+        assert error_of(await poll(h, codes["device_code"])) == "invalid_grant"
     finally:
         await h.close()
 

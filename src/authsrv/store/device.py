@@ -81,11 +81,14 @@ class Statements:
     """Approve or deny a pending, unexpired request of a stored client; returns its device code hash."""
     write: str
     """Write back what L{poll} changed."""
+    restore: str
+    """Make a redeemed request approved again (C{hash}, C{redeemed}, C{approved})."""
 
 
 def statements(dialect: Dialect, lock: str = "") -> Statements:
     marks = {name: dialect.mark.format(name) for name in (
         "user_code_hash", "now", "hash", "status", "sub", "grant_id", "pending", "poll_interval", "polled_at",
+        "redeemed", "approved",
     )}
     return Statements(
         find="SELECT * FROM device_authorizations WHERE user_code_hash = {user_code_hash} AND expires_at > {now}"
@@ -100,4 +103,13 @@ def statements(dialect: Dialect, lock: str = "") -> Statements:
             "UPDATE device_authorizations SET status = {status}, poll_interval = {poll_interval},"
             " polled_at = {polled_at} WHERE device_code_hash = {hash}"
         ).format(**marks),
+        restore=(
+            "UPDATE device_authorizations SET status = {approved} WHERE device_code_hash = {hash}"
+            " AND status = {redeemed}"
+        ).format(**marks),
     )
+
+
+def restoring(device_code_hash: str) -> dict:
+    """The parameters of L{Statements.restore}."""
+    return {"hash": device_code_hash, "redeemed": DEVICE_REDEEMED, "approved": DEVICE_APPROVED}

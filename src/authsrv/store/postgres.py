@@ -542,6 +542,11 @@ class PostgresStore:
             {**params, **_T.grants.params(grant, "g_")},
         )
 
+    def restore_device_authorization(self, device_code_hash):
+        if _unstorable({"hash": device_code_hash}):
+            return succeed(False)
+        return self._changed("restore_device_authorization", _DEVICE.restore, device.restoring(device_code_hash))
+
     def poll_device_authorization(self, device_code_hash, client_id, slow_down, now):
         if _unstorable({"hash": device_code_hash, "client_id": client_id}):
             return succeed(device.poll(None, client_id, slow_down, now)[0])

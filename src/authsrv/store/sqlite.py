@@ -450,6 +450,9 @@ class SQLiteStore:
     def decide_device_authorization(self, user_code_hash, sub, grant, now):
         return self._call("decide_device_authorization", True, _decide_device, user_code_hash, sub, grant, now)
 
+    def restore_device_authorization(self, device_code_hash):
+        return self._changed("restore_device_authorization", _DEVICE.restore, device.restoring(device_code_hash))
+
     def poll_device_authorization(self, device_code_hash, client_id, slow_down, now):
         return self._call("poll_device_authorization", True, _poll_device, device_code_hash, client_id,
                           slow_down, now)

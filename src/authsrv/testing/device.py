@@ -118,6 +118,25 @@ class DeviceStoreConformance:
                 assert reused == DevicePoll(POLL_REUSED, redeemed.device)
 
     @pytest_twisted.ensureDeferred
+    async def test_device_redemption_restored_is_redeemed_again(self):
+        """A redemption whose tokens could not be issued is undone: the next poll redeems, not a reuse."""
+        async with self.store() as store:
+            tv = device("a")
+            await store.save_device_authorization(tv)
+            assert await store.restore_device_authorization(tv.device_code_hash) is False
+            await store.decide_device_authorization(tv.user_code_hash, ALICE, device_grant("g-a"), NOW + 10)
+            assert await store.restore_device_authorization(tv.device_code_hash) is False
+            first = await store.poll_device_authorization(tv.device_code_hash, TV, SLOW_DOWN, NOW + 12)
+            assert first.outcome == POLL_REDEEMED
+            assert await store.restore_device_authorization(tv.device_code_hash) is True
+            assert await store.restore_device_authorization(tv.device_code_hash) is False
+            assert await store.restore_device_authorization("unknown\x00") is False
+            again = await store.poll_device_authorization(tv.device_code_hash, TV, SLOW_DOWN, NOW + 20)
+            assert again == DevicePoll(POLL_REDEEMED, attrs.evolve(first.device, polled_at=NOW + 20))
+            reused = await store.poll_device_authorization(tv.device_code_hash, TV, SLOW_DOWN, NOW + 25)
+            assert reused.outcome == POLL_REUSED
+
+    @pytest_twisted.ensureDeferred
     async def test_device_of_a_removed_client_is_not_approved(self):
         async with self.store() as store:
             tv = device("a")

@@ -23,7 +23,9 @@ from zope.interface import implementer
 
 from authsrv.interfaces import SERVER_KEY_BYTES, IStore
 from authsrv.records import (
+    DEVICE_APPROVED,
     DEVICE_PENDING,
+    DEVICE_REDEEMED,
     LOGIN_STAGE,
     NOT_READ,
     RECOVERY_FACTOR,
@@ -341,6 +343,14 @@ class MemoryStore:
         self.tables.devices[device.device_code_hash] = attrs.evolve(
             device, status=params["status"], sub=sub, grant_id=params["grant_id"],
         )
+        return True
+
+    @_answered
+    def restore_device_authorization(self, device_code_hash):
+        device = self.tables.devices.get(device_code_hash)
+        if device is None or device.status != DEVICE_REDEEMED:
+            return False
+        self.tables.devices[device_code_hash] = attrs.evolve(device, status=DEVICE_APPROVED)
         return True
 
     @_answered

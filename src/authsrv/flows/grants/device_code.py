@@ -10,6 +10,8 @@ the first one issued, as a replayed authorization code does
 
 from __future__ import annotations
 
+from contextlib import suppress
+
 from authsrv import events
 from authsrv.flows.grants.users import audience, granted_scope
 from authsrv.flows.issue import issued_event, signed_beside
@@ -31,6 +33,7 @@ from authsrv.records import (
     POLL_SLOW_DOWN,
     Client,
 )
+from authsrv.store.errors import StoreUnavailable
 from authsrv.tokens import token_hash
 
 UNKNOWN = "the device code is unknown or was issued to another client"
@@ -66,12 +69,25 @@ class DeviceCodeGrant:
             raise InvalidGrant("the device code was already used; the tokens issued for it are revoked")
         if polled.outcome != POLL_REDEEMED:
             raise InvalidGrant(UNKNOWN)
+        try:
+            minted = await self._mint(device, client, params, now, jkt)
+        except BaseException:
+            # Nothing was issued: the next poll may redeem, rather than count as a reuse that revokes the grant.
+            with suppress(StoreUnavailable):  # the store being what failed: that poll is then a reuse
+                await store.restore_device_authorization(device.device_code_hash)
+            raise
+        issued, _ = await signed_beside(minted, store.issue_tokens(minted.issued.access, minted.issued.refresh))
+        issued_event(issued, client.client_id, self.grant_type)
+        return issued.response
+
+    async def _mint(self, device, client: Client, params: dict[str, str], now: int, jkt: str | None):
+        """The redeemed device's tokens, not yet stored nor signed."""
         user = await self._users.allowed(device.grant_id, device.sub, client.client_id, now)
-        grant = await store.get_grant(device.grant_id)
+        grant = await self._store.get_grant(device.grant_id)
         if grant is None or grant.revoked_at is not None:
             raise InvalidGrant("the device's grant was revoked")
         offline = "offline_access" in device.scope and "refresh_token" in client.grant_types
-        minted = self._minter.mint(
+        return self._minter.mint(
             grant, client, user,
             scope=granted_scope(device.scope, offline),
             audience=audience(params, device.resource),
@@ -79,6 +95,3 @@ class DeviceCodeGrant:
             refresh_scope=device.scope if offline else None,
             now=now, jkt=jkt, refresh_jkt=jkt if client.is_public else None,
         )
-        issued, _ = await signed_beside(minted, store.issue_tokens(minted.issued.access, minted.issued.refresh))
-        issued_event(issued, client.client_id, self.grant_type)
-        return issued.response
