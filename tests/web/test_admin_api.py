@@ -184,6 +184,8 @@ async def test_create_get_update_delete_a_client(harness, audit):
         assert_problem(response, body, 412, "precondition_failed")
         response, body = await a.call("PATCH", "/api/admin/clients/crm", {"name": "last write"})
         assert response.code == 200 and body["name"] == "last write"
+        response, body = await a.call("PATCH", "/api/admin/clients/crm", {})
+        assert response.code == 200 and body["name"] == "last write", "an empty merge patch changes nothing"
 
         response, body = await a.call("DELETE", "/api/admin/clients/crm", headers=AUTH)
         assert response.code == 204 and body is None

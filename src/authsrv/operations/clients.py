@@ -217,6 +217,8 @@ class ClientOperations:
         self._check_signing(settings)
         client = await self._operator_client(client_id, "change")
         _check_match(client, if_match)
+        if not settings:  # an empty merge patch (RFC 7396): nothing to write, nothing to audit
+            return client
         if "backchannel_logout_uri" in settings:
             await self._check_backchannel(settings["backchannel_logout_uri"])
 
