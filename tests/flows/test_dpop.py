@@ -121,6 +121,7 @@ async def test_token_endpoint_refuses_bad_proofs(tmp_path, monkeypatch):
         now = h.now()
         private = key.export_private(as_dict=True)
         hmac_key = jwk.JWK.generate(kty="oct", size=256)
+        weak_rsa = jwk.JWK.generate(kty="RSA", size=1024)
         unsigned = b64({"typ": "dpop+jwt", "alg": "none", "jwk": key.export_public(as_dict=True)}) + "." + b64(
             {"jti": "j", "htm": "POST", "htu": TOKEN_URL, "iat": now}) + "."
         used = proof(key, "POST", TOKEN_URL, now)
@@ -137,6 +138,7 @@ async def test_token_endpoint_refuses_bad_proofs(tmp_path, monkeypatch):
             "HS256": (proof(hmac_key, "POST", TOKEN_URL, now, alg="HS256",
                             public=hmac_key.export(as_dict=True)), "signed with one of"),
             "typ JWT": (proof(key, "POST", TOKEN_URL, now, typ="JWT"), "typ"),
+            "1024-bit RSA key": (proof(weak_rsa, "POST", TOKEN_URL, now, alg="RS256"), "at least 2048 bits"),
             "signed by another key": (proof(ec_key(), "POST", TOKEN_URL, now,
                                             public=key.export_public(as_dict=True)), "signature"),
             "not a JWT": ("not-a-proof", "compact"),

@@ -30,6 +30,7 @@ KEYS = {
     "EdDSA": jwk.JWK.generate(kty="OKP", crv="Ed25519"),
 }
 STRANGER = jwk.JWK.generate(kty="EC", crv="P-256")
+WEAK_RSA = jwk.JWK.generate(kty="RSA", size=1024)
 METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS")
 SETTINGS = settings(max_examples=40, deadline=None)
 
@@ -224,6 +225,15 @@ def test_a_private_or_symmetric_jwk_is_refused(r, alg):
     refused(r, made(r, alg, header={"jwk": KEYS[alg].export_private(as_dict=True)}), "public key")
     secret = jwk.JWK.generate(kty="oct", size=256).export(as_dict=True)
     refused(r, made(r, alg, header={"jwk": secret}), "public key")
+
+
+@SETTINGS
+@given(requests(), st.sampled_from(["RS256", "PS256"]))
+def test_an_rsa_key_under_2048_bits_is_refused(r, alg):
+    """A key that can be factored binds nothing: a 1024-bit (even a 512-bit) RSA key once bound tokens."""
+    claims = {"jti": "j", "htm": r["method"], "htu": url_of(r), "iat": r["now"]}
+    header = {"typ": "dpop+jwt", "alg": alg, "jwk": WEAK_RSA.export_public(as_dict=True)}
+    refused(r, signed(header, claims, WEAK_RSA), "at least 2048 bits")
 
 
 @SETTINGS

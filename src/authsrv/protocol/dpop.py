@@ -28,6 +28,13 @@ PROOF_TYPE = "dpop+jwt"
 ALGORITHMS = ("ES256", "ES384", "ES512", "PS256", "PS384", "PS512", "RS256", "EdDSA")
 """Asymmetric only: a proof signed with a shared secret proves nothing about a client's key."""
 MAX_PROOF_BYTES = 8192
+MIN_RSA_BITS = 2048
+"""
+The smallest RSA modulus a proof's key may have, as for the server's own
+keys (RFC 7518 section 3.3, NIST SP 800-131A): a token bound to a key that
+can be factored is no longer bound to anything, and a public client's
+refresh token stays bound to it for weeks.
+"""
 MAX_JTI_CHARS = 256
 _COMPACT = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
 _THUMBPRINT = re.compile(r"[A-Za-z0-9_-]{43}")
@@ -139,7 +146,16 @@ def _header_and_key(compact: str) -> tuple[JWS, dict, JWK]:
         raise InvalidDpopProof("the jwk of the DPoP proof is not a valid key") from None
     if key.has_private:
         raise InvalidDpopProof("the jwk of a DPoP proof must be a public key, never a private or symmetric one")
+    if jwk["kty"] == "RSA" and _rsa_bits(key) < MIN_RSA_BITS:
+        raise InvalidDpopProof(f"the RSA key of a DPoP proof must have at least {MIN_RSA_BITS} bits")
     return jws, header, key
+
+
+def _rsa_bits(key: JWK) -> int:
+    try:
+        return key.get_op_key("verify").key_size
+    except (JWException, ValueError, TypeError, KeyError):
+        raise InvalidDpopProof("the jwk of the DPoP proof is not a valid key") from None
 
 
 def check_proof(
