@@ -15,7 +15,7 @@ def ec_key() -> jwk.JWK:
     return jwk.JWK.generate(kty="EC", crv="P-256")
 
 
-def proof(key: jwk.JWK, method: str, url: str, iat: int, *, access_token: str | None = None,
+def proof(key: jwk.JWK, method: str, url: str, iat: float, *, access_token: str | None = None,
           nonce: str | None = None, alg: str = "ES256", typ: str = "dpop+jwt", public: dict | None = None,
           jti: str | None = None) -> str:
     """A proof signed by C{key}; C{public} replaces the jwk its header carries."""

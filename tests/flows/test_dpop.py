@@ -161,6 +161,25 @@ async def test_token_endpoint_refuses_bad_proofs(tmp_path, monkeypatch):
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_proof_whose_iat_has_a_fraction_binds_the_token(tmp_path, monkeypatch):
+    """A client that writes time.time() as iat (RFC 7519 NumericDate allows a fraction) gets its tokens."""
+    h = await Harness(tmp_path, monkeypatch, DPOP_ON).start()
+    try:
+        key = ec_key()
+        code, verifier = await save_code(h)
+        response, body = await exchange(h, code, verifier, headers={"DPoP": proof(key, "POST", TOKEN_URL,
+                                                                                  h.now() - 0.75)})
+        assert (response.code, body.get("token_type")) == (200, "DPoP"), body
+        token = body["access_token"]
+        response, claims = await h.json("GET", USERINFO, headers={
+            "Authorization": f"DPoP {token}", "DPoP": proof(key, "GET", USERINFO_URL, h.now() + 0.5,
+                                                            access_token=token)})
+        assert (response.code, claims["sub"]) == (200, ALICE.sub), claims
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_public_clients_refresh_tokens_are_bound_to_the_key(tmp_path, monkeypatch):
     h = await Harness(tmp_path, monkeypatch, DPOP_ON).start()
     try:

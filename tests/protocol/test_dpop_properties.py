@@ -149,8 +149,36 @@ def test_iat_outside_the_window_is_refused(r, offset):
 
 
 @SETTINGS
-@given(requests(), st.one_of(st.floats(allow_nan=False, allow_infinity=False), st.text(), st.booleans(), st.none()))
-def test_iat_that_is_no_whole_number_is_refused(r, iat):
+@given(requests(), st.floats(-POLICY.max_age, POLICY.leeway))
+def test_a_fractional_iat_inside_the_window_is_accepted(r, offset):
+    """RFC 7519's NumericDate may have a fraction (a client's time.time()); node-oidc-provider and Keycloak take it."""
+    accepted = check(r, made(r, "ES256", claims={"iat": r["now"] + offset}))
+    assert accepted.expires_at > r["now"] + offset + POLICY.max_age
+
+
+@SETTINGS
+@given(requests(), st.one_of(
+    st.floats(POLICY.max_age + 0.001, 1e7).map(lambda n: -n),
+    st.floats(POLICY.leeway + 0.001, 1e7)))
+def test_a_fractional_iat_outside_the_window_is_refused(r, offset):
+    refused(r, made(r, "ES256", claims={"iat": r["now"] + offset}), "iat")
+
+
+@SETTINGS
+@given(requests(), st.sampled_from(["1e400", "-1e400", "1" + "0" * 400]))
+def test_an_iat_too_large_for_a_float_is_refused(r, literal):
+    """JSON's 1e400 reads as an infinite float: refused by the window, never an overflow."""
+    claims = json.dumps({"jti": "j", "htm": r["method"], "htu": url_of(r), "iat": 0})
+    text = claims.replace('"iat": 0', f'"iat": {literal}')
+    token = jws.JWS(text.encode())
+    token.add_signature(KEYS["ES256"], "ES256", protected=json.dumps(
+        {"typ": "dpop+jwt", "alg": "ES256", "jwk": KEYS["ES256"].export_public(as_dict=True)}))
+    refused(r, token.serialize(compact=True), "iat")
+
+
+@SETTINGS
+@given(requests(), st.one_of(st.text(), st.booleans(), st.none(), st.lists(st.integers(), max_size=2)))
+def test_iat_that_is_no_number_is_refused(r, iat):
     refused(r, made(r, "ES256", claims={"iat": iat}), "iat")
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import math
 import re
 from urllib.parse import urlsplit, urlunsplit
 
@@ -196,9 +197,9 @@ def check_proof(
     if not matches:
         raise InvalidDpopProof(f"the DPoP proof's htu must be {url}, the URL of this endpoint")
     iat = claims.get("iat")
-    if isinstance(iat, bool) or not isinstance(iat, int):
-        raise InvalidDpopProof("a DPoP proof needs iat, a whole number of seconds")
-    if iat < now - policy.max_age or iat > now + policy.leeway:
+    if isinstance(iat, bool) or not isinstance(iat, (int, float)):
+        raise InvalidDpopProof("a DPoP proof needs iat, a number of seconds since 1970 (RFC 7519 NumericDate)")
+    if not now - policy.max_age <= iat <= now + policy.leeway:
         raise InvalidDpopProof("the DPoP proof's iat is too far from the server's time; make a new proof")
     if access_token is not None:
         ath = claims.get("ath")
@@ -213,4 +214,4 @@ def check_proof(
             )
     jkt = key.thumbprint()
     replay_key = hashlib.sha256(f"{jkt}\0{jti}".encode()).hexdigest()
-    return Proof(jkt=jkt, replay_key=replay_key, expires_at=iat + policy.max_age + 1)
+    return Proof(jkt=jkt, replay_key=replay_key, expires_at=math.ceil(iat) + policy.max_age + 1)
