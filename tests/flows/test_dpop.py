@@ -95,6 +95,8 @@ async def test_bound_tokens_at_userinfo_and_introspection(tmp_path, monkeypatch)
                 key, "GET", USERINFO_URL, h.now(), access_token=token + "x")}, "invalid_dpop_proof"),
             "no ath": ({"Authorization": f"DPoP {token}", "DPoP": proof(
                 key, "GET", USERINFO_URL, h.now())}, "invalid_dpop_proof"),
+            "ath not ASCII": ({"Authorization": f"DPoP {token}", "DPoP": proof(
+                key, "GET", USERINFO_URL, h.now(), extra={"ath": "\u00e9"})}, "invalid_dpop_proof"),
         }
         for name, (headers, error) in attacks.items():
             response, answer = await h.json("GET", USERINFO, headers=headers)
@@ -248,9 +250,10 @@ async def test_server_nonce(tmp_path, monkeypatch):
         assert (response.code, body["error"]) == (400, "use_dpop_nonce"), body
         nonce = header(response, "dpop-nonce")[0]
         assert nonce == nonce_for(await h.store.server_key(NONCE_KEY), h.now(), 300)
-        response, body = await exchange(h, code, verifier, headers={
-            "DPoP": proof(key, "POST", TOKEN_URL, h.now(), nonce="forged")})
-        assert body["error"] == "use_dpop_nonce"
+        for forged in ("forged", "\u00e9t\u00e9"):
+            response, body = await exchange(h, code, verifier, headers={
+                "DPoP": proof(key, "POST", TOKEN_URL, h.now(), nonce=forged)})
+            assert (response.code, body["error"]) == (400, "use_dpop_nonce"), body
         response, body = await exchange(h, code, verifier, headers={
             "DPoP": proof(key, "POST", TOKEN_URL, h.now(), nonce=nonce)})
         assert response.code == 200, body

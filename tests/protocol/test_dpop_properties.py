@@ -210,6 +210,29 @@ def test_ath_of_another_token_or_none_is_refused(r, alg, token, how):
 
 
 @SETTINGS
+@given(requests(), st.text(max_size=30), st.one_of(st.text(min_size=1, max_size=50), st.integers(), st.none()))
+@example(r={"scheme": "https", "host": "as.example", "port": None, "path": "/userinfo", "method": "GET",
+            "now": 1_700_000_000}, token="t", ath="\u00e9")
+def test_any_other_ath_is_refused_even_one_that_is_no_ascii(r, token, ath):
+    """An ath (or nonce) of non-ASCII text made hmac.compare_digest raise TypeError: a 500 once."""
+    if ath == access_token_hash(token):
+        ath = None
+    refused(r, made(r, "ES256", claims={"ath": ath}), "ath", access_token=token)
+
+
+@SETTINGS
+@given(requests(), st.integers(60, 3600), st.one_of(st.text(min_size=1, max_size=50), st.integers(), st.none()))
+@example(r={"scheme": "https", "host": "as.example", "port": None, "path": "/token", "method": "POST",
+            "now": 1_700_000_000}, window=300, nonce="\u00e9t\u00e9")
+def test_any_other_nonce_asks_for_the_current_one(r, window, nonce):
+    policy = DpopPolicy(use_nonce=True, nonce_lifetime=window)
+    secret = b"s" * 32
+    with pytest.raises(UseDpopNonce) as caught:
+        check(r, made(r, "ES256", claims={"nonce": nonce}), policy=policy, secret=secret)
+    assert caught.value.nonce == nonce_for(secret, r["now"], window)
+
+
+@SETTINGS
 @given(requests(), algs, st.data())
 def test_any_change_to_the_signature_or_the_signed_bytes_is_refused(r, alg, data):
     header, payload, signature = made(r, alg).split(".")

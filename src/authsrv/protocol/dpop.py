@@ -119,10 +119,16 @@ def nonce_for(secret: bytes, now: int, window: int, back: int = 0) -> str:
     return _b64(hmac.new(secret, f"dpop-nonce:{index}".encode(), hashlib.sha256).digest()[:24])
 
 
+def _same(sent: str, expected: str) -> bool:
+    """
+    Constant-time equality of a claim and the value it must have; as bytes,
+    since C{hmac.compare_digest} raises TypeError for text that is not ASCII.
+    """
+    return hmac.compare_digest(sent.encode(), expected.encode())
+
+
 def _nonce_ok(value, secret: bytes, now: int, window: int) -> bool:
-    return isinstance(value, str) and any(
-        hmac.compare_digest(value, nonce_for(secret, now, window, back)) for back in (0, 1)
-    )
+    return isinstance(value, str) and any(_same(value, nonce_for(secret, now, window, back)) for back in (0, 1))
 
 
 def _header_and_key(compact: str) -> tuple[JWS, dict, JWK]:
@@ -203,7 +209,7 @@ def check_proof(
         raise InvalidDpopProof("the DPoP proof's iat is too far from the server's time; make a new proof")
     if access_token is not None:
         ath = claims.get("ath")
-        if not isinstance(ath, str) or not hmac.compare_digest(ath, access_token_hash(access_token)):
+        if not isinstance(ath, str) or not _same(ath, access_token_hash(access_token)):
             raise InvalidDpopProof("the DPoP proof's ath must be the hash of the access token sent with it")
     if policy.use_nonce:
         assert nonce_secret is not None
