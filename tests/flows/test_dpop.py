@@ -202,6 +202,33 @@ async def test_public_clients_refresh_tokens_are_bound_to_the_key(tmp_path, monk
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_public_clients_bearer_refresh_token_is_bound_once_it_refreshes_with_a_proof(tmp_path, monkeypatch):
+    """
+    RFC 9449 section 5: a refresh token issued to a public client that
+    presents a valid proof MUST be bound to its key. A chain begun without
+    DPoP (an app updated since, say) stayed a bearer chain however the
+    client refreshed, so a stolen successor worked without the key.
+    """
+    h = await Harness(tmp_path, monkeypatch, DPOP_ON).start()
+    try:
+        key = ec_key()
+        code, verifier = await save_code(h, "spa")
+        response, body = await exchange(h, code, verifier, "spa")
+        assert (response.code, body["token_type"]) == (200, "Bearer"), body
+        response, body = await refresh(h, body["refresh_token"], "spa",
+                                       headers={"DPoP": proof(key, "POST", TOKEN_URL, h.now())})
+        assert (response.code, body["token_type"]) == (200, "DPoP"), body
+        for headers in ({}, {"DPoP": proof(ec_key(), "POST", TOKEN_URL, h.now())}):
+            response, answer = await refresh(h, body["refresh_token"], "spa", headers=headers)
+            assert (response.code, answer["error"]) == (400, "invalid_grant"), answer
+        response, answer = await refresh(h, body["refresh_token"], "spa",
+                                         headers={"DPoP": proof(key, "POST", TOKEN_URL, h.now())})
+        assert (response.code, answer["token_type"]) == (200, "DPoP"), answer
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_dpop_jkt_binds_the_code_and_jwt_access_tokens_carry_cnf(tmp_path, monkeypatch):
     h = await Harness(tmp_path, monkeypatch, DPOP_ON).start()
     try:
