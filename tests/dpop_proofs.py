@@ -15,11 +15,11 @@ def ec_key() -> jwk.JWK:
     return jwk.JWK.generate(kty="EC", crv="P-256")
 
 
-def proof(key: jwk.JWK, method: str, url: str, iat: int, *, access_token: str | None = None,
+def proof(key: jwk.JWK, method: str, url: str, iat: float, *, access_token: str | None = None,
           nonce: str | None = None, alg: str = "ES256", typ: str = "dpop+jwt", public: dict | None = None,
-          jti: str | None = None) -> str:
-    """A proof signed by C{key}; C{public} replaces the jwk its header carries."""
-    claims = {"jti": jti or new_token(12), "htm": method, "htu": url, "iat": iat}
+          jti: str | None = None, extra: dict | None = None) -> str:
+    """A proof signed by C{key}; C{public} replaces the jwk its header carries, C{extra} adds or replaces claims."""
+    claims = {"jti": jti or new_token(12), "htm": method, "htu": url, "iat": iat, **(extra or {})}
     if access_token is not None:
         claims["ath"] = access_token_hash(access_token)
     if nonce is not None:

@@ -85,6 +85,8 @@ from authsrv.protocol.discovery import (
     registration_metadata,
 )
 from authsrv.protocol.dpop import ALGORITHMS as DPOP_ALGORITHMS
+from authsrv.protocol.pushed import REQUEST_URI_TTL
+from authsrv.protocol.rates import Rate
 from authsrv.records import Client
 from authsrv.remote_documents import RemoteDocuments
 from authsrv.store.errors import StoreUnavailable
@@ -473,6 +475,16 @@ def public_flows(config: Config, reactor, store, keystore, identity, grants: Gra
     )
 
 
+def _public_pushes(config: Config) -> Rate | None:
+    """
+    How many pushed requests of public clients one address may keep waiting
+    for their minute: as many as sign-ins it may keep waiting for the login
+    form ([limits] pending_per_address; 0: no cap).
+    """
+    count = config.limits.pending_per_address
+    return Rate(count, REQUEST_URI_TTL) if count and config.par.enabled else None
+
+
 def web_root(
     config: Config, reactor, store, keystore, identity, readiness, internal=None, chat_link=None, admin=None,
     documents: RemoteDocuments | None = None,
@@ -505,7 +517,8 @@ def web_root(
         ),
         flows=public_flows(config, reactor, store, keystore, identity, grants, clients, chat_link),
         readiness=Readiness(clock=reactor, startup=readiness, store=store, keystore=keystore, identity=identity),
-        rates=ClientRateLimits(clock=reactor, clients=clients, settings=config.rate_limits),
+        rates=ClientRateLimits(clock=reactor, clients=clients, settings=config.rate_limits,
+                               public_pushes=_public_pushes(config)),
         trusted_proxies=config.trusted_proxies,
     )
     return Root(

@@ -14,6 +14,9 @@ import pytest_twisted
 from twisted.internet.defer import fail
 
 from authsrv.flows.csrf import session_form_token
+from authsrv.flows.device import THROTTLE_ACCOUNT
+from authsrv.flows.login import OTHER_COUNTS, throttle_account
+from authsrv.flows.mfa import THROTTLE_PREFIX as MFA_THROTTLE_PREFIX
 from authsrv.identity.errors import BackendUnavailable
 from authsrv.testing.identity import ALICE, BOB, PASSWORDS
 from authsrv.tokens import token_hash
@@ -359,6 +362,41 @@ async def test_user_code_guessing_is_throttled_over_the_whole_code_space(tmp_pat
         assert response.code == 303
     finally:
         await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_failed_logins_named_after_a_users_code_count_never_hold_that_user_back(tmp_path, monkeypatch):
+    """
+    The throttle's accounts are shared with logins, which anyone types: the
+    user name device:user-codes:<sub> once filled that user's own count of
+    codes, so wrong passwords given for it kept a signed-in user from
+    connecting a device (and device:user-codes the whole code space).
+    """
+    h = await harness(tmp_path, monkeypatch, user_code_failures=3).start()
+    try:
+        codes = await start(h)
+        for name in (f"{THROTTLE_ACCOUNT}:{ALICE.sub}", THROTTLE_ACCOUNT.upper()):
+            for _ in range(3):
+                attacker = Browser(h)
+                response, _ = await attacker.authorize("first")
+                response, body = await attacker.submit_login(response, name, "not-the-password")
+                assert response.code == 200 and b"password" in body, body
+        user = Browser(h)
+        await user.sign_in(ALICE, "first")
+        response, body = await user.get(codes["verification_uri_complete"])
+        assert response.code == 200 and b"Allow" in body, body
+        response, body = await Browser(h).get(codes["verification_uri_complete"])
+        assert response.code == 303, "nor does the whole code space fill up for browsers not signed in"
+    finally:
+        await h.close()
+
+
+def test_the_throttles_other_counts_are_kept_apart_from_logins():
+    assert THROTTLE_ACCOUNT.startswith(OTHER_COUNTS) and MFA_THROTTLE_PREFIX.startswith(OTHER_COUNTS)
+    for login in (THROTTLE_ACCOUNT, f"{THROTTLE_ACCOUNT}:{ALICE.sub}", f"{MFA_THROTTLE_PREFIX}{ALICE.sub}",
+                  f" MFA:{ALICE.sub.upper()}".strip(), "Device:User-Codes"):
+        assert not throttle_account(login).startswith(OTHER_COUNTS), login
+    assert throttle_account("Alice") == "alice", "every other login is counted as before"
 
 
 @pytest_twisted.ensureDeferred

@@ -95,6 +95,8 @@ async def test_bound_tokens_at_userinfo_and_introspection(tmp_path, monkeypatch)
                 key, "GET", USERINFO_URL, h.now(), access_token=token + "x")}, "invalid_dpop_proof"),
             "no ath": ({"Authorization": f"DPoP {token}", "DPoP": proof(
                 key, "GET", USERINFO_URL, h.now())}, "invalid_dpop_proof"),
+            "ath not ASCII": ({"Authorization": f"DPoP {token}", "DPoP": proof(
+                key, "GET", USERINFO_URL, h.now(), extra={"ath": "\u00e9"})}, "invalid_dpop_proof"),
         }
         for name, (headers, error) in attacks.items():
             response, answer = await h.json("GET", USERINFO, headers=headers)
@@ -121,6 +123,7 @@ async def test_token_endpoint_refuses_bad_proofs(tmp_path, monkeypatch):
         now = h.now()
         private = key.export_private(as_dict=True)
         hmac_key = jwk.JWK.generate(kty="oct", size=256)
+        weak_rsa = jwk.JWK.generate(kty="RSA", size=1024)
         unsigned = b64({"typ": "dpop+jwt", "alg": "none", "jwk": key.export_public(as_dict=True)}) + "." + b64(
             {"jti": "j", "htm": "POST", "htu": TOKEN_URL, "iat": now}) + "."
         used = proof(key, "POST", TOKEN_URL, now)
@@ -137,6 +140,7 @@ async def test_token_endpoint_refuses_bad_proofs(tmp_path, monkeypatch):
             "HS256": (proof(hmac_key, "POST", TOKEN_URL, now, alg="HS256",
                             public=hmac_key.export(as_dict=True)), "signed with one of"),
             "typ JWT": (proof(key, "POST", TOKEN_URL, now, typ="JWT"), "typ"),
+            "1024-bit RSA key": (proof(weak_rsa, "POST", TOKEN_URL, now, alg="RS256"), "at least 2048 bits"),
             "signed by another key": (proof(ec_key(), "POST", TOKEN_URL, now,
                                             public=key.export_public(as_dict=True)), "signature"),
             "not a JWT": ("not-a-proof", "compact"),
@@ -159,6 +163,25 @@ async def test_token_endpoint_refuses_bad_proofs(tmp_path, monkeypatch):
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_proof_whose_iat_has_a_fraction_binds_the_token(tmp_path, monkeypatch):
+    """A client that writes time.time() as iat (RFC 7519 NumericDate allows a fraction) gets its tokens."""
+    h = await Harness(tmp_path, monkeypatch, DPOP_ON).start()
+    try:
+        key = ec_key()
+        code, verifier = await save_code(h)
+        response, body = await exchange(h, code, verifier, headers={"DPoP": proof(key, "POST", TOKEN_URL,
+                                                                                  h.now() - 0.75)})
+        assert (response.code, body.get("token_type")) == (200, "DPoP"), body
+        token = body["access_token"]
+        response, claims = await h.json("GET", USERINFO, headers={
+            "Authorization": f"DPoP {token}", "DPoP": proof(key, "GET", USERINFO_URL, h.now() + 0.5,
+                                                            access_token=token)})
+        assert (response.code, claims["sub"]) == (200, ALICE.sub), claims
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_public_clients_refresh_tokens_are_bound_to_the_key(tmp_path, monkeypatch):
     h = await Harness(tmp_path, monkeypatch, DPOP_ON).start()
     try:
@@ -174,6 +197,33 @@ async def test_public_clients_refresh_tokens_are_bound_to_the_key(tmp_path, monk
         response, answer = await refresh(h, answer["refresh_token"], "spa",
                                          headers={"DPoP": proof(ec_key(), "POST", TOKEN_URL, h.now())})
         assert (response.code, answer["error"]) == (400, "invalid_grant"), "the successor stays bound"
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_public_clients_bearer_refresh_token_is_bound_once_it_refreshes_with_a_proof(tmp_path, monkeypatch):
+    """
+    RFC 9449 section 5: a refresh token issued to a public client that
+    presents a valid proof MUST be bound to its key. A chain begun without
+    DPoP (an app updated since, say) stayed a bearer chain however the
+    client refreshed, so a stolen successor worked without the key.
+    """
+    h = await Harness(tmp_path, monkeypatch, DPOP_ON).start()
+    try:
+        key = ec_key()
+        code, verifier = await save_code(h, "spa")
+        response, body = await exchange(h, code, verifier, "spa")
+        assert (response.code, body["token_type"]) == (200, "Bearer"), body
+        response, body = await refresh(h, body["refresh_token"], "spa",
+                                       headers={"DPoP": proof(key, "POST", TOKEN_URL, h.now())})
+        assert (response.code, body["token_type"]) == (200, "DPoP"), body
+        for headers in ({}, {"DPoP": proof(ec_key(), "POST", TOKEN_URL, h.now())}):
+            response, answer = await refresh(h, body["refresh_token"], "spa", headers=headers)
+            assert (response.code, answer["error"]) == (400, "invalid_grant"), answer
+        response, answer = await refresh(h, body["refresh_token"], "spa",
+                                         headers={"DPoP": proof(key, "POST", TOKEN_URL, h.now())})
+        assert (response.code, answer["token_type"]) == (200, "DPoP"), answer
     finally:
         await h.close()
 
@@ -227,9 +277,10 @@ async def test_server_nonce(tmp_path, monkeypatch):
         assert (response.code, body["error"]) == (400, "use_dpop_nonce"), body
         nonce = header(response, "dpop-nonce")[0]
         assert nonce == nonce_for(await h.store.server_key(NONCE_KEY), h.now(), 300)
-        response, body = await exchange(h, code, verifier, headers={
-            "DPoP": proof(key, "POST", TOKEN_URL, h.now(), nonce="forged")})
-        assert body["error"] == "use_dpop_nonce"
+        for forged in ("forged", "\u00e9t\u00e9"):
+            response, body = await exchange(h, code, verifier, headers={
+                "DPoP": proof(key, "POST", TOKEN_URL, h.now(), nonce=forged)})
+            assert (response.code, body["error"]) == (400, "use_dpop_nonce"), body
         response, body = await exchange(h, code, verifier, headers={
             "DPoP": proof(key, "POST", TOKEN_URL, h.now(), nonce=nonce)})
         assert response.code == 200, body

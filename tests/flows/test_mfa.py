@@ -528,6 +528,30 @@ async def test_wrong_codes_are_throttled_and_a_correct_password_does_not_clear_t
 
 
 @pytest_twisted.ensureDeferred
+async def test_wrong_passwords_for_a_login_named_after_the_code_count_never_hold_the_user_back(tmp_path, monkeypatch):
+    """
+    The user name mfa:<sub> was counted under the very account of that
+    user's second-factor codes: ten wrong passwords for it, from anyone who
+    knows the sub, kept the user from finishing any sign-in on a new browser.
+    """
+    h = await started(tmp_path, monkeypatch)
+    try:
+        _, secret, _ = await enrolled(h)
+        for _ in range(10):
+            attacker = Browser(h)
+            response, _ = await attacker.authorize("first")
+            await attacker.submit_login(response, "MFA:" + ALICE.sub, "not-the-password")
+            h.clock.advance(40)
+        h.clock.advance(300)
+        victim = Browser(h)
+        response, _ = await password(victim, ALICE)
+        response, body = await give_code(victim, location(response), code_at(secret, h.now()))
+        assert response.code == 303, body
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_an_operator_reset_removes_the_factors_audited(tmp_path, monkeypatch, audit):
     h = await started(tmp_path, monkeypatch)
     try:

@@ -343,3 +343,78 @@ async def test_a_fapi2_client_pushes_and_its_codes_live_a_minute(tmp_path, monke
         assert consumed.code.expires_at == h.now() + 300
     finally:
         await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_single_page_app_may_push_from_the_browser(tmp_path, monkeypatch):
+    """
+    CORS as at the token endpoint: a public client in a browser pushes its
+    request (with a DPoP header, so the browser asks first) and reads the
+    answer, refusals included; where PAR is not offered there is nothing to ask.
+    """
+    h = await started(tmp_path, monkeypatch)
+    try:
+        exposed = ["WWW-Authenticate, DPoP-Nonce, Retry-After"]
+        response, body = await h.request("OPTIONS", PAR, headers={
+            "Origin": "http://127.0.0.1:9002", "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "dpop"})
+        assert response.code == 204, body
+        assert response.headers.getRawHeaders("access-control-allow-origin") == ["*"]
+        assert response.headers.getRawHeaders("access-control-allow-methods") == ["POST, OPTIONS"]
+        assert response.headers.getRawHeaders("access-control-allow-headers") == ["Authorization, Content-Type, DPoP"]
+        fields, _ = request_fields("spa")
+        response, body = await h.json("POST", PAR, data={**fields, "client_id": "spa"},
+                                      headers={"Origin": "http://127.0.0.1:9002"})
+        assert response.code == 201, body
+        assert response.headers.getRawHeaders("access-control-allow-origin") == ["*"]
+        assert response.headers.getRawHeaders("access-control-expose-headers") == exposed
+        response, body = await h.json("POST", PAR, data={**fields, "client_id": "spa", "redirect_uri": "https://x/"},
+                                      headers={"Origin": "http://127.0.0.1:9002"})
+        assert (response.code, body["error"]) == (400, "invalid_request")
+        assert response.headers.getRawHeaders("access-control-allow-origin") == ["*"]
+    finally:
+        await h.close()
+    (tmp_path / "off").mkdir()
+    h = await started(tmp_path / "off", monkeypatch, {})
+    try:
+        response, _ = await h.request("OPTIONS", PAR)
+        assert response.code == 404
+        assert response.headers.getRawHeaders("access-control-allow-origin") is None
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_address_keeps_only_so_many_public_pushes_waiting(tmp_path, monkeypatch):
+    """
+    A pushed request stays in the store for its minute, with whatever the
+    push carried (up to the body cap), and anyone may send a public client's
+    id: an address once kept six thousand of them, hundreds of megabytes, at
+    the default rate. Public pushes now count per address as waiting
+    sign-ins do ([limits] pending_per_address per request_uri lifetime),
+    whichever public client they name; confidential clients, and other
+    addresses, are not held back.
+    """
+    config = {**OFFERED, "limits": {"pending_per_address": 3},
+              "server": {"trusted_proxies": ["127.0.0.1"]}}
+    h = await started(tmp_path, monkeypatch, config)
+    try:
+        here, there = {"X-Forwarded-For": "198.51.100.7"}, {"X-Forwarded-For": "203.0.113.8"}
+        fields, _ = request_fields("spa")
+        for _ in range(3):
+            response, body = await h.json("POST", PAR, data={**fields, "client_id": "spa"}, headers=here)
+            assert response.code == 201, body
+        response, body = await h.json("POST", PAR, data={**fields, "client_id": "spa"}, headers=here)
+        assert (response.code, body["error"]) == (429, "too_many_requests"), body
+        assert response.headers.getRawHeaders(b"retry-after") == [b"20"]
+        response, body = await h.json("POST", PAR, data={**fields, "client_id": "spa"}, headers=there)
+        assert response.code == 201, "another address has its own count"
+        first, _ = request_fields("first")
+        for _ in range(4):
+            response, body = await post_form(h, PAR, first, headers=here)
+            assert response.code == 201, "an authenticated client's pushes count against its own rate only"
+        h.clock.advance(20)
+        response, body = await h.json("POST", PAR, data={**fields, "client_id": "spa"}, headers=here)
+        assert response.code == 201, body
+    finally:
+        await h.close()

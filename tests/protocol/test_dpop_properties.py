@@ -30,6 +30,7 @@ KEYS = {
     "EdDSA": jwk.JWK.generate(kty="OKP", crv="Ed25519"),
 }
 STRANGER = jwk.JWK.generate(kty="EC", crv="P-256")
+WEAK_RSA = jwk.JWK.generate(kty="RSA", size=1024)
 METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS")
 SETTINGS = settings(max_examples=40, deadline=None)
 
@@ -148,8 +149,36 @@ def test_iat_outside_the_window_is_refused(r, offset):
 
 
 @SETTINGS
-@given(requests(), st.one_of(st.floats(allow_nan=False, allow_infinity=False), st.text(), st.booleans(), st.none()))
-def test_iat_that_is_no_whole_number_is_refused(r, iat):
+@given(requests(), st.floats(-POLICY.max_age, POLICY.leeway))
+def test_a_fractional_iat_inside_the_window_is_accepted(r, offset):
+    """RFC 7519's NumericDate may have a fraction (a client's time.time()); node-oidc-provider and Keycloak take it."""
+    accepted = check(r, made(r, "ES256", claims={"iat": r["now"] + offset}))
+    assert accepted.expires_at > r["now"] + offset + POLICY.max_age
+
+
+@SETTINGS
+@given(requests(), st.one_of(
+    st.floats(POLICY.max_age + 0.001, 1e7).map(lambda n: -n),
+    st.floats(POLICY.leeway + 0.001, 1e7)))
+def test_a_fractional_iat_outside_the_window_is_refused(r, offset):
+    refused(r, made(r, "ES256", claims={"iat": r["now"] + offset}), "iat")
+
+
+@SETTINGS
+@given(requests(), st.sampled_from(["1e400", "-1e400", "1" + "0" * 400]))
+def test_an_iat_too_large_for_a_float_is_refused(r, literal):
+    """JSON's 1e400 reads as an infinite float: refused by the window, never an overflow."""
+    claims = json.dumps({"jti": "j", "htm": r["method"], "htu": url_of(r), "iat": 0})
+    text = claims.replace('"iat": 0', f'"iat": {literal}')
+    token = jws.JWS(text.encode())
+    token.add_signature(KEYS["ES256"], "ES256", protected=json.dumps(
+        {"typ": "dpop+jwt", "alg": "ES256", "jwk": KEYS["ES256"].export_public(as_dict=True)}))
+    refused(r, token.serialize(compact=True), "iat")
+
+
+@SETTINGS
+@given(requests(), st.one_of(st.text(), st.booleans(), st.none(), st.lists(st.integers(), max_size=2)))
+def test_iat_that_is_no_number_is_refused(r, iat):
     refused(r, made(r, "ES256", claims={"iat": iat}), "iat")
 
 
@@ -178,6 +207,29 @@ def test_a_claim_that_is_no_unicode_text_is_refused(r, name, surrogate):
 def test_ath_of_another_token_or_none_is_refused(r, alg, token, how):
     claims = {"ath": access_token_hash(token + "x")} if how == "another token" else {}
     refused(r, made(r, alg, claims=claims), "ath", access_token=token)
+
+
+@SETTINGS
+@given(requests(), st.text(max_size=30), st.one_of(st.text(min_size=1, max_size=50), st.integers(), st.none()))
+@example(r={"scheme": "https", "host": "as.example", "port": None, "path": "/userinfo", "method": "GET",
+            "now": 1_700_000_000}, token="t", ath="\u00e9")
+def test_any_other_ath_is_refused_even_one_that_is_no_ascii(r, token, ath):
+    """An ath (or nonce) of non-ASCII text made hmac.compare_digest raise TypeError: a 500 once."""
+    if ath == access_token_hash(token):
+        ath = None
+    refused(r, made(r, "ES256", claims={"ath": ath}), "ath", access_token=token)
+
+
+@SETTINGS
+@given(requests(), st.integers(60, 3600), st.one_of(st.text(min_size=1, max_size=50), st.integers(), st.none()))
+@example(r={"scheme": "https", "host": "as.example", "port": None, "path": "/token", "method": "POST",
+            "now": 1_700_000_000}, window=300, nonce="\u00e9t\u00e9")
+def test_any_other_nonce_asks_for_the_current_one(r, window, nonce):
+    policy = DpopPolicy(use_nonce=True, nonce_lifetime=window)
+    secret = b"s" * 32
+    with pytest.raises(UseDpopNonce) as caught:
+        check(r, made(r, "ES256", claims={"nonce": nonce}), policy=policy, secret=secret)
+    assert caught.value.nonce == nonce_for(secret, r["now"], window)
 
 
 @SETTINGS
@@ -224,6 +276,15 @@ def test_a_private_or_symmetric_jwk_is_refused(r, alg):
     refused(r, made(r, alg, header={"jwk": KEYS[alg].export_private(as_dict=True)}), "public key")
     secret = jwk.JWK.generate(kty="oct", size=256).export(as_dict=True)
     refused(r, made(r, alg, header={"jwk": secret}), "public key")
+
+
+@SETTINGS
+@given(requests(), st.sampled_from(["RS256", "PS256"]))
+def test_an_rsa_key_under_2048_bits_is_refused(r, alg):
+    """A key that can be factored binds nothing: a 1024-bit (even a 512-bit) RSA key once bound tokens."""
+    claims = {"jti": "j", "htm": r["method"], "htu": url_of(r), "iat": r["now"]}
+    header = {"typ": "dpop+jwt", "alg": alg, "jwk": WEAK_RSA.export_public(as_dict=True)}
+    refused(r, signed(header, claims, WEAK_RSA), "at least 2048 bits")
 
 
 @SETTINGS

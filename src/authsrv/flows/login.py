@@ -37,6 +37,22 @@ LOGGED_LOGIN_MAX = 64
 KNOWN_DEVICE_TTL = 180 * 86400
 """How long a browser that signed in to an account passes that account's limit."""
 BUSY_RETRY = 5
+OTHER_COUNTS = ("mfa:", "device:")
+"""
+How the throttle's other counts name their accounts: a user's second-factor
+codes (L{authsrv.flows.mfa.THROTTLE_PREFIX} and the sub) and device user
+codes (L{authsrv.flows.device.THROTTLE_ACCOUNT}). A login is anything a
+caller types, so one that reads as such a key is counted apart
+(L{throttle_account}): typing C{mfa:<sub>} as a user name must not hold
+back that user's second factor.
+"""
+LOGIN_COUNT = "login:"
+
+
+def throttle_account(login: str) -> str:
+    """The throttle's account for failed passwords given for C{login}: as the backends compare logins."""
+    key = login_key(login)
+    return LOGIN_COUNT + key if key.startswith(OTHER_COUNTS) else key
 
 
 @frozen
@@ -118,7 +134,7 @@ class PasswordLogin:
     async def _log_in(self, login: str, password: str, address: str, device: str | None, now: float,
                       along: Callable[[], Deferred] | None, reading: Callable[[str], Deferred] | None):
         logged = login[:LOGGED_LOGIN_MAX]
-        account, seconds = login_key(login), int(now)  # counted as the backends compare logins
+        account, seconds = throttle_account(login), int(now)
         device_hash = token_hash(device) if device else None
         decision = await self._store.attempt(account, address_key(address), device_hash, self._policy, seconds)
         if decision.wait is not None:

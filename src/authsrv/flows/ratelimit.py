@@ -156,18 +156,29 @@ class ClientRateLimits:
     authenticate (an unknown id, a wrong secret) counts against the default
     under its address, so neither junk ids nor someone else's id spend a
     real client's bucket. UserInfo counts per address: the token's client is
-    only known after a store lookup.
+    only known after a store lookup. Pushes of public clients also count per
+    address alone, at C{public_pushes} (L{public_pushes}).
     """
 
-    def __init__(self, *, clock, clients, settings: RateSettings, max_keys: int = MAX_KEYS):
+    def __init__(self, *, clock, clients, settings: RateSettings, max_keys: int = MAX_KEYS,
+                 public_pushes: Rate | None = None):
         self._clients = clients
         self._default = settings.default
         self._exempt_first_party = settings.exempt_first_party
+        self._public_pushes = public_pushes
         self._rates: dict[str, Rate | None] = {}
         self.token = EndpointLimit("token", clock, max_keys)
         self.introspection = EndpointLimit("introspection", clock, max_keys)
         self.revocation = EndpointLimit("revocation", clock, max_keys)
         self.pushed = EndpointLimit("par", clock, max_keys)
+        self.public_pushes = Buckets(max_keys)
+        """
+        Pushes of public clients by address alone, at C{public_pushes}: each
+        is kept in the store until used or expired, and anyone may send a
+        public client's id, so an address may keep only so many waiting,
+        whatever its rate and whichever public clients it names (as
+        L{authsrv.config.Limits.pending_per_address} caps waiting sign-ins).
+        """
         self.userinfo = EndpointLimit("userinfo", clock, max_keys)
 
     async def client_request(self, limit: EndpointLimit, authorization: bytes | None, params: dict[str, str],
@@ -185,6 +196,10 @@ class ClientRateLimits:
             limit.address(address_of(), self._default)
             return None
         checked = None if assertion_params(params) is not None else client
+        if limit is self.pushed and client.is_public and self._public_pushes is not None:
+            address = address_of()
+            limit.count(self.public_pushes, address_key(address), self._public_pushes,
+                        client_id=client.client_id, address=address)
         if self._exempt_first_party and client.first_party:
             return checked
         rate = self._rate_of(client)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import math
 import re
 from urllib.parse import urlsplit, urlunsplit
 
@@ -28,6 +29,13 @@ PROOF_TYPE = "dpop+jwt"
 ALGORITHMS = ("ES256", "ES384", "ES512", "PS256", "PS384", "PS512", "RS256", "EdDSA")
 """Asymmetric only: a proof signed with a shared secret proves nothing about a client's key."""
 MAX_PROOF_BYTES = 8192
+MIN_RSA_BITS = 2048
+"""
+The smallest RSA modulus a proof's key may have, as for the server's own
+keys (RFC 7518 section 3.3, NIST SP 800-131A): a token bound to a key that
+can be factored is no longer bound to anything, and a public client's
+refresh token stays bound to it for weeks.
+"""
 MAX_JTI_CHARS = 256
 _COMPACT = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
 _THUMBPRINT = re.compile(r"[A-Za-z0-9_-]{43}")
@@ -111,10 +119,16 @@ def nonce_for(secret: bytes, now: int, window: int, back: int = 0) -> str:
     return _b64(hmac.new(secret, f"dpop-nonce:{index}".encode(), hashlib.sha256).digest()[:24])
 
 
+def _same(sent: str, expected: str) -> bool:
+    """
+    Constant-time equality of a claim and the value it must have; as bytes,
+    since C{hmac.compare_digest} raises TypeError for text that is not ASCII.
+    """
+    return hmac.compare_digest(sent.encode(), expected.encode())
+
+
 def _nonce_ok(value, secret: bytes, now: int, window: int) -> bool:
-    return isinstance(value, str) and any(
-        hmac.compare_digest(value, nonce_for(secret, now, window, back)) for back in (0, 1)
-    )
+    return isinstance(value, str) and any(_same(value, nonce_for(secret, now, window, back)) for back in (0, 1))
 
 
 def _header_and_key(compact: str) -> tuple[JWS, dict, JWK]:
@@ -139,7 +153,16 @@ def _header_and_key(compact: str) -> tuple[JWS, dict, JWK]:
         raise InvalidDpopProof("the jwk of the DPoP proof is not a valid key") from None
     if key.has_private:
         raise InvalidDpopProof("the jwk of a DPoP proof must be a public key, never a private or symmetric one")
+    if jwk["kty"] == "RSA" and _rsa_bits(key) < MIN_RSA_BITS:
+        raise InvalidDpopProof(f"the RSA key of a DPoP proof must have at least {MIN_RSA_BITS} bits")
     return jws, header, key
+
+
+def _rsa_bits(key: JWK) -> int:
+    try:
+        return key.get_op_key("verify").key_size
+    except (JWException, ValueError, TypeError, KeyError):
+        raise InvalidDpopProof("the jwk of the DPoP proof is not a valid key") from None
 
 
 def check_proof(
@@ -180,13 +203,13 @@ def check_proof(
     if not matches:
         raise InvalidDpopProof(f"the DPoP proof's htu must be {url}, the URL of this endpoint")
     iat = claims.get("iat")
-    if isinstance(iat, bool) or not isinstance(iat, int):
-        raise InvalidDpopProof("a DPoP proof needs iat, a whole number of seconds")
-    if iat < now - policy.max_age or iat > now + policy.leeway:
+    if isinstance(iat, bool) or not isinstance(iat, (int, float)):
+        raise InvalidDpopProof("a DPoP proof needs iat, a number of seconds since 1970 (RFC 7519 NumericDate)")
+    if not now - policy.max_age <= iat <= now + policy.leeway:
         raise InvalidDpopProof("the DPoP proof's iat is too far from the server's time; make a new proof")
     if access_token is not None:
         ath = claims.get("ath")
-        if not isinstance(ath, str) or not hmac.compare_digest(ath, access_token_hash(access_token)):
+        if not isinstance(ath, str) or not _same(ath, access_token_hash(access_token)):
             raise InvalidDpopProof("the DPoP proof's ath must be the hash of the access token sent with it")
     if policy.use_nonce:
         assert nonce_secret is not None
@@ -197,4 +220,4 @@ def check_proof(
             )
     jkt = key.thumbprint()
     replay_key = hashlib.sha256(f"{jkt}\0{jti}".encode()).hexdigest()
-    return Proof(jkt=jkt, replay_key=replay_key, expires_at=iat + policy.max_age + 1)
+    return Proof(jkt=jkt, replay_key=replay_key, expires_at=math.ceil(iat) + policy.max_age + 1)

@@ -5,10 +5,10 @@ request, call one flow and render its answer; flows decide. Failures render
 in one place each: L{OAuthError} as RFC 6749 JSON, L{PageError} as a page,
 an outage as 503 in the shape the caller reads.
 
-Token, revocation and UserInfo allow any origin: single-page apps call them
-from the browser, and none of them relies on a cookie, so CORS grants a page
-nothing its client credentials or bearer token would not. Introspection is
-for servers only.
+Token, pushed authorization requests, revocation and UserInfo allow any
+origin: single-page apps call them from the browser, and none of them relies
+on a cookie, so CORS grants a page nothing its client credentials or bearer
+token would not. Introspection is for servers only.
 """
 
 from __future__ import annotations
@@ -233,15 +233,30 @@ class PublicSite:
 
     @app.route(ISSUER_PATH + "/oauth2/par", methods=["POST"])
     async def pushed_request(self, request):
-        """RFC 9126: 201 with the request_uri, counted like the token endpoint; 404 when not offered."""
-        pushed = self._flows.pushed
-        if pushed is None:
-            raise NotFound()
+        """
+        RFC 9126: 201 with the request_uri, counted like the token endpoint;
+        404 when not offered. Any origin, as at the token endpoint: a
+        single-page app pushes its request (with a DPoP proof, RFC 9449
+        section 10.1) before sending the browser on.
+        """
+        pushed = self._pushed()
+        _cors(request)
         args = form_args(request)
         checked = await self._count(request, self._rates.pushed, push_params(args))
         response = await pushed.push(request.getHeader(b"authorization"), args, self._now(),
                                      request.requestHeaders.getRawHeaders(b"dpop"), checked)
         return json_body(request, 201, response, no_store=True)
+
+    @app.route(ISSUER_PATH + "/oauth2/par", methods=["OPTIONS"])
+    def pushed_request_preflight(self, request):
+        self._pushed()
+        return _preflight(request, b"POST, OPTIONS")
+
+    def _pushed(self):
+        """The pushed requests flow, or 404 when they are not offered (as if the endpoint did not exist)."""
+        if self._flows.pushed is None:
+            raise NotFound()
+        return self._flows.pushed
 
     async def userinfo(self, request):
         """GET and POST (OIDC Core 5.3.1), and HEAD as every GET route of the site answers it."""

@@ -5,6 +5,8 @@ for again and ban-checked, then one compare-and-swap in the store decides
 between a new pair, the same pair again (the client lost the answer inside
 the grace window: the sealed replay, its ID token signed again), and reuse
 (the family is revoked). The ID token is signed while the store rotates.
+A public client's new refresh token is bound to the key of the proof it
+sent (RFC 9449 section 5), even when the one it presented was not.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ class RefreshTokenGrant:
             refresh_scope=old.scope,
             now=now,
             jkt=jkt,
-            refresh_jkt=old.jkt,
+            refresh_jkt=old.jkt if old.jkt is not None or not client.is_public else jkt,
         )
         # Without a grace window nothing can be replayed: nothing is sealed or stored for it.
         window = grace_window(client, self._limits)
