@@ -14,7 +14,7 @@ from jwcrypto import jwk, jwt
 from authsrv.client_secrets import SecretKeeper
 from authsrv.flows.clients import AssertionChecker
 from authsrv.protocol.client_assertion import (
-    CLOCK_SKEW, HMAC_ALGS, MAX_LIFETIME, secret_keyset, unverified_client_id, verified_claims,
+    CLOCK_SKEW, HMAC_ALGS, MAX_LIFETIME, public_keyset, secret_keyset, unverified_client_id, verified_claims,
 )
 from authsrv.protocol.errors import InvalidClient
 from authsrv.records import Client
@@ -186,3 +186,12 @@ def test_only_a_client_secret_jwt_client_with_a_secret_this_server_opens_is_auth
     checker = AssertionChecker(store=Jtis(), documents=None, audiences=AUDIENCES, secrets=keeper)
     with pytest.raises(InvalidClient, match=words):
         settled(checker.check(client, signed(), NOW, consume=True))
+
+
+def test_a_key_set_with_an_rsa_key_under_2048_bits_is_refused():
+    """A client whose RSA key can be factored could be impersonated: refused as DPoP proofs' keys are."""
+    weak = jwk.JWK.generate(kty="RSA", size=1024)
+    strong = jwk.JWK.generate(kty="RSA", size=2048)
+    with pytest.raises(ValueError, match="an RSA key of 1024 bits: an RSA key needs at least 2048"):
+        public_keyset({"keys": [strong.export_public(as_dict=True), weak.export_public(as_dict=True)]})
+    assert len(public_keyset({"keys": [strong.export_public(as_dict=True)]})["keys"]) == 1

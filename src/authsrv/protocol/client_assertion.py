@@ -46,6 +46,16 @@ _COMPACT_JWS = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
 MAX_ASSERTION = 8192
 _JWK_FIELDS_PRIVATE = ("d", "p", "q", "dp", "dq", "qi", "k")
 PUBLIC_KEY_TYPES = ("RSA", "EC", "OKP")
+MIN_RSA_BITS = 2048
+"""The shortest RSA modulus a client's or a DPoP proof's key may have, as the server's own: shorter ones are factored."""
+
+
+def rsa_bits(key: JWK) -> int:
+    """The modulus length of an RSA C{key}; ValueError when jwcrypto cannot make it a key."""
+    try:
+        return key.get_op_key("verify").key_size
+    except (JWException, ValueError, TypeError, KeyError) as e:
+        raise ValueError(f"not a valid RSA key ({e})") from None
 """The key types a client's public key may have; jwcrypto makes an unusable key of a JWK without kty."""
 
 
@@ -198,6 +208,10 @@ def _parsed_keyset(text: str) -> JWKSet:
         if any(name in key for name in _JWK_FIELDS_PRIVATE):
             raise ValueError("jwks holds a private key: register only the public half")
     try:
-        return JWKSet.from_json(text)
+        keyset = JWKSet.from_json(text)
+        weak = [bits for key in keyset["keys"] if key.get("kty") == "RSA" and (bits := rsa_bits(key)) < MIN_RSA_BITS]
     except (JWException, ValueError, TypeError) as e:
         raise ValueError(f"jwks is not a valid JWK set ({e})") from None
+    if weak:
+        raise ValueError(f"jwks holds an RSA key of {weak[0]} bits: an RSA key needs at least {MIN_RSA_BITS}")
+    return keyset

@@ -21,7 +21,7 @@ from jwcrypto.jwk import JWK
 from jwcrypto.jws import JWS
 
 from authsrv.protocol import jsontext
-from authsrv.protocol.client_assertion import PUBLIC_KEY_TYPES
+from authsrv.protocol.client_assertion import MIN_RSA_BITS, PUBLIC_KEY_TYPES, rsa_bits
 from authsrv.protocol.errors import InvalidDpopProof, UseDpopNonce
 from authsrv.records import Client
 
@@ -29,13 +29,6 @@ PROOF_TYPE = "dpop+jwt"
 ALGORITHMS = ("ES256", "ES384", "ES512", "PS256", "PS384", "PS512", "RS256", "EdDSA")
 """Asymmetric only: a proof signed with a shared secret proves nothing about a client's key."""
 MAX_PROOF_BYTES = 8192
-MIN_RSA_BITS = 2048
-"""
-The smallest RSA modulus a proof's key may have, as for the server's own
-keys (RFC 7518 section 3.3, NIST SP 800-131A): a token bound to a key that
-can be factored is no longer bound to anything, and a public client's
-refresh token stays bound to it for weeks.
-"""
 MAX_JTI_CHARS = 256
 _COMPACT = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
 _THUMBPRINT = re.compile(r"[A-Za-z0-9_-]{43}")
@@ -160,8 +153,8 @@ def _header_and_key(compact: str) -> tuple[JWS, dict, JWK]:
 
 def _rsa_bits(key: JWK) -> int:
     try:
-        return key.get_op_key("verify").key_size
-    except (JWException, ValueError, TypeError, KeyError):
+        return rsa_bits(key)
+    except ValueError:
         raise InvalidDpopProof("the jwk of the DPoP proof is not a valid key") from None
 
 
