@@ -52,7 +52,9 @@ from authsrv.protocol.authorize import (
     one_param,
     parse_request,
     refuse_silently,
+    registered_redirect,
     unknown_client,
+    unregistered_redirect,
 )
 from authsrv.protocol.errors import AccessDenied, InvalidRequest, LoginRequired, PageError
 from authsrv.protocol.forwarded import address_key
@@ -646,6 +648,13 @@ class InteractionFlow:
         return interaction, new_device
 
     async def _interaction(self, form: dict[str, str] | None, stage: str, now: int) -> tuple[Interaction, Client]:
+        """
+        The waiting request a form names, at C{stage}, and its client as it
+        is now: a client removed since, or one that no longer registers the
+        request's redirect URI, ends the sign-in on a page, so that no code
+        or error is ever sent to an address it has given up (RFC 6749
+        section 4.1.2.1).
+        """
         interaction_id = (form or {}).get("request")
         interaction = await self._store.get_interaction(interaction_id, now) if interaction_id else None
         if interaction is None or interaction.stage != stage:
@@ -655,6 +664,8 @@ class InteractionFlow:
             await self._clients.get_client(request.client_id))
         if client is None:
             raise _expired()
+        if not request.device and not registered_redirect(client, request.redirect_uri):
+            raise unregistered_redirect()
         return interaction, client
 
     async def _factor_stage(self, form: dict[str, str] | None, stage: str, browser: Browser,

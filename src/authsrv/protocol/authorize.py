@@ -130,13 +130,18 @@ def registered_redirect(client: Client, redirect_uri: str) -> bool:
     return plain is not None and any(_without_loopback_port(uri) == plain for uri in client.redirect_uris)
 
 
+def unregistered_redirect() -> PageError:
+    """The redirect URI is not (or no longer) one the client registered: nowhere safe to send the user."""
+    return unsafe("The application asked to return to an address it has not registered.")
+
+
 def trusted_redirect(client: Client, args: dict[bytes, list[bytes]]) -> str:
     """The redirect URI, or L{PageError}: the URI must be one the client registered (L{registered_redirect})."""
     redirect_uri = one_param(args, b"redirect_uri")
     if redirect_uri is None:
         raise unsafe("The application did not say where to return to (redirect_uri is missing or repeated).")
     if not registered_redirect(client, redirect_uri):
-        raise unsafe("The application asked to return to an address it has not registered.")
+        raise unregistered_redirect()
     return redirect_uri
 
 
