@@ -26,6 +26,7 @@ from authsrv.protocol.errors import (
     PageError,
     RequestNotSupported,
     RequestUriNotSupported,
+    UnauthorizedClient,
     UnsupportedResponseType,
 )
 from authsrv.protocol.oidc import requested_acr
@@ -216,6 +217,9 @@ def _validate(client: Client, redirect_uri: str, params: dict[str, str], args) -
         raise InvalidRequest("parameter response_type is required")
     if response_type != "code":
         raise UnsupportedResponseType("only response_type=code is supported")
+    if "authorization_code" not in client.grant_types:
+        # RFC 6749 section 4.1.2.1: its code could never be redeemed (the token endpoint refuses the grant).
+        raise UnauthorizedClient("this client is not registered for the authorization code grant (grant_types)")
     if params.get("response_mode", "query") != "query":
         raise InvalidRequest("only response_mode=query is supported")
     state = params.get("state")
