@@ -141,6 +141,30 @@ async def test_every_error_after_the_client_is_known_goes_back_with_state_and_is
         await h.close()
 
 
+@pytest_twisted.ensureDeferred
+async def test_a_client_without_the_code_grant_is_unauthorized_at_authorize(tmp_path, monkeypatch):
+    """
+    RFC 6749 section 4.1.2.1: a client registered without the
+    authorization_code grant (a machine client that kept a redirect URI)
+    hears unauthorized_client at once, rather than have its user sign in and
+    consent for a code the token endpoint would never redeem.
+    """
+    bot_redirect = "http://127.0.0.1:9004/callback"
+    bot = {"client_id": "bot", "name": "Bot", "secret_env": "AUTHSRV_TEST_GATEWAY_SECRET",
+           "grant_types": ["client_credentials"], "redirect_uris": [bot_redirect]}
+    h = await started(tmp_path, monkeypatch, {"clients": [*CLIENTS, bot]})
+    try:
+        browser = Browser(h)
+        response, body = await browser.get(h.authorize_url("bot", redirect_uri=bot_redirect))
+        assert_error_redirect(response, "unauthorized_client", redirect_uri=bot_redirect)
+        response, body = await browser.get(h.authorize_url("bot", redirect_uri=bot_redirect, prompt="none"))
+        assert_error_redirect(response, "unauthorized_client", redirect_uri=bot_redirect)
+        response, body = await browser.get(h.authorize_url("bot", redirect_uri="http://127.0.0.1:9004/other"))
+        assert response.code == 400 and not response.headers.hasHeader(b"location")
+    finally:
+        await h.close()
+
+
 ATTACKER_TEXT = '<script>alert("x")</script>\u202e\u00e9'
 
 
@@ -250,8 +274,10 @@ async def test_a_live_session_skips_the_login_and_prompt_login_or_max_age_ask_ag
             assert shows_login_form(*await browser.authorize("first", **asking)), asking
         query = await browser.sign_in(ALICE, "first", prompt="login")
         relogged = await h.store.find_code(token_hash(query["code"]), h.now())
-        assert relogged.code.auth_time == h.now() and relogged.code.sid != first.sid
+        # The same user signed in again: a new cookie, the session carried on under its sid.
+        assert relogged.code.auth_time == h.now() and relogged.code.sid == first.sid
         assert await h.store.get_session(first.session_hash, h.now()) is None
+        assert browser.session_hash != first.session_hash
         response, _ = await browser.authorize("first", max_age="50")
         assert response.code == 302
     finally:

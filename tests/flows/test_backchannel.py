@@ -28,7 +28,7 @@ from authsrv.flows import backchannel
 from authsrv.flows.backchannel import LOGOUT_EVENT, BackchannelNotifier
 from authsrv.records import BrowserSession, Client
 from authsrv.store import sqlite
-from authsrv.testing.identity import ALICE
+from authsrv.testing.identity import ALICE, BOB
 from authsrv.testing.store import start_grant
 from authsrv.tokens import new_token, token_hash
 
@@ -379,16 +379,18 @@ async def test_nothing_is_sent_without_a_session_or_a_uri(tmp_path, monkeypatch,
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_new_login_ends_the_earlier_session_and_tells_its_clients(tmp_path, monkeypatch, audit):
-    """Signing in again (prompt=login) replaces the browser's session: its clients hear of the old one's end."""
+async def test_a_new_login_of_another_user_ends_the_earlier_session_and_tells_its_clients(
+        tmp_path, monkeypatch, audit):
+    """Another user signing in on the browser replaces its session: its clients hear of the old one's end."""
     rp = FakeRelyingParty()
     h = await _harness(tmp_path, monkeypatch, rp)
     try:
         browser = Browser(h)
         await browser.sign_in(ALICE)
         old = await h.store.get_session(browser.session_hash, h.now())
-        await browser.sign_in(ALICE, prompt="login")
+        await browser.sign_in(BOB, prompt="login")
         assert browser.session_hash != old.session_hash
+        assert (await h.store.get_session(browser.session_hash, h.now())).sid != old.sid
         await until(rp, lambda: len(outcomes(audit)) == 1, "the delivery for the ended session")
         [request] = rp.received
         [token] = request["form"]["logout_token"]
@@ -425,6 +427,39 @@ async def test_a_session_found_disabled_at_its_next_use_tells_its_clients(tmp_pa
                                 algs=["RS256"], check_claims={"sid": session.sid}).claims)
         assert (claims["aud"], claims["sub"]) == ("first", ALICE.sub)
         assert [e["reason"] for e in audit if e["event"] == "session.ended"] == ["user banned, disabled or removed"]
+    finally:
+        await h.close()
+
+
+@pytest.mark.parametrize("asking", [{"prompt": "login"}, {"max_age": "0"}])
+@pytest_twisted.ensureDeferred
+async def test_signing_in_again_as_the_same_user_logs_no_client_out(tmp_path, monkeypatch, audit, asking):
+    """
+    A client asking for a fresh sign-in (prompt=login, max_age) re-authenticates
+    the user: the session carries on under its sid with a new cookie, and the
+    other clients of the session are not logged out; they hear of its real end.
+    """
+    rp = FakeRelyingParty()
+    h = await _harness(tmp_path, monkeypatch, rp)
+    try:
+        browser = Browser(h)
+        await browser.sign_in(ALICE, "first")
+        old = await h.store.get_session(browser.session_hash, h.now())
+        h.clock.advance(100)
+        query = await browser.sign_in(ALICE, "partner", **asking)
+        assert "code" in query
+        again = await h.store.get_session(browser.session_hash, h.now())
+        assert browser.session_hash != old.session_hash
+        assert await h.store.get_session(old.session_hash, h.now()) is None
+        assert (again.sid, again.sub, again.auth_time) == (old.sid, ALICE.sub, h.now())
+        await settle(rp)
+        assert rp.received == [] and outcomes(audit) == {}
+        assert [e for e in audit if e["event"] == "session.ended"] == []
+
+        response, _ = await _end_session(h, browser.cookies["authsrv_session"], sid=old.sid)
+        assert response.code == 302
+        await until(rp, lambda: len(outcomes(audit)) == 2, "both deliveries at the real end")
+        assert sorted(r["url"] for r in rp.received) == ["127.0.0.1:9000/backchannel", "127.0.0.1:9001/backchannel"]
     finally:
         await h.close()
 

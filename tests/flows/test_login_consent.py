@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from urllib.parse import quote_from_bytes
 
+import attrs
 import pytest
 import pytest_twisted
 from hypothesis import given, settings
@@ -18,6 +19,7 @@ from twisted.logger import formatEvent
 from flow_client import Browser, fuzz, hidden_fields, location, login_url, on_reactor, shows_login_form
 from harness import CLIENTS, ISSUER, Harness, query_of
 
+from authsrv.flows.clients import TTL as CLIENT_CACHE_TTL
 from authsrv.identity.errors import BackendUnavailable
 from authsrv.records import Ban
 from authsrv.store.codes import CodeFound
@@ -206,6 +208,54 @@ async def test_a_client_removed_while_its_user_consents_gets_neither_code_nor_co
         response, body = await browser.answer_consent(url, "approve")
         assert_page(response, body, 400)
         assert b"The application that sent you here is not known to this service." in body
+        assert await h.store.get_consent(ALICE.sub, "partner") is None
+        assert (audit.of("consent.given"), audit.of("code.issued")) == ([], [])
+    finally:
+        await h.close()
+
+
+async def redirect_taken_off(h, client_id: str) -> None:
+    """The client's only redirect URI replaced by another, and its cached copy outlived."""
+    before = await h.store.get_client(client_id)
+    after = attrs.evolve(before, redirect_uris=("http://127.0.0.1:9999/elsewhere",))
+    assert await h.store.change_client(before, after) is True
+    h.clock.advance(CLIENT_CACHE_TTL + 1)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_redirect_uri_taken_off_while_its_user_signs_in_gets_no_code(tmp_path, monkeypatch, audit):
+    """RFC 6749 section 4.1.2.1: the sign-in never ends in a redirect to an address the client no longer has."""
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        response, page = await browser.authorize("first", scope="openid")
+        assert_page(response, page, 200)
+        await redirect_taken_off(h, "first")
+        response, body = await browser.get(login_url(page))
+        assert_page(response, body, 400)
+        response, body = await browser.post(ISSUER + "/login", {
+            **hidden_fields(page), "username": "alice", "password": PASSWORDS[ALICE.sub]})
+        assert_page(response, body, 400)
+        assert b"The application asked to return to an address it has not registered." in body
+        assert audit.of("code.issued") == []
+        assert await h.store.list_user_grants(ALICE.sub, h.now()) == []
+    finally:
+        await h.close()
+
+
+@pytest.mark.parametrize("action", ["approve", "deny"])
+@pytest_twisted.ensureDeferred
+async def test_a_redirect_uri_taken_off_while_its_user_consents_is_not_redirected_to(
+        tmp_path, monkeypatch, audit, action):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        response, page = await browser.get(await consent_page(browser, ALICE))
+        assert_page(response, page, 200)
+        await redirect_taken_off(h, "partner")
+        response, body = await browser.post(ISSUER + "/consent", {**hidden_fields(page), "action": action})
+        assert_page(response, body, 400)
+        assert b"The application asked to return to an address it has not registered." in body
         assert await h.store.get_consent(ALICE.sub, "partner") is None
         assert (audit.of("consent.given"), audit.of("code.issued")) == ([], [])
     finally:

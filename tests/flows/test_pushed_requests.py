@@ -418,3 +418,18 @@ async def test_an_address_keeps_only_so_many_public_pushes_waiting(tmp_path, mon
         assert response.code == 201, body
     finally:
         await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_client_without_the_code_grant_cannot_push_a_request(tmp_path, monkeypatch):
+    """RFC 6749 section 4.1.2.1, as at the authorization endpoint: unauthorized_client, nothing kept."""
+    bot = {"client_id": "bot", "name": "Bot", "secret_env": "AUTHSRV_TEST_GATEWAY_SECRET",
+           "grant_types": ["client_credentials"], "redirect_uris": ["http://127.0.0.1:9005/callback"]}
+    h = await started(tmp_path, monkeypatch, {"par": {"enabled": True}, "clients": [*CLIENTS, bot]})
+    try:
+        fields, _ = request_fields("first", redirect_uri=bot["redirect_uris"][0])
+        response, body = await h.json("POST", PAR, data={**fields, "client_id": "bot",
+                                                          "client_secret": SECRETS["gateway"]})
+        assert (response.code, body["error"]) == (400, "unauthorized_client"), body
+    finally:
+        await h.close()

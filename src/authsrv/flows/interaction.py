@@ -52,7 +52,9 @@ from authsrv.protocol.authorize import (
     one_param,
     parse_request,
     refuse_silently,
+    registered_redirect,
     unknown_client,
+    unregistered_redirect,
 )
 from authsrv.protocol.errors import AccessDenied, InvalidRequest, LoginRequired, PageError
 from authsrv.protocol.forwarded import address_key
@@ -151,7 +153,8 @@ class InteractionFlow:
     """
     C{login} is an L{authsrv.flows.login.PasswordLogin}; C{sessions} an
     L{authsrv.flows.sessions.SessionEnder}, which ends the browser's earlier
-    session at a new login and tells its clients; C{clients} answers
+    session at a new login of another user and tells its clients (the same
+    user's carries on under its sid); C{clients} answers
     C{get_client}; C{limits} gives the code, session and interaction
     lifetimes; C{factors} are the users' second factors and C{passkeys}
     their passkeys (None when second factors are off); C{pushed} the
@@ -450,14 +453,18 @@ class InteractionFlow:
         """
         The sign-in done by C{amr} at C{acr}: a new session, or the live
         C{session} it stepped up (raised to the MFA class, or left as it
-        was when enrolment was put off), then consent or the code.
+        was when enrolment was put off), then consent or the code. A new
+        session of the user the browser's earlier one was for keeps that
+        one's sid (L{authsrv.flows.sessions.SessionEnder.replace}).
         """
         value: str | None = None
         created = []
         if session is None:
-            await self._sessions.end(browser.session, "logged in again")
+            earlier = await self._sessions.replace(browser.session, sub, now)
             value, session = new_session(self._limits, sub, now, amr, acr,
                                          address=address, user_agent=browser.user_agent)
+            if earlier is not None:
+                session = attrs.evolve(session, sid=earlier.sid, created_at=earlier.created_at)
             created.append(self._store.create_session(session).addCallback(
                 lambda _: events.login_succeeded(sub=sub, client_id=client.client_id, address=address)))
         elif acr == ACR_MFA:
@@ -646,6 +653,13 @@ class InteractionFlow:
         return interaction, new_device
 
     async def _interaction(self, form: dict[str, str] | None, stage: str, now: int) -> tuple[Interaction, Client]:
+        """
+        The waiting request a form names, at C{stage}, and its client as it
+        is now: a client removed since, or one that no longer registers the
+        request's redirect URI, ends the sign-in on a page, so that no code
+        or error is ever sent to an address it has given up (RFC 6749
+        section 4.1.2.1).
+        """
         interaction_id = (form or {}).get("request")
         interaction = await self._store.get_interaction(interaction_id, now) if interaction_id else None
         if interaction is None or interaction.stage != stage:
@@ -655,6 +669,8 @@ class InteractionFlow:
             await self._clients.get_client(request.client_id))
         if client is None:
             raise _expired()
+        if not request.device and not registered_redirect(client, request.redirect_uri):
+            raise unregistered_redirect()
         return interaction, client
 
     async def _factor_stage(self, form: dict[str, str] | None, stage: str, browser: Browser,

@@ -112,6 +112,27 @@ class SessionEnder:
             self._notify(session)
         return session
 
+    async def replace(self, cookie_value: str | None, sub: str, now: int) -> BrowserSession | None:
+        """
+        At a new sign-in of C{sub}, end the session the browser's cookie
+        names, if any. One of another user (or expired) ends as in L{end},
+        its clients told; an unexpired one of C{sub} itself is returned, with
+        no notice, for the new session to carry on under its sid: signing in
+        again (prompt=login, max_age, the account page's "Sign in again")
+        re-authenticates the user, and must not log them out of every other
+        client of the session (those hear of its real end, by that sid).
+        """
+        if not cookie_value:
+            return None
+        session = await self._store.end_session(token_hash(cookie_value))
+        if session is None:
+            return None
+        if session.sub == sub and session.expires_at > now:
+            return session
+        events.session_ended(sub=session.sub, session_id=session.sid, reason="logged in again")
+        self._notify(session)
+        return None
+
     async def end_session(self, session: BrowserSession, reason: str) -> bool:
         """End a session known by its record (one the account page listed); False when it had ended."""
         ended = await self._store.end_session(session.session_hash)

@@ -26,6 +26,7 @@ from authsrv.protocol.errors import (
     PageError,
     RequestNotSupported,
     RequestUriNotSupported,
+    UnauthorizedClient,
     UnsupportedResponseType,
 )
 from authsrv.protocol.oidc import requested_acr
@@ -130,13 +131,18 @@ def registered_redirect(client: Client, redirect_uri: str) -> bool:
     return plain is not None and any(_without_loopback_port(uri) == plain for uri in client.redirect_uris)
 
 
+def unregistered_redirect() -> PageError:
+    """The redirect URI is not (or no longer) one the client registered: nowhere safe to send the user."""
+    return unsafe("The application asked to return to an address it has not registered.")
+
+
 def trusted_redirect(client: Client, args: dict[bytes, list[bytes]]) -> str:
     """The redirect URI, or L{PageError}: the URI must be one the client registered (L{registered_redirect})."""
     redirect_uri = one_param(args, b"redirect_uri")
     if redirect_uri is None:
         raise unsafe("The application did not say where to return to (redirect_uri is missing or repeated).")
     if not registered_redirect(client, redirect_uri):
-        raise unsafe("The application asked to return to an address it has not registered.")
+        raise unregistered_redirect()
     return redirect_uri
 
 
@@ -211,6 +217,9 @@ def _validate(client: Client, redirect_uri: str, params: dict[str, str], args) -
         raise InvalidRequest("parameter response_type is required")
     if response_type != "code":
         raise UnsupportedResponseType("only response_type=code is supported")
+    if "authorization_code" not in client.grant_types:
+        # RFC 6749 section 4.1.2.1: its code could never be redeemed (the token endpoint refuses the grant).
+        raise UnauthorizedClient("this client is not registered for the authorization code grant (grant_types)")
     if params.get("response_mode", "query") != "query":
         raise InvalidRequest("only response_mode=query is supported")
     state = params.get("state")
