@@ -8,6 +8,8 @@ secret and the client's own method.
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 from jwcrypto import jwk, jwt
 
@@ -192,6 +194,18 @@ def test_a_key_set_with_an_rsa_key_under_2048_bits_is_refused():
     """A client whose RSA key can be factored could be impersonated: refused as DPoP proofs' keys are."""
     weak = jwk.JWK.generate(kty="RSA", size=1024)
     strong = jwk.JWK.generate(kty="RSA", size=2048)
-    with pytest.raises(ValueError, match="an RSA key of 1024 bits: an RSA key needs at least 2048"):
+    with pytest.raises(ValueError, match="an RSA key of 1024 bits: an RSA key has 2048 to 8192"):
         public_keyset({"keys": [strong.export_public(as_dict=True), weak.export_public(as_dict=True)]})
     assert len(public_keyset({"keys": [strong.export_public(as_dict=True)]})["keys"]) == 1
+
+
+@pytest.mark.parametrize(("n", "e", "words"), [
+    ((1 << 8199) | 1, 65537, "an RSA key of 8200 bits"),
+    ((1 << 2047) | 1, 2**32 + 1, "exponent must be at most 2[*][*]32"),
+])
+def test_a_key_set_whose_rsa_key_costs_many_checks_is_refused(n, e, words):
+    """Each assertion's check would cost ten to twenty usual ones, for anyone who sends one."""
+    def number(i: int) -> str:
+        return base64.urlsafe_b64encode(i.to_bytes((i.bit_length() + 7) // 8, "big")).rstrip(b"=").decode()
+    with pytest.raises(ValueError, match=words):
+        public_keyset({"keys": [{"kty": "RSA", "n": number(n), "e": number(e)}]})

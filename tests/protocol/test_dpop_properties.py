@@ -284,7 +284,24 @@ def test_an_rsa_key_under_2048_bits_is_refused(r, alg):
     """A key that can be factored binds nothing: a 1024-bit (even a 512-bit) RSA key once bound tokens."""
     claims = {"jti": "j", "htm": r["method"], "htu": url_of(r), "iat": r["now"]}
     header = {"typ": "dpop+jwt", "alg": alg, "jwk": WEAK_RSA.export_public(as_dict=True)}
-    refused(r, signed(header, claims, WEAK_RSA), "at least 2048 bits")
+    refused(r, signed(header, claims, WEAK_RSA), "2048 to 8192 bits")
+
+
+def crafted_rsa(n: int, e: int) -> dict:
+    """An RSA public JWK of any modulus and exponent, made without generating primes (the check comes first)."""
+    def number(i: int) -> str:
+        return b64(i.to_bytes((i.bit_length() + 7) // 8, "big"))
+    return {"kty": "RSA", "n": number(n), "e": number(e)}
+
+
+@SETTINGS
+@given(requests(), st.sampled_from(["RS256", "PS256"]),
+       st.sampled_from([((1 << 8199) | 1, 65537, "2048 to 8192 bits"), ((1 << 16383) | 1, 3, "2048 to 8192 bits"),
+                        ((1 << 2047) | 1, 2**32 + 1, "exponent must be at most 2**32")]))
+def test_an_rsa_key_that_costs_many_checks_is_refused(r, alg, unfit):
+    """A modulus over 8192 bits or an exponent over 2**32 makes each check cost ten to twenty usual ones."""
+    n, e, words = unfit
+    refused(r, made(r, alg, header={"jwk": crafted_rsa(n, e)}), words)
 
 
 @SETTINGS

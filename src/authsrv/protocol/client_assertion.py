@@ -46,17 +46,30 @@ _COMPACT_JWS = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
 MAX_ASSERTION = 8192
 _JWK_FIELDS_PRIVATE = ("d", "p", "q", "dp", "dq", "qi", "k")
 PUBLIC_KEY_TYPES = ("RSA", "EC", "OKP")
-MIN_RSA_BITS = 2048
-"""The shortest RSA modulus a client's or a DPoP proof's key may have, as the server's own: shorter ones are factored."""
+"""The key types a client's public key may have; jwcrypto makes an unusable key of a JWK without kty."""
+MIN_RSA_BITS, MAX_RSA_BITS = 2048, 8192
+"""
+The RSA moduli a client's or a DPoP proof's key may have: shorter ones are
+factored; longer ones, or an exponent over L{MAX_RSA_EXPONENT}, make every
+signature check cost ten to twenty times a usual one, for anyone who can
+send a proof.
+"""
+MAX_RSA_EXPONENT = 2**32
 
 
 def rsa_bits(key: JWK) -> int:
-    """The modulus length of an RSA C{key}; ValueError when jwcrypto cannot make it a key."""
+    """
+    The modulus length of an RSA C{key}; ValueError when jwcrypto cannot
+    make it a key, or its exponent is over L{MAX_RSA_EXPONENT}.
+    """
     try:
-        return key.get_op_key("verify").key_size
-    except (JWException, ValueError, TypeError, KeyError) as e:
+        public = key.get_op_key("verify")
+        bits, exponent = public.key_size, public.public_numbers().e
+    except (JWException, ValueError, TypeError, KeyError, AttributeError) as e:
         raise ValueError(f"not a valid RSA key ({e})") from None
-"""The key types a client's public key may have; jwcrypto makes an unusable key of a JWK without kty."""
+    if exponent > MAX_RSA_EXPONENT:
+        raise ValueError(f"an RSA key's exponent must be at most 2**32 (65537 is usual), not {exponent.bit_length()} bits")
+    return bits
 
 
 def _failed(why: str) -> InvalidClient:
@@ -209,9 +222,10 @@ def _parsed_keyset(text: str) -> JWKSet:
             raise ValueError("jwks holds a private key: register only the public half")
     try:
         keyset = JWKSet.from_json(text)
-        weak = [bits for key in keyset["keys"] if key.get("kty") == "RSA" and (bits := rsa_bits(key)) < MIN_RSA_BITS]
+        unfit = [bits for key in keyset["keys"]
+                 if key.get("kty") == "RSA" and not MIN_RSA_BITS <= (bits := rsa_bits(key)) <= MAX_RSA_BITS]
     except (JWException, ValueError, TypeError) as e:
         raise ValueError(f"jwks is not a valid JWK set ({e})") from None
-    if weak:
-        raise ValueError(f"jwks holds an RSA key of {weak[0]} bits: an RSA key needs at least {MIN_RSA_BITS}")
+    if unfit:
+        raise ValueError(f"jwks holds an RSA key of {unfit[0]} bits: an RSA key has {MIN_RSA_BITS} to {MAX_RSA_BITS}")
     return keyset
