@@ -51,8 +51,13 @@ def _join(parts: list[list[str]]) -> str:
     )
 
 
+def _kind(parts: list[list[str]]) -> str | None:
+    """The endpoint type a listen string's parts begin with, in lower case; None when the first part is keyed."""
+    return parts[0][0].strip().lower() if parts and len(parts[0]) == 1 else None
+
+
 def _is_ssl(parts: list[list[str]]) -> bool:
-    return len(parts[0]) == 1 and parts[0][0].strip().lower() == "ssl"
+    return _kind(parts) == "ssl"
 
 
 def resolve_tls_paths(description: str, base_dir: Path) -> str:
@@ -166,9 +171,9 @@ def _port_problem(key: str, description: str) -> str | None:
     that stops at parsing would pass C{tcp:99999}.
     """
     parts = _parts(description)
-    if parts and len(parts[0]) == 1 and parts[0][0].strip().lower() == "haproxy":
+    if _kind(parts) == "haproxy":
         parts = parts[1:]
-    if not parts or len(parts[0]) != 1 or parts[0][0].strip().lower() not in _PORTED:
+    if _kind(parts) not in _PORTED:
         return None
     keyed = {part[0]: part[1] for part in parts[1:] if len(part) == 2}
     positional = [part[0] for part in parts[1:] if len(part) == 1]
