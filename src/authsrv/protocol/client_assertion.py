@@ -57,10 +57,11 @@ send a proof.
 MAX_RSA_EXPONENT = 2**32
 
 
-def rsa_bits(key: JWK) -> int:
+def rsa_key_problem(key: JWK) -> str | None:
     """
-    The modulus length of an RSA C{key}; ValueError when jwcrypto cannot
-    make it a key, or its exponent is over L{MAX_RSA_EXPONENT}.
+    What makes an RSA C{key} of a client or a DPoP proof unfit, or None: a
+    modulus outside L{MIN_RSA_BITS} to L{MAX_RSA_BITS}, an exponent over
+    L{MAX_RSA_EXPONENT}. ValueError when jwcrypto cannot make it a key.
     """
     try:
         public = key.get_op_key("verify")
@@ -68,8 +69,11 @@ def rsa_bits(key: JWK) -> int:
     except (JWException, ValueError, TypeError, KeyError, AttributeError) as e:
         raise ValueError(f"not a valid RSA key ({e})") from None
     if exponent > MAX_RSA_EXPONENT:
-        raise ValueError(f"an RSA key's exponent must be at most 2**32 (65537 is usual), not {exponent.bit_length()} bits")
-    return bits
+        return (f"an RSA key with a {exponent.bit_length()}-bit exponent:"
+                " its exponent must be at most 2**32 (65537 is usual)")
+    if not MIN_RSA_BITS <= bits <= MAX_RSA_BITS:
+        return f"an RSA key of {bits} bits: an RSA key has {MIN_RSA_BITS} to {MAX_RSA_BITS} bits"
+    return None
 
 
 def _failed(why: str) -> InvalidClient:
@@ -222,10 +226,9 @@ def _parsed_keyset(text: str) -> JWKSet:
             raise ValueError("jwks holds a private key: register only the public half")
     try:
         keyset = JWKSet.from_json(text)
-        unfit = [bits for key in keyset["keys"]
-                 if key.get("kty") == "RSA" and not MIN_RSA_BITS <= (bits := rsa_bits(key)) <= MAX_RSA_BITS]
+        problems = [problem for key in keyset["keys"] if key.get("kty") == "RSA" and (problem := rsa_key_problem(key))]
     except (JWException, ValueError, TypeError) as e:
         raise ValueError(f"jwks is not a valid JWK set ({e})") from None
-    if unfit:
-        raise ValueError(f"jwks holds an RSA key of {unfit[0]} bits: an RSA key has {MIN_RSA_BITS} to {MAX_RSA_BITS}")
+    if problems:
+        raise ValueError(f"jwks holds {problems[0]}")
     return keyset

@@ -21,7 +21,7 @@ from jwcrypto.jwk import JWK
 from jwcrypto.jws import JWS
 
 from authsrv.protocol import jsontext
-from authsrv.protocol.client_assertion import MAX_RSA_BITS, MIN_RSA_BITS, PUBLIC_KEY_TYPES, rsa_bits
+from authsrv.protocol.client_assertion import PUBLIC_KEY_TYPES, rsa_key_problem
 from authsrv.protocol.errors import InvalidDpopProof, UseDpopNonce
 from authsrv.records import Client
 
@@ -146,16 +146,16 @@ def _header_and_key(compact: str) -> tuple[JWS, dict, JWK]:
         raise InvalidDpopProof("the jwk of the DPoP proof is not a valid key") from None
     if key.has_private:
         raise InvalidDpopProof("the jwk of a DPoP proof must be a public key, never a private or symmetric one")
-    if jwk["kty"] == "RSA" and not MIN_RSA_BITS <= _rsa_bits(key) <= MAX_RSA_BITS:
-        raise InvalidDpopProof(f"the RSA key of a DPoP proof must have {MIN_RSA_BITS} to {MAX_RSA_BITS} bits")
+    if jwk["kty"] == "RSA" and (problem := _rsa_problem(key)):
+        raise InvalidDpopProof(f"the jwk of the DPoP proof is {problem}")
     return jws, header, key
 
 
-def _rsa_bits(key: JWK) -> int:
+def _rsa_problem(key: JWK) -> str | None:
     try:
-        return rsa_bits(key)
-    except ValueError as e:
-        raise InvalidDpopProof(f"the jwk of the DPoP proof is not a usable key: {e}") from None
+        return rsa_key_problem(key)
+    except ValueError:
+        raise InvalidDpopProof("the jwk of the DPoP proof is not a valid key") from None
 
 
 def check_proof(
