@@ -181,6 +181,16 @@ async def test_a_proof_whose_iat_has_a_fraction_binds_the_token(tmp_path, monkey
         await h.close()
 
 
+async def refreshed_only_with(h, refresh_token: str, key) -> dict:
+    """The spa's C{refresh_token}, refused without a proof and with another key's, refreshed with C{key}'s."""
+    for headers in ({}, {"DPoP": proof(ec_key(), "POST", TOKEN_URL, h.now())}):
+        response, answer = await refresh(h, refresh_token, "spa", headers=headers)
+        assert (response.code, answer["error"]) == (400, "invalid_grant"), answer
+    response, answer = await refresh(h, refresh_token, "spa", headers={"DPoP": proof(key, "POST", TOKEN_URL, h.now())})
+    assert (response.code, answer["token_type"]) == (200, "DPoP"), answer
+    return answer
+
+
 @pytest_twisted.ensureDeferred
 async def test_public_clients_refresh_tokens_are_bound_to_the_key(tmp_path, monkeypatch):
     h = await Harness(tmp_path, monkeypatch, DPOP_ON).start()
@@ -188,12 +198,7 @@ async def test_public_clients_refresh_tokens_are_bound_to_the_key(tmp_path, monk
         key = ec_key()
         body = await dpop_tokens(h, key, "spa")
         assert (await introspect(h, body["refresh_token"], "gateway"))["active"] is False
-        for headers in ({}, {"DPoP": proof(ec_key(), "POST", TOKEN_URL, h.now())}):
-            response, answer = await refresh(h, body["refresh_token"], "spa", headers=headers)
-            assert (response.code, answer["error"]) == (400, "invalid_grant"), answer
-        response, answer = await refresh(h, body["refresh_token"], "spa",
-                                         headers={"DPoP": proof(key, "POST", TOKEN_URL, h.now())})
-        assert (response.code, answer["token_type"]) == (200, "DPoP"), answer
+        answer = await refreshed_only_with(h, body["refresh_token"], key)
         response, answer = await refresh(h, answer["refresh_token"], "spa",
                                          headers={"DPoP": proof(ec_key(), "POST", TOKEN_URL, h.now())})
         assert (response.code, answer["error"]) == (400, "invalid_grant"), "the successor stays bound"
@@ -218,12 +223,7 @@ async def test_a_public_clients_bearer_refresh_token_is_bound_once_it_refreshes_
         response, body = await refresh(h, body["refresh_token"], "spa",
                                        headers={"DPoP": proof(key, "POST", TOKEN_URL, h.now())})
         assert (response.code, body["token_type"]) == (200, "DPoP"), body
-        for headers in ({}, {"DPoP": proof(ec_key(), "POST", TOKEN_URL, h.now())}):
-            response, answer = await refresh(h, body["refresh_token"], "spa", headers=headers)
-            assert (response.code, answer["error"]) == (400, "invalid_grant"), answer
-        response, answer = await refresh(h, body["refresh_token"], "spa",
-                                         headers={"DPoP": proof(key, "POST", TOKEN_URL, h.now())})
-        assert (response.code, answer["token_type"]) == (200, "DPoP"), answer
+        await refreshed_only_with(h, body["refresh_token"], key)
     finally:
         await h.close()
 
