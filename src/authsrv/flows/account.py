@@ -32,7 +32,6 @@ from authsrv.flows.passkeys import PASSKEY_METHODS, Passkeys
 from authsrv.identity.errors import BackendUnavailable, UnknownUser
 from authsrv.identity.passwords import DEFAULT_HASHER
 from authsrv.interfaces import IIdentityBackend, IUserManagement
-from authsrv.flows.sessions import live_session
 from authsrv.protocol.errors import PageError
 from authsrv.protocol.password_policy import MIN_LENGTH, password_problem
 from authsrv.records import ACR_MFA, RECOVERY_FACTOR, TOTP_FACTOR, BrowserSession, Passkey
@@ -257,7 +256,7 @@ class AccountPage:
         self._linking = linking
 
     async def _signed_in(self, cookie: str | None, now: int) -> tuple[str, BrowserSession]:
-        session = await live_session(self._store, self._identity, cookie, now, self._sessions)
+        session = await self._interaction.live_session(cookie, now)
         if cookie is None or session is None:
             raise not_signed_in()
         return cookie, session
@@ -285,7 +284,7 @@ class AccountPage:
     async def page(self, browser: Browser, address: str, now: int) -> AccountView | Redirect:
         """The page for a signed-in browser; any other is sent to sign in and comes back here."""
         cookie = browser.session
-        session = await live_session(self._store, self._identity, cookie, now, self._sessions)
+        session = await self._interaction.live_session(cookie, now)
         if cookie is None or session is None:
             return await self._interaction.sign_in_again(self._page, None, browser, address, now)
         return await self._view(cookie, session, now)
@@ -417,7 +416,7 @@ class AccountPage:
         login filled in), or that a browser without a session starts with
         an empty form; back to the account page either way.
         """
-        session = await live_session(self._store, self._identity, browser.session, now, self._sessions)
+        session = await self._interaction.live_session(browser.session, now)
         return await self._interaction.sign_in_again(self._page, session.sub if session else None, browser,
                                                      address, now)
 
