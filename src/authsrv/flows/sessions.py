@@ -68,13 +68,13 @@ async def end_browser_session(store, cookie_value: str | None, reason: str) -> B
 
 
 async def live_session(store, identity, cookie_value: str | None, now: int,
-                       sessions: SessionEnder | None = None) -> BrowserSession | None:
+                       sessions: SessionEnder) -> BrowserSession | None:
     """
     The unexpired session a cookie names, if its user may still use the
     service; a banned, disabled or vanished user's session is ended here,
-    by C{sessions} (a L{SessionEnder}) when given, so that its clients hear
-    of it by back-channel logout as of a ban: a user disabled in the
-    identity backend is seen to be only when next looked at.
+    by C{sessions}, so that its clients hear of it by back-channel logout
+    as of a ban: a user disabled in the identity backend is seen to be only
+    when next looked at.
     """
     if not cookie_value:
         return None
@@ -82,11 +82,7 @@ async def live_session(store, identity, cookie_value: str | None, now: int,
     if session is None:
         return None
     if not (await standing(identity, store, session.sub, now)).allowed:
-        reason = "user banned, disabled or removed"
-        if sessions is None:
-            await end_browser_session(store, cookie_value, reason)
-        else:
-            await sessions.end(cookie_value, reason)
+        await sessions.end(cookie_value, "user banned, disabled or removed")
         return None
     if session.last_seen is None or now - session.last_seen >= LAST_SEEN_STEP:
         await store.touch_session(session.session_hash, now)
