@@ -447,6 +447,31 @@ async def test_a_wider_scope_asks_again_and_consents_add_up(tmp_path, monkeypatc
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_revoke_while_a_consent_is_saved_keeps_the_revoked_scopes_gone(tmp_path, monkeypatch):
+    """
+    The user revokes the client just as a wider consent is being saved:
+    only the scopes just approved are remembered, never the revoked ones.
+    """
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        await browser.sign_in(ALICE, "partner", scope="openid email")
+        response, _ = await browser.authorize("partner", scope="openid profile")
+        save = h.store.save_consent
+
+        async def revoked_first(sub, client_id, scope, now):
+            await h.store.revoke_consent(sub, client_id)
+            return await save(sub, client_id, scope, now)
+
+        monkeypatch.setattr(h.store, "save_consent", revoked_first)
+        response, _ = await browser.answer_consent(location(response), "approve")
+        assert response.code == 303 and "code" in query_of(location(response))
+        assert await h.store.get_consent(ALICE.sub, "partner") == {"openid", "profile"}
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_deny_goes_back_with_access_denied_and_remembers_nothing(tmp_path, monkeypatch, audit):
     h = await started(tmp_path, monkeypatch)
     try:

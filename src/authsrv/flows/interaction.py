@@ -749,10 +749,8 @@ class InteractionFlow:
         )
 
     async def _remember_consent(self, sub: str, client_id: str, scope, now: int) -> None:
-        """Add C{scope} to what the user consented to for the client, until revoked."""
-        earlier = await self._store.get_consent(sub, client_id) or frozenset()
-        granted = earlier | frozenset(scope)
-        await self._store.save_consent(sub, client_id, granted, now)
+        """Add C{scope} to what the user consented to for the client, until revoked (the store merges)."""
+        granted = await self._store.save_consent(sub, client_id, scope, now)
         events.consent_given(sub=sub, client_id=client_id, scope=" ".join(sorted(granted)))
 
     async def _issue_code(self, client: Client, request: AuthorizationRequest, session: BrowserSession,
