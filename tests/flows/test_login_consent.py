@@ -472,6 +472,35 @@ async def test_a_revoke_while_a_consent_is_saved_keeps_the_revoked_scopes_gone(t
 
 
 @pytest_twisted.ensureDeferred
+async def test_an_approval_after_max_age_signs_in_again_before_any_code(tmp_path, monkeypatch, audit):
+    """
+    OIDC Core 3.1.2.1: a consent page left open past max_age gives no code
+    with the old auth_time; the approval is kept, so after signing in again
+    (prompt=consent included) the code follows without the page again.
+    """
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        url = await consent_page(browser, ALICE, max_age="60", prompt="consent")
+        h.clock.advance(61)
+        response, _ = await browser.answer_consent(url, "approve")
+        assert response.code == 303 and location(response).startswith(ISSUER + "/login?request="), location(response)
+        assert not audit.of("code.issued")
+        assert await h.store.get_consent(ALICE.sub, "partner") == {"openid", "profile", "email", "offline_access"}
+        response, _ = await browser.submit_login(location(response), ALICE.login, PASSWORDS[ALICE.sub])
+        assert response.code == 303 and location(response).startswith(PARTNER_REDIRECT + "?"), location(response)
+        result = await h.store.find_code(token_hash(query_of(location(response))["code"]), h.now())
+        assert isinstance(result, CodeFound) and result.code.auth_time == h.now()
+
+        url = await consent_page(browser, BOB, max_age="60", prompt="login")
+        h.clock.advance(60)
+        response, _ = await browser.answer_consent(url, "approve")
+        assert response.code == 303 and "code" in query_of(location(response)), "max_age itself is not past"
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_deny_goes_back_with_access_denied_and_remembers_nothing(tmp_path, monkeypatch, audit):
     h = await started(tmp_path, monkeypatch)
     try:

@@ -49,6 +49,7 @@ from authsrv.protocol.authorize import (
     consent_needed,
     error_location,
     login_needed,
+    max_age_passed,
     one_param,
     parse_request,
     refuse_silently,
@@ -211,7 +212,7 @@ class InteractionFlow:
             if stage is not None:
                 refuse_silently(request, login=True, consent=False)
                 return await self._wait(request, stage, session.sid, browser, now, sub=session.sub, amr=session.amr)
-            return await self._after_login(client, request, session, browser, now, 302)
+            return await self._after_login(client, request, session, browser, now, 302, address)
         except AuthorizeError as e:
             return Redirect(error_location(self._issuer, e.redirect_uri, e.state, e.error))
 
@@ -471,7 +472,8 @@ class InteractionFlow:
             value, session = await step_up_session(self._store, session, amr, acr, now)
         # A new session goes to the store with the code (or the consent's interaction).
         answer, *_ = await together(
-            [Deferred.fromCoroutine(self._after_login(client, request, session, browser, now, 303)), *created])
+            [Deferred.fromCoroutine(self._after_login(client, request, session, browser, now, 303, address)),
+             *created])
         return Redirect(answer.location, answer.status, CookieChanges(session=value, device=answer.cookies.device))
 
     async def consent_form(self, form: dict[str, str] | None, browser: Browser, now: int) -> ConsentForm:
@@ -487,11 +489,16 @@ class InteractionFlow:
             unvetted=client.registered_itself,
         )
 
-    async def submit_consent(self, form: dict[str, str] | None, browser: Browser, now: int) -> Redirect:
+    async def submit_consent(self, form: dict[str, str] | None, browser: Browser, address: str,
+                             now: int) -> Redirect:
         """
         Allow: the code issued, then the consent remembered (none for a
         client removed meanwhile, which gets no code); deny: access_denied
-        to the client.
+        to the client. An approval once the session's authentication is
+        older than the request's max_age is remembered, and the user signs
+        in again (counted toward C{address}'s cap) before any code: the
+        consent page is not asked for again, so a slow reader is not sent
+        round in a loop.
         """
         if form is None:
             raise _forged()
@@ -507,6 +514,10 @@ class InteractionFlow:
             events.consent_denied(sub=session.sub, client_id=client.client_id)
             denied = AccessDenied("the user denied the request")
             return Redirect(error_location(self._issuer, request.redirect_uri, request.state, denied), 303)
+        if max_age_passed(request, session, now):
+            await self._remember_consent(session.sub, client.client_id, request.scope, now)
+            again = attrs.evolve(request, prompt=request.prompt - {"consent"})
+            return await self._wait(again, LOGIN_STAGE, None, browser, now, address)
         location = await self._issue_code(client, request, session, now)
         await self._remember_consent(session.sub, client.client_id, request.scope, now)
         return Redirect(location, 303)
@@ -555,19 +566,23 @@ class InteractionFlow:
         return await self._wait(request, LOGIN_STAGE, None, browser, now, address)
 
     async def _after_login(self, client: Client, request: AuthorizationRequest, session: BrowserSession,
-                           browser: Browser, now: int, status: int) -> Redirect:
+                           browser: Browser, now: int, status: int, address: str) -> Redirect:
         """
         With a live session: the consent page or the code; back to the
         service's own page it came from (device verification, the account
         page). A session of another user than the request's id_token_hint
         named gets login_required instead: the last guard, as the first
-        factor already refuses any other user (L{_refused_for_hint}).
+        factor already refuses any other user (L{_refused_for_hint}). A
+        session whose authentication grew older than max_age while a page
+        was open (an enrolment put off) signs in again first.
         """
         if request.device:
             return Redirect(request.redirect_uri, 303)
         refused = self._refused_for_hint(client, request, session.sub, None, status)
         if refused is not None:
             return refused
+        if max_age_passed(request, session, now):
+            return await self._wait(request, LOGIN_STAGE, None, browser, now, address)
         consented = None if client.first_party else await self._store.get_consent(session.sub, client.client_id)
         needed = consent_needed(client, request, consented)
         refuse_silently(request, login=False, consent=needed)
