@@ -241,7 +241,9 @@ class InteractionFlow:
         signed in here must sign in again (or, with prompt=none, the client
         hears login_required), the login form showing the hinted user's
         login unless a login_hint says otherwise; a hint this server did not
-        sign is invalid_request. Its expiry is not checked.
+        sign, or signed for another client (the hint is of a session "with
+        the Client", as node-oidc-provider also insists), is
+        invalid_request. Its expiry is not checked.
         """
         hint = one_param(args, b"id_token_hint")
         if not hint:
@@ -251,6 +253,10 @@ class InteractionFlow:
         except PageError:
             error = InvalidRequest("id_token_hint is not an ID token this server issued")
             raise AuthorizeError(error, request.redirect_uri, request.state) from None
+        aud = claims.get("aud")
+        if request.client_id not in (aud if isinstance(aud, list) else [aud]):
+            error = InvalidRequest("id_token_hint was issued to another client; send an ID token this client received")
+            raise AuthorizeError(error, request.redirect_uri, request.state)
         request = attrs.evolve(request, hinted_sub=claims["sub"])
         if session is not None and session.sub == claims["sub"]:
             return request
