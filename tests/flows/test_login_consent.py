@@ -214,6 +214,28 @@ async def test_a_client_removed_while_its_user_consents_gets_neither_code_nor_co
         await h.close()
 
 
+@pytest_twisted.ensureDeferred
+async def test_a_client_removed_while_its_user_consents_past_max_age_gets_no_consent(tmp_path, monkeypatch, audit):
+    """
+    The approval that leads to a sign-in again (max_age passed) is
+    remembered only for a client the store still holds, though this
+    instance's cache still has the removed one.
+    """
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        url = await consent_page(browser, ALICE, max_age="0")
+        assert await h.store.remove_client("partner") is True
+        h.clock.advance(1)
+        response, body = await browser.answer_consent(url, "approve")
+        assert_page(response, body, 400)
+        assert b"The application that sent you here is not known to this service." in body
+        assert await h.store.get_consent(ALICE.sub, "partner") is None
+        assert (audit.of("consent.given"), audit.of("code.issued")) == ([], [])
+    finally:
+        await h.close()
+
+
 async def redirect_taken_off(h, client_id: str) -> None:
     """The client's only redirect URI replaced by another, and its cached copy outlived."""
     before = await h.store.get_client(client_id)

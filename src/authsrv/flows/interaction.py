@@ -521,12 +521,23 @@ class InteractionFlow:
             denied = AccessDenied("the user denied the request")
             return Redirect(error_location(self._issuer, request.redirect_uri, request.state, denied), 303)
         if max_age_passed(request, session, now):
-            await self._remember_consent(session.sub, client.client_id, request.scope, now)
-            again = attrs.evolve(request, prompt=request.prompt - {"consent"})
-            return await self._wait(again, LOGIN_STAGE, None, browser, now, address)
+            return await self._approved_then_sign_in(client, request, session, browser, address, now)
         location = await self._issue_code(client, request, session, now)
         await self._remember_consent(session.sub, client.client_id, request.scope, now)
         return Redirect(location, 303)
+
+    async def _approved_then_sign_in(self, client: Client, request: AuthorizationRequest, session: BrowserSession,
+                                     browser: Browser, address: str, now: int) -> Redirect:
+        """
+        An approval given once max_age passed: remembered (for a client the
+        store still holds, as L{_issue_code} checks for its code), then the
+        same request waits for a sign-in again, without prompt=consent.
+        """
+        if client.stored and await self._store.get_client(client.client_id) is None:
+            raise unknown_client()  # removed since this instance cached it
+        await self._remember_consent(session.sub, client.client_id, request.scope, now)
+        again = attrs.evolve(request, prompt=request.prompt - {"consent"})
+        return await self._wait(again, LOGIN_STAGE, None, browser, now, address)
 
     async def live_session(self, cookie: str | None, now: int) -> BrowserSession | None:
         """
