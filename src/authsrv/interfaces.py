@@ -440,7 +440,13 @@ class IGrantStore(Interface):
         """
 
     def save_consent(sub, client_id, scope, now):
-        """Remember that the user consented to C{scope} for the client."""
+        """
+        Add C{scope} to what the user consented to for the client (a new
+        consent of just C{scope} when there is none), dated C{now}, in one
+        atomic step: a revoke that lands while a consent is being saved is
+        never undone by scopes read before it. Fires with the frozenset of
+        scopes the user now consented to.
+        """
 
     def get_consent(sub, client_id):
         """Fires with the frozenset of consented scopes, or None."""

@@ -284,9 +284,9 @@ async def test_a_live_session_skips_the_login_and_prompt_login_or_max_age_ask_ag
         await h.close()
 
 
-def id_token_of(h: Harness, sub: str, key=None) -> str:
+def id_token_of(h: Harness, sub: str, key=None, aud="first") -> str:
     now = h.now()
-    claims = {"iss": ISSUER, "sub": sub, "aud": "first", "iat": now - 7200, "exp": now - 3600, "auth_time": now}
+    claims = {"iss": ISSUER, "sub": sub, "aud": aud, "iat": now - 7200, "exp": now - 3600, "auth_time": now}
     if key is None:
         return h.keystore.sign(claims, "RS256", "JWT")
     token = jws.JWS(json.dumps(claims).encode())
@@ -322,7 +322,8 @@ async def test_an_id_token_hint_for_another_user_asks_for_a_sign_in(tmp_path, mo
 
 async def signed_in_on_hint(browser: Browser, hinted, user, client_id="first", **params):
     """The answer when C{user} signs in with a password on the sign-in an id_token_hint for C{hinted} asks for."""
-    response, body = await browser.authorize(client_id, id_token_hint=id_token_of(browser.h, hinted.sub), **params)
+    response, body = await browser.authorize(client_id, id_token_hint=id_token_of(browser.h, hinted.sub, aud=client_id),
+                                             **params)
     assert shows_login_form(response, body)
     return await browser.submit_login(response, user.login, PASSWORDS[user.sub])
 
@@ -380,6 +381,33 @@ async def test_a_passkey_sign_in_on_an_id_token_hint_gives_a_code_only_to_its_us
         assert "code" in query_of(location(await with_passkey_on_hint(ALICE)))
         assert_error_redirect(await with_passkey_on_hint(BOB), "login_required", status=303)
         assert [(e["sub"], e["hinted_sub"]) for e in audit.of("login.hint_mismatch")] == [(ALICE.sub, BOB.sub)]
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_id_token_hint_issued_to_another_client_is_invalid_request(tmp_path, monkeypatch, audit):
+    """
+    OIDC Core section 3.1.2.1: the hint is an ID token of the user's session
+    with the client that sends it; one issued to another client (leaked to,
+    or passed along by, this one) is refused, as node-oidc-provider does,
+    with nothing shown to the user and no code.
+    """
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        await browser.sign_in(ALICE, "first")
+        for hint in (id_token_of(h, ALICE.sub, aud="partner"), id_token_of(h, ALICE.sub, aud=["partner", "other"]),
+                     id_token_of(h, ALICE.sub, aud=None)):
+            for prompt in (None, "none"):
+                response, _ = await browser.authorize("first", id_token_hint=hint, prompt=prompt)
+                query = assert_error_redirect(response, "invalid_request", state="st4te")
+                assert "issued to another client" in query["error_description"]
+        assert len(audit.of("code.issued")) == 1
+        for aud in (["first", "partner"], "first"):
+            response, _ = await browser.authorize("first", id_token_hint=id_token_of(h, ALICE.sub, aud=aud),
+                                                  prompt="none")
+            assert "code" in query_of(location(response)), aud
     finally:
         await h.close()
 

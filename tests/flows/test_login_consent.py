@@ -214,6 +214,28 @@ async def test_a_client_removed_while_its_user_consents_gets_neither_code_nor_co
         await h.close()
 
 
+@pytest_twisted.ensureDeferred
+async def test_a_client_removed_while_its_user_consents_past_max_age_gets_no_consent(tmp_path, monkeypatch, audit):
+    """
+    The approval that leads to a sign-in again (max_age passed) is
+    remembered only for a client the store still holds, though this
+    instance's cache still has the removed one.
+    """
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        url = await consent_page(browser, ALICE, max_age="0")
+        assert await h.store.remove_client("partner") is True
+        h.clock.advance(1)
+        response, body = await browser.answer_consent(url, "approve")
+        assert_page(response, body, 400)
+        assert b"The application that sent you here is not known to this service." in body
+        assert await h.store.get_consent(ALICE.sub, "partner") is None
+        assert (audit.of("consent.given"), audit.of("code.issued")) == ([], [])
+    finally:
+        await h.close()
+
+
 async def redirect_taken_off(h, client_id: str) -> None:
     """The client's only redirect URI replaced by another, and its cached copy outlived."""
     before = await h.store.get_client(client_id)
@@ -442,6 +464,60 @@ async def test_a_wider_scope_asks_again_and_consents_add_up(tmp_path, monkeypatc
         assert await h.store.get_consent(ALICE.sub, "partner") == {"openid", "email", "profile"}
         response, _ = await browser.authorize("partner", scope="email profile")
         assert response.code == 302
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_revoke_while_a_consent_is_saved_keeps_the_revoked_scopes_gone(tmp_path, monkeypatch):
+    """
+    The user revokes the client just as a wider consent is being saved:
+    only the scopes just approved are remembered, never the revoked ones.
+    """
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        await browser.sign_in(ALICE, "partner", scope="openid email")
+        response, _ = await browser.authorize("partner", scope="openid profile")
+        save = h.store.save_consent
+
+        async def revoked_first(sub, client_id, scope, now):
+            await h.store.revoke_consent(sub, client_id)
+            return await save(sub, client_id, scope, now)
+
+        monkeypatch.setattr(h.store, "save_consent", revoked_first)
+        response, _ = await browser.answer_consent(location(response), "approve")
+        assert response.code == 303 and "code" in query_of(location(response))
+        assert await h.store.get_consent(ALICE.sub, "partner") == {"openid", "profile"}
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_approval_after_max_age_signs_in_again_before_any_code(tmp_path, monkeypatch, audit):
+    """
+    OIDC Core 3.1.2.1: a consent page left open past max_age gives no code
+    with the old auth_time; the approval is kept, so after signing in again
+    (prompt=consent included) the code follows without the page again.
+    """
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        url = await consent_page(browser, ALICE, max_age="60", prompt="consent")
+        h.clock.advance(61)
+        response, _ = await browser.answer_consent(url, "approve")
+        assert response.code == 303 and location(response).startswith(ISSUER + "/login?request="), location(response)
+        assert not audit.of("code.issued")
+        assert await h.store.get_consent(ALICE.sub, "partner") == {"openid", "profile", "email", "offline_access"}
+        response, _ = await browser.submit_login(location(response), ALICE.login, PASSWORDS[ALICE.sub])
+        assert response.code == 303 and location(response).startswith(PARTNER_REDIRECT + "?"), location(response)
+        result = await h.store.find_code(token_hash(query_of(location(response))["code"]), h.now())
+        assert isinstance(result, CodeFound) and result.code.auth_time == h.now()
+
+        url = await consent_page(browser, BOB, max_age="60", prompt="login")
+        h.clock.advance(60)
+        response, _ = await browser.answer_consent(url, "approve")
+        assert response.code == 303 and "code" in query_of(location(response)), "max_age itself is not past"
     finally:
         await h.close()
 

@@ -445,6 +445,36 @@ async def test_acr_values_step_up_a_password_session(tmp_path, monkeypatch):
 
 
 @pytest_twisted.ensureDeferred
+async def test_enrolment_put_off_past_max_age_signs_in_again(tmp_path, monkeypatch, audit):
+    """
+    A step-up's enrolment page left open past the request's max_age: putting
+    it off must not give a code with the session's old auth_time (OIDC Core
+    3.1.2.1); the user signs in again, and the code carries the new one.
+    """
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        await browser.sign_in(ALICE)
+        verifier, challenge = pkce_pair()
+        response, _ = await browser.authorize("first", challenge=challenge, acr_values=ACR_MFA, max_age="120")
+        assert "/mfa/enrol?" in location(response), "the live session is stepped up"
+        response, body = await browser.get(location(response))
+        h.clock.advance(121)
+        issued = len(audit.of("code.issued"))
+        response, _ = await browser.post(ISSUER + "/mfa/enrol", {**hidden_fields(body), "action": "later"})
+        assert response.code == 303 and location(response).startswith(ISSUER + "/login?request="), location(response)
+        assert len(audit.of("code.issued")) == issued
+        response, _ = await browser.submit_login(location(response), ALICE.login, PASSWORDS[ALICE.sub])
+        assert "/mfa/enrol?" in location(response)
+        response, body = await browser.get(location(response))
+        response, _ = await browser.post(ISSUER + "/mfa/enrol", {**hidden_fields(body), "action": "later"})
+        claims = await claims_of(h, query_of(location(response)), verifier)
+        assert claims["auth_time"] == h.now() and claims["acr"] == ACR_PWD
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_the_claims_request_for_the_mfa_acr_is_honoured(tmp_path, monkeypatch):
     h = await started(tmp_path, monkeypatch)
     try:

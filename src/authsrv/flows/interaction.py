@@ -49,6 +49,7 @@ from authsrv.protocol.authorize import (
     consent_needed,
     error_location,
     login_needed,
+    max_age_passed,
     one_param,
     parse_request,
     refuse_silently,
@@ -211,7 +212,7 @@ class InteractionFlow:
             if stage is not None:
                 refuse_silently(request, login=True, consent=False)
                 return await self._wait(request, stage, session.sid, browser, now, sub=session.sub, amr=session.amr)
-            return await self._after_login(client, request, session, browser, now, 302)
+            return await self._after_login(client, request, session, browser, now, 302, address)
         except AuthorizeError as e:
             return Redirect(error_location(self._issuer, e.redirect_uri, e.state, e.error))
 
@@ -240,7 +241,9 @@ class InteractionFlow:
         signed in here must sign in again (or, with prompt=none, the client
         hears login_required), the login form showing the hinted user's
         login unless a login_hint says otherwise; a hint this server did not
-        sign is invalid_request. Its expiry is not checked.
+        sign, or signed for another client (the hint is of a session "with
+        the Client", as node-oidc-provider also insists), is
+        invalid_request. Its expiry is not checked.
         """
         hint = one_param(args, b"id_token_hint")
         if not hint:
@@ -250,6 +253,10 @@ class InteractionFlow:
         except PageError:
             error = InvalidRequest("id_token_hint is not an ID token this server issued")
             raise AuthorizeError(error, request.redirect_uri, request.state) from None
+        aud = claims.get("aud")
+        if request.client_id not in (aud if isinstance(aud, list) else [aud]):
+            error = InvalidRequest("id_token_hint was issued to another client; send an ID token this client received")
+            raise AuthorizeError(error, request.redirect_uri, request.state)
         request = attrs.evolve(request, hinted_sub=claims["sub"])
         if session is not None and session.sub == claims["sub"]:
             return request
@@ -471,7 +478,8 @@ class InteractionFlow:
             value, session = await step_up_session(self._store, session, amr, acr, now)
         # A new session goes to the store with the code (or the consent's interaction).
         answer, *_ = await together(
-            [Deferred.fromCoroutine(self._after_login(client, request, session, browser, now, 303)), *created])
+            [Deferred.fromCoroutine(self._after_login(client, request, session, browser, now, 303, address)),
+             *created])
         return Redirect(answer.location, answer.status, CookieChanges(session=value, device=answer.cookies.device))
 
     async def consent_form(self, form: dict[str, str] | None, browser: Browser, now: int) -> ConsentForm:
@@ -487,11 +495,16 @@ class InteractionFlow:
             unvetted=client.registered_itself,
         )
 
-    async def submit_consent(self, form: dict[str, str] | None, browser: Browser, now: int) -> Redirect:
+    async def submit_consent(self, form: dict[str, str] | None, browser: Browser, address: str,
+                             now: int) -> Redirect:
         """
         Allow: the code issued, then the consent remembered (none for a
         client removed meanwhile, which gets no code); deny: access_denied
-        to the client.
+        to the client. An approval once the session's authentication is
+        older than the request's max_age is remembered, and the user signs
+        in again (counted toward C{address}'s cap) before any code: the
+        consent page is not asked for again, so a slow reader is not sent
+        round in a loop.
         """
         if form is None:
             raise _forged()
@@ -507,9 +520,24 @@ class InteractionFlow:
             events.consent_denied(sub=session.sub, client_id=client.client_id)
             denied = AccessDenied("the user denied the request")
             return Redirect(error_location(self._issuer, request.redirect_uri, request.state, denied), 303)
+        if max_age_passed(request, session, now):
+            return await self._approved_then_sign_in(client, request, session, browser, address, now)
         location = await self._issue_code(client, request, session, now)
         await self._remember_consent(session.sub, client.client_id, request.scope, now)
         return Redirect(location, 303)
+
+    async def _approved_then_sign_in(self, client: Client, request: AuthorizationRequest, session: BrowserSession,
+                                     browser: Browser, address: str, now: int) -> Redirect:
+        """
+        An approval given once max_age passed: remembered (for a client the
+        store still holds, as L{_issue_code} checks for its code), then the
+        same request waits for a sign-in again, without prompt=consent.
+        """
+        if client.stored and await self._store.get_client(client.client_id) is None:
+            raise unknown_client()  # removed since this instance cached it
+        await self._remember_consent(session.sub, client.client_id, request.scope, now)
+        again = attrs.evolve(request, prompt=request.prompt - {"consent"})
+        return await self._wait(again, LOGIN_STAGE, None, browser, now, address)
 
     async def live_session(self, cookie: str | None, now: int) -> BrowserSession | None:
         """
@@ -555,19 +583,23 @@ class InteractionFlow:
         return await self._wait(request, LOGIN_STAGE, None, browser, now, address)
 
     async def _after_login(self, client: Client, request: AuthorizationRequest, session: BrowserSession,
-                           browser: Browser, now: int, status: int) -> Redirect:
+                           browser: Browser, now: int, status: int, address: str) -> Redirect:
         """
         With a live session: the consent page or the code; back to the
         service's own page it came from (device verification, the account
         page). A session of another user than the request's id_token_hint
         named gets login_required instead: the last guard, as the first
-        factor already refuses any other user (L{_refused_for_hint}).
+        factor already refuses any other user (L{_refused_for_hint}). A
+        session whose authentication grew older than max_age while a page
+        was open (an enrolment put off) signs in again first.
         """
         if request.device:
             return Redirect(request.redirect_uri, 303)
         refused = self._refused_for_hint(client, request, session.sub, None, status)
         if refused is not None:
             return refused
+        if max_age_passed(request, session, now):
+            return await self._wait(request, LOGIN_STAGE, None, browser, now, address)
         consented = None if client.first_party else await self._store.get_consent(session.sub, client.client_id)
         needed = consent_needed(client, request, consented)
         refuse_silently(request, login=False, consent=needed)
@@ -749,10 +781,8 @@ class InteractionFlow:
         )
 
     async def _remember_consent(self, sub: str, client_id: str, scope, now: int) -> None:
-        """Add C{scope} to what the user consented to for the client, until revoked."""
-        earlier = await self._store.get_consent(sub, client_id) or frozenset()
-        granted = earlier | frozenset(scope)
-        await self._store.save_consent(sub, client_id, granted, now)
+        """Add C{scope} to what the user consented to for the client, until revoked (the store merges)."""
+        granted = await self._store.save_consent(sub, client_id, scope, now)
         events.consent_given(sub=sub, client_id=client_id, scope=" ".join(sorted(granted)))
 
     async def _issue_code(self, client: Client, request: AuthorizationRequest, session: BrowserSession,

@@ -281,9 +281,16 @@ def login_needed(request: AuthorizationRequest, session: BrowserSession | None, 
     """
     if session is None or "login" in request.prompt:
         return True
-    if request.max_age is None:
-        return False
-    return request.max_age == 0 or now - session.auth_time > request.max_age
+    return request.max_age == 0 or max_age_passed(request, session, now)
+
+
+def max_age_passed(request: AuthorizationRequest, session: BrowserSession, now: int) -> bool:
+    """
+    The session's authentication is older than the request's max_age: no
+    code may carry its auth_time (OIDC Core 3.1.2.1), however long ago the
+    request started, so a page left open past it leads to a sign-in again.
+    """
+    return request.max_age is not None and now - session.auth_time > request.max_age
 
 
 def consent_needed(client: Client, request: AuthorizationRequest, consented: frozenset | None) -> bool:

@@ -633,12 +633,17 @@ class PostgresStore:
         return self._run("session_clients", clients)
 
     def save_consent(self, sub, client_id, scope, now):
-        return self._write("save_consent",
-            "INSERT INTO consents (sub, client_id, scope, created_at)"
+        # The union is taken on the locked row in the upsert itself: a revoke is never undone by an earlier read.
+        return self._run("save_consent", first,
+            "INSERT INTO consents AS c (sub, client_id, scope, created_at)"
             " VALUES (%(sub)s, %(client_id)s, %(scope)s, %(now)s)"
-            " ON CONFLICT (sub, client_id) DO UPDATE SET scope = EXCLUDED.scope, created_at = EXCLUDED.created_at",
+            " ON CONFLICT (sub, client_id) DO UPDATE SET created_at = EXCLUDED.created_at, scope = ("
+            "SELECT coalesce(string_agg(word, ' ' ORDER BY word COLLATE \"C\"), '') FROM ("
+            "SELECT DISTINCT unnest(string_to_array(c.scope || ' ' || EXCLUDED.scope, ' ')) AS word) AS words"
+            " WHERE word <> '')"
+            " RETURNING scope",
             {"sub": sub, "client_id": client_id, "scope": scope_text(scope), "now": now},
-        )
+        ).addCallback(lambda row: frozenset(row["scope"].split()))
 
     def get_consent(self, sub, client_id):
         return self._one("get_consent",

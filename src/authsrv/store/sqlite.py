@@ -535,10 +535,15 @@ class SQLiteStore:
         )
 
     def save_consent(self, sub, client_id, scope, now):
-        return self._execute("save_consent",
-            "INSERT OR REPLACE INTO consents (sub, client_id, scope, created_at) VALUES (?, ?, ?, ?)",
-            (sub, client_id, scope_text(scope), now),
-        ).addCallback(lambda _: None)
+        def merge(db):
+            row = db.execute("SELECT scope FROM consents WHERE sub = ? AND client_id = ?", (sub, client_id)).fetchone()
+            merged = frozenset(scope) | (frozenset(row["scope"].split()) if row is not None else frozenset())
+            db.execute("INSERT OR REPLACE INTO consents (sub, client_id, scope, created_at) VALUES (?, ?, ?, ?)",
+                       (sub, client_id, scope_text(merged), now))
+            return merged
+
+        # One write transaction (BEGIN IMMEDIATE): no revoke lands between the read and the write.
+        return self._call("save_consent", True, merge)
 
     def get_consent(self, sub, client_id):
         def get(db):

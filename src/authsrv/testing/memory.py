@@ -504,7 +504,10 @@ class MemoryStore:
 
     @_answered
     def save_consent(self, sub, client_id, scope, now):
-        self.tables.consents[sub, client_id] = Consent(sub, client_id, scope, now)
+        earlier = self.tables.consents.get((sub, client_id))
+        merged = frozenset(scope) | (earlier.scope if earlier is not None else frozenset())
+        self.tables.consents[sub, client_id] = Consent(sub, client_id, merged, now)
+        return merged
 
     @_answered
     def get_consent(self, sub, client_id):

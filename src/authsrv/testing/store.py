@@ -1331,10 +1331,8 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
     async def test_consents(self):
         async with self.store() as store:
             assert await store.get_consent(ALICE, CLIENT) is None
-            assert await store.save_consent(ALICE, CLIENT, {"openid", "profile"}, NOW) is None
+            assert await store.save_consent(ALICE, CLIENT, {"openid", "profile"}, NOW) == {"openid", "profile"}
             assert await store.get_consent(ALICE, CLIENT) == frozenset({"openid", "profile"})
-            await store.save_consent(ALICE, CLIENT, frozenset({"openid", "email"}), NOW + 1)
-            assert await store.get_consent(ALICE, CLIENT) == frozenset({"openid", "email"})
             await store.save_consent(ALICE, OTHER_CLIENT, frozenset(), NOW)
             assert await store.get_consent(ALICE, OTHER_CLIENT) == frozenset()
             assert await store.get_consent(BOB, CLIENT) is None
@@ -1342,6 +1340,23 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             assert await store.revoke_consent(ALICE, CLIENT) is False
             assert await store.get_consent(ALICE, CLIENT) is None
             assert await store.get_consent(ALICE, OTHER_CLIENT) == frozenset()
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_saved_consent_adds_to_the_stored_one_and_a_revoke_ends_it(self):
+        """
+        The store merges (the flow never reads then writes back), so the
+        scopes a revoke removed never come back with a later consent.
+        """
+        async with self.store() as store:
+            await store.save_consent(ALICE, CLIENT, {"openid", "profile"}, NOW)
+            merged = await store.save_consent(ALICE, CLIENT, frozenset({"openid", "email"}), NOW + 1)
+            assert merged == {"openid", "profile", "email"}
+            assert await store.get_consent(ALICE, CLIENT) == merged
+            assert await store.list_user_consents(ALICE) == [Consent(ALICE, CLIENT, merged, NOW + 1)]
+            assert await store.save_consent(ALICE, CLIENT, frozenset(), NOW + 2) == merged
+            assert await store.revoke_consent(ALICE, CLIENT) is True
+            assert await store.save_consent(ALICE, CLIENT, {"email"}, NOW + 3) == {"email"}
+            assert await store.get_consent(ALICE, CLIENT) == {"email"}
 
     @pytest_twisted.ensureDeferred
     async def test_list_user_consents(self):
@@ -1867,6 +1882,22 @@ class StoreConcurrencyConformance(FactorConcurrencyConformance, DeviceConcurrenc
                 assert (await first.get_grant(grant.grant_id)).revoked_at == NOW
                 for access in tokens:
                     assert await second.find_access_token(access.token_hash, NOW) is None
+
+    @pytest_twisted.ensureDeferred
+    async def test_racing_consents_add_up_and_never_undo_a_revoke(self):
+        """
+        Consents saved at once by two servers both count, and a revoke
+        racing a save leaves either nothing or only the scopes of that save.
+        """
+        async with self.store_pair() as (first, second):
+            for n in range(self.rounds):
+                sub = f"racer-{n}"
+                await gatherResults([first.save_consent(sub, CLIENT, {"openid", "profile"}, NOW),
+                                     second.save_consent(sub, CLIENT, {"openid", "email"}, NOW)])
+                assert await first.get_consent(sub, CLIENT) == {"openid", "profile", "email"}
+                await gatherResults([first.revoke_consent(sub, CLIENT),
+                                     second.save_consent(sub, CLIENT, {"address"}, NOW + 1)])
+                assert await second.get_consent(sub, CLIENT) in (None, {"address"})
 
     @pytest_twisted.ensureDeferred
     async def test_racing_links_of_one_provider_account(self):

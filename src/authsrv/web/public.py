@@ -467,8 +467,9 @@ class PublicSite:
 
     @app.route(ISSUER_PATH + "/consent", methods=["POST"])
     async def consent_submitted(self, request):
+        address = client_address_of(request, self._trusted_proxies)
         outcome = await self._flows.interaction.submit_consent(
-            page_form(request), self._cookies.browser(request), self._now()
+            page_form(request), self._cookies.browser(request), address, self._now()
         )
         return self._answer(request, outcome)
 
