@@ -504,7 +504,9 @@ class InteractionFlow:
         older than the request's max_age is remembered, and the user signs
         in again (counted toward C{address}'s cap) before any code: the
         consent page is not asked for again, so a slow reader is not sent
-        round in a loop.
+        round in a loop. A sign-in made to reach this page meets max_age
+        however long the page stayed open, as in node-oidc-provider, so a
+        new user never types the password twice.
         """
         if form is None:
             raise _forged()
@@ -520,7 +522,7 @@ class InteractionFlow:
             events.consent_denied(sub=session.sub, client_id=client.client_id)
             denied = AccessDenied("the user denied the request")
             return Redirect(error_location(self._issuer, request.redirect_uri, request.state, denied), 303)
-        if max_age_passed(request, session, now):
+        if max_age_passed(request, session, now) and session.auth_time < interaction.created_at:
             return await self._approved_then_sign_in(client, request, session, browser, address, now)
         location = await self._issue_code(client, request, session, now)
         await self._remember_consent(session.sub, client.client_id, request.scope, now)
