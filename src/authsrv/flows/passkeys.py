@@ -13,9 +13,12 @@ stores nothing, so a login page is read without a write. The answer's
 challenge is checked, then used up once in the store, with the same
 single-use record DPoP proofs have: a replayed answer finds it used. The
 sign counter must grow with each use; an assertion whose counter did not
-(a cloned authenticator) is refused and audited. A credential that may be synced between devices (backup-eligible)
-counts as a software key (RFC 8176 C{swk}), any other as a hardware key
-(C{hwk}).
+(a cloned authenticator) is refused and audited. Whatever the library
+finds wrong with an answer (any of its C{WebAuthnException}s, such as
+backup flags no authenticator sets or a key it cannot read) refuses it,
+never a server error. A credential that may be synced between devices
+(backup-eligible) counts as a software key (RFC 8176 C{swk}), any other as
+a hardware key (C{hwk}).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from webauthn import (
     verify_registration_response,
 )
 from webauthn.helpers import base64url_to_bytes, bytes_to_base64url, parse_client_data_json
-from webauthn.helpers.exceptions import InvalidAuthenticationResponse, InvalidJSONStructure, InvalidRegistrationResponse
+from webauthn.helpers.exceptions import InvalidAuthenticationResponse, InvalidJSONStructure, WebAuthnException
 from webauthn.helpers.structs import (
     AuthenticatorSelectionCriteria,
     CredentialDeviceType,
@@ -185,7 +188,7 @@ class Passkeys:
                 credential=credential, expected_challenge=challenge, expected_rp_id=self.rp_id,
                 expected_origin=self.origin, require_user_verification=True,
             )
-        except (InvalidRegistrationResponse, InvalidJSONStructure, ValueError, KeyError, TypeError):
+        except (WebAuthnException, ValueError, KeyError, TypeError):
             return None
         transports = credential.get("response", {}).get("transports") or []
         passkey = Passkey(
@@ -262,7 +265,9 @@ class Passkeys:
             if "sign count" in str(e):
                 return refused(f"sign counter went back or stood still (cloned authenticator?): {e}")
             return refused(str(e))
-        except (InvalidJSONStructure, ValueError, KeyError, TypeError):
+        except WebAuthnException as e:
+            return refused(str(e) or type(e).__name__)
+        except (ValueError, KeyError, TypeError):
             return refused("malformed answer")
         if not await self._store.use_passkey(credential_id, verified.new_sign_count, verified.credential_backed_up,
                                              now):
