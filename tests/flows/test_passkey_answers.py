@@ -18,12 +18,15 @@ from flow_client import Browser, hidden_fields, location
 from harness import BASE, ISSUER, Harness
 from soft_passkey import AT, BE, BS, UP, UV, SoftPasskey
 
+from authsrv.flows.passkeys import PasskeyAccepted, Passkeys, browser_origin
 from authsrv.testing.identity import ALICE
+from authsrv.testing.memory import MemoryStore
 
 ACCOUNT = ISSUER + "/account"
 _OPTIONS = re.compile(r'data-options="([^"]+)"')
 NOT_ADDED = b"The passkey could not be added."
 NOT_ACCEPTED = b"That passkey was not accepted."
+NOW = 1_900_000_000
 
 
 def options_of(body: bytes) -> str:
@@ -92,3 +95,21 @@ async def test_odd_replayed_or_counted_back_assertions_are_refused(tmp_path, mon
         assert response.code == 303, body
     finally:
         await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_public_url_with_its_default_port_or_capitals_still_matches_the_browsers_origin():
+    """
+    Browsers write the origin in lower case without a default port: a
+    public URL written otherwise made every passkey answer a wrong origin.
+    """
+    for public_url, expected in (("https://ID.Example.test:443/auth", "https://id.example.test"),
+                                 ("http://LocalHost:8080", "http://localhost:8080"),
+                                 ("http://[::1]:80", "http://[::1]")):
+        assert browser_origin(public_url) == expected
+    keys = Passkeys(store=MemoryStore(), public_url="https://ID.Example.test:443", rp_name="Example")
+    key = SoftPasskey("id.example.test", "https://id.example.test", b"sub-1")
+    options = await keys.registration_options("sub-1", "alice", "Alice", NOW)
+    assert await keys.register("sub-1", key.create(options), NOW) is not None
+    outcome = await keys.authenticate("i-1", key.get(await keys.sign_in_options("i-1", NOW)), "192.0.2.1", NOW)
+    assert isinstance(outcome, PasskeyAccepted) and outcome.passkey.sub == "sub-1"
