@@ -8,6 +8,7 @@ refused.
 
 from __future__ import annotations
 
+import json
 import re
 from html import unescape
 
@@ -113,3 +114,24 @@ async def test_a_public_url_with_its_default_port_or_capitals_still_matches_the_
     assert await keys.register("sub-1", key.create(options), NOW) is not None
     outcome = await keys.authenticate("i-1", key.get(await keys.sign_in_options("i-1", NOW)), "192.0.2.1", NOW)
     assert isinstance(outcome, PasskeyAccepted) and outcome.passkey.sub == "sub-1"
+
+
+@pytest_twisted.ensureDeferred
+async def test_only_transport_names_are_kept_with_a_passkey(tmp_path, monkeypatch, pg_dsn):
+    """Any text as a transport was stored: one holding NUL, which PostgreSQL refuses, answered 500."""
+    h = await Harness(tmp_path, monkeypatch, postgres_dsn=pg_dsn).start()
+    try:
+        browser = Browser(h)
+        await browser.sign_in(ALICE)
+        key = SoftPasskey("127.0.0.1", BASE, ALICE.sub.encode())
+
+        def odd_transports(options):
+            credential = json.loads(key.create(options))
+            credential["response"]["transports"] = ["internal", "int\0ernal", "x" * 500, 5, None, "hybrid"]
+            return json.dumps(credential)
+
+        assert b"Your passkey is added." in await add_passkey(browser, odd_transports)
+        [passkey] = await h.store.list_passkeys(ALICE.sub)
+        assert passkey.transports == ("internal", "hybrid")
+    finally:
+        await h.close()

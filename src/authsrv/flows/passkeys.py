@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 from urllib.parse import urlsplit
 
@@ -63,6 +64,8 @@ TIMEOUT_MS = CHALLENGE_TTL * 1000
 HARDWARE_KEY, SOFTWARE_KEY = "hwk", "swk"
 PASSKEY_METHODS = (HARDWARE_KEY, SOFTWARE_KEY)
 MAX_CREDENTIAL_JSON = 16384
+MAX_TRANSPORTS = 8
+_TRANSPORT = re.compile(r"[a-z0-9-]{1,32}")
 
 
 def browser_origin(url: str) -> str:
@@ -79,6 +82,17 @@ def browser_origin(url: str) -> str:
         host = f"[{host}]"
     default = {"http": 80, "https": 443}.get(parts.scheme)
     return f"{parts.scheme}://{host}" + ("" if port is None or port == default else f":{port}")
+
+
+def transport_names(transports) -> tuple[str, ...]:
+    """
+    The transports a browser's answer lists, to keep with the passkey: at
+    most L{MAX_TRANSPORTS} that look like names, so no other text a page
+    posts is stored (a NUL character, which PostgreSQL refuses, included).
+    """
+    if not isinstance(transports, list):
+        return ()
+    return tuple(t for t in transports if isinstance(t, str) and _TRANSPORT.fullmatch(t))[:MAX_TRANSPORTS]
 
 
 def registration_purpose(sub: str) -> str:
@@ -205,13 +219,13 @@ class Passkeys:
             )
         except (WebAuthnException, ValueError, KeyError, TypeError):
             return None
-        transports = credential.get("response", {}).get("transports") or []
+        transports = credential.get("response", {}).get("transports")
         passkey = Passkey(
             credential_id=bytes_to_base64url(verified.credential_id), sub=sub,
             public_key=verified.credential_public_key, sign_count=verified.sign_count,
             backup_eligible=verified.credential_device_type == CredentialDeviceType.MULTI_DEVICE,
             backup_state=verified.credential_backed_up,
-            transports=tuple(t for t in transports if isinstance(t, str))[:8], created_at=now,
+            transports=transport_names(transports), created_at=now,
         )
         try:
             await self._store.add_passkey(passkey)
