@@ -726,3 +726,34 @@ async def test_a_user_banned_between_password_and_code_gets_no_session(tmp_path,
         assert "authsrv_session" not in browser.cookies and not audit.of("login.succeeded")
     finally:
         await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_session_signed_out_while_it_steps_up_stays_signed_out(tmp_path, monkeypatch):
+    """
+    The step-up ended the session it had read and stored the raised one
+    whether or not the first was still there: one signed out meanwhile (from
+    the account page, a password change, an operator) came back to life.
+    """
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        await browser.sign_in(ALICE)
+        secret, _ = await enrol_at_account_page(h, browser)
+        h.clock.advance(30)
+        signed_out = browser.session_hash
+        response, _ = await browser.authorize("first", acr_values=ACR_MFA)
+        page = location(response)
+        use_totp_step = h.store.use_totp_step
+
+        async def signed_out_meanwhile(sub, step):
+            used = await use_totp_step(sub, step)
+            await h.store.end_session(signed_out)
+            return used
+
+        monkeypatch.setattr(h.store, "use_totp_step", signed_out_meanwhile)
+        response, body = await give_code(browser, page, code_at(secret, h.now()))
+        assert response.code == 400 and b"no longer signed in" in body, body
+        assert await h.store.list_user_sessions(ALICE.sub, h.now()) == []
+    finally:
+        await h.close()

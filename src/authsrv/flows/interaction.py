@@ -480,9 +480,10 @@ class InteractionFlow:
         """
         The sign-in done by C{amr} at C{acr}: a new session, or the live
         C{session} it stepped up (raised to the MFA class, or left as it
-        was when enrolment was put off), then consent or the code. A new
-        session of the user the browser's earlier one was for keeps that
-        one's sid (L{authsrv.flows.sessions.SessionEnder.replace}).
+        was when enrolment was put off; one signed out meanwhile stays
+        signed out), then consent or the code. A new session of the user
+        the browser's earlier one was for keeps that one's sid
+        (L{authsrv.flows.sessions.SessionEnder.replace}).
         """
         value: str | None = None
         created = []
@@ -495,7 +496,10 @@ class InteractionFlow:
             created.append(self._store.create_session(session).addCallback(
                 lambda _: events.login_succeeded(sub=sub, client_id=client.client_id, address=address)))
         elif acr == ACR_MFA:
-            value, session = await step_up_session(self._store, session, amr, acr, now)
+            raised = await step_up_session(self._store, session, amr, acr, now)
+            if raised is None:
+                raise PageError(400, "Signed out", SIGNED_OUT)
+            value, session = raised
         # A new session goes to the store with the code (or the consent's interaction).
         answer, *_ = await together(
             [Deferred.fromCoroutine(self._after_login(client, request, session, browser, now, 303, address)),
