@@ -400,6 +400,39 @@ async def test_unlink(world):
 
 
 @pytest_twisted.ensureDeferred
+async def test_unlinking_revokes_the_links_tokens_at_the_provider(world, audit):
+    """
+    Unlinking dropped the stored tokens but left them valid at the chat
+    platform, where the service still showed as connected: they are revoked
+    there after the answer, which never waits for the provider.
+    """
+    cookie = await world.sign_in()
+
+    async def unlink_new_link():
+        response, body = await world.callback(await world.approve(await world.start(cookie)), cookie)
+        linked = await world.h.store.get_linked_account(ALICE.sub, "discord")
+        response, body = await world.h.post(LINK + "/unlink", {"csrf": csrf_of(body)}, headers=session_header(cookie))
+        assert_page(response, body, 200, "no longer linked")
+        return (world.cipher.decrypt(linked.access_token_enc, linked.account_id, ACCESS),
+                world.cipher.decrypt(linked.refresh_token_enc, linked.account_id, REFRESH))
+
+    world.fake.hold_revocations = True
+    await unlink_new_link()
+    world.h.clock.advance(world.config.timeout)
+    world.h.clock.advance(world.config.timeout)
+    assert world.fake.revocations == []
+    warnings = [formatEvent(e) for e in audit if "could not revoke" in (e.get("log_format") or "")]
+    assert warnings == [f"could not revoke an unlinked account's {hint} at discord: ChatProviderUnavailable"
+                        for hint in ("access_token", "refresh_token")], warnings
+    assert not any(token in formatEvent(e) for e in audit for token in world.fake.tokens())
+
+    world.fake.hold_revocations = False
+    access, refresh = await unlink_new_link()
+    assert world.fake.revocations == [(access, "access_token"), (refresh, "refresh_token")]
+    assert not world.fake.access_valid(access)
+
+
+@pytest_twisted.ensureDeferred
 async def test_link_pages_when_linking_is_not_configured(tmp_path, monkeypatch):
     harness = await Harness(tmp_path, monkeypatch).start()
     try:

@@ -26,7 +26,7 @@ from authsrv.flows.login import Throttled
 from authsrv.flows.mfa import CodeRefused, MfaPolicy, SecondFactors, reset_factors
 from authsrv.protocol.errors import InvalidRequest
 from authsrv.protocol.oidc import mfa_requested, requested_acr
-from authsrv.records import ACR_MFA, ACR_PWD, ThrottlePolicy
+from authsrv.records import ACR_MFA, ACR_PWD, Ban, ThrottlePolicy
 from authsrv.testing.identity import ALICE, BOB, PASSWORDS
 
 TOTP_PAGE = ISSUER + "/account/mfa/totp"
@@ -640,5 +640,120 @@ async def test_codes_from_everywhere_are_held_to_ten_an_hour(tmp_path, monkeypat
             assert isinstance(await factors.verify(ALICE.sub, wrong, f"203.0.113.{n}", None, h.now()), CodeRefused)
         held = await factors.verify(ALICE.sub, code_at(secret, h.now()), "203.0.113.99", None, h.now())
         assert isinstance(held, Throttled) and held.retry_after > 15 * 60
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_confirmed_enrolment_is_never_shown_or_confirmed_again(tmp_path, monkeypatch):
+    """
+    The enrolment page's sealed form outlives its confirmation: posted
+    again, it showed the live secret and recovery codes once more, and
+    confirmed again it brought back the recovery codes used since.
+    """
+    h = await started(tmp_path, monkeypatch)
+    try:
+        first = Browser(h)
+        await first.sign_in(ALICE)
+        response, body = await first.get(TOTP_PAGE)
+        secret, codes, fields = enrolment_of(body)
+        response, body = await first.post(TOTP_PAGE, {**fields, "code": code_at(secret, h.now())})
+        assert b"Authenticator set up" in body
+        h.clock.advance(30)
+        strong = Browser(h)
+        response, _ = await password(strong, ALICE)
+        response, _ = await give_code(strong, location(response), codes[0])
+        assert response.code == 303, "a recovery code signs in once"
+        response, body = await strong.get(TOTP_PAGE)
+        stale = {**hidden_fields(body.split(b"/recovery")[0]), "sealed": fields["sealed"]}
+        response, body = await strong.post(TOTP_PAGE, {**stale, "code": "000000"})
+        assert response.code == 200 and secret.encode() not in body
+        assert not set(_CODES.findall(body.decode())) & set(codes), "the live recovery codes are not shown again"
+        response, body = await strong.post(TOTP_PAGE, {**stale, "code": code_at(secret, h.now())})
+        assert b"Authenticator set up" not in body
+        other = Browser(h)
+        response, _ = await password(other, ALICE)
+        response, body = await give_code(other, location(response), codes[0])
+        assert response.code == 200 and b"was used already" in body, "a used recovery code stays used"
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_enrolment_begun_before_the_user_had_a_factor_neither_replaces_nor_skips_it(
+        tmp_path, monkeypatch, audit):
+    """
+    Whoever has the password of a user without a factor reaches enrolment;
+    once the user has set one up meanwhile, that waiting page neither puts
+    it off nor replaces it: the factor the user now has is asked for.
+    """
+    h = await started(tmp_path, monkeypatch, required="required")
+    try:
+        waiting = []
+        for _ in range(3):
+            browser = Browser(h)
+            response, _ = await password(browser, ALICE)
+            response, body = await browser.get(location(response))
+            waiting.append((browser, *enrolment_of(body)))
+        (owner, secret, _, fields), *intruders = waiting
+        response, _ = await owner.post(ISSUER + "/mfa/enrol", {**fields, "code": code_at(secret, h.now())})
+        assert response.code == 303 and "code" in query_of(location(response))
+        stored = await h.store.get_totp(ALICE.sub)
+        for (intruder, secret, _, fields), action in zip(intruders, ("later", "confirm")):
+            response, body = await intruder.post(ISSUER + "/mfa/enrol",
+                                                 {**fields, "action": action, "code": code_at(secret, h.now())})
+            assert response.code == 303 and "/mfa?" in location(response), (action, body)
+            assert "authsrv_session" not in intruder.cookies
+            response, body = await intruder.get(location(response))
+            assert response.code == 200 and b'name="code"' in body
+        assert await h.store.get_totp(ALICE.sub) == stored and len(audit.of("mfa.enrolled")) == 1
+        assert not audit.of("mfa.put_off")
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_user_banned_between_password_and_code_gets_no_session(tmp_path, monkeypatch, audit):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        _, secret, _ = await enrolled(h)
+        browser = Browser(h)
+        response, _ = await password(browser, ALICE)
+        await h.store.ban_user(Ban(sub=ALICE.sub, reason="abuse", created_at=h.now()))
+        audit.clear()
+        response, body = await give_code(browser, location(response), code_at(secret, h.now()))
+        assert response.code == 403 and b"suspended" in body, body
+        assert "authsrv_session" not in browser.cookies and not audit.of("login.succeeded")
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_session_signed_out_while_it_steps_up_stays_signed_out(tmp_path, monkeypatch):
+    """
+    The step-up ended the session it had read and stored the raised one
+    whether or not the first was still there: one signed out meanwhile (from
+    the account page, a password change, an operator) came back to life.
+    """
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        await browser.sign_in(ALICE)
+        secret, _ = await enrol_at_account_page(h, browser)
+        h.clock.advance(30)
+        signed_out = browser.session_hash
+        response, _ = await browser.authorize("first", acr_values=ACR_MFA)
+        page = location(response)
+        use_totp_step = h.store.use_totp_step
+
+        async def signed_out_meanwhile(sub, step):
+            used = await use_totp_step(sub, step)
+            await h.store.end_session(signed_out)
+            return used
+
+        monkeypatch.setattr(h.store, "use_totp_step", signed_out_meanwhile)
+        response, body = await give_code(browser, page, code_at(secret, h.now()))
+        assert response.code == 400 and b"no longer signed in" in body, body
+        assert await h.store.list_user_sessions(ALICE.sub, h.now()) == []
     finally:
         await h.close()

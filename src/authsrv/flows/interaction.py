@@ -302,10 +302,7 @@ class InteractionFlow:
             return await self._with_passkey(self._login_form(200, interaction, client, message=PASSKEY_REFUSED),
                                             seconds)
         sub = outcome.passkey.sub
-        user_standing = await standing(self._identity, self._store, sub, seconds)
-        if not user_standing.allowed:
-            events.login_suspended(sub=sub, address=address, reason="banned or disabled")
-            raise suspended(user_standing.ban_reason if self._show_ban_reason else None)
+        await self._still_allowed(sub, None, address, seconds)
         if not await self._store.take_interaction(interaction.interaction_id, LOGIN_STAGE):
             raise _expired()
         refused = self._refused_for_hint(client, interaction.request, sub, address, 303)
@@ -332,6 +329,7 @@ class InteractionFlow:
                                                     seconds, sub=sub)
         if not isinstance(outcome, PasskeyAccepted):
             return await self._second_factor_form(200, interaction, client, PASSKEY_REFUSED, now=seconds)
+        await self._still_allowed(sub, session, address, seconds)
         if not await self._store.take_interaction(interaction.interaction_id, MFA_STAGE):
             raise _expired()
         events.mfa_succeeded(sub=sub, method=outcome.method, address=address)
@@ -402,6 +400,7 @@ class InteractionFlow:
                                                   outcome.retry_after, now=seconds)
         if not isinstance(outcome, Accepted):
             return await self._second_factor_form(200, interaction, client, WRONG_CODE, now=seconds)
+        await self._still_allowed(sub, session, address, seconds)
         if not await self._store.take_interaction(interaction.interaction_id, MFA_STAGE):
             raise _expired()
         return await self._signed_in(client, interaction.request, sub, session, browser, address,
@@ -416,7 +415,9 @@ class InteractionFlow:
         """
         Confirm a new authenticator with its first code (the sign-in then
         counts as with a second factor), or put enrolment off while the
-        grace period lasts.
+        grace period lasts. A user who has set up a factor since the page
+        was shown gives that one instead: the password alone neither
+        replaces nor skips it.
         """
         if form is None:
             raise _forged()
@@ -425,6 +426,12 @@ class InteractionFlow:
         self._check_csrf(form, browser, interaction)
         sub = interaction.sub
         assert sub is not None, "an enrolment interaction names its user"
+        await self._still_allowed(sub, session, address, seconds)
+        if await self._factors.has_factor(sub):
+            if not await self._store.take_interaction(interaction.interaction_id, ENROL_STAGE):
+                raise _expired()
+            return await self._wait(interaction.request, MFA_STAGE, interaction.sid, browser, seconds, sub=sub,
+                                    amr=interaction.amr)
         if form.get("action") == "later":
             grace_until = await self._factors.grace_until(sub, seconds)
             if grace_until is None:
@@ -444,6 +451,19 @@ class InteractionFlow:
         return await self._signed_in(client, interaction.request, sub, session, browser, address,
                                      with_second_factor(interaction.amr, "otp"), ACR_MFA, seconds)
 
+    async def _still_allowed(self, sub: str, session: BrowserSession | None, address: str, now: int) -> None:
+        """
+        Refuse a sign-in whose user was banned or disabled after its first
+        factor: its second factor must not make a session. A step-up's
+        live session was checked as it was read (L{live_session}).
+        """
+        if session is not None:
+            return
+        user_standing = await standing(self._identity, self._store, sub, now)
+        if not user_standing.allowed:
+            events.login_suspended(sub=sub, address=address, reason="banned or disabled")
+            raise suspended(user_standing.ban_reason if self._show_ban_reason else None)
+
     async def _sign_in_first(self, interaction: Interaction, browser: Browser, address: str, now: int) -> Redirect:
         """
         A step-up's enrolment confirmed once its session's sign-in is older
@@ -460,9 +480,10 @@ class InteractionFlow:
         """
         The sign-in done by C{amr} at C{acr}: a new session, or the live
         C{session} it stepped up (raised to the MFA class, or left as it
-        was when enrolment was put off), then consent or the code. A new
-        session of the user the browser's earlier one was for keeps that
-        one's sid (L{authsrv.flows.sessions.SessionEnder.replace}).
+        was when enrolment was put off; one signed out meanwhile stays
+        signed out), then consent or the code. A new session of the user
+        the browser's earlier one was for keeps that one's sid
+        (L{authsrv.flows.sessions.SessionEnder.replace}).
         """
         value: str | None = None
         created = []
@@ -475,7 +496,10 @@ class InteractionFlow:
             created.append(self._store.create_session(session).addCallback(
                 lambda _: events.login_succeeded(sub=sub, client_id=client.client_id, address=address)))
         elif acr == ACR_MFA:
-            value, session = await step_up_session(self._store, session, amr, acr, now)
+            raised = await step_up_session(self._store, session, amr, acr, now)
+            if raised is None:
+                raise PageError(400, "Signed out", SIGNED_OUT)
+            value, session = raised
         # A new session goes to the store with the code (or the consent's interaction).
         answer, *_ = await together(
             [Deferred.fromCoroutine(self._after_login(client, request, session, browser, now, 303, address)),

@@ -19,9 +19,9 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
 from authsrv import events
-from authsrv.chat.crypto import ACCESS, REFRESH
+from authsrv.chat.crypto import ACCESS, REFRESH, UndecryptableToken
 from authsrv.chat.errors import ChatProviderUnavailable
-from authsrv.chat.provider import ChatCodeRejected, ProviderTokens
+from authsrv.chat.provider import ChatCodeRejected
 from authsrv.flows.csrf import session_form_token, session_form_token_valid
 from authsrv.flows.standing import standing
 from authsrv.interfaces import IChatProvider
@@ -174,32 +174,51 @@ class ChatLinking:
             await self._store.link_account(account)
         except AlreadyLinked:
             events.chat_link_refused(sub=session.sub, provider=self.provider_name, provider_user_id=provider_user_id)
-            Deferred.fromCoroutine(self._revoke(tokens))
+            Deferred.fromCoroutine(self._revoke("a refused link's", tokens.access_token, tokens.refresh_token))
             raise linked_elsewhere() from None
         events.chat_linked(
             sub=session.sub, provider=self.provider_name, account_id=account_id, provider_user_id=provider_user_id
         )
         return account
 
-    async def _revoke(self, tokens: ProviderTokens) -> None:
+    async def _revoke(self, whose: str, access_token: str, refresh_token: str | None) -> None:
         """
         Best effort, so that tokens no one keeps stop working: a failure
         (each call bounded by the provider's timeout) is only logged, by
-        its kind, never with the token.
+        its kind and C{whose} they were, never with the token.
         """
-        held = ((tokens.access_token, "access_token"), (tokens.refresh_token, "refresh_token"))
-        for token, hint in held:
+        for token, hint in ((access_token, "access_token"), (refresh_token, "refresh_token")):
             if token is None:
                 continue
             try:
                 await self._provider.revoke(token, hint)
             except Exception as e:
-                log.warn("could not revoke a refused link's {hint} at {provider}: {error}",
-                         hint=hint, provider=self.provider_name, error=type(e).__name__)
+                log.warn("could not revoke {whose} {hint} at {provider}: {error}",
+                         whose=whose, hint=hint, provider=self.provider_name, error=type(e).__name__)
 
     async def unlink(self, session: BrowserSession) -> bool:
-        """Remove the user's link; True when there was one."""
+        """
+        Remove the user's link; True when there was one. Its tokens, which
+        no one keeps any more, are revoked at the provider after the answer
+        (L{_revoke}): unlinking disconnects the service from the chat
+        account there too, as the user expects.
+        """
+        linked = await self._store.get_linked_account(session.sub, self.provider_name)
         removed = await self._store.unlink_account(session.sub, self.provider_name)
         if removed:
             events.chat_unlinked(sub=session.sub, provider=self.provider_name)
+        if removed and linked is not None:
+            Deferred.fromCoroutine(self._revoke_stored(linked))
         return removed
+
+    async def _revoke_stored(self, linked: LinkedAccount) -> None:
+        """L{_revoke} the tokens of a link removed from the store; ones that no longer open are left."""
+        try:
+            access = self._cipher.decrypt(linked.access_token_enc, linked.account_id, ACCESS)
+            refresh = None if linked.refresh_token_enc is None else self._cipher.decrypt(
+                linked.refresh_token_enc, linked.account_id, REFRESH)
+        except UndecryptableToken:
+            log.warn("could not revoke an unlinked account's tokens at {provider}: they no longer decrypt",
+                     provider=self.provider_name)
+            return
+        await self._revoke("an unlinked account's", access, refresh)

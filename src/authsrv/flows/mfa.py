@@ -14,7 +14,8 @@ their own, so a correct password does not clear them.
 
 An enrolment in progress is stateless: the new secret and recovery codes
 travel sealed in the page's form, so nothing is stored until the user
-proves with a first code that their authenticator has the secret.
+proves with a first code that their authenticator has the secret; once
+confirmed, that form is worth nothing (its secret is the stored one).
 """
 
 from __future__ import annotations
@@ -297,15 +298,27 @@ class SecondFactors:
         return Enrolment(secret, uri, codes, base64.urlsafe_b64encode(sealed).decode())
 
     async def _opened(self, sub: str, sealed: str | None) -> dict | None:
-        """The secret, codes and expiry of a sealed enrolment made for this user, or None."""
+        """
+        The secret, codes and expiry of a sealed enrolment made for this
+        user and not confirmed yet, or None. A confirmed one's form, posted
+        again, would show the live secret and recovery codes once more, or
+        bring back the codes used since.
+        """
         if not sealed:
             return None
         try:
             raw = base64.urlsafe_b64decode(sealed.encode())
         except ValueError:
             return None
-        payload = _open(await self._keys.get(TOTP_KEY), raw, _enrolment_aad(sub))
-        return None if payload is None else json.loads(payload)
+        key = await self._keys.get(TOTP_KEY)
+        payload = _open(key, raw, _enrolment_aad(sub))
+        if payload is None:
+            return None
+        data = json.loads(payload)
+        factor = await self._store.get_totp(sub)
+        if factor is not None and _open(key, factor.secret_enc, _totp_aad(sub)) == data["secret"].encode():
+            return None
+        return data
 
     async def open_enrolment(self, sub: str, sealed: str | None, login: str, now: int) -> Enrolment | None:
         """The unexpired enrolment a page showed this user, to show it again after a wrong code."""

@@ -3,25 +3,29 @@ Passkeys (WebAuthn, with the C{webauthn} package): registering a signed-in
 user's authenticators, and checking an assertion at sign-in, instead of a
 password (a discoverable credential names its user) or as the second factor.
 
-The relying party is the public URL: its host is the RP id, its origin the
-only one accepted. User verification is required both ways, so a passkey
-alone proves possession and the PIN or biometric behind it. Every ceremony
-has its own random challenge, which carries its end and an HMAC, under a
-key of the store's, of both and of the purpose it was issued for (a
-registration for one user, a sign-in for one interaction): showing one
-stores nothing, so a login page is read without a write. The answer's
-challenge is checked, then used up once in the store, with the same
-single-use record DPoP proofs have: a replayed answer finds it used. The
-sign counter must grow with each use; an assertion whose counter did not
-(a cloned authenticator) is refused and audited. A credential that may be synced between devices (backup-eligible)
-counts as a software key (RFC 8176 C{swk}), any other as a hardware key
-(C{hwk}).
+The relying party is the public URL: its host is the RP id, its origin (as
+browsers write it: L{browser_origin}) the only one accepted. User
+verification is required both ways, so a passkey alone proves possession and
+the PIN or biometric behind it. Every ceremony has its own random challenge,
+which carries its end and an HMAC, under a key of the store's, of both and
+of the purpose it was issued for (a registration for one user, a sign-in for
+one interaction): showing one stores nothing, so a login page is read
+without a write. The answer's challenge is checked, then used up once in the
+store, with the same single-use record DPoP proofs have: a replayed answer
+finds it used. The sign counter must grow with each use; an assertion whose
+counter did not (a cloned authenticator) is refused and audited. Whatever
+the library finds wrong with an answer (any of its C{WebAuthnException}s,
+such as backup flags no authenticator sets or a key it cannot read) refuses
+it, never a server error. A credential that may be synced between devices
+(backup-eligible) counts as a software key (RFC 8176 C{swk}), any other as a
+hardware key (C{hwk}).
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 from urllib.parse import urlsplit
 
@@ -34,7 +38,7 @@ from webauthn import (
     verify_registration_response,
 )
 from webauthn.helpers import base64url_to_bytes, bytes_to_base64url, parse_client_data_json
-from webauthn.helpers.exceptions import InvalidAuthenticationResponse, InvalidJSONStructure, InvalidRegistrationResponse
+from webauthn.helpers.exceptions import InvalidAuthenticationResponse, InvalidJSONStructure, WebAuthnException
 from webauthn.helpers.structs import (
     AuthenticatorSelectionCriteria,
     CredentialDeviceType,
@@ -60,6 +64,35 @@ TIMEOUT_MS = CHALLENGE_TTL * 1000
 HARDWARE_KEY, SOFTWARE_KEY = "hwk", "swk"
 PASSKEY_METHODS = (HARDWARE_KEY, SOFTWARE_KEY)
 MAX_CREDENTIAL_JSON = 16384
+MAX_TRANSPORTS = 8
+_TRANSPORT = re.compile(r"[a-z0-9-]{1,32}")
+
+
+def browser_origin(url: str) -> str:
+    """
+    The origin of C{url} as a browser writes it in an answer's client data
+    (the HTML serialization of RFC 6454): host in lower case, no port when
+    it is the scheme's default, so that a public URL written
+    C{https://Id.Example:443} still matches C{https://id.example}.
+    """
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    port = parts.port
+    if ":" in host:
+        host = f"[{host}]"
+    default = {"http": 80, "https": 443}.get(parts.scheme)
+    return f"{parts.scheme}://{host}" + ("" if port is None or port == default else f":{port}")
+
+
+def transport_names(transports) -> tuple[str, ...]:
+    """
+    The transports a browser's answer lists, to keep with the passkey: at
+    most L{MAX_TRANSPORTS} that look like names, so no other text a page
+    posts is stored (a NUL character, which PostgreSQL refuses, included).
+    """
+    if not isinstance(transports, list):
+        return ()
+    return tuple(t for t in transports if isinstance(t, str) and _TRANSPORT.fullmatch(t))[:MAX_TRANSPORTS]
 
 
 def registration_purpose(sub: str) -> str:
@@ -127,10 +160,9 @@ class Passkeys:
     """
 
     def __init__(self, *, store, public_url: str, rp_name: str):
-        parts = urlsplit(public_url)
         self._store = store
-        self.rp_id = parts.hostname or ""
-        self.origin = f"{parts.scheme}://{parts.netloc}"
+        self.rp_id = urlsplit(public_url).hostname or ""
+        self.origin = browser_origin(public_url)
         self._rp_name = rp_name
         self._keys = ServerKeys(store)
 
@@ -185,15 +217,15 @@ class Passkeys:
                 credential=credential, expected_challenge=challenge, expected_rp_id=self.rp_id,
                 expected_origin=self.origin, require_user_verification=True,
             )
-        except (InvalidRegistrationResponse, InvalidJSONStructure, ValueError, KeyError, TypeError):
+        except (WebAuthnException, ValueError, KeyError, TypeError):
             return None
-        transports = credential.get("response", {}).get("transports") or []
+        transports = credential.get("response", {}).get("transports")
         passkey = Passkey(
             credential_id=bytes_to_base64url(verified.credential_id), sub=sub,
             public_key=verified.credential_public_key, sign_count=verified.sign_count,
             backup_eligible=verified.credential_device_type == CredentialDeviceType.MULTI_DEVICE,
             backup_state=verified.credential_backed_up,
-            transports=tuple(t for t in transports if isinstance(t, str))[:8], created_at=now,
+            transports=transport_names(transports), created_at=now,
         )
         try:
             await self._store.add_passkey(passkey)
@@ -262,7 +294,9 @@ class Passkeys:
             if "sign count" in str(e):
                 return refused(f"sign counter went back or stood still (cloned authenticator?): {e}")
             return refused(str(e))
-        except (InvalidJSONStructure, ValueError, KeyError, TypeError):
+        except WebAuthnException as e:
+            return refused(str(e) or type(e).__name__)
+        except (ValueError, KeyError, TypeError):
             return refused("malformed answer")
         if not await self._store.use_passkey(credential_id, verified.new_sign_count, verified.credential_backed_up,
                                              now):

@@ -44,15 +44,17 @@ def new_session(limits, sub: str, now: int, amr: tuple[str, ...] = PASSWORD_AMR,
 
 
 async def step_up_session(store, session: BrowserSession, amr: tuple[str, ...], acr: str,
-                          now: int) -> tuple[str, BrowserSession]:
+                          now: int) -> tuple[str, BrowserSession] | None:
     """
     The same session (its sid, so its clients' logout still names it)
     authenticated again now by C{amr} at C{acr}, under a new cookie value:
-    a raised session never keeps the cookie it had before.
+    a raised session never keeps the cookie it had before. None when the
+    session ended since it was read (signed out elsewhere): it stays ended.
     """
     value = new_token()
     raised = attrs.evolve(session, session_hash=token_hash(value), auth_time=now, amr=amr, acr=acr)
-    await store.end_session(session.session_hash)
+    if await store.end_session(session.session_hash) is None:
+        return None
     await store.create_session(raised)
     return value, raised
 
