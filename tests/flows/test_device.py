@@ -12,12 +12,15 @@ import sqlite3
 
 import pytest_twisted
 from twisted.internet.defer import fail
+from zope.interface import Interface
 
 from authsrv.flows.csrf import session_form_token
 from authsrv.flows.device import THROTTLE_ACCOUNT
 from authsrv.flows.login import OTHER_COUNTS, throttle_account
 from authsrv.flows.mfa import THROTTLE_PREFIX as MFA_THROTTLE_PREFIX
 from authsrv.identity.errors import BackendUnavailable
+from authsrv.interfaces import IStore
+from authsrv.store.errors import StoreUnavailable
 from authsrv.testing.identity import ALICE, BOB, PASSWORDS
 from authsrv.tokens import token_hash
 from device_helpers import (
@@ -125,10 +128,10 @@ async def test_polling_pending_slow_down_then_tokens_once(tmp_path, monkeypatch)
         page = await approve(h, browser, codes)
         assert b"Device connected" in page and b"Living-Room TV" in page
         h.clock.advance(15)
-        sent = SignedAfterSending(monkeypatch, h.store, h.keystore, ("issue_tokens",))
+        sent = SignedAfterSending(monkeypatch, h.store, h.keystore, ("redeem_device_authorization",))
         response, body = await poll(h, device_code)
         assert response.code == 200, body
-        assert sent.since_last() == ["issue_tokens", "sign"], "the ID token signed while the store writes the tokens"
+        assert sent.since_last() == ["redeem_device_authorization", "sign"], "signed while the store writes the tokens"
         assert body["token_type"] == "Bearer" and set(body["scope"].split()) == {"openid", "profile", "offline_access"}
         _, claims = verify_jwt(h, body["id_token"], aud="tv", sub=ALICE.sub)
         assert claims["name"] == ALICE.name and "nonce" not in claims
@@ -164,6 +167,51 @@ async def test_a_poll_that_could_not_be_answered_leaves_the_device_code_usable(t
         response, body = await post_form(h, TOKEN, {"grant_type": DEVICE_GRANT, "device_code": codes["device_code"],
                                                     "client_id": "tv", "resource": "https://elsewhere.example"}, None)
         assert (response.code, body["error"]) == (400, "invalid_target"), body
+        h.clock.advance(5)
+        response, body = await poll(h, codes["device_code"])
+        assert response.code == 200, body
+        assert (await introspect(h, body["access_token"]))["active"]
+        assert error_of(await poll(h, codes["device_code"])) == "invalid_grant"
+    finally:
+        await h.close()
+
+
+def _store_down_after(monkeypatch, store, call: str) -> None:
+    """Every store call fails as a store outage from the moment C{call} answers (inside C{monkeypatch}'s context)."""
+    answered = getattr(store, call)
+
+    def then_down(*args, **kwargs):
+        def down(result):
+            for name in _store_methods():
+                monkeypatch.setattr(store, name, lambda *args, **kwargs: fail(StoreUnavailable("connection refused")))
+            return result
+
+        return answered(*args, **kwargs).addCallback(down)
+
+    monkeypatch.setattr(store, call, then_down)
+
+
+def _store_methods() -> set[str]:
+    return {name for interface in IStore.__iro__ if interface is not Interface for name in interface.names()}
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_store_outage_after_the_poll_leaves_the_device_code_usable(tmp_path, monkeypatch):
+    """
+    The store going down once an approved device's poll is read fails that
+    poll (503) and uses nothing up: redeeming the code and writing its
+    tokens are one store step, so the next poll gets the tokens rather than
+    "already used" with the grant revoked.
+    """
+    h = await harness(tmp_path, monkeypatch).start()
+    try:
+        codes = await start(h)
+        await approve(h, Browser(h), codes)
+        h.clock.advance(15)
+        with monkeypatch.context() as outage:
+            _store_down_after(outage, h.store, "poll_device_authorization")
+            response, body = await poll(h, codes["device_code"])
+        assert (response.code, body["error"]) == (503, "temporarily_unavailable"), body
         h.clock.advance(5)
         response, body = await poll(h, codes["device_code"])
         assert response.code == 200, body
