@@ -101,6 +101,12 @@ async def test_device_authorization_refusals(tmp_path, monkeypatch):
         response, body = await h.json("POST", DEVICE_AUTHORIZATION,
                                       data={"client_id": "tv", "resource": "https://elsewhere.example"})
         assert (response.code, body["error"]) == (400, "invalid_target")
+        response, body = await h.json("POST", DEVICE_AUTHORIZATION, data=[
+            ("client_id", "tv"), ("resource", "https://api.example"), ("resource", "https://files.example")])
+        assert (response.code, body["error"]) == (400, "invalid_target") and "one resource" in body["error_description"]
+        response, body = await h.json("POST", DEVICE_AUTHORIZATION, data=[("client_id", "tv"), ("scope", "openid"),
+                                                                          ("scope", "openid")])
+        assert (response.code, body["error"]) == (400, "invalid_request") and "repeated" in body["error_description"]
         response, body = await post_form(h, TOKEN, {"grant_type": DEVICE_GRANT, "device_code": "x"}, "first")
         assert (response.code, body["error"]) == (400, "unauthorized_client")
         response, body = await post_form(h, TOKEN, {"grant_type": DEVICE_GRANT}, None, headers={})
