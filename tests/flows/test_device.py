@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlite3
 
 import pytest_twisted
-from twisted.internet.defer import fail
+from twisted.internet.defer import Deferred, fail, gatherResults
 from zope.interface import Interface
 
 from authsrv.flows.csrf import session_form_token
@@ -20,6 +20,7 @@ from authsrv.flows.login import OTHER_COUNTS, throttle_account
 from authsrv.flows.mfa import THROTTLE_PREFIX as MFA_THROTTLE_PREFIX
 from authsrv.identity.errors import BackendUnavailable
 from authsrv.interfaces import IStore
+from authsrv.records import Ban
 from authsrv.store.errors import StoreUnavailable
 from authsrv.testing.identity import ALICE, BOB, PASSWORDS
 from authsrv.tokens import token_hash
@@ -522,5 +523,78 @@ async def test_an_old_session_gives_the_password_before_enrolling_at_the_verific
         assert response.code == 303 and "/login?" in location(response), "a session cookie alone enrols nothing"
         response, _ = await browser.submit_login(response, BOB.login, PASSWORDS[BOB.sub])
         assert response.code == 303 and "/mfa/enrol?" in location(response)
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_client_removed_between_approval_and_poll_gets_nothing(tmp_path, monkeypatch):
+    """
+    The client is removed (its grants with it) after the person approved
+    and while this instance still caches it: the device's poll issues no
+    token and leaves nothing behind, and a poll after the cache ends is
+    invalid_client.
+    """
+    h = await harness(tmp_path, monkeypatch).start()
+    try:
+        codes = await start(h)
+        assert error_of(await poll(h, codes["device_code"])) == "authorization_pending"
+        await approve(h, Browser(h), codes)
+        assert await h.store.remove_client("tv") is True
+        response, body = await poll(h, codes["device_code"])
+        assert (response.code, body["error"]) == (400, "invalid_grant"), body
+        h.clock.advance(600)
+        response, body = await poll(h, codes["device_code"])
+        assert (response.code, body["error"]) == (401, "invalid_client"), body
+        with sqlite3.connect(tmp_path / "authsrv.sqlite3") as db:
+            assert db.execute("SELECT count(*) FROM access_tokens").fetchone() == (0,)
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_user_banned_between_approval_and_poll_gets_nothing_even_once_unbanned(tmp_path, monkeypatch):
+    """
+    The person who approved is banned before the device polls: no token, the
+    grant is revoked, and lifting the ban does not make the approval good
+    again; the device starts over.
+    """
+    h = await harness(tmp_path, monkeypatch).start()
+    try:
+        codes = await start(h)
+        await approve(h, Browser(h), codes)
+        await h.store.ban_user(Ban(ALICE.sub, "abuse", h.now()))
+        h.clock.advance(5)
+        response, body = await poll(h, codes["device_code"])
+        assert (response.code, body["error"]) == (400, "invalid_grant"), body
+        assert "no longer use" in body["error_description"]
+        await h.store.unban_user(ALICE.sub)
+        h.clock.advance(5)
+        response, body = await poll(h, codes["device_code"])
+        assert (response.code, body["error"]) == (400, "invalid_grant"), body
+        with sqlite3.connect(tmp_path / "authsrv.sqlite3") as db:
+            assert db.execute("SELECT count(*) FROM access_tokens").fetchone() == (0,)
+            assert db.execute("SELECT count(*) FROM grants WHERE revoked_at IS NULL").fetchone() == (0,)
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_parallel_polls_of_an_approved_device_issue_once(tmp_path, monkeypatch):
+    """
+    Two polls of one approved device at once: the store redeems the code
+    once; the other is a reuse, which revokes the grant, as for a code.
+    """
+    h = await harness(tmp_path, monkeypatch).start()
+    try:
+        codes = await start(h)
+        await approve(h, Browser(h), codes)
+        h.clock.advance(5)
+        answers = await gatherResults([Deferred.fromCoroutine(poll(h, codes["device_code"])) for _ in range(2)])
+        assert sorted(response.code for response, _ in answers) == [200, 400], answers
+        issued = next(body for response, body in answers if response.code == 200)
+        refused = next(body for response, body in answers if response.code == 400)
+        assert refused["error"] == "invalid_grant" and "already used" in refused["error_description"]
+        assert not (await introspect(h, issued["access_token"]))["active"]
     finally:
         await h.close()
