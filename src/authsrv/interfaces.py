@@ -543,17 +543,22 @@ class IDeviceAuthorizationStore(Interface):
         One poll by C{client_id}, decided atomically and fired as a
         L{authsrv.records.DevicePoll}: a pending request polled sooner than
         its interval after the last poll has its interval raised by
-        C{slow_down} seconds; an approved one is redeemed (once); a denied,
-        expired, reused or unknown one (or another client's) changes nothing.
+        C{slow_down} seconds; an approved, redeemed (a reuse), denied,
+        expired or unknown one (or another client's) changes nothing. An
+        approved one is redeemed by L{redeem_device_authorization}.
         """
 
-    def restore_device_authorization(device_code_hash):
+    def redeem_device_authorization(device_code_hash, access, refresh, now):
         """
-        Make a redeemed request approved again, because its tokens could not
-        be issued (the user's standing unknown while a backend is down, a
-        resource not granted): the device's next poll redeems it instead of
-        being refused as a reuse, which would revoke the grant. Fires True
-        when it was redeemed and is approved again.
+        In one transaction: mark the request redeemed if it is still
+        approved, unexpired and its grant live, and store the
+        L{authsrv.records.AccessToken} and the optional
+        L{authsrv.records.RefreshToken} issued for it, so that a failure
+        leaves it approved for the next poll. Fires with
+        L{authsrv.records.POLL_REDEEMED}, L{authsrv.records.POLL_REUSED} (it
+        was redeemed before, by a racing poll: the grant is revoked as part
+        of the same step, nothing stored) or L{authsrv.records.POLL_UNKNOWN}
+        (expired, its grant revoked, or no such approved request).
         """
 
 

@@ -664,9 +664,9 @@ class DeviceAuthorization:
     A device authorization request (RFC 8628 section 3.1), under the hashes
     of its device code and user code. It moves once from C{pending} to
     C{approved} (C{grant_id} and C{sub} set: the grant was stored then) or
-    C{denied}, and an approved one once to C{redeemed}. C{poll_interval} is the
-    polling interval the device was told, raised by C{slow_down}; C{polled_at}
-    is when it last polled.
+    C{denied}, and an approved one once to C{redeemed}, in the step that
+    stores its tokens. C{poll_interval} is the polling interval the device
+    was told, raised by C{slow_down}; C{polled_at} is when it last polled.
     """
 
     device_code_hash: str
@@ -687,8 +687,10 @@ POLL_PENDING = "authorization_pending"
 POLL_SLOW_DOWN = "slow_down"
 POLL_DENIED = "access_denied"
 POLL_EXPIRED = "expired_token"
+POLL_APPROVED = "approved"
+"""Approved and not yet redeemed: its tokens are to be minted and stored as it is redeemed."""
 POLL_REDEEMED = "redeemed"
-"""The device code is used up now: its tokens are to be issued."""
+"""The device code is used up now and its tokens are stored."""
 POLL_REUSED = "reused"
 """The device code was redeemed before: a replay."""
 POLL_UNKNOWN = "unknown"

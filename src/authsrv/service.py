@@ -503,7 +503,8 @@ def web_root(
     token_endpoint = endpoints(config.issuer)["token_endpoint"]
     clients: ClientCache | DocumentClients = ClientCache(store, reactor, assertions=AssertionChecker(
         store=store, documents=RemoteDocuments(reactor, config.remote_documents),
-        audiences=(config.issuer, token_endpoint), secrets=config.secret_keeper))
+        audiences=(config.issuer, token_endpoint), secrets=config.secret_keeper,
+        pushed_endpoint=config.issuer + "/oauth2/par"))
     if config.registration.metadata_documents:
         clients = DocumentClients(clients, documents or RemoteDocuments(reactor, config.remote_documents),
                                   config.registration, reactor, OperatorNames(store),

@@ -11,13 +11,17 @@ from __future__ import annotations
 import sqlite3
 
 import pytest_twisted
-from twisted.internet.defer import fail
+from twisted.internet.defer import Deferred, fail, gatherResults
+from zope.interface import Interface
 
 from authsrv.flows.csrf import session_form_token
 from authsrv.flows.device import THROTTLE_ACCOUNT
 from authsrv.flows.login import OTHER_COUNTS, throttle_account
 from authsrv.flows.mfa import THROTTLE_PREFIX as MFA_THROTTLE_PREFIX
 from authsrv.identity.errors import BackendUnavailable
+from authsrv.interfaces import IStore
+from authsrv.records import Ban
+from authsrv.store.errors import StoreUnavailable
 from authsrv.testing.identity import ALICE, BOB, PASSWORDS
 from authsrv.tokens import token_hash
 from device_helpers import (
@@ -98,6 +102,12 @@ async def test_device_authorization_refusals(tmp_path, monkeypatch):
         response, body = await h.json("POST", DEVICE_AUTHORIZATION,
                                       data={"client_id": "tv", "resource": "https://elsewhere.example"})
         assert (response.code, body["error"]) == (400, "invalid_target")
+        response, body = await h.json("POST", DEVICE_AUTHORIZATION, data=[
+            ("client_id", "tv"), ("resource", "https://api.example"), ("resource", "https://files.example")])
+        assert (response.code, body["error"]) == (400, "invalid_target") and "one resource" in body["error_description"]
+        response, body = await h.json("POST", DEVICE_AUTHORIZATION, data=[("client_id", "tv"), ("scope", "openid"),
+                                                                          ("scope", "openid")])
+        assert (response.code, body["error"]) == (400, "invalid_request") and "repeated" in body["error_description"]
         response, body = await post_form(h, TOKEN, {"grant_type": DEVICE_GRANT, "device_code": "x"}, "first")
         assert (response.code, body["error"]) == (400, "unauthorized_client")
         response, body = await post_form(h, TOKEN, {"grant_type": DEVICE_GRANT}, None, headers={})
@@ -125,10 +135,10 @@ async def test_polling_pending_slow_down_then_tokens_once(tmp_path, monkeypatch)
         page = await approve(h, browser, codes)
         assert b"Device connected" in page and b"Living-Room TV" in page
         h.clock.advance(15)
-        sent = SignedAfterSending(monkeypatch, h.store, h.keystore, ("issue_tokens",))
+        sent = SignedAfterSending(monkeypatch, h.store, h.keystore, ("redeem_device_authorization",))
         response, body = await poll(h, device_code)
         assert response.code == 200, body
-        assert sent.since_last() == ["issue_tokens", "sign"], "the ID token signed while the store writes the tokens"
+        assert sent.since_last() == ["redeem_device_authorization", "sign"], "signed while the store writes the tokens"
         assert body["token_type"] == "Bearer" and set(body["scope"].split()) == {"openid", "profile", "offline_access"}
         _, claims = verify_jwt(h, body["id_token"], aud="tv", sub=ALICE.sub)
         assert claims["name"] == ALICE.name and "nonce" not in claims
@@ -164,6 +174,51 @@ async def test_a_poll_that_could_not_be_answered_leaves_the_device_code_usable(t
         response, body = await post_form(h, TOKEN, {"grant_type": DEVICE_GRANT, "device_code": codes["device_code"],
                                                     "client_id": "tv", "resource": "https://elsewhere.example"}, None)
         assert (response.code, body["error"]) == (400, "invalid_target"), body
+        h.clock.advance(5)
+        response, body = await poll(h, codes["device_code"])
+        assert response.code == 200, body
+        assert (await introspect(h, body["access_token"]))["active"]
+        assert error_of(await poll(h, codes["device_code"])) == "invalid_grant"
+    finally:
+        await h.close()
+
+
+def _store_down_after(monkeypatch, store, call: str) -> None:
+    """Every store call fails as a store outage from the moment C{call} answers (inside C{monkeypatch}'s context)."""
+    answered = getattr(store, call)
+
+    def then_down(*args, **kwargs):
+        def down(result):
+            for name in _store_methods():
+                monkeypatch.setattr(store, name, lambda *args, **kwargs: fail(StoreUnavailable("connection refused")))
+            return result
+
+        return answered(*args, **kwargs).addCallback(down)
+
+    monkeypatch.setattr(store, call, then_down)
+
+
+def _store_methods() -> set[str]:
+    return {name for interface in IStore.__iro__ if interface is not Interface for name in interface.names()}
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_store_outage_after_the_poll_leaves_the_device_code_usable(tmp_path, monkeypatch):
+    """
+    The store going down once an approved device's poll is read fails that
+    poll (503) and uses nothing up: redeeming the code and writing its
+    tokens are one store step, so the next poll gets the tokens rather than
+    "already used" with the grant revoked.
+    """
+    h = await harness(tmp_path, monkeypatch).start()
+    try:
+        codes = await start(h)
+        await approve(h, Browser(h), codes)
+        h.clock.advance(15)
+        with monkeypatch.context() as outage:
+            _store_down_after(outage, h.store, "poll_device_authorization")
+            response, body = await poll(h, codes["device_code"])
+        assert (response.code, body["error"]) == (503, "temporarily_unavailable"), body
         h.clock.advance(5)
         response, body = await poll(h, codes["device_code"])
         assert response.code == 200, body
@@ -468,5 +523,78 @@ async def test_an_old_session_gives_the_password_before_enrolling_at_the_verific
         assert response.code == 303 and "/login?" in location(response), "a session cookie alone enrols nothing"
         response, _ = await browser.submit_login(response, BOB.login, PASSWORDS[BOB.sub])
         assert response.code == 303 and "/mfa/enrol?" in location(response)
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_client_removed_between_approval_and_poll_gets_nothing(tmp_path, monkeypatch):
+    """
+    The client is removed (its grants with it) after the person approved
+    and while this instance still caches it: the device's poll issues no
+    token and leaves nothing behind, and a poll after the cache ends is
+    invalid_client.
+    """
+    h = await harness(tmp_path, monkeypatch).start()
+    try:
+        codes = await start(h)
+        assert error_of(await poll(h, codes["device_code"])) == "authorization_pending"
+        await approve(h, Browser(h), codes)
+        assert await h.store.remove_client("tv") is True
+        response, body = await poll(h, codes["device_code"])
+        assert (response.code, body["error"]) == (400, "invalid_grant"), body
+        h.clock.advance(600)
+        response, body = await poll(h, codes["device_code"])
+        assert (response.code, body["error"]) == (401, "invalid_client"), body
+        with sqlite3.connect(tmp_path / "authsrv.sqlite3") as db:
+            assert db.execute("SELECT count(*) FROM access_tokens").fetchone() == (0,)
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_user_banned_between_approval_and_poll_gets_nothing_even_once_unbanned(tmp_path, monkeypatch):
+    """
+    The person who approved is banned before the device polls: no token, the
+    grant is revoked, and lifting the ban does not make the approval good
+    again; the device starts over.
+    """
+    h = await harness(tmp_path, monkeypatch).start()
+    try:
+        codes = await start(h)
+        await approve(h, Browser(h), codes)
+        await h.store.ban_user(Ban(ALICE.sub, "abuse", h.now()))
+        h.clock.advance(5)
+        response, body = await poll(h, codes["device_code"])
+        assert (response.code, body["error"]) == (400, "invalid_grant"), body
+        assert "no longer use" in body["error_description"]
+        await h.store.unban_user(ALICE.sub)
+        h.clock.advance(5)
+        response, body = await poll(h, codes["device_code"])
+        assert (response.code, body["error"]) == (400, "invalid_grant"), body
+        with sqlite3.connect(tmp_path / "authsrv.sqlite3") as db:
+            assert db.execute("SELECT count(*) FROM access_tokens").fetchone() == (0,)
+            assert db.execute("SELECT count(*) FROM grants WHERE revoked_at IS NULL").fetchone() == (0,)
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_parallel_polls_of_an_approved_device_issue_once(tmp_path, monkeypatch):
+    """
+    Two polls of one approved device at once: the store redeems the code
+    once; the other is a reuse, which revokes the grant, as for a code.
+    """
+    h = await harness(tmp_path, monkeypatch).start()
+    try:
+        codes = await start(h)
+        await approve(h, Browser(h), codes)
+        h.clock.advance(5)
+        answers = await gatherResults([Deferred.fromCoroutine(poll(h, codes["device_code"])) for _ in range(2)])
+        assert sorted(response.code for response, _ in answers) == [200, 400], answers
+        issued = next(body for response, body in answers if response.code == 200)
+        refused = next(body for response, body in answers if response.code == 400)
+        assert refused["error"] == "invalid_grant" and "already used" in refused["error_description"]
+        assert not (await introspect(h, issued["access_token"]))["active"]
     finally:
         await h.close()

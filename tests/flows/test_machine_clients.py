@@ -109,6 +109,21 @@ async def test_a_client_jwt_for_a_resource_names_no_sign_in(h):
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_client_asking_for_several_resources_is_told_to_ask_for_one(h):
+    """RFC 8707: several resources in one request are invalid_target here, not a repeated parameter."""
+    await h.start()
+    response, body = await h.json("POST", TOKEN, data=[("grant_type", "client_credentials"), ("resource", API),
+                                                       ("resource", "https://other.example.test")],
+                                  headers=basic("bot", BOT_SECRET))
+    assert (response.code, body["error"]) == (400, "invalid_target"), body
+    assert "one resource" in body["error_description"]
+    response, body = await h.json("POST", TOKEN, data=[("grant_type", "client_credentials"), ("scope", "a"),
+                                                       ("scope", "b")], headers=basic("bot", BOT_SECRET))
+    assert (response.code, body["error"]) == (400, "invalid_request"), body
+    assert "repeated" in body["error_description"]
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_token_without_scopes_names_none(h):
     """
     A client with no scopes of its own gets a token with none: its answer,

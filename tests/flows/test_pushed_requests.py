@@ -8,16 +8,20 @@ endpoint, counts them against their rate, and exists only when offered.
 
 from __future__ import annotations
 
+import json
+import uuid
 from urllib.parse import urlencode
 
 import attrs
 import pytest_twisted
+from jwcrypto import jwk, jwt
 
 from flow_client import Browser, location, shows_login_form
 from harness import CLIENTS, ISSUER, SECRETS, Harness, pkce_pair, query_of
-from token_helpers import basic, exchange, post_form, redirect_uri_of
+from token_helpers import INTROSPECT, REVOKE, TOKEN, basic, exchange, hmac_assertion, post_form, redirect_uri_of
 
 from authsrv.protocol.pushed import REQUEST_URI_PREFIX
+from authsrv.sealing import new_key_text
 from authsrv.testing.identity import ALICE, PASSWORDS
 from authsrv.tokens import token_hash
 
@@ -431,5 +435,96 @@ async def test_a_client_without_the_code_grant_cannot_push_a_request(tmp_path, m
         response, body = await h.json("POST", PAR, data={**fields, "client_id": "bot",
                                                           "client_secret": SECRETS["gateway"]})
         assert (response.code, body["error"]) == (400, "unauthorized_client"), body
+    finally:
+        await h.close()
+
+
+SIGNING_KEY = jwk.JWK.generate(kty="EC", crv="P-256", kid="par-1")
+HMAC_SECRET = "hmac-secret-Z8k2Lm5Qp9Rt3Wv7Xy1-Hq4Jd"
+ASSERTING = [
+    {"client_id": "signing", "token_endpoint_auth_method": "private_key_jwt",
+     "jwks": json.dumps({"keys": [json.loads(SIGNING_KEY.export_public())]}),
+     "redirect_uris": ["http://127.0.0.1:9011/callback"]},
+    {"client_id": "hmac", "secret_env": "AUTHSRV_TEST_HMAC_SECRET", "token_endpoint_auth_method": "client_secret_jwt",
+     "redirect_uris": ["http://127.0.0.1:9012/callback"]},
+]
+
+
+def client_assertion(client_id: str, aud, now: int) -> dict:
+    """The assertion fields of C{client_id} (one of L{ASSERTING}) for C{aud}, with a fresh jti."""
+    if client_id == "hmac":
+        made = hmac_assertion(HMAC_SECRET, "hmac", aud, now)
+    else:
+        token = jwt.JWT(header={"alg": "ES256", "kid": "par-1"}, claims={
+            "iss": client_id, "sub": client_id, "aud": aud, "iat": now, "exp": now + 60, "jti": uuid.uuid4().hex})
+        token.make_signed_token(SIGNING_KEY)
+        made = token.serialize()
+    return {"client_assertion_type": "urn:ietf:params:oauth:client-assertion-type:jwt-bearer",
+            "client_assertion": made}
+
+
+async def asserting_server(tmp_path, monkeypatch) -> Harness:
+    monkeypatch.setenv("AUTHSRV_TEST_HMAC_SECRET", HMAC_SECRET)
+    monkeypatch.setenv("AUTHSRV_TEST_CLIENT_SECRETS_KEY", new_key_text())
+    return await started(tmp_path, monkeypatch, {
+        "par": {"enabled": True}, "clients": [*CLIENTS, *ASSERTING],
+        "client_secrets": {"encryption_key_env": "AUTHSRV_TEST_CLIENT_SECRETS_KEY"},
+    })
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_assertion_for_the_issuer_the_token_or_the_pushed_request_endpoint_pushes_once(
+        tmp_path, monkeypatch):
+    """
+    RFC 9126 section 2: the pushed request endpoint takes a private_key_jwt or
+    client_secret_jwt assertion whose aud is the issuer, the token endpoint
+    or its own URL, each once; any other aud is refused and says what to name.
+    """
+    h = await asserting_server(tmp_path, monkeypatch)
+    try:
+        for spec in ASSERTING:
+            client_id = spec["client_id"]
+            fields, _ = request_fields(redirect_uri=spec["redirect_uris"][0])
+            for aud in (ISSUER, ISSUER + "/oauth2/token", ISSUER + "/oauth2/par", [ISSUER + "/oauth2/par"]):
+                data = {**fields, **client_assertion(client_id, aud, h.now())}
+                response, body = await h.json("POST", PAR, data=data)
+                assert response.code == 201, (client_id, aud, body)
+                assert body["request_uri"].startswith(REQUEST_URI_PREFIX)
+                response, body = await h.json("POST", PAR, data=data)
+                assert (response.code, body["error"]) == (401, "invalid_client"), body
+                assert "already used" in body["error_description"]
+            for aud in (ISSUER + "/oauth2/introspect", ISSUER + "/oauth2/par/", "https://elsewhere.example"):
+                response, body = await h.json("POST", PAR, data={**fields, **client_assertion(client_id, aud, h.now())})
+                assert (response.code, body["error"]) == (401, "invalid_client"), body
+                assert f"{ISSUER + '/oauth2/par'!r}" in body["error_description"], body
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_assertion_for_the_pushed_request_endpoint_is_for_nothing_else(tmp_path, monkeypatch):
+    """
+    The token, introspection and revocation endpoints take the issuer or the
+    token endpoint as aud (RFC 7523 section 3, OIDC Core section 9), not the
+    pushed request endpoint's URL: an assertion is for the endpoint it names.
+    """
+    h = await asserting_server(tmp_path, monkeypatch)
+    try:
+        for client_id in ("signing", "hmac"):
+            calls = (
+                (TOKEN, {"grant_type": "authorization_code", "code": "unknown", "code_verifier": "v" * 43,
+                         "redirect_uri": "http://127.0.0.1:9011/callback"}, 400),
+                (INTROSPECT, {"token": "unknown"}, 200),
+                (REVOKE, {"token": "unknown"}, 200),
+            )
+            for path, fields, authenticated in calls:
+                response, body = await h.request("POST", path, data={
+                    **fields, **client_assertion(client_id, ISSUER + "/oauth2/par", h.now())})
+                assert response.code == 401 and b"invalid_client" in body, (path, body)
+                assert b"/oauth2/par" not in body, "an endpoint names only the audiences it takes"
+                for aud in (ISSUER, ISSUER + "/oauth2/token"):
+                    response, body = await h.request("POST", path, data={
+                        **fields, **client_assertion(client_id, aud, h.now())})
+                    assert response.code == authenticated, (path, aud, body)
     finally:
         await h.close()

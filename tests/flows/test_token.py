@@ -566,6 +566,38 @@ async def test_several_resources_give_a_list_audience(tmp_path, monkeypatch):
         await h.close()
 
 
+@pytest_twisted.ensureDeferred
+async def test_several_resources_in_one_token_request_are_invalid_target(tmp_path, monkeypatch):
+    """
+    RFC 8707 lets a token request name several resources, and a server that
+    cannot issue one token for them answers invalid_target: a token here is
+    for one resource (or every granted one without resource). The code is
+    left for a request that asks rightly; the same resource twice is once.
+    """
+    h = await Harness(tmp_path, monkeypatch).start()
+    try:
+        resources = (API, "https://chat.example.test")
+        code, verifier = await save_code(h, resource=resources)
+        fields = [("grant_type", "authorization_code"), ("code", code), ("code_verifier", verifier),
+                  ("redirect_uri", redirect_uri_of("first")), ("client_id", "first"),
+                  ("client_secret", SECRETS["first"])]
+        response, body = await h.json("POST", TOKEN, data=fields + [("resource", r) for r in resources])
+        assert_error(response, body, 400, "invalid_target")
+        assert "one resource" in body["error_description"] and "leave resource out" in body["error_description"]
+        response, body = await h.json("POST", TOKEN, data=fields + [("resource", API), ("resource", API)])
+        assert response.code == 200, body
+        _, claims = verify_jwt(h, body["access_token"], typ="at+jwt", aud=API)
+        assert claims["aud"] == API
+        refreshing = [("grant_type", "refresh_token"), ("refresh_token", body["refresh_token"]),
+                      ("client_id", "first"), ("client_secret", SECRETS["first"])]
+        response, error = await h.json("POST", TOKEN, data=refreshing + [("resource", r) for r in resources])
+        assert_error(response, error, 400, "invalid_target")
+        response, refreshed = await h.json("POST", TOKEN, data=refreshing + [("resource", resources[1])])
+        assert response.code == 200, refreshed
+    finally:
+        await h.close()
+
+
 def _concurrently(*coroutines):
     """Start every request before any is answered."""
     return gatherResults([Deferred.fromCoroutine(c) for c in coroutines])

@@ -82,17 +82,23 @@ class AssertionChecker:
     assertion names a key it lacks; a client_secret_jwt client's key is its
     secret, opened by C{secrets} (None: the method is not offered). Each
     jti is claimed in the C{store} until the assertion expires, so a replay
-    fails. C{audiences} are what an assertion's aud may name: the issuer
-    first.
+    fails. C{audiences} are what an assertion's aud may name (the issuer
+    first, then the token endpoint: RFC 7523 section 3, OIDC Core section
+    9); at the pushed authorization request endpoint also its own URL,
+    C{pushed_endpoint} (RFC 9126 section 2).
     """
 
-    def __init__(self, *, store, documents, audiences: tuple[str, ...], secrets: SecretKeeper | None = None):
+    def __init__(self, *, store, documents, audiences: tuple[str, ...], secrets: SecretKeeper | None = None,
+                 pushed_endpoint: str | None = None):
         self._store = store
         self._documents = documents
         self._audiences = audiences
+        self._pushed_audiences = audiences if pushed_endpoint is None else (*audiences, pushed_endpoint)
         self._secrets = secrets
 
-    async def check(self, client: Client | None, assertion: str, now: int, consume: bool) -> Client:
+    async def check(self, client: Client | None, assertion: str, now: int, consume: bool,
+                    pushed: bool = False) -> Client:
+        """The client C{assertion} authenticates, sent to the pushed request endpoint when C{pushed}."""
         method = client.token_endpoint_auth_method if client is not None else None
         if client is not None and method == PRIVATE_KEY_JWT:
             keyset, algorithms = await self._keys(client, assertion), assertion_algorithms(client)
@@ -102,7 +108,8 @@ class AssertionChecker:
             raise InvalidClient(
                 "client authentication failed: this client does not authenticate with a client assertion"
             )
-        claims = verified_claims(assertion, client.client_id, keyset, self._audiences, now, algorithms)
+        audiences = self._pushed_audiences if pushed else self._audiences
+        claims = verified_claims(assertion, client.client_id, keyset, audiences, now, algorithms)
         kept_until = math.ceil(claims["exp"]) + CLOCK_SKEW  # as long as the assertion is accepted at all
         if consume and not await self._store.claim_jti(client.client_id, claims["jti"], kept_until, now):
             events.assertion_replayed(client_id=client.client_id)
@@ -141,12 +148,13 @@ class AssertionChecker:
 
 
 async def authenticate_client(
-    clients, authorization: bytes | None, params: dict[str, str], *, consume: bool = True
+    clients, authorization: bytes | None, params: dict[str, str], *, consume: bool = True, pushed: bool = False,
 ) -> Client:
     """
-    The client a token, introspection or revocation request comes from
-    (client_secret_basic, client_secret_post, private_key_jwt,
-    client_secret_jwt, or a public client by its client_id), or L{authsrv.protocol.errors.InvalidClient}.
+    The client a token, introspection, revocation or (C{pushed}) pushed
+    authorization request comes from (client_secret_basic,
+    client_secret_post, private_key_jwt, client_secret_jwt, or a public
+    client by its client_id), or L{authsrv.protocol.errors.InvalidClient}.
     C{consume} false checks an assertion without using it up (the rate
     limiter looks before the endpoint does). A client_credentials request's
     client is read from the store, not from the cache.
@@ -162,7 +170,7 @@ async def authenticate_client(
         if clients.assertions is None:
             raise InvalidClient("client authentication failed: this server accepts no client assertions")
         client = await clients.get_client(client_id, fresh)
-        return await clients.assertions.check(client, assertion, int(clients.seconds()), consume)
+        return await clients.assertions.check(client, assertion, int(clients.seconds()), consume, pushed)
     credentials = client_credentials(authorization, params)
     client = await clients.get_client(credentials.client_id, fresh)
     return authenticate(client, credentials, await clients.secret_key(), int(clients.seconds()))

@@ -52,7 +52,7 @@ class PushedRequests:
         C{dpop} are the request's DPoP header lines; C{checked} the client
         the rate limiter already authenticated from these credentials.
         """
-        client = checked or await authenticate_client(self._clients, authorization, push_params(args))
+        client = checked or await authenticate_client(self._clients, authorization, push_params(args), pushed=True)
         if dpop and self._dpop is not None:
             args = await self._bind(args, dpop, now)
         query = pushed_query(client, args)

@@ -191,7 +191,7 @@ class ClientRateLimits:
         authenticate, or with an assertion, which the endpoint checks and
         uses up.
         """
-        client = await self._authenticated(authorization, params)
+        client = await self._authenticated(authorization, params, limit is self.pushed)
         if client is None:
             limit.address(address_of(), self._default)
             return None
@@ -216,10 +216,11 @@ class ClientRateLimits:
     def userinfo_request(self, address: str) -> None:
         self.userinfo.address(address, self._default)
 
-    async def _authenticated(self, authorization: bytes | None, params: dict[str, str]) -> Client | None:
+    async def _authenticated(self, authorization: bytes | None, params: dict[str, str],
+                             pushed: bool) -> Client | None:
         """The client the request authenticates as, or None; the flow reports why not."""
         try:
-            return await authenticate_client(self._clients, authorization, params, consume=False)
+            return await authenticate_client(self._clients, authorization, params, consume=False, pushed=pushed)
         except OAuthError:
             return None
 

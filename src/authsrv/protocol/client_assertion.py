@@ -156,7 +156,8 @@ def verified_claims(
     aud = claims.get("aud")
     named = aud if isinstance(aud, list) else [aud]
     if not any(isinstance(a, str) and a in audiences for a in named):
-        raise _failed(f"client_assertion's aud must be {audiences[0]!r} (the issuer)")
+        raise _failed(f"client_assertion's aud must be {audiences[0]!r} (the issuer)"
+                      + "".join(f" or {other!r}" for other in audiences[1:]))
     exp = claims.get("exp")
     if not _numeric_date(exp):
         raise _failed("client_assertion has no exp (a NumericDate: seconds since 1970)")

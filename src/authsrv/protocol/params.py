@@ -7,7 +7,7 @@ omitted, and request parameters must not be included more than once.
 
 from __future__ import annotations
 
-from authsrv.protocol.errors import InvalidRequest
+from authsrv.protocol.errors import InvalidRequest, InvalidTarget
 
 MAX_PARAM_LENGTH = 8192
 
@@ -34,6 +34,22 @@ def single_params(args: dict[bytes, list[bytes]]) -> dict[str, str]:
                 raise InvalidRequest(f"parameter {name} holds a NUL character")
             params[name] = values[0]
     return params
+
+
+def one_resource_params(args: dict[bytes, list[bytes]], several: str) -> dict[str, str]:
+    """
+    L{single_params} of a request that may name one C{resource}: RFC 8707
+    lets a client send several, and a server that cannot serve them
+    together answers L{InvalidTarget} (C{several} says what to send), not
+    a repeated parameter. The same resource sent twice is that resource.
+    """
+    resources = args.get(b"resource")
+    if resources is None or len(resources) < 2:
+        return single_params(args)
+    named = {value for value in resources if value}
+    if len(named) > 1:
+        raise InvalidTarget(f"{len(named)} resources were asked for; {several}")
+    return single_params({**args, b"resource": list(named)})
 
 
 def require(params: dict[str, str], name: str) -> str:

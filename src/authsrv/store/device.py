@@ -1,9 +1,13 @@
 """
 Device authorization requests (RFC 8628) for every store: L{poll} decides
 what one poll does, so SQLite, PostgreSQL and the in-memory store cannot
-differ in when a device is told to slow down or gets its tokens; each store
-runs it on the row it read inside the one transaction that writes the
-result. The statements are written once, with the dialect's parameter marks.
+differ in when a device is told to slow down or may have its tokens; each
+store runs it on the row it read inside the one transaction that writes the
+result. An approved request is redeemed only later, in the one transaction
+that also writes its tokens (as an authorization code is,
+L{authsrv.store.codes}): a failure before that, the store's included, leaves
+it approved for the next poll. The statements are written once, with the
+dialect's parameter marks.
 """
 
 from __future__ import annotations
@@ -16,10 +20,10 @@ from authsrv.records import (
     DEVICE_DENIED,
     DEVICE_PENDING,
     DEVICE_REDEEMED,
+    POLL_APPROVED,
     POLL_DENIED,
     POLL_EXPIRED,
     POLL_PENDING,
-    POLL_REDEEMED,
     POLL_REUSED,
     POLL_SLOW_DOWN,
     POLL_UNKNOWN,
@@ -45,8 +49,7 @@ def poll(device: DeviceAuthorization | None, client_id: str, slow_down: int,
     if device.status == DEVICE_DENIED:
         return DevicePoll(POLL_DENIED, device), None
     if device.status == DEVICE_APPROVED:
-        changed = attrs.evolve(device, status=DEVICE_REDEEMED, polled_at=now)
-        return DevicePoll(POLL_REDEEMED, changed), changed
+        return DevicePoll(POLL_APPROVED, device), None
     if device.polled_at is not None and now < device.polled_at + device.poll_interval:
         changed = attrs.evolve(device, poll_interval=device.poll_interval + slow_down, polled_at=now)
         return DevicePoll(POLL_SLOW_DOWN, changed), changed
@@ -81,8 +84,10 @@ class Statements:
     """Approve or deny a pending, unexpired request of a stored client; returns its device code hash."""
     write: str
     """Write back what L{poll} changed."""
-    restore: str
-    """Make a redeemed request approved again (C{hash}, C{redeemed}, C{approved})."""
+    redeem: str
+    """Redeem an approved, unexpired request whose grant is live (L{redeeming}); returns its grant."""
+    redeemed: str
+    """The grant of a redeemed request (L{redeeming})."""
 
 
 def statements(dialect: Dialect, lock: str = "") -> Statements:
@@ -103,13 +108,19 @@ def statements(dialect: Dialect, lock: str = "") -> Statements:
             "UPDATE device_authorizations SET status = {status}, poll_interval = {poll_interval},"
             " polled_at = {polled_at} WHERE device_code_hash = {hash}"
         ).format(**marks),
-        restore=(
-            "UPDATE device_authorizations SET status = {approved} WHERE device_code_hash = {hash}"
-            " AND status = {redeemed}"
+        redeem=(
+            "UPDATE device_authorizations SET status = {redeemed}, polled_at = {now}"
+            " WHERE device_code_hash = {hash} AND status = {approved} AND expires_at > {now}"
+            " AND EXISTS (SELECT 1 FROM grants g"
+            "  WHERE g.grant_id = device_authorizations.grant_id AND g.revoked_at IS NULL)"
+            " RETURNING grant_id"
+        ).format(**marks),
+        redeemed=(
+            "SELECT grant_id FROM device_authorizations WHERE device_code_hash = {hash} AND status = {redeemed}"
         ).format(**marks),
     )
 
 
-def restoring(device_code_hash: str) -> dict:
-    """The parameters of L{Statements.restore}."""
-    return {"hash": device_code_hash, "redeemed": DEVICE_REDEEMED, "approved": DEVICE_APPROVED}
+def redeeming(device_code_hash: str, now: int) -> dict:
+    """The parameters of L{Statements.redeem} and L{Statements.redeemed}."""
+    return {"hash": device_code_hash, "now": now, "redeemed": DEVICE_REDEEMED, "approved": DEVICE_APPROVED}

@@ -69,6 +69,9 @@ from authsrv.pg.pool import (
 )
 from authsrv.pg.settings import ConnectionSettings, read_settings
 from authsrv.records import (
+    POLL_REDEEMED,
+    POLL_REUSED,
+    POLL_UNKNOWN,
     AccessState,
     Consent,
     NotRevoked,
@@ -542,10 +545,10 @@ class PostgresStore:
             {**params, **_T.grants.params(grant, "g_")},
         )
 
-    def restore_device_authorization(self, device_code_hash):
+    def redeem_device_authorization(self, device_code_hash, access, refresh, now):
         if _unstorable({"hash": device_code_hash}):
-            return succeed(False)
-        return self._changed("restore_device_authorization", _DEVICE.restore, device.restoring(device_code_hash))
+            return succeed(POLL_UNKNOWN)
+        return self._run("redeem_device_authorization", _redeem_device, device_code_hash, access, refresh, now)
 
     def poll_device_authorization(self, device_code_hash, client_id, slow_down, now):
         if _unstorable({"hash": device_code_hash, "client_id": client_id}):
@@ -982,6 +985,34 @@ async def _redeem_code(db, code_hash, access, refresh, now):
         return CodeRedeemed()
     used = await first(db, _NOT_REDEEMED, {"hash": code_hash, "now": now})
     return CodeNotFound() if used is None else CodeReused(used["grant_id"])
+
+
+def _redeem_device_statement(refresh: bool) -> str:
+    """The redemption that also stores the device's tokens: one statement, as L{_redeem}."""
+    stored = f" new_access AS ({_T.access.insert_as('a_', 'redeemed')})"
+    if refresh:
+        stored += f", new_refresh AS ({_T.refresh.insert_as('r_', 'redeemed')})"
+    return f"WITH redeemed AS ({_DEVICE.redeem}),{stored} SELECT grant_id FROM redeemed"
+
+
+_REDEEM_DEVICE = {refresh: _redeem_device_statement(refresh) for refresh in (False, True)}
+_DEVICE_NOT_REDEEMED = (
+    f"WITH used AS ({_DEVICE.redeemed}),"
+    " revoked AS (UPDATE grants SET revoked_at = %(now)s WHERE grant_id IN (SELECT grant_id FROM used)"
+    "  AND revoked_at IS NULL)"
+    " SELECT grant_id FROM used"
+)
+
+
+async def _redeem_device(db, device_code_hash, access, refresh, now):
+    """As L{_redeem_code}: the winner's redemption and tokens are one statement, a loser revokes the grant."""
+    params = {**device.redeeming(device_code_hash, now), **_T.access.params(access, "a_")}
+    if refresh is not None:
+        params.update(_T.refresh.params(refresh, "r_"))
+    if await first(db, _REDEEM_DEVICE[refresh is not None], params) is not None:
+        return POLL_REDEEMED
+    used = await first(db, _DEVICE_NOT_REDEEMED, device.redeeming(device_code_hash, now))
+    return POLL_UNKNOWN if used is None else POLL_REUSED
 
 
 _ROTATE = Prepared("authsrv_rotate_refresh",

@@ -40,6 +40,9 @@ from authsrv.migrations import Ledger, MigrationError, SQLiteMigration, migrate,
 from authsrv.interfaces import SERVER_KEY_BYTES
 from authsrv.scheduling import one_core
 from authsrv.records import (
+    POLL_REDEEMED,
+    POLL_REUSED,
+    POLL_UNKNOWN,
     AccessState,
     Consent,
     NotRevoked,
@@ -450,8 +453,9 @@ class SQLiteStore:
     def decide_device_authorization(self, user_code_hash, sub, grant, now):
         return self._call("decide_device_authorization", True, _decide_device, user_code_hash, sub, grant, now)
 
-    def restore_device_authorization(self, device_code_hash):
-        return self._changed("restore_device_authorization", _DEVICE.restore, device.restoring(device_code_hash))
+    def redeem_device_authorization(self, device_code_hash, access, refresh, now):
+        return self._call("redeem_device_authorization", True, _redeem_device, device_code_hash, access, refresh,
+                          now)
 
     def poll_device_authorization(self, device_code_hash, client_id, slow_down, now):
         return self._call("poll_device_authorization", True, _poll_device, device_code_hash, client_id,
@@ -841,6 +845,18 @@ def _poll_device(db, device_code_hash, client_id, slow_down, now):
     if changed is not None:
         db.execute(_DEVICE.write, device.written(changed))
     return outcome
+
+
+def _redeem_device(db, device_code_hash, access, refresh, now):
+    params = device.redeeming(device_code_hash, now)
+    if _first(db.execute(_DEVICE.redeem, params)) is not None:
+        _issue_tokens(db, access, refresh)
+        return POLL_REDEEMED
+    used = db.execute(_DEVICE.redeemed, params).fetchone()
+    if used is None:
+        return POLL_UNKNOWN
+    db.execute(_REVOKE_GRANT, (now, used["grant_id"]))
+    return POLL_REUSED
 
 
 def _server_key(db, name):

@@ -17,6 +17,7 @@ from authsrv.records import (
     DEVICE_DENIED,
     DEVICE_PENDING,
     DEVICE_REDEEMED,
+    POLL_APPROVED,
     POLL_DENIED,
     POLL_EXPIRED,
     POLL_PENDING,
@@ -25,11 +26,13 @@ from authsrv.records import (
     POLL_SLOW_DOWN,
     POLL_UNKNOWN,
     LOGIN_STAGE,
+    AccessToken,
     AuthorizationRequest,
     DeviceAuthorization,
     DevicePoll,
     Grant,
     Interaction,
+    RefreshToken,
 )
 from authsrv.store.errors import AlreadyExists
 from authsrv.tokens import token_hash
@@ -54,6 +57,16 @@ def device(label: str, client_id: str = TV, **changes) -> DeviceAuthorization:
 def device_grant(grant_id: str, client_id: str = TV) -> Grant:
     return Grant(grant_id=grant_id, client_id=client_id, sub=ALICE, scope={"openid", "offline_access"},
                  resource=("https://api.example/",), auth_time=NOW, created_at=NOW, expires_at=NOW + 90 * 86400)
+
+
+def device_access(label: str, grant: Grant) -> AccessToken:
+    return AccessToken(token_hash=token_hash(label), grant_id=grant.grant_id, client_id=grant.client_id, sub=ALICE,
+                       scope=grant.scope, audience=grant.resource, issued_at=NOW, expires_at=NOW + 3600)
+
+
+def device_refresh(label: str, grant: Grant) -> RefreshToken:
+    return RefreshToken(token_hash=token_hash(label), grant_id=grant.grant_id, client_id=grant.client_id, sub=ALICE,
+                        scope=grant.scope, issued_at=NOW, expires_at=NOW + 30 * 86400)
 
 
 class DeviceStoreConformance:
@@ -100,7 +113,7 @@ class DeviceStoreConformance:
             assert (await store.find_device_authorization(tv.user_code_hash, NOW + 28)).poll_interval == 15
 
     @pytest_twisted.ensureDeferred
-    async def test_device_approved_is_redeemed_once_with_its_grant(self):
+    async def test_device_approved_is_redeemed_once_with_its_tokens(self):
         async with self.store() as store:
             tv = device("a")
             await store.save_device_authorization(tv)
@@ -110,31 +123,82 @@ class DeviceStoreConformance:
             approved = await store.find_device_authorization(tv.user_code_hash, NOW + 10)
             assert approved == attrs.evolve(tv, status=DEVICE_APPROVED, sub=ALICE, grant_id="g-a")
             assert await store.decide_device_authorization(tv.user_code_hash, ALICE, None, NOW + 11) is False
-            redeemed = await store.poll_device_authorization(tv.device_code_hash, TV, SLOW_DOWN, NOW + 12)
-            assert redeemed == DevicePoll(POLL_REDEEMED, attrs.evolve(approved, status=DEVICE_REDEEMED,
-                                                                      polled_at=NOW + 12))
-            for when in (NOW + 13, NOW + TTL + 5):
-                reused = await store.poll_device_authorization(tv.device_code_hash, TV, SLOW_DOWN, when)
-                assert reused == DevicePoll(POLL_REUSED, redeemed.device)
+            for when in (NOW + 12, NOW + 13):
+                assert await store.poll_device_authorization(tv.device_code_hash, TV, SLOW_DOWN, when) == \
+                    DevicePoll(POLL_APPROVED, approved)
+            access, refresh = device_access("access-a", grant), device_refresh("refresh-a", grant)
+            assert await store.redeem_device_authorization(tv.device_code_hash, access, refresh, NOW + 14) == \
+                POLL_REDEEMED
+            assert await store.find_access_token(access.token_hash, NOW + 14) == access
+            assert await store.get_refresh_token(refresh.token_hash) == refresh
+            redeemed = attrs.evolve(approved, status=DEVICE_REDEEMED, polled_at=NOW + 14)
+            assert await store.find_device_authorization(tv.user_code_hash, NOW + 14) == redeemed
+            for when in (NOW + 15, NOW + TTL + 5):
+                assert await store.poll_device_authorization(tv.device_code_hash, TV, SLOW_DOWN, when) == \
+                    DevicePoll(POLL_REUSED, redeemed)
 
     @pytest_twisted.ensureDeferred
-    async def test_device_redemption_restored_is_redeemed_again(self):
-        """A redemption whose tokens could not be issued is undone: the next poll redeems, not a reuse."""
+    async def test_device_redeemed_again_revokes_its_grant_and_stores_nothing(self):
         async with self.store() as store:
             tv = device("a")
             await store.save_device_authorization(tv)
-            assert await store.restore_device_authorization(tv.device_code_hash) is False
-            await store.decide_device_authorization(tv.user_code_hash, ALICE, device_grant("g-a"), NOW + 10)
-            assert await store.restore_device_authorization(tv.device_code_hash) is False
-            first = await store.poll_device_authorization(tv.device_code_hash, TV, SLOW_DOWN, NOW + 12)
-            assert first.outcome == POLL_REDEEMED
-            assert await store.restore_device_authorization(tv.device_code_hash) is True
-            assert await store.restore_device_authorization(tv.device_code_hash) is False
-            assert await store.restore_device_authorization("unknown\x00") is False
-            again = await store.poll_device_authorization(tv.device_code_hash, TV, SLOW_DOWN, NOW + 20)
-            assert again == DevicePoll(POLL_REDEEMED, attrs.evolve(first.device, polled_at=NOW + 20))
-            reused = await store.poll_device_authorization(tv.device_code_hash, TV, SLOW_DOWN, NOW + 25)
-            assert reused.outcome == POLL_REUSED
+            grant = device_grant("g-a")
+            await store.decide_device_authorization(tv.user_code_hash, ALICE, grant, NOW)
+            first = device_access("access-1", grant)
+            assert await store.redeem_device_authorization(tv.device_code_hash, first, None, NOW + 1) == POLL_REDEEMED
+            again, refresh = device_access("access-2", grant), device_refresh("refresh-2", grant)
+            assert await store.redeem_device_authorization(tv.device_code_hash, again, refresh, NOW + 2) == \
+                POLL_REUSED
+            assert (await store.get_grant("g-a")).revoked_at == NOW + 2
+            for access in (first, again):
+                assert await store.find_access_token(access.token_hash, NOW + 2) is None
+            assert await store.get_refresh_token(refresh.token_hash) is None
+
+    @pytest_twisted.ensureDeferred
+    async def test_device_not_redeemable_is_left_as_it_is(self):
+        """Pending, denied, expired, of a revoked grant or unknown: nothing is redeemed, stored or revoked."""
+        async with self.store() as store:
+            pending, denied, late, revoked = device("p"), device("d"), device("l"), device("r")
+            for tv in (pending, denied, late, revoked):
+                await store.save_device_authorization(tv)
+            await store.decide_device_authorization(denied.user_code_hash, ALICE, None, NOW)
+            await store.decide_device_authorization(late.user_code_hash, ALICE, device_grant("g-l"), NOW)
+            await store.decide_device_authorization(revoked.user_code_hash, ALICE, device_grant("g-r"), NOW)
+            assert await store.revoke_grant("g-r", NOW + 1) is True
+            cases = ((pending, NOW + 2), (denied, NOW + 2), (late, NOW + TTL), (revoked, NOW + 2))
+            for n, (tv, when) in enumerate(cases):
+                access = device_access(f"access-{n}", device_grant(tv.grant_id or "g-none"))
+                assert await store.redeem_device_authorization(tv.device_code_hash, access, None, when) == \
+                    POLL_UNKNOWN
+                assert await store.find_access_token(access.token_hash, NOW + 2) is None
+                assert (await store.poll_device_authorization(tv.device_code_hash, TV, SLOW_DOWN, when)).outcome \
+                    != POLL_REUSED
+            assert (await store.get_grant("g-l")).revoked_at is None
+            assert await store.redeem_device_authorization(token_hash("unknown"), device_access("x", device_grant("g-l")),
+                                                           None, NOW) == POLL_UNKNOWN
+            assert await store.redeem_device_authorization("unknown\x00", device_access("y", device_grant("g-l")),
+                                                           None, NOW) == POLL_UNKNOWN
+
+    @pytest_twisted.ensureDeferred
+    async def test_device_whose_tokens_fail_to_store_stays_approved(self):
+        """The redemption and its tokens are one step: tokens that cannot be stored leave the code unused."""
+        async with self.store() as store:
+            tv = device("a")
+            await store.save_device_authorization(tv)
+            grant = device_grant("g-a")
+            await store.decide_device_authorization(tv.user_code_hash, ALICE, grant, NOW)
+            taken = device_access("access-taken", grant)
+            await store.issue_tokens(taken, None)
+            try:
+                await store.redeem_device_authorization(tv.device_code_hash, taken, None, NOW + 1)
+            except AlreadyExists:
+                pass
+            else:
+                raise AssertionError("an access token hash was stored twice")
+            polled = await store.poll_device_authorization(tv.device_code_hash, TV, SLOW_DOWN, NOW + 2)
+            assert polled.outcome == POLL_APPROVED
+            access = device_access("access-a", grant)
+            assert await store.redeem_device_authorization(tv.device_code_hash, access, None, NOW + 3) == POLL_REDEEMED
 
     @pytest_twisted.ensureDeferred
     async def test_device_of_a_removed_client_is_not_approved(self):
@@ -191,7 +255,7 @@ class DeviceStoreConformance:
             assert await store.poll_device_authorization(token_hash("nope"), TV, SLOW_DOWN, NOW) == \
                 DevicePoll(POLL_UNKNOWN)
             assert (await store.poll_device_authorization(tv.device_code_hash, TV, SLOW_DOWN, NOW)).outcome == \
-                POLL_REDEEMED
+                POLL_APPROVED
 
     @pytest_twisted.ensureDeferred
     async def test_interaction_for_the_verification_page_keeps_its_mark(self):
@@ -236,11 +300,23 @@ class DeviceConcurrencyConformance:
                     for store in (first, second)
                 ])
                 outcomes = sorted(poll.outcome for poll in polls)
-                if decided[0]:
-                    assert outcomes == [POLL_REDEEMED, POLL_REUSED]
-                else:
+                if not decided[0]:
                     assert outcomes == [POLL_DENIED, POLL_DENIED]
                     assert await first.get_grant(f"g{n}") is None
+                    continue
+                assert outcomes == [POLL_APPROVED, POLL_APPROVED]
+                grant = device_grant(f"g{n}")
+                tokens = [device_access(f"access-{n}-{side}", grant) for side in (1, 2)]
+                redeemed = await gatherResults([
+                    store.redeem_device_authorization(tv.device_code_hash, access,
+                                                      device_refresh(f"refresh-{n}-{side}", grant), NOW + 2)
+                    for side, store, access in ((1, first, tokens[0]), (2, second, tokens[1]))
+                ])
+                assert sorted(redeemed) == [POLL_REDEEMED, POLL_REUSED]
+                # The loser revoked the grant: the winner's tokens are dead too.
+                assert (await first.get_grant(f"g{n}")).revoked_at == NOW + 2
+                for access in tokens:
+                    assert await second.find_access_token(access.token_hash, NOW + 2) is None
 
     @pytest_twisted.ensureDeferred
     async def test_racing_polls_agree_on_the_interval(self):

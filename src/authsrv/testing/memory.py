@@ -28,6 +28,9 @@ from authsrv.records import (
     DEVICE_REDEEMED,
     LOGIN_STAGE,
     NOT_READ,
+    POLL_REDEEMED,
+    POLL_REUSED,
+    POLL_UNKNOWN,
     RECOVERY_FACTOR,
     TOTP_FACTOR,
     AccessState,
@@ -346,12 +349,17 @@ class MemoryStore:
         return True
 
     @_answered
-    def restore_device_authorization(self, device_code_hash):
+    def redeem_device_authorization(self, device_code_hash, access, refresh, now):
         device = self.tables.devices.get(device_code_hash)
-        if device is None or device.status != DEVICE_REDEEMED:
-            return False
-        self.tables.devices[device_code_hash] = attrs.evolve(device, status=DEVICE_APPROVED)
-        return True
+        if device is not None and device.status == DEVICE_REDEEMED:
+            self._revoke_grant(device.grant_id, now)
+            return POLL_REUSED
+        if (device is None or device.status != DEVICE_APPROVED or device.expires_at <= now
+                or not self._live_grant(device.grant_id)):
+            return POLL_UNKNOWN
+        self._issue(access, refresh)
+        self.tables.devices[device_code_hash] = attrs.evolve(device, status=DEVICE_REDEEMED, polled_at=now)
+        return POLL_REDEEMED
 
     @_answered
     def poll_device_authorization(self, device_code_hash, client_id, slow_down, now):

@@ -9,7 +9,7 @@ from twisted.web.http import parse_qs
 
 from authsrv.protocol.errors import InvalidRequest
 from authsrv.protocol.forwarded import client_address, unmapped
-from authsrv.protocol.params import single_params
+from authsrv.protocol.params import one_resource_params, single_params
 
 FORM = b"application/x-www-form-urlencoded"
 
@@ -34,6 +34,16 @@ def form_args(request) -> dict[bytes, list[bytes]]:
 def form_params(request) -> dict[str, str]:
     """The parameters of a back-channel POST (L{form_args}), each sent once."""
     return single_params(form_args(request))
+
+
+TOKEN_RESOURCES = ("a token is issued for one resource: send one per token request, or leave resource out"
+                   " (a user's tokens are then for every resource granted)")
+DEVICE_RESOURCES = "a device may ask for one resource"
+
+
+def one_resource_form(request, several: str) -> dict[str, str]:
+    """L{form_params} of the token or the device authorization endpoint, which take one C{resource}."""
+    return one_resource_params(form_args(request), several)
 
 
 def page_form(request) -> dict[str, str] | None:

@@ -40,7 +40,16 @@ from authsrv.store.errors import StoreUnavailable
 from authsrv.web.account_pages import account_page
 from authsrv.web.device_pages import device_code_page, device_consent_page
 from authsrv.web.failures import oauth_server_error, unforeseen_in_klein
-from authsrv.web.forms import client_address_of, form_args, form_params, page_form, userinfo_form_token
+from authsrv.web.forms import (
+    DEVICE_RESOURCES,
+    TOKEN_RESOURCES,
+    client_address_of,
+    form_args,
+    form_params,
+    one_resource_form,
+    page_form,
+    userinfo_form_token,
+)
 from authsrv.web.headers import RETRY_AFTER, allow_any_origin, json_body, jwt_body, method_not_allowed, oauth_error
 from authsrv.web.interaction_pages import (
     consent_page,
@@ -221,7 +230,7 @@ class PublicSite:
 
     async def token(self, request):
         _cors(request)
-        params = form_params(request)
+        params = one_resource_form(request, TOKEN_RESOURCES)
         checked = await self._count(request, self._rates.token, params)
         response = await self._flows.token.token(
             request.getHeader(b"authorization"), params, self._now(), request.requestHeaders.getRawHeaders(b"dpop"),
@@ -300,7 +309,7 @@ class PublicSite:
         """RFC 8628 section 3.1: counted against the client's token endpoint rate."""
         if self._flows.device is None:
             raise NotFound()
-        params = form_params(request)
+        params = one_resource_form(request, DEVICE_RESOURCES)
         checked = await self._count(request, self._rates.token, params)
         response = await self._flows.device.start(request.getHeader(b"authorization"), params, self._now(), checked)
         return json_body(request, 200, response, no_store=True)

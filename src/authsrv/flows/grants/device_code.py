@@ -2,15 +2,15 @@
 grant_type=urn:ietf:params:oauth:grant-type:device_code (RFC 8628 section
 3.4): the device polls with its device code. One atomic store step decides
 each poll, so every instance agrees: still pending (or polled too fast,
-which lengthens the interval), denied, expired, or approved and redeemed
-now, once. A device code presented again after its redemption revokes what
-the first one issued, as a replayed authorization code does
-(docs/design.md, Authorization codes).
+which lengthens the interval), denied, expired, or approved. An approved
+device's tokens are minted and then stored in the one step that redeems its
+code, once (as an authorization code's are): a failure before its end, the
+store's included, leaves the code for the next poll. A device code
+presented again after its redemption revokes what the first one issued, as
+a replayed authorization code does (docs/design.md, Authorization codes).
 """
 
 from __future__ import annotations
-
-from contextlib import suppress
 
 from authsrv import events
 from authsrv.flows.grants.users import audience, granted_scope
@@ -25,6 +25,7 @@ from authsrv.protocol.errors import (
 )
 from authsrv.protocol.params import require
 from authsrv.records import (
+    POLL_APPROVED,
     POLL_DENIED,
     POLL_EXPIRED,
     POLL_PENDING,
@@ -32,11 +33,17 @@ from authsrv.records import (
     POLL_REUSED,
     POLL_SLOW_DOWN,
     Client,
+    DeviceAuthorization,
 )
-from authsrv.store.errors import StoreUnavailable
 from authsrv.tokens import token_hash
 
 UNKNOWN = "the device code is unknown or was issued to another client"
+
+
+def _reused(client: Client, device) -> InvalidGrant:
+    """The answer to a device code redeemed before (C{device}), once its grant is revoked."""
+    events.device_code_reused(client_id=client.client_id, grant_id=device.grant_id)
+    return InvalidGrant("the device code was already used; the tokens issued for it are revoked")
 
 
 class DeviceCodeGrant:
@@ -65,23 +72,21 @@ class DeviceCodeGrant:
             raise ExpiredToken("the device code expired; start a new device authorization")
         if polled.outcome == POLL_REUSED:
             await store.revoke_grant(device.grant_id, now)
-            events.device_code_reused(client_id=client.client_id, grant_id=device.grant_id)
-            raise InvalidGrant("the device code was already used; the tokens issued for it are revoked")
-        if polled.outcome != POLL_REDEEMED:
+            raise _reused(client, device)
+        if polled.outcome != POLL_APPROVED:
             raise InvalidGrant(UNKNOWN)
-        try:
-            minted = await self._mint(device, client, params, now, jkt)
-        except BaseException:
-            # Nothing was issued: the next poll may redeem, rather than count as a reuse that revokes the grant.
-            with suppress(StoreUnavailable):  # the store being what failed: that poll is then a reuse
-                await store.restore_device_authorization(device.device_code_hash)
-            raise
-        issued, _ = await signed_beside(minted, store.issue_tokens(minted.issued.access, minted.issued.refresh))
+        minted = await self._mint(device, client, params, now, jkt)
+        issued, redeemed = await signed_beside(minted, store.redeem_device_authorization(
+            device.device_code_hash, minted.issued.access, minted.issued.refresh, now))
+        if redeemed == POLL_REUSED:
+            raise _reused(client, device)
+        if redeemed != POLL_REDEEMED:
+            raise InvalidGrant("the device code expired or its grant was revoked; start a new device authorization")
         issued_event(issued, client.client_id, self.grant_type)
         return issued.response
 
-    async def _mint(self, device, client: Client, params: dict[str, str], now: int, jkt: str | None):
-        """The redeemed device's tokens, not yet stored nor signed."""
+    async def _mint(self, device: DeviceAuthorization, client: Client, params: dict[str, str], now: int, jkt: str | None):
+        """The approved device's tokens, not yet stored nor signed."""
         user = await self._users.allowed(device.grant_id, device.sub, client.client_id, now)
         grant = await self._store.get_grant(device.grant_id)
         if grant is None or grant.revoked_at is not None:
