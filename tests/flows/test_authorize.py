@@ -115,6 +115,9 @@ REDIRECTED_ERRORS = [
     ({"request_uri": "https://client.example/request.jwt"}, "request_uri_not_supported"),
     ({"response_mode": "fragment"}, "invalid_request"),
     ({"response_mode": "form_post"}, "invalid_request"),
+    ({"claims": "[]"}, "invalid_request"),
+    ({"claims": '{"userinfo": "name"}'}, "invalid_request"),
+    ({"claims": '{"id_token": {"acr": "urn:authsrv:acr:mfa"}}'}, "invalid_request"),
 ]
 
 
@@ -192,7 +195,9 @@ async def test_error_descriptions_never_echo_the_request(tmp_path, monkeypatch):
 async def test_valid_requests_with_unknown_extras_go_on_to_the_login(tmp_path, monkeypatch):
     h = await started(tmp_path, monkeypatch)
     try:
+        claims = json.dumps({"userinfo": {"name": {"essential": True}, "email": None}, "id_token": {"auth_time": None}})
         for extra in ({}, {"ui_locales": "fr", "foo": "bar", "claims": "{}"}, {"scope": "email openid email"},
+                      {"claims": claims},
                       {"resource": API}, {"prompt": "login consent"}, {"max_age": "0"}, {"nonce": ""}):
             response, body = await Browser(h).get(h.authorize_url("first", **extra))
             assert shows_login_form(response, body), (extra, body)
