@@ -100,8 +100,8 @@ REDIRECTED_ERRORS = [
     ({"code_challenge_method": "plain"}, "invalid_request"),
     ({"code_challenge_method": None}, "invalid_request"),
     ({"scope": None}, "invalid_request"),
-    ({"scope": "openid admin"}, "invalid_scope"),
     ({"scope": "OPENID"}, "invalid_scope"),
+    ({"scope": "address phone"}, "invalid_scope"),
     ({"scope": " "}, "invalid_scope"),
     ({"resource": "https://other.example.test"}, "invalid_target"),
     ({"resource": "/relative"}, "invalid_target"),
@@ -115,6 +115,9 @@ REDIRECTED_ERRORS = [
     ({"request_uri": "https://client.example/request.jwt"}, "request_uri_not_supported"),
     ({"response_mode": "fragment"}, "invalid_request"),
     ({"response_mode": "form_post"}, "invalid_request"),
+    ({"claims": "[]"}, "invalid_request"),
+    ({"claims": '{"userinfo": "name"}'}, "invalid_request"),
+    ({"claims": '{"id_token": {"acr": "urn:authsrv:acr:mfa"}}'}, "invalid_request"),
 ]
 
 
@@ -192,7 +195,9 @@ async def test_error_descriptions_never_echo_the_request(tmp_path, monkeypatch):
 async def test_valid_requests_with_unknown_extras_go_on_to_the_login(tmp_path, monkeypatch):
     h = await started(tmp_path, monkeypatch)
     try:
+        claims = json.dumps({"userinfo": {"name": {"essential": True}, "email": None}, "id_token": {"auth_time": None}})
         for extra in ({}, {"ui_locales": "fr", "foo": "bar", "claims": "{}"}, {"scope": "email openid email"},
+                      {"claims": claims},
                       {"resource": API}, {"prompt": "login consent"}, {"max_age": "0"}, {"nonce": ""}):
             response, body = await Browser(h).get(h.authorize_url("first", **extra))
             assert shows_login_form(response, body), (extra, body)
@@ -203,6 +208,29 @@ async def test_valid_requests_with_unknown_extras_go_on_to_the_login(tmp_path, m
         # RFC 6749 section 3.1: a parameter the server does not know is ignored, even repeated or not UTF-8.
         response, body = await Browser(h).get(h.authorize_url("first") + "&foo=1&foo=2&bar=%ff")
         assert shows_login_form(response, body), body
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_scope_values_the_server_does_not_offer_are_ignored(tmp_path, monkeypatch):
+    """
+    OIDC Core 3.1.2.1 (the conformance suite's oidcc-scope-address, -phone
+    and -all): a value not understood is ignored, not an error, and the code
+    carries only the values offered; the consent page names only those.
+    """
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        query = await browser.sign_in(ALICE, "first", scope="openid address email phone admin")
+        result = await h.store.find_code(token_hash(query["code"]), h.now())
+        assert result.code.scope == {"openid", "email"}
+        response, _ = await browser.authorize("partner", scope="phone openid address")
+        consent, body = await browser.get(location(response))
+        assert consent.code == 200 and b"address" not in body and b"phone" not in body
+        query = query_of(location((await browser.answer_consent(location(response), "approve"))[0]))
+        result = await h.store.find_code(token_hash(query["code"]), h.now())
+        assert result.code.scope == {"openid"}
     finally:
         await h.close()
 

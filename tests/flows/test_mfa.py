@@ -615,8 +615,10 @@ def test_requested_acr_reads_acr_values_and_the_claims_request():
     claims = json.dumps({"id_token": {"acr": {"essential": True, "value": ACR_MFA}}})
     assert requested_acr({"acr_values": ACR_MFA, "claims": claims}) == (ACR_MFA,)
     assert requested_acr({"claims": json.dumps({"userinfo": {"acr": None}})}) == ()
-    with pytest.raises(InvalidRequest):
-        requested_acr({"claims": "not json"})
+    for malformed in ("not json", "[]", '{"id_token": []}', '{"userinfo": {"name": true}}',
+                      '{"id_token": {"acr": "' + ACR_MFA + '"}}'):
+        with pytest.raises(InvalidRequest):
+            requested_acr({"claims": malformed})
     assert mfa_requested((ACR_MFA, "urn:unknown"))
     assert not mfa_requested((ACR_PWD, ACR_MFA)), "a client that accepts a password does not ask for more"
     assert not mfa_requested(("urn:unknown",))

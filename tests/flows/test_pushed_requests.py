@@ -234,7 +234,7 @@ async def test_a_push_is_validated_as_the_authorization_endpoint_validates(tmp_p
             ({"response_type": "token"}, "unsupported_response_type"),
             ({"code_challenge_method": "plain"}, "invalid_request"),
             ({"code_challenge": None}, "invalid_request"),
-            ({"scope": "openid admin"}, "invalid_scope"),
+            ({"scope": "admin"}, "invalid_scope"),
             ({"resource": "https://other.example.test"}, "invalid_target"),
             ({"state": None}, "invalid_request"),
         ]

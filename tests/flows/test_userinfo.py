@@ -1,6 +1,6 @@
 """
 UserInfo in memory: the bearer token from the header or a POST form (never
-both, never the URL), the claims each scope releases, and the RFC 6750
+both, never the URL: a Bearer challenge says so), the claims each scope releases, and the RFC 6750
 answers for a token that is missing, unknown, expired, revoked, of a banned
 user, or without openid.
 """
@@ -107,12 +107,13 @@ async def test_token_problems(tmp_path, monkeypatch):
         response, body = await h.json("GET", USERINFO, headers=bearer(issued["id_token"]))
         assert_challenge(response, body, 401, "invalid_token")
 
+        # RFC 6750 section 3: a request without a usable credential is answered with a challenge, 400 here (3.1).
         response, body = await h.json("POST", USERINFO, headers=bearer(token), data={"access_token": token})
-        assert (response.code, body["error"]) == (400, "invalid_request")
+        assert_challenge(response, body, 400, "invalid_request")
         response, body = await h.json("GET", USERINFO + "?access_token=" + token)
-        assert (response.code, body["error"]) == (400, "invalid_request")
+        assert_challenge(response, body, 400, "invalid_request")
         response, body = await h.json("POST", USERINFO, data=[("access_token", token), ("access_token", token)])
-        assert (response.code, body["error"]) == (400, "invalid_request")
+        assert_challenge(response, body, 400, "invalid_request")
 
         response, body = await h.json("GET", USERINFO, headers=bearer(token))
         assert response.code == 200

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from authsrv.protocol.errors import InvalidRequest, InvalidToken
+from authsrv.protocol.errors import InvalidBearerRequest, InvalidToken
 
 _CREDENTIAL = re.compile(rb"([Bb][Ee][Aa][Rr][Ee][Rr]|[Dd][Pp][Oo][Pp]) +([A-Za-z0-9\-._~+/]+=*) *")
 BEARER = "Bearer"
@@ -20,7 +20,7 @@ def access_credential(authorization: bytes | None, form_token: str | None) -> tu
     when there is none or the header is neither credential.
     """
     if authorization is not None and form_token is not None:
-        raise InvalidRequest("send the access token once: in the Authorization header or in the body")
+        raise InvalidBearerRequest("send the access token once: in the Authorization header or in the body")
     if form_token is not None:
         return FORM, form_token
     if authorization is None:

@@ -125,6 +125,14 @@ class InvalidToken(OAuthError):
     status = 401
 
 
+class InvalidBearerRequest(InvalidRequest):
+    """
+    RFC 6750 section 3.1: a request to a protected resource whose access
+    token is sent where it may not be, or more than once. It names no usable
+    credential, so it carries a Bearer challenge too (section 3).
+    """
+
+
 class InvalidRedirectURI(OAuthError):
     """RFC 7591 section 3.2.2: a redirect URI a client may not register."""
 

@@ -61,18 +61,34 @@ def requested_acr(params: dict[str, str]) -> tuple[str, ...]:
     values = params.get("acr_values", "").split()
     claims_text = params.get("claims")
     if claims_text is not None:
-        try:
-            claims = jsontext.loads(claims_text)
-        except jsontext.NotJSONText as e:
-            raise InvalidRequest(f"claims must be a JSON object: {e}") from None
-        if not isinstance(claims, dict):
-            raise InvalidRequest("claims must be a JSON object")
-        id_token = claims.get("id_token")
-        acr = id_token.get("acr") if isinstance(id_token, dict) else None
-        if isinstance(acr, dict):
+        acr = _claims_request(claims_text).get("id_token", {}).get("acr")
+        if acr is not None:
             asked = acr.get("values", [acr.get("value")])
             values += [v for v in asked if isinstance(v, str)] if isinstance(asked, list) else []
     return tuple(dict.fromkeys(values))
+
+
+def _claims_request(text: str) -> dict:
+    """
+    A C{claims} parameter checked against OIDC Core 5.5: a JSON object whose
+    C{userinfo} and C{id_token} members are objects, each claim in them null
+    or an object (5.5.1); anything else is invalid_request, so a client's
+    mistake is told rather than its request silently ignored.
+    """
+    try:
+        claims = jsontext.loads(text)
+    except jsontext.NotJSONText as e:
+        raise InvalidRequest(f"claims must be a JSON object: {e}") from None
+    if not isinstance(claims, dict):
+        raise InvalidRequest("claims must be a JSON object")
+    for member in ("userinfo", "id_token"):
+        requested = claims.get(member, {})
+        if not isinstance(requested, dict):
+            raise InvalidRequest(f"claims.{member} must be a JSON object of the claims requested")
+        for name, request in requested.items():
+            if request is not None and not isinstance(request, dict):
+                raise InvalidRequest(f"claims.{member}.{name} must be null or a JSON object (OIDC Core 5.5.1)")
+    return claims
 
 
 def mfa_requested(acr_values: tuple[str, ...]) -> bool:

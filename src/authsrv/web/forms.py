@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from twisted.web.http import parse_qs
 
-from authsrv.protocol.errors import InvalidRequest
+from authsrv.protocol.errors import InvalidBearerRequest, InvalidRequest
 from authsrv.protocol.forwarded import client_address, unmapped
 from authsrv.protocol.params import one_resource_params, single_params
 
@@ -61,9 +61,12 @@ def userinfo_form_token(request) -> str | None:
     """
     query = request.uri.partition(b"?")[2]
     if query and b"access_token" in parse_qs(query):
-        raise InvalidRequest("send the access token in the Authorization header, not in the URL")
+        raise InvalidBearerRequest("send the access token in the Authorization header, not in the URL")
     if request.method == b"POST" and is_form(request):
-        return single_params(request.args).get("access_token")
+        try:
+            return single_params(request.args).get("access_token")
+        except InvalidRequest as e:
+            raise InvalidBearerRequest(e.description) from None
     return None
 
 

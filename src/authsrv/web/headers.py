@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from authsrv.compactjson import compact
 from authsrv.protocol.dpop import ALGORITHMS
-from authsrv.protocol.errors import DpopChallenge
+from authsrv.protocol.errors import DpopChallenge, InvalidBearerRequest
 
 RETRY_AFTER = b"5"
 """Seconds a caller waits before it tries again when the store or an identity backend is unavailable."""
@@ -59,7 +59,7 @@ def oauth_error(request, error) -> bytes:
             f'DPoP realm="authsrv", error="{error.error}", error_description="{description}",'
             f' algs="{" ".join(ALGORITHMS)}"'.encode(),
         )
-    elif error.error in ("invalid_token", "insufficient_scope"):
+    elif error.error in ("invalid_token", "insufficient_scope") or isinstance(error, InvalidBearerRequest):
         request.setHeader(
             b"www-authenticate",
             f'Bearer realm="authsrv", error="{error.error}", error_description="{description}"'.encode(),
