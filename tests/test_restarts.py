@@ -8,6 +8,7 @@ line and a non-zero status (a supervisor's start limit, as systemd's).
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 
 import pytest
 from twisted.internet.error import ProcessTerminated, ReactorNotRunning
@@ -58,7 +59,8 @@ def logged():
 
 def supervisor(reactor, count: int = 1):
     stopped: list[int] = []
-    service = Supervisor(reactor, count, [], 0, nothing_to_prepare, argv=["authsrv"], give_up=stopped.append)
+    service = Supervisor(reactor, count, [], 0, nothing_to_prepare, config=b"", config_path=Path("authsrv.toml"),
+                         argv=["authsrv"], give_up=stopped.append)
     service.startService()
     return service, stopped
 

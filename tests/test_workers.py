@@ -295,13 +295,39 @@ def test_the_workers_option_is_checked(value, message):
     assert options["workers"] == 3
 
 
-def test_workers_that_keep_failing_at_start_stop_the_service(run_server, tmp_path):
-    """The workers read the config again: broken while the parent runs, their restarts fail, and the parent gives up."""
+def test_a_worker_started_again_runs_the_config_read_at_start(run_server, tmp_path):
+    """
+    A config file edited into a broken state while the server runs is no
+    reason for a replaced worker to fail and the whole service to stop: it
+    runs the file its siblings run, and the parent says the edit waits for
+    a restart.
+    """
     port = free_port()
     config = sqlite_config(tmp_path / "examples", port)
     server = run_server(["authsrv", "--config", str(config), "--workers", "2"], tmp_path, port=port)
     workers = the_workers(server)
     config.write_text(config.read_text() + "\n[server]\n")
+    killed = min(workers)
+    os.kill(killed, signal.SIGKILL)
+    deadline = time.monotonic() + DEADLINE
+    while killed in (replaced := the_workers(server)):
+        assert time.monotonic() < deadline, replaced
+        time.sleep(0.05)
+    connections = pinned(server, replaced)
+    assert server.process.poll() is None
+    drains_and_exits_0(server, connections)
+    out, err = server.output()
+    assert f"runs the config file as read at start: {config} changed since" in out, out + err
+    assert "failing at start" not in out and "invalid TOML" not in out + err, out + err
+
+
+def test_workers_that_keep_failing_at_start_stop_the_service(run_server, tmp_path):
+    """A secret file the workers read gone while the parent runs: their restarts fail, and the parent gives up."""
+    port = free_port()
+    config = sqlite_config(tmp_path / "examples", port)
+    server = run_server(["authsrv", "--config", str(config), "--workers", "2"], tmp_path, port=port)
+    workers = the_workers(server)
+    (config.parent / "demo-secrets" / "internal-api-secret").unlink()
     started = time.monotonic()
     for pid in workers:
         os.kill(pid, signal.SIGKILL)

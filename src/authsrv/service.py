@@ -712,12 +712,13 @@ def listener_groups(config: Config) -> tuple[list[tuple[str, tuple[str, ...]]], 
     return [("server.listen", config.listen), ("internal.listen", config.internal_listen)], own
 
 
-def build_supervisor(config: Config, reactor, count: int) -> Supervisor:
+def build_supervisor(config: Config, reactor, count: int, source: bytes, path) -> Supervisor:
     """
     The parent of C{count} workers: binds every listener, migrates the store,
     the keystore and the identity backends now (their mistakes are start-up
     errors, as in L{build}), and stores the config's clients once before the
-    workers start, so that no two of them race to do it.
+    workers start, so that no two of them race to do it. The workers run
+    C{source}, the bytes of the config file at C{path} that C{config} was read from.
     """
     context = PluginContext.of(reactor, config)
     bound: list = []
@@ -744,4 +745,5 @@ def build_supervisor(config: Config, reactor, count: int) -> Supervisor:
         await identity.close()
         context.stop()
 
-    return Supervisor(reactor, count, bound, shared_sockets, prepare, shared_metrics=bool(config.metrics_listen))
+    return Supervisor(reactor, count, bound, shared_sockets, prepare, config=source, config_path=path,
+                      shared_metrics=bool(config.metrics_listen))

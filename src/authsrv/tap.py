@@ -19,7 +19,7 @@ from twisted.python import usage
 
 from authsrv import events
 from authsrv.auditlog import AuditObserver, WithoutAudit
-from authsrv.config import MAX_WORKERS, Config, ConfigFileError, load_config
+from authsrv.config import MAX_WORKERS, Config, ConfigFileError, load_config, read_config_file
 from authsrv.drain import stop_on_sigterm
 from authsrv.embedded import DEFAULT_DATA_DIR, prepare_data_dir
 from authsrv.jsonlog import json_log_observer
@@ -123,14 +123,15 @@ def makeService(options, reactor=None):
             config_path, created = _embedded(Path(options["data-dir"]))
         else:
             config_path, created = Path(options["config"]), None
-        config = load_config(config_path, listen=options["listen"], public_url=options["public-url"])
+        source = read_config_file(config_path) if role is None else role.config
+        config = load_config(config_path, listen=options["listen"], public_url=options["public-url"], source=source)
         audit = start_audit_log(config)
         workers = options["workers"] or config.workers
         if role is None:
             events.config_loaded(path=str(config_path.resolve()), issuer=config.issuer, clients=len(config.clients))
         service: AuthsrvService | Supervisor
         if role is None and workers > 1:
-            service = build_supervisor(config, reactor, workers)
+            service = build_supervisor(config, reactor, workers, source, config_path)
         else:
             service = build(config, reactor, role)
     except (ConfigFileError, StartupError, WorkerError) as e:
