@@ -1,7 +1,8 @@
 """
 The diagnostic log's JSON lines, written by the observer C{twist} is given,
 and the access log: its redaction, and both logs as a running server writes
-them, with the audit log in its own file and every file reopened on SIGUSR1.
+them, with the audit log in its own file and every file reopened on SIGUSR1
+(or, failing that, kept).
 """
 
 from __future__ import annotations
@@ -16,14 +17,14 @@ import urllib.request
 from ipaddress import ip_network
 
 import pytest
-from twisted.logger import Logger, jsonFileLogObserver, textFileLogObserver
+from twisted.logger import LogLevel, Logger, formatEvent, globalLogPublisher, jsonFileLogObserver, textFileLogObserver
 from twisted.web.server import Request
 from twisted.web.test.requesthelper import DummyChannel
 
 from authsrv.config import parse_config
 from authsrv.configsection import ConfigError
 from authsrv.embedded import prepare_data_dir
-from authsrv.logfile import LineFile
+from authsrv.logfile import REOPEN_SIGNALS, LineFile, reopen_on_signals
 from authsrv.tap import diagnostic_log_factory
 from authsrv.web.accesslog import AccessLog, log_text, redact_target
 
@@ -214,3 +215,47 @@ def test_buffered_lines_leave_in_whole_lines_of_at_most_pipe_buf(tmp_path):
 def test_c1_controls_are_escaped_in_the_combined_line():
     """A NEL (U+0085) forged a second line for readers that split on it; a CSI drove terminals."""
     assert log_text(b"evil\x9b31m\x85127.0.0.1 - -") == "evil\\x9b31m\\x85127.0.0.1 - -"
+
+
+@pytest.fixture
+def logged():
+    events: list[dict] = []
+    globalLogPublisher.addObserver(events.append)
+    yield events
+    globalLogPublisher.removeObserver(events.append)
+
+
+class AtOnce:
+    """A reactor stand-in whose C{callFromThread} runs the call there and then, as the signal arrives."""
+
+    def callFromThread(self, f, *args):
+        f(*args)
+
+
+def test_a_file_that_cannot_be_reopened_keeps_its_old_file_and_spoils_no_other(tmp_path, logged):
+    """
+    A rotation that left the audit log's folder unusable is one line naming
+    the file; the access log is still reopened and the workers still hear the signal.
+    """
+    audit_dir = tmp_path / "audit"
+    audit_dir.mkdir()
+    audit, access = LineFile(str(audit_dir / "audit.log")), LineFile(str(tmp_path / "access.log"))
+    passed: list[int] = []
+    handlers = {number: signal.getsignal(number) for number in REOPEN_SIGNALS}
+    try:
+        reopen_on_signals(AtOnce(), [audit, access], passed.append)
+        os.rename(audit_dir, tmp_path / "audit.1")
+        os.rename(tmp_path / "access.log", tmp_path / "access.log.1")
+        os.kill(os.getpid(), signal.SIGHUP)
+    finally:
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+    audit.write("kept\n")
+    access.write("new\n")
+    access.flush()
+    assert passed == [signal.SIGHUP]
+    assert (tmp_path / "audit.1" / "audit.log").read_text() == "kept\n"
+    assert (tmp_path / "access.log").read_text() == "new\n"
+    [problem] = [e for e in logged if e.get("log_level") is LogLevel.error]
+    assert "log_failure" not in problem
+    assert f"cannot reopen {audit_dir / 'audit.log'}: No such file or directory" in formatEvent(problem)

@@ -89,12 +89,18 @@ def reopen_on_signals(reactor, files, then: Callable[[int], None] | None = None)
     """
     On SIGUSR1 or SIGHUP reopen C{files}, from the reactor's thread, never
     in the middle of a write; then C{then(signal)} (the workers' parent
-    passes the signal on).
+    passes the signal on). A file that cannot be reopened (its folder gone
+    or unwritable after a rotation) is one line, and lines keep going to the
+    file open before; the other files and the workers are not held back.
     """
 
     def reopen(number: int) -> None:
         for file in files:
-            file.reopen()
+            try:
+                file.reopen()
+            except OSError as e:
+                log.error("cannot reopen {path}: {error}; still writing to the file open before",
+                          path=file.path, error=e.strerror)
         log.info("log files reopened on {signal} (pid {pid})", signal=signal.Signals(number).name, pid=os.getpid())
         if then is not None:
             then(number)
