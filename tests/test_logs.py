@@ -259,3 +259,27 @@ def test_a_file_that_cannot_be_reopened_keeps_its_old_file_and_spoils_no_other(t
     [problem] = [e for e in logged if e.get("log_level") is LogLevel.error]
     assert "log_failure" not in problem
     assert f"cannot reopen {audit_dir / 'audit.log'}: No such file or directory" in formatEvent(problem)
+
+
+def test_lines_a_full_disk_refuses_are_dropped_with_one_line_and_the_flushes_go_on(tmp_path, logged):
+    """
+    The access log's flush runs on a timer that a raised error would stop
+    for good, leaving every later line in memory: a full disk (here
+    /dev/full) drops the lines instead, said once when it starts and once
+    when writing works again.
+    """
+    path = tmp_path / "access.log"
+    path.symlink_to("/dev/full")
+    file = LineFile(str(path), flush_each=False)
+    for line in ("one\n", "two\n"):
+        file.write(line)
+        file.flush()
+    path.unlink()
+    file.reopen()
+    file.write("three\n")
+    file.flush()
+    assert path.read_text() == "three\n"
+    assert [formatEvent(e) for e in logged] == [
+        f"cannot write to {path}: No space left on device; its lines are dropped until it can",
+        f"writing to {path} again; 2 lines were dropped",
+    ]

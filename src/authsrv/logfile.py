@@ -39,6 +39,7 @@ class LineFile:
         self.path = path
         self._flush_each = flush_each
         self._pending: list[str] = []
+        self._dropped: int | None = None
         self._file = self._open()
 
     def _open(self):
@@ -55,7 +56,27 @@ class LineFile:
             self._pending.append(line)
 
     def flush(self) -> None:
-        """The lines written so far, in writes of whole lines up to C{PIPE_BUF} bytes each."""
+        """
+        The lines written so far, in writes of whole lines up to C{PIPE_BUF}
+        bytes each. Lines the file refuses (a full disk) are dropped rather
+        than kept in memory, with one line when that starts and one when it
+        ends: the timer that flushes goes on, and so does serving.
+        """
+        count = len(self._pending)
+        try:
+            self._write_pending()
+        except OSError as e:
+            if self._dropped is None:
+                self._dropped = 0
+                log.error("cannot write to {path}: {error}; its lines are dropped until it can",
+                          path=self.path, error=e.strerror)
+            self._dropped += count
+            return
+        if self._dropped is not None:
+            log.info("writing to {path} again; {count} lines were dropped", path=self.path, count=self._dropped)
+            self._dropped = None
+
+    def _write_pending(self) -> None:
         if not self._pending:
             self._file.flush()
             return
@@ -77,12 +98,20 @@ class LineFile:
             return
         self.flush()
         old, self._file = self._file, self._open()
-        old.close()
+        self._close(old)
 
     def close(self) -> None:
         self.flush()
         if self.path != STDOUT:
-            self._file.close()
+            self._close(self._file)
+
+    def _close(self, file) -> None:
+        """Close C{file}; what a full disk left in its buffer is among the lines already said to be dropped."""
+        try:
+            file.close()
+        except OSError:
+            if self._dropped is None:
+                raise
 
 
 def reopen_on_signals(reactor, files, then: Callable[[int], None] | None = None) -> None:
