@@ -295,6 +295,28 @@ def test_the_workers_option_is_checked(value, message):
     assert options["workers"] == 3
 
 
+def test_sighup_while_the_workers_start_ends_none_of_them(run_server, tmp_path):
+    """
+    logrotate's SIGHUP may come while workers start (with the service, or
+    after a crash): passed on before a worker had its handler, it ended the
+    worker as a failed start, and a few of them stopped the whole service.
+    It waits in the worker until the worker can reopen its files.
+    """
+    port = free_port()
+    config = sqlite_config(tmp_path / "examples", port)
+    server = run_server(["authsrv", "--config", str(config), "--workers", "2"], tmp_path, port=port, ready=False)
+    workers = the_workers(server)
+    for _ in range(3):
+        server.process.send_signal(signal.SIGHUP)
+        time.sleep(0.05)
+    server.wait_ready()
+    connections = pinned(server, workers)
+    drains_and_exits_0(server, connections)
+    out, err = server.output()
+    assert "ended after" not in out, out + err
+    assert all(f"log files reopened on SIGHUP (pid {pid})" in out for pid in workers), out + err
+
+
 def test_a_worker_started_again_runs_the_config_read_at_start(run_server, tmp_path):
     """
     A config file edited into a broken state while the server runs is no

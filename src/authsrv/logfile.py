@@ -17,6 +17,7 @@ import os
 import select
 import signal
 import sys
+from contextlib import contextmanager
 from typing import Callable
 
 from twisted.logger import Logger
@@ -114,6 +115,30 @@ class LineFile:
                 raise
 
 
+def hold_reopen_signals() -> None:
+    """
+    Keep SIGUSR1 and SIGHUP waiting until L{reopen_on_signals} handles
+    them: until then their default action would end the process, and
+    logrotate sends them whenever it rotates, a start-up included. A process
+    started meanwhile inherits them held (L{reopen_signals_held}).
+    """
+    signal.pthread_sigmask(signal.SIG_BLOCK, REOPEN_SIGNALS)
+
+
+@contextmanager
+def reopen_signals_held():
+    """
+    SIGUSR1 and SIGHUP held for the block, in which a worker is started: it
+    begins with them held, and one passed on to it before it can reopen its
+    files waits for it (L{reopen_on_signals}) rather than end it.
+    """
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, REOPEN_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def reopen_on_signals(reactor, files, then: Callable[[int], None] | None = None) -> None:
     """
     On SIGUSR1 or SIGHUP reopen C{files}, from the reactor's thread, never
@@ -121,6 +146,8 @@ def reopen_on_signals(reactor, files, then: Callable[[int], None] | None = None)
     passes the signal on). A file that cannot be reopened (its folder gone
     or unwritable after a rotation) is one line, and lines keep going to the
     file open before; the other files and the workers are not held back.
+    The signals held since start (L{hold_reopen_signals}) are let through,
+    one that came meanwhile handled now.
     """
 
     def reopen(number: int) -> None:
@@ -136,3 +163,4 @@ def reopen_on_signals(reactor, files, then: Callable[[int], None] | None = None)
 
     for number in REOPEN_SIGNALS:
         signal.signal(number, lambda number, frame: reactor.callFromThread(reopen, number))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, REOPEN_SIGNALS)

@@ -23,7 +23,7 @@ from authsrv.config import MAX_WORKERS, Config, ConfigFileError, load_config, re
 from authsrv.drain import stop_on_sigterm
 from authsrv.embedded import DEFAULT_DATA_DIR, prepare_data_dir
 from authsrv.jsonlog import json_log_observer
-from authsrv.logfile import STDOUT, LineFile, reopen_on_signals
+from authsrv.logfile import STDOUT, LineFile, hold_reopen_signals, reopen_on_signals
 from authsrv.scheduling import batch_on_one_core
 from authsrv.service import AuthsrvService, StartupError, build, build_supervisor
 from authsrv.workers import Supervisor, WorkerError, stop_with_parent, worker_role
@@ -115,6 +115,7 @@ def makeService(options, reactor=None):
     if reactor is None:
         from twisted.internet import reactor
     batch_on_one_core()
+    hold_reopen_signals()
     try:
         role = worker_role()
         if role is not None:

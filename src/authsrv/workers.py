@@ -26,7 +26,8 @@ exited, and worker 0's C{/metrics} adds them up (L{authsrv.metrics}).
 
 The parent passes SIGTERM on (every worker drains, then the parent exits 0
 once all have), and SIGHUP and SIGUSR1 (every worker reopens its log
-files). Every worker runs the config file as the parent read it at start,
+files; a worker starts with them held, so that one passed on while it
+starts waits for it instead of ending it). Every worker runs the config file as the parent read it at start,
 handed over in one more inherited file descriptor after the sockets: a
 worker started again never runs a file edited since, broken or not, that
 its siblings do not (the edit takes effect on a restart, as without
@@ -58,6 +59,8 @@ from twisted.internet.interfaces import IProcessTransport
 from twisted.internet.protocol import ProcessProtocol, ServerFactory
 from twisted.logger import Logger
 from twisted.protocols.tls import TLSMemoryBIOFactory
+
+from authsrv.logfile import reopen_signals_held
 
 WORKER_ENV = "AUTHSRV_WORKER"
 """
@@ -336,10 +339,11 @@ class Supervisor(Service):
         fds.update({FIRST_FD + i: port.fileno() for i, port in enumerate(ports)})
         fds[FIRST_FD + len(ports)] = self._config_fd
         worker = _Worker(self, index, self._reactor.seconds())
-        process = self._reactor.spawnProcess(
-            worker, sys.executable, [sys.executable, "-m", "twisted", *self._argv],
-            env={**os.environ, **self._env, WORKER_ENV: f"{index}:{len(ports)}:{os.getpid()}"}, childFDs=fds,
-        )
+        with reopen_signals_held():
+            process = self._reactor.spawnProcess(
+                worker, sys.executable, [sys.executable, "-m", "twisted", *self._argv],
+                env={**os.environ, **self._env, WORKER_ENV: f"{index}:{len(ports)}:{os.getpid()}"}, childFDs=fds,
+            )
         self._running[index] = (worker, process)
         log.info("worker {index} started (pid {pid})", index=index, pid=process.pid)
 
