@@ -284,6 +284,18 @@ class TestSQLiteFile(SQLiteFolder):
             self.open_store(path="file/authsrv.sqlite3")
         assert info.value.key == "store.path"
 
+    def test_a_file_that_cannot_be_created_is_one_line(self):
+        """
+        The system refusing the file (a folder the service's user may not
+        write to; here a name too long, as root may write anywhere) stopped
+        the start with a traceback.
+        """
+        name = "a" * 300 + ".sqlite3"
+        with pytest.raises(ConfigError) as info:
+            self.open_store(path=name)
+        assert info.value.key == "store.path"
+        assert info.value.problem == f"cannot use {self.folder / name}: File name too long"
+
     @pytest_twisted.ensureDeferred
     async def test_waits_for_another_process_write(self):
         """Another connection (the operator command) may hold the write lock: the store waits, not fails."""

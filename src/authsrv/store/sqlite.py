@@ -90,6 +90,8 @@ def from_config(section, context) -> "SQLiteStore | None":
         store = open_store(context.reactor, path, _SYNCHRONOUS[synchronous], context.store_observer)
     except (sqlite3.Error, MigrationError) as e:
         raise section.error("path", f"cannot use {path}: {e}") from None
+    except OSError as e:
+        raise section.error("path", f"cannot use {path}: {e.strerror}") from None
     log.info("SQLite store {path} opened (synchronous = {synchronous!r})", path=str(path), synchronous=synchronous)
     return store
 
