@@ -109,7 +109,12 @@ def test_query_values_not_on_the_allow_list_are_redacted(target, logged):
 
 
 @pytest.mark.slow
-def test_a_running_server_writes_three_logs_and_reopens_them_on_sigusr1(run_server, tmp_path):
+def test_a_running_server_writes_three_logs_and_reopens_them_on_signals_but_no_config(run_server, tmp_path):
+    """
+    The logs, reopened on SIGUSR1; and SIGHUP, which reloads no config,
+    says so when the config file was edited since start (here into a broken
+    state), and the server serves on with the config in force.
+    """
     config, _ = prepare_data_dir(tmp_path / "data")
     port = free_port()
     config.write_text(config.read_text().replace("[server]\n", (
@@ -137,6 +142,10 @@ def test_a_running_server_writes_three_logs_and_reopens_them_on_sigusr1(run_serv
     server.process.send_signal(signal.SIGUSR1)
     time.sleep(0.3)
     get("/api/auth/jwks")
+    config.write_text(config.read_text() + "\n[server]\n")
+    server.process.send_signal(signal.SIGHUP)
+    time.sleep(0.3)
+    get("/api/auth/jwks")
     out, err = server.stop()
 
     [before] = [line for line in (data / "access.log.1").read_text().splitlines() if "/readyz" not in line]
@@ -144,11 +153,14 @@ def test_a_running_server_writes_three_logs_and_reopens_them_on_sigusr1(run_serv
     assert "&state=[redacted]&id_token_hint=[redacted]&login_hint=[redacted] HTTP/1.1\" 400 " in before
     assert before.endswith(' "https://app.example/cb?code=[redacted]" "agent \\"quoted\\""'), before
     after = (data / "access.log").read_text().splitlines()
-    assert [line.split('"')[1] for line in after] == ["GET /api/auth/jwks HTTP/1.1"]
+    assert [line.split('"')[1] for line in after] == ["GET /api/auth/jwks HTTP/1.1"] * 2
     assert json.loads((data / "audit.log.1").read_text().splitlines()[0])["event"] == "config.loaded"
     diagnostic = [json.loads(line) for line in out.splitlines() if line.strip()]
     assert any(record["message"].startswith("authsrv ready") for record in diagnostic), out + err
     assert not any(record["namespace"] == "authsrv.audit" for record in diagnostic)
+    [unloaded] = [record for record in diagnostic if "is not reloaded" in record["message"]]
+    assert unloaded["message"].startswith(f"{config} changed since start and is not reloaded: SIGHUP only reopens")
+    assert unloaded["level"] == "warn"
     for text in (out, err, *(path.read_text() for path in data.glob("*.log*"))):
         for secret in secrets:
             assert secret not in text

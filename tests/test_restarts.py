@@ -16,6 +16,7 @@ from twisted.internet.task import Clock
 from twisted.logger import LogLevel, globalLogPublisher
 from twisted.python.failure import Failure
 
+from authsrv.config import ConfigSource
 from authsrv.workers import GIVE_UP_STATUS, RestartPolicy, Supervisor, exit_after_stop
 
 
@@ -59,7 +60,7 @@ def logged():
 
 def supervisor(reactor, count: int = 1):
     stopped: list[int] = []
-    service = Supervisor(reactor, count, [], 0, nothing_to_prepare, config=b"", config_path=Path("authsrv.toml"),
+    service = Supervisor(reactor, count, [], 0, nothing_to_prepare, config=ConfigSource(Path("authsrv.toml"), b""),
                          argv=["authsrv"], give_up=stopped.append)
     service.startService()
     return service, stopped

@@ -941,6 +941,21 @@ class ConfigFileError(Exception):
         self.problems = problems or (message,)
 
 
+@frozen
+class ConfigSource:
+    """A config file and its bytes as read at start: the config in force, whatever the file holds since."""
+
+    path: Path
+    data: bytes
+
+    def edited(self) -> bool:
+        """Whether the file now holds other bytes (or none that can be read) than the config in force."""
+        try:
+            return self.path.read_bytes() != self.data
+        except OSError:
+            return True
+
+
 def read_config_file(path: Path) -> bytes:
     """A config file's bytes; raises L{ConfigFileError} with one line."""
     try:

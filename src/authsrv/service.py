@@ -30,7 +30,7 @@ from authsrv import events
 from authsrv.chat.crypto import TokenCipher
 from authsrv.chat.provider import ChatProvider, http_client
 from authsrv.chat.tokens import ChatTokens
-from authsrv.config import Config
+from authsrv.config import Config, ConfigSource
 from authsrv.configsection import ConfigError, Unreachable
 from authsrv.context import PluginContext
 from authsrv.drain import Drain
@@ -712,13 +712,13 @@ def listener_groups(config: Config) -> tuple[list[tuple[str, tuple[str, ...]]], 
     return [("server.listen", config.listen), ("internal.listen", config.internal_listen)], own
 
 
-def build_supervisor(config: Config, reactor, count: int, source: bytes, path) -> Supervisor:
+def build_supervisor(config: Config, reactor, count: int, source: ConfigSource) -> Supervisor:
     """
     The parent of C{count} workers: binds every listener, migrates the store,
     the keystore and the identity backends now (their mistakes are start-up
     errors, as in L{build}), and stores the config's clients once before the
     workers start, so that no two of them race to do it. The workers run
-    C{source}, the bytes of the config file at C{path} that C{config} was read from.
+    C{source}, the config file as C{config} was read from it.
     """
     context = PluginContext.of(reactor, config)
     bound: list = []
@@ -745,5 +745,5 @@ def build_supervisor(config: Config, reactor, count: int, source: bytes, path) -
         await identity.close()
         context.stop()
 
-    return Supervisor(reactor, count, bound, shared_sockets, prepare, config=source, config_path=path,
+    return Supervisor(reactor, count, bound, shared_sockets, prepare, config=source,
                       shared_metrics=bool(config.metrics_listen))

@@ -27,11 +27,11 @@ exited, and worker 0's C{/metrics} adds them up (L{authsrv.metrics}).
 The parent passes SIGTERM on (every worker drains, then the parent exits 0
 once all have), and SIGHUP and SIGUSR1 (every worker reopens its log
 files; a worker starts with them held, so that one passed on while it
-starts waits for it instead of ending it). Every worker runs the config file as the parent read it at start,
-handed over in one more inherited file descriptor after the sockets: a
-worker started again never runs a file edited since, broken or not, that
-its siblings do not (the edit takes effect on a restart, as without
-workers). A worker that dies otherwise is started again after a second, if
+starts waits for it instead of ending it). Every worker runs the config
+file as the parent read it at start, handed over in one more inherited file
+descriptor after the sockets: a worker started again never runs a file
+edited since, broken or not, that its siblings do not (the edit takes
+effect on a restart, as without workers). A worker that dies otherwise is started again after a second, if
 it had run for a while; one that fails at start (a secret file it cannot
 read, a store it cannot open) is started again after a growing delay, and
 when starts keep failing the parent stops every worker and exits 1 with one
@@ -49,7 +49,6 @@ import socket
 import sys
 import tempfile
 from collections import deque
-from pathlib import Path
 
 from attrs import define, field, frozen
 from twisted.application.service import Service
@@ -60,6 +59,7 @@ from twisted.internet.protocol import ProcessProtocol, ServerFactory
 from twisted.logger import Logger
 from twisted.protocols.tls import TLSMemoryBIOFactory
 
+from authsrv.config import ConfigSource
 from authsrv.logfile import reopen_signals_held
 
 WORKER_ENV = "AUTHSRV_WORKER"
@@ -287,14 +287,13 @@ class Supervisor(Service):
     The parent: starts C{count} workers once C{prepare()} (migrations, keys,
     the config's clients) has fired, each with the sockets of C{ports}
     (worker 0 with all of them, the others with the first C{shared}) and
-    C{config}, the bytes of the config file at C{config_path} as read at
-    start. With C{shared_metrics}, the workers count into one directory of
+    C{config}, the config file as read at start. With C{shared_metrics}, the workers count into one directory of
     files. A L{RestartPolicy} decides restarts; giving up calls
     C{give_up(status)}, which stops the reactor and exits by default.
     """
 
-    def __init__(self, reactor, count: int, ports: list, shared: int, prepare, *, config: bytes, config_path: Path,
-                 argv=None, shared_metrics=False, give_up=None):
+    def __init__(self, reactor, count: int, ports: list, shared: int, prepare, *, config: ConfigSource, argv=None,
+                 shared_metrics=False, give_up=None):
         self._reactor = reactor
         self._count = count
         self._ports = ports
@@ -308,8 +307,7 @@ class Supervisor(Service):
         self._policy = RestartPolicy()
         self._give_up = give_up or (lambda status: exit_after_stop(reactor, status))
         self._config = config
-        self._config_path = config_path
-        self._config_fd = config_copy(config)
+        self._config_fd = config_copy(config.data)
 
     def startService(self):
         super().startService()
@@ -378,13 +376,9 @@ class Supervisor(Service):
 
     def _warn_if_edited(self, index: int) -> None:
         """Say that a worker started again runs the config file as read at start, when the file changed since."""
-        try:
-            edited = self._config_path.read_bytes() != self._config
-        except OSError:
-            edited = True
-        if edited:
+        if self._config.edited():
             log.warn("worker {index} runs the config file as read at start: {path} changed since, and takes effect"
-                     " on a restart (authsrv-admin check-config checks it)", index=index, path=str(self._config_path))
+                     " on a restart (authsrv-admin check-config checks it)", index=index, path=str(self._config.path))
 
     def signal_workers(self, number: int) -> None:
         """Pass C{number} on to every running worker."""
