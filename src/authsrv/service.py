@@ -89,7 +89,7 @@ from authsrv.protocol.pushed import REQUEST_URI_TTL
 from authsrv.protocol.rates import Rate
 from authsrv.records import Client
 from authsrv.remote_documents import RemoteDocuments
-from authsrv.store.errors import StoreUnavailable
+from authsrv.store.errors import StoreUnavailable, outage_of
 from authsrv.tls import endpoint_of, hsts_headers
 from authsrv.tokens import CLIENT_SECRET_KEY, keyed_form
 from authsrv.web.accesslog import AccessLog
@@ -269,10 +269,16 @@ class AuthsrvService(MultiService):
         )
 
     def _startup_failed(self, failure: Failure):
-        self.log.failure(
-            "could not store the clients declared in the config file; trying again in {delay}s", failure,
-            delay=STARTUP_RETRY,
-        )
+        """An outage is one line (the pool logs it too), anything else a failure; retried either way."""
+        outage = outage_of(failure)
+        if outage is not None:
+            self.log.warn("could not store the clients declared in the config file ({error}); trying again in"
+                          " {delay}s", error=str(outage), delay=STARTUP_RETRY)
+        else:
+            self.log.failure(
+                "could not store the clients declared in the config file; trying again in {delay}s", failure,
+                delay=STARTUP_RETRY,
+            )
         if self.running:
             self._retry = self._reactor.callLater(STARTUP_RETRY, self._store_clients)
 

@@ -61,6 +61,7 @@ from twisted.protocols.tls import TLSMemoryBIOFactory
 
 from authsrv.config import ConfigSource
 from authsrv.logfile import reopen_signals_held
+from authsrv.store.errors import outage_of
 
 WORKER_ENV = "AUTHSRV_WORKER"
 """
@@ -324,8 +325,14 @@ class Supervisor(Service):
             self._spawn(index)
 
     def _unprepared(self, failure):
-        log.failure("could not store the clients declared in the config file; trying again in {delay}s", failure,
-                    delay=PREPARE_RETRY)
+        """An outage is one line (the pool logs it too), anything else a failure; retried either way."""
+        outage = outage_of(failure)
+        if outage is not None:
+            log.warn("could not store the clients declared in the config file ({error}); trying again in {delay}s",
+                     error=str(outage), delay=PREPARE_RETRY)
+        else:
+            log.failure("could not store the clients declared in the config file; trying again in {delay}s",
+                        failure, delay=PREPARE_RETRY)
         if not self._stopping:
             self._reactor.callLater(PREPARE_RETRY, self._start)
 
