@@ -1,7 +1,8 @@
 """
 The diagnostic log's JSON lines, written by the observer C{twist} is given,
 and the access log: its redaction, and both logs as a running server writes
-them, with the audit log in its own file and every file reopened on SIGUSR1.
+them, with the audit log in its own file and every file reopened on SIGUSR1
+(or, failing that, kept).
 """
 
 from __future__ import annotations
@@ -16,14 +17,14 @@ import urllib.request
 from ipaddress import ip_network
 
 import pytest
-from twisted.logger import Logger, jsonFileLogObserver, textFileLogObserver
+from twisted.logger import LogLevel, Logger, formatEvent, globalLogPublisher, jsonFileLogObserver, textFileLogObserver
 from twisted.web.server import Request
 from twisted.web.test.requesthelper import DummyChannel
 
 from authsrv.config import parse_config
 from authsrv.configsection import ConfigError
 from authsrv.embedded import prepare_data_dir
-from authsrv.logfile import LineFile
+from authsrv.logfile import REOPEN_SIGNALS, LineFile, reopen_on_signals
 from authsrv.tap import diagnostic_log_factory
 from authsrv.web.accesslog import AccessLog, log_text, redact_target
 
@@ -108,7 +109,12 @@ def test_query_values_not_on_the_allow_list_are_redacted(target, logged):
 
 
 @pytest.mark.slow
-def test_a_running_server_writes_three_logs_and_reopens_them_on_sigusr1(run_server, tmp_path):
+def test_a_running_server_writes_three_logs_and_reopens_them_on_signals_but_no_config(run_server, tmp_path):
+    """
+    The logs, reopened on SIGUSR1; and SIGHUP, which reloads no config,
+    says so when the config file was edited since start (here into a broken
+    state), and the server serves on with the config in force.
+    """
     config, _ = prepare_data_dir(tmp_path / "data")
     port = free_port()
     config.write_text(config.read_text().replace("[server]\n", (
@@ -136,6 +142,10 @@ def test_a_running_server_writes_three_logs_and_reopens_them_on_sigusr1(run_serv
     server.process.send_signal(signal.SIGUSR1)
     time.sleep(0.3)
     get("/api/auth/jwks")
+    config.write_text(config.read_text() + "\n[server]\n")
+    server.process.send_signal(signal.SIGHUP)
+    time.sleep(0.3)
+    get("/api/auth/jwks")
     out, err = server.stop()
 
     [before] = [line for line in (data / "access.log.1").read_text().splitlines() if "/readyz" not in line]
@@ -143,11 +153,14 @@ def test_a_running_server_writes_three_logs_and_reopens_them_on_sigusr1(run_serv
     assert "&state=[redacted]&id_token_hint=[redacted]&login_hint=[redacted] HTTP/1.1\" 400 " in before
     assert before.endswith(' "https://app.example/cb?code=[redacted]" "agent \\"quoted\\""'), before
     after = (data / "access.log").read_text().splitlines()
-    assert [line.split('"')[1] for line in after] == ["GET /api/auth/jwks HTTP/1.1"]
+    assert [line.split('"')[1] for line in after] == ["GET /api/auth/jwks HTTP/1.1"] * 2
     assert json.loads((data / "audit.log.1").read_text().splitlines()[0])["event"] == "config.loaded"
     diagnostic = [json.loads(line) for line in out.splitlines() if line.strip()]
     assert any(record["message"].startswith("authsrv ready") for record in diagnostic), out + err
     assert not any(record["namespace"] == "authsrv.audit" for record in diagnostic)
+    [unloaded] = [record for record in diagnostic if "is not reloaded" in record["message"]]
+    assert unloaded["message"].startswith(f"{config} changed since start and is not reloaded: SIGHUP only reopens")
+    assert unloaded["level"] == "warn"
     for text in (out, err, *(path.read_text() for path in data.glob("*.log*"))):
         for secret in secrets:
             assert secret not in text
@@ -214,3 +227,71 @@ def test_buffered_lines_leave_in_whole_lines_of_at_most_pipe_buf(tmp_path):
 def test_c1_controls_are_escaped_in_the_combined_line():
     """A NEL (U+0085) forged a second line for readers that split on it; a CSI drove terminals."""
     assert log_text(b"evil\x9b31m\x85127.0.0.1 - -") == "evil\\x9b31m\\x85127.0.0.1 - -"
+
+
+@pytest.fixture
+def logged():
+    events: list[dict] = []
+    globalLogPublisher.addObserver(events.append)
+    yield events
+    globalLogPublisher.removeObserver(events.append)
+
+
+class AtOnce:
+    """A reactor stand-in whose C{callFromThread} runs the call there and then, as the signal arrives."""
+
+    def callFromThread(self, f, *args):
+        f(*args)
+
+
+def test_a_file_that_cannot_be_reopened_keeps_its_old_file_and_spoils_no_other(tmp_path, logged):
+    """
+    A rotation that left the audit log's folder unusable is one line naming
+    the file; the access log is still reopened and the workers still hear the signal.
+    """
+    audit_dir = tmp_path / "audit"
+    audit_dir.mkdir()
+    audit, access = LineFile(str(audit_dir / "audit.log")), LineFile(str(tmp_path / "access.log"))
+    passed: list[int] = []
+    handlers = {number: signal.getsignal(number) for number in REOPEN_SIGNALS}
+    try:
+        reopen_on_signals(AtOnce(), [audit, access], passed.append)
+        os.rename(audit_dir, tmp_path / "audit.1")
+        os.rename(tmp_path / "access.log", tmp_path / "access.log.1")
+        os.kill(os.getpid(), signal.SIGHUP)
+    finally:
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+    audit.write("kept\n")
+    access.write("new\n")
+    access.flush()
+    assert passed == [signal.SIGHUP]
+    assert (tmp_path / "audit.1" / "audit.log").read_text() == "kept\n"
+    assert (tmp_path / "access.log").read_text() == "new\n"
+    [problem] = [e for e in logged if e.get("log_level") is LogLevel.error]
+    assert "log_failure" not in problem
+    assert f"cannot reopen {audit_dir / 'audit.log'}: No such file or directory" in formatEvent(problem)
+
+
+def test_lines_a_full_disk_refuses_are_dropped_with_one_line_and_the_flushes_go_on(tmp_path, logged):
+    """
+    The access log's flush runs on a timer that a raised error would stop
+    for good, leaving every later line in memory: a full disk (here
+    /dev/full) drops the lines instead, said once when it starts and once
+    when writing works again.
+    """
+    path = tmp_path / "access.log"
+    path.symlink_to("/dev/full")
+    file = LineFile(str(path), flush_each=False)
+    for line in ("one\n", "two\n"):
+        file.write(line)
+        file.flush()
+    path.unlink()
+    file.reopen()
+    file.write("three\n")
+    file.flush()
+    assert path.read_text() == "three\n"
+    assert [formatEvent(e) for e in logged] == [
+        f"cannot write to {path}: No space left on device; its lines are dropped until it can",
+        f"writing to {path} again; 2 lines were dropped",
+    ]

@@ -8,14 +8,17 @@ line and a non-zero status (a supervisor's start limit, as systemd's).
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 
 import pytest
 from twisted.internet.error import ProcessTerminated, ReactorNotRunning
 from twisted.internet.task import Clock
-from twisted.logger import LogLevel, globalLogPublisher
+from twisted.logger import LogLevel, formatEvent, globalLogPublisher
 from twisted.python.failure import Failure
 
-from authsrv.workers import GIVE_UP_STATUS, RestartPolicy, Supervisor, exit_after_stop
+from authsrv.config import ConfigSource
+from authsrv.store.errors import StoreUnavailable
+from authsrv.workers import GIVE_UP_STATUS, PREPARE_RETRY, RestartPolicy, Supervisor, exit_after_stop
 
 
 class FakeProcess:
@@ -58,7 +61,8 @@ def logged():
 
 def supervisor(reactor, count: int = 1):
     stopped: list[int] = []
-    service = Supervisor(reactor, count, [], 0, nothing_to_prepare, argv=["authsrv"], give_up=stopped.append)
+    service = Supervisor(reactor, count, [], 0, nothing_to_prepare, config=ConfigSource(Path("authsrv.toml"), b""),
+                         argv=["authsrv"], give_up=stopped.append)
     service.startService()
     return service, stopped
 
@@ -124,6 +128,30 @@ def test_sigterm_during_a_back_off_starts_nothing_more():
     reactor.advance(60)
     assert len(reactor.spawned) == 2 and stopped == []
     assert waiting.called
+
+
+def test_a_store_down_before_the_workers_start_is_one_line_each_try(logged):
+    """Storing the config's clients is retried while the store is down, with no traceback for an outage."""
+    reactor = Reactor()
+    refusals = [StoreUnavailable("PostgreSQL: Connection refused")] * 2
+
+    async def prepare():
+        if refusals:
+            raise refusals.pop()
+
+    service = Supervisor(reactor, 1, [], 0, prepare, config=ConfigSource(Path("authsrv.toml"), b""),
+                         argv=["authsrv"], give_up=[].append)
+    service.startService()
+    reactor.advance(PREPARE_RETRY)
+    assert reactor.spawned == []
+    reactor.advance(PREPARE_RETRY)
+    assert len(reactor.spawned) == 1
+    retries = [e for e in logged if "trying again" in e.get("log_format", "")]
+    assert [formatEvent(e) for e in retries] == [
+        f"could not store the clients declared in the config file (PostgreSQL: Connection refused);"
+        f" trying again in {PREPARE_RETRY}s"
+    ] * 2
+    assert not any("log_failure" in e for e in retries)
 
 
 class Stopping:

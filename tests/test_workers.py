@@ -295,13 +295,51 @@ def test_the_workers_option_is_checked(value, message):
     assert options["workers"] == 3
 
 
+def test_workers_outlive_a_sighup_while_they_start_and_a_broken_config_file(run_server, tmp_path):
+    """
+    logrotate's SIGHUP may come while workers start: passed on before a
+    worker had its handler, it ended the worker as a failed start, and a few
+    of them stopped the whole service; it now waits in the worker until the
+    worker can reopen its files. A config file edited into a broken state
+    is no reason for a replaced worker to fail either: it runs the file its
+    siblings run, and the parent says the edit waits for a restart.
+    (One test for both: each server start costs seconds.)
+    """
+    port = free_port()
+    config = sqlite_config(tmp_path / "examples", port)
+    server = run_server(["authsrv", "--config", str(config), "--workers", "2"], tmp_path, port=port, ready=False)
+    workers = the_workers(server)
+    for _ in range(3):
+        server.process.send_signal(signal.SIGHUP)
+        time.sleep(0.05)
+    server.wait_ready()
+    for connection in pinned(server, workers).values():
+        connection.close()
+
+    config.write_text(config.read_text() + "\n[server]\n")
+    killed = min(workers)
+    os.kill(killed, signal.SIGKILL)
+    deadline = time.monotonic() + DEADLINE
+    while killed in (replaced := the_workers(server)):
+        assert time.monotonic() < deadline, replaced
+        time.sleep(0.05)
+    connections = pinned(server, replaced)
+    assert server.process.poll() is None
+    drains_and_exits_0(server, connections)
+    out, err = server.output()
+    assert all(f"log files reopened on SIGHUP (pid {pid})" in out for pid in workers), out + err
+    assert out.count("ended after") == 1 and "(status None, signal 9)" in out, out + err
+    assert f"runs the config file as read at start: {config} changed since" in out, out + err
+    assert "failing at start" not in out and "invalid TOML" not in out + err, out + err
+
+
 def test_workers_that_keep_failing_at_start_stop_the_service(run_server, tmp_path):
-    """The workers read the config again: broken while the parent runs, their restarts fail, and the parent gives up."""
+    """A secret file the workers read gone while the parent runs: their restarts fail, and the parent gives up."""
     port = free_port()
     config = sqlite_config(tmp_path / "examples", port)
     server = run_server(["authsrv", "--config", str(config), "--workers", "2"], tmp_path, port=port)
     workers = the_workers(server)
-    config.write_text(config.read_text() + "\n[server]\n")
+    (config.parent / "demo-secrets" / "internal-api-secret").unlink()
     started = time.monotonic()
     for pid in workers:
         os.kill(pid, signal.SIGKILL)

@@ -941,12 +941,36 @@ class ConfigFileError(Exception):
         self.problems = problems or (message,)
 
 
-def read_toml(path: Path) -> dict:
-    """The TOML document in a config file; raises L{ConfigFileError} with one line."""
+@frozen
+class ConfigSource:
+    """A config file and its bytes as read at start: the config in force, whatever the file holds since."""
+
+    path: Path
+    data: bytes
+
+    def edited(self) -> bool:
+        """Whether the file now holds other bytes (or none that can be read) than the config in force."""
+        try:
+            return self.path.read_bytes() != self.data
+        except OSError:
+            return True
+
+
+def read_config_file(path: Path) -> bytes:
+    """A config file's bytes; raises L{ConfigFileError} with one line."""
     try:
-        text = path.read_bytes().decode("utf-8")
+        return path.read_bytes()
     except OSError as e:
         raise ConfigFileError(f"cannot read config file {path}: {e.strerror}") from None
+
+
+def read_toml(path: Path, source: bytes | None = None) -> dict:
+    """
+    The TOML document in a config file, or in C{source}, the bytes read from
+    it earlier; raises L{ConfigFileError} with one line.
+    """
+    try:
+        text = (read_config_file(path) if source is None else source).decode("utf-8")
     except UnicodeDecodeError:
         raise ConfigFileError(f"{path}: not UTF-8 text") from None
     try:
@@ -965,16 +989,18 @@ def public_url_given(public_url: str | None = None, environ=os.environ) -> tuple
 
 
 def load_config(
-    path: Path, *, listen: str | None = None, public_url: str | None = None, environ=os.environ
+    path: Path, *, listen: str | None = None, public_url: str | None = None, environ=os.environ,
+    source: bytes | None = None,
 ) -> Config:
     """
-    Read and validate a config file; raises L{ConfigFileError} whose message
+    Read and validate a config file (its bytes C{source} when given: what a
+    worker's parent read at start); raises L{ConfigFileError} whose message
     is the first mistake (and how many more there are), one line. The public
     URL comes from C{public_url} (the command line), else
     C{AUTHSRV_PUBLIC_URL}, else the file; C{listen} replaces the file's.
     """
     config, errors = read_config_document(
-        read_toml(path), path.resolve(), listen=listen, public_url_override=public_url_given(public_url, environ)
+        read_toml(path, source), path.resolve(), listen=listen, public_url_override=public_url_given(public_url, environ)
     )
     if errors:
         problems = tuple(f"{path}: {e}" for e in errors)

@@ -17,6 +17,7 @@ import os
 import select
 import signal
 import sys
+from contextlib import contextmanager
 from typing import Callable
 
 from twisted.logger import Logger
@@ -39,6 +40,7 @@ class LineFile:
         self.path = path
         self._flush_each = flush_each
         self._pending: list[str] = []
+        self._dropped: int | None = None
         self._file = self._open()
 
     def _open(self):
@@ -55,7 +57,27 @@ class LineFile:
             self._pending.append(line)
 
     def flush(self) -> None:
-        """The lines written so far, in writes of whole lines up to C{PIPE_BUF} bytes each."""
+        """
+        The lines written so far, in writes of whole lines up to C{PIPE_BUF}
+        bytes each. Lines the file refuses (a full disk) are dropped rather
+        than kept in memory, with one line when that starts and one when it
+        ends: the timer that flushes goes on, and so does serving.
+        """
+        count = len(self._pending)
+        try:
+            self._write_pending()
+        except OSError as e:
+            if self._dropped is None:
+                self._dropped = 0
+                log.error("cannot write to {path}: {error}; its lines are dropped until it can",
+                          path=self.path, error=e.strerror)
+            self._dropped += count
+            return
+        if self._dropped is not None:
+            log.info("writing to {path} again; {count} lines were dropped", path=self.path, count=self._dropped)
+            self._dropped = None
+
+    def _write_pending(self) -> None:
         if not self._pending:
             self._file.flush()
             return
@@ -77,27 +99,68 @@ class LineFile:
             return
         self.flush()
         old, self._file = self._file, self._open()
-        old.close()
+        self._close(old)
 
     def close(self) -> None:
         self.flush()
         if self.path != STDOUT:
-            self._file.close()
+            self._close(self._file)
+
+    def _close(self, file) -> None:
+        """Close C{file}; what a full disk left in its buffer is among the lines already said to be dropped."""
+        try:
+            file.close()
+        except OSError:
+            if self._dropped is None:
+                raise
+
+
+def hold_reopen_signals() -> None:
+    """
+    Keep SIGUSR1 and SIGHUP waiting until L{reopen_on_signals} handles
+    them: until then their default action would end the process, and
+    logrotate sends them whenever it rotates, a start-up included. A process
+    started meanwhile inherits them held (L{reopen_signals_held}).
+    """
+    signal.pthread_sigmask(signal.SIG_BLOCK, REOPEN_SIGNALS)
+
+
+@contextmanager
+def reopen_signals_held():
+    """
+    SIGUSR1 and SIGHUP held for the block, in which a worker is started: it
+    begins with them held, and one passed on to it before it can reopen its
+    files waits for it (L{reopen_on_signals}) rather than end it.
+    """
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, REOPEN_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def reopen_on_signals(reactor, files, then: Callable[[int], None] | None = None) -> None:
     """
     On SIGUSR1 or SIGHUP reopen C{files}, from the reactor's thread, never
     in the middle of a write; then C{then(signal)} (the workers' parent
-    passes the signal on).
+    passes the signal on). A file that cannot be reopened (its folder gone
+    or unwritable after a rotation) is one line, and lines keep going to the
+    file open before; the other files and the workers are not held back.
+    The signals held since start (L{hold_reopen_signals}) are let through,
+    one that came meanwhile handled now.
     """
 
     def reopen(number: int) -> None:
         for file in files:
-            file.reopen()
+            try:
+                file.reopen()
+            except OSError as e:
+                log.error("cannot reopen {path}: {error}; still writing to the file open before",
+                          path=file.path, error=e.strerror)
         log.info("log files reopened on {signal} (pid {pid})", signal=signal.Signals(number).name, pid=os.getpid())
         if then is not None:
             then(number)
 
     for number in REOPEN_SIGNALS:
         signal.signal(number, lambda number, frame: reactor.callFromThread(reopen, number))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, REOPEN_SIGNALS)

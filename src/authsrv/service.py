@@ -30,7 +30,7 @@ from authsrv import events
 from authsrv.chat.crypto import TokenCipher
 from authsrv.chat.provider import ChatProvider, http_client
 from authsrv.chat.tokens import ChatTokens
-from authsrv.config import Config
+from authsrv.config import Config, ConfigSource
 from authsrv.configsection import ConfigError, Unreachable
 from authsrv.context import PluginContext
 from authsrv.drain import Drain
@@ -89,7 +89,7 @@ from authsrv.protocol.pushed import REQUEST_URI_TTL
 from authsrv.protocol.rates import Rate
 from authsrv.records import Client
 from authsrv.remote_documents import RemoteDocuments
-from authsrv.store.errors import StoreUnavailable
+from authsrv.store.errors import StoreUnavailable, outage_of
 from authsrv.tls import endpoint_of, hsts_headers
 from authsrv.tokens import CLIENT_SECRET_KEY, keyed_form
 from authsrv.web.accesslog import AccessLog
@@ -269,10 +269,16 @@ class AuthsrvService(MultiService):
         )
 
     def _startup_failed(self, failure: Failure):
-        self.log.failure(
-            "could not store the clients declared in the config file; trying again in {delay}s", failure,
-            delay=STARTUP_RETRY,
-        )
+        """An outage is one line (the pool logs it too), anything else a failure; retried either way."""
+        outage = outage_of(failure)
+        if outage is not None:
+            self.log.warn("could not store the clients declared in the config file ({error}); trying again in"
+                          " {delay}s", error=str(outage), delay=STARTUP_RETRY)
+        else:
+            self.log.failure(
+                "could not store the clients declared in the config file; trying again in {delay}s", failure,
+                delay=STARTUP_RETRY,
+            )
         if self.running:
             self._retry = self._reactor.callLater(STARTUP_RETRY, self._store_clients)
 
@@ -713,12 +719,13 @@ def listener_groups(config: Config) -> tuple[list[tuple[str, tuple[str, ...]]], 
     return [("server.listen", config.listen), ("internal.listen", config.internal_listen)], own
 
 
-def build_supervisor(config: Config, reactor, count: int) -> Supervisor:
+def build_supervisor(config: Config, reactor, count: int, source: ConfigSource) -> Supervisor:
     """
     The parent of C{count} workers: binds every listener, migrates the store,
     the keystore and the identity backends now (their mistakes are start-up
     errors, as in L{build}), and stores the config's clients once before the
-    workers start, so that no two of them race to do it.
+    workers start, so that no two of them race to do it. The workers run
+    C{source}, the config file as C{config} was read from it.
     """
     context = PluginContext.of(reactor, config)
     bound: list = []
@@ -745,4 +752,5 @@ def build_supervisor(config: Config, reactor, count: int) -> Supervisor:
         await identity.close()
         context.stop()
 
-    return Supervisor(reactor, count, bound, shared_sockets, prepare, shared_metrics=bool(config.metrics_listen))
+    return Supervisor(reactor, count, bound, shared_sockets, prepare, config=source,
+                      shared_metrics=bool(config.metrics_listen))

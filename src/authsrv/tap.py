@@ -5,12 +5,15 @@ C{twist authsrv}: command-line options and the service maker.
 from __future__ import annotations
 
 import gc
+import signal
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
 from twisted.logger import (
     FilteringLogObserver,
     ILogObserver,
+    Logger,
     globalLogPublisher,
     jsonFileLogObserver,
     textFileLogObserver,
@@ -19,14 +22,16 @@ from twisted.python import usage
 
 from authsrv import events
 from authsrv.auditlog import AuditObserver, WithoutAudit
-from authsrv.config import MAX_WORKERS, Config, ConfigFileError, load_config
+from authsrv.config import MAX_WORKERS, Config, ConfigFileError, ConfigSource, load_config, read_config_file
 from authsrv.drain import stop_on_sigterm
 from authsrv.embedded import DEFAULT_DATA_DIR, prepare_data_dir
 from authsrv.jsonlog import json_log_observer
-from authsrv.logfile import STDOUT, LineFile, reopen_on_signals
+from authsrv.logfile import STDOUT, LineFile, hold_reopen_signals, reopen_on_signals
 from authsrv.scheduling import batch_on_one_core
 from authsrv.service import AuthsrvService, StartupError, build, build_supervisor
 from authsrv.workers import Supervisor, WorkerError, stop_with_parent, worker_role
+
+log = Logger()
 
 
 class Options(usage.Options):
@@ -111,10 +116,22 @@ def diagnostic_log_factory(chosen, log_format: str | None):
     return lambda out: FilteringLogObserver(base(out), [WithoutAudit()])
 
 
+def say_config_not_reloaded(source: ConfigSource, number: int) -> None:
+    """
+    SIGHUP reopens the log files and reloads no config: when the config
+    file was edited since start, say so, so that an operator who expected a
+    reload does not take the config in force for the edited one.
+    """
+    if number == signal.SIGHUP and source.edited():
+        log.warn("{path} changed since start and is not reloaded: SIGHUP only reopens the log files; restart"
+                 " authsrv to apply it (authsrv-admin check-config checks it first)", path=str(source.path))
+
+
 def makeService(options, reactor=None):
     if reactor is None:
         from twisted.internet import reactor
     batch_on_one_core()
+    hold_reopen_signals()
     try:
         role = worker_role()
         if role is not None:
@@ -123,14 +140,16 @@ def makeService(options, reactor=None):
             config_path, created = _embedded(Path(options["data-dir"]))
         else:
             config_path, created = Path(options["config"]), None
-        config = load_config(config_path, listen=options["listen"], public_url=options["public-url"])
+        source = ConfigSource(config_path, read_config_file(config_path) if role is None else role.config)
+        config = load_config(config_path, listen=options["listen"], public_url=options["public-url"],
+                             source=source.data)
         audit = start_audit_log(config)
         workers = options["workers"] or config.workers
         if role is None:
             events.config_loaded(path=str(config_path.resolve()), issuer=config.issuer, clients=len(config.clients))
         service: AuthsrvService | Supervisor
         if role is None and workers > 1:
-            service = build_supervisor(config, reactor, workers)
+            service = build_supervisor(config, reactor, workers, source)
         else:
             service = build(config, reactor, role)
     except (ConfigFileError, StartupError, WorkerError) as e:
@@ -142,9 +161,16 @@ def makeService(options, reactor=None):
         twist["fileLogObserverFactory"] = diagnostic_log_factory(twist.get("fileLogObserverFactory"), config.log_format)
     reactor.callWhenRunning(stop_on_sigterm, reactor)
     if isinstance(service, Supervisor):
-        reactor.callWhenRunning(reopen_on_signals, reactor, [audit.file], service.signal_workers)
+        supervisor = service
+
+        def then(number: int) -> None:
+            supervisor.signal_workers(number)
+            say_config_not_reloaded(source, number)
+
+        reactor.callWhenRunning(reopen_on_signals, reactor, [audit.file], then)
     else:
         log_files = [audit.file] + ([service.access_log.file] if service.access_log is not None else [])
-        reactor.callWhenRunning(reopen_on_signals, reactor, log_files)
+        reactor.callWhenRunning(reopen_on_signals, reactor, log_files,
+                                partial(say_config_not_reloaded, source) if role is None else None)
     reactor.callWhenRunning(freeze_startup_heap)
     return service

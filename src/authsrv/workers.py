@@ -26,12 +26,17 @@ exited, and worker 0's C{/metrics} adds them up (L{authsrv.metrics}).
 
 The parent passes SIGTERM on (every worker drains, then the parent exits 0
 once all have), and SIGHUP and SIGUSR1 (every worker reopens its log
-files). A worker that dies otherwise is started again after a second, if
-it had run for a while; one that fails at start (a config file edited into a
-broken state, which workers read again, a store it cannot open) is started
-again after a growing delay, and when starts keep failing the parent stops
-every worker and exits 1 with one line, rather than restart them forever
-(L{RestartPolicy}, as systemd's C{StartLimitBurst} and gunicorn do).
+files; a worker starts with them held, so that one passed on while it
+starts waits for it instead of ending it). Every worker runs the config
+file as the parent read it at start, handed over in one more inherited file
+descriptor after the sockets: a worker started again never runs a file
+edited since, broken or not, that its siblings do not (the edit takes
+effect on a restart, as without workers). A worker that dies otherwise is started again after a second, if
+it had run for a while; one that fails at start (a secret file it cannot
+read, a store it cannot open) is started again after a growing delay, and
+when starts keep failing the parent stops every worker and exits 1 with one
+line, rather than restart them forever (L{RestartPolicy}, as systemd's
+C{StartLimitBurst} and gunicorn do).
 """
 
 from __future__ import annotations
@@ -54,10 +59,15 @@ from twisted.internet.protocol import ProcessProtocol, ServerFactory
 from twisted.logger import Logger
 from twisted.protocols.tls import TLSMemoryBIOFactory
 
+from authsrv.config import ConfigSource
+from authsrv.logfile import reopen_signals_held
+from authsrv.store.errors import outage_of
+
 WORKER_ENV = "AUTHSRV_WORKER"
 """
 C{"index:sockets:parent"} in a worker's environment: its number, how many
-listening sockets it inherits, and its parent's pid.
+listening sockets it inherits (then the config file's bytes), and its
+parent's pid.
 """
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 """Where the workers count (L{authsrv.metrics}); prometheus_client reads it when it is first imported."""
@@ -77,11 +87,16 @@ class WorkerError(Exception):
 
 @frozen
 class WorkerRole:
-    """This process is worker C{index}, with listening sockets on C{fds}, in the order they are bound."""
+    """
+    This process is worker C{index}, with listening sockets on C{fds}, in
+    the order they are bound, and C{config}, the config file's bytes as the
+    parent read them.
+    """
 
     index: int
     fds: tuple[int, ...]
     parent: int
+    config: bytes
 
 
 def worker_role(environ=os.environ) -> WorkerRole | None:
@@ -102,7 +117,33 @@ def worker_role(environ=os.environ) -> WorkerRole | None:
         with listening:
             if not listening.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
                 raise WorkerError(f"file descriptor {fd} is not a listening socket")
-    return WorkerRole(index, fds, parent)
+    return WorkerRole(index, fds, parent, _inherited_config(FIRST_FD + count))
+
+
+def _inherited_config(fd: int) -> bytes:
+    """
+    The config file's bytes in the parent's file C{fd}, read from its start
+    whatever its offset (every worker shares it), then closed.
+    """
+    chunks = []
+    offset = 0
+    try:
+        while chunk := os.pread(fd, 65536, offset):
+            chunks.append(chunk)
+            offset += len(chunk)
+        os.close(fd)
+    except OSError:
+        raise WorkerError(f"file descriptor {fd} does not hold the config file the parent read") from None
+    return b"".join(chunks)
+
+
+def config_copy(source: bytes) -> int:
+    """An anonymous in-memory file holding C{source}, the config file as read at start, for the workers to inherit."""
+    fd = os.memfd_create("authsrv-config", os.MFD_CLOEXEC)
+    view = memoryview(source)
+    while view:
+        view = view[os.write(fd, view):]
+    return fd
 
 
 def stop_with_parent(role: WorkerRole) -> None:
@@ -246,14 +287,14 @@ class Supervisor(Service):
     """
     The parent: starts C{count} workers once C{prepare()} (migrations, keys,
     the config's clients) has fired, each with the sockets of C{ports}
-    (worker 0 with all of them, the others with the first C{shared}).
-    With C{shared_metrics}, the workers count into one directory of files.
-    A L{RestartPolicy} decides restarts; giving up calls C{give_up(status)},
-    which stops the reactor and exits by default.
+    (worker 0 with all of them, the others with the first C{shared}) and
+    C{config}, the config file as read at start. With C{shared_metrics}, the workers count into one directory of
+    files. A L{RestartPolicy} decides restarts; giving up calls
+    C{give_up(status)}, which stops the reactor and exits by default.
     """
 
-    def __init__(self, reactor, count: int, ports: list, shared: int, prepare, argv=None, shared_metrics=False,
-                 give_up=None):
+    def __init__(self, reactor, count: int, ports: list, shared: int, prepare, *, config: ConfigSource, argv=None,
+                 shared_metrics=False, give_up=None):
         self._reactor = reactor
         self._count = count
         self._ports = ports
@@ -266,6 +307,8 @@ class Supervisor(Service):
         self._env: dict[str, str] = {}
         self._policy = RestartPolicy()
         self._give_up = give_up or (lambda status: exit_after_stop(reactor, status))
+        self._config = config
+        self._config_fd = config_copy(config.data)
 
     def startService(self):
         super().startService()
@@ -282,8 +325,14 @@ class Supervisor(Service):
             self._spawn(index)
 
     def _unprepared(self, failure):
-        log.failure("could not store the clients declared in the config file; trying again in {delay}s", failure,
-                    delay=PREPARE_RETRY)
+        """An outage is one line (the pool logs it too), anything else a failure; retried either way."""
+        outage = outage_of(failure)
+        if outage is not None:
+            log.warn("could not store the clients declared in the config file ({error}); trying again in {delay}s",
+                     error=str(outage), delay=PREPARE_RETRY)
+        else:
+            log.failure("could not store the clients declared in the config file; trying again in {delay}s",
+                        failure, delay=PREPARE_RETRY)
         if not self._stopping:
             self._reactor.callLater(PREPARE_RETRY, self._start)
 
@@ -293,11 +342,13 @@ class Supervisor(Service):
         ports = self._ports if index == 0 else self._ports[:self._shared]
         fds = {0: 0, 1: 1, 2: 2}
         fds.update({FIRST_FD + i: port.fileno() for i, port in enumerate(ports)})
+        fds[FIRST_FD + len(ports)] = self._config_fd
         worker = _Worker(self, index, self._reactor.seconds())
-        process = self._reactor.spawnProcess(
-            worker, sys.executable, [sys.executable, "-m", "twisted", *self._argv],
-            env={**os.environ, **self._env, WORKER_ENV: f"{index}:{len(ports)}:{os.getpid()}"}, childFDs=fds,
-        )
+        with reopen_signals_held():
+            process = self._reactor.spawnProcess(
+                worker, sys.executable, [sys.executable, "-m", "twisted", *self._argv],
+                env={**os.environ, **self._env, WORKER_ENV: f"{index}:{len(ports)}:{os.getpid()}"}, childFDs=fds,
+            )
         self._running[index] = (worker, process)
         log.info("worker {index} started (pid {pid})", index=index, pid=process.pid)
 
@@ -327,7 +378,14 @@ class Supervisor(Service):
         log.error("worker {index} ended after {uptime:.1f}s (status {status}, signal {signal});"
                   " starting it again in {delay:.0f}s", index=worker.index, uptime=uptime, status=status,
                   signal=number, delay=delay)
+        self._warn_if_edited(worker.index)
         self._reactor.callLater(delay, self._spawn, worker.index)
+
+    def _warn_if_edited(self, index: int) -> None:
+        """Say that a worker started again runs the config file as read at start, when the file changed since."""
+        if self._config.edited():
+            log.warn("worker {index} runs the config file as read at start: {path} changed since, and takes effect"
+                     " on a restart (authsrv-admin check-config checks it)", index=index, path=str(self._config.path))
 
     def signal_workers(self, number: int) -> None:
         """Pass C{number} on to every running worker."""
@@ -349,8 +407,9 @@ class Supervisor(Service):
         return gatherResults(waiting).addBoth(self._remove_shared)
 
     def _remove_shared(self, result):
-        """The metrics directory goes once no worker can write to it."""
+        """The metrics directory and the config file's copy go once no worker can use them."""
         shared = self._env.pop(METRICS_DIR_ENV, None)
         if shared is not None:
             shutil.rmtree(shared, ignore_errors=True)
+        os.close(self._config_fd)
         return result

@@ -93,6 +93,19 @@ def test_jwk_file_path_is_configurable(context, tmp_path):
     assert _mode(tmp_path / "data" / "signing.json") == 0o600
 
 
+@pytest.mark.parametrize("module, key", [(jwkfile, "path"), (pem, "directory")])
+def test_keys_the_system_will_not_store_are_one_line(context, tmp_path, module, key):
+    """
+    A folder the service's user may not write to (here a name too long, as
+    root may write anywhere) stopped the first start with a traceback.
+    """
+    name = "k" * 300
+    with pytest.raises(ConfigError) as raised:
+        module.from_config(_section({key: name}, context), context)
+    assert raised.value.key == f"keystore.{key}"
+    assert raised.value.problem == f"cannot use {tmp_path / name}: File name too long"
+
+
 def test_jwk_file_readable_by_others_refused(context, tmp_path):
     jwkfile.from_config(_section({}, context), context)
     (tmp_path / "keys.jwks.json").chmod(0o644)

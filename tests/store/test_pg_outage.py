@@ -23,6 +23,7 @@ import pytest_twisted
 import requests
 from twisted.internet.defer import fail
 from twisted.internet.task import Clock, deferLater
+from twisted.logger import formatEvent, globalLogPublisher
 from zope.interface import Interface
 
 from authsrv.config import parse_config
@@ -119,7 +120,10 @@ async def test_every_route_answers_503_while_the_store_fails(tmp_path, monkeypat
 
 @pytest_twisted.ensureDeferred
 async def test_a_store_down_at_start_is_retried_until_the_server_is_ready(pg_dsn, tmp_path):
-    """The database may be gone between the start-up check and storing the config's clients."""
+    """
+    The database may be gone between the start-up check and storing the
+    config's clients: one line each time, as for any outage, no traceback.
+    """
     from twisted.internet import reactor
 
     clock = Clock()
@@ -134,6 +138,8 @@ async def test_a_store_down_at_start_is_retried_until_the_server_is_ready(pg_dsn
     store.put_client = lambda client: fail(refusals.pop()) if refusals else put_client(client)
     server = AuthsrvService(reactor=clock, config=config, context=context, store=store, keystore=keystore,
                             identity=IdentityChain([]), ports=[])
+    logged: list[dict] = []
+    globalLogPublisher.addObserver(logged.append)
     server.startService()
     try:
         for left in (1, 0):
@@ -149,7 +155,14 @@ async def test_a_store_down_at_start_is_retried_until_the_server_is_ready(pg_dsn
         assert server.readiness_problem() is None and refusals == []
         assert (await store.get_client("spa")).redirect_uris == ("http://127.0.0.1:9002/cb",)
     finally:
+        globalLogPublisher.removeObserver(logged.append)
         await server.stopService()
+    retries = [e for e in logged if "trying again" in e.get("log_format", "")]
+    assert [formatEvent(e) for e in retries] == [
+        f"could not store the clients declared in the config file (PostgreSQL: Connection refused);"
+        f" trying again in {STARTUP_RETRY}s"
+    ] * 2
+    assert not any("log_failure" in e for e in retries), "an outage is no traceback"
 
 
 # --- real processes on a cluster of their own ---------------------------------

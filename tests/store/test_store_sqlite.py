@@ -9,6 +9,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 from importlib import resources
 from pathlib import Path
 
@@ -283,6 +284,18 @@ class TestSQLiteFile(SQLiteFolder):
             self.open_store(path="file/authsrv.sqlite3")
         assert info.value.key == "store.path"
 
+    def test_a_file_that_cannot_be_created_is_one_line(self):
+        """
+        The system refusing the file (a folder the service's user may not
+        write to; here a name too long, as root may write anywhere) stopped
+        the start with a traceback.
+        """
+        name = "a" * 300 + ".sqlite3"
+        with pytest.raises(ConfigError) as info:
+            self.open_store(path=name)
+        assert info.value.key == "store.path"
+        assert info.value.problem == f"cannot use {self.folder / name}: File name too long"
+
     @pytest_twisted.ensureDeferred
     async def test_waits_for_another_process_write(self):
         """Another connection (the operator command) may hold the write lock: the store waits, not fails."""
@@ -302,6 +315,31 @@ class TestSQLiteFile(SQLiteFolder):
         await written
         try:
             assert [ban.sub for ban in await store.list_bans(NOW)] == [ALICE, "bob"]
+        finally:
+            await store.close()
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_new_file_another_process_writes_is_waited_for_not_refused(self):
+        """
+        Two processes starting at once on a new file (the server and the
+        operator command): turning it to WAL takes a lock SQLite does not
+        wait for, so the second one failed at once with "database is locked".
+        """
+        path = self.folder / "authsrv.sqlite3"
+        other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        other.execute("CREATE TABLE other (x)")
+        other.execute("BEGIN IMMEDIATE")
+        other.execute("INSERT INTO other VALUES (1)")
+        released = threading.Timer(0.3, other.execute, ["COMMIT"])
+        released.start()
+        try:
+            store = self.open_store()
+        finally:
+            released.join()
+            other.close()
+        try:
+            assert await store.list_bans(NOW) == []
+            assert _version(path) == LATEST_VERSION
         finally:
             await store.close()
 

@@ -33,7 +33,11 @@ def from_config(section, context) -> FileKeystore | None:
     if context.check_only:
         storage.load(int(context.reactor.seconds()), missing_ok=True)
         return None
-    return FileKeystore.open(storage, algorithms, rotate_every, context)
+    try:
+        return FileKeystore.open(storage, algorithms, rotate_every, context)
+    except OSError as e:
+        # A folder the service's user may not write to, a full disk: the keys cannot be made or kept.
+        raise ConfigError(section.key("path"), f"cannot use {path}: {e.strerror}") from None
 
 
 class JwkFile:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from twisted.internet.defer import FirstError
+from twisted.python.failure import Failure
+
 
 class AlreadyExists(Exception):
     """A record with that key exists already."""
@@ -20,3 +23,9 @@ class AlreadyLinked(AlreadyExists):
 
 class StoreUnavailable(Exception):
     """The store cannot be reached or answered with an error."""
+
+
+def outage_of(failure: Failure) -> StoreUnavailable | None:
+    """The store's outage behind C{failure}, that of one of several gathered calls included; None for anything else."""
+    error = failure.value.subFailure.value if failure.check(FirstError) else failure.value
+    return error if isinstance(error, StoreUnavailable) else None

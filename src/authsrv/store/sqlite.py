@@ -29,7 +29,7 @@ import sqlite3
 import stat
 from contextlib import contextmanager
 from pathlib import Path
-from time import perf_counter
+from time import monotonic, perf_counter, sleep
 
 from twisted.internet.defer import succeed
 from twisted.logger import Logger
@@ -67,6 +67,7 @@ from authsrv.store.sqlite_worker import SQLiteWorker
 
 _SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL"}
 _BUSY_TIMEOUT_SECONDS = 5.0
+_WAL_RETRY_SECONDS = 0.01
 
 LEDGER = Ledger("schema_version", "store", named=True)
 
@@ -92,6 +93,8 @@ def from_config(section, context) -> "SQLiteStore | None":
         store = open_store(context.reactor, path, _SYNCHRONOUS[synchronous], context.store_observer)
     except (sqlite3.Error, MigrationError) as e:
         raise section.error("path", f"cannot use {path}: {e}") from None
+    except OSError as e:
+        raise section.error("path", f"cannot use {path}: {e.strerror}") from None
     log.info("SQLite store {path} opened (synchronous = {synchronous!r})", path=str(path), synchronous=synchronous)
     return store
 
@@ -152,7 +155,7 @@ def _open(path: Path, synchronous: str, now: int) -> sqlite3.Connection:
     )
     try:
         connection.row_factory = sqlite3.Row
-        connection.execute("PRAGMA journal_mode = WAL")
+        _to_wal(connection)
         connection.execute(f"PRAGMA synchronous = {synchronous}")
         connection.execute("PRAGMA foreign_keys = ON")
         # Each write of a group commit runs in its own savepoint; past 64 KiB
@@ -165,6 +168,24 @@ def _open(path: Path, synchronous: str, now: int) -> sqlite3.Connection:
         connection.close()
         raise
     return connection
+
+
+def _to_wal(connection: sqlite3.Connection) -> None:
+    """
+    Put the file in WAL mode (once, when it is new), waiting up to the busy
+    timeout for another process: SQLite does not wait for the lock this
+    takes while the file is new and another process writes to it (two
+    processes starting at once on it), but answers "database is locked".
+    """
+    deadline = monotonic() + _BUSY_TIMEOUT_SECONDS
+    while True:
+        try:
+            connection.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if e.sqlite_errorname != "SQLITE_BUSY" or monotonic() >= deadline:
+                raise
+        sleep(_WAL_RETRY_SECONDS)
 
 
 def _open_reader(path: Path) -> sqlite3.Connection:
