@@ -233,3 +233,25 @@ async def test_chat_token_not_linked(harness, user):
         assert (response.code, body["error"]) == (401, "unauthorized")
     finally:
         await h.close()
+
+
+@pytest.mark.parametrize("path", [PATH, CHAT])
+@pytest.mark.parametrize("body", [
+    f'{{"userId": "{ALICE.sub}", "userId": "nobody"}}',
+    f'{{"userId": "nobody", "user\\u0049d": "{ALICE.sub}"}}',
+    f'{{"authUserId": "{ALICE.sub}", "authUserId": "{BOB.sub}"}}',
+])
+@pytest_twisted.ensureDeferred
+async def test_repeated_member_is_refused(harness, path, body):
+    """
+    A body naming userId twice is refused, never answered for the last one
+    (which a proxy in front, reading the first, did not check).
+    """
+    h = await harness.start()
+    try:
+        await link_alice(h, expires_in=3600)
+        response, answer = await call(h, body.encode(), path=path)
+        assert (response.code, answer["error"]) == (400, "invalid_request")
+        assert "is repeated in the body" in answer["message"]
+    finally:
+        await h.close()
