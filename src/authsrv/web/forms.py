@@ -9,7 +9,7 @@ from twisted.web.http import parse_qs
 
 from authsrv.protocol.errors import InvalidRequest
 from authsrv.protocol.forwarded import client_address, unmapped
-from authsrv.protocol.params import single_params
+from authsrv.protocol.params import params_with_token, single_params
 
 FORM = b"application/x-www-form-urlencoded"
 
@@ -36,6 +36,11 @@ def form_params(request) -> dict[str, str]:
     return single_params(form_args(request))
 
 
+def token_form_params(request) -> dict[str, str]:
+    """L{form_params} of introspection and revocation, whose C{token} any text may be (L{params_with_token})."""
+    return params_with_token(form_args(request), b"token")
+
+
 def page_form(request) -> dict[str, str] | None:
     """A browser form's fields, or None when they cannot be read (repeated, not UTF-8, too long)."""
     try:
@@ -53,7 +58,7 @@ def userinfo_form_token(request) -> str | None:
     if query and b"access_token" in parse_qs(query):
         raise InvalidRequest("send the access token in the Authorization header, not in the URL")
     if request.method == b"POST" and is_form(request):
-        return single_params(request.args).get("access_token")
+        return params_with_token(request.args, b"access_token").get("access_token")
     return None
 
 

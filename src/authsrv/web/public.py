@@ -40,7 +40,9 @@ from authsrv.store.errors import StoreUnavailable
 from authsrv.web.account_pages import account_page
 from authsrv.web.device_pages import device_code_page, device_consent_page
 from authsrv.web.failures import oauth_server_error, unforeseen_in_klein
-from authsrv.web.forms import client_address_of, form_args, form_params, page_form, userinfo_form_token
+from authsrv.web.forms import (
+    client_address_of, form_args, form_params, page_form, token_form_params, userinfo_form_token,
+)
 from authsrv.web.headers import RETRY_AFTER, allow_any_origin, json_body, jwt_body, method_not_allowed, oauth_error
 from authsrv.web.interaction_pages import (
     consent_page,
@@ -275,7 +277,7 @@ class PublicSite:
         return _preflight(request, b"GET, POST, OPTIONS")
 
     async def introspection(self, request):
-        params = form_params(request)
+        params = token_form_params(request)
         checked = await self._count(request, self._rates.introspection, params)
         answer = await self._flows.introspection.introspect(
             request.getHeader(b"authorization"), params, self._now(), checked)
@@ -284,7 +286,7 @@ class PublicSite:
     @app.route(ISSUER_PATH + "/oauth2/revoke", methods=["POST"])
     async def revocation(self, request):
         _cors(request)
-        params = form_params(request)
+        params = token_form_params(request)
         checked = await self._count(request, self._rates.revocation, params)
         await self._flows.revocation.revoke(request.getHeader(b"authorization"), params, self._now(), checked)
         request.setHeader(b"cache-control", b"no-store")
