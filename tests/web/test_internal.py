@@ -255,3 +255,20 @@ async def test_repeated_member_is_refused(harness, path, body):
         assert "is repeated in the body" in answer["message"]
     finally:
         await h.close()
+
+
+@pytest.mark.parametrize("body, named", [
+    ({"userId": ALICE.sub, "authUserId": ""}, "authUserId"),
+    ({"authUserId": 7}, "authUserId"),
+    ({"userId": None, "authUserId": ALICE.sub}, "userId"),
+])
+@pytest_twisted.ensureDeferred
+async def test_a_bad_id_is_named_as_sent(harness, body, named):
+    """The message names the member that is wrong, so the caller knows which to fix."""
+    h = await harness.start()
+    try:
+        response, answer = await call(h, body)
+        assert (response.code, answer["error"]) == (400, "invalid_request")
+        assert answer["message"] == f"{named} must be a non-empty string"
+    finally:
+        await h.close()

@@ -100,15 +100,15 @@ def _user_id(request) -> str:
         raise RequestProblem(400, "invalid_request", "the body is not valid JSON (or nested too deeply)") from None
     if not isinstance(body, dict):
         raise RequestProblem(400, "invalid_request", "the body must be a JSON object")
-    present = [body[k] for k in ("userId", "authUserId") if k in body]
+    present = [(name, body[name]) for name in ("userId", "authUserId") if name in body]
     if not present:
         raise RequestProblem(400, "invalid_request", "userId is missing")
-    for value in present:
+    for name, value in present:
         if not isinstance(value, str) or not value:
-            raise RequestProblem(400, "invalid_request", "userId must be a non-empty string")
-    if len(set(present)) > 1:
+            raise RequestProblem(400, "invalid_request", f"{name} must be a non-empty string")
+    if len({value for _, value in present}) > 1:
         raise RequestProblem(400, "invalid_request", "userId and authUserId name different users")
-    return present[0]
+    return present[0][1]
 
 
 def _endpoint(handler):
