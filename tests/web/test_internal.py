@@ -113,9 +113,12 @@ async def test_has_active_grant_ends_with_the_last_token(harness):
         ({"userId": ALICE.sub}, {**AUTH, "Authorization": "Bearer wrong"}, 401, "unauthorized"),
         ({"userId": ALICE.sub}, {**AUTH, "Authorization": f"Basic {INTERNAL_SECRET}"}, 401, "unauthorized"),
         ({}, {"Content-Type": "application/json"}, 401, "unauthorized"),
-        ({"userId": ALICE.sub}, {**AUTH, "Content-Type": "text/plain"}, 415, "unsupported_media_type"),
-        ({"userId": ALICE.sub}, {**AUTH, "Content-Type": "application/x-www-form-urlencoded"}, 415,
-         "unsupported_media_type"),
+        ({"userId": ALICE.sub}, {**AUTH, "Content-Type": "text/plain"}, 400, "invalid_request"),
+        ({"userId": ALICE.sub}, {**AUTH, "Content-Type": "application/x-www-form-urlencoded"}, 400,
+         "invalid_request"),
+        (f"userId={ALICE.sub}".encode(), {**AUTH, "Content-Type": "application/x-www-form-urlencoded"}, 400,
+         "invalid_request"),
+        ({"userId": ALICE.sub}, {"Authorization": AUTH["Authorization"]}, 400, "invalid_request"),
     ],
 )
 @pytest_twisted.ensureDeferred

@@ -93,7 +93,7 @@ def _user_id(request) -> str:
     """The userId (or its alias authUserId) of a JSON object body."""
     content_type = (request.getHeader(b"content-type") or b"").split(b";")[0].strip().lower()
     if content_type != b"application/json":
-        raise RequestProblem(415, "unsupported_media_type", "send the body as application/json")
+        raise RequestProblem(400, "invalid_request", "send the body as JSON, with Content-Type: application/json")
     try:
         body = _loads(request.content.read())
     except (ValueError, RecursionError):
