@@ -246,3 +246,33 @@ async def test_revocation_answers_200_for_what_it_does_not_revoke(tmp_path, monk
         assert response.code == 405
     finally:
         await h.close()
+
+
+FORM = {"Content-Type": "application/x-www-form-urlencoded"}
+UNUSABLE_TOKENS = [b"a" * 9000, b"a%00b", b"%FF%FE", b"eyJ%00.e30.x"]
+"""Tokens no server ever issued: too long for any parameter, holding NUL, not UTF-8."""
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_unusable_token_is_inactive_and_revoked(tmp_path, monkeypatch):
+    """
+    The contract: an invalid token gives active false, not an error status
+    (RFC 7662 section 2.2); RFC 7009 section 2.2: revocation answers 200.
+    Without client authentication, both still answer 401.
+    """
+    h = await start(tmp_path, monkeypatch)
+    try:
+        credentials = b"&client_id=first&client_secret=" + SECRETS["first"].encode()
+        for token in UNUSABLE_TOKENS:
+            response, body = await h.request("POST", INTROSPECT, data=b"token=" + token + credentials, headers=FORM)
+            assert (response.code, body) == (200, b'{"active":false}'), token[:16]
+            response, body = await h.request("POST", REVOKE, data=b"token=" + token + credentials, headers=FORM)
+            assert (response.code, body) == (200, b""), token[:16]
+            response, body = await h.json("POST", INTROSPECT, data=b"token=" + token, headers=FORM)
+            assert (response.code, body["error"]) == (401, "invalid_client")
+        response, body = await h.json("POST", INTROSPECT, data=b"token=a&token=%00" + credentials, headers=FORM)
+        assert (response.code, body["error"]) == (400, "invalid_request")
+        response, body = await h.json("POST", INTROSPECT, data=b"token=a&state=%00" + credentials, headers=FORM)
+        assert (response.code, body["error"]) == (400, "invalid_request")
+    finally:
+        await h.close()

@@ -287,8 +287,9 @@ def assert_oauth_429(response, body, retry_after: str):
     assert response.code == 429
     assert header(response, "retry-after") == [retry_after]
     assert header(response, "cache-control") == ["no-store"]
+    unit = "second" if retry_after == "1" else "seconds"
     assert body == {"error": "too_many_requests",
-                    "error_description": f"too many requests; try again in {retry_after} seconds"}
+                    "error_description": f"too many requests; try again in {retry_after} {unit}"}
 
 
 @pytest_twisted.ensureDeferred

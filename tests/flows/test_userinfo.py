@@ -114,6 +114,10 @@ async def test_token_problems(tmp_path, monkeypatch):
         assert_challenge(response, body, 400, "invalid_request")
         response, body = await h.json("POST", USERINFO, data=[("access_token", token), ("access_token", token)])
         assert_challenge(response, body, 400, "invalid_request")
+        for unusable in (b"a" * 9000, b"a%00b", b"%FF"):
+            response, body = await h.json("POST", USERINFO, data=b"access_token=" + unusable,
+                                          headers={"Content-Type": "application/x-www-form-urlencoded"})
+            assert_challenge(response, body, 401, "invalid_token")
 
         response, body = await h.json("GET", USERINFO, headers=bearer(token))
         assert response.code == 200

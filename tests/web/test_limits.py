@@ -89,6 +89,7 @@ def test_one_header_line_longer_than_any_limit_gets_431():
     (request_head("POST", TOKEN, {"Content-Length": "12abc"}), assert_oauth),
     (request_head("POST", TOKEN, {"Transfer-Encoding": "chunked"}) + b"zz\r\n", assert_oauth),
     (request_head("POST", INTERNAL, {"Content-Length": "-1"}), assert_internal),
+    (request_head("POST", "/api/internals", {"Content-Length": "-1"}), assert_oauth),
     (b"GET " + AUTHORIZE.encode() + b" HTTP/1.1\r\nno colon here\r\n\r\n", assert_page),
 ])
 def test_a_request_twisted_web_cannot_frame_gets_400_in_the_endpoints_shape(head, check):

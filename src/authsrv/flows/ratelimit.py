@@ -56,7 +56,7 @@ class RateLimited(OAuthError):
     status = 429
 
     def __init__(self, retry_after: int):
-        super().__init__(f"too many requests; try again in {retry_after} seconds")
+        super().__init__(f"too many requests; try again in {retry_after} second{'s' if retry_after != 1 else ''}")
         self.retry_after = retry_after
 
 

@@ -52,6 +52,30 @@ def one_resource_params(args: dict[bytes, list[bytes]], several: str) -> dict[st
     return single_params({**args, b"resource": list(named)})
 
 
+def params_with_token(args: dict[bytes, list[bytes]], name: bytes) -> dict[str, str]:
+    """
+    L{single_params}, except for the token called C{name}, which is only
+    ever hashed and looked up: one too long, holding a NUL or not UTF-8 text
+    is a token that matches nothing, so introspection says inactive (RFC
+    7662 section 2.2), revocation says nothing (RFC 7009 section 2.2) and
+    UserInfo says invalid_token (RFC 6750 section 3.1), never a 400. A
+    well-formed request costs what L{single_params} does.
+    """
+    try:
+        return single_params(args)
+    except InvalidRequest:
+        values = args.get(name)
+        if values is None:
+            raise
+    params = single_params({key: value for key, value in args.items() if key != name})
+    sent = [value for value in values if value]
+    if len(sent) > 1:
+        raise InvalidRequest(f"parameter {name.decode()} is repeated; send it once")
+    if sent:
+        params[name.decode()] = sent[0].decode("utf-8", "replace")
+    return params
+
+
 def require(params: dict[str, str], name: str) -> str:
     """A required parameter, or L{InvalidRequest} naming it."""
     value = params.get(name)

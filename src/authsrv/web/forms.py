@@ -9,7 +9,7 @@ from twisted.web.http import parse_qs
 
 from authsrv.protocol.errors import InvalidBearerRequest, InvalidRequest
 from authsrv.protocol.forwarded import client_address, unmapped
-from authsrv.protocol.params import one_resource_params, single_params
+from authsrv.protocol.params import one_resource_params, params_with_token, single_params
 
 FORM = b"application/x-www-form-urlencoded"
 
@@ -46,6 +46,11 @@ def one_resource_form(request, several: str) -> dict[str, str]:
     return one_resource_params(form_args(request), several)
 
 
+def token_form_params(request) -> dict[str, str]:
+    """L{form_params} of introspection and revocation, whose C{token} any text may be (L{params_with_token})."""
+    return params_with_token(form_args(request), b"token")
+
+
 def page_form(request) -> dict[str, str] | None:
     """A browser form's fields, or None when they cannot be read (repeated, not UTF-8, too long)."""
     try:
@@ -64,7 +69,7 @@ def userinfo_form_token(request) -> str | None:
         raise InvalidBearerRequest("send the access token in the Authorization header, not in the URL")
     if request.method == b"POST" and is_form(request):
         try:
-            return single_params(request.args).get("access_token")
+            return params_with_token(request.args, b"access_token").get("access_token")
         except InvalidRequest as e:
             raise InvalidBearerRequest(e.description) from None
     return None

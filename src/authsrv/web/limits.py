@@ -26,7 +26,7 @@ from authsrv.web.headers import json_body
 from authsrv.web.pages import error_page
 from authsrv.web.request import SERVER, BoundedRequest
 
-INTERNAL_PREFIX = b"/api/internal"
+INTERNAL_PREFIX = b"/api/internal/"
 ADMIN_PREFIX = b"/api/admin/"
 PAGE_PREFIXES = tuple(
     (ISSUER_PATH + p).encode() for p in (

@@ -48,6 +48,7 @@ from authsrv.web.forms import (
     form_params,
     one_resource_form,
     page_form,
+    token_form_params,
     userinfo_form_token,
 )
 from authsrv.web.headers import RETRY_AFTER, allow_any_origin, json_body, jwt_body, method_not_allowed, oauth_error
@@ -284,7 +285,7 @@ class PublicSite:
         return _preflight(request, b"GET, POST, OPTIONS")
 
     async def introspection(self, request):
-        params = form_params(request)
+        params = token_form_params(request)
         checked = await self._count(request, self._rates.introspection, params)
         answer = await self._flows.introspection.introspect(
             request.getHeader(b"authorization"), params, self._now(), checked)
@@ -293,7 +294,7 @@ class PublicSite:
     @app.route(ISSUER_PATH + "/oauth2/revoke", methods=["POST"])
     async def revocation(self, request):
         _cors(request)
-        params = form_params(request)
+        params = token_form_params(request)
         checked = await self._count(request, self._rates.revocation, params)
         await self._flows.revocation.revoke(request.getHeader(b"authorization"), params, self._now(), checked)
         request.setHeader(b"cache-control", b"no-store")

@@ -9,11 +9,9 @@ from twisted.web.resource import Resource
 
 from authsrv.config import InputLimits
 from authsrv.web.admin import PREFIX as ADMIN_PATH
-from authsrv.web.internal import PREFIX
-from authsrv.web.limits import Refused, parameter_caps, parameter_problem
+from authsrv.web.limits import INTERNAL_PREFIX, Refused, parameter_caps, parameter_problem
 from authsrv.web.routes import ExactPaths
 
-INTERNAL_PREFIX = (PREFIX + "/").encode()
 ADMIN_PREFIX = (ADMIN_PATH + "/").encode()
 TOO_LARGE = Refused(413, "the request body is too large", close=True)
 """413 for a body over the limit (L{authsrv.web.request.BoundedRequest})."""
