@@ -45,7 +45,6 @@ from authsrv.web.forms import (
     TOKEN_RESOURCES,
     client_address_of,
     form_args,
-    form_params,
     one_resource_form,
     page_form,
     token_form_params,
