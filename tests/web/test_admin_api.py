@@ -12,12 +12,17 @@ import json
 import pytest
 import pytest_twisted
 from jwcrypto.jwk import JWK
+from treq.client import HTTPClient
 from treq.testing import StubTreq
 from twisted.internet import reactor
 from twisted.internet.defer import succeed
+from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import LogLevel
+from twisted.web.client import Agent
+from twisted.web.server import Site
 
+from authsrv.flows.backchannel import BackchannelNotifier, PinnedEndpoints
 from authsrv.identity.passwords import hash_password
 from authsrv.operations import AdminOperations
 from authsrv.operations.clients import ClientOperations
@@ -25,14 +30,16 @@ from authsrv.configsection import Section
 from authsrv.keys import jwkfile
 from authsrv.operations.keys import ADOPTED, JWKS_MAX_AGE, KeyOperations
 from authsrv.operations.users import UserOperations
-from authsrv.records import BrowserSession, LinkedAccount
+from authsrv.records import BrowserSession, Client, LinkedAccount
 from authsrv.sealing import new_key_text
 from authsrv.testing.identity import ALICE, BOB, MALLORY
+from authsrv.testing.store import start_grant
 from authsrv.tokens import token_hash
 from authsrv.web.admin import AdminAPI
 from authsrv.web.root import Root
 
-from harness import BASE, CHEAP, INTERNAL_SECRET, Harness, settle
+from flows.test_backchannel import HANG, FakeRelyingParty
+from harness import BASE, CHEAP, INTERNAL_SECRET, ISSUER, Harness, settle
 from web.test_internal import give_grant
 
 ADMIN_SECRET = "admin-test-secret-Xq4Lm9Pz2Rt7Wv3Ny8"
@@ -44,12 +51,12 @@ JSON = {**AUTH, "Content-Type": "application/json"}
 class Admin:
     """The harness's server with the admin API beside it, as the internal listener serves it."""
 
-    def __init__(self, h: Harness):
+    def __init__(self, h: Harness, notify=None):
         self.h = h
         self.ended: list[BrowserSession] = []
         hashing = h.context.threadpool("admin-passwords", 1)
 
-        def notify(session):
+        def record(session):
             self.ended.append(session)
             return succeed(None)
 
@@ -58,7 +65,7 @@ class Admin:
                                      declared=frozenset(c.client_id for c in h.config.clients),
                                      dpop_offered=h.config.dpop is not None, secrets=h.config.secret_keeper),
             users=UserOperations(
-                store=h.store, identity=h.identity, clock=h.clock, notify=notify,
+                store=h.store, identity=h.identity, clock=h.clock, notify=notify or record,
                 hash_password=lambda p: deferToThreadPool(reactor, hashing, hash_password, p, CHEAP),
                 link_provider="discord",
             ),
@@ -562,6 +569,67 @@ async def test_disabling_a_user_ends_their_sessions_and_tells_their_clients(harn
         response, body = await a.call("POST", f"/api/admin/users/{BOB.sub}/enable", headers=AUTH)
         assert body == {"sub": BOB.sub, "disabled": False}
     finally:
+        await harness.close()
+
+
+async def _until(predicate, what: str) -> None:
+    """Let real connections and the store's threads run until C{predicate()}."""
+    for _ in range(3000):
+        if predicate():
+            return
+        await deferLater(reactor, 0.001, lambda: None)
+    raise AssertionError(f"never happened: {what}")
+
+
+@pytest.mark.parametrize(("method", "path", "body"), [
+    ("PUT", "/ban", {"reason": "spam"}),
+    ("POST", "/disable", {"reason": "left"}),
+    ("DELETE", "/sessions", None),
+    ("DELETE", "/grants", None),
+])
+@pytest_twisted.ensureDeferred
+async def test_a_hanging_relying_party_does_not_hold_the_answer(harness, audit, method, path, body):
+    """
+    The user's sessions end in the store before the answer, and their
+    back-channel logouts go on after it, bounded as ever: a relying party
+    that takes the connection and never answers (on 127.0.0.1, with time
+    frozen on the harness's Clock) used to hold the operator's answer for
+    every retry and timeout, up to ~21 s. The delivery still happens.
+    """
+    rp = FakeRelyingParty([HANG])
+    port = reactor.listenTCP(0, Site(rp), interface="127.0.0.1")
+    clock = harness.clock
+    notifier = BackchannelNotifier(clock, lambda address: HTTPClient(
+        Agent.usingEndpointFactory(reactor, PinnedEndpoints(reactor, address, clock=clock))))
+    await harness.start()
+    a = Admin(harness, lambda session: notifier.session_ended(harness.store, harness.keystore, ISSUER, session))
+    try:
+        await harness.store.put_client(Client(
+            "rp", None, ["http://127.0.0.1:9/cb"],
+            backchannel_logout_uri=f"http://127.0.0.1:{port.getHost().port}/backchannel",
+        ))
+        await start_grant(harness.store, "g-rp", BOB.sub, "rp", sid="sid-9")
+        now = harness.now()
+        session = BrowserSession(token_hash("cookie"), "sid-9", BOB.sub, now, now, now + 3600)
+        await harness.store.create_session(session)
+
+        response, answer = await a.call(method, f"/api/admin/users/{BOB.sub}{path}", body,
+                                        headers=JSON if body is not None else AUTH)
+        assert response.code == 200, answer
+        assert await harness.store.get_session(session.session_hash, harness.now()) is None
+        await _until(lambda: rp.held, "the delivery reaching the relying party")
+        assert not audit.of("logout.backchannel")
+
+        [held] = rp.held
+        held.setResponseCode(200)
+        held.finish()
+        await _until(lambda: audit.of("logout.backchannel"), "the delivery ending")
+        [delivered] = audit.of("logout.backchannel")
+        assert (delivered["client_id"], delivered["session_id"]) == ("rp", "sid-9")
+        assert delivered["outcome"] == "delivered (HTTP 200) at attempt 1"
+        assert rp.tokens() and len(rp.received) == 1
+    finally:
+        await port.stopListening()
         await harness.close()
 
 
