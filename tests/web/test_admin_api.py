@@ -24,6 +24,7 @@ from twisted.web.server import Site
 
 from authsrv.flows.backchannel import BackchannelNotifier, PinnedEndpoints
 from authsrv.identity.passwords import hash_password
+from authsrv.identity.static import RELOAD_INTERVAL, add_user
 from authsrv.operations import AdminOperations
 from authsrv.operations.clients import ClientOperations
 from authsrv.configsection import Section
@@ -636,16 +637,15 @@ async def test_a_hanging_relying_party_does_not_hold_the_answer(harness, audit, 
 @pytest_twisted.ensureDeferred
 async def test_a_new_user_is_one_the_api_can_name_in_its_path(harness):
     """
-    The admin API names a user by sub or login in its path, where a '/' or
-    a '.' or '..' segment never reaches the route: a user made with one
+    The admin API names a user by sub or login in one path segment, from
+    which clients and proxies remove a '.' or '..': a user made with one
     could be neither shown, banned, disabled nor deleted here, so it is
-    refused by name, as such client ids are. What it accepts, its Location
-    finds.
+    refused by name. What it accepts, a '/' too (sent as %2F), its
+    Location finds.
     """
     a = await started(harness)
     try:
-        for fields, field in (({"login": "ops/carol"}, "login"), ({"login": ".."}, "login"),
-                              ({"login": "."}, "login"), ({"login": "carol", "sub": "tenant/carol"}, "sub"),
+        for fields, field in (({"login": ".."}, "login"), ({"login": "."}, "login"),
                               ({"login": "carol", "sub": ".."}, "sub")):
             response, body = await a.call("POST", "/api/admin/users", {**fields, "password": "correct horse"})
             assert_problem(response, body, 400, "invalid_request", field)
@@ -659,6 +659,56 @@ async def test_a_new_user_is_one_the_api_can_name_in_its_path(harness):
         assert response.code == 200 and body["user"]["login"] == "carol.o'neil+ops", body
         response, body = await a.call("DELETE", location, headers=AUTH)
         assert response.code == 204, body
+
+        response, body = await a.call("POST", "/api/admin/users",
+                                      {"login": "ops/dave", "sub": "tenant/dave", "password": "correct horse"})
+        assert response.code == 201, body
+        [location] = response.headers.getRawHeaders("location")
+        assert location == "/api/admin/users/tenant%2Fdave"
+        response, body = await a.call("GET", location, headers=AUTH)
+        assert response.code == 200 and body["user"]["login"] == "ops/dave", body
+    finally:
+        await harness.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_user_whose_id_holds_a_slash_is_named_with_percent_2f(harness, tmp_path, audit):
+    """
+    LDAP, PostgreSQL and the users file may hold a user whose sub or login
+    holds '/'. twisted.web decodes each path segment before Klein routes,
+    so a %2F became a separator: such a user could not be reached, and a
+    DELETE of user "<bob>/grants" revoked Bob's grants instead. Routes now
+    match the segments as sent and decode their own; an encoded '/' or '..'
+    never changes which route answers.
+    """
+    add_user(tmp_path / "users.toml", login="ops/carol", sub="tenant/carol",
+             password_hash=hash_password("correct horse", CHEAP))
+    add_user(tmp_path / "users.toml", login="bob-grants", sub=f"{BOB.sub}/grants",
+             password_hash=hash_password("correct horse", CHEAP))
+    harness.clock.advance(RELOAD_INTERVAL)
+    a = await started(harness)
+    try:
+        for name in ("tenant%2Fcarol", "tenant%2fcarol", "ops%2Fcarol"):
+            response, body = await a.call("GET", f"/api/admin/users/{name}", headers=AUTH)
+            assert response.code == 200 and body["user"]["sub"] == "tenant/carol", (name, body)
+        response, body = await a.call("PUT", "/api/admin/users/tenant%2Fcarol/ban", {"reason": "spam"})
+        assert response.code == 200 and body["sub"] == "tenant/carol", body
+        assert (await harness.store.get_ban("tenant/carol", harness.now())).reason == "spam"
+        response, body = await a.call("GET", "/api/admin/bans", headers=AUTH)
+        assert [b["sub"] for b in body["bans"]] == ["tenant/carol"]
+
+        grant = await give_grant(harness, BOB.sub)
+        response, body = await a.call("DELETE", f"/api/admin/users/{BOB.sub}%2Fgrants", headers=AUTH)
+        assert response.code == 204, body
+        assert await harness.identity.user_by_id(f"{BOB.sub}/grants") is None
+        assert [g.grant_id for g in await harness.store.list_user_grants(BOB.sub, harness.now())] == [grant.grant_id]
+        assert [e["sub"] for e in audit.of("user.grants_revoked")] == [f"{BOB.sub}/grants"]
+
+        for name in ("tenant%2F..%2F..%2Fclients", "%2E%2E", "tenant%2Fcarol%2Fban", "tenant/carol"):
+            response, body = await a.call("GET", f"/api/admin/users/{name}", headers=AUTH)
+            assert response.code == 404 and body["error"] == "not_found", (name, body)
+        response, body = await a.call("GET", "/api/admin/users/tenant%2F..%2F..%2Fclients", headers=AUTH)
+        assert_problem(response, body, 404, "not_found", "user_id")
     finally:
         await harness.close()
 

@@ -76,11 +76,12 @@ def parse_until(value: Any, now: int, field: str = "until") -> int | None:
 def path_segment_problem(value: str) -> str | None:
     """
     Why C{value} cannot name a new user (as sub or login), or None: the
-    admin API names a user in its path, where a '/' or a '.' or '..'
-    segment never reaches the route, so such a user could not be managed there.
+    admin API names a user in one path segment (a '/' sent as C{%2F}), and
+    a '.' or '..' segment is one that clients and proxies remove from a
+    path, so such a user could not be managed there.
     """
-    if "/" in value or value in (".", ".."):
-        return "must not hold '/' nor be '.' or '..': the admin API names a user in its path"
+    if value in (".", ".."):
+        return "must not be '.' or '..': the admin API names a user in its path"
     return None
 
 
