@@ -125,8 +125,9 @@ async def test_the_secret_is_required_and_the_internal_one_refused(harness):
 async def test_unknown_paths_and_methods(harness):
     a = await started(harness)
     try:
-        response, body = await a.call("GET", "/api/admin/nothing", headers=AUTH)
-        assert_problem(response, body, 404, "not_found")
+        for path in ("/api/admin/nothing", "/api/admin/clients/", f"/api/admin/users/{BOB.sub}/", "/api/admin//bans"):
+            response, body = await a.call("GET", path, headers=AUTH)
+            assert_problem(response, body, 404, "not_found")
         response, body = await a.call("PUT", "/api/admin/keys", headers=AUTH)
         assert_problem(response, body, 405, "method_not_allowed")
         assert "GET" in response.headers.getRawHeaders("allow")[0]

@@ -255,6 +255,32 @@ def wire(resource, request: bytes) -> bytes:
     return b"\r\n".join(line for line in transport.value().split(b"\r\n") if not line.lower().startswith(b"date:"))
 
 
+@pytest.mark.parametrize("method, path", [
+    ("POST", TOKEN + "/"), ("POST", INTROSPECT + "/"), ("GET", USERINFO + "/"), ("POST", "/api/auth/oauth2/revoke/"),
+    ("GET", "/api/auth/oauth2/end-session/"), ("GET", "/healthz/"), ("GET", "/readyz/"),
+    ("GET", "/.well-known/openid-configuration/"), ("GET", "/api/auth/.well-known/openid-configuration/"),
+    ("GET", "/api/auth/jwks/"), ("POST", "/api/auth/oauth2/revoke%2F"),
+])
+@pytest_twisted.ensureDeferred
+async def test_a_near_miss_of_a_public_path_is_not_found(harness, method, path):
+    """
+    Paths are exact, as the contract's are: a trailing slash (or an escaped
+    one) is no other spelling of an endpoint, never served as it nor
+    redirected to it, but a 404 in the OAuth endpoints' JSON shape. The
+    contract's redirect from the host root's discovery path is kept.
+    """
+    h = await harness.start()
+    try:
+        response, body = await h.request(method, path)
+        assert response.code == 404, (path, body)
+        assert json.loads(body) == {"error": "not_found", "error_description": "no such endpoint"}
+        response, _ = await h.request("GET", "/.well-known/openid-configuration")
+        assert response.code == 301
+        assert response.headers.getRawHeaders("location") == [h.config.issuer + "/.well-known/openid-configuration"]
+    finally:
+        await h.close()
+
+
 def test_an_endpoint_writes_what_a_klein_route_writes():
     class App:
         app = Klein()

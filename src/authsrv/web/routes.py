@@ -36,15 +36,23 @@ def _patterns(url_map) -> dict[str, str]:
 class RoutedKlein(Klein):
     """
     A L{Klein} that sets C{request.route} to the matched rule's pattern
-    before the route runs, and redirects no path to another spelling of it:
-    werkzeug's redirect for merged or trailing slashes builds its absolute
-    Location from the request's Host header, which anyone can write.
+    before the route runs, and matches paths exactly, as the contract's
+    are: a trailing or doubled slash is no other spelling of a route,
+    neither served as it nor redirected to it (werkzeug's redirect builds
+    its absolute Location from the request's Host header, which anyone can
+    write). Strict slashes redirect only to a rule that ends with '/', and
+    no route may (L{route}).
     """
 
     def __init__(self):
         super().__init__()
         self.url_map.merge_slashes = False
-        self.url_map.strict_slashes = False
+        self.url_map.strict_slashes = True
+
+    def route(self, url, *args, **kwargs):
+        if url.endswith("/"):
+            raise ValueError(f"{url}: a route ending with '/' would redirect the path without it")
+        return super().route(url, *args, **kwargs)
 
     def execute_endpoint(self, endpoint, request, *args, **kwargs):
         request.route = _patterns(self.url_map)[endpoint]  # type: ignore[attr-defined]
