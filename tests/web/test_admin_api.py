@@ -714,6 +714,42 @@ async def test_a_user_whose_id_holds_a_slash_is_named_with_percent_2f(harness, t
         await harness.close()
 
 
+@pytest.mark.parametrize(("fields", "field"), [
+    ({"login": "eve\u0000"}, "login"),
+    ({"login": "eve\nroot"}, "login"),
+    ({"login": "\u202eeve"}, "login"),
+    ({"login": "e" * 257}, "login"),
+    ({"name": "Eve\u202egnp.exe"}, "name"),
+    ({"name": "E" * 257}, "name"),
+    ({"email": "eve@example.com\r\nBcc: all@example.com"}, "email"),
+    ({"email": "e" * 250 + "@example.com"}, "email"),
+    ({"chat_user_id": "1759\n28847"}, "chat_user_id"),
+    ({"chat_user_id": "1" * 257}, "chat_user_id"),
+])
+@pytest_twisted.ensureDeferred
+async def test_a_new_users_text_with_control_characters_or_too_long_is_refused_by_name(harness, audit, fields,
+                                                                                       field):
+    """
+    A login, name, email or chat id goes into the users file, every ID
+    token and UserInfo answer, the operator's terminal (user list) and the
+    consent page: a NUL (which PostgreSQL cannot hold), a line break or a
+    bidi override, or 60,000 characters, were all taken. Refused by name,
+    as a client's name and a ban's reason are.
+    """
+    a = await started(harness)
+    try:
+        response, body = await a.call("POST", "/api/admin/users",
+                                      {"login": "eve", "password": "correct horse", **fields})
+        assert_problem(response, body, 400, "invalid_request", field)
+        assert await harness.identity.user_by_login("eve") is None and not audit.of("user.created")
+        response, body = await a.call("POST", "/api/admin/users", {
+            "login": "e" * 256, "name": "Zoë 👩\u200d💻 " + "E" * 240, "email": "eve@example.com",
+            "chat_user_id": "175928847299117063", "password": "correct horse"})
+        assert response.code == 201, body
+    finally:
+        await harness.close()
+
+
 @pytest_twisted.ensureDeferred
 async def test_a_new_user_may_not_take_a_name_that_finds_another(harness, audit):
     """
