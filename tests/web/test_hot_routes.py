@@ -30,7 +30,7 @@ from authsrv.web.headers import json_body, method_not_allowed
 from authsrv.web.internal import InternalAPI
 from authsrv.web.public import PublicSite
 from authsrv.web.root import Root
-from authsrv.web.routes import Endpoint, ExactPaths
+from authsrv.web.routes import Endpoint, ExactPaths, RoutedKlein
 from flow_client import hidden_fields
 from harness import INTERNAL_SECRET, Harness
 from token_helpers import INTROSPECT, TOKEN, USERINFO, client_auth, header, post_form, tokens
@@ -279,6 +279,12 @@ async def test_a_near_miss_of_a_public_path_is_not_found(harness, method, path):
         assert response.headers.getRawHeaders("location") == [h.config.issuer + "/.well-known/openid-configuration"]
     finally:
         await h.close()
+
+
+def test_no_route_may_end_with_a_slash():
+    """With strict slashes werkzeug would redirect the path without it, its Location built from the Host header."""
+    with pytest.raises(ValueError, match="a route ending with '/' would redirect the path without it"):
+        RoutedKlein().route("/api/things/")
 
 
 def test_an_endpoint_writes_what_a_klein_route_writes():
