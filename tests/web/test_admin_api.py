@@ -333,6 +333,29 @@ async def test_malformed_bodies(harness):
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_body_naming_a_field_twice_is_refused(harness, audit):
+    """
+    JSON leaves a repeated member name to the reader: Python keeps the
+    last, a gateway or an audit proxy in front may check the first. A
+    body naming a field twice was taken with its last value (a user made
+    as "b" where "a" was checked); it is refused, as I-JSON says.
+    """
+    a = await started(harness)
+    try:
+        response, body = await a.call("POST", "/api/admin/users",
+                                      raw=b'{"login": "a", "password": "correct horse", "login": "b"}')
+        assert_problem(response, body, 400, "invalid_request")
+        assert "'login' appears twice" in body["message"]
+        assert await harness.identity.user_by_login("b") is None and not audit.of("user.created")
+        response, body = await a.call("PUT", f"/api/admin/users/{BOB.sub}/ban",
+                                      raw=b'{"reason": "x", "until": {"a": 1, "a": 2}}')
+        assert_problem(response, body, 400, "invalid_request")
+        assert not audit.of("user.banned")
+    finally:
+        await harness.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_conflicts(harness):
     a = await started(harness)
     try:
