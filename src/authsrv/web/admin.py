@@ -12,9 +12,8 @@ client's ETag (412 when it changed); without it the last write wins.
 from __future__ import annotations
 
 from functools import wraps
-from urllib.parse import quote, unquote
+from urllib.parse import quote
 
-from twisted.web.resource import Resource
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from authsrv.configsection import parse_duration
@@ -124,14 +123,6 @@ def _server_error(request) -> bytes:
     return _problem(request, Problem(500, SERVER_ERROR, MESSAGE))
 
 
-def _segment(text: str) -> str:
-    """A path parameter as sent (L{_SegmentsAsSent}), its %-escapes decoded: a C{%2F} is a '/' of the id."""
-    try:
-        return unquote(text, errors="strict")
-    except UnicodeDecodeError:
-        raise Problem(400, "invalid_request", "the path is not UTF-8 text once its %-escapes are decoded") from None
-
-
 def _if_match(request) -> str | None:
     value = request.getHeader(b"if-match")
     return None if value is None else value.decode("latin-1")
@@ -149,7 +140,7 @@ def _endpoint(handler):
     async def endpoint(self, request, **params):
         try:
             self._authorize(request)
-            status, payload = await handler(self, request, **{name: _segment(v) for name, v in params.items()})
+            status, payload = await handler(self, request, **params)
             return _answer(request, status, payload)
         except Problem as problem:
             return _problem(request, problem)
@@ -163,27 +154,6 @@ def _endpoint(handler):
     return endpoint
 
 
-class _SegmentsAsSent(Resource):
-    """
-    The admin app routed on the path's segments as sent: twisted.web
-    decodes each segment's %-escapes before routing, so a user id holding
-    '/' (possible in LDAP, PostgreSQL and the users file) sent as C{%2F}
-    split into segments, and could reach another route ("<bob>%2Fgrants"
-    was Bob's grants). Each route decodes its own parameters (L{_segment}),
-    so an escape never changes which route answers.
-    """
-
-    isLeaf = True
-
-    def __init__(self, app: Resource):
-        super().__init__()
-        self._app = app
-
-    def render(self, request):
-        request.postpath = request.path[1:].split(b"/")
-        return self._app.render(request)
-
-
 class AdminAPI:
     """The admin routes over L{AdminOperations}; C{actor} names the credential in audit events."""
 
@@ -195,7 +165,7 @@ class AdminAPI:
         self._actor = actor
 
     def resource(self):
-        return _SegmentsAsSent(self.app.resource())
+        return self.app.resource()
 
     def _authorize(self, request) -> None:
         if not self._secret.presented_by(request):
