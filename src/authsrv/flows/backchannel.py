@@ -236,9 +236,9 @@ class BackchannelNotifier:
                         continue
                     http = self._http_for(address)
                 final, answer = await self._attempt(http, uri, token)
-                self._unless_cut_off()
                 if final:
                     break
+                self._unless_cut_off()
         except CancelledError:
             events.backchannel_logout(client_id=client_id, session_id=sid,
                                       outcome=f"cut off at shutdown (attempt {attempt})")
