@@ -147,9 +147,9 @@ class BackchannelNotifier:
 
     def session_ended(self, store, keystore, issuer: str, session: BrowserSession) -> Deferred:
         """
-        Notify every client of C{session}; fires with the outcomes once
-        every delivery has ended (None when cut off by L{settle}), and never
-        fails. Nobody needs to wait for it: L{settle} does.
+        Notify every client of C{session}; fires once every delivery has
+        ended or been cut off (L{settle}), and never fails. Nobody needs to
+        wait for it: L{settle} does.
         """
         d = Deferred.fromCoroutine(self._session_ended(store, keystore, issuer, session))
         d.addErrback(self._failed, session.sid)
