@@ -22,9 +22,17 @@ from authsrv.config import parse_config
 from authsrv.drain import Drain, stop_on_sigterm
 from authsrv.embedded import prepare_data_dir
 from authsrv.identity.chain import IdentityChain
+from authsrv.flows.backchannel import BackchannelNotifier
+from authsrv.records import BrowserSession, Client
 from authsrv.service import AuthsrvService
+from authsrv.testing.identity import ALICE
+from authsrv.testing.memory import MemoryStore
+from authsrv.testing.store import start_grant
+from authsrv.tokens import token_hash
 
 from conftest import fetch, free_port
+from flows.test_backchannel import FIRST_URI, HANG, FakeRelyingParty, SessionNamingSigner
+from harness import ISSUER
 from wire import Listener, parse, request_head
 
 
@@ -155,6 +163,51 @@ def test_the_service_is_not_ready_at_once_and_closes_its_pools_after_draining():
     clock.advance(1)
     drain.ended()
     assert parts.closed == {"store": 4, "context": 4} and stopped == [None]
+
+
+@pytest.mark.parametrize("answered_at", [6, None])
+def test_the_service_lets_back_channel_logouts_finish_within_the_drain_time(answered_at, audit):
+    """
+    A ban answers before its back-channel logouts are delivered: a stopping
+    service waits for them before closing the store, within the drain's
+    delay and timeout (3 + 10 s here), and cuts off one still running then,
+    reporting it, so that stopping takes no longer than it did.
+    """
+    clock = Clock()
+    parts = Parts(clock)
+    config = parse_config({"server": {"drain_delay": "3s", "drain_timeout": "10s"}}, None)
+    rp = FakeRelyingParty([HANG])
+    notifier = BackchannelNotifier(clock, lambda address: rp.http, attempt_timeout=60)
+    service = AuthsrvService(
+        reactor=clock, config=config, context=parts, store=parts, keystore=parts, identity=IdentityChain([]),
+        ports=[FakePort(clock)], drain=Drain(clock, config.shutdown.delay, config.shutdown.timeout),
+        notifier=notifier,
+    )
+    service.startService()
+    store = MemoryStore()
+    outcome(store.put_client(Client("rp", None, ["http://127.0.0.1:9/cb"], backchannel_logout_uri=FIRST_URI)))
+    outcome(Deferred.fromCoroutine(start_grant(store, "g-rp", ALICE.sub, "rp", sid="sid-1")))
+    notifier.session_ended(store, SessionNamingSigner(), ISSUER, BrowserSession(token_hash("c"), "sid-1", ALICE.sub, 0, 0, 10**9))
+    rp.http.flush()
+    assert len(rp.held) == 1
+
+    stopped = outcome(service.stopService())
+    clock.advance(3)
+    assert stopped == [] and parts.closed == {}
+    if answered_at is not None:
+        clock.advance(answered_at - 3)
+        rp.held[0].setResponseCode(200)
+        rp.held[0].finish()
+        rp.http.flush()
+        assert stopped == [None] and parts.closed == {"store": 6, "context": 6}
+        assert audit.of("logout.backchannel")[0]["outcome"] == "delivered (HTTP 200) at attempt 1"
+        return
+    clock.advance(9.9)
+    assert stopped == [] and parts.closed == {}
+    clock.advance(0.1)
+    rp.http.flush()
+    assert stopped == [None] and parts.closed == {"store": 13, "context": 13}
+    assert audit.of("logout.backchannel")[0]["outcome"] == "cut off at shutdown (attempt 1)"
 
 
 @pytest.mark.slow

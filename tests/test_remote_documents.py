@@ -300,6 +300,38 @@ async def test_fetches_beyond_the_limit_in_flight_are_refused_at_once(server):
 
 
 @pytest_twisted.ensureDeferred
+async def test_one_host_naming_urls_that_hang_cannot_take_every_fetch_in_flight(server):
+    """
+    Anyone may name URLs (a client ID metadata document, a jwks_uri in
+    one): a party naming many that hang held every one of the 16 fetches
+    in flight, and every other client's fetch was refused as busy until
+    they timed out. One host holds at most its share (4 by default); the
+    others are fetched beside it.
+    """
+    clock = Clock()
+    policy = FetchPolicy(allow_private_addresses=True, allow_http=True)
+    documents = fetcher(policy, clock, resolve=lambda host: succeed(["127.0.0.1"]))
+    port = server.base.rsplit(":", 1)[1]
+    hanging = []
+    for n in range(4):
+        hanging.append(Deferred.fromCoroutine(documents.fetch(f"http://hang.example:{port}/slow?n={n}")))
+    for n in range(4, 16):
+        refused = Deferred.fromCoroutine(documents.fetch(f"http://HANG.example.:{port}/slow?n={n}"))
+        assert refused.called, "refused at once, not fetched"
+        with pytest.raises(Busy, match="4 other documents of hang.example are being fetched; try again"):
+            await refused
+    while len(server.pending) < 4:
+        await deferred_later()
+    assert await documents.fetch(f"http://good.example:{port}/jwks") == JWKS
+    assert [path for path, _ in server.requests].count("/slow") == 4
+    clock.advance(policy.timeout)
+    for fetching in hanging:
+        with pytest.raises(FetchFailed):
+            await fetching
+    assert await documents.fetch(f"http://hang.example:{port}/jwks") == JWKS
+
+
+@pytest_twisted.ensureDeferred
 async def test_concurrent_fetches_of_one_url_share_one_request(server):
     documents = fetcher()
     first = Deferred.fromCoroutine(documents.fetch(server.base + "/jwks"))
@@ -324,5 +356,8 @@ def test_the_config_section_is_checked():
     assert parse_config({}, None).remote_documents.cache_bytes == 16 * 1024 * 1024
     with pytest.raises(ConfigError, match="remote_documents.fetches_in_flight"):
         parse_config({"remote_documents": {"fetches_in_flight": 0}}, None)
+    with pytest.raises(ConfigError, match="remote_documents.fetches_per_host"):
+        parse_config({"remote_documents": {"fetches_per_host": 0}}, None)
+    assert parse_config({"remote_documents": {"fetches_per_host": 2}}, None).remote_documents.fetches_per_host == 2
     with pytest.raises(ConfigError, match="remote_documents.cache_bytes"):
         parse_config({"remote_documents": {"cache_bytes": 1000}}, None)

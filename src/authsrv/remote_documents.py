@@ -13,7 +13,10 @@ request forgery and against answers that cost the server too much.
    resolves elsewhere a moment later (DNS rebinding) changes nothing;
  - at most C{fetches_in_flight} URLs fetched at once, a caller beyond
    that refused at once: anyone who may name URLs could otherwise have the
-   server hold a connection and a resolver thread for each;
+   server hold a connection and a resolver thread for each; and at most
+   C{fetches_per_host} of them from one host, so that one party naming
+   URLs that hang (its own client ID documents, say) cannot take every
+   slot from the others;
  - no redirects, a timeout on the whole fetch, a cap on the body's size;
    the connection is aborted at the timeout, so that a server dripping its
    answer, or never closing, holds no socket after the fetch has failed;
@@ -91,6 +94,8 @@ class FetchPolicy:
     cache_bytes: int = 16 * 1024 * 1024
     """The memory the cached documents may take together, as parsed (not as fetched)."""
     fetches_in_flight: int = 16
+    fetches_per_host: int = 4
+    """How many of the C{fetches_in_flight} one host's URLs may hold at once."""
 
 
 def fetch_policy(section: Section) -> FetchPolicy:
@@ -109,6 +114,7 @@ def fetch_policy(section: Section) -> FetchPolicy:
         allow_http=section.bool("allow_http", defaults.allow_http),
         cache_bytes=section.int("cache_bytes", defaults.cache_bytes, minimum=1024 * 1024),
         fetches_in_flight=section.int("fetches_in_flight", defaults.fetches_in_flight, minimum=1),
+        fetches_per_host=section.int("fetches_per_host", defaults.fetches_per_host, minimum=1),
     )
     if policy.cache_max < policy.cache_min:
         raise section.error("cache_max", "must not be shorter than cache_min")
@@ -174,6 +180,8 @@ class RemoteDocuments:
         """url -> (fetched at, expires at, document, its footprint), the oldest first"""
         self.cached_bytes = 0
         self._in_flight: dict[str, list[Deferred]] = {}
+        self._per_host: dict[str, int] = {}
+        """host -> how many of its URLs are being fetched"""
 
     async def fetch(self, url: str, *, refetch: bool = False) -> dict:
         """
@@ -190,16 +198,21 @@ class RemoteDocuments:
             if not stale:
                 return document
         waiter: Deferred = Deferred()
+        host = _host_of(url)
         if url in self._in_flight:
             self._in_flight[url].append(waiter)
         elif len(self._in_flight) >= self.policy.fetches_in_flight:
             raise Busy(f"{url} is not fetched: {len(self._in_flight)} other documents are being fetched; try again"
                        " in a few seconds")
+        elif self._per_host.get(host, 0) >= self.policy.fetches_per_host:
+            raise Busy(f"{url} is not fetched: {self._per_host[host]} other documents of {host} are being fetched;"
+                       " try again in a few seconds")
         else:
             self._in_flight[url] = [waiter]
+            self._per_host[host] = self._per_host.get(host, 0) + 1
             fetching = Deferred.fromCoroutine(self._fetch(url)).addTimeout(
                 self.policy.timeout, self._clock, onTimeoutCancel=_timed_out)
-            fetching.addBoth(self._landed, url)
+            fetching.addBoth(self._landed, url, host)
         try:
             return await waiter
         except RemoteDocumentError:
@@ -207,8 +220,11 @@ class RemoteDocuments:
         except Exception as e:
             raise FetchFailed(f"fetching {url} failed: {_reason(e, self.policy)}") from None
 
-    def _landed(self, result, url: str) -> None:
+    def _landed(self, result, url: str, host: str) -> None:
         """One fetch of C{url} at a time: concurrent callers all get the same answer."""
+        self._per_host[host] -= 1
+        if not self._per_host[host]:
+            del self._per_host[host]
         for waiter in self._in_flight.pop(url):
             waiter.errback(result) if isinstance(result, Failure) else waiter.callback(result)
 
@@ -279,6 +295,15 @@ class RemoteDocuments:
             if problem:
                 raise RefusedURL(f"{host} resolves to {problem}")
         return addresses[0]
+
+
+def _host_of(url: str) -> str:
+    """The host whose share of the fetches C{url} takes: its name as DNS compares names, or the URL when it has none."""
+    try:
+        host = urlsplit(url).hostname
+    except ValueError:
+        host = None
+    return host.rstrip(".") if host else url
 
 
 def _footprint(url: str, document: dict) -> int:

@@ -206,7 +206,8 @@ async def sync_config_clients(store, declared) -> None:
 class AuthsrvService(MultiService):
     """
     The server: owns the plugins and thread pools and closes them on stop,
-    after draining its listeners when given a L{Drain}.
+    after draining its listeners when given a L{Drain} and letting the
+    back-channel logouts of its C{notifier} finish (within the same time).
     """
 
     log = Logger()
@@ -215,6 +216,7 @@ class AuthsrvService(MultiService):
         self, *, reactor, config: Config, context, store, keystore, identity, ports, http_pool=None, drain=None,
         metrics: Metrics | None = None,
         access_log: AccessLog | None = None,
+        notifier: backchannel.BackchannelNotifier | None = None,
     ):
         super().__init__()
         self._reactor = reactor
@@ -226,6 +228,7 @@ class AuthsrvService(MultiService):
         self._ports = ports
         self._http_pool = http_pool
         self._drain = drain
+        self._notifier = notifier
         self._metrics = metrics
         self._started = False
         self._retry = None
@@ -303,6 +306,8 @@ class AuthsrvService(MultiService):
         return Deferred.fromCoroutine(self._stop())
 
     async def _stop(self):
+        # Back-channel logouts in flight share the requests' time: stopping takes drain_delay + drain_timeout at most.
+        deadline = self._reactor.seconds() + self.config.shutdown.delay + self.config.shutdown.timeout
         if self._retry is not None:
             self._retry.cancel()
             self._retry = None
@@ -310,6 +315,10 @@ class AuthsrvService(MultiService):
             await self._drain.run(self._ports)
         else:
             await gatherResults([maybeDeferred(port.stopListening) for port in self._ports])
+        if self._notifier is not None:
+            cut = await self._notifier.settle(max(0.0, deadline - self._reactor.seconds()))
+            if cut:
+                self.log.warn("{count} sessions' back-channel logouts were still running and are cut off", count=cut)
         await super().stopService()
         if self._metrics is not None:
             globalLogPublisher.removeObserver(self._metrics.audit_observer)
@@ -426,9 +435,12 @@ class PublicFlows:
 
 
 def public_flows(config: Config, reactor, store, keystore, identity, grants: GrantRegistry, clients,
-                 chat_link=None) -> PublicFlows:
-    """Each flow built with exactly the collaborators it uses (fosite's compose)."""
-    notifier = backchannel.BackchannelNotifier(reactor, backchannel.default_http_client(reactor))
+                 chat_link=None, notifier: backchannel.BackchannelNotifier | None = None) -> PublicFlows:
+    """
+    Each flow built with exactly the collaborators it uses (fosite's
+    compose); ended sessions are told to their clients by C{notifier}.
+    """
+    notifier = notifier or backchannel_notifier(reactor)
     sessions = SessionEnder(
         store=store, notify=lambda session: notifier.session_ended(store, keystore, config.issuer, session)
     )
@@ -493,7 +505,7 @@ def _public_pushes(config: Config) -> Rate | None:
 
 def web_root(
     config: Config, reactor, store, keystore, identity, readiness, internal=None, chat_link=None, admin=None,
-    documents: RemoteDocuments | None = None,
+    documents: RemoteDocuments | None = None, notifier: backchannel.BackchannelNotifier | None = None,
 ) -> Root:
     """
     The main site's HTTP surface; C{readiness()} returns a problem or None,
@@ -503,7 +515,8 @@ def web_root(
     and C{documents} fetches client ID metadata documents when they are on
     (by default on C{reactor}). Key sets of the operator's clients are fetched
     apart, so that URLs anyone names neither take their fetches in flight nor
-    push them out of the cache.
+    push them out of the cache. C{notifier} sends back-channel logouts (by
+    default one of its own).
     """
     grants = grant_registry(config, store, keystore, identity)
     token_endpoint = endpoints(config.issuer)["token_endpoint"]
@@ -522,7 +535,7 @@ def web_root(
             path=urlsplit(config.issuer).path or "/", secure=config.issuer.startswith("https:"),
             session_ttl=config.limits.session_ttl,
         ),
-        flows=public_flows(config, reactor, store, keystore, identity, grants, clients, chat_link),
+        flows=public_flows(config, reactor, store, keystore, identity, grants, clients, chat_link, notifier),
         readiness=Readiness(clock=reactor, startup=readiness, store=store, keystore=keystore, identity=identity),
         rates=ClientRateLimits(clock=reactor, clients=clients, settings=config.rate_limits,
                                public_pushes=_public_pushes(config)),
@@ -544,12 +557,18 @@ def client_operations(config: Config, reactor, store) -> ClientOperations:
     )
 
 
-def user_operations(config: Config, reactor, store, keystore, identity, context) -> UserOperations:
+def backchannel_notifier(reactor) -> backchannel.BackchannelNotifier:
+    """Back-channel logout to relying parties over plain HTTP(S) on C{reactor}."""
+    return backchannel.BackchannelNotifier(reactor, backchannel.default_http_client(reactor))
+
+
+def user_operations(config: Config, reactor, store, keystore, identity, context,
+                    notifier: backchannel.BackchannelNotifier) -> UserOperations:
     """
     User operations: ended sessions are told to their clients by
-    back-channel logout, passwords hashed on a thread of their own.
+    C{notifier} (whose owner waits for it to settle before closing),
+    passwords hashed on a thread of their own.
     """
-    notifier = backchannel.BackchannelNotifier(reactor, backchannel.default_http_client(reactor))
     hashing = context.threadpool("admin-passwords", 1)
     return UserOperations(
         store=store, identity=identity, clock=reactor,
@@ -559,11 +578,12 @@ def user_operations(config: Config, reactor, store, keystore, identity, context)
     )
 
 
-def admin_operations(config: Config, reactor, store, keystore, identity, context) -> AdminOperations:
+def admin_operations(config: Config, reactor, store, keystore, identity, context,
+                     notifier: backchannel.BackchannelNotifier) -> AdminOperations:
     """Every operation of the admin API (the operator command builds the group it needs)."""
     return AdminOperations(
         clients=client_operations(config, reactor, store),
-        users=user_operations(config, reactor, store, keystore, identity, context),
+        users=user_operations(config, reactor, store, keystore, identity, context, notifier),
         keys=KeyOperations(keystore=keystore, clock=reactor),
     )
 
@@ -654,16 +674,17 @@ def build(config: Config, reactor, role: WorkerRole | None = None) -> AuthsrvSer
             reactor=reactor, secret=config.internal_secret, store=store, identity=identity,
             chat_tokens=chat.tokens, rate=config.rate_limits.internal, trusted_proxies=config.trusted_proxies,
         ).resource()
+        notifier = backchannel_notifier(reactor)
         admin = None
         if config.admin.secret is not None:
             admin = AdminAPI(
-                operations=admin_operations(config, reactor, store, keystore, identity, context),
+                operations=admin_operations(config, reactor, store, keystore, identity, context, notifier),
                 secret=config.admin.secret, actor=config.admin.name,
             ).resource()
         root = web_root(
             config, reactor, store, keystore, identity, lambda: holder[0].readiness_problem(),
             internal if config.internal_on_main else None, chat.linking,
-            admin if config.admin.serve_on_main else None,
+            admin if config.admin.serve_on_main else None, notifier=notifier,
         )
         ports: list = []
         drain = Drain(reactor, config.shutdown.delay, config.shutdown.timeout)
@@ -701,6 +722,7 @@ def build(config: Config, reactor, role: WorkerRole | None = None) -> AuthsrvSer
         drain=drain,
         metrics=metrics,
         access_log=access_log,
+        notifier=notifier,
     )
     holder.append(service)
     return service

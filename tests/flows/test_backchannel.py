@@ -29,6 +29,7 @@ from authsrv.flows.backchannel import LOGOUT_EVENT, BackchannelNotifier
 from authsrv.records import BrowserSession, Client
 from authsrv.store import sqlite
 from authsrv.testing.identity import ALICE, BOB
+from authsrv.testing.memory import MemoryStore
 from authsrv.testing.store import start_grant
 from authsrv.tokens import new_token, token_hash
 
@@ -186,6 +187,56 @@ def test_an_unreachable_party_is_given_up():
     clock.advance(5)
     assert http.calls == 3
     assert d.result == "gave up after 3 attempts, last: ConnectionRefusedError"
+
+
+class SessionNamingSigner:
+    """A keystore whose logout tokens name their session (their shape is checked through end-session below)."""
+
+    algorithms = ("RS256",)
+
+    def sign(self, claims, alg, typ):
+        return f"logout-token-of-{claims['sid']}"
+
+
+@pytest_twisted.ensureDeferred
+async def test_settling_waits_for_deliveries_in_flight_and_cuts_off_what_outlasts_it(audit):
+    """
+    Ended sessions are told to their clients after the answer (a ban, the
+    operator's end-sessions): a stopping server, or an operator command
+    about to exit, settles the notifier, which waits for the deliveries in
+    flight and, at its timeout, cuts off those still running, each reported
+    so that none is lost in silence, and none keeps a timer.
+    """
+    clock = Clock()
+    rp = FakeRelyingParty([HANG, HANG])
+    store = MemoryStore()
+    await store.put_client(Client("first", None, ["http://127.0.0.1:9/cb"], backchannel_logout_uri=FIRST_URI))
+    for sid in ("sid-1", "sid-2"):
+        await start_grant(store, f"g-{sid}", ALICE.sub, "first", sid=sid)
+    notifier = BackchannelNotifier(clock, lambda address: rp.http)
+    assert Deferred.fromCoroutine(notifier.settle(1)).result == 0
+
+    for sid in ("sid-1", "sid-2"):
+        notifier.session_ended(store, SessionNamingSigner(), ISSUER, BrowserSession(token_hash(sid), sid, ALICE.sub, 0, 0, 10**9))
+    rp.http.flush()
+    assert rp.tokens() == ["logout-token-of-sid-1", "logout-token-of-sid-2"]
+    settled = Deferred.fromCoroutine(notifier.settle(3))
+    rp.held[0].setResponseCode(200)
+    rp.held[0].finish()
+    rp.http.flush()
+    clock.advance(2.9)
+    assert not settled.called
+    clock.advance(0.1)
+    rp.http.flush()
+    assert settled.result == 1
+    assert [(e["session_id"], e["outcome"]) for e in audit if e["event"] == "logout.backchannel"] == [
+        ("sid-1", "delivered (HTTP 200) at attempt 1"),
+        ("sid-2", "cut off at shutdown (attempt 1)"),
+    ]
+    assert clock.getDelayedCalls() == []
+    clock.advance(3600)
+    rp.http.flush()
+    assert len(rp.received) == 2
 
 
 @pytest_twisted.ensureDeferred

@@ -30,7 +30,7 @@ from authsrv.web.headers import json_body, method_not_allowed
 from authsrv.web.internal import InternalAPI
 from authsrv.web.public import PublicSite
 from authsrv.web.root import Root
-from authsrv.web.routes import Endpoint, ExactPaths
+from authsrv.web.routes import Endpoint, ExactPaths, RoutedKlein, SegmentsAsSent
 from flow_client import hidden_fields
 from harness import INTERNAL_SECRET, Harness
 from token_helpers import INTROSPECT, TOKEN, USERINFO, client_auth, header, post_form, tokens
@@ -65,13 +65,13 @@ def test_the_root_answers_the_hottest_routes_below_klein(harness):
     for path, route in HOT.items():
         leaf = traverse(harness.root, path)
         assert isinstance(leaf, Endpoint) and leaf.route == route, path
-    assert isinstance(traverse(harness.root, "/api/auth/oauth2/revoke"), KleinResource)
-    assert isinstance(traverse(harness.root, "/api/internal/chat-token"), KleinResource)
+    assert isinstance(traverse(harness.root, "/api/auth/oauth2/revoke"), SegmentsAsSent)
+    assert isinstance(traverse(harness.root, "/api/internal/chat-token"), SegmentsAsSent)
     internal = harness.internal.resource()
     listener = Root({}, internal, internal, harness.config.input_limits)
     assert isinstance(traverse(listener, USER_ACCESS), Endpoint)
     assert isinstance(traverse(internal, USER_ACCESS), Endpoint)
-    assert isinstance(traverse(internal, "/api/internal/chat-token"), KleinResource)
+    assert isinstance(traverse(internal, "/api/internal/chat-token"), SegmentsAsSent)
 
 
 def test_no_klein_route_is_left_behind_for_them():
@@ -253,6 +253,40 @@ def wire(resource, request: bytes) -> bytes:
     channel.makeConnection(transport)
     channel.dataReceived(request)
     return b"\r\n".join(line for line in transport.value().split(b"\r\n") if not line.lower().startswith(b"date:"))
+
+
+@pytest.mark.parametrize("method, path", [
+    ("POST", TOKEN + "/"), ("POST", INTROSPECT + "/"), ("GET", USERINFO + "/"), ("POST", "/api/auth/oauth2/revoke/"),
+    ("GET", "/api/auth/oauth2/end-session/"), ("GET", "/healthz/"), ("GET", "/readyz/"),
+    ("GET", "/.well-known/openid-configuration/"), ("GET", "/api/auth/.well-known/openid-configuration/"),
+    ("GET", "/api/auth/jwks/"), ("POST", "/api/auth/oauth2/revoke%2F"), ("POST", "/api/auth/oauth2/rev%6Fke"),
+    ("POST", "/api/auth/oauth2/t%6Fken"), ("GET", "/health%7A"),
+])
+@pytest_twisted.ensureDeferred
+async def test_a_near_miss_of_a_public_path_is_not_found(harness, method, path):
+    """
+    Paths are exact, as the contract's are: a trailing slash (or an escaped
+    one), or an escaped letter, is no other spelling of an endpoint, never
+    served as it nor redirected to it, but a 404 in the OAuth endpoints'
+    JSON shape, for the routes below Klein as for the exact ones. The
+    contract's redirect from the host root's discovery path is kept.
+    """
+    h = await harness.start()
+    try:
+        response, body = await h.request(method, path)
+        assert response.code == 404, (path, body)
+        assert json.loads(body) == {"error": "not_found", "error_description": "no such endpoint"}
+        response, _ = await h.request("GET", "/.well-known/openid-configuration")
+        assert response.code == 301
+        assert response.headers.getRawHeaders("location") == [h.config.issuer + "/.well-known/openid-configuration"]
+    finally:
+        await h.close()
+
+
+def test_no_route_may_end_with_a_slash():
+    """With strict slashes werkzeug would redirect the path without it, its Location built from the Host header."""
+    with pytest.raises(ValueError, match="a route ending with '/' would redirect the path without it"):
+        RoutedKlein().route("/api/things/")
 
 
 def test_an_endpoint_writes_what_a_klein_route_writes():

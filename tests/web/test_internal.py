@@ -179,6 +179,30 @@ async def link_alice(h, expires_in: int):
     return grant
 
 
+@pytest.mark.parametrize("path", [
+    CHAT + "/", CHAT + "%2F", CHAT + "//", "/api/internal//chat-token", "/api/internal/chat-token/x",
+    PATH + "/", PATH + "%2F", "/api/internal//user-access", "/api/internal/chat%2Dtoken", "/api/internal/user%2Daccess",
+])
+@pytest_twisted.ensureDeferred
+async def test_a_near_miss_of_an_internal_path_is_not_found(harness, path):
+    """
+    The contract's paths are exact (SERVICE-INTERFACE.md): chat-token with
+    a trailing slash was served as chat-token itself, handing out the
+    provider token at a path no first-party service is told of, and so was
+    chat%2Dtoken (while user%2Daccess was not). Every near miss is a 404
+    in the internal API's shape.
+    """
+    h = await harness.start()
+    try:
+        await link_alice(h, expires_in=3600)
+        response, answer = await call(h, {"userId": ALICE.sub}, path=path)
+        assert response.code == 404 and answer == {"error": "not_found", "message": "no such internal endpoint"}
+        response, answer = await call(h, {"userId": ALICE.sub}, path=CHAT)
+        assert response.code == 200 and answer["accountId"] == "acct-alice"
+    finally:
+        await h.close()
+
+
 @pytest_twisted.ensureDeferred
 async def test_chat_token_fields_and_freshness(harness):
     h = await harness.start()

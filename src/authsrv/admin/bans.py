@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from attrs import asdict
 
-from authsrv.admin.common import ACTOR, AdminError, Console, with_plugins
+from authsrv.admin.common import ACTOR, AdminError, Console, with_user_operations
 from authsrv.configsection import parse_duration
 from authsrv.isotime import iso_utc
 from authsrv.operations.users import parse_until
-from authsrv.service import user_operations
 
 
 
@@ -30,11 +29,7 @@ def _until(args, now: int) -> int | None:
 
 async def _with_users(reactor, args, act):
     """C{act(operations, now)} with the user operations over every configured plugin."""
-
-    async def use(config, context, store, keystore, identity):
-        return await act(user_operations(config, reactor, store, keystore, identity, context), int(reactor.seconds()))
-
-    return await with_plugins(reactor, args, use)
+    return await with_user_operations(reactor, args, lambda users: act(users, int(reactor.seconds())))
 
 
 async def ban(reactor, args, console: Console):

@@ -17,7 +17,14 @@ from authsrv.config import Config, ConfigFileError, load_config
 from authsrv.context import PluginContext
 from authsrv.embedded import CONFIG_NAME, DEFAULT_DATA_DIR
 from authsrv.operations.errors import OperationError
-from authsrv.service import StartupError, StartupUnreachable, build_identity, build_plugin
+from authsrv.service import (
+    StartupError,
+    StartupUnreachable,
+    backchannel_notifier,
+    build_identity,
+    build_plugin,
+    user_operations,
+)
 
 ACTOR = "operator"
 """The C{actor} of this command's audit events."""
@@ -158,6 +165,23 @@ async def with_plugins(reactor, args, use):
         finally:
             await store.close()
             await identity.close()
+
+
+async def with_user_operations(reactor, args, act):
+    """
+    C{act(operations)} with the user operations over every configured
+    plugin; the command ends once the back-channel logouts it started have
+    (each is bounded by its retries and timeouts).
+    """
+
+    async def use(config, context, store, keystore, identity):
+        notifier = backchannel_notifier(reactor)
+        try:
+            return await act(user_operations(config, reactor, store, keystore, identity, context, notifier))
+        finally:
+            await notifier.settle()
+
+    return await with_plugins(reactor, args, use)
 
 
 def read_password(args, console: Console) -> str:

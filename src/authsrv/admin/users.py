@@ -11,20 +11,19 @@ from __future__ import annotations
 
 from attrs import asdict
 
-from authsrv.admin.common import ACTOR, AdminError, Console, config_of, plugin_context, read_password, with_plugins
+from authsrv.admin.common import (
+    ACTOR,
+    AdminError,
+    Console,
+    config_of,
+    plugin_context,
+    read_password,
+    with_user_operations,
+)
 from authsrv.flows.mfa import reset_factors
 from authsrv.identity.passwords import DEFAULT_HASHER, hash_password, hasher_of
 from authsrv.protocol.password_policy import MIN_LENGTH, password_problem
-from authsrv.service import build_identity, build_plugin, user_operations
-
-
-async def _with_users(reactor, args, act):
-    """C{act(operations)} with the user operations over every configured plugin."""
-
-    async def use(config, context, store, keystore, identity):
-        return await act(user_operations(config, reactor, store, keystore, identity, context))
-
-    return await with_plugins(reactor, args, use)
+from authsrv.service import build_identity, build_plugin
 
 
 async def hash_password_command(reactor, args, console: Console):
@@ -45,7 +44,7 @@ async def user_add(reactor, args, console: Console):
         added = await users.create({**data, "password": read_password(args, console)}, actor=ACTOR)
         console.out(f"added user {added.login} (sub {added.sub}) to {location}")
 
-    await _with_users(reactor, args, add)
+    await with_user_operations(reactor, args, add)
 
 
 async def user_passwd(reactor, args, console: Console):
@@ -53,7 +52,7 @@ async def user_passwd(reactor, args, console: Console):
         await users.set_password(args.login, read_password(args, console), actor=ACTOR)
         console.out(f"password of {args.login} changed")
 
-    await _with_users(reactor, args, change)
+    await with_user_operations(reactor, args, change)
 
 
 async def user_disable(reactor, args, console: Console):
@@ -61,7 +60,7 @@ async def user_disable(reactor, args, console: Console):
         _, ended = await users.set_disabled(args.login, True, reason=args.reason, actor=ACTOR)
         console.out(f"disabled {args.login}; {ended} browser sessions ended")
 
-    await _with_users(reactor, args, disable)
+    await with_user_operations(reactor, args, disable)
 
 
 async def user_enable(reactor, args, console: Console):
@@ -69,7 +68,7 @@ async def user_enable(reactor, args, console: Console):
         await users.set_disabled(args.login, False, actor=ACTOR)
         console.out(f"enabled {args.login}")
 
-    await _with_users(reactor, args, enable)
+    await with_user_operations(reactor, args, enable)
 
 
 async def user_remove(reactor, args, console: Console):
@@ -78,7 +77,7 @@ async def user_remove(reactor, args, console: Console):
         await users.delete(args.login, actor=ACTOR)
         console.out(f"removed user {args.login} from {location}")
 
-    await _with_users(reactor, args, remove)
+    await with_user_operations(reactor, args, remove)
 
 
 async def user_list(reactor, args, console: Console):
@@ -91,7 +90,7 @@ async def user_list(reactor, args, console: Console):
             state = "disabled" if user.disabled else "enabled"
             console.out(f"{user.login}\t{user.sub}\t{state}\t{user.name or '-'}")
 
-    await _with_users(reactor, args, show)
+    await with_user_operations(reactor, args, show)
 
 
 async def user_show(reactor, args, console: Console):
@@ -103,7 +102,7 @@ async def user_show(reactor, args, console: Console):
         for key, value in asdict(user).items():
             console.out(f"{key + ':':<16} {'-' if value is None else value}")
 
-    await _with_users(reactor, args, show)
+    await with_user_operations(reactor, args, show)
 
 
 async def user_reset_factors(reactor, args, console: Console):

@@ -3,10 +3,13 @@ Back-channel logout (OIDC Back-Channel Logout 1.0): when a browser session
 ends, every client that holds a grant from it and registered a
 C{backchannel_logout_uri} gets a signed logout token by a direct POST.
 
-Delivery runs beside the user's redirect, never before it: a slow or
-unreachable relying party costs the user nothing. Each delivery is retried
-a bounded number of times and its outcome is an audit event; no failure
-reaches the user.
+Delivery runs beside the user's redirect (or the operator's answer), never
+before it: a slow or unreachable relying party costs the user nothing.
+Each delivery is retried a bounded number of times and its outcome is an
+audit event; no failure reaches the user. The notifier keeps the
+deliveries in flight, so that a stopping server or a finishing operator
+command waits for them, and cuts off (and reports) those still running
+after its timeout.
 
 The relying party's host is resolved once per delivery, off the reactor
 thread, and every attempt connects to that address (a name that later
@@ -23,7 +26,7 @@ from ipaddress import ip_address
 from urllib.parse import urlsplit
 
 from treq.client import HTTPClient
-from twisted.internet.defer import Deferred, gatherResults
+from twisted.internet.defer import CancelledError, Deferred, DeferredList
 from twisted.internet.endpoints import TCP4ClientEndpoint, TCP6ClientEndpoint, wrapClientTLS
 from twisted.internet.interfaces import IResolutionReceiver, IStreamClientEndpoint
 from twisted.internet.task import deferLater
@@ -139,15 +142,52 @@ class BackchannelNotifier:
         self._resolve = resolve or (lambda host: resolve_host(reactor, host))
         self._retry_delays = tuple(retry_delays)
         self._attempt_timeout = attempt_timeout
+        self._in_flight: set[Deferred] = set()
+        self._cut_off = False
 
     def session_ended(self, store, keystore, issuer: str, session: BrowserSession) -> Deferred:
         """
-        Notify every client of C{session}; fires with the outcomes once
-        every delivery has ended, and never fails.
+        Notify every client of C{session}; fires once every delivery has
+        ended or been cut off (L{settle}), and never fails. Nobody needs to
+        wait for it: L{settle} does.
         """
         d = Deferred.fromCoroutine(self._session_ended(store, keystore, issuer, session))
-        d.addErrback(lambda f: self.log.failure("back-channel logout of {sid} failed", f, sid=session.sid))
+        d.addErrback(self._failed, session.sid)
+        self._in_flight.add(d)
+        d.addBoth(self._ended, d)
         return d
+
+    def _failed(self, failure, sid: str) -> None:
+        if not failure.check(CancelledError):  # cut off by settle, which reported each delivery
+            self.log.failure("back-channel logout of {sid} failed", failure, sid=sid)
+
+    def _ended(self, result, d: Deferred):
+        self._in_flight.discard(d)
+        return result
+
+    async def settle(self, timeout: float | None = None) -> int:
+        """
+        Wait for the deliveries in flight, each bounded by its retries and
+        timeouts; those still running C{timeout} seconds on (if given) are
+        cut off, each with its audit event. Fires with how many sessions'
+        notices were cut off.
+        """
+        waiting = list(self._in_flight)
+        if not waiting:
+            return 0
+        cut: list[Deferred] = []
+
+        def cut_off():
+            self._cut_off = True
+            cut.extend(self._in_flight)
+            for d in list(cut):
+                d.cancel()
+
+        timer = self._reactor.callLater(timeout, cut_off) if timeout is not None else None
+        await DeferredList(waiting)
+        if timer is not None and timer.active():
+            timer.cancel()
+        return len(cut)
 
     async def _session_ended(self, store, keystore, issuer, session) -> list[str]:
         now = int(self._reactor.seconds())
@@ -164,7 +204,8 @@ class BackchannelNotifier:
                 deliveries.append(
                     Deferred.fromCoroutine(self.deliver(client.backchannel_logout_uri, token, client_id, session.sid))
                 )
-        return await gatherResults(deliveries)
+        # Each delivery fails only when cut off, which it reports itself.
+        return [outcome for delivered, outcome in await DeferredList(deliveries, consumeErrors=True) if delivered]
 
     async def deliver(self, uri: str, token: str, client_id: str, sid: str) -> str:
         """
@@ -173,33 +214,53 @@ class BackchannelNotifier:
         then kept.
         """
         http = None
-        for attempt, delay in enumerate((0.0, *self._retry_delays), start=1):
-            if delay:
-                await deferLater(self._reactor, delay)
-            if http is None:
-                try:
-                    address = await Deferred.fromCoroutine(pinned_address(self._resolve, uri)).addTimeout(
-                        self._attempt_timeout, self._reactor
-                    )
-                except RefusedTarget as e:
-                    outcome = f"refused target ({e})"
-                    events.backchannel_logout(client_id=client_id, session_id=sid, outcome=outcome)
-                    return outcome
-                except Exception as e:
-                    final, answer = False, f"{type(e).__name__} resolving the host"
-                    continue
-                http = self._http_for(address)
-            final, answer = await self._attempt(http, uri, token)
-            if final:
-                break
+        attempt = 0
+        try:
+            for attempt, delay in enumerate((0.0, *self._retry_delays), start=1):
+                if delay:
+                    await deferLater(self._reactor, delay)
+                if http is None:
+                    try:
+                        address = await Deferred.fromCoroutine(pinned_address(self._resolve, uri)).addTimeout(
+                            self._attempt_timeout, self._reactor
+                        )
+                    except RefusedTarget as e:
+                        outcome = f"refused target ({e})"
+                        events.backchannel_logout(client_id=client_id, session_id=sid, outcome=outcome)
+                        return outcome
+                    except CancelledError:
+                        raise
+                    except Exception as e:
+                        self._unless_cut_off()
+                        final, answer = False, f"{type(e).__name__} resolving the host"
+                        continue
+                    http = self._http_for(address)
+                final, answer = await self._attempt(http, uri, token)
+                if final:
+                    break
+                self._unless_cut_off()
+        except CancelledError:
+            events.backchannel_logout(client_id=client_id, session_id=sid,
+                                      outcome=f"cut off at shutdown (attempt {attempt})")
+            raise
         outcome = f"{answer} at attempt {attempt}" if final else f"gave up after {attempt} attempts, last: {answer}"
         events.backchannel_logout(client_id=client_id, session_id=sid, outcome=outcome)
         return outcome
+
+    def _unless_cut_off(self) -> None:
+        """
+        L{CancelledError} once L{settle} has cut the deliveries off: a
+        cancelled request may fail as anything (the HTTP client wraps it).
+        """
+        if self._cut_off:
+            raise CancelledError()
 
     async def _attempt(self, http, uri: str, token: str) -> tuple[bool, str]:
         try:
             d = http.post(uri, data={"logout_token": token}, allow_redirects=False)
             response = await d.addTimeout(self._attempt_timeout, self._reactor)
+        except CancelledError:
+            raise
         except Exception as e:
             # Whatever went wrong on the way (refused, reset, timed out) may pass.
             return False, type(e).__name__

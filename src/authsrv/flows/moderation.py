@@ -5,14 +5,18 @@ Each function records the change in the store, ends what must end with it,
 emits the audit event and returns what happened, so the operator command
 and a later admin API share one behaviour and only word the result. The
 store plays L{IBanStore}, L{IBrowserSessionStore} and L{IGrantStore}.
-C{notify(session)} tells the clients an ended browser session signed in
-to, by back-channel logout (docs/design.md, Bans), and fires when that is done.
+C{notify(session)} starts telling the clients an ended browser session
+signed in to, by back-channel logout (docs/design.md, Bans): the sessions
+end in the store before these functions return, and the deliveries go on
+after, bounded by their own retries and timeouts, so that a relying party
+that never answers does not hold the operator's answer. Whoever built the
+notifier waits for them before closing
+(L{authsrv.flows.backchannel.BackchannelNotifier.settle}).
 """
 
 from __future__ import annotations
 
 from attrs import frozen
-from twisted.internet.defer import gatherResults
 
 from authsrv import events
 from authsrv.records import Ban
@@ -33,11 +37,11 @@ class Revoked:
 
 
 async def end_sessions(store, sub: str, notify) -> int:
-    """End the user's browser sessions and tell their clients; how many ended."""
+    """End the user's browser sessions and start telling their clients; how many ended."""
     ended = await store.end_user_sessions(sub)
     for session in ended:
         events.session_ended(sub=sub, session_id=session.sid, reason="operator action")
-    await gatherResults([notify(session) for session in ended])
+        notify(session)
     return len(ended)
 
 

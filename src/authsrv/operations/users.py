@@ -32,6 +32,11 @@ NO_WRITABLE_BACKEND = (
 PROFILE = ("login", "sub", "name", "email", "email_verified", "picture", "chat_user_id", "password")
 PICTURE_MAX = 2048
 """The longest picture URL: it goes into every ID token and UserInfo answer of its user."""
+TEXT_MAX = 256
+"""
+The longest login, name, email or chat id: each goes into the users file,
+ID tokens, UserInfo and pages (a login as long as the login form's hint).
+"""
 
 
 def picture_problem(picture: str) -> str | None:
@@ -76,11 +81,21 @@ def parse_until(value: Any, now: int, field: str = "until") -> int | None:
 def path_segment_problem(value: str) -> str | None:
     """
     Why C{value} cannot name a new user (as sub or login), or None: the
-    admin API names a user in its path, where a '/' or a '.' or '..'
-    segment never reaches the route, so such a user could not be managed there.
+    admin API names a user in one path segment (a '/' sent as C{%2F}), and
+    a '.' or '..' segment is one that clients and proxies remove from a
+    path, so such a user could not be managed there.
     """
-    if "/" in value or value in (".", ".."):
-        return "must not hold '/' nor be '.' or '..': the admin API names a user in its path"
+    if value in (".", ".."):
+        return "must not be '.' or '..': the admin API names a user in its path"
+    return None
+
+
+def _text_problem(value: str) -> str | None:
+    """Why C{value} cannot be a user's login, name, email or chat id, or None."""
+    if len(value) > TEXT_MAX:
+        return f"must be at most {TEXT_MAX} characters (it has {len(value):,})"
+    if has_controls(value):
+        return "must not hold control characters (such as NUL, a line break or a bidi override)"
     return None
 
 
@@ -254,6 +269,9 @@ class UserOperations:
         for field in ("sub", "name", "picture", "chat_user_id", "email"):
             if data.get(field) is not None and (not isinstance(data[field], str) or not data[field]):
                 raise InvalidInput(f"{field} must be a non-empty string or null", field)
+        for field in ("login", "name", "email", "chat_user_id"):
+            if data.get(field) is not None and (problem := _text_problem(data[field])):
+                raise InvalidInput(f"{field} {problem}", field)
         for field in ("login", "sub"):
             if data.get(field) is not None and (problem := path_segment_problem(data[field])):
                 raise InvalidInput(f"{field} {problem}", field)

@@ -29,11 +29,27 @@ _DECODER = json.JSONDecoder(parse_constant=_no_constant)
 """Python's reader without its extensions to RFC 8259: NaN, Infinity and -Infinity."""
 
 
-def loads(data: bytes | bytearray | str):
+def _unique_members(pairs: list) -> dict:
+    names = set()
+    for name, _ in pairs:
+        if name in names:
+            raise ValueError(f"the member {name!r} appears twice in one object")
+        names.add(name)
+    return dict(pairs)
+
+
+_UNIQUE_DECODER = json.JSONDecoder(parse_constant=_no_constant, object_pairs_hook=_unique_members)
+"""L{_DECODER} that also refuses an object naming a member twice (I-JSON, RFC 7493 section 2.3)."""
+
+
+def loads(data: bytes | bytearray | str, *, unique_names: bool = False):
     """
     C{json.loads} of UTF-8 bytes or of text, or L{NotJSONText}: for bytes
     that are not UTF-8, input that is not JSON (NaN and Infinity included)
-    or is nested too deeply, and a string holding a lone surrogate.
+    or is nested too deeply, and a string holding a lone surrogate. With
+    C{unique_names}, an object naming a member twice is refused too, where
+    readers that keep the first and the last would disagree on a request
+    (a slower reader: not for the hot paths).
     """
     try:
         if isinstance(data, (bytes, bytearray)):
@@ -44,7 +60,7 @@ def loads(data: bytes | bytearray | str):
     except UnicodeError:
         raise NotJSONText("it is not UTF-8 text") from None
     try:
-        value = _DECODER.decode(text)
+        value = (_UNIQUE_DECODER if unique_names else _DECODER).decode(text)
     except RecursionError:
         raise NotJSONText("it is nested too deeply") from None
     except ValueError as e:

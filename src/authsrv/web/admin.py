@@ -87,7 +87,7 @@ def _body(request, *, required: bool) -> dict:
     if content_type != b"application/json":
         raise Problem(415, "unsupported_media_type", "send the body as application/json")
     try:
-        body = jsontext.loads(raw)
+        body = jsontext.loads(raw, unique_names=True)
     except jsontext.NotJSONText as e:
         raise Problem(400, "invalid_request", f"the body cannot be read: {e}") from None
     if not isinstance(body, dict):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from typing import Any, Awaitable, Callable, Mapping
+from urllib.parse import unquote
 
 from klein import Klein
 from twisted.internet.defer import CancelledError, Deferred
@@ -36,19 +37,55 @@ def _patterns(url_map) -> dict[str, str]:
 class RoutedKlein(Klein):
     """
     A L{Klein} that sets C{request.route} to the matched rule's pattern
-    before the route runs, and redirects no path to another spelling of it:
-    werkzeug's redirect for merged or trailing slashes builds its absolute
-    Location from the request's Host header, which anyone can write.
+    before the route runs, and matches paths exactly, as the contract's
+    are: a trailing or doubled slash is no other spelling of a route,
+    neither served as it nor redirected to it (werkzeug's redirect builds
+    its absolute Location from the request's Host header, which anyone can
+    write). Strict slashes redirect only to a rule that ends with '/', and
+    no route may (L{route}).
+
+    Rules match the path's segments as sent (L{SegmentsAsSent}), and a
+    route's parameters are %-decoded after: a C{%2F} in an id (a user's, in
+    the admin API) is part of it, never a separator that could reach
+    another route, and an escaped letter (C{rev%6Fke}) spells no path, as
+    it spells none of the exact paths (L{ExactPaths}). The site's root has
+    refused a path that is not UTF-8 once decoded.
     """
 
     def __init__(self):
         super().__init__()
         self.url_map.merge_slashes = False
-        self.url_map.strict_slashes = False
+        self.url_map.strict_slashes = True
+
+    def route(self, url, *args, **kwargs):
+        if url.endswith("/"):
+            raise ValueError(f"{url}: a route ending with '/' would redirect the path without it")
+        return super().route(url, *args, **kwargs)
+
+    def resource(self):
+        return SegmentsAsSent(super().resource())
 
     def execute_endpoint(self, endpoint, request, *args, **kwargs):
         request.route = _patterns(self.url_map)[endpoint]  # type: ignore[attr-defined]
-        return super().execute_endpoint(endpoint, request, *args, **kwargs)
+        decoded = {name: unquote(value, errors="strict") for name, value in kwargs.items()}
+        return super().execute_endpoint(endpoint, request, *args, **decoded)
+
+
+class SegmentsAsSent(Resource):
+    """
+    A Klein app's resource, routed on the request path's segments as sent:
+    twisted.web has already decoded each segment's %-escapes.
+    """
+
+    isLeaf = True
+
+    def __init__(self, app: Resource):
+        super().__init__()
+        self._app = app
+
+    def render(self, request):
+        request.postpath = request.path[1:].split(b"/")
+        return self._app.render(request)
 
 
 class Named(Resource):
