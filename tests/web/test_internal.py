@@ -279,7 +279,7 @@ async def test_repeated_member_is_refused(harness, path, body):
         await link_alice(h, expires_in=3600)
         response, answer = await call(h, body.encode(), path=path)
         assert (response.code, answer["error"]) == (400, "invalid_request")
-        assert "is repeated in the body" in answer["message"]
+        assert "appears twice in one object" in answer["message"]
     finally:
         await h.close()
 
