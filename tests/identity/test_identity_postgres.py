@@ -266,6 +266,21 @@ async def test_bcrypt_long_password_checked_as_its_maker_did(pg_dsn, context, ba
     assert CHEAP.verify(stored_hash(pg_dsn, "identity_users", ALICE.sub), long_password)
 
 
+@pytest.mark.parametrize("damage", [lambda h: h[:-1] + "é", lambda h: h.replace("m=8,", "m=٨,"), lambda h: ""],
+                         ids=["non-ascii", "non-ascii-digit", "empty"])
+@pytest_twisted.ensureDeferred
+async def test_a_damaged_hash_is_a_logged_wrong_password_not_an_outage(pg_dsn, context, backends, damage):
+    backend = open_backend({"dsn": pg_dsn}, context, backends)
+    await add_users(backend, [(ALICE, PASSWORDS[ALICE.sub])])
+    damaged = damage(stored_hash(pg_dsn, "identity_users", ALICE.sub))
+    execute(pg_dsn, "UPDATE identity_users SET password_hash = %s WHERE sub = %s", (damaged, ALICE.sub))
+    with capturedLogs() as events:
+        failure = await portal_login_fails(IdentityChain([backend]), "alice", PASSWORDS[ALICE.sub])
+    assert type(failure) is UnauthorizedLogin
+    assert "stored password hash of 'alice' is malformed" in [formatEvent(e) for e in events]
+    assert stored_hash(pg_dsn, "identity_users", ALICE.sub) == damaged
+
+
 @pytest_twisted.ensureDeferred
 async def test_password_checks_run_off_the_reactor_thread(pg_dsn, context, backends, monkeypatch):
     backend = open_backend({"dsn": pg_dsn}, context, backends)

@@ -30,6 +30,7 @@ from twisted.python.threadpool import ThreadPool
 
 from authsrv.configsection import ConfigError, Section
 from authsrv.identity.chain import IdentityChain
+from authsrv.identity.credentials import MAX_PASSWORD_BYTES
 from authsrv.identity.errors import UnknownUser
 from authsrv.identity.passwords import (
     DEFAULT_HASHER,
@@ -185,6 +186,7 @@ BOB_TABLE = f'[[users]]\nsub = "b"\nlogin = "bob"\npassword_hash = "{CHEAP_HASH}
         ("users = 1\n", "users.toml: users: must be an array of tables, not an integer"),
         ("users = [1]\n", "users.toml: users[0]: must be a table, not an integer"),
         (ALICE_TABLE.replace(CHEAP_HASH, "$2b$12$notargon"), "users.toml: users[0].password_hash: must be an argon2id hash ($argon2id$v=19$...), as authsrv-admin makes"),
+        (ALICE_TABLE.replace(CHEAP_HASH, CHEAP_HASH[:-1] + "é"), "users.toml: users[0].password_hash: must be an argon2id hash ($argon2id$v=19$...), as authsrv-admin makes"),
         (ALICE_TABLE.replace('sub = "a"', 'sub = "é"'), "users.toml: users[0].sub: must be at most 255 printable ASCII characters (OIDC Core 2)"),
     ],
 )
@@ -549,6 +551,48 @@ async def test_malformed_hash_is_a_failed_check(reactor, context, stored):
     assert "'alice'" in message
     assert "the password" not in message
     assert not stored or stored not in message
+
+
+UNCHECKABLE = [
+    pytest.param("", id="empty"),
+    pytest.param("!", id="unusable-marker"),
+    pytest.param("pbkdf2_sha256$600000$c2FsdA$aGFzaA", id="other-scheme"),
+    pytest.param(CHEAP_HASH[:-1] + "é", id="non-ascii"),
+    pytest.param(CHEAP_HASH.replace("m=8,", "m=٨,"), id="non-ascii-digit"),
+    pytest.param("$argon2id$v=19$m=4194304,t=1,p=1$c2FsdHNhbHQ$aGFzaGhhc2hoYXNoaGFzaA", id="costly"),
+]
+
+
+@pytest.mark.parametrize("stored", UNCHECKABLE)
+@pytest_twisted.ensureDeferred
+async def test_a_stored_hash_that_cannot_be_checked_costs_an_unknown_logins_work(reactor, context, stored):
+    """
+    A wrong-password outcome and a log line, never an outage; and the
+    dummy's check all the same, so that timing does not tell the login from
+    an unknown one.
+    """
+    hasher = RecordingHasher()
+    verifier = PasswordVerifier(reactor, context.threadpool("passwords", 2), hasher)
+    with capturedLogs() as events:
+        assert await verifier.verify("alice", "the password", stored) is False
+    [message] = errors(events)
+    assert "'alice'" in message and "the password" not in message
+    assert extract_parameters(hasher.hashes[-1]) == extract_parameters(CHEAP_HASH)
+    assert hasher.checks[-1][0].name.startswith("PoolThread-authsrv-passwords-")
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_password_over_the_bound_is_refused_unhashed(reactor, context):
+    """A megabyte costs no hashing, for a known login as for an unknown one; the bound itself is checked."""
+    hasher = RecordingHasher()
+    verifier = PasswordVerifier(reactor, context.threadpool("passwords", 2), hasher)
+    longest = "é" * (MAX_PASSWORD_BYTES // 2)
+    stored = hash_password(longest, CHEAP)
+    for password in ("x" * 1_000_000, longest + "x", (longest + "x").encode()):
+        assert await verifier.verify("alice", password, stored) is False
+        assert await verifier.verify("", password, None) is False
+    assert hasher.checks == []
+    assert await verifier.verify("alice", longest, stored) is True
 
 
 @pytest_twisted.ensureDeferred

@@ -165,16 +165,14 @@ class MigratingVerifier(PasswordVerifier):
     def needs_rehash(self, stored_hash: str) -> bool:
         return is_bcrypt_hash(stored_hash) or super().needs_rehash(stored_hash)
 
-    def _check(self, password, stored_hash):
+    def _compare(self, password, stored_hash):
         if not is_bcrypt_hash(stored_hash):
-            return super()._check(password, stored_hash)
+            return super()._compare(password, stored_hash)
         cost = stored_hash[4:6]
         if not (cost.isascii() and cost.isdigit()):
             return _MALFORMED
         if int(cost) > BCRYPT_MAX_COST:
             return _COSTLY
-        if isinstance(password, str):
-            password = password.encode("utf-8", "surrogatepass")
         try:
             matched = bcrypt.checkpw(password[:BCRYPT_MAX_PASSWORD], stored_hash.encode("ascii"))
         except (ValueError, UnicodeEncodeError):
@@ -192,8 +190,8 @@ class BetterAuthVerifier(MigratingVerifier):
     DUMMY = "0" * 32 + ":" + "0" * 128
     """A well-formed Better Auth hash no password matches (its key would be scrypt's output)."""
 
-    def _check(self, password, stored_hash):
-        return super()._check(password, self.DUMMY if stored_hash is None else stored_hash)
+    def _compare(self, password, stored_hash):
+        return super()._compare(password, self.DUMMY if stored_hash is None else stored_hash)
 
 
 # --- queries ----------------------------------------------------------------

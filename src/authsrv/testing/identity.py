@@ -165,6 +165,22 @@ class IdentityBackendConformance:
                 assert not isinstance(failure, UnknownUser), password
 
     @pytest_twisted.ensureDeferred
+    async def test_passwords_no_user_can_have_are_wrong_passwords(self):
+        """
+        A NUL, bytes that are not UTF-8, a lone surrogate or a megabyte of
+        text: a plain refusal (wrong password for a known login, unknown
+        user for an unknown one), never an outage or a crash.
+        """
+        async with self.backend() as backend:
+            for password in ("correct\x00", PASSWORDS[ALICE.sub] + "\x00", b"\xff\xfe", "pass\ud800word",
+                             "x" * 1_000_000):
+                failure = await portal_login_fails(backend, "alice", password)
+                assert not isinstance(failure, UnknownUser), password[:20]
+                failure = await portal_login_fails(backend, "nobody", password)
+                assert isinstance(failure, UnknownUser), password[:20]
+            assert await portal_login(backend, "alice", PASSWORDS[ALICE.sub]) == ALICE
+
+    @pytest_twisted.ensureDeferred
     async def test_unknown_login(self):
         async with self.backend() as backend:
             for login in ("nobody", "", "alice2", "alic", " alice"):
