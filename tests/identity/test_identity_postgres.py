@@ -357,10 +357,14 @@ async def test_nul_and_undecodable_logins_are_unknown(pg_dsn, context, backends,
          "in a read-only transaction"),
         ({"user_by_login": "UPDATE staff SET pw = 'x' WHERE username = %(login)s"}, "user_by_login",
          "does not run: cannot execute UPDATE in a read-only transaction"),
-        ({"update_password_hash": "UPDATE staff SET passwd = %(password_hash)s WHERE uuid = %(sub)s"},
+        ({"update_password_hash": "UPDATE staff SET passwd = %(password_hash)s WHERE uuid = %(sub)s"
+                                  " AND pw = %(old_password_hash)s"},
          "update_password_hash", 'does not run: column "passwd" of relation "staff" does not exist'),
         ({"update_password_hash": "UPDATE staff SET pw = 'x' WHERE uuid = %(sub)s"},
          "update_password_hash", "must use %(password_hash)s"),
+        ({"update_password_hash": "UPDATE staff SET pw = %(password_hash)s WHERE uuid = %(sub)s"},
+         "update_password_hash", "must use %(old_password_hash)s (... AND pw = %(old_password_hash)s), so that"
+         " a password changed while a login upgrades its hash is not set back"),
         ({"user_by_id": None}, "user_by_id", "is required"),
     ],
 )
@@ -800,3 +804,30 @@ async def test_hash_of_other_parameters_upgraded_at_login(pg_dsn, context, backe
     assert CHEAP.check_needs_rehash(stored_hash(pg_dsn, "identity_users", ALICE.sub))
     assert await login(backend, b"alice", PASSWORDS[ALICE.sub].encode()) == ALICE.sub
     assert not CHEAP.check_needs_rehash(stored_hash(pg_dsn, "identity_users", ALICE.sub))
+
+
+@pytest_twisted.ensureDeferred
+async def test_two_logins_at_once_upgrade_the_hash_once(pg_dsn, reactor, context, backends):
+    """Both read the old hash; the second's write finds it replaced, writes nothing and says nothing."""
+    other = PasswordHasher(time_cost=2, memory_cost=16, parallelism=1)
+    await open_backend({"dsn": pg_dsn}, context, backends).add_user(ALICE, hash_password(PASSWORDS[ALICE.sub], other))
+    arrived: list[Deferred] = []
+
+    class BothRead(postgres.MigratingVerifier):
+        def rehash(self, password):
+            arrived.append(Deferred())
+            if len(arrived) == 2:
+                for waiting in arrived:
+                    waiting.callback(None)
+            return arrived[-1].addCallback(lambda _: super(BothRead, self).rehash(password))
+
+    backend = direct_backend(pg_dsn, context, BothRead(reactor, context.threadpool("passwords", 2), CHEAP))
+    backends.append(backend)
+    with capturedLogs() as events:
+        subs = await gatherResults([Deferred.fromCoroutine(login(backend, "alice", PASSWORDS[ALICE.sub]))
+                                    for _ in range(2)])
+    assert subs == [ALICE.sub, ALICE.sub]
+    assert [formatEvent(e) for e in events if "upgraded" in formatEvent(e)] == [
+        "password hash of 'alice' upgraded to the configured argon2id parameters"]
+    upgraded = stored_hash(pg_dsn, "identity_users", ALICE.sub)
+    assert not CHEAP.check_needs_rehash(upgraded) and CHEAP.verify(upgraded, PASSWORDS[ALICE.sub])

@@ -203,7 +203,9 @@ class Queries:
     The SQL of each lookup, with named parameters: C{user_by_login} gets
     C{login} (as typed) and C{login_key} (NFC, case-folded), C{user_by_id}
     gets C{sub}, and C{update_password_hash} (optional) gets C{sub},
-    C{password_hash} (the new argon2id hash) and C{old_password_hash}.
+    C{password_hash} (the new argon2id hash) and C{old_password_hash}, which
+    it must compare, so that a login never writes over a hash changed since
+    it read it (another login's upgrade, a password reset).
     """
 
     user_by_login: str
@@ -229,7 +231,14 @@ _PARAMETERS = {
 _REQUIRED_PARAMETERS = {
     "user_by_login": (),
     "user_by_id": ("sub",),
-    "update_password_hash": ("sub", "password_hash"),
+    "update_password_hash": ("sub", "password_hash", "old_password_hash"),
+}
+
+_WHY_REQUIRED = {
+    "old_password_hash": (
+        " (... AND pw = %(old_password_hash)s), so that a password changed while a login"
+        " upgrades its hash is not set back"
+    ),
 }
 
 _CHECK_PARAMETERS = {
@@ -315,7 +324,7 @@ def check_queries(connection, section: Section, queries: Queries) -> None:
             raise section.error(name, "must use %(login)s or %(login_key)s")
         for parameter in _REQUIRED_PARAMETERS[name]:
             if f"%({parameter})s" not in query:
-                raise section.error(name, f"must use %({parameter})s")
+                raise section.error(name, f"must use %({parameter})s{_WHY_REQUIRED.get(parameter, '')}")
         parameters = {p: _CHECK_PARAMETERS[p] for p in expected}
         statement = f"EXPLAIN {query}" if name == "update_password_hash" else query
         try:
@@ -495,10 +504,12 @@ class PostgresIdentityBackend:
             "old_password_hash": account.password_hash,
         }
         try:
-            await self._pool.run(lambda c: _write(c, query, parameters), "update_password_hash")
+            written = await self._pool.run(lambda c: _write(c, query, parameters), "update_password_hash")
         except BackendUnavailable:
             return
-        log.info("password hash of {login!r} upgraded to the configured argon2id parameters", login=account.user.login)
+        if written:
+            log.info("password hash of {login!r} upgraded to the configured argon2id parameters",
+                     login=account.user.login)
 
     def close(self) -> Deferred:
         self._pool.close()
