@@ -175,19 +175,19 @@ BOB_TABLE = f'[[users]]\nsub = "b"\nlogin = "bob"\npassword_hash = "{CHEAP_HASH}
 @pytest.mark.parametrize(
     "text, message",
     [
-        (ALICE_TABLE + "nickname = 'al'\n", "users.toml: users[0].nickname: unknown key"),
-        (ALICE_TABLE + BOB_TABLE + "email = 5\n", "users.toml: users[1].email: must be a string, not an integer"),
-        (ALICE_TABLE + "email_verified = 'yes'\n", "users.toml: users[0].email_verified: must be true or false, not a string"),
-        (ALICE_TABLE + BOB_TABLE.replace('"bob"', '"ALICE"'), "users.toml: users[1].login: 'ALICE' is already the login of users[0]"),
-        (ALICE_TABLE + BOB_TABLE.replace('"b"', '"a"'), "users.toml: users[1].sub: 'a' is already the sub of users[0]"),
-        (ALICE_TABLE.replace('login = "alice"\n', ""), "users.toml: users[0].login: is required"),
-        (ALICE_TABLE.replace('login = "alice"', 'login = "  "'), "users.toml: users[0].login: must not be empty"),
+        (ALICE_TABLE + "nickname = 'al'\n", "users.toml: users[0].nickname: unknown key (at line 5)"),
+        (ALICE_TABLE + BOB_TABLE + "email = 5\n", "users.toml: users[1].email: must be a string, not an integer (at line 9)"),
+        (ALICE_TABLE + "email_verified = 'yes'\n", "users.toml: users[0].email_verified: must be true or false, not a string (at line 5)"),
+        (ALICE_TABLE + BOB_TABLE.replace('"bob"', '"ALICE"'), "users.toml: users[1].login: 'ALICE' is already the login of users[0] (at line 7)"),
+        (ALICE_TABLE + BOB_TABLE.replace('"b"', '"a"'), "users.toml: users[1].sub: 'a' is already the sub of users[0] (at line 6)"),
+        (ALICE_TABLE.replace('login = "alice"\n', ""), "users.toml: users[0].login: is required (at line 1)"),
+        (ALICE_TABLE.replace('login = "alice"', 'login = "  "'), "users.toml: users[0].login: must not be empty (at line 3)"),
         (ALICE_TABLE + "[groups]\n", "users.toml: groups: unknown key"),
         ("users = 1\n", "users.toml: users: must be an array of tables, not an integer"),
         ("users = [1]\n", "users.toml: users[0]: must be a table, not an integer"),
-        (ALICE_TABLE.replace(CHEAP_HASH, "$2b$12$notargon"), "users.toml: users[0].password_hash: must be an argon2id hash ($argon2id$v=19$...), as authsrv-admin makes"),
-        (ALICE_TABLE.replace(CHEAP_HASH, CHEAP_HASH[:-1] + "é"), "users.toml: users[0].password_hash: must be an argon2id hash ($argon2id$v=19$...), as authsrv-admin makes"),
-        (ALICE_TABLE.replace('sub = "a"', 'sub = "é"'), "users.toml: users[0].sub: must be at most 255 printable ASCII characters (OIDC Core 2)"),
+        (ALICE_TABLE.replace(CHEAP_HASH, "$2b$12$notargon"), "users.toml: users[0].password_hash: must be an argon2id hash ($argon2id$v=19$...), as authsrv-admin makes (at line 4)"),
+        (ALICE_TABLE.replace(CHEAP_HASH, CHEAP_HASH[:-1] + "é"), "users.toml: users[0].password_hash: must be an argon2id hash ($argon2id$v=19$...), as authsrv-admin makes (at line 4)"),
+        (ALICE_TABLE.replace('sub = "a"', 'sub = "é"'), "users.toml: users[0].sub: must be at most 255 printable ASCII characters (OIDC Core 2) (at line 2)"),
     ],
 )
 def test_validation_errors(tmp_path, context, text, message):
@@ -195,6 +195,28 @@ def test_validation_errors(tmp_path, context, text, message):
     with pytest.raises(ConfigError) as info:
         from_config(Section({}, "identity[0]", tmp_path), context)
     assert str(info.value) == message
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("# staff\n\n" + ALICE_TABLE + "\n# the next one\n[[ 'users' ]]  # bob\n  login = 'bob'\n",
+         "users[1].sub: is required (at line 9)"),
+        ("# staff\n\n" + ALICE_TABLE + "\n[[\"users\"]]\nsub = 'b'\n\n  login   = ''\n",
+         "users[1].login: must not be empty (at line 11)"),
+        (f'users = [{{sub = "a", login = "", password_hash = "{CHEAP_HASH}"}}]\n',
+         "users[0].login: must not be empty"),
+        ("[[users]]\nsub = 'a'\nlogin = 'alice'\nname = \"\"\"\n[[users]]\n\"\"\"\n",
+         "users[0].password_hash: is required"),
+    ],
+    ids=["header-line", "key-line", "inline-array", "header-in-a-string"],
+)
+def test_validation_errors_name_the_line(tmp_path, context, text, message):
+    """A person finds the table by its line, not by counting [[users]] tables; no line is better than a wrong one."""
+    (tmp_path / "users.toml").write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        from_config(Section({}, "identity[0]", tmp_path), context)
+    assert str(info.value) == f"users.toml: {message}"
 
 
 def test_bad_toml_is_one_line(tmp_path, context):
@@ -280,7 +302,7 @@ def test_invalid_edit_keeps_old_users(users_file, reactor, context):
         clock.advance(1)
         assert backend.user_by_login("alice").result.sub == ALICE.sub
     [message] = errors(events)
-    assert "users.toml: users[0].nickname: unknown key" in message
+    assert "users.toml: users[0].nickname: unknown key (at line 15)" in message
     assert "still serving the 1 users" in message
 
     users_file.write_text(good.replace('login = "alice"', 'login = "alicia"'))
