@@ -21,7 +21,7 @@ from twisted.cred.error import UnauthorizedLogin
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
-from twisted.logger import capturedLogs, formatEvent
+from twisted.logger import LogLevel, capturedLogs, formatEvent
 
 from authsrv.configsection import ConfigError, Section
 from authsrv.context import PluginContext
@@ -518,6 +518,26 @@ async def test_a_login_matching_two_rows_is_an_outage_not_a_user(pg_dsn, context
         with pytest.raises(BackendUnavailable):
             await login(backend, "alice", PASSWORDS[ALICE.sub])
     assert any("found 2 users for one login" in formatEvent(e) for e in events)
+
+
+@pytest.mark.parametrize("sub", ["zoë-1", "a" * 256, "carol\nsub=admin"], ids=["non-ascii", "too-long", "newline"])
+@pytest_twisted.ensureDeferred
+async def test_a_row_whose_sub_no_token_may_carry_is_no_user(pg_dsn, context, backends, sub):
+    """
+    OIDC Core 2: a sub is at most 255 ASCII characters. A mapped table's own
+    ids may be anything; a row with one that is not printable ASCII, or too
+    long, is logged and no one, as the other backends treat such a record.
+    """
+    seed_staff(pg_dsn, [(ALICE, PASSWORDS[ALICE.sub])])
+    execute(pg_dsn, "UPDATE staff SET uuid = %s", (sub,))
+    backend = open_backend({"dsn": pg_dsn, **MAPPED}, context, backends)
+    with capturedLogs() as events:
+        failure = await portal_login_fails(IdentityChain([backend]), "alice", PASSWORDS[ALICE.sub])
+        assert await backend.user_by_login("alice") is None
+        assert await backend.user_by_id(sub) is None
+    assert type(failure) is UnknownUser
+    logged = [formatEvent(e) for e in events if e["log_level"] == LogLevel.error]
+    assert logged and all("not 1 to 255 printable ASCII characters" in line and sub not in line for line in logged)
 
 
 # --- outages ----------------------------------------------------------------

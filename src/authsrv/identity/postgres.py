@@ -394,6 +394,11 @@ def _db_text(value: str | bytes) -> str | None:
     return None if text is None or "\x00" in text else text
 
 
+def is_subject(sub) -> bool:
+    """Whether C{sub} may be a user's C{sub} claim: 1 to 255 printable ASCII characters (OIDC Core 2)."""
+    return isinstance(sub, str) and 0 < len(sub) <= 255 and sub.isascii() and sub.isprintable()
+
+
 @frozen
 class _Account:
     user: User
@@ -442,16 +447,20 @@ class PostgresIdentityBackend:
         parameters = self._shared | own
 
         def pick(rows: list[dict]) -> _Account | None:
-            accounts = [a for a in map(_account, rows) if a is not None]
             if len(rows) > 1:
                 log.error(
                     "{query} found {count} users for one {what}: it must find at most one",
                     query=label, count=len(rows), what="login" if "login" in parameters else "sub",
                 )
                 raise BackendUnavailable(f"{label} is ambiguous")
-            if rows and not accounts:
+            account = _account(rows[0]) if rows else None
+            if rows and account is None:
                 log.error("{query} found a user without sub or login", query=label)
-            return accounts[0] if accounts else None
+            elif account is not None and not is_subject(account.user.sub):
+                log.error("{query} found the user {login!r}, whose sub is not 1 to 255 printable ASCII characters"
+                          " (OIDC Core 2): no one can sign in as it", query=label, login=account.user.login)
+                return None
+            return account
 
         return self._pool.run(lambda c: fetch(c, query, parameters), label).addCallback(pick)
 
@@ -466,10 +475,9 @@ class PostgresIdentityBackend:
         return self._by_login(login).addCallback(lambda a: a.user if a else None)
 
     def user_by_id(self, sub: str) -> Deferred:
-        text = _db_text(sub)
-        if text is None:
+        if not is_subject(sub):
             return succeed(None)
-        d = self._one("user_by_id", self._queries.user_by_id, {"sub": text})
+        d = self._one("user_by_id", self._queries.user_by_id, {"sub": sub})
         return d.addCallback(lambda a: a.user if a else None)
 
     def requestAvatarId(self, credentials) -> Deferred:
@@ -564,7 +572,7 @@ class OwnPostgresIdentityBackend(PostgresIdentityBackend):
         Insert a user into C{identity_users}; L{ValueError} for a bad field
         or a login or sub already taken.
         """
-        if len(user.sub) > 255 or not (user.sub.isascii() and user.sub.isprintable()) or not user.sub:
+        if not is_subject(user.sub):
             raise ValueError("sub must be 1 to 255 printable ASCII characters (OIDC Core 2)")
         if _db_text(user.login) is None or not user.login.strip():
             raise ValueError("login must be non-empty text without NUL characters")
