@@ -22,6 +22,7 @@ is L{BackendUnavailable}, never a wrong password.
 
 from __future__ import annotations
 
+import unicodedata
 from contextlib import closing
 
 import bcrypt
@@ -201,7 +202,8 @@ class BetterAuthVerifier(MigratingVerifier):
 class Queries:
     """
     The SQL of each lookup, with named parameters: C{user_by_login} gets
-    C{login} (as typed) and C{login_key} (NFC, case-folded), C{user_by_id}
+    C{login} (as typed, in NFC: a decomposed C{ë} is the one a table holds)
+    and C{login_key} (NFC, case-folded), C{user_by_id}
     gets C{sub}, and C{update_password_hash} (optional) gets C{sub},
     C{password_hash} (the new argon2id hash) and C{old_password_hash}, which
     it must compare, so that a login never writes over a hash changed since
@@ -468,7 +470,7 @@ class PostgresIdentityBackend:
         text = _db_text(login)
         if text is None:
             return succeed(None)
-        parameters = {"login": text, "login_key": login_key(text)}
+        parameters = {"login": unicodedata.normalize("NFC", text), "login_key": login_key(text)}
         return self._one("user_by_login", self._queries.user_by_login, parameters)
 
     def user_by_login(self, login: str | bytes) -> Deferred:

@@ -17,6 +17,7 @@ such a backend holding no user.
 
 from __future__ import annotations
 
+import unicodedata
 from contextlib import asynccontextmanager
 
 import pytest
@@ -221,6 +222,16 @@ class IdentityBackendConformance:
             failure = await portal_login_fails(backend, ZOE.login, "passwörd 🔑")
             assert not isinstance(failure, UnknownUser)
             assert await backend.user_by_login(ZOE.login) == ZOE
+
+    @pytest_twisted.ensureDeferred
+    async def test_login_is_compared_in_canonical_unicode(self):
+        """A login typed decomposed (e and a combining diaeresis), or in capitals, is the same person's."""
+        async with self.backend() as backend:
+            decomposed = unicodedata.normalize("NFD", ZOE.login)
+            assert decomposed != ZOE.login
+            for login in (decomposed, decomposed.upper(), ZOE.login.upper()):
+                assert await portal_login(backend, login, PASSWORDS[ZOE.sub]) == ZOE, ascii(login)
+                assert await backend.user_by_login(login) == ZOE, ascii(login)
 
     @pytest_twisted.ensureDeferred
     async def test_injection_shaped_logins_are_unknown(self):
