@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from twisted.cred.credentials import UsernamePassword
 from twisted.cred.error import UnauthorizedLogin
 from twisted.cred.portal import Portal
+from twisted.internet.defer import gatherResults
 from twisted.internet.task import Clock
 from twisted.logger import LogLevel, capturedLogs, formatEvent
 from twisted.python.threadable import isInIOThread
@@ -651,6 +652,25 @@ async def test_a_hash_of_other_parameters_is_replaced_at_the_next_login(users_fi
     stored = backend._by_login("carol").password_hash
     assert extract_parameters(stored) == extract_parameters(hash_password("x", other))
     assert stored in path.read_text() and other.verify(stored, "carol's pw")
+
+
+@pytest_twisted.ensureDeferred
+async def test_two_logins_at_once_upgrade_the_hash_once(users_file, reactor, context):
+    """Both check the old hash; the second's edit finds it replaced and leaves the file as the first wrote it."""
+    other = argon2id_hasher(8192, 1, 1)
+    path = users_file.parent / "other.toml"
+    add_user(path, login="carol", sub="sub-carol", password_hash=hash_password("carol's pw", CHEAP))
+    backend = StaticIdentityBackend(path, reactor, PasswordVerifier(reactor, context.threadpool("passwords", 2), other),
+                                   file_thread(context))
+    with capturedLogs() as events:
+        subs = await gatherResults([backend.requestAvatarId(UsernamePassword(b"carol", b"carol's pw"))
+                                    for _ in range(2)])
+    assert subs == ["sub-carol", "sub-carol"]
+    assert [formatEvent(e) for e in events if "upgraded" in formatEvent(e)] == [
+        "password hash of 'carol' upgraded to the configured argon2id parameters"]
+    [table] = tomllib.loads(path.read_text())["users"]
+    assert table["password_hash"] == backend._by_login("carol").password_hash
+    assert not other.check_needs_rehash(table["password_hash"]) and other.verify(table["password_hash"], "carol's pw")
 
 
 @pytest_twisted.ensureDeferred
