@@ -21,7 +21,7 @@ from twisted.cred.error import UnauthorizedLogin
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
-from twisted.logger import capturedLogs, formatEvent
+from twisted.logger import LogLevel, capturedLogs, formatEvent
 
 from authsrv.configsection import ConfigError, Section
 from authsrv.context import PluginContext
@@ -266,6 +266,21 @@ async def test_bcrypt_long_password_checked_as_its_maker_did(pg_dsn, context, ba
     assert CHEAP.verify(stored_hash(pg_dsn, "identity_users", ALICE.sub), long_password)
 
 
+@pytest.mark.parametrize("damage", [lambda h: h[:-1] + "é", lambda h: h.replace("m=8,", "m=٨,"), lambda h: ""],
+                         ids=["non-ascii", "non-ascii-digit", "empty"])
+@pytest_twisted.ensureDeferred
+async def test_a_damaged_hash_is_a_logged_wrong_password_not_an_outage(pg_dsn, context, backends, damage):
+    backend = open_backend({"dsn": pg_dsn}, context, backends)
+    await add_users(backend, [(ALICE, PASSWORDS[ALICE.sub])])
+    damaged = damage(stored_hash(pg_dsn, "identity_users", ALICE.sub))
+    execute(pg_dsn, "UPDATE identity_users SET password_hash = %s WHERE sub = %s", (damaged, ALICE.sub))
+    with capturedLogs() as events:
+        failure = await portal_login_fails(IdentityChain([backend]), "alice", PASSWORDS[ALICE.sub])
+    assert type(failure) is UnauthorizedLogin
+    assert "stored password hash of 'alice' is malformed" in [formatEvent(e) for e in events]
+    assert stored_hash(pg_dsn, "identity_users", ALICE.sub) == damaged
+
+
 @pytest_twisted.ensureDeferred
 async def test_password_checks_run_off_the_reactor_thread(pg_dsn, context, backends, monkeypatch):
     backend = open_backend({"dsn": pg_dsn}, context, backends)
@@ -342,10 +357,14 @@ async def test_nul_and_undecodable_logins_are_unknown(pg_dsn, context, backends,
          "in a read-only transaction"),
         ({"user_by_login": "UPDATE staff SET pw = 'x' WHERE username = %(login)s"}, "user_by_login",
          "does not run: cannot execute UPDATE in a read-only transaction"),
-        ({"update_password_hash": "UPDATE staff SET passwd = %(password_hash)s WHERE uuid = %(sub)s"},
+        ({"update_password_hash": "UPDATE staff SET passwd = %(password_hash)s WHERE uuid = %(sub)s"
+                                  " AND pw = %(old_password_hash)s"},
          "update_password_hash", 'does not run: column "passwd" of relation "staff" does not exist'),
         ({"update_password_hash": "UPDATE staff SET pw = 'x' WHERE uuid = %(sub)s"},
          "update_password_hash", "must use %(password_hash)s"),
+        ({"update_password_hash": "UPDATE staff SET pw = %(password_hash)s WHERE uuid = %(sub)s"},
+         "update_password_hash", "must use %(old_password_hash)s (... AND pw = %(old_password_hash)s), so that"
+         " a password changed while a login upgrades its hash is not set back"),
         ({"user_by_id": None}, "user_by_id", "is required"),
     ],
 )
@@ -499,6 +518,26 @@ async def test_a_login_matching_two_rows_is_an_outage_not_a_user(pg_dsn, context
         with pytest.raises(BackendUnavailable):
             await login(backend, "alice", PASSWORDS[ALICE.sub])
     assert any("found 2 users for one login" in formatEvent(e) for e in events)
+
+
+@pytest.mark.parametrize("sub", ["zoë-1", "a" * 256, "carol\nsub=admin"], ids=["non-ascii", "too-long", "newline"])
+@pytest_twisted.ensureDeferred
+async def test_a_row_whose_sub_no_token_may_carry_is_no_user(pg_dsn, context, backends, sub):
+    """
+    OIDC Core 2: a sub is at most 255 ASCII characters. A mapped table's own
+    ids may be anything; a row with one that is not printable ASCII, or too
+    long, is logged and no one, as the other backends treat such a record.
+    """
+    seed_staff(pg_dsn, [(ALICE, PASSWORDS[ALICE.sub])])
+    execute(pg_dsn, "UPDATE staff SET uuid = %s", (sub,))
+    backend = open_backend({"dsn": pg_dsn, **MAPPED}, context, backends)
+    with capturedLogs() as events:
+        failure = await portal_login_fails(IdentityChain([backend]), "alice", PASSWORDS[ALICE.sub])
+        assert await backend.user_by_login("alice") is None
+        assert await backend.user_by_id(sub) is None
+    assert type(failure) is UnknownUser
+    logged = [formatEvent(e) for e in events if e["log_level"] == LogLevel.error]
+    assert logged and all("not 1 to 255 printable ASCII characters" in line and sub not in line for line in logged)
 
 
 # --- outages ----------------------------------------------------------------
@@ -785,3 +824,30 @@ async def test_hash_of_other_parameters_upgraded_at_login(pg_dsn, context, backe
     assert CHEAP.check_needs_rehash(stored_hash(pg_dsn, "identity_users", ALICE.sub))
     assert await login(backend, b"alice", PASSWORDS[ALICE.sub].encode()) == ALICE.sub
     assert not CHEAP.check_needs_rehash(stored_hash(pg_dsn, "identity_users", ALICE.sub))
+
+
+@pytest_twisted.ensureDeferred
+async def test_two_logins_at_once_upgrade_the_hash_once(pg_dsn, reactor, context, backends):
+    """Both read the old hash; the second's write finds it replaced, writes nothing and says nothing."""
+    other = PasswordHasher(time_cost=2, memory_cost=16, parallelism=1)
+    await open_backend({"dsn": pg_dsn}, context, backends).add_user(ALICE, hash_password(PASSWORDS[ALICE.sub], other))
+    arrived: list[Deferred] = []
+
+    class BothRead(postgres.MigratingVerifier):
+        def rehash(self, password):
+            arrived.append(Deferred())
+            if len(arrived) == 2:
+                for waiting in arrived:
+                    waiting.callback(None)
+            return arrived[-1].addCallback(lambda _: super(BothRead, self).rehash(password))
+
+    backend = direct_backend(pg_dsn, context, BothRead(reactor, context.threadpool("passwords", 2), CHEAP))
+    backends.append(backend)
+    with capturedLogs() as events:
+        subs = await gatherResults([Deferred.fromCoroutine(login(backend, "alice", PASSWORDS[ALICE.sub]))
+                                    for _ in range(2)])
+    assert subs == [ALICE.sub, ALICE.sub]
+    assert [formatEvent(e) for e in events if "upgraded" in formatEvent(e)] == [
+        "password hash of 'alice' upgraded to the configured argon2id parameters"]
+    upgraded = stored_hash(pg_dsn, "identity_users", ALICE.sub)
+    assert not CHEAP.check_needs_rehash(upgraded) and CHEAP.verify(upgraded, PASSWORDS[ALICE.sub])

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from twisted.cred.credentials import UsernamePassword
 from twisted.cred.error import UnauthorizedLogin
 from twisted.cred.portal import Portal
+from twisted.internet.defer import gatherResults
 from twisted.internet.task import Clock
 from twisted.logger import LogLevel, capturedLogs, formatEvent
 from twisted.python.threadable import isInIOThread
@@ -30,6 +31,7 @@ from twisted.python.threadpool import ThreadPool
 
 from authsrv.configsection import ConfigError, Section
 from authsrv.identity.chain import IdentityChain
+from authsrv.identity.credentials import MAX_PASSWORD_BYTES
 from authsrv.identity.errors import UnknownUser
 from authsrv.identity.passwords import (
     DEFAULT_HASHER,
@@ -174,18 +176,19 @@ BOB_TABLE = f'[[users]]\nsub = "b"\nlogin = "bob"\npassword_hash = "{CHEAP_HASH}
 @pytest.mark.parametrize(
     "text, message",
     [
-        (ALICE_TABLE + "nickname = 'al'\n", "users.toml: users[0].nickname: unknown key"),
-        (ALICE_TABLE + BOB_TABLE + "email = 5\n", "users.toml: users[1].email: must be a string, not an integer"),
-        (ALICE_TABLE + "email_verified = 'yes'\n", "users.toml: users[0].email_verified: must be true or false, not a string"),
-        (ALICE_TABLE + BOB_TABLE.replace('"bob"', '"ALICE"'), "users.toml: users[1].login: 'ALICE' is already the login of users[0]"),
-        (ALICE_TABLE + BOB_TABLE.replace('"b"', '"a"'), "users.toml: users[1].sub: 'a' is already the sub of users[0]"),
-        (ALICE_TABLE.replace('login = "alice"\n', ""), "users.toml: users[0].login: is required"),
-        (ALICE_TABLE.replace('login = "alice"', 'login = "  "'), "users.toml: users[0].login: must not be empty"),
+        (ALICE_TABLE + "nickname = 'al'\n", "users.toml: users[0].nickname: unknown key (at line 5)"),
+        (ALICE_TABLE + BOB_TABLE + "email = 5\n", "users.toml: users[1].email: must be a string, not an integer (at line 9)"),
+        (ALICE_TABLE + "email_verified = 'yes'\n", "users.toml: users[0].email_verified: must be true or false, not a string (at line 5)"),
+        (ALICE_TABLE + BOB_TABLE.replace('"bob"', '"ALICE"'), "users.toml: users[1].login: 'ALICE' is already the login of users[0] (at line 7)"),
+        (ALICE_TABLE + BOB_TABLE.replace('"b"', '"a"'), "users.toml: users[1].sub: 'a' is already the sub of users[0] (at line 6)"),
+        (ALICE_TABLE.replace('login = "alice"\n', ""), "users.toml: users[0].login: is required (at line 1)"),
+        (ALICE_TABLE.replace('login = "alice"', 'login = "  "'), "users.toml: users[0].login: must not be empty (at line 3)"),
         (ALICE_TABLE + "[groups]\n", "users.toml: groups: unknown key"),
         ("users = 1\n", "users.toml: users: must be an array of tables, not an integer"),
         ("users = [1]\n", "users.toml: users[0]: must be a table, not an integer"),
-        (ALICE_TABLE.replace(CHEAP_HASH, "$2b$12$notargon"), "users.toml: users[0].password_hash: must be an argon2id hash ($argon2id$v=19$...), as authsrv-admin makes"),
-        (ALICE_TABLE.replace('sub = "a"', 'sub = "é"'), "users.toml: users[0].sub: must be at most 255 printable ASCII characters (OIDC Core 2)"),
+        (ALICE_TABLE.replace(CHEAP_HASH, "$2b$12$notargon"), "users.toml: users[0].password_hash: must be an argon2id hash ($argon2id$v=19$...), as authsrv-admin makes (at line 4)"),
+        (ALICE_TABLE.replace(CHEAP_HASH, CHEAP_HASH[:-1] + "é"), "users.toml: users[0].password_hash: must be an argon2id hash ($argon2id$v=19$...), as authsrv-admin makes (at line 4)"),
+        (ALICE_TABLE.replace('sub = "a"', 'sub = "é"'), "users.toml: users[0].sub: must be at most 255 printable ASCII characters (OIDC Core 2) (at line 2)"),
     ],
 )
 def test_validation_errors(tmp_path, context, text, message):
@@ -193,6 +196,28 @@ def test_validation_errors(tmp_path, context, text, message):
     with pytest.raises(ConfigError) as info:
         from_config(Section({}, "identity[0]", tmp_path), context)
     assert str(info.value) == message
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("# staff\n\n" + ALICE_TABLE + "\n# the next one\n[[ 'users' ]]  # bob\n  login = 'bob'\n",
+         "users[1].sub: is required (at line 9)"),
+        ("# staff\n\n" + ALICE_TABLE + "\n[[\"users\"]]\nsub = 'b'\n\n  login   = ''\n",
+         "users[1].login: must not be empty (at line 11)"),
+        (f'users = [{{sub = "a", login = "", password_hash = "{CHEAP_HASH}"}}]\n',
+         "users[0].login: must not be empty"),
+        ("[[users]]\nsub = 'a'\nlogin = 'alice'\nname = \"\"\"\n[[users]]\n\"\"\"\n",
+         "users[0].password_hash: is required"),
+    ],
+    ids=["header-line", "key-line", "inline-array", "header-in-a-string"],
+)
+def test_validation_errors_name_the_line(tmp_path, context, text, message):
+    """A person finds the table by its line, not by counting [[users]] tables; no line is better than a wrong one."""
+    (tmp_path / "users.toml").write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        from_config(Section({}, "identity[0]", tmp_path), context)
+    assert str(info.value) == f"users.toml: {message}"
 
 
 def test_bad_toml_is_one_line(tmp_path, context):
@@ -278,7 +303,7 @@ def test_invalid_edit_keeps_old_users(users_file, reactor, context):
         clock.advance(1)
         assert backend.user_by_login("alice").result.sub == ALICE.sub
     [message] = errors(events)
-    assert "users.toml: users[0].nickname: unknown key" in message
+    assert "users.toml: users[0].nickname: unknown key (at line 15)" in message
     assert "still serving the 1 users" in message
 
     users_file.write_text(good.replace('login = "alice"', 'login = "alicia"'))
@@ -551,6 +576,48 @@ async def test_malformed_hash_is_a_failed_check(reactor, context, stored):
     assert not stored or stored not in message
 
 
+UNCHECKABLE = [
+    pytest.param("", id="empty"),
+    pytest.param("!", id="unusable-marker"),
+    pytest.param("pbkdf2_sha256$600000$c2FsdA$aGFzaA", id="other-scheme"),
+    pytest.param(CHEAP_HASH[:-1] + "é", id="non-ascii"),
+    pytest.param(CHEAP_HASH.replace("m=8,", "m=٨,"), id="non-ascii-digit"),
+    pytest.param("$argon2id$v=19$m=4194304,t=1,p=1$c2FsdHNhbHQ$aGFzaGhhc2hoYXNoaGFzaA", id="costly"),
+]
+
+
+@pytest.mark.parametrize("stored", UNCHECKABLE)
+@pytest_twisted.ensureDeferred
+async def test_a_stored_hash_that_cannot_be_checked_costs_an_unknown_logins_work(reactor, context, stored):
+    """
+    A wrong-password outcome and a log line, never an outage; and the
+    dummy's check all the same, so that timing does not tell the login from
+    an unknown one.
+    """
+    hasher = RecordingHasher()
+    verifier = PasswordVerifier(reactor, context.threadpool("passwords", 2), hasher)
+    with capturedLogs() as events:
+        assert await verifier.verify("alice", "the password", stored) is False
+    [message] = errors(events)
+    assert "'alice'" in message and "the password" not in message
+    assert extract_parameters(hasher.hashes[-1]) == extract_parameters(CHEAP_HASH)
+    assert hasher.checks[-1][0].name.startswith("PoolThread-authsrv-passwords-")
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_password_over_the_bound_is_refused_unhashed(reactor, context):
+    """A megabyte costs no hashing, for a known login as for an unknown one; the bound itself is checked."""
+    hasher = RecordingHasher()
+    verifier = PasswordVerifier(reactor, context.threadpool("passwords", 2), hasher)
+    longest = "é" * (MAX_PASSWORD_BYTES // 2)
+    stored = hash_password(longest, CHEAP)
+    for password in ("x" * 1_000_000, longest + "x", (longest + "x").encode()):
+        assert await verifier.verify("alice", password, stored) is False
+        assert await verifier.verify("", password, None) is False
+    assert hasher.checks == []
+    assert await verifier.verify("alice", longest, stored) is True
+
+
 @pytest_twisted.ensureDeferred
 async def test_verify(reactor, context):
     verifier = PasswordVerifier(reactor, context.threadpool("passwords", 2), CHEAP)
@@ -585,6 +652,25 @@ async def test_a_hash_of_other_parameters_is_replaced_at_the_next_login(users_fi
     stored = backend._by_login("carol").password_hash
     assert extract_parameters(stored) == extract_parameters(hash_password("x", other))
     assert stored in path.read_text() and other.verify(stored, "carol's pw")
+
+
+@pytest_twisted.ensureDeferred
+async def test_two_logins_at_once_upgrade_the_hash_once(users_file, reactor, context):
+    """Both check the old hash; the second's edit finds it replaced and leaves the file as the first wrote it."""
+    other = argon2id_hasher(8192, 1, 1)
+    path = users_file.parent / "other.toml"
+    add_user(path, login="carol", sub="sub-carol", password_hash=hash_password("carol's pw", CHEAP))
+    backend = StaticIdentityBackend(path, reactor, PasswordVerifier(reactor, context.threadpool("passwords", 2), other),
+                                   file_thread(context))
+    with capturedLogs() as events:
+        subs = await gatherResults([backend.requestAvatarId(UsernamePassword(b"carol", b"carol's pw"))
+                                    for _ in range(2)])
+    assert subs == ["sub-carol", "sub-carol"]
+    assert [formatEvent(e) for e in events if "upgraded" in formatEvent(e)] == [
+        "password hash of 'carol' upgraded to the configured argon2id parameters"]
+    [table] = tomllib.loads(path.read_text())["users"]
+    assert table["password_hash"] == backend._by_login("carol").password_hash
+    assert not other.check_needs_rehash(table["password_hash"]) and other.verify(table["password_hash"], "carol's pw")
 
 
 @pytest_twisted.ensureDeferred

@@ -31,6 +31,20 @@ def test_at_most_1024_characters():
     assert len("x7" * 512) == MAX_LENGTH
 
 
+@pytest.mark.parametrize("password", ["quiet river\x00", "quiet\nriver", "quiet\r\nriver", "quiet\triver",
+                                      "quiet river\x7f", "quiet river\x85"])
+def test_control_characters_are_refused(password):
+    """A password set with one (through the admin API, say) could never be typed at sign-in."""
+    assert password_problem(password) == (
+        "the password must not hold control characters (such as NUL, a tab or a line break),"
+        " which the sign-in form cannot send"
+    )
+
+
+def test_joiners_and_other_format_characters_are_text():
+    assert password_problem("quiet river \U0001f469\u200d\U0001f4bb") is None
+
+
 @pytest.mark.parametrize("password", ["password", "PASSWORD", "12345678", "iloveyou", "Trustno1", "qwertyuiop"])
 def test_common_passwords_are_refused_in_any_case(password):
     assert password_problem(password) == (

@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+MAX_PASSWORD_BYTES = 64 * 1024
+"""
+The longest password (in UTF-8 bytes) a backend checks: far more than the
+login form passes on (8192 characters) or a new password may have (1024),
+and less than a directory takes in one request before it drops the
+connection (slapd's 256 KiB). A longer one is no user's password, refused
+without hashing or binding, so a megabyte costs nothing and is no outage.
+"""
+
 
 def credential_text(value: str | bytes) -> str | None:
     """
@@ -19,3 +28,13 @@ def credential_text(value: str | bytes) -> str | None:
     except UnicodeEncodeError:
         return None
     return value
+
+
+def password_bytes(password: str | bytes) -> bytes:
+    """
+    A password as the bytes hashes are made of: text as UTF-8, a lone
+    surrogate kept (surrogatepass), so that text that is not valid Unicode
+    still costs a full check and matches nothing instead of failing.
+    """
+    return password.encode("utf-8", "surrogatepass") if isinstance(password, str) else password
+

@@ -30,6 +30,8 @@ from twisted.internet.defer import Deferred
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 
+from authsrv.identity.credentials import MAX_PASSWORD_BYTES, password_bytes
+
 
 
 def argon2id_hasher(memory_kib: int, time_cost: int, parallelism: int) -> PasswordHasher:
@@ -101,6 +103,8 @@ def hash_password(password: str | bytes, hasher: PasswordHasher = DEFAULT_HASHER
 
 def is_argon2id_hash(value: str) -> bool:
     """Whether C{value} parses as an argon2id PHC string (a cheap check, no hashing)."""
+    if not value.isascii():
+        return False
     try:
         return extract_parameters(value).type is Type.ID
     except InvalidHashError:
@@ -225,10 +229,24 @@ class PasswordVerifier:
         return d.addCallback(outcome)
 
     def _check(self, password: str | bytes, stored_hash: str | None) -> str:
-        # surrogatepass: text that is not valid Unicode still costs a full
-        # check, and matches nothing, instead of failing as an outage.
-        if isinstance(password, str):
-            password = password.encode("utf-8", "surrogatepass")
+        """
+        The outcome of one check. A password over L{MAX_PASSWORD_BYTES} is
+        refused unhashed, whoever it is for. A stored hash that cannot be
+        checked (malformed, too costly) costs the unknown-login work all the
+        same, so that timing does not single out its user.
+        """
+        password = password_bytes(password)
+        if len(password) > MAX_PASSWORD_BYTES:
+            return _MISMATCH
+        outcome = self._compare(password, stored_hash)
+        if outcome in (_MALFORMED, _COSTLY):
+            self._compare(password, None)
+        return outcome
+
+    def _compare(self, password: bytes, stored_hash: str | None) -> str:
+        """C{password} against C{stored_hash}, or against the unknown-login dummy for None."""
+        if stored_hash is not None and not stored_hash.isascii():
+            return _MALFORMED
         if stored_hash is not None and looks_like_better_auth_hash(stored_hash):
             return check_better_auth_hash(password, stored_hash)
         if stored_hash is not None and self._too_costly(stored_hash):

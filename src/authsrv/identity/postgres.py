@@ -22,6 +22,7 @@ is L{BackendUnavailable}, never a wrong password.
 
 from __future__ import annotations
 
+import unicodedata
 from contextlib import closing
 
 import bcrypt
@@ -165,16 +166,14 @@ class MigratingVerifier(PasswordVerifier):
     def needs_rehash(self, stored_hash: str) -> bool:
         return is_bcrypt_hash(stored_hash) or super().needs_rehash(stored_hash)
 
-    def _check(self, password, stored_hash):
+    def _compare(self, password, stored_hash):
         if not is_bcrypt_hash(stored_hash):
-            return super()._check(password, stored_hash)
+            return super()._compare(password, stored_hash)
         cost = stored_hash[4:6]
         if not (cost.isascii() and cost.isdigit()):
             return _MALFORMED
         if int(cost) > BCRYPT_MAX_COST:
             return _COSTLY
-        if isinstance(password, str):
-            password = password.encode("utf-8", "surrogatepass")
         try:
             matched = bcrypt.checkpw(password[:BCRYPT_MAX_PASSWORD], stored_hash.encode("ascii"))
         except (ValueError, UnicodeEncodeError):
@@ -192,8 +191,8 @@ class BetterAuthVerifier(MigratingVerifier):
     DUMMY = "0" * 32 + ":" + "0" * 128
     """A well-formed Better Auth hash no password matches (its key would be scrypt's output)."""
 
-    def _check(self, password, stored_hash):
-        return super()._check(password, self.DUMMY if stored_hash is None else stored_hash)
+    def _compare(self, password, stored_hash):
+        return super()._compare(password, self.DUMMY if stored_hash is None else stored_hash)
 
 
 # --- queries ----------------------------------------------------------------
@@ -203,9 +202,12 @@ class BetterAuthVerifier(MigratingVerifier):
 class Queries:
     """
     The SQL of each lookup, with named parameters: C{user_by_login} gets
-    C{login} (as typed) and C{login_key} (NFC, case-folded), C{user_by_id}
+    C{login} (as typed, in NFC: a decomposed C{ë} is the one a table holds)
+    and C{login_key} (NFC, case-folded), C{user_by_id}
     gets C{sub}, and C{update_password_hash} (optional) gets C{sub},
-    C{password_hash} (the new argon2id hash) and C{old_password_hash}.
+    C{password_hash} (the new argon2id hash) and C{old_password_hash}, which
+    it must compare, so that a login never writes over a hash changed since
+    it read it (another login's upgrade, a password reset).
     """
 
     user_by_login: str
@@ -231,7 +233,14 @@ _PARAMETERS = {
 _REQUIRED_PARAMETERS = {
     "user_by_login": (),
     "user_by_id": ("sub",),
-    "update_password_hash": ("sub", "password_hash"),
+    "update_password_hash": ("sub", "password_hash", "old_password_hash"),
+}
+
+_WHY_REQUIRED = {
+    "old_password_hash": (
+        " (... AND pw = %(old_password_hash)s), so that a password changed while a login"
+        " upgrades its hash is not set back"
+    ),
 }
 
 _CHECK_PARAMETERS = {
@@ -317,7 +326,7 @@ def check_queries(connection, section: Section, queries: Queries) -> None:
             raise section.error(name, "must use %(login)s or %(login_key)s")
         for parameter in _REQUIRED_PARAMETERS[name]:
             if f"%({parameter})s" not in query:
-                raise section.error(name, f"must use %({parameter})s")
+                raise section.error(name, f"must use %({parameter})s{_WHY_REQUIRED.get(parameter, '')}")
         parameters = {p: _CHECK_PARAMETERS[p] for p in expected}
         statement = f"EXPLAIN {query}" if name == "update_password_hash" else query
         try:
@@ -387,6 +396,11 @@ def _db_text(value: str | bytes) -> str | None:
     return None if text is None or "\x00" in text else text
 
 
+def is_subject(sub) -> bool:
+    """Whether C{sub} may be a user's C{sub} claim: 1 to 255 printable ASCII characters (OIDC Core 2)."""
+    return isinstance(sub, str) and 0 < len(sub) <= 255 and sub.isascii() and sub.isprintable()
+
+
 @frozen
 class _Account:
     user: User
@@ -435,16 +449,20 @@ class PostgresIdentityBackend:
         parameters = self._shared | own
 
         def pick(rows: list[dict]) -> _Account | None:
-            accounts = [a for a in map(_account, rows) if a is not None]
             if len(rows) > 1:
                 log.error(
                     "{query} found {count} users for one {what}: it must find at most one",
                     query=label, count=len(rows), what="login" if "login" in parameters else "sub",
                 )
                 raise BackendUnavailable(f"{label} is ambiguous")
-            if rows and not accounts:
+            account = _account(rows[0]) if rows else None
+            if rows and account is None:
                 log.error("{query} found a user without sub or login", query=label)
-            return accounts[0] if accounts else None
+            elif account is not None and not is_subject(account.user.sub):
+                log.error("{query} found the user {login!r}, whose sub is not 1 to 255 printable ASCII characters"
+                          " (OIDC Core 2): no one can sign in as it", query=label, login=account.user.login)
+                return None
+            return account
 
         return self._pool.run(lambda c: fetch(c, query, parameters), label).addCallback(pick)
 
@@ -452,17 +470,16 @@ class PostgresIdentityBackend:
         text = _db_text(login)
         if text is None:
             return succeed(None)
-        parameters = {"login": text, "login_key": login_key(text)}
+        parameters = {"login": unicodedata.normalize("NFC", text), "login_key": login_key(text)}
         return self._one("user_by_login", self._queries.user_by_login, parameters)
 
     def user_by_login(self, login: str | bytes) -> Deferred:
         return self._by_login(login).addCallback(lambda a: a.user if a else None)
 
     def user_by_id(self, sub: str) -> Deferred:
-        text = _db_text(sub)
-        if text is None:
+        if not is_subject(sub):
             return succeed(None)
-        d = self._one("user_by_id", self._queries.user_by_id, {"sub": text})
+        d = self._one("user_by_id", self._queries.user_by_id, {"sub": sub})
         return d.addCallback(lambda a: a.user if a else None)
 
     def requestAvatarId(self, credentials) -> Deferred:
@@ -497,10 +514,12 @@ class PostgresIdentityBackend:
             "old_password_hash": account.password_hash,
         }
         try:
-            await self._pool.run(lambda c: _write(c, query, parameters), "update_password_hash")
+            written = await self._pool.run(lambda c: _write(c, query, parameters), "update_password_hash")
         except BackendUnavailable:
             return
-        log.info("password hash of {login!r} upgraded to the configured argon2id parameters", login=account.user.login)
+        if written:
+            log.info("password hash of {login!r} upgraded to the configured argon2id parameters",
+                     login=account.user.login)
 
     def close(self) -> Deferred:
         self._pool.close()
@@ -555,7 +574,7 @@ class OwnPostgresIdentityBackend(PostgresIdentityBackend):
         Insert a user into C{identity_users}; L{ValueError} for a bad field
         or a login or sub already taken.
         """
-        if len(user.sub) > 255 or not (user.sub.isascii() and user.sub.isprintable()) or not user.sub:
+        if not is_subject(user.sub):
             raise ValueError("sub must be 1 to 255 printable ASCII characters (OIDC Core 2)")
         if _db_text(user.login) is None or not user.login.strip():
             raise ValueError("login must be non-empty text without NUL characters")

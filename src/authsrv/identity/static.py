@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import stat
 import tempfile
 import tomllib
@@ -156,7 +157,8 @@ def _accounts(document: dict) -> list[_Account]:
 def _parse(text: str, label: str) -> list[_Account]:
     """
     Every account in a users file's text, or a one-line L{ConfigError}
-    prefixed by C{label} (the file's name) and naming the dotted key.
+    prefixed by C{label} (the file's name), naming the dotted key and, where
+    it can be told, its line.
     """
     try:
         document = tomllib.loads(text)
@@ -165,7 +167,37 @@ def _parse(text: str, label: str) -> list[_Account]:
     try:
         return _accounts(document)
     except ConfigError as e:
-        raise ConfigError(f"{label}: {e.key}", e.problem) from None
+        line = _line_of(text, document.get("users"), e.key)
+        problem = e.problem if line is None else f"{e.problem} (at line {line})"
+        raise ConfigError(f"{label}: {e.key}", problem) from None
+
+
+_USERS_HEADER = re.compile(r"""\s*\[\[\s*(users|"users"|'users')\s*\]\]\s*(#.*)?""")
+_TABLE_KEY = re.compile(r"users\[(\d+)\](?:\.(\w+))?")
+
+
+def _line_of(text: str, users, key: str) -> int | None:
+    """
+    The line (from 1) an error about C{key} points to: the C{name = ...}
+    line of C{users[i].name}, else the C{[[users]]} header of table C{i}.
+    None when the headers are not one per table of C{users} (an inline
+    array, a header-like line inside a multi-line string).
+    """
+    wanted = _TABLE_KEY.fullmatch(key)
+    if wanted is None or not isinstance(users, list):
+        return None
+    lines = text.splitlines()
+    headers = [n for n, line in enumerate(lines) if _USERS_HEADER.fullmatch(line)]
+    index, name = int(wanted[1]), wanted[2]
+    if len(headers) != len(users) or index >= len(headers):
+        return None
+    start, end = headers[index], (headers + [len(lines)])[index + 1]
+    if name is not None:
+        assignment = re.compile(rf"""\s*({name}|"{name}"|'{name}')\s*=""")
+        for n in range(start + 1, end):
+            if assignment.match(lines[n]):
+                return n + 1
+    return start + 1
 
 
 def _read(path: Path) -> list[_Account]:

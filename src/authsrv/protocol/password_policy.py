@@ -1,8 +1,10 @@
 """
 The rules a new password must meet, after NIST SP 800-63B (5.1.1.2): a
-minimum length, a maximum generous enough for passphrases, not one of the
-passwords attackers try first, not the user's own login or email. No
-composition rules and no expiry; existing passwords are not checked again.
+minimum length, a maximum generous enough for passphrases, no control
+character (the sign-in form refuses a NUL, and a browser's password field
+takes no line break), not one of the passwords attackers try first, not the
+user's own login or email. No composition rules and no expiry; existing
+passwords are not checked again.
 
 Every place that sets a password (the operator command, the admin API)
 calls L{password_problem}, so the rules are the same everywhere.
@@ -56,6 +58,9 @@ def password_problem(
                 f" (it has {len(normalised)}); a few unrelated words make a good one")
     if len(normalised) > MAX_LENGTH:
         return f"the password must be at most {MAX_LENGTH:,} characters long (it has {len(normalised):,})"
+    if any(unicodedata.category(c) == "Cc" for c in password):
+        return ("the password must not hold control characters (such as NUL, a tab or a line break),"
+                " which the sign-in form cannot send")
     folded = normalised.casefold()
     for name in _own_names(login, email):
         if folded == name or (len(name) >= SELF_MATCH_MIN and name in folded):

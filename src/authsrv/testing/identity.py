@@ -17,6 +17,7 @@ such a backend holding no user.
 
 from __future__ import annotations
 
+import unicodedata
 from contextlib import asynccontextmanager
 
 import pytest
@@ -165,6 +166,22 @@ class IdentityBackendConformance:
                 assert not isinstance(failure, UnknownUser), password
 
     @pytest_twisted.ensureDeferred
+    async def test_passwords_no_user_can_have_are_wrong_passwords(self):
+        """
+        A NUL, bytes that are not UTF-8, a lone surrogate or a megabyte of
+        text: a plain refusal (wrong password for a known login, unknown
+        user for an unknown one), never an outage or a crash.
+        """
+        async with self.backend() as backend:
+            for password in ("correct\x00", PASSWORDS[ALICE.sub] + "\x00", b"\xff\xfe", "pass\ud800word",
+                             "x" * 1_000_000):
+                failure = await portal_login_fails(backend, "alice", password)
+                assert not isinstance(failure, UnknownUser), password[:20]
+                failure = await portal_login_fails(backend, "nobody", password)
+                assert isinstance(failure, UnknownUser), password[:20]
+            assert await portal_login(backend, "alice", PASSWORDS[ALICE.sub]) == ALICE
+
+    @pytest_twisted.ensureDeferred
     async def test_unknown_login(self):
         async with self.backend() as backend:
             for login in ("nobody", "", "alice2", "alic", " alice"):
@@ -205,6 +222,16 @@ class IdentityBackendConformance:
             failure = await portal_login_fails(backend, ZOE.login, "passwörd 🔑")
             assert not isinstance(failure, UnknownUser)
             assert await backend.user_by_login(ZOE.login) == ZOE
+
+    @pytest_twisted.ensureDeferred
+    async def test_login_is_compared_in_canonical_unicode(self):
+        """A login typed decomposed (e and a combining diaeresis), or in capitals, is the same person's."""
+        async with self.backend() as backend:
+            decomposed = unicodedata.normalize("NFD", ZOE.login)
+            assert decomposed != ZOE.login
+            for login in (decomposed, decomposed.upper(), ZOE.login.upper()):
+                assert await portal_login(backend, login, PASSWORDS[ZOE.sub]) == ZOE, ascii(login)
+                assert await backend.user_by_login(login) == ZOE, ascii(login)
 
     @pytest_twisted.ensureDeferred
     async def test_injection_shaped_logins_are_unknown(self):

@@ -22,7 +22,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from authsrv.configsection import Section
-from authsrv.identity.credentials import credential_text
+from authsrv.identity.credentials import MAX_PASSWORD_BYTES, credential_text, password_bytes
 from authsrv.identity.errors import BackendUnavailable, UnknownUser
 from authsrv.identity.ldap.config import DISABLED_RULES, LdapSettings, settings_from_config
 from authsrv.identity.ldap.directory import Directory
@@ -205,15 +205,17 @@ class LdapIdentityBackend:
         which cannot succeed. So an unknown login costs the directory the
         same round trips as a wrong password (a bind, on a connection kept
         for checks or a new one: L{Directory.check}), and its failure stays
-        L{UnknownUser}.
+        L{UnknownUser}. A password no one can bind with (empty, which would
+        be an anonymous bind; over L{MAX_PASSWORD_BYTES}; not UTF-8, which
+        ldap3 cannot send) is refused without a bind, whoever it is for.
         """
         login = credential_text(username)
         if not login or len(login) > LOGIN_MAX:
             raise UnknownUser("unknown login")
         entry, sub = self._directory.run(lambda c: self._login_entry(c, login))
-        secret = password.encode("utf-8", "surrogatepass") if isinstance(password, str) else password
-        if not secret:
-            raise UnknownUser("unknown login") if entry is None else UnauthorizedLogin("empty password")
+        secret = password_bytes(password)
+        if not secret or len(secret) > MAX_PASSWORD_BYTES or credential_text(secret) is None:
+            raise UnknownUser("unknown login") if entry is None else UnauthorizedLogin("no user's password")
         if entry is None:
             decoy = secrets.token_urlsafe(len(secret)).encode("ascii")[:len(secret)]
             try:
