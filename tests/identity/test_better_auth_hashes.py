@@ -181,6 +181,7 @@ async def test_static_file_upgrades_a_better_auth_hash(users_file, context, veri
 
     with capturedLogs() as events:
         assert await login(backend, "ALICE", PASSWORD) == ALICE.sub
+        await backend.close()  # the upgrade is written after the login answered
     stored = backend._by_login("alice").password_hash
     assert is_argon2id_hash(stored) and CHEAP.verify(stored, PASSWORD)
     assert HASH not in users_file.read_text() and stored in users_file.read_text()
@@ -200,6 +201,7 @@ async def test_static_file_keeps_a_hash_the_operator_changed_meanwhile(users_fil
     account = backend._by_login("alice")
     users_file.write_text(users_file.read_text().replace(HASH, operators))
     assert await backend._upgrade(account, PASSWORD) == ALICE.sub
+    await backend.close()
     assert operators in users_file.read_text()
 
 
@@ -211,6 +213,7 @@ async def test_static_file_login_succeeds_when_the_upgrade_cannot_be_written(use
     users_file.write_text(broken)
     with capturedLogs() as events:
         assert await login(backend, "alice", PASSWORD) == ALICE.sub
+        await backend.close()
     assert users_file.read_text() == broken
     assert "not upgraded to the configured argon2id parameters" in log_text(events)
 

@@ -6,6 +6,7 @@ reactor thread.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import stat
@@ -23,9 +24,10 @@ from hypothesis import strategies as st
 from twisted.cred.credentials import UsernamePassword
 from twisted.cred.error import UnauthorizedLogin
 from twisted.cred.portal import Portal
-from twisted.internet.defer import gatherResults
+from twisted.internet.defer import Deferred, gatherResults, maybeDeferred
 from twisted.internet.task import Clock
 from twisted.logger import LogLevel, capturedLogs, formatEvent
+from twisted.python.failure import Failure
 from twisted.python.threadable import isInIOThread
 from twisted.python.threadpool import ThreadPool
 
@@ -649,6 +651,7 @@ async def test_a_hash_of_other_parameters_is_replaced_at_the_next_login(users_fi
     assert extract_parameters(backend._by_login("carol").password_hash) == extract_parameters(hash_password("x", CHEAP))
 
     assert await backend.requestAvatarId(UsernamePassword(b"carol", b"carol's pw")) == "sub-carol"
+    await backend.close()  # the upgrade is written after the login answered
     stored = backend._by_login("carol").password_hash
     assert extract_parameters(stored) == extract_parameters(hash_password("x", other))
     assert stored in path.read_text() and other.verify(stored, "carol's pw")
@@ -665,6 +668,7 @@ async def test_two_logins_at_once_upgrade_the_hash_once(users_file, reactor, con
     with capturedLogs() as events:
         subs = await gatherResults([backend.requestAvatarId(UsernamePassword(b"carol", b"carol's pw"))
                                     for _ in range(2)])
+        await backend.close()
     assert subs == ["sub-carol", "sub-carol"]
     assert [formatEvent(e) for e in events if "upgraded" in formatEvent(e)] == [
         "password hash of 'carol' upgraded to the configured argon2id parameters"]
@@ -692,8 +696,174 @@ async def test_the_file_is_read_and_rewritten_off_the_reactor_thread(users_file,
     await backend.add_user(User(sub="sub-dave", login="dave"), hash_password("dave's pw", CHEAP))
     assert [user.login for user in await backend.list_users()] == ["carol", "dave"]
     await backend.remove_user("dave")
+    await backend.close()
     assert len(on_reactor) >= 9 and not any(on_reactor)
     assert (await backend.user_by_login("carol")).disabled and await backend.user_by_login("dave") is None
+
+
+# --- hash upgrades written after the login ------------------------------------
+
+
+class InPlace(Clock):
+    """
+    A clock that is also a password verifier's reactor and thread pool:
+    each hash is made at once, on the caller's thread, so that a test sees a
+    login's whole course without running a reactor.
+    """
+
+    def callFromThread(self, f, *args, **kwargs):
+        f(*args, **kwargs)
+
+    def callInThreadWithCallback(self, on_result, f, *args, **kwargs):
+        try:
+            result = f(*args, **kwargs)
+        except BaseException:
+            on_result(False, Failure())
+        else:
+            on_result(True, result)
+
+
+class HeldFileThread:
+    """The users file's thread, running each piece of work only when the test says so."""
+
+    def __init__(self):
+        self.waiting: list = []
+
+    def __call__(self, work, *args) -> Deferred:
+        d = Deferred()
+        self.waiting.append((d, work, args))
+        return d
+
+    def run_next(self) -> None:
+        d, work, args = self.waiting.pop(0)
+        maybeDeferred(work, *args).chainDeferred(d)
+
+    def run_all(self) -> None:
+        while self.waiting:
+            self.run_next()
+
+
+OTHER = argon2id_hasher(8192, 1, 1)
+RUSH = ["carol", "dave", "erin", "frank", "grace"]
+
+
+@pytest.fixture
+def rush(tmp_path, monkeypatch):
+    """
+    Users whose hashes have other parameters than the verifier's, a backend
+    whose file thread the test runs, and the list of the file's writes.
+    """
+    path = tmp_path / "users.toml"
+    for login in RUSH:
+        add_user(path, login=login, sub=f"sub-{login}", password_hash=hash_password(f"{login}'s pw", CHEAP))
+    writes: list[Path] = []
+    original = static._write_atomically
+    monkeypatch.setattr(static, "_write_atomically", lambda path, text: (writes.append(path), original(path, text))[1])
+    held, clock = HeldFileThread(), InPlace()
+    backend = StaticIdentityBackend(path, clock, PasswordVerifier(clock, clock, OTHER), held)
+    return backend, held, path, writes
+
+
+def answered(backend: StaticIdentityBackend, login: str) -> list:
+    """What the login has answered so far: [sub], or [] while it waits."""
+    results: list = []
+    backend.requestAvatarId(UsernamePassword(login.encode(), f"{login}'s pw".encode())).addBoth(results.append)
+    return results
+
+
+def stored_hashes(path: Path) -> dict[str, str]:
+    return {table["login"]: table["password_hash"] for table in tomllib.loads(path.read_text())["users"]}
+
+
+def upgraded(stored: str, login: str) -> bool:
+    return not OTHER.check_needs_rehash(stored) and OTHER.verify(stored, f"{login}'s pw")
+
+
+def test_a_login_answers_before_its_upgrade_is_written(rush):
+    """The password was verified: the login does not wait for a whole-file rewrite queued behind others."""
+    backend, held, path, writes = rush
+    before = path.read_text()
+    assert answered(backend, "carol") == ["sub-carol"]
+    assert len(held.waiting) == 1 and path.read_text() == before and writes == []
+    held.run_all()
+    assert len(writes) == 1 and upgraded(stored_hashes(path)["carol"], "carol")
+    assert backend._by_login("carol").password_hash == stored_hashes(path)["carol"]
+
+
+def test_upgrades_arriving_during_a_write_go_into_the_next_one_together(rush):
+    """A morning rush after a change of [passwords]: one more parse and dump for all who came meanwhile."""
+    backend, held, path, writes = rush
+    with capturedLogs() as events:
+        assert answered(backend, "carol") == ["sub-carol"]
+        for login in RUSH[1:]:
+            assert answered(backend, login) == [f"sub-{login}"]
+        assert len(held.waiting) == 1
+        held.run_next()
+        assert len(writes) == 1 and len(held.waiting) == 1
+        held.run_next()
+    assert len(writes) == 2 and not held.waiting
+    stored = stored_hashes(path)
+    assert all(upgraded(stored[login], login) for login in RUSH)
+    assert sorted(formatEvent(e) for e in events if "upgraded" in formatEvent(e)) == [
+        f"password hash of {login!r} upgraded to the configured argon2id parameters" for login in RUSH]
+
+
+@pytest.mark.parametrize("how", ["operator", "admin API"])
+def test_an_upgrade_keeps_a_hash_changed_since_the_login_read_it(rush, how):
+    """Compare and swap per user, in a batch too: an operator's edit or a password reset wins."""
+    backend, held, path, writes = rush
+    assert answered(backend, "carol") == ["sub-carol"]
+    assert answered(backend, "dave") == ["sub-dave"]
+    new = hash_password("dave's new pw", CHEAP)
+    reset: list = [None]
+    if how == "operator":
+        path.write_text(path.read_text().replace(backend._by_login("dave").password_hash, new))
+    else:
+        reset = []
+        Deferred.fromCoroutine(backend.set_password_hash("dave", new)).addBoth(reset.append)
+    held.run_all()
+    stored = stored_hashes(path)
+    assert reset == [None] and stored["dave"] == new and upgraded(stored["carol"], "carol")
+
+
+def test_a_failing_upgrade_write_is_logged_once_and_the_logins_succeeded(rush, monkeypatch):
+    backend, held, path, writes = rush
+    write = static._write_atomically
+
+    def full_disk_after_one(path, text):
+        if writes:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        write(path, text)
+        writes.append(path)
+
+    monkeypatch.setattr(static, "_write_atomically", full_disk_after_one)
+    before = stored_hashes(path)
+    with capturedLogs() as events:
+        assert [answered(backend, login) for login in RUSH[:3]] == [["sub-carol"], ["sub-dave"], ["sub-erin"]]
+        held.run_all()
+    assert errors(events) == [
+        "password hashes of 'dave', 'erin' not upgraded to the configured argon2id parameters:"
+        " [Errno 28] No space left on device"]
+    text = "\n".join(formatEvent(e) for e in events)
+    assert not any(h in text for h in stored_hashes(path).values()) and not any(f"{login}'s pw" in text for login in RUSH)
+    stored = stored_hashes(path)
+    assert upgraded(stored["carol"], "carol") and stored["dave"] == before["dave"] and stored["erin"] == before["erin"]
+
+
+def test_closing_lets_the_pending_upgrades_finish_and_takes_no_more(rush):
+    """Stopping the file's thread must not cut a write off: close fires once the upgrades taken are written."""
+    backend, held, path, writes = rush
+    assert answered(backend, "carol") == ["sub-carol"]
+    assert answered(backend, "dave") == ["sub-dave"]
+    closed: list = []
+    backend.close().addBoth(closed.append)
+    assert answered(backend, "erin") == ["sub-erin"]
+    held.run_next()
+    assert closed == [] and len(held.waiting) == 1
+    held.run_next()
+    assert closed == [None] and not held.waiting and len(writes) == 2
+    stored = stored_hashes(path)
+    assert upgraded(stored["carol"], "carol") and upgraded(stored["dave"], "dave") and not upgraded(stored["erin"], "erin")
 
 
 # --- realm ------------------------------------------------------------------

@@ -224,9 +224,10 @@ class StaticIdentityBackend:
     C{reactor} gives the time (L{IReactorTime}) that spaces out the looks at
     the file for changes; C{on_file_thread} (from L{file_thread}) runs the
     reading, rewriting (with two fsyncs) and re-reading of the file for
-    those methods and for a hash upgraded at sign-in, one edit after
+    those methods and for hashes upgraded at sign-in, one edit after
     another and never on the reactor thread: a large file takes a while to
-    parse and write.
+    parse and write. A login does not wait for its upgrade's write: the
+    upgrades that arrive while one is written go into the next, together.
     Building the backend reads the file and raises L{ConfigError} or
     L{OSError}.
     """
@@ -246,6 +247,13 @@ class StaticIdentityBackend:
         self._unsettled: tuple | None = None
         """The signature of a file rewritten in place without some users, seen at one look so far."""
         self._checked_at = reactor.seconds()
+        self._upgrades: dict[str, tuple[str, str, str]] = {}
+        """Upgrades not yet being written: sub to (login, hash read at sign-in, new hash)."""
+        self._writing = False
+        """Whether L{_write_upgrades} is running."""
+        self._drained: list[Deferred] = []
+        """Fired once no upgrade is left to write (L{close})."""
+        self._closed = False
         log.info("{count} users loaded from {path}", count=len(self._users.by_sub), path=str(self._path))
         self._warn_of_other_parameters()
 
@@ -265,14 +273,14 @@ class StaticIdentityBackend:
         if imported:
             log.info(
                 "{path}: {logins} have Better Auth scrypt hashes, replaced by argon2id at their next login",
-                path=str(self._path), logins=", ".join(map(repr, imported)),
+                path=str(self._path), logins=_names(imported),
             )
         if logins:
             log.warn(
                 "{path}: the password hashes of {logins} have other argon2 parameters than the configured"
                 " ones, so timing tells these logins from unknown ones until each is replaced at its"
                 " user's next successful login (or set again with authsrv-admin user passwd)",
-                path=str(self._path), logins=", ".join(map(repr, logins)),
+                path=str(self._path), logins=_names(logins),
             )
 
     def _refresh(self) -> None:
@@ -364,32 +372,52 @@ class StaticIdentityBackend:
 
     async def _upgrade(self, account: _Account, password) -> str:
         """
-        Replace a Better Auth hash, or an argon2id hash of other parameters,
-        by one of the configured parameters in the file, unless the
-        operator changed it meanwhile; a failure to write only leaves the
-        old hash in place, the login succeeds either way.
+        Hash the verified password with the configured parameters (on the
+        verifier's pool, as a check is) and leave writing it to
+        L{_write_upgrades}: the login answers without waiting for the file,
+        since a whole-file rewrite per login makes a rush of logins after a
+        change of C{[passwords]} queue behind one another.
         """
         new_hash = await self._verifier.rehash(password)
-        old_hash = account.password_hash
-
-        def change(users, index) -> bool:
-            if users[index]["password_hash"] != old_hash:
-                return False
-            _set(users[index], "password_hash", new_hash)
-            return True
-
-        try:
-            upgraded = await self._edit(account.user.login, change)
-        except (OSError, ValueError) as e:
-            log.error(
-                "password hash of {login!r} not upgraded to the configured argon2id parameters: {problem}",
-                login=account.user.login, problem=str(e),
-            )
+        login = account.user.login
+        if self._closed:
+            log.info("password hash of {login!r} not upgraded: the server is stopping", login=login)
         else:
-            if upgraded:
-                log.info("password hash of {login!r} upgraded to the configured argon2id parameters",
-                         login=account.user.login)
+            self._upgrades[account.user.sub] = (login, account.password_hash, new_hash)
+            if not self._writing:
+                Deferred.fromCoroutine(self._write_upgrades())
         return account.user.sub
+
+    async def _write_upgrades(self) -> None:
+        """
+        Write the pending upgrades, all those that arrived during one write
+        in the next (one parse and one dump for all of them), until none is
+        left. Best effort: a failure is logged once per write, by login,
+        and leaves those users' old hashes in place.
+        """
+        self._writing = True
+        try:
+            while self._upgrades:
+                batch, self._upgrades = self._upgrades, {}
+                try:
+                    upgraded = await self._on_file(self._rewrite_users, partial(_replace_hashes, batch))
+                except (OSError, ValueError) as e:
+                    log.error(
+                        "password hashes of {logins} not upgraded to the configured argon2id parameters: {problem}",
+                        logins=_names(login for login, _, _ in batch.values()), problem=str(e),
+                    )
+                except Exception:
+                    log.failure("password hashes of {logins} not upgraded",
+                                logins=_names(login for login, _, _ in batch.values()))
+                else:
+                    for login in upgraded:
+                        log.info("password hash of {login!r} upgraded to the configured argon2id parameters",
+                                 login=login)
+        finally:
+            self._writing = False
+            drained, self._drained = self._drained, []
+            for d in drained:
+                d.callback(None)
 
     def user_by_id(self, sub: str) -> Deferred:
         self._refresh()
@@ -401,7 +429,16 @@ class StaticIdentityBackend:
         return succeed(account.user if account else None)
 
     def close(self) -> Deferred:
-        return succeed(None)
+        """
+        Take no more upgrades; fires once those already taken are written
+        (or failed), so that stopping the file's thread cuts no write off.
+        """
+        self._closed = True
+        if not self._writing:
+            return succeed(None)
+        d: Deferred[None] = Deferred()
+        self._drained.append(d)
+        return d
 
     async def _on_file(self, work, *args):
         """
@@ -458,6 +495,21 @@ class StaticIdentityBackend:
         return await self._on_file(self._rewrite, login, change)
 
     def _rewrite(self, login: str, change) -> bool:
+        def at_login(users) -> bool:
+            key = None if credential_text(login) is None else login_key(login)
+            index = next((i for i, table in enumerate(users) if login_key(table["login"]) == key), None)
+            if index is None:
+                raise ValueError(f"{self._path}: no user with login {login!r}")
+            return change(users, index) is not False
+
+        return self._rewrite_users(at_login)
+
+    def _rewrite_users(self, change):
+        """
+        Apply C{change(users)} to the file's C{[[users]]} array under the
+        file's lock, and write the result unless C{change} returned a false
+        value; returns what C{change} returned.
+        """
         with _editing(self._path):
             try:
                 text = self._path.read_bytes().decode("utf-8")
@@ -466,18 +518,15 @@ class StaticIdentityBackend:
             self._check(text)
             document = tomlkit.parse(text)
             users = document.get("users", [])
-            key = None if credential_text(login) is None else login_key(login)
-            index = next((i for i, table in enumerate(users) if login_key(table["login"]) == key), None)
-            if index is None:
-                raise ValueError(f"{self._path}: no user with login {login!r}")
-            if change(users, index) is False:
-                return False
+            done = change(users)
+            if not done:
+                return done
             if not users:
                 del document["users"]
             new_text = tomlkit.dumps(document)
             self._check(new_text)
             _write_atomically(self._path, new_text)
-            return True
+            return done
 
     def _check(self, text: str) -> None:
         try:
@@ -507,6 +556,26 @@ def _set(table, key: str, value) -> None:
     table.append(key, value)
     for item in trailing:
         table.raw_append(*item)
+
+
+def _replace_hashes(batch: dict[str, tuple[str, str, str]], users) -> list[str]:
+    """
+    Set each user's new hash from C{batch} (sub to login, hash read at
+    sign-in, new hash) where the file still holds the hash read at sign-in:
+    one changed since (an operator's edit, a password set through the admin
+    API) is kept. Returns the logins upgraded.
+    """
+    upgraded = []
+    for table in users:
+        wanted = batch.get(str(table["sub"]))
+        if wanted is not None and table["password_hash"] == wanted[1]:
+            _set(table, "password_hash", wanted[2])
+            upgraded.append(str(table["login"]))
+    return upgraded
+
+
+def _names(logins) -> str:
+    return ", ".join(map(repr, logins))
 
 
 def _remove(users, index: int) -> None:
