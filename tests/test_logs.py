@@ -11,6 +11,7 @@ import io
 import json
 import select
 import os
+import resource
 import signal
 import time
 import urllib.request
@@ -294,4 +295,34 @@ def test_lines_a_full_disk_refuses_are_dropped_with_one_line_and_the_flushes_go_
     assert [formatEvent(e) for e in logged] == [
         f"cannot write to {path}: No space left on device; its lines are dropped until it can",
         f"writing to {path} again; 2 lines were dropped",
+    ]
+
+
+def test_a_full_disk_counts_as_dropped_only_the_lines_it_lost(tmp_path, logged):
+    """
+    The write under way when the disk filled waits in the file's buffer and
+    goes out first once the file takes it again: its lines were not lost,
+    and the line that says how many were counts only those flushed while
+    the file refused them. A file size limit stands in for the full disk.
+    """
+    path = tmp_path / "access.log"
+    file = LineFile(str(path), flush_each=False)
+    first = [f"first {n} {'x' * 20}\n" for n in range(4)]
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64, hard))
+    try:
+        for line in first:
+            file.write(line)
+        file.flush()
+        file.write("lost\n")
+        file.flush()
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    file.write("after\n")
+    file.flush()
+    file.close()
+    assert path.read_text() == "".join(first) + "after\n"
+    assert [formatEvent(e) for e in logged] == [
+        f"cannot write to {path}: File too large; its lines are dropped until it can",
+        f"writing to {path} again; 1 lines were dropped",
     ]

@@ -489,7 +489,12 @@ class ILinkedAccountStore(Interface):
         """Fires with the sub of the user that provider account is linked to, or None."""
 
     def unlink_account(sub, provider):
-        """Fires True when a link was removed."""
+        """
+        Remove the user's link at that provider; fires with the removed
+        L{authsrv.records.LinkedAccount} (its tokens as they were when it was
+        removed, for revoking them at the provider), or None when there was
+        none.
+        """
 
     def update_linked_tokens(
         account_id, expected_version, access_token_enc, refresh_token_enc, scope,

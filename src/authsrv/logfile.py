@@ -28,6 +28,15 @@ REOPEN_SIGNALS = (signal.SIGUSR1, signal.SIGHUP)
 log = Logger()
 
 
+class _Refused(Exception):
+    """The file refused a write (C{error}); C{dropped} of the lines flushed are lost."""
+
+    def __init__(self, error: OSError, dropped: int):
+        super().__init__(error)
+        self.error = error
+        self.dropped = dropped
+
+
 class LineFile:
     """
     A file appended to one line at a time. C{flush_each}: every line is on
@@ -41,6 +50,7 @@ class LineFile:
         self._flush_each = flush_each
         self._pending: list[str] = []
         self._dropped: int | None = None
+        self._held = 0
         self._file = self._open()
 
     def _open(self):
@@ -60,37 +70,52 @@ class LineFile:
         """
         The lines written so far, in writes of whole lines up to C{PIPE_BUF}
         bytes each. Lines the file refuses (a full disk) are dropped rather
-        than kept in memory, with one line when that starts and one when it
-        ends: the timer that flushes goes on, and so does serving.
+        than kept in memory, with one line when that starts and one, with
+        how many, when it ends: the timer that flushes goes on, and so does
+        serving. The one write under way when the file refused it stays in
+        the file's buffer and goes out first once the file takes it (or
+        counts as dropped when the file is closed first).
         """
-        count = len(self._pending)
+        lines, self._pending = self._pending, []
         try:
-            self._write_pending()
-        except OSError as e:
+            self._write_lines(lines)
+        except _Refused as refused:
             if self._dropped is None:
                 self._dropped = 0
                 log.error("cannot write to {path}: {error}; its lines are dropped until it can",
-                          path=self.path, error=e.strerror)
-            self._dropped += count
+                          path=self.path, error=refused.error.strerror)
+            self._dropped += refused.dropped
             return
         if self._dropped is not None:
             log.info("writing to {path} again; {count} lines were dropped", path=self.path, count=self._dropped)
             self._dropped = None
 
-    def _write_pending(self) -> None:
-        if not self._pending:
+    def _write_lines(self, lines: list[str]) -> None:
+        """Write C{lines}; L{_Refused} says how many of them the file did not take."""
+        try:
             self._file.flush()
-            return
-        data = "".join(self._pending).encode("utf-8")
-        self._pending = []
-        self._file.flush()
+        except OSError as e:
+            raise _Refused(e, len(lines)) from None
+        self._held = 0
+        data = "".join(lines).encode("utf-8")
+        left = len(lines)
         start = 0
         while start < len(data):
             end = data.rfind(b"\n", start, start + select.PIPE_BUF) + 1
             if end <= start:
                 end = data.index(b"\n", start) + 1
-            self._file.buffer.write(data[start:end])
-            self._file.buffer.flush()
+            chunk = data[start:end]
+            try:
+                self._file.buffer.write(chunk)
+            except OSError as e:  # a line longer than the buffer, written at once
+                raise _Refused(e, left) from None
+            left -= chunk.count(b"\n")
+            try:
+                self._file.buffer.flush()
+            except OSError as e:
+                # What the file did not take of this write waits in its buffer for the next flush.
+                self._held = chunk.count(b"\n")
+                raise _Refused(e, left) from None
             start = end
 
     def reopen(self) -> None:
@@ -107,12 +132,14 @@ class LineFile:
             self._close(self._file)
 
     def _close(self, file) -> None:
-        """Close C{file}; what a full disk left in its buffer is among the lines already said to be dropped."""
+        """Close C{file}; the lines a full disk left in its buffer (L{flush}) are dropped with it."""
         try:
             file.close()
         except OSError:
             if self._dropped is None:
                 raise
+            self._dropped += self._held
+        self._held = 0
 
 
 def hold_reopen_signals() -> None:

@@ -81,6 +81,7 @@ from authsrv.protocol.discovery import (
     authorization_server_metadata,
     endpoints,
     openid_configuration,
+    pushed_request_endpoint,
     pushed_request_metadata,
     registration_metadata,
 )
@@ -453,7 +454,7 @@ def public_flows(config: Config, reactor, store, keystore, identity, grants: Gra
                             rp_name=urlsplit(config.public_url).hostname or config.public_url)
     dpop = DpopVerifier(store=store, policy=config.dpop) if config.dpop is not None else None
     pushed = PushedRequests(store=store, clients=clients, required=config.par.required, dpop=dpop,
-                            url=config.issuer + "/oauth2/par") if config.par.enabled else None
+                            url=pushed_request_endpoint(config.issuer)) if config.par.enabled else None
     interaction = InteractionFlow(
         store=store, clients=clients, identity=identity, login=login, sessions=sessions,
         limits=config.limits, issuer=config.issuer, factors=factors, show_ban_reason=config.show_ban_reason,
@@ -523,7 +524,7 @@ def web_root(
     clients: ClientCache | DocumentClients = ClientCache(store, reactor, assertions=AssertionChecker(
         store=store, documents=RemoteDocuments(reactor, config.remote_documents),
         audiences=(config.issuer, token_endpoint), secrets=config.secret_keeper,
-        pushed_endpoint=config.issuer + "/oauth2/par"))
+        pushed_endpoint=pushed_request_endpoint(config.issuer)))
     if config.registration.metadata_documents:
         clients = DocumentClients(clients, documents or RemoteDocuments(reactor, config.remote_documents),
                                   config.registration, reactor, OperatorNames(store),

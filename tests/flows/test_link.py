@@ -433,6 +433,38 @@ async def test_unlinking_revokes_the_links_tokens_at_the_provider(world, audit):
 
 
 @pytest_twisted.ensureDeferred
+async def test_unlinking_revokes_the_tokens_the_removed_link_held(world):
+    """
+    The tokens revoked are those of the link the store removed, not those
+    read before: a refresh (the internal chat-token API) that replaced them
+    meanwhile left the new ones valid at the platform, dropped unrevoked.
+    """
+    cookie = await world.sign_in()
+    response, body = await world.callback(await world.approve(await world.start(cookie)), cookie)
+    store = world.h.store
+    unlink = store.unlink_account
+
+    async def refreshed_then_unlinked(sub, provider):
+        linked = await store.get_linked_account(sub, provider)
+        fresh = world.fake.grant()
+        await store.update_linked_tokens(
+            linked.account_id, linked.version,
+            world.cipher.encrypt(fresh["access_token"], linked.account_id, ACCESS),
+            world.cipher.encrypt(fresh["refresh_token"], linked.account_id, REFRESH),
+            linked.scope, linked.expires_at, world.h.now())
+        refreshed.append(fresh)
+        return await unlink(sub, provider)
+
+    refreshed: list[dict] = []
+    store.unlink_account = refreshed_then_unlinked
+    response, body = await world.h.post(LINK + "/unlink", {"csrf": csrf_of(body)}, headers=session_header(cookie))
+    assert_page(response, body, 200, "no longer linked")
+    [fresh] = refreshed
+    assert world.fake.revocations == [(fresh["access_token"], "access_token"), (fresh["refresh_token"], "refresh_token")]
+    assert not world.fake.access_valid(fresh["access_token"])
+
+
+@pytest_twisted.ensureDeferred
 async def test_link_pages_when_linking_is_not_configured(tmp_path, monkeypatch):
     harness = await Harness(tmp_path, monkeypatch).start()
     try:

@@ -7,6 +7,9 @@ user, or without openid.
 
 from __future__ import annotations
 
+import re
+from urllib.parse import urlencode
+
 import pytest_twisted
 
 from authsrv.records import Ban
@@ -176,5 +179,32 @@ async def test_cors_preflight_and_methods(tmp_path, monkeypatch):
         assert "Authorization" in header(response, "access-control-allow-headers")[0]
         response, _ = await h.request("DELETE", USERINFO)
         assert response.code == 405
+    finally:
+        await h.close()
+
+
+CHALLENGE_TEXT = re.compile(r'Bearer realm="authsrv", error="invalid_request", error_description="[\x20\x21\x23-\x5b\x5d-\x7e]*"')
+"""RFC 6750 section 3: error_description holds only these characters, none outside ASCII."""
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_bearer_challenge_holds_only_what_rfc_6750_allows(tmp_path, monkeypatch):
+    """
+    A form whose repeated field is named with text outside RFC 6750's
+    characters (a backslash, a quote, non-ASCII, a very long name): the
+    JSON body names it as sent, the challenge's error_description stays
+    within the grammar and short enough for any proxy.
+    """
+    h = await Harness(tmp_path, monkeypatch).start()
+    try:
+        name = "na\\me\"\u00e9" + "x" * 3000
+        form = urlencode([(name, "1"), (name, "2"), ("access_token", "t")]).encode()
+        response, body = await h.json("POST", USERINFO, data=form,
+                                      headers={"Content-Type": "application/x-www-form-urlencoded"})
+        assert_challenge(response, body, 400, "invalid_request")
+        assert name in body["error_description"]
+        challenge = response.headers.getRawHeaders(b"www-authenticate")[0].decode("latin-1")
+        assert CHALLENGE_TEXT.fullmatch(challenge), challenge[:200]
+        assert len(challenge) < 1024
     finally:
         await h.close()

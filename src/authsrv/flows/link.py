@@ -198,18 +198,18 @@ class ChatLinking:
 
     async def unlink(self, session: BrowserSession) -> bool:
         """
-        Remove the user's link; True when there was one. Its tokens, which
-        no one keeps any more, are revoked at the provider after the answer
-        (L{_revoke}): unlinking disconnects the service from the chat
-        account there too, as the user expects.
+        Remove the user's link; True when there was one. Its tokens, as the
+        store held them when it removed the link (a refresh may have
+        replaced the ones read before), are revoked at the provider after
+        the answer (L{_revoke}): unlinking disconnects the service from the
+        chat account there too, as the user expects.
         """
-        linked = await self._store.get_linked_account(session.sub, self.provider_name)
         removed = await self._store.unlink_account(session.sub, self.provider_name)
-        if removed:
-            events.chat_unlinked(sub=session.sub, provider=self.provider_name)
-        if removed and linked is not None:
-            Deferred.fromCoroutine(self._revoke_stored(linked))
-        return removed
+        if removed is None:
+            return False
+        events.chat_unlinked(sub=session.sub, provider=self.provider_name)
+        Deferred.fromCoroutine(self._revoke_stored(removed))
+        return True
 
     async def _revoke_stored(self, linked: LinkedAccount) -> None:
         """L{_revoke} the tokens of a link removed from the store; ones that no longer open are left."""

@@ -34,12 +34,17 @@ def endpoints(issuer: str) -> dict[str, str]:
     }
 
 
+def pushed_request_endpoint(issuer: str) -> str:
+    """The pushed authorization request endpoint (RFC 9126 section 2): also an aud its client assertions may name."""
+    return f"{issuer}/oauth2/par"
+
+
 def pushed_request_metadata(issuer: str, offered: bool, required: bool) -> dict:
     """RFC 9126 section 5, only when pushed requests are offered."""
     if not offered:
         return {}
     return {
-        "pushed_authorization_request_endpoint": f"{issuer}/oauth2/par",
+        "pushed_authorization_request_endpoint": pushed_request_endpoint(issuer),
         "require_pushed_authorization_requests": required,
     }
 

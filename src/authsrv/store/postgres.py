@@ -718,8 +718,8 @@ class PostgresStore:
         ).addCallback(lambda row: None if row is None else row["sub"])
 
     def unlink_account(self, sub, provider):
-        return self._changed("unlink_account",
-            "DELETE FROM linked_accounts WHERE sub = %(sub)s AND provider = %(provider)s",
+        return self._one("unlink_account",
+            _T.linked, "DELETE FROM linked_accounts WHERE sub = %(sub)s AND provider = %(provider)s RETURNING *",
             {"sub": sub, "provider": provider},
         )
 

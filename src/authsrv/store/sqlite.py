@@ -647,9 +647,9 @@ class SQLiteStore:
         ))).addCallback(lambda row: None if row is None else row[0])
 
     def unlink_account(self, sub, provider):
-        return self._changed(
-            "unlink_account", "DELETE FROM linked_accounts WHERE sub = ? AND provider = ?", (sub, provider)
-        )
+        return self._call("unlink_account", True, lambda db: _T.linked.load(_first(db.execute(
+            "DELETE FROM linked_accounts WHERE sub = ? AND provider = ? RETURNING *", (sub, provider)
+        ))))
 
     def update_linked_tokens(
         self, account_id, expected_version, access_token_enc, refresh_token_enc, scope, expires_at, now,

@@ -617,7 +617,7 @@ class MemoryStore:
 
     @_answered
     def unlink_account(self, sub, provider):
-        return self.tables.linked.pop(self._linked_key(sub, provider), None) is not None
+        return self.tables.linked.pop(self._linked_key(sub, provider), None)
 
     @_answered
     def update_linked_tokens(

@@ -1462,8 +1462,8 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             elsewhere = make_linked("acct-3", provider="slack")
             await store.link_account(elsewhere)
             assert await store.get_linked_account(ALICE, "discord") == relinked
-            assert await store.unlink_account(ALICE, "discord") is True
-            assert await store.unlink_account(ALICE, "discord") is False
+            assert await store.unlink_account(ALICE, "discord") == relinked
+            assert await store.unlink_account(ALICE, "discord") is None
             assert await store.get_linked_account(ALICE, "discord") is None
             assert await store.get_linked_account(ALICE, "slack") == elsewhere
 

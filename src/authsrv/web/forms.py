@@ -31,23 +31,21 @@ def form_args(request) -> dict[bytes, list[bytes]]:
     return request.args
 
 
-def form_params(request) -> dict[str, str]:
-    """The parameters of a back-channel POST (L{form_args}), each sent once."""
-    return single_params(form_args(request))
-
-
 TOKEN_RESOURCES = ("a token is issued for one resource: send one per token request, or leave resource out"
                    " (a user's tokens are then for every resource granted)")
 DEVICE_RESOURCES = "a device may ask for one resource"
 
 
 def one_resource_form(request, several: str) -> dict[str, str]:
-    """L{form_params} of the token or the device authorization endpoint, which take one C{resource}."""
+    """The parameters (L{form_args}) of the token or the device authorization endpoint, which take one C{resource}."""
     return one_resource_params(form_args(request), several)
 
 
 def token_form_params(request) -> dict[str, str]:
-    """L{form_params} of introspection and revocation, whose C{token} any text may be (L{params_with_token})."""
+    """
+    The parameters (L{form_args}) of introspection and revocation, whose
+    C{token} any text may be (L{params_with_token}).
+    """
     return params_with_token(form_args(request), b"token")
 
 

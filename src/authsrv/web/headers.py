@@ -42,6 +42,23 @@ def method_not_allowed(request, allow: bytes) -> bytes:
     )
 
 
+CHALLENGE_DESCRIPTION_LENGTH = 200
+"""Characters of a description a challenge carries; the JSON body carries all of it."""
+
+
+def challenge_description(text: str) -> str:
+    """
+    C{text} as a challenge's error_description, which RFC 6750 section 3
+    (and RFC 9449 section 7.1) limits to printable ASCII without the quote
+    and backslash that would end or escape it: a double quote becomes a
+    single one, anything else outside it (a parameter name a client sent,
+    say) a question mark, and a long text is cut short.
+    """
+    cut = text[:CHALLENGE_DESCRIPTION_LENGTH]
+    kept = "".join(c if " " <= c <= "~" and c != "\\" else "?" for c in cut.replace('"', "'"))
+    return kept if len(text) == len(cut) else kept + "..."
+
+
 def oauth_error(request, error) -> bytes:
     """
     An L{authsrv.protocol.errors.OAuthError} as RFC 6749 section 5.2 JSON,
@@ -50,7 +67,7 @@ def oauth_error(request, error) -> bytes:
     nonce a proof must carry) asks for, and no-store like every token
     endpoint answer.
     """
-    description = error.description.replace('"', "'")
+    description = challenge_description(error.description)
     if error.error == "invalid_client":
         request.setHeader(b"www-authenticate", b'Basic realm="authsrv"')
     elif isinstance(error, DpopChallenge):
