@@ -183,7 +183,7 @@ def _to_wal(connection: sqlite3.Connection) -> None:
             connection.execute("PRAGMA journal_mode = WAL")
             return
         except sqlite3.OperationalError as e:
-            if e.sqlite_errorname != "SQLITE_BUSY" or monotonic() >= deadline:
+            if e.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY or monotonic() >= deadline:  # BUSY_* variants too
                 raise
         sleep(_WAL_RETRY_SECONDS)
 
