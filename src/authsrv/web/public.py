@@ -165,15 +165,17 @@ class PublicSite:
     def _now(self) -> int:
         return int(self._clock.seconds())
 
-    async def _count(self, request, limit: EndpointLimit, params: dict[str, str]) -> Client | None:
+    async def _count(self, request, limit: EndpointLimit, params: dict[str, str],
+                     address: str | None = None) -> Client | None:
         """
         Count a client's request against its rate before any work; raises
         L{RateLimited}. Fires with the client if its credentials need no
-        second check (L{ClientRateLimits.client_request}).
+        second check (L{ClientRateLimits.client_request}). C{address}: the
+        client's, when the route has it already, so it is found once.
         """
         return await self._rates.client_request(
             limit, request.getHeader(b"authorization"), params,
-            lambda: client_address_of(request, self._trusted_proxies),
+            (lambda: address) if address is not None else lambda: client_address_of(request, self._trusted_proxies),
         )
 
     def _registration(self, request):
@@ -231,10 +233,11 @@ class PublicSite:
     async def token(self, request):
         _cors(request)
         params = one_resource_form(request, TOKEN_RESOURCES)
-        checked = await self._count(request, self._rates.token, params)
+        address = client_address_of(request, self._trusted_proxies)
+        checked = await self._count(request, self._rates.token, params, address)
         response = await self._flows.token.token(
             request.getHeader(b"authorization"), params, self._now(), request.requestHeaders.getRawHeaders(b"dpop"),
-            checked)
+            checked, address)
         return json_body(request, 200, response, no_store=True)
 
     def token_preflight(self, request):
@@ -294,8 +297,10 @@ class PublicSite:
     async def revocation(self, request):
         _cors(request)
         params = token_form_params(request)
-        checked = await self._count(request, self._rates.revocation, params)
-        await self._flows.revocation.revoke(request.getHeader(b"authorization"), params, self._now(), checked)
+        address = client_address_of(request, self._trusted_proxies)
+        checked = await self._count(request, self._rates.revocation, params, address)
+        await self._flows.revocation.revoke(request.getHeader(b"authorization"), params, self._now(), checked,
+                                            address)
         request.setHeader(b"cache-control", b"no-store")
         request.defaultContentType = None  # RFC 7009 section 2.2: the status says it all; no body, so no type
         return b""
