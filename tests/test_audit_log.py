@@ -38,9 +38,13 @@ from conftest import admin
 from device_helpers import TV, approve, poll, start
 from flow_client import Browser, location, login_url
 from harness import CHEAP, CLIENTS, INTERNAL_SECRET, SECRETS, Harness, pkce_pair, query_of
-from token_helpers import exchange, post_form, refresh, save_code, tokens
+from token_helpers import REVOKE, exchange, post_form, refresh, save_code, tokens, verify_jwt
 
 ROOT = Path(__file__).parent.parent
+PEER = "127.0.0.1"
+"""The address every request of the harness comes from."""
+TOKEN_ENDPOINT_EVENTS = ("token.issued", "code.reused", "refresh.reused", "device.code_reused", "token.revoked")
+"""The token and revocation endpoints' events, which name the caller's address."""
 ISSUER_DEVICE = "/api/auth/device"
 ISO_MS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 
@@ -237,6 +241,11 @@ async def test_every_event_is_one_documented_line_without_secrets(tmp_path, monk
         ("client.created", "by-api"), ("client.secret_rotated", "by-api")}
     ended = [line for line in lines if line["event"] == "session.ended"]
     assert ended and all(line["session_id"] and line["sub"] == ALICE.sub for line in ended)
+    issued_in_browsers = [line for line in lines if line["event"] == "code.issued"]
+    assert issued_in_browsers and all(line["session_id"] for line in issued_in_browsers)
+    for name in TOKEN_ENDPOINT_EVENTS:
+        called = [line for line in lines if line["event"] == name]
+        assert called and all(line["address"] == PEER for line in called), name
     for line in lines:
         assert list(line)[:len(events.COMMON_FIELDS)] == list(events.COMMON_FIELDS), line
         assert set(line) == {*events.COMMON_FIELDS, *events.EVENT_FIELDS[line["event"]]}, line
@@ -246,6 +255,77 @@ async def test_every_event_is_one_documented_line_without_secrets(tmp_path, monk
     assert len(secrets) > 20
     for secret in secrets:
         assert secret not in text, secret
+
+
+async def _signed_in_tokens(h: Harness, headers: dict, browser: Browser | None = None) -> tuple[str, dict]:
+    """A browser sign-in's code exchanged with C{headers}: (the code, the token response and the verifier)."""
+    verifier, challenge = pkce_pair()
+    code = (await (browser or Browser(h)).sign_in(ALICE, "spa", scope="openid offline_access",
+                                                  challenge=challenge))["code"]
+    response, body = await exchange(h, code, verifier, client_id="spa", headers=headers)
+    assert response.code == 200, body
+    return code, {**body, "verifier": verifier}
+
+
+@pytest_twisted.ensureDeferred
+async def test_token_endpoint_events_name_the_forwarded_address_and_the_code_its_session(tmp_path, monkeypatch, audit):
+    """
+    Behind a trusted proxy each event names the address of the request
+    that caused it: a refresh token replayed from elsewhere names where the
+    replay came from, not where the token was issued to.
+    """
+    h = await Harness(tmp_path, monkeypatch, {"server": {"trusted_proxies": [f"{PEER}/32"]},
+                                              "clients": [*CLIENTS, TV]}).start()
+    owner, thief = {"X-Forwarded-For": "198.51.100.7"}, {"X-Forwarded-For": "203.0.113.66"}
+    browser = Browser(h)
+    try:
+        code, issued = await _signed_in_tokens(h, owner, browser)
+        assert (await exchange(h, code, issued["verifier"], client_id="spa", headers=thief))[0].code == 400
+        _, rotated = await _signed_in_tokens(h, owner)
+        assert (await refresh(h, rotated["refresh_token"], client_id="spa", headers=owner))[0].code == 200
+        response, body = await refresh(h, rotated["refresh_token"], client_id="spa", headers=thief)
+        assert response.code == 400 and body["error"] == "invalid_grant"
+        revoked = await tokens(h)
+        await post_form(h, REVOKE, {"token": revoked["refresh_token"]}, headers=owner)
+        codes = await start(h, scope="openid")
+        await approve(h, Browser(h), codes)
+        for sender in (owner, thief):
+            await post_form(h, "/api/auth/oauth2/token", {
+                "grant_type": "urn:ietf:params:oauth:grant-type:device_code", "device_code": codes["device_code"],
+                "client_id": "tv"}, None, headers=sender)
+    finally:
+        await h.close()
+
+    sid = verify_jwt(h, issued["id_token"], aud="spa")[1]["sid"]
+    assert [(e["sub"], e["session_id"]) for e in audit.of("code.issued")][0] == (ALICE.sub, sid)
+    assert sid not in (browser.cookies["authsrv_session"], browser.session_hash)
+    assert [(e["grant_type"], e["address"]) for e in audit.of("token.issued")] == [
+        ("authorization_code", "198.51.100.7"), ("authorization_code", "198.51.100.7"),
+        ("refresh_token", "198.51.100.7"), ("authorization_code", PEER),
+        ("urn:ietf:params:oauth:grant-type:device_code", "198.51.100.7")]
+    assert [(e["client_id"], e["address"]) for e in audit.of("code.reused")] == [("spa", "203.0.113.66")]
+    assert [(e["client_id"], e["address"], e["reason"]) for e in audit.of("refresh.reused")] == [
+        ("spa", "203.0.113.66", "refresh token reused")]
+    assert [(e["kind"], e["address"]) for e in audit.of("token.revoked")] == [("refresh", "198.51.100.7")]
+    assert [(e["client_id"], e["address"]) for e in audit.of("device.code_reused")] == [("tv", "203.0.113.66")]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_forwarded_address_from_an_untrusted_peer_is_not_believed(tmp_path, monkeypatch, audit):
+    """A caller not among the trusted proxies cannot put another address into the audit log with a header."""
+    h = await Harness(tmp_path, monkeypatch, {"server": {"trusted_proxies": ["10.0.0.0/8"]}}).start()
+    forged = {"X-Forwarded-For": "192.0.2.99", "Forwarded": "for=192.0.2.98"}
+    try:
+        _, rotated = await _signed_in_tokens(h, forged)
+        assert (await refresh(h, rotated["refresh_token"], client_id="spa", headers=forged))[0].code == 200
+        assert (await refresh(h, rotated["refresh_token"], client_id="spa", headers=forged))[0].code == 400
+        await post_form(h, REVOKE, {"token": (await tokens(h))["access_token"]}, headers=forged)
+    finally:
+        await h.close()
+
+    assert [e["address"] for e in audit.of("token.issued")] == [PEER] * 3
+    assert [e["address"] for e in audit.of("refresh.reused")] == [PEER]
+    assert [(e["kind"], e["address"]) for e in audit.of("token.revoked")] == [("access", PEER)]
 
 
 def test_the_documented_table_is_the_schema():

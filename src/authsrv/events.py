@@ -132,9 +132,10 @@ def consent_denied(*, sub: str, client_id: str) -> None:
     _emit("consent.denied", "{sub} denied consent to {client_id}", "refused", sub=sub, client_id=client_id)
 
 
-def code_issued(*, sub: str, client_id: str, grant_id: str) -> None:
+def code_issued(*, sub: str, client_id: str, grant_id: str, session_id: str) -> None:
+    """C{session_id}: the public sid of the browser session the code was issued in, never its cookie."""
     _emit("code.issued", "code for {sub} to {client_id} (grant {grant_id})", "success", sub=sub,
-          client_id=client_id, grant_id=grant_id)
+          client_id=client_id, grant_id=grant_id, session_id=session_id)
 
 
 def request_pushed(*, client_id: str) -> None:
@@ -147,15 +148,18 @@ def request_uri_refused(*, client_id: str) -> None:
           reason="unknown, used, expired or another client's")
 
 
-def token_issued(*, sub: str, client_id: str, grant_id: str, grant_type: str, token_fp: str) -> None:
-    """A refresh is this event with C{grant_type} C{refresh_token}."""
+def token_issued(*, sub: str, client_id: str, grant_id: str, grant_type: str, token_fp: str,
+                 address: str | None) -> None:
+    """A refresh is this event with C{grant_type} C{refresh_token}; C{address} is the caller's."""
     _emit("token.issued", "{grant_type} tokens for {sub} to {client_id} (grant {grant_id}, {token_fp})", "success",
-          sub=sub, client_id=client_id, grant_id=grant_id, grant_type=grant_type, token_fp=token_fp)
+          sub=sub, client_id=client_id, grant_id=grant_id, grant_type=grant_type, token_fp=token_fp,
+          address=address)
 
 
-def code_reused(*, client_id: str, grant_id: str) -> None:
-    _emit("code.reused", "authorization code replayed by {client_id}: grant {grant_id} revoked", "refused",
-          client_id=client_id, grant_id=grant_id, reason="code reused")
+def code_reused(*, client_id: str, grant_id: str, address: str | None) -> None:
+    """C{address}: where the replay came from, the thief's or the victim's, for the forensics."""
+    _emit("code.reused", "authorization code replayed by {client_id} from {address}: grant {grant_id} revoked",
+          "refused", client_id=client_id, grant_id=grant_id, address=address, reason="code reused")
 
 
 def device_requested(*, client_id: str, scope: str) -> None:
@@ -178,14 +182,15 @@ def device_code_failed(*, address: str, reason: str, sub: str | None = None) -> 
           reason=reason, sub=sub)
 
 
-def device_code_reused(*, client_id: str, grant_id: str) -> None:
-    _emit("device.code_reused", "device code replayed by {client_id}: grant {grant_id} revoked", "refused",
-          client_id=client_id, grant_id=grant_id, reason="device code reused")
+def device_code_reused(*, client_id: str, grant_id: str, address: str | None) -> None:
+    _emit("device.code_reused", "device code replayed by {client_id} from {address}: grant {grant_id} revoked",
+          "refused", client_id=client_id, grant_id=grant_id, address=address, reason="device code reused")
 
 
-def refresh_reused(*, client_id: str, grant_id: str) -> None:
-    _emit("refresh.reused", "rotated refresh token reused by {client_id}: grant {grant_id} revoked", "refused",
-          client_id=client_id, grant_id=grant_id, reason="refresh token reused")
+def refresh_reused(*, client_id: str, grant_id: str, address: str | None) -> None:
+    """C{address}: where the reused token came from, the thief's or the victim's, for the forensics."""
+    _emit("refresh.reused", "rotated refresh token reused by {client_id} from {address}: grant {grant_id} revoked",
+          "refused", client_id=client_id, grant_id=grant_id, address=address, reason="refresh token reused")
 
 
 def assertion_replayed(*, client_id: str) -> None:
@@ -193,9 +198,9 @@ def assertion_replayed(*, client_id: str) -> None:
           client_id=client_id, reason="client_assertion jti already used")
 
 
-def token_revoked(*, client_id: str, grant_id: str, kind: str) -> None:
-    _emit("token.revoked", "{kind} token of grant {grant_id} revoked by {client_id}", "success",
-          client_id=client_id, grant_id=grant_id, kind=kind)
+def token_revoked(*, client_id: str, grant_id: str, kind: str, address: str | None) -> None:
+    _emit("token.revoked", "{kind} token of grant {grant_id} revoked by {client_id} from {address}", "success",
+          client_id=client_id, grant_id=grant_id, kind=kind, address=address)
 
 
 def session_ended(*, sub: str, session_id: str, reason: str) -> None:

@@ -840,5 +840,5 @@ class InteractionFlow:
         )
         if stored is False:
             raise unknown_client()  # removed since this instance cached it
-        events.code_issued(sub=session.sub, client_id=request.client_id, grant_id=grant_id)
+        events.code_issued(sub=session.sub, client_id=request.client_id, grant_id=grant_id, session_id=session.sid)
         return code_location(self._issuer, request, code)

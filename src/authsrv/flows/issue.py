@@ -219,8 +219,9 @@ class TokenMinter:
         return response
 
 
-def issued_event(issued: Issued, client_id: str, grant_type: str) -> None:
+def issued_event(issued: Issued, client_id: str, grant_type: str, address: str | None) -> None:
+    """C{address}: the caller's, as the token endpoint found it."""
     events.token_issued(
         sub=issued.access.sub, client_id=client_id, grant_id=issued.access.grant_id, grant_type=grant_type,
-        token_fp=fingerprint(issued.response["access_token"]),
+        token_fp=fingerprint(issued.response["access_token"]), address=address,
     )

@@ -21,14 +21,18 @@ class RevocationFlow:
 
     async def revoke(
         self, authorization: bytes | None, params: dict[str, str], now: int, checked: Client | None = None,
+        address: str | None = None,
     ) -> None:
         """
         Revoke C{params["token"]} if it is the authenticated client's; token_type_hint is not needed.
-        C{checked}: the client the rate limiter already authenticated from these credentials.
+        C{checked}: the client the rate limiter already authenticated from these credentials; C{address}
+        the caller's, which the audit event names.
         """
         client = checked or await authenticate_client(self._clients, authorization, params)
         result = await self._store.revoke_token(token_hash(require(params, "token")), client.client_id, now)
         if isinstance(result, RevokedRefresh):
-            events.token_revoked(client_id=client.client_id, grant_id=result.grant_id, kind="refresh")
+            events.token_revoked(client_id=client.client_id, grant_id=result.grant_id, kind="refresh",
+                                 address=address)
         elif isinstance(result, RevokedAccess):
-            events.token_revoked(client_id=client.client_id, grant_id=result.grant_id, kind="access")
+            events.token_revoked(client_id=client.client_id, grant_id=result.grant_id, kind="access",
+                                 address=address)

@@ -29,12 +29,13 @@ class TokenFlow:
 
     async def token(
         self, authorization: bytes | None, params: dict[str, str], now: int, dpop: list[bytes] | None = None,
-        checked: Client | None = None,
+        checked: Client | None = None, address: str | None = None,
     ) -> dict:
         """
         The JSON token response, or an L{authsrv.protocol.errors.OAuthError};
         C{dpop} are the request's DPoP header lines; C{checked} the client
-        the rate limiter already authenticated from these credentials.
+        the rate limiter already authenticated from these credentials;
+        C{address} the caller's, which the audit events name.
         """
         grant_type = require(params, "grant_type")
         handler = self._grants.get(grant_type)
@@ -48,4 +49,4 @@ class TokenFlow:
             jkt = (await self._dpop.verify(dpop, method="POST", url=self._url, now=now)).jkt
         elif client.dpop_bound_access_tokens:
             raise InvalidDpopProof("this client must send a DPoP proof (RFC 9449) with every token request")
-        return await handler.exchange(client, params, now, jkt)
+        return await handler.exchange(client, params, now, jkt, address)

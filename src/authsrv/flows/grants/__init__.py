@@ -1,9 +1,10 @@
 """
 The token endpoint's grant types (RFC 6749 section 4), one module each, as
 fosite's C{flow_<grant>.go}: a handler names its C{grant_type} and answers
-C{exchange(client, params, now, jkt)} with the JSON token response or an
-L{authsrv.protocol.errors.OAuthError}; C{jkt} is the thumbprint of the key
-of the request's checked DPoP proof, None without one. The registry is what the token
+C{exchange(client, params, now, jkt, address)} with the JSON token response
+or an L{authsrv.protocol.errors.OAuthError}; C{jkt} is the thumbprint of the
+key of the request's checked DPoP proof, None without one; C{address} the
+caller's address, for the audit events. The registry is what the token
 endpoint dispatches on and what discovery advertises.
 """
 
@@ -21,7 +22,8 @@ GRANT_TYPES = ("authorization_code", "refresh_token", DEVICE_CODE_GRANT, "client
 class GrantHandler(Protocol):
     grant_type: str
 
-    async def exchange(self, client: Client, params: dict[str, str], now: int, jkt: str | None) -> dict: ...
+    async def exchange(self, client: Client, params: dict[str, str], now: int, jkt: str | None,
+                       address: str | None) -> dict: ...
 
 
 class GrantRegistry:

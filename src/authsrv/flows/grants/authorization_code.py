@@ -25,9 +25,9 @@ from authsrv.tokens import token_hash
 NOT_FOUND = "the authorization code is unknown or expired"
 
 
-def _reused(client: Client, reused: CodeReused) -> InvalidGrant:
-    """The answer to a code used before, once its grant is revoked."""
-    events.code_reused(client_id=client.client_id, grant_id=reused.grant_id)
+def _reused(client: Client, reused: CodeReused, address: str | None) -> InvalidGrant:
+    """The answer to a code used before (brought back from C{address}), once its grant is revoked."""
+    events.code_reused(client_id=client.client_id, grant_id=reused.grant_id, address=address)
     return InvalidGrant("the authorization code was already used; the tokens issued for it are revoked")
 
 
@@ -50,7 +50,8 @@ class AuthorizationCodeGrant:
         self._users = users
         self._minter = minter
 
-    async def exchange(self, client: Client, params: dict[str, str], now: int, jkt: str | None) -> dict:
+    async def exchange(self, client: Client, params: dict[str, str], now: int, jkt: str | None,
+                       address: str | None) -> dict:
         store = self._store
         value = require(params, "code")
         redirect_uri = require(params, "redirect_uri")
@@ -58,7 +59,7 @@ class AuthorizationCodeGrant:
         result = await store.find_code(token_hash(value), now, link_provider=self._users.link_provider)
         if isinstance(result, CodeReused) and result.client_id in (None, client.client_id):
             await store.revoke_grant(result.grant_id, now)
-            raise _reused(client, result)
+            raise _reused(client, result, address)
         if isinstance(result, CodeNotFound):
             raise InvalidGrant(NOT_FOUND)
         if isinstance(result, CodeReused) or result.code.client_id != client.client_id:
@@ -88,8 +89,8 @@ class AuthorizationCodeGrant:
         issued, redeemed = await signed_beside(
             minted, store.redeem_code(code.code_hash, minted.issued.access, minted.issued.refresh, now))
         if isinstance(redeemed, CodeReused):
-            raise _reused(client, redeemed)
+            raise _reused(client, redeemed, address)
         if isinstance(redeemed, CodeNotFound):
             raise InvalidGrant(NOT_FOUND)
-        issued_event(issued, client.client_id, self.grant_type)
+        issued_event(issued, client.client_id, self.grant_type, address)
         return issued.response

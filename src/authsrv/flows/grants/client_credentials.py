@@ -52,7 +52,8 @@ class ClientCredentialsGrant:
         self._minter = minter
         self._limits = limits
 
-    async def exchange(self, client: Client, params: dict[str, str], now: int, jkt: str | None = None) -> dict:
+    async def exchange(self, client: Client, params: dict[str, str], now: int, jkt: str | None = None,
+                       address: str | None = None) -> dict:
         if client.is_public:
             raise UnauthorizedClient("client_credentials is for confidential clients only")
         scope = client_scope(client, params)
@@ -64,5 +65,5 @@ class ClientCredentialsGrant:
         issued = self._minter.mint_for_client(grant, client, scope=scope, audience=audience, now=now, jkt=jkt)
         if await self._store.start_grant(grant, issued.access) is False:
             raise InvalidClient("client authentication failed")  # removed since this instance cached it
-        issued_event(issued, client.client_id, self.grant_type)
+        issued_event(issued, client.client_id, self.grant_type, address)
         return issued.response

@@ -40,9 +40,9 @@ from authsrv.tokens import token_hash
 UNKNOWN = "the device code is unknown or was issued to another client"
 
 
-def _reused(client: Client, device) -> InvalidGrant:
-    """The answer to a device code redeemed before (C{device}), once its grant is revoked."""
-    events.device_code_reused(client_id=client.client_id, grant_id=device.grant_id)
+def _reused(client: Client, device, address: str | None) -> InvalidGrant:
+    """The answer to a device code redeemed before (C{device}), from C{address}, once its grant is revoked."""
+    events.device_code_reused(client_id=client.client_id, grant_id=device.grant_id, address=address)
     return InvalidGrant("the device code was already used; the tokens issued for it are revoked")
 
 
@@ -56,7 +56,8 @@ class DeviceCodeGrant:
         self._users = users
         self._minter = minter
 
-    async def exchange(self, client: Client, params: dict[str, str], now: int, jkt: str | None = None) -> dict:
+    async def exchange(self, client: Client, params: dict[str, str], now: int, jkt: str | None = None,
+                       address: str | None = None) -> dict:
         store = self._store
         polled = await store.poll_device_authorization(
             token_hash(require(params, "device_code")), client.client_id, SLOW_DOWN_STEP, now,
@@ -72,17 +73,17 @@ class DeviceCodeGrant:
             raise ExpiredToken("the device code expired; start a new device authorization")
         if polled.outcome == POLL_REUSED:
             await store.revoke_grant(device.grant_id, now)
-            raise _reused(client, device)
+            raise _reused(client, device, address)
         if polled.outcome != POLL_APPROVED:
             raise InvalidGrant(UNKNOWN)
         minted = await self._mint(device, client, params, now, jkt)
         issued, redeemed = await signed_beside(minted, store.redeem_device_authorization(
             device.device_code_hash, minted.issued.access, minted.issued.refresh, now))
         if redeemed == POLL_REUSED:
-            raise _reused(client, device)
+            raise _reused(client, device, address)
         if redeemed != POLL_REDEEMED:
             raise InvalidGrant("the device code expired or its grant was revoked; start a new device authorization")
-        issued_event(issued, client.client_id, self.grant_type)
+        issued_event(issued, client.client_id, self.grant_type, address)
         return issued.response
 
     async def _mint(self, device: DeviceAuthorization, client: Client, params: dict[str, str], now: int, jkt: str | None):

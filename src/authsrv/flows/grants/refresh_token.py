@@ -47,7 +47,8 @@ class RefreshTokenGrant:
         self._minter = minter
         self._limits = limits
 
-    async def exchange(self, client: Client, params: dict[str, str], now: int, jkt: str | None) -> dict:
+    async def exchange(self, client: Client, params: dict[str, str], now: int, jkt: str | None,
+                       address: str | None) -> dict:
         store = self._store
         presented = require(params, "refresh_token")
         old = await store.get_refresh_token(token_hash(presented), link_provider=self._users.link_provider)
@@ -81,13 +82,13 @@ class RefreshTokenGrant:
         issued, result = await signed_beside(minted, store.rotate_refresh(
             old.token_hash, minted.issued.refresh, minted.issued.access, replay, now + window, now))
         if isinstance(result, Rotated):
-            issued_event(issued, client.client_id, self.grant_type)
+            issued_event(issued, client.client_id, self.grant_type, address)
             return issued.response
         if isinstance(result, Replayed):
             sealed = unseal(result.replay, presented)
             if sealed is not None:
                 return self._minter.replayed(sealed, now)
         elif isinstance(result, Reused):
-            events.refresh_reused(client_id=client.client_id, grant_id=result.grant_id)
+            events.refresh_reused(client_id=client.client_id, grant_id=result.grant_id, address=address)
             raise InvalidGrant("the refresh token was already used; every token of its grant is revoked")
         raise InvalidGrant(UNKNOWN)
