@@ -104,7 +104,7 @@ def wait_ready(url: str, process: subprocess.Popen, what: str, seconds: float = 
         try:
             if requests.get(url, timeout=1).status_code == 200:
                 return
-        except requests.ConnectionError:
+        except (requests.ConnectionError, requests.Timeout):  # a server under valgrind may take seconds to answer
             pass
         time.sleep(0.1)
     raise SystemExit(f"bench: {what} did not become ready at {url}")
