@@ -19,6 +19,8 @@ from pathlib import Path
 import psycopg2
 import pytest
 import pytest_twisted
+from twisted.internet import reactor
+from twisted.internet.task import deferLater
 
 from authsrv.chat.crypto import TokenCipher, key_from_text, new_key_text
 from authsrv.configsection import Section
@@ -135,10 +137,15 @@ async def test_import_into_sqlite_and_the_users_file_then_serve(ba_dsn, tmp_path
             response, _ = await browser.authorize("first")
             response, body = await browser.submit_login(response, user["email"], user["password"])
             assert response.code in (302, 303) and "code" in query_of(location(response)), (who, body)
-        # The successful logins replaced the Better Auth hashes by argon2id in the file authsrv owns.
-        upgraded = stored_hashes()
-        for who in ("alice", "bob", "carol", "erin", "admin"):
-            assert upgraded[USERS[who]["id"]].startswith("$argon2id$"), who
+        # The successful logins replaced the Better Auth hashes by argon2id in the file authsrv owns, written on
+        # the file's own thread after the logins answered (a bounded wait for that thread, not for a clock).
+        upgraders = [USERS[who]["id"] for who in ("alice", "bob", "carol", "erin", "admin")]
+        for _ in range(500):
+            upgraded = stored_hashes()
+            if all(upgraded[sub].startswith("$argon2id$") for sub in upgraders):
+                break
+            await deferLater(reactor, 0.01)
+        assert {sub: upgraded[sub][:10] for sub in upgraders} == {sub: "$argon2id$" for sub in upgraders}
         browser = Browser(h)
         response, _ = await browser.authorize("first")
         response, body = await browser.submit_login(response, USERS["dave"]["email"],
