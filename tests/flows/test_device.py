@@ -89,12 +89,27 @@ async def test_device_codes_as_rfc_8628_words_them(tmp_path, monkeypatch):
 
 
 @pytest_twisted.ensureDeferred
+async def test_scope_values_the_server_does_not_offer_are_ignored(tmp_path, monkeypatch):
+    """As at the authorization endpoint (OIDC Core 3.1.2.1): the device is asked for the offered values alone."""
+    h = await harness(tmp_path, monkeypatch).start()
+    try:
+        response, body = await h.json("POST", DEVICE_AUTHORIZATION,
+                                      data={"client_id": "tv", "scope": "openid address admin"})
+        assert response.code == 200, body
+        with sqlite3.connect(tmp_path / "authsrv.sqlite3") as db:
+            (scope,), = db.execute("SELECT scope FROM device_authorizations").fetchall()
+        assert scope == "openid"
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_device_authorization_refusals(tmp_path, monkeypatch):
     h = await harness(tmp_path, monkeypatch).start()
     try:
         response, body = await post_form(h, DEVICE_AUTHORIZATION, {"scope": "openid"}, "first")
         assert (response.code, body["error"]) == (400, "unauthorized_client")
-        response, body = await h.json("POST", DEVICE_AUTHORIZATION, data={"client_id": "tv", "scope": "openid admin"})
+        response, body = await h.json("POST", DEVICE_AUTHORIZATION, data={"client_id": "tv", "scope": "admin phone"})
         assert (response.code, body["error"]) == (400, "invalid_scope")
         response, body = await h.json("POST", DEVICE_AUTHORIZATION,
                                       data={"client_id": "console", "client_secret": "wrong", "scope": "openid"})

@@ -45,12 +45,17 @@ def shown(key: str) -> str:
 
 
 def device_scope(params: dict[str, str], offered: tuple[str, ...]) -> frozenset[str]:
-    """The scope a device asks for (RFC 8628 section 3.1): any of the C{offered} ones, none when omitted."""
+    """
+    The scope a device asks for (RFC 8628 section 3.1): the C{offered}
+    values in it, none when omitted. Other values are ignored, as at the
+    authorization endpoint (OIDC Core 3.1.2.1); a scope with none of the
+    offered values is invalid_scope.
+    """
     scope = parse_scope(params.get("scope", ""))
-    unknown = scope - set(offered)
-    if unknown:
-        raise InvalidScope(f"unknown scope {' '.join(sorted(unknown))}; use {', '.join(offered)}")
-    return scope
+    known = scope & frozenset(offered)
+    if scope and not known:
+        raise InvalidScope(f"scope has no value this server offers; use space-separated values of {', '.join(offered)}")
+    return known
 
 
 def device_resource(client: Client, params: dict[str, str]) -> tuple[str, ...]:
