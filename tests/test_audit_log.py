@@ -242,7 +242,7 @@ async def test_every_event_is_one_documented_line_without_secrets(tmp_path, monk
     ended = [line for line in lines if line["event"] == "session.ended"]
     assert ended and all(line["session_id"] and line["sub"] == ALICE.sub for line in ended)
     issued_in_browsers = [line for line in lines if line["event"] == "code.issued"]
-    assert issued_in_browsers and all(line["session_id"] for line in issued_in_browsers)
+    assert issued_in_browsers and all(line["session_id"] and line["address"] == PEER for line in issued_in_browsers)
     for name in TOKEN_ENDPOINT_EVENTS:
         called = [line for line in lines if line["event"] == name]
         assert called and all(line["address"] == PEER for line in called), name

@@ -132,10 +132,13 @@ def consent_denied(*, sub: str, client_id: str) -> None:
     _emit("consent.denied", "{sub} denied consent to {client_id}", "refused", sub=sub, client_id=client_id)
 
 
-def code_issued(*, sub: str, client_id: str, grant_id: str, session_id: str) -> None:
-    """C{session_id}: the public sid of the browser session the code was issued in, never its cookie."""
-    _emit("code.issued", "code for {sub} to {client_id} (grant {grant_id})", "success", sub=sub,
-          client_id=client_id, grant_id=grant_id, session_id=session_id)
+def code_issued(*, sub: str, client_id: str, grant_id: str, session_id: str, address: str) -> None:
+    """
+    C{session_id}: the public sid of the browser session the code was issued
+    in, never its cookie; C{address}: the browser's.
+    """
+    _emit("code.issued", "code for {sub} to {client_id} (grant {grant_id}) from {address}", "success", sub=sub,
+          client_id=client_id, grant_id=grant_id, session_id=session_id, address=address)
 
 
 def request_pushed(*, client_id: str) -> None:

@@ -548,7 +548,7 @@ class InteractionFlow:
             return Redirect(error_location(self._issuer, request.redirect_uri, request.state, denied), 303)
         if max_age_passed(request, session, now) and session.auth_time < interaction.created_at:
             return await self._approved_then_sign_in(client, request, session, browser, address, now)
-        location = await self._issue_code(client, request, session, now)
+        location = await self._issue_code(client, request, session, now, address)
         await self._remember_consent(session.sub, client.client_id, request.scope, now)
         return Redirect(location, 303)
 
@@ -631,7 +631,7 @@ class InteractionFlow:
         refuse_silently(request, login=False, consent=needed)
         if needed:
             return await self._wait(request, CONSENT_STAGE, session.sid, browser, now)
-        return Redirect(await self._issue_code(client, request, session, now), status)
+        return Redirect(await self._issue_code(client, request, session, now, address), status)
 
     def _refused_for_hint(self, client: Client, request: AuthorizationRequest, sub: str, address: str | None,
                           status: int) -> Redirect | None:
@@ -812,11 +812,12 @@ class InteractionFlow:
         events.consent_given(sub=sub, client_id=client_id, scope=" ".join(sorted(granted)))
 
     async def _issue_code(self, client: Client, request: AuthorizationRequest, session: BrowserSession,
-                          now: int) -> str:
+                          now: int, address: str) -> str:
         """
         Store a new code with the grant it will start, bound to everything the
         request said and to the session's authentication; returns the redirect
-        URI carrying it. The code itself is never stored or logged.
+        URI carrying it. The code itself is never stored or logged; its audit
+        event names the browser's C{address}.
         """
         code = new_token()
         grant_id = new_token(16)
@@ -840,5 +841,6 @@ class InteractionFlow:
         )
         if stored is False:
             raise unknown_client()  # removed since this instance cached it
-        events.code_issued(sub=session.sub, client_id=request.client_id, grant_id=grant_id, session_id=session.sid)
+        events.code_issued(sub=session.sub, client_id=request.client_id, grant_id=grant_id, session_id=session.sid,
+                           address=address)
         return code_location(self._issuer, request, code)
