@@ -69,6 +69,15 @@ def device_refresh(label: str, grant: Grant) -> RefreshToken:
                         scope=grant.scope, issued_at=NOW, expires_at=NOW + 30 * 86400)
 
 
+async def approved(store, label: str = "a") -> tuple[DeviceAuthorization, Grant]:
+    """A device request saved and approved by ALICE at NOW, with its grant C{g-<label>}."""
+    tv = device(label)
+    await store.save_device_authorization(tv)
+    grant = device_grant(f"g-{label}")
+    await store.decide_device_authorization(tv.user_code_hash, ALICE, grant, NOW)
+    return tv, grant
+
+
 class DeviceStoreConformance:
     """Mixin of a store conformance class: device authorization requests."""
 
@@ -140,10 +149,7 @@ class DeviceStoreConformance:
     @pytest_twisted.ensureDeferred
     async def test_device_redeemed_again_revokes_its_grant_and_stores_nothing(self):
         async with self.store() as store:
-            tv = device("a")
-            await store.save_device_authorization(tv)
-            grant = device_grant("g-a")
-            await store.decide_device_authorization(tv.user_code_hash, ALICE, grant, NOW)
+            tv, grant = await approved(store)
             first = device_access("access-1", grant)
             assert await store.redeem_device_authorization(tv.device_code_hash, first, None, NOW + 1) == POLL_REDEEMED
             again, refresh = device_access("access-2", grant), device_refresh("refresh-2", grant)
@@ -183,10 +189,7 @@ class DeviceStoreConformance:
     async def test_device_whose_tokens_fail_to_store_stays_approved(self):
         """The redemption and its tokens are one step: tokens that cannot be stored leave the code unused."""
         async with self.store() as store:
-            tv = device("a")
-            await store.save_device_authorization(tv)
-            grant = device_grant("g-a")
-            await store.decide_device_authorization(tv.user_code_hash, ALICE, grant, NOW)
+            tv, grant = await approved(store)
             taken = device_access("access-taken", grant)
             await store.issue_tokens(taken, None)
             try:
@@ -246,9 +249,7 @@ class DeviceStoreConformance:
     @pytest_twisted.ensureDeferred
     async def test_device_code_of_another_client_is_unknown_and_untouched(self):
         async with self.store() as store:
-            tv = device("a")
-            await store.save_device_authorization(tv)
-            await store.decide_device_authorization(tv.user_code_hash, ALICE, device_grant("g-a"), NOW)
+            tv, _ = await approved(store)
             for client_id in (OTHER, "living-room-tv\x00"):
                 assert await store.poll_device_authorization(tv.device_code_hash, client_id, SLOW_DOWN, NOW) == \
                     DevicePoll(POLL_UNKNOWN)
