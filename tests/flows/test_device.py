@@ -169,6 +169,15 @@ async def test_polling_pending_slow_down_then_tokens_once(tmp_path, monkeypatch)
         await h.close()
 
 
+async def _tokens_at_the_next_poll_once(h, device_code: str) -> None:
+    """Five seconds on, the device's poll gets live tokens, and a poll after it "already used"."""
+    h.clock.advance(5)
+    response, body = await poll(h, device_code)
+    assert response.code == 200, body
+    assert (await introspect(h, body["access_token"]))["active"]
+    assert error_of(await poll(h, device_code)) == "invalid_grant"
+
+
 @pytest_twisted.ensureDeferred
 async def test_a_poll_that_could_not_be_answered_leaves_the_device_code_usable(tmp_path, monkeypatch):
     """
@@ -189,11 +198,7 @@ async def test_a_poll_that_could_not_be_answered_leaves_the_device_code_usable(t
         response, body = await post_form(h, TOKEN, {"grant_type": DEVICE_GRANT, "device_code": codes["device_code"],
                                                     "client_id": "tv", "resource": "https://elsewhere.example"}, None)
         assert (response.code, body["error"]) == (400, "invalid_target"), body
-        h.clock.advance(5)
-        response, body = await poll(h, codes["device_code"])
-        assert response.code == 200, body
-        assert (await introspect(h, body["access_token"]))["active"]
-        assert error_of(await poll(h, codes["device_code"])) == "invalid_grant"
+        await _tokens_at_the_next_poll_once(h, codes["device_code"])
     finally:
         await h.close()
 
@@ -234,11 +239,7 @@ async def test_a_store_outage_after_the_poll_leaves_the_device_code_usable(tmp_p
             _store_down_after(outage, h.store, "poll_device_authorization")
             response, body = await poll(h, codes["device_code"])
         assert (response.code, body["error"]) == (503, "temporarily_unavailable"), body
-        h.clock.advance(5)
-        response, body = await poll(h, codes["device_code"])
-        assert response.code == 200, body
-        assert (await introspect(h, body["access_token"]))["active"]
-        assert error_of(await poll(h, codes["device_code"])) == "invalid_grant"
+        await _tokens_at_the_next_poll_once(h, codes["device_code"])
     finally:
         await h.close()
 
