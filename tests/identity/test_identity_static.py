@@ -638,14 +638,22 @@ def test_production_parameters():
     assert extract_parameters(stored).salt_len == profiles.RFC_9106_LOW_MEMORY.salt_len
 
 
+OTHER_PARAMETERS = argon2id_hasher(8192, 1, 1)
+"""The [passwords] an operator changed to, after carol's hash was made."""
+
+
+def _carol_under_other_parameters(users_file, reactor, context):
+    """A users file holding carol with a hash of other parameters than the backend's: (backend, path, hasher)."""
+    path = users_file.parent / "other.toml"
+    add_user(path, login="carol", sub="sub-carol", password_hash=hash_password("carol's pw", CHEAP))
+    verifier = PasswordVerifier(reactor, context.threadpool("passwords", 2), OTHER_PARAMETERS)
+    return StaticIdentityBackend(path, reactor, verifier, file_thread(context)), path, OTHER_PARAMETERS
+
+
 @pytest_twisted.ensureDeferred
 async def test_a_hash_of_other_parameters_is_replaced_at_the_next_login(users_file, reactor, context):
     """Once the operator changes [passwords], each user's hash follows at their next successful login."""
-    other = argon2id_hasher(8192, 1, 1)
-    path = users_file.parent / "other.toml"
-    add_user(path, login="carol", sub="sub-carol", password_hash=hash_password("carol's pw", CHEAP))
-    backend = StaticIdentityBackend(path, reactor, PasswordVerifier(reactor, context.threadpool("passwords", 2), other),
-                                   file_thread(context))
+    backend, path, other = _carol_under_other_parameters(users_file, reactor, context)
     with pytest.raises(UnauthorizedLogin):
         await backend.requestAvatarId(UsernamePassword(b"carol", b"wrong"))
     assert extract_parameters(backend._by_login("carol").password_hash) == extract_parameters(hash_password("x", CHEAP))
@@ -660,11 +668,7 @@ async def test_a_hash_of_other_parameters_is_replaced_at_the_next_login(users_fi
 @pytest_twisted.ensureDeferred
 async def test_two_logins_at_once_upgrade_the_hash_once(users_file, reactor, context):
     """Both check the old hash; the second's edit finds it replaced and leaves the file as the first wrote it."""
-    other = argon2id_hasher(8192, 1, 1)
-    path = users_file.parent / "other.toml"
-    add_user(path, login="carol", sub="sub-carol", password_hash=hash_password("carol's pw", CHEAP))
-    backend = StaticIdentityBackend(path, reactor, PasswordVerifier(reactor, context.threadpool("passwords", 2), other),
-                                   file_thread(context))
+    backend, path, other = _carol_under_other_parameters(users_file, reactor, context)
     with capturedLogs() as events:
         subs = await gatherResults([backend.requestAvatarId(UsernamePassword(b"carol", b"carol's pw"))
                                     for _ in range(2)])
@@ -685,11 +689,7 @@ async def test_the_file_is_read_and_rewritten_off_the_reactor_thread(users_file,
         original = getattr(static, name)
         monkeypatch.setattr(static, name, lambda *args, original=original: (on_reactor.append(isInIOThread()),
                                                                             original(*args))[1])
-    other = argon2id_hasher(8192, 1, 1)
-    path = users_file.parent / "other.toml"
-    add_user(path, login="carol", sub="sub-carol", password_hash=hash_password("carol's pw", CHEAP))
-    backend = StaticIdentityBackend(path, reactor, PasswordVerifier(reactor, context.threadpool("passwords", 2), other),
-                                   file_thread(context))
+    backend, path, _ = _carol_under_other_parameters(users_file, reactor, context)
     on_reactor.clear()
     assert await backend.requestAvatarId(UsernamePassword(b"carol", b"carol's pw")) == "sub-carol"
     await backend.set_disabled("carol", True, "on leave")
