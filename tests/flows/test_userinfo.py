@@ -14,7 +14,7 @@ import pytest_twisted
 
 from authsrv.records import Ban
 from authsrv.testing.identity import ALICE, BOB, ZOE
-from harness import ISSUER, Harness
+from harness import CLIENTS, ISSUER, Harness
 from token_helpers import API, REVOKE, USERINFO, header, post_form, tokens
 
 ALICE_CLAIMS = {
@@ -82,7 +82,8 @@ async def test_claims_follow_the_scopes(tmp_path, monkeypatch):
 @pytest_twisted.ensureDeferred
 async def test_jwt_access_token_works_only_when_meant_for_userinfo(tmp_path, monkeypatch):
     """A JWT for another resource server never reads the profile; one whose audience names the issuer does."""
-    h = await Harness(tmp_path, monkeypatch).start()
+    clients = [{**c, "resources": [API, ISSUER]} if c["client_id"] == "first" else c for c in CLIENTS]
+    h = await Harness(tmp_path, monkeypatch, {"clients": clients}).start()
     try:
         token = (await tokens(h, resource=(API,)))["access_token"]
         response, body = await h.json("GET", USERINFO, headers=bearer(token))
