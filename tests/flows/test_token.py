@@ -578,6 +578,21 @@ async def test_a_resource_taken_off_the_client_is_in_none_of_its_next_tokens(tmp
         await h.close()
 
 
+@pytest_twisted.ensureDeferred
+async def test_a_grant_type_taken_off_the_client_refuses_its_live_tokens(tmp_path, monkeypatch):
+    """A refresh token issued before its client lost the refresh_token grant refreshes nothing."""
+    h = await Harness(tmp_path, monkeypatch).start()
+    try:
+        issued = await tokens(h)
+        before = await h.store.get_client("first")
+        assert await h.store.change_client(before, attrs.evolve(before, grant_types=("authorization_code",))) is True
+        h.clock.advance(CLIENT_CACHE_TTL + 1)
+        response, body = await refresh(h, issued["refresh_token"])
+        assert_error(response, body, 400, "unauthorized_client")
+    finally:
+        await h.close()
+
+
 TWO_RESOURCES = (API, "https://chat.example.test")
 
 
