@@ -400,6 +400,7 @@ def test_dpop_and_resource_bindings_carry_over():
     grants = {g.grant_id: g for g in found.batch.grants}
     assert grants["better-auth-bound"].resource == ("https://api.example/",)
     assert grants["better-auth-plain"].resource == ()
+    assert app.resources == ("https://api.example/",), "so that its refresh tokens' access tokens are still for it"
     assert any(line.startswith("refresh token mtls") and "x5t#S256" in line for line in found.problems)
 
     # With [dpop] off nothing bound to a DPoP key could be used: it is reported, never imported unbound.

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import sqlite3
 
+import attrs
 import pytest_twisted
 from twisted.internet.defer import Deferred, fail, gatherResults
 from zope.interface import Interface
 
+from authsrv.flows.clients import TTL as CLIENT_CACHE_TTL
 from authsrv.flows.csrf import session_form_token
 from authsrv.flows.device import THROTTLE_ACCOUNT
 from authsrv.flows.login import OTHER_COUNTS, throttle_account
@@ -564,6 +566,29 @@ async def test_a_client_removed_between_approval_and_poll_gets_nothing(tmp_path,
         assert (response.code, body["error"]) == (401, "invalid_client"), body
         with sqlite3.connect(tmp_path / "authsrv.sqlite3") as db:
             assert db.execute("SELECT count(*) FROM access_tokens").fetchone() == (0,)
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_code_of_a_client_no_longer_allowed_the_grant_is_not_shown_for_approval(tmp_path, monkeypatch):
+    """
+    The device grant taken off the client after its device got a code: the
+    person is not asked to approve (and told the device is connected) a
+    device whose polls can only be unauthorized_client now.
+    """
+    h = await harness(tmp_path, monkeypatch).start()
+    try:
+        codes = await start(h)
+        before = await h.store.get_client("tv")
+        assert await h.store.change_client(before, attrs.evolve(before, grant_types=("refresh_token",))) is True
+        h.clock.advance(CLIENT_CACHE_TTL + 1)
+        browser = Browser(h)
+        await browser.sign_in(ALICE)
+        response, body = await browser.get(codes["verification_uri_complete"])
+        assert response.code == 200 and b"That code is not right" in body, body
+        assert b'value="approve"' not in body
+        assert error_of(await poll(h, codes["device_code"])) == "unauthorized_client"
     finally:
         await h.close()
 

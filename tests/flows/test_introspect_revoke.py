@@ -27,7 +27,8 @@ REPORTS = {
 
 async def start(tmp_path, monkeypatch) -> Harness:
     monkeypatch.setenv("AUTHSRV_TEST_REPORTS_SECRET", "reports-secret")
-    return await Harness(tmp_path, monkeypatch, {"clients": [*CLIENTS, REPORTS]}).start()
+    first = [{**c, "resources": [API, "reports-api"]} if c["client_id"] == "first" else c for c in CLIENTS]
+    return await Harness(tmp_path, monkeypatch, {"clients": [*first, REPORTS]}).start()
 
 
 async def as_reports_api(h, token: str) -> dict:

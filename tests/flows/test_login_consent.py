@@ -245,6 +245,28 @@ async def test_a_client_removed_while_its_user_consents_past_max_age_gets_no_con
         await h.close()
 
 
+@pytest_twisted.ensureDeferred
+async def test_a_client_no_longer_first_party_asks_for_consent_and_keeps_its_grants(tmp_path, monkeypatch):
+    """
+    Skipping the consent page stored no consent, so the flag taken off
+    shows the page at the next authorization request; the grant it made
+    before stays (docs/design.md, Changed clients).
+    """
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        assert "code" in await browser.sign_in(ALICE, "first", consent=None)
+        assert await h.store.get_consent(ALICE.sub, "first") is None
+        before = await h.store.get_client("first")
+        assert await h.store.change_client(before, attrs.evolve(before, first_party=False)) is True
+        h.clock.advance(CLIENT_CACHE_TTL + 1)
+        response, _ = await browser.authorize("first")
+        assert response.code == 303 and "/consent?request=" in location(response), location(response)
+        assert len(await h.store.list_user_grants(ALICE.sub, h.now())) == 1
+    finally:
+        await h.close()
+
+
 async def redirect_taken_off(h, client_id: str) -> None:
     """The client's only redirect URI replaced by another, and its cached copy outlived."""
     before = await h.store.get_client(client_id)

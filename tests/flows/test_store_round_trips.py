@@ -30,7 +30,8 @@ from authsrv.store import postgres, sqlite
 from authsrv.store.codes import CodeRedeemed
 from authsrv.testing.identity import ALICE, PASSWORDS
 from flow_client import Browser, hidden_fields, location
-from harness import ISSUER, Harness
+from device_helpers import TV, approve, error_of, poll, start
+from harness import CLIENTS, ISSUER, Harness
 from token_helpers import (
     USERINFO, SignedAfterSending, exchange, introspect, refresh, save_code, tokens,
     verify_jwt,
@@ -118,18 +119,19 @@ def chat(request, monkeypatch) -> dict:
 @pytest.fixture(params=["sqlite", "sqlite-one-core", "postgres"])
 def h(request, tmp_path, monkeypatch, chat):
     """
-    A harness on either store, with C{commits} counting its durable
-    commits; on one core SQLite's writes too are handed to its thread once
-    per reactor turn.
+    A harness on either store, with the device client L{TV} besides the
+    usual ones and C{commits} counting its durable commits; on one core
+    SQLite's writes too are handed to its thread once per reactor turn.
     """
     if request.param == "sqlite-one-core":
         monkeypatch.setattr(sqlite.os, "sched_getaffinity", lambda pid: {0})
+    config = {**chat, "clients": [*CLIENTS, TV]}
     if request.param.startswith("sqlite"):
         commits = SQLiteCommits(monkeypatch)
-        harness = Harness(tmp_path, monkeypatch, chat)
+        harness = Harness(tmp_path, monkeypatch, config)
     else:
         dsn = request.getfixturevalue("pg_dsn")
-        harness = Harness(tmp_path, monkeypatch, chat, postgres_dsn=dsn)
+        harness = Harness(tmp_path, monkeypatch, config, postgres_dsn=dsn)
         commits = PostgresCommits(dsn)
         harness.steps = PostgresSteps(monkeypatch)
     harness.commits = commits
@@ -148,7 +150,7 @@ class PostgresSteps:
         execute = pool._Cursor.execute
 
         def counting(cursor, query, params=None):
-            self._count += query.startswith(postgres.STEP)
+            self._count += postgres.STEP in query
             return execute(cursor, query, params)
 
         monkeypatch.setattr(pool._Cursor, "execute", counting)
@@ -347,3 +349,34 @@ async def test_a_signature_that_fails_after_the_redemption_was_sent_spends_the_c
     response, body = await exchange(h, code, verifier)
     assert (response.code, body["error"]) == (400, "invalid_grant"), body
     assert "already used" in body["error_description"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_pending_device_poll_is_one_step_that_does_not_wait_and_the_tokens_do(h, monkeypatch):
+    """
+    A device polls every few seconds for minutes: a poll the person has not
+    answered yet writes only its time (for slow_down), a step of the flow
+    that no crash needs to keep, in one call; the approved device's tokens
+    wait for the disk, as a code exchange's do.
+    """
+    await h.start()
+    codes = await start(h)  # the client cached
+
+    calls = counted(monkeypatch, h.store)
+    h.commits.since_last()
+    durable = durable_commits(h)
+    assert error_of(await poll(h, codes["device_code"])) == "authorization_pending"
+    assert (calls, h.commits.since_last()) == (Counter(poll_device_authorization=1), 1)
+    assert durable is None or durable() == 0, "a pending poll does not wait for the disk"
+    if durable is None:
+        assert h.steps.since_last() == 1, "a pending poll is a step that does not wait for the flush"
+
+    await approve(h, Browser(h), codes)
+    h.clock.advance(5)
+    h.commits.since_last()
+    durable = durable_commits(h)
+    response, body = await poll(h, codes["device_code"])
+    assert response.code == 200, body
+    assert durable is None or durable() == 1, "the tokens wait for the disk"
+    if durable is None:
+        assert h.steps.since_last() == 1, "the poll is a step; the redemption with the tokens waits for the flush"

@@ -13,10 +13,12 @@ import json
 import urllib.error
 import urllib.request
 
+import attrs
 import pytest
 import pytest_twisted
 from twisted.internet.defer import Deferred, fail, gatherResults
 
+from authsrv.flows.clients import TTL as CLIENT_CACHE_TTL
 from authsrv.flows.issue import Minted
 from authsrv.identity.errors import BackendUnavailable
 from authsrv.protocol.oidc import at_hash
@@ -545,10 +547,66 @@ async def test_jwt_access_token_for_a_resource(tmp_path, monkeypatch):
 
 
 @pytest_twisted.ensureDeferred
-async def test_several_resources_give_a_list_audience(tmp_path, monkeypatch):
+async def test_a_resource_taken_off_the_client_is_in_none_of_its_next_tokens(tmp_path, monkeypatch):
+    """
+    The operator's change to a client's resources holds for its grants'
+    next tokens too: a refresh, or a code issued before the change, gets
+    an opaque token instead of a JWT for that audience, and asking for it
+    by name is invalid_target.
+    """
     h = await Harness(tmp_path, monkeypatch).start()
     try:
-        resources = (API, "https://chat.example.test")
+        body = await tokens(h, resource=(API,))
+        code, verifier = await save_code(h, resource=(API,))
+        before = await h.store.get_client("first")
+        assert await h.store.change_client(before, attrs.evolve(before, resources=())) is True
+        h.clock.advance(CLIENT_CACHE_TTL + 1)
+
+        response, error = await refresh(h, body["refresh_token"], resource=API)
+        assert_error(response, error, 400, "invalid_target")
+        assert "no longer" in error["error_description"]
+        response, refreshed = await refresh(h, body["refresh_token"])
+        assert response.code == 200, refreshed
+        assert "." not in refreshed["access_token"]
+        stored = await h.store.find_access_token(token_hash(refreshed["access_token"]), h.now())
+        assert stored.audience == ()
+
+        response, exchanged = await exchange(h, code, verifier)
+        assert response.code == 200, exchanged
+        assert "." not in exchanged["access_token"]
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_grant_type_taken_off_the_client_refuses_its_live_tokens(tmp_path, monkeypatch):
+    """A refresh token issued before its client lost the refresh_token grant refreshes nothing."""
+    h = await Harness(tmp_path, monkeypatch).start()
+    try:
+        issued = await tokens(h)
+        before = await h.store.get_client("first")
+        assert await h.store.change_client(before, attrs.evolve(before, grant_types=("authorization_code",))) is True
+        h.clock.advance(CLIENT_CACHE_TTL + 1)
+        response, body = await refresh(h, issued["refresh_token"])
+        assert_error(response, body, 400, "unauthorized_client")
+    finally:
+        await h.close()
+
+
+TWO_RESOURCES = (API, "https://chat.example.test")
+
+
+def with_two_resources(tmp_path, monkeypatch) -> Harness:
+    """The harness with the client "first" registered for L{TWO_RESOURCES}."""
+    clients = [{**c, "resources": list(TWO_RESOURCES)} if c["client_id"] == "first" else c for c in CLIENTS]
+    return Harness(tmp_path, monkeypatch, {"clients": clients})
+
+
+@pytest_twisted.ensureDeferred
+async def test_several_resources_give_a_list_audience(tmp_path, monkeypatch):
+    h = await with_two_resources(tmp_path, monkeypatch).start()
+    try:
+        resources = TWO_RESOURCES
         body = await tokens(h, resource=resources)
         _, claims = verify_jwt(h, body["access_token"], typ="at+jwt", aud=API)
         assert claims["aud"] == list(resources)
@@ -574,9 +632,9 @@ async def test_several_resources_in_one_token_request_are_invalid_target(tmp_pat
     for one resource (or every granted one without resource). The code is
     left for a request that asks rightly; the same resource twice is once.
     """
-    h = await Harness(tmp_path, monkeypatch).start()
+    h = await with_two_resources(tmp_path, monkeypatch).start()
     try:
-        resources = (API, "https://chat.example.test")
+        resources = TWO_RESOURCES
         code, verifier = await save_code(h, resource=resources)
         fields = [("grant_type", "authorization_code"), ("code", code), ("code_verifier", verifier),
                   ("redirect_uri", redirect_uri_of("first")), ("client_id", "first"),

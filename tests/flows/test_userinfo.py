@@ -12,10 +12,11 @@ from urllib.parse import urlencode
 
 import pytest_twisted
 
+from authsrv.identity.static import RELOAD_INTERVAL
 from authsrv.records import Ban
 from authsrv.testing.identity import ALICE, BOB, ZOE
-from harness import ISSUER, Harness
-from token_helpers import API, REVOKE, USERINFO, header, post_form, tokens
+from harness import CLIENTS, ISSUER, Harness
+from token_helpers import API, REVOKE, USERINFO, header, post_form, refresh, tokens, verify_jwt
 
 ALICE_CLAIMS = {
     "sub": ALICE.sub, "name": ALICE.name, "picture": ALICE.picture, "email": ALICE.email,
@@ -80,9 +81,38 @@ async def test_claims_follow_the_scopes(tmp_path, monkeypatch):
 
 
 @pytest_twisted.ensureDeferred
+async def test_claims_follow_the_user_not_the_grant(tmp_path, monkeypatch):
+    """
+    A name, an email address or a chat account changed after the sign-in
+    shows in the grant's next UserInfo answer and refreshed ID token: the
+    claims are read at each request, never copied into the grant.
+    """
+    h = await Harness(tmp_path, monkeypatch).start()
+    try:
+        issued = await tokens(h)
+        users = tmp_path / "users.toml"
+        edited = tmp_path / "users.toml.new"
+        edited.write_text(users.read_text().replace(ALICE.email, "alice@example.net")
+                          .replace(ALICE.name, "Alice Pleasance").replace(ALICE.chat_user_id, "80351110224678913"))
+        edited.replace(users)
+        h.clock.advance(RELOAD_INTERVAL)
+        changed = {"name": "Alice Pleasance", "email": "alice@example.net", "chat_user_id": "80351110224678913"}
+
+        response, body = await h.json("GET", USERINFO, headers=bearer(issued["access_token"]))
+        assert (response.code, body) == (200, {**ALICE_CLAIMS, **changed})
+        response, refreshed = await refresh(h, issued["refresh_token"])
+        assert response.code == 200, refreshed
+        _, claims = verify_jwt(h, refreshed["id_token"], aud="first")
+        assert {name: claims[name] for name in changed} == changed
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_jwt_access_token_works_only_when_meant_for_userinfo(tmp_path, monkeypatch):
     """A JWT for another resource server never reads the profile; one whose audience names the issuer does."""
-    h = await Harness(tmp_path, monkeypatch).start()
+    clients = [{**c, "resources": [API, ISSUER]} if c["client_id"] == "first" else c for c in CLIENTS]
+    h = await Harness(tmp_path, monkeypatch, {"clients": clients}).start()
     try:
         token = (await tokens(h, resource=(API,)))["access_token"]
         response, body = await h.json("GET", USERINFO, headers=bearer(token))

@@ -217,9 +217,10 @@ class DeviceVerification:
     async def _live_code(self, user_code: str, address: str, now: int, sub: str | None = None):
         """
         The code's stored form, its pending request and client; or the code
-        form again saying why not. Every well-formed code counts in the
-        throttle first, under the signed-in user C{sub} if any; a live one
-        is forgiven.
+        form again saying why not, also when the client may no longer use
+        the grant (its device could not get the tokens). Every well-formed
+        code counts in the throttle first, under the signed-in user C{sub}
+        if any; a live one is forgiven.
         """
         key = user_code_key(user_code)
         if key is None:
@@ -233,7 +234,8 @@ class DeviceVerification:
             return DeviceCodeForm(429, shown(key), message, decision.wait)
         device = await self._store.find_device_authorization(token_hash(key), now)
         client = None if device is None else await self._clients.get_client(device.client_id)
-        if device is None or device.status != DEVICE_PENDING or client is None:
+        if device is None or device.status != DEVICE_PENDING or client is None or (
+                DEVICE_CODE_GRANT not in client.grant_types):
             events.device_code_failed(address=address, reason="unknown, used or expired code", sub=sub)
             return DeviceCodeForm(200, shown(key), WRONG_CODE)
         await self._store.forgive(decision.ticket)

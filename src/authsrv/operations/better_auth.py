@@ -33,6 +33,7 @@ import json
 from collections.abc import Callable
 from datetime import datetime
 
+import attrs
 import psycopg2
 import psycopg2.extras
 from attrs import frozen
@@ -346,6 +347,20 @@ def _picture(row: dict, problems: list[str]) -> str | None:
     return None
 
 
+def _with_granted_resources(clients: list[Client], grants: list[Grant]) -> list[Client]:
+    """
+    C{clients}, each registered for the resources its imported grants name:
+    Better Auth lets every client ask for any of its C{validAudiences} (a
+    setting, not in its tables), while a token here is only for resources
+    its client may request (docs/design.md, Changed clients).
+    """
+    granted: dict[str, set[str]] = {}
+    for grant in grants:
+        granted.setdefault(grant.client_id, set()).update(grant.resource)
+    return [attrs.evolve(c, resources=(*c.resources, *sorted(granted.get(c.client_id, set()) - set(c.resources))))
+            for c in clients]
+
+
 def plan(source: Source, *, now: int, provider: str, cipher, secret_key: bytes, offer: Offer = Offer()) -> Plan:
     """
     The records to write, made from C{source}: C{cipher} (None without a
@@ -442,8 +457,8 @@ def plan(source: Source, *, now: int, provider: str, cipher, secret_key: bytes, 
             token_hash=digest, grant_id=grant_id, client_id=row["clientId"], sub=row["userId"], scope=scope,
             issued_at=issued_at, expires_at=expires_at, jkt=jkt,
         ))
-    batch = ImportBatch(clients=clients, bans=bans, linked=linked, consents=consents, grants=grants,
-                        refresh_tokens=refresh_tokens)
+    batch = ImportBatch(clients=_with_granted_resources(clients, grants), bans=bans, linked=linked,
+                        consents=consents, grants=grants, refresh_tokens=refresh_tokens)
     return Plan(batch=batch, users=tuple(users), problems=tuple(problems))
 
 

@@ -26,13 +26,13 @@ store; this module maps their failures to the store's errors.
 
 The steps of a flow in progress (an interaction saved or used up, a code
 saved, a browser session opened or touched, the sign-in throttle's counts,
-a known device, a pushed request, a link attempt, a device authorization)
-commit without waiting for the write-ahead log's flush (L{STEP}): every
-instance sees them at once, and only a crash of the database loses them,
-with every commit after them, which takes the person back to the start of
-that sign-in. Tokens, their redemption, rotation and revocation, bans,
-consents, clients and keys wait for it, and their commit flushes the steps
-before them too.
+a known device, a pushed request, a link attempt, a device authorization
+and each of its device's polls) commit without waiting for the write-ahead
+log's flush (L{STEP}): every instance sees them at once, and only a crash
+of the database loses them, with every commit after them, which takes the
+person back to the start of that sign-in. Tokens, their redemption,
+rotation and revocation, bans, consents, clients and keys wait for it, and
+their commit flushes the steps before them too.
 """
 
 from __future__ import annotations
@@ -1095,14 +1095,15 @@ async def _change_client(db, before, after):
 async def _poll_device(db, device_code_hash, client_id, slow_down, now):
     """
     One transaction holding the request's row lock, so a racing poll on
-    another instance waits and then decides on what this one wrote.
+    another instance waits and then decides on what this one wrote; a flow's
+    step (L{STEP}), in two round trips: a device polls every few seconds.
     """
-    await rowcount(db, "BEGIN")
-    row = _T.devices.load(await first(db, _DEVICE.read, {"hash": device_code_hash}))
+    row = _T.devices.load(await first(db, "BEGIN; " + STEP + _DEVICE.read, {"hash": device_code_hash}))
     outcome, changed = device.poll(row, client_id, slow_down, now)
-    if changed is not None:
-        await rowcount(db, _DEVICE.write, device.written(changed))
-    await rowcount(db, "COMMIT")
+    if changed is None:
+        await rowcount(db, "COMMIT")
+    else:
+        await rowcount(db, _DEVICE.write + "; COMMIT", device.written(changed))
     return outcome
 
 

@@ -12,13 +12,13 @@ the busy timeout.
 
 The steps of a flow in progress (an interaction saved or used up, a code
 saved, a browser session opened or touched, the sign-in throttle's counts,
-a known device, a pushed request, a link attempt, a device authorization)
-are written not durable: committed and seen by every reader at once, but
-without waiting for the disk. Only a crash of the machine (a power
-failure) loses them, and then only with every write after them (the next
-durable commit syncs them all): the person starts that sign-in again.
-Tokens, their redemption, rotation and revocation, bans, consents, clients
-and keys wait for the disk.
+a known device, a pushed request, a link attempt, a device authorization
+and each of its device's polls) are written not durable: committed and
+seen by every reader at once, but without waiting for the disk. Only a
+crash of the machine (a power failure) loses them, and then only with
+every write after them (the next durable commit syncs them all): the
+person starts that sign-in again. Tokens, their redemption, rotation and
+revocation, bans, consents, clients and keys wait for the disk.
 """
 
 from __future__ import annotations
@@ -480,7 +480,7 @@ class SQLiteStore:
 
     def poll_device_authorization(self, device_code_hash, client_id, slow_down, now):
         return self._call("poll_device_authorization", True, _poll_device, device_code_hash, client_id,
-                          slow_down, now)
+                          slow_down, now, durable=False)
 
     # IGrantStore
 

@@ -69,7 +69,7 @@ class AuthorizationCodeGrant:
         code = result.code
         try:
             _check_code(code, redirect_uri, verifier, jkt)
-            granted_audience = audience(params, code.resource)
+            granted_audience = audience(params, code.resource, client)
         except OAuthError:
             await store.refuse_code(code.code_hash, now)
             raise

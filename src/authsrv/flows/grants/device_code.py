@@ -96,7 +96,7 @@ class DeviceCodeGrant:
         return self._minter.mint(
             grant, client, user,
             scope=granted_scope(device.scope, offline),
-            audience=audience(params, device.resource),
+            audience=audience(params, device.resource, client),
             nonce=None,
             refresh_scope=device.scope if offline else None,
             now=now, jkt=jkt, refresh_jkt=jkt if client.is_public else None,

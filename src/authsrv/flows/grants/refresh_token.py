@@ -69,7 +69,7 @@ class RefreshTokenGrant:
         minted = self._minter.mint(
             grant, client, user,
             scope=scope,
-            audience=audience(params, grant.resource),
+            audience=audience(params, grant.resource, client),
             nonce=None,
             refresh_scope=old.scope,
             now=now,

@@ -8,7 +8,7 @@ from __future__ import annotations
 from authsrv import events
 from authsrv.flows.standing import standing
 from authsrv.protocol.errors import InvalidGrant, InvalidTarget
-from authsrv.records import NOT_READ, NotRead, User
+from authsrv.records import NOT_READ, Client, NotRead, User
 
 
 class GrantUsers:
@@ -41,13 +41,22 @@ class GrantUsers:
         return await self._claims.user(state.user, link)
 
 
-def audience(params: dict[str, str], granted: tuple[str, ...]) -> tuple[str, ...]:
-    """The access token's audience: what the grant allows, or one of it (RFC 8707 section 2.2)."""
+def audience(params: dict[str, str], granted: tuple[str, ...], client: Client) -> tuple[str, ...]:
+    """
+    The access token's audience: what the grant allows, or one of it (RFC
+    8707 section 2.2), among the resources the client may still request: one
+    the operator took off the client since is no longer in its tokens, as a
+    client's changed settings apply to its next token (docs/design.md, Changed
+    clients).
+    """
+    allowed = tuple(r for r in granted if r in client.resources)
     resource = params.get("resource")
     if resource is None:
-        return granted
+        return allowed
     if resource not in granted:
         raise InvalidTarget("resource was not granted in the authorization request")
+    if resource not in allowed:
+        raise InvalidTarget("this client may no longer request that resource; leave resource out or name another")
     return (resource,)
 
 
