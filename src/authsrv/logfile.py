@@ -59,12 +59,15 @@ class LineFile:
         return open(self.path, "a", encoding="utf-8")
 
     def write(self, line: str) -> None:
-        """Write C{line}, which ends with a newline."""
+        """
+        Write C{line}, which ends with a newline; with C{flush_each}, a line
+        the file refuses is dropped as L{flush} says, never raised: the
+        audit log writes from a log observer, where an error would be a
+        traceback per event.
+        """
+        self._pending.append(line)
         if self._flush_each:
-            self._file.write(line)
-            self._file.flush()
-        else:
-            self._pending.append(line)
+            self.flush()
 
     def flush(self) -> None:
         """
