@@ -20,8 +20,10 @@ With several workers (L{authsrv.workers}) every worker counts into files of
 its own in a directory the parent made (prometheus_client's multiprocess
 mode, chosen by C{PROMETHEUS_MULTIPROC_DIR} in the worker's environment),
 and worker 0's C{/metrics} adds them all up, those of a worker that died
-included, so that a counter never goes back. The process figures are worker
-0's own.
+included, so that a counter never goes back: the parent folds a dead
+worker's files into one file per kind (L{fold_dead_process}), so that the
+directory, and the work of every scrape, do not grow with each worker
+started again. The process figures are worker 0's own.
 
 The hot path of a request is two dict lookups, a counter increment and a
 histogram observation on children bound once per label set.
@@ -29,7 +31,10 @@ histogram observation on children bound once per label set.
 
 from __future__ import annotations
 
+import os
+
 from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.platform_collector import PlatformCollector
@@ -48,6 +53,32 @@ TOO_MANY_REQUESTS = 429
 LOGIN_OUTCOMES = ("success", "wrong_password", "unknown_user", "throttled", "suspended", "unavailable")
 _FAILED_LOGINS = {"wrong_password": "wrong_password", "unknown_user": "unknown_user"}
 """A failed login's reason, as a label; any other reason (an outage, a full queue) is C{unavailable}."""
+
+
+SHARED_KINDS = ("counter", "histogram")
+"""The kinds of metric the workers count into shared files: their values add up across processes."""
+DEAD = "dead"
+"""Stands for the pid in the name of the files a dead worker's counts are folded into."""
+
+
+def fold_dead_process(directory: str, pid: int) -> None:
+    """
+    Add the counts of the process C{pid}, which has exited, to the files of
+    the dead ones in C{directory}, then remove its own files. A scrape
+    under way may see its counts twice, or miss a file, once.
+    """
+    for kind in SHARED_KINDS:
+        source = os.path.join(directory, f"{kind}_{pid}.db")
+        if not os.path.exists(source):
+            continue
+        folded = MmapedDict(os.path.join(directory, f"{kind}_{DEAD}.db"))
+        try:
+            for key, value, timestamp, _ in MmapedDict.read_all_values_from_file(source):
+                total, _ = folded.read_value(key)
+                folded.write_value(key, total + value, timestamp)
+        finally:
+            folded.close()
+        os.remove(source)
 
 
 class _Route:
