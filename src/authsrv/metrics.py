@@ -15,6 +15,7 @@ Where each figure comes from:
   - store and identity-backend calls: the observers the stores and the
     identity chain report C{(label, seconds, failed)} to.
   - signing-key age and the process: read at scrape time.
+  - log lines lost to a full disk: the log files report each loss.
 
 With several workers (L{authsrv.workers}) every worker counts into files of
 its own in a directory the parent made (prometheus_client's multiprocess
@@ -174,6 +175,11 @@ class Metrics:
             "authsrv_identity_call_errors", "Identity backend calls that failed (the backend could not answer)",
             ["backend", "call"], registry=registry,
         )
+        self._lines_dropped = Counter(
+            "authsrv_log_lines_dropped",
+            "Lines of the audit or access log lost because the file refused them (a full disk)", ["log"],
+            registry=registry,
+        )
         self._routes: dict[str | None, _Route] = {}
         self._calls: dict[str, tuple] = {}
         self._backend_calls: dict[str, dict[str, tuple]] = {}
@@ -195,6 +201,10 @@ class Metrics:
     def watch_keys(self, keystore, clock) -> None:
         """Report the age of C{keystore}'s active keys, on C{clock}."""
         self.registry.register(KeyAge(keystore, clock))
+
+    def watch_log_file(self, name: str, file) -> None:
+        """Count the lines C{file} (a L{authsrv.logfile.LineFile}) loses, labelled C{name}."""
+        file.on_dropped = self._lines_dropped.labels(name).inc
 
     # --- HTTP, from the request class -------------------------------------
 

@@ -653,12 +653,14 @@ def metrics_site(metrics: Metrics, config: Config, reactor):
     return site
 
 
-def build(config: Config, reactor, role: WorkerRole | None = None) -> AuthsrvService:
+def build(
+    config: Config, reactor, role: WorkerRole | None = None, audit_file: LineFile | None = None,
+) -> AuthsrvService:
     """
     Build every part of the server; raises L{StartupError} with one line.
     As a worker (L{authsrv.workers}), C{role} says which: it adopts the
     sockets its parent bound, and only worker 0 serves the admin and
-    metrics listeners.
+    metrics listeners. The metrics count the lines C{audit_file} loses.
     """
     first = role is None or role.index == 0
     listening = reactor if role is None else Adopter(reactor, role.fds)
@@ -708,6 +710,9 @@ def build(config: Config, reactor, role: WorkerRole | None = None) -> AuthsrvSer
             listening.check_all_taken()
         if metrics is not None:
             metrics.watch_keys(keystore, reactor)
+            for name, file in (("audit", audit_file), ("access", access_log and access_log.file)):
+                if file is not None:
+                    metrics.watch_log_file(name, file)
     except BaseException:
         context.stop()
         raise
