@@ -108,6 +108,12 @@ from authsrv.workers import METRICS_DIR_ENV, Adopter, Binder, Supervisor, Worker
 
 MAINTENANCE_INTERVAL = 60.0
 GC_BATCH = 500
+GC_ROUND_SECONDS = 10.0
+"""
+The longest a maintenance round goes on deleting batches while expired rows
+are left: a batch of each kind a minute would let a store that sees more
+expire in a minute grow for ever.
+"""
 STARTUP_RETRY = 5.0
 """Seconds between attempts to store the config's clients while the store is down at start."""
 
@@ -290,10 +296,21 @@ class AuthsrvService(MultiService):
         """Key schedule and housekeeping; a failure is logged and retried next round."""
         now = int(self._reactor.seconds())
         d = gatherResults(
-            [self.keystore.maintain(now), self.store.gc(now, GC_BATCH)], consumeErrors=True
+            [self.keystore.maintain(now), Deferred.fromCoroutine(self._collect(now))], consumeErrors=True
         )
         d.addErrback(self._maintenance_failed)
         return d
+
+    async def _collect(self, now: int) -> None:
+        """
+        Batches of what expired by C{now}, one after another (each statement
+        short, so requests wait little), until a call removes less than a
+        batch or L{GC_ROUND_SECONDS} are spent.
+        """
+        deadline = self._reactor.seconds() + GC_ROUND_SECONDS
+        while await self.store.gc(now, GC_BATCH) >= GC_BATCH:
+            if not self.running or self._reactor.seconds() >= deadline:
+                return
 
     def _maintenance_failed(self, failure) -> None:
         """An outage puts the round off with one line (the pool logs the outage itself); anything else is a failure."""
