@@ -17,6 +17,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from twisted.internet.defer import maybeDeferred
 from twisted.logger import globalLogPublisher
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,6 +68,15 @@ def free_port() -> int:
 def no_file_work(*args):
     """A static identity backend's file thread for a test whose backend only reads the file."""
     raise AssertionError("this backend only reads its users file")
+
+
+def file_work_here(work, *args):
+    """
+    A static identity backend's file thread that is the caller's: a test
+    that drives the clock sees a reload done when the lookup that looked
+    at the file returns.
+    """
+    return maybeDeferred(work, *args)
 
 
 def fetch(url: str, timeout: float = 5.0) -> tuple[int, dict, bytes]:

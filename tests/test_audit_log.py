@@ -20,10 +20,10 @@ from attrs import evolve
 from twisted.internet import reactor
 from twisted.internet.defer import succeed
 from twisted.internet.task import deferLater
-from twisted.logger import globalLogPublisher
+from twisted.logger import formatEvent, globalLogPublisher
 
 from authsrv import events
-from authsrv.auditlog import REPLAY_WINDOW, AuditObserver
+from authsrv.auditlog import REPLAY_WINDOW, AuditObserver, is_audit
 from authsrv.embedded import prepare_data_dir
 from authsrv.flows import moderation
 from authsrv.identity.chain import IdentityChain
@@ -401,3 +401,33 @@ def test_the_replay_window_is_bounded(tmp_path):
     observer.file.close()
     paths = [line["path"] for line in audit_lines(tmp_path / "audit.log")]
     assert paths == [str(i) for i in range(REPLAY_WINDOW + 1)] + ["0"]
+
+
+def test_events_a_full_disk_refuses_are_dropped_with_one_line_each_way(tmp_path, monkeypatch):
+    """
+    An audit line the file refuses (a full disk, here /dev/full) is lost,
+    said once when that starts and once, with how many, when writing works
+    again, never with a traceback per event.
+    """
+    logged: list[dict] = []
+    globalLogPublisher.addObserver(logged.append)
+    path = tmp_path / "audit.log"
+    path.symlink_to("/dev/full")
+    observer = AuditObserver(LineFile(str(path)))
+    globalLogPublisher.addObserver(observer)
+    try:
+        for n in range(3):
+            events.config_loaded(path=str(n), issuer="i", clients=0)
+        path.unlink()
+        observer.file.reopen()
+        events.config_loaded(path="3", issuer="i", clients=0)
+    finally:
+        globalLogPublisher.removeObserver(observer)
+        globalLogPublisher.removeObserver(logged.append)
+    observer.file.close()
+    assert [line["path"] for line in audit_lines(path)] == ["3"]
+    problems = [formatEvent(e) for e in logged if not is_audit(e)]
+    assert problems == [
+        f"cannot write to {path}: No space left on device; its lines are dropped until it can",
+        f"writing to {path} again; 3 lines were dropped",
+    ]

@@ -72,6 +72,8 @@ def test_defaults():
         ({"identity": [{"plugin": "static"}, {"plugin": 3}]}, "identity[1].plugin: must be a string, not an integer"),
         ({"identity": [{"plugin": "ldap", "standing_cache": "soon"}]}, 'identity[0].standing_cache: must be a duration'),
         ({"identity": [{"plugin": "ldap", "standing_cache": -1}]}, "identity[0].standing_cache: must not be negative"),
+        ({"identity": [{"plugin": "ldap", "standing_cache": "61s"}]},
+         "identity[0].standing_cache: must be at most 60s, not 61s"),
         ({"identity": [{"plugin": "ldap", "standing_cache_size": 0}]},
          "identity[0].standing_cache_size: must be at least 1, not 0"),
         ({"server": {"workers": 0}}, "server.workers: must be at least 1, not 0"),

@@ -158,6 +158,7 @@ async def _seed(store) -> None:
 
 @pytest_twisted.ensureDeferred
 async def test_expired_rows_go_in_batches_each_minute_and_live_ones_stay(server):
+    """A round deletes batch after batch until one comes back short: what expires never piles up."""
     await _seed(server.store)
     assert server.counts() == {
         "browser_sessions": 6, "interactions": 4, "authorization_codes": 2,
@@ -166,31 +167,26 @@ async def test_expired_rows_go_in_batches_each_minute_and_live_ones_stay(server)
 
     server.service.startService()
     await server.round_done()
-    assert [(now, size) for now, size, _ in server.gc_results] == [(NOW, BATCH)]
+    assert server.gc_results == [(NOW, BATCH, 8), (NOW, BATCH, 5), (NOW, BATCH, 1)]
     assert server.counts() == {
-        "browser_sessions": 4, "interactions": 2, "authorization_codes": 2,
-        "access_tokens": 3, "refresh_tokens": 2, "grants": 2,
+        "browser_sessions": 1, "interactions": 1, "authorization_codes": 2,
+        "access_tokens": 2, "refresh_tokens": 1, "grants": 2,
     }
 
     server.clock.advance(MAINTENANCE_INTERVAL - 1)
-    assert len(server.gc_results) == 1
+    assert len(server.gc_results) == 3
 
     server.clock.advance(1)
     await server.round_done()
-    assert [(now, size) for now, size, _ in server.gc_results] == [(NOW, BATCH), (NOW + 60, BATCH)]
     # Both codes expired at NOW + 60: the revoked grant goes, with its token.
-    assert server.counts() == {
-        "browser_sessions": 2, "interactions": 1, "authorization_codes": 0,
-        "access_tokens": 1, "refresh_tokens": 1, "grants": 1,
-    }
-
-    await server.next_round()
-    await server.next_round()
-    assert [result for _, _, result in server.gc_results][2:] == [1, 0]
+    assert server.gc_results[3:] == [(NOW + 60, BATCH, 3), (NOW + 60, BATCH, 0)]
     assert server.counts() == {
         "browser_sessions": 1, "interactions": 1, "authorization_codes": 0,
         "access_tokens": 1, "refresh_tokens": 1, "grants": 1,
     }
+
+    await server.next_round()
+    assert server.gc_results[5:] == [(NOW + 120, BATCH, 0)]
     store, now = server.store, server.clock.seconds()
     assert await store.get_session(token_hash("live"), now) is not None
     assert await store.get_interaction("live", now) is not None
@@ -201,7 +197,18 @@ async def test_expired_rows_go_in_batches_each_minute_and_live_ones_stay(server)
 
     await server.service.stopService()
     server.clock.advance(10 * MAINTENANCE_INTERVAL)
-    assert len(server.gc_results) == 4
+    assert len(server.gc_results) == 6
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_round_with_a_backlog_stops_after_its_time(server, monkeypatch):
+    """One batch of each kind at least, then more only within GC_ROUND_SECONDS: the rest waits for the next round."""
+    monkeypatch.setattr(service, "GC_ROUND_SECONDS", 0)
+    await _seed(server.store)
+    server.service.startService()
+    await server.round_done()
+    assert server.gc_results == [(NOW, BATCH, 8)]
+    assert server.counts()["browser_sessions"] == 4
 
 
 @pytest_twisted.ensureDeferred
@@ -216,4 +223,4 @@ async def test_a_failed_round_is_retried_next_minute(server):
 
     server._real_gc = real_gc
     await server.next_round()
-    assert server.counts()["browser_sessions"] == 4
+    assert server.counts()["browser_sessions"] == 1

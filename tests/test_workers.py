@@ -254,6 +254,7 @@ def test_metrics_add_up_every_workers_requests(run_server, tmp_path):
     shared = {Path(f"/proc/{pid}/environ").read_bytes().split(b"PROMETHEUS_MULTIPROC_DIR=")[1].split(b"\0")[0]
               for pid in connections}
     assert len(shared) == 1, "the workers count in different places"
+    directory = Path(next(iter(shared)).decode())
     for count, connection in zip((3, 5), connections.values()):
         for _ in range(count):
             assert call(connection, "GET", "/healthz")[0] == 200
@@ -267,11 +268,13 @@ def test_metrics_add_up_every_workers_requests(run_server, tmp_path):
         assert time.monotonic() < deadline, now
         time.sleep(0.05)
     assert answered(metrics_port, "/healthz") == 8, "a dead worker's requests went out of the count"
+    assert not list(directory.glob(f"*_{killed}.db")), "a dead worker's files stay, one more set per restart"
+    assert sorted(path.name for path in directory.glob("*_dead.db")) == ["counter_dead.db", "histogram_dead.db"]
     for connection in list(connections.values())[1:]:
         connection.close()
     server.process.send_signal(signal.SIGTERM)
     assert server.process.wait(timeout=DEADLINE) == 0
-    assert not Path(shared.pop().decode()).exists(), "the metrics directory outlived the server"
+    assert not directory.exists(), "the metrics directory outlived the server"
 
 
 def test_a_worker_without_its_sockets_stops_with_one_line(run_server, tmp_path):

@@ -24,7 +24,7 @@ from authsrv.client_secrets import SecretKeeper
 from authsrv.configsection import ConfigError, Section
 from authsrv.flows.device import DevicePolicy
 from authsrv.flows.grants import GRANT_TYPES
-from authsrv.identity.cache import DEFAULT_SIZE as DEFAULT_STANDING_CACHE_SIZE
+from authsrv.identity.cache import DEFAULT_SIZE as DEFAULT_STANDING_CACHE_SIZE, MAX_SECONDS as MAX_STANDING_CACHE
 from authsrv.flows.mfa import MFA_CHOICES, MfaPolicy
 from authsrv.flows.ratelimit import DEFAULT_RATE, RateSettings
 from authsrv.identity.passwords import DEFAULT_MEMORY_KIB, DEFAULT_PARALLELISM, DEFAULT_TIME_COST
@@ -496,7 +496,7 @@ def _plugin(section: Section, checked: _Problems, default: str | None = None) ->
 def _identity(section: Section, checked: _Problems) -> PluginChoice | None:
     """An C{[[identity]]} backend with its standing cache, which the server keeps in front of any plugin."""
     choice = _plugin(section, checked)
-    seconds = checked.take(section.duration, "standing_cache", None)
+    seconds = checked.take(section.duration, "standing_cache", None, maximum=MAX_STANDING_CACHE)
     size = checked.take(section.int, "standing_cache_size", DEFAULT_STANDING_CACHE_SIZE, minimum=1,
                         fallback=DEFAULT_STANDING_CACHE_SIZE)
     return None if choice is None else attrs.evolve(choice, standing_cache=seconds, standing_cache_size=size)

@@ -151,8 +151,12 @@ class Section:
                 )
         return value
 
-    def duration(self, name: builtins.str, default: Any = _REQUIRED) -> Any:
-        """Seconds, given as an integer or a string such as C{"30d"} or C{"1h"}, at most L{MAX_DURATION}."""
+    def duration(self, name: builtins.str, default: Any = _REQUIRED, *, maximum: int = MAX_DURATION) -> Any:
+        """
+        Seconds, given as an integer or a string such as C{"30d"} or
+        C{"1h"}, at most C{maximum}: L{MAX_DURATION} unless the key has a
+        lower ceiling.
+        """
         value = self._get(name, default, (int, str), 'a duration such as "90s", "15m", "1h" or "30d"')
         if value is default:
             return value
@@ -165,8 +169,9 @@ class Section:
                 ) from None
         if value < 0:
             raise self.error(name, "must not be negative")
-        if value > MAX_DURATION:
-            raise self.error(name, f"must be at most {MAX_DURATION // 86400}d, not {value}s")
+        if value > maximum:
+            most = f"{maximum // 86400}d" if maximum % 86400 == 0 else f"{maximum}s"
+            raise self.error(name, f"must be at most {most}, not {value}s")
         return value
 
     def path_(self, name: builtins.str, default: Any = _REQUIRED) -> Any:

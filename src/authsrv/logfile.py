@@ -47,6 +47,8 @@ class LineFile:
 
     def __init__(self, path: str, *, flush_each: bool = True):
         self.path = path
+        self.on_dropped: Callable[[int], None] | None = None
+        """Told how many lines were lost each time some are (the metrics count them)."""
         self._flush_each = flush_each
         self._pending: list[str] = []
         self._dropped: int | None = None
@@ -59,12 +61,15 @@ class LineFile:
         return open(self.path, "a", encoding="utf-8")
 
     def write(self, line: str) -> None:
-        """Write C{line}, which ends with a newline."""
+        """
+        Write C{line}, which ends with a newline; with C{flush_each}, a line
+        the file refuses is dropped as L{flush} says, never raised: the
+        audit log writes from a log observer, where an error would be a
+        traceback per event.
+        """
+        self._pending.append(line)
         if self._flush_each:
-            self._file.write(line)
-            self._file.flush()
-        else:
-            self._pending.append(line)
+            self.flush()
 
     def flush(self) -> None:
         """
@@ -84,7 +89,7 @@ class LineFile:
                 self._dropped = 0
                 log.error("cannot write to {path}: {error}; its lines are dropped until it can",
                           path=self.path, error=refused.error.strerror)
-            self._dropped += refused.dropped
+            self._lost(refused.dropped)
             return
         if self._dropped is not None:
             log.info("writing to {path} again; {count} lines were dropped", path=self.path, count=self._dropped)
@@ -138,8 +143,13 @@ class LineFile:
         except OSError:
             if self._dropped is None:
                 raise
-            self._dropped += self._held
+            self._lost(self._held)
         self._held = 0
+
+    def _lost(self, count: int) -> None:
+        self._dropped = (self._dropped or 0) + count
+        if self.on_dropped is not None and count:
+            self.on_dropped(count)
 
 
 def hold_reopen_signals() -> None:

@@ -15,13 +15,16 @@ Where each figure comes from:
   - store and identity-backend calls: the observers the stores and the
     identity chain report C{(label, seconds, failed)} to.
   - signing-key age and the process: read at scrape time.
+  - log lines lost to a full disk: the log files report each loss.
 
 With several workers (L{authsrv.workers}) every worker counts into files of
 its own in a directory the parent made (prometheus_client's multiprocess
 mode, chosen by C{PROMETHEUS_MULTIPROC_DIR} in the worker's environment),
 and worker 0's C{/metrics} adds them all up, those of a worker that died
-included, so that a counter never goes back. The process figures are worker
-0's own.
+included, so that a counter never goes back: the parent folds a dead
+worker's files into one file per kind (L{fold_dead_process}), so that the
+directory, and the work of every scrape, do not grow with each worker
+started again. The process figures are worker 0's own.
 
 The hot path of a request is two dict lookups, a counter increment and a
 histogram observation on children bound once per label set.
@@ -29,7 +32,10 @@ histogram observation on children bound once per label set.
 
 from __future__ import annotations
 
+import os
+
 from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.platform_collector import PlatformCollector
@@ -48,6 +54,32 @@ TOO_MANY_REQUESTS = 429
 LOGIN_OUTCOMES = ("success", "wrong_password", "unknown_user", "throttled", "suspended", "unavailable")
 _FAILED_LOGINS = {"wrong_password": "wrong_password", "unknown_user": "unknown_user"}
 """A failed login's reason, as a label; any other reason (an outage, a full queue) is C{unavailable}."""
+
+
+SHARED_KINDS = ("counter", "histogram")
+"""The kinds of metric the workers count into shared files: their values add up across processes."""
+DEAD = "dead"
+"""Stands for the pid in the name of the files a dead worker's counts are folded into."""
+
+
+def fold_dead_process(directory: str, pid: int) -> None:
+    """
+    Add the counts of the process C{pid}, which has exited, to the files of
+    the dead ones in C{directory}, then remove its own files. A scrape
+    under way may see its counts twice, or miss a file, once.
+    """
+    for kind in SHARED_KINDS:
+        source = os.path.join(directory, f"{kind}_{pid}.db")
+        if not os.path.exists(source):
+            continue
+        folded = MmapedDict(os.path.join(directory, f"{kind}_{DEAD}.db"))
+        try:
+            for key, value, timestamp, _ in MmapedDict.read_all_values_from_file(source):
+                total, _ = folded.read_value(key)
+                folded.write_value(key, total + value, timestamp)
+        finally:
+            folded.close()
+        os.remove(source)
 
 
 class _Route:
@@ -143,6 +175,11 @@ class Metrics:
             "authsrv_identity_call_errors", "Identity backend calls that failed (the backend could not answer)",
             ["backend", "call"], registry=registry,
         )
+        self._lines_dropped = Counter(
+            "authsrv_log_lines_dropped",
+            "Lines of the audit or access log lost because the file refused them (a full disk)", ["log"],
+            registry=registry,
+        )
         self._routes: dict[str | None, _Route] = {}
         self._calls: dict[str, tuple] = {}
         self._backend_calls: dict[str, dict[str, tuple]] = {}
@@ -164,6 +201,10 @@ class Metrics:
     def watch_keys(self, keystore, clock) -> None:
         """Report the age of C{keystore}'s active keys, on C{clock}."""
         self.registry.register(KeyAge(keystore, clock))
+
+    def watch_log_file(self, name: str, file) -> None:
+        """Count the lines C{file} (a L{authsrv.logfile.LineFile}) loses, labelled C{name}."""
+        file.on_dropped = self._lines_dropped.labels(name).inc
 
     # --- HTTP, from the request class -------------------------------------
 

@@ -108,6 +108,12 @@ from authsrv.workers import METRICS_DIR_ENV, Adopter, Binder, Supervisor, Worker
 
 MAINTENANCE_INTERVAL = 60.0
 GC_BATCH = 500
+GC_ROUND_SECONDS = 10.0
+"""
+The longest a maintenance round goes on deleting batches while expired rows
+are left: a batch of each kind a minute would let a store that sees more
+expire in a minute grow for ever.
+"""
 STARTUP_RETRY = 5.0
 """Seconds between attempts to store the config's clients while the store is down at start."""
 
@@ -290,10 +296,21 @@ class AuthsrvService(MultiService):
         """Key schedule and housekeeping; a failure is logged and retried next round."""
         now = int(self._reactor.seconds())
         d = gatherResults(
-            [self.keystore.maintain(now), self.store.gc(now, GC_BATCH)], consumeErrors=True
+            [self.keystore.maintain(now), Deferred.fromCoroutine(self._collect(now))], consumeErrors=True
         )
         d.addErrback(self._maintenance_failed)
         return d
+
+    async def _collect(self, now: int) -> None:
+        """
+        Batches of what expired by C{now}, one after another (each statement
+        short, so requests wait little), until a call removes less than a
+        batch or L{GC_ROUND_SECONDS} are spent.
+        """
+        deadline = self._reactor.seconds() + GC_ROUND_SECONDS
+        while await self.store.gc(now, GC_BATCH) >= GC_BATCH:
+            if not self.running or self._reactor.seconds() >= deadline:
+                return
 
     def _maintenance_failed(self, failure) -> None:
         """An outage puts the round off with one line (the pool logs the outage itself); anything else is a failure."""
@@ -653,12 +670,14 @@ def metrics_site(metrics: Metrics, config: Config, reactor):
     return site
 
 
-def build(config: Config, reactor, role: WorkerRole | None = None) -> AuthsrvService:
+def build(
+    config: Config, reactor, role: WorkerRole | None = None, audit_file: LineFile | None = None,
+) -> AuthsrvService:
     """
     Build every part of the server; raises L{StartupError} with one line.
     As a worker (L{authsrv.workers}), C{role} says which: it adopts the
     sockets its parent bound, and only worker 0 serves the admin and
-    metrics listeners.
+    metrics listeners. The metrics count the lines C{audit_file} loses.
     """
     first = role is None or role.index == 0
     listening = reactor if role is None else Adopter(reactor, role.fds)
@@ -708,6 +727,9 @@ def build(config: Config, reactor, role: WorkerRole | None = None) -> AuthsrvSer
             listening.check_all_taken()
         if metrics is not None:
             metrics.watch_keys(keystore, reactor)
+            for name, file in (("audit", audit_file), ("access", access_log and access_log.file)):
+                if file is not None:
+                    metrics.watch_log_file(name, file)
     except BaseException:
         context.stop()
         raise

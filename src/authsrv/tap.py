@@ -151,7 +151,7 @@ def makeService(options, reactor=None):
         if role is None and workers > 1:
             service = build_supervisor(config, reactor, workers, source)
         else:
-            service = build(config, reactor, role)
+            service = build(config, reactor, role, audit.file)
     except (ConfigFileError, StartupError, WorkerError) as e:
         raise SystemExit(f"authsrv: {e}") from None
     if created is not None:

@@ -22,7 +22,8 @@ cache, the rate-limit buckets, the caps on password checks in flight and
 the key ring (reloaded within a minute). The admin and metrics listeners
 are served by worker 0 alone; with metrics on, each worker counts into files
 of a temporary directory the parent makes and removes once every worker has
-exited, and worker 0's C{/metrics} adds them up (L{authsrv.metrics}).
+exited, and worker 0's C{/metrics} adds them up (L{authsrv.metrics}); the
+files of a worker that exits are folded into those of the dead ones.
 
 The parent passes SIGTERM on (every worker drains, then the parent exits 0
 once all have), and SIGHUP and SIGUSR1 (every worker reopens its log
@@ -61,6 +62,7 @@ from twisted.protocols.tls import TLSMemoryBIOFactory
 
 from authsrv.config import ConfigSource
 from authsrv.logfile import reopen_signals_held
+from authsrv.metrics import fold_dead_process
 from authsrv.store.errors import outage_of
 
 WORKER_ENV = "AUTHSRV_WORKER"
@@ -277,6 +279,8 @@ class _Worker(ProcessProtocol):
         self.supervisor = supervisor
         self.index = index
         self.started = started
+        self.pid: int | None = None
+        """Kept here: the process transport forgets its pid once the process ended."""
         self.ended: Deferred = Deferred()
 
     def processEnded(self, reason):
@@ -349,17 +353,30 @@ class Supervisor(Service):
                 worker, sys.executable, [sys.executable, "-m", "twisted", *self._argv],
                 env={**os.environ, **self._env, WORKER_ENV: f"{index}:{len(ports)}:{os.getpid()}"}, childFDs=fds,
             )
+        worker.pid = process.pid
         self._running[index] = (worker, process)
         log.info("worker {index} started (pid {pid})", index=index, pid=process.pid)
 
     def ended(self, worker: _Worker, status: int | None, number: int | None) -> None:
         self._running.pop(worker.index, None)
+        self._fold_metrics(worker)
         if self._stopping:
             if status:
                 log.warn("worker {index} exited with status {status}", index=worker.index, status=status)
         else:
             self._restart(worker, status, number)
         worker.ended.callback(status)
+
+    def _fold_metrics(self, worker: _Worker) -> None:
+        """An exited worker's counts join the dead ones' (L{fold_dead_process}); a failure leaves its files."""
+        shared = self._env.get(METRICS_DIR_ENV)
+        if shared is None or worker.pid is None:
+            return
+        try:
+            fold_dead_process(shared, worker.pid)
+        except OSError as e:
+            log.warn("cannot fold the metrics files of worker {index} (pid {pid}): {error}",
+                     index=worker.index, pid=worker.pid, error=e.strerror)
 
     def _restart(self, worker: _Worker, status: int | None, number: int | None) -> None:
         """Start C{worker} again after the policy's delay, or stop everything when its starts keep failing."""

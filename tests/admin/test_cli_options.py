@@ -21,7 +21,7 @@ from authsrv.admin.main import _parser, _subcommands
 from authsrv.identity.passwords import PasswordVerifier, hash_password
 from authsrv.identity.static import RELOAD_INTERVAL, StaticIdentityBackend
 
-from conftest import admin, no_file_work, ok, refused
+from conftest import admin, file_work_here, ok, refused
 
 COMMANDS = [
     ["client", "add", "app", "--redirect-uri", "https://a.example/cb"],
@@ -197,7 +197,7 @@ async def test_edits_keep_the_files_comments_and_order_and_reach_a_running_serve
     users_file = cwd / "data" / "users.toml"
     users_file.write_text(USERS_FILE.format(**{u: hash_password(f"{u} old passphrase") for u in ("alice", "bob", "carol")}))
     clock = Clock()
-    server = StaticIdentityBackend(users_file, clock, PasswordVerifier(None, ThreadPool()), no_file_work)
+    server = StaticIdentityBackend(users_file, clock, PasswordVerifier(None, ThreadPool()), file_work_here)
 
     ok(await admin("user", "disable", "alice", "--reason", "on leave", "-c", config, cwd=cwd))
     ok(await admin("user", "passwd", "carol", "--password-stdin", "-c", config, cwd=cwd,

@@ -749,8 +749,8 @@ class CountingPool:
         self._pool = pool
         self.statements: list[str] = []
 
-    def run(self, work, label=""):
-        return self._pool.run(lambda connection: work(_CountingConnection(connection, self, label)), label)
+    def run(self, work, label="", **options):
+        return self._pool.run(lambda connection: work(_CountingConnection(connection, self, label)), label, **options)
 
     def close(self):
         self._pool.close()

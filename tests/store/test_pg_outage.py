@@ -21,7 +21,7 @@ import psycopg2
 import pytest
 import pytest_twisted
 import requests
-from twisted.internet.defer import fail
+from twisted.internet.defer import fail, gatherResults
 from twisted.internet.task import Clock, deferLater
 from twisted.logger import formatEvent, globalLogPublisher
 from zope.interface import Interface
@@ -32,6 +32,7 @@ from authsrv.context import PluginContext
 from authsrv.identity.chain import IdentityChain
 from authsrv.interfaces import IStore
 from authsrv.keys import jwkfile
+from authsrv.records import Ban
 from authsrv.service import STARTUP_RETRY, AuthsrvService
 from authsrv.store import postgres as postgres_store
 from authsrv.store.errors import StoreUnavailable
@@ -189,6 +190,31 @@ def test_a_server_the_tests_did_not_start_is_never_stopped(postgres, stoppable_p
             assert cursor.fetchone() == (1,)
     finally:
         connection.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_after_a_restart_the_first_calls_on_the_old_connections_succeed(stoppable_postgres, tmp_path):
+    """
+    Every pooled connection of a server that restarted is dead, and the
+    reactor learns so only when it next reads them: a read and a write
+    answered at once still succeed, each on a new connection.
+    """
+    from twisted.internet import reactor
+
+    context = PluginContext(reactor, tmp_path)
+    store = postgres_store.from_config(
+        Section({"dsn": stoppable_postgres.database(), "pool_size": 3}, "store", tmp_path), context)
+    try:
+        await store.ban_user(Ban(ALICE, "spam", 0))
+        await gatherResults([store.get_ban(ALICE, 0) for _ in range(3)])
+        stoppable_postgres.stop()
+        stoppable_postgres.start()
+        ban, _ = await gatherResults([store.get_ban(ALICE, 0), store.ban_user(Ban("bob", "spam", 0))])
+        assert ban.reason == "spam"
+        assert (await store.get_ban("bob", 0)).reason == "spam"
+    finally:
+        await store.close()
+        context.stop()
 
 
 @pytest.fixture

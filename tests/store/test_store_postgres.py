@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import threading
+import time
 
 import psycopg2
 import pytest
@@ -374,7 +375,8 @@ class TestLookupsTogether(OwnStore):
         tokens = [access for access, _ in issued]
         statements = []
         run = store._pool.run
-        monkeypatch.setattr(store._pool, "run", lambda work, label="": (statements.append(label), run(work, label))[1])
+        monkeypatch.setattr(
+            store._pool, "run", lambda work, label="", **kw: (statements.append(label), run(work, label, **kw))[1])
         with psycopg2.connect(self.dsn) as locker, locker.cursor() as cursor:
             # The first statements wait at the server until every lookup has been asked.
             cursor.execute("LOCK TABLE access_tokens IN ACCESS EXCLUSIVE MODE")
@@ -506,6 +508,37 @@ class TestConnectionFailures(OwnStore):
         await store.close()
         with contextlib.suppress(OSError):
             assert os.fstat(watched[0]).st_ino != watched[1], "the socket the reactor watched is still open"
+
+    @pytest_twisted.ensureDeferred
+    async def test_backends_ended_while_idle_fail_no_request(self, monkeypatch):
+        """
+        A restart or pg_terminate_backend ends idle connections before the
+        reactor reads it: a read on one runs again on a live connection, a
+        write gets a connection whose socket was looked at first; reads on
+        live connections never look.
+        """
+        store = self.store(dsn=self.dsn + " application_name=idle-test", pool_size=3)
+        await store.ban_user(Ban(ALICE, "first", NOW))
+        await gatherResults([store.get_ban(ALICE, NOW) for _ in range(3)])
+        with psycopg2.connect(self.dsn) as admin, admin.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                           " WHERE application_name = 'idle-test'")
+        admin.close()
+        time.sleep(0.2)  # the goodbyes arrive while the reactor is busy elsewhere
+        bans = await gatherResults([store.get_ban(ALICE, NOW), store.list_bans(NOW)])
+        assert bans[0].reason == "first" and [ban.reason for ban in bans[1]] == ["first"]
+        assert (await store.find_access_token(h("access-1"), NOW)) is None
+        with psycopg2.connect(self.dsn) as admin, admin.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                           " WHERE application_name = 'idle-test'")
+        admin.close()
+        time.sleep(0.2)
+        assert await store.unban_user(ALICE) is True
+        looked = []
+        monkeypatch.setattr(pool.select, "poll", lambda: looked.append(1))
+        assert await gatherResults([store.get_ban(ALICE, NOW), store.find_access_token(h("a"), NOW)]) == [None] * 2
+        assert looked == []
+        await store.close()
 
     @pytest_twisted.ensureDeferred
     async def test_queries_leave_the_reactors_watch_on_the_socket_alone(self, monkeypatch):

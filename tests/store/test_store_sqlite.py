@@ -5,6 +5,7 @@ The SQLite store: both conformance suites, then what only a file shows
 
 from __future__ import annotations
 
+import resource
 import signal
 import sqlite3
 import subprocess
@@ -23,7 +24,7 @@ from authsrv.migrations import schema_steps
 from authsrv.plugins import find_factory
 from authsrv.records import DEFAULT_GRANT_TYPES, Ban, Client, Replayed, Rotated
 from authsrv.store import sqlite
-from authsrv.store.errors import AlreadyExists, AlreadyLinked
+from authsrv.store.errors import AlreadyExists, AlreadyLinked, StoreUnavailable
 from authsrv.testing.store import (
     ALICE,
     CLIENT,
@@ -393,6 +394,32 @@ class TestSQLiteDurability(SQLiteFolder):
             await store.close()
 
 
+    @pytest_twisted.ensureDeferred
+    async def test_a_full_disk_fails_writes_as_unavailable_and_the_store_carries_on(self):
+        """
+        The web layer answers StoreUnavailable with 503 and the endpoint's
+        error shape; nothing half-written stays behind. A file size limit
+        stands in for the full disk.
+        """
+        store = self.open_store()
+        await store.ban_user(Ban(ALICE, "first", NOW))
+        largest = max(path.stat().st_size for path in self.folder.iterdir())
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (largest, hard))
+        try:
+            with pytest.raises(StoreUnavailable):
+                for n in range(100):
+                    await store.ban_user(Ban(f"user-{n}-" + "x" * 4000, "spam" * 1000, NOW))
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        try:
+            assert (await store.get_ban(ALICE, NOW)).reason == "first"
+            await store.ban_user(Ban(ALICE, "after", NOW))
+            assert (await store.get_ban(ALICE, NOW)).reason == "after"
+        finally:
+            await store.close()
+
+
 class TestObserver(SQLiteFolder):
     @pytest_twisted.ensureDeferred
     async def test_observer_hears_every_call_by_label(self):
@@ -428,7 +455,6 @@ class TestGroupCommit(SQLiteFolder):
         from twisted.internet.defer import DeferredList
 
         from authsrv.records import Client
-        from authsrv.store.errors import AlreadyExists, AlreadyLinked
 
         store = self.open_store()
         clients = [Client(client_id=f"c{n}", secret_hash=None, redirect_uris=["https://a.example/cb"])

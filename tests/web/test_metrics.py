@@ -26,6 +26,7 @@ from twisted.web.client import Agent
 from authsrv.config import parse_config
 from authsrv.identity.passwords import hash_password
 from authsrv.identity.static import add_user
+from authsrv.logfile import LineFile
 from authsrv.metrics import MAX_CLIENT_LABELS, OTHER, Metrics
 from authsrv.service import build
 from authsrv.testing.identity import ALICE, PASSWORDS
@@ -58,7 +59,7 @@ def value(scraped: dict, name: str, **labels) -> float:
 class Server:
     """authsrv built by L{build} as C{twist authsrv} builds it, started on this process's reactor."""
 
-    def __init__(self, tmp_path, monkeypatch):
+    def __init__(self, tmp_path, monkeypatch, audit_file: LineFile | None = None):
         for client_id, secret in SECRETS.items():
             monkeypatch.setenv(f"TEST_{client_id.upper()}_SECRET", secret)
         users = tmp_path / "users.toml"
@@ -80,7 +81,7 @@ class Server:
                  "redirect_uris": [REDIRECT_URI], "rate_limit": "2/m"},
             ],
         }, tmp_path / "authsrv.toml")
-        self.service = build(self.config, reactor)
+        self.service = build(self.config, reactor, audit_file=audit_file)
         self.browser = HTTPClient(Agent(reactor), cookiejar=CookieJar())
 
     async def ready(self) -> None:
@@ -208,6 +209,23 @@ async def test_junk_client_ids_add_no_series(server):
         ("authsrv_http_requests_total", (("route", "/api/auth/oauth2/revoke"), ("status", "401"))),
     }
     assert not {name for name, _ in set(after) - set(before) if name.startswith(("authsrv_tokens", "authsrv_rev"))}
+
+
+@pytest_twisted.ensureDeferred
+async def test_audit_lines_a_full_disk_loses_are_counted(tmp_path, monkeypatch):
+    path = tmp_path / "audit.log"
+    path.symlink_to("/dev/full")
+    audit = LineFile(str(path))
+    server = Server(tmp_path, monkeypatch, audit_file=audit)
+    server.service.startService()
+    try:
+        await server.ready()
+        for _ in range(3):
+            audit.write("{}\n")
+        # The first waits in the file's buffer, for the file to take it again.
+        assert value(await server.scrape(), "authsrv_log_lines_dropped_total", log="audit") == 2
+    finally:
+        await server.service.stopService()
 
 
 def test_client_labels_are_capped():

@@ -28,6 +28,11 @@ from authsrv.records import User
 
 DEFAULT_SECONDS = 30
 """For backends that authsrv only reads (LDAP, a mapped PostgreSQL table): see the README."""
+MAX_SECONDS = 60
+"""
+The longest a user's standing is kept ("seconds to a minute", docs/design.md,
+Bans): a user disabled in a directory loses access within it.
+"""
 DEFAULT_SIZE = 10_000
 NEGATIVE_SECONDS = 5
 """The most an unknown user is kept, when the cache keeps known ones longer."""

@@ -464,7 +464,7 @@ class PostgresIdentityBackend:
                 return None
             return account
 
-        return self._pool.run(lambda c: fetch(c, query, parameters), label).addCallback(pick)
+        return self._pool.run(lambda c: fetch(c, query, parameters), label, idempotent=True).addCallback(pick)
 
     def _by_login(self, login: str | bytes) -> Deferred:
         text = _db_text(login)
@@ -540,7 +540,7 @@ class BetterAuthIdentityBackend(PostgresIdentityBackend):
         if text is None:
             return None
         rows = await self._pool.run(
-            lambda c: fetch(c, _CHAT_LINK, {"sub": text, "provider": provider}), "chat_link"
+            lambda c: fetch(c, _CHAT_LINK, {"sub": text, "provider": provider}), "chat_link", idempotent=True
         )
         if not rows:
             return None
@@ -623,7 +623,7 @@ class OwnPostgresIdentityBackend(PostgresIdentityBackend):
 
     async def list_users(self) -> list[User]:
         query = f"SELECT {_OWN_COLUMNS} FROM identity_users ORDER BY login_key"
-        rows = await self._pool.run(lambda c: fetch(c, query, {}), "list_users")
+        rows = await self._pool.run(lambda c: fetch(c, query, {}), "list_users", idempotent=True)
         return [account.user for row in rows if (account := _account(row)) is not None]
 
 

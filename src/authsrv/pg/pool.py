@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import select
 from collections import deque
 from collections.abc import Callable
 from itertools import islice
@@ -235,6 +236,19 @@ class _Connection(txpostgres.Connection):
         super().connectionLost(reason)
 
 
+def _alive(connection: _Connection) -> bool:
+    """
+    Whether an idle connection is still open: anything waiting on its
+    socket (the server's goodbye, which the reactor has not read yet) is
+    read now, which closes the connection if the server ended it.
+    """
+    poller = select.poll()
+    poller.register(connection.fileno(), select.POLLIN)
+    while not connection.closed and poller.poll(0):
+        connection.doRead()
+    return not connection.closed
+
+
 @frozen
 class _Waiter:
     """Work that waits for a free slot until C{deadline}; C{result} fires with its outcome."""
@@ -242,6 +256,7 @@ class _Waiter:
     deadline: float
     result: Deferred
     work: Callable
+    idempotent: bool
 
 
 class Pool:
@@ -261,6 +276,14 @@ class Pool:
     is tried in turn within C{connect_timeout} (a powered-off primary must
     leave time for the standby named next), names looked up on C{lookups},
     a thread pool.
+
+    A connection the server ended while it was idle (a restart, a
+    failover, C{pg_terminate_backend}) whose goodbye the reactor has not
+    read yet never fails a request by itself: idempotent work (reads) that
+    gets one runs once more on a live connection, other work gets an idle
+    connection only after a look at its socket shows nothing waiting
+    (L{_alive}: one non-blocking poll, no round trip). A write that may
+    have reached the server is never sent again.
 
     C{translate(error, label)} gives the plugin's exception for a failure
     and whether it is an outage. An outage is logged when it starts and
@@ -291,26 +314,30 @@ class Pool:
         self._reachable = True
         self._log = Logger(namespace=f"{__name__}.{what}")
 
-    def run(self, work, label: str = "") -> Deferred:
+    def run(self, work, label: str = "", *, idempotent: bool = False) -> Deferred:
         """
         Fires with the result of C{work(connection)} (a coroutine or a
         L{Deferred}) on one connection of the pool, or fails with the
         plugin's exception for C{translate}, which gets C{label}. Work waits
         for a free slot for at most C{connect_timeout} (L{NoFreeConnection})
         and runs for at most the statement timeout and a margin
-        (L{TimedOut}: its connection is closed).
+        (L{TimedOut}: its connection is closed). C{idempotent} work (that
+        only reads) may run twice, see the class.
         """
+        return self._take(work, idempotent).addErrback(self._failed, label)
+
+    def _take(self, work, idempotent: bool) -> Deferred:
+        """C{work} in a free slot, at once or once one is free."""
         if self._closed:
-            started = fail(PoolClosed())
-        elif self._free:
+            return fail(PoolClosed())
+        if self._free:
             self._free -= 1
-            started = self._start(work)
-        else:
-            started = Deferred(self._leave_queue)
-            deadline = self._reactor.seconds() + self._settings.connect_timeout
-            self._waiting.append(_Waiter(deadline, started, work))
-            self._watch(deadline)
-        return started.addErrback(self._failed, label)
+            return self._start(work, idempotent)
+        started: Deferred = Deferred(self._leave_queue)
+        deadline = self._reactor.seconds() + self._settings.connect_timeout
+        self._waiting.append(_Waiter(deadline, started, work, idempotent))
+        self._watch(deadline)
+        return started
 
     def _failed(self, failure: Failure, label: str) -> Failure:
         if failure.check(CancelledError):
@@ -324,18 +351,30 @@ class Pool:
             )
         return Failure(error)
 
-    def _start(self, work) -> Deferred:
+    def _start(self, work, idempotent: bool) -> Deferred:
         """C{work} on an open connection, or on a new one; the caller holds a slot for it."""
-        connection = self._idle_connection() if self._reachable else None
-        if connection is not None:
-            return self._on(connection, work)
-        return Deferred.fromCoroutine(self._connect_and_run(work))
+        connection = self._idle_connection(checked=not idempotent) if self._reachable else None
+        if connection is None:
+            return Deferred.fromCoroutine(self._connect_and_run(work))
+        if idempotent:
+            return self._on(connection, work).addErrback(self._again, connection, work)
+        return self._on(connection, work)
+
+    def _again(self, failure: Failure, connection: _Connection, work) -> Deferred | Failure:
+        """
+        Idempotent work whose idle connection turned out broken (the server
+        ended it, unnoticed so far) runs once more, on a connection checked
+        alive (the server likely ended the other idle ones too) or a new one.
+        """
+        if not connection.closed or connection.timed_out is not None or failure.check(CancelledError):
+            return failure
+        return self._take(work, idempotent=False)
 
     async def _connect_and_run(self, work):
         try:
             if self._closed:
                 raise PoolClosed()
-            connection = self._idle_connection() or await self._connect()
+            connection = self._idle_connection(checked=True) or await self._connect()
         except BaseException:
             self._release()
             raise
@@ -379,7 +418,7 @@ class Pool:
             if self._closed:
                 waiter.result.errback(PoolClosed())
                 continue
-            self._start(waiter.work).chainDeferred(waiter.result)
+            self._start(waiter.work, waiter.idempotent).chainDeferred(waiter.result)
             return
         self._free += 1
 
@@ -432,10 +471,11 @@ class Pool:
             self._timer.cancel()
         self._timer = None
 
-    def _idle_connection(self) -> _Connection | None:
+    def _idle_connection(self, checked: bool) -> _Connection | None:
+        """The most recently used open idle connection, if any; C{checked}: only one found L{_alive}."""
         while self._idle:
             connection = self._idle.pop()
-            if not connection.closed:
+            if not connection.closed and (not checked or _alive(connection)):
                 return connection
             self._drop(connection)
         return None

@@ -40,6 +40,7 @@ from __future__ import annotations
 import secrets
 import socket
 from contextlib import closing
+from functools import partial
 from time import perf_counter
 
 import psycopg2
@@ -325,7 +326,7 @@ class PostgresStore:
 
     def _gather(self, label: str, one, many) -> Gather:
         """The L{Gather} of one kind of lookup, its statements run and translated as the call C{label}."""
-        return Gather(self._reactor, lambda work: self._pool.run(work, label), one, many)
+        return Gather(self._reactor, lambda work: self._pool.run(work, label, idempotent=True), one, many)
 
     def _run(self, label: str, work, *args) -> Deferred:
         """
@@ -334,29 +335,41 @@ class PostgresStore:
         """
         return self._observed(label, self._pool.run, lambda db: work(db, *args), label)
 
+    def _read(self, label: str, work, *args) -> Deferred:
+        """L{_run} for C{work} that only reads, which the pool may run twice (see L{Pool})."""
+        return self._observed(label, partial(self._pool.run, idempotent=True), lambda db: work(db, *args), label)
+
     def _observed(self, label: str, call, *args) -> Deferred:
         """C{call(*args)}, reported to the observer, if any, as the call C{label}."""
         if self._observer is None:
             return call(*args)
         return watched(self._observer, label, perf_counter(), call(*args))
 
-    def _one(self, label: str, rows: Rows | None, sql: str | Prepared, params: dict) -> Deferred:
-        """The record of the first row (the row itself without C{rows}), or None."""
+    def _one(self, label: str, rows: Rows | None, sql: str | Prepared, params: dict, read: bool = False) -> Deferred:
+        """The record of the first row (the row itself without C{rows}), or None; C{read}: L{_read}."""
         if _unstorable(params):
             return succeed(None)
-
+        run = self._read if read else self._run
         if rows is None:
-            return self._run(label, first, sql, params)
-        return self._run(label, lambda db: first(db, sql, params).addCallback(rows.load))
+            return run(label, first, sql, params)
+        return run(label, lambda db: first(db, sql, params).addCallback(rows.load))
 
-    def _all(self, label: str, rows: Rows, sql: str, params: dict) -> Deferred:
+    def _all(self, label: str, rows: Rows, sql: str, params: dict, read: bool = False) -> Deferred:
         if _unstorable(params):
             return succeed([])
 
         async def every(db):
             return [rows.load(row) for row in await fetch(db, sql, params)]
 
-        return self._run(label, every)
+        return (self._read if read else self._run)(label, every)
+
+    def _lookup(self, label: str, rows: Rows | None, sql: str, params: dict) -> Deferred:
+        """L{_one} for a statement that only reads."""
+        return self._one(label, rows, sql, params, read=True)
+
+    def _list(self, label: str, rows: Rows, sql: str, params: dict) -> Deferred:
+        """L{_all} for a statement that only reads."""
+        return self._all(label, rows, sql, params, read=True)
 
     def _count(self, label: str, sql: str | Prepared, params: dict) -> Deferred:
         """Run one statement; fire with how many rows it changed."""
@@ -389,18 +402,20 @@ class PostgresStore:
         return self._run("change_client", _change_client, before, after)
 
     def get_client(self, client_id):
-        return self._one("get_client", _T.clients, "SELECT * FROM clients WHERE client_id = %(id)s", {"id": client_id})
+        return self._lookup(
+            "get_client", _T.clients, "SELECT * FROM clients WHERE client_id = %(id)s", {"id": client_id})
 
     def list_clients(self):
-        return self._all("list_clients", _T.clients, 'SELECT * FROM clients ORDER BY client_id COLLATE "C"', {})
+        return self._list("list_clients", _T.clients, 'SELECT * FROM clients ORDER BY client_id COLLATE "C"', {})
 
     def list_clients_of(self, sources):
-        return self._all("list_clients_of", _T.clients, 'SELECT * FROM clients WHERE source = ANY(%(sources)s)'
-                         ' ORDER BY client_id COLLATE "C"', {"sources": list(sources)})
+        return self._list("list_clients_of", _T.clients, 'SELECT * FROM clients WHERE source = ANY(%(sources)s)'
+                          ' ORDER BY client_id COLLATE "C"', {"sources": list(sources)})
 
     def count_clients(self, source):
-        return self._one("count_clients", None, "SELECT count(*) AS clients FROM clients WHERE source = %(source)s",
-                         {"source": source}).addCallback(lambda row: row["clients"] if row else 0)
+        return self._lookup(
+            "count_clients", None, "SELECT count(*) AS clients FROM clients WHERE source = %(source)s",
+            {"source": source}).addCallback(lambda row: row["clients"] if row else 0)
 
     def remove_client(self, client_id, expected=None):
         if expected is not None:
@@ -422,7 +437,7 @@ class PostgresStore:
         return self._write("create_session", STEP + _T.sessions.insert, _T.sessions.params(session))
 
     def get_session(self, session_hash, now):
-        return self._one("get_session",
+        return self._lookup("get_session",
             _T.sessions,
             "SELECT * FROM browser_sessions WHERE session_hash = %(hash)s AND expires_at > %(now)s",
             {"hash": session_hash, "now": now},
@@ -440,7 +455,7 @@ class PostgresStore:
         )
 
     def list_user_sessions(self, sub, now):
-        return self._all("list_user_sessions", _T.sessions,
+        return self._list("list_user_sessions", _T.sessions,
             "SELECT * FROM browser_sessions WHERE sub = %(sub)s AND expires_at > %(now)s"
             ' ORDER BY created_at, session_hash COLLATE "C"',
             {"sub": sub, "now": now},
@@ -464,7 +479,7 @@ class PostgresStore:
         )
 
     def get_interaction(self, interaction_id, now):
-        return self._one("get_interaction",
+        return self._lookup("get_interaction",
             _T.interactions,
             "SELECT * FROM interactions WHERE interaction_id = %(id)s AND expires_at > %(now)s",
             {"id": interaction_id, "now": now},
@@ -529,8 +544,8 @@ class PostgresStore:
         return self._write("save_device_authorization", STEP + _T.devices.insert, _T.devices.params(device))
 
     def find_device_authorization(self, user_code_hash, now):
-        return self._one("find_device_authorization", _T.devices, _DEVICE.find,
-                         {"user_code_hash": user_code_hash, "now": now})
+        return self._lookup("find_device_authorization", _T.devices, _DEVICE.find,
+                            {"user_code_hash": user_code_hash, "now": now})
 
     def decide_device_authorization(self, user_code_hash, sub, grant, now):
         params = device.decision(user_code_hash, sub, grant, now)
@@ -558,7 +573,7 @@ class PostgresStore:
     # IGrantStore
 
     def get_grant(self, grant_id):
-        return self._one("get_grant", _T.grants, "SELECT * FROM grants WHERE grant_id = %(id)s", {"id": grant_id})
+        return self._lookup("get_grant", _T.grants, "SELECT * FROM grants WHERE grant_id = %(id)s", {"id": grant_id})
 
     def issue_tokens(self, access, refresh):
         if refresh is None:
@@ -611,7 +626,7 @@ class PostgresStore:
         )
 
     def list_user_grants(self, sub, now):
-        return self._all("list_user_grants", _T.grants,
+        return self._list("list_user_grants", _T.grants,
             "SELECT * FROM grants WHERE sub = %(sub)s AND revoked_at IS NULL AND expires_at > %(now)s"
             ' ORDER BY created_at, grant_id COLLATE "C"',
             {"sub": sub, "now": now},
@@ -649,7 +664,7 @@ class PostgresStore:
         ).addCallback(lambda row: frozenset(row["scope"].split()))
 
     def get_consent(self, sub, client_id):
-        return self._one("get_consent",
+        return self._lookup("get_consent",
             None, "SELECT scope FROM consents WHERE sub = %(sub)s AND client_id = %(client_id)s",
             {"sub": sub, "client_id": client_id},
         ).addCallback(lambda row: None if row is None else frozenset(row["scope"].split()))
@@ -682,13 +697,13 @@ class PostgresStore:
         return self._changed("unban_user", "DELETE FROM bans WHERE sub = %(sub)s", {"sub": sub})
 
     def get_ban(self, sub, now):
-        return self._one("get_ban",
+        return self._lookup("get_ban",
             _T.bans, "SELECT * FROM bans WHERE sub = %(sub)s AND (until IS NULL OR until > %(now)s)",
             {"sub": sub, "now": now},
         )
 
     def list_bans(self, now):
-        return self._all("list_bans",
+        return self._list("list_bans",
             _T.bans, 'SELECT * FROM bans WHERE until IS NULL OR until > %(now)s ORDER BY sub COLLATE "C"',
             {"now": now},
         )
@@ -706,13 +721,13 @@ class PostgresStore:
         return self._write("link_account", _T.linked.put, _T.linked.params(account))
 
     def get_linked_account(self, sub, provider):
-        return self._one("get_linked_account",
+        return self._lookup("get_linked_account",
             _T.linked, "SELECT * FROM linked_accounts WHERE sub = %(sub)s AND provider = %(provider)s",
             {"sub": sub, "provider": provider},
         )
 
     def linked_sub(self, provider, provider_user_id):
-        return self._one("linked_sub",
+        return self._lookup("linked_sub",
             None, "SELECT sub FROM linked_accounts WHERE provider = %(provider)s AND provider_user_id = %(user)s",
             {"provider": provider, "user": provider_user_id},
         ).addCallback(lambda row: None if row is None else row["sub"])
@@ -794,7 +809,7 @@ class PostgresStore:
         return self._write("enrol_totp", _T.totp.put, _T.totp.params(TotpFactor(sub, secret_enc, now, step)))
 
     def get_totp(self, sub):
-        return self._one("get_totp", _T.totp, "SELECT * FROM totp_factors WHERE sub = %(sub)s", {"sub": sub})
+        return self._lookup("get_totp", _T.totp, "SELECT * FROM totp_factors WHERE sub = %(sub)s", {"sub": sub})
 
     def use_totp_step(self, sub, step):
         # A use that waited for a racing one's row lock re-checks last_step on the committed row.
@@ -838,11 +853,11 @@ class PostgresStore:
         return self._write("add_passkey", _T.passkeys.insert, _T.passkeys.params(passkey))
 
     def get_passkey(self, credential_id):
-        return self._one("get_passkey", _T.passkeys, "SELECT * FROM passkeys WHERE credential_id = %(id)s",
-                         {"id": credential_id})
+        return self._lookup("get_passkey", _T.passkeys, "SELECT * FROM passkeys WHERE credential_id = %(id)s",
+                            {"id": credential_id})
 
     def list_passkeys(self, sub):
-        return self._all("list_passkeys", _T.passkeys,
+        return self._list("list_passkeys", _T.passkeys,
             'SELECT * FROM passkeys WHERE sub = %(sub)s ORDER BY created_at, credential_id COLLATE "C"', {"sub": sub}
         )
 
