@@ -9,6 +9,8 @@ floor and a ceiling.
 from __future__ import annotations
 
 import json
+import tracemalloc
+import zlib
 
 import pytest
 import pytest_twisted
@@ -35,6 +37,20 @@ from authsrv.remote_documents import (
 
 JWKS = {"keys": [{"kty": "oct", "k": "c2VjcmV0", "kid": "one"}]}
 LOCAL = FetchPolicy(allow_private_addresses=True, allow_http=True, max_bytes=4096)
+
+
+def gzipped(*parts: bytes, repeat: int = 1) -> bytes:
+    """C{parts} as one gzip member, the middle one C{repeat} times, without holding the whole text at once."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    head, *middle, tail = parts if len(parts) > 1 else (b"", *parts, b"")
+    packed = [packer.compress(head)]
+    for _ in range(repeat):
+        packed += [packer.compress(part) for part in middle]
+    return b"".join([*packed, packer.compress(tail), packer.flush()])
+
+
+BOMB = gzipped(b'{"pad": "', b" " * 1024 * 1024, b'"}', repeat=256)
+"""About 250 KB that unpack to 256 MB: a few network reads of it unpacked whole would each take megabytes."""
 
 
 class Documents(Resource):
@@ -81,6 +97,10 @@ class Documents(Resource):
             return NOT_DONE_YET
         if path == "/empties":
             return b'{"a": [' + b",".join([b"{}"] * 1000) + b"]}"
+        if path in ("/gzip", "/bomb", "/broken-gzip", "/brotli"):
+            request.setHeader("content-encoding", "br" if path == "/brotli" else "gzip")
+            return {"/gzip": gzipped(json.dumps(JWKS).encode()), "/bomb": BOMB,
+                    "/broken-gzip": gzipped(json.dumps(JWKS).encode())[:-12] + b"x" * 12}.get(path, b"\x00")
         if path == "/list":
             return b"[1, 2]"
         if path == "/text":
@@ -240,6 +260,32 @@ async def test_a_body_over_the_cap_is_refused(server):
         await fetcher().fetch(server.base + "/big")
     with pytest.raises(DocumentTooLarge, match="more than the 4096"):
         await fetcher().fetch(server.base + "/chunked-big")
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_gzipped_answer_is_read_and_its_unpacked_size_capped_as_it_unpacks(server):
+    """
+    A compression bomb: the HTTP client unpacked each network read whole
+    before the cap was looked at, so a 64 KB read took 64 MB for a
+    document capped at 64 KB, once for each fetch in flight.
+    """
+    assert await fetcher().fetch(server.base + "/gzip") == JWKS
+    tracemalloc.start()
+    try:
+        with pytest.raises(DocumentTooLarge, match="more than the 4096 bytes allowed"):
+            await fetcher().fetch(server.base + "/bomb")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * 1024 * 1024
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_broken_gzip_answer_or_another_encoding_is_no_document(server):
+    with pytest.raises(InvalidDocument, match="cannot be read: its gzip encoding is broken"):
+        await fetcher().fetch(server.base + "/broken-gzip")
+    with pytest.raises(InvalidDocument, match="is sent with Content-Encoding br; only gzip is read"):
+        await fetcher().fetch(server.base + "/brotli")
 
 
 @pytest_twisted.ensureDeferred

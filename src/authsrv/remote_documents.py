@@ -17,8 +17,10 @@ request forgery and against answers that cost the server too much.
    C{fetches_per_host} of them from one host, so that one party naming
    URLs that hang (its own client ID documents, say) cannot take every
    slot from the others;
- - no redirects, a timeout on the whole fetch, a cap on the body's size;
-   the connection is aborted at the timeout, so that a server dripping its
+ - no redirects, a timeout on the whole fetch, a cap on the body's size
+   (unpacked: a gzipped answer is unpacked only as far as the cap, since a
+   few kilobytes of it may unpack to gigabytes); the connection is aborted
+   at the timeout, so that a server dripping its
    answer, or never closing, holds no socket after the fetch has failed;
  - answers are cached for their C{Cache-Control: max-age}, held between a
    floor (a client cannot make the server fetch on every request) and a
@@ -32,12 +34,13 @@ from __future__ import annotations
 
 import re
 import sys
+import zlib
 from ipaddress import ip_address
 from urllib.parse import urlsplit
 
 import treq
 from attrs import frozen
-from treq.client import HTTPClient
+from hyperlink import EncodedURL
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 from twisted.web.client import Agent
@@ -161,21 +164,46 @@ class _TooLarge(Exception):
     """Stops reading a body (treq closes the connection when its collector raises)."""
 
 
+class _Body:
+    """
+    A body as it arrives, unpacked from gzip when it was sent so, never
+    beyond one byte more than C{limit}: the rest of what arrived stays
+    packed until L{_TooLarge} closes the connection.
+    """
+
+    def __init__(self, limit: int, *, gzipped: bool):
+        self.data = bytearray()
+        self._limit = limit
+        self._unpacker = zlib.decompressobj(16 + zlib.MAX_WBITS) if gzipped else None
+
+    def take(self, chunk: bytes) -> None:
+        if len(self.data) > self._limit:  # what arrives after the refusal, before the connection is closed
+            raise _TooLarge()
+        if self._unpacker is not None:
+            chunk = self._unpacker.decompress(chunk, self._limit + 1 - len(self.data))
+        self.data.extend(chunk)
+        if len(self.data) > self._limit:
+            raise _TooLarge()
+
+    def complete(self) -> bool:
+        """Whether a gzipped body came to its end rather than being cut short."""
+        return self._unpacker is None or self._unpacker.eof
+
+
 class RemoteDocuments:
     """
     Fetches and caches JSON objects under a L{FetchPolicy}. C{resolve(host)}
     gives a Deferred list of addresses (the reactor's resolver by default);
-    C{http_for(address)} a treq-like client that connects to C{address}
-    whatever the URL's host (L{PinnedEndpoints} by default); C{clock} times
-    the cache and the timeout (the reactor by default).
+    each fetch connects to the checked address whatever the URL's host
+    (L{PinnedEndpoints}); C{clock} times the cache and the timeout (the
+    reactor by default).
     """
 
-    def __init__(self, reactor, policy: FetchPolicy, *, resolve=None, http_for=None, clock=None):
+    def __init__(self, reactor, policy: FetchPolicy, *, resolve=None, clock=None):
+        self._reactor = reactor
         self._clock = clock or reactor
         self.policy = policy
         self._resolve = resolve or (lambda host: resolve_host(reactor, host))
-        self._http_for = http_for or (lambda address: HTTPClient(Agent.usingEndpointFactory(
-            reactor, PinnedEndpoints(reactor, address, lifetime=policy.timeout, clock=self._clock))))
         self._cache: dict[str, tuple[float, float, dict, int]] = {}
         """url -> (fetched at, expires at, document, its footprint), the oldest first"""
         self.cached_bytes = 0
@@ -234,27 +262,33 @@ class RemoteDocuments:
             raise RefusedURL(problem)
         host = urlsplit(url).hostname or ""
         address = await self._checked_address(host)
-        response = await self._http_for(address).get(url, allow_redirects=False, headers=Headers({"Accept": ["application/json"]}))
+        # Not treq: it unpacks a gzipped answer a network read at a time, whole, before anyone may count it.
+        agent = Agent.usingEndpointFactory(self._reactor, PinnedEndpoints(
+            self._reactor, address, lifetime=self.policy.timeout, clock=self._clock))
+        response = await agent.request(b"GET", EncodedURL.from_text(url).to_uri().to_text().encode("ascii"),
+                                       Headers({"Accept": ["application/json"], "Accept-Encoding": ["gzip"]}))
         if response.code != 200:
             _drop(response)
             raise FetchFailed(f"{url} answered HTTP {response.code}, not 200")
+        encoding = ",".join(response.headers.getRawHeaders("content-encoding", [])).strip().lower()
+        if encoding not in ("", "identity", "gzip", "x-gzip"):
+            _drop(response)
+            raise InvalidDocument(f"{url} is sent with Content-Encoding {encoding}; only gzip is read")
         length = response.length
-        if isinstance(length, int) and length > self.policy.max_bytes:
+        if not encoding.endswith("gzip") and isinstance(length, int) and length > self.policy.max_bytes:
             _drop(response)
             raise DocumentTooLarge(f"{url} is {length} bytes, more than the {self.policy.max_bytes} allowed")
-        body = bytearray()
-
-        def collect(data: bytes) -> None:
-            body.extend(data)
-            if len(body) > self.policy.max_bytes:
-                raise _TooLarge()
-
+        body = _Body(self.policy.max_bytes, gzipped=encoding.endswith("gzip"))
         try:
-            await treq.collect(response, collect)
+            await treq.collect(response, body.take)
         except _TooLarge:
             raise DocumentTooLarge(f"{url} is more than the {self.policy.max_bytes} bytes allowed") from None
+        except zlib.error:
+            raise InvalidDocument(f"{url} cannot be read: its gzip encoding is broken") from None
+        if not body.complete():
+            raise InvalidDocument(f"{url} cannot be read: its gzip encoding is broken (cut short)")
         try:
-            document = jsontext.loads(body)
+            document = jsontext.loads(body.data)
         except ValueError as e:
             raise InvalidDocument(f"{url} cannot be read: {e}") from None
         if not isinstance(document, dict):
