@@ -11,11 +11,13 @@ from __future__ import annotations
 import json
 import tracemalloc
 import zlib
+from functools import cache
 
 import pytest
 import pytest_twisted
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, succeed
+from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.task import Clock
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
@@ -49,8 +51,10 @@ def gzipped(*parts: bytes, repeat: int = 1) -> bytes:
     return b"".join([*packed, packer.compress(tail), packer.flush()])
 
 
-BOMB = gzipped(b'{"pad": "', b" " * 1024 * 1024, b'"}', repeat=256)
-"""About 250 KB that unpack to 256 MB: a few network reads of it unpacked whole would each take megabytes."""
+@cache
+def bomb() -> bytes:
+    """About 60 KB that unpack to 64 MB: a network read of it unpacked whole takes megabytes."""
+    return gzipped(b'{"pad": "', b" " * 1024 * 1024, b'"}', repeat=64)
 
 
 class Documents(Resource):
@@ -97,15 +101,52 @@ class Documents(Resource):
             return NOT_DONE_YET
         if path == "/empties":
             return b'{"a": [' + b",".join([b"{}"] * 1000) + b"]}"
-        if path in ("/gzip", "/bomb", "/broken-gzip", "/brotli"):
-            request.setHeader("content-encoding", "br" if path == "/brotli" else "gzip")
-            return {"/gzip": gzipped(json.dumps(JWKS).encode()), "/bomb": BOMB,
-                    "/broken-gzip": gzipped(json.dumps(JWKS).encode())[:-12] + b"x" * 12}.get(path, b"\x00")
+        if path == "/brotli":
+            request.setHeader("content-encoding", "br")
+            return b"\x00"
+        if path in ("/gzip", "/bomb", "/broken-gzip"):
+            request.setHeader("content-encoding", "gzip")
+            if path == "/bomb":
+                return bomb()
+            packed = gzipped(json.dumps(JWKS).encode())
+            return packed if path == "/gzip" else packed[:-12] + b"x" * 12
         if path == "/list":
             return b"[1, 2]"
         if path == "/text":
             return b"<html>"
         return json.dumps(JWKS).encode()
+
+
+class EndlessHeaders(Protocol):
+    """
+    Answers 200 and then sends header lines as fast as the connection takes
+    them, 16 MB of them (as good as endless, and cheap to run against code
+    that keeps them all), and then nothing, keeping the connection open.
+    """
+
+    def connectionMade(self):
+        self.transport.write(b"HTTP/1.1 200 OK\r\n")
+        self.left = 2000
+        self.transport.registerProducer(self, False)
+
+    def resumeProducing(self):
+        self.left -= 1
+        if self.left:
+            self.transport.write(b"X-Pad: " + b"a" * 8000 + b"\r\n")
+
+    def pauseProducing(self):
+        pass
+
+    def stopProducing(self):
+        pass
+
+
+@pytest.fixture
+def endless_headers():
+    """The URL of a server whose answer's headers never end."""
+    port = reactor.listenTCP(0, Factory.forProtocol(EndlessHeaders), interface="127.0.0.1")
+    yield f"http://127.0.0.1:{port.getHost().port}/jwks"
+    port.stopListening()
 
 
 @pytest.fixture
@@ -278,6 +319,16 @@ async def test_a_gzipped_answer_is_read_and_its_unpacked_size_capped_as_it_unpac
     finally:
         tracemalloc.stop()
     assert peak < 4 * 1024 * 1024
+
+
+@pytest_twisted.ensureDeferred
+async def test_headers_without_end_are_cut_off_at_the_cap(endless_headers):
+    """
+    The cap held the body only: headers sent without end were all kept
+    until the timeout, gigabytes on a fast link (3 GB in 5 s on loopback).
+    """
+    with pytest.raises(DocumentTooLarge, match="sends more than the 69632 bytes allowed for an answer"):
+        await fetcher(clock=reactor).fetch(endless_headers)
 
 
 @pytest_twisted.ensureDeferred

@@ -19,7 +19,8 @@ request forgery and against answers that cost the server too much.
    slot from the others;
  - no redirects, a timeout on the whole fetch, a cap on the body's size
    (unpacked: a gzipped answer is unpacked only as far as the cap, since a
-   few kilobytes of it may unpack to gigabytes); the connection is aborted
+   few kilobytes of it may unpack to gigabytes) and one on all the
+   connection receives (headers without end); the connection is aborted
    at the timeout, so that a server dripping its
    answer, or never closing, holds no socket after the fetch has failed;
  - answers are cached for their C{Cache-Control: max-age}, held between a
@@ -47,7 +48,7 @@ from twisted.web.client import Agent
 from twisted.web.http_headers import Headers
 
 from authsrv.configsection import Section
-from authsrv.flows.backchannel import PinnedEndpoints, resolve_host
+from authsrv.flows.backchannel import RESPONSE_BYTES, PinnedEndpoints, ReceiveLimit, resolve_host
 from authsrv.protocol import jsontext
 from authsrv.protocol.targets import address_problem, private_address_problem
 
@@ -262,9 +263,20 @@ class RemoteDocuments:
             raise RefusedURL(problem)
         host = urlsplit(url).hostname or ""
         address = await self._checked_address(host)
+        limit = ReceiveLimit(self.policy.max_bytes + RESPONSE_BYTES)
         # Not treq: it unpacks a gzipped answer a network read at a time, whole, before anyone may count it.
         agent = Agent.usingEndpointFactory(self._reactor, PinnedEndpoints(
-            self._reactor, address, lifetime=self.policy.timeout, clock=self._clock))
+            self._reactor, address, lifetime=self.policy.timeout, clock=self._clock, limit=limit))
+        try:
+            return await self._answer(url, agent)
+        except Exception:
+            if limit.exceeded:
+                raise DocumentTooLarge(f"{url} sends more than the {limit.most} bytes allowed for an answer"
+                                       " (its headers and body)") from None
+            raise
+
+    async def _answer(self, url: str, agent: Agent) -> dict:
+        """The document C{agent} fetches from C{url}, cached."""
         response = await agent.request(b"GET", EncodedURL.from_text(url).to_uri().to_text().encode("ascii"),
                                        Headers({"Accept": ["application/json"], "Accept-Encoding": ["gzip"]}))
         if response.code != 200:
