@@ -21,8 +21,8 @@ request forgery and against answers that cost the server too much.
    (unpacked: a gzipped answer is unpacked only as far as the cap, since a
    few kilobytes of it may unpack to gigabytes) and one on all the
    connection receives (headers without end); the connection is aborted
-   at the timeout, so that a server dripping its
-   answer, or never closing, holds no socket after the fetch has failed;
+   at the timeout, so that a server dripping its answer, or never
+   closing, holds no socket after the fetch has failed;
  - answers are cached for their C{Cache-Control: max-age}, held between a
    floor (a client cannot make the server fetch on every request) and a
    ceiling (a rotated key set is seen within a bounded time), and together
@@ -286,11 +286,12 @@ class RemoteDocuments:
         if encoding not in ("", "identity", "gzip", "x-gzip"):
             _drop(response)
             raise InvalidDocument(f"{url} is sent with Content-Encoding {encoding}; only gzip is read")
+        gzipped = encoding.endswith("gzip")
         length = response.length
-        if not encoding.endswith("gzip") and isinstance(length, int) and length > self.policy.max_bytes:
+        if not gzipped and isinstance(length, int) and length > self.policy.max_bytes:
             _drop(response)
             raise DocumentTooLarge(f"{url} is {length} bytes, more than the {self.policy.max_bytes} allowed")
-        body = _Body(self.policy.max_bytes, gzipped=encoding.endswith("gzip"))
+        body = _Body(self.policy.max_bytes, gzipped=gzipped)
         try:
             await treq.collect(response, body.take)
         except _TooLarge:

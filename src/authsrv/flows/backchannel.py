@@ -269,7 +269,6 @@ class BackchannelNotifier:
         return _outcome(response.code)
 
 
-@implementer(IAgentEndpointFactory)
 class ReceiveLimit:
     """
     At most C{most} bytes received on each connection, TLS and headers
@@ -282,6 +281,7 @@ class ReceiveLimit:
         self.exceeded = False
 
 
+@implementer(IAgentEndpointFactory)
 class PinnedEndpoints:
     """
     Connects to one resolved address, whatever a URI's host: the Agent
