@@ -9,6 +9,7 @@ floor and a ceiling.
 from __future__ import annotations
 
 import json
+import threading
 import tracemalloc
 import zlib
 from functools import cache
@@ -19,10 +20,12 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.task import Clock
+from twisted.python.threadpool import ThreadPool
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
 
 from authsrv.config import parse_config
+from authsrv.pg.settings import host_addresses
 from authsrv.configsection import ConfigError
 from authsrv.protocol.targets import private_address_problem
 from authsrv.remote_documents import (
@@ -274,6 +277,36 @@ async def test_the_connection_goes_to_the_checked_address_and_sends_the_name(ser
     assert await documents.fetch(f"http://docs.example:{port}/jwks") == JWKS
     assert server.requests == [("/jwks", f"docs.example:{port}")]
     assert answers == [["169.254.169.254"]]
+
+
+@pytest.fixture
+def reactor_pool_held():
+    """Every thread of the reactor's pool held, as by lookups of names whose servers never answer."""
+    release = threading.Event()
+    for _ in range(reactor.getThreadPool().max):
+        reactor.callInThread(release.wait)
+    yield
+    release.set()
+
+
+@pytest_twisted.ensureDeferred
+async def test_names_are_looked_up_on_a_pool_of_their_own(server, reactor_pool_held):
+    """
+    A name whose servers never answer holds a thread past the fetch's
+    timeout: on the reactor's pool, ten of them held every lookup the server
+    makes (relying parties, the chat platform) and this fetch timed out.
+    """
+    if host_addresses("localhost")[:1] != ["127.0.0.1"]:
+        pytest.skip("localhost is not 127.0.0.1 first here")
+    lookups = ThreadPool(minthreads=0, maxthreads=1, name="test-lookups")
+    lookups.start()
+    try:
+        documents = RemoteDocuments(reactor, LOCAL, clock=Clock(), lookups=lookups)
+        port = server.base.rsplit(":", 1)[1]
+        fetching = Deferred.fromCoroutine(documents.fetch(f"http://localhost:{port}/jwks"))
+        assert await fetching.addTimeout(LOCAL.timeout, reactor) == JWKS
+    finally:
+        lookups.stop()
 
 
 @pytest_twisted.ensureDeferred

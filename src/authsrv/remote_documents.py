@@ -36,6 +36,7 @@ from __future__ import annotations
 import re
 import sys
 import zlib
+from functools import partial
 from ipaddress import ip_address
 from urllib.parse import urlsplit
 
@@ -43,12 +44,15 @@ import treq
 from attrs import frozen
 from hyperlink import EncodedURL
 from twisted.internet.defer import Deferred
+from twisted.internet.threads import deferToThreadPool
 from twisted.python.failure import Failure
+from twisted.python.threadpool import ThreadPool
 from twisted.web.client import Agent
 from twisted.web.http_headers import Headers
 
 from authsrv.configsection import Section
 from authsrv.flows.backchannel import RESPONSE_BYTES, PinnedEndpoints, ReceiveLimit, resolve_host
+from authsrv.pg.settings import host_addresses
 from authsrv.protocol import jsontext
 from authsrv.protocol.targets import address_problem, private_address_problem
 
@@ -194,16 +198,23 @@ class _Body:
 class RemoteDocuments:
     """
     Fetches and caches JSON objects under a L{FetchPolicy}. C{resolve(host)}
-    gives a Deferred list of addresses (the reactor's resolver by default);
-    each fetch connects to the checked address whatever the URL's host
+    gives a Deferred list of addresses: by default, looked up on the thread
+    pool C{lookups} when given, else by the reactor's resolver. A lookup
+    outlasts the fetch's timeout when a name's servers never answer, which
+    anyone naming URLs can arrange: on the reactor's pool, ten such lookups
+    held every thread it has, and every other name the server looks up (a
+    relying party's, the chat platform's) waited behind them. Each fetch
+    connects to the checked address whatever the URL's host
     (L{PinnedEndpoints}); C{clock} times the cache and the timeout (the
     reactor by default).
     """
 
-    def __init__(self, reactor, policy: FetchPolicy, *, resolve=None, clock=None):
+    def __init__(self, reactor, policy: FetchPolicy, *, resolve=None, clock=None, lookups: ThreadPool | None = None):
         self._reactor = reactor
         self._clock = clock or reactor
         self.policy = policy
+        if resolve is None and lookups is not None:
+            resolve = partial(deferToThreadPool, reactor, lookups, host_addresses)
         self._resolve = resolve or (lambda host: resolve_host(reactor, host))
         self._cache: dict[str, tuple[float, float, dict, int]] = {}
         """url -> (fetched at, expires at, document, its footprint), the oldest first"""
