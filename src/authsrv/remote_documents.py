@@ -323,15 +323,16 @@ class RemoteDocuments:
 
     def _keep(self, url: str, document: dict, seconds: int) -> None:
         """Caches C{document}, letting the oldest go until the budget holds it (or nothing else is left)."""
-        self._forget(url)
+        self.forget(url)
         size = _footprint(url, document)
         while self._cache and self.cached_bytes + size > self.policy.cache_bytes:
-            self._forget(next(iter(self._cache)))
+            self.forget(next(iter(self._cache)))
         now = self._clock.seconds()
         self._cache[url] = (now, now + seconds, document, size)
         self.cached_bytes += size
 
-    def _forget(self, url: str) -> None:
+    def forget(self, url: str) -> None:
+        """Drops C{url}'s cached document, one its caller found invalid, say: its fix is then fetched at once."""
         cached = self._cache.pop(url, None)
         if cached is not None:
             self.cached_bytes -= cached[3]

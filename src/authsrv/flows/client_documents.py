@@ -67,7 +67,8 @@ class DocumentClients:
     document; an unusable document is an unknown client, and the log says why.
     One giving its client an operator client's name is unusable (C{names}).
     A refused URL is not fetched again for the policy's C{refetch_after}
-    seconds, so that requests naming a slow or broken URL cost no fetch each;
+    seconds, so that requests naming a slow or broken URL cost no fetch each,
+    and then fetched again, its refused document not kept in the cache;
     one not fetched because others were (L{Busy}) may be asked for again at once.
     """
 
@@ -110,6 +111,7 @@ class DocumentClients:
             return None
         except (RemoteDocumentError, OAuthError) as e:
             log.warn("client ID metadata document {url} refused: {reason}", url=client_id, reason=str(e))
+            self._documents.forget(client_id)  # the draft (Metadata Caching): an invalid document is not cached
             if len(self._refused) >= MAX_REFUSED:
                 self._refused.clear()
             self._refused[client_id] = self._clock.seconds() + self._documents.policy.refetch_after
