@@ -226,7 +226,8 @@ async def test_loopback_and_plain_http_are_refused_by_default_without_a_request(
 
 
 @pytest.mark.parametrize("address", ["127.0.0.1", "10.1.2.3", "192.168.0.1", "172.16.0.1", "100.64.0.1", "::1",
-                                     "fd12::1", "::ffff:10.0.0.1", "169.254.169.254", "fe80::1", "0.0.0.0"])
+                                     "fd12::1", "::ffff:10.0.0.1", "169.254.169.254", "fe80::1", "0.0.0.0",
+                                     "fec0::1"])
 def test_private_addresses_are_refused(address):
     assert private_address_problem(address)
     host = f"[{address}]" if ":" in address else address
