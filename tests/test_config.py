@@ -222,6 +222,19 @@ def test_load_config_file_problems(tmp_path):
     assert "\n" not in str(caught.value)
 
 
+def test_a_byte_order_mark_is_read_past(tmp_path):
+    """
+    Windows editors may begin a UTF-8 file with one: the config was refused
+    as "invalid TOML: Invalid statement (at line 1, column 1)", and a secret
+    file's became the secret's first character, a secret nobody else has.
+    """
+    (tmp_path / "secret").write_bytes(b"\xef\xbb\xbffrom-a-file\n")
+    path = tmp_path / "authsrv.toml"
+    path.write_bytes(b'\xef\xbb\xbf[[clients]]\nclient_id = "app"\nredirect_uris = ["https://app.example/cb"]\n'
+                     b'secret_file = "secret"\n')
+    assert load_config(path).clients[0].secret_hash == token_hash("from-a-file")
+
+
 def test_demo_config_is_valid():
     demo = Path(__file__).parent.parent / "examples" / "demo.toml"
     config = load_config(demo)

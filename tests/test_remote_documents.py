@@ -9,16 +9,23 @@ floor and a ceiling.
 from __future__ import annotations
 
 import json
+import threading
+import tracemalloc
+import zlib
+from functools import cache
 
 import pytest
 import pytest_twisted
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, succeed
+from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.task import Clock
+from twisted.python.threadpool import ThreadPool
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
 
 from authsrv.config import parse_config
+from authsrv.pg.settings import host_addresses
 from authsrv.configsection import ConfigError
 from authsrv.protocol.targets import private_address_problem
 from authsrv.remote_documents import (
@@ -35,6 +42,22 @@ from authsrv.remote_documents import (
 
 JWKS = {"keys": [{"kty": "oct", "k": "c2VjcmV0", "kid": "one"}]}
 LOCAL = FetchPolicy(allow_private_addresses=True, allow_http=True, max_bytes=4096)
+
+
+def gzipped(*parts: bytes, repeat: int = 1) -> bytes:
+    """C{parts} as one gzip member, the middle one C{repeat} times, without holding the whole text at once."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    head, *middle, tail = parts if len(parts) > 1 else (b"", *parts, b"")
+    packed = [packer.compress(head)]
+    for _ in range(repeat):
+        packed += [packer.compress(part) for part in middle]
+    return b"".join([*packed, packer.compress(tail), packer.flush()])
+
+
+@cache
+def bomb() -> bytes:
+    """About 60 KB that unpack to 64 MB: a network read of it unpacked whole takes megabytes."""
+    return gzipped(b'{"pad": "', b" " * 1024 * 1024, b'"}', repeat=64)
 
 
 class Documents(Resource):
@@ -81,11 +104,52 @@ class Documents(Resource):
             return NOT_DONE_YET
         if path == "/empties":
             return b'{"a": [' + b",".join([b"{}"] * 1000) + b"]}"
+        if path == "/brotli":
+            request.setHeader("content-encoding", "br")
+            return b"\x00"
+        if path in ("/gzip", "/bomb", "/broken-gzip"):
+            request.setHeader("content-encoding", "gzip")
+            if path == "/bomb":
+                return bomb()
+            packed = gzipped(json.dumps(JWKS).encode())
+            return packed if path == "/gzip" else packed[:-12] + b"x" * 12
         if path == "/list":
             return b"[1, 2]"
         if path == "/text":
             return b"<html>"
         return json.dumps(JWKS).encode()
+
+
+class EndlessHeaders(Protocol):
+    """
+    Answers 200 and then sends header lines as fast as the connection takes
+    them, 16 MB of them (as good as endless, and cheap to run against code
+    that keeps them all), and then nothing, keeping the connection open.
+    """
+
+    def connectionMade(self):
+        self.transport.write(b"HTTP/1.1 200 OK\r\n")
+        self.left = 2000
+        self.transport.registerProducer(self, False)
+
+    def resumeProducing(self):
+        self.left -= 1
+        if self.left:
+            self.transport.write(b"X-Pad: " + b"a" * 8000 + b"\r\n")
+
+    def pauseProducing(self):
+        pass
+
+    def stopProducing(self):
+        pass
+
+
+@pytest.fixture
+def endless_headers():
+    """The URL of a server whose answer's headers never end."""
+    port = reactor.listenTCP(0, Factory.forProtocol(EndlessHeaders), interface="127.0.0.1")
+    yield f"http://127.0.0.1:{port.getHost().port}/jwks"
+    port.stopListening()
 
 
 @pytest.fixture
@@ -162,7 +226,8 @@ async def test_loopback_and_plain_http_are_refused_by_default_without_a_request(
 
 
 @pytest.mark.parametrize("address", ["127.0.0.1", "10.1.2.3", "192.168.0.1", "172.16.0.1", "100.64.0.1", "::1",
-                                     "fd12::1", "::ffff:10.0.0.1", "169.254.169.254", "fe80::1", "0.0.0.0"])
+                                     "fd12::1", "::ffff:10.0.0.1", "169.254.169.254", "fe80::1", "0.0.0.0",
+                                     "fec0::1"])
 def test_private_addresses_are_refused(address):
     assert private_address_problem(address)
     host = f"[{address}]" if ":" in address else address
@@ -215,6 +280,36 @@ async def test_the_connection_goes_to_the_checked_address_and_sends_the_name(ser
     assert answers == [["169.254.169.254"]]
 
 
+@pytest.fixture
+def reactor_pool_held():
+    """Every thread of the reactor's pool held, as by lookups of names whose servers never answer."""
+    release = threading.Event()
+    for _ in range(reactor.getThreadPool().max):
+        reactor.callInThread(release.wait)
+    yield
+    release.set()
+
+
+@pytest_twisted.ensureDeferred
+async def test_names_are_looked_up_on_a_pool_of_their_own(server, reactor_pool_held):
+    """
+    A name whose servers never answer holds a thread past the fetch's
+    timeout: on the reactor's pool, ten of them held every lookup the server
+    makes (relying parties, the chat platform) and this fetch timed out.
+    """
+    if host_addresses("localhost")[:1] != ["127.0.0.1"]:
+        pytest.skip("localhost is not 127.0.0.1 first here")
+    lookups = ThreadPool(minthreads=0, maxthreads=1, name="test-lookups")
+    lookups.start()
+    try:
+        documents = RemoteDocuments(reactor, LOCAL, clock=Clock(), lookups=lookups)
+        port = server.base.rsplit(":", 1)[1]
+        fetching = Deferred.fromCoroutine(documents.fetch(f"http://localhost:{port}/jwks"))
+        assert await fetching.addTimeout(LOCAL.timeout, reactor) == JWKS
+    finally:
+        lookups.stop()
+
+
 @pytest_twisted.ensureDeferred
 async def test_a_name_resolving_to_nothing_fails(server):
     with pytest.raises(FetchFailed, match="resolves to no address"):
@@ -240,6 +335,42 @@ async def test_a_body_over_the_cap_is_refused(server):
         await fetcher().fetch(server.base + "/big")
     with pytest.raises(DocumentTooLarge, match="more than the 4096"):
         await fetcher().fetch(server.base + "/chunked-big")
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_gzipped_answer_is_read_and_its_unpacked_size_capped_as_it_unpacks(server):
+    """
+    A compression bomb: the HTTP client unpacked each network read whole
+    before the cap was looked at, so a 64 KB read took 64 MB for a
+    document capped at 64 KB, once for each fetch in flight.
+    """
+    assert await fetcher().fetch(server.base + "/gzip") == JWKS
+    tracemalloc.start()
+    try:
+        with pytest.raises(DocumentTooLarge, match="more than the 4096 bytes allowed"):
+            await fetcher().fetch(server.base + "/bomb")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * 1024 * 1024
+
+
+@pytest_twisted.ensureDeferred
+async def test_headers_without_end_are_cut_off_at_the_cap(endless_headers):
+    """
+    The cap held the body only: headers sent without end were all kept
+    until the timeout, gigabytes on a fast link (3 GB in 5 s on loopback).
+    """
+    with pytest.raises(DocumentTooLarge, match="sends more than the 69632 bytes allowed for an answer"):
+        await fetcher(clock=reactor).fetch(endless_headers)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_broken_gzip_answer_or_another_encoding_is_no_document(server):
+    with pytest.raises(InvalidDocument, match="cannot be read: its gzip encoding is broken"):
+        await fetcher().fetch(server.base + "/broken-gzip")
+    with pytest.raises(InvalidDocument, match="is sent with Content-Encoding br; only gzip is read"):
+        await fetcher().fetch(server.base + "/brotli")
 
 
 @pytest_twisted.ensureDeferred

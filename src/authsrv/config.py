@@ -967,10 +967,11 @@ def read_config_file(path: Path) -> bytes:
 def read_toml(path: Path, source: bytes | None = None) -> dict:
     """
     The TOML document in a config file, or in C{source}, the bytes read from
-    it earlier; raises L{ConfigFileError} with one line.
+    it earlier; raises L{ConfigFileError} with one line. A byte order mark,
+    which some editors begin UTF-8 files with, is read past: TOML has none.
     """
     try:
-        text = (read_config_file(path) if source is None else source).decode("utf-8")
+        text = (read_config_file(path) if source is None else source).decode("utf-8-sig")
     except UnicodeDecodeError:
         raise ConfigFileError(f"{path}: not UTF-8 text") from None
     try:

@@ -271,7 +271,8 @@ class Section:
         """
         The text of a secret file, with a warning when every user of the
         machine may read it: a group-readable file (0640) is a common
-        deployment, a world-readable one is a leak waiting to happen.
+        deployment, a world-readable one is a leak waiting to happen. A
+        byte order mark is no part of the secret, which nobody else would have.
         """
         with open(path, "rb") as file:
             mode = stat.S_IMODE(os.fstat(file.fileno()).st_mode)
@@ -279,7 +280,7 @@ class Section:
         if mode & stat.S_IROTH:
             log.warn("{key}: {path} is readable by every user of this machine (mode {mode:04o}); chmod 600 it",
                      key=self.key(file_key), path=str(path), mode=mode)
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")
 
     def rest(self) -> dict:
         """Take every remaining key (a plugin's own section)."""

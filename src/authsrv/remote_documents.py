@@ -17,9 +17,12 @@ request forgery and against answers that cost the server too much.
    C{fetches_per_host} of them from one host, so that one party naming
    URLs that hang (its own client ID documents, say) cannot take every
    slot from the others;
- - no redirects, a timeout on the whole fetch, a cap on the body's size;
-   the connection is aborted at the timeout, so that a server dripping its
-   answer, or never closing, holds no socket after the fetch has failed;
+ - no redirects, a timeout on the whole fetch, a cap on the body's size
+   (unpacked: a gzipped answer is unpacked only as far as the cap, since a
+   few kilobytes of it may unpack to gigabytes) and one on all the
+   connection receives (headers without end); the connection is aborted
+   at the timeout, so that a server dripping its answer, or never
+   closing, holds no socket after the fetch has failed;
  - answers are cached for their C{Cache-Control: max-age}, held between a
    floor (a client cannot make the server fetch on every request) and a
    ceiling (a rotated key set is seen within a bounded time), and together
@@ -32,19 +35,24 @@ from __future__ import annotations
 
 import re
 import sys
+import zlib
+from functools import partial
 from ipaddress import ip_address
 from urllib.parse import urlsplit
 
 import treq
 from attrs import frozen
-from treq.client import HTTPClient
+from hyperlink import EncodedURL
 from twisted.internet.defer import Deferred
+from twisted.internet.threads import deferToThreadPool
 from twisted.python.failure import Failure
+from twisted.python.threadpool import ThreadPool
 from twisted.web.client import Agent
 from twisted.web.http_headers import Headers
 
 from authsrv.configsection import Section
-from authsrv.flows.backchannel import PinnedEndpoints, resolve_host
+from authsrv.flows.backchannel import RESPONSE_BYTES, PinnedEndpoints, ReceiveLimit, resolve_host
+from authsrv.pg.settings import host_addresses
 from authsrv.protocol import jsontext
 from authsrv.protocol.targets import address_problem, private_address_problem
 
@@ -161,21 +169,53 @@ class _TooLarge(Exception):
     """Stops reading a body (treq closes the connection when its collector raises)."""
 
 
+class _Body:
+    """
+    A body as it arrives, unpacked from gzip when it was sent so, never
+    beyond one byte more than C{limit}: the rest of what arrived stays
+    packed until L{_TooLarge} closes the connection.
+    """
+
+    def __init__(self, limit: int, *, gzipped: bool):
+        self.data = bytearray()
+        self._limit = limit
+        self._unpacker = zlib.decompressobj(16 + zlib.MAX_WBITS) if gzipped else None
+
+    def take(self, chunk: bytes) -> None:
+        if len(self.data) > self._limit:  # what arrives after the refusal, before the connection is closed
+            raise _TooLarge()
+        if self._unpacker is not None:
+            chunk = self._unpacker.decompress(chunk, self._limit + 1 - len(self.data))
+        self.data.extend(chunk)
+        if len(self.data) > self._limit:
+            raise _TooLarge()
+
+    def complete(self) -> bool:
+        """Whether a gzipped body came to its end rather than being cut short."""
+        return self._unpacker is None or self._unpacker.eof
+
+
 class RemoteDocuments:
     """
     Fetches and caches JSON objects under a L{FetchPolicy}. C{resolve(host)}
-    gives a Deferred list of addresses (the reactor's resolver by default);
-    C{http_for(address)} a treq-like client that connects to C{address}
-    whatever the URL's host (L{PinnedEndpoints} by default); C{clock} times
-    the cache and the timeout (the reactor by default).
+    gives a Deferred list of addresses: by default, looked up on the thread
+    pool C{lookups} when given, else by the reactor's resolver. A lookup
+    outlasts the fetch's timeout when a name's servers never answer, which
+    anyone naming URLs can arrange: on the reactor's pool, ten such lookups
+    held every thread it has, and every other name the server looks up (a
+    relying party's, the chat platform's) waited behind them. Each fetch
+    connects to the checked address whatever the URL's host
+    (L{PinnedEndpoints}); C{clock} times the cache and the timeout (the
+    reactor by default).
     """
 
-    def __init__(self, reactor, policy: FetchPolicy, *, resolve=None, http_for=None, clock=None):
+    def __init__(self, reactor, policy: FetchPolicy, *, resolve=None, clock=None, lookups: ThreadPool | None = None):
+        self._reactor = reactor
         self._clock = clock or reactor
         self.policy = policy
+        if resolve is None and lookups is not None:
+            resolve = partial(deferToThreadPool, reactor, lookups, host_addresses)
         self._resolve = resolve or (lambda host: resolve_host(reactor, host))
-        self._http_for = http_for or (lambda address: HTTPClient(Agent.usingEndpointFactory(
-            reactor, PinnedEndpoints(reactor, address, lifetime=policy.timeout, clock=self._clock))))
         self._cache: dict[str, tuple[float, float, dict, int]] = {}
         """url -> (fetched at, expires at, document, its footprint), the oldest first"""
         self.cached_bytes = 0
@@ -234,27 +274,45 @@ class RemoteDocuments:
             raise RefusedURL(problem)
         host = urlsplit(url).hostname or ""
         address = await self._checked_address(host)
-        response = await self._http_for(address).get(url, allow_redirects=False, headers=Headers({"Accept": ["application/json"]}))
+        limit = ReceiveLimit(self.policy.max_bytes + RESPONSE_BYTES)
+        # Not treq: it unpacks a gzipped answer a network read at a time, whole, before anyone may count it.
+        agent = Agent.usingEndpointFactory(self._reactor, PinnedEndpoints(
+            self._reactor, address, lifetime=self.policy.timeout, clock=self._clock, limit=limit))
+        try:
+            return await self._answer(url, agent)
+        except Exception:
+            if limit.exceeded:
+                raise DocumentTooLarge(f"{url} sends more than the {limit.most} bytes allowed for an answer"
+                                       " (its headers and body)") from None
+            raise
+
+    async def _answer(self, url: str, agent: Agent) -> dict:
+        """The document C{agent} fetches from C{url}, cached."""
+        response = await agent.request(b"GET", EncodedURL.from_text(url).to_uri().to_text().encode("ascii"),
+                                       Headers({"Accept": ["application/json"], "Accept-Encoding": ["gzip"]}))
         if response.code != 200:
             _drop(response)
             raise FetchFailed(f"{url} answered HTTP {response.code}, not 200")
+        encoding = ",".join(response.headers.getRawHeaders("content-encoding", [])).strip().lower()
+        if encoding not in ("", "identity", "gzip", "x-gzip"):
+            _drop(response)
+            raise InvalidDocument(f"{url} is sent with Content-Encoding {encoding}; only gzip is read")
+        gzipped = encoding.endswith("gzip")
         length = response.length
-        if isinstance(length, int) and length > self.policy.max_bytes:
+        if not gzipped and isinstance(length, int) and length > self.policy.max_bytes:
             _drop(response)
             raise DocumentTooLarge(f"{url} is {length} bytes, more than the {self.policy.max_bytes} allowed")
-        body = bytearray()
-
-        def collect(data: bytes) -> None:
-            body.extend(data)
-            if len(body) > self.policy.max_bytes:
-                raise _TooLarge()
-
+        body = _Body(self.policy.max_bytes, gzipped=gzipped)
         try:
-            await treq.collect(response, collect)
+            await treq.collect(response, body.take)
         except _TooLarge:
             raise DocumentTooLarge(f"{url} is more than the {self.policy.max_bytes} bytes allowed") from None
+        except zlib.error:
+            raise InvalidDocument(f"{url} cannot be read: its gzip encoding is broken") from None
+        if not body.complete():
+            raise InvalidDocument(f"{url} cannot be read: its gzip encoding is broken (cut short)")
         try:
-            document = jsontext.loads(body)
+            document = jsontext.loads(body.data)
         except ValueError as e:
             raise InvalidDocument(f"{url} cannot be read: {e}") from None
         if not isinstance(document, dict):
@@ -265,15 +323,16 @@ class RemoteDocuments:
 
     def _keep(self, url: str, document: dict, seconds: int) -> None:
         """Caches C{document}, letting the oldest go until the budget holds it (or nothing else is left)."""
-        self._forget(url)
+        self.forget(url)
         size = _footprint(url, document)
         while self._cache and self.cached_bytes + size > self.policy.cache_bytes:
-            self._forget(next(iter(self._cache)))
+            self.forget(next(iter(self._cache)))
         now = self._clock.seconds()
         self._cache[url] = (now, now + seconds, document, size)
         self.cached_bytes += size
 
-    def _forget(self, url: str) -> None:
+    def forget(self, url: str) -> None:
+        """Drops C{url}'s cached document, one its caller found invalid, say: its fix is then fetched at once."""
         cached = self._cache.pop(url, None)
         if cached is not None:
             self.cached_bytes -= cached[3]

@@ -524,6 +524,7 @@ def _public_pushes(config: Config) -> Rate | None:
 def web_root(
     config: Config, reactor, store, keystore, identity, readiness, internal=None, chat_link=None, admin=None,
     documents: RemoteDocuments | None = None, notifier: backchannel.BackchannelNotifier | None = None,
+    lookups=None,
 ) -> Root:
     """
     The main site's HTTP surface; C{readiness()} returns a problem or None,
@@ -534,16 +535,18 @@ def web_root(
     (by default on C{reactor}). Key sets of the operator's clients are fetched
     apart, so that URLs anyone names neither take their fetches in flight nor
     push them out of the cache. C{notifier} sends back-channel logouts (by
-    default one of its own).
+    default one of its own). C{lookups(name, size)} gives each fetcher the
+    thread pool it looks host names up on (the plugin context's pools),
+    else the reactor's resolver does.
     """
     grants = grant_registry(config, store, keystore, identity)
     token_endpoint = endpoints(config.issuer)["token_endpoint"]
     clients: ClientCache | DocumentClients = ClientCache(store, reactor, assertions=AssertionChecker(
-        store=store, documents=RemoteDocuments(reactor, config.remote_documents),
+        store=store, documents=_fetcher(reactor, config, lookups, "key-set-lookups"),
         audiences=(config.issuer, token_endpoint), secrets=config.secret_keeper,
         pushed_endpoint=pushed_request_endpoint(config.issuer)))
     if config.registration.metadata_documents:
-        clients = DocumentClients(clients, documents or RemoteDocuments(reactor, config.remote_documents),
+        clients = DocumentClients(clients, documents or _fetcher(reactor, config, lookups, "document-lookups"),
                                   config.registration, reactor, OperatorNames(store),
                                   dpop_offered=config.dpop is not None)
     site = PublicSite(
@@ -563,6 +566,12 @@ def web_root(
         _documents(config, keystore, grants.grant_types, OfferedFeatures(store, reactor, config.clients)),
         site.resource(), internal, config.input_limits, admin
     )
+
+
+def _fetcher(reactor, config: Config, lookups, name: str) -> RemoteDocuments:
+    """A fetcher of documents, looking host names up on the pool C{lookups} gives it by C{name}, if any."""
+    pool = lookups(name, config.remote_documents.fetches_in_flight) if lookups is not None else None
+    return RemoteDocuments(reactor, config.remote_documents, lookups=pool)
 
 
 def client_operations(config: Config, reactor, store) -> ClientOperations:
@@ -704,7 +713,7 @@ def build(
         root = web_root(
             config, reactor, store, keystore, identity, lambda: holder[0].readiness_problem(),
             internal if config.internal_on_main else None, chat.linking,
-            admin if config.admin.serve_on_main else None, notifier=notifier,
+            admin if config.admin.serve_on_main else None, notifier=notifier, lookups=context.threadpool,
         )
         ports: list = []
         drain = Drain(reactor, config.shutdown.delay, config.shutdown.timeout)

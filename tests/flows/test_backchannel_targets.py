@@ -8,11 +8,14 @@ with a fake resolver here, and connects to that address, sending the name.
 
 from __future__ import annotations
 
+import tracemalloc
+
 import pytest
 import pytest_twisted
 from treq.client import HTTPClient
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.protocol import Factory
 from twisted.internet.task import Clock, deferLater
 from twisted.web.client import URI, Agent
 from twisted.web.server import NOT_DONE_YET, Site
@@ -25,6 +28,7 @@ from authsrv.protocol.targets import address_problem, backchannel_uri_problem
 
 from conftest import admin, refused
 from test_backchannel import FakeRelyingParty
+from test_remote_documents import EndlessHeaders
 
 def _outcomes(audit) -> dict[str, str]:
     return {e["client_id"]: e["outcome"] for e in audit.of("logout.backchannel")}
@@ -220,3 +224,24 @@ async def test_a_connection_is_aborted_at_its_lifetime_even_after_the_answer():
         assert lost, "the connection is still open"
     finally:
         await port.stopListening()
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_answer_whose_headers_never_end_is_cut_off():
+    """
+    The HTTP client keeps every header line: a relying party sending them
+    without end filled the memory until the connection's lifetime ended.
+    """
+    port = reactor.listenTCP(0, Factory.forProtocol(EndlessHeaders), interface="127.0.0.1")
+    tracemalloc.start()
+    try:
+        notifier = BackchannelNotifier(reactor, backchannel.default_http_client(reactor), retry_delays=(),
+                                       resolve=FakeResolver(["127.0.0.1"]))
+        uri = f"http://rp.invalid:{port.getHost().port}/backchannel"
+        outcome = await Deferred.fromCoroutine(notifier.deliver(uri, "token", "first", "sid-1"))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        await port.stopListening()
+    assert outcome == "gave up after 1 attempts, last: ResponseFailed"
+    assert peak < 4 * 1024 * 1024

@@ -658,8 +658,7 @@ async def test_a_bad_metadata_document_is_an_unknown_client(tmp_path, monkeypatc
         assert response.code == 400 and server.hits == [b"/agent.json"], "a refusal is remembered"
         h.clock.advance(2)
         await Browser(h).authorize(url, redirect_uri=REDIRECT)
-        fetch_failed = document in ("oversized", "not_json", "not_text", "missing")
-        assert server.hits == [b"/agent.json"] * (2 if fetch_failed else 1), "then fetched again, or cached"
+        assert server.hits == [b"/agent.json"] * 2, "then fetched again: an invalid document is not cached"
     finally:
         await h.close()
 
@@ -697,6 +696,23 @@ async def test_documents_on_private_addresses_or_over_http_are_not_fetched(tmp_p
         assert server.hits == []
     finally:
         await h.close()
+
+
+@pytest_twisted.ensureDeferred
+@pytest.mark.parametrize("path", ["", "/tools/../agent.json", "/./agent.json", "/tools/%2E%2e/agent.json"])
+async def test_a_client_id_without_a_path_or_with_dot_segments_is_not_fetched(document_server, path):
+    """
+    The draft's section 3: such a URL is shown to the user as one document
+    while the server that answers may take it for another one's.
+    """
+    server, base = document_server
+    url = base + path
+    server.documents[path.encode() or b"/"] = json.dumps({"client_id": url, "redirect_uris": [REDIRECT]}).encode()
+    documents = RemoteDocuments(reactor, FetchPolicy(allow_http=True, allow_private_addresses=True))
+    clients = DocumentClients(None, documents, RegistrationPolicy(metadata_documents=True), reactor,
+                              OperatorNames(MemoryStore()))
+    assert await clients.get_client(url) is None
+    assert server.hits == []
 
 
 @pytest_twisted.ensureDeferred

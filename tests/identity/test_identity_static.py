@@ -244,6 +244,15 @@ def test_not_utf8(tmp_path, context):
         from_config(Section({}, "identity[0]", tmp_path), context)
 
 
+def test_a_byte_order_mark_is_read_past(users_file, context):
+    """Windows editors may begin a UTF-8 file with one: the file was refused as "not valid TOML" at line 1."""
+    users_file.write_bytes(b"\xef\xbb\xbf" + users_file.read_bytes())
+    add_user(users_file, login="bob", password_hash=hash_password("bob's", CHEAP))
+    backend = from_config(Section({}, "identity[0]", users_file.parent), context)
+    assert backend.user_by_login("alice").result.sub == ALICE.sub
+    assert backend.user_by_login("bob").result is not None
+
+
 def test_empty_file_has_no_users(tmp_path, context):
     assert create_users_file(tmp_path / "users.toml")
     assert not create_users_file(tmp_path / "users.toml")

@@ -46,6 +46,8 @@ LOGOUT_TOKEN_TTL = 120
 RETRY_DELAYS = (1.0, 5.0)
 """Seconds to wait before the second and third attempt; there is no fourth."""
 ATTEMPT_TIMEOUT = 5.0
+RESPONSE_BYTES = 64 * 1024
+"""What one connection may receive beyond a body the caller reads: TLS's handshake, an answer's headers."""
 DELIVERED = "delivered"
 REFUSED = "refused"
 """How a final answer's outcome begins, so that metrics can tell the two from giving up."""
@@ -267,6 +269,18 @@ class BackchannelNotifier:
         return _outcome(response.code)
 
 
+class ReceiveLimit:
+    """
+    At most C{most} bytes received on each connection, TLS and headers
+    included: the HTTP client keeps however many header lines a peer
+    sends. C{exceeded} tells a connection aborted for it from another failure.
+    """
+
+    def __init__(self, most: int):
+        self.most = most
+        self.exceeded = False
+
+
 @implementer(IAgentEndpointFactory)
 class PinnedEndpoints:
     """
@@ -274,20 +288,23 @@ class PinnedEndpoints:
     still sends the name as Host, and HTTPS checks the certificate against
     the name. Every connection is aborted C{lifetime} seconds after it is
     made (on C{clock}, the reactor by default), so that a peer that never
-    finishes its answer holds no socket beyond the caller's own timeout.
+    finishes its answer holds no socket beyond the caller's own timeout,
+    and once it has received more than its L{ReceiveLimit}.
     """
 
-    def __init__(self, reactor, address: str, tls=None, *, lifetime: float = ATTEMPT_TIMEOUT, clock=None):
+    def __init__(self, reactor, address: str, tls=None, *, lifetime: float = ATTEMPT_TIMEOUT, clock=None,
+                 limit: ReceiveLimit | None = None):
         self._reactor = reactor
         self._address = address
         self._tls = tls or BrowserLikePolicyForHTTPS()
         self._lifetime = lifetime
         self._clock = clock or reactor
+        self._limit = limit or ReceiveLimit(RESPONSE_BYTES)
 
     def endpointForURI(self, uri):
         tcp = TCP6ClientEndpoint if ":" in self._address else TCP4ClientEndpoint
         endpoint = _LimitedLifetime(tcp(self._reactor, self._address, uri.port, timeout=ATTEMPT_TIMEOUT),
-                                    self._clock, self._lifetime)
+                                    self._clock, self._lifetime, self._limit)
         if uri.scheme == b"https":
             return wrapClientTLS(self._tls.creatorForNetloc(uri.host, uri.port), endpoint)
         return endpoint
@@ -297,12 +314,21 @@ class _Deadline(ProtocolWrapper):
     """
     Aborts the TCP connection at its deadline: neither a body dripped a byte
     at a time nor a TLS close the peer never answers keeps it open, and an
-    answer nobody reads is let go.
+    answer nobody reads is let go. Aborts it too past its receive limit.
     """
 
     def makeConnection(self, transport):
         self._timer = self.factory.clock.callLater(self.factory.lifetime, transport.abortConnection)
+        self._left = self.factory.limit.most
         super().makeConnection(transport)
+
+    def dataReceived(self, data):
+        self._left -= len(data)
+        if self._left < 0:
+            self.factory.limit.exceeded = True
+            self.transport.abortConnection()
+            return
+        super().dataReceived(data)
 
     def connectionLost(self, reason):
         if self._timer.active():
@@ -313,23 +339,25 @@ class _Deadline(ProtocolWrapper):
 class _DeadlineFactory(WrappingFactory):
     protocol = _Deadline
 
-    def __init__(self, wrapped, clock, lifetime: float):
+    def __init__(self, wrapped, clock, lifetime: float, limit: ReceiveLimit):
         super().__init__(wrapped)
         self.clock = clock
         self.lifetime = lifetime
+        self.limit = limit
 
 
 @implementer(IStreamClientEndpoint)
 class _LimitedLifetime:
-    """An endpoint whose connections last at most C{lifetime} seconds on C{clock}."""
+    """An endpoint whose connections last at most C{lifetime} seconds on C{clock}, and receive at most C{limit}."""
 
-    def __init__(self, endpoint, clock, lifetime: float):
+    def __init__(self, endpoint, clock, lifetime: float, limit: ReceiveLimit):
         self._endpoint = endpoint
         self._clock = clock
         self._lifetime = lifetime
+        self._limit = limit
 
     def connect(self, factory):
-        wrapping = _DeadlineFactory(factory, self._clock, self._lifetime)
+        wrapping = _DeadlineFactory(factory, self._clock, self._lifetime, self._limit)
         return self._endpoint.connect(wrapping).addCallback(lambda protocol: protocol.wrappedProtocol)
 
 

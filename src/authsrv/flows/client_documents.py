@@ -16,6 +16,7 @@ first-party.
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from twisted.logger import Logger
 
@@ -29,6 +30,21 @@ DOCUMENT_SOURCE = "document"
 """C{Client.source} of a client described by its metadata document."""
 
 log = Logger()
+
+
+def identifier_problem(url: str) -> str | None:
+    """
+    What the draft (section 3) refuses in a client ID URL beyond what any
+    fetch refuses: no path, or a . or .. segment (percent-encoded too), by
+    which the URL the user is shown names one document and its server may
+    answer with another; None when it has neither.
+    """
+    path = urlsplit(url).path
+    if not path:
+        return f"{url} has no path"
+    if any(unquote(segment) in (".", "..") for segment in path.split("/")):
+        return f"{url} has a . or .. segment in its path"
+    return None
 
 
 def document_client(url: str, document: dict[str, Any], policy: RegistrationPolicy,
@@ -51,7 +67,8 @@ class DocumentClients:
     document; an unusable document is an unknown client, and the log says why.
     One giving its client an operator client's name is unusable (C{names}).
     A refused URL is not fetched again for the policy's C{refetch_after}
-    seconds, so that requests naming a slow or broken URL cost no fetch each;
+    seconds, so that requests naming a slow or broken URL cost no fetch each,
+    and then fetched again, its refused document not kept in the cache;
     one not fetched because others were (L{Busy}) may be asked for again at once.
     """
 
@@ -83,6 +100,8 @@ class DocumentClients:
         if self._refused.get(client_id, 0.0) > self._clock.seconds():
             return None
         try:
+            if problem := identifier_problem(client_id):
+                raise InvalidClientMetadata(problem)
             client = document_client(client_id, await self._documents.fetch(client_id), self._policy,
                                      self._dpop_offered)
             await self._names.check(client.name)
@@ -92,6 +111,7 @@ class DocumentClients:
             return None
         except (RemoteDocumentError, OAuthError) as e:
             log.warn("client ID metadata document {url} refused: {reason}", url=client_id, reason=str(e))
+            self._documents.forget(client_id)  # the draft (Metadata Caching): an invalid document is not cached
             if len(self._refused) >= MAX_REFUSED:
                 self._refused.clear()
             self._refused[client_id] = self._clock.seconds() + self._documents.policy.refetch_after

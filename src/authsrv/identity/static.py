@@ -201,9 +201,9 @@ def _line_of(text: str, users, key: str) -> int | None:
 
 
 def _read(path: Path) -> list[_Account]:
-    """Parse the users file; L{OSError} when it cannot be read."""
+    """Parse the users file (past a byte order mark, as every reader here); L{OSError} when it cannot be read."""
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = path.read_bytes().decode("utf-8-sig")
     except UnicodeDecodeError:
         raise ConfigError(path.name, "not UTF-8 text") from None
     return _parse(text, path.name)
@@ -534,7 +534,7 @@ class StaticIdentityBackend:
         """
         with _editing(self._path):
             try:
-                text = self._path.read_bytes().decode("utf-8")
+                text = self._path.read_bytes().decode("utf-8-sig")
             except UnicodeDecodeError:
                 raise ValueError(f"{self._path.name}: not UTF-8 text") from None
             self._check(text)
@@ -754,7 +754,7 @@ def add_user(
 def _append(path: Path, fields: dict, user: User) -> User:
     """Append C{user}'s table to the file, unless its login or sub is taken."""
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = path.read_bytes().decode("utf-8-sig")
     except FileNotFoundError:
         text = _HEADER
     except UnicodeDecodeError:

@@ -61,7 +61,9 @@ def private_address_problem(text: str) -> str | None:
     when only public addresses are allowed (a client's C{jwks_uri}, where
     anyone may name any URL): every refused address of L{address_problem},
     and loopback, private, shared and reserved ones too. Reserved is asked
-    apart: Python 3.11 takes reserved IPv6 ranges such as ::/8 for global.
+    apart: Python 3.11 takes reserved IPv6 ranges such as ::/8 for global,
+    and site-local ones (fec0::/10, deprecated but still routed inside some
+    networks) too.
     """
     problem = address_problem(text)
     if problem:
@@ -71,7 +73,7 @@ def private_address_problem(text: str) -> str | None:
         return None
     if address.is_loopback:
         return f"{text} is a loopback address"
-    if not address.is_global or address.is_reserved:
+    if not address.is_global or address.is_reserved or (isinstance(address, IPv6Address) and address.is_site_local):
         return f"{text} is a private or reserved address"
     return None
 
