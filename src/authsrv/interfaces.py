@@ -214,8 +214,12 @@ class IClientRegistry(Interface):
     def get_client(client_id):
         """Fires with the L{authsrv.records.Client} or L{None}."""
 
-    def list_clients():
-        """Fires with every client, ordered by client_id."""
+    def list_clients(after=None, limit=None):
+        """
+        Fires with the clients ordered by client_id (by code point): only
+        those after C{after}, at most C{limit}, when given. The admin API
+        pages with them, read by the index, never every client per page.
+        """
 
     def list_clients_of(sources):
         """
@@ -468,8 +472,12 @@ class IBanStore(Interface):
     def get_ban(sub, now):
         """Fires with the user's ban in force at C{now}, or None."""
 
-    def list_bans(now):
-        """Fires with every ban in force at C{now}, ordered by sub."""
+    def list_bans(now, after=None, limit=None):
+        """
+        Fires with the bans in force at C{now}, ordered by sub (by code
+        point): only those after C{after}, at most C{limit}, when given
+        (a page, as L{IClientRegistry.list_clients}).
+        """
 
 
 class ILinkedAccountStore(Interface):

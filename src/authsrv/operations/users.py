@@ -178,7 +178,7 @@ class UserOperations:
 
     async def bans(self, limit: int | None = None, cursor: str | None = None) -> Page:
         """The bans in force, ordered by sub, at most C{limit} (up to 100) after C{cursor}."""
-        return page(await self._store.list_bans(self._now()), lambda b: b.sub, limit, cursor)
+        return await page(lambda after, n: self._store.list_bans(self._now(), after, n), lambda b: b.sub, limit, cursor)
 
     async def grants(self, user_id: str) -> tuple[str, list[Grant]]:
         user = await self.find(user_id)

@@ -391,8 +391,9 @@ class PostgresStore:
     def get_client(self, client_id):
         return self._one("get_client", _T.clients, "SELECT * FROM clients WHERE client_id = %(id)s", {"id": client_id})
 
-    def list_clients(self):
-        return self._all("list_clients", _T.clients, 'SELECT * FROM clients ORDER BY client_id COLLATE "C"', {})
+    def list_clients(self, after=None, limit=None):
+        return self._all("list_clients", _T.clients, 'SELECT * FROM clients WHERE client_id COLLATE "C" > %(after)s'
+                         ' ORDER BY client_id COLLATE "C" LIMIT %(limit)s', {"after": after or "", "limit": limit})
 
     def list_clients_of(self, sources):
         return self._all("list_clients_of", _T.clients, 'SELECT * FROM clients WHERE source = ANY(%(sources)s)'
@@ -687,10 +688,11 @@ class PostgresStore:
             {"sub": sub, "now": now},
         )
 
-    def list_bans(self, now):
+    def list_bans(self, now, after=None, limit=None):
         return self._all("list_bans",
-            _T.bans, 'SELECT * FROM bans WHERE until IS NULL OR until > %(now)s ORDER BY sub COLLATE "C"',
-            {"now": now},
+            _T.bans, 'SELECT * FROM bans WHERE sub COLLATE "C" > %(after)s AND (until IS NULL OR until > %(now)s)'
+                     ' ORDER BY sub COLLATE "C" LIMIT %(limit)s',
+            {"now": now, "after": after or "", "limit": limit},
         )
 
     # IImportStore

@@ -516,6 +516,18 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             assert [c.client_id for c in await store.list_clients()] == ["a", "c"]
 
     @pytest_twisted.ensureDeferred
+    async def test_clients_are_listed_a_page_at_a_time_in_code_point_order(self):
+        ids = ["B", "a", "b", "\u00e9", "\uff5a"]
+        async with self.store(clients=()) as store:
+            for client_id in reversed(ids):
+                await store.add_client(Client(client_id, None, ["https://rp.example/cb"]))
+            assert [c.client_id for c in await store.list_clients()] == ids
+            assert [c.client_id for c in await store.list_clients(limit=2)] == ids[:2]
+            assert [c.client_id for c in await store.list_clients("a", 2)] == ids[2:4]
+            assert [c.client_id for c in await store.list_clients("ab", 10)] == ids[2:]
+            assert await store.list_clients("\uff5a", 10) == []
+
+    @pytest_twisted.ensureDeferred
     async def test_clients_are_counted_by_source(self):
         clients = [Client(name, None, [f"https://{name}.example/cb"], source=source)
                    for name, source in (("a", "registration"), ("b", "operator"), ("c", "registration"))]
@@ -1411,6 +1423,18 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             assert await store.list_bans(NOW) == sorted(bans, key=lambda b: b.sub)
             assert await store.list_bans(NOW + 10) == [bans[2], bans[0]]
             assert await store.list_bans(NOW + 20) == [bans[0]]
+
+    @pytest_twisted.ensureDeferred
+    async def test_bans_in_force_are_listed_a_page_at_a_time_in_code_point_order(self):
+        bans = [Ban(sub, None, NOW, until=NOW + 10 if sub == "b" else None) for sub in ("B", "a", "b", "c", "\u00e9")]
+        async with self.store() as store:
+            for ban in bans:
+                await store.ban_user(ban)
+            assert await store.list_bans(NOW, None, 2) == bans[:2]
+            assert await store.list_bans(NOW, "a", 2) == bans[2:4]
+            assert await store.list_bans(NOW + 10, "a", 2) == bans[3:5]
+            assert await store.list_bans(NOW + 10, "aa") == bans[3:]
+            assert await store.list_bans(NOW, "\u00e9", 5) == []
 
     # --- import -------------------------------------------------------------------
 
