@@ -20,6 +20,7 @@ from flow_client import Browser, fuzz, hidden_fields, location, login_url, on_re
 from harness import CLIENTS, ISSUER, Harness, query_of
 
 from authsrv.flows.clients import TTL as CLIENT_CACHE_TTL
+from authsrv.identity.credentials import MAX_PASSWORD_BYTES
 from authsrv.identity.errors import BackendUnavailable
 from authsrv.records import Ban
 from authsrv.store.codes import CodeFound
@@ -329,6 +330,45 @@ async def test_empty_fields_ask_again_and_an_unavailable_backend_is_not_a_wrong_
         monkeypatch.undo()
         response, _ = await browser.submit_login(url, "alice", PASSWORDS[ALICE.sub])
         assert response.code == 303 and "code" in query_of(location(response))
+    finally:
+        await h.close()
+
+
+@pytest.mark.parametrize("password, says", [
+    ("pass\x00word", b"The password holds a NUL character, which no password can"),
+    ("p" * (MAX_PASSWORD_BYTES + 1), b"The password is longer than any password can be (64 KiB)"),
+    (b"\xffpassword", b"The password was not sent as UTF-8 text"),
+])
+@pytest_twisted.ensureDeferred
+async def test_a_password_no_one_can_have_is_explained_unchecked_and_uncounted(tmp_path, monkeypatch, audit,
+                                                                               password, says):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        url = await login_page(browser)
+        checks = []
+        real = h.identity.requestAvatarId
+        monkeypatch.setattr(h.identity, "requestAvatarId", lambda c: checks.append(c) or real(c))
+        for _ in range(6):
+            response, body = await browser.submit_login(url, "alice", password)
+            assert_page(response, body, 200)
+            assert says in body and INCORRECT not in body and b'value="alice"' in body
+        assert checks == [] and not audit.of("login.failed") and not audit.of("login.throttled")
+        response, _ = await browser.submit_login(url, "alice", PASSWORDS[ALICE.sub])
+        assert response.code == 303 and "code" in query_of(location(response))
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_long_password_under_the_cap_is_checked_as_any_other(tmp_path, monkeypatch, audit):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        response, body = await browser.submit_login(await login_page(browser), "alice", "p" * 9000)
+        assert_page(response, body, 200)
+        assert INCORRECT in body
+        assert [e["reason"] for e in audit.of("login.failed")] == ["wrong password"]
     finally:
         await h.close()
 

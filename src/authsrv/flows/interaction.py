@@ -42,6 +42,7 @@ from authsrv.flows.outcomes import (
     SecondFactorForm,
 )
 from authsrv.flows.sessions import live_session, new_session, step_up_session
+from authsrv.identity.credentials import MAX_PASSWORD_BYTES, impossible_password
 from authsrv.protocol.authorize import (
     AuthorizeError,
     client_id_of,
@@ -83,6 +84,13 @@ from authsrv.tokens import new_token, token_hash
 
 INCORRECT = "The username or password is incorrect."
 MISSING = "Enter your username and password."
+IMPOSSIBLE = {
+    "text": "The password was not sent as UTF-8 text, so it cannot be right; type it again.",
+    "nul": "The password holds a NUL character, which no password can; check what was pasted into the field.",
+    "long": f"The password is longer than any password can be ({MAX_PASSWORD_BYTES // 1024} KiB); check what was"
+            " pasted into the field.",
+}
+"""What the sign-in form says, by L{impossible_password}, of a password no user can have."""
 UNAVAILABLE = "Signing in is not possible right now; please try again later."
 FORM_EXPIRED = "This form expired or was not sent by this site; start again from the application."
 ENDED = ("This sign-in has already finished, or it took too long and expired; if the application did not sign"
@@ -347,6 +355,8 @@ class InteractionFlow:
         username, password = form.get("username", ""), form.get("password", "")
         if not username or not password:
             return self._login_form(200, interaction, client, username=username, message=MISSING)
+        if impossible := impossible_password(password):
+            return self._login_form(200, interaction, client, username=username, message=IMPOSSIBLE[impossible])
         outcome = await self._login.log_in(
             username, password, address, browser.device, now,
             along=lambda: self._store.take_interaction(interaction.interaction_id, LOGIN_STAGE),

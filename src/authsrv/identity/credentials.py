@@ -4,8 +4,8 @@ from __future__ import annotations
 
 MAX_PASSWORD_BYTES = 64 * 1024
 """
-The longest password (in UTF-8 bytes) a backend checks: far more than the
-login form passes on (8192 characters) or a new password may have (1024),
+The longest password (in UTF-8 bytes) a backend checks: far more than a
+new password may have (1024 characters), the sign-in form's limit too,
 and less than a directory takes in one request before it drops the
 connection (slapd's 256 KiB). A longer one is no user's password, refused
 without hashing or binding, so a megabyte costs nothing and is no outage.
@@ -38,3 +38,20 @@ def password_bytes(password: str | bytes) -> bytes:
     """
     return password.encode("utf-8", "surrogatepass") if isinstance(password, str) else password
 
+
+
+def impossible_password(password: str) -> str | None:
+    """
+    Why no user can have C{password} as the sign-in form read it: C{"text"}
+    (not UTF-8), C{"nul"} (a NUL character, which no backend stores) or
+    C{"long"} (over L{MAX_PASSWORD_BYTES}); None for any other. The form
+    says so without checking it: no guess can come of it, so no failure is
+    counted either.
+    """
+    if credential_text(password) is None:
+        return "text"
+    if "\x00" in password:
+        return "nul"
+    if len(password_bytes(password)) > MAX_PASSWORD_BYTES:
+        return "long"
+    return None

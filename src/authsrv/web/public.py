@@ -47,6 +47,7 @@ from authsrv.web.forms import (
     form_args,
     one_resource_form,
     page_form,
+    sign_in_form,
     token_form_params,
     userinfo_form_token,
 )
@@ -412,7 +413,7 @@ class PublicSite:
     async def login_submitted(self, request):
         address = client_address_of(request, self._trusted_proxies)
         outcome = await self._flows.interaction.submit_login(
-            page_form(request), self._cookies.browser(request), address, self._clock.seconds()
+            sign_in_form(request), self._cookies.browser(request), address, self._clock.seconds()
         )
         if isinstance(outcome, Redirect):
             return self._answer(request, outcome)
