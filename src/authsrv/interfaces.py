@@ -484,7 +484,9 @@ class ILinkedAccountStore(Interface):
     def link_account(account):
         """
         Store a L{authsrv.records.LinkedAccount}, replacing an earlier link of
-        the same user and provider; fails with
+        the same user and provider; fires with the link it replaced (its
+        tokens as they were when it went, for revoking them at the provider,
+        as L{unlink_account}) or None. Fails with
         L{authsrv.store.errors.AlreadyLinked}, storing nothing, when that
         provider account (C{provider}, C{provider_user_id}) is linked to
         another user. Two calls racing for one provider account: one wins.

@@ -703,9 +703,7 @@ class PostgresStore:
     # ILinkedAccountStore
 
     def link_account(self, account):
-        # Replacing the user's earlier link at that provider is the upsert's conflict; a
-        # provider account linked to another user violates _PROVIDER_ACCOUNT_INDEX instead.
-        return self._write("link_account", _T.linked.put, _T.linked.params(account))
+        return self._run("link_account", _link_account, account)
 
     def get_linked_account(self, sub, provider):
         return self._one("get_linked_account",
@@ -1081,6 +1079,21 @@ async def _remove_client_if(db, client_id, expected):
             await rowcount(db, f"DELETE FROM {table} WHERE client_id = %(id)s", {"id": client_id})
     await rowcount(db, "COMMIT")
     return unchanged
+
+
+async def _link_account(db, account):
+    """
+    One transaction holding the user's link's row lock, so the replaced link
+    read is the one the upsert replaces (a token refresh beside it waits, or
+    landed first). Replacing it is the upsert's conflict; a provider account
+    linked to another user violates _PROVIDER_ACCOUNT_INDEX instead.
+    """
+    await rowcount(db, "BEGIN")
+    replaced = await first(db, "SELECT * FROM linked_accounts WHERE sub = %(sub)s AND provider = %(provider)s"
+                           " FOR UPDATE", {"sub": account.sub, "provider": account.provider})
+    await rowcount(db, _T.linked.put, _T.linked.params(account))
+    await rowcount(db, "COMMIT")
+    return _T.linked.load(replaced)
 
 
 async def _change_client(db, before, after):

@@ -629,10 +629,11 @@ class SQLiteStore:
         def link(db):
             if _first(db.execute(_LINKED_ELSEWHERE, (account.provider, account.provider_user_id, account.sub))):
                 raise AlreadyLinked.of(account.provider, account.provider_user_id)
-            db.execute(
-                "DELETE FROM linked_accounts WHERE sub = ? AND provider = ?", (account.sub, account.provider)
-            )
+            replaced = _T.linked.load(_first(db.execute(
+                "DELETE FROM linked_accounts WHERE sub = ? AND provider = ? RETURNING *", (account.sub, account.provider)
+            )))
             db.execute(_T.linked.insert, _T.linked.params(account))
+            return replaced
 
         return self._call("link_account", True, link)
 

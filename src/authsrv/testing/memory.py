@@ -606,13 +606,14 @@ class MemoryStore:
 
     @_answered
     def link_account(self, account):
-        replaced = self._linked_key(account.sub, account.provider)
-        if account.account_id in self.tables.linked and account.account_id != replaced:
+        key = self._linked_key(account.sub, account.provider)
+        if account.account_id in self.tables.linked and account.account_id != key:
             raise AlreadyExists(f"account {account.account_id!r} exists already")
         if self._linked_elsewhere(account) is not None:
             raise AlreadyLinked.of(account.provider, account.provider_user_id)
-        self.tables.linked.pop(replaced, None)
+        replaced = self.tables.linked.pop(key, None)
         self.tables.linked[account.account_id] = account
+        return replaced
 
     @_answered
     def get_linked_account(self, sub, provider):

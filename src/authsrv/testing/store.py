@@ -1480,11 +1480,13 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             assert await store.get_linked_account(ALICE, "discord") == account
             assert await store.get_linked_account(ALICE, "slack") is None
             assert await store.get_linked_account(BOB, "discord") is None
+            refreshed = await store.update_linked_tokens("acct-1", account.version, b"new-access", b"new-refresh",
+                                                         account.scope, account.expires_at, NOW)
             relinked = make_linked("acct-2", provider_user_id="999", refresh_token_enc=None, version=1)
-            await store.link_account(relinked)
+            assert await store.link_account(relinked) == refreshed, "the link replaced, as it was when it went"
             assert await store.get_linked_account(ALICE, "discord") == relinked
             elsewhere = make_linked("acct-3", provider="slack")
-            await store.link_account(elsewhere)
+            assert await store.link_account(elsewhere) is None
             assert await store.get_linked_account(ALICE, "discord") == relinked
             assert await store.unlink_account(ALICE, "discord") == relinked
             assert await store.unlink_account(ALICE, "discord") is None
