@@ -22,9 +22,11 @@ import attrs
 import pytest
 import pytest_twisted
 from twisted.internet.defer import ensureDeferred, gatherResults, maybeDeferred
+from twisted.internet.task import Clock
 from zope.interface.verify import verifyObject
 
 from authsrv.interfaces import IStore
+from authsrv.operations.clients import ClientOperations
 from authsrv.records import (
     CONSENT_STAGE,
     DEFAULT_GRANT_TYPES,
@@ -61,7 +63,7 @@ from authsrv.store.codes import CodeFound, CodeNotFound, CodeRedeemed, CodeReuse
 from authsrv.store.errors import AlreadyExists, AlreadyLinked
 from authsrv.testing.device import TV, DeviceConcurrencyConformance, DeviceStoreConformance
 from authsrv.testing.factors import FactorConcurrencyConformance, FactorStoreConformance
-from authsrv.tokens import token_hash
+from authsrv.tokens import CLIENT_SECRET_KEY, client_secret_hash, token_hash
 
 NOW = 1_700_000_000
 HOUR = 3600
@@ -1969,6 +1971,31 @@ class StoreConcurrencyConformance(FactorConcurrencyConformance, DeviceConcurrenc
                 )
                 assert len(set(keys)) == 1 and len(keys[0]) == 32
                 assert await second.server_key(f"key-{n}") == keys[0]
+
+    @pytest_twisted.ensureDeferred
+    async def test_racing_client_secret_rotations_keep_both_secrets(self):
+        """
+        Two operators rotating one client's secret at once, on two servers,
+        without If-Match: each change is a compare-and-set of the record it
+        read (change_client), so the later rotation keeps the earlier one's
+        secret as its previous one; neither handed-out secret is lost.
+        """
+        async with self.store_pair() as (first, second):
+            ops = [ClientOperations(store=store, clock=Clock(), declared=frozenset(), resolve=None)
+                   for store in (first, second)]
+            key = await first.server_key(CLIENT_SECRET_KEY)
+            for n in range(self.rounds):
+                client, original = await ops[0].create(
+                    {"client_id": f"rotated-{n}", "redirect_uris": ["https://rp.example/cb"]}, actor="test")
+                rotations = await gatherResults([
+                    ensureDeferred(each.rotate_secret(client.client_id, actor="test")) for each in ops
+                ])
+                stored = await second.get_client(client.client_id)
+                assert stored in [rotated for rotated, _ in rotations]
+                assert {stored.secret_hash, stored.previous_secret_hash} == {
+                    client_secret_hash(secret, key) for _, secret in rotations
+                }
+                assert client_secret_hash(original, key) not in (stored.secret_hash, stored.previous_secret_hash)
 
     @pytest_twisted.ensureDeferred
     async def test_racing_refresh_rotations(self):
