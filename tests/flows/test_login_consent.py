@@ -17,10 +17,12 @@ from twisted.internet.defer import fail
 from twisted.logger import formatEvent
 
 from flow_client import Browser, fuzz, hidden_fields, location, login_url, on_reactor, shows_login_form
-from harness import CLIENTS, ISSUER, Harness, query_of
+from harness import CHEAP, CLIENTS, ISSUER, Harness, query_of
 
 from authsrv.flows.clients import TTL as CLIENT_CACHE_TTL
 from authsrv.identity.credentials import MAX_PASSWORD_BYTES
+from authsrv.identity.passwords import hash_password
+from authsrv.identity.static import add_user
 from authsrv.identity.errors import BackendUnavailable
 from authsrv.records import Ban
 from authsrv.store.codes import CodeFound
@@ -330,6 +332,37 @@ async def test_empty_fields_ask_again_and_an_unavailable_backend_is_not_a_wrong_
         monkeypatch.undo()
         response, _ = await browser.submit_login(url, "alice", PASSWORDS[ALICE.sub])
         assert response.code == 303 and "code" in query_of(location(response))
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_login_typed_in_full_width_forms_finds_its_user(tmp_path, monkeypatch, audit):
+    """
+    RFC 8265 width mapping: 'ａlｉce', typed with an input method left in
+    full-width mode, is alice, and counts toward alice's throttle. Users
+    stored before new logins were refused such forms sign in as they did,
+    by their login as stored: a full-width 'ａｌｉｃｅ' beside alice stays
+    apart from her.
+    """
+    for login, sub in (("ｔａｒｏ", "sub-taro"), ("ａｌｉｃｅ", "sub-wide-alice")):
+        add_user(tmp_path / "users.toml", login=login, sub=sub, password_hash=hash_password(f"{sub}-pw", CHEAP))
+    h = await started(tmp_path, monkeypatch)
+    try:
+        for typed, password, sub in (("ａlｉce", PASSWORDS[ALICE.sub], ALICE.sub),
+                                     ("ＡＬＩＣＥ", "sub-wide-alice-pw", "sub-wide-alice"),
+                                     ("ｔａｒｏ", "sub-taro-pw", "sub-taro")):
+            browser = Browser(h)
+            response, _ = await browser.submit_login(await login_page(browser), typed, password)
+            assert response.code == 303 and "code" in query_of(location(response)), typed
+            assert audit.of("login.succeeded")[-1]["sub"] == sub
+        browser = Browser(h)
+        url = await login_page(browser)
+        for typed in ("ａlice", "aｌice", "alｉce", "aliｃe", "alicｅ"):
+            response, body = await browser.submit_login(url, typed, "guess")
+            assert response.code == 200 and INCORRECT in body
+        response, _ = await browser.submit_login(url, "alice", PASSWORDS[ALICE.sub])
+        assert response.code == 429, "five width variants are five failures of alice"
     finally:
         await h.close()
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import unicodedata
+from functools import cache
+
 MAX_PASSWORD_BYTES = 64 * 1024
 """
 The longest password (in UTF-8 bytes) a backend checks: far more than a
@@ -55,3 +58,25 @@ def impossible_password(password: str) -> str | None:
     if len(password_bytes(password)) > MAX_PASSWORD_BYTES:
         return "long"
     return None
+
+
+@cache
+def _width_table() -> dict[int, str]:
+    """Each full-width and half-width form (all in the BMP) to its decomposition, for L{str.translate}."""
+    table = {}
+    for code in range(0x10000):
+        kind, _, target = unicodedata.decomposition(chr(code)).partition(" ")
+        if kind in ("<wide>", "<narrow>"):
+            table[code] = "".join(chr(int(part, 16)) for part in target.split())
+    return table
+
+
+def width_mapped(login: str) -> str:
+    """
+    C{login} as RFC 8265 prepares a username (sections 3.3.1 and 3.4.1,
+    width mapping): full-width and half-width forms as their
+    decompositions, so that C{ａｌｉｃｅ} is C{alice}; in NFC when that
+    changed it (a half-width voiced mark becomes a combining one).
+    """
+    mapped = login.translate(_width_table())
+    return login if mapped == login else unicodedata.normalize("NFC", mapped)

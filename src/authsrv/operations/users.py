@@ -17,6 +17,7 @@ from attrs import frozen
 from authsrv import events
 from authsrv.flows import moderation
 from authsrv.flows.mfa import reset_factors
+from authsrv.identity.credentials import width_mapped
 from authsrv.interfaces import IUserManagement
 from authsrv.operations.clientspec import has_controls
 from authsrv.operations.errors import Conflict, InvalidInput, NotFound
@@ -97,6 +98,17 @@ def _text_problem(value: str) -> str | None:
     if has_controls(value):
         return "must not hold control characters (such as NUL, a line break or a bidi override)"
     return None
+
+
+def _check_width(login: str) -> None:
+    """
+    Refuse a new login holding full-width or half-width forms: sign-in reads
+    them as their plain forms (L{width_mapped}), so it would be a look-alike
+    of another login, or one that sign-in never finds as given.
+    """
+    if (mapped := width_mapped(login)) != login:
+        raise InvalidInput(f"login {login!r} holds full-width or half-width forms, which sign-in reads as"
+                           f" {mapped!r} (RFC 8265 width mapping): give it as {mapped!r}", "login")
 
 
 def _reason(value: Any, field: str = "reason") -> str:
@@ -235,7 +247,11 @@ class UserOperations:
         return list(await self._writer().list_users())
 
     async def login_free(self, login: str) -> None:
-        """L{Conflict} when the writable backend has a user of that login (asked before a password is typed)."""
+        """
+        L{Conflict} when the writable backend has a user of that login, or
+        L{InvalidInput} for one with width forms (asked before a password is typed).
+        """
+        _check_width(login)
         writer = self._writer()
         existing = await writer.user_by_login(login)
         if existing is not None:
@@ -275,6 +291,7 @@ class UserOperations:
         for field in ("login", "sub"):
             if data.get(field) is not None and (problem := path_segment_problem(data[field])):
                 raise InvalidInput(f"{field} {problem}", field)
+        _check_width(login)
         if data.get("email") and "@" not in data["email"]:
             raise InvalidInput(f"email {data['email']!r} is not an email address", "email")
         if data.get("picture") and (problem := picture_problem(data["picture"])):
