@@ -43,19 +43,23 @@ def password_bytes(password: str | bytes) -> bytes:
 
 
 
-def impossible_password(password: str) -> str | None:
+MAX_LOGIN_BYTES = 8192
+"""The longest login (in UTF-8 bytes) sign-in looks up: far more than any login (a new one has at most 256 characters)."""
+
+
+def impossible_credential(value: str, max_bytes: int) -> str | None:
     """
-    Why no user can have C{password} as the sign-in form read it: C{"text"}
-    (not UTF-8), C{"nul"} (a NUL character, which no backend stores) or
-    C{"long"} (over L{MAX_PASSWORD_BYTES}); None for any other. The form
-    says so without checking it: no guess can come of it, so no failure is
-    counted either.
+    Why no user can have C{value} as a login or password, as the sign-in
+    form read it: C{"text"} (not UTF-8), C{"nul"} (a NUL character, which
+    no backend stores) or C{"long"} (over C{max_bytes}); None for any
+    other. The form says so without checking it: no guess can come of it,
+    so no failure is counted either.
     """
-    if credential_text(password) is None:
+    if credential_text(value) is None:
         return "text"
-    if "\x00" in password:
+    if "\x00" in value:
         return "nul"
-    if len(password_bytes(password)) > MAX_PASSWORD_BYTES:
+    if len(password_bytes(value)) > max_bytes:
         return "long"
     return None
 
