@@ -88,7 +88,10 @@ def test_bob_links_in_the_browser_then_chat_token_answers(demo):
     [link] = re.findall(r'<a href="([^"]+)" id="link-chat">Link chat account</a>', home.text)
     assert link == base + "/api/auth/link/chat"
 
-    linked = browser.get(link, timeout=10)
+    start_page = browser.get(link, timeout=10)
+    start = read_form(start_page.text)
+    assert start_page.status_code == 200 and start.action == link, start_page.text
+    linked = browser.post(link, data=start.fields, timeout=10)
     assert linked.status_code == 200, linked.text
     assert "80351110224678913" in linked.text and "is now linked" in linked.text
     assert linked.url.startswith(base + "/api/auth/link/chat/callback?")

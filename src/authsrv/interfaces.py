@@ -214,8 +214,12 @@ class IClientRegistry(Interface):
     def get_client(client_id):
         """Fires with the L{authsrv.records.Client} or L{None}."""
 
-    def list_clients():
-        """Fires with every client, ordered by client_id."""
+    def list_clients(after=None, limit=None):
+        """
+        Fires with the clients ordered by client_id (by code point): only
+        those after C{after}, at most C{limit}, when given. The admin API
+        pages with them, read by the index, never every client per page.
+        """
 
     def list_clients_of(sources):
         """
@@ -468,15 +472,21 @@ class IBanStore(Interface):
     def get_ban(sub, now):
         """Fires with the user's ban in force at C{now}, or None."""
 
-    def list_bans(now):
-        """Fires with every ban in force at C{now}, ordered by sub."""
+    def list_bans(now, after=None, limit=None):
+        """
+        Fires with the bans in force at C{now}, ordered by sub (by code
+        point): only those after C{after}, at most C{limit}, when given
+        (a page, as L{IClientRegistry.list_clients}).
+        """
 
 
 class ILinkedAccountStore(Interface):
     def link_account(account):
         """
         Store a L{authsrv.records.LinkedAccount}, replacing an earlier link of
-        the same user and provider; fails with
+        the same user and provider; fires with the link it replaced (its
+        tokens as they were when it went, for revoking them at the provider,
+        as L{unlink_account}) or None. Fails with
         L{authsrv.store.errors.AlreadyLinked}, storing nothing, when that
         provider account (C{provider}, C{provider_user_id}) is linked to
         another user. Two calls racing for one provider account: one wins.

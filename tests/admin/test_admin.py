@@ -131,6 +131,8 @@ async def test_user_add_hashes_the_password(deployment):
     assert "correct horse battery" not in (cwd / "data" / "users.toml").read_text()
     refused(await admin("--config", config, "user", "add", "ALICE", "--password-stdin", cwd=cwd, stdin="Tr0ub4dor&3x\n"),
             "already")
+    refused(await admin("--config", config, "user", "add", "ｂｏｂ", cwd=cwd, stdin="pw\n"),
+            "give it as 'bob'")  # before the password is asked for
     refused(await admin("--config", config, "user", "add", "bob", "--password-stdin", cwd=cwd, stdin="\n"),
             "the password must not be empty")
     refused(await admin("--config", config, "user", "add", "bob", cwd=cwd, stdin="pw\n"),

@@ -25,7 +25,7 @@ from authsrv.chat.tokens import ChatTokens
 from authsrv.flows.link import ChatLinking, unlink_token
 from authsrv.protocol import pkce
 from authsrv.records import Ban, BrowserSession
-from authsrv.testing.fake_chat import FakeChatProvider
+from authsrv.testing.fake_chat import FakeChatProvider, FakeChatUser
 from authsrv.testing.identity import ALICE, BOB, MALLORY, PASSWORDS
 from authsrv.tokens import new_token, token_hash
 from authsrv.service import web_root
@@ -68,9 +68,11 @@ class LinkWorld:
         return await self.h.get(path, headers=session_header(cookie))
 
     async def start(self, cookie) -> str:
-        """GET the link page; returns the provider authorize URL it redirects to."""
+        """The link page's button; returns the provider authorize URL it redirects to."""
         response, body = await self.get(LINK, cookie)
-        assert response.code == 302, body
+        assert_page(response, body, 200, "Link your discord account")
+        response, body = await self.h.post(LINK, {"csrf": csrf_of(body)}, headers=session_header(cookie))
+        assert response.code == 303, body
         return response.headers.getRawHeaders(b"location")[0].decode()
 
     async def approve(self, authorize_url: str) -> str:
@@ -146,6 +148,64 @@ async def test_link_end_to_end(world):
     assert response.code == 200
     relinked = await world.h.store.get_linked_account(ALICE.sub, "discord")
     assert relinked.account_id != link.account_id
+
+
+@pytest_twisted.ensureDeferred
+async def test_only_the_start_pages_button_starts_a_link(world):
+    """
+    Starting was a GET, so another site's page (a link, an image, a
+    redirect) could start a link in a signed-in browser and have it come
+    back linked to a chat account of the attacker's: the GET is a page whose
+    button posts with a CSRF token bound to the session, and whose
+    form-action lets the redirect to the provider through.
+    """
+    cookie = await world.sign_in()
+    response, body = await world.get(LINK, cookie)
+    assert_page(response, body, 200, "Link your discord account")
+    assert response.headers.getRawHeaders(b"location") is None
+    assert f"form-action 'self' {CHAT}".encode() in response.headers.getRawHeaders(b"content-security-policy")[0]
+    for fields in ({}, {"csrf": "forged"}, {"csrf": csrf_of(body) + "x"}):
+        response, body = await world.h.post(LINK, fields, headers=session_header(cookie))
+        assert_page(response, body, 403, "This form has expired")
+        assert response.headers.getRawHeaders(b"location") is None
+    other = await world.sign_in()
+    response, body = await world.h.post(LINK, {"csrf": unlink_token(cookie)}, headers=session_header(cookie))
+    assert_page(response, body, 403, "This form has expired")
+    response, body = await world.h.post(LINK, {"csrf": csrf_of((await world.get(LINK, cookie))[1])},
+                                        headers=session_header(other))
+    assert_page(response, body, 403, "This form has expired")
+    response, body = await world.h.post(LINK, {"csrf": "x"})
+    assert_page(response, body, 401, "Sign in at the application first")
+    assert world.fake.exchanges == 0 and await world.h.store.get_linked_account(ALICE.sub, "discord") is None
+    assert (await world.callback(await world.approve(await world.start(cookie)), cookie))[0].code == 200
+
+
+@pytest_twisted.ensureDeferred
+async def test_linking_another_chat_account_revokes_the_replaced_links_tokens(world, audit):
+    """
+    Linking another chat account left the replaced link's tokens valid at
+    the platform, where the service still showed as connected to it: they
+    are revoked as at unlinking, those the store replaced. Linking the same
+    chat account again leaves them: revoking them may end the platform's
+    whole grant (RFC 7009 section 2.1), the new tokens' with it.
+    """
+    cookie = await world.sign_in()
+
+    async def link() -> tuple[str, str]:
+        response, body = await world.callback(await world.approve(await world.start(cookie)), cookie)
+        assert_page(response, body, 200, "Chat account linked")
+        linked = await world.h.store.get_linked_account(ALICE.sub, "discord")
+        return (world.cipher.decrypt(linked.access_token_enc, linked.account_id, ACCESS),
+                world.cipher.decrypt(linked.refresh_token_enc, linked.account_id, REFRESH))
+
+    await link()
+    access, refresh = await link()
+    assert world.fake.revocations == []
+    world.fake.user = FakeChatUser("175928847299117063", "another")
+    new_access, _ = await link()
+    assert world.fake.revocations == [(access, "access_token"), (refresh, "refresh_token")]
+    assert not world.fake.access_valid(access) and world.fake.access_valid(new_access)
+    assert [e["provider_user_id"] for e in audit.of("chat.linked")][-1] == "175928847299117063"
 
 
 @pytest_twisted.ensureDeferred
@@ -246,8 +306,10 @@ async def test_without_a_session_the_start_page_signs_in_and_comes_back(world):
         response, _ = await browser.submit_login(response, ALICE.login, PASSWORDS[ALICE.sub])
         assert response.code == 303 and location(response) == ISSUER + "/link/chat", opened
 
-    response, _ = await browser.get(location(response))
-    assert response.code == 302
+    response, body = await browser.get(location(response))
+    assert_page(response, body, 200, "Link your discord account")
+    response, _ = await browser.post(ISSUER + "/link/chat", {"csrf": csrf_of(body)})
+    assert response.code == 303
     response, body = await browser.get(await world.approve(location(response)))
     assert_page(response, body, 200, "Chat account linked")
     assert (await world.h.store.get_linked_account(ALICE.sub, "discord")).provider_user_id == world.fake.user.id

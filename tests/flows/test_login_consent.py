@@ -17,9 +17,12 @@ from twisted.internet.defer import fail
 from twisted.logger import formatEvent
 
 from flow_client import Browser, fuzz, hidden_fields, location, login_url, on_reactor, shows_login_form
-from harness import CLIENTS, ISSUER, Harness, query_of
+from harness import CHEAP, CLIENTS, ISSUER, Harness, query_of
 
 from authsrv.flows.clients import TTL as CLIENT_CACHE_TTL
+from authsrv.identity.credentials import MAX_LOGIN_BYTES, MAX_PASSWORD_BYTES
+from authsrv.identity.passwords import hash_password
+from authsrv.identity.static import add_user
 from authsrv.identity.errors import BackendUnavailable
 from authsrv.records import Ban
 from authsrv.store.codes import CodeFound
@@ -351,6 +354,85 @@ async def test_empty_fields_ask_again_and_an_unavailable_backend_is_not_a_wrong_
         monkeypatch.undo()
         response, _ = await browser.submit_login(url, "alice", PASSWORDS[ALICE.sub])
         assert response.code == 303 and "code" in query_of(location(response))
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_login_typed_in_full_width_forms_finds_its_user(tmp_path, monkeypatch, audit):
+    """
+    RFC 8265 width mapping: 'ａlｉce', typed with an input method left in
+    full-width mode, is alice, and counts toward alice's throttle. Users
+    stored before new logins were refused such forms sign in as they did,
+    by their login as stored: a full-width 'ａｌｉｃｅ' beside alice stays
+    apart from her.
+    """
+    for login, sub in (("ｔａｒｏ", "sub-taro"), ("ａｌｉｃｅ", "sub-wide-alice")):
+        add_user(tmp_path / "users.toml", login=login, sub=sub, password_hash=hash_password(f"{sub}-pw", CHEAP))
+    h = await started(tmp_path, monkeypatch)
+    try:
+        for typed, password, sub in (("ａlｉce", PASSWORDS[ALICE.sub], ALICE.sub),
+                                     ("ＡＬＩＣＥ", "sub-wide-alice-pw", "sub-wide-alice"),
+                                     ("ｔａｒｏ", "sub-taro-pw", "sub-taro")):
+            browser = Browser(h)
+            response, _ = await browser.submit_login(await login_page(browser), typed, password)
+            assert response.code == 303 and "code" in query_of(location(response)), typed
+            assert audit.of("login.succeeded")[-1]["sub"] == sub
+        browser = Browser(h)
+        url = await login_page(browser)
+        for typed in ("ａlice", "aｌice", "alｉce", "aliｃe", "alicｅ"):
+            response, body = await browser.submit_login(url, typed, "guess")
+            assert response.code == 200 and INCORRECT in body
+        response, _ = await browser.submit_login(url, "alice", PASSWORDS[ALICE.sub])
+        assert response.code == 429, "five width variants are five failures of alice"
+    finally:
+        await h.close()
+
+
+@pytest.mark.parametrize("username, password, says", [
+    ("alice", "pass\x00word", b"The password holds a NUL character, which no password can"),
+    ("alice", "p" * (MAX_PASSWORD_BYTES + 1), b"The password is longer than any password can be (64 KiB)"),
+    ("alice", b"\xffpassword", b"The password was not sent as UTF-8 text"),
+    ("al\x00ice", "guess", b"The username holds a NUL character, which no username can"),
+    ("a" * (MAX_LOGIN_BYTES + 1), "guess", b"The username is longer than any username can be (8 KiB)"),
+    (b"\xffalice", None, b"The username was not sent as UTF-8 text"),
+])
+@pytest_twisted.ensureDeferred
+async def test_a_login_no_one_can_have_is_explained_unchecked_and_uncounted(tmp_path, monkeypatch, audit,
+                                                                            username, password, says):
+    """
+    A NUL, text that is not UTF-8 or a field over the cap, in the username or
+    the password, made the form unreadable: the generic expired-form page.
+    The login page says what is wrong, checks nothing and counts no failure.
+    """
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        url = await login_page(browser)
+        checks = []
+        real = h.identity.requestAvatarId
+        monkeypatch.setattr(h.identity, "requestAvatarId", lambda c: checks.append(c) or real(c))
+        for _ in range(6):
+            response, body = await browser.submit_login(url, username, password)
+            assert_page(response, body, 200)
+            assert says in body and INCORRECT not in body
+            assert (b'value="alice"' in body) == (username == "alice")
+        assert checks == [] and not audit.of("login.failed") and not audit.of("login.throttled")
+        response, _ = await browser.submit_login(url, "alice", PASSWORDS[ALICE.sub])
+        assert response.code == 303 and "code" in query_of(location(response))
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_long_password_under_the_cap_is_checked_as_any_other(tmp_path, monkeypatch, audit):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        response, body = await browser.submit_login(await login_page(browser), "alice", "p" * 9000)
+        assert_page(response, body, 200)
+        assert INCORRECT in body
+        assert [e["reason"] for e in audit.of("login.failed")] == ["wrong password"]
     finally:
         await h.close()
 

@@ -776,6 +776,30 @@ async def test_a_new_users_text_with_control_characters_or_too_long_is_refused_b
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_new_login_in_compatibility_forms_is_refused_naming_its_plain_form(harness, audit):
+    """
+    Sign-in reads full-width and half-width forms as their plain ones (RFC
+    8265 width mapping): a new 'ａｌｉｃｅ' would be a look-alike of alice,
+    and a new 'ｃａｒｏｌ' one that sign-in never finds as given. Other
+    compatibility forms (a ligature, a font or circled letter) a PRECIS
+    username may not hold. Refused, saying what to give instead; the plain
+    login is then taken.
+    """
+    a = await started(harness)
+    try:
+        for login, plain in (("ａｌｉｃｅ", "alice"), ("ｃａｒｏｌ", "carol"), ("ｶﾞｸ", "ガク"), ("ﬁona", "fiona"),
+                             ("ℌenry", "Henry"), ("ⓒarol", "carol")):
+            response, body = await a.call("POST", "/api/admin/users", {"login": login, "password": "correct horse"})
+            assert_problem(response, body, 400, "invalid_request", "login")
+            assert f"give it as {plain!r}" in body["message"]
+        assert not audit.of("user.created")
+        response, body = await a.call("POST", "/api/admin/users", {"login": "carol", "password": "correct horse"})
+        assert response.code == 201, body
+    finally:
+        await harness.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_new_user_may_not_take_a_name_that_finds_another(harness, audit):
     """
     The admin API and command find a user by id or, failing that, login: a

@@ -42,6 +42,7 @@ from authsrv.flows.outcomes import (
     SecondFactorForm,
 )
 from authsrv.flows.sessions import live_session, new_session, step_up_session
+from authsrv.identity.credentials import MAX_LOGIN_BYTES, MAX_PASSWORD_BYTES, impossible_credential
 from authsrv.protocol.authorize import (
     AuthorizeError,
     client_id_of,
@@ -83,6 +84,12 @@ from authsrv.tokens import new_token, token_hash
 
 INCORRECT = "The username or password is incorrect."
 MISSING = "Enter your username and password."
+IMPOSSIBLE = {
+    "text": "The {field} was not sent as UTF-8 text, so it cannot be right; type it again.",
+    "nul": "The {field} holds a NUL character, which no {field} can; check what was pasted into the field.",
+    "long": "The {field} is longer than any {field} can be ({kib} KiB); check what was pasted into the field.",
+}
+"""What the sign-in form says, by L{impossible_credential}, of a username or password no user can have."""
 UNAVAILABLE = "Signing in is not possible right now; please try again later."
 FORM_EXPIRED = "This form expired or was not sent by this site; start again from the application."
 ENDED = ("This sign-in has already finished, or it took too long and expired; if the application did not sign"
@@ -345,6 +352,12 @@ class InteractionFlow:
         interaction, client = await self._interaction(form, LOGIN_STAGE, int(now))
         self._check_csrf(form, browser, interaction)
         username, password = form.get("username", ""), form.get("password", "")
+        for field, value, max_bytes in (("username", username, MAX_LOGIN_BYTES),
+                                        ("password", password, MAX_PASSWORD_BYTES)):
+            if impossible := impossible_credential(value, max_bytes):
+                message = IMPOSSIBLE[impossible].format(field=field, kib=max_bytes // 1024)
+                return self._login_form(200, interaction, client, username=username if field == "password" else "",
+                                        message=message)
         if not username or not password:
             return self._login_form(200, interaction, client, username=username, message=MISSING)
         outcome = await self._login.log_in(

@@ -9,8 +9,10 @@ browser session that started it and the PKCE verifier, for L{LINK_TTL}
 seconds. The callback must come back in that same session and can be used
 once.
 
-Unlinking is a POST carrying a CSRF token bound to the session cookie
-(L{authsrv.flows.csrf.session_form_token}).
+Starting a link and unlinking are POSTs carrying a CSRF token bound to the
+session cookie (L{authsrv.flows.csrf.session_form_token}): another site's
+page can neither start a link in a signed-in browser (to have it come back
+linked to an account of the attacker's) nor end one.
 """
 
 from __future__ import annotations
@@ -27,11 +29,13 @@ from authsrv.flows.standing import standing
 from authsrv.interfaces import IChatProvider
 from authsrv.protocol import pkce
 from authsrv.protocol.errors import PageError
+from authsrv.protocol.urls import origin
 from authsrv.records import BrowserSession, LinkAttempt, LinkedAccount
 from authsrv.store.errors import AlreadyLinked
 from authsrv.tokens import new_token, token_hash
 
 LINK_TTL = 600
+_LINK_PURPOSE = b"authsrv chat link"
 _UNLINK_PURPOSE = b"authsrv chat unlink"
 
 log = Logger()
@@ -49,6 +53,15 @@ def linked_elsewhere() -> PageError:
         409, "Chat account already linked",
         "This chat account is already linked to another account. Unlink it there first, then link it here.",
     )
+
+
+def link_token(cookie_value: str) -> str:
+    """The start form's CSRF token for the session this cookie value names."""
+    return session_form_token(cookie_value, _LINK_PURPOSE)
+
+
+def link_token_valid(cookie_value: str, sent: str | None) -> bool:
+    return session_form_token_valid(cookie_value, _LINK_PURPOSE, sent)
 
 
 def unlink_token(cookie_value: str) -> str:
@@ -76,6 +89,14 @@ class ChatLinking:
     @property
     def provider_name(self) -> str:
         return self._provider.name
+
+    @property
+    def provider_origin(self) -> str:
+        """
+        The origin of the provider's authorize endpoint, where the start
+        form's redirect ends: the start page's form-action must name it.
+        """
+        return origin(self._provider.authorize_url("", None, self.redirect_uri))
 
     async def session(self, cookie_value: str | None, now: int) -> BrowserSession:
         """The live session of a user in good standing, else L{PageError}."""
@@ -128,6 +149,10 @@ class ChatLinking:
         ask who the user is there, and store the link (replacing an earlier one).
         A chat account linked to another user is refused, its tokens dropped
         and revoked at the provider without the user waiting (L{_revoke}).
+        The tokens of an earlier link to another chat account are revoked as
+        at unlinking; those of the same account are left, since revoking
+        them may end the platform's whole grant (RFC 7009 section 2.1), the
+        new tokens' too.
         """
         error = params.get("error")
         if error is not None:
@@ -171,7 +196,7 @@ class ChatLinking:
             updated_at=now,
         )
         try:
-            await self._store.link_account(account)
+            replaced = await self._store.link_account(account)
         except AlreadyLinked:
             events.chat_link_refused(sub=session.sub, provider=self.provider_name, provider_user_id=provider_user_id)
             Deferred.fromCoroutine(self._revoke("a refused link's", tokens.access_token, tokens.refresh_token))
@@ -179,6 +204,8 @@ class ChatLinking:
         events.chat_linked(
             sub=session.sub, provider=self.provider_name, account_id=account_id, provider_user_id=provider_user_id
         )
+        if replaced is not None and replaced.provider_user_id != provider_user_id:
+            Deferred.fromCoroutine(self._revoke_stored(replaced, "a replaced link's"))
         return account
 
     async def _revoke(self, whose: str, access_token: str, refresh_token: str | None) -> None:
@@ -208,17 +235,17 @@ class ChatLinking:
         if removed is None:
             return False
         events.chat_unlinked(sub=session.sub, provider=self.provider_name)
-        Deferred.fromCoroutine(self._revoke_stored(removed))
+        Deferred.fromCoroutine(self._revoke_stored(removed, "an unlinked account's"))
         return True
 
-    async def _revoke_stored(self, linked: LinkedAccount) -> None:
+    async def _revoke_stored(self, linked: LinkedAccount, whose: str) -> None:
         """L{_revoke} the tokens of a link removed from the store; ones that no longer open are left."""
         try:
             access = self._cipher.decrypt(linked.access_token_enc, linked.account_id, ACCESS)
             refresh = None if linked.refresh_token_enc is None else self._cipher.decrypt(
                 linked.refresh_token_enc, linked.account_id, REFRESH)
         except UndecryptableToken:
-            log.warn("could not revoke an unlinked account's tokens at {provider}: they no longer decrypt",
-                     provider=self.provider_name)
+            log.warn("could not revoke {whose} tokens at {provider}: they no longer decrypt",
+                     whose=whose, provider=self.provider_name)
             return
-        await self._revoke("an unlinked account's", access, refresh)
+        await self._revoke(whose, access, refresh)

@@ -22,6 +22,7 @@ from twisted.logger import Logger
 from authsrv import events
 from authsrv.flows.standing import standing
 from authsrv.flows.together import together
+from authsrv.identity.credentials import width_mapped
 from authsrv.identity.errors import UnknownUser
 from authsrv.identity.realm import UserRealm
 from authsrv.identity.static import login_key
@@ -50,8 +51,12 @@ LOGIN_COUNT = "login:"
 
 
 def throttle_account(login: str) -> str:
-    """The throttle's account for failed passwords given for C{login}: as the backends compare logins."""
-    key = login_key(login)
+    """
+    The throttle's account for failed passwords given for C{login}: as the
+    backends compare logins, width forms mapped (L{width_mapped}), so that
+    typing C{ａlice}, C{aｌice} and so on counts as C{alice}.
+    """
+    key = login_key(width_mapped(login))
     return LOGIN_COUNT + key if key.startswith(OTHER_COUNTS) else key
 
 
@@ -131,6 +136,19 @@ class PasswordLogin:
             if not self._checks[key]:
                 del self._checks[key]
 
+    async def _compared_login(self, login: str) -> str:
+        """
+        The login the backends check: as typed, or, when it holds full-width
+        or half-width forms (an input method left in full-width mode), its
+        RFC 8265 width-mapped form (L{width_mapped}), which new logins are
+        given in; as typed while a user stored before that has it. Only such
+        a login costs a lookup more.
+        """
+        mapped = width_mapped(login)
+        if mapped == login or await self._identity.user_by_login(login) is not None:
+            return login
+        return mapped
+
     async def _log_in(self, login: str, password: str, address: str, device: str | None, now: float,
                       along: Callable[[], Deferred] | None, reading: Callable[[str], Deferred] | None):
         logged = login[:LOGGED_LOGIN_MAX]
@@ -141,7 +159,8 @@ class PasswordLogin:
             events.login_throttled(login=logged, address=address, retry_after=decision.wait)
             return Throttled(decision.wait)
         try:
-            _, avatar, _ = await self._portal.login(UsernamePassword(login.encode(), password.encode()), None, IUser)
+            compared = await self._compared_login(login)
+            _, avatar, _ = await self._portal.login(UsernamePassword(compared.encode(), password.encode()), None, IUser)
             user = cast(User, avatar)
             reads = [Deferred.fromCoroutine(standing(self._identity, self._store, user.sub, seconds))]
             if reading is not None:

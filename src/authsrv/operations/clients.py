@@ -121,7 +121,7 @@ class ClientOperations:
 
     async def list(self, limit: int | None = None, cursor: str | None = None) -> Page:
         """Clients ordered by id, at most C{limit} (up to 100) after C{cursor}."""
-        return page(await self._store.list_clients(), lambda c: c.client_id, limit, cursor)
+        return await page(self._store.list_clients, lambda c: c.client_id, limit, cursor)
 
     async def get(self, client_id: str) -> Client:
         client = await self._store.get_client(client_id)

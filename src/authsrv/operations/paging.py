@@ -1,10 +1,13 @@
-"""Bounded pages over ordered lists, continued with an opaque cursor."""
+"""
+Bounded pages of a store's ordered list, continued with an opaque cursor
+that holds the last key shown: the store reads one page (keyset paging).
+"""
 
 from __future__ import annotations
 
 import base64
 import binascii
-from typing import Callable, Sequence, TypeVar
+from typing import Awaitable, Callable, Sequence, TypeVar
 
 from attrs import frozen
 
@@ -31,7 +34,7 @@ def decode_cursor(cursor: str) -> str:
         key = base64.b64decode(cursor + "=" * (-len(cursor) % 4), altchars=b"-_", validate=True).decode()
     except (binascii.Error, UnicodeDecodeError, ValueError):
         raise InvalidInput("cursor is not one this server gave", "cursor") from None
-    if not key:
+    if not key or "\x00" in key:
         raise InvalidInput("cursor is not one this server gave", "cursor")
     return key
 
@@ -44,11 +47,14 @@ def check_limit(limit: int | None) -> int:
     return limit
 
 
-def page(items: Sequence[T], key: Callable[[T], str], limit: int | None, cursor: str | None) -> Page:
-    """The items after C{cursor} (in the order given, ascending by C{key}), at most C{limit}."""
+async def page(read: Callable[[str | None, int], Awaitable[Sequence[T]]], key: Callable[[T], str],
+               limit: int | None, cursor: str | None) -> Page:
+    """
+    At most C{limit} items after C{cursor}: C{read(after, n)} gives the
+    first C{n} items (ascending by C{key}) whose key is after C{after}; one
+    more than the page is read, to know whether another page follows.
+    """
     limit = check_limit(limit)
-    after = decode_cursor(cursor) if cursor else None
-    rest = [item for item in items if after is None or key(item) > after]
-    chosen = rest[:limit]
-    more = len(rest) > limit
-    return Page(tuple(chosen), encode_cursor(key(chosen[-1])) if more else None)
+    rows = await read(decode_cursor(cursor) if cursor else None, limit + 1)
+    chosen = rows[:limit]
+    return Page(tuple(chosen), encode_cursor(key(chosen[-1])) if len(rows) > limit else None)

@@ -8,6 +8,7 @@ password, disable, enable and delete.
 
 from __future__ import annotations
 
+import unicodedata
 import uuid
 from datetime import datetime
 from typing import Any, Awaitable, Callable
@@ -17,6 +18,7 @@ from attrs import frozen
 from authsrv import events
 from authsrv.flows import moderation
 from authsrv.flows.mfa import reset_factors
+from authsrv.identity.credentials import width_mapped
 from authsrv.interfaces import IUserManagement
 from authsrv.operations.clientspec import has_controls
 from authsrv.operations.errors import Conflict, InvalidInput, NotFound
@@ -99,6 +101,23 @@ def _text_problem(value: str) -> str | None:
     return None
 
 
+def _check_compatibility(login: str) -> None:
+    """
+    Refuse a new login holding compatibility forms, which would make it a
+    look-alike of another: full-width and half-width ones, which sign-in
+    reads as their plain forms (L{width_mapped}), and the others (ligatures,
+    font, circled or superscript forms), which a PRECIS username may not
+    hold at all (RFC 8264 IdentifierClass, RFC 8265 section 3).
+    """
+    if (mapped := width_mapped(login)) != login:
+        raise InvalidInput(f"login {login!r} holds full-width or half-width forms, which sign-in reads as"
+                           f" {mapped!r} (RFC 8265 width mapping): give it as {mapped!r}", "login")
+    if (plain := unicodedata.normalize("NFKC", login)) != unicodedata.normalize("NFC", login):
+        raise InvalidInput(f"login {login!r} holds compatibility characters (such as a ligature, or a font,"
+                           f" circled or superscript form) that a username may not have (RFC 8265): give it as"
+                           f" {plain!r}", "login")
+
+
 def _reason(value: Any, field: str = "reason") -> str:
     if not isinstance(value, str) or not value.strip() or len(value) > REASON_MAX:
         raise InvalidInput(f"{field} must be a non-empty string of at most {REASON_MAX} characters", field)
@@ -178,7 +197,7 @@ class UserOperations:
 
     async def bans(self, limit: int | None = None, cursor: str | None = None) -> Page:
         """The bans in force, ordered by sub, at most C{limit} (up to 100) after C{cursor}."""
-        return page(await self._store.list_bans(self._now()), lambda b: b.sub, limit, cursor)
+        return await page(lambda after, n: self._store.list_bans(self._now(), after, n), lambda b: b.sub, limit, cursor)
 
     async def grants(self, user_id: str) -> tuple[str, list[Grant]]:
         user = await self.find(user_id)
@@ -235,7 +254,11 @@ class UserOperations:
         return list(await self._writer().list_users())
 
     async def login_free(self, login: str) -> None:
-        """L{Conflict} when the writable backend has a user of that login (asked before a password is typed)."""
+        """
+        L{Conflict} when the writable backend has a user of that login, or
+        L{InvalidInput} for one with compatibility forms (asked before a password is typed).
+        """
+        _check_compatibility(login)
         writer = self._writer()
         existing = await writer.user_by_login(login)
         if existing is not None:
@@ -275,6 +298,7 @@ class UserOperations:
         for field in ("login", "sub"):
             if data.get(field) is not None and (problem := path_segment_problem(data[field])):
                 raise InvalidInput(f"{field} {problem}", field)
+        _check_compatibility(login)
         if data.get("email") and "@" not in data["email"]:
             raise InvalidInput(f"email {data['email']!r} is not an email address", "email")
         if data.get("picture") and (problem := picture_problem(data["picture"])):

@@ -52,27 +52,29 @@ def one_resource_params(args: dict[bytes, list[bytes]], several: str) -> dict[st
     return single_params({**args, b"resource": list(named)})
 
 
-def params_with_token(args: dict[bytes, list[bytes]], name: bytes) -> dict[str, str]:
+def params_with_token(args: dict[bytes, list[bytes]], *names: bytes, errors: str = "replace") -> dict[str, str]:
     """
     L{single_params}, except for the token called C{name}, which is only
     ever hashed and looked up: one too long, holding a NUL or not UTF-8 text
     is a token that matches nothing, so introspection says inactive (RFC
     7662 section 2.2), revocation says nothing (RFC 7009 section 2.2) and
     UserInfo says invalid_token (RFC 6750 section 3.1), never a 400. A
-    well-formed request costs what L{single_params} does.
+    well-formed request costs what L{single_params} does. C{names} may be
+    several (the sign-in form's login and password); C{errors} is how
+    bytes that are not UTF-8 are decoded (L{bytes.decode}).
     """
     try:
         return single_params(args)
     except InvalidRequest:
-        values = args.get(name)
-        if values is None:
+        if not any(name in args for name in names):
             raise
-    params = single_params({key: value for key, value in args.items() if key != name})
-    sent = [value for value in values if value]
-    if len(sent) > 1:
-        raise InvalidRequest(f"parameter {name.decode()} is repeated; send it once")
-    if sent:
-        params[name.decode()] = sent[0].decode("utf-8", "replace")
+    params = single_params({key: value for key, value in args.items() if key not in names})
+    for name in names:
+        sent = [value for value in args.get(name, ()) if value]
+        if len(sent) > 1:
+            raise InvalidRequest(f"parameter {name.decode()} is repeated; send it once")
+        if sent:
+            params[name.decode()] = sent[0].decode("utf-8", errors)
     return params
 
 

@@ -405,8 +405,9 @@ class PostgresStore:
         return self._lookup(
             "get_client", _T.clients, "SELECT * FROM clients WHERE client_id = %(id)s", {"id": client_id})
 
-    def list_clients(self):
-        return self._list("list_clients", _T.clients, 'SELECT * FROM clients ORDER BY client_id COLLATE "C"', {})
+    def list_clients(self, after=None, limit=None):
+        return self._list("list_clients", _T.clients, 'SELECT * FROM clients WHERE client_id COLLATE "C" > %(after)s'
+                          ' ORDER BY client_id COLLATE "C" LIMIT %(limit)s', {"after": after or "", "limit": limit})
 
     def list_clients_of(self, sources):
         return self._list("list_clients_of", _T.clients, 'SELECT * FROM clients WHERE source = ANY(%(sources)s)'
@@ -702,10 +703,11 @@ class PostgresStore:
             {"sub": sub, "now": now},
         )
 
-    def list_bans(self, now):
+    def list_bans(self, now, after=None, limit=None):
         return self._list("list_bans",
-            _T.bans, 'SELECT * FROM bans WHERE until IS NULL OR until > %(now)s ORDER BY sub COLLATE "C"',
-            {"now": now},
+            _T.bans, 'SELECT * FROM bans WHERE sub COLLATE "C" > %(after)s AND (until IS NULL OR until > %(now)s)'
+                     ' ORDER BY sub COLLATE "C" LIMIT %(limit)s',
+            {"now": now, "after": after or "", "limit": limit},
         )
 
     # IImportStore
@@ -716,9 +718,7 @@ class PostgresStore:
     # ILinkedAccountStore
 
     def link_account(self, account):
-        # Replacing the user's earlier link at that provider is the upsert's conflict; a
-        # provider account linked to another user violates _PROVIDER_ACCOUNT_INDEX instead.
-        return self._write("link_account", _T.linked.put, _T.linked.params(account))
+        return self._run("link_account", _link_account, account)
 
     def get_linked_account(self, sub, provider):
         return self._lookup("get_linked_account",
@@ -1094,6 +1094,21 @@ async def _remove_client_if(db, client_id, expected):
             await rowcount(db, f"DELETE FROM {table} WHERE client_id = %(id)s", {"id": client_id})
     await rowcount(db, "COMMIT")
     return unchanged
+
+
+async def _link_account(db, account):
+    """
+    One transaction holding the user's link's row lock, so the replaced link
+    read is the one the upsert replaces (a token refresh beside it waits, or
+    landed first). Replacing it is the upsert's conflict; a provider account
+    linked to another user violates _PROVIDER_ACCOUNT_INDEX instead.
+    """
+    await rowcount(db, "BEGIN")
+    replaced = await first(db, "SELECT * FROM linked_accounts WHERE sub = %(sub)s AND provider = %(provider)s"
+                           " FOR UPDATE", {"sub": account.sub, "provider": account.provider})
+    await rowcount(db, _T.linked.put, _T.linked.params(account))
+    await rowcount(db, "COMMIT")
+    return _T.linked.load(replaced)
 
 
 async def _change_client(db, before, after):

@@ -335,8 +335,9 @@ class SQLiteStore:
     def get_client(self, client_id):
         return self._query("get_client", _T.clients, "SELECT * FROM clients WHERE client_id = ?", (client_id,))
 
-    def list_clients(self):
-        return self._query_all("list_clients", _T.clients, "SELECT * FROM clients ORDER BY client_id")
+    def list_clients(self, after=None, limit=None):
+        return self._query_all("list_clients", _T.clients, "SELECT * FROM clients WHERE client_id > ?"
+                               " ORDER BY client_id LIMIT ?", (after or "", -1 if limit is None else limit))
 
     def list_clients_of(self, sources):
         sql = f"SELECT * FROM clients WHERE source IN ({', '.join('?' * len(sources))}) ORDER BY client_id"
@@ -603,9 +604,10 @@ class SQLiteStore:
             _T.bans, "SELECT * FROM bans WHERE sub = ? AND (until IS NULL OR until > ?)", (sub, now)
         )
 
-    def list_bans(self, now):
+    def list_bans(self, now, after=None, limit=None):
         return self._query_all("list_bans",
-            _T.bans, "SELECT * FROM bans WHERE until IS NULL OR until > ? ORDER BY sub", (now,)
+            _T.bans, "SELECT * FROM bans WHERE sub > ? AND (until IS NULL OR until > ?) ORDER BY sub LIMIT ?",
+            (after or "", now, -1 if limit is None else limit),
         )
 
     # IImportStore
@@ -627,10 +629,11 @@ class SQLiteStore:
         def link(db):
             if _first(db.execute(_LINKED_ELSEWHERE, (account.provider, account.provider_user_id, account.sub))):
                 raise AlreadyLinked.of(account.provider, account.provider_user_id)
-            db.execute(
-                "DELETE FROM linked_accounts WHERE sub = ? AND provider = ?", (account.sub, account.provider)
-            )
+            replaced = _T.linked.load(_first(db.execute(
+                "DELETE FROM linked_accounts WHERE sub = ? AND provider = ? RETURNING *", (account.sub, account.provider)
+            )))
             db.execute(_T.linked.insert, _T.linked.params(account))
+            return replaced
 
         return self._call("link_account", True, link)
 

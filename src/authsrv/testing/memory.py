@@ -117,6 +117,12 @@ def _answered(method):
     return answer
 
 
+def _page(rows: list, after, limit, key) -> list:
+    """The ordered C{rows} after C{after}, at most C{limit}, as a database's keyset page."""
+    rows = [row for row in rows if after is None or key(row) > after]
+    return rows if limit is None else rows[:limit]
+
+
 def _insert(table: dict, key, value) -> None:
     if key in table:
         raise AlreadyExists(f"{key!r} exists already")
@@ -158,8 +164,9 @@ class MemoryStore:
         return self.tables.clients.get(client_id)
 
     @_answered
-    def list_clients(self):
-        return [self.tables.clients[key] for key in sorted(self.tables.clients)]
+    def list_clients(self, after=None, limit=None):
+        return _page([self.tables.clients[key] for key in sorted(self.tables.clients)], after, limit,
+                     lambda c: c.client_id)
 
     @_answered
     def list_clients_of(self, sources):
@@ -545,8 +552,9 @@ class MemoryStore:
         return self._ban_in_force(sub, now)
 
     @_answered
-    def list_bans(self, now):
-        return [self.tables.bans[sub] for sub in sorted(self.tables.bans) if self.tables.bans[sub].in_force(now)]
+    def list_bans(self, now, after=None, limit=None):
+        return _page([self.tables.bans[sub] for sub in sorted(self.tables.bans) if self.tables.bans[sub].in_force(now)],
+                     after, limit, lambda b: b.sub)
 
     # IImportStore
 
@@ -598,13 +606,14 @@ class MemoryStore:
 
     @_answered
     def link_account(self, account):
-        replaced = self._linked_key(account.sub, account.provider)
-        if account.account_id in self.tables.linked and account.account_id != replaced:
+        key = self._linked_key(account.sub, account.provider)
+        if account.account_id in self.tables.linked and account.account_id != key:
             raise AlreadyExists(f"account {account.account_id!r} exists already")
         if self._linked_elsewhere(account) is not None:
             raise AlreadyLinked.of(account.provider, account.provider_user_id)
-        self.tables.linked.pop(replaced, None)
+        replaced = self.tables.linked.pop(key, None)
         self.tables.linked[account.account_id] = account
+        return replaced
 
     @_answered
     def get_linked_account(self, sub, provider):

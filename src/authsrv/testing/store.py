@@ -22,9 +22,11 @@ import attrs
 import pytest
 import pytest_twisted
 from twisted.internet.defer import ensureDeferred, gatherResults, maybeDeferred
+from twisted.internet.task import Clock
 from zope.interface.verify import verifyObject
 
 from authsrv.interfaces import IStore
+from authsrv.operations.clients import ClientOperations
 from authsrv.records import (
     CONSENT_STAGE,
     DEFAULT_GRANT_TYPES,
@@ -61,7 +63,7 @@ from authsrv.store.codes import CodeFound, CodeNotFound, CodeRedeemed, CodeReuse
 from authsrv.store.errors import AlreadyExists, AlreadyLinked
 from authsrv.testing.device import TV, DeviceConcurrencyConformance, DeviceStoreConformance
 from authsrv.testing.factors import FactorConcurrencyConformance, FactorStoreConformance
-from authsrv.tokens import token_hash
+from authsrv.tokens import CLIENT_SECRET_KEY, client_secret_hash, token_hash
 
 NOW = 1_700_000_000
 HOUR = 3600
@@ -514,6 +516,18 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             assert await store.remove_client("b") is False
             assert await store.get_client("b") is None
             assert [c.client_id for c in await store.list_clients()] == ["a", "c"]
+
+    @pytest_twisted.ensureDeferred
+    async def test_clients_are_listed_a_page_at_a_time_in_code_point_order(self):
+        ids = ["B", "a", "b", "\u00e9", "\uff5a"]
+        async with self.store(clients=()) as store:
+            for client_id in reversed(ids):
+                await store.add_client(Client(client_id, None, ["https://rp.example/cb"]))
+            assert [c.client_id for c in await store.list_clients()] == ids
+            assert [c.client_id for c in await store.list_clients(limit=2)] == ids[:2]
+            assert [c.client_id for c in await store.list_clients("a", 2)] == ids[2:4]
+            assert [c.client_id for c in await store.list_clients("ab", 10)] == ids[2:]
+            assert await store.list_clients("\uff5a", 10) == []
 
     @pytest_twisted.ensureDeferred
     async def test_clients_are_counted_by_source(self):
@@ -1412,6 +1426,18 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             assert await store.list_bans(NOW + 10) == [bans[2], bans[0]]
             assert await store.list_bans(NOW + 20) == [bans[0]]
 
+    @pytest_twisted.ensureDeferred
+    async def test_bans_in_force_are_listed_a_page_at_a_time_in_code_point_order(self):
+        bans = [Ban(sub, None, NOW, until=NOW + 10 if sub == "b" else None) for sub in ("B", "a", "b", "c", "\u00e9")]
+        async with self.store() as store:
+            for ban in bans:
+                await store.ban_user(ban)
+            assert await store.list_bans(NOW, None, 2) == bans[:2]
+            assert await store.list_bans(NOW, "a", 2) == bans[2:4]
+            assert await store.list_bans(NOW + 10, "a", 2) == bans[3:5]
+            assert await store.list_bans(NOW + 10, "aa") == bans[3:]
+            assert await store.list_bans(NOW, "\u00e9", 5) == []
+
     # --- import -------------------------------------------------------------------
 
     @pytest_twisted.ensureDeferred
@@ -1456,11 +1482,13 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             assert await store.get_linked_account(ALICE, "discord") == account
             assert await store.get_linked_account(ALICE, "slack") is None
             assert await store.get_linked_account(BOB, "discord") is None
+            refreshed = await store.update_linked_tokens("acct-1", account.version, b"new-access", b"new-refresh",
+                                                         account.scope, account.expires_at, NOW)
             relinked = make_linked("acct-2", provider_user_id="999", refresh_token_enc=None, version=1)
-            await store.link_account(relinked)
+            assert await store.link_account(relinked) == refreshed, "the link replaced, as it was when it went"
             assert await store.get_linked_account(ALICE, "discord") == relinked
             elsewhere = make_linked("acct-3", provider="slack")
-            await store.link_account(elsewhere)
+            assert await store.link_account(elsewhere) is None
             assert await store.get_linked_account(ALICE, "discord") == relinked
             assert await store.unlink_account(ALICE, "discord") == relinked
             assert await store.unlink_account(ALICE, "discord") is None
@@ -1943,6 +1971,31 @@ class StoreConcurrencyConformance(FactorConcurrencyConformance, DeviceConcurrenc
                 )
                 assert len(set(keys)) == 1 and len(keys[0]) == 32
                 assert await second.server_key(f"key-{n}") == keys[0]
+
+    @pytest_twisted.ensureDeferred
+    async def test_racing_client_secret_rotations_keep_both_secrets(self):
+        """
+        Two operators rotating one client's secret at once, on two servers,
+        without If-Match: each change is a compare-and-set of the record it
+        read (change_client), so the later rotation keeps the earlier one's
+        secret as its previous one; neither handed-out secret is lost.
+        """
+        async with self.store_pair() as (first, second):
+            ops = [ClientOperations(store=store, clock=Clock(), declared=frozenset(), resolve=None)
+                   for store in (first, second)]
+            key = await first.server_key(CLIENT_SECRET_KEY)
+            for n in range(self.rounds):
+                client, original = await ops[0].create(
+                    {"client_id": f"rotated-{n}", "redirect_uris": ["https://rp.example/cb"]}, actor="test")
+                rotations = await gatherResults([
+                    ensureDeferred(each.rotate_secret(client.client_id, actor="test")) for each in ops
+                ])
+                stored = await second.get_client(client.client_id)
+                assert stored in [rotated for rotated, _ in rotations]
+                assert {stored.secret_hash, stored.previous_secret_hash} == {
+                    client_secret_hash(secret, key) for _, secret in rotations
+                }
+                assert client_secret_hash(original, key) not in (stored.secret_hash, stored.previous_secret_hash)
 
     @pytest_twisted.ensureDeferred
     async def test_racing_refresh_rotations(self):

@@ -57,6 +57,19 @@ def page_form(request) -> dict[str, str] | None:
         return None
 
 
+def sign_in_form(request) -> dict[str, str] | None:
+    """
+    L{page_form} of the sign-in form, except its username and password, read
+    as sent (L{params_with_token}; bytes that are not UTF-8 as lone
+    surrogates): one no user can have is the sign-in's to explain, not an
+    expired form.
+    """
+    try:
+        return params_with_token(request.args, b"username", b"password", errors="surrogateescape")
+    except InvalidRequest:
+        return None
+
+
 def userinfo_form_token(request) -> str | None:
     """
     The access token of a UserInfo form body (RFC 6750 section 2.2); one in

@@ -20,7 +20,7 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from authsrv.config import ISSUER_PATH
 from authsrv.flows.account import AccountView
-from authsrv.flows.link import unlink_token, unlink_token_valid
+from authsrv.flows.link import link_token, link_token_valid, unlink_token, unlink_token_valid
 from authsrv.flows.outcomes import DeviceCodeForm, LoginForm, LogoutConfirmation, Notice, Redirect
 from authsrv.flows.ratelimit import ClientRateLimits, EndpointLimit, RateLimited
 from authsrv.identity.errors import BackendUnavailable
@@ -47,6 +47,7 @@ from authsrv.web.forms import (
     form_args,
     one_resource_form,
     page_form,
+    sign_in_form,
     token_form_params,
     userinfo_form_token,
 )
@@ -412,7 +413,7 @@ class PublicSite:
     async def login_submitted(self, request):
         address = client_address_of(request, self._trusted_proxies)
         outcome = await self._flows.interaction.submit_login(
-            page_form(request), self._cookies.browser(request), address, self._clock.seconds()
+            sign_in_form(request), self._cookies.browser(request), address, self._clock.seconds()
         )
         if isinstance(outcome, Redirect):
             return self._answer(request, outcome)
@@ -628,7 +629,8 @@ class PublicSite:
     @app.route(LINK_PATH, methods=["GET"])
     async def link_chat(self, request):
         """
-        Off to the provider; a browser without a session signs in first and
+        The page whose button starts a link (a POST, so that another site
+        cannot start one); a browser without a session signs in first and
         comes back to this page's own fixed URL, never one the request names.
         """
         linking = self._linking()
@@ -641,9 +643,25 @@ class PublicSite:
             return self._answer(request, await self._flows.interaction.sign_in_again(
                 linking.start_url, None, browser, client_address_of(request, self._trusted_proxies), self._now()
             ))
+        return render_page(
+            request, 200, f"Link your {linking.provider_name} account",
+            tags.p("You will be sent to ", linking.provider_name, " to approve the link, then back here."),
+            tags.form(method="post", action=linking.start_url)(
+                tags.input(type="hidden", name="csrf", value=link_token(browser.session)),
+                tags.button(type="submit")(f"Link your {linking.provider_name} account"),
+            ),
+            form_origin=linking.provider_origin,
+        )
+
+    @app.route(LINK_PATH, methods=["POST"])
+    async def start_chat_link(self, request):
+        """The start page's button: off to the provider."""
+        linking, cookie, session = await self._linking_session(request)
+        if not link_token_valid(cookie, (page_form(request) or {}).get("csrf")):
+            raise PageError(403, "Not linked", "This form has expired. Reload the page and try again.")
         location = await linking.start(session, self._now())
         request.setHeader(b"referrer-policy", b"no-referrer")
-        return self._answer(request, Redirect(location))
+        return self._answer(request, Redirect(location, 303))
 
     @app.route(LINK_PATH + "/callback", methods=["GET"])
     async def link_chat_callback(self, request):
