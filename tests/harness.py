@@ -29,7 +29,7 @@ from authsrv.configsection import Section
 from authsrv.context import PluginContext
 from authsrv.identity.chain import IdentityChain
 from authsrv.identity.passwords import PasswordVerifier, hash_password
-from authsrv.identity.static import StaticIdentityBackend, add_user, file_thread
+from authsrv.identity.static import RELOAD_INTERVAL, StaticIdentityBackend, add_user, file_thread
 from authsrv.interfaces import IChatLinkSource
 from authsrv.keys import jwkfile
 from authsrv.remote_documents import RemoteDocuments
@@ -197,6 +197,15 @@ class Harness:
     async def start(self) -> "Harness":
         await sync_config_clients(self.store, self.config.clients)
         return self
+
+    async def users_reread(self, seconds: float = RELOAD_INTERVAL) -> None:
+        """
+        Let C{seconds} pass, so the users file is looked at again, and wait
+        for the reload that look starts on the file's one thread.
+        """
+        self.clock.advance(seconds)
+        await self.identity.user_by_id("")
+        await file_thread(self.context)(lambda: None)
 
     async def close(self) -> None:
         await self.store.close()

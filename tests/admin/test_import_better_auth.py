@@ -130,7 +130,7 @@ async def test_import_into_sqlite_and_the_users_file_then_serve(ba_dsn, tmp_path
         imported = stored_hashes()
         for who, user in USERS.items():
             assert is_better_auth_hash(imported[user["id"]]), who
-        h.clock.advance(120)  # the users file is looked at again
+        await h.users_reread(120)
         for who in ("alice", "bob", "carol", "erin", "admin"):
             user = USERS[who]
             browser = Browser(h)

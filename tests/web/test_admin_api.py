@@ -24,7 +24,7 @@ from twisted.web.server import Site
 
 from authsrv.flows.backchannel import BackchannelNotifier, PinnedEndpoints
 from authsrv.identity.passwords import hash_password
-from authsrv.identity.static import RELOAD_INTERVAL, add_user, file_thread
+from authsrv.identity.static import add_user
 from authsrv.operations import AdminOperations
 from authsrv.operations.clients import ClientOperations
 from authsrv.configsection import Section
@@ -709,9 +709,7 @@ async def test_a_user_whose_id_holds_a_slash_is_named_with_percent_2f(harness, t
              password_hash=hash_password("correct horse", CHEAP))
     add_user(tmp_path / "users.toml", login="bob-grants", sub=f"{BOB.sub}/grants",
              password_hash=hash_password("correct horse", CHEAP))
-    harness.clock.advance(RELOAD_INTERVAL)
-    await harness.identity.user_by_login("ops/carol")  # the look that starts the reload on the file's thread
-    await file_thread(harness.context)(lambda: None)  # after the reload, on that one thread
+    await harness.users_reread()
     a = await started(harness)
     try:
         for name in ("tenant%2Fcarol", "tenant%2fcarol", "ops%2Fcarol"):
