@@ -206,6 +206,32 @@ def test_an_oversized_body_of_no_announced_length_gets_413():
     listener.assert_serves()
 
 
+def test_a_chunked_body_is_refused_once_it_passes_the_limit():
+    """
+    A body of no announced length was read, and thrown away, to its end
+    (or to the body timeout, while the client kept sending), before its 413.
+    """
+    listener = Listener({"max_body_bytes": 2048})
+    head = request_head("POST", TOKEN, {"Content-Type": "application/x-www-form-urlencoded",
+                                        "Transfer-Encoding": "chunked"})
+    protocol, transport = listener.send(head + b"800\r\n" + b"a" * 0x800 + b"\r\n")
+    assert transport.value() == b""
+    protocol.dataReceived(b"1\r\na")
+    assert_oauth(*parse(transport), 413, "body is too large (at most 2048 bytes)")
+    assert transport.disconnecting
+    protocol.dataReceived(b"\r\n0\r\n\r\n")
+    assert transport.value().count(b"HTTP/1.1") == 1
+    listener.assert_serves()
+
+
+def test_a_chunk_larger_than_the_limit_is_refused_as_it_arrives():
+    listener = Listener({"max_body_bytes": 2048})
+    head = request_head("POST", AUTHORIZE, {"Transfer-Encoding": "chunked"})
+    _, transport = listener.send(head + b"ffffffffffff\r\n" + b"a" * 2049)
+    assert_page(*parse(transport), 413, "body is too large")
+    listener.assert_serves()
+
+
 def test_a_site_without_a_request_factory_bounds_its_bodies():
     assert issubclass(LimitedSite(Resource(), limits=InputLimits()).requestFactory, BoundedRequest)
 

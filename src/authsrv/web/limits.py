@@ -332,10 +332,18 @@ class LimitedChannel(GatheringChannel):
         max_body = getattr(self.requestFactory, "max_body", None)
         if max_body is not None and self.length is not None and self.length > max_body:
             # Refused before twisted.web answers "Expect: 100-continue" and before a byte of it is read.
-            return self._refuse(413, f"the request body is too large (at most {max_body} bytes)")
+            return self.refuse_large_body(max_body)
         super().allHeadersReceived()
         if self.length != 0 and not self._refused:
             self._start(self.limits.body_timeout, "body")
+
+    def refuse_large_body(self, max_body: int):
+        """
+        Refuse a body over C{max_body} bytes at once: one announced so, or
+        one of no announced length (chunked) as soon as it passes the limit
+        (L{BoundedRequest.handleContentChunk}), rather than read to its end.
+        """
+        self._refuse(413, f"the request body is too large (at most {max_body} bytes)")
 
     def allContentReceived(self):
         if self._refused:  # refused at its headers, a request without a body ends here
