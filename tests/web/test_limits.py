@@ -232,6 +232,40 @@ def test_a_chunk_larger_than_the_limit_is_refused_as_it_arrives():
     listener.assert_serves()
 
 
+CORS = {"access-control-allow-origin": "*", "access-control-expose-headers": "WWW-Authenticate, DPoP-Nonce, Retry-After"}
+
+
+@pytest.mark.parametrize("request_bytes", [
+    form(TOKEN, {"grant_type": "authorization_code", "code_verifier": "v" * 200}),
+    form("/api/auth/oauth2/revoke", [(f"f{n}", "v") for n in range(100)]),
+    form("/api/auth/oauth2/par", {"pad": "x" * 70000}),
+    request_head("GET", "/api/auth/oauth2/userinfo?" + "a" * 7000),
+    request_head("GET", "/api/auth/jwks", {f"X-Filler-{n}": "y" * 200 for n in range(90)}),
+    request_head("POST", "/api/auth/oauth2/register", {"Content-Length": 100_000}),
+    request_head("GET", "/.well-known/openid-configuration", {"Content-Length": "x"}),
+], ids=["parameter too long", "too many fields", "body too large", "query too long", "headers too large",
+        "body announced too large", "not well-formed"])
+def test_a_refusal_at_an_endpoint_browsers_call_can_be_read_by_any_origin(request_bytes):
+    """
+    A single-page app reads the token endpoint's (and UserInfo's, ...)
+    errors from any origin; a cap's refusal lacked the CORS headers, so the
+    app saw only a failed fetch instead of the error.
+    """
+    listener = Listener()
+    _, transport = listener.send(request_bytes)
+    status, headers, _ = parse(transport)
+    assert 400 <= status < 500
+    assert {name: headers.get(name) for name in CORS} == CORS
+
+
+@pytest.mark.parametrize("path", [INTERNAL, "/api/auth/oauth2/introspect", AUTHORIZE])
+def test_a_refusal_elsewhere_allows_no_origin(path):
+    listener = Listener()
+    _, transport = listener.send(form(path, {"client_id": "c" * 1000}))
+    status, headers, _ = parse(transport)
+    assert status == 400 and "access-control-allow-origin" not in headers
+
+
 def test_a_site_without_a_request_factory_bounds_its_bodies():
     assert issubclass(LimitedSite(Resource(), limits=InputLimits()).requestFactory, BoundedRequest)
 

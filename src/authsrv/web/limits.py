@@ -22,7 +22,7 @@ from twisted.web.server import Site
 from authsrv.config import ISSUER_PATH, InputLimits
 from authsrv.protocol.forwarded import address_key, is_trusted
 from authsrv.web.channel import GatheringChannel, Outbox
-from authsrv.web.headers import json_body
+from authsrv.web.headers import allow_browser_clients, json_body
 from authsrv.web.pages import error_page
 from authsrv.web.request import SERVER, BoundedRequest
 
@@ -34,6 +34,17 @@ PAGE_PREFIXES = tuple(
     )
 )
 """Browser pages: their refusals are HTML; everything else reads JSON."""
+READ_BY_BROWSERS = (b"/.well-known/openid-configuration", *(
+    (ISSUER_PATH + p).encode() for p in (
+        "/.well-known/", "/jwks", "/oauth2/token", "/oauth2/par", "/oauth2/userinfo", "/oauth2/revoke",
+        "/oauth2/register",
+    )
+))
+"""
+Endpoints that browser-based clients call from any origin: their refusals
+carry the CORS headers their answers do, so such a client reads the error
+rather than a failed fetch.
+"""
 
 SINGLETONS = (b"authorization", b"content-type")
 """
@@ -63,6 +74,8 @@ def _payload(path: bytes, status: int, description: str) -> dict:
 
 def render_refusal(request, status: int, description: str) -> bytes:
     """A refused request's answer, shaped for the endpoint it was sent to."""
+    if request.path.startswith(READ_BY_BROWSERS):
+        allow_browser_clients(request)
     if request.path.startswith(PAGE_PREFIXES):
         return error_page(request, status, TITLES.get(status, "Bad request"), description[:1].upper() + description[1:] + ".")
     return json_body(request, status, _payload(request.path, status, description), no_store=True)

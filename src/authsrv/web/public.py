@@ -50,7 +50,15 @@ from authsrv.web.forms import (
     token_form_params,
     userinfo_form_token,
 )
-from authsrv.web.headers import RETRY_AFTER, allow_any_origin, json_body, jwt_body, method_not_allowed, oauth_error
+from authsrv.web.headers import (
+    RETRY_AFTER,
+    allow_any_origin,
+    allow_browser_clients,
+    json_body,
+    jwt_body,
+    method_not_allowed,
+    oauth_error,
+)
 from authsrv.web.interaction_pages import (
     consent_page,
     enrolment_page,
@@ -84,13 +92,8 @@ def _reads_json(request) -> bool:
     return request.path.endswith(JSON_ENDPOINTS) or REGISTER_PATH.encode() in request.path
 
 
-def _cors(request) -> None:
-    allow_any_origin(request)
-    request.setHeader(b"access-control-expose-headers", b"WWW-Authenticate, DPoP-Nonce, Retry-After")
-
-
 def _preflight(request, methods: bytes) -> bytes:
-    _cors(request)
+    allow_browser_clients(request)
     request.setHeader(b"access-control-allow-methods", methods)
     request.setHeader(b"access-control-allow-headers", b"Authorization, Content-Type, DPoP")
     request.setHeader(b"access-control-max-age", b"86400")
@@ -184,7 +187,7 @@ class PublicSite:
         """The registration flow, or 404 when registration is off (as if the endpoint did not exist)."""
         if self._flows.registration is None:
             raise NotFound()
-        _cors(request)
+        allow_browser_clients(request)
         return self._flows.registration
 
     def _login_page(self, request, form: LoginForm) -> bytes:
@@ -233,7 +236,7 @@ class PublicSite:
     # --- the relying parties' back channel -----------------------------------
 
     async def token(self, request):
-        _cors(request)
+        allow_browser_clients(request)
         params = one_resource_form(request, TOKEN_RESOURCES)
         address = client_address_of(request, self._trusted_proxies)
         checked = await self._count_from(address, request, self._rates.token, params)
@@ -254,7 +257,7 @@ class PublicSite:
         section 10.1) before sending the browser on.
         """
         pushed = self._pushed()
-        _cors(request)
+        allow_browser_clients(request)
         args = form_args(request)
         checked = await self._count(request, self._rates.pushed, push_params(args))
         response = await pushed.push(request.getHeader(b"authorization"), args, self._now(),
@@ -274,7 +277,7 @@ class PublicSite:
 
     async def userinfo(self, request):
         """GET and POST (OIDC Core 5.3.1), and HEAD as every GET route of the site answers it."""
-        _cors(request)
+        allow_browser_clients(request)
         self._rates.userinfo_request(client_address_of(request, self._trusted_proxies))
         scheme, access_token = access_credential(request.getHeader(b"authorization"), userinfo_form_token(request))
         answer = await self._flows.userinfo.userinfo(
@@ -297,7 +300,7 @@ class PublicSite:
 
     @app.route(ISSUER_PATH + "/oauth2/revoke", methods=["POST"])
     async def revocation(self, request):
-        _cors(request)
+        allow_browser_clients(request)
         params = token_form_params(request)
         address = client_address_of(request, self._trusted_proxies)
         checked = await self._count_from(address, request, self._rates.revocation, params)
