@@ -67,6 +67,7 @@ from authsrv.web.interaction_pages import (
     recovery_codes_page,
     second_factor_page,
 )
+from authsrv.web.limits import PAGE_PREFIXES
 from authsrv.web.pages import error_page, render_page
 from authsrv.web.quiet import QuietWarnings
 from authsrv.web.routes import Endpoint, ExactPaths, RoutedKlein
@@ -90,6 +91,19 @@ LOGIN_PATH = ISSUER_PATH + "/login"
 def _reads_json(request) -> bool:
     """Whether the route's caller reads JSON (an OAuth endpoint, client registration) rather than a page."""
     return request.path.endswith(JSON_ENDPOINTS) or REGISTER_PATH.encode() in request.path
+
+
+def _wrong_method(request, allow: bytes) -> bytes:
+    """
+    405 with C{Allow}; at a page's address, a page: a browser gets there
+    with a GET when the address of a page that answered a form (the login
+    page after a passkey, the account page after an action) is opened again.
+    """
+    if not request.path.startswith(PAGE_PREFIXES):
+        return method_not_allowed(request, allow)
+    request.setHeader(b"allow", allow)
+    return error_page(request, 405, "Page not available",
+                      "This address cannot be opened this way. Go back to the application and start again.")
 
 
 def _preflight(request, methods: bytes) -> bytes:
@@ -162,7 +176,7 @@ class PublicSite:
         }, self.app.resource())
 
     def _endpoint(self, route: str, handlers, allow: bytes) -> Endpoint:
-        return Endpoint(route, handlers, lambda request: method_not_allowed(request, allow), self._server_error,
+        return Endpoint(route, handlers, lambda request: _wrong_method(request, allow), self._server_error,
                         self._refusal)
 
     def _now(self) -> int:
@@ -728,7 +742,7 @@ class PublicSite:
 
     @app.handle_errors(MethodNotAllowed)
     def wrong_method(self, request, failure):
-        return method_not_allowed(request, ", ".join(failure.value.valid_methods or ()).encode())
+        return _wrong_method(request, ", ".join(failure.value.valid_methods or ()).encode())
 
     @app.handle_errors(Exception)
     def failed(self, request, failure):
