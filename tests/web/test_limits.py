@@ -172,7 +172,7 @@ def test_a_body_announced_too_large_is_refused_before_it_is_sent():
     listener.assert_serves()
 
 
-@pytest.mark.parametrize("name", ["Authorization", "Content-Type"])
+@pytest.mark.parametrize("name", ["Authorization", "Content-Type", "Host"])
 def test_a_header_sent_twice_that_a_request_carries_once_is_refused(name):
     """twisted.web reads the last of two, a proxy in front may check the first: they must not disagree."""
     listener = Listener()
@@ -180,6 +180,40 @@ def test_a_header_sent_twice_that_a_request_carries_once_is_refused(name):
     line = f"{name}: one\r\n{name.lower()}: two\r\n".encode()
     _, transport = listener.send(head.replace(b"\r\n\r\n", b"\r\n" + line + b"\r\n", 1))
     assert_internal(*parse(transport), 400, f"{name.lower()} header is sent more than once")
+    listener.assert_serves()
+
+
+def test_an_http_1_1_request_without_host_is_refused():
+    """RFC 9112 section 3.2: a server must answer 400 to an HTTP/1.1 request that lacks Host."""
+    listener = Listener()
+    _, transport = listener.send(b"GET /api/auth/jwks HTTP/1.1\r\nAccept: */*\r\n\r\n")
+    assert_oauth(*parse(transport), 400, "must name its host in a Host header")
+    assert transport.disconnecting
+    _, transport = listener.send(b"GET /healthz HTTP/1.0\r\n\r\n")
+    assert parse(transport)[0] == 200
+    listener.assert_serves()
+
+
+@pytest.mark.parametrize("coding", ["identity", "gzip", "chunked, identity"])
+def test_a_transfer_coding_other_than_chunked_is_refused(coding):
+    """
+    RFC 9112 section 6.3: a request whose final transfer coding is not
+    chunked has no length a server can rely on; it must be refused and the
+    connection closed. twisted.web read "identity" as no body at all, and
+    served the body as the next request, where a proxy in front may have
+    read it as this one's body.
+    """
+    listener = Listener()
+    smuggled = request_head("GET", "/healthz")
+    head = request_head("POST", TOKEN, {"Content-Type": "application/x-www-form-urlencoded",
+                                        "Transfer-Encoding": coding})
+    _, transport = listener.send(head + smuggled)
+    assert_oauth(*parse(transport), 400, "not well-formed")
+    assert transport.value().count(b"HTTP/1.1 ") == 1
+    assert transport.disconnecting
+    head = request_head("POST", TOKEN, {"Transfer-Encoding": coding, "Content-Length": len(smuggled)})
+    _, transport = listener.send(head + smuggled)
+    assert_oauth(*parse(transport), 400, "not well-formed")
     listener.assert_serves()
 
 

@@ -46,10 +46,11 @@ carry the CORS headers their answers do, so such a client reads the error
 rather than a failed fetch.
 """
 
-SINGLETONS = (b"authorization", b"content-type")
+SINGLETONS = (b"authorization", b"content-type", b"host")
 """
-Headers a request carries once (RFC 9110 section 5.3): twisted.web reads
-the last of two, a proxy in front may check the first, so two are refused.
+Headers a request carries once (RFC 9110 section 5.3, and RFC 9112 section
+3.2 for Host): twisted.web reads the last of two, a proxy in front may check
+the first, so two are refused.
 """
 
 TITLES = {
@@ -247,6 +248,7 @@ class LimitedChannel(GatheringChannel):
 
     def _new_head(self):
         self._method = b""
+        self._http_1_1 = False
         self._target = b""
         self._head_lines = 0
         self._header_count = 0
@@ -312,6 +314,7 @@ class LimitedChannel(GatheringChannel):
             line = _origin_form(line)
             target = _target(line)
             self._method = line.partition(b" ")[0]
+            self._http_1_1 = line.endswith(b" HTTP/1.1")
             self._target, _, query = target.partition(b"?")
             if too_long:
                 return self._refuse(414, f"the request line is too long (at most {self.limits.max_request_line} bytes)")
@@ -342,6 +345,12 @@ class LimitedChannel(GatheringChannel):
         for name in SINGLETONS:
             if len(headers.getRawHeaders(name, ())) > 1:
                 return self._refuse(400, f"the {name.decode()} header is sent more than once")
+        if self._http_1_1 and not headers.hasHeader(b"host"):
+            return self._refuse(400, "an HTTP/1.1 request must name its host in a Host header")
+        if self.length is not None and headers.hasHeader(b"transfer-encoding"):
+            # twisted.web reads "identity" as no coding at all; a request whose last coding is not chunked
+            # has no reliable length and must be refused (RFC 9112 section 6.3), whatever its Content-Length.
+            return self._respondToBadRequestAndDisconnect()
         max_body = getattr(self.requestFactory, "max_body", None)
         if max_body is not None and self.length is not None and self.length > max_body:
             # Refused before twisted.web answers "Expect: 100-continue" and before a byte of it is read.
