@@ -258,6 +258,14 @@ def test_a_chunked_body_is_refused_once_it_passes_the_limit():
     listener.assert_serves()
 
 
+def test_a_request_refused_mid_body_gets_one_answer_whatever_follows():
+    listener = Listener({"max_body_bytes": 2048})
+    head = request_head("POST", TOKEN, {"Transfer-Encoding": "chunked"})
+    _, transport = listener.send(head + b"801\r\n" + b"a" * 0x801 + b"\r\nnot a chunk size\r\n")
+    assert_oauth(*parse(transport), 413, "body is too large")
+    assert transport.value().count(b"HTTP/1.1 ") == 1
+
+
 def test_a_chunk_larger_than_the_limit_is_refused_as_it_arrives():
     listener = Listener({"max_body_bytes": 2048})
     head = request_head("POST", AUTHORIZE, {"Transfer-Encoding": "chunked"})

@@ -282,6 +282,9 @@ class LimitedChannel(GatheringChannel):
             self._refuse(408, f"the request {self._waiting_for} did not arrive in time")
 
     def _refuse(self, status: int, description: str):
+        """Answer C{status} and close, once: a body refused as it arrives may still be parsed on to a framing error."""
+        if self._refused:
+            return
         self._cancel_deadline()
         self._refused = True
         self._send_gathered()
