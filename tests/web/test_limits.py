@@ -100,6 +100,18 @@ def test_a_request_twisted_web_cannot_frame_gets_400_in_the_endpoints_shape(head
     listener.assert_serves()
 
 
+@pytest.mark.parametrize("path, check", [(TOKEN, assert_oauth), ("/api/auth/login", assert_page)])
+def test_a_multipart_body_twisted_web_cannot_parse_gets_400_in_the_endpoints_shape(path, check):
+    """twisted.web parses it once the request is whole, when its target was forgotten: the answer was JSON."""
+    listener = Listener()
+    body = b"no boundary here"
+    head = request_head("POST", path, {"Content-Type": "multipart/form-data; boundary=XX", "Content-Length": len(body)})
+    _, transport = listener.send(head + body)
+    check(*parse(transport), 400, "not well-formed multipart/form-data")
+    assert transport.disconnecting
+    listener.assert_serves()
+
+
 @pytest.mark.parametrize("head, status", [
     (b"HEAD /healthz HTTP/1.1\r\nno colon here\r\n\r\n", 400),
     (request_head("HEAD", "/healthz", {f"X-{n}": "v" for n in range(200)}), 431),

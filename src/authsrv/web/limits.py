@@ -298,7 +298,14 @@ class LimitedChannel(GatheringChannel):
         twisted.web's answer to a request it cannot frame (a malformed
         request line, header field, length or chunk) is a bare 400 with no
         body: this one is in the endpoint's shape and says what is wrong.
+        Once a request is whole (its head forgotten, L{allContentReceived}),
+        twisted.web asks for it only for a multipart/form-data body it
+        cannot parse, and the request names its own path.
         """
+        if self._handlingRequest:
+            request = self.requests[-1]
+            self._method, self._target = request.method, request.path
+            return self._refuse(400, "the request body is not well-formed multipart/form-data")
         self._refuse(400, "the request is not well-formed HTTP/1.1: check its request line, header fields,"
                           " Content-Length and chunked encoding")
 
