@@ -524,3 +524,21 @@ def test_a_status_twisted_web_has_no_phrase_for_gets_its_own():
     for code, phrase in ((429, b"Too Many Requests"), (431, b"Request Header Fields Too Large"), (200, b"OK")):
         request.setResponseCode(code)
         assert request.code_message == phrase
+
+
+def test_parameters_are_separated_by_ampersands_only():
+    """
+    A ';' is data in a query (RFC 3986 section 3.4) and in a form (WHATWG
+    URL): twisted.web split pairs at it too, so a client's state "xyz;abc=1"
+    came back as "xyz", and a parameter hidden after a ';' reached the flows
+    past a proxy that reads the query as written.
+    """
+    request = BoundedRequest(DummyChannel())
+    request.process = lambda: None
+    request.requestHeaders.setRawHeaders(b"content-type", [b"application/x-www-form-urlencoded"])
+    request.content = BytesIO()
+    request.content.write(b"code=c;grant_type=x&scope=a+b%3B")
+    request.requestReceived(b"POST", b"/cb?state=xyz;abc=1&nonce=n;&=;", b"HTTP/1.1")
+    assert request.args == {
+        b"state": [b"xyz;abc=1"], b"nonce": [b"n;"], b"": [b";"], b"code": [b"c;grant_type=x"], b"scope": [b"a b;"],
+    }
