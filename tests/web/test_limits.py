@@ -127,6 +127,25 @@ def test_a_refused_head_request_gets_no_body(head, status):
     listener.assert_serves()
 
 
+@pytest.mark.parametrize("method, path, check", [
+    (b"post", "/api/auth/oauth2/revoke", assert_oauth),
+    (b"Get", "/api/auth/account", assert_page),
+    (b"TRACE", INTERNAL, assert_internal),
+    (b"CONNECT", "127.0.0.1:22", assert_oauth),
+])
+def test_a_method_no_route_implements_gets_501(method, path, check):
+    """
+    Methods are case-sensitive (RFC 9110 section 9.1): Klein's routes served
+    "post" as POST, past any proxy rule written for POST, while the leaves
+    below Klein refused it; an unknown method gets 501 (section 15.6.2).
+    """
+    listener = Listener()
+    _, transport = listener.send(method + b" " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+    check(*parse(transport), 501, "implements the methods")
+    assert transport.disconnecting
+    listener.assert_serves()
+
+
 def test_a_request_line_too_long_gets_414_in_the_internal_shape():
     listener = Listener({"max_request_line": 1024, "max_query_bytes": 512})
     _, transport = listener.send(request_head("POST", INTERNAL + "/" + "a" * 1100))

@@ -53,6 +53,14 @@ Headers a request carries once (RFC 9110 section 5.3, and RFC 9112 section
 the first, so two are refused.
 """
 
+METHODS = (b"GET", b"HEAD", b"POST", b"PUT", b"PATCH", b"DELETE", b"OPTIONS")
+"""
+The methods some route serves. Methods are case-sensitive (RFC 9110
+section 9.1), so "post" is none of them, though werkzeug's routing would
+serve it as POST; any other method is refused with 501 (section 15.6.2).
+"""
+UNKNOWN_METHOD = "this server implements the methods " + ", ".join(m.decode() for m in METHODS[:-1]) + " and OPTIONS only"
+
 TITLES = {
     400: "Bad request",
     408: "Too slow",
@@ -60,6 +68,7 @@ TITLES = {
     414: "Address too long",
     429: "Too many connections",
     431: "Request headers too large",
+    501: "Not implemented",
     503: "Try again later",
 }
 
@@ -328,6 +337,8 @@ class LimitedChannel(GatheringChannel):
             self._target, _, query = target.partition(b"?")
             if too_long:
                 return self._refuse(414, f"the request line is too long (at most {self.limits.max_request_line} bytes)")
+            if self._method not in METHODS:
+                return self._refuse(501, UNKNOWN_METHOD)
             if len(query) > self.limits.max_query_bytes:
                 return self._refuse(414, f"the query string is too long (at most {self.limits.max_query_bytes} bytes)")
         elif line:
