@@ -439,6 +439,13 @@ class LimitedSite(Site):
         self.open_connections = 0
         self._by_address: Counter = Counter()
 
+    def acceptableProtocols(self):
+        """
+        HTTP/1.1 alone for TLS's ALPN: twisted.web's Site offers h2 too where
+        the h2 package is installed, which a L{LimitedChannel} cannot speak.
+        """
+        return [b"http/1.1"]
+
     def getContentFile(self, length):
         """
         Where a request's body is kept: in memory, since the site's
