@@ -225,6 +225,23 @@ def test_an_http_1_1_request_without_host_is_refused():
     listener.assert_serves()
 
 
+@pytest.mark.parametrize("host", ["a b", "x/y", "x@y", "[::1", "x:8o", "é.example"])
+def test_a_host_header_that_names_no_host_is_refused(host):
+    """RFC 9112 section 3.2: 400 for a Host header with an invalid field value."""
+    listener = Listener()
+    head = b"GET /api/auth/jwks HTTP/1.1\r\nHost: " + host.encode() + b"\r\n\r\n"
+    _, transport = listener.send(head)
+    assert_oauth(*parse(transport), 400, "the Host header names no host")
+    listener.assert_serves()
+
+
+@pytest.mark.parametrize("host", ["", "id.example.com", "id.example.com:443", "127.0.0.1:8080", "[::1]:8080", "xn--d-x.example"])
+def test_a_host_header_of_any_host_and_port_is_served(host):
+    listener = Listener()
+    _, transport = listener.send(b"GET /healthz HTTP/1.1\r\nHost: " + host.encode() + b"\r\n\r\n")
+    assert parse(transport)[0] == 200
+
+
 @pytest.mark.parametrize("coding", ["identity", "gzip", "chunked, identity"])
 def test_a_transfer_coding_other_than_chunked_is_refused(coding):
     """

@@ -10,7 +10,9 @@ JSON, the internal API's JSON, or an HTML page), never a 500 or a hang.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
+from functools import lru_cache
 from http import HTTPStatus
 from io import BytesIO
 
@@ -46,12 +48,20 @@ carry the CORS headers their answers do, so such a client reads the error
 rather than a failed fetch.
 """
 
-SINGLETONS = (b"authorization", b"content-type", b"host")
+SINGLETONS = (b"host", b"authorization", b"content-type")
 """
 Headers a request carries once (RFC 9110 section 5.3, and RFC 9112 section
 3.2 for Host): twisted.web reads the last of two, a proxy in front may check
 the first, so two are refused.
 """
+HOST = re.compile(rb"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~!$&'()*+,;=%-]*)(?::[0-9]*)?")
+"""A Host header's value (RFC 9112 section 3.2): uri-host and an optional port, or nothing."""
+
+
+@lru_cache(maxsize=64)
+def _names_a_host(value: bytes) -> bool:
+    """Whether C{value} is a L{HOST}; the same few recur, so a match costs a cache lookup."""
+    return HOST.fullmatch(value) is not None
 
 METHODS = (b"GET", b"HEAD", b"POST", b"PUT", b"PATCH", b"DELETE", b"OPTIONS")
 """
@@ -363,11 +373,15 @@ class LimitedChannel(GatheringChannel):
     def allHeadersReceived(self):
         self._stop()
         headers = self.requests[-1].requestHeaders
+        host = headers.getRawHeaders(b"host", ())
         for name in SINGLETONS:
-            if len(headers.getRawHeaders(name, ())) > 1:
+            if len(host if name == b"host" else headers.getRawHeaders(name, ())) > 1:
                 return self._refuse(400, f"the {name.decode()} header is sent more than once")
-        if self._http_1_1 and not headers.hasHeader(b"host"):
-            return self._refuse(400, "an HTTP/1.1 request must name its host in a Host header")
+        if not host:
+            if self._http_1_1:
+                return self._refuse(400, "an HTTP/1.1 request must name its host in a Host header")
+        elif not _names_a_host(host[0]):
+            return self._refuse(400, "the Host header names no host: a name or address, and an optional port")
         if self.length is not None and headers.hasHeader(b"transfer-encoding"):
             # twisted.web reads "identity" as no coding at all; a request whose last coding is not chunked
             # has no reliable length and must be refused (RFC 9112 section 6.3), whatever its Content-Length.
