@@ -265,6 +265,17 @@ def test_a_transfer_coding_other_than_chunked_is_refused(coding):
     listener.assert_serves()
 
 
+def test_chunked_and_another_coding_on_two_lines_are_refused():
+    """The lines make one list, chunked then identity: chunked is not the last, as on one line."""
+    listener = Listener()
+    head = request_head("POST", TOKEN, {"Transfer-Encoding": "chunked"})
+    head = head.replace(b"\r\n\r\n", b"\r\nTransfer-Encoding: identity\r\n\r\n", 1)
+    _, transport = listener.send(head + b"3\r\nabc\r\n0\r\n\r\n")
+    assert_oauth(*parse(transport), 400, "not well-formed")
+    assert transport.disconnecting
+    listener.assert_serves()
+
+
 def chunked_form(path: str, fields, chunk: int = 500) -> bytes:
     body = urlencode(fields).encode()
     head = request_head("POST", path, {"Content-Type": "application/x-www-form-urlencoded",

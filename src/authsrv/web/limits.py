@@ -382,9 +382,11 @@ class LimitedChannel(GatheringChannel):
                 return self._refuse(400, "an HTTP/1.1 request must name its host in a Host header")
         elif not _names_a_host(host[0]):
             return self._refuse(400, "the Host header names no host: a name or address, and an optional port")
-        if self.length is not None and headers.hasHeader(b"transfer-encoding"):
-            # twisted.web reads "identity" as no coding at all; a request whose last coding is not chunked
-            # has no reliable length and must be refused (RFC 9112 section 6.3), whatever its Content-Length.
+        codings = headers.getRawHeaders(b"transfer-encoding")
+        if codings is not None and (self.length is not None or len(codings) > 1):
+            # twisted.web reads "identity" as no coding at all, and a second line after "chunked" not at all;
+            # a request whose last coding is not chunked alone has no reliable length and must be refused
+            # (RFC 9112 section 6.3), whatever its Content-Length.
             return self._respondToBadRequestAndDisconnect()
         max_body = getattr(self.requestFactory, "max_body", None)
         if max_body is not None and self.length is not None and self.length > max_body:
