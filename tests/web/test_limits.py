@@ -100,6 +100,18 @@ def test_a_request_twisted_web_cannot_frame_gets_400_in_the_endpoints_shape(head
     listener.assert_serves()
 
 
+@pytest.mark.parametrize("path, check", [(TOKEN, assert_oauth), ("/api/auth/login", assert_page)])
+def test_a_multipart_body_twisted_web_cannot_parse_gets_400_in_the_endpoints_shape(path, check):
+    """twisted.web parses it once the request is whole, when its target was forgotten: the answer was JSON."""
+    listener = Listener()
+    body = b"no boundary here"
+    head = request_head("POST", path, {"Content-Type": "multipart/form-data; boundary=XX", "Content-Length": len(body)})
+    _, transport = listener.send(head + body)
+    check(*parse(transport), 400, "not well-formed multipart/form-data")
+    assert transport.disconnecting
+    listener.assert_serves()
+
+
 @pytest.mark.parametrize("head, status", [
     (b"HEAD /healthz HTTP/1.1\r\nno colon here\r\n\r\n", 400),
     (request_head("HEAD", "/healthz", {f"X-{n}": "v" for n in range(200)}), 431),
@@ -111,6 +123,25 @@ def test_a_refused_head_request_gets_no_body(head, status):
     written = transport.value()
     assert written.startswith(f"HTTP/1.1 {status} ".encode()) and b"\r\ncontent-length: " in written
     assert written.endswith(b"\r\n\r\n"), written
+    assert transport.disconnecting
+    listener.assert_serves()
+
+
+@pytest.mark.parametrize("method, path, check", [
+    (b"post", "/api/auth/oauth2/revoke", assert_oauth),
+    (b"Get", "/api/auth/account", assert_page),
+    (b"TRACE", INTERNAL, assert_internal),
+    (b"CONNECT", "127.0.0.1:22", assert_oauth),
+])
+def test_a_method_no_route_implements_gets_501(method, path, check):
+    """
+    Methods are case-sensitive (RFC 9110 section 9.1): Klein's routes served
+    "post" as POST, past any proxy rule written for POST, while the leaves
+    below Klein refused it; an unknown method gets 501 (section 15.6.2).
+    """
+    listener = Listener()
+    _, transport = listener.send(method + b" " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+    check(*parse(transport), 501, "implements the methods")
     assert transport.disconnecting
     listener.assert_serves()
 
@@ -172,7 +203,7 @@ def test_a_body_announced_too_large_is_refused_before_it_is_sent():
     listener.assert_serves()
 
 
-@pytest.mark.parametrize("name", ["Authorization", "Content-Type"])
+@pytest.mark.parametrize("name", ["Authorization", "Content-Type", "Host"])
 def test_a_header_sent_twice_that_a_request_carries_once_is_refused(name):
     """twisted.web reads the last of two, a proxy in front may check the first: they must not disagree."""
     listener = Listener()
@@ -180,6 +211,68 @@ def test_a_header_sent_twice_that_a_request_carries_once_is_refused(name):
     line = f"{name}: one\r\n{name.lower()}: two\r\n".encode()
     _, transport = listener.send(head.replace(b"\r\n\r\n", b"\r\n" + line + b"\r\n", 1))
     assert_internal(*parse(transport), 400, f"{name.lower()} header is sent more than once")
+    listener.assert_serves()
+
+
+def test_an_http_1_1_request_without_host_is_refused():
+    """RFC 9112 section 3.2: a server must answer 400 to an HTTP/1.1 request that lacks Host."""
+    listener = Listener()
+    _, transport = listener.send(b"GET /api/auth/jwks HTTP/1.1\r\nAccept: */*\r\n\r\n")
+    assert_oauth(*parse(transport), 400, "must name its host in a Host header")
+    assert transport.disconnecting
+    _, transport = listener.send(b"GET /healthz HTTP/1.0\r\n\r\n")
+    assert parse(transport)[0] == 200
+    listener.assert_serves()
+
+
+@pytest.mark.parametrize("host", ["a b", "x/y", "x@y", "[::1", "x:8o", "é.example"])
+def test_a_host_header_that_names_no_host_is_refused(host):
+    """RFC 9112 section 3.2: 400 for a Host header with an invalid field value."""
+    listener = Listener()
+    head = b"GET /api/auth/jwks HTTP/1.1\r\nHost: " + host.encode() + b"\r\n\r\n"
+    _, transport = listener.send(head)
+    assert_oauth(*parse(transport), 400, "the Host header names no host")
+    listener.assert_serves()
+
+
+@pytest.mark.parametrize("host", ["", "id.example.com", "id.example.com:443", "127.0.0.1:8080", "[::1]:8080", "xn--d-x.example"])
+def test_a_host_header_of_any_host_and_port_is_served(host):
+    listener = Listener()
+    _, transport = listener.send(b"GET /healthz HTTP/1.1\r\nHost: " + host.encode() + b"\r\n\r\n")
+    assert parse(transport)[0] == 200
+
+
+@pytest.mark.parametrize("coding", ["identity", "gzip", "chunked, identity"])
+def test_a_transfer_coding_other_than_chunked_is_refused(coding):
+    """
+    RFC 9112 section 6.3: a request whose final transfer coding is not
+    chunked has no length a server can rely on; it must be refused and the
+    connection closed. twisted.web read "identity" as no body at all, and
+    served the body as the next request, where a proxy in front may have
+    read it as this one's body.
+    """
+    listener = Listener()
+    smuggled = request_head("GET", "/healthz")
+    head = request_head("POST", TOKEN, {"Content-Type": "application/x-www-form-urlencoded",
+                                        "Transfer-Encoding": coding})
+    _, transport = listener.send(head + smuggled)
+    assert_oauth(*parse(transport), 400, "not well-formed")
+    assert transport.value().count(b"HTTP/1.1 ") == 1
+    assert transport.disconnecting
+    head = request_head("POST", TOKEN, {"Transfer-Encoding": coding, "Content-Length": len(smuggled)})
+    _, transport = listener.send(head + smuggled)
+    assert_oauth(*parse(transport), 400, "not well-formed")
+    listener.assert_serves()
+
+
+def test_chunked_and_another_coding_on_two_lines_are_refused():
+    """The lines make one list, chunked then identity: chunked is not the last, as on one line."""
+    listener = Listener()
+    head = request_head("POST", TOKEN, {"Transfer-Encoding": "chunked"})
+    head = head.replace(b"\r\n\r\n", b"\r\nTransfer-Encoding: identity\r\n\r\n", 1)
+    _, transport = listener.send(head + b"3\r\nabc\r\n0\r\n\r\n")
+    assert_oauth(*parse(transport), 400, "not well-formed")
+    assert transport.disconnecting
     listener.assert_serves()
 
 
@@ -204,6 +297,74 @@ def test_an_oversized_body_of_no_announced_length_gets_413():
     _, transport = listener.send(chunked_form(TOKEN, {"grant_type": "x" * 3000}))
     assert_oauth(*parse(transport), 413, "body is too large")
     listener.assert_serves()
+
+
+def test_a_chunked_body_is_refused_once_it_passes_the_limit():
+    """
+    A body of no announced length was read, and thrown away, to its end
+    (or to the body timeout, while the client kept sending), before its 413.
+    """
+    listener = Listener({"max_body_bytes": 2048})
+    head = request_head("POST", TOKEN, {"Content-Type": "application/x-www-form-urlencoded",
+                                        "Transfer-Encoding": "chunked"})
+    protocol, transport = listener.send(head + b"800\r\n" + b"a" * 0x800 + b"\r\n")
+    assert transport.value() == b""
+    protocol.dataReceived(b"1\r\na")
+    assert_oauth(*parse(transport), 413, "body is too large (at most 2048 bytes)")
+    assert transport.disconnecting
+    protocol.dataReceived(b"\r\n0\r\n\r\n")
+    assert transport.value().count(b"HTTP/1.1") == 1
+    listener.assert_serves()
+
+
+def test_a_request_refused_mid_body_gets_one_answer_whatever_follows():
+    listener = Listener({"max_body_bytes": 2048})
+    head = request_head("POST", TOKEN, {"Transfer-Encoding": "chunked"})
+    _, transport = listener.send(head + b"801\r\n" + b"a" * 0x801 + b"\r\nnot a chunk size\r\n")
+    assert_oauth(*parse(transport), 413, "body is too large")
+    assert transport.value().count(b"HTTP/1.1 ") == 1
+
+
+def test_a_chunk_larger_than_the_limit_is_refused_as_it_arrives():
+    listener = Listener({"max_body_bytes": 2048})
+    head = request_head("POST", AUTHORIZE, {"Transfer-Encoding": "chunked"})
+    _, transport = listener.send(head + b"ffffffffffff\r\n" + b"a" * 2049)
+    assert_page(*parse(transport), 413, "body is too large")
+    listener.assert_serves()
+
+
+CORS = {"access-control-allow-origin": "*", "access-control-expose-headers": "WWW-Authenticate, DPoP-Nonce, Retry-After"}
+
+
+@pytest.mark.parametrize("request_bytes", [
+    form(TOKEN, {"grant_type": "authorization_code", "code_verifier": "v" * 200}),
+    form("/api/auth/oauth2/revoke", [(f"f{n}", "v") for n in range(100)]),
+    form("/api/auth/oauth2/par", {"pad": "x" * 70000}),
+    request_head("GET", "/api/auth/oauth2/userinfo?" + "a" * 7000),
+    request_head("GET", "/api/auth/jwks", {f"X-Filler-{n}": "y" * 200 for n in range(90)}),
+    request_head("POST", "/api/auth/oauth2/register", {"Content-Length": 100_000}),
+    request_head("GET", "/.well-known/openid-configuration", {"Content-Length": "x"}),
+], ids=["parameter too long", "too many fields", "body too large", "query too long", "headers too large",
+        "body announced too large", "not well-formed"])
+def test_a_refusal_at_an_endpoint_browsers_call_can_be_read_by_any_origin(request_bytes):
+    """
+    A single-page app reads the token endpoint's (and UserInfo's, ...)
+    errors from any origin; a cap's refusal lacked the CORS headers, so the
+    app saw only a failed fetch instead of the error.
+    """
+    listener = Listener()
+    _, transport = listener.send(request_bytes)
+    status, headers, _ = parse(transport)
+    assert 400 <= status < 500
+    assert {name: headers.get(name) for name in CORS} == CORS
+
+
+@pytest.mark.parametrize("path", [INTERNAL, "/api/auth/oauth2/introspect", AUTHORIZE])
+def test_a_refusal_elsewhere_allows_no_origin(path):
+    listener = Listener()
+    _, transport = listener.send(form(path, {"client_id": "c" * 1000}))
+    status, headers, _ = parse(transport)
+    assert status == 400 and "access-control-allow-origin" not in headers
 
 
 def test_a_site_without_a_request_factory_bounds_its_bodies():
@@ -410,3 +571,21 @@ def test_a_status_twisted_web_has_no_phrase_for_gets_its_own():
     for code, phrase in ((429, b"Too Many Requests"), (431, b"Request Header Fields Too Large"), (200, b"OK")):
         request.setResponseCode(code)
         assert request.code_message == phrase
+
+
+def test_parameters_are_separated_by_ampersands_only():
+    """
+    A ';' is data in a query (RFC 3986 section 3.4) and in a form (WHATWG
+    URL): twisted.web split pairs at it too, so a client's state "xyz;abc=1"
+    came back as "xyz", and a parameter hidden after a ';' reached the flows
+    past a proxy that reads the query as written.
+    """
+    request = BoundedRequest(DummyChannel())
+    request.process = lambda: None
+    request.requestHeaders.setRawHeaders(b"content-type", [b"application/x-www-form-urlencoded"])
+    request.content = BytesIO()
+    request.content.write(b"code=c;grant_type=x&scope=a+b%3B")
+    request.requestReceived(b"POST", b"/cb?state=xyz;abc=1&nonce=n;&=;", b"HTTP/1.1")
+    assert request.args == {
+        b"state": [b"xyz;abc=1"], b"nonce": [b"n;"], b"": [b";"], b"code": [b"c;grant_type=x"], b"scope": [b"a b;"],
+    }

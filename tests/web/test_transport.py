@@ -19,13 +19,16 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from twisted.internet.task import Clock
+from twisted.web import http as web_http
+from twisted.web.resource import Resource
 from twisted.web.server import Request
 from twisted.web.test.requesthelper import DummyChannel
 
-from authsrv.config import load_config
+from authsrv.config import InputLimits, load_config
 from authsrv.identity.static import create_users_file
 from authsrv.tls import config_listen_problems, resolve_tls_paths
 from authsrv.web.cookies import SESSION_COOKIE, Cookies
+from authsrv.web.limits import LimitedSite
 
 from conftest import admin, free_port
 from wire import Listener, parse, request_head
@@ -161,6 +164,16 @@ def cookie_header(secure: bool) -> tuple[str, Cookies]:
     request = Request(DummyChannel())
     cookies.set(request, SESSION_COOKIE, "value", 60)
     return request.cookies[0].decode(), cookies
+
+
+def test_tls_offers_http_1_1_alone_even_where_h2_is_installed(monkeypatch):
+    """
+    twisted.web's Site offers h2 by ALPN when the h2 package is installed,
+    which the site's channel (HTTP/1.1 only) cannot speak: every browser
+    would negotiate h2 and send a preface the channel refuses.
+    """
+    monkeypatch.setattr(web_http, "H2_ENABLED", True)
+    assert LimitedSite(Resource(), limits=InputLimits()).acceptableProtocols() == [b"http/1.1"]
 
 
 def test_cookies_under_https_carry_the_host_prefix():

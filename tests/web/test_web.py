@@ -201,6 +201,26 @@ def test_unknown_path_and_method(server):
     assert json.loads(body)["error"] == "method_not_allowed"
 
 
+@pytest.mark.parametrize("method, path, allow", [
+    ("GET", "/api/auth/login/passkey", "POST"),
+    ("GET", "/api/auth/account/sessions/end", "POST"),
+    ("POST", "/api/auth/account", "HEAD, GET"),
+    ("PUT", "/api/auth/consent", "POST, HEAD, GET"),
+])
+def test_a_method_a_page_does_not_serve_gets_a_page(server, method, path, allow):
+    """
+    A browser opens a page's address again with a GET after a form
+    answered there (the login page after a passkey, the account page after
+    an action): a person reads the answer, which was JSON.
+    """
+    response, body = get(server, path, method=method)
+    assert response.code == 405
+    assert sorted(response.headers.getRawHeaders("allow")[0].split(", ")) == sorted(allow.split(", "))
+    assert response.headers.getRawHeaders("content-type") == ["text/html; charset=utf-8"]
+    assert response.headers.getRawHeaders("x-frame-options") == ["DENY"]
+    assert b"<!DOCTYPE html>" in body and b"cannot be opened this way" in body
+
+
 @pytest_twisted.ensureDeferred
 async def test_no_path_is_redirected_to_a_host_the_request_named(tmp_path, monkeypatch):
     """

@@ -31,7 +31,10 @@ REDACTED = b"[redacted]"
 _ESCAPES = {i: f"\\x{i:02x}" for i in (*range(0x20), *range(0x7F, 0xA0))}
 """C0 and C1 controls (NEL and CSI among them, which terminals and line readers act on), escaped."""
 _PAIRS = re.compile(rb"([&;])")
-"""Query pairs end at '&' or ';': twisted.web reads both as separators."""
+"""
+Query pairs end at '&' (L{authsrv.web.request.parse_query}); cutting at ';'
+too only redacts more: a value a client wrote after one is never shown.
+"""
 _ESCAPES.update({ord('"'): '\\"', ord("\\"): "\\\\"})
 
 

@@ -5,11 +5,10 @@ browser forms leniently (a broken form is the flow's expired-form page).
 
 from __future__ import annotations
 
-from twisted.web.http import parse_qs
-
 from authsrv.protocol.errors import InvalidBearerRequest, InvalidRequest
 from authsrv.protocol.forwarded import client_address, unmapped
 from authsrv.protocol.params import one_resource_params, params_with_token, single_params
+from authsrv.web.request import parse_query
 
 FORM = b"application/x-www-form-urlencoded"
 
@@ -76,7 +75,7 @@ def userinfo_form_token(request) -> str | None:
     the URL is refused, since URLs end up in logs (section 2.3).
     """
     query = request.uri.partition(b"?")[2]
-    if query and b"access_token" in parse_qs(query):
+    if query and b"access_token" in parse_query(query):
         raise InvalidBearerRequest("send the access token in the Authorization header, not in the URL")
     if request.method == b"POST" and is_form(request):
         try:

@@ -14,6 +14,12 @@ def allow_any_origin(request) -> None:
     request.setHeader(b"access-control-allow-origin", b"*")
 
 
+def allow_browser_clients(request) -> None:
+    """Any origin may read the answer, and the headers a browser-based client acts on."""
+    allow_any_origin(request)
+    request.setHeader(b"access-control-expose-headers", b"WWW-Authenticate, DPoP-Nonce, Retry-After")
+
+
 def json_body(request, status: int, payload: dict, *, no_store: bool = False) -> bytes:
     """Set status and JSON headers; return the encoded body."""
     request.setResponseCode(status)

@@ -10,7 +10,9 @@ JSON, the internal API's JSON, or an HTML page), never a 500 or a hang.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
+from functools import lru_cache
 from http import HTTPStatus
 from io import BytesIO
 
@@ -22,7 +24,7 @@ from twisted.web.server import Site
 from authsrv.config import ISSUER_PATH, InputLimits
 from authsrv.protocol.forwarded import address_key, is_trusted
 from authsrv.web.channel import GatheringChannel, Outbox
-from authsrv.web.headers import json_body
+from authsrv.web.headers import allow_browser_clients, json_body
 from authsrv.web.pages import error_page
 from authsrv.web.request import SERVER, BoundedRequest
 
@@ -34,12 +36,40 @@ PAGE_PREFIXES = tuple(
     )
 )
 """Browser pages: their refusals are HTML; everything else reads JSON."""
+READ_BY_BROWSERS = (b"/.well-known/openid-configuration", *(
+    (ISSUER_PATH + p).encode() for p in (
+        "/.well-known/", "/jwks", "/oauth2/token", "/oauth2/par", "/oauth2/userinfo", "/oauth2/revoke",
+        "/oauth2/register",
+    )
+))
+"""
+Endpoints that browser-based clients call from any origin: their refusals
+carry the CORS headers their answers do, so such a client reads the error
+rather than a failed fetch.
+"""
 
-SINGLETONS = (b"authorization", b"content-type")
+SINGLETONS = (b"host", b"authorization", b"content-type")
 """
-Headers a request carries once (RFC 9110 section 5.3): twisted.web reads
-the last of two, a proxy in front may check the first, so two are refused.
+Headers a request carries once (RFC 9110 section 5.3, and RFC 9112 section
+3.2 for Host): twisted.web reads the last of two, a proxy in front may check
+the first, so two are refused.
 """
+HOST = re.compile(rb"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~!$&'()*+,;=%-]*)(?::[0-9]*)?")
+"""A Host header's value (RFC 9112 section 3.2): uri-host and an optional port, or nothing."""
+
+
+@lru_cache(maxsize=64)
+def _names_a_host(value: bytes) -> bool:
+    """Whether C{value} is a L{HOST}; the same few recur, so a match costs a cache lookup."""
+    return HOST.fullmatch(value) is not None
+
+METHODS = (b"GET", b"HEAD", b"POST", b"PUT", b"PATCH", b"DELETE", b"OPTIONS")
+"""
+The methods some route serves. Methods are case-sensitive (RFC 9110
+section 9.1), so "post" is none of them, though werkzeug's routing would
+serve it as POST; any other method is refused with 501 (section 15.6.2).
+"""
+UNKNOWN_METHOD = "this server implements the methods " + ", ".join(m.decode() for m in METHODS[:-1]) + " and OPTIONS only"
 
 TITLES = {
     400: "Bad request",
@@ -48,6 +78,7 @@ TITLES = {
     414: "Address too long",
     429: "Too many connections",
     431: "Request headers too large",
+    501: "Not implemented",
     503: "Try again later",
 }
 
@@ -63,6 +94,8 @@ def _payload(path: bytes, status: int, description: str) -> dict:
 
 def render_refusal(request, status: int, description: str) -> bytes:
     """A refused request's answer, shaped for the endpoint it was sent to."""
+    if request.path.startswith(READ_BY_BROWSERS):
+        allow_browser_clients(request)
     if request.path.startswith(PAGE_PREFIXES):
         return error_page(request, status, TITLES.get(status, "Bad request"), description[:1].upper() + description[1:] + ".")
     return json_body(request, status, _payload(request.path, status, description), no_store=True)
@@ -234,6 +267,7 @@ class LimitedChannel(GatheringChannel):
 
     def _new_head(self):
         self._method = b""
+        self._http_1_1 = False
         self._target = b""
         self._head_lines = 0
         self._header_count = 0
@@ -267,6 +301,9 @@ class LimitedChannel(GatheringChannel):
             self._refuse(408, f"the request {self._waiting_for} did not arrive in time")
 
     def _refuse(self, status: int, description: str):
+        """Answer C{status} and close, once: a body refused as it arrives may still be parsed on to a framing error."""
+        if self._refused:
+            return
         self._cancel_deadline()
         self._refused = True
         self._send_gathered()
@@ -280,7 +317,14 @@ class LimitedChannel(GatheringChannel):
         twisted.web's answer to a request it cannot frame (a malformed
         request line, header field, length or chunk) is a bare 400 with no
         body: this one is in the endpoint's shape and says what is wrong.
+        Once a request is whole (its head forgotten, L{allContentReceived}),
+        twisted.web asks for it only for a multipart/form-data body it
+        cannot parse, and the request names its own path.
         """
+        if self._handlingRequest:
+            request = self.requests[-1]
+            self._method, self._target = request.method, request.path
+            return self._refuse(400, "the request body is not well-formed multipart/form-data")
         self._refuse(400, "the request is not well-formed HTTP/1.1: check its request line, header fields,"
                           " Content-Length and chunked encoding")
 
@@ -299,9 +343,12 @@ class LimitedChannel(GatheringChannel):
             line = _origin_form(line)
             target = _target(line)
             self._method = line.partition(b" ")[0]
+            self._http_1_1 = line.endswith(b" HTTP/1.1")
             self._target, _, query = target.partition(b"?")
             if too_long:
                 return self._refuse(414, f"the request line is too long (at most {self.limits.max_request_line} bytes)")
+            if self._method not in METHODS:
+                return self._refuse(501, UNKNOWN_METHOD)
             if len(query) > self.limits.max_query_bytes:
                 return self._refuse(414, f"the query string is too long (at most {self.limits.max_query_bytes} bytes)")
         elif line:
@@ -326,16 +373,36 @@ class LimitedChannel(GatheringChannel):
     def allHeadersReceived(self):
         self._stop()
         headers = self.requests[-1].requestHeaders
+        host = headers.getRawHeaders(b"host", ())
         for name in SINGLETONS:
-            if len(headers.getRawHeaders(name, ())) > 1:
+            if len(host if name == b"host" else headers.getRawHeaders(name, ())) > 1:
                 return self._refuse(400, f"the {name.decode()} header is sent more than once")
+        if not host:
+            if self._http_1_1:
+                return self._refuse(400, "an HTTP/1.1 request must name its host in a Host header")
+        elif not _names_a_host(host[0]):
+            return self._refuse(400, "the Host header names no host: a name or address, and an optional port")
+        codings = headers.getRawHeaders(b"transfer-encoding")
+        if codings is not None and (self.length is not None or len(codings) > 1):
+            # twisted.web reads "identity" as no coding at all, and a second line after "chunked" not at all;
+            # a request whose last coding is not chunked alone has no reliable length and must be refused
+            # (RFC 9112 section 6.3), whatever its Content-Length.
+            return self._respondToBadRequestAndDisconnect()
         max_body = getattr(self.requestFactory, "max_body", None)
         if max_body is not None and self.length is not None and self.length > max_body:
             # Refused before twisted.web answers "Expect: 100-continue" and before a byte of it is read.
-            return self._refuse(413, f"the request body is too large (at most {max_body} bytes)")
+            return self.refuse_large_body(max_body)
         super().allHeadersReceived()
         if self.length != 0 and not self._refused:
             self._start(self.limits.body_timeout, "body")
+
+    def refuse_large_body(self, max_body: int):
+        """
+        Refuse a body over C{max_body} bytes at once: one announced so, or
+        one of no announced length (chunked) as soon as it passes the limit
+        (L{BoundedRequest.handleContentChunk}), rather than read to its end.
+        """
+        self._refuse(413, f"the request body is too large (at most {max_body} bytes)")
 
     def allContentReceived(self):
         if self._refused:  # refused at its headers, a request without a body ends here
@@ -387,6 +454,13 @@ class LimitedSite(Site):
         self._outbox = Outbox(self.reactor.callLater)
         self.open_connections = 0
         self._by_address: Counter = Counter()
+
+    def acceptableProtocols(self):
+        """
+        HTTP/1.1 alone for TLS's ALPN: twisted.web's Site offers h2 too where
+        the h2 package is installed, which a L{LimitedChannel} cannot speak.
+        """
+        return [b"http/1.1"]
 
     def getContentFile(self, length):
         """

@@ -51,7 +51,15 @@ from authsrv.web.forms import (
     token_form_params,
     userinfo_form_token,
 )
-from authsrv.web.headers import RETRY_AFTER, allow_any_origin, json_body, jwt_body, method_not_allowed, oauth_error
+from authsrv.web.headers import (
+    RETRY_AFTER,
+    allow_any_origin,
+    allow_browser_clients,
+    json_body,
+    jwt_body,
+    method_not_allowed,
+    oauth_error,
+)
 from authsrv.web.interaction_pages import (
     consent_page,
     enrolment_page,
@@ -60,6 +68,7 @@ from authsrv.web.interaction_pages import (
     recovery_codes_page,
     second_factor_page,
 )
+from authsrv.web.limits import PAGE_PREFIXES
 from authsrv.web.pages import error_page, render_page
 from authsrv.web.quiet import QuietWarnings
 from authsrv.web.routes import Endpoint, ExactPaths, RoutedKlein
@@ -85,13 +94,21 @@ def _reads_json(request) -> bool:
     return request.path.endswith(JSON_ENDPOINTS) or REGISTER_PATH.encode() in request.path
 
 
-def _cors(request) -> None:
-    allow_any_origin(request)
-    request.setHeader(b"access-control-expose-headers", b"WWW-Authenticate, DPoP-Nonce, Retry-After")
+def _wrong_method(request, allow: bytes) -> bytes:
+    """
+    405 with C{Allow}; at a page's address, a page: a browser gets there
+    with a GET when the address of a page that answered a form (the login
+    page after a passkey, the account page after an action) is opened again.
+    """
+    if not request.path.startswith(PAGE_PREFIXES):
+        return method_not_allowed(request, allow)
+    request.setHeader(b"allow", allow)
+    return error_page(request, 405, "Page not available",
+                      "This address cannot be opened this way. Go back to the application and start again.")
 
 
 def _preflight(request, methods: bytes) -> bytes:
-    _cors(request)
+    allow_browser_clients(request)
     request.setHeader(b"access-control-allow-methods", methods)
     request.setHeader(b"access-control-allow-headers", b"Authorization, Content-Type, DPoP")
     request.setHeader(b"access-control-max-age", b"86400")
@@ -160,7 +177,7 @@ class PublicSite:
         }, self.app.resource())
 
     def _endpoint(self, route: str, handlers, allow: bytes) -> Endpoint:
-        return Endpoint(route, handlers, lambda request: method_not_allowed(request, allow), self._server_error,
+        return Endpoint(route, handlers, lambda request: _wrong_method(request, allow), self._server_error,
                         self._refusal)
 
     def _now(self) -> int:
@@ -185,7 +202,7 @@ class PublicSite:
         """The registration flow, or 404 when registration is off (as if the endpoint did not exist)."""
         if self._flows.registration is None:
             raise NotFound()
-        _cors(request)
+        allow_browser_clients(request)
         return self._flows.registration
 
     def _login_page(self, request, form: LoginForm) -> bytes:
@@ -234,7 +251,7 @@ class PublicSite:
     # --- the relying parties' back channel -----------------------------------
 
     async def token(self, request):
-        _cors(request)
+        allow_browser_clients(request)
         params = one_resource_form(request, TOKEN_RESOURCES)
         address = client_address_of(request, self._trusted_proxies)
         checked = await self._count_from(address, request, self._rates.token, params)
@@ -255,7 +272,7 @@ class PublicSite:
         section 10.1) before sending the browser on.
         """
         pushed = self._pushed()
-        _cors(request)
+        allow_browser_clients(request)
         args = form_args(request)
         checked = await self._count(request, self._rates.pushed, push_params(args))
         response = await pushed.push(request.getHeader(b"authorization"), args, self._now(),
@@ -275,7 +292,7 @@ class PublicSite:
 
     async def userinfo(self, request):
         """GET and POST (OIDC Core 5.3.1), and HEAD as every GET route of the site answers it."""
-        _cors(request)
+        allow_browser_clients(request)
         self._rates.userinfo_request(client_address_of(request, self._trusted_proxies))
         scheme, access_token = access_credential(request.getHeader(b"authorization"), userinfo_form_token(request))
         answer = await self._flows.userinfo.userinfo(
@@ -298,7 +315,7 @@ class PublicSite:
 
     @app.route(ISSUER_PATH + "/oauth2/revoke", methods=["POST"])
     async def revocation(self, request):
-        _cors(request)
+        allow_browser_clients(request)
         params = token_form_params(request)
         address = client_address_of(request, self._trusted_proxies)
         checked = await self._count_from(address, request, self._rates.revocation, params)
@@ -743,7 +760,7 @@ class PublicSite:
 
     @app.handle_errors(MethodNotAllowed)
     def wrong_method(self, request, failure):
-        return method_not_allowed(request, ", ".join(failure.value.valid_methods or ()).encode())
+        return _wrong_method(request, ", ".join(failure.value.valid_methods or ()).encode())
 
     @app.handle_errors(Exception)
     def failed(self, request, failure):

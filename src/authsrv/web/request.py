@@ -13,6 +13,7 @@ from __future__ import annotations
 from functools import lru_cache
 from http import HTTPStatus
 from time import perf_counter, time
+from urllib.parse import unquote_to_bytes as unquote
 
 from twisted.web import http, server
 from twisted.web.http import RESPONSES
@@ -34,6 +35,31 @@ def _remember_content_types() -> None:
 
 
 _remember_content_types()
+
+
+def parse_query(text: bytes, keep_blank_values: bool = False) -> dict[bytes, list[bytes]]:
+    """
+    A query or form body's parameters, as twisted.web's C{parse_qs} reads
+    them but with pairs separated by C{&} only (WHATWG URL, and Python's
+    own since 3.9.2): a C{;} is data in a query (RFC 3986 section 3.4).
+    twisted.web split at it too, so a client's state C{xyz;abc=1} came back
+    as C{xyz}, and a parameter hidden after a C{;} reached the flows past a
+    proxy that reads the query as written.
+    """
+    parameters: dict[bytes, list[bytes]] = {}
+    for pair in text.split(b"&"):
+        name, equals, value = pair.partition(b"=")
+        if equals and (value or keep_blank_values):
+            parameters.setdefault(unquote(name.replace(b"+", b" ")), []).append(unquote(value.replace(b"+", b" ")))
+    return parameters
+
+
+def _pairs_at_ampersands() -> None:
+    """twisted.web's requests read their query and form body with L{parse_query}."""
+    http.parse_qs = parse_query
+
+
+_pairs_at_ampersands()
 
 SERVER = b"authsrv"
 """The C{Server} header of every response: Twisted's own names its version."""
@@ -168,9 +194,18 @@ class BoundedRequest(Request):
         super().gotLength(length)
 
     def handleContentChunk(self, data):
+        """
+        Keep the body up to C{max_body}. Once past it, a channel that can
+        refuse at once (L{authsrv.web.limits.LimitedChannel}) answers 413
+        and closes, so a chunked body is not read to its end; on any other,
+        the site's root answers 413 when the request is whole.
+        """
         self._received += len(data)
-        if self._received > self.max_body:
+        if self._received > self.max_body and not self.body_too_large:
             self.body_too_large = True
+            refuse = getattr(self.channel, "refuse_large_body", None)
+            if refuse is not None:
+                refuse(self.max_body)
         if not self.body_too_large:
             super().handleContentChunk(data)
 
