@@ -17,6 +17,8 @@ import attrs
 import pytest
 import pytest_twisted
 from jwcrypto import jwk, jwt
+from jwcrypto.common import base64url_encode
+from jwcrypto.jwa import JWA
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
@@ -447,3 +449,24 @@ async def test_a_store_that_answers_none_for_a_new_grant_is_taken_as_having_stor
                                   headers=basic("bot", BOT_SECRET))
     assert response.code == 200, body
     assert (await h.store.find_access_token(token_hash(body["access_token"]), h.now())).client_id == "bot"
+
+
+def crafted(header: dict, claims: dict, key=KEY) -> str:
+    """A compact JWS of exactly C{header} and C{claims}, signed by C{key} with ES256 whatever the header says."""
+    signing_input = b".".join(base64url_encode(json.dumps(part)).encode() for part in (header, claims))
+    return (signing_input + b"." + base64url_encode(JWA.signing_alg("ES256").sign(key, signing_input)).encode()).decode()
+
+
+@pytest.mark.parametrize("crit", [5, None, [[]], [{}]])
+@pytest_twisted.ensureDeferred
+async def test_an_assertion_with_a_malformed_crit_header_is_invalid_client(h, crit):
+    """RFC 7515 section 4.1.11: crit is an array of header names; anything else is no JWS, and never a 500."""
+    await h.start()
+    now = h.now()
+    forged = crafted({"alg": "ES256", "kid": KEY["kid"], "crit": crit}, {
+        "iss": "signer", "sub": "signer", "aud": ISSUER, "exp": now + 60, "jti": uuid.uuid4().hex})
+    response, body = await h.json("POST", TOKEN, data={
+        "grant_type": "client_credentials", "client_assertion": forged,
+        "client_assertion_type": "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"})
+    assert response.code == 401 and body["error"] == "invalid_client", body
+    assert "not a compact signed JWT" in body["error_description"]

@@ -108,13 +108,25 @@ def unverified_client_id(assertion: str) -> str:
     return issuer
 
 
-def assertion_kid(assertion: str) -> str | None:
-    """The C{kid} of an assertion's header, if any (to tell an unknown key from a bad signature)."""
+def _parsed(assertion: str) -> tuple[JWS, dict]:
+    """
+    The assertion as a JWS, not yet verified, and its protected header;
+    jwcrypto raises TypeError, not its own error, for a C{crit} that is no
+    array of header names (RFC 7515 section 4.1.11).
+    """
     token = JWS()
     try:
         token.deserialize(assertion)
-        kid = token.jose_header.get("kid")
-    except (JWException, ValueError):
+        return token, token.jose_header
+    except (JWException, ValueError, TypeError):
+        raise _failed("client_assertion is not a compact signed JWT") from None
+
+
+def assertion_kid(assertion: str) -> str | None:
+    """The C{kid} of an assertion's header, if any (to tell an unknown key from a bad signature)."""
+    try:
+        kid = _parsed(assertion)[1].get("kid")
+    except InvalidClient:
         return None
     return kid if isinstance(kid, str) else None
 
@@ -128,13 +140,9 @@ def verified_claims(
     C{algorithms}, from C{client_id} (iss = sub), for one of C{audiences},
     unexpired and expiring within L{MAX_LIFETIME}, with a jti.
     """
-    token = JWS()
+    token, header = _parsed(assertion)
     token.allowed_algs = list(algorithms)
-    try:
-        token.deserialize(assertion)
-        alg = token.jose_header.get("alg")
-    except (JWException, ValueError):
-        raise _failed("client_assertion is not a compact signed JWT") from None
+    alg = header.get("alg")
     if alg not in algorithms:
         raise _failed(f"client_assertion is signed with {alg!r}; use one of {', '.join(algorithms)}")
     if alg in HMAC_BITS and not any(len(base64url_decode(key.get("k", ""))) * 8 >= HMAC_BITS[alg] for key in keyset):
