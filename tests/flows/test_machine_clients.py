@@ -452,9 +452,10 @@ async def test_a_store_that_answers_none_for_a_new_grant_is_taken_as_having_stor
 
 
 def crafted(header: dict, claims: dict, key=KEY) -> str:
-    """A compact JWS of exactly C{header} and C{claims}, signed by C{key} with ES256 whatever the header says."""
+    """A compact JWS of C{header} and C{claims} exactly as given, signed by C{key} with ES256."""
     signing_input = b".".join(base64url_encode(json.dumps(part)).encode() for part in (header, claims))
-    return (signing_input + b"." + base64url_encode(JWA.signing_alg("ES256").sign(key, signing_input)).encode()).decode()
+    signature = base64url_encode(JWA.signing_alg("ES256").sign(key, signing_input))
+    return f"{signing_input.decode()}.{signature}"
 
 
 @pytest.mark.parametrize("crit", [5, None, [[]], [{}]])

@@ -80,7 +80,7 @@ def _failed(why: str) -> InvalidClient:
     return InvalidClient(f"client authentication failed: {why}")
 
 
-def _numeric_date(value: object) -> TypeGuard[int | float]:
+def is_numeric_date(value: object) -> TypeGuard[int | float]:
     """
     Whether C{value} is a NumericDate (RFC 7519 section 2): a JSON number of
     seconds, which may have a fraction (a client library that writes
@@ -167,7 +167,7 @@ def verified_claims(
         raise _failed(f"client_assertion's aud must be {audiences[0]!r} (the issuer)"
                       + "".join(f" or {other!r}" for other in audiences[1:]))
     exp = claims.get("exp")
-    if not _numeric_date(exp):
+    if not is_numeric_date(exp):
         raise _failed("client_assertion has no exp (a NumericDate: seconds since 1970)")
     if exp <= now - CLOCK_SKEW:
         raise _failed("client_assertion has expired")
@@ -175,7 +175,7 @@ def verified_claims(
         raise _failed(f"client_assertion must expire within {MAX_LIFETIME} seconds")
     for name in ("nbf", "iat"):
         value = claims.get(name)
-        if value is not None and not _numeric_date(value):
+        if value is not None and not is_numeric_date(value):
             raise _failed(f"client_assertion's {name} is not a NumericDate (seconds since 1970)")
         if value is not None and value > now + CLOCK_SKEW:
             raise _failed(f"client_assertion's {name} is in the future")
