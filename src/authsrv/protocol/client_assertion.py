@@ -133,11 +133,12 @@ def assertion_kid(assertion: str) -> str | None:
 
 def verified_claims(
     assertion: str, client_id: str, keyset: JWKSet, audiences: tuple[str, ...], now: int,
-    algorithms: tuple[str, ...] = ASSERTION_ALGS,
+    algorithms: tuple[str, ...] = ASSERTION_ALGS, issuer_only: bool = False,
 ) -> dict:
     """
     The claims of an assertion signed by a key of C{keyset} with one of
-    C{algorithms}, from C{client_id} (iss = sub), for one of C{audiences},
+    C{algorithms}, from C{client_id} (iss = sub), for one of C{audiences}
+    (with C{issuer_only}, for the first, the issuer, as one string),
     unexpired and expiring within L{MAX_LIFETIME}, with a jti.
     """
     token, header = _parsed(assertion)
@@ -162,6 +163,9 @@ def verified_claims(
     if claims.get("iss") != client_id or claims.get("sub") != client_id:
         raise _failed("client_assertion's iss and sub must both be the client_id")
     aud = claims.get("aud")
+    if issuer_only and aud != audiences[0]:
+        raise _failed(f"client_assertion's aud must be {audiences[0]!r} (the issuer), as one string:"
+                      " this client's profile allows no other audience (FAPI 2.0 section 5.3.2.1)")
     named = aud if isinstance(aud, list) else [aud]
     if not any(isinstance(a, str) and a in audiences for a in named):
         raise _failed(f"client_assertion's aud must be {audiences[0]!r} (the issuer)"
