@@ -471,3 +471,28 @@ async def test_an_assertion_with_a_malformed_crit_header_is_invalid_client(h, cr
         "client_assertion_type": "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"})
     assert response.code == 401 and body["error"] == "invalid_client", body
     assert "not a compact signed JWT" in body["error_description"]
+
+
+@pytest.mark.parametrize("store", ["sqlite", "postgres"])
+@pytest_twisted.ensureDeferred
+async def test_a_jti_holding_a_nul_is_invalid_client_on_every_store(request, tmp_path, monkeypatch, store, audit):
+    """
+    The jti is kept as it came until the assertion expires, and PostgreSQL
+    text cannot hold U+0000: such a jti was taken on SQLite, and on
+    PostgreSQL called "already used" and audited as a replay. It is refused
+    for what it is, whatever the store.
+    """
+    monkeypatch.setenv("AUTHSRV_TEST_BOT_SECRET", BOT_SECRET)
+    dsn = request.getfixturevalue("pg_dsn") if store == "postgres" else None
+    h = Harness(tmp_path, monkeypatch, {"clients": [*CLIENTS, *MACHINES]}, postgres_dsn=dsn)
+    try:
+        await h.start()
+        response, body = await h.json("POST", TOKEN, data=signed(h, grant_type="client_credentials",
+                                                                 client_assertion=assertion(h.now(), jti="a\x00b")))
+        assert (response.code, body["error"]) == (401, "invalid_client"), body
+        assert "without NUL" in body["error_description"]
+        assert audit.of("assertion.replayed") == []
+        response, body = await h.json("POST", TOKEN, data=signed(h, grant_type="client_credentials"))
+        assert response.code == 200, body
+    finally:
+        await h.close()

@@ -184,8 +184,9 @@ def verified_claims(
         if value is not None and value > now + CLOCK_SKEW:
             raise _failed(f"client_assertion's {name} is in the future")
     jti = claims.get("jti")
-    if not isinstance(jti, str) or not jti or len(jti) > 256:
-        raise _failed("client_assertion needs a jti (at most 256 characters)")
+    if not isinstance(jti, str) or not jti or len(jti) > 256 or "\x00" in jti:
+        # The jti is kept as it came until the assertion expires; PostgreSQL text cannot hold a NUL.
+        raise _failed("client_assertion needs a jti of 1 to 256 characters, without NUL")
     return claims
 
 
