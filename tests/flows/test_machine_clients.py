@@ -496,3 +496,28 @@ async def test_a_jti_holding_a_nul_is_invalid_client_on_every_store(request, tmp
         assert response.code == 200, body
     finally:
         await h.close()
+
+
+def test_a_key_registered_for_one_algorithm_verifies_only_that_one():
+    """
+    RFC 7517 section 4.4 and RFC 8725 section 3.1: a key whose alg the
+    client registered signs with that algorithm alone (node-oidc-provider
+    selects keys so too); a key registered without alg serves any its type can.
+    """
+    rsa = jwk.JWK.generate(kty="RSA", size=2048, kid="r1")
+    now = 1_800_000_000
+    audiences = (ISSUER,)
+    claims = {"iss": "signer", "sub": "signer", "aud": ISSUER, "exp": now + 60, "jti": "j"}
+
+    def made(alg: str) -> str:
+        token = jwt.JWT(header={"alg": alg, "kid": "r1"}, claims=claims)
+        token.make_signed_token(rsa)
+        return token.serialize()
+
+    pinned = public_keyset({"keys": [{**rsa.export_public(as_dict=True), "alg": "RS256"}]})
+    assert verified_claims(made("RS256"), "signer", pinned, audiences, now)["jti"] == "j"
+    with pytest.raises(InvalidClient, match="registered for RS256, not PS256"):
+        verified_claims(made("PS256"), "signer", pinned, audiences, now)
+    unpinned = public_keyset({"keys": [rsa.export_public(as_dict=True)]})
+    for alg in ("RS256", "PS256"):
+        assert verified_claims(made(alg), "signer", unpinned, audiences, now)["jti"] == "j"

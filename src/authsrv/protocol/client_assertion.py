@@ -151,7 +151,7 @@ def verified_claims(
         raise _failed(f"{alg} needs a client secret of at least {HMAC_BITS[alg] // 8} bytes (RFC 7518 section 3.2);"
                       f" this client's is shorter: {shorter}")
     try:
-        token.verify(keyset)
+        token.verify(_keys_for(keyset, alg))
     except (JWException, ValueError):
         raise _failed("the client_assertion signature does not verify with any of the client's keys") from None
     try:
@@ -188,6 +188,22 @@ def verified_claims(
         # The jti is kept as it came until the assertion expires; PostgreSQL text cannot hold a NUL.
         raise _failed("client_assertion needs a jti of 1 to 256 characters, without NUL")
     return claims
+
+
+def _keys_for(keyset: JWKSet, alg: str) -> JWKSet:
+    """
+    The keys of C{keyset} that may verify C{alg}: those registered for it or
+    for no algorithm in particular (RFC 7517 section 4.4; RFC 8725 section
+    3.1: a key serves one algorithm), or L{_failed} when there are none.
+    """
+    usable = JWKSet()
+    for key in keyset["keys"]:
+        if key.get("alg", alg) == alg:
+            usable.add(key)
+    if not usable["keys"]:
+        registered = ", ".join(sorted({str(key.get("alg")) for key in keyset["keys"]}))
+        raise _failed(f"the client's keys are registered for {registered}, not {alg}")
+    return usable
 
 
 def assertion_params(params: dict[str, str]) -> str | None:
