@@ -441,6 +441,32 @@ async def test_an_id_token_hint_issued_to_another_client_is_invalid_request(tmp_
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_token_of_ours_that_is_no_id_token_is_no_id_token_hint(tmp_path, monkeypatch):
+    """
+    Our signature is not enough: a JWT access token (typ at+jwt), a logout
+    token (logout+jwt) and a signed UserInfo answer (typ JWT, iss, aud and
+    sub, but no iat or exp: OIDC Core sections 2 and 5.3.2) name the user
+    for this client too, and are invalid_request all the same.
+    """
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        await browser.sign_in(ALICE, "first")
+        now = h.now()
+        claims = {"iss": ISSUER, "sub": ALICE.sub, "aud": "first", "iat": now, "exp": now + 60}
+        for hint in (h.keystore.sign(claims, "RS256", "at+jwt"), h.keystore.sign(claims, "RS256", "logout+jwt"),
+                     h.keystore.sign({"iss": ISSUER, "aud": "first", "sub": ALICE.sub}, "RS256", "JWT")):
+            response, _ = await browser.authorize("first", id_token_hint=hint, prompt="none")
+            query = assert_error_redirect(response, "invalid_request", state="st4te")
+            assert "not an ID token this server issued" in query["error_description"]
+        response, _ = await browser.authorize("first", id_token_hint=h.keystore.sign(claims, "RS256", "JWT"),
+                                              prompt="none")
+        assert "code" in query_of(location(response))
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_an_id_token_hint_signed_by_a_key_no_longer_published_is_accepted(tmp_path, monkeypatch):
     """
     The client's session outlived a rotation and the pruning of the key

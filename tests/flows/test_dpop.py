@@ -163,6 +163,31 @@ async def test_token_endpoint_refuses_bad_proofs(tmp_path, monkeypatch):
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_proof_typ_is_read_as_the_media_type_it_names(tmp_path, monkeypatch):
+    """
+    RFC 7515 section 4.1.9: typ is a media type, compared without regard to
+    case, with "application/" understood when absent; a proof whose typ
+    spells dpop+jwt so (as jose, node-oidc-provider's library, accepts) binds
+    the token, and only that type does.
+    """
+    h = await Harness(tmp_path, monkeypatch, DPOP_ON).start()
+    try:
+        key = ec_key()
+        for typ in ("application/dpop+jwt", "DPoP+JWT", "Application/DPOP+jwt"):
+            code, verifier = await save_code(h)
+            response, body = await exchange(h, code, verifier, headers={"DPoP": proof(key, "POST", TOKEN_URL,
+                                                                                      h.now(), typ=typ)})
+            assert (response.code, body.get("token_type")) == (200, "DPoP"), (typ, body)
+        for typ in ("application/jwt", "text/dpop+jwt", "dpop+jwt; q=1", "application/application/dpop+jwt"):
+            code, verifier = await save_code(h)
+            response, body = await exchange(h, code, verifier, headers={"DPoP": proof(key, "POST", TOKEN_URL,
+                                                                                      h.now(), typ=typ)})
+            assert_proof_refused(response, body, "typ")
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_proof_whose_iat_has_a_fraction_binds_the_token(tmp_path, monkeypatch):
     """A client that writes time.time() as iat (RFC 7519 NumericDate allows a fraction) gets its tokens."""
     h = await Harness(tmp_path, monkeypatch, DPOP_ON).start()

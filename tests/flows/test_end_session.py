@@ -405,7 +405,11 @@ async def test_forged_hints_are_refused(tmp_path, monkeypatch):
 
 @pytest_twisted.ensureDeferred
 async def test_our_signature_on_other_tokens_is_refused(tmp_path, monkeypatch):
-    """Genuine signatures, but not an ID token of this issuer for one client."""
+    """
+    Genuine signatures, but not an ID token of this issuer for one client: a
+    signed UserInfo answer has an ID token's typ, iss, aud and sub, but no
+    iat and exp (OIDC Core sections 2 and 5.3.2).
+    """
     async with running(tmp_path, monkeypatch) as h:
         cookie = await browser_session(h)
         now = h.now()
@@ -419,6 +423,11 @@ async def test_our_signature_on_other_tokens_is_refused(tmp_path, monkeypatch):
             "access token": h.keystore.sign(claims, "RS256", "at+jwt"),
             "logout token": h.keystore.sign(claims, "RS256", "logout+jwt"),
             "not an object": h.keystore.sign(json.dumps([claims]), "RS256", "JWT"),
+            "signed UserInfo answer": h.keystore.sign({"iss": ISSUER, "aud": "first", "sub": ALICE.sub}, "RS256",
+                                                      "JWT"),
+            "no exp": id_token(h, exp=None),
+            "no iat": id_token(h, iat=None),
+            "exp not a number": id_token(h, exp=str(now + 60)),
         }
         await assert_hints_refused(h, cookie, hints)
 

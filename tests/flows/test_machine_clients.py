@@ -17,6 +17,8 @@ import attrs
 import pytest
 import pytest_twisted
 from jwcrypto import jwk, jwt
+from jwcrypto.common import base64url_encode
+from jwcrypto.jwa import JWA
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
@@ -447,3 +449,75 @@ async def test_a_store_that_answers_none_for_a_new_grant_is_taken_as_having_stor
                                   headers=basic("bot", BOT_SECRET))
     assert response.code == 200, body
     assert (await h.store.find_access_token(token_hash(body["access_token"]), h.now())).client_id == "bot"
+
+
+def crafted(header: dict, claims: dict, key=KEY) -> str:
+    """A compact JWS of C{header} and C{claims} exactly as given, signed by C{key} with ES256."""
+    signing_input = b".".join(base64url_encode(json.dumps(part)).encode() for part in (header, claims))
+    signature = base64url_encode(JWA.signing_alg("ES256").sign(key, signing_input))
+    return f"{signing_input.decode()}.{signature}"
+
+
+@pytest.mark.parametrize("crit", [5, None, [[]], [{}]])
+@pytest_twisted.ensureDeferred
+async def test_an_assertion_with_a_malformed_crit_header_is_invalid_client(h, crit):
+    """RFC 7515 section 4.1.11: crit is an array of header names; anything else is no JWS, and never a 500."""
+    await h.start()
+    now = h.now()
+    forged = crafted({"alg": "ES256", "kid": KEY["kid"], "crit": crit}, {
+        "iss": "signer", "sub": "signer", "aud": ISSUER, "exp": now + 60, "jti": uuid.uuid4().hex})
+    response, body = await h.json("POST", TOKEN, data={
+        "grant_type": "client_credentials", "client_assertion": forged,
+        "client_assertion_type": "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"})
+    assert response.code == 401 and body["error"] == "invalid_client", body
+    assert "not a compact signed JWT" in body["error_description"]
+
+
+@pytest.mark.parametrize("store", ["sqlite", "postgres"])
+@pytest_twisted.ensureDeferred
+async def test_a_jti_holding_a_nul_is_invalid_client_on_every_store(request, tmp_path, monkeypatch, store, audit):
+    """
+    The jti is kept as it came until the assertion expires, and PostgreSQL
+    text cannot hold U+0000: such a jti was taken on SQLite, and on
+    PostgreSQL called "already used" and audited as a replay. It is refused
+    for what it is, whatever the store.
+    """
+    monkeypatch.setenv("AUTHSRV_TEST_BOT_SECRET", BOT_SECRET)
+    dsn = request.getfixturevalue("pg_dsn") if store == "postgres" else None
+    h = Harness(tmp_path, monkeypatch, {"clients": [*CLIENTS, *MACHINES]}, postgres_dsn=dsn)
+    try:
+        await h.start()
+        response, body = await h.json("POST", TOKEN, data=signed(h, grant_type="client_credentials",
+                                                                 client_assertion=assertion(h.now(), jti="a\x00b")))
+        assert (response.code, body["error"]) == (401, "invalid_client"), body
+        assert "without NUL" in body["error_description"]
+        assert audit.of("assertion.replayed") == []
+        response, body = await h.json("POST", TOKEN, data=signed(h, grant_type="client_credentials"))
+        assert response.code == 200, body
+    finally:
+        await h.close()
+
+
+def test_a_key_registered_for_one_algorithm_verifies_only_that_one():
+    """
+    RFC 7517 section 4.4 and RFC 8725 section 3.1: a key whose alg the
+    client registered signs with that algorithm alone (node-oidc-provider
+    selects keys so too); a key registered without alg serves any its type can.
+    """
+    rsa = jwk.JWK.generate(kty="RSA", size=2048, kid="r1")
+    now = 1_800_000_000
+    audiences = (ISSUER,)
+    claims = {"iss": "signer", "sub": "signer", "aud": ISSUER, "exp": now + 60, "jti": "j"}
+
+    def made(alg: str) -> str:
+        token = jwt.JWT(header={"alg": alg, "kid": "r1"}, claims=claims)
+        token.make_signed_token(rsa)
+        return token.serialize()
+
+    pinned = public_keyset({"keys": [{**rsa.export_public(as_dict=True), "alg": "RS256"}]})
+    assert verified_claims(made("RS256"), "signer", pinned, audiences, now)["jti"] == "j"
+    with pytest.raises(InvalidClient, match="registered for RS256, not PS256"):
+        verified_claims(made("PS256"), "signer", pinned, audiences, now)
+    unpinned = public_keyset({"keys": [rsa.export_public(as_dict=True)]})
+    for alg in ("RS256", "PS256"):
+        assert verified_claims(made(alg), "signer", unpinned, audiences, now)["jti"] == "j"

@@ -517,7 +517,8 @@ async def test_an_id_token_hint_holds_through_the_second_factor(tmp_path, monkey
     try:
         alice, alice_secret, _ = await enrolled(h)
         await enrolled(h, BOB)
-        hint = h.keystore.sign({"iss": ISSUER, "sub": ALICE.sub, "aud": "first", "iat": h.now()}, "RS256", "JWT")
+        claims = {"iss": ISSUER, "sub": ALICE.sub, "aud": "first", "iat": h.now(), "exp": h.now() + 60}
+        hint = h.keystore.sign(claims, "RS256", "JWT")
         response, _ = await alice.authorize("first", id_token_hint=hint)
         assert "/mfa?" in location(response)
         response, _ = await give_code(alice, location(response), code_at(alice_secret, h.now()))

@@ -502,6 +502,35 @@ async def test_an_assertion_for_the_issuer_the_token_or_the_pushed_request_endpo
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_fapi2_client_assertion_names_the_issuer_alone(tmp_path, monkeypatch):
+    """
+    FAPI 2.0 section 5.3.2.1: a fapi2 client's assertion names the issuer as
+    one string; the token or pushed request endpoint, or a list, is refused
+    at both (audience injection: another server the client trusts may have
+    claimed one of those URLs as its own and had the client sign for it).
+    """
+    h = await asserting_server(tmp_path, monkeypatch)
+    try:
+        signing = await h.store.get_client("signing")
+        await h.store.put_client(attrs.evolve(signing, client_id="bank", profile="fapi2"))
+        fields, _ = request_fields(redirect_uri=signing.redirect_uris[0])
+        fields = {**fields, "client_id": "bank"}
+        response, body = await h.json("POST", PAR, data={**fields, **client_assertion("bank", ISSUER, h.now())})
+        assert response.code == 201, body
+        token_fields = {"grant_type": "authorization_code", "code": "unknown", "code_verifier": "v" * 43,
+                        "redirect_uri": signing.redirect_uris[0]}
+        for aud in (ISSUER + "/oauth2/token", ISSUER + "/oauth2/par", [ISSUER], [ISSUER, ISSUER + "/oauth2/par"]):
+            for path, data in ((PAR, fields), (TOKEN, token_fields)):
+                response, body = await h.json("POST", path, data={**data, **client_assertion("bank", aud, h.now())})
+                assert (response.code, body["error"]) == (401, "invalid_client"), (path, aud, body)
+                assert f"aud must be {ISSUER!r} (the issuer), as one string" in body["error_description"]
+        response, body = await h.json("POST", TOKEN, data={**token_fields, **client_assertion("bank", ISSUER, h.now())})
+        assert (response.code, body["error"]) == (400, "invalid_grant"), body
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_an_assertion_for_the_pushed_request_endpoint_is_for_nothing_else(tmp_path, monkeypatch):
     """
     The token, introspection and revocation endpoints take the issuer or the

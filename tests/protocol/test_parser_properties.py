@@ -2,7 +2,7 @@
 Property tests of every parser that reads what a stranger sends or an
 operator writes: form bodies as Twisted parses them, the Basic authorization
 header, scope strings, redirect URIs, tokens handed to introspection and
-end-session, and the TOML config. Each answers with a value or its own
+end-session, client assertions, and the TOML config. Each answers with a value or its own
 documented refusal, never another exception (a 500, or a traceback at start).
 Every case that once failed stays as an C{@example}.
 """
@@ -18,12 +18,14 @@ from urllib.parse import quote_plus, urlencode, urlsplit
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from jwcrypto.jwa import JWA
 from jwcrypto.jwk import JWK
 from jwcrypto.jws import JWS
 from twisted.web.http import parse_qs
 
 from authsrv.config import Config, ConfigFileError, load_config, parse_config
 from authsrv.configsection import ConfigError, Section
+from authsrv.protocol.client_assertion import assertion_kid, public_keyset, unverified_client_id, verified_claims
 from authsrv.protocol.clientauth import ClientCredentials, client_credentials
 from authsrv.protocol.clients import redirect_uri_problem
 from authsrv.protocol.errors import InvalidClient, InvalidRequest, InvalidScope, PageError
@@ -188,7 +190,7 @@ JSON = st.recursive(
 )
 CLAIMS = JSON | st.fixed_dictionaries(
     {"iss": st.just(ISSUER) | JSON, "sub": st.text(max_size=8) | JSON},
-    optional={"aud": JSON, "sid": JSON, "exp": JSON},
+    optional={"aud": JSON, "sid": JSON, "exp": JSON, "iat": JSON},
 )
 
 
@@ -210,6 +212,45 @@ def test_a_hint_we_signed_gives_claims_or_a_refusal(typ, payload):
     except PageError:
         return
     assert claims["iss"] == ISSUER and isinstance(claims["sub"], str)
+
+
+# Client assertions ---------------------------------------------------------------
+
+ASSERTION_KEY = JWK.generate(kty="EC", crv="P-256", kid="k1")
+ASSERTION_KEYS = public_keyset({"keys": [ASSERTION_KEY.export_public(as_dict=True)]})
+NOW = 1_800_000_000
+ASSERTION_HEADERS = JSON | st.fixed_dictionaries(
+    {"alg": st.sampled_from(["ES256", "RS256", "HS256", "none"]) | JSON, "kid": st.just("k1") | JSON},
+    optional={name: JSON for name in ("crit", "b64", "typ", "jwk", "jku", "x5u")},
+)
+ASSERTION_CLAIMS = JSON | st.fixed_dictionaries(
+    {"iss": st.just("job") | JSON, "sub": st.just("job") | JSON, "aud": st.just(ISSUER) | JSON,
+     "exp": st.just(NOW + 60) | JSON, "jti": st.just("j") | JSON},
+    optional={"iat": JSON, "nbf": JSON},
+)
+
+
+@settings(deadline=None)
+@given(header=ASSERTION_HEADERS, claims=ASSERTION_CLAIMS)
+@example(header={"alg": "ES256", "crit": 5}, claims={"iss": "job"})
+@example(header={"alg": "ES256", "kid": "k1", "crit": [[]]}, claims={"iss": "job"})
+def test_an_assertion_authenticates_or_is_invalid_client(header, claims):
+    """
+    Signed with the client's key whatever its header says, so that every
+    header and claims check is reached: each ends in claims or
+    invalid_client, never another exception (a crit that is no array of
+    names once raised jwcrypto's TypeError, a 500).
+    """
+    signing_input = f"{b64url(json.dumps(header).encode())}.{b64url(json.dumps(claims).encode())}".encode()
+    assertion = f"{signing_input.decode()}.{b64url(JWA.signing_alg('ES256').sign(ASSERTION_KEY, signing_input))}"
+    kid = assertion_kid(assertion)
+    assert kid is None or isinstance(kid, str)
+    try:
+        unverified_client_id(assertion)
+        verified = verified_claims(assertion, "job", ASSERTION_KEYS, (ISSUER,), NOW)
+    except InvalidClient:
+        return
+    assert verified["iss"] == verified["sub"] == "job"
 
 
 # The TOML config -------------------------------------------------------------------

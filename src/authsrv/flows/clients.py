@@ -30,7 +30,7 @@ from authsrv.protocol.client_assertion import (
 )
 from authsrv.protocol.clientauth import CLIENT_SECRET_JWT, PRIVATE_KEY_JWT, authenticate, client_credentials
 from authsrv.protocol.errors import InvalidClient, InvalidRequest
-from authsrv.protocol.profiles import assertion_algorithms
+from authsrv.protocol.profiles import assertion_algorithms, issuer_audience_only
 from authsrv.records import Client
 from authsrv.remote_documents import RemoteDocumentError
 from authsrv.sealing import Unsealable
@@ -109,7 +109,8 @@ class AssertionChecker:
                 "client authentication failed: this client does not authenticate with a client assertion"
             )
         audiences = self._pushed_audiences if pushed else self._audiences
-        claims = verified_claims(assertion, client.client_id, keyset, audiences, now, algorithms)
+        claims = verified_claims(assertion, client.client_id, keyset, audiences, now, algorithms,
+                                 issuer_only=issuer_audience_only(client))
         kept_until = math.ceil(claims["exp"]) + CLOCK_SKEW  # as long as the assertion is accepted at all
         if consume and not await self._store.claim_jti(client.client_id, claims["jti"], kept_until, now):
             events.assertion_replayed(client_id=client.client_id)

@@ -80,7 +80,7 @@ def _failed(why: str) -> InvalidClient:
     return InvalidClient(f"client authentication failed: {why}")
 
 
-def _numeric_date(value: object) -> TypeGuard[int | float]:
+def is_numeric_date(value: object) -> TypeGuard[int | float]:
     """
     Whether C{value} is a NumericDate (RFC 7519 section 2): a JSON number of
     seconds, which may have a fraction (a client library that writes
@@ -108,33 +108,42 @@ def unverified_client_id(assertion: str) -> str:
     return issuer
 
 
-def assertion_kid(assertion: str) -> str | None:
-    """The C{kid} of an assertion's header, if any (to tell an unknown key from a bad signature)."""
+def _parsed(assertion: str) -> tuple[JWS, dict]:
+    """
+    The assertion as a JWS, not yet verified, and its protected header;
+    jwcrypto raises TypeError, not its own error, for a C{crit} that is no
+    array of header names (RFC 7515 section 4.1.11).
+    """
     token = JWS()
     try:
         token.deserialize(assertion)
-        kid = token.jose_header.get("kid")
-    except (JWException, ValueError):
+        return token, token.jose_header
+    except (JWException, ValueError, TypeError):
+        raise _failed("client_assertion is not a compact signed JWT") from None
+
+
+def assertion_kid(assertion: str) -> str | None:
+    """The C{kid} of an assertion's header, if any (to tell an unknown key from a bad signature)."""
+    try:
+        kid = _parsed(assertion)[1].get("kid")
+    except InvalidClient:
         return None
     return kid if isinstance(kid, str) else None
 
 
 def verified_claims(
     assertion: str, client_id: str, keyset: JWKSet, audiences: tuple[str, ...], now: int,
-    algorithms: tuple[str, ...] = ASSERTION_ALGS,
+    algorithms: tuple[str, ...] = ASSERTION_ALGS, issuer_only: bool = False,
 ) -> dict:
     """
     The claims of an assertion signed by a key of C{keyset} with one of
-    C{algorithms}, from C{client_id} (iss = sub), for one of C{audiences},
+    C{algorithms}, from C{client_id} (iss = sub), for one of C{audiences}
+    (with C{issuer_only}, for the first, the issuer, as one string),
     unexpired and expiring within L{MAX_LIFETIME}, with a jti.
     """
-    token = JWS()
+    token, header = _parsed(assertion)
     token.allowed_algs = list(algorithms)
-    try:
-        token.deserialize(assertion)
-        alg = token.jose_header.get("alg")
-    except (JWException, ValueError):
-        raise _failed("client_assertion is not a compact signed JWT") from None
+    alg = header.get("alg")
     if alg not in algorithms:
         raise _failed(f"client_assertion is signed with {alg!r}; use one of {', '.join(algorithms)}")
     if alg in HMAC_BITS and not any(len(base64url_decode(key.get("k", ""))) * 8 >= HMAC_BITS[alg] for key in keyset):
@@ -142,7 +151,7 @@ def verified_claims(
         raise _failed(f"{alg} needs a client secret of at least {HMAC_BITS[alg] // 8} bytes (RFC 7518 section 3.2);"
                       f" this client's is shorter: {shorter}")
     try:
-        token.verify(keyset)
+        token.verify(_keys_for(keyset, alg))
     except (JWException, ValueError):
         raise _failed("the client_assertion signature does not verify with any of the client's keys") from None
     try:
@@ -154,12 +163,15 @@ def verified_claims(
     if claims.get("iss") != client_id or claims.get("sub") != client_id:
         raise _failed("client_assertion's iss and sub must both be the client_id")
     aud = claims.get("aud")
+    if issuer_only and aud != audiences[0]:
+        raise _failed(f"client_assertion's aud must be {audiences[0]!r} (the issuer), as one string:"
+                      " this client's profile allows no other audience (FAPI 2.0 section 5.3.2.1)")
     named = aud if isinstance(aud, list) else [aud]
     if not any(isinstance(a, str) and a in audiences for a in named):
         raise _failed(f"client_assertion's aud must be {audiences[0]!r} (the issuer)"
                       + "".join(f" or {other!r}" for other in audiences[1:]))
     exp = claims.get("exp")
-    if not _numeric_date(exp):
+    if not is_numeric_date(exp):
         raise _failed("client_assertion has no exp (a NumericDate: seconds since 1970)")
     if exp <= now - CLOCK_SKEW:
         raise _failed("client_assertion has expired")
@@ -167,14 +179,31 @@ def verified_claims(
         raise _failed(f"client_assertion must expire within {MAX_LIFETIME} seconds")
     for name in ("nbf", "iat"):
         value = claims.get(name)
-        if value is not None and not _numeric_date(value):
+        if value is not None and not is_numeric_date(value):
             raise _failed(f"client_assertion's {name} is not a NumericDate (seconds since 1970)")
         if value is not None and value > now + CLOCK_SKEW:
             raise _failed(f"client_assertion's {name} is in the future")
     jti = claims.get("jti")
-    if not isinstance(jti, str) or not jti or len(jti) > 256:
-        raise _failed("client_assertion needs a jti (at most 256 characters)")
+    if not isinstance(jti, str) or not jti or len(jti) > 256 or "\x00" in jti:
+        # The jti is kept as it came until the assertion expires; PostgreSQL text cannot hold a NUL.
+        raise _failed("client_assertion needs a jti of 1 to 256 characters, without NUL")
     return claims
+
+
+def _keys_for(keyset: JWKSet, alg: str) -> JWKSet:
+    """
+    The keys of C{keyset} that may verify C{alg}: those registered for it or
+    for no algorithm in particular (RFC 7517 section 4.4; RFC 8725 section
+    3.1: a key serves one algorithm), or L{_failed} when there are none.
+    """
+    usable = JWKSet()
+    for key in keyset["keys"]:
+        if key.get("alg", alg) == alg:
+            usable.add(key)
+    if not usable["keys"]:
+        registered = ", ".join(sorted({str(key.get("alg")) for key in keyset["keys"]}))
+        raise _failed(f"the client's keys are registered for {registered}, not {alg}")
+    return usable
 
 
 def assertion_params(params: dict[str, str]) -> str | None:

@@ -124,6 +124,15 @@ def _nonce_ok(value, secret: bytes, now: int, window: int) -> bool:
     return isinstance(value, str) and any(_same(value, nonce_for(secret, now, window, back)) for back in (0, 1))
 
 
+def _is_proof_type(typ) -> bool:
+    """
+    Whether C{typ} names the media type application/dpop+jwt: RFC 7515
+    section 4.1.9 compares media types without regard to case and reads a
+    typ without "/" as under "application/".
+    """
+    return isinstance(typ, str) and typ.lower() in (PROOF_TYPE, f"application/{PROOF_TYPE}")
+
+
 def _header_and_key(compact: str) -> tuple[JWS, dict, JWK]:
     jws = JWS()
     try:
@@ -131,7 +140,7 @@ def _header_and_key(compact: str) -> tuple[JWS, dict, JWK]:
         header = jws.jose_header
     except (JWException, ValueError, TypeError):
         raise InvalidDpopProof("the DPoP header is not a JWS in compact serialisation") from None
-    if not isinstance(header, dict) or header.get("typ") != PROOF_TYPE:
+    if not isinstance(header, dict) or not _is_proof_type(header.get("typ")):
         raise InvalidDpopProof(f"a DPoP proof must have typ {PROOF_TYPE}")
     if header.get("alg") not in ALGORITHMS:
         raise InvalidDpopProof(f"a DPoP proof must be signed with one of {', '.join(ALGORITHMS)}")

@@ -17,6 +17,7 @@ from jwcrypto.jwk import JWK
 from jwcrypto.jws import JWS
 
 from authsrv.protocol import jsontext
+from authsrv.protocol.client_assertion import is_numeric_date
 from authsrv.protocol.errors import PageError
 from authsrv.protocol.urls import with_query
 
@@ -35,7 +36,9 @@ def hint_claims(hint: str, hint_key: Callable[[str], JWK | None], issuer: str) -
     names, as C{hint_key} (the keystore's) gives it, with that key's one
     algorithm. Its expiry is not checked: a user ends a session long after
     the ID token expired, and the signature alone proves the token came
-    from us.
+    from us. But it must be an ID token: the other tokens we sign differ in
+    typ (C{at+jwt}, C{logout+jwt}), or, for a signed UserInfo answer, in
+    having no C{iat} and C{exp} (OIDC Core sections 2 and 5.3.2).
     """
     if not _COMPACT_JWS.fullmatch(hint):
         raise refused("The sign-out request carries no valid ID token.")
@@ -53,7 +56,8 @@ def hint_claims(hint: str, hint_key: Callable[[str], JWK | None], issuer: str) -
     except (JWException, ValueError):
         raise refused("The sign-out request carries an ID token this service did not issue.") from None
     typ = header.get("typ")
-    if not isinstance(claims, dict) or (typ is not None and str(typ).lower() not in _ID_TOKEN_TYPES):
+    if (not isinstance(claims, dict) or (typ is not None and str(typ).lower() not in _ID_TOKEN_TYPES)
+            or not all(is_numeric_date(claims.get(name)) for name in ("iat", "exp"))):
         raise refused("The sign-out request carries a token that is not an ID token.")
     if claims.get("iss") != issuer:
         raise refused("The sign-out request carries an ID token of another issuer.")

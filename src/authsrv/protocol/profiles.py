@@ -5,7 +5,8 @@ client's settings, checked wherever a client is made or changed (config
 file, admin API, operator command), plus what the flows enforce at run time
 for such a client: pushed requests only (L{authsrv.protocol.pushed.must_push}),
 a code lifetime of at most L{FAPI2_CODE_TTL} and client assertions signed
-with one of L{FAPI2_ASSERTION_ALGORITHMS}.
+with one of L{FAPI2_ASSERTION_ALGORITHMS}, naming the issuer alone as their
+audience.
 
 Some demands name settings that other features bring (key-based client
 authentication, DPoP, per-client signing algorithms). A setting this build
@@ -79,3 +80,13 @@ def code_ttl_for(client: Client, code_ttl: int) -> int:
 def assertion_algorithms(client: Client) -> tuple[str, ...]:
     """The algorithms the client's private_key_jwt assertions may use: fewer under its profile."""
     return FAPI2_ASSERTION_ALGORITHMS if client.profile == FAPI2 else ASSERTION_ALGS
+
+
+def issuer_audience_only(client: Client) -> bool:
+    """
+    Whether the client's assertions must name the issuer alone, as one
+    string (FAPI 2.0 section 5.3.2.1), never an endpoint's URL or a list:
+    another server a client also talks to can get it to sign an assertion
+    for a URL of ours it claims as its own (audience injection).
+    """
+    return client.profile == FAPI2
