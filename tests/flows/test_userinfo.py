@@ -12,7 +12,6 @@ from urllib.parse import urlencode
 
 import pytest_twisted
 
-from authsrv.identity.static import RELOAD_INTERVAL
 from authsrv.records import Ban
 from authsrv.testing.identity import ALICE, BOB, ZOE
 from harness import CLIENTS, ISSUER, Harness
@@ -95,7 +94,7 @@ async def test_claims_follow_the_user_not_the_grant(tmp_path, monkeypatch):
         edited.write_text(users.read_text().replace(ALICE.email, "alice@example.net")
                           .replace(ALICE.name, "Alice Pleasance").replace(ALICE.chat_user_id, "80351110224678913"))
         edited.replace(users)
-        h.clock.advance(RELOAD_INTERVAL)
+        await h.users_reread()
         changed = {"name": "Alice Pleasance", "email": "alice@example.net", "chat_user_id": "80351110224678913"}
 
         response, body = await h.json("GET", USERINFO, headers=bearer(issued["access_token"]))
