@@ -25,8 +25,11 @@ import pytest_twisted
 from authsrv.config import parse_config
 from authsrv.configsection import Section
 from authsrv.flows.registration import REGISTRABLE_METHODS
+from authsrv.operations.clientspec import EDITABLE
+from authsrv.operations.views import client_view
 from authsrv.protocol.client_assertion import ASSERTION_ALGS, HMAC_ALGS
 from authsrv.protocol.clientauth import AUTH_METHODS
+from authsrv.records import Client
 
 from conftest import ROOT, admin
 
@@ -144,6 +147,14 @@ def test_openapi_auth_method_and_algorithm_enums_are_the_code_constants():
         assert discovery[f"{endpoint}_auth_methods_supported"]["items"]["enum"] == methods
         assert discovery[f"{endpoint}_auth_signing_alg_values_supported"]["items"]["enum"] == [
             *ASSERTION_ALGS, *HMAC_ALGS]
+
+
+def test_openapi_admin_client_schemas_are_the_fields_the_api_takes_and_answers():
+    schemas = json.loads(OPENAPI.read_text())["components"]["schemas"]
+    assert set(schemas["AdminClientSettings"]["properties"]) == set(EDITABLE)
+    assert set(schemas["AdminNewClient"]["properties"]) == {*EDITABLE, "client_id", "public"}
+    answered = client_view(Client("app", None, ["https://app.example/cb"]))
+    assert set(schemas["AdminClient"]["properties"]) == set(answered)
 
 
 def test_operations_links_exist():

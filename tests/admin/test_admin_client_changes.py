@@ -66,6 +66,17 @@ async def test_client_update_changes_only_the_given_settings(deployment):
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_client_may_require_a_second_factor(deployment):
+    cwd, config = deployment
+    ok(await admin("--config", config, "client", "add", "web", "--redirect-uri", "https://shop.example/cb",
+                   "--require-mfa", cwd=cwd))
+    assert json.loads(ok(await admin("--config", config, "client", "show", "web", "--json", cwd=cwd)))["require_mfa"]
+    ok(await admin("--config", config, "client", "update", "web", "--no-require-mfa", cwd=cwd))
+    assert not json.loads(ok(await admin("--config", config, "client", "show", "web", "--json",
+                                         cwd=cwd)))["require_mfa"]
+
+
+@pytest_twisted.ensureDeferred
 async def test_client_update_refuses(deployment):
     cwd, config = deployment
     await _add(cwd, config)

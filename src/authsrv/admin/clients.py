@@ -36,6 +36,7 @@ OPTIONS = {
     "grant_types": "--grant-type",
     "refresh_grace": "--refresh-grace",
     "rate_limit": "--rate-limit",
+    "require_mfa": "--require-mfa",
     "require_pushed_authorization_requests": "--require-par",
     "dpop_bound_access_tokens": "--require-dpop",
     "profile": "--profile",
@@ -92,7 +93,8 @@ def _settings(args) -> dict:
         ("backchannel_logout_uri", args.backchannel_logout_uri), ("end_session_enabled", args.end_session),
         ("first_party", args.first_party), ("introspect_any", args.introspect_any), ("resources", args.resource),
         ("audiences", args.audience), ("grant_types", args.grant_type), ("refresh_grace", args.refresh_grace),
-        ("rate_limit", args.rate_limit), ("require_pushed_authorization_requests", args.require_par),
+        ("rate_limit", args.rate_limit), ("require_mfa", args.require_mfa),
+        ("require_pushed_authorization_requests", args.require_par),
         ("dpop_bound_access_tokens", args.require_dpop),
         ("profile", args.profile), ("id_token_signed_response_alg", args.id_token_alg),
         ("access_token_signed_response_alg", args.access_token_alg),
@@ -206,6 +208,8 @@ def _setting_options(parser, *, adding: bool) -> None:
     parser.add_argument("--grant-type", action="append", default=None, help="a grant it may use (repeat)")
     parser.add_argument("--refresh-grace", help="its refresh grace window, e.g. 30s")
     parser.add_argument("--rate-limit", help="its request rate, e.g. 50/s or off")
+    parser.add_argument("--require-mfa", action=flag, default=False if adding else None,
+                        help="every user signing in to it gives (or enrols) a second factor")
     parser.add_argument("--require-par", action=flag, default=False if adding else None,
                         help="accept only pushed authorization requests (RFC 9126)")
     parser.add_argument("--require-dpop", action=flag, default=False if adding else None,
