@@ -22,6 +22,7 @@ import tomllib
 import pytest
 import pytest_twisted
 
+from authsrv.admin.main import _parser, _subcommands
 from authsrv.config import parse_config
 from authsrv.configsection import Section
 from authsrv.flows.registration import REGISTRABLE_METHODS
@@ -155,6 +156,23 @@ def test_openapi_admin_client_schemas_are_the_fields_the_api_takes_and_answers()
     assert set(schemas["AdminNewClient"]["properties"]) == {*EDITABLE, "client_id", "public"}
     answered = client_view(Client("app", None, ["https://app.example/cb"]))
     assert set(schemas["AdminClient"]["properties"]) == set(answered)
+
+
+def test_the_operator_command_synopsis_names_every_option():
+    """The README's synopsis of authsrv-admin: every command and option it has (a --no- form goes with its flag)."""
+    text = README.read_text().split("## The operator command", 1)[1].split("\n## ", 1)[0]
+    synopsis = text.split("\n\n", 2)[1]
+    missing = set()
+    for command in _subcommands(_parser()):
+        name = command.prog.removeprefix("authsrv-admin ")
+        if not re.search(rf"\b{re.escape(name.split()[-1])}\b", synopsis):
+            missing.add(name)
+        for action in command._actions:
+            for option in action.option_strings:
+                if option.startswith("--") and not option.startswith("--no-") and option not in (
+                        "--help", "--config", "--json") and not re.search(rf"{re.escape(option)}(?![\w-])", synopsis):
+                    missing.add(f"{name} {option}")
+    assert not missing, f"missing from the README's synopsis of authsrv-admin: {sorted(missing)}"
 
 
 def test_operations_links_exist():
