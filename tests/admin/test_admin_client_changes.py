@@ -86,6 +86,8 @@ async def test_client_update_refuses(deployment):
                         cwd=cwd), "--redirect-uri: 'http://shop.example/cb' must use https")
     refused(await admin("--config", config, "client", "update", "web", "--rate-limit", "fast", cwd=cwd),
             "--rate-limit:")
+    refused(await admin("--config", config, "client", "update", "web", "--jwks", "no-such.jwks", cwd=cwd),
+            "--jwks: cannot read no-such.jwks: No such file or directory")
     refused(await admin("--config", config, "client", "update", "web", "--backchannel-logout-uri",
                         "https://169.254.169.254/x", cwd=cwd), "cloud metadata address")
 
