@@ -9,6 +9,7 @@ code's.
 
 from __future__ import annotations
 
+import argparse
 import base64
 import json
 import os
@@ -173,6 +174,34 @@ def test_the_operator_command_synopsis_names_every_option():
                         "--help", "--config", "--json") and not re.search(rf"{re.escape(option)}(?![\w-])", synopsis):
                     missing.add(f"{name} {option}")
     assert not missing, f"missing from the README's synopsis of authsrv-admin: {sorted(missing)}"
+
+
+def _commands(parser) -> dict:
+    """Each subcommand's name, with the names below it."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return {name: _commands(sub) for name, sub in action.choices.items()}
+    return {}
+
+
+def test_every_operator_command_the_docs_name_exists():
+    commands = _commands(_parser())
+    wrong = set()
+    for path in [README, ROOT / "SECURITY.md", *(ROOT / "docs").glob("*.md")]:
+        text = path.read_text()
+        code = re.findall(r"`([^`\n]+)`", text) + re.findall(r"^    ([^#\n]+)", text, re.M)
+        for words in re.findall(r"authsrv-admin((?: --?[a-z-]+(?: [A-Za-z./-]+\.toml)?)*(?: [a-z][a-z-]*)+)",
+                                "\n".join(code)):
+            names = [word for word in words.split() if not word.startswith("-") and not word.endswith(".toml")]
+            known = commands
+            for name in names:
+                if not known:
+                    break
+                if name not in known:
+                    wrong.add(f"{path.name}: authsrv-admin{words}")
+                    break
+                known = known[name]
+    assert not wrong, f"commands the docs name that authsrv-admin does not have: {sorted(wrong)}"
 
 
 def test_operations_links_exist():
