@@ -22,9 +22,11 @@ import tomllib
 
 import pytest
 import pytest_twisted
+from prometheus_client.metrics import MetricWrapperBase
 
 from authsrv.admin.main import _parser, _subcommands
 from authsrv.config import parse_config
+from authsrv.metrics import Metrics
 from authsrv.configsection import Section
 from authsrv.flows.registration import REGISTRABLE_METHODS
 from authsrv.operations.clientspec import EDITABLE
@@ -202,6 +204,32 @@ def test_every_operator_command_the_docs_name_exists():
                     break
                 known = known[name]
     assert not wrong, f"commands the docs name that authsrv-admin does not have: {sorted(wrong)}"
+
+
+class _ActiveKey:
+    """A keystore with one active key, for the key age gauge."""
+
+    def keys(self):
+        return [type("Key", (), {"state": "active", "activated_at": 0, "alg": "RS256"})()]
+
+
+def test_every_metric_is_in_the_readme_with_its_labels():
+    metrics = Metrics()
+    metrics.watch_keys(_ActiveKey(), type("Clock", (), {"seconds": staticmethod(lambda: 10)})())
+    table = README.read_text().split("## Metrics", 1)[1].split("\n## ", 1)[0]
+    rows = {name: labels for name, labels in re.findall(r"^\| `(authsrv_\w+)` \| ([^|]*)\|", table, re.M)}
+    exposed = {}
+    for metric in vars(metrics).values():
+        if isinstance(metric, MetricWrapperBase):
+            suffix = "_total" if metric._type == "counter" else ""
+            exposed[metric._name + suffix] = set(metric._labelnames)
+    for family in metrics.registry.collect():
+        if family.name.startswith("authsrv_") and family.type == "gauge":
+            exposed[family.name] = {key for sample in family.samples for key in sample.labels}
+    assert set(rows) == set(exposed), f"metrics missing from the README: {set(exposed) - set(rows)}; " \
+        f"documented but not exposed: {set(rows) - set(exposed)}"
+    for name, labels in exposed.items():
+        assert set(re.findall(r"`(\w+)`", rows[name])) == labels, name
 
 
 def test_operations_links_exist():
