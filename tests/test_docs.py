@@ -19,6 +19,7 @@ import sqlite3
 import subprocess
 import sys
 import tomllib
+from types import SimpleNamespace
 
 import pytest
 import pytest_twisted
@@ -27,6 +28,7 @@ from prometheus_client.metrics import MetricWrapperBase
 from authsrv.admin.main import _parser, _subcommands
 from authsrv.config import parse_config
 from authsrv.metrics import Metrics
+from authsrv.plugins import factories
 from authsrv.configsection import Section
 from authsrv.flows.registration import REGISTRABLE_METHODS
 from authsrv.operations.clientspec import EDITABLE
@@ -119,6 +121,40 @@ def test_reference_parses_and_names_every_key(monkeypatch, tmp_path):
 
     undocumented = {key for key in asked - tables - documented if not documented_secret(key)}
     assert not undocumented, f"keys the config reader asks for, missing from the README's reference: {undocumented}"
+
+
+PLUGIN_SECTIONS = {
+    ("identity", "ldap"): [{"urls": ["ldap://ldap.invalid"], "user_base_dn": "dc=example"}],
+    ("identity", "postgres"): [{"dsn": "host=db.invalid"}, {
+        "dsn": "host=db.invalid", "mode": "mapped", "user_by_login": "SELECT 1", "user_by_id": "SELECT 1"}],
+    ("store", "postgres"): [{"dsn": "host=db.invalid"}],
+    ("keystore", "postgres"): [{"dsn": "host=db.invalid"}],
+}
+"""The least each plugin section needs for its reader to ask for every key it knows."""
+
+
+def test_every_plugin_key_is_in_the_readme(monkeypatch, tmp_path):
+    """The keys each store, keystore and identity plugin reads appear in the README's TOML examples."""
+    documented = set(re.findall(r"\w+", " ".join(re.findall(r"```toml\n(.*?)```", README.read_text(), re.S))))
+    asked: set[tuple[str, str]] = set()
+    get, has = Section._get, Section.has
+    monkeypatch.setattr(Section, "_get", lambda self, name, *a, **k: asked.add((self.path, name)) or get(
+        self, name, *a, **k))
+    monkeypatch.setattr(Section, "has", lambda self, name: asked.add((self.path, name)) or has(self, name))
+    context = SimpleNamespace(check_only=True, link_provider=None, reactor=None)
+    for role in ("identity", "store", "keystore"):
+        for name, factory in factories(role).items():
+            for data in PLUGIN_SECTIONS.get((role, name), [{}]):
+                try:
+                    factory.from_config(Section(dict(data), f"{role}:{name}", tmp_path), context)
+                except Exception:
+                    pass  # every key is read before a file or a server is used, which fails here
+    secrets = {name.removesuffix(suffix) for name in documented for suffix in ("_env", "_file") if name.endswith(suffix)}
+    missing = {name for _, name in asked if name not in documented
+               and name.removesuffix("_env").removesuffix("_file") not in secrets}
+    assert not missing, f"plugin keys missing from the README's examples: {missing}"
+    assert {path for path, _ in asked} >= {f"{role}:{name}" for role in ("identity", "store", "keystore")
+                                          for name in factories(role)}
 
 
 def test_design_citations_point_at_sections_it_has():
