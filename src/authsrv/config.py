@@ -494,8 +494,8 @@ def _plugin(section: Section, checked: _Problems, default: str | None = None) ->
 
 
 def _identity(section: Section, checked: _Problems) -> PluginChoice | None:
-    """An C{[[identity]]} backend with its standing cache, which the server keeps in front of any plugin."""
-    choice = _plugin(section, checked)
+    """An C{[[identity]]} backend (the static file unless it names another) with its standing cache."""
+    choice = _plugin(section, checked, "static")
     seconds = checked.take(section.duration, "standing_cache", None, maximum=MAX_STANDING_CACHE)
     size = checked.take(section.int, "standing_cache_size", DEFAULT_STANDING_CACHE_SIZE, minimum=1,
                         fallback=DEFAULT_STANDING_CACHE_SIZE)
