@@ -157,6 +157,30 @@ def test_every_plugin_key_is_in_the_readme(monkeypatch, tmp_path):
                                           for name in factories(role)}
 
 
+def _set_variables(data, monkeypatch) -> None:
+    """Set each variable an C{X_env} key of C{data} names, as the operator would."""
+    if isinstance(data, list):
+        for item in data:
+            _set_variables(item, monkeypatch)
+    elif isinstance(data, dict):
+        for name, value in data.items():
+            if name.endswith("_env") and isinstance(value, str):
+                monkeypatch.setenv(value, CHAT_KEY if "encryption_key" in name else STRONG_SECRET + value)
+            else:
+                _set_variables(value, monkeypatch)
+
+
+@pytest.mark.parametrize("path", [README, *sorted((ROOT / "docs").glob("*.md"))], ids=lambda p: p.name)
+def test_every_config_example_is_a_valid_config(path, monkeypatch, tmp_path):
+    """Each TOML example of the docs, but the users file's, read as the server reads its config file."""
+    for block in re.findall(r"```toml\n(.*?)```", path.read_text(), re.S):
+        document = tomllib.loads(block)
+        if "users" in document:
+            continue
+        _set_variables(document, monkeypatch)
+        parse_config(with_secrets_from_env(document, monkeypatch), tmp_path / "authsrv.toml")
+
+
 def test_design_citations_point_at_sections_it_has():
     design = DESIGN.read_text()
     names = re.findall(r"^- \*\*([^*:]+?):?\*\*", design, re.M) + re.findall(r"^## (.+)$", design, re.M)
