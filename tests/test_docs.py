@@ -149,7 +149,8 @@ def test_every_plugin_key_is_in_the_readme(monkeypatch, tmp_path):
                     factory.from_config(Section(dict(data), f"{role}:{name}", tmp_path), context)
                 except Exception:
                     pass  # every key is read before a file or a server is used, which fails here
-    secrets = {name.removesuffix(suffix) for name in documented for suffix in ("_env", "_file") if name.endswith(suffix)}
+    secrets = {name.removesuffix(suffix) for name in documented for suffix in ("_env", "_file")
+               if name.endswith(suffix)}
     missing = {name for _, name in asked if name not in documented
                and name.removesuffix("_env").removesuffix("_file") not in secrets}
     assert not missing, f"plugin keys missing from the README's examples: {missing}"

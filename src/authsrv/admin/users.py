@@ -161,7 +161,7 @@ def register(commands) -> None:
     show = user.add_parser("show", help="show one user")
     show.add_argument("login", help=USER_HELP)
     show.set_defaults(run=user_show)
-    reset = user.add_parser("reset-factors", help="remove a user's second factors (TOTP, recovery codes)")
+    reset = user.add_parser("reset-factors", help="remove a user's second factors (TOTP, recovery codes, passkeys)")
     reset.add_argument("user", help="the user's id or login")
     reset.set_defaults(run=user_reset_factors)
 
