@@ -86,6 +86,9 @@ async def test_client_update_refuses(deployment):
                         cwd=cwd), "--redirect-uri: 'http://shop.example/cb' must use https")
     refused(await admin("--config", config, "client", "update", "web", "--rate-limit", "fast", cwd=cwd),
             "--rate-limit:")
+    grace = await admin("--config", config, "client", "update", "web", "--refresh-grace", "soon", cwd=cwd)
+    refused(grace, "--refresh-grace must be seconds (a whole number) or a duration such as 30s, up to 365d")
+    assert "null" not in grace.stderr, "the command has no null: --clear refresh-grace empties it"
     refused(await admin("--config", config, "client", "update", "web", "--jwks", "no-such.jwks", cwd=cwd),
             "--jwks: cannot read no-such.jwks: No such file or directory")
     refused(await admin("--config", config, "client", "update", "web", "--backchannel-logout-uri",

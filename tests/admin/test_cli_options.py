@@ -163,6 +163,13 @@ async def test_new_passwords_meet_the_policy(deployment, password, message):
 
 
 @pytest_twisted.ensureDeferred
+async def test_passwd_names_an_unknown_user_before_asking_for_a_password(deployment):
+    cwd, config = deployment
+    refused(await admin("user", "passwd", "nobody", "--password-stdin", "--config", config, cwd=cwd, stdin=""),
+            "no user 'nobody' (by id or login)")
+
+
+@pytest_twisted.ensureDeferred
 async def test_the_minimum_length_comes_from_the_config(deployment):
     cwd, config = deployment
     with open(config, "a") as file:

@@ -57,7 +57,8 @@ NULLABLE = ("backchannel_logout_uri", "refresh_grace", "rate_limit", "profile", 
 
 
 def _worded(error: OperationError) -> AdminError:
-    message = error.message
+    """The operation's message in the command's words: options for fields, and no JSON null (--clear is that)."""
+    message = error.message.replace(", or null", "")
     for field, option in OPTIONS.items():
         message = re.sub(rf"\b{field}\b", option, message)
     return AdminError(message)

@@ -49,6 +49,7 @@ async def user_add(reactor, args, console: Console):
 
 async def user_passwd(reactor, args, console: Console):
     async def change(users):
+        await users.find(args.login)  # before asking for a password, as add checks the login first
         await users.set_password(args.login, read_password(args, console), actor=ACTOR)
         console.out(f"password of {args.login} changed")
 
