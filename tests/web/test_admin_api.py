@@ -971,6 +971,15 @@ def test_admin_config_is_checked(monkeypatch, section, key, problem):
     assert key in str(raised.value) and problem in str(raised.value)
 
 
+def test_every_admin_config_mistake_is_named_at_once(monkeypatch):
+    """A secret that cannot be read leaves the section's other keys checked, as every other section does."""
+    from authsrv.config import ConfigErrors, parse_config
+
+    with pytest.raises(ConfigErrors) as raised:
+        parse_config({"admin": {"secret_env": "AUTHSRV_TEST_UNSET_ADMIN", "name": "", "port": 1}}, None)
+    assert [e.key for e in raised.value.errors] == ["admin.secret_env", "admin.name", "admin.port"]
+
+
 def test_admin_config_defaults(monkeypatch):
     from authsrv.config import parse_config
 
