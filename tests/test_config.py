@@ -42,6 +42,13 @@ def test_defaults():
     assert config.internal_secret is None
 
 
+def test_an_identity_table_that_names_no_plugin_is_the_static_file():
+    """As the README's reference says: plugin = "static" is the default of an [[identity]] table too."""
+    config = parse_config({"identity": [{"path": "staff.toml"}, {"plugin": "ldap"}]}, None)
+    assert [c.name for c in config.identity] == ["static", "ldap"]
+    assert config.identity[0].section.has("path")
+
+
 @pytest.mark.parametrize(
     "data, message",
     [
@@ -67,7 +74,7 @@ def test_defaults():
         ({"throttle": {"window": "soon"}}, 'throttle.window: must be a duration such as "90s"'),
         ({"throttle": {"max_delay": 0}}, "throttle.max_delay: must be longer than zero"),
         ({"throttle": {"failures": 5}}, "throttle.failures: unknown key"),
-        ({"identity": [{}]}, "identity[0].plugin: is required"),
+        ({"identity": [{"plugin": ""}]}, "identity[0].plugin: must not be empty"),
         ({"identity": {"plugin": "static"}}, "identity: must be an array of tables, not a table"),
         ({"identity": [{"plugin": "static"}, {"plugin": 3}]}, "identity[1].plugin: must be a string, not an integer"),
         ({"identity": [{"plugin": "ldap", "standing_cache": "soon"}]}, 'identity[0].standing_cache: must be a duration'),

@@ -494,8 +494,8 @@ def _plugin(section: Section, checked: _Problems, default: str | None = None) ->
 
 
 def _identity(section: Section, checked: _Problems) -> PluginChoice | None:
-    """An C{[[identity]]} backend with its standing cache, which the server keeps in front of any plugin."""
-    choice = _plugin(section, checked)
+    """An C{[[identity]]} backend (the static file unless it names another) with its standing cache."""
+    choice = _plugin(section, checked, "static")
     seconds = checked.take(section.duration, "standing_cache", None, maximum=MAX_STANDING_CACHE)
     size = checked.take(section.int, "standing_cache_size", DEFAULT_STANDING_CACHE_SIZE, minimum=1,
                         fallback=DEFAULT_STANDING_CACHE_SIZE)
@@ -523,25 +523,28 @@ def _strong_secret(section: Section, name: str, demo: bool) -> str | None:
     return secret
 
 
-def _admin(section: Section, demo: bool, internal_secret: str | None, internal_listen: tuple[str, ...]) -> AdminSettings:
-    """C{[admin]}; see L{AdminSettings}."""
+def _admin(section: Section, checked: _Problems, demo: bool, internal_secret: str | None,
+           internal_listen: tuple[str, ...]) -> AdminSettings:
+    """C{[admin]}, every key checked on its own (a bad secret leaves the rest checked); see L{AdminSettings}."""
     source = "secret_env" if section.has("secret_env") else "secret_file"
-    secret = _strong_secret(section, "secret", demo)
-    name = section.str("name", ADMIN_ACTOR)
+    secret = checked.take(_strong_secret, section, "secret", demo)
+    name = checked.take(section.str, "name", ADMIN_ACTOR, fallback=ADMIN_ACTOR)
     if not name.strip() or len(name) > 64 or not name.isprintable():
-        raise section.error("name", "must be 1 to 64 printable characters (the actor named in audit events)")
-    listen = tuple(section.str_list("listen", []))
-    serve_on_main = section.bool("serve_on_main", False)
-    section.done()
+        checked.add(section.error("name", "must be 1 to 64 printable characters (the actor named in audit events)"))
+        name = ADMIN_ACTOR
+    listen = tuple(checked.take(section.str_list, "listen", [], fallback=[]))
+    serve_on_main = checked.take(section.bool, "serve_on_main", False, fallback=False)
+    checked.done(section)
     if secret is not None and internal_secret is not None and hmac.compare_digest(
         secret.encode(), internal_secret.encode()
     ):
-        raise section.error(source, "must differ from the internal API secret")
+        checked.add(section.error(source, "must differ from the internal API secret"))
+        secret = None
     if secret is not None and not (listen or internal_listen or serve_on_main):
-        raise section.error(
+        checked.add(section.error(
             "listen", "is empty and so is internal.listen: the admin API would be served nowhere"
             " (it is never on the public listener unless admin.serve_on_main = true)"
-        )
+        ))
     return AdminSettings(secret, name, listen, serve_on_main)
 
 
@@ -826,8 +829,7 @@ def read_config_document(
         checked.add(internal.error(
             "serve_on_main", "is false but internal.listen is empty: the internal API would be served nowhere"))
     checked.done(internal)
-    admin = checked.take(_admin, _table(top, checked, "admin"), demo, internal_secret, internal_listen,
-                         fallback=AdminSettings())
+    admin = _admin(_table(top, checked, "admin"), checked, demo, internal_secret, internal_listen)
     limits_section = _table(top, checked, "limits")
     input_limits = _input_limits(limits_section, checked)
     limits = _limits(limits_section, checked)

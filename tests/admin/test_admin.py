@@ -173,6 +173,7 @@ async def test_keys_list_and_rotate(deployment):
     states = {state: kid for kid, alg, state in before}
     assert set(states) == {"active", "next"}
     refused(await admin("--config", config, "keys", "rotate", cwd=cwd), "relying parties cache the JWKS for 600 s")
+    refused(await admin("--config", config, "keys", "rotate", cwd=cwd), "or now with --force (tokens it signs")
     after = [line.split("\t") for line in ok(await admin("--config", config, "keys", "rotate", "--force", cwd=cwd)).splitlines()]
     now = {kid: state for kid, alg, state in after}
     assert now[states["next"]] == "active"

@@ -66,6 +66,17 @@ async def test_client_update_changes_only_the_given_settings(deployment):
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_client_may_require_a_second_factor(deployment):
+    cwd, config = deployment
+    ok(await admin("--config", config, "client", "add", "web", "--redirect-uri", "https://shop.example/cb",
+                   "--require-mfa", cwd=cwd))
+    assert json.loads(ok(await admin("--config", config, "client", "show", "web", "--json", cwd=cwd)))["require_mfa"]
+    ok(await admin("--config", config, "client", "update", "web", "--no-require-mfa", cwd=cwd))
+    assert not json.loads(ok(await admin("--config", config, "client", "show", "web", "--json",
+                                         cwd=cwd)))["require_mfa"]
+
+
+@pytest_twisted.ensureDeferred
 async def test_client_update_refuses(deployment):
     cwd, config = deployment
     await _add(cwd, config)
@@ -75,6 +86,11 @@ async def test_client_update_refuses(deployment):
                         cwd=cwd), "--redirect-uri: 'http://shop.example/cb' must use https")
     refused(await admin("--config", config, "client", "update", "web", "--rate-limit", "fast", cwd=cwd),
             "--rate-limit:")
+    grace = await admin("--config", config, "client", "update", "web", "--refresh-grace", "soon", cwd=cwd)
+    refused(grace, "--refresh-grace must be seconds (a whole number) or a duration such as 30s, up to 365d")
+    assert "null" not in grace.stderr, "the command has no null: --clear refresh-grace empties it"
+    refused(await admin("--config", config, "client", "update", "web", "--jwks", "no-such.jwks", cwd=cwd),
+            "--jwks: cannot read no-such.jwks: No such file or directory")
     refused(await admin("--config", config, "client", "update", "web", "--backchannel-logout-uri",
                         "https://169.254.169.254/x", cwd=cwd), "cloud metadata address")
 

@@ -57,6 +57,12 @@ def test_every_command_takes_the_global_options():
         assert options["--config"].default is argparse.SUPPRESS and options["--json"].default is argparse.SUPPRESS
 
 
+def test_every_argument_says_what_it_is_in_help():
+    for leaf in _leaves(_parser()):
+        silent = [a.dest for a in leaf._actions if not a.help]
+        assert not silent, f"{leaf.prog}: no help text for {silent}"
+
+
 @pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
 def test_global_options_before_or_after_the_subcommand(command):
     parser = _parser()
@@ -154,6 +160,13 @@ async def test_new_passwords_meet_the_policy(deployment, password, message):
                         stdin=password + "\n"), message)
     refused(await admin("user", "passwd", "nobody", "--password-stdin", "--config", config, cwd=cwd,
                         stdin="violet kettle harbour\n"), "no user 'nobody' (by id or login)")
+
+
+@pytest_twisted.ensureDeferred
+async def test_passwd_names_an_unknown_user_before_asking_for_a_password(deployment):
+    cwd, config = deployment
+    refused(await admin("user", "passwd", "nobody", "--password-stdin", "--config", config, cwd=cwd, stdin=""),
+            "no user 'nobody' (by id or login)")
 
 
 @pytest_twisted.ensureDeferred

@@ -299,6 +299,8 @@ async def test_not_offered_means_no_endpoint_and_nothing_in_discovery(tmp_path, 
         fields, _ = request_fields()
         response, body = await post_form(h, PAR, fields)
         assert response.code == 404
+        response, body = await h.json("GET", PAR)
+        assert (response.code, body["error"]) == (404, "not_found")
         for path in ("openid-configuration", "oauth-authorization-server"):
             _, document = await h.json("GET", f"/api/auth/.well-known/{path}")
             assert "pushed_authorization_request_endpoint" not in document
@@ -311,6 +313,8 @@ async def test_not_offered_means_no_endpoint_and_nothing_in_discovery(tmp_path, 
     (tmp_path / "offered").mkdir()
     h = await started(tmp_path / "offered", monkeypatch)
     try:
+        response, body = await h.json("GET", PAR)
+        assert (response.code, body["error"]) == (405, "method_not_allowed")
         for path in ("openid-configuration", "oauth-authorization-server"):
             _, document = await h.json("GET", f"/api/auth/.well-known/{path}")
             assert document["pushed_authorization_request_endpoint"] == ISSUER + "/oauth2/par"

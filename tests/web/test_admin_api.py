@@ -274,6 +274,24 @@ async def test_invalid_client_input_names_the_field(harness, body, field):
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_client_that_requires_a_second_factor_is_made_and_changed(harness, audit):
+    """require_mfa, which the answer shows, is set as the config file's [[clients]] sets it."""
+    a = await started(harness)
+    try:
+        response, body = await a.call("POST", "/api/admin/clients", {**NEW_CLIENT, "require_mfa": True})
+        assert response.code == 201 and body["client"]["require_mfa"] is True, body
+        assert (await harness.store.get_client("crm")).require_mfa is True
+        response, body = await a.call("PATCH", "/api/admin/clients/crm", {"require_mfa": False})
+        assert response.code == 200 and body["require_mfa"] is False, body
+        assert (await harness.store.get_client("crm")).require_mfa is False
+        assert audit.of("client.changed")[0]["fields"] == ["require_mfa"]
+        response, body = await a.call("PATCH", "/api/admin/clients/crm", {"require_mfa": "yes"})
+        assert_problem(response, body, 400, "invalid_request", "require_mfa")
+    finally:
+        await harness.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_dpop_bound_clients_need_dpop_offered(tmp_path, monkeypatch):
     """Refused with the config file's words while [dpop] is off, made and changed once it is on."""
     bound = {**NEW_CLIENT, "dpop_bound_access_tokens": True}
@@ -973,6 +991,15 @@ def test_admin_config_is_checked(monkeypatch, section, key, problem):
     with pytest.raises(ConfigError) as raised:
         parse_config({"internal": {"secret_env": "AUTHSRV_TEST_INTERNAL"}, "admin": section}, None)
     assert key in str(raised.value) and problem in str(raised.value)
+
+
+def test_every_admin_config_mistake_is_named_at_once(monkeypatch):
+    """A secret that cannot be read leaves the section's other keys checked, as every other section does."""
+    from authsrv.config import ConfigErrors, parse_config
+
+    with pytest.raises(ConfigErrors) as raised:
+        parse_config({"admin": {"secret_env": "AUTHSRV_TEST_UNSET_ADMIN", "name": "", "port": 1}}, None)
+    assert [e.key for e in raised.value.errors] == ["admin.secret_env", "admin.name", "admin.port"]
 
 
 def test_admin_config_defaults(monkeypatch):

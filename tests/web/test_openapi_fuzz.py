@@ -39,8 +39,11 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from conftest import EXAMPLES, Server, free_port
+from fakes import FakeKeystore
 from test_e2e_relying_party import browser_login, read_form
 
+from authsrv.config import parse_config
+from authsrv.service import _documents
 from authsrv.web.public import PublicSite
 from authsrv.web.admin import AdminAPI
 from authsrv.web.internal import InternalAPI
@@ -115,6 +118,13 @@ def test_every_klein_route_is_described():
     """HEAD is left out: Klein answers it for every GET route."""
     described = {(method, path) for method, path in OPERATIONS if method != "HEAD"}
     assert _klein_routes() - described == set()
+
+
+def test_every_document_path_is_described():
+    """Discovery and the JWKS are served as static resources, beside the routes: each of their paths too."""
+    config = parse_config({}, None)
+    served = {path.decode() for path in _documents(config, FakeKeystore(), (), None)}
+    assert served - {path for method, path in OPERATIONS if method == "GET"} == set()
 
 
 def without_table(text: str, name: str) -> str:

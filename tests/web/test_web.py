@@ -221,6 +221,23 @@ def test_a_method_a_page_does_not_serve_gets_a_page(server, method, path, allow)
     assert b"<!DOCTYPE html>" in body and b"cannot be opened this way" in body
 
 
+@pytest.mark.parametrize("path, method", [
+    ("/api/auth/oauth2/par", "GET"), ("/api/auth/oauth2/par", "PUT"),
+    ("/api/auth/oauth2/device-authorization", "GET"), ("/api/auth/oauth2/register", "GET"),
+    ("/api/auth/oauth2/register/some-client", "POST"),
+])
+def test_an_optional_endpoint_that_is_off_is_not_found_by_any_method(server, path, method):
+    """Not a 405 naming the methods of an endpoint that is not there (PAR, device, registration are off here)."""
+    response, body = get(server, path, method=method)
+    assert (response.code, json.loads(body)["error"]) == (404, "not_found")
+    assert not response.headers.hasHeader("allow")
+
+
+def test_the_device_page_that_is_off_is_a_404_page_by_any_method(server):
+    response, body = get(server, "/api/auth/device", method="PUT")
+    assert response.code == 404 and b"does not connect devices" in body
+
+
 @pytest_twisted.ensureDeferred
 async def test_no_path_is_redirected_to_a_host_the_request_named(tmp_path, monkeypatch):
     """

@@ -166,7 +166,7 @@ async def check_config(reactor, args, console: Console):
 def register(commands) -> None:
     """Add C{check-config} to the top-level subparsers."""
     check = commands.add_parser("check-config", help="validate a config file, reporting every problem")
-    check.add_argument("file", nargs="?")
+    check.add_argument("file", nargs="?", help="the config file to check (default: the one --config names)")
     check.add_argument(
         "--online", action="store_true", help="also connect to the PostgreSQL databases and LDAP directories"
     )

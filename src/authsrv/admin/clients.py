@@ -36,6 +36,7 @@ OPTIONS = {
     "grant_types": "--grant-type",
     "refresh_grace": "--refresh-grace",
     "rate_limit": "--rate-limit",
+    "require_mfa": "--require-mfa",
     "require_pushed_authorization_requests": "--require-par",
     "dpop_bound_access_tokens": "--require-dpop",
     "profile": "--profile",
@@ -56,7 +57,8 @@ NULLABLE = ("backchannel_logout_uri", "refresh_grace", "rate_limit", "profile", 
 
 
 def _worded(error: OperationError) -> AdminError:
-    message = error.message
+    """The operation's message in the command's words: options for fields, and no JSON null (--clear is that)."""
+    message = error.message.replace(", or null", "")
     for field, option in OPTIONS.items():
         message = re.sub(rf"\b{field}\b", option, message)
     return AdminError(message)
@@ -92,7 +94,8 @@ def _settings(args) -> dict:
         ("backchannel_logout_uri", args.backchannel_logout_uri), ("end_session_enabled", args.end_session),
         ("first_party", args.first_party), ("introspect_any", args.introspect_any), ("resources", args.resource),
         ("audiences", args.audience), ("grant_types", args.grant_type), ("refresh_grace", args.refresh_grace),
-        ("rate_limit", args.rate_limit), ("require_pushed_authorization_requests", args.require_par),
+        ("rate_limit", args.rate_limit), ("require_mfa", args.require_mfa),
+        ("require_pushed_authorization_requests", args.require_par),
         ("dpop_bound_access_tokens", args.require_dpop),
         ("profile", args.profile), ("id_token_signed_response_alg", args.id_token_alg),
         ("access_token_signed_response_alg", args.access_token_alg),
@@ -110,8 +113,10 @@ def _read_jwks(path: str | None) -> str | None:
         return None
     try:
         return Path(path).read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise AdminError(f"--jwks: cannot read {path}: {e}") from None
+    except OSError as e:
+        raise AdminError(f"--jwks: cannot read {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise AdminError(f"--jwks: {path} is not UTF-8 text") from None
 
 
 async def client_add(reactor, args, console: Console):
@@ -191,7 +196,8 @@ def _setting_options(parser, *, adding: bool) -> None:
     parser.add_argument("--name", help="shown on the consent page")
     parser.add_argument("--redirect-uri", action="append", default=None,
                         help="repeat for several" + ("" if adding else "; replaces the list"))
-    parser.add_argument("--post-logout-redirect-uri", action="append", default=default_list)
+    parser.add_argument("--post-logout-redirect-uri", action="append", default=default_list,
+                        help="where RP-initiated logout may return to (repeat; needs --end-session)")
     parser.add_argument("--end-session", action=flag, default=False if adding else None,
                         help="allow RP-initiated logout")
     parser.add_argument("--first-party", action=flag, default=False if adding else None,
@@ -200,12 +206,14 @@ def _setting_options(parser, *, adding: bool) -> None:
                         help="an audience it may request (RFC 8707)")
     parser.add_argument("--introspect-any", action=flag, default=False if adding else None,
                         help="a resource server that may introspect any token")
-    parser.add_argument("--backchannel-logout-uri")
+    parser.add_argument("--backchannel-logout-uri", help="where back-channel logout tokens are posted")
     parser.add_argument("--audience", action="append", default=None,
                         help="a resource it serves: it may introspect tokens meant for it")
     parser.add_argument("--grant-type", action="append", default=None, help="a grant it may use (repeat)")
     parser.add_argument("--refresh-grace", help="its refresh grace window, e.g. 30s")
     parser.add_argument("--rate-limit", help="its request rate, e.g. 50/s or off")
+    parser.add_argument("--require-mfa", action=flag, default=False if adding else None,
+                        help="every user signing in to it gives (or enrols) a second factor")
     parser.add_argument("--require-par", action=flag, default=False if adding else None,
                         help="accept only pushed authorization requests (RFC 9126)")
     parser.add_argument("--require-dpop", action=flag, default=False if adding else None,
@@ -231,26 +239,26 @@ def register(commands) -> None:
         dest="client_command", required=True, metavar="ACTION"
     )
     add = client.add_parser("add", help="add a client; prints a generated secret once")
-    add.add_argument("client_id")
+    add.add_argument("client_id", help="the client's id")
     add.add_argument("--public", action="store_true", help="no secret: a browser or native app (PKCE only)")
     _setting_options(add, adding=True)
     add.set_defaults(run=client_add)
     update = client.add_parser("update", help="change a client's settings; the others keep their values")
-    update.add_argument("client_id")
+    update.add_argument("client_id", help="the client's id")
     _setting_options(update, adding=False)
     update.add_argument("--clear", action="append", default=[], choices=CLEARABLE, metavar="SETTING",
                         help=f"empty a setting: one of {', '.join(CLEARABLE)}")
     update.set_defaults(run=client_update)
     rotate = client.add_parser("rotate-secret", help="give a client a new secret; prints it once")
-    rotate.add_argument("client_id")
+    rotate.add_argument("client_id", help="the client's id")
     rotate.add_argument("--overlap", metavar="DURATION",
                         help="how long the old secret keeps working (default 24h; 0s: not at all)")
     rotate.set_defaults(run=client_rotate_secret)
     listing = client.add_parser("list", help="list clients")
     listing.set_defaults(run=client_list)
     show = client.add_parser("show", help="show one client")
-    show.add_argument("client_id")
+    show.add_argument("client_id", help="the client's id")
     show.set_defaults(run=client_show)
     remove = client.add_parser("remove", help="remove a client")
-    remove.add_argument("client_id")
+    remove.add_argument("client_id", help="the client's id")
     remove.set_defaults(run=client_remove)

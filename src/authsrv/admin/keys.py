@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from attrs import asdict
 
-from authsrv.admin.common import ACTOR, Console, with_plugin
+from authsrv.admin.common import ACTOR, AdminError, Console, with_plugin
+from authsrv.operations.errors import Conflict
 from authsrv.operations.keys import ADOPTED, KeyOperations
 from authsrv.records import Rotation
 
@@ -33,7 +34,10 @@ async def keys_list(reactor, args, console: Console):
 
 async def keys_rotate(reactor, args, console: Console):
     async def rotate(config, keystore):
-        rotation = await KeyOperations(keystore=keystore, clock=reactor).rotate(actor=ACTOR, force=args.force)
+        try:
+            rotation = await KeyOperations(keystore=keystore, clock=reactor).rotate(actor=ACTOR, force=args.force)
+        except Conflict as e:
+            raise AdminError(e.message.replace("with force", "with --force")) from None
         _print_keys(rotation.keys, args, console)
         console.err(_rotation_outcome(rotation))
 

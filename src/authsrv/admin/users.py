@@ -49,6 +49,7 @@ async def user_add(reactor, args, console: Console):
 
 async def user_passwd(reactor, args, console: Console):
     async def change(users):
+        await users.find(args.login)  # before asking for a password, as add checks the login first
         await users.set_password(args.login, read_password(args, console), actor=ACTOR)
         console.out(f"password of {args.login} changed")
 
@@ -124,43 +125,47 @@ async def user_reset_factors(reactor, args, console: Console):
             await identity.close()
 
 
+LOGIN_HELP = "the name the user signs in with"
+USER_HELP = "the user's id (sub) or login"
+
+
 def register(commands) -> None:
     """Add C{user add|passwd|disable|enable|remove|list|show} and C{hash-password} to the top-level subparsers."""
     user = commands.add_parser("user", help="users of the static users file or of PostgreSQL").add_subparsers(
         dest="user_command", required=True, metavar="ACTION"
     )
     add = user.add_parser("add", help="add a user; asks for the password")
-    add.add_argument("login")
+    add.add_argument("login", help=LOGIN_HELP)
     add.add_argument("--sub", help="stable user id (default: a random UUID)")
-    add.add_argument("--name")
-    add.add_argument("--email")
-    add.add_argument("--email-verified", action="store_true")
+    add.add_argument("--name", help="shown to relying parties (the name claim)")
+    add.add_argument("--email", help="the email claim")
+    add.add_argument("--email-verified", action="store_true", help="the email address was verified")
     add.add_argument("--picture", help="http(s) URL of a picture, at most 2048 characters")
     add.add_argument("--chat-user-id", help="linked chat-platform user id")
     add.add_argument("--password-stdin", action="store_true", help="read the password from standard input")
     add.set_defaults(run=user_add)
     passwd = user.add_parser("passwd", help="set a user's password; asks for it")
-    passwd.add_argument("login")
+    passwd.add_argument("login", help=USER_HELP)
     passwd.add_argument("--password-stdin", action="store_true", help="read the password from standard input")
     passwd.set_defaults(run=user_passwd)
     disable = user.add_parser("disable", help="disable a user (counts as banned)")
-    disable.add_argument("login")
+    disable.add_argument("login", help=USER_HELP)
     disable.add_argument("--reason", required=True, help="reported as banReason")
     disable.set_defaults(run=user_disable)
     enable = user.add_parser("enable", help="enable a disabled user")
-    enable.add_argument("login")
+    enable.add_argument("login", help=USER_HELP)
     enable.set_defaults(run=user_enable)
     remove = user.add_parser("remove", help="remove a user and their password")
-    remove.add_argument("login")
+    remove.add_argument("login", help=USER_HELP)
     remove.set_defaults(run=user_remove)
     user.add_parser("list", help="list users, ordered by login").set_defaults(run=user_list)
     show = user.add_parser("show", help="show one user")
-    show.add_argument("login")
+    show.add_argument("login", help=USER_HELP)
     show.set_defaults(run=user_show)
-    reset = user.add_parser("reset-factors", help="remove a user's second factors (TOTP, recovery codes)")
+    reset = user.add_parser("reset-factors", help="remove a user's second factors (TOTP, recovery codes, passkeys)")
     reset.add_argument("user", help="the user's id or login")
     reset.set_defaults(run=user_reset_factors)
 
     hasher = commands.add_parser("hash-password", help="print an argon2id hash for a users file")
-    hasher.add_argument("--password-stdin", action="store_true")
+    hasher.add_argument("--password-stdin", action="store_true", help="read the password from standard input")
     hasher.set_defaults(run=hash_password_command)

@@ -30,7 +30,7 @@ JWKS_MAX = 16 * 1024
 EDITABLE = (
     "name", "redirect_uris", "post_logout_redirect_uris", "backchannel_logout_uri", "first_party",
     "end_session_enabled", "introspect_any", "resources", "audiences", "grant_types", "refresh_grace", "rate_limit",
-    "require_pushed_authorization_requests", "profile", "dpop_bound_access_tokens",
+    "require_mfa", "require_pushed_authorization_requests", "profile", "dpop_bound_access_tokens",
     *SETTINGS,
     "token_endpoint_auth_method", "jwks", "jwks_uri", "scopes",
 )
@@ -181,6 +181,7 @@ _CHECKS = {
     "grant_types": _grant_types,
     "refresh_grace": _grace,
     "rate_limit": _rate,
+    "require_mfa": _flag,
     "require_pushed_authorization_requests": _flag,
     "dpop_bound_access_tokens": _flag,
     "profile": _profile,

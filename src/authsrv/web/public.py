@@ -760,7 +760,22 @@ class PublicSite:
 
     @app.handle_errors(MethodNotAllowed)
     def wrong_method(self, request, failure):
-        return _wrong_method(request, ", ".join(failure.value.valid_methods or ()).encode())
+        """405 naming the methods, unless the endpoint is an optional one that is off: 404, whatever the method."""
+        return self._switched_off(request) or _wrong_method(
+            request, ", ".join(failure.value.valid_methods or ()).encode())
+
+    def _switched_off(self, request) -> bytes | None:
+        """The 404 its other methods answer, when C{request}'s path is an optional endpoint that is off."""
+        path = request.path.decode("latin-1")
+        flows = self._flows
+        registering = path == REGISTER_PATH or path.startswith(REGISTER_PATH + "/")
+        if (path == ISSUER_PATH + "/oauth2/par" and flows.pushed is None
+                or path == ISSUER_PATH + "/oauth2/device-authorization" and flows.device is None
+                or registering and flows.registration is None):
+            return self.not_found(request, None)
+        if path == ISSUER_PATH + "/device" and flows.device_verification is None:
+            return error_page(request, 404, "Not available", "This service does not connect devices.")
+        return None
 
     @app.handle_errors(Exception)
     def failed(self, request, failure):
