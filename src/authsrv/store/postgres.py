@@ -91,7 +91,7 @@ from authsrv.store.errors import AlreadyExists, AlreadyLinked, StoreUnavailable
 from authsrv.store.observer import Observer, watched
 from authsrv.store.rows import (
     POSTGRES, Lookup, Rows, access_lookup, access_state_sql, ban_of, client_grant, factors_of, import_statements,
-    refresh_lookup, scope_text, tables, token_lookups, unencodable,
+    issuable, refresh_lookup, scope_text, tables, token_lookups, unencodable,
 )
 
 COMPONENT = "store"
@@ -1034,9 +1034,7 @@ _ROTATE = Prepared("authsrv_rotate_refresh",
     "WITH rotated AS ("
     " UPDATE refresh_tokens SET consumed_at = %(now)s, grace_until = %(grace_until)s, replay = %(replay)s"
     " WHERE token_hash = %(old_hash)s AND consumed_at IS NULL AND expires_at > %(now)s"
-    " AND EXISTS (SELECT 1 FROM grants g"
-    "  WHERE g.grant_id = refresh_tokens.grant_id AND g.revoked_at IS NULL)"
-    " RETURNING grant_id),"
+    f" AND {issuable(POSTGRES, 'refresh_tokens.grant_id')} RETURNING grant_id),"
     f" new_access AS ({_T.access.insert_as('a_', 'rotated')}),"
     f" new_refresh AS ({_T.refresh.insert_as('r_', 'rotated')})"
     " SELECT grant_id FROM rotated"

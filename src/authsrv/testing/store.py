@@ -1398,6 +1398,42 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             assert await store.get_ban(ALICE, NOW + DAY) == longer
 
     @pytest_twisted.ensureDeferred
+    async def test_a_ban_landing_after_the_checks_stops_the_exchange(self):
+        """
+        A ban stored between a code's lookup (which read no ban) and its
+        redemption: the redemption issues nothing and leaves the code as it
+        was, so a ban acts at once however the steps interleave; one that
+        has ended stops nothing.
+        """
+        async with self.store() as store:
+            grant = await start_grant(store, "g1")
+            assert (await store.find_code(h("code-g1"), NOW)).user_ban is None
+            await store.ban_user(Ban(ALICE, "spam", NOW, until=NOW + 30))
+            access, refresh = make_access("access-1", grant), make_refresh("refresh-1", grant)
+            assert await store.redeem_code(h("code-g1"), access, refresh, NOW) == CodeNotFound()
+            assert await store.find_access_token(access.token_hash, NOW) is None
+            assert await store.get_refresh_token(refresh.token_hash) is None
+            assert (await store.get_grant("g1")).revoked_at is None
+            assert await store.redeem_code(h("code-g1"), access, refresh, NOW + 29) == CodeNotFound()
+            assert await store.redeem_code(h("code-g1"), access, refresh, NOW + 30) == CodeRedeemed()
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_ban_landing_after_the_checks_stops_the_rotation(self):
+        async with self.store() as store:
+            grant = await start_grant(store, "g1")
+            _, old = await issue(store, grant, "1")
+            assert (await store.get_refresh_token(old.token_hash)).user_ban is None
+            await store.ban_user(Ban(ALICE, "spam", NOW))
+            new_refresh, new_access = make_refresh("refresh-2", grant), make_access("access-2", grant)
+            assert await store.rotate_refresh(old.token_hash, new_refresh, new_access, b"r", NOW + 10, NOW) == (
+                RefreshNotFound()
+            )
+            assert await store.get_refresh_token(new_refresh.token_hash) is None
+            assert await store.find_access_token(new_access.token_hash, NOW) is None
+            assert (await store.get_refresh_token(old.token_hash)).consumed_at is None
+            assert (await store.get_grant("g1")).revoked_at is None
+
+    @pytest_twisted.ensureDeferred
     async def test_list_bans_in_force(self):
         bans = [
             Ban("carol", "c", NOW),
