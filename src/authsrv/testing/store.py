@@ -1920,6 +1920,76 @@ class StoreConcurrencyConformance(FactorConcurrencyConformance, DeviceConcurrenc
                     assert await second.find_access_token(access.token_hash, NOW) is None
 
     @pytest_twisted.ensureDeferred
+    async def test_a_code_redeemed_by_many_at_once_issues_once_then_nothing(self):
+        """Four redemptions of one code, two on each server: one wins, and the reuse revokes what it issued."""
+        async with self.store_pair() as (first, second):
+            for n in range(self.rounds):
+                grant = await start_grant(first, f"g{n}")
+                tokens = [make_access(f"access-{n}-{k}", grant) for k in range(4)]
+                results = await gatherResults([
+                    (first, second)[k % 2].redeem_code(h(f"code-g{n}"), access, None, NOW)
+                    for k, access in enumerate(tokens)
+                ])
+                assert sorted(type(r).__name__ for r in results) == ["CodeRedeemed"] + ["CodeReused"] * 3
+                assert (await second.get_grant(grant.grant_id)).revoked_at == NOW
+                for access in tokens:
+                    assert await first.find_access_token(access.token_hash, NOW) is None
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_revocation_racing_a_rotation_leaves_no_live_successor(self):
+        async with self.store_pair() as (first, second):
+            for n in range(self.rounds):
+                grant = await start_grant(first, f"g{n}")
+                _, old = await issue(first, grant, f"{n}")
+                successor, access = make_refresh(f"refresh-{n}-next", grant), make_access(f"access-{n}-next", grant)
+                revoked, _ = await gatherResults([
+                    first.revoke_token(old.token_hash, CLIENT, NOW),
+                    second.rotate_refresh(old.token_hash, successor, access, b"r", NOW + 10, NOW),
+                ])
+                assert revoked == RevokedRefresh(grant.grant_id)
+                assert (await second.get_grant(grant.grant_id)).revoked_at == NOW
+                assert await first.find_access_token(access.token_hash, NOW) is None
+                found = await second.get_refresh_token(successor.token_hash)
+                assert found is None or found.revoked is True
+                assert await first.rotate_refresh(
+                    successor.token_hash, make_refresh(f"refresh-{n}-3", grant), make_access(f"access-{n}-3", grant),
+                    b"3", NOW + 10, NOW,
+                ) == RefreshNotFound()
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_client_removed_while_its_code_is_redeemed_keeps_no_token(self):
+        async with self.store_pair() as (first, second):
+            for n in range(self.rounds):
+                client_id = f"leaving-{n}"
+                grant = await start_grant(first, f"g{n}", client_id=client_id)
+                access, refresh = make_access(f"access-{n}", grant), make_refresh(f"refresh-{n}", grant)
+                removed, redeemed = await gatherResults([
+                    first.remove_client(client_id),
+                    second.redeem_code(h(f"code-g{n}"), access, refresh, NOW),
+                ])
+                assert removed is True
+                assert redeemed in (CodeRedeemed(), CodeNotFound())
+                assert await first.find_access_token(access.token_hash, NOW) is None
+                assert await second.get_refresh_token(refresh.token_hash) is None
+                assert await second.get_grant(grant.grant_id) is None
+
+    @pytest_twisted.ensureDeferred
+    async def test_racing_links_of_one_user_keep_one(self):
+        """Two link callbacks of one user at once, with two chat accounts: the user keeps one link."""
+        async with self.store_pair() as (first, second):
+            for n in range(self.rounds):
+                sub = f"linker-{n}"
+                await gatherResults([
+                    store.link_account(make_linked(f"acct-{n}-{side}", sub=sub, provider_user_id=f"chat-{n}-{side}"))
+                    for side, store in (("a", first), ("b", second))
+                ])
+                kept = await second.get_linked_account(sub, "discord")
+                other = "b" if kept.provider_user_id == f"chat-{n}-a" else "a"
+                assert kept.provider_user_id in (f"chat-{n}-a", f"chat-{n}-b")
+                assert await first.linked_sub("discord", kept.provider_user_id) == sub
+                assert await first.linked_sub("discord", f"chat-{n}-{other}") is None
+
+    @pytest_twisted.ensureDeferred
     async def test_racing_consents_add_up_and_never_undo_a_revoke(self):
         """
         Consents saved at once by two servers both count, and a revoke
