@@ -550,19 +550,17 @@ class InteractionFlow:
         if max_age_passed(request, session, now) and session.auth_time < interaction.created_at:
             return await self._approved_then_sign_in(client, request, session, browser, address, now)
         location = await self._issue_code(client, request, session, now, address)
-        await self._remember_consent(session.sub, client.client_id, request.scope, now)
+        await self._remember_consent(session.sub, client, request.scope, now)
         return Redirect(location, 303)
 
     async def _approved_then_sign_in(self, client: Client, request: AuthorizationRequest, session: BrowserSession,
                                      browser: Browser, address: str, now: int) -> Redirect:
         """
         An approval given once max_age passed: remembered (for a client the
-        store still holds, as L{_issue_code} checks for its code), then the
-        same request waits for a sign-in again, without prompt=consent.
+        store still holds, L{_remember_consent}), then the same request
+        waits for a sign-in again, without prompt=consent.
         """
-        if client.stored and await self._store.get_client(client.client_id) is None:
-            raise unknown_client()  # removed since this instance cached it
-        await self._remember_consent(session.sub, client.client_id, request.scope, now)
+        await self._remember_consent(session.sub, client, request.scope, now)
         again = attrs.evolve(request, prompt=request.prompt - {"consent"})
         return await self._wait(again, LOGIN_STAGE, None, browser, now, address)
 
@@ -808,10 +806,17 @@ class InteractionFlow:
             username=username, message=message, retry_after=retry_after,
         )
 
-    async def _remember_consent(self, sub: str, client_id: str, scope, now: int) -> None:
-        """Add C{scope} to what the user consented to for the client, until revoked (the store merges)."""
-        granted = await self._store.save_consent(sub, client_id, scope, now)
-        events.consent_given(sub=sub, client_id=client_id, scope=" ".join(sorted(granted)))
+    async def _remember_consent(self, sub: str, client: Client, scope, now: int) -> None:
+        """
+        Add C{scope} to what the user consented to for the client, until
+        revoked (the store merges); none is kept for a client the store no
+        longer holds, which gets the unknown-client page (docs/design.md,
+        Removed clients).
+        """
+        granted = await self._store.save_consent(sub, client.client_id, scope, now, stored_client=client.stored)
+        if granted is None:
+            raise unknown_client()  # removed since this instance cached it
+        events.consent_given(sub=sub, client_id=client.client_id, scope=" ".join(sorted(granted)))
 
     async def _issue_code(self, client: Client, request: AuthorizationRequest, session: BrowserSession,
                           now: int, address: str, *, ending: bool = True) -> str:

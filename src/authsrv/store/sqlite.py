@@ -559,8 +559,11 @@ class SQLiteStore:
             ]
         )
 
-    def save_consent(self, sub, client_id, scope, now):
+    def save_consent(self, sub, client_id, scope, now, stored_client=True):
         def merge(db):
+            stored = db.execute("SELECT 1 FROM clients WHERE client_id = ?", (client_id,)).fetchone()
+            if stored_client and stored is None:
+                return None
             row = db.execute("SELECT scope FROM consents WHERE sub = ? AND client_id = ?", (sub, client_id)).fetchone()
             merged = frozenset(scope) | (frozenset(row["scope"].split()) if row is not None else frozenset())
             db.execute("INSERT OR REPLACE INTO consents (sub, client_id, scope, created_at) VALUES (?, ?, ?, ?)",

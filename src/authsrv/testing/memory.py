@@ -520,7 +520,9 @@ class MemoryStore:
         return sorted({grant.client_id for grant in self.tables.grants.values() if grant.sid == sid})
 
     @_answered
-    def save_consent(self, sub, client_id, scope, now):
+    def save_consent(self, sub, client_id, scope, now, stored_client=True):
+        if stored_client and client_id not in self.tables.clients:
+            return None
         earlier = self.tables.consents.get((sub, client_id))
         merged = frozenset(scope) | (earlier.scope if earlier is not None else frozenset())
         self.tables.consents[sub, client_id] = Consent(sub, client_id, merged, now)

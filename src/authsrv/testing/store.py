@@ -1342,6 +1342,17 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             assert await store.get_consent(ALICE, OTHER_CLIENT) == frozenset()
 
     @pytest_twisted.ensureDeferred
+    async def test_no_consent_is_kept_for_a_client_removed_meanwhile(self):
+        """Unless the client is one never stored (described by its metadata document)."""
+        async with self.store() as store:
+            assert await store.remove_client(OTHER_CLIENT) is True
+            assert await store.save_consent(ALICE, OTHER_CLIENT, {"openid"}, NOW) is None
+            assert await store.get_consent(ALICE, OTHER_CLIENT) is None
+            unlisted = "https://app.example/client.json"
+            assert await store.save_consent(ALICE, unlisted, {"openid"}, NOW, stored_client=False) == {"openid"}
+            assert await store.get_consent(ALICE, unlisted) == frozenset({"openid"})
+
+    @pytest_twisted.ensureDeferred
     async def test_a_saved_consent_adds_to_the_stored_one_and_a_revoke_ends_it(self):
         """
         The store merges (the flow never reads then writes back), so the
@@ -1992,6 +2003,18 @@ class StoreConcurrencyConformance(FactorConcurrencyConformance, DeviceConcurrenc
                 assert await first.find_access_token(access.token_hash, NOW) is None
                 assert await second.get_refresh_token(successor.token_hash) is None
                 assert await second.get_refresh_token(old.token_hash) is None
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_client_removed_while_a_consent_is_saved_keeps_none(self):
+        async with self.store_pair() as (first, second):
+            for n in range(self.removal_rounds):
+                client_id = f"leaving-{n}"
+                await add_clients(first, (client_id,))
+                removed, saved = await gatherResults([
+                    first.remove_client(client_id), second.save_consent(ALICE, client_id, {"openid"}, NOW),
+                ])
+                assert removed is True and saved in (None, {"openid"})
+                assert await second.get_consent(ALICE, client_id) is None
 
     @pytest_twisted.ensureDeferred
     async def test_racing_links_of_one_user_keep_one(self):
