@@ -2017,6 +2017,41 @@ class StoreConcurrencyConformance(FactorConcurrencyConformance, DeviceConcurrenc
                 assert await second.get_consent(ALICE, client_id) is None
 
     @pytest_twisted.ensureDeferred
+    async def test_a_client_removed_while_its_user_grants_are_revoked(self):
+        """Both end several grants at once, each locking them in its own order."""
+        async with self.store_pair() as (first, second):
+            for n in range(self.removal_rounds):
+                client_id, sub = f"leaving-{n}", f"user-{n}"
+                grants = [await start_grant(first, f"g{n}-{k}", sub=sub, client_id=client_id) for k in range(4)]
+                grants += [await start_grant(first, f"g{n}-other", sub=sub)]
+                removed, revoked = await gatherResults([
+                    first.remove_client(client_id), second.revoke_user_grants(sub, NOW),
+                ])
+                assert removed is True and 1 <= revoked <= 5
+                assert [await second.get_grant(g.grant_id) for g in grants[:4]] == [None] * 4
+                assert (await second.get_grant(grants[4].grant_id)).revoked_at == NOW
+
+    @pytest_twisted.ensureDeferred
+    async def test_once_a_ban_beside_an_exchange_answers_nothing_more_is_issued(self):
+        async with self.store_pair() as (first, second):
+            for n in range(self.rounds):
+                sub = f"banned-{n}"
+                grant, later = await start_grant(first, f"g{n}", sub=sub), await start_grant(first, f"g{n}-2", sub=sub)
+                refresh = make_refresh(f"refresh-{n}", grant)
+                _, redeemed = await gatherResults([
+                    first.ban_user(Ban(sub, "spam", NOW)),
+                    second.redeem_code(h(f"code-g{n}"), make_access(f"access-{n}", grant), refresh, NOW),
+                ])
+                assert redeemed in (CodeRedeemed(), CodeNotFound())
+                assert await second.redeem_code(h(f"code-g{n}-2"), make_access(f"access-{n}-2", later), None, NOW) == (
+                    CodeNotFound()
+                )
+                assert await second.rotate_refresh(
+                    refresh.token_hash, make_refresh(f"refresh-{n}-3", grant), make_access(f"access-{n}-3", grant),
+                    b"3", NOW + 10, NOW,
+                ) == RefreshNotFound()
+
+    @pytest_twisted.ensureDeferred
     async def test_racing_links_of_one_user_keep_one(self):
         """Two link callbacks of one user at once, with two chat accounts: the user keeps one link."""
         async with self.store_pair() as (first, second):
