@@ -116,6 +116,37 @@ def test_refresh_presented_to_both_at_once_keeps_one_chain(instances):
         assert refresh(a.base, successor).status_code == 200
 
 
+def _at_once(calls) -> list:
+    """The answers of C{calls}, each made on its own thread, all let go together."""
+    start = threading.Barrier(len(calls))
+    answers: list = [None] * len(calls)
+
+    def run(index, call):
+        start.wait()
+        answers[index] = call()
+
+    threads = [threading.Thread(target=run, args=pair) for pair in enumerate(calls)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return answers
+
+
+def test_a_code_presented_four_times_at_once_issues_once_then_revokes(instances):
+    """Two presentations at each instance: one answer has tokens, and the reuse ends them at once."""
+    a, b, _ = instances
+    browser = Browser()
+    for _ in range(5):
+        code, verifier = browser.authorize(a.base)
+        answers = _at_once([lambda base=base: exchange(base, code, verifier) for base in (a.base, b.base) * 2])
+        issued = [answer.json() for answer in answers if answer.status_code == 200]
+        assert len(issued) == 1, [answer.text for answer in answers]
+        assert [answer.json()["error"] for answer in answers if answer.status_code != 200] == ["invalid_grant"] * 3
+        assert introspect(b.base, issued[0]["access_token"]).json() == {"active": False}
+        assert refresh(a.base, issued[0]["refresh_token"]).json()["error"] == "invalid_grant"
+
+
 def _login_via_proxy(base: str, client_address: str, password: str) -> int:
     """One sign-in as a trusted proxy on 127.0.0.1 forwards it for C{client_address}: the login POST's status."""
     session = requests.Session()
@@ -155,6 +186,14 @@ async def test_login_failures_count_across_instances_behind_a_trusted_proxy(run_
     statuses = [_login_via_proxy(server.base, attacker, "guess") for server in (a, b, a, b, a, b)]
     assert statuses == [200, 200, 200, 200, 200, 429]
     assert _login_via_proxy(b.base, "198.51.100.5", "alice-password") == 303
+    # Bursts at once, half at each instance: right passwords from the throttled address all wait, and of
+    # eight wrong ones from another address five are checked and counted, so the right one then waits too.
+    both = (a.base, b.base)
+    throttled = _at_once([lambda base=base: _login_via_proxy(base, attacker, "alice-password") for base in both * 3])
+    assert throttled == [429] * 6
+    burst = _at_once([lambda base=base: _login_via_proxy(base, "203.0.113.77", "guess") for base in both * 4])
+    assert sorted(burst) == [200] * 5 + [429] * 3, burst
+    assert _login_via_proxy(a.base, "203.0.113.77", "alice-password") == 429
 
 
 def test_a_dpop_proof_works_once_across_instances(instances):

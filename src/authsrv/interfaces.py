@@ -443,13 +443,16 @@ class IGrantStore(Interface):
         logout when that session ends.
         """
 
-    def save_consent(sub, client_id, scope, now):
+    def save_consent(sub, client_id, scope, now, stored_client=True):
         """
         Add C{scope} to what the user consented to for the client (a new
         consent of just C{scope} when there is none), dated C{now}, in one
         atomic step: a revoke that lands while a consent is being saved is
         never undone by scopes read before it. Fires with the frozenset of
-        scopes the user now consented to.
+        scopes the user now consented to; None, saving nothing, when the
+        client is not stored (removed meanwhile: a client added again under
+        its id asks for consent anew), unless C{stored_client} is false, as
+        for L{IAuthorizationCodeStore.save_code}.
         """
 
     def get_consent(sub, client_id):

@@ -227,6 +227,31 @@ async def test_a_client_removed_while_its_user_consents_gets_neither_code_nor_co
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_client_removed_after_its_code_is_stored_keeps_no_consent(tmp_path, monkeypatch, audit):
+    """The removal lands between the code and the consent: it removed the code's grant, and no consent is kept."""
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        url = await consent_page(browser, ALICE)
+        save_code = h.store.save_code
+
+        async def then_removed(code, grant, stored_client=True):
+            stored = await save_code(code, grant, stored_client)
+            assert await h.store.remove_client(grant.client_id) is True
+            return stored
+
+        h.store.save_code = then_removed
+        response, body = await browser.answer_consent(url, "approve")
+        assert_page(response, body, 400)
+        assert b"The application that sent you here is not known to this service." in body
+        assert await h.store.get_consent(ALICE.sub, "partner") is None
+        assert await h.store.list_user_grants(ALICE.sub, h.now()) == []
+        assert audit.of("consent.given") == []
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_client_removed_while_its_user_consents_past_max_age_gets_no_consent(tmp_path, monkeypatch, audit):
     """
     The approval that leads to a sign-in again (max_age passed) is
@@ -594,9 +619,9 @@ async def test_a_revoke_while_a_consent_is_saved_keeps_the_revoked_scopes_gone(t
         response, _ = await browser.authorize("partner", scope="openid profile")
         save = h.store.save_consent
 
-        async def revoked_first(sub, client_id, scope, now):
+        async def revoked_first(sub, client_id, scope, now, stored_client=True):
             await h.store.revoke_consent(sub, client_id)
-            return await save(sub, client_id, scope, now)
+            return await save(sub, client_id, scope, now, stored_client)
 
         monkeypatch.setattr(h.store, "save_consent", revoked_first)
         response, _ = await browser.answer_consent(location(response), "approve")

@@ -621,6 +621,7 @@ async def test_a_metadata_document_client_signs_in(tmp_path, monkeypatch, docume
         assert query["error"] == "invalid_target", query
         assert server.hits.count(b"/agent.json") == 1, "the document is cached"
         assert await h.store.get_client(url) is None
+        assert await h.store.get_consent(ALICE.sub, url) is not None, "a client never stored keeps its consent"
     finally:
         await h.close()
 

@@ -515,7 +515,8 @@ class InteractionFlow:
             value, session = raised
         # A new session goes to the store with the code (or the consent's interaction).
         answer, *_ = await together(
-            [Deferred.fromCoroutine(self._after_login(client, request, session, browser, now, 303, address)),
+            [Deferred.fromCoroutine(self._after_login(client, request, session, browser, now, 303, address,
+                                                      ending=not created)),
              *created])
         return Redirect(answer.location, answer.status, CookieChanges(session=value, device=answer.cookies.device))
 
@@ -562,19 +563,17 @@ class InteractionFlow:
         if max_age_passed(request, session, now) and session.auth_time < interaction.created_at:
             return await self._approved_then_sign_in(client, request, session, browser, address, now)
         location = await self._issue_code(client, request, session, now, address)
-        await self._remember_consent(session.sub, client.client_id, request.scope, now)
+        await self._remember_consent(session.sub, client, request.scope, now)
         return Redirect(location, 303)
 
     async def _approved_then_sign_in(self, client: Client, request: AuthorizationRequest, session: BrowserSession,
                                      browser: Browser, address: str, now: int) -> Redirect:
         """
         An approval given once max_age passed: remembered (for a client the
-        store still holds, as L{_issue_code} checks for its code), then the
-        same request waits for a sign-in again, without prompt=consent.
+        store still holds, L{_remember_consent}), then the same request
+        waits for a sign-in again, without prompt=consent.
         """
-        if client.stored and await self._store.get_client(client.client_id) is None:
-            raise unknown_client()  # removed since this instance cached it
-        await self._remember_consent(session.sub, client.client_id, request.scope, now)
+        await self._remember_consent(session.sub, client, request.scope, now)
         again = attrs.evolve(request, prompt=request.prompt - {"consent"})
         return await self._wait(again, LOGIN_STAGE, None, browser, now, address)
 
@@ -622,7 +621,7 @@ class InteractionFlow:
         return await self._wait(request, LOGIN_STAGE, None, browser, now, address)
 
     async def _after_login(self, client: Client, request: AuthorizationRequest, session: BrowserSession,
-                           browser: Browser, now: int, status: int, address: str) -> Redirect:
+                           browser: Browser, now: int, status: int, address: str, *, ending: bool = True) -> Redirect:
         """
         With a live session: the consent page or the code; back to the
         service's own page it came from (device verification, the account
@@ -630,7 +629,8 @@ class InteractionFlow:
         named gets login_required instead: the last guard, as the first
         factor already refuses any other user (L{_refused_for_hint}). A
         session whose authentication grew older than max_age while a page
-        was open (an enrolment put off) signs in again first.
+        was open (an enrolment put off) signs in again first. C{ending}:
+        the session was stored before, so it may end meanwhile (L{_issue_code}).
         """
         if request.device:
             return Redirect(request.redirect_uri, 303)
@@ -644,7 +644,7 @@ class InteractionFlow:
         refuse_silently(request, login=False, consent=needed)
         if needed:
             return await self._wait(request, CONSENT_STAGE, session.sid, browser, now)
-        return Redirect(await self._issue_code(client, request, session, now, address), status)
+        return Redirect(await self._issue_code(client, request, session, now, address, ending=ending), status)
 
     def _refused_for_hint(self, client: Client, request: AuthorizationRequest, sub: str, address: str | None,
                           status: int) -> Redirect | None:
@@ -819,18 +819,31 @@ class InteractionFlow:
             username=username, message=message, retry_after=retry_after,
         )
 
-    async def _remember_consent(self, sub: str, client_id: str, scope, now: int) -> None:
-        """Add C{scope} to what the user consented to for the client, until revoked (the store merges)."""
-        granted = await self._store.save_consent(sub, client_id, scope, now)
-        events.consent_given(sub=sub, client_id=client_id, scope=" ".join(sorted(granted)))
+    async def _remember_consent(self, sub: str, client: Client, scope, now: int) -> None:
+        """
+        Add C{scope} to what the user consented to for the client, until
+        revoked (the store merges); none is kept for a client the store no
+        longer holds, which gets the unknown-client page (docs/design.md,
+        Removed clients).
+        """
+        granted = await self._store.save_consent(sub, client.client_id, scope, now, stored_client=client.stored)
+        if granted is None:
+            raise unknown_client()  # removed since this instance cached it
+        events.consent_given(sub=sub, client_id=client.client_id, scope=" ".join(sorted(granted)))
 
     async def _issue_code(self, client: Client, request: AuthorizationRequest, session: BrowserSession,
-                          now: int, address: str) -> str:
+                          now: int, address: str, *, ending: bool = True) -> str:
         """
         Store a new code with the grant it will start, bound to everything the
         request said and to the session's authentication; returns the redirect
         URI carrying it. The code itself is never stored or logged; its audit
-        event names the browser's C{address}.
+        event names the browser's C{address}. With C{ending} (a session
+        stored before this step, which may have ended since it was read),
+        the session is read again once the grant is stored: an end that
+        came between could not name the grant's client in its back-channel
+        logout (it reads the clients from the session's grants), so the
+        code is refused and the browser signed out; an end after the read
+        finds the grant and tells its client.
         """
         code = new_token()
         grant_id = new_token(16)
@@ -854,6 +867,9 @@ class InteractionFlow:
         )
         if stored is False:
             raise unknown_client()  # removed since this instance cached it
+        if ending and await self._store.get_session(session.session_hash, now) is None:
+            await self._store.refuse_code(token_hash(code), now)
+            raise PageError(400, "Signed out", SIGNED_OUT)
         events.code_issued(sub=session.sub, client_id=request.client_id, grant_id=grant_id, session_id=session.sid,
                            address=address)
         return code_location(self._issuer, request, code)

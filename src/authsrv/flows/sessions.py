@@ -50,12 +50,16 @@ async def step_up_session(store, session: BrowserSession, amr: tuple[str, ...], 
     authenticated again now by C{amr} at C{acr}, under a new cookie value:
     a raised session never keeps the cookie it had before. None when the
     session ended since it was read (signed out elsewhere): it stays ended.
+    The raised session is stored before the old one ends, so an operator
+    ending the user's sessions between the two steps ends it too, or the
+    old one first, which this finds gone, and it then ends the raised one.
     """
     value = new_token()
     raised = attrs.evolve(session, session_hash=token_hash(value), auth_time=now, amr=amr, acr=acr)
-    if await store.end_session(session.session_hash) is None:
-        return None
     await store.create_session(raised)
+    if await store.end_session(session.session_hash) is None:
+        await store.end_session(raised.session_hash)
+        return None
     return value, raised
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from attrs import frozen
 
 from authsrv.records import NOT_READ, AuthorizationCode, Ban, Grant, NotRead
-from authsrv.store.rows import GRANT_PREFIX, Dialect, Lookup, Tables, ban_of, lookup
+from authsrv.store.rows import GRANT_PREFIX, Dialect, Lookup, Tables, ban_of, issuable, lookup
 
 
 @frozen
@@ -82,7 +82,7 @@ class Statements:
     find: Lookup[str]
     """The code with its grant (under L{GRANT_PREFIX})."""
     redeem: str
-    """Mark the code used if it is unused, unexpired and its grant live."""
+    """Mark the code used if it is unused, unexpired and its grant issuable (L{issuable})."""
     used: str
     """The grant of the code if it was used."""
     refuse: str
@@ -103,10 +103,8 @@ def statements(tables: Tables, dialect: Dialect) -> Statements:
         find=find_lookup(tables, dialect, "= " + marks["hash"]),
         redeem=(
             "UPDATE authorization_codes SET used_at = {now}"
-            " WHERE code_hash = {hash} AND used_at IS NULL AND expires_at > {now}"
-            " AND EXISTS (SELECT 1 FROM grants g"
-            "  WHERE g.grant_id = authorization_codes.grant_id AND g.revoked_at IS NULL)"
-        ).format(**marks),
+            " WHERE code_hash = {hash} AND used_at IS NULL AND expires_at > {now} AND "
+        ).format(**marks) + issuable(dialect, "authorization_codes.grant_id"),
         used="SELECT grant_id FROM authorization_codes WHERE code_hash = {hash} AND used_at IS NOT NULL".format(
             **marks
         ),

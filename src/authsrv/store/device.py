@@ -30,7 +30,7 @@ from authsrv.records import (
     DeviceAuthorization,
     DevicePoll,
 )
-from authsrv.store.rows import Dialect, client_exists
+from authsrv.store.rows import Dialect, client_exists, issuable
 
 
 def poll(device: DeviceAuthorization | None, client_id: str, slow_down: int,
@@ -85,7 +85,7 @@ class Statements:
     write: str
     """Write back what L{poll} changed."""
     redeem: str
-    """Redeem an approved, unexpired request whose grant is live (L{redeeming}); returns its grant."""
+    """Redeem an approved, unexpired request whose grant is issuable (L{redeeming}); returns its grant."""
     redeemed: str
     """The grant of a redeemed request (L{redeeming})."""
 
@@ -110,11 +110,8 @@ def statements(dialect: Dialect, lock: str = "") -> Statements:
         ).format(**marks),
         redeem=(
             "UPDATE device_authorizations SET status = {redeemed}, polled_at = {now}"
-            " WHERE device_code_hash = {hash} AND status = {approved} AND expires_at > {now}"
-            " AND EXISTS (SELECT 1 FROM grants g"
-            "  WHERE g.grant_id = device_authorizations.grant_id AND g.revoked_at IS NULL)"
-            " RETURNING grant_id"
-        ).format(**marks),
+            " WHERE device_code_hash = {hash} AND status = {approved} AND expires_at > {now} AND "
+        ).format(**marks) + issuable(dialect, "device_authorizations.grant_id") + " RETURNING grant_id",
         redeemed=(
             "SELECT grant_id FROM device_authorizations WHERE device_code_hash = {hash} AND status = {redeemed}"
         ).format(**marks),

@@ -90,8 +90,8 @@ from authsrv.store.codes import CodeNotFound, CodeRedeemed, CodeReused
 from authsrv.store.errors import AlreadyExists, AlreadyLinked, StoreUnavailable
 from authsrv.store.observer import Observer, watched
 from authsrv.store.rows import (
-    POSTGRES, Lookup, Rows, access_lookup, access_state_sql, ban_of, client_grant, factors_of, import_statements,
-    refresh_lookup, scope_text, tables, token_lookups, unencodable,
+    POSTGRES, Lookup, Rows, access_lookup, access_state_sql, ban_of, client_exists, client_grant, factors_of,
+    import_statements, issuable, refresh_lookup, scope_text, tables, token_lookups, unencodable,
 )
 
 COMPONENT = "store"
@@ -651,18 +651,20 @@ class PostgresStore:
 
         return self._run("session_clients", clients)
 
-    def save_consent(self, sub, client_id, scope, now):
+    def save_consent(self, sub, client_id, scope, now, stored_client=True):
         # The union is taken on the locked row in the upsert itself: a revoke is never undone by an earlier read.
+        # The client's row is locked as for a grant (client_exists), so a removal beside it removes it or waits.
         return self._run("save_consent", first,
             "INSERT INTO consents AS c (sub, client_id, scope, created_at)"
-            " VALUES (%(sub)s, %(client_id)s, %(scope)s, %(now)s)"
+            " SELECT %(sub)s, %(client_id)s, %(scope)s, %(now)s"
+            + (f" WHERE {client_exists(POSTGRES, '%(client_id)s')}" if stored_client else "") +
             " ON CONFLICT (sub, client_id) DO UPDATE SET created_at = EXCLUDED.created_at, scope = ("
             "SELECT coalesce(string_agg(word, ' ' ORDER BY word COLLATE \"C\"), '') FROM ("
             "SELECT DISTINCT unnest(string_to_array(c.scope || ' ' || EXCLUDED.scope, ' ')) AS word) AS words"
             " WHERE word <> '')"
             " RETURNING scope",
             {"sub": sub, "client_id": client_id, "scope": scope_text(scope), "now": now},
-        ).addCallback(lambda row: frozenset(row["scope"].split()))
+        ).addCallback(lambda row: None if row is None else frozenset(row["scope"].split()))
 
     def get_consent(self, sub, client_id):
         return self._lookup("get_consent",
@@ -1034,9 +1036,7 @@ _ROTATE = Prepared("authsrv_rotate_refresh",
     "WITH rotated AS ("
     " UPDATE refresh_tokens SET consumed_at = %(now)s, grace_until = %(grace_until)s, replay = %(replay)s"
     " WHERE token_hash = %(old_hash)s AND consumed_at IS NULL AND expires_at > %(now)s"
-    " AND EXISTS (SELECT 1 FROM grants g"
-    "  WHERE g.grant_id = refresh_tokens.grant_id AND g.revoked_at IS NULL)"
-    " RETURNING grant_id),"
+    f" AND {issuable(POSTGRES, 'refresh_tokens.grant_id')} RETURNING grant_id),"
     f" new_access AS ({_T.access.insert_as('a_', 'rotated')}),"
     f" new_refresh AS ({_T.refresh.insert_as('r_', 'rotated')})"
     " SELECT grant_id FROM rotated"

@@ -284,6 +284,25 @@ def client_exists(dialect: Dialect, client_id: str) -> str:
     return f"EXISTS (SELECT 1 FROM clients c WHERE c.client_id = {client_id}{dialect.key_share})"
 
 
+def issuable(dialect: Dialect, grant_id: str) -> str:
+    """
+    Whether the grant C{grant_id} (a column) may be issued tokens at
+    C{now}: not revoked, and its user not banned. Checked in the statement
+    that issues, so a ban stored after the flow read none still stops it
+    (docs/design.md, Bans: a ban takes effect everywhere at once). Where
+    transactions run beside each other the grant's row is locked here,
+    before the issuing statement locks its own row: a client's removal,
+    which locks the grant and then deletes that row with it, is then
+    waited for (or waits) whole, never each waiting for the other.
+    """
+    now = dialect.mark.format("now")
+    return (
+        f"EXISTS (SELECT 1 FROM grants g WHERE g.grant_id = {grant_id} AND g.revoked_at IS NULL"
+        f" AND NOT EXISTS (SELECT 1 FROM bans b WHERE b.sub = g.sub AND (b.until IS NULL OR b.until > {now}))"
+        f"{dialect.key_share})"
+    )
+
+
 def client_grant(tables: "Tables", dialect: Dialect, prefix: str = "") -> str:
     """
     The INSERT of a new grant (parameters named C{prefix} + field) that

@@ -60,8 +60,8 @@ from authsrv.store.codes import CodeNotFound, CodeRedeemed, CodeReused
 from authsrv.store.errors import AlreadyExists, AlreadyLinked, StoreUnavailable
 from authsrv.store.observer import Observer, watched
 from authsrv.store.rows import (
-    SQLITE, Rows, access_state_sql, ban_of, client_grant, factors_of, import_statements, scope_text, tables,
-    token_lookups, unencodable,
+    SQLITE, Rows, access_state_sql, ban_of, client_grant, factors_of, import_statements, issuable, scope_text,
+    tables, token_lookups, unencodable,
 )
 from authsrv.store.sqlite_worker import SQLiteWorker
 
@@ -560,8 +560,11 @@ class SQLiteStore:
             ]
         )
 
-    def save_consent(self, sub, client_id, scope, now):
+    def save_consent(self, sub, client_id, scope, now, stored_client=True):
         def merge(db):
+            stored = db.execute("SELECT 1 FROM clients WHERE client_id = ?", (client_id,)).fetchone()
+            if stored_client and stored is None:
+                return None
             row = db.execute("SELECT scope FROM consents WHERE sub = ? AND client_id = ?", (sub, client_id)).fetchone()
             merged = frozenset(scope) | (frozenset(row["scope"].split()) if row is not None else frozenset())
             db.execute("INSERT OR REPLACE INTO consents (sub, client_id, scope, created_at) VALUES (?, ?, ?, ?)",
@@ -895,28 +898,29 @@ def _issue_tokens(db, access, refresh):
         db.execute(_T.refresh.insert, _T.refresh.params(refresh))
 
 
+_ROTATE = (
+    "UPDATE refresh_tokens SET consumed_at = :now, grace_until = :grace_until, replay = :replay"
+    " WHERE token_hash = :old_hash AND consumed_at IS NULL AND expires_at > :now"
+    f" AND {issuable(SQLITE, 'refresh_tokens.grant_id')} RETURNING grant_id"
+)
+
+
 def _rotate_refresh(db, old_hash, new_refresh, new_access, replay, grace_until, now):
     rotated = _first(
-        db.execute(
-            "UPDATE refresh_tokens SET consumed_at = ?, grace_until = ?, replay = ?"
-            " WHERE token_hash = ? AND consumed_at IS NULL AND expires_at > ?"
-            " AND EXISTS (SELECT 1 FROM grants g"
-            "  WHERE g.grant_id = refresh_tokens.grant_id AND g.revoked_at IS NULL)"
-            " RETURNING grant_id",
-            (now, grace_until, replay, old_hash, now),
-        )
+        db.execute(_ROTATE, {"now": now, "grace_until": grace_until, "replay": replay, "old_hash": old_hash})
     )
     if rotated is not None:
         _issue_tokens(db, new_access, new_refresh)
         return Rotated()
     old = db.execute(
-        "SELECT r.grant_id, r.expires_at, r.grace_until, r.replay, g.revoked_at"
+        "SELECT r.grant_id, r.expires_at, r.consumed_at, r.grace_until, r.replay, g.revoked_at"
         " FROM refresh_tokens r JOIN grants g ON g.grant_id = r.grant_id WHERE r.token_hash = ?",
         (old_hash,),
     ).fetchone()
-    if old is None or old["revoked_at"] is not None or old["expires_at"] <= now:
+    # Unconsumed yet not rotated just now: its user is banned.
+    if old is None or old["revoked_at"] is not None or old["expires_at"] <= now or old["consumed_at"] is None:
         return RefreshNotFound()
-    # Live, unexpired, yet not rotated just now: it was consumed before.
+    # Live, unexpired, consumed before.
     if old["replay"] is not None and now < old["grace_until"]:
         return Replayed(old["replay"])
     db.execute(_REVOKE_GRANT, (now, old["grant_id"]))

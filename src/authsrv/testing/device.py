@@ -28,6 +28,7 @@ from authsrv.records import (
     LOGIN_STAGE,
     AccessToken,
     AuthorizationRequest,
+    Ban,
     DeviceAuthorization,
     DevicePoll,
     Grant,
@@ -159,6 +160,21 @@ class DeviceStoreConformance:
             for access in (first, again):
                 assert await store.find_access_token(access.token_hash, NOW + 2) is None
             assert await store.get_refresh_token(refresh.token_hash) is None
+
+    @pytest_twisted.ensureDeferred
+    async def test_device_of_a_user_banned_after_approval_is_not_redeemed(self):
+        """A ban stored after the poll that found the request approved: the redemption issues nothing."""
+        async with self.store() as store:
+            tv, grant = await approved(store)
+            assert (await store.poll_device_authorization(tv.device_code_hash, TV, SLOW_DOWN, NOW + 5)).outcome == \
+                POLL_APPROVED
+            await store.ban_user(Ban(ALICE, "spam", NOW))
+            access, refresh = device_access("access-a", grant), device_refresh("refresh-a", grant)
+            assert await store.redeem_device_authorization(tv.device_code_hash, access, refresh, NOW + 5) == \
+                POLL_UNKNOWN
+            assert await store.find_access_token(access.token_hash, NOW + 5) is None
+            assert await store.get_refresh_token(refresh.token_hash) is None
+            assert (await store.find_device_authorization(tv.user_code_hash, NOW + 5)).status == DEVICE_APPROVED
 
     @pytest_twisted.ensureDeferred
     async def test_device_not_redeemable_is_left_as_it_is(self):

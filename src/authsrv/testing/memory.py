@@ -311,7 +311,7 @@ class MemoryStore:
         if code_hash in self.tables.code_used_at:
             self._revoke_grant(code.grant_id, now)
             return CodeReused(code.grant_id)
-        if code.expires_at <= now or not self._live_grant(code.grant_id):
+        if code.expires_at <= now or not self._issuable(code.grant_id, now):
             return CodeNotFound()
         self._issue(access, refresh)
         self.tables.code_used_at[code_hash] = now
@@ -362,7 +362,7 @@ class MemoryStore:
             self._revoke_grant(device.grant_id, now)
             return POLL_REUSED
         if (device is None or device.status != DEVICE_APPROVED or device.expires_at <= now
-                or not self._live_grant(device.grant_id)):
+                or not self._issuable(device.grant_id, now)):
             return POLL_UNKNOWN
         self._issue(access, refresh)
         self.tables.devices[device_code_hash] = attrs.evolve(device, status=DEVICE_REDEEMED, polled_at=now)
@@ -416,6 +416,13 @@ class MemoryStore:
         grant = self.tables.grants.get(grant_id)
         return grant is not None and grant.revoked_at is None
 
+    def _issuable(self, grant_id, now) -> bool:
+        """As L{authsrv.store.rows.issuable}: a live grant whose user is not banned at C{now}."""
+        if not self._live_grant(grant_id):
+            return False
+        ban = self.tables.bans.get(self.tables.grants[grant_id].sub)
+        return ban is None or not ban.in_force(now)
+
     @_answered
     def find_access_token(self, token_hash, now, link_provider=None):
         access = self.tables.access.get(token_hash)
@@ -449,6 +456,8 @@ class MemoryStore:
         if old is None or old.expires_at <= now or not self._live_grant(old.grant_id):
             return RefreshNotFound()
         if old.consumed_at is None:
+            if not self._issuable(old.grant_id, now):
+                return RefreshNotFound()
             self._issue(new_access, new_refresh)
             self.tables.refresh[old_hash] = attrs.evolve(
                 old, consumed_at=now, grace_until=grace_until, replay=replay
@@ -518,7 +527,9 @@ class MemoryStore:
         return sorted({grant.client_id for grant in self.tables.grants.values() if grant.sid == sid})
 
     @_answered
-    def save_consent(self, sub, client_id, scope, now):
+    def save_consent(self, sub, client_id, scope, now, stored_client=True):
+        if stored_client and client_id not in self.tables.clients:
+            return None
         earlier = self.tables.consents.get((sub, client_id))
         merged = frozenset(scope) | (earlier.scope if earlier is not None else frozenset())
         self.tables.consents[sub, client_id] = Consent(sub, client_id, merged, now)

@@ -1356,6 +1356,17 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             assert await store.get_consent(ALICE, OTHER_CLIENT) == frozenset()
 
     @pytest_twisted.ensureDeferred
+    async def test_no_consent_is_kept_for_a_client_removed_meanwhile(self):
+        """Unless the client is one never stored (described by its metadata document)."""
+        async with self.store() as store:
+            assert await store.remove_client(OTHER_CLIENT) is True
+            assert await store.save_consent(ALICE, OTHER_CLIENT, {"openid"}, NOW) is None
+            assert await store.get_consent(ALICE, OTHER_CLIENT) is None
+            unlisted = "https://app.example/client.json"
+            assert await store.save_consent(ALICE, unlisted, {"openid"}, NOW, stored_client=False) == {"openid"}
+            assert await store.get_consent(ALICE, unlisted) == frozenset({"openid"})
+
+    @pytest_twisted.ensureDeferred
     async def test_a_saved_consent_adds_to_the_stored_one_and_a_revoke_ends_it(self):
         """
         The store merges (the flow never reads then writes back), so the
@@ -1410,6 +1421,42 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             longer = Ban(ALICE, "again", NOW + 1, until=NOW + 2 * DAY)
             await store.ban_user(longer)
             assert await store.get_ban(ALICE, NOW + DAY) == longer
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_ban_landing_after_the_checks_stops_the_exchange(self):
+        """
+        A ban stored between a code's lookup (which read no ban) and its
+        redemption: the redemption issues nothing and leaves the code as it
+        was, so a ban acts at once however the steps interleave; one that
+        has ended stops nothing.
+        """
+        async with self.store() as store:
+            grant = await start_grant(store, "g1")
+            assert (await store.find_code(h("code-g1"), NOW)).user_ban is None
+            await store.ban_user(Ban(ALICE, "spam", NOW, until=NOW + 30))
+            access, refresh = make_access("access-1", grant), make_refresh("refresh-1", grant)
+            assert await store.redeem_code(h("code-g1"), access, refresh, NOW) == CodeNotFound()
+            assert await store.find_access_token(access.token_hash, NOW) is None
+            assert await store.get_refresh_token(refresh.token_hash) is None
+            assert (await store.get_grant("g1")).revoked_at is None
+            assert await store.redeem_code(h("code-g1"), access, refresh, NOW + 29) == CodeNotFound()
+            assert await store.redeem_code(h("code-g1"), access, refresh, NOW + 30) == CodeRedeemed()
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_ban_landing_after_the_checks_stops_the_rotation(self):
+        async with self.store() as store:
+            grant = await start_grant(store, "g1")
+            _, old = await issue(store, grant, "1")
+            assert (await store.get_refresh_token(old.token_hash)).user_ban is None
+            await store.ban_user(Ban(ALICE, "spam", NOW))
+            new_refresh, new_access = make_refresh("refresh-2", grant), make_access("access-2", grant)
+            assert await store.rotate_refresh(old.token_hash, new_refresh, new_access, b"r", NOW + 10, NOW) == (
+                RefreshNotFound()
+            )
+            assert await store.get_refresh_token(new_refresh.token_hash) is None
+            assert await store.find_access_token(new_access.token_hash, NOW) is None
+            assert (await store.get_refresh_token(old.token_hash)).consumed_at is None
+            assert (await store.get_grant("g1")).revoked_at is None
 
     @pytest_twisted.ensureDeferred
     async def test_list_bans_in_force(self):
@@ -1881,6 +1928,8 @@ class StoreConcurrencyConformance(FactorConcurrencyConformance, DeviceConcurrenc
     """
 
     rounds = 10
+    removal_rounds = 200
+    """Rounds of a removal against a redemption or rotation: on PostgreSQL they deadlocked within a few hundred."""
 
     def make_store_pair(self):
         raise NotImplementedError("a concurrency test class defines make_store_pair()")
@@ -1910,6 +1959,141 @@ class StoreConcurrencyConformance(FactorConcurrencyConformance, DeviceConcurrenc
                 assert (await first.get_grant(grant.grant_id)).revoked_at == NOW
                 for access in tokens:
                     assert await second.find_access_token(access.token_hash, NOW) is None
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_code_redeemed_by_many_at_once_issues_once_then_nothing(self):
+        """Four redemptions of one code, two on each server: one wins, and the reuse revokes what it issued."""
+        async with self.store_pair() as (first, second):
+            for n in range(self.rounds):
+                grant = await start_grant(first, f"g{n}")
+                tokens = [make_access(f"access-{n}-{k}", grant) for k in range(4)]
+                results = await gatherResults([
+                    (first, second)[k % 2].redeem_code(h(f"code-g{n}"), access, None, NOW)
+                    for k, access in enumerate(tokens)
+                ])
+                assert sorted(type(r).__name__ for r in results) == ["CodeRedeemed"] + ["CodeReused"] * 3
+                assert (await second.get_grant(grant.grant_id)).revoked_at == NOW
+                for access in tokens:
+                    assert await first.find_access_token(access.token_hash, NOW) is None
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_revocation_racing_a_rotation_leaves_no_live_successor(self):
+        async with self.store_pair() as (first, second):
+            for n in range(self.rounds):
+                grant = await start_grant(first, f"g{n}")
+                _, old = await issue(first, grant, f"{n}")
+                successor, access = make_refresh(f"refresh-{n}-next", grant), make_access(f"access-{n}-next", grant)
+                revoked, _ = await gatherResults([
+                    first.revoke_token(old.token_hash, CLIENT, NOW),
+                    second.rotate_refresh(old.token_hash, successor, access, b"r", NOW + 10, NOW),
+                ])
+                assert revoked == RevokedRefresh(grant.grant_id)
+                assert (await second.get_grant(grant.grant_id)).revoked_at == NOW
+                assert await first.find_access_token(access.token_hash, NOW) is None
+                found = await second.get_refresh_token(successor.token_hash)
+                assert found is None or found.revoked is True
+                assert await first.rotate_refresh(
+                    successor.token_hash, make_refresh(f"refresh-{n}-3", grant), make_access(f"access-{n}-3", grant),
+                    b"3", NOW + 10, NOW,
+                ) == RefreshNotFound()
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_client_removed_while_its_code_is_redeemed_keeps_no_token(self):
+        async with self.store_pair() as (first, second):
+            for n in range(self.removal_rounds):
+                client_id = f"leaving-{n}"
+                grant = await start_grant(first, f"g{n}", client_id=client_id)
+                access, refresh = make_access(f"access-{n}", grant), make_refresh(f"refresh-{n}", grant)
+                removed, redeemed = await gatherResults([
+                    first.remove_client(client_id),
+                    second.redeem_code(h(f"code-g{n}"), access, refresh, NOW),
+                ])
+                assert removed is True
+                assert redeemed in (CodeRedeemed(), CodeNotFound())
+                assert await first.find_access_token(access.token_hash, NOW) is None
+                assert await second.get_refresh_token(refresh.token_hash) is None
+                assert await second.get_grant(grant.grant_id) is None
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_client_removed_while_its_refresh_token_rotates_keeps_no_token(self):
+        async with self.store_pair() as (first, second):
+            for n in range(self.removal_rounds):
+                client_id = f"leaving-{n}"
+                grant = await start_grant(first, f"g{n}", client_id=client_id)
+                _, old = await issue(first, grant, f"{n}")
+                successor, access = make_refresh(f"refresh-{n}-next", grant), make_access(f"access-{n}-next", grant)
+                removed, rotated = await gatherResults([
+                    first.remove_client(client_id),
+                    second.rotate_refresh(old.token_hash, successor, access, b"r", NOW + 10, NOW),
+                ])
+                assert removed is True
+                assert rotated in (Rotated(), RefreshNotFound())
+                assert await first.find_access_token(access.token_hash, NOW) is None
+                assert await second.get_refresh_token(successor.token_hash) is None
+                assert await second.get_refresh_token(old.token_hash) is None
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_client_removed_while_a_consent_is_saved_keeps_none(self):
+        async with self.store_pair() as (first, second):
+            for n in range(self.removal_rounds):
+                client_id = f"leaving-{n}"
+                await add_clients(first, (client_id,))
+                removed, saved = await gatherResults([
+                    first.remove_client(client_id), second.save_consent(ALICE, client_id, {"openid"}, NOW),
+                ])
+                assert removed is True and saved in (None, {"openid"})
+                assert await second.get_consent(ALICE, client_id) is None
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_client_removed_while_its_user_grants_are_revoked(self):
+        """Both end several grants at once, each locking them in its own order."""
+        async with self.store_pair() as (first, second):
+            for n in range(self.removal_rounds):
+                client_id, sub = f"leaving-{n}", f"user-{n}"
+                grants = [await start_grant(first, f"g{n}-{k}", sub=sub, client_id=client_id) for k in range(4)]
+                grants += [await start_grant(first, f"g{n}-other", sub=sub)]
+                removed, revoked = await gatherResults([
+                    first.remove_client(client_id), second.revoke_user_grants(sub, NOW),
+                ])
+                assert removed is True and 1 <= revoked <= 5
+                assert [await second.get_grant(g.grant_id) for g in grants[:4]] == [None] * 4
+                assert (await second.get_grant(grants[4].grant_id)).revoked_at == NOW
+
+    @pytest_twisted.ensureDeferred
+    async def test_once_a_ban_beside_an_exchange_answers_nothing_more_is_issued(self):
+        async with self.store_pair() as (first, second):
+            for n in range(self.rounds):
+                sub = f"banned-{n}"
+                grant, later = await start_grant(first, f"g{n}", sub=sub), await start_grant(first, f"g{n}-2", sub=sub)
+                refresh = make_refresh(f"refresh-{n}", grant)
+                _, redeemed = await gatherResults([
+                    first.ban_user(Ban(sub, "spam", NOW)),
+                    second.redeem_code(h(f"code-g{n}"), make_access(f"access-{n}", grant), refresh, NOW),
+                ])
+                assert redeemed in (CodeRedeemed(), CodeNotFound())
+                assert await second.redeem_code(h(f"code-g{n}-2"), make_access(f"access-{n}-2", later), None, NOW) == (
+                    CodeNotFound()
+                )
+                assert await second.rotate_refresh(
+                    refresh.token_hash, make_refresh(f"refresh-{n}-3", grant), make_access(f"access-{n}-3", grant),
+                    b"3", NOW + 10, NOW,
+                ) == RefreshNotFound()
+
+    @pytest_twisted.ensureDeferred
+    async def test_racing_links_of_one_user_keep_one(self):
+        """Two link callbacks of one user at once, with two chat accounts: the user keeps one link."""
+        async with self.store_pair() as (first, second):
+            for n in range(self.rounds):
+                sub = f"linker-{n}"
+                await gatherResults([
+                    store.link_account(make_linked(f"acct-{n}-{side}", sub=sub, provider_user_id=f"chat-{n}-{side}"))
+                    for side, store in (("a", first), ("b", second))
+                ])
+                kept = await second.get_linked_account(sub, "discord")
+                other = "b" if kept.provider_user_id == f"chat-{n}-a" else "a"
+                assert kept.provider_user_id in (f"chat-{n}-a", f"chat-{n}-b")
+                assert await first.linked_sub("discord", kept.provider_user_id) == sub
+                assert await first.linked_sub("discord", f"chat-{n}-{other}") is None
 
     @pytest_twisted.ensureDeferred
     async def test_racing_consents_add_up_and_never_undo_a_revoke(self):
