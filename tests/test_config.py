@@ -197,6 +197,15 @@ def test_any_unknown_key_is_rejected_and_named(name):
     assert str(caught.value) == f"limits.{name}: unknown key"
 
 
+def test_a_plugin_section_names_every_unknown_key():
+    """A plugin's section is read by the plugin, whose one error names each key nobody asked for."""
+    section = Section({"plugin": "sqlite", "colour": "blue", "flavour": "mint"}, "store", Path("."))
+    section.str("plugin")
+    with pytest.raises(ConfigError) as caught:
+        section.done()
+    assert str(caught.value) == "store.colour: unknown key (also unknown: store.flavour)"
+
+
 def test_the_standing_cache_is_taken_before_the_plugin_reads_its_section(tmp_path):
     config = parse_config({"identity": [{"plugin": "ldap", "standing_cache": "1m", "standing_cache_size": 50},
                                         {"plugin": "static"}]}, tmp_path / "a.toml")

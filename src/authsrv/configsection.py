@@ -288,6 +288,8 @@ class Section:
         return data
 
     def done(self) -> None:
-        """Raise for the first key nobody asked for."""
-        for name in self._data:
-            raise self.error(name, "unknown key")
+        """Raise for the keys nobody asked for: one error, at the first, naming every one."""
+        names = list(self._data)
+        if names:
+            also = f" (also unknown: {', '.join(map(self.key, names[1:]))})" if len(names) > 1 else ""
+            raise self.error(names[0], "unknown key" + also)
