@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.logger import LogLevel, capturedLogs, formatEvent
 
-from authsrv.config import ConfigFileError, InputLimits, Limits, load_config, parse_config
+from authsrv.config import ConfigFileError, InputLimits, Limits, load_config, parse_config, read_config_document
 from authsrv.configsection import ConfigError, Section, parse_duration
 from authsrv.records import ThrottlePolicy
 from authsrv.tokens import token_hash
@@ -195,6 +195,45 @@ def test_any_unknown_key_is_rejected_and_named(name):
     with pytest.raises(ConfigError) as caught:
         parse_config({"limits": {name: 1}}, None)
     assert str(caught.value) == f"limits.{name}: unknown key"
+
+
+@pytest.mark.parametrize("data, keys", [
+    ({"dpop": {"enabled": "yes", "max_age": 0, "leeway": "soon"}}, ["dpop.enabled", "dpop.max_age", "dpop.leeway"]),
+    ({"par": {"require_pushed_authorization_requests": 1, "enabled": "yes"}},
+     ["par.require_pushed_authorization_requests", "par.enabled"]),
+    ({"registration": {"enabled": True, "initial_access_token_env": "AUTHSRV_TEST_UNSET",
+                       "allowed_redirect_hosts": ["Bad", "*"], "max_clients": 0}},
+     ["registration.initial_access_token_env", "registration.allowed_redirect_hosts[0]",
+      "registration.allowed_redirect_hosts[1]", "registration.max_clients"]),
+    ({"registration": {"enabled": True, "rate": "often"}}, ["registration.rate", "registration.enabled"]),
+    ({"remote_documents": {"timeout": 0, "max_bytes": 1, "cache_min": "2d", "cache_max": "1d"}},
+     ["remote_documents.timeout", "remote_documents.max_bytes", "remote_documents.cache_max"]),
+    ({"mfa": {"required": "sometimes", "recent_sign_in": "1s"}}, ["mfa.required", "mfa.recent_sign_in"]),
+    ({"device": {"code_ttl": "1s", "interval": "2m", "user_code_failures": 0}},
+     ["device.code_ttl", "device.interval", "device.user_code_failures"]),
+    ({"chat": {"encryption_key_env": "AUTHSRV_TEST_UNSET", "pkce": "yes", "timeout": 0}},
+     ["chat.encryption_key_env", "chat.pkce", "chat.timeout"]),
+    ({"client_secrets": {"encryption_key_env": "AUTHSRV_TEST_UNSET", "colour": "blue"}},
+     ["client_secrets.encryption_key_env", "client_secrets.colour"]),
+    ({"dpop": {"colour": "blue", "flavour": "mint"}}, ["dpop.colour", "dpop.flavour"]),
+    ({"dpop": {"enabled": "yes"}, "clients": [{**CLIENT, "dpop_bound_access_tokens": True}]}, ["dpop.enabled"]),
+    ({"par": {"enabled": 1}, "clients": [{**CLIENT, "require_pushed_authorization_requests": True}]},
+     ["par.enabled"]),
+])
+def test_every_mistake_of_a_section_is_named_at_once(monkeypatch, data, keys):
+    """The first mistake of a section leaves its other keys checked, so that one start names them all."""
+    monkeypatch.delenv("AUTHSRV_TEST_UNSET", raising=False)
+    _, errors = read_config_document(data, None)
+    assert [e.key for e in errors] == keys
+
+
+def test_a_plugin_section_names_every_unknown_key():
+    """A plugin's section is read by the plugin, whose one error names each key nobody asked for."""
+    section = Section({"plugin": "sqlite", "colour": "blue", "flavour": "mint"}, "store", Path("."))
+    section.str("plugin")
+    with pytest.raises(ConfigError) as caught:
+        section.done()
+    assert str(caught.value) == "store.colour: unknown key (also unknown: store.flavour)"
 
 
 def test_the_standing_cache_is_taken_before_the_plugin_reads_its_section(tmp_path):

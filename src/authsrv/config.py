@@ -21,7 +21,7 @@ from attrs import field, frozen
 
 from authsrv.chat.config import ChatConfig, chat_config
 from authsrv.client_secrets import SecretKeeper
-from authsrv.configsection import ConfigError, Section
+from authsrv.configsection import ConfigError, Problems, Section
 from authsrv.flows.device import DevicePolicy
 from authsrv.flows.grants import GRANT_TYPES
 from authsrv.identity.cache import DEFAULT_SIZE as DEFAULT_STANDING_CACHE_SIZE, MAX_SECONDS as MAX_STANDING_CACHE
@@ -269,32 +269,6 @@ class ConfigErrors(ConfigError):
         self.errors = tuple(errors)
 
 
-class _Problems:
-    """
-    The mistakes found so far in one file: reading goes on after each, with
-    a stand-in value, so that one look at the file reports them all.
-    """
-
-    def __init__(self) -> None:
-        self.errors: list[ConfigError] = []
-
-    def take(self, read, *args, fallback=None, **kwargs):
-        """C{read(*args, **kwargs)}, or C{fallback} after noting its L{ConfigError}."""
-        try:
-            return read(*args, **kwargs)
-        except ConfigError as e:
-            self.errors.append(e)
-            return fallback
-
-    def add(self, error: ConfigError) -> None:
-        self.errors.append(error)
-
-    def done(self, section: Section) -> None:
-        """Note every key of C{section} that nobody asked for."""
-        for name in section.rest():
-            self.errors.append(section.error(name, "unknown key"))
-
-
 def _checked_public_url(url: str, key: str) -> str:
     url = url.rstrip("/")
     try:
@@ -348,7 +322,7 @@ def _public_url(section: Section, listen: tuple[str, ...], given: tuple[str, str
     return derived_public_url(listen)
 
 
-def _nonzero_durations(section: Section, checked: _Problems, names, defaults) -> dict:
+def _nonzero_durations(section: Section, checked: Problems, names, defaults) -> dict:
     """Durations that must be longer than zero; a mistaken one keeps its default."""
     values = {}
     for name in names:
@@ -360,7 +334,7 @@ def _nonzero_durations(section: Section, checked: _Problems, names, defaults) ->
     return values
 
 
-def _limits(section: Section, checked: _Problems) -> Limits:
+def _limits(section: Section, checked: Problems) -> Limits:
     defaults = Limits()
     values = _nonzero_durations(section, checked, (
         "code_ttl",
@@ -383,7 +357,7 @@ def _limits(section: Section, checked: _Problems) -> Limits:
     return Limits(**values)
 
 
-def _input_limits(section: Section, checked: _Problems) -> InputLimits:
+def _input_limits(section: Section, checked: Problems) -> InputLimits:
     """Takes its own keys of C{[limits]}; L{_limits} reads the rest."""
     defaults = InputLimits()
     sizes = {
@@ -412,7 +386,7 @@ def _input_limits(section: Section, checked: _Problems) -> InputLimits:
     return InputLimits(**values, parameters=parameters)
 
 
-def _shutdown(section: Section, checked: _Problems) -> Shutdown:
+def _shutdown(section: Section, checked: Problems) -> Shutdown:
     """C{[server] drain_delay} and C{drain_timeout}."""
     defaults = Shutdown()
     return Shutdown(
@@ -421,7 +395,7 @@ def _shutdown(section: Section, checked: _Problems) -> Shutdown:
     )
 
 
-def _trusted_proxies(server: Section, checked: _Problems) -> tuple[Network, ...]:
+def _trusted_proxies(server: Section, checked: Problems) -> tuple[Network, ...]:
     """C{[server] trusted_proxies}: the peers whose Forwarded and X-Forwarded-For headers are believed."""
     values = checked.take(server.str_list, "trusted_proxies", [], fallback=[])
     good = []
@@ -435,7 +409,7 @@ def _trusted_proxies(server: Section, checked: _Problems) -> tuple[Network, ...]
     return parse_networks(good)
 
 
-def _throttle(section: Section, checked: _Problems) -> ThrottlePolicy:
+def _throttle(section: Section, checked: Problems) -> ThrottlePolicy:
     """The login throttle's limits (C{[throttle]}); see L{ThrottlePolicy}."""
     defaults = ThrottlePolicy()
     values = {
@@ -455,7 +429,7 @@ def _rate(section: Section, name: str, default: str) -> Rate | None:
         raise section.error(name, str(e)) from None
 
 
-def _rate_limits(section: Section, checked: _Problems) -> RateSettings:
+def _rate_limits(section: Section, checked: Problems) -> RateSettings:
     """C{[rate_limits]}: the default per-client rate, the internal API's per-address rate, the exemption."""
     defaults = RateSettings()
     settings = RateSettings(
@@ -467,7 +441,7 @@ def _rate_limits(section: Section, checked: _Problems) -> RateSettings:
     return settings
 
 
-def _passwords(section: Section, checked: _Problems) -> tuple[int, PasswordHashing]:
+def _passwords(section: Section, checked: Problems) -> tuple[int, PasswordHashing]:
     """C{[passwords]}: the rules for new passwords and the argon2id parameters of their hashes."""
     length = checked.take(section.int, "min_length", MIN_LENGTH, minimum=MIN_LENGTH, fallback=MIN_LENGTH)
     if length > MAX_LENGTH:
@@ -487,13 +461,13 @@ def _passwords(section: Section, checked: _Problems) -> tuple[int, PasswordHashi
     return length, hashing
 
 
-def _plugin(section: Section, checked: _Problems, default: str | None = None) -> PluginChoice | None:
+def _plugin(section: Section, checked: Problems, default: str | None = None) -> PluginChoice | None:
     """The plugin a section names (C{default} when it names none), or None when that name is mistaken."""
     name = checked.take(section.str, "plugin", default) if default else checked.take(section.str, "plugin")
     return None if name is None else PluginChoice(name, section)
 
 
-def _identity(section: Section, checked: _Problems) -> PluginChoice | None:
+def _identity(section: Section, checked: Problems) -> PluginChoice | None:
     """An C{[[identity]]} backend (the static file unless it names another) with its standing cache."""
     choice = _plugin(section, checked, "static")
     seconds = checked.take(section.duration, "standing_cache", None, maximum=MAX_STANDING_CACHE)
@@ -523,7 +497,7 @@ def _strong_secret(section: Section, name: str, demo: bool) -> str | None:
     return secret
 
 
-def _admin(section: Section, checked: _Problems, demo: bool, internal_secret: str | None,
+def _admin(section: Section, checked: Problems, demo: bool, internal_secret: str | None,
            internal_listen: tuple[str, ...]) -> AdminSettings:
     """C{[admin]}, every key checked on its own (a bad secret leaves the rest checked); see L{AdminSettings}."""
     source = "secret_env" if section.has("secret_env") else "secret_file"
@@ -612,12 +586,15 @@ def _profile(section: Section) -> str | None:
     return None if profile == NO_PROFILE else profile
 
 
-def _par(section: Section) -> PushedRequestSettings:
-    """C{[par]}; see L{PushedRequestSettings}."""
-    required = section.bool("require_pushed_authorization_requests", False)
-    settings = PushedRequestSettings(enabled=section.bool("enabled", False) or required, required=required)
-    section.done()
-    return settings
+def _par(section: Section, checked: Problems) -> PushedRequestSettings:
+    """
+    C{[par]}; see L{PushedRequestSettings}. A mistaken C{enabled} stands in
+    as on, so that the clients requiring pushed requests are not blamed too.
+    """
+    required = checked.take(section.bool, "require_pushed_authorization_requests", False, fallback=False)
+    enabled = checked.take(section.bool, "enabled", False, fallback=True)
+    checked.done(section)
+    return PushedRequestSettings(enabled=enabled or required, required=required)
 
 
 def _signing_algorithms(section: Section, offer: SigningOffer) -> dict[str, Any]:
@@ -689,105 +666,116 @@ def _grant_types(section: Section) -> list[str]:
     return names
 
 
-def _mfa(section: Section) -> MfaPolicy:
+def _mfa(section: Section, checked: Problems) -> MfaPolicy:
     """
     C{[mfa]}: second factors off, optional or required of everyone, the
     grace to enrol, and how recent a sign-in changing factors must be.
     """
     defaults = MfaPolicy()
-    policy = MfaPolicy(
-        required=section.str("required", defaults.required, choices=MFA_CHOICES),
-        enrol_grace=section.duration("enrol_grace", defaults.enrol_grace),
-        recent_sign_in=section.duration("recent_sign_in", defaults.recent_sign_in),
-    )
-    if not 60 <= policy.recent_sign_in <= 86400:
-        raise section.error("recent_sign_in", "must be between 1m and 1d: time to change factors after signing"
-                                              " in, short enough that a stolen session cookie cannot")
-    section.done()
-    return policy
+    required = checked.take(section.str, "required", defaults.required, choices=MFA_CHOICES,
+                            fallback=defaults.required)
+    enrol_grace = checked.take(section.duration, "enrol_grace", defaults.enrol_grace, fallback=defaults.enrol_grace)
+    recent_sign_in = checked.take(section.duration, "recent_sign_in", defaults.recent_sign_in,
+                                  fallback=defaults.recent_sign_in)
+    if not 60 <= recent_sign_in <= 86400:
+        checked.add(section.error("recent_sign_in", "must be between 1m and 1d: time to change factors after signing"
+                                                    " in, short enough that a stolen session cookie cannot"))
+        recent_sign_in = defaults.recent_sign_in
+    checked.done(section)
+    return MfaPolicy(required=required, enrol_grace=enrol_grace, recent_sign_in=recent_sign_in)
 
 
-def _device(section: Section, clients: tuple[Client, ...]) -> DevicePolicy:
+def _device(section: Section, checked: Problems, clients: tuple[Client, ...]) -> DevicePolicy:
     """
     C{[device]}: the device authorization grant (RFC 8628), on when
     C{enabled} says so or, by default, when a C{[[clients]]} entry names it.
     """
     defaults = DevicePolicy()
     wanted = any(DEVICE_CODE_GRANT in client.grant_types for client in clients)
-    policy = DevicePolicy(
-        enabled=section.bool("enabled", wanted),
-        code_ttl=section.duration("code_ttl", defaults.code_ttl),
-        interval=section.duration("interval", defaults.interval),
-        failures_per_address=section.int("user_code_failures_per_address", defaults.failures_per_address, minimum=1),
-        failures=section.int("user_code_failures", defaults.failures, minimum=1),
-    )
-    if not 60 <= policy.code_ttl <= 3600:
-        raise section.error("code_ttl", "must be between 1m and 1h: long enough to type a code, short for guessing")
-    if not 1 <= policy.interval <= 60:
-        raise section.error("interval", "must be between 1s and 60s")
-    if wanted and not policy.enabled:
-        raise section.error("enabled", f"is false, but a client's grant_types names {DEVICE_CODE_GRANT}")
-    section.done()
-    return policy
+    enabled = checked.take(section.bool, "enabled", wanted, fallback=wanted)
+    code_ttl = checked.take(section.duration, "code_ttl", defaults.code_ttl, fallback=defaults.code_ttl)
+    if not 60 <= code_ttl <= 3600:
+        checked.add(section.error("code_ttl", "must be between 1m and 1h: long enough to type a code, short for"
+                                              " guessing"))
+        code_ttl = defaults.code_ttl
+    interval = checked.take(section.duration, "interval", defaults.interval, fallback=defaults.interval)
+    if not 1 <= interval <= 60:
+        checked.add(section.error("interval", "must be between 1s and 60s"))
+        interval = defaults.interval
+    failures_per_address = checked.take(section.int, "user_code_failures_per_address", defaults.failures_per_address,
+                                        minimum=1, fallback=defaults.failures_per_address)
+    failures = checked.take(section.int, "user_code_failures", defaults.failures, minimum=1,
+                            fallback=defaults.failures)
+    if wanted and not enabled:
+        checked.add(section.error("enabled", f"is false, but a client's grant_types names {DEVICE_CODE_GRANT}"))
+    checked.done(section)
+    return DevicePolicy(enabled=enabled, code_ttl=code_ttl, interval=interval,
+                        failures_per_address=failures_per_address, failures=failures)
 
 
-def _registration(section: Section, demo: bool) -> RegistrationPolicy:
-    """C{[registration]}: who may register a client (RFC 7591), and client ID metadata documents."""
-    enabled = section.bool("enabled", False)
-    token = _strong_secret(section, "initial_access_token", demo)
-    hosts = tuple(section.str_list("allowed_redirect_hosts", []))
-    for index, pattern in enumerate(hosts):
+def _registration(section: Section, checked: Problems, demo: bool) -> RegistrationPolicy:
+    """
+    C{[registration]}: who may register a client (RFC 7591), and client ID
+    metadata documents. A mistaken token or host list stands in as a policy
+    given, so that registration is not also called open.
+    """
+    defaults = RegistrationPolicy()
+    enabled = checked.take(section.bool, "enabled", False, fallback=False)
+    token = checked.take(_strong_secret, section, "initial_access_token", demo, fallback="")
+    hosts = checked.take(section.str_list, "allowed_redirect_hosts", [], fallback=None)
+    for index, pattern in enumerate(hosts or ()):
         if problem := host_pattern_problem(pattern):
-            raise ConfigError(f"{section.key('allowed_redirect_hosts')}[{index}]", problem)
+            checked.add(ConfigError(f"{section.key('allowed_redirect_hosts')}[{index}]", problem))
     policy = RegistrationPolicy(
-        enabled=enabled, initial_access_token=token, allowed_redirect_hosts=hosts,
-        allow_confidential=section.bool("allow_confidential", False),
-        rate=_rate(section, "rate", REGISTRATION_RATE),
-        max_clients=section.int("max_clients", DEFAULT_MAX_CLIENTS, minimum=1, maximum=MAX_REGISTERED_CLIENTS),
-        metadata_documents=section.bool("client_id_metadata_documents", False),
-        resources=tuple(section.str_list("resources", [])),
+        enabled=enabled, initial_access_token=token, allowed_redirect_hosts=tuple(hosts or ()),
+        allow_confidential=checked.take(section.bool, "allow_confidential", False, fallback=False),
+        rate=checked.take(_rate, section, "rate", REGISTRATION_RATE, fallback=defaults.rate),
+        max_clients=checked.take(section.int, "max_clients", DEFAULT_MAX_CLIENTS, minimum=1,
+                                 maximum=MAX_REGISTERED_CLIENTS, fallback=DEFAULT_MAX_CLIENTS),
+        metadata_documents=checked.take(section.bool, "client_id_metadata_documents", False, fallback=False),
+        resources=tuple(checked.take(section.str_list, "resources", [], fallback=[])),
     )
-    section.done()
-    if enabled and token is None and not hosts:
-        raise section.error("enabled", "open registration needs a policy: set initial_access_token_env (or"
-                                       " _file), allowed_redirect_hosts, or both")
+    checked.done(section)
+    if enabled and token is None and hosts == []:
+        checked.add(section.error("enabled", "open registration needs a policy: set initial_access_token_env (or"
+                                             " _file), allowed_redirect_hosts, or both"))
     return policy
 
 
-def _dpop(section: Section) -> DpopPolicy | None:
-    """C{[dpop]}: DPoP offered (RFC 9449), the iat window of proofs and the optional server nonce."""
+def _dpop(section: Section, checked: Problems) -> DpopPolicy | None:
+    """
+    C{[dpop]}: DPoP offered (RFC 9449), the iat window of proofs and the
+    optional server nonce. A mistaken C{enabled} stands in as on, so that
+    the clients asking for DPoP are not blamed too.
+    """
     defaults = DpopPolicy()
-    enabled = section.bool("enabled", False)
+    enabled = checked.take(section.bool, "enabled", False, fallback=True)
     policy = DpopPolicy(
-        max_age=section.duration("max_age", defaults.max_age),
-        leeway=section.duration("leeway", defaults.leeway),
-        use_nonce=section.bool("use_nonce", defaults.use_nonce),
-        nonce_lifetime=section.duration("nonce_lifetime", defaults.nonce_lifetime),
+        **_nonzero_durations(section, checked, ("max_age", "nonce_lifetime"), defaults),
+        leeway=checked.take(section.duration, "leeway", defaults.leeway, fallback=defaults.leeway),
+        use_nonce=checked.take(section.bool, "use_nonce", defaults.use_nonce, fallback=defaults.use_nonce),
     )
-    if policy.max_age <= 0:
-        raise section.error("max_age", "must be longer than zero")
-    if policy.nonce_lifetime <= 0:
-        raise section.error("nonce_lifetime", "must be longer than zero")
-    section.done()
+    checked.done(section)
     return policy if enabled else None
 
 
 MIN_HMAC_SECRET = min(HMAC_BITS.values()) // 8
 
 
-def _client_secrets(section: Section) -> bytes | None:
+def _client_secrets(section: Section, checked: Problems) -> bytes | None:
     """C{[client_secrets]}: the key of client_secret_jwt secrets (L{authsrv.client_secrets}), if any."""
-    text = section.secret("encryption_key", required=False)
-    section.done()
+    text = checked.take(section.secret, "encryption_key", required=False)
+    checked.done(section)
     if text is None:
         return None
     try:
         return key_from_text(text)
     except ValueError as e:
-        raise section.error("encryption_key", str(e)) from None
+        checked.add(section.error("encryption_key", str(e)))
+        return None
 
 
-def _table(top: Section, checked: _Problems, name: str) -> Section:
+def _table(top: Section, checked: Problems, name: str) -> Section:
     """C{[name]}, or an empty one when the file has none (or has something else by that name)."""
     return checked.take(top.table, name, None) or Section({}, name, top.base_dir)
 
@@ -802,7 +790,7 @@ def read_config_document(
     C{listen} replaces C{server.listen}; C{public_url_override} is a
     (source, value) pair that replaces C{server.public_url}.
     """
-    checked = _Problems()
+    checked = Problems()
     base_dir = path.parent if path else Path.cwd()
     top = Section(data, "", base_dir)
     server = _table(top, checked, "server")
@@ -845,11 +833,10 @@ def read_config_document(
     show_ban_reason = checked.take(ui.bool, "show_ban_reason", False, fallback=False)
     checked.done(ui)
     password_min_length, password_hashing = _passwords(_table(top, checked, "passwords"), checked)
-    mfa = checked.take(_mfa, _table(top, checked, "mfa"), fallback=MfaPolicy())
-    remote_documents = checked.take(fetch_policy, _table(top, checked, "remote_documents"), fallback=FetchPolicy())
-    registration = checked.take(_registration, _table(top, checked, "registration"), demo,
-                                fallback=RegistrationPolicy())
-    dpop = checked.take(_dpop, _table(top, checked, "dpop"))
+    mfa = _mfa(_table(top, checked, "mfa"), checked)
+    remote_documents = fetch_policy(_table(top, checked, "remote_documents"), checked)
+    registration = _registration(_table(top, checked, "registration"), checked, demo)
+    dpop = _dpop(_table(top, checked, "dpop"), checked)
     metrics = _table(top, checked, "metrics")
     metrics_listen = tuple(checked.take(metrics.str_list, "listen", [], fallback=[]))
     checked.done(metrics)
@@ -860,11 +847,11 @@ def read_config_document(
     identity = tuple(choice for s in identity_sections if (choice := _identity(s, checked)) is not None)
     if not identity_sections:
         identity = (PluginChoice("static", Section({}, "identity[0]", base_dir)),)
-    par = checked.take(_par, _table(top, checked, "par"), fallback=PushedRequestSettings())
+    par = _par(_table(top, checked, "par"), checked)
     userinfo = _table(top, checked, "userinfo")
     offer = SigningOffer(offered_algorithms(data), checked.take(userinfo.bool, "signing", False, fallback=False))
     checked.done(userinfo)
-    client_secret_key = checked.take(_client_secrets, _table(top, checked, "client_secrets"))
+    client_secret_key = _client_secrets(_table(top, checked, "client_secrets"), checked)
     keeper = SecretKeeper(client_secret_key) if client_secret_key is not None else None
     clients: list[Client] = []
     for index, section in enumerate(checked.take(top.tables, "clients", fallback=[])):
@@ -878,8 +865,8 @@ def read_config_document(
             checked.add(ConfigError(f"clients[{index}].client_id", f"{client.client_id!r} is declared twice"))
         else:
             clients.append(client)
-    chat = checked.take(chat_config, checked.take(top.table, "chat", None))
-    device = checked.take(_device, _table(top, checked, "device"), tuple(clients), fallback=DevicePolicy())
+    chat = chat_config(checked.take(top.table, "chat", None), checked)
+    device = _device(_table(top, checked, "device"), checked, tuple(clients))
     checked.done(top)
     config = Config(
         path=path,

@@ -288,6 +288,36 @@ class Section:
         return data
 
     def done(self) -> None:
-        """Raise for the first key nobody asked for."""
-        for name in self._data:
-            raise self.error(name, "unknown key")
+        """Raise for the keys nobody asked for: one error, at the first, naming every one."""
+        names = list(self._data)
+        if names:
+            also = f" (also unknown: {', '.join(map(self.key, names[1:]))})" if len(names) > 1 else ""
+            raise self.error(names[0], "unknown key" + also)
+
+
+class Problems:
+    """
+    The mistakes found so far in one file: reading goes on after each, with
+    a stand-in value, so that one look at the file reports them all.
+    Sections read outside L{authsrv.config} (C{[chat]}, C{[remote_documents]})
+    take it too.
+    """
+
+    def __init__(self) -> None:
+        self.errors: list[ConfigError] = []
+
+    def take(self, read, *args, fallback=None, **kwargs):
+        """C{read(*args, **kwargs)}, or C{fallback} after noting its L{ConfigError}."""
+        try:
+            return read(*args, **kwargs)
+        except ConfigError as e:
+            self.errors.append(e)
+            return fallback
+
+    def add(self, error: ConfigError) -> None:
+        self.errors.append(error)
+
+    def done(self, section: Section) -> None:
+        """Note every key of C{section} that nobody asked for."""
+        for name in section.rest():
+            self.errors.append(section.error(name, "unknown key"))

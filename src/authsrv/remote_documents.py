@@ -50,7 +50,7 @@ from twisted.python.threadpool import ThreadPool
 from twisted.web.client import Agent
 from twisted.web.http_headers import Headers
 
-from authsrv.configsection import Section
+from authsrv.configsection import Problems, Section
 from authsrv.flows.backchannel import RESPONSE_BYTES, PinnedEndpoints, ReceiveLimit, resolve_host
 from authsrv.pg.settings import host_addresses
 from authsrv.protocol import jsontext
@@ -106,28 +106,25 @@ class FetchPolicy:
     """How many of the C{fetches_in_flight} one host's URLs may hold at once."""
 
 
-def fetch_policy(section: Section) -> FetchPolicy:
-    """C{[remote_documents]}, checked; raises the first L{authsrv.configsection.ConfigError}."""
+def fetch_policy(section: Section, checked: Problems) -> FetchPolicy:
+    """C{[remote_documents]}, each mistake noted in C{checked} with its default standing in."""
     defaults = FetchPolicy()
-    timeout = section.duration("timeout", defaults.timeout)
-    if timeout == 0:
-        raise section.error("timeout", "must be longer than zero")
-    policy = FetchPolicy(
-        timeout=timeout,
-        max_bytes=section.int("max_bytes", defaults.max_bytes, minimum=1024),
-        cache_min=section.duration("cache_min", defaults.cache_min),
-        cache_max=section.duration("cache_max", defaults.cache_max),
-        refetch_after=section.duration("refetch_after", defaults.refetch_after),
-        allow_private_addresses=section.bool("allow_private_addresses", defaults.allow_private_addresses),
-        allow_http=section.bool("allow_http", defaults.allow_http),
-        cache_bytes=section.int("cache_bytes", defaults.cache_bytes, minimum=1024 * 1024),
-        fetches_in_flight=section.int("fetches_in_flight", defaults.fetches_in_flight, minimum=1),
-        fetches_per_host=section.int("fetches_per_host", defaults.fetches_per_host, minimum=1),
-    )
-    if policy.cache_max < policy.cache_min:
-        raise section.error("cache_max", "must not be shorter than cache_min")
-    section.done()
-    return policy
+    values = {name: checked.take(section.duration, name, getattr(defaults, name), fallback=getattr(defaults, name))
+              for name in ("timeout", "cache_min", "cache_max", "refetch_after")}
+    if values["timeout"] == 0:
+        checked.add(section.error("timeout", "must be longer than zero"))
+        values["timeout"] = defaults.timeout
+    for name, low in {"max_bytes": 1024, "cache_bytes": 1024 * 1024, "fetches_in_flight": 1,
+                      "fetches_per_host": 1}.items():
+        values[name] = checked.take(section.int, name, getattr(defaults, name), minimum=low,
+                                    fallback=getattr(defaults, name))
+    for name in ("allow_private_addresses", "allow_http"):
+        values[name] = checked.take(section.bool, name, getattr(defaults, name), fallback=getattr(defaults, name))
+    if values["cache_max"] < values["cache_min"]:
+        checked.add(section.error("cache_max", "must not be shorter than cache_min"))
+        values["cache_max"] = values["cache_min"]
+    checked.done(section)
+    return FetchPolicy(**values)
 
 
 def url_problem(url: str, policy: FetchPolicy) -> str | None:

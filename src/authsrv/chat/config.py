@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 from attrs import field, frozen
 
 from authsrv.chat.crypto import key_from_text
-from authsrv.configsection import Section
+from authsrv.configsection import Problems, Section
 from authsrv.protocol.clients import is_loopback_host
 
 DISCORD_AUTHORIZE_URL = "https://discord.com/oauth2/authorize"
@@ -58,72 +58,78 @@ class ChatConfig:
         return self.client_id is not None
 
 
-def _url(section: Section, name: str, default: str) -> str:
-    """An absolute https URL (plain http only on the loopback interface)."""
-    url = section.str(name, default)
+def _url(section: Section, checked: Problems, name: str, default: str) -> str:
+    """An absolute https URL (plain http only on the loopback interface); a mistaken one stands in as C{default}."""
+    url = checked.take(section.str, name, default, fallback=default)
     try:
         parts = urlsplit(url)
         parts.port
     except ValueError as e:
-        raise section.error(name, f"{url!r} is not a valid URL ({e})") from None
+        checked.add(section.error(name, f"{url!r} is not a valid URL ({e})"))
+        return default
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.fragment:
-        raise section.error(name, f"{url!r} must be an absolute http(s) URL without a fragment")
+        checked.add(section.error(name, f"{url!r} must be an absolute http(s) URL without a fragment"))
+        return default
     if parts.scheme == "http" and not is_loopback_host(parts.hostname):
-        raise section.error(name, "must use https (plain http is only for the loopback interface)")
+        checked.add(section.error(name, "must use https (plain http is only for the loopback interface)"))
+        return default
     return url
 
 
-def _revocation(section: Section) -> dict[str, str]:
+def _revocation(section: Section, checked: Problems) -> dict[str, str]:
     """The C{revocation_url} key when given; without it the class default applies."""
-    return {"revocation_url": _url(section, "revocation_url", "")} if section.has("revocation_url") else {}
+    return {"revocation_url": _url(section, checked, "revocation_url", "")} if section.has("revocation_url") else {}
 
 
-def _positive(section: Section, name: str, default: int) -> int:
-    value = section.duration(name, default)
+def _positive(section: Section, checked: Problems, name: str, default: int) -> int:
+    value = checked.take(section.duration, name, default, fallback=default)
     if value <= 0:
-        raise section.error(name, "must be longer than zero")
+        checked.add(section.error(name, "must be longer than zero"))
+        return default
     return value
 
 
-def chat_config(section: Section | None) -> ChatConfig | None:
+def chat_config(section: Section | None, checked: Problems) -> ChatConfig | None:
     """
-    Validate the C{[chat]} table (None when the file has none: no chat
-    platform at all); raises L{authsrv.configsection.ConfigError} naming the
-    key.
+    Validate the C{[chat]} table, noting each mistake in C{checked}: None
+    when the file has none (no chat platform at all), or when its
+    encryption key is mistaken (nothing could stand in for it).
     """
     if section is None:
         return None
-    provider = section.str("provider", "discord")
-    client_id = section.str("client_id", None)
-    client_secret = section.secret("client_secret", required=client_id is not None)
+    provider = checked.take(section.str, "provider", "discord", fallback="discord")
+    client_id = checked.take(section.str, "client_id", None, fallback="")
+    client_secret = checked.take(section.secret, "client_secret", required=client_id is not None)
     if client_id is None and client_secret is not None:
-        raise section.error("client_id", "is required when a client secret is given")
-    raw_key = section.secret("encryption_key")
-    try:
-        key = key_from_text(raw_key)
-    except ValueError as e:
-        raise section.error("encryption_key", str(e)) from None
+        checked.add(section.error("client_id", "is required when a client secret is given"))
+    raw_key = checked.take(section.secret, "encryption_key")
+    key = None
+    if raw_key is not None:
+        try:
+            key = key_from_text(raw_key)
+        except ValueError as e:
+            checked.add(section.error("encryption_key", str(e)))
     config = ChatConfig(
-        encryption_key=key,
+        encryption_key=key or b"",
         provider=provider,
         client_id=client_id,
         client_secret=client_secret,
-        authorize_url=_url(section, "authorize_url", DISCORD_AUTHORIZE_URL),
-        token_url=_url(section, "token_url", DISCORD_TOKEN_URL),
-        user_url=_url(section, "user_url", DISCORD_USER_URL),
-        **_revocation(section),
-        scopes=section.str_list("scopes", list(DEFAULT_SCOPES)),
-        pkce=section.bool("pkce", True),
-        refresh_margin=section.duration("refresh_margin", 300),
-        timeout=_positive(section, "timeout", 10),
-        lock_ttl=_positive(section, "lock_ttl", 30),
+        authorize_url=_url(section, checked, "authorize_url", DISCORD_AUTHORIZE_URL),
+        token_url=_url(section, checked, "token_url", DISCORD_TOKEN_URL),
+        user_url=_url(section, checked, "user_url", DISCORD_USER_URL),
+        **_revocation(section, checked),
+        scopes=checked.take(section.str_list, "scopes", list(DEFAULT_SCOPES), fallback=list(DEFAULT_SCOPES)),
+        pkce=checked.take(section.bool, "pkce", True, fallback=True),
+        refresh_margin=checked.take(section.duration, "refresh_margin", 300, fallback=300),
+        timeout=_positive(section, checked, "timeout", 10),
+        lock_ttl=_positive(section, checked, "lock_ttl", 30),
     )
-    section.done()
+    checked.done(section)
     if any(" " in scope for scope in config.scopes):
-        raise section.error("scopes", "each scope is one word; give them as an array")
+        checked.add(section.error("scopes", "each scope is one word; give them as an array"))
     if config.lock_ttl <= config.timeout:
-        raise section.error(
+        checked.add(section.error(
             "lock_ttl",
             f"must be longer than timeout ({config.timeout}s), so that a refresh ends before its lock does",
-        )
-    return config
+        ))
+    return config if key is not None else None
