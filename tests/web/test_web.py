@@ -194,11 +194,26 @@ def test_a_readiness_check_given_up_by_its_caller_logs_no_outage():
 
 
 def test_unknown_path_and_method(server):
-    response, body = get(server, "/nope")
-    assert (response.code, json.loads(body)["error"]) == (404, "not_found")
+    for path in ("/nope", "/api/auth/oauth2/nope"):
+        response, body = get(server, path)
+        assert (response.code, json.loads(body)["error"]) == (404, "not_found")
     response, body = get(server, "/healthz", method="DELETE")
     assert response.code == 405
     assert json.loads(body)["error"] == "method_not_allowed"
+
+
+@pytest.mark.parametrize("method, path", [
+    ("GET", "/api/auth/account/nope"), ("GET", "/api/auth/login/nope"), ("POST", "/api/auth/consent/nope"),
+    ("GET", "/api/auth/oauth2/authorize/nope"), ("HEAD", "/api/auth/mfa/nope"), ("GET", "/api/auth/link/nope"),
+    ("GET", "/api/auth/oauth2/end-session/"), ("GET", "/api/auth/account/"),
+])
+def test_an_unknown_address_under_a_page_gets_a_page(server, method, path):
+    """A person reads what an address under the browser pages answers, a 404 too."""
+    response, body = get(server, path, method=method)
+    assert response.code == 404
+    assert response.headers.getRawHeaders("content-type") == ["text/html; charset=utf-8"]
+    assert response.headers.getRawHeaders("x-frame-options") == ["DENY"]
+    assert method == "HEAD" or (b"<!DOCTYPE html>" in body and b"There is no page at this address" in body)
 
 
 @pytest.mark.parametrize("method, path, allow", [

@@ -756,6 +756,10 @@ class PublicSite:
 
     @app.handle_errors(NotFound)
     def not_found(self, request, failure):
+        """No such address: a page under a page's prefix (a person reads it, L{PAGE_PREFIXES}), else JSON."""
+        if request.path.startswith(PAGE_PREFIXES):
+            return error_page(request, 404, "Page not found",
+                              "There is no page at this address. Go back to the application and start again.")
         return json_body(request, 404, {"error": "not_found", "error_description": "no such endpoint"})
 
     @app.handle_errors(MethodNotAllowed)
