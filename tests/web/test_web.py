@@ -236,6 +236,33 @@ def test_a_method_a_page_does_not_serve_gets_a_page(server, method, path, allow)
     assert b"<!DOCTYPE html>" in body and b"cannot be opened this way" in body
 
 
+@pytest.mark.parametrize("method, path", [
+    ("GET", "/api/auth/oauth2/token"), ("PUT", "/api/auth/oauth2/userinfo"), ("GET", "/api/auth/oauth2/revoke"),
+    ("GET", "/api/auth/oauth2/par"), ("GET", "/api/auth/oauth2/register"),
+    ("POST", "/api/auth/oauth2/register/some-client"), ("POST", "/api/auth/.well-known/openid-configuration"),
+    ("POST", "/api/auth/.well-known/oauth-authorization-server"), ("POST", "/.well-known/openid-configuration"),
+    ("DELETE", "/api/auth/jwks"),
+])
+def test_a_method_an_endpoint_browsers_call_does_not_serve_can_be_read_by_any_origin(method, path):
+    """A browser-based client reads the 405 from any origin, as it reads the answers (PAR, registration on here)."""
+    config = parse_config({"server": {"public_url": BASE}, "par": {"enabled": True},
+                           "registration": {"enabled": True, "allowed_redirect_hosts": ["rp.example"]}}, None)
+    server = SimpleNamespace(http=StubTreq(web_root(config, Clock(), FakeStore(), FakeKeystore(), FakeIdentity(),
+                                                    lambda: None)))
+    response, body = get(server, path, method=method, headers={"Origin": "https://rp.example"})
+    assert (response.code, json.loads(body)["error"]) == (405, "method_not_allowed")
+    assert response.headers.getRawHeaders("access-control-allow-origin") == ["*"]
+
+
+@pytest.mark.parametrize("method, path", [
+    ("GET", "/api/auth/oauth2/introspect"), ("DELETE", "/healthz"), ("GET", "/api/auth/account/sessions/end"),
+])
+def test_a_method_another_endpoint_does_not_serve_allows_no_origin(server, method, path):
+    response, _ = get(server, path, method=method, headers={"Origin": "https://rp.example"})
+    assert response.code == 405
+    assert not response.headers.hasHeader("access-control-allow-origin")
+
+
 @pytest.mark.parametrize("path, method", [
     ("/api/auth/oauth2/par", "GET"), ("/api/auth/oauth2/par", "PUT"),
     ("/api/auth/oauth2/device-authorization", "GET"), ("/api/auth/oauth2/register", "GET"),

@@ -68,7 +68,7 @@ from authsrv.web.interaction_pages import (
     recovery_codes_page,
     second_factor_page,
 )
-from authsrv.web.limits import PAGE_PREFIXES
+from authsrv.web.limits import PAGE_PREFIXES, READ_BY_BROWSERS
 from authsrv.web.pages import error_page, render_page
 from authsrv.web.quiet import QuietWarnings
 from authsrv.web.routes import Endpoint, ExactPaths, RoutedKlein
@@ -99,7 +99,11 @@ def _wrong_method(request, allow: bytes) -> bytes:
     405 with C{Allow}; at a page's address, a page: a browser gets there
     with a GET when the address of a page that answered a form (the login
     page after a passkey, the account page after an action) is opened again.
+    At an endpoint browser-based clients call, any origin may read it, as
+    it reads the endpoint's answers.
     """
+    if request.path.startswith(READ_BY_BROWSERS):
+        allow_browser_clients(request)
     if not request.path.startswith(PAGE_PREFIXES):
         return method_not_allowed(request, allow)
     request.setHeader(b"allow", allow)
