@@ -54,7 +54,7 @@ from authsrv.flows.issue import TokenMinter
 from authsrv.flows.link import ChatLinking
 from authsrv.flows.passkeys import Passkeys
 from authsrv.flows.login import PasswordLogin
-from authsrv.flows.offered import OPTIONAL_GRANTS, OfferedFeatures
+from authsrv.flows.offered import OfferedFeatures, offered_grants
 from authsrv.flows.mfa import SecondFactors
 from authsrv.flows.pushed import PushedRequests
 from authsrv.flows.ratelimit import ClientRateLimits
@@ -406,7 +406,7 @@ def _documents(config: Config, keystore, grant_types: tuple[str, ...], offered: 
     def document(oidc: bool) -> bytes:
         features = offered.current()
         if (oidc, features) not in made:
-            grants = tuple(g for g in grant_types if g not in OPTIONAL_GRANTS or g in features)
+            grants = offered_grants(grant_types, features)
             assertion_algs = advertised_assertion_algs(features, config.client_secret_key is not None, registrable)
             if oidc:
                 metadata = openid_configuration(config.issuer, keystore.algorithms, grants, pushed, assertion_algs,
@@ -453,10 +453,12 @@ class PublicFlows:
 
 
 def public_flows(config: Config, reactor, store, keystore, identity, grants: GrantRegistry, clients,
-                 chat_link=None, notifier: backchannel.BackchannelNotifier | None = None) -> PublicFlows:
+                 offered: OfferedFeatures, chat_link=None, notifier: backchannel.BackchannelNotifier | None = None
+                 ) -> PublicFlows:
     """
     Each flow built with exactly the collaborators it uses (fosite's
-    compose); ended sessions are told to their clients by C{notifier}.
+    compose); ended sessions are told to their clients by C{notifier};
+    C{offered} is what discovery advertises, which the token endpoint names.
     """
     notifier = notifier or backchannel_notifier(reactor)
     sessions = SessionEnder(
@@ -484,7 +486,8 @@ def public_flows(config: Config, reactor, store, keystore, identity, grants: Gra
                                           policy=config.device, limits=config.limits, issuer=config.issuer)
     return PublicFlows(
         interaction=interaction,
-        token=TokenFlow(clients=clients, grants=grants, dpop=dpop, url=config.issuer + "/oauth2/token"),
+        token=TokenFlow(clients=clients, grants=grants, features=offered.current, dpop=dpop,
+                        url=config.issuer + "/oauth2/token"),
         pushed=pushed,
         userinfo=UserInfoFlow(
             store=store, identity=identity, claims=_claims(config, store), issuer=config.issuer,
@@ -540,6 +543,7 @@ def web_root(
     else the reactor's resolver does.
     """
     grants = grant_registry(config, store, keystore, identity)
+    offered = OfferedFeatures(store, reactor, config.clients)
     token_endpoint = endpoints(config.issuer)["token_endpoint"]
     clients: ClientCache | DocumentClients = ClientCache(store, reactor, assertions=AssertionChecker(
         store=store, documents=_fetcher(reactor, config, lookups, "key-set-lookups"),
@@ -556,14 +560,15 @@ def web_root(
             path=urlsplit(config.issuer).path or "/", secure=config.issuer.startswith("https:"),
             session_ttl=config.limits.session_ttl,
         ),
-        flows=public_flows(config, reactor, store, keystore, identity, grants, clients, chat_link, notifier),
+        flows=public_flows(config, reactor, store, keystore, identity, grants, clients, offered, chat_link,
+                           notifier),
         readiness=Readiness(clock=reactor, startup=readiness, store=store, keystore=keystore, identity=identity),
         rates=ClientRateLimits(clock=reactor, clients=clients, settings=config.rate_limits,
                                public_pushes=_public_pushes(config)),
         trusted_proxies=config.trusted_proxies,
     )
     return Root(
-        _documents(config, keystore, grants.grant_types, OfferedFeatures(store, reactor, config.clients)),
+        _documents(config, keystore, grants.grant_types, offered),
         site.resource(), internal, config.input_limits, admin
     )
 

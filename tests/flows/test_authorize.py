@@ -78,14 +78,17 @@ async def test_unknown_client_or_unregistered_redirect_uri_is_a_page_never_a_red
         for params, words in cases:
             response, body = await Browser(h).get(ISSUER + "/oauth2/authorize?" + urlencode({**valid, **params}))
             assert_error_page(response, body, words)
-        repeated = [
-            "client_id=first&client_id=first&redirect_uri=" + quote_from_bytes(FIRST_REDIRECT.encode(), safe=""),
-            "client_id=first&redirect_uri=a&redirect_uri=" + quote_from_bytes(FIRST_REDIRECT.encode(), safe=""),
-            "client_id=%ff&redirect_uri=" + quote_from_bytes(FIRST_REDIRECT.encode(), safe=""),
+        redirect = quote_from_bytes(FIRST_REDIRECT.encode(), safe="")
+        malformed = [
+            ("client_id=first&client_id=first&redirect_uri=" + redirect, "client_id is repeated"),
+            ("client_id=first&redirect_uri=a&redirect_uri=" + redirect, "redirect_uri is repeated"),
+            ("client_id=%ff&redirect_uri=" + redirect, "client_id is not UTF-8 text"),
+            ("client_id=first&redirect_uri=%ff", "redirect_uri is not UTF-8 text"),
+            ("client_id=a%00b&redirect_uri=" + redirect, "client_id holds a NUL character"),
         ]
-        for query in repeated:
+        for query, words in malformed:
             response, body = await Browser(h).get(ISSUER + "/oauth2/authorize?" + query + "&" + urlencode(valid))
-            assert_error_page(response, body, "")
+            assert_error_page(response, body, words)
     finally:
         await h.close()
 

@@ -194,11 +194,26 @@ def test_a_readiness_check_given_up_by_its_caller_logs_no_outage():
 
 
 def test_unknown_path_and_method(server):
-    response, body = get(server, "/nope")
-    assert (response.code, json.loads(body)["error"]) == (404, "not_found")
+    for path in ("/nope", "/api/auth/oauth2/nope"):
+        response, body = get(server, path)
+        assert (response.code, json.loads(body)["error"]) == (404, "not_found")
     response, body = get(server, "/healthz", method="DELETE")
     assert response.code == 405
     assert json.loads(body)["error"] == "method_not_allowed"
+
+
+@pytest.mark.parametrize("method, path", [
+    ("GET", "/api/auth/account/nope"), ("GET", "/api/auth/login/nope"), ("POST", "/api/auth/consent/nope"),
+    ("GET", "/api/auth/oauth2/authorize/nope"), ("HEAD", "/api/auth/mfa/nope"), ("GET", "/api/auth/link/nope"),
+    ("GET", "/api/auth/oauth2/end-session/"), ("GET", "/api/auth/account/"),
+])
+def test_an_unknown_address_under_a_page_gets_a_page(server, method, path):
+    """A person reads what an address under the browser pages answers, a 404 too."""
+    response, body = get(server, path, method=method)
+    assert response.code == 404
+    assert response.headers.getRawHeaders("content-type") == ["text/html; charset=utf-8"]
+    assert response.headers.getRawHeaders("x-frame-options") == ["DENY"]
+    assert method == "HEAD" or (b"<!DOCTYPE html>" in body and b"There is no page at this address" in body)
 
 
 @pytest.mark.parametrize("method, path, allow", [
@@ -219,6 +234,33 @@ def test_a_method_a_page_does_not_serve_gets_a_page(server, method, path, allow)
     assert response.headers.getRawHeaders("content-type") == ["text/html; charset=utf-8"]
     assert response.headers.getRawHeaders("x-frame-options") == ["DENY"]
     assert b"<!DOCTYPE html>" in body and b"cannot be opened this way" in body
+
+
+@pytest.mark.parametrize("method, path", [
+    ("GET", "/api/auth/oauth2/token"), ("PUT", "/api/auth/oauth2/userinfo"), ("GET", "/api/auth/oauth2/revoke"),
+    ("GET", "/api/auth/oauth2/par"), ("GET", "/api/auth/oauth2/register"),
+    ("POST", "/api/auth/oauth2/register/some-client"), ("POST", "/api/auth/.well-known/openid-configuration"),
+    ("POST", "/api/auth/.well-known/oauth-authorization-server"), ("POST", "/.well-known/openid-configuration"),
+    ("DELETE", "/api/auth/jwks"),
+])
+def test_a_method_an_endpoint_browsers_call_does_not_serve_can_be_read_by_any_origin(method, path):
+    """A browser-based client reads the 405 from any origin, as it reads the answers (PAR, registration on here)."""
+    config = parse_config({"server": {"public_url": BASE}, "par": {"enabled": True},
+                           "registration": {"enabled": True, "allowed_redirect_hosts": ["rp.example"]}}, None)
+    server = SimpleNamespace(http=StubTreq(web_root(config, Clock(), FakeStore(), FakeKeystore(), FakeIdentity(),
+                                                    lambda: None)))
+    response, body = get(server, path, method=method, headers={"Origin": "https://rp.example"})
+    assert (response.code, json.loads(body)["error"]) == (405, "method_not_allowed")
+    assert response.headers.getRawHeaders("access-control-allow-origin") == ["*"]
+
+
+@pytest.mark.parametrize("method, path", [
+    ("GET", "/api/auth/oauth2/introspect"), ("DELETE", "/healthz"), ("GET", "/api/auth/account/sessions/end"),
+])
+def test_a_method_another_endpoint_does_not_serve_allows_no_origin(server, method, path):
+    response, _ = get(server, path, method=method, headers={"Origin": "https://rp.example"})
+    assert response.code == 405
+    assert not response.headers.hasHeader("access-control-allow-origin")
 
 
 @pytest.mark.parametrize("path, method", [

@@ -33,6 +33,11 @@ def features_of(clients) -> frozenset[str]:
     return frozenset(used)
 
 
+def offered_grants(grant_types: tuple[str, ...], features: frozenset[str]) -> tuple[str, ...]:
+    """The grant types of C{grant_types} offered now: an optional one only while some client uses it."""
+    return tuple(g for g in grant_types if g not in OPTIONAL_GRANTS or g in features)
+
+
 class OfferedFeatures:
     """C{current()}: the optional features in use; starts from C{declared} (the config file's clients)."""
 

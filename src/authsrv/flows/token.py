@@ -7,7 +7,10 @@ sent, and DPoP is offered) is checked, and the grant's handler answers.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from authsrv.flows.clients import authenticate_client
+from authsrv.flows.offered import offered_grants
 from authsrv.protocol.errors import InvalidDpopProof, UnauthorizedClient, UnsupportedGrantType
 from authsrv.protocol.params import require
 from authsrv.records import Client
@@ -16,14 +19,18 @@ from authsrv.records import Client
 class TokenFlow:
     """
     C{grants} is a L{authsrv.flows.grants.GrantRegistry}; C{clients} answers
-    C{get_client}; C{dpop} is an L{authsrv.flows.dpop.DpopVerifier}, None
-    when DPoP is not offered (a DPoP header is then ignored, RFC 9449
-    section 5); C{url} is the endpoint's public URL, a proof's C{htu}.
+    C{get_client}; C{features()} are the optional features in use
+    (L{authsrv.flows.offered.OfferedFeatures}), so that a refusal names only
+    the grant types discovery lists; C{dpop} is an
+    L{authsrv.flows.dpop.DpopVerifier}, None when DPoP is not offered (a DPoP
+    header is then ignored, RFC 9449 section 5); C{url} is the endpoint's
+    public URL, a proof's C{htu}.
     """
 
-    def __init__(self, *, clients, grants, dpop=None, url: str = ""):
+    def __init__(self, *, clients, grants, features: Callable[[], frozenset[str]], dpop=None, url: str = ""):
         self._clients = clients
         self._grants = grants
+        self._features = features
         self._dpop = dpop
         self._url = url
 
@@ -40,7 +47,8 @@ class TokenFlow:
         grant_type = require(params, "grant_type")
         handler = self._grants.get(grant_type)
         if handler is None:
-            raise UnsupportedGrantType(f"grant_type must be one of {', '.join(self._grants.grant_types)}")
+            offered = offered_grants(self._grants.grant_types, self._features())
+            raise UnsupportedGrantType(f"grant_type must be one of {', '.join(offered)}")
         client = checked or await authenticate_client(self._clients, authorization, params)
         if grant_type not in client.grant_types:
             raise UnauthorizedClient(f"this client may not use grant_type {grant_type}")

@@ -68,7 +68,7 @@ from authsrv.web.interaction_pages import (
     recovery_codes_page,
     second_factor_page,
 )
-from authsrv.web.limits import PAGE_PREFIXES
+from authsrv.web.limits import PAGE_PREFIXES, READ_BY_BROWSERS
 from authsrv.web.pages import error_page, render_page
 from authsrv.web.quiet import QuietWarnings
 from authsrv.web.routes import Endpoint, ExactPaths, RoutedKlein
@@ -99,7 +99,11 @@ def _wrong_method(request, allow: bytes) -> bytes:
     405 with C{Allow}; at a page's address, a page: a browser gets there
     with a GET when the address of a page that answered a form (the login
     page after a passkey, the account page after an action) is opened again.
+    At an endpoint browser-based clients call, any origin may read it, as
+    it reads the endpoint's answers.
     """
+    if request.path.startswith(READ_BY_BROWSERS):
+        allow_browser_clients(request)
     if not request.path.startswith(PAGE_PREFIXES):
         return method_not_allowed(request, allow)
     request.setHeader(b"allow", allow)
@@ -756,6 +760,10 @@ class PublicSite:
 
     @app.handle_errors(NotFound)
     def not_found(self, request, failure):
+        """No such address: a page under a page's prefix (a person reads it, L{PAGE_PREFIXES}), else JSON."""
+        if request.path.startswith(PAGE_PREFIXES):
+            return error_page(request, 404, "Page not found",
+                              "There is no page at this address. Go back to the application and start again.")
         return json_body(request, 404, {"error": "not_found", "error_description": "no such endpoint"})
 
     @app.handle_errors(MethodNotAllowed)

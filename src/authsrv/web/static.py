@@ -70,5 +70,6 @@ class StaticBytes(Resource):
     def render(self, request):
         handler = {b"GET": self.render_GET, b"HEAD": self.render_HEAD, b"OPTIONS": self.render_OPTIONS}
         if request.method not in handler:
+            allow_any_origin(request)
             return method_not_allowed(request, b"GET, HEAD, OPTIONS")
         return handler[request.method](request)
