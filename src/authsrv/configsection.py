@@ -151,7 +151,7 @@ class Section:
                 )
         return value
 
-    def duration(self, name: builtins.str, default: Any = _REQUIRED, *, maximum: int = MAX_DURATION) -> Any:
+    def duration(self, name: builtins.str, default: Any = _REQUIRED, *, maximum: builtins.int = MAX_DURATION) -> Any:
         """
         Seconds, given as an integer or a string such as C{"30d"} or
         C{"1h"}, at most C{maximum}: L{MAX_DURATION} unless the key has a

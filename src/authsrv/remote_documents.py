@@ -36,7 +36,6 @@ from __future__ import annotations
 import re
 import sys
 import zlib
-from functools import partial
 from ipaddress import ip_address
 from urllib.parse import urlsplit
 
@@ -211,7 +210,8 @@ class RemoteDocuments:
         self._clock = clock or reactor
         self.policy = policy
         if resolve is None and lookups is not None:
-            resolve = partial(deferToThreadPool, reactor, lookups, host_addresses)
+            def resolve(host: str) -> Deferred:
+                return deferToThreadPool(reactor, lookups, host_addresses, host)
         self._resolve = resolve or (lambda host: resolve_host(reactor, host))
         self._cache: dict[str, tuple[float, float, dict, int]] = {}
         """url -> (fetched at, expires at, document, its footprint), the oldest first"""

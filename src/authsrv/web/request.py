@@ -56,7 +56,7 @@ def parse_query(text: bytes, keep_blank_values: bool = False) -> dict[bytes, lis
 
 def _pairs_at_ampersands() -> None:
     """twisted.web's requests read their query and form body with L{parse_query}."""
-    http.parse_qs = parse_query
+    http.parse_qs = parse_query  # type: ignore[assignment]  # twisted.web passes two of parse_qs's three arguments
 
 
 _pairs_at_ampersands()
