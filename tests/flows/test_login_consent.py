@@ -686,6 +686,31 @@ async def test_deny_goes_back_with_access_denied_and_remembers_nothing(tmp_path,
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_sign_ins_pages_open_only_in_the_browser_it_began_in(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        victim, other, fresh = Browser(h), Browser(h), Browser(h)
+        await login_page(other)
+        other.cookies.pop("authsrv_session", None)
+        login = await login_page(victim, "partner", login_hint="alice")
+        consent = await consent_page(victim, ALICE)
+        for url in (login, consent):
+            for who in (other, fresh):
+                response, body = await who.get(url)
+                assert_page(response, body, 400)
+                assert b"<title>Sign-in ended</title>" in body and b'name="csrf"' not in body
+        response, body = await victim.get(login)
+        assert_page(response, body, 200)
+        assert b'value="alice"' in body, "a reload in the browser it began in shows it again"
+        response, body = await victim.get(consent)
+        assert_page(response, body, 200)
+        response, _ = await victim.answer_consent(consent, "approve")
+        assert response.code == 303 and "code" in query_of(location(response))
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_going_back_to_a_finished_sign_in_says_it_finished(tmp_path, monkeypatch):
     h = await started(tmp_path, monkeypatch)
     try:
