@@ -666,6 +666,30 @@ async def test_an_approval_after_max_age_signs_in_again_before_any_code(tmp_path
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_sign_in_in_another_tab_after_the_consent_page_was_made_meets_max_age(tmp_path, monkeypatch):
+    """
+    OIDC Core 3.1.2.1 asks that the code's auth_time be within max_age of
+    the request, or that the user be actively signed in again: a sign-in of
+    the same user after the consent page was made, in another tab, is after
+    the request, so the approval issues the code with that auth_time.
+    """
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        url = await consent_page_of_live_session(h, browser, ALICE, max_age="60", prompt="consent")
+        h.clock.advance(50)
+        await browser.sign_in(ALICE, "first", prompt="login")
+        signed_in_again = h.now()
+        h.clock.advance(20)
+        response, _ = await browser.answer_consent(url, "approve")
+        assert response.code == 303 and "code" in query_of(location(response)), location(response)
+        result = await h.store.find_code(token_hash(query_of(location(response))["code"]), h.now())
+        assert isinstance(result, CodeFound) and result.code.auth_time == signed_in_again
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_deny_goes_back_with_access_denied_and_remembers_nothing(tmp_path, monkeypatch, audit):
     h = await started(tmp_path, monkeypatch)
     try:

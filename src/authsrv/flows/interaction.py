@@ -544,7 +544,9 @@ class InteractionFlow:
         consent page is not asked for again, so a slow reader is not sent
         round in a loop. A sign-in made to reach this page meets max_age
         however long the page stayed open, as in node-oidc-provider, so a
-        new user never types the password twice.
+        new user never types the password twice; so does one in another tab
+        after the page was made: either is after the request, which is all
+        OIDC Core 3.1.2.1 asks of auth_time.
         """
         if form is None:
             raise _forged()
