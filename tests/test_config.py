@@ -227,6 +227,38 @@ def test_every_mistake_of_a_section_is_named_at_once(monkeypatch, data, keys):
     assert [e.key for e in errors] == keys
 
 
+@pytest.mark.parametrize("clients, messages", [
+    ([{"client_id": "a b", "first_party": "yes", "colour": "blue",
+       "redirect_uris": ["http://app.example/cb", "https://app.example/cb#x"],
+       "grant_types": ["implicit", "refresh_token", "refresh_token"]}],
+     ["clients[0].client_id: 'a b' may hold only printable ASCII",
+      "clients[0].first_party: must be true or false, not a string",
+      "clients[0].redirect_uris[0]: 'http://app.example/cb' must use https",
+      "clients[0].redirect_uris[1]: 'https://app.example/cb#x' must not contain a fragment",
+      "clients[0].grant_types[0]: 'implicit' is not a grant type this server offers",
+      "clients[0].grant_types[2]: 'refresh_token' is listed twice",
+      "clients[0].colour: unknown key"]),
+    ([{"redirect_uris": [], "secret": "s3cret", "rate_limit": "often", "profile": "strict"}],
+     ["clients[0].client_id: is required", "clients[0].secret: secrets are not written in the config file",
+      "clients[0].rate_limit: ", "clients[0].profile: must be one of"]),
+    ([{**CLIENT, "rate_limit": "often"}, {**CLIENT, "client_id": "other", "refresh_grace": "soon"}],
+     ["clients[0].rate_limit: ", "clients[1].refresh_grace: must be a duration"]),
+    ([{**CLIENT, "secret_env": "AUTHSRV_TEST_UNSET", "token_endpoint_auth_method": "client_secret_basic"}],
+     ["clients[0].secret_env: environment variable AUTHSRV_TEST_UNSET is not set or empty"]),
+])
+def test_every_mistake_of_a_client_entry_is_named_at_once(monkeypatch, clients, messages):
+    """
+    Each key of a [[clients]] entry is checked on its own, messages as ever;
+    the keys are checked against each other only once each is right, so a
+    secret that cannot be read is not blamed again on the auth method.
+    """
+    monkeypatch.delenv("AUTHSRV_TEST_UNSET", raising=False)
+    _, errors = read_config_document({"clients": clients}, None)
+    assert len(errors) == len(messages), errors
+    for error, message in zip(errors, messages):
+        assert str(error).startswith(message), (str(error), message)
+
+
 def test_a_plugin_section_names_every_unknown_key():
     """A plugin's section is read by the plugin, whose one error names each key nobody asked for."""
     section = Section({"plugin": "sqlite", "colour": "blue", "flavour": "mint"}, "store", Path("."))

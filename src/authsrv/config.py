@@ -476,12 +476,12 @@ def _identity(section: Section, checked: Problems) -> PluginChoice | None:
     return None if choice is None else attrs.evolve(choice, standing_cache=seconds, standing_cache_size=size)
 
 
-def _uris(section: Section, name: str, required: bool) -> list[str]:
-    uris = section.str_list(name) if required else section.str_list(name, [])
+def _uris(section: Section, checked: Problems, name: str) -> list[str]:
+    """A client's list of URIs, each mistaken one noted."""
+    uris = checked.take(section.str_list, name, [], fallback=[])
     for index, uri in enumerate(uris):
-        problem = redirect_uri_problem(uri)
-        if problem:
-            raise ConfigError(f"{section.key(name)}[{index}]", problem)
+        if problem := redirect_uri_problem(uri):
+            checked.add(ConfigError(f"{section.key(name)}[{index}]", problem))
     return uris
 
 
@@ -522,67 +522,75 @@ def _admin(section: Section, checked: Problems, demo: bool, internal_secret: str
     return AdminSettings(secret, name, listen, serve_on_main)
 
 
-def client_from_config(section: Section, demo: bool = False, offer: SigningOffer = SigningOffer(),
-                       fetching: FetchPolicy = FetchPolicy(), keeper: SecretKeeper | None = None) -> Client:
+def client_from_config(section: Section, checked: Problems, demo: bool = False,
+                       offer: SigningOffer = SigningOffer(), fetching: FetchPolicy = FetchPolicy(),
+                       keeper: SecretKeeper | None = None) -> Client | None:
     """
     A client declared in the config file (C{[[clients]]}); C{demo} when the
     public URL is on the loopback interface, where weak secrets are allowed;
     its signing algorithms must be among those C{offer} holds; C{fetching}
     decides which C{jwks_uri} may be fetched; C{keeper} seals the secret of
-    a client_secret_jwt client.
+    a client_secret_jwt client. Every key is checked on its own, each
+    mistake noted in C{checked}; an entry with any is no client (None), and
+    its keys are checked against each other only once each is right, so that
+    one mistake is not blamed again on another key.
     """
-    client_id = section.str("client_id")
-    problem = client_id_problem(client_id)
-    if problem:
-        raise section.error("client_id", problem)
-    secret = _strong_secret(section, "secret", demo)
-    backchannel = section.str("backchannel_logout_uri", None)
+    before = len(checked.errors)
+    client_id = checked.take(section.str, "client_id", fallback="")
+    if client_id and (problem := client_id_problem(client_id)):
+        checked.add(section.error("client_id", problem))
+    secret = checked.take(_strong_secret, section, "secret", demo)
+    backchannel = checked.take(section.str, "backchannel_logout_uri", None)
     if backchannel is not None and (backchannel_problem := backchannel_uri_problem(backchannel)):
-        raise section.error("backchannel_logout_uri", backchannel_problem)
+        checked.add(section.error("backchannel_logout_uri", backchannel_problem))
+    flags = {name: checked.take(section.bool, name, False, fallback=False) for name in (
+        "end_session_enabled", "first_party", "introspect_any", "require_mfa",
+        "require_pushed_authorization_requests", "dpop_bound_access_tokens")}
+    jwks_uri = checked.take(section.str, "jwks_uri", None)
+    if jwks_uri is not None and (uri_problem := url_problem(jwks_uri, fetching)):
+        checked.add(section.error("jwks_uri", uri_problem))
     client = Client(
         client_id=client_id,
         secret_hash=token_hash(secret) if secret is not None else None,
-        name=section.str("name", client_id),
-        redirect_uris=_uris(section, "redirect_uris", False),
-        post_logout_redirect_uris=_uris(section, "post_logout_redirect_uris", False),
-        end_session_enabled=section.bool("end_session_enabled", False),
-        first_party=section.bool("first_party", False),
-        resources=section.str_list("resources", []),
-        introspect_any=section.bool("introspect_any", False),
+        name=checked.take(section.str, "name", client_id, fallback=client_id),
+        redirect_uris=_uris(section, checked, "redirect_uris"),
+        post_logout_redirect_uris=_uris(section, checked, "post_logout_redirect_uris"),
+        resources=checked.take(section.str_list, "resources", [], fallback=[]),
         backchannel_logout_uri=backchannel,
-        grant_types=_grant_types(section),
+        grant_types=_grant_types(section, checked),
         source="config",
-        refresh_grace=section.duration("refresh_grace", None),
-        rate_limit=_rate_limit(section),
-        audiences=_uris(section, "audiences", False),
-        require_mfa=section.bool("require_mfa", False),
-        require_pushed_authorization_requests=section.bool("require_pushed_authorization_requests", False),
-        profile=_profile(section),
-        **_signing_algorithms(section, offer),
-        token_endpoint_auth_method=section.str("token_endpoint_auth_method", None, choices=AUTH_METHODS),
-        jwks=section.str("jwks", None),
-        jwks_uri=section.str("jwks_uri", None),
-        scopes=section.str_list("scopes", []),
-        dpop_bound_access_tokens=section.bool("dpop_bound_access_tokens", False),
+        refresh_grace=checked.take(section.duration, "refresh_grace", None),
+        rate_limit=_rate_limit(section, checked),
+        audiences=_uris(section, checked, "audiences"),
+        profile=_profile(section, checked),
+        **_signing_algorithms(section, checked, offer),
+        token_endpoint_auth_method=checked.take(section.str, "token_endpoint_auth_method", None,
+                                                choices=AUTH_METHODS),
+        jwks=checked.take(section.str, "jwks", None),
+        jwks_uri=jwks_uri,
+        scopes=checked.take(section.str_list, "scopes", [], fallback=[]),
+        **flags,
     )
+    checked.done(section)
+    if len(checked.errors) > before:
+        return None
     if client.token_endpoint_auth_method == CLIENT_SECRET_JWT and secret is not None:
         if len(secret.encode()) < MIN_HMAC_SECRET:
-            raise section.error("secret_env" if section.has("secret_env") else "secret_file",
-                                f"a client_secret_jwt secret needs at least {MIN_HMAC_SECRET} bytes"
-                                " (HS256's key size, RFC 7518 section 3.2)")
+            checked.add(section.error("secret_env" if section.has("secret_env") else "secret_file",
+                                      f"a client_secret_jwt secret needs at least {MIN_HMAC_SECRET} bytes"
+                                      " (HS256's key size, RFC 7518 section 3.2)"))
+            return None
         if keeper is not None:
             client = attrs.evolve(client, sealed_secret=keeper.seal(client_id, secret))
-    if client.jwks_uri is not None and (uri_problem := url_problem(client.jwks_uri, fetching)):
-        raise section.error("jwks_uri", uri_problem)
     if auth_problem := auth_settings_problem(client):
-        raise section.error(*auth_problem)
-    section.done()
+        checked.add(section.error(*auth_problem))
+        return None
     return client
 
 
-def _profile(section: Section) -> str | None:
+def _profile(section: Section, checked: Problems) -> str | None:
     """A client's security profile; C{"none"} (TOML has no null) is the default, no profile."""
-    profile = section.str("profile", NO_PROFILE, choices=(NO_PROFILE, *PROFILES))
+    profile = checked.take(section.str, "profile", NO_PROFILE, choices=(NO_PROFILE, *PROFILES), fallback=NO_PROFILE)
     return None if profile == NO_PROFILE else profile
 
 
@@ -597,12 +605,14 @@ def _par(section: Section, checked: Problems) -> PushedRequestSettings:
     return PushedRequestSettings(enabled=enabled or required, required=required)
 
 
-def _signing_algorithms(section: Section, offer: SigningOffer) -> dict[str, Any]:
+def _signing_algorithms(section: Section, checked: Problems, offer: SigningOffer) -> dict[str, Any]:
     """A client's C{*_signed_response_alg} settings, each one the server can honour."""
-    chosen = {name: section.str(name, DEFAULT_ALG if name in TOKEN_SETTINGS else None) for name in SETTINGS}
-    for name, alg in chosen.items():
+    chosen = {}
+    for name in SETTINGS:
+        default = DEFAULT_ALG if name in TOKEN_SETTINGS else None
+        chosen[name] = alg = checked.take(section.str, name, default, fallback=default)
         if (problem := offer.problem(name, alg)) is not None:
-            raise section.error(name, problem)
+            checked.add(section.error(name, problem))
     return chosen
 
 
@@ -641,28 +651,29 @@ def _log_path(section: Section, name: str, default: str | None) -> str | None:
     return str((section.base_dir / Path(value).expanduser()).resolve())
 
 
-def _rate_limit(section: Section) -> str | None:
+def _rate_limit(section: Section, checked: Problems) -> str | None:
     """A client's own request rate (C{[[clients]] rate_limit}), checked now."""
-    text = section.str("rate_limit", None)
+    text = checked.take(section.str, "rate_limit", None)
     if text is not None:
         try:
             parse_rate(text)
         except ValueError as e:
-            raise section.error("rate_limit", str(e)) from None
+            checked.add(section.error("rate_limit", str(e)))
     return text
 
 
-def _grant_types(section: Section) -> list[str]:
+def _grant_types(section: Section, checked: Problems) -> list[str]:
     """The grants a client may use: any the token endpoint offers, each once."""
-    names = section.str_list("grant_types", list(DEFAULT_GRANT_TYPES))
+    names = checked.take(section.str_list, "grant_types", list(DEFAULT_GRANT_TYPES),
+                         fallback=list(DEFAULT_GRANT_TYPES))
     if not names:
-        raise section.error("grant_types", "must name at least one grant type")
+        checked.add(section.error("grant_types", "must name at least one grant type"))
     for index, name in enumerate(names):
         if name not in GRANT_TYPES:
-            raise ConfigError(f"{section.key('grant_types')}[{index}]",
-                              f"{name!r} is not a grant type this server offers; use {', '.join(GRANT_TYPES)}")
-        if names.index(name) != index:
-            raise ConfigError(f"{section.key('grant_types')}[{index}]", f"{name!r} is listed twice")
+            checked.add(ConfigError(f"{section.key('grant_types')}[{index}]",
+                                    f"{name!r} is not a grant type this server offers; use {', '.join(GRANT_TYPES)}"))
+        elif names.index(name) != index:
+            checked.add(ConfigError(f"{section.key('grant_types')}[{index}]", f"{name!r} is listed twice"))
     return names
 
 
@@ -855,7 +866,7 @@ def read_config_document(
     keeper = SecretKeeper(client_secret_key) if client_secret_key is not None else None
     clients: list[Client] = []
     for index, section in enumerate(checked.take(top.tables, "clients", fallback=[])):
-        client = checked.take(client_from_config, section, demo, offer, remote_documents, keeper)
+        client = client_from_config(section, checked, demo, offer, remote_documents, keeper)
         if client is None:
             continue
         for setting, problem in filter(None, (unoffered_push(client, par.enabled),

@@ -238,6 +238,7 @@ class Section:
         command line.
         """
         if name in self._data:
+            del self._data[name]
             raise self.error(
                 name,
                 f"secrets are not written in the config file; use {name}_env"
@@ -245,6 +246,7 @@ class Section:
             )
         env_key, file_key = f"{name}_env", f"{name}_file"
         if self.has(env_key) and self.has(file_key):
+            del self._data[env_key], self._data[file_key]
             raise self.error(env_key, f"give either {env_key} or {file_key}, not both")
         if self.has(env_key):
             variable = self.str(env_key)

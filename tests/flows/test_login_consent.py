@@ -666,6 +666,30 @@ async def test_an_approval_after_max_age_signs_in_again_before_any_code(tmp_path
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_sign_in_in_another_tab_after_the_consent_page_was_made_meets_max_age(tmp_path, monkeypatch):
+    """
+    OIDC Core 3.1.2.1 asks that the code's auth_time be within max_age of
+    the request, or that the user be actively signed in again: a sign-in of
+    the same user after the consent page was made, in another tab, is after
+    the request, so the approval issues the code with that auth_time.
+    """
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        url = await consent_page_of_live_session(h, browser, ALICE, max_age="60", prompt="consent")
+        h.clock.advance(50)
+        await browser.sign_in(ALICE, "first", prompt="login")
+        signed_in_again = h.now()
+        h.clock.advance(20)
+        response, _ = await browser.answer_consent(url, "approve")
+        assert response.code == 303 and "code" in query_of(location(response)), location(response)
+        result = await h.store.find_code(token_hash(query_of(location(response))["code"]), h.now())
+        assert isinstance(result, CodeFound) and result.code.auth_time == signed_in_again
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_deny_goes_back_with_access_denied_and_remembers_nothing(tmp_path, monkeypatch, audit):
     h = await started(tmp_path, monkeypatch)
     try:
@@ -681,6 +705,31 @@ async def test_deny_goes_back_with_access_denied_and_remembers_nothing(tmp_path,
         assert len(audit.of("consent.denied")) == 1 and not audit.of("code.issued")
         response, body = await browser.get(url)
         assert response.code == 400 and TOO_LONG in body
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_sign_ins_pages_open_only_in_the_browser_it_began_in(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        victim, other, fresh = Browser(h), Browser(h), Browser(h)
+        await login_page(other)
+        other.cookies.pop("authsrv_session", None)
+        login = await login_page(victim, "partner", login_hint="alice")
+        consent = await consent_page(victim, ALICE)
+        for url in (login, consent):
+            for who in (other, fresh):
+                response, body = await who.get(url)
+                assert_page(response, body, 400)
+                assert b"<title>Sign-in ended</title>" in body and b'name="csrf"' not in body
+        response, body = await victim.get(login)
+        assert_page(response, body, 200)
+        assert b'value="alice"' in body, "a reload in the browser it began in shows it again"
+        response, body = await victim.get(consent)
+        assert_page(response, body, 200)
+        response, _ = await victim.answer_consent(consent, "approve")
+        assert response.code == 303 and "code" in query_of(location(response))
     finally:
         await h.close()
 

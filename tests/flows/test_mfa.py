@@ -391,6 +391,32 @@ async def test_policy_required_sends_to_enrolment_with_a_grace_period(tmp_path, 
 
 
 @pytest_twisted.ensureDeferred
+async def test_second_factor_and_enrolment_pages_open_only_in_the_browser_the_sign_in_began_in(
+        tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        await enrolled(h, BOB)
+        victim, other, fresh = Browser(h), Browser(h), Browser(h)
+        await other.authorize("first")
+        response, _ = await password(victim, BOB)
+        second_factor = location(response)
+        response, _ = await password(victim, ALICE, acr_values=ACR_MFA)
+        enrolment = location(response)
+        assert "/mfa?" in second_factor and "/mfa/enrol?" in enrolment
+        for url in (second_factor, enrolment):
+            for who in (other, fresh):
+                response, body = await who.get(url)
+                assert response.code == 400 and b"<title>Sign-in ended</title>" in body, body
+                assert b'name="code"' not in body and b"<code>" not in body
+        response, body = await victim.get(second_factor)
+        assert response.code == 200 and b'name="code"' in body, "a reload in the browser it began in shows it again"
+        response, body = await victim.get(enrolment)
+        assert response.code == 200 and enrolment_of(body)[0]
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_client_may_require_mfa_of_its_users(tmp_path, monkeypatch):
     clients = [{**c, "require_mfa": True} if c["client_id"] == "partner" else c for c in CLIENTS]
     h = await Harness(tmp_path, monkeypatch, {"clients": clients, "mfa": {"enrol_grace": 0}}).start()

@@ -26,11 +26,21 @@ def form_token(device_secret: str, request_id: str) -> str:
 
 def form_token_valid(stored: str, sent: str | None, device_secret: str | None, request_id: str) -> bool:
     """The form's token is the stored one and this browser's device cookie derives it (constant time)."""
-    if sent is None or not valid_device_secret(device_secret):
+    if sent is None:
         return False
     sent_ok = hmac.compare_digest(stored.encode(), sent.encode())
-    device_ok = hmac.compare_digest(stored.encode(), form_token(device_secret, request_id).encode())
-    return sent_ok and device_ok
+    return kept_for(stored, device_secret, request_id) and sent_ok
+
+
+def kept_for(stored: str, device_secret: str | None, request_id: str) -> bool:
+    """
+    Whether this browser's device cookie derives the request's stored form
+    token, so the request was kept for this browser (constant time): what
+    lets only that browser open the request's pages, as its forms post.
+    """
+    if not valid_device_secret(device_secret):
+        return False
+    return hmac.compare_digest(stored.encode(), form_token(device_secret, request_id).encode())
 
 
 def session_form_token(cookie_value: str, purpose: bytes) -> str:

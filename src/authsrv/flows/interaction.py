@@ -25,7 +25,7 @@ import attrs
 from twisted.internet.defer import Deferred
 
 from authsrv import events
-from authsrv.flows.csrf import form_token, form_token_valid, valid_device_secret
+from authsrv.flows.csrf import form_token, form_token_valid, kept_for, valid_device_secret
 from authsrv.flows.login import LoggedIn, Refused, Suspended, Throttled
 from authsrv.flows.mfa import Accepted, Held, SecondFactors
 from authsrv.flows.passkeys import PASSKEY_METHODS, PasskeyAccepted, Passkeys
@@ -271,9 +271,9 @@ class InteractionFlow:
         return attrs.evolve(request, prompt=request.prompt | {"login"},
                             login_hint=hinted.login if hinted is not None else request.login_hint)
 
-    async def login_form(self, form: dict[str, str] | None, now: int) -> LoginForm:
+    async def login_form(self, form: dict[str, str] | None, browser: Browser, now: int) -> LoginForm:
         """The waiting request's login form; with L{ANOTHER_ACCOUNT}, without its login hint."""
-        interaction, client = await self._interaction(form, LOGIN_STAGE, now)
+        interaction, client = await self._interaction(form, LOGIN_STAGE, now, shown_to=browser)
         another = ANOTHER_ACCOUNT.items() <= (form or {}).items()
         return await self._first_login_form(interaction, client, now, hinted=not another)
 
@@ -391,7 +391,7 @@ class InteractionFlow:
                                      PASSWORD_AMR, ACR_PWD, seconds)
 
     async def second_factor_form(self, form: dict[str, str] | None, browser: Browser, now: int) -> SecondFactorForm:
-        interaction, client, _ = await self._factor_stage(form, MFA_STAGE, browser, now)
+        interaction, client, _ = await self._factor_stage(form, MFA_STAGE, browser, now, shown=True)
         return await self._second_factor_form(200, interaction, client, now=now)
 
     async def submit_second_factor(self, form: dict[str, str] | None, browser: Browser, address: str,
@@ -420,7 +420,7 @@ class InteractionFlow:
                                      with_second_factor(interaction.amr, "otp"), ACR_MFA, seconds)
 
     async def enrolment_form(self, form: dict[str, str] | None, browser: Browser, now: int) -> EnrolmentForm:
-        interaction, client, _ = await self._factor_stage(form, ENROL_STAGE, browser, now)
+        interaction, client, _ = await self._factor_stage(form, ENROL_STAGE, browser, now, shown=True)
         return await self._enrolment_form(200, interaction, client, None, now)
 
     async def submit_enrolment(self, form: dict[str, str] | None, browser: Browser, address: str,
@@ -521,7 +521,7 @@ class InteractionFlow:
         return Redirect(answer.location, answer.status, CookieChanges(session=value, device=answer.cookies.device))
 
     async def consent_form(self, form: dict[str, str] | None, browser: Browser, now: int) -> ConsentForm:
-        interaction, client, session = await self._consent_stage(form or {}, browser, now)
+        interaction, client, session = await self._consent_stage(form or {}, browser, now, shown=True)
         user = await self._identity.user_by_id(session.sub)
         return ConsentForm(
             client_name=client.name or client.client_id,
@@ -544,7 +544,9 @@ class InteractionFlow:
         consent page is not asked for again, so a slow reader is not sent
         round in a loop. A sign-in made to reach this page meets max_age
         however long the page stayed open, as in node-oidc-provider, so a
-        new user never types the password twice.
+        new user never types the password twice; so does one in another tab
+        after the page was made: either is after the request, which is all
+        OIDC Core 3.1.2.1 asks of auth_time.
         """
         if form is None:
             raise _forged()
@@ -723,17 +725,23 @@ class InteractionFlow:
             await self._store.save_interaction(interaction)
         return interaction, new_device
 
-    async def _interaction(self, form: dict[str, str] | None, stage: str, now: int) -> tuple[Interaction, Client]:
+    async def _interaction(self, form: dict[str, str] | None, stage: str, now: int, *,
+                           shown_to: Browser | None = None) -> tuple[Interaction, Client]:
         """
         The waiting request a form names, at C{stage}, and its client as it
         is now: a client removed since, or one that no longer registers the
         request's redirect URI, ends the sign-in on a page, so that no code
         or error is ever sent to an address it has given up (RFC 6749
-        section 4.1.2.1).
+        section 4.1.2.1). A page to show C{shown_to} a browser is only for
+        the browser the request was kept for (L{kept_for}), as its form's
+        token binds the POST: a leaked page URL opens nothing elsewhere, and
+        another browser sees the sign-in as ended, as for an unknown id.
         """
         interaction_id = (form or {}).get("request")
         interaction = await self._store.get_interaction(interaction_id, now) if interaction_id else None
         if interaction is None or interaction.stage != stage:
+            raise _expired()
+        if shown_to is not None and not kept_for(interaction.csrf_token, shown_to.device, interaction.interaction_id):
             raise _expired()
         request = interaction.request
         client = ACCOUNT_CLIENT if request.device and request.client_id == ACCOUNT_CLIENT.client_id else (
@@ -744,13 +752,14 @@ class InteractionFlow:
             raise unregistered_redirect()
         return interaction, client
 
-    async def _factor_stage(self, form: dict[str, str] | None, stage: str, browser: Browser,
-                            now: int) -> tuple[Interaction, Client, BrowserSession | None]:
+    async def _factor_stage(self, form: dict[str, str] | None, stage: str, browser: Browser, now: int, *,
+                            shown: bool = False) -> tuple[Interaction, Client, BrowserSession | None]:
         """
         A second-factor or enrolment interaction, its client, and the live
-        session it steps up (None for a sign-in without one yet).
+        session it steps up (None for a sign-in without one yet); C{shown}:
+        for its page, only to the browser it was kept for (L{_interaction}).
         """
-        interaction, client = await self._interaction(form, stage, now)
+        interaction, client = await self._interaction(form, stage, now, shown_to=browser if shown else None)
         if interaction.sid is None:
             return interaction, client, None
         session = await self.live_session(browser.session, now)
@@ -796,9 +805,9 @@ class InteractionFlow:
             grace_until=await self._factors.grace_until(sub, now), message=message,
         )
 
-    async def _consent_stage(self, form: dict[str, str], browser: Browser, now: int):
-        """The consent-stage interaction, its client and the session it waits on."""
-        interaction, client = await self._interaction(form, CONSENT_STAGE, now)
+    async def _consent_stage(self, form: dict[str, str], browser: Browser, now: int, *, shown: bool = False):
+        """The consent-stage interaction, its client and the session it waits on; C{shown} as in L{_factor_stage}."""
+        interaction, client = await self._interaction(form, CONSENT_STAGE, now, shown_to=browser if shown else None)
         session = await self.live_session(browser.session, now)
         if session is None or session.sid != interaction.sid:
             raise PageError(400, "Signed out", SIGNED_OUT)

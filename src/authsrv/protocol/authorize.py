@@ -305,8 +305,8 @@ def max_age_passed(request: AuthorizationRequest, session: BrowserSession, now: 
     The session's authentication is older than the request's max_age: no
     code may carry its auth_time (OIDC Core 3.1.2.1), however long ago the
     request started, so a page left open past it leads to a sign-in again;
-    only a sign-in made for the request itself meets max_age however long
-    its consent page stayed open (L{authsrv.flows.interaction.InteractionFlow.submit_consent}).
+    only a sign-in after the request (after its consent page was made) meets
+    max_age however long that page stayed open (L{authsrv.flows.interaction.InteractionFlow.submit_consent}).
     """
     return request.max_age is not None and now - session.auth_time > request.max_age
 

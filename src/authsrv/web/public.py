@@ -428,7 +428,8 @@ class PublicSite:
         return self._answer(request, outcome)
 
     async def login(self, request):
-        form = await self._flows.interaction.login_form(page_form(request), self._now())
+        form = await self._flows.interaction.login_form(page_form(request), self._cookies.browser(request),
+                                                        self._now())
         return self._login_page(request, form)
 
     async def login_submitted(self, request):
