@@ -31,8 +31,8 @@ from authsrv.records import DEFAULT_GRANT_TYPES, AccessState, Ban, Client, Impor
 from authsrv.store.codes import CodeFound, CodeNotFound, CodeRedeemed
 from authsrv.store.errors import AlreadyLinked, StoreUnavailable
 from authsrv.testing.store import (
-    ALICE, BOB, CLIENT, KEPT_LINKS, NOW, SHARED_LINKS, StoreConcurrencyConformance, StoreConformance, h, issue,
-    kept_links, make_code, make_grant, make_linked, make_refresh, start_grant,
+    ALICE, BOB, CLIENT, KEPT_LINKS, NOW, OLDER_ROWS, SHARED_LINKS, StoreConcurrencyConformance, StoreConformance,
+    check_older_rows, h, issue, kept_links, make_code, make_grant, make_linked, make_refresh, start_grant,
 )
 
 LATEST_VERSION = postgres_store.migrations()[-1][0]
@@ -243,6 +243,26 @@ class TestSchema:
             assert await kept_links(store) == KEPT_LINKS
             with pytest.raises(AlreadyLinked):
                 await store.link_account(make_linked("acct-later", sub=ALICE))
+        finally:
+            await store.close()
+
+    @pytest.mark.parametrize("older", [10, 16, 18, 21, 23])
+    @pytest_twisted.ensureDeferred
+    async def test_rows_written_at_an_older_version_work_after_the_upgrade(self, pg_dsn, older):
+        """
+        From the first version with passkeys, and from just before each
+        step that adds an index over existing rows.
+        """
+        postgres_store.migrate(pg_dsn, 5, NOW, [step for step in postgres_store.migrations() if step[0] < older])
+        with psycopg2.connect(pg_dsn) as db, db.cursor() as cursor:
+            for table, row in OLDER_ROWS:
+                cursor.execute(
+                    f"INSERT INTO {table} ({', '.join(row)}) VALUES ({', '.join(['%s'] * len(row))})",
+                    list(row.values()),
+                )
+        store = open_store(pg_dsn)
+        try:
+            await check_older_rows(store)
         finally:
             await store.close()
 

@@ -5,6 +5,7 @@ The SQLite store: both conformance suites, then what only a file shows
 
 from __future__ import annotations
 
+import json
 import resource
 import signal
 import sqlite3
@@ -30,9 +31,11 @@ from authsrv.testing.store import (
     CLIENT,
     KEPT_LINKS,
     NOW,
+    OLDER_ROWS,
     SHARED_LINKS,
     StoreConcurrencyConformance,
     StoreConformance,
+    check_older_rows,
     h,
     issue,
     kept_links,
@@ -94,6 +97,15 @@ def _older_schema(path, steps) -> sqlite3.Connection:
         db.executescript(script)
         db.execute("INSERT INTO schema_version VALUES (?, ?, 0)", (version, name))
     return db
+
+
+def _write_older_rows(db: sqlite3.Connection) -> None:
+    """L{OLDER_ROWS} as an older release wrote them, lists as JSON text."""
+    for table, row in OLDER_ROWS:
+        db.execute(
+            f"INSERT INTO {table} ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+            [json.dumps(value) if isinstance(value, list) else value for value in row.values()],
+        )
 
 
 class TestSQLiteFile(SQLiteFolder):
@@ -243,6 +255,22 @@ class TestSQLiteFile(SQLiteFolder):
             db.execute("PRAGMA foreign_keys = ON")
             db.execute("DELETE FROM grants WHERE grant_id = 'g1'")
             assert db.execute("SELECT count(*) FROM refresh_tokens").fetchone()[0] == 0
+
+    @pytest.mark.parametrize("older", [11, 17, 21, 23])
+    @pytest_twisted.ensureDeferred
+    async def test_rows_written_at_an_older_version_work_after_the_upgrade(self, older):
+        """
+        From the first version with passkeys, and from just before each
+        step that rebuilds a table or adds an index over existing rows.
+        """
+        before = [step for step in schema_steps("authsrv.store", "sqlite") if step[0] < older]
+        with _older_schema(self.folder / "authsrv.sqlite3", before) as db:
+            _write_older_rows(db)
+        store = self.open_store()
+        try:
+            await check_older_rows(store)
+        finally:
+            await store.close()
 
     def test_newer_schema_is_refused(self):
         self.open_store()
