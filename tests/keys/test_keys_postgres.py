@@ -219,6 +219,21 @@ def test_schema_newer_than_the_code_refused(pg_dsn, contexts):
         _open(pg_dsn, contexts())
 
 
+def test_a_step_that_fails_names_it_and_changes_nothing(pg_dsn, contexts):
+    """The steps before the failing one in the same start are undone too."""
+    _execute(pg_dsn, "CREATE TABLE signing_key_hints (id integer)")
+    with pytest.raises(ConfigError) as raised:
+        _open(pg_dsn, contexts())
+    assert (raised.value.key, raised.value.problem) == (
+        "keystore.dsn",
+        'its keystore schema step 002_hint_keys.sql failed: relation "signing_key_hints" already exists;'
+        " the schema stays at version 0",
+    )
+    with psycopg2.connect(pg_dsn) as connection, connection.cursor() as cursor:
+        cursor.execute("SELECT to_regclass('signing_keys'), to_regclass('keystore_schema_version')")
+        assert cursor.fetchone() == (None, None)
+
+
 @pytest_twisted.ensureDeferred
 async def test_database_down_keeps_signing_from_memory(stoppable_postgres, contexts):
     keystore = _open(stoppable_postgres.database(), contexts(), connect_timeout=1)

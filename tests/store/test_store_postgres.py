@@ -266,6 +266,34 @@ class TestSchema:
         finally:
             await store.close()
 
+    def test_a_step_that_fails_leaves_the_older_version_whole(self, pg_dsn):
+        """
+        An index of the operator's own under the name a later step creates
+        stops that step: the steps before it in the same upgrade are undone
+        too (a column added, duplicate links deleted), and the start stops
+        with one line naming the step.
+        """
+        postgres_store.migrate(pg_dsn, 5, NOW, [step for step in postgres_store.migrations() if step[0] < 20])
+        with psycopg2.connect(pg_dsn) as db, db.cursor() as cursor:
+            cursor.executemany(
+                "INSERT INTO linked_accounts (account_id, sub, provider, provider_user_id, access_token_enc, scope,"
+                " expires_at, updated_at, version) VALUES (%s, %s, %s, %s, '\\x00', 'identify', 0, %s, 1)",
+                SHARED_LINKS,
+            )
+            cursor.execute("CREATE INDEX clients_source ON clients (name)")
+        error = _config_error({"dsn": pg_dsn})
+        assert (error.key, error.problem) == (
+            "store.dsn",
+            "cannot use the database: its store schema step 022_clients_source.sql failed:"
+            ' relation "clients_source" already exists; the schema stays at version 19',
+        )
+        assert _versions(pg_dsn)[-1] == ("store", 19)
+        with psycopg2.connect(pg_dsn) as db, db.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM information_schema.columns WHERE column_name = 'hinted_sub'")
+            assert cursor.fetchone()[0] == 0
+            cursor.execute("SELECT count(*) FROM linked_accounts")
+            assert cursor.fetchone()[0] == len(SHARED_LINKS)
+
     def test_newer_schema_is_refused(self, pg_dsn):
         open_store(pg_dsn)
         with psycopg2.connect(pg_dsn) as db, db.cursor() as cursor:

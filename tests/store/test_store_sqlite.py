@@ -272,6 +272,33 @@ class TestSQLiteFile(SQLiteFolder):
         finally:
             await store.close()
 
+    def test_a_step_that_fails_leaves_the_older_version_whole(self):
+        """
+        An index of the operator's own under the name a later step creates
+        stops that step: the steps before it in the same upgrade are undone
+        too (a column added, duplicate links deleted), and the start stops
+        with one line naming the step.
+        """
+        path = self.folder / "authsrv.sqlite3"
+        with _older_schema(path, [step for step in schema_steps("authsrv.store", "sqlite") if step[0] < 22]) as db:
+            db.executemany(
+                "INSERT INTO linked_accounts (account_id, sub, provider, provider_user_id, access_token_enc, scope,"
+                " expires_at, updated_at, version) VALUES (?, ?, ?, ?, x'00', 'identify', 0, ?, 1)",
+                SHARED_LINKS,
+            )
+            db.execute("CREATE INDEX clients_source ON clients (name)")
+        with pytest.raises(ConfigError) as info:
+            self.open_store()
+        assert info.value.key == "store.path"
+        assert info.value.problem == (
+            f"cannot use {path}: its store schema step 024_clients_source.sql failed:"
+            " index clients_source already exists; the schema stays at version 21"
+        )
+        with sqlite3.connect(path) as db:
+            assert _version(path) == 21
+            assert "hinted_sub" not in {row[1] for row in db.execute("PRAGMA table_info(interactions)")}
+            assert db.execute("SELECT count(*) FROM linked_accounts").fetchone()[0] == len(SHARED_LINKS)
+
     def test_newer_schema_is_refused(self):
         self.open_store()
         path = self.folder / "authsrv.sqlite3"
