@@ -25,10 +25,12 @@ MIGRATION_LOCK_WAIT = "60s"
 
 _LOCK_NOT_AVAILABLE = "55P03"
 
-_SERVER_UNAVAILABLE = ("08", "53", "57", "58")
+_NOT_NOW = ("08", "25", "40", "53", "55", "57", "58")
 """
-SQLSTATE classes of a connection or server failing (connection exception,
-insufficient resources, operator intervention, system error), not a step.
+SQLSTATE classes that say "not now" rather than that a step is wrong:
+connection exceptions, a read-only transaction (a standby), rollbacks
+(deadlock), a lock waited for too long (an older instance's long
+transaction), insufficient resources, operator intervention, system errors.
 """
 
 
@@ -164,12 +166,11 @@ class PostgresMigration:
     def step_failure(self, error: BaseException) -> str | None:
         """
         C{error} as one line (without PostgreSQL's detail and hint) when it
-        is the step's own: SQL the rows refuse, an object already there, a
-        lock waited for too long; None for the connection's or the
-        server's, which stays an outage.
+        is the step's own (SQL the rows refuse, an object already there);
+        None when it says "not now", which stays an outage.
         """
         code = getattr(error, "pgcode", None)
-        if code is None or code[:2] in _SERVER_UNAVAILABLE:
+        if code is None or code[:2] in _NOT_NOW:
             return None
         return str(error).splitlines()[0]
 

@@ -20,7 +20,8 @@ import pytest_twisted
 from twisted.internet.defer import CancelledError, Deferred, DeferredList, gatherResults
 from twisted.logger import formatEvent, globalLogPublisher
 
-from authsrv.configsection import ConfigError, Section
+from authsrv import migrations
+from authsrv.configsection import ConfigError, Section, Unreachable
 from authsrv.context import PluginContext
 from authsrv.pg import pool
 from authsrv.pg.pool import fetch, first
@@ -293,6 +294,18 @@ class TestSchema:
             assert cursor.fetchone()[0] == 0
             cursor.execute("SELECT count(*) FROM linked_accounts")
             assert cursor.fetchone()[0] == len(SHARED_LINKS)
+
+    def test_a_step_kept_waiting_by_an_older_instance_is_worth_trying_again(self, pg_dsn, monkeypatch):
+        """An older instance's open write to the clients table holds back the step that indexes it."""
+        monkeypatch.setattr(migrations, "MIGRATION_LOCK_WAIT", "1s")
+        postgres_store.migrate(pg_dsn, 5, NOW, [step for step in postgres_store.migrations() if step[0] < 22])
+        with contextlib.closing(psycopg2.connect(pg_dsn)) as older, older.cursor() as cursor:
+            cursor.execute("LOCK TABLE clients IN ROW EXCLUSIVE MODE")
+            error = _config_error({"dsn": pg_dsn})
+        assert type(error) is Unreachable
+        assert (error.key, error.problem) == (
+            "store.dsn", "cannot use the database: canceling statement due to lock timeout")
+        assert _versions(pg_dsn)[-1] == ("store", 21)
 
     def test_newer_schema_is_refused(self, pg_dsn):
         open_store(pg_dsn)
