@@ -247,23 +247,30 @@ class TestSchema:
         finally:
             await store.close()
 
-    @pytest.mark.parametrize("older", [10, 16, 18, 21, 23])
+    @pytest.mark.parametrize("older", [2, 10, 16, 18, 21, 23])
     @pytest_twisted.ensureDeferred
     async def test_rows_written_at_an_older_version_work_after_the_upgrade(self, pg_dsn, older):
         """
-        From the first version with passkeys, and from just before each
-        step that adds an index over existing rows.
+        From the first version, the first with passkeys, and from just
+        before each step that adds an index over existing rows; each row
+        with its table's columns at that version.
         """
         postgres_store.migrate(pg_dsn, 5, NOW, [step for step in postgres_store.migrations() if step[0] < older])
+        written = set()
         with psycopg2.connect(pg_dsn) as db, db.cursor() as cursor:
             for table, row in OLDER_ROWS:
-                cursor.execute(
-                    f"INSERT INTO {table} ({', '.join(row)}) VALUES ({', '.join(['%s'] * len(row))})",
-                    list(row.values()),
-                )
+                cursor.execute("SELECT column_name FROM information_schema.columns WHERE table_name = %s", (table,))
+                columns = {column for column, in cursor.fetchall()}
+                if columns:
+                    row = {name: value for name, value in row.items() if name in columns}
+                    cursor.execute(
+                        f"INSERT INTO {table} ({', '.join(row)}) VALUES ({', '.join(['%s'] * len(row))})",
+                        list(row.values()),
+                    )
+                    written.add(table)
         store = open_store(pg_dsn)
         try:
-            await check_older_rows(store)
+            await check_older_rows(store, written)
         finally:
             await store.close()
 
