@@ -248,12 +248,25 @@ OLDER_ROWS = (
         grant_id="g1", client_id=CLIENT, sub=ALICE, scope="openid profile offline_access",
         resource=["https://api.example/"], auth_time=NOW - 30, sid="sid-g1", created_at=NOW,
         expires_at=NOW + 90 * DAY, revoked_at=None)),
+    ("grants", dict(
+        grant_id="g2", client_id=CLIENT, sub=ALICE, scope="openid", resource=[], auth_time=NOW - 30, sid="sid-g1",
+        created_at=NOW, expires_at=NOW + 90 * DAY, revoked_at=None)),
     ("access_tokens", dict(
         token_hash=h("access-1"), grant_id="g1", client_id=CLIENT, sub=ALICE, scope="openid profile offline_access",
         audience=["https://api.example/"], jti=None, issued_at=NOW, expires_at=NOW + HOUR, revoked_at=None)),
     ("refresh_tokens", dict(
         token_hash=h("refresh-1"), grant_id="g1", client_id=CLIENT, sub=ALICE, scope="openid profile offline_access",
         issued_at=NOW, expires_at=NOW + 30 * DAY, consumed_at=None, grace_until=None, replay=None)),
+    ("authorization_codes", dict(
+        code_hash=h("code-g2"), grant_id="g2", client_id=CLIENT, sub=ALICE, redirect_uri="https://app.example/cb",
+        scope="openid", code_challenge="E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM", code_challenge_method="S256",
+        nonce=None, resource=[], auth_time=NOW - 30, sid="sid-g1", issued_at=NOW, expires_at=NOW + 60,
+        used_at=None)),
+    ("interactions", dict(
+        interaction_id="i1", stage=LOGIN_STAGE, client_id=CLIENT, redirect_uri="https://app.example/cb",
+        scope="openid profile", state="xyz", code_challenge="E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM",
+        nonce=None, resources=[], prompt="", max_age=None, login_hint=None, csrf_token="csrf-i1", sid=None,
+        created_at=NOW, expires_at=NOW + 600)),
     ("consents", dict(sub=ALICE, client_id=CLIENT, scope="openid profile offline_access", created_at=NOW)),
     ("bans", dict(sub=BOB, reason="spam", created_at=NOW, until=None)),
     ("linked_accounts", attrs.asdict(make_linked())),
@@ -264,8 +277,8 @@ OLDER_ROWS = (
 )
 """
 (table, row) as a release with the passkeys schema wrote them: a client, a
-browser session, a live grant with its access and refresh tokens, a
-consent, a ban, a linked account, a TOTP factor and a passkey. A store test
+browser session, a live grant with its access and refresh tokens, a grant
+whose code is not redeemed yet, a login under way, a consent, a ban, a linked account, a TOTP factor and a passkey. A store test
 writes them into a database left at an older version in its own dialect
 (lists as JSON text or arrays), each row with the columns its table had
 then and none of the tables it did not have yet, then upgrades it and runs
@@ -294,6 +307,15 @@ async def check_older_rows(store, tables: set[str]) -> None:
     assert await store.get_ban(BOB, NOW) == Ban(BOB, "spam", NOW)
     assert await store.access_state(BOB, NOW) == AccessState(Ban(BOB, "spam", NOW), False)
     assert await store.get_linked_account(ALICE, "discord") == make_linked()
+    found = await store.find_code(h("code-g2"), NOW)
+    assert (found.code.grant_id, found.grant.scope) == ("g2", frozenset({"openid"}))
+    assert await store.redeem_code(
+        h("code-g2"), make_access("access-g2", found.grant), make_refresh("refresh-g2", found.grant), NOW + 1
+    ) == CodeRedeemed()
+    if "interactions" in tables:
+        interaction = await store.get_interaction("i1", NOW)
+        assert (interaction.stage, interaction.request.scope, interaction.request.prompt) == (
+            LOGIN_STAGE, ("openid", "profile"), frozenset())
     if "totp_factors" in tables:
         assert await store.get_totp(ALICE) == TotpFactor(ALICE, b"sealed-secret", NOW, 5)
     if "passkeys" in tables:
