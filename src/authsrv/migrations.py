@@ -25,6 +25,14 @@ MIGRATION_LOCK_WAIT = "60s"
 
 _LOCK_NOT_AVAILABLE = "55P03"
 
+_NOT_NOW = ("08", "25", "40", "53", "55", "57", "58")
+"""
+SQLSTATE classes that say "not now" rather than that a step is wrong:
+connection exceptions, a read-only transaction (a standby), rollbacks
+(deadlock), a lock waited for too long (an older instance's long
+transaction), insufficient resources, operator intervention, system errors.
+"""
+
 
 def schema_steps(package: str, dialect: str) -> list[tuple[int, str, str]]:
     """(version, file name, SQL) of every C{schema/<dialect>/NNN_*.sql} step of C{package}, in order."""
@@ -111,6 +119,10 @@ class SQLiteMigration:
     def begin(self, cursor) -> None:
         cursor.execute("BEGIN IMMEDIATE")
 
+    def step_failure(self, error: BaseException) -> str | None:
+        """C{error} as one line when it is the step's own (a full disk too: the step could not be written)."""
+        return str(error) if isinstance(error, sqlite3.Error) else None
+
     def run(self, cursor, script: str) -> None:
         """
         The statements one by one: C{executescript} would commit on its
@@ -151,6 +163,17 @@ class PostgresMigration:
                 f"another instance has been migrating the schema for {MIGRATION_LOCK_WAIT}; try again"
             ) from None
 
+    def step_failure(self, error: BaseException) -> str | None:
+        """
+        C{error} as one line (without PostgreSQL's detail and hint) when it
+        is the step's own (SQL the rows refuse, an object already there);
+        None when it says "not now", which stays an outage.
+        """
+        code = getattr(error, "pgcode", None)
+        if code is None or code[:2] in _NOT_NOW:
+            return None
+        return str(error).splitlines()[0]
+
     def run(self, cursor, script: str) -> None:
         cursor.execute(script)
 
@@ -163,7 +186,10 @@ def migrate(connection, how, steps: list[tuple[int, str, str]], ledger: Ledger, 
     Bring a schema to the newest of C{steps} on C{connection}, in one
     transaction begun C{how} (L{SQLiteMigration}, L{PostgresMigration}).
     Returns the version now in force; L{MigrationError} when the database's
-    schema is newer than this code or its lock is not had.
+    schema is newer than this code, its lock is not had, or a step fails:
+    then no step of this run stays applied, and its one line names the
+    step and the version kept, so that the operator sees which step
+    stopped the start and that nothing changed.
     """
     latest = steps[-1][0] if steps else 0
     cursor = connection.cursor()
@@ -178,7 +204,16 @@ def migrate(connection, how, steps: list[tuple[int, str, str]], ledger: Ledger, 
             )
         for version, name, script in steps:
             if version > current:
-                how.run(cursor, script)
+                try:
+                    how.run(cursor, script)
+                except Exception as e:
+                    failure = how.step_failure(e)
+                    if failure is None:
+                        raise
+                    raise MigrationError(
+                        f"its {ledger.name} schema step {name} failed: {failure};"
+                        f" the schema stays at version {current}"
+                    ) from e
                 ledger.record(cursor, how.mark, version, name, now)
         cursor.execute("COMMIT")
     except BaseException:

@@ -472,6 +472,19 @@ def test_schema_newer_than_the_code_refused(pg_dsn, context, backends):
     assert "newer than this authsrv knows" in str(raised.value)
 
 
+def test_a_step_that_fails_is_one_line_and_changes_nothing(pg_dsn, context):
+    """A table of that name already in the database (not authsrv's) stopped the start with a traceback."""
+    execute(pg_dsn, "CREATE TABLE identity_users (id integer)")
+    with pytest.raises(ConfigError) as raised:
+        open_backend({"dsn": pg_dsn}, context)
+    assert raised.value.key == "identity[0].dsn"
+    assert raised.value.problem == (
+        "its identity schema step 001_users.sql failed: relation \"identity_users\" already exists;"
+        " the schema stays at version 0"
+    )
+    assert execute(pg_dsn, "SELECT to_regclass('identity_schema_version')") == [(None,)]
+
+
 def test_check_only_creates_nothing(pg_dsn, reactor, tmp_path):
     context = PluginContext(reactor, tmp_path, check_only=True)
     try:

@@ -212,11 +212,38 @@ async def test_emptied_table_is_an_error_not_new_keys(pg_dsn, contexts):
     assert keystore.jwks_bytes() == published
 
 
+def test_keys_made_at_the_first_version_sign_after_the_upgrade(pg_dsn, contexts):
+    published = _open(pg_dsn, contexts()).jwks_bytes()
+    _execute(pg_dsn, "DROP TABLE signing_key_hints")
+    _execute(pg_dsn, "DELETE FROM keystore_schema_version WHERE version > 1")
+    upgraded = _open(pg_dsn, contexts())
+    assert upgraded.jwks_bytes() == published
+    assert upgraded.sign(CLAIMS).count(".") == 2
+    with psycopg2.connect(pg_dsn) as connection, connection.cursor() as cursor:
+        cursor.execute("SELECT max(version) FROM keystore_schema_version")
+        assert cursor.fetchone() == (2,)
+
+
 def test_schema_newer_than_the_code_refused(pg_dsn, contexts):
     _open(pg_dsn, contexts())
     _execute(pg_dsn, "INSERT INTO keystore_schema_version (version) VALUES (999)")
     with pytest.raises(ConfigError, match="newer than this authsrv knows"):
         _open(pg_dsn, contexts())
+
+
+def test_a_step_that_fails_names_it_and_changes_nothing(pg_dsn, contexts):
+    """The steps before the failing one in the same start are undone too."""
+    _execute(pg_dsn, "CREATE TABLE signing_key_hints (id integer)")
+    with pytest.raises(ConfigError) as raised:
+        _open(pg_dsn, contexts())
+    assert (raised.value.key, raised.value.problem) == (
+        "keystore.dsn",
+        'its keystore schema step 002_hint_keys.sql failed: relation "signing_key_hints" already exists;'
+        " the schema stays at version 0",
+    )
+    with psycopg2.connect(pg_dsn) as connection, connection.cursor() as cursor:
+        cursor.execute("SELECT to_regclass('signing_keys'), to_regclass('keystore_schema_version')")
+        assert cursor.fetchone() == (None, None)
 
 
 @pytest_twisted.ensureDeferred

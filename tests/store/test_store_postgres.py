@@ -20,7 +20,8 @@ import pytest_twisted
 from twisted.internet.defer import CancelledError, Deferred, DeferredList, gatherResults
 from twisted.logger import formatEvent, globalLogPublisher
 
-from authsrv.configsection import ConfigError, Section
+from authsrv import migrations
+from authsrv.configsection import ConfigError, Section, Unreachable
 from authsrv.context import PluginContext
 from authsrv.pg import pool
 from authsrv.pg.pool import fetch, first
@@ -31,8 +32,8 @@ from authsrv.records import DEFAULT_GRANT_TYPES, AccessState, Ban, Client, Impor
 from authsrv.store.codes import CodeFound, CodeNotFound, CodeRedeemed
 from authsrv.store.errors import AlreadyLinked, StoreUnavailable
 from authsrv.testing.store import (
-    ALICE, BOB, CLIENT, KEPT_LINKS, NOW, SHARED_LINKS, StoreConcurrencyConformance, StoreConformance, h, issue,
-    kept_links, make_code, make_grant, make_linked, make_refresh, start_grant,
+    ALICE, BOB, CLIENT, KEPT_LINKS, NOW, OLDER_ROWS, SHARED_LINKS, StoreConcurrencyConformance, StoreConformance,
+    check_older_rows, h, issue, kept_links, make_code, make_grant, make_linked, make_refresh, start_grant,
 )
 
 LATEST_VERSION = postgres_store.migrations()[-1][0]
@@ -245,6 +246,73 @@ class TestSchema:
                 await store.link_account(make_linked("acct-later", sub=ALICE))
         finally:
             await store.close()
+
+    @pytest.mark.parametrize("older", [2, 10, 16, 18, 21, 23])
+    @pytest_twisted.ensureDeferred
+    async def test_rows_written_at_an_older_version_work_after_the_upgrade(self, pg_dsn, older):
+        """
+        From the first version, the first with passkeys, and from just
+        before each step that adds an index over existing rows; each row
+        with its table's columns at that version.
+        """
+        postgres_store.migrate(pg_dsn, 5, NOW, [step for step in postgres_store.migrations() if step[0] < older])
+        written = set()
+        with psycopg2.connect(pg_dsn) as db, db.cursor() as cursor:
+            for table, row in OLDER_ROWS:
+                cursor.execute("SELECT column_name FROM information_schema.columns WHERE table_name = %s", (table,))
+                columns = {column for column, in cursor.fetchall()}
+                if columns:
+                    row = {name: value for name, value in row.items() if name in columns}
+                    cursor.execute(
+                        f"INSERT INTO {table} ({', '.join(row)}) VALUES ({', '.join(['%s'] * len(row))})",
+                        list(row.values()),
+                    )
+                    written.add(table)
+        store = open_store(pg_dsn)
+        try:
+            await check_older_rows(store, written)
+        finally:
+            await store.close()
+
+    def test_a_step_that_fails_leaves_the_older_version_whole(self, pg_dsn):
+        """
+        An index of the operator's own under the name a later step creates
+        stops that step: the steps before it in the same upgrade are undone
+        too (a column added, duplicate links deleted), and the start stops
+        with one line naming the step.
+        """
+        postgres_store.migrate(pg_dsn, 5, NOW, [step for step in postgres_store.migrations() if step[0] < 20])
+        with psycopg2.connect(pg_dsn) as db, db.cursor() as cursor:
+            cursor.executemany(
+                "INSERT INTO linked_accounts (account_id, sub, provider, provider_user_id, access_token_enc, scope,"
+                " expires_at, updated_at, version) VALUES (%s, %s, %s, %s, '\\x00', 'identify', 0, %s, 1)",
+                SHARED_LINKS,
+            )
+            cursor.execute("CREATE INDEX clients_source ON clients (name)")
+        error = _config_error({"dsn": pg_dsn})
+        assert (error.key, error.problem) == (
+            "store.dsn",
+            "cannot use the database: its store schema step 022_clients_source.sql failed:"
+            ' relation "clients_source" already exists; the schema stays at version 19',
+        )
+        assert _versions(pg_dsn)[-1] == ("store", 19)
+        with psycopg2.connect(pg_dsn) as db, db.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM information_schema.columns WHERE column_name = 'hinted_sub'")
+            assert cursor.fetchone()[0] == 0
+            cursor.execute("SELECT count(*) FROM linked_accounts")
+            assert cursor.fetchone()[0] == len(SHARED_LINKS)
+
+    def test_a_step_kept_waiting_by_an_older_instance_is_worth_trying_again(self, pg_dsn, monkeypatch):
+        """An older instance's open write to the clients table holds back the step that indexes it."""
+        monkeypatch.setattr(migrations, "MIGRATION_LOCK_WAIT", "1s")
+        postgres_store.migrate(pg_dsn, 5, NOW, [step for step in postgres_store.migrations() if step[0] < 22])
+        with contextlib.closing(psycopg2.connect(pg_dsn)) as older, older.cursor() as cursor:
+            cursor.execute("LOCK TABLE clients IN ROW EXCLUSIVE MODE")
+            error = _config_error({"dsn": pg_dsn})
+        assert type(error) is Unreachable
+        assert (error.key, error.problem) == (
+            "store.dsn", "cannot use the database: canceling statement due to lock timeout")
+        assert _versions(pg_dsn)[-1] == ("store", 21)
 
     def test_newer_schema_is_refused(self, pg_dsn):
         open_store(pg_dsn)

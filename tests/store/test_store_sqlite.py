@@ -5,6 +5,7 @@ The SQLite store: both conformance suites, then what only a file shows
 
 from __future__ import annotations
 
+import json
 import resource
 import signal
 import sqlite3
@@ -30,9 +31,11 @@ from authsrv.testing.store import (
     CLIENT,
     KEPT_LINKS,
     NOW,
+    OLDER_ROWS,
     SHARED_LINKS,
     StoreConcurrencyConformance,
     StoreConformance,
+    check_older_rows,
     h,
     issue,
     kept_links,
@@ -94,6 +97,24 @@ def _older_schema(path, steps) -> sqlite3.Connection:
         db.executescript(script)
         db.execute("INSERT INTO schema_version VALUES (?, ?, 0)", (version, name))
     return db
+
+
+def _write_older_rows(db: sqlite3.Connection) -> set[str]:
+    """
+    L{OLDER_ROWS} as an older release wrote them, lists as JSON text,
+    each with its table's columns at this version; the tables written.
+    """
+    written = set()
+    for table, row in OLDER_ROWS:
+        columns = {column[1] for column in db.execute(f"PRAGMA table_info({table})")}
+        if columns:
+            row = {name: value for name, value in row.items() if name in columns}
+            db.execute(
+                f"INSERT INTO {table} ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+                [json.dumps(value) if isinstance(value, list) else value for value in row.values()],
+            )
+            written.add(table)
+    return written
 
 
 class TestSQLiteFile(SQLiteFolder):
@@ -243,6 +264,50 @@ class TestSQLiteFile(SQLiteFolder):
             db.execute("PRAGMA foreign_keys = ON")
             db.execute("DELETE FROM grants WHERE grant_id = 'g1'")
             assert db.execute("SELECT count(*) FROM refresh_tokens").fetchone()[0] == 0
+
+    @pytest.mark.parametrize("older", [2, 11, 17, 21, 23])
+    @pytest_twisted.ensureDeferred
+    async def test_rows_written_at_an_older_version_work_after_the_upgrade(self, older):
+        """
+        From the first version, the first with passkeys, and from just
+        before each step that rebuilds a table or adds an index over
+        existing rows.
+        """
+        before = [step for step in schema_steps("authsrv.store", "sqlite") if step[0] < older]
+        with _older_schema(self.folder / "authsrv.sqlite3", before) as db:
+            written = _write_older_rows(db)
+        store = self.open_store()
+        try:
+            await check_older_rows(store, written)
+        finally:
+            await store.close()
+
+    def test_a_step_that_fails_leaves_the_older_version_whole(self):
+        """
+        An index of the operator's own under the name a later step creates
+        stops that step: the steps before it in the same upgrade are undone
+        too (a column added, duplicate links deleted), and the start stops
+        with one line naming the step.
+        """
+        path = self.folder / "authsrv.sqlite3"
+        with _older_schema(path, [step for step in schema_steps("authsrv.store", "sqlite") if step[0] < 22]) as db:
+            db.executemany(
+                "INSERT INTO linked_accounts (account_id, sub, provider, provider_user_id, access_token_enc, scope,"
+                " expires_at, updated_at, version) VALUES (?, ?, ?, ?, x'00', 'identify', 0, ?, 1)",
+                SHARED_LINKS,
+            )
+            db.execute("CREATE INDEX clients_source ON clients (name)")
+        with pytest.raises(ConfigError) as info:
+            self.open_store()
+        assert info.value.key == "store.path"
+        assert info.value.problem == (
+            f"cannot use {path}: its store schema step 024_clients_source.sql failed:"
+            " index clients_source already exists; the schema stays at version 21"
+        )
+        with sqlite3.connect(path) as db:
+            assert _version(path) == 21
+            assert "hinted_sub" not in {row[1] for row in db.execute("PRAGMA table_info(interactions)")}
+            assert db.execute("SELECT count(*) FROM linked_accounts").fetchone()[0] == len(SHARED_LINKS)
 
     def test_newer_schema_is_refused(self):
         self.open_store()
