@@ -11,7 +11,9 @@ from html.parser import HTMLParser
 import pytest
 from twisted.web.test.requesthelper import DummyRequest
 
+from authsrv.flows.account import AccountView, PasswordRefused
 from authsrv.flows.outcomes import DeviceCodeForm, EnrolmentForm, LoginForm, SecondFactorForm
+from authsrv.web.account_pages import account_page
 from authsrv.web.device_pages import device_code_page
 from authsrv.web.interaction_pages import enrolment_page, login_page, second_factor_page
 
@@ -76,3 +78,36 @@ def test_a_message_is_announced_and_read_with_the_fields(page):
     assert typed and all(attrs["aria-describedby"] == "message" for attrs in typed)
     assert focused(body), "the cursor starts in the field to fill again"
     assert all("aria-describedby" not in attrs for attrs in elements(page(None), "input"))
+
+
+def account(message: str | None) -> bytes:
+    view = AccountView(user_label="bob", sessions=(), apps=(), chat_provider=None, chat_account=None,
+                       chat_unlink_csrf=None, factors_enabled=False, totp=False, recovery_left=None, passkeys=(),
+                       can_change_password=True, csrf="c", message=message)
+    return account_page(DummyRequest([b""]), "https://id.example/api/auth/account", view, link_path="/link")
+
+
+def test_a_refused_password_change_is_said_by_the_password_form():
+    """
+    Not at the top of a long page, out of sight: above the form, read with
+    its fields, the cursor in the first; the page's other news is no error.
+    """
+    body = account(PasswordRefused("Your current password is not right."))
+    main = body.split(b"<main>")[1]
+    assert main.index(b'id="message"') > main.index(b"<h2>Password</h2>")
+    [shown] = [p for p in elements(body, "p") if p.get("id") == "message"]
+    assert shown["role"] == "alert" and shown["class"] == "error"
+    typed = [attrs for attrs in elements(body, "input") if attrs["type"] == "password"]
+    assert len(typed) == 3 and all(attrs["aria-describedby"] == "message" for attrs in typed)
+    assert focused(body) == ["current_password"]
+
+    body = account("Your password is changed; your other sessions are signed out.")
+    [shown] = [p for p in elements(body, "p") if p.get("role") == "status"]
+    assert shown["class"] == "notice"
+    assert not focused(body) and all("aria-describedby" not in attrs for attrs in elements(body, "input"))
+
+
+def test_the_password_form_names_whose_password_changes():
+    """A password manager saves the new password for the account's user name (a hidden field, as Chromium asks)."""
+    [username] = [attrs for attrs in elements(account(None), "input") if attrs.get("autocomplete") == "username"]
+    assert username["value"] == "bob" and "hidden" in username and username["type"] == "text"

@@ -77,8 +77,8 @@ def credentials(driver, authenticator: str) -> list[dict]:  # noqa: F811
 
 def status_text(driver) -> str:  # noqa: F811
     WebDriverWait(driver, WAIT).until(expected_conditions.presence_of_element_located(
-        (By.CSS_SELECTOR, "p[role=status].error")))
-    return driver.find_element(By.CSS_SELECTOR, "p[role=status].error").text
+        (By.CSS_SELECTOR, "p[role=status].notice")))
+    return driver.find_element(By.CSS_SELECTOR, "p[role=status].notice").text
 
 
 def signed_out(driver, server) -> None:  # noqa: F811

@@ -164,6 +164,13 @@ PASSKEY_PURPOSE = b"account passkeys"
 EXPIRED_FORM = "This form has expired. Reload the page and try again."
 
 
+class PasswordRefused(str):
+    """
+    The password form's answer when it changed nothing: the page shows it
+    as an error next to that form, not as news at the top of the page.
+    """
+
+
 @frozen
 class SessionRow:
     """One of the user's signed-in browsers, as the account page lists it."""
@@ -393,15 +400,15 @@ class AccountPage:
         new, again = form.get("new_password", ""), form.get("new_password_again", "")
         if not new or new != again:
             events.password_change_refused(sub=sub, reason="new passwords missing or different")
-            return "The two new passwords are not the same."
+            return PasswordRefused("The two new passwords are not the same.")
         problem = password_problem(new, login=user.login, email=user.email, min_length=self._min_length)
         if problem:
             events.password_change_refused(sub=sub, reason="new password against the policy")
-            return problem
+            return PasswordRefused(problem)
         checked = await self._login.log_in(user.login, form.get("current_password", ""), address, device, now)
         if not isinstance(checked, LoggedIn) or checked.user.sub != sub:
             events.password_change_refused(sub=sub, reason="current password wrong or not checkable")
-            return "Your current password is not right."
+            return PasswordRefused("Your current password is not right.")
         await manager.set_password_hash(user.login, await deferToThread(self._hasher.hash, new))
         ended = 0
         for other in await self._store.list_user_sessions(sub, now):

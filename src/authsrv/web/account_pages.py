@@ -12,8 +12,8 @@ from datetime import datetime, timezone
 
 from twisted.web.template import tags
 
-from authsrv.flows.account import AccountView
-from authsrv.web.interaction_pages import scope_words
+from authsrv.flows.account import AccountView, PasswordRefused
+from authsrv.web.interaction_pages import described_by, error_message, scope_words
 from authsrv.web.pages import passkey_script, render_page
 
 
@@ -39,8 +39,9 @@ def _scope(scope: str, name: str) -> str:
 def account_page(request, base: str, view: AccountView, *, link_path: str, status: int = 200) -> bytes:
     """The whole account page; C{base} is its own URL, the forms post below it."""
     sections = [tags.p("Signed in as ", tags.strong(view.user_label))]
-    if view.message:
-        sections.append(tags.p(class_="error", role="status")(view.message))
+    refused = isinstance(view.message, PasswordRefused)
+    if view.message and not refused:
+        sections.append(tags.p(class_="notice", role="status")(view.message))
     sections += [tags.h2("Signed-in browsers"), tags.ul(*[
         tags.li(tags.strong(row.device), tags.br(), tags.small(
             row.address or "unknown address", " · signed in ", when(row.signed_in),
@@ -71,21 +72,34 @@ def account_page(request, base: str, view: AccountView, *, link_path: str, statu
     if view.factors_enabled:
         sections += _factors(base, view)
     if view.can_change_password:
-        sections += [tags.h2("Password"), tags.form(method="post", action=f"{base}/password")(
-            tags.input(type="hidden", name="csrf", value=view.csrf),
-            tags.label(for_="current_password")("Current password"),
-            tags.input(type="password", id="current_password", name="current_password", required="",
-                       autocomplete="current-password"),
-            tags.label(for_="new_password")("New password"),
-            tags.input(type="password", id="new_password", name="new_password", required="",
-                       autocomplete="new-password"),
-            tags.label(for_="new_password_again")("New password again"),
-            tags.input(type="password", id="new_password_again", name="new_password_again", required="",
-                       autocomplete="new-password"),
-            tags.button(type="submit")("Change password"),
-            tags.p(tags.small("Your other browsers are signed out.")),
-        )]
+        sections += [tags.h2("Password"), *error_message(view.message if refused else None),
+                     _password_form(f"{base}/password", view, refused)]
     return render_page(request, status, "Your account", *sections)
+
+
+def _password_form(action: str, view: AccountView, refused: bool):
+    """
+    The password change, its fields read with the refusal shown above it
+    and the cursor in the first; the hidden user name tells a password
+    manager whose password changes.
+    """
+    described = described_by(refused)
+    return tags.form(method="post", action=action)(
+        tags.input(type="hidden", name="csrf", value=view.csrf),
+        tags.input(type="text", name="username", value=view.user_label, autocomplete="username", hidden="",
+                   readonly=""),
+        tags.label(for_="current_password")("Current password"),
+        tags.input(type="password", id="current_password", name="current_password", required="",
+                   autocomplete="current-password", **described, **({"autofocus": ""} if refused else {})),
+        tags.label(for_="new_password")("New password"),
+        tags.input(type="password", id="new_password", name="new_password", required="",
+                   autocomplete="new-password", **described),
+        tags.label(for_="new_password_again")("New password again"),
+        tags.input(type="password", id="new_password_again", name="new_password_again", required="",
+                   autocomplete="new-password", **described),
+        tags.button(type="submit")("Change password"),
+        tags.p(tags.small("Your other browsers are signed out.")),
+    )
 
 
 def _factors(base: str, view: AccountView) -> list:

@@ -34,6 +34,7 @@ button{margin-top:1.2rem;padding:.6rem 1.2rem;font-size:1rem;border-radius:.4rem
 button.primary{background:#1f5fbf;color:#fff;border-color:#1f5fbf}
 .row{display:flex;gap:.6rem;flex-wrap:wrap}
 .error{padding:.6rem .8rem;border-radius:.4rem;background:#fde8e8;color:#8a1c1c}
+.notice{padding:.6rem .8rem;border-radius:.4rem;background:#e6f4ea;color:#14532d}
 ul{padding-left:1.2rem}
 small{opacity:.8}
 """.strip()

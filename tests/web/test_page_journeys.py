@@ -1,0 +1,225 @@
+"""
+The pages as a person uses them, in a real browser (headless Chromium, as in
+tests/web/test_browser.py) against a real `twist authsrv`: the back button
+to a form already sent, a cookie gone before a form is sent, the pages with
+JavaScript off (docs/design.md, Browser pages), and every page with a
+language, a title, a label for each field and nothing in the browser's
+console: no style or script of its own blocked by its Content-Security-Policy.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlencode
+
+import pytest
+import requests
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.ui import WebDriverWait
+from test_browser import (  # noqa: F401,F811  (fixtures)
+    CHEAP,
+    CHROMEDRIVER,
+    CHROMIUM,
+    PASSWORD,
+    WAIT,
+    _browser_installed,
+    _toml,
+    authorize_url,
+    callback,
+    landed,
+    sign_in,
+)
+
+from conftest import free_port
+from harness import pkce_pair
+from prepared_keys import write_key_file
+
+from authsrv.identity.passwords import hash_password
+from authsrv.identity.static import add_user
+
+pytestmark = pytest.mark.slow
+
+DEVICE_GRANT = "urn:ietf:params:oauth:grant-type:device_code"
+
+AUDIT = """
+var unlabelled = [];
+document.querySelectorAll('input:not([type=hidden]):not([hidden]), select, textarea').forEach(function (field) {
+  if (!(field.id && document.querySelector('label[for="' + field.id + '"]')) && !field.closest('label')) {
+    unlabelled.push(field.name);
+  }
+});
+return {lang: document.documentElement.lang, title: document.title, unlabelled: unlabelled,
+        elsewhere: Array.from(document.querySelectorAll('[src], [href], form[action]')).map(function (e) {
+          return new URL(e.getAttribute('src') || e.getAttribute('href') || e.getAttribute('action'), location.href);
+        }).filter(function (u) { return u.protocol !== 'data:' && u.origin !== location.origin; }).map(String)};
+"""
+
+
+@pytest.fixture
+def server(run_server, tmp_path, callback):  # noqa: F811
+    port = free_port()
+    add_user(tmp_path / "users.toml", login="carol", password_hash=hash_password(PASSWORD, CHEAP),
+             sub="c0ffee00-0000-4000-8000-000000000001", name="Carol")
+    config = {
+        "server": {"public_url": f"http://127.0.0.1:{port}", "listen": [f"tcp:{port}:interface=127.0.0.1"]},
+        "store": {"plugin": "sqlite", "path": "authsrv.sqlite3"},
+        "keystore": {"plugin": "jwk-file", "path": "keys.jwks.json"},
+        "identity": [{"plugin": "static", "path": "users.toml"}],
+        "clients": [
+            {"client_id": "web", "name": "First Web", "first_party": True, "redirect_uris": [callback + "/first"],
+             "end_session_enabled": True, "post_logout_redirect_uris": [callback + "/signed-out"]},
+            {"client_id": "partner", "name": "Partner Site", "redirect_uris": [callback + "/partner"]},
+            {"client_id": "tv", "name": "Living-Room TV", "redirect_uris": ["http://127.0.0.1:9/unused"],
+             "grant_types": [DEVICE_GRANT]},
+        ],
+        "mfa": {"required": "optional"},
+    }
+    (tmp_path / "authsrv.toml").write_text(_toml(config))
+    write_key_file(tmp_path / "keys.jwks.json")
+    return run_server(["authsrv", "--config", str(tmp_path / "authsrv.toml")], tmp_path, port=port)
+
+
+@pytest.fixture(params=[True, False], ids=["script", "no script"])
+def driver(request, tmp_path):
+    """Chromium keeping its console, with JavaScript on or, for C{no script}, off."""
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                     "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                     "--no-first-run", f"--user-data-dir={tmp_path / 'chromium-profile'}"):
+        options.add_argument(argument)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    if not request.param:
+        options.add_experimental_option("prefs", {"profile.managed_default_content_settings.javascript": 2})
+    driver = webdriver.Chrome(options=options, service=Service(str(CHROMEDRIVER)))
+    driver.set_page_load_timeout(WAIT)
+    yield driver
+    driver.quit()
+
+
+def settled(driver) -> None:
+    WebDriverWait(driver, WAIT).until(lambda d: d.execute_script("return document.readyState") == "complete")
+
+
+def main_text(driver) -> str:
+    return driver.find_element(By.TAG_NAME, "main").text
+
+
+def click(driver, selector: str) -> None:
+    """Click a form's button and wait for the page its answer brings."""
+    button = driver.find_element(By.CSS_SELECTOR, selector)
+    button.click()
+    WebDriverWait(driver, WAIT).until(expected_conditions.staleness_of(button))
+    settled(driver)
+
+
+def assert_well_made(driver, status: int = 200) -> None:
+    """
+    The page has a language, a title, a label for every field and nothing
+    from elsewhere; the console has nothing but the answer's own status.
+    """
+    found = driver.execute_script(AUDIT)
+    assert found["lang"] == "en" and found["title"], found
+    assert found["unlabelled"] == [] and found["elsewhere"] == [], found
+    console = [entry["message"] for entry in driver.get_log("browser")
+               if "favicon.ico" not in entry["message"]
+               and not (status >= 400 and f"status of {status}" in entry["message"])]
+    assert console == [], console
+
+
+def test_every_page_is_well_made(server, driver, callback):  # noqa: F811
+    issuer = server.base + "/api/auth"
+    driver.get(authorize_url(server, "partner", callback + "/partner", "st-1"))
+    assert_well_made(driver)
+    sign_in(driver, "carol", "not the password")
+    settled(driver)
+    assert_well_made(driver, 401)
+    sign_in(driver, "carol", PASSWORD)
+    WebDriverWait(driver, WAIT).until(lambda d: "/consent?" in d.current_url)
+    assert_well_made(driver)
+    for page in ("/account", "/account/mfa/totp", "/device"):
+        driver.get(issuer + page)
+        assert_well_made(driver)
+    codes = requests.post(issuer + "/oauth2/device-authorization", timeout=WAIT,
+                          data={"client_id": "tv", "scope": "openid"}).json()
+    driver.get(codes["verification_uri_complete"])
+    assert "Allow Living-Room TV on your device?" == driver.title
+    assert_well_made(driver)
+    driver.get(issuer + "/oauth2/authorize?client_id=unknown")
+    assert_well_made(driver, 400)
+
+
+def test_allow_again_after_the_back_button_says_the_sign_in_finished(server, driver, callback):  # noqa: F811
+    driver.get(authorize_url(server, "partner", callback + "/partner", "st-2"))
+    sign_in(driver, "carol", PASSWORD)
+    WebDriverWait(driver, WAIT).until(lambda d: "/consent?" in d.current_url)
+    click(driver, "button[value=approve]")
+    assert landed(driver, callback + "/partner")["state"] == "st-2"
+    driver.back()
+    settled(driver)
+    click(driver, "button[value=approve]")
+    assert driver.title == "Sign-in ended", "no second code"
+    assert "already finished" in main_text(driver)
+
+
+def test_a_form_sent_without_its_cookie_says_to_start_again(server, driver, callback):  # noqa: F811
+    issuer = server.base + "/api/auth"
+    driver.get(authorize_url(server, "partner", callback + "/partner", "st-3"))
+    sign_in(driver, "carol", PASSWORD)
+    WebDriverWait(driver, WAIT).until(lambda d: "/consent?" in d.current_url)
+    driver.delete_all_cookies()
+    click(driver, "button[value=approve]")
+    assert (driver.title, main_text(driver).splitlines()[-1]) == (
+        "Signed out", "You are no longer signed in; start again from the application.")
+
+    driver.get(authorize_url(server, "partner", callback + "/partner", "st-4"))
+    settled(driver)
+    driver.delete_all_cookies()
+    sign_in(driver, "carol", PASSWORD)
+    settled(driver)
+    assert driver.title == "Sign-in cannot continue" and "start again from the application" in main_text(driver)
+
+    driver.get(issuer + "/account")
+    sign_in(driver, "carol", PASSWORD)
+    WebDriverWait(driver, WAIT).until(lambda d: d.title == "Your account")
+    driver.delete_all_cookies()
+    driver.find_element(By.ID, "current_password").send_keys(PASSWORD)
+    for field in ("new_password", "new_password_again"):
+        driver.find_element(By.ID, field).send_keys("another long passphrase")
+    click(driver, "form[action$='/password'] button")
+    assert driver.title == "Not signed in" and "Open your account page to sign in" in main_text(driver)
+
+
+def test_a_sign_out_the_application_did_not_name_is_confirmed(server, driver, callback):  # noqa: F811
+    """
+    The hint names a session this browser no longer has: the page asks, and
+    its form signs out and goes back to the application, script or not.
+    """
+    issuer = server.base + "/api/auth"
+    verifier, challenge = pkce_pair()
+    driver.get(f"{issuer}/oauth2/authorize?" + urlencode({
+        "response_type": "code", "client_id": "web", "redirect_uri": callback + "/first", "scope": "openid",
+        "state": "st-5", "code_challenge": challenge, "code_challenge_method": "S256"}))
+    sign_in(driver, "carol", PASSWORD)
+    code = landed(driver, callback + "/first")["code"]
+    tokens = requests.post(issuer + "/oauth2/token", timeout=WAIT, data={
+        "grant_type": "authorization_code", "code": code, "redirect_uri": callback + "/first", "client_id": "web",
+        "code_verifier": verifier}).json()
+    driver.get(issuer + "/login")
+    driver.delete_all_cookies()
+    driver.get(authorize_url(server, "web", callback + "/first", "st-6"))
+    sign_in(driver, "carol", PASSWORD)
+    landed(driver, callback + "/first")
+    driver.get_log("browser")  # the bare login page's 400 above
+
+    driver.get(f"{issuer}/oauth2/end-session?" + urlencode({
+        "id_token_hint": tokens["id_token"], "post_logout_redirect_uri": callback + "/signed-out", "state": "st-7"}))
+    assert driver.title == "Sign out?"
+    assert_well_made(driver)
+    click(driver, "button[type=submit]")
+    assert landed(driver, callback + "/signed-out") == {"state": "st-7"}
+    driver.get(authorize_url(server, "web", callback + "/first", "st-8"))
+    settled(driver)
+    assert driver.title == "Sign in"
