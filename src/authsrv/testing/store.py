@@ -17,6 +17,7 @@ store only SHA-256 hashes, never a raw token, code or session id.
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
+from typing import Any
 
 import attrs
 import pytest
@@ -235,7 +236,7 @@ async def kept_links(store) -> dict:
     return {key: None if link is None else link.account_id for key, link in found.items()}
 
 
-OLDER_ROWS = (
+OLDER_ROWS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("clients", dict(
         client_id=CLIENT, secret_hash=h("secret"), redirect_uris=["https://app.example/cb"],
         post_logout_redirect_uris=[], name="Demo", end_session_enabled=False, first_party=False, resources=[],
