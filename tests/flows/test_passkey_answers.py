@@ -19,7 +19,8 @@ from flow_client import Browser, hidden_fields, location
 from harness import BASE, ISSUER, Harness
 from soft_passkey import AT, BE, BS, UP, UV, SoftPasskey
 
-from authsrv.flows.passkeys import PasskeyAccepted, Passkeys, browser_origin
+from authsrv.flows.passkeys import MAX_PASSKEYS, PasskeyAccepted, Passkeys, browser_origin
+from authsrv.records import Passkey
 from authsrv.testing.identity import ALICE
 from authsrv.testing.memory import MemoryStore
 
@@ -27,6 +28,7 @@ ACCOUNT = ISSUER + "/account"
 _OPTIONS = re.compile(r'data-options="([^"]+)"')
 NOT_ADDED = b"The passkey could not be added."
 NOT_ACCEPTED = b"That passkey was not accepted."
+FULL = b"the most an account keeps. Remove one to add another."
 NOW = 1_900_000_000
 
 
@@ -69,6 +71,40 @@ async def test_odd_registrations_are_refused_not_a_server_error(tmp_path, monkey
             assert NOT_ADDED in await add_passkey(browser, make)
         assert await h.store.list_passkeys(ALICE.sub) == []
         assert b"Your passkey is added." in await add_passkey(browser, key.create)
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_user_keeps_at_most_max_passkeys_and_the_page_says_so(tmp_path, monkeypatch):
+    """
+    Every passkey is a row, listed at each sign-in naming the user: one more
+    than the cap is refused with a message, even when its options were
+    fetched before the cap was reached, and the page stops offering to add.
+    """
+    h = await Harness(tmp_path, monkeypatch).start()
+    try:
+        browser = Browser(h)
+        await browser.sign_in(ALICE)
+        first = SoftPasskey("127.0.0.1", BASE, ALICE.sub.encode())
+        await add_passkey(browser, first.create)
+        for n in range(MAX_PASSKEYS - 2):
+            await h.store.add_passkey(Passkey(f"cred-{n}", ALICE.sub, b"cose-key", 1, False, False, (), h.now()))
+        browser = Browser(h)
+        response, body = await browser.authorize("first")
+        response, body = await browser.post(ISSUER + "/login/passkey",
+                                            {**hidden_fields(body), "credential": first.get(options_of(body))})
+        assert response.code == 303 and "code=" in location(response), body
+        response, body = await browser.get(ACCOUNT)
+        late = SoftPasskey("127.0.0.1", BASE, ALICE.sub.encode()).create(options_of(body))
+        last = SoftPasskey("127.0.0.1", BASE, ALICE.sub.encode())
+        assert b"Your passkey is added." in await add_passkey(browser, last.create)
+        response, body = await browser.get(ACCOUNT)
+        assert response.code == 200 and FULL in body and b'id="add-passkey"' not in body
+        csrf = hidden_fields(body.split(b"/passkeys/remove")[1].split(b"</form>")[0])["csrf"]
+        response, body = await browser.post(ACCOUNT + "/passkeys", {"csrf": csrf, "credential": late})
+        assert response.code == 200 and FULL in body, body
+        assert len(await h.store.list_passkeys(ALICE.sub)) == MAX_PASSKEYS
     finally:
         await h.close()
 

@@ -17,7 +17,7 @@ from twisted.internet.threads import deferToThread
 from twisted.logger import capturedLogs
 
 from authsrv.chat.crypto import new_key_text
-from authsrv.configsection import ConfigError, Section
+from authsrv.configsection import ConfigError, Section, Unreachable
 from authsrv.context import PluginContext
 from authsrv.keys import postgres
 from authsrv.pg.settings import ConnectionSettings
@@ -227,8 +227,9 @@ def test_keys_made_at_the_first_version_sign_after_the_upgrade(pg_dsn, contexts)
 def test_schema_newer_than_the_code_refused(pg_dsn, contexts):
     _open(pg_dsn, contexts())
     _execute(pg_dsn, "INSERT INTO keystore_schema_version (version) VALUES (999)")
-    with pytest.raises(ConfigError, match="newer than this authsrv knows"):
+    with pytest.raises(ConfigError, match="newer than this authsrv knows") as raised:
         _open(pg_dsn, contexts())
+    assert not isinstance(raised.value, Unreachable), "a mistake to fix, not an outage to retry"
 
 
 def test_a_step_that_fails_names_it_and_changes_nothing(pg_dsn, contexts):
@@ -236,6 +237,7 @@ def test_a_step_that_fails_names_it_and_changes_nothing(pg_dsn, contexts):
     _execute(pg_dsn, "CREATE TABLE signing_key_hints (id integer)")
     with pytest.raises(ConfigError) as raised:
         _open(pg_dsn, contexts())
+    assert not isinstance(raised.value, Unreachable), "a mistake to fix, not an outage to retry"
     assert (raised.value.key, raised.value.problem) == (
         "keystore.dsn",
         'its keystore schema step 002_hint_keys.sql failed: relation "signing_key_hints" already exists;'
@@ -266,7 +268,7 @@ def test_unreachable_database_names_the_dsn_key_without_the_dsn(contexts, tmp_pa
     context = contexts()
     with pytest.raises(ConfigError) as raised:
         postgres.from_config(Section({"dsn_env": "KEYS_DSN"}, "keystore", tmp_path), context)
-    assert raised.value.key == "keystore.dsn_env"
+    assert type(raised.value) is Unreachable and raised.value.key == "keystore.dsn_env"
     assert "hunter2" not in str(raised.value) and "\n" not in str(raised.value)
 
 

@@ -28,7 +28,7 @@ from authsrv.flows.interaction import InteractionFlow
 from authsrv.flows.outcomes import Browser, EnrolmentForm, Notice, RecoveryCodes, Redirect
 from authsrv.flows.link import unlink_token
 from authsrv.flows.login import LoggedIn
-from authsrv.flows.passkeys import PASSKEY_METHODS, Passkeys
+from authsrv.flows.passkeys import MAX_PASSKEYS, PASSKEY_METHODS, Passkeys, TooManyPasskeys
 from authsrv.identity.errors import BackendUnavailable, UnknownUser
 from authsrv.identity.passwords import DEFAULT_HASHER
 from authsrv.interfaces import IIdentityBackend, IUserManagement
@@ -162,6 +162,7 @@ class AccountFactors:
 ACCOUNT_PURPOSE = b"account page"
 PASSKEY_PURPOSE = b"account passkeys"
 EXPIRED_FORM = "This form has expired. Reload the page and try again."
+PASSKEYS_FULL = f"You have {MAX_PASSKEYS} passkeys, the most an account keeps. Remove one to add another."
 
 
 class PasswordRefused(str):
@@ -199,7 +200,8 @@ class AccountView:
     """
     Everything the account page shows; C{csrf} signs its forms, C{passkey_csrf}
     the passkey forms (None when the session may not change factors), and
-    C{passkey_options} are the WebAuthn creation options of a new passkey.
+    C{passkey_options} are the WebAuthn creation options of a new passkey
+    (None too when the user keeps L{MAX_PASSKEYS} already: C{passkeys_full}).
     """
 
     user_label: str
@@ -216,6 +218,7 @@ class AccountView:
     csrf: str
     passkey_csrf: str | None = None
     passkey_options: str | None = None
+    passkeys_full: bool = False
     message: str | None = None
 
 
@@ -318,6 +321,8 @@ class AccountPage:
         recovery = factors.get(RECOVERY_FACTOR)
         enabled = self._passkeys is not None
         may_change = enabled and await fit_to_change(self._factors, session, now)
+        passkeys = tuple(await self._passkeys.list(sub)) if self._passkeys else ()
+        full = len(passkeys) >= MAX_PASSKEYS
         return AccountView(
             user_label=user.login if user else sub,
             sessions=sessions,
@@ -328,13 +333,14 @@ class AccountPage:
             factors_enabled=enabled,
             totp=TOTP_FACTOR in factors,
             recovery_left=recovery.remaining if recovery else None,
-            passkeys=tuple(await self._passkeys.list(sub)) if self._passkeys else (),
+            passkeys=passkeys,
             can_change_password=await self._user_manager(sub) is not None,
             csrf=session_form_token(cookie, ACCOUNT_PURPOSE),
             passkey_csrf=session_form_token(cookie, PASSKEY_PURPOSE) if may_change else None,
             passkey_options=await self._passkeys.registration_options(
                 sub, user.login if user else sub, (user.name or user.login) if user else sub, now,
-            ) if may_change and self._passkeys else None,
+            ) if may_change and self._passkeys and not full else None,
+            passkeys_full=full,
             message=message,
         )
 
@@ -434,8 +440,11 @@ class AccountPage:
         if again := await self._unfit(session, browser, address, now):
             return again
         assert self._passkeys is not None, "_unfit refuses without passkeys"
-        if await self._passkeys.register(session.sub, form.get("credential"), now) is None:
+        added = await self._passkeys.register(session.sub, form.get("credential"), now)
+        if added is None:
             return "The passkey could not be added. Reload the page and try again."
+        if isinstance(added, TooManyPasskeys):
+            return PASSKEYS_FULL
         return "Your passkey is added."
 
     async def remove_passkey(self, browser: Browser, form: dict[str, str] | None, address: str,

@@ -18,7 +18,8 @@ the library finds wrong with an answer (any of its C{WebAuthnException}s,
 such as backup flags no authenticator sets or a key it cannot read) refuses
 it, never a server error. A credential that may be synced between devices
 (backup-eligible) counts as a software key (RFC 8176 C{swk}), any other as a
-hardware key (C{hwk}).
+hardware key (C{hwk}). A user keeps at most L{MAX_PASSKEYS}: every sign-in
+naming the user lists them all to the browser.
 """
 
 from __future__ import annotations
@@ -63,6 +64,13 @@ NONCE_SIZE, END_SIZE, MAC_SIZE = 16, 8, 16
 TIMEOUT_MS = CHALLENGE_TTL * 1000
 HARDWARE_KEY, SOFTWARE_KEY = "hwk", "swk"
 PASSKEY_METHODS = (HARDWARE_KEY, SOFTWARE_KEY)
+MAX_PASSKEYS = 20
+"""
+The most passkeys one user keeps: each is a row, and a sign-in naming the
+user lists them all (C{allowCredentials}). Checked before the new one is
+stored, not atomically: two additions at once may both pass, so the cap may
+be passed by as many as raced, and then no more is added.
+"""
 MAX_CREDENTIAL_JSON = 16384
 MAX_TRANSPORTS = 8
 _TRANSPORT = re.compile(r"[a-z0-9-]{1,32}")
@@ -126,6 +134,11 @@ class PasskeyAccepted:
 @frozen
 class PasskeyRefused:
     """An answer that proves nothing: unknown credential, wrong challenge, bad signature, or a cloned key."""
+
+
+@frozen
+class TooManyPasskeys:
+    """A new passkey refused because the user keeps L{MAX_PASSKEYS} already."""
 
 
 def _mac(key: bytes, purpose: str, nonce: bytes, end: bytes) -> bytes:
@@ -204,8 +217,13 @@ class Passkeys:
         )
         return options_to_json(options)
 
-    async def register(self, sub: str, credential_json: str | None, now: int) -> Passkey | None:
-        """Keep the new passkey the browser created for this user's challenge; None when the answer fails."""
+    async def register(self, sub: str, credential_json: str | None, now: int) -> Passkey | TooManyPasskeys | None:
+        """
+        Keep the new passkey the browser created for this user's challenge;
+        None when the answer fails, L{TooManyPasskeys} when the user keeps
+        L{MAX_PASSKEYS} already (counted just before storing, to narrow the
+        window two additions at once have).
+        """
         credential = _parsed(credential_json)
         if credential is None:
             return None
@@ -227,6 +245,8 @@ class Passkeys:
             backup_state=verified.credential_backed_up,
             transports=transport_names(transports), created_at=now,
         )
+        if len(await self._store.list_passkeys(sub)) >= MAX_PASSKEYS:
+            return TooManyPasskeys()
         try:
             await self._store.add_passkey(passkey)
         except AlreadyExists:

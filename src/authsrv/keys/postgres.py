@@ -77,6 +77,8 @@ def from_config(section: Section, context) -> "PostgresKeystore | None":
         return PostgresKeystore.open(table, algorithms, rotate_every, context)
     except KeystoreUnavailable as e:
         raise Unreachable(settings.key, str(e)) from None
+    except MigrationError as e:
+        raise ConfigError(settings.key, str(e)) from None
 
 
 class KeyTable:
@@ -103,12 +105,13 @@ class KeyTable:
             raise KeystoreUnavailable(f"keystore database: {first_line(e)}") from None
 
     def prepare(self) -> None:
-        """Create or migrate the table (once, when instances start together)."""
+        """
+        Create or migrate the table (once, when instances start together).
+        L{MigrationError} (a schema newer than this code, a step that fails)
+        is the operator's to fix, as the store's: not an outage to retry.
+        """
         with self._session() as connection:
-            try:
-                migrate(connection, PostgresMigration(SCHEMA_LOCK), schema_steps("authsrv.keys", "postgres"), LEDGER)
-            except MigrationError as e:
-                raise KeystoreUnavailable(str(e)) from None
+            migrate(connection, PostgresMigration(SCHEMA_LOCK), schema_steps("authsrv.keys", "postgres"), LEDGER)
 
     @contextmanager
     def locked(self) -> Iterator[None]:
