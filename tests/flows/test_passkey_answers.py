@@ -35,11 +35,16 @@ def options_of(body: bytes) -> str:
 
 
 async def add_passkey(browser: Browser, make) -> bytes:
-    """Post the answer C{make} builds from the account page's fresh creation options; the page answered."""
+    """
+    Post the answer C{make} builds from the account page's fresh creation
+    options; the page the answer's 303 sends the browser to.
+    """
     response, body = await browser.get(ACCOUNT)
     assert response.code == 200, body
     csrf = hidden_fields(body.split(b'id="add-passkey"')[1].split(b"</form>")[0])["csrf"]
     response, body = await browser.post(ACCOUNT + "/passkeys", {"csrf": csrf, "credential": make(options_of(body))})
+    assert response.code == 303 and location(response).startswith(ACCOUNT + "?done=passkey-"), body
+    response, body = await browser.get(location(response))
     assert response.code == 200, body
     return body
 
