@@ -209,6 +209,8 @@ async def test_the_page_shows_only_its_own_messages(tmp_path, monkeypatch):
             assert b"0800" not in body and b"alert(1)" not in body
         response, body = await browser.get(ACCOUNT + "?done=current-password-wrong")
         assert b'role="alert"' in body and b"Your current password is not right." in body
+        response, body = await browser.get(ACCOUNT + "?done=chat-unlinked")
+        assert b'<p class="notice" role="status">Your chat account is no longer linked.</p>' in body
     finally:
         await h.close()
 

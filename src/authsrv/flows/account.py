@@ -25,7 +25,7 @@ from authsrv import events
 from authsrv.flows.csrf import session_form_token, session_form_token_valid
 from authsrv.flows.mfa import SecondFactors
 from authsrv.flows.interaction import InteractionFlow
-from authsrv.flows.outcomes import Browser, EnrolmentForm, Notice, RecoveryCodes, Redirect
+from authsrv.flows.outcomes import Browser, EnrolmentForm, RecoveryCodes, Redirect
 from authsrv.flows.link import unlink_token
 from authsrv.flows.login import LoggedIn
 from authsrv.flows.passkeys import PASSKEY_METHODS, Passkeys
@@ -118,8 +118,11 @@ class AccountFactors:
         return await self._form(cookie, session, None, None, now)
 
     async def submit_totp(self, browser: Browser, form: dict[str, str] | None, address: str,
-                          now: int) -> EnrolmentForm | Notice | Redirect:
-        """Confirm the authenticator shown with its first code; the earlier one and its recovery codes go."""
+                          now: int) -> EnrolmentForm | str | Redirect:
+        """
+        Confirm the authenticator shown with its first code; the earlier one
+        and its recovery codes go. Done, the answer is its key of L{NOTICES}.
+        """
         cookie, session = await self._session(browser.session, now)
         form = form or {}
         if not session_form_token_valid(cookie, TOTP_PURPOSE, form.get("csrf")):
@@ -128,8 +131,7 @@ class AccountFactors:
             return again
         if not await self._factors.confirm(session.sub, form.get("sealed"), form.get("code", ""), now):
             return await self._form(cookie, session, form.get("sealed"), WRONG_FIRST_CODE, now)
-        return Notice(200, "Authenticator set up",
-                      "From now on, signing in asks for a code from your authenticator app after your password.")
+        return "totp-set-up"
 
     async def replace_recovery_codes(self, browser: Browser, form: dict[str, str] | None, address: str,
                                      now: int) -> RecoveryCodes | Redirect:
@@ -183,6 +185,10 @@ NOTICES: dict[str, str] = {
     "passkey-not-added": "The passkey could not be added. Try again.",
     "passkey-removed": "The passkey is removed.",
     "passkey-gone": "That passkey was removed already.",
+    "totp-set-up": "Authenticator set up: from now on, signing in asks for a code from your authenticator app"
+                   " after your password.",
+    "chat-unlinked": "Your chat account is no longer linked.",
+    "chat-gone": "No chat account was linked.",
 }
 """
 What a posted form did, by the key it answers (the account page is then

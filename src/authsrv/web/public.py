@@ -21,7 +21,7 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 from authsrv.config import ISSUER_PATH
 from authsrv.flows.account import AccountView, PasswordRefused
 from authsrv.flows.link import link_token, link_token_valid, unlink_token, unlink_token_valid
-from authsrv.flows.outcomes import DeviceCodeForm, LoginForm, LogoutConfirmation, Notice, Redirect
+from authsrv.flows.outcomes import DeviceCodeForm, EnrolmentForm, LoginForm, LogoutConfirmation, Notice, Redirect
 from authsrv.flows.ratelimit import ClientRateLimits, EndpointLimit, RateLimited
 from authsrv.identity.errors import BackendUnavailable
 from authsrv.protocol import jsontext
@@ -618,9 +618,9 @@ class PublicSite:
             self._cookies.browser(request), page_form(request), client_address_of(request, self._trusted_proxies),
             self._now(),
         )
-        if isinstance(outcome, (Notice, Redirect)):
-            return self._answer(request, outcome)
-        return enrolment_page(request, f"{self._issuer}/account/mfa/totp", outcome)
+        if isinstance(outcome, EnrolmentForm):
+            return enrolment_page(request, f"{self._issuer}/account/mfa/totp", outcome)
+        return await self._account_done(request, outcome)
 
     @app.route(ISSUER_PATH + "/account/mfa/recovery", methods=["POST"])
     async def account_recovery_codes(self, request):
@@ -710,10 +710,7 @@ class PublicSite:
         linking, cookie, session = await self._linking_session(request)
         if not unlink_token_valid(cookie, (page_form(request) or {}).get("csrf")):
             raise PageError(403, "Not unlinked", "This form has expired. Reload the page and try again.")
-        if await linking.unlink(session):
-            return render_page(request, 200, "Chat account unlinked",
-                               tags.p("Your ", linking.provider_name, " account is no longer linked."))
-        return render_page(request, 200, "Nothing to unlink", tags.p("No chat account was linked."))
+        return await self._account_done(request, "chat-unlinked" if await linking.unlink(session) else "chat-gone")
 
     # --- failures ----------------------------------------------------------------
 
