@@ -6,7 +6,8 @@ session (and tells its clients); a password change needs the current
 password and ends the other sessions; every form needs its CSRF token;
 changing factors needs a recent sign-in, which the page sends for; a
 browser without a session is sent to sign in and comes back to the page it
-opened.
+opened. A form answers by sending the browser to the page (Post/Redirect/Get)
+with a fixed message key, so a reload sends the form again nowhere.
 """
 
 from __future__ import annotations
@@ -31,6 +32,14 @@ ACCOUNT = ISSUER + "/account"
 FIREFOX = "Mozilla/5.0 (X11; Linux x86_64; rv:130.0) Gecko/20100101 Firefox/130.0"
 _FORM = re.compile(r'<form method="post" action="([^"]*)"[^>]*>(.*?)</form>', re.S)
 _HIDDEN = re.compile(r'<input type="hidden" name="([^"]*)" value="([^"]*)" />')
+
+
+async def answered(browser: Browser, response, done: str):
+    """The page a form's 303 sends the browser to, saying what the form did."""
+    assert response.code == 303 and location(response) == f"{ACCOUNT}?done={done}", response.code
+    response, body = await browser.get(location(response))
+    assert response.code == 200, body
+    return body
 
 
 def forms(body: bytes, action: str) -> list[dict[str, str]]:
@@ -74,7 +83,8 @@ async def test_revoking_an_app_kills_its_refresh_token_and_asks_for_consent_agai
         response, body = await browser.post(ACCOUNT + "/apps/revoke", {**revoke, "csrf": "forged"})
         assert response.code == 403
         response, body = await browser.post(ACCOUNT + "/apps/revoke", revoke)
-        assert response.code == 200 and b"access is revoked" in body
+        body = await answered(browser, response, "app-revoked")
+        assert b"access is revoked" in body
         assert b"No application has access to your account." in body
         response, answer = await refresh(h, tokens["refresh_token"], client_id="partner")
         assert response.code == 400 and answer["error"] == "invalid_grant"
@@ -101,13 +111,13 @@ async def test_signing_out_another_browser_ends_its_session(tmp_path, monkeypatc
         assert other["sid"] == phone_session.sid and phone_session.user_agent == FIREFOX
 
         response, body = await laptop.post(ACCOUNT + "/sessions/end", other)
-        assert response.code == 200 and b"That session is signed out." in body
+        assert b"That session is signed out." in await answered(laptop, response, "session-ended")
         assert await h.store.get_session(phone.session_hash, h.now()) is None
         assert (await h.store.get_session(laptop.session_hash, h.now())).last_seen == h.now()
         response, _ = await phone.get(ACCOUNT)
         assert response.code == 303 and location(response).startswith(ISSUER + "/login?request=")
         response, body = await laptop.post(ACCOUNT + "/sessions/end", other)
-        assert b"That session had ended already." in body
+        assert b"That session had ended already." in await answered(laptop, response, "session-gone")
     finally:
         await h.close()
 
@@ -125,10 +135,10 @@ async def test_a_password_change_needs_the_current_one_and_ends_other_sessions(t
 
         response, body = await browser.post(ACCOUNT + "/password", {
             **change, "current_password": "not it", "new_password": new, "new_password_again": new})
-        assert b"Your current password is not right." in body
+        assert b"Your current password is not right." in await answered(browser, response, "current-password-wrong")
         response, body = await browser.post(ACCOUNT + "/password", {
             **change, "current_password": PASSWORDS[ALICE.sub], "new_password": new, "new_password_again": "typo"})
-        assert b"The two new passwords are not the same." in body
+        assert response.code == 200 and b"The two new passwords are not the same." in body
         for weak in ("password1", "alice-in-wonderland"):
             response, body = await browser.post(ACCOUNT + "/password", {
                 **change, "current_password": PASSWORDS[ALICE.sub], "new_password": weak, "new_password_again": weak})
@@ -137,7 +147,7 @@ async def test_a_password_change_needs_the_current_one_and_ends_other_sessions(t
 
         response, body = await browser.post(ACCOUNT + "/password", {
             **change, "current_password": PASSWORDS[ALICE.sub], "new_password": new, "new_password_again": new})
-        assert response.code == 200 and b"Your password is changed" in body
+        assert b"Your password is changed" in await answered(browser, response, "password-changed")
         assert await h.store.get_session(other.session_hash, h.now()) is None
         assert await h.store.get_session(browser.session_hash, h.now()) is not None
         assert len(await h.store.list_user_sessions(BOB.sub, h.now())) == 1
@@ -149,6 +159,58 @@ async def test_a_password_change_needs_the_current_one_and_ends_other_sessions(t
         response, _ = await fresh.authorize()
         response, _ = await fresh.submit_login(response, ALICE.login, new)
         assert response.code == 303 and "code=" in location(response)
+    finally:
+        await h.close()
+
+
+async def shown_and_reloaded(browser: Browser, url: str, fields: dict[str, str]):
+    """
+    A form posted and its answer reloaded, as a browser does: what it asks
+    for again is the page a 303 sent it to, or else the form's own POST.
+    """
+    response, body = await browser.post(url, fields)
+    if response.code == 303:
+        return await browser.get(location(response))
+    return await browser.post(url, fields)
+
+
+@pytest_twisted.ensureDeferred
+async def test_reloading_the_answer_of_a_password_change_sends_nothing_again(tmp_path, monkeypatch, audit):
+    """Not the old password, refused then and counted as a failed sign-in toward the throttle."""
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser, _ = await signed_in(h)
+        response, body = await browser.get(ACCOUNT)
+        [change] = forms(body, ACCOUNT + "/password")
+        new = "a brand new and long passphrase"
+        response, body = await shown_and_reloaded(browser, ACCOUNT + "/password", {
+            **change, "current_password": PASSWORDS[ALICE.sub], "new_password": new, "new_password_again": new})
+        assert not audit.of("login.failed"), "the reload sent the old password again"
+        assert response.code == 200 and b"Your password is changed" in body
+        assert len(audit.of("account.password_changed")) == 1
+
+        response, body = await shown_and_reloaded(browser, ACCOUNT + "/password", {
+            **change, "current_password": "not it", "new_password": new, "new_password_again": new})
+        assert b"Your current password is not right." in body
+        assert len(audit.of("login.failed")) == 1, "the refused guess counts once, its reload not again"
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_page_shows_only_its_own_messages(tmp_path, monkeypatch):
+    """Words in its URL are never shown: a link cannot make the page say what its sender likes."""
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser, _ = await signed_in(h)
+        for done in ("Call+0800+now", "%3Cscript%3Ealert(1)%3C/script%3E", "PASSWORD-CHANGED", "%FF"):
+            response, body = await browser.get(f"{ACCOUNT}?done={done}")
+            assert response.code == 200 and b'class="notice"' not in body and b'id="message"' not in body, done
+            assert b"0800" not in body and b"alert(1)" not in body
+        response, body = await browser.get(ACCOUNT + "?done=current-password-wrong")
+        assert b'role="alert"' in body and b"Your current password is not right." in body
+        response, body = await browser.get(ACCOUNT + "?done=chat-unlinked")
+        assert b'<p class="notice" role="status">Your chat account is no longer linked.</p>' in body
     finally:
         await h.close()
 
@@ -251,7 +313,7 @@ async def test_removing_a_passkey_needs_a_recent_sign_in_and_signing_in_again_co
         response, body = await browser.get(ACCOUNT)
         [remove] = forms(body, ACCOUNT + "/passkeys/remove")
         response, body = await browser.post(ACCOUNT + "/passkeys/remove", remove)
-        assert response.code == 200 and b"The passkey is removed." in body
+        assert b"The passkey is removed." in await answered(browser, response, "passkey-removed")
         assert await h.store.list_passkeys(ALICE.sub) == []
         response, _ = await Browser(h).get(ACCOUNT + "/sign-in")
         assert response.code == 303 and location(response).startswith(ISSUER + "/login?request=")
@@ -282,7 +344,7 @@ async def test_the_scripts_are_the_ones_the_policy_allows(tmp_path, monkeypatch)
         assert "navigator.credentials" in passkey and 'data-passkey="create"' in body.decode()
         [add] = forms(body, ACCOUNT + "/passkeys")
         response, body = await browser.post(ACCOUNT + "/passkeys", {**add, "credential": '{"id": "forged"}'})
-        assert response.code == 200 and b"The passkey could not be added." in body
+        assert b"The passkey could not be added." in await answered(browser, response, "passkey-not-added")
         assert await h.store.list_passkeys(ALICE.sub) == []
     finally:
         await h.close()

@@ -31,6 +31,7 @@ from authsrv.testing.identity import ALICE, BOB, PASSWORDS
 
 TOTP_PAGE = ISSUER + "/account/mfa/totp"
 RECOVERY = ISSUER + "/account/mfa/recovery"
+ACCOUNT_DONE = ISSUER + "/account?done="
 DAY = 86400
 _SECRET = re.compile(r"<p><code>([A-Z2-7]+)</code></p>")
 _CODES = re.compile(r"<li><code>([a-z0-9]{5}-[a-z0-9]{5})</code></li>")
@@ -63,6 +64,8 @@ async def enrol_at_account_page(h: Harness, browser: Browser) -> tuple[str, list
     assert response.code == 200, body
     secret, codes, fields = enrolment_of(body)
     response, body = await browser.post(TOTP_PAGE, {**fields, "code": code_at(secret, h.now())})
+    assert response.code == 303 and location(response) == ACCOUNT_DONE + "totp-set-up", body
+    response, body = await browser.get(location(response))
     assert response.code == 200 and b"Authenticator set up" in body, body
     return secret, codes
 
@@ -687,7 +690,7 @@ async def test_a_confirmed_enrolment_is_never_shown_or_confirmed_again(tmp_path,
         response, body = await first.get(TOTP_PAGE)
         secret, codes, fields = enrolment_of(body)
         response, body = await first.post(TOTP_PAGE, {**fields, "code": code_at(secret, h.now())})
-        assert b"Authenticator set up" in body
+        assert location(response) == ACCOUNT_DONE + "totp-set-up"
         h.clock.advance(30)
         strong = Browser(h)
         response, _ = await password(strong, ALICE)
@@ -699,7 +702,7 @@ async def test_a_confirmed_enrolment_is_never_shown_or_confirmed_again(tmp_path,
         assert response.code == 200 and secret.encode() not in body
         assert not set(_CODES.findall(body.decode())) & set(codes), "the live recovery codes are not shown again"
         response, body = await strong.post(TOTP_PAGE, {**stale, "code": code_at(secret, h.now())})
-        assert b"Authenticator set up" not in body
+        assert response.code == 200 and b"Authenticator set up" not in body
         other = Browser(h)
         response, _ = await password(other, ALICE)
         response, body = await give_code(other, location(response), codes[0])

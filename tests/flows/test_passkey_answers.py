@@ -37,11 +37,16 @@ def options_of(body: bytes) -> str:
 
 
 async def add_passkey(browser: Browser, make) -> bytes:
-    """Post the answer C{make} builds from the account page's fresh creation options; the page answered."""
+    """
+    Post the answer C{make} builds from the account page's fresh creation
+    options; the page the answer's 303 sends the browser to.
+    """
     response, body = await browser.get(ACCOUNT)
     assert response.code == 200, body
     csrf = hidden_fields(body.split(b'id="add-passkey"')[1].split(b"</form>")[0])["csrf"]
     response, body = await browser.post(ACCOUNT + "/passkeys", {"csrf": csrf, "credential": make(options_of(body))})
+    assert response.code == 303 and location(response).startswith(ACCOUNT + "?done=passkey-"), body
+    response, body = await browser.get(location(response))
     assert response.code == 200, body
     return body
 
@@ -103,6 +108,8 @@ async def test_a_user_keeps_at_most_max_passkeys_and_the_page_says_so(tmp_path, 
         assert response.code == 200 and FULL in body and b'id="add-passkey"' not in body
         csrf = hidden_fields(body.split(b"/passkeys/remove")[1].split(b"</form>")[0])["csrf"]
         response, body = await browser.post(ACCOUNT + "/passkeys", {"csrf": csrf, "credential": late})
+        assert (response.code, location(response)) == (303, ACCOUNT + "?done=passkey-limit"), body
+        response, body = await browser.get(location(response))
         assert response.code == 200 and FULL in body, body
         assert len(await h.store.list_passkeys(ALICE.sub)) == MAX_PASSKEYS
     finally:

@@ -1,7 +1,8 @@
 """
 The pages as a person uses them, in a real browser (headless Chromium, as in
 tests/web/test_browser.py) against a real `twist authsrv`: the back button
-to a form already sent, a cookie gone before a form is sent, the pages with
+to a form already sent, a cookie gone before a form is sent, a reload after
+the account page's form (Post/Redirect/Get), the pages with
 JavaScript off (docs/design.md, Browser pages), and every page with a
 language, a title, a label for each field and nothing in the browser's
 console: no style or script of its own blocked by its Content-Security-Policy.
@@ -190,6 +191,26 @@ def test_a_form_sent_without_its_cookie_says_to_start_again(server, driver, call
         driver.find_element(By.ID, field).send_keys("another long passphrase")
     click(driver, "form[action$='/password'] button")
     assert driver.title == "Not signed in" and "Open your account page to sign in" in main_text(driver)
+
+
+def test_reloading_the_account_page_after_a_password_change_sends_nothing_again(server, driver):  # noqa: F811
+    """Post/Redirect/Get: the browser is left at the account page's own address, which a reload opens again."""
+    issuer = server.base + "/api/auth"
+    driver.get(issuer + "/account")
+    sign_in(driver, "carol", PASSWORD)
+    WebDriverWait(driver, WAIT).until(lambda d: d.title == "Your account")
+    driver.find_element(By.ID, "current_password").send_keys(PASSWORD)
+    for field in ("new_password", "new_password_again"):
+        driver.find_element(By.ID, field).send_keys("another long passphrase")
+    click(driver, "form[action$='/password'] button")
+    assert driver.current_url == issuer + "/account?done=password-changed"
+    for _ in range(2):
+        notice = driver.find_element(By.CSS_SELECTOR, "p.notice[role=status]")
+        assert notice.text == "Your password is changed; your other sessions are signed out."
+        assert_well_made(driver)
+        driver.refresh()
+        settled(driver)
+    assert driver.current_url == issuer + "/account?done=password-changed"
 
 
 def test_a_sign_out_the_application_did_not_name_is_confirmed(server, driver, callback):  # noqa: F811

@@ -25,7 +25,7 @@ from authsrv import events
 from authsrv.flows.csrf import session_form_token, session_form_token_valid
 from authsrv.flows.mfa import SecondFactors
 from authsrv.flows.interaction import InteractionFlow
-from authsrv.flows.outcomes import Browser, EnrolmentForm, Notice, RecoveryCodes, Redirect
+from authsrv.flows.outcomes import Browser, EnrolmentForm, RecoveryCodes, Redirect
 from authsrv.flows.link import unlink_token
 from authsrv.flows.login import LoggedIn
 from authsrv.flows.passkeys import MAX_PASSKEYS, PASSKEY_METHODS, Passkeys, TooManyPasskeys
@@ -118,8 +118,11 @@ class AccountFactors:
         return await self._form(cookie, session, None, None, now)
 
     async def submit_totp(self, browser: Browser, form: dict[str, str] | None, address: str,
-                          now: int) -> EnrolmentForm | Notice | Redirect:
-        """Confirm the authenticator shown with its first code; the earlier one and its recovery codes go."""
+                          now: int) -> EnrolmentForm | str | Redirect:
+        """
+        Confirm the authenticator shown with its first code; the earlier one
+        and its recovery codes go. Done, the answer is its key of L{NOTICES}.
+        """
         cookie, session = await self._session(browser.session, now)
         form = form or {}
         if not session_form_token_valid(cookie, TOTP_PURPOSE, form.get("csrf")):
@@ -128,8 +131,7 @@ class AccountFactors:
             return again
         if not await self._factors.confirm(session.sub, form.get("sealed"), form.get("code", ""), now):
             return await self._form(cookie, session, form.get("sealed"), WRONG_FIRST_CODE, now)
-        return Notice(200, "Authenticator set up",
-                      "From now on, signing in asks for a code from your authenticator app after your password.")
+        return "totp-set-up"
 
     async def replace_recovery_codes(self, browser: Browser, form: dict[str, str] | None, address: str,
                                      now: int) -> RecoveryCodes | Redirect:
@@ -170,6 +172,31 @@ class PasswordRefused(str):
     The password form's answer when it changed nothing: the page shows it
     as an error next to that form, not as news at the top of the page.
     """
+
+
+WRONG_CURRENT_PASSWORD = "current-password-wrong"
+NOTICES: dict[str, str] = {
+    "session-ended": "That session is signed out.",
+    "session-gone": "That session had ended already.",
+    "app-revoked": "The application's access is revoked; it will ask again next time.",
+    "app-gone": "That application had no access.",
+    "password-changed": "Your password is changed; your other sessions are signed out.",
+    WRONG_CURRENT_PASSWORD: PasswordRefused("Your current password is not right."),
+    "passkey-added": "Your passkey is added.",
+    "passkey-not-added": "The passkey could not be added. Try again.",
+    "passkey-limit": PASSKEYS_FULL,
+    "passkey-removed": "The passkey is removed.",
+    "passkey-gone": "That passkey was removed already.",
+    "totp-set-up": "Authenticator set up: from now on, signing in asks for a code from your authenticator app"
+                   " after your password.",
+    "chat-unlinked": "Your chat account is no longer linked.",
+    "chat-gone": "No chat account was linked.",
+}
+"""
+What a posted form did, by the key it answers (the account page is then
+opened with C{?done=KEY}, so a reload sends nothing again): the page shows
+only these fixed texts, never words from its URL, and ignores other keys.
+"""
 
 
 @frozen
@@ -291,16 +318,20 @@ class AccountPage:
                 continue
         return None
 
-    async def page(self, browser: Browser, address: str, now: int) -> AccountView | Redirect:
-        """The page for a signed-in browser; any other is sent to sign in and comes back here."""
+    async def page(self, browser: Browser, address: str, now: int, done: str | None = None) -> AccountView | Redirect:
+        """
+        The page for a signed-in browser, saying what the form it comes
+        from did (C{done}, a key of L{NOTICES}); any other browser is sent
+        to sign in and comes back here.
+        """
         cookie = browser.session
         session = await self._interaction.live_session(cookie, now)
         if cookie is None or session is None:
             return await self._interaction.sign_in_again(self._page, None, browser, address, now)
-        return await self._view(cookie, session, now)
+        return await self._view(cookie, session, now, NOTICES.get(done or ""))
 
     async def view(self, cookie: str | None, now: int, message: str | None = None) -> AccountView:
-        """The page after a posted action, with its C{message}."""
+        """The page answering a refused password change, with its C{message}."""
         cookie, session = await self._signed_in(cookie, now)
         return await self._view(cookie, session, now, message)
 
@@ -367,10 +398,10 @@ class AccountPage:
         target = next((s for s in await self._store.list_user_sessions(session.sub, now)
                        if s.sid == form.get("sid")), None)
         if target is None or target.session_hash == session.session_hash:
-            return "That session had ended already."
+            return "session-gone"
         await self._sessions.end_session(target, "signed out from the account page")
         events.account_session_ended(sub=session.sub, session_id=target.sid)
-        return "That session is signed out."
+        return "session-ended"
 
     async def revoke_app(self, cookie: str | None, form: dict[str, str] | None, now: int) -> str:
         """
@@ -386,16 +417,18 @@ class AccountPage:
                 revoked += 1
         forgot = await self._store.revoke_consent(session.sub, client_id)
         if not revoked and not forgot:
-            return "That application had no access."
+            return "app-gone"
         events.account_app_revoked(sub=session.sub, client_id=client_id, grants=revoked)
-        return "The application's access is revoked; it will ask again next time."
+        return "app-revoked"
 
     async def change_password(self, cookie: str | None, form: dict[str, str] | None, address: str,
-                              device: str | None, now: int) -> str:
+                              device: str | None, now: int) -> str | PasswordRefused:
         """
         A new password for a user of a backend that can write: the current
         one is checked (and counted) as at sign-in, and every other session
-        of the user ends.
+        of the user ends. The answer is a key of L{NOTICES}, or the
+        refusal of new passwords that are different or against the policy
+        (checked first, counted nowhere, so that form may be sent again).
         """
         _, session, form = await self._posted(cookie, form, ACCOUNT_PURPOSE, now)
         sub = session.sub
@@ -414,14 +447,14 @@ class AccountPage:
         checked = await self._login.log_in(user.login, form.get("current_password", ""), address, device, now)
         if not isinstance(checked, LoggedIn) or checked.user.sub != sub:
             events.password_change_refused(sub=sub, reason="current password wrong or not checkable")
-            return PasswordRefused("Your current password is not right.")
+            return WRONG_CURRENT_PASSWORD
         await manager.set_password_hash(user.login, await deferToThread(self._hasher.hash, new))
         ended = 0
         for other in await self._store.list_user_sessions(sub, now):
             if other.session_hash != session.session_hash:
                 ended += await self._sessions.end_session(other, "password changed")
         events.password_changed(sub=sub, sessions_ended=ended)
-        return "Your password is changed; your other sessions are signed out."
+        return "password-changed"
 
     async def sign_in_again(self, browser: Browser, address: str, now: int) -> Redirect:
         """
@@ -442,10 +475,10 @@ class AccountPage:
         assert self._passkeys is not None, "_unfit refuses without passkeys"
         added = await self._passkeys.register(session.sub, form.get("credential"), now)
         if added is None:
-            return "The passkey could not be added. Reload the page and try again."
+            return "passkey-not-added"
         if isinstance(added, TooManyPasskeys):
-            return PASSKEYS_FULL
-        return "Your passkey is added."
+            return "passkey-limit"
+        return "passkey-added"
 
     async def remove_passkey(self, browser: Browser, form: dict[str, str] | None, address: str,
                              now: int) -> str | Redirect:
@@ -454,8 +487,8 @@ class AccountPage:
             return again
         assert self._passkeys is not None, "_unfit refuses without passkeys"
         if await self._passkeys.remove(session.sub, form.get("credential_id", "")):
-            return "The passkey is removed."
-        return "That passkey was removed already."
+            return "passkey-removed"
+        return "passkey-gone"
 
     async def _unfit(self, session: BrowserSession, browser: Browser, address: str, now: int) -> Redirect | None:
         if self._passkeys is None:

@@ -19,9 +19,9 @@ from twisted.web.template import tags
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from authsrv.config import ISSUER_PATH
-from authsrv.flows.account import AccountView
+from authsrv.flows.account import AccountView, PasswordRefused
 from authsrv.flows.link import link_token, link_token_valid, unlink_token, unlink_token_valid
-from authsrv.flows.outcomes import DeviceCodeForm, LoginForm, LogoutConfirmation, Notice, Redirect
+from authsrv.flows.outcomes import DeviceCodeForm, EnrolmentForm, LoginForm, LogoutConfirmation, Notice, Redirect
 from authsrv.flows.ratelimit import ClientRateLimits, EndpointLimit, RateLimited
 from authsrv.identity.errors import BackendUnavailable
 from authsrv.protocol import jsontext
@@ -528,19 +528,32 @@ class PublicSite:
 
     # --- the signed-in user's account page ---------------------------------------
 
-    async def _account(self, request, message: str | None = None) -> bytes:
-        """The account page after a posted action, with its message."""
-        view = await self._flows.account_page.view(self._cookies.browser(request).session, self._now(), message)
-        return self._account_page(request, view)
-
     def _account_page(self, request, view: AccountView) -> bytes:
         return account_page(request, f"{self._issuer}/account", view, link_path=f"{self._issuer}/link/chat")
+
+    async def _account_done(self, request, outcome: str | PasswordRefused | Redirect) -> bytes:
+        """
+        A posted form's answer: Post/Redirect/Get, 303 to the account page
+        naming what the form did (a key of L{NOTICES}), so a reload opens
+        the page again and sends nothing; or the sign-in the form needs
+        first; or the page with a refusal that counted nothing.
+        """
+        if isinstance(outcome, Redirect):
+            return self._answer(request, outcome)
+        if isinstance(outcome, PasswordRefused):
+            return await self._account_refused(request, outcome)
+        return self._answer(request, Redirect(f"{self._issuer}/account?done={outcome}", 303))
+
+    async def _account_refused(self, request, refused: PasswordRefused) -> bytes:
+        view = await self._flows.account_page.view(self._cookies.browser(request).session, self._now(), refused)
+        return self._account_page(request, view)
 
     @app.route(ACCOUNT_PATH, methods=["GET"])
     async def account(self, request):
         """The account page, or the sign-in a browser without a session needs first."""
+        done = request.args.get(b"done", [b""])[0].decode("ascii", "replace")
         outcome = await self._flows.account_page.page(
-            self._cookies.browser(request), client_address_of(request, self._trusted_proxies), self._now()
+            self._cookies.browser(request), client_address_of(request, self._trusted_proxies), self._now(), done
         )
         if isinstance(outcome, Redirect):
             return self._answer(request, outcome)
@@ -548,26 +561,23 @@ class PublicSite:
 
     @app.route(ACCOUNT_PATH + "/sessions/end", methods=["POST"])
     async def account_end_session(self, request):
-        message = await self._flows.account_page.end_session(
+        return await self._account_done(request, await self._flows.account_page.end_session(
             self._cookies.browser(request).session, page_form(request), self._now()
-        )
-        return await self._account(request, message)
+        ))
 
     @app.route(ACCOUNT_PATH + "/apps/revoke", methods=["POST"])
     async def account_revoke_app(self, request):
-        message = await self._flows.account_page.revoke_app(
+        return await self._account_done(request, await self._flows.account_page.revoke_app(
             self._cookies.browser(request).session, page_form(request), self._now()
-        )
-        return await self._account(request, message)
+        ))
 
     @app.route(ACCOUNT_PATH + "/password", methods=["POST"])
     async def account_password(self, request):
         browser = self._cookies.browser(request)
-        message = await self._flows.account_page.change_password(
+        return await self._account_done(request, await self._flows.account_page.change_password(
             browser.session, page_form(request), client_address_of(request, self._trusted_proxies),
             browser.device, self._now(),
-        )
-        return await self._account(request, message)
+        ))
 
     @app.route(ACCOUNT_PATH + "/sign-in", methods=["GET"])
     async def account_sign_in(self, request):
@@ -579,25 +589,17 @@ class PublicSite:
 
     @app.route(ACCOUNT_PATH + "/passkeys", methods=["POST"])
     async def account_add_passkey(self, request):
-        message = await self._flows.account_page.register_passkey(
+        return await self._account_done(request, await self._flows.account_page.register_passkey(
             self._cookies.browser(request), page_form(request), client_address_of(request, self._trusted_proxies),
             self._now(),
-        )
-        return await self._account_or_redirect(request, message)
+        ))
 
     @app.route(ACCOUNT_PATH + "/passkeys/remove", methods=["POST"])
     async def account_remove_passkey(self, request):
-        message = await self._flows.account_page.remove_passkey(
+        return await self._account_done(request, await self._flows.account_page.remove_passkey(
             self._cookies.browser(request), page_form(request), client_address_of(request, self._trusted_proxies),
             self._now(),
-        )
-        return await self._account_or_redirect(request, message)
-
-    async def _account_or_redirect(self, request, outcome: str | Redirect) -> bytes:
-        """The account page with an action's message, or the sign-in the action needs first."""
-        if isinstance(outcome, Redirect):
-            return self._answer(request, outcome)
-        return await self._account(request, outcome)
+        ))
 
     # --- the signed-in user's own second factors --------------------------------
 
@@ -616,9 +618,9 @@ class PublicSite:
             self._cookies.browser(request), page_form(request), client_address_of(request, self._trusted_proxies),
             self._now(),
         )
-        if isinstance(outcome, (Notice, Redirect)):
-            return self._answer(request, outcome)
-        return enrolment_page(request, f"{self._issuer}/account/mfa/totp", outcome)
+        if isinstance(outcome, EnrolmentForm):
+            return enrolment_page(request, f"{self._issuer}/account/mfa/totp", outcome)
+        return await self._account_done(request, outcome)
 
     @app.route(ISSUER_PATH + "/account/mfa/recovery", methods=["POST"])
     async def account_recovery_codes(self, request):
@@ -708,10 +710,7 @@ class PublicSite:
         linking, cookie, session = await self._linking_session(request)
         if not unlink_token_valid(cookie, (page_form(request) or {}).get("csrf")):
             raise PageError(403, "Not unlinked", "This form has expired. Reload the page and try again.")
-        if await linking.unlink(session):
-            return render_page(request, 200, "Chat account unlinked",
-                               tags.p("Your ", linking.provider_name, " account is no longer linked."))
-        return render_page(request, 200, "Nothing to unlink", tags.p("No chat account was linked."))
+        return await self._account_done(request, "chat-unlinked" if await linking.unlink(session) else "chat-gone")
 
     # --- failures ----------------------------------------------------------------
 
