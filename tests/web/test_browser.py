@@ -133,15 +133,20 @@ def _browser_installed(request):
         require_browser()
 
 
-@pytest.fixture
-def driver(tmp_path):
+def chromium_options(tmp_path) -> webdriver.ChromeOptions:
+    """Headless Chromium with a profile of its own under C{tmp_path}, quiet on the network."""
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
     for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                      "--disable-background-networking", "--disable-component-update", "--disable-sync",
                      "--no-first-run", f"--user-data-dir={tmp_path / 'chromium-profile'}"):
         options.add_argument(argument)
-    driver = webdriver.Chrome(options=options, service=Service(str(CHROMEDRIVER)))
+    return options
+
+
+@pytest.fixture
+def driver(tmp_path):
+    driver = webdriver.Chrome(options=chromium_options(tmp_path), service=Service(str(CHROMEDRIVER)))
     driver.set_page_load_timeout(WAIT)
     yield driver
     driver.quit()

@@ -22,13 +22,13 @@ from selenium.webdriver.support.ui import WebDriverWait
 from test_browser import (  # noqa: F401,F811  (fixtures)
     CHEAP,
     CHROMEDRIVER,
-    CHROMIUM,
     PASSWORD,
     WAIT,
     _browser_installed,
     _toml,
     authorize_url,
     callback,
+    chromium_options,
     landed,
     sign_in,
 )
@@ -85,12 +85,7 @@ def server(run_server, tmp_path, callback):  # noqa: F811
 @pytest.fixture(params=[True, False], ids=["script", "no script"])
 def driver(request, tmp_path):
     """Chromium keeping its console, with JavaScript on or, for C{no script}, off."""
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                     "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                     "--no-first-run", f"--user-data-dir={tmp_path / 'chromium-profile'}"):
-        options.add_argument(argument)
+    options = chromium_options(tmp_path)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     if not request.param:
         options.add_experimental_option("prefs", {"profile.managed_default_content_settings.javascript": 2})
