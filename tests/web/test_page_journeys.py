@@ -16,8 +16,8 @@ import pytest
 import requests
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 from test_browser import (  # noqa: F401,F811  (fixtures)
     CHEAP,
@@ -103,11 +103,28 @@ def main_text(driver) -> str:
     return driver.find_element(By.TAG_NAME, "main").text
 
 
+def gone(element) -> bool:
+    """
+    Whether ``element`` left the document. Chromedriver reports a node of a
+    page being replaced either as stale or, caught mid-navigation, as one that
+    "does not belong to the document": both mean the answer's page arrived.
+    """
+    try:
+        element.is_enabled()
+    except StaleElementReferenceException:
+        return True
+    except WebDriverException as error:
+        if "does not belong to the document" in (error.msg or ""):
+            return True
+        raise
+    return False
+
+
 def click(driver, selector: str) -> None:
     """Click a form's button and wait for the page its answer brings."""
     button = driver.find_element(By.CSS_SELECTOR, selector)
     button.click()
-    WebDriverWait(driver, WAIT).until(expected_conditions.staleness_of(button))
+    WebDriverWait(driver, WAIT).until(lambda _: gone(button))
     settled(driver)
 
 
