@@ -313,6 +313,23 @@ class ChatProvider:
         return response.code, b"".join(chunks)
 
 
+async def revoke_tokens(provider: IChatProvider, whose: str, access_token: str, refresh_token: str | None) -> None:
+    """
+    Best effort, so that tokens no one keeps stop working: a failure (each
+    call bounded by the provider's timeout) is only logged, by its kind and
+    C{whose} they were, never with the token. Never fails, so that a caller
+    may leave it running after its answer.
+    """
+    for token, hint in ((access_token, "access_token"), (refresh_token, "refresh_token")):
+        if token is None:
+            continue
+        try:
+            await provider.revoke(token, hint)
+        except Exception as e:
+            log.warn("could not revoke {whose} {hint} at {provider}: {error}",
+                     whose=whose, hint=hint, provider=provider.name, error=type(e).__name__)
+
+
 def _error_code(body: dict) -> str:
     """The OAuth error code of an error answer, safe to log (short, no token)."""
     code = body.get("error")
