@@ -229,37 +229,22 @@ GARBAGE = {
 }
 
 
-@pytest.mark.parametrize("answer", sorted(GARBAGE))
+NOT_AN_ID = [b"{}", b'{"id": ""}', b'{"id": ["1"]}', b'{"id": true}', json.dumps({"id": "9" * 300}).encode(),
+             b"<html></html>"]
+
+
+@pytest.mark.parametrize("method, script", [
+    *(("refresh", GARBAGE[answer]) for answer in sorted(GARBAGE)),
+    *(("exchange_code", GARBAGE[answer])
+      for answer in ["an HTML error page", "broken JSON", "a numeric access token", "a redirect"]),
+    *(("current_user", canned(200, body)) for body in NOT_AN_ID),
+    *(("revoke", GARBAGE[answer]) for answer in ["a server error", "an HTML error page", "a 403", "a redirect"]),
+])
 @pytest_twisted.ensureDeferred
-async def test_garbage_answers_to_a_refresh_are_unavailable(answer):
-    async with platform(GARBAGE[answer]) as (_, _clock, provider):
+async def test_garbage_answers_are_unavailable(method, script):
+    async with platform(script) as (_, _clock, provider):
         with pytest.raises(ChatProviderUnavailable):
-            await provider.refresh("stored-refresh-token")
-
-
-@pytest.mark.parametrize("answer", ["an HTML error page", "broken JSON", "a numeric access token", "a redirect"])
-@pytest_twisted.ensureDeferred
-async def test_garbage_answers_to_a_code_exchange_are_unavailable(answer):
-    async with platform(GARBAGE[answer]) as (_, _clock, provider):
-        with pytest.raises(ChatProviderUnavailable):
-            await CALLS["exchange_code"](provider)
-
-
-@pytest.mark.parametrize("body", [b"{}", b'{"id": ""}', b'{"id": ["1"]}', b'{"id": true}',
-                                  json.dumps({"id": "9" * 300}).encode(), b"<html></html>"])
-@pytest_twisted.ensureDeferred
-async def test_a_current_user_answer_without_an_id_is_unavailable(body):
-    async with platform(canned(200, body)) as (_, _clock, provider):
-        with pytest.raises(ChatProviderUnavailable):
-            await CALLS["current_user"](provider)
-
-
-@pytest.mark.parametrize("answer", ["a server error", "an HTML error page", "a 403", "a redirect"])
-@pytest_twisted.ensureDeferred
-async def test_a_revocation_answered_with_an_error_is_unavailable(answer):
-    async with platform(GARBAGE[answer]) as (_, _clock, provider):
-        with pytest.raises(ChatProviderUnavailable):
-            await CALLS["revoke"](provider)
+            await CALLS[method](provider)
 
 
 @pytest_twisted.ensureDeferred

@@ -72,9 +72,10 @@ class World:
         self.cipher = TokenCipher(self.config.encryption_key)
         self.identity = Identity(ALICE)
 
-    def tokens(self, store, provider=True, config=None) -> ChatTokens:
+    def tokens(self, store, provider=True, config=None, wire=None) -> ChatTokens:
+        """ChatTokens on C{store}; its provider reaches the fake through C{wire} when given."""
         config = config or self.config
-        chat = ChatProvider(self.clock, self.fake.memory_client(), config) if provider else None
+        chat = ChatProvider(self.clock, wire or self.fake.memory_client(), config) if provider else None
         return ChatTokens(self.clock, store, self.identity, chat, self.cipher, config)
 
     async def link(self, store, expires_in: int) -> tuple[LinkedAccount, dict]:
@@ -343,8 +344,7 @@ async def test_a_caller_that_goes_away_mid_refresh_does_not_lose_the_rotated_ref
     async with sqlite_store(world.path) as store:
         _, grant = await world.link(store, 100)
         wire = AnswersOnTheWay(world.fake.memory_client())
-        tokens = ChatTokens(world.clock, store, world.identity, ChatProvider(world.clock, wire, world.config),
-                            world.cipher, world.config)
+        tokens = world.tokens(store, wire=wire)
         caller = Deferred.fromCoroutine(tokens.fresh_token(ALICE.sub, NOW))
         caller.addErrback(lambda _: None)
         for _ in range(2000):
@@ -429,8 +429,7 @@ async def test_tokens_a_refresh_gets_for_a_link_that_went_meanwhile_are_revoked(
     async with sqlite_store(world.path) as store:
         await world.link(store, 100)
         wire = AnswersOnTheWay(world.fake.memory_client())
-        tokens = ChatTokens(world.clock, store, world.identity, ChatProvider(world.clock, wire, world.config),
-                            world.cipher, world.config)
+        tokens = world.tokens(store, wire=wire)
         before = set(world.fake.tokens())
         caller = Deferred.fromCoroutine(tokens.fresh_token(ALICE.sub, NOW))
         await until_held(wire)
@@ -452,41 +451,31 @@ async def test_tokens_a_refresh_gets_for_a_link_that_went_meanwhile_are_revoked(
         assert honoured == (refreshed if change == "the same account" else set()), change
 
 
+@pytest.mark.parametrize("change", ["unlinked", "another account"])
 @pytest_twisted.ensureDeferred
-async def test_a_refresh_the_platform_refuses_because_the_user_unlinked_answers_not_linked(world, audit):
-    """The unlink's revocation reached the platform before the refresh did: the user has no link, not a broken one."""
+async def test_a_refresh_refused_because_the_user_unlinked_or_linked_again(world, audit, change):
+    """
+    The unlink's (or the new link's) revocation of the old tokens reached
+    the platform before the refresh did: the user has no link, not a broken
+    one, or has the new one.
+    """
     async with sqlite_store(world.path) as store:
         _, grant = await world.link(store, 100)
         wire = RequestsOnTheWay(world.fake.memory_client())
-        tokens = ChatTokens(world.clock, store, world.identity, ChatProvider(world.clock, wire, world.config),
-                            world.cipher, world.config)
+        tokens = world.tokens(store, wire=wire)
         caller = Deferred.fromCoroutine(tokens.fresh_token(ALICE.sub, NOW))
         await until_held(wire)
-        await relink(world, store, "unlinked")
+        await relink(world, store, change)
         await ChatProvider(world.clock, world.fake.memory_client(), world.config).revoke(
             grant["refresh_token"], "refresh_token")
         wire.deliver()
         [result] = await world.settle([caller])
-        assert isinstance(result.value, ChatNotLinked), result
         assert audit_events(audit, "chat.refresh_failed")[0]["reason"] == "chat_refresh_refused"
-
-
-@pytest_twisted.ensureDeferred
-async def test_a_refresh_refused_after_the_user_linked_again_serves_the_new_link(world):
-    async with sqlite_store(world.path) as store:
-        _, grant = await world.link(store, 100)
-        wire = RequestsOnTheWay(world.fake.memory_client())
-        tokens = ChatTokens(world.clock, store, world.identity, ChatProvider(world.clock, wire, world.config),
-                            world.cipher, world.config)
-        caller = Deferred.fromCoroutine(tokens.fresh_token(ALICE.sub, NOW))
-        await until_held(wire)
-        await relink(world, store, "another account")
-        await ChatProvider(world.clock, world.fake.memory_client(), world.config).revoke(
-            grant["refresh_token"], "refresh_token")
-        wire.deliver()
-        [result] = await world.settle([caller])
-        assert isinstance(result, ProviderToken) and result.account_id == "acct-again"
-        assert world.fake.access_valid(result.access_token)
+        if change == "unlinked":
+            assert isinstance(getattr(result, "value", None), ChatNotLinked), result
+        else:
+            assert isinstance(result, ProviderToken) and result.account_id == "acct-again"
+            assert world.fake.access_valid(result.access_token)
 
 
 @pytest.mark.parametrize("switch", ["down", "unavailable"])
