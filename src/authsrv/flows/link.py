@@ -23,7 +23,7 @@ from twisted.logger import Logger
 from authsrv import events
 from authsrv.chat.crypto import ACCESS, REFRESH, UndecryptableToken
 from authsrv.chat.errors import ChatProviderUnavailable
-from authsrv.chat.provider import ChatCodeRejected, revoke_tokens
+from authsrv.chat.provider import ChatCodeRejected, ProviderTokens, revoke_tokens
 from authsrv.flows.csrf import session_form_token, session_form_token_valid
 from authsrv.flows.standing import standing
 from authsrv.interfaces import IChatProvider
@@ -172,7 +172,7 @@ class ChatLinking:
             raise PageError(400, "Link not completed", "The chat platform sent you back without a code. Start again.")
         try:
             tokens = await self._provider.exchange_code(code, attempt.code_verifier, self.redirect_uri)
-            provider_user_id = await self._provider.current_user(tokens.access_token)
+            provider_user_id = await self._user_of(tokens)
         except ChatCodeRejected:
             raise PageError(
                 400, "Link not completed", "The chat platform did not accept the link. Start again."
@@ -208,6 +208,19 @@ class ChatLinking:
         if replaced is not None and replaced.provider_user_id != provider_user_id:
             Deferred.fromCoroutine(self._revoke_stored(replaced, "a replaced link's"))
         return account
+
+    async def _user_of(self, tokens: ProviderTokens) -> str:
+        """
+        The platform's id of the user the tokens are for. When the platform
+        cannot say, the tokens are nobody's (the attempt is used up): they are
+        revoked without the user waiting, as a refused link's are.
+        """
+        try:
+            return await self._provider.current_user(tokens.access_token)
+        except ChatProviderUnavailable:
+            Deferred.fromCoroutine(revoke_tokens(self._provider, "an unfinished link's", tokens.access_token,
+                                                 tokens.refresh_token))
+            raise
 
     async def unlink(self, session: BrowserSession) -> bool:
         """
