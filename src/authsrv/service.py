@@ -23,12 +23,11 @@ from twisted.internet.protocol import ServerFactory
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger, globalLogPublisher
 from twisted.python.failure import Failure
-from twisted.web.client import HTTPConnectionPool
 from twisted.web.resource import Resource
 
 from authsrv import events
 from authsrv.chat.crypto import TokenCipher
-from authsrv.chat.provider import ChatProvider, http_client
+from authsrv.chat.provider import LOOKUP_THREADS, ChatProvider, PlatformClient
 from authsrv.chat.tokens import ChatTokens
 from authsrv.config import Config, ConfigSource
 from authsrv.configsection import ConfigError, Unreachable
@@ -220,7 +219,7 @@ class AuthsrvService(MultiService):
     log = Logger()
 
     def __init__(
-        self, *, reactor, config: Config, context, store, keystore, identity, ports, http_pool=None, drain=None,
+        self, *, reactor, config: Config, context, store, keystore, identity, ports, drain=None,
         metrics: Metrics | None = None,
         access_log: AccessLog | None = None,
         notifier: backchannel.BackchannelNotifier | None = None,
@@ -233,7 +232,6 @@ class AuthsrvService(MultiService):
         self.keystore = keystore
         self.identity = identity
         self._ports = ports
-        self._http_pool = http_pool
         self._drain = drain
         self._notifier = notifier
         self._metrics = metrics
@@ -340,8 +338,6 @@ class AuthsrvService(MultiService):
         await super().stopService()
         if self._metrics is not None:
             globalLogPublisher.removeObserver(self._metrics.audit_observer)
-        if self._http_pool is not None:
-            await self._http_pool.closeCachedConnections()
         await self.store.close()
         await self.identity.close()
         self._context.stop()
@@ -622,30 +618,30 @@ def admin_operations(config: Config, reactor, store, keystore, identity, context
 
 @frozen
 class Chat:
-    """The chat-platform parts; C{pool} is the provider's HTTP connection pool, if any."""
+    """The chat-platform parts."""
 
     tokens: ChatTokens
     linking: ChatLinking | None
-    pool: HTTPConnectionPool | None
 
 
-def chat_parts(config: Config, reactor, store, identity) -> Chat:
+def chat_parts(config: Config, reactor, store, identity, context) -> Chat:
     """
     Fresh provider tokens for the internal API and, when a provider client
-    is configured, the link flow.
+    is configured, the link flow, whose requests look the platform's name
+    up on a thread pool of the plugin context's.
     """
     chat = config.chat
     cipher = TokenCipher(chat.encryption_key) if chat else None
     source = next((b for b in getattr(identity, "backends", ()) if IChatLinkSource.providedBy(b)), None)
     if chat is None or not chat.can_link:
-        return Chat(ChatTokens(reactor, store, identity, None, cipher, chat, source), None, None)
-    http, pool = http_client(reactor, chat.timeout)
+        return Chat(ChatTokens(reactor, store, identity, None, cipher, chat, source), None)
+    http = PlatformClient(reactor, context.threadpool("chat-lookups", LOOKUP_THREADS), chat.timeout)
     provider = ChatProvider(reactor, http, chat)
     linking = ChatLinking(
         store=store, identity=identity, provider=provider, cipher=cipher, issuer=config.issuer,
         pkce_enabled=chat.pkce,
     )
-    return Chat(ChatTokens(reactor, store, identity, provider, cipher, chat, source), linking, pool)
+    return Chat(ChatTokens(reactor, store, identity, provider, cipher, chat, source), linking)
 
 
 def access_log_of(config: Config) -> AccessLog | None:
@@ -703,7 +699,7 @@ def build(
         keystore = build_plugin("keystore", config.keystore, context)
         identity = build_identity(config, context, metrics)
         holder: list[AuthsrvService] = []
-        chat = chat_parts(config, reactor, store, identity)
+        chat = chat_parts(config, reactor, store, identity, context)
         internal = InternalAPI(
             reactor=reactor, secret=config.internal_secret, store=store, identity=identity,
             chat_tokens=chat.tokens, rate=config.rate_limits.internal, trusted_proxies=config.trusted_proxies,
@@ -755,7 +751,6 @@ def build(
         keystore=keystore,
         identity=identity,
         ports=ports,
-        http_pool=chat.pool,
         drain=drain,
         metrics=metrics,
         access_log=access_log,

@@ -13,11 +13,12 @@ import pytest
 import pytest_twisted
 from twisted.internet import reactor
 from twisted.internet.task import Clock
+from twisted.python.threadpool import ThreadPool
 
 from authsrv.chat.config import ChatConfig
 from authsrv.chat.crypto import key_from_text, new_key_text
 from authsrv.chat.errors import ChatProviderUnavailable
-from authsrv.chat.provider import ChatProvider, http_client
+from authsrv.chat.provider import ChatProvider, PlatformClient
 from authsrv.testing.chat import TIMEOUT, ChatProviderConformance, endpoints
 from authsrv.testing.fake_chat import FakeChatProvider
 
@@ -33,12 +34,14 @@ def config_for(fake: FakeChatProvider, base_url: str) -> ChatConfig:
 async def on_a_port(fake: FakeChatProvider):
     """The real client over TCP to the fake listening on 127.0.0.1, its calls timed on the fake's clock."""
     port = fake.listen(reactor)
-    http, pool = http_client(reactor, TIMEOUT)
+    lookups = ThreadPool(minthreads=0, maxthreads=1)
+    lookups.start()
     base = f"http://127.0.0.1:{port.getHost().port}"
     try:
-        yield ChatProvider(fake.clock, http, config_for(fake, base))
+        yield ChatProvider(fake.clock, PlatformClient(reactor, lookups, TIMEOUT, clock=fake.clock),
+                           config_for(fake, base))
     finally:
-        await pool.closeCachedConnections()
+        lookups.stop()
         await port.stopListening()
 
 

@@ -28,8 +28,8 @@ from authsrv.configsection import Problems, Section
 from authsrv.context import PluginContext
 from authsrv.flows.claims import ClaimsSource
 from authsrv.records import NOT_READ, LinkedAccount, User
-from authsrv.store import sqlite
-from authsrv.testing.fake_chat import FakeChatProvider
+from authsrv.store import postgres as pg_store, sqlite
+from authsrv.testing.fake_chat import FakeChatProvider, FakeChatUser
 
 NOW = 1_800_000_000
 ALICE = User(sub="alice-sub", login="alice", chat_user_id="from-the-backend")
@@ -72,9 +72,10 @@ class World:
         self.cipher = TokenCipher(self.config.encryption_key)
         self.identity = Identity(ALICE)
 
-    def tokens(self, store, provider=True, config=None) -> ChatTokens:
+    def tokens(self, store, provider=True, config=None, wire=None) -> ChatTokens:
+        """ChatTokens on C{store}; its provider reaches the fake through C{wire} when given."""
         config = config or self.config
-        chat = ChatProvider(self.clock, self.fake.memory_client(), config) if provider else None
+        chat = ChatProvider(self.clock, wire or self.fake.memory_client(), config) if provider else None
         return ChatTokens(self.clock, store, self.identity, chat, self.cipher, config)
 
     async def link(self, store, expires_in: int) -> tuple[LinkedAccount, dict]:
@@ -229,6 +230,45 @@ async def test_two_instances_on_one_database_cause_one_refresh(world):
         assert (await second.get_linked_account(ALICE.sub, "discord")).version == 2
 
 
+@asynccontextmanager
+async def postgres_store(dsn: str):
+    """A store on the tests' PostgreSQL with its own connections and threads (one "instance")."""
+    context = PluginContext(reactor, Path("."))
+    store = pg_store.from_config(Section({"dsn": dsn}, "store", "."), context)
+    try:
+        yield store
+    finally:
+        await store.close()
+        context.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_two_instances_on_one_postgresql_refresh_once_and_keep_the_rotated_token(world, postgres):
+    """
+    Concurrent callers on two servers sharing a PostgreSQL store, the
+    platform rotating refresh tokens (so a second refresh with the used one
+    would be refused, and a save of one refresh over another would lose the
+    link): one refresh, every caller gets its token, and the stored refresh
+    token is the one the platform honours, round after round.
+    """
+    dsn = postgres.database()
+    pg_store.migrate(dsn, 5, 0)
+    async with postgres_store(dsn) as first, postgres_store(dsn) as second:
+        await world.link(first, 100)
+        instances = [world.tokens(first), world.tokens(second)]
+        for done in (1, 2, 3):
+            now = int(world.clock.seconds())
+            calls = [Deferred.fromCoroutine(instances[n % 2].fresh_token(ALICE.sub, now)) for n in range(8)]
+            results = await world.settle(calls)
+            assert all(isinstance(r, ProviderToken) for r in results), results
+            assert len({r.access_token for r in results}) == 1 and world.fake.access_valid(results[0].access_token)
+            assert world.fake.refreshes == done
+            saved = await second.get_linked_account(ALICE.sub, "discord")
+            assert saved.version == done + 1
+            assert world.cipher.decrypt(saved.refresh_token_enc, ACCOUNT, REFRESH) in world.fake.tokens()
+            world.clock.advance(2 * HOUR)
+
+
 class LateLease:
     """A store whose lease requests wait until C{go} fires: a caller that is slow to the lock."""
 
@@ -304,8 +344,7 @@ async def test_a_caller_that_goes_away_mid_refresh_does_not_lose_the_rotated_ref
     async with sqlite_store(world.path) as store:
         _, grant = await world.link(store, 100)
         wire = AnswersOnTheWay(world.fake.memory_client())
-        tokens = ChatTokens(world.clock, store, world.identity, ChatProvider(world.clock, wire, world.config),
-                            world.cipher, world.config)
+        tokens = world.tokens(store, wire=wire)
         caller = Deferred.fromCoroutine(tokens.fresh_token(ALICE.sub, NOW))
         caller.addErrback(lambda _: None)
         for _ in range(2000):
@@ -333,6 +372,110 @@ async def test_a_caller_that_goes_away_mid_refresh_does_not_lose_the_rotated_ref
         world.clock.advance(2 * HOUR)
         again = await world.call(world.tokens(store))
         assert world.fake.refreshes == 2 and world.fake.access_valid(again.access_token)
+
+
+class RequestsOnTheWay:
+    """The provider's HTTP client with every request held back until C{deliver()}: it has not reached the provider."""
+
+    def __init__(self, http):
+        self._http = http
+        self.held: list[tuple[Deferred, tuple, dict]] = []
+
+    def request(self, *args, **kwargs):
+        later: Deferred = Deferred()
+        self.held.append((later, args, kwargs))
+        return later
+
+    def deliver(self):
+        held, self.held = self.held, []
+        for later, args, kwargs in held:
+            self._http.request(*args, **kwargs).chainDeferred(later)
+
+
+async def until_held(wire) -> None:
+    for _ in range(2000):
+        if wire.held:
+            return
+        await deferLater(reactor, 0.001, lambda: None)
+    raise AssertionError("the refresh never reached the wire")
+
+
+async def relink(world, store, change: str) -> None:
+    """While a refresh is on the wire: Alice unlinks, or links the same or another chat account again."""
+    if change == "unlinked":
+        assert await store.unlink_account(ALICE.sub, "discord") is not None
+        return
+    user = world.fake.user if change == "the same account" else FakeChatUser("41771983423143937", "alice-alt")
+    grant = world.fake.grant(user=user)
+    await store.link_account(LinkedAccount(
+        account_id="acct-again", sub=ALICE.sub, provider="discord", provider_user_id=user.id,
+        access_token_enc=world.cipher.encrypt(grant["access_token"], "acct-again", ACCESS),
+        refresh_token_enc=world.cipher.encrypt(grant["refresh_token"], "acct-again", REFRESH),
+        scope=grant["scope"], expires_at=NOW + HOUR, updated_at=NOW,
+    ))
+
+
+@pytest.mark.parametrize("change", ["unlinked", "another account", "the same account"])
+@pytest_twisted.ensureDeferred
+async def test_tokens_a_refresh_gets_for_a_link_that_went_meanwhile_are_revoked(world, change):
+    """
+    Unlinking takes no lease: the platform rotated the tokens, the user
+    unlinked (or linked another chat account) before the answer was saved,
+    and revoking the tokens the unlink removed does not reach the new ones.
+    They are revoked, so the service keeps no grant the user ended; those of
+    a chat account that is still linked are left (revoking them may end its
+    whole grant at the platform).
+    """
+    async with sqlite_store(world.path) as store:
+        await world.link(store, 100)
+        wire = AnswersOnTheWay(world.fake.memory_client())
+        tokens = world.tokens(store, wire=wire)
+        before = set(world.fake.tokens())
+        caller = Deferred.fromCoroutine(tokens.fresh_token(ALICE.sub, NOW))
+        await until_held(wire)
+        refreshed = set(world.fake.tokens()) - before
+        assert world.fake.refreshes == 1 and len(refreshed) == 2
+        await relink(world, store, change)
+        wire.deliver()
+        [result] = await world.settle([caller])
+        if change == "unlinked":
+            assert isinstance(result.value, ChatNotLinked), result
+        else:
+            assert isinstance(result, ProviderToken) and world.fake.access_valid(result.access_token)
+        for _ in range(2000):
+            wire.deliver()
+            if len(world.fake.revocations) >= 2 or change == "the same account":
+                break
+            await deferLater(reactor, 0.001, lambda: None)
+        honoured = refreshed & set(world.fake.tokens())
+        assert honoured == (refreshed if change == "the same account" else set()), change
+
+
+@pytest.mark.parametrize("change", ["unlinked", "another account"])
+@pytest_twisted.ensureDeferred
+async def test_a_refresh_refused_because_the_user_unlinked_or_linked_again(world, audit, change):
+    """
+    The unlink's (or the new link's) revocation of the old tokens reached
+    the platform before the refresh did: the user has no link, not a broken
+    one, or has the new one.
+    """
+    async with sqlite_store(world.path) as store:
+        _, grant = await world.link(store, 100)
+        wire = RequestsOnTheWay(world.fake.memory_client())
+        tokens = world.tokens(store, wire=wire)
+        caller = Deferred.fromCoroutine(tokens.fresh_token(ALICE.sub, NOW))
+        await until_held(wire)
+        await relink(world, store, change)
+        await ChatProvider(world.clock, world.fake.memory_client(), world.config).revoke(
+            grant["refresh_token"], "refresh_token")
+        wire.deliver()
+        [result] = await world.settle([caller])
+        assert audit_events(audit, "chat.refresh_failed")[0]["reason"] == "chat_refresh_refused"
+        if change == "unlinked":
+            assert isinstance(getattr(result, "value", None), ChatNotLinked), result
+        else:
+            assert isinstance(result, ProviderToken) and result.account_id == "acct-again"
+            assert world.fake.access_valid(result.access_token)
 
 
 @pytest.mark.parametrize("switch", ["down", "unavailable"])

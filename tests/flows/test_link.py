@@ -434,6 +434,21 @@ async def test_provider_down_at_callback(world, switch, status, words):
 
 
 @pytest_twisted.ensureDeferred
+async def test_tokens_of_a_link_the_platform_cannot_name_the_user_of_are_revoked(world):
+    """The code was redeemed, then the platform did not say whose the tokens are: no one keeps them, so they end."""
+    cookie = await world.sign_in()
+    back = await world.approve(await world.start(cookie))
+    before = set(world.fake.tokens())
+    world.fake.user_unavailable = True
+    response, body = await world.callback(back, cookie)
+    assert_page(response, body, 503, "cannot be reached")
+    assert world.fake.exchanges == 1 and await world.h.store.get_linked_account(ALICE.sub, "discord") is None
+    issued = {token for token, _ in world.fake.revocations}
+    assert sorted(hint for _, hint in world.fake.revocations) == ["access_token", "refresh_token"]
+    assert not issued & (before | set(world.fake.tokens())), "the redeemed code's tokens still work"
+
+
+@pytest_twisted.ensureDeferred
 async def test_rejected_code(world):
     cookie = await world.sign_in()
     back = await world.approve(await world.start(cookie))

@@ -916,6 +916,27 @@ async def test_a_new_user_may_not_claim_a_chat_account_linked_to_another(harness
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_removed_users_chat_account_may_be_linked_again(harness):
+    """No one can unlink the link of a removed user: it goes with them, or its chat account stays refused to all."""
+    a = await started(harness)
+    try:
+        response, body = await a.call("POST", "/api/admin/users", {"login": "carol", "password": "correct horse"})
+        sub = body["user"]["sub"]
+        await harness.store.link_account(LinkedAccount(
+            account_id="acct-carol", sub=sub, provider="discord", provider_user_id="175928847299117063",
+            access_token_enc=b"sealed", refresh_token_enc=None, scope="identify", expires_at=0, updated_at=0,
+        ))
+        response, _ = await a.call("DELETE", "/api/admin/users/carol", headers=AUTH)
+        assert response.code == 204
+        assert await harness.store.get_linked_account(sub, "discord") is None
+        response, body = await a.call("POST", "/api/admin/users", {"login": "dave", "password": "correct horse",
+                                                                   "chat_user_id": "175928847299117063"})
+        assert response.code == 201, body
+    finally:
+        await harness.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_keys_list_and_rotate(harness, audit):
     a = await started(harness)
     try:

@@ -3,16 +3,20 @@ The chat platform's OAuth 2 client: authorize URL, code exchange, refresh
 and the current user's id (Discord by default; any provider with the same
 endpoints works, such as L{authsrv.testing.fake_chat}).
 
-Every call is bounded by C{[chat] timeout} as a whole (connection, answer
-and body) and reads at most L{MAX_BODY} bytes. A provider that cannot be
-reached, times out, answers 5xx or 429, or answers something that is not
-the OAuth JSON it should, is L{ChatProviderUnavailable}; a refresh token it
-rejects is L{ChatRefreshRefused}. Tokens are never logged: only statuses and
-the provider's error codes.
+Every call is bounded by C{[chat] timeout} as a whole (name lookup,
+connection, answer and body) and reads at most L{MAX_BODY} bytes of body;
+its connection (L{PlatformClient}) is aborted at that timeout and once it
+has received L{RECEIVE_LIMIT} bytes, headers included. A provider that
+cannot be reached, times out, answers 5xx or 429, sends too much, or answers
+something that is not the OAuth JSON it should, is
+L{ChatProviderUnavailable}; a refresh token it rejects is
+L{ChatRefreshRefused}. Tokens are never logged: only statuses and the
+provider's error codes.
 """
 
 from __future__ import annotations
 
+from ipaddress import ip_address
 from urllib.parse import urlsplit
 
 import treq
@@ -20,10 +24,11 @@ from attrs import field, frozen
 from treq.client import HTTPClient
 from twisted.internet import defer, error
 from twisted.internet.defer import Deferred
+from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
+from twisted.python.threadpool import ThreadPool
 from twisted.web.client import (
     Agent,
-    HTTPConnectionPool,
     RequestTransmissionFailed,
     ResponseFailed,
     ResponseNeverReceived,
@@ -32,11 +37,17 @@ from zope.interface import implementer
 
 from authsrv.chat.config import ChatConfig
 from authsrv.chat.errors import ChatError, ChatProviderUnavailable, ChatRefreshRefused
+from authsrv.flows.backchannel import RESPONSE_BYTES, PinnedEndpoints, ReceiveLimit
 from authsrv.interfaces import IChatProvider
+from authsrv.pg.settings import host_addresses
 from authsrv.protocol import jsontext
 from authsrv.protocol.urls import with_query
 
 MAX_BODY = 64 * 1024
+RECEIVE_LIMIT = MAX_BODY + RESPONSE_BYTES
+"""What one connection to the platform may receive: an answer's body, and its headers and TLS beside it."""
+LOOKUP_THREADS = 2
+"""The threads of the platform's own pool that look its host name up (L{PlatformClient})."""
 DEFAULT_EXPIRES_IN = 3600
 """RFC 6749 makes expires_in optional; a provider that omits it is taken to mean an hour."""
 MAX_EXPIRES_IN = 365 * 86400
@@ -48,6 +59,7 @@ must be kept, and a lifetime of centuries fits neither the store nor a date.
 
 _NETWORK_ERRORS = (
     error.ConnectError,
+    error.ConnectingCancelledError,
     error.ConnectionLost,
     error.DNSLookupError,
     ResponseFailed,
@@ -85,15 +97,59 @@ class ProviderTokens:
     expires_in: int
 
 
-def http_client(reactor, connect_timeout: float) -> tuple[HTTPClient, HTTPConnectionPool]:
+class PlatformClient:
     """
-    A treq client for the provider with a persistent connection pool, and the
-    pool, whose C{closeCachedConnections()} the owner calls on stop. HTTPS
-    certificates are verified (Twisted's browser-like policy).
+    The HTTP client the provider reaches the platform with (treq's
+    C{request}), bounded as the server's other outbound requests are
+    (L{authsrv.remote_documents}): the host is looked up on C{lookups}, a
+    thread pool of the platform's own, so that a platform whose name servers
+    never answer holds no thread another lookup needs (the reactor's pool
+    also hashes passwords); each request goes on a connection of its own to
+    an address found (L{PinnedEndpoints}: the name is still sent as Host
+    and HTTPS checks the certificate against it), the next one tried when
+    one refuses the connection, aborted C{timeout} seconds after it is made,
+    on C{clock}, and once it has received L{RECEIVE_LIMIT} bytes. The
+    platform, or whoever answers in its name, can then neither send headers
+    without end, which Twisted's HTTP client would all keep, nor hold a
+    socket by dripping an answer after the call has given up on it.
     """
-    pool = HTTPConnectionPool(reactor, persistent=True)
-    return HTTPClient(Agent(reactor, connectTimeout=connect_timeout, pool=pool)), pool
 
+    def __init__(self, reactor, lookups: ThreadPool, timeout: float, *, clock=None):
+        self._reactor = reactor
+        self._lookups = lookups
+        self._timeout = timeout
+        self._clock = clock or reactor
+
+    async def request(self, method: str, url: str, **kwargs):
+        *others, last = await self._addresses(urlsplit(url).hostname or "")
+        for address in others:
+            try:
+                return await self._request_at(address, method, url, **kwargs)
+            except error.ConnectError:
+                pass  # nothing was sent: another address of the name may answer
+        return await self._request_at(last, method, url, **kwargs)
+
+    async def _request_at(self, address: str, method: str, url: str, **kwargs):
+        limit = ReceiveLimit(RECEIVE_LIMIT)
+        agent = Agent.usingEndpointFactory(self._reactor, PinnedEndpoints(
+            self._reactor, address, lifetime=self._timeout, clock=self._clock, limit=limit))
+        try:
+            return await HTTPClient(agent).request(method, url, **kwargs)
+        except Exception:
+            if limit.exceeded:
+                raise _TooLarge() from None
+            raise
+
+    async def _addresses(self, host: str) -> list[str]:
+        """C{host} itself when it is an address, else every one it resolves to."""
+        try:
+            return [str(ip_address(host))]
+        except ValueError:
+            pass
+        addresses = await deferToThreadPool(self._reactor, self._lookups, host_addresses, host)
+        if not addresses:
+            raise error.DNSLookupError(f"{host} resolves to no address")
+        return addresses
 
 
 @implementer(IChatProvider)
@@ -232,6 +288,7 @@ class ChatProvider:
             log.warn("chat provider unreachable at {url}: {error}", url=_origin(url), error=type(e).__name__)
             raise ChatProviderUnavailable("the chat platform cannot be reached; try again") from None
         except _TooLarge:
+            log.warn("chat provider sent more than allowed at {url}; the connection is cut", url=_origin(url))
             raise ChatProviderUnavailable("the chat platform's answer is too large") from None
         if status >= 500 or status == 429:
             log.warn("chat provider failed at {url}: {status}", url=_origin(url), status=status)
@@ -254,6 +311,23 @@ class ChatProvider:
 
         await treq.collect(response, collect)
         return response.code, b"".join(chunks)
+
+
+async def revoke_tokens(provider: IChatProvider, whose: str, access_token: str, refresh_token: str | None) -> None:
+    """
+    Best effort, so that tokens no one keeps stop working: a failure (each
+    call bounded by the provider's timeout) is only logged, by its kind and
+    C{whose} they were, never with the token. Never fails, so that a caller
+    may leave it running after its answer.
+    """
+    for token, hint in ((access_token, "access_token"), (refresh_token, "refresh_token")):
+        if token is None:
+            continue
+        try:
+            await provider.revoke(token, hint)
+        except Exception as e:
+            log.warn("could not revoke {whose} {hint} at {provider}: {error}",
+                     whose=whose, hint=hint, provider=provider.name, error=type(e).__name__)
 
 
 def _error_code(body: dict) -> str:

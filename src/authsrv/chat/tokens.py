@@ -13,6 +13,11 @@ the link's version, and a provider that sends no new refresh token keeps the
 stored one, so a rotated upstream token is never lost. A refresh, once
 under way, ends (saved, lease released) even when the caller that started
 it goes away: the provider may already have rotated the refresh token.
+
+Unlinking takes no lease: a refresh may meet a link that went while the
+provider answered. Its caller is then told the account is not linked, and
+the tokens the provider just gave are revoked, as unlinking revokes the
+ones it removed, so the service keeps no grant there the user ended.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from twisted.python.failure import Failure
 from authsrv import events
 from authsrv.chat.crypto import ACCESS, REFRESH, UndecryptableToken
 from authsrv.chat.errors import ChatError, ChatNotLinked, ChatProviderUnavailable, ChatRefreshRefused
-from authsrv.chat.provider import ProviderTokens
+from authsrv.chat.provider import ProviderTokens, revoke_tokens
 from authsrv.interfaces import IChatLinkSource, IChatProvider
 from authsrv.records import LinkedAccount, SourceChatLink
 from authsrv.tokens import new_token
@@ -220,27 +225,58 @@ class ChatTokens:
             events.chat_refresh_failed(
                 sub=sub, provider=self.provider_name, account_id=current.account_id, reason=e.code
             )
+            # Unlinked or linked again meanwhile: a refusal of the old refresh token then says nothing.
+            latest = await self._latest(sub)
+            if latest is None:
+                raise ChatNotLinked("the user unlinked the chat-platform account") from None
+            if self._replaced(latest, (current.account_id, current.version), now):
+                return self._token(latest)
             raise
         updated = await self._save(current, tokens, now)
         if updated is None:
-            log.warn("chat link {account_id} changed during its refresh; serving the stored token",
-                     account_id=current.account_id)
-            latest = await self._link(sub)
-            if latest.expires_at > now:
-                return self._token(latest)
-            raise ChatProviderUnavailable("the account changed during the refresh; try again")
+            return await self._unsaved(sub, current, tokens, now)
         events.chat_refreshed(
             sub=sub, provider=self.provider_name, account_id=current.account_id,
             rotated=tokens.refresh_token is not None,
         )
         return ProviderToken(_record_id(updated), tokens.access_token, updated.scope, updated.expires_at)
 
-    async def _refresh_upstream(self, link: LinkedAccount) -> ProviderTokens:
+    async def _unsaved(self, sub: str, link: LinkedAccount, tokens: ProviderTokens, now: int) -> ProviderToken:
+        """
+        The link changed while the provider refreshed it. When the user no
+        longer links that chat account (unlinked, or linked another), the
+        new tokens are nobody's: they are revoked without the caller
+        waiting. Those of an account still linked are left, since revoking
+        them may end its whole grant there, the stored tokens' too.
+        """
+        log.warn("chat link {account_id} changed during its refresh", account_id=link.account_id)
+        latest = await self._latest(sub)
+        if latest is None or latest.provider_user_id != link.provider_user_id:
+            Deferred.fromCoroutine(revoke_tokens(self._upstream(), "an unlinked account's refreshed",
+                                                 tokens.access_token, tokens.refresh_token))
+        if latest is None:
+            raise ChatNotLinked("the user unlinked the chat-platform account")
+        if latest.expires_at > now:
+            return self._token(latest)
+        raise ChatProviderUnavailable("the account changed during the refresh; try again")
+
+    async def _latest(self, sub: str) -> LinkedAccount | None:
+        """The user's link as it is now, None when it is gone."""
+        try:
+            return await self._link(sub)
+        except ChatNotLinked:
+            return None
+
+    def _upstream(self) -> IChatProvider:
         if self._provider is None:
             raise ChatProviderUnavailable("no chat provider is configured to refresh the expiring token")
+        return self._provider
+
+    async def _refresh_upstream(self, link: LinkedAccount) -> ProviderTokens:
+        provider = self._upstream()
         if link.refresh_token_enc is None:
             raise ChatRefreshRefused("the stored link has no refresh token; link the account again")
-        return await self._provider.refresh(self._decrypt(link, link.refresh_token_enc, REFRESH))
+        return await provider.refresh(self._decrypt(link, link.refresh_token_enc, REFRESH))
 
 
 def _shielded(work: Deferred) -> Deferred:

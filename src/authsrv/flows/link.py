@@ -23,7 +23,7 @@ from twisted.logger import Logger
 from authsrv import events
 from authsrv.chat.crypto import ACCESS, REFRESH, UndecryptableToken
 from authsrv.chat.errors import ChatProviderUnavailable
-from authsrv.chat.provider import ChatCodeRejected
+from authsrv.chat.provider import ChatCodeRejected, ProviderTokens, revoke_tokens
 from authsrv.flows.csrf import session_form_token, session_form_token_valid
 from authsrv.flows.standing import standing
 from authsrv.interfaces import IChatProvider
@@ -148,7 +148,7 @@ class ChatLinking:
         The provider's redirect back: check the attempt, exchange the code,
         ask who the user is there, and store the link (replacing an earlier one).
         A chat account linked to another user is refused, its tokens dropped
-        and revoked at the provider without the user waiting (L{_revoke}).
+        and revoked at the provider without the user waiting (L{revoke_tokens}).
         The tokens of an earlier link to another chat account are revoked as
         at unlinking; those of the same account are left, since revoking
         them may end the platform's whole grant (RFC 7009 section 2.1), the
@@ -172,7 +172,7 @@ class ChatLinking:
             raise PageError(400, "Link not completed", "The chat platform sent you back without a code. Start again.")
         try:
             tokens = await self._provider.exchange_code(code, attempt.code_verifier, self.redirect_uri)
-            provider_user_id = await self._provider.current_user(tokens.access_token)
+            provider_user_id = await self._user_of(tokens)
         except ChatCodeRejected:
             raise PageError(
                 400, "Link not completed", "The chat platform did not accept the link. Start again."
@@ -199,7 +199,8 @@ class ChatLinking:
             replaced = await self._store.link_account(account)
         except AlreadyLinked:
             events.chat_link_refused(sub=session.sub, provider=self.provider_name, provider_user_id=provider_user_id)
-            Deferred.fromCoroutine(self._revoke("a refused link's", tokens.access_token, tokens.refresh_token))
+            Deferred.fromCoroutine(revoke_tokens(self._provider, "a refused link's", tokens.access_token,
+                                                 tokens.refresh_token))
             raise linked_elsewhere() from None
         events.chat_linked(
             sub=session.sub, provider=self.provider_name, account_id=account_id, provider_user_id=provider_user_id
@@ -208,27 +209,25 @@ class ChatLinking:
             Deferred.fromCoroutine(self._revoke_stored(replaced, "a replaced link's"))
         return account
 
-    async def _revoke(self, whose: str, access_token: str, refresh_token: str | None) -> None:
+    async def _user_of(self, tokens: ProviderTokens) -> str:
         """
-        Best effort, so that tokens no one keeps stop working: a failure
-        (each call bounded by the provider's timeout) is only logged, by
-        its kind and C{whose} they were, never with the token.
+        The platform's id of the user the tokens are for. When the platform
+        cannot say, the tokens are nobody's (the attempt is used up): they are
+        revoked without the user waiting, as a refused link's are.
         """
-        for token, hint in ((access_token, "access_token"), (refresh_token, "refresh_token")):
-            if token is None:
-                continue
-            try:
-                await self._provider.revoke(token, hint)
-            except Exception as e:
-                log.warn("could not revoke {whose} {hint} at {provider}: {error}",
-                         whose=whose, hint=hint, provider=self.provider_name, error=type(e).__name__)
+        try:
+            return await self._provider.current_user(tokens.access_token)
+        except ChatProviderUnavailable:
+            Deferred.fromCoroutine(revoke_tokens(self._provider, "an unfinished link's", tokens.access_token,
+                                                 tokens.refresh_token))
+            raise
 
     async def unlink(self, session: BrowserSession) -> bool:
         """
         Remove the user's link; True when there was one. Its tokens, as the
         store held them when it removed the link (a refresh may have
         replaced the ones read before), are revoked at the provider after
-        the answer (L{_revoke}): unlinking disconnects the service from the
+        the answer (L{revoke_tokens}): unlinking disconnects the service from the
         chat account there too, as the user expects.
         """
         removed = await self._store.unlink_account(session.sub, self.provider_name)
@@ -239,7 +238,7 @@ class ChatLinking:
         return True
 
     async def _revoke_stored(self, linked: LinkedAccount, whose: str) -> None:
-        """L{_revoke} the tokens of a link removed from the store; ones that no longer open are left."""
+        """L{revoke_tokens} the tokens of a link removed from the store; ones that no longer open are left."""
         try:
             access = self._cipher.decrypt(linked.access_token_enc, linked.account_id, ACCESS)
             refresh = None if linked.refresh_token_enc is None else self._cipher.decrypt(
@@ -248,4 +247,4 @@ class ChatLinking:
             log.warn("could not revoke {whose} tokens at {provider}: they no longer decrypt",
                      whose=whose, provider=self.provider_name)
             return
-        await self._revoke(whose, access, refresh)
+        await revoke_tokens(self._provider, whose, access, refresh)

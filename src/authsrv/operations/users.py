@@ -389,9 +389,16 @@ class UserOperations:
         return user, await moderation.end_sessions(self._store, user.sub, self._notify)
 
     async def delete(self, user_id: str, *, actor: str) -> User:
-        """Remove the user from the writable backend; their grants are revoked and sessions ended first."""
+        """
+        Remove the user from the writable backend; their grants are revoked
+        and sessions ended first, and their chat link goes with them: no one
+        could unlink it any more, and the chat account would stay refused to
+        every other user (one chat account links one user).
+        """
         writer, user = await self._written_user(user_id)
         await moderation.revoke_user(self._store, user.sub, now=self._now(), actor=actor, notify=self._notify)
         await self._write(writer, user, user_id, lambda: writer.remove_user(user.login))
+        if self._link_provider is not None:
+            await self._store.unlink_account(user.sub, self._link_provider)
         events.user_deleted(sub=user.sub, login=user.login, actor=actor)
         return user

@@ -21,7 +21,9 @@ C{refuse_refresh} answers invalid_grant to refreshes; C{rotate_refresh} (on
 by default) returns a new refresh token on each refresh and invalidates the
 old one, and when off the answer carries none and the old one stays valid;
 C{expires_in} is the lifetime of the access tokens it issues;
-C{hold_revocations} leaves revocation requests without an answer. C{refreshes}
+C{hold_revocations} leaves revocation requests without an answer;
+C{user_unavailable} answers 503 at the current user's endpoint only, as a
+platform whose API is partly down. C{refreshes}
 counts the refreshes it served, C{exchanges} the codes it redeemed, and
 C{revocations} lists the (token, token_type_hint) of each RFC 7009
 revocation it honoured (the token then no longer works).
@@ -96,6 +98,7 @@ class FakeChatProvider:
         self.rotate_refresh = True
         self.deny = False
         self.hold_revocations = False
+        self.user_unavailable = False
         self.revocations: list[tuple[str, str | None]] = []
         self.exchanges = 0
         self.refreshes = 0
@@ -290,6 +293,8 @@ class FakeChatProvider:
         return 200, {}
 
     def _current_user(self, request):
+        if self.user_unavailable:
+            return 503, {"message": "503: Service Unavailable", "code": 0}
         header = request.getHeader(b"authorization") or b""
         token = header[7:].decode("ascii", "replace") if header[:7].lower() == b"bearer " else ""
         if not self.access_valid(token):
