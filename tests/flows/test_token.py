@@ -21,12 +21,14 @@ from twisted.internet.defer import Deferred, fail, gatherResults
 from authsrv.flows.clients import TTL as CLIENT_CACHE_TTL
 from authsrv.flows.issue import Minted
 from authsrv.identity.errors import BackendUnavailable
+from authsrv.protocol import pkce
 from authsrv.protocol.oidc import at_hash
 from authsrv.records import ACR_PWD, Ban
 from authsrv.testing.identity import ALICE, BOB, MALLORY
 from authsrv.tokens import token_hash
 from conftest import free_port
-from harness import CLIENTS, ISSUER, SECRETS, Harness
+from flow_client import Browser
+from harness import CLIENTS, ISSUER, SECRETS, Harness, pkce_pair
 from token_helpers import (
     API,
     INTROSPECT,
@@ -189,6 +191,19 @@ async def test_every_invalid_grant_of_a_code(tmp_path, monkeypatch):
         code, verifier = await save_code(h, sub=BOB.sub)
         await h.store.ban_user(Ban(BOB.sub, "spam", h.now()))
         await _refused_code(h, code, verifier)
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_verifier_ending_in_a_newline_is_refused(tmp_path, monkeypatch):
+    """RFC 7636 section 4.1: unreserved characters only, even when the client made its challenge of that text."""
+    h = await Harness(tmp_path, monkeypatch).start()
+    try:
+        verifier = pkce_pair()[0] + "\n"
+        query = await Browser(h).sign_in(ALICE, "spa", challenge=pkce.s256(verifier))
+        body = await _refused_code(h, query["code"], verifier, client_id="spa")
+        assert "code_verifier" in body["error_description"]
     finally:
         await h.close()
 
