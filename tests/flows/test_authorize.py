@@ -100,6 +100,7 @@ REDIRECTED_ERRORS = [
     ({"code_challenge": None}, "invalid_request"),
     ({"code_challenge": "too-short"}, "invalid_request"),
     ({"code_challenge": "!" * 43}, "invalid_request"),
+    ({"code_challenge": "A" * 43 + "\n"}, "invalid_request"),
     ({"code_challenge_method": "plain"}, "invalid_request"),
     ({"code_challenge_method": None}, "invalid_request"),
     ({"scope": None}, "invalid_request"),

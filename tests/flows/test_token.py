@@ -12,6 +12,7 @@ import base64
 import json
 import urllib.error
 import urllib.request
+from urllib.parse import urlencode
 
 import attrs
 import pytest
@@ -21,12 +22,14 @@ from twisted.internet.defer import Deferred, fail, gatherResults
 from authsrv.flows.clients import TTL as CLIENT_CACHE_TTL
 from authsrv.flows.issue import Minted
 from authsrv.identity.errors import BackendUnavailable
+from authsrv.protocol import pkce
 from authsrv.protocol.oidc import at_hash
 from authsrv.records import ACR_PWD, Ban
 from authsrv.testing.identity import ALICE, BOB, MALLORY
 from authsrv.tokens import token_hash
 from conftest import free_port
-from harness import CLIENTS, ISSUER, SECRETS, Harness
+from flow_client import Browser
+from harness import CLIENTS, ISSUER, SECRETS, Harness, pkce_pair
 from token_helpers import (
     API,
     INTROSPECT,
@@ -189,6 +192,42 @@ async def test_every_invalid_grant_of_a_code(tmp_path, monkeypatch):
         code, verifier = await save_code(h, sub=BOB.sub)
         await h.store.ban_user(Ban(BOB.sub, "spam", h.now()))
         await _refused_code(h, code, verifier)
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_verifier_ending_in_a_newline_is_refused(tmp_path, monkeypatch):
+    """RFC 7636 section 4.1: unreserved characters only, even when the client made its challenge of that text."""
+    h = await Harness(tmp_path, monkeypatch).start()
+    try:
+        verifier = pkce_pair()[0] + "\n"
+        query = await Browser(h).sign_in(ALICE, "spa", challenge=pkce.s256(verifier))
+        body = await _refused_code(h, query["code"], verifier, client_id="spa")
+        assert "code_verifier" in body["error_description"]
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_unrecognized_parameters_are_ignored(tmp_path, monkeypatch):
+    """
+    RFC 6749 section 3.2: even repeated, too long or not UTF-8 text; the
+    parameters the endpoint reads are held to their rules all the same.
+    """
+    h = await Harness(tmp_path, monkeypatch).start()
+    try:
+        form = {"Content-Type": "application/x-www-form-urlencoded"}
+        extensions = b"&ext=1&ext=2&other=%FF&long=" + b"a" * 9000
+        code, verifier = await save_code(h)
+        good = urlencode({"grant_type": "authorization_code", "code": code, "code_verifier": verifier,
+                          "redirect_uri": redirect_uri_of("first"), "client_id": "first",
+                          "client_secret": SECRETS["first"]}).encode()
+        response, body = await h.json("POST", TOKEN, data=good + b"&code=" + code.encode() + extensions, headers=form)
+        assert_error(response, body, 400, "invalid_request")
+        assert "code is repeated" in body["error_description"]
+        response, body = await h.json("POST", TOKEN, data=good + extensions, headers=form)
+        assert response.code == 200, body
     finally:
         await h.close()
 

@@ -92,6 +92,13 @@ def test_pkce_refuses_verifiers_of_the_wrong_length(verifier):
     assert not pkce.verify(verifier, pkce.s256(verifier))
 
 
+def test_pkce_refuses_a_final_newline():
+    """RFC 7636 section 4.1: unreserved characters only; a pattern's C{$} also matches before a final newline."""
+    verifier = "A" * 43 + "\n"
+    assert not pkce.valid_verifier(verifier) and not pkce.verify(verifier, pkce.s256(verifier))
+    assert not pkce.valid_challenge(pkce.s256("A" * 43) + "\n")
+
+
 @given(st.text(max_size=100))
 def test_parse_scope_gives_a_set_or_invalid_scope(text):
     try:

@@ -9,17 +9,22 @@ import hashlib
 import hmac
 import re
 
-_VERIFIER = re.compile(r"^[A-Za-z0-9\-._~]{43,128}$")
-_CHALLENGE = re.compile(r"^[A-Za-z0-9\-_]{43}$")
+_VERIFIER = re.compile(r"[A-Za-z0-9\-._~]{43,128}")
+_CHALLENGE = re.compile(r"[A-Za-z0-9\-_]{43}")
+"""
+Matched whole (C{fullmatch}): C{$} would also match before a final newline,
+so a challenge or verifier ending in one would pass (RFC 7636 section 4.1
+allows unreserved characters only).
+"""
 
 
 def valid_challenge(challenge: str) -> bool:
     """Whether C{challenge} can be an S256 challenge: 43 base64url characters."""
-    return bool(_CHALLENGE.match(challenge))
+    return bool(_CHALLENGE.fullmatch(challenge))
 
 
 def valid_verifier(verifier: str) -> bool:
-    return bool(_VERIFIER.match(verifier))
+    return bool(_VERIFIER.fullmatch(verifier))
 
 
 def s256(verifier: str) -> str:

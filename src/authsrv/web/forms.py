@@ -35,9 +35,29 @@ TOKEN_RESOURCES = ("a token is issued for one resource: send one per token reque
 DEVICE_RESOURCES = "a device may ask for one resource"
 
 
+BACK_CHANNEL_PARAMS = frozenset(name.encode() for name in (
+    "grant_type", "code", "redirect_uri", "code_verifier", "refresh_token", "device_code", "scope", "resource",
+    "client_id", "client_secret", "client_assertion", "client_assertion_type",
+))
+"""The parameters the token and device authorization endpoints read."""
+
+
 def one_resource_form(request, several: str) -> dict[str, str]:
-    """The parameters (L{form_args}) of the token or the device authorization endpoint, which take one C{resource}."""
-    return one_resource_params(form_args(request), several)
+    """
+    The parameters (L{form_args}) of the token or the device authorization
+    endpoint, which take one C{resource}. A parameter neither reads is
+    ignored even when repeated, too long or not UTF-8 text, as RFC 6749
+    section 3.2 asks; it is set aside only once the form is found wanting,
+    so a well-formed request costs no more.
+    """
+    args = form_args(request)
+    try:
+        return one_resource_params(args, several)
+    except InvalidRequest:
+        read = {name: values for name, values in args.items() if name in BACK_CHANNEL_PARAMS}
+        if len(read) == len(args):
+            raise
+        return one_resource_params(read, several)
 
 
 def token_form_params(request) -> dict[str, str]:
