@@ -14,7 +14,7 @@ from twisted.internet import reactor, tcp
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.protocol import Protocol
-from twisted.internet.task import Clock
+from twisted.internet.task import Clock, deferLater
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
@@ -24,14 +24,23 @@ from authsrv.web.limits import LimitedSite
 
 BIG = bytes(range(256)) * (64 * 1024)
 """16 MiB: more than a loopback socket takes in one send."""
+SIZED = {b"/16k": BIG[:16 * 1024], b"/1m": BIG[:1024 * 1024]}
+"""Answers held back in the outbox (under the gathering limit) and sent on as they are made (over it)."""
 
 
 class Answers(Resource):
     isLeaf = True
 
+    def __init__(self):
+        super().__init__()
+        self.made = 0
+
     def render_GET(self, request):
         if request.path == b"/big":
             return BIG
+        if request.path in SIZED:
+            self.made += 1
+            return SIZED[request.path]
         if request.path == b"/later":
             reactor.callLater(0.01, self._late, request)
             return NOT_DONE_YET
@@ -173,6 +182,28 @@ async def test_an_answer_that_closes_the_connection_arrives_whole_first(port):
         received = await within(reader)
         assert bodies(received) == [b"late" if path == "/later" else b"hello"]
         assert not reader.transport.connected
+
+
+@pytest.mark.parametrize(("path", "count"), [(b"/16k", 1600), (b"/1m", 64)])
+@pytest_twisted.ensureDeferred
+async def test_a_client_that_reads_no_answers_gets_no_more_made_than_its_socket_takes(path, count):
+    answers = Answers()
+    listening = reactor.listenTCP(0, LimitedSite(answers, limits=InputLimits(), reactor=reactor), interface="127.0.0.1")
+    reader = Reader(lambda received: received.count(b"HTTP/1.1 200 ") == count, at_least=count * len(SIZED[path]))
+    await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", listening.getHost().port), reader)
+    reader.transport.pauseProducing()
+    reader.transport.write(get(path.decode()) * count)
+    made = -1
+    for _ in range(50):
+        if answers.made == made:
+            break
+        made = answers.made
+        await deferLater(reactor, 0.2)
+    assert 0 < answers.made < count // 2
+    reader.transport.resumeProducing()
+    assert (await within(reader, 30)).count(b"HTTP/1.1 200 ") == count
+    reader.transport.loseConnection()
+    await listening.stopListening()
 
 
 class Holding:

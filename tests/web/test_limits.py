@@ -471,6 +471,59 @@ def test_an_idle_keep_alive_connection_is_closed():
     listener.assert_serves()
 
 
+class SendBuffer(StringTransport):
+    """A socket's write buffer as Twisted keeps it: past C{size} bytes unsent it pauses its producer, as a full one does."""
+
+    size = 4096
+
+    def write(self, data):
+        super().write(data)
+        if self.producer is not None and len(self.value()) > self.size:
+            self.producer.pauseProducing()
+
+    def drain(self, protocol) -> int:
+        """The client reads all that was sent: the answers it got; the transport resumes its producer."""
+        answers = self.value().count(b"HTTP/1.1 200 ")
+        self.clear()
+        protocol.resumeProducing()
+        return answers
+
+
+def test_a_client_that_reads_no_answers_gets_no_more_parsed_until_its_buffer_drains():
+    listener = Listener()
+    address = IPv4Address("TCP", "127.0.0.1", 40000)
+    transport = SendBuffer(peerAddress=address)
+    protocol = listener.site.buildProtocol(address)
+    protocol.makeConnection(transport)
+    protocol.dataReceived(b"GET /api/auth/jwks HTTP/1.1\r\nHost: x\r\n\r\n" * 200)
+    held = len(transport.value())
+    assert held < 2 * SendBuffer.size and transport.producerState == "paused"
+    answered = 0
+    while answered < 200:
+        got = transport.drain(protocol)
+        assert 0 < got and len(transport.value()) < held + 2 * SendBuffer.size
+        answered += got
+    assert answered == 200 and transport.producerState == "producing"
+    listener.close(protocol, transport)
+
+
+@pytest.mark.parametrize("closing", [
+    b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    b"GET /healthz HTTP/1.0\r\n\r\n",
+    b"GET /healthz HTTP/1.1\r\nHost: x\r\n",
+])
+def test_a_connection_the_server_closes_is_aborted_when_the_client_never_takes_the_answer(closing):
+    listener = Listener({"idle_timeout": "300s", "header_timeout": "10s"})
+    protocol, transport = listener.send(closing)
+    if not transport.disconnecting:  # headers cut short: refused at the header timeout
+        listener.clock.advance(10)
+    assert parse(transport)[0] in (200, 408) and transport.disconnecting and not transport.disconnected
+    listener.clock.advance(14)
+    assert not transport.disconnected
+    listener.clock.advance(1)
+    assert transport.disconnected
+
+
 def test_a_kept_connection_keeps_one_idle_timer_pushed_along_from_request_to_request():
     listener = Listener({"idle_timeout": "30s", "header_timeout": "25s"})
     protocol, transport = listener.send(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")

@@ -106,13 +106,17 @@ class GatheringChannel(HTTPChannel):
     written to the connection, before it reads on and before it closes.
     A response that streams through a producer, or passes L{GATHER_LIMIT},
     is sent on as it comes; one written in parts without a producer waits
-    until it is done (every route here writes its answer at once).
+    until it is done (every route here writes its answer at once). The
+    answers of pipelined requests are held up to L{GATHER_LIMIT} too, and
+    while the transport's buffer is full no further request is parsed
+    (L{pauseProducing}).
     """
 
     outbox: Outbox | None = None
     _gathered: list[bytes] | None = None
     _gathered_bytes = 0
     _held: list[bytes] | None = None
+    _held_bytes = 0
 
     def send_held(self) -> None:
         held, self._held = self._held, None
@@ -169,6 +173,26 @@ class GatheringChannel(HTTPChannel):
             return super().writeSequence(iovec)
         self._gather(gathered, iovec)
 
+    def pauseProducing(self):
+        """
+        The transport's buffer is full, the client not reading its answers:
+        read and parse no further request until it drains. twisted.web
+        stops reading only between requests, and answers the pipelined
+        requests it has read all the same, so that a client sending small
+        requests it never reads the answers to had them all kept in memory.
+        """
+        super().pauseProducing()
+        self.paused = True
+        self._networkProducer.pauseProducing()
+
+    def resumeProducing(self):
+        """The transport's buffer has drained: the requests read meanwhile are parsed, and reading goes on."""
+        super().resumeProducing()
+        if self.paused:
+            self.paused = False
+            if self._buffer:
+                self.dataReceived(b"")
+
     def registerProducer(self, producer, streaming):
         self._send_gathered()
         super().registerProducer(producer, streaming)
@@ -182,12 +206,15 @@ class GatheringChannel(HTTPChannel):
         """
         gathered = self._gathered
         if gathered and self.outbox is not None and not any(self._dataBuffer) and _plain_tcp(self.transport):
-            self._gathered, self._gathered_bytes = None, 0
+            self._gathered, self._gathered_bytes, size = None, 0, self._gathered_bytes
             if self._held is None:
-                self._held = gathered
+                self._held, self._held_bytes = gathered, size
                 self.outbox.hold(self)
             else:
                 self._held += gathered
+                self._held_bytes += size
+                if self._held_bytes > GATHER_LIMIT:
+                    self.send_held()
         else:
             self._send_gathered()
         super().requestDone(request)

@@ -204,12 +204,14 @@ class LimitedChannel(GatheringChannel):
     (414) or a header section (431) over the limits, and a client that takes
     longer than the limits to send its headers or body (408). Twisted's own
     idle timeout (C{timeOut}) closes idle keep-alive connections, on one
-    delayed call per connection (L{setTimeout}).
+    delayed call per connection (L{setTimeout}); a connection it closes is
+    aborted when its client does not take the last answer (L{loseConnection}).
     """
 
     limits = InputLimits()
     fixed_headers: tuple = ()
     _idle_call = None
+    _lost = False
 
     def setTimeout(self, period):
         """
@@ -411,7 +413,21 @@ class LimitedChannel(GatheringChannel):
         self._new_head()
         super().allContentReceived()
 
+    def loseConnection(self):
+        """
+        Close once what is written has been sent, and abort the connection
+        if that has not happened within C{abortTimeout} seconds: a client
+        that never reads would otherwise keep it, its unsent answers and its
+        place under the connection caps for ever. twisted.web arms that
+        abort only when the idle timeout closes a connection, not when an
+        answer closes it (C{Connection: close}, HTTP/1.0) nor at a refusal.
+        """
+        super().loseConnection()
+        if self._abortingCall is None and not self._lost:
+            self._abortingCall = self.callLater(self.abortTimeout, self.forceAbortClient)
+
     def connectionLost(self, reason):
+        self._lost = True
         self._cancel_deadline()
         if self._idle_call is not None and self._idle_call.active():
             self._idle_call.cancel()
