@@ -68,7 +68,7 @@ from authsrv.web.interaction_pages import (
     recovery_codes_page,
     second_factor_page,
 )
-from authsrv.web.limits import PAGE_PREFIXES, READ_BY_BROWSERS
+from authsrv.web.limits import PAGE_PREFIXES, allow_browsers_at
 from authsrv.web.pages import error_page, render_page
 from authsrv.web.quiet import QuietWarnings
 from authsrv.web.routes import Endpoint, ExactPaths, RoutedKlein
@@ -102,8 +102,7 @@ def _wrong_method(request, allow: bytes) -> bytes:
     At an endpoint browser-based clients call, any origin may read it, as
     it reads the endpoint's answers.
     """
-    if request.path.startswith(READ_BY_BROWSERS):
-        allow_browser_clients(request)
+    allow_browsers_at(request)
     if not request.path.startswith(PAGE_PREFIXES):
         return method_not_allowed(request, allow)
     request.setHeader(b"allow", allow)
