@@ -234,8 +234,8 @@ def slapd():
 
 
 @pytest.fixture
-def audit():
-    """Every log event while the test runs; C{audit.of(kind)} the audit events of one kind."""
+def logged():
+    """Every log event while the test runs; C{logged.of(kind)} the audit events of one kind."""
 
     class Events(list):
         def of(self, kind):
@@ -245,6 +245,12 @@ def audit():
     globalLogPublisher.addObserver(events.append)
     yield events
     globalLogPublisher.removeObserver(events.append)
+
+
+@pytest.fixture
+def audit(logged):
+    """L{logged}, by the name of the tests that read its audit events."""
+    return logged
 
 
 @pytest.fixture

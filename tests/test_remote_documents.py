@@ -25,7 +25,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
 
 from authsrv.config import parse_config
-from authsrv.pg.settings import host_addresses
+from authsrv.hostlookup import host_addresses
 from authsrv.configsection import ConfigError
 from authsrv.protocol.targets import private_address_problem
 from authsrv.remote_documents import (

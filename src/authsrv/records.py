@@ -522,7 +522,6 @@ class TotpFactor:
 
 TOTP_FACTOR = "totp"
 RECOVERY_FACTOR = "recovery"
-PASSKEY_FACTOR = "passkey"
 
 
 @frozen

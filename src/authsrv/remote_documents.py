@@ -51,7 +51,7 @@ from twisted.web.http_headers import Headers
 
 from authsrv.configsection import Problems, Section
 from authsrv.flows.backchannel import RESPONSE_BYTES, PinnedEndpoints, ReceiveLimit, resolve_host
-from authsrv.pg.settings import host_addresses
+from authsrv.hostlookup import host_addresses
 from authsrv.protocol import jsontext
 from authsrv.protocol.targets import address_problem, private_address_problem
 

@@ -17,7 +17,7 @@ from attrs import evolve
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock, deferLater
-from twisted.logger import formatEvent, globalLogPublisher
+from twisted.logger import formatEvent
 
 from authsrv.chat.config import DEFAULT_SCOPES, ChatConfig, chat_config
 from authsrv.chat.crypto import ACCESS, REFRESH, TokenCipher, UndecryptableToken, key_from_text, new_key_text
@@ -118,19 +118,6 @@ def world(tmp_path):
     return World(tmp_path)
 
 
-@pytest.fixture
-def audit():
-    """Every log event during the test."""
-    seen: list[dict] = []
-    globalLogPublisher.addObserver(seen.append)
-    yield seen
-    globalLogPublisher.removeObserver(seen.append)
-
-
-def audit_events(seen, name):
-    return [e for e in seen if e.get("event") == name]
-
-
 def assert_no_token_logged(seen, *tokens):
     text = "\n".join(f"{formatEvent(e)} {sorted(map(str, e.values()))}" for e in seen)
     for token in tokens:
@@ -149,7 +136,7 @@ async def test_fresh_token_is_returned_as_stored(world, audit):
         assert grant["access_token"] not in repr(token)
         assert world.fake.refreshes == 0
         assert await store.get_linked_account(ALICE.sub, "discord") == account
-        assert audit_events(audit, "chat.refreshed") == []
+        assert audit.of("chat.refreshed") == []
 
 
 @pytest_twisted.ensureDeferred
@@ -166,7 +153,7 @@ async def test_expiring_token_is_refreshed_and_saved_with_the_rotated_refresh_to
         assert world.cipher.decrypt(saved.access_token_enc, ACCOUNT, ACCESS) == token.access_token
         new_refresh = world.cipher.decrypt(saved.refresh_token_enc, ACCOUNT, REFRESH)
         assert new_refresh != grant["refresh_token"]
-        [event] = audit_events(audit, "chat.refreshed")
+        [event] = audit.of("chat.refreshed")
         assert (event["account_id"], event["rotated"]) == (ACCOUNT, True)
         assert_no_token_logged(audit, token.access_token, new_refresh, grant["refresh_token"])
 
@@ -187,7 +174,7 @@ async def test_refresh_without_rotation_keeps_the_stored_refresh_token(world, au
         assert saved.version == 2
         assert saved.refresh_token_enc == account.refresh_token_enc
         assert world.cipher.decrypt(saved.access_token_enc, ACCOUNT, ACCESS) == token.access_token
-        assert audit_events(audit, "chat.refreshed")[0]["rotated"] is False
+        assert audit.of("chat.refreshed")[0]["rotated"] is False
 
 
 @pytest_twisted.ensureDeferred
@@ -470,7 +457,7 @@ async def test_a_refresh_refused_because_the_user_unlinked_or_linked_again(world
             grant["refresh_token"], "refresh_token")
         wire.deliver()
         [result] = await world.settle([caller])
-        assert audit_events(audit, "chat.refresh_failed")[0]["reason"] == "chat_refresh_refused"
+        assert audit.of("chat.refresh_failed")[0]["reason"] == "chat_refresh_refused"
         if change == "unlinked":
             assert isinstance(getattr(result, "value", None), ChatNotLinked), result
         else:
@@ -488,7 +475,7 @@ async def test_provider_down_leaves_the_record_untouched(world, audit, switch):
         with pytest.raises(ChatProviderUnavailable):
             await world.call(tokens)
         assert await store.get_linked_account(ALICE.sub, "discord") == account
-        [event] = audit_events(audit, "chat.refresh_failed")
+        [event] = audit.of("chat.refresh_failed")
         assert event["reason"] == "chat_provider_unavailable"
 
         now = int(world.clock.seconds())
@@ -508,7 +495,7 @@ async def test_refused_refresh_leaves_the_record_untouched(world, audit):
         with pytest.raises(ChatRefreshRefused):
             await world.call(world.tokens(store))
         assert await store.get_linked_account(ALICE.sub, "discord") == account
-        assert audit_events(audit, "chat.refresh_failed")[0]["reason"] == "chat_refresh_refused"
+        assert audit.of("chat.refresh_failed")[0]["reason"] == "chat_refresh_refused"
 
 
 @pytest_twisted.ensureDeferred

@@ -78,21 +78,8 @@ class FakeRelyingParty(Resource):
         return [r["form"]["logout_token"][0] for r in self.received]
 
 
-@pytest.fixture
-def audit():
-    seen: list[dict] = []
-
-    def observe(event):
-        if event.get("log_namespace") == "authsrv.audit":
-            seen.append(event)
-
-    globalLogPublisher.addObserver(observe)
-    yield seen
-    globalLogPublisher.removeObserver(observe)
-
-
 def outcomes(audit) -> dict[str, str]:
-    return {e["client_id"]: e["outcome"] for e in audit if e["event"] == "logout.backchannel"}
+    return {e["client_id"]: e["outcome"] for e in audit.of("logout.backchannel")}
 
 
 # --- the notifier alone: retries, timeouts, bounds --------------------------------
@@ -229,7 +216,7 @@ async def test_settling_waits_for_deliveries_in_flight_and_cuts_off_what_outlast
     clock.advance(0.1)
     rp.http.flush()
     assert settled.result == 1
-    assert [(e["session_id"], e["outcome"]) for e in audit if e["event"] == "logout.backchannel"] == [
+    assert [(e["session_id"], e["outcome"]) for e in audit.of("logout.backchannel")] == [
         ("sid-1", "delivered (HTTP 200) at attempt 1"),
         ("sid-2", "cut off at shutdown (attempt 1)"),
     ]
@@ -418,7 +405,7 @@ async def test_nothing_is_sent_without_a_session_or_a_uri(tmp_path, monkeypatch,
         assert response.code == 302
         response, _ = await _end_session(h, await _logged_in(h, sid="sid-spa"), sid="sid-spa")
         assert response.code == 302
-        await until(rp, lambda: [e for e in audit if e["event"] == "session.ended"], "the session ending")
+        await until(rp, lambda: audit.of("session.ended"), "the session ending")
         for _ in range(3):
             await settle(rp)
             h.clock.advance(60)
@@ -477,7 +464,7 @@ async def test_a_session_found_disabled_at_its_next_use_tells_its_clients(tmp_pa
         claims = json.loads(JWT(jwt=token, key=JWKSet.from_json(h.keystore.jwks_bytes()), expected_type="JWS",
                                 algs=["RS256"], check_claims={"sid": session.sid}).claims)
         assert (claims["aud"], claims["sub"]) == ("first", ALICE.sub)
-        assert [e["reason"] for e in audit if e["event"] == "session.ended"] == ["user banned, disabled or removed"]
+        assert [e["reason"] for e in audit.of("session.ended")] == ["user banned, disabled or removed"]
     finally:
         await h.close()
 
@@ -505,7 +492,7 @@ async def test_signing_in_again_as_the_same_user_logs_no_client_out(tmp_path, mo
         assert (again.sid, again.sub, again.auth_time) == (old.sid, ALICE.sub, h.now())
         await settle(rp)
         assert rp.received == [] and outcomes(audit) == {}
-        assert [e for e in audit if e["event"] == "session.ended"] == []
+        assert audit.of("session.ended") == []
 
         response, _ = await _end_session(h, browser.cookies["authsrv_session"], sid=old.sid)
         assert response.code == 302

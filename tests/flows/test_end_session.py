@@ -21,7 +21,6 @@ from hypothesis import strategies as st
 from jwcrypto.jwk import JWK
 from jwcrypto.jwt import JWT
 from twisted.internet.defer import Deferred
-from twisted.logger import globalLogPublisher
 
 from authsrv.protocol.errors import PageError
 from authsrv.protocol.logout import hint_claims
@@ -43,20 +42,6 @@ async def running(tmp_path, monkeypatch):
         yield h
     finally:
         await h.close()
-
-
-@pytest.fixture
-def audit():
-    """The audit events emitted during the test."""
-    seen: list[dict] = []
-
-    def observe(event):
-        if event.get("log_namespace") == "authsrv.audit":
-            seen.append(event)
-
-    globalLogPublisher.addObserver(observe)
-    yield seen
-    globalLogPublisher.removeObserver(observe)
 
 
 def id_token(h: Harness, sub: str = ALICE.sub, aud="first", sid: str = "sid-1", **changes) -> str:
@@ -140,7 +125,7 @@ async def test_redirect_with_state_ends_the_session_and_clears_the_cookie(tmp_pa
         assert "Max-Age=0" in set_cookie and "Path=/api/auth" in set_cookie and "HttpOnly" in set_cookie
         assert not await session_alive(h, cookie)
         assert await session_alive(h, other)
-        [ended] = [e for e in audit if e["event"] == "session.ended"]
+        [ended] = audit.of("session.ended")
         assert (ended["sub"], ended["session_id"]) == (ALICE.sub, "sid-1")
         assert "first" in ended["reason"]
         assert cookie not in repr(audit)
@@ -223,7 +208,7 @@ async def test_a_form_posted_without_the_session_cookie_is_made_again_as_a_get(t
         [location] = response.headers.getRawHeaders(b"location")
         kept = ("id_token_hint", "client_id", "post_logout_redirect_uri", "state")
         assert location.decode() == END_SESSION + "?" + urlencode({name: form[name] for name in kept})
-        assert await session_alive(h, cookie) and not [e for e in audit if e["event"] == "session.ended"]
+        assert await session_alive(h, cookie) and not audit.of("session.ended")
 
         response, _ = await h.get(location.decode(), cookies={"authsrv_session": cookie})
         assert response.code == 302
@@ -324,7 +309,7 @@ async def test_a_hint_that_does_not_name_the_session_asks_first(tmp_path, monkey
         response, _ = await h.get(END_SESSION, params=fields, cookies={"authsrv_session": cookie})
         assert response.code == 200, "a confirmation is only ever a POST"
         assert await session_alive(h, cookie)
-        assert not [e for e in audit if e["event"] == "session.ended"]
+        assert not audit.of("session.ended")
 
         response, _ = await h.post(END_SESSION, data=fields, cookies={"authsrv_session": cookie})
         assert response.code == 302
@@ -352,7 +337,7 @@ async def test_without_a_session_the_cookie_is_still_cleared(tmp_path, monkeypat
             )
             assert response.code == 302
             assert "Max-Age=0" in cleared_cookie(response)
-        assert not [e for e in audit if e["event"] == "session.ended"]
+        assert not audit.of("session.ended")
 
 
 # --- refusals -------------------------------------------------------------------

@@ -21,7 +21,7 @@ from authsrv.protocol.clientauth import ClientCredentials, client_credentials
 from authsrv.protocol.errors import InvalidRequest, InvalidScope, InvalidToken
 from authsrv.protocol.jwt_access import audience_claim
 from authsrv.protocol.oidc import at_hash
-from authsrv.protocol.params import MAX_PARAM_LENGTH, single_params
+from authsrv.protocol.params import MAX_PARAM_LENGTH, single_param, single_params
 from authsrv.protocol.replay import seal, unseal
 from authsrv.protocol.scope import parse_scope, scope_text
 from authsrv.records import Client
@@ -44,6 +44,18 @@ def test_single_params_gives_text_or_invalid_request(args):
         assert isinstance(name, str) and isinstance(value, str)
         assert value and "\x00" not in value and len(value) <= MAX_PARAM_LENGTH
         assert [v for v in args[name.encode()] if v] == [value.encode()]
+
+
+@given(st.lists(st.binary(max_size=40), max_size=3))
+def test_single_param_gives_its_one_value_or_why_not_whatever_else_is_sent(values):
+    value, problem = single_param({b"client_id": values, b"other\xff": [b"\xff", b"\xff"]}, b"client_id")
+    sent = [v for v in values if v]
+    if value is not None:
+        assert problem == "" and sent == [value.encode()]
+    elif not sent:
+        assert problem == "is missing"
+    else:
+        assert problem in ("is repeated", "is not UTF-8 text", "is too long", "holds a NUL character")
 
 
 @given(st.dictionaries(st.text(min_size=1, max_size=10), st.text(min_size=1, max_size=30).filter(lambda v: "\x00" not in v)))

@@ -18,7 +18,7 @@ import psycopg2
 import pytest
 import pytest_twisted
 from twisted.internet.defer import CancelledError, Deferred, DeferredList, gatherResults
-from twisted.logger import formatEvent, globalLogPublisher
+from twisted.logger import formatEvent
 
 from authsrv import migrations
 from authsrv.configsection import ConfigError, Section, Unreachable
@@ -397,14 +397,6 @@ class TestSection:
         assert "hunter2" not in str(error)
 
 
-@pytest.fixture
-def log_events():
-    events: list[dict] = []
-    globalLogPublisher.addObserver(events.append)
-    yield events
-    globalLogPublisher.removeObserver(events.append)
-
-
 def _elapsed_since(start: float) -> float:
     from twisted.internet import reactor
 
@@ -716,7 +708,7 @@ class TestConnectionFailures(OwnStore):
         await store.close()
 
     @pytest_twisted.ensureDeferred
-    async def test_a_caller_that_gives_up_is_no_outage(self, log_events):
+    async def test_a_caller_that_gives_up_is_no_outage(self, logged):
         """
         A request whose client hung up cancels its store calls: the one under
         way loses its connection (the statement cannot be taken back), the one
@@ -734,8 +726,8 @@ class TestConnectionFailures(OwnStore):
             locker.rollback()
         await store.ping()
         await store.close()
-        logged = [formatEvent(event) for event in log_events]
-        assert not [line for line in logged if "PostgreSQL" in line], logged
+        lines = [formatEvent(event) for event in logged]
+        assert not [line for line in lines if "PostgreSQL" in line], lines
 
     @pytest_twisted.ensureDeferred
     async def test_closing_fails_the_calls_waiting_for_a_connection(self):
@@ -758,16 +750,16 @@ class TestConnectionFailures(OwnStore):
             await store.ping()
 
     @pytest_twisted.ensureDeferred
-    async def test_refused_connection_logs_once_and_never_the_password(self, log_events):
+    async def test_refused_connection_logs_once_and_never_the_password(self, logged):
         store = self.store(dsn="host=127.0.0.1 port=1 dbname=x user=authsrv password=hunter2")
         for _ in range(3):
             with pytest.raises(StoreUnavailable) as info:
                 await store.ping()
             assert "hunter2" not in str(info.value)
         await store.close()
-        logged = [formatEvent(event) for event in log_events]
-        assert "hunter2" not in repr(log_events)
-        assert len([line for line in logged if "PostgreSQL unavailable" in line]) == 1
+        lines = [formatEvent(event) for event in logged]
+        assert "hunter2" not in repr(lines)
+        assert len([line for line in lines if "PostgreSQL unavailable" in line]) == 1
 
     @pytest_twisted.ensureDeferred
     async def test_observer_hears_every_call_by_label(self):

@@ -41,6 +41,7 @@ CHROMEDRIVER = Path("/usr/bin/chromedriver")
 WAIT = 10
 PASSWORD = "a long and correct passphrase"
 CHEAP = PasswordHasher.from_parameters(profiles.CHEAPEST)
+CAROL_SUB = "c0ffee00-0000-4000-8000-000000000001"
 LONG_NAME = "The " + "Extraordinarily" * 8 + " Application"
 
 
@@ -80,26 +81,38 @@ def callback():
 
 @pytest.fixture
 def server(run_server, tmp_path, callback):
-    port = free_port()
-    add_user(tmp_path / "users.toml", login="carol", password_hash=hash_password(PASSWORD, CHEAP),
-             sub="c0ffee00-0000-4000-8000-000000000001", name="Carol")
-    clients = [
+    return carol_server(run_server, tmp_path, [
         {"client_id": "web", "name": "First Web", "first_party": True,
          "redirect_uris": [callback + "/first"], "end_session_enabled": True,
          "post_logout_redirect_uris": [callback + "/signed-out"], "backchannel_logout_uri": callback + "/backchannel"},
         {"client_id": "partner", "name": "Partner Site", "redirect_uris": [callback + "/partner"]},
         {"client_id": "long", "name": LONG_NAME, "redirect_uris": [callback + "/long"]},
-    ]
+    ])
+
+
+def carol_server(run_server, tmp_path, clients: list[dict], *, host: str = "127.0.0.1", **sections):
+    """
+    authsrv started in C{tmp_path} on a free port, at C{http://host:port}
+    (listening on 127.0.0.1 whatever the name): SQLite, a JWK file, a users
+    file of carol (L{PASSWORD}), C{clients}, and any other config
+    C{sections}; its C{base} is that public URL.
+    """
+    port = free_port()
+    add_user(tmp_path / "users.toml", login="carol", password_hash=hash_password(PASSWORD, CHEAP),
+             sub=CAROL_SUB, name="Carol")
     config = {
-        "server": {"public_url": f"http://127.0.0.1:{port}", "listen": [f"tcp:{port}:interface=127.0.0.1"]},
+        "server": {"public_url": f"http://{host}:{port}", "listen": [f"tcp:{port}:interface=127.0.0.1"]},
         "store": {"plugin": "sqlite", "path": "authsrv.sqlite3"},
         "keystore": {"plugin": "jwk-file", "path": "keys.jwks.json"},
         "identity": [{"plugin": "static", "path": "users.toml"}],
         "clients": clients,
+        **sections,
     }
     (tmp_path / "authsrv.toml").write_text(_toml(config))
     write_key_file(tmp_path / "keys.jwks.json")
-    return run_server(["authsrv", "--config", str(tmp_path / "authsrv.toml")], tmp_path, port=port)
+    started = run_server(["authsrv", "--config", str(tmp_path / "authsrv.toml")], tmp_path, port=port)
+    started.base = f"http://{host}:{port}"
+    return started
 
 
 def _toml(config: dict) -> str:

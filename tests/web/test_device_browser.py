@@ -19,20 +19,13 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 from test_browser import (  # noqa: F401  (fixtures)
-    CHEAP,
     PASSWORD,
     WAIT,
     _browser_installed,
-    _toml,
+    carol_server,
     driver,
     sign_in,
 )
-
-from conftest import free_port
-from prepared_keys import write_key_file
-
-from authsrv.identity.passwords import hash_password
-from authsrv.identity.static import add_user
 
 pytestmark = pytest.mark.slow
 
@@ -41,21 +34,10 @@ DEVICE_GRANT = "urn:ietf:params:oauth:grant-type:device_code"
 
 @pytest.fixture
 def server(run_server, tmp_path):
-    port = free_port()
-    add_user(tmp_path / "users.toml", login="carol", password_hash=hash_password(PASSWORD, CHEAP),
-             sub="c0ffee00-0000-4000-8000-000000000001", name="Carol")
-    config = {
-        "server": {"public_url": f"http://127.0.0.1:{port}", "listen": [f"tcp:{port}:interface=127.0.0.1"]},
-        "store": {"plugin": "sqlite", "path": "authsrv.sqlite3"},
-        "keystore": {"plugin": "jwk-file", "path": "keys.jwks.json"},
-        "identity": [{"plugin": "static", "path": "users.toml"}],
-        "clients": [{"client_id": "tv", "name": "Living-Room TV", "redirect_uris": ["http://127.0.0.1:9/unused"],
-                     "grant_types": [DEVICE_GRANT, "refresh_token"]}],
-        "device": {"interval": "1s"},
-    }
-    (tmp_path / "authsrv.toml").write_text(_toml(config))
-    write_key_file(tmp_path / "keys.jwks.json")
-    return run_server(["authsrv", "--config", str(tmp_path / "authsrv.toml")], tmp_path, port=port)
+    return carol_server(run_server, tmp_path, [
+        {"client_id": "tv", "name": "Living-Room TV", "redirect_uris": ["http://127.0.0.1:9/unused"],
+         "grant_types": [DEVICE_GRANT, "refresh_token"]},
+    ], device={"interval": "1s"})
 
 
 class Poller(threading.Thread):

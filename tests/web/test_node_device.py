@@ -21,18 +21,12 @@ from pathlib import Path
 import pytest
 import requests
 
-from conftest import free_port
-from prepared_keys import write_key_file
-from test_browser import CHEAP, PASSWORD, _toml
-
-from authsrv.identity.passwords import hash_password
-from authsrv.identity.static import add_user
+from test_browser import CAROL_SUB, PASSWORD, carol_server
 
 pytestmark = pytest.mark.slow
 
 NODE_DIR = Path(__file__).parent.parent / "node"
 DEVICE_GRANT = "urn:ietf:params:oauth:grant-type:device_code"
-SUB = "c0ffee00-0000-4000-8000-000000000001"
 _HIDDEN = re.compile(r'<input type="hidden" name="(\w+)" value="([^"]*)"')
 
 
@@ -60,21 +54,10 @@ def node():
 
 @pytest.fixture
 def server(run_server, tmp_path):
-    port = free_port()
-    add_user(tmp_path / "users.toml", login="carol", password_hash=hash_password(PASSWORD, CHEAP), sub=SUB,
-             name="Carol")
-    config = {
-        "server": {"public_url": f"http://127.0.0.1:{port}", "listen": [f"tcp:{port}:interface=127.0.0.1"]},
-        "store": {"plugin": "sqlite", "path": "authsrv.sqlite3"},
-        "keystore": {"plugin": "jwk-file", "path": "keys.jwks.json"},
-        "identity": [{"plugin": "static", "path": "users.toml"}],
-        "clients": [{"client_id": "cli", "name": "Command-Line Tool", "redirect_uris": ["http://127.0.0.1:9/x"],
-                     "grant_types": [DEVICE_GRANT, "refresh_token"]}],
-        "device": {"interval": "1s"},
-    }
-    (tmp_path / "authsrv.toml").write_text(_toml(config))
-    write_key_file(tmp_path / "keys.jwks.json")
-    return run_server(["authsrv", "--config", str(tmp_path / "authsrv.toml")], tmp_path, port=port)
+    return carol_server(run_server, tmp_path, [
+        {"client_id": "cli", "name": "Command-Line Tool", "redirect_uris": ["http://127.0.0.1:9/x"],
+         "grant_types": [DEVICE_GRANT, "refresh_token"]},
+    ], device={"interval": "1s"})
 
 
 def answer(server, started: dict, action: str) -> None:
@@ -92,7 +75,7 @@ def answer(server, started: dict, action: str) -> None:
 
 
 @pytest.mark.parametrize(("action", "expected"), [
-    ("approve", {"sub": SUB, "scope": "offline_access openid profile", "token_type": "bearer", "refresh": True}),
+    ("approve", {"sub": CAROL_SUB, "scope": "offline_access openid profile", "token_type": "bearer", "refresh": True}),
     ("deny", {"error": "access_denied"}),
 ])
 def test_openid_client_runs_the_device_flow(server, node, action, expected):

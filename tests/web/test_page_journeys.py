@@ -20,25 +20,19 @@ from selenium.common.exceptions import StaleElementReferenceException, WebDriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 from test_browser import (  # noqa: F401,F811  (fixtures)
-    CHEAP,
     CHROMEDRIVER,
     PASSWORD,
     WAIT,
     _browser_installed,
-    _toml,
     authorize_url,
     callback,
+    carol_server,
     chromium_options,
     landed,
     sign_in,
 )
 
-from conftest import free_port
 from harness import pkce_pair
-from prepared_keys import write_key_file
-
-from authsrv.identity.passwords import hash_password
-from authsrv.identity.static import add_user
 
 pytestmark = pytest.mark.slow
 
@@ -60,26 +54,13 @@ return {lang: document.documentElement.lang, title: document.title, unlabelled: 
 
 @pytest.fixture
 def server(run_server, tmp_path, callback):  # noqa: F811
-    port = free_port()
-    add_user(tmp_path / "users.toml", login="carol", password_hash=hash_password(PASSWORD, CHEAP),
-             sub="c0ffee00-0000-4000-8000-000000000001", name="Carol")
-    config = {
-        "server": {"public_url": f"http://127.0.0.1:{port}", "listen": [f"tcp:{port}:interface=127.0.0.1"]},
-        "store": {"plugin": "sqlite", "path": "authsrv.sqlite3"},
-        "keystore": {"plugin": "jwk-file", "path": "keys.jwks.json"},
-        "identity": [{"plugin": "static", "path": "users.toml"}],
-        "clients": [
-            {"client_id": "web", "name": "First Web", "first_party": True, "redirect_uris": [callback + "/first"],
-             "end_session_enabled": True, "post_logout_redirect_uris": [callback + "/signed-out"]},
-            {"client_id": "partner", "name": "Partner Site", "redirect_uris": [callback + "/partner"]},
-            {"client_id": "tv", "name": "Living-Room TV", "redirect_uris": ["http://127.0.0.1:9/unused"],
-             "grant_types": [DEVICE_GRANT]},
-        ],
-        "mfa": {"required": "optional"},
-    }
-    (tmp_path / "authsrv.toml").write_text(_toml(config))
-    write_key_file(tmp_path / "keys.jwks.json")
-    return run_server(["authsrv", "--config", str(tmp_path / "authsrv.toml")], tmp_path, port=port)
+    return carol_server(run_server, tmp_path, [
+        {"client_id": "web", "name": "First Web", "first_party": True, "redirect_uris": [callback + "/first"],
+         "end_session_enabled": True, "post_logout_redirect_uris": [callback + "/signed-out"]},
+        {"client_id": "partner", "name": "Partner Site", "redirect_uris": [callback + "/partner"]},
+        {"client_id": "tv", "name": "Living-Room TV", "redirect_uris": ["http://127.0.0.1:9/unused"],
+         "grant_types": [DEVICE_GRANT]},
+    ], mfa={"required": "optional"})
 
 
 @pytest.fixture(params=[True, False], ids=["script", "no script"])

@@ -21,46 +21,27 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 from test_browser import (  # noqa: F401  (fixtures)
-    CHEAP,
     PASSWORD,
     WAIT,
     _browser_installed,
-    _toml,
     authorize_url,
     callback,
+    carol_server,
     driver,
     landed,
     sign_in,
 )
 
-from conftest import free_port
 from harness import pkce_pair
-from prepared_keys import write_key_file
-
-from authsrv.identity.passwords import hash_password
-from authsrv.identity.static import add_user
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
 def server(run_server, tmp_path, callback):  # noqa: F811
-    port = free_port()
-    add_user(tmp_path / "users.toml", login="carol", password_hash=hash_password(PASSWORD, CHEAP),
-             sub="c0ffee00-0000-4000-8000-000000000001", name="Carol")
-    config = {
-        "server": {"public_url": f"http://localhost:{port}", "listen": [f"tcp:{port}:interface=127.0.0.1"]},
-        "store": {"plugin": "sqlite", "path": "authsrv.sqlite3"},
-        "keystore": {"plugin": "jwk-file", "path": "keys.jwks.json"},
-        "identity": [{"plugin": "static", "path": "users.toml"}],
-        "clients": [{"client_id": "web", "name": "First Web", "first_party": True,
-                     "redirect_uris": [callback + "/first"]}],
-    }
-    (tmp_path / "authsrv.toml").write_text(_toml(config))
-    write_key_file(tmp_path / "keys.jwks.json")
-    started = run_server(["authsrv", "--config", str(tmp_path / "authsrv.toml")], tmp_path, port=port)
-    started.base = f"http://localhost:{port}"
-    return started
+    return carol_server(run_server, tmp_path, [
+        {"client_id": "web", "name": "First Web", "first_party": True, "redirect_uris": [callback + "/first"]},
+    ], host="localhost")
 
 
 def virtual_authenticator(driver) -> str:  # noqa: F811

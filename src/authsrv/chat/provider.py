@@ -38,8 +38,8 @@ from zope.interface import implementer
 from authsrv.chat.config import ChatConfig
 from authsrv.chat.errors import ChatError, ChatProviderUnavailable, ChatRefreshRefused
 from authsrv.flows.backchannel import RESPONSE_BYTES, PinnedEndpoints, ReceiveLimit
+from authsrv.hostlookup import host_addresses
 from authsrv.interfaces import IChatProvider
-from authsrv.pg.settings import host_addresses
 from authsrv.protocol import jsontext
 from authsrv.protocol.urls import with_query
 

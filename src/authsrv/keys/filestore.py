@@ -66,6 +66,29 @@ def read_options(section: Section) -> tuple[tuple[str, ...], int | None]:
     return tuple(dict.fromkeys(algorithms)), rotate_every
 
 
+def file_keystore(section: Section, context, name: str, default: str, storage: Callable) -> FileKeystore | None:
+    """
+    A file keystore from its config C{section}: its keys live where the
+    path key C{name} says (default C{default}), stored by
+    C{storage(location, its config key)}, with the options of
+    L{read_options}. Under C{check_only} the keys are only read, to check
+    them; a location the service cannot use (a folder it may not write to,
+    a full disk) is a L{ConfigError}, as the keys cannot be made or kept.
+    """
+    location = section.path_(name, default)
+    algorithms, rotate_every = read_options(section)
+    section.done()
+    key = section.key(name)
+    keys = storage(location, key)
+    if context.check_only:
+        keys.load(int(context.reactor.seconds()), missing_ok=True)
+        return None
+    try:
+        return FileKeystore.open(keys, algorithms, rotate_every, context)
+    except OSError as e:
+        raise ConfigError(key, f"cannot use {location}: {e.strerror}") from None
+
+
 def read_private(path: Path, key: str) -> bytes:
     """The contents of a private key file, refused when others could read it."""
     try:

@@ -12,8 +12,8 @@ from pathlib import Path
 from authsrv.configsection import ConfigError
 from authsrv.keys.filestore import (
     FileKeystore,
+    file_keystore,
     locked_folder,
-    read_options,
     read_private,
     write_private,
 )
@@ -26,18 +26,7 @@ def from_config(section, context) -> FileKeystore | None:
     C{["RS256"]}), C{rotate_every} (a duration; no scheduled rotation when
     absent).
     """
-    path = section.path_("path", "keys.jwks.json")
-    algorithms, rotate_every = read_options(section)
-    section.done()
-    storage = JwkFile(path, section.key("path"))
-    if context.check_only:
-        storage.load(int(context.reactor.seconds()), missing_ok=True)
-        return None
-    try:
-        return FileKeystore.open(storage, algorithms, rotate_every, context)
-    except OSError as e:
-        # A folder the service's user may not write to, a full disk: the keys cannot be made or kept.
-        raise ConfigError(section.key("path"), f"cannot use {path}: {e.strerror}") from None
+    return file_keystore(section, context, "path", "keys.jwks.json", JwkFile)
 
 
 class JwkFile:

@@ -17,8 +17,8 @@ from jwcrypto.jwk import JWK
 from authsrv.configsection import ConfigError
 from authsrv.keys.filestore import (
     FileKeystore,
+    file_keystore,
     locked_folder,
-    read_options,
     read_private,
     sync_folder,
     write_private,
@@ -34,18 +34,7 @@ def from_config(section, context) -> FileKeystore | None:
     C{["RS256"]}), C{rotate_every} (a duration; no scheduled rotation when
     absent).
     """
-    directory = section.path_("directory", "keys")
-    algorithms, rotate_every = read_options(section)
-    section.done()
-    storage = PemFolder(directory, section.key("directory"))
-    if context.check_only:
-        storage.load(int(context.reactor.seconds()), missing_ok=True)
-        return None
-    try:
-        return FileKeystore.open(storage, algorithms, rotate_every, context)
-    except OSError as e:
-        # A folder the service's user may not write to, a full disk: the keys cannot be made or kept.
-        raise ConfigError(section.key("directory"), f"cannot use {directory}: {e.strerror}") from None
+    return file_keystore(section, context, "directory", "keys", PemFolder)
 
 
 class PemFolder:

@@ -28,7 +28,8 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from txpostgres import txpostgres
 
-from authsrv.pg.settings import ConnectionSettings, host_addresses, needs_lookup, targets
+from authsrv.hostlookup import host_addresses
+from authsrv.pg.settings import ConnectionSettings, needs_lookup, targets
 
 LOOKUP_POOL_NAME, LOOKUP_POOL_SIZE = "postgres-lookups", 2
 """The host name lookups' thread pool, shared by every plugin's pool."""

@@ -1,14 +1,13 @@
 """
 Where and how the PostgreSQL plugins connect: the connection keys of their
-config sections, blocking sessions for start-up work, and the servers (and
-their addresses) a DSN names. Nothing here ever shows the DSN, which may
-hold a password.
+config sections, blocking sessions for start-up work, and the servers a
+DSN names (their addresses: L{authsrv.hostlookup}). Nothing here ever
+shows the DSN, which may hold a password.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import socket
 
 import psycopg2
 import psycopg2.extensions
@@ -130,8 +129,3 @@ def needs_lookup(host: str) -> bool:
         return True
     return False
 
-
-def host_addresses(host: str) -> list[str]:
-    """Every address of C{host}, in the resolver's order, as libpq itself would try them."""
-    found = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    return list(dict.fromkeys(address[4][0] for address in found if isinstance(address[4][0], str)))

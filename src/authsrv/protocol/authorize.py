@@ -30,7 +30,7 @@ from authsrv.protocol.errors import (
     UnsupportedResponseType,
 )
 from authsrv.protocol.oidc import requested_acr
-from authsrv.protocol.params import MAX_PARAM_LENGTH, single_params
+from authsrv.protocol.params import single_param, single_params
 from authsrv.protocol.scope import parse_scope
 from authsrv.protocol.urls import with_query
 from authsrv.records import AuthorizationRequest, BrowserSession, Client
@@ -75,31 +75,14 @@ def unknown_client() -> PageError:
     return unsafe("The application that sent you here is not known to this service.")
 
 
-def _read_param(args: dict[bytes, list[bytes]], name: bytes) -> tuple[str | None, str]:
-    """A parameter sent exactly once as sane UTF-8 text, else None and why not ("is missing", ...)."""
-    values = [v for v in args.get(name, ()) if v]
-    if not values:
-        return None, "is missing"
-    if len(values) > 1:
-        return None, "is repeated"
-    if len(values[0]) > MAX_PARAM_LENGTH:
-        return None, "is too long"
-    if b"\x00" in values[0]:
-        return None, "holds a NUL character"
-    try:
-        return values[0].decode("utf-8"), ""
-    except UnicodeDecodeError:
-        return None, "is not UTF-8 text"
-
-
 def one_param(args: dict[bytes, list[bytes]], name: bytes) -> str | None:
-    """A parameter sent exactly once as sane UTF-8 text, else None."""
-    return _read_param(args, name)[0]
+    """A parameter sent exactly once as sane UTF-8 text (L{single_param}), else None."""
+    return single_param(args, name)[0]
 
 
 def client_id_of(args: dict[bytes, list[bytes]]) -> str | None:
     """The client_id to look up, or L{PageError}; None when it is too long to be any client's."""
-    client_id, problem = _read_param(args, b"client_id")
+    client_id, problem = single_param(args, b"client_id")
     if client_id is None:
         raise unsafe(f"The application did not say who it is (client_id {problem}).")
     return client_id if len(client_id) <= CLIENT_ID_MAX else None
@@ -149,7 +132,7 @@ def unregistered_redirect() -> PageError:
 
 def trusted_redirect(client: Client, args: dict[bytes, list[bytes]]) -> str:
     """The redirect URI, or L{PageError}: the URI must be one the client registered (L{registered_redirect})."""
-    redirect_uri, problem = _read_param(args, b"redirect_uri")
+    redirect_uri, problem = single_param(args, b"redirect_uri")
     if redirect_uri is None:
         raise unsafe(f"The application did not say where to return to (redirect_uri {problem}).")
     if not registered_redirect(client, redirect_uri):

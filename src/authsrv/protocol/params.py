@@ -12,11 +12,27 @@ from authsrv.protocol.errors import InvalidRequest, InvalidTarget
 MAX_PARAM_LENGTH = 8192
 
 
+class ParamError(InvalidRequest):
+    """
+    L{InvalidRequest} for one parameter; C{problem} says what is wrong with
+    it ("is repeated", "is not UTF-8 text", ...), for a caller that words
+    its own message (L{single_param}).
+    """
+
+    def __init__(self, description: str, problem: str):
+        super().__init__(description)
+        self.problem = problem
+
+
+def _repeated(name: str) -> ParamError:
+    return ParamError(f"parameter {name} is repeated; send it once", "is repeated")
+
+
 def single_params(args: dict[bytes, list[bytes]]) -> dict[str, str]:
     """
     C{request.args} as a dict of text, empty values dropped; raises
-    L{InvalidRequest} for a repeated parameter, text that is not UTF-8, or a
-    value longer than L{MAX_PARAM_LENGTH}.
+    L{ParamError} for a repeated parameter, text that is not UTF-8, or a
+    value longer than L{MAX_PARAM_LENGTH} or holding a NUL character.
     """
     params: dict[str, str] = {}
     for raw_name, raw_values in args.items():
@@ -24,16 +40,29 @@ def single_params(args: dict[bytes, list[bytes]]) -> dict[str, str]:
             name = raw_name.decode("utf-8")
             values = [v.decode("utf-8") for v in raw_values if v]
         except UnicodeDecodeError:
-            raise InvalidRequest("parameters must be UTF-8 text") from None
+            raise ParamError("parameters must be UTF-8 text", "is not UTF-8 text") from None
         if len(values) > 1:
-            raise InvalidRequest(f"parameter {name} is repeated; send it once")
+            raise _repeated(name)
         if values:
             if len(values[0]) > MAX_PARAM_LENGTH:
-                raise InvalidRequest(f"parameter {name} is too long")
+                raise ParamError(f"parameter {name} is too long", "is too long")
             if "\x00" in values[0]:
-                raise InvalidRequest(f"parameter {name} holds a NUL character")
+                raise ParamError(f"parameter {name} holds a NUL character", "holds a NUL character")
             params[name] = values[0]
     return params
+
+
+def single_param(args: dict[bytes, list[bytes]], name: bytes) -> tuple[str | None, str]:
+    """
+    The parameter C{name} read by the rules of L{single_params}, or None
+    and why not ("is missing", "is repeated", ...), for a caller that must
+    word its own message (a page, where there is no client to tell).
+    """
+    try:
+        value = single_params({name: args.get(name, [])}).get(name.decode())
+    except ParamError as e:
+        return None, e.problem
+    return (None, "is missing") if value is None else (value, "")
 
 
 def one_resource_params(args: dict[bytes, list[bytes]], several: str) -> dict[str, str]:
@@ -72,7 +101,7 @@ def params_with_token(args: dict[bytes, list[bytes]], *names: bytes, errors: str
     for name in names:
         sent = [value for value in args.get(name, ()) if value]
         if len(sent) > 1:
-            raise InvalidRequest(f"parameter {name.decode()} is repeated; send it once")
+            raise _repeated(name.decode())
         if sent:
             params[name.decode()] = sent[0].decode("utf-8", errors)
     return params

@@ -310,6 +310,10 @@ class SQLiteStore:
             return succeed([])
         return self._call(label, False, lambda db: [rows.load(row) for row in db.execute(sql, params)])
 
+    def _taken(self, label: str, rows: Rows, sql: str, params):
+        """Run one write statement that returns what it removes (C{RETURNING *}); fire with its first record or None."""
+        return self._call(label, True, lambda db: rows.load(_first(db.execute(sql, params))))
+
     def _insert(self, label: str, rows: Rows, value, durable: bool = True):
         return self._execute(label, rows.insert, rows.params(value), durable).addCallback(lambda _: None)
 
@@ -363,10 +367,8 @@ class SQLiteStore:
         )
 
     def end_session(self, session_hash):
-        return self._call("end_session", True,
-            lambda db: _T.sessions.load(
-                _first(db.execute("DELETE FROM browser_sessions WHERE session_hash = ? RETURNING *", (session_hash,)))
-            )
+        return self._taken("end_session",
+            _T.sessions, "DELETE FROM browser_sessions WHERE session_hash = ? RETURNING *", (session_hash,)
         )
 
     def end_user_sessions(self, sub):
@@ -412,16 +414,10 @@ class SQLiteStore:
         return self._insert("save_link_attempt", _T.link_attempts, attempt, durable=False)
 
     def take_link_attempt(self, state_hash, session_hash, now):
-        return self._call("take_link_attempt", True,
-            lambda db: _T.link_attempts.load(
-                _first(
-                    db.execute(
-                        "DELETE FROM link_attempts WHERE state_hash = ? AND session_hash = ? AND expires_at > ?"
-                        " RETURNING *",
-                        (state_hash, session_hash, now),
-                    )
-                )
-            )
+        return self._taken("take_link_attempt",
+            _T.link_attempts,
+            "DELETE FROM link_attempts WHERE state_hash = ? AND session_hash = ? AND expires_at > ? RETURNING *",
+            (state_hash, session_hash, now),
         )
 
     # IPushedRequestStore
@@ -430,16 +426,10 @@ class SQLiteStore:
         return self._insert("save_pushed_request", _T.pushed, pushed, durable=False)
 
     def take_pushed_request(self, uri_hash, client_id, now):
-        return self._call("take_pushed_request", True,
-            lambda db: _T.pushed.load(
-                _first(
-                    db.execute(
-                        "DELETE FROM pushed_requests WHERE uri_hash = ? AND client_id = ? AND expires_at > ?"
-                        " RETURNING *",
-                        (uri_hash, client_id, now),
-                    )
-                )
-            )
+        return self._taken("take_pushed_request",
+            _T.pushed,
+            "DELETE FROM pushed_requests WHERE uri_hash = ? AND client_id = ? AND expires_at > ? RETURNING *",
+            (uri_hash, client_id, now),
         )
 
     # IAuthorizationCodeStore
@@ -653,9 +643,9 @@ class SQLiteStore:
         ))).addCallback(lambda row: None if row is None else row[0])
 
     def unlink_account(self, sub, provider):
-        return self._call("unlink_account", True, lambda db: _T.linked.load(_first(db.execute(
-            "DELETE FROM linked_accounts WHERE sub = ? AND provider = ? RETURNING *", (sub, provider)
-        ))))
+        return self._taken("unlink_account",
+            _T.linked, "DELETE FROM linked_accounts WHERE sub = ? AND provider = ? RETURNING *", (sub, provider)
+        )
 
     def update_linked_tokens(
         self, account_id, expected_version, access_token_enc, refresh_token_enc, scope, expires_at, now,

@@ -92,10 +92,15 @@ def _payload(path: bytes, status: int, description: str) -> dict:
     return {"error": error, "error_description": description}
 
 
-def render_refusal(request, status: int, description: str) -> bytes:
-    """A refused request's answer, shaped for the endpoint it was sent to."""
+def allow_browsers_at(request) -> None:
+    """At an endpoint of L{READ_BY_BROWSERS}, the CORS headers its answers carry, on a refusal too."""
     if request.path.startswith(READ_BY_BROWSERS):
         allow_browser_clients(request)
+
+
+def render_refusal(request, status: int, description: str) -> bytes:
+    """A refused request's answer, shaped for the endpoint it was sent to."""
+    allow_browsers_at(request)
     if request.path.startswith(PAGE_PREFIXES):
         return error_page(request, status, TITLES.get(status, "Bad request"), description[:1].upper() + description[1:] + ".")
     return json_body(request, status, _payload(request.path, status, description), no_store=True)

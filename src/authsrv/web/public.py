@@ -68,7 +68,7 @@ from authsrv.web.interaction_pages import (
     recovery_codes_page,
     second_factor_page,
 )
-from authsrv.web.limits import PAGE_PREFIXES, READ_BY_BROWSERS
+from authsrv.web.limits import PAGE_PREFIXES, allow_browsers_at
 from authsrv.web.pages import error_page, render_page
 from authsrv.web.quiet import QuietWarnings
 from authsrv.web.routes import Endpoint, ExactPaths, RoutedKlein
@@ -102,8 +102,7 @@ def _wrong_method(request, allow: bytes) -> bytes:
     At an endpoint browser-based clients call, any origin may read it, as
     it reads the endpoint's answers.
     """
-    if request.path.startswith(READ_BY_BROWSERS):
-        allow_browser_clients(request)
+    allow_browsers_at(request)
     if not request.path.startswith(PAGE_PREFIXES):
         return method_not_allowed(request, allow)
     request.setHeader(b"allow", allow)
@@ -187,20 +186,20 @@ class PublicSite:
     def _now(self) -> int:
         return int(self._clock.seconds())
 
-    async def _count(self, request, limit: EndpointLimit, params: dict[str, str]) -> Client | None:
+    async def _count(self, request, limit: EndpointLimit, params: dict[str, str],
+                     address: str | None = None) -> Client | None:
         """
         Count a client's request against its rate before any work; raises
         L{RateLimited}. Fires with the client if its credentials need no
-        second check (L{ClientRateLimits.client_request}).
+        second check (L{ClientRateLimits.client_request}). C{address}: the
+        client's, for a route that has it already (its audit events name
+        it), so that it is found once; else it is found only if the count
+        needs it.
         """
         return await self._rates.client_request(
             limit, request.getHeader(b"authorization"), params,
-            lambda: client_address_of(request, self._trusted_proxies),
+            (lambda: client_address_of(request, self._trusted_proxies)) if address is None else (lambda: address),
         )
-
-    async def _count_from(self, address: str, request, limit: EndpointLimit, params: dict[str, str]) -> Client | None:
-        """L{_count} for a route that has the client's address already (its audit events name it): found once."""
-        return await self._rates.client_request(limit, request.getHeader(b"authorization"), params, lambda: address)
 
     def _registration(self, request):
         """The registration flow, or 404 when registration is off (as if the endpoint did not exist)."""
@@ -258,7 +257,7 @@ class PublicSite:
         allow_browser_clients(request)
         params = one_resource_form(request, TOKEN_RESOURCES)
         address = client_address_of(request, self._trusted_proxies)
-        checked = await self._count_from(address, request, self._rates.token, params)
+        checked = await self._count(request, self._rates.token, params, address)
         response = await self._flows.token.token(
             request.getHeader(b"authorization"), params, self._now(), request.requestHeaders.getRawHeaders(b"dpop"),
             checked, address)
@@ -322,7 +321,7 @@ class PublicSite:
         allow_browser_clients(request)
         params = token_form_params(request)
         address = client_address_of(request, self._trusted_proxies)
-        checked = await self._count_from(address, request, self._rates.revocation, params)
+        checked = await self._count(request, self._rates.revocation, params, address)
         await self._flows.revocation.revoke(request.getHeader(b"authorization"), params, self._now(), checked,
                                             address)
         request.setHeader(b"cache-control", b"no-store")
