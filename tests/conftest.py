@@ -150,6 +150,15 @@ class Server:
 
 
 @pytest.fixture
+def logged():
+    """Every log event during the test."""
+    events: list[dict] = []
+    globalLogPublisher.addObserver(events.append)
+    yield events
+    globalLogPublisher.removeObserver(events.append)
+
+
+@pytest.fixture
 def run_server():
     """Start C{twist authsrv ...} processes; all are stopped after the test."""
     servers: list[Server] = []

@@ -18,7 +18,7 @@ import urllib.request
 from ipaddress import ip_network
 
 import pytest
-from twisted.logger import LogLevel, Logger, formatEvent, globalLogPublisher, jsonFileLogObserver, textFileLogObserver
+from twisted.logger import LogLevel, Logger, formatEvent, jsonFileLogObserver, textFileLogObserver
 from twisted.web.server import Request
 from twisted.web.test.requesthelper import DummyChannel
 
@@ -228,14 +228,6 @@ def test_buffered_lines_leave_in_whole_lines_of_at_most_pipe_buf(tmp_path):
 def test_c1_controls_are_escaped_in_the_combined_line():
     """A NEL (U+0085) forged a second line for readers that split on it; a CSI drove terminals."""
     assert log_text(b"evil\x9b31m\x85127.0.0.1 - -") == "evil\\x9b31m\\x85127.0.0.1 - -"
-
-
-@pytest.fixture
-def logged():
-    events: list[dict] = []
-    globalLogPublisher.addObserver(events.append)
-    yield events
-    globalLogPublisher.removeObserver(events.append)
 
 
 class AtOnce:

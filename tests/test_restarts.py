@@ -10,10 +10,9 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-import pytest
 from twisted.internet.error import ProcessTerminated, ReactorNotRunning
 from twisted.internet.task import Clock
-from twisted.logger import LogLevel, formatEvent, globalLogPublisher
+from twisted.logger import LogLevel, formatEvent
 from twisted.python.failure import Failure
 
 from authsrv.config import ConfigSource
@@ -49,14 +48,6 @@ def end(protocol, status: int = 1) -> None:
 
 async def nothing_to_prepare():
     return None
-
-
-@pytest.fixture
-def logged():
-    events: list[dict] = []
-    globalLogPublisher.addObserver(events.append)
-    yield events
-    globalLogPublisher.removeObserver(events.append)
 
 
 def supervisor(reactor, count: int = 1):

@@ -17,7 +17,7 @@ from attrs import evolve
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock, deferLater
-from twisted.logger import formatEvent, globalLogPublisher
+from twisted.logger import formatEvent
 
 from authsrv.chat.config import DEFAULT_SCOPES, ChatConfig, chat_config
 from authsrv.chat.crypto import ACCESS, REFRESH, TokenCipher, UndecryptableToken, key_from_text, new_key_text
@@ -118,12 +118,9 @@ def world(tmp_path):
 
 
 @pytest.fixture
-def audit():
+def audit(logged):
     """Every log event during the test."""
-    seen: list[dict] = []
-    globalLogPublisher.addObserver(seen.append)
-    yield seen
-    globalLogPublisher.removeObserver(seen.append)
+    return logged
 
 
 def audit_events(seen, name):

@@ -18,7 +18,7 @@ import psycopg2
 import pytest
 import pytest_twisted
 from twisted.internet.defer import CancelledError, Deferred, DeferredList, gatherResults
-from twisted.logger import formatEvent, globalLogPublisher
+from twisted.logger import formatEvent
 
 from authsrv import migrations
 from authsrv.configsection import ConfigError, Section, Unreachable
@@ -398,11 +398,9 @@ class TestSection:
 
 
 @pytest.fixture
-def log_events():
-    events: list[dict] = []
-    globalLogPublisher.addObserver(events.append)
-    yield events
-    globalLogPublisher.removeObserver(events.append)
+def log_events(logged):
+    """Every log event during the test."""
+    return logged
 
 
 def _elapsed_since(start: float) -> float:

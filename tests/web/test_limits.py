@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Counter
 from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.defer import succeed
 from twisted.internet.testing import StringTransport
-from twisted.logger import formatEvent, globalLogPublisher
+from twisted.logger import formatEvent
 from twisted.protocols.haproxy import proxyEndpoint
 from twisted.web.resource import Resource
 from twisted.web.test.requesthelper import DummyChannel
@@ -593,14 +593,6 @@ def test_parameters_are_separated_by_ampersands_only():
     assert request.args == {
         b"state": [b"xyz;abc=1"], b"nonce": [b"n;"], b"": [b";"], b"code": [b"c;grant_type=x"], b"scope": [b"a b;"],
     }
-
-
-@pytest.fixture
-def logged():
-    events: list[dict] = []
-    globalLogPublisher.addObserver(events.append)
-    yield events
-    globalLogPublisher.removeObserver(events.append)
 
 
 def _head(transport) -> tuple[int, dict]:
