@@ -47,6 +47,8 @@ from prepared_keys import write_key_file
 
 BASE = "http://127.0.0.1:8080"
 ISSUER = BASE + "/api/auth"
+SPOOF = "Your+account+is+locked.+Call+555+0100"
+"""A parameter name, as a link that puts words of its own on a page writes it in a query."""
 NOW = 1_800_000_000
 CHEAP = PasswordHasher.from_parameters(profiles.CHEAPEST)
 

@@ -182,7 +182,8 @@ async def test_error_descriptions_never_echo_the_request(tmp_path, monkeypatch):
     h = await started(tmp_path, monkeypatch)
     try:
         for params in ({"scope": "openid " + ATTACKER_TEXT}, {"prompt": ATTACKER_TEXT},
-                       {"resource": "https://x.example/" + ATTACKER_TEXT}):
+                       {"resource": "https://x.example/" + ATTACKER_TEXT},
+                       {"claims": json.dumps({"userinfo": {"https://x.example/ " + ATTACKER_TEXT: 1}})}):
             response, _ = await Browser(h).get(h.authorize_url("first", **params))
             query = query_of(location(response))
             assert "script" not in query["error_description"] and "x.example" not in query["error_description"]

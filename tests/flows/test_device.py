@@ -38,7 +38,7 @@ from device_helpers import (
     start,
 )
 from flow_client import Browser, hidden_fields, location
-from harness import CLIENTS, ENVIRON, ISSUER, Harness
+from harness import CLIENTS, ENVIRON, ISSUER, SPOOF, Harness
 from token_helpers import TOKEN, SignedAfterSending, introspect, post_form, refresh, verify_jwt
 
 @pytest_twisted.ensureDeferred
@@ -637,5 +637,16 @@ async def test_parallel_polls_of_an_approved_device_issue_once(tmp_path, monkeyp
         refused = next(body for response, body in answers if response.code == 400)
         assert refused["error"] == "invalid_grant" and "already used" in refused["error_description"]
         assert not (await introspect(h, issued["access_token"]))["active"]
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_refused_verification_page_names_no_parameter_of_the_request(tmp_path, monkeypatch):
+    """Whoever makes the link chooses its parameters' names: the error page shows none of them."""
+    h = await harness(tmp_path, monkeypatch).start()
+    try:
+        response, body = await h.get(f"/api/auth/device?{SPOOF}=1&{SPOOF}=2")
+        assert response.code == 400 and b"repeated" in body and b"locked" not in body, body
     finally:
         await h.close()

@@ -28,7 +28,7 @@ from authsrv.records import BrowserSession
 from authsrv.testing.identity import ALICE, BOB
 from authsrv.tokens import new_token, token_hash
 
-from harness import ISSUER, Harness
+from harness import ISSUER, SPOOF, Harness
 
 END_SESSION = ISSUER + "/oauth2/end-session"
 FIRST_LOGOUT_URI = "http://127.0.0.1:9000/"
@@ -599,3 +599,15 @@ def test_hint_parsing_refuses_any_structured_junk(header, payload, signature):
     hint = ".".join((b64(json.dumps(header).encode()), b64(payload) or "e30", b64(signature) or "AA"))
     with pytest.raises(PageError):
         hint_claims(hint, _ONE_KEY.hint_key, ISSUER)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_refusal_names_no_parameter_of_the_request(tmp_path, monkeypatch):
+    """Whoever makes the link chooses its parameters' names: the error page shows none of them."""
+    h = await Harness(tmp_path, monkeypatch).start()
+    try:
+        response, body = await h.get(f"{END_SESSION}?{SPOOF}=1&{SPOOF}=2")
+        assert_refused(response, body, "repeated")
+        assert "locked" not in body.decode()
+    finally:
+        await h.close()

@@ -16,7 +16,7 @@ from treq.testing import StubTreq
 from twisted.logger import formatEvent
 
 from flow_client import Browser, location
-from harness import ISSUER, Harness, query_of
+from harness import ISSUER, SPOOF, Harness, query_of
 
 from authsrv.chat.config import ChatConfig
 from authsrv.chat.crypto import ACCESS, REFRESH, TokenCipher, key_from_text, new_key_text
@@ -557,3 +557,12 @@ async def test_link_pages_when_linking_is_not_configured(tmp_path, monkeypatch):
             assert_page(response, body, 404, "does not link chat accounts")
     finally:
         await harness.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_refused_callback_names_no_parameter_of_the_request(world):
+    """Whoever makes the link chooses its parameters' names: the error page shows none of them."""
+    cookie = await world.sign_in()
+    response, body = await world.get(f"{LINK}/callback?state=x&{SPOOF}=1&{SPOOF}=2", cookie)
+    assert_page(response, body, 400, "repeated")
+    assert b"locked" not in body

@@ -16,6 +16,7 @@ import pytest_twisted
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
+from twisted.logger import formatEvent
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
 
@@ -714,6 +715,25 @@ async def test_a_client_id_without_a_path_or_with_dot_segments_is_not_fetched(do
                               OperatorNames(MemoryStore()))
     assert await clients.get_client(url) is None
     assert server.hits == []
+
+
+@pytest_twisted.ensureDeferred
+@pytest.mark.parametrize("path", ["/agent\x1b[2J.json", "/agent.json\r\tforged line", "/a gent.json", "/agént.json"])
+async def test_a_client_id_that_is_no_uri_is_neither_fetched_nor_logged(document_server, path, logged):
+    """
+    Whoever sends a request chooses its client_id: one holding a control
+    character, a space or a non-ASCII letter (RFC 3986 allows none) names no
+    document, and its text, an escape sequence a terminal acts on say, never
+    reaches the diagnostic log.
+    """
+    server, base = document_server
+    url = base + path
+    documents = RemoteDocuments(reactor, FetchPolicy(allow_http=True, allow_private_addresses=True))
+    clients = DocumentClients(None, documents, RegistrationPolicy(metadata_documents=True), reactor,
+                              OperatorNames(MemoryStore()))
+    assert await clients.get_client(url) is None
+    assert server.hits == []
+    assert not [event for event in logged if path.strip("/") in formatEvent(event)]
 
 
 @pytest_twisted.ensureDeferred

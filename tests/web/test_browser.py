@@ -43,6 +43,8 @@ PASSWORD = "a long and correct passphrase"
 CHEAP = PasswordHasher.from_parameters(profiles.CHEAPEST)
 CAROL_SUB = "c0ffee00-0000-4000-8000-000000000001"
 LONG_NAME = "The " + "Extraordinarily" * 8 + " Application"
+HOSTILE = """Evil "'><img src=x onerror="window.pwned=1"><script>window.pwned=2</script><style>*{color:red}</style>"""
+"""Markup in a client's name, a login hint and state: each must show as text and run nothing."""
 
 
 class _Callback(BaseHTTPRequestHandler):
@@ -87,6 +89,7 @@ def server(run_server, tmp_path, callback):
          "post_logout_redirect_uris": [callback + "/signed-out"], "backchannel_logout_uri": callback + "/backchannel"},
         {"client_id": "partner", "name": "Partner Site", "redirect_uris": [callback + "/partner"]},
         {"client_id": "long", "name": LONG_NAME, "redirect_uris": [callback + "/long"]},
+        {"client_id": "hostile", "name": HOSTILE, "redirect_uris": [callback + "/hostile"]},
     ])
 
 
@@ -225,6 +228,22 @@ def test_a_long_client_name_wraps_within_the_page(server, driver, callback):
     sign_in(driver, "carol", PASSWORD)
     WebDriverWait(driver, WAIT).until(lambda d: "/consent?" in d.current_url)
     assert_fits(driver)
+
+
+def test_markup_from_a_client_name_or_a_request_runs_nothing(server, driver, callback):
+    """Shown as text on the sign-in and consent pages; the page's content security policy allows none of it either."""
+    url = authorize_url(server, "hostile", callback + "/hostile", HOSTILE)
+    driver.get(f"{url}&{urlencode({'login_hint': HOSTILE})}")
+    assert_inert(driver)
+    sign_in(driver, "carol", PASSWORD)
+    WebDriverWait(driver, WAIT).until(lambda d: "/consent?" in d.current_url)
+    assert_inert(driver)
+
+
+def assert_inert(driver) -> None:
+    assert HOSTILE in driver.find_element(By.TAG_NAME, "main").text
+    assert driver.execute_script("return [window.pwned, document.querySelectorAll('img[src=x], main style').length,"
+                                 " [...document.scripts].filter(s => s.text.includes('pwned')).length]") == [None, 0, 0]
 
 
 def assert_fits(driver) -> None:

@@ -7,19 +7,23 @@ of its endpoint, and the site keeps serving new connections afterwards.
 from __future__ import annotations
 
 import json
+from http.client import HTTPResponse
 from io import BytesIO
 from urllib.parse import urlencode
 
 import pytest
+from prometheus_client import CollectorRegistry, Counter
 from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.defer import succeed
 from twisted.internet.testing import StringTransport
+from twisted.logger import formatEvent
 from twisted.protocols.haproxy import proxyEndpoint
 from twisted.web.resource import Resource
 from twisted.web.test.requesthelper import DummyChannel
 
 from authsrv.config import PARAMETER_CAPS, InputLimits, parse_config
 from authsrv.web.limits import LimitedSite
+from authsrv.web.metrics import MetricsResource
 from authsrv.web.request import BoundedRequest
 
 from wire import Listener, parse, request_head
@@ -642,3 +646,47 @@ def test_parameters_are_separated_by_ampersands_only():
     assert request.args == {
         b"state": [b"xyz;abc=1"], b"nonce": [b"n;"], b"": [b";"], b"code": [b"c;grant_type=x"], b"scope": [b"a b;"],
     }
+
+
+def _head(transport) -> tuple[int, dict]:
+    """The status and headers of the answer to a HEAD request, and that it carries no body."""
+    class Sock:
+        def makefile(self, mode):
+            return BytesIO(transport.value())
+
+    response = HTTPResponse(Sock(), method="HEAD")  # type: ignore[arg-type]
+    response.begin()
+    headers = {k.lower(): v for k, v in response.getheaders()}
+    assert transport.value().endswith(b"\r\n\r\n")
+    return response.status, headers
+
+
+@pytest.mark.parametrize("target, status", [
+    (f"{AUTHORIZE}?code=the-secret-code&state={'s' * 513}", 400),  # a parameter over its cap
+    ("/%ff/x?id_token_hint=the-secret-code", 400),  # a path that is not UTF-8 text
+])
+def test_a_refused_head_request_logs_no_line_and_no_query(target, status, logged):
+    """
+    twisted.web logged a warning holding the whole request target, query
+    and all, for every HEAD answered with a body: a refusal wrote a code or
+    a whole ID token into the diagnostic log, one line per request.
+    """
+    listener = Listener()
+    _, transport = listener.send(request_head("HEAD", target))
+    answer_status, headers = _head(transport)
+    assert answer_status == status and int(headers["content-length"]) > 0
+    assert not [event for event in logged if "the-secret-code" in repr(event)]
+    assert not [event for event in logged if "HEAD" in formatEvent(event)]
+
+
+def test_a_head_request_for_metrics_logs_no_line(logged):
+    registry = CollectorRegistry()
+    Counter("authsrv_example", "A series, so that the answer has a body", registry=registry).inc()
+    site = LimitedSite(MetricsResource(registry), limits=InputLimits())
+    transport = StringTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", 40000))
+    protocol = site.buildProtocol(transport.getPeer())
+    protocol.makeConnection(transport)
+    protocol.dataReceived(request_head("HEAD", "/metrics"))
+    status, headers = _head(transport)
+    assert status == 200 and headers["content-type"].startswith("text/plain") and int(headers["content-length"]) > 0
+    assert not [event for event in logged if "HEAD" in formatEvent(event)]

@@ -21,6 +21,7 @@ from urllib.parse import unquote, urlsplit
 from twisted.logger import Logger
 
 from authsrv.flows.registration import OperatorNames, RegistrationPolicy, registered_settings
+from authsrv.protocol.clients import uri_characters_problem
 from authsrv.protocol.errors import InvalidClientMetadata, OAuthError
 from authsrv.records import Client
 from authsrv.remote_documents import Busy, RemoteDocumentError, RemoteDocuments
@@ -97,6 +98,10 @@ class DocumentClients:
     async def get_client(self, client_id: str, fresh: bool = False) -> Client | None:
         if not client_id.startswith(self._schemes):
             return await self._clients.get_client(client_id, fresh)
+        if uri_characters_problem(client_id) is not None:
+            # No URL names a document: not fetched, and its text (a control character or an escape
+            # sequence a terminal acts on) never reaches the log.
+            return None
         if self._refused.get(client_id, 0.0) > self._clock.seconds():
             return None
         try:

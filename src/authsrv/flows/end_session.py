@@ -19,7 +19,7 @@ from authsrv.flows.csrf import session_form_token, session_form_token_valid
 from authsrv.flows.outcomes import Browser, CookieChanges, LogoutConfirmation, Notice, Redirect
 from authsrv.protocol.errors import InvalidRequest
 from authsrv.protocol.logout import hint_audience, hint_claims, post_logout_location, refused
-from authsrv.protocol.params import single_params
+from authsrv.protocol.params import page_params
 from authsrv.protocol.urls import origin, with_query
 from authsrv.records import BrowserSession, Client
 from authsrv.tokens import token_hash
@@ -75,7 +75,7 @@ class EndSessionFlow:
     @staticmethod
     def _params(args) -> dict[str, str]:
         try:
-            return single_params(args)
+            return page_params(args)
         except InvalidRequest as e:
             raise refused(e.description) from None
 

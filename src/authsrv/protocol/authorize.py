@@ -30,7 +30,7 @@ from authsrv.protocol.errors import (
     UnsupportedResponseType,
 )
 from authsrv.protocol.oidc import requested_acr
-from authsrv.protocol.params import single_param, single_params
+from authsrv.protocol.params import page_params, single_param
 from authsrv.protocol.scope import parse_scope
 from authsrv.protocol.urls import with_query
 from authsrv.records import AuthorizationRequest, BrowserSession, Client
@@ -259,9 +259,8 @@ def parse_request(client: Client | None, args: dict[bytes, list[bytes]], *,
         raise unknown_client()
     redirect_uri = trusted_redirect(client, args)
     try:
-        params = single_params({k: v for k, v in args.items() if k in AUTHORIZE_PARAMS})
-    except InvalidRequest:
-        malformed = InvalidRequest("a parameter is repeated, too long, or not UTF-8 text; send each once")
+        params = page_params({k: v for k, v in args.items() if k in AUTHORIZE_PARAMS})
+    except InvalidRequest as malformed:
         raise AuthorizeError(malformed, redirect_uri, one_param(args, b"state")) from None
     if push_required:
         pushed_only = InvalidRequest("this client must push its authorization requests first (RFC 9126) and send"

@@ -46,11 +46,18 @@ def _is_host(host: str) -> bool:
     return True
 
 
-def redirect_uri_problem(uri: str) -> str | None:
-    """What is wrong with C{uri} as a registered redirect URI, or None."""
+def uri_characters_problem(uri: str) -> str | None:
+    """What is wrong with the characters of C{uri} (RFC 3986 allows no space, control or non-ASCII one), or None."""
     if not set(uri) <= _URI_CHARACTERS or _BAD_PERCENT.search(uri):
         return (f"{uri!r} holds characters a URI may not (RFC 3986): percent-encode spaces, backslashes,"
                 " quotes and non-ASCII characters")
+    return None
+
+
+def redirect_uri_problem(uri: str) -> str | None:
+    """What is wrong with C{uri} as a registered redirect URI, or None."""
+    if problem := uri_characters_problem(uri):
+        return problem
     try:
         parts = urlsplit(uri)
         parts.port

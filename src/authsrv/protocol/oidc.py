@@ -85,9 +85,10 @@ def _claims_request(text: str) -> dict:
         requested = claims.get(member, {})
         if not isinstance(requested, dict):
             raise InvalidRequest(f"claims.{member} must be a JSON object of the claims requested")
-        for name, request in requested.items():
+        for request in requested.values():
             if request is not None and not isinstance(request, dict):
-                raise InvalidRequest(f"claims.{member}.{name} must be null or a JSON object (OIDC Core 5.5.1)")
+                # Not named: the description goes back to the client's redirect URI, with no text of the request's.
+                raise InvalidRequest(f"each claim in claims.{member} must be null or a JSON object (OIDC Core 5.5.1)")
     return claims
 
 

@@ -65,6 +65,18 @@ def single_param(args: dict[bytes, list[bytes]], name: bytes) -> tuple[str | Non
     return (None, "is missing") if value is None else (value, "")
 
 
+def page_params(args: dict[bytes, list[bytes]]) -> dict[str, str]:
+    """
+    L{single_params} of a request a person's browser sends, whose refusal a
+    page or a client's redirect URI shows: it names no parameter, since the
+    name is the request's own text, anyone's through a link.
+    """
+    try:
+        return single_params(args)
+    except InvalidRequest:
+        raise InvalidRequest("a parameter is repeated, too long, or not UTF-8 text; send each once") from None
+
+
 def one_resource_params(args: dict[bytes, list[bytes]], several: str) -> dict[str, str]:
     """
     L{single_params} of a request that may name one C{resource}: RFC 8707

@@ -30,6 +30,19 @@ def json_body(request, status: int, payload: dict, *, no_store: bool = False) ->
     return compact(payload)
 
 
+def bodiless_head(request, body: bytes) -> bytes:
+    """
+    C{body}, or for a HEAD request only its length: a leaf resource that
+    returns a body to HEAD gets a warning logged by twisted.web with the
+    whole request target, so any caller could write a query's code or
+    token, and as many lines as it likes, into the log.
+    """
+    if request.method != b"HEAD":
+        return body
+    request.setHeader(b"content-length", str(len(body)).encode())
+    return b""
+
+
 def jwt_body(request, token: str) -> bytes:
     """A signed answer (OIDC Core 5.3.2): C{application/jwt}, never cached."""
     request.setResponseCode(200)

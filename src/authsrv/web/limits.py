@@ -24,7 +24,7 @@ from twisted.web.server import Site
 from authsrv.config import ISSUER_PATH, InputLimits
 from authsrv.protocol.forwarded import address_key, is_trusted
 from authsrv.web.channel import GatheringChannel, Outbox
-from authsrv.web.headers import allow_browser_clients, json_body
+from authsrv.web.headers import allow_browser_clients, bodiless_head, json_body
 from authsrv.web.pages import error_page
 from authsrv.web.request import SERVER, BoundedRequest
 
@@ -121,7 +121,7 @@ class Refused(Resource):
         if self._close:
             request.setHeader(b"connection", b"close")
             request.channel.persistent = False
-        return render_refusal(request, self._status, self._description)
+        return bodiless_head(request, render_refusal(request, self._status, self._description))
 
 
 def parameter_caps(limits: InputLimits) -> dict[bytes, tuple[str, int]]:

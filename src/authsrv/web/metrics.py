@@ -10,7 +10,7 @@ from __future__ import annotations
 from prometheus_client.exposition import choose_encoder
 from twisted.web.resource import Resource
 
-from authsrv.web.headers import json_body, method_not_allowed
+from authsrv.web.headers import bodiless_head, json_body, method_not_allowed
 
 PATH = b"/metrics"
 
@@ -25,6 +25,9 @@ class MetricsResource(Resource):
         self._registry = registry
 
     def render(self, request):
+        return bodiless_head(request, self._answer(request))
+
+    def _answer(self, request) -> bytes:
         if request.path != PATH:
             return json_body(request, 404, {"error": "not_found", "error_description": "only /metrics is served here"})
         if request.method not in (b"GET", b"HEAD"):

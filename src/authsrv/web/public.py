@@ -33,7 +33,7 @@ from authsrv.protocol.errors import (
     PageError,
     TemporarilyUnavailable,
 )
-from authsrv.protocol.params import single_params
+from authsrv.protocol.params import page_params
 from authsrv.protocol.pushed import push_params
 from authsrv.records import Client
 from authsrv.store.errors import StoreUnavailable
@@ -394,7 +394,7 @@ class PublicSite:
         """The verification page (RFC 8628 section 3.3); C{user_code} in the query skips typing it."""
         verification = self._device_verification()
         try:
-            user_code = single_params(request.args).get("user_code")
+            user_code = page_params(request.args).get("user_code")
         except InvalidRequest as e:
             raise PageError(400, "Connect a device", e.description) from None
         outcome = await verification.page(
@@ -690,7 +690,7 @@ class PublicSite:
     async def link_chat_callback(self, request):
         linking, cookie, session = await self._linking_session(request)
         try:
-            params = single_params(request.args)
+            params = page_params(request.args)
         except InvalidRequest as e:
             raise PageError(400, "Link not completed", e.description) from None
         account = await linking.finish(session, params, self._now())

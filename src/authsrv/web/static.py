@@ -11,7 +11,7 @@ from typing import Callable
 
 from twisted.web.resource import Resource
 
-from authsrv.web.headers import allow_any_origin, method_not_allowed
+from authsrv.web.headers import allow_any_origin, bodiless_head, method_not_allowed
 
 
 def _matches(etag: bytes, if_none_match: bytes | None) -> bool:
@@ -55,10 +55,8 @@ class StaticBytes(Resource):
         return body
 
     def render_HEAD(self, request):
-        """GET's headers without its body: twisted.web would log each HEAD, whole URI and all, as it ate one."""
-        body = self.render_GET(request)
-        request.setHeader(b"content-length", str(len(body)).encode())
-        return b""
+        """GET's headers without its body (L{bodiless_head})."""
+        return bodiless_head(request, self.render_GET(request))
 
     def render_OPTIONS(self, request):
         allow_any_origin(request)
