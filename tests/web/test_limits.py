@@ -276,6 +276,31 @@ def test_chunked_and_another_coding_on_two_lines_are_refused():
     listener.assert_serves()
 
 
+@pytest.mark.parametrize("folded", [
+    b"Content-Type: application/x-www-form-urlencoded\r\nTransfer-Encoding:\r\n chunked\r\n",
+    b"Content-Type: application/x-www-form-urlencoded\r\nTransfer-Encoding: \r\n\tchunked\r\n",
+    b" Transfer-Encoding: chunked\r\n",
+    b"Accept: text/html,\r\n application/json\r\n",
+])
+def test_a_folded_header_line_is_refused(folded):
+    """
+    RFC 9112 section 5.2 lets a server refuse obsolete line folding or
+    unfold it; twisted.web unfolded "Transfer-Encoding:" and " chunked" into
+    a chunked body, which a proxy that reads the lines as written (a
+    header with no value, a line it drops) frames as no body, the body being
+    the next request. A field line that begins with white space is refused,
+    as is one before the first field (section 2.2).
+    """
+    listener = Listener()
+    smuggled = request_head("GET", "/healthz")
+    head = b"POST " + TOKEN.encode() + b" HTTP/1.1\r\nHost: x\r\n" + folded + b"\r\n"
+    _, transport = listener.send(head + b"0\r\n\r\n" + smuggled)
+    assert_oauth(*parse(transport), 400, "folded")
+    assert transport.value().count(b"HTTP/1.1 ") == 1
+    assert transport.disconnecting
+    listener.assert_serves()
+
+
 def chunked_form(path: str, fields, chunk: int = 500) -> bytes:
     body = urlencode(fields).encode()
     head = request_head("POST", path, {"Content-Type": "application/x-www-form-urlencoded",

@@ -71,6 +71,15 @@ serve it as POST; any other method is refused with 501 (section 15.6.2).
 """
 UNKNOWN_METHOD = "this server implements the methods " + ", ".join(m.decode() for m in METHODS[:-1]) + " and OPTIONS only"
 
+FOLDED = "a header field line begins with a space or tab (folded onto the line before): send each field on one line"
+"""
+Obsolete line folding (RFC 9112 section 5.2), which a server may refuse or
+unfold: twisted.web unfolded "Transfer-Encoding:" and " chunked" into a
+chunked body, where a proxy that reads the lines as written frames no body
+and sends that body as the next request. No client today folds a line, so
+it is refused, as is white space before the first field (section 2.2).
+"""
+
 TITLES = {
     400: "Bad request",
     408: "Too slow",
@@ -352,9 +361,10 @@ class LimitedChannel(GatheringChannel):
             if len(query) > self.limits.max_query_bytes:
                 return self._refuse(414, f"the query string is too long (at most {self.limits.max_query_bytes} bytes)")
         elif line:
+            if line[:1] in (b" ", b"\t"):
+                return self._refuse(400, FOLDED)
             self._header_bytes += len(line)
-            if line[:1] not in (b" ", b"\t"):
-                self._header_count += 1
+            self._header_count += 1
             if self._header_count > self.limits.max_header_count:
                 return self._refuse(431, f"too many header fields (at most {self.limits.max_header_count})")
             if self._header_bytes > self.limits.max_header_bytes:
