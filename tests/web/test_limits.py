@@ -146,6 +146,21 @@ def test_a_method_no_route_implements_gets_501(method, path, check):
     listener.assert_serves()
 
 
+@pytest.mark.parametrize("line", [b"GET\t/api/auth/jwks HTTP/1.1", b"GET\x00 /api/auth/jwks HTTP/1.1",
+                                  b"G(E)T /api/auth/jwks HTTP/1.1"])
+def test_a_request_line_whose_method_is_no_token_is_malformed_not_unknown(line):
+    """
+    RFC 9112 section 3: the method is a token, then one space. "GET<TAB>/"
+    is no method a server could implement but a malformed request line
+    (400), not "this server implements GET ... only" (501), which tells a
+    client that sent GET nothing it can act on.
+    """
+    listener = Listener()
+    _, transport = listener.send(line + b"\r\nHost: x\r\n\r\n")
+    assert_oauth(*parse(transport), 400, "check its request line")
+    listener.assert_serves()
+
+
 def test_a_request_line_too_long_gets_414_in_the_internal_shape():
     listener = Listener({"max_request_line": 1024, "max_query_bytes": 512})
     _, transport = listener.send(request_head("POST", INTERNAL + "/" + "a" * 1100))

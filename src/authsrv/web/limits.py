@@ -69,6 +69,11 @@ The methods some route serves. Methods are case-sensitive (RFC 9110
 section 9.1), so "post" is none of them, though werkzeug's routing would
 serve it as POST; any other method is refused with 501 (section 15.6.2).
 """
+TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+"""
+A method's syntax (RFC 9110 section 9.1): a token. Anything else before the
+first space is a malformed request line, which twisted.web answers 400.
+"""
 UNKNOWN_METHOD = "this server implements the methods " + ", ".join(m.decode() for m in METHODS[:-1]) + " and OPTIONS only"
 
 FOLDED = "a header field line begins with a space or tab (folded onto the line before): send each field on one line"
@@ -356,7 +361,7 @@ class LimitedChannel(GatheringChannel):
             self._target, _, query = target.partition(b"?")
             if too_long:
                 return self._refuse(414, f"the request line is too long (at most {self.limits.max_request_line} bytes)")
-            if self._method not in METHODS:
+            if self._method not in METHODS and TOKEN.fullmatch(self._method):
                 return self._refuse(501, UNKNOWN_METHOD)
             if len(query) > self.limits.max_query_bytes:
                 return self._refuse(414, f"the query string is too long (at most {self.limits.max_query_bytes} bytes)")
