@@ -10,9 +10,7 @@ one of these is that browser, and must get through.
 
 from __future__ import annotations
 
-import threading
 from html import escape
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlencode
 
 import pytest
@@ -22,11 +20,13 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 from test_browser import (  # noqa: F401  (fixtures)
     CHROMEDRIVER,
+    ClientPage,
     PASSWORD,
     WAIT,
     _browser_installed,
     callback,
     chromium_options,
+    client_site,
     landed,
     sign_in,
 )
@@ -35,32 +35,6 @@ from test_page_journeys import click, server  # noqa: F401  (fixtures)
 from harness import pkce_pair
 
 pytestmark = pytest.mark.slow
-
-
-class _ClientPage(BaseHTTPRequestHandler):
-    """The client's own page, on another site than the service's: C{page} is its body."""
-
-    page = ""
-
-    def do_GET(self):
-        self.send_response(200)
-        self.send_header("content-type", "text/html")
-        self.end_headers()
-        self.wfile.write(f"<!DOCTYPE html><title>client</title>{self.page}".encode())
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture
-def client_site():
-    """The client's site on localhost, where the service is 127.0.0.1: another site to the browser."""
-    site = ThreadingHTTPServer(("127.0.0.1", 0), _ClientPage)
-    thread = threading.Thread(target=site.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://localhost:{site.server_address[1]}"
-    site.shutdown()
-    site.server_close()
 
 
 @pytest.fixture(params=[False, True], ids=["cookies", "third-party cookies blocked"])
@@ -89,7 +63,7 @@ def signed_in_and_back(driver, callback, state: str) -> None:  # noqa: F811
 
 def test_a_link_on_the_client_site_signs_in(server, driver, callback, client_site):  # noqa: F811
     fields = request_fields("partner", callback + "/partner", "st-link")
-    _ClientPage.page = f'<a id="go" href="{escape(server.base)}/api/auth/oauth2/authorize?{escape(urlencode(fields))}">Sign in</a>'
+    ClientPage.form = f'<a id="go" href="{escape(server.base)}/api/auth/oauth2/authorize?{escape(urlencode(fields))}">Sign in</a>'
     driver.get(client_site + "/")
     driver.find_element(By.ID, "go").click()
     signed_in_and_back(driver, callback, "st-link")
@@ -97,7 +71,7 @@ def test_a_link_on_the_client_site_signs_in(server, driver, callback, client_sit
 
 def test_a_link_opening_a_new_tab_signs_in_there(server, driver, callback, client_site):  # noqa: F811
     fields = request_fields("partner", callback + "/partner", "st-tab")
-    _ClientPage.page = (f'<a id="go" target="_blank" rel="noopener"'
+    ClientPage.form = (f'<a id="go" target="_blank" rel="noopener"'
                         f' href="{escape(server.base)}/api/auth/oauth2/authorize?{escape(urlencode(fields))}">Sign in</a>')
     driver.get(client_site + "/")
     driver.find_element(By.ID, "go").click()
@@ -110,7 +84,7 @@ def test_a_request_posted_from_the_client_site_signs_in(server, driver, callback
     """OIDC Core section 3.1.2.1: a POST to the authorization endpoint, which carries no Lax cookie across sites."""
     fields = request_fields("partner", callback + "/partner", "st-post")
     inputs = "".join(f'<input type="hidden" name="{escape(k)}" value="{escape(v)}">' for k, v in fields.items())
-    _ClientPage.page = f'<form method="post" action="{escape(server.base)}/api/auth/oauth2/authorize">{inputs}<button id="go">Sign in</button></form>'
+    ClientPage.form = f'<form method="post" action="{escape(server.base)}/api/auth/oauth2/authorize">{inputs}<button id="go">Sign in</button></form>'
     driver.get(client_site + "/")
     driver.find_element(By.ID, "go").click()
     signed_in_and_back(driver, callback, "st-post")
@@ -159,7 +133,7 @@ def test_a_single_page_app_on_another_site_reads_the_answers_its_calls_get(serve
     Authorization header) reach the endpoints, and their answers, refusals
     and a 405 included, are read by the page rather than failing the fetch.
     """
-    _ClientPage.page = "<p>app</p>"
+    ClientPage.form = "<p>app</p>"
     driver.get(client_site + "/")
     answers = driver.execute_async_script(CALLS, server.base + "/api/auth")
     token, userinfo, get, head = answers
