@@ -316,6 +316,40 @@ def test_a_folded_header_line_is_refused(folded):
     listener.assert_serves()
 
 
+@pytest.mark.parametrize("lengths", [
+    b"Content-Length: +12\r\n", b"Content-Length: 12, 12\r\n", b"Content-Length: 0x0c\r\n",
+    b"Content-Length: 12\r\nContent-Length: 12\r\n", b"Content-Length: 12\r\nContent-Length: 0\r\n",
+])
+def test_a_content_length_not_one_number_is_refused_and_nothing_after_it_served(lengths):
+    """
+    RFC 9110 section 8.6 and RFC 9112 section 6.3: a length a proxy may read
+    otherwise (a sign, a list, two lines) is refused, and the bytes after
+    it are never read as a request of their own.
+    """
+    listener = Listener()
+    head = b"POST " + TOKEN.encode() + b" HTTP/1.1\r\nHost: x\r\n" + lengths + b"\r\n"
+    _, transport = listener.send(head + b"grant_type=x" + request_head("GET", "/healthz"))
+    assert_oauth(*parse(transport), 400, "not well-formed")
+    assert transport.value().count(b"HTTP/1.1 ") == 1
+    assert transport.disconnecting
+    listener.assert_serves()
+
+
+def test_a_chunked_body_in_any_case_with_extensions_is_read_and_the_next_request_served_after_it():
+    """
+    Transfer codings are case-insensitive (RFC 9112 section 7) and a chunk
+    extension is ignored (section 7.1.1): the body is this request's, and a
+    request pipelined after it is answered as the second.
+    """
+    listener = Listener()
+    head = request_head("POST", TOKEN, {"Content-Type": "application/x-www-form-urlencoded",
+                                        "Transfer-Encoding": "Chunked"})
+    _, transport = listener.send(head + b"c;name=value\r\ngrant_type=x\r\n0\r\n\r\n" + request_head("GET", "/healthz"))
+    answers = transport.value()
+    assert answers.count(b"HTTP/1.1 ") == 2, answers
+    assert b"unsupported_grant_type" in answers.split(b"HTTP/1.1 200 ")[0]
+
+
 def chunked_form(path: str, fields, chunk: int = 500) -> bytes:
     body = urlencode(fields).encode()
     head = request_head("POST", path, {"Content-Type": "application/x-www-form-urlencoded",
