@@ -100,9 +100,15 @@ def test_the_config_chooses_the_format_over_twists_default():
          b"&refresh_token=[redacted]&client_secret=[redacted]&code_verifier=[redacted]&c%6fde=[redacted]&[redacted]"),
         (b"https://app.example/cb?prompt=login&max_age=0#code=frag", b"https://app.example/cb?prompt=login&max_age=0"
                                                                      b"#[redacted]"),
-        # twisted.web splits pairs at ';' too: the hint was logged whole behind a shown client_id.
+        # Pairs end at '&' alone: a ';' is data, part of the value the server reads (a client's state here),
+        # and what follows it is no parameter of its own to show.
+        (b"/api/auth/oauth2/authorize?client_id=app&state=xyz;error=csrf-s3cr3t&prompt=none",
+         b"/api/auth/oauth2/authorize?client_id=app&state=[redacted]&prompt=none"),
+        # A shown parameter's value holding a ';' is not shown: a client that took ';' for a separator
+        # sent its hint and code inside it.
         (b"/api/auth/oauth2/end-session?client_id=app;id_token_hint=eyJ.x.y;state=s&prompt=none",
-         b"/api/auth/oauth2/end-session?client_id=app;id_token_hint=[redacted];state=[redacted]&prompt=none"),
+         b"/api/auth/oauth2/end-session?client_id=[redacted]&prompt=none"),
+        (b"/cb?scope=openid;code=c0de&error=access_denied", b"/cb?scope=[redacted]&error=access_denied"),
     ],
 )
 def test_query_values_not_on_the_allow_list_are_redacted(target, logged):

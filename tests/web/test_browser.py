@@ -265,8 +265,8 @@ def test_a_double_click_on_sign_in_signs_in_once(server, driver, callback):
     assert driver.title == "Allow Partner Site?", driver.find_element(By.TAG_NAME, "main").text
 
 
-class _SignOutPage(BaseHTTPRequestHandler):
-    """The client's own page with a sign-out button: a form it posts to the end-session endpoint."""
+class ClientPage(BaseHTTPRequestHandler):
+    """The client's own page: C{form} is its body (a sign-out button posting to the end-session endpoint, say)."""
 
     form = ""
 
@@ -287,7 +287,7 @@ def client_site():
     127.0.0.1): another site to the browser, whose SameSite=Lax cookies of
     the service stay away from a form it posts there.
     """
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _SignOutPage)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), ClientPage)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://localhost:{server.server_address[1]}"
@@ -316,7 +316,7 @@ def test_a_sign_out_form_posted_from_the_client_site_ends_the_session(server, dr
         "code_verifier": verifier,
     }).json()
 
-    _SignOutPage.form = (
+    ClientPage.form = (
         f'<form method="post" action="{issuer}/oauth2/end-session">'
         f'<input type="hidden" name="id_token_hint" value="{tokens["id_token"]}">'
         f'<input type="hidden" name="post_logout_redirect_uri" value="{callback}/signed-out">'

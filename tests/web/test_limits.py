@@ -150,6 +150,21 @@ def test_a_method_no_route_implements_gets_501(method, path, check):
     listener.assert_serves()
 
 
+@pytest.mark.parametrize("line", [b"GET\t/api/auth/jwks HTTP/1.1", b"GET\x00 /api/auth/jwks HTTP/1.1",
+                                  b"G(E)T /api/auth/jwks HTTP/1.1"])
+def test_a_request_line_whose_method_is_no_token_is_malformed_not_unknown(line):
+    """
+    RFC 9112 section 3: the method is a token, then one space. "GET<TAB>/"
+    is no method a server could implement but a malformed request line
+    (400), not "this server implements GET ... only" (501), which tells a
+    client that sent GET nothing it can act on.
+    """
+    listener = Listener()
+    _, transport = listener.send(line + b"\r\nHost: x\r\n\r\n")
+    assert_oauth(*parse(transport), 400, "check its request line")
+    listener.assert_serves()
+
+
 def test_a_request_line_too_long_gets_414_in_the_internal_shape():
     listener = Listener({"max_request_line": 1024, "max_query_bytes": 512})
     _, transport = listener.send(request_head("POST", INTERNAL + "/" + "a" * 1100))
@@ -278,6 +293,65 @@ def test_chunked_and_another_coding_on_two_lines_are_refused():
     assert_oauth(*parse(transport), 400, "not well-formed")
     assert transport.disconnecting
     listener.assert_serves()
+
+
+@pytest.mark.parametrize("folded", [
+    b"Content-Type: application/x-www-form-urlencoded\r\nTransfer-Encoding:\r\n chunked\r\n",
+    b"Content-Type: application/x-www-form-urlencoded\r\nTransfer-Encoding: \r\n\tchunked\r\n",
+    b" Transfer-Encoding: chunked\r\n",
+    b"Accept: text/html,\r\n application/json\r\n",
+])
+def test_a_folded_header_line_is_refused(folded):
+    """
+    RFC 9112 section 5.2 lets a server refuse obsolete line folding or
+    unfold it; twisted.web unfolded "Transfer-Encoding:" and " chunked" into
+    a chunked body, which a proxy that reads the lines as written (a
+    header with no value, a line it drops) frames as no body, the body being
+    the next request. A field line that begins with white space is refused,
+    as is one before the first field (section 2.2).
+    """
+    listener = Listener()
+    smuggled = request_head("GET", "/healthz")
+    head = b"POST " + TOKEN.encode() + b" HTTP/1.1\r\nHost: x\r\n" + folded + b"\r\n"
+    _, transport = listener.send(head + b"0\r\n\r\n" + smuggled)
+    assert_oauth(*parse(transport), 400, "folded")
+    assert transport.value().count(b"HTTP/1.1 ") == 1
+    assert transport.disconnecting
+    listener.assert_serves()
+
+
+@pytest.mark.parametrize("lengths", [
+    b"Content-Length: +12\r\n", b"Content-Length: 12, 12\r\n", b"Content-Length: 0x0c\r\n",
+    b"Content-Length: 12\r\nContent-Length: 12\r\n", b"Content-Length: 12\r\nContent-Length: 0\r\n",
+])
+def test_a_content_length_not_one_number_is_refused_and_nothing_after_it_served(lengths):
+    """
+    RFC 9110 section 8.6 and RFC 9112 section 6.3: a length a proxy may read
+    otherwise (a sign, a list, two lines) is refused, and the bytes after
+    it are never read as a request of their own.
+    """
+    listener = Listener()
+    head = b"POST " + TOKEN.encode() + b" HTTP/1.1\r\nHost: x\r\n" + lengths + b"\r\n"
+    _, transport = listener.send(head + b"grant_type=x" + request_head("GET", "/healthz"))
+    assert_oauth(*parse(transport), 400, "not well-formed")
+    assert transport.value().count(b"HTTP/1.1 ") == 1
+    assert transport.disconnecting
+    listener.assert_serves()
+
+
+def test_a_chunked_body_in_any_case_with_extensions_is_read_and_the_next_request_served_after_it():
+    """
+    Transfer codings are case-insensitive (RFC 9112 section 7) and a chunk
+    extension is ignored (section 7.1.1): the body is this request's, and a
+    request pipelined after it is answered as the second.
+    """
+    listener = Listener()
+    head = request_head("POST", TOKEN, {"Content-Type": "application/x-www-form-urlencoded",
+                                        "Transfer-Encoding": "Chunked"})
+    _, transport = listener.send(head + b"c;name=value\r\ngrant_type=x\r\n0\r\n\r\n" + request_head("GET", "/healthz"))
+    answers = transport.value()
+    assert answers.count(b"HTTP/1.1 ") == 2, answers
+    assert b"unsupported_grant_type" in answers.split(b"HTTP/1.1 200 ")[0]
 
 
 def chunked_form(path: str, fields, chunk: int = 500) -> bytes:

@@ -30,10 +30,11 @@ REDACTED = b"[redacted]"
 
 _ESCAPES = {i: f"\\x{i:02x}" for i in (*range(0x20), *range(0x7F, 0xA0))}
 """C0 and C1 controls (NEL and CSI among them, which terminals and line readers act on), escaped."""
-_PAIRS = re.compile(rb"([&;])")
+_PAIRS = re.compile(rb"(&)")
 """
-Query pairs end at '&' (L{authsrv.web.request.parse_query}); cutting at ';'
-too only redacts more: a value a client wrote after one is never shown.
+Query pairs end at '&' alone, as L{authsrv.web.request.parse_query} reads
+them: a ';' is data, so what follows one is part of the value before it
+(a client's state C{xyz;error=...}), never a parameter of its own to show.
 """
 _ESCAPES.update({ord('"'): '\\"', ord("\\"): "\\\\"})
 
@@ -46,11 +47,12 @@ def redact_target(target: bytes) -> bytes:
     query, hash_mark, _ = query.partition(b"#")
     kept = []
     for piece in _PAIRS.split(query):
-        if piece in (b"&", b";"):
+        if piece == b"&":
             kept.append(piece)
             continue
-        name, equals, _ = piece.partition(b"=")
-        kept.append(piece if name in SHOWN else name + b"=" + REDACTED if equals else REDACTED)
+        name, equals, value = piece.partition(b"=")
+        shown = name in SHOWN and b";" not in value  # a client that took ';' for a separator sent more in it
+        kept.append(piece if shown else name + b"=" + REDACTED if equals else REDACTED)
     return path + b"?" + b"".join(kept) + (b"#" + REDACTED if hash_mark else b"")
 
 

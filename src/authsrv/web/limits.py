@@ -69,7 +69,21 @@ The methods some route serves. Methods are case-sensitive (RFC 9110
 section 9.1), so "post" is none of them, though werkzeug's routing would
 serve it as POST; any other method is refused with 501 (section 15.6.2).
 """
+TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+"""
+A method's syntax (RFC 9110 section 9.1): a token. Anything else before the
+first space is a malformed request line, which twisted.web answers 400.
+"""
 UNKNOWN_METHOD = "this server implements the methods " + ", ".join(m.decode() for m in METHODS[:-1]) + " and OPTIONS only"
+
+FOLDED = "a header field line begins with a space or tab (folded onto the line before): send each field on one line"
+"""
+Obsolete line folding (RFC 9112 section 5.2), which a server may refuse or
+unfold: twisted.web unfolded "Transfer-Encoding:" and " chunked" into a
+chunked body, where a proxy that reads the lines as written frames no body
+and sends that body as the next request. No client today folds a line, so
+it is refused, as is white space before the first field (section 2.2).
+"""
 
 TITLES = {
     400: "Bad request",
@@ -354,14 +368,15 @@ class LimitedChannel(GatheringChannel):
             self._target, _, query = target.partition(b"?")
             if too_long:
                 return self._refuse(414, f"the request line is too long (at most {self.limits.max_request_line} bytes)")
-            if self._method not in METHODS:
+            if self._method not in METHODS and TOKEN.fullmatch(self._method):
                 return self._refuse(501, UNKNOWN_METHOD)
             if len(query) > self.limits.max_query_bytes:
                 return self._refuse(414, f"the query string is too long (at most {self.limits.max_query_bytes} bytes)")
         elif line:
+            if line[:1] in (b" ", b"\t"):
+                return self._refuse(400, FOLDED)
             self._header_bytes += len(line)
-            if line[:1] not in (b" ", b"\t"):
-                self._header_count += 1
+            self._header_count += 1
             if self._header_count > self.limits.max_header_count:
                 return self._refuse(431, f"too many header fields (at most {self.limits.max_header_count})")
             if self._header_bytes > self.limits.max_header_bytes:
