@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from twisted.cred.checkers import ICredentialsChecker
 from twisted.cred.credentials import IUsernamePassword
-from twisted.internet.defer import succeed
+from twisted.internet.defer import fail, succeed
 from zope.interface import implementer
 
 
@@ -37,3 +37,8 @@ class FakeStore:
 
     def ping(self):
         return self.answer()
+
+
+def no_password_hashes(password: str):
+    """The account page's hashing on a site whose users have no password to change (no writable backend)."""
+    return fail(AssertionError("this site hashes no passwords"))

@@ -28,7 +28,7 @@ from authsrv.config import parse_config
 from authsrv.configsection import Section
 from authsrv.context import PluginContext
 from authsrv.identity.chain import IdentityChain
-from authsrv.identity.passwords import PasswordVerifier, hash_password
+from authsrv.identity.passwords import PasswordVerifier, hash_password, hasher_of, new_hashes
 from authsrv.identity.static import RELOAD_INTERVAL, StaticIdentityBackend, add_user, file_thread
 from authsrv.interfaces import IChatLinkSource
 from authsrv.keys import jwkfile
@@ -161,7 +161,8 @@ class Harness:
                 disabled_reason=user.disabled_reason,
             )
         self.config = parse_config({"clients": CLIENTS, **(config or {})}, tmp_path / "authsrv.toml")
-        self.context = PluginContext(reactor, tmp_path, self.config.limits.max_token_lifetime)
+        self.context = PluginContext(reactor, tmp_path, self.config.limits.max_token_lifetime,
+                                     password_hasher=hasher_of(self.config))
         if postgres_dsn is None:
             self.store = sqlite.from_config(Section({}, "store", tmp_path), self.context)
         else:
@@ -172,6 +173,7 @@ class Harness:
             Section({"algorithms": list(algorithms)}, "keystore", tmp_path), self.context
         )
         verifier = PasswordVerifier(reactor, self.context.threadpool("passwords", 2), CHEAP)
+        self.hash_password = new_hashes(self.context)
         self.identity = identity or StaticIdentityBackend(users, self.clock, verifier, file_thread(self.context))
         self.chat_fake = FakeChatProvider(self.clock)
         self.chat_config = ChatConfig(
@@ -190,7 +192,7 @@ class Harness:
         )
         self.root = web_root(
             self.config, self.clock, self.store, self.keystore, IdentityChain([self.identity], ("static",)),
-            lambda: None, self.internal.resource(),
+            lambda: None, self.internal.resource(), hash_password=self.hash_password,
             documents=RemoteDocuments(reactor, self.config.remote_documents, clock=self.clock)
             if fetch_documents else None,
         )

@@ -20,7 +20,7 @@ from authsrv.config import parse_config
 from authsrv.drain import Drain
 from authsrv.service import site_factory, web_root
 
-from fakes import FakeIdentity, FakeKeystore, FakeStore
+from fakes import FakeIdentity, FakeKeystore, FakeStore, no_password_hashes
 
 BASE = "http://127.0.0.1:8080"
 
@@ -35,7 +35,8 @@ class Listener:
             {"server": {"public_url": BASE, **(server or {})}, "limits": limits or {}, **(sections or {})}, None
         )
         self.config = config
-        root = web_root(config, self.clock, FakeStore(), FakeKeystore(), FakeIdentity(), lambda: None)
+        root = web_root(config, self.clock, FakeStore(), FakeKeystore(), FakeIdentity(), lambda: None,
+                        hash_password=no_password_hashes)
         self.drain = Drain(self.clock, config.shutdown.delay, config.shutdown.timeout)
         self.site = site_factory(root, config, self.drain, self.clock)()
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 from functools import partial
+from typing import Callable
 from urllib.parse import urlsplit
 
 import attrs
@@ -66,7 +67,7 @@ from authsrv.flows.userinfo import UserInfoFlow, UserInfoSigner
 from authsrv.identity.cache import DEFAULT_SECONDS as DEFAULT_STANDING_CACHE, StandingCache
 from authsrv.keys.postgres import KeystoreUnavailable
 from authsrv.identity.chain import IdentityChain
-from authsrv.identity.passwords import hasher_of
+from authsrv.identity.passwords import new_hashes
 from authsrv.interfaces import IChatLinkSource, IUserManagement
 from authsrv.logfile import LineFile
 from authsrv.metrics import Metrics
@@ -449,12 +450,13 @@ class PublicFlows:
 
 
 def public_flows(config: Config, reactor, store, keystore, identity, grants: GrantRegistry, clients,
-                 offered: OfferedFeatures, chat_link=None, notifier: backchannel.BackchannelNotifier | None = None
-                 ) -> PublicFlows:
+                 offered: OfferedFeatures, hash_password: Callable[[str], Deferred], chat_link=None,
+                 notifier: backchannel.BackchannelNotifier | None = None) -> PublicFlows:
     """
     Each flow built with exactly the collaborators it uses (fosite's
     compose); ended sessions are told to their clients by C{notifier};
-    C{offered} is what discovery advertises, which the token endpoint names.
+    C{offered} is what discovery advertises, which the token endpoint names;
+    C{hash_password} makes the account page's new hashes on the password pool.
     """
     notifier = notifier or backchannel_notifier(reactor)
     sessions = SessionEnder(
@@ -498,8 +500,8 @@ def public_flows(config: Config, reactor, store, keystore, identity, grants: Gra
                                issuer=config.issuer),
         account_page=AccountPage(store=store, identity=identity, clients=clients, sessions=sessions, login=login,
                                  factors=factors, passkeys=passkeys, linking=chat_link, interaction=interaction,
-                                 issuer=config.issuer,
-                                 min_length=config.password_min_length, hasher=hasher_of(config)),
+                                 issuer=config.issuer, hash_password=hash_password,
+                                 min_length=config.password_min_length),
         linking=chat_link,
         device=device,
         device_verification=verification,
@@ -523,7 +525,7 @@ def _public_pushes(config: Config) -> Rate | None:
 def web_root(
     config: Config, reactor, store, keystore, identity, readiness, internal=None, chat_link=None, admin=None,
     documents: RemoteDocuments | None = None, notifier: backchannel.BackchannelNotifier | None = None,
-    lookups=None,
+    lookups=None, *, hash_password: Callable[[str], Deferred],
 ) -> Root:
     """
     The main site's HTTP surface; C{readiness()} returns a problem or None,
@@ -536,7 +538,8 @@ def web_root(
     push them out of the cache. C{notifier} sends back-channel logouts (by
     default one of its own). C{lookups(name, size)} gives each fetcher the
     thread pool it looks host names up on (the plugin context's pools),
-    else the reactor's resolver does.
+    else the reactor's resolver does. C{hash_password} makes the account
+    page's new password hashes (L{new_hashes}: on the password pool).
     """
     grants = grant_registry(config, store, keystore, identity)
     offered = OfferedFeatures(store, reactor, config.clients)
@@ -556,8 +559,8 @@ def web_root(
             path=urlsplit(config.issuer).path or "/", secure=config.issuer.startswith("https:"),
             session_ttl=config.limits.session_ttl,
         ),
-        flows=public_flows(config, reactor, store, keystore, identity, grants, clients, offered, chat_link,
-                           notifier),
+        flows=public_flows(config, reactor, store, keystore, identity, grants, clients, offered, hash_password,
+                           chat_link, notifier),
         readiness=Readiness(clock=reactor, startup=readiness, store=store, keystore=keystore, identity=identity),
         rates=ClientRateLimits(clock=reactor, clients=clients, settings=config.rate_limits,
                                public_pushes=_public_pushes(config)),
@@ -715,6 +718,7 @@ def build(
             config, reactor, store, keystore, identity, lambda: holder[0].readiness_problem(),
             internal if config.internal_on_main else None, chat.linking,
             admin if config.admin.serve_on_main else None, notifier=notifier, lookups=context.threadpool,
+            hash_password=new_hashes(context),
         )
         ports: list = []
         drain = Drain(reactor, config.shutdown.delay, config.shutdown.timeout)

@@ -15,9 +15,14 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
+import threading
 from html import unescape
 
+import pytest
 import pytest_twisted
+from argon2 import PasswordHasher
+from twisted.internet.defer import Deferred
+from twisted.internet.threads import deferToThread
 
 from flow_client import Browser, hidden_fields, location, shows_login_form
 from harness import ISSUER, Harness, pkce_pair
@@ -160,6 +165,109 @@ async def test_a_password_change_needs_the_current_one_and_ends_other_sessions(t
         response, _ = await fresh.submit_login(response, ALICE.login, new)
         assert response.code == 303 and "code=" in location(response)
     finally:
+        await h.close()
+
+
+class HeldHashes:
+    """
+    Records which thread hashes (C{work}: C{"hash"}) or checks (C{"verify"})
+    the password C{held}, and holds it there until L{release}: the request
+    stays mid-hash meanwhile.
+    """
+
+    def __init__(self, monkeypatch, held: str, work: str = "hash"):
+        self.threads: list[str] = []
+        self._started, self._released = threading.Event(), threading.Event()
+        original = getattr(PasswordHasher, work)
+
+        def holding(hasher, *args, **kwargs):
+            if held in args or held.encode() in args:
+                self.threads.append(threading.current_thread().name)
+                self._started.set()
+                self._released.wait(30)
+            return original(hasher, *args, **kwargs)
+
+        monkeypatch.setattr(PasswordHasher, work, holding)
+
+    async def started(self) -> None:
+        assert await deferToThread(self._started.wait, 30), "the password never reached argon2"
+
+    def release(self) -> None:
+        self._released.set()
+
+
+@pytest.mark.parametrize("cap, done, message, status", [
+    ("checks_in_flight", "password-not-checked", b"could not be checked just now", 503),
+    ("checks_per_address", "password-throttled", b"Too many password attempts just now", 429),
+])
+@pytest_twisted.ensureDeferred
+async def test_a_new_password_is_hashed_on_the_password_pool_as_one_of_the_checks_in_flight(
+        tmp_path, monkeypatch, cap, done, message, status):
+    """
+    The new hash is made on the bounded password pool, not the reactor's
+    default one, and counts toward the caps of password checks as the check
+    before it: with room for one, while Alice's is being made Bob's password
+    change (from the same address) is refused with the page's own message
+    (after the 303, as every answer of the form), and a sign-in as at once.
+    """
+    new = "a brand new and long passphrase"
+    h = await Harness(tmp_path, monkeypatch, {"throttle": {cap: 1}}).start()
+    hashes = HeldHashes(monkeypatch, new)
+    try:
+        alice, _ = await signed_in(h)
+        bob, _ = await signed_in(h, user=BOB)
+        changes = {}
+        for browser, user in ((alice, ALICE), (bob, BOB)):
+            response, body = await browser.get(ACCOUNT)
+            [change] = forms(body, ACCOUNT + "/password")
+            chosen = new if user is ALICE else new + " of Bob's"
+            changes[user.sub] = {**change, "current_password": PASSWORDS[user.sub], "new_password": chosen,
+                                 "new_password_again": chosen}
+        first = Deferred.fromCoroutine(alice.post(ACCOUNT + "/password", changes[ALICE.sub]))
+        await hashes.started()
+
+        response, _ = await bob.post(ACCOUNT + "/password", changes[BOB.sub])
+        body = await answered(bob, response, done)
+        assert b'role="alert"' in body and message in body
+        stranger = Browser(h)
+        response, _ = await stranger.authorize()
+        response, body = await stranger.submit_login(response, BOB.login, PASSWORDS[BOB.sub])
+        assert response.code == status, body
+
+        hashes.release()
+        response, _ = await first
+        assert b"Your password is changed" in await answered(alice, response, "password-changed")
+        assert [name.rsplit("-", 1)[0] for name in hashes.threads] == ["PoolThread-authsrv-passwords"]
+    finally:
+        hashes.release()
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_with_the_password_checks_all_busy_a_password_change_says_so(tmp_path, monkeypatch, audit):
+    """Not that the current password is wrong: it was never checked, and nothing is counted against it."""
+    h = await Harness(tmp_path, monkeypatch, {"throttle": {"checks_in_flight": 1}}).start()
+    checks = HeldHashes(monkeypatch, "a guess held mid-check", "verify")
+    try:
+        browser, _ = await signed_in(h)
+        response, body = await browser.get(ACCOUNT)
+        [change] = forms(body, ACCOUNT + "/password")
+        stranger = Browser(h)
+        response, _ = await stranger.authorize()
+        guess = Deferred.fromCoroutine(stranger.submit_login(response, BOB.login, "a guess held mid-check"))
+        await checks.started()
+
+        new = "a brand new and long passphrase"
+        response, _ = await browser.post(ACCOUNT + "/password", {
+            **change, "current_password": PASSWORDS[ALICE.sub], "new_password": new, "new_password_again": new})
+        body = await answered(browser, response, "password-not-checked")
+        assert b"Your current password is not right." not in body and b"could not be checked just now" in body
+        assert [e["reason"] for e in audit.of("account.password_change_refused")] == ["current password not checkable"]
+        checks.release()
+        response, _ = await guess
+        assert response.code == 200
+    finally:
+        checks.release()
         await h.close()
 
 

@@ -53,7 +53,7 @@ class LinkWorld:
         ) if linking else None
         harness.root = web_root(
             harness.config, harness.clock, harness.store, harness.keystore, harness.identity, lambda: None,
-            chat_link=linking_flow,
+            chat_link=linking_flow, hash_password=harness.hash_password,
         )
         harness.http = StubTreq(harness.root)
         self.provider_browser = self.fake.memory_client()

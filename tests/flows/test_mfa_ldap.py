@@ -38,7 +38,8 @@ async def test_a_directory_user_enrols_and_signs_in_with_totp(tmp_path, monkeypa
     slapd.put(user_dn(QUINN.login), user_attributes(QUINN, QUINN_PASSWORD))
     h = await Harness(tmp_path, monkeypatch, {"mfa": {"required": "required", "enrol_grace": 0}}).start()
     directory = ldap.from_config(Section(slapd.backend_config(), "identity[0]", tmp_path), h.context)
-    h.root = web_root(h.config, h.clock, h.store, h.keystore, directory, lambda: None)
+    h.root = web_root(h.config, h.clock, h.store, h.keystore, directory, lambda: None,
+                      hash_password=h.hash_password)
     h.http = StubTreq(h.root)
     try:
         browser = Browser(h)

@@ -17,7 +17,7 @@ from authsrv.identity.chain import IdentityChain
 from authsrv.identity.errors import BackendUnavailable
 from authsrv.service import web_root
 
-from fakes import FakeKeystore, FakeStore
+from fakes import FakeKeystore, FakeStore, no_password_hashes
 
 BASE = "https://auth.example.com"
 
@@ -56,7 +56,8 @@ def server():
     server = Server()
     identity = IdentityChain([server.ldap, server.static], ["ldap", "static"])
     config = parse_config({"server": {"public_url": BASE}}, None)
-    root = web_root(config, server.clock, server.store, server.keystore, identity, lambda: server.problem)
+    root = web_root(config, server.clock, server.store, server.keystore, identity, lambda: server.problem,
+                    hash_password=no_password_hashes)
     server.http = StubTreq(root)
     return server
 

@@ -21,7 +21,7 @@ from authsrv.config import parse_config
 from authsrv.flows.readiness import Readiness
 from authsrv.service import web_root
 
-from fakes import FakeIdentity, FakeKeystore, FakeStore
+from fakes import FakeIdentity, FakeKeystore, FakeStore, no_password_hashes
 from harness import BASE as BASE_OF_HARNESS, Harness
 
 BASE = "https://auth.example.com"
@@ -38,7 +38,8 @@ def server():
 
     config = parse_config({"server": {"public_url": BASE}}, None)
     server = Server()
-    root = web_root(config, server.clock, server.store, server.keystore, FakeIdentity(), lambda: server.problem)
+    root = web_root(config, server.clock, server.store, server.keystore, FakeIdentity(), lambda: server.problem,
+                    hash_password=no_password_hashes)
     server.http = StubTreq(root)
     return server
 
@@ -248,7 +249,7 @@ def test_a_method_an_endpoint_browsers_call_does_not_serve_can_be_read_by_any_or
     config = parse_config({"server": {"public_url": BASE}, "par": {"enabled": True},
                            "registration": {"enabled": True, "allowed_redirect_hosts": ["rp.example"]}}, None)
     server = SimpleNamespace(http=StubTreq(web_root(config, Clock(), FakeStore(), FakeKeystore(), FakeIdentity(),
-                                                    lambda: None)))
+                                                    lambda: None, hash_password=no_password_hashes)))
     response, body = get(server, path, method=method, headers={"Origin": "https://rp.example"})
     assert (response.code, json.loads(body)["error"]) == (405, "method_not_allowed")
     assert response.headers.getRawHeaders("access-control-allow-origin") == ["*"]

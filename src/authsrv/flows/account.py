@@ -16,10 +16,10 @@ nothing to act on.
 
 from __future__ import annotations
 
-from argon2 import PasswordHasher
+from typing import Callable
 
 from attrs import frozen
-from twisted.internet.threads import deferToThread
+from twisted.internet.defer import Deferred
 
 from authsrv import events
 from authsrv.flows.csrf import session_form_token, session_form_token_valid
@@ -27,10 +27,9 @@ from authsrv.flows.mfa import SecondFactors
 from authsrv.flows.interaction import InteractionFlow
 from authsrv.flows.outcomes import Browser, EnrolmentForm, RecoveryCodes, Redirect
 from authsrv.flows.link import unlink_token
-from authsrv.flows.login import LoggedIn
+from authsrv.flows.login import LoggedIn, Throttled, Unavailable
 from authsrv.flows.passkeys import MAX_PASSKEYS, PASSKEY_METHODS, Passkeys, TooManyPasskeys
 from authsrv.identity.errors import BackendUnavailable, UnknownUser
-from authsrv.identity.passwords import DEFAULT_HASHER
 from authsrv.interfaces import IIdentityBackend, IUserManagement
 from authsrv.protocol.errors import PageError
 from authsrv.protocol.password_policy import MIN_LENGTH, password_problem
@@ -175,6 +174,8 @@ class PasswordRefused(str):
 
 
 WRONG_CURRENT_PASSWORD = "current-password-wrong"
+PASSWORD_NOT_CHECKED = "password-not-checked"
+PASSWORD_THROTTLED = "password-throttled"
 NOTICES: dict[str, str] = {
     "session-ended": "That session is signed out.",
     "session-gone": "That session had ended already.",
@@ -182,6 +183,10 @@ NOTICES: dict[str, str] = {
     "app-gone": "That application had no access.",
     "password-changed": "Your password is changed; your other sessions are signed out.",
     WRONG_CURRENT_PASSWORD: PasswordRefused("Your current password is not right."),
+    PASSWORD_NOT_CHECKED: PasswordRefused("Your current password could not be checked just now, so your password is"
+                                          " not changed. Try again in a moment."),
+    PASSWORD_THROTTLED: PasswordRefused("Too many password attempts just now, so your password is not changed."
+                                        " Wait a few minutes and try again."),
     "passkey-added": "Your passkey is added.",
     "passkey-not-added": "The passkey could not be added. Try again.",
     "passkey-limit": PASSKEYS_FULL,
@@ -273,16 +278,18 @@ class AccountPage:
     current password (throttled as at sign-in), C{linking} the chat link
     flow or None, C{passkeys} the L{Passkeys} or None when factors are off;
     C{interaction} signs a user in again (L{sign_in_unless_fit}), back to
-    the account page under C{issuer}.
+    the account page under C{issuer}; C{hash_password(password)} fires
+    with a new password's hash, made on the password pool
+    (L{authsrv.identity.passwords.new_hashes}).
     """
 
     def __init__(self, *, store, identity, clients, sessions, login, factors: SecondFactors,
                  passkeys: Passkeys | None, linking, interaction: InteractionFlow, issuer: str,
-                 min_length: int = MIN_LENGTH, hasher: PasswordHasher = DEFAULT_HASHER):
+                 hash_password: Callable[[str], Deferred], min_length: int = MIN_LENGTH):
         self._interaction = interaction
         self._page = f"{issuer}/account"
         self._min_length = min_length
-        self._hasher = hasher
+        self._hash = hash_password
         self._store = store
         self._identity = identity
         self._clients = clients
@@ -425,7 +432,9 @@ class AccountPage:
                               device: str | None, now: int) -> str | PasswordRefused:
         """
         A new password for a user of a backend that can write: the current
-        one is checked (and counted) as at sign-in, and every other session
+        one is checked (and counted) as at sign-in, its new hash made within
+        that check's admission (so a flood of changes is refused as one of
+        sign-ins is, C{[throttle] checks_in_flight}), and every other session
         of the user ends. The answer is a key of L{NOTICES}, or the
         refusal of new passwords that are different or against the policy
         (checked first, counted nowhere, so that form may be sent again).
@@ -444,11 +453,18 @@ class AccountPage:
         if problem:
             events.password_change_refused(sub=sub, reason="new password against the policy")
             return PasswordRefused(problem)
-        checked = await self._login.log_in(user.login, form.get("current_password", ""), address, device, now)
+        checked = await self._login.log_in(user.login, form.get("current_password", ""), address, device, now,
+                                           along=lambda: self._hash(new))
+        if isinstance(checked, Unavailable):
+            events.password_change_refused(sub=sub, reason="current password not checkable")
+            return PASSWORD_NOT_CHECKED
+        if isinstance(checked, Throttled):
+            events.password_change_refused(sub=sub, reason="too many password attempts")
+            return PASSWORD_THROTTLED
         if not isinstance(checked, LoggedIn) or checked.user.sub != sub:
-            events.password_change_refused(sub=sub, reason="current password wrong or not checkable")
+            events.password_change_refused(sub=sub, reason="current password not accepted")
             return WRONG_CURRENT_PASSWORD
-        await manager.set_password_hash(user.login, await deferToThread(self._hasher.hash, new))
+        await manager.set_password_hash(user.login, checked.along)
         ended = 0
         for other in await self._store.list_user_sessions(sub, now):
             if other.session_hash != session.session_hash:

@@ -112,10 +112,12 @@ class PasswordLogin:
         Fires with L{LoggedIn}, L{Refused}, L{Throttled}, L{Suspended} or
         L{Unavailable}. C{device} is the browser's device secret: a browser
         that signed in to this account before passes the account's limit.
-        C{along} is the caller's own write for a sign-in that succeeds (the
-        interaction used up, say): called with the throttle's and the
-        device's writes, so that all reach the store together (one commit);
-        its result is L{LoggedIn.along}. C{reading} is the caller's own
+        C{along} is the caller's own work for a sign-in that succeeds (the
+        interaction used up, say, or a changed password's new hash): called
+        with the throttle's and the device's writes, so that all reach the
+        store together (one commit), and still counted as this check
+        (C{checks_in_flight}), so that work too is refused at once in a
+        flood; its result is L{LoggedIn.along}. C{reading} is the caller's own
         read of the user (by C{sub}) whose password was right, sent with
         the read of the user's ban (one round trip); its result is
         L{LoggedIn.read}.

@@ -21,7 +21,7 @@ import os
 import re
 import secrets
 import unicodedata
-from typing import Self
+from typing import Callable, Self
 
 from argon2 import PasswordHasher, Type, extract_parameters, profiles
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
@@ -163,6 +163,15 @@ def dummy_hash(hasher: PasswordHasher) -> str:
 
 def _b64(raw: bytes) -> str:
     return base64.b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+def new_hashes(context) -> Callable[[str | bytes], Deferred]:
+    """
+    Makes new hashes of an L{IPluginContext}'s configured parameters on its
+    password pool, beside the checks: a password change's hash is bounded as
+    a check is, and never waits on (or holds up) the reactor's default pool.
+    """
+    return PasswordVerifier.for_context(context).rehash
 
 
 class PasswordVerifier:
