@@ -7,75 +7,51 @@ are refused at once rather than queued without end.
 
 from __future__ import annotations
 
-import threading
 from contextlib import contextmanager
 
 import pytest
 import pytest_twisted
 from twisted.internet import reactor
 from twisted.internet.defer import CancelledError
-from twisted.internet.threads import deferToThreadPool
-from twisted.python.threadpool import ThreadPool
+
+from hanging_lookups import Hanging, drained, one_thread
 
 from authsrv.hostlookup import HostLookups, LookupsBusy
 
 
-class Hanging:
-    """A lookup that notes each host, then waits until C{release} is set."""
-
-    def __init__(self):
-        self.looked: list[str] = []
-        self.started = threading.Event()
-        self.release = threading.Event()
-
-    def __call__(self, host: str) -> list[str]:
-        self.looked.append(host)
-        self.started.set()
-        self.release.wait()
-        return ["192.0.2.1"]
-
-
 @contextmanager
-def one_thread():
-    pool = ThreadPool(minthreads=0, maxthreads=1, name="test-lookups")
-    pool.start()
-    try:
-        yield pool
-    finally:
-        pool.stop()
-
-
-async def drained(pool: ThreadPool) -> None:
-    """Once every lookup queued before is through (the pool has one thread, first come first served)."""
-    await deferToThreadPool(reactor, pool, lambda: None)
+def one_under_way(waiting: int):
+    """
+    The lookups of a pool of one thread, at most C{waiting} of them waiting,
+    as the name servers hang: (the hanging lookup, the pool, the lookups, the
+    Deferred of the one under way).
+    """
+    hanging = Hanging()
+    with one_thread(hanging) as pool:
+        lookups = HostLookups(reactor, pool, waiting, hanging)
+        running = lookups("running.test")
+        assert hanging.started.wait(10)
+        yield hanging, pool, lookups, running
 
 
 @pytest_twisted.ensureDeferred
 async def test_a_lookup_whose_caller_gave_up_never_runs():
-    hanging = Hanging()
-    with one_thread() as pool:
-        lookups = HostLookups(reactor, pool, 10, hanging)
-        first = lookups("first.test")
-        assert hanging.started.wait(10)
+    with one_under_way(10) as (hanging, pool, lookups, running):
         stale = [lookups(f"stale{n}.test") for n in range(5)]
-        for d in [first, *stale]:
+        for d in [running, *stale]:
             d.cancel()
         hanging.release.set()
         await drained(pool)
         assert await lookups("fresh.test") == ["192.0.2.1"]
-        assert hanging.looked == ["first.test", "fresh.test"]
-        for d in [first, *stale]:
+        assert hanging.looked == ["running.test", "fresh.test"]
+        for d in [running, *stale]:
             with pytest.raises(CancelledError):
                 await d
 
 
 @pytest_twisted.ensureDeferred
 async def test_callers_beyond_the_waiting_cap_are_refused_at_once():
-    hanging = Hanging()
-    with one_thread() as pool:
-        lookups = HostLookups(reactor, pool, 2, hanging)
-        running = lookups("running.test")
-        assert hanging.started.wait(10)
+    with one_under_way(2) as (hanging, _, lookups, running):
         waiting = [lookups("one.test"), lookups("two.test")]
         refused = lookups("three.test")
         assert refused.called
@@ -89,11 +65,7 @@ async def test_callers_beyond_the_waiting_cap_are_refused_at_once():
 @pytest_twisted.ensureDeferred
 async def test_a_given_up_lookup_holds_its_place_until_its_turn():
     """The queue is bounded by what it holds: a cancelled lookup counts until the pool skips it."""
-    hanging = Hanging()
-    with one_thread() as pool:
-        lookups = HostLookups(reactor, pool, 1, hanging)
-        running = lookups("running.test")
-        assert hanging.started.wait(10)
+    with one_under_way(1) as (hanging, pool, lookups, running):
         stale = lookups("stale.test")
         for d in (running, stale):
             d.cancel()

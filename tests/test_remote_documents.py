@@ -21,10 +21,11 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.task import Clock
-from twisted.internet.threads import deferToThreadPool
 from twisted.python.threadpool import ThreadPool
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
+
+from hanging_lookups import Hanging, drained, one_thread
 
 from authsrv.config import parse_config
 from authsrv.hostlookup import HostLookups, host_addresses
@@ -320,23 +321,13 @@ async def test_lookups_of_fetches_that_timed_out_are_skipped_and_those_waiting_a
     every stale lookup before a fresh one. Now a timed-out fetch's lookup
     never runs, and a fetch beyond the lookups allowed to wait is L{Busy}.
     """
-    looked: list[str] = []
-    started, release = threading.Event(), threading.Event()
-
-    def hanging(host: str) -> list[str]:
-        looked.append(host)
-        started.set()
-        release.wait()
-        return ["127.0.0.1"]
-
+    hanging = Hanging("127.0.0.1")
     port = server.base.rsplit(":", 1)[1]
     clock = Clock()
-    lookups = ThreadPool(minthreads=0, maxthreads=1, name="test-lookups")
-    lookups.start()
-    try:
+    with one_thread(hanging) as lookups:
         documents = fetcher(evolve(LOCAL, fetches_in_flight=1), clock, HostLookups(reactor, lookups, 1, hanging))
         first = Deferred.fromCoroutine(documents.fetch(f"http://first.example:{port}/jwks"))
-        assert started.wait(10)
+        assert hanging.started.wait(10)
         clock.advance(LOCAL.timeout)
         stale = Deferred.fromCoroutine(documents.fetch(f"http://stale.example:{port}/jwks"))
         clock.advance(LOCAL.timeout)
@@ -345,13 +336,10 @@ async def test_lookups_of_fetches_that_timed_out_are_skipped_and_those_waiting_a
                 await fetch
         with pytest.raises(Busy, match="refused.example is not looked up: 1 host name lookups are waiting"):
             await documents.fetch(f"http://refused.example:{port}/jwks")
-        release.set()
-        await deferToThreadPool(reactor, lookups, lambda: None)  # past the skipped lookup, first come first served
+        hanging.release.set()
+        await drained(lookups)
         assert await documents.fetch(f"http://fresh.example:{port}/jwks") == JWKS
-        assert looked == ["first.example", "fresh.example"]
-    finally:
-        release.set()
-        lookups.stop()
+        assert hanging.looked == ["first.example", "fresh.example"]
 
 
 @pytest_twisted.ensureDeferred

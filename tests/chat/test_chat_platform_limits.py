@@ -22,9 +22,10 @@ from twisted.internet.defer import ensureDeferred
 from twisted.internet.interfaces import IPullProducer
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.task import Clock, deferLater
-from twisted.internet.threads import deferToThreadPool
 from twisted.python.threadpool import ThreadPool
 from zope.interface import implementer
+
+from hanging_lookups import Hanging, drained, one_thread
 
 from authsrv.chat.config import ChatConfig
 from authsrv.chat.crypto import key_from_text, new_key_text
@@ -298,22 +299,12 @@ async def test_lookups_given_up_on_are_skipped_and_those_waiting_are_capped():
     fresh call's after the outage: now a lookup whose call timed out never
     runs, and a call beyond the lookups allowed to wait is unavailable at once.
     """
-    looked: list[str] = []
-    started, release = threading.Event(), threading.Event()
-
-    def hanging(host: str) -> list[str]:
-        looked.append(host)
-        started.set()
-        release.wait()
-        return ["127.0.0.1"]
-
-    lookups = ThreadPool(minthreads=0, maxthreads=1)
-    lookups.start()
-    try:
+    hanging = Hanging("127.0.0.1")
+    with one_thread(hanging) as lookups:
         async with platform(canned(200, token_answer()), host="chat.test", lookups=lookups, lookup=hanging,
                             waiting=2) as (served, clock, provider):
             calls = [ensureDeferred(provider.refresh("stored-refresh-token"))]
-            assert started.wait(10)
+            assert hanging.started.wait(10)
             calls += [ensureDeferred(provider.refresh("stored-refresh-token")) for _ in range(2)]
             with pytest.raises(ChatProviderUnavailable, match="cannot be reached"):
                 await provider.refresh("stored-refresh-token")
@@ -321,13 +312,10 @@ async def test_lookups_given_up_on_are_skipped_and_those_waiting_are_capped():
             for call in calls:
                 with pytest.raises(ChatProviderUnavailable):
                     await call
-            release.set()
-            await deferToThreadPool(reactor, lookups, lambda: None)  # past the skipped lookups, first come first served
+            hanging.release.set()
+            await drained(lookups)
             assert (await provider.refresh("stored-refresh-token")).access_token == "at"
-            assert len(looked) == 2 and len(served.connections) == 1
-    finally:
-        release.set()
-        lookups.stop()
+            assert len(hanging.looked) == 2 and len(served.connections) == 1
 
 
 @pytest_twisted.ensureDeferred
