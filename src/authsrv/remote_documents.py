@@ -193,8 +193,8 @@ class RemoteDocuments:
     """
     Fetches and caches JSON objects under a L{FetchPolicy}. C{resolve(host)}
     gives a Deferred list of addresses, by the reactor's resolver by
-    default; the server gives it L{authsrv.hostlookup.HostLookups} on a pool of the fetcher's
-    own. A lookup outlasts the fetch's timeout when a name's servers never
+    default; the server gives it L{authsrv.hostlookup.HostLookups} on a
+    pool of the fetcher's own. A lookup outlasts the fetch's timeout when a name's servers never
     answer, which anyone naming URLs can arrange: on the reactor's pool, ten
     such lookups held every thread it has, and every other name the server
     looks up (a relying party's, the chat platform's) waited behind them;
