@@ -194,6 +194,8 @@ def _awkward() -> None:
     events.config_loaded(path="/etc/authsrv/authsrv.toml", issuer="https://id.example.com/api/auth", clients=3)
     events.chat_linked(sub=ALICE.sub, provider="chat", account_id="a-1", provider_user_id="u-1")
     events.chat_link_refused(sub=ALICE.sub, provider="chat", provider_user_id="u-1")
+    events.chat_stale_link_replaced(sub=ALICE.sub, provider="chat", account_id="a-0", provider_user_id="u-1",
+                                    former_sub=BOB.sub)
     events.chat_unlinked(sub=ALICE.sub, provider="chat")
     events.chat_refreshed(sub=ALICE.sub, provider="chat", account_id="a-1", rotated=True)
     events.chat_refresh_failed(sub=ALICE.sub, provider="chat", account_id="a-1", reason="revoked")

@@ -16,6 +16,7 @@ from functools import cache
 
 import pytest
 import pytest_twisted
+from attrs import evolve
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.protocol import Factory, Protocol
@@ -24,8 +25,10 @@ from twisted.python.threadpool import ThreadPool
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
 
+from hanging_lookups import Hanging, drained, one_thread
+
 from authsrv.config import parse_config
-from authsrv.hostlookup import host_addresses
+from authsrv.hostlookup import HostLookups, host_addresses
 from authsrv.configsection import ConfigError
 from authsrv.protocol.targets import private_address_problem
 from authsrv.remote_documents import (
@@ -302,12 +305,41 @@ async def test_names_are_looked_up_on_a_pool_of_their_own(server, reactor_pool_h
     lookups = ThreadPool(minthreads=0, maxthreads=1, name="test-lookups")
     lookups.start()
     try:
-        documents = RemoteDocuments(reactor, LOCAL, clock=Clock(), lookups=lookups)
+        documents = RemoteDocuments(reactor, LOCAL, clock=Clock(), resolve=HostLookups(reactor, lookups, 1))
         port = server.base.rsplit(":", 1)[1]
         fetching = Deferred.fromCoroutine(documents.fetch(f"http://localhost:{port}/jwks"))
         assert await fetching.addTimeout(LOCAL.timeout, reactor) == JWKS
     finally:
         lookups.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_lookups_of_fetches_that_timed_out_are_skipped_and_those_waiting_are_capped(server):
+    """
+    While a name's servers hang, each fetch times out and frees its place,
+    but its lookup stayed queued, without end: after the outage the pool ran
+    every stale lookup before a fresh one. Now a timed-out fetch's lookup
+    never runs, and a fetch beyond the lookups allowed to wait is L{Busy}.
+    """
+    hanging = Hanging("127.0.0.1")
+    port = server.base.rsplit(":", 1)[1]
+    clock = Clock()
+    with one_thread(hanging) as lookups:
+        documents = fetcher(evolve(LOCAL, fetches_in_flight=1), clock, HostLookups(reactor, lookups, 1, hanging))
+        first = Deferred.fromCoroutine(documents.fetch(f"http://first.example:{port}/jwks"))
+        assert hanging.started.wait(10)
+        clock.advance(LOCAL.timeout)
+        stale = Deferred.fromCoroutine(documents.fetch(f"http://stale.example:{port}/jwks"))
+        clock.advance(LOCAL.timeout)
+        for fetch in (first, stale):
+            with pytest.raises(FetchFailed, match="no answer within"):
+                await fetch
+        with pytest.raises(Busy, match="refused.example is not looked up: 1 host name lookups are waiting"):
+            await documents.fetch(f"http://refused.example:{port}/jwks")
+        hanging.release.set()
+        await drained(lookups)
+        assert await documents.fetch(f"http://fresh.example:{port}/jwks") == JWKS
+        assert hanging.looked == ["first.example", "fresh.example"]
 
 
 @pytest_twisted.ensureDeferred

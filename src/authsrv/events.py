@@ -80,6 +80,7 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "rate.limited": ("endpoint", "retry_after"),
     "chat.linked": ("provider", "account_id", "provider_user_id"),
     "chat.link_refused": ("provider", "provider_user_id"),
+    "chat.stale_link_replaced": ("provider", "account_id", "provider_user_id", "former_sub"),
     "chat.unlinked": ("provider",),
     "chat.refreshed": ("provider", "account_id", "rotated"),
     "chat.refresh_failed": ("provider", "account_id"),
@@ -283,6 +284,13 @@ def chat_linked(*, sub: str, provider: str, account_id: str, provider_user_id: s
 def chat_link_refused(*, sub: str, provider: str, provider_user_id: str) -> None:
     _emit("chat.link_refused", "{sub} may not link {provider} account {provider_user_id}: it is linked to another"
           " user", "refused", sub=sub, provider=provider, provider_user_id=provider_user_id)
+
+
+def chat_stale_link_replaced(*, sub: str, provider: str, account_id: str, provider_user_id: str,
+                             former_sub: str) -> None:
+    _emit("chat.stale_link_replaced", "{sub} took {provider} account {provider_user_id} from {former_sub}, a user"
+          " no identity backend knows any more (link {account_id} removed)", "success", sub=sub, provider=provider,
+          account_id=account_id, provider_user_id=provider_user_id, former_sub=former_sub)
 
 
 def chat_unlinked(*, sub: str, provider: str) -> None:

@@ -8,9 +8,62 @@ whose servers never answer holds none of the reactor's threads.
 from __future__ import annotations
 
 import socket
+import threading
+from collections.abc import Callable
+
+from twisted.internet.defer import Deferred, fail
+from twisted.python.threadpool import ThreadPool
+
+
+class LookupsBusy(Exception):
+    """As many lookups as allowed wait for a thread of the pool already: worth asking again in a few seconds."""
 
 
 def host_addresses(host: str) -> list[str]:
     """Every address of C{host}, in the resolver's order, as libpq itself would try them."""
     found = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     return list(dict.fromkeys(address[4][0] for address in found if isinstance(address[4][0], str)))
+
+
+class HostLookups:
+    """
+    C{lookups(host)}: a Deferred of C{host}'s addresses, looked up on
+    C{pool}. While name servers hang, every thread of the pool waits on
+    them and new lookups queue behind, long after their callers have given
+    up; the pool's queue has no end, so after an outage it would work
+    through every stale lookup before a fresh one. So a lookup whose
+    Deferred was cancelled (its caller's timeout) is skipped when its turn
+    comes, and at most C{waiting} lookups wait for a thread, skipped ones
+    among them until their turn: a caller beyond that fails at once with
+    L{LookupsBusy}. C{lookup} is the blocking lookup itself.
+    """
+
+    def __init__(self, reactor, pool: ThreadPool, waiting: int,
+                 lookup: Callable[[str], list[str]] = host_addresses):
+        self._reactor = reactor
+        self._pool = pool
+        self._most = waiting
+        self._lookup = lookup
+        self._lock = threading.Lock()
+        self._waiting = 0
+
+    def __call__(self, host: str) -> Deferred:
+        with self._lock:
+            if self._waiting >= self._most:
+                return fail(LookupsBusy(f"{self._waiting} host name lookups are waiting for a thread already"))
+            self._waiting += 1
+        given_up = threading.Event()
+        result: Deferred = Deferred(lambda _: given_up.set())
+
+        def run() -> list[str] | None:
+            with self._lock:
+                self._waiting -= 1
+            return None if given_up.is_set() else self._lookup(host)
+
+        def landed(succeeded: bool, outcome) -> None:
+            if not result.called:
+                result.callback(outcome) if succeeded else result.errback(outcome)
+
+        self._pool.callInThreadWithCallback(
+            lambda succeeded, outcome: self._reactor.callFromThread(landed, succeeded, outcome), run)
+        return result

@@ -484,7 +484,7 @@ class IBanStore(Interface):
 
 
 class ILinkedAccountStore(Interface):
-    def link_account(account):
+    def link_account(account, displacing=None):
         """
         Store a L{authsrv.records.LinkedAccount}, replacing an earlier link of
         the same user and provider; fires with the link it replaced (its
@@ -493,6 +493,11 @@ class ILinkedAccountStore(Interface):
         L{authsrv.store.errors.AlreadyLinked}, storing nothing, when that
         provider account (C{provider}, C{provider_user_id}) is linked to
         another user. Two calls racing for one provider account: one wins.
+        C{displacing}, a link of that provider account to another user as
+        the caller read it (a user no identity backend knows any more), is
+        removed in the same transaction when it is still that very link
+        (its C{account_id} and C{version}): changed or gone meanwhile, the
+        call is as without it. Two callers displacing one link: one wins.
         """
 
     def get_linked_account(sub, provider):

@@ -43,15 +43,13 @@ import treq
 from attrs import frozen
 from hyperlink import EncodedURL
 from twisted.internet.defer import Deferred
-from twisted.internet.threads import deferToThreadPool
 from twisted.python.failure import Failure
-from twisted.python.threadpool import ThreadPool
 from twisted.web.client import Agent
 from twisted.web.http_headers import Headers
 
 from authsrv.configsection import Problems, Section
 from authsrv.flows.backchannel import RESPONSE_BYTES, PinnedEndpoints, ReceiveLimit, resolve_host
-from authsrv.hostlookup import host_addresses
+from authsrv.hostlookup import LookupsBusy
 from authsrv.protocol import jsontext
 from authsrv.protocol.targets import address_problem, private_address_problem
 
@@ -194,24 +192,22 @@ class _Body:
 class RemoteDocuments:
     """
     Fetches and caches JSON objects under a L{FetchPolicy}. C{resolve(host)}
-    gives a Deferred list of addresses: by default, looked up on the thread
-    pool C{lookups} when given, else by the reactor's resolver. A lookup
-    outlasts the fetch's timeout when a name's servers never answer, which
-    anyone naming URLs can arrange: on the reactor's pool, ten such lookups
-    held every thread it has, and every other name the server looks up (a
-    relying party's, the chat platform's) waited behind them. Each fetch
+    gives a Deferred list of addresses, by the reactor's resolver by
+    default; the server gives it L{authsrv.hostlookup.HostLookups} on a
+    pool of the fetcher's own. A lookup outlasts the fetch's timeout when a name's servers never
+    answer, which anyone naming URLs can arrange: on the reactor's pool, ten
+    such lookups held every thread it has, and every other name the server
+    looks up (a relying party's, the chat platform's) waited behind them;
+    one refused as L{LookupsBusy} makes the fetch L{Busy}. Each fetch
     connects to the checked address whatever the URL's host
     (L{PinnedEndpoints}); C{clock} times the cache and the timeout (the
     reactor by default).
     """
 
-    def __init__(self, reactor, policy: FetchPolicy, *, resolve=None, clock=None, lookups: ThreadPool | None = None):
+    def __init__(self, reactor, policy: FetchPolicy, *, resolve=None, clock=None):
         self._reactor = reactor
         self._clock = clock or reactor
         self.policy = policy
-        if resolve is None and lookups is not None:
-            def resolve(host: str) -> Deferred:
-                return deferToThreadPool(reactor, lookups, host_addresses, host)
         self._resolve = resolve or (lambda host: resolve_host(reactor, host))
         self._cache: dict[str, tuple[float, float, dict, int]] = {}
         """url -> (fetched at, expires at, document, its footprint), the oldest first"""
@@ -342,6 +338,8 @@ class RemoteDocuments:
             pass
         try:
             addresses = await self._resolve(host)
+        except LookupsBusy as e:
+            raise Busy(f"{host} is not looked up: {e}; try again in a few seconds") from None
         except Exception as e:
             raise FetchFailed(f"{host} could not be resolved ({type(e).__name__})") from None
         if not addresses:

@@ -28,7 +28,7 @@ from twisted.web.resource import Resource
 
 from authsrv import events
 from authsrv.chat.crypto import TokenCipher
-from authsrv.chat.provider import LOOKUP_THREADS, ChatProvider, PlatformClient
+from authsrv.chat.provider import LOOKUP_THREADS, LOOKUPS_WAITING, ChatProvider, PlatformClient
 from authsrv.chat.tokens import ChatTokens
 from authsrv.config import Config, ConfigSource
 from authsrv.configsection import ConfigError, Unreachable
@@ -64,6 +64,7 @@ from authsrv.flows.revoke import RevocationFlow
 from authsrv.flows.sessions import SessionEnder
 from authsrv.flows.token import TokenFlow
 from authsrv.flows.userinfo import UserInfoFlow, UserInfoSigner
+from authsrv.hostlookup import HostLookups
 from authsrv.identity.cache import DEFAULT_SECONDS as DEFAULT_STANDING_CACHE, StandingCache
 from authsrv.keys.postgres import KeystoreUnavailable
 from authsrv.identity.chain import IdentityChain
@@ -573,9 +574,15 @@ def web_root(
 
 
 def _fetcher(reactor, config: Config, lookups, name: str) -> RemoteDocuments:
-    """A fetcher of documents, looking host names up on the pool C{lookups} gives it by C{name}, if any."""
-    pool = lookups(name, config.remote_documents.fetches_in_flight) if lookups is not None else None
-    return RemoteDocuments(reactor, config.remote_documents, lookups=pool)
+    """
+    A fetcher of documents, looking host names up on the pool C{lookups}
+    gives it by C{name}, if any, as many of them waiting for a thread as
+    documents may be fetched at once.
+    """
+    if lookups is None:
+        return RemoteDocuments(reactor, config.remote_documents)
+    most = config.remote_documents.fetches_in_flight
+    return RemoteDocuments(reactor, config.remote_documents, resolve=HostLookups(reactor, lookups(name, most), most))
 
 
 def client_operations(config: Config, reactor, store) -> ClientOperations:
@@ -638,7 +645,8 @@ def chat_parts(config: Config, reactor, store, identity, context) -> Chat:
     source = next((b for b in getattr(identity, "backends", ()) if IChatLinkSource.providedBy(b)), None)
     if chat is None or not chat.can_link:
         return Chat(ChatTokens(reactor, store, identity, None, cipher, chat, source), None)
-    http = PlatformClient(reactor, context.threadpool("chat-lookups", LOOKUP_THREADS), chat.timeout)
+    lookups = HostLookups(reactor, context.threadpool("chat-lookups", LOOKUP_THREADS), LOOKUPS_WAITING)
+    http = PlatformClient(reactor, lookups, chat.timeout)
     provider = ChatProvider(reactor, http, chat)
     linking = ChatLinking(
         store=store, identity=identity, provider=provider, cipher=cipher, issuer=config.issuer,

@@ -25,11 +25,13 @@ from twisted.internet.task import Clock, deferLater
 from twisted.python.threadpool import ThreadPool
 from zope.interface import implementer
 
+from hanging_lookups import Hanging, drained, one_thread
+
 from authsrv.chat.config import ChatConfig
 from authsrv.chat.crypto import key_from_text, new_key_text
-from authsrv.chat import provider as provider_module
 from authsrv.chat.errors import ChatProviderUnavailable, ChatRefreshRefused
-from authsrv.chat.provider import MAX_EXPIRES_IN, RECEIVE_LIMIT, ChatProvider, PlatformClient
+from authsrv.chat.provider import LOOKUPS_WAITING, MAX_EXPIRES_IN, RECEIVE_LIMIT, ChatProvider, PlatformClient
+from authsrv.hostlookup import HostLookups, host_addresses
 
 TIMEOUT = 10
 """Seconds of the test's clock a call waits."""
@@ -107,8 +109,13 @@ def token_answer(**fields) -> bytes:
 
 
 @asynccontextmanager
-async def platform(script, host: str = "127.0.0.1", lookups: ThreadPool | None = None):
-    """C{script} served on 127.0.0.1, and a provider whose endpoints all name it by C{host}."""
+async def platform(script, host: str = "127.0.0.1", lookups: ThreadPool | None = None, *,
+                   lookup=host_addresses, waiting: int = LOOKUPS_WAITING):
+    """
+    C{script} served on 127.0.0.1, and a provider whose endpoints all name it
+    by C{host}, looked up by C{lookup} on C{lookups} (a pool of its own by
+    default), at most C{waiting} lookups waiting.
+    """
     served = Platform(script)
     port = reactor.listenTCP(0, served, interface="127.0.0.1")
     own = lookups is None
@@ -123,7 +130,7 @@ async def platform(script, host: str = "127.0.0.1", lookups: ThreadPool | None =
         timeout=TIMEOUT, lock_ttl=TIMEOUT + 1,
     )
     try:
-        yield served, clock, ChatProvider(clock, PlatformClient(reactor, lookups, TIMEOUT, clock=clock), config)
+        yield served, clock, ChatProvider(clock, PlatformClient(reactor, HostLookups(reactor, lookups, waiting, lookup), TIMEOUT, clock=clock), config)
     finally:
         for wire in served.connections:
             wire.transport.abortConnection()
@@ -285,9 +292,36 @@ async def test_the_platforms_name_is_looked_up_on_the_pool_it_is_given():
 
 
 @pytest_twisted.ensureDeferred
-async def test_an_address_that_refuses_the_connection_gives_way_to_the_next(monkeypatch):
+async def test_lookups_given_up_on_are_skipped_and_those_waiting_are_capped():
+    """
+    While the platform's name servers hang, calls time out but their lookups
+    stayed queued, without end, and the pool ran every one of them before a
+    fresh call's after the outage: now a lookup whose call timed out never
+    runs, and a call beyond the lookups allowed to wait is unavailable at once.
+    """
+    hanging = Hanging("127.0.0.1")
+    with one_thread(hanging) as lookups:
+        async with platform(canned(200, token_answer()), host="chat.test", lookups=lookups, lookup=hanging,
+                            waiting=2) as (served, clock, provider):
+            calls = [ensureDeferred(provider.refresh("stored-refresh-token"))]
+            assert hanging.started.wait(10)
+            calls += [ensureDeferred(provider.refresh("stored-refresh-token")) for _ in range(2)]
+            with pytest.raises(ChatProviderUnavailable, match="cannot be reached"):
+                await provider.refresh("stored-refresh-token")
+            clock.advance(TIMEOUT)
+            for call in calls:
+                with pytest.raises(ChatProviderUnavailable):
+                    await call
+            hanging.release.set()
+            await drained(lookups)
+            assert (await provider.refresh("stored-refresh-token")).access_token == "at"
+            assert len(hanging.looked) == 2 and len(served.connections) == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_address_that_refuses_the_connection_gives_way_to_the_next():
     """A name with an address that refuses (IPv6 without a route, say) is still reached at its others."""
-    monkeypatch.setattr(provider_module, "host_addresses", lambda host: ["127.0.0.2", "127.0.0.1"])
-    async with platform(canned(200, token_answer()), host="chat.test") as (served, _, provider):
+    async with platform(canned(200, token_answer()), host="chat.test",
+                        lookup=lambda host: ["127.0.0.2", "127.0.0.1"]) as (served, _, provider):
         assert (await provider.refresh("stored-refresh-token")).access_token == "at"
         assert len(served.connections) == 1

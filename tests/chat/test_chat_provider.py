@@ -18,7 +18,8 @@ from twisted.python.threadpool import ThreadPool
 from authsrv.chat.config import ChatConfig
 from authsrv.chat.crypto import key_from_text, new_key_text
 from authsrv.chat.errors import ChatProviderUnavailable
-from authsrv.chat.provider import ChatProvider, PlatformClient
+from authsrv.chat.provider import LOOKUPS_WAITING, ChatProvider, PlatformClient
+from authsrv.hostlookup import HostLookups
 from authsrv.testing.chat import TIMEOUT, ChatProviderConformance, endpoints
 from authsrv.testing.fake_chat import FakeChatProvider
 
@@ -38,7 +39,7 @@ async def on_a_port(fake: FakeChatProvider):
     lookups.start()
     base = f"http://127.0.0.1:{port.getHost().port}"
     try:
-        yield ChatProvider(fake.clock, PlatformClient(reactor, lookups, TIMEOUT, clock=fake.clock),
+        yield ChatProvider(fake.clock, PlatformClient(reactor, HostLookups(reactor, lookups, LOOKUPS_WAITING), TIMEOUT, clock=fake.clock),
                            config_for(fake, base))
     finally:
         lookups.stop()

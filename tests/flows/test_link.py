@@ -13,6 +13,7 @@ import re
 import pytest
 import pytest_twisted
 from treq.testing import StubTreq
+from twisted.internet.defer import fail, succeed
 from twisted.logger import formatEvent
 
 from flow_client import Browser, location
@@ -23,6 +24,7 @@ from authsrv.chat.crypto import ACCESS, REFRESH, TokenCipher, key_from_text, new
 from authsrv.chat.provider import ChatProvider
 from authsrv.chat.tokens import ChatTokens
 from authsrv.flows.link import ChatLinking, unlink_token
+from authsrv.identity.errors import BackendUnavailable
 from authsrv.protocol import pkce
 from authsrv.records import Ban, BrowserSession
 from authsrv.testing.fake_chat import FakeChatProvider, FakeChatUser
@@ -242,6 +244,60 @@ async def test_a_chat_account_linked_to_another_user_is_refused(world):
     response, body = await world.callback(await world.approve(await world.start(bob)), bob)
     assert_page(response, body, 200, "Chat account linked")
     assert (await world.h.store.get_linked_account(BOB.sub, "discord")).provider_user_id == world.fake.user.id
+
+
+async def link_alice_then_remove_her(world) -> tuple:
+    """Alice's link, her tokens, and her removed from the users file directly, not through the admin API."""
+    alice = await world.sign_in()
+    response, _ = await world.callback(await world.approve(await world.start(alice)), alice)
+    assert response.code == 200
+    alices = await world.h.store.get_linked_account(ALICE.sub, "discord")
+    tokens = (world.cipher.decrypt(alices.access_token_enc, alices.account_id, ACCESS),
+              world.cipher.decrypt(alices.refresh_token_enc, alices.account_id, REFRESH))
+    await world.h.identity.remove_user(ALICE.login)
+    assert await world.h.identity.user_by_id(ALICE.sub) is None
+    return alices, tokens
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_chat_account_whose_holder_no_backend_knows_links_again(world, audit):
+    """
+    A user removed from the identity backend directly (the users file
+    edited, an LDAP entry or a PostgreSQL row deleted) kept their link, and
+    the chat account was refused to everyone for ever, the same person's new
+    account too: the stale link is replaced, its tokens revoked at the
+    platform as a replaced link's are, and the audit log says so.
+    """
+    alices, (access, refresh) = await link_alice_then_remove_her(world)
+    bob = await world.sign_in(BOB.sub)
+    response, body = await world.callback(await world.approve(await world.start(bob)), bob)
+    assert_page(response, body, 200, "Chat account linked")
+    bobs = await world.h.store.get_linked_account(BOB.sub, "discord")
+    assert bobs.provider_user_id == alices.provider_user_id
+    assert await world.h.store.get_linked_account(ALICE.sub, "discord") is None
+    assert await world.h.store.linked_sub("discord", alices.provider_user_id) == BOB.sub
+    assert world.fake.revocations == [(access, "access_token"), (refresh, "refresh_token")]
+    assert world.fake.access_valid(world.cipher.decrypt(bobs.access_token_enc, bobs.account_id, ACCESS))
+    [replaced] = audit.of("chat.stale_link_replaced")
+    assert (replaced["sub"], replaced["former_sub"], replaced["provider_user_id"], replaced["account_id"]) == (
+        BOB.sub, ALICE.sub, alices.provider_user_id, alices.account_id)
+    assert [e["sub"] for e in audit.of("chat.linked")] == [ALICE.sub, BOB.sub]
+    assert not audit.of("chat.link_refused")
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_holder_the_backend_cannot_answer_for_keeps_the_link(world, monkeypatch, audit):
+    """An identity backend that is down says nothing of the holder: the link stays and the chat account is refused."""
+    alices, (access, _) = await link_alice_then_remove_her(world)
+    bob = await world.sign_in(BOB.sub)
+    monkeypatch.setattr(world.h.identity, "user_by_id", lambda sub: succeed(BOB) if sub == BOB.sub else fail(
+        BackendUnavailable("directory down")))
+    response, body = await world.callback(await world.approve(await world.start(bob)), bob)
+    assert_page(response, body, 409, "already linked to another account. Unlink it there first")
+    assert await world.h.store.get_linked_account(ALICE.sub, "discord") == alices
+    assert await world.h.store.get_linked_account(BOB.sub, "discord") is None
+    assert world.fake.access_valid(access) and revoked_once_each(world)
+    assert not audit.of("chat.stale_link_replaced") and len(audit.of("chat.link_refused")) == 1
 
 
 def revoked_once_each(world) -> bool:

@@ -24,9 +24,7 @@ from attrs import field, frozen
 from treq.client import HTTPClient
 from twisted.internet import defer, error
 from twisted.internet.defer import Deferred
-from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
-from twisted.python.threadpool import ThreadPool
 from twisted.web.client import (
     Agent,
     RequestTransmissionFailed,
@@ -38,7 +36,7 @@ from zope.interface import implementer
 from authsrv.chat.config import ChatConfig
 from authsrv.chat.errors import ChatError, ChatProviderUnavailable, ChatRefreshRefused
 from authsrv.flows.backchannel import RESPONSE_BYTES, PinnedEndpoints, ReceiveLimit
-from authsrv.hostlookup import host_addresses
+from authsrv.hostlookup import HostLookups, LookupsBusy
 from authsrv.interfaces import IChatProvider
 from authsrv.protocol import jsontext
 from authsrv.protocol.urls import with_query
@@ -48,6 +46,11 @@ RECEIVE_LIMIT = MAX_BODY + RESPONSE_BYTES
 """What one connection to the platform may receive: an answer's body, and its headers and TLS beside it."""
 LOOKUP_THREADS = 2
 """The threads of the platform's own pool that look its host name up (L{PlatformClient})."""
+LOOKUPS_WAITING = 16
+"""
+How many of the platform's lookups may wait for one of those threads; a
+call beyond them, while its name servers hang, is unavailable at once.
+"""
 DEFAULT_EXPIRES_IN = 3600
 """RFC 6749 makes expires_in optional; a provider that omits it is taken to mean an hour."""
 MAX_EXPIRES_IN = 365 * 86400
@@ -68,6 +71,7 @@ _NETWORK_ERRORS = (
     defer.TimeoutError,
     defer.CancelledError,
     OSError,
+    LookupsBusy,
 )
 
 log = Logger()
@@ -101,7 +105,7 @@ class PlatformClient:
     """
     The HTTP client the provider reaches the platform with (treq's
     C{request}), bounded as the server's other outbound requests are
-    (L{authsrv.remote_documents}): the host is looked up on C{lookups}, a
+    (L{authsrv.remote_documents}): the host is looked up by C{lookups}, on a
     thread pool of the platform's own, so that a platform whose name servers
     never answer holds no thread another lookup needs (the reactor's pool
     also hashes passwords); each request goes on a connection of its own to
@@ -114,7 +118,7 @@ class PlatformClient:
     socket by dripping an answer after the call has given up on it.
     """
 
-    def __init__(self, reactor, lookups: ThreadPool, timeout: float, *, clock=None):
+    def __init__(self, reactor, lookups: HostLookups, timeout: float, *, clock=None):
         self._reactor = reactor
         self._lookups = lookups
         self._timeout = timeout
@@ -146,7 +150,7 @@ class PlatformClient:
             return [str(ip_address(host))]
         except ValueError:
             pass
-        addresses = await deferToThreadPool(self._reactor, self._lookups, host_addresses, host)
+        addresses = await self._lookups(host)
         if not addresses:
             raise error.DNSLookupError(f"{host} resolves to no address")
         return addresses

@@ -26,6 +26,7 @@ from authsrv.chat.errors import ChatProviderUnavailable
 from authsrv.chat.provider import ChatCodeRejected, ProviderTokens, revoke_tokens
 from authsrv.flows.csrf import session_form_token, session_form_token_valid
 from authsrv.flows.standing import standing
+from authsrv.identity.errors import BackendUnavailable
 from authsrv.interfaces import IChatProvider
 from authsrv.protocol import pkce
 from authsrv.protocol.errors import PageError
@@ -196,7 +197,7 @@ class ChatLinking:
             updated_at=now,
         )
         try:
-            replaced = await self._store.link_account(account)
+            replaced = await self._link(account)
         except AlreadyLinked:
             events.chat_link_refused(sub=session.sub, provider=self.provider_name, provider_user_id=provider_user_id)
             Deferred.fromCoroutine(revoke_tokens(self._provider, "a refused link's", tokens.access_token,
@@ -208,6 +209,42 @@ class ChatLinking:
         if replaced is not None and replaced.provider_user_id != provider_user_id:
             Deferred.fromCoroutine(self._revoke_stored(replaced, "a replaced link's"))
         return account
+
+    async def _link(self, account: LinkedAccount) -> LinkedAccount | None:
+        """
+        Store C{account}, firing with the user's link it replaced. A chat
+        account held by a user whom no identity backend knows any more (one
+        removed from the directory, the users file or the user table
+        directly, where no one removes their link) is taken from them: else
+        it would be refused to everyone, that person's new account too, for
+        ever. Its tokens are revoked as a replaced link's are. A holder
+        known, or one a backend that is down might know, keeps it
+        (L{AlreadyLinked}), as does a link changed meanwhile.
+        """
+        try:
+            return await self._store.link_account(account)
+        except AlreadyLinked:
+            stale = await self._stale_holder(account)
+            if stale is None:
+                raise
+        replaced = await self._store.link_account(account, displacing=stale)
+        events.chat_stale_link_replaced(sub=account.sub, provider=self.provider_name, account_id=stale.account_id,
+                                        provider_user_id=account.provider_user_id, former_sub=stale.sub)
+        Deferred.fromCoroutine(self._revoke_stored(stale, "a stale link's"))
+        return replaced
+
+    async def _stale_holder(self, account: LinkedAccount) -> LinkedAccount | None:
+        """The link holding C{account}'s chat account when the identity backends know its user no more, else None."""
+        holder = await self._store.linked_sub(account.provider, account.provider_user_id)
+        if holder is None or holder == account.sub:
+            return None
+        try:
+            if await self._identity.user_by_id(holder) is not None:
+                return None
+        except BackendUnavailable:
+            return None
+        held = await self._store.get_linked_account(holder, account.provider)
+        return held if held is not None and held.provider_user_id == account.provider_user_id else None
 
     async def _user_of(self, tokens: ProviderTokens) -> str:
         """

@@ -90,8 +90,9 @@ from authsrv.store.codes import CodeNotFound, CodeRedeemed, CodeReused
 from authsrv.store.errors import AlreadyExists, AlreadyLinked, StoreUnavailable
 from authsrv.store.observer import Observer, watched
 from authsrv.store.rows import (
-    POSTGRES, Lookup, Rows, access_lookup, access_state_sql, ban_of, client_exists, client_grant, factors_of,
-    import_statements, issuable, refresh_lookup, scope_text, tables, token_lookups, unencodable,
+    POSTGRES, Lookup, Rows, access_lookup, access_state_sql, ban_of, client_exists, client_grant, displace_link,
+    displaced, factors_of, import_statements, issuable, refresh_lookup, scope_text, tables, token_lookups,
+    unencodable,
 )
 
 COMPONENT = "store"
@@ -227,6 +228,7 @@ def _unstorable(params: dict) -> bool:
 
 
 _T = tables(POSTGRES)
+_DISPLACE = displace_link(POSTGRES)
 
 
 def _prepared(name: str, lookup: Lookup[str]) -> Lookup[Prepared]:
@@ -719,8 +721,8 @@ class PostgresStore:
 
     # ILinkedAccountStore
 
-    def link_account(self, account):
-        return self._run("link_account", _link_account, account)
+    def link_account(self, account, displacing=None):
+        return self._run("link_account", _link_account, account, displacing)
 
     def get_linked_account(self, sub, provider):
         return self._lookup("get_linked_account",
@@ -1096,14 +1098,19 @@ async def _remove_client_if(db, client_id, expected):
     return unchanged
 
 
-async def _link_account(db, account):
+async def _link_account(db, account, displacing):
     """
     One transaction holding the user's link's row lock, so the replaced link
     read is the one the upsert replaces (a token refresh beside it waits, or
     landed first). Replacing it is the upsert's conflict; a provider account
-    linked to another user violates _PROVIDER_ACCOUNT_INDEX instead.
+    linked to another user violates _PROVIDER_ACCOUNT_INDEX instead. The
+    link C{displacing} names goes first when it is unchanged: of two callers
+    displacing it, the second waits for the first's row lock, then deletes
+    nothing and meets the first's link in that index.
     """
     await rowcount(db, "BEGIN")
+    if displacing is not None:
+        await rowcount(db, _DISPLACE, displaced(account, displacing))
     replaced = await first(db, "SELECT * FROM linked_accounts WHERE sub = %(sub)s AND provider = %(provider)s"
                            " FOR UPDATE", {"sub": account.sub, "provider": account.provider})
     await rowcount(db, _T.linked.put, _T.linked.params(account))

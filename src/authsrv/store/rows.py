@@ -284,6 +284,23 @@ def client_exists(dialect: Dialect, client_id: str) -> str:
     return f"EXISTS (SELECT 1 FROM clients c WHERE c.client_id = {client_id}{dialect.key_share})"
 
 
+def displace_link(dialect: Dialect) -> str:
+    """
+    Removes the link C{displacing} names (L{displaced}'s parameters) when it
+    is still that very link, the same version of it, of the provider account
+    being linked (L{authsrv.interfaces.ILinkedAccountStore.link_account}).
+    """
+    mark = dialect.mark.format
+    return (f"DELETE FROM linked_accounts WHERE account_id = {mark('id')} AND version = {mark('version')}"
+            f" AND provider = {mark('provider')} AND provider_user_id = {mark('user')}")
+
+
+def displaced(account: LinkedAccount, displacing: LinkedAccount) -> dict:
+    """The parameters of L{displace_link}."""
+    return {"id": displacing.account_id, "version": displacing.version, "provider": account.provider,
+            "user": account.provider_user_id}
+
+
 def issuable(dialect: Dialect, grant_id: str) -> str:
     """
     Whether the grant C{grant_id} (a column) may be issued tokens at

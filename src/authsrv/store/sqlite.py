@@ -60,8 +60,8 @@ from authsrv.store.codes import CodeNotFound, CodeRedeemed, CodeReused
 from authsrv.store.errors import AlreadyExists, AlreadyLinked, StoreUnavailable
 from authsrv.store.observer import Observer, watched
 from authsrv.store.rows import (
-    SQLITE, Rows, access_state_sql, ban_of, client_grant, factors_of, import_statements, issuable, scope_text,
-    tables, token_lookups, unencodable,
+    SQLITE, Rows, access_state_sql, ban_of, client_grant, displace_link, displaced, factors_of, import_statements,
+    issuable, scope_text, tables, token_lookups, unencodable,
 )
 from authsrv.store.sqlite_worker import SQLiteWorker
 
@@ -227,6 +227,7 @@ _CLIENT_GRANT = client_grant(_T, SQLITE)
 
 _REVOKE_GRANT = "UPDATE grants SET revoked_at = ? WHERE grant_id = ? AND revoked_at IS NULL"
 _LINKED_ELSEWHERE = "SELECT 1 FROM linked_accounts WHERE provider = ? AND provider_user_id = ? AND sub <> ?"
+_DISPLACE = displace_link(SQLITE)
 
 
 def _first(cursor: sqlite3.Cursor):
@@ -616,10 +617,12 @@ class SQLiteStore:
 
     # ILinkedAccountStore
 
-    def link_account(self, account):
+    def link_account(self, account, displacing=None):
         # Checked in the writer's transaction, before the user's earlier link goes;
         # the unique index on the provider account (schema 023) backs the check.
         def link(db):
+            if displacing is not None:
+                db.execute(_DISPLACE, displaced(account, displacing))
             if _first(db.execute(_LINKED_ELSEWHERE, (account.provider, account.provider_user_id, account.sub))):
                 raise AlreadyLinked.of(account.provider, account.provider_user_id)
             replaced = _T.linked.load(_first(db.execute(

@@ -616,10 +616,14 @@ class MemoryStore:
         return None if account is None else account.provider_user_id
 
     @_answered
-    def link_account(self, account):
+    def link_account(self, account, displacing=None):
         key = self._linked_key(account.sub, account.provider)
         if account.account_id in self.tables.linked and account.account_id != key:
             raise AlreadyExists(f"account {account.account_id!r} exists already")
+        held = None if displacing is None else self.tables.linked.get(displacing.account_id)
+        if held is not None and (held.version, held.provider, held.provider_user_id) == (
+                displacing.version, account.provider, account.provider_user_id):
+            del self.tables.linked[held.account_id]
         if self._linked_elsewhere(account) is not None:
             raise AlreadyLinked.of(account.provider, account.provider_user_id)
         replaced = self.tables.linked.pop(key, None)

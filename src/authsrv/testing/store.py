@@ -1669,6 +1669,40 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             assert await store.linked_sub("discord", moved.provider_user_id) == BOB
 
     @pytest_twisted.ensureDeferred
+    async def test_a_stale_link_is_displaced_only_as_it_was_read(self):
+        """
+        A chat account held by a user no identity backend knows any more
+        goes to the next user who links it, the stale link removed in the
+        same transaction, but only while it is the very link the caller read:
+        one changed since (its tokens refreshed) or of another chat account
+        is left, and the link refused as without it.
+        """
+        async with self.store() as store:
+            stale = make_linked()
+            await store.link_account(stale)
+            bobs_earlier = make_linked("acct-bob-1", sub=BOB, provider_user_id="175928847299117063")
+            await store.link_account(bobs_earlier)
+            bobs = make_linked("acct-bob-2", sub=BOB)
+            other = make_linked("acct-carol", sub="carol", provider_user_id="999")
+            await store.link_account(other)
+            with pytest.raises(AlreadyLinked):
+                await store.link_account(bobs, displacing=attrs.evolve(other, provider_user_id=stale.provider_user_id))
+            assert await store.get_linked_account("carol", "discord") == other
+            refreshed = await store.update_linked_tokens("acct-1", stale.version, b"new-access", None, stale.scope,
+                                                         stale.expires_at, NOW + 1)
+            with pytest.raises(AlreadyLinked):
+                await store.link_account(bobs, displacing=stale)
+            assert await store.get_linked_account(ALICE, "discord") == refreshed
+            assert await store.get_linked_account(BOB, "discord") == bobs_earlier
+            assert await store.link_account(bobs, displacing=refreshed) == bobs_earlier
+            assert await store.get_linked_account(ALICE, "discord") is None
+            assert await store.get_linked_account(BOB, "discord") == bobs
+            assert await store.linked_sub("discord", stale.provider_user_id) == BOB
+            with pytest.raises(AlreadyLinked):
+                await store.link_account(make_linked("acct-alice-2"), displacing=refreshed)
+            assert await store.get_linked_account("carol", "discord") == other
+
+    @pytest_twisted.ensureDeferred
     async def test_import_batch_skips_a_provider_account_linked_to_another_user(self):
         async with self.store() as store:
             await store.link_account(make_linked())
@@ -2185,6 +2219,24 @@ class StoreConcurrencyConformance(FactorConcurrencyConformance, DeviceConcurrenc
                 assert kept.provider_user_id in (f"chat-{n}-a", f"chat-{n}-b")
                 assert await first.linked_sub("discord", kept.provider_user_id) == sub
                 assert await first.linked_sub("discord", f"chat-{n}-{other}") is None
+
+    @pytest_twisted.ensureDeferred
+    async def test_racing_displacements_of_one_stale_link_keep_one(self):
+        """Two users taking one stale link at once, on two servers: one links the chat account, the other is refused."""
+        async with self.store_pair() as (first, second):
+            for n in range(self.rounds):
+                stale = make_linked(f"acct-{n}-stale", sub=f"gone-{n}", provider_user_id=f"chat-{n}")
+                await first.link_account(stale)
+                results = await gatherResults([
+                    store.link_account(make_linked(f"acct-{n}-{side}", sub=f"taker-{n}-{side}",
+                                                   provider_user_id=f"chat-{n}"), displacing=stale)
+                    .addErrback(lambda failure: failure.trap(AlreadyLinked))
+                    for side, store in (("a", first), ("b", second))
+                ])
+                assert sorted(results, key=lambda result: result is AlreadyLinked) == [None, AlreadyLinked]
+                taker = await second.linked_sub("discord", f"chat-{n}")
+                assert taker in (f"taker-{n}-a", f"taker-{n}-b")
+                assert await first.get_linked_account(f"gone-{n}", "discord") is None
 
     @pytest_twisted.ensureDeferred
     async def test_racing_consents_add_up_and_never_undo_a_revoke(self):
