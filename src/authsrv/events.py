@@ -111,7 +111,7 @@ def login_suspended(*, sub: str, address: str, reason: str) -> None:
           sub=sub, address=address, reason=reason)
 
 
-def login_hint_mismatch(*, sub: str, hinted_sub: str, client_id: str, address: str | None) -> None:
+def login_hint_mismatch(*, sub: str, hinted_sub: str, client_id: str, address: str) -> None:
     """Another user than the id_token_hint names signed in: the client hears login_required."""
     _emit("login.hint_mismatch", "{sub} signed in for {client_id} from {address}, which asked for {hinted_sub}",
           "refused", sub=sub, hinted_sub=hinted_sub, client_id=client_id, address=address)
@@ -123,13 +123,15 @@ def throttle_engaged(*, login: str, address: str, reason: str, retry_after: int 
           login=login, address=address, reason=reason, retry_after=retry_after)
 
 
-def consent_given(*, sub: str, client_id: str, scope: str) -> None:
-    _emit("consent.given", "{sub} consented to {scope} for {client_id}", "success", sub=sub,
-          client_id=client_id, scope=scope)
+def consent_given(*, sub: str, client_id: str, scope: str, address: str) -> None:
+    """C{address}: the browser's that approved."""
+    _emit("consent.given", "{sub} consented to {scope} for {client_id} from {address}", "success", sub=sub,
+          client_id=client_id, scope=scope, address=address)
 
 
-def consent_denied(*, sub: str, client_id: str) -> None:
-    _emit("consent.denied", "{sub} denied consent to {client_id}", "refused", sub=sub, client_id=client_id)
+def consent_denied(*, sub: str, client_id: str, address: str) -> None:
+    _emit("consent.denied", "{sub} denied consent to {client_id} from {address}", "refused", sub=sub,
+          client_id=client_id, address=address)
 
 
 def code_issued(*, sub: str, client_id: str, grant_id: str, session_id: str, address: str) -> None:
@@ -141,14 +143,18 @@ def code_issued(*, sub: str, client_id: str, grant_id: str, session_id: str, add
           client_id=client_id, grant_id=grant_id, session_id=session_id, address=address)
 
 
-def request_pushed(*, client_id: str) -> None:
-    _emit("request.pushed", "authorization request pushed by {client_id}", "success", client_id=client_id)
+def request_pushed(*, client_id: str, address: str) -> None:
+    _emit("request.pushed", "authorization request pushed by {client_id} from {address}", "success",
+          client_id=client_id, address=address)
 
 
-def request_uri_refused(*, client_id: str) -> None:
-    """A browser brought a request_uri that was used, expired, unknown or another client's: a replay, or stale."""
-    _emit("request_uri.refused", "request_uri refused for {client_id}", "refused", client_id=client_id,
-          reason="unknown, used, expired or another client's")
+def request_uri_refused(*, client_id: str, address: str) -> None:
+    """
+    A browser (at C{address}) brought a request_uri that was used, expired,
+    unknown or another client's: a replay, or stale.
+    """
+    _emit("request_uri.refused", "request_uri refused for {client_id} from {address}", "refused",
+          client_id=client_id, address=address, reason="unknown, used, expired or another client's")
 
 
 def token_issued(*, sub: str, client_id: str, grant_id: str, grant_type: str, token_fp: str,
@@ -165,18 +171,21 @@ def code_reused(*, client_id: str, grant_id: str, address: str | None) -> None:
           "refused", client_id=client_id, grant_id=grant_id, address=address, reason="code reused")
 
 
-def device_requested(*, client_id: str, scope: str) -> None:
-    _emit("device.requested", "device authorization for {client_id} started", "success", client_id=client_id,
-          scope=scope)
+def device_requested(*, client_id: str, scope: str, address: str) -> None:
+    """C{address}: the device's."""
+    _emit("device.requested", "device authorization for {client_id} started from {address}", "success",
+          client_id=client_id, scope=scope, address=address)
 
 
-def device_approved(*, sub: str, client_id: str, grant_id: str, scope: str) -> None:
-    _emit("device.approved", "{sub} approved a device of {client_id} (grant {grant_id})", "success", sub=sub,
-          client_id=client_id, grant_id=grant_id, scope=scope)
+def device_approved(*, sub: str, client_id: str, grant_id: str, scope: str, address: str) -> None:
+    """C{address}: the browser's at the verification page, not the device's."""
+    _emit("device.approved", "{sub} approved a device of {client_id} (grant {grant_id}) from {address}", "success",
+          sub=sub, client_id=client_id, grant_id=grant_id, scope=scope, address=address)
 
 
-def device_denied(*, sub: str, client_id: str) -> None:
-    _emit("device.denied", "{sub} denied a device of {client_id}", "refused", sub=sub, client_id=client_id)
+def device_denied(*, sub: str, client_id: str, address: str) -> None:
+    _emit("device.denied", "{sub} denied a device of {client_id} from {address}", "refused", sub=sub,
+          client_id=client_id, address=address)
 
 
 def device_code_failed(*, address: str, reason: str, sub: str | None = None) -> None:

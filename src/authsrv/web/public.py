@@ -277,8 +277,9 @@ class PublicSite:
         pushed = self._pushed()
         allow_browser_clients(request)
         args = form_args(request)
-        checked = await self._count(request, self._rates.pushed, push_params(args))
-        response = await pushed.push(request.getHeader(b"authorization"), args, self._now(),
+        address = client_address_of(request, self._trusted_proxies)
+        checked = await self._count(request, self._rates.pushed, push_params(args), address)
+        response = await pushed.push(request.getHeader(b"authorization"), args, self._now(), address,
                                      request.requestHeaders.getRawHeaders(b"dpop"), checked)
         return json_body(request, 201, response, no_store=True)
 
@@ -338,8 +339,10 @@ class PublicSite:
         if self._flows.device is None:
             raise NotFound()
         params = one_resource_form(request, DEVICE_RESOURCES)
-        checked = await self._count(request, self._rates.token, params)
-        response = await self._flows.device.start(request.getHeader(b"authorization"), params, self._now(), checked)
+        address = client_address_of(request, self._trusted_proxies)
+        checked = await self._count(request, self._rates.token, params, address)
+        response = await self._flows.device.start(request.getHeader(b"authorization"), params, self._now(), address,
+                                                  checked)
         return json_body(request, 200, response, no_store=True)
 
     # --- clients that register themselves (RFC 7591, RFC 7592) ------------------
