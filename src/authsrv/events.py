@@ -284,18 +284,21 @@ def config_loaded(*, path: str | None, issuer: str, clients: int) -> None:
           path=path, issuer=issuer, clients=clients)
 
 
-def chat_linked(*, sub: str, provider: str, account_id: str, provider_user_id: str) -> None:
-    _emit("chat.linked", "{sub} linked {provider} account {provider_user_id} (link {account_id})", "success",
-          sub=sub, provider=provider, account_id=account_id, provider_user_id=provider_user_id)
+def chat_linked(*, sub: str, provider: str, account_id: str, provider_user_id: str, address: str) -> None:
+    _emit("chat.linked", "{sub} linked {provider} account {provider_user_id} (link {account_id}) from {address}",
+          "success", sub=sub, provider=provider, account_id=account_id, provider_user_id=provider_user_id,
+          address=address)
 
 
-def chat_link_refused(*, sub: str, provider: str, provider_user_id: str) -> None:
-    _emit("chat.link_refused", "{sub} may not link {provider} account {provider_user_id}: it is linked to another"
-          " user", "refused", sub=sub, provider=provider, provider_user_id=provider_user_id)
+def chat_link_refused(*, sub: str, provider: str, provider_user_id: str, address: str) -> None:
+    _emit("chat.link_refused", "{sub} may not link {provider} account {provider_user_id} from {address}: it is"
+          " linked to another user", "refused", sub=sub, provider=provider, provider_user_id=provider_user_id,
+          address=address)
 
 
-def chat_unlinked(*, sub: str, provider: str) -> None:
-    _emit("chat.unlinked", "{sub} unlinked their {provider} account", "success", sub=sub, provider=provider)
+def chat_unlinked(*, sub: str, provider: str, address: str) -> None:
+    _emit("chat.unlinked", "{sub} unlinked their {provider} account from {address}", "success", sub=sub,
+          provider=provider, address=address)
 
 
 def chat_refreshed(*, sub: str, provider: str, account_id: str, rotated: bool) -> None:
@@ -350,8 +353,9 @@ def user_deleted(*, sub: str, login: str, actor: str) -> None:
     _emit("user.deleted", "user {login} ({sub}) deleted by {actor}", "success", sub=sub, login=login, actor=actor)
 
 
-def mfa_enrolled(*, sub: str, kind: str) -> None:
-    _emit("mfa.enrolled", "{sub} enrolled a {kind} factor", "success", sub=sub, kind=kind)
+def mfa_enrolled(*, sub: str, kind: str, address: str) -> None:
+    _emit("mfa.enrolled", "{sub} enrolled a {kind} factor from {address}", "success", sub=sub, kind=kind,
+          address=address)
 
 
 def mfa_succeeded(*, sub: str, method: str, address: str) -> None:
@@ -364,26 +368,28 @@ def mfa_failed(*, sub: str, address: str, reason: str) -> None:
           address=address, reason=reason)
 
 
-def mfa_enrolment_put_off(*, sub: str, grace_until: int) -> None:
-    _emit("mfa.put_off", "{sub} put off enrolling a second factor (grace until {grace_until})", "success",
-          sub=sub, grace_until=grace_until)
+def mfa_enrolment_put_off(*, sub: str, grace_until: int, address: str) -> None:
+    _emit("mfa.put_off", "{sub} put off enrolling a second factor (grace until {grace_until}) from {address}",
+          "success", sub=sub, grace_until=grace_until, address=address)
 
 
-def recovery_codes_replaced(*, sub: str) -> None:
-    _emit("mfa.recovery_codes_replaced", "{sub} has a new set of recovery codes", "success", sub=sub)
+def recovery_codes_replaced(*, sub: str, address: str) -> None:
+    _emit("mfa.recovery_codes_replaced", "{sub} has a new set of recovery codes, from {address}", "success",
+          sub=sub, address=address)
 
 
 def factors_reset(*, sub: str, actor: str) -> None:
     _emit("mfa.reset", "second factors of {sub} reset by {actor}", "success", sub=sub, actor=actor)
 
 
-def passkey_registered(*, sub: str, credential: str, synced: bool) -> None:
-    _emit("passkey.registered", "{sub} registered passkey {credential} (synced: {synced})", "success", sub=sub,
-          credential=credential, synced=synced)
+def passkey_registered(*, sub: str, credential: str, synced: bool, address: str) -> None:
+    _emit("passkey.registered", "{sub} registered passkey {credential} (synced: {synced}) from {address}",
+          "success", sub=sub, credential=credential, synced=synced, address=address)
 
 
-def passkey_removed(*, sub: str, credential: str) -> None:
-    _emit("passkey.removed", "{sub} removed passkey {credential}", "success", sub=sub, credential=credential)
+def passkey_removed(*, sub: str, credential: str, address: str) -> None:
+    _emit("passkey.removed", "{sub} removed passkey {credential} from {address}", "success", sub=sub,
+          credential=credential, address=address)
 
 
 def passkey_succeeded(*, sub: str, credential: str, address: str) -> None:
@@ -396,21 +402,22 @@ def passkey_refused(*, sub: str | None, credential: str, address: str, reason: s
           credential=credential, address=address, reason=reason)
 
 
-def account_session_ended(*, sub: str, session_id: str) -> None:
-    _emit("account.session_ended", "{sub} signed out their session {session_id} from the account page", "success",
-          sub=sub, session_id=session_id)
+def account_session_ended(*, sub: str, session_id: str, address: str) -> None:
+    """C{session_id}: the session signed out; C{address}: the browser's that signed it out."""
+    _emit("account.session_ended", "{sub} signed out their session {session_id} from the account page at"
+          " {address}", "success", sub=sub, session_id=session_id, address=address)
 
 
-def account_app_revoked(*, sub: str, client_id: str, grants: int) -> None:
-    _emit("account.app_revoked", "{sub} revoked {client_id} ({grants} grants and the consent)", "success", sub=sub,
-          client_id=client_id, grants=grants)
+def account_app_revoked(*, sub: str, client_id: str, grants: int, address: str) -> None:
+    _emit("account.app_revoked", "{sub} revoked {client_id} ({grants} grants and the consent) from {address}",
+          "success", sub=sub, client_id=client_id, grants=grants, address=address)
 
 
-def password_changed(*, sub: str, sessions_ended: int) -> None:
-    _emit("account.password_changed", "{sub} changed their password; {sessions_ended} other sessions ended",
-          "success", sub=sub, sessions_ended=sessions_ended)
+def password_changed(*, sub: str, sessions_ended: int, address: str) -> None:
+    _emit("account.password_changed", "{sub} changed their password from {address}; {sessions_ended} other"
+          " sessions ended", "success", sub=sub, sessions_ended=sessions_ended, address=address)
 
 
-def password_change_refused(*, sub: str, reason: str) -> None:
-    _emit("account.password_change_refused", "password change of {sub} refused: {reason}", "failure", sub=sub,
-          reason=reason)
+def password_change_refused(*, sub: str, reason: str, address: str) -> None:
+    _emit("account.password_change_refused", "password change of {sub} from {address} refused: {reason}",
+          "failure", sub=sub, reason=reason, address=address)

@@ -451,12 +451,12 @@ class InteractionFlow:
                 return await self._enrolment_form(200, interaction, client, MUST_ENROL, seconds, form.get("sealed"))
             if not await self._store.take_interaction(interaction.interaction_id, ENROL_STAGE):
                 raise _expired()
-            events.mfa_enrolment_put_off(sub=sub, grace_until=grace_until)
+            events.mfa_enrolment_put_off(sub=sub, grace_until=grace_until, address=address)
             return await self._signed_in(client, interaction.request, sub, session, browser, address,
                                          interaction.amr, ACR_PWD, seconds)
         if session is not None and not self._factors.recent(session, seconds):
             return await self._sign_in_first(interaction, browser, address, seconds)
-        if not await self._factors.confirm(sub, form.get("sealed"), form.get("code", ""), seconds):
+        if not await self._factors.confirm(sub, form.get("sealed"), form.get("code", ""), seconds, address):
             return await self._enrolment_form(200, interaction, client, WRONG_FIRST_CODE, seconds,
                                               form.get("sealed"))
         if not await self._store.take_interaction(interaction.interaction_id, ENROL_STAGE):

@@ -563,14 +563,16 @@ class PublicSite:
 
     @app.route(ACCOUNT_PATH + "/sessions/end", methods=["POST"])
     async def account_end_session(self, request):
+        address = client_address_of(request, self._trusted_proxies)
         return await self._account_done(request, await self._flows.account_page.end_session(
-            self._cookies.browser(request).session, page_form(request), self._now()
+            self._cookies.browser(request).session, page_form(request), address, self._now()
         ))
 
     @app.route(ACCOUNT_PATH + "/apps/revoke", methods=["POST"])
     async def account_revoke_app(self, request):
+        address = client_address_of(request, self._trusted_proxies)
         return await self._account_done(request, await self._flows.account_page.revoke_app(
-            self._cookies.browser(request).session, page_form(request), self._now()
+            self._cookies.browser(request).session, page_form(request), address, self._now()
         ))
 
     @app.route(ACCOUNT_PATH + "/password", methods=["POST"])
@@ -696,7 +698,7 @@ class PublicSite:
             params = page_params(request.args)
         except InvalidRequest as e:
             raise PageError(400, "Link not completed", e.description) from None
-        account = await linking.finish(session, params, self._now())
+        account = await linking.finish(session, params, self._now(), client_address_of(request, self._trusted_proxies))
         return render_page(
             request, 200, "Chat account linked",
             tags.p("Your ", linking.provider_name, " account ", tags.strong(account.provider_user_id),
@@ -712,7 +714,8 @@ class PublicSite:
         linking, cookie, session = await self._linking_session(request)
         if not unlink_token_valid(cookie, (page_form(request) or {}).get("csrf")):
             raise PageError(403, "Not unlinked", "This form has expired. Reload the page and try again.")
-        return await self._account_done(request, "chat-unlinked" if await linking.unlink(session) else "chat-gone")
+        unlinked = await linking.unlink(session, client_address_of(request, self._trusted_proxies))
+        return await self._account_done(request, "chat-unlinked" if unlinked else "chat-gone")
 
     # --- failures ----------------------------------------------------------------
 
