@@ -13,6 +13,7 @@ import select
 import os
 import resource
 import signal
+import socket
 import time
 import urllib.request
 from ipaddress import ip_network
@@ -171,6 +172,31 @@ def test_a_running_server_writes_three_logs_and_reopens_them_on_signals_but_no_c
     for text in (out, err, *(path.read_text() for path in data.glob("*.log*"))):
         for secret in secrets:
             assert secret not in text
+
+
+@pytest.mark.slow
+def test_a_zone_id_a_trusted_proxy_forwards_never_reaches_the_access_log(run_server, tmp_path):
+    """
+    An IPv6 zone id (C{fe80::1%...}) in Forwarded or X-Forwarded-For may
+    hold any text: the client's address is written without it, so no space,
+    quote or control character splits or forges a combined line.
+    """
+    config, _ = prepare_data_dir(tmp_path / "data")
+    port = free_port()
+    config.write_text(config.read_text().replace("[server]\n", (
+        '[server]\naccess_log_path = "access.log"\ntrusted_proxies = ["127.0.0.1/32"]\ndrain_delay = 0\n'
+    )))
+    server = run_server(["authsrv", "--config", str(config), "--listen", f"tcp:{port}:interface=127.0.0.1"],
+                        tmp_path, port=port)
+    for header in (b'X-Forwarded-For: fe80::1%a b" x\x01', b'Forwarded: for="[fe80::2%25eth0 -]:4711"'):
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as connection:
+            connection.sendall(b"GET /api/auth/jwks HTTP/1.1\r\nHost: 127.0.0.1\r\n" + header
+                               + b"\r\nConnection: close\r\n\r\n")
+            assert connection.recv(64).startswith(b"HTTP/1.1 200 ")
+    time.sleep(1.5)
+    server.stop()
+    lines = [line for line in (tmp_path / "data" / "access.log").read_text().splitlines() if "/readyz" not in line]
+    assert [line.split(" - - [")[0] for line in lines] == ["fe80::1", "fe80::2"], lines
 
 
 @pytest.mark.parametrize(

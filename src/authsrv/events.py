@@ -112,7 +112,7 @@ def login_suspended(*, sub: str, address: str, reason: str) -> None:
           sub=sub, address=address, reason=reason)
 
 
-def login_hint_mismatch(*, sub: str, hinted_sub: str, client_id: str, address: str | None) -> None:
+def login_hint_mismatch(*, sub: str, hinted_sub: str, client_id: str, address: str) -> None:
     """Another user than the id_token_hint names signed in: the client hears login_required."""
     _emit("login.hint_mismatch", "{sub} signed in for {client_id} from {address}, which asked for {hinted_sub}",
           "refused", sub=sub, hinted_sub=hinted_sub, client_id=client_id, address=address)
@@ -124,13 +124,15 @@ def throttle_engaged(*, login: str, address: str, reason: str, retry_after: int 
           login=login, address=address, reason=reason, retry_after=retry_after)
 
 
-def consent_given(*, sub: str, client_id: str, scope: str) -> None:
-    _emit("consent.given", "{sub} consented to {scope} for {client_id}", "success", sub=sub,
-          client_id=client_id, scope=scope)
+def consent_given(*, sub: str, client_id: str, scope: str, address: str) -> None:
+    """C{address}: the browser's that approved."""
+    _emit("consent.given", "{sub} consented to {scope} for {client_id} from {address}", "success", sub=sub,
+          client_id=client_id, scope=scope, address=address)
 
 
-def consent_denied(*, sub: str, client_id: str) -> None:
-    _emit("consent.denied", "{sub} denied consent to {client_id}", "refused", sub=sub, client_id=client_id)
+def consent_denied(*, sub: str, client_id: str, address: str) -> None:
+    _emit("consent.denied", "{sub} denied consent to {client_id} from {address}", "refused", sub=sub,
+          client_id=client_id, address=address)
 
 
 def code_issued(*, sub: str, client_id: str, grant_id: str, session_id: str, address: str) -> None:
@@ -142,14 +144,18 @@ def code_issued(*, sub: str, client_id: str, grant_id: str, session_id: str, add
           client_id=client_id, grant_id=grant_id, session_id=session_id, address=address)
 
 
-def request_pushed(*, client_id: str) -> None:
-    _emit("request.pushed", "authorization request pushed by {client_id}", "success", client_id=client_id)
+def request_pushed(*, client_id: str, address: str) -> None:
+    _emit("request.pushed", "authorization request pushed by {client_id} from {address}", "success",
+          client_id=client_id, address=address)
 
 
-def request_uri_refused(*, client_id: str) -> None:
-    """A browser brought a request_uri that was used, expired, unknown or another client's: a replay, or stale."""
-    _emit("request_uri.refused", "request_uri refused for {client_id}", "refused", client_id=client_id,
-          reason="unknown, used, expired or another client's")
+def request_uri_refused(*, client_id: str, address: str) -> None:
+    """
+    A browser (at C{address}) brought a request_uri that was used, expired,
+    unknown or another client's: a replay, or stale.
+    """
+    _emit("request_uri.refused", "request_uri refused for {client_id} from {address}", "refused",
+          client_id=client_id, address=address, reason="unknown, used, expired or another client's")
 
 
 def token_issued(*, sub: str, client_id: str, grant_id: str, grant_type: str, token_fp: str,
@@ -166,18 +172,21 @@ def code_reused(*, client_id: str, grant_id: str, address: str | None) -> None:
           "refused", client_id=client_id, grant_id=grant_id, address=address, reason="code reused")
 
 
-def device_requested(*, client_id: str, scope: str) -> None:
-    _emit("device.requested", "device authorization for {client_id} started", "success", client_id=client_id,
-          scope=scope)
+def device_requested(*, client_id: str, scope: str, address: str) -> None:
+    """C{address}: the device's."""
+    _emit("device.requested", "device authorization for {client_id} started from {address}", "success",
+          client_id=client_id, scope=scope, address=address)
 
 
-def device_approved(*, sub: str, client_id: str, grant_id: str, scope: str) -> None:
-    _emit("device.approved", "{sub} approved a device of {client_id} (grant {grant_id})", "success", sub=sub,
-          client_id=client_id, grant_id=grant_id, scope=scope)
+def device_approved(*, sub: str, client_id: str, grant_id: str, scope: str, address: str) -> None:
+    """C{address}: the browser's at the verification page, not the device's."""
+    _emit("device.approved", "{sub} approved a device of {client_id} (grant {grant_id}) from {address}", "success",
+          sub=sub, client_id=client_id, grant_id=grant_id, scope=scope, address=address)
 
 
-def device_denied(*, sub: str, client_id: str) -> None:
-    _emit("device.denied", "{sub} denied a device of {client_id}", "refused", sub=sub, client_id=client_id)
+def device_denied(*, sub: str, client_id: str, address: str) -> None:
+    _emit("device.denied", "{sub} denied a device of {client_id} from {address}", "refused", sub=sub,
+          client_id=client_id, address=address)
 
 
 def device_code_failed(*, address: str, reason: str, sub: str | None = None) -> None:
@@ -276,25 +285,29 @@ def config_loaded(*, path: str | None, issuer: str, clients: int) -> None:
           path=path, issuer=issuer, clients=clients)
 
 
-def chat_linked(*, sub: str, provider: str, account_id: str, provider_user_id: str) -> None:
-    _emit("chat.linked", "{sub} linked {provider} account {provider_user_id} (link {account_id})", "success",
-          sub=sub, provider=provider, account_id=account_id, provider_user_id=provider_user_id)
+def chat_linked(*, sub: str, provider: str, account_id: str, provider_user_id: str, address: str) -> None:
+    _emit("chat.linked", "{sub} linked {provider} account {provider_user_id} (link {account_id}) from {address}",
+          "success", sub=sub, provider=provider, account_id=account_id, provider_user_id=provider_user_id,
+          address=address)
 
 
-def chat_link_refused(*, sub: str, provider: str, provider_user_id: str) -> None:
-    _emit("chat.link_refused", "{sub} may not link {provider} account {provider_user_id}: it is linked to another"
-          " user", "refused", sub=sub, provider=provider, provider_user_id=provider_user_id)
+def chat_link_refused(*, sub: str, provider: str, provider_user_id: str, address: str) -> None:
+    _emit("chat.link_refused", "{sub} may not link {provider} account {provider_user_id} from {address}: it is"
+          " linked to another user", "refused", sub=sub, provider=provider, provider_user_id=provider_user_id,
+          address=address)
 
 
 def chat_stale_link_replaced(*, sub: str, provider: str, account_id: str, provider_user_id: str,
-                             former_sub: str) -> None:
+                             former_sub: str, address: str) -> None:
     _emit("chat.stale_link_replaced", "{sub} took {provider} account {provider_user_id} from {former_sub}, a user"
-          " no identity backend knows any more (link {account_id} removed)", "success", sub=sub, provider=provider,
-          account_id=account_id, provider_user_id=provider_user_id, former_sub=former_sub)
+          " no identity backend knows any more (link {account_id} removed), from {address}", "success", sub=sub,
+          provider=provider, account_id=account_id, provider_user_id=provider_user_id, former_sub=former_sub,
+          address=address)
 
 
-def chat_unlinked(*, sub: str, provider: str) -> None:
-    _emit("chat.unlinked", "{sub} unlinked their {provider} account", "success", sub=sub, provider=provider)
+def chat_unlinked(*, sub: str, provider: str, address: str) -> None:
+    _emit("chat.unlinked", "{sub} unlinked their {provider} account from {address}", "success", sub=sub,
+          provider=provider, address=address)
 
 
 def chat_refreshed(*, sub: str, provider: str, account_id: str, rotated: bool) -> None:
@@ -349,8 +362,9 @@ def user_deleted(*, sub: str, login: str, actor: str) -> None:
     _emit("user.deleted", "user {login} ({sub}) deleted by {actor}", "success", sub=sub, login=login, actor=actor)
 
 
-def mfa_enrolled(*, sub: str, kind: str) -> None:
-    _emit("mfa.enrolled", "{sub} enrolled a {kind} factor", "success", sub=sub, kind=kind)
+def mfa_enrolled(*, sub: str, kind: str, address: str) -> None:
+    _emit("mfa.enrolled", "{sub} enrolled a {kind} factor from {address}", "success", sub=sub, kind=kind,
+          address=address)
 
 
 def mfa_succeeded(*, sub: str, method: str, address: str) -> None:
@@ -363,26 +377,28 @@ def mfa_failed(*, sub: str, address: str, reason: str) -> None:
           address=address, reason=reason)
 
 
-def mfa_enrolment_put_off(*, sub: str, grace_until: int) -> None:
-    _emit("mfa.put_off", "{sub} put off enrolling a second factor (grace until {grace_until})", "success",
-          sub=sub, grace_until=grace_until)
+def mfa_enrolment_put_off(*, sub: str, grace_until: int, address: str) -> None:
+    _emit("mfa.put_off", "{sub} put off enrolling a second factor (grace until {grace_until}) from {address}",
+          "success", sub=sub, grace_until=grace_until, address=address)
 
 
-def recovery_codes_replaced(*, sub: str) -> None:
-    _emit("mfa.recovery_codes_replaced", "{sub} has a new set of recovery codes", "success", sub=sub)
+def recovery_codes_replaced(*, sub: str, address: str) -> None:
+    _emit("mfa.recovery_codes_replaced", "{sub} has a new set of recovery codes, from {address}", "success",
+          sub=sub, address=address)
 
 
 def factors_reset(*, sub: str, actor: str) -> None:
     _emit("mfa.reset", "second factors of {sub} reset by {actor}", "success", sub=sub, actor=actor)
 
 
-def passkey_registered(*, sub: str, credential: str, synced: bool) -> None:
-    _emit("passkey.registered", "{sub} registered passkey {credential} (synced: {synced})", "success", sub=sub,
-          credential=credential, synced=synced)
+def passkey_registered(*, sub: str, credential: str, synced: bool, address: str) -> None:
+    _emit("passkey.registered", "{sub} registered passkey {credential} (synced: {synced}) from {address}",
+          "success", sub=sub, credential=credential, synced=synced, address=address)
 
 
-def passkey_removed(*, sub: str, credential: str) -> None:
-    _emit("passkey.removed", "{sub} removed passkey {credential}", "success", sub=sub, credential=credential)
+def passkey_removed(*, sub: str, credential: str, address: str) -> None:
+    _emit("passkey.removed", "{sub} removed passkey {credential} from {address}", "success", sub=sub,
+          credential=credential, address=address)
 
 
 def passkey_succeeded(*, sub: str, credential: str, address: str) -> None:
@@ -395,21 +411,22 @@ def passkey_refused(*, sub: str | None, credential: str, address: str, reason: s
           credential=credential, address=address, reason=reason)
 
 
-def account_session_ended(*, sub: str, session_id: str) -> None:
-    _emit("account.session_ended", "{sub} signed out their session {session_id} from the account page", "success",
-          sub=sub, session_id=session_id)
+def account_session_ended(*, sub: str, session_id: str, address: str) -> None:
+    """C{session_id}: the session signed out; C{address}: the browser's that signed it out."""
+    _emit("account.session_ended", "{sub} signed out their session {session_id} from the account page at"
+          " {address}", "success", sub=sub, session_id=session_id, address=address)
 
 
-def account_app_revoked(*, sub: str, client_id: str, grants: int) -> None:
-    _emit("account.app_revoked", "{sub} revoked {client_id} ({grants} grants and the consent)", "success", sub=sub,
-          client_id=client_id, grants=grants)
+def account_app_revoked(*, sub: str, client_id: str, grants: int, address: str) -> None:
+    _emit("account.app_revoked", "{sub} revoked {client_id} ({grants} grants and the consent) from {address}",
+          "success", sub=sub, client_id=client_id, grants=grants, address=address)
 
 
-def password_changed(*, sub: str, sessions_ended: int) -> None:
-    _emit("account.password_changed", "{sub} changed their password; {sessions_ended} other sessions ended",
-          "success", sub=sub, sessions_ended=sessions_ended)
+def password_changed(*, sub: str, sessions_ended: int, address: str) -> None:
+    _emit("account.password_changed", "{sub} changed their password from {address}; {sessions_ended} other"
+          " sessions ended", "success", sub=sub, sessions_ended=sessions_ended, address=address)
 
 
-def password_change_refused(*, sub: str, reason: str) -> None:
-    _emit("account.password_change_refused", "password change of {sub} refused: {reason}", "failure", sub=sub,
-          reason=reason)
+def password_change_refused(*, sub: str, reason: str, address: str) -> None:
+    _emit("account.password_change_refused", "password change of {sub} from {address} refused: {reason}",
+          "failure", sub=sub, reason=reason, address=address)

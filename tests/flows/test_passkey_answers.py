@@ -154,7 +154,7 @@ async def test_a_public_url_with_its_default_port_or_capitals_still_matches_the_
     keys = Passkeys(store=MemoryStore(), public_url="https://ID.Example.test:443", rp_name="Example")
     key = SoftPasskey("id.example.test", "https://id.example.test", b"sub-1")
     options = await keys.registration_options("sub-1", "alice", "Alice", NOW)
-    assert await keys.register("sub-1", key.create(options), NOW) is not None
+    assert await keys.register("sub-1", key.create(options), NOW, "192.0.2.1") is not None
     outcome = await keys.authenticate("i-1", key.get(await keys.sign_in_options("i-1", NOW)), "192.0.2.1", NOW)
     assert isinstance(outcome, PasskeyAccepted) and outcome.passkey.sub == "sub-1"
 

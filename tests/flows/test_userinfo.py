@@ -189,6 +189,8 @@ async def test_token_without_openid_is_insufficient(tmp_path, monkeypatch):
         token = (await tokens(h, scope="profile email"))["access_token"]
         response, body = await h.json("GET", USERINFO, headers=bearer(token))
         assert_challenge(response, body, 403, "insufficient_scope")
+        # RFC 6750 section 3: the challenge names the scope the resource needs, as node-oidc-provider's does.
+        assert header(response, "www-authenticate")[0].endswith(', scope="openid"')
     finally:
         await h.close()
 

@@ -34,6 +34,9 @@ PROXIES = parse_networks(["127.0.0.1/32", "10.0.0.0/8", "2001:db8:1::/48"])
         ("127.0.0.1", ["for=192.0.2.60"], ["203.0.113.5"], "192.0.2.60"),
         ("127.0.0.1", ["by=10.0.0.1"], [], "127.0.0.1"),
         ("2001:db8:1::5", [], ["192.0.2.1"], "192.0.2.1"),
+        # An IPv6 zone id names an interface of the host that wrote it: dropped, whatever text it holds.
+        ("127.0.0.1", [], ['fe80::1%a b" x\x01'], "fe80::1"),
+        ("127.0.0.1", ['for="[fe80::2%25eth0]:4711"'], [], "fe80::2"),
     ],
 )
 def test_rightmost_untrusted_hop(peer, forwarded, xff, client):
@@ -51,8 +54,9 @@ def test_networks_are_checked():
 
 @given(forwarded=st.lists(st.text(max_size=40), max_size=3), xff=st.lists(st.text(max_size=40), max_size=3))
 def test_any_header_text_gives_an_ip_address(forwarded, xff):
-    """Whatever the headers say, the answer is an address, never their text."""
-    ipaddress.ip_address(client_address("127.0.0.1", PROXIES, forwarded, xff))
+    """Whatever the headers say, the answer is an address, never their text (nor a zone id's)."""
+    address = client_address("127.0.0.1", PROXIES, forwarded, xff)
+    assert str(ipaddress.ip_address(address)) == address and "%" not in address
 
 
 def test_an_ipv4_client_of_a_dual_stack_listener_is_its_ipv4_address():

@@ -128,7 +128,7 @@ class AccountFactors:
             raise PageError(403, "Not changed", "This form has expired. Reload the page and try again.")
         if again := await self._unfit(session, browser, address, now):
             return again
-        if not await self._factors.confirm(session.sub, form.get("sealed"), form.get("code", ""), now):
+        if not await self._factors.confirm(session.sub, form.get("sealed"), form.get("code", ""), now, address):
             return await self._form(cookie, session, form.get("sealed"), WRONG_FIRST_CODE, now)
         return "totp-set-up"
 
@@ -142,7 +142,7 @@ class AccountFactors:
             return again
         if not await self._factors.has_totp(session.sub):
             raise PageError(409, "No authenticator", "Set up an authenticator first; it comes with recovery codes.")
-        return RecoveryCodes(await self._factors.replace_recovery_codes(session.sub, now))
+        return RecoveryCodes(await self._factors.replace_recovery_codes(session.sub, now, address))
 
     async def _form(self, cookie: str, session: BrowserSession, sealed: str | None, message: str | None,
                     now: int) -> EnrolmentForm:
@@ -399,22 +399,25 @@ class AccountPage:
                                since, len(grants.get(client_id, ()))))
         return tuple(rows)
 
-    async def end_session(self, cookie: str | None, form: dict[str, str] | None, now: int) -> str:
-        """Sign out one of the user's other sessions (its clients hear by back-channel logout)."""
+    async def end_session(self, cookie: str | None, form: dict[str, str] | None, address: str, now: int) -> str:
+        """
+        Sign out one of the user's other sessions (its clients hear by
+        back-channel logout); audited with this browser's C{address}.
+        """
         _, session, form = await self._posted(cookie, form, ACCOUNT_PURPOSE, now)
         target = next((s for s in await self._store.list_user_sessions(session.sub, now)
                        if s.sid == form.get("sid")), None)
         if target is None or target.session_hash == session.session_hash:
             return "session-gone"
         await self._sessions.end_session(target, "signed out from the account page")
-        events.account_session_ended(sub=session.sub, session_id=target.sid)
+        events.account_session_ended(sub=session.sub, session_id=target.sid, address=address)
         return "session-ended"
 
-    async def revoke_app(self, cookie: str | None, form: dict[str, str] | None, now: int) -> str:
+    async def revoke_app(self, cookie: str | None, form: dict[str, str] | None, address: str, now: int) -> str:
         """
         Withdraw an application's access: every grant of the user to it is
         revoked (its tokens die) and the remembered consent forgotten, so
-        its next request asks again.
+        its next request asks again; audited with this browser's C{address}.
         """
         _, session, form = await self._posted(cookie, form, ACCOUNT_PURPOSE, now)
         client_id = form.get("client_id", "")
@@ -425,7 +428,7 @@ class AccountPage:
         forgot = await self._store.revoke_consent(session.sub, client_id)
         if not revoked and not forgot:
             return "app-gone"
-        events.account_app_revoked(sub=session.sub, client_id=client_id, grants=revoked)
+        events.account_app_revoked(sub=session.sub, client_id=client_id, grants=revoked, address=address)
         return "app-revoked"
 
     async def change_password(self, cookie: str | None, form: dict[str, str] | None, address: str,
@@ -447,29 +450,29 @@ class AccountPage:
             raise PageError(404, "Not available", "Your password is managed elsewhere.")
         new, again = form.get("new_password", ""), form.get("new_password_again", "")
         if not new or new != again:
-            events.password_change_refused(sub=sub, reason="new passwords missing or different")
+            events.password_change_refused(sub=sub, address=address, reason="new passwords missing or different")
             return PasswordRefused("The two new passwords are not the same.")
         problem = password_problem(new, login=user.login, email=user.email, min_length=self._min_length)
         if problem:
-            events.password_change_refused(sub=sub, reason="new password against the policy")
+            events.password_change_refused(sub=sub, address=address, reason="new password against the policy")
             return PasswordRefused(problem)
         checked = await self._login.log_in(user.login, form.get("current_password", ""), address, device, now,
                                            along=lambda: self._hash(new))
         if isinstance(checked, Unavailable):
-            events.password_change_refused(sub=sub, reason="current password not checkable")
+            events.password_change_refused(sub=sub, address=address, reason="current password not checkable")
             return PASSWORD_NOT_CHECKED
         if isinstance(checked, Throttled):
-            events.password_change_refused(sub=sub, reason="too many password attempts")
+            events.password_change_refused(sub=sub, address=address, reason="too many password attempts")
             return PASSWORD_THROTTLED
         if not isinstance(checked, LoggedIn) or checked.user.sub != sub:
-            events.password_change_refused(sub=sub, reason="current password not accepted")
+            events.password_change_refused(sub=sub, address=address, reason="current password not accepted")
             return WRONG_CURRENT_PASSWORD
         await manager.set_password_hash(user.login, checked.along)
         ended = 0
         for other in await self._store.list_user_sessions(sub, now):
             if other.session_hash != session.session_hash:
                 ended += await self._sessions.end_session(other, "password changed")
-        events.password_changed(sub=sub, sessions_ended=ended)
+        events.password_changed(sub=sub, sessions_ended=ended, address=address)
         return "password-changed"
 
     async def sign_in_again(self, browser: Browser, address: str, now: int) -> Redirect:
@@ -489,7 +492,7 @@ class AccountPage:
         if again := await self._unfit(session, browser, address, now):
             return again
         assert self._passkeys is not None, "_unfit refuses without passkeys"
-        added = await self._passkeys.register(session.sub, form.get("credential"), now)
+        added = await self._passkeys.register(session.sub, form.get("credential"), now, address)
         if added is None:
             return "passkey-not-added"
         if isinstance(added, TooManyPasskeys):
@@ -502,7 +505,7 @@ class AccountPage:
         if again := await self._unfit(session, browser, address, now):
             return again
         assert self._passkeys is not None, "_unfit refuses without passkeys"
-        if await self._passkeys.remove(session.sub, form.get("credential_id", "")):
+        if await self._passkeys.remove(session.sub, form.get("credential_id", ""), address):
             return "passkey-removed"
         return "passkey-gone"
 

@@ -86,11 +86,13 @@ class DeviceAuthorizationFlow:
         self._verification_uri = f"{issuer}/device"
 
     async def start(
-        self, authorization: bytes | None, params: dict[str, str], now: int, checked: Client | None = None,
+        self, authorization: bytes | None, params: dict[str, str], now: int, address: str,
+        checked: Client | None = None,
     ) -> dict:
         """
         The device and user codes, where to enter the latter, and how often to poll.
-        C{checked}: the client the rate limiter already authenticated from these credentials.
+        C{address}: the device's, for the audit event; C{checked}: the client
+        the rate limiter already authenticated from these credentials.
         """
         client = checked or await authenticate_client(self._clients, authorization, params)
         if DEVICE_CODE_GRANT not in client.grant_types:
@@ -111,7 +113,7 @@ class DeviceAuthorizationFlow:
             except AlreadyExists:
                 if attempt == SAVE_TRIES - 1:
                     raise
-        events.device_requested(client_id=client.client_id, scope=scope_text(scope))
+        events.device_requested(client_id=client.client_id, scope=scope_text(scope), address=address)
         return {
             "device_code": device_code,
             "user_code": user_code,
@@ -196,7 +198,7 @@ class DeviceVerification:
         if form["action"] == "deny":
             if not await self._store.decide_device_authorization(device.user_code_hash, session.sub, None, now):
                 raise PageError(409, "Code used", USED)
-            events.device_denied(sub=session.sub, client_id=client.client_id)
+            events.device_denied(sub=session.sub, client_id=client.client_id, address=address)
             return Notice(200, "Device not connected",
                           f"{client.name or client.client_id} on your device gets no access.")
         grant = Grant(
@@ -207,7 +209,7 @@ class DeviceVerification:
         if not await self._store.decide_device_authorization(device.user_code_hash, session.sub, grant, now):
             raise PageError(409, "Code used", USED)
         events.device_approved(sub=session.sub, client_id=client.client_id, grant_id=grant.grant_id,
-                               scope=scope_text(device.scope))
+                               scope=scope_text(device.scope), address=address)
         return Notice(200, "Device connected",
                       f"{client.name or client.client_id} is signed in on your device. You can close this page.")
 

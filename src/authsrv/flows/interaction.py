@@ -202,7 +202,7 @@ class InteractionFlow:
         client = await self._clients.get_client(client_id) if client_id is not None else None
         pushed, push_required, by_reference = self._pushed, False, False
         if client is not None and pushed is not None and b"request_uri" in args:
-            args = await pushed.take(client, args, now)
+            args = await pushed.take(client, args, now, address)
             by_reference = True
         elif client is not None:
             push_required = must_push(client, pushed is not None and pushed.required)
@@ -451,12 +451,12 @@ class InteractionFlow:
                 return await self._enrolment_form(200, interaction, client, MUST_ENROL, seconds, form.get("sealed"))
             if not await self._store.take_interaction(interaction.interaction_id, ENROL_STAGE):
                 raise _expired()
-            events.mfa_enrolment_put_off(sub=sub, grace_until=grace_until)
+            events.mfa_enrolment_put_off(sub=sub, grace_until=grace_until, address=address)
             return await self._signed_in(client, interaction.request, sub, session, browser, address,
                                          interaction.amr, ACR_PWD, seconds)
         if session is not None and not self._factors.recent(session, seconds):
             return await self._sign_in_first(interaction, browser, address, seconds)
-        if not await self._factors.confirm(sub, form.get("sealed"), form.get("code", ""), seconds):
+        if not await self._factors.confirm(sub, form.get("sealed"), form.get("code", ""), seconds, address):
             return await self._enrolment_form(200, interaction, client, WRONG_FIRST_CODE, seconds,
                                               form.get("sealed"))
         if not await self._store.take_interaction(interaction.interaction_id, ENROL_STAGE):
@@ -559,13 +559,13 @@ class InteractionFlow:
             raise _expired()
         request = interaction.request
         if action == "deny":
-            events.consent_denied(sub=session.sub, client_id=client.client_id)
+            events.consent_denied(sub=session.sub, client_id=client.client_id, address=address)
             denied = AccessDenied("the user denied the request")
             return Redirect(error_location(self._issuer, request.redirect_uri, request.state, denied), 303)
         if max_age_passed(request, session, now) and session.auth_time < interaction.created_at:
             return await self._approved_then_sign_in(client, request, session, browser, address, now)
         location = await self._issue_code(client, request, session, now, address)
-        await self._remember_consent(session.sub, client, request.scope, now)
+        await self._remember_consent(session.sub, client, request.scope, now, address)
         return Redirect(location, 303)
 
     async def _approved_then_sign_in(self, client: Client, request: AuthorizationRequest, session: BrowserSession,
@@ -575,7 +575,7 @@ class InteractionFlow:
         store still holds, L{_remember_consent}), then the same request
         waits for a sign-in again, without prompt=consent.
         """
-        await self._remember_consent(session.sub, client, request.scope, now)
+        await self._remember_consent(session.sub, client, request.scope, now, address)
         again = attrs.evolve(request, prompt=request.prompt - {"consent"})
         return await self._wait(again, LOGIN_STAGE, None, browser, now, address)
 
@@ -636,7 +636,7 @@ class InteractionFlow:
         """
         if request.device:
             return Redirect(request.redirect_uri, 303)
-        refused = self._refused_for_hint(client, request, session.sub, None, status)
+        refused = self._refused_for_hint(client, request, session.sub, address, status)
         if refused is not None:
             return refused
         if max_age_passed(request, session, now):
@@ -648,7 +648,7 @@ class InteractionFlow:
             return await self._wait(request, CONSENT_STAGE, session.sid, browser, now)
         return Redirect(await self._issue_code(client, request, session, now, address, ending=ending), status)
 
-    def _refused_for_hint(self, client: Client, request: AuthorizationRequest, sub: str, address: str | None,
+    def _refused_for_hint(self, client: Client, request: AuthorizationRequest, sub: str, address: str,
                           status: int) -> Redirect | None:
         """
         login_required at the client, audited, when C{sub} is not the user
@@ -828,17 +828,17 @@ class InteractionFlow:
             username=username, message=message, retry_after=retry_after,
         )
 
-    async def _remember_consent(self, sub: str, client: Client, scope, now: int) -> None:
+    async def _remember_consent(self, sub: str, client: Client, scope, now: int, address: str) -> None:
         """
         Add C{scope} to what the user consented to for the client, until
         revoked (the store merges); none is kept for a client the store no
         longer holds, which gets the unknown-client page (docs/design.md,
-        Removed clients).
+        Removed clients). Its audit event names the browser's C{address}.
         """
         granted = await self._store.save_consent(sub, client.client_id, scope, now, stored_client=client.stored)
         if granted is None:
             raise unknown_client()  # removed since this instance cached it
-        events.consent_given(sub=sub, client_id=client.client_id, scope=" ".join(sorted(granted)))
+        events.consent_given(sub=sub, client_id=client.client_id, scope=" ".join(sorted(granted)), address=address)
 
     async def _issue_code(self, client: Client, request: AuthorizationRequest, session: BrowserSession,
                           now: int, address: str, *, ending: bool = True) -> str:

@@ -144,7 +144,8 @@ class ChatLinking:
             )
         return attempt
 
-    async def finish(self, session: BrowserSession, params: dict[str, str], now: int) -> LinkedAccount:
+    async def finish(self, session: BrowserSession, params: dict[str, str], now: int,
+                     address: str) -> LinkedAccount:
         """
         The provider's redirect back: check the attempt, exchange the code,
         ask who the user is there, and store the link (replacing an earlier one).
@@ -153,7 +154,7 @@ class ChatLinking:
         The tokens of an earlier link to another chat account are revoked as
         at unlinking; those of the same account are left, since revoking
         them may end the platform's whole grant (RFC 7009 section 2.1), the
-        new tokens' too.
+        new tokens' too. C{address}: the browser's, for the audit events.
         """
         error = params.get("error")
         if error is not None:
@@ -197,20 +198,22 @@ class ChatLinking:
             updated_at=now,
         )
         try:
-            replaced = await self._link(account)
+            replaced = await self._link(account, address)
         except AlreadyLinked:
-            events.chat_link_refused(sub=session.sub, provider=self.provider_name, provider_user_id=provider_user_id)
+            events.chat_link_refused(sub=session.sub, provider=self.provider_name, provider_user_id=provider_user_id,
+                                     address=address)
             Deferred.fromCoroutine(revoke_tokens(self._provider, "a refused link's", tokens.access_token,
                                                  tokens.refresh_token))
             raise linked_elsewhere() from None
         events.chat_linked(
-            sub=session.sub, provider=self.provider_name, account_id=account_id, provider_user_id=provider_user_id
+            sub=session.sub, provider=self.provider_name, account_id=account_id, provider_user_id=provider_user_id,
+            address=address,
         )
         if replaced is not None and replaced.provider_user_id != provider_user_id:
             Deferred.fromCoroutine(self._revoke_stored(replaced, "a replaced link's"))
         return account
 
-    async def _link(self, account: LinkedAccount) -> LinkedAccount | None:
+    async def _link(self, account: LinkedAccount, address: str) -> LinkedAccount | None:
         """
         Store C{account}, firing with the user's link it replaced. A chat
         account held by a user whom no identity backend knows any more (one
@@ -219,7 +222,8 @@ class ChatLinking:
         it would be refused to everyone, that person's new account too, for
         ever. Its tokens are revoked as a replaced link's are. A holder
         known, or one a backend that is down might know, keeps it
-        (L{AlreadyLinked}), as does a link changed meanwhile.
+        (L{AlreadyLinked}), as does a link changed meanwhile. C{address}:
+        the browser's, for the audit event.
         """
         try:
             return await self._store.link_account(account)
@@ -229,7 +233,8 @@ class ChatLinking:
                 raise
         replaced = await self._store.link_account(account, displacing=stale)
         events.chat_stale_link_replaced(sub=account.sub, provider=self.provider_name, account_id=stale.account_id,
-                                        provider_user_id=account.provider_user_id, former_sub=stale.sub)
+                                        provider_user_id=account.provider_user_id, former_sub=stale.sub,
+                                        address=address)
         Deferred.fromCoroutine(self._revoke_stored(stale, "a stale link's"))
         return replaced
 
@@ -259,18 +264,19 @@ class ChatLinking:
                                                  tokens.refresh_token))
             raise
 
-    async def unlink(self, session: BrowserSession) -> bool:
+    async def unlink(self, session: BrowserSession, address: str) -> bool:
         """
         Remove the user's link; True when there was one. Its tokens, as the
         store held them when it removed the link (a refresh may have
         replaced the ones read before), are revoked at the provider after
         the answer (L{revoke_tokens}): unlinking disconnects the service from the
-        chat account there too, as the user expects.
+        chat account there too, as the user expects. C{address}: the
+        browser's, for the audit event.
         """
         removed = await self._store.unlink_account(session.sub, self.provider_name)
         if removed is None:
             return False
-        events.chat_unlinked(sub=session.sub, provider=self.provider_name)
+        events.chat_unlinked(sub=session.sub, provider=self.provider_name, address=address)
         Deferred.fromCoroutine(self._revoke_stored(removed, "an unlinked account's"))
         return True
 

@@ -328,11 +328,12 @@ class SecondFactors:
         uri = pyotp.TOTP(data["secret"]).provisioning_uri(name=login, issuer_name=self._issuer_label)
         return Enrolment(data["secret"], uri, tuple(data["codes"]), sealed or "")
 
-    async def confirm(self, sub: str, sealed: str | None, code: str, now: int) -> bool:
+    async def confirm(self, sub: str, sealed: str | None, code: str, now: int, address: str) -> bool:
         """
         Enrol the sealed secret and recovery codes when C{code} is the
         authenticator's current one (that step then counts as used); the
-        earlier factor, if any, is replaced.
+        earlier factor, if any, is replaced. C{address}: the browser's, for
+        the audit event.
         """
         data = await self._opened(sub, sealed)
         if data is None or data["expires_at"] <= now:
@@ -343,14 +344,14 @@ class SecondFactors:
         secret_enc = _seal(await self._keys.get(TOTP_KEY), data["secret"].encode(), _totp_aad(sub))
         await self._store.enrol_totp(sub, secret_enc, step, now)
         await self._store.replace_recovery_codes(sub, [await self._recovery_hash(sub, c) for c in data["codes"]], now)
-        events.mfa_enrolled(sub=sub, kind=TOTP_FACTOR)
+        events.mfa_enrolled(sub=sub, kind=TOTP_FACTOR, address=address)
         return True
 
-    async def replace_recovery_codes(self, sub: str, now: int) -> tuple[str, ...]:
+    async def replace_recovery_codes(self, sub: str, now: int, address: str) -> tuple[str, ...]:
         """A new set of recovery codes, replacing the old one; the codes are returned once, never stored."""
         codes = tuple(new_recovery_code() for _ in range(RECOVERY_CODES))
         await self._store.replace_recovery_codes(sub, [await self._recovery_hash(sub, c) for c in codes], now)
-        events.recovery_codes_replaced(sub=sub)
+        events.recovery_codes_replaced(sub=sub, address=address)
         return codes
 
 

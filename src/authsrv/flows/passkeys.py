@@ -217,12 +217,14 @@ class Passkeys:
         )
         return options_to_json(options)
 
-    async def register(self, sub: str, credential_json: str | None, now: int) -> Passkey | TooManyPasskeys | None:
+    async def register(self, sub: str, credential_json: str | None, now: int,
+                       address: str) -> Passkey | TooManyPasskeys | None:
         """
         Keep the new passkey the browser created for this user's challenge;
         None when the answer fails, L{TooManyPasskeys} when the user keeps
         L{MAX_PASSKEYS} already (counted just before storing, to narrow the
-        window two additions at once have).
+        window two additions at once have). C{address}: the browser's, for
+        the audit event.
         """
         credential = _parsed(credential_json)
         if credential is None:
@@ -252,13 +254,13 @@ class Passkeys:
         except AlreadyExists:
             return None
         events.passkey_registered(sub=sub, credential=fingerprint(passkey.credential_id),
-                                  synced=passkey.backup_eligible)
+                                  synced=passkey.backup_eligible, address=address)
         return passkey
 
-    async def remove(self, sub: str, credential_id: str) -> bool:
+    async def remove(self, sub: str, credential_id: str, address: str) -> bool:
         removed = await self._store.remove_passkey(sub, credential_id)
         if removed:
-            events.passkey_removed(sub=sub, credential=fingerprint(credential_id))
+            events.passkey_removed(sub=sub, credential=fingerprint(credential_id), address=address)
         return removed
 
     async def sign_in_options(self, interaction_id: str, now: int, sub: str | None = None) -> str:

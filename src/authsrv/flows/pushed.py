@@ -43,14 +43,15 @@ class PushedRequests:
         self.required = required
         self._ttl = ttl
 
-    async def push(self, authorization: bytes | None, args: dict[bytes, list[bytes]], now: int,
+    async def push(self, authorization: bytes | None, args: dict[bytes, list[bytes]], now: int, address: str,
                    dpop: list[bytes] | None = None, checked: Client | None = None) -> dict:
         """
         RFC 9126 section 2: the client authenticated, its request validated
         and kept; the 201 answer's body. C{resource} may repeat, as at the
         authorization endpoint; credentials and other fields may not.
-        C{dpop} are the request's DPoP header lines; C{checked} the client
-        the rate limiter already authenticated from these credentials.
+        C{address} is the client's, for the audit event; C{dpop} the
+        request's DPoP header lines; C{checked} the client the rate limiter
+        already authenticated from these credentials.
         """
         client = checked or await authenticate_client(self._clients, authorization, push_params(args), pushed=True)
         if dpop and self._dpop is not None:
@@ -61,7 +62,7 @@ class PushedRequests:
             uri_hash=token_hash(request_uri), client_id=client.client_id, query=query,
             created_at=now, expires_at=now + self._ttl,
         ))
-        events.request_pushed(client_id=client.client_id)
+        events.request_pushed(client_id=client.client_id, address=address)
         return {"request_uri": request_uri, "expires_in": self._ttl}
 
     async def _bind(self, args: dict[bytes, list[bytes]], dpop: list[bytes], now: int) -> dict[bytes, list[bytes]]:
@@ -75,15 +76,17 @@ class PushedRequests:
             raise InvalidDpopProof("dpop_jkt must be the thumbprint of the key that signed the DPoP proof")
         return {**args, b"dpop_jkt": [proof.jkt.encode()]}
 
-    async def take(self, client: Client, args: dict[bytes, list[bytes]], now: int) -> dict[bytes, list[bytes]]:
+    async def take(self, client: Client, args: dict[bytes, list[bytes]], now: int,
+                   address: str) -> dict[bytes, list[bytes]]:
         """
         The pushed request an authorization request's C{request_uri} names,
         as that request's arguments; used up. One that is unknown, used,
         expired or another client's is a page: nothing in it can be
-        trusted to redirect to (RFC 9126 section 4, RFC 9101 section 6.2).
+        trusted to redirect to (RFC 9126 section 4, RFC 9101 section 6.2);
+        its audit event names the browser's C{address}.
         """
         pushed = await self._store.take_pushed_request(token_hash(request_uri_of(args)), client.client_id, now)
         if pushed is None:
-            events.request_uri_refused(client_id=client.client_id)
+            events.request_uri_refused(client_id=client.client_id, address=address)
             raise unsafe(UNUSABLE)
         return pushed_args(pushed.query)

@@ -90,7 +90,7 @@ class UserInfoFlow:
         if access.audience and self._issuer not in access.audience:
             raise InvalidToken("the access token is meant for another resource server, not UserInfo")
         if "openid" not in access.scope:
-            raise InsufficientScope("UserInfo needs an access token with the scope openid")
+            raise InsufficientScope("UserInfo needs an access token with the scope openid", "openid")
         state = await standing(self._identity, self._store, access.sub, now, access.user_ban)
         if not state.allowed:
             raise InvalidToken("the access token is unknown, expired or revoked")

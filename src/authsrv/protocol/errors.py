@@ -146,10 +146,17 @@ class InvalidClientMetadata(OAuthError):
 
 
 class InsufficientScope(OAuthError):
-    """RFC 6750: the token lacks a scope the resource requires."""
+    """
+    RFC 6750: the token lacks a scope the resource requires; C{scope}, that
+    scope, which section 3 has the challenge name.
+    """
 
     error = "insufficient_scope"
     status = 403
+
+    def __init__(self, description: str, scope: str):
+        super().__init__(description)
+        self.scope = scope
 
 
 class PageError(Exception):

@@ -42,7 +42,13 @@ def parse_networks(values: Iterable[str]) -> tuple[Network, ...]:
 
 
 def _plain(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str:
-    return str(getattr(ip, "ipv4_mapped", None) or ip)
+    """
+    C{ip} as text, unmapped and without an IPv6 zone id (C{%eth0}): a zone
+    names an interface of the host that wrote it, never part of the
+    client's address, and any text may follow the C{%} (spaces, quotes,
+    controls, into the logs); the address with and without it is one client.
+    """
+    return str(getattr(ip, "ipv4_mapped", None) or ip).partition("%")[0]
 
 
 def unmapped(address: str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from authsrv.compactjson import compact
 from authsrv.protocol.dpop import ALGORITHMS
-from authsrv.protocol.errors import DpopChallenge, InvalidBearerRequest
+from authsrv.protocol.errors import DpopChallenge, InsufficientScope, InvalidBearerRequest
 
 RETRY_AFTER = b"5"
 """Seconds a caller waits before it tries again when the store or an identity backend is unavailable."""
@@ -82,7 +82,7 @@ def oauth_error(request, error) -> bytes:
     """
     An L{authsrv.protocol.errors.OAuthError} as RFC 6749 section 5.2 JSON,
     with the challenge RFC 6749 (invalid_client), RFC 6750 (bearer token
-    errors) or RFC 9449 (a DPoP-bound request's errors, and the server
+    errors; insufficient_scope names the scope needed) or RFC 9449 (a DPoP-bound request's errors, and the server
     nonce a proof must carry) asks for, and no-store like every token
     endpoint answer.
     """
@@ -96,9 +96,10 @@ def oauth_error(request, error) -> bytes:
             f' algs="{" ".join(ALGORITHMS)}"'.encode(),
         )
     elif error.error in ("invalid_token", "insufficient_scope") or isinstance(error, InvalidBearerRequest):
+        scope = f', scope="{error.scope}"' if isinstance(error, InsufficientScope) else ""
         request.setHeader(
             b"www-authenticate",
-            f'Bearer realm="authsrv", error="{error.error}", error_description="{description}"'.encode(),
+            f'Bearer realm="authsrv", error="{error.error}", error_description="{description}"{scope}'.encode(),
         )
     nonce = getattr(error, "nonce", None)
     if nonce is not None:

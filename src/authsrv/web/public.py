@@ -277,8 +277,9 @@ class PublicSite:
         pushed = self._pushed()
         allow_browser_clients(request)
         args = form_args(request)
-        checked = await self._count(request, self._rates.pushed, push_params(args))
-        response = await pushed.push(request.getHeader(b"authorization"), args, self._now(),
+        address = client_address_of(request, self._trusted_proxies)
+        checked = await self._count(request, self._rates.pushed, push_params(args), address)
+        response = await pushed.push(request.getHeader(b"authorization"), args, self._now(), address,
                                      request.requestHeaders.getRawHeaders(b"dpop"), checked)
         return json_body(request, 201, response, no_store=True)
 
@@ -338,8 +339,10 @@ class PublicSite:
         if self._flows.device is None:
             raise NotFound()
         params = one_resource_form(request, DEVICE_RESOURCES)
-        checked = await self._count(request, self._rates.token, params)
-        response = await self._flows.device.start(request.getHeader(b"authorization"), params, self._now(), checked)
+        address = client_address_of(request, self._trusted_proxies)
+        checked = await self._count(request, self._rates.token, params, address)
+        response = await self._flows.device.start(request.getHeader(b"authorization"), params, self._now(), address,
+                                                  checked)
         return json_body(request, 200, response, no_store=True)
 
     # --- clients that register themselves (RFC 7591, RFC 7592) ------------------
@@ -560,14 +563,16 @@ class PublicSite:
 
     @app.route(ACCOUNT_PATH + "/sessions/end", methods=["POST"])
     async def account_end_session(self, request):
+        address = client_address_of(request, self._trusted_proxies)
         return await self._account_done(request, await self._flows.account_page.end_session(
-            self._cookies.browser(request).session, page_form(request), self._now()
+            self._cookies.browser(request).session, page_form(request), address, self._now()
         ))
 
     @app.route(ACCOUNT_PATH + "/apps/revoke", methods=["POST"])
     async def account_revoke_app(self, request):
+        address = client_address_of(request, self._trusted_proxies)
         return await self._account_done(request, await self._flows.account_page.revoke_app(
-            self._cookies.browser(request).session, page_form(request), self._now()
+            self._cookies.browser(request).session, page_form(request), address, self._now()
         ))
 
     @app.route(ACCOUNT_PATH + "/password", methods=["POST"])
@@ -693,7 +698,7 @@ class PublicSite:
             params = page_params(request.args)
         except InvalidRequest as e:
             raise PageError(400, "Link not completed", e.description) from None
-        account = await linking.finish(session, params, self._now())
+        account = await linking.finish(session, params, self._now(), client_address_of(request, self._trusted_proxies))
         return render_page(
             request, 200, "Chat account linked",
             tags.p("Your ", linking.provider_name, " account ", tags.strong(account.provider_user_id),
@@ -709,7 +714,8 @@ class PublicSite:
         linking, cookie, session = await self._linking_session(request)
         if not unlink_token_valid(cookie, (page_form(request) or {}).get("csrf")):
             raise PageError(403, "Not unlinked", "This form has expired. Reload the page and try again.")
-        return await self._account_done(request, "chat-unlinked" if await linking.unlink(session) else "chat-gone")
+        unlinked = await linking.unlink(session, client_address_of(request, self._trusted_proxies))
+        return await self._account_done(request, "chat-unlinked" if unlinked else "chat-gone")
 
     # --- failures ----------------------------------------------------------------
 
