@@ -27,6 +27,7 @@ from twisted.web.server import NOT_DONE_YET
 from authsrv.config import InputLimits
 from authsrv.web.channel import Outbox
 from authsrv.web.limits import LimitedChannel, LimitedSite
+from slapd import make_tls_files
 
 BIG = bytes(range(256)) * (64 * 1024)
 """16 MiB: more than a loopback socket takes in one send."""
@@ -256,7 +257,7 @@ def read_slowly(port: int, path: str, chunk: int, pause: float, seconds: float, 
 ], ids=["fast", "steady", "trickle"])
 @pytest_twisted.ensureDeferred
 async def test_a_closing_answer_reaches_a_slow_reader_whole_and_one_that_barely_reads_is_aborted(
-        monkeypatch, path, chunk, pause, whole, tls):
+        monkeypatch, tmp_path, path, chunk, pause, whole, tls):
     """
     The abort of a connection the server closes waits for a client still
     taking its answer (about 1.6 MB a second for some 0.7 s, or 64 KiB a
@@ -269,7 +270,8 @@ async def test_a_closing_answer_reaches_a_slow_reader_whole_and_one_that_barely_
     monkeypatch.setattr(LimitedChannel, "abortTimeout", 0.5)
     site = LimitedSite(Answers(), limits=InputLimits(), reactor=reactor)
     if tls:
-        options = ssl_options.KeyPair.generate(size=2048).selfSignedCert(1, CN="127.0.0.1").options()
+        make_tls_files(tmp_path)
+        options = ssl_options.DefaultOpenSSLContextFactory(str(tmp_path / "server.key"), str(tmp_path / "server.pem"))
         listening = reactor.listenSSL(0, site, options, interface="127.0.0.1")
     else:
         listening = reactor.listenTCP(0, site, interface="127.0.0.1")
