@@ -110,6 +110,9 @@ def test_the_config_chooses_the_format_over_twists_default():
         (b"/api/auth/oauth2/end-session?client_id=app;id_token_hint=eyJ.x.y;state=s&prompt=none",
          b"/api/auth/oauth2/end-session?client_id=[redacted]&prompt=none"),
         (b"/cb?scope=openid;code=c0de&error=access_denied", b"/cb?scope=[redacted]&error=access_denied"),
+        # A request object is the request's other parameters (state, hints, nonce) in a JWT anyone can decode.
+        (b"/api/auth/oauth2/authorize?client_id=app&request=eyJhbGciOiJub25lIn0.eyJzdGF0ZSI6InMzY3IzdCJ9.",
+         b"/api/auth/oauth2/authorize?client_id=app&request=[redacted]"),
     ],
 )
 def test_query_values_not_on_the_allow_list_are_redacted(target, logged):

@@ -8,24 +8,33 @@ Twisted's write buffer.
 
 from __future__ import annotations
 
+import socket
+import ssl
+import time
+
 import pytest
 import pytest_twisted
 from twisted.internet import reactor, tcp
+from twisted.internet import ssl as ssl_options
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.protocol import Protocol
 from twisted.internet.task import Clock, deferLater
+from twisted.internet.threads import deferToThread
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
 from authsrv.config import InputLimits
 from authsrv.web.channel import Outbox
-from authsrv.web.limits import LimitedSite
+from authsrv.web.limits import LimitedChannel, LimitedSite
+from slapd import make_tls_files
 
 BIG = bytes(range(256)) * (64 * 1024)
 """16 MiB: more than a loopback socket takes in one send."""
 SIZED = {b"/16k": BIG[:16 * 1024], b"/1m": BIG[:1024 * 1024]}
 """Answers held back in the outbox (under the gathering limit) and sent on as they are made (over it)."""
+NARROW = {b"/narrow/1m": BIG[:1024 * 1024], b"/narrow/256k": BIG[:256 * 1024]}
+"""Answers sent on a socket that takes 16 KiB at once."""
 
 
 class Answers(Resource):
@@ -41,6 +50,9 @@ class Answers(Resource):
         if request.path in SIZED:
             self.made += 1
             return SIZED[request.path]
+        if request.path in NARROW:  # a socket that takes little at once, as over a slow link
+            request.channel.transport.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16 * 1024)
+            return NARROW[request.path]
         if request.path == b"/later":
             reactor.callLater(0.01, self._late, request)
             return NOT_DONE_YET
@@ -203,6 +215,78 @@ async def test_a_client_that_reads_no_answers_gets_no_more_made_than_its_socket_
     reader.transport.resumeProducing()
     assert (await within(reader, 30)).count(b"HTTP/1.1 200 ") == count
     reader.transport.loseConnection()
+    await listening.stopListening()
+
+
+def read_slowly(port: int, path: str, chunk: int, pause: float, seconds: float, tls: bool) -> tuple[int, str, float]:
+    """
+    GET C{path} with Connection: close on a socket of a small receive
+    buffer, reading C{chunk} bytes every C{pause} seconds for at most
+    C{seconds}: the bytes received, how the connection ended, and when the
+    client let go of it (holding it a second after the answer's end, as a
+    TLS client that sends no close alert may).
+    """
+    raw = socket.socket()
+    raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
+    raw.connect(("127.0.0.1", port))
+    client = ssl._create_unverified_context().wrap_socket(raw) if tls else raw
+    with client:
+        client.sendall(get(path, close=True))
+        received, how = 0, "still open"
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                data = client.recv(chunk)
+            except (ConnectionResetError, ssl.SSLError):
+                how = "reset"
+                break
+            if not data:
+                how = "closed"
+                time.sleep(1)
+                break
+            received += len(data)
+            time.sleep(pause)
+        return received, how, time.monotonic()
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["tcp", "tls"])
+@pytest.mark.parametrize(("path", "chunk", "pause", "whole"), [
+    ("/narrow/1m", 16 * 1024, 0.01, True),
+    ("/narrow/256k", 16 * 1024, 0.25, True),
+    ("/narrow/1m", 256, 0.5, False),
+], ids=["fast", "steady", "trickle"])
+@pytest_twisted.ensureDeferred
+async def test_a_closing_answer_reaches_a_slow_reader_whole_and_one_that_barely_reads_is_aborted(
+        monkeypatch, tmp_path, path, chunk, pause, whole, tls):
+    """
+    The abort of a connection the server closes waits for a client still
+    taking its answer (about 1.6 MB a second for some 0.7 s, or 64 KiB a
+    second for 4 s, against an abort time of 0.5 s), not for one taking
+    next to nothing (512 bytes a second), whose connection the server has
+    let go of within seconds. Over TLS, a connection whose socket holds
+    the rest of the answer is closed as over TCP, not aborted, though the
+    client never answers the close alert.
+    """
+    monkeypatch.setattr(LimitedChannel, "abortTimeout", 0.5)
+    site = LimitedSite(Answers(), limits=InputLimits(), reactor=reactor)
+    if tls:
+        make_tls_files(tmp_path)
+        options = ssl_options.DefaultOpenSSLContextFactory(str(tmp_path / "server.key"), str(tmp_path / "server.pem"))
+        listening = reactor.listenSSL(0, site, options, interface="127.0.0.1")
+    else:
+        listening = reactor.listenTCP(0, site, interface="127.0.0.1")
+    reading = deferToThread(read_slowly, listening.getHost().port, path, chunk, pause, 10 if whole else 3, tls)
+    let_go = None
+    while not reading.called:
+        if let_go is None and site.open_connections == 0:
+            let_go = time.monotonic()
+        await deferLater(reactor, 0.05)
+    received, how, client_let_go = await reading
+    if whole:
+        assert how == "closed" and received > len(NARROW[path.encode()])
+    else:
+        assert received < len(NARROW[path.encode()]) // 2
+    assert let_go is not None and let_go < client_let_go
     await listening.stopListening()
 
 

@@ -21,11 +21,15 @@ from authsrv.logfile import LineFile
 from authsrv.web.forms import client_address_of
 
 SHOWN = frozenset(
-    b"response_type client_id redirect_uri scope prompt max_age code_challenge_method request ui_locales"
+    b"response_type client_id redirect_uri scope prompt max_age code_challenge_method ui_locales"
     b" response_mode display claims_locales grant_type token_type_hint post_logout_redirect_uri error"
     b" error_description".split()
 )
-"""Parameters whose values are no secret and help an operator read the log."""
+"""
+Parameters whose values are no secret and help an operator read the log. Not C{request}: a
+request object carries the request's other parameters (state, nonce, login_hint, id_token_hint),
+readable by anyone who decodes it, whatever this list redacts.
+"""
 REDACTED = b"[redacted]"
 
 _ESCAPES = {i: f"\\x{i:02x}" for i in (*range(0x20), *range(0x7F, 0xA0))}

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from twisted.internet import tcp
+from twisted.internet import abstract, tcp
 from twisted.web.http import HTTPChannel
 from twisted.web.http_headers import Headers
 
@@ -42,6 +42,24 @@ def _nothing_queued(transport) -> bool:
         and not transport._tempDataBuffer
         and transport.offset == len(transport.dataBuffer)
     )
+
+
+def socket_of(transport) -> abstract.FileDescriptor | None:
+    """
+    The Twisted C{FileDescriptor} (the TCP connection) under C{transport}:
+    itself, or the one a TLS or PROXY-protocol wrapper writes to; None for
+    any other transport (a test's).
+    """
+    while not isinstance(transport, abstract.FileDescriptor):
+        transport = getattr(transport, "transport", None)
+        if transport is None:
+            return None
+    return transport
+
+
+def unsent_bytes(connection: abstract.FileDescriptor) -> int:
+    """How many bytes written to C{connection} (L{socket_of}) its socket has not yet taken."""
+    return len(connection.dataBuffer) - connection.offset + connection._tempDataLen
 
 
 def send_now(transport, data: bytes) -> None:

@@ -23,7 +23,7 @@ from twisted.web.server import Site
 
 from authsrv.config import ISSUER_PATH, InputLimits
 from authsrv.protocol.forwarded import address_key, is_trusted
-from authsrv.web.channel import GatheringChannel, Outbox
+from authsrv.web.channel import GatheringChannel, Outbox, socket_of, unsent_bytes
 from authsrv.web.headers import allow_browser_clients, bodiless_head, json_body
 from authsrv.web.pages import error_page
 from authsrv.web.request import SERVER, BoundedRequest
@@ -83,6 +83,12 @@ unfold: twisted.web unfolded "Transfer-Encoding:" and " chunked" into a
 chunked body, where a proxy that reads the lines as written frames no body
 and sends that body as the next request. No client today folds a line, so
 it is refused, as is white space before the first field (section 2.2).
+"""
+
+MIN_TAKEN = 16 * 1024
+"""
+Bytes a client must take of a closing connection's unsent answer every
+C{abortTimeout} seconds (about 1 KiB a second) to keep it (L{LimitedChannel.forceAbortClient}).
 """
 
 TITLES = {
@@ -231,6 +237,7 @@ class LimitedChannel(GatheringChannel):
     fixed_headers: tuple = ()
     _idle_call = None
     _lost = False
+    _unsent: int | None = None
 
     def setTimeout(self, period):
         """
@@ -436,15 +443,43 @@ class LimitedChannel(GatheringChannel):
     def loseConnection(self):
         """
         Close once what is written has been sent, and abort the connection
-        if that has not happened within C{abortTimeout} seconds: a client
-        that never reads would otherwise keep it, its unsent answers and its
-        place under the connection caps for ever. twisted.web arms that
-        abort only when the idle timeout closes a connection, not when an
-        answer closes it (C{Connection: close}, HTTP/1.0) nor at a refusal.
+        when its client takes too little of it for C{abortTimeout} seconds
+        (L{forceAbortClient}): a client that never reads would otherwise
+        keep it, its unsent answers and its place under the connection caps
+        for ever. twisted.web arms that abort only when the idle timeout
+        closes a connection, not when an answer closes it (C{Connection:
+        close}, HTTP/1.0) nor at a refusal.
         """
         super().loseConnection()
+        connection = socket_of(self.transport)
+        self._unsent = None if connection is None else unsent_bytes(connection)
         if self._abortingCall is None and not self._lost:
             self._abortingCall = self.callLater(self.abortTimeout, self.forceAbortClient)
+
+    def forceAbortClient(self):
+        """
+        Abort a closing connection whose client took less than
+        L{MIN_TAKEN} bytes of what is left (or all of it, when less is left)
+        in the last C{abortTimeout} seconds; otherwise look again as long
+        later. A client reading a large answer slowly still gets it whole,
+        where one abort a fixed time after the close cut it off; one
+        reading a byte now and then keeps the connection no longer than
+        its answer's size at that pace allows. Once the socket holds all
+        that is left, it is closed as plain TCP closes it, which lets it
+        deliver the rest: over TLS, Twisted keeps it open until the client
+        answers the close alert, and an abort would drop what it holds.
+        """
+        connection, before = socket_of(self.transport), self._unsent
+        if connection is not None and before is not None:
+            left = unsent_bytes(connection)
+            if not left and not connection.disconnecting:
+                self._abortingCall = None
+                return connection.loseConnection()
+            if left and before - left >= min(before, MIN_TAKEN):
+                self._unsent = left
+                self._abortingCall = self.callLater(self.abortTimeout, self.forceAbortClient)
+                return None
+        return super().forceAbortClient()
 
     def connectionLost(self, reason):
         self._lost = True
