@@ -109,6 +109,11 @@ def test_documents_allow_any_origin_and_cache(server, path, cache):
     for tags in (etag, f'"other", W/{etag}', "*"):  # RFC 9110 section 13.1.2: weak comparison, and any
         again, body = get(server, path, headers={"If-None-Match": tags})
         assert (again.code, body) == (304, b""), tags
+        assert again.headers.getRawHeaders("content-length") is None, "RFC 9110 section 8.6: never 0 on a 304"
+        assert again.headers.getRawHeaders("etag") == [etag]
+    head, _ = get(server, path, method="HEAD", headers={"If-None-Match": etag})
+    assert head.code == 304
+    assert head.headers.getRawHeaders("content-length") is None
     preflight, _ = get(server, path, method="OPTIONS", headers={"Origin": "https://rp.example"})
     assert preflight.code == 204
     assert preflight.headers.getRawHeaders("access-control-allow-origin") == ["*"]

@@ -10,6 +10,7 @@ import hashlib
 from typing import Callable
 
 from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET
 
 from authsrv.web.headers import allow_any_origin, bodiless_head, method_not_allowed
 
@@ -18,6 +19,17 @@ def _matches(etag: bytes, if_none_match: bytes | None) -> bool:
     """RFC 9110 section 13.1.2: C{*}, or any listed tag equal to C{etag} by weak comparison."""
     tags = [tag.strip() for tag in (if_none_match or b"").split(b",")]
     return b"*" in tags or any(tag.removeprefix(b"W/") == etag for tag in tags)
+
+
+def _not_modified(request) -> int:
+    """
+    A 304, finished here: returned as an empty body, twisted.web would give
+    it C{Content-Length: 0}, which RFC 9110 section 8.6 forbids (a 304's
+    length, if any, is the 200's); finished without one, it has none.
+    """
+    request.setResponseCode(304)
+    request.finish()
+    return NOT_DONE_YET
 
 
 class StaticBytes(Resource):
@@ -50,13 +62,13 @@ class StaticBytes(Resource):
         request.setHeader(b"cache-control", self._cache_control)
         request.setHeader(b"etag", etag)
         if _matches(etag, request.getHeader(b"if-none-match")):
-            request.setResponseCode(304)
-            return b""
+            return _not_modified(request)
         return body
 
     def render_HEAD(self, request):
         """GET's headers without its body (L{bodiless_head})."""
-        return bodiless_head(request, self.render_GET(request))
+        answer = self.render_GET(request)
+        return answer if answer is NOT_DONE_YET else bodiless_head(request, answer)
 
     def render_OPTIONS(self, request):
         allow_any_origin(request)
