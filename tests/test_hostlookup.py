@@ -13,6 +13,9 @@ import pytest
 import pytest_twisted
 from twisted.internet import reactor
 from twisted.internet.defer import CancelledError
+from twisted.internet.task import deferLater
+from twisted.internet.threads import deferToThread
+from twisted.python.threadpool import ThreadPool
 
 from hanging_lookups import Hanging, drained, one_thread
 
@@ -87,3 +90,29 @@ async def test_a_failed_lookup_fails_its_caller():
     with one_thread() as pool:
         with pytest.raises(OSError, match="no such name"):
             await HostLookups(reactor, pool, 1, broken)("nowhere.test")
+
+
+@pytest_twisted.ensureDeferred
+async def test_lookups_still_waiting_when_the_pool_stops_are_refused_not_run():
+    """
+    Stopping the pool (the server's shutdown) waits for the lookups under
+    way, but the ones waiting behind them are refused, not each made and
+    waited for as the name servers hang.
+    """
+    hanging = Hanging()
+    pool = ThreadPool(minthreads=0, maxthreads=1, name="test-lookups")
+    pool.start()
+    lookups = HostLookups(reactor, pool, 5, hanging)
+    running = lookups("running.test")
+    assert hanging.started.wait(10)
+    waiting = [lookups(f"waiting{n}.test") for n in range(3)]
+    stopping = deferToThread(pool.stop)
+    while not pool.joined:
+        await deferLater(reactor, 0.01, lambda: None)
+    hanging.release.set()
+    await stopping
+    assert await running == ["192.0.2.1"]
+    for d in waiting:
+        with pytest.raises(LookupsBusy, match="stopping"):
+            await d
+    assert hanging.looked == ["running.test"]

@@ -35,7 +35,10 @@ class HostLookups:
     Deferred was cancelled (its caller's timeout) is skipped when its turn
     comes, and at most C{waiting} lookups wait for a thread, skipped ones
     among them until their turn: a caller beyond that fails at once with
-    L{LookupsBusy}. C{lookup} is the blocking lookup itself.
+    L{LookupsBusy}, as do the ones still waiting when the pool stops (the
+    server's shutdown, which waits for its threads' work: it waits for the
+    lookups under way, never for each one queued behind them as well).
+    C{lookup} is the blocking lookup itself.
     """
 
     def __init__(self, reactor, pool: ThreadPool, waiting: int,
@@ -58,7 +61,11 @@ class HostLookups:
         def run() -> list[str] | None:
             with self._lock:
                 self._waiting -= 1
-            return None if given_up.is_set() else self._lookup(host)
+            if given_up.is_set():
+                return None
+            if self._pool.joined:
+                raise LookupsBusy("the server is stopping: no more host names are looked up")
+            return self._lookup(host)
 
         def landed(succeeded: bool, outcome) -> None:
             if not result.called:

@@ -21,6 +21,7 @@ from html import unescape
 import pytest
 import pytest_twisted
 from argon2 import PasswordHasher
+from argon2.exceptions import HashingError
 from twisted.internet.defer import Deferred
 from twisted.internet.threads import deferToThread
 
@@ -268,6 +269,40 @@ async def test_with_the_password_checks_all_busy_a_password_change_says_so(tmp_p
         assert response.code == 200
     finally:
         checks.release()
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_new_password_that_cannot_be_hashed_is_refused_with_the_old_one_kept(tmp_path, monkeypatch, audit):
+    """
+    The new hash failing on the password pool (argon2 out of memory, say)
+    is the page's own refusal after the 303, not a 500, and the password is
+    the old one still.
+    """
+    new = "a brand new and long passphrase"
+    original = PasswordHasher.hash
+
+    def failing(hasher, password, *args, **kwargs):
+        if password in (new, new.encode()):
+            raise HashingError("Memory allocation error")
+        return original(hasher, password, *args, **kwargs)
+
+    h = await started(tmp_path, monkeypatch)
+    monkeypatch.setattr(PasswordHasher, "hash", failing)
+    try:
+        browser, _ = await signed_in(h)
+        response, body = await browser.get(ACCOUNT)
+        [change] = forms(body, ACCOUNT + "/password")
+        response, _ = await browser.post(ACCOUNT + "/password", {
+            **change, "current_password": PASSWORDS[ALICE.sub], "new_password": new, "new_password_again": new})
+        body = await answered(browser, response, "password-not-changed")
+        assert b'role="alert"' in body and b"could not be changed just now" in body
+        assert [e["reason"] for e in audit.of("account.password_change_refused")] == ["new password not hashed"]
+        fresh = Browser(h)
+        response, _ = await fresh.authorize()
+        response, _ = await fresh.submit_login(response, ALICE.login, PASSWORDS[ALICE.sub])
+        assert response.code == 303 and "code=" in location(response), "the old password still signs in"
+    finally:
         await h.close()
 
 

@@ -20,6 +20,8 @@ from typing import Callable
 
 from attrs import frozen
 from twisted.internet.defer import Deferred
+from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from authsrv import events
 from authsrv.flows.csrf import session_form_token, session_form_token_valid
@@ -38,6 +40,8 @@ from authsrv.records import ACR_MFA, RECOVERY_FACTOR, TOTP_FACTOR, BrowserSessio
 TOTP_PURPOSE = b"account mfa totp"
 RECOVERY_PURPOSE = b"account mfa recovery"
 WRONG_FIRST_CODE = "That code does not match; check the time on your phone and try the current code."
+
+log = Logger()
 
 
 def not_signed_in() -> PageError:
@@ -176,6 +180,7 @@ class PasswordRefused(str):
 WRONG_CURRENT_PASSWORD = "current-password-wrong"
 PASSWORD_NOT_CHECKED = "password-not-checked"
 PASSWORD_THROTTLED = "password-throttled"
+PASSWORD_NOT_HASHED = "password-not-changed"
 NOTICES: dict[str, str] = {
     "session-ended": "That session is signed out.",
     "session-gone": "That session had ended already.",
@@ -187,6 +192,8 @@ NOTICES: dict[str, str] = {
                                           " not changed. Try again in a moment."),
     PASSWORD_THROTTLED: PasswordRefused("Too many password attempts just now, so your password is not changed."
                                         " Wait a few minutes and try again."),
+    PASSWORD_NOT_HASHED: PasswordRefused("Your password could not be changed just now; your current one still works."
+                                         " Try again in a moment."),
     "passkey-added": "Your passkey is added.",
     "passkey-not-added": "The passkey could not be added. Try again.",
     "passkey-limit": PASSKEYS_FULL,
@@ -267,6 +274,17 @@ _BROWSERS = (("Edg/", "Edge"), ("OPR/", "Opera"), ("Firefox/", "Firefox"), ("Chr
              ("Chromium/", "Chromium"), ("Safari/", "Safari"), ("curl/", "curl"))
 _SYSTEMS = (("Android", "Android"), ("iPhone", "iPhone"), ("iPad", "iPad"), ("Windows", "Windows"),
             ("Mac OS X", "macOS"), ("CrOS", "ChromeOS"), ("Linux", "Linux"))
+
+
+def _unhashed(failure: Failure, sub: str) -> None:
+    """
+    A new hash the password pool failed to make (argon2 out of memory, say):
+    logged by its kind only, and None, so the change is the page's refusal
+    with the password kept, not a 500 after the current one was right.
+    """
+    log.error("the new password hash of {sub} could not be made: {error}", sub=sub,
+              error=type(failure.value).__name__)
+    return None
 
 
 class AccountPage:
@@ -457,7 +475,7 @@ class AccountPage:
             events.password_change_refused(sub=sub, address=address, reason="new password against the policy")
             return PasswordRefused(problem)
         checked = await self._login.log_in(user.login, form.get("current_password", ""), address, device, now,
-                                           along=lambda: self._hash(new))
+                                           along=lambda: self._hash(new).addErrback(_unhashed, sub))
         if isinstance(checked, Unavailable):
             events.password_change_refused(sub=sub, address=address, reason="current password not checkable")
             return PASSWORD_NOT_CHECKED
@@ -467,6 +485,9 @@ class AccountPage:
         if not isinstance(checked, LoggedIn) or checked.user.sub != sub:
             events.password_change_refused(sub=sub, address=address, reason="current password not accepted")
             return WRONG_CURRENT_PASSWORD
+        if checked.along is None:
+            events.password_change_refused(sub=sub, address=address, reason="new password not hashed")
+            return PASSWORD_NOT_HASHED
         await manager.set_password_hash(user.login, checked.along)
         ended = 0
         for other in await self._store.list_user_sessions(sub, now):
