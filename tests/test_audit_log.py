@@ -189,7 +189,8 @@ def _awkward() -> None:
     events.login_hint_mismatch(sub=ALICE.sub, hinted_sub=BOB.sub, client_id="first", address="192.0.2.1")
     events.throttle_engaged(login="alice", address="192.0.2.1", reason="too many password checks in flight")
     events.backchannel_logout(client_id="first", session_id="sid-1", outcome="200 at attempt 1")
-    events.grant_revoked(sub=ALICE.sub, client_id="first", grant_id="g-1", reason="user not allowed")
+    events.grant_revoked(sub=ALICE.sub, client_id="first", grant_id="g-1", reason="user not allowed",
+                         address="192.0.2.1")
     events.rate_limited(endpoint="token", client_id="first", address="192.0.2.1", retry_after=1)
     events.config_loaded(path="/etc/authsrv/authsrv.toml", issuer="https://id.example.com/api/auth", clients=3)
     events.chat_linked(sub=ALICE.sub, provider="chat", account_id="a-1", provider_user_id="u-1", address="192.0.2.1")
@@ -214,7 +215,7 @@ def _awkward() -> None:
     events.password_changed(sub=ALICE.sub, sessions_ended=1, address="192.0.2.1")
     events.password_change_refused(sub=ALICE.sub, reason="wrong current password", address="192.0.2.1")
     events.registration_refused(address="192.0.2.1", reason="the initial access token is not valid")
-    events.assertion_replayed(client_id="first")
+    events.assertion_replayed(client_id="first", address="192.0.2.1")
 
 
 @pytest_twisted.ensureDeferred

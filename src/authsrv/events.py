@@ -206,9 +206,9 @@ def refresh_reused(*, client_id: str, grant_id: str, address: str | None) -> Non
           "refused", client_id=client_id, grant_id=grant_id, address=address, reason="refresh token reused")
 
 
-def assertion_replayed(*, client_id: str) -> None:
-    _emit("assertion.replayed", "client assertion of {client_id} replayed", "refused",
-          client_id=client_id, reason="client_assertion jti already used")
+def assertion_replayed(*, client_id: str, address: str | None) -> None:
+    _emit("assertion.replayed", "client assertion of {client_id} replayed from {address}", "refused",
+          client_id=client_id, reason="client_assertion jti already used", address=address)
 
 
 def token_revoked(*, client_id: str, grant_id: str, kind: str, address: str | None) -> None:
@@ -216,9 +216,10 @@ def token_revoked(*, client_id: str, grant_id: str, kind: str, address: str | No
           client_id=client_id, grant_id=grant_id, kind=kind, address=address)
 
 
-def session_ended(*, sub: str, session_id: str, reason: str) -> None:
+def session_ended(*, sub: str, session_id: str, reason: str, address: str | None) -> None:
+    """C{address}: the browser's whose request ended it; None for the operator's and a ban's doing."""
     _emit("session.ended", "browser session {session_id} of {sub} ended: {reason}", "success", sub=sub,
-          session_id=session_id, reason=reason)
+          session_id=session_id, reason=reason, address=address)
 
 
 def backchannel_logout(*, client_id: str, session_id: str, outcome: str) -> None:
@@ -226,9 +227,10 @@ def backchannel_logout(*, client_id: str, session_id: str, outcome: str) -> None
           client_id=client_id, session_id=session_id)
 
 
-def grant_revoked(*, sub: str, client_id: str, grant_id: str, reason: str) -> None:
+def grant_revoked(*, sub: str, client_id: str, grant_id: str, reason: str, address: str | None) -> None:
+    """C{address}: the token request's that found its user no longer allowed."""
     _emit("grant.revoked", "grant {grant_id} of {sub} for {client_id} revoked: {reason}", "success",
-          sub=sub, client_id=client_id, grant_id=grant_id, reason=reason)
+          sub=sub, client_id=client_id, grant_id=grant_id, reason=reason, address=address)
 
 
 def user_banned(*, sub: str, reason: str | None, until: int | None, actor: str) -> None:

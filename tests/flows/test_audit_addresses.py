@@ -13,17 +13,20 @@ from html import unescape
 import pytest
 import pytest_twisted
 
+from authsrv.records import Ban
 from authsrv.testing.identity import ALICE, BOB, PASSWORDS
 from device_helpers import CONSOLE, TV, approve, start
 from flow_client import Browser, location
 from harness import BASE, CLIENTS, ISSUER, Harness
 from soft_passkey import SoftPasskey
 from test_account_page import ACCOUNT, answered, forms, signed_in
+from test_client_secret_jwt import HMAC_CLIENT, KEY_TEXT, KEYED, SECRET, signed
+from test_end_session import END_SESSION, FIRST_LOGOUT_URI, browser_session, id_token
 from test_link import LINK, LinkWorld, csrf_of, session_header
 from test_mfa import RECOVERY, TOTP_PAGE, code_at, enrol_at_account_page, enrolment_of, give_code, password
 from test_passkey_answers import add_passkey
 from test_pushed_requests import OFFERED, by_reference, push, request_fields
-from token_helpers import client_auth
+from token_helpers import REVOKE, TOKEN, client_auth, refresh, tokens
 
 PROXY = {"server": {"trusted_proxies": ["127.0.0.1"]}}
 CLIENT = "203.0.113.7"
@@ -121,7 +124,7 @@ async def test_account_page_events_name_the_browsers_address(tmp_path, monkeypat
         await answered(laptop, (await laptop.post(ACCOUNT + "/password", {**fields, "new_password_again": new}))[0],
                        "password-changed")
         for kind in ("account.session_ended", "account.app_revoked", "account.password_change_refused",
-                     "account.password_changed"):
+                     "account.password_changed", "session.ended"):
             assert addresses(audit, kind) == [CLIENT], kind
     finally:
         await h.close()
@@ -173,3 +176,47 @@ async def test_chat_link_events_name_the_browsers_address(tmp_path, monkeypatch,
             assert addresses(audit, kind) == [CLIENT], kind
     finally:
         await world.h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_replayed_assertions_and_ended_grants_name_the_callers_address(tmp_path, monkeypatch, audit,
+                                                                             forwarded):
+    """At the token and revocation endpoints, where the route has the address already."""
+    monkeypatch.setenv("AUTHSRV_TEST_HMAC_SECRET", SECRET)
+    monkeypatch.setenv("AUTHSRV_TEST_CLIENT_SECRETS_KEY", KEY_TEXT)
+    h = await started(tmp_path, monkeypatch, {"clients": [*CLIENTS, HMAC_CLIENT], **KEYED})
+    try:
+        for endpoint, fields in ((TOKEN, {"grant_type": "client_credentials"}), (REVOKE, {"token": "x"})):
+            once = signed(h, **fields)
+            assert (await h.post(endpoint, data=once))[0].code == 200
+            assert (await h.post(endpoint, data=once))[0].code == 401
+        assert addresses(audit, "assertion.replayed") == [CLIENT, CLIENT]
+
+        issued = await tokens(h)
+        await h.store.ban_user(Ban(sub=ALICE.sub, reason="abuse", created_at=h.now()))
+        response, _ = await refresh(h, issued["refresh_token"])
+        assert response.code == 400
+        assert addresses(audit, "grant.revoked") == [CLIENT]
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_sessions_ended_by_a_request_name_its_address_and_by_a_ban_none(tmp_path, monkeypatch, audit,
+                                                                             forwarded):
+    """Logging out, and signing in as another user, end a session at the browser's request; a ban does not."""
+    h = await started(tmp_path, monkeypatch, {})
+    try:
+        cookie = await browser_session(h)
+        response, _ = await h.get(END_SESSION, params={
+            "id_token_hint": id_token(h), "post_logout_redirect_uri": FIRST_LOGOUT_URI}, cookies={"authsrv_session": cookie})
+        assert response.code == 302
+        browser = Browser(h)
+        await browser.sign_in(ALICE)
+        await browser.sign_in(BOB, prompt="login")
+        assert addresses(audit, "session.ended") == [CLIENT, CLIENT]
+        await h.store.ban_user(Ban(sub=BOB.sub, reason="abuse", created_at=h.now()))
+        await browser.authorize("first", prompt="none")
+        assert addresses(audit, "session.ended") == [CLIENT, CLIENT, None]
+    finally:
+        await h.close()

@@ -21,6 +21,7 @@ from jwcrypto import jwk
 from authsrv.config import read_config_document
 from authsrv.protocol.dpop import nonce_for
 from authsrv.flows.dpop import NONCE_KEY
+from authsrv.records import Ban
 from authsrv.testing.identity import ALICE
 from dpop_proofs import ec_key, proof
 from harness import CLIENTS, ISSUER, Harness
@@ -111,6 +112,38 @@ async def test_bound_tokens_at_userinfo_and_introspection(tmp_path, monkeypatch)
         assert (response.code, answer["error"]) == (401, "invalid_token")
         response, answer = await h.json("GET", USERINFO, headers={"Authorization": f"Bearer {bearer['access_token']}"})
         assert response.code == 200
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_dpop_bound_requests_bearer_refusals_carry_a_dpop_challenge(tmp_path, monkeypatch):
+    """
+    RFC 9449 section 7.1: a bound token whose proof is good but which lacks
+    openid, belongs to a banned user or is meant for another resource, and
+    an unknown token sent as DPoP, are refused with a DPoP challenge, never
+    a Bearer one a DPoP client cannot answer.
+    """
+    clients = [{**c, "resources": [API, ISSUER]} if c["client_id"] == "first" else c for c in CLIENTS]
+    h = await Harness(tmp_path, monkeypatch, {**DPOP_ON, "clients": clients}).start()
+    try:
+        key = ec_key()
+
+        async def refused(token: str, status: int, error: str):
+            response, body = await h.json("GET", USERINFO, headers={
+                "Authorization": f"DPoP {token}", "DPoP": proof(key, "GET", USERINFO_URL, h.now(), access_token=token)})
+            assert (response.code, body["error"]) == (status, error), body
+            challenge = header(response, "www-authenticate")[0]
+            assert challenge.startswith("DPoP ") and f'error="{error}"' in challenge and 'algs="' in challenge
+            return challenge
+
+        no_openid = (await dpop_tokens(h, key, scope="profile email"))["access_token"]
+        assert ', scope="openid",' in await refused(no_openid, 403, "insufficient_scope")
+        await refused((await dpop_tokens(h, key, resource=(API,)))["access_token"], 401, "invalid_token")
+        await refused("unknown-token", 401, "invalid_token")
+        token = (await dpop_tokens(h, key))["access_token"]
+        await h.store.ban_user(Ban(ALICE.sub, "abuse", h.now()))
+        await refused(token, 401, "invalid_token")
     finally:
         await h.close()
 

@@ -29,7 +29,7 @@ from authsrv.identity import postgres
 from authsrv.identity.chain import IdentityChain
 from authsrv.identity.errors import BackendUnavailable, UnknownUser
 from authsrv.identity.passwords import hash_password, is_argon2id_hash
-from authsrv.pg.pool import LOOKUP_POOL_NAME, LOOKUP_POOL_SIZE
+from authsrv.pg.pool import host_lookups
 from authsrv.pg.settings import read_settings
 from authsrv.plugins import factories
 from authsrv.records import User
@@ -135,7 +135,7 @@ def direct_backend(dsn: str, context, verifier, *, connect_timeout=5):
 
 
 def lookups(context):
-    return context.threadpool(LOOKUP_POOL_NAME, LOOKUP_POOL_SIZE)
+    return host_lookups(context, 2)
 
 
 def cheap_verifier(context):

@@ -23,6 +23,7 @@ from twisted.logger import formatEvent
 from authsrv import migrations
 from authsrv.configsection import ConfigError, Section, Unreachable
 from authsrv.context import PluginContext
+from authsrv.hostlookup import HostLookups
 from authsrv.pg import pool
 from authsrv.pg.pool import fetch, first
 from authsrv.pg.settings import targets
@@ -35,6 +36,7 @@ from authsrv.testing.store import (
     ALICE, BOB, CLIENT, KEPT_LINKS, NOW, OLDER_ROWS, SHARED_LINKS, StoreConcurrencyConformance, StoreConformance,
     check_older_rows, h, issue, kept_links, make_code, make_grant, make_linked, make_refresh, start_grant,
 )
+from hanging_lookups import Hanging, drained, one_thread
 
 LATEST_VERSION = postgres_store.migrations()[-1][0]
 
@@ -419,7 +421,7 @@ class OwnStore(PostgresDatabase):
 
         settings = {
             "pool_size": 1, "statement_timeout": 1, "connect_timeout": 1,
-            "lookups": self.context.threadpool("lookups", 1), **options,
+            "lookups": pool.host_lookups(self.context, 1), **options,
         }
         return postgres_store.PostgresStore(reactor, settings.pop("dsn", self.dsn), **settings)
 
@@ -794,6 +796,34 @@ class TestConnectionFailures(OwnStore):
             assert await store.revoke_token(h("x"), "demo\x00", NOW) == NotRevoked()
         finally:
             await store.close()
+
+    @pytest_twisted.ensureDeferred
+    async def test_reconnect_attempts_never_pile_lookups_up_while_name_servers_hang(self):
+        """
+        In an outage whose name servers hang too, each reconnect attempt
+        would queue one more lookup behind the hung one, each run long after
+        its attempt gave up: an attempt's lookup that is still waiting when
+        it times out is skipped, and once as many wait as the pool has
+        connections, the next attempt is refused at once as the store being
+        unavailable.
+        """
+        from twisted.internet import reactor
+
+        hanging = Hanging()
+        with one_thread(hanging) as threads:
+            store = self.store(dsn="host=db.test port=1 dbname=x connect_timeout=1",
+                               lookups=HostLookups(reactor, threads, 1, lookup=hanging))
+            try:
+                for _ in range(2):  # the first hangs on the one thread, the second waits behind it
+                    with pytest.raises(StoreUnavailable, match="did not answer within 1s"):
+                        await store.ping()
+                with pytest.raises(StoreUnavailable, match="cannot look up the PostgreSQL host: 1 host name lookup"):
+                    await store.ping()
+                hanging.release.set()
+                await drained(threads)
+                assert hanging.looked == ["db.test"]
+            finally:
+                await store.close()
 
     @pytest_twisted.ensureDeferred
     async def test_host_names_are_looked_up_off_the_reactor_thread(self, monkeypatch):

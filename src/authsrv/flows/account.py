@@ -427,7 +427,7 @@ class AccountPage:
                        if s.sid == form.get("sid")), None)
         if target is None or target.session_hash == session.session_hash:
             return "session-gone"
-        await self._sessions.end_session(target, "signed out from the account page")
+        await self._sessions.end_session(target, "signed out from the account page", address)
         events.account_session_ended(sub=session.sub, session_id=target.sid, address=address)
         return "session-ended"
 
@@ -492,7 +492,7 @@ class AccountPage:
         ended = 0
         for other in await self._store.list_user_sessions(sub, now):
             if other.session_hash != session.session_hash:
-                ended += await self._sessions.end_session(other, "password changed")
+                ended += await self._sessions.end_session(other, "password changed", address)
         events.password_changed(sub=sub, sessions_ended=ended, address=address)
         return "password-changed"
 

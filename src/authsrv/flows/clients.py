@@ -97,8 +97,12 @@ class AssertionChecker:
         self._secrets = secrets
 
     async def check(self, client: Client | None, assertion: str, now: int, consume: bool,
-                    pushed: bool = False) -> Client:
-        """The client C{assertion} authenticates, sent to the pushed request endpoint when C{pushed}."""
+                    pushed: bool = False, address: str | None = None) -> Client:
+        """
+        The client C{assertion} authenticates, sent to the pushed request
+        endpoint when C{pushed}; C{address}, the request's, is what the
+        audit event of a replay names.
+        """
         method = client.token_endpoint_auth_method if client is not None else None
         if client is not None and method == PRIVATE_KEY_JWT:
             keyset, algorithms = await self._keys(client, assertion), assertion_algorithms(client)
@@ -113,7 +117,7 @@ class AssertionChecker:
                                  issuer_only=issuer_audience_only(client))
         kept_until = math.ceil(claims["exp"]) + CLOCK_SKEW  # as long as the assertion is accepted at all
         if consume and not await self._store.claim_jti(client.client_id, claims["jti"], kept_until, now):
-            events.assertion_replayed(client_id=client.client_id)
+            events.assertion_replayed(client_id=client.client_id, address=address)
             raise InvalidClient("client authentication failed: this client_assertion was already used")
         return client
 
@@ -150,6 +154,7 @@ class AssertionChecker:
 
 async def authenticate_client(
     clients, authorization: bytes | None, params: dict[str, str], *, consume: bool = True, pushed: bool = False,
+    address: str | None = None,
 ) -> Client:
     """
     The client a token, introspection, revocation or (C{pushed}) pushed
@@ -158,7 +163,9 @@ async def authenticate_client(
     client by its client_id), or L{authsrv.protocol.errors.InvalidClient}.
     C{consume} false checks an assertion without using it up (the rate
     limiter looks before the endpoint does). A client_credentials request's
-    client is read from the store, not from the cache.
+    client is read from the store, not from the cache. C{address} is the
+    request's where its route has it (a replayed assertion's audit event
+    names it), else None.
     """
     fresh = params.get("grant_type") == "client_credentials"
     assertion = assertion_params(params)
@@ -171,7 +178,7 @@ async def authenticate_client(
         if clients.assertions is None:
             raise InvalidClient("client authentication failed: this server accepts no client assertions")
         client = await clients.get_client(client_id, fresh)
-        return await clients.assertions.check(client, assertion, int(clients.seconds()), consume, pushed)
+        return await clients.assertions.check(client, assertion, int(clients.seconds()), consume, pushed, address)
     credentials = client_credentials(authorization, params)
     client = await clients.get_client(credentials.client_id, fresh)
     return authenticate(client, credentials, await clients.secret_key(), int(clients.seconds()))

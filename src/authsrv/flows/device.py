@@ -94,7 +94,7 @@ class DeviceAuthorizationFlow:
         C{address}: the device's, for the audit event; C{checked}: the client
         the rate limiter already authenticated from these credentials.
         """
-        client = checked or await authenticate_client(self._clients, authorization, params)
+        client = checked or await authenticate_client(self._clients, authorization, params, address=address)
         if DEVICE_CODE_GRANT not in client.grant_types:
             raise UnauthorizedClient(f"this client may not use grant_type {DEVICE_CODE_GRANT}")
         scope = device_scope(params, SCOPES)

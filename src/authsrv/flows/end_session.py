@@ -48,7 +48,8 @@ class EndSessionFlow:
         self._sessions = sessions
 
     async def end(self, args: dict[bytes, list[bytes]], browser: Browser, now: int,
-                  posted: bool) -> Redirect | Notice | LogoutConfirmation:
+                  posted: bool, address: str) -> Redirect | Notice | LogoutConfirmation:
+        """RP-initiated logout from the browser at C{address}, which the session's audit event names."""
         params = self._params(args)
         client, location, claims = await self._check(params)
         if posted and not browser.session:
@@ -66,7 +67,7 @@ class EndSessionFlow:
                 csrf=session_form_token(browser.session or "", CONFIRM_PURPOSE),
                 client_origin=None if location is None else origin(location),
             )
-        await self._sessions.end(browser.session, f"end-session from {client.client_id}")
+        await self._sessions.end(browser.session, f"end-session from {client.client_id}", address)
         if location is not None:
             return Redirect(location, 302, SIGNED_OUT)
         return Notice(200, "You are signed out", "Your session here has ended. You can close this page.",

@@ -501,7 +501,7 @@ class InteractionFlow:
         value: str | None = None
         created = []
         if session is None:
-            earlier = await self._sessions.replace(browser.session, sub, now)
+            earlier = await self._sessions.replace(browser.session, sub, now, address)
             value, session = new_session(self._limits, sub, now, amr, acr,
                                          address=address, user_agent=browser.user_agent)
             if earlier is not None:

@@ -40,7 +40,7 @@ async def end_sessions(store, sub: str, notify) -> int:
     """End the user's browser sessions and start telling their clients; how many ended."""
     ended = await store.end_user_sessions(sub)
     for session in ended:
-        events.session_ended(sub=sub, session_id=session.sid, reason="operator action")
+        events.session_ended(sub=sub, session_id=session.sid, reason="operator action", address=None)
         notify(session)
     return len(ended)
 

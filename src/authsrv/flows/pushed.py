@@ -53,7 +53,8 @@ class PushedRequests:
         request's DPoP header lines; C{checked} the client the rate limiter
         already authenticated from these credentials.
         """
-        client = checked or await authenticate_client(self._clients, authorization, push_params(args), pushed=True)
+        client = checked or await authenticate_client(self._clients, authorization, push_params(args), pushed=True,
+                                                      address=address)
         if dpop and self._dpop is not None:
             args = await self._bind(args, dpop, now)
         query = pushed_query(client, args)

@@ -28,7 +28,7 @@ class RevocationFlow:
         C{checked}: the client the rate limiter already authenticated from these credentials; C{address}
         the caller's, which the audit event names.
         """
-        client = checked or await authenticate_client(self._clients, authorization, params)
+        client = checked or await authenticate_client(self._clients, authorization, params, address=address)
         result = await self._store.revoke_token(token_hash(require(params, "token")), client.client_id, now)
         if isinstance(result, RevokedRefresh):
             events.token_revoked(client_id=client.client_id, grant_id=result.grant_id, kind="refresh",

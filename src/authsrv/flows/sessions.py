@@ -63,13 +63,14 @@ async def step_up_session(store, session: BrowserSession, amr: tuple[str, ...], 
     return value, raised
 
 
-async def end_browser_session(store, cookie_value: str | None, reason: str) -> BrowserSession | None:
-    """End the session a cookie names, if any; fires with the ended session."""
+async def end_browser_session(store, cookie_value: str | None, reason: str,
+                              address: str | None) -> BrowserSession | None:
+    """End the session a cookie names, if any, at a request from C{address}; fires with the ended session."""
     if not cookie_value:
         return None
     session = await store.end_session(token_hash(cookie_value))
     if session is not None:
-        events.session_ended(sub=session.sub, session_id=session.sid, reason=reason)
+        events.session_ended(sub=session.sub, session_id=session.sid, reason=reason, address=address)
     return session
 
 
@@ -88,7 +89,7 @@ async def live_session(store, identity, cookie_value: str | None, now: int,
     if session is None:
         return None
     if not (await standing(identity, store, session.sub, now)).allowed:
-        await sessions.end(cookie_value, "user banned, disabled or removed")
+        await sessions.end(cookie_value, "user banned, disabled or removed", None)  # the ban's doing
         return None
     if session.last_seen is None or now - session.last_seen >= LAST_SEEN_STEP:
         await store.touch_session(session.session_hash, now)
@@ -107,14 +108,18 @@ class SessionEnder:
         self._store = store
         self._notify = notify
 
-    async def end(self, cookie_value: str | None, reason: str) -> BrowserSession | None:
-        """End the session a cookie names, if any; fires with the ended session."""
-        session = await end_browser_session(self._store, cookie_value, reason)
+    async def end(self, cookie_value: str | None, reason: str, address: str | None) -> BrowserSession | None:
+        """
+        End the session a cookie names, if any; fires with the ended
+        session. C{address}: the browser's whose request ended it, for the
+        audit event (None when it ends for a ban).
+        """
+        session = await end_browser_session(self._store, cookie_value, reason, address)
         if session is not None:
             self._notify(session)
         return session
 
-    async def replace(self, cookie_value: str | None, sub: str, now: int) -> BrowserSession | None:
+    async def replace(self, cookie_value: str | None, sub: str, now: int, address: str) -> BrowserSession | None:
         """
         At a new sign-in of C{sub}, end the session the browser's cookie
         names, if any. One of another user (or expired) ends as in L{end},
@@ -123,6 +128,7 @@ class SessionEnder:
         again (prompt=login, max_age, the account page's "Sign in again")
         re-authenticates the user, and must not log them out of every other
         client of the session (those hear of its real end, by that sid).
+        C{address} is the signing-in browser's.
         """
         if not cookie_value:
             return None
@@ -131,15 +137,18 @@ class SessionEnder:
             return None
         if session.sub == sub and session.expires_at > now:
             return session
-        events.session_ended(sub=session.sub, session_id=session.sid, reason="logged in again")
+        events.session_ended(sub=session.sub, session_id=session.sid, reason="logged in again", address=address)
         self._notify(session)
         return None
 
-    async def end_session(self, session: BrowserSession, reason: str) -> bool:
-        """End a session known by its record (one the account page listed); False when it had ended."""
+    async def end_session(self, session: BrowserSession, reason: str, address: str) -> bool:
+        """
+        End a session known by its record (one the account page listed) at
+        a request from C{address}; False when it had ended.
+        """
         ended = await self._store.end_session(session.session_hash)
         if ended is None:
             return False
-        events.session_ended(sub=ended.sub, session_id=ended.sid, reason=reason)
+        events.session_ended(sub=ended.sub, session_id=ended.sid, reason=reason, address=address)
         self._notify(ended)
         return True

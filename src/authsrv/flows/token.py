@@ -49,7 +49,7 @@ class TokenFlow:
         if handler is None:
             offered = offered_grants(self._grants.grant_types, self._features())
             raise UnsupportedGrantType(f"grant_type must be one of {', '.join(offered)}")
-        client = checked or await authenticate_client(self._clients, authorization, params)
+        client = checked or await authenticate_client(self._clients, authorization, params, address=address)
         if grant_type not in client.grant_types:
             raise UnauthorizedClient(f"this client may not use grant_type {grant_type}")
         jkt = None

@@ -21,6 +21,7 @@ from authsrv.protocol.errors import (
     InsufficientScope,
     InvalidDpopProof,
     InvalidToken,
+    OAuthError,
     ServerError,
     UnauthorizedClient,
     UseDpopNonce,
@@ -77,10 +78,12 @@ class UserInfoFlow:
             token_hash(access_token), now, link_provider=self._claims.link_provider
         )
         if access is None:
-            raise InvalidToken("the access token is unknown, expired or revoked")
+            raise _refusal(scheme == DPOP, InvalidToken("the access token is unknown, expired or revoked"))
+        bound = access.jkt is not None
         if not access.for_user:
-            raise InvalidToken("the access token was issued to a client for itself (client_credentials): no user")
-        if access.jkt is not None:
+            raise _refusal(bound or scheme == DPOP, InvalidToken(
+                "the access token was issued to a client for itself (client_credentials): no user"))
+        if bound:
             proof = await self._check_proof(access_token, scheme, dpop, method, now)
             if proof.jkt != access.jkt:
                 raise DpopChallenge(
@@ -88,17 +91,26 @@ class UserInfoFlow:
         elif scheme == DPOP:
             raise InvalidToken("this access token is not DPoP-bound: send it as Authorization: Bearer")
         if access.audience and self._issuer not in access.audience:
-            raise InvalidToken("the access token is meant for another resource server, not UserInfo")
+            raise _refusal(bound, InvalidToken("the access token is meant for another resource server, not UserInfo"))
         if "openid" not in access.scope:
-            raise InsufficientScope("UserInfo needs an access token with the scope openid", "openid")
+            raise _refusal(bound, InsufficientScope("UserInfo needs an access token with the scope openid", "openid"))
         state = await standing(self._identity, self._store, access.sub, now, access.user_ban)
         if not state.allowed:
-            raise InvalidToken("the access token is unknown, expired or revoked")
+            raise _refusal(bound, InvalidToken("the access token is unknown, expired or revoked"))
         user = await self._claims.user(state.user, access.linked_user_id)
         claims = {"sub": access.sub, **user_claims(user, access.scope)}
         if self._signer is None:
             return claims
         return await self._signer.sign(access.client_id, claims)
+
+
+def _refusal(dpop: bool, error: InvalidToken | InsufficientScope) -> OAuthError:
+    """
+    C{error} with the challenge its request calls for: a DPoP one when the
+    token is DPoP-bound or came as C{Authorization: DPoP} (RFC 9449 section
+    7.1), so that a DPoP client is never asked for a Bearer token.
+    """
+    return DpopChallenge.instead_of(error) if dpop else error
 
 
 class UserInfoSigner:

@@ -51,8 +51,6 @@ from authsrv.identity.static import login_key
 from authsrv.interfaces import IChatLinkSource, IIdentityBackend, IUserManagement
 from authsrv.migrations import Ledger, MigrationError, PostgresMigration, advisory_lock_id, migrate, schema_steps
 from authsrv.pg.pool import (
-    LOOKUP_POOL_NAME,
-    LOOKUP_POOL_SIZE,
     ConnectFailed,
     NoFreeConnection,
     Pool,
@@ -61,6 +59,7 @@ from authsrv.pg.pool import (
     TimedOut,
     fetch,
     first_line,
+    host_lookups,
     is_outage,
 )
 from authsrv.pg.settings import ConnectionSettings, read_settings
@@ -677,8 +676,7 @@ def build(section: Section, context, hasher=None) -> PostgresIdentityBackend | N
     if context.check_only:
         return None
     verifier = (BetterAuthVerifier if mode == "better-auth" else MigratingVerifier).for_context(context, hasher)
-    lookups = context.threadpool(LOOKUP_POOL_NAME, LOOKUP_POOL_SIZE)
-    pool = connection_pool(context.reactor, settings, pool_size, lookups, read_only=read_only)
+    pool = connection_pool(context.reactor, settings, pool_size, host_lookups(context, pool_size), read_only=read_only)
     kinds = {"own": OwnPostgresIdentityBackend, "mapped": PostgresIdentityBackend,
              "better-auth": BetterAuthIdentityBackend}
     backend = kinds[mode](pool, verifier, queries, mode, shared)

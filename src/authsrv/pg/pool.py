@@ -23,16 +23,27 @@ import psycopg2.extensions
 from attrs import frozen
 from twisted.internet.defer import CancelledError, Deferred, fail
 from twisted.internet.error import ConnectionDone, ConnectionLost
-from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from txpostgres import txpostgres
 
-from authsrv.hostlookup import host_addresses
+from authsrv.hostlookup import HostLookups
 from authsrv.pg.settings import ConnectionSettings, needs_lookup, targets
 
 LOOKUP_POOL_NAME, LOOKUP_POOL_SIZE = "postgres-lookups", 2
 """The host name lookups' thread pool, shared by every plugin's pool."""
+
+
+def host_lookups(context, connections: int) -> HostLookups:
+    """
+    The host name lookups of a pool of C{connections}, on the lookup threads
+    every pool shares: at most one per connection waits for a thread, and
+    one whose connection attempt gave up is skipped, so that while name
+    servers hang in a database outage the reconnect attempts never pile
+    lookups up (a refused one fails its attempt as the database being
+    unavailable).
+    """
+    return HostLookups(context.reactor, context.threadpool(LOOKUP_POOL_NAME, LOOKUP_POOL_SIZE), connections)
 
 CLIENT_DEADLINE_MARGIN = 1
 """
@@ -275,8 +286,8 @@ class Pool:
     Asynchronous libpq also has no deadline per server and looks host names
     up on the calling thread, so each address of each server the DSN names
     is tried in turn within C{connect_timeout} (a powered-off primary must
-    leave time for the standby named next), names looked up on C{lookups},
-    a thread pool.
+    leave time for the standby named next), names looked up by C{lookups},
+    a L{HostLookups} (L{host_lookups}).
 
     A connection the server ended while it was idle (a restart, a
     failover, C{pg_terminate_backend}) whose goodbye the reactor has not
@@ -293,7 +304,7 @@ class Pool:
     """
 
     def __init__(
-        self, reactor, settings: ConnectionSettings, *, size: int, lookups, translate, what: str,
+        self, reactor, settings: ConnectionSettings, *, size: int, lookups: HostLookups, translate, what: str,
         consequence: str, read_only: bool = False,
     ):
         self._reactor = reactor
@@ -503,8 +514,11 @@ class Pool:
         """
         if "hostaddr" in target or not needs_lookup(target.get("host", "")):
             return [target]
-        lookup = deferToThreadPool(self._reactor, self._lookups, host_addresses, target["host"])
-        addresses = await self._within(self._settings.connect_timeout, lookup)
+        lookup = self._lookups(target["host"])
+        try:
+            addresses = await self._within(self._settings.connect_timeout, lookup)
+        finally:
+            lookup.cancel()  # one still waiting for a thread when the attempt ends is skipped
         return [target | {"hostaddr": address} for address in addresses]
 
     async def _connect_to(self, target: dict) -> _Connection:

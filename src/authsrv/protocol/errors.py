@@ -194,13 +194,22 @@ class UseDpopNonce(OAuthError):
 class DpopChallenge(OAuthError):
     """
     A resource's refusal of a DPoP-bound request (RFC 9449 section 7.1):
-    401 with a C{WWW-Authenticate: DPoP} challenge carrying C{error} (and
-    C{nonce} as DPoP-Nonce when one is asked for).
+    C{status} (401 unless said) with a C{WWW-Authenticate: DPoP} challenge
+    carrying C{error}, and C{scope} when one is lacking (and C{nonce} as
+    DPoP-Nonce when one is asked for).
     """
 
     status = 401
 
-    def __init__(self, error: str, description: str, nonce: str | None = None):
+    def __init__(self, error: str, description: str, nonce: str | None = None, *, status: int = 401,
+                 scope: str | None = None):
         super().__init__(description)
         self.error = error
         self.nonce = nonce
+        self.status = status
+        self.scope = scope
+
+    @classmethod
+    def instead_of(cls, error: InvalidToken | InsufficientScope) -> DpopChallenge:
+        """C{error}, a bearer refusal, as a DPoP-bound request gets it: the same status, code and scope."""
+        return cls(error.error, error.description, status=error.status, scope=getattr(error, "scope", None))

@@ -50,12 +50,11 @@ from twisted.internet.error import ConnectionDone, ConnectionLost
 from zope.interface import implementer
 
 from authsrv.configsection import ConfigError, Unreachable
+from authsrv.hostlookup import LookupsBusy
 from authsrv.interfaces import SERVER_KEY_BYTES, IStore
 from authsrv.migrations import Ledger, MigrationError, PostgresMigration, migrate as run_migrations, schema_steps
 from authsrv.pg.gather import Gather
 from authsrv.pg.pool import (
-    LOOKUP_POOL_NAME,
-    LOOKUP_POOL_SIZE,
     ConnectFailed,
     NoFreeConnection,
     Pool,
@@ -66,6 +65,7 @@ from authsrv.pg.pool import (
     fetch,
     first,
     first_line,
+    host_lookups,
     rowcount,
 )
 from authsrv.pg.settings import ConnectionSettings, read_settings
@@ -143,7 +143,7 @@ def from_config(section, context) -> "PostgresStore | None":
     return PostgresStore(
         context.reactor, settings.dsn, pool_size=pool_size, statement_timeout=settings.statement_timeout,
         connect_timeout=settings.connect_timeout,
-        lookups=context.threadpool(LOOKUP_POOL_NAME, LOOKUP_POOL_SIZE), observer=context.store_observer,
+        lookups=host_lookups(context, pool_size), observer=context.store_observer,
     )
 
 
@@ -204,6 +204,8 @@ def _store_error(error: BaseException) -> BaseException:
         return StoreUnavailable("the connection to PostgreSQL was lost")
     if isinstance(error, socket.gaierror):
         return StoreUnavailable(f"cannot look up the PostgreSQL host: {error.strerror}")
+    if isinstance(error, LookupsBusy):
+        return StoreUnavailable(f"cannot look up the PostgreSQL host: {error}")
     if isinstance(error, (psycopg2.OperationalError, psycopg2.InterfaceError)) or (
         isinstance(error, psycopg2.Error) and (error.pgcode or "")[:2] in _UNAVAILABLE_CLASSES
     ):
@@ -311,7 +313,7 @@ class PostgresStore:
         observer: Observer | None = None,
     ):
         """
-        C{lookups} is a thread pool for host name lookups; C{observer}, if
+        C{lookups} looks host names up (L{host_lookups}); C{observer}, if
         any, hears of every call (see L{authsrv.store.observer}).
         """
         settings = ConnectionSettings(dsn, "dsn", connect_timeout, statement_timeout, "authsrv")

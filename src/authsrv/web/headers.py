@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from authsrv.compactjson import compact
 from authsrv.protocol.dpop import ALGORITHMS
-from authsrv.protocol.errors import DpopChallenge, InsufficientScope, InvalidBearerRequest
+from authsrv.protocol.errors import DpopChallenge, InvalidBearerRequest
 
 RETRY_AFTER = b"5"
 """Seconds a caller waits before it tries again when the store or an identity backend is unavailable."""
@@ -78,12 +78,18 @@ def challenge_description(text: str) -> str:
     return kept if len(text) == len(cut) else kept + "..."
 
 
+def _scope(error) -> str:
+    """The challenge's scope parameter: the scope an insufficient_scope refusal names, else nothing."""
+    scope = getattr(error, "scope", None)
+    return "" if scope is None else f', scope="{scope}"'
+
+
 def oauth_error(request, error) -> bytes:
     """
     An L{authsrv.protocol.errors.OAuthError} as RFC 6749 section 5.2 JSON,
     with the challenge RFC 6749 (invalid_client), RFC 6750 (bearer token
-    errors; insufficient_scope names the scope needed) or RFC 9449 (a DPoP-bound request's errors, and the server
-    nonce a proof must carry) asks for, and no-store like every token
+    errors; insufficient_scope names the scope needed) or RFC 9449 (a DPoP-bound request's errors, bearer
+    ones included, and the server nonce a proof must carry) asks for, and no-store like every token
     endpoint answer.
     """
     description = challenge_description(error.description)
@@ -92,11 +98,11 @@ def oauth_error(request, error) -> bytes:
     elif isinstance(error, DpopChallenge):
         request.setHeader(
             b"www-authenticate",
-            f'DPoP realm="authsrv", error="{error.error}", error_description="{description}",'
+            f'DPoP realm="authsrv", error="{error.error}", error_description="{description}"{_scope(error)},'
             f' algs="{" ".join(ALGORITHMS)}"'.encode(),
         )
     elif error.error in ("invalid_token", "insufficient_scope") or isinstance(error, InvalidBearerRequest):
-        scope = f', scope="{error.scope}"' if isinstance(error, InsufficientScope) else ""
+        scope = _scope(error)
         request.setHeader(
             b"www-authenticate",
             f'Bearer realm="authsrv", error="{error.error}", error_description="{description}"{scope}'.encode(),

@@ -522,7 +522,8 @@ class PublicSite:
         without the user waiting.
         """
         outcome = await self._flows.end_session.end(
-            request.args, self._cookies.browser(request), self._now(), posted=request.method == b"POST"
+            request.args, self._cookies.browser(request), self._now(), posted=request.method == b"POST",
+            address=client_address_of(request, self._trusted_proxies),
         )
         if isinstance(outcome, LogoutConfirmation):
             return logout_confirmation_page(request, f"{self._issuer}/oauth2/end-session", outcome)

@@ -73,8 +73,8 @@ class AuthorizationCodeGrant:
         except OAuthError:
             await store.refuse_code(code.code_hash, now)
             raise
-        user = await self._users.allowed(code.grant_id, code.sub, client.client_id, now, ban=result.user_ban,
-                                         link=result.linked_user_id)
+        user = await self._users.allowed(code.grant_id, code.sub, client.client_id, now, address=address,
+                                         ban=result.user_ban, link=result.linked_user_id)
         offline = "offline_access" in code.scope and "refresh_token" in client.grant_types
         minted = self._minter.mint(
             result.grant, client, user,

@@ -76,7 +76,7 @@ class DeviceCodeGrant:
             raise _reused(client, device, address)
         if polled.outcome != POLL_APPROVED:
             raise InvalidGrant(UNKNOWN)
-        minted = await self._mint(device, client, params, now, jkt)
+        minted = await self._mint(device, client, params, now, jkt, address)
         issued, redeemed = await signed_beside(minted, store.redeem_device_authorization(
             device.device_code_hash, minted.issued.access, minted.issued.refresh, now))
         if redeemed == POLL_REUSED:
@@ -86,9 +86,10 @@ class DeviceCodeGrant:
         issued_event(issued, client.client_id, self.grant_type, address)
         return issued.response
 
-    async def _mint(self, device: DeviceAuthorization, client: Client, params: dict[str, str], now: int, jkt: str | None):
-        """The approved device's tokens, not yet stored nor signed."""
-        user = await self._users.allowed(device.grant_id, device.sub, client.client_id, now)
+    async def _mint(self, device: DeviceAuthorization, client: Client, params: dict[str, str], now: int,
+                    jkt: str | None, address: str | None):
+        """The approved device's tokens, not yet stored nor signed; C{address}, the polling device's."""
+        user = await self._users.allowed(device.grant_id, device.sub, client.client_id, now, address=address)
         grant = await self._store.get_grant(device.grant_id)
         if grant is None or grant.revoked_at is not None:
             raise InvalidGrant("the device's grant was revoked")

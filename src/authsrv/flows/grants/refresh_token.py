@@ -64,8 +64,8 @@ class RefreshTokenGrant:
         grant = old.grant
         if grant is None:
             raise InvalidGrant(UNKNOWN)
-        user = await self._users.allowed(old.grant_id, old.sub, client.client_id, now, ban=old.user_ban,
-                                         link=old.linked_user_id)
+        user = await self._users.allowed(old.grant_id, old.sub, client.client_id, now, address=address,
+                                         ban=old.user_ban, link=old.linked_user_id)
         minted = self._minter.mint(
             grant, client, user,
             scope=scope,

@@ -26,17 +26,19 @@ class GrantUsers:
     def link_provider(self) -> str | None:
         return self._claims.link_provider
 
-    async def allowed(self, grant_id: str, sub: str, client_id: str, now: int, *,
+    async def allowed(self, grant_id: str, sub: str, client_id: str, now: int, *, address: str | None,
                       link: str | None | NotRead = NOT_READ, **ban) -> User:
         """
         The user as tokens describe them, or L{InvalidGrant} after revoking
         the grant. C{ban=} and C{link} pass the ban record and the linked
-        chat account id a lookup already read.
+        chat account id a lookup already read; C{address} is the token
+        request's, which the audit event names.
         """
         state = await standing(self._identity, self._store, sub, now, **ban)
         if not state.allowed:
             if await self._store.revoke_grant(grant_id, now):
-                events.grant_revoked(sub=sub, client_id=client_id, grant_id=grant_id, reason="user not allowed")
+                events.grant_revoked(sub=sub, client_id=client_id, grant_id=grant_id, reason="user not allowed",
+                                     address=address)
             raise InvalidGrant("the user may no longer use this service")
         return await self._claims.user(state.user, link)
 
