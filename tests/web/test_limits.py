@@ -561,6 +561,32 @@ def test_a_proxy_protocol_header_without_valid_addresses_and_ports_drops_the_con
     assert protocol.wrappedProtocol.getPeer().host == "203.0.113.7"
 
 
+@pytest.mark.parametrize("head", [
+    b"GET /api/auth/jwks HTTP/1.1\nHost: x\n\n", b"GET /api/auth/jwks HTTP/1.1\r\nHost: x\n\n",
+    b"GET /api/auth/jwks HTTP/1.1\r\nHost: x\r\n\n", b"GET /api/auth/jwks HTTP/1.1\n",
+])
+def test_a_request_whose_lines_end_in_a_bare_lf_is_refused_at_once(head):
+    """
+    RFC 9112 section 2.2: a bare LF may end a line or not; a proxy in front
+    may read it either way, so it is refused, at once rather than at the
+    header timeout.
+    """
+    listener = Listener()
+    _, transport = listener.send(head)
+    assert_oauth(*parse(transport), 400, "bare LF")
+    assert transport.disconnecting
+    listener.assert_serves()
+
+
+def test_a_head_whose_crlf_is_split_between_reads_is_served():
+    listener = Listener()
+    protocol, transport = listener.connect()
+    for piece in (b"GET /healthz HTTP/1.1\r", b"\nHost: x\r", b"\n\r", b"\n" + request_head("GET", "/healthz")[:-1], b"\n"):
+        protocol.dataReceived(piece)
+    assert transport.value().count(b"HTTP/1.1 200 ") == 2
+    assert not transport.disconnecting
+
+
 def test_a_body_that_arrives_too_slowly_gets_408():
     listener = Listener({"body_timeout": "20s"})
     protocol, transport = listener.connect()
