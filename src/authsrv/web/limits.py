@@ -93,7 +93,7 @@ header timeout. A proxy in front that reads LF as CRLF would frame such a
 request otherwise than this server, so it is refused at once (as twisted.web
 refuses a bare LF inside a line). In line mode a read leaves only the bytes
 after the last CRLF, so an LF among them is bare: one look at that rest
-(empty after a whole request) per read.
+(empty after a whole request, where only its emptiness is looked at) per read.
 """
 
 MIN_TAKEN = 16 * 1024
@@ -373,7 +373,8 @@ class LimitedChannel(GatheringChannel):
         if self._waiting_for is None and self.line_mode and not self._handlingRequest:
             self._start(self.limits.header_timeout, "headers")
         super().dataReceived(data)
-        if self.line_mode and b"\n" in self._buffer and not (self._busyReceiving or self.paused or self._refused):
+        rest = self._buffer if self.line_mode else b""
+        if rest and b"\n" in rest and not (self._busyReceiving or self.paused or self._refused):
             self._refuse(400, BARE_LF)
 
     def lineReceived(self, line):
