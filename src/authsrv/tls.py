@@ -14,6 +14,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat, load_pem_private_key
 from twisted.internet.endpoints import serverFromString
 
+from authsrv.proxyheader import CheckedProxyEndpoint
+
 FILE_PARAMETERS = ("privateKey", "certKey", "extraCertChain", "dhParameters")
 DEFAULT_PRIVATE_KEY = "server.pem"
 """Twisted's default for C{privateKey}, which also holds the certificate when C{certKey} is absent."""
@@ -149,13 +151,17 @@ def endpoint_of(reactor, key: str, description: str, base_dir: Path, now: float 
     The server endpoint C{description} names, parsed as the server parses
     it, without listening; L{ValueError} with one line naming C{key} when
     its TLS files are wrong (L{listen_problem}, dates checked with C{now})
-    or Twisted cannot parse it.
+    or Twisted cannot parse it. A C{haproxy:} listener checks each
+    connection's PROXY header (L{CheckedProxyEndpoint}).
     """
     problem = listen_problem(key, description, base_dir, now) or _port_problem(key, description)
     if problem:
         raise ValueError(problem)
+    resolved = resolve_tls_paths(description, base_dir)
     try:
-        return serverFromString(reactor, resolve_tls_paths(description, base_dir))
+        if _kind(_parts(description)) == "haproxy":
+            return CheckedProxyEndpoint(serverFromString(reactor, resolved.partition(":")[2]))
+        return serverFromString(reactor, resolved)
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{key}: {description!r} is not a valid endpoint ({e})") from None
 

@@ -9,19 +9,21 @@ from __future__ import annotations
 import json
 from http.client import HTTPResponse
 from io import BytesIO
+from pathlib import Path
 from urllib.parse import urlencode
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.defer import succeed
-from twisted.internet.testing import StringTransport
+from twisted.internet.testing import MemoryReactor, StringTransport
 from twisted.logger import formatEvent
 from twisted.protocols.haproxy import proxyEndpoint
 from twisted.web.resource import Resource
 from twisted.web.test.requesthelper import DummyChannel
 
 from authsrv.config import PARAMETER_CAPS, InputLimits, parse_config
+from authsrv.tls import endpoint_of
 from authsrv.web.limits import LimitedSite
 from authsrv.web.metrics import MetricsResource
 from authsrv.web.request import BoundedRequest
@@ -523,6 +525,66 @@ def test_behind_a_proxy_protocol_listener_each_client_counts_by_the_address_its_
     assert userinfo_from("203.0.113.7") == 401
     assert userinfo_from("203.0.113.7") == 429
     assert userinfo_from("203.0.113.8") == 401
+
+
+@pytest.mark.parametrize("header", [
+    b"PROXY TCP4 not-an-ip 10.0.0.5 56324 8080", b"PROXY TCP4 a\x1b[31mb 10.0.0.5 56324 8080",
+    b"PROXY TCP4 \xff\xfe 10.0.0.5 56324 8080", b"PROXY TCP4 203.0.113.07 10.0.0.5 56324 8080",
+    b"PROXY TCP4 203.0.113.7 10.0.0.5 x 8080", b"PROXY TCP4 203.0.113.7 10.0.0.5 56324 65536",
+    b"PROXY TCP4 203.0.113.7 10.0.0.5 56324 8080 more", b"PROXY TCP4 2001:db8::1 10.0.0.5 56324 8080",
+    b"PROXY TCP6 zz:not ::1 56324 8080", b"PROXY TCP6 fe80::1%eth0 ::1 56324 8080",
+])
+def test_a_proxy_protocol_header_without_valid_addresses_and_ports_drops_the_connection(header, logged):
+    """
+    HAProxy's proxy-protocol.txt (section 2.1): a receiver drops a
+    connection whose header has a field invalid or missing. Twisted's parser
+    made any text the client's address (in the logs and rate-limit keys),
+    and raised out of the reactor at a port that is no number.
+    """
+    reactor, listener = MemoryReactor(), Listener()
+    endpoint_of(reactor, "server.listen[0]", "haproxy:tcp:8080:interface=10.0.0.5", Path(".")).listen(listener.site)
+    proxied = reactor.tcpServers[0][1]
+    proxy = IPv4Address("TCP", "10.0.0.9", 40000)
+
+    def connect(data: bytes):
+        protocol, transport = proxied.buildProtocol(proxy), StringTransport(peerAddress=proxy)
+        protocol.makeConnection(transport)
+        protocol.dataReceived(data)
+        return protocol, transport
+
+    _, transport = connect(header + b"\r\n" + request_head("GET", "/healthz"))
+    assert transport.value() == b"" and transport.disconnecting
+    dropped = [e for e in logged if e.get("log_namespace") == "authsrv.proxyheader"]
+    assert len(dropped) == 1 and "10.0.0.9" in formatEvent(dropped[0]), dropped
+    protocol, transport = connect(b"PROXY TCP4 203.0.113.7 10.0.0.5 56324 8080\r\n" + request_head("GET", "/healthz"))
+    assert parse(transport)[0] == 200
+    assert protocol.wrappedProtocol.getPeer().host == "203.0.113.7"
+
+
+@pytest.mark.parametrize("head", [
+    b"GET /api/auth/jwks HTTP/1.1\nHost: x\n\n", b"GET /api/auth/jwks HTTP/1.1\r\nHost: x\n\n",
+    b"GET /api/auth/jwks HTTP/1.1\r\nHost: x\r\n\n", b"GET /api/auth/jwks HTTP/1.1\n",
+])
+def test_a_request_whose_lines_end_in_a_bare_lf_is_refused_at_once(head):
+    """
+    RFC 9112 section 2.2: a bare LF may end a line or not; a proxy in front
+    may read it either way, so it is refused, at once rather than at the
+    header timeout.
+    """
+    listener = Listener()
+    _, transport = listener.send(head)
+    assert_oauth(*parse(transport), 400, "bare LF")
+    assert transport.disconnecting
+    listener.assert_serves()
+
+
+def test_a_head_whose_crlf_is_split_between_reads_is_served():
+    listener = Listener()
+    protocol, transport = listener.connect()
+    for piece in (b"GET /healthz HTTP/1.1\r", b"\nHost: x\r", b"\n\r", b"\n" + request_head("GET", "/healthz")[:-1], b"\n"):
+        protocol.dataReceived(piece)
+    assert transport.value().count(b"HTTP/1.1 200 ") == 2
+    assert not transport.disconnecting
 
 
 def test_a_body_that_arrives_too_slowly_gets_408():

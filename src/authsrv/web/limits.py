@@ -85,6 +85,17 @@ and sends that body as the next request. No client today folds a line, so
 it is refused, as is white space before the first field (section 2.2).
 """
 
+BARE_LF = "a line of the request ends in a bare LF: end each line of the request line and header fields with CRLF"
+"""
+RFC 9112 section 2.2 lets a server read a bare LF as a line's end or not;
+twisted.web splits lines at CRLF only, so a head of bare LFs waited for the
+header timeout. A proxy in front that reads LF as CRLF would frame such a
+request otherwise than this server, so it is refused at once (as twisted.web
+refuses a bare LF inside a line). In line mode a read leaves only the bytes
+after the last CRLF, so an LF among them is bare: one look at that rest
+(empty after a whole request, where only its emptiness is looked at) per read.
+"""
+
 MIN_TAKEN = 16 * 1024
 """
 Bytes a client must take of a closing connection's unsent answer every
@@ -362,6 +373,9 @@ class LimitedChannel(GatheringChannel):
         if self._waiting_for is None and self.line_mode and not self._handlingRequest:
             self._start(self.limits.header_timeout, "headers")
         super().dataReceived(data)
+        rest = self._buffer if self.line_mode else b""
+        if rest and b"\n" in rest and not (self._busyReceiving or self.paused or self._refused):
+            self._refuse(400, BARE_LF)
 
     def lineReceived(self, line):
         if self._head_lines == 0:

@@ -1,0 +1,109 @@
+"""
+PROXY protocol listeners (C{haproxy:}) that drop a connection whose version
+1 header does not carry two addresses and two ports, as the protocol's
+specification (HAProxy's proxy-protocol.txt, section 2.1) asks of a
+receiver: "If any of the fields is invalid or missing, the connection must
+be dropped".
+
+Twisted's parser took any bytes but a space as an address, so a proxy that
+is misconfigured or compromised could make any text (control characters
+too) the client's address in the access and audit logs and the rate-limit
+keys; a port that is no number, or an address that is no UTF-8, raised out
+of the reactor as an unhandled error.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+from twisted.internet.interfaces import IStreamServerEndpoint
+from twisted.logger import Logger
+from twisted.protocols.haproxy._wrapper import HAProxyProtocolWrapper, HAProxyWrappingFactory
+from twisted.protocols.haproxy._exceptions import InvalidProxyHeader
+from twisted.protocols.haproxy._v1parser import V1Parser
+from zope.interface import implementer
+
+log = Logger()
+
+_ADDRESSES = {b"TCP4": ipaddress.IPv4Address, b"TCP6": ipaddress.IPv6Address}
+
+
+def _is_port(value: bytes) -> bool:
+    return value.isdigit() and len(value) <= 5 and int(value) <= 65535
+
+
+def header_problem(line: bytes) -> str | None:
+    """
+    What is wrong with a PROXY protocol version 1 header C{line} (without
+    its CRLF), or None: after C{PROXY} and C{TCP4} or C{TCP6}, a source and
+    a destination address of that family, as the specification writes
+    them (no zone, no leading zeros), then two ports, 0 to 65535, each
+    field after exactly one space. C{PROXY UNKNOWN} and anything after it
+    is valid: the connection keeps the proxy's own address.
+    """
+    fields = line.split(b" ")
+    if fields[:2] == [b"PROXY", b"UNKNOWN"]:
+        return None
+    family = _ADDRESSES.get(fields[1]) if len(fields) > 1 and fields[0] == b"PROXY" else None
+    if family is None:
+        return "it does not begin with PROXY TCP4, PROXY TCP6 or PROXY UNKNOWN"
+    if len(fields) != 6:
+        return "it does not carry exactly two addresses and two ports, each after one space"
+    for address in fields[2:4]:
+        try:
+            family(address.decode("ascii"))
+        except ValueError:
+            return f"an address is not a {fields[1].decode()} address"
+        if b"%" in address:
+            return "an address carries a zone"
+    if not (_is_port(fields[4]) and _is_port(fields[5])):
+        return "a port is not a number from 0 to 65535"
+    return None
+
+
+class _CheckedV1Parser(V1Parser):
+    """Twisted's version 1 parser, refusing a header L{header_problem} finds fault with; it keeps that fault."""
+
+    problem: str | None = None
+
+    def parse(self, line: bytes):  # type: ignore[override]  # a classmethod in Twisted; an instance keeps its problem
+        self.problem = header_problem(line)
+        if self.problem is not None:
+            raise InvalidProxyHeader()
+        return V1Parser.parse(line)
+
+
+class CheckedProxyWrapper(HAProxyProtocolWrapper):
+    """
+    Twisted's PROXY protocol wrapper with a L{_CheckedV1Parser}, which logs
+    one line for a header it drops. Once the header is read, the
+    connection's reads go straight to the wrapped protocol, with no step
+    of this wrapper (nor of Twisted's) per read.
+    """
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._parser is None and len(data) >= 8 and data[:5] == V1Parser.PROXYSTR:
+            self._parser = _CheckedV1Parser()
+        super().dataReceived(data)
+        if self._proxyInfo is not None:
+            self.dataReceived = self.wrappedProtocol.dataReceived  # type: ignore[method-assign]
+            return
+        problem = getattr(self._parser, "problem", None)
+        if problem is not None:
+            log.warn("PROXY protocol header from {proxy} dropped: {problem}; check the proxy's configuration",
+                     proxy=getattr(self.getPeer(), "host", None), problem=problem)
+
+
+class CheckedProxyFactory(HAProxyWrappingFactory):
+    protocol = CheckedProxyWrapper  # type: ignore[assignment]  # Twisted types it as its own wrapper class
+
+
+@implementer(IStreamServerEndpoint)
+class CheckedProxyEndpoint:
+    """A listening endpoint whose connections begin with a PROXY protocol header, checked (L{CheckedProxyWrapper})."""
+
+    def __init__(self, wrapped):
+        self._wrapped = wrapped
+
+    def listen(self, factory):
+        return self._wrapped.listen(CheckedProxyFactory(factory))
