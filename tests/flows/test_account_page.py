@@ -31,6 +31,7 @@ from test_mfa import TOTP_PAGE, code_at, enrolled, enrolment_of, give_code, pass
 from token_helpers import exchange, refresh
 
 from authsrv.flows.account import device_of
+from authsrv.identity.static import StaticIdentityBackend
 from authsrv.records import Passkey
 from authsrv.testing.identity import ALICE, BOB, PASSWORDS
 
@@ -302,6 +303,35 @@ async def test_a_new_password_that_cannot_be_hashed_is_refused_with_the_old_one_
         response, _ = await fresh.authorize()
         response, _ = await fresh.submit_login(response, ALICE.login, PASSWORDS[ALICE.sub])
         assert response.code == 303 and "code=" in location(response), "the old password still signs in"
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_user_removed_while_their_password_changes_is_signed_out_not_a_500(tmp_path, monkeypatch, audit):
+    """
+    An operator removing the user between the check of the current password
+    and the write of the new hash (the backend then knows no such login):
+    the page says the session has ended, as it has, rather than failing.
+    """
+    new = "a brand new and long passphrase"
+    original = StaticIdentityBackend.set_password_hash
+
+    async def removed_first(backend, login, password_hash):
+        await backend.remove_user(login)
+        return await original(backend, login, password_hash)
+
+    h = await started(tmp_path, monkeypatch)
+    monkeypatch.setattr(StaticIdentityBackend, "set_password_hash", removed_first)
+    try:
+        browser, _ = await signed_in(h)
+        response, body = await browser.get(ACCOUNT)
+        [change] = forms(body, ACCOUNT + "/password")
+        response, body = await browser.post(ACCOUNT + "/password", {
+            **change, "current_password": PASSWORDS[ALICE.sub], "new_password": new, "new_password_again": new})
+        assert response.code == 401, body
+        assert b"Not signed in" in body
+        assert [e["reason"] for e in audit.of("account.password_change_refused")] == ["user removed meanwhile"]
     finally:
         await h.close()
 

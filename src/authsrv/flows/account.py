@@ -488,7 +488,11 @@ class AccountPage:
         if checked.along is None:
             events.password_change_refused(sub=sub, address=address, reason="new password not hashed")
             return PASSWORD_NOT_HASHED
-        await manager.set_password_hash(user.login, checked.along)
+        try:
+            await manager.set_password_hash(user.login, checked.along)
+        except ValueError:
+            events.password_change_refused(sub=sub, address=address, reason="user removed meanwhile")
+            raise not_signed_in() from None
         ended = 0
         for other in await self._store.list_user_sessions(sub, now):
             if other.session_hash != session.session_hash:
