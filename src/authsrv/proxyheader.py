@@ -20,6 +20,7 @@ from twisted.internet.interfaces import IStreamServerEndpoint
 from twisted.logger import Logger
 from twisted.protocols.haproxy._wrapper import HAProxyProtocolWrapper, HAProxyWrappingFactory
 from twisted.protocols.haproxy._exceptions import InvalidProxyHeader
+from twisted.protocols.haproxy._info import ProxyInfo
 from twisted.protocols.haproxy._v1parser import V1Parser
 from zope.interface import implementer
 
@@ -62,7 +63,12 @@ def header_problem(line: bytes) -> str | None:
 
 
 class _CheckedV1Parser(V1Parser):
-    """Twisted's version 1 parser, refusing a header L{header_problem} finds fault with; it keeps that fault."""
+    """
+    Twisted's version 1 parser, refusing a header L{header_problem} finds
+    fault with; it keeps that fault. It takes a bare C{PROXY UNKNOWN}, the
+    header a proxy sends for a connection of its own (a health check),
+    which Twisted's parser dropped for lack of the fields that may follow.
+    """
 
     problem: str | None = None
 
@@ -70,6 +76,8 @@ class _CheckedV1Parser(V1Parser):
         self.problem = header_problem(line)
         if self.problem is not None:
             raise InvalidProxyHeader()
+        if line.split(b" ", 2)[1] == b"UNKNOWN":
+            return ProxyInfo(line, None, None)
         return V1Parser.parse(line)
 
 
