@@ -20,6 +20,7 @@ from twisted.internet.interfaces import IStreamServerEndpoint
 from twisted.logger import Logger
 from twisted.protocols.haproxy._wrapper import HAProxyProtocolWrapper, HAProxyWrappingFactory
 from twisted.protocols.haproxy._exceptions import InvalidProxyHeader
+from twisted.protocols.haproxy._info import ProxyInfo
 from twisted.protocols.haproxy._v1parser import V1Parser
 from zope.interface import implementer
 
@@ -62,7 +63,12 @@ def header_problem(line: bytes) -> str | None:
 
 
 class _CheckedV1Parser(V1Parser):
-    """Twisted's version 1 parser, refusing a header L{header_problem} finds fault with; it keeps that fault."""
+    """
+    Twisted's version 1 parser, refusing a header L{header_problem} finds
+    fault with; it keeps that fault. It takes a bare C{PROXY UNKNOWN}, the
+    header a proxy sends for a connection of its own (a health check),
+    which Twisted's parser dropped for lack of the fields that may follow.
+    """
 
     problem: str | None = None
 
@@ -70,28 +76,40 @@ class _CheckedV1Parser(V1Parser):
         self.problem = header_problem(line)
         if self.problem is not None:
             raise InvalidProxyHeader()
+        if line.split(b" ", 2)[1] == b"UNKNOWN":
+            return ProxyInfo(line, None, None)
         return V1Parser.parse(line)
 
 
 class CheckedProxyWrapper(HAProxyProtocolWrapper):
     """
     Twisted's PROXY protocol wrapper with a L{_CheckedV1Parser}, which logs
-    one line for a header it drops. Once the header is read, the
-    connection's reads go straight to the wrapped protocol, with no step
-    of this wrapper (nor of Twisted's) per read.
+    one line for each connection it drops: Twisted's dropped one without a
+    header (the proxy not told to send one), or with a header it could not
+    read, without a word. Once the header is read, the connection's reads
+    go straight to the wrapped protocol, with no step of this wrapper (nor
+    of Twisted's) per read.
     """
 
     def dataReceived(self, data: bytes) -> None:
+        if self.disconnecting:
+            return
         if self._parser is None and len(data) >= 8 and data[:5] == V1Parser.PROXYSTR:
             self._parser = _CheckedV1Parser()
         super().dataReceived(data)
         if self._proxyInfo is not None:
             self.dataReceived = self.wrappedProtocol.dataReceived  # type: ignore[method-assign]
             return
-        problem = getattr(self._parser, "problem", None)
-        if problem is not None:
+        if self.disconnecting:
             log.warn("PROXY protocol header from {proxy} dropped: {problem}; check the proxy's configuration",
-                     proxy=getattr(self.getPeer(), "host", None), problem=problem)
+                     proxy=getattr(self.getPeer(), "host", None), problem=_drop_reason(self._parser))
+
+
+def _drop_reason(parser) -> str:
+    """Why the wrapper dropped a connection whose header C{parser} (None before any) was reading."""
+    if parser is None:
+        return "the connection does not begin with a PROXY protocol header (version 1 or 2) of at least 8 bytes"
+    return getattr(parser, "problem", None) or "it is not a well-formed PROXY protocol header"
 
 
 class CheckedProxyFactory(HAProxyWrappingFactory):

@@ -561,6 +561,45 @@ def test_a_proxy_protocol_header_without_valid_addresses_and_ports_drops_the_con
     assert protocol.wrappedProtocol.getPeer().host == "203.0.113.7"
 
 
+@pytest.mark.parametrize(("reads", "reason"), [
+    ([request_head("GET", "/healthz")], "does not begin with a PROXY protocol header"),
+    ([b"PRO", b"XY TCP4 203.0.113.7 10.0.0.5 56324 8080\r\n"], "of at least 8 bytes"),
+    ([b"PROXY TCP4 " + b"1" * 120], "not a well-formed PROXY protocol header"),
+])
+def test_a_connection_dropped_without_a_readable_proxy_protocol_header_is_logged_once(reads, reason, logged):
+    """
+    A listener whose proxy sends no header (no C{send-proxy}) dropped every
+    connection without a word in the log; it says why, once a connection.
+    """
+    reactor, listener = MemoryReactor(), Listener()
+    endpoint_of(reactor, "server.listen[0]", "haproxy:tcp:8080:interface=10.0.0.5", Path(".")).listen(listener.site)
+    proxy = IPv4Address("TCP", "10.0.0.9", 40000)
+    protocol, transport = reactor.tcpServers[0][1].buildProtocol(proxy), StringTransport(peerAddress=proxy)
+    protocol.makeConnection(transport)
+    for data in reads:
+        protocol.dataReceived(data)
+    assert transport.value() == b"" and transport.disconnecting
+    dropped = [formatEvent(e) for e in logged if e.get("log_namespace") == "authsrv.proxyheader"]
+    assert len(dropped) == 1 and reason in dropped[0] and "10.0.0.9" in dropped[0], dropped
+
+
+@pytest.mark.parametrize("header", [b"PROXY UNKNOWN", b"PROXY UNKNOWN ::1 ::1 1 2"])
+def test_a_proxy_protocol_header_of_unknown_family_keeps_the_proxys_address(header):
+    """
+    proxy-protocol.txt (section 2.1): C{PROXY UNKNOWN} may end right there
+    or carry anything up to the CRLF; either way the connection is served
+    with the proxy's own address. Twisted's parser dropped the bare one.
+    """
+    reactor, listener = MemoryReactor(), Listener()
+    endpoint_of(reactor, "server.listen[0]", "haproxy:tcp:8080:interface=10.0.0.5", Path(".")).listen(listener.site)
+    proxy = IPv4Address("TCP", "10.0.0.9", 40000)
+    protocol, transport = reactor.tcpServers[0][1].buildProtocol(proxy), StringTransport(peerAddress=proxy)
+    protocol.makeConnection(transport)
+    protocol.dataReceived(header + b"\r\n" + request_head("GET", "/healthz"))
+    assert parse(transport)[0] == 200
+    assert protocol.wrappedProtocol.getPeer().host == "10.0.0.9"
+
+
 @pytest.mark.parametrize("head", [
     b"GET /api/auth/jwks HTTP/1.1\nHost: x\n\n", b"GET /api/auth/jwks HTTP/1.1\r\nHost: x\n\n",
     b"GET /api/auth/jwks HTTP/1.1\r\nHost: x\r\n\n", b"GET /api/auth/jwks HTTP/1.1\n",
