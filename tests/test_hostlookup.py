@@ -58,7 +58,7 @@ async def test_callers_beyond_the_waiting_cap_are_refused_at_once():
         waiting = [lookups("one.test"), lookups("two.test")]
         refused = lookups("three.test")
         assert refused.called
-        with pytest.raises(LookupsBusy, match="2 host name lookups are waiting"):
+        with pytest.raises(LookupsBusy, match="host name lookups waiting for a thread: 2, the most allowed"):
             await refused
         hanging.release.set()
         assert [await d for d in [running, *waiting]] == [["192.0.2.1"]] * 3

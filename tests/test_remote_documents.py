@@ -334,7 +334,7 @@ async def test_lookups_of_fetches_that_timed_out_are_skipped_and_those_waiting_a
         for fetch in (first, stale):
             with pytest.raises(FetchFailed, match="no answer within"):
                 await fetch
-        with pytest.raises(Busy, match="refused.example is not looked up: 1 host name lookups are waiting"):
+        with pytest.raises(Busy, match="refused.example is not looked up: host name lookups waiting for a thread: 1,"):
             await documents.fetch(f"http://refused.example:{port}/jwks")
         hanging.release.set()
         await drained(lookups)

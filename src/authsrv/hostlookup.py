@@ -53,7 +53,7 @@ class HostLookups:
     def __call__(self, host: str) -> Deferred:
         with self._lock:
             if self._waiting >= self._most:
-                return fail(LookupsBusy(f"{self._waiting} host name lookups are waiting for a thread already"))
+                return fail(LookupsBusy(f"host name lookups waiting for a thread: {self._waiting}, the most allowed"))
             self._waiting += 1
         given_up = threading.Event()
         result: Deferred = Deferred(lambda _: given_up.set())

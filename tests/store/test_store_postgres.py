@@ -817,7 +817,7 @@ class TestConnectionFailures(OwnStore):
                 for _ in range(2):  # the first hangs on the one thread, the second waits behind it
                     with pytest.raises(StoreUnavailable, match="did not answer within 1s"):
                         await store.ping()
-                with pytest.raises(StoreUnavailable, match="cannot look up the PostgreSQL host: 1 host name lookup"):
+                with pytest.raises(StoreUnavailable, match="cannot look up the PostgreSQL host: host name lookups waiting for a thread: 1"):
                     await store.ping()
                 hanging.release.set()
                 await drained(threads)
