@@ -273,6 +273,16 @@ async def test_with_the_password_checks_all_busy_a_password_change_says_so(tmp_p
         await h.close()
 
 
+async def alice_changes_her_password(h: Harness, new: str):
+    """Alice, signed in, sends the account page's password form: (her browser, the answer, its body)."""
+    browser, _ = await signed_in(h)
+    response, body = await browser.get(ACCOUNT)
+    [change] = forms(body, ACCOUNT + "/password")
+    response, body = await browser.post(ACCOUNT + "/password", {
+        **change, "current_password": PASSWORDS[ALICE.sub], "new_password": new, "new_password_again": new})
+    return browser, response, body
+
+
 @pytest_twisted.ensureDeferred
 async def test_a_new_password_that_cannot_be_hashed_is_refused_with_the_old_one_kept(tmp_path, monkeypatch, audit):
     """
@@ -291,11 +301,7 @@ async def test_a_new_password_that_cannot_be_hashed_is_refused_with_the_old_one_
     h = await started(tmp_path, monkeypatch)
     monkeypatch.setattr(PasswordHasher, "hash", failing)
     try:
-        browser, _ = await signed_in(h)
-        response, body = await browser.get(ACCOUNT)
-        [change] = forms(body, ACCOUNT + "/password")
-        response, _ = await browser.post(ACCOUNT + "/password", {
-            **change, "current_password": PASSWORDS[ALICE.sub], "new_password": new, "new_password_again": new})
+        browser, response, _ = await alice_changes_her_password(h, new)
         body = await answered(browser, response, "password-not-changed")
         assert b'role="alert"' in body and b"could not be changed just now" in body
         assert [e["reason"] for e in audit.of("account.password_change_refused")] == ["new password not hashed"]
@@ -324,11 +330,7 @@ async def test_a_user_removed_while_their_password_changes_is_signed_out_not_a_5
     h = await started(tmp_path, monkeypatch)
     monkeypatch.setattr(StaticIdentityBackend, "set_password_hash", removed_first)
     try:
-        browser, _ = await signed_in(h)
-        response, body = await browser.get(ACCOUNT)
-        [change] = forms(body, ACCOUNT + "/password")
-        response, body = await browser.post(ACCOUNT + "/password", {
-            **change, "current_password": PASSWORDS[ALICE.sub], "new_password": new, "new_password_again": new})
+        _, response, body = await alice_changes_her_password(h, new)
         assert response.code == 401, body
         assert b"Not signed in" in body
         assert [e["reason"] for e in audit.of("account.password_change_refused")] == ["user removed meanwhile"]
