@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ipaddress
 
+from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.interfaces import IStreamServerEndpoint
 from twisted.logger import Logger
 from twisted.protocols.haproxy._wrapper import HAProxyProtocolWrapper, HAProxyWrappingFactory
@@ -103,6 +104,20 @@ class CheckedProxyWrapper(HAProxyProtocolWrapper):
         if self.disconnecting:
             log.warn("PROXY protocol header from {proxy} dropped: {problem}; check the proxy's configuration",
                      proxy=getattr(self.getPeer(), "host", None), problem=_drop_reason(self._parser))
+
+    def getPeer(self):
+        """
+        The client's address the header names, or the proxy's own when it
+        names none that is an IP address: C{UNKNOWN}, a version 2 C{LOCAL}
+        or C{UNSPEC}, or a Unix socket's path (a connection the proxy took
+        on a Unix socket), which is no client's address, and would make
+        every client the proxy took there one in the logs and the rate-limit
+        keys.
+        """
+        source = self._proxyInfo.source if self._proxyInfo is not None else None
+        if isinstance(source, (IPv4Address, IPv6Address)):
+            return source
+        return self.transport.getPeer()
 
 
 def _drop_reason(parser) -> str:

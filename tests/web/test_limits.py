@@ -583,19 +583,28 @@ def test_a_connection_dropped_without_a_readable_proxy_protocol_header_is_logged
     assert len(dropped) == 1 and reason in dropped[0] and "10.0.0.9" in dropped[0], dropped
 
 
-@pytest.mark.parametrize("header", [b"PROXY UNKNOWN", b"PROXY UNKNOWN ::1 ::1 1 2"])
+UNIX_V2 = (b"\r\n\r\n\x00\r\nQUIT\n" + bytes([0x21, 0x31]) + (216).to_bytes(2, "big")
+           + b"/run/client.sock".ljust(108, b"\x00") + b"/run/proxy.sock".ljust(108, b"\x00"))
+"""A version 2 header of a connection the proxy took on a Unix socket (section 2.2, AF_UNIX, STREAM)."""
+
+
+@pytest.mark.parametrize("header", [b"PROXY UNKNOWN\r\n", b"PROXY UNKNOWN ::1 ::1 1 2\r\n", UNIX_V2],
+                         ids=["unknown", "unknown with fields", "v2 unix"])
 def test_a_proxy_protocol_header_of_unknown_family_keeps_the_proxys_address(header):
     """
     proxy-protocol.txt (section 2.1): C{PROXY UNKNOWN} may end right there
     or carry anything up to the CRLF; either way the connection is served
     with the proxy's own address. Twisted's parser dropped the bare one.
+    A Unix socket's path (version 2) is no client's address either: taken
+    as one, every client the proxy took on that socket would share one
+    rate-limit key, an address that is no address in the logs.
     """
     reactor, listener = MemoryReactor(), Listener()
     endpoint_of(reactor, "server.listen[0]", "haproxy:tcp:8080:interface=10.0.0.5", Path(".")).listen(listener.site)
     proxy = IPv4Address("TCP", "10.0.0.9", 40000)
     protocol, transport = reactor.tcpServers[0][1].buildProtocol(proxy), StringTransport(peerAddress=proxy)
     protocol.makeConnection(transport)
-    protocol.dataReceived(header + b"\r\n" + request_head("GET", "/healthz"))
+    protocol.dataReceived(header + request_head("GET", "/healthz"))
     assert parse(transport)[0] == 200
     assert protocol.wrappedProtocol.getPeer().host == "10.0.0.9"
 
