@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from ipaddress import ip_address
 
 from twisted.internet.defer import Deferred, fail
+from twisted.internet.error import DNSLookupError
 from twisted.python.threadpool import ThreadPool
 
 
@@ -23,6 +25,21 @@ def host_addresses(host: str) -> list[str]:
     """Every address of C{host}, in the resolver's order, as libpq itself would try them."""
     found = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     return list(dict.fromkeys(address[4][0] for address in found if isinstance(address[4][0], str)))
+
+
+async def addresses_of(host: str, resolve: Callable[[str], Awaitable[list[str]]]) -> list[str]:
+    """
+    C{host} itself when it is an IP address, else every address
+    C{resolve(host)} finds; L{DNSLookupError} (an C{OSError}) when it finds none.
+    """
+    try:
+        return [str(ip_address(host))]
+    except ValueError:
+        pass
+    addresses = await resolve(host)
+    if not addresses:
+        raise DNSLookupError(f"{host} resolves to no address")
+    return addresses
 
 
 class HostLookups:

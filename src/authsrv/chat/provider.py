@@ -16,7 +16,6 @@ provider's error codes.
 
 from __future__ import annotations
 
-from ipaddress import ip_address
 from urllib.parse import urlsplit
 
 import treq
@@ -36,7 +35,7 @@ from zope.interface import implementer
 from authsrv.chat.config import ChatConfig
 from authsrv.chat.errors import ChatError, ChatProviderUnavailable, ChatRefreshRefused
 from authsrv.flows.backchannel import RESPONSE_BYTES, PinnedEndpoints, ReceiveLimit
-from authsrv.hostlookup import HostLookups, LookupsBusy
+from authsrv.hostlookup import HostLookups, LookupsBusy, addresses_of
 from authsrv.interfaces import IChatProvider
 from authsrv.protocol import jsontext
 from authsrv.protocol.urls import with_query
@@ -125,7 +124,7 @@ class PlatformClient:
         self._clock = clock or reactor
 
     async def request(self, method: str, url: str, **kwargs):
-        *others, last = await self._addresses(urlsplit(url).hostname or "")
+        *others, last = await addresses_of(urlsplit(url).hostname or "", self._lookups)
         for address in others:
             try:
                 return await self._request_at(address, method, url, **kwargs)
@@ -143,18 +142,6 @@ class PlatformClient:
             if limit.exceeded:
                 raise _TooLarge() from None
             raise
-
-    async def _addresses(self, host: str) -> list[str]:
-        """C{host} itself when it is an address, else every one it resolves to."""
-        try:
-            return [str(ip_address(host))]
-        except ValueError:
-            pass
-        addresses = await self._lookups(host)
-        if not addresses:
-            raise error.DNSLookupError(f"{host} resolves to no address")
-        return addresses
-
 
 @implementer(IChatProvider)
 class ChatProvider:

@@ -22,7 +22,6 @@ target.
 
 from __future__ import annotations
 
-from ipaddress import ip_address
 from urllib.parse import urlsplit
 
 from treq.client import HTTPClient
@@ -37,6 +36,7 @@ from twisted.web.iweb import IAgentEndpointFactory
 from zope.interface import implementer
 
 from authsrv import events
+from authsrv.hostlookup import addresses_of
 from authsrv.protocol.targets import address_problem
 from authsrv.records import BrowserSession
 from authsrv.tokens import new_token
@@ -115,12 +115,7 @@ async def pinned_address(resolve, uri: str) -> str:
     of them is a refused address.
     """
     host = urlsplit(uri).hostname or ""
-    try:
-        addresses = [str(ip_address(host))]
-    except ValueError:
-        addresses = await resolve(host)
-    if not addresses:
-        raise OSError(f"{host} resolves to no address")
+    addresses = await addresses_of(host, resolve)
     for address in addresses:
         problem = address_problem(address)
         if problem:
