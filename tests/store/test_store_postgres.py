@@ -41,6 +41,15 @@ from hanging_lookups import Hanging, drained, one_thread
 LATEST_VERSION = postgres_store.migrations()[-1][0]
 
 
+def _write_shared_links(cursor) -> None:
+    """L{SHARED_LINKS}, written as an older release let two users share one provider account."""
+    cursor.executemany(
+        "INSERT INTO linked_accounts (account_id, sub, provider, provider_user_id, access_token_enc, scope,"
+        " expires_at, updated_at, version) VALUES (%s, %s, %s, %s, '\\x00', 'identify', 0, %s, 1)",
+        SHARED_LINKS,
+    )
+
+
 def open_store(dsn: str, **section):
     from twisted.internet import reactor
 
@@ -236,11 +245,7 @@ class TestSchema:
         """Links an older release let two users share do not stop the upgrade (docs/design.md)."""
         postgres_store.migrate(pg_dsn, 5, NOW, [step for step in postgres_store.migrations() if step[0] < 21])
         with psycopg2.connect(pg_dsn) as db, db.cursor() as cursor:
-            cursor.executemany(
-                "INSERT INTO linked_accounts (account_id, sub, provider, provider_user_id, access_token_enc, scope,"
-                " expires_at, updated_at, version) VALUES (%s, %s, %s, %s, '\\x00', 'identify', 0, %s, 1)",
-                SHARED_LINKS,
-            )
+            _write_shared_links(cursor)
         store = open_store(pg_dsn)
         try:
             assert await kept_links(store) == KEPT_LINKS
@@ -285,11 +290,7 @@ class TestSchema:
         """
         postgres_store.migrate(pg_dsn, 5, NOW, [step for step in postgres_store.migrations() if step[0] < 20])
         with psycopg2.connect(pg_dsn) as db, db.cursor() as cursor:
-            cursor.executemany(
-                "INSERT INTO linked_accounts (account_id, sub, provider, provider_user_id, access_token_enc, scope,"
-                " expires_at, updated_at, version) VALUES (%s, %s, %s, %s, '\\x00', 'identify', 0, %s, 1)",
-                SHARED_LINKS,
-            )
+            _write_shared_links(cursor)
             cursor.execute("CREATE INDEX clients_source ON clients (name)")
         error = _config_error({"dsn": pg_dsn})
         assert (error.key, error.problem) == (

@@ -53,6 +53,15 @@ LATEST_VERSION = max(
 )
 
 
+def _write_shared_links(db) -> None:
+    """L{SHARED_LINKS}, written as an older release let two users share one provider account."""
+    db.executemany(
+        "INSERT INTO linked_accounts (account_id, sub, provider, provider_user_id, access_token_enc, scope,"
+        " expires_at, updated_at, version) VALUES (?, ?, ?, ?, x'00', 'identify', 0, ?, 1)",
+        SHARED_LINKS,
+    )
+
+
 class SQLiteFolder:
     """Opens stores on files in a fresh folder, each with its own thread pool."""
 
@@ -201,11 +210,7 @@ class TestSQLiteFile(SQLiteFolder):
         """Links an older release let two users share do not stop the upgrade (docs/design.md)."""
         before = [step for step in schema_steps("authsrv.store", "sqlite") if step[0] < 23]
         with _older_schema(self.folder / "authsrv.sqlite3", before) as db:
-            db.executemany(
-                "INSERT INTO linked_accounts (account_id, sub, provider, provider_user_id, access_token_enc, scope,"
-                " expires_at, updated_at, version) VALUES (?, ?, ?, ?, x'00', 'identify', 0, ?, 1)",
-                SHARED_LINKS,
-            )
+            _write_shared_links(db)
         store = self.open_store()
         try:
             assert await kept_links(store) == KEPT_LINKS
@@ -291,11 +296,7 @@ class TestSQLiteFile(SQLiteFolder):
         """
         path = self.folder / "authsrv.sqlite3"
         with _older_schema(path, [step for step in schema_steps("authsrv.store", "sqlite") if step[0] < 22]) as db:
-            db.executemany(
-                "INSERT INTO linked_accounts (account_id, sub, provider, provider_user_id, access_token_enc, scope,"
-                " expires_at, updated_at, version) VALUES (?, ?, ?, ?, x'00', 'identify', 0, ?, 1)",
-                SHARED_LINKS,
-            )
+            _write_shared_links(db)
             db.execute("CREATE INDEX clients_source ON clients (name)")
         with pytest.raises(ConfigError) as info:
             self.open_store()
