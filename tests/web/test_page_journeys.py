@@ -109,6 +109,15 @@ def click(driver, selector: str) -> None:
     settled(driver)
 
 
+def answered_sign_in(driver, username: str, password: str) -> None:
+    """Sign in and wait for the page the answer brings, not the form still showing."""
+    WebDriverWait(driver, WAIT).until(lambda d: d.find_elements(By.CSS_SELECTOR, "button[type=submit]"))
+    button = driver.find_element(By.CSS_SELECTOR, "button[type=submit]")
+    sign_in(driver, username, password)
+    WebDriverWait(driver, WAIT).until(lambda _: gone(button))
+    settled(driver)
+
+
 def assert_well_made(driver, status: int = 200) -> None:
     """
     The page has a language, a title, a label for every field and nothing
@@ -127,8 +136,7 @@ def test_every_page_is_well_made(server, driver, callback):  # noqa: F811
     issuer = server.base + "/api/auth"
     driver.get(authorize_url(server, "partner", callback + "/partner", "st-1"))
     assert_well_made(driver)
-    sign_in(driver, "carol", "not the password")
-    settled(driver)
+    answered_sign_in(driver, "carol", "not the password")
     assert_well_made(driver, 401)
     sign_in(driver, "carol", PASSWORD)
     WebDriverWait(driver, WAIT).until(lambda d: "/consent?" in d.current_url)
@@ -171,8 +179,7 @@ def test_a_form_sent_without_its_cookie_says_to_start_again(server, driver, call
     driver.get(authorize_url(server, "partner", callback + "/partner", "st-4"))
     settled(driver)
     driver.delete_all_cookies()
-    sign_in(driver, "carol", PASSWORD)
-    settled(driver)
+    answered_sign_in(driver, "carol", PASSWORD)
     assert driver.title == "Sign-in cannot continue" and "start again from the application" in main_text(driver)
 
     driver.get(issuer + "/account")
