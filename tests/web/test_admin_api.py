@@ -30,6 +30,7 @@ from authsrv.operations.clients import ClientOperations
 from authsrv.configsection import Section
 from authsrv.keys import jwkfile
 from authsrv.operations.keys import ADOPTED, JWKS_MAX_AGE, KeyOperations
+from authsrv.operations.paging import encode_cursor
 from authsrv.operations.users import UserOperations
 from authsrv.records import BrowserSession, Client, LinkedAccount
 from authsrv.sealing import new_key_text
@@ -410,6 +411,44 @@ async def test_clients_are_paged(harness):
             if cursor is None:
                 break
         assert seen == sorted(["app-0", "app-1", "app-2", "app-3", "app-4", "first", "gateway", "partner", "spa"])
+    finally:
+        await harness.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_users_grants_are_paged_oldest_first(harness):
+    """
+    A user's grants (one per sign-in, over the years) were listed whole:
+    they come a page at a time, continued with next_cursor, as clients and
+    bans do, and a cursor this server did not give is a 400 naming it.
+    """
+    a = await started(harness)
+    try:
+        grants = [await start_grant(harness.store, f"g-{n}", sub=BOB.sub, client_id="first", created_at=at,
+                                    expires_at=harness.now() + 3600)
+                  for n, at in enumerate((harness.now(), harness.now() - 5, harness.now(), harness.now() - 5, 7))]
+        path = f"/api/admin/users/{BOB.login}/grants"
+        seen, cursor = [], None
+        while True:
+            response, body = await a.call("GET", f"{path}?limit=2" + (f"&cursor={cursor}" if cursor else ""),
+                                          headers=AUTH)
+            assert response.code == 200 and len(body["grants"]) <= 2 and body["sub"] == BOB.sub, body
+            seen += [g["grant_id"] for g in body["grants"]]
+            cursor = body["next_cursor"]
+            if cursor is None:
+                break
+        assert seen == [g.grant_id for g in sorted(grants, key=lambda g: (g.created_at, g.grant_id))]
+        for bad in ("%%%", encode_cursor("g-1"), encode_cursor("99999999999999999999 g-1"), encode_cursor("1x g")):
+            response, body = await a.call("GET", f"{path}?cursor={bad}", headers=AUTH)
+            assert_problem(response, body, 400, "invalid_request", "cursor")
+            assert "next_cursor of the page before" in body["message"]
+        response, body = await a.call("GET", f"{path}?cursor={encode_cursor(f'{harness.now()} g-0')}", headers=AUTH)
+        assert [g["grant_id"] for g in body["grants"]] == ["g-2"] and body["next_cursor"] is None
+        for query, field in (("limit=0", "limit"), ("limit=101", "limit"), ("limit=1&limit=2", "limit"),
+                             (f"cursor={cursor}&cursor=x", "cursor")):
+            for listing in (path, "/api/admin/clients", "/api/admin/bans"):
+                response, body = await a.call("GET", f"{listing}?{query}", headers=AUTH)
+                assert_problem(response, body, 400, "invalid_request", field)
     finally:
         await harness.close()
 

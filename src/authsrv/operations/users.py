@@ -8,6 +8,7 @@ password, disable, enable and delete.
 
 from __future__ import annotations
 
+import re
 import unicodedata
 import uuid
 from datetime import datetime
@@ -22,9 +23,9 @@ from authsrv.identity.credentials import width_mapped
 from authsrv.interfaces import IUserManagement
 from authsrv.operations.clientspec import has_controls
 from authsrv.operations.errors import Conflict, InvalidInput, NotFound
-from authsrv.operations.paging import Page, page
+from authsrv.operations.paging import Page, page, refused_cursor
 from authsrv.protocol.password_policy import MIN_LENGTH, password_problem
-from authsrv.records import Ban, BrowserSession, Consent, Grant, User
+from authsrv.records import Ban, BrowserSession, Consent, User
 
 REASON_MAX = 500
 NO_WRITABLE_BACKEND = (
@@ -118,6 +119,19 @@ def _check_compatibility(login: str) -> None:
                            f" {plain!r}", "login")
 
 
+def grant_after(key: str | None) -> tuple[int, str] | None:
+    """
+    The (created_at, grant_id) a grants cursor's key names: the time, a
+    space, then the id (which may hold spaces itself).
+    """
+    if key is None:
+        return None
+    at, space, grant_id = key.partition(" ")
+    if not space or not re.fullmatch(r"-?[0-9]{1,19}", at) or not -(2**63) <= int(at) < 2**63:
+        raise refused_cursor()
+    return int(at), grant_id
+
+
 def _reason(value: Any, field: str = "reason") -> str:
     if not isinstance(value, str) or not value.strip() or len(value) > REASON_MAX:
         raise InvalidInput(f"{field} must be a non-empty string of at most {REASON_MAX} characters", field)
@@ -199,9 +213,14 @@ class UserOperations:
         """The bans in force, ordered by sub, at most C{limit} (up to 100) after C{cursor}."""
         return await page(lambda after, n: self._store.list_bans(self._now(), after, n), lambda b: b.sub, limit, cursor)
 
-    async def grants(self, user_id: str) -> tuple[str, list[Grant]]:
+    async def grants(self, user_id: str, limit: int | None = None, cursor: str | None = None) -> tuple[str, Page]:
+        """The user's live grants, oldest first, at most C{limit} (up to 100) after C{cursor}."""
         user = await self.find(user_id)
-        return user.sub, await self._store.list_user_grants(user.sub, self._now())
+
+        def read(after: str | None, n: int):
+            return self._store.list_user_grants(user.sub, self._now(), grant_after(after), n)
+
+        return user.sub, await page(read, lambda g: f"{g.created_at} {g.grant_id}", limit, cursor)
 
     async def revoke_grants(self, user_id: str, *, actor: str) -> moderation.Revoked:
         """Revoke every grant of the user and end their browser sessions."""
