@@ -19,7 +19,8 @@ from attrs import frozen
 from authsrv import events
 from authsrv.flows import moderation
 from authsrv.flows.mfa import reset_factors
-from authsrv.identity.credentials import width_mapped
+from authsrv.identity.credentials import look_alike_key, width_mapped
+from authsrv.identity.static import login_key
 from authsrv.interfaces import IUserManagement
 from authsrv.operations.clientspec import has_controls
 from authsrv.operations.errors import Conflict, InvalidInput, NotFound
@@ -277,6 +278,7 @@ class UserOperations:
         L{Conflict} when the writable backend has a user of that login, or
         L{InvalidInput} for one with compatibility forms (asked before a password is typed).
         """
+        await self._no_look_alike(login)
         _check_compatibility(login)
         writer = self._writer()
         existing = await writer.user_by_login(login)
@@ -317,6 +319,7 @@ class UserOperations:
         for field in ("login", "sub"):
             if data.get(field) is not None and (problem := path_segment_problem(data[field])):
                 raise InvalidInput(f"{field} {problem}", field)
+        await self._no_look_alike(login)
         _check_compatibility(login)
         if data.get("email") and "@" not in data["email"]:
             raise InvalidInput(f"email {data['email']!r} is not an email address", "email")
@@ -339,6 +342,25 @@ class UserOperations:
             raise (Conflict if "taken" in str(e) else InvalidInput)(str(e)) from None
         events.user_created(sub=added.sub, login=added.login, actor=actor)
         return added
+
+    async def _no_look_alike(self, login: str) -> None:
+        """
+        L{Conflict} when a user of any identity backend has a login that
+        looks like the new one: the same once NFKC case-folded
+        (L{look_alike_key}; docs/design.md, Logins), as C{ａｌｉｃｅ} is
+        C{alice}. A user could not tell them apart on a page or in a token's
+        claims, and an operator could ban one for the other. The backends
+        find the existing login by that form, as they compare logins case-
+        folded.
+        """
+        other = await self._identity.user_by_login(look_alike_key(login))
+        if other is None:
+            return
+        if login_key(other.login) == login_key(login):
+            raise Conflict(f"login {other.login!r} is already taken by user {other.sub!r}", "login")
+        raise Conflict(f"login {login!r} looks like {other.login!r}, the login of user {other.sub}: two logins"
+                       " that are the same once NFKC case-folded (RFC 8265) may not both exist; choose another",
+                       "login")
 
     async def _names_free(self, login: str, sub: str | None) -> None:
         """
