@@ -432,7 +432,8 @@ class IGrantStore(Interface):
         oldest first (by created_at, then grant_id by code point): only
         those after C{after}, a C{(created_at, grant_id)} pair, at most
         C{limit}, when given. The admin API pages with them, read by an
-        index of the user's grants, never every grant of the user per page.
+        index of grants by user in that order, never every grant of the user
+        per page.
         """
 
     def access_state(sub, now):

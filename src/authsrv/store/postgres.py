@@ -90,9 +90,9 @@ from authsrv.store.codes import CodeNotFound, CodeRedeemed, CodeReused
 from authsrv.store.errors import AlreadyExists, AlreadyLinked, StoreUnavailable
 from authsrv.store.observer import Observer, watched
 from authsrv.store.rows import (
-    BEFORE_EVERY_GRANT, POSTGRES, Lookup, Rows, access_lookup, access_state_sql, ban_of, client_exists, client_grant, displace_link,
-    displaced, factors_of, import_statements, issuable, refresh_lookup, scope_text, tables, token_lookups,
-    unencodable,
+    BEFORE_EVERY_GRANT, POSTGRES, Lookup, Rows, access_lookup, access_state_sql, ban_of, client_exists, client_grant,
+    displace_link, displaced, factors_of, import_statements, issuable, refresh_lookup, scope_text, tables,
+    token_lookups, unencodable,
 )
 
 COMPONENT = "store"

@@ -60,8 +60,8 @@ from authsrv.store.codes import CodeNotFound, CodeRedeemed, CodeReused
 from authsrv.store.errors import AlreadyExists, AlreadyLinked, StoreUnavailable
 from authsrv.store.observer import Observer, watched
 from authsrv.store.rows import (
-    BEFORE_EVERY_GRANT, SQLITE, Rows, access_state_sql, ban_of, client_grant, displace_link, displaced, factors_of, import_statements,
-    issuable, scope_text, tables, token_lookups, unencodable,
+    BEFORE_EVERY_GRANT, SQLITE, Rows, access_state_sql, ban_of, client_grant, displace_link, displaced, factors_of,
+    import_statements, issuable, scope_text, tables, token_lookups, unencodable,
 )
 from authsrv.store.sqlite_worker import SQLiteWorker
 
