@@ -426,8 +426,15 @@ class IGrantStore(Interface):
     def revoke_user_grants(sub, now):
         """Revoke every live grant of a user; fires with how many."""
 
-    def list_user_grants(sub, now):
-        """Fires with the user's grants neither revoked nor expired at C{now}, oldest first."""
+    def list_user_grants(sub, now, after=None, limit=None):
+        """
+        Fires with the user's grants neither revoked nor expired at C{now},
+        oldest first (by created_at, then grant_id by code point): only
+        those after C{after}, a C{(created_at, grant_id)} pair, at most
+        C{limit}, when given. The admin API pages with them, read by an
+        index of grants by user in that order, never every grant of the user
+        per page.
+        """
 
     def access_state(sub, now):
         """

@@ -133,6 +133,8 @@ async def test_user_add_hashes_the_password(deployment):
             "already")
     refused(await admin("--config", config, "user", "add", "ｂｏｂ", cwd=cwd, stdin="pw\n"),
             "give it as 'bob'")  # before the password is asked for
+    refused(await admin("--config", config, "user", "add", "ａｌｉｃｅ", cwd=cwd, stdin="pw\n"),
+            "looks like 'alice', the login of user")  # a look-alike of alice, before the password too
     refused(await admin("--config", config, "user", "add", "bob", "--password-stdin", cwd=cwd, stdin="\n"),
             "the password must not be empty")
     refused(await admin("--config", config, "user", "add", "bob", cwd=cwd, stdin="pw\n"),

@@ -1077,3 +1077,76 @@ class TestPreparedLookups(PostgresDatabase):
             assert "on grants" not in shown.replace("grants_pkey on grants", ""), shown
         finally:
             await store.close()
+
+
+ROWS = 5000
+PAGE = 51
+"""A page of the admin API's default 50, and the one more read to know whether another follows."""
+
+
+def _copies(cursor, table: str, key: str, template: str, value_sql: str) -> None:
+    """C{ROWS} copies of C{table}'s row whose C{key} is C{template}, each keyed C{value_sql} of n (1 to ROWS)."""
+    cursor.execute("SELECT column_name FROM information_schema.columns WHERE table_name = %s ORDER BY ordinal_position",
+                   (table,))
+    columns = [row[0] for row in cursor.fetchall()]
+    chosen = ", ".join(value_sql if column == key else column for column in columns)
+    cursor.execute(f"INSERT INTO {table} ({', '.join(columns)}) SELECT {chosen}"
+                   f" FROM generate_series(1, {ROWS}) n, {table} WHERE {key} = %s", (template,))
+
+
+def _nodes(plan: dict):
+    yield plan
+    for child in plan.get("Plans", ()):
+        yield from _nodes(child)
+
+
+class TestListsReadOnePage(PostgresDatabase):
+    """
+    The admin API's lists read one page, never every row: with 5,000 bans,
+    clients and grants of one user, each page is one statement LIMITed to
+    the page and one more, which PostgreSQL runs as an index scan in the
+    page's order that stops at the limit (no sort of every row).
+    """
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_page_is_one_limited_statement_read_by_an_index(self, monkeypatch):
+        store = open_store(self.dsn)
+        try:
+            await store.ban_user(Ban("template", None, NOW))
+            await store.add_client(Client("template", None, ["https://rp.example/cb"]))
+            await start_grant(store, "template", client_id="template")
+            await start_grant(store, "bobs", sub=BOB, client_id="template")
+            with psycopg2.connect(self.dsn) as admin, admin.cursor() as cursor:
+                _copies(cursor, "bans", "sub", "template", "'user-' || lpad(n::text, 5, '0')")
+                _copies(cursor, "clients", "client_id", "template", "'client-' || lpad(n::text, 5, '0')")
+                _copies(cursor, "grants", "grant_id", "template", "'grant-' || lpad(n::text, 5, '0')")
+                _copies(cursor, "grants", "grant_id", "bobs", "'bobs-' || lpad(n::text, 5, '0')")
+                cursor.execute("ANALYZE")
+            statements: list[tuple] = []
+
+            def seen(db, sql, params=None):
+                statements.append((sql, params))
+                return fetch(db, sql, params)
+
+            monkeypatch.setattr(postgres_store, "fetch", seen)
+            pages = {
+                "bans": (await store.list_bans(NOW, None, PAGE), await store.list_bans(NOW, "user-02500", PAGE)),
+                "clients": (await store.list_clients(None, PAGE), await store.list_clients("client-02500", PAGE)),
+                "grants": (await store.list_user_grants(ALICE, NOW, None, PAGE),
+                           await store.list_user_grants(ALICE, NOW, (NOW, "grant-02500"), PAGE)),
+            }
+        finally:
+            await store.close()
+        assert [len(first) + len(after) for first, after in pages.values()] == [2 * PAGE] * 3
+        assert pages["bans"][1][0].sub == "user-02501" and pages["grants"][1][0].grant_id == "grant-02501"
+        assert len(statements) == 6, statements
+        with psycopg2.connect(self.dsn) as admin, admin.cursor() as cursor:
+            for sql, params in statements:
+                assert sql.endswith("LIMIT %(limit)s") and params["limit"] == PAGE, sql
+                cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
+                nodes = list(_nodes(cursor.fetchone()[0][0]["Plan"]))
+                assert nodes[0]["Node Type"] == "Limit", nodes
+                assert not any(node["Node Type"] == "Sort" for node in nodes), nodes
+                scans = [node for node in nodes if "Scan" in node["Node Type"]]
+                assert [node["Node Type"] for node in scans] in (["Index Scan"], ["Index Only Scan"]), nodes
+                assert scans[0]["Actual Rows"] <= PAGE and not scans[0].get("Rows Removed by Filter"), nodes

@@ -6,6 +6,7 @@ The SQLite store: both conformance suites, then what only a file shows
 from __future__ import annotations
 
 import json
+import re
 import resource
 import signal
 import sqlite3
@@ -555,3 +556,60 @@ class TestGroupCommit(SQLiteFolder):
         await write
         assert await store.get_client("c") == client
         await store.close()
+
+
+ROWS = 5000
+PAGE = 51
+"""A page of the admin API's default 50, and the one more read to know whether another follows."""
+
+
+def _copies(db, table: str, key: str, template: str, value_sql: str) -> None:
+    """C{ROWS} copies of C{table}'s row whose C{key} is C{template}, each keyed C{value_sql} of i (1 to ROWS)."""
+    columns = [row[1] for row in db.execute(f"PRAGMA table_info({table})")]
+    chosen = ", ".join(value_sql if column == key else column for column in columns)
+    db.execute(f"WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < {ROWS})"
+               f" INSERT INTO {table} ({', '.join(columns)}) SELECT {chosen} FROM n, {table} WHERE {key} = ?",
+               (template,))
+
+
+class TestListsReadOnePage(SQLiteFolder):
+    """
+    The admin API's lists read one page, never every row: with 5,000 bans,
+    clients and grants of one user, each page is one statement LIMITed to
+    the page and one more, which SQLite reads by an index in the page's
+    order (a SEARCH, no sort of every row).
+    """
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_page_is_one_limited_statement_read_by_an_index(self):
+        store = self.open_store()
+        try:
+            await store.ban_user(Ban("template", None, NOW))
+            await store.add_client(Client("template", None, ["https://rp.example/cb"]))
+            await start_grant(store, "template", client_id="template")
+            await start_grant(store, "bobs", sub="bob", client_id="template")
+            with sqlite3.connect(self.folder / "authsrv.sqlite3") as db:
+                _copies(db, "bans", "sub", "template", "printf('user-%05d', i)")
+                _copies(db, "clients", "client_id", "template", "printf('client-%05d', i)")
+                _copies(db, "grants", "grant_id", "template", "printf('grant-%05d', i)")
+                _copies(db, "grants", "grant_id", "bobs", "printf('bobs-%05d', i)")
+                db.execute("ANALYZE")
+            statements: list[str] = []
+            await store._reader.submit(False, lambda db: db.set_trace_callback(statements.append), ())
+            pages = {
+                "bans": (await store.list_bans(NOW, None, PAGE), await store.list_bans(NOW, "user-02500", PAGE)),
+                "clients": (await store.list_clients(None, PAGE), await store.list_clients("client-02500", PAGE)),
+                "grants": (await store.list_user_grants(ALICE, NOW, None, PAGE),
+                           await store.list_user_grants(ALICE, NOW, (NOW, "grant-02500"), PAGE)),
+            }
+            await store._reader.submit(False, lambda db: db.set_trace_callback(None), ())
+        finally:
+            await store.close()
+        assert [len(first) + len(after) for first, after in pages.values()] == [2 * PAGE] * 3
+        assert pages["bans"][1][0].sub == "user-02501" and pages["grants"][1][0].grant_id == "grant-02501"
+        assert len(statements) == 6, statements
+        with sqlite3.connect(self.folder / "authsrv.sqlite3") as db:
+            for sql in statements:
+                assert sql.endswith(f"LIMIT {PAGE}"), sql
+                plan = [row[3] for row in db.execute("EXPLAIN QUERY PLAN " + sql)]
+                assert len(plan) == 1 and re.match(r"SEARCH \w+ USING (PRIMARY KEY|INDEX \w+) \(", plan[0]), (sql, plan)

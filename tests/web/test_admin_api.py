@@ -30,6 +30,7 @@ from authsrv.operations.clients import ClientOperations
 from authsrv.configsection import Section
 from authsrv.keys import jwkfile
 from authsrv.operations.keys import ADOPTED, JWKS_MAX_AGE, KeyOperations
+from authsrv.operations.paging import encode_cursor
 from authsrv.operations.users import UserOperations
 from authsrv.records import BrowserSession, Client, LinkedAccount
 from authsrv.sealing import new_key_text
@@ -415,6 +416,44 @@ async def test_clients_are_paged(harness):
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_users_grants_are_paged_oldest_first(harness):
+    """
+    A user's grants (one per sign-in, over the years) were listed whole:
+    they come a page at a time, continued with next_cursor, as clients and
+    bans do, and a cursor this server did not give is a 400 naming it.
+    """
+    a = await started(harness)
+    try:
+        grants = [await start_grant(harness.store, f"g-{n}", sub=BOB.sub, client_id="first", created_at=at,
+                                    expires_at=harness.now() + 3600)
+                  for n, at in enumerate((harness.now(), harness.now() - 5, harness.now(), harness.now() - 5, 7))]
+        path = f"/api/admin/users/{BOB.login}/grants"
+        seen, cursor = [], None
+        while True:
+            response, body = await a.call("GET", f"{path}?limit=2" + (f"&cursor={cursor}" if cursor else ""),
+                                          headers=AUTH)
+            assert response.code == 200 and len(body["grants"]) <= 2 and body["sub"] == BOB.sub, body
+            seen += [g["grant_id"] for g in body["grants"]]
+            cursor = body["next_cursor"]
+            if cursor is None:
+                break
+        assert seen == [g.grant_id for g in sorted(grants, key=lambda g: (g.created_at, g.grant_id))]
+        for bad in ("%%%", encode_cursor("g-1"), encode_cursor("99999999999999999999 g-1"), encode_cursor("1x g")):
+            response, body = await a.call("GET", f"{path}?cursor={bad}", headers=AUTH)
+            assert_problem(response, body, 400, "invalid_request", "cursor")
+            assert "next_cursor of the page before" in body["message"]
+        response, body = await a.call("GET", f"{path}?cursor={encode_cursor(f'{harness.now()} g-0')}", headers=AUTH)
+        assert [g["grant_id"] for g in body["grants"]] == ["g-2"] and body["next_cursor"] is None
+        for query, field in (("limit=0", "limit"), ("limit=101", "limit"), ("limit=1&limit=2", "limit"),
+                             (f"cursor={cursor}&cursor=x", "cursor")):
+            for listing in (path, "/api/admin/clients", "/api/admin/bans"):
+                response, body = await a.call("GET", f"{listing}?{query}", headers=AUTH)
+                assert_problem(response, body, 400, "invalid_request", field)
+    finally:
+        await harness.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_limit_of_any_length_is_refused_by_name(harness):
     """A limit too long for int() (over 4300 digits) is a 400 naming it, never a 500."""
     a = await started(harness)
@@ -559,7 +598,7 @@ async def test_users_of_the_writable_backend(harness, audit):
         assert response.code == 201, body
         sub = body["user"]["sub"]
         response, body = await a.call("POST", "/api/admin/users", {"login": "carol", "password": "another one"})
-        assert_problem(response, body, 409, "conflict")
+        assert_problem(response, body, 409, "conflict", "login")
         for bad, field in (({"login": "dave"}, "password"), ({"password": "x"}, "login"),
                            ({"login": "dave", "password": "x", "email": "nope"}, "email"),
                            ({"login": "dave", "password": "x", "picture": "data:image/png;base64,AAAA"}, "picture"),
@@ -803,7 +842,7 @@ async def test_a_new_login_in_compatibility_forms_is_refused_naming_its_plain_fo
     """
     a = await started(harness)
     try:
-        for login, plain in (("ａｌｉｃｅ", "alice"), ("ｃａｒｏｌ", "carol"), ("ｶﾞｸ", "ガク"), ("ﬁona", "fiona"),
+        for login, plain in (("ｃａｒｏｌ", "carol"), ("ｶﾞｸ", "ガク"), ("ﬁona", "fiona"),
                              ("ℌenry", "Henry"), ("ⓒarol", "carol")):
             response, body = await a.call("POST", "/api/admin/users", {"login": login, "password": "correct horse"})
             assert_problem(response, body, 400, "invalid_request", "login")
@@ -811,6 +850,36 @@ async def test_a_new_login_in_compatibility_forms_is_refused_naming_its_plain_fo
         assert not audit.of("user.created")
         response, body = await a.call("POST", "/api/admin/users", {"login": "carol", "password": "correct horse"})
         assert response.code == 201, body
+    finally:
+        await harness.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_new_login_that_looks_like_an_existing_one_is_a_conflict(harness, audit):
+    """
+    A new login the same as an existing user's once NFKC case-folded
+    ('ａｌｉｃｅ' beside alice, 'ℬob' beside Bob, 'ⓞffice' beside office)
+    was refused only as holding compatibility forms, as if 'alice' were
+    free to give instead: it is a 409 naming the user it looks like. The
+    users who have those logins keep them (signing in as before:
+    flows/test_login_consent.py).
+    """
+    a = await started(harness)
+    try:
+        response, _ = await a.call("POST", "/api/admin/users", {"login": "office", "password": "correct horse"})
+        office = await harness.identity.user_by_login("office")
+        for login, existing in (("ａｌｉｃｅ", ALICE), ("ＡＬＩＣＥ", ALICE), ("ａlice", ALICE), ("ℬob", BOB),
+                                ("ｂｏｂ", BOB), ("ⓞffice", office), ("ºffice", office)):
+            response, body = await a.call("POST", "/api/admin/users", {"login": login, "password": "correct horse"})
+            assert_problem(response, body, 409, "conflict", "login")
+            assert f"looks like {existing.login!r}, the login of user {existing.sub}" in body["message"], body
+            assert "NFKC case-folded" in body["message"]
+        assert [e["login"] for e in audit.of("user.created")] == ["office"]
+        for login in ("ALICE", "alice"):
+            response, body = await a.call("POST", "/api/admin/users", {"login": login, "password": "correct horse"})
+            assert_problem(response, body, 409, "conflict", "login")
+            assert body["message"] == f"login 'alice' is already taken by user {ALICE.sub!r}"
+        assert (await harness.identity.user_by_login("alice")).sub == ALICE.sub
     finally:
         await harness.close()
 

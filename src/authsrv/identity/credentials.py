@@ -84,3 +84,14 @@ def width_mapped(login: str) -> str:
     """
     mapped = login.translate(_width_table())
     return login if mapped == login else unicodedata.normalize("NFC", mapped)
+
+
+def look_alike_key(login: str) -> str:
+    """
+    The form in which two logins look alike: NFKC, case-folded, NFKC again
+    (Unicode's NFKC_Casefold, near enough), which maps what RFC 8265's
+    UsernameCaseMapped profile maps (width, case) and folds what it
+    disallows (ligatures, font, circled or superscript forms): C{ａｌｉｃｅ},
+    C{ALICE} and C{ﬁle} are C{alice}, C{alice} and C{file}.
+    """
+    return unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", login).casefold())

@@ -29,13 +29,18 @@ def encode_cursor(key: str) -> str:
     return base64.urlsafe_b64encode(key.encode()).decode().rstrip("=")
 
 
+def refused_cursor() -> InvalidInput:
+    return InvalidInput("cursor is not one this server gave: give the next_cursor of the page before, or none"
+                        " for the first page", "cursor")
+
+
 def decode_cursor(cursor: str) -> str:
     try:
         key = base64.b64decode(cursor + "=" * (-len(cursor) % 4), altchars=b"-_", validate=True).decode()
     except (binascii.Error, UnicodeDecodeError, ValueError):
-        raise InvalidInput("cursor is not one this server gave", "cursor") from None
+        raise refused_cursor() from None
     if not key or "\x00" in key:
-        raise InvalidInput("cursor is not one this server gave", "cursor")
+        raise refused_cursor()
     return key
 
 

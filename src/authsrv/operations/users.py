@@ -8,6 +8,7 @@ password, disable, enable and delete.
 
 from __future__ import annotations
 
+import re
 import unicodedata
 import uuid
 from datetime import datetime
@@ -18,13 +19,14 @@ from attrs import frozen
 from authsrv import events
 from authsrv.flows import moderation
 from authsrv.flows.mfa import reset_factors
-from authsrv.identity.credentials import width_mapped
+from authsrv.identity.credentials import look_alike_key, width_mapped
+from authsrv.identity.static import login_key
 from authsrv.interfaces import IUserManagement
 from authsrv.operations.clientspec import has_controls
 from authsrv.operations.errors import Conflict, InvalidInput, NotFound
-from authsrv.operations.paging import Page, page
+from authsrv.operations.paging import Page, page, refused_cursor
 from authsrv.protocol.password_policy import MIN_LENGTH, password_problem
-from authsrv.records import Ban, BrowserSession, Consent, Grant, User
+from authsrv.records import Ban, BrowserSession, Consent, User
 
 REASON_MAX = 500
 NO_WRITABLE_BACKEND = (
@@ -118,6 +120,19 @@ def _check_compatibility(login: str) -> None:
                            f" {plain!r}", "login")
 
 
+def grant_after(key: str | None) -> tuple[int, str] | None:
+    """
+    The (created_at, grant_id) a grants cursor's key names: the time, a
+    space, then the id (which may hold spaces itself).
+    """
+    if key is None:
+        return None
+    at, space, grant_id = key.partition(" ")
+    if not space or not re.fullmatch(r"-?[0-9]{1,19}", at) or not -(2**63) <= int(at) < 2**63:
+        raise refused_cursor()
+    return int(at), grant_id
+
+
 def _reason(value: Any, field: str = "reason") -> str:
     if not isinstance(value, str) or not value.strip() or len(value) > REASON_MAX:
         raise InvalidInput(f"{field} must be a non-empty string of at most {REASON_MAX} characters", field)
@@ -199,9 +214,14 @@ class UserOperations:
         """The bans in force, ordered by sub, at most C{limit} (up to 100) after C{cursor}."""
         return await page(lambda after, n: self._store.list_bans(self._now(), after, n), lambda b: b.sub, limit, cursor)
 
-    async def grants(self, user_id: str) -> tuple[str, list[Grant]]:
+    async def grants(self, user_id: str, limit: int | None = None, cursor: str | None = None) -> tuple[str, Page]:
+        """The user's live grants, oldest first, at most C{limit} (up to 100) after C{cursor}."""
         user = await self.find(user_id)
-        return user.sub, await self._store.list_user_grants(user.sub, self._now())
+
+        def read(after: str | None, n: int):
+            return self._store.list_user_grants(user.sub, self._now(), grant_after(after), n)
+
+        return user.sub, await page(read, lambda g: f"{g.created_at} {g.grant_id}", limit, cursor)
 
     async def revoke_grants(self, user_id: str, *, actor: str) -> moderation.Revoked:
         """Revoke every grant of the user and end their browser sessions."""
@@ -258,6 +278,7 @@ class UserOperations:
         L{Conflict} when the writable backend has a user of that login, or
         L{InvalidInput} for one with compatibility forms (asked before a password is typed).
         """
+        await self._no_look_alike(login)
         _check_compatibility(login)
         writer = self._writer()
         existing = await writer.user_by_login(login)
@@ -298,6 +319,7 @@ class UserOperations:
         for field in ("login", "sub"):
             if data.get(field) is not None and (problem := path_segment_problem(data[field])):
                 raise InvalidInput(f"{field} {problem}", field)
+        await self._no_look_alike(login)
         _check_compatibility(login)
         if data.get("email") and "@" not in data["email"]:
             raise InvalidInput(f"email {data['email']!r} is not an email address", "email")
@@ -320,6 +342,25 @@ class UserOperations:
             raise (Conflict if "taken" in str(e) else InvalidInput)(str(e)) from None
         events.user_created(sub=added.sub, login=added.login, actor=actor)
         return added
+
+    async def _no_look_alike(self, login: str) -> None:
+        """
+        L{Conflict} when a user of any identity backend has a login that
+        looks like the new one: the same once NFKC case-folded
+        (L{look_alike_key}; docs/design.md, Logins), as C{ａｌｉｃｅ} is
+        C{alice}. A user could not tell them apart on a page or in a token's
+        claims, and an operator could ban one for the other. The backends
+        find the existing login by that form, as they compare logins case-
+        folded.
+        """
+        other = await self._identity.user_by_login(look_alike_key(login))
+        if other is None:
+            return
+        if login_key(other.login) == login_key(login):
+            raise Conflict(f"login {other.login!r} is already taken by user {other.sub!r}", "login")
+        raise Conflict(f"login {login!r} looks like {other.login!r}, the login of user {other.sub}: two logins"
+                       " that are the same once NFKC case-folded (RFC 8265) may not both exist; choose another",
+                       "login")
 
     async def _names_free(self, login: str, sub: str | None) -> None:
         """

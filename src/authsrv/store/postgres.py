@@ -90,9 +90,9 @@ from authsrv.store.codes import CodeNotFound, CodeRedeemed, CodeReused
 from authsrv.store.errors import AlreadyExists, AlreadyLinked, StoreUnavailable
 from authsrv.store.observer import Observer, watched
 from authsrv.store.rows import (
-    POSTGRES, Lookup, Rows, access_lookup, access_state_sql, ban_of, client_exists, client_grant, displace_link,
-    displaced, factors_of, import_statements, issuable, refresh_lookup, scope_text, tables, token_lookups,
-    unencodable,
+    BEFORE_EVERY_GRANT, POSTGRES, Lookup, Rows, access_lookup, access_state_sql, ban_of, client_exists, client_grant,
+    displace_link, displaced, factors_of, import_statements, issuable, refresh_lookup, scope_text, tables,
+    token_lookups, unencodable,
 )
 
 COMPONENT = "store"
@@ -630,11 +630,13 @@ class PostgresStore:
             {"sub": sub, "now": now},
         )
 
-    def list_user_grants(self, sub, now):
+    def list_user_grants(self, sub, now, after=None, limit=None):
+        at, grant_id = after or BEFORE_EVERY_GRANT
         return self._list("list_user_grants", _T.grants,
             "SELECT * FROM grants WHERE sub = %(sub)s AND revoked_at IS NULL AND expires_at > %(now)s"
-            ' ORDER BY created_at, grant_id COLLATE "C"',
-            {"sub": sub, "now": now},
+            ' AND (created_at, grant_id COLLATE "C") > (%(at)s, %(id)s)'
+            ' ORDER BY created_at, grant_id COLLATE "C" LIMIT %(limit)s',
+            {"sub": sub, "now": now, "at": at, "id": grant_id, "limit": limit},
         )
 
     def access_state(self, sub, now):

@@ -60,8 +60,8 @@ from authsrv.store.codes import CodeNotFound, CodeRedeemed, CodeReused
 from authsrv.store.errors import AlreadyExists, AlreadyLinked, StoreUnavailable
 from authsrv.store.observer import Observer, watched
 from authsrv.store.rows import (
-    SQLITE, Rows, access_state_sql, ban_of, client_grant, displace_link, displaced, factors_of, import_statements,
-    issuable, scope_text, tables, token_lookups, unencodable,
+    BEFORE_EVERY_GRANT, SQLITE, Rows, access_state_sql, ban_of, client_grant, displace_link, displaced, factors_of,
+    import_statements, issuable, scope_text, tables, token_lookups, unencodable,
 )
 from authsrv.store.sqlite_worker import SQLiteWorker
 
@@ -524,11 +524,12 @@ class SQLiteStore:
             "revoke_user_grants", "UPDATE grants SET revoked_at = ? WHERE sub = ? AND revoked_at IS NULL", (now, sub)
         )
 
-    def list_user_grants(self, sub, now):
+    def list_user_grants(self, sub, now, after=None, limit=None):
+        at, grant_id = after or BEFORE_EVERY_GRANT
         return self._query_all("list_user_grants", _T.grants,
             "SELECT * FROM grants WHERE sub = ? AND revoked_at IS NULL AND expires_at > ?"
-            " ORDER BY created_at, grant_id",
-            (sub, now),
+            " AND (created_at, grant_id) > (?, ?) ORDER BY created_at, grant_id LIMIT ?",
+            (sub, now, at, grant_id, -1 if limit is None else limit),
         )
 
     def access_state(self, sub, now):

@@ -510,9 +510,10 @@ class MemoryStore:
         return ban if ban is not None and ban.in_force(now) else None
 
     @_answered
-    def list_user_grants(self, sub, now):
+    def list_user_grants(self, sub, now, after=None, limit=None):
         live = [g for g in self.tables.grants.values() if g.sub == sub and g.revoked_at is None and g.expires_at > now]
-        return sorted(live, key=lambda g: (g.created_at, g.grant_id))
+        return _page(sorted(live, key=lambda g: (g.created_at, g.grant_id)), after, limit,
+                     lambda g: (g.created_at, g.grant_id))
 
     @_answered
     def access_state(self, sub, now):

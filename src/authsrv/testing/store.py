@@ -1430,6 +1430,38 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             await store.revoke_user_grants(ALICE, NOW)
             assert await store.list_user_grants(ALICE, NOW) == []
 
+    @pytest_twisted.ensureDeferred
+    async def test_user_grants_are_listed_a_page_at_a_time_oldest_first(self):
+        async with self.store() as store:
+            grants = [await start_grant(store, grant_id, created_at=at) for grant_id, at in (
+                ("g-b", NOW), ("g-a", NOW), ("g-\u00e9", NOW), ("g-B", NOW + 1), ("g-0", NOW + 2))]
+            await start_grant(store, "g-bob", sub=BOB, created_at=NOW + 1)
+            await start_grant(store, "g-revoked", created_at=NOW + 1)
+            await store.revoke_grant("g-revoked", NOW)
+            ordered = [grants[1], grants[0], grants[2], grants[3], grants[4]]
+            assert await store.list_user_grants(ALICE, NOW, None, 2) == ordered[:2]
+            assert await store.list_user_grants(ALICE, NOW, (NOW, "g-b"), 2) == ordered[2:4]
+            assert await store.list_user_grants(ALICE, NOW, (NOW, "g-c"), 10) == ordered[2:]
+            assert await store.list_user_grants(ALICE, NOW, (NOW + 1, "g-B"), 10) == ordered[4:]
+            assert await store.list_user_grants(ALICE, NOW, (NOW + 2, "g-0")) == []
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_page_goes_on_after_its_last_key_when_that_row_is_gone(self):
+        """
+        Keyset pages continue after the last key shown, not at an offset:
+        removing the row a cursor ends at, or rows before it, neither
+        repeats nor skips a row of the next page.
+        """
+        subs = [f"user-{n}" for n in range(7)]
+        async with self.store() as store:
+            for sub in subs:
+                await store.ban_user(Ban(sub, None, NOW))
+            first = await store.list_bans(NOW, None, 3)
+            assert [b.sub for b in first] == subs[:3]
+            for ban in first:
+                assert await store.unban_user(ban.sub)
+            assert [b.sub for b in await store.list_bans(NOW, first[-1].sub, 3)] == subs[3:6]
+
     # --- consents -----------------------------------------------------------------
 
     @pytest_twisted.ensureDeferred

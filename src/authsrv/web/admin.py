@@ -104,7 +104,10 @@ def _known(body: dict, fields: tuple[str, ...], what: str) -> dict:
 
 
 def _query(request, name: str) -> str | None:
+    """The query parameter C{name}, given at most once (which of two a proxy and the server read may differ)."""
     values = request.args.get(name.encode())
+    if values and len(values) > 1:
+        raise InvalidInput(f"{name} is given {len(values)} times: give it once", name)
     return values[0].decode("utf-8", "replace") if values else None
 
 
@@ -280,8 +283,8 @@ class AdminAPI:
     @app.route(PREFIX + "/users/<user_id>/grants", methods=["GET"])
     @_endpoint
     async def user_grants(self, request, user_id):
-        sub, grants = await self._ops.users.grants(user_id)
-        return 200, {"sub": sub, "grants": [grant_view(g) for g in grants]}
+        sub, page = await self._ops.users.grants(user_id, _limit(request), _query(request, "cursor"))
+        return 200, {"sub": sub, "grants": [grant_view(g) for g in page.items], "next_cursor": page.next_cursor}
 
     @app.route(PREFIX + "/users/<user_id>/grants", methods=["DELETE"])
     @_endpoint
