@@ -192,12 +192,14 @@ def test_a_server_the_tests_did_not_start_is_never_stopped(postgres, stoppable_p
         connection.close()
 
 
+@pytest.mark.parametrize("mode", ["immediate", "fast"])
 @pytest_twisted.ensureDeferred
-async def test_after_a_restart_the_first_calls_on_the_old_connections_succeed(stoppable_postgres, tmp_path):
+async def test_after_a_restart_the_first_calls_on_the_old_connections_succeed(stoppable_postgres, tmp_path, mode):
     """
-    Every pooled connection of a server that restarted is dead, and the
-    reactor learns so only when it next reads them: a read and a write
-    answered at once still succeed, each on a new connection.
+    Every pooled connection of a server that restarted (after a crash, or
+    C{pg_ctl restart}, which ends each session with a goodbye) is dead,
+    and the reactor learns so only when it next reads them: a read and a
+    write answered at once still succeed, each on a new connection.
     """
     from twisted.internet import reactor
 
@@ -207,7 +209,7 @@ async def test_after_a_restart_the_first_calls_on_the_old_connections_succeed(st
     try:
         await store.ban_user(Ban(ALICE, "spam", 0))
         await gatherResults([store.get_ban(ALICE, 0) for _ in range(3)])
-        stoppable_postgres.stop()
+        stoppable_postgres.stop(mode)
         stoppable_postgres.start()
         ban, _ = await gatherResults([store.get_ban(ALICE, 0), store.ban_user(Ban("bob", "spam", 0))])
         assert ban.reason == "spam"
