@@ -245,7 +245,7 @@ class _Connection(txpostgres.Connection):
             return
         if self._watched is None:
             # Still connecting: connect()'s poll reads. txpostgres would then watch the socket again, which
-            # libpq has closed if the server refused the session (shutting down): an unhandled error.
+            # libpq has closed if the server hung up (a crash, a shutdown): an unhandled error in the log.
             txpostgres._PollingMixin.doRead(self)
             return
         try:
