@@ -90,10 +90,10 @@ class Cluster:
                 " it; a test that stops its server uses a cluster of its own (Cluster(local=True))"
             )
 
-    def stop(self) -> None:
-        """Stop at once, as a crash would (outage tests)."""
+    def stop(self, mode: str = "immediate") -> None:
+        """Stop at once, as a crash would, or as C{pg_ctl stop -m fast} does (outage tests)."""
         self._started_here()
-        self._run(str(self._bin / "pg_ctl"), "-D", str(self._folder / "data"), "-m", "immediate", "-w", "stop")
+        self._run(str(self._bin / "pg_ctl"), "-D", str(self._folder / "data"), "-m", mode, "-w", "stop")
         self.running = False
 
     def start(self) -> None:

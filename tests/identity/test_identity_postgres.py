@@ -665,6 +665,22 @@ async def test_pool_bounds_connections(pg_dsn, context, backends):
 
 
 @pytest_twisted.ensureDeferred
+async def test_sign_ins_right_after_pg_terminate_backend_succeed(pg_dsn, context, backends):
+    """
+    The backend's sessions ended by an operator (a restart, a failover,
+    pg_terminate_backend), their goodbyes still on the way: a sign-in's
+    lookup runs once more on a new connection rather than failing it.
+    """
+    backend = open_backend({"dsn": pg_dsn, "pool_size": 2}, context, backends)
+    await add_users(backend, seed_users())
+    for _ in range(10):
+        await gatherResults([backend.user_by_id(ALICE.sub), backend.user_by_id(BOB.sub)])
+        execute(pg_dsn, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                        " WHERE application_name = 'authsrv-identity' AND datname = current_database()")
+        assert await login(backend, "alice", PASSWORDS[ALICE.sub]) == ALICE.sub
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_busy_pool_answers_in_bounded_time(pg_dsn, reactor, context, backends):
     seed_staff(pg_dsn, seed_users())
     config = {"dsn": pg_dsn, **MAPPED, "pool_size": 1, "connect_timeout": 1, "statement_timeout": 3}

@@ -192,12 +192,14 @@ def test_a_server_the_tests_did_not_start_is_never_stopped(postgres, stoppable_p
         connection.close()
 
 
+@pytest.mark.parametrize("mode", ["immediate", "fast"])
 @pytest_twisted.ensureDeferred
-async def test_after_a_restart_the_first_calls_on_the_old_connections_succeed(stoppable_postgres, tmp_path):
+async def test_after_a_restart_the_first_calls_on_the_old_connections_succeed(stoppable_postgres, tmp_path, mode):
     """
-    Every pooled connection of a server that restarted is dead, and the
-    reactor learns so only when it next reads them: a read and a write
-    answered at once still succeed, each on a new connection.
+    Every pooled connection of a server that restarted (after a crash, or
+    C{pg_ctl restart}, which ends each session with a goodbye) is dead,
+    and the reactor learns so only when it next reads them: a read and a
+    write answered at once still succeed, each on a new connection.
     """
     from twisted.internet import reactor
 
@@ -207,7 +209,7 @@ async def test_after_a_restart_the_first_calls_on_the_old_connections_succeed(st
     try:
         await store.ban_user(Ban(ALICE, "spam", 0))
         await gatherResults([store.get_ban(ALICE, 0) for _ in range(3)])
-        stoppable_postgres.stop()
+        stoppable_postgres.stop(mode)
         stoppable_postgres.start()
         ban, _ = await gatherResults([store.get_ban(ALICE, 0), store.ban_user(Ban("bob", "spam", 0))])
         assert ban.reason == "spam"
@@ -365,3 +367,115 @@ def test_restart_under_load_loses_no_acknowledged_grant(stoppable_postgres, serv
         assert refresh(server.base, chain.refresh_token).status_code == 200
     assert len(chains) > 8
     assert requests.get(server.base + "/readyz", timeout=TIMEOUT).status_code == 200
+
+
+def _end_backends(dsn: str) -> int:
+    """pg_terminate_backend on every other session of the database of C{dsn}, as an operator would; how many."""
+    with psycopg2.connect(dsn) as admin, admin.cursor() as cursor:
+        cursor.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                       " WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        (ended,) = cursor.fetchone()
+    admin.close()
+    return ended
+
+
+def _unavailable(answer: requests.Response) -> bool:
+    """The contract's 503: temporarily_unavailable, Retry-After, not stored."""
+    return (answer.status_code, answer.json()["error"], answer.headers.get("retry-after"),
+            answer.headers.get("cache-control")) == (503, "temporarily_unavailable", "5", "no-store")
+
+
+@pytest.fixture
+def server_on_dsn(stoppable_postgres, run_server, tmp_path):
+    """A server on a database of its own, and that database's DSN."""
+    dsn = stoppable_postgres.database()
+    port = free_port()
+    config = pg_config(tmp_path, dsn, port, port, timeout=STATEMENT_TIMEOUT)
+    server = run_server(
+        ["--log-file", str(tmp_path / "authsrv.log"), "authsrv", "--config", str(config)], tmp_path, port=port
+    )
+    return server, dsn
+
+
+@pytest.mark.slow
+def test_after_pg_terminate_backend_reads_answer_and_a_refresh_answers_or_says_503(server_on_dsn, tmp_path):
+    """
+    The server's sessions ended by an operator (pg_terminate_backend) while
+    idle, their goodbyes still on the way: UserInfo, introspection and
+    user-access, which only read, answer as usual; a refresh, a write,
+    answers or says 503 in the contract's shape, never an error of its own.
+    """
+    server, dsn = server_on_dsn
+    code, verifier = Browser().authorize(server.base)
+    tokens = exchange(server.base, code, verifier).json()
+    reads = (
+        (lambda: userinfo(server.base, tokens["access_token"]), "sub", ALICE),
+        (lambda: introspect(server.base, tokens["access_token"]), "active", True),
+        (lambda: user_access(server.base, ALICE), "allowed", True),
+    )
+    with ThreadPoolExecutor(8) as pool:
+        for _ in range(5):
+            for read, field, value in reads:
+                # Every pooled connection in use once, then ended.
+                list(pool.map(lambda _: introspect(server.base, tokens["access_token"]), range(16)))
+                assert _end_backends(dsn) >= 1
+                answer = read()
+                assert (answer.status_code, answer.json().get(field)) == (200, value), answer.text
+            _end_backends(dsn)
+            rotated = refresh(server.base, tokens["refresh_token"])
+            assert rotated.status_code == 200 or _unavailable(rotated), rotated.text
+            if rotated.status_code == 200:
+                tokens = rotated.json()
+    log = (tmp_path / "authsrv.log").read_text()
+    assert "Traceback" not in log and "Unhandled" not in log
+    assert tokens["access_token"][:12] not in log and tokens["refresh_token"][:12] not in log
+
+
+@pytest.mark.slow
+def test_a_burst_through_a_stop_and_start_all_answered_then_everything_recovers(stoppable_postgres, server_on_dsn,
+                                                                               tmp_path):
+    """
+    50 requests at once while PostgreSQL stops under them: each is answered
+    in time (an answer or the contract's 503, never a hang), /readyz says
+    unavailable until the database is back, then every hot path and a
+    sign-in work again without restarting authsrv; nothing in the log is a
+    traceback or shows a token.
+    """
+    server, _ = server_on_dsn
+    browser = Browser()
+    code, verifier = browser.authorize(server.base)
+    tokens = exchange(server.base, code, verifier).json()
+    access, refresh_token = tokens["access_token"], tokens["refresh_token"]
+    calls = ((userinfo, access), (introspect, access), (user_access, ALICE), (refresh, "unknown-refresh-token"))
+    stopper = threading.Thread(target=stoppable_postgres.stop)
+
+    def request(n):
+        if n == 10:
+            stopper.start()
+        call, argument = calls[n % len(calls)]
+        return timed(call, server.base, argument)
+
+    try:
+        with ThreadPoolExecutor(16) as pool:
+            answered = list(pool.map(request, range(50)))
+        stopper.join()
+        for (answer, took), n in zip(answered, range(50)):
+            expected = 400 if calls[n % len(calls)][0] is refresh else 200
+            assert answer.status_code == expected or _unavailable(answer), (n, answer.text)
+            assert took < ANSWER_WITHIN
+        assert fetch(server.base + "/readyz")[0] == 503
+        assert _unavailable(introspect(server.base, access))
+    finally:
+        if not stoppable_postgres.running:
+            stoppable_postgres.start()
+
+    wait_ready(server.base)
+    assert userinfo(server.base, access).json()["sub"] == ALICE
+    assert introspect(server.base, access).json()["active"] is True
+    assert user_access(server.base, ALICE).json()["allowed"] is True
+    assert refresh(server.base, refresh_token).status_code == 200
+    code, verifier = Browser().authorize(server.base)
+    assert exchange(server.base, code, verifier).status_code == 200
+    log = (tmp_path / "authsrv.log").read_text()
+    assert "Traceback" not in log and "Unhandled" not in log
+    assert access[:12] not in log and refresh_token[:12] not in log

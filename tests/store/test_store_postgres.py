@@ -603,6 +603,89 @@ class TestConnectionFailures(OwnStore):
         assert looked == []
         await store.close()
 
+    def end_backends(self, application_name: str) -> int:
+        """pg_terminate_backend on every session of C{application_name}, as an operator would; how many."""
+        with psycopg2.connect(self.dsn) as admin, admin.cursor() as cursor:
+            cursor.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                           " WHERE application_name = %s", (application_name,))
+            (ended,) = cursor.fetchone()
+        admin.close()
+        return ended
+
+    def live_backends(self, application_name: str) -> set[int]:
+        with psycopg2.connect(self.dsn) as admin, admin.cursor() as cursor:
+            cursor.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s", (application_name,))
+            pids = {pid for (pid,) in cursor.fetchall()}
+        admin.close()
+        return pids
+
+    @pytest_twisted.ensureDeferred
+    async def test_reads_right_after_pg_terminate_backend_answer_from_new_connections(self):
+        """
+        The hot lookups sent at once after the server ended every pooled
+        connection, their goodbyes still on the way, each run once more on a
+        new connection: none fails, and no connection the server ended serves
+        again. Several rounds, since how far the goodbyes got varies.
+        """
+        store = self.store(dsn=self.dsn + " application_name=terminated-test", pool_size=4)
+        grant = await start_grant(store, "g1")
+        access, refresh = await issue(store, grant, "1")
+        await store.ban_user(Ban(BOB, "spam", NOW))
+        for _ in range(15):
+            await gatherResults([store.list_bans(NOW) for _ in range(4)])
+            assert self.end_backends("terminated-test") >= 1
+            found = [
+                await store.find_access_token(access.token_hash, NOW), await store.access_state(ALICE, NOW),
+                await store.get_refresh_token(refresh.token_hash), await store.get_ban(BOB, NOW),
+            ]
+            assert found[:3] == [access, AccessState(ban=None, has_active_grant=True), refresh]
+            assert found[3].reason == "spam"
+            kept = {connection.get_backend_pid() for connection in store._pool._open}
+            assert kept <= self.live_backends("terminated-test"), "a connection the server ended is kept"
+        await store.close()
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_read_whose_backend_is_ended_mid_statement_runs_again(self):
+        """
+        A read under way when its session is ended runs once more, on a new
+        connection (a write never does: see
+        test_a_backend_ended_mid_statement_fails_at_once_and_the_pool_carries_on).
+        """
+        store = self.store(dsn=self.dsn + " application_name=mid-read-test", statement_timeout=5)
+        await store.ban_user(Ban(ALICE, "first", NOW))
+        with psycopg2.connect(self.dsn) as locker, locker.cursor() as cursor:
+            cursor.execute("LOCK TABLE bans IN ACCESS EXCLUSIVE MODE")
+            reading = store.get_ban(ALICE, NOW)
+            assert self.end_backends("mid-read-test") == 1
+        locker.close()
+        assert (await reading).reason == "first"
+        await store.close()
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_connection_the_server_refuses_while_it_stops_is_no_unhandled_error(self, logged):
+        """
+        A server that closes the connection during its start-up (a database
+        shutting down, a crash) fails that attempt; txpostgres would then
+        watch the socket libpq has closed, an unhandled error in the log.
+        """
+        from twisted.internet import reactor
+        from twisted.internet.protocol import Factory, Protocol
+
+        class Hangup(Protocol):
+            def dataReceived(self, data):
+                self.transport.loseConnection()
+
+        hanging_up = reactor.listenTCP(0, Factory.forProtocol(Hangup), interface="127.0.0.1")
+        store = self.store(dsn=f"host=127.0.0.1 port={hanging_up.getHost().port} dbname=x sslmode=disable")
+        try:
+            for _ in range(3):
+                with pytest.raises(StoreUnavailable):
+                    await store.ping()
+        finally:
+            await store.close()
+            await hanging_up.stopListening()
+        assert not [event for event in logged if event.get("isError") or "log_failure" in event]
+
     @pytest_twisted.ensureDeferred
     async def test_queries_leave_the_reactors_watch_on_the_socket_alone(self, monkeypatch):
         """

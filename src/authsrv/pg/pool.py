@@ -93,6 +93,19 @@ class ServerCancelled(Exception):
     """The server cancelled the statement: its statement_timeout ran out."""
 
 
+def _ended(error: BaseException) -> bool:
+    """
+    Whether C{error} says that the session is over, so that its connection
+    must not serve again: the client lost it (a driver error without a
+    SQLSTATE, a lost socket), or the server ended it (class 57P: a
+    shutdown, a crash, C{pg_terminate_backend}; class 08). Not a statement
+    the server refused, nor one it cancelled (57014), on a session that goes on.
+    """
+    if isinstance(error, (psycopg2.OperationalError, psycopg2.InterfaceError)):
+        return error.pgcode is None or error.pgcode.startswith(("57P", "08"))
+    return isinstance(error, (ConnectionDone, ConnectionLost))
+
+
 def is_outage(error: BaseException) -> bool:
     """Whether C{error} says the database cannot be reached, rather than that it refused a statement."""
     return isinstance(
@@ -230,6 +243,11 @@ class _Connection(txpostgres.Connection):
         if self._running is not None:
             self._running.continuePolling()
             return
+        if self._watched is None:
+            # Still connecting: connect()'s poll reads. txpostgres would then watch the socket again, which
+            # libpq has closed if the server hung up (a crash, a shutdown): an unhandled error in the log.
+            txpostgres._PollingMixin.doRead(self)
+            return
         try:
             super().doRead()
         except psycopg2.Error:
@@ -269,6 +287,7 @@ class _Waiter:
     result: Deferred
     work: Callable
     idempotent: bool
+    fresh: bool
 
 
 class Pool:
@@ -289,13 +308,17 @@ class Pool:
     leave time for the standby named next), names looked up by C{lookups},
     a L{HostLookups} (L{host_lookups}).
 
-    A connection the server ended while it was idle (a restart, a
-    failover, C{pg_terminate_backend}) whose goodbye the reactor has not
-    read yet never fails a request by itself: idempotent work (reads) that
-    gets one runs once more on a live connection, other work gets an idle
-    connection only after a look at its socket shows nothing waiting
-    (L{_alive}: one non-blocking poll, no round trip). A write that may
-    have reached the server is never sent again.
+    A connection the server ended (a restart, a failover,
+    C{pg_terminate_backend}) whose goodbye the reactor has not read yet
+    never fails a request by itself: idempotent work (reads) that fails
+    because its idle connection is over (L{_ended}) runs once more, on a
+    new connection; other work gets an idle connection only after a look at
+    its socket shows nothing waiting (L{_alive}: one non-blocking poll, no
+    round trip). A write that may have reached the server is never sent
+    again: its caller hears that the database is unavailable. A connection
+    found over is dropped with every idle one (the server most likely ended
+    them together), so later work connects anew rather than finding them
+    over one by one.
 
     C{translate(error, label)} gives the plugin's exception for a failure
     and whether it is an outage. An outage is logged when it starts and
@@ -336,18 +359,18 @@ class Pool:
         (L{TimedOut}: its connection is closed). C{idempotent} work (that
         only reads) may run twice, see the class.
         """
-        return self._take(work, idempotent).addErrback(self._failed, label)
+        return self._take(work, idempotent, False).addErrback(self._failed, label)
 
-    def _take(self, work, idempotent: bool) -> Deferred:
-        """C{work} in a free slot, at once or once one is free."""
+    def _take(self, work, idempotent: bool, fresh: bool) -> Deferred:
+        """C{work} in a free slot, at once or once one is free; C{fresh}: on a new connection."""
         if self._closed:
             return fail(PoolClosed())
         if self._free:
             self._free -= 1
-            return self._start(work, idempotent)
+            return self._start(work, idempotent, fresh)
         started: Deferred = Deferred(self._leave_queue)
         deadline = self._reactor.seconds() + self._settings.connect_timeout
-        self._waiting.append(_Waiter(deadline, started, work, idempotent))
+        self._waiting.append(_Waiter(deadline, started, work, idempotent, fresh))
         self._watch(deadline)
         return started
 
@@ -363,30 +386,30 @@ class Pool:
             )
         return Failure(error)
 
-    def _start(self, work, idempotent: bool) -> Deferred:
+    def _start(self, work, idempotent: bool, fresh: bool) -> Deferred:
         """C{work} on an open connection, or on a new one; the caller holds a slot for it."""
-        connection = self._idle_connection(checked=not idempotent) if self._reachable else None
+        connection = self._idle_connection(checked=not idempotent) if self._reachable and not fresh else None
         if connection is None:
-            return Deferred.fromCoroutine(self._connect_and_run(work))
+            return Deferred.fromCoroutine(self._connect_and_run(work, fresh))
         if idempotent:
-            return self._on(connection, work).addErrback(self._again, connection, work)
+            return self._on(connection, work).addErrback(self._again, work)
         return self._on(connection, work)
 
-    def _again(self, failure: Failure, connection: _Connection, work) -> Deferred | Failure:
+    def _again(self, failure: Failure, work) -> Deferred | Failure:
         """
-        Idempotent work whose idle connection turned out broken (the server
-        ended it, unnoticed so far) runs once more, on a connection checked
-        alive (the server likely ended the other idle ones too) or a new one.
+        Idempotent work whose idle connection turned out over (the server
+        ended it, unnoticed so far) runs once more, on a new connection: the
+        other idle ones may be over too, their goodbyes still on the way.
         """
-        if not connection.closed or connection.timed_out is not None or failure.check(CancelledError):
+        if not _ended(failure.value):
             return failure
-        return self._take(work, idempotent=False)
+        return self._take(work, False, True)
 
-    async def _connect_and_run(self, work):
+    async def _connect_and_run(self, work, fresh: bool):
         try:
             if self._closed:
                 raise PoolClosed()
-            connection = self._idle_connection(checked=True) or await self._connect()
+            connection = (None if fresh else self._idle_connection(checked=True)) or await self._connect()
         except BaseException:
             self._release()
             raise
@@ -415,10 +438,15 @@ class Pool:
 
     def _give_back(self, outcome, connection: _Connection):
         self._busy.pop(connection, None)
-        self._checkin(connection)
+        timed_out = connection.timed_out
+        if timed_out is None and isinstance(outcome, Failure) and _ended(outcome.value):
+            self._drop(connection)
+            self._drop_idle()
+        else:
+            self._checkin(connection)
         self._release()
-        if connection.timed_out is not None:
-            return Failure(TimedOut(connection.timed_out))
+        if timed_out is not None:
+            return Failure(TimedOut(timed_out))
         return outcome
 
     def _release(self) -> None:
@@ -430,7 +458,7 @@ class Pool:
             if self._closed:
                 waiter.result.errback(PoolClosed())
                 continue
-            self._start(waiter.work, waiter.idempotent).chainDeferred(waiter.result)
+            self._start(waiter.work, waiter.idempotent, waiter.fresh).chainDeferred(waiter.result)
             return
         self._free += 1
 
@@ -482,6 +510,11 @@ class Pool:
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None
+
+    def _drop_idle(self) -> None:
+        """Drop every idle connection."""
+        while self._idle:
+            self._drop(self._idle.pop())
 
     def _idle_connection(self, checked: bool) -> _Connection | None:
         """The most recently used open idle connection, if any; C{checked}: only one found L{_alive}."""

@@ -885,7 +885,7 @@ class PostgresStore:
     # IStore
 
     def ping(self):
-        return self._run("ping", first, "SELECT 1").addCallback(lambda _: None)
+        return self._read("ping", first, "SELECT 1").addCallback(lambda _: None)
 
     def gc(self, now, batch_size):
         return self._run("gc", _gc, now, batch_size)
