@@ -874,3 +874,30 @@ def test_a_head_request_for_metrics_logs_no_line(logged):
     status, headers = _head(transport)
     assert status == 200 and headers["content-type"].startswith("text/plain") and int(headers["content-length"]) > 0
     assert not [event for event in logged if "HEAD" in formatEvent(event)]
+
+
+def test_requests_held_unparsed_while_the_client_reads_slowly_are_not_refused_as_late():
+    """
+    The requests of a client whose answers fill its buffer are read but
+    left unparsed (L{test_a_client_that_reads_no_answers_gets_no_more_parsed_until_its_buffer_drains});
+    bytes that arrive meanwhile (a TLS read hands them on in several
+    pieces) started the header timer, so a client still reading its
+    answers, however steadily, had the rest of its requests refused 408 as
+    if their headers had not arrived, and its connection closed.
+    """
+    listener = Listener({"header_timeout": "10s", "idle_timeout": "60s"})
+    address = IPv4Address("TCP", "127.0.0.1", 40000)
+    transport = SendBuffer(peerAddress=address)
+    protocol = listener.site.buildProtocol(address)
+    protocol.makeConnection(transport)
+    head = b"GET /api/auth/jwks HTTP/1.1\r\nHost: x\r\n\r\n"
+    protocol.dataReceived(head * 100)
+    assert transport.producerState == "paused"
+    protocol.dataReceived(head * 100)
+    answered = 0
+    while answered < 200:
+        listener.clock.advance(11)
+        assert b" 408 " not in transport.value()
+        answered += transport.drain(protocol)
+    assert answered == 200 and not transport.disconnecting
+    listener.close(protocol, transport)

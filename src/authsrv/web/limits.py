@@ -368,9 +368,16 @@ class LimitedChannel(GatheringChannel):
                           " Content-Length and chunked encoding")
 
     def dataReceived(self, data):
+        """
+        Start the header timer for the head this read begins, unless
+        parsing is paused for the client's unread answers (L{pauseProducing}):
+        bytes a TLS read hands on after the pause wait unparsed, their head
+        whole perhaps, and the timer starts when parsing resumes, or a
+        client reading its answers slowly had its next requests refused 408.
+        """
         if self._refused:
             return
-        if self._waiting_for is None and self.line_mode and not self._handlingRequest:
+        if self._waiting_for is None and self.line_mode and not (self._handlingRequest or self.paused):
             self._start(self.limits.header_timeout, "headers")
         super().dataReceived(data)
         rest = self._buffer if self.line_mode else b""
