@@ -597,16 +597,21 @@ def test_a_proxy_protocol_header_of_unknown_family_keeps_the_proxys_address(head
     with the proxy's own address. Twisted's parser dropped the bare one.
     A Unix socket's path (version 2) is no client's address either: taken
     as one, every client the proxy took on that socket would share one
-    rate-limit key, an address that is no address in the logs.
+    rate-limit key, an address that is no address in the logs. Nor is it
+    the address the client reached, which names a request without a Host
+    header (HTTP/1.0, as HAProxy's default health check): that was a 500.
     """
     reactor, listener = MemoryReactor(), Listener()
     endpoint_of(reactor, "server.listen[0]", "haproxy:tcp:8080:interface=10.0.0.5", Path(".")).listen(listener.site)
     proxy = IPv4Address("TCP", "10.0.0.9", 40000)
-    protocol, transport = reactor.tcpServers[0][1].buildProtocol(proxy), StringTransport(peerAddress=proxy)
+    listening = IPv4Address("TCP", "10.0.0.5", 8080)
+    protocol = reactor.tcpServers[0][1].buildProtocol(proxy)
+    transport = StringTransport(peerAddress=proxy, hostAddress=listening)
     protocol.makeConnection(transport)
-    protocol.dataReceived(header + request_head("GET", "/healthz"))
-    assert parse(transport)[0] == 200
+    protocol.dataReceived(header + request_head("GET", "/healthz") + b"GET /healthz HTTP/1.0\r\n\r\n")
+    assert transport.value().count(b" 200 OK\r\n") == 2, "the second without a Host header, named by the listener"
     assert protocol.wrappedProtocol.getPeer().host == "10.0.0.9"
+    assert protocol.wrappedProtocol.getHost().host == "10.0.0.5"
 
 
 @pytest.mark.parametrize("head", [
