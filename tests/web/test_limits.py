@@ -118,6 +118,24 @@ def test_a_multipart_body_twisted_web_cannot_parse_gets_400_in_the_endpoints_sha
     listener.assert_serves()
 
 
+@pytest.mark.parametrize("control", ["\x0b", "\x0c", "\x1c", "\x85"])
+@pytest.mark.parametrize("path, check, words", [(TOKEN, assert_oauth, "grant_type is required"),
+                                               ("/api/auth/login", assert_page, "sign-in ended")])
+def test_a_content_type_python_reads_as_two_lines_reads_no_form_and_is_answered(control, path, check, words):
+    """
+    twisted.web parses a POST's Content-Type with the email package, which
+    raises on what Python reads as a line's end: the error rose out of the
+    reactor, the client had no answer and the log a critical traceback.
+    """
+    listener = Listener()
+    body = b"grant_type=client_credentials"
+    head = request_head("POST", path, {"Content-Type": f"application/x-www-form-urlencoded;{control}charset=utf-8",
+                                       "Content-Length": len(body)})
+    _, transport = listener.send(head + body)
+    check(*parse(transport), 400, words)
+    listener.assert_serves()
+
+
 @pytest.mark.parametrize("head, status", [
     (b"HEAD /healthz HTTP/1.1\r\nno colon here\r\n\r\n", 400),
     (request_head("HEAD", "/healthz", {f"X-{n}": "v" for n in range(200)}), 431),

@@ -31,7 +31,25 @@ def _remember_content_types() -> None:
     """
     parse = getattr(http, "_parseContentType", None)
     if parse is not None and not hasattr(parse, "cache_info"):
-        http._parseContentType = lru_cache(maxsize=64)(parse)
+        http._parseContentType = lru_cache(maxsize=64)(_unreadable_as_none(parse))
+
+
+def _unreadable_as_none(parse):
+    """
+    C{parse}, with a Content-Type it raises on taken as naming no media
+    type (no form is read from the body; the route says what it expects).
+    The email parser refuses a value holding what Python reads as a line's
+    end (a vertical tab, a form feed, NEL, the file separators), and the
+    error rose out of the reactor: the client got no answer, the log a
+    critical traceback for each such request.
+    """
+    def parsed(line: bytes) -> bytes:
+        try:
+            return parse(line)
+        except ValueError:
+            return b""
+
+    return parsed
 
 
 _remember_content_types()
