@@ -55,6 +55,36 @@ def _unreadable_as_none(parse):
 _remember_content_types()
 
 
+def _multipart_failures_refused() -> None:
+    """
+    twisted.web's multipart/form-data reader raised errors other than its
+    own for some bodies (a part named as RFC 2231 writes it, C{name*=},
+    whose name the email package gives as a tuple): they rose out of the
+    reactor, the client got no answer and the log a critical traceback.
+    Each is the body's refusal, as the reader's own are (400, from
+    L{authsrv.web.limits.LimitedChannel._respondToBadRequestAndDisconnect}).
+    Looked up, never assumed, as L{_remember_content_types} does.
+    """
+    parse = getattr(http, "_getMultiPartArgs", None)
+    refused = getattr(http, "_MultiPartParseException", None)
+    if parse is None or refused is None or getattr(parse, "refuses_all", False):
+        return
+
+    def parsed(content: bytes, ctype: bytes):
+        try:
+            return parse(content, ctype)
+        except refused:
+            raise
+        except Exception as e:
+            raise refused(type(e).__name__) from None
+
+    parsed.refuses_all = True  # type: ignore[attr-defined]
+    http._getMultiPartArgs = parsed
+
+
+_multipart_failures_refused()
+
+
 def parse_query(text: bytes, keep_blank_values: bool = False) -> dict[bytes, list[bytes]]:
     """
     A query or form body's parameters, as twisted.web's C{parse_qs} reads
