@@ -656,6 +656,24 @@ def test_a_request_whose_lines_end_in_a_bare_lf_is_refused_at_once(head):
     listener.assert_serves()
 
 
+def test_a_chunked_body_whose_trailer_holds_a_bare_lf_is_refused_before_what_follows_is_read():
+    """
+    A proxy that ends a trailer line at LF ends the body at C{X: a\\n\\r\\n}
+    and sends the next request; twisted.web, ending lines at CRLF alone,
+    read that request as trailer fields: it went unanswered, and each
+    answer after it went to the request before.
+    """
+    listener = Listener()
+    body = b"grant_type=client_credentials"
+    head = request_head("POST", TOKEN, {"Content-Type": "application/x-www-form-urlencoded",
+                                        "Transfer-Encoding": "chunked"})
+    _, transport = listener.send(head + b"%x\r\n%s\r\n0\r\nX: a\n\r\n" % (len(body), body)
+                                 + request_head("GET", "/api/auth/jwks") + request_head("GET", "/healthz"))
+    assert_oauth(*parse(transport), 400, "bare LF")
+    assert transport.value().count(b"HTTP/1.1 ") == 1 and transport.disconnecting
+    listener.assert_serves()
+
+
 def test_a_head_whose_crlf_is_split_between_reads_is_served():
     listener = Listener()
     protocol, transport = listener.connect()

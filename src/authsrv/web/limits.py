@@ -446,6 +446,19 @@ class LimitedChannel(GatheringChannel):
         if self.length != 0 and not self._refused:
             self._start(self.limits.body_timeout, "body")
 
+    def _finishRequestBody(self, data):
+        """
+        Refuse a chunked body whose trailer fields hold a bare LF
+        (L{BARE_LF}): twisted.web ends trailer lines at CRLF alone, so a
+        proxy in front that ends them at LF ended the body there and sent
+        what followed as the next request, which twisted.web read as more
+        trailer fields: that request was left unanswered, and every answer
+        after it given to the request before. Only a chunked body has trailers.
+        """
+        if any(b"\n" in line for line in getattr(self._transferDecoder, "_trailerHeaders", ())):
+            return self._refuse(400, BARE_LF)
+        return super()._finishRequestBody(data)
+
     def refuse_large_body(self, max_body: int):
         """
         Refuse a body over C{max_body} bytes at once: one announced so, or
