@@ -116,3 +116,18 @@ async def test_lookups_still_waiting_when_the_pool_stops_are_refused_not_run():
         with pytest.raises(LookupsBusy, match="stopping"):
             await d
     assert hanging.looked == ["running.test"]
+
+
+def test_a_lookup_asked_for_after_the_pool_stopped_is_refused_at_once():
+    """
+    A stopped pool drops new work without a word: the lookup's Deferred
+    never fired, and its place among those waiting was never given back.
+    """
+    pool = ThreadPool(minthreads=0, maxthreads=1, name="test-lookups")
+    pool.start()
+    pool.stop()
+    lookups = HostLookups(reactor, pool, 1, Hanging())
+    failures: list = []
+    for _ in range(2):
+        lookups("late.test").addErrback(failures.append)
+    assert [f.check(LookupsBusy) and "stopping" in str(f.value) for f in failures] == [True, True]

@@ -107,8 +107,8 @@ class Documents(Resource):
             return NOT_DONE_YET
         if path == "/empties":
             return b'{"a": [' + b",".join([b"{}"] * 1000) + b"]}"
-        if path == "/brotli":
-            request.setHeader("content-encoding", "br")
+        if path in ("/brotli", "/controls"):
+            request.setHeader("content-encoding", "br" if path == "/brotli" else "br\x1b]0;owned\x07\x1b[2J")
             return b"\x00"
         if path in ("/gzip", "/bomb", "/broken-gzip"):
             request.setHeader("content-encoding", "gzip")
@@ -403,6 +403,19 @@ async def test_a_broken_gzip_answer_or_another_encoding_is_no_document(server):
         await fetcher().fetch(server.base + "/broken-gzip")
     with pytest.raises(InvalidDocument, match="is sent with Content-Encoding br; only gzip is read"):
         await fetcher().fetch(server.base + "/brotli")
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_content_encoding_that_names_no_coding_is_not_repeated_into_the_log(server):
+    """
+    The document's site chose the bytes of its Content-Encoding, which the
+    refusal (logged as the reason a client's document is refused) repeated:
+    a terminal's escape sequences and BEL, into the operator's log.
+    """
+    with pytest.raises(InvalidDocument) as refused:
+        await fetcher().fetch(server.base + "/controls")
+    assert "a Content-Encoding no coding names" in str(refused.value)
+    assert str(refused.value).isprintable() and "owned" not in str(refused.value)
 
 
 @pytest_twisted.ensureDeferred

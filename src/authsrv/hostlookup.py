@@ -42,6 +42,9 @@ async def addresses_of(host: str, resolve: Callable[[str], Awaitable[list[str]]]
     return addresses
 
 
+STOPPING = "the server is stopping: no more host names are looked up"
+
+
 class HostLookups:
     """
     C{lookups(host)}: a Deferred of C{host}'s addresses, looked up on
@@ -54,7 +57,8 @@ class HostLookups:
     among them until their turn: a caller beyond that fails at once with
     L{LookupsBusy}, as do the ones still waiting when the pool stops (the
     server's shutdown, which waits for its threads' work: it waits for the
-    lookups under way, never for each one queued behind them as well).
+    lookups under way, never for each one queued behind them as well) and
+    any asked for after it stopped.
     C{lookup} is the blocking lookup itself.
     """
 
@@ -68,6 +72,8 @@ class HostLookups:
         self._waiting = 0
 
     def __call__(self, host: str) -> Deferred:
+        if self._pool.joined:  # a stopped pool takes no work and says nothing: its Deferred would never fire
+            return fail(LookupsBusy(STOPPING))
         with self._lock:
             if self._waiting >= self._most:
                 return fail(LookupsBusy(f"host name lookups waiting for a thread: {self._waiting}, the most allowed"))
@@ -81,7 +87,7 @@ class HostLookups:
             if given_up.is_set():
                 return None
             if self._pool.joined:
-                raise LookupsBusy("the server is stopping: no more host names are looked up")
+                raise LookupsBusy(STOPPING)
             return self._lookup(host)
 
         def landed(succeeded: bool, outcome) -> None:

@@ -114,10 +114,21 @@ class CheckedProxyWrapper(HAProxyProtocolWrapper):
         every client the proxy took there one in the logs and the rate-limit
         keys.
         """
-        source = self._proxyInfo.source if self._proxyInfo is not None else None
-        if isinstance(source, (IPv4Address, IPv6Address)):
-            return source
-        return self.transport.getPeer()
+        return self._address("source") or self.transport.getPeer()
+
+    def getHost(self):
+        """
+        The address the client reached, as the header names it, or this
+        listener's own when it names none that is an IP address (L{getPeer}):
+        a request without a Host header is named by it (twisted.web's
+        C{getRequestHostname}), and a Unix socket's path, which has no
+        host, made such a request (HAProxy's default health check) a 500.
+        """
+        return self._address("destination") or self.transport.getHost()
+
+    def _address(self, which: str) -> IPv4Address | IPv6Address | None:
+        address = getattr(self._proxyInfo, which, None)
+        return address if isinstance(address, (IPv4Address, IPv6Address)) else None
 
 
 def _drop_reason(parser) -> str:

@@ -55,6 +55,12 @@ from authsrv.protocol.targets import address_problem, private_address_problem
 
 _MAX_AGE = re.compile(r"(?:^|,)\s*max-age\s*=\s*\"?(\d+)\"?\s*(?:,|$)", re.I)
 _NO_CACHE = re.compile(r"(?:^|,)\s*(no-store|no-cache)\s*(?:,|$)", re.I)
+_CODINGS = re.compile(r"[-!#$%&'*+.^_`|~0-9a-z, ]{1,64}")
+"""
+A Content-Encoding named in the log as sent: codings' names (RFC 9110
+section 8.4.1, tokens), lower-cased. The site's own bytes otherwise, a
+newline or an escape sequence written into a text log or onto a terminal.
+"""
 
 
 class RemoteDocumentError(Exception):
@@ -289,7 +295,9 @@ class RemoteDocuments:
         encoding = ",".join(response.headers.getRawHeaders("content-encoding", [])).strip().lower()
         if encoding not in ("", "identity", "gzip", "x-gzip"):
             _drop(response)
-            raise InvalidDocument(f"{url} is sent with Content-Encoding {encoding}; only gzip is read")
+            named = (f"Content-Encoding {encoding}" if _CODINGS.fullmatch(encoding)
+                     else "a Content-Encoding no coding names")
+            raise InvalidDocument(f"{url} is sent with {named}; only gzip is read")
         gzipped = encoding.endswith("gzip")
         length = response.length
         if not gzipped and isinstance(length, int) and length > self.policy.max_bytes:

@@ -12,13 +12,16 @@ from typing import Callable
 
 from twisted.logger import (
     FilteringLogObserver,
+    ILogFilterPredicate,
     ILogObserver,
     Logger,
+    PredicateResult,
     globalLogPublisher,
     jsonFileLogObserver,
     textFileLogObserver,
 )
 from twisted.python import usage
+from zope.interface import implementer
 
 from authsrv import events
 from authsrv.auditlog import AuditObserver, WithoutAudit
@@ -99,12 +102,30 @@ def freeze_startup_heap() -> None:
     gc.freeze()
 
 
+INTERIM_ANSWER = "Ignoring unexpected {code} response"
+"""
+What Twisted's HTTP client logs, at info, for each 1xx answer it skips:
+a peer this server asks (a client's document or key set, a back-channel
+logout, the chat platform) could send thousands in the bytes one answer
+may take, each a line of the log.
+"""
+
+
+@implementer(ILogFilterPredicate)
+class WithoutInterimAnswers:
+    """The diagnostic log's filter: no line for each 1xx answer a peer sends (L{INTERIM_ANSWER})."""
+
+    def __call__(self, event) -> PredicateResult:
+        return PredicateResult.no if event.get("log_format") == INTERIM_ANSWER else PredicateResult.maybe
+
+
 def diagnostic_log_factory(chosen, log_format: str | None):
     """
     The observer factory C{twist} starts its log with: C{[log] format} when
     set, else twist's own choice (C{--log-format}, or JSON when the log is
     not a terminal), JSON always as L{authsrv.jsonlog} writes it; the audit
-    events are left to the audit log.
+    events are left to the audit log, and Twisted's line for each 1xx
+    answer a peer sends is dropped (L{WithoutInterimAnswers}).
     """
     base: Callable[..., ILogObserver]
     if log_format == "json" or (log_format is None and chosen is jsonFileLogObserver):
@@ -113,7 +134,7 @@ def diagnostic_log_factory(chosen, log_format: str | None):
         base = textFileLogObserver
     else:
         base = chosen
-    return lambda out: FilteringLogObserver(base(out), [WithoutAudit()])
+    return lambda out: FilteringLogObserver(base(out), [WithoutAudit(), WithoutInterimAnswers()])
 
 
 def say_config_not_reloaded(source: ConfigSource, number: int) -> None:

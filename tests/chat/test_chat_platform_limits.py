@@ -10,6 +10,7 @@ server's other outbound requests (authsrv.remote_documents).
 
 from __future__ import annotations
 
+import io
 import json
 import threading
 import time
@@ -22,6 +23,7 @@ from twisted.internet.defer import ensureDeferred
 from twisted.internet.interfaces import IPullProducer
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.task import Clock, deferLater
+from twisted.logger import formatEvent, globalLogPublisher, textFileLogObserver
 from twisted.python.threadpool import ThreadPool
 from zope.interface import implementer
 
@@ -29,9 +31,10 @@ from hanging_lookups import Hanging, drained, one_thread
 
 from authsrv.chat.config import ChatConfig
 from authsrv.chat.crypto import key_from_text, new_key_text
-from authsrv.chat.errors import ChatProviderUnavailable, ChatRefreshRefused
+from authsrv.chat.errors import ChatError, ChatProviderUnavailable, ChatRefreshRefused
 from authsrv.chat.provider import LOOKUPS_WAITING, MAX_EXPIRES_IN, RECEIVE_LIMIT, ChatProvider, PlatformClient
 from authsrv.hostlookup import HostLookups, host_addresses
+from authsrv.tap import diagnostic_log_factory
 
 TIMEOUT = 10
 """Seconds of the test's clock a call waits."""
@@ -266,6 +269,42 @@ async def test_invalid_grant_refuses_the_refresh_token():
     async with platform(canned(400, b'{"error": "invalid_grant"}')) as (_, _clock, provider):
         with pytest.raises(ChatRefreshRefused):
             await provider.refresh("stored-refresh-token")
+
+
+@pytest.mark.parametrize("method", ["refresh", "exchange_code"])
+@pytest_twisted.ensureDeferred
+async def test_an_error_code_of_other_characters_than_oauths_is_neither_logged_nor_shown(method, logged):
+    """
+    The platform's error code went into the log line and the refusal's
+    message as sent: a newline wrote a line of the platform's own into a
+    text log, and ESC sequences reached the operator's terminal.
+    """
+    body = json.dumps({"error": "invalid_grant\nlevel=error forged line \x1b[2J"}).encode()
+    async with platform(canned(400, body)) as (_, _clock, provider):
+        with pytest.raises(ChatError) as refused:
+            await CALLS[method](provider)
+    told = [formatEvent(e) for e in logged if e.get("log_namespace") == "authsrv.chat.provider"]
+    assert told and "a malformed error code" in str(refused.value)
+    assert not [text for text in [*told, str(refused.value)] if "\n" in text or "\x1b" in text or "forged" in text]
+
+
+@pytest_twisted.ensureDeferred
+async def test_interim_answers_without_end_write_no_line_each_to_the_diagnostic_log():
+    """
+    Twisted's HTTP client logged a line for each 1xx answer it skipped:
+    one answer's worth of bytes of C{100 Continue} made thousands of lines.
+    """
+    out = io.StringIO()
+    observer = diagnostic_log_factory(textFileLogObserver, "text")(out)
+    globalLogPublisher.addObserver(observer)
+    try:
+        async with platform(lambda wire: wire.endless(b"", b"HTTP/1.1 100 Continue\r\n\r\n")) as (_, _clock, provider):
+            with pytest.raises(ChatProviderUnavailable, match="too large"):
+                await provider.refresh("stored-refresh-token")
+    finally:
+        globalLogPublisher.removeObserver(observer)
+    lines = out.getvalue().splitlines()
+    assert len(lines) < 20 and not [line for line in lines if "Ignoring unexpected" in line], lines
 
 
 @pytest_twisted.ensureDeferred

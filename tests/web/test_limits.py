@@ -106,15 +106,40 @@ def test_a_request_twisted_web_cannot_frame_gets_400_in_the_endpoints_shape(head
     listener.assert_serves()
 
 
+@pytest.mark.parametrize("body", [
+    b"no boundary here",
+    b"--XX\r\nContent-Disposition: form-data; name*=utf-8''grant%5Ftype\r\n\r\nx\r\n--XX--\r\n",
+], ids=["no boundary", "a name as RFC 2231 writes it"])
 @pytest.mark.parametrize("path, check", [(TOKEN, assert_oauth), ("/api/auth/login", assert_page)])
-def test_a_multipart_body_twisted_web_cannot_parse_gets_400_in_the_endpoints_shape(path, check):
-    """twisted.web parses it once the request is whole, when its target was forgotten: the answer was JSON."""
+def test_a_multipart_body_twisted_web_cannot_parse_gets_400_in_the_endpoints_shape(body, path, check):
+    """
+    twisted.web parses it once the request is whole, when its target was
+    forgotten: the answer was JSON. A part named as RFC 2231 writes it
+    (C{name*=}) made its reader raise out of the reactor: no answer.
+    """
     listener = Listener()
-    body = b"no boundary here"
     head = request_head("POST", path, {"Content-Type": "multipart/form-data; boundary=XX", "Content-Length": len(body)})
     _, transport = listener.send(head + body)
     check(*parse(transport), 400, "not well-formed multipart/form-data")
     assert transport.disconnecting
+    listener.assert_serves()
+
+
+@pytest.mark.parametrize("control", ["\x0b", "\x0c", "\x1c", "\x85"])
+@pytest.mark.parametrize("path, check, words", [(TOKEN, assert_oauth, "grant_type is required"),
+                                               ("/api/auth/login", assert_page, "sign-in ended")])
+def test_a_content_type_python_reads_as_two_lines_reads_no_form_and_is_answered(control, path, check, words):
+    """
+    twisted.web parses a POST's Content-Type with the email package, which
+    raises on what Python reads as a line's end: the error rose out of the
+    reactor, the client had no answer and the log a critical traceback.
+    """
+    listener = Listener()
+    body = b"grant_type=client_credentials"
+    head = request_head("POST", path, {"Content-Type": f"application/x-www-form-urlencoded;{control}charset=utf-8",
+                                       "Content-Length": len(body)})
+    _, transport = listener.send(head + body)
+    check(*parse(transport), 400, words)
     listener.assert_serves()
 
 
@@ -597,16 +622,21 @@ def test_a_proxy_protocol_header_of_unknown_family_keeps_the_proxys_address(head
     with the proxy's own address. Twisted's parser dropped the bare one.
     A Unix socket's path (version 2) is no client's address either: taken
     as one, every client the proxy took on that socket would share one
-    rate-limit key, an address that is no address in the logs.
+    rate-limit key, an address that is no address in the logs. Nor is it
+    the address the client reached, which names a request without a Host
+    header (HTTP/1.0, as HAProxy's default health check): that was a 500.
     """
     reactor, listener = MemoryReactor(), Listener()
     endpoint_of(reactor, "server.listen[0]", "haproxy:tcp:8080:interface=10.0.0.5", Path(".")).listen(listener.site)
     proxy = IPv4Address("TCP", "10.0.0.9", 40000)
-    protocol, transport = reactor.tcpServers[0][1].buildProtocol(proxy), StringTransport(peerAddress=proxy)
+    listening = IPv4Address("TCP", "10.0.0.5", 8080)
+    protocol = reactor.tcpServers[0][1].buildProtocol(proxy)
+    transport = StringTransport(peerAddress=proxy, hostAddress=listening)
     protocol.makeConnection(transport)
-    protocol.dataReceived(header + request_head("GET", "/healthz"))
-    assert parse(transport)[0] == 200
+    protocol.dataReceived(header + request_head("GET", "/healthz") + b"GET /healthz HTTP/1.0\r\n\r\n")
+    assert transport.value().count(b" 200 OK\r\n") == 2, "the second without a Host header, named by the listener"
     assert protocol.wrappedProtocol.getPeer().host == "10.0.0.9"
+    assert protocol.wrappedProtocol.getHost().host == "10.0.0.5"
 
 
 @pytest.mark.parametrize("head", [
@@ -623,6 +653,24 @@ def test_a_request_whose_lines_end_in_a_bare_lf_is_refused_at_once(head):
     _, transport = listener.send(head)
     assert_oauth(*parse(transport), 400, "bare LF")
     assert transport.disconnecting
+    listener.assert_serves()
+
+
+def test_a_chunked_body_whose_trailer_holds_a_bare_lf_is_refused_before_what_follows_is_read():
+    """
+    A proxy that ends a trailer line at LF ends the body at C{X: a\\n\\r\\n}
+    and sends the next request; twisted.web, ending lines at CRLF alone,
+    read that request as trailer fields: it went unanswered, and each
+    answer after it went to the request before.
+    """
+    listener = Listener()
+    body = b"grant_type=client_credentials"
+    head = request_head("POST", TOKEN, {"Content-Type": "application/x-www-form-urlencoded",
+                                        "Transfer-Encoding": "chunked"})
+    _, transport = listener.send(head + b"%x\r\n%s\r\n0\r\nX: a\n\r\n" % (len(body), body)
+                                 + request_head("GET", "/api/auth/jwks") + request_head("GET", "/healthz"))
+    assert_oauth(*parse(transport), 400, "bare LF")
+    assert transport.value().count(b"HTTP/1.1 ") == 1 and transport.disconnecting
     listener.assert_serves()
 
 
@@ -874,3 +922,30 @@ def test_a_head_request_for_metrics_logs_no_line(logged):
     status, headers = _head(transport)
     assert status == 200 and headers["content-type"].startswith("text/plain") and int(headers["content-length"]) > 0
     assert not [event for event in logged if "HEAD" in formatEvent(event)]
+
+
+def test_requests_held_unparsed_while_the_client_reads_slowly_are_not_refused_as_late():
+    """
+    The requests of a client whose answers fill its buffer are read but
+    left unparsed (L{test_a_client_that_reads_no_answers_gets_no_more_parsed_until_its_buffer_drains});
+    bytes that arrive meanwhile (a TLS read hands them on in several
+    pieces) started the header timer, so a client still reading its
+    answers, however steadily, had the rest of its requests refused 408 as
+    if their headers had not arrived, and its connection closed.
+    """
+    listener = Listener({"header_timeout": "10s", "idle_timeout": "60s"})
+    address = IPv4Address("TCP", "127.0.0.1", 40000)
+    transport = SendBuffer(peerAddress=address)
+    protocol = listener.site.buildProtocol(address)
+    protocol.makeConnection(transport)
+    head = b"GET /api/auth/jwks HTTP/1.1\r\nHost: x\r\n\r\n"
+    protocol.dataReceived(head * 100)
+    assert transport.producerState == "paused"
+    protocol.dataReceived(head * 100)
+    answered = 0
+    while answered < 200:
+        listener.clock.advance(11)
+        assert b" 408 " not in transport.value()
+        answered += transport.drain(protocol)
+    assert answered == 200 and not transport.disconnecting
+    listener.close(protocol, transport)

@@ -16,6 +16,7 @@ provider's error codes.
 
 from __future__ import annotations
 
+import re
 from urllib.parse import urlsplit
 
 import treq
@@ -321,10 +322,21 @@ async def revoke_tokens(provider: IChatProvider, whose: str, access_token: str, 
                      whose=whose, hint=hint, provider=provider.name, error=type(e).__name__)
 
 
+_ERROR_CODE = re.compile(r"[\x20\x21\x23-\x5b\x5d-\x7e]{1,64}")
+"""An error code as RFC 6749 section 5.2 allows it (printable ASCII but '"' and '\\'), at most 64 characters."""
+
+
 def _error_code(body: dict) -> str:
-    """The OAuth error code of an error answer, safe to log (short, no token)."""
+    """
+    The OAuth error code of an error answer, safe to log and to show: one
+    of RFC 6749's characters alone, so the platform (or whoever answers in
+    its name) can neither write lines of its own into the log nor send
+    terminal controls (a newline, ESC) into it or onto the user's page.
+    """
     code = body.get("error")
-    return code[:64] if isinstance(code, str) else "no error code"
+    if not isinstance(code, str):
+        return "no error code"
+    return code if _ERROR_CODE.fullmatch(code) else "a malformed error code"
 
 
 def _origin(url: str) -> str:

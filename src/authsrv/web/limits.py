@@ -368,9 +368,16 @@ class LimitedChannel(GatheringChannel):
                           " Content-Length and chunked encoding")
 
     def dataReceived(self, data):
+        """
+        Start the header timer for the head this read begins, unless
+        parsing is paused for the client's unread answers (L{pauseProducing}):
+        bytes a TLS read hands on after the pause wait unparsed, their head
+        whole perhaps, and the timer starts when parsing resumes, or a
+        client reading its answers slowly had its next requests refused 408.
+        """
         if self._refused:
             return
-        if self._waiting_for is None and self.line_mode and not self._handlingRequest:
+        if self._waiting_for is None and self.line_mode and not (self._handlingRequest or self.paused):
             self._start(self.limits.header_timeout, "headers")
         super().dataReceived(data)
         rest = self._buffer if self.line_mode else b""
@@ -438,6 +445,19 @@ class LimitedChannel(GatheringChannel):
         super().allHeadersReceived()
         if self.length != 0 and not self._refused:
             self._start(self.limits.body_timeout, "body")
+
+    def _finishRequestBody(self, data):
+        """
+        Refuse a chunked body whose trailer fields hold a bare LF
+        (L{BARE_LF}): twisted.web ends trailer lines at CRLF alone, so a
+        proxy in front that ends them at LF ended the body there and sent
+        what followed as the next request, which twisted.web read as more
+        trailer fields: that request was left unanswered, and every answer
+        after it given to the request before. Only a chunked body has trailers.
+        """
+        if any(b"\n" in line for line in getattr(self._transferDecoder, "_trailerHeaders", ())):
+            return self._refuse(400, BARE_LF)
+        return super()._finishRequestBody(data)
 
     def refuse_large_body(self, max_body: int):
         """

@@ -31,10 +31,58 @@ def _remember_content_types() -> None:
     """
     parse = getattr(http, "_parseContentType", None)
     if parse is not None and not hasattr(parse, "cache_info"):
-        http._parseContentType = lru_cache(maxsize=64)(parse)
+        http._parseContentType = lru_cache(maxsize=64)(_unreadable_as_none(parse))
+
+
+def _unreadable_as_none(parse):
+    """
+    C{parse}, with a Content-Type it raises on taken as naming no media
+    type (no form is read from the body; the route says what it expects).
+    The email parser refuses a value holding what Python reads as a line's
+    end (a vertical tab, a form feed, NEL, the file separators), and the
+    error rose out of the reactor: the client got no answer, the log a
+    critical traceback for each such request.
+    """
+    def parsed(line: bytes) -> bytes:
+        try:
+            return parse(line)
+        except ValueError:
+            return b""
+
+    return parsed
 
 
 _remember_content_types()
+
+
+def _multipart_failures_refused() -> None:
+    """
+    twisted.web's multipart/form-data reader raised errors other than its
+    own for some bodies (a part named as RFC 2231 writes it, C{name*=},
+    whose name the email package gives as a tuple): they rose out of the
+    reactor, the client got no answer and the log a critical traceback.
+    Each is the body's refusal, as the reader's own are (400, from
+    L{authsrv.web.limits.LimitedChannel._respondToBadRequestAndDisconnect}).
+    Looked up, never assumed, as L{_remember_content_types} does.
+    """
+    parse = getattr(http, "_getMultiPartArgs", None)
+    refused = getattr(http, "_MultiPartParseException", None)
+    if parse is None or refused is None or getattr(parse, "refuses_all", False):
+        return
+
+    def parsed(content: bytes, ctype: bytes):
+        try:
+            return parse(content, ctype)
+        except refused:
+            raise
+        except Exception as e:
+            raise refused(type(e).__name__) from None
+
+    parsed.refuses_all = True  # type: ignore[attr-defined]
+    http._getMultiPartArgs = parsed
+
+
+_multipart_failures_refused()
 
 
 def parse_query(text: bytes, keep_blank_values: bool = False) -> dict[bytes, list[bytes]]:
