@@ -12,6 +12,7 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat, load_pem_private_key
+from OpenSSL import SSL
 from twisted.internet.endpoints import serverFromString
 
 from authsrv.proxyheader import CheckedProxyEndpoint
@@ -104,6 +105,22 @@ def _certificates(name: str, path: str) -> list[x509.Certificate]:
     return certificates
 
 
+def _check_dh_parameters(path: str) -> None:
+    """
+    Load the file as OpenSSL does at each TLS connection: a file it refuses
+    (not DH parameters, too few bits for its security level) would fail
+    every handshake with a traceback, while the start went through.
+    """
+    _read("dhParameters", path)
+    try:
+        SSL.Context(SSL.TLS_METHOD).load_tmp_dh(path)
+    except SSL.Error as e:
+        reasons = [error[2] for error in (e.args[0] if e.args else ()) if error[2]]
+        raise ValueError(
+            f"dhParameters {path}: not Diffie-Hellman parameters OpenSSL accepts ({reasons[0] if reasons else e})"
+        ) from None
+
+
 def _problem(description: str, now: float | None) -> str | None:
     """What is wrong with the TLS files of a resolved C{ssl:} description, or None."""
     parameters = {p[0]: p[1] for p in _parts(description) if len(p) == 2}
@@ -120,6 +137,8 @@ def _problem(description: str, now: float | None) -> str | None:
         certificate = _certificates(cert_name, cert_path)[0]
         if "extraCertChain" in parameters:
             _certificates("extraCertChain", parameters["extraCertChain"])
+        if "dhParameters" in parameters:
+            _check_dh_parameters(parameters["dhParameters"])
     except ValueError as e:
         return str(e)
     spki = (Encoding.DER, PublicFormat.SubjectPublicKeyInfo)
@@ -162,7 +181,8 @@ def endpoint_of(reactor, key: str, description: str, base_dir: Path, now: float 
         if _kind(_parts(description)) == "haproxy":
             return CheckedProxyEndpoint(serverFromString(reactor, resolved.partition(":")[2]))
         return serverFromString(reactor, resolved)
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        # AttributeError: an C{sslmethod} that OpenSSL does not have.
         raise ValueError(f"{key}: {description!r} is not a valid endpoint ({e})") from None
 
 

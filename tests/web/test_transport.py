@@ -61,6 +61,19 @@ def write_pair(folder, *, valid_from=None, valid_days=30, name="server"):
     return key_path, cert_path
 
 
+FFDHE2048 = """\
+-----BEGIN DH PARAMETERS-----
+MIIBCAKCAQEA//////////+t+FRYortKmq/cViAnPTzx2LnFg84tNpWp4TZBFGQz
++8yTnc4kmz75fS/jY2MMddj2gbICrsRhetPfHtXV/WVhJDP1H18GbtCFY2VVPe0a
+87VXE15/V8k1mE8McODmi3fipona8+/och3xWKE2rec1MKzKT0g6eXq8CrGCsyT7
+YdEIqUuyyOP7uWrat2DX9GgdT0Kj3jlN9K5W7edjcrsZCwenyO4KbXCeAvzhzffi
+7MA0BM0oNC9hkXL+nOmFg/+OTxIy7vKBg8P+OxtMb61zO7X8vC7CIAXFjvGDfRaD
+ssbzSibBsu/6iGtCOGEoXJf//////////wIBAg==
+-----END DH PARAMETERS-----
+"""
+"""The RFC 7919 group ffdhe2048, which OpenSSL takes for C{dhParameters}."""
+
+
 def config_file(folder, listen: str, public_url: str = "https://127.0.0.1:8443", extra: str = ""):
     path = folder / "authsrv.toml"
     create_users_file(folder / "users.toml")
@@ -93,7 +106,14 @@ def test_relative_tls_paths_resolve_against_the_config_folder(tmp_path):
                      " {folder}/tls/server.crt"),
         ("expired", "server.listen[0]: certKey {folder}/tls/old.crt: the certificate expired on 2020-01-31"),
         ("bad chain", "server.listen[0]: extraCertChain {folder}/tls/server.key: not a PEM certificate"),
+        ("dh not PEM", "server.listen[0]: dhParameters {folder}/tls/server.crt: not Diffie-Hellman parameters"
+                       " OpenSSL accepts (no start line)"),
+        ("missing dh", "server.listen[0]: dhParameters {folder}/tls/nothing.pem: no such file"),
+        ("unknown method", "server.listen[0]: 'ssl:8443:privateKey=tls/server.key:certKey=tls/server.crt"
+                           ":sslmethod=SSLv2_METHOD' is not a valid endpoint (module 'OpenSSL.SSL' has no attribute"
+                           " 'SSLv2_METHOD')"),
         ("fine", None),
+        ("fine with dh", None),
     ],
 )
 def test_check_config_names_what_is_wrong_with_the_tls_files(tmp_path, case, expected):
@@ -107,8 +127,13 @@ def test_check_config_names_what_is_wrong_with_the_tls_files(tmp_path, case, exp
         "mismatch": "ssl:8443:privateKey=tls/other.key:certKey=tls/server.crt",
         "expired": "ssl:8443:privateKey=tls/old.key:certKey=tls/old.crt",
         "bad chain": "ssl:8443:privateKey=tls/server.key:certKey=tls/server.crt:extraCertChain=tls/server.key",
+        "dh not PEM": "ssl:8443:privateKey=tls/server.key:certKey=tls/server.crt:dhParameters=tls/server.crt",
+        "missing dh": "ssl:8443:privateKey=tls/server.key:certKey=tls/server.crt:dhParameters=tls/nothing.pem",
+        "unknown method": "ssl:8443:privateKey=tls/server.key:certKey=tls/server.crt:sslmethod=SSLv2_METHOD",
         "fine": "ssl:8443:privateKey=tls/server.key:certKey=tls/server.crt",
+        "fine with dh": "ssl:8443:privateKey=tls/server.key:certKey=tls/server.crt:dhParameters=tls/dh.pem",
     }[case]
+    (tmp_path / "tls" / "dh.pem").write_text(FFDHE2048)
     config = load_config(config_file(tmp_path, listen))
     problems = config_listen_problems(config, Clock(), time.time())
     assert problems == ([expected.format(folder=tmp_path)] if expected else [])
