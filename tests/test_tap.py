@@ -127,6 +127,8 @@ def write(tmp_path, text):
         ('[store]\nplugin = "sqlite"\nfile = "x"\n', "store.file: unknown key"),
         ('[internal]\nsecret_env = "AUTHSRV_TEST_NOT_SET"\n', "internal.secret_env: environment variable"),
         ('[server]\nlisten = ["nonsense:1"]\n', "server.listen[0]: 'nonsense:1' is not a valid endpoint"),
+        ('[server]\nlisten = ["tcp:99999:interface=127.0.0.1"]\n',
+         "server.listen[0]: 'tcp:99999:interface=127.0.0.1' names port 99999; a port is 0 to 65535"),
     ],
 )
 def test_config_mistakes_stop_with_one_line(run_server, tmp_path, text, expected):

@@ -46,6 +46,7 @@ from authsrv.protocol.targets import backchannel_uri_problem
 from authsrv.records import DEFAULT_GRANT_TYPES, Client, ThrottlePolicy
 from authsrv.remote_documents import FetchPolicy, fetch_policy, url_problem
 from authsrv.sealing import key_from_text
+from authsrv.tls import MAX_PORT
 from authsrv.tokens import token_hash, weak_secret_problem
 
 DEFAULT_LISTEN = "tcp:8080:interface=127.0.0.1"
@@ -290,14 +291,15 @@ def derived_public_url(listen: tuple[str, ...]) -> str:
     The public URL of a server nobody named one for: the first listener's
     port on the loopback interface (https for an C{ssl:} listener), so that
     C{--listen tcp:9090} alone moves the issuer to port 9090. Listeners
-    without a port (C{unix:}) keep the default.
+    without a port (C{unix:}) keep the default, and so does a port out of
+    range, which the listener's own check names (L{authsrv.tls.endpoint_of}).
     """
     first = listen[0].removeprefix("haproxy:") if listen else ""
     kind, *args = [part.replace("\\:", ":") for part in re.split(r"(?<!\\):", first)]
     positional = [a for a in args if "=" not in a]
     named = dict(a.split("=", 1) for a in args if "=" in a)
     port = named.get("port", positional[0] if positional else "")
-    if kind not in ("tcp", "tcp6", "ssl") or not (port.isascii() and port.isdigit()):
+    if kind not in ("tcp", "tcp6", "ssl") or not (port.isascii() and port.isdigit()) or int(port) > MAX_PORT:
         return DEFAULT_PUBLIC_URL
     interface = named.get("interface", "")
     host = interface if interface and is_loopback_host(interface) else "127.0.0.1"

@@ -20,6 +20,7 @@ from authsrv.proxyheader import CheckedProxyEndpoint
 FILE_PARAMETERS = ("privateKey", "certKey", "extraCertChain", "dhParameters")
 DEFAULT_PRIVATE_KEY = "server.pem"
 """Twisted's default for C{privateKey}, which also holds the certificate when C{certKey} is absent."""
+MAX_PORT = 65535
 
 
 def _parts(description: str) -> list[list[str]]:
@@ -207,9 +208,9 @@ def _port_problem(key: str, description: str) -> str | None:
         port = int(keyed.get("port", positional[0] if positional else ""))
     except ValueError:
         return None
-    if 0 <= port <= 65535:
+    if 0 <= port <= MAX_PORT:
         return None
-    return f"{key}: {description!r} names port {port}; a port is 0 to 65535"
+    return f"{key}: {description!r} names port {port}; a port is 0 to {MAX_PORT}"
 
 
 def config_listeners(config) -> list[tuple[str, tuple[str, ...]]]:
