@@ -269,6 +269,14 @@ class Section:
             raise self.error(env_key, f"is required (or {file_key})")
         return None
 
+    def secret_source(self, name: builtins.str) -> builtins.str:
+        """
+        The key that gives the secret C{name}: C{NAME_file}, else
+        C{NAME_env} (the one named when neither is given); asked before
+        L{secret} takes it, to name the key a refused value came from.
+        """
+        return f"{name}_file" if self.has(f"{name}_file") else f"{name}_env"
+
     def _secret_file(self, file_key: builtins.str, path: Path) -> builtins.str:
         """
         The text of a secret file, with a warning when every user of the
