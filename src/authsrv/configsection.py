@@ -302,7 +302,13 @@ class Section:
         names = list(self._data)
         if names:
             also = f" (also unknown: {', '.join(map(self.key, names[1:]))})" if len(names) > 1 else ""
-            raise self.error(names[0], "unknown key" + also)
+            raise self.error(names[0], unknown(self._data[names[0]]) + also)
+
+
+def unknown(value) -> str:
+    """What a key nobody asked for is: a misspelt C{[section]} or C{[[section]]} reads as one."""
+    tables = isinstance(value, dict) or (isinstance(value, list) and bool(value) and isinstance(value[0], dict))
+    return "unknown section" if tables else "unknown key"
 
 
 class Problems:
@@ -329,5 +335,5 @@ class Problems:
 
     def done(self, section: Section) -> None:
         """Note every key of C{section} that nobody asked for."""
-        for name in section.rest():
-            self.errors.append(section.error(name, "unknown key"))
+        for name, value in section.rest().items():
+            self.errors.append(section.error(name, unknown(value)))

@@ -185,7 +185,7 @@ BOB_TABLE = f'[[users]]\nsub = "b"\nlogin = "bob"\npassword_hash = "{CHEAP_HASH}
         (ALICE_TABLE + BOB_TABLE.replace('"b"', '"a"'), "users.toml: users[1].sub: 'a' is already the sub of users[0] (at line 6)"),
         (ALICE_TABLE.replace('login = "alice"\n', ""), "users.toml: users[0].login: is required (at line 1)"),
         (ALICE_TABLE.replace('login = "alice"', 'login = "  "'), "users.toml: users[0].login: must not be empty (at line 3)"),
-        (ALICE_TABLE + "[groups]\n", "users.toml: groups: unknown key"),
+        (ALICE_TABLE + "[groups]\n", "users.toml: groups: unknown section"),
         ("users = 1\n", "users.toml: users: must be an array of tables, not an integer"),
         ("users = [1]\n", "users.toml: users[0]: must be a table, not an integer"),
         (ALICE_TABLE.replace(CHEAP_HASH, "$2b$12$notargon"), "users.toml: users[0].password_hash: must be an argon2id hash ($argon2id$v=19$...), as authsrv-admin makes (at line 4)"),
