@@ -127,6 +127,8 @@ def write(tmp_path, text):
         ('[store]\nplugin = "sqlite"\nfile = "x"\n', "store.file: unknown key"),
         ('[internal]\nsecret_env = "AUTHSRV_TEST_NOT_SET"\n', "internal.secret_env: environment variable"),
         ('[server]\nlisten = ["nonsense:1"]\n', "server.listen[0]: 'nonsense:1' is not a valid endpoint"),
+        ('[server]\nlisten = ["tcp:9:interface=127.0.0.1"]\n[metrics]\nlisten = ["tcp:9:interface=127.0.0.1"]\n',
+         "metrics.listen[0]: 'tcp:9:interface=127.0.0.1' binds port 9, as server.listen[0] does"),
         ('[server]\nlisten = ["tcp:99999:interface=127.0.0.1"]\n',
          "server.listen[0]: 'tcp:99999:interface=127.0.0.1' names port 99999; a port is 0 to 65535"),
     ],

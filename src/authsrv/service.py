@@ -92,7 +92,7 @@ from authsrv.protocol.rates import Rate
 from authsrv.records import Client
 from authsrv.remote_documents import RemoteDocuments
 from authsrv.store.errors import StoreUnavailable, outage_of
-from authsrv.tls import endpoint_of, hsts_headers
+from authsrv.tls import endpoint_of, hsts_headers, shared_port_problems
 from authsrv.tokens import CLIENT_SECRET_KEY, keyed_form
 from authsrv.web.accesslog import AccessLog
 from authsrv.web.admin import AdminAPI
@@ -345,6 +345,13 @@ class AuthsrvService(MultiService):
         self._context.stop()
         if self.access_log is not None:
             self.access_log.file.close()
+
+
+def _ports_apart(groups) -> None:
+    """Two listeners on one port are one line naming both, where the bind would blame another program."""
+    problems = shared_port_problems(groups)
+    if problems:
+        raise StartupError(problems[0])
 
 
 def _listen(reactor, key, descriptions, site_for, ports, base_dir):
@@ -743,7 +750,9 @@ def build(
             sites["admin.listen"] = site_factory(Root({}, admin, None, config.input_limits, admin), config, drain,
                                                  reactor, metrics, access_log)
         shared, own = listener_groups(config)
-        for key, descriptions in shared + (own if first else []):
+        groups = shared + (own if first else [])
+        _ports_apart(groups)
+        for key, descriptions in groups:
             _listen(listening, key, descriptions, sites[key], ports, config.base_dir)
         if isinstance(listening, Adopter):
             listening.check_all_taken()
@@ -801,6 +810,7 @@ def build_supervisor(config: Config, reactor, count: int, source: ConfigSource) 
         identity = build_identity(config, context)
         binder = Binder(reactor)
         shared, own = listener_groups(config)
+        _ports_apart(shared + own)
         for key, descriptions in shared:
             _listen(binder, key, descriptions, ServerFactory, bound, config.base_dir)
         shared_sockets = len(bound)

@@ -187,8 +187,31 @@ def endpoint_of(reactor, key: str, description: str, base_dir: Path, now: float 
         raise ValueError(f"{key}: {description!r} is not a valid endpoint ({e})") from None
 
 
-_PORTED = {"tcp", "tcp6", "ssl"}
-"""The endpoint types whose first argument is a port."""
+_PORTED = {"tcp": 1, "tcp6": 2, "ssl": 4}
+"""The endpoint types whose first argument is a port, with the place of their interface among the arguments."""
+
+
+def _address(description: str) -> tuple[str, str, int] | None:
+    """
+    The family (C{tcp6} or C{tcp}), interface and port a C{tcp}, C{tcp6}
+    or C{ssl} listen string binds, behind C{haproxy:} too; None for any
+    other, or a port that is not an integer.
+    """
+    parts = _parts(description)
+    if _kind(parts) == "haproxy":
+        parts = parts[1:]
+    kind = _kind(parts)
+    if kind not in _PORTED:
+        return None
+    keyed = {part[0]: part[1] for part in parts[1:] if len(part) == 2}
+    positional = [part[0] for part in parts[1:] if len(part) == 1]
+    try:
+        port = int(keyed.get("port", positional[0] if positional else ""))
+    except ValueError:
+        return None
+    at = _PORTED[kind]
+    interface = keyed.get("interface", positional[at] if len(positional) > at else "")
+    return "tcp6" if kind == "tcp6" else "tcp", interface, port
 
 
 def _port_problem(key: str, description: str) -> str | None:
@@ -197,20 +220,38 @@ def _port_problem(key: str, description: str) -> str | None:
     Twisted parses any integer and only the bind refuses it, so a check
     that stops at parsing would pass C{tcp:99999}.
     """
-    parts = _parts(description)
-    if _kind(parts) == "haproxy":
-        parts = parts[1:]
-    if _kind(parts) not in _PORTED:
+    address = _address(description)
+    if address is None or 0 <= address[2] <= MAX_PORT:
         return None
-    keyed = {part[0]: part[1] for part in parts[1:] if len(part) == 2}
-    positional = [part[0] for part in parts[1:] if len(part) == 1]
-    try:
-        port = int(keyed.get("port", positional[0] if positional else ""))
-    except ValueError:
-        return None
-    if 0 <= port <= MAX_PORT:
-        return None
-    return f"{key}: {description!r} names port {port}; a port is 0 to {MAX_PORT}"
+    return f"{key}: {description!r} names port {address[2]}; a port is 0 to {MAX_PORT}"
+
+
+_ANY = {"", "0.0.0.0", "::"}
+"""The interfaces that stand for every address of their family, and so take the port on all of them."""
+
+
+def shared_port_problems(groups: list[tuple[str, tuple[str, ...]]]) -> list[str]:
+    """
+    One line for each listener of C{groups} (each a key and its listen
+    strings) that would bind a port an earlier one binds: the same
+    interface, or every interface on either side. The bind would only say
+    the address is in use, as if another program held it.
+    """
+    problems = []
+    bound: list[tuple[tuple[str, str, int], str]] = []
+    for name, descriptions in groups:
+        for index, description in enumerate(descriptions):
+            address = _address(description)
+            if address is None or address[2] == 0:
+                continue
+            family, interface, port = address
+            taken = next((key for (f, i, p), key in bound
+                          if (f, p) == (family, port) and (i == interface or {i, interface} & _ANY)), None)
+            if taken is not None:
+                problems.append(f"{name}[{index}]: {description!r} binds port {port}, as {taken} does;"
+                                " give each listener a port of its own")
+            bound.append((address, f"{name}[{index}]"))
+    return problems
 
 
 def config_listeners(config) -> list[tuple[str, tuple[str, ...]]]:

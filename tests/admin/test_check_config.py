@@ -204,6 +204,18 @@ async def test_every_listen_string_is_parsed_and_its_tls_files_checked(tmp_path)
 
 
 @pytest_twisted.ensureDeferred
+async def test_two_listeners_on_one_port_are_named_together(tmp_path):
+    """The server would bind the first, then blame the second's port on some other program."""
+    (tmp_path / "users.toml").write_text("")
+    config = tmp_path / "authsrv.toml"
+    config.write_text('[server]\nlisten = ["tcp:8080:interface=127.0.0.1"]\n'
+                      '[metrics]\nlisten = ["tcp:8080"]\n[[identity]]\nplugin = "static"\npath = "users.toml"\n')
+    assert problems(await admin("check-config", str(config), cwd=tmp_path), config) == [
+        "metrics.listen[0]: 'tcp:8080' binds port 8080, as server.listen[0] does; give each listener a port of its own"
+    ]
+
+
+@pytest_twisted.ensureDeferred
 async def test_json_names_what_was_checked_and_each_problems_key(tmp_path):
     (tmp_path / "users.toml").write_text("")
     config = tmp_path / "authsrv.toml"

@@ -26,7 +26,7 @@ from twisted.web.test.requesthelper import DummyChannel
 
 from authsrv.config import InputLimits, load_config
 from authsrv.identity.static import create_users_file
-from authsrv.tls import config_listen_problems, resolve_tls_paths
+from authsrv.tls import config_listen_problems, resolve_tls_paths, shared_port_problems
 from authsrv.web.cookies import SESSION_COOKIE, Cookies
 from authsrv.web.limits import LimitedSite
 
@@ -137,6 +137,34 @@ def test_check_config_names_what_is_wrong_with_the_tls_files(tmp_path, case, exp
     config = load_config(config_file(tmp_path, listen))
     problems = config_listen_problems(config, Clock(), time.time())
     assert problems == ([expected.format(folder=tmp_path)] if expected else [])
+
+
+@pytest.mark.parametrize(
+    ("metrics", "taken"),
+    [
+        ("tcp:8080:interface=127.0.0.1", "port 8080, as server.listen[0]"),
+        ("tcp:8080", "port 8080, as server.listen[0]"),
+        ("tcp:8080:127.0.0.1", "port 8080, as server.listen[0]"),
+        ("haproxy:tcp:port=8080:interface=127.0.0.1", "port 8080, as server.listen[0]"),
+        ("ssl:8080:privateKey=k.pem:certKey=c.pem", "port 8080, as server.listen[0]"),
+        ("tcp6:9090", "port 9090, as server.listen[1]"),
+        ("tcp:8080:interface=127.0.0.2", None),
+        ("tcp:9090", None),
+        (r"tcp6:8080:interface=\:\:1", None),
+        ("tcp:0:interface=127.0.0.1", None),
+        ("unix:/run/metrics.sock", None),
+    ],
+)
+def test_two_listeners_on_one_port_are_one_line_naming_both(metrics, taken):
+    """
+    The same port of one family on the same interface, or on every
+    interface of either; port 0 always gets a free one.
+    """
+    groups = [("server.listen", ("tcp:8080:interface=127.0.0.1", r"tcp6:9090:interface=\:\:1", "tcp:0")),
+              ("metrics.listen", (metrics,))]
+    assert shared_port_problems(groups) == (
+        [f"metrics.listen[0]: {metrics!r} binds {taken} does; give each listener a port of its own"] if taken else []
+    )
 
 
 @pytest.mark.parametrize(

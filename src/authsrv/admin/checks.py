@@ -21,8 +21,8 @@ from authsrv.identity.ldap.config import settings_from_config
 from authsrv.identity.ldap.directory import Directory, close_connection
 from authsrv.pg.pool import first_line
 from authsrv.pg.settings import read_settings
-from authsrv.service import StartupError, build_plugin
-from authsrv.tls import config_listen_problems
+from authsrv.service import StartupError, build_plugin, listener_groups
+from authsrv.tls import config_listen_problems, shared_port_problems
 
 
 def _plugin_choices(config: Config):
@@ -112,6 +112,8 @@ async def _problems(reactor, path: Path, online: bool) -> tuple[Config | None, l
     config, errors = read_config_document(document, path.resolve())
     problems = [str(e) for e in errors]
     problems += config_listen_problems(config, reactor, reactor.seconds())
+    shared, own = listener_groups(config)
+    problems += shared_port_problems(shared + own)
     problems += await _plugin_problems(reactor, config)
     if online:
         problems += await _reachability_problems(reactor, document, path.resolve())
