@@ -13,6 +13,7 @@ on a pipe, and appends to a file never split a write.
 
 from __future__ import annotations
 
+import errno
 import os
 import select
 import signal
@@ -150,6 +151,25 @@ class LineFile:
         self._dropped = (self._dropped or 0) + count
         if self.on_dropped is not None and count:
             self.on_dropped(count)
+
+
+def open_problem(path: str) -> str | None:
+    """
+    Why C{path} could not be opened as L{LineFile} opens it (its errno's
+    text), or None; nothing is created (C{check-config}).
+    """
+    if path == STDOUT:
+        return None
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_APPEND))
+        return None
+    except FileNotFoundError:
+        folder = os.path.dirname(path) or "."
+        if not os.path.isdir(folder):
+            return os.strerror(errno.ENOENT)
+        return None if os.access(folder, os.W_OK | os.X_OK) else os.strerror(errno.EACCES)
+    except OSError as e:
+        return e.strerror
 
 
 def hold_reopen_signals() -> None:

@@ -216,6 +216,23 @@ async def test_two_listeners_on_one_port_are_named_together(tmp_path):
 
 
 @pytest_twisted.ensureDeferred
+async def test_log_files_the_server_could_not_open_are_named_and_none_is_created(tmp_path):
+    (tmp_path / "users.toml").write_text("")
+    (tmp_path / "logs").mkdir()
+    config = tmp_path / "authsrv.toml"
+    config.write_text('[server]\naccess_log_path = "logs"\n[audit]\npath = "gone/audit.log"\n'
+                      '[[identity]]\nplugin = "static"\npath = "users.toml"\n')
+    assert problems(await admin("check-config", str(config), cwd=tmp_path), config) == [
+        f"audit.path: cannot open {tmp_path}/gone/audit.log: No such file or directory",
+        f"server.access_log_path: cannot open {tmp_path}/logs: Is a directory",
+    ]
+    config.write_text('[server]\naccess_log_path = "logs/access.log"\n[audit]\npath = "audit.log"\n'
+                      '[[identity]]\nplugin = "static"\npath = "users.toml"\n')
+    assert ok(await admin("check-config", str(config), cwd=tmp_path)).startswith(f"{config}: ok")
+    assert not (tmp_path / "audit.log").exists() and not list((tmp_path / "logs").iterdir())
+
+
+@pytest_twisted.ensureDeferred
 async def test_json_names_what_was_checked_and_each_problems_key(tmp_path):
     (tmp_path / "users.toml").write_text("")
     config = tmp_path / "authsrv.toml"
