@@ -59,7 +59,7 @@ class LineFile:
     def _open(self):
         if self.path == STDOUT:
             return sys.stdout
-        return open(self.path, "a", encoding="utf-8")
+        return open(_append_fd(self.path, create=True), "a", encoding="utf-8")
 
     def write(self, line: str) -> None:
         """
@@ -153,6 +153,23 @@ class LineFile:
             self.on_dropped(count)
 
 
+def _append_fd(path: str, *, create: bool) -> int:
+    """
+    C{path} opened for appending: without waiting at first, since a named
+    pipe that no process reads would hold the open, and the start or the
+    reopen on a signal with it, until one does; then waiting, as writes do.
+    """
+    flags = os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK | (os.O_CREAT if create else 0)
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as e:
+        if e.errno == errno.ENXIO:
+            raise OSError(errno.ENXIO, "a named pipe that no process reads") from None
+        raise
+    os.set_blocking(fd, True)
+    return fd
+
+
 def open_problem(path: str) -> str | None:
     """
     Why C{path} could not be opened as L{LineFile} opens it (its errno's
@@ -161,7 +178,7 @@ def open_problem(path: str) -> str | None:
     if path == STDOUT:
         return None
     try:
-        os.close(os.open(path, os.O_WRONLY | os.O_APPEND))
+        os.close(_append_fd(path, create=False))
         return None
     except FileNotFoundError:
         folder = os.path.dirname(path) or "."
