@@ -60,14 +60,21 @@ def _kind(parts: list[list[str]]) -> str | None:
     return parts[0][0].strip().lower() if parts and len(parts[0]) == 1 else None
 
 
+def _unwrapped(parts: list[list[str]]) -> list[list[str]]:
+    """The parts of the endpoint a C{haproxy:} prefix wraps, or C{parts} when there is none."""
+    return parts[1:] if _kind(parts) == "haproxy" else parts
+
+
 def _is_ssl(parts: list[list[str]]) -> bool:
-    return _kind(parts) == "ssl"
+    """Whether the endpoint is C{ssl:}, behind C{haproxy:} or not."""
+    return _kind(_unwrapped(parts)) == "ssl"
 
 
 def resolve_tls_paths(description: str, base_dir: Path) -> str:
     """
-    C{description} with the TLS file paths of an C{ssl:} endpoint made
-    absolute against C{base_dir}; any other endpoint string is unchanged.
+    C{description} with the TLS file paths of an C{ssl:} endpoint (behind
+    C{haproxy:} too) made absolute against C{base_dir}; any other endpoint
+    string is unchanged.
     """
     parts = _parts(description)
     if not _is_ssl(parts):
@@ -197,9 +204,7 @@ def _address(description: str) -> tuple[str, str, int] | None:
     or C{ssl} listen string binds, behind C{haproxy:} too; None for any
     other, or a port that is not an integer.
     """
-    parts = _parts(description)
-    if _kind(parts) == "haproxy":
-        parts = parts[1:]
+    parts = _unwrapped(_parts(description))
     kind = _kind(parts)
     if kind not in _PORTED:
         return None

@@ -93,6 +93,9 @@ def test_relative_tls_paths_resolve_against_the_config_folder(tmp_path):
     assert resolve_tls_paths("ssl:8443:privateKey=a\\:b.pem:extraCertChain=chain.pem", tmp_path) == (
         f"ssl:8443:privateKey={tmp_path}/a\\:b.pem:extraCertChain={tmp_path}/chain.pem"
     )
+    assert resolve_tls_paths("haproxy:ssl:8443:privateKey=k.pem", tmp_path) == (
+        f"haproxy:ssl:8443:privateKey={tmp_path}/k.pem"
+    )
     assert resolve_tls_paths("tcp:8080:interface=127.0.0.1", tmp_path) == "tcp:8080:interface=127.0.0.1"
 
 
@@ -100,6 +103,7 @@ def test_relative_tls_paths_resolve_against_the_config_folder(tmp_path):
     "case, expected",
     [
         ("missing key", "server.listen[0]: privateKey {folder}/tls/nothing.key: no such file"),
+        ("behind haproxy", "server.listen[0]: privateKey {folder}/tls/nothing.key: no such file"),
         ("key not PEM", "server.listen[0]: privateKey {folder}/tls/server.crt: not an unencrypted PEM private key"),
         ("cert not PEM", "server.listen[0]: certKey {folder}/tls/server.key: not a PEM certificate"),
         ("mismatch", "server.listen[0]: privateKey {folder}/tls/other.key: does not match the certificate in"
@@ -122,6 +126,7 @@ def test_check_config_names_what_is_wrong_with_the_tls_files(tmp_path, case, exp
     write_pair(tmp_path / "tls", name="old", valid_from=datetime.datetime(2020, 1, 1, tzinfo=datetime.timezone.utc))
     listen = {
         "missing key": "ssl:8443:privateKey=tls/nothing.key:certKey=tls/server.crt",
+        "behind haproxy": "haproxy:ssl:8443:privateKey=tls/nothing.key:certKey=tls/server.crt",
         "key not PEM": "ssl:8443:privateKey=tls/server.crt:certKey=tls/server.crt",
         "cert not PEM": "ssl:8443:privateKey=tls/server.key:certKey=tls/server.key",
         "mismatch": "ssl:8443:privateKey=tls/other.key:certKey=tls/server.crt",
