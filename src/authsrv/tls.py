@@ -70,13 +70,19 @@ def _is_ssl(parts: list[list[str]]) -> bool:
     return _kind(_unwrapped(parts)) == "ssl"
 
 
-def resolve_tls_paths(description: str, base_dir: Path) -> str:
+def resolve_listen_paths(description: str, base_dir: Path) -> str:
     """
-    C{description} with the TLS file paths of an C{ssl:} endpoint (behind
-    C{haproxy:} too) made absolute against C{base_dir}; any other endpoint
+    C{description} with its paths made absolute against C{base_dir}: the
+    TLS files of an C{ssl:} endpoint, the socket of a C{unix:} one (behind
+    C{haproxy:} too; not one in the abstract namespace); any other endpoint
     string is unchanged.
     """
     parts = _parts(description)
+    if _kind(_unwrapped(parts)) == "unix":
+        address = next((p for p in _unwrapped(parts)[1:] if len(p) == 1 or p[0] == "address"), None)
+        if address is not None and not address[-1].startswith("\0"):
+            address[-1] = str(base_dir / Path(address[-1]).expanduser())
+        return _join(parts)
     if not _is_ssl(parts):
         return description
     if not any(len(p) == 2 and p[0] == "privateKey" for p in parts):
@@ -169,7 +175,7 @@ def listen_problem(key: str, description: str, base_dir: Path, now: float | None
     """
     if not _is_ssl(_parts(description)):
         return None
-    problem = _problem(resolve_tls_paths(description, base_dir), now)
+    problem = _problem(resolve_listen_paths(description, base_dir), now)
     return f"{key}: {problem}" if problem else None
 
 
@@ -184,7 +190,7 @@ def endpoint_of(reactor, key: str, description: str, base_dir: Path, now: float 
     problem = listen_problem(key, description, base_dir, now) or _port_problem(key, description)
     if problem:
         raise ValueError(problem)
-    resolved = resolve_tls_paths(description, base_dir)
+    resolved = resolve_listen_paths(description, base_dir)
     try:
         if _kind(_parts(description)) == "haproxy":
             return CheckedProxyEndpoint(serverFromString(reactor, resolved.partition(":")[2]))

@@ -26,7 +26,7 @@ from twisted.web.test.requesthelper import DummyChannel
 
 from authsrv.config import InputLimits, load_config
 from authsrv.identity.static import create_users_file
-from authsrv.tls import config_listen_problems, resolve_tls_paths, shared_port_problems
+from authsrv.tls import config_listen_problems, resolve_listen_paths, shared_port_problems
 from authsrv.web.cookies import SESSION_COOKIE, Cookies
 from authsrv.web.limits import LimitedSite
 
@@ -84,19 +84,23 @@ def config_file(folder, listen: str, public_url: str = "https://127.0.0.1:8443",
     return path
 
 
-def test_relative_tls_paths_resolve_against_the_config_folder(tmp_path):
-    assert resolve_tls_paths("ssl:8443:privateKey=tls/k.pem:certKey=tls/c.pem", tmp_path) == (
+def test_relative_listen_paths_resolve_against_the_config_folder(tmp_path):
+    assert resolve_listen_paths("ssl:8443:privateKey=tls/k.pem:certKey=tls/c.pem", tmp_path) == (
         f"ssl:8443:privateKey={tmp_path}/tls/k.pem:certKey={tmp_path}/tls/c.pem"
     )
-    assert resolve_tls_paths("ssl:8443:privateKey=/etc/k.pem", tmp_path) == "ssl:8443:privateKey=/etc/k.pem"
-    assert resolve_tls_paths("ssl:8443", tmp_path) == f"ssl:8443:privateKey={tmp_path}/server.pem"
-    assert resolve_tls_paths("ssl:8443:privateKey=a\\:b.pem:extraCertChain=chain.pem", tmp_path) == (
+    assert resolve_listen_paths("ssl:8443:privateKey=/etc/k.pem", tmp_path) == "ssl:8443:privateKey=/etc/k.pem"
+    assert resolve_listen_paths("ssl:8443", tmp_path) == f"ssl:8443:privateKey={tmp_path}/server.pem"
+    assert resolve_listen_paths("ssl:8443:privateKey=a\\:b.pem:extraCertChain=chain.pem", tmp_path) == (
         f"ssl:8443:privateKey={tmp_path}/a\\:b.pem:extraCertChain={tmp_path}/chain.pem"
     )
-    assert resolve_tls_paths("haproxy:ssl:8443:privateKey=k.pem", tmp_path) == (
+    assert resolve_listen_paths("haproxy:ssl:8443:privateKey=k.pem", tmp_path) == (
         f"haproxy:ssl:8443:privateKey={tmp_path}/k.pem"
     )
-    assert resolve_tls_paths("tcp:8080:interface=127.0.0.1", tmp_path) == "tcp:8080:interface=127.0.0.1"
+    assert resolve_listen_paths("tcp:8080:interface=127.0.0.1", tmp_path) == "tcp:8080:interface=127.0.0.1"
+    assert resolve_listen_paths("unix:run/authsrv.sock:mode=600", tmp_path) == f"unix:{tmp_path}/run/authsrv.sock:mode=600"
+    assert resolve_listen_paths("haproxy:unix:address=a.sock", tmp_path) == f"haproxy:unix:address={tmp_path}/a.sock"
+    assert resolve_listen_paths("unix:/run/authsrv.sock", tmp_path) == "unix:/run/authsrv.sock"
+    assert resolve_listen_paths("unix:\0authsrv", tmp_path) == "unix:\0authsrv"
 
 
 @pytest.mark.parametrize(
