@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat,
 from OpenSSL import SSL
 from twisted.internet.endpoints import serverFromString
 
-from authsrv.proxyheader import CheckedProxyEndpoint
+from authsrv.proxyheader import CheckedProxyEndpoint, ProxyBeforeTLS
 
 FILE_PARAMETERS = ("privateKey", "certKey", "extraCertChain", "dhParameters")
 DEFAULT_PRIVATE_KEY = "server.pem"
@@ -185,7 +185,8 @@ def endpoint_of(reactor, key: str, description: str, base_dir: Path, now: float 
     it, without listening; L{ValueError} with one line naming C{key} when
     its TLS files are wrong (L{listen_problem}, dates checked with C{now})
     or Twisted cannot parse it. A C{haproxy:} listener checks each
-    connection's PROXY header (L{CheckedProxyEndpoint}).
+    connection's PROXY header (L{CheckedProxyEndpoint}), which comes before
+    TLS on a C{haproxy:ssl:} one (L{ProxyBeforeTLS}).
     """
     problem = listen_problem(key, description, base_dir, now) or _port_problem(key, description)
     if problem:
@@ -193,7 +194,10 @@ def endpoint_of(reactor, key: str, description: str, base_dir: Path, now: float 
     resolved = resolve_listen_paths(description, base_dir)
     try:
         if _kind(_parts(description)) == "haproxy":
-            return CheckedProxyEndpoint(serverFromString(reactor, resolved.partition(":")[2]))
+            wrapped = resolved.partition(":")[2]
+            if _is_ssl(_parts(wrapped)):
+                return serverFromString(ProxyBeforeTLS(reactor), wrapped)
+            return CheckedProxyEndpoint(serverFromString(reactor, wrapped))
         return serverFromString(reactor, resolved)
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         # AttributeError: an C{sslmethod} that OpenSSL does not have.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import http.client
 import ipaddress
+import socket
 import ssl
 import time
 
@@ -289,6 +290,39 @@ def test_a_real_server_over_tls_with_relative_paths(run_server, tmp_path):
     assert response.status == 200 and response.getheader("strict-transport-security") == "max-age=31536000"
     response.read()
     server.stop()
+
+
+@pytest.mark.slow
+def test_behind_haproxy_the_proxy_header_comes_before_tls(run_server, tmp_path):
+    """
+    A proxy sends the PROXY header in the clear, then the client's TLS
+    handshake: Twisted's haproxy:ssl: looked for the header inside TLS, so
+    every handshake failed and nothing was logged.
+    """
+    folder = tmp_path / "conf"
+    write_pair(folder / "tls")
+    port = free_port()
+    listen = f"haproxy:ssl:{port}:interface=127.0.0.1:privateKey=tls/server.key:certKey=tls/server.crt"
+    path = config_file(folder, listen, public_url=f"https://127.0.0.1:{port}", extra='access_log = "json"')
+    server = run_server(["authsrv", "--config", str(path)], tmp_path, port=port, ready=False)
+    context = ssl.create_default_context(cafile=str(folder / "tls" / "server.crt"))
+    deadline = time.monotonic() + 30
+    while True:
+        assert server.process.poll() is None, server.output()
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+                raw.sendall(f"PROXY TCP4 203.0.113.7 127.0.0.1 40000 {port}\r\n".encode())
+                with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+                    tls.sendall(b"GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+                    answer = tls.recv(100)
+            if answer.startswith(b"HTTP/1.1 200 "):
+                break
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, "not ready over TLS behind the PROXY header"
+        time.sleep(0.2)
+    out, err = server.stop()
+    assert '"address":"203.0.113.7"' in out.replace(" ", "") and "Traceback" not in out + err, out + err
 
 
 @pytest.mark.slow
