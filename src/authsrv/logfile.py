@@ -17,6 +17,7 @@ import errno
 import os
 import select
 import signal
+import stat
 import sys
 from contextlib import contextmanager
 from typing import Callable
@@ -170,12 +171,20 @@ def _append_fd(path: str, *, create: bool) -> int:
     return fd
 
 
+def _mode(path: str) -> int:
+    try:
+        return os.stat(path).st_mode
+    except OSError:
+        return 0
+
+
 def open_problem(path: str) -> str | None:
     """
     Why C{path} could not be opened as L{LineFile} opens it (its errno's
-    text), or None; nothing is created (C{check-config}).
+    text), or None; nothing is created (C{check-config}). A named pipe is
+    not opened: closing it again would end a reader waiting for the server.
     """
-    if path == STDOUT:
+    if path == STDOUT or stat.S_ISFIFO(_mode(path)):
         return None
     try:
         os.close(_append_fd(path, create=False))

@@ -7,6 +7,7 @@ and with --online the servers it names.
 from __future__ import annotations
 
 import json
+import os
 
 import pytest_twisted
 
@@ -230,6 +231,10 @@ async def test_log_files_the_server_could_not_open_are_named_and_none_is_created
                       '[[identity]]\nplugin = "static"\npath = "users.toml"\n')
     assert ok(await admin("check-config", str(config), cwd=tmp_path)).startswith(f"{config}: ok")
     assert not (tmp_path / "audit.log").exists() and not list((tmp_path / "logs").iterdir())
+    os.mkfifo(tmp_path / "audit.log")
+    assert ok(await admin("check-config", str(config), cwd=tmp_path)).startswith(f"{config}: ok"), (
+        "a named pipe is left unopened, whether or not a shipper reads it"
+    )
 
 
 @pytest_twisted.ensureDeferred
