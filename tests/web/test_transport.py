@@ -326,6 +326,35 @@ def test_behind_haproxy_the_proxy_header_comes_before_tls(run_server, tmp_path):
 
 
 @pytest.mark.slow
+def test_an_expired_certificate_is_served_with_one_line_at_start(run_server, tmp_path):
+    """A restart must not take TLS away, but nothing said why every client refused the server."""
+    write_pair(tmp_path / "tls", valid_from=datetime.datetime(2020, 1, 1, tzinfo=datetime.timezone.utc))
+    port = free_port()
+    listen = f"ssl:{port}:interface=127.0.0.1:privateKey=tls/server.key:certKey=tls/server.crt"
+    path = config_file(tmp_path, listen, public_url=f"https://127.0.0.1:{port}")
+    server = run_server(["authsrv", "--config", str(path)], tmp_path, port=port, ready=False)
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    deadline = time.monotonic() + 30
+    while True:
+        assert server.process.poll() is None, server.output()
+        try:
+            connection = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=5)
+            connection.request("GET", "/readyz")
+            if connection.getresponse().status == 200:
+                break
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, "not ready over TLS"
+        time.sleep(0.2)
+    connection.close()
+    out, err = server.stop()
+    warning = f"server.listen[0]: certKey {tmp_path}/tls/server.crt: the certificate expired on 2020-01-31"
+    assert len([line for line in (out + err).splitlines() if warning in line]) == 1, out + err
+    assert "Traceback" not in out + err
+
+
+@pytest.mark.slow
 def test_a_bad_tls_file_stops_the_start_with_one_line(run_server, tmp_path):
     port = free_port()
     path = config_file(tmp_path, f"ssl:{port}:interface=127.0.0.1:privateKey=missing.key")
