@@ -52,7 +52,9 @@ def test_an_identity_table_that_names_no_plugin_is_the_static_file():
 @pytest.mark.parametrize(
     "data, message",
     [
-        ({"sever": {}}, "sever: unknown key"),
+        ({"sever": {}}, "sever: unknown section"),
+        ({"client": [{"client_id": "x"}]}, "client: unknown section"),
+        ({"colour": "red"}, "colour: unknown key"),
         ({"server": {"lisen": "tcp:80"}}, "server.lisen: unknown key"),
         ({"server": {"listen": 8080}}, "server.listen: must be an array of strings, not an integer"),
         ({"server": {"listen": []}}, "server.listen: is empty: the server would listen nowhere"),

@@ -14,6 +14,7 @@ import os
 import resource
 import signal
 import socket
+import threading
 import time
 import urllib.request
 from ipaddress import ip_network
@@ -299,6 +300,51 @@ def test_a_file_that_cannot_be_reopened_keeps_its_old_file_and_spoils_no_other(t
     [problem] = [e for e in logged if e.get("log_level") is LogLevel.error]
     assert "log_failure" not in problem
     assert f"cannot reopen {audit_dir / 'audit.log'}: No such file or directory" in formatEvent(problem)
+
+
+def opened_at_once(open_file, path):
+    """
+    What C{open_file()} returned or raised, which must be at once: an open
+    still waiting after seconds is let through by a reader of C{path}, and fails the test.
+    """
+    outcome: list = []
+
+    def run():
+        try:
+            outcome.append(open_file())
+        except OSError as e:
+            outcome.append(e)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(timeout=10)
+    if thread.is_alive():
+        os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
+        thread.join()
+        pytest.fail("the open waited for a reader of the named pipe")
+    return outcome[0]
+
+
+def test_a_named_pipe_nobody_reads_is_refused_at_once_at_start_and_at_a_reopen(tmp_path):
+    """
+    An audit or access log sent to a named pipe (a log shipper's) that no
+    process reads held the start, or the reactor at a reopen, until one did,
+    with nothing said; it is an error naming it instead.
+    """
+    path = tmp_path / "audit.fifo"
+    os.mkfifo(path)
+    refused = opened_at_once(lambda: LineFile(str(path)), path)
+    assert isinstance(refused, OSError) and refused.strerror == "a named pipe that no process reads"
+    reader = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        file = LineFile(str(path))
+        file.write("one\n")
+        assert os.read(reader, 100) == b"one\n"
+    finally:
+        os.close(reader)
+    refused = opened_at_once(file.reopen, path)
+    assert isinstance(refused, OSError) and refused.strerror == "a named pipe that no process reads"
+    file.close()
 
 
 def test_lines_a_full_disk_refuses_are_dropped_with_one_line_and_the_flushes_go_on(tmp_path, logged):

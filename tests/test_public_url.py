@@ -58,6 +58,7 @@ def test_precedence(tmp_path, server, listen, flag, env, expected):
         ("ssl:8443:privateKey=key.pem:certKey=cert.pem", "https://127.0.0.1:8443"),
         ("haproxy:tcp:7000", "http://127.0.0.1:7000"),
         ("unix:/run/authsrv.sock", "http://127.0.0.1:8080"),
+        ("tcp:99999:interface=127.0.0.1", "http://127.0.0.1:8080"),
     ],
 )
 def test_derived_from_the_first_listener(listen, expected):

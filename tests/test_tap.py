@@ -10,14 +10,17 @@ import json
 import os
 import shutil
 import stat
+from importlib.metadata import version
 
 import pytest
 import pytest_twisted
+import twisted
 from jwcrypto import jwk, jwt
 
 from authsrv.config import load_config
 from authsrv.context import PluginContext
 from authsrv.service import build_plugin
+from authsrv.tap import Options
 
 from conftest import EXAMPLES, admin, fetch, free_port
 
@@ -127,6 +130,10 @@ def write(tmp_path, text):
         ('[store]\nplugin = "sqlite"\nfile = "x"\n', "store.file: unknown key"),
         ('[internal]\nsecret_env = "AUTHSRV_TEST_NOT_SET"\n', "internal.secret_env: environment variable"),
         ('[server]\nlisten = ["nonsense:1"]\n', "server.listen[0]: 'nonsense:1' is not a valid endpoint"),
+        ('[server]\nlisten = ["tcp:9:interface=127.0.0.1"]\n[metrics]\nlisten = ["tcp:9:interface=127.0.0.1"]\n',
+         "metrics.listen[0]: 'tcp:9:interface=127.0.0.1' binds port 9, as server.listen[0] does"),
+        ('[server]\nlisten = ["tcp:99999:interface=127.0.0.1"]\n',
+         "server.listen[0]: 'tcp:99999:interface=127.0.0.1' names port 99999; a port is 0 to 65535"),
     ],
 )
 def test_config_mistakes_stop_with_one_line(run_server, tmp_path, text, expected):
@@ -159,3 +166,11 @@ def test_taken_port_stops_with_one_line(run_server, tmp_path):
     assert second.process.returncode != 0
     assert err.strip().startswith("authsrv: server.listen[0]: cannot listen on")
     assert "Traceback" not in err
+
+
+def test_version_is_authsrvs_own(capsys):
+    """C{twist authsrv --version} answered with Twisted's version alone."""
+    with pytest.raises(SystemExit) as exited:
+        Options().parseOptions(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == f"authsrv {version('authsrv')} (Twisted {twisted.__version__})\n"

@@ -46,6 +46,7 @@ from authsrv.protocol.targets import backchannel_uri_problem
 from authsrv.records import DEFAULT_GRANT_TYPES, Client, ThrottlePolicy
 from authsrv.remote_documents import FetchPolicy, fetch_policy, url_problem
 from authsrv.sealing import key_from_text
+from authsrv.tls import MAX_PORT
 from authsrv.tokens import token_hash, weak_secret_problem
 
 DEFAULT_LISTEN = "tcp:8080:interface=127.0.0.1"
@@ -290,14 +291,15 @@ def derived_public_url(listen: tuple[str, ...]) -> str:
     The public URL of a server nobody named one for: the first listener's
     port on the loopback interface (https for an C{ssl:} listener), so that
     C{--listen tcp:9090} alone moves the issuer to port 9090. Listeners
-    without a port (C{unix:}) keep the default.
+    without a port (C{unix:}) keep the default, and so does a port out of
+    range, which the listener's own check names (L{authsrv.tls.endpoint_of}).
     """
     first = listen[0].removeprefix("haproxy:") if listen else ""
     kind, *args = [part.replace("\\:", ":") for part in re.split(r"(?<!\\):", first)]
     positional = [a for a in args if "=" not in a]
     named = dict(a.split("=", 1) for a in args if "=" in a)
     port = named.get("port", positional[0] if positional else "")
-    if kind not in ("tcp", "tcp6", "ssl") or not (port.isascii() and port.isdigit()):
+    if kind not in ("tcp", "tcp6", "ssl") or not (port.isascii() and port.isdigit()) or int(port) > MAX_PORT:
         return DEFAULT_PUBLIC_URL
     interface = named.get("interface", "")
     host = interface if interface and is_loopback_host(interface) else "127.0.0.1"
@@ -490,7 +492,7 @@ def _strong_secret(section: Section, name: str, demo: bool) -> str | None:
     The secret C{name} (from C{NAME_env} or C{NAME_file}), refused when it
     has under 128 bits of entropy, unless the server is a loopback demo.
     """
-    source = f"{name}_env" if section.has(f"{name}_env") else f"{name}_file"
+    source = section.secret_source(name)
     secret = section.secret(name, required=False)
     if secret is not None and not demo and (problem := weak_secret_problem(secret)):
         raise section.error(source, problem)
@@ -500,7 +502,7 @@ def _strong_secret(section: Section, name: str, demo: bool) -> str | None:
 def _admin(section: Section, checked: Problems, demo: bool, internal_secret: str | None,
            internal_listen: tuple[str, ...]) -> AdminSettings:
     """C{[admin]}, every key checked on its own (a bad secret leaves the rest checked); see L{AdminSettings}."""
-    source = "secret_env" if section.has("secret_env") else "secret_file"
+    source = section.secret_source("secret")
     secret = checked.take(_strong_secret, section, "secret", demo)
     name = checked.take(section.str, "name", ADMIN_ACTOR, fallback=ADMIN_ACTOR)
     if not name.strip() or len(name) > 64 or not name.isprintable():
@@ -539,6 +541,7 @@ def client_from_config(section: Section, checked: Problems, demo: bool = False,
     client_id = checked.take(section.str, "client_id", fallback="")
     if client_id and (problem := client_id_problem(client_id)):
         checked.add(section.error("client_id", problem))
+    source = section.secret_source("secret")
     secret = checked.take(_strong_secret, section, "secret", demo)
     backchannel = checked.take(section.str, "backchannel_logout_uri", None)
     if backchannel is not None and (backchannel_problem := backchannel_uri_problem(backchannel)):
@@ -576,7 +579,7 @@ def client_from_config(section: Section, checked: Problems, demo: bool = False,
         return None
     if client.token_endpoint_auth_method == CLIENT_SECRET_JWT and secret is not None:
         if len(secret.encode()) < MIN_HMAC_SECRET:
-            checked.add(section.error("secret_env" if section.has("secret_env") else "secret_file",
+            checked.add(section.error(source,
                                       f"a client_secret_jwt secret needs at least {MIN_HMAC_SECRET} bytes"
                                       " (HS256's key size, RFC 7518 section 3.2)"))
             return None
@@ -775,6 +778,7 @@ MIN_HMAC_SECRET = min(HMAC_BITS.values()) // 8
 
 def _client_secrets(section: Section, checked: Problems) -> bytes | None:
     """C{[client_secrets]}: the key of client_secret_jwt secrets (L{authsrv.client_secrets}), if any."""
+    source = section.secret_source("encryption_key")
     text = checked.take(section.secret, "encryption_key", required=False)
     checked.done(section)
     if text is None:
@@ -782,7 +786,7 @@ def _client_secrets(section: Section, checked: Problems) -> bytes | None:
     try:
         return key_from_text(text)
     except ValueError as e:
-        checked.add(section.error("encryption_key", str(e)))
+        checked.add(section.error(source, str(e)))
         return None
 
 

@@ -269,6 +269,14 @@ class Section:
             raise self.error(env_key, f"is required (or {file_key})")
         return None
 
+    def secret_source(self, name: builtins.str) -> builtins.str:
+        """
+        The key that gives the secret C{name}: C{NAME_file}, else
+        C{NAME_env} (the one named when neither is given); asked before
+        L{secret} takes it, to name the key a refused value came from.
+        """
+        return f"{name}_file" if self.has(f"{name}_file") else f"{name}_env"
+
     def _secret_file(self, file_key: builtins.str, path: Path) -> builtins.str:
         """
         The text of a secret file, with a warning when every user of the
@@ -294,7 +302,13 @@ class Section:
         names = list(self._data)
         if names:
             also = f" (also unknown: {', '.join(map(self.key, names[1:]))})" if len(names) > 1 else ""
-            raise self.error(names[0], "unknown key" + also)
+            raise self.error(names[0], unknown(self._data[names[0]]) + also)
+
+
+def unknown(value) -> str:
+    """What a key nobody asked for is: a misspelt C{[section]} or C{[[section]]} reads as one."""
+    tables = isinstance(value, dict) or (isinstance(value, list) and bool(value) and isinstance(value[0], dict))
+    return "unknown section" if tables else "unknown key"
 
 
 class Problems:
@@ -321,5 +335,5 @@ class Problems:
 
     def done(self, section: Section) -> None:
         """Note every key of C{section} that nobody asked for."""
-        for name in section.rest():
-            self.errors.append(section.error(name, "unknown key"))
+        for name, value in section.rest().items():
+            self.errors.append(section.error(name, unknown(value)))

@@ -13,9 +13,11 @@ on a pipe, and appends to a file never split a write.
 
 from __future__ import annotations
 
+import errno
 import os
 import select
 import signal
+import stat
 import sys
 from contextlib import contextmanager
 from typing import Callable
@@ -58,7 +60,7 @@ class LineFile:
     def _open(self):
         if self.path == STDOUT:
             return sys.stdout
-        return open(self.path, "a", encoding="utf-8")
+        return open(_append_fd(self.path, create=True), "a", encoding="utf-8")
 
     def write(self, line: str) -> None:
         """
@@ -150,6 +152,50 @@ class LineFile:
         self._dropped = (self._dropped or 0) + count
         if self.on_dropped is not None and count:
             self.on_dropped(count)
+
+
+def _append_fd(path: str, *, create: bool) -> int:
+    """
+    C{path} opened for appending: without waiting at first, since a named
+    pipe that no process reads would hold the open, and the start or the
+    reopen on a signal with it, until one does; then waiting, as writes do.
+    """
+    flags = os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK | (os.O_CREAT if create else 0)
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as e:
+        if e.errno == errno.ENXIO:
+            raise OSError(errno.ENXIO, "a named pipe that no process reads") from None
+        raise
+    os.set_blocking(fd, True)
+    return fd
+
+
+def _mode(path: str) -> int:
+    try:
+        return os.stat(path).st_mode
+    except OSError:
+        return 0
+
+
+def open_problem(path: str) -> str | None:
+    """
+    Why C{path} could not be opened as L{LineFile} opens it (its errno's
+    text), or None; nothing is created (C{check-config}). A named pipe is
+    not opened: closing it again would end a reader waiting for the server.
+    """
+    if path == STDOUT or stat.S_ISFIFO(_mode(path)):
+        return None
+    try:
+        os.close(_append_fd(path, create=False))
+        return None
+    except FileNotFoundError:
+        folder = os.path.dirname(path) or "."
+        if not os.path.isdir(folder):
+            return os.strerror(errno.ENOENT)
+        return None if os.access(folder, os.W_OK | os.X_OK) else os.strerror(errno.EACCES)
+    except OSError as e:
+        return e.strerror
 
 
 def hold_reopen_signals() -> None:

@@ -19,6 +19,7 @@ import ipaddress
 from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.interfaces import IStreamServerEndpoint
 from twisted.logger import Logger
+from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.protocols.haproxy._wrapper import HAProxyProtocolWrapper, HAProxyWrappingFactory
 from twisted.protocols.haproxy._exceptions import InvalidProxyHeader
 from twisted.protocols.haproxy._info import ProxyInfo
@@ -151,3 +152,24 @@ class CheckedProxyEndpoint:
 
     def listen(self, factory):
         return self._wrapped.listen(CheckedProxyFactory(factory))
+
+
+class ProxyBeforeTLS:
+    """
+    Stands in for the reactor where the C{ssl:} endpoint of a
+    C{haproxy:ssl:} listener listens: a proxy sends the PROXY header in the
+    clear, ahead of the client's TLS handshake, so each connection is read
+    as the header, then TLS, then HTTP. Twisted's own wrapping looks for the
+    header inside TLS, where no proxy puts it, and every handshake failed
+    without a word. Everything else goes to the reactor.
+    """
+
+    def __init__(self, reactor):
+        self._reactor = reactor
+
+    def __getattr__(self, name):
+        return getattr(self._reactor, name)
+
+    def listenSSL(self, port, factory, contextFactory, backlog=50, interface=""):
+        tls = TLSMemoryBIOFactory(contextFactory, False, factory)
+        return self._reactor.listenTCP(port, CheckedProxyFactory(tls), backlog, interface)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 from functools import partial
+from pathlib import Path
 from typing import Callable
 from urllib.parse import urlsplit
 
@@ -92,7 +93,7 @@ from authsrv.protocol.rates import Rate
 from authsrv.records import Client
 from authsrv.remote_documents import RemoteDocuments
 from authsrv.store.errors import StoreUnavailable, outage_of
-from authsrv.tls import endpoint_of, hsts_headers
+from authsrv.tls import endpoint_of, hsts_headers, listen_problem, shared_port_problems
 from authsrv.tokens import CLIENT_SECRET_KEY, keyed_form
 from authsrv.web.accesslog import AccessLog
 from authsrv.web.admin import AdminAPI
@@ -345,6 +346,24 @@ class AuthsrvService(MultiService):
         self._context.stop()
         if self.access_log is not None:
             self.access_log.file.close()
+
+
+def _ports_apart(groups) -> None:
+    """Two listeners on one port are one line naming both, where the bind would blame another program."""
+    problems = shared_port_problems(groups)
+    if problems:
+        raise StartupError(problems[0])
+
+
+def _warn_of_certificate_dates(groups, base_dir: Path, now: float) -> None:
+    """
+    A certificate out of its dates is still served, since a restart must
+    not take TLS away, but said once at start: clients refuse it.
+    """
+    for key, descriptions in groups:
+        for index, description in enumerate(descriptions):
+            if problem := listen_problem(f"{key}[{index}]", description, base_dir, now):
+                log.warn("{problem}: clients refuse it; serving it until it is replaced", problem=problem)
 
 
 def _listen(reactor, key, descriptions, site_for, ports, base_dir):
@@ -743,8 +762,12 @@ def build(
             sites["admin.listen"] = site_factory(Root({}, admin, None, config.input_limits, admin), config, drain,
                                                  reactor, metrics, access_log)
         shared, own = listener_groups(config)
-        for key, descriptions in shared + (own if first else []):
+        groups = shared + (own if first else [])
+        _ports_apart(groups)
+        for key, descriptions in groups:
             _listen(listening, key, descriptions, sites[key], ports, config.base_dir)
+        if role is None:
+            _warn_of_certificate_dates(groups, config.base_dir, reactor.seconds())
         if isinstance(listening, Adopter):
             listening.check_all_taken()
         if metrics is not None:
@@ -801,11 +824,13 @@ def build_supervisor(config: Config, reactor, count: int, source: ConfigSource) 
         identity = build_identity(config, context)
         binder = Binder(reactor)
         shared, own = listener_groups(config)
+        _ports_apart(shared + own)
         for key, descriptions in shared:
             _listen(binder, key, descriptions, ServerFactory, bound, config.base_dir)
         shared_sockets = len(bound)
         for key, descriptions in own:
             _listen(binder, key, descriptions, ServerFactory, bound, config.base_dir)
+        _warn_of_certificate_dates(shared + own, config.base_dir, reactor.seconds())
     except BaseException:
         for port in bound:
             port.stopListening()

@@ -7,9 +7,11 @@ from __future__ import annotations
 import gc
 import signal
 from functools import partial
+from importlib.metadata import version
 from pathlib import Path
 from typing import Callable
 
+import twisted
 from twisted.logger import (
     FilteringLogObserver,
     ILogFilterPredicate,
@@ -59,6 +61,11 @@ class Options(usage.Options):
         ["workers", "w", None,
          "Processes sharing the listeners, overriding server.workers (default 1); one per core is the most useful."],
     ]
+
+    def opt_version(self):
+        """Display authsrv's version, and Twisted's, and exit."""
+        print(f"authsrv {version('authsrv')} (Twisted {twisted.__version__})")
+        raise SystemExit(0)
 
     def postOptions(self):
         if self["config"] is not None and self["data-dir"] != DEFAULT_DATA_DIR:

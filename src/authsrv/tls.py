@@ -12,13 +12,15 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat, load_pem_private_key
+from OpenSSL import SSL
 from twisted.internet.endpoints import serverFromString
 
-from authsrv.proxyheader import CheckedProxyEndpoint
+from authsrv.proxyheader import CheckedProxyEndpoint, ProxyBeforeTLS
 
 FILE_PARAMETERS = ("privateKey", "certKey", "extraCertChain", "dhParameters")
 DEFAULT_PRIVATE_KEY = "server.pem"
 """Twisted's default for C{privateKey}, which also holds the certificate when C{certKey} is absent."""
+MAX_PORT = 65535
 
 
 def _parts(description: str) -> list[list[str]]:
@@ -58,16 +60,29 @@ def _kind(parts: list[list[str]]) -> str | None:
     return parts[0][0].strip().lower() if parts and len(parts[0]) == 1 else None
 
 
+def _unwrapped(parts: list[list[str]]) -> list[list[str]]:
+    """The parts of the endpoint a C{haproxy:} prefix wraps, or C{parts} when there is none."""
+    return parts[1:] if _kind(parts) == "haproxy" else parts
+
+
 def _is_ssl(parts: list[list[str]]) -> bool:
-    return _kind(parts) == "ssl"
+    """Whether the endpoint is C{ssl:}, behind C{haproxy:} or not."""
+    return _kind(_unwrapped(parts)) == "ssl"
 
 
-def resolve_tls_paths(description: str, base_dir: Path) -> str:
+def resolve_listen_paths(description: str, base_dir: Path) -> str:
     """
-    C{description} with the TLS file paths of an C{ssl:} endpoint made
-    absolute against C{base_dir}; any other endpoint string is unchanged.
+    C{description} with its paths made absolute against C{base_dir}: the
+    TLS files of an C{ssl:} endpoint, the socket of a C{unix:} one (behind
+    C{haproxy:} too; not one in the abstract namespace); any other endpoint
+    string is unchanged.
     """
     parts = _parts(description)
+    if _kind(_unwrapped(parts)) == "unix":
+        address = next((p for p in _unwrapped(parts)[1:] if len(p) == 1 or p[0] == "address"), None)
+        if address is not None and not address[-1].startswith("\0"):
+            address[-1] = str(base_dir / Path(address[-1]).expanduser())
+        return _join(parts)
     if not _is_ssl(parts):
         return description
     if not any(len(p) == 2 and p[0] == "privateKey" for p in parts):
@@ -104,6 +119,22 @@ def _certificates(name: str, path: str) -> list[x509.Certificate]:
     return certificates
 
 
+def _check_dh_parameters(path: str) -> None:
+    """
+    Load the file as OpenSSL does at each TLS connection: a file it refuses
+    (not DH parameters, too few bits for its security level) would fail
+    every handshake with a traceback, while the start went through.
+    """
+    _read("dhParameters", path)
+    try:
+        SSL.Context(SSL.TLS_METHOD).load_tmp_dh(path)
+    except SSL.Error as e:
+        reasons = [error[2] for error in (e.args[0] if e.args else ()) if error[2]]
+        raise ValueError(
+            f"dhParameters {path}: not Diffie-Hellman parameters OpenSSL accepts ({reasons[0] if reasons else e})"
+        ) from None
+
+
 def _problem(description: str, now: float | None) -> str | None:
     """What is wrong with the TLS files of a resolved C{ssl:} description, or None."""
     parameters = {p[0]: p[1] for p in _parts(description) if len(p) == 2}
@@ -120,6 +151,8 @@ def _problem(description: str, now: float | None) -> str | None:
         certificate = _certificates(cert_name, cert_path)[0]
         if "extraCertChain" in parameters:
             _certificates("extraCertChain", parameters["extraCertChain"])
+        if "dhParameters" in parameters:
+            _check_dh_parameters(parameters["dhParameters"])
     except ValueError as e:
         return str(e)
     spki = (Encoding.DER, PublicFormat.SubjectPublicKeyInfo)
@@ -142,7 +175,7 @@ def listen_problem(key: str, description: str, base_dir: Path, now: float | None
     """
     if not _is_ssl(_parts(description)):
         return None
-    problem = _problem(resolve_tls_paths(description, base_dir), now)
+    problem = _problem(resolve_listen_paths(description, base_dir), now)
     return f"{key}: {problem}" if problem else None
 
 
@@ -152,22 +185,48 @@ def endpoint_of(reactor, key: str, description: str, base_dir: Path, now: float 
     it, without listening; L{ValueError} with one line naming C{key} when
     its TLS files are wrong (L{listen_problem}, dates checked with C{now})
     or Twisted cannot parse it. A C{haproxy:} listener checks each
-    connection's PROXY header (L{CheckedProxyEndpoint}).
+    connection's PROXY header (L{CheckedProxyEndpoint}), which comes before
+    TLS on a C{haproxy:ssl:} one (L{ProxyBeforeTLS}).
     """
     problem = listen_problem(key, description, base_dir, now) or _port_problem(key, description)
     if problem:
         raise ValueError(problem)
-    resolved = resolve_tls_paths(description, base_dir)
+    resolved = resolve_listen_paths(description, base_dir)
     try:
         if _kind(_parts(description)) == "haproxy":
-            return CheckedProxyEndpoint(serverFromString(reactor, resolved.partition(":")[2]))
+            wrapped = resolved.partition(":")[2]
+            if _is_ssl(_parts(wrapped)):
+                return serverFromString(ProxyBeforeTLS(reactor), wrapped)
+            return CheckedProxyEndpoint(serverFromString(reactor, wrapped))
         return serverFromString(reactor, resolved)
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        # AttributeError: an C{sslmethod} that OpenSSL does not have.
         raise ValueError(f"{key}: {description!r} is not a valid endpoint ({e})") from None
 
 
-_PORTED = {"tcp", "tcp6", "ssl"}
-"""The endpoint types whose first argument is a port."""
+_PORTED = {"tcp": 1, "tcp6": 2, "ssl": 4}
+"""The endpoint types whose first argument is a port, with the place of their interface among the arguments."""
+
+
+def _address(description: str) -> tuple[str, str, int] | None:
+    """
+    The family (C{tcp6} or C{tcp}), interface and port a C{tcp}, C{tcp6}
+    or C{ssl} listen string binds, behind C{haproxy:} too; None for any
+    other, or a port that is not an integer.
+    """
+    parts = _unwrapped(_parts(description))
+    kind = _kind(parts)
+    if kind not in _PORTED:
+        return None
+    keyed = {part[0]: part[1] for part in parts[1:] if len(part) == 2}
+    positional = [part[0] for part in parts[1:] if len(part) == 1]
+    try:
+        port = int(keyed.get("port", positional[0] if positional else ""))
+    except ValueError:
+        return None
+    at = _PORTED[kind]
+    interface = keyed.get("interface", positional[at] if len(positional) > at else "")
+    return "tcp6" if kind == "tcp6" else "tcp", interface, port
 
 
 def _port_problem(key: str, description: str) -> str | None:
@@ -176,20 +235,38 @@ def _port_problem(key: str, description: str) -> str | None:
     Twisted parses any integer and only the bind refuses it, so a check
     that stops at parsing would pass C{tcp:99999}.
     """
-    parts = _parts(description)
-    if _kind(parts) == "haproxy":
-        parts = parts[1:]
-    if _kind(parts) not in _PORTED:
+    address = _address(description)
+    if address is None or 0 <= address[2] <= MAX_PORT:
         return None
-    keyed = {part[0]: part[1] for part in parts[1:] if len(part) == 2}
-    positional = [part[0] for part in parts[1:] if len(part) == 1]
-    try:
-        port = int(keyed.get("port", positional[0] if positional else ""))
-    except ValueError:
-        return None
-    if 0 <= port <= 65535:
-        return None
-    return f"{key}: {description!r} names port {port}; a port is 0 to 65535"
+    return f"{key}: {description!r} names port {address[2]}; a port is 0 to {MAX_PORT}"
+
+
+_ANY = {"", "0.0.0.0", "::"}
+"""The interfaces that stand for every address of their family, and so take the port on all of them."""
+
+
+def shared_port_problems(groups: list[tuple[str, tuple[str, ...]]]) -> list[str]:
+    """
+    One line for each listener of C{groups} (each a key and its listen
+    strings) that would bind a port an earlier one binds: the same
+    interface, or every interface on either side. The bind would only say
+    the address is in use, as if another program held it.
+    """
+    problems = []
+    bound: list[tuple[tuple[str, str, int], str]] = []
+    for name, descriptions in groups:
+        for index, description in enumerate(descriptions):
+            address = _address(description)
+            if address is None or address[2] == 0:
+                continue
+            family, interface, port = address
+            taken = next((key for (f, i, p), key in bound
+                          if (f, p) == (family, port) and (i == interface or {i, interface} & _ANY)), None)
+            if taken is not None:
+                problems.append(f"{name}[{index}]: {description!r} binds port {port}, as {taken} does;"
+                                " give each listener a port of its own")
+            bound.append((address, f"{name}[{index}]"))
+    return problems
 
 
 def config_listeners(config) -> list[tuple[str, tuple[str, ...]]]:

@@ -7,6 +7,7 @@ and with --online the servers it names.
 from __future__ import annotations
 
 import json
+import os
 
 import pytest_twisted
 
@@ -201,6 +202,39 @@ async def test_every_listen_string_is_parsed_and_its_tls_files_checked(tmp_path)
     assert found[2] == f"admin.listen[0]: privateKey {tmp_path}/no-admin.key: no such file"
     assert "colour" in found[3]
     assert found[4] == f"metrics.listen[1]: privateKey {tmp_path}/no-metrics.key: no such file"
+
+
+@pytest_twisted.ensureDeferred
+async def test_two_listeners_on_one_port_are_named_together(tmp_path):
+    """The server would bind the first, then blame the second's port on some other program."""
+    (tmp_path / "users.toml").write_text("")
+    config = tmp_path / "authsrv.toml"
+    config.write_text('[server]\nlisten = ["tcp:8080:interface=127.0.0.1"]\n'
+                      '[metrics]\nlisten = ["tcp:8080"]\n[[identity]]\nplugin = "static"\npath = "users.toml"\n')
+    assert problems(await admin("check-config", str(config), cwd=tmp_path), config) == [
+        "metrics.listen[0]: 'tcp:8080' binds port 8080, as server.listen[0] does; give each listener a port of its own"
+    ]
+
+
+@pytest_twisted.ensureDeferred
+async def test_log_files_the_server_could_not_open_are_named_and_none_is_created(tmp_path):
+    (tmp_path / "users.toml").write_text("")
+    (tmp_path / "logs").mkdir()
+    config = tmp_path / "authsrv.toml"
+    config.write_text('[server]\naccess_log_path = "logs"\n[audit]\npath = "gone/audit.log"\n'
+                      '[[identity]]\nplugin = "static"\npath = "users.toml"\n')
+    assert problems(await admin("check-config", str(config), cwd=tmp_path), config) == [
+        f"audit.path: cannot open {tmp_path}/gone/audit.log: No such file or directory",
+        f"server.access_log_path: cannot open {tmp_path}/logs: Is a directory",
+    ]
+    config.write_text('[server]\naccess_log_path = "logs/access.log"\n[audit]\npath = "audit.log"\n'
+                      '[[identity]]\nplugin = "static"\npath = "users.toml"\n')
+    assert ok(await admin("check-config", str(config), cwd=tmp_path)).startswith(f"{config}: ok")
+    assert not (tmp_path / "audit.log").exists() and not list((tmp_path / "logs").iterdir())
+    os.mkfifo(tmp_path / "audit.log")
+    assert ok(await admin("check-config", str(config), cwd=tmp_path)).startswith(f"{config}: ok"), (
+        "a named pipe is left unopened, whether or not a shipper reads it"
+    )
 
 
 @pytest_twisted.ensureDeferred

@@ -676,7 +676,8 @@ def test_config_without_client_serves_stored_links_only(monkeypatch):
 @pytest.mark.parametrize("extra, message", [
     ({}, "chat.encryption_key_env: is required (or encryption_key_file)"),
     ({"encryption_key": "x"}, "chat.encryption_key: secrets are not written in the config file"),
-    ({"encryption_key_env": "SHORT_KEY"}, "chat.encryption_key: must be 32 bytes encoded as base64url, not 16 bytes"),
+    ({"encryption_key_env": "SHORT_KEY"},
+     "chat.encryption_key_env: must be 32 bytes encoded as base64url, not 16 bytes"),
     ({"encryption_key_env": "CHAT_KEY", "client_id": "1"}, "chat.client_secret_env: is required"),
     ({"encryption_key_env": "CHAT_KEY", "client_secret_env": "CHAT_KEY"}, "chat.client_id: is required when"),
     ({"encryption_key_env": "CHAT_KEY", "token_url": "http://chat.example/token"}, "chat.token_url: must use https"),
@@ -695,6 +696,13 @@ def test_config_errors(monkeypatch, extra, message):
     monkeypatch.setenv("SHORT_KEY", "A" * 22)
     _, errors = read_chat(extra)
     assert errors[0].startswith(message), errors
+
+
+def test_a_key_file_that_holds_no_key_is_named_by_its_own_key(tmp_path):
+    """The operator wrote encryption_key_file: the line names that key, not a key absent from the file."""
+    (tmp_path / "chat.key").write_text("not a key\n")
+    _, errors = read_chat({"encryption_key_file": "chat.key"}, tmp_path)
+    assert errors == ["chat.encryption_key_file: must be base64url text"]
 
 
 @pytest.mark.parametrize("expires_in", [300_000_000_000, 10**20])

@@ -143,8 +143,9 @@ def test_a_sealed_secret_opens_only_for_its_own_client_and_key():
 
 @pytest.mark.parametrize("extra, env, words", [
     ({}, {}, r"client_secret_jwt needs the secret kept sealed on the server: set \[client_secrets\]"),
-    (KEYED, {"AUTHSRV_TEST_HMAC_SECRET": "short-secret-of-20b"}, "needs at least 32 bytes"),
-    (KEYED, {"AUTHSRV_TEST_CLIENT_SECRETS_KEY": "not a key"}, "client_secrets.encryption_key: must be base64url"),
+    (KEYED, {"AUTHSRV_TEST_HMAC_SECRET": "short-secret-of-20b"},
+     r"clients\[0\]\.secret_env: a client_secret_jwt secret needs at least 32 bytes"),
+    (KEYED, {"AUTHSRV_TEST_CLIENT_SECRETS_KEY": "not a key"}, "client_secrets.encryption_key_env: must be base64url"),
 ])
 def test_client_secret_jwt_config_mistakes(extra, env, words, monkeypatch, secrets_env):
     for name, value in env.items():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import http.client
 import ipaddress
+import socket
 import ssl
 import time
 
@@ -26,7 +27,7 @@ from twisted.web.test.requesthelper import DummyChannel
 
 from authsrv.config import InputLimits, load_config
 from authsrv.identity.static import create_users_file
-from authsrv.tls import config_listen_problems, resolve_tls_paths
+from authsrv.tls import config_listen_problems, resolve_listen_paths, shared_port_problems
 from authsrv.web.cookies import SESSION_COOKIE, Cookies
 from authsrv.web.limits import LimitedSite
 
@@ -61,6 +62,19 @@ def write_pair(folder, *, valid_from=None, valid_days=30, name="server"):
     return key_path, cert_path
 
 
+FFDHE2048 = """\
+-----BEGIN DH PARAMETERS-----
+MIIBCAKCAQEA//////////+t+FRYortKmq/cViAnPTzx2LnFg84tNpWp4TZBFGQz
++8yTnc4kmz75fS/jY2MMddj2gbICrsRhetPfHtXV/WVhJDP1H18GbtCFY2VVPe0a
+87VXE15/V8k1mE8McODmi3fipona8+/och3xWKE2rec1MKzKT0g6eXq8CrGCsyT7
+YdEIqUuyyOP7uWrat2DX9GgdT0Kj3jlN9K5W7edjcrsZCwenyO4KbXCeAvzhzffi
+7MA0BM0oNC9hkXL+nOmFg/+OTxIy7vKBg8P+OxtMb61zO7X8vC7CIAXFjvGDfRaD
+ssbzSibBsu/6iGtCOGEoXJf//////////wIBAg==
+-----END DH PARAMETERS-----
+"""
+"""The RFC 7919 group ffdhe2048, which OpenSSL takes for C{dhParameters}."""
+
+
 def config_file(folder, listen: str, public_url: str = "https://127.0.0.1:8443", extra: str = ""):
     path = folder / "authsrv.toml"
     create_users_file(folder / "users.toml")
@@ -71,29 +85,44 @@ def config_file(folder, listen: str, public_url: str = "https://127.0.0.1:8443",
     return path
 
 
-def test_relative_tls_paths_resolve_against_the_config_folder(tmp_path):
-    assert resolve_tls_paths("ssl:8443:privateKey=tls/k.pem:certKey=tls/c.pem", tmp_path) == (
+def test_relative_listen_paths_resolve_against_the_config_folder(tmp_path):
+    assert resolve_listen_paths("ssl:8443:privateKey=tls/k.pem:certKey=tls/c.pem", tmp_path) == (
         f"ssl:8443:privateKey={tmp_path}/tls/k.pem:certKey={tmp_path}/tls/c.pem"
     )
-    assert resolve_tls_paths("ssl:8443:privateKey=/etc/k.pem", tmp_path) == "ssl:8443:privateKey=/etc/k.pem"
-    assert resolve_tls_paths("ssl:8443", tmp_path) == f"ssl:8443:privateKey={tmp_path}/server.pem"
-    assert resolve_tls_paths("ssl:8443:privateKey=a\\:b.pem:extraCertChain=chain.pem", tmp_path) == (
+    assert resolve_listen_paths("ssl:8443:privateKey=/etc/k.pem", tmp_path) == "ssl:8443:privateKey=/etc/k.pem"
+    assert resolve_listen_paths("ssl:8443", tmp_path) == f"ssl:8443:privateKey={tmp_path}/server.pem"
+    assert resolve_listen_paths("ssl:8443:privateKey=a\\:b.pem:extraCertChain=chain.pem", tmp_path) == (
         f"ssl:8443:privateKey={tmp_path}/a\\:b.pem:extraCertChain={tmp_path}/chain.pem"
     )
-    assert resolve_tls_paths("tcp:8080:interface=127.0.0.1", tmp_path) == "tcp:8080:interface=127.0.0.1"
+    assert resolve_listen_paths("haproxy:ssl:8443:privateKey=k.pem", tmp_path) == (
+        f"haproxy:ssl:8443:privateKey={tmp_path}/k.pem"
+    )
+    assert resolve_listen_paths("tcp:8080:interface=127.0.0.1", tmp_path) == "tcp:8080:interface=127.0.0.1"
+    assert resolve_listen_paths("unix:run/authsrv.sock:mode=600", tmp_path) == f"unix:{tmp_path}/run/authsrv.sock:mode=600"
+    assert resolve_listen_paths("haproxy:unix:address=a.sock", tmp_path) == f"haproxy:unix:address={tmp_path}/a.sock"
+    assert resolve_listen_paths("unix:/run/authsrv.sock", tmp_path) == "unix:/run/authsrv.sock"
+    assert resolve_listen_paths("unix:\0authsrv", tmp_path) == "unix:\0authsrv"
 
 
 @pytest.mark.parametrize(
     "case, expected",
     [
         ("missing key", "server.listen[0]: privateKey {folder}/tls/nothing.key: no such file"),
+        ("behind haproxy", "server.listen[0]: privateKey {folder}/tls/nothing.key: no such file"),
         ("key not PEM", "server.listen[0]: privateKey {folder}/tls/server.crt: not an unencrypted PEM private key"),
         ("cert not PEM", "server.listen[0]: certKey {folder}/tls/server.key: not a PEM certificate"),
         ("mismatch", "server.listen[0]: privateKey {folder}/tls/other.key: does not match the certificate in"
                      " {folder}/tls/server.crt"),
         ("expired", "server.listen[0]: certKey {folder}/tls/old.crt: the certificate expired on 2020-01-31"),
         ("bad chain", "server.listen[0]: extraCertChain {folder}/tls/server.key: not a PEM certificate"),
+        ("dh not PEM", "server.listen[0]: dhParameters {folder}/tls/server.crt: not Diffie-Hellman parameters"
+                       " OpenSSL accepts (no start line)"),
+        ("missing dh", "server.listen[0]: dhParameters {folder}/tls/nothing.pem: no such file"),
+        ("unknown method", "server.listen[0]: 'ssl:8443:privateKey=tls/server.key:certKey=tls/server.crt"
+                           ":sslmethod=SSLv2_METHOD' is not a valid endpoint (module 'OpenSSL.SSL' has no attribute"
+                           " 'SSLv2_METHOD')"),
         ("fine", None),
+        ("fine with dh", None),
     ],
 )
 def test_check_config_names_what_is_wrong_with_the_tls_files(tmp_path, case, expected):
@@ -102,16 +131,50 @@ def test_check_config_names_what_is_wrong_with_the_tls_files(tmp_path, case, exp
     write_pair(tmp_path / "tls", name="old", valid_from=datetime.datetime(2020, 1, 1, tzinfo=datetime.timezone.utc))
     listen = {
         "missing key": "ssl:8443:privateKey=tls/nothing.key:certKey=tls/server.crt",
+        "behind haproxy": "haproxy:ssl:8443:privateKey=tls/nothing.key:certKey=tls/server.crt",
         "key not PEM": "ssl:8443:privateKey=tls/server.crt:certKey=tls/server.crt",
         "cert not PEM": "ssl:8443:privateKey=tls/server.key:certKey=tls/server.key",
         "mismatch": "ssl:8443:privateKey=tls/other.key:certKey=tls/server.crt",
         "expired": "ssl:8443:privateKey=tls/old.key:certKey=tls/old.crt",
         "bad chain": "ssl:8443:privateKey=tls/server.key:certKey=tls/server.crt:extraCertChain=tls/server.key",
+        "dh not PEM": "ssl:8443:privateKey=tls/server.key:certKey=tls/server.crt:dhParameters=tls/server.crt",
+        "missing dh": "ssl:8443:privateKey=tls/server.key:certKey=tls/server.crt:dhParameters=tls/nothing.pem",
+        "unknown method": "ssl:8443:privateKey=tls/server.key:certKey=tls/server.crt:sslmethod=SSLv2_METHOD",
         "fine": "ssl:8443:privateKey=tls/server.key:certKey=tls/server.crt",
+        "fine with dh": "ssl:8443:privateKey=tls/server.key:certKey=tls/server.crt:dhParameters=tls/dh.pem",
     }[case]
+    (tmp_path / "tls" / "dh.pem").write_text(FFDHE2048)
     config = load_config(config_file(tmp_path, listen))
     problems = config_listen_problems(config, Clock(), time.time())
     assert problems == ([expected.format(folder=tmp_path)] if expected else [])
+
+
+@pytest.mark.parametrize(
+    ("metrics", "taken"),
+    [
+        ("tcp:8080:interface=127.0.0.1", "port 8080, as server.listen[0]"),
+        ("tcp:8080", "port 8080, as server.listen[0]"),
+        ("tcp:8080:127.0.0.1", "port 8080, as server.listen[0]"),
+        ("haproxy:tcp:port=8080:interface=127.0.0.1", "port 8080, as server.listen[0]"),
+        ("ssl:8080:privateKey=k.pem:certKey=c.pem", "port 8080, as server.listen[0]"),
+        ("tcp6:9090", "port 9090, as server.listen[1]"),
+        ("tcp:8080:interface=127.0.0.2", None),
+        ("tcp:9090", None),
+        (r"tcp6:8080:interface=\:\:1", None),
+        ("tcp:0:interface=127.0.0.1", None),
+        ("unix:/run/metrics.sock", None),
+    ],
+)
+def test_two_listeners_on_one_port_are_one_line_naming_both(metrics, taken):
+    """
+    The same port of one family on the same interface, or on every
+    interface of either; port 0 always gets a free one.
+    """
+    groups = [("server.listen", ("tcp:8080:interface=127.0.0.1", r"tcp6:9090:interface=\:\:1", "tcp:0")),
+              ("metrics.listen", (metrics,))]
+    assert shared_port_problems(groups) == (
+        [f"metrics.listen[0]: {metrics!r} binds {taken} does; give each listener a port of its own"] if taken else []
+    )
 
 
 @pytest.mark.parametrize(
@@ -227,6 +290,68 @@ def test_a_real_server_over_tls_with_relative_paths(run_server, tmp_path):
     assert response.status == 200 and response.getheader("strict-transport-security") == "max-age=31536000"
     response.read()
     server.stop()
+
+
+@pytest.mark.slow
+def test_behind_haproxy_the_proxy_header_comes_before_tls(run_server, tmp_path):
+    """
+    A proxy sends the PROXY header in the clear, then the client's TLS
+    handshake: Twisted's haproxy:ssl: looked for the header inside TLS, so
+    every handshake failed and nothing was logged.
+    """
+    folder = tmp_path / "conf"
+    write_pair(folder / "tls")
+    port = free_port()
+    listen = f"haproxy:ssl:{port}:interface=127.0.0.1:privateKey=tls/server.key:certKey=tls/server.crt"
+    path = config_file(folder, listen, public_url=f"https://127.0.0.1:{port}", extra='access_log = "json"')
+    server = run_server(["authsrv", "--config", str(path)], tmp_path, port=port, ready=False)
+    context = ssl.create_default_context(cafile=str(folder / "tls" / "server.crt"))
+    deadline = time.monotonic() + 30
+    while True:
+        assert server.process.poll() is None, server.output()
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+                raw.sendall(f"PROXY TCP4 203.0.113.7 127.0.0.1 40000 {port}\r\n".encode())
+                with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+                    tls.sendall(b"GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+                    answer = tls.recv(100)
+            if answer.startswith(b"HTTP/1.1 200 "):
+                break
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, "not ready over TLS behind the PROXY header"
+        time.sleep(0.2)
+    out, err = server.stop()
+    assert '"address":"203.0.113.7"' in out.replace(" ", "") and "Traceback" not in out + err, out + err
+
+
+@pytest.mark.slow
+def test_an_expired_certificate_is_served_with_one_line_at_start(run_server, tmp_path):
+    """A restart must not take TLS away, but nothing said why every client refused the server."""
+    write_pair(tmp_path / "tls", valid_from=datetime.datetime(2020, 1, 1, tzinfo=datetime.timezone.utc))
+    port = free_port()
+    listen = f"ssl:{port}:interface=127.0.0.1:privateKey=tls/server.key:certKey=tls/server.crt"
+    path = config_file(tmp_path, listen, public_url=f"https://127.0.0.1:{port}")
+    server = run_server(["authsrv", "--config", str(path)], tmp_path, port=port, ready=False)
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    deadline = time.monotonic() + 30
+    while True:
+        assert server.process.poll() is None, server.output()
+        try:
+            connection = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=5)
+            connection.request("GET", "/readyz")
+            if connection.getresponse().status == 200:
+                break
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, "not ready over TLS"
+        time.sleep(0.2)
+    connection.close()
+    out, err = server.stop()
+    warning = f"server.listen[0]: certKey {tmp_path}/tls/server.crt: the certificate expired on 2020-01-31"
+    assert len([line for line in (out + err).splitlines() if warning in line]) == 1, out + err
+    assert "Traceback" not in out + err
 
 
 @pytest.mark.slow

@@ -19,10 +19,11 @@ from authsrv.configsection import ConfigError
 from authsrv.identity.errors import BackendUnavailable
 from authsrv.identity.ldap.config import settings_from_config
 from authsrv.identity.ldap.directory import Directory, close_connection
+from authsrv.logfile import STDOUT, open_problem
 from authsrv.pg.pool import first_line
 from authsrv.pg.settings import read_settings
-from authsrv.service import StartupError, build_plugin
-from authsrv.tls import config_listen_problems
+from authsrv.service import StartupError, build_plugin, listener_groups
+from authsrv.tls import config_listen_problems, shared_port_problems
 
 
 def _plugin_choices(config: Config):
@@ -95,10 +96,18 @@ async def _reachability_problems(reactor, document: dict, path: Path) -> list[st
     return problems
 
 
+def _log_file_problems(config: Config) -> list[str]:
+    """The audit and access log files the server would fail to open at start, named as it names them."""
+    files = [("audit.path", config.audit_path or STDOUT)]
+    if config.access_log != "off":
+        files.append(("server.access_log_path", config.access_log_path))
+    return [f"{key}: cannot open {path}: {problem}" for key, path in files if (problem := open_problem(path))]
+
+
 CHECKS = ("file", "listeners", "plugins")
 """
-What C{check-config} always checks: the file's keys and the secrets it
-names; each listen string and its TLS files; each plugin section and the
+What C{check-config} always checks: the file's keys, the secrets it
+names and the log files it would open; each listen string and its TLS files; each plugin section and the
 files it names. C{--online} adds C{servers}.
 """
 
@@ -112,6 +121,9 @@ async def _problems(reactor, path: Path, online: bool) -> tuple[Config | None, l
     config, errors = read_config_document(document, path.resolve())
     problems = [str(e) for e in errors]
     problems += config_listen_problems(config, reactor, reactor.seconds())
+    shared, own = listener_groups(config)
+    problems += shared_port_problems(shared + own)
+    problems += _log_file_problems(config)
     problems += await _plugin_problems(reactor, config)
     if online:
         problems += await _reachability_problems(reactor, document, path.resolve())

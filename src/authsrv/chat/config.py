@@ -102,13 +102,14 @@ def chat_config(section: Section | None, checked: Problems) -> ChatConfig | None
     client_secret = checked.take(section.secret, "client_secret", required=client_id is not None)
     if client_id is None and client_secret is not None:
         checked.add(section.error("client_id", "is required when a client secret is given"))
+    key_source = section.secret_source("encryption_key")
     raw_key = checked.take(section.secret, "encryption_key")
     key = None
     if raw_key is not None:
         try:
             key = key_from_text(raw_key)
         except ValueError as e:
-            checked.add(section.error("encryption_key", str(e)))
+            checked.add(section.error(key_source, str(e)))
     config = ChatConfig(
         encryption_key=key or b"",
         provider=provider,

@@ -26,7 +26,7 @@ import uuid
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 import tomlkit
 from attrs import asdict, frozen
@@ -248,7 +248,7 @@ class StaticIdentityBackend:
         self._verifier = verifier
         self._on_file_thread = on_file_thread
         self._signature: tuple | None = _signature(self._path)
-        self._users = _read_users(self._path)
+        self._users, hashes = self._load()
         self._inode = self._signature[2]
         """The inode of the file the users served were read from."""
         self._unsettled: tuple | None = None
@@ -264,21 +264,30 @@ class StaticIdentityBackend:
         """Fired once no upgrade is left to write (L{close})."""
         self._closed = False
         log.info("{count} users loaded from {path}", count=len(self._users.by_sub), path=str(self._path))
-        self._warn_of_other_parameters()
+        self._warn_of_other_parameters(*hashes)
 
-    def _warn_of_other_parameters(self) -> None:
+    def _load(self) -> tuple[_Users, tuple[list[str], list[str]]]:
+        """
+        The users file read and indexed, with the logins whose hashes
+        L{_warn_of_other_parameters} names: a look at every hash, which for
+        a reload runs on the file's thread with the parse.
+        """
+        users = _read_users(self._path)
+        accounts = users.by_sub.values()
+        logins = sorted(
+            a.user.login for a in accounts
+            if is_argon2id_hash(a.password_hash) and self._verifier.needs_rehash(a.password_hash)
+        )
+        imported = sorted(a.user.login for a in accounts if is_better_auth_hash(a.password_hash))
+        return users, (logins, imported)
+
+    def _warn_of_other_parameters(self, logins: list[str], imported: list[str]) -> None:
         """
         Name the users whose hashes were made with other argon2 parameters
         than the configured ones: a wrong password for them costs what their
         hash's parameters cost, not what an unknown login costs, so timing
         would tell their names apart until their passwords are set again.
         """
-        accounts = self._users.by_sub.values()
-        logins = sorted(
-            a.user.login for a in accounts
-            if is_argon2id_hash(a.password_hash) and self._verifier.needs_rehash(a.password_hash)
-        )
-        imported = sorted(a.user.login for a in accounts if is_better_auth_hash(a.password_hash))
         if imported:
             log.info(
                 "{path}: {logins} have Better Auth scrypt hashes, replaced by argon2id at their next login",
@@ -295,9 +304,10 @@ class StaticIdentityBackend:
     def _refresh(self) -> None:
         """
         Re-read the file if it changed, looking at most once per
-        L{RELOAD_INTERVAL}. The look is a stat(2); the parse runs on the
-        file's thread (5,000 users take a tenth of a second), and the users
-        read before are served until it succeeds.
+        L{RELOAD_INTERVAL}. The look is a stat(2); the parse and the look at
+        every hash (L{_load}) run on the file's thread (5,000 users take a
+        tenth of a second), and the users read before are served until it
+        succeeds.
         """
         now = self._reactor.seconds()
         if now - self._checked_at < RELOAD_INTERVAL or self._reloading:
@@ -313,16 +323,17 @@ class StaticIdentityBackend:
             self._not_reloaded(signature, problem)
             return
         self._reloading = True
-        reading = self._on_file_thread(_read_users, self._path)
+        reading = self._on_file_thread(self._load)
         reading.addCallbacks(self._reloaded, self._unreadable, (signature,), errbackArgs=(signature,))
 
-    def _reloaded(self, users: _Users, signature: tuple) -> None:
+    def _reloaded(self, loaded: tuple[_Users, tuple[list[str], list[str]]], signature: tuple) -> None:
         self._reloading = False
+        users, hashes = loaded
         if self._half_written(signature, users):
             return
         self._signature, self._users, self._inode, self._unsettled = signature, users, signature[2], None
         log.info("{count} users reloaded from {path}", count=len(self._users.by_sub), path=str(self._path))
-        self._warn_of_other_parameters()
+        self._warn_of_other_parameters(*hashes)
 
     def _unreadable(self, failure, signature: tuple) -> None:
         self._reloading = False
@@ -596,8 +607,14 @@ def _replace_hashes(batch: dict[str, tuple[str, str, str]], users) -> list[str]:
     return upgraded
 
 
-def _names(logins) -> str:
-    return ", ".join(map(repr, logins))
+NAMED = 10
+"""Logins a line names at most; a file of thousands of users would otherwise make one line of them all."""
+
+
+def _names(logins: Iterable[str]) -> str:
+    logins = list(logins)
+    named = ", ".join(map(repr, logins[:NAMED]))
+    return named if len(logins) <= NAMED else f"{named} and {len(logins) - NAMED} more"
 
 
 def _remove(users, index: int) -> None:

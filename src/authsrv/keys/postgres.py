@@ -60,9 +60,7 @@ def from_config(section: Section, context) -> "PostgresKeystore | None":
     """
     settings = read_settings(section, "authsrv-keystore")
     algorithms, rotate_every = read_options(section)
-    secret_key = section.key(
-        "encryption_key_file" if section.has("encryption_key_file") else "encryption_key_env"
-    )
+    secret_key = section.key(section.secret_source("encryption_key"))
     text = section.secret("encryption_key", required=False)
     try:
         cipher = TokenCipher(key_from_text(text)) if text else None
