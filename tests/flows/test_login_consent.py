@@ -428,7 +428,8 @@ async def test_a_login_no_one_can_have_is_explained_unchecked_and_uncounted(tmp_
     """
     A NUL, text that is not UTF-8 or a field over the cap, in the username or
     the password, made the form unreadable: the generic expired-form page.
-    The login page says what is wrong, checks nothing and counts no failure.
+    The login page (a 400) says what is wrong, checks nothing and counts no
+    failure.
     """
     h = await started(tmp_path, monkeypatch)
     try:
@@ -439,7 +440,7 @@ async def test_a_login_no_one_can_have_is_explained_unchecked_and_uncounted(tmp_
         monkeypatch.setattr(h.identity, "requestAvatarId", lambda c: checks.append(c) or real(c))
         for _ in range(6):
             response, body = await browser.submit_login(url, username, password)
-            assert_page(response, body, 200)
+            assert_page(response, body, 400)
             assert says in body and INCORRECT not in body
             assert (b'value="alice"' in body) == (username == "alice")
         assert checks == [] and not audit.of("login.failed") and not audit.of("login.throttled")

@@ -26,11 +26,12 @@ from twisted.python.failure import Failure
 from authsrv import events
 from authsrv.flows.csrf import session_form_token, session_form_token_valid
 from authsrv.flows.mfa import SecondFactors
-from authsrv.flows.interaction import InteractionFlow
+from authsrv.flows.interaction import InteractionFlow, impossible_message
 from authsrv.flows.outcomes import Browser, EnrolmentForm, RecoveryCodes, Redirect
 from authsrv.flows.link import unlink_token
 from authsrv.flows.login import LoggedIn, Throttled, Unavailable
 from authsrv.flows.passkeys import MAX_PASSKEYS, PASSKEY_METHODS, Passkeys, TooManyPasskeys
+from authsrv.identity.credentials import MAX_PASSWORD_BYTES
 from authsrv.identity.errors import BackendUnavailable, UnknownUser
 from authsrv.interfaces import IIdentityBackend, IUserManagement
 from authsrv.protocol.errors import PageError
@@ -466,7 +467,11 @@ class AccountPage:
         user = await self._identity.user_by_id(sub)
         if manager is None or user is None:
             raise PageError(404, "Not available", "Your password is managed elsewhere.")
-        new, again = form.get("new_password", ""), form.get("new_password_again", "")
+        current, new, again = (form.get(name, "") for name in ("current_password", "new_password", "new_password_again"))
+        for field, value in (("current password", current), ("new password", new)):
+            if impossible := impossible_message(value, field, MAX_PASSWORD_BYTES, "password"):
+                events.password_change_refused(sub=sub, address=address, reason=f"{field} no one can have")
+                return PasswordRefused(impossible)
         if not new or new != again:
             events.password_change_refused(sub=sub, address=address, reason="new passwords missing or different")
             return PasswordRefused("The two new passwords are not the same.")
@@ -474,7 +479,7 @@ class AccountPage:
         if problem:
             events.password_change_refused(sub=sub, address=address, reason="new password against the policy")
             return PasswordRefused(problem)
-        checked = await self._login.log_in(user.login, form.get("current_password", ""), address, device, now,
+        checked = await self._login.log_in(user.login, current, address, device, now,
                                            along=lambda: self._hash(new).addErrback(_unhashed, sub))
         if isinstance(checked, Unavailable):
             events.password_change_refused(sub=sub, address=address, reason="current password not checkable")

@@ -86,10 +86,20 @@ INCORRECT = "The username or password is incorrect."
 MISSING = "Enter your username and password."
 IMPOSSIBLE = {
     "text": "The {field} was not sent as UTF-8 text, so it cannot be right; type it again.",
-    "nul": "The {field} holds a NUL character, which no {field} can; check what was pasted into the field.",
-    "long": "The {field} is longer than any {field} can be ({kib} KiB); check what was pasted into the field.",
+    "nul": "The {field} holds a NUL character, which no {kind} can; check what was pasted into the field.",
+    "long": "The {field} is longer than any {kind} can be ({kib} KiB); check what was pasted into the field.",
 }
-"""What the sign-in form says, by L{impossible_credential}, of a username or password no user can have."""
+"""What a form says, by L{impossible_credential}, of a username or password no user can have."""
+
+
+def impossible_message(value: str, field: str, max_bytes: int, kind: str | None = None) -> str | None:
+    """
+    L{IMPOSSIBLE}'s sentence for the form's C{field} (a C{kind} of
+    credential, the field's name by default) if no user can have C{value},
+    else None.
+    """
+    impossible = impossible_credential(value, max_bytes)
+    return IMPOSSIBLE[impossible].format(field=field, kind=kind or field, kib=max_bytes // 1024) if impossible else None
 UNAVAILABLE = "Signing in is not possible right now; please try again later."
 FORM_EXPIRED = "This form expired or was not sent by this site; start again from the application."
 ENDED = ("This sign-in has already finished, or it took too long and expired; if the application did not sign"
@@ -354,9 +364,8 @@ class InteractionFlow:
         username, password = form.get("username", ""), form.get("password", "")
         for field, value, max_bytes in (("username", username, MAX_LOGIN_BYTES),
                                         ("password", password, MAX_PASSWORD_BYTES)):
-            if impossible := impossible_credential(value, max_bytes):
-                message = IMPOSSIBLE[impossible].format(field=field, kib=max_bytes // 1024)
-                return self._login_form(200, interaction, client, username=username if field == "password" else "",
+            if message := impossible_message(value, field, max_bytes):
+                return self._login_form(400, interaction, client, username=username if field == "password" else "",
                                         message=message)
         if not username or not password:
             return self._login_form(200, interaction, client, username=username, message=MISSING)

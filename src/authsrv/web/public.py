@@ -47,6 +47,7 @@ from authsrv.web.forms import (
     form_args,
     one_resource_form,
     page_form,
+    password_change_form,
     sign_in_form,
     token_form_params,
     userinfo_form_token,
@@ -531,15 +532,16 @@ class PublicSite:
 
     # --- the signed-in user's account page ---------------------------------------
 
-    def _account_page(self, request, view: AccountView) -> bytes:
-        return account_page(request, f"{self._issuer}/account", view, link_path=f"{self._issuer}/link/chat")
+    def _account_page(self, request, view: AccountView, status: int = 200) -> bytes:
+        return account_page(request, f"{self._issuer}/account", view, link_path=f"{self._issuer}/link/chat",
+                            status=status)
 
     async def _account_done(self, request, outcome: str | PasswordRefused | Redirect) -> bytes:
         """
         A posted form's answer: Post/Redirect/Get, 303 to the account page
         naming what the form did (a key of L{NOTICES}), so a reload opens
         the page again and sends nothing; or the sign-in the form needs
-        first; or the page with a refusal that counted nothing.
+        first; or the page with a refusal that counted nothing (400).
         """
         if isinstance(outcome, Redirect):
             return self._answer(request, outcome)
@@ -549,7 +551,7 @@ class PublicSite:
 
     async def _account_refused(self, request, refused: PasswordRefused) -> bytes:
         view = await self._flows.account_page.view(self._cookies.browser(request).session, self._now(), refused)
-        return self._account_page(request, view)
+        return self._account_page(request, view, 400)
 
     @app.route(ACCOUNT_PATH, methods=["GET"])
     async def account(self, request):
@@ -580,7 +582,7 @@ class PublicSite:
     async def account_password(self, request):
         browser = self._cookies.browser(request)
         return await self._account_done(request, await self._flows.account_page.change_password(
-            browser.session, page_form(request), client_address_of(request, self._trusted_proxies),
+            browser.session, password_change_form(request), client_address_of(request, self._trusted_proxies),
             browser.device, self._now(),
         ))
 
