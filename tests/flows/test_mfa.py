@@ -180,7 +180,7 @@ async def test_a_recovery_code_works_once_and_new_ones_replace_the_old(tmp_path,
         csrf = re.search(r'name="csrf" value="([^"]+)"', body.decode().split("/recovery")[1]).group(1)
         response, body = await browser.post(RECOVERY, {"csrf": "forged"})
         assert response.code == 403
-        response, body = await browser.post(RECOVERY, {"csrf": unescape(csrf)})
+        response, body = await new_recovery_codes(browser, unescape(csrf))
         assert response.code == 200, body
         fresh = _CODES.findall(body.decode())
         assert len(fresh) == 10 and not set(fresh) & set(codes)
@@ -302,6 +302,54 @@ async def test_an_enrolment_page_left_open_enrols_nothing_once_the_sign_in_is_ol
         await h.close()
 
 
+def recovery_csrf(body: bytes) -> str:
+    """The CSRF token of the page's form that asks for new recovery codes."""
+    return unescape(re.search(r'name="csrf" value="([^"]+)"', body.decode().split("/recovery")[1]).group(1))
+
+
+async def new_recovery_codes(browser: Browser, csrf: str):
+    """Ask for new recovery codes: (the page the form's 303 leads to, its body)."""
+    response, body = await browser.post(RECOVERY, {"csrf": csrf})
+    assert response.code == 303 and location(response) == RECOVERY, (response.code, body)
+    return await browser.get(RECOVERY)
+
+
+@pytest_twisted.ensureDeferred
+async def test_reloading_new_recovery_codes_shows_them_once_and_makes_no_other_set(tmp_path, monkeypatch, audit):
+    """
+    The form's answer is the page showing the codes, which a reload sent
+    again: a new set each time, the one written down silently gone. Now the
+    form's 303 leads to the codes, shown once; the page opened again makes
+    nothing and says so, with the form for a set asked for on purpose.
+    """
+    h = await started(tmp_path, monkeypatch)
+    try:
+        _, secret, _ = await enrolled(h)
+        browser = Browser(h)
+        response, _ = await password(browser, ALICE)
+        await give_code(browser, location(response), code_at(secret, h.now()))
+        response, body = await browser.get(TOTP_PAGE)
+        response, body = await new_recovery_codes(browser, recovery_csrf(body))
+        assert response.code == 200 and response.headers.getRawHeaders("cache-control") == ["no-store"]
+        shown = _CODES.findall(body.decode())
+        assert len(shown) == 10
+        for _ in range(2):
+            response, body = await browser.get(RECOVERY)
+            assert response.code == 200 and b"<h1>Recovery codes shown already</h1>" in body and not _CODES.findall(body.decode())
+        assert len(audit.of("mfa.recovery_codes_replaced")) == 1
+        other = Browser(h)
+        response, _ = await password(other, ALICE)
+        response, _ = await give_code(other, location(response), shown[0])
+        assert response.code == 303, "the set shown is the set kept"
+
+        response, body = await new_recovery_codes(browser, recovery_csrf(body))
+        again = _CODES.findall(body.decode())
+        assert len(again) == 10 and not set(again) & set(shown), "asked for on purpose, a new set"
+        assert len(audit.of("mfa.recovery_codes_replaced")) == 2
+    finally:
+        await h.close()
+
+
 @pytest_twisted.ensureDeferred
 async def test_new_recovery_codes_need_a_recent_sign_in_with_the_second_factor(tmp_path, monkeypatch, audit):
     h = await started(tmp_path, monkeypatch)
@@ -322,8 +370,7 @@ async def test_new_recovery_codes_need_a_recent_sign_in_with_the_second_factor(t
         response, _ = await give_code(browser, location(response), code_at(secret, h.now()))
         assert response.code == 303 and location(response) == TOTP_PAGE
         response, body = await browser.get(TOTP_PAGE)
-        csrf = unescape(re.search(r'name="csrf" value="([^"]+)"', body.decode().split("/recovery")[1]).group(1))
-        response, body = await browser.post(RECOVERY, {"csrf": csrf})
+        response, body = await new_recovery_codes(browser, recovery_csrf(body))
         assert response.code == 200 and not set(_CODES.findall(body.decode())) & set(codes)
         assert len(audit.of("mfa.recovery_codes_replaced")) == 1
     finally:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from urllib.parse import urlencode
 
+import pyotp
 import pytest
 import requests
 from selenium import webdriver
@@ -244,3 +245,39 @@ def test_a_sign_out_the_application_did_not_name_is_confirmed(server, driver, ca
     driver.get(authorize_url(server, "web", callback + "/first", "st-8"))
     settled(driver)
     assert driver.title == "Sign in"
+
+
+def shown_codes(driver) -> list[str]:
+    return [code.text for code in driver.find_elements(By.CSS_SELECTOR, "main li code")]
+
+
+def test_reloading_new_recovery_codes_shows_them_once_and_makes_no_other_set(server, driver):  # noqa: F811
+    """
+    Post/Redirect/Get: the form's answer leads to the codes at their own
+    address, whose reload says they were shown rather than making a set
+    that silently replaces the one just written down; its button makes one.
+    """
+    issuer = server.base + "/api/auth"
+    driver.get(issuer + "/account/mfa/totp")
+    answered_sign_in(driver, "carol", PASSWORD)
+    assert driver.title == "Set up two-step sign-in"
+    secret = driver.find_element(By.CSS_SELECTOR, "main > p > code").text
+    first = shown_codes(driver)
+    driver.find_element(By.ID, "code").send_keys(pyotp.TOTP(secret).now())
+    click(driver, "button[value=confirm]")
+    driver.get(issuer + "/account/mfa/totp")
+    answered_sign_in(driver, "carol", PASSWORD)
+    driver.find_element(By.ID, "code").send_keys(first[0])
+    click(driver, "button.primary")
+    click(driver, "form[action$='/recovery'] button")
+    assert (driver.current_url, driver.title) == (issuer + "/account/mfa/recovery", "New recovery codes")
+    shown = shown_codes(driver)
+    assert len(shown) == 10 and not set(shown) & set(first)
+    assert_well_made(driver)
+    driver.refresh()
+    settled(driver)
+    assert (driver.title, shown_codes(driver)) == ("Recovery codes shown already", [])
+    assert_well_made(driver)
+    click(driver, "form[action$='/recovery'] button")
+    again = shown_codes(driver)
+    assert driver.title == "New recovery codes" and len(again) == 10 and not set(again) & set(shown)

@@ -27,7 +27,7 @@ from authsrv import events
 from authsrv.flows.csrf import session_form_token, session_form_token_valid
 from authsrv.flows.mfa import SecondFactors
 from authsrv.flows.interaction import InteractionFlow, impossible_message
-from authsrv.flows.outcomes import Browser, EnrolmentForm, RecoveryCodes, Redirect
+from authsrv.flows.outcomes import Browser, EnrolmentForm, NewRecoveryCodes, RecoveryCodes, Redirect
 from authsrv.flows.link import unlink_token
 from authsrv.flows.login import LoggedIn, Throttled, Unavailable
 from authsrv.flows.passkeys import MAX_PASSKEYS, PASSKEY_METHODS, Passkeys, TooManyPasskeys
@@ -138,7 +138,7 @@ class AccountFactors:
         return "totp-set-up"
 
     async def replace_recovery_codes(self, browser: Browser, form: dict[str, str] | None, address: str,
-                                     now: int) -> RecoveryCodes | Redirect:
+                                     now: int) -> NewRecoveryCodes | Redirect:
         """A new set of recovery codes for a user with an authenticator; the old ones stop working."""
         cookie, session = await self._session(browser.session, now)
         if not session_form_token_valid(cookie, RECOVERY_PURPOSE, (form or {}).get("csrf")):
@@ -147,7 +147,17 @@ class AccountFactors:
             return again
         if not await self._factors.has_totp(session.sub):
             raise PageError(409, "No authenticator", "Set up an authenticator first; it comes with recovery codes.")
-        return RecoveryCodes(await self._factors.replace_recovery_codes(session.sub, now, address))
+        return NewRecoveryCodes(await self._factors.replace_recovery_codes(session.sub, now, address))
+
+    async def new_recovery_codes(self, browser: Browser, sealed: str | None, now: int) -> RecoveryCodes:
+        """
+        The codes a L{NewRecoveryCodes} sealed, to show this once; none once
+        shown (the browser keeps them for one showing), with the form that
+        asks for another set.
+        """
+        cookie, session = await self._session(browser.session, now)
+        return RecoveryCodes(await self._factors.open_new_recovery_codes(session.sub, sealed, now),
+                             recovery_form_token(cookie))
 
     async def _form(self, cookie: str, session: BrowserSession, sealed: str | None, message: str | None,
                     now: int) -> EnrolmentForm:

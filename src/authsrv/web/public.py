@@ -21,7 +21,16 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 from authsrv.config import ISSUER_PATH
 from authsrv.flows.account import AccountView, PasswordRefused
 from authsrv.flows.link import link_token, link_token_valid, unlink_token, unlink_token_valid
-from authsrv.flows.outcomes import DeviceCodeForm, EnrolmentForm, LoginForm, LogoutConfirmation, Notice, Redirect
+from authsrv.flows.mfa import SHOWN_TTL
+from authsrv.flows.outcomes import (
+    DeviceCodeForm,
+    EnrolmentForm,
+    LoginForm,
+    LogoutConfirmation,
+    NewRecoveryCodes,
+    Notice,
+    Redirect,
+)
 from authsrv.flows.ratelimit import ClientRateLimits, EndpointLimit, RateLimited
 from authsrv.identity.errors import BackendUnavailable
 from authsrv.protocol import jsontext
@@ -38,6 +47,7 @@ from authsrv.protocol.pushed import push_params
 from authsrv.records import Client
 from authsrv.store.errors import StoreUnavailable
 from authsrv.web.account_pages import account_page
+from authsrv.web.cookies import RECOVERY_COOKIE
 from authsrv.web.device_pages import device_code_page, device_consent_page
 from authsrv.web.failures import oauth_server_error, unforeseen_in_klein
 from authsrv.web.forms import (
@@ -82,6 +92,7 @@ JSON_ENDPOINTS = (
 LINK_PATH = ISSUER_PATH + "/link/chat"
 ACCOUNT_PATH = ISSUER_PATH + "/account"
 ACCOUNT_TOTP_PATH = ACCOUNT_PATH + "/mfa/totp"
+ACCOUNT_RECOVERY_PATH = ACCOUNT_PATH + "/mfa/recovery"
 REGISTER_PATH = ISSUER_PATH + "/oauth2/register"
 TOKEN_PATH = ISSUER_PATH + "/oauth2/token"
 INTROSPECT_PATH = ISSUER_PATH + "/oauth2/introspect"
@@ -629,15 +640,30 @@ class PublicSite:
             return enrolment_page(request, f"{self._issuer}/account/mfa/totp", outcome)
         return await self._account_done(request, outcome)
 
-    @app.route(ISSUER_PATH + "/account/mfa/recovery", methods=["POST"])
+    @app.route(ACCOUNT_RECOVERY_PATH, methods=["POST"])
     async def account_recovery_codes(self, request):
-        codes = await self._flows.account.replace_recovery_codes(
+        """
+        A new set of recovery codes, shown by the page this answer leads to
+        (Post/Redirect/Get), which the browser keeps them for: a reload of
+        that page makes no other set.
+        """
+        outcome = await self._flows.account.replace_recovery_codes(
             self._cookies.browser(request), page_form(request), client_address_of(request, self._trusted_proxies),
             self._now(),
         )
-        if isinstance(codes, Redirect):
-            return self._answer(request, codes)
-        return recovery_codes_page(request, codes)
+        if isinstance(outcome, NewRecoveryCodes):
+            self._cookies.set(request, RECOVERY_COOKIE, outcome.sealed, SHOWN_TTL)
+            outcome = Redirect(f"{self._issuer}/account/mfa/recovery", 303)
+        return self._answer(request, outcome)
+
+    @app.route(ACCOUNT_RECOVERY_PATH, methods=["GET"])
+    async def account_new_recovery_codes(self, request):
+        """The codes the form above made, shown once: the browser's copy goes with this answer."""
+        sealed = self._cookies.get(request, RECOVERY_COOKIE)
+        if sealed is not None:
+            self._cookies.clear(request, RECOVERY_COOKIE)
+        codes = await self._flows.account.new_recovery_codes(self._cookies.browser(request), sealed, self._now())
+        return recovery_codes_page(request, f"{self._issuer}/account/mfa/recovery", codes)
 
     # --- linking a chat account ------------------------------------------------
 
