@@ -25,6 +25,7 @@ import attrs
 from twisted.internet.defer import Deferred
 
 from authsrv import events
+from authsrv.flows.answered import RecentAnswers
 from authsrv.flows.csrf import form_token, form_token_valid, kept_for, valid_device_secret
 from authsrv.flows.login import LoggedIn, Refused, Suspended, Throttled
 from authsrv.flows.mfa import Accepted, Held, SecondFactors
@@ -80,6 +81,7 @@ from authsrv.records import (
     Grant,
     Interaction,
 )
+from authsrv.store.codes import CodeFound
 from authsrv.tokens import new_token, token_hash
 
 INCORRECT = "The username or password is incorrect."
@@ -197,6 +199,7 @@ class InteractionFlow:
         self._login = login
         self._limits = limits
         self._issuer = issuer
+        self._answers = RecentAnswers()
 
     async def authorize(self, args: dict[bytes, list[bytes]], browser: Browser, address: str,
                         now: int) -> Redirect | LoginForm:
@@ -559,23 +562,45 @@ class InteractionFlow:
         """
         if form is None:
             raise _forged()
+        if again := await self._answered_before(form, browser, now):
+            return again
         interaction, client, session = await self._consent_stage(form, browser, now)
         action = form.get("action")
         self._check_csrf(form, browser, interaction)
         if action not in ("approve", "deny"):
             raise _forged()
         if not await self._store.take_interaction(interaction.interaction_id, CONSENT_STAGE):
+            if again := await self._answered_before(form, browser, now):
+                return again
             raise _expired()
         request = interaction.request
         if action == "deny":
             events.consent_denied(sub=session.sub, client_id=client.client_id, address=address)
             denied = AccessDenied("the user denied the request")
-            return Redirect(error_location(self._issuer, request.redirect_uri, request.state, denied), 303)
+            location = error_location(self._issuer, request.redirect_uri, request.state, denied)
+            self._answers.keep(interaction.interaction_id, location, None, interaction.csrf_token, now)
+            return Redirect(location, 303)
         if max_age_passed(request, session, now) and session.auth_time < interaction.created_at:
             return await self._approved_then_sign_in(client, request, session, browser, address, now)
-        location = await self._issue_code(client, request, session, now, address)
+        location = await self._issue_code(client, request, session, now, address, answering=interaction)
         await self._remember_consent(session.sub, client, request.scope, now, address)
         return Redirect(location, 303)
+
+    async def _answered_before(self, form: dict[str, str], browser: Browser, now: int) -> Redirect | None:
+        """
+        The answer this browser's consent form got when it was sent a moment
+        ago (L{authsrv.flows.answered}), while the code it carries is unused;
+        else None.
+        """
+        interaction_id = form.get("request")
+        answer = self._answers.recall(interaction_id, now) if interaction_id else None
+        if answer is None or not form_token_valid(answer.csrf_token, form.get("csrf"), browser.device,
+                                                  interaction_id):
+            return None
+        if answer.code_hash is not None and not isinstance(await self._store.find_code(answer.code_hash, now),
+                                                           CodeFound):
+            return None
+        return Redirect(answer.location, 303)
 
     async def _approved_then_sign_in(self, client: Client, request: AuthorizationRequest, session: BrowserSession,
                                      browser: Browser, address: str, now: int) -> Redirect:
@@ -850,7 +875,7 @@ class InteractionFlow:
         events.consent_given(sub=sub, client_id=client.client_id, scope=" ".join(sorted(granted)), address=address)
 
     async def _issue_code(self, client: Client, request: AuthorizationRequest, session: BrowserSession,
-                          now: int, address: str, *, ending: bool = True) -> str:
+                          now: int, address: str, *, ending: bool = True, answering: Interaction | None = None) -> str:
         """
         Store a new code with the grant it will start, bound to everything the
         request said and to the session's authentication; returns the redirect
@@ -861,7 +886,9 @@ class InteractionFlow:
         came between could not name the grant's client in its back-channel
         logout (it reads the clients from the session's grants), so the
         code is refused and the browser signed out; an end after the read
-        finds the grant and tells its client.
+        finds the grant and tells its client. The answer to the consent
+        form of the interaction it is C{answering} is kept for that form
+        sent again (L{_answered_before}).
         """
         code = new_token()
         grant_id = new_token(16)
@@ -890,4 +917,7 @@ class InteractionFlow:
             raise PageError(400, "Signed out", SIGNED_OUT)
         events.code_issued(sub=session.sub, client_id=request.client_id, grant_id=grant_id, session_id=session.sid,
                            address=address)
-        return code_location(self._issuer, request, code)
+        location = code_location(self._issuer, request, code)
+        if answering is not None:
+            self._answers.keep(answering.interaction_id, location, token_hash(code), answering.csrf_token, now)
+        return location
