@@ -593,7 +593,9 @@ class InteractionFlow:
         else None.
         """
         interaction_id = form.get("request")
-        answer = self._answers.recall(interaction_id, now) if interaction_id else None
+        if not interaction_id:
+            return None
+        answer = self._answers.recall(interaction_id, now)
         if answer is None or not form_token_valid(answer.csrf_token, form.get("csrf"), browser.device,
                                                   interaction_id):
             return None
