@@ -286,6 +286,42 @@ def test_a_sign_out_the_application_did_not_name_is_confirmed(server, driver, ca
     assert driver.title == "Sign in"
 
 
+def fill(driver, **fields: str) -> None:
+    """Set the fields' values as a paste would, even ones no keyboard types (a NUL)."""
+    driver.execute_script("for (var name in arguments[0]) {"
+                          " document.getElementsByName(name)[0].value = arguments[0][name]; }", fields)
+
+
+def test_a_password_no_one_can_have_keeps_the_form_saying_what_is_wrong(server, driver, callback):  # noqa: F811
+    """
+    A NUL or an overlong field on the sign-in form or the password change:
+    the same form again (400) saying what is wrong, never the page of a
+    form expired, which sent the person back to the application.
+    """
+    issuer = server.base + "/api/auth"
+    driver.get(authorize_url(server, "partner", callback + "/partner", "st-10"))
+    settled(driver)
+    for username, password, says in (
+            ("carol", "pass\x00word", "The password holds a NUL character, which no password can"),
+            ("c" * 9000, "guess", "The username is longer than any username can be (8 KiB)")):
+        fill(driver, username=username, password=password)
+        click(driver, "button[type=submit]")
+        assert (driver.title, driver.find_element(By.CSS_SELECTOR, "p.error").text.split(";")[0]) == (
+            "Sign in", says)
+        assert_well_made(driver, 400)
+    answered_sign_in(driver, "carol", PASSWORD)
+    assert driver.title == "Allow Partner Site?"
+    driver.get(issuer + "/account")
+    settled(driver)
+    fill(driver, current_password="pass\x00word", new_password="another long passphrase",
+         new_password_again="another long passphrase")
+    click(driver, "form[action$='/password'] button")
+    assert driver.title == "Your account"
+    assert driver.find_element(By.CSS_SELECTOR, "p.error").text.startswith(
+        "The current password holds a NUL character, which no password can")
+    assert_well_made(driver, 400)
+
+
 def shown_codes(driver) -> list[str]:
     return [code.text for code in driver.find_elements(By.CSS_SELECTOR, "main li code")]
 
