@@ -302,6 +302,31 @@ async def test_an_enrolment_page_left_open_enrols_nothing_once_the_sign_in_is_ol
         await h.close()
 
 
+@pytest.mark.parametrize("code", ["12\x003456", "1" * 9000, b"\xff123456"])
+@pytest_twisted.ensureDeferred
+async def test_a_code_no_app_shows_is_a_wrong_code_not_an_expired_form(tmp_path, monkeypatch, code):
+    """
+    A NUL, text that is not UTF-8 or more than a form field's cap in the
+    code field made the form unreadable: the page of a form expired, which
+    sent the person back to the application. It is a wrong code, on the
+    same form, for the second factor as for a new authenticator.
+    """
+    h = await started(tmp_path, monkeypatch)
+    try:
+        await enrolled(h)
+        browser = Browser(h)
+        response, _ = await password(browser, ALICE)
+        response, body = await give_code(browser, location(response), code)
+        assert response.code == 200 and b"That code is not right" in body, body
+        fresh = Browser(h)
+        await fresh.sign_in(BOB)
+        response, body = await fresh.get(TOTP_PAGE)
+        response, body = await fresh.post(TOTP_PAGE, {**enrolment_of(body)[2], "code": code})
+        assert response.code == 200 and b"That code does not match" in body, body
+    finally:
+        await h.close()
+
+
 def recovery_csrf(body: bytes) -> str:
     """The CSRF token of the page's form that asks for new recovery codes."""
     return unescape(re.search(r'name="csrf" value="([^"]+)"', body.decode().split("/recovery")[1]).group(1))

@@ -26,7 +26,7 @@ from twisted.python.failure import Failure
 from authsrv import events
 from authsrv.flows.csrf import session_form_token, session_form_token_valid
 from authsrv.flows.mfa import SecondFactors
-from authsrv.flows.interaction import InteractionFlow, impossible_message
+from authsrv.flows.interaction import WRONG_FIRST_CODE, InteractionFlow, impossible_message
 from authsrv.flows.outcomes import Browser, EnrolmentForm, NewRecoveryCodes, RecoveryCodes, Redirect
 from authsrv.flows.link import unlink_token
 from authsrv.flows.login import LoggedIn, Throttled, Unavailable
@@ -40,7 +40,6 @@ from authsrv.records import ACR_MFA, RECOVERY_FACTOR, TOTP_FACTOR, BrowserSessio
 
 TOTP_PURPOSE = b"account mfa totp"
 RECOVERY_PURPOSE = b"account mfa recovery"
-WRONG_FIRST_CODE = "That code does not match; check the time on your phone and try the current code."
 
 log = Logger()
 

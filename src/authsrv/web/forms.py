@@ -76,14 +76,15 @@ def page_form(request) -> dict[str, str] | None:
         return None
 
 
-def credentials_form(request, *names: bytes) -> dict[str, str] | None:
+def credentials_form(request, *names: bytes, errors: str = "surrogateescape") -> dict[str, str] | None:
     """
     L{page_form}, except the credentials C{names}, read as sent
-    (L{params_with_token}; bytes that are not UTF-8 as lone surrogates): one
-    no user can have is the form's to explain, not an expired form.
+    (L{params_with_token}; bytes that are not UTF-8 as lone surrogates, or
+    as C{errors} says): one no user can have is the form's to explain, not
+    an expired form.
     """
     try:
-        return params_with_token(request.args, *names, errors="surrogateescape")
+        return params_with_token(request.args, *names, errors=errors)
     except InvalidRequest:
         return None
 
@@ -91,6 +92,14 @@ def credentials_form(request, *names: bytes) -> dict[str, str] | None:
 def sign_in_form(request) -> dict[str, str] | None:
     """L{credentials_form} of the sign-in form."""
     return credentials_form(request, b"username", b"password")
+
+
+def code_form(request) -> dict[str, str] | None:
+    """
+    L{credentials_form} of a form with a second factor's C{code}: one that
+    cannot be a code (bytes that are not UTF-8 read as U+FFFD) is a wrong code.
+    """
+    return credentials_form(request, b"code", errors="replace")
 
 
 def password_change_form(request) -> dict[str, str] | None:

@@ -54,6 +54,7 @@ from authsrv.web.forms import (
     DEVICE_RESOURCES,
     TOKEN_RESOURCES,
     client_address_of,
+    code_form,
     form_args,
     one_resource_form,
     page_form,
@@ -488,7 +489,7 @@ class PublicSite:
     async def second_factor_submitted(self, request):
         address = client_address_of(request, self._trusted_proxies)
         outcome = await self._flows.interaction.submit_second_factor(
-            page_form(request), self._cookies.browser(request), address, self._clock.seconds()
+            code_form(request), self._cookies.browser(request), address, self._clock.seconds()
         )
         if isinstance(outcome, Redirect):
             return self._answer(request, outcome)
@@ -505,7 +506,7 @@ class PublicSite:
     async def enrolment_submitted(self, request):
         address = client_address_of(request, self._trusted_proxies)
         outcome = await self._flows.interaction.submit_enrolment(
-            page_form(request), self._cookies.browser(request), address, self._clock.seconds()
+            code_form(request), self._cookies.browser(request), address, self._clock.seconds()
         )
         if isinstance(outcome, Redirect):
             return self._answer(request, outcome)
@@ -633,7 +634,7 @@ class PublicSite:
     @app.route(ACCOUNT_TOTP_PATH, methods=["POST"])
     async def account_totp_submitted(self, request):
         outcome = await self._flows.account.submit_totp(
-            self._cookies.browser(request), page_form(request), client_address_of(request, self._trusted_proxies),
+            self._cookies.browser(request), code_form(request), client_address_of(request, self._trusted_proxies),
             self._now(),
         )
         if isinstance(outcome, EnrolmentForm):
