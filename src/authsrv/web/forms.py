@@ -102,6 +102,15 @@ def code_form(request) -> dict[str, str] | None:
     return credentials_form(request, b"code", errors="replace")
 
 
+def passkey_answer_form(request) -> dict[str, str] | None:
+    """
+    L{credentials_form} of a form with a passkey's C{credential}, which the
+    passkeys cap themselves (L{authsrv.flows.passkeys.MAX_CREDENTIAL_JSON},
+    over a form field's cap): one they cannot read is not accepted.
+    """
+    return credentials_form(request, b"credential", errors="replace")
+
+
 def password_change_form(request) -> dict[str, str] | None:
     """L{credentials_form} of the account page's password change."""
     return credentials_form(request, b"current_password", b"new_password", b"new_password_again")

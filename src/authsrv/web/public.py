@@ -58,6 +58,7 @@ from authsrv.web.forms import (
     form_args,
     one_resource_form,
     page_form,
+    passkey_answer_form,
     password_change_form,
     sign_in_form,
     token_form_params,
@@ -461,7 +462,7 @@ class PublicSite:
         """A passkey instead of the password, posted by the login page's passkey form."""
         address = client_address_of(request, self._trusted_proxies)
         outcome = await self._flows.interaction.submit_passkey(
-            page_form(request), self._cookies.browser(request), address, self._clock.seconds()
+            passkey_answer_form(request), self._cookies.browser(request), address, self._clock.seconds()
         )
         if isinstance(outcome, Redirect):
             return self._answer(request, outcome)
@@ -472,7 +473,7 @@ class PublicSite:
         """A passkey as the second factor, posted by the second-factor page's passkey form."""
         address = client_address_of(request, self._trusted_proxies)
         outcome = await self._flows.interaction.submit_second_passkey(
-            page_form(request), self._cookies.browser(request), address, self._clock.seconds()
+            passkey_answer_form(request), self._cookies.browser(request), address, self._clock.seconds()
         )
         if isinstance(outcome, Redirect):
             return self._answer(request, outcome)
@@ -609,7 +610,7 @@ class PublicSite:
     @app.route(ACCOUNT_PATH + "/passkeys", methods=["POST"])
     async def account_add_passkey(self, request):
         return await self._account_done(request, await self._flows.account_page.register_passkey(
-            self._cookies.browser(request), page_form(request), client_address_of(request, self._trusted_proxies),
+            self._cookies.browser(request), passkey_answer_form(request), client_address_of(request, self._trusted_proxies),
             self._now(),
         ))
 
