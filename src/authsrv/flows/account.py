@@ -476,7 +476,8 @@ class AccountPage:
         user = await self._identity.user_by_id(sub)
         if manager is None or user is None:
             raise PageError(404, "Not available", "Your password is managed elsewhere.")
-        current, new, again = (form.get(name, "") for name in ("current_password", "new_password", "new_password_again"))
+        current, new = form.get("current_password", ""), form.get("new_password", "")
+        again = form.get("new_password_again", "")
         for field, value in (("current password", current), ("new password", new)):
             if impossible := impossible_message(value, field, MAX_PASSWORD_BYTES, "password"):
                 events.password_change_refused(sub=sub, address=address, reason=f"{field} no one can have")

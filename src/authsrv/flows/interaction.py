@@ -92,16 +92,6 @@ IMPOSSIBLE = {
     "long": "The {field} is longer than any {kind} can be ({kib} KiB); check what was pasted into the field.",
 }
 """What a form says, by L{impossible_credential}, of a username or password no user can have."""
-
-
-def impossible_message(value: str, field: str, max_bytes: int, kind: str | None = None) -> str | None:
-    """
-    L{IMPOSSIBLE}'s sentence for the form's C{field} (a C{kind} of
-    credential, the field's name by default) if no user can have C{value},
-    else None.
-    """
-    impossible = impossible_credential(value, max_bytes)
-    return IMPOSSIBLE[impossible].format(field=field, kind=kind or field, kib=max_bytes // 1024) if impossible else None
 UNAVAILABLE = "Signing in is not possible right now; please try again later."
 FORM_EXPIRED = "This form expired or was not sent by this site; start again from the application."
 ENDED = ("This sign-in has already finished, or it took too long and expired; if the application did not sign"
@@ -155,6 +145,18 @@ def too_many_waiting(retry_after: int) -> PageError:
         f"{minutes} minute{'s' if minutes != 1 else ''} and start again from the application.",
         retry_after=retry_after,
     )
+
+
+def impossible_message(value: str, field: str, max_bytes: int, kind: str | None = None) -> str | None:
+    """
+    L{IMPOSSIBLE}'s sentence for the form's C{field} (a C{kind} of
+    credential, the field's name by default) if no user can have C{value},
+    else None.
+    """
+    impossible = impossible_credential(value, max_bytes)
+    if impossible is None:
+        return None
+    return IMPOSSIBLE[impossible].format(field=field, kind=kind or field, kib=max_bytes // 1024)
 
 
 def _expired() -> PageError:

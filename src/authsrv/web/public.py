@@ -610,8 +610,8 @@ class PublicSite:
     @app.route(ACCOUNT_PATH + "/passkeys", methods=["POST"])
     async def account_add_passkey(self, request):
         return await self._account_done(request, await self._flows.account_page.register_passkey(
-            self._cookies.browser(request), passkey_answer_form(request), client_address_of(request, self._trusted_proxies),
-            self._now(),
+            self._cookies.browser(request), passkey_answer_form(request),
+            client_address_of(request, self._trusted_proxies), self._now(),
         ))
 
     @app.route(ACCOUNT_PATH + "/passkeys/remove", methods=["POST"])
