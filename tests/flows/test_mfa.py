@@ -327,6 +327,58 @@ async def test_a_code_no_app_shows_is_a_wrong_code_not_an_expired_form(tmp_path,
         await h.close()
 
 
+@pytest_twisted.ensureDeferred
+async def test_reloading_the_authenticator_page_shows_the_same_key_and_codes(tmp_path, monkeypatch):
+    """
+    Each opening of the page made a new key and recovery codes, so the
+    codes written down before a reload were silently not the ones confirmed.
+    The browser keeps the enrolment it was shown (sealed, for its
+    ENROLMENT_TTL), and the page shows it again; another user's is not theirs.
+    """
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        await browser.sign_in(ALICE)
+        response, body = await browser.get(TOTP_PAGE)
+        secret, codes, fields = enrolment_of(body)
+        h.clock.advance(60)
+        response, body = await browser.get(TOTP_PAGE)
+        assert response.code == 200 and enrolment_of(body)[:2] == (secret, codes)
+        bob = Browser(h)
+        await bob.sign_in(BOB)
+        bob.cookies.update({name: value for name, value in browser.cookies.items() if "enrolment" in name})
+        response, body = await bob.get(TOTP_PAGE)
+        assert enrolment_of(body)[0] != secret, "sealed for Alice alone"
+        response, body = await browser.post(TOTP_PAGE, {**fields, "code": code_at(secret, h.now())})
+        assert response.code == 303 and location(response) == ACCOUNT_DONE + "totp-set-up", body
+        other = Browser(h)
+        response, _ = await password(other, ALICE)
+        response, _ = await give_code(other, location(response), codes[0])
+        assert response.code == 303, "the codes shown first are the ones kept"
+        other.cookies.update({name: value for name, value in browser.cookies.items() if "enrolment" in name})
+        response, body = await other.get(TOTP_PAGE)
+        assert response.code == 200 and enrolment_of(body)[0] != secret, "a confirmed key is never shown again"
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_reloading_a_sign_ins_enrolment_page_shows_the_same_key_and_codes(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        await browser.sign_in(ALICE)
+        response, _ = await browser.authorize("first", acr_values=ACR_MFA)
+        page = location(response)
+        shown = [enrolment_of((await browser.get(page))[1]) for _ in range(2)]
+        assert shown[0][:2] == shown[1][:2]
+        secret, _, fields = shown[1]
+        response, _ = await browser.post(ISSUER + "/mfa/enrol", {**fields, "code": code_at(secret, h.now())})
+        assert response.code == 303 and "code" in query_of(location(response))
+    finally:
+        await h.close()
+
+
 def recovery_csrf(body: bytes) -> str:
     """The CSRF token of the page's form that asks for new recovery codes."""
     return unescape(re.search(r'name="csrf" value="([^"]+)"', body.decode().split("/recovery")[1]).group(1))

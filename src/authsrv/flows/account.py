@@ -110,15 +110,20 @@ class AccountFactors:
         return await sign_in_unless_fit(self._factors, self._interaction, self._page, session, browser, address,
                                         now)
 
-    async def totp_form(self, browser: Browser, address: str, now: int) -> EnrolmentForm | Redirect:
-        """The authenticator page; a browser without a session signs in first and comes back to it."""
+    async def totp_form(self, browser: Browser, address: str, now: int,
+                        shown: str | None = None) -> EnrolmentForm | Redirect:
+        """
+        The authenticator page, with the enrolment it C{shown} before (sealed)
+        while it lasts; a browser without a session signs in first and comes
+        back to it.
+        """
         cookie = browser.session
         session = await self._live(cookie, now)
         if cookie is None or session is None:
             return await self._interaction.sign_in_again(self._page, None, browser, address, now)
         if again := await self._unfit(session, browser, address, now):
             return again
-        return await self._form(cookie, session, None, None, now)
+        return await self._form(cookie, session, shown, None, now)
 
     async def submit_totp(self, browser: Browser, form: dict[str, str] | None, address: str,
                           now: int) -> EnrolmentForm | str | Redirect:

@@ -433,9 +433,11 @@ class InteractionFlow:
         return await self._signed_in(client, interaction.request, sub, session, browser, address,
                                      with_second_factor(interaction.amr, "otp"), ACR_MFA, seconds)
 
-    async def enrolment_form(self, form: dict[str, str] | None, browser: Browser, now: int) -> EnrolmentForm:
+    async def enrolment_form(self, form: dict[str, str] | None, browser: Browser, now: int,
+                             shown: str | None = None) -> EnrolmentForm:
+        """The enrolment page; the enrolment it C{shown} before (sealed) again, while it lasts."""
         interaction, client, _ = await self._factor_stage(form, ENROL_STAGE, browser, now, shown=True)
-        return await self._enrolment_form(200, interaction, client, None, now)
+        return await self._enrolment_form(200, interaction, client, None, now, shown)
 
     async def submit_enrolment(self, form: dict[str, str] | None, browser: Browser, address: str,
                                now: float) -> EnrolmentForm | Redirect:

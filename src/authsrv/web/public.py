@@ -21,7 +21,7 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 from authsrv.config import ISSUER_PATH
 from authsrv.flows.account import AccountView, PasswordRefused
 from authsrv.flows.link import link_token, link_token_valid, unlink_token, unlink_token_valid
-from authsrv.flows.mfa import SHOWN_TTL
+from authsrv.flows.mfa import ENROLMENT_TTL, SHOWN_TTL
 from authsrv.flows.outcomes import (
     DeviceCodeForm,
     EnrolmentForm,
@@ -47,7 +47,7 @@ from authsrv.protocol.pushed import push_params
 from authsrv.records import Client
 from authsrv.store.errors import StoreUnavailable
 from authsrv.web.account_pages import account_page
-from authsrv.web.cookies import RECOVERY_COOKIE
+from authsrv.web.cookies import ENROLMENT_COOKIE, RECOVERY_COOKIE
 from authsrv.web.device_pages import device_code_page, device_consent_page
 from authsrv.web.failures import oauth_server_error, unforeseen_in_klein
 from authsrv.web.forms import (
@@ -496,12 +496,18 @@ class PublicSite:
             return self._answer(request, outcome)
         return second_factor_page(request, f"{self._issuer}/mfa", outcome)
 
+    def _enrolment_page(self, request, path: str, form: EnrolmentForm) -> bytes:
+        """The enrolment page; the browser keeps what it shows (L{ENROLMENT_COOKIE}) for a reload to show again."""
+        self._cookies.set(request, ENROLMENT_COOKIE, form.sealed, ENROLMENT_TTL)
+        return enrolment_page(request, f"{self._issuer}{path}", form)
+
     @app.route(ISSUER_PATH + "/mfa/enrol", methods=["GET"])
     async def enrolment(self, request):
         form = await self._flows.interaction.enrolment_form(
-            page_form(request), self._cookies.browser(request), self._now()
+            page_form(request), self._cookies.browser(request), self._now(),
+            self._cookies.get(request, ENROLMENT_COOKIE),
         )
-        return enrolment_page(request, f"{self._issuer}/mfa/enrol", form)
+        return self._enrolment_page(request, "/mfa/enrol", form)
 
     @app.route(ISSUER_PATH + "/mfa/enrol", methods=["POST"])
     async def enrolment_submitted(self, request):
@@ -511,7 +517,7 @@ class PublicSite:
         )
         if isinstance(outcome, Redirect):
             return self._answer(request, outcome)
-        return enrolment_page(request, f"{self._issuer}/mfa/enrol", outcome)
+        return self._enrolment_page(request, "/mfa/enrol", outcome)
 
     @app.route(ISSUER_PATH + "/consent", methods=["GET"])
     async def consent(self, request):
@@ -626,11 +632,12 @@ class PublicSite:
     @app.route(ACCOUNT_TOTP_PATH, methods=["GET"])
     async def account_totp(self, request):
         form = await self._flows.account.totp_form(
-            self._cookies.browser(request), client_address_of(request, self._trusted_proxies), self._now()
+            self._cookies.browser(request), client_address_of(request, self._trusted_proxies), self._now(),
+            self._cookies.get(request, ENROLMENT_COOKIE),
         )
         if isinstance(form, Redirect):
             return self._answer(request, form)
-        return enrolment_page(request, f"{self._issuer}/account/mfa/totp", form)
+        return self._enrolment_page(request, "/account/mfa/totp", form)
 
     @app.route(ACCOUNT_TOTP_PATH, methods=["POST"])
     async def account_totp_submitted(self, request):
@@ -639,7 +646,7 @@ class PublicSite:
             self._now(),
         )
         if isinstance(outcome, EnrolmentForm):
-            return enrolment_page(request, f"{self._issuer}/account/mfa/totp", outcome)
+            return self._enrolment_page(request, "/account/mfa/totp", outcome)
         return await self._account_done(request, outcome)
 
     @app.route(ACCOUNT_RECOVERY_PATH, methods=["POST"])
