@@ -145,7 +145,7 @@ async def test_a_password_change_needs_the_current_one_and_ends_other_sessions(t
         assert b"Your current password is not right." in await answered(browser, response, "current-password-wrong")
         response, body = await browser.post(ACCOUNT + "/password", {
             **change, "current_password": PASSWORDS[ALICE.sub], "new_password": new, "new_password_again": "typo"})
-        assert response.code == 200 and b"The two new passwords are not the same." in body
+        assert response.code == 400 and b"The two new passwords are not the same." in body
         for weak in ("password1", "alice-in-wonderland"):
             response, body = await browser.post(ACCOUNT + "/password", {
                 **change, "current_password": PASSWORDS[ALICE.sub], "new_password": weak, "new_password_again": weak})
@@ -273,14 +273,56 @@ async def test_with_the_password_checks_all_busy_a_password_change_says_so(tmp_p
         await h.close()
 
 
-async def alice_changes_her_password(h: Harness, new: str):
+async def alice_changes_her_password(h: Harness, new: str | bytes, current: str | bytes = PASSWORDS[ALICE.sub]):
     """Alice, signed in, sends the account page's password form: (her browser, the answer, its body)."""
     browser, _ = await signed_in(h)
     response, body = await browser.get(ACCOUNT)
     [change] = forms(body, ACCOUNT + "/password")
     response, body = await browser.post(ACCOUNT + "/password", {
-        **change, "current_password": PASSWORDS[ALICE.sub], "new_password": new, "new_password_again": new})
+        **change, "current_password": current, "new_password": new, "new_password_again": new})
     return browser, response, body
+
+
+NEW = "a brand new and long passphrase"
+
+
+@pytest.mark.parametrize("current, new, says", [
+    ("pass\x00word", NEW, b"The current password holds a NUL character"),
+    (b"\xffpassword", NEW, b"The current password was not sent as UTF-8 text"),
+    (PASSWORDS[ALICE.sub], "new\x00" + NEW, b"The new password holds a NUL character, which no password can"),
+    (PASSWORDS[ALICE.sub], "n" * 9000, b"must be at most 1,024 characters long"),
+    (PASSWORDS[ALICE.sub], b"\xff" + NEW.encode(), b"The new password was not sent as UTF-8 text"),
+])
+@pytest_twisted.ensureDeferred
+async def test_a_password_no_one_can_have_is_refused_on_the_form_unchecked(tmp_path, monkeypatch, audit,
+                                                                          current, new, says):
+    """
+    A NUL, text that is not UTF-8 or a field over the form's cap made the
+    password form unreadable: the expired-form page. The page shows the form
+    again, saying what is wrong, with a 400; nothing is hashed or counted.
+    """
+    h = await started(tmp_path, monkeypatch)
+    try:
+        hashed = []
+        original = PasswordHasher.hash
+        monkeypatch.setattr(PasswordHasher, "hash", lambda *a, **k: hashed.append(a) or original(*a, **k))
+        browser, response, body = await alice_changes_her_password(h, new, current)
+        assert response.code == 400 and b'role="alert"' in body and says in body, body
+        assert forms(body, ACCOUNT + "/password") and b"expired" not in body
+        assert hashed == [] and not audit.of("login.failed")
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_long_current_password_under_the_cap_is_checked_as_any_other(tmp_path, monkeypatch):
+    """One longer than a form field's cap (8192 characters) is a wrong password, not an expired form."""
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser, response, _ = await alice_changes_her_password(h, NEW, "p" * 9000)
+        assert b"Your current password is not right." in await answered(browser, response, "current-password-wrong")
+    finally:
+        await h.close()
 
 
 @pytest_twisted.ensureDeferred

@@ -17,8 +17,10 @@ from twisted.internet.defer import fail
 from twisted.logger import formatEvent
 
 from flow_client import Browser, fuzz, hidden_fields, location, login_url, on_reactor, shows_login_form
-from harness import CHEAP, CLIENTS, ISSUER, Harness, query_of
+from harness import CHEAP, CLIENTS, ISSUER, Harness, pkce_pair, query_of
+from token_helpers import exchange
 
+from authsrv.flows.answered import KEPT_FOR
 from authsrv.flows.clients import TTL as CLIENT_CACHE_TTL
 from authsrv.identity.credentials import MAX_LOGIN_BYTES, MAX_PASSWORD_BYTES
 from authsrv.identity.passwords import hash_password
@@ -428,7 +430,8 @@ async def test_a_login_no_one_can_have_is_explained_unchecked_and_uncounted(tmp_
     """
     A NUL, text that is not UTF-8 or a field over the cap, in the username or
     the password, made the form unreadable: the generic expired-form page.
-    The login page says what is wrong, checks nothing and counts no failure.
+    The login page (a 400) says what is wrong, checks nothing and counts no
+    failure.
     """
     h = await started(tmp_path, monkeypatch)
     try:
@@ -439,7 +442,7 @@ async def test_a_login_no_one_can_have_is_explained_unchecked_and_uncounted(tmp_
         monkeypatch.setattr(h.identity, "requestAvatarId", lambda c: checks.append(c) or real(c))
         for _ in range(6):
             response, body = await browser.submit_login(url, username, password)
-            assert_page(response, body, 200)
+            assert_page(response, body, 400)
             assert says in body and INCORRECT not in body
             assert (b'value="alice"' in body) == (username == "alice")
         assert checks == [] and not audit.of("login.failed") and not audit.of("login.throttled")
@@ -745,6 +748,65 @@ async def test_going_back_to_a_finished_sign_in_says_it_finished(tmp_path, monke
         response, body = await browser.get(url)
         assert_page(response, body, 400)
         assert b"<title>Sign-in ended</title>" in body and b"This sign-in has already finished" in body
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_consent_sent_twice_gets_the_first_answer_while_its_code_is_unused(tmp_path, monkeypatch, audit):
+    """
+    A double click on Allow without JavaScript, the client slow to answer:
+    the browser shows only the second answer, which was the ended page, the
+    first one's code lost. The same browser's form sent again within
+    L{KEPT_FOR} seconds gets the same redirect and code, while that code
+    is unused; another browser, a used code or a later post get the page.
+    """
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        verifier, challenge = pkce_pair()
+        url = await consent_page(browser, ALICE, challenge=challenge)
+        response, body = await browser.get(url)
+        form = {**hidden_fields(body), "action": "approve"}
+        first, _ = await browser.post(ISSUER + "/consent", form)
+        assert first.code == 303 and "code" in query_of(location(first))
+        h.clock.advance(KEPT_FOR - 1)
+        for action in ("approve", "deny"):
+            response, _ = await browser.post(ISSUER + "/consent", {**form, "action": action})
+            assert response.code == 303 and location(response) == location(first)
+        other = Browser(h)
+        response, body = await other.post(ISSUER + "/consent", form)
+        assert_page(response, body, 400)
+        assert len(audit.of("code.issued")) == 1 and len(audit.of("consent.given")) == 1
+        response, _ = await exchange(h, query_of(location(first))["code"], verifier, "partner")
+        assert response.code == 200
+        response, body = await browser.post(ISSUER + "/consent", form)
+        assert_page(response, body, 400)
+        assert b"This sign-in has already finished" in body
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_consent_sent_again_later_says_the_sign_in_finished(tmp_path, monkeypatch):
+    """Past L{KEPT_FOR} seconds, or for a refusal sent again, the same answers as before any was kept."""
+    h = await started(tmp_path, monkeypatch)
+    try:
+        for action, late in (("deny", 0), ("approve", KEPT_FOR)):
+            browser = Browser(h)
+            url = await consent_page(browser, ALICE)
+            response, body = await browser.get(url)
+            form = {**hidden_fields(body), "action": action}
+            first, _ = await browser.post(ISSUER + "/consent", form)
+            assert first.code == 303
+            h.clock.advance(late)
+            response, body = await browser.post(ISSUER + "/consent", form)
+            if late:
+                assert_page(response, body, 400)
+                assert b"This sign-in has already finished" in body
+            else:
+                assert response.code == 303 and location(response) == location(first)
+                assert query_of(location(first))["error"] == "access_denied"
     finally:
         await h.close()
 

@@ -180,7 +180,7 @@ async def test_a_recovery_code_works_once_and_new_ones_replace_the_old(tmp_path,
         csrf = re.search(r'name="csrf" value="([^"]+)"', body.decode().split("/recovery")[1]).group(1)
         response, body = await browser.post(RECOVERY, {"csrf": "forged"})
         assert response.code == 403
-        response, body = await browser.post(RECOVERY, {"csrf": unescape(csrf)})
+        response, body = await new_recovery_codes(browser, unescape(csrf))
         assert response.code == 200, body
         fresh = _CODES.findall(body.decode())
         assert len(fresh) == 10 and not set(fresh) & set(codes)
@@ -302,6 +302,132 @@ async def test_an_enrolment_page_left_open_enrols_nothing_once_the_sign_in_is_ol
         await h.close()
 
 
+@pytest.mark.parametrize("code", ["12\x003456", "1" * 9000, b"\xff123456"])
+@pytest_twisted.ensureDeferred
+async def test_a_code_no_app_shows_is_a_wrong_code_not_an_expired_form(tmp_path, monkeypatch, code):
+    """
+    A NUL, text that is not UTF-8 or more than a form field's cap in the
+    code field made the form unreadable: the page of a form expired, which
+    sent the person back to the application. It is a wrong code, on the
+    same form, for the second factor as for a new authenticator.
+    """
+    h = await started(tmp_path, monkeypatch)
+    try:
+        await enrolled(h)
+        browser = Browser(h)
+        response, _ = await password(browser, ALICE)
+        response, body = await give_code(browser, location(response), code)
+        assert response.code == 200 and b"That code is not right" in body, body
+        fresh = Browser(h)
+        await fresh.sign_in(BOB)
+        response, body = await fresh.get(TOTP_PAGE)
+        response, body = await fresh.post(TOTP_PAGE, {**enrolment_of(body)[2], "code": code})
+        assert response.code == 200 and b"That code does not match" in body, body
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_reloading_the_authenticator_page_shows_the_same_key_and_codes(tmp_path, monkeypatch):
+    """
+    Each opening of the page made a new key and recovery codes, so the
+    codes written down before a reload were silently not the ones confirmed.
+    The browser keeps the enrolment it was shown (sealed, for its
+    ENROLMENT_TTL), and the page shows it again; another user's is not theirs.
+    """
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        await browser.sign_in(ALICE)
+        response, body = await browser.get(TOTP_PAGE)
+        secret, codes, fields = enrolment_of(body)
+        h.clock.advance(60)
+        response, body = await browser.get(TOTP_PAGE)
+        assert response.code == 200 and enrolment_of(body)[:2] == (secret, codes)
+        bob = Browser(h)
+        await bob.sign_in(BOB)
+        bob.cookies.update({name: value for name, value in browser.cookies.items() if "enrolment" in name})
+        response, body = await bob.get(TOTP_PAGE)
+        assert enrolment_of(body)[0] != secret, "sealed for Alice alone"
+        response, body = await browser.post(TOTP_PAGE, {**fields, "code": code_at(secret, h.now())})
+        assert response.code == 303 and location(response) == ACCOUNT_DONE + "totp-set-up", body
+        other = Browser(h)
+        response, _ = await password(other, ALICE)
+        response, _ = await give_code(other, location(response), codes[0])
+        assert response.code == 303, "the codes shown first are the ones kept"
+        other.cookies.update({name: value for name, value in browser.cookies.items() if "enrolment" in name})
+        response, body = await other.get(TOTP_PAGE)
+        assert response.code == 200 and enrolment_of(body)[0] != secret, "a confirmed key is never shown again"
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_reloading_a_sign_ins_enrolment_page_shows_the_same_key_and_codes(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        await browser.sign_in(ALICE)
+        response, _ = await browser.authorize("first", acr_values=ACR_MFA)
+        page = location(response)
+        shown = [enrolment_of((await browser.get(page))[1]) for _ in range(2)]
+        assert shown[0][:2] == shown[1][:2]
+        secret, _, fields = shown[1]
+        response, _ = await browser.post(ISSUER + "/mfa/enrol", {**fields, "code": code_at(secret, h.now())})
+        assert response.code == 303 and "code" in query_of(location(response))
+    finally:
+        await h.close()
+
+
+def recovery_csrf(body: bytes) -> str:
+    """The CSRF token of the page's form that asks for new recovery codes."""
+    return unescape(re.search(r'name="csrf" value="([^"]+)"', body.decode().split("/recovery")[1]).group(1))
+
+
+async def new_recovery_codes(browser: Browser, csrf: str):
+    """Ask for new recovery codes: (the page the form's 303 leads to, its body)."""
+    response, body = await browser.post(RECOVERY, {"csrf": csrf})
+    assert response.code == 303 and location(response) == RECOVERY, (response.code, body)
+    return await browser.get(RECOVERY)
+
+
+@pytest_twisted.ensureDeferred
+async def test_reloading_new_recovery_codes_shows_them_once_and_makes_no_other_set(tmp_path, monkeypatch, audit):
+    """
+    The form's answer is the page showing the codes, which a reload sent
+    again: a new set each time, the one written down silently gone. Now the
+    form's 303 leads to the codes, shown once; the page opened again makes
+    nothing and says so, with the form for a set asked for on purpose.
+    """
+    h = await started(tmp_path, monkeypatch)
+    try:
+        _, secret, _ = await enrolled(h)
+        browser = Browser(h)
+        response, _ = await password(browser, ALICE)
+        await give_code(browser, location(response), code_at(secret, h.now()))
+        response, body = await browser.get(TOTP_PAGE)
+        response, body = await new_recovery_codes(browser, recovery_csrf(body))
+        assert response.code == 200 and response.headers.getRawHeaders("cache-control") == ["no-store"]
+        shown = _CODES.findall(body.decode())
+        assert len(shown) == 10
+        for _ in range(2):
+            response, body = await browser.get(RECOVERY)
+            assert response.code == 200 and b"<h1>Recovery codes shown already</h1>" in body
+            assert not _CODES.findall(body.decode())
+        assert len(audit.of("mfa.recovery_codes_replaced")) == 1
+        other = Browser(h)
+        response, _ = await password(other, ALICE)
+        response, _ = await give_code(other, location(response), shown[0])
+        assert response.code == 303, "the set shown is the set kept"
+
+        response, body = await new_recovery_codes(browser, recovery_csrf(body))
+        again = _CODES.findall(body.decode())
+        assert len(again) == 10 and not set(again) & set(shown), "asked for on purpose, a new set"
+        assert len(audit.of("mfa.recovery_codes_replaced")) == 2
+    finally:
+        await h.close()
+
+
 @pytest_twisted.ensureDeferred
 async def test_new_recovery_codes_need_a_recent_sign_in_with_the_second_factor(tmp_path, monkeypatch, audit):
     h = await started(tmp_path, monkeypatch)
@@ -322,8 +448,7 @@ async def test_new_recovery_codes_need_a_recent_sign_in_with_the_second_factor(t
         response, _ = await give_code(browser, location(response), code_at(secret, h.now()))
         assert response.code == 303 and location(response) == TOTP_PAGE
         response, body = await browser.get(TOTP_PAGE)
-        csrf = unescape(re.search(r'name="csrf" value="([^"]+)"', body.decode().split("/recovery")[1]).group(1))
-        response, body = await browser.post(RECOVERY, {"csrf": csrf})
+        response, body = await new_recovery_codes(browser, recovery_csrf(body))
         assert response.code == 200 and not set(_CODES.findall(body.decode())) & set(codes)
         assert len(audit.of("mfa.recovery_codes_replaced")) == 1
     finally:

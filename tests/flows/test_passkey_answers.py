@@ -178,3 +178,32 @@ async def test_only_transport_names_are_kept_with_a_passkey(tmp_path, monkeypatc
         assert passkey.transports == ("internal", "hybrid")
     finally:
         await h.close()
+
+
+def padded(answer: str, size: int) -> str:
+    """A passkey answer grown to about C{size} characters by an extension output, as a browser may add."""
+    parsed = json.loads(answer)
+    parsed["clientExtensionResults"] = {"pad": "x" * (size - len(answer))}
+    return json.dumps(parsed)
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_answer_over_a_form_fields_cap_is_read_up_to_the_passkeys_own(tmp_path, monkeypatch):
+    """
+    Every field of a page's form was capped at 8192 characters, so an
+    answer longer than that (within MAX_CREDENTIAL_JSON, 16384) made the
+    form unreadable: the page of a form expired. It is read, and checked.
+    """
+    h = await Harness(tmp_path, monkeypatch).start()
+    try:
+        browser = Browser(h)
+        await browser.sign_in(ALICE)
+        key = SoftPasskey("127.0.0.1", BASE, ALICE.sub.encode())
+        assert b"Your passkey is added." in await add_passkey(browser, lambda options: padded(key.create(options),
+                                                                                              10_000))
+        response, body = await sign_in_with(h, lambda options: padded(key.get(options), 12_000))
+        assert response.code == 303 and "code=" in location(response), body
+        response, body = await sign_in_with(h, lambda options: padded(key.get(options), 17_000))
+        assert response.code == 200 and NOT_ACCEPTED in body, body
+    finally:
+        await h.close()

@@ -237,6 +237,14 @@ def test_an_oversized_body_gets_413_and_the_connection_closes():
     listener.assert_serves()
 
 
+def test_a_sign_in_form_over_the_body_cap_tells_the_person_what_to_do():
+    """A password pasted past the body cap (64 KiB by default) is a page saying to go back and check the field."""
+    listener = Listener({"max_body_bytes": 2048})
+    _, transport = listener.send(form("/api/auth/login", {"username": "alice", "password": "p" * 3000}))
+    assert_page(*parse(transport), 413, "go back, check what was pasted into the form")
+    listener.assert_serves()
+
+
 def test_a_body_announced_too_large_is_refused_before_it_is_sent():
     """With Expect: 100-continue the client was told to send 100 MB, which was then read and thrown away."""
     listener = Listener({"max_body_bytes": 2048})

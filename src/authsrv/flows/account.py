@@ -26,11 +26,12 @@ from twisted.python.failure import Failure
 from authsrv import events
 from authsrv.flows.csrf import session_form_token, session_form_token_valid
 from authsrv.flows.mfa import SecondFactors
-from authsrv.flows.interaction import InteractionFlow
-from authsrv.flows.outcomes import Browser, EnrolmentForm, RecoveryCodes, Redirect
+from authsrv.flows.interaction import WRONG_FIRST_CODE, InteractionFlow, impossible_message
+from authsrv.flows.outcomes import Browser, EnrolmentForm, NewRecoveryCodes, RecoveryCodes, Redirect
 from authsrv.flows.link import unlink_token
 from authsrv.flows.login import LoggedIn, Throttled, Unavailable
 from authsrv.flows.passkeys import MAX_PASSKEYS, PASSKEY_METHODS, Passkeys, TooManyPasskeys
+from authsrv.identity.credentials import MAX_PASSWORD_BYTES
 from authsrv.identity.errors import BackendUnavailable, UnknownUser
 from authsrv.interfaces import IIdentityBackend, IUserManagement
 from authsrv.protocol.errors import PageError
@@ -39,7 +40,6 @@ from authsrv.records import ACR_MFA, RECOVERY_FACTOR, TOTP_FACTOR, BrowserSessio
 
 TOTP_PURPOSE = b"account mfa totp"
 RECOVERY_PURPOSE = b"account mfa recovery"
-WRONG_FIRST_CODE = "That code does not match; check the time on your phone and try the current code."
 
 log = Logger()
 
@@ -110,15 +110,20 @@ class AccountFactors:
         return await sign_in_unless_fit(self._factors, self._interaction, self._page, session, browser, address,
                                         now)
 
-    async def totp_form(self, browser: Browser, address: str, now: int) -> EnrolmentForm | Redirect:
-        """The authenticator page; a browser without a session signs in first and comes back to it."""
+    async def totp_form(self, browser: Browser, address: str, now: int,
+                        shown: str | None = None) -> EnrolmentForm | Redirect:
+        """
+        The authenticator page, with the enrolment it C{shown} before (sealed)
+        while it lasts; a browser without a session signs in first and comes
+        back to it.
+        """
         cookie = browser.session
         session = await self._live(cookie, now)
         if cookie is None or session is None:
             return await self._interaction.sign_in_again(self._page, None, browser, address, now)
         if again := await self._unfit(session, browser, address, now):
             return again
-        return await self._form(cookie, session, None, None, now)
+        return await self._form(cookie, session, shown, None, now)
 
     async def submit_totp(self, browser: Browser, form: dict[str, str] | None, address: str,
                           now: int) -> EnrolmentForm | str | Redirect:
@@ -137,7 +142,7 @@ class AccountFactors:
         return "totp-set-up"
 
     async def replace_recovery_codes(self, browser: Browser, form: dict[str, str] | None, address: str,
-                                     now: int) -> RecoveryCodes | Redirect:
+                                     now: int) -> NewRecoveryCodes | Redirect:
         """A new set of recovery codes for a user with an authenticator; the old ones stop working."""
         cookie, session = await self._session(browser.session, now)
         if not session_form_token_valid(cookie, RECOVERY_PURPOSE, (form or {}).get("csrf")):
@@ -146,7 +151,17 @@ class AccountFactors:
             return again
         if not await self._factors.has_totp(session.sub):
             raise PageError(409, "No authenticator", "Set up an authenticator first; it comes with recovery codes.")
-        return RecoveryCodes(await self._factors.replace_recovery_codes(session.sub, now, address))
+        return NewRecoveryCodes(await self._factors.replace_recovery_codes(session.sub, now, address))
+
+    async def new_recovery_codes(self, browser: Browser, sealed: str | None, now: int) -> RecoveryCodes:
+        """
+        The codes a L{NewRecoveryCodes} sealed, to show this once; none once
+        shown (the browser keeps them for one showing), with the form that
+        asks for another set.
+        """
+        cookie, session = await self._session(browser.session, now)
+        return RecoveryCodes(await self._factors.open_new_recovery_codes(session.sub, sealed, now),
+                             recovery_form_token(cookie))
 
     async def _form(self, cookie: str, session: BrowserSession, sealed: str | None, message: str | None,
                     now: int) -> EnrolmentForm:
@@ -466,7 +481,12 @@ class AccountPage:
         user = await self._identity.user_by_id(sub)
         if manager is None or user is None:
             raise PageError(404, "Not available", "Your password is managed elsewhere.")
-        new, again = form.get("new_password", ""), form.get("new_password_again", "")
+        current, new = form.get("current_password", ""), form.get("new_password", "")
+        again = form.get("new_password_again", "")
+        for field, value in (("current password", current), ("new password", new)):
+            if impossible := impossible_message(value, field, MAX_PASSWORD_BYTES, "password"):
+                events.password_change_refused(sub=sub, address=address, reason=f"{field} no one can have")
+                return PasswordRefused(impossible)
         if not new or new != again:
             events.password_change_refused(sub=sub, address=address, reason="new passwords missing or different")
             return PasswordRefused("The two new passwords are not the same.")
@@ -474,7 +494,7 @@ class AccountPage:
         if problem:
             events.password_change_refused(sub=sub, address=address, reason="new password against the policy")
             return PasswordRefused(problem)
-        checked = await self._login.log_in(user.login, form.get("current_password", ""), address, device, now,
+        checked = await self._login.log_in(user.login, current, address, device, now,
                                            along=lambda: self._hash(new).addErrback(_unhashed, sub))
         if isinstance(checked, Unavailable):
             events.password_change_refused(sub=sub, address=address, reason="current password not checkable")

@@ -25,6 +25,7 @@ import attrs
 from twisted.internet.defer import Deferred
 
 from authsrv import events
+from authsrv.flows.answered import RecentAnswers
 from authsrv.flows.csrf import form_token, form_token_valid, kept_for, valid_device_secret
 from authsrv.flows.login import LoggedIn, Refused, Suspended, Throttled
 from authsrv.flows.mfa import Accepted, Held, SecondFactors
@@ -80,16 +81,17 @@ from authsrv.records import (
     Grant,
     Interaction,
 )
+from authsrv.store.codes import CodeFound
 from authsrv.tokens import new_token, token_hash
 
 INCORRECT = "The username or password is incorrect."
 MISSING = "Enter your username and password."
 IMPOSSIBLE = {
     "text": "The {field} was not sent as UTF-8 text, so it cannot be right; type it again.",
-    "nul": "The {field} holds a NUL character, which no {field} can; check what was pasted into the field.",
-    "long": "The {field} is longer than any {field} can be ({kib} KiB); check what was pasted into the field.",
+    "nul": "The {field} holds a NUL character, which no {kind} can; check what was pasted into the field.",
+    "long": "The {field} is longer than any {kind} can be ({kib} KiB); check what was pasted into the field.",
 }
-"""What the sign-in form says, by L{impossible_credential}, of a username or password no user can have."""
+"""What a form says, by L{impossible_credential}, of a username or password no user can have."""
 UNAVAILABLE = "Signing in is not possible right now; please try again later."
 FORM_EXPIRED = "This form expired or was not sent by this site; start again from the application."
 ENDED = ("This sign-in has already finished, or it took too long and expired; if the application did not sign"
@@ -145,6 +147,18 @@ def too_many_waiting(retry_after: int) -> PageError:
     )
 
 
+def impossible_message(value: str, field: str, max_bytes: int, kind: str | None = None) -> str | None:
+    """
+    L{IMPOSSIBLE}'s sentence for the form's C{field} (a C{kind} of
+    credential, the field's name by default) if no user can have C{value},
+    else None.
+    """
+    impossible = impossible_credential(value, max_bytes)
+    if impossible is None:
+        return None
+    return IMPOSSIBLE[impossible].format(field=field, kind=kind or field, kib=max_bytes // 1024)
+
+
 def _expired() -> PageError:
     """
     A sign-in that is over: expired, or finished (the back button to one of
@@ -187,6 +201,7 @@ class InteractionFlow:
         self._login = login
         self._limits = limits
         self._issuer = issuer
+        self._answers = RecentAnswers()
 
     async def authorize(self, args: dict[bytes, list[bytes]], browser: Browser, address: str,
                         now: int) -> Redirect | LoginForm:
@@ -354,9 +369,8 @@ class InteractionFlow:
         username, password = form.get("username", ""), form.get("password", "")
         for field, value, max_bytes in (("username", username, MAX_LOGIN_BYTES),
                                         ("password", password, MAX_PASSWORD_BYTES)):
-            if impossible := impossible_credential(value, max_bytes):
-                message = IMPOSSIBLE[impossible].format(field=field, kib=max_bytes // 1024)
-                return self._login_form(200, interaction, client, username=username if field == "password" else "",
+            if message := impossible_message(value, field, max_bytes):
+                return self._login_form(400, interaction, client, username=username if field == "password" else "",
                                         message=message)
         if not username or not password:
             return self._login_form(200, interaction, client, username=username, message=MISSING)
@@ -419,9 +433,11 @@ class InteractionFlow:
         return await self._signed_in(client, interaction.request, sub, session, browser, address,
                                      with_second_factor(interaction.amr, "otp"), ACR_MFA, seconds)
 
-    async def enrolment_form(self, form: dict[str, str] | None, browser: Browser, now: int) -> EnrolmentForm:
+    async def enrolment_form(self, form: dict[str, str] | None, browser: Browser, now: int,
+                             shown: str | None = None) -> EnrolmentForm:
+        """The enrolment page; the enrolment it C{shown} before (sealed) again, while it lasts."""
         interaction, client, _ = await self._factor_stage(form, ENROL_STAGE, browser, now, shown=True)
-        return await self._enrolment_form(200, interaction, client, None, now)
+        return await self._enrolment_form(200, interaction, client, None, now, shown)
 
     async def submit_enrolment(self, form: dict[str, str] | None, browser: Browser, address: str,
                                now: float) -> EnrolmentForm | Redirect:
@@ -550,23 +566,47 @@ class InteractionFlow:
         """
         if form is None:
             raise _forged()
+        if again := await self._answered_before(form, browser, now):
+            return again
         interaction, client, session = await self._consent_stage(form, browser, now)
         action = form.get("action")
         self._check_csrf(form, browser, interaction)
         if action not in ("approve", "deny"):
             raise _forged()
         if not await self._store.take_interaction(interaction.interaction_id, CONSENT_STAGE):
+            if again := await self._answered_before(form, browser, now):
+                return again
             raise _expired()
         request = interaction.request
         if action == "deny":
             events.consent_denied(sub=session.sub, client_id=client.client_id, address=address)
             denied = AccessDenied("the user denied the request")
-            return Redirect(error_location(self._issuer, request.redirect_uri, request.state, denied), 303)
+            location = error_location(self._issuer, request.redirect_uri, request.state, denied)
+            self._answers.keep(interaction.interaction_id, location, None, interaction.csrf_token, now)
+            return Redirect(location, 303)
         if max_age_passed(request, session, now) and session.auth_time < interaction.created_at:
             return await self._approved_then_sign_in(client, request, session, browser, address, now)
-        location = await self._issue_code(client, request, session, now, address)
+        location = await self._issue_code(client, request, session, now, address, answering=interaction)
         await self._remember_consent(session.sub, client, request.scope, now, address)
         return Redirect(location, 303)
+
+    async def _answered_before(self, form: dict[str, str], browser: Browser, now: int) -> Redirect | None:
+        """
+        The answer this browser's consent form got when it was sent a moment
+        ago (L{authsrv.flows.answered}), while the code it carries is unused;
+        else None.
+        """
+        interaction_id = form.get("request")
+        if not interaction_id:
+            return None
+        answer = self._answers.recall(interaction_id, now)
+        if answer is None or not form_token_valid(answer.csrf_token, form.get("csrf"), browser.device,
+                                                  interaction_id):
+            return None
+        if answer.code_hash is not None and not isinstance(await self._store.find_code(answer.code_hash, now),
+                                                           CodeFound):
+            return None
+        return Redirect(answer.location, 303)
 
     async def _approved_then_sign_in(self, client: Client, request: AuthorizationRequest, session: BrowserSession,
                                      browser: Browser, address: str, now: int) -> Redirect:
@@ -841,7 +881,7 @@ class InteractionFlow:
         events.consent_given(sub=sub, client_id=client.client_id, scope=" ".join(sorted(granted)), address=address)
 
     async def _issue_code(self, client: Client, request: AuthorizationRequest, session: BrowserSession,
-                          now: int, address: str, *, ending: bool = True) -> str:
+                          now: int, address: str, *, ending: bool = True, answering: Interaction | None = None) -> str:
         """
         Store a new code with the grant it will start, bound to everything the
         request said and to the session's authentication; returns the redirect
@@ -852,7 +892,9 @@ class InteractionFlow:
         came between could not name the grant's client in its back-channel
         logout (it reads the clients from the session's grants), so the
         code is refused and the browser signed out; an end after the read
-        finds the grant and tells its client.
+        finds the grant and tells its client. The answer to the consent
+        form of the interaction it is C{answering} is kept for that form
+        sent again (L{_answered_before}).
         """
         code = new_token()
         grant_id = new_token(16)
@@ -881,4 +923,7 @@ class InteractionFlow:
             raise PageError(400, "Signed out", SIGNED_OUT)
         events.code_issued(sub=session.sub, client_id=request.client_id, grant_id=grant_id, session_id=session.sid,
                            address=address)
-        return code_location(self._issuer, request, code)
+        location = code_location(self._issuer, request, code)
+        if answering is not None:
+            self._answers.keep(answering.interaction_id, location, token_hash(code), answering.csrf_token, now)
+        return location

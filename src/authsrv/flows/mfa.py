@@ -66,6 +66,8 @@ RECOVERY_ALPHABET = "abcdefghjkmnpqrstuvwxyz23456789"
 RECOVERY_LENGTH = 10
 """Ten characters of 31: about 50 bits, so guessing one is hopeless under the throttle."""
 ENROLMENT_TTL = 1800
+SHOWN_TTL = 300
+"""How long new recovery codes wait, sealed in the browser, for the page that shows them once."""
 THROTTLE_PREFIX = "mfa:"
 NONCE_BYTES = 12
 
@@ -130,6 +132,10 @@ def _open(key: bytes, sealed: bytes, aad: bytes) -> bytes | None:
         return AESGCM(key).decrypt(sealed[:NONCE_BYTES], sealed[NONCE_BYTES:], aad)
     except (InvalidTag, ValueError):
         return None
+
+
+def _shown_aad(sub: str) -> bytes:
+    return b"authsrv new recovery codes\x00" + sub.encode()
 
 
 def _totp_aad(sub: str) -> bytes:
@@ -347,12 +353,29 @@ class SecondFactors:
         events.mfa_enrolled(sub=sub, kind=TOTP_FACTOR, address=address)
         return True
 
-    async def replace_recovery_codes(self, sub: str, now: int, address: str) -> tuple[str, ...]:
-        """A new set of recovery codes, replacing the old one; the codes are returned once, never stored."""
+    async def replace_recovery_codes(self, sub: str, now: int, address: str) -> str:
+        """
+        A new set of recovery codes, replacing the old one; the codes are
+        returned once, sealed for this user until L{SHOWN_TTL} from now
+        (L{open_new_recovery_codes}), and never stored.
+        """
         codes = tuple(new_recovery_code() for _ in range(RECOVERY_CODES))
         await self._store.replace_recovery_codes(sub, [await self._recovery_hash(sub, c) for c in codes], now)
         events.recovery_codes_replaced(sub=sub, address=address)
-        return codes
+        payload = json.dumps({"codes": codes, "expires_at": now + SHOWN_TTL}).encode()
+        return base64.urlsafe_b64encode(_seal(await self._keys.get(TOTP_KEY), payload, _shown_aad(sub))).decode()
+
+    async def open_new_recovery_codes(self, sub: str, sealed: str | None, now: int) -> tuple[str, ...]:
+        """The codes L{replace_recovery_codes} sealed for this user, while fresh; none for anything else."""
+        try:
+            raw = base64.urlsafe_b64decode((sealed or "").encode())
+        except ValueError:
+            return ()
+        payload = _open(await self._keys.get(TOTP_KEY), raw, _shown_aad(sub)) if raw else None
+        if payload is None:
+            return ()
+        data = json.loads(payload)
+        return tuple(data["codes"]) if data["expires_at"] > now else ()
 
 
 async def reset_factors(store, sub: str, *, actor: str) -> bool:

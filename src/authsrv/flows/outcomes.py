@@ -105,10 +105,24 @@ class EnrolmentForm:
 
 
 @frozen
+class NewRecoveryCodes:
+    """
+    A new set of recovery codes made, C{sealed} for the page that shows them
+    once (Post/Redirect/Get: a reload of that page makes no other set).
+    """
+
+    sealed: str
+
+
+@frozen
 class RecoveryCodes:
-    """New recovery codes, shown this once."""
+    """
+    New recovery codes, shown this once; none when they were shown already,
+    with C{csrf} for the form that asks for another set on purpose.
+    """
 
     codes: tuple[str, ...]
+    csrf: str
 
 
 @frozen

@@ -14,6 +14,10 @@ SESSION_COOKIE = b"authsrv_session"
 DEVICE_COOKIE = b"authsrv_device"
 DEVICE_COOKIE_TTL = 400 * 86400
 """The longest cookie life browsers keep; the device cookie only binds forms to this browser."""
+ENROLMENT_COOKIE = b"authsrv_enrolment"
+"""The new authenticator a page showed, sealed, so that a reload shows the same key and recovery codes."""
+RECOVERY_COOKIE = b"authsrv_recovery"
+"""New recovery codes, sealed, on their way to the one page that shows them."""
 HOST_PREFIX = b"__Host-"
 
 

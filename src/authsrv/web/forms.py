@@ -76,17 +76,44 @@ def page_form(request) -> dict[str, str] | None:
         return None
 
 
-def sign_in_form(request) -> dict[str, str] | None:
+def credentials_form(request, *names: bytes, errors: str = "surrogateescape") -> dict[str, str] | None:
     """
-    L{page_form} of the sign-in form, except its username and password, read
-    as sent (L{params_with_token}; bytes that are not UTF-8 as lone
-    surrogates): one no user can have is the sign-in's to explain, not an
-    expired form.
+    L{page_form}, except the credentials C{names}, read as sent
+    (L{params_with_token}; bytes that are not UTF-8 as lone surrogates, or
+    as C{errors} says): one no user can have is the form's to explain, not
+    an expired form.
     """
     try:
-        return params_with_token(request.args, b"username", b"password", errors="surrogateescape")
+        return params_with_token(request.args, *names, errors=errors)
     except InvalidRequest:
         return None
+
+
+def sign_in_form(request) -> dict[str, str] | None:
+    """L{credentials_form} of the sign-in form."""
+    return credentials_form(request, b"username", b"password")
+
+
+def code_form(request) -> dict[str, str] | None:
+    """
+    L{credentials_form} of a form with a second factor's C{code}: one that
+    cannot be a code (bytes that are not UTF-8 read as U+FFFD) is a wrong code.
+    """
+    return credentials_form(request, b"code", errors="replace")
+
+
+def passkey_answer_form(request) -> dict[str, str] | None:
+    """
+    L{credentials_form} of a form with a passkey's C{credential}, which the
+    passkeys cap themselves (L{authsrv.flows.passkeys.MAX_CREDENTIAL_JSON},
+    over a form field's cap): one they cannot read is not accepted.
+    """
+    return credentials_form(request, b"credential", errors="replace")
+
+
+def password_change_form(request) -> dict[str, str] | None:
+    """L{credentials_form} of the account page's password change."""
+    return credentials_form(request, b"current_password", b"new_password", b"new_password_again")
 
 
 def userinfo_form_token(request) -> str | None:

@@ -209,8 +209,25 @@ def enrolment_page(request, action: str, form: EnrolmentForm) -> bytes:
     )
 
 
-def recovery_codes_page(request, codes: RecoveryCodes) -> bytes:
-    """New recovery codes, shown once: the old ones no longer work."""
+def recovery_codes_page(request, action: str, codes: RecoveryCodes) -> bytes:
+    """
+    New recovery codes, shown once: the old ones no longer work. Opened
+    again, the page says so and offers another set, which C{action} makes.
+    """
+    if not codes.codes:
+        return render_page(
+            request,
+            200,
+            "Recovery codes shown already",
+            tags.p("Your new recovery codes were shown once, when you asked for them; this service does not keep"
+                   " them, so they cannot be shown again. They still work."),
+            tags.p("If you did not keep them, get another set: the codes shown before then stop working."),
+            tags.form(method="post", action=action)(
+                tags.input(type="hidden", name="csrf", value=codes.csrf),
+                tags.button(type="submit")("Get new recovery codes"),
+            ),
+            tags.p(tags.a(href=action.rsplit("/", 2)[0])("Back to your account")),
+        )
     return render_page(
         request,
         200,
@@ -218,6 +235,7 @@ def recovery_codes_page(request, codes: RecoveryCodes) -> bytes:
         tags.p("Your earlier recovery codes no longer work. Keep these somewhere safe; each signs you in"
                " once, and they are shown only now."),
         tags.ul(*[tags.li(tags.code(code)) for code in codes.codes]),
+        tags.p(tags.a(href=action.rsplit("/", 2)[0])("Back to your account")),
     )
 
 

@@ -129,11 +129,16 @@ def allow_browsers_at(request) -> None:
         allow_browser_clients(request)
 
 
+PAGE_ADVICE = {413: " Go back, check what was pasted into the form's fields, and send it again."}
+"""What a person whose browser sent a refused page request can do about it, by status."""
+
+
 def render_refusal(request, status: int, description: str) -> bytes:
     """A refused request's answer, shaped for the endpoint it was sent to."""
     allow_browsers_at(request)
     if request.path.startswith(PAGE_PREFIXES):
-        return error_page(request, status, TITLES.get(status, "Bad request"), description[:1].upper() + description[1:] + ".")
+        return error_page(request, status, TITLES.get(status, "Bad request"),
+                          description[:1].upper() + description[1:] + "." + PAGE_ADVICE.get(status, ""))
     return json_body(request, status, _payload(request.path, status, description), no_store=True)
 
 

@@ -21,7 +21,16 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 from authsrv.config import ISSUER_PATH
 from authsrv.flows.account import AccountView, PasswordRefused
 from authsrv.flows.link import link_token, link_token_valid, unlink_token, unlink_token_valid
-from authsrv.flows.outcomes import DeviceCodeForm, EnrolmentForm, LoginForm, LogoutConfirmation, Notice, Redirect
+from authsrv.flows.mfa import ENROLMENT_TTL, SHOWN_TTL
+from authsrv.flows.outcomes import (
+    DeviceCodeForm,
+    EnrolmentForm,
+    LoginForm,
+    LogoutConfirmation,
+    NewRecoveryCodes,
+    Notice,
+    Redirect,
+)
 from authsrv.flows.ratelimit import ClientRateLimits, EndpointLimit, RateLimited
 from authsrv.identity.errors import BackendUnavailable
 from authsrv.protocol import jsontext
@@ -38,15 +47,19 @@ from authsrv.protocol.pushed import push_params
 from authsrv.records import Client
 from authsrv.store.errors import StoreUnavailable
 from authsrv.web.account_pages import account_page
+from authsrv.web.cookies import ENROLMENT_COOKIE, RECOVERY_COOKIE
 from authsrv.web.device_pages import device_code_page, device_consent_page
 from authsrv.web.failures import oauth_server_error, unforeseen_in_klein
 from authsrv.web.forms import (
     DEVICE_RESOURCES,
     TOKEN_RESOURCES,
     client_address_of,
+    code_form,
     form_args,
     one_resource_form,
     page_form,
+    passkey_answer_form,
+    password_change_form,
     sign_in_form,
     token_form_params,
     userinfo_form_token,
@@ -81,6 +94,7 @@ JSON_ENDPOINTS = (
 LINK_PATH = ISSUER_PATH + "/link/chat"
 ACCOUNT_PATH = ISSUER_PATH + "/account"
 ACCOUNT_TOTP_PATH = ACCOUNT_PATH + "/mfa/totp"
+ACCOUNT_RECOVERY_PATH = ACCOUNT_PATH + "/mfa/recovery"
 REGISTER_PATH = ISSUER_PATH + "/oauth2/register"
 TOKEN_PATH = ISSUER_PATH + "/oauth2/token"
 INTROSPECT_PATH = ISSUER_PATH + "/oauth2/introspect"
@@ -448,7 +462,7 @@ class PublicSite:
         """A passkey instead of the password, posted by the login page's passkey form."""
         address = client_address_of(request, self._trusted_proxies)
         outcome = await self._flows.interaction.submit_passkey(
-            page_form(request), self._cookies.browser(request), address, self._clock.seconds()
+            passkey_answer_form(request), self._cookies.browser(request), address, self._clock.seconds()
         )
         if isinstance(outcome, Redirect):
             return self._answer(request, outcome)
@@ -459,7 +473,7 @@ class PublicSite:
         """A passkey as the second factor, posted by the second-factor page's passkey form."""
         address = client_address_of(request, self._trusted_proxies)
         outcome = await self._flows.interaction.submit_second_passkey(
-            page_form(request), self._cookies.browser(request), address, self._clock.seconds()
+            passkey_answer_form(request), self._cookies.browser(request), address, self._clock.seconds()
         )
         if isinstance(outcome, Redirect):
             return self._answer(request, outcome)
@@ -476,28 +490,34 @@ class PublicSite:
     async def second_factor_submitted(self, request):
         address = client_address_of(request, self._trusted_proxies)
         outcome = await self._flows.interaction.submit_second_factor(
-            page_form(request), self._cookies.browser(request), address, self._clock.seconds()
+            code_form(request), self._cookies.browser(request), address, self._clock.seconds()
         )
         if isinstance(outcome, Redirect):
             return self._answer(request, outcome)
         return second_factor_page(request, f"{self._issuer}/mfa", outcome)
 
+    def _enrolment_page(self, request, path: str, form: EnrolmentForm) -> bytes:
+        """The enrolment page; the browser keeps what it shows (L{ENROLMENT_COOKIE}) for a reload to show again."""
+        self._cookies.set(request, ENROLMENT_COOKIE, form.sealed, ENROLMENT_TTL)
+        return enrolment_page(request, f"{self._issuer}{path}", form)
+
     @app.route(ISSUER_PATH + "/mfa/enrol", methods=["GET"])
     async def enrolment(self, request):
         form = await self._flows.interaction.enrolment_form(
-            page_form(request), self._cookies.browser(request), self._now()
+            page_form(request), self._cookies.browser(request), self._now(),
+            self._cookies.get(request, ENROLMENT_COOKIE),
         )
-        return enrolment_page(request, f"{self._issuer}/mfa/enrol", form)
+        return self._enrolment_page(request, "/mfa/enrol", form)
 
     @app.route(ISSUER_PATH + "/mfa/enrol", methods=["POST"])
     async def enrolment_submitted(self, request):
         address = client_address_of(request, self._trusted_proxies)
         outcome = await self._flows.interaction.submit_enrolment(
-            page_form(request), self._cookies.browser(request), address, self._clock.seconds()
+            code_form(request), self._cookies.browser(request), address, self._clock.seconds()
         )
         if isinstance(outcome, Redirect):
             return self._answer(request, outcome)
-        return enrolment_page(request, f"{self._issuer}/mfa/enrol", outcome)
+        return self._enrolment_page(request, "/mfa/enrol", outcome)
 
     @app.route(ISSUER_PATH + "/consent", methods=["GET"])
     async def consent(self, request):
@@ -531,15 +551,16 @@ class PublicSite:
 
     # --- the signed-in user's account page ---------------------------------------
 
-    def _account_page(self, request, view: AccountView) -> bytes:
-        return account_page(request, f"{self._issuer}/account", view, link_path=f"{self._issuer}/link/chat")
+    def _account_page(self, request, view: AccountView, status: int = 200) -> bytes:
+        return account_page(request, f"{self._issuer}/account", view, link_path=f"{self._issuer}/link/chat",
+                            status=status)
 
     async def _account_done(self, request, outcome: str | PasswordRefused | Redirect) -> bytes:
         """
         A posted form's answer: Post/Redirect/Get, 303 to the account page
         naming what the form did (a key of L{NOTICES}), so a reload opens
         the page again and sends nothing; or the sign-in the form needs
-        first; or the page with a refusal that counted nothing.
+        first; or the page with a refusal that counted nothing (400).
         """
         if isinstance(outcome, Redirect):
             return self._answer(request, outcome)
@@ -549,7 +570,7 @@ class PublicSite:
 
     async def _account_refused(self, request, refused: PasswordRefused) -> bytes:
         view = await self._flows.account_page.view(self._cookies.browser(request).session, self._now(), refused)
-        return self._account_page(request, view)
+        return self._account_page(request, view, 400)
 
     @app.route(ACCOUNT_PATH, methods=["GET"])
     async def account(self, request):
@@ -580,7 +601,7 @@ class PublicSite:
     async def account_password(self, request):
         browser = self._cookies.browser(request)
         return await self._account_done(request, await self._flows.account_page.change_password(
-            browser.session, page_form(request), client_address_of(request, self._trusted_proxies),
+            browser.session, password_change_form(request), client_address_of(request, self._trusted_proxies),
             browser.device, self._now(),
         ))
 
@@ -595,8 +616,8 @@ class PublicSite:
     @app.route(ACCOUNT_PATH + "/passkeys", methods=["POST"])
     async def account_add_passkey(self, request):
         return await self._account_done(request, await self._flows.account_page.register_passkey(
-            self._cookies.browser(request), page_form(request), client_address_of(request, self._trusted_proxies),
-            self._now(),
+            self._cookies.browser(request), passkey_answer_form(request),
+            client_address_of(request, self._trusted_proxies), self._now(),
         ))
 
     @app.route(ACCOUNT_PATH + "/passkeys/remove", methods=["POST"])
@@ -611,31 +632,47 @@ class PublicSite:
     @app.route(ACCOUNT_TOTP_PATH, methods=["GET"])
     async def account_totp(self, request):
         form = await self._flows.account.totp_form(
-            self._cookies.browser(request), client_address_of(request, self._trusted_proxies), self._now()
+            self._cookies.browser(request), client_address_of(request, self._trusted_proxies), self._now(),
+            self._cookies.get(request, ENROLMENT_COOKIE),
         )
         if isinstance(form, Redirect):
             return self._answer(request, form)
-        return enrolment_page(request, f"{self._issuer}/account/mfa/totp", form)
+        return self._enrolment_page(request, "/account/mfa/totp", form)
 
     @app.route(ACCOUNT_TOTP_PATH, methods=["POST"])
     async def account_totp_submitted(self, request):
         outcome = await self._flows.account.submit_totp(
-            self._cookies.browser(request), page_form(request), client_address_of(request, self._trusted_proxies),
+            self._cookies.browser(request), code_form(request), client_address_of(request, self._trusted_proxies),
             self._now(),
         )
         if isinstance(outcome, EnrolmentForm):
-            return enrolment_page(request, f"{self._issuer}/account/mfa/totp", outcome)
+            return self._enrolment_page(request, "/account/mfa/totp", outcome)
         return await self._account_done(request, outcome)
 
-    @app.route(ISSUER_PATH + "/account/mfa/recovery", methods=["POST"])
+    @app.route(ACCOUNT_RECOVERY_PATH, methods=["POST"])
     async def account_recovery_codes(self, request):
-        codes = await self._flows.account.replace_recovery_codes(
+        """
+        A new set of recovery codes, shown by the page this answer leads to
+        (Post/Redirect/Get), which the browser keeps them for: a reload of
+        that page makes no other set.
+        """
+        outcome = await self._flows.account.replace_recovery_codes(
             self._cookies.browser(request), page_form(request), client_address_of(request, self._trusted_proxies),
             self._now(),
         )
-        if isinstance(codes, Redirect):
-            return self._answer(request, codes)
-        return recovery_codes_page(request, codes)
+        if isinstance(outcome, NewRecoveryCodes):
+            self._cookies.set(request, RECOVERY_COOKIE, outcome.sealed, SHOWN_TTL)
+            outcome = Redirect(f"{self._issuer}/account/mfa/recovery", 303)
+        return self._answer(request, outcome)
+
+    @app.route(ACCOUNT_RECOVERY_PATH, methods=["GET"])
+    async def account_new_recovery_codes(self, request):
+        """The codes the form above made, shown once: the browser's copy goes with this answer."""
+        sealed = self._cookies.get(request, RECOVERY_COOKIE)
+        if sealed is not None:
+            self._cookies.clear(request, RECOVERY_COOKIE)
+        codes = await self._flows.account.new_recovery_codes(self._cookies.browser(request), sealed, self._now())
+        return recovery_codes_page(request, f"{self._issuer}/account/mfa/recovery", codes)
 
     # --- linking a chat account ------------------------------------------------
 

@@ -1,0 +1,55 @@
+"""
+The answer a sign-in's consent form gave, kept a few seconds for that form
+sent again. Without JavaScript a second click on "Allow" while the client is
+slow to answer sends the form twice, and the browser shows only the second
+answer: the first one's code would be lost behind a "sign-in ended" page.
+The same browser's second post gets the first one's redirect instead, with
+the same code, while that code is still unused. Kept in this process only:
+a second post that reaches another instance gets the ended page as before.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from attrs import frozen
+
+KEPT_FOR = 30
+"""Seconds an answer is kept: a double click or a slow client's, well under a code's life."""
+MOST_KEPT = 10_000
+"""Answers kept at most; past it the oldest go first."""
+
+
+@frozen
+class Answer:
+    """
+    A finished consent's redirect, the hash of the code it carries (None for
+    a refusal), and its form's token, which the form sent again must carry.
+    """
+
+    location: str
+    code_hash: str | None
+    csrf_token: str
+    until: int
+
+
+class RecentAnswers:
+    """The last answers of finished interactions, by interaction id, for L{KEPT_FOR} seconds."""
+
+    def __init__(self, kept_for: int = KEPT_FOR, most: int = MOST_KEPT):
+        self._kept: OrderedDict[str, Answer] = OrderedDict()
+        self._kept_for = kept_for
+        self._most = most
+
+    def keep(self, interaction_id: str, location: str, code_hash: str | None, csrf_token: str, now: int) -> None:
+        self._kept[interaction_id] = Answer(location, code_hash, csrf_token, now + self._kept_for)
+        self._kept.move_to_end(interaction_id)
+        while self._kept and (len(self._kept) > self._most or next(iter(self._kept.values())).until <= now):
+            self._kept.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def recall(self, interaction_id: str, now: int) -> Answer | None:
+        answer = self._kept.get(interaction_id)
+        return answer if answer is not None and answer.until > now else None
