@@ -438,6 +438,38 @@ def test_a_chunk_larger_than_the_limit_is_refused_as_it_arrives():
     listener.assert_serves()
 
 
+@pytest.mark.parametrize(("sizes", "status", "words"), [
+    ([b"ffffffff"], 413, "body is too large (at most 2048 bytes)"),
+    ([b"400", b"401"], 413, "body is too large (at most 2048 bytes)"),
+    ([b"1" + b"0" * 16], 400, "more than 16 hex digits"),
+    ([b"0" * 16 + b"1;ext=1"], 400, "more than 16 hex digits"),
+], ids=["one chunk over", "two chunks over together", "too many digits", "too many digits before extension"])
+def test_a_chunk_size_over_the_limit_is_refused_as_soon_as_it_is_announced(sizes, status, words):
+    """
+    A chunk size that takes the body past the limit, or has more digits
+    than any size under it, was answered 408 at the body timeout: the
+    client announcing it need send no more.
+    """
+    listener = Listener({"max_body_bytes": 2048})
+    head = request_head("POST", TOKEN, {"Transfer-Encoding": "chunked"})
+    chunks = b"".join(size + b"\r\n" + b"a" * int(size.partition(b";")[0], 16) + b"\r\n" for size in sizes[:-1])
+    protocol, transport = listener.send(head + chunks + sizes[-1] + b"\r\n")
+    assert_oauth(*parse(transport), status, words)
+    assert transport.disconnecting
+    protocol.dataReceived(b"a" * 100)
+    assert transport.value().count(b"HTTP/1.1 ") == 1
+    listener.assert_serves()
+
+
+def test_a_chunk_size_of_sixteen_digits_within_the_limit_is_read():
+    listener = Listener({"max_body_bytes": 2048})
+    head = request_head("POST", TOKEN, {"Transfer-Encoding": "chunked",
+                                        "Content-Type": "application/x-www-form-urlencoded"})
+    _, transport = listener.send(head + b"0" * 14 + b"17\r\ngrant_type=nothing_real\r\n0\r\n\r\n")
+    status, _, body = parse(transport)
+    assert (status, json.loads(body)["error"]) == (400, "unsupported_grant_type")
+
+
 CORS = {"access-control-allow-origin": "*", "access-control-expose-headers": "WWW-Authenticate, DPoP-Nonce, Retry-After"}
 
 

@@ -24,6 +24,7 @@ from twisted.web.server import Site
 from authsrv.config import ISSUER_PATH, InputLimits
 from authsrv.protocol.forwarded import address_key, is_trusted
 from authsrv.web.channel import GatheringChannel, Outbox, socket_of, unsent_bytes
+from authsrv.web.chunked import CappedChunkedDecoder
 from authsrv.web.headers import allow_browser_clients, bodiless_head, json_body
 from authsrv.web.pages import error_page
 from authsrv.web.request import SERVER, BoundedRequest
@@ -442,6 +443,9 @@ class LimitedChannel(GatheringChannel):
         if max_body is not None and self.length is not None and self.length > max_body:
             # Refused before twisted.web answers "Expect: 100-continue" and before a byte of it is read.
             return self.refuse_large_body(max_body)
+        if codings is not None and max_body is not None:
+            self._transferDecoder = CappedChunkedDecoder(self.requests[-1].handleContentChunk, self._finishRequestBody,
+                                                         max_body, self._refuse)
         super().allHeadersReceived()
         if self.length != 0 and not self._refused:
             self._start(self.limits.body_timeout, "body")
