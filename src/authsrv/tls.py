@@ -160,7 +160,7 @@ def endpoint_of(reactor, key: str, description: str, base_dir: Path, now: float 
     resolved = resolve_tls_paths(description, base_dir)
     try:
         if _kind(_parts(description)) == "haproxy":
-            return CheckedProxyEndpoint(serverFromString(reactor, resolved.partition(":")[2]))
+            return CheckedProxyEndpoint(serverFromString(reactor, resolved.partition(":")[2]), reactor)
         return serverFromString(reactor, resolved)
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{key}: {description!r} is not a valid endpoint ({e})") from None

@@ -16,7 +16,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.defer import succeed
-from twisted.internet.testing import MemoryReactor, StringTransport
+from twisted.internet.testing import MemoryReactor, MemoryReactorClock, StringTransport
 from twisted.logger import formatEvent
 from twisted.protocols.haproxy import proxyEndpoint
 from twisted.web.resource import Resource
@@ -598,7 +598,7 @@ def test_a_proxy_protocol_header_without_valid_addresses_and_ports_drops_the_con
     made any text the client's address (in the logs and rate-limit keys),
     and raised out of the reactor at a port that is no number.
     """
-    reactor, listener = MemoryReactor(), Listener()
+    reactor, listener = MemoryReactorClock(), Listener()
     endpoint_of(reactor, "server.listen[0]", "haproxy:tcp:8080:interface=10.0.0.5", Path(".")).listen(listener.site)
     proxied = reactor.tcpServers[0][1]
     proxy = IPv4Address("TCP", "10.0.0.9", 40000)
@@ -628,7 +628,7 @@ def test_a_connection_dropped_without_a_readable_proxy_protocol_header_is_logged
     A listener whose proxy sends no header (no C{send-proxy}) dropped every
     connection without a word in the log; it says why, once a connection.
     """
-    reactor, listener = MemoryReactor(), Listener()
+    reactor, listener = MemoryReactorClock(), Listener()
     endpoint_of(reactor, "server.listen[0]", "haproxy:tcp:8080:interface=10.0.0.5", Path(".")).listen(listener.site)
     proxy = IPv4Address("TCP", "10.0.0.9", 40000)
     protocol, transport = reactor.tcpServers[0][1].buildProtocol(proxy), StringTransport(peerAddress=proxy)
@@ -638,6 +638,35 @@ def test_a_connection_dropped_without_a_readable_proxy_protocol_header_is_logged
     assert transport.value() == b"" and transport.disconnecting
     dropped = [formatEvent(e) for e in logged if e.get("log_namespace") == "authsrv.proxyheader"]
     assert len(dropped) == 1 and reason in dropped[0] and "10.0.0.9" in dropped[0], dropped
+
+
+def test_connections_dropped_without_a_proxy_protocol_header_are_logged_once_a_minute(logged):
+    """
+    Anyone who reaches a C{haproxy:} listener can make it drop connections:
+    each drop was a line in the log. One line a minute now says how many
+    more were dropped since the last.
+    """
+    reactor, listener = MemoryReactorClock(), Listener()
+    endpoint_of(reactor, "server.listen[0]", "haproxy:tcp:8080:interface=10.0.0.5", Path(".")).listen(listener.site)
+
+    def drop(count: int) -> list[str]:
+        for port in range(count):
+            proxy = IPv4Address("TCP", "10.0.0.9", 40000 + port)
+            protocol, transport = reactor.tcpServers[0][1].buildProtocol(proxy), StringTransport(peerAddress=proxy)
+            protocol.makeConnection(transport)
+            protocol.dataReceived(request_head("GET", "/healthz"))
+            assert transport.disconnecting
+        lines = [formatEvent(e) for e in logged if e.get("log_namespace") == "authsrv.proxyheader"]
+        logged.clear()
+        return lines
+
+    first = drop(50)
+    assert len(first) == 1 and "(0 more dropped since the last such line)" in first[0], first
+    reactor.advance(59)
+    assert drop(10) == []
+    reactor.advance(1)
+    later = drop(5)
+    assert len(later) == 1 and "(59 more dropped since the last such line)" in later[0], later
 
 
 UNIX_V2 = (b"\r\n\r\n\x00\r\nQUIT\n" + bytes([0x21, 0x31]) + (216).to_bytes(2, "big")
