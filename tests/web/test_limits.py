@@ -28,7 +28,7 @@ from authsrv.web.limits import LimitedSite
 from authsrv.web.metrics import MetricsResource
 from authsrv.web.request import BoundedRequest
 
-from wire import Listener, parse, request_head
+from wire import BASE, Listener, parse, request_head
 
 TOKEN = "/api/auth/oauth2/token"
 AUTHORIZE = "/api/auth/oauth2/authorize"
@@ -271,7 +271,7 @@ def test_an_http_1_1_request_without_host_is_refused():
     listener.assert_serves()
 
 
-@pytest.mark.parametrize("host", ["a b", "x/y", "x@y", "[::1", "x:8o", "é.example"])
+@pytest.mark.parametrize("host", ["a b", "x/y", "x@y", "[::1", "x:8o", "é.example", "x:65536", "x:000080", "x:1:2"])
 def test_a_host_header_that_names_no_host_is_refused(host):
     """RFC 9112 section 3.2: 400 for a Host header with an invalid field value."""
     listener = Listener()
@@ -281,7 +281,8 @@ def test_a_host_header_that_names_no_host_is_refused(host):
     listener.assert_serves()
 
 
-@pytest.mark.parametrize("host", ["", "id.example.com", "id.example.com:443", "127.0.0.1:8080", "[::1]:8080", "xn--d-x.example"])
+@pytest.mark.parametrize("host", ["", "id.example.com", "id.example.com:443", "127.0.0.1:8080", "[::1]:8080", "xn--d-x.example",
+                                  "x:65535", "x:"])
 def test_a_host_header_of_any_host_and_port_is_served(host):
     listener = Listener()
     _, transport = listener.send(b"GET /healthz HTTP/1.1\r\nHost: " + host.encode() + b"\r\n\r\n")
@@ -878,6 +879,35 @@ def test_an_absolute_form_target_is_served_as_its_path():
     long_host = b"GET http://" + b"h" * 9000 + b"/healthz HTTP/1.1\r\nHost: x\r\n\r\n"
     _, transport = Listener().send(long_host)
     assert parse(transport)[0] == 414, "the line is measured as it was sent"
+
+
+@pytest.mark.parametrize("target", ["http://user@other.example/healthz", "http:///healthz", "http://:8080/healthz",
+                                    "https://other.example:99999/healthz"])
+def test_an_absolute_form_target_that_names_no_host_is_refused(target):
+    """
+    RFC 9110 section 4.2.1: an http URI with an empty host is invalid;
+    section 4.2.4: one with userinfo is an error. Either was served as its path.
+    """
+    listener = Listener()
+    _, transport = listener.send(f"GET {target} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    assert_oauth(*parse(transport), 400, "the request target names no host")
+    listener.assert_serves()
+
+
+def test_an_absolute_form_target_changes_no_url_the_server_builds():
+    """Its authority is checked, then ignored: the issuer and every URL come from the configured public URL."""
+    listener = Listener()
+
+    def get(path: str):
+        target = "http://attacker.example:8443" + path
+        _, transport = listener.send(f"GET {target} HTTP/1.1\r\nHost: other.example\r\n\r\n".encode())
+        assert b"attacker" not in transport.value() and b"other.example" not in transport.value()
+        return parse(transport)
+
+    status, headers, _ = get("/.well-known/openid-configuration")
+    assert (status, headers["location"]) == (301, BASE + "/api/auth/.well-known/openid-configuration")
+    status, _, body = get("/api/auth/.well-known/openid-configuration")
+    assert (status, json.loads(body)["issuer"]) == (200, BASE + "/api/auth")
 
 
 def test_open_connections_are_capped_per_listener():

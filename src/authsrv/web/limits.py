@@ -55,14 +55,18 @@ Headers a request carries once (RFC 9110 section 5.3, and RFC 9112 section
 3.2 for Host): twisted.web reads the last of two, a proxy in front may check
 the first, so two are refused.
 """
-HOST = re.compile(rb"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~!$&'()*+,;=%-]*)(?::[0-9]*)?")
-"""A Host header's value (RFC 9112 section 3.2): uri-host and an optional port, or nothing."""
+HOST = re.compile(rb"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~!$&'()*+,;=%-]*)(?::(?P<port>[0-9]{0,5}))?")
+"""
+A Host header's value (RFC 9112 section 3.2): uri-host and an optional
+port, or nothing. The port is a TCP port, 65535 at most (L{_names_a_host}).
+"""
 
 
 @lru_cache(maxsize=64)
 def _names_a_host(value: bytes) -> bool:
     """Whether C{value} is a L{HOST}; the same few recur, so a match costs a cache lookup."""
-    return HOST.fullmatch(value) is not None
+    match = HOST.fullmatch(value)
+    return match is not None and int(match["port"] or 0) <= 65535
 
 METHODS = (b"GET", b"HEAD", b"POST", b"PUT", b"PATCH", b"DELETE", b"OPTIONS")
 """
@@ -211,22 +215,35 @@ def raw_refusal(path: bytes, status: int, description: str, headers=(), *, head:
     return b"\r\n".join(lines) + (b"" if head else body)
 
 
-def _origin_form(request_line: bytes) -> bytes:
+def _absolute_form(request_line: bytes) -> tuple[bytes, bytes] | None:
     """
-    The request line with an absolute-form target (C{POST http://host/path
-    HTTP/1.1}, as a proxy sends it) made origin-form, which RFC 9112 section
-    3.2.2 says a server must accept and twisted.web's routing cannot read.
+    For a request line with an absolute-form target (C{POST http://host/path
+    HTTP/1.1}, as a proxy sends it), which RFC 9112 section 3.2.2 says a
+    server must accept and twisted.web's routing cannot read: the target's
+    authority, and the line with the target made origin-form. None for any
+    other line. Nothing the server builds reads the authority (nor the Host
+    header): the issuer and every URL come from the configured public URL.
     """
     method, space, rest = request_line.partition(b" ")
     if rest[:1] == b"/" or not space:
-        return request_line
+        return None
     target, space, version = rest.partition(b" ")
     scheme, separator, after = target.partition(b"://")
     if not separator or scheme.lower() not in (b"http", b"https"):
-        return request_line
+        return None
     ends = [at for at in (after.find(b"/"), after.find(b"?")) if at >= 0]
-    path = after[min(ends):] if ends else b""
-    return b"%s %s%s%s%s" % (method, b"" if path[:1] == b"/" else b"/", path, space, version)
+    authority, path = (after[:min(ends)], after[min(ends):]) if ends else (after, b"")
+    return authority, b"%s %s%s%s%s" % (method, b"" if path[:1] == b"/" else b"/", path, space, version)
+
+
+def _names_a_target_host(authority: bytes) -> bool:
+    """
+    Whether an absolute-form target's C{authority} names a host, as a Host
+    header does (L{HOST}), and not an empty one: RFC 9110 section 4.2.1
+    says an http URI with an empty host must be rejected, section 4.2.4
+    that one with userinfo (C{user@host}) be treated as an error.
+    """
+    return authority[:1] not in (b"", b":") and _names_a_host(authority)
 
 
 def _target(request_line: bytes) -> bytes:
@@ -390,13 +407,18 @@ class LimitedChannel(GatheringChannel):
             if not line:
                 return super().lineReceived(line)
             too_long = len(line) > self.limits.max_request_line  # as sent, before an absolute target is cut
-            line = _origin_form(line)
+            absolute = _absolute_form(line)
+            if absolute is not None:
+                authority, line = absolute
             target = _target(line)
             self._method = line.partition(b" ")[0]
             self._http_1_1 = line.endswith(b" HTTP/1.1")
             self._target, _, query = target.partition(b"?")
             if too_long:
                 return self._refuse(414, f"the request line is too long (at most {self.limits.max_request_line} bytes)")
+            if absolute is not None and not _names_a_target_host(authority):
+                return self._refuse(400, "the request target names no host: http://, a name or address and an optional"
+                                         " port, then the path")
             if self._method not in METHODS and TOKEN.fullmatch(self._method):
                 return self._refuse(501, UNKNOWN_METHOD)
             if len(query) > self.limits.max_query_bytes:
