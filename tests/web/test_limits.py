@@ -7,6 +7,7 @@ of its endpoint, and the site keeps serving new connections afterwards.
 from __future__ import annotations
 
 import json
+import re
 from http.client import HTTPResponse
 from io import BytesIO
 from pathlib import Path
@@ -190,6 +191,50 @@ def test_a_request_line_whose_method_is_no_token_is_malformed_not_unknown(line):
     _, transport = listener.send(line + b"\r\nHost: x\r\n\r\n")
     assert_oauth(*parse(transport), 400, "check its request line")
     listener.assert_serves()
+
+
+@pytest.mark.parametrize("line", [b"GET /healthz HTTP/1.2", b"GET /healthz HTTP/2.0", b"PRI * HTTP/2.0",
+                                  b"GET /healthz HTTP/0.9"])
+def test_a_request_of_an_http_version_other_than_1_0_and_1_1_gets_505(line):
+    """
+    RFC 9110 section 15.6.6; the HTTP/2 connection preface (C{PRI * HTTP/2.0})
+    was answered 501 for its method, other versions 400 as malformed.
+    """
+    listener = Listener()
+    _, transport = listener.send(line + b"\r\nHost: x\r\n\r\n" + (b"SM\r\n\r\n" if line.startswith(b"PRI") else b""))
+    status, headers, body = parse(transport)
+    assert (status, json.loads(body)["error_description"]) == (505, "this server speaks HTTP/1.1 and HTTP/1.0 only")
+    assert transport.disconnecting
+    listener.assert_serves()
+
+
+@pytest.mark.parametrize("version", [b"HTTP/3", b"HTTP/1.10", b"http/1.1", b"HTTP/01.1"])
+def test_a_malformed_http_version_stays_a_malformed_request(version):
+    listener = Listener()
+    _, transport = listener.send(b"GET /api/auth/jwks " + version + b"\r\nHost: x\r\n\r\n")
+    assert_oauth(*parse(transport), 400, "not well-formed HTTP/1.1")
+
+
+TLS_CLIENT_HELLO = bytes.fromhex("16030100a5010000a10303") + bytes(32) + bytes.fromhex("0000021301010000")
+
+
+@pytest.mark.parametrize("kept", [False, True], ids=["first", "after a request"])
+def test_a_tls_handshake_sent_to_the_plain_port_is_refused_at_once(kept):
+    """No request begins with a byte that is no method's: a ClientHello waited for the header timeout (408)."""
+    listener = Listener()
+    first = request_head("GET", "/healthz") if kept else b""
+    protocol, transport = listener.send(first + TLS_CLIENT_HELLO)
+    assert re.findall(rb"HTTP/1.1 (\d+) ", transport.value()) == [b"200", b"400"][1 - kept:]
+    assert b"does not begin with a method" in transport.value() and transport.disconnecting
+    listener.assert_serves()
+
+
+@pytest.mark.parametrize("start", [b"\r\n", b""])
+def test_a_request_after_one_empty_line_is_served(start):
+    """RFC 9112 section 2.2: a server should ignore at least one empty line before a request line."""
+    listener = Listener()
+    _, transport = listener.send(start + request_head("GET", "/healthz"))
+    assert parse(transport)[0] == 200
 
 
 def test_a_request_line_too_long_gets_414_in_the_internal_shape():
@@ -561,6 +606,18 @@ def test_each_request_on_a_kept_connection_gets_its_own_header_deadline():
     assert_oauth(*parse(transport), 408, "headers did not arrive in time")
     assert transport.disconnecting
 
+
+
+@pytest.mark.parametrize("partial", [b"G", b"GET /healthz HTTP/1.1\r\nHo"])
+def test_a_head_begun_in_the_read_that_ends_a_request_is_timed_from_then(partial):
+    """Its header timer started only with the next read: a client sending nothing more kept it to the idle timeout."""
+    listener = Listener({"header_timeout": "10s", "idle_timeout": "300s"})
+    protocol, transport = listener.send(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n" + partial)
+    assert parse(transport)[0] == 200
+    transport.clear()
+    listener.clock.advance(10)
+    assert_oauth(*parse(transport), 408, "headers did not arrive in time")
+    assert transport.disconnecting
 
 def test_behind_a_proxy_protocol_listener_each_client_counts_by_the_address_its_header_carries():
     class Endpoint:

@@ -79,6 +79,24 @@ TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 A method's syntax (RFC 9110 section 9.1): a token. Anything else before the
 first space is a malformed request line, which twisted.web answers 400.
 """
+VERSION = re.compile(rb"HTTP/[0-9]\.[0-9]")
+"""
+An HTTP-version's syntax (RFC 9112 section 2.3). One other than 1.0 and
+1.1 (C{HTTP/2.0}, which the HTTP/2 connection preface names too) is
+answered 505 (RFC 9110 section 15.6.6) rather than twisted.web's 400 for a
+malformed request line, which says the client wrote it wrong.
+"""
+
+HEAD_STARTS = frozenset(b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz\r\n")
+"""
+The bytes a request may begin with: a method's (L{TOKEN}), or the line
+ends of empty lines before it (RFC 9112 section 2.2). Any other (a TLS
+handshake's 0x16, sent to a plain HTTP port) can begin no request, and
+waited for the header timeout, the handshake's client with it.
+"""
+
+NOT_HTTP = "the request does not begin with a method, as an HTTP/1.1 request does (this port does not speak TLS)"
+
 UNKNOWN_METHOD = "this server implements the methods " + ", ".join(m.decode() for m in METHODS[:-1]) + " and OPTIONS only"
 
 FOLDED = "a header field line begins with a space or tab (folded onto the line before): send each field on one line"
@@ -116,6 +134,7 @@ TITLES = {
     431: "Request headers too large",
     501: "Not implemented",
     503: "Try again later",
+    505: "HTTP version not supported",
 }
 
 
@@ -387,7 +406,7 @@ class LimitedChannel(GatheringChannel):
 
     def dataReceived(self, data):
         """
-        Start the header timer for the head this read begins, unless
+        Start the header timer for the head this read begins (L{_head_begins}), unless
         parsing is paused for the client's unread answers (L{pauseProducing}):
         bytes a TLS read hands on after the pause wait unparsed, their head
         whole perhaps, and the timer starts when parsing resumes, or a
@@ -396,11 +415,28 @@ class LimitedChannel(GatheringChannel):
         if self._refused:
             return
         if self._waiting_for is None and self.line_mode and not (self._handlingRequest or self.paused):
-            self._start(self.limits.header_timeout, "headers")
+            self._head_begins(data)
+            if self._refused:
+                return
         super().dataReceived(data)
         rest = self._buffer if self.line_mode else b""
-        if rest and b"\n" in rest and not (self._busyReceiving or self.paused or self._refused):
-            self._refuse(400, BARE_LF)
+        if rest and not (self._busyReceiving or self.paused or self._refused):
+            if b"\n" in rest:
+                self._refuse(400, BARE_LF)
+            elif self._waiting_for is None and not self._handlingRequest:
+                self._head_begins(rest)
+
+    def _head_begins(self, data: bytes) -> None:
+        """
+        A head begins with C{data} (or with the next read, when it is
+        empty): refuse it if it cannot begin a request (L{HEAD_STARTS}),
+        else start its header timer. A head that begins after a request
+        answered within the same read is timed from then (the rest that
+        read leaves), not from the next read.
+        """
+        if data and self._head_lines == 0 and data[0] not in HEAD_STARTS:
+            return self._refuse(400, NOT_HTTP)
+        self._start(self.limits.header_timeout, "headers")
 
     def lineReceived(self, line):
         if self._head_lines == 0:
@@ -419,6 +455,8 @@ class LimitedChannel(GatheringChannel):
             if absolute is not None and not _names_a_target_host(authority):
                 return self._refuse(400, "the request target names no host: http://, a name or address and an optional"
                                          " port, then the path")
+            if not self._http_1_1 and not line.endswith(b" HTTP/1.0") and VERSION.fullmatch(line[-8:]):
+                return self._refuse(505, "this server speaks HTTP/1.1 and HTTP/1.0 only")
             if self._method not in METHODS and TOKEN.fullmatch(self._method):
                 return self._refuse(501, UNKNOWN_METHOD)
             if len(query) > self.limits.max_query_bytes:
