@@ -208,10 +208,10 @@ def test_a_request_of_an_http_version_other_than_1_0_and_1_1_gets_505(line):
     listener.assert_serves()
 
 
-@pytest.mark.parametrize("version", [b"HTTP/3", b"HTTP/1.10", b"http/1.1", b"HTTP/01.1"])
+@pytest.mark.parametrize("version", [b" HTTP/3", b" HTTP/1.10", b" http/1.1", b" HTTP/01.1", b"HTTP/2.0"])
 def test_a_malformed_http_version_stays_a_malformed_request(version):
     listener = Listener()
-    _, transport = listener.send(b"GET /api/auth/jwks " + version + b"\r\nHost: x\r\n\r\n")
+    _, transport = listener.send(b"GET /api/auth/jwks" + version + b"\r\nHost: x\r\n\r\n")
     assert_oauth(*parse(transport), 400, "not well-formed HTTP/1.1")
 
 

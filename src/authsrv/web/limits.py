@@ -79,12 +79,13 @@ TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 A method's syntax (RFC 9110 section 9.1): a token. Anything else before the
 first space is a malformed request line, which twisted.web answers 400.
 """
-VERSION = re.compile(rb"HTTP/[0-9]\.[0-9]")
+VERSION = re.compile(rb" HTTP/[0-9]\.[0-9]")
 """
-An HTTP-version's syntax (RFC 9112 section 2.3). One other than 1.0 and
-1.1 (C{HTTP/2.0}, which the HTTP/2 connection preface names too) is
-answered 505 (RFC 9110 section 15.6.6) rather than twisted.web's 400 for a
-malformed request line, which says the client wrote it wrong.
+An HTTP-version's syntax, after its space (RFC 9112 section 2.3). One
+other than 1.0 and 1.1 (C{HTTP/2.0}, which the HTTP/2 connection preface
+names too) is answered 505 (RFC 9110 section 15.6.6) rather than
+twisted.web's 400 for a malformed request line, which says the client
+wrote it wrong.
 """
 
 HEAD_STARTS = frozenset(b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz\r\n")
@@ -455,7 +456,7 @@ class LimitedChannel(GatheringChannel):
             if absolute is not None and not _names_a_target_host(authority):
                 return self._refuse(400, "the request target names no host: http://, a name or address and an optional"
                                          " port, then the path")
-            if not self._http_1_1 and not line.endswith(b" HTTP/1.0") and VERSION.fullmatch(line[-8:]):
+            if not self._http_1_1 and not line.endswith(b" HTTP/1.0") and VERSION.fullmatch(line[-9:]):
                 return self._refuse(505, "this server speaks HTTP/1.1 and HTTP/1.0 only")
             if self._method not in METHODS and TOKEN.fullmatch(self._method):
                 return self._refuse(501, UNKNOWN_METHOD)
