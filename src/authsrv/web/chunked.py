@@ -18,6 +18,11 @@ MAX_SIZE_DIGITS = 16
 """Hex digits a chunk size may have: any size over them is over every body limit, and costs a big number to read."""
 
 
+def body_too_large(max_body: int) -> str:
+    """What a 413 for a body over C{max_body} bytes says, announced by its Content-Length or its chunks."""
+    return f"the request body is too large (at most {max_body} bytes)"
+
+
 class CappedChunkedDecoder(_ChunkedTransferDecoder):
     """
     twisted.web's chunked decoder that calls C{refuse(status, description)}
@@ -43,7 +48,7 @@ class CappedChunkedDecoder(_ChunkedTransferDecoder):
             return False
         self._room -= self.length
         if self._room < 0:
-            self._stop(413, f"the request body is too large (at most {self._max_body} bytes)")
+            self._stop(413, body_too_large(self._max_body))
         return True
 
     def _stop(self, status: int, description: str) -> NoReturn:

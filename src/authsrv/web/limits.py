@@ -24,7 +24,7 @@ from twisted.web.server import Site
 from authsrv.config import ISSUER_PATH, InputLimits
 from authsrv.protocol.forwarded import address_key, is_trusted
 from authsrv.web.channel import GatheringChannel, Outbox, socket_of, unsent_bytes
-from authsrv.web.chunked import CappedChunkedDecoder
+from authsrv.web.chunked import CappedChunkedDecoder, body_too_large
 from authsrv.web.headers import allow_browser_clients, bodiless_head, json_body
 from authsrv.web.pages import error_page
 from authsrv.web.request import SERVER, BoundedRequest
@@ -503,7 +503,7 @@ class LimitedChannel(GatheringChannel):
         max_body = getattr(self.requestFactory, "max_body", None)
         if max_body is not None and self.length is not None and self.length > max_body:
             # Refused before twisted.web answers "Expect: 100-continue" and before a byte of it is read.
-            return self.refuse_large_body(max_body)
+            return self._refuse(413, body_too_large(max_body))
         if codings is not None and max_body is not None:
             self._transferDecoder = CappedChunkedDecoder(self.requests[-1].handleContentChunk, self._finishRequestBody,
                                                          max_body, self._refuse)
@@ -523,14 +523,6 @@ class LimitedChannel(GatheringChannel):
         if any(b"\n" in line for line in getattr(self._transferDecoder, "_trailerHeaders", ())):
             return self._refuse(400, BARE_LF)
         return super()._finishRequestBody(data)
-
-    def refuse_large_body(self, max_body: int):
-        """
-        Refuse a body over C{max_body} bytes at once: one announced so, or
-        one of no announced length (chunked) as soon as it passes the limit
-        (L{BoundedRequest.handleContentChunk}), rather than read to its end.
-        """
-        self._refuse(413, f"the request body is too large (at most {max_body} bytes)")
 
     def allContentReceived(self):
         if self._refused:  # refused at its headers, a request without a body ends here
