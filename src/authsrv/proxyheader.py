@@ -26,6 +26,8 @@ from twisted.protocols.haproxy._info import ProxyInfo
 from twisted.protocols.haproxy._v1parser import V1Parser
 from zope.interface import implementer
 
+from authsrv.web.quiet import QuietWarnings
+
 log = Logger()
 
 _ADDRESSES = {b"TCP4": ipaddress.IPv4Address, b"TCP6": ipaddress.IPv6Address}
@@ -86,9 +88,11 @@ class _CheckedV1Parser(V1Parser):
 class CheckedProxyWrapper(HAProxyProtocolWrapper):
     """
     Twisted's PROXY protocol wrapper with a L{_CheckedV1Parser}, which logs
-    one line for each connection it drops: Twisted's dropped one without a
-    header (the proxy not told to send one), or with a header it could not
-    read, without a word. Once the header is read, the connection's reads
+    the connections it drops: Twisted's dropped one without a header (the
+    proxy not told to send one), or with a header it could not read, without
+    a word. Anyone who reaches the listener can make drops, so at most one
+    line a minute is logged (L{QuietWarnings}), counting those held back.
+    Once the header is read, the connection's reads
     go straight to the wrapped protocol, with no step of this wrapper (nor
     of Twisted's) per read.
     """
@@ -103,8 +107,11 @@ class CheckedProxyWrapper(HAProxyProtocolWrapper):
             self.dataReceived = self.wrappedProtocol.dataReceived  # type: ignore[method-assign]
             return
         if self.disconnecting:
-            log.warn("PROXY protocol header from {proxy} dropped: {problem}; check the proxy's configuration",
-                     proxy=getattr(self.getPeer(), "host", None), problem=_drop_reason(self._parser))
+            held = self.factory.quiet.due("dropped")
+            if held is not None:
+                log.warn("PROXY protocol header from {proxy} dropped: {problem}; check the proxy's configuration"
+                         " ({held} more dropped since the last such line)",
+                         proxy=getattr(self.getPeer(), "host", None), problem=_drop_reason(self._parser), held=held)
 
     def getPeer(self):
         """
@@ -140,18 +147,29 @@ def _drop_reason(parser) -> str:
 
 
 class CheckedProxyFactory(HAProxyWrappingFactory):
+    """Wraps a listener's connections in L{CheckedProxyWrapper}s, whose drops it logs quietly (C{clock} says the time)."""
+
     protocol = CheckedProxyWrapper  # type: ignore[assignment]  # Twisted types it as its own wrapper class
+
+    def __init__(self, wrappedFactory, clock):
+        super().__init__(wrappedFactory)
+        self.quiet = QuietWarnings(log, clock)
 
 
 @implementer(IStreamServerEndpoint)
 class CheckedProxyEndpoint:
-    """A listening endpoint whose connections begin with a PROXY protocol header, checked (L{CheckedProxyWrapper})."""
+    """
+    A listening endpoint whose connections begin with a PROXY protocol
+    header, checked (L{CheckedProxyWrapper}); C{clock} (the reactor) times
+    the lines logged of dropped connections.
+    """
 
-    def __init__(self, wrapped):
+    def __init__(self, wrapped, clock):
         self._wrapped = wrapped
+        self._clock = clock
 
     def listen(self, factory):
-        return self._wrapped.listen(CheckedProxyFactory(factory))
+        return self._wrapped.listen(CheckedProxyFactory(factory, self._clock))
 
 
 class ProxyBeforeTLS:
@@ -172,4 +190,4 @@ class ProxyBeforeTLS:
 
     def listenSSL(self, port, factory, contextFactory, backlog=50, interface=""):
         tls = TLSMemoryBIOFactory(contextFactory, False, factory)
-        return self._reactor.listenTCP(port, CheckedProxyFactory(tls), backlog, interface)
+        return self._reactor.listenTCP(port, CheckedProxyFactory(tls, self._reactor), backlog, interface)

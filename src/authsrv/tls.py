@@ -197,7 +197,7 @@ def endpoint_of(reactor, key: str, description: str, base_dir: Path, now: float 
             wrapped = resolved.partition(":")[2]
             if _is_ssl(_parts(wrapped)):
                 return serverFromString(ProxyBeforeTLS(reactor), wrapped)
-            return CheckedProxyEndpoint(serverFromString(reactor, wrapped))
+            return CheckedProxyEndpoint(serverFromString(reactor, wrapped), reactor)
         return serverFromString(reactor, resolved)
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         # AttributeError: an C{sslmethod} that OpenSSL does not have.

@@ -7,6 +7,7 @@ of its endpoint, and the site keeps serving new connections afterwards.
 from __future__ import annotations
 
 import json
+import re
 from http.client import HTTPResponse
 from io import BytesIO
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.defer import succeed
-from twisted.internet.testing import MemoryReactor, StringTransport
+from twisted.internet.testing import MemoryReactor, MemoryReactorClock, StringTransport
 from twisted.logger import formatEvent
 from twisted.protocols.haproxy import proxyEndpoint
 from twisted.web.resource import Resource
@@ -28,7 +29,7 @@ from authsrv.web.limits import LimitedSite
 from authsrv.web.metrics import MetricsResource
 from authsrv.web.request import BoundedRequest
 
-from wire import Listener, parse, request_head
+from wire import BASE, Listener, parse, request_head
 
 TOKEN = "/api/auth/oauth2/token"
 AUTHORIZE = "/api/auth/oauth2/authorize"
@@ -192,6 +193,50 @@ def test_a_request_line_whose_method_is_no_token_is_malformed_not_unknown(line):
     listener.assert_serves()
 
 
+@pytest.mark.parametrize("line", [b"GET /healthz HTTP/1.2", b"GET /healthz HTTP/2.0", b"PRI * HTTP/2.0",
+                                  b"GET /healthz HTTP/0.9"])
+def test_a_request_of_an_http_version_other_than_1_0_and_1_1_gets_505(line):
+    """
+    RFC 9110 section 15.6.6; the HTTP/2 connection preface (C{PRI * HTTP/2.0})
+    was answered 501 for its method, other versions 400 as malformed.
+    """
+    listener = Listener()
+    _, transport = listener.send(line + b"\r\nHost: x\r\n\r\n" + (b"SM\r\n\r\n" if line.startswith(b"PRI") else b""))
+    status, headers, body = parse(transport)
+    assert (status, json.loads(body)["error_description"]) == (505, "this server speaks HTTP/1.1 and HTTP/1.0 only")
+    assert transport.disconnecting
+    listener.assert_serves()
+
+
+@pytest.mark.parametrize("version", [b" HTTP/3", b" HTTP/1.10", b" http/1.1", b" HTTP/01.1", b"HTTP/2.0"])
+def test_a_malformed_http_version_stays_a_malformed_request(version):
+    listener = Listener()
+    _, transport = listener.send(b"GET /api/auth/jwks" + version + b"\r\nHost: x\r\n\r\n")
+    assert_oauth(*parse(transport), 400, "not well-formed HTTP/1.1")
+
+
+TLS_CLIENT_HELLO = bytes.fromhex("16030100a5010000a10303") + bytes(32) + bytes.fromhex("0000021301010000")
+
+
+@pytest.mark.parametrize("kept", [False, True], ids=["first", "after a request"])
+def test_a_tls_handshake_sent_to_the_plain_port_is_refused_at_once(kept):
+    """No request begins with a byte that is no method's: a ClientHello waited for the header timeout (408)."""
+    listener = Listener()
+    first = request_head("GET", "/healthz") if kept else b""
+    protocol, transport = listener.send(first + TLS_CLIENT_HELLO)
+    assert re.findall(rb"HTTP/1.1 (\d+) ", transport.value()) == [b"200", b"400"][1 - kept:]
+    assert b"does not begin with a method" in transport.value() and transport.disconnecting
+    listener.assert_serves()
+
+
+@pytest.mark.parametrize("start", [b"\r\n", b""])
+def test_a_request_after_one_empty_line_is_served(start):
+    """RFC 9112 section 2.2: a server should ignore at least one empty line before a request line."""
+    listener = Listener()
+    _, transport = listener.send(start + request_head("GET", "/healthz"))
+    assert parse(transport)[0] == 200
+
+
 def test_a_request_line_too_long_gets_414_in_the_internal_shape():
     listener = Listener({"max_request_line": 1024, "max_query_bytes": 512})
     _, transport = listener.send(request_head("POST", INTERNAL + "/" + "a" * 1100))
@@ -279,7 +324,7 @@ def test_an_http_1_1_request_without_host_is_refused():
     listener.assert_serves()
 
 
-@pytest.mark.parametrize("host", ["a b", "x/y", "x@y", "[::1", "x:8o", "é.example"])
+@pytest.mark.parametrize("host", ["a b", "x/y", "x@y", "[::1", "x:8o", "é.example", "x:65536", "x:000080", "x:1:2"])
 def test_a_host_header_that_names_no_host_is_refused(host):
     """RFC 9112 section 3.2: 400 for a Host header with an invalid field value."""
     listener = Listener()
@@ -289,7 +334,8 @@ def test_a_host_header_that_names_no_host_is_refused(host):
     listener.assert_serves()
 
 
-@pytest.mark.parametrize("host", ["", "id.example.com", "id.example.com:443", "127.0.0.1:8080", "[::1]:8080", "xn--d-x.example"])
+@pytest.mark.parametrize("host", ["", "id.example.com", "id.example.com:443", "127.0.0.1:8080", "[::1]:8080", "xn--d-x.example",
+                                  "x:65535", "x:"])
 def test_a_host_header_of_any_host_and_port_is_served(host):
     listener = Listener()
     _, transport = listener.send(b"GET /healthz HTTP/1.1\r\nHost: " + host.encode() + b"\r\n\r\n")
@@ -446,6 +492,38 @@ def test_a_chunk_larger_than_the_limit_is_refused_as_it_arrives():
     listener.assert_serves()
 
 
+@pytest.mark.parametrize(("sizes", "status", "words"), [
+    ([b"ffffffff"], 413, "body is too large (at most 2048 bytes)"),
+    ([b"400", b"401"], 413, "body is too large (at most 2048 bytes)"),
+    ([b"1" + b"0" * 16], 400, "more than 16 hex digits"),
+    ([b"0" * 16 + b"1;ext=1"], 400, "more than 16 hex digits"),
+], ids=["one chunk over", "two chunks over together", "too many digits", "too many digits before extension"])
+def test_a_chunk_size_over_the_limit_is_refused_as_soon_as_it_is_announced(sizes, status, words):
+    """
+    A chunk size that takes the body past the limit, or has more digits
+    than any size under it, was answered 408 at the body timeout: the
+    client announcing it need send no more.
+    """
+    listener = Listener({"max_body_bytes": 2048})
+    head = request_head("POST", TOKEN, {"Transfer-Encoding": "chunked"})
+    chunks = b"".join(size + b"\r\n" + b"a" * int(size.partition(b";")[0], 16) + b"\r\n" for size in sizes[:-1])
+    protocol, transport = listener.send(head + chunks + sizes[-1] + b"\r\n")
+    assert_oauth(*parse(transport), status, words)
+    assert transport.disconnecting
+    protocol.dataReceived(b"a" * 100)
+    assert transport.value().count(b"HTTP/1.1 ") == 1
+    listener.assert_serves()
+
+
+def test_a_chunk_size_of_sixteen_digits_within_the_limit_is_read():
+    listener = Listener({"max_body_bytes": 2048})
+    head = request_head("POST", TOKEN, {"Transfer-Encoding": "chunked",
+                                        "Content-Type": "application/x-www-form-urlencoded"})
+    _, transport = listener.send(head + b"0" * 14 + b"17\r\ngrant_type=nothing_real\r\n0\r\n\r\n")
+    status, _, body = parse(transport)
+    assert (status, json.loads(body)["error"]) == (400, "unsupported_grant_type")
+
+
 CORS = {"access-control-allow-origin": "*", "access-control-expose-headers": "WWW-Authenticate, DPoP-Nonce, Retry-After"}
 
 
@@ -537,6 +615,18 @@ def test_each_request_on_a_kept_connection_gets_its_own_header_deadline():
     assert transport.disconnecting
 
 
+
+@pytest.mark.parametrize("partial", [b"G", b"GET /healthz HTTP/1.1\r\nHo"])
+def test_a_head_begun_in_the_read_that_ends_a_request_is_timed_from_then(partial):
+    """Its header timer started only with the next read: a client sending nothing more kept it to the idle timeout."""
+    listener = Listener({"header_timeout": "10s", "idle_timeout": "300s"})
+    protocol, transport = listener.send(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n" + partial)
+    assert parse(transport)[0] == 200
+    transport.clear()
+    listener.clock.advance(10)
+    assert_oauth(*parse(transport), 408, "headers did not arrive in time")
+    assert transport.disconnecting
+
 def test_behind_a_proxy_protocol_listener_each_client_counts_by_the_address_its_header_carries():
     class Endpoint:
         def listen(self, factory):
@@ -574,7 +664,7 @@ def test_a_proxy_protocol_header_without_valid_addresses_and_ports_drops_the_con
     made any text the client's address (in the logs and rate-limit keys),
     and raised out of the reactor at a port that is no number.
     """
-    reactor, listener = MemoryReactor(), Listener()
+    reactor, listener = MemoryReactorClock(), Listener()
     endpoint_of(reactor, "server.listen[0]", "haproxy:tcp:8080:interface=10.0.0.5", Path(".")).listen(listener.site)
     proxied = reactor.tcpServers[0][1]
     proxy = IPv4Address("TCP", "10.0.0.9", 40000)
@@ -604,7 +694,7 @@ def test_a_connection_dropped_without_a_readable_proxy_protocol_header_is_logged
     A listener whose proxy sends no header (no C{send-proxy}) dropped every
     connection without a word in the log; it says why, once a connection.
     """
-    reactor, listener = MemoryReactor(), Listener()
+    reactor, listener = MemoryReactorClock(), Listener()
     endpoint_of(reactor, "server.listen[0]", "haproxy:tcp:8080:interface=10.0.0.5", Path(".")).listen(listener.site)
     proxy = IPv4Address("TCP", "10.0.0.9", 40000)
     protocol, transport = reactor.tcpServers[0][1].buildProtocol(proxy), StringTransport(peerAddress=proxy)
@@ -614,6 +704,35 @@ def test_a_connection_dropped_without_a_readable_proxy_protocol_header_is_logged
     assert transport.value() == b"" and transport.disconnecting
     dropped = [formatEvent(e) for e in logged if e.get("log_namespace") == "authsrv.proxyheader"]
     assert len(dropped) == 1 and reason in dropped[0] and "10.0.0.9" in dropped[0], dropped
+
+
+def test_connections_dropped_without_a_proxy_protocol_header_are_logged_once_a_minute(logged):
+    """
+    Anyone who reaches a C{haproxy:} listener can make it drop connections:
+    each drop was a line in the log. One line a minute now says how many
+    more were dropped since the last.
+    """
+    reactor, listener = MemoryReactorClock(), Listener()
+    endpoint_of(reactor, "server.listen[0]", "haproxy:tcp:8080:interface=10.0.0.5", Path(".")).listen(listener.site)
+
+    def drop(count: int) -> list[str]:
+        for port in range(count):
+            proxy = IPv4Address("TCP", "10.0.0.9", 40000 + port)
+            protocol, transport = reactor.tcpServers[0][1].buildProtocol(proxy), StringTransport(peerAddress=proxy)
+            protocol.makeConnection(transport)
+            protocol.dataReceived(request_head("GET", "/healthz"))
+            assert transport.disconnecting
+        lines = [formatEvent(e) for e in logged if e.get("log_namespace") == "authsrv.proxyheader"]
+        logged.clear()
+        return lines
+
+    first = drop(50)
+    assert len(first) == 1 and "(0 more dropped since the last such line)" in first[0], first
+    reactor.advance(59)
+    assert drop(10) == []
+    reactor.advance(1)
+    later = drop(5)
+    assert len(later) == 1 and "(59 more dropped since the last such line)" in later[0], later
 
 
 UNIX_V2 = (b"\r\n\r\n\x00\r\nQUIT\n" + bytes([0x21, 0x31]) + (216).to_bytes(2, "big")
@@ -825,6 +944,35 @@ def test_an_absolute_form_target_is_served_as_its_path():
     long_host = b"GET http://" + b"h" * 9000 + b"/healthz HTTP/1.1\r\nHost: x\r\n\r\n"
     _, transport = Listener().send(long_host)
     assert parse(transport)[0] == 414, "the line is measured as it was sent"
+
+
+@pytest.mark.parametrize("target", ["http://user@other.example/healthz", "http:///healthz", "http://:8080/healthz",
+                                    "https://other.example:99999/healthz"])
+def test_an_absolute_form_target_that_names_no_host_is_refused(target):
+    """
+    RFC 9110 section 4.2.1: an http URI with an empty host is invalid;
+    section 4.2.4: one with userinfo is an error. Either was served as its path.
+    """
+    listener = Listener()
+    _, transport = listener.send(f"GET {target} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    assert_oauth(*parse(transport), 400, "the request target names no host")
+    listener.assert_serves()
+
+
+def test_an_absolute_form_target_changes_no_url_the_server_builds():
+    """Its authority is checked, then ignored: the issuer and every URL come from the configured public URL."""
+    listener = Listener()
+
+    def get(path: str):
+        target = "http://attacker.example:8443" + path
+        _, transport = listener.send(f"GET {target} HTTP/1.1\r\nHost: other.example\r\n\r\n".encode())
+        assert b"attacker" not in transport.value() and b"other.example" not in transport.value()
+        return parse(transport)
+
+    status, headers, _ = get("/.well-known/openid-configuration")
+    assert (status, headers["location"]) == (301, BASE + "/api/auth/.well-known/openid-configuration")
+    status, _, body = get("/api/auth/.well-known/openid-configuration")
+    assert (status, json.loads(body)["issuer"]) == (200, BASE + "/api/auth")
 
 
 def test_open_connections_are_capped_per_listener():

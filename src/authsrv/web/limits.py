@@ -24,6 +24,7 @@ from twisted.web.server import Site
 from authsrv.config import ISSUER_PATH, InputLimits
 from authsrv.protocol.forwarded import address_key, is_trusted
 from authsrv.web.channel import GatheringChannel, Outbox, socket_of, unsent_bytes
+from authsrv.web.chunked import CappedChunkedDecoder, body_too_large
 from authsrv.web.headers import allow_browser_clients, bodiless_head, json_body
 from authsrv.web.pages import error_page
 from authsrv.web.request import SERVER, BoundedRequest
@@ -54,14 +55,18 @@ Headers a request carries once (RFC 9110 section 5.3, and RFC 9112 section
 3.2 for Host): twisted.web reads the last of two, a proxy in front may check
 the first, so two are refused.
 """
-HOST = re.compile(rb"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~!$&'()*+,;=%-]*)(?::[0-9]*)?")
-"""A Host header's value (RFC 9112 section 3.2): uri-host and an optional port, or nothing."""
+HOST = re.compile(rb"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~!$&'()*+,;=%-]*)(?::(?P<port>[0-9]{0,5}))?")
+"""
+A Host header's value (RFC 9112 section 3.2): uri-host and an optional
+port, or nothing. The port is a TCP port, 65535 at most (L{_names_a_host}).
+"""
 
 
 @lru_cache(maxsize=64)
 def _names_a_host(value: bytes) -> bool:
     """Whether C{value} is a L{HOST}; the same few recur, so a match costs a cache lookup."""
-    return HOST.fullmatch(value) is not None
+    match = HOST.fullmatch(value)
+    return match is not None and int(match["port"] or 0) <= 65535
 
 METHODS = (b"GET", b"HEAD", b"POST", b"PUT", b"PATCH", b"DELETE", b"OPTIONS")
 """
@@ -74,6 +79,25 @@ TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 A method's syntax (RFC 9110 section 9.1): a token. Anything else before the
 first space is a malformed request line, which twisted.web answers 400.
 """
+VERSION = re.compile(rb" HTTP/[0-9]\.[0-9]")
+"""
+An HTTP-version's syntax, after its space (RFC 9112 section 2.3). One
+other than 1.0 and 1.1 (C{HTTP/2.0}, which the HTTP/2 connection preface
+names too) is answered 505 (RFC 9110 section 15.6.6) rather than
+twisted.web's 400 for a malformed request line, which says the client
+wrote it wrong.
+"""
+
+HEAD_STARTS = frozenset(b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz\r\n")
+"""
+The bytes a request may begin with: a method's (L{TOKEN}), or the line
+ends of empty lines before it (RFC 9112 section 2.2). Any other (a TLS
+handshake's 0x16, sent to a plain HTTP port) can begin no request, and
+waited for the header timeout, the handshake's client with it.
+"""
+
+NOT_HTTP = "the request does not begin with a method, as an HTTP/1.1 request does (this port does not speak TLS)"
+
 UNKNOWN_METHOD = "this server implements the methods " + ", ".join(m.decode() for m in METHODS[:-1]) + " and OPTIONS only"
 
 FOLDED = "a header field line begins with a space or tab (folded onto the line before): send each field on one line"
@@ -111,6 +135,7 @@ TITLES = {
     431: "Request headers too large",
     501: "Not implemented",
     503: "Try again later",
+    505: "HTTP version not supported",
 }
 
 
@@ -215,22 +240,35 @@ def raw_refusal(path: bytes, status: int, description: str, headers=(), *, head:
     return b"\r\n".join(lines) + (b"" if head else body)
 
 
-def _origin_form(request_line: bytes) -> bytes:
+def _absolute_form(request_line: bytes) -> tuple[bytes, bytes] | None:
     """
-    The request line with an absolute-form target (C{POST http://host/path
-    HTTP/1.1}, as a proxy sends it) made origin-form, which RFC 9112 section
-    3.2.2 says a server must accept and twisted.web's routing cannot read.
+    For a request line with an absolute-form target (C{POST http://host/path
+    HTTP/1.1}, as a proxy sends it), which RFC 9112 section 3.2.2 says a
+    server must accept and twisted.web's routing cannot read: the target's
+    authority, and the line with the target made origin-form. None for any
+    other line. Nothing the server builds reads the authority (nor the Host
+    header): the issuer and every URL come from the configured public URL.
     """
     method, space, rest = request_line.partition(b" ")
     if rest[:1] == b"/" or not space:
-        return request_line
+        return None
     target, space, version = rest.partition(b" ")
     scheme, separator, after = target.partition(b"://")
     if not separator or scheme.lower() not in (b"http", b"https"):
-        return request_line
+        return None
     ends = [at for at in (after.find(b"/"), after.find(b"?")) if at >= 0]
-    path = after[min(ends):] if ends else b""
-    return b"%s %s%s%s%s" % (method, b"" if path[:1] == b"/" else b"/", path, space, version)
+    authority, path = (after[:min(ends)], after[min(ends):]) if ends else (after, b"")
+    return authority, b"%s %s%s%s%s" % (method, b"" if path[:1] == b"/" else b"/", path, space, version)
+
+
+def _names_a_target_host(authority: bytes) -> bool:
+    """
+    Whether an absolute-form target's C{authority} names a host, as a Host
+    header does (L{HOST}), and not an empty one: RFC 9110 section 4.2.1
+    says an http URI with an empty host must be rejected, section 4.2.4
+    that one with userinfo (C{user@host}) be treated as an error.
+    """
+    return authority[:1] not in (b"", b":") and _names_a_host(authority)
 
 
 def _target(request_line: bytes) -> bytes:
@@ -374,7 +412,7 @@ class LimitedChannel(GatheringChannel):
 
     def dataReceived(self, data):
         """
-        Start the header timer for the head this read begins, unless
+        Start the header timer for the head this read begins (L{_head_begins}), unless
         parsing is paused for the client's unread answers (L{pauseProducing}):
         bytes a TLS read hands on after the pause wait unparsed, their head
         whole perhaps, and the timer starts when parsing resumes, or a
@@ -383,24 +421,48 @@ class LimitedChannel(GatheringChannel):
         if self._refused:
             return
         if self._waiting_for is None and self.line_mode and not (self._handlingRequest or self.paused):
-            self._start(self.limits.header_timeout, "headers")
+            self._head_begins(data)
+            if self._refused:
+                return
         super().dataReceived(data)
         rest = self._buffer if self.line_mode else b""
-        if rest and b"\n" in rest and not (self._busyReceiving or self.paused or self._refused):
-            self._refuse(400, BARE_LF)
+        if rest and not (self._busyReceiving or self.paused or self._refused):
+            if b"\n" in rest:
+                self._refuse(400, BARE_LF)
+            elif self._waiting_for is None and not self._handlingRequest:
+                self._head_begins(rest)
+
+    def _head_begins(self, data: bytes) -> None:
+        """
+        A head begins with C{data} (or with the next read, when it is
+        empty): refuse it if it cannot begin a request (L{HEAD_STARTS}),
+        else start its header timer. A head that begins after a request
+        answered within the same read is timed from then (the rest that
+        read leaves), not from the next read.
+        """
+        if data and self._head_lines == 0 and data[0] not in HEAD_STARTS:
+            return self._refuse(400, NOT_HTTP)
+        self._start(self.limits.header_timeout, "headers")
 
     def lineReceived(self, line):
         if self._head_lines == 0:
             if not line:
                 return super().lineReceived(line)
             too_long = len(line) > self.limits.max_request_line  # as sent, before an absolute target is cut
-            line = _origin_form(line)
+            absolute = _absolute_form(line)
+            if absolute is not None:
+                authority, line = absolute
             target = _target(line)
             self._method = line.partition(b" ")[0]
             self._http_1_1 = line.endswith(b" HTTP/1.1")
             self._target, _, query = target.partition(b"?")
             if too_long:
                 return self._refuse(414, f"the request line is too long (at most {self.limits.max_request_line} bytes)")
+            if absolute is not None and not _names_a_target_host(authority):
+                return self._refuse(400, "the request target names no host: http://, a name or address and an optional"
+                                         " port, then the path")
+            if not self._http_1_1 and not line.endswith(b" HTTP/1.0") and VERSION.fullmatch(line[-9:]):
+                return self._refuse(505, "this server speaks HTTP/1.1 and HTTP/1.0 only")
             if self._method not in METHODS and TOKEN.fullmatch(self._method):
                 return self._refuse(501, UNKNOWN_METHOD)
             if len(query) > self.limits.max_query_bytes:
@@ -446,7 +508,10 @@ class LimitedChannel(GatheringChannel):
         max_body = getattr(self.requestFactory, "max_body", None)
         if max_body is not None and self.length is not None and self.length > max_body:
             # Refused before twisted.web answers "Expect: 100-continue" and before a byte of it is read.
-            return self.refuse_large_body(max_body)
+            return self._refuse(413, body_too_large(max_body))
+        if codings is not None and max_body is not None:
+            self._transferDecoder = CappedChunkedDecoder(self.requests[-1].handleContentChunk, self._finishRequestBody,
+                                                         max_body, self._refuse)
         super().allHeadersReceived()
         if self.length != 0 and not self._refused:
             self._start(self.limits.body_timeout, "body")
@@ -463,14 +528,6 @@ class LimitedChannel(GatheringChannel):
         if any(b"\n" in line for line in getattr(self._transferDecoder, "_trailerHeaders", ())):
             return self._refuse(400, BARE_LF)
         return super()._finishRequestBody(data)
-
-    def refuse_large_body(self, max_body: int):
-        """
-        Refuse a body over C{max_body} bytes at once: one announced so, or
-        one of no announced length (chunked) as soon as it passes the limit
-        (L{BoundedRequest.handleContentChunk}), rather than read to its end.
-        """
-        self._refuse(413, f"the request body is too large (at most {max_body} bytes)")
 
     def allContentReceived(self):
         if self._refused:  # refused at its headers, a request without a body ends here

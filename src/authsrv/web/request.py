@@ -243,17 +243,14 @@ class BoundedRequest(Request):
 
     def handleContentChunk(self, data):
         """
-        Keep the body up to C{max_body}. Once past it, a channel that can
-        refuse at once (L{authsrv.web.limits.LimitedChannel}) answers 413
-        and closes, so a chunked body is not read to its end; on any other,
-        the site's root answers 413 when the request is whole.
+        Keep the body up to C{max_body}; past it, the site's root answers
+        413 when the request is whole. A L{authsrv.web.limits.LimitedChannel}
+        refuses such a body before it arrives, by its Content-Length or its
+        chunks' sizes (L{authsrv.web.chunked.CappedChunkedDecoder}).
         """
         self._received += len(data)
-        if self._received > self.max_body and not self.body_too_large:
+        if self._received > self.max_body:
             self.body_too_large = True
-            refuse = getattr(self.channel, "refuse_large_body", None)
-            if refuse is not None:
-                refuse(self.max_body)
         if not self.body_too_large:
             super().handleContentChunk(data)
 
