@@ -193,9 +193,8 @@ def test_a_request_line_whose_method_is_no_token_is_malformed_not_unknown(line):
     listener.assert_serves()
 
 
-@pytest.mark.parametrize("line", [b"GET /healthz HTTP/1.2", b"GET /healthz HTTP/2.0", b"PRI * HTTP/2.0",
-                                  b"GET /healthz HTTP/0.9"])
-def test_a_request_of_an_http_version_other_than_1_0_and_1_1_gets_505(line):
+@pytest.mark.parametrize("line", [b"GET /healthz HTTP/2.0", b"PRI * HTTP/2.0", b"GET /healthz HTTP/0.9"])
+def test_a_request_of_an_http_major_version_other_than_1_gets_505(line):
     """
     RFC 9110 section 15.6.6; the HTTP/2 connection preface (C{PRI * HTTP/2.0})
     was answered 501 for its method, other versions 400 as malformed.
@@ -206,6 +205,15 @@ def test_a_request_of_an_http_version_other_than_1_0_and_1_1_gets_505(line):
     assert (status, json.loads(body)["error_description"]) == (505, "this server speaks HTTP/1.1 and HTTP/1.0 only")
     assert transport.disconnecting
     listener.assert_serves()
+
+
+def test_a_later_minor_version_of_http_1_is_served_as_http_1_1():
+    """RFC 9110 section 2.5: served as the highest minor version the server speaks, keeping the connection."""
+    listener = Listener()
+    _, transport = listener.send(b"GET /healthz HTTP/1.2\r\nHost: x\r\n\r\n")
+    status, headers, body = parse(transport)
+    assert status == 200 and transport.value().startswith(b"HTTP/1.1 200 ")
+    assert not transport.disconnecting
 
 
 @pytest.mark.parametrize("version", [b" HTTP/3", b" HTTP/1.10", b" http/1.1", b" HTTP/01.1", b"HTTP/2.0"])

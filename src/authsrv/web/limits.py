@@ -81,11 +81,12 @@ first space is a malformed request line, which twisted.web answers 400.
 """
 VERSION = re.compile(rb" HTTP/[0-9]\.[0-9]")
 """
-An HTTP-version's syntax, after its space (RFC 9112 section 2.3). One
-other than 1.0 and 1.1 (C{HTTP/2.0}, which the HTTP/2 connection preface
-names too) is answered 505 (RFC 9110 section 15.6.6) rather than
-twisted.web's 400 for a malformed request line, which says the client
-wrote it wrong.
+An HTTP-version's syntax, after its space (RFC 9112 section 2.3). A later
+minor version of HTTP/1 (C{HTTP/1.2}) is served as HTTP/1.1, the highest
+this server speaks (RFC 9110 section 2.5); another major version
+(C{HTTP/2.0}, which the HTTP/2 connection preface names too) is answered
+505 (RFC 9110 section 15.6.6) rather than twisted.web's 400 for a malformed
+request line, which says the client wrote it wrong.
 """
 
 HEAD_STARTS = frozenset(b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz\r\n")
@@ -462,7 +463,9 @@ class LimitedChannel(GatheringChannel):
                 return self._refuse(400, "the request target names no host: http://, a name or address and an optional"
                                          " port, then the path")
             if not self._http_1_1 and not line.endswith(b" HTTP/1.0") and VERSION.fullmatch(line[-9:]):
-                return self._refuse(505, "this server speaks HTTP/1.1 and HTTP/1.0 only")
+                if line[-3:-2] != b"1":
+                    return self._refuse(505, "this server speaks HTTP/1.1 and HTTP/1.0 only")
+                line, self._http_1_1 = line[:-3] + b"1.1", True
             if self._method not in METHODS and TOKEN.fullmatch(self._method):
                 return self._refuse(501, UNKNOWN_METHOD)
             if len(query) > self.limits.max_query_bytes:
