@@ -446,7 +446,9 @@ class InteractionFlow:
         counts as with a second factor), or put enrolment off while the
         grace period lasts. A user who has set up a factor since the page
         was shown gives that one instead: the password alone neither
-        replaces nor skips it.
+        replaces nor skips it. Confirmed, the enrolment the browser kept
+        goes with the answer: a reset of the factors later must not find
+        the old key there and show it again.
         """
         if form is None:
             raise _forged()
@@ -477,8 +479,9 @@ class InteractionFlow:
                                               form.get("sealed"))
         if not await self._store.take_interaction(interaction.interaction_id, ENROL_STAGE):
             raise _expired()
-        return await self._signed_in(client, interaction.request, sub, session, browser, address,
-                                     with_second_factor(interaction.amr, "otp"), ACR_MFA, seconds)
+        signed_in = await self._signed_in(client, interaction.request, sub, session, browser, address,
+                                          with_second_factor(interaction.amr, "otp"), ACR_MFA, seconds)
+        return attrs.evolve(signed_in, cookies=attrs.evolve(signed_in.cookies, end_enrolment=True))
 
     async def _still_allowed(self, sub: str, session: BrowserSession | None, address: str, now: int) -> None:
         """
