@@ -70,6 +70,26 @@ def _is_ssl(parts: list[list[str]]) -> bool:
     return _kind(_unwrapped(parts)) == "ssl"
 
 
+def _socket_address(parts: list[list[str]]) -> list[str] | None:
+    """The part of a C{unix:} endpoint's parts (behind C{haproxy:} too) that holds its socket's path, if any."""
+    return next((p for p in _unwrapped(parts)[1:] if len(p) == 1 or p[0] == "address"), None)
+
+
+def _socket_problem(key: str, description: str) -> str | None:
+    """
+    One line naming C{key} when C{description} is a C{unix:} endpoint that
+    names no socket path: an empty one was taken as the config file's
+    folder, whose bind said only that the address was in use.
+    """
+    parts = _parts(description)
+    if _kind(_unwrapped(parts)) != "unix":
+        return None
+    address = _socket_address(parts)
+    if address is not None and address[-1]:
+        return None
+    return f"{key}: {description!r} names no socket path; write unix:PATH (relative to the config file's folder)"
+
+
 def resolve_listen_paths(description: str, base_dir: Path) -> str:
     """
     C{description} with its paths made absolute against C{base_dir}: the
@@ -79,8 +99,8 @@ def resolve_listen_paths(description: str, base_dir: Path) -> str:
     """
     parts = _parts(description)
     if _kind(_unwrapped(parts)) == "unix":
-        address = next((p for p in _unwrapped(parts)[1:] if len(p) == 1 or p[0] == "address"), None)
-        if address is not None and not address[-1].startswith("\0"):
+        address = _socket_address(parts)
+        if address is not None and address[-1] and not address[-1].startswith("\0"):
             address[-1] = str(base_dir / Path(address[-1]).expanduser())
         return _join(parts)
     if not _is_ssl(parts):
@@ -188,7 +208,8 @@ def endpoint_of(reactor, key: str, description: str, base_dir: Path, now: float 
     connection's PROXY header (L{CheckedProxyEndpoint}), which comes before
     TLS on a C{haproxy:ssl:} one (L{ProxyBeforeTLS}).
     """
-    problem = listen_problem(key, description, base_dir, now) or _port_problem(key, description)
+    problem = (listen_problem(key, description, base_dir, now) or _port_problem(key, description)
+               or _socket_problem(key, description))
     if problem:
         raise ValueError(problem)
     resolved = resolve_listen_paths(description, base_dir)

@@ -5,7 +5,7 @@ from authsrv.flows.answered import RecentAnswers
 
 def test_an_answer_is_recalled_until_it_expires():
     answers = RecentAnswers(kept_for=30, most=10)
-    answers.keep("a", "https://client.example/cb?code=x", "hash", "csrf", 100)
+    answers.keep("a", "https://client.example/cb?code=x", "hash", "csrf", "sid", 100)
     assert answers.recall("a", 129).location == "https://client.example/cb?code=x"
     assert answers.recall("a", 130) is None and answers.recall("b", 100) is None
 
@@ -13,7 +13,7 @@ def test_an_answer_is_recalled_until_it_expires():
 def test_the_oldest_answers_go_first_past_the_cap_or_their_time():
     answers = RecentAnswers(kept_for=30, most=3)
     for n in range(5):
-        answers.keep(str(n), f"location {n}", None, "csrf", 100 + n)
+        answers.keep(str(n), f"location {n}", None, "csrf", "sid", 100 + n)
     assert [answers.recall(str(n), 104) is not None for n in range(5)] == [False, False, True, True, True]
-    answers.keep("5", "location 5", None, "csrf", 133)
+    answers.keep("5", "location 5", None, "csrf", "sid", 133)
     assert len(answers) == 2, "the expired ones went with the next answer kept"

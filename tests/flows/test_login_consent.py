@@ -788,6 +788,32 @@ async def test_a_consent_sent_twice_gets_the_first_answer_while_its_code_is_unus
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_consent_sent_again_after_a_sign_out_gets_no_code(tmp_path, monkeypatch):
+    """
+    A shared computer: Alice allows, the first answer's code not yet used
+    (a double click), and signs out; Bob signs in and the back button sends
+    Alice's form again. It got Alice's code, which signed Bob in to the
+    client as Alice. The answer kept is for the session it was given to.
+    """
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        url = await consent_page(browser, ALICE)
+        response, body = await browser.get(url)
+        form = {**hidden_fields(body), "action": "approve"}
+        first, _ = await browser.post(ISSUER + "/consent", form)
+        assert first.code == 303 and "code" in query_of(location(first))
+        await h.store.end_session(token_hash(browser.cookies.pop("authsrv_session")))  # signed out
+        response, body = await browser.post(ISSUER + "/consent", form)
+        assert_page(response, body, 400)
+        await browser.sign_in(BOB)
+        response, body = await browser.post(ISSUER + "/consent", form)
+        assert_page(response, body, 400)
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_consent_sent_again_later_says_the_sign_in_finished(tmp_path, monkeypatch):
     """Past L{KEPT_FOR} seconds, or for a refusal sent again, the same answers as before any was kept."""
     h = await started(tmp_path, monkeypatch)

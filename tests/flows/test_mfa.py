@@ -914,3 +914,31 @@ async def test_a_session_signed_out_while_it_steps_up_stays_signed_out(tmp_path,
         assert await h.store.list_user_sessions(ALICE.sub, h.now()) == []
     finally:
         await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_authenticator_reset_after_its_enrolment_never_shows_the_old_key_again(tmp_path, monkeypatch):
+    """
+    A phone lost soon after its authenticator was set up: the operator
+    resets the user's factors, and the user sets up a new one. The browser
+    that showed the old key still kept it (sealed, for ENROLMENT_TTL), and
+    the page showed it again, with its recovery codes: the lost phone's key
+    enrolled once more. A confirmed enrolment is dropped from the browser.
+    """
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser, secret, codes = await enrolled(h)
+        assert not [name for name, value in browser.cookies.items() if "enrolment" in name and value]
+        assert await reset_factors(h.store, ALICE.sub, actor="operator") is True
+        response, body = await browser.get(TOTP_PAGE)
+        assert response.code == 200 and enrolment_of(body)[0] != secret and not set(enrolment_of(body)[1]) & set(codes)
+        sign_in = Browser(h)
+        await sign_in.sign_in(ALICE)
+        response, _ = await sign_in.authorize("first", acr_values=ACR_MFA)
+        page = location(response)
+        secret, _, fields = enrolment_of((await sign_in.get(page))[1])
+        response, _ = await sign_in.post(ISSUER + "/mfa/enrol", {**fields, "code": code_at(secret, h.now())})
+        assert response.code == 303 and "code" in query_of(location(response))
+        assert not [name for name, value in sign_in.cookies.items() if "enrolment" in name and value]
+    finally:
+        await h.close()

@@ -189,6 +189,23 @@ def test_check_config_refuses_a_port_out_of_range(tmp_path, listen, port):
     assert problems == ([f"server.listen[0]: {listen!r} names port {port}; a port is 0 to 65535"] if port else [])
 
 
+@pytest.mark.parametrize(
+    ("listen", "refused"),
+    [("unix:", True), ("haproxy:unix:", True), ("unix:mode=600", True), ("unix:address=", True),
+     ("unix:authsrv.sock", False), ("unix:address=run/a.sock:mode=600", False), ("unix:\0authsrv", False)],
+)
+def test_check_config_refuses_a_unix_socket_without_a_path(tmp_path, listen, refused):
+    """
+    An empty socket path was made the config file's folder, which check-config
+    passed and the bind refused as an address in use.
+    """
+    assert resolve_listen_paths("unix:", tmp_path) == "unix:"
+    config = load_config(config_file(tmp_path, listen))
+    problems = config_listen_problems(config, Clock(), time.time())
+    assert problems == ([f"server.listen[0]: {listen!r} names no socket path; write unix:PATH (relative to the"
+                         " config file's folder)"] if refused else [])
+
+
 @pytest_twisted.ensureDeferred
 async def test_check_config_exits_1_with_one_line_for_an_expired_certificate(tmp_path):
     write_pair(tmp_path / "tls", valid_from=datetime.datetime(2020, 1, 1, tzinfo=datetime.timezone.utc))

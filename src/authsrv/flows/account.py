@@ -39,6 +39,8 @@ from authsrv.protocol.password_policy import MIN_LENGTH, password_problem
 from authsrv.records import ACR_MFA, RECOVERY_FACTOR, TOTP_FACTOR, BrowserSession, Passkey
 
 TOTP_PURPOSE = b"account mfa totp"
+TOTP_SET_UP = "totp-set-up"
+"""L{AccountFactors.submit_totp}'s answer once the new authenticator is confirmed (a key of L{NOTICES})."""
 RECOVERY_PURPOSE = b"account mfa recovery"
 
 log = Logger()
@@ -139,7 +141,7 @@ class AccountFactors:
             return again
         if not await self._factors.confirm(session.sub, form.get("sealed"), form.get("code", ""), now, address):
             return await self._form(cookie, session, form.get("sealed"), WRONG_FIRST_CODE, now)
-        return "totp-set-up"
+        return TOTP_SET_UP
 
     async def replace_recovery_codes(self, browser: Browser, form: dict[str, str] | None, address: str,
                                      now: int) -> NewRecoveryCodes | Redirect:
@@ -214,7 +216,7 @@ NOTICES: dict[str, str] = {
     "passkey-limit": PASSKEYS_FULL,
     "passkey-removed": "The passkey is removed.",
     "passkey-gone": "That passkey was removed already.",
-    "totp-set-up": "Authenticator set up: from now on, signing in asks for a code from your authenticator app"
+    TOTP_SET_UP: "Authenticator set up: from now on, signing in asks for a code from your authenticator app"
                    " after your password.",
     "chat-unlinked": "Your chat account is no longer linked.",
     "chat-gone": "No chat account was linked.",

@@ -4,7 +4,9 @@ sent again. Without JavaScript a second click on "Allow" while the client is
 slow to answer sends the form twice, and the browser shows only the second
 answer: the first one's code would be lost behind a "sign-in ended" page.
 The same browser's second post gets the first one's redirect instead, with
-the same code, while that code is still unused. Kept in this process only:
+the same code, while that code is still unused and the browser still signed
+in with the session it was given for (not after a sign-out, nor to the next
+person signed in on a shared computer). Kept in this process only:
 a second post that reaches another instance gets the ended page as before.
 """
 
@@ -24,12 +26,14 @@ MOST_KEPT = 10_000
 class Answer:
     """
     A finished consent's redirect, the hash of the code it carries (None for
-    a refusal), and its form's token, which the form sent again must carry.
+    a refusal), its form's token, which the form sent again must carry, and
+    the sid of the session it answered, which must still be the browser's.
     """
 
     location: str
     code_hash: str | None
     csrf_token: str
+    sid: str
     until: int
 
 
@@ -41,8 +45,9 @@ class RecentAnswers:
         self._kept_for = kept_for
         self._most = most
 
-    def keep(self, interaction_id: str, location: str, code_hash: str | None, csrf_token: str, now: int) -> None:
-        self._kept[interaction_id] = Answer(location, code_hash, csrf_token, now + self._kept_for)
+    def keep(self, interaction_id: str, location: str, code_hash: str | None, csrf_token: str, sid: str,
+             now: int) -> None:
+        self._kept[interaction_id] = Answer(location, code_hash, csrf_token, sid, now + self._kept_for)
         self._kept.move_to_end(interaction_id)
         while self._kept and (len(self._kept) > self._most or next(iter(self._kept.values())).until <= now):
             self._kept.popitem(last=False)

@@ -446,7 +446,9 @@ class InteractionFlow:
         counts as with a second factor), or put enrolment off while the
         grace period lasts. A user who has set up a factor since the page
         was shown gives that one instead: the password alone neither
-        replaces nor skips it.
+        replaces nor skips it. Confirmed, the enrolment the browser kept
+        goes with the answer: a reset of the factors later must not find
+        the old key there and show it again.
         """
         if form is None:
             raise _forged()
@@ -477,8 +479,9 @@ class InteractionFlow:
                                               form.get("sealed"))
         if not await self._store.take_interaction(interaction.interaction_id, ENROL_STAGE):
             raise _expired()
-        return await self._signed_in(client, interaction.request, sub, session, browser, address,
-                                     with_second_factor(interaction.amr, "otp"), ACR_MFA, seconds)
+        signed_in = await self._signed_in(client, interaction.request, sub, session, browser, address,
+                                          with_second_factor(interaction.amr, "otp"), ACR_MFA, seconds)
+        return attrs.evolve(signed_in, cookies=attrs.evolve(signed_in.cookies, end_enrolment=True))
 
     async def _still_allowed(self, sub: str, session: BrowserSession | None, address: str, now: int) -> None:
         """
@@ -582,7 +585,7 @@ class InteractionFlow:
             events.consent_denied(sub=session.sub, client_id=client.client_id, address=address)
             denied = AccessDenied("the user denied the request")
             location = error_location(self._issuer, request.redirect_uri, request.state, denied)
-            self._answers.keep(interaction.interaction_id, location, None, interaction.csrf_token, now)
+            self._answers.keep(interaction.interaction_id, location, None, interaction.csrf_token, session.sid, now)
             return Redirect(location, 303)
         if max_age_passed(request, session, now) and session.auth_time < interaction.created_at:
             return await self._approved_then_sign_in(client, request, session, browser, address, now)
@@ -593,8 +596,10 @@ class InteractionFlow:
     async def _answered_before(self, form: dict[str, str], browser: Browser, now: int) -> Redirect | None:
         """
         The answer this browser's consent form got when it was sent a moment
-        ago (L{authsrv.flows.answered}), while the code it carries is unused;
-        else None.
+        ago (L{authsrv.flows.answered}), while the browser is still signed in
+        with the session it answered and the code it carries is unused; else
+        None. A form sent again after a sign-out, by the next person signed
+        in on that browser, must not get the code of the one before.
         """
         interaction_id = form.get("request")
         if not interaction_id:
@@ -602,6 +607,9 @@ class InteractionFlow:
         answer = self._answers.recall(interaction_id, now)
         if answer is None or not form_token_valid(answer.csrf_token, form.get("csrf"), browser.device,
                                                   interaction_id):
+            return None
+        session = await self.live_session(browser.session, now)
+        if session is None or session.sid != answer.sid:
             return None
         if answer.code_hash is not None and not isinstance(await self._store.find_code(answer.code_hash, now),
                                                            CodeFound):
@@ -925,5 +933,6 @@ class InteractionFlow:
                            address=address)
         location = code_location(self._issuer, request, code)
         if answering is not None:
-            self._answers.keep(answering.interaction_id, location, token_hash(code), answering.csrf_token, now)
+            self._answers.keep(answering.interaction_id, location, token_hash(code), answering.csrf_token,
+                               session.sid, now)
         return location

@@ -23,12 +23,14 @@ class Browser:
 class CookieChanges:
     """
     Cookies to set with the answer: a new session cookie value (or
-    C{end_session} to clear it) and a new device secret.
+    C{end_session} to clear it), a new device secret, and C{end_enrolment}
+    to drop the authenticator enrolment the browser kept (once confirmed).
     """
 
     session: str | None = None
     end_session: bool = False
     device: str | None = None
+    end_enrolment: bool = False
 
 
 @frozen

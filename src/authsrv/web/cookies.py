@@ -15,7 +15,11 @@ DEVICE_COOKIE = b"authsrv_device"
 DEVICE_COOKIE_TTL = 400 * 86400
 """The longest cookie life browsers keep; the device cookie only binds forms to this browser."""
 ENROLMENT_COOKIE = b"authsrv_enrolment"
-"""The new authenticator a page showed, sealed, so that a reload shows the same key and recovery codes."""
+"""
+The new authenticator a page showed, sealed, so that a reload shows the same
+key and recovery codes; cleared once confirmed, so that after a reset of the
+user's factors (a lost phone) no page shows that key again.
+"""
 RECOVERY_COOKIE = b"authsrv_recovery"
 """New recovery codes, sealed, on their way to the one page that shows them."""
 HOST_PREFIX = b"__Host-"
@@ -44,6 +48,8 @@ class Cookies:
             self.set(request, SESSION_COOKIE, changes.session, self._session_ttl)
         if changes.device is not None:
             self.set(request, DEVICE_COOKIE, changes.device, DEVICE_COOKIE_TTL)
+        if changes.end_enrolment:
+            self.clear(request, ENROLMENT_COOKIE)
 
     def get(self, request, name: bytes) -> str | None:
         value = request.getCookie(self._prefix + name)

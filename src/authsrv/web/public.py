@@ -19,7 +19,7 @@ from twisted.web.template import tags
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from authsrv.config import ISSUER_PATH
-from authsrv.flows.account import AccountView, PasswordRefused
+from authsrv.flows.account import TOTP_SET_UP, AccountView, PasswordRefused
 from authsrv.flows.link import link_token, link_token_valid, unlink_token, unlink_token_valid
 from authsrv.flows.mfa import ENROLMENT_TTL, SHOWN_TTL
 from authsrv.flows.outcomes import (
@@ -647,6 +647,8 @@ class PublicSite:
         )
         if isinstance(outcome, EnrolmentForm):
             return self._enrolment_page(request, "/account/mfa/totp", outcome)
+        if outcome == TOTP_SET_UP:
+            self._cookies.clear(request, ENROLMENT_COOKIE)
         return await self._account_done(request, outcome)
 
     @app.route(ACCOUNT_RECOVERY_PATH, methods=["POST"])
