@@ -17,7 +17,7 @@ import uuid
 import pytest
 import pytest_twisted
 from jwcrypto import jwk, jwt
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.task import Clock
 
 import authsrv.protocol.client_assertion as client_assertion
@@ -169,3 +169,22 @@ async def test_every_endpoint_checks_a_signature_once_and_refuses_a_spent_addres
             response, _ = await h.post(path, data={**assertion(h.now(), key=FORGER), **fields})
             assert response.code == 429, path
         assert len(checks) == 3, path
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_burst_of_200_at_once_passes_no_limit(h, checks):
+    """Counting takes no turn of the reactor: 200 requests at once get exactly the rate, whatever they send."""
+    await h.start()
+    fields = {"grant_type": "client_credentials"}
+    def forged_request():
+        return Deferred.fromCoroutine(h.post(TOKEN, data={**assertion(h.now(), key=FORGER), **fields}))
+
+    forged = await gatherResults([forged_request() for _ in range(200)])
+    assert sorted(response.code for response, _ in forged) == [401] * 2 + [429] * 198
+    assert len(checks) == 2
+    h.clock.advance(60)
+    checks.clear()
+    real = await gatherResults([Deferred.fromCoroutine(h.post(TOKEN, data={**assertion(h.now()), **fields}))
+                                for _ in range(200)])
+    assert sorted(response.code for response, _ in real) == [200] * 2 + [429] * 198
+    assert len(checks) == 2

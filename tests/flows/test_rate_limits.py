@@ -340,6 +340,28 @@ async def test_oauth_endpoints_answer_429(tmp_path, monkeypatch, audit):
 
 
 @pytest_twisted.ensureDeferred
+async def test_forwarding_headers_of_an_untrusted_peer_choose_no_bucket(tmp_path, monkeypatch):
+    """
+    Guesses of refresh tokens for a public client, or under unknown ids,
+    each naming another X-Forwarded-For: from a peer that is no trusted
+    proxy, every one counts against the peer's own address.
+    """
+    h = await Harness(tmp_path, monkeypatch, {"clients": CLIENTS, "rate_limits": {"default": "3/m"}}).start()
+    try:
+        guess = {"grant_type": "refresh_token", "refresh_token": "guess"}
+        for client_id in ("spa", None):
+            codes = []
+            for n in range(6):
+                fields = {**guess, "client_id": client_id or f"junk-{n}"}
+                response, _ = await post_form(h, TOKEN, fields, client_id=None,
+                                              headers=from_address(f"198.51.100.{n}"))
+                codes.append(response.code)
+            assert codes == [400, 400, 400, 429, 429, 429] if client_id else [401, 401, 401, 429, 429, 429], codes
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_userinfo_answers_429_by_address(tmp_path, monkeypatch, audit):
     h = await harness(tmp_path, monkeypatch, default="1/s")
     try:
