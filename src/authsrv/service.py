@@ -469,7 +469,8 @@ def public_flows(config: Config, reactor, store, keystore, identity, grants: Gra
     passkeys = None
     if config.mfa.enabled:
         passkeys = Passkeys(store=store, public_url=config.public_url,
-                            rp_name=urlsplit(config.public_url).hostname or config.public_url)
+                            rp_name=urlsplit(config.public_url).hostname or config.public_url,
+                            limit=config.mfa.max_passkeys)
     dpop = DpopVerifier(store=store, policy=config.dpop) if config.dpop is not None else None
     pushed = PushedRequests(store=store, clients=clients, required=config.par.required, dpop=dpop,
                             url=pushed_request_endpoint(config.issuer)) if config.par.enabled else None
