@@ -184,8 +184,9 @@ class ClientRateLimits:
     counts against the default under its address, so neither junk ids nor
     someone else's id spend a real client's bucket. UserInfo counts per
     address: the token's client is only known after a store lookup. Pushes
-    of public clients also count per address alone, at C{public_pushes}
-    (L{public_pushes}).
+    and device authorizations of public clients also count per address
+    alone, at C{public_pushes} and C{public_devices} (L{public_pushes},
+    L{public_devices}).
 
     A client assertion's signature costs far more to check than a secret
     (an RSA or ECDSA verify), so its attempt is counted against its
@@ -195,12 +196,13 @@ class ClientRateLimits:
     """
 
     def __init__(self, *, clock, clients, settings: RateSettings, max_keys: int = MAX_KEYS,
-                 public_pushes: Rate | None = None):
+                 public_pushes: Rate | None = None, public_devices: Rate | None = None):
         self._clients = clients
         self.default = settings.default
         """The rate of what does not authenticate, and of clients without a rate of their own."""
         self._exempt_first_party = settings.exempt_first_party
         self._public_pushes = public_pushes
+        self._public_devices = public_devices
         self._rates: dict[str, Rate | None] = {}
         self.token = EndpointLimit("token", clock, max_keys)
         self.introspection = EndpointLimit("introspection", clock, max_keys)
@@ -213,6 +215,13 @@ class ClientRateLimits:
         public client's id, so an address may keep only so many waiting,
         whatever its rate and whichever public clients it names (as
         L{authsrv.config.Limits.pending_per_address} caps waiting sign-ins).
+        """
+        self.public_devices = Buckets(max_keys)
+        """
+        Device authorizations of public clients by address alone, at
+        C{public_devices}: each waits in the store for its code's life, and
+        at the token endpoint's rate one address would keep tens of
+        thousands waiting, whichever public clients it names.
         """
         self.userinfo = EndpointLimit("userinfo", clock, max_keys)
 
@@ -245,6 +254,20 @@ class ClientRateLimits:
                         client_id=client.client_id, address=address)
         else:
             limit.count(limit.by_client, client.client_id, rate, client_id=client.client_id, address=None)
+        return client
+
+    async def device_request(self, authorization: bytes | None, params: dict[str, str],
+                             address_of: Callable[[], str]) -> Client | None:
+        """
+        Count a device authorization request (RFC 8628 section 3.1) as a
+        token request, and a public client's also against its address's
+        waiting device authorizations; raises L{RateLimited} over either.
+        """
+        client = await self.client_request(self.token, authorization, params, address_of)
+        if client is not None and client.is_public and self._public_devices is not None:
+            address = address_of()
+            self.token.count(self.public_devices, address_key(address), self._public_devices,
+                             client_id=client.client_id, address=address)
         return client
 
     def rate_of(self, client: Client) -> Rate | None:
