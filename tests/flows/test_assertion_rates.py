@@ -188,3 +188,37 @@ async def test_a_burst_of_200_at_once_passes_no_limit(h, checks):
                                 for _ in range(200)])
     assert sorted(response.code for response, _ in real) == [200] * 2 + [429] * 198
     assert len(checks) == 2
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_key_set_being_fetched_holds_no_count_of_the_address(checks):
+    """
+    A jwks_uri client's requests at once, while its key set is fetched:
+    the count is taken and handed back around the check alone, so none of
+    them is refused for the address's rate; forged ones still check no
+    more signatures than that rate.
+    """
+    waiting: list[Deferred] = []
+
+    class Documents:
+        def fetch(self, url, refetch=False):
+            waiting.append(Deferred())
+            return waiting[-1]
+
+    clock = Clock()
+    clock.advance(1_000_000)
+    store = MemoryStore()
+    await store.put_client(Client("remote", None, [], token_endpoint_auth_method="private_key_jwt",
+                                  jwks_uri="https://keys.example/j", grant_types=["client_credentials"],
+                                  rate_limit="20/m"))
+    checker = AssertionChecker(store=store, documents=Documents(), audiences=(ISSUER,))
+    rates = ClientRateLimits(clock=clock, clients=ClientCache(store, clock, assertions=checker),
+                             settings=RateSettings(default=Rate(3, 60)))
+    now = int(clock.seconds())
+    for key, expected in ((KEY, ["remote"] * 10), (FORGER, ["401"] * 3 + ["429"] * 7)):
+        answers = [Deferred.fromCoroutine(outcome(rates, assertion(now, key=key, iss="remote"))) for _ in range(10)]
+        for fetch in waiting:
+            fetch.callback(json.loads(PUBLIC))
+        waiting.clear()
+        assert sorted(await gatherResults(answers)) == expected
+    assert len(checks) == 13

@@ -78,7 +78,7 @@ class AssertionGate(Protocol):
     """What an assertion's check tells the rate limiter, so that an attempt is counted before its costly part."""
 
     def before(self, client: Client) -> None:
-        """C{client} is named and takes assertions; its keys are not yet fetched nor the signature checked."""
+        """C{client} is named and takes assertions; its keys are at hand, the signature not yet checked."""
 
     def verified(self, client: Client) -> None:
         """The assertion verified as C{client}'s, its jti not yet used up."""
@@ -112,8 +112,12 @@ class AssertionChecker:
         """
         The client C{assertion} authenticates, sent to the pushed request
         endpoint when C{pushed}; C{address}, the request's, is what the
-        audit event of a replay names; C{gate} is told before the client's
-        keys are fetched and the signature checked, and after.
+        audit event of a replay names; C{gate} is told just before the
+        signature is checked, and just after: nothing waits between, so a
+        count taken before is handed back before another request runs. A
+        C{jwks_uri} is fetched before: its fetches are bounded by
+        L{authsrv.remote_documents} (cached, shared by concurrent callers,
+        fetched again at most every C{refetch_after}), not per request.
         """
         method = client.token_endpoint_auth_method if client is not None else None
         hmac = method == CLIENT_SECRET_JWT and self._secrets is not None
@@ -121,12 +125,12 @@ class AssertionChecker:
             raise InvalidClient(
                 "client authentication failed: this client does not authenticate with a client assertion"
             )
-        if gate is not None:
-            gate.before(client)
         if method == PRIVATE_KEY_JWT:
             keyset, algorithms = await self._keys(client, assertion), assertion_algorithms(client)
         else:
             keyset, algorithms = self._secret_keys(client, now), HMAC_ALGS
+        if gate is not None:
+            gate.before(client)
         audiences = self._pushed_audiences if pushed else self._audiences
         claims = verified_claims(assertion, client.client_id, keyset, audiences, now, algorithms,
                                  issuer_only=issuer_audience_only(client))

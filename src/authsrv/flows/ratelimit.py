@@ -188,11 +188,11 @@ class ClientRateLimits:
     alone, at C{public_pushes} and C{public_devices} (L{public_pushes},
     L{public_devices}).
 
-    A client assertion's signature costs far more to check than a secret
-    (an RSA or ECDSA verify), so its attempt is counted against its
-    address before the check (L{_AssertionCount}) and handed back once it
-    verifies: an address over its rate gets its 429 with no signature
-    checked, as does a client over its own.
+    A client assertion's signature costs more to check than a secret (an
+    RSA or ECDSA verify), so its attempt is counted against its address
+    before the check (L{_AssertionCount}) and handed back once it verifies:
+    an address over its rate gets its 429 with no signature checked, as
+    does a client over its own.
     """
 
     def __init__(self, *, clock, clients, settings: RateSettings, max_keys: int = MAX_KEYS,
@@ -318,12 +318,11 @@ class ClientRateLimits:
 class _AssertionCount:
     """
     The L{authsrv.flows.clients.AssertionGate} of one assertion request: an
-    attempt counted against its address before its client's keys are
-    fetched and its signature checked (a client over its own rate refused
-    first, taking nothing), handed back to the address and taken from the
-    client once it verifies. Nothing between taking and handing back waits
-    on anything but a key set not yet fetched, so a client's own requests
-    never hold its address's tokens for long.
+    attempt counted against its address before its signature is checked (a
+    client over its own rate refused first, taking nothing), handed back to
+    the address and taken from the client once it verifies. Nothing between
+    taking and handing back waits, so a client's own requests, however many
+    at once, never hold its address's tokens.
     """
 
     def __init__(self, rates: ClientRateLimits, limit: EndpointLimit, address: str):
