@@ -290,6 +290,12 @@ class ClientRateLimits:
 
     async def _assertion_request(self, limit: EndpointLimit, authorization: bytes | None, params: dict[str, str],
                                  address: str) -> Client | None:
+        """
+        An assertion checked in full under L{_AssertionCount}; one that failed
+        before its signature was checked (an unknown client, one without
+        keys) counts against its address as any request that does not
+        authenticate.
+        """
         count = _AssertionCount(self, limit, address)
         try:
             return await authenticate_client(self._clients, authorization, params, pushed=limit is self.pushed,
@@ -312,7 +318,6 @@ class ClientRateLimits:
             return await authenticate_client(self._clients, authorization, params, pushed=pushed)
         except OAuthError:
             return None
-
 
 
 class _AssertionCount:
