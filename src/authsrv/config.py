@@ -26,6 +26,7 @@ from authsrv.flows.device import DevicePolicy
 from authsrv.flows.grants import GRANT_TYPES
 from authsrv.identity.cache import DEFAULT_SIZE as DEFAULT_STANDING_CACHE_SIZE, MAX_SECONDS as MAX_STANDING_CACHE
 from authsrv.flows.mfa import MFA_CHOICES, MfaPolicy
+from authsrv.flows.passkeys import PASSKEYS_CEILING
 from authsrv.flows.ratelimit import DEFAULT_RATE, RateSettings
 from authsrv.identity.passwords import DEFAULT_MEMORY_KIB, DEFAULT_PARALLELISM, DEFAULT_TIME_COST
 from authsrv.protocol.device import DEVICE_CODE_GRANT
@@ -683,7 +684,8 @@ def _grant_types(section: Section, checked: Problems) -> list[str]:
 def _mfa(section: Section, checked: Problems) -> MfaPolicy:
     """
     C{[mfa]}: second factors off, optional or required of everyone, the
-    grace to enrol, and how recent a sign-in changing factors must be.
+    grace to enrol, how recent a sign-in changing factors must be, and how
+    many passkeys a user keeps.
     """
     defaults = MfaPolicy()
     required = checked.take(section.str, "required", defaults.required, choices=MFA_CHOICES,
@@ -695,8 +697,11 @@ def _mfa(section: Section, checked: Problems) -> MfaPolicy:
         checked.add(section.error("recent_sign_in", "must be between 1m and 1d: time to change factors after signing"
                                                     " in, short enough that a stolen session cookie cannot"))
         recent_sign_in = defaults.recent_sign_in
+    max_passkeys = checked.take(section.int, "max_passkeys", defaults.max_passkeys, minimum=1,
+                                maximum=PASSKEYS_CEILING, fallback=defaults.max_passkeys)
     checked.done(section)
-    return MfaPolicy(required=required, enrol_grace=enrol_grace, recent_sign_in=recent_sign_in)
+    return MfaPolicy(required=required, enrol_grace=enrol_grace, recent_sign_in=recent_sign_in,
+                     max_passkeys=max_passkeys)
 
 
 def _device(section: Section, checked: Problems, clients: tuple[Client, ...]) -> DevicePolicy:

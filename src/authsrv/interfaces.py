@@ -262,8 +262,17 @@ class IBrowserSessionStore(Interface):
     def end_user_sessions(sub):
         """Delete every session of a user; fires with the ended sessions (for back-channel logout)."""
 
-    def list_user_sessions(sub, now):
-        """Fires with the user's sessions unexpired at C{now}, oldest first."""
+    def list_user_sessions(sub, now, after=None, limit=None):
+        """
+        Fires with the user's sessions unexpired at C{now}, oldest first (by
+        created_at, then sid by code point): only those after C{after}, a
+        C{(created_at, sid)} pair, at most C{limit}, when given. The admin
+        API pages with them, read by an index of sessions by user in that
+        order. The key is the public sid, never the session_hash, which
+        stands for the cookie; a sid is random and a replaced session's
+        successor takes it only once the first has ended, so the pair is
+        one session's.
+        """
 
     def touch_session(session_hash, now):
         """Record that a request used the session at C{now} (its C{last_seen})."""

@@ -488,7 +488,8 @@ def public_flows(config: Config, reactor, store, keystore, identity, grants: Gra
     passkeys = None
     if config.mfa.enabled:
         passkeys = Passkeys(store=store, public_url=config.public_url,
-                            rp_name=urlsplit(config.public_url).hostname or config.public_url)
+                            rp_name=urlsplit(config.public_url).hostname or config.public_url,
+                            limit=config.mfa.max_passkeys)
     dpop = DpopVerifier(store=store, policy=config.dpop) if config.dpop is not None else None
     pushed = PushedRequests(store=store, clients=clients, required=config.par.required, dpop=dpop,
                             url=pushed_request_endpoint(config.issuer)) if config.par.enabled else None
@@ -542,6 +543,16 @@ def _public_pushes(config: Config) -> Rate | None:
     return Rate(count, REQUEST_URI_TTL) if count and config.par.enabled else None
 
 
+def _public_devices(config: Config) -> Rate | None:
+    """
+    How many device authorizations of public clients one address may keep
+    waiting for their code's life: as many as sign-ins ([limits]
+    pending_per_address; 0: no cap).
+    """
+    count = config.limits.pending_per_address
+    return Rate(count, config.device.code_ttl) if count and config.device.enabled else None
+
+
 def web_root(
     config: Config, reactor, store, keystore, identity, readiness, internal=None, chat_link=None, admin=None,
     documents: RemoteDocuments | None = None, notifier: backchannel.BackchannelNotifier | None = None,
@@ -583,7 +594,7 @@ def web_root(
                            chat_link, notifier),
         readiness=Readiness(clock=reactor, startup=readiness, store=store, keystore=keystore, identity=identity),
         rates=ClientRateLimits(clock=reactor, clients=clients, settings=config.rate_limits,
-                               public_pushes=_public_pushes(config)),
+                               public_pushes=_public_pushes(config), public_devices=_public_devices(config)),
         trusted_proxies=config.trusted_proxies,
     )
     return Root(

@@ -27,6 +27,7 @@ from authsrv.store.errors import StoreUnavailable
 from authsrv.testing.identity import ALICE, BOB, PASSWORDS
 from authsrv.tokens import token_hash
 from device_helpers import (
+    CONSOLE,
     DEVICE_AUTHORIZATION,
     DEVICE_GRANT,
     TV,
@@ -648,5 +649,34 @@ async def test_a_refused_verification_page_names_no_parameter_of_the_request(tmp
     try:
         response, body = await h.get(f"/api/auth/device?{SPOOF}=1&{SPOOF}=2")
         assert response.code == 400 and b"repeated" in body and b"locked" not in body, body
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_address_keeps_only_so_many_device_authorizations_of_public_clients_waiting(tmp_path, monkeypatch):
+    """
+    Each waits in the store for its code's life: at the token endpoint's
+    rate one address kept tens of thousands, whichever public clients it
+    named. Public clients' count per address at [limits] pending_per_address
+    per code_ttl; a confidential client counts against its own rate only.
+    """
+    radio = {**TV, "client_id": "radio", "redirect_uris": ["http://127.0.0.1:9011/unused"]}
+    h = await Harness(tmp_path, monkeypatch, {"clients": [*CLIENTS, TV, radio, CONSOLE],
+                                              "limits": {"pending_per_address": 3}}).start()
+    try:
+        codes = []
+        for client_id in ("tv", "radio", "tv", "radio", "tv"):
+            response, body = await h.json("POST", DEVICE_AUTHORIZATION, data={"client_id": client_id})
+            codes.append(response.code)
+        assert codes == [200, 200, 200, 429, 429], codes
+        assert body["error"] == "too_many_requests"
+        assert response.headers.getRawHeaders(b"retry-after") == [b"200"]
+        for _ in range(3):
+            await start(h, "console")
+        h.clock.advance(200)
+        await start(h, "radio")
+        response, _ = await h.json("POST", DEVICE_AUTHORIZATION, data={"client_id": "tv"})
+        assert response.code == 429
     finally:
         await h.close()

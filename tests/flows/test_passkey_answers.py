@@ -117,6 +117,36 @@ async def test_a_user_keeps_at_most_max_passkeys_and_the_page_says_so(tmp_path, 
 
 
 @pytest_twisted.ensureDeferred
+async def test_the_cap_of_passkeys_is_the_configured_one(tmp_path, monkeypatch):
+    """[mfa] max_passkeys: the third of two is refused, and the page names the number."""
+    h = await Harness(tmp_path, monkeypatch, {"mfa": {"max_passkeys": 2}}).start()
+    try:
+        browser = Browser(h)
+        await browser.sign_in(ALICE)
+        first = SoftPasskey("127.0.0.1", BASE, ALICE.sub.encode())
+        await add_passkey(browser, first.create)
+        browser = Browser(h)
+        response, body = await browser.authorize("first")
+        response, body = await browser.post(ISSUER + "/login/passkey",
+                                            {**hidden_fields(body), "credential": first.get(options_of(body))})
+        assert response.code == 303 and "code=" in location(response), body
+        response, body = await browser.get(ACCOUNT)
+        late = SoftPasskey("127.0.0.1", BASE, ALICE.sub.encode()).create(options_of(body))
+        second = SoftPasskey("127.0.0.1", BASE, ALICE.sub.encode())
+        assert b"Your passkey is added." in await add_passkey(browser, second.create)
+        response, body = await browser.get(ACCOUNT)
+        assert b"You have 2 passkeys, " + FULL in body and b'id="add-passkey"' not in body
+        csrf = hidden_fields(body.split(b"/passkeys/remove")[1].split(b"</form>")[0])["csrf"]
+        response, body = await browser.post(ACCOUNT + "/passkeys", {"csrf": csrf, "credential": late})
+        assert (response.code, location(response)) == (303, ACCOUNT + "?done=passkey-limit"), body
+        response, body = await browser.get(location(response))
+        assert body.count(b"You have 2 passkeys, " + FULL) >= 1, body
+        assert len(await h.store.list_passkeys(ALICE.sub)) == 2
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_odd_replayed_or_counted_back_assertions_are_refused(tmp_path, monkeypatch):
     h = await Harness(tmp_path, monkeypatch).start()
     try:

@@ -232,6 +232,22 @@ async def test_public_clients_count_per_address():
     assert await allowed(rates, form("junk"), address="192.0.2.1", times=5) == 2
 
 
+@pytest_twisted.ensureDeferred
+async def test_cycling_public_client_ids_multiplies_nothing():
+    """Code and refresh token guesses from one address: one bucket whichever public clients they name."""
+    spas = [client(f"spa{n}", secret=None) for n in range(5)]
+    clock, rates = await limits(*spas, client("roomy", secret=None, rate_limit="4/m"), default=Rate(2, 60))
+    passed = [await allowed(rates, form(f"spa{n}", None), times=2) for n in range(5)]
+    assert passed == [2, 0, 0, 0, 0]
+    # One with a higher rate refills the same bucket at its own rate: the most an address gets is the highest.
+    assert await allowed(rates, form("roomy", None), times=5) == 0
+    clock.advance(30)
+    assert await allowed(rates, form("roomy", None), times=5) == 2
+    assert await allowed(rates, form("spa1", None), times=5) == 0
+    assert len(rates.introspection.by_address) == 1
+    assert await allowed(rates, form("spa0", None), address="192.0.2.2") == 1
+
+
 def test_userinfo_counts_by_address():
     clock = Clock()
     rates = ClientRateLimits(clock=clock, clients=None, settings=RateSettings(default=Rate(1, 1)))
@@ -319,6 +335,28 @@ async def test_oauth_endpoints_answer_429(tmp_path, monkeypatch, audit):
         h.clock.advance(30)
         response, _ = await post_form(h, INTROSPECT, {"token": "x"}, client_id="partner")
         assert response.code == 200
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_forwarding_headers_of_an_untrusted_peer_choose_no_bucket(tmp_path, monkeypatch):
+    """
+    Guesses of refresh tokens for a public client, or under unknown ids,
+    each naming another X-Forwarded-For: from a peer that is no trusted
+    proxy, every one counts against the peer's own address.
+    """
+    h = await Harness(tmp_path, monkeypatch, {"clients": CLIENTS, "rate_limits": {"default": "3/m"}}).start()
+    try:
+        guess = {"grant_type": "refresh_token", "refresh_token": "guess"}
+        for client_id in ("spa", None):
+            codes = []
+            for n in range(6):
+                fields = {**guess, "client_id": client_id or f"junk-{n}"}
+                response, _ = await post_form(h, TOKEN, fields, client_id=None,
+                                              headers=from_address(f"198.51.100.{n}"))
+                codes.append(response.code)
+            assert codes == [400, 400, 400, 429, 429, 429] if client_id else [401, 401, 401, 429, 429, 429], codes
     finally:
         await h.close()
 

@@ -209,3 +209,40 @@ def test_a_key_set_whose_rsa_key_costs_many_checks_is_refused(n, e, words):
         return base64.urlsafe_b64encode(i.to_bytes((i.bit_length() + 7) // 8, "big")).rstrip(b"=").decode()
     with pytest.raises(ValueError, match=words):
         public_keyset({"keys": [{"kty": "RSA", "n": number(n), "e": number(e)}]})
+
+
+def test_one_assertion_is_checked_with_at_most_four_keys(monkeypatch):
+    """
+    Each key a signature is checked with costs a verify: a key set of 500
+    Ed25519 keys (64 KiB) made one forged assertion cost 50 ms. More than
+    four keys for the algorithm (and the kid, if named) refuse it unchecked.
+    """
+    import json
+
+    from jwcrypto.jws import JWS
+
+    keys = [jwk.JWK.generate(kty="EC", crv="P-256", kid=f"k{n}") for n in range(6)]
+    unnamed = [jwk.JWK.generate(kty="EC", crv="P-256") for _ in range(5)]
+
+    def keyset(chosen) -> object:
+        return public_keyset({"keys": [json.loads(k.export_public()) for k in chosen]})
+
+    def assertion(key, kid: str | None) -> str:
+        token = jwt.JWT(header={"alg": "ES256", **({"kid": kid} if kid else {})},
+                        claims={"iss": "job", "sub": "job", "aud": ISSUER, "exp": NOW + 60, "jti": "j"})
+        token.make_signed_token(key)
+        return token.serialize()
+
+    checked = []
+    real = JWS.verify
+    monkeypatch.setattr(JWS, "verify", lambda self, key, *a, **kw: (checked.append(len(key["keys"])),
+                                                                    real(self, key, *a, **kw))[1])
+    assert verified_claims(assertion(keys[5], "k5"), "job", keyset(keys), AUDIENCES, NOW)["jti"] == "j"
+    assert verified_claims(assertion(keys[3], None), "job", keyset(keys[:4]), AUDIENCES, NOW)["jti"] == "j"
+    assert checked == [1, 4]
+    for chosen, kid in ((keys, None), (keys, "unknown"), (unnamed + keys[:1], "k0x"), (unnamed, None)):
+        with pytest.raises(InvalidClient, match="name the signing key by a kid that no other key has"):
+            verified_claims(assertion(chosen[0], kid), "job", keyset(chosen), AUDIENCES, NOW)
+    # Five keys without a kid, and the assertion names the one that has it: one check.
+    assert verified_claims(assertion(keys[0], "k0"), "job", keyset(unnamed + keys[:1]), AUDIENCES, NOW)
+    assert checked == [1, 4, 1]

@@ -29,7 +29,7 @@ from authsrv.pg.pool import fetch, first
 from authsrv.pg.settings import targets
 from authsrv.plugins import find_factory
 from authsrv.store import postgres as postgres_store
-from authsrv.records import DEFAULT_GRANT_TYPES, AccessState, Ban, Client, ImportBatch, NotRevoked, Rotated
+from authsrv.records import DEFAULT_GRANT_TYPES, AccessState, Ban, BrowserSession, Client, ImportBatch, NotRevoked, Rotated
 from authsrv.store.codes import CodeFound, CodeNotFound, CodeRedeemed
 from authsrv.store.errors import AlreadyLinked, StoreUnavailable
 from authsrv.testing.store import (
@@ -1186,9 +1186,9 @@ def _nodes(plan: dict):
 class TestListsReadOnePage(PostgresDatabase):
     """
     The admin API's lists read one page, never every row: with 5,000 bans,
-    clients and grants of one user, each page is one statement LIMITed to
-    the page and one more, which PostgreSQL runs as an index scan in the
-    page's order that stops at the limit (no sort of every row).
+    clients, and grants and sessions of one user, each page is one statement
+    LIMITed to the page and one more, which PostgreSQL runs as an index scan
+    in the page's order that stops at the limit (no sort of every row).
     """
 
     @pytest_twisted.ensureDeferred
@@ -1199,11 +1199,16 @@ class TestListsReadOnePage(PostgresDatabase):
             await store.add_client(Client("template", None, ["https://rp.example/cb"]))
             await start_grant(store, "template", client_id="template")
             await start_grant(store, "bobs", sub=BOB, client_id="template")
+            await store.create_session(BrowserSession("template", "template", ALICE, NOW, NOW, NOW + 3600))
+            await store.create_session(BrowserSession("bobs", "bobs", BOB, NOW, NOW, NOW + 3600))
             with psycopg2.connect(self.dsn) as admin, admin.cursor() as cursor:
                 _copies(cursor, "bans", "sub", "template", "'user-' || lpad(n::text, 5, '0')")
                 _copies(cursor, "clients", "client_id", "template", "'client-' || lpad(n::text, 5, '0')")
                 _copies(cursor, "grants", "grant_id", "template", "'grant-' || lpad(n::text, 5, '0')")
                 _copies(cursor, "grants", "grant_id", "bobs", "'bobs-' || lpad(n::text, 5, '0')")
+                _copies(cursor, "browser_sessions", "session_hash", "template", "'sid-' || lpad(n::text, 5, '0')")
+                _copies(cursor, "browser_sessions", "session_hash", "bobs", "'bobs-' || 'sid-' || lpad(n::text, 5, '0')")
+                cursor.execute("UPDATE browser_sessions SET sid = session_hash")
                 cursor.execute("ANALYZE")
             statements: list[tuple] = []
 
@@ -1217,12 +1222,15 @@ class TestListsReadOnePage(PostgresDatabase):
                 "clients": (await store.list_clients(None, PAGE), await store.list_clients("client-02500", PAGE)),
                 "grants": (await store.list_user_grants(ALICE, NOW, None, PAGE),
                            await store.list_user_grants(ALICE, NOW, (NOW, "grant-02500"), PAGE)),
+                "sessions": (await store.list_user_sessions(ALICE, NOW, None, PAGE),
+                             await store.list_user_sessions(ALICE, NOW, (NOW, "sid-02500"), PAGE)),
             }
         finally:
             await store.close()
-        assert [len(first) + len(after) for first, after in pages.values()] == [2 * PAGE] * 3
+        assert [len(first) + len(after) for first, after in pages.values()] == [2 * PAGE] * 4
         assert pages["bans"][1][0].sub == "user-02501" and pages["grants"][1][0].grant_id == "grant-02501"
-        assert len(statements) == 6, statements
+        assert pages["sessions"][1][0].sid == "sid-02501"
+        assert len(statements) == 8, statements
         with psycopg2.connect(self.dsn) as admin, admin.cursor() as cursor:
             for sql, params in statements:
                 assert sql.endswith("LIMIT %(limit)s") and params["limit"] == PAGE, sql

@@ -24,7 +24,7 @@ from authsrv.configsection import ConfigError, Section
 from authsrv.context import PluginContext
 from authsrv.migrations import schema_steps
 from authsrv.plugins import find_factory
-from authsrv.records import DEFAULT_GRANT_TYPES, Ban, Client, Replayed, Rotated
+from authsrv.records import DEFAULT_GRANT_TYPES, Ban, BrowserSession, Client, Replayed, Rotated
 from authsrv.store import sqlite
 from authsrv.store.errors import AlreadyExists, AlreadyLinked, StoreUnavailable
 from authsrv.testing.store import (
@@ -575,9 +575,9 @@ def _copies(db, table: str, key: str, template: str, value_sql: str) -> None:
 class TestListsReadOnePage(SQLiteFolder):
     """
     The admin API's lists read one page, never every row: with 5,000 bans,
-    clients and grants of one user, each page is one statement LIMITed to
-    the page and one more, which SQLite reads by an index in the page's
-    order (a SEARCH, no sort of every row).
+    clients, and grants and sessions of one user, each page is one statement
+    LIMITed to the page and one more, which SQLite reads by an index in the
+    page's order (a SEARCH, no sort of every row).
     """
 
     @pytest_twisted.ensureDeferred
@@ -588,11 +588,16 @@ class TestListsReadOnePage(SQLiteFolder):
             await store.add_client(Client("template", None, ["https://rp.example/cb"]))
             await start_grant(store, "template", client_id="template")
             await start_grant(store, "bobs", sub="bob", client_id="template")
+            await store.create_session(BrowserSession("template", "template", ALICE, NOW, NOW, NOW + 3600))
+            await store.create_session(BrowserSession("bobs", "bobs", "bob", NOW, NOW, NOW + 3600))
             with sqlite3.connect(self.folder / "authsrv.sqlite3") as db:
                 _copies(db, "bans", "sub", "template", "printf('user-%05d', i)")
                 _copies(db, "clients", "client_id", "template", "printf('client-%05d', i)")
                 _copies(db, "grants", "grant_id", "template", "printf('grant-%05d', i)")
                 _copies(db, "grants", "grant_id", "bobs", "printf('bobs-%05d', i)")
+                _copies(db, "browser_sessions", "session_hash", "template", "printf('sid-%05d', i)")
+                _copies(db, "browser_sessions", "session_hash", "bobs", "'bobs-' || printf('sid-%05d', i)")
+                db.execute("UPDATE browser_sessions SET sid = session_hash")
                 db.execute("ANALYZE")
             statements: list[str] = []
             await store._reader.submit(False, lambda db: db.set_trace_callback(statements.append), ())
@@ -601,13 +606,16 @@ class TestListsReadOnePage(SQLiteFolder):
                 "clients": (await store.list_clients(None, PAGE), await store.list_clients("client-02500", PAGE)),
                 "grants": (await store.list_user_grants(ALICE, NOW, None, PAGE),
                            await store.list_user_grants(ALICE, NOW, (NOW, "grant-02500"), PAGE)),
+                "sessions": (await store.list_user_sessions(ALICE, NOW, None, PAGE),
+                             await store.list_user_sessions(ALICE, NOW, (NOW, "sid-02500"), PAGE)),
             }
             await store._reader.submit(False, lambda db: db.set_trace_callback(None), ())
         finally:
             await store.close()
-        assert [len(first) + len(after) for first, after in pages.values()] == [2 * PAGE] * 3
+        assert [len(first) + len(after) for first, after in pages.values()] == [2 * PAGE] * 4
         assert pages["bans"][1][0].sub == "user-02501" and pages["grants"][1][0].grant_id == "grant-02501"
-        assert len(statements) == 6, statements
+        assert pages["sessions"][1][0].sid == "sid-02501"
+        assert len(statements) == 8, statements
         with sqlite3.connect(self.folder / "authsrv.sqlite3") as db:
             for sql in statements:
                 assert sql.endswith(f"LIMIT {PAGE}"), sql

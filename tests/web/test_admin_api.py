@@ -30,7 +30,7 @@ from authsrv.operations.clients import ClientOperations
 from authsrv.configsection import Section
 from authsrv.keys import jwkfile
 from authsrv.operations.keys import ADOPTED, JWKS_MAX_AGE, KeyOperations
-from authsrv.operations.paging import encode_cursor
+from authsrv.operations.paging import decode_cursor, encode_cursor
 from authsrv.operations.users import UserOperations
 from authsrv.records import BrowserSession, Client, LinkedAccount
 from authsrv.sealing import new_key_text
@@ -449,6 +449,45 @@ async def test_a_users_grants_are_paged_oldest_first(harness):
             for listing in (path, "/api/admin/clients", "/api/admin/bans"):
                 response, body = await a.call("GET", f"{listing}?{query}", headers=AUTH)
                 assert_problem(response, body, 400, "invalid_request", field)
+    finally:
+        await harness.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_users_sessions_are_paged_oldest_first_by_their_public_sid(harness):
+    """
+    A user's browser sessions (one per sign-in, in every browser) were
+    listed whole: they come a page at a time as grants do, continued after
+    the last (created_at, sid) shown; neither a page nor its cursor holds a
+    session_hash (the hash a cookie is checked by).
+    """
+    a = await started(harness)
+    try:
+        now = harness.now()
+        sessions = [BrowserSession(token_hash(f"cookie-{n}"), f"sid-{n}", BOB.sub, now, at, now + 3600)
+                    for n, at in enumerate((now, now - 5, now, now - 5, 7))]
+        for session in sessions:
+            await harness.store.create_session(session)
+        path = f"/api/admin/users/{BOB.login}/sessions"
+        seen, cursors, cursor = [], [], None
+        while True:
+            response, body = await a.call("GET", f"{path}?limit=2" + (f"&cursor={cursor}" if cursor else ""),
+                                          headers=AUTH)
+            assert response.code == 200 and len(body["sessions"]) <= 2 and body["sub"] == BOB.sub, body
+            assert not any("session_hash" in s for s in body["sessions"]), body
+            seen += [s["sid"] for s in body["sessions"]]
+            cursor = body["next_cursor"]
+            if cursor is None:
+                break
+            cursors.append(decode_cursor(cursor))
+        assert seen == [s.sid for s in sorted(sessions, key=lambda s: (s.created_at, s.sid))]
+        assert not any(s.session_hash in key for s in sessions for key in cursors), cursors
+        response, body = await a.call("GET", f"{path}?cursor={encode_cursor(f'{now} sid-0')}", headers=AUTH)
+        assert [s["sid"] for s in body["sessions"]] == ["sid-2"] and body["next_cursor"] is None
+        for query, field in (("cursor=%25%25", "cursor"), (f"cursor={encode_cursor('sid-1')}", "cursor"),
+                             ("limit=0", "limit"), ("limit=101", "limit")):
+            response, body = await a.call("GET", f"{path}?{query}", headers=AUTH)
+            assert_problem(response, body, 400, "invalid_request", field)
     finally:
         await harness.close()
 

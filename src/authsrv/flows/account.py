@@ -30,7 +30,7 @@ from authsrv.flows.interaction import WRONG_FIRST_CODE, InteractionFlow, impossi
 from authsrv.flows.outcomes import Browser, EnrolmentForm, NewRecoveryCodes, RecoveryCodes, Redirect
 from authsrv.flows.link import unlink_token
 from authsrv.flows.login import LoggedIn, Throttled, Unavailable
-from authsrv.flows.passkeys import MAX_PASSKEYS, PASSKEY_METHODS, Passkeys, TooManyPasskeys
+from authsrv.flows.passkeys import PASSKEY_METHODS, Passkeys, TooManyPasskeys
 from authsrv.identity.credentials import MAX_PASSWORD_BYTES
 from authsrv.identity.errors import BackendUnavailable, UnknownUser
 from authsrv.interfaces import IIdentityBackend, IUserManagement
@@ -184,7 +184,11 @@ class AccountFactors:
 ACCOUNT_PURPOSE = b"account page"
 PASSKEY_PURPOSE = b"account passkeys"
 EXPIRED_FORM = "This form has expired. Reload the page and try again."
-PASSKEYS_FULL = f"You have {MAX_PASSKEYS} passkeys, the most an account keeps. Remove one to add another."
+
+
+def full_of_passkeys(limit: int) -> str:
+    """What the page says when the user keeps C{limit} passkeys, the most they may."""
+    return f"You have {limit} passkeys, the most an account keeps. Remove one to add another."
 
 
 class PasswordRefused(str):
@@ -213,7 +217,6 @@ NOTICES: dict[str, str] = {
                                          " Try again in a moment."),
     "passkey-added": "Your passkey is added.",
     "passkey-not-added": "The passkey could not be added. Try again.",
-    "passkey-limit": PASSKEYS_FULL,
     "passkey-removed": "The passkey is removed.",
     "passkey-gone": "That passkey was removed already.",
     TOTP_SET_UP: "Authenticator set up: from now on, signing in asks for a code from your authenticator app"
@@ -257,7 +260,8 @@ class AccountView:
     Everything the account page shows; C{csrf} signs its forms, C{passkey_csrf}
     the passkey forms (None when the session may not change factors), and
     C{passkey_options} are the WebAuthn creation options of a new passkey
-    (None too when the user keeps L{MAX_PASSKEYS} already: C{passkeys_full}).
+    (None too when the user keeps the most passkeys they may already:
+    C{passkeys_full} says so).
     """
 
     user_label: str
@@ -274,7 +278,7 @@ class AccountView:
     csrf: str
     passkey_csrf: str | None = None
     passkey_options: str | None = None
-    passkeys_full: bool = False
+    passkeys_full: str | None = None
     message: str | None = None
 
 
@@ -370,7 +374,10 @@ class AccountPage:
         session = await self._interaction.live_session(cookie, now)
         if cookie is None or session is None:
             return await self._interaction.sign_in_again(self._page, None, browser, address, now)
-        return await self._view(cookie, session, now, NOTICES.get(done or ""))
+        notice: str | None = NOTICES.get(done or "")
+        if done == "passkey-limit" and self._passkeys is not None:
+            notice = full_of_passkeys(self._passkeys.limit)
+        return await self._view(cookie, session, now, notice)
 
     async def view(self, cookie: str | None, now: int, message: str | None = None) -> AccountView:
         """The page answering a refused password change, with its C{message}."""
@@ -395,7 +402,7 @@ class AccountPage:
         enabled = self._passkeys is not None
         may_change = enabled and await fit_to_change(self._factors, session, now)
         passkeys = tuple(await self._passkeys.list(sub)) if self._passkeys else ()
-        full = len(passkeys) >= MAX_PASSKEYS
+        full = self._passkeys is not None and len(passkeys) >= self._passkeys.limit
         return AccountView(
             user_label=user.login if user else sub,
             sessions=sessions,
@@ -413,7 +420,7 @@ class AccountPage:
             passkey_options=await self._passkeys.registration_options(
                 sub, user.login if user else sub, (user.name or user.login) if user else sub, now,
             ) if may_change and self._passkeys and not full else None,
-            passkeys_full=full,
+            passkeys_full=full_of_passkeys(self._passkeys.limit) if self._passkeys and full else None,
             message=message,
         )
 

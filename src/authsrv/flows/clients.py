@@ -12,6 +12,7 @@ changes, so it is read once.
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
 from twisted.logger import Logger
 
@@ -73,6 +74,16 @@ class ClientCache:
         return client
 
 
+class AssertionGate(Protocol):
+    """What an assertion's check tells the rate limiter, so that an attempt is counted before its costly part."""
+
+    def before(self, client: Client) -> None:
+        """C{client} is named and takes assertions; its keys are at hand, the signature not yet checked."""
+
+    def verified(self, client: Client) -> None:
+        """The assertion verified as C{client}'s, its jti not yet used up."""
+
+
 class AssertionChecker:
     """
     private_key_jwt and client_secret_jwt
@@ -97,24 +108,34 @@ class AssertionChecker:
         self._secrets = secrets
 
     async def check(self, client: Client | None, assertion: str, now: int, consume: bool,
-                    pushed: bool = False, address: str | None = None) -> Client:
+                    pushed: bool = False, address: str | None = None, gate: AssertionGate | None = None) -> Client:
         """
         The client C{assertion} authenticates, sent to the pushed request
         endpoint when C{pushed}; C{address}, the request's, is what the
-        audit event of a replay names.
+        audit event of a replay names; C{gate} is told just before the
+        signature is checked, and just after: nothing waits between, so a
+        count taken before is handed back before another request runs. A
+        C{jwks_uri} is fetched before: its fetches are bounded by
+        L{authsrv.remote_documents} (cached, shared by concurrent callers,
+        fetched again at most every C{refetch_after}), not per request.
         """
         method = client.token_endpoint_auth_method if client is not None else None
-        if client is not None and method == PRIVATE_KEY_JWT:
-            keyset, algorithms = await self._keys(client, assertion), assertion_algorithms(client)
-        elif client is not None and method == CLIENT_SECRET_JWT and self._secrets is not None:
-            keyset, algorithms = self._secret_keys(client, now), HMAC_ALGS
-        else:
+        hmac = method == CLIENT_SECRET_JWT and self._secrets is not None
+        if client is None or not (method == PRIVATE_KEY_JWT or hmac):
             raise InvalidClient(
                 "client authentication failed: this client does not authenticate with a client assertion"
             )
+        if method == PRIVATE_KEY_JWT:
+            keyset, algorithms = await self._keys(client, assertion), assertion_algorithms(client)
+        else:
+            keyset, algorithms = self._secret_keys(client, now), HMAC_ALGS
+        if gate is not None:
+            gate.before(client)
         audiences = self._pushed_audiences if pushed else self._audiences
         claims = verified_claims(assertion, client.client_id, keyset, audiences, now, algorithms,
                                  issuer_only=issuer_audience_only(client))
+        if gate is not None:
+            gate.verified(client)
         kept_until = math.ceil(claims["exp"]) + CLOCK_SKEW  # as long as the assertion is accepted at all
         if consume and not await self._store.claim_jti(client.client_id, claims["jti"], kept_until, now):
             events.assertion_replayed(client_id=client.client_id, address=address)
@@ -153,16 +174,16 @@ class AssertionChecker:
 
 
 async def authenticate_client(
-    clients, authorization: bytes | None, params: dict[str, str], *, consume: bool = True, pushed: bool = False,
-    address: str | None = None,
+    clients, authorization: bytes | None, params: dict[str, str], *, pushed: bool = False,
+    address: str | None = None, gate: AssertionGate | None = None,
 ) -> Client:
     """
     The client a token, introspection, revocation or (C{pushed}) pushed
     authorization request comes from (client_secret_basic,
     client_secret_post, private_key_jwt, client_secret_jwt, or a public
     client by its client_id), or L{authsrv.protocol.errors.InvalidClient}.
-    C{consume} false checks an assertion without using it up (the rate
-    limiter looks before the endpoint does). A client_credentials request's
+    An assertion is used up; C{gate} is told of its check (the rate limiter
+    counts it: L{AssertionGate}). A client_credentials request's
     client is read from the store, not from the cache. C{address} is the
     request's where its route has it (a replayed assertion's audit event
     names it), else None.
@@ -178,7 +199,7 @@ async def authenticate_client(
         if clients.assertions is None:
             raise InvalidClient("client authentication failed: this server accepts no client assertions")
         client = await clients.get_client(client_id, fresh)
-        return await clients.assertions.check(client, assertion, int(clients.seconds()), consume, pushed, address)
+        return await clients.assertions.check(client, assertion, int(clients.seconds()), True, pushed, address, gate)
     credentials = client_credentials(authorization, params)
     client = await clients.get_client(credentials.client_id, fresh)
     return authenticate(client, credentials, await clients.secret_key(), int(clients.seconds()))

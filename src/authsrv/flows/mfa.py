@@ -34,7 +34,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from authsrv import events
 from authsrv.flows.login import KNOWN_DEVICE_TTL, Throttled
-from authsrv.flows.passkeys import PASSKEY_METHODS
+from authsrv.flows.passkeys import MAX_PASSKEYS, PASSKEY_METHODS
 from authsrv.flows.server_keys import ServerKeys
 from authsrv.flows.together import together
 from authsrv.protocol.forwarded import address_key
@@ -77,7 +77,7 @@ class MfaPolicy:
     """
     C{[mfa]}: whether second factors are off, offered, or required of
     everyone; the grace to enrol; how recent a sign-in must be to change
-    factors.
+    factors; how many passkeys a user keeps.
     """
 
     required: str = MFA_OPTIONAL
@@ -87,6 +87,7 @@ class MfaPolicy:
     Seconds after its sign-in that a session may still change the user's
     factors (a sudo mode), so a stolen session cookie alone enrols none.
     """
+    max_passkeys: int = MAX_PASSKEYS
 
     @property
     def enabled(self) -> bool:

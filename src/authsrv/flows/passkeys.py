@@ -18,8 +18,9 @@ the library finds wrong with an answer (any of its C{WebAuthnException}s,
 such as backup flags no authenticator sets or a key it cannot read) refuses
 it, never a server error. A credential that may be synced between devices
 (backup-eligible) counts as a software key (RFC 8176 C{swk}), any other as a
-hardware key (C{hwk}). A user keeps at most L{MAX_PASSKEYS}: every sign-in
-naming the user lists them all to the browser.
+hardware key (C{hwk}). A user keeps at most C{[mfa] max_passkeys}
+(L{MAX_PASSKEYS} by default): every sign-in naming the user lists them all
+to the browser.
 """
 
 from __future__ import annotations
@@ -66,11 +67,14 @@ HARDWARE_KEY, SOFTWARE_KEY = "hwk", "swk"
 PASSKEY_METHODS = (HARDWARE_KEY, SOFTWARE_KEY)
 MAX_PASSKEYS = 20
 """
-The most passkeys one user keeps: each is a row, and a sign-in naming the
-user lists them all (C{allowCredentials}). Checked before the new one is
+The most passkeys one user keeps unless configured (C{[mfa] max_passkeys},
+at most L{PASSKEYS_CEILING}): each is a row, and a sign-in naming the user
+lists them all (C{allowCredentials}). Checked before the new one is
 stored, not atomically: two additions at once may both pass, so the cap may
 be passed by as many as raced, and then no more is added.
 """
+PASSKEYS_CEILING = 100
+"""The highest C{[mfa] max_passkeys}: a sign-in's options list every passkey, each id up to a few hundred bytes."""
 MAX_CREDENTIAL_JSON = 16384
 MAX_TRANSPORTS = 8
 _TRANSPORT = re.compile(r"[a-z0-9-]{1,32}")
@@ -138,7 +142,7 @@ class PasskeyRefused:
 
 @frozen
 class TooManyPasskeys:
-    """A new passkey refused because the user keeps L{MAX_PASSKEYS} already."""
+    """A new passkey refused because the user keeps L{Passkeys.limit} already."""
 
 
 def _mac(key: bytes, purpose: str, nonce: bytes, end: bytes) -> bytes:
@@ -172,8 +176,10 @@ class Passkeys:
     party.
     """
 
-    def __init__(self, *, store, public_url: str, rp_name: str):
+    def __init__(self, *, store, public_url: str, rp_name: str, limit: int = MAX_PASSKEYS):
         self._store = store
+        self.limit = limit
+        """The most passkeys a user keeps (C{[mfa] max_passkeys})."""
         self.rp_id = urlsplit(public_url).hostname or ""
         self.origin = browser_origin(public_url)
         self._rp_name = rp_name
@@ -222,7 +228,7 @@ class Passkeys:
         """
         Keep the new passkey the browser created for this user's challenge;
         None when the answer fails, L{TooManyPasskeys} when the user keeps
-        L{MAX_PASSKEYS} already (counted just before storing, to narrow the
+        L{limit} already (counted just before storing, to narrow the
         window two additions at once have). C{address}: the browser's, for
         the audit event.
         """
@@ -247,7 +253,7 @@ class Passkeys:
             backup_state=verified.credential_backed_up,
             transports=transport_names(transports), created_at=now,
         )
-        if len(await self._store.list_passkeys(sub)) >= MAX_PASSKEYS:
+        if len(await self._store.list_passkeys(sub)) >= self.limit:
             return TooManyPasskeys()
         try:
             await self._store.add_passkey(passkey)

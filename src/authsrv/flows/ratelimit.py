@@ -32,6 +32,8 @@ MAX_KEYS = 10_000
 """Buckets per table at most; at the cap a new key pushes out the oldest."""
 SWEEP_STEPS = 2
 """Old buckets looked at per new key: enough to drop idle ones faster than keys arrive."""
+PUBLIC = "public"
+"""The key of an address's one bucket for all the public clients it names."""
 REPORT_WINDOW = 60.0
 """Seconds between two audit events for one bucket, so refusals cannot flood the log."""
 
@@ -97,6 +99,20 @@ class Buckets:
             return 0.0
         return (1 - bucket.tokens) * rate.per / count
 
+    def wait(self, key: str, rate: Rate, now: float) -> float:
+        """The seconds until C{key}'s bucket holds a token (0.0: it holds one now), taking none."""
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            return 0.0
+        tokens = bucket.tokens + max(0.0, now - bucket.stamp) * rate.count / rate.per
+        return 0.0 if tokens >= 1 else (1 - tokens) * rate.per / rate.count
+
+    def give_back(self, key: str, rate: Rate) -> None:
+        """Return a token taken from C{key}'s bucket for what proved not to be its request."""
+        bucket = self._buckets.get(key)
+        if bucket is not None:
+            bucket.tokens = min(rate.count, bucket.tokens + 1)
+
     def report_due(self, key: str, now: float) -> bool:
         """Whether this refusal is C{key}'s first in L{REPORT_WINDOW} seconds."""
         bucket = self._buckets[key]
@@ -139,11 +155,21 @@ class EndpointLimit:
         now = self._clock.seconds()
         wait = buckets.take(key, rate, now)
         if wait:
-            retry_after = max(1, ceil(wait))
-            if buckets.report_due(key, now):
-                events.rate_limited(endpoint=self.name, client_id=client_id, address=address,
-                                    retry_after=retry_after)
-            raise RateLimited(retry_after)
+            self._refuse(buckets, key, wait, now, client_id, address)
+
+    def check(self, buckets: Buckets, key: str, rate: Rate, *, client_id: str | None, address: str | None) -> None:
+        """Raise L{RateLimited} if C{key}'s bucket in C{buckets} is empty, taking nothing from it."""
+        now = self._clock.seconds()
+        wait = buckets.wait(key, rate, now)
+        if wait:
+            self._refuse(buckets, key, wait, now, client_id, address)
+
+    def _refuse(self, buckets: Buckets, key: str, wait: float, now: float, client_id: str | None,
+                address: str | None) -> None:
+        retry_after = max(1, ceil(wait))
+        if buckets.report_due(key, now):
+            events.rate_limited(endpoint=self.name, client_id=client_id, address=address, retry_after=retry_after)
+        raise RateLimited(retry_after)
 
 
 class ClientRateLimits:
@@ -152,20 +178,31 @@ class ClientRateLimits:
     against, decided before the expensive work: the authenticated client's
     own bucket, at its C{rate_limit} or the default. A public client has no
     secret, so anyone can send its id: it counts per address, one caller
-    cannot use up its rate for all its users. A request that does not
-    authenticate (an unknown id, a wrong secret) counts against the default
-    under its address, so neither junk ids nor someone else's id spend a
-    real client's bucket. UserInfo counts per address: the token's client is
-    only known after a store lookup. Pushes of public clients also count per
-    address alone, at C{public_pushes} (L{public_pushes}).
+    cannot use up its rate for all its users, and one bucket holds all the
+    public clients an address names, so naming several multiplies nothing.
+    A request that does not authenticate (an unknown id, a wrong secret)
+    counts against the default under its address, so neither junk ids nor
+    someone else's id spend a real client's bucket. UserInfo counts per
+    address: the token's client is only known after a store lookup. Pushes
+    and device authorizations of public clients also count per address
+    alone, at C{public_pushes} and C{public_devices} (L{public_pushes},
+    L{public_devices}).
+
+    A client assertion's signature costs more to check than a secret (an
+    RSA or ECDSA verify), so its attempt is counted against its address
+    before the check (L{_AssertionCount}) and handed back once it verifies:
+    an address over its rate gets its 429 with no signature checked, as
+    does a client over its own.
     """
 
     def __init__(self, *, clock, clients, settings: RateSettings, max_keys: int = MAX_KEYS,
-                 public_pushes: Rate | None = None):
+                 public_pushes: Rate | None = None, public_devices: Rate | None = None):
         self._clients = clients
-        self._default = settings.default
+        self.default = settings.default
+        """The rate of what does not authenticate, and of clients without a rate of their own."""
         self._exempt_first_party = settings.exempt_first_party
         self._public_pushes = public_pushes
+        self._public_devices = public_devices
         self._rates: dict[str, Rate | None] = {}
         self.token = EndpointLimit("token", clock, max_keys)
         self.introspection = EndpointLimit("introspection", clock, max_keys)
@@ -179,62 +216,145 @@ class ClientRateLimits:
         whatever its rate and whichever public clients it names (as
         L{authsrv.config.Limits.pending_per_address} caps waiting sign-ins).
         """
+        self.public_devices = Buckets(max_keys)
+        """
+        Device authorizations of public clients by address alone, at
+        C{public_devices}: each waits in the store for its code's life, and
+        at the token endpoint's rate one address would keep tens of
+        thousands waiting, whichever public clients it names.
+        """
         self.userinfo = EndpointLimit("userinfo", clock, max_keys)
 
     async def client_request(self, limit: EndpointLimit, authorization: bytes | None, params: dict[str, str],
                              address_of: Callable[[], str]) -> Client | None:
         """
         Count a client's request at C{limit}; raises L{RateLimited} over its
-        rate. Fires with the client when it authenticated with a secret or
-        as a public client, checked here in full, so that the endpoint need
-        not check the same credentials again; with None when it did not
-        authenticate, or with an assertion, which the endpoint checks and
-        uses up.
+        rate. Fires with the client when it authenticated, checked here in
+        full (an assertion used up), so that the endpoint need not check the
+        same credentials again; with None when it did not authenticate and
+        no signature was checked: the endpoint says why. An assertion whose
+        signature was checked and failed raises its error here.
         """
+        if _carries_assertion(params):
+            return await self._assertion_request(limit, authorization, params, address_of())
         client = await self._authenticated(authorization, params, limit is self.pushed)
         if client is None:
-            limit.address(address_of(), self._default)
+            limit.address(address_of(), self.default)
             return None
-        checked = None if assertion_params(params) is not None else client
         if limit is self.pushed and client.is_public and self._public_pushes is not None:
             address = address_of()
             limit.count(self.public_pushes, address_key(address), self._public_pushes,
                         client_id=client.client_id, address=address)
-        if self._exempt_first_party and client.first_party:
-            return checked
-        rate = self._rate_of(client)
+        rate = self.rate_of(client)
         if rate is None:
-            return checked
+            return client
         if client.is_public:
             address = address_of()
-            limit.count(limit.by_address, f"{address_key(address)} {client.client_id}", rate,
+            limit.count(limit.by_address, f"{address_key(address)} {PUBLIC}", rate,
                         client_id=client.client_id, address=address)
         else:
             limit.count(limit.by_client, client.client_id, rate, client_id=client.client_id, address=None)
-        return checked
+        return client
 
-    def userinfo_request(self, address: str) -> None:
-        self.userinfo.address(address, self._default)
+    async def device_request(self, authorization: bytes | None, params: dict[str, str],
+                             address_of: Callable[[], str]) -> Client | None:
+        """
+        Count a device authorization request (RFC 8628 section 3.1) as a
+        token request, and a public client's also against its address's
+        waiting device authorizations; raises L{RateLimited} over either.
+        """
+        client = await self.client_request(self.token, authorization, params, address_of)
+        if client is not None and client.is_public and self._public_devices is not None:
+            address = address_of()
+            self.token.count(self.public_devices, address_key(address), self._public_devices,
+                             client_id=client.client_id, address=address)
+        return client
 
-    async def _authenticated(self, authorization: bytes | None, params: dict[str, str],
-                             pushed: bool) -> Client | None:
-        """The client the request authenticates as, or None; the flow reports why not."""
-        try:
-            return await authenticate_client(self._clients, authorization, params, consume=False, pushed=pushed)
-        except OAuthError:
+    def rate_of(self, client: Client) -> Rate | None:
+        """The rate C{client} is held to: None for none (its own "off", or first-party and exempt)."""
+        if self._exempt_first_party and client.first_party:
             return None
-
-    def _rate_of(self, client: Client) -> Rate | None:
         text = client.rate_limit
         if text is None:
-            return self._default
+            return self.default
         if text in self._rates:
             return self._rates[text]
         try:
             rate = parse_rate(text)
         except ValueError:
-            rate = self._default
+            rate = self.default
         if len(self._rates) >= MAX_KEYS:
             self._rates.clear()
         self._rates[text] = rate
         return rate
+
+    async def _assertion_request(self, limit: EndpointLimit, authorization: bytes | None, params: dict[str, str],
+                                 address: str) -> Client | None:
+        """
+        An assertion checked in full under L{_AssertionCount}; one that failed
+        before its signature was checked (an unknown client, one without
+        keys) counts against its address as any request that does not
+        authenticate.
+        """
+        count = _AssertionCount(self, limit, address)
+        try:
+            return await authenticate_client(self._clients, authorization, params, pushed=limit is self.pushed,
+                                              address=address, gate=count)
+        except RateLimited:
+            raise
+        except OAuthError:
+            if count.counted:
+                raise
+        limit.address(address, self.default)
+        return None
+
+    def userinfo_request(self, address: str) -> None:
+        self.userinfo.address(address, self.default)
+
+    async def _authenticated(self, authorization: bytes | None, params: dict[str, str],
+                             pushed: bool) -> Client | None:
+        """The client the request authenticates as, or None; the flow reports why not."""
+        try:
+            return await authenticate_client(self._clients, authorization, params, pushed=pushed)
+        except OAuthError:
+            return None
+
+
+class _AssertionCount:
+    """
+    The L{authsrv.flows.clients.AssertionGate} of one assertion request: an
+    attempt counted against its address before its signature is checked (a
+    client over its own rate refused first, taking nothing), handed back to
+    the address and taken from the client once it verifies. Nothing between
+    taking and handing back waits, so a client's own requests, however many
+    at once, never hold its address's tokens.
+    """
+
+    def __init__(self, rates: ClientRateLimits, limit: EndpointLimit, address: str):
+        self._rates = rates
+        self._limit = limit
+        self._address = address
+        self.counted = False
+
+    def before(self, client: Client) -> None:
+        limit, rate = self._limit, self._rates.rate_of(client)
+        if rate is not None:
+            limit.check(limit.by_client, client.client_id, rate, client_id=client.client_id, address=None)
+        limit.address(self._address, self._rates.default)
+        self.counted = True
+
+    def verified(self, client: Client) -> None:
+        limit, default = self._limit, self._rates.default
+        if default is not None:
+            limit.by_address.give_back(address_key(self._address), default)
+        rate = self._rates.rate_of(client)
+        if rate is not None:
+            limit.count(limit.by_client, client.client_id, rate, client_id=client.client_id, address=None)
+
+
+def _carries_assertion(params: dict[str, str]) -> bool:
+    """Whether C{params} authenticate with a client assertion (a malformed one does not: it fails cheaply)."""
+    try:
+        return assertion_params(params) is not None
+    except OAuthError:
+        return False

@@ -26,7 +26,7 @@ from authsrv.operations.clientspec import has_controls
 from authsrv.operations.errors import Conflict, InvalidInput, NotFound
 from authsrv.operations.paging import Page, page, refused_cursor
 from authsrv.protocol.password_policy import MIN_LENGTH, password_problem
-from authsrv.records import Ban, BrowserSession, Consent, User
+from authsrv.records import Ban, Consent, User
 
 REASON_MAX = 500
 NO_WRITABLE_BACKEND = (
@@ -120,17 +120,17 @@ def _check_compatibility(login: str) -> None:
                            f" {plain!r}", "login")
 
 
-def grant_after(key: str | None) -> tuple[int, str] | None:
+def created_after(key: str | None) -> tuple[int, str] | None:
     """
-    The (created_at, grant_id) a grants cursor's key names: the time, a
-    space, then the id (which may hold spaces itself).
+    The (created_at, id) a grants or sessions cursor's key names: the time,
+    a space, then the grant id or sid (which may hold spaces itself).
     """
     if key is None:
         return None
-    at, space, grant_id = key.partition(" ")
+    at, space, row_id = key.partition(" ")
     if not space or not re.fullmatch(r"-?[0-9]{1,19}", at) or not -(2**63) <= int(at) < 2**63:
         raise refused_cursor()
-    return int(at), grant_id
+    return int(at), row_id
 
 
 def _reason(value: Any, field: str = "reason") -> str:
@@ -219,7 +219,7 @@ class UserOperations:
         user = await self.find(user_id)
 
         def read(after: str | None, n: int):
-            return self._store.list_user_grants(user.sub, self._now(), grant_after(after), n)
+            return self._store.list_user_grants(user.sub, self._now(), created_after(after), n)
 
         return user.sub, await page(read, lambda g: f"{g.created_at} {g.grant_id}", limit, cursor)
 
@@ -228,9 +228,17 @@ class UserOperations:
         user = await self.find(user_id)
         return await moderation.revoke_user(self._store, user.sub, now=self._now(), actor=actor, notify=self._notify)
 
-    async def sessions(self, user_id: str) -> tuple[str, list[BrowserSession]]:
+    async def sessions(self, user_id: str, limit: int | None = None, cursor: str | None = None) -> tuple[str, Page]:
+        """
+        The user's live browser sessions, oldest first, at most C{limit} (up
+        to 100) after C{cursor}, which names the last one's public sid.
+        """
         user = await self.find(user_id)
-        return user.sub, await self._store.list_user_sessions(user.sub, self._now())
+
+        def read(after: str | None, n: int):
+            return self._store.list_user_sessions(user.sub, self._now(), created_after(after), n)
+
+        return user.sub, await page(read, lambda s: f"{s.created_at} {s.sid}", limit, cursor)
 
     async def end_sessions(self, user_id: str, *, actor: str) -> tuple[str, int]:
         """End the user's browser sessions, telling their clients by back-channel logout; (sub, how many)."""

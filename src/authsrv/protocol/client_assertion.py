@@ -39,6 +39,13 @@ one-time proof, not a credential, and its jti is kept in the store until
 then. An hour is what client libraries (Authlib) default to.
 """
 CLOCK_SKEW = 30
+MAX_KEYS_TRIED = 4
+"""
+The most keys one assertion's signature is checked with: a key set with
+more for its algorithm (and its kid, if it names one) refuses it, or one
+forged assertion would cost a verify per key (500 Ed25519 keys fit in a
+64 KiB key set: 50 ms).
+"""
 KEYSETS_KEPT = 128
 """Parsed client key sets kept (L{public_keyset}): each at most a fetched document's size."""
 ASSERTION_TYPE = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
@@ -151,7 +158,7 @@ def verified_claims(
         raise _failed(f"{alg} needs a client secret of at least {HMAC_BITS[alg] // 8} bytes (RFC 7518 section 3.2);"
                       f" this client's is shorter: {shorter}")
     try:
-        token.verify(_keys_for(keyset, alg))
+        token.verify(_keys_for(keyset, alg, kid if isinstance(kid := header.get("kid"), str) else None))
     except (JWException, ValueError):
         raise _failed("the client_assertion signature does not verify with any of the client's keys") from None
     try:
@@ -190,20 +197,27 @@ def verified_claims(
     return claims
 
 
-def _keys_for(keyset: JWKSet, alg: str) -> JWKSet:
+def _keys_for(keyset: JWKSet, alg: str, kid: str | None) -> JWKSet:
     """
     The keys of C{keyset} that may verify C{alg}: those registered for it or
     for no algorithm in particular (RFC 7517 section 4.4; RFC 8725 section
-    3.1: a key serves one algorithm), or L{_failed} when there are none.
+    3.1: a key serves one algorithm), or L{_failed} when there are none, or
+    when more than L{MAX_KEYS_TRIED} of them (those named C{kid}, if it is
+    given and names any) would each be tried.
     """
-    usable = JWKSet()
-    for key in keyset["keys"]:
-        if key.get("alg", alg) == alg:
-            usable.add(key)
-    if not usable["keys"]:
+    usable = [key for key in keyset["keys"] if key.get("alg", alg) == alg]
+    if not usable:
         registered = ", ".join(sorted({str(key.get("alg")) for key in keyset["keys"]}))
         raise _failed(f"the client's keys are registered for {registered}, not {alg}")
-    return usable
+    named = [key for key in usable if key.get("kid") == kid]
+    tried = named or usable
+    if len(tried) > MAX_KEYS_TRIED:
+        raise _failed(f"the client has {len(tried)} keys that may verify this {alg} assertion, and at most"
+                      f" {MAX_KEYS_TRIED} are tried: name the signing key by a kid that no other key has")
+    chosen = JWKSet()
+    for key in tried:
+        chosen.add(key)
+    return chosen
 
 
 def assertion_params(params: dict[str, str]) -> str | None:

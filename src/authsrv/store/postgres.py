@@ -90,7 +90,7 @@ from authsrv.store.codes import CodeNotFound, CodeRedeemed, CodeReused
 from authsrv.store.errors import AlreadyExists, AlreadyLinked, StoreUnavailable
 from authsrv.store.observer import Observer, watched
 from authsrv.store.rows import (
-    BEFORE_EVERY_GRANT, POSTGRES, Lookup, Rows, access_lookup, access_state_sql, ban_of, client_exists, client_grant,
+    BEFORE_EVERY_ROW, POSTGRES, Lookup, Rows, access_lookup, access_state_sql, ban_of, client_exists, client_grant,
     displace_link, displaced, factors_of, import_statements, issuable, refresh_lookup, scope_text, tables,
     token_lookups, unencodable,
 )
@@ -459,11 +459,13 @@ class PostgresStore:
             _T.sessions, "DELETE FROM browser_sessions WHERE sub = %(sub)s RETURNING *", {"sub": sub}
         )
 
-    def list_user_sessions(self, sub, now):
+    def list_user_sessions(self, sub, now, after=None, limit=None):
+        at, sid = after or BEFORE_EVERY_ROW
         return self._list("list_user_sessions", _T.sessions,
             "SELECT * FROM browser_sessions WHERE sub = %(sub)s AND expires_at > %(now)s"
-            ' ORDER BY created_at, session_hash COLLATE "C"',
-            {"sub": sub, "now": now},
+            ' AND (created_at, sid COLLATE "C") > (%(at)s, %(sid)s)'
+            ' ORDER BY created_at, sid COLLATE "C" LIMIT %(limit)s',
+            {"sub": sub, "now": now, "at": at, "sid": sid, "limit": limit},
         )
 
     def touch_session(self, session_hash, now):
@@ -631,7 +633,7 @@ class PostgresStore:
         )
 
     def list_user_grants(self, sub, now, after=None, limit=None):
-        at, grant_id = after or BEFORE_EVERY_GRANT
+        at, grant_id = after or BEFORE_EVERY_ROW
         return self._list("list_user_grants", _T.grants,
             "SELECT * FROM grants WHERE sub = %(sub)s AND revoked_at IS NULL AND expires_at > %(now)s"
             ' AND (created_at, grant_id COLLATE "C") > (%(at)s, %(id)s)'

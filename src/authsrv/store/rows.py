@@ -215,11 +215,11 @@ class Rows:
         return plan
 
 
-BEFORE_EVERY_GRANT = (-(2**63), "")
+BEFORE_EVERY_ROW = (-(2**63), "")
 """
-The (created_at, grant_id) a listing of a user's grants starts after when
-given none: below every 64-bit time, so one statement, read by the index
-in that order, serves the first page and the next alike.
+The (created_at, id) a listing of a user's grants or sessions starts after
+when given none: below every 64-bit time, so one statement, read by the
+index in that order, serves the first page and the next alike.
 """
 GRANT_PREFIX = "grant__"
 """The column prefix of a grant read with a token or code (L{Rows.select_as}): no column starts with it."""

@@ -60,7 +60,7 @@ from authsrv.store.codes import CodeNotFound, CodeRedeemed, CodeReused
 from authsrv.store.errors import AlreadyExists, AlreadyLinked, StoreUnavailable
 from authsrv.store.observer import Observer, watched
 from authsrv.store.rows import (
-    BEFORE_EVERY_GRANT, SQLITE, Rows, access_state_sql, ban_of, client_grant, displace_link, displaced, factors_of,
+    BEFORE_EVERY_ROW, SQLITE, Rows, access_state_sql, ban_of, client_grant, displace_link, displaced, factors_of,
     import_statements, issuable, scope_text, tables, token_lookups, unencodable,
 )
 from authsrv.store.sqlite_worker import SQLiteWorker
@@ -378,10 +378,12 @@ class SQLiteStore:
                         db.execute("DELETE FROM browser_sessions WHERE sub = ? RETURNING *", (sub,))]
         )
 
-    def list_user_sessions(self, sub, now):
+    def list_user_sessions(self, sub, now, after=None, limit=None):
+        at, sid = after or BEFORE_EVERY_ROW
         return self._query_all("list_user_sessions", _T.sessions,
-            "SELECT * FROM browser_sessions WHERE sub = ? AND expires_at > ? ORDER BY created_at, session_hash",
-            (sub, now),
+            "SELECT * FROM browser_sessions WHERE sub = ? AND expires_at > ?"
+            " AND (created_at, sid) > (?, ?) ORDER BY created_at, sid LIMIT ?",
+            (sub, now, at, sid, -1 if limit is None else limit),
         )
 
     def touch_session(self, session_hash, now):
@@ -525,7 +527,7 @@ class SQLiteStore:
         )
 
     def list_user_grants(self, sub, now, after=None, limit=None):
-        at, grant_id = after or BEFORE_EVERY_GRANT
+        at, grant_id = after or BEFORE_EVERY_ROW
         return self._query_all("list_user_grants", _T.grants,
             "SELECT * FROM grants WHERE sub = ? AND revoked_at IS NULL AND expires_at > ?"
             " AND (created_at, grant_id) > (?, ?) ORDER BY created_at, grant_id LIMIT ?",

@@ -210,9 +210,9 @@ class MemoryStore:
         return self.tables.sessions.pop(session_hash, None)
 
     @_answered
-    def list_user_sessions(self, sub, now):
+    def list_user_sessions(self, sub, now, after=None, limit=None):
         live = [s for s in self.tables.sessions.values() if s.sub == sub and s.expires_at > now]
-        return sorted(live, key=lambda s: (s.created_at, s.session_hash))
+        return _page(sorted(live, key=lambda s: (s.created_at, s.sid)), after, limit, lambda s: (s.created_at, s.sid))
 
     @_answered
     def touch_session(self, session_hash, now):

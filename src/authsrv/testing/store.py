@@ -751,6 +751,29 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             assert await store.list_user_sessions(BOB, NOW) == [sessions[3]]
 
     @pytest_twisted.ensureDeferred
+    async def test_user_sessions_are_listed_a_page_at_a_time_by_their_public_sid(self):
+        """
+        Pages of a user's sessions go on after the last (created_at, sid)
+        shown, by code point, skipping expired ones: the cursor names the
+        public sid, never the session_hash (which a cookie is checked by).
+        """
+        async with self.store() as store:
+            sessions = [BrowserSession(h(f"cookie-{sid}"), sid, ALICE, NOW, at, NOW + DAY) for sid, at in (
+                ("s-b", NOW), ("s-a", NOW), ("s-\u00e9", NOW), ("s-B", NOW + 1), ("s-0", NOW + 2))]
+            for session in sessions:
+                await store.create_session(session)
+            await store.create_session(BrowserSession(h("cookie-bob"), "s-bob", BOB, NOW, NOW + 1, NOW + DAY))
+            await store.create_session(BrowserSession(h("cookie-old"), "s-old", ALICE, NOW, NOW + 1, NOW + 1))
+            ordered = [sessions[1], sessions[0], sessions[2], sessions[3], sessions[4]]
+            assert await store.list_user_sessions(ALICE, NOW + 1, None, 2) == ordered[:2]
+            assert await store.list_user_sessions(ALICE, NOW + 1, (NOW, "s-b"), 2) == ordered[2:4]
+            assert await store.list_user_sessions(ALICE, NOW + 1, (NOW, "s-c"), 10) == ordered[2:]
+            assert await store.list_user_sessions(ALICE, NOW + 1, (NOW + 1, "s-B"), 10) == ordered[4:]
+            assert await store.list_user_sessions(ALICE, NOW + 1, (NOW + 2, "s-0")) == []
+            await store.end_session(sessions[0].session_hash)
+            assert await store.list_user_sessions(ALICE, NOW + 1, (NOW, "s-b"), 1) == ordered[2:3]
+
+    @pytest_twisted.ensureDeferred
     async def test_interaction_round_trip_and_expiry(self):
         full = make_interaction("ia-1", CONSENT_STAGE)
         bare = make_interaction(

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 
 from twisted.web.template import tags
 
-from authsrv.flows.account import PASSKEYS_FULL, AccountView, PasswordRefused
+from authsrv.flows.account import AccountView, PasswordRefused
 from authsrv.web.interaction_pages import described_by, error_message, scope_words
 from authsrv.web.pages import passkey_script, render_page
 
@@ -137,5 +137,5 @@ def _factors(base: str, view: AccountView) -> list:
                                " to change your factors: that needs a recent sign-in, with your second factor"
                                " if you have one."))
     elif view.passkeys_full:
-        sections.append(tags.p(PASSKEYS_FULL))
+        sections.append(tags.p(view.passkeys_full))
     return sections

@@ -295,8 +295,8 @@ class AdminAPI:
     @app.route(PREFIX + "/users/<user_id>/sessions", methods=["GET"])
     @_endpoint
     async def user_sessions(self, request, user_id):
-        sub, sessions = await self._ops.users.sessions(user_id)
-        return 200, {"sub": sub, "sessions": [session_view(s) for s in sessions]}
+        sub, page = await self._ops.users.sessions(user_id, _limit(request), _query(request, "cursor"))
+        return 200, {"sub": sub, "sessions": [session_view(s) for s in page.items], "next_cursor": page.next_cursor}
 
     @app.route(PREFIX + "/users/<user_id>/sessions", methods=["DELETE"])
     @_endpoint

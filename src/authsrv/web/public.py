@@ -349,12 +349,15 @@ class PublicSite:
 
     @app.route(ISSUER_PATH + "/oauth2/device-authorization", methods=["POST"])
     async def device_authorization(self, request):
-        """RFC 8628 section 3.1: counted against the client's token endpoint rate."""
+        """
+        RFC 8628 section 3.1: counted against the client's token endpoint
+        rate, and a public client's against its address's waiting ones.
+        """
         if self._flows.device is None:
             raise NotFound()
         params = one_resource_form(request, DEVICE_RESOURCES)
         address = client_address_of(request, self._trusted_proxies)
-        checked = await self._count(request, self._rates.token, params, address)
+        checked = await self._rates.device_request(request.getHeader(b"authorization"), params, lambda: address)
         response = await self._flows.device.start(request.getHeader(b"authorization"), params, self._now(), address,
                                                   checked)
         return json_body(request, 200, response, no_store=True)
