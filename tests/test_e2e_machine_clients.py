@@ -142,7 +142,7 @@ def assertion(key: jwk.JWK, *, iss="signer", sub=None, aud=None, exp_in=60, alg=
               issuer="") -> str:
     claims = {"iss": iss, "sub": sub or iss, "aud": aud or issuer, "iat": int(time.time()),
               "exp": int(time.time()) + exp_in, "jti": jti or uuid.uuid4().hex}
-    header = {"alg": alg, **({"kid": key.key_id} if kid else {})}
+    header = {"alg": alg, **({"kid": key.kid} if kid else {})}
     token = jwt.JWT(header=header, claims=claims)
     token.make_signed_token(key)
     return token.serialize()

@@ -39,7 +39,7 @@ ADDRESS = "192.0.2.1"
 
 
 def assertion(now: int, *, key=KEY, iss="signer") -> dict[str, str]:
-    token = jwt.JWT(header={"alg": "ES256", "kid": key.key_id}, claims={
+    token = jwt.JWT(header={"alg": "ES256", "kid": key.kid}, claims={
         "iss": iss, "sub": iss, "aud": ISSUER, "iat": now, "exp": now + 60, "jti": uuid.uuid4().hex})
     token.make_signed_token(key)
     return {"client_assertion_type": ASSERTION_TYPE, "client_assertion": token.serialize()}

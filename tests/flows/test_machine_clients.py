@@ -59,7 +59,7 @@ def h(tmp_path, monkeypatch):
 
 
 def assertion(now: int, *, key=KEY, iss="signer", aud=ISSUER, exp_in=60, jti=None, **claims) -> str:
-    token = jwt.JWT(header={"alg": "ES256", "kid": key.key_id}, claims={
+    token = jwt.JWT(header={"alg": "ES256", "kid": key.kid}, claims={
         "iss": iss, "sub": iss, "aud": aud, "iat": now, "exp": now + exp_in, "jti": jti or uuid.uuid4().hex,
         **claims})
     token.make_signed_token(key)
@@ -294,7 +294,7 @@ def test_a_key_set_is_made_once_for_every_request_that_presents_it():
     assert public_keyset(PUBLIC) is keyset
     fetched = public_keyset(json.loads(PUBLIC))
     assert public_keyset(json.loads(PUBLIC)) is fetched
-    assert fetched.get_key(KEY.key_id) is not None
+    assert fetched.get_key(KEY.kid) is not None
     for _ in range(2):
         with pytest.raises(ValueError, match="at least one key"):
             public_keyset('{"keys": []}')
