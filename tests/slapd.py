@@ -30,7 +30,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from ldap3 import MODIFY_REPLACE, Connection, Server
+from ldap3 import BASE, MODIFY_REPLACE, Connection, Server
 from ldap3.utils.dn import escape_rdn
 
 from conftest import free_port
@@ -314,6 +314,12 @@ class Slapd:
         with self.admin() as connection:
             changes = {k: [(MODIFY_REPLACE, v if isinstance(v, list) else [v])] for k, v in replacements.items()}
             self._done(connection, connection.modify(dn, changes))
+
+    def operational(self, dn: str, name: str) -> list:
+        """The values of an entry's operational attribute C{name} (the password policy's state, say)."""
+        with self.admin() as connection:
+            connection.search(dn, "(objectClass=*)", BASE, attributes=[name])
+            return list(connection.entries[0][name].values) if connection.entries and name in connection.entries[0] else []
 
     def delete(self, dn: str) -> None:
         """Delete an entry if it exists."""
