@@ -124,7 +124,7 @@ class CheckedProxyWrapper(HAProxyProtocolWrapper):
             self._stop_deadline()
             self._log_drop(_drop_reason(self._parser))
 
-    def connectionLost(self, reason) -> None:
+    def connectionLost(self, reason):
         self._stop_deadline()
         super().connectionLost(reason)
 
