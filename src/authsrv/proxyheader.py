@@ -10,6 +10,11 @@ is misconfigured or compromised could make any text (control characters
 too) the client's address in the access and audit logs and the rate-limit
 keys; a port that is no number, or an address that is no UTF-8, raised out
 of the reactor as an unhandled error.
+
+A header must arrive within the listener's C{[limits] header_timeout}, as
+an HTTP request's headers must: a header that stalls (a version 2 one
+announcing 65,535 bytes, a version 1 line never ended) held its
+connection until the idle timeout.
 """
 
 from __future__ import annotations
@@ -92,10 +97,18 @@ class CheckedProxyWrapper(HAProxyProtocolWrapper):
     proxy not told to send one), or with a header it could not read, without
     a word. Anyone who reaches the listener can make drops, so at most one
     line a minute is logged (L{QuietWarnings}), counting those held back.
-    Once the header is read, the connection's reads
+    A header not read within the factory's C{header_timeout} is dropped
+    too. Once the header is read, the connection's reads
     go straight to the wrapped protocol, with no step of this wrapper (nor
     of Twisted's) per read.
     """
+
+    _deadline = None
+
+    def makeConnection(self, transport) -> None:
+        if self.factory.header_timeout is not None:
+            self._deadline = self.factory.clock.callLater(self.factory.header_timeout, self._too_slow)
+        super().makeConnection(transport)
 
     def dataReceived(self, data: bytes) -> None:
         if self.disconnecting:
@@ -104,14 +117,33 @@ class CheckedProxyWrapper(HAProxyProtocolWrapper):
             self._parser = _CheckedV1Parser()
         super().dataReceived(data)
         if self._proxyInfo is not None:
+            self._stop_deadline()
             self.dataReceived = self.wrappedProtocol.dataReceived  # type: ignore[method-assign]
             return
         if self.disconnecting:
-            held = self.factory.quiet.due("dropped")
-            if held is not None:
-                log.warn("PROXY protocol header from {proxy} dropped: {problem}; check the proxy's configuration"
-                         " ({held} more dropped since the last such line)",
-                         proxy=getattr(self.getPeer(), "host", None), problem=_drop_reason(self._parser), held=held)
+            self._stop_deadline()
+            self._log_drop(_drop_reason(self._parser))
+
+    def connectionLost(self, reason):
+        self._stop_deadline()
+        super().connectionLost(reason)
+
+    def _too_slow(self) -> None:
+        self._deadline = None
+        self.loseConnection()
+        self._log_drop(f"it did not arrive within {self.factory.header_timeout} seconds ([limits] header_timeout)")
+
+    def _stop_deadline(self) -> None:
+        if self._deadline is not None and self._deadline.active():
+            self._deadline.cancel()
+        self._deadline = None
+
+    def _log_drop(self, problem: str) -> None:
+        held = self.factory.quiet.due("dropped")
+        if held is not None:
+            log.warn("PROXY protocol header from {proxy} dropped: {problem}; check the proxy's configuration"
+                     " ({held} more dropped since the last such line)",
+                     proxy=getattr(self.getPeer(), "host", None), problem=problem, held=held)
 
     def getPeer(self):
         """
@@ -146,13 +178,29 @@ def _drop_reason(parser) -> str:
     return getattr(parser, "problem", None) or "it is not a well-formed PROXY protocol header"
 
 
+def _header_timeout(factory) -> int | None:
+    """
+    The C{[limits] header_timeout} of the site C{factory}; None for a
+    factory that only binds the port (the parent of workers), which never
+    takes a connection.
+    """
+    limits = getattr(factory, "limits", None)
+    return None if limits is None else limits.header_timeout
+
+
 class CheckedProxyFactory(HAProxyWrappingFactory):
-    """Wraps a listener's connections in L{CheckedProxyWrapper}s, whose drops it logs quietly (C{clock} says the time)."""
+    """
+    Wraps a listener's connections in L{CheckedProxyWrapper}s, whose drops
+    it logs quietly; C{clock} says the time and times each header, which
+    must arrive within C{header_timeout} seconds (None: not timed).
+    """
 
     protocol = CheckedProxyWrapper  # type: ignore[assignment]  # Twisted types it as its own wrapper class
 
-    def __init__(self, wrappedFactory, clock):
+    def __init__(self, wrappedFactory, clock, header_timeout: int | None):
         super().__init__(wrappedFactory)
+        self.clock = clock
+        self.header_timeout = header_timeout
         self.quiet = QuietWarnings(log, clock)
 
 
@@ -169,7 +217,7 @@ class CheckedProxyEndpoint:
         self._clock = clock
 
     def listen(self, factory):
-        return self._wrapped.listen(CheckedProxyFactory(factory, self._clock))
+        return self._wrapped.listen(CheckedProxyFactory(factory, self._clock, _header_timeout(factory)))
 
 
 class ProxyBeforeTLS:
@@ -190,4 +238,5 @@ class ProxyBeforeTLS:
 
     def listenSSL(self, port, factory, contextFactory, backlog=50, interface=""):
         tls = TLSMemoryBIOFactory(contextFactory, False, factory)
-        return self._reactor.listenTCP(port, CheckedProxyFactory(tls, self._reactor), backlog, interface)
+        proxied = CheckedProxyFactory(tls, self._reactor, _header_timeout(factory))
+        return self._reactor.listenTCP(port, proxied, backlog, interface)

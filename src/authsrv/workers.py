@@ -48,7 +48,6 @@ import shutil
 import signal
 import socket
 import sys
-import tempfile
 from collections import deque
 
 from attrs import define, field, frozen
@@ -60,6 +59,7 @@ from twisted.internet.protocol import ProcessProtocol, ServerFactory
 from twisted.logger import Logger
 from twisted.protocols.tls import TLSMemoryBIOFactory
 
+from authsrv import metrics_folder
 from authsrv.config import ConfigSource
 from authsrv.logfile import reopen_signals_held
 from authsrv.metrics import fold_dead_process
@@ -317,7 +317,7 @@ class Supervisor(Service):
     def startService(self):
         super().startService()
         if self._shared_metrics:
-            self._env[METRICS_DIR_ENV] = tempfile.mkdtemp(prefix="authsrv-metrics-")
+            self._env[METRICS_DIR_ENV] = metrics_folder.make()
         self._start()
 
     def _start(self) -> None:

@@ -340,6 +340,22 @@ async def test_without_a_session_the_cookie_is_still_cleared(tmp_path, monkeypat
         assert not audit.of("session.ended")
 
 
+@pytest_twisted.ensureDeferred
+async def test_signing_out_clears_the_sealed_second_factor_cookies(tmp_path, monkeypatch, audit):
+    """A shared computer keeps nothing of the last user's enrolment key or new recovery codes."""
+    async with running(tmp_path, monkeypatch) as h:
+        cookie = await browser_session(h)
+        response, _ = await h.get(
+            END_SESSION,
+            params={"id_token_hint": id_token(h), "post_logout_redirect_uri": FIRST_LOGOUT_URI},
+            cookies={"authsrv_session": cookie, "authsrv_enrolment": "sealed-key", "authsrv_recovery": "sealed-codes"},
+        )
+        assert response.code == 302
+        cleared = {c.decode().split("=", 1)[0]: c.decode() for c in response.headers.getRawHeaders(b"set-cookie")}
+        assert set(cleared) == {"authsrv_session", "authsrv_enrolment", "authsrv_recovery"}
+        assert all("Max-Age=0" in c and "Path=/api/auth" in c for c in cleared.values())
+
+
 # --- refusals -------------------------------------------------------------------
 
 

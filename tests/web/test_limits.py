@@ -17,7 +17,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.defer import succeed
-from twisted.internet.testing import MemoryReactor, MemoryReactorClock, StringTransport
+from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.logger import formatEvent
 from twisted.protocols.haproxy import proxyEndpoint
 from twisted.web.resource import Resource
@@ -714,6 +714,43 @@ def test_a_connection_dropped_without_a_readable_proxy_protocol_header_is_logged
     assert len(dropped) == 1 and reason in dropped[0] and "10.0.0.9" in dropped[0], dropped
 
 
+STALLED_V2 = b"\r\n\r\n\x00\r\nQUIT\n" + b"\x21\x11\xff\xff" + b"\xcb\x00\x71\x07"
+"""A version 2 header announcing 65,535 bytes of addresses, of which it sends four."""
+
+
+@pytest.mark.parametrize("stalled", [STALLED_V2, b"PROXY TCP4 203.0.113.7 10.0.0.5 56324"])
+def test_a_proxy_protocol_header_that_stalls_is_dropped_at_the_header_timeout(stalled, logged):
+    """
+    A header that never completes held its connection until the idle
+    timeout (60 s); it must arrive within [limits] header_timeout, as an
+    HTTP request's headers must, and the drop is logged as other drops are.
+    """
+    reactor, listener = MemoryReactorClock(), Listener({"header_timeout": 5})
+    endpoint_of(reactor, "server.listen[0]", "haproxy:tcp:8080:interface=10.0.0.5", Path(".")).listen(listener.site)
+    proxy = IPv4Address("TCP", "10.0.0.9", 40000)
+
+    def connect():
+        protocol, transport = reactor.tcpServers[0][1].buildProtocol(proxy), StringTransport(peerAddress=proxy)
+        protocol.makeConnection(transport)
+        return protocol, transport
+
+    protocol, transport = connect()
+    protocol.dataReceived(stalled)
+    reactor.advance(4.9)
+    assert not transport.disconnecting
+    reactor.advance(0.1)
+    assert transport.disconnecting and transport.value() == b""
+    dropped = [formatEvent(e) for e in logged if e.get("log_namespace") == "authsrv.proxyheader"]
+    assert len(dropped) == 1 and "within 5 seconds" in dropped[0] and "10.0.0.9" in dropped[0], dropped
+
+    protocol, transport = connect()
+    protocol.dataReceived(b"PROXY TCP4 203.0.113.7 10.0.0.5 56324 8080\r\n")
+    reactor.advance(60)
+    assert not transport.disconnecting and not reactor.getDelayedCalls()
+    protocol.dataReceived(request_head("GET", "/healthz"))
+    assert parse(transport)[0] == 200
+
+
 def test_connections_dropped_without_a_proxy_protocol_header_are_logged_once_a_minute(logged):
     """
     Anyone who reaches a C{haproxy:} listener can make it drop connections:
@@ -761,7 +798,7 @@ def test_a_proxy_protocol_header_of_unknown_family_keeps_the_proxys_address(head
     the address the client reached, which names a request without a Host
     header (HTTP/1.0, as HAProxy's default health check): that was a 500.
     """
-    reactor, listener = MemoryReactor(), Listener()
+    reactor, listener = MemoryReactorClock(), Listener()
     endpoint_of(reactor, "server.listen[0]", "haproxy:tcp:8080:interface=10.0.0.5", Path(".")).listen(listener.site)
     proxy = IPv4Address("TCP", "10.0.0.9", 40000)
     listening = IPv4Address("TCP", "10.0.0.5", 8080)

@@ -23,8 +23,9 @@ class Browser:
 class CookieChanges:
     """
     Cookies to set with the answer: a new session cookie value (or
-    C{end_session} to clear it), a new device secret, and C{end_enrolment}
-    to drop the authenticator enrolment the browser kept (once confirmed).
+    C{end_session} to clear it, and with it the sealed enrolment and
+    recovery codes), a new device secret, and C{end_enrolment} to drop the
+    authenticator enrolment the browser kept (once confirmed).
     """
 
     session: str | None = None

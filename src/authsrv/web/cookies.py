@@ -41,14 +41,19 @@ class Cookies:
                        user_agent=agent.decode("utf-8", "replace") if agent else None)
 
     def apply(self, request, changes: CookieChanges) -> None:
-        """Set what a flow's answer asks for."""
+        """
+        Set what a flow's answer asks for. Signing out also drops the sealed
+        second-factor secrets (an enrolment's key, new recovery codes), so a
+        shared computer keeps nothing of the last user's second factor.
+        """
         if changes.end_session:
             self.clear(request, SESSION_COOKIE)
+            self.clear(request, RECOVERY_COOKIE)
         if changes.session is not None:
             self.set(request, SESSION_COOKIE, changes.session, self._session_ttl)
         if changes.device is not None:
             self.set(request, DEVICE_COOKIE, changes.device, DEVICE_COOKIE_TTL)
-        if changes.end_enrolment:
+        if changes.end_enrolment or changes.end_session:
             self.clear(request, ENROLMENT_COOKIE)
 
     def get(self, request, name: bytes) -> str | None:
