@@ -276,6 +276,21 @@ def test_cookies_under_plain_http_keep_their_names_and_path():
     assert cookies.get(request, SESSION_COOKIE) == "plain"
 
 
+def answered(server, attempt, problem: str):
+    """What C{attempt()} gives once it gives anything, tried again for up to 30 s while the server runs."""
+    deadline = time.monotonic() + 30
+    while True:
+        assert server.process.poll() is None, server.output()
+        try:
+            answer = attempt()
+            if answer is not None:
+                return answer
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, problem
+        time.sleep(0.2)
+
+
 @pytest.mark.slow
 def test_a_real_server_over_tls_with_relative_paths(run_server, tmp_path):
     folder = tmp_path / "conf"
@@ -287,20 +302,15 @@ def test_a_real_server_over_tls_with_relative_paths(run_server, tmp_path):
     elsewhere.mkdir()
     server = run_server(["authsrv", "--config", str(path)], elsewhere, port=port, ready=False)
     context = ssl.create_default_context(cafile=str(folder / "tls" / "server.crt"))
-    deadline = time.monotonic() + 30
-    while True:
-        assert server.process.poll() is None, server.output()
-        try:
-            connection = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=5)
-            connection.request("GET", "/readyz")
-            response = connection.getresponse()
-            response.read()
-            if response.status == 200:
-                break
-        except OSError:
-            pass
-        assert time.monotonic() < deadline, "not ready over TLS"
-        time.sleep(0.2)
+
+    def ready():
+        connection = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=5)
+        connection.request("GET", "/readyz")
+        response = connection.getresponse()
+        response.read()
+        return (connection, response) if response.status == 200 else None
+
+    connection, response = answered(server, ready, "not ready over TLS")
     assert response.getheader("strict-transport-security") == "max-age=31536000"
     connection.request("GET", "/api/auth/.well-known/openid-configuration")
     response = connection.getresponse()
@@ -323,21 +333,16 @@ def test_behind_haproxy_the_proxy_header_comes_before_tls(run_server, tmp_path):
     path = config_file(folder, listen, public_url=f"https://127.0.0.1:{port}", extra='access_log = "json"')
     server = run_server(["authsrv", "--config", str(path)], tmp_path, port=port, ready=False)
     context = ssl.create_default_context(cafile=str(folder / "tls" / "server.crt"))
-    deadline = time.monotonic() + 30
-    while True:
-        assert server.process.poll() is None, server.output()
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
-                raw.sendall(f"PROXY TCP4 203.0.113.7 127.0.0.1 40000 {port}\r\n".encode())
-                with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
-                    tls.sendall(b"GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-                    answer = tls.recv(100)
-            if answer.startswith(b"HTTP/1.1 200 "):
-                break
-        except OSError:
-            pass
-        assert time.monotonic() < deadline, "not ready over TLS behind the PROXY header"
-        time.sleep(0.2)
+
+    def ready():
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+            raw.sendall(f"PROXY TCP4 203.0.113.7 127.0.0.1 40000 {port}\r\n".encode())
+            with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+                tls.sendall(b"GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+                answer = tls.recv(100)
+        return answer if answer.startswith(b"HTTP/1.1 200 ") else None
+
+    answered(server, ready, "not ready over TLS behind the PROXY header")
     out, err = server.stop()
     assert '"address":"203.0.113.7"' in out.replace(" ", "") and "Traceback" not in out + err, out + err
 
