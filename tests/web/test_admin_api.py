@@ -693,6 +693,30 @@ async def test_disabling_a_user_ends_their_sessions_and_tells_their_clients(harn
         await harness.close()
 
 
+@pytest_twisted.ensureDeferred
+async def test_a_password_set_by_the_operator_ends_the_users_sessions_and_tells_their_clients(harness, audit):
+    """
+    A password the operator sets (a forgotten or stolen one) ends every
+    browser session signed in with the old one, as a change on the account
+    page ends the user's other sessions, and their clients hear of it by
+    back-channel logout; the other users' sessions stay.
+    """
+    a = await started(harness)
+    try:
+        for cookie, sid, sub in (("b1", "sid-b1", BOB.sub), ("b2", "sid-b2", BOB.sub), ("a1", "sid-a1", ALICE.sub)):
+            await harness.store.create_session(BrowserSession(token_hash(cookie), sid, sub, 0, harness.now(),
+                                                              harness.now() + 3600))
+        response, _ = await a.call("PUT", f"/api/admin/users/{BOB.sub}/password", {"password": "battery staple"})
+        assert response.code == 204
+        assert sorted(s.sid for s in a.ended) == ["sid-b1", "sid-b2"]
+        assert await harness.store.list_user_sessions(BOB.sub, harness.now()) == []
+        assert [s.sid for s in await harness.store.list_user_sessions(ALICE.sub, harness.now())] == ["sid-a1"]
+        assert sorted(e["session_id"] for e in audit.of("session.ended")) == ["sid-b1", "sid-b2"]
+        assert audit.of("user.password_set")[0]["actor"] == ACTOR
+    finally:
+        await harness.close()
+
+
 async def _until(predicate, what: str) -> None:
     """Let real connections and the store's threads run until C{predicate()}."""
     for _ in range(3000):

@@ -409,12 +409,19 @@ class UserOperations:
             raise
 
     async def set_password(self, user_id: str, password: Any, *, actor: str) -> User:
+        """
+        Set a user's password and end their browser sessions, telling their
+        clients by back-channel logout: a password set for them replaces a
+        forgotten or stolen one, and no session signed in with that one
+        outlives it (the account page's change ends the user's other ones).
+        """
         password = check_password(password)
         writer, user = await self._written_user(user_id)
         self._policy(password, user.login, user.email)
         hashed = await self._hash(password)
         await self._write(writer, user, user_id, lambda: writer.set_password_hash(user.login, hashed))
         events.user_password_set(sub=user.sub, actor=actor)
+        await moderation.end_sessions(self._store, user.sub, self._notify)
         return user
 
     async def set_disabled(self, user_id: str, disabled: bool, *, reason: Any = None,
