@@ -32,7 +32,7 @@ from authsrv.keys import jwkfile
 from authsrv.operations.keys import ADOPTED, JWKS_MAX_AGE, KeyOperations
 from authsrv.operations.paging import decode_cursor, encode_cursor
 from authsrv.operations.users import UserOperations
-from authsrv.records import BrowserSession, Client, LinkedAccount
+from authsrv.records import BrowserSession, Client, LinkedAccount, Passkey
 from authsrv.sealing import new_key_text
 from authsrv.testing.identity import ALICE, BOB, MALLORY
 from authsrv.testing.store import start_grant
@@ -662,6 +662,35 @@ async def test_users_of_the_writable_backend(harness, audit):
         kinds = ["user.created", "user.password_set", "user.disabled", "user.enabled", "user.deleted"]
         assert [e["event"] for e in audit if e.get("event") in kinds] == kinds
         assert audit.of("user.deleted")[0]["actor"] == ACTOR
+    finally:
+        await harness.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_user_made_again_under_a_removed_ones_sub_inherits_no_consent_nor_factor(harness, audit):
+    """
+    A removed user's consents and second factors go with them, as a removed
+    client's consents do: a user the operator makes again under that sub
+    asks for consent again, and no passkey or authenticator of the removed
+    one signs them in.
+    """
+    a = await started(harness)
+    try:
+        carol = {"login": "carol", "sub": "carol-1", "password": "correct horse"}
+        response, body = await a.call("POST", "/api/admin/users", carol)
+        assert response.code == 201, body
+        store, now = harness.store, harness.now()
+        await store.save_consent("carol-1", "partner", frozenset({"openid"}), now)
+        await store.enrol_totp("carol-1", b"sealed", 30, now)
+        await store.add_passkey(Passkey("cred-c", "carol-1", b"cose-key", 1, False, False, ("internal",), now))
+        response, _ = await a.call("DELETE", "/api/admin/users/carol", headers=AUTH)
+        assert response.code == 204
+        response, body = await a.call("POST", "/api/admin/users", {**carol, "password": "battery staple"})
+        assert response.code == 201, body
+        assert await store.get_consent("carol-1", "partner") is None
+        assert await store.list_factors("carol-1") == []
+        assert await store.get_passkey("cred-c") is None
+        assert [e["actor"] for e in audit.of("user.consents_revoked")] == [ACTOR]
     finally:
         await harness.close()
 
