@@ -133,7 +133,7 @@ async def test_signing_out_another_browser_ends_its_session(tmp_path, monkeypatc
 async def test_a_password_change_needs_the_current_one_and_ends_other_sessions(tmp_path, monkeypatch):
     h = await started(tmp_path, monkeypatch)
     try:
-        other, _ = await signed_in(h)
+        other, kept = await signed_in(h)
         browser, _ = await signed_in(h)
         await signed_in(h, user=BOB)
         response, body = await browser.get(ACCOUNT)
@@ -158,6 +158,8 @@ async def test_a_password_change_needs_the_current_one_and_ends_other_sessions(t
         assert await h.store.get_session(other.session_hash, h.now()) is None
         assert await h.store.get_session(browser.session_hash, h.now()) is not None
         assert len(await h.store.list_user_sessions(BOB.sub, h.now())) == 1
+        response, answer = await refresh(h, kept["refresh_token"])
+        assert response.code == 200, "grants stay (docs/design.md, Password changes)"
 
         fresh = Browser(h)
         response, _ = await fresh.authorize()

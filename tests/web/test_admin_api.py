@@ -32,7 +32,7 @@ from authsrv.keys import jwkfile
 from authsrv.operations.keys import ADOPTED, JWKS_MAX_AGE, KeyOperations
 from authsrv.operations.paging import decode_cursor, encode_cursor
 from authsrv.operations.users import UserOperations
-from authsrv.records import BrowserSession, Client, LinkedAccount
+from authsrv.records import BrowserSession, Client, LinkedAccount, Passkey
 from authsrv.sealing import new_key_text
 from authsrv.testing.identity import ALICE, BOB, MALLORY
 from authsrv.testing.store import start_grant
@@ -667,6 +667,35 @@ async def test_users_of_the_writable_backend(harness, audit):
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_user_made_again_under_a_removed_ones_sub_inherits_no_consent_nor_factor(harness, audit):
+    """
+    A removed user's consents and second factors go with them, as a removed
+    client's consents do: a user the operator makes again under that sub
+    asks for consent again, and no passkey or authenticator of the removed
+    one signs them in.
+    """
+    a = await started(harness)
+    try:
+        carol = {"login": "carol", "sub": "carol-1", "password": "correct horse"}
+        response, body = await a.call("POST", "/api/admin/users", carol)
+        assert response.code == 201, body
+        store, now = harness.store, harness.now()
+        await store.save_consent("carol-1", "partner", frozenset({"openid"}), now)
+        await store.enrol_totp("carol-1", b"sealed", 30, now)
+        await store.add_passkey(Passkey("cred-c", "carol-1", b"cose-key", 1, False, False, ("internal",), now))
+        response, _ = await a.call("DELETE", "/api/admin/users/carol", headers=AUTH)
+        assert response.code == 204
+        response, body = await a.call("POST", "/api/admin/users", {**carol, "password": "battery staple"})
+        assert response.code == 201, body
+        assert await store.get_consent("carol-1", "partner") is None
+        assert await store.list_factors("carol-1") == []
+        assert await store.get_passkey("cred-c") is None
+        assert [e["actor"] for e in audit.of("user.consents_revoked")] == [ACTOR]
+    finally:
+        await harness.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_disabling_a_user_ends_their_sessions_and_tells_their_clients(harness, audit):
     """
     A disabled user counts as banned (docs/design.md, Bans): as a ban, the
@@ -689,6 +718,30 @@ async def test_disabling_a_user_ends_their_sessions_and_tells_their_clients(harn
 
         response, body = await a.call("POST", f"/api/admin/users/{BOB.sub}/enable", headers=AUTH)
         assert body == {"sub": BOB.sub, "disabled": False}
+    finally:
+        await harness.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_password_set_by_the_operator_ends_the_users_sessions_and_tells_their_clients(harness, audit):
+    """
+    A password the operator sets (a forgotten or stolen one) ends every
+    browser session signed in with the old one, as a change on the account
+    page ends the user's other sessions, and their clients hear of it by
+    back-channel logout; the other users' sessions stay.
+    """
+    a = await started(harness)
+    try:
+        for cookie, sid, sub in (("b1", "sid-b1", BOB.sub), ("b2", "sid-b2", BOB.sub), ("a1", "sid-a1", ALICE.sub)):
+            await harness.store.create_session(BrowserSession(token_hash(cookie), sid, sub, 0, harness.now(),
+                                                              harness.now() + 3600))
+        response, _ = await a.call("PUT", f"/api/admin/users/{BOB.sub}/password", {"password": "battery staple"})
+        assert response.code == 204
+        assert sorted(s.sid for s in a.ended) == ["sid-b1", "sid-b2"]
+        assert await harness.store.list_user_sessions(BOB.sub, harness.now()) == []
+        assert [s.sid for s in await harness.store.list_user_sessions(ALICE.sub, harness.now())] == ["sid-a1"]
+        assert sorted(e["session_id"] for e in audit.of("session.ended")) == ["sid-b1", "sid-b2"]
+        assert audit.of("user.password_set")[0]["actor"] == ACTOR
     finally:
         await harness.close()
 

@@ -254,11 +254,14 @@ class UserOperations:
     async def revoke_consents(self, user_id: str, *, actor: str) -> tuple[str, int]:
         """Forget the user's consents (each client asks again at the next sign-in); (sub, how many)."""
         user = await self.find(user_id)
+        return user.sub, await self._forget_consents(user.sub, actor)
+
+    async def _forget_consents(self, sub: str, actor: str) -> int:
         count = 0
-        for consent in await self._store.list_user_consents(user.sub):
-            count += await self._store.revoke_consent(user.sub, consent.client_id)
-        events.user_consents_revoked(sub=user.sub, count=count, actor=actor)
-        return user.sub, count
+        for consent in await self._store.list_user_consents(sub):
+            count += await self._store.revoke_consent(sub, consent.client_id)
+        events.user_consents_revoked(sub=sub, count=count, actor=actor)
+        return count
 
     async def reset_factors(self, user_id: str, *, actor: str) -> tuple[str, bool]:
         """Remove the user's second factors (a lost phone); audited. (sub, whether there were any)."""
@@ -409,12 +412,19 @@ class UserOperations:
             raise
 
     async def set_password(self, user_id: str, password: Any, *, actor: str) -> User:
+        """
+        Set a user's password and end their browser sessions, telling their
+        clients by back-channel logout: a password set for them replaces a
+        forgotten or stolen one, and no session signed in with that one
+        outlives it (the account page's change ends the user's other ones).
+        """
         password = check_password(password)
         writer, user = await self._written_user(user_id)
         self._policy(password, user.login, user.email)
         hashed = await self._hash(password)
         await self._write(writer, user, user_id, lambda: writer.set_password_hash(user.login, hashed))
         events.user_password_set(sub=user.sub, actor=actor)
+        await moderation.end_sessions(self._store, user.sub, self._notify)
         return user
 
     async def set_disabled(self, user_id: str, disabled: bool, *, reason: Any = None,
@@ -442,12 +452,17 @@ class UserOperations:
         Remove the user from the writable backend; their grants are revoked
         and sessions ended first, and their chat link goes with them: no one
         could unlink it any more, and the chat account would stay refused to
-        every other user (one chat account links one user).
+        every other user (one chat account links one user). Their consents
+        and second factors go too, so a user made again under the same sub
+        (the API lets the operator choose it) inherits neither the removed
+        one's approvals nor their passkeys and authenticator.
         """
         writer, user = await self._written_user(user_id)
         await moderation.revoke_user(self._store, user.sub, now=self._now(), actor=actor, notify=self._notify)
         await self._write(writer, user, user_id, lambda: writer.remove_user(user.login))
         if self._link_provider is not None:
             await self._store.unlink_account(user.sub, self._link_provider)
+        await self._forget_consents(user.sub, actor)
+        await reset_factors(self._store, user.sub, actor=actor)
         events.user_deleted(sub=user.sub, login=user.login, actor=actor)
         return user

@@ -90,7 +90,7 @@ from authsrv.store.codes import CodeNotFound, CodeRedeemed, CodeReused
 from authsrv.store.errors import AlreadyExists, AlreadyLinked, StoreUnavailable
 from authsrv.store.observer import Observer, watched
 from authsrv.store.rows import (
-    BEFORE_EVERY_ROW, POSTGRES, Lookup, Rows, access_lookup, access_state_sql, ban_of, client_exists, client_grant,
+    BEFORE_EVERY_ROW, POSTGRES, Lookup, Rows, access_lookup, access_state_sql, ban_of, banned, client_exists, client_grant,
     displace_link, displaced, factors_of, import_statements, issuable, refresh_lookup, scope_text, tables,
     token_lookups, unencodable,
 )
@@ -1055,7 +1055,8 @@ _ROTATE = Prepared("authsrv_rotate_refresh",
 # same statement.
 _NOT_ROTATED = (
     "WITH old AS ("
-    " SELECT r.grant_id, r.expires_at, r.consumed_at, r.grace_until, r.replay, g.revoked_at"
+    " SELECT r.grant_id, r.expires_at, r.consumed_at, r.grace_until, r.replay, g.revoked_at,"
+    f" {banned(POSTGRES, 'g.sub')} AS banned"
     " FROM refresh_tokens r JOIN grants g ON g.grant_id = r.grant_id WHERE r.token_hash = %(old_hash)s),"
     " reuse AS ("
     " SELECT grant_id FROM old WHERE revoked_at IS NULL AND expires_at > %(now)s AND consumed_at IS NOT NULL"
@@ -1083,7 +1084,7 @@ async def _rotate_refresh(db, old_hash, new_refresh, new_access, replay, grace_u
         return RefreshNotFound()
     if old["reused"]:
         return Reused(old["grant_id"])
-    if old["revoked_at"] is None and old["expires_at"] > now and old["consumed_at"] is not None:
+    if old["revoked_at"] is None and old["expires_at"] > now and old["consumed_at"] is not None and not old["banned"]:
         return Replayed(bytes(old["replay"]))
     return RefreshNotFound()
 

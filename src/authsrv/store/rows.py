@@ -318,12 +318,16 @@ def issuable(dialect: Dialect, grant_id: str) -> str:
     which locks the grant and then deletes that row with it, is then
     waited for (or waits) whole, never each waiting for the other.
     """
-    now = dialect.mark.format("now")
     return (
         f"EXISTS (SELECT 1 FROM grants g WHERE g.grant_id = {grant_id} AND g.revoked_at IS NULL"
-        f" AND NOT EXISTS (SELECT 1 FROM bans b WHERE b.sub = g.sub AND (b.until IS NULL OR b.until > {now}))"
-        f"{dialect.key_share})"
+        f" AND NOT {banned(dialect, 'g.sub')}{dialect.key_share})"
     )
+
+
+def banned(dialect: Dialect, sub: str) -> str:
+    """Whether the user C{sub} (a column) has a ban in force at C{now}."""
+    now = dialect.mark.format("now")
+    return f"EXISTS (SELECT 1 FROM bans b WHERE b.sub = {sub} AND (b.until IS NULL OR b.until > {now}))"
 
 
 def client_grant(tables: "Tables", dialect: Dialect, prefix: str = "") -> str:

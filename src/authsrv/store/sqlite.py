@@ -60,7 +60,7 @@ from authsrv.store.codes import CodeNotFound, CodeRedeemed, CodeReused
 from authsrv.store.errors import AlreadyExists, AlreadyLinked, StoreUnavailable
 from authsrv.store.observer import Observer, watched
 from authsrv.store.rows import (
-    BEFORE_EVERY_ROW, SQLITE, Rows, access_state_sql, ban_of, client_grant, displace_link, displaced, factors_of,
+    BEFORE_EVERY_ROW, SQLITE, Rows, access_state_sql, ban_of, banned, client_grant, displace_link, displaced, factors_of,
     import_statements, issuable, scope_text, tables, token_lookups, unencodable,
 )
 from authsrv.store.sqlite_worker import SQLiteWorker
@@ -901,6 +901,13 @@ _ROTATE = (
 )
 
 
+_NOT_ROTATED = (
+    "SELECT r.grant_id, r.expires_at, r.consumed_at, r.grace_until, r.replay, g.revoked_at,"
+    f" {banned(SQLITE, 'g.sub')} AS banned"
+    " FROM refresh_tokens r JOIN grants g ON g.grant_id = r.grant_id WHERE r.token_hash = :old_hash"
+)
+
+
 def _rotate_refresh(db, old_hash, new_refresh, new_access, replay, grace_until, now):
     rotated = _first(
         db.execute(_ROTATE, {"now": now, "grace_until": grace_until, "replay": replay, "old_hash": old_hash})
@@ -908,17 +915,13 @@ def _rotate_refresh(db, old_hash, new_refresh, new_access, replay, grace_until, 
     if rotated is not None:
         _issue_tokens(db, new_access, new_refresh)
         return Rotated()
-    old = db.execute(
-        "SELECT r.grant_id, r.expires_at, r.consumed_at, r.grace_until, r.replay, g.revoked_at"
-        " FROM refresh_tokens r JOIN grants g ON g.grant_id = r.grant_id WHERE r.token_hash = ?",
-        (old_hash,),
-    ).fetchone()
+    old = db.execute(_NOT_ROTATED, {"old_hash": old_hash, "now": now}).fetchone()
     # Unconsumed yet not rotated just now: its user is banned.
     if old is None or old["revoked_at"] is not None or old["expires_at"] <= now or old["consumed_at"] is None:
         return RefreshNotFound()
-    # Live, unexpired, consumed before.
+    # Live, unexpired, consumed before: its lost answer again, unless its user is banned meanwhile.
     if old["replay"] is not None and now < old["grace_until"]:
-        return Replayed(old["replay"])
+        return RefreshNotFound() if old["banned"] else Replayed(old["replay"])
     db.execute(_REVOKE_GRANT, (now, old["grant_id"]))
     return Reused(old["grant_id"])
 

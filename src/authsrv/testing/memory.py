@@ -464,7 +464,7 @@ class MemoryStore:
             )
             return Rotated()
         if old.replay is not None and now < old.grace_until:
-            return Replayed(old.replay)
+            return Replayed(old.replay) if self._issuable(old.grant_id, now) else RefreshNotFound()
         self._revoke_grant(old.grant_id, now)
         return Reused(old.grant_id)
 

@@ -1605,6 +1605,37 @@ class StoreConformance(FactorStoreConformance, DeviceStoreConformance):
             assert (await store.get_grant("g1")).revoked_at is None
 
     @pytest_twisted.ensureDeferred
+    async def test_a_ban_landing_after_the_checks_stops_a_replay_too(self):
+        """
+        A lost answer asked for again inside the grace window is not handed
+        out while the user is banned (docs/design.md, Bans: refresh refused),
+        and is again once the ban is lifted; a reuse after the window still
+        revokes the grant.
+        """
+        async with self.store() as store:
+            grant = await start_grant(store, "g1")
+            _, old = await issue(store, grant, "1")
+            assert await store.rotate_refresh(
+                old.token_hash, make_refresh("refresh-2", grant), make_access("access-2", grant), b"replay",
+                NOW + 10, NOW,
+            ) == Rotated()
+            await store.ban_user(Ban(ALICE, "spam", NOW))
+
+            def again(now):
+                return store.rotate_refresh(
+                    old.token_hash, make_refresh("refresh-x", grant), make_access("access-x", grant), b"x",
+                    now + 10, now,
+                )
+
+            assert await again(NOW + 1) == RefreshNotFound()
+            assert (await store.get_grant("g1")).revoked_at is None
+            assert await store.unban_user(ALICE)
+            assert await again(NOW + 2) == Replayed(b"replay")
+            await store.ban_user(Ban(ALICE, "spam", NOW + 3))
+            assert await again(NOW + 10) == Reused("g1")
+            assert await store.get_refresh_token(h("refresh-x")) is None
+
+    @pytest_twisted.ensureDeferred
     async def test_list_bans_in_force(self):
         bans = [
             Ban("carol", "c", NOW),
