@@ -26,7 +26,7 @@ from twisted.internet.defer import Deferred
 
 from authsrv import events
 from authsrv.flows.answered import RecentAnswers
-from authsrv.flows.csrf import form_token, form_token_valid, kept_for, valid_device_secret
+from authsrv.flows.csrf import form_token, form_token_valid, kept_for, tab_key, valid_device_secret
 from authsrv.flows.login import LoggedIn, Refused, Suspended, Throttled
 from authsrv.flows.mfa import Accepted, Held, SecondFactors
 from authsrv.flows.passkeys import PASSKEY_METHODS, PasskeyAccepted, Passkeys
@@ -41,6 +41,7 @@ from authsrv.flows.outcomes import (
     LoginForm,
     Redirect,
     SecondFactorForm,
+    TabSecret,
 )
 from authsrv.flows.sessions import live_session, new_session, step_up_session
 from authsrv.identity.credentials import MAX_LOGIN_BYTES, MAX_PASSWORD_BYTES, impossible_credential
@@ -165,6 +166,16 @@ def _expired() -> PageError:
     its pages, a form posted twice), which must not read as the user's fault.
     """
     return PageError(400, "Sign-in ended", ENDED)
+
+
+def _device_of(browser: Browser, stored: str, interaction_id: str) -> str | None:
+    """
+    The device secret that binds an interaction's forms in this browser: its
+    tab's copy (L{TabSecret}) when that one made the form's token C{stored},
+    else its device cookie.
+    """
+    tab = browser.tabs.get(tab_key(interaction_id))
+    return tab if kept_for(stored, tab, interaction_id) else browser.device
 
 
 def _forged() -> PageError:
@@ -537,7 +548,8 @@ class InteractionFlow:
             [Deferred.fromCoroutine(self._after_login(client, request, session, browser, now, 303, address,
                                                       ending=not created)),
              *created])
-        return Redirect(answer.location, answer.status, CookieChanges(session=value, device=answer.cookies.device))
+        return Redirect(answer.location, answer.status, CookieChanges(session=value, device=answer.cookies.device,
+                                                                       tab=answer.cookies.tab))
 
     async def consent_form(self, form: dict[str, str] | None, browser: Browser, now: int) -> ConsentForm:
         interaction, client, session = await self._consent_stage(form or {}, browser, now, shown=True)
@@ -605,7 +617,8 @@ class InteractionFlow:
         if not interaction_id:
             return None
         answer = self._answers.recall(interaction_id, now)
-        if answer is None or not form_token_valid(answer.csrf_token, form.get("csrf"), browser.device,
+        if answer is None or not form_token_valid(answer.csrf_token, form.get("csrf"),
+                                                  _device_of(browser, answer.csrf_token, interaction_id),
                                                   interaction_id):
             return None
         session = await self.live_session(browser.session, now)
@@ -722,44 +735,46 @@ class InteractionFlow:
         the form's POST as L{_wait} keeps it: one redirect and one page
         request fewer for every browser that signs in.
         """
-        interaction, new_device = await self._keep(request, LOGIN_STAGE, None, browser, now, address)
+        interaction, cookies = await self._keep(request, LOGIN_STAGE, None, browser, now, address)
         form = await self._first_login_form(interaction, client, now)
-        return attrs.evolve(form, cookies=CookieChanges(device=new_device))
+        return attrs.evolve(form, cookies=cookies)
 
     async def _wait(self, request: AuthorizationRequest, stage: str, sid: str | None, browser: Browser,
                     now: int, address: str | None = None, *, sub: str | None = None,
                     amr: tuple[str, ...] = ()) -> Redirect:
         """Keep the request for the next stage (L{_keep}), and send the browser to that stage's page."""
-        interaction, new_device = await self._keep(request, stage, sid, browser, now, address, sub=sub, amr=amr)
+        interaction, cookies = await self._keep(request, stage, sid, browser, now, address, sub=sub, amr=amr)
         location = f"{self._issuer}{_STAGE_PATHS[stage]}?{urlencode({'request': interaction.interaction_id})}"
-        return Redirect(location, 303, CookieChanges(device=new_device))
+        return Redirect(location, 303, cookies)
 
     async def _keep(self, request: AuthorizationRequest, stage: str, sid: str | None, browser: Browser,
                     now: int, address: str | None = None, *, sub: str | None = None,
-                    amr: tuple[str, ...] = ()) -> tuple[Interaction, str | None]:
+                    amr: tuple[str, ...] = ()) -> tuple[Interaction, CookieChanges]:
         """
         Keep the request for the next stage, bound to this browser's device
         secret (made now if it has none, or a forged one: the new one is
-        returned with the interaction, for its cookie). An anonymous one
+        returned with the interaction, for its cookie, and for a copy of its
+        own, L{TabSecret}, as another tab's first request may set another
+        device cookie over this one meanwhile). An anonymous one
         (with its C{address}) waits for the login form for a shorter time,
         and only while its address is under the cap; one for the second
         factor names the user (C{sub}) and the methods already used (C{amr}).
         """
         limits = self._limits
-        new_device: str | None
-        if valid_device_secret(browser.device):
-            device, new_device = browser.device, None
-        else:
-            device = new_device = new_token()
         interaction_id = new_token()
+        expires_at = now + (limits.login_request_ttl if stage in (LOGIN_STAGE, MFA_STAGE) else limits.pending_request_ttl)
+        if valid_device_secret(browser.device):
+            device, cookies = browser.device, CookieChanges()
+        else:
+            device = new_token()
+            cookies = CookieChanges(device=device, tab=TabSecret(tab_key(interaction_id), device, expires_at - now))
         interaction = Interaction(
             interaction_id=interaction_id,
             stage=stage,
             request=request,
             csrf_token=form_token(device, interaction_id),
             created_at=now,
-            expires_at=now + (limits.login_request_ttl if stage in (LOGIN_STAGE, MFA_STAGE)
-                              else limits.pending_request_ttl),
+            expires_at=expires_at,
             sid=sid,
             address=None if address is None else address_key(address),
             sub=sub,
@@ -771,7 +786,7 @@ class InteractionFlow:
                 raise too_many_waiting(busy_until - now)
         else:
             await self._store.save_interaction(interaction)
-        return interaction, new_device
+        return interaction, cookies
 
     async def _interaction(self, form: dict[str, str] | None, stage: str, now: int, *,
                            shown_to: Browser | None = None) -> tuple[Interaction, Client]:
@@ -789,7 +804,10 @@ class InteractionFlow:
         interaction = await self._store.get_interaction(interaction_id, now) if interaction_id else None
         if interaction is None or interaction.stage != stage:
             raise _expired()
-        if shown_to is not None and not kept_for(interaction.csrf_token, shown_to.device, interaction.interaction_id):
+        if shown_to is not None and not kept_for(interaction.csrf_token,
+                                                 _device_of(shown_to, interaction.csrf_token,
+                                                            interaction.interaction_id),
+                                                 interaction.interaction_id):
             raise _expired()
         request = interaction.request
         client = ACCOUNT_CLIENT if request.device and request.client_id == ACCOUNT_CLIENT.client_id else (
@@ -863,7 +881,8 @@ class InteractionFlow:
 
     @staticmethod
     def _check_csrf(form: dict[str, str], browser: Browser, interaction: Interaction) -> None:
-        if not form_token_valid(interaction.csrf_token, form.get("csrf"), browser.device,
+        if not form_token_valid(interaction.csrf_token, form.get("csrf"),
+                                _device_of(browser, interaction.csrf_token, interaction.interaction_id),
                                 interaction.interaction_id):
             raise _forged()
 
