@@ -839,6 +839,63 @@ async def test_a_consent_sent_again_later_says_the_sign_in_finished(tmp_path, mo
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_sign_in_sent_twice_gets_the_first_answer_and_session_while_it_lasts(tmp_path, monkeypatch):
+    """
+    The sign-in form sent twice without JavaScript: the second post, which
+    does not carry the session cookie the first answer set, gets the same
+    redirect and that cookie again, while the session is live and the code
+    unused; never in another browser, after a sign-out, or later.
+    """
+    h = await started(tmp_path, monkeypatch)
+    try:
+        for client_id in ("partner", "first"):
+            browser = Browser(h)
+            response, body = await browser.authorize(client_id)
+            form = {**hidden_fields(body), "username": ALICE.login, "password": PASSWORDS[ALICE.sub]}
+            before = dict(browser.cookies)
+            first, _ = await browser.post(ISSUER + "/login", form)
+            session = browser.cookies["authsrv_session"]
+            browser.cookies = dict(before)
+            again, _ = await browser.post(ISSUER + "/login", form)
+            assert again.code == 303 and location(again) == location(first)
+            assert browser.cookies["authsrv_session"] == session
+            response, body = await Browser(h).post(ISSUER + "/login", form)
+            assert_page(response, body, 400)
+        response, _ = await browser.post(ISSUER + "/login", form)
+        assert location(response) == location(first), "sent again with the session it set"
+        await h.store.end_session(token_hash(browser.cookies.pop("authsrv_session")))  # signed out
+        response, body = await browser.post(ISSUER + "/login", form)
+        assert_page(response, body, 400)
+        assert b"This sign-in has already finished" in body and "authsrv_session" not in browser.cookies
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_sign_in_sent_again_later_or_after_its_code_is_used_says_it_finished(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        for used in (False, True):
+            browser = Browser(h)
+            verifier, challenge = pkce_pair()
+            response, body = await browser.authorize("first", challenge=challenge)
+            form = {**hidden_fields(body), "username": ALICE.login, "password": PASSWORDS[ALICE.sub]}
+            before = dict(browser.cookies)
+            first, _ = await browser.post(ISSUER + "/login", form)
+            if used:
+                response, _ = await exchange(h, query_of(location(first))["code"], verifier, "first")
+                assert response.code == 200
+            else:
+                h.clock.advance(KEPT_FOR)
+            browser.cookies = dict(before)
+            response, body = await browser.post(ISSUER + "/login", form)
+            assert_page(response, body, 400)
+            assert b"This sign-in has already finished" in body and "authsrv_session" not in browser.cookies
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_first_party_clients_never_show_the_consent_page(tmp_path, monkeypatch):
     h = await started(tmp_path, monkeypatch)
     try:
@@ -958,6 +1015,7 @@ async def test_pending_requests_expire_and_are_used_once(tmp_path, monkeypatch):
         fields = {**hidden_fields(body), "username": "alice", "password": PASSWORDS[ALICE.sub]}
         response, _ = await browser.post(ISSUER + "/login", fields)
         assert response.code == 303 and "code" in query_of(location(response))
+        h.clock.advance(KEPT_FOR)  # past the first answer kept for the form sent twice
         response, body = await browser.post(ISSUER + "/login", fields)
         assert response.code == 400 and TOO_LONG in body
         for path in ("/login", "/login?request=", "/consent?request=nope", "/consent"):

@@ -25,7 +25,7 @@ import attrs
 from twisted.internet.defer import Deferred
 
 from authsrv import events
-from authsrv.flows.answered import RecentAnswers
+from authsrv.flows.answered import Answer, RecentAnswers
 from authsrv.flows.csrf import form_token, form_token_valid, kept_for, tab_key, valid_device_secret
 from authsrv.flows.login import LoggedIn, Refused, Suspended, Throttled
 from authsrv.flows.mfa import Accepted, Held, SecondFactors
@@ -375,6 +375,8 @@ class InteractionFlow:
         """The sign-in form posted: the password checked, a new session, then consent or the code."""
         if form is None:
             raise _forged()
+        if again := await self._answered_before(form, browser, int(now)):
+            return again
         interaction, client = await self._interaction(form, LOGIN_STAGE, int(now))
         self._check_csrf(form, browser, interaction)
         username, password = form.get("username", ""), form.get("password", "")
@@ -402,6 +404,8 @@ class InteractionFlow:
         if not isinstance(outcome, LoggedIn):
             return self._login_form(503, interaction, client, username=username, message=UNAVAILABLE)
         if not outcome.along:
+            if again := await self._answered_before(form, browser, int(now)):
+                return again
             raise _expired()
         refused = self._refused_for_hint(client, interaction.request, outcome.user.sub, address, 303)
         if refused is not None:
@@ -410,10 +414,13 @@ class InteractionFlow:
         stage = await self._factors.demand(client, interaction.request, outcome.user.sub, None, seconds, PASSWORD_AMR,
                                            cast(Held | None, outcome.read))
         if stage is not None:
-            return await self._wait(interaction.request, stage, None, browser, seconds,
-                                    sub=outcome.user.sub, amr=PASSWORD_AMR)
+            waiting = await self._wait(interaction.request, stage, None, browser, seconds,
+                                       sub=outcome.user.sub, amr=PASSWORD_AMR)
+            self._answers.keep(interaction.interaction_id, waiting.location, None, interaction.csrf_token, None,
+                               seconds)
+            return waiting
         return await self._signed_in(client, interaction.request, outcome.user.sub, None, browser, address,
-                                     PASSWORD_AMR, ACR_PWD, seconds)
+                                     PASSWORD_AMR, ACR_PWD, seconds, answering=interaction)
 
     async def second_factor_form(self, form: dict[str, str] | None, browser: Browser, now: int) -> SecondFactorForm:
         interaction, client, _ = await self._factor_stage(form, MFA_STAGE, browser, now, shown=True)
@@ -425,6 +432,8 @@ class InteractionFlow:
         if form is None:
             raise _forged()
         seconds = int(now)
+        if again := await self._answered_before(form, browser, seconds):
+            return again
         interaction, client, session = await self._factor_stage(form, MFA_STAGE, browser, seconds)
         self._check_csrf(form, browser, interaction)
         code = form.get("code", "").strip()
@@ -440,9 +449,12 @@ class InteractionFlow:
             return await self._second_factor_form(200, interaction, client, WRONG_CODE, now=seconds)
         await self._still_allowed(sub, session, address, seconds)
         if not await self._store.take_interaction(interaction.interaction_id, MFA_STAGE):
+            if again := await self._answered_before(form, browser, seconds):
+                return again
             raise _expired()
         return await self._signed_in(client, interaction.request, sub, session, browser, address,
-                                     with_second_factor(interaction.amr, "otp"), ACR_MFA, seconds)
+                                     with_second_factor(interaction.amr, "otp"), ACR_MFA, seconds,
+                                     answering=interaction)
 
     async def enrolment_form(self, form: dict[str, str] | None, browser: Browser, now: int,
                              shown: str | None = None) -> EnrolmentForm:
@@ -519,14 +531,16 @@ class InteractionFlow:
 
     async def _signed_in(self, client: Client, request: AuthorizationRequest, sub: str,
                          session: BrowserSession | None, browser: Browser, address: str,
-                         amr: tuple[str, ...], acr: str, now: int) -> Redirect:
+                         amr: tuple[str, ...], acr: str, now: int, answering: Interaction | None = None) -> Redirect:
         """
         The sign-in done by C{amr} at C{acr}: a new session, or the live
         C{session} it stepped up (raised to the MFA class, or left as it
         was when enrolment was put off; one signed out meanwhile stays
         signed out), then consent or the code. A new session of the user
         the browser's earlier one was for keeps that one's sid
-        (L{authsrv.flows.sessions.SessionEnder.replace}).
+        (L{authsrv.flows.sessions.SessionEnder.replace}). The answer to the
+        form of the interaction it is C{answering} is kept for that form
+        sent again (L{_answered_before}), with the session cookie it sets.
         """
         value: str | None = None
         created = []
@@ -546,8 +560,12 @@ class InteractionFlow:
         # A new session goes to the store with the code (or the consent's interaction).
         answer, *_ = await together(
             [Deferred.fromCoroutine(self._after_login(client, request, session, browser, now, 303, address,
-                                                      ending=not created)),
+                                                      ending=not created, answering=answering)),
              *created])
+        if answering is not None:
+            code = self._answers.recall(answering.interaction_id, now)
+            self._answers.keep(answering.interaction_id, answer.location, code.code_hash if code else None,
+                               answering.csrf_token, session.sid, now, value)
         return Redirect(answer.location, answer.status, CookieChanges(session=value, device=answer.cookies.device,
                                                                        tab=answer.cookies.tab))
 
@@ -607,11 +625,13 @@ class InteractionFlow:
 
     async def _answered_before(self, form: dict[str, str], browser: Browser, now: int) -> Redirect | None:
         """
-        The answer this browser's consent form got when it was sent a moment
-        ago (L{authsrv.flows.answered}), while the browser is still signed in
-        with the session it answered and the code it carries is unused; else
-        None. A form sent again after a sign-out, by the next person signed
-        in on that browser, must not get the code of the one before.
+        The answer this browser's form got when it was sent a moment ago
+        (L{authsrv.flows.answered}), while the session it answered is still
+        live and the browser's (or, for a new session the answer set, the
+        browser is signed in with no other), and the code it carries is
+        unused; else None. A form sent again after a sign-out, by the next
+        person signed in on that browser, must not get the code or session
+        of the one before.
         """
         interaction_id = form.get("request")
         if not interaction_id:
@@ -621,13 +641,27 @@ class InteractionFlow:
                                                   _device_of(browser, answer.csrf_token, interaction_id),
                                                   interaction_id):
             return None
-        session = await self.live_session(browser.session, now)
-        if session is None or session.sid != answer.sid:
+        new_session = answer.session not in (None, browser.session)
+        if answer.sid is not None and not await self._still_signed_in(answer, browser.session, now):
             return None
         if answer.code_hash is not None and not isinstance(await self._store.find_code(answer.code_hash, now),
                                                            CodeFound):
             return None
-        return Redirect(answer.location, 303)
+        return Redirect(answer.location, 303, CookieChanges(session=answer.session if new_session else None))
+
+    async def _still_signed_in(self, answer: Answer, cookie: str | None, now: int) -> bool:
+        """
+        Whether the session C{answer} was for is live, and the browser's
+        (C{cookie}): the one it set, or, as the form sent again does not
+        carry that yet, no other live session than its own.
+        """
+        session = await self.live_session(answer.session or cookie, now)
+        if session is None or session.sid != answer.sid:
+            return False
+        if answer.session is None or cookie in (None, answer.session):
+            return True
+        current = await self.live_session(cookie, now)
+        return current is None or current.sid == answer.sid
 
     async def _approved_then_sign_in(self, client: Client, request: AuthorizationRequest, session: BrowserSession,
                                      browser: Browser, address: str, now: int) -> Redirect:
@@ -684,7 +718,8 @@ class InteractionFlow:
         return await self._wait(request, LOGIN_STAGE, None, browser, now, address)
 
     async def _after_login(self, client: Client, request: AuthorizationRequest, session: BrowserSession,
-                           browser: Browser, now: int, status: int, address: str, *, ending: bool = True) -> Redirect:
+                           browser: Browser, now: int, status: int, address: str, *, ending: bool = True,
+                           answering: Interaction | None = None) -> Redirect:
         """
         With a live session: the consent page or the code; back to the
         service's own page it came from (device verification, the account
@@ -693,7 +728,8 @@ class InteractionFlow:
         factor already refuses any other user (L{_refused_for_hint}). A
         session whose authentication grew older than max_age while a page
         was open (an enrolment put off) signs in again first. C{ending}:
-        the session was stored before, so it may end meanwhile (L{_issue_code}).
+        the session was stored before, so it may end meanwhile (L{_issue_code}),
+        which keeps the answer of the form C{answering} with its code.
         """
         if request.device:
             return Redirect(request.redirect_uri, 303)
@@ -707,7 +743,8 @@ class InteractionFlow:
         refuse_silently(request, login=False, consent=needed)
         if needed:
             return await self._wait(request, CONSENT_STAGE, session.sid, browser, now)
-        return Redirect(await self._issue_code(client, request, session, now, address, ending=ending), status)
+        return Redirect(await self._issue_code(client, request, session, now, address, ending=ending,
+                                               answering=answering), status)
 
     def _refused_for_hint(self, client: Client, request: AuthorizationRequest, sub: str, address: str,
                           status: int) -> Redirect | None:
