@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from attrs import frozen
+from attrs import field, frozen
 
 KEPT_FOR = 30
 """Seconds an answer is kept: a double click or a slow client's, well under a code's life."""
@@ -41,7 +41,8 @@ class Answer:
     csrf_token: str
     sid: str | None
     until: int
-    session: str | None = None
+    session: str | None = field(default=None, repr=False)
+    """A bearer secret: kept out of any repr, so never logged."""
 
 
 class RecentAnswers:

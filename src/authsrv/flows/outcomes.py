@@ -35,7 +35,7 @@ class TabSecret:
     """
 
     key: str
-    secret: str
+    secret: str = field(repr=False)
     ttl: int
 
 
