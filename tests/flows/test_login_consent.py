@@ -354,7 +354,8 @@ async def test_cookies_are_secure_under_an_https_issuer(tmp_path, monkeypatch):
         response, _ = await browser.submit_login(response, "alice", PASSWORDS[ALICE.sub])
         assert query_of(location(response))["iss"] == "https://auth.example.test/api/auth"
         names = {c.split("=")[0]: c for c in browser.set_cookie_headers}
-        assert set(names) == {"__Host-authsrv_device", "__Host-authsrv_session"}
+        tabs = {name for name in names if name.startswith("__Host-authsrv_tab_")}
+        assert len(tabs) == 1 and set(names) - tabs == {"__Host-authsrv_device", "__Host-authsrv_session"}
         for cookie in names.values():
             flags = [part.strip() for part in cookie.split(";")]
             assert {"Secure", "HttpOnly", "SameSite=lax", "Path=/"} <= set(flags)
@@ -838,6 +839,63 @@ async def test_a_consent_sent_again_later_says_the_sign_in_finished(tmp_path, mo
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_sign_in_sent_twice_gets_the_first_answer_and_session_while_it_lasts(tmp_path, monkeypatch):
+    """
+    The sign-in form sent twice without JavaScript: the second post, which
+    does not carry the session cookie the first answer set, gets the same
+    redirect and that cookie again, while the session is live and the code
+    unused; never in another browser, after a sign-out, or later.
+    """
+    h = await started(tmp_path, monkeypatch)
+    try:
+        for client_id in ("partner", "first"):
+            browser = Browser(h)
+            response, body = await browser.authorize(client_id)
+            form = {**hidden_fields(body), "username": ALICE.login, "password": PASSWORDS[ALICE.sub]}
+            before = dict(browser.cookies)
+            first, _ = await browser.post(ISSUER + "/login", form)
+            session = browser.cookies["authsrv_session"]
+            browser.cookies = dict(before)
+            again, _ = await browser.post(ISSUER + "/login", form)
+            assert again.code == 303 and location(again) == location(first)
+            assert browser.cookies["authsrv_session"] == session
+            response, body = await Browser(h).post(ISSUER + "/login", form)
+            assert_page(response, body, 400)
+        response, _ = await browser.post(ISSUER + "/login", form)
+        assert location(response) == location(first), "sent again with the session it set"
+        await h.store.end_session(token_hash(browser.cookies.pop("authsrv_session")))  # signed out
+        response, body = await browser.post(ISSUER + "/login", form)
+        assert_page(response, body, 400)
+        assert b"This sign-in has already finished" in body and "authsrv_session" not in browser.cookies
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_sign_in_sent_again_later_or_after_its_code_is_used_says_it_finished(tmp_path, monkeypatch):
+    h = await started(tmp_path, monkeypatch)
+    try:
+        for used in (False, True):
+            browser = Browser(h)
+            verifier, challenge = pkce_pair()
+            response, body = await browser.authorize("first", challenge=challenge)
+            form = {**hidden_fields(body), "username": ALICE.login, "password": PASSWORDS[ALICE.sub]}
+            before = dict(browser.cookies)
+            first, _ = await browser.post(ISSUER + "/login", form)
+            if used:
+                response, _ = await exchange(h, query_of(location(first))["code"], verifier, "first")
+                assert response.code == 200
+            else:
+                h.clock.advance(KEPT_FOR)
+            browser.cookies = dict(before)
+            response, body = await browser.post(ISSUER + "/login", form)
+            assert_page(response, body, 400)
+            assert b"This sign-in has already finished" in body and "authsrv_session" not in browser.cookies
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_first_party_clients_never_show_the_consent_page(tmp_path, monkeypatch):
     h = await started(tmp_path, monkeypatch)
     try:
@@ -871,12 +929,46 @@ async def test_login_forms_are_bound_to_the_browser_they_were_shown_to(tmp_path,
                                                                "password": PASSWORDS[ALICE.sub]})
         assert response.code == 400 and FORM_EXPIRED in body, "another device cookie derives another token"
         assert "authsrv_session" not in victim.cookies
-        attacker.cookies.pop("authsrv_device")
+        attacker.cookies.clear()
         response, body = await attacker.post(ISSUER + "/login", {**fields, "username": "alice",
                                                                  "password": PASSWORDS[ALICE.sub]})
         assert response.code == 400 and FORM_EXPIRED in body
         response, body = await attacker.post(ISSUER + "/login", {**fields, "request": "unknown"})
         assert response.code == 400 and TOO_LONG in body
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_two_tabs_first_requests_both_sign_in_though_one_device_cookie_stays(tmp_path, monkeypatch, audit):
+    """
+    A browser with no cookie of this service opens two authorization
+    requests at once: each answer sets a new device cookie and the last one
+    stays, so the first tab's form was "not sent by this site". Each request
+    keeps its own copy of the secret its form is bound to, in a cookie of its
+    own name, so both sign in (the second one's consent remembered from the
+    first); another browser still gets neither.
+    """
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        first, first_body = await browser.authorize("partner")
+        first_cookies, browser.cookies = browser.cookies, {}
+        second, second_body = await browser.authorize("partner")
+        browser.cookies = {**first_cookies, **browser.cookies}
+        assert browser.cookies["authsrv_device"] != first_cookies["authsrv_device"]
+        stranger = Browser(h)
+        for body in (first_body, second_body):
+            form = {**hidden_fields(body), "username": ALICE.login, "password": PASSWORDS[ALICE.sub]}
+            response, page = await stranger.post(ISSUER + "/login", form)
+            assert response.code == 400 and FORM_EXPIRED in page
+            response, page = await browser.get(login_url(body))
+            assert response.code == 200 and b'name="password"' in page
+            response, _ = await browser.post(ISSUER + "/login", form)
+            if "/consent?request=" in location(response):
+                response, _ = await browser.answer_consent(location(response), "approve")
+            assert response.code == 303 and "code" in query_of(location(response))
+        assert len(audit.of("code.issued")) == 2 and len(audit.of("consent.given")) == 1
     finally:
         await h.close()
 
@@ -923,6 +1015,7 @@ async def test_pending_requests_expire_and_are_used_once(tmp_path, monkeypatch):
         fields = {**hidden_fields(body), "username": "alice", "password": PASSWORDS[ALICE.sub]}
         response, _ = await browser.post(ISSUER + "/login", fields)
         assert response.code == 303 and "code" in query_of(location(response))
+        h.clock.advance(KEPT_FOR)  # past the first answer kept for the form sent twice
         response, body = await browser.post(ISSUER + "/login", fields)
         assert response.code == 400 and TOO_LONG in body
         for path in ("/login", "/login?request=", "/consent?request=nope", "/consent"):

@@ -123,6 +123,41 @@ async def test_enrol_then_every_sign_in_asks_for_a_code(tmp_path, monkeypatch, a
 
 
 @pytest_twisted.ensureDeferred
+async def test_the_password_and_the_code_sent_twice_get_their_first_answers(tmp_path, monkeypatch):
+    """
+    Without JavaScript each form of a sign-in with a second factor sent
+    twice: the second post of the password gets the way on to the code's
+    page again, the second post of the code the first one's redirect and
+    session cookie, which it does not carry yet; another browser neither.
+    """
+    h = await started(tmp_path, monkeypatch)
+    try:
+        _, secret, _ = await enrolled(h)
+        browser = Browser(h)
+        response, body = await browser.authorize("first")
+        assert shows_login_form(response, body), body
+        password_form = {**hidden_fields(body), "username": ALICE.login, "password": PASSWORDS[ALICE.sub]}
+        first, _ = await browser.post(ISSUER + "/login", password_form)
+        again, _ = await browser.post(ISSUER + "/login", password_form)
+        assert again.code == 303 and "/mfa?" in location(first) and location(again) == location(first)
+        response, body = await browser.get(location(first))
+        code_form = {**hidden_fields(body), "code": code_at(secret, h.now())}
+        before = dict(browser.cookies)
+        first, _ = await browser.post(ISSUER + "/mfa", code_form)
+        session = browser.cookies["authsrv_session"]
+        browser.cookies = before
+        again, _ = await browser.post(ISSUER + "/mfa", code_form)
+        assert again.code == 303 and "code" in query_of(location(first)) and location(again) == location(first)
+        assert browser.cookies["authsrv_session"] == session
+        stranger = Browser(h)
+        for path, form in (("/login", password_form), ("/mfa", code_form)):
+            response, body = await stranger.post(ISSUER + path, form)
+            assert response.code == 400 and "authsrv_session" not in stranger.cookies
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_code_is_accepted_once_and_within_one_step_either_side(tmp_path, monkeypatch):
     h = await started(tmp_path, monkeypatch)
     try:

@@ -1,20 +1,24 @@
 """
-The answer a sign-in's consent form gave, kept a few seconds for that form
-sent again. Without JavaScript a second click on "Allow" while the client is
-slow to answer sends the form twice, and the browser shows only the second
-answer: the first one's code would be lost behind a "sign-in ended" page.
-The same browser's second post gets the first one's redirect instead, with
-the same code, while that code is still unused and the browser still signed
-in with the session it was given for (not after a sign-out, nor to the next
-person signed in on a shared computer). Kept in this process only:
-a second post that reaches another instance gets the ended page as before.
+The answer a sign-in's form gave, kept a few seconds for that form sent
+again. Without JavaScript a second click on "Allow" (or "Sign in", or the
+second factor's "Continue") while the client is slow to answer sends the
+form twice, and the browser shows only the second answer: the first one's
+code or session would be lost behind a "sign-in ended" page. The same
+browser's second post gets the first one's redirect instead, with the same
+code, while that code is still unused and the browser still signed in with
+the session it was given for (not after a sign-out, nor to the next person
+signed in on a shared computer). A sign-in's answer set a new session's
+cookie, which the second post does not carry yet, so it is set again: only
+for the browser whose device secret bound the form, and only while that
+session is live. Kept in this process only: a second post that reaches
+another instance gets the ended page as before.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 
-from attrs import frozen
+from attrs import field, frozen
 
 KEPT_FOR = 30
 """Seconds an answer is kept: a double click or a slow client's, well under a code's life."""
@@ -25,16 +29,20 @@ MOST_KEPT = 10_000
 @frozen
 class Answer:
     """
-    A finished consent's redirect, the hash of the code it carries (None for
-    a refusal), its form's token, which the form sent again must carry, and
-    the sid of the session it answered, which must still be the browser's.
+    A finished form's redirect, the hash of the code it carries (None for
+    none), its form's token, which the form sent again must carry, the sid
+    of the session it answered, which must still be the browser's (None for
+    a sign-in's way on to its second factor, before any session), and the
+    cookie of the new session it set, to set again.
     """
 
     location: str
     code_hash: str | None
     csrf_token: str
-    sid: str
+    sid: str | None
     until: int
+    session: str | None = field(default=None, repr=False)
+    """A bearer secret: kept out of any repr, so never logged."""
 
 
 class RecentAnswers:
@@ -45,9 +53,9 @@ class RecentAnswers:
         self._kept_for = kept_for
         self._most = most
 
-    def keep(self, interaction_id: str, location: str, code_hash: str | None, csrf_token: str, sid: str,
-             now: int) -> None:
-        self._kept[interaction_id] = Answer(location, code_hash, csrf_token, sid, now + self._kept_for)
+    def keep(self, interaction_id: str, location: str, code_hash: str | None, csrf_token: str, sid: str | None,
+             now: int, session: str | None = None) -> None:
+        self._kept[interaction_id] = Answer(location, code_hash, csrf_token, sid, now + self._kept_for, session)
         self._kept.move_to_end(interaction_id)
         while self._kept and (len(self._kept) > self._most or next(iter(self._kept.values())).until <= now):
             self._kept.popitem(last=False)

@@ -43,6 +43,11 @@ def kept_for(stored: str, device_secret: str | None, request_id: str) -> bool:
     return hmac.compare_digest(stored.encode(), form_token(device_secret, request_id).encode())
 
 
+def tab_key(request_id: str) -> str:
+    """The name, within its cookie's, of a request's copy of a new device secret (a cookie-safe prefix of its id)."""
+    return request_id[:16]
+
+
 def session_form_token(cookie_value: str, purpose: bytes) -> str:
     """
     The CSRF token of a form for the signed-in browser: an HMAC of C{purpose}

@@ -25,8 +25,8 @@ import attrs
 from twisted.internet.defer import Deferred
 
 from authsrv import events
-from authsrv.flows.answered import RecentAnswers
-from authsrv.flows.csrf import form_token, form_token_valid, kept_for, valid_device_secret
+from authsrv.flows.answered import Answer, RecentAnswers
+from authsrv.flows.csrf import form_token, form_token_valid, kept_for, tab_key, valid_device_secret
 from authsrv.flows.login import LoggedIn, Refused, Suspended, Throttled
 from authsrv.flows.mfa import Accepted, Held, SecondFactors
 from authsrv.flows.passkeys import PASSKEY_METHODS, PasskeyAccepted, Passkeys
@@ -41,6 +41,7 @@ from authsrv.flows.outcomes import (
     LoginForm,
     Redirect,
     SecondFactorForm,
+    TabSecret,
 )
 from authsrv.flows.sessions import live_session, new_session, step_up_session
 from authsrv.identity.credentials import MAX_LOGIN_BYTES, MAX_PASSWORD_BYTES, impossible_credential
@@ -165,6 +166,16 @@ def _expired() -> PageError:
     its pages, a form posted twice), which must not read as the user's fault.
     """
     return PageError(400, "Sign-in ended", ENDED)
+
+
+def _device_of(browser: Browser, stored: str, interaction_id: str) -> str | None:
+    """
+    The device secret that binds an interaction's forms in this browser: its
+    tab's copy (L{TabSecret}) when that one made the form's token C{stored},
+    else its device cookie.
+    """
+    tab = browser.tabs.get(tab_key(interaction_id))
+    return tab if kept_for(stored, tab, interaction_id) else browser.device
 
 
 def _forged() -> PageError:
@@ -364,6 +375,8 @@ class InteractionFlow:
         """The sign-in form posted: the password checked, a new session, then consent or the code."""
         if form is None:
             raise _forged()
+        if again := await self._answered_before(form, browser, int(now)):
+            return again
         interaction, client = await self._interaction(form, LOGIN_STAGE, int(now))
         self._check_csrf(form, browser, interaction)
         username, password = form.get("username", ""), form.get("password", "")
@@ -391,6 +404,8 @@ class InteractionFlow:
         if not isinstance(outcome, LoggedIn):
             return self._login_form(503, interaction, client, username=username, message=UNAVAILABLE)
         if not outcome.along:
+            if again := await self._answered_before(form, browser, int(now)):
+                return again
             raise _expired()
         refused = self._refused_for_hint(client, interaction.request, outcome.user.sub, address, 303)
         if refused is not None:
@@ -399,10 +414,13 @@ class InteractionFlow:
         stage = await self._factors.demand(client, interaction.request, outcome.user.sub, None, seconds, PASSWORD_AMR,
                                            cast(Held | None, outcome.read))
         if stage is not None:
-            return await self._wait(interaction.request, stage, None, browser, seconds,
-                                    sub=outcome.user.sub, amr=PASSWORD_AMR)
+            waiting = await self._wait(interaction.request, stage, None, browser, seconds,
+                                       sub=outcome.user.sub, amr=PASSWORD_AMR)
+            self._answers.keep(interaction.interaction_id, waiting.location, None, interaction.csrf_token, None,
+                               seconds)
+            return waiting
         return await self._signed_in(client, interaction.request, outcome.user.sub, None, browser, address,
-                                     PASSWORD_AMR, ACR_PWD, seconds)
+                                     PASSWORD_AMR, ACR_PWD, seconds, answering=interaction)
 
     async def second_factor_form(self, form: dict[str, str] | None, browser: Browser, now: int) -> SecondFactorForm:
         interaction, client, _ = await self._factor_stage(form, MFA_STAGE, browser, now, shown=True)
@@ -414,6 +432,8 @@ class InteractionFlow:
         if form is None:
             raise _forged()
         seconds = int(now)
+        if again := await self._answered_before(form, browser, seconds):
+            return again
         interaction, client, session = await self._factor_stage(form, MFA_STAGE, browser, seconds)
         self._check_csrf(form, browser, interaction)
         code = form.get("code", "").strip()
@@ -429,9 +449,12 @@ class InteractionFlow:
             return await self._second_factor_form(200, interaction, client, WRONG_CODE, now=seconds)
         await self._still_allowed(sub, session, address, seconds)
         if not await self._store.take_interaction(interaction.interaction_id, MFA_STAGE):
+            if again := await self._answered_before(form, browser, seconds):
+                return again
             raise _expired()
         return await self._signed_in(client, interaction.request, sub, session, browser, address,
-                                     with_second_factor(interaction.amr, "otp"), ACR_MFA, seconds)
+                                     with_second_factor(interaction.amr, "otp"), ACR_MFA, seconds,
+                                     answering=interaction)
 
     async def enrolment_form(self, form: dict[str, str] | None, browser: Browser, now: int,
                              shown: str | None = None) -> EnrolmentForm:
@@ -508,14 +531,16 @@ class InteractionFlow:
 
     async def _signed_in(self, client: Client, request: AuthorizationRequest, sub: str,
                          session: BrowserSession | None, browser: Browser, address: str,
-                         amr: tuple[str, ...], acr: str, now: int) -> Redirect:
+                         amr: tuple[str, ...], acr: str, now: int, answering: Interaction | None = None) -> Redirect:
         """
         The sign-in done by C{amr} at C{acr}: a new session, or the live
         C{session} it stepped up (raised to the MFA class, or left as it
         was when enrolment was put off; one signed out meanwhile stays
         signed out), then consent or the code. A new session of the user
         the browser's earlier one was for keeps that one's sid
-        (L{authsrv.flows.sessions.SessionEnder.replace}).
+        (L{authsrv.flows.sessions.SessionEnder.replace}). The answer to the
+        form of the interaction it is C{answering} is kept for that form
+        sent again (L{_answered_before}), with the session cookie it sets.
         """
         value: str | None = None
         created = []
@@ -535,9 +560,14 @@ class InteractionFlow:
         # A new session goes to the store with the code (or the consent's interaction).
         answer, *_ = await together(
             [Deferred.fromCoroutine(self._after_login(client, request, session, browser, now, 303, address,
-                                                      ending=not created)),
+                                                      ending=not created, answering=answering)),
              *created])
-        return Redirect(answer.location, answer.status, CookieChanges(session=value, device=answer.cookies.device))
+        if answering is not None:
+            code = self._answers.recall(answering.interaction_id, now)
+            self._answers.keep(answering.interaction_id, answer.location, code.code_hash if code else None,
+                               answering.csrf_token, session.sid, now, value)
+        return Redirect(answer.location, answer.status, CookieChanges(session=value, device=answer.cookies.device,
+                                                                       tab=answer.cookies.tab))
 
     async def consent_form(self, form: dict[str, str] | None, browser: Browser, now: int) -> ConsentForm:
         interaction, client, session = await self._consent_stage(form or {}, browser, now, shown=True)
@@ -595,26 +625,43 @@ class InteractionFlow:
 
     async def _answered_before(self, form: dict[str, str], browser: Browser, now: int) -> Redirect | None:
         """
-        The answer this browser's consent form got when it was sent a moment
-        ago (L{authsrv.flows.answered}), while the browser is still signed in
-        with the session it answered and the code it carries is unused; else
-        None. A form sent again after a sign-out, by the next person signed
-        in on that browser, must not get the code of the one before.
+        The answer this browser's form got when it was sent a moment ago
+        (L{authsrv.flows.answered}), while the session it answered is still
+        live and the browser's (or, for a new session the answer set, the
+        browser is signed in with no other), and the code it carries is
+        unused; else None. A form sent again after a sign-out, by the next
+        person signed in on that browser, must not get the code or session
+        of the one before.
         """
         interaction_id = form.get("request")
         if not interaction_id:
             return None
         answer = self._answers.recall(interaction_id, now)
-        if answer is None or not form_token_valid(answer.csrf_token, form.get("csrf"), browser.device,
+        if answer is None or not form_token_valid(answer.csrf_token, form.get("csrf"),
+                                                  _device_of(browser, answer.csrf_token, interaction_id),
                                                   interaction_id):
             return None
-        session = await self.live_session(browser.session, now)
-        if session is None or session.sid != answer.sid:
+        new_session = answer.session not in (None, browser.session)
+        if answer.sid is not None and not await self._still_signed_in(answer, browser.session, now):
             return None
         if answer.code_hash is not None and not isinstance(await self._store.find_code(answer.code_hash, now),
                                                            CodeFound):
             return None
-        return Redirect(answer.location, 303)
+        return Redirect(answer.location, 303, CookieChanges(session=answer.session if new_session else None))
+
+    async def _still_signed_in(self, answer: Answer, cookie: str | None, now: int) -> bool:
+        """
+        Whether the session C{answer} was for is live, and the browser's
+        (C{cookie}): the one it set, or, as the form sent again does not
+        carry that yet, no other live session than its own.
+        """
+        session = await self.live_session(answer.session or cookie, now)
+        if session is None or session.sid != answer.sid:
+            return False
+        if answer.session is None or cookie in (None, answer.session):
+            return True
+        current = await self.live_session(cookie, now)
+        return current is None or current.sid == answer.sid
 
     async def _approved_then_sign_in(self, client: Client, request: AuthorizationRequest, session: BrowserSession,
                                      browser: Browser, address: str, now: int) -> Redirect:
@@ -671,7 +718,8 @@ class InteractionFlow:
         return await self._wait(request, LOGIN_STAGE, None, browser, now, address)
 
     async def _after_login(self, client: Client, request: AuthorizationRequest, session: BrowserSession,
-                           browser: Browser, now: int, status: int, address: str, *, ending: bool = True) -> Redirect:
+                           browser: Browser, now: int, status: int, address: str, *, ending: bool = True,
+                           answering: Interaction | None = None) -> Redirect:
         """
         With a live session: the consent page or the code; back to the
         service's own page it came from (device verification, the account
@@ -680,7 +728,8 @@ class InteractionFlow:
         factor already refuses any other user (L{_refused_for_hint}). A
         session whose authentication grew older than max_age while a page
         was open (an enrolment put off) signs in again first. C{ending}:
-        the session was stored before, so it may end meanwhile (L{_issue_code}).
+        the session was stored before, so it may end meanwhile (L{_issue_code}),
+        which keeps the answer of the form C{answering} with its code.
         """
         if request.device:
             return Redirect(request.redirect_uri, 303)
@@ -694,7 +743,8 @@ class InteractionFlow:
         refuse_silently(request, login=False, consent=needed)
         if needed:
             return await self._wait(request, CONSENT_STAGE, session.sid, browser, now)
-        return Redirect(await self._issue_code(client, request, session, now, address, ending=ending), status)
+        return Redirect(await self._issue_code(client, request, session, now, address, ending=ending,
+                                               answering=answering), status)
 
     def _refused_for_hint(self, client: Client, request: AuthorizationRequest, sub: str, address: str,
                           status: int) -> Redirect | None:
@@ -722,44 +772,46 @@ class InteractionFlow:
         the form's POST as L{_wait} keeps it: one redirect and one page
         request fewer for every browser that signs in.
         """
-        interaction, new_device = await self._keep(request, LOGIN_STAGE, None, browser, now, address)
+        interaction, cookies = await self._keep(request, LOGIN_STAGE, None, browser, now, address)
         form = await self._first_login_form(interaction, client, now)
-        return attrs.evolve(form, cookies=CookieChanges(device=new_device))
+        return attrs.evolve(form, cookies=cookies)
 
     async def _wait(self, request: AuthorizationRequest, stage: str, sid: str | None, browser: Browser,
                     now: int, address: str | None = None, *, sub: str | None = None,
                     amr: tuple[str, ...] = ()) -> Redirect:
         """Keep the request for the next stage (L{_keep}), and send the browser to that stage's page."""
-        interaction, new_device = await self._keep(request, stage, sid, browser, now, address, sub=sub, amr=amr)
+        interaction, cookies = await self._keep(request, stage, sid, browser, now, address, sub=sub, amr=amr)
         location = f"{self._issuer}{_STAGE_PATHS[stage]}?{urlencode({'request': interaction.interaction_id})}"
-        return Redirect(location, 303, CookieChanges(device=new_device))
+        return Redirect(location, 303, cookies)
 
     async def _keep(self, request: AuthorizationRequest, stage: str, sid: str | None, browser: Browser,
                     now: int, address: str | None = None, *, sub: str | None = None,
-                    amr: tuple[str, ...] = ()) -> tuple[Interaction, str | None]:
+                    amr: tuple[str, ...] = ()) -> tuple[Interaction, CookieChanges]:
         """
         Keep the request for the next stage, bound to this browser's device
         secret (made now if it has none, or a forged one: the new one is
-        returned with the interaction, for its cookie). An anonymous one
+        returned with the interaction, for its cookie, and for a copy of its
+        own, L{TabSecret}, as another tab's first request may set another
+        device cookie over this one meanwhile). An anonymous one
         (with its C{address}) waits for the login form for a shorter time,
         and only while its address is under the cap; one for the second
         factor names the user (C{sub}) and the methods already used (C{amr}).
         """
         limits = self._limits
-        new_device: str | None
-        if valid_device_secret(browser.device):
-            device, new_device = browser.device, None
-        else:
-            device = new_device = new_token()
         interaction_id = new_token()
+        expires_at = now + (limits.login_request_ttl if stage in (LOGIN_STAGE, MFA_STAGE) else limits.pending_request_ttl)
+        if valid_device_secret(browser.device):
+            device, cookies = browser.device, CookieChanges()
+        else:
+            device = new_token()
+            cookies = CookieChanges(device=device, tab=TabSecret(tab_key(interaction_id), device, expires_at - now))
         interaction = Interaction(
             interaction_id=interaction_id,
             stage=stage,
             request=request,
             csrf_token=form_token(device, interaction_id),
             created_at=now,
-            expires_at=now + (limits.login_request_ttl if stage in (LOGIN_STAGE, MFA_STAGE)
-                              else limits.pending_request_ttl),
+            expires_at=expires_at,
             sid=sid,
             address=None if address is None else address_key(address),
             sub=sub,
@@ -771,7 +823,7 @@ class InteractionFlow:
                 raise too_many_waiting(busy_until - now)
         else:
             await self._store.save_interaction(interaction)
-        return interaction, new_device
+        return interaction, cookies
 
     async def _interaction(self, form: dict[str, str] | None, stage: str, now: int, *,
                            shown_to: Browser | None = None) -> tuple[Interaction, Client]:
@@ -789,7 +841,10 @@ class InteractionFlow:
         interaction = await self._store.get_interaction(interaction_id, now) if interaction_id else None
         if interaction is None or interaction.stage != stage:
             raise _expired()
-        if shown_to is not None and not kept_for(interaction.csrf_token, shown_to.device, interaction.interaction_id):
+        if shown_to is not None and not kept_for(interaction.csrf_token,
+                                                 _device_of(shown_to, interaction.csrf_token,
+                                                            interaction.interaction_id),
+                                                 interaction.interaction_id):
             raise _expired()
         request = interaction.request
         client = ACCOUNT_CLIENT if request.device and request.client_id == ACCOUNT_CLIENT.client_id else (
@@ -863,7 +918,8 @@ class InteractionFlow:
 
     @staticmethod
     def _check_csrf(form: dict[str, str], browser: Browser, interaction: Interaction) -> None:
-        if not form_token_valid(interaction.csrf_token, form.get("csrf"), browser.device,
+        if not form_token_valid(interaction.csrf_token, form.get("csrf"),
+                                _device_of(browser, interaction.csrf_token, interaction.interaction_id),
                                 interaction.interaction_id):
             raise _forged()
 

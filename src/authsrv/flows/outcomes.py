@@ -6,17 +6,37 @@ decides nothing itself. Refusals are L{authsrv.protocol.errors.PageError}.
 
 from __future__ import annotations
 
-from attrs import frozen
+from collections.abc import Mapping
+
+from attrs import field, frozen
 
 
 @frozen
 class Browser:
-    """The service's cookies a browser sent: the session and the device secret."""
+    """
+    The service's cookies a browser sent: the session, the device secret,
+    and the device secrets of its first requests' tabs (L{TabSecret}), by key.
+    """
 
     session: str | None = None
     device: str | None = None
+    tabs: Mapping[str, str] = field(factory=dict)
     user_agent: str | None = None
     """Not a cookie: the User-Agent header, which names the device of a new session."""
+
+
+@frozen
+class TabSecret:
+    """
+    A device secret made for a browser that sent none, kept as well under a
+    name of its own request (C{key}) for that request's life (C{ttl}): two
+    tabs' first requests race, each answer sets a new device cookie and the
+    last one stays, so the other tab's form is bound by this one instead.
+    """
+
+    key: str
+    secret: str = field(repr=False)
+    ttl: int
 
 
 @frozen
@@ -25,13 +45,15 @@ class CookieChanges:
     Cookies to set with the answer: a new session cookie value (or
     C{end_session} to clear it, and with it the sealed enrolment and
     recovery codes), a new device secret, and C{end_enrolment} to drop the
-    authenticator enrolment the browser kept (once confirmed).
+    authenticator enrolment the browser kept (once confirmed); C{tab}, a new
+    device secret's copy for its request's form (L{TabSecret}).
     """
 
     session: str | None = None
     end_session: bool = False
     device: str | None = None
     end_enrolment: bool = False
+    tab: TabSecret | None = None
 
 
 @frozen

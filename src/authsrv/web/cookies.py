@@ -22,6 +22,8 @@ user's factors (a lost phone) no page shows that key again.
 """
 RECOVERY_COOKIE = b"authsrv_recovery"
 """New recovery codes, sealed, on their way to the one page that shows them."""
+TAB_COOKIE = b"authsrv_tab_"
+"""The prefix of a first request's copy of a new device secret (L{authsrv.flows.outcomes.TabSecret})."""
 HOST_PREFIX = b"__Host-"
 
 
@@ -38,7 +40,16 @@ class Cookies:
         """The service's cookies this request carries."""
         agent = request.getHeader(b"user-agent")
         return Browser(session=self.get(request, SESSION_COOKIE), device=self.get(request, DEVICE_COOKIE),
-                       user_agent=agent.decode("utf-8", "replace") if agent else None)
+                       tabs=self._tabs(request), user_agent=agent.decode("utf-8", "replace") if agent else None)
+
+    def _tabs(self, request) -> dict[str, str]:
+        """The first requests' device secrets this request carries, by their requests' keys."""
+        prefix = self._prefix + TAB_COOKIE
+        tabs = {}
+        for name in request.received_cookies:
+            if name.startswith(prefix) and (value := self.get(request, name[len(self._prefix):])):
+                tabs[name[len(prefix):].decode("ascii", "replace")] = value
+        return tabs
 
     def apply(self, request, changes: CookieChanges) -> None:
         """
@@ -53,6 +64,8 @@ class Cookies:
             self.set(request, SESSION_COOKIE, changes.session, self._session_ttl)
         if changes.device is not None:
             self.set(request, DEVICE_COOKIE, changes.device, DEVICE_COOKIE_TTL)
+        if changes.tab is not None:
+            self.set(request, TAB_COOKIE + changes.tab.key.encode("ascii"), changes.tab.secret, changes.tab.ttl)
         if changes.end_enrolment or changes.end_session:
             self.clear(request, ENROLMENT_COOKIE)
 
