@@ -387,10 +387,14 @@ def _unavailable(answer: requests.Response) -> bool:
 
 @pytest.fixture
 def server_on_dsn(stoppable_postgres, run_server, tmp_path):
-    """A server on a database of its own, and that database's DSN."""
+    """
+    A server on a database of its own, and that database's DSN; without
+    rate limits, which the tests' bursts of reads would otherwise meet.
+    """
     dsn = stoppable_postgres.database()
     port = free_port()
     config = pg_config(tmp_path, dsn, port, port, timeout=STATEMENT_TIMEOUT)
+    config.write_text(config.read_text() + '\n[rate_limits]\ndefault = "off"\ninternal = "off"\n')
     server = run_server(
         ["--log-file", str(tmp_path / "authsrv.log"), "authsrv", "--config", str(config)], tmp_path, port=port
     )
