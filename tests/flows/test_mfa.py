@@ -198,6 +198,28 @@ async def test_the_enrolment_confirmed_or_put_off_sent_twice_gets_its_first_answ
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_step_ups_enrolment_sent_twice_gets_its_first_answer(tmp_path, monkeypatch):
+    """The step-up's raised session cookie is set again, and the enrolment dropped, for the second post."""
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        await browser.sign_in(ALICE)
+        response, _ = await browser.authorize("first", acr_values=ACR_MFA)
+        secret, _, fields = enrolment_of((await browser.get(location(response)))[1])
+        form = {**fields, "code": code_at(secret, h.now())}
+        before = dict(browser.cookies)
+        first, body = await browser.post(ISSUER + "/mfa/enrol", form)
+        assert first.code == 303 and "code" in query_of(location(first)), body
+        session = browser.cookies["authsrv_session"]
+        browser.cookies = before
+        again, body = await browser.post(ISSUER + "/mfa/enrol", form)
+        assert again.code == 303 and location(again) == location(first), body
+        assert browser.cookies["authsrv_session"] == session and enrolment_dropped(again)
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_code_is_accepted_once_and_within_one_step_either_side(tmp_path, monkeypatch):
     h = await started(tmp_path, monkeypatch)
     try:
