@@ -157,6 +157,68 @@ async def test_the_password_and_the_code_sent_twice_get_their_first_answers(tmp_
         await h.close()
 
 
+def enrolment_dropped(response) -> bool:
+    """Whether the answer clears the enrolment the browser kept."""
+    return any(header.startswith(b"authsrv_enrolment=;") and b"Max-Age=0" in header
+               for header in response.headers.getRawHeaders(b"set-cookie", []))
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_enrolment_confirmed_or_put_off_sent_twice_gets_its_first_answer(tmp_path, monkeypatch):
+    """
+    Without JavaScript a sign-in's enrolment form sent twice: the second
+    post gets the first one's redirect and session cookie, which it does
+    not carry yet, and a confirmed enrolment's second answer drops the
+    enrolment the browser kept too; another browser gets neither.
+    """
+    h = await started(tmp_path, monkeypatch, required="required", enrol_grace="7d")
+    try:
+        for user, action in ((ALICE, "confirm"), (BOB, "later")):
+            browser = Browser(h)
+            response, _ = await password(browser, user)
+            response, body = await browser.get(location(response))
+            assert response.code == 200, body
+            secret, _, fields = enrolment_of(body)
+            form = {**fields, "action": action, "code": code_at(secret, h.now())}
+            before = dict(browser.cookies)
+            first, body = await browser.post(ISSUER + "/mfa/enrol", form)
+            assert first.code == 303 and "code" in query_of(location(first)), body
+            session = browser.cookies["authsrv_session"]
+            browser.cookies = before
+            again, body = await browser.post(ISSUER + "/mfa/enrol", form)
+            assert again.code == 303 and location(again) == location(first), body
+            assert browser.cookies["authsrv_session"] == session
+            assert (enrolment_dropped(first), enrolment_dropped(again)) == ((action == "confirm"),) * 2
+            stranger = Browser(h)
+            response, _ = await stranger.post(ISSUER + "/mfa/enrol", form)
+            assert response.code == 400 and "authsrv_session" not in stranger.cookies
+            h.clock.advance(30)
+    finally:
+        await h.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_step_ups_enrolment_sent_twice_gets_its_first_answer(tmp_path, monkeypatch):
+    """The step-up's raised session cookie is set again, and the enrolment dropped, for the second post."""
+    h = await started(tmp_path, monkeypatch)
+    try:
+        browser = Browser(h)
+        await browser.sign_in(ALICE)
+        response, _ = await browser.authorize("first", acr_values=ACR_MFA)
+        secret, _, fields = enrolment_of((await browser.get(location(response)))[1])
+        form = {**fields, "code": code_at(secret, h.now())}
+        before = dict(browser.cookies)
+        first, body = await browser.post(ISSUER + "/mfa/enrol", form)
+        assert first.code == 303 and "code" in query_of(location(first)), body
+        session = browser.cookies["authsrv_session"]
+        browser.cookies = before
+        again, body = await browser.post(ISSUER + "/mfa/enrol", form)
+        assert again.code == 303 and location(again) == location(first), body
+        assert browser.cookies["authsrv_session"] == session and enrolment_dropped(again)
+    finally:
+        await h.close()
+
+
 @pytest_twisted.ensureDeferred
 async def test_a_code_is_accepted_once_and_within_one_step_either_side(tmp_path, monkeypatch):
     h = await started(tmp_path, monkeypatch)

@@ -476,6 +476,8 @@ class InteractionFlow:
         if form is None:
             raise _forged()
         seconds = int(now)
+        if again := await self._answered_before(form, browser, seconds):
+            return again
         interaction, client, session = await self._factor_stage(form, ENROL_STAGE, browser, seconds)
         self._check_csrf(form, browser, interaction)
         sub = interaction.sub
@@ -483,6 +485,8 @@ class InteractionFlow:
         await self._still_allowed(sub, session, address, seconds)
         if await self._factors.has_factor(sub):
             if not await self._store.take_interaction(interaction.interaction_id, ENROL_STAGE):
+                if again := await self._answered_before(form, browser, seconds):
+                    return again
                 raise _expired()
             return await self._wait(interaction.request, MFA_STAGE, interaction.sid, browser, seconds, sub=sub,
                                     amr=interaction.amr)
@@ -491,20 +495,24 @@ class InteractionFlow:
             if grace_until is None:
                 return await self._enrolment_form(200, interaction, client, MUST_ENROL, seconds, form.get("sealed"))
             if not await self._store.take_interaction(interaction.interaction_id, ENROL_STAGE):
+                if again := await self._answered_before(form, browser, seconds):
+                    return again
                 raise _expired()
             events.mfa_enrolment_put_off(sub=sub, grace_until=grace_until, address=address)
             return await self._signed_in(client, interaction.request, sub, session, browser, address,
-                                         interaction.amr, ACR_PWD, seconds)
+                                         interaction.amr, ACR_PWD, seconds, answering=interaction)
         if session is not None and not self._factors.recent(session, seconds):
             return await self._sign_in_first(interaction, browser, address, seconds)
         if not await self._factors.confirm(sub, form.get("sealed"), form.get("code", ""), seconds, address):
             return await self._enrolment_form(200, interaction, client, WRONG_FIRST_CODE, seconds,
                                               form.get("sealed"))
         if not await self._store.take_interaction(interaction.interaction_id, ENROL_STAGE):
+            if again := await self._answered_before(form, browser, seconds):
+                return again
             raise _expired()
-        signed_in = await self._signed_in(client, interaction.request, sub, session, browser, address,
-                                          with_second_factor(interaction.amr, "otp"), ACR_MFA, seconds)
-        return attrs.evolve(signed_in, cookies=attrs.evolve(signed_in.cookies, end_enrolment=True))
+        return await self._signed_in(client, interaction.request, sub, session, browser, address,
+                                     with_second_factor(interaction.amr, "otp"), ACR_MFA, seconds,
+                                     answering=interaction, end_enrolment=True)
 
     async def _still_allowed(self, sub: str, session: BrowserSession | None, address: str, now: int) -> None:
         """
@@ -531,7 +539,8 @@ class InteractionFlow:
 
     async def _signed_in(self, client: Client, request: AuthorizationRequest, sub: str,
                          session: BrowserSession | None, browser: Browser, address: str,
-                         amr: tuple[str, ...], acr: str, now: int, answering: Interaction | None = None) -> Redirect:
+                         amr: tuple[str, ...], acr: str, now: int, answering: Interaction | None = None,
+                         end_enrolment: bool = False) -> Redirect:
         """
         The sign-in done by C{amr} at C{acr}: a new session, or the live
         C{session} it stepped up (raised to the MFA class, or left as it
@@ -540,7 +549,9 @@ class InteractionFlow:
         the browser's earlier one was for keeps that one's sid
         (L{authsrv.flows.sessions.SessionEnder.replace}). The answer to the
         form of the interaction it is C{answering} is kept for that form
-        sent again (L{_answered_before}), with the session cookie it sets.
+        sent again (L{_answered_before}), with the session cookie it sets
+        and C{end_enrolment}, a confirmed enrolment's drop of the enrolment
+        the browser kept.
         """
         value: str | None = None
         created = []
@@ -565,9 +576,10 @@ class InteractionFlow:
         if answering is not None:
             code = self._answers.recall(answering.interaction_id, now)
             self._answers.keep(answering.interaction_id, answer.location, code.code_hash if code else None,
-                               answering.csrf_token, session.sid, now, value)
+                               answering.csrf_token, session.sid, now, value, end_enrolment)
         return Redirect(answer.location, answer.status, CookieChanges(session=value, device=answer.cookies.device,
-                                                                       tab=answer.cookies.tab))
+                                                                       tab=answer.cookies.tab,
+                                                                       end_enrolment=end_enrolment))
 
     async def consent_form(self, form: dict[str, str] | None, browser: Browser, now: int) -> ConsentForm:
         interaction, client, session = await self._consent_stage(form or {}, browser, now, shown=True)
@@ -647,7 +659,8 @@ class InteractionFlow:
         if answer.code_hash is not None and not isinstance(await self._store.find_code(answer.code_hash, now),
                                                            CodeFound):
             return None
-        return Redirect(answer.location, 303, CookieChanges(session=answer.session if new_session else None))
+        return Redirect(answer.location, 303, CookieChanges(session=answer.session if new_session else None,
+                                                            end_enrolment=answer.end_enrolment))
 
     async def _still_signed_in(self, answer: Answer, cookie: str | None, now: int) -> bool:
         """
