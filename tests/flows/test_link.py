@@ -12,6 +12,7 @@ import re
 
 import pytest
 import pytest_twisted
+from attrs import evolve
 from treq.testing import StubTreq
 from twisted.internet.defer import fail, succeed
 from twisted.logger import formatEvent
@@ -31,7 +32,7 @@ from authsrv.records import Ban, BrowserSession
 from authsrv.testing.fake_chat import FakeChatProvider, FakeChatUser
 from authsrv.testing.identity import ALICE, BOB, MALLORY, PASSWORDS
 from authsrv.tokens import new_token, token_hash
-from authsrv.service import web_root
+from authsrv.service import admin_operations, backchannel_notifier, web_root
 
 LINK = "/api/auth/link/chat"
 CALLBACK = ISSUER + "/link/chat/callback"
@@ -600,6 +601,18 @@ async def test_removing_a_user_revokes_their_links_tokens_at_the_provider(world)
     access, refresh = await link_then_remove_through_the_admin_api(world)
     assert world.fake.revocations == [(access, "access_token"), (refresh, "refresh_token")]
     assert not world.fake.access_valid(access)
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_servers_user_removal_revokes_through_its_link_flow(world):
+    """The server's admin operations are given its link flow to revoke a removed user's link's tokens with."""
+    cookie = await world.sign_in()
+    await world.callback(await world.approve(await world.start(cookie)), cookie)
+    h = world.h
+    operations = admin_operations(evolve(h.config, chat=world.config), h.clock, h.store, h.keystore, h.identity,
+                                  h.context, backchannel_notifier(h.clock), world.linking)
+    await operations.users.delete(ALICE.login, actor="operator")
+    assert [hint for _, hint in world.fake.revocations] == ["access_token", "refresh_token"]
 
 
 @pytest.mark.parametrize("failure", ["down", "hold_revocations"])
