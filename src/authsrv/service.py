@@ -90,7 +90,7 @@ from authsrv.protocol.discovery import (
 from authsrv.protocol.dpop import ALGORITHMS as DPOP_ALGORITHMS
 from authsrv.protocol.pushed import REQUEST_URI_TTL
 from authsrv.protocol.rates import Rate
-from authsrv.records import Client
+from authsrv.records import Client, LinkedAccount
 from authsrv.remote_documents import RemoteDocuments
 from authsrv.store.errors import StoreUnavailable, outage_of
 from authsrv.tls import endpoint_of, hsts_headers, listen_problem, shared_port_problems
@@ -631,27 +631,34 @@ def backchannel_notifier(reactor) -> backchannel.BackchannelNotifier:
 
 
 def user_operations(config: Config, reactor, store, keystore, identity, context,
-                    notifier: backchannel.BackchannelNotifier) -> UserOperations:
+                    notifier: backchannel.BackchannelNotifier,
+                    revoke_link: Callable[[LinkedAccount], object] | None = None) -> UserOperations:
     """
     User operations: ended sessions are told to their clients by
     C{notifier} (whose owner waits for it to settle before closing),
-    passwords hashed on a thread of their own.
+    passwords hashed on a thread of their own, a removed user's chat link's
+    tokens revoked by C{revoke_link}.
     """
     hashing = context.threadpool("admin-passwords", 1)
     return UserOperations(
         store=store, identity=identity, clock=reactor,
         notify=lambda session: notifier.session_ended(store, keystore, config.issuer, session),
         hash_password=lambda password: deferToThreadPool(reactor, hashing, context.password_hasher.hash, password),
-        min_length=config.password_min_length, link_provider=config.link_provider,
+        min_length=config.password_min_length, link_provider=config.link_provider, revoke_link=revoke_link,
     )
 
 
 def admin_operations(config: Config, reactor, store, keystore, identity, context,
-                     notifier: backchannel.BackchannelNotifier) -> AdminOperations:
-    """Every operation of the admin API (the operator command builds the group it needs)."""
+                     notifier: backchannel.BackchannelNotifier, linking: ChatLinking | None) -> AdminOperations:
+    """
+    Every operation of the admin API (the operator command builds the group
+    it needs); a removed user's chat link's tokens are revoked by C{linking}
+    after the answer, as at unlinking.
+    """
     return AdminOperations(
         clients=client_operations(config, reactor, store),
-        users=user_operations(config, reactor, store, keystore, identity, context, notifier),
+        users=user_operations(config, reactor, store, keystore, identity, context, notifier,
+                              linking.revoke_removed if linking else None),
         keys=KeyOperations(keystore=keystore, clock=reactor),
     )
 
@@ -749,7 +756,7 @@ def build(
         admin = None
         if config.admin.secret is not None:
             admin = AdminAPI(
-                operations=admin_operations(config, reactor, store, keystore, identity, context, notifier),
+                operations=admin_operations(config, reactor, store, keystore, identity, context, notifier, chat.linking),
                 secret=config.admin.secret, actor=config.admin.name,
             ).resource()
         root = web_root(

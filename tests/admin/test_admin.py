@@ -310,3 +310,58 @@ async def test_the_installed_script(deployment):
     again = subprocess.run([str(script), "--config", config, "unban", "nobody"],
                            cwd=cwd, capture_output=True, text=True, timeout=60)
     assert (again.returncode, again.stderr) == (1, "authsrv-admin: no user 'nobody' (by id or login)\n")
+
+
+async def alice_linked_at(fake, reactor, cwd: Path, config: str) -> tuple:
+    """
+    Alice added, the config pointed at C{fake} (listening on 127.0.0.1), and
+    a link of hers stored with tokens the fake honours; returns the fake's
+    port and those tokens.
+    """
+    from authsrv.chat.crypto import ACCESS, REFRESH, TokenCipher, key_from_text, new_key_text
+
+    port = fake.listen(reactor)
+    key_text = new_key_text()
+    folder = Path(config).parent
+    (folder / "chat.key").write_text(key_text + "\n")
+    (folder / "chat-client-secret").write_text(fake.client_secret + "\n")
+    endpoints = fake.endpoints(f"http://127.0.0.1:{port.getHost().port}")
+    with open(config, "a") as file:
+        file.write('\n[chat]\nencryption_key_file = "chat.key"\nclient_secret_file = "chat-client-secret"\ntimeout = "2s"\n'
+                   + "".join(f'{name} = "{value}"\n' for name, value in endpoints.items()))
+    sub = await add_alice(cwd, config)
+    grant = fake.grant()
+    cipher = TokenCipher(key_from_text(key_text))
+    database = sqlite3.connect(folder / "authsrv.sqlite3")
+    with database:
+        database.execute("INSERT INTO linked_accounts VALUES ('acct-alice', ?, 'discord', ?, ?, ?, 'identify', 0, 0, 1)",
+                         (sub, fake.user.id, cipher.encrypt(grant["access_token"], "acct-alice", ACCESS),
+                          cipher.encrypt(grant["refresh_token"], "acct-alice", REFRESH)))
+    database.close()
+    return port, grant["access_token"], grant["refresh_token"]
+
+
+@pytest.mark.parametrize("down", [False, True])
+@pytest_twisted.ensureDeferred
+async def test_user_remove_revokes_the_chat_links_tokens_at_the_platform(deployment, reactor, down):
+    """
+    Removing a user dropped their chat link's tokens but left them valid at
+    the platform: the command revokes them there before it exits; a platform
+    that is down fails nothing, the user is removed all the same.
+    """
+    from authsrv.testing.fake_chat import FakeChatProvider
+
+    cwd, config = deployment
+    fake = FakeChatProvider(reactor)
+    port, access, refresh = await alice_linked_at(fake, reactor, cwd, config)
+    try:
+        fake.down = down
+        removed = await admin("--config", config, "user", "remove", "alice", cwd=cwd)
+        assert ok(removed).startswith("removed user alice")
+        assert access not in removed.stderr and refresh not in removed.stderr
+        assert fake.revocations == ([] if down else [(access, "access_token"), (refresh, "refresh_token")])
+        with sqlite3.connect(cwd / "data" / "authsrv.sqlite3") as database:
+            assert database.execute("SELECT count(*) FROM linked_accounts").fetchone() == (0,)
+        refused(await admin("--config", config, "user", "show", "alice", cwd=cwd), "alice")
+    finally:
+        await port.stopListening()

@@ -12,12 +12,14 @@ import re
 
 import pytest
 import pytest_twisted
+from attrs import evolve
 from treq.testing import StubTreq
 from twisted.internet.defer import fail, succeed
 from twisted.logger import formatEvent
 
 from flow_client import Browser, location
 from harness import ISSUER, SPOOF, Harness, query_of
+from web.test_admin_api import AUTH as ADMIN_AUTH, Admin
 
 from authsrv.chat.config import ChatConfig
 from authsrv.chat.crypto import ACCESS, REFRESH, TokenCipher, key_from_text, new_key_text
@@ -30,7 +32,7 @@ from authsrv.records import Ban, BrowserSession
 from authsrv.testing.fake_chat import FakeChatProvider, FakeChatUser
 from authsrv.testing.identity import ALICE, BOB, MALLORY, PASSWORDS
 from authsrv.tokens import new_token, token_hash
-from authsrv.service import web_root
+from authsrv.service import admin_operations, backchannel_notifier, web_root
 
 LINK = "/api/auth/link/chat"
 CALLBACK = ISSUER + "/link/chat/callback"
@@ -49,7 +51,7 @@ class LinkWorld:
         )
         self.cipher = TokenCipher(self.config.encryption_key)
         self.provider = ChatProvider(harness.clock, self.fake.memory_client(), self.config)
-        linking_flow = ChatLinking(
+        self.linking = linking_flow = ChatLinking(
             store=harness.store, identity=harness.identity, provider=self.provider, cipher=self.cipher,
             issuer=ISSUER, pkce_enabled=pkce_enabled,
         ) if linking else None
@@ -568,6 +570,66 @@ async def test_unlinking_revokes_the_links_tokens_at_the_provider(world, audit):
     access, refresh = await unlink_new_link()
     assert world.fake.revocations == [(access, "access_token"), (refresh, "refresh_token")]
     assert not world.fake.access_valid(access)
+
+
+async def link_then_remove_through_the_admin_api(world, failure: str | None = None) -> tuple[str, str]:
+    """
+    Alice's new link's tokens, after the operator removed her (204) and her
+    link with her; C{failure}: the fake platform's switch turned on between.
+    """
+    cookie = await world.sign_in()
+    response, _ = await world.callback(await world.approve(await world.start(cookie)), cookie)
+    assert response.code == 200
+    linked = await world.h.store.get_linked_account(ALICE.sub, "discord")
+    if failure is not None:
+        setattr(world.fake, failure, True)
+    admin = Admin(world.h, revoke_link=world.linking.revoke_removed)
+    response, _ = await admin.call("DELETE", f"/api/admin/users/{ALICE.login}", headers=ADMIN_AUTH)
+    assert response.code == 204
+    assert await world.h.store.get_linked_account(ALICE.sub, "discord") is None
+    assert await world.h.identity.user_by_id(ALICE.sub) is None
+    return (world.cipher.decrypt(linked.access_token_enc, linked.account_id, ACCESS),
+            world.cipher.decrypt(linked.refresh_token_enc, linked.account_id, REFRESH))
+
+
+@pytest_twisted.ensureDeferred
+async def test_removing_a_user_revokes_their_links_tokens_at_the_provider(world):
+    """
+    The operator's user removal dropped the link's stored tokens but left
+    them valid at the chat platform: they are revoked there as at unlinking.
+    """
+    access, refresh = await link_then_remove_through_the_admin_api(world)
+    assert world.fake.revocations == [(access, "access_token"), (refresh, "refresh_token")]
+    assert not world.fake.access_valid(access)
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_servers_user_removal_revokes_through_its_link_flow(world):
+    """The server's admin operations are given its link flow to revoke a removed user's link's tokens with."""
+    cookie = await world.sign_in()
+    await world.callback(await world.approve(await world.start(cookie)), cookie)
+    h = world.h
+    operations = admin_operations(evolve(h.config, chat=world.config), h.clock, h.store, h.keystore, h.identity,
+                                  h.context, backchannel_notifier(h.clock), world.linking)
+    await operations.users.delete(ALICE.login, actor="operator")
+    assert [hint for _, hint in world.fake.revocations] == ["access_token", "refresh_token"]
+
+
+@pytest.mark.parametrize("failure", ["down", "hold_revocations"])
+@pytest_twisted.ensureDeferred
+async def test_a_platform_down_or_silent_never_fails_or_holds_up_a_user_removal(world, audit, failure):
+    """
+    A platform that is down or leaves the revocation unanswered: the user
+    is removed at once all the same, the failure logged without a token.
+    """
+    await link_then_remove_through_the_admin_api(world, failure)
+    world.h.clock.advance(world.config.timeout)
+    world.h.clock.advance(world.config.timeout)
+    assert world.fake.revocations == []
+    warnings = [formatEvent(e) for e in audit if "could not revoke" in (e.get("log_format") or "")]
+    assert warnings == [f"could not revoke a removed user's {hint} at discord: ChatProviderUnavailable"
+                        for hint in ("access_token", "refresh_token")], warnings
+    assert not any(token in formatEvent(e) for e in audit for token in world.fake.tokens())
 
 
 @pytest_twisted.ensureDeferred

@@ -53,7 +53,7 @@ JSON = {**AUTH, "Content-Type": "application/json"}
 class Admin:
     """The harness's server with the admin API beside it, as the internal listener serves it."""
 
-    def __init__(self, h: Harness, notify=None):
+    def __init__(self, h: Harness, notify=None, revoke_link=None):
         self.h = h
         self.ended: list[BrowserSession] = []
         hashing = h.context.threadpool("admin-passwords", 1)
@@ -69,7 +69,7 @@ class Admin:
             users=UserOperations(
                 store=h.store, identity=h.identity, clock=h.clock, notify=notify or record,
                 hash_password=lambda p: deferToThreadPool(reactor, hashing, hash_password, p, CHEAP),
-                link_provider="discord",
+                link_provider="discord", revoke_link=revoke_link,
             ),
             keys=KeyOperations(keystore=h.keystore, clock=h.clock),
         )

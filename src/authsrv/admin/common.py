@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TextIO
 
 from attrs import frozen
+from twisted.internet.defer import Deferred, DeferredList
 
 from authsrv.config import Config, ConfigFileError, load_config
 from authsrv.context import PluginContext
@@ -23,6 +24,7 @@ from authsrv.service import (
     backchannel_notifier,
     build_identity,
     build_plugin,
+    chat_parts,
     user_operations,
 )
 
@@ -170,16 +172,21 @@ async def with_plugins(reactor, args, use):
 async def with_user_operations(reactor, args, act):
     """
     C{act(operations)} with the user operations over every configured
-    plugin; the command ends once the back-channel logouts it started have
-    (each is bounded by its retries and timeouts).
+    plugin; the command ends once the back-channel logouts and chat-token
+    revocations it started have (each is bounded by its retries and
+    timeouts, and never fails).
     """
 
     async def use(config, context, store, keystore, identity):
         notifier = backchannel_notifier(reactor)
+        linking = chat_parts(config, reactor, store, identity, context).linking
+        revocations: list[Deferred] = []
+        revoke = (lambda linked: revocations.append(linking.revoke_removed(linked))) if linking else None
         try:
-            return await act(user_operations(config, reactor, store, keystore, identity, context, notifier))
+            return await act(user_operations(config, reactor, store, keystore, identity, context, notifier, revoke))
         finally:
             await notifier.settle()
+            await DeferredList(revocations)
 
     return await with_plugins(reactor, args, use)
 

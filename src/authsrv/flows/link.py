@@ -280,6 +280,14 @@ class ChatLinking:
         Deferred.fromCoroutine(self._revoke_stored(removed, "an unlinked account's"))
         return True
 
+    def revoke_removed(self, linked: LinkedAccount) -> Deferred:
+        """
+        Start revoking the tokens of a removed user's link (the operator's
+        user removal), as at unlinking; the Deferred never fails, for a
+        caller that must not exit before it settles.
+        """
+        return Deferred.fromCoroutine(self._revoke_stored(linked, "a removed user's"))
+
     async def _revoke_stored(self, linked: LinkedAccount, whose: str) -> None:
         """L{revoke_tokens} the tokens of a link removed from the store; ones that no longer open are left."""
         try:

@@ -26,7 +26,7 @@ from authsrv.operations.clientspec import has_controls
 from authsrv.operations.errors import Conflict, InvalidInput, NotFound
 from authsrv.operations.paging import Page, page, refused_cursor
 from authsrv.protocol.password_policy import MIN_LENGTH, password_problem
-from authsrv.records import Ban, Consent, User
+from authsrv.records import Ban, Consent, LinkedAccount, User
 
 REASON_MAX = 500
 NO_WRITABLE_BACKEND = (
@@ -164,13 +164,17 @@ class UserOperations:
     fires with an argon2id hash made off the reactor thread. Every new
     password meets L{authsrv.protocol.password_policy} (C{min_length}).
     C{link_provider} names the chat platform whose links the store keeps
-    (None: no C{[chat]} section).
+    (None: no C{[chat]} section); C{revoke_link(linked)} starts revoking a
+    removed user's link's tokens at that platform without waiting for it
+    (None: no provider client to revoke them with).
     """
 
     def __init__(self, *, store, identity, notify, clock, hash_password: Callable[[str], Awaitable[str]],
-                 min_length: int = MIN_LENGTH, link_provider: str | None = None):
+                 min_length: int = MIN_LENGTH, link_provider: str | None = None,
+                 revoke_link: Callable[[LinkedAccount], object] | None = None):
         self._min_length = min_length
         self._link_provider = link_provider
+        self._revoke_link = revoke_link
         self._store = store
         self._identity = identity
         self._notify = notify
@@ -452,7 +456,9 @@ class UserOperations:
         Remove the user from the writable backend; their grants are revoked
         and sessions ended first, and their chat link goes with them: no one
         could unlink it any more, and the chat account would stay refused to
-        every other user (one chat account links one user). Their consents
+        every other user (one chat account links one user); its tokens are
+        revoked at the platform as at unlinking, after the answer and best
+        effort (C{revoke_link}). Their consents
         and second factors go too, so a user made again under the same sub
         (the API lets the operator choose it) inherits neither the removed
         one's approvals nor their passkeys and authenticator.
@@ -461,7 +467,9 @@ class UserOperations:
         await moderation.revoke_user(self._store, user.sub, now=self._now(), actor=actor, notify=self._notify)
         await self._write(writer, user, user_id, lambda: writer.remove_user(user.login))
         if self._link_provider is not None:
-            await self._store.unlink_account(user.sub, self._link_provider)
+            removed = await self._store.unlink_account(user.sub, self._link_provider)
+            if removed is not None and self._revoke_link is not None:
+                self._revoke_link(removed)
         await self._forget_consents(user.sub, actor)
         await reset_factors(self._store, user.sub, actor=actor)
         events.user_deleted(sub=user.sub, login=user.login, actor=actor)
