@@ -309,6 +309,21 @@ def revoked_once_each(world) -> bool:
     return hints == ["access_token", "refresh_token"] and not world.fake.access_valid(access)
 
 
+def assert_revocations_failed(world, audit, whose: str) -> None:
+    """
+    Once both calls' time ran out, neither of a link's tokens is revoked,
+    each failure is one warning naming C{whose} tokens, and no token is in
+    the log.
+    """
+    world.h.clock.advance(world.config.timeout)
+    world.h.clock.advance(world.config.timeout)
+    assert world.fake.revocations == []
+    warnings = [formatEvent(e) for e in audit if "could not revoke" in (e.get("log_format") or "")]
+    assert warnings == [f"could not revoke {whose} {hint} at discord: ChatProviderUnavailable"
+                        for hint in ("access_token", "refresh_token")], warnings
+    assert not any(token in formatEvent(e) for e in audit for token in world.fake.tokens())
+
+
 @pytest_twisted.ensureDeferred
 async def test_a_refused_links_revocation_never_holds_up_the_page(world, audit):
     """A revocation the provider leaves unanswered: the 409 page comes at once, the failure is logged, no token."""
@@ -320,12 +335,7 @@ async def test_a_refused_links_revocation_never_holds_up_the_page(world, audit):
     assert_page(response, body, 409, "already linked to another account")
     assert world.fake.revocations == []
 
-    world.h.clock.advance(world.config.timeout)
-    world.h.clock.advance(world.config.timeout)
-    warnings = [formatEvent(e) for e in audit if "could not revoke" in (e.get("log_format") or "")]
-    assert warnings == [f"could not revoke a refused link's {hint} at discord: ChatProviderUnavailable"
-                        for hint in ("access_token", "refresh_token")], warnings
-    assert not any(token in formatEvent(e) for e in audit for token in world.fake.tokens())
+    assert_revocations_failed(world, audit, "a refused link's")
 
 
 @pytest_twisted.ensureDeferred
@@ -558,13 +568,7 @@ async def test_unlinking_revokes_the_links_tokens_at_the_provider(world, audit):
 
     world.fake.hold_revocations = True
     await unlink_new_link()
-    world.h.clock.advance(world.config.timeout)
-    world.h.clock.advance(world.config.timeout)
-    assert world.fake.revocations == []
-    warnings = [formatEvent(e) for e in audit if "could not revoke" in (e.get("log_format") or "")]
-    assert warnings == [f"could not revoke an unlinked account's {hint} at discord: ChatProviderUnavailable"
-                        for hint in ("access_token", "refresh_token")], warnings
-    assert not any(token in formatEvent(e) for e in audit for token in world.fake.tokens())
+    assert_revocations_failed(world, audit, "an unlinked account's")
 
     world.fake.hold_revocations = False
     access, refresh = await unlink_new_link()
@@ -623,13 +627,7 @@ async def test_a_platform_down_or_silent_never_fails_or_holds_up_a_user_removal(
     is removed at once all the same, the failure logged without a token.
     """
     await link_then_remove_through_the_admin_api(world, failure)
-    world.h.clock.advance(world.config.timeout)
-    world.h.clock.advance(world.config.timeout)
-    assert world.fake.revocations == []
-    warnings = [formatEvent(e) for e in audit if "could not revoke" in (e.get("log_format") or "")]
-    assert warnings == [f"could not revoke a removed user's {hint} at discord: ChatProviderUnavailable"
-                        for hint in ("access_token", "refresh_token")], warnings
-    assert not any(token in formatEvent(e) for e in audit for token in world.fake.tokens())
+    assert_revocations_failed(world, audit, "a removed user's")
 
 
 @pytest_twisted.ensureDeferred
