@@ -838,6 +838,19 @@ async def test_a_consent_sent_again_later_says_the_sign_in_finished(tmp_path, mo
         await h.close()
 
 
+async def signed_in_once(h, client_id: str, **authorize):
+    """
+    A new browser's sign-in form for C{client_id}, sent once as Alice: the
+    browser, the form, the browser's cookies before it was sent, the answer.
+    """
+    browser = Browser(h)
+    response, body = await browser.authorize(client_id, **authorize)
+    form = {**hidden_fields(body), "username": ALICE.login, "password": PASSWORDS[ALICE.sub]}
+    before = dict(browser.cookies)
+    first, _ = await browser.post(ISSUER + "/login", form)
+    return browser, form, before, first
+
+
 @pytest_twisted.ensureDeferred
 async def test_a_sign_in_sent_twice_gets_the_first_answer_and_session_while_it_lasts(tmp_path, monkeypatch):
     """
@@ -849,11 +862,7 @@ async def test_a_sign_in_sent_twice_gets_the_first_answer_and_session_while_it_l
     h = await started(tmp_path, monkeypatch)
     try:
         for client_id in ("partner", "first"):
-            browser = Browser(h)
-            response, body = await browser.authorize(client_id)
-            form = {**hidden_fields(body), "username": ALICE.login, "password": PASSWORDS[ALICE.sub]}
-            before = dict(browser.cookies)
-            first, _ = await browser.post(ISSUER + "/login", form)
+            browser, form, before, first = await signed_in_once(h, client_id)
             session = browser.cookies["authsrv_session"]
             browser.cookies = dict(before)
             again, _ = await browser.post(ISSUER + "/login", form)
@@ -876,12 +885,8 @@ async def test_a_sign_in_sent_again_later_or_after_its_code_is_used_says_it_fini
     h = await started(tmp_path, monkeypatch)
     try:
         for used in (False, True):
-            browser = Browser(h)
             verifier, challenge = pkce_pair()
-            response, body = await browser.authorize("first", challenge=challenge)
-            form = {**hidden_fields(body), "username": ALICE.login, "password": PASSWORDS[ALICE.sub]}
-            before = dict(browser.cookies)
-            first, _ = await browser.post(ISSUER + "/login", form)
+            browser, form, before, first = await signed_in_once(h, "first", challenge=challenge)
             if used:
                 response, _ = await exchange(h, query_of(location(first))["code"], verifier, "first")
                 assert response.code == 200
