@@ -29,12 +29,13 @@ from authsrv.pg.pool import fetch, first
 from authsrv.pg.settings import targets
 from authsrv.plugins import find_factory
 from authsrv.store import postgres as postgres_store
-from authsrv.records import DEFAULT_GRANT_TYPES, AccessState, Ban, BrowserSession, Client, ImportBatch, NotRevoked, Rotated
+from authsrv.records import DEFAULT_GRANT_TYPES, AccessState, Ban, Client, ImportBatch, NotRevoked, Rotated
 from authsrv.store.codes import CodeFound, CodeNotFound, CodeRedeemed
 from authsrv.store.errors import AlreadyLinked, StoreUnavailable
 from authsrv.testing.store import (
     ALICE, BOB, CLIENT, KEPT_LINKS, NOW, OLDER_ROWS, SHARED_LINKS, StoreConcurrencyConformance, StoreConformance,
-    check_older_rows, h, issue, kept_links, make_code, make_grant, make_linked, make_refresh, start_grant,
+    check_older_rows, h, issue, kept_links, make_code, make_grant, make_linked, make_refresh, page_templates,
+    start_grant,
 )
 from hanging_lookups import Hanging, drained, one_thread
 
@@ -1195,12 +1196,7 @@ class TestListsReadOnePage(PostgresDatabase):
     async def test_a_page_is_one_limited_statement_read_by_an_index(self, monkeypatch):
         store = open_store(self.dsn)
         try:
-            await store.ban_user(Ban("template", None, NOW))
-            await store.add_client(Client("template", None, ["https://rp.example/cb"]))
-            await start_grant(store, "template", client_id="template")
-            await start_grant(store, "bobs", sub=BOB, client_id="template")
-            await store.create_session(BrowserSession("template", "template", ALICE, NOW, NOW, NOW + 3600))
-            await store.create_session(BrowserSession("bobs", "bobs", BOB, NOW, NOW, NOW + 3600))
+            await page_templates(store)
             with psycopg2.connect(self.dsn) as admin, admin.cursor() as cursor:
                 _copies(cursor, "bans", "sub", "template", "'user-' || lpad(n::text, 5, '0')")
                 _copies(cursor, "clients", "client_id", "template", "'client-' || lpad(n::text, 5, '0')")

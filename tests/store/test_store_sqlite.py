@@ -24,7 +24,7 @@ from authsrv.configsection import ConfigError, Section
 from authsrv.context import PluginContext
 from authsrv.migrations import schema_steps
 from authsrv.plugins import find_factory
-from authsrv.records import DEFAULT_GRANT_TYPES, Ban, BrowserSession, Client, Replayed, Rotated
+from authsrv.records import DEFAULT_GRANT_TYPES, Ban, Client, Replayed, Rotated
 from authsrv.store import sqlite
 from authsrv.store.errors import AlreadyExists, AlreadyLinked, StoreUnavailable
 from authsrv.testing.store import (
@@ -44,6 +44,7 @@ from authsrv.testing.store import (
     make_grant,
     make_linked,
     make_refresh,
+    page_templates,
     start_grant,
 )
 
@@ -584,12 +585,7 @@ class TestListsReadOnePage(SQLiteFolder):
     async def test_a_page_is_one_limited_statement_read_by_an_index(self):
         store = self.open_store()
         try:
-            await store.ban_user(Ban("template", None, NOW))
-            await store.add_client(Client("template", None, ["https://rp.example/cb"]))
-            await start_grant(store, "template", client_id="template")
-            await start_grant(store, "bobs", sub="bob", client_id="template")
-            await store.create_session(BrowserSession("template", "template", ALICE, NOW, NOW, NOW + 3600))
-            await store.create_session(BrowserSession("bobs", "bobs", "bob", NOW, NOW, NOW + 3600))
+            await page_templates(store)
             with sqlite3.connect(self.folder / "authsrv.sqlite3") as db:
                 _copies(db, "bans", "sub", "template", "printf('user-%05d', i)")
                 _copies(db, "clients", "client_id", "template", "printf('client-%05d', i)")

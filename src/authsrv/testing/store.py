@@ -347,6 +347,21 @@ async def start_grant(store, grant_id: str, sub: str = ALICE, client_id: str = C
     return grant
 
 
+async def page_templates(store) -> None:
+    """
+    One row of each list the admin API pages, for a store's own bulk copy
+    to multiply (the tests that a page reads its rows alone): a ban, a
+    client, a grant and a browser session named C{template}, Alice's, and a
+    grant and a session named C{bobs}, Bob's.
+    """
+    await store.ban_user(Ban("template", None, NOW))
+    await store.add_client(Client("template", None, ["https://rp.example/cb"]))
+    await start_grant(store, "template", client_id="template")
+    await start_grant(store, "bobs", sub=BOB, client_id="template")
+    await store.create_session(BrowserSession("template", "template", ALICE, NOW, NOW, NOW + 3600))
+    await store.create_session(BrowserSession("bobs", "bobs", BOB, NOW, NOW, NOW + 3600))
+
+
 async def issue(
     store, grant: Grant, label: str, refresh: bool = True,
     access_expires_at: int = NOW + HOUR, refresh_expires_at: int = NOW + 30 * DAY,
